@@ -1,0 +1,226 @@
+"""Task graph IR: plain numbers that every solver reads (no torch, no solver).
+
+A task is one unit of placement (a decoder block, a conv layer, an fx node). Its
+costs are given either analytically (FLOPs and bytes moved per sample, turned
+into time by the roofline in llm_planner.cost) or explicitly (seconds per sample
+on each device kind, e.g. from a profile or an imported workload file).
+
+JSON form (docs/graph-format.md):
+    {"format": "llm_planner.graph", "version": 1, "name": ..., "meta": {...},
+     "tasks": [{"name": ..., "kind": ..., "flops_per_sample": ..., ...}, ...],
+     "edges": [{"src": ..., "dst": ..., "bytes_per_sample": ..., ...}, ...]}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+GRAPH_FORMAT = "llm_planner.graph"
+GRAPH_VERSION = 1
+
+
+class GraphError(ValueError):
+    """A task graph that is malformed (cycle, unknown task, bad number)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    name: str
+    kind: str = "op"  # free-form label: "decoder_block", "attention", "conv", ...
+    flops_per_sample: float = 0.0
+    bytes_per_sample: float = 0.0  # activation bytes read + written per sample
+    weight_bytes: float = 0.0  # parameters held in device memory, read once per call
+    mem_bytes_per_sample: float = 0.0  # extra device memory per sample (KV cache, activations)
+    # Explicit costs: device kind -> seconds per sample; bypasses the roofline when set.
+    time_s_by_kind: tuple[tuple[str, float], ...] = ()
+    # Device types ("cpu", "gpu", "accelerator") the task may run on; empty = any.
+    device_types: tuple[str, ...] = ()
+    # Tasks with the same non-empty group must share a device (colour classes).
+    colocate_group: str = ""
+    # Memory only counts against devices of these types; empty = all.
+    mem_device_types: tuple[str, ...] = ()
+    # Free-form labels kept through the pipeline (e.g. "layer": 3 for the runtime).
+    labels: tuple[tuple[str, Any], ...] = ()
+
+    def label(self, key: str, default: Any = None) -> Any:
+        return dict(self.labels).get(key, default)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Edge:
+    src: str
+    dst: str
+    bytes_per_sample: float = 0.0  # tensor bytes that cross the edge, per sample
+    # Explicit transfer cost: seconds per sample for each hop through host memory
+    # (the imported workload format); 0 = use bytes and the link instead.
+    hop_s_per_sample: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskGraph:
+    name: str
+    tasks: tuple[Task, ...]
+    edges: tuple[Edge, ...]
+    meta: tuple[tuple[str, Any], ...] = ()
+    _index: dict = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_index", {t.name: i for i, t in enumerate(self.tasks)})
+
+    # -- queries -------------------------------------------------------------
+    @property
+    def num_tasks(self) -> int:
+        return len(self.tasks)
+
+    def index(self, name: str) -> int:
+        return self._index[name]
+
+    def task(self, name: str) -> Task:
+        return self.tasks[self._index[name]]
+
+    def meta_dict(self) -> dict[str, Any]:
+        return dict(self.meta)
+
+    def to_networkx(self) -> nx.DiGraph:
+        g = nx.DiGraph()
+        g.add_nodes_from(t.name for t in self.tasks)
+        for e in self.edges:
+            g.add_edge(e.src, e.dst, bytes_per_sample=e.bytes_per_sample)
+        return g
+
+    def topological_order(self) -> list[str]:
+        """Tasks in a deterministic topological order (ties broken by position)."""
+        return list(nx.lexicographical_topological_sort(self.to_networkx(), key=self._index.__getitem__))
+
+    @property
+    def has_explicit_costs(self) -> bool:
+        return any(t.time_s_by_kind for t in self.tasks)
+
+    def total_weight_bytes(self) -> float:
+        return sum(t.weight_bytes for t in self.tasks)
+
+    # -- checks --------------------------------------------------------------
+    def validate(self) -> "TaskGraph":
+        """Raise GraphError on duplicate names, unknown endpoints, bad numbers or a cycle."""
+        if len(self._index) != len(self.tasks):
+            seen: set[str] = set()
+            dup = next(t.name for t in self.tasks if t.name in seen or seen.add(t.name))
+            raise GraphError(f"graph {self.name!r}: duplicate task name {dup!r}")
+        for t in self.tasks:
+            for f in ("flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample"):
+                v = getattr(t, f)
+                if not (math.isfinite(v) and v >= 0):
+                    raise GraphError(f"graph {self.name!r}: task {t.name!r}: {f} must be finite and >= 0, got {v}")
+            for kind, v in t.time_s_by_kind:
+                if not (math.isfinite(v) and v >= 0):
+                    raise GraphError(f"graph {self.name!r}: task {t.name!r}: time on {kind!r} must be >= 0, got {v}")
+        pairs = set()
+        for e in self.edges:
+            for end in (e.src, e.dst):
+                if end not in self._index:
+                    raise GraphError(f"graph {self.name!r}: edge {e.src!r} -> {e.dst!r} names unknown task {end!r}")
+            if e.src == e.dst:
+                raise GraphError(f"graph {self.name!r}: self-loop on {e.src!r}")
+            if (e.src, e.dst) in pairs:
+                raise GraphError(f"graph {self.name!r}: duplicate edge {e.src!r} -> {e.dst!r}")
+            pairs.add((e.src, e.dst))
+            if not (math.isfinite(e.bytes_per_sample) and e.bytes_per_sample >= 0 and e.hop_s_per_sample >= 0):
+                raise GraphError(f"graph {self.name!r}: edge {e.src!r} -> {e.dst!r}: sizes must be finite and >= 0")
+        g = self.to_networkx()
+        if not nx.is_directed_acyclic_graph(g):
+            cycle = nx.find_cycle(g)
+            raise GraphError(f"graph {self.name!r} is not a DAG: cycle through {[u for u, _ in cycle]}")
+        return self
+
+    # -- serialisation ---------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": GRAPH_FORMAT,
+            "version": GRAPH_VERSION,
+            "name": self.name,
+            "meta": dict(self.meta),
+            "tasks": [_task_to_dict(t) for t in self.tasks],
+            "edges": [{k: v for k, v in asdict(e).items() if v or k in ("src", "dst")} for e in self.edges],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=False)
+
+    def sha256(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def _task_to_dict(t: Task) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": t.name}
+    for f in fields(Task):
+        if f.name == "name":
+            continue
+        v = getattr(t, f.name)
+        if v == f.default:
+            continue
+        if f.name in ("time_s_by_kind", "labels"):
+            v = dict(v)
+        elif isinstance(v, tuple):
+            v = list(v)
+        out[f.name] = v
+    return out
+
+
+_TASK_FIELDS = {f.name for f in fields(Task)}
+_EDGE_FIELDS = {f.name for f in fields(Edge)}
+
+
+def graph_from_dict(data: dict[str, Any], source: str = "<memory>") -> TaskGraph:
+    """Inverse of TaskGraph.to_dict; raises GraphError naming `source` and the field."""
+    if not isinstance(data, dict) or data.get("format") != GRAPH_FORMAT:
+        raise GraphError(f"{source}: not a task graph file (expected \"format\": \"{GRAPH_FORMAT}\")")
+    if data.get("version") != GRAPH_VERSION:
+        raise GraphError(f"{source}: version: unsupported version {data.get('version')!r} (this build reads {GRAPH_VERSION})")
+    tasks, edges = [], []
+    for i, raw in enumerate(data.get("tasks") or []):
+        unknown = set(raw) - _TASK_FIELDS
+        if unknown or "name" not in raw:
+            what = f"unknown key(s) {sorted(unknown)}" if unknown else "missing required field 'name'"
+            raise GraphError(f"{source}: tasks[{i}]: {what}")
+        kw = dict(raw)
+        for key in ("time_s_by_kind", "labels"):
+            if key in kw:
+                kw[key] = tuple(kw[key].items())
+        for key in ("device_types", "mem_device_types"):
+            if key in kw:
+                kw[key] = tuple(kw[key])
+        try:
+            tasks.append(Task(**kw))
+        except TypeError as exc:
+            raise GraphError(f"{source}: tasks[{i}]: {exc}") from None
+    for i, raw in enumerate(data.get("edges") or []):
+        unknown = set(raw) - _EDGE_FIELDS
+        if unknown or "src" not in raw or "dst" not in raw:
+            what = f"unknown key(s) {sorted(unknown)}" if unknown else "missing 'src' or 'dst'"
+            raise GraphError(f"{source}: edges[{i}]: {what}")
+        edges.append(Edge(**raw))
+    if not tasks:
+        raise GraphError(f"{source}: tasks: the graph has no tasks")
+    graph = TaskGraph(name=str(data.get("name", Path(source).stem)), tasks=tuple(tasks), edges=tuple(edges), meta=tuple((data.get("meta") or {}).items()))
+    try:
+        return graph.validate()
+    except GraphError as exc:
+        raise GraphError(f"{source}: {exc}") from None
+
+
+def load_graph_json(path: str | Path) -> TaskGraph:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise GraphError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise GraphError(f"{path}: not valid JSON: {exc}") from None
+    return graph_from_dict(data, source=str(path))

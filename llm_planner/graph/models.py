@@ -1,0 +1,85 @@
+"""Model names -> task graphs: the one entry point the CLI and the verifier use.
+
+A ModelSpec names a preset (`llm-planner models` lists them), a transformers
+config.json file or a directory holding one, and carries the builder options.
+Builders that need torch are imported lazily, so decoder presets and graph
+files work without torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llm_planner.graph.ir import GraphError, TaskGraph
+
+PHASES = ("decode", "prefill")
+GRANULARITIES = ("block", "sublayer")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    name: str  # preset name, config.json path, or a directory with config.json
+    phase: str = "decode"  # decoders: "prefill" (prompt of seq_len) or one "decode" step
+    seq_len: int = 2048  # decoders: prompt length (prefill) or context length (decode)
+    granularity: str = "block"  # decoders: one task per "block", or attention/MLP per "sublayer"
+    dtype: str = "fp16"  # element type of weights and activations
+    seed: int = 0  # random graphs (RWNN)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelSpec":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise GraphError(f"model: unknown key(s) {sorted(unknown)}")
+        return cls(**data)
+
+    def check(self) -> "ModelSpec":
+        if self.phase not in PHASES:
+            raise GraphError(f"model phase must be one of {PHASES}, got {self.phase!r}")
+        if self.granularity not in GRANULARITIES:
+            raise GraphError(f"model granularity must be one of {GRANULARITIES}, got {self.granularity!r}")
+        if self.seq_len < 1:
+            raise GraphError(f"model seq_len must be >= 1, got {self.seq_len}")
+        return self
+
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+
+
+def list_models() -> list[tuple[str, str, str]]:
+    """(name, family, description) of every preset."""
+    from llm_planner.graph import rwnn, transformer
+
+    out = [(name, "decoder", desc) for name, desc in transformer.preset_descriptions()]
+    out += [("resnet18", "cnn", "ResNet-18 from a transformers ResNetConfig, traced with torch.fx (needs torch)")]
+    out += [("resnet50", "cnn", "ResNet-50 from a transformers ResNetConfig, traced with torch.fx (needs torch)")]
+    out += [(name, "rwnn", desc) for name, desc in rwnn.preset_descriptions()]
+    return out
+
+
+def build_model_graph(spec: ModelSpec) -> TaskGraph:
+    """Build the task graph of a preset, a config file or a config directory."""
+    from llm_planner.graph import rwnn, transformer
+
+    spec.check()
+    if spec.name in ("resnet18", "resnet50"):
+        from llm_planner.graph import fx
+
+        return fx.build_resnet_graph(spec.name, dtype=spec.dtype)
+    if rwnn.is_rwnn_name(spec.name):
+        return rwnn.build_rwnn_graph_from_name(spec.name, seed=spec.seed, dtype=spec.dtype)
+    path = Path(spec.name)
+    if path.is_dir() or path.suffix == ".json":
+        config = transformer.load_config_file(path / "config.json" if path.is_dir() else path)
+        return transformer.build_decoder_graph(config, phase=spec.phase, seq_len=spec.seq_len, granularity=spec.granularity, dtype=spec.dtype)
+    if transformer.is_preset(spec.name):
+        config = transformer.preset_config(spec.name)
+        return transformer.build_decoder_graph(config, phase=spec.phase, seq_len=spec.seq_len, granularity=spec.granularity, dtype=spec.dtype)
+    names = ", ".join(name for name, _, _ in list_models())
+    raise GraphError(f"unknown model {spec.name!r}: not a preset, a config.json or a directory holding one (presets: {names})")

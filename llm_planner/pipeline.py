@@ -1,0 +1,107 @@
+"""Inputs -> PlacementProblem: the path shared by `plan` and `verify`.
+
+A problem is rebuilt from a plan's recorded inputs (cluster path, model spec or
+graph file, objective, batch, shards, dtype) through the same builders, so the
+verifier never reads solver state. Hashes recorded in the plan detect inputs
+that changed since it was made.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from llm_planner.graph.ir import GraphError, TaskGraph, graph_from_dict
+from llm_planner.graph.models import ModelSpec, build_model_graph
+from llm_planner.plan import PlanInputs
+from llm_planner.solve.problem import PlacementProblem, build_problem
+from llm_planner.spec import ClusterSpec, load_cluster
+
+
+class InputError(ValueError):
+    """Inputs that do not fit together (no cluster, changed files)."""
+
+
+def load_graph_file(path: str | Path) -> tuple[TaskGraph, ClusterSpec | None]:
+    """Read a task graph JSON file; workload files also define their own devices."""
+    from llm_planner.graph import workloads
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise GraphError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise GraphError(f"{path}: not valid JSON: {exc}") from None
+    if workloads.is_workload(data):
+        return workloads.workload_from_dict(data, source=str(path))
+    return graph_from_dict(data, source=str(path)), None
+
+
+def load_graph_and_cluster(
+    *, cluster_path: str | None, model: ModelSpec | None = None, graph_path: str | None = None
+) -> tuple[TaskGraph, ClusterSpec]:
+    if (model is None) == (graph_path is None):
+        raise InputError("give exactly one of a model name (--model) and a graph file (--graph)")
+    own_cluster = None
+    if graph_path is not None:
+        graph, own_cluster = load_graph_file(graph_path)
+    else:
+        assert model is not None
+        graph = build_model_graph(model)
+    if cluster_path is not None:
+        return graph, load_cluster(cluster_path)
+    if own_cluster is None:
+        raise InputError("--cluster is required: only workload graph files describe their own devices")
+    return graph, own_cluster
+
+
+def problem_from_inputs(
+    *,
+    cluster_path: str | None,
+    model: ModelSpec | None = None,
+    graph_path: str | None = None,
+    objective: str = "latency",
+    batch_size: int = 1,
+    max_shards: int | None = None,
+    options: dict | None = None,
+) -> PlacementProblem:
+    """Load files, build the graph and precompute costs; records the inputs for the plan."""
+    graph, cluster = load_graph_and_cluster(cluster_path=cluster_path, model=model, graph_path=graph_path)
+    dtype = model.dtype if model is not None else "fp16"
+    shards = len(cluster.devices()) if max_shards is None else max_shards
+    inputs = PlanInputs(
+        cluster=str(cluster_path) if cluster_path is not None else None,
+        cluster_sha256=cluster.sha256,
+        model=model.to_dict() if model is not None else {"graph": str(graph_path)},
+        graph_sha256=graph.sha256(),
+        objective=objective,
+        batch_size=batch_size,
+        max_shards=shards,
+        dtype=dtype,
+        options=dict(options or {}),
+    )
+    return build_problem(graph, cluster, objective=objective, batch_size=batch_size, max_shards=shards, dtype=dtype, inputs=inputs)
+
+
+def problem_from_plan_inputs(inputs: PlanInputs, *, check_hashes: bool = True) -> PlacementProblem:
+    """Rebuild the problem a plan was made for; InputError if a file changed since."""
+    model_dict = dict(inputs.model)
+    graph_path = model_dict.pop("graph", None)
+    model = None if graph_path is not None else ModelSpec.from_dict(model_dict)
+    problem = problem_from_inputs(
+        cluster_path=inputs.cluster,
+        model=model,
+        graph_path=graph_path,
+        objective=inputs.objective,
+        batch_size=inputs.batch_size,
+        max_shards=inputs.max_shards,
+        options=inputs.options,
+    )
+    if check_hashes:
+        assert problem.inputs is not None
+        if inputs.cluster_sha256 and problem.inputs.cluster_sha256 != inputs.cluster_sha256:
+            raise InputError(f"{inputs.cluster}: the cluster file changed since the plan was made (sha256 differs)")
+        if problem.inputs.graph_sha256 != inputs.graph_sha256:
+            raise InputError(f"model {inputs.model}: the task graph differs from the one the plan was made for")
+    return problem

@@ -1,0 +1,34 @@
+"""Solver options: one typed dataclass for every solver and backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SYMMETRY_CHOICES = ("none", "batch", "task", "time", "solver")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SolveOptions:
+    solver: str = "heft"  # "milp", "milp-split", or a baseline name (see solve.api.SOLVERS)
+    backend: str = "highs"  # MILP backend: "highs" (default, no licence) or "gurobi"
+    allow_backend_fallback: bool = False  # gurobi unusable (licence) -> use highs instead of failing
+    time_limit_s: float = 60.0  # wall-clock limit of one MILP solve
+    rel_gap: float = 1e-4  # stop when (incumbent - bound) / incumbent <= rel_gap
+    threads: int = 0  # solver threads; 0 = the backend's default
+    seed: int = 0  # solver random seed
+    symmetry: str = "none"  # symmetry breaking: one of SYMMETRY_CHOICES
+    contiguous: bool = False  # throughput: each device's task set is contiguous
+    workers: int = 0  # MILP-SPLIT: processes for subproblems; 0 = all cores
+    max_module_tasks: int = 40  # MILP-SPLIT: cap on tasks in one module
+    verify: bool = True  # run the independent verifier on the plan before returning it
+
+    def check(self) -> "SolveOptions":
+        if self.symmetry not in SYMMETRY_CHOICES:
+            raise ValueError(f"symmetry must be one of {SYMMETRY_CHOICES}, got {self.symmetry!r}")
+        if self.backend not in ("highs", "gurobi"):
+            raise ValueError(f"backend must be 'highs' or 'gurobi', got {self.backend!r}")
+        if self.time_limit_s <= 0:
+            raise ValueError(f"time limit must be > 0 s, got {self.time_limit_s}")
+        if not 0 <= self.rel_gap < 1:
+            raise ValueError(f"relative gap must be in [0, 1), got {self.rel_gap}")
+        return self

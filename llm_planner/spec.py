@@ -1,0 +1,369 @@
+"""Cluster specs: the YAML file that describes servers, devices and links.
+
+The format is documented field by field in docs/cluster-spec.md. YAML keys map
+one to one to dataclass fields; values may carry human units ("80 GiB",
+"25 GB/s", "2 us") which are converted here, once. Every error names the file,
+the path of the field and what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from llm_planner import units
+
+DEVICE_TYPES = ("cpu", "gpu", "accelerator")
+
+
+class SpecError(ValueError):
+    """A cluster spec that cannot be used; the message names file, field and problem."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkSpec:
+    """A link class: time to move n bytes is latency_s + n / bw_bytes_per_s."""
+
+    bw_bytes_per_s: float
+    latency_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntraLinkSpec:
+    """The link between two device kinds inside one node (unordered pair)."""
+
+    between: tuple[str, str]
+    bw_bytes_per_s: float
+    latency_s: float = 0.0
+
+    @property
+    def link(self) -> LinkSpec:
+        return LinkSpec(bw_bytes_per_s=self.bw_bytes_per_s, latency_s=self.latency_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceKindSpec:
+    """One kind of device (a GPU model, a CPU socket)."""
+
+    name: str
+    type: str  # one of DEVICE_TYPES
+    peak_flops: tuple[tuple[str, float], ...]  # (dtype, FLOP/s) pairs
+    mem_bytes: float  # math.inf for unlimited (CPUs sharing host memory)
+    mem_bw_bytes_per_s: float
+    compute_efficiency: float = 1.0  # fraction of peak FLOP/s reached in practice
+    mem_efficiency: float = 1.0  # fraction of peak memory bandwidth reached
+    overhead_s: float = 0.0  # fixed time per task (kernel launches, dispatch)
+
+    def flops_for(self, dtype: str) -> float:
+        for name, value in self.peak_flops:
+            if name == dtype:
+                return value
+        raise KeyError(dtype)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSpec:
+    """A server template; `count` identical copies of it are in the cluster."""
+
+    name: str
+    devices: tuple[tuple[str, int], ...]  # (kind name, how many)
+    count: int = 1
+    hostname: str | None = None  # may contain "{i}" for the copy index
+    slots: int | None = None  # MPI slots; defaults to the number of devices
+    links: tuple[IntraLinkSpec, ...] = ()  # overrides of the cluster's intra-node links
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSpec:
+    """One concrete device of the expanded cluster."""
+
+    name: str  # "<node>/<kind>:<index>"
+    kind: str
+    node: str  # expanded node name ("dgx-1")
+    node_template: str  # NodeSpec.name ("dgx")
+    index: int  # index among devices of its kind in its node
+    hostname: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    name: str
+    device_kinds: tuple[DeviceKindSpec, ...]
+    nodes: tuple[NodeSpec, ...]
+    intra_node_default: LinkSpec | None = None
+    intra_node: tuple[IntraLinkSpec, ...] = ()
+    inter_node: LinkSpec | None = None
+    description: str = ""
+    source: str = field(default="<memory>", compare=False)
+    sha256: str = field(default="", compare=False)
+
+    def kind(self, name: str) -> DeviceKindSpec:
+        for kind in self.device_kinds:
+            if kind.name == name:
+                return kind
+        raise KeyError(name)
+
+    def node_names(self) -> list[tuple[str, NodeSpec, int]]:
+        """Expanded nodes as (name, template, copy index)."""
+        out = []
+        for node in self.nodes:
+            for i in range(node.count):
+                out.append((node.name if node.count == 1 else f"{node.name}-{i}", node, i))
+        return out
+
+    def devices(self) -> tuple[DeviceSpec, ...]:
+        out = []
+        for node_name, node, i in self.node_names():
+            host = node.hostname.format(i=i) if node.hostname else None
+            for kind, num in node.devices:
+                for j in range(num):
+                    out.append(
+                        DeviceSpec(
+                            name=f"{node_name}/{kind}:{j}",
+                            kind=kind,
+                            node=node_name,
+                            node_template=node.name,
+                            index=j,
+                            hostname=host,
+                        )
+                    )
+        return tuple(out)
+
+    def link(self, a: DeviceSpec, b: DeviceSpec) -> LinkSpec | None:
+        """The link class between two devices; None for the same device."""
+        if a.name == b.name:
+            return None
+        if a.node != b.node:
+            assert self.inter_node is not None, "checked by the loader"
+            return self.inter_node
+        node = next(n for n in self.nodes if n.name == a.node_template)
+        pair = {a.kind, b.kind}
+        for rule in (*node.links, *self.intra_node):
+            if set(rule.between) == pair:
+                return rule.link
+        assert self.intra_node_default is not None, "checked by the loader"
+        return self.intra_node_default
+
+
+# ----------------------------------------------------------------------------
+# Loading
+
+
+class _Reader:
+    """Reads one mapping of the YAML document, tracking the field path for errors."""
+
+    def __init__(self, source: str, path: str, data: Any):
+        self.source, self.path = source, path
+        if not isinstance(data, dict):
+            self.fail(f"expected a mapping, got {type(data).__name__}")
+        self.data = data
+        self.used: set[str] = set()
+
+    def fail(self, what: str, key: str | None = None) -> None:
+        where = f"{self.path}.{key}" if key and self.path else (key or self.path or "<top>")
+        raise SpecError(f"{self.source}: {where}: {what}")
+
+    def child(self, key: str, data: Any) -> "_Reader":
+        return _Reader(self.source, f"{self.path}.{key}" if self.path else key, data)
+
+    def get(self, key: str, parse: Callable[[Any], Any] | None = None, default: Any = ..., positive: bool = False):
+        self.used.add(key)
+        if key not in self.data:
+            if default is ...:
+                self.fail("missing required field", key)
+            return default
+        value = self.data[key]
+        if parse is not None:
+            try:
+                value = parse(value)
+            except (units.UnitError, TypeError, ValueError) as exc:
+                self.fail(str(exc), key)
+        if positive and not (isinstance(value, (int, float)) and value > 0 and not math.isnan(value)):
+            self.fail(f"must be positive, got {self.data[key]!r}", key)
+        return value
+
+    def done(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            self.fail(f"unknown key(s) {', '.join(map(repr, unknown))}")
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _as_str(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _nonneg_seconds(value: Any) -> float:
+    seconds = units.parse_seconds(value)
+    if seconds < 0 or not math.isfinite(seconds):
+        raise ValueError(f"must be >= 0, got {value!r}")
+    return seconds
+
+
+def _read_link(r: _Reader) -> LinkSpec:
+    link = LinkSpec(
+        bw_bytes_per_s=r.get("bw_bytes_per_s", units.parse_bandwidth, positive=True),
+        latency_s=r.get("latency_s", _nonneg_seconds, default=0.0),
+    )
+    r.done()
+    return link
+
+
+def _read_intra_links(r: _Reader, key: str, kinds: set[str]) -> tuple[IntraLinkSpec, ...]:
+    items = r.get(key, default=[])
+    if not isinstance(items, list):
+        r.fail("expected a list", key)
+    out = []
+    for i, item in enumerate(items):
+        c = r.child(f"{key}[{i}]", item)
+        between = c.get("between")
+        if not (isinstance(between, list) and len(between) == 2 and all(isinstance(k, str) for k in between)):
+            c.fail("expected a list of two device kind names", "between")
+        for k in between:
+            if k not in kinds:
+                c.fail(f"unknown device kind {k!r} (known: {', '.join(sorted(kinds))})", "between")
+        link = _read_link_fields(c)
+        out.append(IntraLinkSpec(between=(between[0], between[1]), **link))
+    return tuple(out)
+
+
+def _read_link_fields(c: _Reader) -> dict[str, float]:
+    fields = {
+        "bw_bytes_per_s": c.get("bw_bytes_per_s", units.parse_bandwidth, positive=True),
+        "latency_s": c.get("latency_s", _nonneg_seconds, default=0.0),
+    }
+    c.done()
+    return fields
+
+
+def _read_kind(c: _Reader) -> DeviceKindSpec:
+    name = c.get("name", _as_str)
+    kind_type = c.get("type", _as_str)
+    if kind_type not in DEVICE_TYPES:
+        c.fail(f"must be one of {', '.join(DEVICE_TYPES)}, got {kind_type!r}", "type")
+    flops_raw = c.get("peak_flops")
+    if not isinstance(flops_raw, dict) or not flops_raw:
+        c.fail("expected a mapping of dtype to FLOP/s, e.g. {fp16: 312 TFLOP/s}", "peak_flops")
+    flops_reader = c.child("peak_flops", flops_raw)
+    peak = tuple((str(dtype), flops_reader.get(dtype, units.parse_flops, positive=True)) for dtype in flops_raw)
+    mem_raw = c.data.get("mem_bytes")
+    mem = math.inf if mem_raw == "unlimited" else c.get("mem_bytes", units.parse_bytes, positive=True)
+    c.used.add("mem_bytes")
+    spec = DeviceKindSpec(
+        name=name,
+        type=kind_type,
+        peak_flops=peak,
+        mem_bytes=mem,
+        mem_bw_bytes_per_s=c.get("mem_bw_bytes_per_s", units.parse_bandwidth, positive=True),
+        compute_efficiency=c.get("compute_efficiency", units.parse_fraction, default=1.0, positive=True),
+        mem_efficiency=c.get("mem_efficiency", units.parse_fraction, default=1.0, positive=True),
+        overhead_s=c.get("overhead_s", _nonneg_seconds, default=0.0),
+    )
+    for key in ("compute_efficiency", "mem_efficiency"):
+        if getattr(spec, key) > 1:
+            c.fail(f"must be in (0, 1], got {getattr(spec, key)}", key)
+    c.done()
+    return spec
+
+
+def _read_node(c: _Reader, kinds: set[str]) -> NodeSpec:
+    devices_raw = c.get("devices")
+    if not isinstance(devices_raw, dict) or not devices_raw:
+        c.fail("expected a mapping of device kind to count, e.g. {a100: 8}", "devices")
+    dev_reader = c.child("devices", devices_raw)
+    devices = []
+    for kind in devices_raw:
+        if kind not in kinds:
+            dev_reader.fail(f"unknown device kind {kind!r} (known: {', '.join(sorted(kinds))})", str(kind))
+        devices.append((kind, dev_reader.get(kind, _as_int, positive=True)))
+    node = NodeSpec(
+        name=c.get("name", _as_str),
+        devices=tuple(devices),
+        count=c.get("count", _as_int, default=1, positive=True),
+        hostname=c.get("hostname", _as_str, default=None),
+        slots=c.get("slots", _as_int, default=None),
+        links=_read_intra_links(c, "links", kinds),
+    )
+    if node.slots is not None and node.slots <= 0:
+        c.fail(f"must be positive, got {node.slots}", "slots")
+    c.done()
+    return node
+
+
+def _as_list(r: _Reader, key: str) -> list:
+    items = r.get(key)
+    if not isinstance(items, list) or not items:
+        r.fail("expected a non-empty list", key)
+    return items
+
+
+def parse_cluster(data: Any, source: str = "<memory>") -> ClusterSpec:
+    """Build a ClusterSpec from parsed YAML; raises SpecError naming `source`."""
+    top = _Reader(source, "", data)
+    kinds = tuple(_read_kind(top.child(f"device_kinds[{i}]", d)) for i, d in enumerate(_as_list(top, "device_kinds")))
+    kind_names = [k.name for k in kinds]
+    if len(set(kind_names)) != len(kind_names):
+        top.fail(f"duplicate device kind names in {kind_names}", "device_kinds")
+    nodes = tuple(_read_node(top.child(f"nodes[{i}]", n), set(kind_names)) for i, n in enumerate(_as_list(top, "nodes")))
+    links = top.child("links", top.get("links", default={}))
+    default_raw = links.get("intra_node_default", default=None)
+    inter_raw = links.get("inter_node", default=None)
+    cluster = ClusterSpec(
+        name=top.get("name", _as_str),
+        description=top.get("description", str, default=""),
+        device_kinds=kinds,
+        nodes=nodes,
+        intra_node_default=_read_link(links.child("intra_node_default", default_raw)) if default_raw is not None else None,
+        intra_node=_read_intra_links(links, "intra_node", set(kind_names)),
+        inter_node=_read_link(links.child("inter_node", inter_raw)) if inter_raw is not None else None,
+        source=source,
+    )
+    links.done()
+    top.done()
+    _check_links(cluster, links)
+    return cluster
+
+
+def _check_links(cluster: ClusterSpec, links: _Reader) -> None:
+    names = [n for n, _, _ in cluster.node_names()]
+    if len(set(names)) != len(names):
+        raise SpecError(f"{cluster.source}: nodes: duplicate node names after expanding `count`: {names}")
+    if len(names) > 1 and cluster.inter_node is None:
+        links.fail(f"the cluster has {len(names)} nodes but no link between nodes", "inter_node")
+    if cluster.intra_node_default is not None:
+        return
+    for node in cluster.nodes:
+        kinds = [k for k, _ in node.devices]
+        pairs = [(a, b) for i, a in enumerate(kinds) for b in kinds[i:] if a != b or dict(node.devices)[a] > 1]
+        for a, b in pairs:
+            if not any(set(r.between) == {a, b} for r in (*node.links, *cluster.intra_node)):
+                links.fail(f"no link between kinds {a!r} and {b!r} in node {node.name!r}; add a rule or a default", "intra_node_default")
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Read a cluster YAML file. Raises SpecError with the file, field and problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    cluster = parse_cluster(data, source=str(path))
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return dataclasses.replace(cluster, sha256=digest)
