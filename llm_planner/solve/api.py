@@ -1,0 +1,68 @@
+"""One solver interface: `solve(problem, options) -> Plan`, solvers chosen by name.
+
+Every plan leaves here with the best lower bound known for the instance (the
+solver's own, the critical path and the load-balance LP of solve.bounds) and,
+unless options.verify is off, after the independent verifier accepted it: a
+plan that fails verification is a bug and raises.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from llm_planner.plan import Plan
+from llm_planner.solve.options import SolveOptions
+from llm_planner.solve.problem import PlacementProblem
+from llm_planner.solve.schedule import with_bound
+
+log = logging.getLogger(__name__)
+
+BASELINES = ("single-device", "even-split", "memory-greedy", "heft")
+SOLVERS = ("milp", "milp-split", "best-baseline", *BASELINES)
+
+
+class SolveError(RuntimeError):
+    """No plan could be made (infeasible instance, unusable backend); the message says why."""
+
+
+class VerificationError(AssertionError):
+    """A solver returned a plan the verifier rejects: a bug, never a user error."""
+
+
+def solve(problem: PlacementProblem, options: SolveOptions | None = None) -> Plan:
+    options = (options or SolveOptions()).check()
+    plan = _dispatch(problem, options)
+    from llm_planner.solve.bounds import lower_bound
+
+    plan = with_bound(plan, lower_bound(problem))
+    if options.verify:
+        from llm_planner.verify import verify_plan
+
+        report = verify_plan(plan, problem)
+        if not report.ok:
+            raise VerificationError(f"solver {options.solver!r} returned an invalid plan:\n" + "\n".join(report.violations))
+    return plan
+
+
+def _dispatch(problem: PlacementProblem, options: SolveOptions) -> Plan:
+    name = options.solver
+    if name == "milp":
+        from llm_planner.solve.milp import solve_milp
+
+        return solve_milp(problem, options)
+    if name == "milp-split":
+        from llm_planner.solve.split import solve_split
+
+        return solve_split(problem, options)
+    from llm_planner.solve import baselines
+
+    if name == "best-baseline":
+        plan = baselines.best_baseline(problem)
+    elif name in BASELINES:
+        plan = baselines.run_baseline(name, problem)
+    else:
+        raise SolveError(f"unknown solver {name!r}; choose one of {', '.join(SOLVERS)}")
+    if plan is None:
+        reasons = baselines.infeasibility_reason(problem)
+        raise SolveError(f"solver {name!r} found no feasible plan: {reasons}")
+    return plan
