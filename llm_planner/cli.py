@@ -1,0 +1,124 @@
+"""Command line: thin; parses arguments, calls the layers, prints tables, writes files.
+
+Exit codes: 0 success; 1 a plan that fails verification or a solve that found
+no plan; 2 bad input (file, field, option), always with a message, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from llm_planner import __version__
+
+console = Console()
+err_console = Console(stderr=True)
+
+EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
+
+
+def _input_errors() -> tuple[type[Exception], ...]:
+    from llm_planner.graph.ir import GraphError
+    from llm_planner.pipeline import InputError
+    from llm_planner.plan import PlanError
+    from llm_planner.solve.problem import ProblemError
+    from llm_planner.spec import SpecError
+
+    return (SpecError, GraphError, PlanError, InputError, ProblemError)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    from llm_planner.graph.models import GRANULARITIES, PHASES
+
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="preset name (see `llm-planner models`), a config.json, or a directory holding one")
+    src.add_argument("--graph", help="task graph JSON file (our format, or a dnn-partitioning workload file)")
+    p.add_argument("--cluster", help="cluster spec YAML (not needed for workload graph files)")
+    p.add_argument("--phase", choices=PHASES, default="decode", help="decoders: one decode step or a prefill (default: decode)")
+    p.add_argument("--seq-len", type=int, default=2048, help="decoders: context (decode) or prompt (prefill) length (default: 2048)")
+    p.add_argument("--granularity", choices=GRANULARITIES, default="block", help="decoders: task per block or per sublayer")
+    p.add_argument("--dtype", default="fp16", help="element type of weights and activations (default: fp16)")
+    p.add_argument("--seed", type=int, default=0, help="seed of random graphs (RWNN)")
+
+
+def _add_solve_args(p: argparse.ArgumentParser) -> None:
+    from llm_planner.solve.api import SOLVERS
+    from llm_planner.solve.options import SYMMETRY_CHOICES
+
+    p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
+    p.add_argument("--batch", type=int, default=1, help="samples (requests) in the batch (default: 1)")
+    p.add_argument("--max-shards", type=int, default=None, help="data parallelism: at most this many batch shards (default: number of devices; 1 turns it off)")
+    p.add_argument("--solver", choices=SOLVERS, default="best-baseline", help="placement solver (default: best-baseline)")
+    p.add_argument("--solver-backend", choices=("highs", "gurobi"), default="highs", help="MILP backend (default: highs, no licence needed)")
+    p.add_argument("--allow-backend-fallback", action="store_true", help="fall back to highs when gurobi is missing or its licence is too small")
+    p.add_argument("--time-limit", type=float, default=60.0, help="seconds per MILP solve (default: 60)")
+    p.add_argument("--gap", type=float, default=1e-4, help="relative MIP gap to stop at (default: 1e-4)")
+    p.add_argument("--threads", type=int, default=0, help="solver threads (default: backend's choice)")
+    p.add_argument("--symmetry", choices=SYMMETRY_CHOICES, default="none", help="symmetry breaking among identical devices and servers")
+    p.add_argument("--contiguous", action="store_true", help="throughput: each device's tasks form a contiguous set")
+    p.add_argument("--workers", type=int, default=0, help="MILP-SPLIT processes (default: all cores)")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llm-planner", description="Plan, verify and launch neural networks on heterogeneous clusters.")
+    parser.add_argument("--version", action="version", version=f"llm-planner {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="place and schedule a model on a cluster, write a plan file")
+    _add_model_args(p)
+    _add_solve_args(p)
+    p.add_argument("-o", "--output", default="plan.yaml", help="plan file to write (default: plan.yaml)")
+    p.add_argument("--no-baselines", action="store_true", help="skip the comparison with the baseline planners")
+
+    p = sub.add_parser("verify", help="check a plan against its inputs and recompute its objective")
+    p.add_argument("plan")
+
+    p = sub.add_parser("show", help="per-device table of a plan, optional Gantt chart")
+    p.add_argument("plan")
+    p.add_argument("--gantt", help="write a Gantt chart PNG here")
+
+    sub.add_parser("models", help="list model presets")
+
+    p = sub.add_parser("show-cluster", help="devices, links and symmetry classes of a cluster spec")
+    p.add_argument("cluster")
+
+    p = sub.add_parser("launch", help="run a plan with mpiexec, one rank per device")
+    p.add_argument("plan")
+    p.add_argument("--dry-run", action="store_true", help="print the command and rank table, start nothing")
+    p.add_argument("--checkpoint", help="Hugging Face checkpoint directory to load weights from")
+    p.add_argument("--prompt-ids", action="append", default=[], help="comma-separated token ids of one request; repeat for a batch")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--micro-batches", type=int, default=1, help="throughput plans: micro-batches in flight")
+    p.add_argument("--report", default="run.json", help="JSON run report to write (default: run.json)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the whole run is stopped")
+    p.add_argument("--workdir", default=None, help="where to write the hostfile and rank table (default: next to the report)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from llm_planner import commands
+
+    handler = getattr(commands, "cmd_" + args.command.replace("-", "_"))
+    try:
+        return handler(args, console)
+    except _input_errors() as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        return EXIT_INPUT
+    except commands.UserError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

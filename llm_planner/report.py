@@ -1,0 +1,104 @@
+"""Human-facing views of plans and clusters: rich tables and a Gantt chart."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from rich.table import Table
+
+from llm_planner.fmt import fmt_bytes, fmt_s
+from llm_planner.plan import Plan
+from llm_planner.solve.problem import PlacementProblem
+from llm_planner.spec import ClusterSpec
+
+
+def device_table(plan: Plan, problem: PlacementProblem) -> Table:
+    """Per device: tasks held, busy time, memory used of capacity."""
+    from llm_planner.verify import verify_plan
+
+    report = verify_plan(plan, problem)
+    counts: dict[str, int] = defaultdict(int)
+    first: dict[str, str] = {}
+    last: dict[str, str] = {}
+    for item in sorted(plan.schedule, key=lambda s: s.start_s):
+        counts[item.device] += 1
+        first.setdefault(item.device, item.task)
+        last[item.device] = item.task
+    capacity = dict(zip(problem.device_names, problem.mem_capacity))
+    table = Table(title="devices")
+    for col in ("device", "tasks", "first .. last", "busy", "memory used", "of capacity"):
+        table.add_column(col, justify="left" if col in ("device", "first .. last") else "right")
+    for device in problem.device_names:
+        if device not in counts:
+            continue
+        used = report.memory_used_bytes.get(device, 0.0)
+        cap = capacity[device]
+        share = f"{used / cap:.1%}" if cap not in (0, float("inf")) else "-"
+        table.add_row(
+            device, str(counts[device]), f"{first[device]} .. {last[device]}", fmt_s(report.device_busy_s.get(device, 0.0)),
+            fmt_bytes(used), f"{share} of {fmt_bytes(cap)}",
+        )
+    idle = [d for d in problem.device_names if d not in counts]
+    if idle:
+        table.caption = f"{len(idle)} device(s) unused"
+    return table
+
+
+def write_gantt(plan: Plan, path: str) -> None:
+    """One row per device, one bar per (task, shard), coloured by shard."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    devices = plan.devices_used()
+    row = {d: i for i, d in enumerate(devices)}
+    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.45 * len(devices)))
+    cmap = plt.get_cmap("tab10")
+    for item in plan.schedule:
+        width = item.finish_s - item.start_s
+        ax.barh(row[item.device], width, left=item.start_s, color=cmap(item.shard % 10), edgecolor="black", linewidth=0.3)
+        if len(plan.schedule) <= 60 and width > 0:
+            ax.text(item.start_s + width / 2, row[item.device], item.task, ha="center", va="center", fontsize=6)
+    ax.set_yticks(range(len(devices)), devices, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("time (s)")
+    ax.set_title(f"{plan.solver.name}: {plan.objective} {plan.objective_s:.4g} s (colour = batch shard)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cluster_tables(cluster: ClusterSpec) -> list[Table]:
+    """Device kinds, expanded devices per node, and links."""
+    kinds = Table(title=f"{cluster.name}: device kinds")
+    for col in ("kind", "type", "peak FLOP/s", "memory", "memory bw", "efficiency (compute/mem)"):
+        kinds.add_column(col)
+    for k in cluster.device_kinds:
+        flops = ", ".join(f"{d} {v / 1e12:.4g} T" for d, v in k.peak_flops)
+        kinds.add_row(k.name, k.type, flops, fmt_bytes(k.mem_bytes), f"{k.mem_bw_bytes_per_s / 1e9:.4g} GB/s", f"{k.compute_efficiency}/{k.mem_efficiency}")
+    nodes = Table(title="nodes")
+    for col in ("node", "template", "hostname", "devices"):
+        nodes.add_column(col)
+    by_node: dict[str, list[str]] = defaultdict(list)
+    host: dict[str, str] = {}
+    template: dict[str, str] = {}
+    for d in cluster.devices():
+        by_node[d.node].append(d.name.split("/", 1)[1])
+        host[d.node] = d.hostname or "-"
+        template[d.node] = d.node_template
+    for node, devs in by_node.items():
+        nodes.add_row(node, template[node], host[node], ", ".join(devs))
+    links = Table(title="links")
+    for col in ("between", "bandwidth", "latency"):
+        links.add_column(col)
+    if cluster.intra_node_default:
+        links.add_row("same node (default)", f"{cluster.intra_node_default.bw_bytes_per_s / 1e9:.4g} GB/s", fmt_s(cluster.intra_node_default.latency_s))
+    for node in cluster.nodes:
+        for r in node.links:
+            links.add_row(f"{node.name}: {r.between[0]} <-> {r.between[1]}", f"{r.bw_bytes_per_s / 1e9:.4g} GB/s", fmt_s(r.latency_s))
+    for r in cluster.intra_node:
+        links.add_row(f"{r.between[0]} <-> {r.between[1]}", f"{r.bw_bytes_per_s / 1e9:.4g} GB/s", fmt_s(r.latency_s))
+    if cluster.inter_node:
+        links.add_row("between nodes", f"{cluster.inter_node.bw_bytes_per_s / 1e9:.4g} GB/s", fmt_s(cluster.inter_node.latency_s))
+    return [kinds, nodes, links]
