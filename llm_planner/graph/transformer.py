@@ -1,0 +1,457 @@
+"""Analytic task graphs of GPT-style decoders (GPT-2/3, OPT, Llama): no torch needed.
+
+A decoder becomes a chain  embed -> block.0 .. block.{n-1} -> final_norm -> lm_head
+(granularity "block"), or with each block split into block.{i}.attn -> block.{i}.mlp
+(granularity "sublayer"). Costs per sequence (a "sample"), with L = seq_len, T tokens
+in flight (T = L for "prefill", T = 1 for "decode" with a context of L tokens), b bytes
+per element, a = nh * hd the attention width, kv = nkv * hd, C the keys a query sees:
+
+    flops_per_sample     = 2 * P_matmul * T  +  4 * a * sum(C) per layer
+                           prefill: sum(C) = L (L + 1) / 2 (causal), decode: sum(C) = L
+                           (Kaplan et al. 2020, "Scaling laws for neural language models",
+                           table 1: C_fwd = 2N + 2 n_layer n_ctx d_attn; Narayanan et al.
+                           2021, "Efficient large-scale language model training on GPU
+                           clusters using Megatron-LM", sec. 5.1: 4 B s^2 h per layer for
+                           QK^T and AV, halved here for causal masking). Elementwise ops
+                           (norms, biases, activations, softmax) are left out: O(h) per
+                           token against O(h^2); their traffic is in bytes_per_sample.
+                           lm_head projects only the last position (all greedy decoding
+                           needs), so its FLOPs are 2 * V * d_word per sequence.
+    bytes_per_sample     = b * T * sum over ops of (elements read + written per token),
+                           each op unfused, attention core fused (FlashAttention, Dao et
+                           al. 2022: the L x L scores never reach memory); decode adds the
+                           KV-cache read 2 * kv * L * b per layer. Weights are not here.
+    mem_bytes_per_sample = 2 * kv * L * b per layer (its KV cache), on block / attn tasks.
+    weight_bytes         = parameters of the task * b; a tied embedding is carried by both
+                           embed and lm_head, so the task sum exceeds num_params by V * d_word.
+
+Parameter counts are exact for the transformers classes GPT2LMHeadModel,
+OPTForCausalLM, LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (tests
+compare with the real models). docs/models.md has the presets and the formulas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
+from llm_planner.graph.models import DTYPE_BYTES, GRANULARITIES, PHASES
+
+log = logging.getLogger(__name__)
+
+FAMILIES = ("gpt2", "opt", "llama")
+# transformers model_type -> architecture family it shares its layout with
+HF_MODEL_TYPES = {"gpt2": "gpt2", "opt": "opt", "llama": "llama", "mistral": "llama", "qwen2": "llama"}
+# Structural flags that a transformers class fixes (None = free, read from the config).
+_FIXED: dict[str, dict[str, Any]] = {
+    "gpt2": dict(qkv_bias=True, out_bias=True, mlp_bias=True, norm_affine=True, pre_norm=True, final_norm=True, rope_theta=0.0),
+    "opt": dict(norm_eps=1e-5, rope_theta=0.0),
+    "llama": dict(norm_affine=True, pre_norm=True, final_norm=True),
+    "mistral": dict(qkv_bias=False, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
+    "qwen2": dict(qkv_bias=True, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
+}
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpt2": dict(activation="gelu_new", norm_eps=1e-5),
+    "opt": dict(activation="relu", qkv_bias=True, out_bias=True, mlp_bias=True, norm_affine=True, pre_norm=True, final_norm=True),
+    "llama": dict(activation="silu", norm_eps=1e-6, rope_theta=10000.0, qkv_bias=False, out_bias=False, mlp_bias=False),
+}
+ID_BYTES = 8  # token ids are int64
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecoderConfig:
+    name: str
+    model_type: str  # architecture family: "gpt2" | "opt" | "llama"
+    num_layers: int  # decoder blocks
+    hidden_size: int  # residual stream width h
+    num_heads: int  # query heads nh
+    num_kv_heads: int  # key/value heads nkv (< nh: grouped-query attention); gpt2/opt: = nh
+    intermediate_size: int  # MLP inner width (gpt2: n_inner or 4h; opt: ffn_dim)
+    vocab_size: int  # V
+    max_positions: int  # longest sequence (learned position table size for gpt2/opt)
+    tie_word_embeddings: bool  # lm_head shares the token embedding matrix
+    head_dim: int | None = None  # per-head width hd; None: hidden_size // num_heads
+    word_embed_dim: int | None = None  # token embedding width (OPT word_embed_proj_dim); None: hidden_size
+    qkv_bias: bool | None = None  # biases on the q/k/v projections; None: the family's default
+    out_bias: bool | None = None  # bias on the attention output projection
+    mlp_bias: bool | None = None  # biases on the MLP projections
+    norm_affine: bool | None = None  # norms have learned scale (and LayerNorm shift); OPT may turn off
+    pre_norm: bool | None = None  # norm before each sublayer (OPT-350m: False, norm after the residual)
+    final_norm: bool | None = None  # a norm after the last block (OPT: do_layer_norm_before and not removed)
+    activation: str | None = None  # MLP activation name as transformers spells it
+    norm_eps: float | None = None  # epsilon of the norms
+    rope_theta: float | None = None  # rotary base (llama family); 0.0 for learned positions
+    hf_model_type: str | None = None  # transformers model_type to_hf_config builds; None: model_type
+
+    def __post_init__(self) -> None:
+        where = f"decoder config {self.name!r}"
+        if self.model_type not in FAMILIES:
+            raise GraphError(f"{where}: model_type must be one of {FAMILIES}, got {self.model_type!r}")
+        hf_type = self.hf_model_type or self.model_type
+        if HF_MODEL_TYPES.get(hf_type) != self.model_type:
+            allowed = [k for k, v in HF_MODEL_TYPES.items() if v == self.model_type]
+            raise GraphError(f"{where}: hf_model_type must be one of {allowed} for model_type {self.model_type!r}, got {hf_type!r}")
+        _check_positive(where, self, ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size",
+                                      "vocab_size", "max_positions"))
+        object.__setattr__(self, "hf_model_type", hf_type)
+        fill = {"head_dim": self.hidden_size // self.num_heads, "word_embed_dim": self.hidden_size,
+                **_DEFAULTS[self.model_type], **_FIXED[hf_type]}
+        for key, value in fill.items():
+            if getattr(self, key) is None:  # unset: the family's default
+                object.__setattr__(self, key, value)
+        _check_positive(where, self, ("head_dim", "word_embed_dim"))
+        self._check(where)
+
+    def _check(self, where: str) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise GraphError(f"{where}: num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.model_type != "llama" and (self.num_kv_heads != self.num_heads or self.head_dim * self.num_heads != self.hidden_size):
+            raise GraphError(f"{where}: {self.model_type} needs num_kv_heads == num_heads and hidden_size == num_heads * head_dim")
+        if self.hf_model_type == "llama" and self.hidden_size % self.num_heads:
+            raise GraphError(f"{where}: llama needs hidden_size ({self.hidden_size}) to be a multiple of num_heads ({self.num_heads})")
+        if self.model_type != "opt" and self.word_embed_dim != self.hidden_size:
+            raise GraphError(f"{where}: word_embed_dim differs from hidden_size, which only opt supports")
+        for key, value in _FIXED[self.hf_model_type].items():
+            if getattr(self, key) != value:
+                raise GraphError(f"{where}: {self.hf_model_type} models have {key}={value}, got {getattr(self, key)!r}")
+        shared = {"opt": ("qkv_bias", "out_bias", "mlp_bias"), "llama": ("qkv_bias", "out_bias")}.get(self.hf_model_type, ())
+        if len({getattr(self, k) for k in shared}) > 1:
+            raise GraphError(f"{where}: {self.hf_model_type} has one switch for {'/'.join(shared)}; they must agree")
+        if self.model_type == "opt" and self.final_norm and not self.pre_norm:
+            raise GraphError(f"{where}: opt has a final norm only with pre_norm=True")
+
+    # Layout facts fixed by the family (no field: no transformers class varies them).
+    @property
+    def norm(self) -> str:
+        return "rmsnorm" if self.model_type == "llama" else "layernorm"
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.model_type == "llama"  # SwiGLU: down(act(gate(x)) * up(x))
+
+    @property
+    def learned_positions(self) -> bool:
+        return self.model_type != "llama"  # llama family: rotary embeddings, no parameters
+
+    @property
+    def position_offset(self) -> int:
+        return 2 if self.model_type == "opt" else 0  # OPTLearnedPositionalEmbedding has 2 extra rows
+
+
+def _check_positive(where: str, cfg: DecoderConfig, keys: tuple[str, ...]) -> None:
+    for key in keys:
+        value = getattr(cfg, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise GraphError(f"{where}: {key} must be a positive integer, got {value!r}")
+
+
+# -- presets --------------------------------------------------------------------
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int, positions: int) -> DecoderConfig:
+    return DecoderConfig(name=name, model_type="gpt2", num_layers=layers, hidden_size=hidden, num_heads=heads,
+                         num_kv_heads=heads, intermediate_size=4 * hidden, vocab_size=50257, max_positions=positions,
+                         tie_word_embeddings=True)
+
+
+def _opt(name: str, layers: int, hidden: int, heads: int, **kw: Any) -> DecoderConfig:
+    return DecoderConfig(name=name, model_type="opt", num_layers=layers, hidden_size=hidden, num_heads=heads,
+                         num_kv_heads=heads, intermediate_size=4 * hidden, vocab_size=50272, max_positions=2048,
+                         tie_word_embeddings=True, **kw)
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inner: int, vocab: int, positions: int,
+           theta: float) -> DecoderConfig:
+    return DecoderConfig(name=name, model_type="llama", num_layers=layers, hidden_size=hidden, num_heads=heads,
+                         num_kv_heads=kv_heads, intermediate_size=inner, vocab_size=vocab, max_positions=positions,
+                         tie_word_embeddings=False, norm_eps=1e-5, rope_theta=theta)
+
+
+_PRESETS: dict[str, DecoderConfig] = {c.name: c for c in (
+    # GPT-2: Radford et al. 2019, "Language models are unsupervised multitask learners",
+    # table 2, and the openai/gpt-2 model cards (124M, 355M, 774M, 1558M); context 1024.
+    _gpt("gpt2", 12, 768, 12, 1024), _gpt("gpt2-medium", 24, 1024, 16, 1024),
+    _gpt("gpt2-large", 36, 1280, 20, 1024), _gpt("gpt2-xl", 48, 1600, 25, 1024),
+    # GPT-3: Brown et al. 2020, "Language models are few-shot learners", table 2.1: GPT-2's
+    # architecture, context 2048, vocab 50257 (its alternating sparse attention is modelled
+    # dense). Two table rows are inconsistent: 13B's d_model 5140 is a typo for 40 heads *
+    # d_head 128 = 5120; 1.3B lists 24 heads of 128 for d_model 2048: kept d_model and d_head
+    # (16 heads), as GPT-2's layout needs d_model = heads * d_head.
+    _gpt("gpt3-125m", 12, 768, 12, 2048), _gpt("gpt3-350m", 24, 1024, 16, 2048),
+    _gpt("gpt3-760m", 24, 1536, 16, 2048), _gpt("gpt3-1.3b", 24, 2048, 16, 2048),
+    _gpt("gpt3-2.7b", 32, 2560, 32, 2048), _gpt("gpt3-6.7b", 32, 4096, 32, 2048),
+    _gpt("gpt3-13b", 40, 5120, 40, 2048), _gpt("gpt3-175b", 96, 12288, 96, 2048),
+    # Llama 2: Touvron et al. 2023, "Llama 2: open foundation and fine-tuned chat models",
+    # table 1, and the meta-llama/Llama-2-*-hf config.json (vocab 32000, context 4096).
+    _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, 10000.0),
+    _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, 10000.0),
+    _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, 10000.0),
+    # Llama 3: Meta 2024, Meta-Llama-3 model card and config.json (vocab 128256, context 8192).
+    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
+    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
+    # OPT: Zhang et al. 2022, "OPT: open pre-trained transformer language models", table 1,
+    # and facebook/opt-* config.json (350m: 512-wide embeddings projected, norm after).
+    _opt("opt-125m", 12, 768, 12), _opt("opt-350m", 24, 1024, 16, word_embed_dim=512, pre_norm=False, final_norm=False),
+    _opt("opt-1.3b", 24, 2048, 32), _opt("opt-2.7b", 32, 2560, 32), _opt("opt-6.7b", 32, 4096, 32),
+    _opt("opt-13b", 40, 5120, 40), _opt("opt-30b", 48, 7168, 56), _opt("opt-66b", 64, 9216, 72),
+)}
+
+
+def preset_descriptions() -> list[tuple[str, str]]:
+    """(name, one-line description) of every decoder preset."""
+    out = []
+    for name, c in _PRESETS.items():
+        heads = f"{c.num_heads} heads" + (f" ({c.num_kv_heads} KV)" if c.num_kv_heads != c.num_heads else "")
+        out.append((name, f"{c.model_type} decoder, {c.num_layers} layers, hidden {c.hidden_size}, {heads}, "
+                          f"{count_parameters(c) / 1e9:.3g}B params, context {c.max_positions}"))
+    return out
+
+
+def is_preset(name: str) -> bool:
+    return name in _PRESETS
+
+
+def preset_config(name: str) -> DecoderConfig:
+    if name not in _PRESETS:
+        raise GraphError(f"unknown decoder preset {name!r} (presets: {', '.join(_PRESETS)})")
+    return _PRESETS[name]
+
+
+# -- transformers configs ----------------------------------------------------------
+
+_REQUIRED = object()
+
+
+class _Reader:
+    """Typed access to a config dict; every error names the source and the key."""
+
+    def __init__(self, data: dict[str, Any], source: str) -> None:
+        self.data, self.source = data, source
+
+    def get(self, key: str, kind: type, default: Any = _REQUIRED) -> Any:
+        value = self.data.get(key)
+        if value is None and default is _REQUIRED:
+            raise GraphError(f"{self.source}: missing key {key!r}")
+        if value is None:
+            return default
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, (int, float) if kind is float else kind):
+            raise GraphError(f"{self.source}: key {key!r} must be {kind.__name__}, got {value!r}")
+        return float(value) if kind is float else value
+
+
+def config_from_dict(data: Any, source: str, name: str | None = None) -> DecoderConfig:
+    """A transformers config dict (config.json or PretrainedConfig.to_dict()) -> DecoderConfig."""
+    if not isinstance(data, dict):
+        raise GraphError(f"{source}: expected a JSON object at the top level, got {type(data).__name__}")
+    r = _Reader(data, source)
+    hf_type = r.get("model_type", str)
+    if hf_type not in HF_MODEL_TYPES:
+        raise GraphError(f"{source}: key 'model_type': unsupported {hf_type!r} (supported: {', '.join(HF_MODEL_TYPES)})")
+    name = name or r.get("_name_or_path", str, "") or hf_type
+    family = HF_MODEL_TYPES[hf_type]
+    if family == "gpt2":
+        hidden, heads = r.get("n_embd", int), r.get("n_head", int)
+        kw = dict(num_layers=r.get("n_layer", int), hidden_size=hidden, num_heads=heads, num_kv_heads=heads,
+                  intermediate_size=r.get("n_inner", int, 4 * hidden), max_positions=r.get("n_positions", int),
+                  activation=r.get("activation_function", str, "gelu_new"), norm_eps=r.get("layer_norm_epsilon", float, 1e-5),
+                  tie_word_embeddings=r.get("tie_word_embeddings", bool, True))
+    else:
+        hidden, heads = r.get("hidden_size", int), r.get("num_attention_heads", int)
+        kw = dict(num_layers=r.get("num_hidden_layers", int), hidden_size=hidden, num_heads=heads,
+                  max_positions=r.get("max_position_embeddings", int))
+        kw.update(_opt_fields(r, heads) if family == "opt" else _llama_fields(r, hf_type, heads))
+    try:
+        return DecoderConfig(name=name, model_type=family, hf_model_type=hf_type, vocab_size=r.get("vocab_size", int), **kw)
+    except GraphError as exc:
+        raise GraphError(f"{source}: {exc}") from None
+
+
+def _opt_fields(r: _Reader, heads: int) -> dict[str, Any]:
+    pre_norm = r.get("do_layer_norm_before", bool, True)
+    bias = r.get("enable_bias", bool, True)
+    return dict(num_kv_heads=heads, intermediate_size=r.get("ffn_dim", int), word_embed_dim=r.get("word_embed_proj_dim", int, None),
+                pre_norm=pre_norm, final_norm=pre_norm and not r.get("_remove_final_layer_norm", bool, False),
+                qkv_bias=bias, out_bias=bias, mlp_bias=bias, norm_affine=r.get("layer_norm_elementwise_affine", bool, True),
+                activation=r.get("activation_function", str, "relu"), tie_word_embeddings=r.get("tie_word_embeddings", bool, True))
+
+
+def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
+    kv_default = {"llama": heads, "mistral": 8, "qwen2": 32}[hf_type]  # the transformers class defaults
+    rope = _Reader(r.get("rope_parameters", dict, {}), f"{r.source}: rope_parameters")
+    theta = rope.get("rope_theta", float, r.get("rope_theta", float, 10000.0))
+    if rope.get("rope_type", str, "default") != "default":
+        log.info("%s: rope_type %r is not kept (it changes no shape or cost)", r.source, rope.data["rope_type"])
+    kw: dict[str, Any] = dict(num_kv_heads=r.get("num_key_value_heads", int, kv_default), intermediate_size=r.get("intermediate_size", int),
+                              head_dim=r.get("head_dim", int, None), activation=r.get("hidden_act", str, "silu"),
+                              norm_eps=r.get("rms_norm_eps", float, 1e-6), rope_theta=theta,
+                              tie_word_embeddings=r.get("tie_word_embeddings", bool, False))
+    if hf_type == "llama":
+        bias = r.get("attention_bias", bool, False)
+        kw.update(qkv_bias=bias, out_bias=bias, mlp_bias=r.get("mlp_bias", bool, False))
+    return kw
+
+
+def load_config_file(path: Path) -> DecoderConfig:
+    """Read a transformers config.json (gpt2, opt, llama, mistral, qwen2) without importing transformers."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise GraphError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise GraphError(f"{path}: not valid JSON: {exc}") from None
+    default_name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    name = data.get("_name_or_path") if isinstance(data, dict) else None
+    return config_from_dict(data, str(path), name=name if isinstance(name, str) and name else default_name)
+
+
+def from_hf_config(config: Any, name: str | None = None) -> DecoderConfig:
+    """Any transformers PretrainedConfig of a supported model_type -> DecoderConfig."""
+    source = f"transformers {type(config).__name__}"
+    return config_from_dict(config.to_dict(), source, name=name or getattr(config, "name_or_path", "") or None)
+
+
+def to_hf_config(cfg: DecoderConfig) -> Any:
+    """The transformers config (GPT2Config, OPTConfig, LlamaConfig, MistralConfig, Qwen2Config) of cfg."""
+    import transformers  # lazy: the rest of this module needs no torch
+
+    common = dict(vocab_size=cfg.vocab_size, tie_word_embeddings=cfg.tie_word_embeddings)
+    if cfg.model_type == "gpt2":
+        hf = transformers.GPT2Config(n_positions=cfg.max_positions, n_embd=cfg.hidden_size, n_layer=cfg.num_layers,
+                                     n_head=cfg.num_heads, n_inner=cfg.intermediate_size, activation_function=cfg.activation,
+                                     layer_norm_epsilon=cfg.norm_eps, **common)
+    elif cfg.model_type == "opt":
+        hf = transformers.OPTConfig(hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, ffn_dim=cfg.intermediate_size,
+                                    max_position_embeddings=cfg.max_positions, do_layer_norm_before=cfg.pre_norm,
+                                    _remove_final_layer_norm=cfg.pre_norm and not cfg.final_norm, word_embed_proj_dim=cfg.word_embed_dim,
+                                    num_attention_heads=cfg.num_heads, activation_function=cfg.activation, enable_bias=cfg.qkv_bias,
+                                    layer_norm_elementwise_affine=cfg.norm_affine, **common)
+    else:
+        classes = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig, "qwen2": transformers.Qwen2Config}
+        extra = dict(attention_bias=cfg.qkv_bias, mlp_bias=cfg.mlp_bias) if cfg.hf_model_type == "llama" else {}
+        hf = classes[cfg.hf_model_type](
+            hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            hidden_act=cfg.activation, max_position_embeddings=cfg.max_positions, rms_norm_eps=cfg.norm_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta}, **extra, **common)
+    back = from_hf_config(hf, name=cfg.name)
+    diff = [f.name for f in dataclasses.fields(cfg) if getattr(back, f.name) != getattr(cfg, f.name)]
+    assert not diff, f"to_hf_config lost fields {diff} of {cfg.name!r}"
+    return hf
+
+
+# -- parameters ------------------------------------------------------------------
+
+
+def _norm_params(cfg: DecoderConfig) -> int:
+    if not cfg.norm_affine:
+        return 0
+    return cfg.hidden_size * (2 if cfg.norm == "layernorm" else 1)  # LayerNorm: scale + shift; RMSNorm: scale
+
+
+def _matmul_params(cfg: DecoderConfig) -> dict[str, int]:
+    """Weights of the linear layers of each part (what 2 * params * tokens FLOPs counts)."""
+    h, a, kv, dw = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.word_embed_dim
+    proj = dw * h if dw != h else 0  # OPT project_in / project_out
+    return {"embed": proj, "attn": h * a * 2 + h * kv * 2, "mlp": h * cfg.intermediate_size * (3 if cfg.gated_mlp else 2),
+            "final_norm": proj, "lm_head": cfg.vocab_size * dw}
+
+
+def part_parameters(cfg: DecoderConfig) -> dict[str, int]:
+    """Exact parameters of embed, one attn sublayer, one mlp sublayer, final_norm and lm_head."""
+    h, a, kv, inner = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    out = _matmul_params(cfg)
+    out["embed"] += cfg.vocab_size * cfg.word_embed_dim
+    if cfg.learned_positions:
+        out["embed"] += (cfg.max_positions + cfg.position_offset) * h
+    out["attn"] += _norm_params(cfg) + (a + 2 * kv) * cfg.qkv_bias + h * cfg.out_bias
+    out["mlp"] += _norm_params(cfg) + (inner * (2 if cfg.gated_mlp else 1) + h) * cfg.mlp_bias
+    out["final_norm"] += _norm_params(cfg) * cfg.final_norm
+    return out
+
+
+def count_parameters(cfg: DecoderConfig) -> int:
+    """Exact parameter count of the transformers CausalLM model; a tied lm_head counts once."""
+    p = part_parameters(cfg)
+    head = 0 if cfg.tie_word_embeddings else p["lm_head"]
+    return p["embed"] + cfg.num_layers * (p["attn"] + p["mlp"]) + p["final_norm"] + head
+
+
+# -- graph -----------------------------------------------------------------------
+
+
+def _traffic_per_token(cfg: DecoderConfig, decode: bool) -> dict[str, int]:
+    """Elements read + written per token in flight by each part, op by op (no fusion but attention)."""
+    h, a, kv, dw = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.word_embed_dim
+    norm, residual, up = 2 * h, 3 * h, cfg.intermediate_size * (2 if cfg.gated_mlp else 1)
+    rope = 2 * (a + kv) if not cfg.learned_positions else 0  # rotate q and k
+    core = 2 * a + 2 * kv  # prefill: read q, k, v, write o; decode: read q, write the new k, v to the cache, write o
+    return {"embed": dw + (dw + h if dw != h else 0) + (2 * h if cfg.learned_positions else 0),  # gather, project_in, + pos
+            "attn": norm + (h + a + 2 * kv) + rope + core + (a + h) + residual + (2 * kv if not decode else 0),  # prefill: cache write
+            "mlp": norm + (h + up) + (up + cfg.intermediate_size) + (cfg.intermediate_size + h) + residual,
+            "final_norm": norm * cfg.final_norm + (h + dw if dw != h else 0)}
+
+
+def _layer_costs(cfg: DecoderConfig, phase: str, seq_len: int, dtype_bytes: int) -> dict[str, dict[str, float]]:
+    """flops / bytes / weight / mem per sequence of each part (attn and mlp: one layer)."""
+    decode = phase == "decode"
+    tokens = 1 if decode else seq_len
+    a, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    keys = seq_len if decode else seq_len * (seq_len + 1) // 2  # sum over queries of the keys each sees
+    matmul, params, traffic = _matmul_params(cfg), part_parameters(cfg), _traffic_per_token(cfg, decode)
+    kv_cache = 2 * kv * seq_len * dtype_bytes
+    out = {}
+    for part in ("embed", "attn", "mlp", "final_norm"):
+        out[part] = {"flops": 2.0 * matmul[part] * tokens, "bytes": float(traffic[part] * tokens * dtype_bytes),
+                     "weight": float(params[part] * dtype_bytes), "mem": 0.0}
+    out["embed"]["bytes"] += ID_BYTES * tokens
+    out["attn"]["flops"] += 4.0 * a * keys
+    out["attn"]["bytes"] += kv_cache if decode else 0.0
+    out["attn"]["mem"] = float(kv_cache)
+    dw = cfg.word_embed_dim  # lm_head: logits of the last position only
+    out["lm_head"] = {"flops": 2.0 * matmul["lm_head"], "bytes": float((dw + cfg.vocab_size) * dtype_bytes),
+                      "weight": float(params["lm_head"] * dtype_bytes), "mem": 0.0}
+    return out
+
+
+def _task(name: str, role: str, cost: dict[str, float], layer: int | None = None) -> Task:
+    labels: tuple[tuple[str, Any], ...] = (("role", role),) + ((("layer", layer),) if layer is not None else ())
+    return Task(name=name, kind=role, flops_per_sample=cost["flops"], bytes_per_sample=cost["bytes"],
+                weight_bytes=cost["weight"], mem_bytes_per_sample=cost["mem"], labels=labels)
+
+
+def build_decoder_graph(config: DecoderConfig, *, phase: str, seq_len: int, granularity: str, dtype: str) -> TaskGraph:
+    """The chain embed -> block.i (or block.i.attn -> block.i.mlp) -> final_norm -> lm_head."""
+    if phase not in PHASES:
+        raise GraphError(f"model {config.name!r}: phase must be one of {PHASES}, got {phase!r}")
+    if granularity not in GRANULARITIES:
+        raise GraphError(f"model {config.name!r}: granularity must be one of {GRANULARITIES}, got {granularity!r}")
+    if dtype not in DTYPE_BYTES:
+        raise GraphError(f"model {config.name!r}: dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise GraphError(f"model {config.name!r}: seq_len must be a positive integer, got {seq_len!r}")
+    if config.learned_positions and seq_len > config.max_positions:
+        raise GraphError(f"model {config.name!r}: seq_len {seq_len} exceeds its {config.max_positions} learned positions")
+    b = DTYPE_BYTES[dtype]
+    c = _layer_costs(config, phase, seq_len, b)
+    tasks = [_task("embed", "embed", c["embed"])]
+    for i in range(config.num_layers):
+        if granularity == "block":
+            block = {k: c["attn"][k] + c["mlp"][k] for k in c["attn"]}
+            tasks.append(_task(f"block.{i}", "block", block, i))
+        else:
+            tasks += [_task(f"block.{i}.attn", "attn", c["attn"], i), _task(f"block.{i}.mlp", "mlp", c["mlp"], i)]
+    tasks += [_task("final_norm", "final_norm", c["final_norm"]), _task("lm_head", "lm_head", c["lm_head"])]
+    tokens = 1 if phase == "decode" else seq_len
+    widths = [config.hidden_size] * (len(tasks) - 2) + [config.word_embed_dim]  # final_norm -> lm_head: after project_out
+    edges = tuple(Edge(src=s.name, dst=d.name, bytes_per_sample=float(tokens * w * b)) for s, d, w in zip(tasks, tasks[1:], widths))
+    meta = (("model", config.name), ("model_type", config.model_type), ("num_layers", config.num_layers),
+            ("hidden_size", config.hidden_size), ("vocab_size", config.vocab_size), ("num_params", count_parameters(config)),
+            ("phase", phase), ("seq_len", seq_len), ("dtype", dtype), ("granularity", granularity),
+            ("decoder_config", dataclasses.asdict(config)))
+    return TaskGraph(name=config.name, tasks=tuple(tasks), edges=edges, meta=meta).validate()
