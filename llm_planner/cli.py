@@ -40,7 +40,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--graph", help="task graph JSON file (our format, or a dnn-partitioning workload file)")
     p.add_argument("--cluster", help="cluster spec YAML (not needed for workload graph files)")
     p.add_argument("--phase", choices=PHASES, default="decode", help="decoders: one decode step or a prefill (default: decode)")
-    p.add_argument("--seq-len", type=int, default=2048, help="decoders: context (decode) or prompt (prefill) length (default: 2048)")
+    p.add_argument("--seq-len", type=int, default=None, help="decoders: context (decode) or prompt (prefill) length (default: min(2048, the model's maximum))")
     p.add_argument("--granularity", choices=GRANULARITIES, default="block", help="decoders: task per block or per sublayer")
     p.add_argument("--dtype", default="fp16", help="element type of weights and activations (default: fp16)")
     p.add_argument("--seed", type=int, default=0, help="seed of random graphs (RWNN)")

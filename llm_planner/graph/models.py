@@ -23,7 +23,7 @@ GRANULARITIES = ("block", "sublayer")
 class ModelSpec:
     name: str  # preset name, config.json path, or a directory with config.json
     phase: str = "decode"  # decoders: "prefill" (prompt of seq_len) or one "decode" step
-    seq_len: int = 2048  # decoders: prompt length (prefill) or context length (decode)
+    seq_len: int | None = None  # decoders: prompt (prefill) or context (decode) length; None = min(2048, model's max)
     granularity: str = "block"  # decoders: one task per "block", or attention/MLP per "sublayer"
     dtype: str = "fp16"  # element type of weights and activations
     seed: int = 0  # random graphs (RWNN)
@@ -42,9 +42,11 @@ class ModelSpec:
     def check(self) -> "ModelSpec":
         if self.phase not in PHASES:
             raise GraphError(f"model phase must be one of {PHASES}, got {self.phase!r}")
+        if self.dtype not in DTYPE_BYTES:
+            raise GraphError(f"model dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
         if self.granularity not in GRANULARITIES:
             raise GraphError(f"model granularity must be one of {GRANULARITIES}, got {self.granularity!r}")
-        if self.seq_len < 1:
+        if self.seq_len is not None and self.seq_len < 1:
             raise GraphError(f"model seq_len must be >= 1, got {self.seq_len}")
         return self
 
@@ -77,9 +79,10 @@ def build_model_graph(spec: ModelSpec) -> TaskGraph:
     path = Path(spec.name)
     if path.is_dir() or path.suffix == ".json":
         config = transformer.load_config_file(path / "config.json" if path.is_dir() else path)
-        return transformer.build_decoder_graph(config, phase=spec.phase, seq_len=spec.seq_len, granularity=spec.granularity, dtype=spec.dtype)
-    if transformer.is_preset(spec.name):
+    elif transformer.is_preset(spec.name):
         config = transformer.preset_config(spec.name)
-        return transformer.build_decoder_graph(config, phase=spec.phase, seq_len=spec.seq_len, granularity=spec.granularity, dtype=spec.dtype)
-    names = ", ".join(name for name, _, _ in list_models())
-    raise GraphError(f"unknown model {spec.name!r}: not a preset, a config.json or a directory holding one (presets: {names})")
+    else:
+        names = ", ".join(name for name, _, _ in list_models())
+        raise GraphError(f"unknown model {spec.name!r}: not a preset, a config.json or a directory holding one (presets: {names})")
+    seq_len = spec.seq_len if spec.seq_len is not None else min(2048, config.max_positions)
+    return transformer.build_decoder_graph(config, phase=spec.phase, seq_len=seq_len, granularity=spec.granularity, dtype=spec.dtype)

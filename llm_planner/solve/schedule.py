@@ -99,7 +99,7 @@ def asap_schedule(
                 data_ready[nxt] = max(data_ready[nxt], finish[(s, i)])
                 waiting[nxt] -= 1
                 released.append(nxt)
-        for it in released:
+        for it in dict.fromkeys(released):  # an item can be both a graph successor and next on the device
             if waiting[it] == 0:
                 ready_at = max(data_ready[it], device_free[assignments[it[0]][it[1]]] if device_orders is None else 0.0)
                 heapq.heappush(heap, (ready_at, -ranks[it[0]][it[1]], it[0], it[1]))
