@@ -189,7 +189,7 @@ def graph_from_dict(data: dict[str, Any], source: str = "<memory>") -> TaskGraph
         if unknown or "name" not in raw:
             what = f"unknown key(s) {sorted(unknown)}" if unknown else "missing required field 'name'"
             raise GraphError(f"{source}: tasks[{i}]: {what}")
-        kw = dict(raw)
+        kw = _checked_fields(dict(raw), f"{source}: tasks[{i}]")
         for key in ("time_s_by_kind", "labels"):
             if key in kw:
                 kw[key] = tuple(kw[key].items())
@@ -205,7 +205,7 @@ def graph_from_dict(data: dict[str, Any], source: str = "<memory>") -> TaskGraph
         if unknown or "src" not in raw or "dst" not in raw:
             what = f"unknown key(s) {sorted(unknown)}" if unknown else "missing 'src' or 'dst'"
             raise GraphError(f"{source}: edges[{i}]: {what}")
-        edges.append(Edge(**raw))
+        edges.append(Edge(**_checked_fields(dict(raw), f"{source}: edges[{i}]")))
     if not tasks:
         raise GraphError(f"{source}: tasks: the graph has no tasks")
     graph = TaskGraph(name=str(data.get("name", Path(source).stem)), tasks=tuple(tasks), edges=tuple(edges), meta=tuple((data.get("meta") or {}).items()))
@@ -213,6 +213,29 @@ def graph_from_dict(data: dict[str, Any], source: str = "<memory>") -> TaskGraph
         return graph.validate()
     except GraphError as exc:
         raise GraphError(f"{source}: {exc}") from None
+
+
+_NUMBER_FIELDS = {"flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample", "hop_s_per_sample"}
+_MAPPING_FIELDS = {"time_s_by_kind", "labels"}
+_LIST_FIELDS = {"device_types", "mem_device_types"}
+_STRING_FIELDS = {"name", "kind", "colocate_group", "src", "dst"}
+
+
+def _checked_fields(kw: dict[str, Any], where: str) -> dict[str, Any]:
+    """Raise GraphError naming `where` and the field when a value has the wrong type."""
+    for key, value in kw.items():
+        if key in _NUMBER_FIELDS and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise GraphError(f"{where}.{key}: expected a number, got {value!r}")
+        if key in _MAPPING_FIELDS and not isinstance(value, dict):
+            raise GraphError(f"{where}.{key}: expected a mapping, got {value!r}")
+        if key in _LIST_FIELDS and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise GraphError(f"{where}.{key}: expected a list of strings, got {value!r}")
+        if key in _STRING_FIELDS and not isinstance(value, str):
+            raise GraphError(f"{where}.{key}: expected a string, got {value!r}")
+    for kind, seconds in kw.get("time_s_by_kind", {}).items():
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise GraphError(f"{where}.time_s_by_kind.{kind}: expected a number of seconds, got {seconds!r}")
+    return kw
 
 
 def load_graph_json(path: str | Path) -> TaskGraph:
