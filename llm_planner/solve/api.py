@@ -17,7 +17,7 @@ from llm_planner.solve.schedule import with_bound
 
 log = logging.getLogger(__name__)
 
-BASELINES = ("single-device", "even-split", "memory-greedy", "heft")
+BASELINES = ("single-device", "even-split", "memory-greedy", "heft", "data-parallel")
 SOLVERS = ("milp", "milp-split", "best-baseline", *BASELINES)
 
 

@@ -1,0 +1,222 @@
+"""Lower bounds on the optimum of a PlacementProblem, valid for both objectives.
+
+Every function returns a bound in the units of the problem's objective: seconds
+of makespan for "latency", seconds per sample for "throughput" (the busiest
+device's load per batch divided by the batch size Q). No plan, whatever its
+shards, placement and order, can do better. docs/objectives.md explains them.
+
+Notation: t(i, k, b) = max_j (f_ijk + s_ijk * b) for b >= 1 (and 0 for b = 0),
+the time of task i on device k for b samples, with f >= 0 and s >= 0 (roofline
+pieces and explicit per-sample times both have them; see llm_planner.cost). A
+plan splits the batch into shards of sizes b_1..b_S >= 1 with sum Q and S at most
+the problem's max_shards.
+
+Two facts the proofs use:
+
+(F1) t(i, k, b) is non-decreasing in b >= 1: every piece has a slope s >= 0.
+
+(F2) t(i, k, b) / b is non-increasing in b >= 1 when every intercept f >= 0:
+     t(b) / b = max_j (f_j / b + s_j), and each f_j / b is non-increasing in b,
+     and a maximum of non-increasing functions is non-increasing. Hence for
+     1 <= b <= Q, t(b) >= b * t(Q) / Q: a sub-batch costs at least its share of
+     the full batch's time. (Convexity alone would not give this: an affine
+     t(b) = f + s b with f < 0 has t(b) / b increasing. We never assume it: if a
+     problem ever carries a negative intercept or slope, the bounds take the
+     minimum over every sub-batch size instead (min over b in 1..Q of t(b) / b
+     for the rates, min over b >= ceil(Q / S) for the path), valid always.)
+
+Bounds:
+
+* critical path (latency): some shard has b >= ceil(Q / S) samples (pigeonhole).
+  Every task of that shard runs for at least min_k t(i, k, ceil(Q / S)) (F1),
+  and a task starts after all its predecessors finish (transfers are >= 0), so
+  the longest path of those minimal times is at most that shard's finish time,
+  which is at most the makespan.
+  (throughput): the device that runs task i of that shard has a load of at least
+  min_k t(i, k, ceil(Q / S)), so max_i of it, divided by Q, bounds the objective.
+
+* load balance (both): the LP
+      min T  s.t.  sum_k x_ik = 1 (each task i),  sum_i Q r_ik x_ik <= T (each
+      device k),  x_ik >= 0, x_ik = 0 where k cannot run i,
+  with r_ik = t(i, k, Q) / Q. Any plan gives a feasible point: x_ik = (samples
+  of task i that run on k) / Q; then sum_i Q r_ik x_ik = sum over (shard s,
+  task i) on k of b_s t(i, k, Q) / Q <= sum of t(i, k, b_s) (F2) <= the time k
+  is busy with tasks, which is at most both the makespan (tasks on one device
+  do not overlap) and k's load per batch (loads add transfer terms >= 0). So
+  T* <= makespan, and T* / Q <= max load / Q. Devices with identical cost
+  columns (same kind) are merged into one with m times the capacity: spreading
+  a merged solution evenly over the m copies is feasible for the full LP and
+  has the same T, so the optimum is unchanged while the LP shrinks.
+  Memory rows (a refinement): sum_i need_ik x_ik <= cap_k for every device with
+  finite capacity, need_ik = weight_bytes_i + mem_bytes_per_sample_i * Q where
+  task i's memory counts on k (else 0). Valid: the plan's point x has x_ik <= 1
+  where k holds task i (and 0 elsewhere), so need_ik x_ik <= weight_bytes_i +
+  mem_bytes_per_sample_i * (samples of i on k), and summed over i that is at
+  most the memory the plan uses on k, which fits. Merging identical devices
+  stays exact (capacity m * cap). If these rows make the LP infeasible, no
+  plan fits in memory at all; the bound then drops them.
+
+`lower_bound` is the maximum of the two.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import scipy.optimize
+import scipy.sparse
+
+from llm_planner.solve.problem import PlacementProblem
+
+log = logging.getLogger(__name__)
+
+# The LP optimum is shrunk by this relative amount so that the solver's own
+# feasibility and optimality tolerances can never push the bound above the true optimum.
+LP_SAFETY = 1e-7
+
+Triplets = list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # sparse (row indices, column indices, values)
+
+
+def task_times(problem: PlacementProblem, batch: int) -> np.ndarray:
+    """t(i, k, batch) for every task and device as an [N, K] array (+inf where unsupported)."""
+    if batch <= 0:
+        return np.where(problem.supported, 0.0, np.inf)
+    pieces = problem.time_pieces
+    times = np.max(pieces[..., 0] + pieces[..., 1] * batch, axis=2)
+    return np.where(problem.supported, times, np.inf)
+
+
+def _pieces_nonnegative(problem: PlacementProblem) -> bool:
+    return bool(np.all(problem.time_pieces >= 0))
+
+
+def fastest_task_times(problem: PlacementProblem, batch: int) -> np.ndarray:
+    """min over devices k and sub-batches b in [batch, Q] of t(i, k, b), for every task.
+
+    With non-negative slopes (F1) that is min_k t(i, k, batch).
+    """
+    if _pieces_nonnegative(problem):
+        return task_times(problem, batch).min(axis=1)
+    log.warning("negative cost intercepts or slopes: bounds take minima over every sub-batch size")
+    return np.min([task_times(problem, b).min(axis=1) for b in range(batch, problem.batch_size + 1)], axis=0)
+
+
+def largest_shard_floor(problem: PlacementProblem) -> int:
+    """ceil(Q / S): some shard of every plan holds at least this many samples."""
+    return math.ceil(problem.batch_size / max(1, problem.max_shards))
+
+
+def critical_path_bound(problem: PlacementProblem) -> float:
+    """Longest path of fastest task times at the smallest possible largest shard.
+
+    Latency: that path length (s). Throughput: the longest single such task
+    divided by the batch size (s per sample). See the module docstring.
+    """
+    times = fastest_task_times(problem, largest_shard_floor(problem))
+    if problem.objective == "throughput":
+        return float(times.max()) / problem.batch_size
+    finish = np.zeros(problem.num_tasks)
+    in_edges = problem.in_edges()
+    for name in problem.graph.topological_order():
+        i = problem.graph.index(name)
+        ready = max((finish[int(problem.edge_src[e])] for e in in_edges[i]), default=0.0)
+        finish[i] = ready + times[i]
+    return float(finish.max())
+
+
+def per_sample_rates(problem: PlacementProblem) -> np.ndarray:
+    """r_ik, a valid lower bound on t(i, k, b) / b for every 1 <= b <= Q ([N, K], +inf unsupported)."""
+    q = problem.batch_size
+    if _pieces_nonnegative(problem):
+        return task_times(problem, q) / q  # (F2)
+    rates = np.full(problem.supported.shape, np.inf)
+    for b in range(1, q + 1):
+        rates = np.minimum(rates, task_times(problem, b) / b)
+    return rates
+
+
+def _device_classes(problem: PlacementProblem) -> list[list[int]]:
+    """Devices grouped by identical columns (time pieces, support, memory rules and capacity)."""
+    classes: dict[bytes, list[int]] = {}
+    for k in range(problem.num_devices):
+        key = b"".join(
+            a.tobytes()
+            for a in (problem.time_pieces[:, k], problem.supported[:, k], problem.mem_counts[:, k], problem.mem_capacity[k : k + 1])
+        )
+        classes.setdefault(key, []).append(k)
+    return list(classes.values())
+
+
+def load_balance_bound(problem: PlacementProblem, *, memory: bool = True) -> float:
+    """Optimum of the fractional load-balancing LP (module docstring), in objective units.
+
+    With `memory`, the LP also keeps each device within its capacity (valid, see
+    the module docstring); should that make it infeasible (then no plan fits at
+    all) the bound falls back to the LP without memory rows.
+    """
+    classes = _device_classes(problem)
+    reps = [c[0] for c in classes]
+    work = per_sample_rates(problem)[:, reps] * problem.batch_size  # [N, C]: Q r_ik
+    finite = np.isfinite(work)
+    scale = float(work[finite].max()) if finite.any() else 0.0
+    if scale <= 0:
+        return 0.0
+    rows, cols = np.nonzero(finite)  # one variable x_ic per (task, device class) that can run it
+    num_x, num_c = len(rows), len(classes)
+    counts = np.array([len(c) for c in classes], dtype=float)
+    # variables [x_0 .. x_{num_x-1}, T]; min T
+    cost = np.zeros(num_x + 1)
+    cost[-1] = 1.0
+    a_eq = scipy.sparse.csr_matrix((np.ones(num_x), (rows, np.arange(num_x))), shape=(problem.num_tasks, num_x + 1))
+    # work of class c: sum_i (Q r_ic / scale) x_ic - m_c T <= 0   (m_c identical devices share it)
+    ub = [(cols, np.arange(num_x), work[rows, cols] / scale), (np.arange(num_c), np.full(num_c, num_x), -counts)]
+    rhs = [np.zeros(num_c)]
+    if memory:
+        ub_mem, rhs_mem = _memory_rows(problem, reps, counts, rows, cols, first_row=num_c)
+        ub += ub_mem
+        rhs += rhs_mem
+    b_ub = np.concatenate(rhs)
+    a_ub = scipy.sparse.csr_matrix(_coo(ub), shape=(len(b_ub), num_x + 1))
+    res = scipy.optimize.linprog(cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=np.ones(problem.num_tasks), bounds=(0, None), method="highs")
+    if res.status == 2 and memory:
+        log.info("load-balance LP with memory is infeasible: no plan fits in memory; bounding without memory")
+        return load_balance_bound(problem, memory=False)
+    if res.status != 0:
+        log.warning("load-balance LP not solved (%s); using 0 as its bound", res.message)
+        return 0.0
+    bound = max(0.0, float(res.fun)) * scale * (1 - LP_SAFETY)
+    return bound / problem.batch_size if problem.objective == "throughput" else bound
+
+
+def _coo(parts: Triplets) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    r, c, v = (np.concatenate(x) for x in zip(*parts))
+    return v, (r, c)
+
+
+def _memory_rows(
+    problem: PlacementProblem, reps: list[int], counts: np.ndarray, rows: np.ndarray, cols: np.ndarray, *, first_row: int
+) -> tuple[Triplets, list[np.ndarray]]:
+    """Capacity rows: sum_i need_ic x_ic / cap_c <= m_c for each class with finite capacity,
+    need_ic = weight_bytes_i + mem_bytes_per_sample_i * Q where memory counts, else 0."""
+    need = (problem.weight_bytes + problem.mem_bytes_per_sample * problem.batch_size)[rows]
+    need = need * problem.mem_counts[rows, np.array(reps)[cols]]
+    cap = problem.mem_capacity[np.array(reps)]
+    parts: Triplets = []
+    rhs: list[np.ndarray] = []
+    row = first_row
+    for c in range(len(reps)):
+        mask = (cols == c) & (need > 0)
+        if not np.isfinite(cap[c]) or not mask.any():
+            continue
+        idx = np.nonzero(mask)[0]
+        parts.append((np.full(len(idx), row), idx, need[idx] / cap[c]))
+        rhs.append(np.array([counts[c]]))
+        row += 1
+    return parts, rhs
+
+
+def lower_bound(problem: PlacementProblem) -> float:
+    """The best valid bound for the problem's objective (max of the bounds above)."""
+    return max(critical_path_bound(problem), load_balance_bound(problem))

@@ -1,0 +1,373 @@
+"""Independent verifier and simulator: checks a Plan against its PlacementProblem.
+
+Nothing here trusts the solver, and nothing here uses llm_planner.solve.schedule:
+every number is re-derived from the problem's cost arrays (task_time,
+transfer_time, mem_* arrays, supported) by this module's own code.
+
+Checks (each failure is one readable sentence in VerifyReport.violations):
+  1. shards: sizes >= 1 summing to the batch Q, at most max_shards of them, one
+     assignment per shard, the plan's objective is the problem's;
+  2. assignment: every task of every shard on exactly one existing device that
+     supports it, no unknown task; colocation groups on one device per shard;
+  3. schedule: every (shard, task) exactly once and nothing else, on its
+     assigned device, finish - start = t(i, k, b_s), start >= 0;
+  4. precedence: start(v) >= finish(u) + c(e, k_u, k_v, b_s) for every edge
+     e = (u, v) within a shard;
+  5. no two items overlap on one device;
+  6. memory: on device k, the weights of every task it holds (once, whatever the
+     number of shards), plus mem_bytes_per_sample * b_s for every (task, shard)
+     on k, counted only where mem_counts[i, k], at most mem_capacity[k];
+  7. objective: an event simulation re-runs every device's order (the plan's
+     start times, ties broken by topological position) as soon as possible;
+     latency is its makespan, throughput the busiest device's load per batch
+     divided by Q, with loads under the problem's throughput model ("direct" or
+     "host_staged", docs/objectives.md). The plan's objective_s must match within
+     rel_tol, and lower_bound_s <= objective_s * (1 + rel_tol). An order that
+     deadlocks (a cycle through devices) is a violation, never a hang.
+
+`verify_plan_file` lets errors in reading the inputs (PlanError, InputError,
+SpecError, GraphError, ProblemError: all ValueError) propagate: "the plan is
+wrong" (a report with ok False) and "the plan cannot be checked" (an exception
+whose message names the file and field) stay distinct; the CLI prints either.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from llm_planner.plan import Plan, load_plan
+from llm_planner.solve.problem import PlacementProblem
+
+Item = tuple[int, int]  # (shard, task index)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyReport:
+    ok: bool
+    violations: tuple[str, ...]
+    simulated_objective_s: float  # latency (s) or s per sample, recomputed; nan if it could not be
+    memory_used_bytes: dict[str, float]  # every device, by the verifier's own count
+    device_busy_s: dict[str, float]  # every device: sum of its task times in one batch
+    device_load_s: dict[str, float] = field(default_factory=dict)  # load per batch, throughput model
+    simulated_makespan_s: float = math.nan  # the simulation's makespan, whatever the objective
+
+
+def verify_plan_file(path: str | Path, *, rel_tol: float = 1e-6, check_hashes: bool = True) -> VerifyReport:
+    """Load a plan file, rebuild its problem from the recorded inputs and verify it.
+
+    Input errors propagate (see the module docstring).
+    """
+    from llm_planner.pipeline import problem_from_plan_inputs
+
+    plan = load_plan(path)
+    problem = problem_from_plan_inputs(plan.inputs, check_hashes=check_hashes)
+    return verify_plan(plan, problem, rel_tol=rel_tol)
+
+
+def verify_plan(plan: Plan, problem: PlacementProblem, *, rel_tol: float = 1e-6) -> VerifyReport:
+    """Check every constraint and recompute the objective; see the module docstring."""
+    if not rel_tol >= 0:
+        raise ValueError(f"rel_tol must be >= 0, got {rel_tol}")
+    c = _Checker(plan, problem, rel_tol)
+    c.check_shards()
+    assign = c.read_assignments()
+    c.check_colocation(assign)
+    times = c.read_schedule(assign)
+    c.check_precedence(assign, times)
+    c.check_overlap(assign, times)
+    memory = c.check_memory(assign)
+    busy, loads = c.device_loads(assign)
+    makespan = c.simulate(assign, times)
+    simulated = c.check_objective(loads, makespan)
+    names = problem.device_names
+    return VerifyReport(
+        ok=not c.violations,
+        violations=tuple(c.violations),
+        simulated_objective_s=simulated,
+        memory_used_bytes={names[k]: float(memory[k]) for k in range(len(names))},
+        device_busy_s={names[k]: float(busy[k]) for k in range(len(names))},
+        device_load_s={names[k]: float(loads[k]) for k in range(len(names))},
+        simulated_makespan_s=makespan,
+    )
+
+
+def _s(x: float) -> str:
+    return f"{x:.6g} s"
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.4g} GB"
+
+
+class _Checker:
+    """Holds the plan, the problem and the violations found so far."""
+
+    def __init__(self, plan: Plan, problem: PlacementProblem, rel_tol: float):
+        self.plan, self.p, self.rel_tol = plan, problem, rel_tol
+        self.violations: list[str] = []
+        self.tasks = [t.name for t in problem.graph.tasks]
+        self.task_index = {n: i for i, n in enumerate(self.tasks)}
+        self.devices = problem.device_names
+        self.device_index = {n: k for k, n in enumerate(self.devices)}
+        self.num_shards = min(len(plan.shard_sizes), len(plan.shard_assignments))
+        self.sizes = [int(b) for b in plan.shard_sizes[: self.num_shards]]
+        finite = [abs(x) for st in plan.schedule for x in (st.start_s, st.finish_s) if math.isfinite(x)]
+        self.atol = rel_tol * max([*finite, 1e-9])  # absolute slack for comparing times
+
+    def bad(self, msg: str) -> None:
+        self.violations.append(msg)
+
+    def item(self, it: Item) -> str:
+        return f"task {self.tasks[it[1]]!r} of shard {it[0]}"
+
+    def close(self, a: float, b: float) -> bool:
+        return abs(a - b) <= self.rel_tol * max(abs(a), abs(b)) + 1e-15
+
+    def check_shards(self) -> None:
+        plan, p = self.plan, self.p
+        if plan.objective != p.objective:
+            self.bad(f"the plan optimises {plan.objective!r} but the problem's objective is {p.objective!r}")
+        if len(plan.shard_sizes) != len(plan.shard_assignments):
+            self.bad(f"the plan has {len(plan.shard_sizes)} shard sizes but {len(plan.shard_assignments)} shard assignments")
+        for s, b in enumerate(self.sizes):
+            if b < 1:
+                self.bad(f"shard {s} has {b} samples; every shard needs at least 1")
+        if sum(plan.shard_sizes) != p.batch_size:
+            self.bad(f"shard sizes {list(plan.shard_sizes)} sum to {sum(plan.shard_sizes)}, not the batch size {p.batch_size}")
+        if len(plan.shard_sizes) > p.max_shards:
+            self.bad(f"the plan has {len(plan.shard_sizes)} shards but at most {p.max_shards} are allowed")
+
+    def read_assignments(self) -> list[np.ndarray]:
+        """Device index of every task per shard; -1 where missing, unknown or unsupported."""
+        out = []
+        for s in range(self.num_shards):
+            a = np.full(len(self.tasks), -1, dtype=int)
+            for name, dev in self.plan.shard_assignments[s].items():
+                i, k = self.task_index.get(name), self.device_index.get(dev)
+                if i is None:
+                    self.bad(f"shard {s} assigns {name!r}, which is not a task of graph {self.p.graph.name!r}")
+                elif k is None:
+                    self.bad(f"shard {s} puts task {name!r} on unknown device {dev!r}")
+                elif not self.p.supported[i, k]:
+                    self.bad(f"shard {s} puts task {name!r} on device {dev!r} (kind {self.p.devices[k].kind!r}), which cannot run it")
+                else:
+                    a[i] = k
+            for i, name in enumerate(self.tasks):
+                if name not in self.plan.shard_assignments[s]:
+                    self.bad(f"shard {s} assigns no device to task {name!r}")
+            out.append(a)
+        return out
+
+    def check_colocation(self, assign: list[np.ndarray]) -> None:
+        for group in self.p.colocate_groups():
+            for s, a in enumerate(assign):
+                devs = sorted({self.devices[a[i]] for i in group if a[i] >= 0})
+                if len(devs) > 1:
+                    names = ", ".join(repr(self.tasks[i]) for i in group)
+                    self.bad(f"shard {s}: colocated tasks {names} are split over devices {devs}")
+
+    def read_schedule(self, assign: list[np.ndarray]) -> dict[Item, tuple[float, float]]:
+        """(start, finish) of every scheduled item, after checking each entry."""
+        times: dict[Item, tuple[float, float]] = {}
+        for entry in self.plan.schedule:
+            s, i = entry.shard, self.task_index.get(entry.task)
+            if i is None or not 0 <= s < self.num_shards:
+                what = f"unknown task {entry.task!r}" if i is None else f"shard {s}, which the plan does not have"
+                self.bad(f"the schedule has an entry for {what}")
+                continue
+            it = (s, i)
+            if it in times:
+                self.bad(f"{self.item(it)} is scheduled more than once")
+                continue
+            start, finish = float(entry.start_s), float(entry.finish_s)
+            if not (math.isfinite(start) and math.isfinite(finish) and start >= 0):
+                self.bad(f"{self.item(it)} has start {start} s and finish {finish} s; both must be finite and start >= 0")
+                continue
+            times[it] = (start, finish)
+            k = assign[s][i]
+            if k < 0:
+                continue
+            if entry.device != self.devices[k]:
+                self.bad(f"{self.item(it)} is scheduled on {entry.device!r} but assigned to {self.devices[k]!r}")
+            want = self.p.task_time(i, k, self.sizes[s])
+            if abs((finish - start) - want) > self.atol + self.rel_tol * want:
+                self.bad(f"{self.item(it)} on {self.devices[k]!r} lasts {_s(finish - start)} but takes {_s(want)} for {self.sizes[s]} samples")
+        for s in range(self.num_shards):
+            for i in range(len(self.tasks)):
+                if (s, i) not in times:
+                    self.bad(f"{self.item((s, i))} is missing from the schedule")
+        return times
+
+    def check_precedence(self, assign: list[np.ndarray], times: dict[Item, tuple[float, float]]) -> None:
+        p = self.p
+        for s in range(self.num_shards):
+            a = assign[s]
+            for e in range(p.num_edges):
+                u, v = int(p.edge_src[e]), int(p.edge_dst[e])
+                if (s, u) not in times or (s, v) not in times or a[u] < 0 or a[v] < 0:
+                    continue
+                moved = p.transfer_time(e, int(a[u]), int(a[v]), self.sizes[s])
+                arrive = times[(s, u)][1] + moved
+                if times[(s, v)][0] < arrive - self.atol:
+                    self.bad(
+                        f"{self.item((s, v))} starts at {_s(times[(s, v)][0])} on {self.devices[a[v]]!r}, before the output of "
+                        f"{self.tasks[u]!r} arrives at {_s(arrive)} (finish {_s(times[(s, u)][1])} on {self.devices[a[u]]!r} + transfer {_s(moved)})"
+                    )
+
+    def check_overlap(self, assign: list[np.ndarray], times: dict[Item, tuple[float, float]]) -> None:
+        by_device: dict[int, list[Item]] = {}
+        for it in times:
+            k = int(assign[it[0]][it[1]])
+            if k >= 0:
+                by_device.setdefault(k, []).append(it)
+        for k, items in by_device.items():
+            items.sort(key=lambda it: times[it])
+            running: Item | None = None
+            for it in items:
+                if running is not None and times[it][0] < times[running][1] - self.atol:
+                    self.bad(
+                        f"device {self.devices[k]!r} runs {self.item(it)} from {_s(times[it][0])} while {self.item(running)} "
+                        f"runs until {_s(times[running][1])}"
+                    )
+                if running is None or times[it][1] > times[running][1]:
+                    running = it
+
+    def check_memory(self, assign: list[np.ndarray]) -> np.ndarray:
+        p = self.p
+        used = np.zeros(p.num_devices)
+        held: set[tuple[int, int]] = set()  # (task, device) pairs whose weights are on the device
+        for s, a in enumerate(assign):
+            for i, k in enumerate(a):
+                if k < 0 or not p.mem_counts[i, k]:
+                    continue
+                used[k] += p.mem_bytes_per_sample[i] * max(self.sizes[s], 0)
+                if (i, int(k)) not in held:
+                    held.add((i, int(k)))
+                    used[k] += p.weight_bytes[i]
+        for k in range(p.num_devices):
+            if used[k] > p.mem_capacity[k] * (1 + self.rel_tol):
+                self.bad(
+                    f"device {self.devices[k]!r} needs {_gb(used[k])} of memory but holds {_gb(p.mem_capacity[k])} "
+                    f"(over by {_gb(used[k] - p.mem_capacity[k])})"
+                )
+        return used
+
+    def device_loads(self, assign: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """(task time per device, load per batch per device under the throughput model)."""
+        p = self.p
+        busy, comm = np.zeros(p.num_devices), np.zeros(p.num_devices)
+        for s, a in enumerate(assign):
+            b = self.sizes[s]
+            for i, k in enumerate(a):
+                if k >= 0:
+                    busy[k] += p.task_time(i, int(k), b)
+            if p.throughput_model == "direct":
+                for e in range(p.num_edges):
+                    k, l = int(a[p.edge_src[e]]), int(a[p.edge_dst[e]])
+                    if k >= 0 and l >= 0 and k != l:
+                        moved = p.transfer_time(e, k, l, b)
+                        comm[k] += moved
+                        comm[l] += moved
+            else:  # host_staged: an output pays once leaving its accelerator, once entering each other one
+                crossings: set[tuple[int, int]] = set()  # (source task, receiving device)
+                for e in range(p.num_edges):
+                    u, v = int(p.edge_src[e]), int(p.edge_dst[e])
+                    if a[u] >= 0 and a[v] >= 0 and a[u] != a[v]:
+                        crossings.add((u, int(a[v])))
+                for u in sorted({u for u, _ in crossings}):
+                    if not p.is_cpu[a[u]]:
+                        comm[a[u]] += p.hop_s_per_sample[u] * b
+                for u, l in crossings:
+                    if not p.is_cpu[l]:
+                        comm[l] += p.hop_s_per_sample[u] * b
+        return busy, busy + comm
+
+    def simulate(self, assign: list[np.ndarray], times: dict[Item, tuple[float, float]]) -> float:
+        """Makespan of the devices' orders run as soon as possible; nan if they cannot be run."""
+        items = [(s, i) for s in range(self.num_shards) for i in range(len(self.tasks))]
+        if any(it not in times or assign[it[0]][it[1]] < 0 for it in items):
+            return math.nan  # the violations above already say what is missing
+        topo = {self.p.graph.index(n): pos for pos, n in enumerate(self.p.graph.topological_order())}
+        orders: list[list[Item]] = [[] for _ in range(self.p.num_devices)]
+        for it in sorted(items, key=lambda it: (*times[it], topo[it[1]], it[0])):
+            orders[int(assign[it[0]][it[1]])].append(it)
+        return _EventSimulation(self.p, self.sizes, assign, orders).run(self)
+
+    def check_objective(self, loads: np.ndarray, makespan: float) -> float:
+        plan, p = self.plan, self.p
+        max_load = float(loads.max()) if len(loads) else 0.0
+        simulated = makespan if p.objective == "latency" else max_load / p.batch_size
+        if math.isnan(simulated):
+            self.bad("the objective cannot be recomputed: the plan is incomplete or its device orders deadlock")
+        elif not self.close(plan.objective_s, simulated):
+            what = "makespan" if p.objective == "latency" else "max device load / batch size"
+            self.bad(f"the plan claims objective {_s(plan.objective_s)} but the simulated {what} is {_s(simulated)}")
+        if p.objective == "latency" and plan.schedule:
+            own = max(st.finish_s for st in plan.schedule)
+            if not self.close(plan.objective_s, own):
+                self.bad(f"the plan claims latency {_s(plan.objective_s)} but its own schedule ends at {_s(own)}")
+        if (p.objective == "throughput" or plan.max_load_s > 0) and not self.close(plan.max_load_s, max_load):
+            self.bad(f"the plan claims a max device load of {_s(plan.max_load_s)} per batch; recomputed: {_s(max_load)}")
+        if not plan.lower_bound_s <= plan.objective_s * (1 + self.rel_tol) + 1e-15:
+            self.bad(f"the lower bound {_s(plan.lower_bound_s)} exceeds the objective {_s(plan.objective_s)}")
+        return simulated
+
+
+class _EventSimulation:
+    """Discrete-event run of fixed device orders: completion events in time order."""
+
+    def __init__(self, problem: PlacementProblem, sizes: list[int], assign: list[np.ndarray], orders: list[list[Item]]):
+        self.p, self.sizes, self.assign, self.orders = problem, sizes, assign, orders
+        self.in_edges, self.out_edges = problem.in_edges(), problem.out_edges()
+        self.waiting = {it: len(self.in_edges[it[1]]) for order in orders for it in order}
+        self.arrival = {it: 0.0 for it in self.waiting}  # when the last input is on the device
+        self.head = [0] * problem.num_devices  # position of each device's next item
+        self.free_at = [0.0] * problem.num_devices
+        self.running = [False] * problem.num_devices
+        self.events: list[tuple[float, int, Item]] = []
+        self.finish: dict[Item, float] = {}
+
+    def try_start(self, k: int) -> None:
+        if self.running[k] or self.head[k] >= len(self.orders[k]):
+            return
+        it = self.orders[k][self.head[k]]
+        if self.waiting[it]:
+            return
+        start = max(self.free_at[k], self.arrival[it])
+        end = start + self.p.task_time(it[1], k, self.sizes[it[0]])
+        self.running[k] = True
+        heapq.heappush(self.events, (end, k, it))
+
+    def run(self, checker: _Checker) -> float:
+        for k in range(self.p.num_devices):
+            self.try_start(k)
+        while self.events:
+            end, k, (s, i) = heapq.heappop(self.events)
+            self.finish[(s, i)] = end
+            self.running[k], self.free_at[k] = False, end
+            self.head[k] += 1
+            for e in self.out_edges[i]:
+                v = int(self.p.edge_dst[e])
+                l = int(self.assign[s][v])
+                self.arrival[(s, v)] = max(self.arrival[(s, v)], end + self.p.transfer_time(e, k, l, self.sizes[s]))
+                self.waiting[(s, v)] -= 1
+                self.try_start(l)
+            self.try_start(k)
+        if len(self.finish) < len(self.waiting):
+            checker.bad("simulation deadlock: the device orders contradict the task graph; " + self.stuck(checker))
+            return math.nan
+        return max(self.finish.values(), default=0.0)
+
+    def stuck(self, checker: _Checker) -> str:
+        parts = []
+        for k, order in enumerate(self.orders):
+            if self.head[k] < len(order):
+                s, i = order[self.head[k]]
+                missing = [checker.tasks[int(self.p.edge_src[e])] for e in self.in_edges[i] if (s, int(self.p.edge_src[e])) not in self.finish]
+                parts.append(f"{checker.devices[k]!r} waits to run {checker.item((s, i))}, whose inputs {missing} never finish")
+        return "; ".join(parts)
