@@ -17,6 +17,8 @@ from rich.console import Console
 from llm_planner import __version__
 
 console = Console()
+if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
+    console = Console(width=160)
 err_console = Console(stderr=True)
 
 EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2

@@ -98,7 +98,7 @@ def plan_summary_table(plan, baseline_plans: dict) -> Table:
     )
     for name, other in (baseline_plans or {}).items():
         if other is None:
-            table.add_row(f"baseline:{name}", "infeasible", "-", "-", "-", "-", "-", "-")
+            table.add_row(f"baseline:{name}", "infeasible (memory)", "-", "-", "-", "-", "-", "-")
             continue
         ratio = other.objective_s / plan.objective_s if plan.objective_s > 0 else float("nan")
         table.add_row(
