@@ -1,0 +1,318 @@
+"""MILP-SPLIT: cut the graph into a chain of modules, solve each module exactly, join by DP.
+
+Latency. Let modules M_1..M_m end at the cut tasks c_1..c_m (solve/modules.py).
+Every task of M_j runs after c_{j-1} finishes and before c_j finishes, and the
+tasks of different modules never overlap in time, so for a single shard
+
+    latency = sum_j span_j,   span_j = finish(c_j) - finish(c_{j-1}).
+
+For each module and pair (k = device of c_{j-1}, l = device of c_j) the exact
+MILP gives the least span A_j(k, l) (solve/split_subsolve.py) and a dual bound
+B_j(k, l) <= A_j(k, l). The dynamic program
+
+    D_1(l) = A_1(l),    D_j(l) = min_k D_{j-1}(k) + A_j(k, l)
+
+gives the optimal plan when every subproblem is solved to optimality and
+memory does not bind: any plan restricted to one module is a feasible
+subproblem solution for its cut devices. The same recursion over B_j instead
+of A_j is a lower bound on the optimal latency (the sum of per-module bounds
+along the chain), valid whatever the memory, for one shard.
+
+Memory couples modules (a device holds the weights of every module placed on
+it). The DP ignores it; the joined plan is then checked module by module and,
+at the first module where a device overflows, the plan before that module is
+kept, the device is closed for the rest of the chain, the remaining modules'
+subproblems are re-solved without it and the DP resumes from the kept prefix
+(repair and re-solve). This is where the split loses optimality with binding
+memory: a closed device might still have room for a later, smaller module.
+
+Data parallelism: when the batch may be split, the devices are cut into g
+identical groups (identical servers, or identical devices of one server) and
+each group runs one shard of about Q/g samples with the same plan mapped by the
+symmetry; every feasible g is tried and the best plan kept. Uneven splits over
+unlike devices are left to the exact MILP.
+
+Throughput: modules are kept whole and assigned to devices as contiguous
+stages along a device order (fastest first) by a min-max DP, see
+solve/split_throughput.py.
+
+The plan returned is never worse than the best baseline: when a baseline wins,
+its plan is returned with solver details saying so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from llm_planner.plan import Plan
+from llm_planner.solve import split_subsolve as subsolve
+from llm_planner.solve.modules import Module, split_modules
+from llm_planner.solve.options import SolveOptions
+from llm_planner.solve.problem import PlacementProblem
+from llm_planner.solve.schedule import make_plan
+
+log = logging.getLogger(__name__)
+
+INF = float("inf")
+
+
+@dataclass
+class CostTable:
+    """A_j(k, l) and B_j(k, l) of one module for the given input and output devices."""
+
+    inputs: list[int | None]
+    outs: list[int]
+    cost: np.ndarray  # [len(inputs), len(outs)] spans, inf where infeasible
+    bound: np.ndarray  # lower bounds on the spans
+    solutions: dict[tuple[int | None, int], subsolve.SubSolution] | None  # None: one-task module
+
+    def solution(self, a: int, b: int) -> subsolve.SubSolution:
+        k, l = self.inputs[a], self.outs[b]
+        if self.solutions is None:
+            c = float(self.cost[a, b])
+            return subsolve.SubSolution(cost_s=c, bound_s=c, devices=(l,), order=(0,), method="closed-form")
+        return self.solutions[(k, l)]
+
+
+class SplitContext:
+    """Modules, cached subproblem solutions and solve counts of one MILP-SPLIT run."""
+
+    def __init__(self, problem: PlacementProblem, options: SolveOptions):
+        self.problem, self.options = problem, options
+        self.modules = merge_for_colocation(problem, split_modules(problem, max_module_tasks=10**9))
+        self.classes = subsolve.device_classes(problem)
+        self.cache: dict[tuple, subsolve.SubSolution] = {}
+        self.num_requested = 0
+        self._times: dict[int, np.ndarray] = {}
+
+    def costs(self, j: int, allowed: np.ndarray, batch: int, inputs: list[int | None]) -> CostTable:
+        """Module j's spans for every input device in `inputs` and every usable output device."""
+        p, module = self.problem, self.modules[j]
+        outs = [l for l in range(p.num_devices) if allowed[l] and p.supported[module.tasks[-1], l]]
+        self.num_requested += len(inputs) * len(outs)
+        if len(module.tasks) == 1:
+            cost = self._one_task_costs(module, inputs, outs, batch)
+            return CostTable(inputs=inputs, outs=outs, cost=cost, bound=cost, solutions=None)
+        symmetric = bool(allowed.all())
+        rep: dict[tuple, tuple] = {}
+        jobs: dict[tuple, tuple] = {}
+        keyed = []
+        for k in inputs:
+            for l in outs:
+                pk = subsolve.pair_key(p, self.classes, k, l) if symmetric else (k, l)
+                key = (module.signature, pk, allowed.tobytes(), batch)
+                rep.setdefault(key, (k, l))
+                keyed.append((k, l, key))
+                if key not in self.cache and key not in jobs:
+                    jobs[key] = (module, k, l, allowed, batch)
+        self.cache.update(subsolve.solve_many(p, jobs, self.options))
+        solutions = {}
+        for k, l, key in keyed:
+            sol = self.cache[key]
+            src = rep[key]
+            if src != (k, l) and sol.devices:
+                sol = subsolve.map_solution(sol, subsolve.device_permutation(p, src, (k, l)))
+            solutions[(k, l)] = sol
+        cost = np.array([[solutions[(k, l)].cost_s for l in outs] for k in inputs]).reshape(len(inputs), len(outs))
+        bound = np.array([[solutions[(k, l)].bound_s for l in outs] for k in inputs]).reshape(len(inputs), len(outs))
+        return CostTable(inputs=inputs, outs=outs, cost=cost, bound=bound, solutions=solutions)
+
+    def _one_task_costs(self, module: Module, inputs: list[int | None], outs: list[int], batch: int) -> np.ndarray:
+        """Closed form for a module of one task c: max over edges u->c of c(e, k, l, b), plus t(c, l, b)."""
+        from llm_planner.solve.bounds import task_times
+
+        p = self.problem
+        c = module.tasks[0]
+        if batch not in self._times:
+            self._times[batch] = task_times(p, batch)
+        run = self._times[batch][c, outs]
+        in_edges = [e for e in p.in_edges()[c]] if module.input_task is not None else []
+        cost = np.tile(run, (len(inputs), 1))
+        if in_edges:
+            for a, k in enumerate(inputs):
+                comm = p.comm_fixed[in_edges][:, k, outs] + p.comm_slope[in_edges][:, k, outs] * batch
+                cost[a] += np.where(np.array(outs) == k, 0.0, comm.max(axis=0))
+        return cost
+
+
+def merge_for_colocation(problem: PlacementProblem, modules: list[Module]) -> list[Module]:
+    """Merge consecutive modules so that no colocation group spans two of them."""
+    group_of = {}
+    for j, m in enumerate(modules):
+        for t in m.tasks:
+            group_of[t] = j
+    spans = []
+    for members in problem.colocate_groups():
+        js = sorted({group_of[t] for t in members})
+        if len(js) > 1:
+            spans.append((js[0], js[-1]))
+    if not spans:
+        return modules
+    merged: list[list[int]] = []
+    end = -1
+    for j, m in enumerate(modules):
+        if j <= end:
+            merged[-1].extend(m.tasks)
+        else:
+            merged.append(list(m.tasks))
+        end = max([end] + [b for a, b in spans if a == j])
+    from llm_planner.solve.modules import module_signature
+
+    out, prev = [], None
+    for j, tasks in enumerate(merged):
+        out.append(Module(index=j, tasks=tuple(tasks), input_task=prev, signature=module_signature(problem, tasks, prev)))
+        prev = tasks[-1]
+    return out
+
+
+def _dp(ctx: SplitContext, start: int, allowed_from: list[np.ndarray], batch: int, init: dict[int | None, float]) -> tuple[list[subsolve.SubSolution], float]:
+    """min-sum DP over modules start..m-1 from the given costs of the input cut's devices."""
+    back: list[tuple[CostTable, np.ndarray]] = []
+    inputs = list(init)
+    best = np.array([init[k] for k in inputs])
+    for j in range(start, len(ctx.modules)):
+        if ctx.modules[j].input_task is None:
+            inputs, best = [None], np.zeros(1)
+        keep = np.isfinite(best)
+        inputs, best = [k for k, ok in zip(inputs, keep) if ok], best[keep]
+        if not inputs:
+            return [], INF
+        table = ctx.costs(j, allowed_from[j], batch, inputs)
+        if not table.outs:
+            return [], INF
+        total = best[:, None] + table.cost
+        arg = np.argmin(total, axis=0)
+        back.append((table, arg))
+        inputs, best = list(table.outs), total[arg, np.arange(len(table.outs))]
+    if not np.isfinite(best).any():
+        return [], INF
+    b = int(np.argmin(best))
+    value = float(best[b])
+    sols = []
+    for n in range(len(back) - 1, -1, -1):
+        table, arg = back[n]
+        a = int(arg[b])
+        sols.append(table.solution(a, b))
+        k = table.inputs[a]
+        if n > 0 and k is not None:
+            b = back[n - 1][0].outs.index(k)
+    return sols[::-1], value
+
+
+def _first_overflow(ctx: SplitContext, sols: list[subsolve.SubSolution], batch: int) -> tuple[int, int] | None:
+    """(module index, device) where memory first overflows along the chain, or None."""
+    p = ctx.problem
+    used = np.zeros(p.num_devices)
+    for j, sol in enumerate(sols):
+        for pos, d in enumerate(sol.devices):
+            t = ctx.modules[j].tasks[pos]
+            if p.mem_counts[t, d]:
+                used[d] += p.weight_bytes[t] + p.mem_bytes_per_sample[t] * batch
+        over = np.nonzero(used > p.mem_capacity * (1 + 1e-12))[0]
+        if len(over):
+            return j, int(over[0])
+    return None
+
+
+def latency_chain(ctx: SplitContext, batch: int, allowed: np.ndarray) -> tuple[list[subsolve.SubSolution], float] | None:
+    """Module solutions of the DP with memory repair, or None when nothing fits."""
+    m = len(ctx.modules)
+    allowed_from = [allowed.copy() for _ in range(m)]
+    prefix: list[subsolve.SubSolution] = []
+    prefix_cost, start, init = 0.0, 0, {None: 0.0}
+    for _ in range(ctx.problem.num_devices + 1):
+        sols, total = _dp(ctx, start, allowed_from, batch, init)
+        if not sols:
+            return None
+        chain = prefix + sols
+        over = _first_overflow(ctx, chain, batch)
+        if over is None:
+            return chain, prefix_cost + total
+        j, device = over
+        log.info("milp-split: device %s overflows at module %d; closing it for the rest of the chain", ctx.problem.devices[device].name, j)
+        prefix = chain[:j]
+        prefix_cost = sum(s.cost_s for s in prefix)
+        for jj in range(j, m):
+            allowed_from[jj][device] = False
+        start = j
+        init = {prefix[-1].devices[-1]: 0.0} if prefix else {None: 0.0}
+    return None
+
+
+def chain_bound(ctx: SplitContext, batch: int) -> float:
+    """min over device paths of the sum of per-module lower bounds (one shard)."""
+    allowed = np.ones(ctx.problem.num_devices, dtype=bool)
+    inputs: list[int | None] = [None]
+    best = np.zeros(1)
+    for j, module in enumerate(ctx.modules):
+        if module.input_task is None:
+            inputs, best = [None], np.zeros(1)
+        table = ctx.costs(j, allowed, batch, inputs)
+        total = best[:, None] + table.bound
+        inputs, best = list(table.outs), total.min(axis=0)
+    return float(best.min()) if len(best) else 0.0
+
+
+def assemble(ctx: SplitContext, sols: list[subsolve.SubSolution]) -> tuple[list[int], dict[int, list[tuple[int, int]]]]:
+    """Global assignment and device orders (shard 0) of a chain of module solutions."""
+    assign = [-1] * ctx.problem.num_tasks
+    orders: dict[int, list[tuple[int, int]]] = {}
+    for module, sol in zip(ctx.modules, sols):
+        for pos, d in enumerate(sol.devices):
+            assign[module.tasks[pos]] = d
+        for pos in sol.order:
+            orders.setdefault(sol.devices[pos], []).append((0, module.tasks[pos]))
+    assert min(assign) >= 0, "a task left unassigned by the split"
+    return assign, orders
+
+
+def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
+    """MILP-SPLIT for both objectives; see the module docstring."""
+    from llm_planner.solve.baselines import best_baseline
+    from llm_planner.solve.bounds import lower_bound
+    from llm_planner.solve.split_groups import data_parallel_plans
+    from llm_planner.solve.split_throughput import throughput_plan
+
+    started = time.perf_counter()
+    ctx = SplitContext(problem, options)
+    candidates: list[Plan] = []
+    details = {"modules": len(ctx.modules), "distinct_modules": len({m.signature for m in ctx.modules})}
+    if problem.objective == "latency":
+        found = latency_chain(ctx, problem.batch_size, np.ones(problem.num_devices, dtype=bool))
+        if found is not None:
+            assign, orders = assemble(ctx, found[0])
+            candidates.append(make_plan(problem, [problem.batch_size], [assign], solver="milp-split", status="heuristic",
+                                        started_at=started, lower_bound_s=0.0, device_orders=orders))
+        candidates += data_parallel_plans(ctx, started)
+    else:
+        candidates += throughput_plan(ctx, started)
+    baseline = best_baseline(problem)
+    bound = lower_bound(problem)
+    if problem.objective == "latency" and (problem.max_shards == 1 or problem.batch_size == 1):
+        bound = max(bound, chain_bound(ctx, problem.batch_size))
+    details.update(
+        subproblems_requested=ctx.num_requested,
+        subproblems_solved=sum(1 for s in ctx.cache.values() if s.method != "closed-form"),
+        subproblems_closed_form=sum(1 for s in ctx.cache.values() if s.method == "closed-form"),
+        subproblems_not_optimal=sum(1 for s in ctx.cache.values() if s.method in ("milp", "heft")),
+    )
+    if not candidates and baseline is None:
+        from llm_planner.solve.api import SolveError
+        from llm_planner.solve.baselines import infeasibility_reason
+
+        raise SolveError(f"milp-split found no plan that fits in memory: {infeasibility_reason(problem)}")
+    best = min(candidates, key=lambda p: p.objective_s) if candidates else None
+    if best is None or (baseline is not None and baseline.objective_s < best.objective_s * (1 - 1e-12)):
+        details["baseline_won"] = baseline.solver.name
+        best = baseline
+    elapsed = time.perf_counter() - started
+    status = "optimal" if best.objective_s <= bound * (1 + options.rel_gap) else "heuristic"
+    return replace(
+        best,
+        lower_bound_s=float(min(bound, best.objective_s) if best.objective_s >= bound * (1 - 1e-9) else bound),
+        solver=replace(best.solver, name="milp-split", status=status, time_s=elapsed, backend=options.backend, details=details),
+    )

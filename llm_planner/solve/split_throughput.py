@@ -1,0 +1,146 @@
+"""MILP-SPLIT for the throughput objective: contiguous pipeline stages by a min-max DP.
+
+Modules stay whole (a module's tasks share a device) and are laid along a
+device order as contiguous stages, the way pipeline-parallel systems cut a
+model. With modules m_0..m_{M-1} and devices d_0..d_{K-1} in the order,
+
+    F[q][j] = min( F[q-1][j],                                       (device q idle)
+                   min_{i<j} max(F[q-1][i], W(i..j-1, d_q) + X(i, j, q)) )
+
+is the least bottleneck load when modules 0..j-1 are on devices d_0..d_q, with
+W the stage's task time on d_q and X its transfer charges: the tensor of the
+cut entering the stage (from d_{q-1}) and the one leaving it (to d_{q+1}), each
+charged as the problem's throughput model says. Charges are estimated with the
+neighbouring devices of the order (a skipped device makes the estimate
+inexact); the plan's load is then computed exactly by schedule.make_plan.
+Stages must fit in memory. Two device orders are tried (fastest device first;
+fastest server first, its devices fastest first), each for one shard and for
+the data-parallel groups of split_groups, and the best exact plan is kept.
+
+Where this loses against the exact MILP: modules cannot be split over several
+devices, each device holds one contiguous stage, and transfer estimates may
+steer the DP wrong when devices are skipped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llm_planner.plan import Plan
+from llm_planner.solve.problem import PlacementProblem
+from llm_planner.solve.schedule import make_plan
+from llm_planner.solve.split_groups import candidate_group_counts, device_groups, replicate, shard_sizes
+
+INF = float("inf")
+
+
+def _module_arrays(ctx, batch: int, devices: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """work[j, q]: time of module j on devices[q] (inf if unsupported); mem[j, q]: its memory there."""
+    from llm_planner.solve.bounds import task_times
+
+    p: PlacementProblem = ctx.problem
+    times = task_times(p, batch)[:, devices]
+    per_task_mem = np.where(p.mem_counts[:, devices], (p.weight_bytes + p.mem_bytes_per_sample * batch)[:, None], 0.0)
+    work = np.array([times[list(m.tasks)].sum(axis=0) for m in ctx.modules])
+    mem = np.array([per_task_mem[list(m.tasks)].sum(axis=0) for m in ctx.modules])
+    return work, mem
+
+
+def _cut_charge(ctx, cut_edges: list[list[int]], j: int, k: int, l: int, batch: int) -> tuple[float, float]:
+    """(sender charge, receiver charge) of moving cut j's output from k to l."""
+    p: PlacementProblem = ctx.problem
+    if k == l or j + 1 >= len(ctx.modules):
+        return 0.0, 0.0
+    if p.throughput_model == "host_staged":
+        hop = p.hop_s_per_sample[ctx.modules[j].tasks[-1]] * batch
+        return (0.0 if p.is_cpu[k] else hop), (0.0 if p.is_cpu[l] else hop)
+    total = sum(p.transfer_time(e, k, l, batch) for e in cut_edges[j])
+    return total, total
+
+
+def stage_dp(ctx, batch: int, devices: list[int]) -> list[int] | None:
+    """Device (index into `devices`) of every module, or None if nothing fits."""
+    num_m, num_q = len(ctx.modules), len(devices)
+    work, mem = _module_arrays(ctx, batch, devices)
+    bad = ~np.isfinite(work)  # module j cannot run on devices[q]
+    cum_w = np.vstack([np.zeros(num_q), np.cumsum(np.where(bad, 0.0, work), axis=0)])
+    cum_bad = np.vstack([np.zeros(num_q), np.cumsum(bad, axis=0)])
+    cum_m = np.vstack([np.zeros(num_q), np.cumsum(mem, axis=0)])
+    cap = ctx.problem.mem_capacity[devices]
+    out_edges = ctx.problem.out_edges()
+    cut_edges = [out_edges[m.tasks[-1]] for m in ctx.modules]
+    F = np.full((num_q + 1, num_m + 1), INF)
+    F[:, 0] = 0.0
+    arg = np.full((num_q + 1, num_m + 1), -1, dtype=int)
+    for q in range(1, num_q + 1):
+        d = devices[q - 1]
+        prev = devices[q - 2] if q >= 2 else None
+        nxt = devices[q] if q < num_q else None
+        F[q] = F[q - 1]
+        arg[q] = -1
+        inc = np.zeros(num_m + 1)  # charge for the cut entering a stage that starts at module i
+        out = np.zeros(num_m + 1)  # charge for the cut leaving a stage that ends before module j
+        for i in range(1, num_m + 1):
+            if prev is not None:
+                inc[i] = _cut_charge(ctx, cut_edges, i - 1, prev, d, batch)[1]
+            if nxt is not None:
+                out[i] = _cut_charge(ctx, cut_edges, i - 1, d, nxt, batch)[0]
+        for j in range(1, num_m + 1):
+            i = np.arange(j)
+            load = cum_w[j, q - 1] - cum_w[i, q - 1]
+            fits = ((cum_m[j, q - 1] - cum_m[i, q - 1]) <= cap[q - 1]) & (cum_bad[j, q - 1] == cum_bad[i, q - 1])
+            value = np.maximum(F[q - 1, i], load + inc[i] + out[j])
+            value[~fits] = INF
+            best = int(np.argmin(value))
+            if value[best] < F[q, j]:
+                F[q, j], arg[q, j] = value[best], best
+    if not np.isfinite(F[num_q, num_m]):
+        return None
+    where = [0] * num_m
+    j = num_m
+    for q in range(num_q, 0, -1):
+        i = arg[q, j]
+        if i < 0:
+            continue
+        for jj in range(i, j):
+            where[jj] = q - 1
+        j = i
+        if j == 0:
+            break
+    return where
+
+
+def device_orders(problem: PlacementProblem, devices: list[int], batch: int) -> list[list[int]]:
+    """Fastest device first; and fastest server first with its devices fastest first."""
+    from llm_planner.solve.bounds import task_times
+
+    times = task_times(problem, batch)[:, devices]
+    speed = {d: float(np.sum(np.where(np.isfinite(times[:, q]), times[:, q], 0.0))) for q, d in enumerate(devices)}
+    fastest = sorted(devices, key=lambda d: (speed[d], d))
+    node_best: dict[str, float] = {}
+    for d in devices:
+        node = problem.devices[d].node
+        node_best[node] = min(node_best.get(node, INF), speed[d])
+    by_node = sorted(devices, key=lambda d: (node_best[problem.devices[d].node], problem.devices[d].node, speed[d], d))
+    return [fastest] if by_node == fastest else [fastest, by_node]
+
+
+def throughput_plan(ctx, started: float) -> list[Plan]:
+    """Stage plans for one shard and for each data-parallel grouping."""
+    problem: PlacementProblem = ctx.problem
+    plans = []
+    groupings = [[list(range(problem.num_devices))]] + [device_groups(problem, g) for g in candidate_group_counts(problem)]
+    for groups in groupings:
+        sizes = shard_sizes(problem.batch_size, len(groups))
+        for order in device_orders(problem, groups[0], sizes[0]):
+            where = stage_dp(ctx, sizes[0], order)
+            if where is None:
+                continue
+            assign0 = [-1] * problem.num_tasks
+            for module, q in zip(ctx.modules, where):
+                for t in module.tasks:
+                    assign0[t] = order[q]
+            assignments, _ = replicate(groups, assign0, {})
+            plans.append(make_plan(problem, sizes, assignments, solver="milp-split", status="heuristic",
+                                   started_at=started, lower_bound_s=0.0))
+    return plans
