@@ -101,4 +101,23 @@ def cluster_tables(cluster: ClusterSpec) -> list[Table]:
         links.add_row(f"{r.between[0]} <-> {r.between[1]}", f"{r.bw_bytes_per_s / 1e9:.4g} GB/s", fmt_s(r.latency_s))
     if cluster.inter_node:
         links.add_row("between nodes", f"{cluster.inter_node.bw_bytes_per_s / 1e9:.4g} GB/s", fmt_s(cluster.inter_node.latency_s))
-    return [kinds, nodes, links]
+    return [kinds, nodes, links, symmetry_table(cluster)]
+
+
+def symmetry_table(cluster: ClusterSpec) -> Table:
+    """The interchangeable devices and servers that --symmetry orders."""
+    from llm_planner.solve.symmetry import symmetry_classes
+
+    classes = symmetry_classes(cluster)
+    names = [d.name for d in cluster.devices()]
+    table = Table(title="symmetry classes (interchangeable hardware)")
+    for col in ("class", "members", "count"):
+        table.add_column(col)
+    for members in classes.servers:
+        servers = sorted({names[devs[0]].split("/")[0] for devs in members})
+        table.add_row("servers", ", ".join(servers), str(len(members)))
+    for members in classes.devices:
+        first, last = names[members[0]], names[members[-1]]
+        table.add_row("devices", f"{first} .. {last.split('/')[-1]}", str(len(members)))
+    table.caption = f"{classes.num_rows} symmetry-breaking rows per criterion (batch, task, time)"
+    return table

@@ -1,0 +1,122 @@
+"""Symmetry of identical hardware and the constraints that break it.
+
+Classes. Two devices are interchangeable when they have the same kind, sit in
+the same server and have the same links: in a cluster spec the links inside a
+server depend only on the kinds and the server template, so every device of
+one kind in one server is interchangeable with the others (a *device class*).
+Two servers are interchangeable when they are copies of one template (the
+spec's `count`): same contents, same links inside, the same network between
+them (a *server class*). Any permutation of a class maps a plan onto a plan
+with the same objective and memory use, so a solver that explores both wastes
+its time.
+
+Criteria (`--symmetry`). With m(k) a measure of device k's share of the work,
+members of a device class k_1 < k_2 < ... (spec order) must satisfy
+m(k_1) >= m(k_2) >= ..., and the servers of a class, in spec order, must
+satisfy M(n_1) >= M(n_2) >= ... with M(n) = sum of m over server n's devices.
+    batch:  m(k) = sum_{s,i} y[s,i,k], the sample-tasks k processes (b_s per task of
+            shard s placed on k; Q x when the batch is not split)
+    task:   m(k) = sum_{s,i} x[s,i,k], the number of tasks k holds
+    time:   m(k) = sum_{s,i} time_k(s,i), k's busy time
+Rows: (members - 1) per device class plus (servers - 1) per server class.
+Every criterion keeps an optimal plan: sort the servers of each class by M (a
+permutation of servers keeps the objective), then the devices of each class by
+m (this does not change any server's M). So the optimum never changes, only
+the search (tested against brute force in tests/test_symmetry.py).
+    none:   no rows, and the backend's own symmetry detection off;
+    solver: no rows, the backend's symmetry detection on (HiGHS
+            mip_detect_symmetry, Gurobi Symmetry=2), as a reference.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from llm_planner.solve.problem import PlacementProblem
+from llm_planner.spec import ClusterSpec
+
+CRITERIA = ("batch", "task", "time")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SymmetryClasses:
+    devices: tuple[tuple[int, ...], ...]  # device classes of 2+ members, members in spec order
+    servers: tuple[tuple[tuple[int, ...], ...], ...]  # server classes: per server its devices, aligned
+
+    @property
+    def num_rows(self) -> int:
+        return sum(len(c) - 1 for c in self.devices) + sum(len(c) - 1 for c in self.servers)
+
+
+def symmetry_classes(cluster: ClusterSpec) -> SymmetryClasses:
+    """Device classes (same server, same kind) and server classes (same template)."""
+    devices = cluster.devices()
+    by_node_kind: dict[tuple[str, str], list[int]] = defaultdict(list)
+    by_template: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for k, d in enumerate(devices):
+        by_node_kind[(d.node, d.kind)].append(k)
+        by_template[d.node_template][d.node].append(k)
+    device_classes = tuple(tuple(ks) for ks in by_node_kind.values() if len(ks) > 1)
+    server_classes = tuple(tuple(tuple(ks) for ks in nodes.values()) for nodes in by_template.values() if len(nodes) > 1)
+    return SymmetryClasses(devices=device_classes, servers=server_classes)
+
+
+def device_measure(problem: PlacementProblem, criterion: str, sizes: list[int], assignments: list[list[int]]) -> np.ndarray:
+    """m(k) of a plan for every device (the pure form of the MILP's measure)."""
+    m = np.zeros(problem.num_devices)
+    for b, a in zip(sizes, assignments):
+        if b <= 0:
+            continue
+        for i, k in enumerate(a):
+            if criterion == "batch":
+                m[k] += b
+            elif criterion == "task":
+                m[k] += 1
+            elif criterion == "time":
+                m[k] += problem.task_time(i, k, b)
+            else:
+                raise ValueError(f"unknown symmetry criterion {criterion!r}")
+    return m
+
+
+def satisfies(problem: PlacementProblem, classes: SymmetryClasses, criterion: str, sizes: list[int], assignments: list[list[int]], tol: float = 1e-9) -> bool:
+    """Whether a plan satisfies the symmetry-breaking rows of `criterion`."""
+    if criterion not in CRITERIA:
+        return True
+    m = device_measure(problem, criterion, sizes, assignments)
+    scale = tol * max(1.0, float(np.abs(m).max()))
+    for members in classes.devices:
+        if any(m[a] < m[b] - scale for a, b in zip(members, members[1:])):
+            return False
+    for servers in classes.servers:
+        totals = [m[list(devs)].sum() for devs in servers]
+        if any(x < y - scale for x, y in zip(totals, totals[1:])):
+            return False
+    return True
+
+
+def canonical_permutation(problem: PlacementProblem, classes: SymmetryClasses, criterion: str, sizes: list[int], assignments: list[list[int]]) -> np.ndarray:
+    """perm[k] = new device of k, so that the permuted plan satisfies `criterion`'s rows."""
+    perm = np.arange(problem.num_devices)
+    m = device_measure(problem, criterion, sizes, assignments)
+    for servers in classes.servers:
+        totals = [m[list(devs)].sum() for devs in servers]
+        order = sorted(range(len(servers)), key=lambda n: (-totals[n], n))  # the server to put in slot n
+        for slot, src in enumerate(order):
+            for a, b in zip(servers[src], servers[slot]):
+                perm[a] = b
+    moved = np.zeros_like(m)
+    moved[perm] = m
+    for members in classes.devices:
+        order = sorted(members, key=lambda k: (-moved[k], k))  # device (after the server step) for each slot
+        inverse = {k: n for n, k in enumerate(perm)}
+        for slot, k in zip(members, order):
+            perm[inverse[k]] = slot
+    return perm
+
+
+def apply_permutation(assignments: list[list[int]], perm: np.ndarray) -> list[list[int]]:
+    return [[int(perm[k]) for k in a] for a in assignments]
