@@ -176,6 +176,7 @@ def cmd_launch(args: argparse.Namespace, console: Console) -> int:
             prompt_ids=prompts,
             max_new_tokens=args.max_new_tokens,
             micro_batches=args.micro_batches,
+            dtype=args.dtype,
             report_path=args.report,
             timeout_s=args.timeout,
             workdir=args.workdir,
@@ -183,6 +184,6 @@ def cmd_launch(args: argparse.Namespace, console: Console) -> int:
     except launch.LaunchError as exc:
         raise UserError(str(exc), exit_code=exc.exit_code) from None
     console.print(launch.describe_result(result))
-    if not args.dry_run:
-        console.print(f"run report written to [bold]{args.report}[/] in {fmt_s(time.perf_counter() - started)}")
+    if result.ok and not args.dry_run:
+        console.print(f"run report written to [bold]{result.report_path}[/] in {fmt_s(time.perf_counter() - started)}")
     return 0 if result.ok else 1

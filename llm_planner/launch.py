@@ -1,0 +1,386 @@
+"""Launch a plan with MPI: a hostfile, a rank table and one `mpiexec` command.
+
+From a plan and its cluster spec: one rank per device the plan uses, ranks
+grouped by host in cluster order; a hostfile of `hostname:ranks` lines; a rank
+table (rank -> device, node, host, tasks; plus what to run) as JSON; then
+
+    <venv>/bin/mpiexec -f hostfile -n R [extra...] <python> -m mpi4py -m llm_planner.runtime rank_table.json
+
+with the `mpiexec` that sits next to this Python (the MPI of the `mpich`
+wheel that mpi4py was built against; never whatever `mpirun` is first on
+PATH). Everything that can be wrong is checked before mpiexec starts: devices
+missing from the cluster, nodes without a hostname, more ranks than a node has
+slots, a rank count other than the number of devices, a plan that does not
+match the model (or the checkpoint), prompts outside the vocabulary. The files
+are documented in launch/README.md. This module does not import mpi4py (and
+imports torch only to check graph models).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from llm_planner.plan import Plan, load_plan
+from llm_planner.runtime.table import RankEntry, RankTable, RunSpec
+from llm_planner.spec import ClusterSpec, load_cluster
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PROMPT_LEN = 8
+RESNET_NAMES = ("resnet18", "resnet50")  # the CNN presets of llm_planner.graph.models
+KILL_GRACE_S = 15.0  # beyond timeout_s: the ranks' own watchdog fires first
+
+
+class LaunchError(ValueError):
+    """A plan that cannot be launched as asked; nothing was started."""
+
+    exit_code = 2  # the CLI's exit status for bad input
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    dry_run: bool = False  # write the files, build the command, start nothing
+    checkpoint: str | None = None  # decoder: Hugging Face checkpoint dir (safetensors) whose config the plan was made from
+    prompt_ids: tuple[tuple[int, ...], ...] = ()  # decoder: one prompt per request; empty: batch_size seeded prompts
+    max_new_tokens: int = 16
+    micro_batches: int | None = None  # decoder: per shard; None: 1 for latency plans, #stages for throughput plans
+    report_path: str | None = None  # default: <workdir>/run.json
+    timeout_s: float = 600.0  # bound on the whole run
+    workdir: str | None = None  # default: <report dir>/<plan stem>.launch with a report path, else launch/<plan stem>
+    extra: tuple[str, ...] = ()  # extra mpiexec arguments, placed before the program
+    num_ranks: int | None = None  # the rank count asked for; must equal the number of devices the plan uses
+    seed: int | None = None  # seeded weights and CNN inputs; default: the plan's model seed
+    dtype: str | None = None  # compute dtype; default: the plan's
+    fail_rank: int | None = None  # fault injection for tests: this rank raises once the run starts
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchResult:
+    command: tuple[str, ...]
+    rank_table: RankTable
+    workdir: str
+    hostfile_path: str
+    rank_table_path: str
+    report_path: str
+    dry_run: bool
+    returncode: int | None = None  # None for a dry run
+    duration_s: float = 0.0
+    report: dict[str, Any] | None = None
+    error: str | None = None  # the failing rank's message (or mpiexec's) when the run failed
+    stderr_tail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.dry_run or (self.returncode == 0 and self.error is None)
+
+    @property
+    def command_line(self) -> str:
+        return shlex.join(self.command)
+
+    @property
+    def tokens(self) -> list[list[int]] | None:
+        return None if self.report is None else self.report.get("tokens")
+
+
+def mpiexec_path() -> Path:
+    """The mpiexec of this Python's environment (the `mpich` wheel), never PATH's."""
+    path = Path(sys.executable).parent / "mpiexec"
+    if not path.exists():
+        raise LaunchError(f"no mpiexec next to {sys.executable}; install the MPI extra (pip install mpich mpi4py) in this environment")
+    return path
+
+
+# ----------------------------------------------------------------------------
+# Checks and the rank table
+
+
+def workload_of(plan: Plan, source: str) -> str:
+    model = plan.inputs.model
+    if "graph" in model:
+        raise LaunchError(f"{source}: inputs.model: plans made from a graph file ({model['graph']}) describe no runnable model; "
+                          "launch needs a decoder config, a checkpoint directory, a ResNet or an RWNN preset")
+    from llm_planner.graph import rwnn
+
+    name = str(model.get("name", ""))
+    return "graph" if name in RESNET_NAMES or rwnn.is_rwnn_name(name) else "decoder"
+
+
+def check_model(plan: Plan, workload: str, options: LaunchOptions, source: str) -> tuple[tuple[int, ...], ...]:
+    """Raise LaunchError unless the plan's tasks are the model's; returns the prompts to run (decoders)."""
+    if workload == "graph":
+        from llm_planner.graph.models import ModelSpec, build_model_graph
+
+        names = {t.name for t in build_model_graph(ModelSpec.from_dict(dict(plan.inputs.model))).tasks}
+        for s, assignment in enumerate(plan.shard_assignments):
+            if set(assignment) != names:
+                raise LaunchError(f"{source}: shards[{s}]: the plan's tasks are not the model's "
+                                  f"(missing {sorted(names - set(assignment))[:5]}, unknown {sorted(set(assignment) - names)[:5]})")
+        return ()
+    from llm_planner.runtime import decoder_tasks as dt
+
+    try:
+        config = dt.planned_decoder_config(plan.inputs.model, options.checkpoint, source=source)
+        for s, assignment in enumerate(plan.shard_assignments):
+            dt.check_decoder_tasks(list(assignment), config.num_layers, source=f"{source}: shards[{s}]")
+        prompts = options.prompt_ids
+        if not prompts:  # one seeded prompt per sample the plan was made for
+            rng = random.Random(options.seed if options.seed is not None else int(plan.inputs.model.get("seed", 0)))
+            prompts = tuple(tuple(rng.randrange(config.vocab_size) for _ in range(DEFAULT_PROMPT_LEN)) for _ in range(plan.batch_size))
+        dt.check_prompts(prompts, options.max_new_tokens, config)
+    except dt.DecoderError as exc:
+        raise LaunchError(str(exc)) from None
+    return tuple(tuple(p) for p in prompts)
+
+
+def _check_options(options: LaunchOptions) -> None:
+    if options.max_new_tokens < 1:
+        raise LaunchError(f"max_new_tokens must be >= 1, got {options.max_new_tokens}")
+    if not options.timeout_s > 0:
+        raise LaunchError(f"timeout must be > 0 seconds, got {options.timeout_s}")
+    if options.micro_batches is not None and options.micro_batches < 1:
+        raise LaunchError(f"micro_batches must be >= 1, got {options.micro_batches}")
+
+
+def rank_entries(plan: Plan, cluster: ClusterSpec, source: str) -> tuple[RankEntry, ...]:
+    """One rank per device the plan uses, grouped by host in cluster order."""
+    devices = {d.name: d for d in cluster.devices()}
+    used = plan.devices_used()
+    unknown = [d for d in used if d not in devices]
+    if unknown:
+        raise LaunchError(f"{source}: the plan uses device(s) {unknown} that cluster {cluster.source} does not have")
+    templates = {n.name: (i, n) for i, n in enumerate(cluster.nodes)}
+    for name in used:
+        d = devices[name]
+        if not d.hostname:
+            i, _ = templates[d.node_template]
+            raise LaunchError(f"{cluster.source}: nodes[{i}].hostname: missing for node {d.node!r}; "
+                              f"launch needs the hostname of every node the plan uses (device {name})")
+    order = [d.name for d in cluster.devices() if d.name in used]
+    hosts = list(dict.fromkeys(devices[d].hostname for d in order))
+    order.sort(key=lambda d: hosts.index(devices[d].hostname))
+    _check_slots(order, devices, templates, cluster)
+    entries = []
+    for rank, name in enumerate(order):
+        d = devices[name]
+        kind = cluster.kind(d.kind)
+        gpus = [x.name for x in cluster.devices() if x.node == d.node and cluster.kind(x.kind).type == "gpu"]
+        tasks = {str(s): [t.task for t in sorted(plan.schedule, key=lambda t: (t.start_s, t.finish_s)) if t.shard == s and t.device == name]
+                 for s in range(len(plan.shard_sizes))}
+        entries.append(RankEntry(rank=rank, device=name, node=d.node, hostname=str(d.hostname), device_type=kind.type,
+                                 gpu_index=gpus.index(name) if name in gpus else None, tasks={k: v for k, v in tasks.items() if v}))
+    return tuple(entries)
+
+
+def _check_slots(order: list[str], devices: dict, templates: dict, cluster: ClusterSpec) -> None:
+    per_node: dict[str, int] = {}
+    for name in order:
+        per_node[devices[name].node] = per_node.get(devices[name].node, 0) + 1
+    for name in order:
+        d = devices[name]
+        i, node = templates[d.node_template]
+        if node.slots is not None and per_node[d.node] > node.slots:
+            raise LaunchError(f"{cluster.source}: nodes[{i}].slots: node {d.node!r} has {node.slots} MPI slots "
+                              f"but the plan puts {per_node[d.node]} ranks on it")
+
+
+def build_rank_table(plan_path: str | Path, options: LaunchOptions) -> tuple[RankTable, Plan]:
+    """Every check, then the rank table; raises LaunchError (or the loaders' errors) naming the problem."""
+    _check_options(options)
+    source = str(plan_path)
+    plan = load_plan(plan_path)
+    if plan.inputs.cluster is None:
+        raise LaunchError(f"{source}: inputs.cluster: the plan has no cluster file (it came from a workload file); nothing to launch on")
+    cluster = load_cluster(plan.inputs.cluster)
+    if plan.inputs.cluster_sha256 and cluster.sha256 != plan.inputs.cluster_sha256:
+        log.warning("%s changed since the plan was made (sha256 differs); launching on its current hosts", plan.inputs.cluster)
+    entries = rank_entries(plan, cluster, source)
+    if options.num_ranks is not None and options.num_ranks != len(entries):
+        raise LaunchError(f"{source}: the plan uses {len(entries)} devices, so it runs on {len(entries)} ranks, not {options.num_ranks}")
+    if options.fail_rank is not None and not 0 <= options.fail_rank < len(entries):
+        raise LaunchError(f"fail_rank {options.fail_rank} is not a rank of this run (0..{len(entries) - 1})")
+    workload = workload_of(plan, source)
+    prompts = check_model(plan, workload, options, source)
+    workdir = default_workdir(plan_path, options)
+    run = RunSpec(
+        plan_path=str(Path(plan_path).resolve()),
+        workload=workload,
+        workdir=str(workdir.resolve()),
+        report_path=str(Path(options.report_path).resolve() if options.report_path else (workdir / "run.json").resolve()),
+        timeout_s=float(options.timeout_s),
+        checkpoint=str(Path(options.checkpoint).resolve()) if options.checkpoint else None,
+        prompt_ids=[list(p) for p in prompts],
+        max_new_tokens=options.max_new_tokens,
+        micro_batches=options.micro_batches,
+        seed=options.seed if options.seed is not None else int(plan.inputs.model.get("seed", 0)),
+        dtype=options.dtype,
+        fail_rank=options.fail_rank,
+    )
+    return RankTable(ranks=entries, run=run), plan
+
+
+def default_workdir(plan_path: str | Path, options: LaunchOptions) -> Path:
+    """The workdir asked for; else `<plan stem>.launch` next to the report; else launch/<plan stem>."""
+    if options.workdir:
+        return Path(options.workdir)
+    if options.report_path:
+        return Path(options.report_path).parent / f"{Path(plan_path).stem}.launch"
+    return Path("launch") / Path(plan_path).stem
+
+
+def hostfile_text(table: RankTable) -> str:
+    """`hostname:slots` per host, in rank order (mpich's Hydra fills hosts in this order)."""
+    counts: dict[str, int] = {}
+    for r in table.ranks:
+        counts[r.hostname] = counts.get(r.hostname, 0) + 1
+    return "".join(f"{host}:{n}\n" for host, n in counts.items())
+
+
+def format_rank_table(table: RankTable) -> str:
+    rows = [("rank", "host", "device", "torch", "tasks")]
+    for r in table.ranks:
+        torch_dev = f"cuda:{r.gpu_index}" if r.device_type == "gpu" else "cpu"
+        tasks = "; ".join(f"shard {s}: {_compact(t)}" for s, t in r.tasks.items()) if len(r.tasks) > 1 else _compact(next(iter(r.tasks.values()), []))
+        rows.append((str(r.rank), r.hostname, r.device, torch_dev, tasks))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4] for row in rows)
+
+
+def describe_result(result: LaunchResult) -> str:
+    """What the CLI prints: the command and rank table (dry run), else the outcome of the run."""
+    if result.dry_run:
+        return f"{result.command_line}\n\n{format_rank_table(result.rank_table)}"
+    if not result.ok:
+        return f"launch failed: {result.error}"
+    r = result.report or {}
+    lines = [f"ran {result.rank_table.world_size} ranks in {result.duration_s:.1f} s; report: {result.report_path}",
+             f"measured {r.get('measured_s', 0.0):.4g} s (predicted {r.get('predicted_s', 0.0):.4g} s for one pass); "
+             f"runtime overhead {100 * r.get('overhead_fraction', 0.0):.1f}%"]
+    if "tokens" in r:
+        lines.append(f"{r['tokens_per_s']:.1f} tokens/s, {1e3 * r['measured_per_token_s']:.2f} ms per token step")
+        lines += [f"request {i}: {' '.join(map(str, t))}" for i, t in enumerate(r["tokens"])]
+    elif "output" in r:
+        lines.append(f"output {r['output']['shape']} sha256 {r['output']['sha256'][:16]}... saved to {r['output_path']}")
+    return "\n".join(lines)
+
+
+def _compact(tasks: list[str]) -> str:
+    return ", ".join(tasks) if len(tasks) <= 6 else f"{', '.join(tasks[:3])}, ... {tasks[-1]} ({len(tasks)} tasks)"
+
+
+# ----------------------------------------------------------------------------
+# Running
+
+
+def launch(plan_path: str | Path, options: LaunchOptions = LaunchOptions()) -> LaunchResult:
+    """Check, write the hostfile and rank table, and (unless dry_run) run mpiexec until done or timeout."""
+    table, _ = build_rank_table(plan_path, options)
+    workdir = Path(table.run.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    hostfile, table_path = workdir / "hostfile", workdir / "rank_table.json"
+    hostfile.write_text(hostfile_text(table))
+    table.save(table_path)
+    command = (str(mpiexec_path()), "-f", str(hostfile), "-n", str(table.world_size), *options.extra,
+               sys.executable, "-m", "mpi4py", "-m", "llm_planner.runtime", str(table_path))
+    (workdir / "command.txt").write_text(shlex.join(command) + "\n")
+    result = LaunchResult(command=command, rank_table=table, workdir=str(workdir), hostfile_path=str(hostfile),
+                          rank_table_path=str(table_path), report_path=table.run.report_path, dry_run=options.dry_run)
+    if options.dry_run:
+        return result
+    for stale in [*workdir.glob("error.rank*.txt"), Path(table.run.report_path)]:
+        stale.unlink(missing_ok=True)
+    return _run(result, options.timeout_s)
+
+
+def _run(result: LaunchResult, timeout_s: float) -> LaunchResult:
+    workdir = Path(result.workdir)
+    start = time.perf_counter()
+    with open(workdir / "mpiexec.out", "wb") as out, open(workdir / "mpiexec.err", "wb") as err:
+        proc = subprocess.Popen(result.command, stdout=out, stderr=err, start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=timeout_s + KILL_GRACE_S)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            returncode, timed_out = proc.returncode, True
+    duration = time.perf_counter() - start
+    stderr_tail = (workdir / "mpiexec.err").read_text(errors="replace")[-4000:]
+    error = _rank_error(workdir)
+    if timed_out and error is None:
+        error = f"the run exceeded its timeout of {timeout_s:g} s and was killed"
+    if returncode != 0 and error is None:
+        error = f"mpiexec exited with status {returncode}:\n{stderr_tail}"
+    report = None
+    if error is None and Path(result.report_path).is_file():
+        report = json.loads(Path(result.report_path).read_text())
+    elif error is None:
+        error = f"the run ended without writing its report {result.report_path}:\n{stderr_tail}"
+    return replace(result, returncode=returncode, duration_s=duration, report=report, error=error, stderr_tail=stderr_tail)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _rank_error(workdir: Path) -> str | None:
+    """The first failing rank's message (its error file's first line and the traceback's last lines)."""
+    files = sorted(workdir.glob("error.rank*.txt"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        return None
+    return files[0].read_text(errors="replace").split("\n\n", 1)[0]
+
+
+def launch_plan(
+    plan_path: str | Path,
+    *,
+    dry_run: bool = False,
+    checkpoint: str | None = None,
+    prompt_ids: list[list[int]] | None = None,
+    max_new_tokens: int = 16,
+    report_path: str | None = None,
+    timeout_s: float = 600.0,
+    workdir: str | None = None,
+    extra: list[str] | tuple[str, ...] = (),
+    micro_batches: int | None = None,
+    num_ranks: int | None = None,
+    seed: int | None = None,
+    dtype: str | None = None,
+    fail_rank: int | None = None,
+) -> LaunchResult:
+    """The CLI's entry point: `llm-planner launch plan.yaml [--dry-run] [--checkpoint DIR] ...` (see LaunchOptions)."""
+    options = LaunchOptions(
+        dry_run=dry_run, checkpoint=checkpoint, prompt_ids=tuple(tuple(p) for p in (prompt_ids or ())),
+        max_new_tokens=max_new_tokens, micro_batches=micro_batches, report_path=report_path, timeout_s=timeout_s,
+        workdir=workdir, extra=tuple(extra), num_ranks=num_ranks, seed=seed, dtype=dtype, fail_rank=fail_rank,
+    )
+    return launch(plan_path, options)
+
+
+def parse_prompt_ids(text: str) -> list[int]:
+    """"464,3290,318" -> [464, 3290, 318]; LaunchError on anything else (for the CLI's --prompt-ids)."""
+    try:
+        ids = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise LaunchError(f"--prompt-ids {text!r}: expected comma-separated token ids, e.g. 464,3290,318") from None
+    if not ids:
+        raise LaunchError(f"--prompt-ids {text!r}: no token ids")
+    return ids

@@ -1,0 +1,199 @@
+"""One rank's life: read the rank table, check the world, run the workload, report.
+
+Started by the launcher as `python -m mpi4py -m llm_planner.runtime TABLE.json`
+(one process per device of the plan). Failure handling:
+
+- the world size must equal the rank table's; otherwise every rank refuses
+  before building anything;
+- a rank that raises writes `error.rank<N>.txt` (its message and traceback)
+  into the run's workdir, then the exception leaves the program and
+  `python -m mpi4py` calls MPI_Abort, which stops every rank of the job: nobody
+  waits forever on a message from a dead rank;
+- a watchdog thread aborts the job when the run exceeds `run.timeout_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from typing import TYPE_CHECKING, Any
+
+from llm_planner.plan import Plan, load_plan
+from llm_planner.runtime.table import RankEntry, RankTable, load_rank_table
+
+if TYPE_CHECKING:  # torch and the MPI wrapper load after the world size is checked
+    import torch
+
+    from llm_planner.runtime.comm import Comm
+    from llm_planner.runtime.report import RankStats
+
+log = logging.getLogger("llm_planner.runtime")
+
+TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+TIMEOUT_EXIT = 124
+
+
+class RankCountError(RuntimeError):
+    """mpiexec started a different number of ranks than the rank table has."""
+
+
+class InjectedFailure(RuntimeError):
+    """The failure a rank raises on purpose when the run asks for it (run.fail_rank)."""
+
+
+@dataclass
+class RankContext:
+    table: RankTable
+    entry: RankEntry
+    plan: Plan
+    comm: Comm
+    device: torch.device
+    dtype: torch.dtype
+    stats: RankStats
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    def start(self) -> None:
+        """Mark the start of the measured run (after every rank built its share)."""
+        self.comm.barrier()
+        self.stats.start()
+        if self.table.run.fail_rank == self.rank:
+            raise InjectedFailure(f"rank {self.rank} ({self.entry.device}) fails on purpose (run.fail_rank = {self.rank})")
+
+
+def torch_device(entry: RankEntry) -> "torch.device":
+    """cuda:N for a GPU device when CUDA is there, else the CPU (with one warning)."""
+    import torch
+
+    if entry.device_type == "gpu":
+        if torch.cuda.is_available() and entry.gpu_index is not None and entry.gpu_index < torch.cuda.device_count():
+            return torch.device(f"cuda:{entry.gpu_index}")
+        log.warning("rank %d: device %s is a GPU but CUDA is not available here; running on the CPU", entry.rank, entry.device)
+    return torch.device("cpu")
+
+
+def torch_dtype(name: str) -> "torch.dtype":
+    import torch
+
+    if name not in TORCH_DTYPES:
+        raise ValueError(f"dtype {name!r}: the runtime runs {', '.join(TORCH_DTYPES)}")
+    return getattr(torch, TORCH_DTYPES[name])
+
+
+def error_path(workdir: str | Path, rank: int) -> Path:
+    return Path(workdir) / f"error.rank{rank}.txt"
+
+
+def _write_error(table: RankTable | None, rank: int, exc: BaseException) -> None:
+    if table is None:
+        return
+    device = table.ranks[rank].device if rank < table.world_size else "?"
+    text = f"rank {rank} ({device}): {type(exc).__name__}: {exc}\n\n" + "".join(traceback.format_exception(exc))
+    try:
+        error_path(table.run.workdir, rank).write_text(text)
+    except OSError:
+        log.exception("rank %d: cannot write its error file", rank)
+
+
+def _start_watchdog(table: RankTable, world: Any) -> threading.Timer:
+    """Abort the whole job (every rank) once the run has taken `run.timeout_s`."""
+
+    def fire() -> None:
+        rank = world.Get_rank()
+        message = f"rank {rank}: the run exceeded its timeout of {table.run.timeout_s:g} s; aborting every rank"
+        log.error(message)
+        _write_error(table, rank, TimeoutError(message))
+        world.Abort(TIMEOUT_EXIT)
+
+    timer = threading.Timer(table.run.timeout_s, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _context(table: RankTable, comm: "Comm") -> RankContext:
+    from llm_planner.runtime.report import RankStats
+
+    entry = table.ranks[comm.rank]
+    plan = load_plan(table.run.plan_path)
+    device = torch_device(entry)
+    dtype = torch_dtype(table.run.dtype or plan.inputs.dtype)
+    stats = RankStats(rank=comm.rank, device=entry.device, torch_device=str(device))
+    return RankContext(table=table, entry=entry, plan=plan, comm=comm, device=device, dtype=dtype, stats=stats)
+
+
+def check_world_size(table: RankTable, size: int) -> None:
+    if size != table.world_size:
+        raise RankCountError(
+            f"the rank table has {table.world_size} ranks (one per device the plan uses) but mpiexec started {size}; "
+            f"start it with -n {table.world_size}"
+        )
+
+
+def run(table: RankTable) -> None:
+    import torch
+
+    from llm_planner.runtime.comm import Comm
+    from llm_planner.runtime.report import build_report, write_report
+
+    comm = Comm()
+    ctx = _context(table, comm)
+    if table.run.workload == "decoder":
+        from llm_planner.runtime.gpt_run import run_decoder as run_workload
+    else:
+        from llm_planner.runtime.graph_run import run_graph as run_workload
+    with torch.no_grad():
+        outputs = run_workload(ctx)
+    comm.wait_sends()
+    ctx.stats.stop()
+    ranks = comm.gather(ctx.stats.to_dict(comm.stats))
+    outputs_all = comm.gather(outputs)
+    if comm.rank == 0:
+        assert ranks is not None and outputs_all is not None
+        merged = _merge_outputs(outputs_all)
+        write_report(table.run.report_path, build_report(plan=ctx.plan, ranks=ranks, workload=table.run.workload, outputs=merged))
+        log.info("rank 0: wrote %s", table.run.report_path)
+    comm.barrier()
+
+
+def _merge_outputs(parts: list[dict]) -> dict:
+    merged: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key].update(value)
+            else:
+                merged.setdefault(key, value)
+    if "tokens_by_request" in merged:
+        by_request = merged.pop("tokens_by_request")
+        merged["tokens"] = [by_request[i] for i in sorted(by_request)]
+    return merged
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: mpiexec -n R python -m mpi4py -m llm_planner.runtime RANK_TABLE.json", file=sys.stderr)
+        return 2
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    logging.basicConfig(level=logging.INFO, format=f"[rank {world.Get_rank()}] %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    table = None
+    try:
+        table = load_rank_table(args[0])
+        check_world_size(table, world.Get_size())  # before torch loads: a wrong -n fails in a moment
+        watchdog = _start_watchdog(table, world)
+        run(table)
+        watchdog.cancel()
+    except BaseException as exc:
+        _write_error(table, world.Get_rank(), exc)
+        raise  # python -m mpi4py turns this into MPI_Abort: every rank stops
+    return 0

@@ -1,0 +1,113 @@
+"""The run report: what each rank measured, and the plan's prediction beside it.
+
+Per rank (all times in seconds, measured with time.perf_counter):
+
+    tasks        task name -> total time of its executions (all steps, shards)
+    task_calls   task name -> how many times it ran
+    transfers    [{peer, direction, count, bytes, seconds}] per peer and direction
+    compute_s    sum of task times
+    comm_s       time in transfers (posting sends, receiving arrived messages)
+    idle_s       time waiting for a message that had not arrived, or for sends to finish
+    total_s      wall time of the run on this rank (after the model was built)
+    overhead_s   total_s - compute_s - comm_s - idle_s: the runtime's own work
+    build_s      time to build the rank's share of the model (not in total_s)
+    weights      decoders: where the parameters came from and how many tensors the rank read
+
+The report (JSON) holds "ranks", "predicted_s" (the plan's objective_s: the
+latency of one pass, or seconds per sample for throughput plans),
+"measured_s" (the slowest rank's total_s), "overhead_fraction" (sum of
+overhead_s over sum of total_s) and the workload's outputs: decoders
+"tokens" (the generated ids of each request, in request order, cut after EOS),
+"streams" (the micro-batches: shard and requests), "measured_per_token_s"
+(measured_s / max_new_tokens: one step of the whole batch, comparable with a
+decode-phase latency plan) and "tokens_per_s"; graphs "output" (shape,
+sha256, sum and first values of the output tensor) and "output_path" (the
+tensor, saved with torch.save).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass
+class RankStats:
+    rank: int
+    device: str
+    torch_device: str
+    tasks: dict[str, float] = field(default_factory=dict)
+    task_calls: dict[str, int] = field(default_factory=dict)
+    build_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)  # workload facts, e.g. where the weights came from
+    started: float = 0.0
+    total_s: float = 0.0
+
+    def on_task(self, name: str, seconds: float) -> None:
+        self.tasks[name] = self.tasks.get(name, 0.0) + seconds
+        self.task_calls[name] = self.task_calls.get(name, 0) + 1
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+
+    def stop(self) -> None:
+        self.total_s = time.perf_counter() - self.started
+
+    def to_dict(self, comm_stats) -> dict[str, Any]:
+        compute = sum(self.tasks.values())
+        return {
+            "rank": self.rank,
+            "device": self.device,
+            "torch_device": self.torch_device,
+            "tasks": dict(self.tasks),
+            "task_calls": dict(self.task_calls),
+            "transfers": comm_stats.transfers(),
+            "compute_s": compute,
+            "comm_s": comm_stats.transfer_s,
+            "idle_s": comm_stats.idle_s,
+            "total_s": self.total_s,
+            "overhead_s": max(0.0, self.total_s - compute - comm_stats.transfer_s - comm_stats.idle_s),
+            "build_s": self.build_s,
+            **self.extra,
+        }
+
+
+def tensor_summary(t: torch.Tensor) -> dict[str, Any]:
+    t = t.detach().to("cpu").contiguous()
+    flat = t.reshape(-1).to(torch.float64)
+    return {
+        "shape": list(t.shape),
+        "dtype": str(t.dtype).replace("torch.", ""),
+        "sha256": hashlib.sha256(t.numpy().tobytes()).hexdigest(),
+        "sum": float(flat.sum()),
+        "first": [float(v) for v in flat[:8]],
+    }
+
+
+def build_report(*, plan, ranks: list[dict[str, Any]], workload: str, outputs: dict[str, Any]) -> dict[str, Any]:
+    measured = max(r["total_s"] for r in ranks)
+    total = sum(r["total_s"] for r in ranks)
+    report = {
+        "workload": workload,
+        "objective": plan.objective,
+        "predicted_s": plan.objective_s,
+        "measured_s": measured,
+        "overhead_fraction": (sum(r["overhead_s"] for r in ranks) / total) if total > 0 else 0.0,
+        **outputs,
+    }
+    if "tokens" in outputs and measured > 0:
+        generated = sum(len(t) for t in outputs["tokens"])
+        report["measured_per_token_s"] = measured / outputs["max_new_tokens"]
+        report["tokens_per_s"] = generated / measured
+    report["ranks"] = ranks
+    return report
+
+
+def write_report(path: str | Path, report: dict[str, Any]) -> None:
+    Path(path).write_text(json.dumps(report, indent=1) + "\n")

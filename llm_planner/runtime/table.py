@@ -1,0 +1,109 @@
+"""The rank table: the file `launch` writes and every rank reads (JSON, documented in launch/README.md).
+
+Pure data, no torch and no mpi4py: the launcher imports it to write the file.
+
+    {"format": "llm_planner.rank_table", "version": 1,
+     "ranks": [{"rank": 0, "device": "localhost/cpu-core:0", "node": "localhost",
+                "hostname": "localhost", "device_type": "cpu", "gpu_index": null,
+                "tasks": {"0": ["embed", "block.0"]}}, ...],
+     "run": {"plan_path": ..., "workload": "decoder" | "graph", ...}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RANK_TABLE_FORMAT = "llm_planner.rank_table"
+RANK_TABLE_VERSION = 1
+WORKLOADS = ("decoder", "graph")
+
+
+class RankTableError(ValueError):
+    """A rank table file that cannot be used; the message names the file and field."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankEntry:
+    rank: int
+    device: str  # plan device name "<node>/<kind>:<index>"
+    node: str
+    hostname: str
+    device_type: str  # "cpu" | "gpu" | "accelerator" (the kind's type in the cluster spec)
+    gpu_index: int | None  # cuda:N for a GPU: its position among the node's GPU devices
+    tasks: dict[str, list[str]]  # shard index (as a string) -> the rank's tasks in plan order
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """What the ranks run and where they write; every field is set by the launcher."""
+
+    plan_path: str
+    workload: str  # one of WORKLOADS
+    workdir: str  # error files, the report and outputs go here
+    report_path: str
+    timeout_s: float  # every rank aborts the job after this long
+    checkpoint: str | None = None  # decoder: Hugging Face checkpoint directory (safetensors)
+    prompt_ids: list[list[int]] = field(default_factory=list)  # decoder: one prompt per request
+    max_new_tokens: int = 16
+    micro_batches: int | None = None  # decoder: per data-parallel shard; None: 1 (latency) or #stages (throughput)
+    seed: int = 0  # seeded weights (no checkpoint) and the CNN input batch
+    dtype: str | None = None  # element type to run in; None: the plan's dtype
+    attn_implementation: str = "sdpa"
+    fail_rank: int | None = None  # fault injection: this rank raises once the run starts (tests the failure path)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankTable:
+    ranks: tuple[RankEntry, ...]
+    run: RunSpec
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def rank_of_device(self) -> dict[str, int]:
+        return {r.device: r.rank for r in self.ranks}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": RANK_TABLE_FORMAT,
+            "version": RANK_TABLE_VERSION,
+            "world_size": self.world_size,
+            "ranks": [dataclasses.asdict(r) for r in self.ranks],
+            "run": dataclasses.asdict(self.run),
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+
+def rank_table_from_dict(data: Any, source: str = "<memory>") -> RankTable:
+    if not isinstance(data, dict) or data.get("format") != RANK_TABLE_FORMAT:
+        raise RankTableError(f"{source}: not a rank table (expected \"format\": \"{RANK_TABLE_FORMAT}\")")
+    if data.get("version") != RANK_TABLE_VERSION:
+        raise RankTableError(f"{source}: version: unsupported rank table version {data.get('version')!r}")
+    try:
+        ranks = tuple(RankEntry(**r) for r in data["ranks"])
+        run = RunSpec(**data["run"])
+    except (KeyError, TypeError) as exc:
+        raise RankTableError(f"{source}: malformed rank table: {exc}") from None
+    if [r.rank for r in ranks] != list(range(len(ranks))):
+        raise RankTableError(f"{source}: ranks: ranks must be 0..{len(ranks) - 1} in order")
+    if run.workload not in WORKLOADS:
+        raise RankTableError(f"{source}: run.workload: must be one of {WORKLOADS}, got {run.workload!r}")
+    return RankTable(ranks=ranks, run=run)
+
+
+def load_rank_table(path: str | Path) -> RankTable:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise RankTableError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise RankTableError(f"{path}: not valid JSON: {exc}") from None
+    return rank_table_from_dict(data, source=str(path))

@@ -1,0 +1,119 @@
+"""Where a rank's parameters come from: a fixed seed or a local checkpoint.
+
+Both sources fill a module's parameters by their *full* names in the whole
+Hugging Face model ("transformer.h.3.attn.c_attn.weight"), so a rank that builds
+only block 3 gets exactly the tensors that block has in the whole model:
+
+- `SeededWeights`: every parameter is drawn from its own generator, seeded by
+  (seed, crc32 of its full name); matrices ~ N(0, std^2), biases 0, other
+  vectors (norm scales) 1. No rank ever builds the whole model, yet all ranks
+  and a whole model initialised with `init_whole_model_` agree bit for bit.
+- `CheckpointWeights`: a Hugging Face checkpoint directory (`model.safetensors`
+  or a sharded `model.safetensors.index.json`); a rank opens only the files that
+  hold its tensors and reads only those tensors.
+
+Tied weights (an LM head that shares the embedding matrix) are read under the
+name of the tensor they are tied to; `aliases` maps one to the other.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import torch
+
+
+class WeightsError(ValueError):
+    """A checkpoint that lacks a tensor, or holds one of the wrong shape."""
+
+
+class SeededWeights:
+    def __init__(self, *, seed: int, std: float, aliases: dict[str, str] | None = None):
+        self.seed, self.std, self.aliases = int(seed), float(std), dict(aliases or {})
+        self.tensors_read: list[str] = []
+
+    def summary(self) -> dict:
+        return {"source": "seed", "seed": self.seed, "tensors": len(self.tensors_read)}
+
+    def tensor(self, name: str, shape: torch.Size) -> torch.Tensor:
+        name = self.aliases.get(name, name)
+        self.tensors_read.append(name)
+        if name.endswith("bias"):
+            return torch.zeros(shape)
+        if len(shape) < 2:
+            return torch.ones(shape)
+        generator = torch.Generator().manual_seed((self.seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 62))
+        return torch.randn(shape, generator=generator) * self.std
+
+
+class CheckpointWeights:
+    def __init__(self, directory: str | Path, *, aliases: dict[str, str] | None = None):
+        self.directory = Path(directory)
+        self.aliases = dict(aliases or {})
+        index = self.directory / "model.safetensors.index.json"
+        single = self.directory / "model.safetensors"
+        if index.is_file():
+            try:
+                self.file_of = {k: self.directory / v for k, v in json.loads(index.read_text())["weight_map"].items()}
+            except (OSError, KeyError, json.JSONDecodeError) as exc:
+                raise WeightsError(f"{index}: cannot read the weight map: {exc}") from None
+        elif single.is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(single), framework="pt") as f:
+                self.file_of = {k: single for k in f.keys()}
+        else:
+            raise WeightsError(f"{self.directory}: no model.safetensors or model.safetensors.index.json (only safetensors checkpoints are read)")
+        self._open: dict[Path, object] = {}
+        self.files_read: set[str] = set()
+        self.tensors_read: list[str] = []
+
+    def summary(self) -> dict:
+        return {"source": "checkpoint", "tensors": len(self.tensors_read), "files": sorted(self.files_read)}
+
+    def tensor(self, name: str, shape: torch.Size) -> torch.Tensor:
+        from safetensors import safe_open
+
+        key = name if name in self.file_of else self.aliases.get(name, name)
+        if key not in self.file_of:
+            raise WeightsError(f"{self.directory}: checkpoint has no tensor {name!r}")
+        path = self.file_of[key]
+        if path not in self._open:
+            self._open[path] = safe_open(str(path), framework="pt")
+            self.files_read.add(path.name)
+        value = self._open[path].get_tensor(key)  # type: ignore[attr-defined]
+        self.tensors_read.append(key)
+        if tuple(value.shape) != tuple(shape):
+            raise WeightsError(f"{self.directory}: tensor {key!r} has shape {tuple(value.shape)}, the model expects {tuple(shape)}")
+        return value
+
+    def close(self) -> None:
+        self._open.clear()
+
+
+def fill_module_(module: torch.nn.Module, prefix: str, source, *, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """Give every parameter of `module` (named `prefix` in the whole model) its value from `source`.
+
+    A module built on the meta device gets its storage here (its parameters are
+    all overwritten, so their initial values never matter); it must have no
+    buffers, which would stay uninitialised.
+    """
+    if any(p.is_meta for p in module.parameters()):
+        assert not any(True for _ in module.buffers()), f"{prefix}: a meta-built module with buffers"
+        module.to_empty(device=device)
+    module.to(device=device, dtype=dtype)
+    with torch.no_grad():
+        for local, param in module.named_parameters():
+            full = f"{prefix}.{local}" if prefix else local
+            param.copy_(source.tensor(full, param.shape).to(dtype=dtype))
+    return module.eval()
+
+
+def init_whole_model_(model: torch.nn.Module, source) -> torch.nn.Module:
+    """Fill a whole model the way ranks fill their parts (the reference for tests)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(source.tensor(name, param.shape).to(param.dtype))
+    return model.eval()

@@ -1,0 +1,213 @@
+"""The launcher without running MPI: dry runs, the rank table and hostfile, and every refusal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from runtime_fixtures import LOCALHOST, REPO, decoder_plan, graph_plan, save_config, tiny_gpt2
+
+from llm_planner.launch import LaunchError, describe_result, format_rank_table, hostfile_text, launch_plan, parse_prompt_ids
+from llm_planner.runtime.table import RankTableError, load_rank_table
+
+UNEVEN = {"embed": 0, "block.0": 1, "block.3": 2, "lm_head": 3}  # embed | block.0-2 | block.3 + final_norm | lm_head
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory) -> Path:
+    return save_config(tiny_gpt2(), tmp_path_factory.mktemp("gpt2"))
+
+
+@pytest.fixture(scope="module")
+def plan4(gpt2_dir, tmp_path_factory) -> Path:
+    return decoder_plan(tmp_path_factory.mktemp("plan") / "plan.yaml", gpt2_dir, [UNEVEN])
+
+
+def test_dry_run_writes_hostfile_and_rank_table_and_builds_the_command(plan4, tmp_path):
+    result = launch_plan(plan4, dry_run=True, workdir=str(tmp_path / "w"), prompt_ids=[[1, 2, 3]], max_new_tokens=4)
+    assert result.ok and result.returncode is None and result.report is None
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    assert result.command[:5] == (str(mpiexec), "-f", result.hostfile_path, "-n", "4")
+    assert result.command[5:] == (sys.executable, "-m", "mpi4py", "-m", "llm_planner.runtime", result.rank_table_path)
+    assert Path(result.hostfile_path).read_text() == "localhost:4\n"
+    table = load_rank_table(result.rank_table_path)
+    assert table == result.rank_table
+    assert [(r.rank, r.device, r.tasks["0"]) for r in table.ranks] == [
+        (0, "localhost/cpu-core:0", ["embed"]),
+        (1, "localhost/cpu-core:1", ["block.0", "block.1", "block.2"]),
+        (2, "localhost/cpu-core:2", ["block.3", "final_norm"]),
+        (3, "localhost/cpu-core:3", ["lm_head"]),
+    ]
+    assert table.run.workload == "decoder" and table.run.prompt_ids == [[1, 2, 3]] and table.run.max_new_tokens == 4
+    assert Path(table.run.report_path) == (tmp_path / "w" / "run.json").resolve()
+    text = format_rank_table(table)
+    assert "block.0, block.1, block.2" in text.splitlines()[2]
+    assert (tmp_path / "w" / "command.txt").read_text().strip() == result.command_line
+    assert describe_result(result) == f"{result.command_line}\n\n{text}"
+
+
+def test_workdir_defaults_next_to_the_report(plan4, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = launch_plan(plan4, dry_run=True, report_path="out/run.json")
+    assert Path(result.workdir) == (tmp_path / "out" / "plan.launch").resolve()
+    assert Path(result.report_path) == (tmp_path / "out" / "run.json").resolve()
+    assert Path(launch_plan(plan4, dry_run=True).workdir) == (tmp_path / "launch" / "plan").resolve()
+
+
+def test_default_prompts_are_one_per_planned_sample_and_seeded(plan4, tmp_path):
+    a = launch_plan(plan4, dry_run=True, workdir=str(tmp_path / "a")).rank_table.run.prompt_ids
+    b = launch_plan(plan4, dry_run=True, workdir=str(tmp_path / "b")).rank_table.run.prompt_ids
+    assert a == b and len(a) == 1 and len(a[0]) == 8 and all(0 <= t < 128 for t in a[0])
+
+
+def test_a_rank_count_other_than_the_devices_used_is_refused_before_start(plan4, tmp_path):
+    with pytest.raises(LaunchError, match="the plan uses 4 devices, so it runs on 4 ranks, not 3"):
+        launch_plan(plan4, num_ranks=3, workdir=str(tmp_path / "w"))
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_node_without_hostname_is_refused(gpt2_dir, tmp_path):
+    data = yaml.safe_load(LOCALHOST.read_text())
+    del data["nodes"][0]["hostname"]
+    cluster = tmp_path / "nohost.yaml"
+    cluster.write_text(yaml.safe_dump(data))
+    plan = decoder_plan(tmp_path / "p.yaml", gpt2_dir, [UNEVEN], cluster=cluster)
+    with pytest.raises(LaunchError, match=r"nohost.yaml: nodes\[0\].hostname: missing for node 'localhost'"):
+        launch_plan(plan, dry_run=True, workdir=str(tmp_path / "w"))
+
+
+def test_more_ranks_than_slots_is_refused(gpt2_dir, tmp_path):
+    data = yaml.safe_load(LOCALHOST.read_text())
+    data["nodes"][0]["slots"] = 2
+    cluster = tmp_path / "slots.yaml"
+    cluster.write_text(yaml.safe_dump(data))
+    plan = decoder_plan(tmp_path / "p.yaml", gpt2_dir, [UNEVEN], cluster=cluster)
+    with pytest.raises(LaunchError, match=r"nodes\[0\].slots: node 'localhost' has 2 MPI slots but the plan puts 4 ranks on it"):
+        launch_plan(plan, dry_run=True, workdir=str(tmp_path / "w"))
+
+
+def test_two_nodes_give_one_hostfile_line_each_and_ranks_grouped_by_host(gpt2_dir, tmp_path):
+    data = yaml.safe_load(LOCALHOST.read_text())
+    data["nodes"] = [{"name": "srv", "count": 2, "hostname": "srv{i}.example", "devices": {"cpu-core": 2}}]
+    data["links"]["inter_node"] = {"bw_bytes_per_s": "1 GB/s"}
+    cluster = tmp_path / "two.yaml"
+    cluster.write_text(yaml.safe_dump(data))
+    layout = {"embed": 2, "block.0": 0, "block.2": 3, "lm_head": 1}  # srv-1, srv-0, srv-1, srv-0
+    plan = decoder_plan(tmp_path / "p.yaml", gpt2_dir, [layout], cluster=cluster)
+    table = launch_plan(plan, dry_run=True, workdir=str(tmp_path / "w")).rank_table
+    assert hostfile_text(table) == "srv0.example:2\nsrv1.example:2\n"
+    assert [(r.rank, r.hostname, r.device) for r in table.ranks] == [
+        (0, "srv0.example", "srv-0/cpu-core:0"), (1, "srv0.example", "srv-0/cpu-core:1"),
+        (2, "srv1.example", "srv-1/cpu-core:0"), (3, "srv1.example", "srv-1/cpu-core:1"),
+    ]
+
+
+def test_gpu_devices_map_to_cuda_indices_in_node_order(gpt2_dir, tmp_path):
+    cluster = REPO / "cluster_specs" / "cpu-two-gpus.yaml"
+    plan = decoder_plan(tmp_path / "p.yaml", gpt2_dir, [{"embed": 0, "block.1": 2, "block.3": 1}], cluster=cluster)
+    table = launch_plan(plan, dry_run=True, workdir=str(tmp_path / "w")).rank_table
+    assert [(r.device, r.device_type, r.gpu_index) for r in table.ranks] == [
+        ("workstation/epyc-7543:0", "cpu", None), ("workstation/a100-40g-pcie:0", "gpu", 0), ("workstation/t4:0", "gpu", 1),
+    ]
+    assert "cuda:1" in format_rank_table(table)
+
+
+def test_a_checkpoint_of_another_model_is_refused(plan4, tmp_path):
+    other = save_config(tiny_gpt2(n_layer=6), tmp_path / "other")
+    with pytest.raises(LaunchError, match=f"another model than checkpoint {other}: num_layers: plan 4 vs checkpoint 6"):
+        launch_plan(plan4, dry_run=True, checkpoint=str(other), workdir=str(tmp_path / "w"))
+    with pytest.raises(LaunchError, match="has no config.json"):
+        launch_plan(plan4, dry_run=True, checkpoint=str(tmp_path), workdir=str(tmp_path / "w"))
+
+
+def test_a_plan_whose_tasks_are_not_the_models_is_refused(plan4, gpt2_dir, tmp_path):
+    bad = yaml.safe_load(plan4.read_text())
+    for shard in bad["shards"]:
+        shard["assignment"]["block.9"] = shard["assignment"].pop("block.3")
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(LaunchError, match=r"shards\[0\]: the plan does not match the model .*missing tasks \['block.3'\], unknown tasks \['block.9'\]"):
+        launch_plan(path, dry_run=True, workdir=str(tmp_path / "w"))
+    sub = decoder_plan(tmp_path / "sub.yaml", gpt2_dir, [{"embed": 0}], granularity="sublayer")
+    with pytest.raises(LaunchError, match="'block' granularity plans only"):
+        launch_plan(sub, dry_run=True, workdir=str(tmp_path / "w"))
+
+
+def test_decoder_families_the_runtime_cannot_build_are_refused(tmp_path):
+    from transformers import OPTConfig
+
+    opt = save_config(OPTConfig(num_hidden_layers=2, hidden_size=32, ffn_dim=64, num_attention_heads=4, vocab_size=128,
+                                max_position_embeddings=64, word_embed_proj_dim=32), tmp_path / "opt")
+    plan = decoder_plan(tmp_path / "p.yaml", opt, [{"embed": 0}])
+    with pytest.raises(LaunchError, match="model type 'opt': the runtime runs gpt2, llama decoders"):
+        launch_plan(plan, dry_run=True, workdir=str(tmp_path / "w"))
+
+
+def test_graph_plans_run_the_graph_workload_and_must_name_the_models_tasks(tmp_path):
+    plan = graph_plan(tmp_path / "rwnn.yaml", "rwnn-ws-2x6", batch=3, num_devices=3, shards=2)
+    table = launch_plan(plan, dry_run=True, workdir=str(tmp_path / "w")).rank_table
+    assert table.run.workload == "graph" and table.world_size == 3 and table.run.prompt_ids == []
+    assert [sorted(r.tasks) for r in table.ranks] == [["0", "1"]] * 3
+    bad = yaml.safe_load(plan.read_text())
+    bad["shards"][1]["assignment"]["s0_n9"] = bad["shards"][1]["assignment"].pop("s0_n5")
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(LaunchError, match=r"shards\[1\]: the plan's tasks are not the model's \(missing \['s0_n5'\], unknown \['s0_n9'\]\)"):
+        launch_plan(path, dry_run=True, workdir=str(tmp_path / "w"))
+
+
+def test_plans_from_graph_files_cannot_be_launched(plan4, tmp_path):
+    data = yaml.safe_load(plan4.read_text())
+    data["inputs"]["model"] = {"graph": "some.json"}
+    path = tmp_path / "graph.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(LaunchError, match=r"inputs.model: plans made from a graph file \(some.json\) describe no runnable model"):
+        launch_plan(path, dry_run=True, workdir=str(tmp_path / "w"))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prompt_ids": [[1, 200]]}, r"prompt_ids\[0\]: token ids \[200\] are outside the vocabulary \[0, 128\)"),
+        ({"prompt_ids": [[1], []]}, r"prompt_ids\[1\]: empty prompt"),
+        ({"prompt_ids": [[1] * 60], "max_new_tokens": 8}, "60 prompt \\+ 8 new tokens exceed the model's 64 positions"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be >= 1"),
+        ({"timeout_s": 0}, "timeout must be > 0"),
+        ({"micro_batches": 0}, "micro_batches must be >= 1"),
+        ({"fail_rank": 4}, r"fail_rank 4 is not a rank of this run \(0..3\)"),
+    ],
+)
+def test_bad_run_options_are_refused(plan4, tmp_path, kwargs, message):
+    with pytest.raises(LaunchError, match=message):
+        launch_plan(plan4, dry_run=True, workdir=str(tmp_path / "w"), **kwargs)
+
+
+def test_parse_prompt_ids():
+    assert parse_prompt_ids("464,3290,318") == [464, 3290, 318]
+    with pytest.raises(LaunchError, match="expected comma-separated token ids"):
+        parse_prompt_ids("464;3290")
+    with pytest.raises(LaunchError, match="no token ids"):
+        parse_prompt_ids(",")
+
+
+def test_rank_table_errors_name_the_file(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": "llm_planner.rank_table", "version": 1, "ranks": [{"rank": 1}], "run": {}}))
+    with pytest.raises(RankTableError, match="t.json: malformed rank table"):
+        load_rank_table(path)
+    path.write_text("{}")
+    with pytest.raises(RankTableError, match="t.json: not a rank table"):
+        load_rank_table(path)
+
+
+def test_a_decoder_dry_run_imports_neither_mpi4py_nor_torch(plan4, tmp_path):
+    code = (
+        "import sys\nfrom llm_planner.launch import launch_plan\n"
+        f"assert launch_plan({str(plan4)!r}, dry_run=True, workdir={str(tmp_path)!r}).ok\n"
+        "bad = [m for m in ('mpi4py', 'torch', 'transformers') if m in sys.modules]\nassert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

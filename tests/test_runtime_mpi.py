@@ -1,0 +1,148 @@
+"""Real runs with mpiexec on localhost ranks: the pipelined model against the whole model.
+
+Each test starts one `mpiexec` (2 to 4 ranks, one CPU core each in the
+localhost cluster) through llm_planner.launch, with a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from runtime_fixtures import decoder_plan, graph_plan, save_config, tiny_gpt2, tiny_llama
+
+from llm_planner.launch import launch_plan
+from llm_planner.runtime import gpt
+from llm_planner.runtime import graph as rg
+
+pytestmark = pytest.mark.mpi
+TIMEOUT_S = 150.0
+
+
+def _whole_tokens(config, prompts, steps, *, seed=0, checkpoint=None):
+    config = gpt.prepare_config(config)
+    source = gpt.weight_source(config, checkpoint=checkpoint, seed=seed)
+    return gpt.generate_whole(gpt.build_whole_model(config, source), config, prompts, steps)
+
+
+def _ok(result):
+    assert result.ok, f"{result.error}\n{result.stderr_tail}"
+    return result.report
+
+
+def test_gpt2_on_four_ranks_split_unevenly_matches_generate(tmp_path):
+    config = tiny_gpt2()
+    model_dir = save_config(config, tmp_path / "gpt2")
+    layout = {"embed": 0, "block.0": 1, "block.3": 2, "lm_head": 3}  # embed | blocks 0-2 | block 3 + final_norm | lm_head
+    plan = decoder_plan(tmp_path / "plan.yaml", model_dir, [layout])
+    prompts = [[5, 6, 7, 9, 10], [1, 2], [3, 4, 5]]  # uneven lengths: left padding and a 2D mask
+    report = _ok(launch_plan(plan, prompt_ids=prompts, max_new_tokens=10, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S))
+    assert report["tokens"] == _whole_tokens(config, prompts, 10)
+    ranks = report["ranks"]
+    assert [sorted(r["tasks"]) for r in ranks] == [["embed"], ["block.0", "block.1", "block.2"], ["block.3", "final_norm"], ["lm_head"]]
+    assert all(calls == 10 for r in ranks for calls in r["task_calls"].values())
+    assert [r["weights"]["tensors"] for r in ranks] == [2, 36, 14, 1]  # each rank drew only its own parameters
+    sends = {(r["rank"], t["peer"]) for r in ranks for t in r["transfers"] if t["direction"] == "send"}
+    assert sends == {(0, 1), (1, 2), (2, 3), (3, 0)}
+    for r in ranks:
+        assert r["total_s"] >= r["compute_s"] + r["comm_s"] - 1e-6
+
+
+def test_llama_throughput_plan_with_shards_and_micro_batches_matches_generate(tmp_path):
+    config = tiny_llama()
+    model_dir = save_config(config, tmp_path / "llama")
+    shard0 = {"embed": 0, "block.0": 1, "block.3": 0, "lm_head": 2}  # 0 -> 1 -> 0 -> 2: rank 0 holds two stages
+    shard1 = {"embed": 2, "block.2": 1, "final_norm": 0}  # lm_head on rank 0, embed on rank 2
+    plan = decoder_plan(tmp_path / "plan.yaml", model_dir, [shard0, shard1], shard_sizes=[2, 2], objective="throughput")
+    prompts = [[3 + i, 7, 11 + i, 2 * i + 1] for i in range(6)]
+    report = _ok(launch_plan(plan, prompt_ids=prompts, max_new_tokens=8, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S))
+    streams = report["streams"]
+    assert [s["shard"] for s in streams] == [0, 0, 0, 1, 1, 1]  # 3 requests per shard, one micro-batch per stage
+    expected: list = [None] * len(prompts)
+    for s in streams:
+        for request, row in zip(s["requests"], _whole_tokens(config, [prompts[i] for i in s["requests"]], 8)):
+            expected[request] = row
+    assert report["tokens"] == expected
+    assert len({tuple(t) for t in expected}) > 1
+
+
+def test_checkpoint_directory_loaded_per_rank_gives_the_same_tokens(tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    config = gpt.prepare_config(tiny_gpt2(n_layer=3))
+    torch.manual_seed(1)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "ckpt")
+    plan = decoder_plan(tmp_path / "plan.yaml", tmp_path / "ckpt", [{"embed": 0, "block.1": 1}])  # lm_head (tied) on rank 1
+    prompts = [[464 % 128, 3290 % 128, 318 % 128]]
+    result = launch_plan(plan, checkpoint=str(tmp_path / "ckpt"), prompt_ids=prompts, max_new_tokens=12,
+                         report_path=str(tmp_path / "run.json"), workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S)
+    report = _ok(result)
+    assert Path(result.report_path) == (tmp_path / "run.json").resolve()
+    assert report["tokens"] == _whole_tokens(config, prompts, 12, checkpoint=str(tmp_path / "ckpt"))
+    weights = [r["weights"] for r in report["ranks"]]
+    assert [w["source"] for w in weights] == ["checkpoint", "checkpoint"]
+    assert [w["tensors"] for w in weights] == [2 + 12, 2 * 12 + 2 + 1]  # wte, wpe, block 0 | blocks 1-2, ln_f, tied head
+
+
+def test_resnet18_split_across_three_ranks_matches_the_whole_model(tmp_path):
+    plan = graph_plan(tmp_path / "plan.yaml", "resnet18", batch=2, num_devices=3)
+    result = launch_plan(plan, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S)
+    report = _ok(result)
+    gm, example = rg.build_graph_model({"name": "resnet18", "seed": 0, "dtype": "fp32"})
+    with torch.no_grad():
+        expected = gm(rg.make_batch(example, 2, seed=0))
+    output = torch.load(report["output_path"])
+    assert output.shape == (2, 1000) and report["output"]["shape"] == [2, 1000]
+    assert torch.allclose(output, expected, rtol=1e-4, atol=1e-5)
+    assert len(report["ranks"]) == 3 and all(r["compute_s"] > 0 for r in report["ranks"])
+
+
+def test_rwnn_split_across_three_ranks_in_two_shards_matches_the_whole_model(tmp_path):
+    plan = graph_plan(tmp_path / "plan.yaml", "rwnn-ws-2x6", batch=3, num_devices=3, shards=2)
+    report = _ok(launch_plan(plan, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S))
+    gm, example = rg.build_graph_model({"name": "rwnn-ws-2x6", "seed": 0, "dtype": "fp32"})
+    with torch.no_grad():
+        expected = gm(rg.make_batch(example, 3, seed=0))
+    assert torch.allclose(torch.load(report["output_path"]), expected, rtol=1e-4, atol=1e-5)
+    assert all(len(r["transfers"]) > 0 for r in report["ranks"])
+
+
+@pytest.fixture(scope="module")
+def small_plan(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("small")
+    model_dir = save_config(tiny_gpt2(n_layer=2), tmp / "gpt2")
+    return decoder_plan(tmp / "plan.yaml", model_dir, [{"embed": 0, "block.1": 1}])
+
+
+def test_a_rank_that_raises_stops_every_rank_within_10_s_with_its_message(small_plan, tmp_path):
+    result = launch_plan(small_plan, prompt_ids=[[1, 2]], max_new_tokens=4, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S, fail_rank=1)
+    ended = time.time()
+    assert not result.ok and result.returncode != 0
+    assert result.error.startswith("rank 1 (localhost/cpu-core:1): InjectedFailure: rank 1 (localhost/cpu-core:1) fails on purpose")
+    failed_at = (tmp_path / "w" / "error.rank1.txt").stat().st_mtime
+    assert ended - failed_at < 10.0
+    assert result.report is None
+
+
+def test_mpiexec_with_another_rank_count_is_refused_before_the_run(small_plan, tmp_path):
+    dry = launch_plan(small_plan, dry_run=True, workdir=str(tmp_path / "w"))
+    command = [str(Path(sys.executable).parent / "mpiexec"), "-n", "3", *dry.command[5:]]
+    start = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0
+    assert "the rank table has 2 ranks (one per device the plan uses) but mpiexec started 3; start it with -n 2" in proc.stderr
+    assert time.perf_counter() - start < 30.0
+    assert "RankCountError" in (tmp_path / "w" / "error.rank0.txt").read_text()
+
+
+def test_the_timeout_bounds_the_whole_run(small_plan, tmp_path):
+    start = time.perf_counter()
+    result = launch_plan(small_plan, prompt_ids=[[1, 2]], max_new_tokens=4, workdir=str(tmp_path / "w"), timeout_s=1.0)
+    assert not result.ok
+    assert "exceeded its timeout of 1 s" in result.error
+    assert time.perf_counter() - start < 20.0
