@@ -90,6 +90,16 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show-cluster", help="devices, links and symmetry classes of a cluster spec")
     p.add_argument("cluster")
 
+    p = sub.add_parser("compare-symmetry", help="solve one instance under every symmetry criterion, exact MILP and MILP-SPLIT")
+    _add_model_args(p)
+    p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--max-shards", type=int, default=None, help="data parallelism: at most this many shards (default: number of devices)")
+    p.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (default: 60)")
+    p.add_argument("--solvers", default="milp,milp-split", help="comma-separated solvers to compare (default: milp,milp-split)")
+    p.add_argument("--solver-backend", choices=("highs", "gurobi"), default="highs")
+    p.add_argument("--out-dir", default=".", help="where to write symmetry.csv and symmetry.png (default: .)")
+
     p = sub.add_parser("launch", help="run a plan with mpiexec, one rank per device")
     p.add_argument("plan")
     p.add_argument("--dry-run", action="store_true", help="print the command and rank table, start nothing")

@@ -187,3 +187,31 @@ def cmd_launch(args: argparse.Namespace, console: Console) -> int:
     if result.ok and not args.dry_run:
         console.print(f"run report written to [bold]{result.report_path}[/] in {fmt_s(time.perf_counter() - started)}")
     return 0 if result.ok else 1
+
+
+def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
+    from llm_planner import study
+    from llm_planner.pipeline import problem_from_inputs
+
+    problem = problem_from_inputs(
+        cluster_path=args.cluster, model=_model_spec(args), graph_path=args.graph,
+        objective=args.objective, batch_size=args.batch, max_shards=args.max_shards,
+    )
+    solvers = tuple(s.strip() for s in args.solvers.split(",") if s.strip())
+    with console.status("solving...") as status:
+        rows = study.compare_symmetry(problem, time_limit_s=args.time_limit, solvers=solvers, backend=args.solver_backend,
+                                      progress=lambda msg: status.update(f"solving: {msg}"))
+    unit = "s/sample" if problem.objective == "throughput" else "s"
+    table = Table(title=f"symmetry breaking: {problem.graph.name} on {problem.cluster.name}, {problem.objective}, batch {problem.batch_size}")
+    for col in ("criterion", "solver", f"objective ({unit})", "lower bound", "gap", "solve time", "status", "B&B nodes"):
+        table.add_column(col, justify="left" if col in ("criterion", "solver", "status") else "right")
+    for r in rows:
+        table.add_row(r.criterion, r.solver, fmt_s(r.objective_s), fmt_s(r.lower_bound_s), f"{r.gap:.2%}", fmt_s(r.time_s), r.status,
+                      "-" if r.nodes is None else str(r.nodes))
+    console.print(table)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    study.write_csv(rows, out / "symmetry.csv")
+    study.write_bar_chart(rows, out / "symmetry.png", title=table.title)
+    console.print(f"wrote {out / 'symmetry.csv'} and {out / 'symmetry.png'}")
+    return 0

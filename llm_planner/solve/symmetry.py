@@ -120,3 +120,36 @@ def canonical_permutation(problem: PlacementProblem, classes: SymmetryClasses, c
 
 def apply_permutation(assignments: list[list[int]], perm: np.ndarray) -> list[list[int]]:
     return [[int(perm[k]) for k in a] for a in assignments]
+
+
+def measure_terms(form, k: int, criterion: str) -> list[tuple[int, float]]:
+    """m(k) as MILP terms over the Formulation's variables (x, y, durations)."""
+    p = form.p
+    terms: list[tuple[int, float]] = []
+    for s in range(form.S):
+        for i in range(form.N):
+            if not p.supported[i, k]:
+                continue
+            x = int(form.x[s, i, k])
+            if criterion == "task":
+                terms.append((x, 1.0))
+            elif criterion == "batch":
+                terms.append((x, float(form.Q)) if form.fixed else (int(form.y[s, i, k]), 1.0))
+            else:
+                terms += form.dur[(s, i, k)]
+    return terms
+
+
+def symmetry_rows(form, classes: SymmetryClasses, criterion: str) -> list[tuple[list[tuple[int, float]], float, float]]:
+    """m(k_a) - m(k_b) >= 0 for consecutive members of each device class, and the same
+    for the server sums of each server class.  Rows: classes.num_rows."""
+    measure = {k: measure_terms(form, k, criterion) for k in range(form.K)}
+    rows = []
+    for members in classes.devices:
+        for a, b in zip(members, members[1:]):
+            rows.append((measure[a] + [(c, -v) for c, v in measure[b]], 0.0, float("inf")))
+    for servers in classes.servers:
+        for first, second in zip(servers, servers[1:]):
+            terms = [t for k in first for t in measure[k]] + [(c, -v) for k in second for c, v in measure[k]]
+            rows.append((terms, 0.0, float("inf")))
+    return rows
