@@ -8,9 +8,9 @@ that changed since it was made.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from llm_planner.fileio import read_document
 from llm_planner.graph.ir import GraphError, TaskGraph, graph_from_dict
 from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.plan import PlanInputs
@@ -26,13 +26,7 @@ def load_graph_file(path: str | Path) -> tuple[TaskGraph, ClusterSpec | None]:
     """Read a task graph JSON file; workload files also define their own devices."""
     from llm_planner.graph import workloads
 
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise GraphError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise GraphError(f"{path}: not valid JSON: {exc}") from None
+    data = read_document(path, GraphError)
     if workloads.is_workload(data):
         return workloads.workload_from_dict(data, source=str(path))
     return graph_from_dict(data, source=str(path)), None

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from llm_planner.fileio import read_document
+
 PLAN_FORMAT = "llm_planner.plan"
 PLAN_VERSION = 1
 
@@ -170,13 +172,7 @@ def plan_from_dict(data: Any, source: str = "<memory>") -> Plan:
 
 
 def load_plan(path: str | Path) -> Plan:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise PlanError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise PlanError(f"{path}: not valid YAML: {exc}") from None
+    data = read_document(path, PlanError)
     return plan_from_dict(data, source=str(path))
 
 

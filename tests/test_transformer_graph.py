@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from llm_planner.graph import transformer as tr
 from llm_planner.graph.ir import GraphError, graph_from_dict
-from llm_planner.graph.models import DTYPE_BYTES
 
 PRESETS = [name for name, _ in tr.preset_descriptions()]
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import networkx as nx
 
+from llm_planner.fileio import read_document
+
 GRAPH_FORMAT = "llm_planner.graph"
 GRAPH_VERSION = 1
 
@@ -239,11 +241,5 @@ def _checked_fields(kw: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def load_graph_json(path: str | Path) -> TaskGraph:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise GraphError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise GraphError(f"{path}: not valid JSON: {exc}") from None
+    data = read_document(path, GraphError)
     return graph_from_dict(data, source=str(path))

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llm_planner.fileio import read_document
 from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
 from llm_planner.spec import ClusterSpec, DeviceKindSpec, LinkSpec, NodeSpec
 
@@ -275,11 +276,5 @@ def workload_from_dict(data: Any, source: str = "<memory>") -> tuple[TaskGraph, 
 
 def load_workload(path: str | Path) -> tuple[TaskGraph, ClusterSpec]:
     """Read a dnn-partitioning JSON file."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise GraphError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise GraphError(f"{path}: not valid JSON: {exc}") from None
+    data = read_document(path, GraphError)
     return workload_from_dict(data, source=str(path))

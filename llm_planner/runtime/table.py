@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llm_planner.fileio import read_document
+
 RANK_TABLE_FORMAT = "llm_planner.rank_table"
 RANK_TABLE_VERSION = 1
 WORKLOADS = ("decoder", "graph")
@@ -99,11 +101,5 @@ def rank_table_from_dict(data: Any, source: str = "<memory>") -> RankTable:
 
 
 def load_rank_table(path: str | Path) -> RankTable:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise RankTableError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise RankTableError(f"{path}: not valid JSON: {exc}") from None
+    data = read_document(path, RankTableError)
     return rank_table_from_dict(data, source=str(path))
