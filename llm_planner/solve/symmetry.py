@@ -153,3 +153,21 @@ def symmetry_rows(form, classes: SymmetryClasses, criterion: str) -> list[tuple[
             terms = [t for k in first for t in measure[k]] + [(c, -v) for k in second for c, v in measure[k]]
             rows.append((terms, 0.0, float("inf")))
     return rows
+
+
+def canonical_plan(problem: PlacementProblem, criterion: str, plan):
+    """The same plan with its devices permuted so that it obeys `criterion`'s rows."""
+    from dataclasses import replace
+
+    classes = symmetry_classes(problem.cluster)
+    index = {name: k for k, name in enumerate(problem.device_names)}
+    tasks = [t.name for t in problem.graph.tasks]
+    sizes = list(plan.shard_sizes)
+    assignments = [[index[a[t]] for t in tasks] for a in plan.shard_assignments]
+    perm = canonical_permutation(problem, classes, criterion, sizes, assignments)
+    rename = {name: problem.device_names[perm[k]] for name, k in index.items()}
+    return replace(
+        plan,
+        shard_assignments=tuple({t: rename[d] for t, d in a.items()} for a in plan.shard_assignments),
+        schedule=tuple(replace(s, device=rename[s.device]) for s in plan.schedule),
+    )
