@@ -1,0 +1,270 @@
+"""The exact MILP for placement, data parallelism and scheduling: `solve_milp(problem, options)`.
+
+Sets and data (all from the PlacementProblem): tasks i in V, edges e = (u, v) in E,
+devices k in K, K_i the devices that can run i; a batch of Q samples cut into at
+most S shards s; t(i,k,b) = max_j (f_ikj + g_ikj b) for b >= 1 (0 for b = 0), the
+task time; c(e,k,l,b) = F_ekl + G_ekl b the transfer time (0 when k = l); W_i
+weight bytes, m_i bytes per sample, cap_k device memory.
+
+Variables: x[s,i,k] in {0,1} (task i of shard s on device k, only k in K_i);
+b_s in {0..Q} shard size and u_s in {0,1} shard used (S > 1 only; with S = 1,
+b_1 = Q is a constant); y[s,i,k] = b_s x[s,i,k]; latency: start[s,i] >= 0,
+o_pq in {0,1}, makespan C; throughput: max load T.
+
+ (1) assignment     sum_{k in K_i} x[s,i,k] = u_s                          for all s, i
+ (2) shard sizes    sum_s b_s = Q;  u_s <= b_s <= Q u_s;  b_1 >= b_2 >= ... >= b_S
+                    (empty shards allowed, sizes ordered to break shard symmetry)
+ (3) McCormick      y <= Q x;  y <= b_s;  y >= b_s - Q (1 - x);  y >= 0
+                    (exact because x is binary: y = b_s when x = 1, else 0)
+ (4) task time      time_k(s,i) = t(i,k,Q) x[s,i,k]                          if S = 1,
+                    time_k(s,i) = d[s,i,k] >= f_ikj x[s,i,k] + g_ikj y[s,i,k]  for all j otherwise
+                    (one inequality per roofline piece; exact since t is the max of its pieces and
+                    d only pushes the objective up); time(s,i) = sum_k time_k(s,i)
+ (5) precedence     start[s,v] >= start[s,u] + time(s,u) + w[s,e]           for all s, e = (u, v)
+                    w[s,e] >= F_ekl (x[s,u,k] + x[s,v,l] - 1) + G_ekl (b_s - Q (2 - x[s,u,k] - x[s,v,l]))
+                    for k != l; when c is the same on every link this is
+                    w[s,e] >= F (x[s,u,k] - x[s,v,k]) + G (b_s - Q (1 - x[s,u,k] + x[s,v,k])) for all k
+ (6) no overlap     for items p = (s,i), q = (s',j) that share a device and are not ordered by a
+                    path (i.e. not s = s' with i ->* j or j ->* i), for each common device k:
+                    start_q >= start_p + time_k(p) - H (1 - o_pq) - H (2 - x_pk - x_qk)
+                    start_p >= start_q + time_k(q) - H o_pq       - H (2 - x_pk - x_qk)
+                    with H an upper bound on the optimal makespan (the warm start's, else the
+                    serial time); C <= H
+ (7) makespan       C >= start[s,i] + time(s,i)                             for every sink i
+ (8) memory         sum_i W_i h[i,k] + sum_{s,i} m_i y[s,i,k] <= cap_k,  h[i,k] >= x[s,i,k]
+                    (weights once per device whatever the number of shards, per-sample memory per
+                    shard; only where memory counts on k; h = x when S = 1)
+ (9) colocation     x[s,i,k] = x[s,j,k] for tasks i, j of one colocation group
+(10) loads          T >= sum_{s,i} time_k(s,i) + charges_k                  for all k
+                    direct model: every cut edge's transfer time is charged to both its ends;
+                    host-staged model (imported workloads): an accelerator pays hop_u b_s once for
+                    each of its tasks u with a successor elsewhere, and once for each outside task u
+                    with a successor on it; a CPU pays no transfers. Each charge is a variable
+                    bounded below by the (5)-style linearisation of "u on k and v not on k".
+(11) contiguity     (throughput, --contiguous) z[s,i,k] >= x[s,i,k]; z[s,w,k] >= z[s,v,k] and
+                    x[s,w,k] <= x[s,v,k] + 1 - z[s,v,k] for every edge (v, w): z marks what is
+                    reachable from device k's tasks, and nothing reachable that left k may come
+                    back, so each device's task set is contiguous (Tarnawski et al., NeurIPS 2020).
+(12) objective      latency: min C;  throughput: min T (objective_s = T / Q seconds per sample)
+
+Throughput models have no start times and no ordering variables (only (1)-(4),
+(8)-(11)): that is what makes graphs of hundreds of tasks solvable.
+
+Solution path: the best baseline plan is the warm start; the backend (HiGHS by
+default, Gurobi on request, llm_planner.solve.backends) returns the incumbent
+and its dual bound; the assignment and, for latency, each device's order (by
+start time) go to schedule.make_plan, which recomputes start times as soon as
+possible, so the plan's objective can only be <= the MILP's; when the solver
+proved optimality the two must agree (an internal invariant). The plan carries
+the better of the solver's dual bound and solve.bounds.lower_bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from llm_planner.fmt import fmt_bytes
+from llm_planner.plan import Plan
+from llm_planner.solve.backends import BackendError, BackendOptions, BackendResult, solve_model
+from llm_planner.solve.milp_model import Formulation
+from llm_planner.solve.options import SolveOptions
+from llm_planner.solve.problem import PlacementProblem, ProblemError
+from llm_planner.solve.schedule import make_plan, with_bound
+from llm_planner.solve.symmetry import CRITERIA, canonical_plan
+
+log = logging.getLogger(__name__)
+
+OBJECTIVE_SCALE = 100.0  # the model's time unit makes the reference objective about this...
+MAX_SCALED_TIME = 1e7  # ...unless that would make some task or transfer time larger than this
+# Relative tolerance, on top of the solver's gap, between the MILP's objective and the schedule's:
+# the backends accept binaries within 1e-6 of integral, and the big-M rows multiply that by
+# a few times the objective.
+AGREEMENT_TOL = 1e-4
+
+
+def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
+    """Solve the MILP of the module docstring; SolveError for an infeasible instance or unusable backend."""
+    from llm_planner.solve.api import SolveError
+    from llm_planner.solve.bounds import lower_bound
+
+    started = time.perf_counter()
+    options = options.check()
+    if options.contiguous and problem.objective != "throughput":
+        raise ProblemError("the contiguous restriction (--contiguous) applies to the throughput objective only")
+    warm = _warm_start_plan(problem)
+    unit_s, horizon = _scales(problem, warm)
+    form = Formulation(problem, contiguous=options.contiguous, unit_s=unit_s, horizon=horizon, symmetry=options.symmetry)
+    model = form.build()
+    log.info("milp: %d variables (%d integer), %d rows, %d nonzeros", model.num_cols, model.num_integer, model.num_rows, model.matrix.nnz)
+    backend_options = BackendOptions(
+        time_limit_s=options.time_limit_s, rel_gap=options.rel_gap, threads=options.threads,
+        seed=options.seed, allow_fallback=options.allow_backend_fallback, detect_symmetry=options.symmetry == "solver",
+    )
+    if warm is not None and options.symmetry in CRITERIA:
+        warm = canonical_plan(problem, options.symmetry, warm)  # a warm start that obeys the symmetry rows
+    start_values = warm_start_values(form, warm) if warm is not None else None
+    try:
+        result = solve_model(model, options.backend, backend_options, start_values)
+    except BackendError as exc:
+        raise SolveError(str(exc)) from None
+    if result.status == "infeasible":
+        assert warm is None or options.contiguous, "the MILP rejects a feasible warm start: formulation bug"
+        raise SolveError(_infeasible_message(problem, options))
+    if result.values is None:
+        raise SolveError(f"the MILP found no feasible plan within the time limit of {options.time_limit_s:g} s "
+                         f"(status {result.status}); raise --time-limit")
+    plan = _plan_from_solution(problem, form, result, model, started, options, warm)
+    return with_bound(plan, lower_bound(problem))
+
+
+def _warm_start_plan(problem: PlacementProblem) -> Plan | None:
+    """The better of the best baseline and (throughput) the contiguous split; None if neither fits."""
+    from llm_planner.solve.baselines import best_baseline
+    from llm_planner.solve.milp_warm import contiguous_split
+
+    plans = [p for p in (best_baseline(problem), contiguous_split(problem)) if p is not None]
+    return min(plans, key=lambda p: p.objective_s, default=None)
+
+
+def _scales(problem: PlacementProblem, warm: Plan | None) -> tuple[float, float]:
+    """(model time unit in seconds, horizon H in model units)."""
+    from llm_planner.solve.bounds import task_times
+
+    full = np.where(problem.supported, task_times(problem, problem.batch_size), 0.0)
+    comm = problem.comm_fixed + problem.comm_slope * problem.batch_size
+    serial_s = problem.max_shards * (full.max(axis=1).sum() + (comm.max(axis=(1, 2)).sum() if problem.num_edges else 0.0))
+    warm_s = None
+    if warm is not None:
+        warm_s = warm.objective_s * (problem.batch_size if problem.objective == "throughput" else 1.0)
+    reference = warm_s if warm_s else serial_s
+    largest_s = max(float(full.max(initial=0.0)), float(comm.max(initial=0.0)))
+    unit_s = max(reference / OBJECTIVE_SCALE, largest_s / MAX_SCALED_TIME)
+    if not (np.isfinite(unit_s) and unit_s > 1e-300):  # all times zero (or denormal): any unit will do
+        unit_s = 1.0
+    horizon_s = min(serial_s, warm_s * (1 + 1e-6)) if warm_s is not None and problem.objective == "latency" else serial_s
+    return unit_s, max(horizon_s / unit_s, 1e-9)
+
+
+def warm_start_values(form: Formulation, plan: Plan) -> dict[int, float] | None:
+    """Integer variables (x, b, u, o) of a plan; the backend completes the continuous ones."""
+    p = form.p
+    if len(plan.shard_sizes) > form.S:
+        return None
+    task = {t.name: i for i, t in enumerate(p.graph.tasks)}
+    dev = {n: k for k, n in enumerate(p.device_names)}
+    order = sorted(range(len(plan.shard_sizes)), key=lambda s: -plan.shard_sizes[s])  # sizes must decrease
+    values: dict[int, float] = {int(c): 0.0 for c in form.x.ravel()}
+    for new, old in enumerate(order):
+        for name, device in plan.shard_assignments[old].items():
+            values[int(form.x[new, task[name], dev[device]])] = 1.0
+    if not form.fixed:
+        for s in range(form.S):
+            size = plan.shard_sizes[order[s]] if s < len(order) else 0
+            values[int(form.size[s])] = float(size)
+            values[int(form.active[s])] = float(size > 0)
+    if form.latency:
+        shard_of = {old: new for new, old in enumerate(order)}
+        start = {(shard_of[st.shard], task[st.task]): (st.start_s, st.finish_s) for st in plan.schedule}
+        for n, (s, i, s2, j) in enumerate(form.pairs):
+            first = start.get((s, i), (math.inf, math.inf)) <= start.get((s2, j), (math.inf, math.inf))
+            values[int(form.order[n])] = float(first)
+    return values
+
+
+def read_solution(form: Formulation, values: np.ndarray) -> tuple[list[int], list[list[int]], dict[int, list[tuple[int, int]]] | None]:
+    """(shard sizes, per-shard device of every task, latency: each device's (shard, task) order)."""
+    p = form.p
+    sizes = [form.Q] if form.fixed else [int(round(values[c])) for c in form.size]
+    x = np.where(p.supported[None], values[form.x], -1.0)
+    assignments = [[int(np.argmax(x[s, i])) for i in range(form.N)] for s in range(form.S)]
+    if not form.latency:
+        return sizes, assignments, None
+    return sizes, assignments, _device_orders(form, values, sizes, assignments)
+
+
+def _device_orders(form: Formulation, values: np.ndarray, sizes: list[int], assignments: list[list[int]]) -> dict[int, list[tuple[int, int]]]:
+    """Each device's items sorted by (start, finish, topological position, shard).
+
+    Starts are first pushed forward along edges (start_v >= finish_u + transfer) to
+    undo the solver's feasibility tolerance; then the order is one global order
+    consistent with the task graph, so the device orders can never form a cycle.
+    """
+    p = form.p
+    index = {t.name: i for i, t in enumerate(p.graph.tasks)}
+    topo = [index[n] for n in p.graph.topological_order()]
+    position = {i: n for n, i in enumerate(topo)}
+    in_edges = p.in_edges()
+    keys = []
+    for s, b in enumerate(sizes):
+        if b <= 0:
+            continue
+        a = assignments[s]
+        start, finish = {}, {}
+        for v in topo:
+            ready = max((finish[int(p.edge_src[e])] + p.transfer_time(e, a[int(p.edge_src[e])], a[v], b) for e in in_edges[v]), default=0.0)
+            start[v] = max(float(values[form.start[s, v]]), ready)
+            finish[v] = start[v] + p.task_time(v, a[v], b)
+            keys.append((start[v], finish[v], position[v], s, v))
+    orders: dict[int, list[tuple[int, int]]] = {k: [] for k in range(form.K)}
+    for _, _, _, s, v in sorted(keys):
+        orders[assignments[s][v]].append((s, v))
+    return orders
+
+
+def _plan_from_solution(
+    problem: PlacementProblem, form: Formulation, result: BackendResult, model, started: float, options: SolveOptions, warm: Plan | None
+) -> Plan:
+    sizes, assignments, orders = read_solution(form, result.values)
+    per = problem.batch_size if problem.objective == "throughput" else 1
+    milp_s = result.objective * form.unit / per
+    bound_s = result.dual_bound * form.unit / per
+    details = {
+        "num_vars": model.num_cols, "num_integer": model.num_integer, "num_rows": model.num_rows, "nonzeros": int(model.matrix.nnz),
+        "nodes": result.nodes, "mip_gap": _gap(milp_s, bound_s), "milp_objective_s": milp_s, "solve_time_s": result.time_s,
+        "contiguous": bool(options.contiguous),
+        "warm_start": warm.solver.name if warm is not None else "",
+        "warm_start_objective_s": warm.objective_s if warm is not None else None,
+    }
+    if result.note:
+        details["backend_note"] = result.note
+    plan = make_plan(
+        problem, sizes, assignments, solver="milp", status=result.status, started_at=started,
+        lower_bound_s=max(0.0, bound_s), backend=result.backend, details=details, device_orders=orders,
+    )
+    _check_agreement(problem, plan, milp_s, bound_s, result.status, options)
+    if plan.lower_bound_s > plan.objective_s:  # above the plan by float noise only (checked above)
+        plan = replace(plan, lower_bound_s=plan.objective_s)
+    return plan
+
+
+def _gap(objective: float, bound: float) -> float:
+    return max(0.0, (objective - bound) / objective) if objective > 0 else 0.0
+
+
+def _check_agreement(problem: PlacementProblem, plan: Plan, milp_s: float, bound_s: float, status: str, options: SolveOptions) -> None:
+    """The schedule's objective is never above the MILP's; at a proven optimum they agree."""
+    tol = AGREEMENT_TOL * max(abs(milp_s), 1e-12)
+    assert plan.objective_s <= milp_s + tol, f"schedule objective {plan.objective_s} above the MILP's {milp_s}: formulation bug"
+    assert bound_s <= plan.objective_s + tol + 1e-9 * abs(bound_s), f"dual bound {bound_s} above a feasible plan's {plan.objective_s}"
+    if status == "optimal":
+        assert plan.objective_s >= milp_s * (1 - options.rel_gap) - tol, (
+            f"schedule objective {plan.objective_s} below the proven optimum {milp_s}: formulation bug")
+    elif plan.objective_s < milp_s - tol:
+        log.info("milp: the ASAP schedule improves the solver's incumbent %.6g s to %.6g s", milp_s, plan.objective_s)
+
+
+def _infeasible_message(problem: PlacementProblem, options: SolveOptions) -> str:
+    from llm_planner.solve.baselines import infeasibility_reason
+
+    why = infeasibility_reason(problem)
+    if "heuristics" in why:  # every task fits somewhere and the total suffices: the packing itself fails
+        caps = ", ".join(f"{n} {fmt_bytes(c)}" for n, c in zip(problem.device_names, problem.mem_capacity))
+        why = (f"each task fits on some device and the devices' total memory suffices, but no assignment "
+               f"packs the tasks into the devices ({caps})")
+    extra = " with each device's tasks contiguous (--contiguous)" if options.contiguous else ""
+    return f"the MILP proved that no placement fits in device memory{extra}: {why}"
