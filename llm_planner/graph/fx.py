@@ -39,6 +39,7 @@ element size (BatchNorm's int64 `num_batches_tracked` counts 8 bytes).
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Iterable
 
@@ -286,6 +287,7 @@ def build_resnet(name: str, seed: int = 0, *, dtype: str = "fp32") -> tuple[nn.M
     return model, gm, TaskGraph(name=name, tasks=graph.tasks, edges=graph.edges, meta=meta), example
 
 
+@functools.lru_cache(maxsize=8)  # deterministic (seeded) and immutable: trace once per process
 def build_resnet_graph(name: str, dtype: str = "fp16") -> TaskGraph:
     """The task graph of a ResNet preset (one task per conv / BN / activation / add)."""
     if name not in RESNET_NAMES:

@@ -1,0 +1,84 @@
+"""The command line end to end: plan -> verify -> show, for GPT-3 175B and ResNet-50 with every
+baseline (and MILP-SPLIT for GPT-3); clear errors with exit code 2 for bad input."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from llm_planner.cli import main
+from llm_planner.solve.api import BASELINES
+
+GPT3 = ["--cluster", "cluster_specs/gpt3-six-servers.yaml", "--model", "gpt3-175b", "--batch", "8"]
+RESNET = ["--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "resnet50", "--batch", "4"]
+
+
+@pytest.fixture(autouse=True)
+def _at_repo(repo, monkeypatch):
+    monkeypatch.chdir(repo)
+
+
+@pytest.mark.parametrize("model_args", [GPT3, RESNET], ids=["gpt3-175b", "resnet50"])
+@pytest.mark.parametrize("solver", BASELINES)
+def test_baseline_plans_verify(model_args, solver, tmp_path, capsys):
+    out = tmp_path / "plan.yaml"
+    assert main(["plan", *model_args, "--solver", solver, "--no-baselines", "-o", str(out)]) == 0
+    data = yaml.safe_load(out.read_text())
+    for key in ("objective_s", "lower_bound_s", "gap", "assignment"):
+        assert key in data
+    assert data["lower_bound_s"] <= data["objective_s"] * (1 + 1e-9)
+    assert main(["verify", str(out)]) == 0
+    assert "valid" in capsys.readouterr().out
+
+
+def test_milp_split_gpt3_plan_verifies_and_shows(tmp_path, capsys):
+    out = tmp_path / "plan.yaml"
+    assert main(["plan", *GPT3, "--solver", "milp-split", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "milp-split" in printed and "baseline:heft" in printed
+    assert main(["verify", str(out)]) == 0
+    gantt = tmp_path / "gantt.png"
+    assert main(["show", str(out), "--gantt", str(gantt)]) == 0
+    assert gantt.stat().st_size > 1000
+    assert "memory used" in capsys.readouterr().out
+
+
+def test_tampered_plan_is_rejected(tmp_path, capsys):
+    out = tmp_path / "plan.yaml"
+    assert main(["plan", *GPT3, "--solver", "heft", "--no-baselines", "-o", str(out)]) == 0
+    data = yaml.safe_load(out.read_text())
+    data["objective_s"] *= 0.5
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["verify", str(out)]) == 1
+    assert "objective" in capsys.readouterr().out
+
+
+def test_model_that_does_not_fit_names_the_shortfall(capsys):
+    code = main(["plan", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt3-175b", "--solver", "milp-split", "-o", "/dev/null"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "short by" in err and "GB" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["plan", "--cluster", "cluster_specs/nope.yaml", "--model", "gpt2"], "nope.yaml: cannot read"),
+        (["plan", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt9"], "unknown model 'gpt9'"),
+        (["plan", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt2", "--batch", "0"], "batch size must be >= 1"),
+        (["plan", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt2", "--time-limit", "-1"], "time limit"),
+        (["verify", "cluster_specs/cpu-two-gpus.yaml"], "not a plan file"),
+        (["plan", "--model", "gpt2"], "--cluster is required"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_models_lists_presets(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for name in ("gpt3-175b", "llama2-70b", "opt-66b", "resnet50", "rwnn-ws-3x32"):
+        assert name in out
