@@ -72,6 +72,7 @@ class TaskGraph:
     edges: tuple[Edge, ...]
     meta: tuple[tuple[str, Any], ...] = ()
     _index: dict = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    _topo: tuple[str, ...] | None = field(default=None, init=False, compare=False, repr=False)  # topological_order, once computed
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_index", {t.name: i for i, t in enumerate(self.tasks)})
@@ -98,8 +99,10 @@ class TaskGraph:
         return g
 
     def topological_order(self) -> list[str]:
-        """Tasks in a deterministic topological order (ties broken by position)."""
-        return list(nx.lexicographical_topological_sort(self.to_networkx(), key=self._index.__getitem__))
+        """Tasks in a deterministic topological order (ties broken by position); computed once."""
+        if self._topo is None:
+            object.__setattr__(self, "_topo", tuple(nx.lexicographical_topological_sort(self.to_networkx(), key=self._index.__getitem__)))
+        return list(self._topo)
 
     @property
     def has_explicit_costs(self) -> bool:

@@ -213,6 +213,7 @@ def _solve_highs(model: LinearModel, options: BackendOptions, warm_start: dict[i
     h.setOptionValue("mip_feasibility_tolerance", INTEGRALITY_TOL)
     h.setOptionValue("mip_detect_symmetry", bool(options.detect_symmetry))
     if options.threads > 0:
+        h.resetGlobalScheduler(True)  # HiGHS keeps one thread pool per process, sized by the first solve
         h.setOptionValue("threads", int(options.threads))
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = model.num_cols, model.num_rows

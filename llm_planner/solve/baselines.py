@@ -33,6 +33,8 @@ All use one shard except "data-parallel".
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import logging
 import math
 import time
@@ -225,15 +227,49 @@ def _upward_ranks(problem: PlacementProblem, batch: int) -> np.ndarray:
     return rank
 
 
-def _earliest_slot(busy: list[tuple[float, float, int]], ready: float, duration: float) -> tuple[float, int]:
-    """Insertion policy: the earliest start >= ready in a gap of `busy` (sorted) that fits."""
-    prev_end = 0.0
-    for pos, (start, end, _) in enumerate(busy):
-        begin = max(ready, prev_end)
-        if begin + duration <= start and begin < start:  # strict: a zero-length task never jumps a task at its start time
-            return begin, pos
-        prev_end = max(prev_end, end)
-    return max(ready, prev_end), len(busy)
+class _Slots:
+    """One device's busy slots (start, end, task), sorted by start, for HEFT's insertion policy.
+
+    Slots never overlap, so their ends are sorted too. Starts and ends are also kept in
+    arrays (with room to grow), so that a long list of slots is searched in numpy.
+    """
+
+    VECTOR_FROM = 64  # search this many slots or more with numpy
+
+    def __init__(self) -> None:
+        self.busy: list[tuple[float, float, int]] = []
+        self.starts, self.ends = np.zeros(16), np.zeros(16)
+
+    def earliest(self, ready: float, duration: float) -> tuple[float, int]:
+        """The earliest start >= ready in a gap that fits the task, and the slot position there."""
+        busy = self.busy
+        first = bisect.bisect_right(busy, ready, key=lambda slot: slot[0])  # gaps before `first` end by `ready`
+        prev_end = busy[first - 1][1] if first else 0.0
+        n = len(busy)
+        if n - first >= self.VECTOR_FROM:
+            starts = self.starts[first:n]
+            begin = np.maximum(ready, np.concatenate(([prev_end], self.ends[first : n - 1])))
+            fits = (begin + duration <= starts) & (begin < starts)
+            if fits.any():
+                pos = int(np.argmax(fits))
+                return float(begin[pos]), first + pos
+            return max(ready, busy[-1][1]), len(busy)
+        for pos in range(first, len(busy)):
+            start, end, _ = busy[pos]
+            begin = max(ready, prev_end)
+            if begin + duration <= start and begin < start:  # strict: a zero-length task never jumps a task at its start time
+                return begin, pos
+            prev_end = max(prev_end, end)
+        return max(ready, prev_end), len(busy)
+
+    def insert(self, pos: int, start: float, end: float, task: int) -> None:
+        n = len(self.busy)
+        self.busy.insert(pos, (start, end, task))
+        if n == len(self.starts):
+            self.starts, self.ends = np.concatenate((self.starts, self.starts)), np.concatenate((self.ends, self.ends))
+        for arr, value in ((self.starts, start), (self.ends, end)):
+            arr[pos + 1 : n + 1] = arr[pos:n]  # numpy copies overlapping slices correctly
+            arr[pos] = value
 
 
 def _heft(problem: PlacementProblem) -> Result | None:
@@ -242,12 +278,13 @@ def _heft(problem: PlacementProblem) -> Result | None:
     topo_pos = {i: pos for pos, i in enumerate(_topo(problem))}
     in_edges, out_edges = problem.in_edges(), problem.out_edges()
     waiting = [len(in_edges[i]) for i in range(n)]
-    ready_set = {i for i in range(n) if waiting[i] == 0}
+    ready_heap = [(-rank[i], topo_pos[i], i) for i in range(n) if waiting[i] == 0]  # highest rank first
+    heapq.heapify(ready_heap)
     assign, finish = [-1] * n, [0.0] * n
-    busy: list[list[tuple[float, float, int]]] = [[] for _ in range(problem.num_devices)]
-    while ready_set:
-        i = max(ready_set, key=lambda j: (rank[j], -topo_pos[j]))
-        ready_set.remove(i)
+    slots = [_Slots() for _ in range(problem.num_devices)]
+    times = _times(problem, q).tolist()  # t(i, k, q), as problem.task_time computes it
+    while ready_heap:
+        i = heapq.heappop(ready_heap)[2]
         if assign[i] >= 0:
             candidates = [assign[i]]  # a later member of a placed colocation group
         else:
@@ -255,8 +292,8 @@ def _heft(problem: PlacementProblem) -> Result | None:
         best: tuple[float, int, float, int] | None = None  # (finish, device, start, position)
         for k in candidates:
             ready = max((finish[int(problem.edge_src[e])] + problem.transfer_time(e, assign[int(problem.edge_src[e])], k, q) for e in in_edges[i]), default=0.0)
-            start, pos = _earliest_slot(busy[k], ready, problem.task_time(i, k, q))
-            end = start + problem.task_time(i, k, q)
+            start, pos = slots[k].earliest(ready, times[i][k])
+            end = start + times[i][k]
             if best is None or end < best[0]:
                 best = (end, k, start, pos)
         if best is None:
@@ -267,13 +304,13 @@ def _heft(problem: PlacementProblem) -> Result | None:
             for m in units[i]:
                 assign[m] = k
         finish[i] = end
-        busy[k].insert(pos, (start, end, i))
+        slots[k].insert(pos, start, end, i)
         for e in out_edges[i]:
             v = int(problem.edge_dst[e])
             waiting[v] -= 1
             if waiting[v] == 0:
-                ready_set.add(v)
-    orders = {k: [(0, i) for _, _, i in slots] for k, slots in enumerate(busy) if slots}
+                heapq.heappush(ready_heap, (-rank[v], topo_pos[v], v))
+    orders = {k: [(0, i) for _, _, i in dev.busy] for k, dev in enumerate(slots) if dev.busy}
     return [q], [assign], orders
 
 

@@ -1,11 +1,13 @@
 """Warm starts for the exact MILP, beyond the baselines of solve.baselines.
 
-`contiguous_split` (throughput only) cuts a topological order of the tasks into
-intervals, one per device, with the largest target load bisected down: a good
-incumbent for max-load problems whose optimum is (close to) a pipeline, and a
-contiguous one, so it also starts the --contiguous model. On the dnn-partitioning
-throughput inputs it lands within 0.2% of the published optima in well under a
-second, where the baselines are off by 2x.
+`contiguous_split` (throughput only) cuts one topological order of the tasks into
+intervals, at most one per device: a greedy with a bisected target load, then
+the exact dynamic program over that order. The result is a good incumbent for
+max-load problems whose optimum is close to a pipeline, and a contiguous one, so
+it also starts the --contiguous model. On the dnn-partitioning inputs
+LayerGraphs/bert24_inference and resnet50_inference it finds 17.7899 and
+33.7747, the optima of that paper's dynamic program over all contiguous splits,
+in under a second; the best baselines give 21.56 and 68.21.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from llm_planner.plan import Plan
 from llm_planner.solve.bounds import task_times
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import device_loads, make_plan
+
 
 def contiguous_split(problem: PlacementProblem) -> Plan | None:
     """Throughput warm start: a topological order cut into intervals, at most one per device.

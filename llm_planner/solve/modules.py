@@ -13,12 +13,14 @@ Multi-channel regions. Where no single task separates the graph (residual
 connections spanning blocks, randomly wired stages) the region between two
 consecutive cuts is one module, however many tasks it holds: we merge rather
 than carry several devices in the DP state, since the state would grow as
-|K|^(cut width) and cut widths of randomly wired stages reach dozens. A size
-cap then splits a module that is too large for the exact MILP into chunks of
-consecutive tasks in topological order ("chunks"); the tensors crossing a chunk
-boundary are many, so chunks are solved one after the other with the devices of
-earlier chunks fixed (rolling horizon), which is where the split can lose
-optimality even without memory limits (docs/milp-split.md).
+|K|^(cut width) and cut widths of randomly wired stages reach dozens. MILP-SPLIT
+keeps such modules whole (split.SplitContext passes no size cap) and plans the
+ones above SolveOptions.max_module_tasks by HEFT and local search instead of the
+exact MILP (split_subsolve.py), which is where the split can lose optimality
+even without memory limits (docs/milp-split.md). `split_modules` can also cut
+oversize modules into chunks of consecutive tasks in topological order; a chunk
+boundary is then crossed by many tensors, of which a chunk's subproblem sees
+only those leaving the previous chunk's last task, so chunk costs are estimates.
 
 Identical modules (the blocks of a transformer, repeated CNN stages) get the
 same structural signature (the task and edge costs in module order), so a

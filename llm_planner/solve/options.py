@@ -19,7 +19,7 @@ class SolveOptions:
     symmetry: str = "none"  # symmetry breaking: one of SYMMETRY_CHOICES
     contiguous: bool = False  # throughput: each device's task set is contiguous
     workers: int = 0  # MILP-SPLIT: processes for subproblems; 0 = all cores
-    max_module_tasks: int = 40  # MILP-SPLIT: cap on tasks in one module
+    max_module_tasks: int = 20  # MILP-SPLIT: larger modules are planned by HEFT + local search instead of the exact MILP
     verify: bool = True  # run the independent verifier on the plan before returning it
 
     def check(self) -> "SolveOptions":

@@ -67,6 +67,8 @@ def asap_schedule(
                 raise ScheduleError(f"device orders miss task {problem.graph.tasks[it[1]].name!r} of shard {it[0]}")
             waiting[it] += 1 if position[it][1] > 0 else 0
     ranks = {s: upward_rank(problem, assignments[s], shard_sizes[s]) for s, b in enumerate(shard_sizes) if b > 0}
+    if device_orders is None:
+        return _list_schedule(problem, shard_sizes, assignments, ranks, waiting)
     data_ready = {it: 0.0 for it in items}
     device_free = np.zeros(problem.num_devices)
     start, finish = {}, {}
@@ -105,6 +107,59 @@ def asap_schedule(
                 heapq.heappush(heap, (ready_at, -ranks[it[0]][it[1]], it[0], it[1]))
     if len(start) != len(items):
         raise ScheduleError("the device orders contradict the task graph (a cycle between devices)")
+    return start, finish
+
+
+def _list_schedule(
+    problem: PlacementProblem,
+    shard_sizes: list[int],
+    assignments: Assignment,
+    ranks: dict[int, np.ndarray],
+    waiting: dict[tuple[int, int], int],
+) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
+    """asap_schedule without device orders: repeatedly start the ready item of least
+    (earliest start, -upward rank, shard, task), its earliest start being
+    max(its device free, its data there).
+
+    Per device, ready items wait in `pending` (by data-ready time) until the device
+    is free by then, and in `avail` (by rank) after; the choice is the best head over
+    devices, so each item moves through the heaps once: O(items (devices + log items)).
+    """
+    num_k, out_edges = problem.num_devices, problem.out_edges()
+    pending: list[list[tuple[float, float, int, int]]] = [[] for _ in range(num_k)]
+    avail: list[list[tuple[float, int, int]]] = [[] for _ in range(num_k)]
+    device_free = [0.0] * num_k
+    data_ready = {it: 0.0 for it in waiting}
+    for (s, i), count in waiting.items():
+        if count == 0:
+            heapq.heappush(pending[assignments[s][i]], (0.0, -ranks[s][i], s, i))
+    start, finish = {}, {}
+    while True:
+        best: tuple[tuple[float, float, int, int], int] | None = None
+        for k in range(num_k):
+            pend, ready = pending[k], avail[k]
+            while pend and pend[0][0] <= device_free[k]:
+                heapq.heappush(ready, heapq.heappop(pend)[1:])
+            head = (device_free[k], *ready[0]) if ready else (pend[0] if pend else None)
+            if head is not None and (best is None or head < best[0]):
+                best = (head, k)
+        if best is None:
+            break
+        (_, _, s, i), k = best
+        now = max(device_free[k], data_ready[(s, i)])
+        heapq.heappop(avail[k] if avail[k] else pending[k])
+        if not problem.supported[i, k]:
+            raise ScheduleError(f"task {problem.graph.tasks[i].name!r} cannot run on {problem.devices[k].name}")
+        start[(s, i)] = now
+        finish[(s, i)] = device_free[k] = now + problem.task_time(i, k, shard_sizes[s])
+        for e in out_edges[i]:
+            v = int(problem.edge_dst[e])
+            arrive = finish[(s, i)] + problem.transfer_time(e, k, assignments[s][v], shard_sizes[s])
+            data_ready[(s, v)] = max(data_ready[(s, v)], arrive)
+            waiting[(s, v)] -= 1
+            if waiting[(s, v)] == 0:
+                heapq.heappush(pending[assignments[s][v]], (data_ready[(s, v)], -ranks[s][v], s, v))
+    assert len(start) == len(waiting), "a task never became ready in an acyclic graph"
     return start, finish
 
 

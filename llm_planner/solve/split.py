@@ -88,38 +88,83 @@ class SplitContext:
         self.cache: dict[tuple, subsolve.SubSolution] = {}
         self.num_requested = 0
         self._times: dict[int, np.ndarray] = {}
+        # (module, input device, output device) -> a module solution taken from a whole-graph plan;
+        # used where it beats the subproblem's own, for the full batch on all devices
+        self.seeds: dict[tuple[int, int | None, int], subsolve.SubSolution] = {}
 
     def costs(self, j: int, allowed: np.ndarray, batch: int, inputs: list[int | None]) -> CostTable:
         """Module j's spans for every input device in `inputs` and every usable output device."""
         p, module = self.problem, self.modules[j]
-        outs = [l for l in range(p.num_devices) if allowed[l] and p.supported[module.tasks[-1], l]]
+        outs = self._outs(j, allowed)
         self.num_requested += len(inputs) * len(outs)
         if len(module.tasks) == 1:
             cost = self._one_task_costs(module, inputs, outs, batch)
             return CostTable(inputs=inputs, outs=outs, cost=cost, bound=cost, solutions=None)
-        symmetric = bool(allowed.all())
-        rep: dict[tuple, tuple] = {}
-        jobs: dict[tuple, tuple] = {}
-        keyed = []
-        for k in inputs:
-            for l in outs:
-                pk = subsolve.pair_key(p, self.classes, k, l) if symmetric else (k, l)
-                key = (module.signature, pk, allowed.tobytes(), batch)
-                rep.setdefault(key, (k, l))
-                keyed.append((k, l, key))
-                if key not in self.cache and key not in jobs:
-                    jobs[key] = (module, k, l, allowed, batch)
-        self.cache.update(subsolve.solve_many(p, jobs, self.options))
+        keyed, rep, jobs, bound_from = self._jobs(j, allowed, batch, inputs)
+        self._solve(jobs, bound_from)
         solutions = {}
+        seeded = bool(allowed.all()) and batch == p.batch_size
         for k, l, key in keyed:
             sol = self.cache[key]
             src = rep[key]
             if src != (k, l) and sol.devices:
                 sol = subsolve.map_solution(sol, subsolve.device_permutation(p, src, (k, l)))
+            seed = self.seeds.get((j, k, l)) if seeded else None
+            if seed is not None and seed.cost_s < sol.cost_s:
+                sol = replace(seed, bound_s=min(sol.bound_s, seed.cost_s))  # the pair's bound stays valid
             solutions[(k, l)] = sol
         cost = np.array([[solutions[(k, l)].cost_s for l in outs] for k in inputs]).reshape(len(inputs), len(outs))
         bound = np.array([[solutions[(k, l)].bound_s for l in outs] for k in inputs]).reshape(len(inputs), len(outs))
         return CostTable(inputs=inputs, outs=outs, cost=cost, bound=bound, solutions=solutions)
+
+    def prefetch(self, allowed: np.ndarray, batch: int) -> None:
+        """Solve every subproblem the DP over `allowed` can ask for, in one batch of jobs
+        (keeps the pool busy instead of waiting for it module by module)."""
+        jobs: dict[tuple, tuple] = {}
+        bound_from: dict[tuple, tuple] = {}
+        for j, module in enumerate(self.modules):
+            if len(module.tasks) > 1:
+                inputs = [None] if module.input_task is None else [k for k in self._outs(j - 1, allowed)]
+                _, _, more, shared = self._jobs(j, allowed, batch, inputs, skip=jobs)
+                jobs.update(more)
+                bound_from.update(shared)
+        self._solve(jobs, bound_from)
+
+    def _outs(self, j: int, allowed: np.ndarray) -> list[int]:
+        """Devices that may run module j's output cut."""
+        last = self.modules[j].tasks[-1]
+        return [l for l in range(self.problem.num_devices) if allowed[l] and self.problem.supported[last, l]]
+
+    def _jobs(self, j: int, allowed: np.ndarray, batch: int, inputs: list[int | None], skip: dict | None = None):
+        """Subproblem keys of module j for each (input, output) pair, the pair each key is
+        solved for, the jobs not yet solved, and for each job the job whose bound it shares
+        (the bound of a HEFT module does not depend on the input device)."""
+        p, module = self.problem, self.modules[j]
+        symmetric = bool(allowed.all())
+        rep: dict[tuple, tuple] = {}
+        jobs: dict[tuple, tuple] = {}
+        bound_from: dict[tuple, tuple] = {}
+        owners: dict[object, tuple] = {}
+        keyed = []
+        for k in inputs:
+            for l in self._outs(j, allowed):
+                pk = subsolve.pair_key(p, self.classes, k, l) if symmetric else (k, l)
+                key = (module.signature, pk, allowed.tobytes(), batch)
+                rep.setdefault(key, (k, l))
+                keyed.append((k, l, key))
+                if key not in self.cache and key not in jobs and (skip is None or key not in skip):
+                    jobs[key] = (module, k, l, allowed, batch)
+                    bound_from[key] = owners.setdefault(self.classes[l] if symmetric else l, key)
+        return keyed, rep, jobs, bound_from
+
+    def _solve(self, jobs: dict[tuple, tuple], bound_from: dict[tuple, tuple]) -> None:
+        skip = frozenset(key for key, owner in bound_from.items() if key != owner)
+        solved = subsolve.solve_many(self.problem, jobs, self.options, skip_bound=skip)
+        for key in skip:
+            if solved[key].method.startswith("heft"):
+                shared = solved[bound_from[key]].bound_s
+                solved[key] = replace(solved[key], bound_s=min(shared if np.isfinite(shared) else 0.0, solved[key].cost_s))
+        self.cache.update(solved)
 
     def _one_task_costs(self, module: Module, inputs: list[int | None], outs: list[int], batch: int) -> np.ndarray:
         """Closed form for a module of one task c: max over edges u->c of c(e, k, l, b), plus t(c, l, b)."""
@@ -222,6 +267,7 @@ def latency_chain(ctx: SplitContext, batch: int, allowed: np.ndarray) -> tuple[l
     """Module solutions of the DP with memory repair, or None when nothing fits."""
     m = len(ctx.modules)
     allowed_from = [allowed.copy() for _ in range(m)]
+    ctx.prefetch(allowed, batch)
     prefix: list[subsolve.SubSolution] = []
     prefix_cost, start, init = 0.0, 0, {None: 0.0}
     for _ in range(ctx.problem.num_devices + 1):
@@ -270,9 +316,37 @@ def assemble(ctx: SplitContext, sols: list[subsolve.SubSolution]) -> tuple[list[
     return assign, orders
 
 
+def seed_from_plan(ctx: SplitContext, plan: Plan) -> None:
+    """Offer each multi-task module's part of a one-shard plan (a baseline's) to the DP.
+
+    Modules never overlap in time (every task of module j runs after cut c_{j-1} and
+    before c_j finishes), so the part of module j spans finish(c_j) - finish(c_{j-1})
+    in that plan, for its devices of c_{j-1} and c_j. The DP then mixes these parts
+    with the subproblems' solutions, module by module, and cannot end above the plan
+    where memory does not bind.
+    """
+    if len(plan.shard_sizes) != 1:
+        return
+    p = ctx.problem
+    index = {t.name: i for i, t in enumerate(p.graph.tasks)}
+    dev = {name: k for k, name in enumerate(p.device_names)}
+    assign = [dev[plan.shard_assignments[0][t.name]] for t in p.graph.tasks]
+    start, finish = {}, {}
+    for st in plan.schedule:
+        start[index[st.task]], finish[index[st.task]] = st.start_s, st.finish_s
+    for j, module in enumerate(ctx.modules):
+        if len(module.tasks) == 1:
+            continue
+        k = assign[module.input_task] if module.input_task is not None else None
+        l = assign[module.tasks[-1]]
+        span = finish[module.tasks[-1]] - (finish[module.input_task] if module.input_task is not None else 0.0)
+        order = sorted(range(len(module.tasks)), key=lambda n: (start[module.tasks[n]], finish[module.tasks[n]], n))
+        ctx.seeds[(j, k, l)] = subsolve.seeded_solution(p, module, k, l, p.batch_size, [assign[t] for t in module.tasks], order, span)
+
+
 def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
     """MILP-SPLIT for both objectives; see the module docstring."""
-    from llm_planner.solve.baselines import best_baseline
+    from llm_planner.solve.baselines import run_all_baselines
     from llm_planner.solve.bounds import lower_bound
     from llm_planner.solve.split_groups import data_parallel_plans
     from llm_planner.solve.split_throughput import throughput_plan
@@ -281,7 +355,12 @@ def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
     ctx = SplitContext(problem, options)
     candidates: list[Plan] = []
     details = {"modules": len(ctx.modules), "distinct_modules": len({m.signature for m in ctx.modules})}
+    baselines = [b for b in run_all_baselines(problem).values() if b is not None]
+    baseline = min(baselines, key=lambda b: b.objective_s, default=None)
     if problem.objective == "latency":
+        one_shard = [b for b in baselines if len(b.shard_sizes) == 1]
+        if one_shard:
+            seed_from_plan(ctx, min(one_shard, key=lambda b: b.objective_s))
         found = latency_chain(ctx, problem.batch_size, np.ones(problem.num_devices, dtype=bool))
         if found is not None:
             assign, orders = assemble(ctx, found[0])
@@ -290,7 +369,6 @@ def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
         candidates += data_parallel_plans(ctx, started)
     else:
         candidates += throughput_plan(ctx, started)
-    baseline = best_baseline(problem)
     bound = lower_bound(problem)
     if problem.objective == "latency" and (problem.max_shards == 1 or problem.batch_size == 1):
         bound = max(bound, chain_bound(ctx, problem.batch_size))
@@ -298,7 +376,7 @@ def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
         subproblems_requested=ctx.num_requested,
         subproblems_solved=sum(1 for s in ctx.cache.values() if s.method != "closed-form"),
         subproblems_closed_form=sum(1 for s in ctx.cache.values() if s.method == "closed-form"),
-        subproblems_not_optimal=sum(1 for s in ctx.cache.values() if s.method in ("milp", "heft")),
+        subproblems_not_optimal=sum(1 for s in ctx.cache.values() if s.method not in ("closed-form", "milp-optimal", "infeasible")),
     )
     if not candidates and baseline is None:
         from llm_planner.solve.api import SolveError

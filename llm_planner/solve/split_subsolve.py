@@ -11,6 +11,7 @@ over by the device permutation that maps one pair onto the other.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -90,8 +91,19 @@ def device_permutation(problem: PlacementProblem, src: tuple[int | None, int], d
     return perm
 
 
-def solve_subproblem(problem: PlacementProblem, module: Module, k: int | None, l: int, allowed: np.ndarray, batch: int, options: SolveOptions) -> SubSolution:
-    """One module for one (input device, output device) pair."""
+def solve_subproblem(problem: PlacementProblem, module: Module, k: int | None, l: int, allowed: np.ndarray, batch: int,
+                     options: SolveOptions, *, with_bound: bool = True) -> SubSolution:
+    """One module for one (input device, output device) pair.
+
+    Up to options.max_module_tasks tasks: the exact MILP (warm-started by the best
+    baseline, options.time_limit_s). Larger modules: HEFT. A plan not proven optimal
+    (HEFT, or the MILP stopped by its time limit) is then improved by moving tasks
+    (`improve_by_moves`), for modules of at most LOCAL_SEARCH_MAX_TASKS tasks.
+
+    The bound of a HEFT module is solve.bounds.lower_bound of the subproblem, which
+    does not depend on the input device k (the input task takes no time and holds no
+    memory); `with_bound=False` skips it (bound 0) for the caller to share one per l.
+    """
     sub, local = build_subproblem(problem, module.tasks, module.input_task, k, l, allowed, batch)
     if not is_solvable(sub):
         return INFEASIBLE
@@ -115,12 +127,150 @@ def solve_subproblem(problem: PlacementProblem, module: Module, k: int | None, l
         if plan is None:
             return INFEASIBLE
         method = "heft"
-    names = {t.name: n for n, t in enumerate(sub.graph.tasks)}
     dev = {n: k2 for k2, n in enumerate(sub.device_names)}
-    devices = tuple(dev[plan.assignment[sub.graph.tasks[n].name]] for n in range(offset, len(local)))
-    order = tuple(names[s.task] - offset for s in sorted(plan.schedule, key=lambda s: (s.start_s, s.finish_s)) if names[s.task] >= offset)
-    bound = plan.lower_bound_s if method != "heft" else min(lower_bound(sub), plan.objective_s)
-    return SubSolution(cost_s=plan.objective_s, bound_s=bound, devices=devices, order=order, method=method)
+    assign = [dev[plan.assignment[t.name]] for t in sub.graph.tasks]
+    names = {t.name: n for n, t in enumerate(sub.graph.tasks)}
+    order = [names[st.task] for st in sorted(plan.schedule, key=lambda st: (st.start_s, st.finish_s))]
+    cost, bound = plan.objective_s, plan.lower_bound_s
+    if method == "heft":
+        bound = lower_bound(sub) if with_bound else 0.0
+    if method != "milp-optimal" and sub.num_tasks <= LOCAL_SEARCH_MAX_TASKS:
+        moved = improve_by_moves(sub, assign, max(2, LOCAL_SEARCH_WORK // sub.num_tasks))
+        moved_cost, moved_order = _list_scheduled(sub, moved)
+        if moved_cost < cost * (1 - 1e-12):
+            assign, cost, order, method = moved, moved_cost, moved_order, method + "+moves"
+    devices = tuple(assign[n] for n in range(offset, len(local)))
+    order_t = tuple(n - offset for n in order if n >= offset)
+    return SubSolution(cost_s=cost, bound_s=min(bound, cost), devices=devices, order=order_t, method=method)
+
+
+# Local search effort is capped in task-evaluations (evaluations x tasks), not in
+# seconds, so that its result does not depend on the machine's load.
+LOCAL_SEARCH_MAX_TASKS = 1000  # larger modules keep HEFT's plan
+LOCAL_SEARCH_WORK = 10_000  # task-evaluations per subproblem (about 0.3 s)
+
+
+class ListMakespan:
+    """Makespan of an assignment of a one-shard subproblem, list-scheduled exactly as
+    schedule.asap_schedule does without device orders (same upward ranks, same choice
+    rule), with every cost precomputed: the local search's evaluation function."""
+
+    def __init__(self, sub: PlacementProblem):
+        from llm_planner.solve.bounds import task_times
+
+        b, num_k = sub.batch_size, sub.num_devices
+        self.num_tasks, self.num_devices = sub.num_tasks, num_k
+        self.times = task_times(sub, b).tolist()
+        comm = sub.comm_fixed + sub.comm_slope * b
+        comm[:, np.arange(num_k), np.arange(num_k)] = 0.0
+        self.comm = comm.tolist()
+        self.succ: list[list[tuple[int, int]]] = [[] for _ in range(sub.num_tasks)]
+        for e, (u, v) in enumerate(zip(sub.edge_src.tolist(), sub.edge_dst.tolist())):
+            self.succ[u].append((e, v))
+        self.indegree = np.bincount(sub.edge_dst, minlength=sub.num_tasks).tolist()
+        index = {t.name: i for i, t in enumerate(sub.graph.tasks)}
+        self.reverse_topo = [index[name] for name in reversed(sub.graph.topological_order())]
+
+    def __call__(self, a: list[int]) -> float:
+        times, comm, succ = self.times, self.comm, self.succ
+        rank = [0.0] * self.num_tasks
+        for i in self.reverse_topo:
+            tail = 0.0
+            for e, v in succ[i]:
+                tail = max(tail, comm[e][a[i]][a[v]] + rank[v])
+            rank[i] = times[i][a[i]] + tail
+        pending: list[list[tuple[float, float, int]]] = [[] for _ in range(self.num_devices)]
+        avail: list[list[tuple[float, int]]] = [[] for _ in range(self.num_devices)]
+        free, ready, waiting = [0.0] * self.num_devices, [0.0] * self.num_tasks, list(self.indegree)
+        for i in range(self.num_tasks):
+            if waiting[i] == 0:
+                heapq.heappush(pending[a[i]], (0.0, -rank[i], i))
+        makespan = 0.0
+        while True:
+            best, where = None, -1
+            for k in range(self.num_devices):
+                pend, av = pending[k], avail[k]
+                while pend and pend[0][0] <= free[k]:
+                    heapq.heappush(av, heapq.heappop(pend)[1:])
+                head = (free[k], *av[0]) if av else (pend[0] if pend else None)
+                if head is not None and (best is None or head < best):
+                    best, where = head, k
+            if best is None:
+                return makespan
+            i = best[2]
+            heapq.heappop(avail[where] if avail[where] else pending[where])
+            finish = free[where] = max(free[where], ready[i]) + times[i][where]
+            makespan = max(makespan, finish)
+            for e, v in succ[i]:
+                ready[v] = max(ready[v], finish + comm[e][where][a[v]])
+                waiting[v] -= 1
+                if waiting[v] == 0:
+                    heapq.heappush(pending[a[v]], (ready[v], -rank[v], v))
+
+
+def improve_by_moves(sub: PlacementProblem, assign: list[int], max_evaluations: int) -> list[int]:
+    """First-improvement local search: move one task (a whole colocation group) to another
+    device while the list-scheduled makespan drops and memory fits; at most
+    `max_evaluations` schedules. Returns the best assignment found."""
+    makespan = ListMakespan(sub)
+    assign = list(assign)
+    need = np.where(sub.mem_counts, (sub.weight_bytes + sub.mem_bytes_per_sample * sub.batch_size)[:, None], 0.0)
+    used = np.zeros(sub.num_devices)
+    np.add.at(used, assign, need[np.arange(sub.num_tasks), assign])
+    member = {i: [i] for i in range(sub.num_tasks)}
+    for group in sub.colocate_groups():
+        for i in group:
+            member[i] = group
+    best, evaluations, improved = makespan(assign), 1, True
+    while improved and evaluations < max_evaluations:
+        improved = False
+        for i in range(sub.num_tasks):
+            unit, old = member[i], assign[i]
+            if unit[0] != i:
+                continue
+            for k in range(sub.num_devices):
+                if evaluations >= max_evaluations:
+                    break
+                if k == old or not sub.supported[unit, k].all() or used[k] + need[unit, k].sum() > sub.mem_capacity[k]:
+                    continue
+                for m in unit:
+                    assign[m] = k
+                value = makespan(assign)
+                evaluations += 1
+                if value < best * (1 - 1e-12):
+                    best, improved = value, True
+                    used[old] -= need[unit, old].sum()
+                    used[k] += need[unit, k].sum()
+                    old = k
+                else:
+                    for m in unit:
+                        assign[m] = old
+    return assign
+
+
+def seeded_solution(problem: PlacementProblem, module: Module, k: int | None, l: int, batch: int,
+                    devices: list[int], order: list[int], span_s: float) -> SubSolution:
+    """A module's part of a given one-shard plan (its devices, its tasks' positions by start,
+    its span in that plan), improved by moves when that helps."""
+    best = SubSolution(cost_s=span_s, bound_s=0.0, devices=tuple(devices), order=tuple(order), method="baseline")
+    sub, _ = build_subproblem(problem, module.tasks, module.input_task, k, l, np.ones(problem.num_devices, dtype=bool), batch)
+    if sub.num_tasks > LOCAL_SEARCH_MAX_TASKS:
+        return best
+    offset = 1 if module.input_task is not None else 0
+    moved = improve_by_moves(sub, ([k] if offset else []) + list(devices), max(2, LOCAL_SEARCH_WORK // sub.num_tasks))
+    cost, moved_order = _list_scheduled(sub, moved)
+    if cost >= span_s * (1 - 1e-12):
+        return best
+    return SubSolution(cost_s=cost, bound_s=0.0, devices=tuple(moved[offset:]), order=tuple(n - offset for n in moved_order if n >= offset),
+                       method="baseline+moves")
+
+
+def _list_scheduled(sub: PlacementProblem, assign: list[int]) -> tuple[float, list[int]]:
+    """(makespan, tasks by start) of an assignment, by schedule.asap_schedule itself."""
+    from llm_planner.solve.schedule import asap_schedule
+
+    start, finish = asap_schedule(sub, [sub.batch_size], [assign])
+    return max(finish.values()), [i for (_, i) in sorted(start, key=lambda it: (start[it], finish[it], it))]
 
 
 def _closed_form(sub: PlacementProblem, offset: int, l: int, batch: int) -> SubSolution:
@@ -136,8 +286,9 @@ def map_solution(sol: SubSolution, perm: np.ndarray) -> SubSolution:
     return replace(sol, devices=tuple(int(perm[d]) for d in sol.devices))
 
 
-def make_executor(options: SolveOptions, num_jobs: int) -> Executor | None:
-    """A process pool (or an MPI pool when started under mpirun with several ranks); None = serial."""
+def make_executor(options: SolveOptions, num_jobs: int, problem: PlacementProblem) -> Executor | None:
+    """A process pool (or an MPI pool when started under mpirun with several ranks) whose
+    workers receive `problem` once, when they start; None = serial."""
     workers = options.workers or os.cpu_count() or 1
     if num_jobs < 2 or workers < 2:
         return None
@@ -145,31 +296,42 @@ def make_executor(options: SolveOptions, num_jobs: int) -> Executor | None:
         try:
             from mpi4py.futures import MPIPoolExecutor  # lazily: only for planning across cluster nodes
 
-            return MPIPoolExecutor()
+            return MPIPoolExecutor(initializer=_init_worker, initargs=(problem,))
         except ImportError:
             log.warning("running under MPI but mpi4py is missing: solving subproblems on this node only")
-    return ProcessPoolExecutor(max_workers=min(workers, num_jobs))
+    return ProcessPoolExecutor(max_workers=min(workers, num_jobs), initializer=_init_worker, initargs=(problem,))
 
 
-def _job(args: tuple) -> SubSolution:
-    return solve_subproblem(*args)
+_worker_problem: PlacementProblem | None = None  # in a pool worker: the problem its jobs belong to
 
 
-def solve_many(problem: PlacementProblem, jobs: dict[tuple, tuple], options: SolveOptions) -> dict[tuple, SubSolution]:
-    """Solve every job (key -> (module, k, l, allowed, batch)); results by key."""
+def _init_worker(problem: PlacementProblem) -> None:
+    global _worker_problem
+    _worker_problem = problem
+
+
+def _job(args: tuple, with_bound: bool) -> SubSolution:
+    assert _worker_problem is not None, "pool worker started without its problem"
+    return solve_subproblem(_worker_problem, *args, with_bound=with_bound)
+
+
+def solve_many(problem: PlacementProblem, jobs: dict[tuple, tuple], options: SolveOptions,
+               skip_bound: frozenset = frozenset()) -> dict[tuple, SubSolution]:
+    """Solve every job (key -> (module, k, l, allowed, batch)); results by key.
+    Jobs in `skip_bound` leave a HEFT module's bound to the caller."""
     keys = list(jobs)
     heavy = [key for key in keys if len(jobs[key][0].tasks) > 1]
-    executor = make_executor(options, len(heavy))
+    executor = make_executor(options, len(heavy), problem)
     out: dict[tuple, SubSolution] = {}
     if executor is None:
         for key in keys:
-            out[key] = solve_subproblem(problem, *jobs[key], options)
+            out[key] = solve_subproblem(problem, *jobs[key], options, with_bound=key not in skip_bound)
         return out
     with executor:
-        futures = {key: executor.submit(_job, (problem, *jobs[key], options)) for key in heavy}
+        futures = {key: executor.submit(_job, (*jobs[key], options), key not in skip_bound) for key in heavy}
         for key in keys:
             if key not in futures:
-                out[key] = solve_subproblem(problem, *jobs[key], options)
+                out[key] = solve_subproblem(problem, *jobs[key], options, with_bound=key not in skip_bound)
         for key, fut in futures.items():
             out[key] = fut.result()
     return out

@@ -18,6 +18,7 @@ import dataclasses
 import numpy as np
 
 from llm_planner.graph.ir import Task, TaskGraph
+from llm_planner.plan import PlanInputs
 from llm_planner.solve.problem import PlacementProblem
 
 
@@ -70,7 +71,9 @@ def build_subproblem(
         mem_bytes_per_sample=per_sample,
         mem_counts=problem.mem_counts[local],
         hop_s_per_sample=problem.hop_s_per_sample[local],
-        inputs=None,
+        # plans of subproblems are never saved: no graph hash (make_plan would compute one)
+        inputs=PlanInputs(cluster=None, cluster_sha256="", model={"subproblem_of": problem.graph.name}, graph_sha256="",
+                          objective="latency", batch_size=batch, max_shards=1, dtype=problem.dtype),
     )
     return sub, local
 

@@ -1,0 +1,114 @@
+"""MILP-SPLIT's heuristic path: the local search's evaluation equals the scheduler's,
+moves never make a module worse, shared HEFT bounds stay valid, and seeding the DP with
+the best baseline's modules keeps the split at or below that baseline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from planner_instances import clusters, graphs, kind, make_cluster
+from test_split import diamond_chain
+
+from llm_planner.solve.api import solve
+from llm_planner.solve.baselines import run_baseline
+from llm_planner.solve.options import SolveOptions
+from llm_planner.solve.problem import build_problem
+from llm_planner.solve.schedule import asap_schedule
+from llm_planner.solve.split import SplitContext, latency_chain, seed_from_plan
+from llm_planner.solve.split_subsolve import ListMakespan, improve_by_moves
+from llm_planner.solve.subproblem import build_subproblem
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _random_assignment(data, problem) -> list[int]:
+    a = [data.draw(st.sampled_from(np.nonzero(problem.supported[i])[0].tolist())) for i in range(problem.num_tasks)]
+    for group in problem.colocate_groups():
+        k = data.draw(st.sampled_from([k for k in range(problem.num_devices) if problem.supported[group, k].all()]))
+        for i in group:
+            a[i] = k
+    return a
+
+
+@SETTINGS
+@given(data=st.data(), cluster=clusters(max_devices=4), batch=st.integers(1, 8))
+def test_list_makespan_equals_asap_schedule(data, cluster, batch):
+    graph = data.draw(graphs(cluster, max_tasks=12))
+    problem = build_problem(graph, cluster, objective="latency", batch_size=batch, max_shards=1)
+    a = _random_assignment(data, problem)
+    _, finish = asap_schedule(problem, [batch], [a])
+    assert ListMakespan(problem)(a) == max(finish.values())
+
+
+@SETTINGS
+@given(data=st.data(), cluster=clusters(max_devices=3), batch=st.integers(1, 4))
+def test_moves_never_worsen_and_keep_the_rules(data, cluster, batch):
+    graph = data.draw(graphs(cluster, min_tasks=2, max_tasks=10, explicit=False))
+    problem = build_problem(graph, cluster, objective="latency", batch_size=batch, max_shards=1)
+    start = _random_assignment(data, problem)
+    if np.any(problem.device_memory_used([batch], [start]) > problem.mem_capacity):
+        return  # the search keeps memory within capacity only from a plan that fits
+    moved = improve_by_moves(problem, start, max_evaluations=200)
+    makespan = ListMakespan(problem)
+    assert makespan(moved) <= makespan(start)
+    assert all(problem.supported[i, k] for i, k in enumerate(moved))
+    for group in problem.colocate_groups():
+        assert len({moved[i] for i in group}) == 1
+    assert np.all(problem.device_memory_used([batch], [moved]) <= problem.mem_capacity * (1 + 1e-12))
+
+
+def _two_kind_problem(widths: list[int], batch: int = 1):
+    cluster = make_cluster(
+        [kind("fast", "gpu", flops=1e14, mem_bytes="unlimited", mem_bw=1e12, overhead_s=1e-5),
+         kind("slow", "gpu", flops=3e13, mem_bytes="unlimited", mem_bw=4e11, overhead_s=1e-5)],
+        [{"fast": 2, "slow": 1}], bw=5e9, latency_s=1e-5,
+    )
+    graph = diamond_chain(widths, [4e11, 1e11, 7e11, 2e11, 5e10], [1e6, 2e7, 4e6])
+    return build_problem(graph, cluster, objective="latency", batch_size=batch, max_shards=1)
+
+
+@pytest.mark.milp
+def test_heft_modules_bounds_stay_below_the_exact_optimum():
+    problem = _two_kind_problem([3, 2, 3])
+    exact = solve(problem, SolveOptions(solver="milp", time_limit_s=60.0, rel_gap=1e-7))
+    assert exact.solver.status == "optimal"
+    for workers in (1, 2):  # HEFT path (modules above max_module_tasks), bounds shared over input devices
+        split = solve(problem, SolveOptions(solver="milp-split", max_module_tasks=1, workers=workers))
+        assert split.lower_bound_s <= exact.objective_s * (1 + 1e-9)
+        assert split.objective_s >= exact.objective_s * (1 - 1e-9)
+
+
+def test_serial_and_pool_agree_on_the_heuristic_path():
+    problem = _two_kind_problem([4, 3, 4, 2])
+    serial = solve(problem, SolveOptions(solver="milp-split", max_module_tasks=1, workers=1))
+    pooled = solve(problem, SolveOptions(solver="milp-split", max_module_tasks=1, workers=2))
+    assert serial.shard_assignments == pooled.shard_assignments
+    assert serial.objective_s == pooled.objective_s
+    assert serial.lower_bound_s == pytest.approx(pooled.lower_bound_s, rel=1e-9)
+
+
+def test_seeded_chain_is_never_above_the_seeding_plan(repo):
+    from llm_planner.graph.models import ModelSpec
+    from llm_planner.pipeline import problem_from_inputs
+
+    # on this instance the subproblems' own HEFT + moves end above the whole-graph HEFT (measured)
+    problem = problem_from_inputs(cluster_path=str(repo / "cluster_specs/four-gpus.yaml"), model=ModelSpec(name="rwnn-ws-3x16"))
+    heft = run_baseline("heft", problem)
+    ctx = SplitContext(problem, SolveOptions(solver="milp-split", max_module_tasks=1, workers=1))
+    seed_from_plan(ctx, heft)
+    assert ctx.seeds, "every multi-task module of the HEFT plan is offered to the DP"
+    found = latency_chain(ctx, problem.batch_size, np.ones(problem.num_devices, dtype=bool))
+    assert found is not None
+    assert found[1] <= heft.objective_s * (1 + 1e-9)
+
+
+def test_a_module_subproblem_pins_its_cut_devices():
+    problem = _two_kind_problem([3])
+    ctx = SplitContext(problem, SolveOptions(solver="milp-split"))
+    module = next(m for m in ctx.modules if len(m.tasks) > 1)
+    sub, local = build_subproblem(problem, module.tasks, module.input_task, 2, 1, np.ones(3, dtype=bool), 1)
+    assert local[0] == module.input_task and sub.supported[0].tolist() == [False, False, True]
+    assert sub.supported[-1].tolist() == [False, True, False]
+    assert sub.time_pieces[0].max() == 0.0 and sub.weight_bytes[0] == 0.0
