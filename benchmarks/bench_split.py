@@ -1,12 +1,13 @@
 """Benchmark: MILP-SPLIT against the exact MILP, the best baseline and the lower bound.
 
     .venv/bin/python benchmarks/bench_split.py [--quick] [--out DIR] [--time-limit S]
-        [--split-time-limit S] [--max-module-tasks N] [--workers N] [--throughput]
-        [--milp-max-tasks N] [--big | --no-big] [--only TEXT]
+        [--split-time-limit S] [--max-module-tasks N] [--workers N] [--objectives latency,throughput]
+        [--milp-max-tasks N] [--no-milp] [--big | --no-big] [--only TEXT[,TEXT...]]
 
 Every instance is built with llm_planner.pipeline.problem_from_inputs (a model
-preset on a cluster spec, one batch size, the latency objective; throughput
-rows with --throughput) and solved, in this one run, by
+preset on a cluster spec, batch 1 and 8, the latency objective by default;
+`--objectives throughput` or `latency,throughput` for throughput rows) and
+solved, in this one run, by
 
 - the exact MILP (`solver="milp"`) under `--time-limit` seconds (default 60,
   10 with --quick), in a child process that is killed if it overruns the limit
@@ -335,12 +336,13 @@ def targets_text(rows: list[Row]) -> str:
 
 def instances(args) -> list[Row]:
     models = QUICK_MODELS if args.quick else FULL_MODELS
-    objectives = ["latency", "throughput"] if args.throughput else ["latency"]
+    objectives = args.objectives.split(",")
     rows = [Row(model=m, cluster=c, batch=b, objective=o) for o in objectives for c in CLUSTERS for m in models for b in (1, 8)]
     if args.big:
         rows.append(Row(model=BIG[0], cluster=BIG[1], batch=BIG[2], objective="latency"))
     if args.only:
-        rows = [r for r in rows if args.only in f"{r.model} {r.cluster} {r.batch} {r.objective}"]
+        wanted = args.only.split(",")
+        rows = [r for r in rows if any(w in f"{r.model} {r.cluster} {r.batch} {r.objective}" for w in wanted)]
     return rows
 
 
@@ -357,11 +359,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=0, help="MILP-SPLIT subproblem processes (0: all cores)")
     ap.add_argument("--milp-max-tasks", type=int, default=1000, help="skip the exact MILP on larger graphs")
     ap.add_argument("--no-milp", action="store_true", help="skip the exact MILP everywhere")
-    ap.add_argument("--throughput", action="store_true", help="add throughput rows")
+    ap.add_argument("--objectives", default="latency", help="comma-separated: latency, throughput (default: latency)")
     ap.add_argument("--big", action=argparse.BooleanOptionalAction, default=None,
                     help=f"add the {BIG[0]} row (default: on, off with --quick)")
-    ap.add_argument("--only", default="", help="keep instances whose 'model cluster batch objective' contains this text")
+    ap.add_argument("--only", default="", help="keep instances whose 'model cluster batch objective' contains one of these comma-separated texts")
     args = ap.parse_args(argv)
+    if not args.objectives or set(args.objectives.split(",")) - {"latency", "throughput"}:
+        ap.error(f"--objectives: a comma-separated list of latency and throughput, got {args.objectives!r}")
     if args.time_limit is None:
         args.time_limit = 10.0 if args.quick else 60.0
     if args.big is None:

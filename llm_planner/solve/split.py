@@ -374,7 +374,7 @@ def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
         bound = max(bound, chain_bound(ctx, problem.batch_size))
     details.update(
         subproblems_requested=ctx.num_requested,
-        subproblems_solved=sum(1 for s in ctx.cache.values() if s.method != "closed-form"),
+        subproblems_solved=sum(1 for s in ctx.cache.values() if s.method not in ("closed-form", "infeasible")),
         subproblems_closed_form=sum(1 for s in ctx.cache.values() if s.method == "closed-form"),
         subproblems_not_optimal=sum(1 for s in ctx.cache.values() if s.method not in ("closed-form", "milp-optimal", "infeasible")),
     )
