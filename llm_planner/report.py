@@ -119,5 +119,6 @@ def symmetry_table(cluster: ClusterSpec) -> Table:
     for members in classes.devices:
         first, last = names[members[0]], names[members[-1]]
         table.add_row("devices", f"{first} .. {last.split('/')[-1]}", str(len(members)))
-    table.caption = f"{classes.num_rows} symmetry-breaking rows per criterion (batch, task, time)"
+    table.caption = (f"{classes.num_rows} ordering rows for batch, task or time; "
+                     f"first: one row per item (shard x task) and consecutive pair")
     return table

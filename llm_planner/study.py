@@ -1,8 +1,8 @@
 """Studies that run several solver configurations on one instance: the symmetry comparison.
 
 `compare_symmetry` solves one PlacementProblem with the exact MILP and with
-MILP-SPLIT under every symmetry criterion (none, batch, task, time, and the
-backend's own detection) and collects objective, bound, gap, time, status and
+MILP-SPLIT under every symmetry criterion (none, batch, task, time, first,
+and the backend's own detection) and collects objective, bound, gap, time, status and
 branch-and-bound nodes; `write_csv` and `write_bar_chart` save them.
 """
 

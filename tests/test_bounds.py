@@ -213,3 +213,23 @@ def test_bound_below_every_data_parallel_plan(problem):
         assert lower_bound(problem) <= best * (1 + 1e-9)
         assert critical_path_bound(problem) <= best * (1 + 1e-9)
         assert load_balance_bound(problem) <= best * (1 + 1e-9)
+
+
+def test_shard_count_bound_beats_both_bounds_when_shards_pay_fixed_costs():
+    """Chain a -> b on 2 identical devices, t(b) = 1 s (weights read) + 1 s per sample, Q = 4, S = 4.
+    Hand-solved optimum: 2 shards of 2, one per device, 3 + 3 = 6 s (1 shard: 10 s; 4 shards:
+    8 items of 2 s on 2 devices >= 8 s). The critical path of a 1-sample shard says 4 s and the
+    load-balance LP 5 s; min over s of max(CP(s), LP(s)) is 6 s, at s = 2."""
+    from llm_planner.solve.bounds import shard_count_bound, shard_lp_bound
+
+    cluster = make_cluster([kind("g", "gpu", flops=1e30, mem_bytes=1e15, mem_bw=1e11)], [{"g": 2}], latency_s=0.0)
+    tasks = tuple(Task(name=n, flops_per_sample=1.0, weight_bytes=1e11, bytes_per_sample=1e11) for n in "ab")
+    graph = TaskGraph(name="chain", tasks=tasks, edges=(Edge(src="a", dst="b"),)).validate()
+    problem = build_problem(graph, cluster, batch_size=4, max_shards=4)
+    assert critical_path_bound(problem) == pytest.approx(4.0)
+    assert load_balance_bound(problem) == pytest.approx(5.0)
+    assert [shard_lp_bound(problem, s) for s in (1, 2, 3, 4)] == pytest.approx([5.0, 6.0, 7.0, 8.0])
+    assert shard_count_bound(problem) == pytest.approx(6.0)
+    assert lower_bound(problem) == pytest.approx(6.0) == pytest.approx(brute_force_optimum(problem, orders=True))
+    throughput = dataclasses.replace(problem, objective="throughput")
+    assert lower_bound(throughput) <= brute_force_optimum(throughput) * (1 + 1e-9)

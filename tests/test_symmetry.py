@@ -18,7 +18,7 @@ from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
 from llm_planner.solve.symmetry import CRITERIA, satisfies, symmetry_classes
 
-CHOICES = ("none", "batch", "task", "time", "solver")
+CHOICES = ("none", "batch", "task", "time", "first", "solver")
 
 
 def tiny_gpt_like(num_blocks: int, weight_gb: float = 30.0) -> TaskGraph:
@@ -91,3 +91,54 @@ def test_mirrored_pairs_of_tasks():
     for criterion in CRITERIA:
         kept = [a for a in optima if satisfies(problem, classes, criterion, [1], [a])]
         assert 1 <= len(kept) < len(optima), criterion
+
+
+def _mirror_group(problem):
+    """Every permutation of the small cluster's symmetry group (order 8): swap the GPUs inside
+    either twin server, and swap the two twin servers."""
+    perms = []
+    for swap_servers, swap_a, swap_b in itertools.product((False, True), repeat=3):
+        perm = list(range(problem.num_devices))
+        if swap_a:
+            perm[0], perm[1] = perm[1], perm[0]
+        if swap_b:
+            perm[2], perm[3] = perm[3], perm[2]
+        if swap_servers:
+            perm = [{0: 2, 1: 3, 2: 0, 3: 1}.get(k, k) for k in perm]
+        perms.append(perm)
+    return perms
+
+
+def test_every_orbit_of_mirrored_optima_keeps_a_plan_and_first_keeps_exactly_one():
+    problem = build_problem(tiny_gpt_like(2, weight_gb=50.0), small_cluster(), objective="throughput")
+    optima = {tuple(a) for a in _optimal_assignments(problem)}
+    group = _mirror_group(problem)
+    orbits = {frozenset(tuple(perm[k] for k in a) for perm in group) for a in optima}
+    assert all(orbit <= optima for orbit in orbits) and len(optima) > len(orbits)
+    classes = symmetry_classes(problem.cluster)
+    for criterion in CRITERIA:
+        for orbit in orbits:
+            kept = [a for a in orbit if satisfies(problem, classes, criterion, [1], [list(a)])]
+            assert kept, (criterion, sorted(orbit))  # the rows never remove a whole orbit
+            if criterion == "first":
+                assert len(kept) == 1, sorted(orbit)
+
+
+@pytest.mark.parametrize("criterion", CRITERIA)
+def test_pinned_devices_are_not_treated_as_interchangeable(criterion):
+    # a MILP-SPLIT subproblem whose input and output are pinned to the second GPU of the second
+    # twin server: the rows must not force work onto the first GPU of the first server
+    import numpy as np
+
+    from llm_planner.solve.milp import solve_milp
+    from llm_planner.solve.subproblem import build_subproblem
+    from llm_planner.solve.symmetry import problem_classes
+
+    problem = build_problem(tiny_gpt_like(3, weight_gb=10.0), small_cluster(), objective="latency")
+    sub, _ = build_subproblem(problem, (2, 3), 1, 3, 3, np.ones(problem.num_devices, dtype=bool), 1)
+    # devices 0 and 1 stay interchangeable; 2 and 3, and the two twin servers, no longer are
+    assert problem_classes(sub).devices == ((0, 1),) and problem_classes(sub).servers == ()
+    reference = solve_milp(sub, SolveOptions(solver="milp", time_limit_s=30, rel_gap=1e-7))
+    plan = solve_milp(sub, SolveOptions(solver="milp", symmetry=criterion, time_limit_s=30, rel_gap=1e-7))
+    assert plan.solver.status == reference.solver.status == "optimal"
+    assert plan.objective_s == pytest.approx(reference.objective_s, rel=1e-6)

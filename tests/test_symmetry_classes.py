@@ -56,3 +56,18 @@ def test_canonical_permutation_satisfies_and_keeps_the_objective(data, criterion
     before = sorted(device_loads(problem, sizes, assignments).round(12))
     after = sorted(device_loads(problem, sizes, moved).round(12))
     assert before == pytest.approx(after)
+
+
+def test_problem_classes_split_members_that_hold_different_tasks():
+    import dataclasses
+
+    from llm_planner.solve.symmetry import problem_classes
+
+    tasks = (Task(name="a", flops_per_sample=1e9), Task(name="b", flops_per_sample=1e9))
+    problem = build_problem(TaskGraph(name="ab", tasks=tasks, edges=()), small_cluster())
+    assert problem_classes(problem) == symmetry_classes(small_cluster())
+    supported = problem.supported.copy()
+    supported[0, 3] = False  # device 3 (second GPU of the second twin) may not hold task a
+    classes = problem_classes(dataclasses.replace(problem, supported=supported))
+    assert classes.devices == ((0, 1),)  # (2, 3) is no longer a class, and the twins differ
+    assert classes.servers == ()

@@ -56,11 +56,34 @@ Bounds:
   stays exact (capacity m * cap). If these rows make the LP infeasible, no
   plan fits in memory at all; the bound then drops them.
 
-`lower_bound` is the maximum of the two.
+* shard count (both, when the batch may be split: min(Q, S) >= 2): the two
+  bounds above pull in opposite directions as the number of shards grows (a
+  smaller largest shard shortens the path; every shard pays each task's fixed
+  cost again, e.g. reading the weights). Let s be the plan's number of non-empty
+  shards, 1 <= s <= min(Q, S). Then the largest shard has >= ceil(Q / s) samples,
+  so CP(s), the critical path above at that size, bounds the plan; and so does
+  LP(s), the load-balance LP with shard counts:
+      min T  s.t.  sum_k x_ik = 1,  sum_k z_ik = s,  z_ik >= x_ik  (each task i),
+                   w_ik >= f_ijk z_ik + Q s_ijk x_ik  (each piece j),
+                   sum_i w_ik <= T  (each device k),  memory rows as above,
+  with z_ik the number of shards whose task i runs on k. Any plan with s shards
+  gives a feasible point (x as above; z_ik counts those shards, >= 1 >= x_ik
+  where k runs part of task i; w_ik = k's time on task i = sum over those
+  shards of t(i, k, b) >= sum of (f_ijk + s_ijk b) for every piece j). Identical
+  devices merge as before (sums over the copies). So every plan is at least
+  min over s of max(CP(s), LP(s)). CP(s) falls and LP(s) rises with s (from a
+  point for s + 1 shards, lower z where z > x by one in all: every task has
+  slack sum z - sum x = s >= 1; w and T do not grow), so a bisection finds the
+  first s* with LP(s*) >= CP(s*), and the minimum is LP(s*) or CP(s* - 1): a
+  few LPs however large the batch. With one shard (s = 1, z = x)
+  LP(1) is the load-balance LP, so this bound is only computed when min(Q, S) >= 2.
+
+`lower_bound` is the maximum of the three.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 
@@ -108,13 +131,15 @@ def largest_shard_floor(problem: PlacementProblem) -> int:
     return math.ceil(problem.batch_size / max(1, problem.max_shards))
 
 
-def critical_path_bound(problem: PlacementProblem) -> float:
-    """Longest path of fastest task times at the smallest possible largest shard.
+def critical_path_bound(problem: PlacementProblem, *, shards: int | None = None) -> float:
+    """Longest path of fastest task times at the smallest possible largest shard
+    (of `shards` non-empty shards; default: at most the problem's max_shards).
 
     Latency: that path length (s). Throughput: the longest single such task
     divided by the batch size (s per sample). See the module docstring.
     """
-    times = fastest_task_times(problem, largest_shard_floor(problem))
+    floor = largest_shard_floor(problem) if shards is None else math.ceil(problem.batch_size / shards)
+    times = fastest_task_times(problem, floor)
     if problem.objective == "throughput":
         return float(times.max()) / problem.batch_size
     finish = np.zeros(problem.num_tasks)
@@ -217,6 +242,71 @@ def _memory_rows(
     return parts, rhs
 
 
+def shard_lp_bound(problem: PlacementProblem, shards: int, *, memory: bool = True) -> float:
+    """LP(s) of the module docstring: load balance with `shards` non-empty shards, each paying
+    every task's fixed costs on the device that runs it. In objective units."""
+    classes = _device_classes(problem)
+    reps = [c[0] for c in classes]
+    q = problem.batch_size
+    ok = problem.supported[:, reps]
+    rows, cols = np.nonzero(ok)  # one (x, z, w) triple per (task, device class) that can run it
+    n, num_c = len(rows), len(classes)
+    pieces = problem.time_pieces[rows, np.array(reps)[cols]]  # [n, P, 2]
+    scale = float(np.max(pieces[..., 0] * shards + pieces[..., 1] * q, initial=0.0))
+    if scale <= 0:
+        return 0.0
+    counts = np.array([len(c) for c in classes], dtype=float)
+    idx = np.arange(n)
+    x, z, w, t = idx, n + idx, 2 * n + idx, 3 * n  # column blocks
+    cost = np.zeros(3 * n + 1)
+    cost[t] = 1.0
+    eq = [(rows, x, np.ones(n)), (problem.num_tasks + rows, z, np.ones(n))]
+    b_eq = np.concatenate([np.ones(problem.num_tasks), np.full(problem.num_tasks, float(shards))])
+    ub = [(idx, x, np.ones(n)), (idx, z, -np.ones(n))]  # x - z <= 0
+    r = n
+    for j in range(pieces.shape[1]):  # f z + Q s x - w <= 0, in units of `scale`
+        ub += [(r + idx, z, pieces[:, j, 0] / scale), (r + idx, x, pieces[:, j, 1] * q / scale), (r + idx, w, -np.ones(n))]
+        r += n
+    ub += [(r + cols, w, np.ones(n)), (r + np.arange(num_c), np.full(num_c, t), -counts)]  # sum_i w - m T <= 0
+    rhs = [np.zeros(r + num_c)]
+    if memory:
+        mem, mem_rhs = _memory_rows(problem, reps, counts, rows, cols, first_row=r + num_c)
+        ub += mem
+        rhs += mem_rhs
+    b_ub = np.concatenate(rhs)
+    a_ub = scipy.sparse.csr_matrix(_coo(ub), shape=(len(b_ub), 3 * n + 1))
+    a_eq = scipy.sparse.csr_matrix(_coo(eq), shape=(2 * problem.num_tasks, 3 * n + 1))
+    res = scipy.optimize.linprog(cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=(0, None), method="highs")
+    if res.status == 2 and memory:
+        return shard_lp_bound(problem, shards, memory=False)
+    if res.status != 0:
+        log.warning("shard-count LP not solved (%s); using 0 as its bound", res.message)
+        return 0.0
+    bound = max(0.0, float(res.fun)) * scale * (1 - LP_SAFETY)
+    return bound / q if problem.objective == "throughput" else bound
+
+
+def shard_count_bound(problem: PlacementProblem) -> float:
+    """min over s of max(CP(s), LP(s)) (module docstring); 0 when the batch cannot be split."""
+    most = min(problem.batch_size, problem.max_shards)
+    if most < 2:
+        return 0.0
+    path = functools.lru_cache(maxsize=None)(lambda s: critical_path_bound(problem, shards=s))
+    load = functools.lru_cache(maxsize=None)(lambda s: shard_lp_bound(problem, s))
+    # CP falls and LP rises with s: find the first s* with LP(s*) >= CP(s*) by bisection; the
+    # minimum of max(CP, LP) is then LP(s*) or CP(s* - 1)
+    lo, hi = 1, most
+    if load(most) < path(most):
+        return path(most)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if load(mid) >= path(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return min(load(lo), path(lo - 1)) if lo > 1 else load(1)
+
+
 def lower_bound(problem: PlacementProblem) -> float:
     """The best valid bound for the problem's objective (max of the bounds above)."""
-    return max(critical_path_bound(problem), load_balance_bound(problem))
+    return max(critical_path_bound(problem), load_balance_bound(problem), shard_count_bound(problem))

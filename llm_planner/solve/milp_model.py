@@ -199,10 +199,10 @@ class Formulation:
     def add_symmetry_breaking(self) -> None:
         """(13) m(k_a) >= m(k_b) for consecutive interchangeable devices, and the same for the
         server sums of interchangeable servers (solve/symmetry.py).  Rows: one per consecutive pair."""
-        from llm_planner.solve.symmetry import CRITERIA, symmetry_classes, symmetry_rows
+        from llm_planner.solve.symmetry import CRITERIA, problem_classes, symmetry_rows
 
         if self.symmetry in CRITERIA:
-            self._rows("symmetry", symmetry_rows(self, symmetry_classes(self.p.cluster), self.symmetry))
+            self._rows("symmetry", symmetry_rows(self, problem_classes(self.p), self.symmetry))
 
     # -- latency ---------------------------------------------------------------------
     def _cut_rows(self, g: int, s: int, a: int, c: int, k: int, l: int | None, fixed_s: float, slope_s: float) -> tuple[Terms, float, float]:

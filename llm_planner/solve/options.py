@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SYMMETRY_CHOICES = ("none", "batch", "task", "time", "solver")
+SYMMETRY_CHOICES = ("none", "batch", "task", "time", "first", "solver")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,6 +23,29 @@ Every criterion keeps an optimal plan: sort the servers of each class by M (a
 permutation of servers keeps the objective), then the devices of each class by
 m (this does not change any server's M). So the optimum never changes, only
 the search (tested against brute force in tests/test_symmetry.py).
+
+A measure leaves the mirrored plans whose members have equal measures (two
+GPUs with the same number of tasks), and its rows are aggregates that the LP
+relaxation satisfies easily. One more criterion removes every mirror:
+    first:  order the members by the first item they hold, items (s, i) taken in
+            a fixed order (shard-major, then task index): a member may hold item j
+            only if the member before it holds an item before j,
+                x[j, k_b] <= sum_{j' < j} x[j', k_a]   for consecutive members a, b,
+            and the same for server sums (a server's first item is the minimum of
+            its devices'). It is the classic ordering for identical machines in
+            assignment models (Jans, "Solving lot-sizing problems on parallel
+            identical machines using symmetry-breaking constraints", INFORMS J.
+            Computing 2009). Rows: one per item and consecutive pair, through a
+            running sum per member (one continuous column and one row per item),
+            so its size grows linearly with the items.
+
+Classes of a problem, not only of a cluster. A subproblem of MILP-SPLIT pins
+its input and output tasks to given devices, and memory repair forbids some
+devices: members of a cluster class are interchangeable in such a problem only
+if they can hold the same tasks. `problem_classes` splits the cluster's
+classes by each device's column of `supported` (a server class by its servers'
+columns, aligned), so the rows are only ever stated among devices the problem
+really treats alike.
     none:   no rows, and the backend's own symmetry detection off;
     solver: no rows, the backend's symmetry detection on (HiGHS
             mip_detect_symmetry, Gurobi Symmetry=2), as a reference.
@@ -30,6 +53,7 @@ the search (tested against brute force in tests/test_symmetry.py).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -38,7 +62,7 @@ import numpy as np
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.spec import ClusterSpec
 
-CRITERIA = ("batch", "task", "time")
+CRITERIA = ("batch", "task", "time", "first")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,8 +88,36 @@ def symmetry_classes(cluster: ClusterSpec) -> SymmetryClasses:
     return SymmetryClasses(devices=device_classes, servers=server_classes)
 
 
+def problem_classes(problem: PlacementProblem) -> SymmetryClasses:
+    """The cluster's classes, split so that members can hold the same tasks in this problem."""
+    base = symmetry_classes(problem.cluster)
+    column = {k: problem.supported[:, k].tobytes() for k in range(problem.num_devices)}
+
+    def split(groups, key):
+        out: dict[bytes, list] = defaultdict(list)
+        for g in groups:
+            out[key(g)].append(g)
+        return [tuple(v) for v in out.values() if len(v) > 1]
+
+    devices = tuple(c for members in base.devices for c in split(members, lambda k: column[k]))
+    servers = tuple(c for nodes in base.servers for c in split(nodes, lambda devs: b"|".join(column[k] for k in devs)))
+    return SymmetryClasses(devices=devices, servers=servers)
+
+
+def first_items(problem: PlacementProblem, sizes: list[int], assignments: list[list[int]]) -> np.ndarray:
+    """The index (s * N + i) of the first item each device holds; S * N for a device with none."""
+    n = problem.num_tasks
+    first = np.full(problem.num_devices, len(assignments) * n)
+    for s, a in enumerate(assignments):
+        for i, k in enumerate(a):
+            first[k] = min(first[k], s * n + i)
+    return first
+
+
 def device_measure(problem: PlacementProblem, criterion: str, sizes: list[int], assignments: list[list[int]]) -> np.ndarray:
     """m(k) of a plan for every device (the pure form of the MILP's measure)."""
+    if criterion == "first":  # larger first: the earlier the first item, the larger
+        return -first_items(problem, sizes, assignments).astype(float)
     m = np.zeros(problem.num_devices)
     for b, a in zip(sizes, assignments):
         if b <= 0:
@@ -92,10 +144,15 @@ def satisfies(problem: PlacementProblem, classes: SymmetryClasses, criterion: st
         if any(m[a] < m[b] - scale for a, b in zip(members, members[1:])):
             return False
     for servers in classes.servers:
-        totals = [m[list(devs)].sum() for devs in servers]
+        totals = _server_values(m, servers, criterion)
         if any(x < y - scale for x, y in zip(totals, totals[1:])):
             return False
     return True
+
+
+def _server_values(m: np.ndarray, servers, criterion: str) -> list[float]:
+    """M(n): the sum of the members' measures, or for `first` the earliest first item."""
+    return [float(m[list(devs)].max() if criterion == "first" else m[list(devs)].sum()) for devs in servers]
 
 
 def canonical_permutation(problem: PlacementProblem, classes: SymmetryClasses, criterion: str, sizes: list[int], assignments: list[list[int]]) -> np.ndarray:
@@ -103,7 +160,7 @@ def canonical_permutation(problem: PlacementProblem, classes: SymmetryClasses, c
     perm = np.arange(problem.num_devices)
     m = device_measure(problem, criterion, sizes, assignments)
     for servers in classes.servers:
-        totals = [m[list(devs)].sum() for devs in servers]
+        totals = _server_values(m, servers, criterion)
         order = sorted(range(len(servers)), key=lambda n: (-totals[n], n))  # the server to put in slot n
         for slot, src in enumerate(order):
             for a, b in zip(servers[src], servers[slot]):
@@ -142,7 +199,9 @@ def measure_terms(form, k: int, criterion: str) -> list[tuple[int, float]]:
 
 def symmetry_rows(form, classes: SymmetryClasses, criterion: str) -> list[tuple[list[tuple[int, float]], float, float]]:
     """m(k_a) - m(k_b) >= 0 for consecutive members of each device class, and the same
-    for the server sums of each server class.  Rows: classes.num_rows."""
+    for the server sums of each server class.  Rows: classes.num_rows (`first`: see first_item_rows)."""
+    if criterion == "first":
+        return first_item_rows(form, classes)
     measure = {k: measure_terms(form, k, criterion) for k in range(form.K)}
     rows = []
     for members in classes.devices:
@@ -155,11 +214,30 @@ def symmetry_rows(form, classes: SymmetryClasses, criterion: str) -> list[tuple[
     return rows
 
 
+def first_item_rows(form, classes: SymmetryClasses) -> list[tuple[list[tuple[int, float]], float, float]]:
+    """x_B[j] <= R_A[j-1] for consecutive groups A, B (class members, or servers as the sum of
+    their devices), with R_A[j] = x_A[0] + ... + x_A[j] a running-sum column per item of A.
+    Items j = s * N + i.  Adds J columns and 2 J rows per consecutive pair (J = S * N items)."""
+    J = form.S * form.N
+    x = form.x.reshape(J, form.K)
+    pairs = [((a,), (b,)) for members in classes.devices for a, b in zip(members, members[1:])]
+    pairs += [(first, second) for servers in classes.servers for first, second in zip(servers, servers[1:])]
+    rows = []
+    for n, (group_a, group_b) in enumerate(pairs):
+        running = form.mb.add_vars(f"first{n}", J, upper=float(J))
+        for j in range(J):  # R_A[j] = R_A[j-1] + x_A[j]
+            terms = [(int(running[j]), 1.0)] + [(int(x[j, k]), -1.0) for k in group_a]
+            rows.append((terms + ([(int(running[j - 1]), -1.0)] if j else []), 0.0, 0.0))
+            # x_B[j] <= R_A[j-1] (= 0 for the first item)
+            rows.append(([(int(x[j, k]), 1.0) for k in group_b] + ([(int(running[j - 1]), -1.0)] if j else []), -math.inf, 0.0))
+    return rows
+
+
 def canonical_plan(problem: PlacementProblem, criterion: str, plan):
     """The same plan with its devices permuted so that it obeys `criterion`'s rows."""
     from dataclasses import replace
 
-    classes = symmetry_classes(problem.cluster)
+    classes = problem_classes(problem)
     index = {name: k for k, name in enumerate(problem.device_names)}
     tasks = [t.name for t in problem.graph.tasks]
     sizes = list(plan.shard_sizes)
