@@ -24,13 +24,16 @@ EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
 
 
 def _input_errors() -> tuple[type[Exception], ...]:
+    from llm_planner.calibrate import CalibrateError
     from llm_planner.graph.ir import GraphError
+    from llm_planner.observe import MeasureError
     from llm_planner.pipeline import InputError
     from llm_planner.plan import PlanError
+    from llm_planner.profile import ProfileError
     from llm_planner.solve.problem import ProblemError
     from llm_planner.spec import SpecError
 
-    return (SpecError, GraphError, PlanError, InputError, ProblemError)
+    return (SpecError, GraphError, PlanError, InputError, ProblemError, MeasureError, CalibrateError, ProfileError)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -76,6 +79,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_solve_args(p)
     p.add_argument("-o", "--output", default="plan.yaml", help="plan file to write (default: plan.yaml)")
     p.add_argument("--no-baselines", action="store_true", help="skip the comparison with the baseline planners")
+    p.add_argument("--profile", help="measured costs (`llm-planner profile`) to use instead of the roofline where they exist")
 
     p = sub.add_parser("verify", help="check a plan against its inputs and recompute its objective")
     p.add_argument("plan")
@@ -98,6 +102,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solvers", default="milp,milp-split", help="comma-separated solvers to compare (default: milp,milp-split)")
     p.add_argument("--solver-backend", choices=("highs", "gurobi"), default="highs")
     p.add_argument("--out-dir", default=".", help="where to write symmetry.csv and symmetry.png (default: .)")
+    p.add_argument("--profile", help="measured costs (`llm-planner profile`) to use instead of the roofline where they exist")
 
     p = sub.add_parser("launch", help="run a plan with mpiexec, one rank per device")
     p.add_argument("plan")
@@ -110,7 +115,37 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", default="run.json", help="JSON run report to write (default: run.json)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the whole run is stopped")
     p.add_argument("--workdir", default=None, help="where to write the hostfile and rank table (default: next to the report)")
+    p.add_argument("--measure", action="store_true", help="compare predicted with measured time per task, device, link and end to end; "
+                   "print the tables and write measure.json in the workdir")
+
+    p = sub.add_parser("measure", help="compare a plan's predicted times with a run report of it")
+    p.add_argument("plan")
+    p.add_argument("report", help="run report JSON written by `launch`")
+    p.add_argument("-o", "--output", default=None, help="measurement JSON to write (default: measure.json next to the report)")
+    p.add_argument("--rows", type=int, default=20, help="task rows to print, largest errors first (default: 20)")
+
+    p = sub.add_parser("calibrate", help="fit a cluster spec's efficiency factors and links to run reports, write the corrected spec")
+    p.add_argument("--cluster", required=True, help="cluster spec YAML to correct")
+    p.add_argument("--plan", action="append", required=True, help="plan the runs executed: once for all reports, or once per --report")
+    p.add_argument("--report", action="append", required=True, help="run report JSON of `launch`; repeat for more runs")
+    p.add_argument("-o", "--output", required=True, help="corrected cluster spec YAML to write")
+    _add_profile_parser(sub)
     return parser
+
+
+def _add_profile_parser(sub) -> None:
+    p = sub.add_parser("profile", help="time the model's tasks on the cluster's devices (and links, under MPI), write a profile")
+    _add_model_args(p)
+    p.add_argument("-o", "--output", default="profile.yaml", help="profile file to write (default: profile.yaml)")
+    p.add_argument("--batch-sizes", default="1,2,4", help="comma-separated sub-batch sizes to time, at least two (default: 1,2,4)")
+    p.add_argument("--repetitions", type=int, default=5, help="timed runs per batch size; the median is kept (default: 5)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs per batch size before them (default: 2)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads on CPU devices (default: 1, as the runtime's ranks)")
+    p.add_argument("--max-blocks", type=int, default=12, help="decoders: blocks built and timed; all share one key (default: 12)")
+    p.add_argument("--node", help="the cluster node this machine is (default: the node whose hostname is this host's)")
+    p.add_argument("--mpi", action="store_true", help="start one rank per cluster device with mpiexec; also measures the links")
+    p.add_argument("--timeout", type=float, default=600.0, help="--mpi: seconds before the ranks are stopped (default: 600)")
+    p.add_argument("--workdir", default=None, help="--mpi: where to write the hostfile and job file (default: next to the output)")
 
 
 def main(argv: list[str] | None = None) -> int:

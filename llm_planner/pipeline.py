@@ -59,9 +59,19 @@ def problem_from_inputs(
     batch_size: int = 1,
     max_shards: int | None = None,
     options: dict | None = None,
+    profile_path: str | None = None,
 ) -> PlacementProblem:
-    """Load files, build the graph and precompute costs; records the inputs for the plan."""
+    """Load files, build the graph and precompute costs; records the inputs for the plan.
+
+    With `profile_path`, measured costs (llm_planner.profile) replace the roofline
+    wherever the profile has them.
+    """
     graph, cluster = load_graph_and_cluster(cluster_path=cluster_path, model=model, graph_path=graph_path)
+    profile = None
+    if profile_path is not None:
+        from llm_planner.profile import load_profile
+
+        profile = load_profile(profile_path)
     dtype = model.dtype if model is not None else "fp16"
     shards = len(cluster.devices()) if max_shards is None else max_shards
     inputs = PlanInputs(
@@ -74,8 +84,23 @@ def problem_from_inputs(
         max_shards=shards,
         dtype=dtype,
         options=dict(options or {}),
+        profile=str(profile_path) if profile_path is not None else None,
+        profile_sha256=_profile_sha256(profile_path),
     )
-    return build_problem(graph, cluster, objective=objective, batch_size=batch_size, max_shards=shards, dtype=dtype, inputs=inputs)
+    problem = build_problem(graph, cluster, objective=objective, batch_size=batch_size, max_shards=shards, dtype=dtype, inputs=inputs)
+    if profile is None:
+        return problem
+    from llm_planner.profile import apply_profile
+
+    return apply_profile(problem, profile)
+
+
+def _profile_sha256(profile_path: str | None) -> str:
+    if profile_path is None:
+        return ""
+    from llm_planner.profile import file_sha256
+
+    return file_sha256(profile_path)
 
 
 def problem_from_plan_inputs(inputs: PlanInputs, *, check_hashes: bool = True) -> PlacementProblem:
@@ -91,6 +116,7 @@ def problem_from_plan_inputs(inputs: PlanInputs, *, check_hashes: bool = True) -
         batch_size=inputs.batch_size,
         max_shards=inputs.max_shards,
         options=inputs.options,
+        profile_path=inputs.profile,
     )
     if check_hashes:
         assert problem.inputs is not None
@@ -98,4 +124,6 @@ def problem_from_plan_inputs(inputs: PlanInputs, *, check_hashes: bool = True) -
             raise InputError(f"{inputs.cluster}: the cluster file changed since the plan was made (sha256 differs)")
         if problem.inputs.graph_sha256 != inputs.graph_sha256:
             raise InputError(f"model {inputs.model}: the task graph differs from the one the plan was made for")
+        if inputs.profile_sha256 and problem.inputs.profile_sha256 != inputs.profile_sha256:
+            raise InputError(f"{inputs.profile}: the profile file changed since the plan was made (sha256 differs)")
     return problem

@@ -39,6 +39,8 @@ class PlanInputs:
     max_shards: int
     dtype: str
     options: dict[str, Any] = field(default_factory=dict)  # solver options, for the record
+    profile: str | None = None  # measured-cost profile (llm_planner.profile) the costs came from; None: roofline only
+    profile_sha256: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -145,8 +145,11 @@ class DecoderRun:
                 continue
             stream, step, k, value = ready.popleft()
             route = self.routes[self.streams[stream].shard]
-            out = self.shard.run_stage(list(route[k].tasks), value, self.states[stream], step, on_task=ctx.stats.on_task)
+            on_task = ctx.stats.on_prefill_task if step == 0 else ctx.stats.on_task
+            out = self.shard.run_stage(list(route[k].tasks), value, self.states[stream], step, on_task=on_task)
             done += 1
+            if k + 1 == len(route):
+                ctx.stats.on_step_end(step)
             k, step = (k + 1, step) if k + 1 < len(route) else (0, step + 1)
             if step == self.steps:
                 continue

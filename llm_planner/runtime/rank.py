@@ -126,6 +126,7 @@ def _context(table: RankTable, comm: "Comm") -> RankContext:
     device = torch_device(entry)
     dtype = torch_dtype(table.run.dtype or plan.inputs.dtype)
     stats = RankStats(rank=comm.rank, device=entry.device, torch_device=str(device))
+    stats.extra["dtype"] = str(dtype).replace("torch.", "")
     return RankContext(table=table, entry=entry, plan=plan, comm=comm, device=device, dtype=dtype, stats=stats)
 
 

@@ -11,7 +11,13 @@ Per rank (all times in seconds, measured with time.perf_counter):
     total_s      wall time of the run on this rank (after the model was built)
     overhead_s   total_s - compute_s - comm_s - idle_s: the runtime's own work
     build_s      time to build the rank's share of the model (not in total_s)
+    dtype        the torch dtype the rank computed in
     weights      decoders: where the parameters came from and how many tensors the rank read
+    prefill_tasks, prefill_task_calls
+                 decoders: the part of tasks / task_calls spent in step 0 (the prompt's prefill);
+                 the rest are single-token decode steps
+    step_end_s   decoders, ranks that run a shard's last stage: [step, seconds since the run's
+                 start when this rank finished that step's last stage for every stream]
 
 The report (JSON) holds "ranks", "predicted_s" (the plan's objective_s: the
 latency of one pass, or seconds per sample for throughput plans),
@@ -44,6 +50,9 @@ class RankStats:
     torch_device: str
     tasks: dict[str, float] = field(default_factory=dict)
     task_calls: dict[str, int] = field(default_factory=dict)
+    prefill_tasks: dict[str, float] = field(default_factory=dict)  # decoders: step 0's share of tasks
+    prefill_task_calls: dict[str, int] = field(default_factory=dict)
+    step_end_s: dict[int, float] = field(default_factory=dict)  # decoders: step -> when its last stage finished here
     build_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)  # workload facts, e.g. where the weights came from
     started: float = 0.0
@@ -52,6 +61,14 @@ class RankStats:
     def on_task(self, name: str, seconds: float) -> None:
         self.tasks[name] = self.tasks.get(name, 0.0) + seconds
         self.task_calls[name] = self.task_calls.get(name, 0) + 1
+
+    def on_prefill_task(self, name: str, seconds: float) -> None:
+        self.on_task(name, seconds)
+        self.prefill_tasks[name] = self.prefill_tasks.get(name, 0.0) + seconds
+        self.prefill_task_calls[name] = self.prefill_task_calls.get(name, 0) + 1
+
+    def on_step_end(self, step: int) -> None:
+        self.step_end_s[step] = time.perf_counter() - self.started
 
     def start(self) -> None:
         self.started = time.perf_counter()
@@ -74,6 +91,8 @@ class RankStats:
             "total_s": self.total_s,
             "overhead_s": max(0.0, self.total_s - compute - comm_stats.transfer_s - comm_stats.idle_s),
             "build_s": self.build_s,
+            **({"prefill_tasks": dict(self.prefill_tasks), "prefill_task_calls": dict(self.prefill_task_calls)} if self.prefill_tasks else {}),
+            **({"step_end_s": [[k, v] for k, v in sorted(self.step_end_s.items())]} if self.step_end_s else {}),
             **self.extra,
         }
 

@@ -1,0 +1,394 @@
+"""Measured costs: the profile file, its task keys, and how the cost model uses it.
+
+A profile holds what `llm-planner profile` measured (llm_planner.runtime.profile_rank
+does the timing; this module is pure Python, no torch, no mpi4py):
+
+- per device kind and *task key*, the median time of the task at several batch
+  sizes b, and the affine fit  t(b) = fixed_s + per_sample_s * b  (non-negative
+  least squares over the medians, scipy.optimize.nnls);
+- per link class, the median one-way time of a message of n bytes at several
+  sizes (half a ping-pong round trip) and the fit  t(n) = latency_s + n / bw_bytes_per_s.
+
+A task key names what determines a task's time, so identical tasks share one
+key and one measurement:
+
+    decoders:   "<model_type>:<config hash>/<phase>:<seq_len>/<dtype>/<role>"
+                role = embed | block | attn | mlp | final_norm | lm_head
+                (every decoder block of a model shares the key "…/block")
+    fx / RWNN:  "<graph name>:<structure hash>/<dtype>/<task name>"
+                (each traced op its own key)
+
+The config hash covers every field of the DecoderConfig but its name, the
+structure hash the task names, kinds and edges; a profile made for another
+model, phase, context length or dtype simply has no entry for the task. Graph
+files without a builder's metadata (imported workloads) have no keys.
+
+Using a profile (`apply_profile`): for every task and device whose kind has an
+entry for the task's key, the problem's cost pieces become the single measured
+piece (fixed_s, per_sample_s); every other (task, device) keeps the roofline of
+llm_planner.cost and is reported as a fallback. Measured links replace the
+cluster spec's latency and bandwidth for every device pair of that class.
+
+File form (docs/profiling.md):
+
+    format: llm_planner.profile
+    version: 1
+    cluster: localhost-cpu
+    model: {name: ..., phase: ..., seq_len: ..., dtype: ...}
+    settings: {batch_sizes: [1, 2, 4], repetitions: 5, warmup: 2, threads: 1}
+    devices: {cpu-core: [localhost/cpu-core:0]}
+    device_kinds:
+      cpu-core:
+        "gpt2:1a2b3c4d/decode:16/fp32/block":
+          {task: block.0, fixed_s: ..., per_sample_s: ..., batch_sizes: [...], median_s: [...], repetitions: 5}
+    links:
+      "localhost:cpu-core<->cpu-core":
+        {devices: [a, b], latency_s: ..., bw_bytes_per_s: ..., sizes_bytes: [...], median_s: [...], repetitions: 20}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import yaml
+
+from llm_planner import cost
+from llm_planner.fileio import read_document
+from llm_planner.graph.ir import Task, TaskGraph
+
+if TYPE_CHECKING:
+    from llm_planner.solve.problem import PlacementProblem
+    from llm_planner.spec import ClusterSpec, DeviceSpec
+
+PROFILE_FORMAT = "llm_planner.profile"
+PROFILE_VERSION = 1
+INTER_NODE = "inter_node"
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used; the message names the file and field."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskTiming:
+    """Measured time of one task key on one device kind: t(b) = fixed_s + per_sample_s * b."""
+
+    task: str  # a task this key was measured on (e.g. "block.0")
+    batch_sizes: tuple[int, ...]
+    median_s: tuple[float, ...]  # median over the repetitions, per batch size
+    repetitions: int
+    fixed_s: float
+    per_sample_s: float
+
+    def time_s(self, batch: int) -> float:
+        return 0.0 if batch <= 0 else self.fixed_s + self.per_sample_s * batch
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkTiming:
+    """Measured one-way message time over one link class: t(n) = latency_s + n / bw_bytes_per_s."""
+
+    devices: tuple[str, str]  # the pair that measured it
+    sizes_bytes: tuple[int, ...]
+    median_s: tuple[float, ...]  # half the median round trip, per size
+    repetitions: int
+    latency_s: float
+    bw_bytes_per_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    cluster: str  # name of the cluster spec it was measured on
+    model: dict[str, Any]  # the ModelSpec fields profiled
+    settings: dict[str, Any]  # batch sizes, repetitions, warm-up, threads
+    devices: dict[str, list[str]]  # device kind -> devices that measured it
+    tasks: dict[str, dict[str, TaskTiming]]  # device kind -> task key -> timing
+    links: dict[str, LinkTiming] = field(default_factory=dict)  # link class -> timing
+    environment: dict[str, Any] = field(default_factory=dict)  # torch version, torch devices, for the record
+
+    def timing(self, kind: str, key: str | None) -> TaskTiming | None:
+        if key is None:
+            return None
+        return self.tasks.get(kind, {}).get(key)
+
+
+# ----------------------------------------------------------------------------
+# Fits
+
+
+def fit_affine(xs: list[float] | tuple[float, ...], ys: list[float] | tuple[float, ...]) -> tuple[float, float]:
+    """(a, c) >= 0 minimising sum (a + c * x - y)^2 (non-negative least squares)."""
+    from scipy.optimize import nnls
+
+    if len(xs) != len(ys) or len(set(xs)) < 2:
+        raise ValueError(f"an affine fit needs at least two distinct x values, got {list(xs)}")
+    x = np.asarray(xs, dtype=float)
+    scale = float(x.max())  # columns of similar size keep nnls well conditioned
+    coef, _ = nnls(np.stack([np.ones_like(x), x / scale], axis=1), np.asarray(ys, dtype=float))
+    return float(coef[0]), float(coef[1] / scale)
+
+
+def task_timing(task: str, batch_sizes: list[int], median_s: list[float], repetitions: int) -> TaskTiming:
+    fixed, slope = fit_affine(batch_sizes, median_s)
+    return TaskTiming(task=task, batch_sizes=tuple(int(b) for b in batch_sizes), median_s=tuple(float(t) for t in median_s),
+                      repetitions=int(repetitions), fixed_s=fixed, per_sample_s=slope)
+
+
+def link_timing(devices: tuple[str, str], sizes: list[int], median_s: list[float], repetitions: int) -> LinkTiming:
+    latency, inv_bw = fit_affine(sizes, median_s)
+    bw = 1.0 / inv_bw if inv_bw > 0 else math.inf
+    return LinkTiming(devices=(str(devices[0]), str(devices[1])), sizes_bytes=tuple(int(n) for n in sizes),
+                      median_s=tuple(float(t) for t in median_s), repetitions=int(repetitions), latency_s=latency, bw_bytes_per_s=bw)
+
+
+# ----------------------------------------------------------------------------
+# Task keys and link classes
+
+
+def _short_hash(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def task_key(graph: TaskGraph, task: Task) -> str | None:
+    """The key a profile stores `task`'s time under; None for graphs no builder made (see the module docstring)."""
+    meta = graph.meta_dict()
+    dtype = meta.get("dtype")
+    if "decoder_config" in meta:
+        config = {k: v for k, v in dict(meta["decoder_config"]).items() if k != "name"}
+        role = task.label("role", task.kind)
+        return f"{config.get('model_type')}:{_short_hash(config)}/{meta.get('phase')}:{meta.get('seq_len')}/{dtype}/{role}"
+    if meta.get("builder") in ("fx", "rwnn") and dtype is not None:
+        return f"{graph.name}:{structure_hash(graph)}/{dtype}/{task.name}"
+    return None
+
+
+def structure_hash(graph: TaskGraph) -> str:
+    """8 hex digits of the graph's task names, kinds and edges (not its costs)."""
+    return _short_hash([[(t.name, t.kind) for t in graph.tasks], [(e.src, e.dst) for e in graph.edges]])
+
+
+def link_class(cluster: ClusterSpec, a: DeviceSpec, b: DeviceSpec) -> str | None:
+    """The name of the link class between two devices (None for the same device)."""
+    if a.name == b.name:
+        return None
+    if a.node != b.node:
+        return INTER_NODE
+    first, second = sorted((a.kind, b.kind))
+    return f"{a.node_template}:{first}<->{second}"
+
+
+# ----------------------------------------------------------------------------
+# Applying a profile to a problem
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileCoverage:
+    """Which (task, device kind) pairs a profile covers, and which fall back to the roofline."""
+
+    profiled: tuple[tuple[str, str], ...]  # (task, kind)
+    fallback: tuple[tuple[str, str], ...]  # (task, kind) pairs that keep the roofline
+    links_profiled: tuple[str, ...]
+    links_fallback: tuple[str, ...]
+
+    def fallback_tasks(self) -> dict[str, list[str]]:
+        """Device kind -> tasks that fell back to the roofline on it."""
+        out: dict[str, list[str]] = {}
+        for task, kind in self.fallback:
+            out.setdefault(kind, []).append(task)
+        return out
+
+
+def profile_coverage(graph: TaskGraph, cluster: ClusterSpec, profile: Profile) -> ProfileCoverage:
+    """Pairs of (task, device kind the task may run on) with and without a measurement, and the same for link classes."""
+    used = {d.kind for d in cluster.devices()}
+    kinds = [k for k in cluster.device_kinds if k.name in used]
+    profiled, fallback = [], []
+    for task in graph.tasks:
+        key = task_key(graph, task)
+        for kind in kinds:
+            if cost.task_supported(task, kind):
+                (profiled if profile.timing(kind.name, key) is not None else fallback).append((task.name, kind.name))
+    classes = sorted({c for a in cluster.devices() for b in cluster.devices() if (c := link_class(cluster, a, b)) is not None})
+    return ProfileCoverage(profiled=tuple(profiled), fallback=tuple(fallback),
+                           links_profiled=tuple(c for c in classes if c in profile.links),
+                           links_fallback=tuple(c for c in classes if c not in profile.links))
+
+
+def apply_profile(problem: PlacementProblem, profile: Profile) -> PlacementProblem:
+    """The problem with measured task and link costs wherever the profile has them (see the module docstring)."""
+    graph, devices = problem.graph, problem.devices
+    pieces = problem.time_pieces.copy()
+    for i, task in enumerate(graph.tasks):
+        key = task_key(graph, task)
+        for k, device in enumerate(devices):
+            timing = profile.timing(device.kind, key)
+            if timing is not None and problem.supported[i, k]:
+                pieces[i, k, :] = (timing.fixed_s, timing.per_sample_s)
+    comm_fixed, comm_slope = problem.comm_fixed.copy(), problem.comm_slope.copy()
+    edge_bytes = np.array([e.bytes_per_sample for e in graph.edges], dtype=float)
+    edge_hop = np.array([e.hop_s_per_sample for e in graph.edges], dtype=float)
+    kinds = [problem.cluster.kind(d.kind) for d in devices]
+    for k, a in enumerate(devices):
+        for l, b in enumerate(devices):
+            measured = None if k == l else profile.links.get(link_class(problem.cluster, a, b) or "")
+            if measured is None:
+                continue
+            # cost.transfer_pieces over every edge at once: latency, bytes / bw + hop cost * hops
+            comm_fixed[:, k, l] = measured.latency_s
+            comm_slope[:, k, l] = edge_bytes / measured.bw_bytes_per_s + edge_hop * cost.transfer_hops(kinds[k], kinds[l])
+    return dataclasses.replace(problem, time_pieces=pieces, comm_fixed=comm_fixed, comm_slope=comm_slope)
+
+
+# ----------------------------------------------------------------------------
+# Merging measurements of one kind made on several devices
+
+
+def merge_task_timings(timings: list[TaskTiming]) -> TaskTiming:
+    """One timing from several devices of one kind: per batch size, the median of their medians, refitted."""
+    first = timings[0]
+    if len(timings) == 1:
+        return first
+    if any(t.batch_sizes != first.batch_sizes for t in timings):
+        raise ValueError(f"task {first.task!r}: measurements at different batch sizes cannot be merged")
+    medians = [float(np.median([t.median_s[j] for t in timings])) for j in range(len(first.batch_sizes))]
+    return task_timing(first.task, list(first.batch_sizes), medians, first.repetitions)
+
+
+# ----------------------------------------------------------------------------
+# File form
+
+
+def profile_to_dict(profile: Profile) -> dict[str, Any]:
+    def timing(t: TaskTiming) -> dict[str, Any]:
+        return {"task": t.task, "fixed_s": t.fixed_s, "per_sample_s": t.per_sample_s, "batch_sizes": list(t.batch_sizes),
+                "median_s": list(t.median_s), "repetitions": t.repetitions}
+
+    def link(t: LinkTiming) -> dict[str, Any]:
+        return {"devices": list(t.devices), "latency_s": t.latency_s, "bw_bytes_per_s": t.bw_bytes_per_s,
+                "sizes_bytes": list(t.sizes_bytes), "median_s": list(t.median_s), "repetitions": t.repetitions}
+
+    return {
+        "format": PROFILE_FORMAT,
+        "version": PROFILE_VERSION,
+        "cluster": profile.cluster,
+        "model": dict(profile.model),
+        "settings": dict(profile.settings),
+        "environment": dict(profile.environment),
+        "devices": {kind: list(names) for kind, names in profile.devices.items()},
+        "device_kinds": {kind: {key: timing(t) for key, t in entries.items()} for kind, entries in profile.tasks.items()},
+        "links": {name: link(t) for name, t in profile.links.items()},
+    }
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(profile_to_dict(profile), sort_keys=False, width=160, default_flow_style=None))
+
+
+class _Fields:
+    """Typed reads of one mapping of the profile; errors name the file and the field's path."""
+
+    def __init__(self, data: Any, source: str, where: str):
+        if not isinstance(data, dict):
+            raise ProfileError(f"{source}: {where or 'top level'}: expected a mapping, got {type(data).__name__}")
+        self.data, self.source, self.where = data, source, where
+
+    def fail(self, key: str, what: str) -> ProfileError:
+        return ProfileError(f"{self.source}: {self.where}{'.' if self.where else ''}{key}: {what}")
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+        if key not in self.data:
+            if default is ...:
+                raise self.fail(key, "missing required field")
+            return default
+        value = self.data[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise self.fail(key, f"expected {names}, got {value!r}")
+        return value
+
+    def seconds(self, key: str) -> float:
+        value = float(self.get(key, (int, float)))
+        if not (math.isfinite(value) and value >= 0):
+            raise self.fail(key, f"must be a finite number >= 0, got {value}")
+        return value
+
+    def numbers(self, key: str, kind: type, positive: bool = False) -> list:
+        values = self.get(key, list)
+        for j, v in enumerate(values):
+            if isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else kind) or not math.isfinite(v) or v < 0 or (positive and v <= 0):
+                raise self.fail(f"{key}[{j}]", f"expected a {'positive' if positive else 'non-negative'} {kind.__name__}, got {v!r}")
+        return [kind(v) for v in values]
+
+    def known(self, keys: set[str]) -> None:
+        unknown = sorted(set(self.data) - keys)
+        if unknown:
+            raise self.fail(unknown[0], f"unknown key (known: {', '.join(sorted(keys))})")
+
+
+def _read_task_timing(r: _Fields) -> TaskTiming:
+    r.known({"task", "fixed_s", "per_sample_s", "batch_sizes", "median_s", "repetitions"})
+    sizes, medians = r.numbers("batch_sizes", int, positive=True), r.numbers("median_s", float)
+    if len(sizes) != len(medians):
+        raise r.fail("median_s", f"has {len(medians)} values for {len(sizes)} batch sizes")
+    return TaskTiming(task=r.get("task", str), batch_sizes=tuple(sizes), median_s=tuple(medians), repetitions=int(r.get("repetitions", int)),
+                      fixed_s=r.seconds("fixed_s"), per_sample_s=r.seconds("per_sample_s"))
+
+
+def _read_link_timing(r: _Fields) -> LinkTiming:
+    r.known({"devices", "latency_s", "bw_bytes_per_s", "sizes_bytes", "median_s", "repetitions"})
+    sizes, medians = r.numbers("sizes_bytes", int, positive=True), r.numbers("median_s", float)
+    if len(sizes) != len(medians):
+        raise r.fail("median_s", f"has {len(medians)} values for {len(sizes)} message sizes")
+    devices = r.get("devices", list)
+    if len(devices) != 2 or not all(isinstance(d, str) for d in devices):
+        raise r.fail("devices", f"expected two device names, got {devices!r}")
+    bw = float(r.get("bw_bytes_per_s", (int, float)))
+    if not bw > 0:
+        raise r.fail("bw_bytes_per_s", f"must be > 0, got {bw}")
+    return LinkTiming(devices=(devices[0], devices[1]), sizes_bytes=tuple(sizes), median_s=tuple(medians),
+                      repetitions=int(r.get("repetitions", int)), latency_s=r.seconds("latency_s"), bw_bytes_per_s=bw)
+
+
+def profile_from_dict(data: Any, source: str = "<memory>") -> Profile:
+    """Inverse of profile_to_dict; raises ProfileError naming `source` and the field."""
+    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+        raise ProfileError(f"{source}: not a profile file (expected format: {PROFILE_FORMAT})")
+    top = _Fields(data, source, "")
+    if data.get("version") != PROFILE_VERSION:
+        raise ProfileError(f"{source}: version: unsupported profile version {data.get('version')!r} (this build reads {PROFILE_VERSION})")
+    top.known({"format", "version", "cluster", "model", "settings", "environment", "devices", "device_kinds", "links"})
+    kinds = _Fields(top.get("device_kinds", dict), source, "device_kinds")
+    tasks: dict[str, dict[str, TaskTiming]] = {}
+    for kind, entries in kinds.data.items():
+        r = _Fields(entries, source, f"device_kinds.{kind}")
+        tasks[str(kind)] = {str(key): _read_task_timing(_Fields(e, source, f"device_kinds.{kind}.{key}")) for key, e in r.data.items()}
+    links = _Fields(top.get("links", dict, {}), source, "links")
+    devices = _Fields(top.get("devices", dict, {}), source, "devices")
+    return Profile(
+        cluster=str(top.get("cluster", str)),
+        model=dict(top.get("model", dict, {})),
+        settings=dict(top.get("settings", dict, {})),
+        environment=dict(top.get("environment", dict, {})),
+        devices={str(kind): [str(d) for d in devices.get(kind, list)] for kind in devices.data},
+        tasks=tasks,
+        links={str(name): _read_link_timing(_Fields(e, source, f"links.{name}")) for name, e in links.data.items()},
+    )
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read a profile YAML file; ProfileError names the file and field of any problem."""
+    return profile_from_dict(read_document(path, ProfileError), source=str(path))
+
+
+def file_sha256(path: str | Path) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read: {exc.strerror or exc}") from None

@@ -1,0 +1,346 @@
+"""Profiling a device: time a model's distinct tasks the way the runtime runs them.
+
+What one device does (locally, or as one MPI rank under `mpiexec`):
+
+- decoders: build a `DecoderShard` (llm_planner.runtime.gpt) holding embed, the
+  first `max_blocks` blocks, final_norm and lm_head, and run them as ONE stage
+  with `run_stage`, the call the pipeline makes, whose `on_task` callback gives
+  each task's time (Python call overhead included, CUDA synchronised). A
+  "decode" step with a context of L tokens runs one new token against a KV
+  cache already holding L - 1 (random keys and values: the time depends on
+  shapes only); "prefill" runs a prompt of L tokens on an empty cache. The
+  block time is the mean over the blocks of a step (the first block of a stage
+  also builds the causal mask, as in the runtime). With sublayer graphs, a
+  forward pre-hook on the norm before the MLP splits each block into attn and mlp.
+- fx graphs (ResNet, RWNN): trace the model as the runtime does, make one stage
+  of every node (llm_planner.runtime.graph) and run it with the runtime's
+  `TimedInterpreter`, which times each node. Inputs and outputs are not run by
+  the runtime: they cost 0.
+
+For each batch size: `warmup` untimed runs, then `repetitions` timed ones; the
+median per task is kept and `llm_planner.profile` fits fixed_s + per_sample_s * b.
+CPU devices run torch with `threads` threads (MPI ranks run with one).
+
+Under MPI, every rank profiles its own device (ranks on one host take turns,
+so they do not share its cores), then ping-pong between one pair of ranks per
+link class, with the runtime's own transfer calls (llm_planner.runtime.comm),
+measures the one-way time of messages of several sizes; rank 0 gathers it all
+and writes the profile (llm_planner.runtime.profile_run runs the whole job).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llm_planner import profile as prof
+from llm_planner.graph.ir import TaskGraph
+from llm_planner.graph.models import ModelSpec
+from llm_planner.spec import ClusterSpec, DeviceSpec
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, int], None]  # (what is being timed, runs done since the last call)
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+class ProfileRunError(ValueError):
+    """A profile run that cannot be done as asked (no local device, bad option, unsupported model)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileOptions:
+    batch_sizes: tuple[int, ...] = (1, 2, 4)  # sub-batch sizes to time (at least two distinct)
+    repetitions: int = 5  # timed runs per batch size (the median is kept)
+    warmup: int = 2  # untimed runs per batch size before them
+    threads: int | None = 1  # torch threads on CPU devices (runtime ranks use 1); None: torch's default
+    max_blocks: int = 12  # decoders: blocks built and timed (all blocks share one key)
+    seed: int = 0  # weights and inputs
+    link_sizes_bytes: tuple[int, ...] = (1024, 65536, 1048576, 4194304)  # ping-pong message sizes
+    link_repetitions: int = 20  # round trips per message size
+
+    def check(self) -> ProfileOptions:
+        if len(set(self.batch_sizes)) < 2 or min(self.batch_sizes) < 1:
+            raise ProfileRunError(f"batch sizes: give at least two distinct sizes >= 1, got {list(self.batch_sizes)}")
+        for name in ("repetitions", "link_repetitions", "max_blocks"):
+            if getattr(self, name) < 1:
+                raise ProfileRunError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise ProfileRunError(f"warmup must be >= 0, got {self.warmup}")
+        if self.threads is not None and self.threads < 1:
+            raise ProfileRunError(f"threads must be >= 1, got {self.threads}")
+        if len(set(self.link_sizes_bytes)) < 2 or min(self.link_sizes_bytes) < 1:
+            raise ProfileRunError(f"link sizes: give at least two distinct sizes >= 1 byte, got {list(self.link_sizes_bytes)}")
+        return self
+
+    def runs_per_device(self) -> int:
+        return len(self.batch_sizes) * (self.warmup + self.repetitions)
+
+
+# ----------------------------------------------------------------------------
+# Which devices, and their torch device
+
+
+def host_names() -> set[str]:
+    name = socket.gethostname()
+    return {*LOCAL_HOSTS, name, name.split(".")[0], socket.getfqdn()}
+
+
+def local_devices(cluster: ClusterSpec, node: str | None = None) -> list[DeviceSpec]:
+    """The first device of each kind on this machine's node (or on `node`)."""
+    devices = cluster.devices()
+    nodes = [n for n in dict.fromkeys(d.node for d in devices)]
+    if node is not None:
+        if node not in nodes:
+            raise ProfileRunError(f"{cluster.source}: no node named {node!r} (nodes: {', '.join(nodes)})")
+        mine = node
+    else:
+        here = host_names()
+        local = [n for n in nodes if next(d.hostname for d in devices if d.node == n) in here]
+        if not local:
+            hosts = sorted({str(d.hostname) for d in devices})
+            raise ProfileRunError(f"{cluster.source}: no node of cluster {cluster.name!r} runs on this host ({socket.gethostname()}; "
+                                  f"nodes' hostnames: {', '.join(hosts)}); name one with --node, or profile under mpirun")
+        mine = local[0]
+    first: dict[str, DeviceSpec] = {}
+    for d in devices:
+        if d.node == mine:
+            first.setdefault(d.kind, d)
+    return list(first.values())
+
+
+def rank_devices(cluster: ClusterSpec) -> list[DeviceSpec]:
+    """Every device of the cluster, one per rank, grouped by host in cluster order (as `launch` orders ranks)."""
+    devices = list(cluster.devices())
+    hosts = list(dict.fromkeys(str(d.hostname) for d in devices))
+    return sorted(devices, key=lambda d: hosts.index(str(d.hostname)))
+
+
+def torch_device_of(cluster: ClusterSpec, device: DeviceSpec):
+    """cuda:N for a GPU (N: its position among its node's GPUs, as `launch` numbers them), the CPU for a CPU;
+    None for a GPU when CUDA is not there (it cannot be profiled here)."""
+    import torch
+
+    kind = cluster.kind(device.kind)
+    if kind.type == "cpu":
+        return torch.device("cpu")
+    gpus = [d.name for d in cluster.devices() if d.node == device.node and cluster.kind(d.kind).type == "gpu"]
+    index = gpus.index(device.name) if device.name in gpus else 0
+    if kind.type == "gpu" and torch.cuda.is_available() and index < torch.cuda.device_count():
+        return torch.device(f"cuda:{index}")
+    return None
+
+
+# ----------------------------------------------------------------------------
+# Timing one device
+
+
+def _medians(samples: dict[str, list[float]]) -> dict[str, float]:
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _decoder_step(bench: dict, batch: int, tensors: dict) -> dict[str, float]:
+    """One timed run_stage of every built task; returns seconds per role."""
+    import torch
+
+    from llm_planner.runtime import gpt
+
+    shard, tasks, phase = bench["shard"], bench["tasks"], bench["phase"]
+    eos, pad = gpt.special_tokens(shard.config)
+    ids = tensors["ids"]
+    stream = shard.new_stream(requests=list(range(batch)), prompt_ids=ids, prompt_mask=None, eos_ids=eos, pad_id=pad)
+    if phase == "decode":  # a cache already holding the context: one new token attends to seq_len keys
+        for layer, (k, v) in enumerate(tensors["kv"]):
+            stream.cache.update(k, v, layer)
+        value, step = ids[:, -1:], 1
+    else:
+        value, step = ids, 0
+    marks: list[float] = []
+    bench["marks"] = marks
+    times: dict[str, list[float]] = {}
+
+    def on_task(name: str, seconds: float) -> None:
+        role = "block" if name.startswith("block.") else name
+        times.setdefault(role, []).append(seconds)
+        if role == "block" and bench["sublayers"]:
+            end = time.perf_counter()
+            split = marks.pop(0)
+            times.setdefault("attn", []).append(split - (end - seconds))
+            times.setdefault("mlp", []).append(end - split)
+
+    with torch.no_grad():
+        shard.run_stage(tasks, value.to(shard.device), stream, step, on_task=on_task)
+    return {role: sum(v) / len(v) for role, v in times.items()}
+
+
+def _decoder_bench(spec: ModelSpec, graph: TaskGraph, device, dtype, options: ProfileOptions) -> dict:
+    from llm_planner.runtime import gpt
+
+    meta = graph.meta_dict()
+    if meta.get("phase") == "decode" and int(meta["seq_len"]) < 2:
+        raise ProfileRunError(f"model {spec.name!r}: profiling a decode step needs a context (--seq-len) of at least 2 tokens")
+    try:
+        config = gpt.prepare_config(gpt.load_hf_config(spec.to_dict()))
+        source = gpt.weight_source(config, checkpoint=None, seed=options.seed)
+    except gpt.DecoderError as exc:
+        raise ProfileRunError(f"model {spec.name!r} cannot be profiled: {exc}") from None
+    blocks = min(gpt.num_layers_of(config), options.max_blocks)
+    tasks = ["embed", *(f"block.{i}" for i in range(blocks)), "final_norm", "lm_head"]
+    shard = gpt.DecoderShard(config, set(tasks), device=device, dtype=dtype, source=source)
+    bench = {"shard": shard, "tasks": tasks, "blocks": blocks, "phase": meta["phase"], "seq_len": int(meta["seq_len"]),
+             "sublayers": meta.get("granularity") == "sublayer", "marks": []}
+    if bench["sublayers"]:
+        norm = "ln_2" if shard.family == "gpt2" else "post_attention_layernorm"
+
+        def mark(module, args) -> None:
+            _sync(device)
+            bench["marks"].append(time.perf_counter())
+
+        for i in range(blocks):
+            getattr(shard.modules[shard.names.block.format(i=i)], norm).register_forward_pre_hook(mark)
+    return bench
+
+
+def _decoder_inputs(bench: dict, batch: int, generator) -> dict:
+    import torch
+
+    config, shard = bench["shard"].config, bench["shard"]
+    context = bench["seq_len"] - (1 if bench["phase"] == "decode" else 0)
+    ids = torch.randint(int(config.vocab_size), (batch, context), generator=generator)
+    kv = []
+    if bench["phase"] == "decode":
+        heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        for _ in range(bench["blocks"]):
+            k, v = (torch.randn((batch, heads, context - 1, head_dim), generator=generator) for _ in range(2))
+            kv.append((k.to(device=shard.device, dtype=shard.dtype), v.to(device=shard.device, dtype=shard.dtype)))
+    return {"ids": ids, "kv": kv}
+
+
+def time_decoder(spec: ModelSpec, graph: TaskGraph, device, dtype, options: ProfileOptions, progress: Progress) -> dict[str, dict[int, float]]:
+    """Role -> batch size -> median seconds, with the runtime's decoder stage code."""
+    import torch
+
+    bench = _decoder_bench(spec, graph, device, dtype, options)
+    generator = torch.Generator().manual_seed(options.seed)
+    out: dict[str, dict[int, float]] = {}
+    for batch in options.batch_sizes:
+        tensors = _decoder_inputs(bench, batch, generator)
+        samples: dict[str, list[float]] = {}
+        for rep in range(options.warmup + options.repetitions):
+            step = _decoder_step(bench, batch, tensors)
+            if rep >= options.warmup:
+                for role, seconds in step.items():
+                    samples.setdefault(role, []).append(seconds)
+            progress(f"{spec.name} batch {batch}", 1)
+        for role, median in _medians(samples).items():
+            out.setdefault(role, {})[batch] = median
+    return out
+
+
+def time_graph(spec: ModelSpec, device, dtype, options: ProfileOptions, progress: Progress) -> dict[str, dict[int, float]]:
+    """fx node -> batch size -> median seconds, with the runtime's stage module and TimedInterpreter."""
+    import torch
+
+    from llm_planner.runtime import graph as rg
+
+    gm, example = rg.build_graph_model(spec.to_dict())
+    compute = {n.name: 0 for n in gm.graph.nodes if n.op not in ("get_attr", "placeholder", "output")}
+    split = rg.split_graph(gm, compute)
+    assert len(split.stages) == 1, "one owner gives one stage"
+    stage = split.stages[0]
+    module = rg.stage_module(gm, stage).to(device=device, dtype=dtype).eval()
+    out: dict[str, dict[int, float]] = {}
+    for batch in options.batch_sizes:
+        inputs = rg.make_batch(example, batch, options.seed).to(device=device, dtype=dtype)
+        samples: dict[str, list[float]] = {}
+        for rep in range(options.warmup + options.repetitions):
+            times: dict[str, float] = {}
+            with torch.no_grad():
+                rg.TimedInterpreter(module, times, sync_cuda=device.type == "cuda").run(*(inputs for _ in stage.inputs))
+            if rep >= options.warmup:
+                for name, seconds in times.items():
+                    samples.setdefault(name, []).append(seconds)
+            progress(f"{spec.name} batch {batch}", 1)
+        for name, median in _medians(samples).items():
+            out.setdefault(name, {})[batch] = median
+    return out
+
+
+def profile_device(spec: ModelSpec, graph: TaskGraph, device, options: ProfileOptions, progress: Progress) -> dict[str, prof.TaskTiming]:
+    """Task key -> timing of every distinct task of `graph` on the torch `device`."""
+    import torch
+
+    from llm_planner.runtime.rank import torch_dtype
+
+    if device.type == "cpu" and options.threads is not None:
+        torch.set_num_threads(options.threads)
+    dtype = torch_dtype(spec.dtype)
+    decoder = "decoder_config" in graph.meta_dict()
+    measured = time_decoder(spec, graph, device, dtype, options, progress) if decoder else time_graph(spec, device, dtype, options, progress)
+    sizes = list(options.batch_sizes)
+    timings: dict[str, prof.TaskTiming] = {}
+    for task in graph.tasks:
+        key = prof.task_key(graph, task)
+        if key is None or key in timings:
+            continue
+        name = task.label("role", task.kind) if decoder else task.name
+        if name in measured:
+            medians = [measured[name][b] for b in sizes]
+        elif not decoder and task.kind in ("input", "output"):
+            medians = [0.0] * len(sizes)  # the runtime does no work for them
+        else:
+            log.warning("task %s was not timed (no runtime counterpart); it keeps the roofline", task.name)
+            continue
+        timings[key] = prof.task_timing(task.name, sizes, medians, options.repetitions)
+    return timings
+
+
+# ----------------------------------------------------------------------------
+# Links
+
+
+def link_pairs(cluster: ClusterSpec, order: list[DeviceSpec]) -> list[tuple[str, int, int]]:
+    """(link class, rank a, rank b): the first pair of ranks of each link class."""
+    pairs: dict[str, tuple[int, int]] = {}
+    for a in range(len(order)):
+        for b in range(a + 1, len(order)):
+            name = prof.link_class(cluster, order[a], order[b])
+            if name is not None:
+                pairs.setdefault(name, (a, b))
+    return [(name, a, b) for name, (a, b) in pairs.items()]
+
+
+def ping_pong(comm, peer: int, first: bool, sizes: tuple[int, ...], repetitions: int) -> list[float]:
+    """Median one-way time per message size: half a round trip, with the runtime's isend / probe / recv_into."""
+    import torch
+
+    medians = []
+    for size in sizes:
+        buf, out = torch.zeros(size, dtype=torch.uint8), torch.empty(size, dtype=torch.uint8)
+        times = []
+        for rep in range(repetitions + 1):  # the first round trip warms the path up
+            start = time.perf_counter()
+            if first:
+                comm.isend(buf, peer, 0)
+                comm.wait_sends()
+            comm.probe_any()
+            comm.recv_into(out, peer, 0)
+            if not first:
+                comm.isend(buf, peer, 0)
+                comm.wait_sends()
+            if rep:
+                times.append((time.perf_counter() - start) / 2)
+        medians.append(statistics.median(times))
+    return medians

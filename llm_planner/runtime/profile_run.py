@@ -1,0 +1,217 @@
+"""A whole profile run: the local devices, or one MPI rank per device of the cluster.
+
+- `profile_local`: the first device of each kind on this machine's node (found
+  by hostname, or named) is timed with llm_planner.runtime.profile_rank; GPUs
+  are skipped when CUDA is missing (a CPU measurement would be a lie about them).
+- `run_mpi`: under `mpiexec`, rank r is device r of the cluster, grouped by host
+  in cluster order as `launch` numbers ranks. Ranks on one host take turns at
+  timing their devices (so they do not share its cores), then one pair of
+  ranks per link class runs the ping-pong; rank 0 gathers everything, merges
+  devices of one kind (median of their medians) and writes the profile file.
+- `spawn_mpi`: runs `run_mpi` with this environment's mpiexec:
+
+    mpiexec -f hostfile -n R python -m mpi4py -m llm_planner.runtime.profile_run profile_job.json
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llm_planner import profile as prof
+from llm_planner.graph.models import ModelSpec, build_model_graph
+from llm_planner.runtime.profile_rank import (
+    ProfileOptions,
+    ProfileRunError,
+    Progress,
+    link_pairs,
+    local_devices,
+    ping_pong,
+    profile_device,
+    rank_devices,
+    torch_device_of,
+)
+from llm_planner.spec import ClusterSpec, DeviceSpec, load_cluster
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileJob:
+    """What to profile and where to write it: the JSON file the MPI ranks read."""
+
+    cluster_path: str
+    model: dict[str, Any]  # ModelSpec fields
+    output_path: str
+    options: ProfileOptions = field(default_factory=ProfileOptions)
+    node: str | None = None  # local runs: the cluster node this machine is (default: found by hostname)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ProfileJob:
+        data = json.loads(Path(path).read_text())
+        options = data.pop("options", {})
+        for key in ("batch_sizes", "link_sizes_bytes"):
+            if key in options:
+                options[key] = tuple(options[key])
+        return cls(options=ProfileOptions(**options), **data)
+
+
+def _environment(torch_devices: dict[str, str]) -> dict[str, Any]:
+    import torch
+
+    return {"torch": str(torch.__version__), "torch_devices": torch_devices, "threads": torch.get_num_threads()}
+
+
+def build_profile(job: ProfileJob, cluster: ClusterSpec, measured: list[tuple[DeviceSpec, dict[str, prof.TaskTiming]]],
+                  links: dict[str, prof.LinkTiming], environment: dict[str, Any]) -> prof.Profile:
+    """One profile from the devices' timings; devices of one kind are merged (median of their medians)."""
+    by_kind: dict[str, dict[str, list[prof.TaskTiming]]] = {}
+    devices: dict[str, list[str]] = {}
+    for device, timings in measured:
+        devices.setdefault(device.kind, []).append(device.name)
+        for key, timing in timings.items():
+            by_kind.setdefault(device.kind, {}).setdefault(key, []).append(timing)
+    tasks = {kind: {key: prof.merge_task_timings(ts) for key, ts in entries.items()} for kind, entries in by_kind.items()}
+    settings = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(job.options).items()}
+    return prof.Profile(cluster=cluster.name, model=dict(job.model), settings=settings, devices=devices, tasks=tasks,
+                        links=links, environment=environment)
+
+
+def planned_runs(job: ProfileJob) -> int:
+    """Timed and warm-up runs `profile_local` makes (for a progress bar)."""
+    return len(local_devices(load_cluster(job.cluster_path), job.node)) * job.options.runs_per_device()
+
+
+def profile_local(job: ProfileJob, progress: Progress = lambda what, n: None) -> tuple[prof.Profile, list[str]]:
+    """Profile the first device of each kind on this machine's node; returns the profile and the devices skipped."""
+    cluster = load_cluster(job.cluster_path)
+    spec = ModelSpec.from_dict(dict(job.model))
+    graph = build_model_graph(spec)
+    measured, skipped, torch_devices = [], [], {}
+    for device in local_devices(cluster, job.node):
+        torch_device = torch_device_of(cluster, device)
+        if torch_device is None:
+            log.warning("device %s is a %s but CUDA is not available here: not profiled", device.name, cluster.kind(device.kind).type)
+            skipped.append(device.name)
+            progress(f"{device.name} (skipped)", job.options.runs_per_device())
+            continue
+        torch_devices[device.name] = str(torch_device)
+        measured.append((device, profile_device(spec, graph, torch_device, job.options, progress)))
+    if not measured:
+        raise ProfileRunError(f"no device of cluster {cluster.name!r} can be profiled on this machine (skipped: {', '.join(skipped)})")
+    return build_profile(job, cluster, measured, {}, _environment(torch_devices)), skipped
+
+
+def quiet_barrier(comm, sleep_s: float = 1e-3) -> None:
+    """A barrier whose waiting ranks sleep: MPI's own spins, and would steal the cores of the rank being timed."""
+    request = comm.world.Ibarrier()
+    while not request.Test():
+        time.sleep(sleep_s)
+
+
+def _profile_rank(comm, job: ProfileJob, cluster: ClusterSpec, order: list[DeviceSpec]):
+    """This rank's device timings (ranks of one host take turns) and its link measurements."""
+    me = order[comm.rank]
+    spec = ModelSpec.from_dict(dict(job.model))
+    graph = build_model_graph(spec)
+    device = torch_device_of(cluster, me)
+    same_host = [r for r, d in enumerate(order) if d.hostname == me.hostname]
+    turns = max(sum(1 for d in order if d.hostname == h) for h in {d.hostname for d in order})
+    timings = None
+    for turn in range(turns):
+        quiet_barrier(comm)
+        if same_host.index(comm.rank) == turn and device is not None:
+            log.info("rank %d: timing %s on %s", comm.rank, me.name, device)
+            timings = profile_device(spec, graph, device, job.options, lambda what, n: None)
+    if device is None:
+        log.warning("rank %d: device %s is a GPU but CUDA is not available here: not profiled", comm.rank, me.name)
+    links = {}
+    for name, a, b in link_pairs(cluster, order):
+        quiet_barrier(comm)
+        if comm.rank in (a, b):
+            medians = ping_pong(comm, b if comm.rank == a else a, comm.rank == a, job.options.link_sizes_bytes, job.options.link_repetitions)
+            if comm.rank == a:
+                links[name] = prof.link_timing((order[a].name, order[b].name), list(job.options.link_sizes_bytes), medians,
+                                               job.options.link_repetitions)
+    return timings, links, (str(device) if device is not None else None)
+
+
+def run_mpi(job: ProfileJob, comm=None) -> prof.Profile | None:
+    """Every rank profiles its own device; rank 0 gathers, writes job.output_path and returns the profile."""
+    from llm_planner.runtime.comm import Comm
+
+    comm = comm or Comm()
+    cluster = load_cluster(job.cluster_path)
+    order = rank_devices(cluster)
+    if comm.size != len(order):
+        raise ProfileRunError(f"{job.cluster_path}: the cluster has {len(order)} devices, one rank each, but mpiexec started {comm.size}; "
+                              f"start it with -n {len(order)}")
+    timings, links, torch_device = _profile_rank(comm, job, cluster, order)
+    gathered = comm.gather((comm.rank, timings, links, torch_device))
+    result = None
+    if comm.rank == 0:
+        assert gathered is not None
+        measured = [(order[r], t) for r, t, _, _ in gathered if t is not None]
+        if not measured:
+            raise ProfileRunError(f"no rank could profile its device (cluster {cluster.name!r})")
+        all_links = {name: link for _, _, ls, _ in gathered for name, link in ls.items()}
+        devices = {order[r].name: d for r, _, _, d in gathered if d is not None}
+        result = build_profile(job, cluster, measured, all_links, _environment(devices))
+        prof.save_profile(result, job.output_path)
+    quiet_barrier(comm)
+    return result
+
+
+def spawn_mpi(job: ProfileJob, workdir: str | Path, timeout_s: float) -> prof.Profile:
+    """Run `run_mpi` under this environment's mpiexec, one rank per device of the cluster; returns the profile written."""
+    import subprocess
+
+    from llm_planner.launch import mpiexec_path
+
+    cluster = load_cluster(job.cluster_path)
+    order = rank_devices(cluster)
+    missing = sorted({d.node for d in order if not d.hostname})
+    if missing:
+        raise ProfileRunError(f"{cluster.source}: nodes {missing} have no hostname; profiling under MPI needs the host of every node")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    hosts: dict[str, int] = {}
+    for d in order:
+        hosts[str(d.hostname)] = hosts.get(str(d.hostname), 0) + 1
+    (workdir / "hostfile").write_text("".join(f"{h}:{n}\n" for h, n in hosts.items()))
+    job.save(workdir / "profile_job.json")
+    command = [str(mpiexec_path()), "-f", str(workdir / "hostfile"), "-n", str(len(order)), sys.executable, "-m", "mpi4py",
+               "-m", "llm_planner.runtime.profile_run", str(workdir / "profile_job.json")]
+    Path(job.output_path).unlink(missing_ok=True)
+    try:
+        done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ProfileRunError(f"profiling on {len(order)} ranks exceeded its timeout of {timeout_s:g} s") from None
+    (workdir / "mpiexec.err").write_text(done.stderr)
+    if done.returncode != 0 or not Path(job.output_path).is_file():
+        raise ProfileRunError(f"profiling on {len(order)} ranks failed (mpiexec status {done.returncode}):\n{done.stderr[-3000:]}")
+    return prof.load_profile(job.output_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: mpiexec -n R python -m mpi4py -m llm_planner.runtime.profile_run JOB.json", file=sys.stderr)
+        return 2
+    from mpi4py import MPI
+
+    logging.basicConfig(level=logging.INFO, format=f"[rank {MPI.COMM_WORLD.Get_rank()}] %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    run_mpi(ProfileJob.load(args[0]))  # an exception leaves the program: python -m mpi4py aborts every rank
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
