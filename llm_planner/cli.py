@@ -63,7 +63,8 @@ def _add_solve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per MILP solve (default: 60)")
     p.add_argument("--gap", type=float, default=1e-4, help="relative MIP gap to stop at (default: 1e-4)")
     p.add_argument("--threads", type=int, default=0, help="solver threads (default: backend's choice)")
-    p.add_argument("--symmetry", choices=SYMMETRY_CHOICES, default="none", help="symmetry breaking among identical devices and servers")
+    p.add_argument("--symmetry", choices=SYMMETRY_CHOICES, default="solver",
+                   help="symmetry breaking among identical devices and servers (default: the solver's own detection)")
     p.add_argument("--contiguous", action="store_true", help="throughput: each device's tasks form a contiguous set")
     p.add_argument("--workers", type=int, default=0, help="MILP-SPLIT processes (default: all cores)")
 

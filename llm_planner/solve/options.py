@@ -16,7 +16,7 @@ class SolveOptions:
     rel_gap: float = 1e-4  # stop when (incumbent - bound) / incumbent <= rel_gap
     threads: int = 0  # solver threads; 0 = the backend's default
     seed: int = 0  # solver random seed
-    symmetry: str = "none"  # symmetry breaking: one of SYMMETRY_CHOICES
+    symmetry: str = "solver"  # symmetry breaking: one of SYMMETRY_CHOICES; "solver" = the backend's own detection
     contiguous: bool = False  # throughput: each device's task set is contiguous
     workers: int = 0  # MILP-SPLIT: processes for subproblems; 0 = all cores
     max_module_tasks: int = 20  # MILP-SPLIT: larger modules are planned by HEFT + local search instead of the exact MILP
