@@ -94,6 +94,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show-cluster", help="devices, links and symmetry classes of a cluster spec")
     p.add_argument("cluster")
 
+    from llm_planner.solve.options import SYMMETRY_CHOICES
+
     p = sub.add_parser("compare-symmetry", help="solve one instance under every symmetry criterion, exact MILP and MILP-SPLIT")
     _add_model_args(p)
     p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
@@ -101,6 +103,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-shards", type=int, default=None, help="data parallelism: at most this many shards (default: number of devices)")
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (default: 60)")
     p.add_argument("--solvers", default="milp,milp-split", help="comma-separated solvers to compare (default: milp,milp-split)")
+    p.add_argument("--criteria", default=",".join(SYMMETRY_CHOICES),
+                   help=f"comma-separated symmetry criteria to compare (default: all of {', '.join(SYMMETRY_CHOICES)})")
     p.add_argument("--solver-backend", choices=("highs", "gurobi"), default="highs")
     p.add_argument("--out-dir", default=".", help="where to write symmetry.csv and symmetry.png (default: .)")
     p.add_argument("--profile", help="measured costs (`llm-planner profile`) to use instead of the roofline where they exist")
@@ -118,6 +122,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=None, help="where to write the hostfile and rank table (default: next to the report)")
     p.add_argument("--measure", action="store_true", help="compare predicted with measured time per task, device, link and end to end; "
                    "print the tables and write measure.json in the workdir")
+    from llm_planner.launch import MEASURE_WARMUP
+
+    p.add_argument("--warmup", type=int, default=None,
+                   help=f"untimed runs of the whole workload before the timed one (default: {MEASURE_WARMUP} with --measure, else 0)")
 
     p = sub.add_parser("measure", help="compare a plan's predicted times with a run report of it")
     p.add_argument("plan")

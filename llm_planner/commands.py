@@ -185,6 +185,7 @@ def cmd_launch(args: argparse.Namespace, console: Console) -> int:
             report_path=args.report,
             timeout_s=args.timeout,
             workdir=args.workdir,
+            warmup=args.warmup if args.warmup is not None else (launch.MEASURE_WARMUP if args.measure else 0),
         )
     except launch.LaunchError as exc:
         raise UserError(str(exc), exit_code=exc.exit_code) from None
@@ -238,6 +239,7 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
 def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
     from llm_planner import study
     from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.solve.options import SYMMETRY_CHOICES
 
     problem = problem_from_inputs(
         cluster_path=args.cluster, model=_model_spec(args), graph_path=args.graph,
@@ -246,8 +248,12 @@ def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
     if args.profile:
         print_profile_coverage(console, problem, args.profile)
     solvers = tuple(s.strip() for s in args.solvers.split(",") if s.strip())
+    criteria = tuple(c.strip() for c in args.criteria.split(",") if c.strip())
+    unknown = sorted(set(criteria) - set(SYMMETRY_CHOICES)) or (["(none given)"] if not criteria else [])
+    if unknown:
+        raise UserError(f"--criteria: unknown criterion {', '.join(unknown)}; choose from {', '.join(SYMMETRY_CHOICES)}", exit_code=2)
     with console.status("solving...") as status:
-        rows = study.compare_symmetry(problem, time_limit_s=args.time_limit, solvers=solvers, backend=args.solver_backend,
+        rows = study.compare_symmetry(problem, time_limit_s=args.time_limit, solvers=solvers, criteria=criteria, backend=args.solver_backend,
                                       progress=lambda msg: status.update(f"solving: {msg}"))
     unit = "s/sample" if problem.objective == "throughput" else "s"
     table = Table(title=f"symmetry breaking: {problem.graph.name} on {problem.cluster.name}, {problem.objective}, batch {problem.batch_size}")

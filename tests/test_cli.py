@@ -82,3 +82,27 @@ def test_models_lists_presets(capsys):
     out = capsys.readouterr().out
     for name in ("gpt3-175b", "llama2-70b", "opt-66b", "resnet50", "rwnn-ws-3x32"):
         assert name in out
+
+
+def test_compare_symmetry_writes_table_csv_and_chart(tmp_path, capsys):
+    import csv
+
+    # the CLI's plumbing (the criteria themselves are tested against brute force in test_symmetry.py)
+    args = ["compare-symmetry", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt3-125m",
+            "--max-shards", "1", "--time-limit", "30", "--criteria", "none,first,solver", "--out-dir", str(tmp_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "symmetry breaking" in out and "first" in out
+    with open(tmp_path / "symmetry.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["criterion"], r["solver"]) for r in rows] == [(c, s) for s in ("milp", "milp-split") for c in ("none", "first", "solver")]
+    exact = [float(r["objective_s"]) for r in rows if r["solver"] == "milp" and r["status"] == "optimal"]
+    assert exact and max(exact) == pytest.approx(min(exact), rel=1e-3)  # every criterion keeps the optimum
+    assert (tmp_path / "symmetry.png").stat().st_size > 0
+
+
+def test_compare_symmetry_rejects_an_unknown_criterion(capsys):
+    code = main(["compare-symmetry", "--cluster", "cluster_specs/four-gpus.yaml", "--model", "gpt2", "--criteria", "none,speed"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--criteria" in err and "speed" in err
