@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_split.py [--quick] [--out DIR] [--time-limit S]
         [--split-time-limit S] [--max-module-tasks N] [--workers N] [--objectives latency,throughput]
         [--milp-max-tasks N] [--no-milp] [--big | --no-big] [--only TEXT[,TEXT...]]
+    .venv/bin/python benchmarks/bench_split.py --from-csv A.csv B.csv --out DIR   (report earlier runs as one)
 
 Every instance is built with llm_planner.pipeline.problem_from_inputs (a model
 preset on a cluster spec, batch 1 and 8, the latency objective by default;
@@ -218,6 +219,26 @@ def write_csv(rows: list[Row], path: Path) -> None:
             out.writerow([getattr(r, c) for c in COLUMNS] + [derived[c] for c in DERIVED])
 
 
+def read_csv(paths: list[str]) -> list[Row]:
+    """Rows of earlier runs (this script's CSV), e.g. two runs over different instances to report as one."""
+    types = {f.name: f.type for f in Row.__dataclass_fields__.values()}
+    rows = []
+    for path in paths:
+        with open(path, newline="") as fh:
+            for rec in csv.DictReader(fh):
+                values = {}
+                for name in COLUMNS:
+                    kind, text = types[name], rec.get(name, "")
+                    if kind in ("int", int):
+                        values[name] = int(text or 0)
+                    elif kind in ("float", float):
+                        values[name] = float(text) if text not in ("", None) else math.nan
+                    else:
+                        values[name] = text
+                rows.append(Row(**values))
+    return rows
+
+
 def _pct(x: float) -> str:
     return "" if not math.isfinite(x) else f"{100 * x:.1f}%"
 
@@ -363,6 +384,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--big", action=argparse.BooleanOptionalAction, default=None,
                     help=f"add the {BIG[0]} row (default: on, off with --quick)")
     ap.add_argument("--only", default="", help="keep instances whose 'model cluster batch objective' contains one of these comma-separated texts")
+    ap.add_argument("--from-csv", nargs="+", default=[], metavar="CSV",
+                    help="solve nothing: report (table, figure, targets) the rows of these earlier runs' CSVs as one")
     args = ap.parse_args(argv)
     if not args.objectives or set(args.objectives.split(",")) - {"latency", "throughput"}:
         ap.error(f"--objectives: a comma-separated list of latency and throughput, got {args.objectives!r}")
@@ -390,8 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     warm_up()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for row in instances(args):
+    rows = read_csv(args.from_csv) if args.from_csv else []
+    if args.from_csv:
+        write_csv(rows, out / "bench_split.csv")
+    for row in [] if args.from_csv else instances(args):
         started = time.perf_counter()
         rows.append(run_row(row, args))
         d = row.derived()
