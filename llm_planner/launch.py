@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PROMPT_LEN = 8
 RESNET_NAMES = ("resnet18", "resnet50")  # the CNN presets of llm_planner.graph.models
+MEASURE_WARMUP = 2  # `launch --measure`: untimed runs first, as `profile` warms up before it times (its --warmup default)
 KILL_GRACE_S = 15.0  # beyond timeout_s: the ranks' own watchdog fires first
 
 
@@ -63,6 +64,7 @@ class LaunchOptions:
     seed: int | None = None  # seeded weights and CNN inputs; default: the plan's model seed
     dtype: str | None = None  # compute dtype; default: the plan's
     fail_rank: int | None = None  # fault injection for tests: this rank raises once the run starts
+    warmup: int = 0  # untimed runs of the whole workload before the timed one
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +152,8 @@ def _check_options(options: LaunchOptions) -> None:
         raise LaunchError(f"timeout must be > 0 seconds, got {options.timeout_s}")
     if options.micro_batches is not None and options.micro_batches < 1:
         raise LaunchError(f"micro_batches must be >= 1, got {options.micro_batches}")
+    if options.warmup < 0:
+        raise LaunchError(f"warmup must be >= 0 untimed runs, got {options.warmup}")
 
 
 def rank_entries(plan: Plan, cluster: ClusterSpec, source: str) -> tuple[RankEntry, ...]:
@@ -225,6 +229,7 @@ def build_rank_table(plan_path: str | Path, options: LaunchOptions) -> tuple[Ran
         seed=options.seed if options.seed is not None else int(plan.inputs.model.get("seed", 0)),
         dtype=options.dtype,
         fail_rank=options.fail_rank,
+        warmup=options.warmup,
     )
     return RankTable(ranks=entries, run=run), plan
 
@@ -271,7 +276,20 @@ def describe_result(result: LaunchResult) -> str:
         lines += [f"request {i}: {' '.join(map(str, t))}" for i, t in enumerate(r["tokens"])]
     elif "output" in r:
         lines.append(f"output {r['output']['shape']} sha256 {r['output']['sha256'][:16]}... saved to {r['output_path']}")
+    lines += oversubscription_notes(r.get("ranks", []))
     return "\n".join(lines)
+
+
+def oversubscription_notes(ranks: list[dict]) -> list[str]:
+    """A warning for each host that ran more ranks than it has cores: its times are not the plan's devices' times."""
+    notes = {}
+    for r in ranks:
+        if r.get("wait") == "sleep":
+            host = r["device"].split("/")[0]
+            notes[host] = (f"warning: node {host} ran {r['ranks_on_host']} ranks on {r['host_cores']} cores: ranks shared cores "
+                           f"and waiting ranks slept between polls, so measured times include waking them; "
+                           f"describe at most one single-thread CPU device per core to compare with the plan")
+    return list(notes.values())
 
 
 def _compact(tasks: list[str]) -> str:
@@ -365,12 +383,14 @@ def launch_plan(
     seed: int | None = None,
     dtype: str | None = None,
     fail_rank: int | None = None,
+    warmup: int = 0,
 ) -> LaunchResult:
     """The CLI's entry point: `llm-planner launch plan.yaml [--dry-run] [--checkpoint DIR] ...` (see LaunchOptions)."""
     options = LaunchOptions(
         dry_run=dry_run, checkpoint=checkpoint, prompt_ids=tuple(tuple(p) for p in (prompt_ids or ())),
         max_new_tokens=max_new_tokens, micro_batches=micro_batches, report_path=report_path, timeout_s=timeout_s,
         workdir=workdir, extra=tuple(extra), num_ranks=num_ranks, seed=seed, dtype=dtype, fail_rank=fail_rank,
+        warmup=warmup,
     )
     return launch(plan_path, options)
 

@@ -179,11 +179,28 @@ def test_plans_from_graph_files_cannot_be_launched(plan4, tmp_path):
         ({"timeout_s": 0}, "timeout must be > 0"),
         ({"micro_batches": 0}, "micro_batches must be >= 1"),
         ({"fail_rank": 4}, r"fail_rank 4 is not a rank of this run \(0..3\)"),
+        ({"warmup": -1}, "warmup must be >= 0 untimed runs, got -1"),
     ],
 )
 def test_bad_run_options_are_refused(plan4, tmp_path, kwargs, message):
     with pytest.raises(LaunchError, match=message):
         launch_plan(plan4, dry_run=True, workdir=str(tmp_path / "w"), **kwargs)
+
+
+def test_warmup_runs_go_into_the_rank_table_and_default_to_none_without_measure(plan4, tmp_path):
+    from llm_planner import cli
+
+    assert launch_plan(plan4, dry_run=True, workdir=str(tmp_path / "a")).rank_table.run.warmup == 0
+    assert load_rank_table(launch_plan(plan4, dry_run=True, workdir=str(tmp_path / "b"), warmup=3).rank_table_path).run.warmup == 3
+    assert cli.main(["launch", str(plan4), "--dry-run", "--warmup", "2", "--workdir", str(tmp_path / "c")]) == 0
+    assert load_rank_table(tmp_path / "c" / "rank_table.json").run.warmup == 2
+    assert cli.main(["launch", str(plan4), "--dry-run", "--workdir", str(tmp_path / "d")]) == 0
+    assert load_rank_table(tmp_path / "d" / "rank_table.json").run.warmup == 0
+    data = json.loads((tmp_path / "d" / "rank_table.json").read_text())
+    data["run"]["warmup"] = -2
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(RankTableError, match=r"bad.json: run.warmup: expected a whole number of runs >= 0, got -2"):
+        load_rank_table(tmp_path / "bad.json")
 
 
 def test_parse_prompt_ids():
@@ -211,3 +228,16 @@ def test_a_decoder_dry_run_imports_neither_mpi4py_nor_torch(plan4, tmp_path):
         "bad = [m for m in ('mpi4py', 'torch', 'transformers') if m in sys.modules]\nassert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_run_with_more_ranks_than_cores_on_a_host_is_flagged():
+    from llm_planner.launch import oversubscription_notes
+
+    def rank(i, host, wait, sharing, cores):
+        return {"rank": i, "device": f"{host}/cpu-core:{i}", "wait": wait, "ranks_on_host": sharing, "host_cores": cores}
+
+    ranks = [rank(0, "a", "sleep", 4, 2), rank(1, "a", "sleep", 4, 2), rank(2, "b", "spin", 1, 8)]
+    notes = oversubscription_notes(ranks)
+    assert len(notes) == 1 and notes[0].startswith("warning: node a ran 4 ranks on 2 cores")
+    assert oversubscription_notes([rank(0, "b", "spin", 1, 8)]) == []
+    assert oversubscription_notes([{"rank": 0, "device": "a/cpu:0"}]) == []  # reports written before ranks said how they waited

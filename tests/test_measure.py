@@ -176,6 +176,7 @@ def test_launch_measure_runs_the_plan_and_writes_the_comparison(tmp_path, capsys
     assert {(t["device"], t["task"]) for t in data["tasks"]} == {
         ("localhost/cpu-core:0", "embed"), ("localhost/cpu-core:0", "block.0"), ("localhost/cpu-core:1", "block.1"),
         ("localhost/cpu-core:1", "final_norm"), ("localhost/cpu-core:1", "lm_head")}
-    assert all(t["calls"] == 3 and t["measured_s"] > 0 for t in data["tasks"])
+    assert all(t["calls"] == 3 and t["measured_s"] > 0 for t in data["tasks"])  # the warm-up runs are not counted
+    assert [r["warmup_runs"] for r in json.loads((tmp_path / "run.json").read_text())["ranks"]] == [2, 2]  # --measure's default
     assert "predicted vs measured" in out and "measurement written to" in out
     assert cli.main(["launch", str(plan), "--measure", "--dry-run"]) == 2

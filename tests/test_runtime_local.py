@@ -185,3 +185,33 @@ def test_any_assignment_splits_into_a_dag_that_computes_the_model(small_rwnn, da
     assert nx.is_directed_acyclic_graph(quotient)
     with torch.no_grad():
         assert torch.allclose(rg.run_split_locally(gm, split, x), expected, atol=1e-6)
+
+
+def test_rank_stats_keep_the_first_stop():
+    """A graph run stops its clock before gathering its outputs; the rank's later stop must not move it."""
+    import time
+
+    from llm_planner.runtime.report import RankStats
+
+    stats = RankStats(rank=0, device="localhost/cpu-core:0", torch_device="cpu")
+    stats.start()
+    stats.stop()
+    first = stats.total_s
+    time.sleep(0.01)
+    stats.stop()
+    assert stats.total_s == first
+
+
+def test_ranks_spin_while_waiting_only_when_their_host_has_a_core_for_each():
+    from llm_planner.runtime.comm import spins_while_waiting
+    from llm_planner.runtime.rank import ranks_on_host
+    from llm_planner.runtime.table import RankEntry, RankTable, RunSpec
+
+    hosts = ["a", "a", "b", "a"]
+    table = RankTable(
+        ranks=tuple(RankEntry(rank=i, device=f"n/cpu:{i}", node="n", hostname=h, device_type="cpu", gpu_index=None, tasks={"0": ["t"]})
+                    for i, h in enumerate(hosts)),
+        run=RunSpec(plan_path="p.yaml", workload="graph", workdir=".", report_path="r.json", timeout_s=1.0))
+    assert spins_while_waiting(ranks_on_host=2, cores=2) and spins_while_waiting(ranks_on_host=1, cores=16)
+    assert not spins_while_waiting(ranks_on_host=4, cores=2)
+    assert (ranks_on_host(table, "a"), ranks_on_host(table, "b"), ranks_on_host(table, "c")) == (3, 1, 0)

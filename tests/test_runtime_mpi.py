@@ -19,6 +19,7 @@ from runtime_fixtures import decoder_plan, graph_plan, save_config, tiny_gpt2, t
 from llm_planner.launch import launch_plan
 from llm_planner.runtime import gpt
 from llm_planner.runtime import graph as rg
+from llm_planner.runtime.comm import usable_cores
 
 pytestmark = pytest.mark.mpi
 TIMEOUT_S = 150.0
@@ -41,9 +42,15 @@ def test_gpt2_on_four_ranks_split_unevenly_matches_generate(tmp_path):
     layout = {"embed": 0, "block.0": 1, "block.3": 2, "lm_head": 3}  # embed | blocks 0-2 | block 3 + final_norm | lm_head
     plan = decoder_plan(tmp_path / "plan.yaml", model_dir, [layout])
     prompts = [[5, 6, 7, 9, 10], [1, 2], [3, 4, 5]]  # uneven lengths: left padding and a 2D mask
-    report = _ok(launch_plan(plan, prompt_ids=prompts, max_new_tokens=10, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S))
+    # two untimed warm-up generations first: each starts from fresh KV caches, and only the timed one is counted
+    report = _ok(launch_plan(plan, prompt_ids=prompts, max_new_tokens=10, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S, warmup=2))
     assert report["tokens"] == _whole_tokens(config, prompts, 10)
     ranks = report["ranks"]
+    assert all(r["warmup_runs"] == 2 for r in ranks)
+    # four ranks on one host: they spin while waiting only if the host has four cores (a 2-core CI box: they sleep)
+    assert all(r["ranks_on_host"] == 4 and r["host_cores"] == usable_cores() for r in ranks)
+    assert {r["wait"] for r in ranks} == {"spin" if usable_cores() >= 4 else "sleep"}
+    assert sum(t["count"] for t in ranks[1]["transfers"] if t["direction"] == "recv") == 10  # the timed run's messages only
     assert [sorted(r["tasks"]) for r in ranks] == [["embed"], ["block.0", "block.1", "block.2"], ["block.3", "final_norm"], ["lm_head"]]
     assert all(calls == 10 for r in ranks for calls in r["task_calls"].values())
     assert [r["weights"]["tensors"] for r in ranks] == [2, 36, 14, 1]  # each rank drew only its own parameters
@@ -91,7 +98,7 @@ def test_checkpoint_directory_loaded_per_rank_gives_the_same_tokens(tmp_path):
 
 def test_resnet18_split_across_three_ranks_matches_the_whole_model(tmp_path):
     plan = graph_plan(tmp_path / "plan.yaml", "resnet18", batch=2, num_devices=3)
-    result = launch_plan(plan, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S)
+    result = launch_plan(plan, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S, warmup=1)
     report = _ok(result)
     gm, example = rg.build_graph_model({"name": "resnet18", "seed": 0, "dtype": "fp32"})
     with torch.no_grad():
@@ -100,6 +107,7 @@ def test_resnet18_split_across_three_ranks_matches_the_whole_model(tmp_path):
     assert output.shape == (2, 1000) and report["output"]["shape"] == [2, 1000]
     assert torch.allclose(output, expected, rtol=1e-4, atol=1e-5)
     assert len(report["ranks"]) == 3 and all(r["compute_s"] > 0 for r in report["ranks"])
+    assert all(r["warmup_runs"] == 1 and set(r["task_calls"].values()) == {1} for r in report["ranks"])  # one timed pass
 
 
 def test_rwnn_split_across_three_ranks_in_two_shards_matches_the_whole_model(tmp_path):
@@ -146,3 +154,30 @@ def test_the_timeout_bounds_the_whole_run(small_plan, tmp_path):
     assert not result.ok
     assert "exceeded its timeout of 1 s" in result.error
     assert time.perf_counter() - start < 20.0
+
+
+QUIET_WAIT = """
+import resource, sys, time
+from llm_planner.runtime.comm import Comm
+comm = Comm(spin=False)  # as on a host with more ranks than cores
+comm.barrier()
+cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+start = cpu()
+if comm.rank == 1:
+    time.sleep(2.0)  # rank 0 waits for it in the barrier, then in the gather
+comm.barrier()
+comm.gather(comm.rank)
+if comm.rank == 0:
+    print(f"cpu_s={cpu() - start:.3f}", flush=True)
+"""
+
+
+def test_a_rank_waiting_in_a_barrier_or_gather_leaves_its_core_to_the_others(tmp_path):
+    """MPI's Barrier spins (a whole core for the 2 s); the runtime's polls, then sleeps, when ranks share cores."""
+    script = tmp_path / "quiet.py"
+    script.write_text(QUIET_WAIT)
+    proc = subprocess.run([str(Path(sys.executable).parent / "mpiexec"), "-n", "2", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    cpu_s = float(proc.stdout.split("cpu_s=")[1].split()[0])
+    assert cpu_s < 0.5, f"rank 0 used {cpu_s} s of CPU waiting 2 s for rank 1"

@@ -13,14 +13,24 @@ two ranks that send to each other cannot deadlock. Two forms:
 
 Every call is timed into `CommStats`: time spent transferring (posting sends,
 receiving a message that has arrived) apart from time spent idle (waiting for
-a message that has not arrived yet: pipeline bubbles, slower ranks). A waiting
-rank polls, then sleeps between polls, so it does not take the core of a rank
-that computes when there are more ranks than cores.
+a message that has not arrived yet: pipeline bubbles, slower ranks).
+
+How a rank waits (for a message, for its sends, in the barrier and gathers at
+the end of a run) depends on whether its host has a core for every rank:
+
+- yes (`spin=True`): it polls back to back, as MPI's own blocking calls do.
+  A rank that slept instead woke with a cold core: on the 2-core development
+  VM a GPT-2 decode step over two ranks measured +27% against its profile
+  when waiting ranks slept and +8% when they spun (docs/benchmarks.md);
+- no (more ranks than cores, `spin=False`): it polls, then sleeps between
+  polls (longer as the wait goes on), so it does not take the core of a rank
+  that computes.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,8 +42,54 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int
           torch.uint8, torch.bool, torch.complex64)
 HEADER_LEN = 16
 SPIN_POLLS = 200  # Iprobe calls (tens of microseconds) before a waiting rank starts to sleep
-SLEEP_S = 50e-6  # sleep between polls once waiting longer
+SLEEP_S = 50e-6  # the first sleep between polls once waiting longer
+SLEEP_FRACTION = 0.05  # then sleep this fraction of the time waited so far ...
+MAX_SLEEP_S = 1e-3  # ... up to this
 _TENSOR, _OBJECT = 1, 2
+
+
+def spins_while_waiting(ranks_on_host: int, cores: int) -> bool:
+    """Whether a rank should poll without sleeping: only when its host has a core for every rank on it."""
+    return ranks_on_host <= cores
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks on this OS
+        return os.cpu_count() or 1
+
+
+def _poll(done: Callable[[], bool], spin: bool) -> None:
+    """Call `done` until it is true; back to back when `spin`, else as `_poll_then_sleep`."""
+    if spin:
+        while not done():
+            pass
+    else:
+        _poll_then_sleep(done)
+
+
+def _poll_then_sleep(done: Callable[[], bool]) -> None:
+    """Call `done` until it is true: SPIN_POLLS times back to back, then with sleeps that grow with the wait.
+
+    Each wake-up costs a waiting rank some 20 us of CPU (the poll and the
+    scheduler); at a fixed 50 us sleep three waiting ranks took a third of a
+    core from the one computing, which on a host with more ranks than cores
+    made the run's tasks measurably slower than their profile (taken with the
+    other ranks asleep). A sleep of 5% of the time waited so far, from 50 us
+    up to 1 ms, keeps a long wait's CPU cost near 2% and adds at most 5% of
+    the wait (and at most 1 ms) to when the rank notices its message.
+    """
+    polls = 0
+    start = time.perf_counter()
+    while not done():
+        polls += 1
+        if polls > SPIN_POLLS:
+            waited = time.perf_counter() - start
+            time.sleep(min(MAX_SLEEP_S, max(SLEEP_S, SLEEP_FRACTION * waited)))
 
 
 class CommError(RuntimeError):
@@ -70,8 +126,9 @@ def _as_bytes(t: torch.Tensor) -> np.ndarray:
 class Comm:
     """COMM_WORLD with timed, buffer-based tensor transfers."""
 
-    def __init__(self, world=None):
+    def __init__(self, world=None, *, spin: bool = False):
         self.world = world if world is not None else MPI.COMM_WORLD
+        self.spin = spin  # wait by polling back to back (a core per rank) rather than polling and sleeping
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
         self.tag_ub = int(self.world.Get_attr(MPI.TAG_UB))
         self.stats = CommStats()
@@ -105,17 +162,13 @@ class Comm:
         return status.Get_source(), status.Get_tag()
 
     def _wait(self, source: int, tag: int, status=None) -> None:
-        """Poll for a message, then sleep between polls: a waiting rank leaves its core to the others.
+        """Wait for a message, spinning or sleeping between polls (see the module docstring).
 
-        MPI's blocking Probe spins at full speed; with more ranks than cores (CI,
+        MPI's blocking Probe always spins; with more ranks than cores (CI,
         laptops) the spinning ranks would slow down the ones computing.
         """
         start = time.perf_counter()
-        polls = 0
-        while not self.world.Iprobe(source=source, tag=tag, status=status):
-            polls += 1
-            if polls > SPIN_POLLS:
-                time.sleep(SLEEP_S)
+        _poll(lambda: self.world.Iprobe(source=source, tag=tag, status=status), self.spin)
         self.stats.idle_s += time.perf_counter() - start
 
     # -- self-describing values ----------------------------------------------------
@@ -156,19 +209,29 @@ class Comm:
         self._pending = [(req, buf) for req, buf in self._pending if not req.Test()]
 
     def wait_sends(self) -> None:
+        """Wait until every posted send has completed (spinning or sleeping between polls, see the module docstring)."""
         start = time.perf_counter()
         for req, _ in self._pending:
-            req.wait()
+            _poll(req.Test, self.spin)
         self._pending.clear()
         self.stats.idle_s += time.perf_counter() - start
 
     def barrier(self) -> None:
-        self.world.Barrier()
+        """A barrier whose waiting ranks sleep between polls when the host has fewer cores than ranks.
+
+        MPI's Barrier always spins: a rank that finished its part early would
+        then take a core from the ranks still computing, and their tasks would
+        run slower than they were profiled.
+        """
+        request = self.world.Ibarrier()
+        _poll(request.Test, self.spin)
 
     def gather(self, obj: Any) -> list[Any] | None:
+        self.barrier()  # wait quietly for the slowest rank; the gather itself then does not wait
         return self.world.gather(obj, root=0)
 
     def allgather(self, obj: Any) -> list[Any]:
+        self.barrier()
         return self.world.allgather(obj)
 
     def abort(self, code: int) -> None:

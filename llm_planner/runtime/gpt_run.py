@@ -99,13 +99,18 @@ class DecoderRun:
         source = gpt.weight_source(self.config, checkpoint=run.checkpoint, seed=run.seed)
         self.shard = gpt.DecoderShard(self.config, mine, device=ctx.device, dtype=ctx.dtype, source=source)
         ctx.stats.extra["weights"] = source.summary()
+        self.states = self._new_states()
+
+    def _new_states(self) -> dict[int, gpt.StreamState]:
+        """Fresh state (empty KV cache, no tokens) for each stream that passes through this rank."""
+        me, prompt_ids = self.ctx.rank, self.ctx.table.run.prompt_ids
         eos, pad = gpt.special_tokens(self.config)
-        self.states: dict[int, gpt.StreamState] = {}
+        states: dict[int, gpt.StreamState] = {}
         for stream in self.streams:
             if any(st.rank == me for st in self.routes[stream.shard]):
-                prompts = [run.prompt_ids[i] for i in stream.requests]
-                ids, mask = gpt.pad_prompts(prompts, gpt.prompt_pad_id(self.config))
-                self.states[stream.index] = self.shard.new_stream(requests=list(stream.requests), prompt_ids=ids, prompt_mask=mask, eos_ids=eos, pad_id=pad)
+                ids, mask = gpt.pad_prompts([prompt_ids[i] for i in stream.requests], gpt.prompt_pad_id(self.config))
+                states[stream.index] = self.shard.new_stream(requests=list(stream.requests), prompt_ids=ids, prompt_mask=mask, eos_ids=eos, pad_id=pad)
+        return states
 
     def _tag(self, stream: int, step: int, stage: int) -> int:
         return (stream * self.steps + step) * self.slots + stage
@@ -132,9 +137,21 @@ class DecoderRun:
         ready.append((stream, step, k, buf.to(self.ctx.device)))
 
     def run(self) -> dict:
+        """Warm-up generations (untimed, each from fresh stream states), then the timed one."""
+        self.ctx.warm_up(self._warm_pass)
+        self.states = self._new_states()
+        self.ctx.start()
+        self._generate()
+        return self._outputs()
+
+    def _warm_pass(self) -> None:
+        self.states = self._new_states()
+        self._generate()
+
+    def _generate(self) -> None:
+        """Every step of every stream through this rank's stages (the event loop)."""
         ctx, me = self.ctx, self.ctx.rank
         ready: deque = deque()
-        ctx.start()
         for stream in self.streams:
             if self.routes[stream.shard][0].rank == me:
                 ready.append((stream.index, 0, 0, self.states[stream.index].prompt_ids))
@@ -157,7 +174,6 @@ class DecoderRun:
                 ready.append((stream, step, k, out))
             else:
                 ctx.comm.isend(out, route[k].rank, self._tag(stream, step, k))
-        return self._outputs()
 
     def _outputs(self) -> dict:
         me, tokens = self.ctx.rank, {}

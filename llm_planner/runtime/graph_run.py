@@ -73,10 +73,19 @@ class GraphRun:
         return env[name]
 
     def run(self) -> dict:
+        """Warm-up passes (untimed), then the timed pass; the clock stops before the outputs are gathered and saved."""
+        self.ctx.warm_up(self._forward)
+        self.ctx.start()
+        results = self._forward()
+        self.ctx.comm.wait_sends()
+        self.ctx.stats.stop()
+        return self._outputs(results)
+
+    def _forward(self) -> dict[int, torch.Tensor]:
+        """One forward pass of this rank's stages; the shard outputs this rank assembles."""
         ctx, me = self.ctx, self.ctx.rank
         envs: list[dict] = [{} for _ in self.splits]
         sent: set = set()
-        ctx.start()
         for s, split in enumerate(self.splits):  # placeholders first: nobody waits on a stage for them
             for name, owner in split.placeholders.items():
                 if owner == me:
@@ -96,7 +105,7 @@ class GraphRun:
             if split.output_owner == me:
                 env = {name: self._value(s, name, envs[s]) for name in split.output_inputs}
                 results[s] = rg.assemble_output(self.output_template, env)
-        return self._outputs(results)
+        return results
 
     def _outputs(self, results: dict[int, torch.Tensor]) -> dict:
         parts = self.ctx.comm.gather({s: _to_cpu(v) for s, v in results.items()})

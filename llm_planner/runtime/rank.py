@@ -18,9 +18,9 @@ import logging
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING, Any
 
 from llm_planner.plan import Plan, load_plan
@@ -59,6 +59,32 @@ class RankContext:
     @property
     def rank(self) -> int:
         return self.comm.rank
+
+    def warm_up(self, one_pass: Callable[[], Any]) -> None:
+        """Run the workload `run.warmup` times untimed, before the timed run.
+
+        The first run in a process pays one-time costs (oneDNN kernel set-up,
+        first-touch allocations, lazy imports, MPI connection set-up) that a
+        plan's per-task costs, profiled after warm-up runs, do not contain.
+        Every rank runs the same number of passes; a barrier closes each one,
+        so no message of one pass is taken for one of the next. What the
+        passes record (task times, transfers, step ends) is dropped.
+        """
+        from llm_planner.runtime.comm import CommStats
+        from llm_planner.runtime.report import RankStats
+
+        for _ in range(self.table.run.warmup):
+            stats, comm_stats = self.stats, self.comm.stats
+            self.stats = RankStats(rank=stats.rank, device=stats.device, torch_device=stats.torch_device)
+            self.comm.stats = CommStats()
+            try:
+                one_pass()
+                self.comm.wait_sends()
+            finally:
+                self.stats, self.comm.stats = stats, comm_stats
+            self.comm.barrier()
+        if self.table.run.warmup:
+            self.stats.extra["warmup_runs"] = self.table.run.warmup
 
     def start(self) -> None:
         """Mark the start of the measured run (after every rank built its share)."""
@@ -130,6 +156,11 @@ def _context(table: RankTable, comm: "Comm") -> RankContext:
     return RankContext(table=table, entry=entry, plan=plan, comm=comm, device=device, dtype=dtype, stats=stats)
 
 
+def ranks_on_host(table: RankTable, hostname: str) -> int:
+    """How many ranks of the run share the host `hostname` (they share its cores)."""
+    return sum(1 for r in table.ranks if r.hostname == hostname)
+
+
 def check_world_size(table: RankTable, size: int) -> None:
     if size != table.world_size:
         raise RankCountError(
@@ -141,11 +172,14 @@ def check_world_size(table: RankTable, size: int) -> None:
 def run(table: RankTable) -> None:
     import torch
 
-    from llm_planner.runtime.comm import Comm
+    from llm_planner.runtime.comm import Comm, spins_while_waiting, usable_cores
     from llm_planner.runtime.report import build_report, write_report
 
     comm = Comm()
+    sharing, cores = ranks_on_host(table, table.ranks[comm.rank].hostname), usable_cores()
+    comm.spin = spins_while_waiting(sharing, cores)
     ctx = _context(table, comm)
+    ctx.stats.extra.update(wait="spin" if comm.spin else "sleep", ranks_on_host=sharing, host_cores=cores)
     if table.run.workload == "decoder":
         from llm_planner.runtime.gpt_run import run_decoder as run_workload
     else:

@@ -57,6 +57,7 @@ class RankStats:
     extra: dict[str, Any] = field(default_factory=dict)  # workload facts, e.g. where the weights came from
     started: float = 0.0
     total_s: float = 0.0
+    stopped: bool = False
 
     def on_task(self, name: str, seconds: float) -> None:
         self.tasks[name] = self.tasks.get(name, 0.0) + seconds
@@ -74,7 +75,10 @@ class RankStats:
         self.started = time.perf_counter()
 
     def stop(self) -> None:
-        self.total_s = time.perf_counter() - self.started
+        """End the measured run; a later call keeps the first end (a workload stops the clock before gathering outputs)."""
+        if not self.stopped:
+            self.total_s = time.perf_counter() - self.started
+            self.stopped = True
 
     def to_dict(self, comm_stats) -> dict[str, Any]:
         compute = sum(self.tasks.values())

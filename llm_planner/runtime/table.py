@@ -56,6 +56,7 @@ class RunSpec:
     dtype: str | None = None  # element type to run in; None: the plan's dtype
     attn_implementation: str = "sdpa"
     fail_rank: int | None = None  # fault injection: this rank raises once the run starts (tests the failure path)
+    warmup: int = 0  # untimed runs of the whole workload before the timed one (one-time costs stay out of the times)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +96,8 @@ def rank_table_from_dict(data: Any, source: str = "<memory>") -> RankTable:
         raise RankTableError(f"{source}: malformed rank table: {exc}") from None
     if [r.rank for r in ranks] != list(range(len(ranks))):
         raise RankTableError(f"{source}: ranks: ranks must be 0..{len(ranks) - 1} in order")
+    if not isinstance(run.warmup, int) or isinstance(run.warmup, bool) or run.warmup < 0:
+        raise RankTableError(f"{source}: run.warmup: expected a whole number of runs >= 0, got {run.warmup!r}")
     if run.workload not in WORKLOADS:
         raise RankTableError(f"{source}: run.workload: must be one of {WORKLOADS}, got {run.workload!r}")
     return RankTable(ranks=ranks, run=run)
