@@ -19,6 +19,7 @@ import networkx as nx
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.solve import backends
@@ -29,7 +30,7 @@ from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import PlacementProblem, ProblemError, build_problem
 from llm_planner.verify import verify_plan
 from milp_brute_force import brute_force, brute_throughput
-from planner_instances import kind, make_cluster, problems
+from planner_instances import graphs, kind, make_cluster, problems
 
 GB = 1e9
 REL = 1e-6
@@ -217,6 +218,29 @@ def test_random_data_parallel_matches_brute_force(problem):
 @given(problems(max_tasks=6, max_devices=3, max_batch=1, objective="throughput"))
 def test_random_contiguous_throughput_matches_brute_force(problem):
     assert_matches_brute_force(problem, contiguous=True)
+
+
+TWO_NODES = make_cluster([kind("a", "gpu", flops=1e14, mem_bytes=1e12, mem_bw=1e12), kind("b", "gpu", flops=5e13, mem_bytes=1e12, mem_bw=5e11)],
+                         [{"a": 1, "b": 1}, {"a": 2}], bw=1e9, latency_s=2e-5)
+
+
+@PROPERTY
+@given(graphs(TWO_NODES, max_tasks=5), st.sampled_from(["latency", "throughput"]))
+def test_link_dependent_transfers_on_two_nodes_match_brute_force(graph, objective):
+    """Four devices on two nodes: a device's partners fall into groups of one link cost (the rows of (5)
+    and (10) are written per group, not per device pair), and the optimum is still exact."""
+    assert_matches_brute_force(build_problem(graph, TWO_NODES, objective=objective, batch_size=1, max_shards=1))
+
+
+def test_cost_groups_gather_the_partners_of_one_link_cost():
+    from llm_planner.solve.milp_model import cost_groups
+
+    fixed = np.array([[0, 1, 2, 2], [1, 0, 2, 2], [2, 2, 0, 1], [2, 2, 1, 0]], dtype=float)
+    slope = np.where(fixed > 0, 0.5, 0.0)
+    assert cost_groups(fixed, slope, [0, 2], [0, 1, 2, 3]) == [(0, 1.0, 0.5, [1]), (0, 2.0, 0.5, [2, 3]), (2, 2.0, 0.5, [0, 1]), (2, 1.0, 0.5, [3])]
+    assert cost_groups(fixed, slope, [1], [1]) == []  # only itself: nothing to charge
+    free = np.zeros((2, 2))
+    assert cost_groups(free, free, [0], [1]) == []  # a free link has no charge
 
 
 def chain_problem() -> PlacementProblem:

@@ -21,8 +21,11 @@ o_pq in {0,1}, makespan C; throughput: max load T.
                     (one inequality per roofline piece; exact since t is the max of its pieces and
                     d only pushes the objective up); time(s,i) = sum_k time_k(s,i)
  (5) precedence     start[s,v] >= start[s,u] + time(s,u) + w[s,e]           for all s, e = (u, v)
-                    w[s,e] >= F_ekl (x[s,u,k] + x[s,v,l] - 1) + G_ekl (b_s - Q (2 - x[s,u,k] - x[s,v,l]))
-                    for k != l; when c is the same on every link this is
+                    w[s,e] >= F_ekG (x[s,u,k] + X - 1) + G_ekG (b_s - Q (2 - x[s,u,k] - X)),
+                    X = sum_{l in G} x[s,v,l], for each device k and group G of devices l != k that
+                    e reaches from k at one cost (F_ekG, G_ekG): exact, since X is 0 or 1; a cluster
+                    has a few such groups per device, not K - 1 (one link class each). When c is the
+                    same on every link this is
                     w[s,e] >= F (x[s,u,k] - x[s,v,k]) + G (b_s - Q (1 - x[s,u,k] + x[s,v,k])) for all k
  (6) no overlap     for items p = (s,i), q = (s',j) that share a device and are not ordered by a
                     path (i.e. not s = s' with i ->* j or j ->* i), for each common device k:
@@ -36,7 +39,9 @@ o_pq in {0,1}, makespan C; throughput: max load T.
                     shard; only where memory counts on k; h = x when S = 1)
  (9) colocation     x[s,i,k] = x[s,j,k] for tasks i, j of one colocation group
 (10) loads          T >= sum_{s,i} time_k(s,i) + charges_k                  for all k
-                    direct model: every cut edge's transfer time is charged to both its ends;
+                    direct model: every cut edge's transfer time is charged to both its ends
+                    (one charge per sending device and group of receivers at one cost, one per
+                    receiving device and group of senders, each linearised as in (5));
                     host-staged model (imported workloads): an accelerator pays hop_u b_s once for
                     each of its tasks u with a successor elsewhere, and once for each outside task u
                     with a successor on it; a CPU pays no transfers. Each charge is a variable

@@ -37,6 +37,23 @@ def uniform_cost(problem: PlacementProblem, e: int) -> tuple[float, float] | Non
     return None
 
 
+def cost_groups(fixed: np.ndarray, slope: np.ndarray, ends: list[int], others: list[int]) -> list[tuple[int, float, float, list[int]]]:
+    """(k, fixed_s, slope_s, [l, ...]) for each k in `ends` and each set of devices l in `others`, l != k,
+    with the same cost (fixed[k, l], slope[k, l]); free pairs are left out.
+
+    With an edge's cost matrices this groups a sender's receivers; with their transposes, a receiver's
+    senders. A cluster has few link classes, so a device has a few groups, not K - 1 partners.
+    """
+    groups = []
+    for k in ends:
+        by_cost: dict[tuple[float, float], list[int]] = {}
+        for l in others:
+            if l != k and (fixed[k, l] or slope[k, l]):
+                by_cost.setdefault((float(fixed[k, l]), float(slope[k, l])), []).append(l)
+        groups += [(k, f, g, ls) for (f, g), ls in by_cost.items()]
+    return groups
+
+
 class Formulation:
     """Builds the MILP of one problem and maps solutions back to placements."""
 
@@ -205,23 +222,25 @@ class Formulation:
             self._rows("symmetry", symmetry_rows(self, problem_classes(self.p), self.symmetry))
 
     # -- latency ---------------------------------------------------------------------
-    def _cut_rows(self, g: int, s: int, a: int, c: int, k: int, l: int | None, fixed_s: float, slope_s: float) -> tuple[Terms, float, float]:
-        """g >= c(b_s) when task a is on k and task c is not on k (l is None), or on l (pair form),
-        with c(b) = fixed + slope * b and b_s = 0 when the shard is empty; exact (big-M is Q * slope)."""
+    def _cut_rows(self, g: int, s: int, a: int, c: int, k: int, group: list[int] | None, fixed_s: float, slope_s: float) -> tuple[Terms, float, float]:
+        """g >= c(b_s) when task a is on k and task c is not on k (group None), or on one of the devices of
+        `group`, with c(b) = fixed + slope * b and b_s = 0 when the shard is empty. Exact: c sits on at
+        most one device, so X = sum_{l in group} x[s,c,l] is 0 or 1 (big-M is Q * slope)."""
         f, g_ = fixed_s / self.unit, slope_s / self.unit
         full = f + g_ * self.Q
         b_terms, b_const = self.size_terms(s, -g_)
         xa = int(self.x[s, a, k])
-        if l is None:  # g >= f (x_ak - x_ck) + slope (b - Q (1 - x_ak + x_ck))
+        if group is None:  # g >= f (x_ak - x_ck) + slope (b - Q (1 - x_ak + x_ck))
             terms = [(g, 1.0), (xa, -full), (int(self.x[s, c, k]), full)] + b_terms
             return terms, -g_ * self.Q - b_const, math.inf
-        # g >= f (x_ak + x_cl - 1) + slope (b - Q (2 - x_ak - x_cl))
-        terms = [(g, 1.0), (xa, -full), (int(self.x[s, c, l]), -full)] + b_terms
+        # g >= f (x_ak + X - 1) + slope (b - Q (2 - x_ak - X))
+        terms = [(g, 1.0), (xa, -full)] + [(int(self.x[s, c, l]), -full) for l in group] + b_terms
         return terms, -f - 2 * g_ * self.Q - b_const, math.inf
 
     def add_precedence(self) -> None:
         """(5) start[s,v] >= start[s,u] + time(s,u) + w[s,e],  w[s,e] >= c(e,k,l,b_s) when u on k, v on l != k.
-        Rows: S E (1 + K) for edges whose cost is the same on every link, S E (1 + K (K - 1)) otherwise."""
+        Rows: S E (1 + K) for edges whose cost is the same on every link, else S E (1 + sum_k groups(k)),
+        a group being the devices that v may use and that e reaches from k at one cost (`cost_groups`)."""
         p = self.p
         self.start = self.mb.add_vars("start", (self.S, self.N), upper=self.H)
         costly = [e for e in range(p.num_edges) if p.comm_fixed[e].any() or p.comm_slope[e].any()]
@@ -245,10 +264,8 @@ class Formulation:
         same = uniform_cost(p, e)
         if same is not None:
             return [self._cut_rows(g, s, u, v, k, None, *same) for k in self.devices(u)]
-        return [
-            self._cut_rows(g, s, u, v, k, l, float(p.comm_fixed[e, k, l]), float(p.comm_slope[e, k, l]))
-            for k in self.devices(u) for l in self.devices(v) if l != k
-        ]
+        groups = cost_groups(p.comm_fixed[e], p.comm_slope[e], self.devices(u), self.devices(v))
+        return [self._cut_rows(g, s, u, v, k, ls, f, slope) for k, f, slope, ls in groups]
 
     def overlap_pairs(self) -> list[tuple[int, int, int, int]]:
         """(s, i, s2, j) of items that may share a device and are not ordered by a path."""
@@ -291,7 +308,8 @@ class Formulation:
     def add_loads(self) -> None:
         """(10) T >= load_k = sum_{s,i} time_k(s,i) + transfer charges to k.  Rows: K plus the charge rows:
         direct model: g >= c(e, b_s) for an edge leaving k and for one entering k (2 S E K rows when the
-        edge costs the same on every link; else one charge per (s, e, k, l) paid by both k and l);
+        edge costs the same on every link; else 2 S E sum_k groups(k), one charge for each device and
+        group of partners at one cost, see `_direct_charges`);
         host-staged model: per task u and accelerator k, out[s,u,k] >= hop_u b_s (x_uk - x_vk) and
         in[s,u,k] >= hop_u b_s (x_vk - x_uk) over u's out-edges (u, v) (2 S E K' rows)."""
         p = self.p
@@ -308,25 +326,39 @@ class Formulation:
         self._rows("load", rows)
 
     def _direct_charges(self) -> list[tuple[int, list[int], list]]:
-        """(charge column, devices that pay it, its rows) for every cut edge of the direct model."""
+        """(charge column, the device that pays it, its rows) for every cut edge of the direct model.
+
+        A cut edge (u, v) with u on k and v on l costs c(e,k,l) to both k and l. The sender's charge
+        is split by the groups of receivers that e reaches from k at one cost (`cost_groups`), the
+        receiver's by the groups of senders: v on a device of group G makes exactly one of k's
+        group charges positive, and it equals c(e,k,l). On a cluster of a few link classes this is
+        a few columns per (edge, device) instead of one per (edge, device pair): GPT-3 on 54
+        devices has 98 x 54 x 53 pairs.
+        """
         p, out = self.p, []
         costly = [e for e in range(p.num_edges) if p.comm_fixed[e].any() or p.comm_slope[e].any()]
         same = {e: uniform_cost(p, e) for e in costly}
         uniform = [e for e in costly if same[e] is not None]
-        pairs = [(e, k, l) for e in costly if same[e] is None
-                 for k in self.devices(int(p.edge_src[e])) for l in self.devices(int(p.edge_dst[e])) if l != k]
+        grouped = []  # (e, paying device, fixed, slope, partners, paying end is the sender)
+        for e in costly:
+            if same[e] is None:
+                u, v = int(p.edge_src[e]), int(p.edge_dst[e])
+                fixed, slope = p.comm_fixed[e], p.comm_slope[e]
+                grouped += [(e, k, f, g, ls, True) for k, f, g, ls in cost_groups(fixed, slope, self.devices(u), self.devices(v))]
+                grouped += [(e, l, f, g, ks, False) for l, f, g, ks in cost_groups(fixed.T, slope.T, self.devices(v), self.devices(u))]
         g_out = self.mb.add_vars("cut_out", (self.S, len(uniform), self.K))
         g_in = self.mb.add_vars("cut_in", (self.S, len(uniform), self.K))
-        g_pair = self.mb.add_vars("cut", (self.S, len(pairs)))
+        g_group = self.mb.add_vars("cut", (self.S, len(grouped)))
         for s in range(self.S):
             for n, e in enumerate(uniform):
                 u, v = int(p.edge_src[e]), int(p.edge_dst[e])
                 for k in range(self.K):
                     out.append((int(g_out[s, n, k]), [k], [self._cut_rows(int(g_out[s, n, k]), s, u, v, k, None, *same[e])]))
                     out.append((int(g_in[s, n, k]), [k], [self._cut_rows(int(g_in[s, n, k]), s, v, u, k, None, *same[e])]))
-            for n, (e, k, l) in enumerate(pairs):
-                g, u, v = int(g_pair[s, n]), int(p.edge_src[e]), int(p.edge_dst[e])
-                out.append((g, [k, l], [self._cut_rows(g, s, u, v, k, l, float(p.comm_fixed[e, k, l]), float(p.comm_slope[e, k, l]))]))
+            for n, (e, k, f, slope, partners, sender) in enumerate(grouped):
+                g, u, v = int(g_group[s, n]), int(p.edge_src[e]), int(p.edge_dst[e])
+                mine, theirs = (u, v) if sender else (v, u)
+                out.append((g, [k], [self._cut_rows(g, s, mine, theirs, k, partners, f, slope)]))
         return out
 
     def _host_staged_charges(self) -> list[tuple[int, list[int], list]]:
