@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,11 +109,11 @@ def profile_local(job: ProfileJob, progress: Progress = lambda what, n: None) ->
     return build_profile(job, cluster, measured, {}, _environment(torch_devices)), skipped
 
 
-def quiet_barrier(comm, sleep_s: float = 1e-3) -> None:
-    """A barrier whose waiting ranks sleep: MPI's own spins, and would steal the cores of the rank being timed."""
-    request = comm.world.Ibarrier()
-    while not request.Test():
-        time.sleep(sleep_s)
+def quiet_barrier(comm) -> None:
+    """A barrier whose waiting ranks sleep between polls: MPI's own spins, and would steal the cores of the rank being timed."""
+    from llm_planner.runtime.comm import _poll_then_sleep
+
+    _poll_then_sleep(comm.world.Ibarrier().Test)
 
 
 def _profile_rank(comm, job: ProfileJob, cluster: ClusterSpec, order: list[DeviceSpec]):
