@@ -349,6 +349,7 @@ def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
     from llm_planner.solve.baselines import run_all_baselines
     from llm_planner.solve.bounds import lower_bound
     from llm_planner.solve.split_groups import data_parallel_plans
+    from llm_planner.solve.split_pipeline import pipelined_plans
     from llm_planner.solve.split_throughput import throughput_plan
 
     started = time.perf_counter()
@@ -367,6 +368,7 @@ def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
             candidates.append(make_plan(problem, [problem.batch_size], [assign], solver="milp-split", status="heuristic",
                                         started_at=started, lower_bound_s=0.0, device_orders=orders))
         candidates += data_parallel_plans(ctx, started)
+        candidates += pipelined_plans(ctx, started)
     else:
         candidates += throughput_plan(ctx, started)
     bound = lower_bound(problem)
