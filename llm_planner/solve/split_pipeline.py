@@ -37,6 +37,8 @@ throughput DP), not for the sum plus (m - 1) max, and modules stay whole.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from llm_planner.plan import Plan
@@ -139,16 +141,17 @@ def _prefix_stages(ctx, order: list[int], batch: int) -> list[tuple[list[int], l
     """(prefix, stage_dp's module -> device position) for the prefixes of the module docstring."""
     from llm_planner.solve.bounds import task_times
 
-    if stage_dp(ctx, batch, order) is None:
+    stages = functools.lru_cache(maxsize=None)(lambda n: stage_dp(ctx, batch, order[:n]))
+    if stages(len(order)) is None:
         return []
     lo, hi = 1, len(order)  # fitting is monotone in the prefix (a device may stay idle): the shortest one by bisection
     while lo < hi:
         mid = (lo + hi) // 2
-        if stage_dp(ctx, batch, order[:mid]) is None:
+        if stages(mid) is None:
             lo = mid + 1
         else:
             hi = mid
     times = task_times(ctx.problem, batch)[:, order]
     speed = np.where(np.isfinite(times), times, 0.0).sum(axis=0)
     ends = sorted({lo} | {n for n in range(lo + 1, len(order)) if speed[n] != speed[n - 1]} | {len(order)})
-    return [(order[:n], where) for n in ends if (where := stage_dp(ctx, batch, order[:n])) is not None]
+    return [(order[:n], stages(n)) for n in ends if stages(n) is not None]
