@@ -44,7 +44,7 @@ import numpy as np
 from llm_planner.plan import Plan
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import make_plan
-from llm_planner.solve.split_groups import candidate_group_counts, device_groups, shard_sizes
+from llm_planner.solve.split_groups import candidate_group_counts, device_groups, replicate, shard_sizes
 from llm_planner.solve.split_throughput import device_orders, stage_dp
 
 
@@ -128,11 +128,10 @@ def _plan(problem: PlacementProblem, groups: list[list[int]], group_sizes: list[
           topo: list[int], started: float) -> Plan:
     """Each group's samples in m micro-batches on group 0's stages (mapped to the group), scheduled exactly."""
     sizes, assignments = [], []
-    for group, size in zip(groups, group_sizes):
-        to_group = dict(zip(groups[0], group))
+    for assign, size in zip(replicate(groups, stages0, {})[0], group_sizes):
         for micro in shard_sizes(size, m):
             sizes.append(micro)
-            assignments.append([to_group[d] for d in stages0])
+            assignments.append(assign)
     return make_plan(problem, sizes, assignments, solver="milp-split", status="heuristic", started_at=started,
                      lower_bound_s=0.0, device_orders=gpipe_orders(assignments, topo))
 
