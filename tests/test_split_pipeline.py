@@ -11,7 +11,8 @@ from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
 from llm_planner.solve.schedule import make_plan
 from llm_planner.solve.split_groups import shard_sizes
-from llm_planner.solve.split_pipeline import _TaskTimes, gpipe_orders, pipeline_estimate
+from llm_planner.solve.bounds import task_times
+from llm_planner.solve.split_pipeline import gpipe_orders, pipeline_estimate
 from llm_planner.verify import verify_plan
 
 GB = 1e9
@@ -54,4 +55,4 @@ def test_the_stage_estimate_is_exact_on_a_chain(micro_batches):
     sizes = shard_sizes(8, micro_batches)
     plan = make_plan(problem, sizes, [assign] * micro_batches, solver="x", status="heuristic", started_at=0.0, lower_bound_s=0.0,
                      device_orders=gpipe_orders([assign] * micro_batches, topo))
-    assert pipeline_estimate(problem, _TaskTimes(problem), assign, topo, sizes) == pytest.approx(plan.objective_s, rel=1e-12)
+    assert pipeline_estimate(problem, lambda b: task_times(problem, b), assign, topo, sizes) == pytest.approx(plan.objective_s, rel=1e-12)

@@ -38,10 +38,12 @@ throughput DP), not for the sum plus (m - 1) max, and modules stay whole.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 
 from llm_planner.plan import Plan
+from llm_planner.solve.bounds import task_times
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import make_plan
 from llm_planner.solve.split_groups import candidate_group_counts, device_groups, replicate, shard_sizes
@@ -65,7 +67,7 @@ def pipelined_plans(ctx, started: float) -> list[Plan]:
     problem: PlacementProblem = ctx.problem
     topo = [problem.graph.index(n) for n in problem.graph.topological_order()]
     groupings = [[list(range(problem.num_devices))]] + [device_groups(problem, g) for g in candidate_group_counts(problem)]
-    times = _TaskTimes(problem)
+    times = functools.lru_cache(maxsize=None)(lambda b: task_times(problem, b))
     ranked = []  # (estimated makespan, tie-break, groups, group sizes, group 0's assignment, m)
     for groups in groupings:
         group_sizes = shard_sizes(problem.batch_size, len(groups))
@@ -85,33 +87,20 @@ def pipelined_plans(ctx, started: float) -> list[Plan]:
     return [_plan(problem, groups, sizes, stages0, m, topo, started) for _, _, groups, sizes, stages0, m in ranked[:FINALISTS]]
 
 
-class _TaskTimes:
-    """task_times(problem, b) per batch size b, computed once each."""
-
-    def __init__(self, problem: PlacementProblem):
-        self.problem, self.cache = problem, {}
-
-    def __call__(self, b: int) -> np.ndarray:
-        from llm_planner.solve.bounds import task_times
-
-        if b not in self.cache:
-            self.cache[b] = task_times(self.problem, b)
-        return self.cache[b]
-
-
-def pipeline_estimate(problem: PlacementProblem, times: _TaskTimes, assign: list[int], topo: list[int], sizes: list[int]) -> float:
+def pipeline_estimate(problem: PlacementProblem, times: Callable[[int], np.ndarray], assign: list[int], topo: list[int], sizes: list[int]) -> float:
     """Makespan of micro-batches `sizes` through the stages of `assign` in GPipe order, at the level of stages.
 
     Stage r (its device's tasks) starts micro-batch k when the device has finished micro-batch k - 1 and every
     stage feeding it has finished micro-batch k and sent its tensors (each cut edge's transfer at its link's cost);
-    it then runs for the sum of its tasks' times. Exact for a chain of whole stages (a decoder); an estimate
-    on other graphs, used only to rank candidates."""
+    it then runs for the sum of its tasks' times (`times(b)`: task_times at b samples). Exact for a chain of
+    whole stages (a decoder); an estimate on other graphs, used only to rank candidates."""
     stages = list(dict.fromkeys(assign[i] for i in topo))
     pos = {d: r for r, d in enumerate(stages)}
     feeds: list[list[tuple[int, int]]] = [[] for _ in stages]  # per stage: (feeding stage, edge)
     for e, (u, v) in enumerate(zip(problem.edge_src.tolist(), problem.edge_dst.tolist())):
         if assign[u] != assign[v]:
             feeds[pos[assign[v]]].append((pos[assign[u]], e))
+    members = [[i for i in topo if assign[i] == d] for d in stages]
     busy_until = [0.0] * len(stages)
     for b in sizes:
         t = times(b)
@@ -119,7 +108,7 @@ def pipeline_estimate(problem: PlacementProblem, times: _TaskTimes, assign: list
         for r, d in enumerate(stages):
             ready = max((done[q] + problem.comm_fixed[e, stages[q], d] + problem.comm_slope[e, stages[q], d] * b
                          for q, e in feeds[r]), default=0.0)
-            work = sum(t[i, d] for i in topo if assign[i] == d)
+            work = sum(t[i, d] for i in members[r])
             done[r] = busy_until[r] = max(ready, busy_until[r]) + work
     return max(busy_until)
 
@@ -138,8 +127,6 @@ def _plan(problem: PlacementProblem, groups: list[list[int]], group_sizes: list[
 
 def _prefix_stages(ctx, order: list[int], batch: int) -> list[tuple[list[int], list[int]]]:
     """(prefix, stage_dp's module -> device position) for the prefixes of the module docstring."""
-    from llm_planner.solve.bounds import task_times
-
     stages = functools.lru_cache(maxsize=None)(lambda n: stage_dp(ctx, batch, order[:n]))
     if stages(len(order)) is None:
         return []
