@@ -142,6 +142,11 @@ def critical_path_bound(problem: PlacementProblem, *, shards: int | None = None)
     times = fastest_task_times(problem, floor)
     if problem.objective == "throughput":
         return float(times.max()) / problem.batch_size
+    return longest_path(problem, times)
+
+
+def longest_path(problem: PlacementProblem, times: np.ndarray) -> float:
+    """The longest path of the graph with task i taking times[i] and transfers free."""
     finish = np.zeros(problem.num_tasks)
     in_edges = problem.in_edges()
     for name in problem.graph.topological_order():
@@ -221,11 +226,13 @@ def _coo(parts: Triplets) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
 
 
 def _memory_rows(
-    problem: PlacementProblem, reps: list[int], counts: np.ndarray, rows: np.ndarray, cols: np.ndarray, *, first_row: int
+    problem: PlacementProblem, reps: list[int], counts: np.ndarray, rows: np.ndarray, cols: np.ndarray, *, first_row: int,
+    batch: int | None = None,
 ) -> tuple[Triplets, list[np.ndarray]]:
     """Capacity rows: sum_i need_ic x_ic / cap_c <= m_c for each class with finite capacity,
-    need_ic = weight_bytes_i + mem_bytes_per_sample_i * Q where memory counts, else 0."""
-    need = (problem.weight_bytes + problem.mem_bytes_per_sample * problem.batch_size)[rows]
+    need_ic = weight_bytes_i + mem_bytes_per_sample_i * b where memory counts, else 0 (b: `batch`, default Q)."""
+    b = problem.batch_size if batch is None else batch
+    need = (problem.weight_bytes + problem.mem_bytes_per_sample * b)[rows]
     need = need * problem.mem_counts[rows, np.array(reps)[cols]]
     cap = problem.mem_capacity[np.array(reps)]
     parts: Triplets = []
@@ -291,7 +298,10 @@ def shard_count_bound(problem: PlacementProblem) -> float:
     most = min(problem.batch_size, problem.max_shards)
     if most < 2:
         return 0.0
-    path = functools.lru_cache(maxsize=None)(lambda s: critical_path_bound(problem, shards=s))
+    if problem.objective == "latency":
+        path = functools.lru_cache(maxsize=None)(lambda s: path_lp_at_shards(problem, s))
+    else:
+        path = functools.lru_cache(maxsize=None)(lambda s: critical_path_bound(problem, shards=s))
     load = functools.lru_cache(maxsize=None)(lambda s: shard_lp_bound(problem, s))
     # CP falls and LP rises with s: find the first s* with LP(s*) >= CP(s*) by bisection; the
     # minimum of max(CP, LP) is then LP(s*) or CP(s* - 1)
@@ -308,5 +318,12 @@ def shard_count_bound(problem: PlacementProblem) -> float:
 
 
 def lower_bound(problem: PlacementProblem) -> float:
-    """The best valid bound for the problem's objective (max of the bounds above)."""
-    return max(critical_path_bound(problem), load_balance_bound(problem), shard_count_bound(problem))
+    """The best valid bound for the problem's objective (max of the bounds above; for latency
+    also the path LP of solve/bounds_path.py at the smallest possible largest shard)."""
+    bounds = [critical_path_bound(problem), load_balance_bound(problem), shard_count_bound(problem)]
+    if problem.objective == "latency":
+        bounds.append(path_lp_bound(problem, largest_shard_floor(problem)))
+    return max(bounds)
+
+
+from llm_planner.solve.bounds_path import path_lp_at_shards, path_lp_bound  # noqa: E402  (it imports helpers from here)

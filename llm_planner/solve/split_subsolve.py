@@ -100,9 +100,9 @@ def solve_subproblem(problem: PlacementProblem, module: Module, k: int | None, l
     (HEFT, or the MILP stopped by its time limit) is then improved by moving tasks
     (`improve_by_moves`), for modules of at most LOCAL_SEARCH_MAX_TASKS tasks.
 
-    The bound of a HEFT module is solve.bounds.lower_bound of the subproblem, which
-    does not depend on the input device k (the input task takes no time and holds no
-    memory); `with_bound=False` skips it (bound 0) for the caller to share one per l.
+    The bound of a HEFT module is solve.bounds.lower_bound of the subproblem with its
+    input task free to sit on any device (`free_input`), so it holds for every input
+    device k; `with_bound=False` skips it (bound 0) for the caller to share one per l.
     """
     sub, local = build_subproblem(problem, module.tasks, module.input_task, k, l, allowed, batch)
     if not is_solvable(sub):
@@ -133,7 +133,7 @@ def solve_subproblem(problem: PlacementProblem, module: Module, k: int | None, l
     order = [names[st.task] for st in sorted(plan.schedule, key=lambda st: (st.start_s, st.finish_s))]
     cost, bound = plan.objective_s, plan.lower_bound_s
     if method == "heft":
-        bound = lower_bound(sub) if with_bound else 0.0
+        bound = lower_bound(free_input(sub, offset)) if with_bound else 0.0
     if method != "milp-optimal" and sub.num_tasks <= LOCAL_SEARCH_MAX_TASKS:
         moved = improve_by_moves(sub, assign, max(2, LOCAL_SEARCH_WORK // sub.num_tasks))
         moved_cost, moved_order = _list_scheduled(sub, moved)
@@ -142,6 +142,16 @@ def solve_subproblem(problem: PlacementProblem, module: Module, k: int | None, l
     devices = tuple(assign[n] for n in range(offset, len(local)))
     order_t = tuple(n - offset for n in order if n >= offset)
     return SubSolution(cost_s=cost, bound_s=min(bound, cost), devices=devices, order=order_t, method=method)
+
+
+def free_input(sub: PlacementProblem, offset: int) -> PlacementProblem:
+    """The subproblem with its input task (if any) allowed on every device: a relaxation whose
+    bounds hold for every input device k, so one bound serves every k (split.SplitContext)."""
+    if not offset:
+        return sub
+    supported = sub.supported.copy()
+    supported[0] = True
+    return replace(sub, supported=supported)
 
 
 # Local search effort is capped in task-evaluations (evaluations x tasks), not in

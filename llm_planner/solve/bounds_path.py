@@ -1,0 +1,307 @@
+"""The path LP: a latency lower bound that weighs the critical path, device load,
+transfers and memory against each other in one linear program.
+
+The critical path bound (solve/bounds.py) puts every task on its fastest device
+and the load-balance LP spreads work over every device for free; each alone is
+weak where the two pull apart: a randomly wired stage on a CPU, an A100 and a T4
+(the path wants the A100, the load wants all three, and moving a task pays a
+transfer), or a decoder too large for its GPUs (a chain runs its blocks one
+after another, so the blocks memory pushes onto the CPU lengthen the path
+itself). This LP holds all of it at once, for one shard of b samples:
+
+    min T  s.t.
+      sum_c x_ic = 1                                   each task i            (1)
+      C_i >= sum_c t_ic x_ic                           each task i            (2)
+      C_i >= C_p + sum_c t_ic x_ic + d_e               each edge e = (p, i)   (3)
+      u_ec >= x_ic - x_pc,  v_ec >= x_pc - x_ic        each edge, class c     (4)
+      d_e >= sum_c a_ec u_ec,  d_e >= sum_c o_ec v_ec   each edge              (5)
+      T >= C_i                                         each sink i            (6)
+      m_c T >= sum_i t_ic x_ic                          each device class c    (7)
+      sum_i need_ic x_ic <= m_c cap_c                   each class with finite memory (8)
+      x, u, v, d, C >= 0
+
+over device classes c (devices with identical cost columns, m_c of them; as in
+the load-balance LP), with t_ic = t(i, c, b), a_ec = the least time of edge e's
+transfer into a device of c from a device outside c, o_ec = the least out of c
+into a device outside c, and need_ic = weight_bytes_i + mem_bytes_per_sample_i
+* b where task i's memory counts on c.
+
+Validity (T* <= the makespan of any one-shard plan of b samples): set x_ic = 1
+for the class of task i's device, C_i = i's finish time, d_e = the transfer
+time of edge e in the plan, u_ec = max(0, x_ic - x_pc), v_ec = max(0, x_pc -
+x_ic), T = the makespan. (1) holds; (2) and (3): a task runs for t_ic after its
+inputs arrive, and an input arrives d_e after its producer finishes; (4) by
+definition; (5): if p and i are in one class every u and v is 0, else u is 1
+at i's class only and v at p's class only, and the transfer, between a device
+outside and one inside those classes, takes at least a_ec and at least o_ec;
+(6): the makespan is the last finish; (7): the tasks on one device do not
+overlap, so a class's work is at most m_c makespans; (8): the memory of the
+tasks a class holds fits in its devices. Transfers within a class are free
+here (a relaxation).
+
+Shards. With several shards the LP, at b = ceil(Q / s), bounds a plan of s
+non-empty shards: its largest shard has >= b samples and is a one-shard plan of
+its own on the same devices (times and transfers do not fall with more samples
+(F1 of solve/bounds.py); the memory that shard alone holds fits, so (8) holds).
+`solve.bounds.shard_count_bound` uses it for CP(s).
+
+The LP grows as (tasks + edges) x classes: above MAX_TRANSFER_EDGES edges it
+leaves out the transfer rows (4)-(5), and above MAX_PATH_LP_EDGES edges
+`path_lp_bound` returns the critical path bound alone (a dense randomly wired
+graph of 778 tasks has 19,503 edges; there the LP takes seconds and the
+load-balance LP is the stronger bound anyway).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.optimize
+import scipy.sparse
+
+from llm_planner.solve.problem import PlacementProblem
+
+log = logging.getLogger(__name__)
+
+MAX_TRANSFER_EDGES = 500  # above: no transfer rows (4)-(5)
+MAX_PATH_LP_EDGES = 5_000  # above: the critical path bound alone
+
+
+class _Rows:
+    """Sparse constraint rows A_ub x <= b_ub, appended block by block."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.rhs: list[np.ndarray] = []
+        self.num = 0
+
+    def add(self, count: int, *terms: tuple[np.ndarray, np.ndarray, np.ndarray], rhs: np.ndarray | None = None) -> None:
+        """`count` new rows; each term is (row offset within the block, column, coefficient)."""
+        for rows, cols, vals in terms:
+            rows, cols, vals = np.broadcast_arrays(np.asarray(rows), np.asarray(cols), np.asarray(vals, dtype=float))
+            self.parts.append((self.num + rows.ravel(), cols.ravel(), vals.ravel()))
+        self.rhs.append(np.zeros(count) if rhs is None else rhs)
+        self.num += count
+
+    def matrix(self, num_cols: int) -> tuple[scipy.sparse.csr_matrix, np.ndarray]:
+        r, c, v = (np.concatenate(x) for x in zip(*self.parts))
+        return scipy.sparse.csr_matrix((v, (r, c)), shape=(self.num, num_cols)), np.concatenate(self.rhs)
+
+
+def _least_transfers(problem: PlacementProblem, classes: list[list[int]], batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """a[e, c], o[e, c]: the least transfer time of edge e into / out of class c from / to outside it."""
+    num_e, num_c = problem.num_edges, len(classes)
+    into, out = np.zeros((num_e, num_c)), np.zeros((num_e, num_c))
+    if num_e == 0 or num_c < 2:
+        return into, out
+    times = problem.comm_fixed + problem.comm_slope * batch  # [E, K, K]
+    for c, members in enumerate(classes):
+        inside = np.zeros(problem.num_devices, dtype=bool)
+        inside[members] = True
+        into[:, c] = times[:, ~inside][:, :, inside].min(axis=(1, 2))
+        out[:, c] = times[:, inside][:, :, ~inside].min(axis=(1, 2))
+    return np.maximum(into, 0.0), np.maximum(out, 0.0)
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """Column layout: x_ic (one per supported task-class pair), C_i, d_e, u_ec, v_ec, T, then y_ic, z_ic."""
+
+    rows_x: np.ndarray  # task of each x column
+    cols_x: np.ndarray  # class of each x column
+    num_tasks: int
+    num_classes: int
+    num_comm_edges: int
+
+    @property
+    def num_x(self) -> int:
+        return len(self.rows_x)
+
+    @property
+    def c0(self) -> int:
+        return self.num_x
+
+    @property
+    def d0(self) -> int:
+        return self.c0 + self.num_tasks
+
+    @property
+    def u0(self) -> int:
+        return self.d0 + self.num_comm_edges
+
+    @property
+    def v0(self) -> int:
+        return self.u0 + self.num_comm_edges * self.num_classes
+
+    @property
+    def t(self) -> int:
+        return self.v0 + self.num_comm_edges * self.num_classes
+
+    @property
+    def y0(self) -> int:
+        return self.t + 1
+
+    @property
+    def z0(self) -> int:
+        return self.y0 + self.num_x
+
+
+def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True) -> float:
+    """Optimum of the path LP (module docstring) for the largest shard, of `batch` <= Q samples, in seconds.
+
+    Returns the critical path of fastest times when the LP cannot be solved, and
+    leaves out the transfer rows (4)-(5) above MAX_TRANSFER_EDGES edges.
+    """
+    from llm_planner.solve.bounds import LP_SAFETY, _device_classes, fastest_task_times, longest_path, task_times
+
+    path = longest_path(problem, fastest_task_times(problem, batch))
+    if problem.num_edges > MAX_PATH_LP_EDGES:
+        return path
+    classes = _device_classes(problem)
+    reps = np.array([c[0] for c in classes])
+    counts = np.array([len(c) for c in classes], dtype=float)
+    work = task_times(problem, batch)[:, reps]  # [N, C]
+    finite = np.isfinite(work)
+    scale = float(work[finite].max(initial=0.0))
+    if scale <= 0:
+        return path
+    into, out = _least_transfers(problem, classes, batch)
+    comm_edges = np.nonzero((into > 0).any(axis=1) | (out > 0).any(axis=1))[0]
+    if problem.num_edges > MAX_TRANSFER_EDGES:
+        comm_edges = comm_edges[:0]
+    rows_x, cols_x = np.nonzero(finite)
+    col = _Columns(rows_x=rows_x, cols_x=cols_x, num_tasks=problem.num_tasks, num_classes=len(classes), num_comm_edges=len(comm_edges))
+    t_x = work[rows_x, cols_x] / scale
+    ub = _Rows()
+    _path_rows(ub, problem, col, t_x, comm_edges)
+    if len(comm_edges):
+        _transfer_rows(ub, comm_edges, problem.edge_src, problem.edge_dst, col, into / scale, out / scale)
+    ub.add(len(counts), (col.cols_x, np.arange(col.num_x), t_x), (np.arange(len(counts)), col.t, -counts))  # (7)
+    eq = _Rows()
+    eq.add(problem.num_tasks, (rows_x, np.arange(col.num_x), 1.0), rhs=np.ones(problem.num_tasks))  # (1)
+    num_cols = col.t + 1
+    if memory:
+        num_cols = _memory(ub, eq, problem, col, reps, counts, batch)
+    a_ub, b_ub = ub.matrix(num_cols)
+    a_eq, b_eq = eq.matrix(num_cols)
+    cost = np.zeros(num_cols)
+    cost[col.t] = 1.0
+    res = scipy.optimize.linprog(cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=(0, None), method="highs")
+    if res.status == 2 and memory:
+        return path_lp_bound(problem, batch, memory=False)
+    if res.status != 0:
+        log.warning("path LP not solved (%s); using the critical path as its bound", res.message)
+        return path
+    return max(path, max(0.0, float(res.fun)) * scale * (1 - LP_SAFETY))
+
+
+def _path_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, t_x: np.ndarray, comm_edges: np.ndarray,
+               *, x0: int = 0, c0: int | None = None) -> None:
+    """(2) sum_c t_ic x_ic - C_i <= 0; (3) C_p + sum_c t_ic x_ic + d_e - C_i <= 0; (6) C_i - T <= 0 for sinks.
+    x0 and c0: where the placement and finish-time columns start (default: x and C)."""
+    n, src, dst = problem.num_tasks, problem.edge_src, problem.edge_dst
+    c0 = col.c0 if c0 is None else c0
+    ub.add(n, (col.rows_x, x0 + np.arange(col.num_x), t_x), (np.arange(n), c0 + np.arange(n), -1.0))
+    num_e = problem.num_edges
+    first = np.searchsorted(col.rows_x, np.arange(n))  # rows_x is sorted: task i's x columns are first[i]..last[i]-1
+    last = np.searchsorted(col.rows_x, np.arange(n), side="right")
+    per_edge = (last - first)[dst]
+    er = np.repeat(np.arange(num_e), per_edge)
+    ec = np.repeat(first[dst], per_edge) + (np.arange(per_edge.sum()) - np.repeat(np.cumsum(per_edge) - per_edge, per_edge))
+    ub.add(num_e, (er, x0 + ec, t_x[ec]), (np.arange(num_e), c0 + src, 1.0), (np.arange(num_e), c0 + dst, -1.0),
+           (comm_edges, col.d0 + np.arange(len(comm_edges)), 1.0))
+    sinks = np.setdiff1d(np.arange(n), src)
+    ub.add(len(sinks), (np.arange(len(sinks)), c0 + sinks, 1.0), (np.arange(len(sinks)), col.t, -1.0))
+
+
+def _memory(ub: _Rows, eq: _Rows, problem: PlacementProblem, col: _Columns, reps: np.ndarray, counts: np.ndarray, batch: int) -> int:
+    """(8) for one shard (batch = Q): sum_i need_ic x_ic <= m_c cap_c, need = weights + per-sample * Q.
+    Returns the number of columns. A split batch (batch < Q) goes to `_whole_batch_rows`."""
+    if batch < problem.batch_size:
+        return _whole_batch_rows(ub, eq, problem, col, reps, counts, batch)
+    held = problem.mem_counts[col.rows_x, reps[col.cols_x]]
+    need = (problem.weight_bytes + problem.mem_bytes_per_sample * problem.batch_size)[col.rows_x] * held
+    for c, cap in enumerate(problem.mem_capacity[reps]):
+        idx = np.nonzero(col.cols_x == c)[0]
+        if np.isfinite(cap):
+            ub.add(1, (np.zeros(len(idx), int), idx, _per_capacity(need[idx], cap)), rhs=np.array([counts[c]]))
+    return col.t + 1
+
+
+def _per_capacity(need: np.ndarray, cap: float) -> np.ndarray:
+    """need / cap for a row `sum need x <= m cap`, scaled to O(1); a device with no memory
+    (cap 0) gets a coefficient so large that any need of a byte or more cannot fit."""
+    return need / cap if cap > 0 else np.where(need > 0, 1e12, 0.0)
+
+
+def _whole_batch_rows(ub: _Rows, eq: _Rows, problem: PlacementProblem, col: _Columns, reps: np.ndarray, counts: np.ndarray,
+                      batch: int) -> int:
+    """The largest shard (x, `batch` samples) of a split batch, with the whole batch beside it.
+
+    Columns y_ic (class c holds task i's weights), z_ic (the share of the batch's
+    samples whose task i runs on c) and C'_i. Rows: x <= y, z <= y, z >= (b / Q) x,
+    sum_c z_ic = 1; memory sum_i (w_i y_ic + m_i Q z_ic) <= m_c cap_c; load
+    sum_i Q r_ic z_ic <= m_c T (r: per-sample rates, solve/bounds.py); and the path
+    rows (2), (3), (6) for z with one-sample times and free transfers. Valid for a
+    plan with shards X^s of b_s samples (the largest, x, has >= b): y = 1 where a
+    device of c runs task i for some shard (it holds the weights), z = sum_s (b_s / Q)
+    X^s; each device holds its weights once and the per-sample memory of the
+    samples it runs. The path rows hold for each X^s at b_s >= 1 samples, and the
+    least T meeting them is a convex function of the placement (it is an LP's value
+    with the placement in its constraints), so they hold for the average z too.
+    """
+    from llm_planner.solve.bounds import per_sample_rates, task_times
+
+    q, nx, n = problem.batch_size, col.num_x, problem.num_tasks
+    held = problem.mem_counts[col.rows_x, reps[col.cols_x]]
+    weights = problem.weight_bytes[col.rows_x] * held
+    per_sample = problem.mem_bytes_per_sample[col.rows_x] * held * q
+    scale = float(np.max(task_times(problem, batch)[np.isfinite(task_times(problem, batch))], initial=1.0))
+    idx = np.arange(nx)
+    ub.add(nx, (idx, idx, 1.0), (idx, col.y0 + idx, -1.0))  # x <= y
+    ub.add(nx, (idx, col.z0 + idx, 1.0), (idx, col.y0 + idx, -1.0))  # z <= y
+    ub.add(nx, (idx, idx, batch / q), (idx, col.z0 + idx, -1.0))  # (b / Q) x <= z
+    eq.add(n, (col.rows_x, col.z0 + idx, 1.0), rhs=np.ones(n))
+    for c, cap in enumerate(problem.mem_capacity[reps]):
+        at = np.nonzero(col.cols_x == c)[0]
+        if np.isfinite(cap):
+            zero = np.zeros(len(at), int)
+            ub.add(1, (zero, col.y0 + at, _per_capacity(weights[at], cap)), (zero, col.z0 + at, _per_capacity(per_sample[at], cap)),
+                   rhs=np.array([counts[c]]))
+    work = per_sample_rates(problem)[col.rows_x, reps[col.cols_x]] * q / scale
+    ub.add(len(reps), (col.cols_x, col.z0 + idx, work), (np.arange(len(reps)), col.t, -counts))
+    one = task_times(problem, 1)[col.rows_x, reps[col.cols_x]] / scale
+    c2 = col.z0 + nx  # C'_i
+    _path_rows(ub, problem, col, one, np.zeros(0, int), x0=col.z0, c0=c2)
+    return c2 + n
+
+
+def _transfer_rows(ub: _Rows, comm_edges: np.ndarray, src: np.ndarray, dst: np.ndarray, col: _Columns,
+                   into: np.ndarray, out: np.ndarray) -> None:
+    """(4) x_ic - x_pc - u_ec <= 0 and x_pc - x_ic - v_ec <= 0; (5) sum_c a u - d <= 0, sum_c o v - d <= 0."""
+    num_ce, num_c = len(comm_edges), col.num_classes
+    xcol = np.full((col.num_tasks, num_c), -1)
+    xcol[col.rows_x, col.cols_x] = np.arange(col.num_x)
+    p, i = src[comm_edges], dst[comm_edges]
+    pos = np.arange(num_ce)
+    for c in range(num_c):
+        terms_u = [(pos, col.u0 + pos * num_c + c, -1.0)]
+        terms_v = [(pos, col.v0 + pos * num_c + c, -1.0)]
+        for cols, sign in ((xcol[i, c], 1.0), (xcol[p, c], -1.0)):
+            ok = cols >= 0
+            terms_u.append((pos[ok], cols[ok], sign))
+            terms_v.append((pos[ok], cols[ok], -sign))
+        ub.add(num_ce, *terms_u)
+        ub.add(num_ce, *terms_v)
+    rep = np.repeat(pos, num_c)
+    flat = np.arange(num_ce * num_c)
+    ub.add(num_ce, (rep, col.u0 + flat, into[comm_edges].ravel()), (pos, col.d0 + pos, -1.0))
+    ub.add(num_ce, (rep, col.v0 + flat, out[comm_edges].ravel()), (pos, col.d0 + pos, -1.0))
+
+
+def path_lp_at_shards(problem: PlacementProblem, shards: int) -> float:
+    """The path LP for plans of `shards` non-empty shards: its largest has >= ceil(Q / shards) samples."""
+    return path_lp_bound(problem, math.ceil(problem.batch_size / shards))

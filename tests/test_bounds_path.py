@@ -1,0 +1,132 @@
+"""The path LP (solve/bounds_path.py): exact on hand-solved chains, never above a brute-forced optimum."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llm_planner.solve.bounds import critical_path_bound, load_balance_bound, lower_bound
+from llm_planner.solve.bounds_path import path_lp_at_shards, path_lp_bound
+from planner_instances import problems
+from test_bounds import GB, brute_force_optimum, explicit_problem
+
+GPU_CPU = dict(kinds=(("gpu", "gpu", 10 * GB), ("cpu", "cpu", "unlimited")), devices={"gpu": 1, "cpu": 1})
+
+
+def test_memory_on_a_chain_lengthens_the_path():
+    """A chain of three 4 GB blocks, 1 s on the GPU (10 GB) and 3 s on the CPU.
+
+    Two blocks fit on the GPU, so one runs on the CPU: the optimum is 1 + 1 + 3 = 5 s.
+    The critical path (3 s, all on the GPU) and the load-balance LP (2.25 blocks on
+    the GPU, 0.75 on the CPU: 2.25 s) both miss that the chain runs its blocks one after another;
+    the path LP holds 2.5 blocks on the GPU and half a block on the CPU:
+    2.5 x 1 + 0.5 x 3 = 4 s."""
+    problem = explicit_problem([{"gpu": 1.0, "cpu": 3.0}] * 3, [(0, 1), (1, 2)], weights=[4 * GB] * 3, **GPU_CPU)
+    assert critical_path_bound(problem) == pytest.approx(3.0)
+    assert load_balance_bound(problem) == pytest.approx(2.25)
+    assert path_lp_bound(problem, 1) == pytest.approx(4.0)
+    assert path_lp_bound(problem, 1, memory=False) == pytest.approx(3.0)
+    assert lower_bound(problem) == pytest.approx(4.0)
+    assert brute_force_optimum(problem, orders=True) == pytest.approx(5.0)
+
+
+def test_memory_on_a_chain_is_exact_when_blocks_fit_whole():
+    """The same chain with 5 GB blocks: exactly two fit on the GPU, so the LP is integral: 5 s."""
+    problem = explicit_problem([{"gpu": 1.0, "cpu": 3.0}] * 3, [(0, 1), (1, 2)], weights=[5 * GB] * 3, **GPU_CPU)
+    assert lower_bound(problem) == pytest.approx(5.0) == pytest.approx(brute_force_optimum(problem, orders=True))
+
+
+def test_transfers_charge_a_move_off_the_fast_device():
+    """a -> b, 5 GB of weights each; a runs only on the GPU (5 GB, 1 s), b on the GPU (1 s) or the CPU (1.5 s).
+
+    b must run on the CPU and a's tensor must cross the link (1 GB at 1 GB/s = 1 s):
+    the optimum is 1 + 1 + 1.5 = 3.5 s, which the LP finds; without the transfer
+    rows it would say 2.5 s. (Where fractions of both ends may move, the LP can keep
+    them equal and pay no transfer: the rows bind only what the fractions force.)"""
+    from planner_instances import kind, make_cluster
+
+    from llm_planner.graph.ir import Edge, Task, TaskGraph
+    from llm_planner.solve.problem import build_problem
+
+    cluster = make_cluster([kind("gpu", "gpu", flops=1e12, mem_bytes=5 * GB, mem_bw=1e11), kind("cpu", "cpu", flops=1e12, mem_bytes="unlimited", mem_bw=1e11)],
+                           [{"gpu": 1, "cpu": 1}], bw=1 * GB, latency_s=0.0)
+    tasks = (Task(name="a", time_s_by_kind=(("gpu", 1.0),), weight_bytes=5 * GB),
+             Task(name="b", time_s_by_kind=(("gpu", 1.0), ("cpu", 1.5)), weight_bytes=5 * GB))
+    graph = TaskGraph(name="pair", tasks=tasks, edges=(Edge(src="a", dst="b", bytes_per_sample=1 * GB),)).validate()
+    problem = build_problem(graph, cluster, batch_size=1, max_shards=1)
+    assert path_lp_bound(problem, 1) == pytest.approx(3.5)
+    assert lower_bound(problem) == pytest.approx(3.5) == pytest.approx(brute_force_optimum(problem, orders=True))
+
+
+def test_split_batch_keeps_the_whole_batch_in_memory():
+    """A chain of two 4 GB blocks with 1 GB per sample, Q = 4 in at most 4 shards; the GPU (10 GB)
+    takes 1 s a block, the CPU 3 s; both per shard, whatever its size.
+
+    The largest shard alone (1 sample) would fit both blocks on the GPU (2 x 5 GB): 2 s.
+    But the GPU holds the per-sample memory of every sample it runs, so with all four
+    samples' blocks on it 2 x 4 + 4 x 2 = 16 GB > 10 GB: some samples run some block on
+    the CPU, and no plan beats the brute-forced optimum, which the bound must not pass."""
+    problem = explicit_problem([{"gpu": 1.0, "cpu": 3.0}] * 2, [(0, 1)], weights=[4 * GB] * 2, batch=4, shards=4, **GPU_CPU)
+    pieces = problem.time_pieces.copy()
+    pieces[..., 0], pieces[..., 1] = problem.time_pieces[..., 1], 0.0  # the explicit seconds, fixed per shard
+    problem = dataclasses.replace(problem, mem_bytes_per_sample=np.full(2, 1 * GB), time_pieces=pieces)
+    assert problem.task_time(0, 0, 1) == pytest.approx(1.0) == pytest.approx(problem.task_time(0, 0, 4))
+    naive = path_lp_bound(problem, 1, memory=False)
+    whole = path_lp_at_shards(problem, 4)
+    assert naive == pytest.approx(2.0)
+    assert whole > naive + 0.1  # the batch's per-sample memory pushes work onto the CPU
+    optimum = brute_force_optimum(problem)
+    assert whole <= optimum * (1 + 1e-9)
+    assert lower_bound(problem) <= optimum * (1 + 1e-9)
+
+
+def test_largest_shard_need_not_hold_the_batch():
+    """One task, 1 GB per sample, Q = 3 in up to 2 shards; GPU A (2 GB) takes 0.5 s a sample, GPU B
+    (1 GB) 1 s a sample. Optimum: 2 samples on A and 1 on B, 1 s each. A bound that made
+    the largest shard (>= 2 samples) hold all 3 samples' memory would keep 1/3 of it on B,
+    at 2 s: 2/3 + 2/3 = 1.33 s, above the optimum; the whole-batch rows give 1 s."""
+    kinds = (("a", "gpu", 2 * GB), ("b", "gpu", 1 * GB))
+    problem = explicit_problem([{"a": 0.5, "b": 1.0}], kinds=kinds, devices={"a": 1, "b": 1}, batch=3, shards=2)
+    problem = dataclasses.replace(problem, mem_bytes_per_sample=np.full(1, 1 * GB))
+    assert brute_force_optimum(problem) == pytest.approx(1.0)
+    assert path_lp_at_shards(problem, 2) == pytest.approx(1.0)
+    assert lower_bound(problem) == pytest.approx(1.0)
+
+
+@st.composite
+def tight_memory_problems(draw, *, max_tasks: int, max_batch: int):
+    """Latency problems whose capacities are scaled to a fraction of what the tasks need,
+    so memory binds in most draws (devices of one kind keep one capacity)."""
+    problem = draw(problems(max_tasks=max_tasks, max_devices=3, max_batch=max_batch, objective="latency"))
+    need = float(np.sum(problem.weight_bytes + problem.mem_bytes_per_sample * problem.batch_size))
+    factor = draw(st.floats(0.2, 1.2))
+    kinds = [d.kind for d in problem.devices]
+    caps = {k: draw(st.sampled_from([math.inf, factor * need, 0.5 * factor * need])) for k in sorted(set(kinds))}
+    return dataclasses.replace(problem, mem_capacity=np.array([caps[k] for k in kinds]))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=tight_memory_problems(max_tasks=4, max_batch=3))
+def test_path_lp_below_exact_optimum_one_shard(problem):
+    """<= 4 tasks, one shard, memory binding: every assignment x every device order."""
+    problem = dataclasses.replace(problem, max_shards=1)
+    optimum = brute_force_optimum(problem, orders=True)
+    if np.isfinite(optimum):
+        assert path_lp_bound(problem, problem.batch_size) <= optimum * (1 + 1e-9)
+        assert lower_bound(problem) <= optimum * (1 + 1e-9)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=tight_memory_problems(max_tasks=3, max_batch=4))
+def test_path_lp_below_every_split_plan(problem):
+    """<= 3 tasks, up to 3 shards, memory binding: the bound is below every split and assignment that fits."""
+    problem = dataclasses.replace(problem, max_shards=min(3, problem.batch_size))
+    best = brute_force_optimum(problem)
+    if np.isfinite(best):
+        assert path_lp_at_shards(problem, problem.max_shards) <= best * (1 + 1e-9)
+        assert lower_bound(problem) <= best * (1 + 1e-9)
