@@ -358,6 +358,11 @@ def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
     details = {"modules": len(ctx.modules), "distinct_modules": len({m.signature for m in ctx.modules})}
     baselines = [b for b in run_all_baselines(problem).values() if b is not None]
     baseline = min(baselines, key=lambda b: b.objective_s, default=None)
+    bound = lower_bound(problem)
+    if baseline is not None and baseline.objective_s <= bound * (1 + options.rel_gap):
+        # nothing can beat it by more than rel_gap: no module needs solving
+        details.update(baseline_won=baseline.solver.name, stopped="the best baseline meets the lower bound")
+        return _finish(problem, options, baseline, bound, details, started)
     if problem.objective == "latency":
         one_shard = [b for b in baselines if len(b.shard_sizes) == 1]
         if one_shard:
@@ -371,7 +376,6 @@ def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
         candidates += pipelined_plans(ctx, started)
     else:
         candidates += throughput_plan(ctx, started)
-    bound = lower_bound(problem)
     if problem.objective == "latency" and (problem.max_shards == 1 or problem.batch_size == 1):
         bound = max(bound, chain_bound(ctx, problem.batch_size))
     details.update(
@@ -389,6 +393,11 @@ def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
     if best is None or (baseline is not None and baseline.objective_s < best.objective_s * (1 - 1e-12)):
         details["baseline_won"] = baseline.solver.name
         best = baseline
+    return _finish(problem, options, best, bound, details, started)
+
+
+def _finish(problem: PlacementProblem, options: SolveOptions, best: Plan, bound: float, details: dict, started: float) -> Plan:
+    """The plan as MILP-SPLIT's: its bound, status and solver details."""
     elapsed = time.perf_counter() - started
     status = "optimal" if best.objective_s <= bound * (1 + options.rel_gap) else "heuristic"
     return replace(
