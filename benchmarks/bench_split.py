@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/bench_split.py [--quick] [--out DIR] [--time-limit S]
         [--split-time-limit S] [--max-module-tasks N] [--workers N] [--objectives latency,throughput]
-        [--milp-max-tasks N] [--no-milp] [--big | --no-big] [--only TEXT[,TEXT...]]
-    .venv/bin/python benchmarks/bench_split.py --from-csv A.csv B.csv --out DIR   (report earlier runs as one)
+        [--milp-max-tasks N] [--no-milp] [--big | --no-big] [--models NAME[,NAME...]] [--only TEXT[,TEXT...]]
+    .venv/bin/python benchmarks/bench_split.py --from-csv A.csv B.csv --out DIR   (report earlier runs as one;
+        a row of B replaces the same instance's row of A)
 
 Every instance is built with llm_planner.pipeline.problem_from_inputs (a model
 preset on a cluster spec, batch 1 and 8, the latency objective by default;
@@ -220,9 +221,10 @@ def write_csv(rows: list[Row], path: Path) -> None:
 
 
 def read_csv(paths: list[str]) -> list[Row]:
-    """Rows of earlier runs (this script's CSV), e.g. two runs over different instances to report as one."""
+    """Rows of earlier runs (this script's CSV), e.g. two runs over different instances to report as one.
+    A row of a later file replaces the same instance's (model, cluster, batch, objective) row of an earlier one."""
     types = {f.name: f.type for f in Row.__dataclass_fields__.values()}
-    rows = []
+    rows: dict[tuple, Row] = {}
     for path in paths:
         with open(path, newline="") as fh:
             for rec in csv.DictReader(fh):
@@ -235,8 +237,9 @@ def read_csv(paths: list[str]) -> list[Row]:
                         values[name] = float(text) if text not in ("", None) else math.nan
                     else:
                         values[name] = text
-                rows.append(Row(**values))
-    return rows
+                row = Row(**values)
+                rows[(row.model, row.cluster, row.batch, row.objective)] = row
+    return list(rows.values())
 
 
 def _pct(x: float) -> str:
@@ -356,7 +359,7 @@ def targets_text(rows: list[Row]) -> str:
 
 
 def instances(args) -> list[Row]:
-    models = QUICK_MODELS if args.quick else FULL_MODELS
+    models = args.models.split(",") if args.models else QUICK_MODELS if args.quick else FULL_MODELS
     objectives = args.objectives.split(",")
     rows = [Row(model=m, cluster=c, batch=b, objective=o) for o in objectives for c in CLUSTERS for m in models for b in (1, 8)]
     if args.big:
@@ -383,6 +386,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--objectives", default="latency", help="comma-separated: latency, throughput (default: latency)")
     ap.add_argument("--big", action=argparse.BooleanOptionalAction, default=None,
                     help=f"add the {BIG[0]} row (default: on, off with --quick)")
+    ap.add_argument("--models", default="", help="comma-separated model presets instead of the default set")
     ap.add_argument("--only", default="", help="keep instances whose 'model cluster batch objective' contains one of these comma-separated texts")
     ap.add_argument("--from-csv", nargs="+", default=[], metavar="CSV",
                     help="solve nothing: report (table, figure, targets) the rows of these earlier runs' CSVs as one")

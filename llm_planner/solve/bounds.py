@@ -86,6 +86,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import weakref
 
 import numpy as np
 import scipy.optimize
@@ -317,9 +318,24 @@ def shard_count_bound(problem: PlacementProblem) -> float:
     return min(load(lo), path(lo - 1)) if lo > 1 else load(1)
 
 
+_computed: dict[int, tuple[weakref.ref, float]] = {}  # id(problem) -> (the problem, its lower_bound)
+
+
 def lower_bound(problem: PlacementProblem) -> float:
     """The best valid bound for the problem's objective (max of the bounds above; for latency
-    also the path LP of solve/bounds_path.py at the smallest possible largest shard)."""
+    also the path LP of solve/bounds_path.py at the smallest possible largest shard).
+
+    Remembered per problem object while it lives (a solver and solve() both ask for it)."""
+    key = id(problem)
+    hit = _computed.get(key)
+    if hit is not None and hit[0]() is problem:
+        return hit[1]
+    value = _lower_bound(problem)
+    _computed[key] = (weakref.ref(problem, lambda _, key=key: _computed.pop(key, None)), value)
+    return value
+
+
+def _lower_bound(problem: PlacementProblem) -> float:
     bounds = [critical_path_bound(problem), load_balance_bound(problem), shard_count_bound(problem)]
     if problem.objective == "latency":
         bounds.append(path_lp_bound(problem, largest_shard_floor(problem)))

@@ -168,10 +168,12 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True)
     scale = float(work[finite].max(initial=0.0))
     if scale <= 0:
         return path
-    into, out = _least_transfers(problem, classes, batch)
-    comm_edges = np.nonzero((into > 0).any(axis=1) | (out > 0).any(axis=1))[0]
-    if problem.num_edges > MAX_TRANSFER_EDGES:
-        comm_edges = comm_edges[:0]
+    if problem.num_edges <= MAX_TRANSFER_EDGES:
+        into, out = _least_transfers(problem, classes, batch)
+        comm_edges = np.nonzero((into > 0).any(axis=1) | (out > 0).any(axis=1))[0]
+    else:
+        into = out = np.zeros((problem.num_edges, len(classes)))
+        comm_edges = np.zeros(0, dtype=int)
     rows_x, cols_x = np.nonzero(finite)
     col = _Columns(rows_x=rows_x, cols_x=cols_x, num_tasks=problem.num_tasks, num_classes=len(classes), num_comm_edges=len(comm_edges))
     t_x = work[rows_x, cols_x] / scale

@@ -91,6 +91,8 @@ class SplitContext:
         # (module, input device, output device) -> a module solution taken from a whole-graph plan;
         # used where it beats the subproblem's own, for the full batch on all devices
         self.seeds: dict[tuple[int, int | None, int], subsolve.SubSolution] = {}
+        # the chain bound (sum of module bounds) holds for one shard only; elsewhere HEFT modules skip their bound LPs
+        self.wants_chain_bound = problem.objective == "latency" and (problem.max_shards == 1 or problem.batch_size == 1)
 
     def costs(self, j: int, allowed: np.ndarray, batch: int, inputs: list[int | None]) -> CostTable:
         """Module j's spans for every input device in `inputs` and every usable output device."""
@@ -138,9 +140,11 @@ class SplitContext:
     def _jobs(self, j: int, allowed: np.ndarray, batch: int, inputs: list[int | None], skip: dict | None = None):
         """Subproblem keys of module j for each (input, output) pair, the pair each key is
         solved for, the jobs not yet solved, and for each job the job whose bound it shares
-        (the bound of a HEFT module does not depend on the input device)."""
+        (the bound of a HEFT module does not depend on the input device), or None where no
+        bound is needed (HEFT modules then carry bound 0)."""
         p, module = self.problem, self.modules[j]
         symmetric = bool(allowed.all())
+        wants_bound = self.wants_chain_bound and symmetric and batch == p.batch_size  # what chain_bound reads
         rep: dict[tuple, tuple] = {}
         jobs: dict[tuple, tuple] = {}
         bound_from: dict[tuple, tuple] = {}
@@ -154,14 +158,14 @@ class SplitContext:
                 keyed.append((k, l, key))
                 if key not in self.cache and key not in jobs and (skip is None or key not in skip):
                     jobs[key] = (module, k, l, allowed, batch)
-                    bound_from[key] = owners.setdefault(self.classes[l] if symmetric else l, key)
+                    bound_from[key] = owners.setdefault(self.classes[l] if symmetric else l, key) if wants_bound else None
         return keyed, rep, jobs, bound_from
 
     def _solve(self, jobs: dict[tuple, tuple], bound_from: dict[tuple, tuple]) -> None:
         skip = frozenset(key for key, owner in bound_from.items() if key != owner)
         solved = subsolve.solve_many(self.problem, jobs, self.options, skip_bound=skip)
         for key in skip:
-            if solved[key].method.startswith("heft"):
+            if bound_from[key] is not None and solved[key].method.startswith("heft"):
                 shared = solved[bound_from[key]].bound_s
                 solved[key] = replace(solved[key], bound_s=min(shared if np.isfinite(shared) else 0.0, solved[key].cost_s))
         self.cache.update(solved)
@@ -376,7 +380,7 @@ def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
         candidates += pipelined_plans(ctx, started)
     else:
         candidates += throughput_plan(ctx, started)
-    if problem.objective == "latency" and (problem.max_shards == 1 or problem.batch_size == 1):
+    if ctx.wants_chain_bound:
         bound = max(bound, chain_bound(ctx, problem.batch_size))
     details.update(
         subproblems_requested=ctx.num_requested,
