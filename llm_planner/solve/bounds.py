@@ -78,7 +78,8 @@ Bounds:
   few LPs however large the batch. With one shard (s = 1, z = x)
   LP(1) is the load-balance LP, so this bound is only computed when min(Q, S) >= 2.
 
-`lower_bound` is the maximum of the three.
+`lower_bound` is the maximum of the three and, for latency, of the path LP
+(solve/bounds_path.py), which also stands in for CP(s) in the shard-count bound.
 """
 
 from __future__ import annotations
