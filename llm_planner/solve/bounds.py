@@ -227,14 +227,18 @@ def _coo(parts: Triplets) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     return v, (r, c)
 
 
+def per_capacity(need: np.ndarray, cap: float) -> np.ndarray:
+    """need / cap for a row `sum need x <= m cap`, scaled to O(1); a device with no memory
+    (cap 0) gets a coefficient so large that any need of a byte or more cannot fit."""
+    return need / cap if cap > 0 else np.where(need > 0, 1e12, 0.0)
+
+
 def _memory_rows(
-    problem: PlacementProblem, reps: list[int], counts: np.ndarray, rows: np.ndarray, cols: np.ndarray, *, first_row: int,
-    batch: int | None = None,
+    problem: PlacementProblem, reps: list[int], counts: np.ndarray, rows: np.ndarray, cols: np.ndarray, *, first_row: int
 ) -> tuple[Triplets, list[np.ndarray]]:
     """Capacity rows: sum_i need_ic x_ic / cap_c <= m_c for each class with finite capacity,
-    need_ic = weight_bytes_i + mem_bytes_per_sample_i * b where memory counts, else 0 (b: `batch`, default Q)."""
-    b = problem.batch_size if batch is None else batch
-    need = (problem.weight_bytes + problem.mem_bytes_per_sample * b)[rows]
+    need_ic = weight_bytes_i + mem_bytes_per_sample_i * Q where memory counts, else 0."""
+    need = (problem.weight_bytes + problem.mem_bytes_per_sample * problem.batch_size)[rows]
     need = need * problem.mem_counts[rows, np.array(reps)[cols]]
     cap = problem.mem_capacity[np.array(reps)]
     parts: Triplets = []
@@ -245,7 +249,7 @@ def _memory_rows(
         if not np.isfinite(cap[c]) or not mask.any():
             continue
         idx = np.nonzero(mask)[0]
-        parts.append((np.full(len(idx), row), idx, need[idx] / cap[c]))
+        parts.append((np.full(len(idx), row), idx, per_capacity(need[idx], cap[c])))
         rhs.append(np.array([counts[c]]))
         row += 1
     return parts, rhs
@@ -300,6 +304,8 @@ def shard_count_bound(problem: PlacementProblem) -> float:
     most = min(problem.batch_size, problem.max_shards)
     if most < 2:
         return 0.0
+    from llm_planner.solve.bounds_path import path_lp_at_shards
+
     if problem.objective == "latency":
         path = functools.lru_cache(maxsize=None)(lambda s: path_lp_at_shards(problem, s))
     else:
@@ -337,10 +343,9 @@ def lower_bound(problem: PlacementProblem) -> float:
 
 
 def _lower_bound(problem: PlacementProblem) -> float:
+    from llm_planner.solve.bounds_path import path_lp_bound
+
     bounds = [critical_path_bound(problem), load_balance_bound(problem), shard_count_bound(problem)]
     if problem.objective == "latency":
         bounds.append(path_lp_bound(problem, largest_shard_floor(problem)))
     return max(bounds)
-
-
-from llm_planner.solve.bounds_path import path_lp_at_shards, path_lp_bound  # noqa: E402  (it imports helpers from here)

@@ -62,6 +62,16 @@ import numpy as np
 import scipy.optimize
 import scipy.sparse
 
+from llm_planner.solve.bounds import (
+    LP_SAFETY,
+    _device_classes,
+    _memory_rows,
+    fastest_task_times,
+    longest_path,
+    per_capacity,
+    per_sample_rates,
+    task_times,
+)
 from llm_planner.solve.problem import PlacementProblem
 
 log = logging.getLogger(__name__)
@@ -85,6 +95,12 @@ class _Rows:
             self.parts.append((self.num + rows.ravel(), cols.ravel(), vals.ravel()))
         self.rhs.append(np.zeros(count) if rhs is None else rhs)
         self.num += count
+
+    def extend(self, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], rhs: list[np.ndarray]) -> None:
+        """Rows built elsewhere with absolute row indices starting at self.num (e.g. bounds._memory_rows)."""
+        self.parts += parts
+        self.rhs += rhs
+        self.num += sum(len(r) for r in rhs)
 
     def matrix(self, num_cols: int) -> tuple[scipy.sparse.csr_matrix, np.ndarray]:
         r, c, v = (np.concatenate(x) for x in zip(*self.parts))
@@ -155,8 +171,6 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True)
     Returns the critical path of fastest times when the LP cannot be solved, and
     leaves out the transfer rows (4)-(5) above MAX_TRANSFER_EDGES edges.
     """
-    from llm_planner.solve.bounds import LP_SAFETY, _device_classes, fastest_task_times, longest_path, task_times
-
     path = longest_path(problem, fastest_task_times(problem, batch))
     if problem.num_edges > MAX_PATH_LP_EDGES:
         return path
@@ -186,7 +200,7 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True)
     eq.add(problem.num_tasks, (rows_x, np.arange(col.num_x), 1.0), rhs=np.ones(problem.num_tasks))  # (1)
     num_cols = col.t + 1
     if memory:
-        num_cols = _memory(ub, eq, problem, col, reps, counts, batch)
+        num_cols = _memory(ub, eq, problem, col, reps, counts, batch, scale)
     a_ub, b_ub = ub.matrix(num_cols)
     a_eq, b_eq = eq.matrix(num_cols)
     cost = np.zeros(num_cols)
@@ -219,28 +233,18 @@ def _path_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, t_x: np.ndar
     ub.add(len(sinks), (np.arange(len(sinks)), c0 + sinks, 1.0), (np.arange(len(sinks)), col.t, -1.0))
 
 
-def _memory(ub: _Rows, eq: _Rows, problem: PlacementProblem, col: _Columns, reps: np.ndarray, counts: np.ndarray, batch: int) -> int:
-    """(8) for one shard (batch = Q): sum_i need_ic x_ic <= m_c cap_c, need = weights + per-sample * Q.
+def _memory(ub: _Rows, eq: _Rows, problem: PlacementProblem, col: _Columns, reps: np.ndarray, counts: np.ndarray, batch: int,
+            scale: float) -> int:
+    """(8) for one shard (batch = Q): the load-balance LP's memory rows (bounds._memory_rows) on x.
     Returns the number of columns. A split batch (batch < Q) goes to `_whole_batch_rows`."""
     if batch < problem.batch_size:
-        return _whole_batch_rows(ub, eq, problem, col, reps, counts, batch)
-    held = problem.mem_counts[col.rows_x, reps[col.cols_x]]
-    need = (problem.weight_bytes + problem.mem_bytes_per_sample * problem.batch_size)[col.rows_x] * held
-    for c, cap in enumerate(problem.mem_capacity[reps]):
-        idx = np.nonzero(col.cols_x == c)[0]
-        if np.isfinite(cap):
-            ub.add(1, (np.zeros(len(idx), int), idx, _per_capacity(need[idx], cap)), rhs=np.array([counts[c]]))
+        return _whole_batch_rows(ub, eq, problem, col, reps, counts, batch, scale)
+    ub.extend(*_memory_rows(problem, list(reps), counts, col.rows_x, col.cols_x, first_row=ub.num))
     return col.t + 1
 
 
-def _per_capacity(need: np.ndarray, cap: float) -> np.ndarray:
-    """need / cap for a row `sum need x <= m cap`, scaled to O(1); a device with no memory
-    (cap 0) gets a coefficient so large that any need of a byte or more cannot fit."""
-    return need / cap if cap > 0 else np.where(need > 0, 1e12, 0.0)
-
-
 def _whole_batch_rows(ub: _Rows, eq: _Rows, problem: PlacementProblem, col: _Columns, reps: np.ndarray, counts: np.ndarray,
-                      batch: int) -> int:
+                      batch: int, scale: float) -> int:
     """The largest shard (x, `batch` samples) of a split batch, with the whole batch beside it.
 
     Columns y_ic (class c holds task i's weights), z_ic (the share of the batch's
@@ -255,13 +259,10 @@ def _whole_batch_rows(ub: _Rows, eq: _Rows, problem: PlacementProblem, col: _Col
     least T meeting them is a convex function of the placement (it is an LP's value
     with the placement in its constraints), so they hold for the average z too.
     """
-    from llm_planner.solve.bounds import per_sample_rates, task_times
-
     q, nx, n = problem.batch_size, col.num_x, problem.num_tasks
     held = problem.mem_counts[col.rows_x, reps[col.cols_x]]
     weights = problem.weight_bytes[col.rows_x] * held
     per_sample = problem.mem_bytes_per_sample[col.rows_x] * held * q
-    scale = float(np.max(task_times(problem, batch)[np.isfinite(task_times(problem, batch))], initial=1.0))
     idx = np.arange(nx)
     ub.add(nx, (idx, idx, 1.0), (idx, col.y0 + idx, -1.0))  # x <= y
     ub.add(nx, (idx, col.z0 + idx, 1.0), (idx, col.y0 + idx, -1.0))  # z <= y
@@ -271,7 +272,7 @@ def _whole_batch_rows(ub: _Rows, eq: _Rows, problem: PlacementProblem, col: _Col
         at = np.nonzero(col.cols_x == c)[0]
         if np.isfinite(cap):
             zero = np.zeros(len(at), int)
-            ub.add(1, (zero, col.y0 + at, _per_capacity(weights[at], cap)), (zero, col.z0 + at, _per_capacity(per_sample[at], cap)),
+            ub.add(1, (zero, col.y0 + at, per_capacity(weights[at], cap)), (zero, col.z0 + at, per_capacity(per_sample[at], cap)),
                    rhs=np.array([counts[c]]))
     work = per_sample_rates(problem)[col.rows_x, reps[col.cols_x]] * q / scale
     ub.add(len(reps), (col.cols_x, col.z0 + idx, work), (np.arange(len(reps)), col.t, -counts))
