@@ -1,6 +1,7 @@
 """MILP-SPLIT's heuristic path: the local search's evaluation equals the scheduler's,
-moves never make a module worse, shared HEFT bounds stay valid, and seeding the DP with
-the best baseline's modules keeps the split at or below that baseline."""
+moves (and the iterated search) never make a module worse, shared HEFT bounds stay valid,
+seeding the DP with the best baseline's modules keeps the split at or below that baseline,
+and solutions carried between symmetric device pairs land on the pair asked for."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from llm_planner.solve.baselines import run_baseline
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
 from llm_planner.solve.schedule import asap_schedule
-from llm_planner.solve.split import SplitContext, latency_chain, seed_from_plan
+from llm_planner.solve.split import SplitContext, assemble, latency_chain, seed_from_plan
 from llm_planner.solve.split_subsolve import ListMakespan, improve_by_moves
 from llm_planner.solve.subproblem import build_subproblem
 
@@ -43,16 +44,19 @@ def test_list_makespan_equals_asap_schedule(data, cluster, batch):
 
 
 @SETTINGS
-@given(data=st.data(), cluster=clusters(max_devices=3), batch=st.integers(1, 4))
-def test_moves_never_worsen_and_keep_the_rules(data, cluster, batch):
+@given(data=st.data(), cluster=clusters(max_devices=3), batch=st.integers(1, 4), kicks=st.booleans())
+def test_moves_never_worsen_and_keep_the_rules(data, cluster, batch, kicks):
     graph = data.draw(graphs(cluster, min_tasks=2, max_tasks=10, explicit=False))
     problem = build_problem(graph, cluster, objective="latency", batch_size=batch, max_shards=1)
     start = _random_assignment(data, problem)
     if np.any(problem.device_memory_used([batch], [start]) > problem.mem_capacity):
         return  # the search keeps memory within capacity only from a plan that fits
-    moved = improve_by_moves(problem, start, max_evaluations=200)
+    moved = improve_by_moves(problem, start, max_evaluations=200, kicks=kicks)
     makespan = ListMakespan(problem)
     assert makespan(moved) <= makespan(start)
+    if kicks:  # the iterated search spends its budget beyond the first descent and never ends above it
+        assert makespan(moved) <= makespan(improve_by_moves(problem, start, max_evaluations=200))
+        assert improve_by_moves(problem, start, max_evaluations=200, kicks=True) == moved  # seeded
     assert all(problem.supported[i, k] for i, k in enumerate(moved))
     for group in problem.colocate_groups():
         assert len({moved[i] for i in group}) == 1
@@ -112,3 +116,29 @@ def test_a_module_subproblem_pins_its_cut_devices():
     assert local[0] == module.input_task and sub.supported[0].tolist() == [False, False, True]
     assert sub.supported[-1].tolist() == [False, True, False]
     assert sub.time_pieces[0].max() == 0.0 and sub.weight_bytes[0] == 0.0
+
+
+def test_solutions_land_on_the_pair_asked_for_and_searched_costs_are_their_schedules():
+    problem = _two_kind_problem([4, 3, 4, 2])  # devices: fast:0, fast:1 (interchangeable), slow:0
+    ctx = SplitContext(problem, SolveOptions(solver="milp-split", max_module_tasks=1, workers=1))
+    allowed = np.ones(problem.num_devices, dtype=bool)
+    ctx.prefetch(allowed, 1)  # solves (fast:0 -> fast:1) for the key that (fast:1 -> fast:0) shares
+    for j, module in enumerate(ctx.modules):
+        if module.input_task is None or len(module.tasks) == 1:
+            continue
+        for inputs in ([0, 1, 2], [1], [2, 1]):  # the DP drops inputs it cannot reach; any subset may come
+            table = ctx.costs(j, allowed, 1, inputs)
+            for k in inputs:
+                for b, l in enumerate(table.outs):
+                    assert table.solution(inputs.index(k), b).devices[-1] == l
+    found = latency_chain(ctx, 1, allowed)
+    assert found is not None and ctx.intensified, "the DP's picks were searched"
+    prev = None
+    for module, sol in zip(ctx.modules, found[0]):
+        if module.input_task is not None and sol.method.endswith("+ils"):
+            sub, _ = build_subproblem(problem, module.tasks, module.input_task, prev, sol.devices[-1], allowed, 1)
+            assert ListMakespan(sub)([prev, *sol.devices]) == pytest.approx(sol.cost_s, rel=1e-12)
+        prev = sol.devices[-1]
+    assign, _ = assemble(ctx, found[0])
+    _, finish = asap_schedule(problem, [1], [assign])
+    assert max(finish.values()) <= found[1] * (1 + 1e-9)

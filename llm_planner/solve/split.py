@@ -58,6 +58,7 @@ from llm_planner.solve.schedule import make_plan
 log = logging.getLogger(__name__)
 
 INF = float("inf")
+INTENSIFY_ROUNDS = 2  # DP -> search the picked modules -> DP, at most this many times per chain
 
 
 @dataclass
@@ -69,6 +70,7 @@ class CostTable:
     cost: np.ndarray  # [len(inputs), len(outs)] spans, inf where infeasible
     bound: np.ndarray  # lower bounds on the spans
     solutions: dict[tuple[int | None, int], subsolve.SubSolution] | None  # None: one-task module
+    keys: dict[tuple[int | None, int], tuple] | None = None  # the cache key of each pair's subproblem
 
     def solution(self, a: int, b: int) -> subsolve.SubSolution:
         k, l = self.inputs[a], self.outs[b]
@@ -92,6 +94,9 @@ class SplitContext:
         # used where it beats the subproblem's own, for the full batch on all devices
         self.seeds: dict[tuple[int, int | None, int], subsolve.SubSolution] = {}
         # the chain bound (sum of module bounds) holds for one shard only; elsewhere HEFT modules skip their bound LPs
+        self.intensified: set[tuple] = set()  # subproblem keys the iterated local search has run on
+        self._picked: dict[tuple, tuple] = {}
+        self._reps: dict[tuple, tuple] = {}  # subproblem key -> the device pair it is solved for
         self.wants_chain_bound = problem.objective == "latency" and (problem.max_shards == 1 or problem.batch_size == 1)
 
     def costs(self, j: int, allowed: np.ndarray, batch: int, inputs: list[int | None]) -> CostTable:
@@ -102,13 +107,14 @@ class SplitContext:
         if len(module.tasks) == 1:
             cost = self._one_task_costs(module, inputs, outs, batch)
             return CostTable(inputs=inputs, outs=outs, cost=cost, bound=cost, solutions=None)
-        keyed, rep, jobs, bound_from = self._jobs(j, allowed, batch, inputs)
+        keyed, jobs, bound_from = self._jobs(j, allowed, batch, inputs)
         self._solve(jobs, bound_from)
-        solutions = {}
+        solutions, keys = {}, {}
         seeded = bool(allowed.all()) and batch == p.batch_size
         for k, l, key in keyed:
+            keys[(k, l)] = key
             sol = self.cache[key]
-            src = rep[key]
+            src = self._reps[key]  # the pair it was solved for (an earlier call may have solved it for another)
             if src != (k, l) and sol.devices:
                 sol = subsolve.map_solution(sol, subsolve.device_permutation(p, src, (k, l)))
             seed = self.seeds.get((j, k, l)) if seeded else None
@@ -117,7 +123,41 @@ class SplitContext:
             solutions[(k, l)] = sol
         cost = np.array([[solutions[(k, l)].cost_s for l in outs] for k in inputs]).reshape(len(inputs), len(outs))
         bound = np.array([[solutions[(k, l)].bound_s for l in outs] for k in inputs]).reshape(len(inputs), len(outs))
-        return CostTable(inputs=inputs, outs=outs, cost=cost, bound=bound, solutions=solutions)
+        return CostTable(inputs=inputs, outs=outs, cost=cost, bound=bound, solutions=solutions, keys=keys)
+
+    def intensify(self, picks: list[tuple[CostTable, int | None, int]], allowed_from: list[np.ndarray], batch: int,
+                  tables_from: int) -> bool:
+        """Run the iterated local search on the subproblems behind the DP's picks (module
+        tables_from + n for the n-th pick) that are not proven optimal and not yet searched;
+        store what improves in the cache, in the frame of the pair each key was solved for.
+        Returns whether any subproblem was searched."""
+        p = self.problem
+        calls = {}
+        for n, (table, k, l) in enumerate(picks):
+            j = tables_from + n
+            if table.keys is None:
+                continue
+            key = table.keys[(k, l)]
+            sol = table.solutions[(k, l)]
+            if key in self.intensified or sol.method in ("milp-optimal", "infeasible") or sol.cost_s <= sol.bound_s * (1 + self.options.rel_gap):
+                continue
+            if len(self.modules[j].tasks) > subsolve.LOCAL_SEARCH_MAX_TASKS:
+                continue
+            self.intensified.add(key)
+            calls[key] = (subsolve.intensify_subproblem, (self.modules[j], k, l, allowed_from[j], batch, sol.devices, self.options), {})
+            self._picked[key] = (k, l, sol)
+        if not calls:
+            return False
+        for key, found in subsolve.run_many(p, calls, self.options).items():
+            k, l, start = self._picked.pop(key)
+            if found is None or found.cost_s >= min(start.cost_s, self.cache[key].cost_s) * (1 - 1e-12):
+                continue
+            rep = self._reps[key]
+            if rep != (k, l):
+                found = subsolve.map_solution(found, subsolve.device_permutation(p, (k, l), rep))
+            old = self.cache[key]
+            self.cache[key] = replace(found, bound_s=min(old.bound_s, found.cost_s), method=old.method + "+ils")
+        return True
 
     def prefetch(self, allowed: np.ndarray, batch: int) -> None:
         """Solve every subproblem the DP over `allowed` can ask for, in one batch of jobs
@@ -127,7 +167,7 @@ class SplitContext:
         for j, module in enumerate(self.modules):
             if len(module.tasks) > 1:
                 inputs = [None] if module.input_task is None else [k for k in self._outs(j - 1, allowed)]
-                _, _, more, shared = self._jobs(j, allowed, batch, inputs, skip=jobs)
+                _, more, shared = self._jobs(j, allowed, batch, inputs, skip=jobs)
                 jobs.update(more)
                 bound_from.update(shared)
         self._solve(jobs, bound_from)
@@ -138,14 +178,13 @@ class SplitContext:
         return [l for l in range(self.problem.num_devices) if allowed[l] and self.problem.supported[last, l]]
 
     def _jobs(self, j: int, allowed: np.ndarray, batch: int, inputs: list[int | None], skip: dict | None = None):
-        """Subproblem keys of module j for each (input, output) pair, the pair each key is
-        solved for, the jobs not yet solved, and for each job the job whose bound it shares
+        """Subproblem keys of module j for each (input, output) pair, the jobs not yet solved
+        (each for the first pair with its key), and for each job the job whose bound it shares
         (the bound of a HEFT module does not depend on the input device), or None where no
         bound is needed (HEFT modules then carry bound 0)."""
         p, module = self.problem, self.modules[j]
         symmetric = bool(allowed.all())
         wants_bound = self.wants_chain_bound and symmetric and batch == p.batch_size  # what chain_bound reads
-        rep: dict[tuple, tuple] = {}
         jobs: dict[tuple, tuple] = {}
         bound_from: dict[tuple, tuple] = {}
         owners: dict[object, tuple] = {}
@@ -154,16 +193,16 @@ class SplitContext:
             for l in self._outs(j, allowed):
                 pk = subsolve.pair_key(p, self.classes, k, l) if symmetric else (k, l)
                 key = (module.signature, pk, allowed.tobytes(), batch)
-                rep.setdefault(key, (k, l))
                 keyed.append((k, l, key))
                 if key not in self.cache and key not in jobs and (skip is None or key not in skip):
                     jobs[key] = (module, k, l, allowed, batch)
                     bound_from[key] = owners.setdefault(self.classes[l] if symmetric else l, key) if wants_bound else None
-        return keyed, rep, jobs, bound_from
+        return keyed, jobs, bound_from
 
     def _solve(self, jobs: dict[tuple, tuple], bound_from: dict[tuple, tuple]) -> None:
         skip = frozenset(key for key, owner in bound_from.items() if key != owner)
         solved = subsolve.solve_many(self.problem, jobs, self.options, skip_bound=skip)
+        self._reps.update({key: (job[1], job[2]) for key, job in jobs.items()})
         for key in skip:
             if bound_from[key] is not None and solved[key].method.startswith("heft"):
                 shared = solved[bound_from[key]].bound_s
@@ -218,8 +257,9 @@ def merge_for_colocation(problem: PlacementProblem, modules: list[Module]) -> li
     return out
 
 
-def _dp(ctx: SplitContext, start: int, allowed_from: list[np.ndarray], batch: int, init: dict[int | None, float]) -> tuple[list[subsolve.SubSolution], float]:
-    """min-sum DP over modules start..m-1 from the given costs of the input cut's devices."""
+def _dp(ctx: SplitContext, start: int, allowed_from: list[np.ndarray], batch: int, init: dict[int | None, float]):
+    """min-sum DP over modules start..m-1 from the given costs of the input cut's devices:
+    (module solutions, total, the (table, input device, output device) picked per module)."""
     back: list[tuple[CostTable, np.ndarray]] = []
     inputs = list(init)
     best = np.array([init[k] for k in inputs])
@@ -229,27 +269,41 @@ def _dp(ctx: SplitContext, start: int, allowed_from: list[np.ndarray], batch: in
         keep = np.isfinite(best)
         inputs, best = [k for k, ok in zip(inputs, keep) if ok], best[keep]
         if not inputs:
-            return [], INF
+            return [], INF, []
         table = ctx.costs(j, allowed_from[j], batch, inputs)
         if not table.outs:
-            return [], INF
+            return [], INF, []
         total = best[:, None] + table.cost
         arg = np.argmin(total, axis=0)
         back.append((table, arg))
         inputs, best = list(table.outs), total[arg, np.arange(len(table.outs))]
     if not np.isfinite(best).any():
-        return [], INF
+        return [], INF, []
     b = int(np.argmin(best))
     value = float(best[b])
-    sols = []
+    sols, picks = [], []
     for n in range(len(back) - 1, -1, -1):
         table, arg = back[n]
         a = int(arg[b])
         sols.append(table.solution(a, b))
         k = table.inputs[a]
+        picks.append((table, k, table.outs[b]))
         if n > 0 and k is not None:
             b = back[n - 1][0].outs.index(k)
-    return sols[::-1], value
+    return sols[::-1], value, picks[::-1]
+
+
+def _searched_dp(ctx: SplitContext, start: int, allowed_from: list[np.ndarray], batch: int, init: dict[int | None, float]):
+    """The DP, then the iterated local search on the modules it picked, then the DP again
+    over the improved costs, until it picks only searched (or proven) subproblems or
+    INTENSIFY_ROUNDS rounds have run. Costs only fall, so each round's total is at most
+    the last's; the search is spent only where the DP looks."""
+    sols, total, picks = _dp(ctx, start, allowed_from, batch, init)
+    for _ in range(INTENSIFY_ROUNDS):
+        if not sols or not ctx.intensify(picks, allowed_from, batch, start):
+            break
+        sols, total, picks = _dp(ctx, start, allowed_from, batch, init)
+    return sols, total
 
 
 def _first_overflow(ctx: SplitContext, sols: list[subsolve.SubSolution], batch: int) -> tuple[int, int] | None:
@@ -275,7 +329,7 @@ def latency_chain(ctx: SplitContext, batch: int, allowed: np.ndarray) -> tuple[l
     prefix: list[subsolve.SubSolution] = []
     prefix_cost, start, init = 0.0, 0, {None: 0.0}
     for _ in range(ctx.problem.num_devices + 1):
-        sols, total = _dp(ctx, start, allowed_from, batch, init)
+        sols, total = _searched_dp(ctx, start, allowed_from, batch, init)
         if not sols:
             return None
         chain = prefix + sols

@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import logging
 import os
+import random
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -157,7 +158,10 @@ def free_input(sub: PlacementProblem, offset: int) -> PlacementProblem:
 # Local search effort is capped in task-evaluations (evaluations x tasks), not in
 # seconds, so that its result does not depend on the machine's load.
 LOCAL_SEARCH_MAX_TASKS = 1000  # larger modules keep HEFT's plan
-LOCAL_SEARCH_WORK = 10_000  # task-evaluations per subproblem (about 0.3 s)
+LOCAL_SEARCH_WORK = 10_000  # task-evaluations per subproblem (about 0.02 s)
+INTENSIFY_WORK = 500_000  # task-evaluations of the iterated local search on a module the DP picks (about 1 s)
+KICK_STRENGTH = 3  # the iterated local search moves 1..KICK_STRENGTH random tasks before each descent
+KICK_PATIENCE = 200  # and stops after this many kicks in a row that found nothing better
 
 
 class ListMakespan:
@@ -218,44 +222,93 @@ class ListMakespan:
                     heapq.heappush(pending[a[v]], (ready[v], -rank[v], v))
 
 
-def improve_by_moves(sub: PlacementProblem, assign: list[int], max_evaluations: int) -> list[int]:
-    """First-improvement local search: move one task (a whole colocation group) to another
-    device while the list-scheduled makespan drops and memory fits; at most
-    `max_evaluations` schedules. Returns the best assignment found."""
-    makespan = ListMakespan(sub)
-    assign = list(assign)
-    need = np.where(sub.mem_counts, (sub.weight_bytes + sub.mem_bytes_per_sample * sub.batch_size)[:, None], 0.0)
-    used = np.zeros(sub.num_devices)
-    np.add.at(used, assign, need[np.arange(sub.num_tasks), assign])
-    member = {i: [i] for i in range(sub.num_tasks)}
-    for group in sub.colocate_groups():
-        for i in group:
-            member[i] = group
-    best, evaluations, improved = makespan(assign), 1, True
-    while improved and evaluations < max_evaluations:
-        improved = False
-        for i in range(sub.num_tasks):
-            unit, old = member[i], assign[i]
-            if unit[0] != i:
-                continue
-            for k in range(sub.num_devices):
-                if evaluations >= max_evaluations:
-                    break
-                if k == old or not sub.supported[unit, k].all() or used[k] + need[unit, k].sum() > sub.mem_capacity[k]:
-                    continue
+class _MoveSearch:
+    """Moves of one task (a whole colocation group) to another device under the
+    subproblem's support and memory rules, scored by the list-scheduled makespan."""
+
+    def __init__(self, sub: PlacementProblem, assign: list[int]):
+        self.sub, self.makespan = sub, ListMakespan(sub)
+        self.need = np.where(sub.mem_counts, (sub.weight_bytes + sub.mem_bytes_per_sample * sub.batch_size)[:, None], 0.0)
+        member = {i: [i] for i in range(sub.num_tasks)}
+        for group in sub.colocate_groups():
+            for i in group:
+                member[i] = group
+        self.units = [member[i] for i in range(sub.num_tasks) if member[i][0] == i]
+        self.evaluations = 0
+
+    def used(self, assign: list[int]) -> np.ndarray:
+        used = np.zeros(self.sub.num_devices)
+        np.add.at(used, assign, self.need[np.arange(self.sub.num_tasks), assign])
+        return used
+
+    def fits(self, unit: list[int], k: int, used: np.ndarray) -> bool:
+        return bool(self.sub.supported[unit, k].all()) and used[k] + self.need[unit, k].sum() <= self.sub.mem_capacity[k]
+
+    def score(self, assign: list[int]) -> float:
+        self.evaluations += 1
+        return self.makespan(assign)
+
+    def descend(self, assign: list[int], value: float, max_evaluations: int) -> float:
+        """First-improvement descent in place; returns the final makespan."""
+        used, improved = self.used(assign), True
+        while improved and self.evaluations < max_evaluations:
+            improved = False
+            for unit in self.units:
+                old = assign[unit[0]]
+                for k in range(self.sub.num_devices):
+                    if self.evaluations >= max_evaluations:
+                        break
+                    if k == old or not self.fits(unit, k, used):
+                        continue
+                    for m in unit:
+                        assign[m] = k
+                    moved = self.score(assign)
+                    if moved < value * (1 - 1e-12):
+                        value, improved = moved, True
+                        used[old] -= self.need[unit, old].sum()
+                        used[k] += self.need[unit, k].sum()
+                        old = k
+                    else:
+                        for m in unit:
+                            assign[m] = old
+        return value
+
+    def kick(self, assign: list[int], rng: random.Random, strength: int) -> None:
+        """Move 1..strength random units to random devices where they fit (in place)."""
+        used = self.used(assign)
+        for _ in range(rng.randint(1, strength)):
+            unit = rng.choice(self.units)
+            old = assign[unit[0]]
+            options = [k for k in range(self.sub.num_devices) if k != old and self.fits(unit, k, used)]
+            if options:
+                k = rng.choice(options)
                 for m in unit:
                     assign[m] = k
-                value = makespan(assign)
-                evaluations += 1
-                if value < best * (1 - 1e-12):
-                    best, improved = value, True
-                    used[old] -= need[unit, old].sum()
-                    used[k] += need[unit, k].sum()
-                    old = k
-                else:
-                    for m in unit:
-                        assign[m] = old
-    return assign
+                used[old] -= self.need[unit, old].sum()
+                used[k] += self.need[unit, k].sum()
+
+
+def improve_by_moves(sub: PlacementProblem, assign: list[int], max_evaluations: int, *, kicks: bool = False, seed: int = 0) -> list[int]:
+    """Local search from `assign`: first-improvement descent over one-task (colocation
+    group) moves while the list-scheduled makespan drops and memory fits; with `kicks`,
+    an iterated local search that then perturbs the best assignment (1-3 random moves),
+    descends again and keeps the result when it is better, until `max_evaluations`
+    schedules are spent or KICK_PATIENCE kicks in a row found nothing better (seeded:
+    the same input gives the same output). Returns the
+    best assignment found; it fits wherever the start fits."""
+    search = _MoveSearch(sub, assign)
+    best = list(assign)
+    value = search.descend(best, search.score(best), max_evaluations)
+    rng = random.Random(seed)
+    idle = 0
+    while kicks and search.evaluations < max_evaluations and search.units and idle < KICK_PATIENCE:
+        trial = list(best)
+        search.kick(trial, rng, KICK_STRENGTH)
+        tried = search.descend(trial, search.score(trial), max_evaluations)
+        idle += 1
+        if tried < value * (1 - 1e-12):
+            best, value, idle = trial, tried, 0
+    return best
 
 
 def seeded_solution(problem: PlacementProblem, module: Module, k: int | None, l: int, batch: int,
@@ -273,6 +326,22 @@ def seeded_solution(problem: PlacementProblem, module: Module, k: int | None, l:
         return best
     return SubSolution(cost_s=cost, bound_s=0.0, devices=tuple(moved[offset:]), order=tuple(n - offset for n in moved_order if n >= offset),
                        method="baseline+moves")
+
+
+def intensify_subproblem(problem: PlacementProblem, module: Module, k: int | None, l: int, allowed: np.ndarray, batch: int,
+                         devices: tuple[int, ...], options: SolveOptions) -> SubSolution | None:
+    """The iterated local search (`improve_by_moves` with kicks, INTENSIFY_WORK task-evaluations)
+    from a module solution's devices for the pair (k, l); None when it finds nothing better
+    than the list-scheduled start. Bound 0: the caller keeps the subproblem's own."""
+    sub, _ = build_subproblem(problem, module.tasks, module.input_task, k, l, allowed, batch)
+    offset = 1 if module.input_task is not None else 0
+    start = ([k] if offset else []) + list(devices)
+    moved = improve_by_moves(sub, start, max(2, INTENSIFY_WORK // sub.num_tasks), kicks=True, seed=options.seed)
+    if moved == start:
+        return None
+    cost, order = _list_scheduled(sub, moved)
+    return SubSolution(cost_s=cost, bound_s=0.0, devices=tuple(moved[offset:]), order=tuple(n - offset for n in order if n >= offset),
+                       method="ils")
 
 
 def _list_scheduled(sub: PlacementProblem, assign: list[int]) -> tuple[float, list[int]]:
@@ -320,28 +389,32 @@ def _init_worker(problem: PlacementProblem) -> None:
     _worker_problem = problem
 
 
-def _job(args: tuple, with_bound: bool) -> SubSolution:
+def _call(fn, args: tuple, kwargs: dict):
     assert _worker_problem is not None, "pool worker started without its problem"
-    return solve_subproblem(_worker_problem, *args, with_bound=with_bound)
+    return fn(_worker_problem, *args, **kwargs)
+
+
+def run_many(problem: PlacementProblem, calls: dict[tuple, tuple], options: SolveOptions) -> dict:
+    """Run every call (key -> (fn, args, kwargs), fn(problem, *args, **kwargs)) serially or in
+    the pool of `make_executor`; results by key. Calls for one-task modules run here."""
+    heavy = [key for key, (_, args, _) in calls.items() if len(args[0].tasks) > 1]
+    executor = make_executor(options, len(heavy), problem)
+    if executor is None:
+        return {key: fn(problem, *args, **kwargs) for key, (fn, args, kwargs) in calls.items()}
+    out: dict[tuple, object] = {}
+    with executor:
+        futures = {key: executor.submit(_call, *calls[key]) for key in heavy}
+        for key, (fn, args, kwargs) in calls.items():
+            if key not in futures:
+                out[key] = fn(problem, *args, **kwargs)
+        for key, fut in futures.items():
+            out[key] = fut.result()
+    return out
 
 
 def solve_many(problem: PlacementProblem, jobs: dict[tuple, tuple], options: SolveOptions,
                skip_bound: frozenset = frozenset()) -> dict[tuple, SubSolution]:
     """Solve every job (key -> (module, k, l, allowed, batch)); results by key.
     Jobs in `skip_bound` leave a HEFT module's bound to the caller."""
-    keys = list(jobs)
-    heavy = [key for key in keys if len(jobs[key][0].tasks) > 1]
-    executor = make_executor(options, len(heavy), problem)
-    out: dict[tuple, SubSolution] = {}
-    if executor is None:
-        for key in keys:
-            out[key] = solve_subproblem(problem, *jobs[key], options, with_bound=key not in skip_bound)
-        return out
-    with executor:
-        futures = {key: executor.submit(_job, (*jobs[key], options), key not in skip_bound) for key in heavy}
-        for key in keys:
-            if key not in futures:
-                out[key] = solve_subproblem(problem, *jobs[key], options, with_bound=key not in skip_bound)
-        for key, fut in futures.items():
-            out[key] = fut.result()
-    return out
+    return run_many(problem, {key: (solve_subproblem, (*job, options), {"with_bound": key not in skip_bound}) for key, job in jobs.items()},
+                    options)
