@@ -131,6 +131,7 @@ def test_solutions_land_on_the_pair_asked_for_and_searched_costs_are_their_sched
             for k in inputs:
                 for b, l in enumerate(table.outs):
                     assert table.solution(inputs.index(k), b).devices[-1] == l
+    ctx.search = True
     found = latency_chain(ctx, 1, allowed)
     assert found is not None and ctx.intensified, "the DP's picks were searched"
     prev = None

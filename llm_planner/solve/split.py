@@ -94,6 +94,7 @@ class SplitContext:
         # used where it beats the subproblem's own, for the full batch on all devices
         self.seeds: dict[tuple[int, int | None, int], subsolve.SubSolution] = {}
         # the chain bound (sum of module bounds) holds for one shard only; elsewhere HEFT modules skip their bound LPs
+        self.search = False  # run the iterated local search on the DP's picks (see _searched_dp)
         self.intensified: set[tuple] = set()  # subproblem keys the iterated local search has run on
         self._picked: dict[tuple, tuple] = {}
         self._reps: dict[tuple, tuple] = {}  # subproblem key -> the device pair it is solved for
@@ -294,12 +295,12 @@ def _dp(ctx: SplitContext, start: int, allowed_from: list[np.ndarray], batch: in
 
 
 def _searched_dp(ctx: SplitContext, start: int, allowed_from: list[np.ndarray], batch: int, init: dict[int | None, float]):
-    """The DP, then the iterated local search on the modules it picked, then the DP again
-    over the improved costs, until it picks only searched (or proven) subproblems or
-    INTENSIFY_ROUNDS rounds have run. Costs only fall, so each round's total is at most
-    the last's; the search is spent only where the DP looks."""
+    """The DP; with ctx.search on, then the iterated local search on the modules it picked,
+    then the DP again over the improved costs, until it picks only searched (or proven)
+    subproblems or INTENSIFY_ROUNDS rounds have run. Costs only fall, so each round's
+    total is at most the last's; the search is spent only where the DP looks."""
     sols, total, picks = _dp(ctx, start, allowed_from, batch, init)
-    for _ in range(INTENSIFY_ROUNDS):
+    for _ in range(INTENSIFY_ROUNDS if ctx.search else 0):
         if not sols or not ctx.intensify(picks, allowed_from, batch, start):
             break
         sols, total, picks = _dp(ctx, start, allowed_from, batch, init)
@@ -402,6 +403,17 @@ def seed_from_plan(ctx: SplitContext, plan: Plan) -> None:
         ctx.seeds[(j, k, l)] = subsolve.seeded_solution(p, module, k, l, p.batch_size, [assign[t] for t in module.tasks], order, span)
 
 
+def one_shard_plan(ctx: SplitContext, started: float) -> Plan | None:
+    """The DP's chain for the whole batch on every device, as a plan (None if nothing fits)."""
+    p = ctx.problem
+    found = latency_chain(ctx, p.batch_size, np.ones(p.num_devices, dtype=bool))
+    if found is None:
+        return None
+    assign, orders = assemble(ctx, found[0])
+    return make_plan(p, [p.batch_size], [assign], solver="milp-split", status="heuristic", started_at=started, lower_bound_s=0.0,
+                     device_orders=orders)
+
+
 def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
     """MILP-SPLIT for both objectives; see the module docstring."""
     from llm_planner.solve.baselines import run_all_baselines
@@ -425,12 +437,16 @@ def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
         one_shard = [b for b in baselines if len(b.shard_sizes) == 1]
         if one_shard:
             seed_from_plan(ctx, min(one_shard, key=lambda b: b.objective_s))
-        found = latency_chain(ctx, problem.batch_size, np.ones(problem.num_devices, dtype=bool))
-        if found is not None:
-            assign, orders = assemble(ctx, found[0])
-            candidates.append(make_plan(problem, [problem.batch_size], [assign], solver="milp-split", status="heuristic",
-                                        started_at=started, lower_bound_s=0.0, device_orders=orders))
-        candidates += data_parallel_plans(ctx, started)
+        chains = [one_shard_plan(ctx, started)] + data_parallel_plans(ctx, started)
+        chains = [c for c in chains if c is not None]
+        if chains:
+            # the iterated local search, for the chain of the best candidate only: it is what the plan will be
+            ctx.search = True
+            best = min(chains, key=lambda c: c.objective_s)
+            groups = len(best.shard_sizes)
+            chains += [one_shard_plan(ctx, started)] if groups == 1 else data_parallel_plans(ctx, started, only=groups)
+            ctx.search = False
+            candidates += [c for c in chains if c is not None]
         candidates += pipelined_plans(ctx, started)
     else:
         candidates += throughput_plan(ctx, started)

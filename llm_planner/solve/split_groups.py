@@ -57,13 +57,13 @@ def candidate_group_counts(problem: PlacementProblem) -> list[int]:
     return [g for g in range(2, limit + 1) if device_groups(problem, g) is not None]
 
 
-def data_parallel_plans(ctx, started: float) -> list[Plan]:
-    """Latency plans with the batch split over g identical groups, for every feasible g."""
+def data_parallel_plans(ctx, started: float, only: int | None = None) -> list[Plan]:
+    """Latency plans with the batch split over g identical groups, for every feasible g (or g = `only`)."""
     from llm_planner.solve.split import assemble, latency_chain
 
     problem: PlacementProblem = ctx.problem
     plans = []
-    for g in candidate_group_counts(problem):
+    for g in candidate_group_counts(problem) if only is None else [only]:
         groups = device_groups(problem, g)
         assert groups is not None
         sizes = shard_sizes(problem.batch_size, g)

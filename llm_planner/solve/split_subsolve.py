@@ -159,7 +159,7 @@ def free_input(sub: PlacementProblem, offset: int) -> PlacementProblem:
 # seconds, so that its result does not depend on the machine's load.
 LOCAL_SEARCH_MAX_TASKS = 1000  # larger modules keep HEFT's plan
 LOCAL_SEARCH_WORK = 10_000  # task-evaluations per subproblem (about 0.02 s)
-INTENSIFY_WORK = 500_000  # task-evaluations of the iterated local search on a module the DP picks (about 1 s)
+INTENSIFY_WORK = 2_000_000  # (task + edge)-evaluations of the iterated local search on a module the DP picks (1-3 s)
 KICK_STRENGTH = 3  # the iterated local search moves 1..KICK_STRENGTH random tasks before each descent
 KICK_PATIENCE = 200  # and stops after this many kicks in a row that found nothing better
 
@@ -330,13 +330,13 @@ def seeded_solution(problem: PlacementProblem, module: Module, k: int | None, l:
 
 def intensify_subproblem(problem: PlacementProblem, module: Module, k: int | None, l: int, allowed: np.ndarray, batch: int,
                          devices: tuple[int, ...], options: SolveOptions) -> SubSolution | None:
-    """The iterated local search (`improve_by_moves` with kicks, INTENSIFY_WORK task-evaluations)
+    """The iterated local search (`improve_by_moves` with kicks, INTENSIFY_WORK (task + edge)-evaluations)
     from a module solution's devices for the pair (k, l); None when it finds nothing better
     than the list-scheduled start. Bound 0: the caller keeps the subproblem's own."""
     sub, _ = build_subproblem(problem, module.tasks, module.input_task, k, l, allowed, batch)
     offset = 1 if module.input_task is not None else 0
     start = ([k] if offset else []) + list(devices)
-    moved = improve_by_moves(sub, start, max(2, INTENSIFY_WORK // sub.num_tasks), kicks=True, seed=options.seed)
+    moved = improve_by_moves(sub, start, max(2, INTENSIFY_WORK // (sub.num_tasks + sub.num_edges)), kicks=True, seed=options.seed)
     if moved == start:
         return None
     cost, order = _list_scheduled(sub, moved)
