@@ -160,7 +160,7 @@ def free_input(sub: PlacementProblem, offset: int) -> PlacementProblem:
 LOCAL_SEARCH_MAX_TASKS = 1000  # larger modules keep HEFT's plan
 LOCAL_SEARCH_WORK = 10_000  # task-evaluations per subproblem (about 0.02 s)
 INTENSIFY_WORK = 2_000_000  # (task + edge)-evaluations of the iterated local search on a module the DP picks (1-3 s)
-KICK_STRENGTH = 3  # the iterated local search moves 1..KICK_STRENGTH random tasks before each descent
+KICK_STRENGTH = 10  # the iterated local search moves 1..KICK_STRENGTH random tasks before each descent
 KICK_PATIENCE = 200  # and stops after this many kicks in a row that found nothing better
 
 
@@ -291,7 +291,7 @@ class _MoveSearch:
 def improve_by_moves(sub: PlacementProblem, assign: list[int], max_evaluations: int, *, kicks: bool = False, seed: int = 0) -> list[int]:
     """Local search from `assign`: first-improvement descent over one-task (colocation
     group) moves while the list-scheduled makespan drops and memory fits; with `kicks`,
-    an iterated local search that then perturbs the best assignment (1-3 random moves),
+    an iterated local search that then perturbs the best assignment (1 to KICK_STRENGTH random moves),
     descends again and keeps the result when it is better, until `max_evaluations`
     schedules are spent or KICK_PATIENCE kicks in a row found nothing better (seeded:
     the same input gives the same output). Returns the
