@@ -1,4 +1,4 @@
-"""The path LP (solve/bounds_path.py): exact on hand-solved chains, never above a brute-forced optimum."""
+"""The path LP (solve/bounds_path.py): exact on hand-solved cases, never above a brute-forced optimum."""
 
 from __future__ import annotations
 
@@ -114,11 +114,17 @@ def tight_memory_problems(draw, *, max_tasks: int, max_batch: int):
 @given(problem=tight_memory_problems(max_tasks=4, max_batch=3))
 def test_path_lp_below_exact_optimum_one_shard(problem):
     """<= 4 tasks, one shard, memory binding: every assignment x every device order."""
+    from unittest import mock
+
+    import llm_planner.solve.bounds_path as bounds_path
+
     problem = dataclasses.replace(problem, max_shards=1)
     optimum = brute_force_optimum(problem, orders=True)
     if np.isfinite(optimum):
         assert path_lp_bound(problem, problem.batch_size) <= optimum * (1 + 1e-9)
         assert lower_bound(problem) <= optimum * (1 + 1e-9)
+        with mock.patch.object(bounds_path, "MAX_HEAD_TAIL_TERMS", 6):  # head and tail rows for every s-th task only
+            assert path_lp_bound(problem, problem.batch_size) <= optimum * (1 + 1e-9)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -130,3 +136,19 @@ def test_path_lp_below_every_split_plan(problem):
     if np.isfinite(best):
         assert path_lp_at_shards(problem, problem.max_shards) <= best * (1 + 1e-9)
         assert lower_bound(problem) <= best * (1 + 1e-9)
+
+
+def test_head_and_tail_rows_place_the_work_around_a_task(monkeypatch):
+    """s -> {a, b} -> t: a and b run only on the GPU (1 s each), s and t take 1 s there and
+    10 s on the CPU; transfers are free. The best plan keeps all four on the GPU: 4 s.
+    Without rows (9)-(10) the LP moves a tenth of s and t to the CPU: the GPU's load drops
+    to 3.9 s and the path grows to 3.9 s. With them, a's descendants on the GPU (b need not
+    be one, t is) and s's (a, b, t) must run after s: T >= C_s + 3 - (t's CPU share), and
+    the LP finds the optimum."""
+    import llm_planner.solve.bounds_path as bounds_path
+
+    times = [{"gpu": 1.0, "cpu": 10.0}, {"gpu": 1.0}, {"gpu": 1.0}, {"gpu": 1.0, "cpu": 10.0}]
+    problem = explicit_problem(times, [(0, 1), (0, 2), (1, 3), (2, 3)], weights=[0.0] * 4, **GPU_CPU)
+    assert path_lp_bound(problem, 1) == pytest.approx(4.0) == pytest.approx(brute_force_optimum(problem, orders=True))
+    monkeypatch.setattr(bounds_path, "MAX_HEAD_TAIL_TERMS", 1)  # a stride longer than the graph: no rows
+    assert path_lp_bound(problem, 1) == pytest.approx(3.9)

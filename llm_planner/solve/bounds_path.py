@@ -45,6 +45,21 @@ its own on the same devices (times and transfers do not fall with more samples
 (F1 of solve/bounds.py); the memory that shard alone holds fits, so (8) holds).
 `solve.bounds.shard_count_bound` uses it for CP(s).
 
+Head and tail rows. The path rows see only the tasks on one path; the load row
+sees a class's work but not when it can run. Two more rows per task i and class
+c tie them:
+
+      sum_{w anc i} t_wc x_wc / m_c + sum_c' t_ic' x_ic'  <= C_i            (9)
+      C_i + sum_{w desc i} t_wc x_wc / m_c                <= T              (10)
+
+Valid: i's ancestors on c all finish before i starts, on m_c devices, so i
+starts no earlier than their work over m_c and then runs its own time; its
+descendants on c all start after C_i and end by T. On the randomly wired stage
+modules MILP-SPLIT bounds with this LP, they raise the bound by 4-10%
+(docs/objectives.md). They grow as ancestor pairs x classes, so above
+MAX_HEAD_TAIL_TERMS terms they are written for every s-th task in topological
+order only, with the least stride s that keeps them within it.
+
 The LP grows as (tasks + edges) x classes: above MAX_TRANSFER_EDGES edges it
 leaves out the transfer rows (4)-(5), and above MAX_PATH_LP_EDGES edges
 `path_lp_bound` returns the critical path bound alone (a dense randomly wired
@@ -78,6 +93,7 @@ log = logging.getLogger(__name__)
 
 MAX_TRANSFER_EDGES = 500  # above: no transfer rows (4)-(5)
 MAX_PATH_LP_EDGES = 5_000  # above: the critical path bound alone
+MAX_HEAD_TAIL_TERMS = 300_000  # above: head and tail rows (9)-(10) for every s-th task only (they grow as ancestor pairs x classes)
 
 
 class _Rows:
@@ -168,8 +184,9 @@ class _Columns:
 def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True) -> float:
     """Optimum of the path LP (module docstring) for the largest shard, of `batch` <= Q samples, in seconds.
 
-    Returns the critical path of fastest times when the LP cannot be solved, and
-    leaves out the transfer rows (4)-(5) above MAX_TRANSFER_EDGES edges.
+    Returns the critical path of fastest times when the LP cannot be solved; leaves
+    out the transfer rows (4)-(5) above MAX_TRANSFER_EDGES edges and thins the head and
+    tail rows (9)-(10) above MAX_HEAD_TAIL_TERMS terms.
     """
     path = longest_path(problem, fastest_task_times(problem, batch))
     if problem.num_edges > MAX_PATH_LP_EDGES:
@@ -196,6 +213,7 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True)
     if len(comm_edges):
         _transfer_rows(ub, comm_edges, problem.edge_src, problem.edge_dst, col, into / scale, out / scale)
     ub.add(len(counts), (col.cols_x, np.arange(col.num_x), t_x), (np.arange(len(counts)), col.t, -counts))  # (7)
+    _head_tail_rows(ub, problem, col, t_x, counts)
     eq = _Rows()
     eq.add(problem.num_tasks, (rows_x, np.arange(col.num_x), 1.0), rhs=np.ones(problem.num_tasks))  # (1)
     num_cols = col.t + 1
@@ -212,6 +230,52 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True)
         log.warning("path LP not solved (%s); using the critical path as its bound", res.message)
         return path
     return max(path, max(0.0, float(res.fun)) * scale * (1 - LP_SAFETY))
+
+
+def _ancestors(problem: PlacementProblem) -> np.ndarray:
+    """anc[i, w]: w is a proper ancestor of i (a bool matrix, tasks x tasks)."""
+    anc = np.zeros((problem.num_tasks, problem.num_tasks), dtype=bool)
+    in_edges = problem.in_edges()
+    for name in problem.graph.topological_order():
+        i = problem.graph.index(name)
+        for e in in_edges[i]:
+            p = int(problem.edge_src[e])
+            anc[i] |= anc[p]
+            anc[i, p] = True
+    return anc
+
+
+def _head_tail_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, t_x: np.ndarray, counts: np.ndarray) -> None:
+    """(9) sum_{w anc i} t_wc x_wc / m_c + sum_c' t_ic' x_ic' - C_i <= 0 and
+    (10) C_i + sum_{w desc i} t_wc x_wc / m_c - T <= 0, for each class c and each task i,
+    or, where that would take more than MAX_HEAD_TAIL_TERMS terms, for every s-th task i
+    in topological order with s the least stride that keeps them within it (each row is
+    valid on its own)."""
+    if MAX_HEAD_TAIL_TERMS <= 0:
+        return
+    anc = _ancestors(problem)
+    n, nc = problem.num_tasks, len(counts)
+    stride = max(1, math.ceil(2 * int(anc.sum()) * nc / MAX_HEAD_TAIL_TERMS))
+    topo = np.array([problem.graph.index(name) for name in problem.graph.topological_order()], dtype=int)
+    chosen = topo[stride - 1 :: stride]
+    pos = np.full(n, -1)
+    pos[chosen] = np.arange(len(chosen))
+    first = np.searchsorted(col.rows_x, np.arange(n))
+    last = np.searchsorted(col.rows_x, np.arange(n), side="right")
+    rows = np.arange(len(chosen) * nc)  # row pos(i) * nc + c
+    own_x = np.nonzero(pos[col.rows_x] >= 0)[0]  # the x columns of the chosen tasks
+    for related, tail in ((anc, False), (anc.T, True)):
+        ii, ww = np.nonzero(related[chosen])  # w is an ancestor (for the head) or a descendant (for the tail) of chosen[ii]
+        per = (last - first)[ww]
+        xc = np.repeat(first[ww], per) + (np.arange(per.sum()) - np.repeat(np.cumsum(per) - per, per))  # the x columns of w
+        cls = col.cols_x[xc]
+        terms = [(np.repeat(ii, per) * nc + cls, xc, t_x[xc] / counts[cls])]
+        if tail:
+            terms += [(rows, col.c0 + chosen[rows // nc], 1.0), (rows, col.t, -1.0)]
+        else:
+            own = pos[col.rows_x[own_x]][:, None] * nc + np.arange(nc)[None, :]  # i's own time, in each of i's class rows
+            terms += [(own, own_x[:, None], t_x[own_x][:, None]), (rows, col.c0 + chosen[rows // nc], -1.0)]
+        ub.add(len(rows), *terms)
 
 
 def _path_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, t_x: np.ndarray, comm_edges: np.ndarray,
