@@ -54,9 +54,9 @@ c tie them:
 
 Valid: i's ancestors on c all finish before i starts, on m_c devices, so i
 starts no earlier than their work over m_c and then runs its own time; its
-descendants on c all start after C_i and end by T. On the randomly wired stage
-modules MILP-SPLIT bounds with this LP, they raise the bound by 4-10%
-(docs/objectives.md). They grow as ancestor pairs x classes, so above
+descendants on c all start after C_i and end by T. On the randomly wired
+graphs of benchmarks/bench_split.py they raise the bounds by up to 11%
+(docs/benchmarks.md). They grow as ancestor pairs x classes, so above
 MAX_HEAD_TAIL_TERMS terms they are written for every s-th task in topological
 order only, with the least stride s that keeps them within it.
 
