@@ -1,23 +1,29 @@
 """MILP-SPLIT's heuristic path: the local search's evaluation equals the scheduler's,
 moves (and the iterated search) never make a module worse, shared HEFT bounds stay valid,
 seeding the DP with the best baseline's modules keeps the split at or below that baseline,
-and solutions carried between symmetric device pairs land on the pair asked for."""
+solutions carried between symmetric device pairs land on the pair asked for, and the
+module chain bound of a batch that may be split stays below every plan."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_instances import clusters, graphs, kind, make_cluster
+from test_bounds import brute_force_optimum
+from test_bounds_path import tight_memory_problems
 from test_split import diamond_chain
 
 from llm_planner.solve.api import solve
+from llm_planner.solve.bounds import lower_bound
 from llm_planner.solve.baselines import run_baseline
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
 from llm_planner.solve.schedule import asap_schedule
-from llm_planner.solve.split import SplitContext, assemble, latency_chain, seed_from_plan
+from llm_planner.solve.split import SplitContext, assemble, latency_chain, seed_from_plan, shard_chain_bound
 from llm_planner.solve.split_subsolve import ListMakespan, improve_by_moves
 from llm_planner.solve.subproblem import build_subproblem
 
@@ -143,3 +149,32 @@ def test_solutions_land_on_the_pair_asked_for_and_searched_costs_are_their_sched
     assign, _ = assemble(ctx, found[0])
     _, finish = asap_schedule(problem, [1], [assign])
     assert max(finish.values()) <= found[1] * (1 + 1e-9)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=tight_memory_problems(max_tasks=3, max_batch=4))
+def test_shard_chain_bound_below_every_split_plan(problem):
+    """<= 3 tasks, up to 3 shards, memory binding: below the best of every split and assignment that fits."""
+    problem = dataclasses.replace(problem, max_shards=min(3, problem.batch_size))
+    if problem.max_shards < 2:
+        return
+    best = brute_force_optimum(problem)
+    bound = shard_chain_bound(SplitContext(problem, SolveOptions(solver="milp-split", workers=1)))
+    if np.isfinite(best):
+        assert bound <= best * (1 + 1e-9)
+
+
+def test_a_split_batch_carries_the_module_chain_bound(repo):
+    from llm_planner.graph.models import ModelSpec
+    from llm_planner.pipeline import problem_from_inputs
+
+    # 34 tasks in 15 modules on a CPU, an A100 and a T4, batch 2 in up to 2 shards: here the
+    # module bounds at one sample (s = 2) and two (s = 1) add up to more than any whole-graph bound
+    problem = problem_from_inputs(cluster_path=str(repo / "cluster_specs/cpu-two-gpus.yaml"), model=ModelSpec(name="rwnn-ws-3x8"),
+                                  batch_size=2)
+    assert problem.max_shards == 2
+    ctx = SplitContext(problem, SolveOptions(solver="milp-split", workers=1))
+    chain = shard_chain_bound(ctx)
+    assert chain > lower_bound(problem) * (1 + 1e-3)
+    plan = solve(problem, SolveOptions(solver="milp-split", workers=1))
+    assert plan.lower_bound_s >= chain * (1 - 1e-9)

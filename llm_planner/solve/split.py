@@ -43,6 +43,7 @@ its plan is returned with solver details saying so.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, replace
 
@@ -97,7 +98,8 @@ class SplitContext:
         self.search = False  # run the iterated local search on the DP's picks (see _searched_dp)
         self.intensified: set[tuple] = set()  # subproblem keys the iterated local search has run on
         self._picked: dict[tuple, tuple] = {}
-        self._reps: dict[tuple, tuple] = {}  # subproblem key -> the device pair it is solved for
+        self._reps: dict[tuple, tuple] = {}
+        self.module_bounds: dict[tuple, float] = {}  # (signature, output class, batch) -> bound (shard_chain_bound)  # subproblem key -> the device pair it is solved for
         self.wants_chain_bound = problem.objective == "latency" and (problem.max_shards == 1 or problem.batch_size == 1)
 
     def costs(self, j: int, allowed: np.ndarray, batch: int, inputs: list[int | None]) -> CostTable:
@@ -362,6 +364,62 @@ def chain_bound(ctx: SplitContext, batch: int) -> float:
     return float(best.min()) if len(best) else 0.0
 
 
+def shard_chain_bound(ctx: SplitContext) -> float:
+    """A latency bound for a batch that may be split: min over s of
+    max(chain(ceil(Q / s)), LP(s)), with LP(s) the shard-count bound's load LP
+    (solve/bounds.py) and chain(b) the DP over per-module bounds at b samples.
+
+    Valid: a plan of s non-empty shards has a largest shard of b >= ceil(Q / s)
+    samples, which is a one-shard plan of its own (the other shards only take device
+    time and memory), obeys the module cuts and so spans at least the sum of its
+    modules' least spans at b, each at least its bound at ceil(Q / s) (times,
+    transfers and memory do not fall with more samples). The plan is also at least
+    LP(s). An s whose LP(s) is already above the least value found cannot lower the
+    minimum, and its chain is not computed.
+    """
+    from llm_planner.solve.bounds import shard_lp_bound
+
+    p = ctx.problem
+    most = min(p.batch_size, p.max_shards)
+    load = {s: shard_lp_bound(p, s) for s in range(1, most + 1)}
+    best = INF
+    for s in sorted(load, key=load.get):
+        if load[s] >= best:
+            break  # sorted: every later s has a larger LP(s) too
+        best = min(best, max(load[s], module_chain_bound(ctx, math.ceil(p.batch_size / s))))
+    return best
+
+
+def module_chain_bound(ctx: SplitContext, batch: int) -> float:
+    """min over device paths of the sum of module bounds for one shard of `batch` samples:
+    one-task modules in closed form, larger ones by solve.bounds.lower_bound of the module
+    subproblem with its input free (split_subsolve.module_bound), one per module structure
+    and output device class, solved in the pool."""
+    p = ctx.problem
+    allowed = np.ones(p.num_devices, dtype=bool)
+    calls = {}
+    for j, module in enumerate(ctx.modules):
+        if len(module.tasks) > 1:
+            for l in ctx._outs(j, allowed):
+                key = (module.signature, ctx.classes[l], batch)
+                if key not in ctx.module_bounds and key not in calls:
+                    calls[key] = (subsolve.module_bound, (module, l, batch), {})
+    ctx.module_bounds.update(subsolve.run_many(p, calls, ctx.options))
+    inputs: list[int | None] = [None]
+    best = np.zeros(1)
+    for j, module in enumerate(ctx.modules):
+        if module.input_task is None:
+            inputs, best = [None], np.zeros(1)
+        outs = ctx._outs(j, allowed)
+        if len(module.tasks) == 1:
+            cost = ctx._one_task_costs(module, inputs, outs, batch)
+        else:
+            cost = np.tile([ctx.module_bounds[(module.signature, ctx.classes[l], batch)] for l in outs], (len(inputs), 1))
+        total = best[:, None] + cost
+        inputs, best = list(outs), total.min(axis=0)
+    return float(best.min()) if len(best) else 0.0
+
+
 def assemble(ctx: SplitContext, sols: list[subsolve.SubSolution]) -> tuple[list[int], dict[int, list[tuple[int, int]]]]:
     """Global assignment and device orders (shard 0) of a chain of module solutions."""
     assign = [-1] * ctx.problem.num_tasks
@@ -452,6 +510,8 @@ def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
         candidates += throughput_plan(ctx, started)
     if ctx.wants_chain_bound:
         bound = max(bound, chain_bound(ctx, problem.batch_size))
+    elif problem.objective == "latency":
+        bound = max(bound, shard_chain_bound(ctx))
     details.update(
         subproblems_requested=ctx.num_requested,
         subproblems_solved=sum(1 for s in ctx.cache.values() if s.method not in ("closed-form", "infeasible")),

@@ -145,6 +145,18 @@ def solve_subproblem(problem: PlacementProblem, module: Module, k: int | None, l
     return SubSolution(cost_s=cost, bound_s=min(bound, cost), devices=devices, order=order_t, method=method)
 
 
+def module_bound(problem: PlacementProblem, module: Module, l: int, batch: int) -> float:
+    """solve.bounds.lower_bound of module's subproblem for `batch` samples with its output
+    cut on l and its input free (valid for every input device)."""
+    from llm_planner.solve.bounds import lower_bound
+
+    k = None if module.input_task is None else int(np.argmax(problem.supported[module.input_task]))
+    sub, _ = build_subproblem(problem, module.tasks, module.input_task, k, l, np.ones(problem.num_devices, dtype=bool), batch)
+    if not is_solvable(sub):
+        return INF
+    return lower_bound(free_input(sub, 0 if module.input_task is None else 1))
+
+
 def free_input(sub: PlacementProblem, offset: int) -> PlacementProblem:
     """The subproblem with its input task (if any) allowed on every device: a relaxation whose
     bounds hold for every input device k, so one bound serves every k (split.SplitContext)."""
