@@ -100,6 +100,44 @@ def test_data_parallel_splits_over_identical_fast_devices():
     assert verify_plan(plan, problem).ok
 
 
+def test_data_parallel_balances_unlike_devices_by_time_not_speed(repo):
+    """An 8-node RWNN, batch 8, on a CPU, an A100 and a T4. At the full batch the A100 takes
+    0.18 ms and the T4 0.33 ms, so shards proportional to speed would be 5 + 3; but most of a
+    node's time is its fixed cost, so the T4 is best given a single sample: 7 + 1."""
+    from llm_planner.graph.models import ModelSpec
+    from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.solve.baselines import _whole_graph_objective
+
+    problem = problem_from_inputs(cluster_path=str(repo / "cluster_specs/cpu-two-gpus.yaml"), model=ModelSpec(name="rwnn-ws-1x8"),
+                                  batch_size=8)
+    plan = run_baseline("data-parallel", problem)
+    a100, t4 = (problem.device_names.index(name) for name in ("workstation/a100-40g-pcie:0", "workstation/t4:0"))
+    assert plan.shard_sizes == (7, 1)
+    assert plan.objective_s < _whole_graph_objective(problem, [5, 3], [a100, t4]) * (1 - 1e-3)
+    assert verify_plan(plan, problem).ok
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=problems(max_tasks=5, max_devices=3, max_batch=6))
+def test_data_parallel_sizes_are_the_best_split_over_its_devices(problem):
+    """No other split of the batch over the plan's devices (each >= 1 sample, whole graph per
+    device, fitting in memory) has a smaller makespan."""
+    import itertools
+
+    from llm_planner.solve.baselines import _fits, _whole_graph_objective
+
+    plan = run_baseline("data-parallel", problem)
+    if plan is None:
+        return
+    index = {name: k for k, name in enumerate(problem.device_names)}
+    devices = [index[next(iter(a.values()))] for a in plan.shard_assignments]
+    n, q = problem.num_tasks, problem.batch_size
+    for cuts in itertools.combinations(range(1, q), len(devices) - 1):
+        sizes = [b - a for a, b in zip((0, *cuts), (*cuts, q))]
+        if _fits(problem, sizes, [[k] * n for k in devices]):
+            assert plan.objective_s <= _whole_graph_objective(problem, sizes, devices) * (1 + 1e-9)
+
+
 def test_heft_puts_a_colocation_group_where_its_first_member_goes():
     times = [SPEED, SPEED, {"cpu": 10.0, "fast": 1.0, "slow": 100.0}]
     problem = problem_of(CPU_GPUS, {"cpu": 1, "fast": 1, "slow": 1}, times, [(0, 1, 0.0), (0, 2, 0.0)], groups=["", "g", "g"])

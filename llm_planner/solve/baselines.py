@@ -24,8 +24,9 @@ docs/objectives.md describes them.
   devices without memory room; a colocation group goes where its first member
   (in that order) goes.
 - "data-parallel": the batch split over the m fastest devices that run every
-  task and hold the whole graph for one sample, shard sizes proportional to
-  their speed, each shard whole on one device; the best m up to max_shards.
+  task and hold the whole graph for one sample, each shard whole on one device,
+  with the shard sizes that give the least makespan (not proportional to speed:
+  a device's time for b samples is not linear in b); the best m up to max_shards.
 
 Speed of a device: the time of the whole graph on it for the full batch.
 All use one shard except "data-parallel".
@@ -314,32 +315,42 @@ def _heft(problem: PlacementProblem) -> Result | None:
     return [q], [assign], orders
 
 
-def _proportional_split(total: int, weights: list[float]) -> list[int]:
-    """Integers >= 1 summing to `total` (>= len(weights)), proportional to weights."""
-    target = np.array(weights) / sum(weights) * total
-    sizes = np.maximum(1, np.floor(target)).astype(int)
-    while sizes.sum() > total:
-        sizes[np.argmax(np.where(sizes > 1, sizes - target, -np.inf))] -= 1
-    while sizes.sum() < total:
-        sizes[np.argmax(target - sizes)] += 1
-    return [int(b) for b in sizes]
+def _balanced_split(problem: PlacementProblem, devices: list[int]) -> list[int] | None:
+    """Shard sizes >= 1 summing to Q, one per device, each shard whole on its device, with the
+    least makespan max_k T_k(b_k), T_k(b) = the whole graph's time on k for b samples (non-
+    decreasing in b), among sizes that fit in memory; None if none fit. Exact: the least T
+    whose capacities cap_k(T) = max{b : T_k(b) <= T, b fits on k} add up to Q is the optimum,
+    and T is one of the T_k(b)."""
+    q, n = problem.batch_size, problem.num_tasks
+    if len(devices) > q:
+        return None
+    span = {b: _times(problem, b).sum(axis=0) for b in range(1, q - len(devices) + 2)}
+    fits = {(k, b): _fits(problem, [b], [[k] * n]) for k in devices for b in span}
+    for limit in sorted({float(span[b][k]) for k in devices for b in span}):
+        caps = [max((b for b in span if span[b][k] <= limit and fits[(k, b)]), default=0) for k in devices]
+        if min(caps) >= 1 and sum(caps) >= q:
+            sizes = list(caps)
+            while sum(sizes) > q:  # trim the device whose shard takes longest (ties: the later one)
+                j = max((j for j in range(len(sizes)) if sizes[j] > 1), key=lambda j: (span[sizes[j]][devices[j]], j))
+                sizes[j] -= 1
+            if _fits(problem, sizes, [[k] * n for k in devices]):
+                return sizes
+    return None
 
 
 def _data_parallel(problem: PlacementProblem) -> Result | None:
     q, n = problem.batch_size, problem.num_tasks
     able = [k for k in range(problem.num_devices) if problem.supported[:, k].all() and _fits(problem, [1], [[k] * n])]
     ranked = _fastest_first(problem, able)
-    graph_time = _times(problem, q).sum(axis=0)
     best, best_result = math.inf, None
     for m in range(1, min(problem.max_shards, q, len(ranked)) + 1):
         devices = ranked[:m]
-        sizes = _proportional_split(q, [1.0 / max(graph_time[k], 1e-300) for k in devices])
-        assigns = [[k] * n for k in devices]
-        if not _fits(problem, sizes, assigns):
+        sizes = _balanced_split(problem, devices)
+        if sizes is None:
             continue
         objective = _whole_graph_objective(problem, sizes, devices)
         if objective < best:
-            best, best_result = objective, (sizes, assigns, None)
+            best, best_result = objective, (sizes, [[k] * n for k in devices], None)
     return best_result
 
 
