@@ -158,10 +158,17 @@ def test_shard_chain_bound_below_every_split_plan(problem):
     problem = dataclasses.replace(problem, max_shards=min(3, problem.batch_size))
     if problem.max_shards < 2:
         return
+    from unittest import mock
+
+    import llm_planner.solve.split as split
+
     best = brute_force_optimum(problem)
     bound = shard_chain_bound(SplitContext(problem, SolveOptions(solver="milp-split", workers=1)))
+    with mock.patch.object(split, "MAX_CHAIN_BATCHES", 1):  # the shard counts past the first chain count with LP(s) alone
+        capped = shard_chain_bound(SplitContext(problem, SolveOptions(solver="milp-split", workers=1)))
     if np.isfinite(best):
         assert bound <= best * (1 + 1e-9)
+        assert capped <= best * (1 + 1e-9)
 
 
 def test_a_split_batch_carries_the_module_chain_bound(repo):

@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 
 INF = float("inf")
 INTENSIFY_ROUNDS = 2  # DP -> search the picked modules -> DP, at most this many times per chain
+MAX_CHAIN_BATCHES = 4  # shard_chain_bound computes module chains at this many batch sizes at most
 
 
 @dataclass
@@ -99,7 +100,8 @@ class SplitContext:
         self.intensified: set[tuple] = set()  # subproblem keys the iterated local search has run on
         self._picked: dict[tuple, tuple] = {}
         self._reps: dict[tuple, tuple] = {}
-        self.module_bounds: dict[tuple, float] = {}  # (signature, output class, batch) -> bound (shard_chain_bound)  # subproblem key -> the device pair it is solved for
+        self.module_bounds: dict[tuple, float] = {}  # (signature, output class, batch) -> bound (shard_chain_bound)
+        self.chain_bounds: dict[int, float] = {}  # batch -> module_chain_bound  # subproblem key -> the device pair it is solved for
         self.wants_chain_bound = problem.objective == "latency" and (problem.max_shards == 1 or problem.batch_size == 1)
 
     def costs(self, j: int, allowed: np.ndarray, batch: int, inputs: list[int | None]) -> CostTable:
@@ -364,7 +366,7 @@ def chain_bound(ctx: SplitContext, batch: int) -> float:
     return float(best.min()) if len(best) else 0.0
 
 
-def shard_chain_bound(ctx: SplitContext) -> float:
+def shard_chain_bound(ctx: SplitContext, floor: float = 0.0) -> float:
     """A latency bound for a batch that may be split: min over s of
     max(chain(ceil(Q / s)), LP(s)), with LP(s) the shard-count bound's load LP
     (solve/bounds.py) and chain(b) the DP over per-module bounds at b samples.
@@ -375,7 +377,10 @@ def shard_chain_bound(ctx: SplitContext) -> float:
     modules' least spans at b, each at least its bound at ceil(Q / s) (times,
     transfers and memory do not fall with more samples). The plan is also at least
     LP(s). An s whose LP(s) is already above the least value found cannot lower the
-    minimum, and its chain is not computed.
+    minimum, and its chain is not computed; once the least value found is at most
+    `floor` (a bound the caller has already), the search stops; the result is never below `floor`.
+    Chains are computed at MAX_CHAIN_BATCHES batch sizes at most; the s left then
+    count with LP(s) alone.
     """
     from llm_planner.solve.bounds import shard_lp_bound
 
@@ -386,8 +391,14 @@ def shard_chain_bound(ctx: SplitContext) -> float:
     for s in sorted(load, key=load.get):
         if load[s] >= best:
             break  # sorted: every later s has a larger LP(s) too
-        best = min(best, max(load[s], module_chain_bound(ctx, math.ceil(p.batch_size / s))))
-    return best
+        b = math.ceil(p.batch_size / s)
+        if b not in ctx.chain_bounds and len(ctx.chain_bounds) >= MAX_CHAIN_BATCHES:
+            best = min(best, load[s])  # this s and every later one are at least LP(s)
+            break
+        best = min(best, max(load[s], module_chain_bound(ctx, b)))
+        if best <= floor:
+            return floor
+    return max(best, floor)
 
 
 def module_chain_bound(ctx: SplitContext, batch: int) -> float:
@@ -395,6 +406,8 @@ def module_chain_bound(ctx: SplitContext, batch: int) -> float:
     one-task modules in closed form, larger ones by solve.bounds.lower_bound of the module
     subproblem with its input free (split_subsolve.module_bound), one per module structure
     and output device class, solved in the pool."""
+    if batch in ctx.chain_bounds:
+        return ctx.chain_bounds[batch]
     p = ctx.problem
     allowed = np.ones(p.num_devices, dtype=bool)
     calls = {}
@@ -417,7 +430,8 @@ def module_chain_bound(ctx: SplitContext, batch: int) -> float:
             cost = np.tile([ctx.module_bounds[(module.signature, ctx.classes[l], batch)] for l in outs], (len(inputs), 1))
         total = best[:, None] + cost
         inputs, best = list(outs), total.min(axis=0)
-    return float(best.min()) if len(best) else 0.0
+    ctx.chain_bounds[batch] = float(best.min()) if len(best) else 0.0
+    return ctx.chain_bounds[batch]
 
 
 def assemble(ctx: SplitContext, sols: list[subsolve.SubSolution]) -> tuple[list[int], dict[int, list[tuple[int, int]]]]:
@@ -511,7 +525,7 @@ def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
     if ctx.wants_chain_bound:
         bound = max(bound, chain_bound(ctx, problem.batch_size))
     elif problem.objective == "latency":
-        bound = max(bound, shard_chain_bound(ctx))
+        bound = max(bound, shard_chain_bound(ctx, bound))
     details.update(
         subproblems_requested=ctx.num_requested,
         subproblems_solved=sum(1 for s in ctx.cache.values() if s.method not in ("closed-form", "infeasible")),
