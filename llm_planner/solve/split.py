@@ -16,7 +16,14 @@ gives the optimal plan when every subproblem is solved to optimality and
 memory does not bind: any plan restricted to one module is a feasible
 subproblem solution for its cut devices. The same recursion over B_j instead
 of A_j is a lower bound on the optimal latency (the sum of per-module bounds
-along the chain), valid whatever the memory, for one shard.
+along the chain), valid whatever the memory, for one shard; for a batch that
+may be split, the same chain at the largest shard's least size enters a
+minimum over shard counts (`shard_chain_bound`).
+
+Modules planned heuristically are searched further where the plan uses them:
+once the DP has picked a solution per module, an iterated local search runs on
+the picked subproblems not proven optimal, and the DP joins again over the
+lowered costs (`_searched_dp`, for the best candidate's chain only).
 
 Memory couples modules (a device holds the weights of every module placed on
 it). The DP ignores it; the joined plan is then checked module by module and,
@@ -95,13 +102,12 @@ class SplitContext:
         # (module, input device, output device) -> a module solution taken from a whole-graph plan;
         # used where it beats the subproblem's own, for the full batch on all devices
         self.seeds: dict[tuple[int, int | None, int], subsolve.SubSolution] = {}
-        # the chain bound (sum of module bounds) holds for one shard only; elsewhere HEFT modules skip their bound LPs
         self.search = False  # run the iterated local search on the DP's picks (see _searched_dp)
         self.intensified: set[tuple] = set()  # subproblem keys the iterated local search has run on
-        self._picked: dict[tuple, tuple] = {}
-        self._reps: dict[tuple, tuple] = {}
+        self._reps: dict[tuple, tuple] = {}  # subproblem key -> the device pair it was solved for
         self.module_bounds: dict[tuple, float] = {}  # (signature, output class, batch) -> bound (shard_chain_bound)
-        self.chain_bounds: dict[int, float] = {}  # batch -> module_chain_bound  # subproblem key -> the device pair it is solved for
+        self.chain_bounds: dict[int, float] = {}  # batch -> module_chain_bound
+        # the chain bound (sum of module bounds) holds for one shard only; elsewhere HEFT modules skip their bound LPs
         self.wants_chain_bound = problem.objective == "latency" and (problem.max_shards == 1 or problem.batch_size == 1)
 
     def costs(self, j: int, allowed: np.ndarray, batch: int, inputs: list[int | None]) -> CostTable:
@@ -137,7 +143,7 @@ class SplitContext:
         store what improves in the cache, in the frame of the pair each key was solved for.
         Returns whether any subproblem was searched."""
         p = self.problem
-        calls = {}
+        calls, picked = {}, {}
         for n, (table, k, l) in enumerate(picks):
             j = tables_from + n
             if table.keys is None:
@@ -150,11 +156,11 @@ class SplitContext:
                 continue
             self.intensified.add(key)
             calls[key] = (subsolve.intensify_subproblem, (self.modules[j], k, l, allowed_from[j], batch, sol.devices, self.options), {})
-            self._picked[key] = (k, l, sol)
+            picked[key] = (k, l, sol)
         if not calls:
             return False
         for key, found in subsolve.run_many(p, calls, self.options).items():
-            k, l, start = self._picked.pop(key)
+            k, l, start = picked[key]
             if found is None or found.cost_s >= min(start.cost_s, self.cache[key].cost_s) * (1 - 1e-12):
                 continue
             rep = self._reps[key]
