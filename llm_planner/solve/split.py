@@ -99,6 +99,7 @@ class SplitContext:
         self.cache: dict[tuple, subsolve.SubSolution] = {}
         self.num_requested = 0
         self._times: dict[int, np.ndarray] = {}
+        self._in_edges: list[list[int]] | None = None  # problem.in_edges(), once
         # (module, input device, output device) -> a module solution taken from a whole-graph plan;
         # used where it beats the subproblem's own, for the full batch on all devices
         self.seeds: dict[tuple[int, int | None, int], subsolve.SubSolution] = {}
@@ -229,12 +230,17 @@ class SplitContext:
         if batch not in self._times:
             self._times[batch] = task_times(p, batch)
         run = self._times[batch][c, outs]
-        in_edges = [e for e in p.in_edges()[c]] if module.input_task is not None else []
         cost = np.tile(run, (len(inputs), 1))
+        if module.input_task is None:
+            return cost
+        if self._in_edges is None:
+            self._in_edges = p.in_edges()
+        in_edges = self._in_edges[c]
         if in_edges:
-            for a, k in enumerate(inputs):
-                comm = p.comm_fixed[in_edges][:, k, outs] + p.comm_slope[in_edges][:, k, outs] * batch
-                cost[a] += np.where(np.array(outs) == k, 0.0, comm.max(axis=0))
+            ks, ls = np.asarray(inputs, dtype=int), np.asarray(outs, dtype=int)
+            pair = np.ix_(in_edges, ks, ls)
+            comm = (p.comm_fixed[pair] + p.comm_slope[pair] * batch).max(axis=0)  # [inputs, outs]
+            cost += np.where(ks[:, None] == ls[None, :], 0.0, comm)
         return cost
 
 
