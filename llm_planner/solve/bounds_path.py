@@ -152,6 +152,14 @@ class _Columns:
     def num_x(self) -> int:
         return len(self.rows_x)
 
+    def x_of(self, tasks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(position in `tasks`, x column) for every x column of every task in `tasks`
+        (rows_x is sorted, so task i's x columns are contiguous)."""
+        first = np.searchsorted(self.rows_x, tasks)
+        per = np.searchsorted(self.rows_x, tasks, side="right") - first
+        offsets = np.arange(per.sum()) - np.repeat(np.cumsum(per) - per, per)
+        return np.repeat(np.arange(len(tasks)), per), np.repeat(first, per) + offsets
+
     @property
     def c0(self) -> int:
         return self.num_x
@@ -260,16 +268,13 @@ def _head_tail_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, t_x: np
     chosen = topo[stride - 1 :: stride]
     pos = np.full(n, -1)
     pos[chosen] = np.arange(len(chosen))
-    first = np.searchsorted(col.rows_x, np.arange(n))
-    last = np.searchsorted(col.rows_x, np.arange(n), side="right")
     rows = np.arange(len(chosen) * nc)  # row pos(i) * nc + c
     own_x = np.nonzero(pos[col.rows_x] >= 0)[0]  # the x columns of the chosen tasks
     for related, tail in ((anc, False), (anc.T, True)):
         ii, ww = np.nonzero(related[chosen])  # w is an ancestor (for the head) or a descendant (for the tail) of chosen[ii]
-        per = (last - first)[ww]
-        xc = np.repeat(first[ww], per) + (np.arange(per.sum()) - np.repeat(np.cumsum(per) - per, per))  # the x columns of w
+        of, xc = col.x_of(ww)  # the x columns of w
         cls = col.cols_x[xc]
-        terms = [(np.repeat(ii, per) * nc + cls, xc, t_x[xc] / counts[cls])]
+        terms = [(ii[of] * nc + cls, xc, t_x[xc] / counts[cls])]
         if tail:
             terms += [(rows, col.c0 + chosen[rows // nc], 1.0), (rows, col.t, -1.0)]
         else:
@@ -286,11 +291,7 @@ def _path_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, t_x: np.ndar
     c0 = col.c0 if c0 is None else c0
     ub.add(n, (col.rows_x, x0 + np.arange(col.num_x), t_x), (np.arange(n), c0 + np.arange(n), -1.0))
     num_e = problem.num_edges
-    first = np.searchsorted(col.rows_x, np.arange(n))  # rows_x is sorted: task i's x columns are first[i]..last[i]-1
-    last = np.searchsorted(col.rows_x, np.arange(n), side="right")
-    per_edge = (last - first)[dst]
-    er = np.repeat(np.arange(num_e), per_edge)
-    ec = np.repeat(first[dst], per_edge) + (np.arange(per_edge.sum()) - np.repeat(np.cumsum(per_edge) - per_edge, per_edge))
+    er, ec = col.x_of(dst)  # each edge's consumer's x columns
     ub.add(num_e, (er, x0 + ec, t_x[ec]), (np.arange(num_e), c0 + src, 1.0), (np.arange(num_e), c0 + dst, -1.0),
            (comm_edges, col.d0 + np.arange(len(comm_edges)), 1.0))
     sinks = np.setdiff1d(np.arange(n), src)

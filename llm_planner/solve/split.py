@@ -364,18 +364,29 @@ def latency_chain(ctx: SplitContext, batch: int, allowed: np.ndarray) -> tuple[l
     return None
 
 
-def chain_bound(ctx: SplitContext, batch: int) -> float:
-    """min over device paths of the sum of per-module lower bounds (one shard)."""
-    allowed = np.ones(ctx.problem.num_devices, dtype=bool)
+def _least_chain(ctx: SplitContext, step) -> float:
+    """min over device paths of the sum over modules of step(j, input devices) -> (output
+    devices, [inputs, outputs] matrix of module j's costs)."""
     inputs: list[int | None] = [None]
     best = np.zeros(1)
     for j, module in enumerate(ctx.modules):
         if module.input_task is None:
             inputs, best = [None], np.zeros(1)
-        table = ctx.costs(j, allowed, batch, inputs)
-        total = best[:, None] + table.bound
-        inputs, best = list(table.outs), total.min(axis=0)
+        outs, cost = step(j, inputs)
+        total = best[:, None] + cost
+        inputs, best = list(outs), total.min(axis=0)
     return float(best.min()) if len(best) else 0.0
+
+
+def chain_bound(ctx: SplitContext, batch: int) -> float:
+    """min over device paths of the sum of per-module lower bounds (one shard)."""
+    allowed = np.ones(ctx.problem.num_devices, dtype=bool)
+
+    def step(j: int, inputs: list[int | None]) -> tuple[list[int], np.ndarray]:
+        table = ctx.costs(j, allowed, batch, inputs)
+        return table.outs, table.bound
+
+    return _least_chain(ctx, step)
 
 
 def shard_chain_bound(ctx: SplitContext, floor: float = 0.0) -> float:
@@ -430,19 +441,14 @@ def module_chain_bound(ctx: SplitContext, batch: int) -> float:
                 if key not in ctx.module_bounds and key not in calls:
                     calls[key] = (subsolve.module_bound, (module, l, batch), {})
     ctx.module_bounds.update(subsolve.run_many(p, calls, ctx.options))
-    inputs: list[int | None] = [None]
-    best = np.zeros(1)
-    for j, module in enumerate(ctx.modules):
-        if module.input_task is None:
-            inputs, best = [None], np.zeros(1)
-        outs = ctx._outs(j, allowed)
+
+    def step(j: int, inputs: list[int | None]) -> tuple[list[int], np.ndarray]:
+        module, outs = ctx.modules[j], ctx._outs(j, allowed)
         if len(module.tasks) == 1:
-            cost = ctx._one_task_costs(module, inputs, outs, batch)
-        else:
-            cost = np.tile([ctx.module_bounds[(module.signature, ctx.classes[l], batch)] for l in outs], (len(inputs), 1))
-        total = best[:, None] + cost
-        inputs, best = list(outs), total.min(axis=0)
-    ctx.chain_bounds[batch] = float(best.min()) if len(best) else 0.0
+            return outs, ctx._one_task_costs(module, inputs, outs, batch)
+        return outs, np.tile([ctx.module_bounds[(module.signature, ctx.classes[l], batch)] for l in outs], (len(inputs), 1))
+
+    ctx.chain_bounds[batch] = _least_chain(ctx, step)
     return ctx.chain_bounds[batch]
 
 

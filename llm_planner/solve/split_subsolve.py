@@ -105,7 +105,7 @@ def solve_subproblem(problem: PlacementProblem, module: Module, k: int | None, l
     input task free to sit on any device (`free_input`), so it holds for every input
     device k; `with_bound=False` skips it (bound 0) for the caller to share one per l.
     """
-    sub, local = build_subproblem(problem, module.tasks, module.input_task, k, l, allowed, batch)
+    sub, _ = build_subproblem(problem, module.tasks, module.input_task, k, l, allowed, batch)
     if not is_solvable(sub):
         return INFEASIBLE
     offset = 1 if module.input_task is not None else 0
@@ -140,9 +140,13 @@ def solve_subproblem(problem: PlacementProblem, module: Module, k: int | None, l
         moved_cost, moved_order = _list_scheduled(sub, moved)
         if moved_cost < cost * (1 - 1e-12):
             assign, cost, order, method = moved, moved_cost, moved_order, method + "+moves"
-    devices = tuple(assign[n] for n in range(offset, len(local)))
-    order_t = tuple(n - offset for n in order if n >= offset)
+    devices, order_t = _module_part(assign, order, offset)
     return SubSolution(cost_s=cost, bound_s=min(bound, cost), devices=devices, order=order_t, method=method)
+
+
+def _module_part(assign: list[int], order: list[int], offset: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A subproblem's devices and execution order (positions) without its input task, if any (offset 1)."""
+    return tuple(assign[offset:]), tuple(n - offset for n in order if n >= offset)
 
 
 def module_bound(problem: PlacementProblem, module: Module, l: int, batch: int) -> float:
@@ -336,8 +340,8 @@ def seeded_solution(problem: PlacementProblem, module: Module, k: int | None, l:
     cost, moved_order = _list_scheduled(sub, moved)
     if cost >= span_s * (1 - 1e-12):
         return best
-    return SubSolution(cost_s=cost, bound_s=0.0, devices=tuple(moved[offset:]), order=tuple(n - offset for n in moved_order if n >= offset),
-                       method="baseline+moves")
+    devices_m, order_m = _module_part(moved, moved_order, offset)
+    return SubSolution(cost_s=cost, bound_s=0.0, devices=devices_m, order=order_m, method="baseline+moves")
 
 
 def intensify_subproblem(problem: PlacementProblem, module: Module, k: int | None, l: int, allowed: np.ndarray, batch: int,
@@ -352,8 +356,8 @@ def intensify_subproblem(problem: PlacementProblem, module: Module, k: int | Non
     if moved == start:
         return None
     cost, order = _list_scheduled(sub, moved)
-    return SubSolution(cost_s=cost, bound_s=0.0, devices=tuple(moved[offset:]), order=tuple(n - offset for n in order if n >= offset),
-                       method="ils")
+    devices_m, order_m = _module_part(moved, order, offset)
+    return SubSolution(cost_s=cost, bound_s=0.0, devices=devices_m, order=order_m, method="ils")
 
 
 def _list_scheduled(sub: PlacementProblem, assign: list[int]) -> tuple[float, list[int]]:
