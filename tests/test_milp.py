@@ -80,7 +80,7 @@ def check_plan(problem: PlacementProblem, plan) -> None:
     report = verify_plan(plan, problem)
     assert report.ok, report.violations
     assert report.simulated_objective_s == pytest.approx(plan.objective_s, rel=REL)
-    if plan.solver.status == "optimal":
+    if plan.solver.status == "optimal" and "stopped" not in plan.solver.details:  # else no model was solved
         assert plan.solver.details["milp_objective_s"] == pytest.approx(plan.objective_s, rel=1e-4, abs=1e-12)
     tol = REL * plan.objective_s + 1e-12
     assert lower_bound(problem) <= plan.objective_s + tol
@@ -285,7 +285,7 @@ def test_highs_and_gurobi_agree(problem):
         return
     gurobi = solve(problem, SolveOptions(**EXACT, backend="gurobi"))
     assert gurobi.solver.backend == "gurobi" and highs.solver.backend == "highs"
-    assert gurobi.solver.details["num_vars"] <= backends.GUROBI_SIZE_LIMIT
+    assert gurobi.solver.details.get("num_vars", 0) <= backends.GUROBI_SIZE_LIMIT  # no model when the warm start is proven
     assert gurobi.objective_s == pytest.approx(highs.objective_s, rel=1e-4, abs=1e-12)
 
 
@@ -354,6 +354,31 @@ def test_time_limit_returns_best_plan_with_dual_bound():
     assert plan.solver.status == "time_limit"
     assert 0 < plan.lower_bound_s < plan.objective_s and plan.gap > 0
     check_plan(problem, plan)
+
+
+def test_a_warm_start_that_meets_the_bound_is_returned_without_a_model(monkeypatch):
+    from llm_planner.solve import milp
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was built for a proven warm start")
+
+    monkeypatch.setattr(milp, "Formulation", no_model)
+    # both tasks fastest on f, and a transfer costs more than any gain: all on f = the critical path bound, 2
+    plan = exact(explicit_problem({"a": {"f": 1.0, "s": 5.0}, "b": {"f": 1.0, "s": 5.0}}, ["ab"], {"f": 1, "s": 1}))
+    assert plan.objective_s == pytest.approx(2.0) and plan.lower_bound_s == pytest.approx(2.0)
+    assert plan.solver.name == "milp" and plan.solver.status == "optimal"
+    assert plan.solver.details["stopped"] == "the warm start meets the lower bound"
+    with pytest.raises(AssertionError, match="model was built"):  # not where the bound is below the warm start
+        exact(explicit_problem(CHAIN, ["ab", "bc"], {"f": 1, "s": 1}))
+
+
+def test_the_solver_dual_bound_starts_at_the_lower_bound():
+    # the time-limit instance above: the MILP's own dual bound is lifted to solve.bounds.lower_bound by the cut on C
+    times = {f"t{j}": {"f": 1.0 + 0.1 * j, "s": 2.5 + 0.1 * j} for j in range(12)}
+    problem = explicit_problem(times, [("t0", "t5"), ("t1", "t7"), ("t2", "t9")], {"f": 2, "s": 1}, batch_size=4)
+    plan = solve(problem, SolveOptions(**{**EXACT, "time_limit_s": 0.5}))
+    solver_bound = plan.objective_s * (1 - plan.solver.details["mip_gap"])
+    assert solver_bound >= lower_bound(problem) * (1 - 1e-6)
 
 
 # -- the dnn-partitioning throughput inputs ----------------------------------------------------

@@ -50,12 +50,16 @@ o_pq in {0,1}, makespan C; throughput: max load T.
                     x[s,w,k] <= x[s,v,k] + 1 - z[s,v,k] for every edge (v, w): z marks what is
                     reachable from device k's tasks, and nothing reachable that left k may come
                     back, so each device's task set is contiguous (Tarnawski et al., NeurIPS 2020).
-(12) objective      latency: min C;  throughput: min T (objective_s = T / Q seconds per sample)
+(12) objective      latency: min C;  throughput: min T (objective_s = T / Q seconds per sample);
+                    C (T) >= L, L = solve.bounds.lower_bound (times Q for T): a valid cut that
+                    lifts the solver's dual bound to L from the root on
 
 Throughput models have no start times and no ordering variables (only (1)-(4),
 (8)-(11)): that is what makes graphs of hundreds of tasks solvable.
 
-Solution path: the best baseline plan is the warm start; the backend (HiGHS by
+Solution path: the best baseline plan is the warm start. When it already meets
+L within rel_gap it is returned as proven optimal and no model is built
+(except with --contiguous, which the baselines need not obey). Otherwise the backend (HiGHS by
 default, Gurobi on request, llm_planner.solve.backends) returns the incumbent
 and its dual bound; the assignment and, for latency, each device's order (by
 start time) go to schedule.make_plan, which recomputes start times as soon as
@@ -102,16 +106,20 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
     if options.contiguous and problem.objective != "throughput":
         raise ProblemError("the contiguous restriction (--contiguous) applies to the throughput objective only")
     warm = _warm_start_plan(problem)
+    bound_s = lower_bound(problem)
+    if warm is not None and options.symmetry in CRITERIA:
+        warm = canonical_plan(problem, options.symmetry, warm)  # a warm start that obeys the symmetry rows
+    if warm is not None and not options.contiguous and warm.objective_s <= bound_s * (1 + options.rel_gap):
+        return _proven_warm_start(problem, warm, bound_s, started, options)
     unit_s, horizon = _scales(problem, warm)
-    form = Formulation(problem, contiguous=options.contiguous, unit_s=unit_s, horizon=horizon, symmetry=options.symmetry)
+    form = Formulation(problem, contiguous=options.contiguous, unit_s=unit_s, horizon=horizon, symmetry=options.symmetry,
+                       objective_floor=bound_s * (problem.batch_size if problem.objective == "throughput" else 1) / unit_s)
     model = form.build()
     log.info("milp: %d variables (%d integer), %d rows, %d nonzeros", model.num_cols, model.num_integer, model.num_rows, model.matrix.nnz)
     backend_options = BackendOptions(
         time_limit_s=options.time_limit_s, rel_gap=options.rel_gap, threads=options.threads,
         seed=options.seed, allow_fallback=options.allow_backend_fallback, detect_symmetry=options.symmetry == "solver",
     )
-    if warm is not None and options.symmetry in CRITERIA:
-        warm = canonical_plan(problem, options.symmetry, warm)  # a warm start that obeys the symmetry rows
     start_values = warm_start_values(form, warm) if warm is not None else None
     try:
         result = solve_model(model, options.backend, backend_options, start_values)
@@ -124,7 +132,18 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
         raise SolveError(f"the MILP found no feasible plan within the time limit of {options.time_limit_s:g} s "
                          f"(status {result.status}); raise --time-limit")
     plan = _plan_from_solution(problem, form, result, model, started, options, warm)
-    return with_bound(plan, lower_bound(problem))
+    return with_bound(plan, bound_s)
+
+
+def _proven_warm_start(problem: PlacementProblem, warm: Plan, bound_s: float, started: float, options: SolveOptions) -> Plan:
+    """The warm start as the MILP's plan when it already meets the lower bound within rel_gap:
+    no plan is better by more than that, so no model is built."""
+    details = {"warm_start": warm.solver.name, "warm_start_objective_s": warm.objective_s, "nodes": 0,
+               "contiguous": False, "stopped": "the warm start meets the lower bound"}
+    log.info("milp: the warm start (%s, %.6g s) meets the lower bound %.6g s: no model built", warm.solver.name, warm.objective_s, bound_s)
+    return replace(warm, lower_bound_s=float(min(bound_s, warm.objective_s)),
+                   solver=replace(warm.solver, name="milp", status="optimal", time_s=time.perf_counter() - started,
+                                  backend=options.backend, details=details))
 
 
 def _warm_start_plan(problem: PlacementProblem) -> Plan | None:
