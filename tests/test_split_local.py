@@ -90,6 +90,25 @@ def test_heft_modules_bounds_stay_below_the_exact_optimum():
         assert split.objective_s >= exact.objective_s * (1 - 1e-9)
 
 
+def test_one_run_starts_one_pool_and_ends_it(monkeypatch):
+    from llm_planner.solve import split_subsolve
+
+    started = []
+    real = split_subsolve.make_executor
+
+    def counting(options, num_jobs, problem):
+        executor = real(options, num_jobs, problem)
+        if executor is not None:
+            started.append(executor)
+        return executor
+
+    monkeypatch.setattr(split_subsolve, "make_executor", counting)
+    solve(_two_kind_problem([4, 3, 4, 2]), SolveOptions(solver="milp-split", max_module_tasks=1, workers=2))
+    assert len(started) == 1  # the prefetch, the DP's later batches, the search and the bounds share it
+    with pytest.raises(RuntimeError):  # and it was shut down at the end of the run
+        started[0].submit(int)
+
+
 def test_serial_and_pool_agree_on_the_heuristic_path():
     problem = _two_kind_problem([4, 3, 4, 2])
     serial = solve(problem, SolveOptions(solver="milp-split", max_module_tasks=1, workers=1))

@@ -108,8 +108,15 @@ class SplitContext:
         self._reps: dict[tuple, tuple] = {}  # subproblem key -> the device pair it was solved for
         self.module_bounds: dict[tuple, float] = {}  # (signature, output class, batch) -> bound (shard_chain_bound)
         self.chain_bounds: dict[int, float] = {}  # batch -> module_chain_bound
+        self.pool = subsolve.Pool(problem, options)  # the subproblem workers, for the whole run; closed by solve_split
         # the chain bound (sum of module bounds) holds for one shard only; elsewhere HEFT modules skip their bound LPs
         self.wants_chain_bound = problem.objective == "latency" and (problem.max_shards == 1 or problem.batch_size == 1)
+
+    def __enter__(self) -> SplitContext:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.pool.close()
 
     def costs(self, j: int, allowed: np.ndarray, batch: int, inputs: list[int | None]) -> CostTable:
         """Module j's spans for every input device in `inputs` and every usable output device."""
@@ -160,7 +167,7 @@ class SplitContext:
             picked[key] = (k, l, sol)
         if not calls:
             return False
-        for key, found in subsolve.run_many(p, calls, self.options).items():
+        for key, found in subsolve.run_many(p, calls, self.options, self.pool).items():
             k, l, start = picked[key]
             if found is None or found.cost_s >= min(start.cost_s, self.cache[key].cost_s) * (1 - 1e-12):
                 continue
@@ -213,7 +220,7 @@ class SplitContext:
 
     def _solve(self, jobs: dict[tuple, tuple], bound_from: dict[tuple, tuple]) -> None:
         skip = frozenset(key for key, owner in bound_from.items() if key != owner)
-        solved = subsolve.solve_many(self.problem, jobs, self.options, skip_bound=skip)
+        solved = subsolve.solve_many(self.problem, jobs, self.options, skip_bound=skip, pool=self.pool)
         self._reps.update({key: (job[1], job[2]) for key, job in jobs.items()})
         for key in skip:
             if bound_from[key] is not None and solved[key].method.startswith("heft"):
@@ -440,7 +447,7 @@ def module_chain_bound(ctx: SplitContext, batch: int) -> float:
                 key = (module.signature, ctx.classes[l], batch)
                 if key not in ctx.module_bounds and key not in calls:
                     calls[key] = (subsolve.module_bound, (module, l, batch), {})
-    ctx.module_bounds.update(subsolve.run_many(p, calls, ctx.options))
+    ctx.module_bounds.update(subsolve.run_many(p, calls, ctx.options, ctx.pool))
 
     def step(j: int, inputs: list[int | None]) -> tuple[list[int], np.ndarray]:
         module, outs = ctx.modules[j], ctx._outs(j, allowed)
@@ -506,14 +513,20 @@ def one_shard_plan(ctx: SplitContext, started: float) -> Plan | None:
 
 def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
     """MILP-SPLIT for both objectives; see the module docstring."""
+    started = time.perf_counter()
+    with SplitContext(problem, options) as ctx:
+        return _split_plan(ctx, started)
+
+
+def _split_plan(ctx: SplitContext, started: float) -> Plan:
+    """solve_split's work, with the context's pool open."""
     from llm_planner.solve.baselines import run_all_baselines
     from llm_planner.solve.bounds import lower_bound
     from llm_planner.solve.split_groups import data_parallel_plans
     from llm_planner.solve.split_pipeline import pipelined_plans
     from llm_planner.solve.split_throughput import throughput_plan
 
-    started = time.perf_counter()
-    ctx = SplitContext(problem, options)
+    problem, options = ctx.problem, ctx.options
     candidates: list[Plan] = []
     details = {"modules": len(ctx.modules), "distinct_modules": len({m.signature for m in ctx.modules})}
     baselines = [b for b in run_all_baselines(problem).values() if b is not None]

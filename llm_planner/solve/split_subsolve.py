@@ -397,6 +397,26 @@ def make_executor(options: SolveOptions, num_jobs: int, problem: PlacementProble
     return ProcessPoolExecutor(max_workers=min(workers, num_jobs), initializer=_init_worker, initargs=(problem,))
 
 
+class Pool:
+    """One pool of workers for all the batches of jobs of one problem (a MILP-SPLIT run asks for
+    a dozen batches; starting a pool for each cost more than the jobs on small graphs). Started at
+    the first batch of at least two jobs, with options.workers processes; `close` ends it."""
+
+    def __init__(self, problem: PlacementProblem, options: SolveOptions):
+        self.problem, self.options = problem, options
+        self._executor: Executor | None = None
+
+    def executor(self, num_jobs: int) -> Executor | None:
+        if self._executor is None and num_jobs >= 2:
+            self._executor = make_executor(self.options, 2**30, self.problem)
+        return self._executor if num_jobs >= 2 else None
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
+
+
 _worker_problem: PlacementProblem | None = None  # in a pool worker: the problem its jobs belong to
 
 
@@ -410,27 +430,35 @@ def _call(fn, args: tuple, kwargs: dict):
     return fn(_worker_problem, *args, **kwargs)
 
 
-def run_many(problem: PlacementProblem, calls: dict[tuple, tuple], options: SolveOptions) -> dict:
+def run_many(problem: PlacementProblem, calls: dict[tuple, tuple], options: SolveOptions, pool: Pool | None = None) -> dict:
     """Run every call (key -> (fn, args, kwargs), fn(problem, *args, **kwargs)) serially or in
-    the pool of `make_executor`; results by key. Calls for one-task modules run here."""
+    `pool` (which must be `problem`'s), else in a pool of `make_executor` for these calls only;
+    results by key. Calls for one-task modules run here."""
     heavy = [key for key, (_, args, _) in calls.items() if len(args[0].tasks) > 1]
-    executor = make_executor(options, len(heavy), problem)
+    if pool is not None:
+        assert pool.problem is problem, "a pool's workers hold another problem"
+        executor = pool.executor(len(heavy))
+    else:
+        executor = make_executor(options, len(heavy), problem)
     if executor is None:
         return {key: fn(problem, *args, **kwargs) for key, (fn, args, kwargs) in calls.items()}
     out: dict[tuple, object] = {}
-    with executor:
+    try:
         futures = {key: executor.submit(_call, *calls[key]) for key in heavy}
         for key, (fn, args, kwargs) in calls.items():
             if key not in futures:
                 out[key] = fn(problem, *args, **kwargs)
         for key, fut in futures.items():
             out[key] = fut.result()
+    finally:
+        if pool is None:
+            executor.shutdown()
     return out
 
 
 def solve_many(problem: PlacementProblem, jobs: dict[tuple, tuple], options: SolveOptions,
-               skip_bound: frozenset = frozenset()) -> dict[tuple, SubSolution]:
+               skip_bound: frozenset = frozenset(), pool: Pool | None = None) -> dict[tuple, SubSolution]:
     """Solve every job (key -> (module, k, l, allowed, batch)); results by key.
     Jobs in `skip_bound` leave a HEFT module's bound to the caller."""
     return run_many(problem, {key: (solve_subproblem, (*job, options), {"with_bound": key not in skip_bound}) for key, job in jobs.items()},
-                    options)
+                    options, pool)
