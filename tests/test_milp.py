@@ -368,17 +368,26 @@ def test_a_warm_start_that_meets_the_bound_is_returned_without_a_model(monkeypat
     assert plan.objective_s == pytest.approx(2.0) and plan.lower_bound_s == pytest.approx(2.0)
     assert plan.solver.name == "milp" and plan.solver.status == "optimal"
     assert plan.solver.details["stopped"] == "the warm start meets the lower bound"
-    with pytest.raises(AssertionError, match="model was built"):  # not where the bound is below the warm start
-        exact(explicit_problem(CHAIN, ["ab", "bc"], {"f": 1, "s": 1}))
+    with pytest.raises(AssertionError, match="model was built"):  # not where the bound (6) is below the warm start (6.5)
+        exact(explicit_problem(FORK, ["ab", "ac", "bd", "cd"], {"g": 2}))
 
 
-def test_the_solver_dual_bound_starts_at_the_lower_bound():
-    # the time-limit instance above: the MILP's own dual bound is lifted to solve.bounds.lower_bound by the cut on C
-    times = {f"t{j}": {"f": 1.0 + 0.1 * j, "s": 2.5 + 0.1 * j} for j in range(12)}
-    problem = explicit_problem(times, [("t0", "t5"), ("t1", "t7"), ("t2", "t9")], {"f": 2, "s": 1}, batch_size=4)
-    plan = solve(problem, SolveOptions(**{**EXACT, "time_limit_s": 0.5}))
-    solver_bound = plan.objective_s * (1 - plan.solver.details["mip_gap"])
-    assert solver_bound >= lower_bound(problem) * (1 - 1e-6)
+def test_a_plan_stopped_by_the_time_limit_that_meets_the_bound_is_optimal(monkeypatch):
+    from llm_planner.solve import milp
+
+    real = milp.solve_model
+
+    def stopped(*args):
+        return dataclasses.replace(real(*args), status="time_limit")
+
+    monkeypatch.setattr(milp, "solve_model", stopped)
+    monkeypatch.setattr(milp, "_warm_start_plan", lambda problem: None)  # else the warm start is returned at once
+    # two independent unit tasks on two devices: 1 s, which the load bound proves
+    plan = exact(explicit_problem({"a": {"g": 1.0}, "b": {"g": 1.0}}, [], {"g": 2}))
+    assert plan.objective_s == pytest.approx(1.0)
+    assert plan.solver.status == "optimal" and plan.solver.details["proven_by"] == "lower bound"
+    worse = exact(explicit_problem(FORK, ["ab", "ac", "bd", "cd"], {"g": 2}))  # 6.5 against a bound of 6
+    assert worse.solver.status == "time_limit" and "proven_by" not in worse.solver.details
 
 
 # -- the dnn-partitioning throughput inputs ----------------------------------------------------

@@ -57,8 +57,7 @@ def cost_groups(fixed: np.ndarray, slope: np.ndarray, ends: list[int], others: l
 class Formulation:
     """Builds the MILP of one problem and maps solutions back to placements."""
 
-    def __init__(self, problem: PlacementProblem, *, contiguous: bool, unit_s: float, horizon: float, symmetry: str = "none",
-                 objective_floor: float = 0.0):
+    def __init__(self, problem: PlacementProblem, *, contiguous: bool, unit_s: float, horizon: float, symmetry: str = "none"):
         p = self.p = problem
         self.S, self.Q, self.N, self.K = p.max_shards, p.batch_size, p.num_tasks, p.num_devices
         self.unit, self.H = unit_s, horizon
@@ -74,10 +73,7 @@ class Formulation:
             self.active = self.mb.add_vars("u", self.S, upper=1, integer=True)
             self.y = self.mb.add_vars("y", (self.S, self.N, self.K), upper=sup * self.Q)
         name = "makespan" if self.latency else "max_load"
-        upper = horizon if self.latency else math.inf
-        # a valid lower bound on the objective (model units) tightens the dual bound from the root on
-        lower = min(objective_floor, upper) if math.isfinite(objective_floor) and objective_floor > 0 else 0.0
-        self.obj = int(self.mb.add_vars(name, 1, cost=1.0, lower=lower, upper=upper)[0])
+        self.obj = int(self.mb.add_vars(name, 1, cost=1.0, upper=horizon if self.latency else math.inf)[0])
         self.t_full = np.where(p.supported, task_times(p, self.Q), 0.0) / unit_s  # t(i, k, Q) in model units
         self.dur: dict[tuple[int, int, int], Terms] = {}
         self.rows: dict[str, int] = {}
