@@ -342,6 +342,11 @@ def lower_bound(problem: PlacementProblem) -> float:
     return value
 
 
+def forget_lower_bounds() -> None:
+    """Drop every remembered lower_bound (for timing one solver apart from another on one problem)."""
+    _computed.clear()
+
+
 def _lower_bound(problem: PlacementProblem) -> float:
     from llm_planner.solve.bounds_path import path_lp_bound
 
