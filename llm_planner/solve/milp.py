@@ -58,8 +58,8 @@ Throughput models have no start times and no ordering variables (only (1)-(4),
 Solution path: the best baseline plan is the warm start. When it already meets
 L = solve.bounds.lower_bound within rel_gap it is returned as proven optimal and
 no model is built (except with --contiguous, which the baselines need not obey).
-Otherwise the backend (HiGHS by default, Gurobi on request, llm_planner.solve.backends) returns the incumbent
-and its dual bound; the assignment and, for latency, each device's order (by
+Otherwise the backend (HiGHS by default, Gurobi on request,
+llm_planner.solve.backends) returns the incumbent and its dual bound; the assignment and, for latency, each device's order (by
 start time) go to schedule.make_plan, which recomputes start times as soon as
 possible, so the plan's objective can only be <= the MILP's; when the solver
 proved optimality the two must agree (an internal invariant). The plan carries
@@ -111,7 +111,7 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
     if warm is not None and options.symmetry in CRITERIA:
         warm = canonical_plan(problem, options.symmetry, warm)  # a warm start that obeys the symmetry rows
     if warm is not None and not options.contiguous and warm.objective_s <= bound_s * (1 + options.rel_gap):
-        return _proven_warm_start(problem, warm, bound_s, started, options)
+        return _proven_warm_start(warm, bound_s, started, options)
     unit_s, horizon = _scales(problem, warm)
     form = Formulation(problem, contiguous=options.contiguous, unit_s=unit_s, horizon=horizon, symmetry=options.symmetry)
     model = form.build()
@@ -138,7 +138,7 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
     return plan
 
 
-def _proven_warm_start(problem: PlacementProblem, warm: Plan, bound_s: float, started: float, options: SolveOptions) -> Plan:
+def _proven_warm_start(warm: Plan, bound_s: float, started: float, options: SolveOptions) -> Plan:
     """The warm start as the MILP's plan when it already meets the lower bound within rel_gap:
     no plan is better by more than that, so no model is built."""
     details = {"warm_start": warm.solver.name, "warm_start_objective_s": warm.objective_s, "nodes": 0,

@@ -15,6 +15,7 @@ import heapq
 import logging
 import os
 import random
+import sys
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -408,7 +409,7 @@ class Pool:
 
     def executor(self, num_jobs: int) -> Executor | None:
         if self._executor is None and num_jobs >= 2:
-            self._executor = make_executor(self.options, 2**30, self.problem)
+            self._executor = make_executor(self.options, sys.maxsize, self.problem)  # sized by options.workers alone
         return self._executor if num_jobs >= 2 else None
 
     def close(self) -> None:
