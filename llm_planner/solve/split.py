@@ -523,6 +523,7 @@ def _split_plan(ctx: SplitContext, started: float) -> Plan:
     from llm_planner.solve.baselines import run_all_baselines
     from llm_planner.solve.bounds import lower_bound
     from llm_planner.solve.split_groups import data_parallel_plans
+    from llm_planner.solve.split_loads import improve_loads
     from llm_planner.solve.split_pipeline import pipelined_plans
     from llm_planner.solve.split_throughput import throughput_plan
 
@@ -553,6 +554,9 @@ def _split_plan(ctx: SplitContext, started: float) -> Plan:
         candidates += pipelined_plans(ctx, started)
     else:
         candidates += throughput_plan(ctx, started)
+        # moves between devices, from the best stage plan and from the best baseline (split_loads)
+        starts = [min(found, key=lambda c: c.objective_s) for found in (candidates, baselines) if found]
+        candidates += [better for plan in starts if (better := improve_loads(problem, plan, started)) is not None]
     if ctx.wants_chain_bound:
         bound = max(bound, chain_bound(ctx, problem.batch_size))
     elif problem.objective == "latency":

@@ -1,0 +1,157 @@
+"""Throughput plans improved by moving tasks between devices (MILP-SPLIT, throughput objective).
+
+The stage DP of split_throughput keeps every module whole on one contiguous stage,
+while the exact MILP may put any task anywhere: on a three-stage RWNN over a CPU,
+an A100 and a T4 the DP can only hand out whole stages. This search starts from a
+plan and moves one task at a time (a colocation group as a whole) to the device
+that lowers the bottleneck load, or that keeps it and lowers the sum of squared
+loads (which spreads work off the bottleneck and opens later moves), as long as
+the device can run the task and has the memory for it.
+
+A move's effect is computed from what depends on where the moved tasks sit: their
+own times and the transfer charges of the problem's throughput model
+(docs/objectives.md) on their edges (direct) or on their outputs and their
+predecessors' outputs (host-staged), so one evaluation costs the moved tasks'
+degree times K, not a pass over the graph. Plans of several shards are searched
+shard by shard when the shards use disjoint devices (the data-parallel groups of
+split_groups), each shard keeping to the devices no other shard uses; plans
+whose shards share devices are left as they are. The effort is capped in move
+evaluations (MAX_MOVE_EVALUATIONS), so the result does not depend on the
+machine's load.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llm_planner.plan import Plan
+from llm_planner.solve.problem import PlacementProblem
+from llm_planner.solve.schedule import device_loads, make_plan
+
+MAX_MOVE_EVALUATIONS = 100_000  # (group, device) pairs tried per plan
+REL = 1e-12
+
+
+class _Shard:
+    """One shard's assignment with its loads (plus the other shards' as a fixed background) and memory."""
+
+    def __init__(self, problem: PlacementProblem, batch: int, assign: list[int], allowed: np.ndarray, background: np.ndarray):
+        from llm_planner.solve.bounds import task_times
+
+        p = self.p = problem
+        self.b, self.a, self.allowed = batch, list(assign), allowed
+        self.times = task_times(p, batch)
+        self.need = np.where(p.mem_counts, (p.weight_bytes + p.mem_bytes_per_sample * batch)[:, None], 0.0)
+        self.used = np.zeros(p.num_devices)
+        for i, k in enumerate(self.a):
+            self.used[k] += self.need[i, k]
+        self.load = background + device_loads(p, [batch], [self.a])
+        self.direct = p.throughput_model == "direct"
+        self.out_edges, self.in_edges = p.out_edges(), p.in_edges()
+        groups = [sorted(g) for g in p.colocate_groups()]
+        grouped = {i for g in groups for i in g}
+        self.groups = groups + [[i] for i in range(p.num_tasks) if i not in grouped]
+        self._touch = [self._touched(g) for g in self.groups]
+
+    def _touched(self, group: list[int]) -> list[int]:
+        """Edges (direct) or outputs (host-staged) whose charges depend on the group's device."""
+        if self.direct:
+            return sorted({e for i in group for e in self.out_edges[i] + self.in_edges[i]})
+        preds = {int(self.p.edge_src[e]) for i in group for e in self.in_edges[i]}
+        return sorted(set(group) | preds)
+
+    def _part(self, n: int) -> np.ndarray:
+        """The loads that depend on where group n sits, under the current assignment."""
+        p, a, b = self.p, self.a, self.b
+        out = np.zeros(p.num_devices)
+        for i in self.groups[n]:
+            out[a[i]] += self.times[i, a[i]]
+        if self.direct:
+            for e in self._touch[n]:
+                k, l = a[int(p.edge_src[e])], a[int(p.edge_dst[e])]
+                if k != l:
+                    c = p.transfer_time(e, k, l, b)
+                    out[k] += c
+                    out[l] += c
+            return out
+        for w in self._touch[n]:
+            dests = {a[int(p.edge_dst[e])] for e in self.out_edges[w]} - {a[w]}
+            cost = p.hop_s_per_sample[w] * b
+            if dests and not p.is_cpu[a[w]]:
+                out[a[w]] += cost
+            for l in dests:
+                if not p.is_cpu[l]:
+                    out[l] += cost
+        return out
+
+    def _set(self, n: int, k: int) -> None:
+        for i in self.groups[n]:
+            self.a[i] = k
+
+    def descend(self, budget: int) -> int:
+        """Best-device moves, group by group, until a pass moves nothing or the budget is spent; returns the budget left."""
+        p = self.p
+        moved = True
+        while moved and budget > 0:
+            moved = False
+            for n, group in enumerate(self.groups):
+                k0 = self.a[group[0]]
+                able = self.allowed & p.supported[group].all(axis=0)
+                able[k0] = False
+                options = np.flatnonzero(able)
+                if not len(options):
+                    continue
+                budget -= len(options)
+                before = self._part(n)
+                rest = self.load - before
+                best = (float(self.load.max()), float(np.square(self.load).sum()))
+                pick = None
+                for k in options:
+                    if self.used[k] + self.need[group, k].sum() > p.mem_capacity[k]:
+                        continue
+                    self._set(n, int(k))
+                    load = rest + self._part(n)
+                    score = (float(load.max()), float(np.square(load).sum()))
+                    if score[0] < best[0] * (1 - REL) or (score[0] <= best[0] * (1 + REL) and score[1] < best[1] * (1 - REL)):
+                        best, pick = score, (int(k), load)
+                self._set(n, k0)
+                if pick is not None:
+                    k, load = pick
+                    self._set(n, k)
+                    self.used[k0] -= self.need[group, k0].sum()
+                    self.used[k] += self.need[group, k].sum()
+                    self.load = load
+                    moved = True
+                if budget <= 0:
+                    break
+        return budget
+
+
+def improve_loads(problem: PlacementProblem, plan: Plan, started: float) -> Plan | None:
+    """`plan` with tasks moved to lower its bottleneck load (see the module docstring), as a MILP-SPLIT
+    plan; None when its shards share devices or no move helped."""
+    dev = {name: k for k, name in enumerate(problem.device_names)}
+    sizes = list(plan.shard_sizes)
+    assigns = [[dev[plan.shard_assignments[s][t.name]] for t in problem.graph.tasks] for s in range(len(sizes))]
+    used = [set(a) for a in assigns]
+    if any(used[s] & used[r] for s in range(len(sizes)) for r in range(s)):
+        return None
+    budget = MAX_MOVE_EVALUATIONS
+    changed = False
+    for s, b in enumerate(sizes):
+        if b <= 0:
+            continue
+        others = [r for r in range(len(sizes)) if r != s and sizes[r] > 0]
+        allowed = np.ones(problem.num_devices, dtype=bool)
+        for r in others:
+            allowed[list(used[r])] = False
+        background = device_loads(problem, [sizes[r] for r in others], [assigns[r] for r in others]) if others else np.zeros(problem.num_devices)
+        shard = _Shard(problem, b, assigns[s], allowed, background)
+        budget = shard.descend(budget)
+        if shard.a != assigns[s]:
+            assigns[s], used[s], changed = shard.a, set(shard.a), True
+        if budget <= 0:
+            break
+    if not changed:
+        return None
+    return make_plan(problem, sizes, assigns, solver="milp-split", status="heuristic", started_at=started, lower_bound_s=0.0)
