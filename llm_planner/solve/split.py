@@ -41,7 +41,8 @@ unlike devices are left to the exact MILP.
 
 Throughput: modules are kept whole and assigned to devices as contiguous
 stages along a device order (fastest first) by a min-max DP, see
-solve/split_throughput.py.
+solve/split_throughput.py; single tasks then move between devices from the
+best such plan and from the best baseline (solve/split_loads.py).
 
 The plan returned is never worse than the best baseline: when a baseline wins,
 its plan is returned with solver details saying so.

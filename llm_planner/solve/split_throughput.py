@@ -19,7 +19,8 @@ the data-parallel groups of split_groups, and the best exact plan is kept.
 
 Where this loses against the exact MILP: modules cannot be split over several
 devices, each device holds one contiguous stage, and transfer estimates may
-steer the DP wrong when devices are skipped.
+steer the DP wrong when devices are skipped. split_loads then moves single
+tasks between devices, starting from the best of these plans.
 """
 
 from __future__ import annotations
