@@ -1,6 +1,7 @@
 """MILP-SPLIT's moves between devices for the throughput objective (llm_planner.solve.split_loads):
 a move's load change equals a recomputation from scratch under both throughput models, plans only
-improve and verify, memory is respected, and a hand-solved chain gets its optimum."""
+improve and verify, memory is respected, hand-solved chains get their optima (one by a single move,
+one only through the kicks), and the search repeats itself."""
 
 from __future__ import annotations
 
@@ -62,6 +63,17 @@ def test_a_chain_moves_its_second_task_to_the_slow_device():
     assert better is not None and better.objective_s == pytest.approx(1.7)
     assert better.shard_assignments[0]["b"].split("/")[1].startswith("s")
     assert solve(problem, SolveOptions(solver="milp-split")).objective_s == pytest.approx(1.7)
+
+
+def test_the_kicks_move_two_tasks_that_no_single_move_would():
+    # a -> b -> c -> d all on f: 4 (a and d run on f only). Moving b or c alone to s cuts two edges:
+    # f = 3 + 2 x 0.6 = 4.2, worse, so the descent stops at 4. Both on s: f = 2 + 2 x 0.6 = 3.2, s = 2.2.
+    times = {"a": {"f": 1.0}, "b": {"f": 1.0, "s": 0.5}, "c": {"f": 1.0, "s": 0.5}, "d": {"f": 1.0}}
+    problem = explicit_problem(times, ["ab", "bc", "cd"], {"f": 1, "s": 1}, comm_s=0.6, objective="throughput")
+    start = make_plan(problem, [1], [[0, 0, 0, 0]], solver="test", status="heuristic", started_at=0.0, lower_bound_s=0.0)
+    better = improve_loads(problem, start, 0.0)
+    assert better is not None and better.objective_s == pytest.approx(3.2)
+    assert improve_loads(problem, start, 0.0).shard_assignments == better.shard_assignments  # seeded
 
 
 def test_a_move_needs_memory_on_the_device():

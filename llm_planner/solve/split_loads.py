@@ -17,10 +17,15 @@ shard by shard when the shards use disjoint devices (the data-parallel groups of
 split_groups), each shard keeping to the devices no other shard uses; plans
 whose shards share devices are left as they are. The effort is capped in move
 evaluations (MAX_MOVE_EVALUATIONS), so the result does not depend on the
-machine's load.
+machine's load. After the descent, an iterated search: 1..KICK_STRENGTH random
+groups go to random devices where they fit, the descent runs again, and the
+best assignment seen is kept, until KICK_PATIENCE kicks in a row find nothing
+better or the budget is spent (seeded, so runs repeat).
 """
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 
@@ -29,6 +34,8 @@ from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import device_loads, make_plan
 
 MAX_MOVE_EVALUATIONS = 100_000  # (group, device) pairs tried per plan
+KICK_STRENGTH = 6  # after the descent: move 1..KICK_STRENGTH random groups to random devices, descend again
+KICK_PATIENCE = 60  # and stop after this many kicks in a row that found nothing better
 REL = 1e-12
 
 
@@ -127,6 +134,41 @@ class _Shard:
         return budget
 
 
+def _score(load: np.ndarray) -> tuple[float, float]:
+    return float(load.max()), float(np.square(load).sum())
+
+
+def _search(shard: _Shard, budget: int, rng: random.Random) -> int:
+    """Descend, then kick and descend again while the budget and the patience last, keeping the best
+    assignment found; leaves it in `shard`. Returns the budget left."""
+    budget = shard.descend(budget)
+    best = (_score(shard.load), list(shard.a), shard.load.copy(), shard.used.copy())
+    idle = 0
+    while budget > 0 and idle < KICK_PATIENCE:
+        for _ in range(rng.randint(1, KICK_STRENGTH)):
+            n = rng.randrange(len(shard.groups))
+            group = shard.groups[n]
+            k0 = shard.a[group[0]]
+            able = [int(k) for k in np.flatnonzero(shard.allowed & shard.p.supported[group].all(axis=0))
+                    if k != k0 and shard.used[k] + shard.need[group, k].sum() <= shard.p.mem_capacity[k]]
+            if able:
+                k = rng.choice(able)
+                rest = shard.load - shard._part(n)
+                shard._set(n, k)
+                shard.load = rest + shard._part(n)
+                shard.used[k0] -= shard.need[group, k0].sum()
+                shard.used[k] += shard.need[group, k].sum()
+        budget = shard.descend(budget - 1)
+        score = _score(shard.load)
+        if score[0] < best[0][0] * (1 - REL) or (score[0] <= best[0][0] * (1 + REL) and score[1] < best[0][1] * (1 - REL)):
+            best, idle = (score, list(shard.a), shard.load.copy(), shard.used.copy()), 0
+        else:
+            idle += 1
+            shard.a, shard.load, shard.used = list(best[1]), best[2].copy(), best[3].copy()
+    shard.a, shard.load, shard.used = best[1], best[2], best[3]
+    return budget
+
+
 def improve_loads(problem: PlacementProblem, plan: Plan, started: float) -> Plan | None:
     """`plan` with tasks moved to lower its bottleneck load (see the module docstring), as a MILP-SPLIT
     plan; None when its shards share devices or no move helped."""
@@ -147,7 +189,7 @@ def improve_loads(problem: PlacementProblem, plan: Plan, started: float) -> Plan
             allowed[list(used[r])] = False
         background = device_loads(problem, [sizes[r] for r in others], [assigns[r] for r in others]) if others else np.zeros(problem.num_devices)
         shard = _Shard(problem, b, assigns[s], allowed, background)
-        budget = shard.descend(budget)
+        budget = _search(shard, budget, random.Random(s))
         if shard.a != assigns[s]:
             assigns[s], used[s], changed = shard.a, set(shard.a), True
         if budget <= 0:
