@@ -95,39 +95,50 @@ class _Shard:
         for i in self.groups[n]:
             self.a[i] = k
 
+    def _others(self, n: int) -> np.ndarray:
+        """The devices group n may move to: allowed, able to run all of it, not where it is."""
+        group = self.groups[n]
+        able = self.allowed & self.p.supported[group].all(axis=0)
+        able[self.a[group[0]]] = False
+        return np.flatnonzero(able)
+
+    def _fits(self, n: int, k: int) -> bool:
+        return self.used[k] + self.need[self.groups[n], k].sum() <= self.p.mem_capacity[k]
+
+    def _place(self, n: int, k: int, load: np.ndarray | None = None) -> None:
+        """Move group n to device k, with its memory; `load` is the loads after the move when known."""
+        group = self.groups[n]
+        k0 = self.a[group[0]]
+        rest = self.load - self._part(n) if load is None else None
+        self._set(n, k)
+        self.load = rest + self._part(n) if load is None else load
+        self.used[k0] -= self.need[group, k0].sum()
+        self.used[k] += self.need[group, k].sum()
+
     def descend(self, budget: int) -> int:
         """Best-device moves, group by group, until a pass moves nothing or the budget is spent; returns the budget left."""
-        p = self.p
         moved = True
         while moved and budget > 0:
             moved = False
-            for n, group in enumerate(self.groups):
-                k0 = self.a[group[0]]
-                able = self.allowed & p.supported[group].all(axis=0)
-                able[k0] = False
-                options = np.flatnonzero(able)
+            for n in range(len(self.groups)):
+                options = self._others(n)
                 if not len(options):
                     continue
                 budget -= len(options)
-                before = self._part(n)
-                rest = self.load - before
-                best = (float(self.load.max()), float(np.square(self.load).sum()))
-                pick = None
+                k0 = self.a[self.groups[n][0]]
+                rest = self.load - self._part(n)
+                best, pick = _score(self.load), None
                 for k in options:
-                    if self.used[k] + self.need[group, k].sum() > p.mem_capacity[k]:
+                    if not self._fits(n, int(k)):
                         continue
                     self._set(n, int(k))
                     load = rest + self._part(n)
-                    score = (float(load.max()), float(np.square(load).sum()))
-                    if score[0] < best[0] * (1 - REL) or (score[0] <= best[0] * (1 + REL) and score[1] < best[1] * (1 - REL)):
+                    score = _score(load)
+                    if _better(score, best):
                         best, pick = score, (int(k), load)
                 self._set(n, k0)
                 if pick is not None:
-                    k, load = pick
-                    self._set(n, k)
-                    self.used[k0] -= self.need[group, k0].sum()
-                    self.used[k] += self.need[group, k].sum()
-                    self.load = load
+                    self._place(n, *pick)
                     moved = True
                 if budget <= 0:
                     break
@@ -135,7 +146,13 @@ class _Shard:
 
 
 def _score(load: np.ndarray) -> tuple[float, float]:
+    """(bottleneck load, sum of squared loads), compared by `_better`."""
     return float(load.max()), float(np.square(load).sum())
+
+
+def _better(score: tuple[float, float], best: tuple[float, float]) -> bool:
+    """A lower bottleneck, or the same one (within REL) and a lower sum of squared loads."""
+    return score[0] < best[0] * (1 - REL) or (score[0] <= best[0] * (1 + REL) and score[1] < best[1] * (1 - REL))
 
 
 def _search(shard: _Shard, budget: int, rng: random.Random) -> int:
@@ -147,20 +164,12 @@ def _search(shard: _Shard, budget: int, rng: random.Random) -> int:
     while budget > 0 and idle < KICK_PATIENCE:
         for _ in range(rng.randint(1, KICK_STRENGTH)):
             n = rng.randrange(len(shard.groups))
-            group = shard.groups[n]
-            k0 = shard.a[group[0]]
-            able = [int(k) for k in np.flatnonzero(shard.allowed & shard.p.supported[group].all(axis=0))
-                    if k != k0 and shard.used[k] + shard.need[group, k].sum() <= shard.p.mem_capacity[k]]
+            able = [int(k) for k in shard._others(n) if shard._fits(n, int(k))]
             if able:
-                k = rng.choice(able)
-                rest = shard.load - shard._part(n)
-                shard._set(n, k)
-                shard.load = rest + shard._part(n)
-                shard.used[k0] -= shard.need[group, k0].sum()
-                shard.used[k] += shard.need[group, k].sum()
+                shard._place(n, rng.choice(able))
         budget = shard.descend(budget - 1)
         score = _score(shard.load)
-        if score[0] < best[0][0] * (1 - REL) or (score[0] <= best[0][0] * (1 + REL) and score[1] < best[0][1] * (1 - REL)):
+        if _better(score, best[0]):
             best, idle = (score, list(shard.a), shard.load.copy(), shard.used.copy()), 0
         else:
             idle += 1
