@@ -315,7 +315,7 @@ def launch(plan_path: str | Path, options: LaunchOptions = LaunchOptions()) -> L
                           rank_table_path=str(table_path), report_path=table.run.report_path, dry_run=options.dry_run)
     if options.dry_run:
         return result
-    for stale in [*workdir.glob("error.rank*.txt"), Path(table.run.report_path)]:
+    for stale in [*workdir.glob("error.rank*.txt"), *workdir.glob(".error.rank*.txt.tmp"), Path(table.run.report_path)]:
         stale.unlink(missing_ok=True)
     return _run(result, options.timeout_s)
 

@@ -241,3 +241,23 @@ def test_a_run_with_more_ranks_than_cores_on_a_host_is_flagged():
     assert len(notes) == 1 and notes[0].startswith("warning: node a ran 4 ranks on 2 cores")
     assert oversubscription_notes([rank(0, "b", "spin", 1, 8)]) == []
     assert oversubscription_notes([{"rank": 0, "device": "a/cpu:0"}]) == []  # reports written before ranks said how they waited
+
+
+def test_an_error_file_appears_whole_or_not_at_all(tmp_path, monkeypatch):
+    """Both ranks' watchdogs fire at once and one's MPI_Abort can kill the other mid-write: the
+    launcher then must not find an empty error file and report it as the run's error."""
+    from types import SimpleNamespace
+
+    from llm_planner.runtime import rank as rank_module
+
+    table = SimpleNamespace(world_size=1, ranks=[SimpleNamespace(device="localhost/cpu-core:0")], run=SimpleNamespace(workdir=str(tmp_path)))
+
+    def killed(src, dst):
+        raise OSError("killed before the rename")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(rank_module.os, "replace", killed)
+        rank_module._write_error(table, 0, RuntimeError("boom"))
+    assert not rank_module.error_path(tmp_path, 0).exists()
+    rank_module._write_error(table, 0, RuntimeError("boom"))
+    assert rank_module.error_path(tmp_path, 0).read_text().startswith("rank 0 (localhost/cpu-core:0): RuntimeError: boom")

@@ -15,6 +15,7 @@ Started by the launcher as `python -m mpi4py -m llm_planner.runtime TABLE.json`
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import traceback
@@ -122,8 +123,13 @@ def _write_error(table: RankTable | None, rank: int, exc: BaseException) -> None
         return
     device = table.ranks[rank].device if rank < table.world_size else "?"
     text = f"rank {rank} ({device}): {type(exc).__name__}: {exc}\n\n" + "".join(traceback.format_exception(exc))
+    path = error_path(table.run.workdir, rank)
+    partial = path.with_name(f".{path.name}.tmp")
     try:
-        error_path(table.run.workdir, rank).write_text(text)
+        # written aside and renamed: another rank's MPI_Abort may kill this one mid-write (both
+        # watchdogs fire at once), and the launcher must never read a half-written, empty file
+        partial.write_text(text)
+        os.replace(partial, path)
     except OSError:
         log.exception("rank %d: cannot write its error file", rank)
 
