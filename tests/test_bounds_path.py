@@ -1,9 +1,11 @@
-"""The path LP (solve/bounds_path.py): exact on hand-solved cases, never above a brute-forced optimum."""
+"""The path LP (solve/bounds_path.py): exact on hand-solved cases, never above a brute-forced optimum;
+and the partition bound over copies of the graph, one per shard."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llm_planner.solve.bounds import critical_path_bound, load_balance_bound, lower_bound
-from llm_planner.solve.bounds_path import path_lp_at_shards, path_lp_bound
+from llm_planner.solve.bounds_path import count_partitions, partition_bound, partitions, path_lp_at_shards, path_lp_bound
 from planner_instances import problems
 from test_bounds import GB, brute_force_optimum, explicit_problem
 
@@ -152,3 +154,58 @@ def test_head_and_tail_rows_place_the_work_around_a_task(monkeypatch):
     assert path_lp_bound(problem, 1) == pytest.approx(4.0) == pytest.approx(brute_force_optimum(problem, orders=True))
     monkeypatch.setattr(bounds_path, "MAX_HEAD_TAIL_TERMS", 1)  # a stride longer than the graph: no rows
     assert path_lp_bound(problem, 1) == pytest.approx(3.9)
+
+
+# -- the partition bound ----------------------------------------------------------------------
+
+
+def test_partitions_are_listed_once_and_counted():
+    for total in range(0, 11):
+        for most in range(1, 6):
+            listed = list(partitions(total, most))
+            assert len(listed) == len(set(listed)) == count_partitions(total, most)
+            assert all(sum(p) == total and len(p) <= most and list(p) == sorted(p, reverse=True) for p in listed)
+    assert list(partitions(4, 2)) == [(4,), (3, 1), (2, 2)]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=tight_memory_problems(max_tasks=3, max_batch=4))
+def test_partition_bound_below_every_split_plan(problem):
+    """<= 3 tasks, up to 3 shards, memory binding: below every split and assignment that fits,
+    with the union LPs solved and with the partitions' lighter bounds only."""
+    from unittest import mock
+
+    import llm_planner.solve.bounds_path as bounds_path
+
+    problem = dataclasses.replace(problem, max_shards=min(3, problem.batch_size))
+    best = brute_force_optimum(problem)
+    if np.isfinite(best):
+        assert partition_bound(problem) <= best * (1 + 1e-9)
+        with mock.patch.object(bounds_path, "MAX_PARTITION_LPS", 0):
+            assert partition_bound(problem) <= best * (1 + 1e-9)
+        with mock.patch.object(bounds_path, "MAX_PARTITION_TASKS", 0):
+            assert partition_bound(problem) <= best * (1 + 1e-9)
+
+
+def test_partition_bound_couples_the_shards_of_a_split_batch():
+    """A randomly wired stage of 8 nodes on a CPU, an A100 and a T4, batch 4 in up to 4 shards.
+    Apart, the largest shard's path LP and the shard-count LP each allow a plan that the other
+    forbids; with one copy of the graph per shard, every shard's path and all their work on the
+    shared devices must fit together. The bound rises and stays below MILP-SPLIT's plan."""
+    from llm_planner.graph.models import ModelSpec
+    from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.solve.api import solve
+    from llm_planner.solve.bounds import shard_count_bound
+    from llm_planner.solve.options import SolveOptions
+
+    specs = Path(__file__).resolve().parents[1] / "cluster_specs"
+    problem = problem_from_inputs(cluster_path=str(specs / "cpu-two-gpus.yaml"), model=ModelSpec(name="rwnn-ws-1x8"),
+                                  objective="latency", batch_size=4)
+    assert problem.max_shards >= 2
+    apart = max(shard_count_bound(problem), path_lp_at_shards(problem, problem.max_shards), load_balance_bound(problem))
+    coupled = partition_bound(problem)
+    assert coupled > 1.05 * apart
+    assert partition_bound(problem, floor=2 * coupled) == 2 * coupled  # a floor above it is returned as is
+    plan = solve(problem, SolveOptions(solver="milp-split"))
+    assert coupled <= plan.objective_s * (1 + 1e-9)
+    assert lower_bound(problem) >= coupled * (1 - 1e-9)

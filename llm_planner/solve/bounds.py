@@ -79,7 +79,9 @@ Bounds:
   LP(1) is the load-balance LP, so this bound is only computed when min(Q, S) >= 2.
 
 `lower_bound` is the maximum of the three and, for latency, of the path LP
-(solve/bounds_path.py), which also stands in for CP(s) in the shard-count bound.
+(solve/bounds_path.py), which also stands in for CP(s) in the shard-count bound,
+and of the partition bound (bounds_path.partition_bound: one copy of the graph per
+shard of each partition of Q, sharing the devices).
 """
 
 from __future__ import annotations
@@ -330,7 +332,8 @@ _computed: dict[int, tuple[weakref.ref, float]] = {}  # id(problem) -> (the prob
 
 def lower_bound(problem: PlacementProblem) -> float:
     """The best valid bound for the problem's objective (max of the bounds above; for latency
-    also the path LP of solve/bounds_path.py at the smallest possible largest shard).
+    also the path LP of solve/bounds_path.py at the smallest possible largest shard, and its
+    partition bound).
 
     Remembered per problem object while it lives (a solver and solve() both ask for it)."""
     key = id(problem)
@@ -348,9 +351,10 @@ def forget_lower_bounds() -> None:
 
 
 def _lower_bound(problem: PlacementProblem) -> float:
-    from llm_planner.solve.bounds_path import path_lp_bound
+    from llm_planner.solve.bounds_path import partition_bound, path_lp_bound
 
     bounds = [critical_path_bound(problem), load_balance_bound(problem), shard_count_bound(problem)]
     if problem.objective == "latency":
         bounds.append(path_lp_bound(problem, largest_shard_floor(problem)))
+        bounds.append(partition_bound(problem, max(bounds)))
     return max(bounds)

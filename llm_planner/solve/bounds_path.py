@@ -65,6 +65,13 @@ leaves out the transfer rows (4)-(5), and above MAX_PATH_LP_EDGES edges
 `path_lp_bound` returns the critical path bound alone (a dense randomly wired
 graph of 778 tasks has 19,503 edges; there the LP takes seconds and the
 load-balance LP is the stronger bound anyway).
+
+Partitions (`partition_bound`). For a batch that may be split, the path LP of
+one copy of the graph per shard, for each partition of Q into at most S shard
+sizes, with the copies sharing the devices' load and memory rows: a plan whose
+shards have those sizes gives a feasible point (each shard its own copy), so
+the least such LP over the partitions bounds every plan (docs/objectives.md,
+"Shard partitions").
 """
 
 from __future__ import annotations
@@ -189,12 +196,13 @@ class _Columns:
         return self.y0 + self.num_x
 
 
-def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True) -> float:
+def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True, head_tail: bool = True) -> float:
     """Optimum of the path LP (module docstring) for the largest shard, of `batch` <= Q samples, in seconds.
 
     Returns the critical path of fastest times when the LP cannot be solved; leaves
     out the transfer rows (4)-(5) above MAX_TRANSFER_EDGES edges and thins the head and
-    tail rows (9)-(10) above MAX_HEAD_TAIL_TERMS terms.
+    tail rows (9)-(10) above MAX_HEAD_TAIL_TERMS terms, and everywhere with `head_tail=False`
+    (a weaker bound, often ten times faster).
     """
     path = longest_path(problem, fastest_task_times(problem, batch))
     if problem.num_edges > MAX_PATH_LP_EDGES:
@@ -221,7 +229,8 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True)
     if len(comm_edges):
         _transfer_rows(ub, comm_edges, problem.edge_src, problem.edge_dst, col, into / scale, out / scale)
     ub.add(len(counts), (col.cols_x, np.arange(col.num_x), t_x), (np.arange(len(counts)), col.t, -counts))  # (7)
-    _head_tail_rows(ub, problem, col, t_x, counts)
+    if head_tail:
+        _head_tail_rows(ub, problem, col, t_x, counts)
     eq = _Rows()
     eq.add(problem.num_tasks, (rows_x, np.arange(col.num_x), 1.0), rhs=np.ones(problem.num_tasks))  # (1)
     num_cols = col.t + 1
@@ -233,7 +242,7 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True)
     cost[col.t] = 1.0
     res = scipy.optimize.linprog(cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=(0, None), method="highs")
     if res.status == 2 and memory:
-        return path_lp_bound(problem, batch, memory=False)
+        return path_lp_bound(problem, batch, memory=False, head_tail=head_tail)
     if res.status != 0:
         log.warning("path LP not solved (%s); using the critical path as its bound", res.message)
         return path
@@ -373,3 +382,100 @@ def _transfer_rows(ub: _Rows, comm_edges: np.ndarray, src: np.ndarray, dst: np.n
 def path_lp_at_shards(problem: PlacementProblem, shards: int) -> float:
     """The path LP for plans of `shards` non-empty shards: its largest has >= ceil(Q / shards) samples."""
     return path_lp_bound(problem, math.ceil(problem.batch_size / shards))
+
+
+# The partition bound (docs/objectives.md "Shard partitions"): how far it may go.
+MAX_PARTITIONS = 64  # more partitions of Q into at most S parts: the bound is not computed
+MAX_PARTITION_LPS = 16  # union LPs solved at most; the partitions left count with their cheap bound
+MAX_PARTITION_TASKS = 4_000  # a union of more tasks (copies x tasks) counts with its cheap bound
+
+
+def partitions(total: int, most: int, largest: int | None = None):
+    """Every partition of `total` into at most `most` parts, parts in non-increasing order."""
+    largest = total if largest is None else largest
+    if total == 0:
+        yield ()
+        return
+    if most == 0:
+        return
+    for first in range(min(total, largest), 0, -1):
+        for rest in partitions(total - first, most - 1, first):
+            yield (first, *rest)
+
+
+def count_partitions(total: int, most: int) -> int:
+    """len(list(partitions(total, most))), without listing them: p(n, k) = p(n, k - 1) + p(n - k, k)
+    counts partitions of n into parts of size at most k, the same number as into at most k parts."""
+    table = [[1] + [0] * total for _ in range(most + 1)]  # table[k][n]
+    for k in range(1, most + 1):
+        for n in range(1, total + 1):
+            table[k][n] = table[k - 1][n] + (table[k][n - k] if n >= k else 0)
+    return table[most][total]
+
+
+def shard_copies(problem: PlacementProblem, sizes: tuple[int, ...]) -> PlacementProblem:
+    """One copy of the graph per shard size, as a one-shard problem of one sample whose copy j
+    takes task i's time and edge e's transfer time at sizes[j] samples; copy j's per-sample
+    memory is that of sizes[j] samples, and only copy 0 holds weights."""
+    from dataclasses import replace
+
+    from llm_planner.graph.ir import TaskGraph
+
+    n = problem.num_tasks
+    tasks, edges, pieces, comm, weights, per_sample = [], [], [], [], [], []
+    for j, b in enumerate(sizes):
+        tasks += [replace(t, name=f"{t.name}#{j}") for t in problem.graph.tasks]
+        edges += [replace(e, src=f"{e.src}#{j}", dst=f"{e.dst}#{j}") for e in problem.graph.edges]
+        piece = np.zeros((n, problem.num_devices, 1, 2))
+        piece[:, :, 0, 0] = np.where(problem.supported, task_times(problem, b), 0.0)
+        pieces.append(piece)
+        comm.append(problem.comm_fixed + problem.comm_slope * b)
+        weights.append(problem.weight_bytes if j == 0 else np.zeros(n))
+        per_sample.append(problem.mem_bytes_per_sample * b)
+    s = len(sizes)
+    return replace(
+        problem, graph=TaskGraph(name=f"{problem.graph.name}{list(sizes)}", tasks=tuple(tasks), edges=tuple(edges)),
+        batch_size=1, max_shards=1, time_pieces=np.concatenate(pieces), supported=np.tile(problem.supported, (s, 1)),
+        edge_src=np.concatenate([problem.edge_src + j * n for j in range(s)]),
+        edge_dst=np.concatenate([problem.edge_dst + j * n for j in range(s)]),
+        comm_fixed=np.concatenate(comm), comm_slope=np.zeros((s * problem.num_edges, *problem.comm_slope.shape[1:])),
+        weight_bytes=np.concatenate(weights), mem_bytes_per_sample=np.concatenate(per_sample),
+        mem_counts=np.tile(problem.mem_counts, (s, 1)), hop_s_per_sample=np.tile(problem.hop_s_per_sample, s),
+    )
+
+
+def partition_bound(problem: PlacementProblem, floor: float = 0.0) -> float:
+    """A latency bound for a batch that may be split: min over the partitions P = (b_1 >= ... >= b_s)
+    of Q into at most S parts of the path LP of `shard_copies(problem, P)`, each shard's own copy
+    of the graph with all copies sharing the devices' time and memory (docs/objectives.md).
+
+    Three bounds per partition, each at least the one before: cheap, max(path LP of its largest
+    shard alone, LP(s) of the shard-count bound); light, the union LP without its head and tail
+    rows; full, with them. A partition whose lighter bound is not below the least full bound found
+    cannot lower the minimum and goes no further. At most MAX_PARTITION_LPS full LPs are solved
+    (light ones: as many as partitions); partitions left over count with what they have. Once
+    the least value found is at most `floor` (a bound the caller already has), the search stops:
+    the result is then `floor`. Returns `floor` when there are more than MAX_PARTITIONS partitions."""
+    import functools
+
+    from llm_planner.solve.bounds import shard_lp_bound
+
+    q, most = problem.batch_size, min(problem.batch_size, problem.max_shards)
+    if problem.objective != "latency" or most < 2 or count_partitions(q, most) > MAX_PARTITIONS:
+        return floor
+    load = functools.lru_cache(maxsize=None)(lambda s: shard_lp_bound(problem, s))
+    value = {p: load(len(p)) for p in partitions(q, most)}  # the best bound known per partition
+    small = [p for p in value if len(p) * problem.num_tasks <= MAX_PARTITION_TASKS]
+    copies = {p: shard_copies(problem, p) for p in small}
+    for p in small:
+        value[p] = max(value[p], path_lp_bound(copies[p], 1, head_tail=False))
+    best, solved = math.inf, 0
+    for p in sorted(small, key=lambda p: (value[p], p)):
+        if value[p] >= best or best <= floor or solved >= MAX_PARTITION_LPS:
+            break
+        value[p] = max(value[p], path_lp_bound(copies[p], 1))
+        best = min(best, value[p])
+        solved += 1
+    best = min(value.values())
+    log.debug("partition bound: %d light and %d full union LPs, %.6g s", len(small), solved, best)
+    return max(floor, best)
