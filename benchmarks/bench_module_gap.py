@@ -15,7 +15,7 @@ device l of its output cut, this solves the module subproblem
   best baseline: its plan and its dual bound;
 
 and computes the bound MILP-SPLIT carries for the module (solve.bounds.lower_bound
-of the subproblem with its input free). A gap that stays wide between the best plan
+of the subproblem, its cuts pinned). A gap that stays wide between the best plan
 and the best bound, with the exact MILP's own dual bound no higher, is the bound's
 weakness, not the split's.
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from llm_planner.solve.milp import solve_milp
     from llm_planner.solve.options import SolveOptions
     from llm_planner.solve.split import SplitContext
-    from llm_planner.solve.split_subsolve import LOCAL_SEARCH_WORK, _list_scheduled, free_input, improve_by_moves, intensify_subproblem
+    from llm_planner.solve.split_subsolve import LOCAL_SEARCH_WORK, _list_scheduled, improve_by_moves, intensify_subproblem
     from llm_planner.solve.subproblem import build_subproblem
 
     args = parse_args(argv)
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         milp = solve_milp(sub, SolveOptions(solver="milp", time_limit_s=args.time_limit, verify=False))
         milp_time = time.perf_counter() - t0
-        bound = lower_bound(free_input(sub, offset))
+        bound = lower_bound(sub)
         best_plan = min(ils_s, milp.objective_s)
         best_bound = max(bound, milp.lower_bound_s)
         rows.append({"model": args.model, "cluster": args.cluster, "batch": args.batch, "module": j, "tasks": len(module.tasks),

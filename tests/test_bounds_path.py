@@ -16,6 +16,7 @@ from llm_planner.solve.bounds import critical_path_bound, load_balance_bound, lo
 from llm_planner.solve.bounds_path import count_partitions, partition_bound, partitions, path_lp_at_shards, path_lp_bound
 from planner_instances import problems
 from test_bounds import GB, brute_force_optimum, explicit_problem
+from test_milp import explicit_problem as milp_problem
 
 GPU_CPU = dict(kinds=(("gpu", "gpu", 10 * GB), ("cpu", "cpu", "unlimited")), devices={"gpu": 1, "cpu": 1})
 
@@ -209,3 +210,46 @@ def test_partition_bound_couples_the_shards_of_a_split_batch():
     plan = solve(problem, SolveOptions(solver="milp-split"))
     assert coupled <= plan.objective_s * (1 + 1e-9)
     assert lower_bound(problem) >= coupled * (1 - 1e-9)
+
+
+# -- pinned windows ------------------------------------------------------------------------------
+
+
+def test_a_device_waits_for_the_input_of_a_pinned_task_and_stops_before_the_output():
+    """u (pinned to f, no time) feeds a, b and c, which feed v (pinned to f, 2 s); a takes 1 s on
+    f and 2 s on g, b 2 s on either, c 1 s on either; every transfer 1 s. Best plan: c on g (it
+    starts after u's output has travelled, at 1, ends at 2, its output arrives at 3), a and b on
+    f until 3, v from 3 to 5. g can start no earlier than 1 and must stop 1 + 2 s before the end,
+    so it works at most T - 4; f's 6 s of work shrink by at most 1 s per second g takes over (c),
+    so T >= 10 - T: 5. Without that window the LP finds 4.41."""
+    import llm_planner.solve.bounds_path as bounds_path
+
+    times = {"u": {"f": 0.0}, "a": {"f": 1.0, "g": 2.0}, "b": {"f": 2.0, "g": 2.0}, "c": {"f": 1.0, "g": 1.0}, "v": {"f": 2.0}}
+    problem = milp_problem(times, ["ua", "ub", "uc", "av", "bv", "cv"], {"f": 1, "g": 1}, comm_s=1.0, objective="latency")
+    assert path_lp_bound(problem, 1) == pytest.approx(5.0) == pytest.approx(brute_force_optimum(problem, orders=True))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bounds_path, "_pinned_windows", lambda problem, classes, batch, floor: np.zeros(len(classes)))
+        assert path_lp_bound(problem, 1) == pytest.approx(4.4118, abs=1e-4)
+
+
+@st.composite
+def pinned_problems(draw, *, max_tasks: int):
+    """One-shard latency problems with their first and last tasks (in topological order) pinned to
+    one device each that can run them, as MILP-SPLIT's module subproblems pin their cuts."""
+    problem = draw(problems(max_tasks=max_tasks, max_devices=3, max_batch=3, objective="latency"))
+    order = [problem.graph.index(name) for name in problem.graph.topological_order()]
+    supported = problem.supported.copy()
+    for i in {order[0], order[-1]}:
+        k = draw(st.sampled_from(np.flatnonzero(supported[i]).tolist()))
+        supported[i] = False
+        supported[i, k] = True
+    return dataclasses.replace(problem, supported=supported, max_shards=1)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=pinned_problems(max_tasks=5))
+def test_pinned_windows_stay_below_the_exact_optimum(problem):
+    """<= 5 tasks with pinned ends: every assignment x every device order."""
+    optimum = brute_force_optimum(problem, orders=True)
+    if np.isfinite(optimum):
+        assert path_lp_bound(problem, problem.batch_size) <= optimum * (1 + 1e-9)

@@ -228,7 +228,8 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True,
     _path_rows(ub, problem, col, t_x, comm_edges)
     if len(comm_edges):
         _transfer_rows(ub, comm_edges, problem.edge_src, problem.edge_dst, col, into / scale, out / scale)
-    ub.add(len(counts), (col.cols_x, np.arange(col.num_x), t_x), (np.arange(len(counts)), col.t, -counts))  # (7)
+    idle = _pinned_windows(problem, classes, batch, path) / scale
+    ub.add(len(counts), (col.cols_x, np.arange(col.num_x), t_x), (np.arange(len(counts)), col.t, -counts), rhs=-idle)  # (7)
     if head_tail:
         _head_tail_rows(ub, problem, col, t_x, counts)
     eq = _Rows()
@@ -247,6 +248,78 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True,
         log.warning("path LP not solved (%s); using the critical path as its bound", res.message)
         return path
     return max(path, max(0.0, float(res.fun)) * scale * (1 - LP_SAFETY))
+
+
+def _pinned_windows(problem: PlacementProblem, classes: list[list[int]], batch: int, floor: float) -> np.ndarray:
+    """W_c = sum over the devices d of class c of min(H_d + Q_d, floor): time at the start and
+    at the end of every plan in which d can do nothing, because of tasks pinned elsewhere.
+
+    A task p that only one device pi(p) can run (a module's input and output cuts) is pinned.
+    A task i that runs on d != pi(p), with p an ancestor of i, starts at least
+    EF_p + L(p, i) + c(p, i) after the plan starts: p's earliest finish (the longest path of
+    fastest times up to and including p), the longest path of fastest times strictly between p
+    and i, and the least transfer time c(p, i) over the edges of the paths from p to i, since
+    some edge of the path carries the data off pi(p). So d starts its first task no earlier
+    than H_d = min over the tasks i that d can run of the largest such head. In the same way,
+    with v a pinned descendant of i on pi(v) != d, the plan ends at least L(i, v) + t_v + c(i, v)
+    + (the longest path of fastest times after v) after i finishes, and d's last task finishes
+    Q_d before the end. A device's tasks do not overlap, so the work it does is at most
+    T - H_d - Q_d, and an idle device does none, at most T - floor when floor <= T (every plan),
+    hence at most T - min(H_d + Q_d, floor): row (7) subtracts W_c from m_c T.
+    """
+    n, num_d = problem.num_tasks, problem.num_devices
+    pinned = np.flatnonzero(problem.supported.sum(axis=1) == 1)
+    if len(pinned) == 0 or problem.num_edges == 0:
+        return np.zeros(len(classes))
+    fast = fastest_task_times(problem, batch)
+    comm = problem.comm_fixed + problem.comm_slope * batch  # [E, K, K]
+    off = ~np.eye(num_d, dtype=bool)
+    least = np.maximum(comm[:, off].min(axis=1), 0.0) if num_d > 1 else np.zeros(problem.num_edges)
+    order = [problem.graph.index(name) for name in problem.graph.topological_order()]
+    ins, outs = problem.in_edges(), problem.out_edges()
+    early = np.zeros(n)  # earliest finish, fastest times
+    for i in order:
+        early[i] = max((early[int(problem.edge_src[e])] for e in ins[i]), default=0.0) + fast[i]
+    late = np.zeros(n)  # longest path of fastest times after i finishes
+    for i in reversed(order):
+        late[i] = max((fast[int(problem.edge_dst[e])] + late[int(problem.edge_dst[e])] for e in outs[i]), default=0.0)
+    head = np.zeros((n, num_d))  # head[i, d]: least start of i on d
+    tail = np.zeros((n, num_d))  # tail[i, d]: least time from i's finish on d to the end
+    for p in pinned:
+        home = int(np.flatnonzero(problem.supported[p])[0])
+        # longest path strictly between p and i, and least transfer on the paths p -> i
+        between, cheapest = np.full(n, -np.inf), np.full(n, np.inf)
+        for i in order:
+            for e in ins[i]:
+                q = int(problem.edge_src[e])
+                if q == p:
+                    between[i], cheapest[i] = max(between[i], 0.0), min(cheapest[i], least[e])
+                elif np.isfinite(between[q]):
+                    between[i] = max(between[i], between[q] + fast[q])
+                    cheapest[i] = min(cheapest[i], cheapest[q], least[e])
+        reach = np.isfinite(between)
+        value = early[p] + between[reach] + cheapest[reach]
+        away = np.ones(num_d, dtype=bool)
+        away[home] = False
+        head[np.ix_(reach, away)] = np.maximum(head[np.ix_(reach, away)], value[:, None])
+        # and backwards: longest path strictly between i and p, least transfer on the paths i -> p
+        between, cheapest = np.full(n, -np.inf), np.full(n, np.inf)
+        for i in reversed(order):
+            for e in outs[i]:
+                q = int(problem.edge_dst[e])
+                if q == p:
+                    between[i], cheapest[i] = max(between[i], 0.0), min(cheapest[i], least[e])
+                elif np.isfinite(between[q]):
+                    between[i] = max(between[i], between[q] + fast[q])
+                    cheapest[i] = min(cheapest[i], cheapest[q], least[e])
+        reach = np.isfinite(between)
+        value = between[reach] + cheapest[reach] + fast[p] + late[p]
+        tail[np.ix_(reach, away)] = np.maximum(tail[np.ix_(reach, away)], value[:, None])
+    able = problem.supported
+    first = np.where(able, head, np.inf).min(axis=0)  # H_d
+    last = np.where(able, tail, np.inf).min(axis=0)  # Q_d
+    window = np.minimum(np.where(np.isfinite(first), first, 0.0) + np.where(np.isfinite(last), last, 0.0), floor)
+    return np.array([window[members].sum() for members in classes])
 
 
 def _ancestors(problem: PlacementProblem) -> np.ndarray:

@@ -107,7 +107,7 @@ class SplitContext:
         self.search = False  # run the iterated local search on the DP's picks (see _searched_dp)
         self.intensified: set[tuple] = set()  # subproblem keys the iterated local search has run on
         self._reps: dict[tuple, tuple] = {}  # subproblem key -> the device pair it was solved for
-        self.module_bounds: dict[tuple, float] = {}  # (signature, output class, batch) -> bound (shard_chain_bound)
+        self.module_bounds: dict[tuple, float] = {}  # (signature, device pair key, batch) -> bound (shard_chain_bound)
         self.chain_bounds: dict[int, float] = {}  # batch -> module_chain_bound
         self.pool = subsolve.Pool(problem, options)  # the subproblem workers, for the whole run; closed by solve_split
         # the chain bound (sum of module bounds) holds for one shard only; elsewhere HEFT modules skip their bound LPs
@@ -127,8 +127,8 @@ class SplitContext:
         if len(module.tasks) == 1:
             cost = self._one_task_costs(module, inputs, outs, batch)
             return CostTable(inputs=inputs, outs=outs, cost=cost, bound=cost, solutions=None)
-        keyed, jobs, bound_from = self._jobs(j, allowed, batch, inputs)
-        self._solve(jobs, bound_from)
+        keyed, jobs, unbounded = self._jobs(j, allowed, batch, inputs)
+        self._solve(jobs, unbounded)
         solutions, keys = {}, {}
         seeded = bool(allowed.all()) and batch == p.batch_size
         for k, l, key in keyed:
@@ -183,14 +183,14 @@ class SplitContext:
         """Solve every subproblem the DP over `allowed` can ask for, in one batch of jobs
         (keeps the pool busy instead of waiting for it module by module)."""
         jobs: dict[tuple, tuple] = {}
-        bound_from: dict[tuple, tuple] = {}
+        unbounded: set[tuple] = set()
         for j, module in enumerate(self.modules):
             if len(module.tasks) > 1:
                 inputs = [None] if module.input_task is None else [k for k in self._outs(j - 1, allowed)]
-                _, more, shared = self._jobs(j, allowed, batch, inputs, skip=jobs)
+                _, more, without = self._jobs(j, allowed, batch, inputs, skip=jobs)
                 jobs.update(more)
-                bound_from.update(shared)
-        self._solve(jobs, bound_from)
+                unbounded |= without
+        self._solve(jobs, unbounded)
 
     def _outs(self, j: int, allowed: np.ndarray) -> list[int]:
         """Devices that may run module j's output cut."""
@@ -199,15 +199,12 @@ class SplitContext:
 
     def _jobs(self, j: int, allowed: np.ndarray, batch: int, inputs: list[int | None], skip: dict | None = None):
         """Subproblem keys of module j for each (input, output) pair, the jobs not yet solved
-        (each for the first pair with its key), and for each job the job whose bound it shares
-        (the bound of a HEFT module does not depend on the input device), or None where no
-        bound is needed (HEFT modules then carry bound 0)."""
+        (each for the first pair with its key), and the jobs whose bound no one reads (HEFT
+        modules then carry bound 0)."""
         p, module = self.problem, self.modules[j]
         symmetric = bool(allowed.all())
         wants_bound = self.wants_chain_bound and symmetric and batch == p.batch_size  # what chain_bound reads
         jobs: dict[tuple, tuple] = {}
-        bound_from: dict[tuple, tuple] = {}
-        owners: dict[object, tuple] = {}
         keyed = []
         for k in inputs:
             for l in self._outs(j, allowed):
@@ -216,17 +213,11 @@ class SplitContext:
                 keyed.append((k, l, key))
                 if key not in self.cache and key not in jobs and (skip is None or key not in skip):
                     jobs[key] = (module, k, l, allowed, batch)
-                    bound_from[key] = owners.setdefault(self.classes[l] if symmetric else l, key) if wants_bound else None
-        return keyed, jobs, bound_from
+        return keyed, jobs, set() if wants_bound else set(jobs)
 
-    def _solve(self, jobs: dict[tuple, tuple], bound_from: dict[tuple, tuple]) -> None:
-        skip = frozenset(key for key, owner in bound_from.items() if key != owner)
-        solved = subsolve.solve_many(self.problem, jobs, self.options, skip_bound=skip, pool=self.pool)
+    def _solve(self, jobs: dict[tuple, tuple], unbounded: set[tuple]) -> None:
+        solved = subsolve.solve_many(self.problem, jobs, self.options, skip_bound=frozenset(unbounded), pool=self.pool)
         self._reps.update({key: (job[1], job[2]) for key, job in jobs.items()})
-        for key in skip:
-            if bound_from[key] is not None and solved[key].method.startswith("heft"):
-                shared = solved[bound_from[key]].bound_s
-                solved[key] = replace(solved[key], bound_s=min(shared if np.isfinite(shared) else 0.0, solved[key].cost_s))
         self.cache.update(solved)
 
     def _one_task_costs(self, module: Module, inputs: list[int | None], outs: list[int], batch: int) -> np.ndarray:
@@ -435,26 +426,30 @@ def shard_chain_bound(ctx: SplitContext, floor: float = 0.0) -> float:
 def module_chain_bound(ctx: SplitContext, batch: int) -> float:
     """min over device paths of the sum of module bounds for one shard of `batch` samples:
     one-task modules in closed form, larger ones by solve.bounds.lower_bound of the module
-    subproblem with its input free (split_subsolve.module_bound), one per module structure
-    and output device class, solved in the pool."""
+    subproblem with its cuts pinned (split_subsolve.module_bound), one per module structure
+    and (input, output) device pair up to the cluster's symmetries, solved in the pool."""
     if batch in ctx.chain_bounds:
         return ctx.chain_bounds[batch]
     p = ctx.problem
     allowed = np.ones(p.num_devices, dtype=bool)
+
+    def key(j: int, k: int | None, l: int) -> tuple:
+        return (ctx.modules[j].signature, subsolve.pair_key(p, ctx.classes, k, l), batch)
+
     calls = {}
     for j, module in enumerate(ctx.modules):
         if len(module.tasks) > 1:
-            for l in ctx._outs(j, allowed):
-                key = (module.signature, ctx.classes[l], batch)
-                if key not in ctx.module_bounds and key not in calls:
-                    calls[key] = (subsolve.module_bound, (module, l, batch), {})
+            for k in [None] if module.input_task is None else ctx._outs(j - 1, allowed):
+                for l in ctx._outs(j, allowed):
+                    if key(j, k, l) not in ctx.module_bounds and key(j, k, l) not in calls:
+                        calls[key(j, k, l)] = (subsolve.module_bound, (module, k, l, batch), {})
     ctx.module_bounds.update(subsolve.run_many(p, calls, ctx.options, ctx.pool))
 
     def step(j: int, inputs: list[int | None]) -> tuple[list[int], np.ndarray]:
         module, outs = ctx.modules[j], ctx._outs(j, allowed)
         if len(module.tasks) == 1:
             return outs, ctx._one_task_costs(module, inputs, outs, batch)
-        return outs, np.tile([ctx.module_bounds[(module.signature, ctx.classes[l], batch)] for l in outs], (len(inputs), 1))
+        return outs, np.array([[ctx.module_bounds[key(j, k, l)] for l in outs] for k in inputs]).reshape(len(inputs), len(outs))
 
     ctx.chain_bounds[batch] = _least_chain(ctx, step)
     return ctx.chain_bounds[batch]

@@ -102,9 +102,10 @@ def solve_subproblem(problem: PlacementProblem, module: Module, k: int | None, l
     (HEFT, or the MILP stopped by its time limit) is then improved by moving tasks
     (`improve_by_moves`), for modules of at most LOCAL_SEARCH_MAX_TASKS tasks.
 
-    The bound of a HEFT module is solve.bounds.lower_bound of the subproblem with its
-    input task free to sit on any device (`free_input`), so it holds for every input
-    device k; `with_bound=False` skips it (bound 0) for the caller to share one per l.
+    The bound of a HEFT module is solve.bounds.lower_bound of the subproblem, its input
+    pinned to k: the path LP's pinned windows (solve/bounds_path.py) then know that a
+    device other than k waits for a transfer before it can start; `with_bound=False`
+    skips it (bound 0) where the caller reads no bound.
     """
     sub, _ = build_subproblem(problem, module.tasks, module.input_task, k, l, allowed, batch)
     if not is_solvable(sub):
@@ -135,7 +136,7 @@ def solve_subproblem(problem: PlacementProblem, module: Module, k: int | None, l
     order = [names[st.task] for st in sorted(plan.schedule, key=lambda st: (st.start_s, st.finish_s))]
     cost, bound = plan.objective_s, plan.lower_bound_s
     if method == "heft":
-        bound = lower_bound(free_input(sub, offset)) if with_bound else 0.0
+        bound = lower_bound(sub) if with_bound else 0.0
     if method != "milp-optimal" and sub.num_tasks <= LOCAL_SEARCH_MAX_TASKS:
         moved = improve_by_moves(sub, assign, max(2, LOCAL_SEARCH_WORK // sub.num_tasks))
         moved_cost, moved_order = _list_scheduled(sub, moved)
@@ -150,26 +151,15 @@ def _module_part(assign: list[int], order: list[int], offset: int) -> tuple[tupl
     return tuple(assign[offset:]), tuple(n - offset for n in order if n >= offset)
 
 
-def module_bound(problem: PlacementProblem, module: Module, l: int, batch: int) -> float:
-    """solve.bounds.lower_bound of module's subproblem for `batch` samples with its output
-    cut on l and its input free (valid for every input device)."""
+def module_bound(problem: PlacementProblem, module: Module, k: int | None, l: int, batch: int) -> float:
+    """solve.bounds.lower_bound of module's subproblem for `batch` samples with its input cut
+    on k (None: the module has no input cut) and its output cut on l."""
     from llm_planner.solve.bounds import lower_bound
 
-    k = None if module.input_task is None else int(np.argmax(problem.supported[module.input_task]))
     sub, _ = build_subproblem(problem, module.tasks, module.input_task, k, l, np.ones(problem.num_devices, dtype=bool), batch)
     if not is_solvable(sub):
         return INF
-    return lower_bound(free_input(sub, 0 if module.input_task is None else 1))
-
-
-def free_input(sub: PlacementProblem, offset: int) -> PlacementProblem:
-    """The subproblem with its input task (if any) allowed on every device: a relaxation whose
-    bounds hold for every input device k, so one bound serves every k (split.SplitContext)."""
-    if not offset:
-        return sub
-    supported = sub.supported.copy()
-    supported[0] = True
-    return replace(sub, supported=supported)
+    return lower_bound(sub)
 
 
 # Local search effort is capped in task-evaluations (evaluations x tasks), not in
@@ -460,6 +450,6 @@ def run_many(problem: PlacementProblem, calls: dict[tuple, tuple], options: Solv
 def solve_many(problem: PlacementProblem, jobs: dict[tuple, tuple], options: SolveOptions,
                skip_bound: frozenset = frozenset(), pool: Pool | None = None) -> dict[tuple, SubSolution]:
     """Solve every job (key -> (module, k, l, allowed, batch)); results by key.
-    Jobs in `skip_bound` leave a HEFT module's bound to the caller."""
+    Jobs in `skip_bound` compute no bound for a HEFT module (bound 0)."""
     return run_many(problem, {key: (solve_subproblem, (*job, options), {"with_bound": key not in skip_bound}) for key, job in jobs.items()},
                     options, pool)
