@@ -228,7 +228,7 @@ def test_a_device_waits_for_the_input_of_a_pinned_task_and_stops_before_the_outp
     problem = milp_problem(times, ["ua", "ub", "uc", "av", "bv", "cv"], {"f": 1, "g": 1}, comm_s=1.0, objective="latency")
     assert path_lp_bound(problem, 1) == pytest.approx(5.0) == pytest.approx(brute_force_optimum(problem, orders=True))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(bounds_path, "_pinned_windows", lambda problem, classes, batch, floor: np.zeros(len(classes)))
+        mp.setattr(bounds_path, "_windows", lambda problem, head, tail, classes, floor: np.zeros(len(classes)))
         assert path_lp_bound(problem, 1) == pytest.approx(4.4118, abs=1e-4)
 
 

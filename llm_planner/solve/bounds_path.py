@@ -66,6 +66,19 @@ leaves out the transfer rows (4)-(5), and above MAX_PATH_LP_EDGES edges
 graph of 778 tasks has 19,503 edges; there the LP takes seconds and the
 load-balance LP is the stronger bound anyway).
 
+Pinned windows. A task that only one device can run is pinned (MILP-SPLIT's
+module subproblems pin the module's input and output cuts). Every other device
+must wait for data from a pinned ancestor before its first task and send its
+results toward a pinned descendant before the end: with H_d and Q_d the least
+such head and tail over the tasks d can run, d works at most T - H_d - Q_d, or
+nothing (`_pinned_heads_tails`, `_windows`). Row (7) becomes
+
+      m_c T >= sum_i t_ic x_ic + W_c,   W_c = sum_{d in c} min(H_d + Q_d, CP)    (7')
+
+with CP the critical path bound (an idle device does no work, and T >= CP). On
+the 33-task stage of RWNN WS 3x32 on a CPU, an A100 and a T4, input and output
+on the A100, the LP rises from 162.4 to 170.6 us (best plan known 185.7 us).
+
 Partitions (`partition_bound`). For a batch that may be split, the path LP of
 one copy of the graph per shard, for each partition of Q into at most S shard
 sizes, with the copies sharing the devices' load and memory rows: a plan whose
@@ -228,7 +241,8 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True,
     _path_rows(ub, problem, col, t_x, comm_edges)
     if len(comm_edges):
         _transfer_rows(ub, comm_edges, problem.edge_src, problem.edge_dst, col, into / scale, out / scale)
-    idle = _pinned_windows(problem, classes, batch, path) / scale
+    head, tail = _pinned_heads_tails(problem, batch)
+    idle = _windows(problem, head, tail, classes, path) / scale
     ub.add(len(counts), (col.cols_x, np.arange(col.num_x), t_x), (np.arange(len(counts)), col.t, -counts), rhs=-idle)  # (7)
     if head_tail:
         _head_tail_rows(ub, problem, col, t_x, counts)
@@ -250,74 +264,73 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True,
     return max(path, max(0.0, float(res.fun)) * scale * (1 - LP_SAFETY))
 
 
-def _pinned_windows(problem: PlacementProblem, classes: list[list[int]], batch: int, floor: float) -> np.ndarray:
-    """W_c = sum over the devices d of class c of min(H_d + Q_d, floor): time at the start and
-    at the end of every plan in which d can do nothing, because of tasks pinned elsewhere.
+def _pinned_heads_tails(problem: PlacementProblem, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """head[i, d], tail[i, d]: least time before task i can start on device d, and least time
+    from its finish there to the end of the plan, because of tasks pinned to other devices.
 
     A task p that only one device pi(p) can run (a module's input and output cuts) is pinned.
     A task i that runs on d != pi(p), with p an ancestor of i, starts at least
     EF_p + L(p, i) + c(p, i) after the plan starts: p's earliest finish (the longest path of
     fastest times up to and including p), the longest path of fastest times strictly between p
     and i, and the least transfer time c(p, i) over the edges of the paths from p to i, since
-    some edge of the path carries the data off pi(p). So d starts its first task no earlier
-    than H_d = min over the tasks i that d can run of the largest such head. In the same way,
-    with v a pinned descendant of i on pi(v) != d, the plan ends at least L(i, v) + t_v + c(i, v)
-    + (the longest path of fastest times after v) after i finishes, and d's last task finishes
-    Q_d before the end. A device's tasks do not overlap, so the work it does is at most
-    T - H_d - Q_d, and an idle device does none, at most T - floor when floor <= T (every plan),
-    hence at most T - min(H_d + Q_d, floor): row (7) subtracts W_c from m_c T.
+    some edge of that longest path carries the data off pi(p). In the same way, with v a pinned
+    descendant of i on pi(v) != d, the plan ends at least L(i, v) + c(i, v) + t_v + (the longest
+    path of fastest times after v) after i finishes (t_v: v's fastest time).
     """
     n, num_d = problem.num_tasks, problem.num_devices
+    head, tail = np.zeros((n, num_d)), np.zeros((n, num_d))
     pinned = np.flatnonzero(problem.supported.sum(axis=1) == 1)
-    if len(pinned) == 0 or problem.num_edges == 0:
-        return np.zeros(len(classes))
+    if len(pinned) == 0 or problem.num_edges == 0 or num_d < 2:
+        return head, tail
     fast = fastest_task_times(problem, batch)
     comm = problem.comm_fixed + problem.comm_slope * batch  # [E, K, K]
-    off = ~np.eye(num_d, dtype=bool)
-    least = np.maximum(comm[:, off].min(axis=1), 0.0) if num_d > 1 else np.zeros(problem.num_edges)
+    least = np.maximum(comm[:, ~np.eye(num_d, dtype=bool)].min(axis=1), 0.0)
     order = [problem.graph.index(name) for name in problem.graph.topological_order()]
     ins, outs = problem.in_edges(), problem.out_edges()
+    src, dst = problem.edge_src, problem.edge_dst
     early = np.zeros(n)  # earliest finish, fastest times
     for i in order:
-        early[i] = max((early[int(problem.edge_src[e])] for e in ins[i]), default=0.0) + fast[i]
+        early[i] = max((early[int(src[e])] for e in ins[i]), default=0.0) + fast[i]
     late = np.zeros(n)  # longest path of fastest times after i finishes
     for i in reversed(order):
-        late[i] = max((fast[int(problem.edge_dst[e])] + late[int(problem.edge_dst[e])] for e in outs[i]), default=0.0)
-    head = np.zeros((n, num_d))  # head[i, d]: least start of i on d
-    tail = np.zeros((n, num_d))  # tail[i, d]: least time from i's finish on d to the end
+        late[i] = max((fast[int(dst[e])] + late[int(dst[e])] for e in outs[i]), default=0.0)
+
+    def paths(p: int, sweep: list[int], edges: list[list[int]], other: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Longest path of fastest times strictly between p and each task reached from p along
+        `edges`, and the least transfer on those paths (-inf and inf where not reached)."""
+        between, cheapest = np.full(n, -np.inf), np.full(n, np.inf)
+        for i in sweep:
+            for e in edges[i]:
+                q = int(other[e])
+                if q == p:
+                    between[i], cheapest[i] = max(between[i], 0.0), min(cheapest[i], least[e])
+                elif np.isfinite(between[q]):
+                    between[i] = max(between[i], between[q] + fast[q])
+                    cheapest[i] = min(cheapest[i], cheapest[q], least[e])
+        return between, cheapest
+
     for p in pinned:
-        home = int(np.flatnonzero(problem.supported[p])[0])
-        # longest path strictly between p and i, and least transfer on the paths p -> i
-        between, cheapest = np.full(n, -np.inf), np.full(n, np.inf)
-        for i in order:
-            for e in ins[i]:
-                q = int(problem.edge_src[e])
-                if q == p:
-                    between[i], cheapest[i] = max(between[i], 0.0), min(cheapest[i], least[e])
-                elif np.isfinite(between[q]):
-                    between[i] = max(between[i], between[q] + fast[q])
-                    cheapest[i] = min(cheapest[i], cheapest[q], least[e])
-        reach = np.isfinite(between)
+        away = problem.supported[p] == 0  # every device but pi(p)
+        between, cheapest = paths(p, order, ins, src)
+        reach = np.flatnonzero(np.isfinite(between))
         value = early[p] + between[reach] + cheapest[reach]
-        away = np.ones(num_d, dtype=bool)
-        away[home] = False
         head[np.ix_(reach, away)] = np.maximum(head[np.ix_(reach, away)], value[:, None])
-        # and backwards: longest path strictly between i and p, least transfer on the paths i -> p
-        between, cheapest = np.full(n, -np.inf), np.full(n, np.inf)
-        for i in reversed(order):
-            for e in outs[i]:
-                q = int(problem.edge_dst[e])
-                if q == p:
-                    between[i], cheapest[i] = max(between[i], 0.0), min(cheapest[i], least[e])
-                elif np.isfinite(between[q]):
-                    between[i] = max(between[i], between[q] + fast[q])
-                    cheapest[i] = min(cheapest[i], cheapest[q], least[e])
-        reach = np.isfinite(between)
+        between, cheapest = paths(p, order[::-1], outs, dst)
+        reach = np.flatnonzero(np.isfinite(between))
         value = between[reach] + cheapest[reach] + fast[p] + late[p]
         tail[np.ix_(reach, away)] = np.maximum(tail[np.ix_(reach, away)], value[:, None])
+    return head, tail
+
+
+def _windows(problem: PlacementProblem, head: np.ndarray, tail: np.ndarray, classes: list[list[int]], floor: float) -> np.ndarray:
+    """W_c = sum over the devices d of class c of min(H_d + Q_d, floor), with H_d and Q_d the
+    least head and tail of the tasks d can run: d starts its first task no earlier than H_d and
+    ends its last Q_d before the end; its tasks do not overlap, so it works at most
+    T - H_d - Q_d, and an idle device none, at most T - floor when floor <= T (a bound on every
+    plan). Row (7) subtracts W_c from m_c T."""
     able = problem.supported
-    first = np.where(able, head, np.inf).min(axis=0)  # H_d
-    last = np.where(able, tail, np.inf).min(axis=0)  # Q_d
+    first = np.where(able, head, np.inf).min(axis=0)
+    last = np.where(able, tail, np.inf).min(axis=0)
     window = np.minimum(np.where(np.isfinite(first), first, 0.0) + np.where(np.isfinite(last), last, 0.0), floor)
     return np.array([window[members].sum() for members in classes])
 
