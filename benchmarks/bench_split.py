@@ -4,8 +4,9 @@
         [--split-time-limit S] [--max-module-tasks N] [--workers N] [--objectives latency,throughput]
         [--milp-max-tasks N] [--no-milp] [--big | --no-big] [--models NAME[,NAME...]] [--only TEXT[,TEXT...]]
         [--frontier [--frontier-time-limit S]]
-    .venv/bin/python benchmarks/bench_split.py --from-csv A.csv B.csv --out DIR   (report earlier runs as one;
-        a row of B replaces the same instance's row of A)
+    .venv/bin/python benchmarks/bench_split.py --from-csv A.csv B.csv [--milp-from C.csv] --out DIR
+        (report earlier runs as one; a row of B replaces the same instance's row of A; rows with
+        no MILP columns take those of C's same instance, with a note saying so)
 
 Every instance is built with llm_planner.pipeline.problem_from_inputs (a model
 preset on a cluster spec, batch 1 and 8, the latency objective by default;
@@ -258,6 +259,23 @@ def read_csv(paths: list[str]) -> list[Row]:
     return list(rows.values())
 
 
+MILP_COLUMNS = ("milp_s", "milp_bound_s", "milp_status", "milp_time_s", "milp_limit_s")
+
+
+def take_milp_columns(rows: list[Row], earlier: list[Row]) -> None:
+    """Copy the exact MILP's columns of an earlier run into the rows of the same instances that
+    have none (a MILP-SPLIT-only run joined with the MILP of a run whose MILP and bound code
+    were the same for those instances). The note says where they came from."""
+    found = {(r.model, r.cluster, r.batch, r.objective): r for r in earlier if r.milp_status}
+    for row in rows:
+        old = found.get((row.model, row.cluster, row.batch, row.objective))
+        if old is None or row.milp_status:
+            continue
+        for name in MILP_COLUMNS:
+            setattr(row, name, getattr(old, name))
+        row.note = "; ".join(n for n in (row.note, "MILP columns from an earlier run") if n)
+
+
 def _pct(x: float) -> str:
     return "" if not math.isfinite(x) else f"{100 * x:.1f}%"
 
@@ -435,7 +453,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--only", default="", help="keep instances whose 'model cluster batch objective' contains one of these comma-separated texts")
     ap.add_argument("--from-csv", nargs="+", default=[], metavar="CSV",
                     help="solve nothing: report (table, figure, targets) the rows of these earlier runs' CSVs as one")
+    ap.add_argument("--milp-from", nargs="+", default=[], metavar="CSV",
+                    help="with --from-csv: take the exact MILP's columns of rows that have none from these earlier CSVs")
     args = ap.parse_args(argv)
+    if args.milp_from and not args.from_csv:
+        ap.error("--milp-from joins earlier runs: use it with --from-csv")
     if not args.objectives or set(args.objectives.split(",")) - {"latency", "throughput"}:
         ap.error(f"--objectives: a comma-separated list of latency and throughput, got {args.objectives!r}")
     if args.time_limit is None:
@@ -463,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = read_csv(args.from_csv) if args.from_csv else []
+    if args.milp_from:
+        take_milp_columns(rows, read_csv(args.milp_from))
     if args.from_csv:
         write_csv(rows, out / "bench_split.csv")
     for row in [] if args.from_csv else instances(args):
