@@ -153,6 +153,7 @@ def test_head_and_tail_rows_place_the_work_around_a_task(monkeypatch):
     times = [{"gpu": 1.0, "cpu": 10.0}, {"gpu": 1.0}, {"gpu": 1.0}, {"gpu": 1.0, "cpu": 10.0}]
     problem = explicit_problem(times, [(0, 1), (0, 2), (1, 3), (2, 3)], weights=[0.0] * 4, **GPU_CPU)
     assert path_lp_bound(problem, 1) == pytest.approx(4.0) == pytest.approx(brute_force_optimum(problem, orders=True))
+    monkeypatch.setattr(bounds_path, "ENERGY_THRESHOLDS", 0)  # no rows (11) either: they find the optimum too
     monkeypatch.setattr(bounds_path, "MAX_HEAD_TAIL_TERMS", 1)  # a stride longer than the graph: no rows
     assert path_lp_bound(problem, 1) == pytest.approx(3.9)
 
@@ -229,6 +230,7 @@ def test_a_device_waits_for_the_input_of_a_pinned_task_and_stops_before_the_outp
     assert path_lp_bound(problem, 1) == pytest.approx(5.0) == pytest.approx(brute_force_optimum(problem, orders=True))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(bounds_path, "_windows", lambda problem, head, tail, classes, floor: np.zeros(len(classes)))
+        mp.setattr(bounds_path, "ENERGY_THRESHOLDS", 0)  # rows (11) know the windows too
         assert path_lp_bound(problem, 1) == pytest.approx(4.4118, abs=1e-4)
 
 
@@ -253,3 +255,18 @@ def test_pinned_windows_stay_below_the_exact_optimum(problem):
     optimum = brute_force_optimum(problem, orders=True)
     if np.isfinite(optimum):
         assert path_lp_bound(problem, problem.batch_size) <= optimum * (1 + 1e-9)
+
+
+def test_energy_rows_count_the_work_that_must_fit_between_a_head_and_a_tail(monkeypatch):
+    """s -> {a, b, c} -> t, 1 s each, on two identical devices, transfers free. a, b and c cannot
+    start before 1 (s runs first) and must end by T - 1 (t runs last): 3 s of work on two devices
+    in T - 2, so T >= 3.5. The path (3 s), the load (2.5 s) and the head and tail rows (C_t >=
+    4 / 2 + 1, T >= C_s + 4 / 2: 3 s) see less. The optimum is 4 s (one of a, b, c waits)."""
+    import llm_planner.solve.bounds_path as bounds_path
+
+    times = [{"g": 1.0}] * 5
+    problem = explicit_problem(times, [(0, 1), (0, 2), (0, 3), (1, 4), (2, 4), (3, 4)])
+    assert path_lp_bound(problem, 1) == pytest.approx(3.5)
+    assert brute_force_optimum(problem, orders=True) == pytest.approx(4.0)
+    monkeypatch.setattr(bounds_path, "ENERGY_THRESHOLDS", 0)
+    assert path_lp_bound(problem, 1) == pytest.approx(3.0)

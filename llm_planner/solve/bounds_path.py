@@ -79,6 +79,18 @@ with CP the critical path bound (an idle device does no work, and T >= CP). On
 the 33-task stage of RWNN WS 3x32 on a CPU, an A100 and a T4, input and output
 on the A100, the LP rises from 162.4 to 170.6 us (best plan known 185.7 us).
 
+Energy rows. The head and tail rows see the ancestors and descendants of one
+task; a stage of a randomly wired network has levels wider than the devices, and
+the tasks of a level all run after the levels before and before the levels after:
+
+      sum_{i in S_c(a, b)} t_ic x_ic <= m_c (T - min(a + b, CP))   each class c, (a, b)   (11)
+
+with S_c(a, b) the tasks whose head on c (the longer of its earliest start by
+fastest times and its pinned head there) is at least a and whose tail on c is at
+least b, for up to ENERGY_THRESHOLDS quantile values of each (`_energy_rows`).
+On the 64-task stage of RWNN BA 3x64 on four A100s, input and output on one, the
+LP rises from 160.6 to 176.3 us (best plan known 198.3 us).
+
 Partitions (`partition_bound`). For a batch that may be split, the path LP of
 one copy of the graph per shard, for each partition of Q into at most S shard
 sizes, with the copies sharing the devices' load and memory rows: a plan whose
@@ -244,6 +256,7 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True,
     head, tail = _pinned_heads_tails(problem, batch)
     idle = _windows(problem, head, tail, classes, path) / scale
     ub.add(len(counts), (col.cols_x, np.arange(col.num_x), t_x), (np.arange(len(counts)), col.t, -counts), rhs=-idle)  # (7)
+    _energy_rows(ub, problem, col, classes, counts, t_x, head, tail, batch, path, scale)
     if head_tail:
         _head_tail_rows(ub, problem, col, t_x, counts)
     eq = _Rows()
@@ -333,6 +346,57 @@ def _windows(problem: PlacementProblem, head: np.ndarray, tail: np.ndarray, clas
     last = np.where(able, tail, np.inf).min(axis=0)
     window = np.minimum(np.where(np.isfinite(first), first, 0.0) + np.where(np.isfinite(last), last, 0.0), floor)
     return np.array([window[members].sum() for members in classes])
+
+
+ENERGY_THRESHOLDS = 12  # threshold values per class for the heads and for the tails of rows (11)
+
+
+def _energy_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, classes: list[list[int]], counts: np.ndarray,
+                 t_x: np.ndarray, head: np.ndarray, tail: np.ndarray, batch: int, floor: float, scale: float) -> None:
+    """(11) sum_{i in S_c(a, b)} t_ic x_ic <= m_c (T - min(a + b, floor)) for each class c and
+    threshold pair (a, b), with S_c(a, b) the tasks whose head on c is at least a and whose tail
+    on c is at least b.
+
+    A task's head on c is the larger of its earliest start (the longest path of fastest times
+    before it) and its pinned head on c (`_pinned_heads_tails`, the least over c's devices); its
+    tail likewise, from the longest path of fastest times after it. On a device of c the tasks
+    of S_c run within [a, T - b] and do not overlap, so they take at most T - a - b; a device
+    that runs none of them takes 0 <= T - floor (floor: a bound on every plan). Thresholds: up
+    to ENERGY_THRESHOLDS of the distinct heads and of the distinct tails per class (quantiles).
+    head, tail and floor in seconds; rows in model units (`scale` seconds)."""
+    if ENERGY_THRESHOLDS <= 0 or problem.num_tasks < 2:
+        return
+    n = problem.num_tasks
+    fast = fastest_task_times(problem, batch)
+    order = [problem.graph.index(name) for name in problem.graph.topological_order()]
+    ins, outs = problem.in_edges(), problem.out_edges()
+    start, after = np.zeros(n), np.zeros(n)
+    for i in order:
+        start[i] = max((start[int(problem.edge_src[e])] + fast[int(problem.edge_src[e])] for e in ins[i]), default=0.0)
+    for i in reversed(order):
+        after[i] = max((fast[int(problem.edge_dst[e])] + after[int(problem.edge_dst[e])] for e in outs[i]), default=0.0)
+
+    def thresholds(values: np.ndarray) -> np.ndarray:
+        distinct = np.unique(values)
+        if len(distinct) > ENERGY_THRESHOLDS:
+            distinct = np.unique(np.quantile(distinct, np.linspace(0, 1, ENERGY_THRESHOLDS), method="lower"))
+        return distinct
+
+    for c, members in enumerate(classes):
+        h = np.maximum(start, head[:, members].min(axis=1))
+        q = np.maximum(after, tail[:, members].min(axis=1))
+        xs = np.flatnonzero(col.cols_x == c)  # the x columns of class c
+        tasks = col.rows_x[xs]
+        pairs = [(a, b) for a in thresholds(h[tasks]) for b in thresholds(q[tasks]) if a + b > 0]
+        rows_, cols_, vals_, rhs = [], [], [], []
+        for r, (a, b) in enumerate(pairs):
+            inside = xs[(h[tasks] >= a) & (q[tasks] >= b)]
+            rows_ += [np.full(len(inside) + 1, r)]
+            cols_ += [np.append(inside, col.t)]
+            vals_ += [np.append(t_x[inside], -counts[c])]
+            rhs.append(-counts[c] * min(a + b, floor) / scale)
+        if pairs:
+            ub.add(len(pairs), (np.concatenate(rows_), np.concatenate(cols_), np.concatenate(vals_)), rhs=np.array(rhs))
 
 
 def _ancestors(problem: PlacementProblem) -> np.ndarray:
