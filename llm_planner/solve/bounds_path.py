@@ -300,13 +300,8 @@ def _pinned_heads_tails(problem: PlacementProblem, batch: int) -> tuple[np.ndarr
     least = np.maximum(comm[:, ~np.eye(num_d, dtype=bool)].min(axis=1), 0.0)
     order = [problem.graph.index(name) for name in problem.graph.topological_order()]
     ins, outs = problem.in_edges(), problem.out_edges()
-    src, dst = problem.edge_src, problem.edge_dst
-    early = np.zeros(n)  # earliest finish, fastest times
-    for i in order:
-        early[i] = max((early[int(src[e])] for e in ins[i]), default=0.0) + fast[i]
-    late = np.zeros(n)  # longest path of fastest times after i finishes
-    for i in reversed(order):
-        late[i] = max((fast[int(dst[e])] + late[int(dst[e])] for e in outs[i]), default=0.0)
+    start, late = _before_and_after(problem, fast)
+    early = start + fast  # earliest finish
 
     def paths(p: int, sweep: list[int], edges: list[list[int]], other: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Longest path of fastest times strictly between p and each task reached from p along
@@ -324,15 +319,28 @@ def _pinned_heads_tails(problem: PlacementProblem, batch: int) -> tuple[np.ndarr
 
     for p in pinned:
         away = problem.supported[p] == 0  # every device but pi(p)
-        between, cheapest = paths(p, order, ins, src)
+        between, cheapest = paths(p, order, ins, problem.edge_src)
         reach = np.flatnonzero(np.isfinite(between))
         value = early[p] + between[reach] + cheapest[reach]
         head[np.ix_(reach, away)] = np.maximum(head[np.ix_(reach, away)], value[:, None])
-        between, cheapest = paths(p, order[::-1], outs, dst)
+        between, cheapest = paths(p, order[::-1], outs, problem.edge_dst)
         reach = np.flatnonzero(np.isfinite(between))
         value = between[reach] + cheapest[reach] + fast[p] + late[p]
         tail[np.ix_(reach, away)] = np.maximum(tail[np.ix_(reach, away)], value[:, None])
     return head, tail
+
+
+def _before_and_after(problem: PlacementProblem, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The longest path of `times` before each task starts, and after it finishes (transfers free)."""
+    order = [problem.graph.index(name) for name in problem.graph.topological_order()]
+    ins, outs = problem.in_edges(), problem.out_edges()
+    src, dst = problem.edge_src, problem.edge_dst
+    before, after = np.zeros(problem.num_tasks), np.zeros(problem.num_tasks)
+    for i in order:
+        before[i] = max((before[int(src[e])] + times[int(src[e])] for e in ins[i]), default=0.0)
+    for i in reversed(order):
+        after[i] = max((times[int(dst[e])] + after[int(dst[e])] for e in outs[i]), default=0.0)
+    return before, after
 
 
 def _windows(problem: PlacementProblem, head: np.ndarray, tail: np.ndarray, classes: list[list[int]], floor: float) -> np.ndarray:
@@ -366,15 +374,7 @@ def _energy_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, classes: l
     head, tail and floor in seconds; rows in model units (`scale` seconds)."""
     if ENERGY_THRESHOLDS <= 0 or problem.num_tasks < 2:
         return
-    n = problem.num_tasks
-    fast = fastest_task_times(problem, batch)
-    order = [problem.graph.index(name) for name in problem.graph.topological_order()]
-    ins, outs = problem.in_edges(), problem.out_edges()
-    start, after = np.zeros(n), np.zeros(n)
-    for i in order:
-        start[i] = max((start[int(problem.edge_src[e])] + fast[int(problem.edge_src[e])] for e in ins[i]), default=0.0)
-    for i in reversed(order):
-        after[i] = max((fast[int(problem.edge_dst[e])] + after[int(problem.edge_dst[e])] for e in outs[i]), default=0.0)
+    start, after = _before_and_after(problem, fastest_task_times(problem, batch))
 
     def thresholds(values: np.ndarray) -> np.ndarray:
         distinct = np.unique(values)
@@ -599,9 +599,9 @@ def partition_bound(problem: PlacementProblem, floor: float = 0.0) -> float:
     of Q into at most S parts of the path LP of `shard_copies(problem, P)`, each shard's own copy
     of the graph with all copies sharing the devices' time and memory (docs/objectives.md).
 
-    Three bounds per partition, each at least the one before: cheap, max(path LP of its largest
-    shard alone, LP(s) of the shard-count bound); light, the union LP without its head and tail
-    rows; full, with them. A partition whose lighter bound is not below the least full bound found
+    Three bounds per partition, each at least the one before: cheap, LP(s) of the shard-count
+    bound; light, the larger of that and the union LP without its head and tail rows; full, with
+    them. A partition whose lighter bound is not below the least full bound found
     cannot lower the minimum and goes no further. At most MAX_PARTITION_LPS full LPs are solved
     (light ones: as many as partitions); partitions left over count with what they have. Once
     the least value found is at most `floor` (a bound the caller already has), the search stops:
