@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.split import SplitContext
 from llm_planner.solve.split_throughput import _arrangements, _class_sequences, device_orders, throughput_plan
-from llm_planner.solve.options import SolveOptions
 from llm_planner.verify import verify_plan
 from test_milp import exact, explicit_problem
 
