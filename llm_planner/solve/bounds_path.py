@@ -229,9 +229,11 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True,
     tail rows (9)-(10) above MAX_HEAD_TAIL_TERMS terms, and everywhere with `head_tail=False`
     (a weaker bound, often ten times faster).
     """
-    path = longest_path(problem, fastest_task_times(problem, batch))
+    fast = fastest_task_times(problem, batch)
     if problem.num_edges > MAX_PATH_LP_EDGES:
-        return path
+        return longest_path(problem, fast)
+    start, after = _before_and_after(problem, fast)
+    path = float((start + fast).max(initial=0.0))  # the critical path: longest_path(problem, fast)
     classes = _device_classes(problem)
     reps = np.array([c[0] for c in classes])
     counts = np.array([len(c) for c in classes], dtype=float)
@@ -253,10 +255,10 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True,
     _path_rows(ub, problem, col, t_x, comm_edges)
     if len(comm_edges):
         _transfer_rows(ub, comm_edges, problem.edge_src, problem.edge_dst, col, into / scale, out / scale)
-    head, tail = _pinned_heads_tails(problem, batch)
+    head, tail = _pinned_heads_tails(problem, batch, fast, start, after)
     idle = _windows(problem, head, tail, classes, path) / scale
     ub.add(len(counts), (col.cols_x, np.arange(col.num_x), t_x), (np.arange(len(counts)), col.t, -counts), rhs=-idle)  # (7)
-    _energy_rows(ub, problem, col, classes, counts, t_x, head, tail, batch, path, scale)
+    _energy_rows(ub, col, classes, counts, t_x, np.maximum(start[:, None], head), np.maximum(after[:, None], tail), path, scale)
     if head_tail:
         _head_tail_rows(ub, problem, col, t_x, counts)
     eq = _Rows()
@@ -277,7 +279,8 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True,
     return max(path, max(0.0, float(res.fun)) * scale * (1 - LP_SAFETY))
 
 
-def _pinned_heads_tails(problem: PlacementProblem, batch: int) -> tuple[np.ndarray, np.ndarray]:
+def _pinned_heads_tails(problem: PlacementProblem, batch: int, fast: np.ndarray, start: np.ndarray,
+                        late: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """head[i, d], tail[i, d]: least time before task i can start on device d, and least time
     from its finish there to the end of the plan, because of tasks pinned to other devices.
 
@@ -288,19 +291,18 @@ def _pinned_heads_tails(problem: PlacementProblem, batch: int) -> tuple[np.ndarr
     and i, and the least transfer time c(p, i) over the edges of the paths from p to i, since
     some edge of that longest path carries the data off pi(p). In the same way, with v a pinned
     descendant of i on pi(v) != d, the plan ends at least L(i, v) + c(i, v) + t_v + (the longest
-    path of fastest times after v) after i finishes (t_v: v's fastest time).
+    path of fastest times after v) after i finishes (t_v: v's fastest time). `fast`: the fastest
+    times; `start` and `late`: the longest paths of them before and after each task.
     """
     n, num_d = problem.num_tasks, problem.num_devices
     head, tail = np.zeros((n, num_d)), np.zeros((n, num_d))
     pinned = np.flatnonzero(problem.supported.sum(axis=1) == 1)
     if len(pinned) == 0 or problem.num_edges == 0 or num_d < 2:
         return head, tail
-    fast = fastest_task_times(problem, batch)
     comm = problem.comm_fixed + problem.comm_slope * batch  # [E, K, K]
     least = np.maximum(comm[:, ~np.eye(num_d, dtype=bool)].min(axis=1), 0.0)
     order = [problem.graph.index(name) for name in problem.graph.topological_order()]
     ins, outs = problem.in_edges(), problem.out_edges()
-    start, late = _before_and_after(problem, fast)
     early = start + fast  # earliest finish
 
     def paths(p: int, sweep: list[int], edges: list[list[int]], other: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -359,22 +361,22 @@ def _windows(problem: PlacementProblem, head: np.ndarray, tail: np.ndarray, clas
 ENERGY_THRESHOLDS = 12  # threshold values per class for the heads and for the tails of rows (11)
 
 
-def _energy_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, classes: list[list[int]], counts: np.ndarray,
-                 t_x: np.ndarray, head: np.ndarray, tail: np.ndarray, batch: int, floor: float, scale: float) -> None:
+def _energy_rows(ub: _Rows, col: _Columns, classes: list[list[int]], counts: np.ndarray, t_x: np.ndarray,
+                 head: np.ndarray, tail: np.ndarray, floor: float, scale: float) -> None:
     """(11) sum_{i in S_c(a, b)} t_ic x_ic <= m_c (T - min(a + b, floor)) for each class c and
     threshold pair (a, b), with S_c(a, b) the tasks whose head on c is at least a and whose tail
     on c is at least b.
 
-    A task's head on c is the larger of its earliest start (the longest path of fastest times
-    before it) and its pinned head on c (`_pinned_heads_tails`, the least over c's devices); its
-    tail likewise, from the longest path of fastest times after it. On a device of c the tasks
-    of S_c run within [a, T - b] and do not overlap, so they take at most T - a - b; a device
-    that runs none of them takes 0 <= T - floor (floor: a bound on every plan). Thresholds: up
-    to ENERGY_THRESHOLDS of the distinct heads and of the distinct tails per class (quantiles).
+    head[i, d] (tail[i, d]): the least time before task i can start on device d (from its
+    finish there to the end), the larger of its earliest start by fastest times and its pinned
+    head (`_pinned_heads_tails`); a task's head on c is the least over c's devices. On a device
+    of c the tasks of S_c run within [a, T - b] and do not overlap, so they take at most
+    T - a - b; a device that runs none of them takes 0 <= T - floor (floor: a bound on every
+    plan). Thresholds: up to ENERGY_THRESHOLDS of the distinct heads and of the distinct tails
+    per class (quantiles).
     head, tail and floor in seconds; rows in model units (`scale` seconds)."""
-    if ENERGY_THRESHOLDS <= 0 or problem.num_tasks < 2:
+    if ENERGY_THRESHOLDS <= 0 or len(head) < 2:
         return
-    start, after = _before_and_after(problem, fastest_task_times(problem, batch))
 
     def thresholds(values: np.ndarray) -> np.ndarray:
         distinct = np.unique(values)
@@ -383,8 +385,7 @@ def _energy_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, classes: l
         return distinct
 
     for c, members in enumerate(classes):
-        h = np.maximum(start, head[:, members].min(axis=1))
-        q = np.maximum(after, tail[:, members].min(axis=1))
+        h, q = head[:, members].min(axis=1), tail[:, members].min(axis=1)
         xs = np.flatnonzero(col.cols_x == c)  # the x columns of class c
         tasks = col.rows_x[xs]
         pairs = [(a, b) for a in thresholds(h[tasks]) for b in thresholds(q[tasks]) if a + b > 0]
