@@ -167,30 +167,41 @@ def device_loads(problem: PlacementProblem, shard_sizes: list[int], assignments:
     """Busy time of every device per batch, under the problem's throughput model."""
     load = np.zeros(problem.num_devices)
     out_edges = problem.out_edges()
+    charged = range(problem.num_edges if problem.throughput_model == "direct" else problem.num_tasks)
     for s, b in enumerate(shard_sizes):
         if b <= 0:
             continue
         a = assignments[s]
         for i in range(problem.num_tasks):
             load[a[i]] += problem.task_time(i, a[i], b)
-        if problem.throughput_model == "direct":
-            for e in range(problem.num_edges):
-                k, l = a[int(problem.edge_src[e])], a[int(problem.edge_dst[e])]
-                if k != l:
-                    c = problem.transfer_time(e, k, l, b)
-                    load[k] += c
-                    load[l] += c
-            continue
-        for u in range(problem.num_tasks):  # host-staged: once per leaving / entering output
-            k = a[u]
-            dests = {a[int(problem.edge_dst[e])] for e in out_edges[u]} - {k}
-            cost = problem.hop_s_per_sample[u] * b
-            if dests and not problem.is_cpu[k]:
-                load[k] += cost
-            for l in dests:
-                if not problem.is_cpu[l]:
-                    load[l] += cost
+        add_transfer_charges(problem, load, a, b, charged, out_edges)
     return load
+
+
+def add_transfer_charges(problem: PlacementProblem, load: np.ndarray, assign: list[int], batch: int, items, out_edges: list[list[int]]) -> None:
+    """Add to `load` the transfer charges of `items` for a shard of `batch` samples placed by `assign`,
+    under the problem's throughput model: items are edges (direct: a cut edge's transfer time
+    on both its ends) or tasks (host-staged: a task's output, sent once if any successor is
+    elsewhere, costs its hop on each accelerator it leaves or enters). `out_edges`:
+    problem.out_edges(), passed in so that callers in a loop compute it once."""
+    a = assign
+    if problem.throughput_model == "direct":
+        for e in items:
+            k, l = a[int(problem.edge_src[e])], a[int(problem.edge_dst[e])]
+            if k != l:
+                c = problem.transfer_time(e, k, l, batch)
+                load[k] += c
+                load[l] += c
+        return
+    for u in items:
+        k = a[u]
+        dests = {a[int(problem.edge_dst[e])] for e in out_edges[u]} - {k}
+        cost = problem.hop_s_per_sample[u] * batch
+        if dests and not problem.is_cpu[k]:
+            load[k] += cost
+        for l in dests:
+            if not problem.is_cpu[l]:
+                load[l] += cost
 
 
 def make_plan(

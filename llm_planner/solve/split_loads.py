@@ -31,7 +31,7 @@ import numpy as np
 
 from llm_planner.plan import Plan
 from llm_planner.solve.problem import PlacementProblem
-from llm_planner.solve.schedule import device_loads, make_plan
+from llm_planner.solve.schedule import add_transfer_charges, device_loads, make_plan
 
 MAX_MOVE_EVALUATIONS = 100_000  # (group, device) pairs tried per plan
 KICK_STRENGTH = 6  # after the descent: move 1..KICK_STRENGTH random groups to random devices, descend again
@@ -69,26 +69,11 @@ class _Shard:
 
     def _part(self, n: int) -> np.ndarray:
         """The loads that depend on where group n sits, under the current assignment."""
-        p, a, b = self.p, self.a, self.b
-        out = np.zeros(p.num_devices)
+        a = self.a
+        out = np.zeros(self.p.num_devices)
         for i in self.groups[n]:
             out[a[i]] += self.times[i, a[i]]
-        if self.direct:
-            for e in self._touch[n]:
-                k, l = a[int(p.edge_src[e])], a[int(p.edge_dst[e])]
-                if k != l:
-                    c = p.transfer_time(e, k, l, b)
-                    out[k] += c
-                    out[l] += c
-            return out
-        for w in self._touch[n]:
-            dests = {a[int(p.edge_dst[e])] for e in self.out_edges[w]} - {a[w]}
-            cost = p.hop_s_per_sample[w] * b
-            if dests and not p.is_cpu[a[w]]:
-                out[a[w]] += cost
-            for l in dests:
-                if not p.is_cpu[l]:
-                    out[l] += cost
+        add_transfer_charges(self.p, out, a, self.b, self._touch[n], self.out_edges)
         return out
 
     def _set(self, n: int, k: int) -> None:
