@@ -441,8 +441,9 @@ def module_chain_bound(ctx: SplitContext, batch: int) -> float:
         if len(module.tasks) > 1:
             for k in [None] if module.input_task is None else ctx._outs(j - 1, allowed):
                 for l in ctx._outs(j, allowed):
-                    if key(j, k, l) not in ctx.module_bounds and key(j, k, l) not in calls:
-                        calls[key(j, k, l)] = (subsolve.module_bound, (module, k, l, batch), {})
+                    pair = key(j, k, l)
+                    if pair not in ctx.module_bounds and pair not in calls:
+                        calls[pair] = (subsolve.module_bound, (module, k, l, batch), {})
     ctx.module_bounds.update(subsolve.run_many(p, calls, ctx.options, ctx.pool))
 
     def step(j: int, inputs: list[int | None]) -> tuple[list[int], np.ndarray]:

@@ -145,11 +145,8 @@ def device_orders(problem: PlacementProblem, devices: list[int], batch: int) -> 
         return orders
     queues = list(members.values())
     for classes in _class_sequences(counts):
-        taken = [0] * len(queues)
-        order = []
-        for c in classes:
-            order.append(queues[c][taken[c]])
-            taken[c] += 1
+        members_left = [iter(q) for q in queues]  # each class hands out its devices fastest first
+        order = [next(members_left[c]) for c in classes]
         if order not in orders:
             orders.append(order)
     return orders
