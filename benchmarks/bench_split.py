@@ -98,6 +98,11 @@ class Row:
     extra: dict = field(default_factory=dict)
 
     @property
+    def instance(self) -> tuple[str, str, int, str]:
+        """(model, cluster, batch, objective): what a row measures, the same across runs."""
+        return (self.model, self.cluster, self.batch, self.objective)
+
+    @property
     def bound_s(self) -> float:
         return max((b for b in (self.split_bound_s, self.milp_bound_s) if math.isfinite(b)), default=math.nan)
 
@@ -255,7 +260,7 @@ def read_csv(paths: list[str]) -> list[Row]:
                     else:
                         values[name] = text
                 row = Row(**values)
-                rows[(row.model, row.cluster, row.batch, row.objective)] = row
+                rows[row.instance] = row
     return list(rows.values())
 
 
@@ -266,9 +271,9 @@ def take_milp_columns(rows: list[Row], earlier: list[Row]) -> None:
     """Copy the exact MILP's columns of an earlier run into the rows of the same instances that
     have none (a MILP-SPLIT-only run joined with the MILP of a run whose MILP and bound code
     were the same for those instances). The note says where they came from."""
-    found = {(r.model, r.cluster, r.batch, r.objective): r for r in earlier if r.milp_status}
+    found = {r.instance: r for r in earlier if r.milp_status}
     for row in rows:
-        old = found.get((row.model, row.cluster, row.batch, row.objective))
+        old = found.get(row.instance)
         if old is None or row.milp_status:
             continue
         for name in MILP_COLUMNS:
