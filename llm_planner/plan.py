@@ -1,4 +1,4 @@
-"""Plan files: the versioned YAML a solver writes and the verifier, `show` and
+"""Plan files: the versioned YAML (or JSON, for a .json path) a solver writes and the verifier, `show` and
 `launch` read. The format is documented in docs/plan-format.md.
 
 Contract (scripts rely on these top-level keys): `objective_s` (latency in
@@ -9,6 +9,7 @@ every shard's assignment is under `shards`).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,7 +140,12 @@ class Plan:
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(plan.to_dict(), sort_keys=False, width=120))
+    """Write a plan as JSON to a .json path and as YAML to any other (as fileio.read_document reads it back)."""
+    path = Path(path)
+    if path.suffix == ".json":
+        path.write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
+    else:
+        path.write_text(yaml.safe_dump(plan.to_dict(), sort_keys=False, width=120))
 
 
 def _need(data: dict, key: str, source: str, where: str = "") -> Any:

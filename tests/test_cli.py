@@ -3,6 +3,8 @@ baseline (and MILP-SPLIT for GPT-3); clear errors with exit code 2 for bad input
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -41,6 +43,15 @@ def test_milp_split_gpt3_plan_verifies_and_shows(tmp_path, capsys):
     assert main(["show", str(out), "--gantt", str(gantt)]) == 0
     assert gantt.stat().st_size > 1000
     assert "memory used" in capsys.readouterr().out
+
+
+def test_plan_written_to_a_json_path_is_json_and_reads_back(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", *GPT3, "--solver", "heft", "--no-baselines", "-o", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["format"] == "llm_planner.plan" and data["lower_bound_s"] <= data["objective_s"] * (1 + 1e-9)
+    assert main(["verify", str(out)]) == 0
+    assert main(["show", str(out)]) == 0
 
 
 def test_tampered_plan_is_rejected(tmp_path, capsys):
