@@ -213,6 +213,46 @@ def test_partition_bound_couples_the_shards_of_a_split_batch():
     assert lower_bound(problem) >= coupled * (1 - 1e-9)
 
 
+def test_shard_copies_hold_the_weights_of_what_any_copy_runs():
+    """A chain of two 5 GB blocks, 1 s per sample on a 6 GB GPU and 3 s on the CPU; batch 2 in up
+    to 2 shards. The GPU holds one block's weights, so the best plan runs block 0 on the GPU and
+    block 1 on the CPU, pipelining two one-sample shards: 7 s. In the (1, 1) union LP the GPU
+    may hold 1.2 blocks' weights over both copies: each copy's path is 2 x 1 + 0.8 x 3 = 3.6 s
+    and the CPU runs 0.8 blocks of each, 4.8 s; the (2) LP is 7.2 s. With the weights on copy 0
+    alone, copy 1 would run every block on the GPU for free: 3.6 s."""
+    from llm_planner.solve.bounds_path import shard_copies
+
+    problem = explicit_problem([{"gpu": 1.0, "cpu": 3.0}] * 2, [(0, 1)], weights=[5 * GB] * 2,
+                               kinds=(("gpu", "gpu", 6 * GB), ("cpu", "cpu", "unlimited")), devices={"gpu": 1, "cpu": 1},
+                               batch=2, shards=2)
+    assert brute_force_optimum(problem, orders=True) == pytest.approx(7.0)
+    assert path_lp_bound(shard_copies(problem, (2,)), 1) == pytest.approx(7.2)
+    assert path_lp_bound(shard_copies(problem, (1, 1)), 1, copies=2) == pytest.approx(4.8)
+    assert partition_bound(problem) == pytest.approx(4.8)
+
+
+def test_partition_bound_on_a_decoder_too_large_for_its_gpus():
+    """GPT-3 175B decoding a batch of 8 on four A100s and two CPU sockets: a quarter of the blocks
+    must run on a CPU. Counting the weights on copy 0 alone, the (3, 3, 2) union LP lets the third
+    shard keep more blocks on the GPUs than fit, and is the least over the partitions; with the
+    weights held wherever any shard runs a block it rises by more than 10%, and the partition
+    bound with it, staying below the plan HEFT finds."""
+    from llm_planner.graph.models import ModelSpec
+    from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.solve.baselines import run_baseline
+    from llm_planner.solve.bounds_path import shard_copies
+
+    specs = Path(__file__).resolve().parents[1] / "cluster_specs"
+    problem = problem_from_inputs(cluster_path=str(specs / "four-gpus.yaml"), model=ModelSpec(name="gpt3-175b"),
+                                  objective="latency", batch_size=8)
+    copies = shard_copies(problem, (3, 3, 2))
+    shared, copy0 = path_lp_bound(copies, 1, head_tail=False, copies=3), path_lp_bound(copies, 1, head_tail=False)
+    assert shared > 1.1 * copy0
+    bound = partition_bound(problem)
+    assert bound > copy0 * (1 + 1e-6)
+    assert bound <= run_baseline("heft", problem).objective_s * (1 + 1e-9)
+
+
 # -- pinned windows ------------------------------------------------------------------------------
 
 

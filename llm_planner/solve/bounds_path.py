@@ -221,13 +221,16 @@ class _Columns:
         return self.y0 + self.num_x
 
 
-def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True, head_tail: bool = True) -> float:
+def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True, head_tail: bool = True,
+                  copies: int = 1) -> float:
     """Optimum of the path LP (module docstring) for the largest shard, of `batch` <= Q samples, in seconds.
 
     Returns the critical path of fastest times when the LP cannot be solved; leaves
     out the transfer rows (4)-(5) above MAX_TRANSFER_EDGES edges and thins the head and
     tail rows (9)-(10) above MAX_HEAD_TAIL_TERMS terms, and everywhere with `head_tail=False`
-    (a weaker bound, often ten times faster).
+    (a weaker bound, often ten times faster). `copies` > 1: the problem is `shard_copies`
+    of that many shards, whose weights the memory rows count once per class that runs
+    any copy of a task (`_shared_weight_rows`).
     """
     fast = fastest_task_times(problem, batch)
     if problem.num_edges > MAX_PATH_LP_EDGES:
@@ -265,14 +268,14 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True,
     eq.add(problem.num_tasks, (rows_x, np.arange(col.num_x), 1.0), rhs=np.ones(problem.num_tasks))  # (1)
     num_cols = col.t + 1
     if memory:
-        num_cols = _memory(ub, eq, problem, col, reps, counts, batch, scale)
+        num_cols = _memory(ub, eq, problem, col, reps, counts, batch, scale, copies)
     a_ub, b_ub = ub.matrix(num_cols)
     a_eq, b_eq = eq.matrix(num_cols)
     cost = np.zeros(num_cols)
     cost[col.t] = 1.0
     res = scipy.optimize.linprog(cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=(0, None), method="highs")
     if res.status == 2 and memory:
-        return path_lp_bound(problem, batch, memory=False, head_tail=head_tail)
+        return path_lp_bound(problem, batch, memory=False, head_tail=head_tail, copies=copies)
     if res.status != 0:
         log.warning("path LP not solved (%s); using the critical path as its bound", res.message)
         return path
@@ -459,13 +462,47 @@ def _path_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, t_x: np.ndar
 
 
 def _memory(ub: _Rows, eq: _Rows, problem: PlacementProblem, col: _Columns, reps: np.ndarray, counts: np.ndarray, batch: int,
-            scale: float) -> int:
+            scale: float, copies: int = 1) -> int:
     """(8) for one shard (batch = Q): the load-balance LP's memory rows (bounds._memory_rows) on x.
-    Returns the number of columns. A split batch (batch < Q) goes to `_whole_batch_rows`."""
+    Returns the number of columns. A split batch (batch < Q) goes to `_whole_batch_rows`, the
+    shard copies of a partition (copies > 1) to `_shared_weight_rows`."""
     if batch < problem.batch_size:
         return _whole_batch_rows(ub, eq, problem, col, reps, counts, batch, scale)
+    if copies > 1:
+        return _shared_weight_rows(ub, problem, col, reps, counts, copies)
     ub.extend(*_memory_rows(problem, list(reps), counts, col.rows_x, col.cols_x, first_row=ub.num))
     return col.t + 1
+
+
+def _shared_weight_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, reps: np.ndarray, counts: np.ndarray,
+                        copies: int) -> int:
+    """(8) for `shard_copies` of `copies` shards (copy j's task i is task i + j n): columns
+    y_ic after T, one per x column of copy 0 (class c runs task i in some shard), and rows
+
+        x_(i + j n)c <= y_ic                                              each copy j     (8a)
+        sum_i w_i y_ic + sum_j sum_i m_i b_j x_(i + j n)c <= m_c cap_c    each class c    (8b)
+
+    (w: weights, m b_j: copy j's per-sample memory, where memory counts on c). Valid: a device
+    holds the weights of every task it runs for any shard, at least once over the class, and
+    the per-sample memory of each shard it runs the task for. Stronger than weights on copy 0's
+    x alone (a copy that put more of the graph on a class than copy 0 would hold no weights for
+    it). Returns the number of columns."""
+    nx0 = col.num_x // copies  # the copies repeat copy 0's supported (task, class) pairs, in order
+    n0 = problem.num_tasks // copies
+    assert nx0 * copies == col.num_x and not (col.rows_x[:nx0] >= n0).any(), "not shard copies"
+    y0 = col.t + 1
+    idx = np.arange(col.num_x)
+    ub.add(col.num_x, (idx, idx, 1.0), (idx, y0 + idx % nx0, -1.0))  # (8a)
+    held = problem.mem_counts[col.rows_x, reps[col.cols_x]]
+    weights = problem.weight_bytes[col.rows_x[:nx0]] * held[:nx0]
+    per_sample = problem.mem_bytes_per_sample[col.rows_x] * held  # copies have batch 1, with b_j in m
+    for c, cap in enumerate(problem.mem_capacity[reps]):
+        if not np.isfinite(cap):
+            continue
+        at0, at = np.flatnonzero(col.cols_x[:nx0] == c), np.flatnonzero(col.cols_x == c)
+        ub.add(1, (np.zeros(len(at0), int), y0 + at0, per_capacity(weights[at0], cap)),
+               (np.zeros(len(at), int), at, per_capacity(per_sample[at], cap)), rhs=np.array([counts[c]]))  # (8b)
+    return y0 + nx0
 
 
 def _whole_batch_rows(ub: _Rows, eq: _Rows, problem: PlacementProblem, col: _Columns, reps: np.ndarray, counts: np.ndarray,
@@ -567,7 +604,8 @@ def count_partitions(total: int, most: int) -> int:
 def shard_copies(problem: PlacementProblem, sizes: tuple[int, ...]) -> PlacementProblem:
     """One copy of the graph per shard size, as a one-shard problem of one sample whose copy j
     takes task i's time and edge e's transfer time at sizes[j] samples; copy j's per-sample
-    memory is that of sizes[j] samples, and only copy 0 holds weights."""
+    memory is that of sizes[j] samples, and only copy 0 holds weights (the path LP with
+    `copies=len(sizes)` counts them where any copy runs the task)."""
     from dataclasses import replace
 
     from llm_planner.graph.ir import TaskGraph
@@ -619,12 +657,12 @@ def partition_bound(problem: PlacementProblem, floor: float = 0.0) -> float:
     small = [p for p in value if len(p) * problem.num_tasks <= MAX_PARTITION_TASKS]
     copies = {p: shard_copies(problem, p) for p in small}
     for p in small:
-        value[p] = max(value[p], path_lp_bound(copies[p], 1, head_tail=False))
+        value[p] = max(value[p], path_lp_bound(copies[p], 1, head_tail=False, copies=len(p)))
     best, solved = math.inf, 0
     for p in sorted(small, key=lambda p: (value[p], p)):
         if value[p] >= best or best <= floor or solved >= MAX_PARTITION_LPS:
             break
-        value[p] = max(value[p], path_lp_bound(copies[p], 1))
+        value[p] = max(value[p], path_lp_bound(copies[p], 1, copies=len(p)))
         best = min(best, value[p])
         solved += 1
     best = min(value.values())
