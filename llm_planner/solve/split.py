@@ -521,7 +521,7 @@ def _split_plan(ctx: SplitContext, started: float) -> Plan:
     from llm_planner.solve.bounds import lower_bound
     from llm_planner.solve.split_groups import data_parallel_plans
     from llm_planner.solve.split_loads import improve_loads
-    from llm_planner.solve.split_pipeline import pipelined_plans
+    from llm_planner.solve.split_pipeline import pipelined_plans, replicated_plans
     from llm_planner.solve.split_throughput import throughput_plan
 
     problem, options = ctx.problem, ctx.options
@@ -549,6 +549,7 @@ def _split_plan(ctx: SplitContext, started: float) -> Plan:
             ctx.search = False
             candidates += [c for c in chains if c is not None]
         candidates += pipelined_plans(ctx, started)
+        candidates += replicated_plans(problem, _one_shard_bases(problem, candidates, baselines), started)
     else:
         candidates += throughput_plan(ctx, started)
         # moves between devices, from the best stage plan and from the best baseline (split_loads)
@@ -574,6 +575,21 @@ def _split_plan(ctx: SplitContext, started: float) -> Plan:
         details["baseline_won"] = baseline.solver.name
         best = baseline
     return _finish(problem, options, best, bound, details, started)
+
+
+def _one_shard_bases(problem: PlacementProblem, candidates: list[Plan], baselines: list[Plan]) -> list[list[int]]:
+    """The assignments of the best one-shard plan among the candidates and among the baselines
+    (split_pipeline.replicated_plans pipelines micro-batches over them)."""
+    index = {name: k for k, name in enumerate(problem.device_names)}
+    bases = []
+    for plans in (candidates, baselines):
+        one = [c for c in plans if len(c.shard_sizes) == 1]
+        if one:
+            best = min(one, key=lambda c: c.objective_s)
+            base = [index[best.assignment[t.name]] for t in problem.graph.tasks]
+            if base not in bases:
+                bases.append(base)
+    return bases
 
 
 def _finish(problem: PlacementProblem, options: SolveOptions, best: Plan, bound: float, details: dict, started: float) -> Plan:

@@ -38,6 +38,7 @@ throughput DP), not for the sum plus (m - 1) max, and modules stay whole.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -141,3 +142,113 @@ def _prefix_stages(ctx, order: list[int], batch: int) -> list[tuple[list[int], l
     speed = np.where(np.isfinite(times), times, 0.0).sum(axis=0)
     ends = sorted({lo} | {n for n in range(lo + 1, len(order)) if speed[n] != speed[n - 1]} | {len(order)})
     return [(order[:n], stages(n)) for n in ends if stages(n) is not None]
+
+
+# -- replicated stages --------------------------------------------------------------------------
+
+MAX_SIZE_SPLITS = 64  # micro-batch size lists tried per count m (all partitions of Q when there are no more)
+
+
+def run_orders(assignments: list[list[int]], topo: list[int]) -> dict[int, list[tuple[int, int]]]:
+    """Each device's (shard, task) items, run by run: a run is a maximal stretch of one shard's
+    tasks in topological order on one device; every shard's r-th run comes before any shard's
+    (r + 1)-th, shards in index order. With one run per device this is GPipe's order
+    (`gpipe_orders`); a device that a shard visits twice (a decoder's LM head beside its
+    embedding) serves every shard's first visit before any second one. Deadlock-free: an item
+    waits only for items of a smaller (run, shard)."""
+    runs = [_runs(assign, topo) for assign in assignments]
+    orders: dict[int, list[tuple[int, int]]] = {}
+    for r in range(max((len(x) for x in runs), default=0)):
+        for s, shard_runs in enumerate(runs):
+            if r < len(shard_runs):
+                device, tasks = shard_runs[r]
+                orders.setdefault(device, []).extend((s, i) for i in tasks)
+    return orders
+
+
+def _runs(assign: list[int], topo: list[int]) -> list[tuple[int, list[int]]]:
+    out: list[tuple[int, list[int]]] = []
+    for i in topo:
+        if out and out[-1][0] == assign[i]:
+            out[-1][1].append(i)
+        else:
+            out.append((assign[i], [i]))
+    return out
+
+
+def run_estimate(problem: PlacementProblem, times: Callable[[int], np.ndarray], assignments: list[list[int]],
+                 topo: list[int], sizes: list[int]) -> float:
+    """Makespan of shards `sizes` on `assignments` in `run_orders`, at the level of runs: a run
+    starts when its device has finished the run before it and its inputs from the shard's
+    earlier runs have arrived, and takes the sum of its tasks' times. Exact for a chain; an
+    estimate elsewhere, used only to rank candidates."""
+    runs = [_runs(assign, topo) for assign in assignments]
+    ins = problem.in_edges()
+    free = np.zeros(problem.num_devices)
+    done = [np.zeros(problem.num_tasks) for _ in sizes]
+    for r in range(max((len(x) for x in runs), default=0)):
+        for s, (shard_runs, b, assign) in enumerate(zip(runs, sizes, assignments)):
+            if r >= len(shard_runs):
+                continue
+            d, tasks = shard_runs[r]
+            inside = set(tasks)
+            ready = max((done[s][u] + problem.comm_fixed[e, assign[u], d] + problem.comm_slope[e, assign[u], d] * b
+                         for i in tasks for e in ins[i] if (u := int(problem.edge_src[e])) not in inside), default=0.0)
+            free[d] = max(ready, free[d]) + float(times(b)[tasks, d].sum())
+            done[s][tasks] = free[d]
+    return float(free.max(initial=0.0))
+
+
+def replicated_plans(problem: PlacementProblem, bases: list[list[int]], started: float) -> list[Plan]:
+    """Micro-batches over one-shard placements whose stages have idle twins (module docstring).
+
+    For each base assignment, each device d it uses gets a pool: d and the devices of d's class
+    (same server template and kind) that the base leaves idle, each idle one going to the stage
+    of its class with the most work per device. Shard k runs d's tasks on the (k mod |pool|)-th
+    device of d's pool, which then holds d's weights too. Shard sizes: every partition of Q
+    into m parts, largest first (near-equal ones alone when there are more than
+    MAX_SIZE_SPLITS), for 2 <= m <= the problem's max_shards; those that fit in memory are
+    ranked by `run_estimate` and the best FINALISTS scheduled exactly in `run_orders`."""
+    from llm_planner.solve.bounds_path import count_partitions, partitions
+    from llm_planner.solve.split_subsolve import device_classes
+
+    q, most = problem.batch_size, min(problem.batch_size, problem.max_shards)
+    if most < 2:
+        return []
+    topo = [problem.graph.index(n) for n in problem.graph.topological_order()]
+    times = functools.lru_cache(maxsize=None)(lambda b: task_times(problem, b))
+    classes = device_classes(problem)
+    work = times(math.ceil(q / 2))
+    ranked, seen = [], set()
+    for base in bases:
+        pools = _pools(base, classes, work)
+        if all(len(pool) == 1 for pool in pools.values()):
+            continue
+        for m in range(2, most + 1):
+            splits = list(partitions(q, m)) if count_partitions(q, m) <= MAX_SIZE_SPLITS else [tuple(shard_sizes(q, m))]
+            assigns = [[pools[d][k % len(pools[d])] for d in base] for k in range(m)]
+            for sizes in splits:
+                if len(sizes) != m or (tuple(base), sizes) in seen:
+                    continue
+                seen.add((tuple(base), sizes))
+                if (problem.device_memory_used(list(sizes), assigns) > problem.mem_capacity).any():
+                    continue
+                ranked.append((run_estimate(problem, times, assigns, topo, list(sizes)), len(ranked), list(sizes), assigns))
+    ranked.sort(key=lambda r: r[:2])
+    return [make_plan(problem, sizes, assigns, solver="milp-split", status="heuristic", started_at=started, lower_bound_s=0.0,
+                      device_orders=run_orders(assigns, topo)) for _, _, sizes, assigns in ranked[:FINALISTS]]
+
+
+def _pools(base: list[int], classes: list[tuple[str, str]], work: np.ndarray) -> dict[int, list[int]]:
+    """Each used device's pool: itself and the idle devices of its class it gets (replicated_plans)."""
+    used = sorted(set(base))
+    load = {d: float(sum(work[i, d] for i, k in enumerate(base) if k == d)) for d in used}
+    pools = {d: [d] for d in used}
+    for e in range(len(classes)):
+        if e in pools:
+            continue
+        takers = [d for d in used if classes[d] == classes[e]]
+        if takers:
+            d = max(takers, key=lambda d: (load[d] / len(pools[d]), -d))
+            pools[d].append(e)
+    return pools
