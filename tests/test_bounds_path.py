@@ -158,6 +158,23 @@ def test_head_and_tail_rows_place_the_work_around_a_task(monkeypatch):
     assert path_lp_bound(problem, 1) == pytest.approx(3.9)
 
 
+def test_a_dense_stage_gets_the_path_lp(monkeypatch):
+    """A randomly wired ER stage of 256 nodes has 6,491 edges, above MAX_PATH_LP_EDGES, but few enough
+    tasks that tasks x edges stays within MAX_PATH_LP_SIZE: it gets the path LP (with thinned head and
+    tail rows), above the load-balance LP; past both limits, the critical path alone."""
+    import llm_planner.solve.bounds_path as bounds_path
+    from llm_planner.graph.models import ModelSpec
+    from llm_planner.pipeline import problem_from_inputs
+
+    specs = Path(__file__).resolve().parents[1] / "cluster_specs"
+    problem = problem_from_inputs(cluster_path=str(specs / "cpu-two-gpus.yaml"), model=ModelSpec(name="rwnn-er-1x256"),
+                                  objective="latency", batch_size=1)
+    assert problem.num_edges > bounds_path.MAX_PATH_LP_EDGES
+    assert path_lp_bound(problem, 1) > 1.05 * load_balance_bound(problem) > critical_path_bound(problem)
+    monkeypatch.setattr(bounds_path, "MAX_PATH_LP_SIZE", problem.num_tasks * problem.num_edges - 1)
+    assert path_lp_bound(problem, 1) == pytest.approx(critical_path_bound(problem))
+
+
 # -- the partition bound ----------------------------------------------------------------------
 
 
