@@ -12,7 +12,7 @@ from llm_planner.solve.problem import build_problem
 from llm_planner.solve.schedule import make_plan
 from llm_planner.solve.split_groups import shard_sizes
 from llm_planner.solve.bounds import task_times
-from llm_planner.solve.split_pipeline import gpipe_orders, pipeline_estimate, replicated_plans, run_estimate, run_orders
+from llm_planner.solve.split_pipeline import replicated_plans, run_estimate, run_orders
 from llm_planner.verify import verify_plan
 
 GB = 1e9
@@ -40,7 +40,7 @@ def test_two_micro_batches_through_two_stages_beat_one_shard():
 
 
 @pytest.mark.parametrize("micro_batches", [1, 2, 3, 5, 8])
-def test_the_stage_estimate_is_exact_on_a_chain(micro_batches):
+def test_the_run_estimate_is_exact_on_a_chain(micro_batches):
     """On a chain cut into whole stages the estimate that ranks candidates equals the scheduled makespan."""
     from llm_planner.graph.models import ModelSpec, build_model_graph
 
@@ -54,8 +54,9 @@ def test_the_stage_estimate_is_exact_on_a_chain(micro_batches):
         assign[i] = stage_of[pos]
     sizes = shard_sizes(8, micro_batches)
     plan = make_plan(problem, sizes, [assign] * micro_batches, solver="x", status="heuristic", started_at=0.0, lower_bound_s=0.0,
-                     device_orders=gpipe_orders([assign] * micro_batches, topo))
-    assert pipeline_estimate(problem, lambda b: task_times(problem, b), assign, topo, sizes) == pytest.approx(plan.objective_s, rel=1e-12)
+                     device_orders=run_orders([assign] * micro_batches, topo))
+    estimate = run_estimate(problem, lambda b: task_times(problem, b), [assign] * micro_batches, topo, sizes)
+    assert estimate == pytest.approx(plan.objective_s, rel=1e-12)
 
 
 def cpu_tail_problem():
@@ -98,9 +99,9 @@ def test_run_orders_serve_every_first_visit_before_a_second():
     assign = [0, 1, 0]
     orders = run_orders([assign, assign], topo)
     assert orders[0] == [(0, 0), (1, 0), (0, 2), (1, 2)] and orders[1] == [(0, 1), (1, 1)]
-    assert run_orders([[0, 1, 1]] * 3, topo) == gpipe_orders([[0, 1, 1]] * 3, topo)
+    assert run_orders([[0, 1, 1]] * 3, topo) == {0: [(0, 0), (1, 0), (2, 0)], 1: [(s, i) for s in range(3) for i in (1, 2)]}  # GPipe's
     plan = make_plan(problem, [1, 1], [assign, assign], solver="x", status="heuristic", started_at=0.0, lower_bound_s=0.0, device_orders=orders)
     gpipe = make_plan(problem, [1, 1], [assign, assign], solver="x", status="heuristic", started_at=0.0, lower_bound_s=0.0,
-                      device_orders=gpipe_orders([assign, assign], topo))
+                      device_orders={0: [(0, 0), (0, 2), (1, 0), (1, 2)], 1: [(0, 1), (1, 1)]})
     assert plan.objective_s == pytest.approx(6.0) and gpipe.objective_s == pytest.approx(8.0)  # a a c c vs a c a c on device 0
     assert run_estimate(problem, lambda b: task_times(problem, b), [assign, assign], topo, [1, 1]) == pytest.approx(6.0)

@@ -51,16 +51,7 @@ from llm_planner.solve.split_groups import candidate_group_counts, device_groups
 from llm_planner.solve.split_throughput import device_orders, stage_dp
 
 
-def gpipe_orders(assignments: list[list[int]], topo: list[int]) -> dict[int, list[tuple[int, int]]]:
-    """Each device's (shard, task) items: shards in index order, a shard's tasks in topological order."""
-    orders: dict[int, list[tuple[int, int]]] = {}
-    for s, assign in enumerate(assignments):
-        for i in topo:
-            orders.setdefault(assign[i], []).append((s, i))
-    return orders
-
-
-FINALISTS = 3  # candidates, ranked by the stage-level estimate, that make_plan schedules exactly
+FINALISTS = 3  # candidates, ranked by the run-level estimate, that make_plan schedules exactly
 
 
 def pipelined_plans(ctx, started: float) -> list[Plan]:
@@ -82,36 +73,10 @@ def pipelined_plans(ctx, started: float) -> list[Plan]:
                     for t in module.tasks:
                         stages0[t] = order[q]
                 for m in range(2, min(most, len(set(stages0))) + 1):
-                    estimate = pipeline_estimate(problem, times, stages0, topo, shard_sizes(group_sizes[0], m))
+                    estimate = run_estimate(problem, times, [stages0] * m, topo, shard_sizes(group_sizes[0], m))
                     ranked.append((estimate, len(ranked), groups, group_sizes, stages0, m))
     ranked.sort(key=lambda r: r[:2])
     return [_plan(problem, groups, sizes, stages0, m, topo, started) for _, _, groups, sizes, stages0, m in ranked[:FINALISTS]]
-
-
-def pipeline_estimate(problem: PlacementProblem, times: Callable[[int], np.ndarray], assign: list[int], topo: list[int], sizes: list[int]) -> float:
-    """Makespan of micro-batches `sizes` through the stages of `assign` in GPipe order, at the level of stages.
-
-    Stage r (its device's tasks) starts micro-batch k when the device has finished micro-batch k - 1 and every
-    stage feeding it has finished micro-batch k and sent its tensors (each cut edge's transfer at its link's cost);
-    it then runs for the sum of its tasks' times (`times(b)`: task_times at b samples). Exact for a chain of
-    whole stages (a decoder); an estimate on other graphs, used only to rank candidates."""
-    stages = list(dict.fromkeys(assign[i] for i in topo))
-    pos = {d: r for r, d in enumerate(stages)}
-    feeds: list[list[tuple[int, int]]] = [[] for _ in stages]  # per stage: (feeding stage, edge)
-    for e, (u, v) in enumerate(zip(problem.edge_src.tolist(), problem.edge_dst.tolist())):
-        if assign[u] != assign[v]:
-            feeds[pos[assign[v]]].append((pos[assign[u]], e))
-    members = [[i for i in topo if assign[i] == d] for d in stages]
-    busy_until = [0.0] * len(stages)
-    for b in sizes:
-        t = times(b)
-        done = [0.0] * len(stages)
-        for r, d in enumerate(stages):
-            ready = max((done[q] + problem.comm_fixed[e, stages[q], d] + problem.comm_slope[e, stages[q], d] * b
-                         for q, e in feeds[r]), default=0.0)
-            work = sum(t[i, d] for i in members[r])
-            done[r] = busy_until[r] = max(ready, busy_until[r]) + work
-    return max(busy_until)
 
 
 def _plan(problem: PlacementProblem, groups: list[list[int]], group_sizes: list[int], stages0: list[int], m: int,
@@ -123,7 +88,7 @@ def _plan(problem: PlacementProblem, groups: list[list[int]], group_sizes: list[
             sizes.append(micro)
             assignments.append(assign)
     return make_plan(problem, sizes, assignments, solver="milp-split", status="heuristic", started_at=started,
-                     lower_bound_s=0.0, device_orders=gpipe_orders(assignments, topo))
+                     lower_bound_s=0.0, device_orders=run_orders(assignments, topo))
 
 
 def _prefix_stages(ctx, order: list[int], batch: int) -> list[tuple[list[int], list[int]]]:
@@ -152,10 +117,11 @@ MAX_SIZE_SPLITS = 64  # micro-batch size lists tried per count m (all partitions
 def run_orders(assignments: list[list[int]], topo: list[int]) -> dict[int, list[tuple[int, int]]]:
     """Each device's (shard, task) items, run by run: a run is a maximal stretch of one shard's
     tasks in topological order on one device; every shard's r-th run comes before any shard's
-    (r + 1)-th, shards in index order. With one run per device this is GPipe's order
-    (`gpipe_orders`); a device that a shard visits twice (a decoder's LM head beside its
-    embedding) serves every shard's first visit before any second one. Deadlock-free: an item
-    waits only for items of a smaller (run, shard)."""
+    (r + 1)-th, shards in index order. With one run per device (the contiguous stages of
+    `pipelined_plans`) this is GPipe's order: each device runs shard 0's tasks, then shard
+    1's; a device that a shard visits twice (a decoder's LM head beside its embedding) serves
+    every shard's first visit before any second one. Deadlock-free: an item waits only for
+    items of a smaller (run, shard)."""
     runs = [_runs(assign, topo) for assign in assignments]
     orders: dict[int, list[tuple[int, int]]] = {}
     for r in range(max((len(x) for x in runs), default=0)):
@@ -182,21 +148,45 @@ def run_estimate(problem: PlacementProblem, times: Callable[[int], np.ndarray], 
     starts when its device has finished the run before it and its inputs from the shard's
     earlier runs have arrived, and takes the sum of its tasks' times. Exact for a chain; an
     estimate elsewhere, used only to rank candidates."""
-    runs = [_runs(assign, topo) for assign in assignments]
-    ins = problem.in_edges()
-    free = np.zeros(problem.num_devices)
-    done = [np.zeros(problem.num_tasks) for _ in sizes]
+    structure: dict[tuple[int, ...], list[tuple[int, list[int], list[tuple[int, float, float]]]]] = {}
+    for assign in assignments:
+        if tuple(assign) not in structure:
+            structure[tuple(assign)] = _run_inputs(problem, assign, topo)
+    runs = [structure[tuple(assign)] for assign in assignments]
+    work: dict[tuple[int, int, int], float] = {}  # (id of the run's task list, device, samples) -> its time
+    free = [0.0] * problem.num_devices
+    done = [[0.0] * problem.num_tasks for _ in sizes]
     for r in range(max((len(x) for x in runs), default=0)):
-        for s, (shard_runs, b, assign) in enumerate(zip(runs, sizes, assignments)):
+        for s, (shard_runs, b) in enumerate(zip(runs, sizes)):
             if r >= len(shard_runs):
                 continue
-            d, tasks = shard_runs[r]
-            inside = set(tasks)
-            ready = max((done[s][u] + problem.comm_fixed[e, assign[u], d] + problem.comm_slope[e, assign[u], d] * b
-                         for i in tasks for e in ins[i] if (u := int(problem.edge_src[e])) not in inside), default=0.0)
-            free[d] = max(ready, free[d]) + float(times(b)[tasks, d].sum())
-            done[s][tasks] = free[d]
-    return float(free.max(initial=0.0))
+            d, tasks, inputs = shard_runs[r]
+            finished = done[s]
+            ready = max((finished[u] + fixed + slope * b for u, fixed, slope in inputs), default=0.0)
+            key = (id(tasks), d, b)
+            if key not in work:
+                work[key] = float(times(b)[tasks, d].sum())
+            free[d] = max(ready, free[d]) + work[key]
+            for i in tasks:
+                finished[i] = free[d]
+    return max(free, default=0.0)
+
+
+def _run_inputs(problem: PlacementProblem, assign: list[int], topo: list[int]) -> list[tuple[int, list[int], list[tuple[int, float, float]]]]:
+    """Each run of `assign` as (device, tasks, (source, fixed time, per-sample time) of each
+    edge into it from outside)."""
+    ins = problem.in_edges()
+    out = []
+    for d, tasks in _runs(assign, topo):
+        inside = set(tasks)
+        inputs = []
+        for i in tasks:
+            for e in ins[i]:
+                u = int(problem.edge_src[e])
+                if u not in inside:
+                    inputs.append((u, float(problem.comm_fixed[e, assign[u], d]), float(problem.comm_slope[e, assign[u], d])))
+        out.append((d, tasks, inputs))
+    return out
 
 
 def replicated_plans(problem: PlacementProblem, bases: list[list[int]], started: float) -> list[Plan]:
