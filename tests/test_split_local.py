@@ -18,7 +18,7 @@ from test_bounds_path import tight_memory_problems
 from test_split import diamond_chain
 
 from llm_planner.solve.api import solve
-from llm_planner.solve.bounds import lower_bound
+from llm_planner.solve.bounds import lower_bound, task_times
 from llm_planner.solve.baselines import run_baseline
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
@@ -47,6 +47,30 @@ def test_list_makespan_equals_asap_schedule(data, cluster, batch):
     a = _random_assignment(data, problem)
     _, finish = asap_schedule(problem, [batch], [a])
     assert ListMakespan(problem)(a) == max(finish.values())
+
+
+@SETTINGS
+@given(data=st.data(), cluster=clusters(max_devices=4), batch=st.integers(1, 8))
+def test_the_critical_chain_spans_the_makespan(data, cluster, batch):
+    """The chain the iterated search moves tasks on: from a task that starts at 0 to the last to
+    finish, each link either the device's previous task or the producer whose data came last;
+    its task times and the transfers on its producer links add up to the makespan."""
+    graph = data.draw(graphs(cluster, max_tasks=12))
+    problem = build_problem(graph, cluster, objective="latency", batch_size=batch, max_shards=1)
+    a = _random_assignment(data, problem)
+    makespan = ListMakespan(problem)
+    total = makespan(a)
+    chain = makespan.critical()[::-1]
+    times = task_times(problem, batch)
+    span = sum(times[i, a[i]] for i in chain)
+    for u, v in zip(chain, chain[1:]):
+        if makespan.before[v] == u:
+            assert a[u] == a[v]
+        else:
+            assert makespan.producer[v] == u
+            edges = [e for e in range(problem.num_edges) if problem.edge_src[e] == u and problem.edge_dst[e] == v]
+            span += 0.0 if a[u] == a[v] else max(problem.comm_fixed[e, a[u], a[v]] + problem.comm_slope[e, a[u], a[v]] * batch for e in edges)
+    assert span == pytest.approx(total, rel=1e-9, abs=1e-12)
 
 
 @SETTINGS

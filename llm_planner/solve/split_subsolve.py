@@ -203,6 +203,9 @@ class ListMakespan:
         pending: list[list[tuple[float, float, int]]] = [[] for _ in range(self.num_devices)]
         avail: list[list[tuple[float, int]]] = [[] for _ in range(self.num_devices)]
         free, ready, waiting = [0.0] * self.num_devices, [0.0] * self.num_tasks, list(self.indegree)
+        # what set each task's start: the producer whose data came last, or the task before it on its device
+        producer, before, last_on = [-1] * self.num_tasks, [-1] * self.num_tasks, [-1] * self.num_devices
+        self.last, self.producer, self.before = -1, producer, before
         for i in range(self.num_tasks):
             if waiting[i] == 0:
                 heapq.heappush(pending[a[i]], (0.0, -rank[i], i))
@@ -220,13 +223,30 @@ class ListMakespan:
                 return makespan
             i = best[2]
             heapq.heappop(avail[where] if avail[where] else pending[where])
+            if free[where] > ready[i]:
+                before[i] = last_on[where]
+            last_on[where] = i
             finish = free[where] = max(free[where], ready[i]) + times[i][where]
-            makespan = max(makespan, finish)
+            if finish > makespan:
+                makespan, self.last = finish, i
             for e, v in succ[i]:
-                ready[v] = max(ready[v], finish + comm[e][where][a[v]])
+                arrival = finish + comm[e][where][a[v]]
+                if arrival > ready[v]:
+                    ready[v], producer[v] = arrival, i
                 waiting[v] -= 1
                 if waiting[v] == 0:
                     heapq.heappush(pending[a[v]], (ready[v], -rank[v], v))
+
+
+    def critical(self) -> list[int]:
+        """The tasks of the last call's critical chain: from the last task to finish back to the
+        start, each task's device predecessor where it waited for the device, else the producer
+        whose data arrived last: the tasks whose moves are most likely to shorten the schedule."""
+        chain, i = [], self.last
+        while i >= 0:
+            chain.append(i)
+            i = self.before[i] if self.before[i] >= 0 else self.producer[i]
+        return chain
 
 
 class _MoveSearch:
@@ -241,6 +261,10 @@ class _MoveSearch:
             for i in group:
                 member[i] = group
         self.units = [member[i] for i in range(sub.num_tasks) if member[i][0] == i]
+        self.unit_of = [0] * sub.num_tasks
+        for n, unit in enumerate(self.units):
+            for i in unit:
+                self.unit_of[i] = n
         self.evaluations = 0
 
     def used(self, assign: list[int]) -> np.ndarray:
@@ -280,6 +304,36 @@ class _MoveSearch:
                             assign[m] = old
         return value
 
+    def descend_critical(self, assign: list[int], value: float, max_evaluations: int) -> float:
+        """`descend` over the units on the critical chain (ListMakespan.critical) only, the chain
+        taken again after each improving move; in place, returns the final makespan. The last
+        schedule scored must be `assign`'s."""
+        used, unit_of = self.used(assign), self.unit_of
+        improved = True
+        while improved and self.evaluations < max_evaluations:
+            improved = False
+            for n in dict.fromkeys(unit_of[i] for i in self.makespan.critical()):
+                unit = self.units[n]
+                old = assign[unit[0]]
+                for k in range(self.sub.num_devices):
+                    if self.evaluations >= max_evaluations or improved:
+                        break
+                    if k == old or not self.fits(unit, k, used):
+                        continue
+                    for m in unit:
+                        assign[m] = k
+                    moved = self.score(assign)
+                    if moved < value * (1 - 1e-12):
+                        value, improved = moved, True
+                        used[old] -= self.need[unit, old].sum()
+                        used[k] += self.need[unit, k].sum()
+                    else:
+                        for m in unit:
+                            assign[m] = old
+                if improved or self.evaluations >= max_evaluations:
+                    break
+        return value
+
     def kick(self, assign: list[int], rng: random.Random, strength: int) -> None:
         """Move 1..strength random units to random devices where they fit (in place)."""
         used = self.used(assign)
@@ -299,7 +353,9 @@ def improve_by_moves(sub: PlacementProblem, assign: list[int], max_evaluations: 
     """Local search from `assign`: first-improvement descent over one-task (colocation
     group) moves while the list-scheduled makespan drops and memory fits; with `kicks`,
     an iterated local search that then perturbs the best assignment (1 to KICK_STRENGTH random moves),
-    descends again and keeps the result when it is better, until `max_evaluations`
+    descends again over the moves of the tasks on the critical chain only (`descend_critical`: a
+    few tasks instead of all, so many more kicks fit in the budget) and keeps the result when it
+    is better, until `max_evaluations`
     schedules are spent or KICK_PATIENCE kicks in a row found nothing better (seeded:
     the same input gives the same output). Returns the
     best assignment found; it fits wherever the start fits."""
@@ -311,7 +367,7 @@ def improve_by_moves(sub: PlacementProblem, assign: list[int], max_evaluations: 
     while kicks and search.evaluations < max_evaluations and search.units and idle < KICK_PATIENCE:
         trial = list(best)
         search.kick(trial, rng, KICK_STRENGTH)
-        tried = search.descend(trial, search.score(trial), max_evaluations)
+        tried = search.descend_critical(trial, search.score(trial), max_evaluations)
         idle += 1
         if tried < value * (1 - 1e-12):
             best, value, idle = trial, tried, 0
