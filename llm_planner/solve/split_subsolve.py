@@ -166,7 +166,7 @@ def module_bound(problem: PlacementProblem, module: Module, k: int | None, l: in
 # seconds, so that its result does not depend on the machine's load.
 LOCAL_SEARCH_MAX_TASKS = 1000  # larger modules keep HEFT's plan
 LOCAL_SEARCH_WORK = 10_000  # task-evaluations per subproblem (about 0.02 s)
-INTENSIFY_WORK = 2_000_000  # (task + edge)-evaluations of the iterated local search on a module the DP picks (1-3 s)
+INTENSIFY_WORK = 8_000_000  # (task + edge)-evaluations of the iterated local search on a module the DP picks (4-12 s)
 KICK_STRENGTH = 10  # the iterated local search moves 1..KICK_STRENGTH random tasks before each descent
 KICK_PATIENCE = 200  # and stops after this many kicks in a row that found nothing better
 
