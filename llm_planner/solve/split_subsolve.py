@@ -279,58 +279,51 @@ class _MoveSearch:
         self.evaluations += 1
         return self.makespan(assign)
 
+    def _move(self, assign: list[int], unit: list[int], k: int, used: np.ndarray, value: float) -> float | None:
+        """Move `unit` to device k (where it fits) in place: kept, with `used` updated, and its
+        makespan returned if that is below `value`; else undone and None."""
+        old = assign[unit[0]]
+        for m in unit:
+            assign[m] = k
+        moved = self.score(assign)
+        if moved < value * (1 - 1e-12):
+            used[old] -= self.need[unit, old].sum()
+            used[k] += self.need[unit, k].sum()
+            return moved
+        for m in unit:
+            assign[m] = old
+        return None
+
     def descend(self, assign: list[int], value: float, max_evaluations: int) -> float:
         """First-improvement descent in place; returns the final makespan."""
-        used, improved = self.used(assign), True
-        while improved and self.evaluations < max_evaluations:
-            improved = False
-            for unit in self.units:
-                old = assign[unit[0]]
-                for k in range(self.sub.num_devices):
-                    if self.evaluations >= max_evaluations:
-                        break
-                    if k == old or not self.fits(unit, k, used):
-                        continue
-                    for m in unit:
-                        assign[m] = k
-                    moved = self.score(assign)
-                    if moved < value * (1 - 1e-12):
-                        value, improved = moved, True
-                        used[old] -= self.need[unit, old].sum()
-                        used[k] += self.need[unit, k].sum()
-                        old = k
-                    else:
-                        for m in unit:
-                            assign[m] = old
-        return value
+        return self._descend(assign, value, max_evaluations, lambda: self.units, restart=False)
 
     def descend_critical(self, assign: list[int], value: float, max_evaluations: int) -> float:
         """`descend` over the units on the critical chain (ListMakespan.critical) only, the chain
         taken again after each improving move; in place, returns the final makespan. The last
         schedule scored must be `assign`'s."""
-        used, unit_of = self.used(assign), self.unit_of
-        improved = True
+        def chain() -> list[list[int]]:
+            return [self.units[n] for n in dict.fromkeys(self.unit_of[i] for i in self.makespan.critical())]
+
+        return self._descend(assign, value, max_evaluations, chain, restart=True)
+
+    def _descend(self, assign: list[int], value: float, max_evaluations: int, units, *, restart: bool) -> float:
+        """Passes over `units()` trying every move of each, until a pass improves nothing or the
+        budget is spent; with `restart`, a new pass (a new `units()`) after each improving move."""
+        used, improved = self.used(assign), True
         while improved and self.evaluations < max_evaluations:
             improved = False
-            for n in dict.fromkeys(unit_of[i] for i in self.makespan.critical()):
-                unit = self.units[n]
-                old = assign[unit[0]]
+            for unit in units():
                 for k in range(self.sub.num_devices):
-                    if self.evaluations >= max_evaluations or improved:
+                    if self.evaluations >= max_evaluations:
                         break
-                    if k == old or not self.fits(unit, k, used):
-                        continue
-                    for m in unit:
-                        assign[m] = k
-                    moved = self.score(assign)
-                    if moved < value * (1 - 1e-12):
-                        value, improved = moved, True
-                        used[old] -= self.need[unit, old].sum()
-                        used[k] += self.need[unit, k].sum()
-                    else:
-                        for m in unit:
-                            assign[m] = old
-                if improved or self.evaluations >= max_evaluations:
+                    if k != assign[unit[0]] and self.fits(unit, k, used):
+                        moved = self._move(assign, unit, k, used, value)
+                        if moved is not None:
+                            value, improved = moved, True
+                            if restart:
+                                break
+                if (improved and restart) or self.evaluations >= max_evaluations:
                     break
         return value
 
