@@ -57,6 +57,7 @@ def _add_solve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
     p.add_argument("--batch", type=int, default=1, help="samples (requests) in the batch (default: 1)")
     p.add_argument("--max-shards", type=int, default=None, help="data parallelism: at most this many batch shards (default: number of devices; 1 turns it off)")
+    _add_max_tp(p)
     p.add_argument("--solver", choices=SOLVERS, default="best-baseline", help="placement solver (default: best-baseline)")
     p.add_argument("--solver-backend", choices=("highs", "gurobi"), default="highs", help="MILP backend (default: highs, no licence needed)")
     p.add_argument("--allow-backend-fallback", action="store_true", help="fall back to highs when gurobi is missing or its licence is too small")
@@ -67,6 +68,12 @@ def _add_solve_args(p: argparse.ArgumentParser) -> None:
                    help="symmetry breaking among identical devices and servers (default: the solver's own detection)")
     p.add_argument("--contiguous", action="store_true", help="throughput: each device's tasks form a contiguous set")
     p.add_argument("--workers", type=int, default=0, help="MILP-SPLIT processes (default: all cores)")
+
+
+def _add_max_tp(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tp", type=int, default=None,
+                   help="tensor parallelism: largest group of identical devices of one server that runs a task together "
+                        "(default: as many as a server has of one kind; 1 turns it off)")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -81,6 +88,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="plan.yaml", help="plan file to write (default: plan.yaml)")
     p.add_argument("--no-baselines", action="store_true", help="skip the comparison with the baseline planners")
     p.add_argument("--profile", help="measured costs (`llm-planner profile`) to use instead of the roofline where they exist")
+    p.add_argument("--export", choices=("vllm", "megatron"),
+                   help="also write the plan as vLLM's or Megatron-LM's parallel sizes and layer split (when it has that form)")
+    p.add_argument("--export-file", help="where --export writes (default: the plan file's name with .vllm.json or .megatron.json)")
 
     p = sub.add_parser("verify", help="check a plan against its inputs and recompute its objective")
     p.add_argument("plan")
@@ -101,6 +111,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--max-shards", type=int, default=None, help="data parallelism: at most this many shards (default: number of devices)")
+    _add_max_tp(p)
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (default: 60)")
     p.add_argument("--solvers", default="milp,milp-split", help="comma-separated solvers to compare (default: milp,milp-split)")
     p.add_argument("--criteria", default=",".join(SYMMETRY_CHOICES),

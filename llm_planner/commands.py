@@ -58,7 +58,7 @@ def _solve_options(args: argparse.Namespace, solver: str | None = None):
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from llm_planner.pipeline import problem_from_inputs
     from llm_planner.plan import save_plan
-    from llm_planner.solve import api, baselines
+    from llm_planner.solve import api, baseline_set
 
     options = _solve_options(args)
     with progress(console, "building the task graph and costs..."):
@@ -71,12 +71,13 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
             max_shards=args.max_shards,
             options={k: v for k, v in options.__dict__.items()},
             profile_path=args.profile,
+            max_tp=args.max_tp,
         )
     if args.profile:
         print_profile_coverage(console, problem, args.profile)
     console.print(
         f"[bold]{problem.graph.name}[/]: {problem.num_tasks} tasks, {problem.num_edges} edges on "
-        f"[bold]{problem.cluster.name}[/]: {problem.num_devices} devices; objective {problem.objective}, batch {problem.batch_size}"
+        f"[bold]{problem.cluster.name}[/]: {problem.num_physical} devices{_groups_note(problem)}; objective {problem.objective}, batch {problem.batch_size}"
     )
     with progress(console, f"solving with {options.solver}..."):
         try:
@@ -84,10 +85,33 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         except api.SolveError as exc:
             raise UserError(str(exc)) from None
     save_plan(plan, args.output)
-    rows = [] if args.no_baselines else baselines.run_all_baselines(problem)
+    rows = [] if args.no_baselines else baseline_set.all_baselines(problem)
     console.print(plan_summary_table(plan, rows))
     console.print(f"plan written to [bold]{args.output}[/]")
+    if args.export:
+        _export(plan, problem, args, console)
     return 0
+
+
+def _export(plan, problem, args: argparse.Namespace, console: Console) -> None:
+    """Write the plan as a framework's parallel configuration (llm_planner.export)."""
+    import json
+
+    from llm_planner.export import ExportError, export_plan
+
+    layer_of = {t.name: t.label("layer") for t in problem.graph.tasks}
+    try:
+        config = export_plan(plan, args.export, problem.graph.topological_order(), layer_of)
+    except ExportError as exc:
+        raise UserError(f"--export {args.export}: the plan has no {args.export} form: {exc}", exit_code=2) from None
+    path = Path(args.export_file or Path(args.output).with_suffix(f".{args.export}.json"))
+    path.write_text(json.dumps(config, indent=1) + "\n")
+    console.print(f"{args.export} configuration written to [bold]{path}[/]")
+
+
+def _groups_note(problem) -> str:
+    groups = problem.num_devices - problem.num_physical
+    return f" and {groups} tensor-parallel groups (up to {problem.max_tp})" if groups else ""
 
 
 def plan_summary_table(plan, baseline_plans: dict) -> Table:
@@ -97,7 +121,7 @@ def plan_summary_table(plan, baseline_plans: dict) -> Table:
         table.add_column(col, justify="right" if col != "planner" else "left")
     table.add_row(
         plan.solver.name, fmt_s(plan.objective_s), f"{plan.throughput_samples_per_s:.4g}", fmt_s(plan.lower_bound_s),
-        f"{plan.gap:.2%}", plan.solver.status, fmt_s(plan.solver.time_s), str(len(plan.devices_used())),
+        f"{plan.gap:.2%}", plan.solver.status, fmt_s(plan.solver.time_s), str(len(plan.physical_devices_used())),
     )
     for name, other in (baseline_plans or {}).items():
         if other is None:
@@ -106,7 +130,7 @@ def plan_summary_table(plan, baseline_plans: dict) -> Table:
         ratio = other.objective_s / plan.objective_s if plan.objective_s > 0 else float("nan")
         table.add_row(
             f"baseline:{name}", f"{fmt_s(other.objective_s)} ({ratio:.2f}x)", f"{other.throughput_samples_per_s:.4g}",
-            "", "", other.solver.status, fmt_s(other.solver.time_s), str(len(other.devices_used())),
+            "", "", other.solver.status, fmt_s(other.solver.time_s), str(len(other.physical_devices_used())),
         )
     return table
 
@@ -243,7 +267,7 @@ def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
 
     problem = problem_from_inputs(
         cluster_path=args.cluster, model=_model_spec(args), graph_path=args.graph,
-        objective=args.objective, batch_size=args.batch, max_shards=args.max_shards, profile_path=args.profile,
+        objective=args.objective, batch_size=args.batch, max_shards=args.max_shards, profile_path=args.profile, max_tp=args.max_tp,
     )
     if args.profile:
         print_profile_coverage(console, problem, args.profile)

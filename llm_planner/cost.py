@@ -13,8 +13,27 @@ sample of a shard does no work. Each branch is affine in b, so
 t(b) = max_j (fixed_j + slope_j * b) over the "pieces" returned by
 `task_time_pieces`; the MILP uses the pieces directly, exactly.
 
+W is the weights *streamed* per call: an embedding table (`weight_bytes_indexed`) is
+held whole but only the rows of the batch's tokens are read, and those are in A.
+
 Tasks with explicit times (profiles, imported workloads) bypass the roofline:
 t(b) = time_s_by_kind[kind] * b.
+
+On a tensor-parallel group of k devices (Megatron-LM layout: Shoeybi et al. 2019,
+"Megatron-LM: training multi-billion parameter language models using model
+parallelism", sec. 3), each member runs the roofline above with F / k, and W and A
+split into their sharded part / k plus their replicated part (norms, residuals),
+then the group runs the task's collectives over the node's link (alpha, beta), in
+sequence with the compute (no overlap is assumed). Ring algorithms (Patarasuk and
+Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations", JPDC
+2009; Thakur, Rabenseifner, Gropp, "Optimization of collective communication
+operations in MPICH", IJHPCA 2005):
+
+    all-reduce of n bytes:                2 (k - 1) alpha + 2 (k - 1) / k * n / beta
+    all-gather of n bytes from each member: (k - 1) alpha +     (k - 1) * n / beta
+
+Both are affine in b (n is per sample), so the group's time is again a maximum of
+affine pieces: the collectives' time is added to every piece.
 
 Transfer time of an edge's tensor between two different devices for b samples
 (the alpha-beta model, Hockney 1994):
@@ -27,6 +46,8 @@ accelerator: 2; CPU -> CPU: 0). It is 0 on the same device.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from llm_planner.graph.ir import Edge, Task
 from llm_planner.spec import DeviceKindSpec, LinkSpec
@@ -62,9 +83,47 @@ def task_time_pieces(task: Task, kind: DeviceKindSpec, dtype: str) -> tuple[Piec
         raise CostError(f"device kind {kind.name!r} gives no peak_flops for dtype {dtype!r}") from None
     flops_per_s = peak * kind.compute_efficiency
     bytes_per_s = kind.mem_bw_bytes_per_s * kind.mem_efficiency
+    streamed = task.weight_bytes - task.weight_bytes_indexed
     compute = (kind.overhead_s, task.flops_per_sample / flops_per_s)
-    memory = (kind.overhead_s + task.weight_bytes / bytes_per_s, task.bytes_per_sample / bytes_per_s)
+    memory = (kind.overhead_s + streamed / bytes_per_s, task.bytes_per_sample / bytes_per_s)
     return (compute, memory)
+
+
+def collective_pieces(task: Task, k: int, link: LinkSpec) -> Piece:
+    """(fixed_s, per_sample_s) of the task's collectives on a group of k over `link` (ring)."""
+    if k <= 1:
+        return (0.0, 0.0)
+    fixed = (2 * task.tp_allreduces + task.tp_allgathers) * (k - 1) * link.latency_s
+    per_sample = (2 * (k - 1) / k * task.tp_allreduce_bytes_per_sample + (k - 1) * task.tp_allgather_bytes_per_sample) / link.bw_bytes_per_s
+    return (fixed, per_sample)
+
+
+def group_task_time_pieces(task: Task, kind: DeviceKindSpec, k: int, link: LinkSpec | None, dtype: str) -> tuple[Piece, ...]:
+    """Affine pieces of the task's time on a tensor-parallel group of k devices of `kind`
+    whose collectives cross `link` (module docstring). k = 1 is task_time_pieces.
+
+    Raises CostError when the task does not shard over k devices."""
+    if k == 1:
+        return task_time_pieces(task, kind, dtype)
+    if not task.shards_over(k) or link is None:
+        raise CostError(f"task {task.name!r} cannot run on a tensor-parallel group of {k}")
+    member = shard_of(task, k)
+    coll_fixed, coll_slope = collective_pieces(task, k, link)
+    return tuple((f + coll_fixed, s + coll_slope) for f, s in task_time_pieces(member, kind, dtype))
+
+
+def shard_of(task: Task, k: int) -> Task:
+    """What one member of a group of k runs and holds: 1/k of the sharded FLOPs, weights, bytes
+    and per-sample memory (KV heads split too), the replicated parts whole."""
+    def split(total: float, replicated: float) -> float:
+        return (total - replicated) / k + replicated
+
+    return dataclasses.replace(
+        task, flops_per_sample=task.flops_per_sample / k, weight_bytes=split(task.weight_bytes, task.tp_replicated_weight_bytes),
+        bytes_per_sample=split(task.bytes_per_sample, task.tp_replicated_bytes_per_sample),
+        mem_bytes_per_sample=task.mem_bytes_per_sample / k, weight_bytes_indexed=task.weight_bytes_indexed / k,
+        tp_divides=(), tp_replicated_weight_bytes=0.0,
+        tp_replicated_bytes_per_sample=0.0)
 
 
 def evaluate_pieces(pieces: tuple[Piece, ...], batch: int) -> float:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from llm_planner.groups import is_group_name
 from llm_planner.plan import Plan, load_plan
 from llm_planner.runtime.table import RankEntry, RankTable, RunSpec
 from llm_planner.spec import ClusterSpec, load_cluster
@@ -160,6 +161,10 @@ def rank_entries(plan: Plan, cluster: ClusterSpec, source: str) -> tuple[RankEnt
     """One rank per device the plan uses, grouped by host in cluster order."""
     devices = {d.name: d for d in cluster.devices()}
     used = plan.devices_used()
+    groups = [d for d in used if is_group_name(d)]
+    if groups:
+        raise LaunchError(f"{source}: the plan runs tasks on tensor-parallel groups ({', '.join(groups)}); the runtime cannot run "
+                          "groups yet (they are planned, not launched): plan with --max-tp 1 to launch on single devices")
     unknown = [d for d in used if d not in devices]
     if unknown:
         raise LaunchError(f"{source}: the plan uses device(s) {unknown} that cluster {cluster.source} does not have")

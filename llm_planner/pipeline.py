@@ -14,7 +14,7 @@ from llm_planner.fileio import read_document
 from llm_planner.graph.ir import GraphError, TaskGraph, graph_from_dict
 from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.plan import PlanInputs
-from llm_planner.solve.problem import PlacementProblem, build_problem
+from llm_planner.solve.problem import PlacementProblem, ProblemError, build_problem
 from llm_planner.spec import ClusterSpec, load_cluster
 
 
@@ -60,11 +60,13 @@ def problem_from_inputs(
     max_shards: int | None = None,
     options: dict | None = None,
     profile_path: str | None = None,
+    max_tp: int | None = 1,
 ) -> PlacementProblem:
     """Load files, build the graph and precompute costs; records the inputs for the plan.
 
     With `profile_path`, measured costs (llm_planner.profile) replace the roofline
-    wherever the profile has them.
+    wherever the profile has them. `max_tp`: the largest tensor-parallel group offered
+    (None: as large as the cluster has; 1: none).
     """
     graph, cluster = load_graph_and_cluster(cluster_path=cluster_path, model=model, graph_path=graph_path)
     profile = None
@@ -74,6 +76,8 @@ def problem_from_inputs(
         profile = load_profile(profile_path)
     dtype = model.dtype if model is not None else "fp16"
     shards = len(cluster.devices()) if max_shards is None else max_shards
+    if max_tp is None:
+        max_tp = max((n for node in cluster.nodes for _, n in node.devices), default=1)
     inputs = PlanInputs(
         cluster=str(cluster_path) if cluster_path is not None else None,
         cluster_sha256=cluster.sha256,
@@ -86,8 +90,14 @@ def problem_from_inputs(
         options=dict(options or {}),
         profile=str(profile_path) if profile_path is not None else None,
         profile_sha256=_profile_sha256(profile_path),
+        max_tp=max_tp,
     )
-    problem = build_problem(graph, cluster, objective=objective, batch_size=batch_size, max_shards=shards, dtype=dtype, inputs=inputs)
+    try:
+        problem = build_problem(graph, cluster, objective=objective, batch_size=batch_size, max_shards=shards, dtype=dtype,
+                                inputs=inputs, max_tp=max_tp)
+    except ProblemError as exc:
+        where = cluster_path or graph_path or "the inputs"
+        raise InputError(f"{where}: {exc}") from None
     if profile is None:
         return problem
     from llm_planner.profile import apply_profile
@@ -117,6 +127,7 @@ def problem_from_plan_inputs(inputs: PlanInputs, *, check_hashes: bool = True) -
         max_shards=inputs.max_shards,
         options=inputs.options,
         profile_path=inputs.profile,
+        max_tp=inputs.max_tp,
     )
     if check_hashes:
         assert problem.inputs is not None

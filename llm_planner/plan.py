@@ -3,8 +3,10 @@
 
 Contract (scripts rely on these top-level keys): `objective_s` (latency in
 seconds, or seconds per sample for throughput), `lower_bound_s`, `gap`, and
-`assignment` (task name -> device name; of shard 0 when the batch is split,
-every shard's assignment is under `shards`).
+`assignment` (task name -> device name, or the list of its members' names for a
+tensor-parallel group; of shard 0 when the batch is split, every shard's assignment
+is under `shards`). Inside the program a group is one name ("node/kind:0-7", see
+llm_planner.groups); `schedule` and `device_order` use that name.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import yaml
 
 from llm_planner.fileio import read_document
+from llm_planner.groups import is_group_name, member_names
 
 PLAN_FORMAT = "llm_planner.plan"
 PLAN_VERSION = 1
@@ -42,6 +45,7 @@ class PlanInputs:
     options: dict[str, Any] = field(default_factory=dict)  # solver options, for the record
     profile: str | None = None  # measured-cost profile (llm_planner.profile) the costs came from; None: roofline only
     profile_sha256: str = ""
+    max_tp: int = 1  # largest tensor-parallel group offered (1: none)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +98,10 @@ class Plan:
         order = [s.device for s in self.schedule]
         return sorted(used, key=lambda d: (order.index(d) if d in order else len(order), d))
 
+    def physical_devices_used(self) -> list[str]:
+        """The devices used, each member of a tensor-parallel group counted."""
+        return [m for d in self.devices_used() for m in member_names(d)]
+
     def device_order(self) -> dict[str, list[tuple[int, str]]]:
         """Each device's (shard, task) in execution order."""
         out: dict[str, list[tuple[int, str]]] = {}
@@ -121,7 +129,7 @@ class Plan:
             "throughput_samples_per_s": float(self.throughput_samples_per_s),
             "max_load_s": float(self.max_load_s),
             "batch_size": self.batch_size,
-            "assignment": dict(self.assignment),
+            "assignment": _written(self.assignment),
             "solver": {
                 "name": self.solver.name,
                 "backend": self.solver.backend,
@@ -130,13 +138,40 @@ class Plan:
                 "details": dict(self.solver.details),
             },
             "inputs": dict(self.inputs.__dict__),
-            "shards": [{"size": int(b), "assignment": dict(a)} for b, a in zip(self.shard_sizes, self.shard_assignments)],
+            "shards": [{"size": int(b), "assignment": _written(a)} for b, a in zip(self.shard_sizes, self.shard_assignments)],
             "device_order": {d: [f"{s}:{t}" for s, t in order] for d, order in self.device_order().items()},
             "schedule": [
                 {"task": s.task, "shard": s.shard, "device": s.device, "start_s": float(s.start_s), "finish_s": float(s.finish_s)}
                 for s in self.schedule
             ],
         }
+
+
+def _written(assignment: dict[str, str]) -> dict[str, str | list[str]]:
+    """A group as the list of its members' names, a device as its name."""
+    return {t: member_names(d) if is_group_name(d) else d for t, d in assignment.items()}
+
+
+def _read_device(value: Any, where: str) -> str:
+    """A device name, or a group's name from the list of its members' names."""
+    if isinstance(value, str):
+        return value
+    if not (isinstance(value, list) and len(value) >= 2 and all(isinstance(v, str) for v in value)):
+        raise PlanError(f"{where}: expected a device name or a list of 2+ device names (a tensor-parallel group), got {value!r}")
+    node_kind = {v.rsplit(":", 1)[0] for v in value}
+    try:
+        index = [int(v.rsplit(":", 1)[1]) for v in value]
+    except (IndexError, ValueError):
+        raise PlanError(f"{where}: {value!r} are not device names of the form node/kind:index") from None
+    if len(node_kind) != 1 or index != list(range(index[0], index[0] + len(index))):
+        raise PlanError(f"{where}: group {value!r} must be consecutive devices of one kind in one node")
+    return f"{node_kind.pop()}:{index[0]}-{index[-1]}"
+
+
+def _read_assignment(raw: Any, where: str) -> dict[str, str]:
+    if not isinstance(raw, dict):
+        raise PlanError(f"{where}: expected a mapping of task name to device, got {type(raw).__name__}")
+    return {str(t): _read_device(d, f"{where}.{t}") for t, d in raw.items()}
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
@@ -170,7 +205,7 @@ def plan_from_dict(data: Any, source: str = "<memory>") -> Plan:
             objective_s=float(_need(data, "objective_s", source)),
             lower_bound_s=float(_need(data, "lower_bound_s", source)),
             shard_sizes=tuple(int(s["size"]) for s in shards),
-            shard_assignments=tuple(dict(s["assignment"]) for s in shards),
+            shard_assignments=tuple(_read_assignment(s["assignment"], f"{source}: shards[{n}].assignment") for n, s in enumerate(shards)),
             schedule=schedule,
             solver=solver,
             max_load_s=float(data.get("max_load_s", 0.0)),
@@ -191,6 +226,10 @@ def hf_device_map(plan: Plan, module_of_task: dict[str, str], cpu_devices: set[s
     (e.g. "block.3" -> "transformer.h.3"); devices in `cpu_devices` become
     "cpu", the others a CUDA index in the order they first appear.
     """
+    groups = sorted({d for d in plan.assignment.values() if is_group_name(d)})
+    if groups:
+        raise PlanError(f"a device_map puts each module on one device; this plan runs tasks on tensor-parallel groups "
+                        f"({', '.join(groups)}): export it with --export vllm or megatron, or plan with --max-tp 1")
     nodes = {d.split("/")[0] for d in plan.assignment.values()}
     if len(nodes) > 1:
         raise PlanError(f"a device_map describes one machine; this plan spans nodes {sorted(nodes)}")

@@ -228,6 +228,8 @@ def apply_profile(problem: PlacementProblem, profile: Profile) -> PlacementProbl
     for i, task in enumerate(graph.tasks):
         key = task_key(graph, task)
         for k, device in enumerate(devices):
+            if device.degree > 1:  # a profile times single devices; a group keeps its roofline estimate
+                continue
             timing = profile.timing(device.kind, key)
             if timing is not None and problem.supported[i, k]:
                 pieces[i, k, :] = (timing.fixed_s, timing.per_sample_s)

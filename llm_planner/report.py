@@ -13,35 +13,43 @@ from llm_planner.spec import ClusterSpec
 
 
 def device_table(plan: Plan, problem: PlacementProblem) -> Table:
-    """Per device: tasks held, busy time, memory used of capacity."""
+    """Per device or tensor-parallel group (a stage): its degree, its tasks in execution order
+    (runs of consecutive tasks, so a stage that a task leaves and re-enters shows two runs), busy
+    time, and the memory of one device (one member of a group) against its usable memory."""
     from llm_planner.verify import verify_plan
 
     report = verify_plan(plan, problem)
-    counts: dict[str, int] = defaultdict(int)
-    first: dict[str, str] = {}
-    last: dict[str, str] = {}
-    for item in sorted(plan.schedule, key=lambda s: s.start_s):
-        counts[item.device] += 1
-        first.setdefault(item.device, item.task)
-        last[item.device] = item.task
-    capacity = dict(zip(problem.device_names, problem.mem_capacity))
-    table = Table(title="devices")
-    for col in ("device", "tasks", "first .. last", "busy", "memory used", "of capacity"):
-        table.add_column(col, justify="left" if col in ("device", "first .. last") else "right")
-    for device in problem.device_names:
-        if device not in counts:
+    order = plan.device_order()
+    topo = {name: pos for pos, name in enumerate(problem.graph.topological_order())}
+    table = Table(title="stages (devices and tensor-parallel groups)")
+    for col in ("device", "degree", "tasks in order", "busy", "memory per device", "of usable"):
+        table.add_column(col, justify="left" if col in ("device", "tasks in order") else "right")
+    for k, device in enumerate(problem.devices):
+        if device.name not in order:
             continue
-        used = report.memory_used_bytes.get(device, 0.0)
-        cap = capacity[device]
-        share = f"{used / cap:.1%}" if cap not in (0, float("inf")) else "-"
-        table.add_row(
-            device, str(counts[device]), f"{first[device]} .. {last[device]}", fmt_s(report.device_busy_s.get(device, 0.0)),
-            fmt_bytes(used), f"{share} of {fmt_bytes(cap)}",
-        )
-    idle = [d for d in problem.device_names if d not in counts]
+        used = report.memory_per_device_bytes.get(device.name, 0.0)
+        usable = problem.cluster.kind(device.kind).usable_mem_bytes
+        share = f"{used / usable:.1%}" if usable not in (0, float("inf")) else "-"
+        tasks = task_runs([t for s, t in order[device.name] if s == order[device.name][0][0]], topo)
+        shards = len({s for s, _ in order[device.name]})
+        table.add_row(device.name, str(device.degree), tasks + (f" (x{shards} shards)" if shards > 1 else ""),
+                      fmt_s(report.device_busy_s.get(device.name, 0.0)), fmt_bytes(used), f"{share} of {fmt_bytes(usable)}")
+    used_physical = set(plan.physical_devices_used())
+    idle = [d.name for d in problem.devices[: problem.num_physical] if d.name not in used_physical]
     if idle:
         table.caption = f"{len(idle)} device(s) unused"
     return table
+
+
+def task_runs(tasks: list[str], topo: dict[str, int]) -> str:
+    """Tasks in execution order as runs of topologically consecutive ones: "embed .. block.3, block.9"."""
+    runs: list[list[str]] = []
+    for t in tasks:
+        if runs and topo[t] == topo[runs[-1][-1]] + 1:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    return ", ".join(r[0] if len(r) == 1 else f"{r[0]} .. {r[-1]}" for r in runs)
 
 
 def write_gantt(plan: Plan, path: str) -> None:

@@ -20,6 +20,11 @@ import yaml
 from llm_planner import units
 
 DEVICE_TYPES = ("cpu", "gpu", "accelerator")
+# Default share of a device's memory that a plan may fill, by device type. vLLM's
+# gpu_memory_utilization defaults to 0.9 for the same reason: the CUDA context, the
+# allocator's fragmentation and NCCL's buffers live in the rest. A CPU's host memory
+# is the spec's number (set usable_mem_fraction to keep room for the OS).
+USABLE_MEM_DEFAULT = {"cpu": 1.0, "gpu": 0.9, "accelerator": 0.9}
 
 
 class SpecError(ValueError):
@@ -59,6 +64,15 @@ class DeviceKindSpec:
     compute_efficiency: float = 1.0  # fraction of peak FLOP/s reached in practice
     mem_efficiency: float = 1.0  # fraction of peak memory bandwidth reached
     overhead_s: float = 0.0  # fixed time per task (kernel launches, dispatch)
+    # Share of mem_bytes a plan may fill; None: the type's default (USABLE_MEM_DEFAULT).
+    usable_mem_fraction: float | None = None
+
+    @property
+    def usable_mem_bytes(self) -> float:
+        """Memory a plan may fill: mem_bytes times the usable fraction (serving engines keep the
+        rest for the runtime: CUDA context, allocator fragmentation, collectives' buffers)."""
+        fraction = USABLE_MEM_DEFAULT[self.type] if self.usable_mem_fraction is None else self.usable_mem_fraction
+        return self.mem_bytes * fraction
 
     def flops_for(self, dtype: str) -> float:
         for name, value in self.peak_flops:
@@ -87,8 +101,14 @@ class DeviceSpec:
     kind: str
     node: str  # expanded node name ("dgx-1")
     node_template: str  # NodeSpec.name ("dgx")
-    index: int  # index among devices of its kind in its node
+    index: int  # index among devices of its kind in its node (a group: its first member's)
     hostname: str | None
+    members: tuple[str, ...] = ()  # a tensor-parallel group (llm_planner.groups): its devices; () for one device
+
+    @property
+    def degree(self) -> int:
+        """Devices that run a task placed here: 1, or the group's size."""
+        return max(1, len(self.members))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -271,9 +291,10 @@ def _read_kind(c: _Reader) -> DeviceKindSpec:
         compute_efficiency=c.get("compute_efficiency", units.parse_fraction, default=1.0, positive=True),
         mem_efficiency=c.get("mem_efficiency", units.parse_fraction, default=1.0, positive=True),
         overhead_s=c.get("overhead_s", _nonneg_seconds, default=0.0),
+        usable_mem_fraction=c.get("usable_mem_fraction", units.parse_fraction, default=None, positive=True),
     )
-    for key in ("compute_efficiency", "mem_efficiency"):
-        if getattr(spec, key) > 1:
+    for key in ("compute_efficiency", "mem_efficiency", "usable_mem_fraction"):
+        if getattr(spec, key) is not None and getattr(spec, key) > 1:
             c.fail(f"must be in (0, 1], got {getattr(spec, key)}", key)
     c.done()
     return spec

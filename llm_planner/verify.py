@@ -17,6 +17,11 @@ Checks (each failure is one readable sentence in VerifyReport.violations):
   6. memory: on device k, the weights of every task it holds (once, whatever the
      number of shards), plus mem_bytes_per_sample * b_s for every (task, shard)
      on k, counted only where mem_counts[i, k], at most mem_capacity[k];
+     tensor-parallel groups: the devices used share no physical device (a device
+     serves one group or itself), every group is devices of one kind in one node
+     whose count the task's sharded sizes divide, and each member's own bytes
+     (cost.shard_of: 1/k of the sharded weights and per-sample memory, the
+     replicated parts whole) fit its kind's usable memory;
   7. objective: an event simulation re-runs every device's order (the plan's
      start times, ties broken by topological position) as soon as possible;
      latency is its makespan, throughput the busiest device's load per batch
@@ -55,6 +60,7 @@ class VerifyReport:
     device_busy_s: dict[str, float]  # every device: sum of its task times in one batch
     device_load_s: dict[str, float] = field(default_factory=dict)  # load per batch, throughput model
     simulated_makespan_s: float = math.nan  # the simulation's makespan, whatever the objective
+    memory_per_device_bytes: dict[str, float] = field(default_factory=dict)  # used devices: bytes on one (a group: on each member)
 
 
 def verify_plan_file(path: str | Path, *, rel_tol: float = 1e-6, check_hashes: bool = True) -> VerifyReport:
@@ -81,6 +87,7 @@ def verify_plan(plan: Plan, problem: PlacementProblem, *, rel_tol: float = 1e-6)
     c.check_precedence(assign, times)
     c.check_overlap(assign, times)
     memory = c.check_memory(assign)
+    per_device = c.check_groups(assign)
     busy, loads = c.device_loads(assign)
     makespan = c.simulate(assign, times)
     simulated = c.check_objective(loads, makespan)
@@ -93,6 +100,7 @@ def verify_plan(plan: Plan, problem: PlacementProblem, *, rel_tol: float = 1e-6)
         device_busy_s={names[k]: float(busy[k]) for k in range(len(names))},
         device_load_s={names[k]: float(loads[k]) for k in range(len(names))},
         simulated_makespan_s=makespan,
+        memory_per_device_bytes={names[k]: float(per_device.get(k, memory[k])) for k in sorted({int(k) for a in assign for k in a if k >= 0})},
     )
 
 
@@ -256,6 +264,38 @@ class _Checker:
                     f"(over by {_gb(used[k] - p.mem_capacity[k])})"
                 )
         return used
+
+    def check_groups(self, assign: list[np.ndarray]) -> dict[int, float]:
+        """Exclusivity, group shape and each member's memory (module docstring, 6); returns the
+        bytes on each member of every used group."""
+        p = self.p
+        used = sorted({int(k) for a in assign for k in a if k >= 0})
+        for a, b in p.conflicts(used):
+            self.bad(f"devices {self.devices[a]!r} and {self.devices[b]!r} are both used but share a physical device "
+                     "(a device serves one tensor-parallel group or itself)")
+        return {k: self._check_group(k, p.devices[k], assign) for k in used if p.devices[k].degree > 1}
+
+    def _check_group(self, k: int, device, assign: list[np.ndarray]) -> float:
+        from llm_planner.cost import shard_of
+
+        p = self.p
+        singles = {d.name: d for d in p.cluster.devices()}
+        members = [singles.get(m) for m in device.members]
+        if None in members or len({(m.node, m.kind) for m in members}) != 1:
+            self.bad(f"group {device.name!r} is not devices of one kind in one node: {list(device.members)}")
+            return math.nan
+        tasks = sorted({i for a in assign for i, kk in enumerate(a) if kk == k})
+        for i in tasks:
+            if not p.graph.tasks[i].shards_over(device.degree):
+                self.bad(f"task {self.tasks[i]!r} does not shard over {device.degree} devices (its sizes "
+                         f"{list(p.graph.tasks[i].tp_divides)} are not all multiples of {device.degree})")
+        per_member = sum(shard_of(p.graph.tasks[i], device.degree).weight_bytes for i in tasks if p.mem_counts[i, k])
+        per_member += sum(shard_of(p.graph.tasks[i], device.degree).mem_bytes_per_sample * self.sizes[s]
+                          for s, a in enumerate(assign) for i, kk in enumerate(a) if kk == k and p.mem_counts[i, k])
+        usable = p.cluster.kind(device.kind).usable_mem_bytes
+        if per_member > usable * (1 + self.rel_tol):
+            self.bad(f"each member of group {device.name!r} needs {_gb(per_member)} but may fill {_gb(usable)}")
+        return per_member
 
     def device_loads(self, assign: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """(task time per device, load per batch per device under the throughput model)."""

@@ -4,6 +4,8 @@ Enumerates shard sizes, every assignment of every (shard, task) to a device, and
 for latency every global order of the items (a list schedule in each order; some
 order reproduces any optimal schedule), using only the problem's cost accessors
 (task_time, transfer_time) and memory arrays: not solve.schedule, not the verifier.
+Devices that share a physical device (a tensor-parallel group and its members, two
+overlapping groups) are never both used.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def partitions(total: int, parts: int, largest: int | None = None) -> list[tuple
     return [(b, *rest) for b in range(min(total, largest), 0, -1) for rest in partitions(total - b, parts - 1, b)]
 
 
-def feasible_assignments(p: PlacementProblem, sizes: tuple[int, ...], contiguous: bool) -> np.ndarray:
+def feasible_assignments(p: PlacementProblem, sizes: tuple[int, ...], contiguous: bool, exclusive: bool = True) -> np.ndarray:
     """Every supported assignment [M, shards * N] that keeps groups together, fits memory (weights once
     per device, per-sample memory per shard) and, if asked, keeps each device's tasks contiguous."""
     n = p.num_tasks
@@ -37,6 +39,9 @@ def feasible_assignments(p: PlacementProblem, sizes: tuple[int, ...], contiguous
     for s in range(len(sizes)):
         for group in p.colocate_groups():
             keep &= (a[:, [s * n + i for i in group]] == a[:, [s * n + group[0]]]).all(axis=1)
+    for k, l in itertools.combinations(range(p.num_devices), 2):  # tensor-parallel groups: exclusive
+        if exclusive and set(p.device_members[k]) & set(p.device_members[l]):
+            keep &= ~((a == k).any(axis=1) & (a == l).any(axis=1))
     for k in range(p.num_devices):
         on_k = (a == k).reshape(len(a), len(sizes), n) & p.mem_counts[:, k]
         used = (on_k.any(axis=1) * p.weight_bytes).sum(axis=1) + (on_k * np.array(sizes)[:, None] * p.mem_bytes_per_sample).sum(axis=(1, 2))
@@ -102,10 +107,11 @@ def brute_throughput(p: PlacementProblem, sizes: tuple[int, ...], a: np.ndarray)
     return float(load.max(axis=1).min()) / p.batch_size
 
 
-def brute_force(p: PlacementProblem, *, contiguous: bool = False) -> float:
+def brute_force(p: PlacementProblem, *, contiguous: bool = False, exclusive: bool = True) -> float:
+    """The optimum; `exclusive=False` drops exclusivity (to show a test that it binds)."""
     best = math.inf
     for sizes in partitions(p.batch_size, p.max_shards):
-        a = feasible_assignments(p, sizes, contiguous)
+        a = feasible_assignments(p, sizes, contiguous, exclusive)
         if len(a):
             best = min(best, (brute_latency if p.objective == "latency" else brute_throughput)(p, sizes, a))
     return best

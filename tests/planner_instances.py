@@ -31,10 +31,13 @@ def make_cluster(kinds: list[dict], node_devices: list[dict[str, int]], *, bw: f
     return parse_cluster(data)
 
 
-def kind(name: str, type_: str, *, flops: float, mem_bytes: float | str, mem_bw: float, overhead_s: float = 0.0) -> dict:
+def kind(name: str, type_: str, *, flops: float, mem_bytes: float | str, mem_bw: float, overhead_s: float = 0.0,
+         usable: float = 1.0) -> dict:
+    """A device kind; its whole memory usable unless `usable` says otherwise (the instances state
+    the budget a plan has, not a GPU's size)."""
     return {
         "name": name, "type": type_, "peak_flops": {"fp16": flops}, "mem_bytes": mem_bytes,
-        "mem_bw_bytes_per_s": mem_bw, "overhead_s": overhead_s,
+        "mem_bw_bytes_per_s": mem_bw, "overhead_s": overhead_s, "usable_mem_fraction": usable,
     }
 
 

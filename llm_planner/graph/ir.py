@@ -50,6 +50,26 @@ class Task:
     mem_device_types: tuple[str, ...] = ()
     # Free-form labels kept through the pipeline (e.g. "layer": 3 for the runtime).
     labels: tuple[tuple[str, Any], ...] = ()
+    # Of weight_bytes: tables whose rows are read only where the inputs index them (an
+    # embedding), held but not streamed per call (the rows read are in bytes_per_sample).
+    # On a tensor-parallel group they are split, never replicated.
+    weight_bytes_indexed: float = 0.0
+    # Tensor parallelism (Megatron layout; llm_planner.cost.group_task_time_pieces): a group of
+    # k devices may run the task when k divides every number of tp_divides (heads, KV heads,
+    # widths); empty: the task does not shard. Each member holds and moves 1/k of the task's
+    # weights and bytes except the replicated parts below, does 1/k of its FLOPs, and the
+    # group runs the collectives listed (bytes per sample, summed over the calls).
+    tp_divides: tuple[int, ...] = ()
+    tp_replicated_weight_bytes: float = 0.0  # of weight_bytes: what every member holds whole (norms, biases)
+    tp_replicated_bytes_per_sample: float = 0.0  # of bytes_per_sample: what every member moves whole
+    tp_allreduces: int = 0  # all-reduces per call (each over the group's link, ring algorithm)
+    tp_allreduce_bytes_per_sample: float = 0.0  # their payloads together
+    tp_allgathers: int = 0  # all-gathers per call
+    tp_allgather_bytes_per_sample: float = 0.0  # what each member contributes to them, together
+
+    def shards_over(self, k: int) -> bool:
+        """Whether a group of k devices may run this task (k = 1: always)."""
+        return k == 1 or (bool(self.tp_divides) and k >= 1 and all(d % k == 0 for d in self.tp_divides))
 
     def label(self, key: str, default: Any = None) -> Any:
         return dict(self.labels).get(key, default)
@@ -119,13 +139,15 @@ class TaskGraph:
             dup = next(t.name for t in self.tasks if t.name in seen or seen.add(t.name))
             raise GraphError(f"graph {self.name!r}: duplicate task name {dup!r}")
         for t in self.tasks:
-            for f in ("flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample"):
+            for f in ("flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample", "weight_bytes_indexed", "tp_replicated_weight_bytes",
+                      "tp_replicated_bytes_per_sample", "tp_allreduce_bytes_per_sample", "tp_allgather_bytes_per_sample"):
                 v = getattr(t, f)
                 if not (math.isfinite(v) and v >= 0):
                     raise GraphError(f"graph {self.name!r}: task {t.name!r}: {f} must be finite and >= 0, got {v}")
             for kind, v in t.time_s_by_kind:
                 if not (math.isfinite(v) and v >= 0):
                     raise GraphError(f"graph {self.name!r}: task {t.name!r}: time on {kind!r} must be >= 0, got {v}")
+            _check_tensor_parallel(self.name, t)
         pairs = set()
         for e in self.edges:
             for end in (e.src, e.dst):
@@ -160,6 +182,20 @@ class TaskGraph:
 
     def sha256(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def _check_tensor_parallel(graph: str, t: Task) -> None:
+    where = f"graph {graph!r}: task {t.name!r}"
+    if any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in t.tp_divides):
+        raise GraphError(f"{where}: tp_divides must be positive integers, got {list(t.tp_divides)}")
+    for f in ("tp_allreduces", "tp_allgathers"):
+        v = getattr(t, f)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise GraphError(f"{where}: {f} must be an integer >= 0, got {v!r}")
+    if t.weight_bytes_indexed + t.tp_replicated_weight_bytes > t.weight_bytes or t.tp_replicated_bytes_per_sample > t.bytes_per_sample:
+        raise GraphError(f"{where}: indexed plus replicated weights, or replicated bytes, exceed the task's own")
+    if t.tp_divides and t.time_s_by_kind:
+        raise GraphError(f"{where}: a task with explicit times (time_s_by_kind) cannot shard over tensor-parallel groups")
 
 
 def _task_to_dict(t: Task) -> dict[str, Any]:
@@ -198,7 +234,7 @@ def graph_from_dict(data: dict[str, Any], source: str = "<memory>") -> TaskGraph
         for key in ("time_s_by_kind", "labels"):
             if key in kw:
                 kw[key] = tuple(kw[key].items())
-        for key in ("device_types", "mem_device_types"):
+        for key in ("device_types", "mem_device_types", "tp_divides"):
             if key in kw:
                 kw[key] = tuple(kw[key])
         try:
@@ -220,7 +256,10 @@ def graph_from_dict(data: dict[str, Any], source: str = "<memory>") -> TaskGraph
         raise GraphError(f"{source}: {exc}") from None
 
 
-_NUMBER_FIELDS = {"flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample", "hop_s_per_sample"}
+_NUMBER_FIELDS = {"flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample", "hop_s_per_sample", "weight_bytes_indexed",
+                  "tp_replicated_weight_bytes", "tp_replicated_bytes_per_sample", "tp_allreduce_bytes_per_sample",
+                  "tp_allgather_bytes_per_sample"}
+_INT_FIELDS = {"tp_allreduces", "tp_allgathers"}
 _MAPPING_FIELDS = {"time_s_by_kind", "labels"}
 _LIST_FIELDS = {"device_types", "mem_device_types"}
 _STRING_FIELDS = {"name", "kind", "colocate_group", "src", "dst"}
@@ -235,6 +274,10 @@ def _checked_fields(kw: dict[str, Any], where: str) -> dict[str, Any]:
             raise GraphError(f"{where}.{key}: expected a mapping, got {value!r}")
         if key in _LIST_FIELDS and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise GraphError(f"{where}.{key}: expected a list of strings, got {value!r}")
+        if key in _INT_FIELDS and (isinstance(value, bool) or not isinstance(value, int)):
+            raise GraphError(f"{where}.{key}: expected an integer, got {value!r}")
+        if key == "tp_divides" and not (isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+            raise GraphError(f"{where}.{key}: expected a list of integers, got {value!r}")
         if key in _STRING_FIELDS and not isinstance(value, str):
             raise GraphError(f"{where}.{key}: expected a string, got {value!r}")
     for kind, seconds in kw.get("time_s_by_kind", {}).items():

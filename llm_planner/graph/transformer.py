@@ -419,10 +419,51 @@ def _layer_costs(cfg: DecoderConfig, phase: str, seq_len: int, dtype_bytes: int)
     return out
 
 
-def _task(name: str, role: str, cost: dict[str, float], layer: int | None = None) -> Task:
+def _tensor_parallel(cfg: DecoderConfig, tokens: int, dtype_bytes: int) -> dict[str, dict[str, Any]]:
+    """Task fields of the Megatron layout for each part (llm_planner.cost.group_task_time_pieces).
+
+    attn: q/k/v column-parallel by head, the output projection row-parallel, one all-reduce
+    of its output; mlp: up (and gate) column-parallel, down row-parallel, one all-reduce;
+    embed: vocabulary-parallel table and one all-reduce of the gathered rows (positions and
+    OPT's projection replicated); final_norm: replicated; lm_head: column-parallel over the
+    vocabulary, each member's argmax (value and index, 8 bytes) all-gathered. Replicated per
+    token: the norms (2h), the sublayer's input (h) and output (h) and the residual (3h).
+    """
+    h, dw, b = cfg.hidden_size, cfg.word_embed_dim, dtype_bytes
+    out_norm = _norm_params(cfg)
+    proj = dw * h if dw != h else 0
+    positions = (cfg.max_positions + cfg.position_offset) * h if cfg.learned_positions else 0
+    act = float(tokens * h * b)  # one all-reduce of the hidden states
+    embed_traffic = _traffic_per_token(cfg, tokens == 1)["embed"] * tokens * b + ID_BYTES * tokens
+    return {
+        "embed": dict(tp_divides=(h,), tp_replicated_weight_bytes=float((proj + positions) * b),
+                      tp_replicated_bytes_per_sample=float(embed_traffic), tp_allreduces=1,
+                      tp_allreduce_bytes_per_sample=act, weight_bytes_indexed=float(cfg.vocab_size * dw * b)),
+        "attn": dict(tp_divides=(cfg.num_heads, cfg.num_kv_heads), tp_replicated_weight_bytes=float((out_norm + h * cfg.out_bias) * b),
+                     tp_replicated_bytes_per_sample=float(7 * h * tokens * b), tp_allreduces=1, tp_allreduce_bytes_per_sample=act),
+        "mlp": dict(tp_divides=(cfg.intermediate_size,), tp_replicated_weight_bytes=float((out_norm + h * cfg.mlp_bias) * b),
+                    tp_replicated_bytes_per_sample=float(7 * h * tokens * b), tp_allreduces=1, tp_allreduce_bytes_per_sample=act),
+        "final_norm": dict(tp_divides=(h,), tp_replicated_weight_bytes=None, tp_replicated_bytes_per_sample=None),
+        "lm_head": dict(tp_divides=(h,), tp_replicated_bytes_per_sample=float(dw * b), tp_allgathers=1,
+                        tp_allgather_bytes_per_sample=8.0),
+    }
+
+
+def _task(name: str, role: str, cost: dict[str, float], tp: dict[str, Any], layer: int | None = None) -> Task:
     labels: tuple[tuple[str, Any], ...] = (("role", role),) + ((("layer", layer),) if layer is not None else ())
+    tp = dict(tp)
+    for key, whole in (("tp_replicated_weight_bytes", cost["weight"]), ("tp_replicated_bytes_per_sample", cost["bytes"])):
+        if key in tp and tp[key] is None:  # replicated entirely
+            tp[key] = whole
     return Task(name=name, kind=role, flops_per_sample=cost["flops"], bytes_per_sample=cost["bytes"],
-                weight_bytes=cost["weight"], mem_bytes_per_sample=cost["mem"], labels=labels)
+                weight_bytes=cost["weight"], mem_bytes_per_sample=cost["mem"], labels=labels, **tp)
+
+
+def _block_tp(attn: dict[str, Any], mlp: dict[str, Any]) -> dict[str, Any]:
+    """A whole block on a group: both sublayers' constraints, replicated parts and collectives."""
+    out = {key: attn[key] + mlp[key] for key in ("tp_replicated_weight_bytes", "tp_replicated_bytes_per_sample",
+                                                 "tp_allreduces", "tp_allreduce_bytes_per_sample")}
+    return dict(out, tp_divides=attn["tp_divides"] + mlp["tp_divides"])
 
 
 def build_decoder_graph(config: DecoderConfig, *, phase: str, seq_len: int, granularity: str, dtype: str) -> TaskGraph:
@@ -439,15 +480,16 @@ def build_decoder_graph(config: DecoderConfig, *, phase: str, seq_len: int, gran
         raise GraphError(f"model {config.name!r}: seq_len {seq_len} exceeds its {config.max_positions} learned positions")
     b = DTYPE_BYTES[dtype]
     c = _layer_costs(config, phase, seq_len, b)
-    tasks = [_task("embed", "embed", c["embed"])]
+    tokens = 1 if phase == "decode" else seq_len
+    tp = _tensor_parallel(config, tokens, b)
+    tasks = [_task("embed", "embed", c["embed"], tp["embed"])]
     for i in range(config.num_layers):
         if granularity == "block":
             block = {k: c["attn"][k] + c["mlp"][k] for k in c["attn"]}
-            tasks.append(_task(f"block.{i}", "block", block, i))
+            tasks.append(_task(f"block.{i}", "block", block, _block_tp(tp["attn"], tp["mlp"]), i))
         else:
-            tasks += [_task(f"block.{i}.attn", "attn", c["attn"], i), _task(f"block.{i}.mlp", "mlp", c["mlp"], i)]
-    tasks += [_task("final_norm", "final_norm", c["final_norm"]), _task("lm_head", "lm_head", c["lm_head"])]
-    tokens = 1 if phase == "decode" else seq_len
+            tasks += [_task(f"block.{i}.attn", "attn", c["attn"], tp["attn"], i), _task(f"block.{i}.mlp", "mlp", c["mlp"], tp["mlp"], i)]
+    tasks += [_task("final_norm", "final_norm", c["final_norm"], tp["final_norm"]), _task("lm_head", "lm_head", c["lm_head"], tp["lm_head"])]
     widths = [config.hidden_size] * (len(tasks) - 2) + [config.word_embed_dim]  # final_norm -> lm_head: after project_out
     edges = tuple(Edge(src=s.name, dst=d.name, bytes_per_sample=float(tokens * w * b)) for s, d, w in zip(tasks, tasks[1:], widths))
     meta = (("model", config.name), ("model_type", config.model_type), ("num_layers", config.num_layers),

@@ -238,7 +238,8 @@ def _cluster(data: dict, name: str, source: str) -> ClusterSpec:
     placeholder = (("fp16", _PLACEHOLDER),)
     kinds = []
     if num_acc:
-        kinds.append(DeviceKindSpec(name=ACCELERATOR, type="accelerator", peak_flops=placeholder, mem_bytes=mem, mem_bw_bytes_per_s=_PLACEHOLDER))
+        kinds.append(DeviceKindSpec(name=ACCELERATOR, type="accelerator", peak_flops=placeholder, mem_bytes=mem, mem_bw_bytes_per_s=_PLACEHOLDER,
+                                    usable_mem_fraction=1.0))  # the file's memory is the budget it was solved with
     if num_cpu:
         kinds.append(DeviceKindSpec(name=CPU, type="cpu", peak_flops=placeholder, mem_bytes=math.inf, mem_bw_bytes_per_s=_PLACEHOLDER))
     counts = {ACCELERATOR: num_acc, CPU: num_cpu}

@@ -11,22 +11,15 @@ from __future__ import annotations
 import logging
 
 from llm_planner.plan import Plan
+from llm_planner.solve.errors import SolveError, VerificationError
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import with_bound
 
 log = logging.getLogger(__name__)
 
-BASELINES = ("single-device", "even-split", "memory-greedy", "heft", "data-parallel")
+BASELINES = ("single-device", "even-split", "memory-greedy", "heft", "data-parallel", "megatron", "tp-replicas")
 SOLVERS = ("milp", "milp-split", "best-baseline", *BASELINES)
-
-
-class SolveError(RuntimeError):
-    """No plan could be made (infeasible instance, unusable backend); the message says why."""
-
-
-class VerificationError(AssertionError):
-    """A solver returned a plan the verifier rejects: a bug, never a user error."""
 
 
 def solve(problem: PlacementProblem, options: SolveOptions | None = None) -> Plan:
@@ -51,15 +44,15 @@ def _dispatch(problem: PlacementProblem, options: SolveOptions) -> Plan:
 
         return solve_milp(problem, options)
     if name == "milp-split":
-        from llm_planner.solve.split import solve_split
+        from llm_planner.solve.split_tp import solve_split_tp
 
-        return solve_split(problem, options)
-    from llm_planner.solve import baselines
+        return solve_split_tp(problem, options)
+    from llm_planner.solve import baseline_set, baselines
 
     if name == "best-baseline":
-        plan = baselines.best_baseline(problem)
+        plan = baseline_set.best_of_all(problem)
     elif name in BASELINES:
-        plan = baselines.run_baseline(name, problem)
+        plan = baseline_set.run_any_baseline(name, problem)
     else:
         raise SolveError(f"unknown solver {name!r}; choose one of {', '.join(SOLVERS)}")
     if plan is None:

@@ -29,7 +29,9 @@ docs/objectives.md describes them.
   a device's time for b samples is not linear in b); the best m up to max_shards.
 
 Speed of a device: the time of the whole graph on it for the full batch.
-All use one shard except "data-parallel".
+All use one shard except "data-parallel", and single devices only (on a problem with
+tensor-parallel groups they run on its physical devices; solve/baselines_tp.py has the
+layouts with groups).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import numpy as np
 
 from llm_planner.plan import Plan
 from llm_planner.solve.bounds import task_times as _times
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.solve.problem import PlacementProblem, restrict_devices
 from llm_planner.solve.schedule import make_plan
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,8 @@ def run_baseline(name: str, problem: PlacementProblem) -> Plan | None:
     if name not in runners:
         raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINE_NAMES)}")
     started = time.perf_counter()
+    if problem.has_groups:  # these layouts place tasks on single devices
+        problem = restrict_devices(problem, list(range(problem.num_physical)))
     result = runners[name](problem)
     if result is None:
         log.info("baseline %s: no feasible placement", name)

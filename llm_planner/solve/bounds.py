@@ -183,6 +183,74 @@ def _device_classes(problem: PlacementProblem) -> list[list[int]]:
     return list(classes.values())
 
 
+Family = tuple[np.ndarray, np.ndarray, float, float]  # (classes, degree of each, physical devices, memory of one)
+
+
+def physical_families(problem: PlacementProblem, classes: list[list[int]]) -> list[Family]:
+    """Tensor-parallel groups: the sets of device classes whose devices share physical devices
+    (a kind in some servers: its single devices and its groups of every degree), each as
+    (class indices, the degree of each class, physical devices n_F, usable memory of one).
+    A physical device works for, and holds the memory of, at most one device that contains it
+    (exclusivity), and a group busy for t keeps its k members busy for t, so every plan has
+        sum_c degree_c * (busy time of class c) <= n_F * T                  (time)
+        sum_c (bytes of the tasks on class c)   <= n_F * cap                (memory)
+    (a group's members hold at least 1/k of its tasks' bytes each: llm_planner.cost.shard_of).
+    The per-class rows alone would let a server's devices work once as singles and again in
+    every group. [] for a problem without groups."""
+    if not problem.has_groups:
+        return []
+    members = problem.device_members
+    owner: dict[int, int] = {}  # physical device -> family id (union of the classes touching it)
+    parent = list(range(len(classes)))
+
+    def find(c: int) -> int:
+        while parent[c] != c:
+            parent[c] = parent[parent[c]]
+            c = parent[c]
+        return c
+
+    for c, devices in enumerate(classes):
+        for k in devices:
+            for d in members[k]:
+                if d in owner:
+                    parent[find(c)] = find(owner[d])
+                else:
+                    owner[d] = c
+    out = []
+    for root in sorted({find(c) for c in range(len(classes))}):
+        fam = [c for c in range(len(classes)) if find(c) == root]
+        if len(fam) < 2:
+            continue
+        physical = sorted({d for c in fam for k in classes[c] for d in members[k]})
+        degree = np.array([problem.degree(classes[c][0]) for c in fam], dtype=float)
+        out.append((np.array(fam), degree, float(len(physical)), float(problem.mem_capacity[physical[0]])))
+    return out
+
+
+def family_time_rows(families: list[Family], cols: np.ndarray, work: np.ndarray, t_col: int, first_row: int,
+                     num_classes: int, col_offset: int = 0) -> tuple[Triplets, list[np.ndarray]]:
+    """sum_c degree_c sum_{x in c} work_x - n_F T <= 0 per family (physical_families), over
+    columns col_offset + j whose class is cols[j]."""
+    parts: Triplets = []
+    for f, (fam, degree, count, _) in enumerate(families):
+        weight = np.zeros(num_classes)
+        weight[fam] = degree
+        idx = np.flatnonzero(weight[cols] > 0)
+        parts.append((np.full(len(idx), first_row + f), col_offset + idx, weight[cols[idx]] * work[idx]))
+        parts.append((np.array([first_row + f]), np.array([t_col]), np.array([-count])))
+    return parts, [np.zeros(len(families))]
+
+
+def memory_pools(problem: PlacementProblem, reps: list[int] | np.ndarray, counts: np.ndarray,
+                 families: list[Family] = ()) -> list[tuple[np.ndarray, float, float]]:
+    """(classes, memory of one device, devices) of every class and every family (physical_families)
+    with finite memory: each pool's tasks' bytes fit in devices * memory."""
+    caps = problem.mem_capacity[np.asarray(reps, dtype=int)]
+    out = [(np.array([c]), float(caps[c]), float(counts[c])) for c in range(len(caps))]
+    out += [(fam, cap, count) for fam, _, count, cap in families]
+    return [p for p in out if np.isfinite(p[1])]
+
+
 def load_balance_bound(problem: PlacementProblem, *, memory: bool = True) -> float:
     """Optimum of the fractional load-balancing LP (module docstring), in objective units.
 
@@ -207,8 +275,12 @@ def load_balance_bound(problem: PlacementProblem, *, memory: bool = True) -> flo
     # work of class c: sum_i (Q r_ic / scale) x_ic - m_c T <= 0   (m_c identical devices share it)
     ub = [(cols, np.arange(num_x), work[rows, cols] / scale), (np.arange(num_c), np.full(num_c, num_x), -counts)]
     rhs = [np.zeros(num_c)]
+    families = physical_families(problem, classes)
+    fam_ub, fam_rhs = family_time_rows(families, cols, work[rows, cols] / scale, num_x, num_c, num_c)
+    ub += fam_ub
+    rhs += fam_rhs
     if memory:
-        ub_mem, rhs_mem = _memory_rows(problem, reps, counts, rows, cols, first_row=num_c)
+        ub_mem, rhs_mem = _memory_rows(problem, reps, counts, rows, cols, first_row=num_c + len(families), families=families)
         ub += ub_mem
         rhs += rhs_mem
     b_ub = np.concatenate(rhs)
@@ -236,23 +308,23 @@ def per_capacity(need: np.ndarray, cap: float) -> np.ndarray:
 
 
 def _memory_rows(
-    problem: PlacementProblem, reps: list[int], counts: np.ndarray, rows: np.ndarray, cols: np.ndarray, *, first_row: int
+    problem: PlacementProblem, reps: list[int], counts: np.ndarray, rows: np.ndarray, cols: np.ndarray, *, first_row: int,
+    families: list[Family] = (),
 ) -> tuple[Triplets, list[np.ndarray]]:
     """Capacity rows: sum_i need_ic x_ic / cap_c <= m_c for each class with finite capacity,
-    need_ic = weight_bytes_i + mem_bytes_per_sample_i * Q where memory counts, else 0."""
+    need_ic = weight_bytes_i + mem_bytes_per_sample_i * Q where memory counts, else 0; and
+    the same over each family of `families` (physical_families)."""
     need = (problem.weight_bytes + problem.mem_bytes_per_sample * problem.batch_size)[rows]
     need = need * problem.mem_counts[rows, np.array(reps)[cols]]
-    cap = problem.mem_capacity[np.array(reps)]
     parts: Triplets = []
     rhs: list[np.ndarray] = []
     row = first_row
-    for c in range(len(reps)):
-        mask = (cols == c) & (need > 0)
-        if not np.isfinite(cap[c]) or not mask.any():
+    for pool, cap, count in memory_pools(problem, reps, counts, families):
+        idx = np.flatnonzero(np.isin(cols, pool) & (need > 0))
+        if not len(idx):
             continue
-        idx = np.nonzero(mask)[0]
-        parts.append((np.full(len(idx), row), idx, per_capacity(need[idx], cap[c])))
-        rhs.append(np.array([counts[c]]))
+        parts.append((np.full(len(idx), row), idx, per_capacity(need[idx], cap)))
+        rhs.append(np.array([count]))
         row += 1
     return parts, rhs
 
@@ -284,8 +356,13 @@ def shard_lp_bound(problem: PlacementProblem, shards: int, *, memory: bool = Tru
         r += n
     ub += [(r + cols, w, np.ones(n)), (r + np.arange(num_c), np.full(num_c, t), -counts)]  # sum_i w - m T <= 0
     rhs = [np.zeros(r + num_c)]
+    families = physical_families(problem, classes)
+    fam_ub, fam_rhs = family_time_rows(families, cols, np.ones(n), t, r + num_c, num_c, col_offset=2 * n)
+    ub += fam_ub
+    rhs += fam_rhs
+    r += len(families)
     if memory:
-        mem, mem_rhs = _memory_rows(problem, reps, counts, rows, cols, first_row=r + num_c)
+        mem, mem_rhs = _memory_rows(problem, reps, counts, rows, cols, first_row=r + num_c, families=families)
         ub += mem
         rhs += mem_rhs
     b_ub = np.concatenate(rhs)

@@ -112,6 +112,9 @@ import scipy.sparse
 from llm_planner.solve.bounds import (
     LP_SAFETY,
     _device_classes,
+    family_time_rows,
+    memory_pools,
+    physical_families,
     _memory_rows,
     fastest_task_times,
     longest_path,
@@ -266,6 +269,8 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True,
     head, tail = _pinned_heads_tails(problem, batch, fast, start, after)
     idle = _windows(problem, head, tail, classes, path) / scale
     ub.add(len(counts), (col.cols_x, np.arange(col.num_x), t_x), (np.arange(len(counts)), col.t, -counts), rhs=-idle)  # (7)
+    families = physical_families(problem, classes)
+    ub.extend(*family_time_rows(families, col.cols_x, t_x, col.t, ub.num, len(classes)))  # (7) over shared physical devices
     _energy_rows(ub, col, classes, counts, t_x, np.maximum(start[:, None], head), np.maximum(after[:, None], tail), path, scale)
     if head_tail:
         _head_tail_rows(ub, problem, col, t_x, counts, terms)
@@ -273,7 +278,7 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True,
     eq.add(problem.num_tasks, (rows_x, np.arange(col.num_x), 1.0), rhs=np.ones(problem.num_tasks))  # (1)
     num_cols = col.t + 1
     if memory:
-        num_cols = _memory(ub, eq, problem, col, reps, counts, batch, scale, copies)
+        num_cols = _memory(ub, eq, problem, col, reps, counts, batch, scale, copies, families)
     a_ub, b_ub = ub.matrix(num_cols)
     a_eq, b_eq = eq.matrix(num_cols)
     cost = np.zeros(num_cols)
@@ -468,20 +473,20 @@ def _path_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, t_x: np.ndar
 
 
 def _memory(ub: _Rows, eq: _Rows, problem: PlacementProblem, col: _Columns, reps: np.ndarray, counts: np.ndarray, batch: int,
-            scale: float, copies: int = 1) -> int:
+            scale: float, copies: int = 1, families: list = ()) -> int:
     """(8) for one shard (batch = Q): the load-balance LP's memory rows (bounds._memory_rows) on x.
     Returns the number of columns. A split batch (batch < Q) goes to `_whole_batch_rows`, the
     shard copies of a partition (copies > 1) to `_shared_weight_rows`."""
     if batch < problem.batch_size:
-        return _whole_batch_rows(ub, eq, problem, col, reps, counts, batch, scale)
+        return _whole_batch_rows(ub, eq, problem, col, reps, counts, batch, scale, families)
     if copies > 1:
-        return _shared_weight_rows(ub, problem, col, reps, counts, copies)
-    ub.extend(*_memory_rows(problem, list(reps), counts, col.rows_x, col.cols_x, first_row=ub.num))
+        return _shared_weight_rows(ub, problem, col, reps, counts, copies, families)
+    ub.extend(*_memory_rows(problem, list(reps), counts, col.rows_x, col.cols_x, first_row=ub.num, families=families))
     return col.t + 1
 
 
 def _shared_weight_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, reps: np.ndarray, counts: np.ndarray,
-                        copies: int) -> int:
+                        copies: int, families: list = ()) -> int:
     """(8) for `shard_copies` of `copies` shards (copy j's task i is task i + j n): columns
     y_ic after T, one per x column of copy 0 (class c runs task i in some shard), and rows
 
@@ -492,7 +497,8 @@ def _shared_weight_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, rep
     holds the weights of every task it runs for any shard, at least once over the class, and
     the per-sample memory of each shard it runs the task for. Stronger than weights on copy 0's
     x alone (a copy that put more of the graph on a class than copy 0 would hold no weights for
-    it). Returns the number of columns."""
+    it). The same (8b) over each family of classes that share physical devices (bounds.
+    physical_families). Returns the number of columns."""
     nx0 = col.num_x // copies  # the copies repeat copy 0's supported (task, class) pairs, in order
     n0 = problem.num_tasks // copies
     assert nx0 * copies == col.num_x and not (col.rows_x[:nx0] >= n0).any(), "not shard copies"
@@ -502,17 +508,15 @@ def _shared_weight_rows(ub: _Rows, problem: PlacementProblem, col: _Columns, rep
     held = problem.mem_counts[col.rows_x, reps[col.cols_x]]
     weights = problem.weight_bytes[col.rows_x[:nx0]] * held[:nx0]
     per_sample = problem.mem_bytes_per_sample[col.rows_x] * held  # copies have batch 1, with b_j in m
-    for c, cap in enumerate(problem.mem_capacity[reps]):
-        if not np.isfinite(cap):
-            continue
-        at0, at = np.flatnonzero(col.cols_x[:nx0] == c), np.flatnonzero(col.cols_x == c)
+    for pool, cap, count in memory_pools(problem, reps, counts, families):
+        at0, at = np.flatnonzero(np.isin(col.cols_x[:nx0], pool)), np.flatnonzero(np.isin(col.cols_x, pool))
         ub.add(1, (np.zeros(len(at0), int), y0 + at0, per_capacity(weights[at0], cap)),
-               (np.zeros(len(at), int), at, per_capacity(per_sample[at], cap)), rhs=np.array([counts[c]]))  # (8b)
+               (np.zeros(len(at), int), at, per_capacity(per_sample[at], cap)), rhs=np.array([count]))  # (8b)
     return y0 + nx0
 
 
 def _whole_batch_rows(ub: _Rows, eq: _Rows, problem: PlacementProblem, col: _Columns, reps: np.ndarray, counts: np.ndarray,
-                      batch: int, scale: float) -> int:
+                      batch: int, scale: float, families: list = ()) -> int:
     """The largest shard (x, `batch` samples) of a split batch, with the whole batch beside it.
 
     Columns y_ic (class c holds task i's weights), z_ic (the share of the batch's
@@ -536,14 +540,14 @@ def _whole_batch_rows(ub: _Rows, eq: _Rows, problem: PlacementProblem, col: _Col
     ub.add(nx, (idx, col.z0 + idx, 1.0), (idx, col.y0 + idx, -1.0))  # z <= y
     ub.add(nx, (idx, idx, batch / q), (idx, col.z0 + idx, -1.0))  # (b / Q) x <= z
     eq.add(n, (col.rows_x, col.z0 + idx, 1.0), rhs=np.ones(n))
-    for c, cap in enumerate(problem.mem_capacity[reps]):
-        at = np.nonzero(col.cols_x == c)[0]
-        if np.isfinite(cap):
-            zero = np.zeros(len(at), int)
-            ub.add(1, (zero, col.y0 + at, per_capacity(weights[at], cap)), (zero, col.z0 + at, per_capacity(per_sample[at], cap)),
-                   rhs=np.array([counts[c]]))
+    for pool, cap, count in memory_pools(problem, reps, counts, families):
+        at = np.flatnonzero(np.isin(col.cols_x, pool))
+        zero = np.zeros(len(at), int)
+        ub.add(1, (zero, col.y0 + at, per_capacity(weights[at], cap)), (zero, col.z0 + at, per_capacity(per_sample[at], cap)),
+               rhs=np.array([count]))
     work = per_sample_rates(problem)[col.rows_x, reps[col.cols_x]] * q / scale
     ub.add(len(reps), (col.cols_x, col.z0 + idx, work), (np.arange(len(reps)), col.t, -counts))
+    ub.extend(*family_time_rows(families, col.cols_x, work, col.t, ub.num, len(reps), col_offset=col.z0))
     one = task_times(problem, 1)[col.rows_x, reps[col.cols_x]] / scale
     c2 = col.z0 + nx  # C'_i
     _path_rows(ub, problem, col, one, np.zeros(0, int), x0=col.z0, c0=c2)

@@ -51,6 +51,9 @@ o_pq in {0,1}, makespan C; throughput: max load T.
                     reachable from device k's tasks, and nothing reachable that left k may come
                     back, so each device's task set is contiguous (Tarnawski et al., NeurIPS 2020).
 (12) objective      latency: min C;  throughput: min T (objective_s = T / Q seconds per sample)
+(13) symmetry       (solve/symmetry.py) identical devices and servers ordered by the criterion
+(14) exclusivity    (tensor-parallel groups) use[k] binary for each group and each device in one;
+                    x[s,i,k] <= use[k];  use[d] + sum_{G containing d} use[G] <= 1 for each such d
 
 Throughput models have no start times and no ordering variables (only (1)-(4),
 (8)-(11)): that is what makes graphs of hundreds of tasks solvable.
@@ -83,7 +86,7 @@ from llm_planner.plan import Plan
 from llm_planner.solve.backends import BackendError, BackendOptions, BackendResult, solve_model
 from llm_planner.solve.milp_model import Formulation
 from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import PlacementProblem, ProblemError
+from llm_planner.solve.problem import PlacementProblem, ProblemError, restrict_devices
 from llm_planner.solve.schedule import make_plan, with_bound
 from llm_planner.solve.symmetry import CRITERIA, canonical_plan
 
@@ -99,7 +102,7 @@ AGREEMENT_TOL = 1e-4
 
 def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
     """Solve the MILP of the module docstring; SolveError for an infeasible instance or unusable backend."""
-    from llm_planner.solve.api import SolveError
+    from llm_planner.solve.errors import SolveError
     from llm_planner.solve.bounds import lower_bound
 
     started = time.perf_counter()
@@ -151,10 +154,11 @@ def _proven_warm_start(warm: Plan, bound_s: float, started: float, options: Solv
 
 def _warm_start_plan(problem: PlacementProblem) -> Plan | None:
     """The better of the best baseline and (throughput) the contiguous split; None if neither fits."""
-    from llm_planner.solve.baselines import best_baseline
+    from llm_planner.solve.baseline_set import best_of_all
     from llm_planner.solve.milp_warm import contiguous_split
 
-    plans = [p for p in (best_baseline(problem), contiguous_split(problem)) if p is not None]
+    physical = restrict_devices(problem, list(range(problem.num_physical))) if problem.has_groups else problem
+    plans = [p for p in (best_of_all(problem), contiguous_split(physical)) if p is not None]
     return min(plans, key=lambda p: p.objective_s, default=None)
 
 
@@ -194,6 +198,10 @@ def warm_start_values(form: Formulation, plan: Plan) -> dict[int, float] | None:
             size = plan.shard_sizes[order[s]] if s < len(order) else 0
             values[int(form.size[s])] = float(size)
             values[int(form.active[s])] = float(size > 0)
+    if p.has_groups:
+        used = {dev[d] for a in plan.shard_assignments for d in a.values()}
+        for k, col in form.use.items():
+            values[col] = float(k in used)
     if form.latency:
         shard_of = {old: new for new, old in enumerate(order)}
         start = {(shard_of[st.shard], task[st.task]): (st.start_s, st.finish_s) for st in plan.schedule}

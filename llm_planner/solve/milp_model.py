@@ -100,6 +100,8 @@ class Formulation:
         self.add_task_times()
         self.add_colocation()
         self.add_memory()
+        if self.p.has_groups:
+            self.add_exclusivity()
         self.add_symmetry_breaking()
         if self.latency:
             self.add_precedence()
@@ -213,6 +215,24 @@ class Formulation:
             rows.append((terms, -math.inf, 1.0))
         self._rows("memory", rows)
 
+    def add_exclusivity(self) -> None:
+        """(14) tensor-parallel groups: use[k] in {0,1} for every group and every device in one;
+        x[s,i,k] <= use[k];  use[d] + sum_{groups G containing d} use[G] <= 1 for each such
+        physical device d: a device serves one used group or itself.
+        Rows: S N (groups + their members) + members."""
+        p = self.p
+        shared = sorted({d for m in p.device_members if len(m) > 1 for d in m})
+        units = shared + [k for k in range(self.K) if p.degree(k) > 1]
+        self.use = dict(zip(units, (int(c) for c in self.mb.add_vars("use", len(units), upper=1, integer=True))))
+        rows: list[tuple[Terms, float, float]] = []
+        for k in units:
+            for s in range(self.S):
+                rows += [([(int(self.x[s, i, k]), 1.0), (self.use[k], -1.0)], -math.inf, 0.0) for i in np.flatnonzero(p.supported[:, k])]
+        for d in shared:
+            holders = [k for k in units if d in p.device_members[k]]
+            rows.append(([(self.use[k], 1.0) for k in holders], -math.inf, 1.0))
+        self._rows("exclusive", rows)
+
     def add_symmetry_breaking(self) -> None:
         """(13) m(k_a) >= m(k_b) for consecutive interchangeable devices, and the same for the
         server sums of interchangeable servers (solve/symmetry.py).  Rows: one per consecutive pair."""
@@ -220,6 +240,10 @@ class Formulation:
 
         if self.symmetry in CRITERIA:
             self._rows("symmetry", symmetry_rows(self, problem_classes(self.p), self.symmetry))
+            if self.p.has_groups:
+                from llm_planner.solve.symmetry import group_use_rows
+
+                self._rows("symmetry_groups", group_use_rows(self.p, self.use))
 
     # -- latency ---------------------------------------------------------------------
     def _cut_rows(self, g: int, s: int, a: int, c: int, k: int, group: list[int] | None, fixed_s: float, slope_s: float) -> tuple[Terms, float, float]:

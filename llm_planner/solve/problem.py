@@ -9,7 +9,19 @@ precomputed here into arrays:
     comm_fixed[e, k, l], comm_slope[e, k, l]           c(e, k, l, b) = fixed + slope * b (0 if k == l)
     weight_bytes[i], mem_bytes_per_sample[i]           memory a task holds on its device
     mem_counts[i, k]                                   whether task i's memory counts on device k
-    mem_capacity[k]
+    mem_capacity[k]                                    the usable memory (spec fraction of mem_bytes)
+
+Tensor-parallel groups (llm_planner.groups) are devices too: the physical devices come
+first (indices 0..num_physical-1, in spec order), then every group offered (max_tp >= 2),
+each with its task times on k members (cost.group_task_time_pieces), unsupported where
+the task does not shard over k. `members[k]` lists the physical devices of device k
+((k,) for a physical one). A plan may use a group only while none of its members is used
+alone or in another group (exclusivity: solvers, baselines and the verifier keep it).
+Memory of a group: its tasks' weights and per-sample bytes whole against
+    mem_capacity[G] = k * usable - (k - 1) * R,   R = replicated weights of every task,
+which is k times the per-member limit "sum of (W - R_i) / k + R_i <= usable" with R_i
+summed over all tasks, so it only ever errs on the safe side (R is a few MB: norms and
+biases); the verifier checks each member's bytes exactly.
 
 Throughput models (how a device's load per batch is counted, see docs/objectives.md):
     "direct":      load(k) = sum of its task times + for every edge cut between k
@@ -22,12 +34,13 @@ Throughput models (how a device's load per batch is counted, see docs/objectives
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from llm_planner import cost
 from llm_planner.graph.ir import TaskGraph
+from llm_planner.groups import tensor_groups
 from llm_planner.plan import PlanInputs
 from llm_planner.spec import ClusterSpec, DeviceSpec
 
@@ -61,6 +74,37 @@ class PlacementProblem:
     is_cpu: np.ndarray = field(repr=False)  # [K] bool
     hop_s_per_sample: np.ndarray = field(repr=False)  # [N] host-staged output cost of task i
     inputs: PlanInputs | None = None  # what the problem was built from, copied into plans
+    members: tuple[tuple[int, ...], ...] = ()  # [K] physical devices of each device; () = every device is physical
+    max_tp: int = 1  # largest tensor-parallel degree offered
+
+    @property
+    def num_physical(self) -> int:
+        """Physical devices: the first num_physical indices."""
+        return sum(1 for m in self.device_members if len(m) == 1)
+
+    @property
+    def device_members(self) -> tuple[tuple[int, ...], ...]:
+        return self.members or tuple((k,) for k in range(len(self.devices)))
+
+    @property
+    def has_groups(self) -> bool:
+        return any(len(m) > 1 for m in self.members)
+
+    def degree(self, k: int) -> int:
+        return len(self.device_members[k])
+
+    def conflicts(self, used: set[int] | list[int]) -> list[tuple[int, int]]:
+        """Pairs of used devices that share a physical device (a group and its member, two
+        overlapping groups): what exclusivity forbids."""
+        owner: dict[int, int] = {}
+        out = []
+        for k in sorted(set(int(k) for k in used)):
+            for d in self.device_members[k]:
+                if d in owner:
+                    out.append((owner[d], k))
+                else:
+                    owner[d] = k
+        return sorted(set(out))
 
     @property
     def num_tasks(self) -> int:
@@ -137,35 +181,27 @@ def build_problem(
     max_shards: int | None = None,
     dtype: str = "fp16",
     inputs: PlanInputs | None = None,
+    max_tp: int = 1,
 ) -> PlacementProblem:
     """Precompute every cost of `graph` on `cluster` into a PlacementProblem."""
     if objective not in OBJECTIVES:
         raise ProblemError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     if batch_size < 1:
         raise ProblemError(f"batch size must be >= 1, got {batch_size}")
-    devices = cluster.devices()
+    if isinstance(max_tp, bool) or not isinstance(max_tp, int) or max_tp < 1:
+        raise ProblemError(f"max tensor-parallel degree (--max-tp) must be an integer >= 1, got {max_tp!r}")
+    physical = cluster.devices()
+    groups = [g for g in tensor_groups(cluster, max_tp) if any(t.shards_over(g.degree) for t in graph.tasks)]
+    devices = physical + tuple(groups)
+    by_name = {d.name: k for k, d in enumerate(physical)}
+    members = tuple((k,) for k in range(len(physical))) + tuple(tuple(by_name[m] for m in g.members) for g in groups)
     num_k, num_n = len(devices), graph.num_tasks
-    shards = num_k if max_shards is None else max_shards
+    shards = len(physical) if max_shards is None else max_shards
     if shards < 1:
         raise ProblemError(f"max shards must be >= 1, got {shards}")
     kinds = [cluster.kind(d.kind) for d in devices]
     index = {t.name: i for i, t in enumerate(graph.tasks)}
-
-    pieces = np.zeros((num_n, num_k, 2, 2))
-    supported = np.zeros((num_n, num_k), dtype=bool)
-    for i, task in enumerate(graph.tasks):
-        for k, kind in enumerate(kinds):
-            if not cost.task_supported(task, kind):
-                continue
-            try:
-                p = cost.task_time_pieces(task, kind, dtype)
-            except cost.CostError as exc:
-                raise ProblemError(str(exc)) from None
-            supported[i, k] = True
-            pieces[i, k, :] = p[0]  # pad with the first piece so every row has 2
-            pieces[i, k, : len(p)] = p
-        if not supported[i].any():
-            raise ProblemError(f"no device of cluster {cluster.name!r} can run task {task.name!r}")
+    pieces, supported = _task_pieces(graph, cluster, devices, kinds, dtype)
 
     num_e = len(graph.edges)
     edge_src = np.array([index[e.src] for e in graph.edges], dtype=int)
@@ -173,9 +209,10 @@ def build_problem(
     latency = np.zeros((num_k, num_k))
     inv_bw = np.zeros((num_k, num_k))
     hops = np.zeros((num_k, num_k))
-    for k, a in enumerate(devices):
-        for l, b in enumerate(devices):
-            link = cluster.link(a, b)
+    reps = [physical[m[0]] for m in members]  # a group's links are its first member's
+    for k, a in enumerate(reps):
+        for l, b in enumerate(reps):
+            link = cluster.link(a, b) if k != l else None
             if link is not None:
                 latency[k, l] = link.latency_s
                 inv_bw[k, l] = 1.0 / link.bw_bytes_per_s
@@ -210,8 +247,56 @@ def build_problem(
         weight_bytes=np.array([t.weight_bytes for t in graph.tasks], dtype=float),
         mem_bytes_per_sample=np.array([t.mem_bytes_per_sample for t in graph.tasks], dtype=float),
         mem_counts=mem_counts,
-        mem_capacity=np.array([k.mem_bytes for k in kinds], dtype=float),
+        mem_capacity=_capacities(graph, devices, kinds),
         is_cpu=np.array([k.type == "cpu" for k in kinds], dtype=bool),
         hop_s_per_sample=hop,
         inputs=inputs,
+        members=members,
+        max_tp=max_tp,
+    )
+
+
+def _task_pieces(graph: TaskGraph, cluster: ClusterSpec, devices, kinds, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """time_pieces [N, K, 2, 2] and supported [N, K]; ProblemError for a task no device runs."""
+    pieces = np.zeros((graph.num_tasks, len(devices), 2, 2))
+    supported = np.zeros((graph.num_tasks, len(devices)), dtype=bool)
+    single = {d.name: d for d in cluster.devices()}
+    for i, task in enumerate(graph.tasks):
+        for k, (device, kind) in enumerate(zip(devices, kinds)):
+            if not cost.task_supported(task, kind) or not task.shards_over(device.degree):
+                continue
+            link = cluster.link(single[device.members[0]], single[device.members[1]]) if device.members else None
+            try:
+                p = cost.group_task_time_pieces(task, kind, device.degree, link, dtype)
+            except cost.CostError as exc:
+                raise ProblemError(str(exc)) from None
+            supported[i, k] = True
+            pieces[i, k, :] = p[0]  # pad with the first piece so every row has 2
+            pieces[i, k, : len(p)] = p
+        if not supported[i].any():
+            raise ProblemError(f"no device of cluster {cluster.name!r} can run task {task.name!r}")
+    return pieces, supported
+
+
+def _capacities(graph: TaskGraph, devices, kinds) -> np.ndarray:
+    """Usable memory of each device; a group's is k times its members' less the replicated weights
+    they each hold (module docstring)."""
+    replicated = sum(t.tp_replicated_weight_bytes for t in graph.tasks)
+    return np.array([d.degree * kind.usable_mem_bytes - (d.degree - 1) * replicated for d, kind in zip(devices, kinds)], dtype=float)
+
+
+def restrict_devices(problem: PlacementProblem, keep: list[int]) -> PlacementProblem:
+    """The problem on the devices `keep` only (indices into problem.devices, in order): every
+    array sliced, device names unchanged, so a plan of the result is a plan of the problem.
+    The kept devices share no physical device, so each is a unit of its own there (members
+    empty): no exclusivity is left to keep."""
+    keep = list(keep)
+    if problem.conflicts(keep):
+        raise ValueError("restrict_devices needs devices that share no physical device")
+    ix = np.array(keep, dtype=int)
+    return replace(
+        problem, devices=tuple(problem.devices[k] for k in keep), time_pieces=problem.time_pieces[:, ix],
+        supported=problem.supported[:, ix], comm_fixed=problem.comm_fixed[:, ix][:, :, ix], comm_slope=problem.comm_slope[:, ix][:, :, ix],
+        mem_counts=problem.mem_counts[:, ix], mem_capacity=problem.mem_capacity[ix], is_cpu=problem.is_cpu[ix], members=(),
+        max_shards=min(problem.max_shards, problem.batch_size),
     )

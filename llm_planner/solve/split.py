@@ -517,7 +517,7 @@ def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
 
 def _split_plan(ctx: SplitContext, started: float) -> Plan:
     """solve_split's work, with the context's pool open."""
-    from llm_planner.solve.baselines import run_all_baselines
+    from llm_planner.solve.baseline_set import all_baselines
     from llm_planner.solve.bounds import lower_bound
     from llm_planner.solve.split_groups import data_parallel_plans
     from llm_planner.solve.split_loads import improve_loads
@@ -527,9 +527,9 @@ def _split_plan(ctx: SplitContext, started: float) -> Plan:
     problem, options = ctx.problem, ctx.options
     candidates: list[Plan] = []
     details = {"modules": len(ctx.modules), "distinct_modules": len({m.signature for m in ctx.modules})}
-    baselines = [b for b in run_all_baselines(problem).values() if b is not None]
+    baselines = [b for b in all_baselines(problem).values() if b is not None]
     baseline = min(baselines, key=lambda b: b.objective_s, default=None)
-    bound = lower_bound(problem)
+    bound = lower_bound(problem) if options.bound else 0.0
     if baseline is not None and baseline.objective_s <= bound * (1 + options.rel_gap):
         # nothing can beat it by more than rel_gap: no module needs solving
         details.update(baseline_won=baseline.solver.name, stopped="the best baseline meets the lower bound")
@@ -555,7 +555,9 @@ def _split_plan(ctx: SplitContext, started: float) -> Plan:
         # moves between devices, from the best stage plan and from the best baseline (split_loads)
         starts = [min(found, key=lambda c: c.objective_s) for found in (candidates, baselines) if found]
         candidates += [better for plan in starts if (better := improve_loads(problem, plan, started)) is not None]
-    if ctx.wants_chain_bound:
+    if not options.bound:
+        pass
+    elif ctx.wants_chain_bound:
         bound = max(bound, chain_bound(ctx, problem.batch_size))
     elif problem.objective == "latency":
         bound = max(bound, shard_chain_bound(ctx, bound))
@@ -566,7 +568,7 @@ def _split_plan(ctx: SplitContext, started: float) -> Plan:
         subproblems_not_optimal=sum(1 for s in ctx.cache.values() if s.method not in ("closed-form", "milp-optimal", "infeasible")),
     )
     if not candidates and baseline is None:
-        from llm_planner.solve.api import SolveError
+        from llm_planner.solve.errors import SolveError
         from llm_planner.solve.baselines import infeasibility_reason
 
         raise SolveError(f"milp-split found no plan that fits in memory: {infeasibility_reason(problem)}")

@@ -113,7 +113,7 @@ def solve_subproblem(problem: PlacementProblem, module: Module, k: int | None, l
     offset = 1 if module.input_task is not None else 0
     if len(module.tasks) == 1:
         return _closed_form(sub, offset, l, batch)
-    from llm_planner.solve.api import SolveError
+    from llm_planner.solve.errors import SolveError
     from llm_planner.solve.baselines import run_baseline
     from llm_planner.solve.bounds import lower_bound
 

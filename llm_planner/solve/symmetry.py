@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llm_planner.solve.problem import PlacementProblem
-from llm_planner.spec import ClusterSpec
+from llm_planner.spec import ClusterSpec, DeviceSpec
 
 CRITERIA = ("batch", "task", "time", "first")
 
@@ -78,10 +78,16 @@ class SymmetryClasses:
 def symmetry_classes(cluster: ClusterSpec) -> SymmetryClasses:
     """Device classes (same server, same kind) and server classes (same template)."""
     devices = cluster.devices()
-    by_node_kind: dict[tuple[str, str], list[int]] = defaultdict(list)
+    return _classes(devices, list(range(len(devices))))
+
+
+def _classes(devices: tuple[DeviceSpec, ...], units: list[int]) -> SymmetryClasses:
+    """Classes among the devices `units` (same server, kind and group degree; same template)."""
+    by_node_kind: dict[tuple[str, str, int], list[int]] = defaultdict(list)
     by_template: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for k, d in enumerate(devices):
-        by_node_kind[(d.node, d.kind)].append(k)
+    for k in units:
+        d = devices[k]
+        by_node_kind[(d.node, d.kind, d.degree)].append(k)
         by_template[d.node_template][d.node].append(k)
     device_classes = tuple(tuple(ks) for ks in by_node_kind.values() if len(ks) > 1)
     server_classes = tuple(tuple(tuple(ks) for ks in nodes.values()) for nodes in by_template.values() if len(nodes) > 1)
@@ -90,7 +96,9 @@ def symmetry_classes(cluster: ClusterSpec) -> SymmetryClasses:
 
 def problem_classes(problem: PlacementProblem) -> SymmetryClasses:
     """The cluster's classes, split so that members can hold the same tasks in this problem."""
-    base = symmetry_classes(problem.cluster)
+    # units: the devices a plan uses one by one; a problem's groups (members of 2+) are ordered
+    # by group_use_rows instead, so they are left out here
+    base = _classes(problem.devices, [k for k in range(problem.num_devices) if problem.degree(k) == 1])
     column = {k: problem.supported[:, k].tobytes() for k in range(problem.num_devices)}
 
     def split(groups, key):
@@ -234,9 +242,13 @@ def first_item_rows(form, classes: SymmetryClasses) -> list[tuple[list[tuple[int
 
 
 def canonical_plan(problem: PlacementProblem, criterion: str, plan):
-    """The same plan with its devices permuted so that it obeys `criterion`'s rows."""
+    """The same plan with its devices permuted so that it obeys `criterion`'s rows (with
+    tensor-parallel groups: unchanged, as a permutation of single devices would not carry
+    the groups along; the solver then may not take it as its warm start)."""
     from dataclasses import replace
 
+    if problem.has_groups:
+        return plan
     classes = problem_classes(problem)
     index = {name: k for k, name in enumerate(problem.device_names)}
     tasks = [t.name for t in problem.graph.tasks]
@@ -249,3 +261,22 @@ def canonical_plan(problem: PlacementProblem, criterion: str, plan):
         shard_assignments=tuple({t: rename[d] for t, d in a.items()} for a in plan.shard_assignments),
         schedule=tuple(replace(s, device=rename[s.device]) for s in plan.schedule),
     )
+
+
+def group_use_rows(problem: PlacementProblem, use: dict[int, int]) -> list[tuple[list[tuple[int, float]], float, float]]:
+    """use[L] <= use[H] for the two halves L < H (groups of size k) of every aligned block of
+    2k identical devices. Valid with the device rows: any plan has an image, under a
+    permutation of identical devices, with its single devices at the bottom of the class in
+    the criterion's order and its groups packed from the top, larger first (llm_planner.groups);
+    there the lower half of a block is used only if the upper one is.  Rows: one per block."""
+    by_first: dict[tuple[str, str, int, int], int] = {}
+    for k in range(problem.num_devices):
+        d = problem.devices[k]
+        if problem.degree(k) > 1:
+            by_first[(d.node, d.kind, d.degree, d.index)] = k
+    rows = []
+    for (node, kind, degree, first), low in by_first.items():
+        high = by_first.get((node, kind, degree, first + degree))
+        if first % (2 * degree) == 0 and high is not None:
+            rows.append(([(use[low], 1.0), (use[high], -1.0)], -math.inf, 0.0))
+    return rows

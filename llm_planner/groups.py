@@ -1,0 +1,87 @@
+"""Tensor-parallel groups: sets of identical devices of one node that run a task together.
+
+A group is k >= 2 devices of one kind in one node; the node's link between two
+devices of that kind carries its collectives. The planner offers *aligned*
+groups only: the devices of a kind in a node, in spec order, cut into blocks of
+k starting at 0, for k a power of two that divides the number n of such devices,
+and k = n itself (the whole class). That loses no plan up to a permutation of
+identical devices: in any set of disjoint groups of such sizes, moving the
+groups to the top of the class, larger first, and single devices to the bottom,
+keeps every group aligned (each size divides every larger one and n). It is
+also what Megatron-LM and vLLM do (tensor-parallel ranks are consecutive GPUs).
+
+A group's name lists its first and last member: "h100-server-0/h100-80g:0-7".
+In plan files a group is written as the list of its members' names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from llm_planner.spec import ClusterSpec, DeviceSpec
+
+_NAME = re.compile(r"^(?P<node>[^/]+)/(?P<kind>[^:]+):(?P<first>\d+)-(?P<last>\d+)$")
+
+
+class GroupError(ValueError):
+    """A group that the cluster cannot form; the message says why."""
+
+
+def group_degrees(count: int, max_tp: int) -> list[int]:
+    """Degrees k >= 2 offered for a class of `count` identical devices: powers of two dividing
+    count, and count itself, at most max_tp."""
+    out = [k for k in range(2, count + 1) if (k & (k - 1) == 0 and count % k == 0) or k == count]
+    return [k for k in out if k <= max_tp]
+
+
+def group_name(first: DeviceSpec, last: DeviceSpec) -> str:
+    return f"{first.node}/{first.kind}:{first.index}-{last.index}"
+
+
+def is_group_name(name: str) -> bool:
+    return _NAME.match(name) is not None
+
+
+def member_names(name: str) -> list[str]:
+    """The devices of a group name ("n/k:0-3" -> ["n/k:0", ..., "n/k:3"]); [name] for a device."""
+    m = _NAME.match(name)
+    if m is None:
+        return [name]
+    first, last = int(m["first"]), int(m["last"])
+    return [f"{m['node']}/{m['kind']}:{j}" for j in range(first, last + 1)]
+
+
+def tensor_groups(cluster: ClusterSpec, max_tp: int) -> tuple[DeviceSpec, ...]:
+    """Every aligned group of degree 2..max_tp of the cluster, as devices with `members` set
+    (ordered by node, kind, degree, first member)."""
+    classes: dict[tuple[str, str], list[DeviceSpec]] = defaultdict(list)
+    for d in cluster.devices():
+        classes[(d.node, d.kind)].append(d)
+    out = []
+    for members in classes.values():
+        for k in group_degrees(len(members), max_tp):
+            for start in range(0, len(members) - k + 1, k):
+                block = members[start : start + k]
+                out.append(DeviceSpec(name=group_name(block[0], block[-1]), kind=block[0].kind, node=block[0].node,
+                                      node_template=block[0].node_template, index=block[0].index, hostname=block[0].hostname,
+                                      members=tuple(d.name for d in block)))
+    return tuple(out)
+
+
+def group_from_members(cluster: ClusterSpec, names: list[str], max_tp: int | None = None) -> str:
+    """The group name of a list of device names (a plan file's group); GroupError when the
+    cluster offers no such group (unknown device, two nodes or kinds, not an aligned block)."""
+    if len(names) < 2:
+        raise GroupError(f"a group needs at least 2 devices, got {names}")
+    for g in tensor_groups(cluster, max_tp or len(names)):
+        if list(g.members) == list(names):
+            return g.name
+    known = {d.name: d for d in cluster.devices()}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise GroupError(f"unknown device(s) {unknown} in group {names}")
+    if len({(known[n].node, known[n].kind) for n in names}) > 1:
+        raise GroupError(f"group {names} mixes nodes or device kinds; a group is devices of one kind in one node")
+    raise GroupError(f"group {names} is not an aligned block of its devices (degree a power of two dividing their count, "
+                     "or all of them, members consecutive from a multiple of the degree)")

@@ -1,0 +1,28 @@
+"""Every baseline a plan is compared with: the single-device layouts of solve/baselines.py
+and, on a problem with tensor-parallel groups, the layouts of solve/baselines_tp.py."""
+
+from __future__ import annotations
+
+from llm_planner.plan import Plan
+from llm_planner.solve.baselines import BASELINE_NAMES, run_baseline
+from llm_planner.solve.baselines_tp import TP_BASELINES, run_tp_baseline
+from llm_planner.solve.problem import PlacementProblem
+
+ALL_BASELINES = BASELINE_NAMES + TP_BASELINES
+
+
+def run_any_baseline(name: str, problem: PlacementProblem) -> Plan | None:
+    """The plan of baseline `name`, or None when it finds none that fits."""
+    if name in TP_BASELINES:
+        return run_tp_baseline(name, problem)
+    return run_baseline(name, problem)
+
+
+def all_baselines(problem: PlacementProblem) -> dict[str, Plan | None]:
+    return {name: run_any_baseline(name, problem) for name in ALL_BASELINES}
+
+
+def best_of_all(problem: PlacementProblem) -> Plan | None:
+    """The feasible baseline plan with the lowest objective (None if none is feasible)."""
+    plans = [p for p in all_baselines(problem).values() if p is not None]
+    return min(plans, key=lambda p: p.objective_s, default=None)
