@@ -204,6 +204,8 @@ def test_partition_bound_below_every_split_plan(problem):
             assert partition_bound(problem) <= best * (1 + 1e-9)
         with mock.patch.object(bounds_path, "MAX_PARTITION_TASKS", 0):
             assert partition_bound(problem) <= best * (1 + 1e-9)
+        with mock.patch.object(bounds_path, "MAX_PARTITIONS", 0):  # one stand-in per shard count
+            assert partition_bound(problem) <= best * (1 + 1e-9)
 
 
 def test_partition_bound_couples_the_shards_of_a_split_batch():

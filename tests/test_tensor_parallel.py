@@ -125,9 +125,18 @@ def test_max_tp_one_offers_no_group():
 
 
 def _check_against_brute(problem, *, split_exact: bool):
+    from unittest import mock
+
+    import llm_planner.solve.bounds_path as bounds_path
+    from llm_planner.solve.bounds import forget_lower_bounds
+
     best = brute_force(problem)
     assert math.isfinite(best)
     assert lower_bound(problem) <= best * (1 + 1e-9)
+    with mock.patch.object(bounds_path, "MAX_PARTITIONS", 0):  # the partition bound's stand-ins per shard count
+        forget_lower_bounds()
+        assert lower_bound(problem) <= best * (1 + 1e-9)
+    forget_lower_bounds()
     milp = solve(problem, SolveOptions(**EXACT))
     assert milp.objective_s == pytest.approx(best, rel=1e-5)
     assert milp.lower_bound_s <= best * (1 + 1e-9)

@@ -378,7 +378,7 @@ def shard_lp_bound(problem: PlacementProblem, shards: int, *, memory: bool = Tru
     return bound / q if problem.objective == "throughput" else bound
 
 
-def shard_count_bound(problem: PlacementProblem) -> float:
+def shard_count_bound(problem: PlacementProblem, load=None) -> float:
     """min over s of max(CP(s), LP(s)) (module docstring); 0 when the batch cannot be split."""
     most = min(problem.batch_size, problem.max_shards)
     if most < 2:
@@ -389,7 +389,7 @@ def shard_count_bound(problem: PlacementProblem) -> float:
         path = functools.lru_cache(maxsize=None)(lambda s: path_lp_at_shards(problem, s))
     else:
         path = functools.lru_cache(maxsize=None)(lambda s: critical_path_bound(problem, shards=s))
-    load = functools.lru_cache(maxsize=None)(lambda s: shard_lp_bound(problem, s))
+    load = load or functools.lru_cache(maxsize=None)(lambda s: shard_lp_bound(problem, s))
     # CP falls and LP rises with s: find the first s* with LP(s*) >= CP(s*) by bisection; the
     # minimum of max(CP, LP) is then LP(s*) or CP(s* - 1)
     lo, hi = 1, most
@@ -430,8 +430,9 @@ def forget_lower_bounds() -> None:
 def _lower_bound(problem: PlacementProblem) -> float:
     from llm_planner.solve.bounds_path import partition_bound, path_lp_bound
 
-    bounds = [critical_path_bound(problem), load_balance_bound(problem), shard_count_bound(problem)]
+    load = functools.lru_cache(maxsize=None)(lambda s: shard_lp_bound(problem, s))  # LP(s), shared by the two bounds
+    bounds = [critical_path_bound(problem), load_balance_bound(problem), shard_count_bound(problem, load)]
     if problem.objective == "latency":
         bounds.append(path_lp_bound(problem, largest_shard_floor(problem)))
-        bounds.append(partition_bound(problem, max(bounds)))
+        bounds.append(partition_bound(problem, max(bounds), load))
     return max(bounds)

@@ -643,38 +643,75 @@ def shard_copies(problem: PlacementProblem, sizes: tuple[int, ...]) -> Placement
     )
 
 
-def partition_bound(problem: PlacementProblem, floor: float = 0.0) -> float:
+def partition_bound(problem: PlacementProblem, floor: float = 0.0, load=None) -> float:
     """A latency bound for a batch that may be split: min over the partitions P = (b_1 >= ... >= b_s)
     of Q into at most S parts of the path LP of `shard_copies(problem, P)`, each shard's own copy
     of the graph with all copies sharing the devices' time and memory (docs/objectives.md).
 
     Three bounds per partition, each at least the one before: cheap, LP(s) of the shard-count
-    bound; light, the larger of that and the union LP without its head and tail rows; full, with
-    them. A partition whose lighter bound is not below the least full bound found
-    cannot lower the minimum and goes no further. At most MAX_PARTITION_LPS full LPs are solved
-    (light ones: as many as partitions); partitions left over count with what they have. Once
-    the least value found is at most `floor` (a bound the caller already has), the search stops:
-    the result is then `floor`. Returns `floor` when there are more than MAX_PARTITIONS partitions."""
+    bound (`load(s)`, shard_lp_bound by default); light, the larger of that and the union LP
+    without its head and tail rows; full, with them. With at most MAX_PARTITIONS partitions,
+    every one is a candidate (`_best_first`); with more, one per number of shards
+    (`_by_shard_count`). Once the least bound is at most `floor` (a bound the caller already
+    has), the result is `floor`."""
     import functools
 
     from llm_planner.solve.bounds import shard_lp_bound
 
     q, most = problem.batch_size, min(problem.batch_size, problem.max_shards)
-    if problem.objective != "latency" or most < 2 or count_partitions(q, most) > MAX_PARTITIONS:
+    if problem.objective != "latency" or most < 2:
         return floor
-    load = functools.lru_cache(maxsize=None)(lambda s: shard_lp_bound(problem, s))
-    value = {p: load(len(p)) for p in partitions(q, most)}  # the best bound known per partition
-    small = [p for p in value if len(p) * problem.num_tasks <= MAX_PARTITION_TASKS]
-    copies = {p: shard_copies(problem, p) for p in small}
-    for p in small:
-        value[p] = max(value[p], path_lp_bound(copies[p], 1, head_tail=False, copies=len(p)))
-    best, solved = math.inf, 0
-    for p in sorted(small, key=lambda p: (value[p], p)):
-        if value[p] >= best or best <= floor or solved >= MAX_PARTITION_LPS:
+    load = load or functools.lru_cache(maxsize=None)(lambda s: shard_lp_bound(problem, s))
+    if count_partitions(q, most) <= MAX_PARTITIONS:
+        value = _best_first(problem, list(partitions(q, most)), load)
+    else:
+        value = _by_shard_count(problem, most, load, floor)
+    return max(floor, value)
+
+
+def _raise(problem: PlacementProblem, p: tuple[int, ...], value: float, stage: int) -> float:
+    """A partition's bound after its light (stage 0 -> 1) or full (1 -> 2) union LP."""
+    return max(value, path_lp_bound(shard_copies(problem, p), 1, head_tail=stage == 1, copies=len(p)))
+
+
+def _best_first(problem: PlacementProblem, candidates: list[tuple[int, ...]], load) -> float:
+    """The least bound over `candidates`: the one whose bound is least so far is raised to its next
+    bound until that least one is final (full; or light once MAX_PARTITION_LPS full LPs were
+    solved or when its union exceeds MAX_PARTITION_TASKS tasks). No other can then be lower, and
+    candidates never reached keep their cheap bound without costing a union LP."""
+    import heapq
+
+    heap = [(load(len(p)), 0, p) for p in candidates]  # (bound, stage: 0 cheap, 1 light, 2 full, partition)
+    heapq.heapify(heap)
+    full_lps = 0
+    while True:
+        value, stage, p = heap[0]
+        small = len(p) * problem.num_tasks <= MAX_PARTITION_TASKS
+        if stage == 2 or not small or (stage == 1 and full_lps >= MAX_PARTITION_LPS):
+            log.debug("partition bound: %d full union LPs, %.6g s, set by %s", full_lps, value, p)
+            return value
+        full_lps += stage == 1
+        heapq.heapreplace(heap, (_raise(problem, p, value, stage), stage + 1, p))
+
+
+def _by_shard_count(problem: PlacementProblem, most: int, load, floor: float) -> float:
+    """Too many partitions: for each s, the sizes (ceil(Q / s), 1, ..., 1) stand for every partition
+    into s parts (its largest part has at least ceil(Q / s) samples, the others at least 1, and the
+    union LP only rises with the sizes: times by F1, per-sample memory). LP(s) rises with s
+    (solve/bounds.py), so once LP(s) reaches the least bound found, no larger s can be lower; and
+    once the least is at most `floor`, the caller's bound stands."""
+    q, best, full_lps = problem.batch_size, math.inf, 0
+    for s in range(1, most + 1):
+        value = load(s)
+        if value >= best or best <= floor:
             break
-        value[p] = max(value[p], path_lp_bound(copies[p], 1, copies=len(p)))
-        best = min(best, value[p])
-        solved += 1
-    best = min(value.values())
-    log.debug("partition bound: %d light and %d full union LPs, %.6g s", len(small), solved, best)
-    return max(floor, best)
+        p = (math.ceil(q / s),) + (1,) * (s - 1)
+        if len(p) * problem.num_tasks > MAX_PARTITION_TASKS:
+            best = min(best, value)
+            break
+        value = _raise(problem, p, value, 0)
+        if value < best and full_lps < MAX_PARTITION_LPS:
+            value, full_lps = _raise(problem, p, value, 1), full_lps + 1
+        best = min(best, value)
+    log.debug("partition bound by shard count: %d full union LPs, %.6g s", full_lps, best)
+    return best

@@ -159,17 +159,16 @@ class PlacementProblem:
     def device_memory_used(self, shard_sizes: list[int], assignments: list[list[int]]) -> np.ndarray:
         """Bytes used on each device: weights once per device, per-sample memory per shard."""
         used = np.zeros(self.num_devices)
-        for k in range(self.num_devices):
-            held = set()
-            for b, assign in zip(shard_sizes, assignments):
-                if b <= 0:
-                    continue
-                for i, dev in enumerate(assign):
-                    if dev == k and self.mem_counts[i, k]:
-                        held.add(i)
-                        used[k] += self.mem_bytes_per_sample[i] * b
-            used[k] += sum(self.weight_bytes[i] for i in held)
-        return used
+        held = np.zeros((self.num_tasks, self.num_devices), dtype=bool)
+        tasks = np.arange(self.num_tasks)
+        for b, assign in zip(shard_sizes, assignments):
+            if b <= 0:
+                continue
+            dev = np.asarray(assign, dtype=int)
+            counts = self.mem_counts[tasks, dev]
+            np.add.at(used, dev[counts], self.mem_bytes_per_sample[tasks[counts]] * b)
+            held[tasks[counts], dev[counts]] = True
+        return used + self.weight_bytes @ held
 
 
 def build_problem(
