@@ -16,7 +16,9 @@ Checks (each failure is one readable sentence in VerifyReport.violations):
   5. no two items overlap on one device;
   6. memory: on device k, the weights of every task it holds (once, whatever the
      number of shards), plus mem_bytes_per_sample * b_s for every (task, shard)
-     on k, counted only where mem_counts[i, k], at most mem_capacity[k];
+     on k, counted only where mem_counts[i, k], plus the largest activation
+     workspace (workspace_bytes_per_sample * b_s) among its items, at most its
+     usable memory (problem.usable);
      tensor-parallel groups: the devices used share no physical device (a device
      serves one group or itself), every group is devices of one kind in one node
      whose count the task's sharded sizes divide, and each member's own bytes
@@ -257,13 +259,25 @@ class _Checker:
                 if (i, int(k)) not in held:
                     held.add((i, int(k)))
                     used[k] += p.weight_bytes[i]
+        used += self.workspace(assign)
         for k in range(p.num_devices):
-            if used[k] > p.mem_capacity[k] * (1 + self.rel_tol):
+            if used[k] > p.usable[k] * (1 + self.rel_tol):
                 self.bad(
-                    f"device {self.devices[k]!r} needs {_gb(used[k])} of memory but holds {_gb(p.mem_capacity[k])} "
-                    f"(over by {_gb(used[k] - p.mem_capacity[k])})"
+                    f"device {self.devices[k]!r} needs {_gb(used[k])} of memory but holds {_gb(p.usable[k])} "
+                    f"(over by {_gb(used[k] - p.usable[k])})"
                 )
         return used
+
+    def workspace(self, assign: list[np.ndarray]) -> np.ndarray:
+        """[K] the largest activation workspace among the (task, shard) items on each device (a group:
+        on each member, so k times it in all)."""
+        p, out = self.p, np.zeros(self.p.num_devices)
+        for s, a in enumerate(assign):
+            for i, k in enumerate(a):
+                if k >= 0:
+                    need = p.graph.tasks[i].workspace_bytes_per_sample * max(self.sizes[s], 0)
+                    out[k] = max(out[k], need * p.devices[k].degree)
+        return out
 
     def check_groups(self, assign: list[np.ndarray]) -> dict[int, float]:
         """Exclusivity, group shape and each member's memory (module docstring, 6); returns the
@@ -292,6 +306,7 @@ class _Checker:
         per_member = sum(shard_of(p.graph.tasks[i], device.degree).weight_bytes for i in tasks if p.mem_counts[i, k])
         per_member += sum(shard_of(p.graph.tasks[i], device.degree).mem_bytes_per_sample * self.sizes[s]
                           for s, a in enumerate(assign) for i, kk in enumerate(a) if kk == k and p.mem_counts[i, k])
+        per_member += self.workspace(assign)[k] / device.degree
         usable = p.cluster.kind(device.kind).usable_mem_bytes
         if per_member > usable * (1 + self.rel_tol):
             self.bad(f"each member of group {device.name!r} needs {_gb(per_member)} but may fill {_gb(usable)}")

@@ -169,7 +169,7 @@ def test_exclusivity_binds_on_these_instances():
 def test_four_gpus_with_pairs_and_a_quad_match_the_brute_force(seed):
     problem = build_problem(tp_chain(seed), gpu_cluster(4), batch_size=1, max_tp=4)
     assert problem.num_devices == 4 + 2 + 1
-    _check_against_brute(problem, split_exact=False)
+    _check_against_brute(problem, split_exact=True)  # every cut of 4 devices is a layout: (4), (2, 2), (2, 1, 1), (1, 1, 1, 1)
 
 
 def test_memory_forces_a_group():
@@ -315,3 +315,35 @@ def test_device_map_and_launch_refuse_group_plans():
         hf_device_map(on_group, {t: t for t in plan.assignment}, set())
     with pytest.raises(LaunchError, match="tensor-parallel groups"):
         rank_entries(on_group, problem.cluster, "plan.yaml")
+
+
+# -- activation workspace -------------------------------------------------------------------
+
+
+def test_workspace_is_reserved_and_checked():
+    """A task with a large workspace: the solver leaves room for it, the verifier counts what runs."""
+    from dataclasses import replace
+
+    base = tp_chain(0, n=2)
+    big = replace(base.tasks[1], workspace_bytes_per_sample=5 * GB)
+    graph = TaskGraph(name="ws", tasks=(base.tasks[0], big), edges=base.edges).validate()
+    problem = build_problem(graph, gpu_cluster(1, mem=20 * GB, cpu=True), batch_size=2)
+    gpu = problem.device_names.index("node0/g:0")
+    assert problem.usable[gpu] - problem.mem_capacity[gpu] == pytest.approx(10 * GB)  # 5 GB x 2 samples
+    plan = solve(problem, SolveOptions(**EXACT))
+    report = verify_plan(plan, problem)
+    assert report.ok
+    on_gpu = [t for t, d in plan.assignment.items() if d == "node0/g:0"]
+    if "t1" in on_gpu:
+        assert report.memory_per_device_bytes["node0/g:0"] >= 10 * GB
+    squeezed = replace(problem, mem_usable=problem.usable.copy())
+    squeezed.mem_usable[gpu] = 1 * GB
+    all_gpu = replace(plan, shard_assignments=({"t0": "node0/g:0", "t1": "node0/g:0"},))
+    assert any("needs" in v and "node0/g:0" in v for v in verify_plan(all_gpu, squeezed).violations)
+
+
+def test_decoder_workspace_is_the_widest_point():
+    graph = build_decoder_graph(preset_config("gpt3-175b"), phase="prefill", seq_len=2048, granularity="sublayer", dtype="fp16")
+    h = 12288
+    assert graph.task("block.0.mlp").workspace_bytes_per_sample == pytest.approx(2048 * (h + 4 * h + 4 * h) * 2)
+    assert graph.task("block.0.attn").workspace_bytes_per_sample == pytest.approx(2048 * (h + 2 * h + 2 * h) * 2)

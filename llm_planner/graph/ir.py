@@ -39,7 +39,9 @@ class Task:
     flops_per_sample: float = 0.0
     bytes_per_sample: float = 0.0  # activation bytes read + written per sample
     weight_bytes: float = 0.0  # parameters held in device memory, read once per call
-    mem_bytes_per_sample: float = 0.0  # extra device memory per sample (KV cache, activations)
+    mem_bytes_per_sample: float = 0.0  # extra device memory per sample that stays (KV cache)
+    # Activation workspace per sample while the task runs (freed after; a device needs its largest).
+    workspace_bytes_per_sample: float = 0.0
     # Explicit costs: device kind -> seconds per sample; bypasses the roofline when set.
     time_s_by_kind: tuple[tuple[str, float], ...] = ()
     # Device types ("cpu", "gpu", "accelerator") the task may run on; empty = any.
@@ -139,7 +141,8 @@ class TaskGraph:
             dup = next(t.name for t in self.tasks if t.name in seen or seen.add(t.name))
             raise GraphError(f"graph {self.name!r}: duplicate task name {dup!r}")
         for t in self.tasks:
-            for f in ("flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample", "weight_bytes_indexed", "tp_replicated_weight_bytes",
+            for f in ("flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample", "workspace_bytes_per_sample",
+                      "weight_bytes_indexed", "tp_replicated_weight_bytes",
                       "tp_replicated_bytes_per_sample", "tp_allreduce_bytes_per_sample", "tp_allgather_bytes_per_sample"):
                 v = getattr(t, f)
                 if not (math.isfinite(v) and v >= 0):
@@ -257,6 +260,7 @@ def graph_from_dict(data: dict[str, Any], source: str = "<memory>") -> TaskGraph
 
 
 _NUMBER_FIELDS = {"flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample", "hop_s_per_sample", "weight_bytes_indexed",
+                  "workspace_bytes_per_sample",
                   "tp_replicated_weight_bytes", "tp_replicated_bytes_per_sample", "tp_allreduce_bytes_per_sample",
                   "tp_allgather_bytes_per_sample"}
 _INT_FIELDS = {"tp_allreduces", "tp_allgathers"}

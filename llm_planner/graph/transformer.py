@@ -416,7 +416,18 @@ def _layer_costs(cfg: DecoderConfig, phase: str, seq_len: int, dtype_bytes: int)
     dw = cfg.word_embed_dim  # lm_head: logits of the last position only
     out["lm_head"] = {"flops": 2.0 * matmul["lm_head"], "bytes": float((dw + cfg.vocab_size) * dtype_bytes),
                       "weight": float(params["lm_head"] * dtype_bytes), "mem": 0.0}
+    for part, width in _workspace_widths(cfg).items():
+        out[part]["workspace"] = float(width * (1 if part == "lm_head" else tokens) * dtype_bytes)
     return out
+
+
+def _workspace_widths(cfg: DecoderConfig) -> dict[str, int]:
+    """Elements per token alive at once at each part's widest point (its input, the widest
+    intermediate and what is written from it; the attention core fused, so no L x L scores)."""
+    h, a, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    up = cfg.intermediate_size * (2 if cfg.gated_mlp else 1)
+    return {"embed": 2 * h, "attn": h + a + 2 * kv + a, "mlp": h + up + cfg.intermediate_size,
+            "final_norm": 2 * h, "lm_head": cfg.word_embed_dim + cfg.vocab_size}
 
 
 def _tensor_parallel(cfg: DecoderConfig, tokens: int, dtype_bytes: int) -> dict[str, dict[str, Any]]:
@@ -456,7 +467,8 @@ def _task(name: str, role: str, cost: dict[str, float], tp: dict[str, Any], laye
         if key in tp and tp[key] is None:  # replicated entirely
             tp[key] = whole
     return Task(name=name, kind=role, flops_per_sample=cost["flops"], bytes_per_sample=cost["bytes"],
-                weight_bytes=cost["weight"], mem_bytes_per_sample=cost["mem"], labels=labels, **tp)
+                weight_bytes=cost["weight"], mem_bytes_per_sample=cost["mem"], workspace_bytes_per_sample=cost["workspace"],
+                labels=labels, **tp)
 
 
 def _block_tp(attn: dict[str, Any], mlp: dict[str, Any]) -> dict[str, Any]:
@@ -486,6 +498,7 @@ def build_decoder_graph(config: DecoderConfig, *, phase: str, seq_len: int, gran
     for i in range(config.num_layers):
         if granularity == "block":
             block = {k: c["attn"][k] + c["mlp"][k] for k in c["attn"]}
+            block["workspace"] = max(c["attn"]["workspace"], c["mlp"]["workspace"])  # one sublayer at a time
             tasks.append(_task(f"block.{i}", "block", block, _block_tp(tp["attn"], tp["mlp"]), i))
         else:
             tasks += [_task(f"block.{i}.attn", "attn", c["attn"], tp["attn"], i), _task(f"block.{i}.mlp", "mlp", c["mlp"], tp["mlp"], i)]

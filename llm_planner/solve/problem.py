@@ -9,7 +9,11 @@ precomputed here into arrays:
     comm_fixed[e, k, l], comm_slope[e, k, l]           c(e, k, l, b) = fixed + slope * b (0 if k == l)
     weight_bytes[i], mem_bytes_per_sample[i]           memory a task holds on its device
     mem_counts[i, k]                                   whether task i's memory counts on device k
-    mem_capacity[k]                                    the usable memory (spec fraction of mem_bytes)
+    mem_usable[k]                                      the usable memory (spec fraction of mem_bytes)
+    mem_capacity[k]                                    what weights and per-sample memory may fill: mem_usable
+                                                       less the activation workspace the largest task that k
+                                                       can run needs for the whole batch (max_i w_i Q): a
+                                                       reservation that holds whatever runs there
 
 Tensor-parallel groups (llm_planner.groups) are devices too: the physical devices come
 first (indices 0..num_physical-1, in spec order), then every group offered (max_tp >= 2),
@@ -70,12 +74,18 @@ class PlacementProblem:
     weight_bytes: np.ndarray = field(repr=False)  # [N]
     mem_bytes_per_sample: np.ndarray = field(repr=False)  # [N]
     mem_counts: np.ndarray = field(repr=False)  # [N, K] bool
-    mem_capacity: np.ndarray = field(repr=False)  # [K]
+    mem_capacity: np.ndarray = field(repr=False)  # [K] mem_usable less the workspace reservation
     is_cpu: np.ndarray = field(repr=False)  # [K] bool
     hop_s_per_sample: np.ndarray = field(repr=False)  # [N] host-staged output cost of task i
     inputs: PlanInputs | None = None  # what the problem was built from, copied into plans
+    mem_usable: np.ndarray | None = field(default=None, repr=False)  # [K]; None: mem_capacity (no workspace reserved)
     members: tuple[tuple[int, ...], ...] = ()  # [K] physical devices of each device; () = every device is physical
     max_tp: int = 1  # largest tensor-parallel degree offered
+
+    @property
+    def usable(self) -> np.ndarray:
+        """[K] the usable memory: weights, per-sample memory and the workspace of what runs fit in it."""
+        return self.mem_capacity if self.mem_usable is None else self.mem_usable
 
     @property
     def num_physical(self) -> int:
@@ -201,6 +211,7 @@ def build_problem(
     kinds = [cluster.kind(d.kind) for d in devices]
     index = {t.name: i for i, t in enumerate(graph.tasks)}
     pieces, supported = _task_pieces(graph, cluster, devices, kinds, dtype)
+    usable = _capacities(graph, devices, kinds)
 
     num_e = len(graph.edges)
     edge_src = np.array([index[e.src] for e in graph.edges], dtype=int)
@@ -246,7 +257,8 @@ def build_problem(
         weight_bytes=np.array([t.weight_bytes for t in graph.tasks], dtype=float),
         mem_bytes_per_sample=np.array([t.mem_bytes_per_sample for t in graph.tasks], dtype=float),
         mem_counts=mem_counts,
-        mem_capacity=_capacities(graph, devices, kinds),
+        mem_capacity=usable - _workspace(graph, supported, batch_size) * np.array([d.degree for d in devices]),
+        mem_usable=usable,
         is_cpu=np.array([k.type == "cpu" for k in kinds], dtype=bool),
         hop_s_per_sample=hop,
         inputs=inputs,
@@ -284,6 +296,13 @@ def _capacities(graph: TaskGraph, devices, kinds) -> np.ndarray:
     return np.array([d.degree * kind.usable_mem_bytes - (d.degree - 1) * replicated for d, kind in zip(devices, kinds)], dtype=float)
 
 
+def _workspace(graph: TaskGraph, supported: np.ndarray, batch: int) -> np.ndarray:
+    """[K] the largest activation workspace, for the whole batch, of a task each device can run
+    (on a group, each member is reserved all of it: the sublayer's input and output are whole there)."""
+    per_sample = np.array([t.workspace_bytes_per_sample for t in graph.tasks], dtype=float)
+    return np.max(np.where(supported, per_sample[:, None] * batch, 0.0), axis=0, initial=0.0)
+
+
 def restrict_devices(problem: PlacementProblem, keep: list[int]) -> PlacementProblem:
     """The problem on the devices `keep` only (indices into problem.devices, in order): every
     array sliced, device names unchanged, so a plan of the result is a plan of the problem.
@@ -297,5 +316,6 @@ def restrict_devices(problem: PlacementProblem, keep: list[int]) -> PlacementPro
         problem, devices=tuple(problem.devices[k] for k in keep), time_pieces=problem.time_pieces[:, ix],
         supported=problem.supported[:, ix], comm_fixed=problem.comm_fixed[:, ix][:, :, ix], comm_slope=problem.comm_slope[:, ix][:, :, ix],
         mem_counts=problem.mem_counts[:, ix], mem_capacity=problem.mem_capacity[ix], is_cpu=problem.is_cpu[ix], members=(),
+        mem_usable=None if problem.mem_usable is None else problem.mem_usable[ix],
         max_shards=min(problem.max_shards, problem.batch_size),
     )

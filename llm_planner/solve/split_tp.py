@@ -1,17 +1,18 @@
 """MILP-SPLIT with tensor-parallel groups: a search over group layouts, each solved exactly as
 far as MILP-SPLIT goes.
 
-A *layout* gives every class of identical devices (a device kind in a server template;
-identical servers share it, as they are interchangeable) one degree d: its devices are
-cut into aligned groups of d (d = 1: used one by one). Under a layout the devices left
+A *layout* cuts every class of identical devices (a device kind in a server template;
+identical servers share it, as they are interchangeable) into aligned groups of given
+sizes (1: a device used alone), packed from the class's last device down, larger first. Under a layout the devices left
 share no physical device, so the problem restricted to them (problem.restrict_devices)
 has no exclusivity to keep and MILP-SPLIT solves it as it is, with pipelines, replicas
 and data parallelism over the groups. The search:
 
 1. uniform layouts: for each degree d offered, every class at the largest degree <= d
    it offers (d = 1: no groups);
-2. from the best, one class at a time, every other degree of that class, kept when
-   better, until no change improves (coordinate descent);
+2. from the best, one class at a time, every other cut of that class (each degree on
+   its own, and, for a class the best plan uses, one group of each degree beside single
+   devices), kept when better, until no change improves (coordinate descent);
 
 each layout skipped when a cheap lower bound of its restricted problem (critical path,
 load balance) cannot beat the best plan so far. The baselines with groups (megatron,
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections import defaultdict
 from dataclasses import replace
 
@@ -39,7 +41,7 @@ from llm_planner.solve.split import solve_split
 
 log = logging.getLogger(__name__)
 
-Layout = tuple[int, ...]  # one degree per class, in class order
+Layout = tuple[tuple[int, ...], ...]  # per class (in class order): its group sizes, descending
 
 
 def solve_split_tp(problem: PlacementProblem, options: SolveOptions) -> Plan:
@@ -47,16 +49,20 @@ def solve_split_tp(problem: PlacementProblem, options: SolveOptions) -> Plan:
     if not problem.has_groups:
         return solve_split(problem, options)
     started = time.perf_counter()
-    search = _Search(problem, options)
-    for layout in search.uniform():
-        search.try_layout(layout)
-    search.descend()
-    for name, plan in all_baselines(problem).items():
-        if plan is not None and (search.best is None or plan.objective_s < search.best.objective_s * (1 - 1e-12)):
-            search.best, search.label = plan, f"baseline:{name}"
-    if search.best is None:
-        raise SolveError(f"milp-split found no plan that fits in memory: {infeasibility_reason(problem)}")
-    return _finish(problem, options, search, started)
+    # the whole problem's bound does not depend on the search: computed beside it (its LPs leave
+    # the interpreter free while they solve, so the two share the cores)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        bound = pool.submit(lower_bound, problem)
+        search = _Search(problem, options)
+        for layout in search.uniform():
+            search.try_layout(layout)
+        search.descend()
+        for name, plan in all_baselines(problem).items():
+            if plan is not None and (search.best is None or plan.objective_s < search.best.objective_s * (1 - 1e-12)):
+                search.best, search.label = plan, f"baseline:{name}"
+        if search.best is None:
+            raise SolveError(f"milp-split found no plan that fits in memory: {infeasibility_reason(problem)}")
+        return _finish(options, search, bound.result(), started)
 
 
 class _Search:
@@ -69,11 +75,11 @@ class _Search:
         self.best: Plan | None = None
         self.label = ""
         self.best_layout: Layout | None = None
-        self.in_classes = {k for c in self.classes for k in c.units[1]}
+        self.in_classes = {k for c in self.classes for k in c.singles}
 
     def uniform(self) -> list[Layout]:
         offered = sorted({d for c in self.classes for d in c.degrees}, reverse=True)
-        layouts = [tuple(max(x for x in c.degrees if x <= d) for c in self.classes) for d in offered]
+        layouts = [tuple(c.uniform(max(x for x in c.degrees if x <= d)) for c in self.classes) for d in offered]
         return list(dict.fromkeys(layouts))
 
     def try_layout(self, layout: Layout) -> None:
@@ -98,36 +104,83 @@ class _Search:
             self.best, self.best_layout, self.label = plan, layout, self.describe(layout)
 
     def descend(self) -> None:
-        """Coordinate descent from the best layout (module docstring, step 2)."""
+        """Coordinate descent from the best layout (module docstring, step 2): the classes the best
+        plan uses first; a class it does not use gets its uniform cuts only (a first use of it is
+        a group of some degree, which its uniform cut of that degree offers)."""
         improved = self.best_layout is not None
         while improved:
             improved, start = False, self.best_layout
-            for c, cls in enumerate(self.classes):
-                for d in cls.degrees:
-                    self.try_layout(start[:c] + (d,) + start[c + 1 :])
+            used = set(self.best.physical_devices_used())
+            names = [d.name for d in self.p.devices]
+            order = sorted(range(len(self.classes)), key=lambda c: not self.classes[c].is_used(used, names))
+            for c in order:
+                cls = self.classes[c]
+                for sizes in cls.layouts(mixed=cls.is_used(used, names)):
+                    self.try_layout(start[:c] + (sizes,) + start[c + 1 :])
                 if self.best_layout != start:
                     improved = True
                     break
 
     def devices(self, layout: Layout) -> list[int]:
-        """The devices of a layout: every class at its degree, devices outside any class as they are."""
-        chosen = {k for c, d in zip(self.classes, layout) for k in c.units[d]}
+        """The devices of a layout: every class cut as its sizes say, devices outside any class as they are."""
+        chosen = {k for c, sizes in zip(self.classes, layout) for k in c.devices(sizes)}
         return [k for k in range(self.p.num_devices) if k in chosen or (self.p.degree(k) == 1 and k not in self.in_classes)]
 
     def describe(self, layout: Layout) -> str:
-        return ", ".join(f"{c.name}: tp{d}" for c, d in zip(self.classes, layout))
+        return ", ".join(f"{c.name}: {_sizes(sizes)}" for c, sizes in zip(self.classes, layout))
+
+
+def _sizes(sizes: tuple[int, ...]) -> str:
+    """(8,) -> "tp8"; (2, 2, 2, 2) -> "4 x tp2"; (4, 1, 1, 1, 1) -> "tp4 + 4 x tp1"."""
+    runs: list[tuple[int, int]] = []
+    for d in sizes:
+        if runs and runs[-1][0] == d:
+            runs[-1] = (d, runs[-1][1] + 1)
+        else:
+            runs.append((d, 1))
+    return " + ".join(f"tp{d}" if n == 1 else f"{n} x tp{d}" for d, n in runs)
 
 
 class _Class:
-    """Identical devices of one kind in every server of one template, with their groups by degree."""
+    """Identical devices of one kind in every server of one template: `count` per server, and
+    each server's devices and groups by (first index, degree)."""
 
     def __init__(self, name: str):
         self.name = name
-        self.units: dict[int, list[int]] = defaultdict(list)  # degree -> devices (groups) of that degree
+        self.count = 0
+        self.nodes: dict[str, dict[tuple[int, int], int]] = defaultdict(dict)  # node -> (first index, degree) -> device
 
     @property
     def degrees(self) -> list[int]:
-        return sorted(self.units)
+        return sorted({d for units in self.nodes.values() for _, d in units})
+
+    @property
+    def singles(self) -> list[int]:
+        return [k for units in self.nodes.values() for (_, d), k in units.items() if d == 1]
+
+    def uniform(self, d: int) -> tuple[int, ...]:
+        return (d,) * (self.count // d)
+
+    def layouts(self, mixed: bool = True) -> list[tuple[int, ...]]:
+        """Every degree on its own, and (`mixed`) one group of each degree beside single devices."""
+        out = [self.uniform(d) for d in self.degrees]
+        out += [(d,) + (1,) * (self.count - d) for d in self.degrees if mixed and 1 < d < self.count]
+        return list(dict.fromkeys(out))
+
+    def is_used(self, used: set[str], names: list[str]) -> bool:
+        """Whether a plan that uses the physical devices `used` runs anything on this class."""
+        return any(names[k] in used for k in self.singles)
+
+    def devices(self, sizes: tuple[int, ...]) -> list[int]:
+        """Each server cut into groups of `sizes` (descending), packed from its last device down:
+        aligned, since every size divides the larger ones and the count (llm_planner.groups)."""
+        out = []
+        for units in self.nodes.values():
+            top = self.count
+            for d in sizes:
+                top -= d
+                out.append(units[(top, d)])
+        return out
 
 
 def _device_classes(problem: PlacementProblem) -> list[_Class]:
@@ -135,15 +188,17 @@ def _device_classes(problem: PlacementProblem) -> list[_Class]:
     classes: dict[tuple[str, str], _Class] = {}
     for k, d in enumerate(problem.devices):
         cls = classes.setdefault((d.node_template, d.kind), _Class(f"{d.node_template}/{d.kind}"))
-        cls.units[problem.degree(k)].append(k)
-    return [c for c in classes.values() if len(c.units) > 1]
+        cls.nodes[d.node][(d.index, problem.degree(k))] = k
+        if problem.degree(k) == 1 and d.node == next(iter(cls.nodes)):
+            cls.count += 1
+    return [c for c in classes.values() if len(c.degrees) > 1]
 
 
-def _finish(problem: PlacementProblem, options: SolveOptions, search: _Search, started: float) -> Plan:
+def _finish(options: SolveOptions, search: _Search, bound: float, started: float) -> Plan:
     """The best plan with the whole problem's bound, its status and the layouts tried."""
     best = search.best
     assert best is not None
-    bound = min(lower_bound(problem), best.objective_s)
+    bound = min(bound, best.objective_s)
     status = "optimal" if best.objective_s <= bound * (1 + options.rel_gap) else "heuristic"
     details = dict(best.solver.details) if best.solver.name == "milp-split" else {"baseline_won": best.solver.name}
     details.update(tp_layout=search.label, tp_layouts_tried={search.describe(l): obj for l, obj in search.tried.items()})
