@@ -162,7 +162,7 @@ class _Checker:
                 if i is None:
                     self.bad(f"shard {s} assigns {name!r}, which is not a task of graph {self.p.graph.name!r}")
                 elif k is None:
-                    self.bad(f"shard {s} puts task {name!r} on unknown device {dev!r}")
+                    self.bad(f"shard {s} puts task {name!r} on {self._unknown(dev)}")
                 elif not self.p.supported[i, k]:
                     self.bad(f"shard {s} puts task {name!r} on device {dev!r} (kind {self.p.devices[k].kind!r}), which cannot run it")
                 else:
@@ -172,6 +172,18 @@ class _Checker:
                     self.bad(f"shard {s} assigns no device to task {name!r}")
             out.append(a)
         return out
+
+    def _unknown(self, dev: str) -> str:
+        """Why `dev` is no device of the problem, for a group: what the cluster cannot form."""
+        from llm_planner.groups import GroupError, group_from_members, is_group_name, member_names
+
+        if not is_group_name(dev):
+            return f"unknown device {dev!r}"
+        try:
+            group_from_members(self.p.cluster, member_names(dev))
+        except GroupError as exc:
+            return f"a tensor-parallel group the cluster cannot form: {exc}"
+        return f"group {dev!r}, larger than the plan's max_tp {self.p.max_tp} or running none of the model's tasks"
 
     def check_colocation(self, assign: list[np.ndarray]) -> None:
         for group in self.p.colocate_groups():

@@ -347,3 +347,13 @@ def test_decoder_workspace_is_the_widest_point():
     h = 12288
     assert graph.task("block.0.mlp").workspace_bytes_per_sample == pytest.approx(2048 * (h + 4 * h + 4 * h) * 2)
     assert graph.task("block.0.attn").workspace_bytes_per_sample == pytest.approx(2048 * (h + 2 * h + 2 * h) * 2)
+
+
+def test_verifier_names_a_group_the_cluster_cannot_form():
+    from dataclasses import replace
+
+    problem = build_problem(tp_chain(0), gpu_cluster(4), max_tp=4)
+    plan = solve(problem, SolveOptions(solver="milp-split"))
+    misaligned = replace(plan, shard_assignments=({"t0": "node0/g:1-2", "t1": "node0/g:1-2", "t2": "node0/g:1-2"},))
+    report = verify_plan(misaligned, problem)
+    assert any("cannot form" in v and "aligned" in v for v in report.violations)
