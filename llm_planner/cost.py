@@ -121,8 +121,9 @@ def shard_of(task: Task, k: int) -> Task:
     return dataclasses.replace(
         task, flops_per_sample=task.flops_per_sample / k, weight_bytes=split(task.weight_bytes, task.tp_replicated_weight_bytes),
         bytes_per_sample=split(task.bytes_per_sample, task.tp_replicated_bytes_per_sample),
-        mem_bytes_per_sample=task.mem_bytes_per_sample / k, weight_bytes_indexed=task.weight_bytes_indexed / k,
-        tp_divides=(), tp_replicated_weight_bytes=0.0,
+        mem_bytes_per_sample=task.mem_bytes_per_sample / k,
+        weight_bytes_indexed=split(task.weight_bytes_indexed, task.tp_replicated_indexed_bytes),
+        tp_divides=(), tp_replicated_weight_bytes=0.0, tp_replicated_indexed_bytes=0.0,
         tp_replicated_bytes_per_sample=0.0)
 
 

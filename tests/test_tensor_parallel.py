@@ -80,7 +80,7 @@ def test_group_time_is_a_member_roofline_plus_collectives(k):
 def test_decode_embedding_reads_rows_not_the_table():
     graph = build_decoder_graph(preset_config("gpt3-175b"), phase="decode", seq_len=2048, granularity="block", dtype="fp16")
     embed = graph.task("embed")
-    assert embed.weight_bytes_indexed == pytest.approx(50257 * 12288 * 2)
+    assert embed.weight_bytes_indexed == pytest.approx((50257 + 2048) * 12288 * 2)  # the token and position tables
     h100 = make_cluster([kind("h", "gpu", flops=989e12, mem_bytes=80 * GB, mem_bw=3.35e12, overhead_s=8e-6)], [{"h": 1}]).kind("h")
     # one decode step of 32 requests reads 32 rows and the position table, not the 1.2 GB vocabulary table
     assert cost.estimate_task_time_s(embed, h100, "fp16", 32) < 1e-4

@@ -54,7 +54,6 @@ class Task:
     labels: tuple[tuple[str, Any], ...] = ()
     # Of weight_bytes: tables whose rows are read only where the inputs index them (an
     # embedding), held but not streamed per call (the rows read are in bytes_per_sample).
-    # On a tensor-parallel group they are split, never replicated.
     weight_bytes_indexed: float = 0.0
     # Tensor parallelism (Megatron layout; llm_planner.cost.group_task_time_pieces): a group of
     # k devices may run the task when k divides every number of tp_divides (heads, KV heads,
@@ -63,6 +62,7 @@ class Task:
     # group runs the collectives listed (bytes per sample, summed over the calls).
     tp_divides: tuple[int, ...] = ()
     tp_replicated_weight_bytes: float = 0.0  # of weight_bytes: what every member holds whole (norms, biases)
+    tp_replicated_indexed_bytes: float = 0.0  # of those, indexed tables (learned positions)
     tp_replicated_bytes_per_sample: float = 0.0  # of bytes_per_sample: what every member moves whole
     tp_allreduces: int = 0  # all-reduces per call (each over the group's link, ring algorithm)
     tp_allreduce_bytes_per_sample: float = 0.0  # their payloads together
@@ -142,7 +142,7 @@ class TaskGraph:
             raise GraphError(f"graph {self.name!r}: duplicate task name {dup!r}")
         for t in self.tasks:
             for f in ("flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample", "workspace_bytes_per_sample",
-                      "weight_bytes_indexed", "tp_replicated_weight_bytes",
+                      "weight_bytes_indexed", "tp_replicated_weight_bytes", "tp_replicated_indexed_bytes",
                       "tp_replicated_bytes_per_sample", "tp_allreduce_bytes_per_sample", "tp_allgather_bytes_per_sample"):
                 v = getattr(t, f)
                 if not (math.isfinite(v) and v >= 0):
@@ -195,8 +195,10 @@ def _check_tensor_parallel(graph: str, t: Task) -> None:
         v = getattr(t, f)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise GraphError(f"{where}: {f} must be an integer >= 0, got {v!r}")
-    if t.weight_bytes_indexed + t.tp_replicated_weight_bytes > t.weight_bytes or t.tp_replicated_bytes_per_sample > t.bytes_per_sample:
-        raise GraphError(f"{where}: indexed plus replicated weights, or replicated bytes, exceed the task's own")
+    if (max(t.weight_bytes_indexed, t.tp_replicated_weight_bytes) > t.weight_bytes or t.tp_replicated_bytes_per_sample > t.bytes_per_sample
+            or t.tp_replicated_indexed_bytes > min(t.weight_bytes_indexed, t.tp_replicated_weight_bytes)):
+        raise GraphError(f"{where}: indexed or replicated weights exceed the task's weights, replicated bytes its bytes, "
+                         "or replicated indexed tables the indexed or the replicated weights")
     if t.tp_divides and t.time_s_by_kind:
         raise GraphError(f"{where}: a task with explicit times (time_s_by_kind) cannot shard over tensor-parallel groups")
 
@@ -260,7 +262,7 @@ def graph_from_dict(data: dict[str, Any], source: str = "<memory>") -> TaskGraph
 
 
 _NUMBER_FIELDS = {"flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample", "hop_s_per_sample", "weight_bytes_indexed",
-                  "workspace_bytes_per_sample",
+                  "workspace_bytes_per_sample", "tp_replicated_indexed_bytes",
                   "tp_replicated_weight_bytes", "tp_replicated_bytes_per_sample", "tp_allreduce_bytes_per_sample",
                   "tp_allgather_bytes_per_sample"}
 _INT_FIELDS = {"tp_allreduces", "tp_allgathers"}

@@ -448,8 +448,8 @@ def _tensor_parallel(cfg: DecoderConfig, tokens: int, dtype_bytes: int) -> dict[
     embed_traffic = _traffic_per_token(cfg, tokens == 1)["embed"] * tokens * b + ID_BYTES * tokens
     return {
         "embed": dict(tp_divides=(h,), tp_replicated_weight_bytes=float((proj + positions) * b),
-                      tp_replicated_bytes_per_sample=float(embed_traffic), tp_allreduces=1,
-                      tp_allreduce_bytes_per_sample=act, weight_bytes_indexed=float(cfg.vocab_size * dw * b)),
+                      tp_replicated_indexed_bytes=float(positions * b), tp_replicated_bytes_per_sample=float(embed_traffic),
+                      tp_allreduces=1, tp_allreduce_bytes_per_sample=act, weight_bytes_indexed=float((cfg.vocab_size * dw + positions) * b)),
         "attn": dict(tp_divides=(cfg.num_heads, cfg.num_kv_heads), tp_replicated_weight_bytes=float((out_norm + h * cfg.out_bias) * b),
                      tp_replicated_bytes_per_sample=float(7 * h * tokens * b), tp_allreduces=1, tp_allreduce_bytes_per_sample=act),
         "mlp": dict(tp_divides=(cfg.intermediate_size,), tp_replicated_weight_bytes=float((out_norm + h * cfg.mlp_bias) * b),

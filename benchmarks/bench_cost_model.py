@@ -1,0 +1,55 @@
+"""The roofline against a measured profile, task by task: does each task's byte and FLOP count
+hold up, once the spec's efficiency factors are set aside?
+
+For every task key of a profile (`llm-planner profile ... -o profile.yaml`) on every device
+kind it measured: the roofline's time (llm_planner.cost, from the cluster spec) and the
+measured median, at each batch size profiled, and their ratio measured / predicted. A task
+whose bytes or FLOPs are counted wrong stands out from the others' ratio (the embedding read
+as a whole table used to be 50x off); a ratio shared by every task is the spec's
+efficiency or overhead, which `llm-planner calibrate` fits.
+
+    .venv/bin/llm-planner profile --cluster cluster_specs/localhost-2cpu.yaml --model gpt2 --seq-len 256 \\
+        --dtype fp32 --batch-sizes 1,4 --granularity sublayer --max-blocks 2 -o /tmp/gpt2-profile.yaml
+    .venv/bin/python benchmarks/bench_cost_model.py /tmp/gpt2-profile.yaml --cluster cluster_specs/localhost-2cpu.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from llm_planner import cost
+from llm_planner.fmt import fmt_s
+from llm_planner.graph.models import ModelSpec, build_model_graph
+from llm_planner.profile import load_profile, task_key
+from llm_planner.spec import load_cluster
+
+
+def rows(profile_path: str, cluster_path: str) -> list[tuple[str, str, int, float, float]]:
+    """(device kind, task, batch, predicted s, measured s) for every measurement of the profile."""
+    profile, cluster = load_profile(profile_path), load_cluster(cluster_path)
+    graph = build_model_graph(ModelSpec.from_dict(profile.model))
+    out = []
+    for kind_name, timings in profile.tasks.items():
+        kind = cluster.kind(kind_name)
+        for task in graph.tasks:
+            timing = timings.get(task_key(graph, task) or "")
+            if timing is None or timing.task != task.name:
+                continue
+            for b, measured in zip(timing.batch_sizes, timing.median_s):
+                out.append((kind_name, task.name, b, cost.estimate_task_time_s(task, kind, graph.meta_dict()["dtype"], b), measured))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("profile")
+    parser.add_argument("--cluster", required=True, help="the cluster spec whose roofline to compare")
+    args = parser.parse_args()
+    print("| device kind | task | batch | roofline | measured | measured / roofline |")
+    print("|---|---|---:|---:|---:|---:|")
+    for kind, task, b, predicted, measured in rows(args.profile, args.cluster):
+        print(f"| {kind} | {task} | {b} | {fmt_s(predicted)} | {fmt_s(measured)} | {measured / predicted:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
