@@ -74,7 +74,25 @@ def verify_plan_file(path: str | Path, *, rel_tol: float = 1e-6, check_hashes: b
 
     plan = load_plan(path)
     problem = problem_from_plan_inputs(plan.inputs, check_hashes=check_hashes)
+    _check_groups_formable(plan, problem, str(path))
     return verify_plan(plan, problem, rel_tol=rel_tol)
+
+
+def _check_groups_formable(plan: Plan, problem: PlacementProblem, source: str) -> None:
+    """PlanError (bad input, not a wrong plan) for a group in the file that the cluster cannot form."""
+    from llm_planner.groups import GroupError, group_from_members, is_group_name, member_names
+    from llm_planner.plan import PlanError
+
+    known = set(problem.device_names)
+    for s, assignment in enumerate(plan.shard_assignments):
+        for task, device in assignment.items():
+            if is_group_name(device) and device not in known:
+                try:
+                    group_from_members(problem.cluster, member_names(device))
+                except GroupError as exc:
+                    raise PlanError(f"{source}: shards[{s}].assignment.{task}: {exc}") from None
+                raise PlanError(f"{source}: shards[{s}].assignment.{task}: group {member_names(device)} is larger than the "
+                                f"plan's inputs.max_tp ({problem.max_tp}) or runs none of the model's tasks")
 
 
 def verify_plan(plan: Plan, problem: PlacementProblem, *, rel_tol: float = 1e-6) -> VerifyReport:

@@ -357,3 +357,20 @@ def test_verifier_names_a_group_the_cluster_cannot_form():
     misaligned = replace(plan, shard_assignments=({"t0": "node0/g:1-2", "t1": "node0/g:1-2", "t2": "node0/g:1-2"},))
     report = verify_plan(misaligned, problem)
     assert any("cannot form" in v and "aligned" in v for v in report.violations)
+
+
+def test_a_plan_file_with_a_group_the_cluster_cannot_form_is_bad_input(tmp_path, capsys):
+    import yaml
+
+    from llm_planner.cli import main
+
+    out = tmp_path / "plan.yaml"
+    assert main(["plan", *FOUR, "--solver", "megatron", "--no-baselines", "-o", str(out)]) == 0
+    data = yaml.safe_load(out.read_text())
+    for shard in data["shards"]:
+        shard["assignment"]["lm_head"] = ["server/a100-80g:1", "server/a100-80g:2"]  # consecutive, not aligned
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "shards[0].assignment.lm_head" in err and "aligned" in err
