@@ -124,6 +124,8 @@ def plan_summary_table(plan, baseline_plans: dict) -> Table:
         f"{plan.gap:.2%}", plan.solver.status, fmt_s(plan.solver.time_s), str(len(plan.physical_devices_used())),
     )
     for name, other in (baseline_plans or {}).items():
+        if f"baseline:{name}" == plan.solver.name:
+            continue  # the plan itself, in the first row
         if other is None:
             table.add_row(f"baseline:{name}", "infeasible (memory)", "-", "-", "-", "-", "-", "-")
             continue

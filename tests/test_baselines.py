@@ -234,3 +234,19 @@ def test_solve_returns_verified_baseline_plans(problem):
         return
     assert plan.lower_bound_s == pytest.approx(lower_bound(problem))
     assert 0 <= plan.gap <= 1
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=problems())
+def test_the_hand_layouts_verify_on_random_dags(problem):
+    """megatron and tp-replicas keep colocation, device support and memory on any graph (the
+    exact MILP takes the best baseline as its warm start unverified)."""
+    from llm_planner.solve.baselines_tp import TP_BASELINES, run_tp_baseline
+
+    bound = lower_bound(problem)
+    for name in TP_BASELINES:
+        plan = run_tp_baseline(name, problem)
+        if plan is not None:
+            report = verify_plan(plan, problem)
+            assert report.ok, (name, report.violations)
+            assert bound <= plan.objective_s * (1 + 1e-9)

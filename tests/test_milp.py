@@ -18,7 +18,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
@@ -192,7 +192,17 @@ def test_contiguous_needs_throughput():
 # -- brute force, written independently of the MILP ---------------------------------------
 
 
+def _on_a_memory_edge(problem: PlacementProblem, contiguous: bool) -> bool:
+    """Whether the optimum changes when every capacity moves by 1e-5 of itself: the solvers
+    accept a binary within 1e-6 of integral, so a placement filling a device to within that
+    may be taken or refused (hypothesis shrinks memory to exactly such edges)."""
+    values = [brute_force(dataclasses.replace(problem, mem_capacity=problem.mem_capacity * f), contiguous=contiguous)
+              for f in (1 - 1e-5, 1 + 1e-5)]
+    return values[0] != pytest.approx(values[1], rel=1e-9, abs=1e-15)
+
+
 def assert_matches_brute_force(problem: PlacementProblem, **options) -> None:
+    assume(not _on_a_memory_edge(problem, options.get("contiguous", False)))
     expected = brute_force(problem, contiguous=options.get("contiguous", False))
     if math.isinf(expected):
         with pytest.raises(SolveError, match="no placement fits"):

@@ -1,7 +1,9 @@
 """One solver interface: `solve(problem, options) -> Plan`, solvers chosen by name.
 
 Every plan leaves here with the best lower bound known for the instance (the
-solver's own, the critical path and the load-balance LP of solve.bounds) and,
+solver's own, the critical path and the load-balance LP of solve.bounds), with
+the status `optimal` when that bound proves it within the relative gap (a
+baseline or heuristic plan included), and,
 unless options.verify is off, after the independent verifier accepted it: a
 plan that fails verification is a bug and raises.
 """
@@ -9,6 +11,7 @@ plan that fails verification is a bug and raises.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from llm_planner.plan import Plan
 from llm_planner.solve.errors import SolveError, VerificationError
@@ -28,6 +31,8 @@ def solve(problem: PlacementProblem, options: SolveOptions | None = None) -> Pla
     from llm_planner.solve.bounds import lower_bound
 
     plan = with_bound(plan, lower_bound(problem))
+    if plan.solver.status == "heuristic" and plan.objective_s <= plan.lower_bound_s * (1 + options.rel_gap):
+        plan = replace(plan, solver=replace(plan.solver, status="optimal"))  # the bound proves it, within the gap
     if options.verify:
         from llm_planner.verify import verify_plan
 

@@ -15,7 +15,8 @@
   (least makespan, each shard whole on its replica).
 
 Both use only disjoint devices, so they keep the exclusivity of groups. Without
-accelerators, the CPUs take their place. docs/objectives.md describes them.
+accelerators, the CPUs take their place. A colocation group cut by a stage boundary
+goes whole to its first member's stage (as in the other baselines). docs/objectives.md describes them.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections import defaultdict
 import numpy as np
 
 from llm_planner.plan import Plan
-from llm_planner.solve.baselines import _balanced_split, _fastest_first, _fits, _topo
+from llm_planner.solve.baselines import _balanced_split, _fastest_first, _fits, _follow_groups, _topo
 from llm_planner.solve.bounds import task_times
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import make_plan
@@ -166,13 +167,18 @@ def _megatron(problem: PlacementProblem) -> tuple[list[int], list[list[int]]] | 
         if not np.isfinite(times).all():
             continue  # some pipeline cannot hold its share of the batch
         sizes = _proportional(q, 1.0 / np.maximum(times, 1e-30))
-        assigns = [_stages(problem, units, b) for units, b in zip(pipelines[:m], sizes)]
+        assigns = [_colocated(problem, _stages(problem, units, b)) for units, b in zip(pipelines[:m], sizes)]
         if any(a is None for a in assigns) or not _fits(problem, sizes, assigns):
             continue
         plan_time = max(_pipeline_time(problem, units, b) for units, b in zip(pipelines[:m], sizes))
         if plan_time < best:
             best, found = plan_time, (sizes, assigns)
     return found
+
+
+def _colocated(problem: PlacementProblem, assign: list[int] | None) -> list[int] | None:
+    """The stages with each colocation group moved onto its first member's device (None if none fits)."""
+    return None if assign is None else _follow_groups(problem, assign)
 
 
 def _pipeline_time(problem: PlacementProblem, units: list[int], batch: int) -> float:
