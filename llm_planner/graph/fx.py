@@ -49,7 +49,7 @@ from torch.fx import GraphModule, Interpreter, Node, Tracer
 from torch.utils.flop_counter import FlopCounterMode
 
 from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
-from llm_planner.graph.models import DTYPE_BYTES
+from llm_planner.graph.constants import DTYPE_BYTES
 
 log = logging.getLogger(__name__)
 

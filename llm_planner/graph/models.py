@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llm_planner.graph.constants import DTYPE_BYTES, GRANULARITIES, PHASES
 from llm_planner.graph.ir import GraphError, TaskGraph
 
-PHASES = ("decode", "prefill")
-GRANULARITIES = ("block", "sublayer")
+__all__ = ["DTYPE_BYTES", "GRANULARITIES", "PHASES", "ModelSpec", "build_model_graph", "list_models"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,9 +49,6 @@ class ModelSpec:
         if self.seq_len is not None and self.seq_len < 1:
             raise GraphError(f"model seq_len must be >= 1, got {self.seq_len}")
         return self
-
-
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 
 
 def list_models() -> list[tuple[str, str, str]]:

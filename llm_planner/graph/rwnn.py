@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
-from llm_planner.graph.models import DTYPE_BYTES
+from llm_planner.graph.constants import DTYPE_BYTES
 
 GENERATORS = {
     "ws": "Watts-Strogatz k=4 p=0.75",

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
-from llm_planner.graph.models import DTYPE_BYTES, GRANULARITIES, PHASES
+from llm_planner.graph.constants import DTYPE_BYTES, GRANULARITIES, PHASES
 
 log = logging.getLogger(__name__)
 
