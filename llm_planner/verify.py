@@ -289,7 +289,8 @@ class _Checker:
                 if (i, int(k)) not in held:
                     held.add((i, int(k)))
                     used[k] += p.weight_bytes[i]
-        used += self.workspace(assign)
+        self.workspace_bytes = self.workspace(assign)  # the groups' member check reads it too
+        used += self.workspace_bytes
         for k in range(p.num_devices):
             if used[k] > p.usable[k] * (1 + self.rel_tol):
                 self.bad(
@@ -336,7 +337,7 @@ class _Checker:
         per_member = sum(shard_of(p.graph.tasks[i], device.degree).weight_bytes for i in tasks if p.mem_counts[i, k])
         per_member += sum(shard_of(p.graph.tasks[i], device.degree).mem_bytes_per_sample * self.sizes[s]
                           for s, a in enumerate(assign) for i, kk in enumerate(a) if kk == k and p.mem_counts[i, k])
-        per_member += self.workspace(assign)[k] / device.degree
+        per_member += self.workspace_bytes[k] / device.degree
         usable = p.cluster.kind(device.kind).usable_mem_bytes
         if per_member > usable * (1 + self.rel_tol):
             self.bad(f"each member of group {device.name!r} needs {_gb(per_member)} but may fill {_gb(usable)}")

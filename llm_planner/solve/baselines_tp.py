@@ -167,10 +167,11 @@ def _megatron(problem: PlacementProblem) -> tuple[list[int], list[list[int]]] | 
         if not np.isfinite(times).all():
             continue  # some pipeline cannot hold its share of the batch
         sizes = _proportional(q, 1.0 / np.maximum(times, 1e-30))
-        assigns = [_colocated(problem, _stages(problem, units, b)) for units, b in zip(pipelines[:m], sizes)]
+        stages = [_stages(problem, units, b) for units, b in zip(pipelines[:m], sizes)]
+        assigns = [_colocated(problem, a) for a in stages]
         if any(a is None for a in assigns) or not _fits(problem, sizes, assigns):
             continue
-        plan_time = max(_pipeline_time(problem, units, b) for units, b in zip(pipelines[:m], sizes))
+        plan_time = max(_pass_time(problem, a, b) for a, b in zip(stages, sizes))
         if plan_time < best:
             best, found = plan_time, (sizes, assigns)
     return found
@@ -184,8 +185,11 @@ def _colocated(problem: PlacementProblem, assign: list[int] | None) -> list[int]
 def _pipeline_time(problem: PlacementProblem, units: list[int], batch: int) -> float:
     """Task time of one pass of `batch` samples through the pipeline's stages (transfers aside)."""
     assign = _stages(problem, units, batch)
-    if assign is None:
-        return math.inf
+    return math.inf if assign is None else _pass_time(problem, assign, batch)
+
+
+def _pass_time(problem: PlacementProblem, assign: list[int], batch: int) -> float:
+    """Task time of one pass of `batch` samples through the stages `assign` (transfers aside)."""
     t = task_times(problem, batch)
     return float(sum(t[i, k] for i, k in enumerate(assign)))
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from llm_planner.plan import Plan
@@ -112,10 +112,10 @@ class _Search:
             improved, start = False, self.best_layout
             used = set(self.best.physical_devices_used())
             names = [d.name for d in self.p.devices]
-            order = sorted(range(len(self.classes)), key=lambda c: not self.classes[c].is_used(used, names))
+            used_classes = {c for c, cls in enumerate(self.classes) if cls.is_used(used, names)}
+            order = sorted(range(len(self.classes)), key=lambda c: c not in used_classes)
             for c in order:
-                cls = self.classes[c]
-                for sizes in cls.layouts(mixed=cls.is_used(used, names)):
+                for sizes in self.classes[c].layouts(mixed=c in used_classes):
                     self.try_layout(start[:c] + (sizes,) + start[c + 1 :])
                 if self.best_layout != start:
                     improved = True
