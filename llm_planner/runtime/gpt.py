@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from llm_planner.runtime import tp_layers
 from llm_planner.runtime.decoder_tasks import FAMILIES, DecoderError, check_decoder_tasks, decoder_tasks  # noqa: F401 (re-exported)
 from llm_planner.runtime.weights import CheckpointWeights, SeededWeights, fill_module_
 
@@ -103,12 +104,20 @@ def weight_source(config, *, checkpoint: str | None, seed: int):
 class DecoderShard:
     """The modules of one rank's decoder tasks, and how to run a stage of them."""
 
-    def __init__(self, config, tasks: set[str], *, device: torch.device, dtype: torch.dtype, source):
+    def __init__(self, config, tasks: set[str], *, device: torch.device, dtype: torch.dtype, source, group=None):
+        """`group`: the collectives of the rank's tensor-parallel group (size >= 2), or None for a single device."""
         self.config, self.family = config, family_of(config)
         self.device, self.dtype = device, dtype
         self.modules: dict[str, torch.nn.Module] = {}
+        self.parts: dict[str, Any] = {}  # task -> this member's share (tensor-parallel groups only)
+        self.group = group if group is not None and group.size > 1 else None
         names = _NAMES[self.family]
+        if self.group is not None:
+            tp_layers.check_divisible(config, self.family, self.group.size)
         for task in sorted(tasks, key=_task_key):
+            if self.group is not None and task != "final_norm":
+                self.parts[task] = tp_layers.build_shard(task, config, self.family, self.group, source, dtype=dtype, device=device)
+                continue
             for prefix, module in self._build(task, names):
                 self.modules[prefix] = fill_module_(module, prefix, source, dtype=dtype, device=device)
         self.rotary = None
@@ -161,6 +170,8 @@ class DecoderShard:
                 value = self._embed(value.to(self.device), stream.position_ids(step))
             elif task == "final_norm":
                 value = self.modules[self.names.norm](value)[:, -1:, :]
+            elif task in self.parts:
+                value = stream.finish_step(self.parts[task](value))
             else:
                 value = self._lm_head(value, stream)
             if self.device.type == "cuda":  # time the kernels, not their launch
@@ -170,6 +181,8 @@ class DecoderShard:
         return value
 
     def _embed(self, ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        if "embed" in self.parts:
+            return self.parts["embed"](ids, position_ids)
         hidden = self.modules[self.names.embed[0]](ids)
         if self.family == "gpt2":
             hidden = hidden + self.modules[self.names.embed[1]](position_ids)
@@ -179,6 +192,8 @@ class DecoderShard:
         from transformers.masking_utils import create_causal_mask
 
         position_ids = stream.position_ids(step)
+        if self.group is not None:
+            return self._shard_context(first_layer, hidden, stream, step, position_ids)
         mask = create_causal_mask(
             config=self.config, inputs_embeds=hidden, attention_mask=stream.attention_mask(step),
             past_key_values=stream.cache, position_ids=position_ids, layer_idx=first_layer,
@@ -188,7 +203,19 @@ class DecoderShard:
             context["position_embeddings"] = self.rotary(hidden, position_ids=position_ids)
         return context
 
+    def _shard_context(self, first_layer: int, hidden: torch.Tensor, stream: "StreamState", step: int, position_ids) -> dict[str, Any]:
+        """The tensor-parallel blocks' mask (llm_planner.runtime.tp_layers.causal_mask) and rotary embedding."""
+        past = stream.shard_cache[first_layer][0].shape[2] if first_layer in stream.shard_cache else 0
+        tokens = int(hidden.shape[1])
+        mask = tp_layers.causal_mask(stream.attention_mask(step), tokens, past + tokens, hidden.dtype, self.device)
+        context: dict[str, Any] = {"mask": mask}
+        if self.rotary is not None:
+            context["position_embeddings"] = self.rotary(hidden, position_ids=position_ids)
+        return context
+
     def _block(self, i: int, hidden: torch.Tensor, stream: "StreamState", context: dict[str, Any]) -> torch.Tensor:
+        if self.group is not None:
+            return self.parts[f"block.{i}"](hidden, stream.shard_cache, context)
         block = self.modules[self.names.block.format(i=i)]
         out = block(hidden, past_key_values=stream.cache, use_cache=True, **context)
         return out[0] if isinstance(out, tuple) else out
@@ -247,6 +274,7 @@ class StreamState:
     eos_ids: list[int]
     pad_id: int
     cache: Any = None
+    shard_cache: dict = field(default_factory=dict)  # tensor-parallel members: layer -> (keys, values) of their heads
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     generated: list[torch.Tensor] = field(default_factory=list)
     unfinished: torch.Tensor | None = None

@@ -12,6 +12,12 @@ only block 3 gets exactly the tensors that block has in the whole model:
   or a sharded `model.safetensors.index.json`); a rank opens only the files that
   hold its tensors and reads only those tensors.
 
+A tensor-parallel member reads slices: `tensor_slice(name, shape, dim, start,
+stop)` is rows or columns [start, stop) along `dim` of the full tensor `shape`.
+A checkpoint reads only those bytes (safetensors slices); the seeded source
+draws the full tensor from its generator and keeps the slice (the values must be
+those of the whole model's tensor, and a generator cannot skip ahead).
+
 Tied weights (an LM head that shares the embedding matrix) are read under the
 name of the tensor they are tied to; `aliases` maps one to the other.
 """
@@ -47,6 +53,9 @@ class SeededWeights:
         generator = torch.Generator().manual_seed((self.seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 62))
         return torch.randn(shape, generator=generator) * self.std
 
+    def tensor_slice(self, name: str, shape: torch.Size, dim: int, start: int, stop: int) -> torch.Tensor:
+        return self.tensor(name, shape).narrow(dim, start, stop - start).clone()
+
 
 class CheckpointWeights:
     def __init__(self, directory: str | Path, *, aliases: dict[str, str] | None = None):
@@ -73,7 +82,7 @@ class CheckpointWeights:
     def summary(self) -> dict:
         return {"source": "checkpoint", "tensors": len(self.tensors_read), "files": sorted(self.files_read)}
 
-    def tensor(self, name: str, shape: torch.Size) -> torch.Tensor:
+    def _handle(self, name: str) -> tuple[str, object]:
         from safetensors import safe_open
 
         key = name if name in self.file_of else self.aliases.get(name, name)
@@ -83,11 +92,26 @@ class CheckpointWeights:
         if path not in self._open:
             self._open[path] = safe_open(str(path), framework="pt")
             self.files_read.add(path.name)
-        value = self._open[path].get_tensor(key)  # type: ignore[attr-defined]
         self.tensors_read.append(key)
-        if tuple(value.shape) != tuple(shape):
-            raise WeightsError(f"{self.directory}: tensor {key!r} has shape {tuple(value.shape)}, the model expects {tuple(shape)}")
+        return key, self._open[path]
+
+    def _check_shape(self, key: str, got, shape) -> None:
+        if tuple(got) != tuple(shape):
+            raise WeightsError(f"{self.directory}: tensor {key!r} has shape {tuple(got)}, the model expects {tuple(shape)}")
+
+    def tensor(self, name: str, shape: torch.Size) -> torch.Tensor:
+        key, handle = self._handle(name)
+        value = handle.get_tensor(key)  # type: ignore[attr-defined]
+        self._check_shape(key, value.shape, shape)
         return value
+
+    def tensor_slice(self, name: str, shape: torch.Size, dim: int, start: int, stop: int) -> torch.Tensor:
+        """Read only rows / columns [start, stop) along `dim` (a safetensors slice)."""
+        key, handle = self._handle(name)
+        part = handle.get_slice(key)  # type: ignore[attr-defined]
+        self._check_shape(key, part.get_shape(), shape)
+        index = tuple(slice(start, stop) if d == dim else slice(None) for d in range(len(shape)))
+        return part[index]
 
     def close(self) -> None:
         self._open.clear()
