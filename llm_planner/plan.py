@@ -11,6 +11,7 @@ llm_planner.groups); `schedule` and `device_order` use that name.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -19,11 +20,19 @@ from typing import Any
 
 import yaml
 
-from llm_planner.fileio import read_document
+from llm_planner.atomic import write_atomic
 from llm_planner.groups import is_group_name, member_names
+from llm_planner.plan_read import MISSING, Fields, check_finite_tree, read_plan_document
 
 PLAN_FORMAT = "llm_planner.plan"
 PLAN_VERSION = 1
+PLAN_FIELDS = ("format", "version", "objective", "objective_s", "lower_bound_s", "gap", "throughput_samples_per_s", "max_load_s",
+               "batch_size", "assignment", "solver", "inputs", "shards", "device_order", "schedule")
+OBJECTIVES = ("latency", "throughput")
+# optimal: proven within the relative gap; time_limit: stopped at the time limit; interrupted: stopped by the
+# user (Ctrl-C), the best plan found so far; feasible: stopped for another reason; heuristic: no proof sought
+STATUSES = ("optimal", "time_limit", "interrupted", "feasible", "heuristic")
+DERIVED_REL_TOL = 1e-9  # derived floats (gap, throughput) against their re-derivation: the writer round-trips exactly
 
 
 class PlanError(ValueError):
@@ -60,7 +69,7 @@ class ScheduledTask:
 @dataclass(frozen=True, kw_only=True)
 class SolverInfo:
     name: str  # "milp", "milp-split", "baseline:heft", ...
-    status: str  # "optimal", "feasible", "time_limit", "heuristic"
+    status: str  # one of STATUSES
     time_s: float
     backend: str = ""
     details: dict[str, Any] = field(default_factory=dict)  # nodes, model size, ...
@@ -152,71 +161,147 @@ def _written(assignment: dict[str, str]) -> dict[str, str | list[str]]:
     return {t: member_names(d) if is_group_name(d) else d for t, d in assignment.items()}
 
 
-def _read_device(value: Any, where: str) -> str:
+def save_plan(plan: Plan, path: str | Path) -> None:
+    """Write a plan as JSON to a .json path and as YAML to any other, atomically (llm_planner.atomic):
+    an interrupted or failing write leaves the old file, never part of the new one."""
+    path = Path(path)
+    if path.suffix == ".json":
+        text = json.dumps(plan.to_dict(), indent=1, allow_nan=False) + "\n"
+    else:
+        text = yaml.safe_dump(plan.to_dict(), sort_keys=False, width=120)
+    write_atomic(path, text, PlanError)
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and check a plan file (llm_planner.plan_read); PlanError naming the file and field."""
+    return plan_from_dict(read_plan_document(path, PlanError), source=str(path))
+
+
+def plan_from_dict(data: Any, source: str = "<memory>") -> Plan:
+    """A Plan from its file form: every field typed and finite, the derived fields (gap,
+    throughput_samples_per_s, batch_size, assignment, device_order) equal to what the others give."""
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        raise PlanError(f"{source}: not a plan file (expected format: {PLAN_FORMAT})")
+    top = Fields(data, source, "", PlanError)
+    if type(data.get("version")) is not int or data["version"] != PLAN_VERSION:
+        raise top.fail("version", f"unsupported plan version {data.get('version')!r} (this reader knows {PLAN_VERSION})")
+    top.only(PLAN_FIELDS)
+    objective = top.string("objective")
+    if objective not in OBJECTIVES:
+        raise top.fail("objective", f"must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    objective_s = top.number("objective_s")
+    if objective_s <= 0:
+        raise top.fail("objective_s", f"must be > 0, got {objective_s}")
+    sizes, assignments = _read_shards(top)
+    plan = Plan(
+        inputs=_read_inputs(top.mapping("inputs")), objective=objective, objective_s=objective_s,
+        lower_bound_s=top.number("lower_bound_s", minimum=0.0), shard_sizes=sizes, shard_assignments=assignments,
+        schedule=_read_schedule(top), solver=_read_solver(top.mapping("solver")), max_load_s=top.number("max_load_s", minimum=0.0),
+    )
+    _check_derived(plan, top)
+    return plan
+
+
+def _read_shards(top: Fields) -> tuple[tuple[int, ...], tuple[dict[str, str], ...]]:
+    raw = top.sequence("shards")
+    if not raw:
+        raise top.fail("shards", "at least one shard is needed")
+    sizes, assignments = [], []
+    for n, item in enumerate(raw):
+        shard = top.item("shards", n, item)
+        shard.only(("size", "assignment"))
+        sizes.append(shard.integer("size", minimum=1))
+        assignments.append(_read_assignment(shard.mapping("assignment")))
+    return tuple(sizes), tuple(assignments)
+
+
+def _read_assignment(fields: Fields) -> dict[str, str]:
+    return {task: _read_device(value, fields, task) for task, value in fields.data.items()}
+
+
+def _read_device(value: Any, fields: Fields, key: str) -> str:
     """A device name, or a group's name from the list of its members' names."""
     if isinstance(value, str):
         return value
     if not (isinstance(value, list) and len(value) >= 2 and all(isinstance(v, str) for v in value)):
-        raise PlanError(f"{where}: expected a device name or a list of 2+ device names (a tensor-parallel group), got {value!r}")
+        raise fields.fail(key, f"expected a device name or a list of 2+ device names (a tensor-parallel group), got {value!r}")
     node_kind = {v.rsplit(":", 1)[0] for v in value}
     try:
         index = [int(v.rsplit(":", 1)[1]) for v in value]
     except (IndexError, ValueError):
-        raise PlanError(f"{where}: {value!r} are not device names of the form node/kind:index") from None
+        raise fields.fail(key, f"{value!r} are not device names of the form node/kind:index") from None
     if len(node_kind) != 1 or index != list(range(index[0], index[0] + len(index))):
-        raise PlanError(f"{where}: group {value!r} must be consecutive devices of one kind in one node")
+        raise fields.fail(key, f"group {value!r} must be consecutive devices of one kind in one node")
     return f"{node_kind.pop()}:{index[0]}-{index[-1]}"
 
 
-def _read_assignment(raw: Any, where: str) -> dict[str, str]:
-    if not isinstance(raw, dict):
-        raise PlanError(f"{where}: expected a mapping of task name to device, got {type(raw).__name__}")
-    return {str(t): _read_device(d, f"{where}.{t}") for t, d in raw.items()}
+def _read_schedule(top: Fields) -> tuple[ScheduledTask, ...]:
+    out = []
+    for n, item in enumerate(top.sequence("schedule")):
+        entry = top.item("schedule", n, item)
+        entry.only(("task", "shard", "device", "start_s", "finish_s"))
+        out.append(ScheduledTask(task=entry.string("task"), shard=entry.integer("shard", minimum=0), device=entry.string("device"),
+                                 start_s=entry.number("start_s"), finish_s=entry.number("finish_s")))
+    return tuple(out)
 
 
-def save_plan(plan: Plan, path: str | Path) -> None:
-    """Write a plan as JSON to a .json path and as YAML to any other (as fileio.read_document reads it back)."""
-    path = Path(path)
-    if path.suffix == ".json":
-        path.write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
-    else:
-        path.write_text(yaml.safe_dump(plan.to_dict(), sort_keys=False, width=120))
+def _read_solver(fields: Fields) -> SolverInfo:
+    fields.only(("name", "backend", "status", "time_s", "details"))
+    status = fields.string("status")
+    if status not in STATUSES:
+        raise fields.fail("status", f"must be one of {', '.join(STATUSES)}, got {status!r}")
+    details = fields.mapping("details", {})
+    check_finite_tree(details.data, fields, "details")
+    return SolverInfo(name=fields.string("name"), status=status, time_s=fields.number("time_s", minimum=0.0),
+                      backend=fields.string("backend", ""), details=dict(details.data))
 
 
-def _need(data: dict, key: str, source: str, where: str = "") -> Any:
-    if not isinstance(data, dict) or key not in data:
-        raise PlanError(f"{source}: {where}{key}: missing required field")
-    return data[key]
+def _read_inputs(fields: Fields) -> PlanInputs:
+    fields.only(tuple(f.name for f in dataclasses.fields(PlanInputs)))
+    model, options = fields.mapping("model"), fields.mapping("options", {})
+    for key, value in model.data.items():
+        if not (value is None or isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))):
+            raise model.fail(key, f"expected a string, an integer or null, got {value!r}")
+    check_finite_tree(options.data, fields, "options")
+    return PlanInputs(
+        cluster=fields.string("cluster", nullable=True), cluster_sha256=fields.string("cluster_sha256"), model=dict(model.data),
+        graph_sha256=fields.string("graph_sha256"), objective=fields.string("objective"),
+        batch_size=fields.integer("batch_size", minimum=1), max_shards=fields.integer("max_shards", minimum=1),
+        dtype=fields.string("dtype"), options=dict(options.data), profile=fields.string("profile", None, nullable=True),
+        profile_sha256=fields.string("profile_sha256", ""), max_tp=fields.integer("max_tp", 1, minimum=1),
+    )
 
 
-def plan_from_dict(data: Any, source: str = "<memory>") -> Plan:
-    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
-        raise PlanError(f"{source}: not a plan file (expected format: {PLAN_FORMAT})")
-    if data.get("version") != PLAN_VERSION:
-        raise PlanError(f"{source}: version: unsupported plan version {data.get('version')!r}")
-    try:
-        inputs = PlanInputs(**_need(data, "inputs", source))
-        solver = SolverInfo(**_need(data, "solver", source))
-        shards = _need(data, "shards", source)
-        schedule = tuple(ScheduledTask(**s) for s in _need(data, "schedule", source))
-        return Plan(
-            inputs=inputs,
-            objective=_need(data, "objective", source),
-            objective_s=float(_need(data, "objective_s", source)),
-            lower_bound_s=float(_need(data, "lower_bound_s", source)),
-            shard_sizes=tuple(int(s["size"]) for s in shards),
-            shard_assignments=tuple(_read_assignment(s["assignment"], f"{source}: shards[{n}].assignment") for n, s in enumerate(shards)),
-            schedule=schedule,
-            solver=solver,
-            max_load_s=float(data.get("max_load_s", 0.0)),
-        )
-    except (TypeError, KeyError, ValueError) as exc:
-        raise PlanError(f"{source}: malformed plan: {exc}") from None
+def _check_derived(plan: Plan, top: Fields) -> None:
+    """The fields that follow from the others must say what the others give."""
+    per_sample = "1 / objective_s" if plan.objective == "throughput" else "batch_size / objective_s"
+    for key, want, formula in (("gap", plan.gap, "max(0, (objective_s - lower_bound_s) / objective_s)"),
+                               ("throughput_samples_per_s", plan.throughput_samples_per_s, per_sample)):
+        got = top.number(key)
+        if not math.isclose(got, want, rel_tol=DERIVED_REL_TOL, abs_tol=1e-15):
+            raise top.fail(key, f"the file says {got!r}, but {formula} is {want!r}")
+    if top.integer("batch_size") != plan.batch_size:
+        raise top.fail("batch_size", f"the file says {top.data['batch_size']}, but its shard sizes sum to {plan.batch_size}")
+    assignment = top.mapping("assignment")
+    if _read_assignment(assignment) != plan.assignment:
+        raise top.fail("assignment", "differs from shards[0].assignment (the top-level assignment is shard 0's: "
+                       f"{_first_difference(_read_assignment(assignment), plan.assignment)})")
+    order = top.mapping("device_order")
+    want_order = plan.to_dict()["device_order"]
+    for device, items in order.data.items():
+        if not (isinstance(items, list) and all(isinstance(i, str) for i in items)):
+            raise order.fail(device, f"expected a list of SHARD:TASK strings, got {items!r}")
+    if order.data != want_order:
+        raise top.fail("device_order", "differs from the order of the schedule's start times ("
+                       f"{_first_difference(order.data, want_order)})")
 
 
-def load_plan(path: str | Path) -> Plan:
-    data = read_document(path, PlanError)
-    return plan_from_dict(data, source=str(path))
+def _first_difference(got: dict, want: dict) -> str:
+    for key in sorted(set(got) | set(want), key=str):
+        if got.get(key, MISSING) != want.get(key, MISSING):
+            shown = {k: "(missing)" if v is MISSING else v for k, v in (("got", got.get(key, MISSING)), ("want", want.get(key, MISSING)))}
+            return f"{key}: the file has {shown['got']!r}, expected {shown['want']!r}"
+    return "same entries"
 
 
 def hf_device_map(plan: Plan, module_of_task: dict[str, str], cpu_devices: set[str]) -> dict[str, str | int]:

@@ -61,7 +61,12 @@ def test_tampered_plan_is_rejected(tmp_path, capsys):
     data = yaml.safe_load(out.read_text())
     data["objective_s"] *= 0.5
     out.write_text(yaml.safe_dump(data, sort_keys=False))
-    assert main(["verify", str(out)]) == 1
+    assert main(["verify", str(out)]) == 2  # the file contradicts itself: its gap says otherwise
+    assert "plan.yaml: gap: the file says" in capsys.readouterr().err.replace("\n", "")
+    data["gap"] = (data["objective_s"] - data["lower_bound_s"]) / data["objective_s"]
+    data["throughput_samples_per_s"] = data["batch_size"] / data["objective_s"]
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["verify", str(out)]) == 1  # consistent with itself, not with the simulation
     assert "objective" in capsys.readouterr().out
 
 

@@ -1,0 +1,88 @@
+"""Atomic writes: every file the command line writes goes through here.
+
+A file is written to a temporary file in the destination's own directory,
+flushed and fsynced, then renamed over the destination (os.replace, atomic on
+POSIX within one file system). A full disk, a killed process or an exception
+while writing leaves the old file (or none) in place, never a half-written one;
+the temporary file is removed on any failure.
+
+`check_writable(path)` tells before a long computation whether `path` can be
+written at all (its directory exists and takes new files, it is not a
+directory), so a command fails in seconds, not after a solve.
+
+Errors are raised as `error(message)`, the caller's error class, with a message
+that names the path; the command line turns those into exit code 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def check_writable(path: str | Path, error: type[Exception]) -> None:
+    """`error` naming `path` unless a file can be created or replaced there."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise error(f"{path}: cannot write: it is a directory")
+    if not parent.is_dir():
+        raise error(f"{path}: cannot write: the directory {parent} does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+    except OSError as exc:
+        raise error(f"{path}: cannot write in {parent}: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(probe)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise error(f"{path}: cannot write: the file is read-only")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, error: type[Exception]) -> Iterator[Path]:
+    """A temporary path beside `path` to write to (for writers that want a file name, such as
+    matplotlib's savefig); on leaving without an exception it replaces `path`."""
+    path = Path(path)
+    check_writable(path, error)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
+    os.close(fd)
+    try:
+        os.chmod(tmp, _mode_for(path))  # mkstemp makes it 0600; keep what the file had or what a new one gets
+        yield Path(tmp)
+        _fsync(tmp)
+        os.replace(tmp, path)
+        _fsync(path.parent if str(path.parent) else ".")  # the rename itself survives a crash
+    except OSError as exc:
+        raise error(f"{path}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def write_atomic(path: str | Path, data: str | bytes, error: type[Exception]) -> None:
+    """Write `data` (text as UTF-8) to `path` atomically; `error` naming the path on failure."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    with atomic_path(path, error) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(payload)
+
+
+def _mode_for(path: Path) -> int:
+    """The permission bits of the existing file, else those a new file gets under the umask."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _fsync(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
