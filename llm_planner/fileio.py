@@ -1,27 +1,171 @@
-"""Reading JSON and YAML files with errors that name the file."""
+"""Reading JSON and YAML files: the one loader every input file goes through.
+
+A file is refused, with a message that names it (and the path of the field where
+there is one, e.g. `nodes[1].devices.a100`), when:
+- it is larger than MAX_FILE_BYTES, or its bytes are not UTF-8 (a Latin-1 name, a
+  UTF-16 file);
+- it is not valid JSON (a `.json` file) or YAML (any other file);
+- a mapping repeats a key (JSON and YAML would silently keep the last one);
+- it nests deeper than MAX_DEPTH, or holds more than MAX_VALUES values, counting
+  each use of a YAML alias (an alias bomb expands by reference, then explodes in
+  whatever walks it);
+- with `finite=True` (cluster specs, graph and workload files): a number is not
+  finite (`.inf`, `1e999`, NaN) or an integer is beyond float range.
+The limits are listed in docs/inputs.md.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+MAX_FILE_BYTES = 64 * 2**20  # 64 MiB: a 50,000-task graph file is about 10 MiB
+MAX_DEPTH = 32  # nested mappings and lists; our formats need 5
+MAX_VALUES = 4_000_000  # scalars, mappings and lists, each alias use counted again
 
-def read_document(path: str | Path, error: type[Exception]) -> Any:
+_BOMS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16", b"\xfe\xff": "UTF-16"}
+
+
+def read_document(path: str | Path, error: type[Exception], *, finite: bool = False) -> Any:
     """Parse a .json file as JSON and anything else as YAML; `error(message)` names the file."""
+    return load_document(path, error, finite=finite)[0]
+
+
+def load_document(path: str | Path, error: type[Exception], *, finite: bool = False) -> tuple[Any, str]:
+    """(parsed document, its text) of a file, checked as the module docstring says."""
+    text = read_text(path, error)
+    return parse_document(text, str(path), error, as_json=Path(path).suffix == ".json", finite=finite), text
+
+
+def read_text(path: str | Path, error: type[Exception]) -> str:
+    """The file's text (UTF-8, newlines as "\\n"); `error` for an unreadable, too large or non-UTF-8 file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if path.suffix == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise error(f"{path}: not valid JSON: {exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise error(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB, the limit for an input file")
+    for bom, name in _BOMS.items():
+        if raw.startswith(bom):
+            raise error(f"{path}: the file is {name} text; save it as UTF-8")
     try:
-        return yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise error(f"{path}: line {line}, column {column}: byte 0x{raw[exc.start]:02x} is not UTF-8; save the file as UTF-8") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def parse_document(text: str, source: str, error: type[Exception], *, as_json: bool, finite: bool = False) -> Any:
+    """Parse `text` (JSON or YAML) and check it; messages start with `source`."""
+    duplicates: dict[int, tuple[Any, int | None]] = {}  # id(mapping) -> (repeated key, YAML line)
+    try:
+        if as_json:
+            data = json.loads(text, object_pairs_hook=lambda pairs: _json_mapping(pairs, duplicates))
+        else:
+            data = _load_yaml(text, duplicates)
+    except json.JSONDecodeError as exc:
+        raise error(f"{source}: not valid JSON: {exc}") from None
     except yaml.YAMLError as exc:
-        raise error(f"{path}: not valid YAML: {exc}") from None
+        raise error(f"{source}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise error(f"{source}: nested deeper than the limit of {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits, a date that does not exist
+        raise error(f"{source}: a value cannot be read: {exc}") from None
+    _Walk(source, error, duplicates, finite).check(data)
+    return data
+
+
+def _json_mapping(pairs: list[tuple[str, Any]], duplicates: dict) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out and id(out) not in duplicates:
+            duplicates[id(out)] = (key, None)
+        out[key] = value
+    return out
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that records repeated keys of a mapping (merge keys `<<` may still be overridden)."""
+
+    duplicates: dict[int, tuple[Any, int | None]]
+
+
+def _construct_map(loader: _Loader, node: yaml.MappingNode):
+    data: dict = {}
+    yield data
+    seen = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=False)
+        try:
+            repeated = key in seen
+            seen.add(key)
+        except TypeError:
+            continue  # unhashable: construct_mapping below says so
+        if repeated and id(data) not in loader.duplicates:
+            loader.duplicates[id(data)] = (key, key_node.start_mark.line + 1)
+    data.update(loader.construct_mapping(node))
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+
+
+def _load_yaml(text: str, duplicates: dict) -> Any:
+    loader = _Loader(text)
+    loader.duplicates = duplicates
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+class _Walk:
+    """Walks a parsed document once: depth, size, repeated keys and (optionally) finite numbers."""
+
+    def __init__(self, source: str, error: type[Exception], duplicates: dict, finite: bool):
+        self.source, self.error, self.duplicates, self.finite = source, error, duplicates, finite
+        self.count = 0
+
+    def fail(self, path: str, what: str) -> None:
+        raise self.error(f"{self.source}: {path}: {what}" if path else f"{self.source}: {what}")
+
+    def check(self, data: Any) -> None:
+        stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+        while stack:
+            value, path, depth = stack.pop()
+            self.count += 1
+            if self.count > MAX_VALUES:
+                self.fail("", f"more than {MAX_VALUES:,} values (YAML aliases counted at each use), the limit for an input file")
+            if isinstance(value, dict):
+                self._check_mapping(value, path, depth, stack)
+            elif isinstance(value, list):
+                if depth >= MAX_DEPTH:
+                    self.fail(path, f"nested deeper than the limit of {MAX_DEPTH} levels")
+                stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in reversed(list(enumerate(value))))
+            elif self.finite:
+                self._check_number(value, path)
+
+    def _check_mapping(self, value: dict, path: str, depth: int, stack: list) -> None:
+        if id(value) in self.duplicates:
+            key, line = self.duplicates[id(value)]
+            at = f" (line {line})" if line else ""
+            self.fail(path, f"duplicate key {key!r}{at}: a key may appear once in a mapping")
+        if depth >= MAX_DEPTH:
+            self.fail(path, f"nested deeper than the limit of {MAX_DEPTH} levels")
+        stack.extend((item, f"{path}.{key}" if path else str(key), depth + 1) for key, item in reversed(list(value.items())))
+
+    def _check_number(self, value: Any, path: str) -> None:
+        if isinstance(value, float) and not math.isfinite(value):
+            self.fail(path, f"{value} is not a finite number")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
+            self.fail(path, "the integer is beyond the range of a float")

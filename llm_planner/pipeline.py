@@ -14,19 +14,26 @@ from llm_planner.fileio import read_document
 from llm_planner.graph.ir import GraphError, TaskGraph, graph_from_dict
 from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.plan import PlanInputs
+from llm_planner.solve.baselines import memory_shortfall
 from llm_planner.solve.problem import PlacementProblem, ProblemError, build_problem
 from llm_planner.spec import ClusterSpec, load_cluster
 
 
+# Tasks x devices of one problem: the cost tables and the heuristics grow with it; 300,000 pairs
+# (a 1,000-task graph on 256 GPUs, a 50,000-task chain on 6 devices) plan in about a minute on
+# two cores (docs/inputs.md).
+MAX_TASK_DEVICE_PAIRS = 300_000
+
+
 class InputError(ValueError):
-    """Inputs that do not fit together (no cluster, changed files)."""
+    """Inputs that do not fit together (no cluster, changed files, a model no cluster memory holds)."""
 
 
 def load_graph_file(path: str | Path) -> tuple[TaskGraph, ClusterSpec | None]:
     """Read a task graph JSON file; workload files also define their own devices."""
     from llm_planner.graph import workloads
 
-    data = read_document(path, GraphError)
+    data = read_document(path, GraphError, finite=True)
     if workloads.is_workload(data):
         return workloads.workload_from_dict(data, source=str(path))
     return graph_from_dict(data, source=str(path)), None
@@ -44,10 +51,22 @@ def load_graph_and_cluster(
         assert model is not None
         graph = build_model_graph(model)
     if cluster_path is not None:
-        return graph, load_cluster(cluster_path)
-    if own_cluster is None:
+        cluster = load_cluster(cluster_path)
+    elif own_cluster is None:
         raise InputError("--cluster is required: only workload graph files describe their own devices")
-    return graph, own_cluster
+    else:
+        cluster = own_cluster
+    pairs = graph.num_tasks * len(cluster.devices())
+    if pairs > MAX_TASK_DEVICE_PAIRS:
+        raise InputError(f"{_names(cluster_path, model, graph_path)}: {graph.num_tasks:,} tasks x {len(cluster.devices()):,} devices = "
+                         f"{pairs:,} placement pairs; the limit is {MAX_TASK_DEVICE_PAIRS:,} (docs/inputs.md)")
+    return graph, cluster
+
+
+def _names(cluster_path: str | None, model: ModelSpec | None, graph_path: str | None) -> str:
+    """The inputs in a message: "<graph file or model> on <cluster file>"."""
+    what = str(graph_path) if graph_path is not None else f"model {model.name!r}" if model is not None else "the inputs"
+    return f"{what} on {cluster_path}" if cluster_path is not None else what
 
 
 def problem_from_inputs(
@@ -96,8 +115,10 @@ def problem_from_inputs(
         problem = build_problem(graph, cluster, objective=objective, batch_size=batch_size, max_shards=shards, dtype=dtype,
                                 inputs=inputs, max_tp=max_tp)
     except ProblemError as exc:
-        where = cluster_path or graph_path or "the inputs"
-        raise InputError(f"{where}: {exc}") from None
+        raise InputError(f"{_names(cluster_path, model, graph_path)}: {exc}") from None
+    short = memory_shortfall(problem)
+    if short is not None:
+        raise InputError(f"{_names(cluster_path, model, graph_path)}: the cluster's memory cannot hold the model: {short}")
     if profile is None:
         return problem
     from llm_planner.profile import apply_profile

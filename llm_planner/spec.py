@@ -13,22 +13,24 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-
-import yaml
+from typing import Any
 
 from llm_planner import units
+from llm_planner.fileio import load_document
+from llm_planner.graph.constants import DEVICE_TYPES, DTYPE_BYTES
+from llm_planner.spec_fields import Reader, SpecError, as_hostname, as_int, as_str, as_text, nonneg_seconds
 
-DEVICE_TYPES = ("cpu", "gpu", "accelerator")
 # Default share of a device's memory that a plan may fill, by device type. vLLM's
 # gpu_memory_utilization defaults to 0.9 for the same reason: the CUDA context, the
 # allocator's fragmentation and NCCL's buffers live in the rest. A CPU's host memory
 # is the spec's number (set usable_mem_fraction to keep room for the OS).
 USABLE_MEM_DEFAULT = {"cpu": 1.0, "gpu": 0.9, "accelerator": 0.9}
-
-
-class SpecError(ValueError):
-    """A cluster spec that cannot be used; the message names file, field and problem."""
+# Names a peak_flops mapping may use: the element types a model can be planned in, and fp64
+# (on data sheets, never used). Anything else is a typo that would surface much later.
+PRECISIONS = (*DTYPE_BYTES, "fp64")
+# Devices of the expanded cluster: far beyond this the placement problem no longer fits in
+# memory or in minutes (docs/inputs.md).
+MAX_DEVICES = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,74 +177,16 @@ class ClusterSpec:
 # Loading
 
 
-class _Reader:
-    """Reads one mapping of the YAML document, tracking the field path for errors."""
-
-    def __init__(self, source: str, path: str, data: Any):
-        self.source, self.path = source, path
-        if not isinstance(data, dict):
-            self.fail(f"expected a mapping, got {type(data).__name__}")
-        self.data = data
-        self.used: set[str] = set()
-
-    def fail(self, what: str, key: str | None = None) -> None:
-        where = f"{self.path}.{key}" if key and self.path else (key or self.path or "<top>")
-        raise SpecError(f"{self.source}: {where}: {what}")
-
-    def child(self, key: str, data: Any) -> "_Reader":
-        return _Reader(self.source, f"{self.path}.{key}" if self.path else key, data)
-
-    def get(self, key: str, parse: Callable[[Any], Any] | None = None, default: Any = ..., positive: bool = False):
-        self.used.add(key)
-        if key not in self.data:
-            if default is ...:
-                self.fail("missing required field", key)
-            return default
-        value = self.data[key]
-        if parse is not None:
-            try:
-                value = parse(value)
-            except (units.UnitError, TypeError, ValueError) as exc:
-                self.fail(str(exc), key)
-        if positive and not (isinstance(value, (int, float)) and value > 0 and not math.isnan(value)):
-            self.fail(f"must be positive, got {self.data[key]!r}", key)
-        return value
-
-    def done(self) -> None:
-        unknown = sorted(set(self.data) - self.used)
-        if unknown:
-            self.fail(f"unknown key(s) {', '.join(map(repr, unknown))}")
-
-
-def _as_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"expected an integer, got {value!r}")
-    return value
-
-
-def _as_str(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"expected a non-empty string, got {value!r}")
-    return value
-
-
-def _nonneg_seconds(value: Any) -> float:
-    seconds = units.parse_seconds(value)
-    if seconds < 0 or not math.isfinite(seconds):
-        raise ValueError(f"must be >= 0, got {value!r}")
-    return seconds
-
-
-def _read_link(r: _Reader) -> LinkSpec:
+def _read_link(r: Reader) -> LinkSpec:
     link = LinkSpec(
         bw_bytes_per_s=r.get("bw_bytes_per_s", units.parse_bandwidth, positive=True),
-        latency_s=r.get("latency_s", _nonneg_seconds, default=0.0),
+        latency_s=r.get("latency_s", nonneg_seconds, default=0.0),
     )
     r.done()
     return link
 
 
-def _read_intra_links(r: _Reader, key: str, kinds: set[str]) -> tuple[IntraLinkSpec, ...]:
+def _read_intra_links(r: Reader, key: str, kinds: set[str]) -> tuple[IntraLinkSpec, ...]:
     items = r.get(key, default=[])
     if not isinstance(items, list):
         r.fail("expected a list", key)
@@ -260,24 +204,27 @@ def _read_intra_links(r: _Reader, key: str, kinds: set[str]) -> tuple[IntraLinkS
     return tuple(out)
 
 
-def _read_link_fields(c: _Reader) -> dict[str, float]:
+def _read_link_fields(c: Reader) -> dict[str, float]:
     fields = {
         "bw_bytes_per_s": c.get("bw_bytes_per_s", units.parse_bandwidth, positive=True),
-        "latency_s": c.get("latency_s", _nonneg_seconds, default=0.0),
+        "latency_s": c.get("latency_s", nonneg_seconds, default=0.0),
     }
     c.done()
     return fields
 
 
-def _read_kind(c: _Reader) -> DeviceKindSpec:
-    name = c.get("name", _as_str)
-    kind_type = c.get("type", _as_str)
+def _read_kind(c: Reader) -> DeviceKindSpec:
+    name = c.get("name", as_str)
+    kind_type = c.get("type", as_str)
     if kind_type not in DEVICE_TYPES:
         c.fail(f"must be one of {', '.join(DEVICE_TYPES)}, got {kind_type!r}", "type")
     flops_raw = c.get("peak_flops")
     if not isinstance(flops_raw, dict) or not flops_raw:
         c.fail("expected a mapping of dtype to FLOP/s, e.g. {fp16: 312 TFLOP/s}", "peak_flops")
     flops_reader = c.child("peak_flops", flops_raw)
+    for dtype in flops_raw:
+        if dtype not in PRECISIONS:
+            flops_reader.fail(f"unknown precision {dtype!r} (known: {', '.join(PRECISIONS)})", str(dtype))
     peak = tuple((str(dtype), flops_reader.get(dtype, units.parse_flops, positive=True)) for dtype in flops_raw)
     mem_raw = c.data.get("mem_bytes")
     mem = math.inf if mem_raw == "unlimited" else c.get("mem_bytes", units.parse_bytes, positive=True)
@@ -290,7 +237,7 @@ def _read_kind(c: _Reader) -> DeviceKindSpec:
         mem_bw_bytes_per_s=c.get("mem_bw_bytes_per_s", units.parse_bandwidth, positive=True),
         compute_efficiency=c.get("compute_efficiency", units.parse_fraction, default=1.0, positive=True),
         mem_efficiency=c.get("mem_efficiency", units.parse_fraction, default=1.0, positive=True),
-        overhead_s=c.get("overhead_s", _nonneg_seconds, default=0.0),
+        overhead_s=c.get("overhead_s", nonneg_seconds, default=0.0),
         usable_mem_fraction=c.get("usable_mem_fraction", units.parse_fraction, default=None, positive=True),
     )
     for key in ("compute_efficiency", "mem_efficiency", "usable_mem_fraction"):
@@ -300,7 +247,7 @@ def _read_kind(c: _Reader) -> DeviceKindSpec:
     return spec
 
 
-def _read_node(c: _Reader, kinds: set[str]) -> NodeSpec:
+def _read_node(c: Reader, kinds: set[str]) -> NodeSpec:
     devices_raw = c.get("devices")
     if not isinstance(devices_raw, dict) or not devices_raw:
         c.fail("expected a mapping of device kind to count, e.g. {a100: 8}", "devices")
@@ -309,13 +256,13 @@ def _read_node(c: _Reader, kinds: set[str]) -> NodeSpec:
     for kind in devices_raw:
         if kind not in kinds:
             dev_reader.fail(f"unknown device kind {kind!r} (known: {', '.join(sorted(kinds))})", str(kind))
-        devices.append((kind, dev_reader.get(kind, _as_int, positive=True)))
+        devices.append((kind, dev_reader.get(kind, as_int, positive=True)))
     node = NodeSpec(
-        name=c.get("name", _as_str),
+        name=c.get("name", as_str),
         devices=tuple(devices),
-        count=c.get("count", _as_int, default=1, positive=True),
-        hostname=c.get("hostname", _as_str, default=None),
-        slots=c.get("slots", _as_int, default=None),
+        count=c.get("count", as_int, default=1, positive=True),
+        hostname=c.get("hostname", as_hostname, default=None),
+        slots=c.get("slots", as_int, default=None),
         links=_read_intra_links(c, "links", kinds),
     )
     if node.slots is not None and node.slots <= 0:
@@ -324,7 +271,7 @@ def _read_node(c: _Reader, kinds: set[str]) -> NodeSpec:
     return node
 
 
-def _as_list(r: _Reader, key: str) -> list:
+def _as_list(r: Reader, key: str) -> list:
     items = r.get(key)
     if not isinstance(items, list) or not items:
         r.fail("expected a non-empty list", key)
@@ -333,18 +280,21 @@ def _as_list(r: _Reader, key: str) -> list:
 
 def parse_cluster(data: Any, source: str = "<memory>") -> ClusterSpec:
     """Build a ClusterSpec from parsed YAML; raises SpecError naming `source`."""
-    top = _Reader(source, "", data)
+    top = Reader(source, "", data)
     kinds = tuple(_read_kind(top.child(f"device_kinds[{i}]", d)) for i, d in enumerate(_as_list(top, "device_kinds")))
     kind_names = [k.name for k in kinds]
     if len(set(kind_names)) != len(kind_names):
         top.fail(f"duplicate device kind names in {kind_names}", "device_kinds")
     nodes = tuple(_read_node(top.child(f"nodes[{i}]", n), set(kind_names)) for i, n in enumerate(_as_list(top, "nodes")))
+    num_devices = sum(node.count * num for node in nodes for _, num in node.devices)
+    if num_devices > MAX_DEVICES:
+        top.fail(f"the cluster has {num_devices:,} devices (count x devices of every node); the limit is {MAX_DEVICES:,}", "nodes")
     links = top.child("links", top.get("links", default={}))
     default_raw = links.get("intra_node_default", default=None)
     inter_raw = links.get("inter_node", default=None)
     cluster = ClusterSpec(
-        name=top.get("name", _as_str),
-        description=top.get("description", str, default=""),
+        name=top.get("name", as_str),
+        description=top.get("description", as_text, default=""),
         device_kinds=kinds,
         nodes=nodes,
         intra_node_default=_read_link(links.child("intra_node_default", default_raw)) if default_raw is not None else None,
@@ -358,7 +308,7 @@ def parse_cluster(data: Any, source: str = "<memory>") -> ClusterSpec:
     return cluster
 
 
-def _check_links(cluster: ClusterSpec, links: _Reader) -> None:
+def _check_links(cluster: ClusterSpec, links: Reader) -> None:
     names = [n for n, _, _ in cluster.node_names()]
     if len(set(names)) != len(names):
         raise SpecError(f"{cluster.source}: nodes: duplicate node names after expanding `count`: {names}")
@@ -376,15 +326,7 @@ def _check_links(cluster: ClusterSpec, links: _Reader) -> None:
 
 def load_cluster(path: str | Path) -> ClusterSpec:
     """Read a cluster YAML file. Raises SpecError with the file, field and problem."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    data, text = load_document(path, SpecError, finite=True)
     cluster = parse_cluster(data, source=str(path))
     digest = hashlib.sha256(text.encode()).hexdigest()
     return dataclasses.replace(cluster, sha256=digest)

@@ -29,9 +29,11 @@ class UnitError(ValueError):
     """A value that cannot be read in the unit its field expects."""
 
 
-def _split(value: object) -> tuple[float, str]:
+def _split_any(value: object) -> tuple[float, str]:
     if isinstance(value, bool):
         raise UnitError(f"expected a number, got {value!r}")
+    if isinstance(value, int) and abs(value) > 2**1023:
+        raise UnitError(f"an integer of {len(str(abs(value)))} digits is beyond the range of a float")
     if isinstance(value, (int, float)):
         return float(value), ""
     if not isinstance(value, str):
@@ -40,6 +42,13 @@ def _split(value: object) -> tuple[float, str]:
     if not match:
         raise UnitError(f"cannot read {value!r} as a number with a unit")
     return float(match.group(1)), match.group(2)
+
+
+def _split(value: object) -> tuple[float, str]:
+    number, unit = _split_any(value)
+    if not math.isfinite(number):
+        raise UnitError(f"{value!r} is not a finite number")
+    return number, unit
 
 
 def _scaled(value: object, family: str) -> float:
@@ -51,8 +60,14 @@ def _scaled(value: object, family: str) -> float:
             prefix = unit[: -len(base)]
             mult = _BINARY.get(prefix, _DECIMAL.get(prefix))
             if mult is not None:
-                return number * mult * base_mult
+                return _finite(number * mult * base_mult, value)
     raise UnitError(f"unknown unit {unit!r} in {value!r}")
+
+
+def _finite(number: float, value: object) -> float:
+    if not math.isfinite(number):
+        raise UnitError(f"{value!r} is beyond the range of a float")
+    return number
 
 
 def parse_bytes(value: object) -> float:
@@ -77,7 +92,7 @@ def parse_seconds(value: object) -> float:
         return number
     if unit not in _TIME:
         raise UnitError(f"unknown time unit {unit!r} in {value!r} (use s, ms, us or ns)")
-    return number * _TIME[unit]
+    return _finite(number * _TIME[unit], value)
 
 
 def parse_fraction(value: object) -> float:

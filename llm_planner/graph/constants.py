@@ -1,8 +1,10 @@
 """What every graph builder shares, below them and below graph.models (which picks a builder):
-the decoder phases and granularities, and the bytes of each element type."""
+the decoder phases and granularities, the bytes of each element type, and the device types a
+task may name (llm_planner.spec reads cluster files with the same names)."""
 
 from __future__ import annotations
 
 PHASES = ("decode", "prefill")
 GRANULARITIES = ("block", "sublayer")
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+DEVICE_TYPES = ("cpu", "gpu", "accelerator")

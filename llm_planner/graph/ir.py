@@ -23,9 +23,14 @@ from typing import Any
 import networkx as nx
 
 from llm_planner.fileio import read_document
+from llm_planner.graph.constants import DEVICE_TYPES
 
 GRAPH_FORMAT = "llm_planner.graph"
 GRAPH_VERSION = 1
+# Largest graph a file may hold: a 50,000-task chain plans in about 35 s on two cores with the
+# default solver; far larger graphs exhaust minutes and memory (docs/inputs.md).
+MAX_TASKS = 50_000
+MAX_EDGES = 200_000
 
 
 class GraphError(ValueError):
@@ -161,7 +166,7 @@ class TaskGraph:
             if (e.src, e.dst) in pairs:
                 raise GraphError(f"graph {self.name!r}: duplicate edge {e.src!r} -> {e.dst!r}")
             pairs.add((e.src, e.dst))
-            if not (math.isfinite(e.bytes_per_sample) and e.bytes_per_sample >= 0 and e.hop_s_per_sample >= 0):
+            if not all(math.isfinite(v) and v >= 0 for v in (e.bytes_per_sample, e.hop_s_per_sample)):
                 raise GraphError(f"graph {self.name!r}: edge {e.src!r} -> {e.dst!r}: sizes must be finite and >= 0")
         g = self.to_networkx()
         if not nx.is_directed_acyclic_graph(g):
@@ -229,36 +234,60 @@ def graph_from_dict(data: dict[str, Any], source: str = "<memory>") -> TaskGraph
         raise GraphError(f"{source}: not a task graph file (expected \"format\": \"{GRAPH_FORMAT}\")")
     if data.get("version") != GRAPH_VERSION:
         raise GraphError(f"{source}: version: unsupported version {data.get('version')!r} (this build reads {GRAPH_VERSION})")
-    tasks, edges = [], []
-    for i, raw in enumerate(data.get("tasks") or []):
-        unknown = set(raw) - _TASK_FIELDS
-        if unknown or "name" not in raw:
-            what = f"unknown key(s) {sorted(unknown)}" if unknown else "missing required field 'name'"
-            raise GraphError(f"{source}: tasks[{i}]: {what}")
-        kw = _checked_fields(dict(raw), f"{source}: tasks[{i}]")
-        for key in ("time_s_by_kind", "labels"):
-            if key in kw:
-                kw[key] = tuple(kw[key].items())
-        for key in ("device_types", "mem_device_types", "tp_divides"):
-            if key in kw:
-                kw[key] = tuple(kw[key])
-        try:
-            tasks.append(Task(**kw))
-        except TypeError as exc:
-            raise GraphError(f"{source}: tasks[{i}]: {exc}") from None
-    for i, raw in enumerate(data.get("edges") or []):
-        unknown = set(raw) - _EDGE_FIELDS
-        if unknown or "src" not in raw or "dst" not in raw:
-            what = f"unknown key(s) {sorted(unknown)}" if unknown else "missing 'src' or 'dst'"
-            raise GraphError(f"{source}: edges[{i}]: {what}")
-        edges.append(Edge(**_checked_fields(dict(raw), f"{source}: edges[{i}]")))
+    unknown = sorted(set(data) - {"format", "version", "name", "meta", "tasks", "edges"}, key=str)
+    if unknown:
+        raise GraphError(f"{source}: unknown key(s) {unknown}")
+    tasks = [_read_task(raw, f"{source}: tasks[{i}]") for i, raw in enumerate(_records(data, "tasks", MAX_TASKS, source))]
+    edges = [_read_edge(raw, f"{source}: edges[{i}]") for i, raw in enumerate(_records(data, "edges", MAX_EDGES, source))]
     if not tasks:
         raise GraphError(f"{source}: tasks: the graph has no tasks")
-    graph = TaskGraph(name=str(data.get("name", Path(source).stem)), tasks=tuple(tasks), edges=tuple(edges), meta=tuple((data.get("meta") or {}).items()))
+    name, meta = data.get("name", Path(source).stem), data.get("meta", {})
+    if not isinstance(name, str) or not name:
+        raise GraphError(f"{source}: name: expected a non-empty string, got {name!r}")
+    if not isinstance(meta, dict):
+        raise GraphError(f"{source}: meta: expected a mapping, got {type(meta).__name__}")
+    graph = TaskGraph(name=name, tasks=tuple(tasks), edges=tuple(edges), meta=tuple(meta.items()))
     try:
         return graph.validate()
     except GraphError as exc:
         raise GraphError(f"{source}: {exc}") from None
+
+
+def _records(data: dict, key: str, limit: int, source: str) -> list:
+    """The list `key` of the file (missing: empty), at most `limit` long."""
+    items = data.get(key, [])
+    if not isinstance(items, list):
+        raise GraphError(f"{source}: {key}: expected a list, got {type(items).__name__}")
+    if len(items) > limit:
+        raise GraphError(f"{source}: {key}: {len(items):,} {key}; the limit is {limit:,} (docs/inputs.md)")
+    return items
+
+
+def _read_task(raw: Any, where: str) -> Task:
+    if not isinstance(raw, dict):
+        raise GraphError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    unknown = set(raw) - _TASK_FIELDS
+    if unknown or "name" not in raw:
+        what = f"unknown key(s) {sorted(unknown, key=str)}" if unknown else "missing required field 'name'"
+        raise GraphError(f"{where}: {what}")
+    kw = _checked_fields(dict(raw), where)
+    for key in ("time_s_by_kind", "labels"):
+        if key in kw:
+            kw[key] = tuple(kw[key].items())
+    for key in ("device_types", "mem_device_types", "tp_divides"):
+        if key in kw:
+            kw[key] = tuple(kw[key])
+    return Task(**kw)
+
+
+def _read_edge(raw: Any, where: str) -> Edge:
+    if not isinstance(raw, dict):
+        raise GraphError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    unknown = set(raw) - _EDGE_FIELDS
+    if unknown or "src" not in raw or "dst" not in raw:
+        what = f"unknown key(s) {sorted(unknown, key=str)}" if unknown else "missing 'src' or 'dst'"
+        raise GraphError(f"{where}: {what}")
+    return Edge(**_checked_fields(dict(raw), where))
 
 
 _NUMBER_FIELDS = {"flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample", "hop_s_per_sample", "weight_bytes_indexed",
@@ -278,8 +307,8 @@ def _checked_fields(kw: dict[str, Any], where: str) -> dict[str, Any]:
             raise GraphError(f"{where}.{key}: expected a number, got {value!r}")
         if key in _MAPPING_FIELDS and not isinstance(value, dict):
             raise GraphError(f"{where}.{key}: expected a mapping, got {value!r}")
-        if key in _LIST_FIELDS and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-            raise GraphError(f"{where}.{key}: expected a list of strings, got {value!r}")
+        if key in _LIST_FIELDS and not (isinstance(value, list) and all(v in DEVICE_TYPES for v in value)):
+            raise GraphError(f"{where}.{key}: expected a list of device types ({', '.join(DEVICE_TYPES)}), got {value!r}")
         if key in _INT_FIELDS and (isinstance(value, bool) or not isinstance(value, int)):
             raise GraphError(f"{where}.{key}: expected an integer, got {value!r}")
         if key == "tp_divides" and not (isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
@@ -293,5 +322,5 @@ def _checked_fields(kw: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def load_graph_json(path: str | Path) -> TaskGraph:
-    data = read_document(path, GraphError)
+    data = read_document(path, GraphError, finite=True)
     return graph_from_dict(data, source=str(path))

@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from llm_planner.fileio import read_document
-from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
-from llm_planner.spec import ClusterSpec, DeviceKindSpec, LinkSpec, NodeSpec
+from llm_planner.graph.ir import MAX_EDGES, MAX_TASKS, Edge, GraphError, Task, TaskGraph
+from llm_planner.spec import MAX_DEVICES, ClusterSpec, DeviceKindSpec, LinkSpec, NodeSpec
 
 WORKLOAD_FORMAT = "dnn-partitioning"
 ACCELERATOR = "accelerator"
@@ -117,11 +117,13 @@ def _flag(raw: dict, key: str, where: str, *, default: bool | None = None) -> bo
     return bool(value)
 
 
-def _list(data: dict, key: str, source: str) -> list:
+def _list(data: dict, key: str, source: str, limit: int) -> list:
     if key not in data:
         raise _fail(source, key, "missing required field")
     if not isinstance(data[key], list):
         raise _fail(source, key, f"expected a list, got {type(data[key]).__name__}")
+    if len(data[key]) > limit:
+        raise _fail(source, key, f"{len(data[key]):,} records; the limit is {limit:,} (docs/inputs.md)")
     return data[key]
 
 
@@ -148,7 +150,7 @@ def _read_node(raw: Any, i: int, source: str) -> _Node:
 
 
 def _read_nodes(data: dict, source: str) -> list[_Node]:
-    nodes = [_read_node(raw, i, source) for i, raw in enumerate(_list(data, "nodes", source))]
+    nodes = [_read_node(raw, i, source) for i, raw in enumerate(_list(data, "nodes", source, MAX_TASKS))]
     if not nodes:
         raise _fail(source, "nodes", "the workload has no nodes")
     seen: dict[int, int] = {}
@@ -202,7 +204,7 @@ def _edges(data: dict, names: dict[int, str], source: str) -> list[Edge]:
     edges: list[Edge] = []
     first: dict[tuple[int, int], int] = {}
     cost_of: dict[int, tuple[float, int]] = {}  # source id -> (cost, first edge index)
-    for i, raw in enumerate(_list(data, "edges", source)):
+    for i, raw in enumerate(_list(data, "edges", source, MAX_EDGES)):
         where = f"{source}: edges[{i}]"
         if not isinstance(raw, dict):
             raise GraphError(f"{where}: expected an object, got {type(raw).__name__}")
@@ -233,6 +235,8 @@ def _cluster(data: dict, name: str, source: str) -> ClusterSpec:
             raise _fail(source, key, f"must be >= 0, got {count}")
     if num_acc + num_cpu == 0:
         raise _fail(source, "maxFPGAs", "maxFPGAs and maxCPUs are both 0: no device to place on")
+    if num_acc + num_cpu > MAX_DEVICES:
+        raise _fail(source, "maxFPGAs", f"maxFPGAs + maxCPUs = {num_acc + num_cpu:,} devices; the limit is {MAX_DEVICES:,} (docs/inputs.md)")
     if num_acc and mem <= 0:
         raise _fail(source, "maxSizePerFPGA", f"must be positive, got {mem}")
     placeholder = (("fp16", _PLACEHOLDER),)
@@ -277,5 +281,5 @@ def workload_from_dict(data: Any, source: str = "<memory>") -> tuple[TaskGraph, 
 
 def load_workload(path: str | Path) -> tuple[TaskGraph, ClusterSpec]:
     """Read a dnn-partitioning JSON file."""
-    data = read_document(path, GraphError)
+    data = read_document(path, GraphError, finite=True)
     return workload_from_dict(data, source=str(path))

@@ -389,21 +389,36 @@ def _unit_shortfalls(problem: PlacementProblem) -> list[tuple[float, str]]:
     return out
 
 
-def infeasibility_reason(problem: PlacementProblem) -> str:
-    """A sentence on why no placement fits in memory (or why the heuristics found none)."""
+def memory_shortfall(problem: PlacementProblem) -> str | None:
+    """A sentence when no placement can fit in memory, provably (a task or colocation group
+    fits no device that runs it, or the tasks need more than all devices hold); else None."""
     units = _unit_shortfalls(problem)
     if units:
         units.sort(key=lambda u: -u[0])
         more = f" ({len(units) - 1} more task(s) do not fit either)" if len(units) > 1 else ""
         return units[0][1] + more
+    need = _total_need(problem)
+    capacity = float(problem.mem_capacity.sum())
+    if need > capacity:
+        return f"the tasks need at least {_gb(need)} of device memory in all but the devices hold {_gb(capacity)} (short by {_gb(need - capacity)})"
+    return None
+
+
+def _total_need(problem: PlacementProblem) -> float:
     need = 0.0
     for i in range(problem.num_tasks):
         able = problem.supported[i]
         if (problem.mem_counts[i] | ~able).all():  # memory counts wherever it can run
             need += problem.weight_bytes[i] + problem.mem_bytes_per_sample[i] * problem.batch_size
-    capacity = float(problem.mem_capacity.sum())
-    if need > capacity:
-        return f"the tasks need at least {_gb(need)} of device memory in all but the devices hold {_gb(capacity)} (short by {_gb(need - capacity)})"
+    return need
+
+
+def infeasibility_reason(problem: PlacementProblem) -> str:
+    """A sentence on why no placement fits in memory (or why the heuristics found none)."""
+    provable = memory_shortfall(problem)
+    if provable is not None:
+        return provable
+    need, capacity = _total_need(problem), float(problem.mem_capacity.sum())
     whole = [k for k in range(problem.num_devices) if problem.supported[:, k].all()]
     single = ""
     if whole:
