@@ -26,7 +26,7 @@ import yaml
 
 MAX_FILE_BYTES = 64 * 2**20  # 64 MiB: a 50,000-task graph file is about 10 MiB
 MAX_DEPTH = 32  # nested mappings and lists; our formats need 5
-MAX_VALUES = 4_000_000  # scalars, mappings and lists, each alias use counted again
+MAX_VALUES = 2_000_000  # scalars, mappings and lists, each alias use counted again
 
 _BOMS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16", b"\xfe\xff": "UTF-16"}
 
