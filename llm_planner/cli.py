@@ -126,7 +126,6 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="Hugging Face checkpoint directory to load weights from")
     p.add_argument("--prompt-ids", action="append", default=[], help="comma-separated token ids of one request; repeat for a batch")
     p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--micro-batches", type=int, default=None, help="throughput plans: micro-batches in flight (default: one per pipeline stage)")
     p.add_argument("--dtype", default=None, help="element type the ranks compute in (default: the plan's; fp32 is fastest on CPUs)")
     p.add_argument("--report", default="run.json", help="JSON run report to write (default: run.json)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the whole run is stopped")

@@ -206,7 +206,6 @@ def cmd_launch(args: argparse.Namespace, console: Console) -> int:
             checkpoint=args.checkpoint,
             prompt_ids=prompts,
             max_new_tokens=args.max_new_tokens,
-            micro_batches=args.micro_batches,
             dtype=args.dtype,
             report_path=args.report,
             timeout_s=args.timeout,

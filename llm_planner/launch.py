@@ -31,8 +31,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from llm_planner.groups import is_group_name
+from llm_planner.fmt import fmt_s
+from llm_planner.groups import is_group_name, member_names
 from llm_planner.plan import Plan, load_plan
+from llm_planner.runtime.plan_schedule import in_flight_batches
 from llm_planner.runtime.table import RankEntry, RankTable, RunSpec
 from llm_planner.spec import ClusterSpec, load_cluster
 
@@ -56,7 +58,6 @@ class LaunchOptions:
     checkpoint: str | None = None  # decoder: Hugging Face checkpoint dir (safetensors) whose config the plan was made from
     prompt_ids: tuple[tuple[int, ...], ...] = ()  # decoder: one prompt per request; empty: batch_size seeded prompts
     max_new_tokens: int = 16
-    micro_batches: int | None = None  # decoder: per shard; None: 1 for latency plans, #stages for throughput plans
     report_path: str | None = None  # default: <workdir>/run.json
     timeout_s: float = 600.0  # bound on the whole run
     workdir: str | None = None  # default: <report dir>/<plan stem>.launch with a report path, else launch/<plan stem>
@@ -136,14 +137,28 @@ def check_model(plan: Plan, workload: str, options: LaunchOptions, source: str) 
         config = dt.planned_decoder_config(plan.inputs.model, options.checkpoint, source=source)
         for s, assignment in enumerate(plan.shard_assignments):
             dt.check_decoder_tasks(list(assignment), config.num_layers, source=f"{source}: shards[{s}]")
-        prompts = options.prompt_ids
-        if not prompts:  # one seeded prompt per sample the plan was made for
-            rng = random.Random(options.seed if options.seed is not None else int(plan.inputs.model.get("seed", 0)))
-            prompts = tuple(tuple(rng.randrange(config.vocab_size) for _ in range(DEFAULT_PROMPT_LEN)) for _ in range(plan.batch_size))
+        prompts = _prompts(plan, options, config.vocab_size)
         dt.check_prompts(prompts, options.max_new_tokens, config)
     except dt.DecoderError as exc:
         raise LaunchError(str(exc)) from None
     return tuple(tuple(p) for p in prompts)
+
+
+def _prompts(plan: Plan, options: LaunchOptions, vocab_size: int) -> tuple[tuple[int, ...], ...]:
+    """One prompt per request of every batch in flight: the user's (Q of them, repeated for each batch,
+    or one per request), else seeded ones."""
+    batches, size = in_flight_batches(plan), plan.batch_size
+    if not options.prompt_ids:
+        rng = random.Random(options.seed if options.seed is not None else int(plan.inputs.model.get("seed", 0)))
+        return tuple(tuple(rng.randrange(vocab_size) for _ in range(DEFAULT_PROMPT_LEN)) for _ in range(batches * size))
+    given = tuple(tuple(p) for p in options.prompt_ids)
+    if len(given) == size:
+        return given * batches
+    if len(given) == batches * size:
+        return given
+    runs = f"{batches} batches of {size} in flight (a throughput plan's steady state)" if batches > 1 else f"a batch of {size}"
+    raise LaunchError(f"prompt_ids: {len(given)} prompts, but the plan runs {runs}: give {size} prompts"
+                      + (f" (repeated for each batch) or {batches * size}" if batches > 1 else ""))
 
 
 def _check_options(options: LaunchOptions) -> None:
@@ -151,8 +166,6 @@ def _check_options(options: LaunchOptions) -> None:
         raise LaunchError(f"max_new_tokens must be >= 1, got {options.max_new_tokens}")
     if not options.timeout_s > 0:
         raise LaunchError(f"timeout must be > 0 seconds, got {options.timeout_s}")
-    if options.micro_batches is not None and options.micro_batches < 1:
-        raise LaunchError(f"micro_batches must be >= 1, got {options.micro_batches}")
     if options.warmup < 0:
         raise LaunchError(f"warmup must be >= 0 untimed runs, got {options.warmup}")
 
@@ -160,11 +173,8 @@ def _check_options(options: LaunchOptions) -> None:
 def rank_entries(plan: Plan, cluster: ClusterSpec, source: str) -> tuple[RankEntry, ...]:
     """One rank per device the plan uses, grouped by host in cluster order."""
     devices = {d.name: d for d in cluster.devices()}
-    used = plan.devices_used()
-    groups = [d for d in used if is_group_name(d)]
-    if groups:
-        raise LaunchError(f"{source}: the plan runs tasks on tensor-parallel groups ({', '.join(groups)}); the runtime cannot run "
-                          "groups yet (they are planned, not launched): plan with --max-tp 1 to launch on single devices")
+    used = plan.physical_devices_used()
+    serves = {m: d for d in plan.devices_used() for m in member_names(d)}
     unknown = [d for d in used if d not in devices]
     if unknown:
         raise LaunchError(f"{source}: the plan uses device(s) {unknown} that cluster {cluster.source} does not have")
@@ -181,13 +191,15 @@ def rank_entries(plan: Plan, cluster: ClusterSpec, source: str) -> tuple[RankEnt
     _check_slots(order, devices, templates, cluster)
     entries = []
     for rank, name in enumerate(order):
-        d = devices[name]
+        d, plan_device = devices[name], serves[name]
         kind = cluster.kind(d.kind)
         gpus = [x.name for x in cluster.devices() if x.node == d.node and cluster.kind(x.kind).type == "gpu"]
-        tasks = {str(s): [t.task for t in sorted(plan.schedule, key=lambda t: (t.start_s, t.finish_s)) if t.shard == s and t.device == name]
+        tasks = {str(s): [t.task for t in sorted(plan.schedule, key=lambda t: (t.start_s, t.finish_s)) if t.shard == s and t.device == plan_device]
                  for s in range(len(plan.shard_sizes))}
+        group = [order.index(m) for m in member_names(plan_device)] if is_group_name(plan_device) else []
         entries.append(RankEntry(rank=rank, device=name, node=d.node, hostname=str(d.hostname), device_type=kind.type,
-                                 gpu_index=gpus.index(name) if name in gpus else None, tasks={k: v for k, v in tasks.items() if v}))
+                                 gpu_index=gpus.index(name) if name in gpus else None, tasks={k: v for k, v in tasks.items() if v},
+                                 plan_device=plan_device, group=group))
     return tuple(entries)
 
 
@@ -230,7 +242,7 @@ def build_rank_table(plan_path: str | Path, options: LaunchOptions) -> tuple[Ran
         checkpoint=str(Path(options.checkpoint).resolve()) if options.checkpoint else None,
         prompt_ids=[list(p) for p in prompts],
         max_new_tokens=options.max_new_tokens,
-        micro_batches=options.micro_batches,
+        batches=in_flight_batches(plan),
         seed=options.seed if options.seed is not None else int(plan.inputs.model.get("seed", 0)),
         dtype=options.dtype,
         fail_rank=options.fail_rank,
@@ -261,7 +273,8 @@ def format_rank_table(table: RankTable) -> str:
     for r in table.ranks:
         torch_dev = f"cuda:{r.gpu_index}" if r.device_type == "gpu" else "cpu"
         tasks = "; ".join(f"shard {s}: {_compact(t)}" for s, t in r.tasks.items()) if len(r.tasks) > 1 else _compact(next(iter(r.tasks.values()), []))
-        rows.append((str(r.rank), r.hostname, r.device, torch_dev, tasks))
+        device = r.device if not r.group else f"{r.device} (group {r.plan_device})"
+        rows.append((str(r.rank), r.hostname, device, torch_dev, tasks))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4] for row in rows)
 
@@ -272,17 +285,30 @@ def describe_result(result: LaunchResult) -> str:
         return f"{result.command_line}\n\n{format_rank_table(result.rank_table)}"
     if not result.ok:
         return f"launch failed: {result.error}"
-    r = result.report or {}
-    lines = [f"ran {result.rank_table.world_size} ranks in {result.duration_s:.1f} s; report: {result.report_path}",
-             f"measured {r.get('measured_s', 0.0):.4g} s (predicted {r.get('predicted_s', 0.0):.4g} s for one pass); "
-             f"runtime overhead {100 * r.get('overhead_fraction', 0.0):.1f}%"]
+    return "\n".join(_run_summary(result.report or {}, result))
+
+
+def _run_summary(r: dict, result: LaunchResult) -> list[str]:
+    n = result.rank_table.world_size
+    lines = [f"ran {n} rank{'s' if n != 1 else ''} in {result.duration_s:.1f} s; report: {result.report_path}"]
+    per = " per sample" if r.get("unit") == "s/sample" else ""
+    predicted, measured = float(r.get("predicted_s", 0.0)), float(r.get("measured_s", 0.0))
+    error = f" ({100 * (measured - predicted) / predicted:+.1f}%)" if predicted > 0 else ""
+    lines.append(f"{r.get('measured_what', 'measured')}: measured {fmt_s(measured)}{per}, predicted {fmt_s(predicted)}{per}{error}")
+    if r.get("measured_samples_per_s"):
+        lines.append(f"steady state: {r['measured_samples_per_s']:.1f} samples/s = tokens/s in decode "
+                     f"(predicted {r.get('predicted_samples_per_s') or 0:.1f}), {r.get('batches', 1)} batches in flight")
     if "tokens" in r:
-        lines.append(f"{r['tokens_per_s']:.1f} tokens/s, {1e3 * r['measured_per_token_s']:.2f} ms per token step")
+        lines.append(f"whole generation: {fmt_s(r.get('wall_s', 0.0))}, {r.get('tokens_per_s', 0.0):.1f} tokens/s (prefill included)")
+        if r.get("weights") != "checkpoint":
+            lines.append("weights: seeded random, not a checkpoint (pass --checkpoint DIR for real weights): the tokens are not text")
         lines += [f"request {i}: {' '.join(map(str, t))}" for i, t in enumerate(r["tokens"])]
     elif "output" in r:
         lines.append(f"output {r['output']['shape']} sha256 {r['output']['sha256'][:16]}... saved to {r['output_path']}")
-    lines += oversubscription_notes(r.get("ranks", []))
-    return "\n".join(lines)
+    lines.append(f"runtime overhead {100 * r.get('overhead_fraction', 0.0):.1f}% of the ranks' time")
+    for device in r.get("gpu_fell_back_to_cpu", []):
+        lines.append(f"warning: {device} is a GPU but CUDA is not available on its host: its rank ran on the CPU")
+    return lines + oversubscription_notes(r.get("ranks", []))
 
 
 def oversubscription_notes(ranks: list[dict]) -> list[str]:
@@ -383,7 +409,6 @@ def launch_plan(
     timeout_s: float = 600.0,
     workdir: str | None = None,
     extra: list[str] | tuple[str, ...] = (),
-    micro_batches: int | None = None,
     num_ranks: int | None = None,
     seed: int | None = None,
     dtype: str | None = None,
@@ -393,7 +418,7 @@ def launch_plan(
     """The CLI's entry point: `llm-planner launch plan.yaml [--dry-run] [--checkpoint DIR] ...` (see LaunchOptions)."""
     options = LaunchOptions(
         dry_run=dry_run, checkpoint=checkpoint, prompt_ids=tuple(tuple(p) for p in (prompt_ids or ())),
-        max_new_tokens=max_new_tokens, micro_batches=micro_batches, report_path=report_path, timeout_s=timeout_s,
+        max_new_tokens=max_new_tokens, report_path=report_path, timeout_s=timeout_s,
         workdir=workdir, extra=tuple(extra), num_ranks=num_ranks, seed=seed, dtype=dtype, fail_rank=fail_rank,
         warmup=warmup,
     )

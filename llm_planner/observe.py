@@ -108,25 +108,40 @@ def read_observations(plan: Plan, report: Any, source: str) -> RunObservations:
         raise MeasureError(f"{source}: ranks: expected a non-empty list")
     device_of: dict[int, str] = {}
     for r, entry in enumerate(ranks):
-        device = _get(entry, "device", source, f"ranks[{r}].")
+        device = _plan_device(entry, source, r)
         if device not in plan.devices_used():
-            raise MeasureError(f"{source}: ranks[{r}].device: {device!r} is not a device the plan uses {plan.devices_used()}")
+            raise MeasureError(f"{source}: ranks[{r}].plan_device: {device!r} is not a device the plan uses {plan.devices_used()}")
         device_of[_number(_get(entry, "rank", source, f"ranks[{r}]."), source, f"ranks[{r}].rank", integer=True)] = device
     if workload == "graph":
         phase, passes, calls = "forward", 1, _graph_calls(plan)
     else:
         phase, passes, calls = _decoder_calls(plan, report, source)
-    tasks, unmeasured = _task_observations(ranks, calls, phase, source)
+    leaders = _leaders(ranks, source)
+    tasks, unmeasured = _task_observations(leaders, calls, phase, source)
     dtype = TORCH_TO_DTYPE.get(str(ranks[0].get("dtype", "")), plan.inputs.dtype)
     if dtype == "fp32" and plan.inputs.dtype == "tf32":
         dtype = "tf32"
-    e2e, what = _end_to_end(plan, report, workload, phase, source)
+    e2e, what = end_to_end(plan, report, source)
     return RunObservations(source=source, workload=workload, phase=phase, passes=passes, dtype=dtype, tasks=tasks,
-                           unmeasured=unmeasured, transfers=_transfers(ranks, device_of, source),
+                           unmeasured=unmeasured, transfers=_transfers(leaders, device_of, source),
                            end_to_end_s=e2e, end_to_end_what=what)
 
 
 Calls = dict[tuple[str, str], list[tuple[int, int]]]
+
+
+def _plan_device(entry: Any, source: str, r: int) -> str:
+    """The plan's device a rank served: its group's name for a tensor-parallel member, else its device."""
+    device = _get(entry, "device", source, f"ranks[{r}].")
+    return str(entry.get("plan_device") or device)
+
+
+def _leaders(ranks: list, source: str) -> list:
+    """One rank per plan device: a group's first member (each member times the group's tasks alike)."""
+    seen: dict[str, Any] = {}
+    for r, entry in enumerate(ranks):
+        seen.setdefault(_plan_device(entry, source, r), dict(entry, device=_plan_device(entry, source, r)))
+    return list(seen.values())
 
 
 def _graph_calls(plan: Plan) -> Calls:
@@ -225,13 +240,20 @@ def _step_ends(report: dict, source: str) -> dict[int, float]:
     return ends
 
 
-def _end_to_end(plan: Plan, report: dict, workload: str, phase: str, source: str) -> tuple[float, str]:
+def end_to_end(plan: Plan, report: dict, source: str) -> tuple[float, str]:
+    """The run's figure that is the same quantity as the plan's objective_s, and what it is.
+
+    Graphs: the forward pass (the slowest rank's wall time, `wall_s`). Decoders: one
+    decode step (the mean over the steps after the prefill, from the step ends) or,
+    for prefill plans, the prefill (the end of step 0). Throughput plans divide by the
+    samples in flight: the requests of every stream."""
     per_sample = plan.objective == "throughput"
-    if workload == "graph":
-        wall = _number(_get(report, "measured_s", source, ""), source, "measured_s")
+    if _get(report, "workload", source, "") == "graph":
+        wall = _number(_get(report, "wall_s", source, ""), source, "wall_s")
         if per_sample:
             return wall / plan.batch_size, f"seconds per sample: the forward pass of {plan.batch_size} samples / {plan.batch_size}"
         return wall, "latency of one forward pass (slowest rank's wall time)"
+    phase = str(plan.inputs.model.get("phase", "decode"))
     ends = _step_ends(report, source)
     steps = int(report["max_new_tokens"])
     if sorted(ends) != list(range(steps)):

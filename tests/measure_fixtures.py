@@ -146,4 +146,4 @@ def graph_report(plan: Plan, graph: TaskGraph, truth: ClusterSpec, *, noise: flo
     for entry in ranks:
         entry["compute_s"] = sum(entry["tasks"].values())
         entry["total_s"] = wall
-    return {"workload": "graph", "objective": plan.objective, "predicted_s": plan.objective_s, "measured_s": wall, "ranks": ranks}
+    return {"workload": "graph", "objective": plan.objective, "predicted_s": plan.objective_s, "wall_s": wall, "ranks": ranks}

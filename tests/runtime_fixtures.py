@@ -44,16 +44,20 @@ def decoder_plan(
     objective: str = "latency",
     cluster: Path = LOCALHOST,
     granularity: str = "block",
+    max_tp: int = 1,
 ) -> Path:
-    """A plan of the decoder in `model_dir`; layouts[s] maps task -> device index (absent tasks: the previous task's)."""
+    """A plan of the decoder in `model_dir`; layouts[s] maps task -> device index or name, a group's name
+    ("localhost/cpu-core:0-1") included (absent tasks: the previous task's)."""
     sizes = shard_sizes or [1] * len(layouts)
     model = ModelSpec(name=str(model_dir), dtype="fp32", seq_len=16, granularity=granularity)
-    problem = problem_from_inputs(cluster_path=str(cluster), model=model, objective=objective, batch_size=sum(sizes))
+    problem = problem_from_inputs(cluster_path=str(cluster), model=model, objective=objective, batch_size=sum(sizes), max_tp=max_tp)
+    names = [d.name for d in problem.devices]
     assignments = []
     for layout in layouts:
         current, row = 0, []
         for task in problem.graph.tasks:
-            current = layout.get(task.name, current)
+            chosen = layout.get(task.name, current)
+            current = names.index(chosen) if isinstance(chosen, str) else chosen
             row.append(current)
         assignments.append(row)
     plan = make_plan(problem, sizes, assignments, solver="test", status="heuristic", started_at=time.perf_counter(), lower_bound_s=0.0)

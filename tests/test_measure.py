@@ -71,7 +71,7 @@ def test_errors_are_measured_over_predicted_per_call_and_summarised(tmp_path, ch
     for device, row in busy.items():
         assert row.measured_busy_s == pytest.approx(sum(t for (d, _), (t, _) in expected.items() if d == device))
         assert row.predicted_busy_s == pytest.approx(sum(p for (d, _), (_, p) in expected.items() if d == device))
-    assert m.measured_s == pytest.approx(json.loads(report.read_text())["measured_s"])
+    assert m.measured_s == pytest.approx(json.loads(report.read_text())["wall_s"])
     out = tmp_path / "measure.json"
     write_measurement(m, out)
     data = json.loads(out.read_text())
@@ -148,7 +148,7 @@ def test_reports_that_do_not_fit_the_plan_are_refused_naming_the_field(tmp_path)
     refused(bad, r"step_end_s: expected the end of each of the 4 steps")
     bad = json.loads(json.dumps(good))
     bad["ranks"][0]["device"] = "localhost/cpu-core:3"
-    refused(bad, r"ranks\[0\].device: 'localhost/cpu-core:3' is not a device the plan uses")
+    refused(bad, r"ranks\[0\].plan_device: 'localhost/cpu-core:3' is not a device the plan uses")
     bad = json.loads(json.dumps(good))
     bad["ranks"][0]["tasks"]["lm_head"] = 1.0
     refused(bad, r"ranks\[0\].tasks.lm_head: the plan does not put task 'lm_head' on localhost/cpu-core:0")

@@ -12,7 +12,6 @@ from runtime_fixtures import tiny_gpt2, tiny_llama
 
 from llm_planner.runtime import gpt
 from llm_planner.runtime import graph as rg
-from llm_planner.runtime.gpt_run import Stage, split_requests, stages_of
 from llm_planner.runtime.weights import CheckpointWeights, SeededWeights, WeightsError
 
 
@@ -104,20 +103,6 @@ def test_decoder_task_check_refuses_other_models_and_sublayer_plans():
         gpt.check_decoder_tasks(gpt.decoder_tasks(3), 4, source="p.yaml")
     with pytest.raises(gpt.DecoderError, match="sublayer"):
         gpt.check_decoder_tasks(["embed", "block.0.attn", "block.0.mlp", "final_norm", "lm_head"], 1, source="p.yaml")
-
-
-def test_stages_of_cuts_the_chain_where_the_rank_changes():
-    layout = {"embed": "a", "block.0": "b", "block.1": "b", "final_norm": "a", "lm_head": "c"}
-    assert stages_of(layout, {"a": 0, "b": 1, "c": 2}, 2) == [
-        Stage(rank=0, tasks=("embed",)), Stage(rank=1, tasks=("block.0", "block.1")),
-        Stage(rank=0, tasks=("final_norm",)), Stage(rank=2, tasks=("lm_head",)),
-    ]
-
-
-def test_split_requests_follows_shard_sizes_and_micro_batches():
-    streams = split_requests(7, [2, 1], [2, 1])
-    assert [(s.shard, s.requests) for s in streams] == [(0, (0, 1)), (0, (2, 3, 4)), (1, (5, 6))]
-    assert [s.requests for s in split_requests(2, [1], [4])] == [(0,), (1,)]  # never an empty micro-batch
 
 
 # ----------------------------------------------------------------------------

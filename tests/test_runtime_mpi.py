@@ -17,6 +17,8 @@ import torch
 from runtime_fixtures import decoder_plan, graph_plan, save_config, tiny_gpt2, tiny_llama
 
 from llm_planner.launch import launch_plan
+from llm_planner.plan import load_plan
+from llm_planner.runtime.plan_schedule import calls_per_step, in_flight_batches
 from llm_planner.runtime import gpt
 from llm_planner.runtime import graph as rg
 from llm_planner.runtime.comm import usable_cores
@@ -40,7 +42,7 @@ def test_gpt2_on_four_ranks_split_unevenly_matches_generate(tmp_path):
     config = tiny_gpt2()
     model_dir = save_config(config, tmp_path / "gpt2")
     layout = {"embed": 0, "block.0": 1, "block.3": 2, "lm_head": 3}  # embed | blocks 0-2 | block 3 + final_norm | lm_head
-    plan = decoder_plan(tmp_path / "plan.yaml", model_dir, [layout])
+    plan = decoder_plan(tmp_path / "plan.yaml", model_dir, [layout], shard_sizes=[3])
     prompts = [[5, 6, 7, 9, 10], [1, 2], [3, 4, 5]]  # uneven lengths: left padding and a 2D mask
     # two untimed warm-up generations first: each starts from fresh KV caches, and only the timed one is counted
     report = _ok(launch_plan(plan, prompt_ids=prompts, max_new_tokens=10, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S, warmup=2))
@@ -60,22 +62,23 @@ def test_gpt2_on_four_ranks_split_unevenly_matches_generate(tmp_path):
         assert r["total_s"] >= r["compute_s"] + r["comm_s"] - 1e-6
 
 
-def test_llama_throughput_plan_with_shards_and_micro_batches_matches_generate(tmp_path):
+def test_llama_throughput_plan_runs_its_shards_as_planned_with_batches_in_flight(tmp_path):
     config = tiny_llama()
     model_dir = save_config(config, tmp_path / "llama")
     shard0 = {"embed": 0, "block.0": 1, "block.3": 0, "lm_head": 2}  # 0 -> 1 -> 0 -> 2: rank 0 holds two stages
     shard1 = {"embed": 2, "block.2": 1, "final_norm": 0}  # lm_head on rank 0, embed on rank 2
-    plan = decoder_plan(tmp_path / "plan.yaml", model_dir, [shard0, shard1], shard_sizes=[2, 2], objective="throughput")
-    prompts = [[3 + i, 7, 11 + i, 2 * i + 1] for i in range(6)]
+    plan = decoder_plan(tmp_path / "plan.yaml", model_dir, [shard0, shard1], shard_sizes=[2, 1], objective="throughput")
+    batches = in_flight_batches(load_plan(plan))
+    assert batches >= 2
+    prompts = [[3 + i, 7, 11 + i, 2 * i + 1][: 2 + i % 3] for i in range(3 * batches)]
     report = _ok(launch_plan(plan, prompt_ids=prompts, max_new_tokens=8, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S))
-    streams = report["streams"]
-    assert [s["shard"] for s in streams] == [0, 0, 0, 1, 1, 1]  # 3 requests per shard, one micro-batch per stage
-    expected: list = [None] * len(prompts)
-    for s in streams:
-        for request, row in zip(s["requests"], _whole_tokens(config, [prompts[i] for i in s["requests"]], 8)):
-            expected[request] = row
-    assert report["tokens"] == expected
-    assert len({tuple(t) for t in expected}) > 1
+    assert [(s["batch"], s["shard"], len(s["requests"])) for s in report["streams"]] == [(w, s, 2 - s) for w in range(batches) for s in (0, 1)]
+    assert report["tokens"] == _whole_tokens(config, prompts, 8)
+    assert len({tuple(t) for t in report["tokens"]}) > 1
+    # one call per stream and step at the shard's size: what the plan's cost counted
+    calls = calls_per_step(load_plan(plan), batches)
+    assert {(r["device"], t): n for r in report["ranks"] for t, n in r["task_calls"].items()} == {k: 8 * len(v) for k, v in calls.items()}
+    assert report["unit"] == "s/sample" and report["measured_samples_per_s"] == pytest.approx(1 / report["measured_s"])
 
 
 def test_checkpoint_directory_loaded_per_rank_gives_the_same_tokens(tmp_path):

@@ -161,6 +161,10 @@ class Comm:
         self._wait(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
         return status.Get_source(), status.Get_tag()
 
+    def wait_for(self, source: int, tag: int) -> None:
+        """Wait for the message (source, tag) to arrive; the wait counts as idle."""
+        self._wait(source, tag)
+
     def _wait(self, source: int, tag: int, status=None) -> None:
         """Wait for a message, spinning or sleeping between polls (see the module docstring).
 
@@ -236,3 +240,58 @@ class Comm:
 
     def abort(self, code: int) -> None:
         self.world.Abort(code)
+
+    def group(self, members: tuple[int, ...] | None) -> "GroupComm | None":
+        """The tensor-parallel group of this rank (`members`: its world ranks, leader first), or None.
+
+        Collective over the world: every rank calls it, once, with its own group
+        or None (a rank belongs to at most one group)."""
+        color = MPI.UNDEFINED if not members or len(members) < 2 else min(members)
+        sub = self.world.Split(color, self.rank)
+        return None if sub == MPI.COMM_NULL else GroupComm(sub, spin=self.spin)
+
+
+class GroupComm:
+    """A tensor-parallel group's collectives: all-reduce (sum) and all-gather of CPU or CUDA tensors.
+
+    Tensors are reduced in float32 on the host (CUDA tensors staged through host
+    memory, like point-to-point transfers); the non-blocking MPI calls are
+    waited on as the rank waits for messages (spinning or sleeping between
+    polls). Each call is counted and timed in `stats` (count, bytes, seconds per
+    kind); the time is also inside the task that made the call, as the planner
+    costs a group's collectives inside its task times."""
+
+    def __init__(self, comm, *, spin: bool = False):
+        self.comm, self.spin = comm, spin
+        self.index, self.size = comm.Get_rank(), comm.Get_size()
+        self.stats: dict[str, list[float]] = {}
+
+    def _count(self, kind: str, nbytes: int, seconds: float) -> None:
+        entry = self.stats.setdefault(kind, [0, 0, 0.0])
+        entry[0] += 1
+        entry[1] += nbytes
+        entry[2] += seconds
+
+    def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum `t` over the group, in place; returns `t`."""
+        start = time.perf_counter()
+        host = t.detach().to("cpu", torch.float32).contiguous()
+        buf = host.numpy()
+        request = self.comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.FLOAT], op=MPI.SUM)
+        _poll(request.Test, self.spin)
+        t.copy_(host.to(t.device, t.dtype))
+        self._count("all_reduce", t.numel() * t.element_size(), time.perf_counter() - start)
+        return t
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """[size, *t.shape]: every member's `t`, in member order (float32, on t's device)."""
+        start = time.perf_counter()
+        mine = t.detach().to("cpu", torch.float32).contiguous()
+        every = torch.empty((self.size, *mine.shape), dtype=torch.float32)
+        request = self.comm.Iallgather([mine.numpy(), MPI.FLOAT], [every.numpy(), MPI.FLOAT])
+        _poll(request.Test, self.spin)
+        self._count("all_gather", mine.numel() * 4, time.perf_counter() - start)
+        return every.to(t.device)
+
+    def collectives(self) -> dict[str, dict[str, float]]:
+        return {kind: {"count": int(c), "bytes": int(b), "seconds": s} for kind, (c, b, s) in sorted(self.stats.items())}

@@ -1,105 +1,52 @@
-"""Greedy generation through a pipeline of decoder stages on MPI ranks.
+"""Greedy generation through the plan's decoder stages on MPI ranks, in the plan's schedule.
 
-Requests are spread over the plan's data-parallel shards in proportion to the
-shard sizes, and each shard's requests are cut into micro-batches. A
-micro-batch is a *stream*: it walks the chain of its shard's stages (contiguous
-runs of tasks on one device) once per generated token; the rank holding
-lm_head sends the next token ids back to the rank holding embed.
+What runs where and in which order is llm_planner.runtime.plan_schedule: every
+(batch, shard) is a stream of requests that walks its shard's stages once per
+generated token; the leader of the stage holding lm_head sends the next token
+ids back to the stage holding embed. A stage on a tensor-parallel group runs on
+every member (llm_planner.runtime.tp_layers), and each member receives the
+stage's input; the leader alone sends its output.
 
-Every rank runs the same event loop: run a ready unit of work (stream, step,
-stage) if it has one, else wait for the next message (MPI Probe on any source)
-and receive it into a buffer of the shape both ends derive from (stream, step,
-stage). Sends are non-blocking, so ranks never wait on each other in a cycle;
-with several micro-batches, different stages work on different streams at the
-same time (pipelining). A message's tag encodes (stream, step, stage).
+Each rank runs its items of a step in the fixed order of plan_schedule.rank_order,
+then the next step. For each item it takes the input (held locally when it made
+it, else received from the previous stage's leader: a receive of that exact
+source and tag), runs the stage, and posts non-blocking sends of the output. A
+message's tag encodes (stream, step, stage).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from dataclasses import dataclass
 
 import torch
 
 from llm_planner.runtime import gpt
+from llm_planner.runtime import plan_schedule as ps
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Stage:
-    rank: int
-    tasks: tuple[str, ...]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Stream:
-    index: int
-    shard: int
-    requests: tuple[int, ...]
-
-
-def stages_of(assignment: dict[str, str], rank_of_device: dict[str, int], num_layers: int) -> list[Stage]:
-    """The shard's chain cut into contiguous runs of tasks on one rank."""
-    stages: list[Stage] = []
-    for task in gpt.decoder_tasks(num_layers):
-        rank = rank_of_device[assignment[task]]
-        if stages and stages[-1].rank == rank:
-            stages[-1] = Stage(rank=rank, tasks=(*stages[-1].tasks, task))
-        else:
-            stages.append(Stage(rank=rank, tasks=(task,)))
-    return stages
-
-
-def split_requests(num_requests: int, shard_sizes: list[int], micro_batches: list[int]) -> list[Stream]:
-    """Requests per shard in proportion to its size (largest remainder), cut into contiguous micro-batches."""
-    total = sum(shard_sizes)
-    quotas = [num_requests * b / total for b in shard_sizes]
-    counts = [int(q) for q in quotas]
-    for s in sorted(range(len(quotas)), key=lambda s: (counts[s] - quotas[s], s))[: num_requests - sum(counts)]:
-        counts[s] += 1
-    streams, first = [], 0
-    for shard, count in enumerate(counts):
-        parts = max(1, min(micro_batches[shard], count))
-        for m in range(parts):
-            lo, hi = first + count * m // parts, first + count * (m + 1) // parts
-            if hi > lo:
-                streams.append(Stream(index=len(streams), shard=shard, requests=tuple(range(lo, hi))))
-        first += count
-    return streams
-
-
-def default_micro_batches(plan, routes: list[list[Stage]], requested: int | None) -> list[int]:
-    """Per shard: the requested count, else 1 for latency plans and the number of stages for throughput plans."""
-    if requested is not None:
-        return [requested] * len(routes)
-    if plan.objective == "throughput":
-        return [len(r) for r in routes]
-    return [1] * len(routes)
 
 
 class DecoderRun:
     def __init__(self, ctx):
         self.ctx, run = ctx, ctx.table.run
         self.config = gpt.prepare_config(gpt.load_hf_config(ctx.plan.inputs.model, run.checkpoint), run.attn_implementation)
-        num_layers = gpt.num_layers_of(self.config)
+        chain = gpt.decoder_tasks(gpt.num_layers_of(self.config))
         for s, assignment in enumerate(ctx.plan.shard_assignments):
-            gpt.check_decoder_tasks(list(assignment), num_layers, source=f"{run.plan_path}: shards[{s}]")
-        rank_of = ctx.table.rank_of_device()
-        self.routes = [stages_of(a, rank_of, num_layers) for a in ctx.plan.shard_assignments]
-        micro = default_micro_batches(ctx.plan, self.routes, run.micro_batches)
-        self.streams = split_requests(len(run.prompt_ids), list(ctx.plan.shard_sizes), micro)
+            gpt.check_decoder_tasks(list(assignment), len(chain) - 3, source=f"{run.plan_path}: shards[{s}]")
+        ranks_of = ps.ranks_of_devices(ctx.plan, ctx.table.rank_of_device())
+        self.routes = [ps.shard_stages(ctx.plan, s, chain, ranks_of) if size > 0 else [] for s, size in enumerate(ctx.plan.shard_sizes)]
+        self.streams = [s for s in ps.streams_of(ctx.plan, run.batches) if s.requests]
+        self.order = ps.rank_order(ctx.rank, self.streams, self.routes)
         self.steps = run.max_new_tokens
         self.slots = max(len(r) for r in self.routes)
         ctx.comm.check_tag(self._tag(len(self.streams) - 1, self.steps - 1, self.slots - 1), "decoder pipeline")
-        me = ctx.rank
-        mine = {t for route in self.routes for st in route if st.rank == me for t in st.tasks}
+        mine = {t for route in self.routes for st in route if ctx.rank in st.ranks for t in st.tasks}
         source = gpt.weight_source(self.config, checkpoint=run.checkpoint, seed=run.seed)
-        self.shard = gpt.DecoderShard(self.config, mine, device=ctx.device, dtype=ctx.dtype, source=source)
+        self.shard = gpt.DecoderShard(self.config, mine, device=ctx.device, dtype=ctx.dtype, source=source, group=ctx.group)
         ctx.stats.extra["weights"] = source.summary()
         self.states = self._new_states()
+        self.held: dict[tuple[int, int, int], torch.Tensor] = {}
 
     def _new_states(self) -> dict[int, gpt.StreamState]:
         """Fresh state (empty KV cache, no tokens) for each stream that passes through this rank."""
@@ -107,7 +54,7 @@ class DecoderRun:
         eos, pad = gpt.special_tokens(self.config)
         states: dict[int, gpt.StreamState] = {}
         for stream in self.streams:
-            if any(st.rank == me for st in self.routes[stream.shard]):
+            if any(me in st.ranks for st in self.routes[stream.shard]):
                 ids, mask = gpt.pad_prompts([prompt_ids[i] for i in stream.requests], gpt.prompt_pad_id(self.config))
                 states[stream.index] = self.shard.new_stream(requests=list(stream.requests), prompt_ids=ids, prompt_mask=mask, eos_ids=eos, pad_id=pad)
         return states
@@ -115,26 +62,34 @@ class DecoderRun:
     def _tag(self, stream: int, step: int, stage: int) -> int:
         return (stream * self.steps + step) * self.slots + stage
 
-    def _untag(self, tag: int) -> tuple[int, int, int]:
-        rest, stage = divmod(tag, self.slots)
-        stream, step = divmod(rest, self.steps)
-        return stream, step, stage
-
-    def _expected_units(self) -> int:
-        me = self.ctx.rank
-        return sum(self.steps for s in self.streams for st in self.routes[s.shard] if st.rank == me)
-
-    def _receive(self, ready: deque) -> None:
-        comm = self.ctx.comm
-        source, tag = comm.probe_any()
-        stream, step, k = self._untag(tag)
+    def _input(self, stream: int, step: int, k: int) -> torch.Tensor:
+        """The stage's input: the prompt, a value this rank made, or the previous stage leader's message."""
+        if step == 0 and k == 0:
+            return self.states[stream].prompt_ids
+        if (stream, step, k) in self.held:
+            return self.held.pop((stream, step, k))
         route = self.routes[self.streams[stream].shard]
-        before = route[k - 1].tasks[-1] if k > 0 else "lm_head"
+        before = route[k - 1] if k > 0 else route[-1]
         state = self.states[stream]
-        shape, kind = gpt.value_shape(before, state, step, int(self.config.hidden_size))
+        shape, kind = gpt.value_shape(before.tasks[-1], state, step, int(self.config.hidden_size))
         buf = torch.empty(shape, dtype=torch.long if kind == "ids" else self.ctx.dtype)
-        comm.recv_into(buf, source, tag)
-        ready.append((stream, step, k, buf.to(self.ctx.device)))
+        self.ctx.comm.wait_for(before.leader, self._tag(stream, step, k))
+        self.ctx.comm.recv_into(buf, before.leader, self._tag(stream, step, k))
+        return buf.to(self.ctx.device)
+
+    def _output(self, out: torch.Tensor, stream: int, step: int, k: int) -> None:
+        """The leader sends the output to every rank of the next stage (this step's, or the next step's first)."""
+        route = self.routes[self.streams[stream].shard]
+        if route[k].leader != self.ctx.rank:
+            return
+        k, step = (k + 1, step) if k + 1 < len(route) else (0, step + 1)
+        if step == self.steps:
+            return
+        for rank in route[k].ranks:
+            if rank == self.ctx.rank:
+                self.held[(stream, step, k)] = out
+            else:
+                self.ctx.comm.isend(out, rank, self._tag(stream, step, k))
 
     def run(self) -> dict:
         """Warm-up generations (untimed, each from fresh stream states), then the timed one."""
@@ -149,42 +104,30 @@ class DecoderRun:
         self._generate()
 
     def _generate(self) -> None:
-        """Every step of every stream through this rank's stages (the event loop)."""
-        ctx, me = self.ctx, self.ctx.rank
-        ready: deque = deque()
-        for stream in self.streams:
-            if self.routes[stream.shard][0].rank == me:
-                ready.append((stream.index, 0, 0, self.states[stream.index].prompt_ids))
-        done, expected = 0, self._expected_units()
-        while done < expected:
-            if not ready:
-                self._receive(ready)
-                continue
-            stream, step, k, value = ready.popleft()
-            route = self.routes[self.streams[stream].shard]
+        """Every step: this rank's items in the plan's order."""
+        ctx = self.ctx
+        last_final = max((i for i, (s, k) in enumerate(self.order) if k + 1 == len(self.routes[self.streams[s].shard])), default=None)
+        for step in range(self.steps):
             on_task = ctx.stats.on_prefill_task if step == 0 else ctx.stats.on_task
-            out = self.shard.run_stage(list(route[k].tasks), value, self.states[stream], step, on_task=on_task)
-            done += 1
-            if k + 1 == len(route):
-                ctx.stats.on_step_end(step)
-            k, step = (k + 1, step) if k + 1 < len(route) else (0, step + 1)
-            if step == self.steps:
-                continue
-            if route[k].rank == me:
-                ready.append((stream, step, k, out))
-            else:
-                ctx.comm.isend(out, route[k].rank, self._tag(stream, step, k))
+            for i, (stream, k) in enumerate(self.order):
+                value = self._input(stream, step, k)
+                route = self.routes[self.streams[stream].shard]
+                out = self.shard.run_stage(list(route[k].tasks), value, self.states[stream], step, on_task=on_task)
+                self._output(out, stream, step, k)
+                if i == last_final:
+                    ctx.stats.on_step_end(step)
 
     def _outputs(self) -> dict:
         me, tokens = self.ctx.rank, {}
         for stream in self.streams:
-            if self.routes[stream.shard][-1].rank == me:
+            if self.routes[stream.shard][-1].leader == me:
                 for request, row in zip(stream.requests, self.states[stream.index].tokens()):
                     tokens[request] = row
         out = {"tokens_by_request": tokens}
         if me == 0:
             out["max_new_tokens"] = self.steps
-            out["streams"] = [{"shard": s.shard, "requests": list(s.requests)} for s in self.streams]
+            out["batches"] = self.ctx.table.run.batches
+            out["streams"] = [{"batch": s.batch, "shard": s.shard, "requests": list(s.requests)} for s in self.streams]
             out["model"] = gpt.config_summary(self.config)
         return out
 
@@ -193,5 +136,5 @@ def run_decoder(ctx) -> dict:
     start = time.perf_counter()
     job = DecoderRun(ctx)
     ctx.stats.build_s = time.perf_counter() - start
-    log.info("rank %d: built %d modules on %s in %.2f s", ctx.rank, len(job.shard.modules), ctx.device, ctx.stats.build_s)
+    log.info("rank %d: built %d tasks on %s in %.2f s", ctx.rank, len(job.shard.modules) + len(job.shard.parts), ctx.device, ctx.stats.build_s)
     return job.run()

@@ -30,7 +30,7 @@ from llm_planner.runtime.table import RankEntry, RankTable, load_rank_table
 if TYPE_CHECKING:  # torch and the MPI wrapper load after the world size is checked
     import torch
 
-    from llm_planner.runtime.comm import Comm
+    from llm_planner.runtime.comm import Comm, GroupComm
     from llm_planner.runtime.report import RankStats
 
 log = logging.getLogger("llm_planner.runtime")
@@ -56,6 +56,7 @@ class RankContext:
     device: torch.device
     dtype: torch.dtype
     stats: RankStats
+    group: GroupComm | None = None  # this rank's tensor-parallel group, if it is a member of one
 
     @property
     def rank(self) -> int:
@@ -76,6 +77,7 @@ class RankContext:
 
         for _ in range(self.table.run.warmup):
             stats, comm_stats = self.stats, self.comm.stats
+            group_stats = self.group.stats if self.group is not None else None
             self.stats = RankStats(rank=stats.rank, device=stats.device, torch_device=stats.torch_device)
             self.comm.stats = CommStats()
             try:
@@ -83,6 +85,8 @@ class RankContext:
                 self.comm.wait_sends()
             finally:
                 self.stats, self.comm.stats = stats, comm_stats
+                if self.group is not None:
+                    self.group.stats = group_stats
             self.comm.barrier()
         if self.table.run.warmup:
             self.stats.extra["warmup_runs"] = self.table.run.warmup
@@ -159,7 +163,11 @@ def _context(table: RankTable, comm: "Comm") -> RankContext:
     dtype = torch_dtype(table.run.dtype or plan.inputs.dtype)
     stats = RankStats(rank=comm.rank, device=entry.device, torch_device=str(device))
     stats.extra["dtype"] = str(dtype).replace("torch.", "")
-    return RankContext(table=table, entry=entry, plan=plan, comm=comm, device=device, dtype=dtype, stats=stats)
+    stats.extra["plan_device"] = entry.plan_device or entry.device
+    if entry.device_type == "gpu" and device.type == "cpu":
+        stats.extra["gpu_fell_back_to_cpu"] = True
+    group = comm.group(tuple(entry.group) or None)  # collective: every rank calls it
+    return RankContext(table=table, entry=entry, plan=plan, comm=comm, device=device, dtype=dtype, stats=stats, group=group)
 
 
 def ranks_on_host(table: RankTable, hostname: str) -> int:
@@ -194,6 +202,8 @@ def run(table: RankTable) -> None:
         outputs = run_workload(ctx)
     comm.wait_sends()
     ctx.stats.stop()
+    if ctx.group is not None:
+        ctx.stats.extra["collectives"] = ctx.group.collectives()
     ranks = comm.gather(ctx.stats.to_dict(comm.stats))
     outputs_all = comm.gather(outputs)
     if comm.rank == 0:

@@ -19,16 +19,27 @@ Per rank (all times in seconds, measured with time.perf_counter):
     step_end_s   decoders, ranks that run a shard's last stage: [step, seconds since the run's
                  start when this rank finished that step's last stage for every stream]
 
-The report (JSON) holds "ranks", "predicted_s" (the plan's objective_s: the
-latency of one pass, or seconds per sample for throughput plans),
-"measured_s" (the slowest rank's total_s), "overhead_fraction" (sum of
-overhead_s over sum of total_s) and the workload's outputs: decoders
-"tokens" (the generated ids of each request, in request order, cut after EOS),
-"streams" (the micro-batches: shard and requests), "measured_per_token_s"
-(measured_s / max_new_tokens: one step of the whole batch, comparable with a
-decode-phase latency plan) and "tokens_per_s"; graphs "output" (shape,
-sha256, sum and first values of the output tensor) and "output_path" (the
-tensor, saved with torch.save).
+The report (JSON) holds "ranks" and, beside the plan's figure, the same
+quantity measured (llm_planner.observe.end_to_end):
+
+    predicted_s    the plan's objective_s: one pass (graphs), one decode step or the
+                   prefill (decoders) of the whole batch; seconds per sample for
+                   throughput plans
+    measured_s     that quantity measured in this run (measured_what says which)
+    unit           "s" (one pass / step) or "s/sample" (throughput plans)
+    wall_s         the whole run's wall time (the slowest rank's total_s): every
+                   generated token, or the forward pass
+    overhead_fraction  sum of overhead_s over sum of total_s
+    weights        where the parameters came from ("seeded random" or "checkpoint")
+    gpu_fell_back_to_cpu  the GPU devices whose ranks ran on the CPU (absent if none)
+
+and the workload's outputs: decoders "tokens" (the generated ids of each
+request, in request order, cut after EOS), "batches" (batches in flight),
+"streams" (batch, shard and requests of each), "tokens_per_s" (tokens generated
+over wall_s) and, for throughput plans, "predicted_samples_per_s" and
+"measured_samples_per_s" (steady state: one sample is one token of one request
+per decode step); graphs "output" (shape, sha256, sum and first values of the
+output tensor) and "output_path" (the tensor, saved with torch.save).
 """
 
 from __future__ import annotations
@@ -114,22 +125,32 @@ def tensor_summary(t: torch.Tensor) -> dict[str, Any]:
 
 
 def build_report(*, plan, ranks: list[dict[str, Any]], workload: str, outputs: dict[str, Any]) -> dict[str, Any]:
-    measured = max(r["total_s"] for r in ranks)
+    from llm_planner.observe import end_to_end
+
+    wall = max(r["total_s"] for r in ranks)
     total = sum(r["total_s"] for r in ranks)
-    report = {
+    report = {"workload": workload, "objective": plan.objective, "wall_s": wall, **outputs, "ranks": ranks}
+    measured, what = end_to_end(plan, report, "the run report")
+    head = {
         "workload": workload,
         "objective": plan.objective,
         "predicted_s": plan.objective_s,
         "measured_s": measured,
+        "measured_what": what,
+        "unit": "s/sample" if plan.objective == "throughput" else "s",
+        "wall_s": wall,
         "overhead_fraction": (sum(r["overhead_s"] for r in ranks) / total) if total > 0 else 0.0,
-        **outputs,
+        "weights": "checkpoint" if any(r.get("weights", {}).get("source") == "checkpoint" for r in ranks) else "seeded random",
     }
-    if "tokens" in outputs and measured > 0:
-        generated = sum(len(t) for t in outputs["tokens"])
-        report["measured_per_token_s"] = measured / outputs["max_new_tokens"]
-        report["tokens_per_s"] = generated / measured
-    report["ranks"] = ranks
-    return report
+    fell_back = [r["device"] for r in ranks if r.get("gpu_fell_back_to_cpu")]
+    if fell_back:
+        head["gpu_fell_back_to_cpu"] = fell_back
+    if "tokens" in outputs and wall > 0:
+        head["tokens_per_s"] = sum(len(t) for t in outputs["tokens"]) / wall
+    if plan.objective == "throughput" and measured > 0:
+        head["predicted_samples_per_s"] = 1.0 / plan.objective_s if plan.objective_s > 0 else None
+        head["measured_samples_per_s"] = 1.0 / measured
+    return {**head, **outputs, "ranks": ranks}
 
 
 def write_report(path: str | Path, report: dict[str, Any]) -> None:

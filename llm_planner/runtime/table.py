@@ -5,7 +5,8 @@ Pure data, no torch and no mpi4py: the launcher imports it to write the file.
     {"format": "llm_planner.rank_table", "version": 1,
      "ranks": [{"rank": 0, "device": "localhost/cpu-core:0", "node": "localhost",
                 "hostname": "localhost", "device_type": "cpu", "gpu_index": null,
-                "tasks": {"0": ["embed", "block.0"]}}, ...],
+                "tasks": {"0": ["embed", "block.0"]}, "plan_device": "localhost/cpu-core:0",
+                "group": []}, ...],
      "run": {"plan_path": ..., "workload": "decoder" | "graph", ...}}
 """
 
@@ -37,6 +38,8 @@ class RankEntry:
     device_type: str  # "cpu" | "gpu" | "accelerator" (the kind's type in the cluster spec)
     gpu_index: int | None  # cuda:N for a GPU: its position among the node's GPU devices
     tasks: dict[str, list[str]]  # shard index (as a string) -> the rank's tasks in plan order
+    plan_device: str = ""  # the plan's device this rank serves: its own name, or the group it is a member of
+    group: list[int] = field(default_factory=list)  # the ranks of that group, leader first (empty: a single device)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,7 +54,7 @@ class RunSpec:
     checkpoint: str | None = None  # decoder: Hugging Face checkpoint directory (safetensors)
     prompt_ids: list[list[int]] = field(default_factory=list)  # decoder: one prompt per request
     max_new_tokens: int = 16
-    micro_batches: int | None = None  # decoder: per data-parallel shard; None: 1 (latency) or #stages (throughput)
+    batches: int = 1  # batches in flight, each cut as the plan's shards (llm_planner.runtime.plan_schedule)
     seed: int = 0  # seeded weights (no checkpoint) and the CNN input batch
     dtype: str | None = None  # element type to run in; None: the plan's dtype
     attn_implementation: str = "sdpa"
