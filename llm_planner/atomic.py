@@ -10,8 +10,9 @@ the temporary file is removed on any failure.
 written at all (its directory exists and takes new files, it is not a
 directory), so a command fails in seconds, not after a solve.
 
-Errors are raised as `error(message)`, the caller's error class, with a message
-that names the path; the command line turns those into exit code 2.
+Errors are raised as `error(message)`, the caller's error class (WriteError by
+default), with a message that names the path; the command line turns those into
+exit code 2.
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def check_writable(path: str | Path, error: type[Exception]) -> None:
+class WriteError(ValueError):
+    """A file that cannot be written; the message names it."""
+
+
+def check_writable(path: str | Path, error: type[Exception] = WriteError) -> None:
     """`error` naming `path` unless a file can be created or replaced there."""
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
@@ -42,7 +47,7 @@ def check_writable(path: str | Path, error: type[Exception]) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | Path, error: type[Exception]) -> Iterator[Path]:
+def atomic_path(path: str | Path, error: type[Exception] = WriteError) -> Iterator[Path]:
     """A temporary path beside `path` to write to (for writers that want a file name, such as
     matplotlib's savefig); on leaving without an exception it replaces `path`."""
     path = Path(path)
@@ -62,7 +67,7 @@ def atomic_path(path: str | Path, error: type[Exception]) -> Iterator[Path]:
             os.unlink(tmp)
 
 
-def write_atomic(path: str | Path, data: str | bytes, error: type[Exception]) -> None:
+def write_atomic(path: str | Path, data: str | bytes, error: type[Exception] = WriteError) -> None:
     """Write `data` (text as UTF-8) to `path` atomically; `error` naming the path on failure."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
     with atomic_path(path, error) as tmp:

@@ -376,5 +376,7 @@ def write_calibrated_spec(cluster_path: str | Path, calibration: Calibration, ou
         lines.append(f"#   {fit.name}: {changes or 'unchanged'} ({fit.samples} observations)")
     new_text = "\n".join(lines) + "\n" + body
     spec = parse_cluster(yaml.safe_load(new_text), source=str(output))  # what we write must load
-    Path(output).write_text(new_text)
+    from llm_planner.atomic import write_atomic
+
+    write_atomic(output, new_text, CalibrateError)
     return spec

@@ -1,8 +1,9 @@
 """Command line: thin; parses arguments, calls the layers, prints tables, writes files.
 
 Exit codes: 0 success; 1 a plan that fails verification or a solve that found
-no plan; 2 bad input (file, field, option), always with a message, never a
-traceback.
+no plan; 2 bad input (file, field, option, a path that cannot be written),
+always with a message, never a traceback; 130 interrupted (Ctrl-C: `plan` still
+writes the best plan found, with the status `interrupted`, when there is one).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
 
 
 def _input_errors() -> tuple[type[Exception], ...]:
+    from llm_planner.atomic import WriteError
     from llm_planner.calibrate import CalibrateError
     from llm_planner.graph.ir import GraphError
     from llm_planner.observe import MeasureError
@@ -33,7 +35,7 @@ def _input_errors() -> tuple[type[Exception], ...]:
     from llm_planner.solve.problem import ProblemError
     from llm_planner.spec import SpecError
 
-    return (SpecError, GraphError, PlanError, InputError, ProblemError, MeasureError, CalibrateError, ProfileError)
+    return (SpecError, GraphError, PlanError, InputError, ProblemError, MeasureError, CalibrateError, ProfileError, WriteError)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:

@@ -58,9 +58,10 @@ def _solve_options(args: argparse.Namespace, solver: str | None = None):
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from llm_planner.pipeline import problem_from_inputs
     from llm_planner.plan import save_plan
-    from llm_planner.solve import api, baseline_set
+    from llm_planner.solve import baseline_set
 
     options = _solve_options(args)
+    _check_outputs(args)  # before a solve of minutes, not after
     with progress(console, "building the task graph and costs..."):
         problem = problem_from_inputs(
             cluster_path=args.cluster,
@@ -79,33 +80,64 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         f"[bold]{problem.graph.name}[/]: {problem.num_tasks} tasks, {problem.num_edges} edges on "
         f"[bold]{problem.cluster.name}[/]: {problem.num_physical} devices{_groups_note(problem)}; objective {problem.objective}, batch {problem.batch_size}"
     )
-    with progress(console, f"solving with {options.solver}..."):
-        try:
-            plan = api.solve(problem, options)
-        except api.SolveError as exc:
-            raise UserError(str(exc)) from None
+    plan = _solve(problem, options, console)
     save_plan(plan, args.output)
-    rows = [] if args.no_baselines else baseline_set.all_baselines(problem)
+    interrupted = plan.solver.status == "interrupted"
+    rows = [] if args.no_baselines or interrupted else baseline_set.all_baselines(problem)
     console.print(plan_summary_table(plan, rows))
+    if interrupted:
+        console.print(f"[yellow]interrupted[/]: the best plan found so far, {fmt_s(plan.objective_s)}, within "
+                      f"{plan.gap:.2%} of the bound {fmt_s(plan.lower_bound_s)}")
     console.print(f"plan written to [bold]{args.output}[/]")
     if args.export:
         _export(plan, problem, args, console)
-    return 0
+    return 130 if interrupted else 0  # a script sees the Ctrl-C (the plan is written and valid)
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Exit 2 naming the path when the plan (or --export) file cannot be written."""
+    from llm_planner.atomic import check_writable
+    from llm_planner.plan import PlanError
+
+    check_writable(args.output, PlanError)
+    if args.export:
+        check_writable(_export_path(args), PlanError)
+
+
+def _solve(problem, options, console: Console):
+    """The solver's plan; Ctrl-C before it has one: exit 130, no plan written."""
+    from llm_planner.solve import api
+    from llm_planner.solve.errors import SolveInterrupted
+
+    try:
+        with progress(console, f"solving with {options.solver}... (Ctrl-C stops it and writes the best plan found)"):
+            return api.solve(problem, options)
+    except (SolveInterrupted, KeyboardInterrupt) as exc:
+        why = str(exc) or "interrupted before the solver found a plan"
+        raise UserError(f"{why}: no plan written", exit_code=130) from None
+    except api.SolveError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _export_path(args: argparse.Namespace) -> Path:
+    return Path(args.export_file or Path(args.output).with_suffix(f".{args.export}.json"))
 
 
 def _export(plan, problem, args: argparse.Namespace, console: Console) -> None:
     """Write the plan as a framework's parallel configuration (llm_planner.export)."""
     import json
 
+    from llm_planner.atomic import write_atomic
     from llm_planner.export import ExportError, export_plan
+    from llm_planner.plan import PlanError
 
     layer_of = {t.name: t.label("layer") for t in problem.graph.tasks}
     try:
         config = export_plan(plan, args.export, problem.graph.topological_order(), layer_of)
     except ExportError as exc:
         raise UserError(f"--export {args.export}: the plan has no {args.export} form: {exc}", exit_code=2) from None
-    path = Path(args.export_file or Path(args.output).with_suffix(f".{args.export}.json"))
-    path.write_text(json.dumps(config, indent=1) + "\n")
+    path = _export_path(args)
+    write_atomic(path, json.dumps(config, indent=1) + "\n", PlanError)
     console.print(f"{args.export} configuration written to [bold]{path}[/]")
 
 
@@ -245,8 +277,10 @@ def _fmt_field(name: str, value: float) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.calibrate import calibrate_files
+    from llm_planner.atomic import check_writable
+    from llm_planner.calibrate import CalibrateError, calibrate_files
 
+    check_writable(args.output, CalibrateError)
     result = calibrate_files(args.cluster, args.plan, args.report, args.output)
     table = Table(title=f"calibration of {args.cluster}")
     for col in ("kind / link", "field", "spec", "fitted", "observations", "rel. RMS before", "after", "note"):
@@ -277,6 +311,7 @@ def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
     unknown = sorted(set(criteria) - set(SYMMETRY_CHOICES)) or (["(none given)"] if not criteria else [])
     if unknown:
         raise UserError(f"--criteria: unknown criterion {', '.join(unknown)}; choose from {', '.join(SYMMETRY_CHOICES)}", exit_code=2)
+    out = _writable_dir(args.out_dir, ("symmetry.csv", "symmetry.png"))
     with console.status("solving...") as status:
         rows = study.compare_symmetry(problem, time_limit_s=args.time_limit, solvers=solvers, criteria=criteria, backend=args.solver_backend,
                                       progress=lambda msg: status.update(f"solving: {msg}"))
@@ -288,12 +323,24 @@ def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
         table.add_row(r.criterion, r.solver, fmt_s(r.objective_s), fmt_s(r.lower_bound_s), f"{r.gap:.2%}", fmt_s(r.time_s), r.status,
                       "-" if r.nodes is None else str(r.nodes))
     console.print(table)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     study.write_csv(rows, out / "symmetry.csv")
     study.write_bar_chart(rows, out / "symmetry.png", title=table.title)
     console.print(f"wrote {out / 'symmetry.csv'} and {out / 'symmetry.png'}")
     return 0
+
+
+def _writable_dir(directory: str, names: tuple[str, ...]) -> Path:
+    """`directory`, made if missing, where each of `names` can be written (WriteError, exit 2, if not)."""
+    from llm_planner.atomic import WriteError, check_writable
+
+    out = Path(directory)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WriteError(f"{out}: cannot make the directory: {exc.strerror or exc}") from None
+    for name in names:
+        check_writable(out / name)
+    return out
 
 
 # ----------------------------------------------------------------------------
@@ -343,7 +390,12 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from llm_planner.runtime import profile_run
     from llm_planner.runtime.profile_rank import ProfileRunError
 
+    from llm_planner.atomic import check_writable
+    from llm_planner.profile import ProfileError
+
     job = _profile_job(args)
+    if not _under_mpi():
+        check_writable(args.output, ProfileError)
     try:
         if _under_mpi():  # `mpirun -n R llm-planner profile ...`: this process is one rank
             profile = _profile_as_rank(job)

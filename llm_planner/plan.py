@@ -22,7 +22,8 @@ import yaml
 
 from llm_planner.atomic import write_atomic
 from llm_planner.groups import is_group_name, member_names
-from llm_planner.plan_read import MISSING, Fields, check_finite_tree, read_plan_document
+from llm_planner.fileio import read_document
+from llm_planner.plan_read import MISSING, Fields, check_finite_tree
 
 PLAN_FORMAT = "llm_planner.plan"
 PLAN_VERSION = 1
@@ -173,8 +174,8 @@ def save_plan(plan: Plan, path: str | Path) -> None:
 
 
 def load_plan(path: str | Path) -> Plan:
-    """Read and check a plan file (llm_planner.plan_read); PlanError naming the file and field."""
-    return plan_from_dict(read_plan_document(path, PlanError), source=str(path))
+    """Read and check a plan file (llm_planner.fileio, then llm_planner.plan_read); PlanError naming the file and field."""
+    return plan_from_dict(read_document(path, PlanError), source=str(path))
 
 
 def plan_from_dict(data: Any, source: str = "<memory>") -> Plan:

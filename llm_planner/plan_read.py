@@ -1,9 +1,7 @@
-"""Strict reading of plan files: the document and its typed fields.
+"""Strict reading of plan files' fields (the document itself is parsed by llm_planner.fileio, which
+refuses bytes that are not UTF-8, a key given twice in one mapping, and documents too large or too deep).
 
-A plan file is UTF-8 text, JSON for a .json path and YAML otherwise. Reading it
-refuses what a tolerant parser would let through silently: bytes that are not
-UTF-8, a key given twice in one mapping (JSON and YAML would keep the last),
-and, field by field, a value of the wrong type (a string where a number
+Field by field, reading refuses a value of the wrong type (a string where a number
 belongs, a list where a mapping does, a null, a boolean for a number, a
 fractional shard size), an infinite or NaN number, a missing field or an
 unknown one. Every error is `error(message)`, the caller's class, with a
@@ -14,67 +12,10 @@ This module knows nothing of the Plan classes (llm_planner.plan builds them).
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 MISSING = object()
-
-
-def read_plan_document(path: str | Path, error: type[Exception]) -> Any:
-    """The parsed document at `path`; `error` naming the file for anything unreadable."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 text (byte {exc.start} is {raw[exc.start:exc.start + 1]!r})") from None
-    try:
-        if path.suffix == ".json":
-            return json.loads(text, object_pairs_hook=_unique_pairs)
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-    except _DuplicateKey as exc:
-        raise error(f"{path}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise error(f"{path}: not valid JSON: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise error(f"{path}: not valid YAML: {exc}") from None
-    except RecursionError:
-        raise error(f"{path}: nested too deeply to be a plan file") from None
-
-
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(f"{key}: the key appears twice in one mapping (a reader would keep only the last)")
-        out[key] = value
-    return out
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, (str, int, float, bool)) or key is None:
-                if key in seen:
-                    raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: {key}: the key appears twice in one mapping "
-                                        "(a reader would keep only the last)")
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
 
 
 class Fields:

@@ -290,7 +290,10 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(profile_to_dict(profile), sort_keys=False, width=160, default_flow_style=None))
+    """Write the profile atomically (llm_planner.atomic); ProfileError naming the path if it cannot be."""
+    from llm_planner.atomic import write_atomic
+
+    write_atomic(path, yaml.safe_dump(profile_to_dict(profile), sort_keys=False, width=160, default_flow_style=None), ProfileError)
 
 
 class _Fields:

@@ -64,11 +64,17 @@ def compare_symmetry(
 
 
 def write_csv(rows: list[StudyRow], path: str | Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(asdict(row))
+    """Write the rows atomically (llm_planner.atomic: WriteError naming the path if it cannot be)."""
+    import io
+
+    from llm_planner.atomic import write_atomic
+
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(asdict(rows[0])))
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(asdict(row))
+    write_atomic(path, text.getvalue())
 
 
 def write_bar_chart(rows: list[StudyRow], path: str | Path, title: str) -> None:
@@ -100,5 +106,8 @@ def write_bar_chart(rows: list[StudyRow], path: str | Path, title: str) -> None:
     ax.set_title(title, fontsize=9)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    from llm_planner.atomic import atomic_path
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format=Path(path).suffix.lstrip(".") or "png")
     plt.close(fig)

@@ -24,13 +24,19 @@ Checks (each failure is one readable sentence in VerifyReport.violations):
      whose count the task's sharded sizes divide, and each member's own bytes
      (cost.shard_of: 1/k of the sharded weights and per-sample memory, the
      replicated parts whole) fit its kind's usable memory;
-  7. objective: an event simulation re-runs every device's order (the plan's
-     start times, ties broken by topological position) as soon as possible;
+  7. objective: an event simulation (llm_planner.verify_sim) re-runs every
+     device's order (the plan's start times, ties broken by topological
+     position) as soon as possible, and every start_s must be the simulation's;
      latency is its makespan, throughput the busiest device's load per batch
      divided by Q, with loads under the problem's throughput model ("direct" or
-     "host_staged", docs/objectives.md). The plan's objective_s must match within
-     rel_tol, and lower_bound_s <= objective_s * (1 + rel_tol). An order that
+     "host_staged", docs/objectives.md). objective_s and max_load_s (both
+     objectives) must match within rel_tol, and be finite (infinity matches
+     nothing); 0 <= lower_bound_s <= objective_s * (1 + rel_tol). An order that
      deadlocks (a cycle through devices) is a violation, never a hang.
+
+`verify_plan_file` adds the file-level checks of llm_planner.verify_fields (the
+reading of every field, the recorded inputs against the rebuilt problem, the
+solver's status against the gap).
 
 `verify_plan_file` lets errors in reading the inputs (PlanError, InputError,
 SpecError, GraphError, ProblemError: all ValueError) propagate: "the plan is
@@ -40,7 +46,7 @@ whose message names the file and field) stay distinct; the CLI prints either.
 
 from __future__ import annotations
 
-import heapq
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +55,7 @@ import numpy as np
 
 from llm_planner.plan import Plan, load_plan
 from llm_planner.solve.problem import PlacementProblem
+from llm_planner.verify_sim import EventSimulation
 
 Item = tuple[int, int]  # (shard, task index)
 
@@ -66,33 +73,19 @@ class VerifyReport:
 
 
 def verify_plan_file(path: str | Path, *, rel_tol: float = 1e-6, check_hashes: bool = True) -> VerifyReport:
-    """Load a plan file, rebuild its problem from the recorded inputs and verify it.
+    """Load a plan file, rebuild its problem from the recorded inputs and verify it, with the
+    file-level checks of llm_planner.verify_fields (the solver's status against the gap).
 
     Input errors propagate (see the module docstring).
     """
-    from llm_planner.pipeline import problem_from_plan_inputs
+    from llm_planner.verify_fields import check_file_fields, check_groups_formable, rebuild_problem
 
     plan = load_plan(path)
-    problem = problem_from_plan_inputs(plan.inputs, check_hashes=check_hashes)
-    _check_groups_formable(plan, problem, str(path))
-    return verify_plan(plan, problem, rel_tol=rel_tol)
-
-
-def _check_groups_formable(plan: Plan, problem: PlacementProblem, source: str) -> None:
-    """PlanError (bad input, not a wrong plan) for a group in the file that the cluster cannot form."""
-    from llm_planner.groups import GroupError, group_from_members, is_group_name, member_names
-    from llm_planner.plan import PlanError
-
-    known = set(problem.device_names)
-    for s, assignment in enumerate(plan.shard_assignments):
-        for task, device in assignment.items():
-            if is_group_name(device) and device not in known:
-                try:
-                    group_from_members(problem.cluster, member_names(device))
-                except GroupError as exc:
-                    raise PlanError(f"{source}: shards[{s}].assignment.{task}: {exc}") from None
-                raise PlanError(f"{source}: shards[{s}].assignment.{task}: group {member_names(device)} is larger than the "
-                                f"plan's inputs.max_tp ({problem.max_tp}) or runs none of the model's tasks")
+    problem = rebuild_problem(plan, str(path), check_hashes=check_hashes)
+    check_groups_formable(plan, problem, str(path))
+    report = verify_plan(plan, problem, rel_tol=rel_tol)
+    violations = (*report.violations, *check_file_fields(plan, problem, rel_tol=rel_tol))
+    return dataclasses.replace(report, ok=not violations, violations=violations)
 
 
 def verify_plan(plan: Plan, problem: PlacementProblem, *, rel_tol: float = 1e-6) -> VerifyReport:
@@ -154,7 +147,8 @@ class _Checker:
         return f"task {self.tasks[it[1]]!r} of shard {it[0]}"
 
     def close(self, a: float, b: float) -> bool:
-        return abs(a - b) <= self.rel_tol * max(abs(a), abs(b)) + 1e-15
+        """Equal within rel_tol, and both finite (infinity is close to nothing)."""
+        return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= self.rel_tol * max(abs(a), abs(b)) + 1e-15
 
     def check_shards(self) -> None:
         plan, p = self.plan, self.p
@@ -374,7 +368,8 @@ class _Checker:
         return busy, busy + comm
 
     def simulate(self, assign: list[np.ndarray], times: dict[Item, tuple[float, float]]) -> float:
-        """Makespan of the devices' orders run as soon as possible; nan if they cannot be run."""
+        """Makespan of the devices' orders run as soon as possible; nan if they cannot be run.
+        Each item's start must be the simulation's: a schedule that idles for no reason is not the plan's."""
         items = [(s, i) for s in range(self.num_shards) for i in range(len(self.tasks))]
         if any(it not in times or assign[it[0]][it[1]] < 0 for it in items):
             return math.nan  # the violations above already say what is missing
@@ -382,10 +377,22 @@ class _Checker:
         orders: list[list[Item]] = [[] for _ in range(self.p.num_devices)]
         for it in sorted(items, key=lambda it: (*times[it], topo[it[1]], it[0])):
             orders[int(assign[it[0]][it[1]])].append(it)
-        return _EventSimulation(self.p, self.sizes, assign, orders).run(self)
+        sim = EventSimulation(self.p, self.sizes, assign, orders)
+        makespan = sim.run(self)
+        late = [it for it in items if it in sim.start and abs(times[it][0] - sim.start[it]) > self.atol + self.rel_tol * sim.start[it]]
+        for it in late[:10]:
+            self.bad(f"{self.item(it)} starts at {_s(times[it][0])} in the schedule, but its device order runs it at {_s(sim.start[it])} "
+                     "(each item starts as soon as its device is free and its inputs have arrived)")
+        if len(late) > 10:
+            self.bad(f"... and {len(late) - 10} more items start elsewhere than the simulation says")
+        return makespan
 
     def check_objective(self, loads: np.ndarray, makespan: float) -> float:
         plan, p = self.plan, self.p
+        for name in ("objective_s", "lower_bound_s", "max_load_s"):
+            value = getattr(plan, name)
+            if not (math.isfinite(value) and value >= 0):
+                self.bad(f"{name} is {value}; it must be a finite number >= 0")
         max_load = float(loads.max()) if len(loads) else 0.0
         simulated = makespan if p.objective == "latency" else max_load / p.batch_size
         if math.isnan(simulated):
@@ -397,63 +404,8 @@ class _Checker:
             own = max(st.finish_s for st in plan.schedule)
             if not self.close(plan.objective_s, own):
                 self.bad(f"the plan claims latency {_s(plan.objective_s)} but its own schedule ends at {_s(own)}")
-        if (p.objective == "throughput" or plan.max_load_s > 0) and not self.close(plan.max_load_s, max_load):
+        if not self.close(plan.max_load_s, max_load):
             self.bad(f"the plan claims a max device load of {_s(plan.max_load_s)} per batch; recomputed: {_s(max_load)}")
         if not plan.lower_bound_s <= plan.objective_s * (1 + self.rel_tol) + 1e-15:
             self.bad(f"the lower bound {_s(plan.lower_bound_s)} exceeds the objective {_s(plan.objective_s)}")
         return simulated
-
-
-class _EventSimulation:
-    """Discrete-event run of fixed device orders: completion events in time order."""
-
-    def __init__(self, problem: PlacementProblem, sizes: list[int], assign: list[np.ndarray], orders: list[list[Item]]):
-        self.p, self.sizes, self.assign, self.orders = problem, sizes, assign, orders
-        self.in_edges, self.out_edges = problem.in_edges(), problem.out_edges()
-        self.waiting = {it: len(self.in_edges[it[1]]) for order in orders for it in order}
-        self.arrival = {it: 0.0 for it in self.waiting}  # when the last input is on the device
-        self.head = [0] * problem.num_devices  # position of each device's next item
-        self.free_at = [0.0] * problem.num_devices
-        self.running = [False] * problem.num_devices
-        self.events: list[tuple[float, int, Item]] = []
-        self.finish: dict[Item, float] = {}
-
-    def try_start(self, k: int) -> None:
-        if self.running[k] or self.head[k] >= len(self.orders[k]):
-            return
-        it = self.orders[k][self.head[k]]
-        if self.waiting[it]:
-            return
-        start = max(self.free_at[k], self.arrival[it])
-        end = start + self.p.task_time(it[1], k, self.sizes[it[0]])
-        self.running[k] = True
-        heapq.heappush(self.events, (end, k, it))
-
-    def run(self, checker: _Checker) -> float:
-        for k in range(self.p.num_devices):
-            self.try_start(k)
-        while self.events:
-            end, k, (s, i) = heapq.heappop(self.events)
-            self.finish[(s, i)] = end
-            self.running[k], self.free_at[k] = False, end
-            self.head[k] += 1
-            for e in self.out_edges[i]:
-                v = int(self.p.edge_dst[e])
-                l = int(self.assign[s][v])
-                self.arrival[(s, v)] = max(self.arrival[(s, v)], end + self.p.transfer_time(e, k, l, self.sizes[s]))
-                self.waiting[(s, v)] -= 1
-                self.try_start(l)
-            self.try_start(k)
-        if len(self.finish) < len(self.waiting):
-            checker.bad("simulation deadlock: the device orders contradict the task graph; " + self.stuck(checker))
-            return math.nan
-        return max(self.finish.values(), default=0.0)
-
-    def stuck(self, checker: _Checker) -> str:
-        parts = []
-        for k, order in enumerate(self.orders):
-            if self.head[k] < len(order):
-                s, i = order[self.head[k]]
-                missing = [checker.tasks[int(self.p.edge_src[e])] for e in self.in_edges[i] if (s, int(self.p.edge_src[e])) not in self.finish]
-                parts.append(f"{checker.devices[k]!r} waits to run {checker.item((s, i))}, whose inputs {missing} never finish")
-        return "; ".join(parts)

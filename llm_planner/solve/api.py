@@ -31,6 +31,8 @@ def solve(problem: PlacementProblem, options: SolveOptions | None = None) -> Pla
     from llm_planner.solve.bounds import lower_bound
 
     plan = with_bound(plan, lower_bound(problem))
+    # the gap a status `optimal` is judged against (verify_fields.check_status)
+    plan = replace(plan, inputs=replace(plan.inputs, options={**plan.inputs.options, "rel_gap": options.rel_gap}))
     if plan.solver.status == "heuristic" and plan.objective_s <= plan.lower_bound_s * (1 + options.rel_gap):
         plan = replace(plan, solver=replace(plan.solver, status="optimal"))  # the bound proves it, within the gap
     if options.verify:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 
@@ -166,7 +167,7 @@ class BackendOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class BackendResult:
-    status: str  # "optimal", "time_limit", "feasible", "infeasible", "no_solution"
+    status: str  # "optimal", "time_limit", "interrupted" (Ctrl-C), "feasible", "infeasible", "no_solution"
     values: np.ndarray | None  # column values of the best solution found
     objective: float  # of `values`; nan when there is none
     dual_bound: float  # proven lower bound on the optimum; -inf when unknown
@@ -229,7 +230,7 @@ def _solve_highs(model: LinearModel, options: BackendOptions, warm_start: dict[i
     if warm_start:
         idx = np.fromiter(warm_start.keys(), dtype=np.int32)
         h.setSolution(len(idx), idx, np.fromiter(warm_start.values(), dtype=float))
-    h.run()
+    interrupted = _run_interruptibly(h)
     status = h.getModelStatus()
     info = h.getInfo()
     has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
@@ -242,7 +243,9 @@ def _solve_highs(model: LinearModel, options: BackendOptions, warm_start: dict[i
         name, bound = "optimal", (bound if mip else objective)
     elif status in (S.kInfeasible, S.kUnboundedOrInfeasible):  # our models are bounded below
         name = "infeasible"
-    elif status in (S.kTimeLimit, S.kInterrupt, S.kSolutionLimit, S.kIterationLimit):
+    elif interrupted or status == S.kInterrupt:
+        name = "interrupted"  # with values: the incumbent; without: none was found
+    elif status in (S.kTimeLimit, S.kSolutionLimit, S.kIterationLimit):
         name = "time_limit" if has_solution else "no_solution"
     else:
         name = "feasible" if has_solution else "no_solution"
@@ -251,6 +254,40 @@ def _solve_highs(model: LinearModel, options: BackendOptions, warm_start: dict[i
         status=name, values=values, objective=objective, dual_bound=bound if math.isfinite(bound) else -math.inf,
         nodes=int(info.mip_node_count) if mip else 0, backend="highs", time_s=time.perf_counter() - started,
     )
+
+
+def _run_interruptibly(h) -> bool:
+    """Run HiGHS in a thread while this one waits for Ctrl-C; True if it was interrupted.
+
+    On the first KeyboardInterrupt HiGHS is asked to stop (its interrupt callbacks, checked
+    within simplex, IPM and branch-and-bound) and returns with its incumbent and bound, in well
+    under a second; a second one propagates at once. Off the main thread, where no
+    KeyboardInterrupt arrives, the same code just waits.
+    """
+    h.HandleUserInterrupt = True
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            h.run()
+        except BaseException as exc:  # re-raised in the waiting thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=run, name="highs", daemon=True)
+    worker.start()
+    interrupted = False
+    try:
+        while worker.is_alive():
+            worker.join(0.1)
+    except KeyboardInterrupt:
+        interrupted = True
+        log.warning("interrupted: stopping the MILP solver and keeping its best plan (Ctrl-C again to quit at once)")
+        h.cancelSolve()
+        while worker.is_alive():  # a second KeyboardInterrupt leaves from here
+            worker.join(0.1)
+    if failure:
+        raise failure[0]
+    return interrupted
 
 
 def _inf(a: np.ndarray, h) -> np.ndarray:
@@ -333,7 +370,9 @@ def _gurobi_result(gp, m, v, model: LinearModel, started: float) -> BackendResul
         name = "optimal"
     elif m.Status in (GRB.INFEASIBLE, GRB.INF_OR_UNBD):
         name = "infeasible"
-    elif m.Status in (GRB.TIME_LIMIT, GRB.INTERRUPTED, GRB.SOLUTION_LIMIT, GRB.NODE_LIMIT):
+    elif m.Status == GRB.INTERRUPTED:  # Ctrl-C: gurobi stops optimize() itself and keeps its incumbent
+        name = "interrupted"
+    elif m.Status in (GRB.TIME_LIMIT, GRB.SOLUTION_LIMIT, GRB.NODE_LIMIT):
         name = "time_limit" if has_solution else "no_solution"
     else:
         name = "feasible" if has_solution else "no_solution"

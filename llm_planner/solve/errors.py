@@ -9,3 +9,7 @@ class SolveError(RuntimeError):
 
 class VerificationError(AssertionError):
     """A solver returned a plan the verifier rejects: a bug, never a user error."""
+
+
+class SolveInterrupted(SolveError):
+    """Ctrl-C stopped a solve before it had any plan to return (with one, the plan has status `interrupted`)."""

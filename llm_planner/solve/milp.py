@@ -70,6 +70,12 @@ the better of the solver's dual bound and L, and is `optimal` when it meets
 either within rel_gap. L is not given to the solver as a cut on C (T): tried, it
 flattens the objective of every node LP below L, and the MILP proved
 rwnn-ws-5x8 in 417 s instead of 94 s.
+
+Ctrl-C during the backend's solve (solve.backends) stops it within a second and
+keeps its incumbent: the plan then has the status `interrupted` (or `optimal`
+when a bound proves it), its bound the better of the solver's and L. Without an
+incumbent of the solver's own, the warm start is that plan; without either,
+SolveInterrupted.
 """
 
 from __future__ import annotations
@@ -132,13 +138,29 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
         assert warm is None or options.contiguous, "the MILP rejects a feasible warm start: formulation bug"
         raise SolveError(_infeasible_message(problem, options))
     if result.values is None:
-        raise SolveError(f"the MILP found no feasible plan within the time limit of {options.time_limit_s:g} s "
-                         f"(status {result.status}); raise --time-limit")
+        return _without_incumbent(result, warm, bound_s, started, options)
     plan = with_bound(_plan_from_solution(problem, form, result, model, started, options, warm), bound_s)
-    if plan.solver.status == "time_limit" and plan.objective_s <= bound_s * (1 + options.rel_gap):
+    if plan.solver.status in ("time_limit", "interrupted") and plan.objective_s <= bound_s * (1 + options.rel_gap):
         # the solver could not prove it, the bounds of solve.bounds do
         plan = replace(plan, solver=replace(plan.solver, status="optimal", details={**plan.solver.details, "proven_by": "lower bound"}))
     return plan
+
+
+def _without_incumbent(result: BackendResult, warm: Plan | None, bound_s: float, started: float, options: SolveOptions) -> Plan:
+    """Stopped before the solver had a plan of its own: the warm start if there is one (status
+    `interrupted`), else SolveInterrupted (Ctrl-C) or SolveError (time limit)."""
+    from llm_planner.solve.errors import SolveError, SolveInterrupted
+
+    if result.status != "interrupted":
+        raise SolveError(f"the MILP found no feasible plan within the time limit of {options.time_limit_s:g} s "
+                         f"(status {result.status}); raise --time-limit")
+    if warm is None or options.contiguous:  # a warm start need not be contiguous
+        raise SolveInterrupted(f"interrupted after {time.perf_counter() - started:.1f} s, before the MILP found any plan")
+    details = {"warm_start": warm.solver.name, "warm_start_objective_s": warm.objective_s, "nodes": result.nodes,
+               "contiguous": False, "stopped": "interrupted before the solver improved on the warm start"}
+    return replace(warm, lower_bound_s=float(min(bound_s, warm.objective_s)),
+                   solver=replace(warm.solver, name="milp", status="interrupted", time_s=time.perf_counter() - started,
+                                  backend=result.backend, details=details))
 
 
 def _proven_warm_start(warm: Plan, bound_s: float, started: float, options: SolveOptions) -> Plan:

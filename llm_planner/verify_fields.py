@@ -1,0 +1,92 @@
+"""File-level checks of a plan file, beside llm_planner.verify's checks of the plan against its problem.
+
+What `verify PLAN` checks, field by field (docs/plan-format.md has the table):
+  - reading (llm_planner.plan.load_plan): UTF-8, no duplicate keys, every field
+    present, of its type and finite, no unknown field; the derived fields
+    `gap`, `throughput_samples_per_s`, `batch_size`, `assignment` (shard 0's)
+    and `device_order` (the schedule's order) equal to what the others give;
+    a failure is bad input (PlanError: exit 2, the file and the field named);
+  - `inputs`: the problem is rebuilt from them (hashes of the cluster, graph and
+    profile compared), and every recorded input equals what the rebuilt problem
+    records (`dtype`, `max_tp`, `max_shards`, ...): `rebuild_problem` and
+    `check_inputs` here;
+  - every primary number (`objective_s`, `lower_bound_s`, `max_load_s`, shard
+    sizes, the schedule's times) against the problem: llm_planner.verify;
+  - `solver.status`: `optimal` only when the gap is within the relative gap the
+    plan was solved to (`inputs.options.rel_gap`, else the default): here.
+
+Not re-derivable, and so checked for type and finiteness only: `solver.name`,
+`solver.backend`, `solver.time_s`, `solver.details`, `inputs.options`; and
+`lower_bound_s` is checked to be at most the objective, not proved again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from llm_planner.plan import Plan, PlanError, PlanInputs
+from llm_planner.solve.problem import PlacementProblem
+
+# hashes are compared (with their own messages) by pipeline.problem_from_plan_inputs; options are a record
+_NOT_COMPARED = ("options", "cluster_sha256", "graph_sha256", "profile_sha256")
+
+
+def rebuild_problem(plan: Plan, source: str, *, check_hashes: bool) -> PlacementProblem:
+    """The problem the plan's inputs describe; PlanError for inputs of a kind no problem is built from."""
+    from llm_planner.pipeline import problem_from_plan_inputs
+
+    try:
+        return problem_from_plan_inputs(plan.inputs, check_hashes=check_hashes)
+    except (TypeError, AttributeError) as exc:  # a value that passed the type check of its field but not its use
+        raise PlanError(f"{source}: inputs: no problem can be built from these inputs ({exc})") from None
+
+
+def check_inputs(plan: Plan, problem: PlacementProblem) -> list[str]:
+    """Every recorded input equals the rebuilt problem's own record of it."""
+    if problem.inputs is None:
+        return []
+    out = []
+    for f in dataclasses.fields(PlanInputs):
+        got, want = getattr(plan.inputs, f.name), getattr(problem.inputs, f.name)
+        if f.name not in _NOT_COMPARED and got != want:
+            out.append(f"inputs.{f.name}: the plan records {got!r}, but its inputs rebuild a problem with {want!r}")
+    return out
+
+
+def check_status(plan: Plan, *, rel_tol: float) -> list[str]:
+    """`optimal` is a claim about the gap: within the relative gap the plan was solved to."""
+    if plan.solver.status != "optimal":
+        return []
+    from llm_planner.solve.options import SolveOptions
+
+    rel_gap = plan.inputs.options.get("rel_gap", SolveOptions().rel_gap)
+    if isinstance(rel_gap, bool) or not isinstance(rel_gap, (int, float)) or not 0 <= rel_gap < 1:
+        return [f"inputs.options.rel_gap is {rel_gap!r}; a status `optimal` needs a relative gap in [0, 1)"]
+    if plan.gap > rel_gap * (1 + rel_tol) + rel_tol:
+        return [f"solver.status: the plan claims `optimal`, but its gap {plan.gap:.4%} exceeds the relative gap "
+                f"{rel_gap:.4%} it was solved to (inputs.options.rel_gap)"]
+    return []
+
+
+def check_file_fields(plan: Plan, problem: PlacementProblem, *, rel_tol: float) -> list[str]:
+    out = check_inputs(plan, problem) + check_status(plan, rel_tol=rel_tol)
+    if not (math.isfinite(plan.solver.time_s) and plan.solver.time_s >= 0):
+        out.append(f"solver.time_s is {plan.solver.time_s}; it must be a finite number >= 0")
+    return out
+
+
+def check_groups_formable(plan: Plan, problem: PlacementProblem, source: str) -> None:
+    """PlanError (bad input, not a wrong plan) for a group in the file that the cluster cannot form."""
+    from llm_planner.groups import GroupError, group_from_members, is_group_name, member_names
+
+    known = set(problem.device_names)
+    for s, assignment in enumerate(plan.shard_assignments):
+        for task, device in assignment.items():
+            if is_group_name(device) and device not in known:
+                try:
+                    group_from_members(problem.cluster, member_names(device))
+                except GroupError as exc:
+                    raise PlanError(f"{source}: shards[{s}].assignment.{task}: {exc}") from None
+                raise PlanError(f"{source}: shards[{s}].assignment.{task}: group {member_names(device)} is larger than the "
+                                f"plan's inputs.max_tp ({problem.max_tp}) or runs none of the model's tasks")
