@@ -18,21 +18,17 @@ imports torch only to check graph models).
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import random
 import shlex
-import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from llm_planner.fmt import fmt_s
 from llm_planner.groups import is_group_name, member_names
+from llm_planner.launch_run import run_mpiexec
 from llm_planner.plan import Plan, load_plan
 from llm_planner.runtime.plan_schedule import in_flight_batches
 from llm_planner.runtime.table import RankEntry, RankTable, RunSpec
@@ -43,7 +39,6 @@ log = logging.getLogger(__name__)
 DEFAULT_PROMPT_LEN = 8
 RESNET_NAMES = ("resnet18", "resnet50")  # the CNN presets of llm_planner.graph.models
 MEASURE_WARMUP = 2  # `launch --measure`: untimed runs first, as `profile` warms up before it times (its --warmup default)
-KILL_GRACE_S = 15.0  # beyond timeout_s: the ranks' own watchdog fires first
 
 
 class LaunchError(ValueError):
@@ -242,7 +237,7 @@ def build_rank_table(plan_path: str | Path, options: LaunchOptions) -> tuple[Ran
         checkpoint=str(Path(options.checkpoint).resolve()) if options.checkpoint else None,
         prompt_ids=[list(p) for p in prompts],
         max_new_tokens=options.max_new_tokens,
-        batches=in_flight_batches(plan),
+        batches=in_flight_batches(plan) if workload == "decoder" else 1,
         seed=options.seed if options.seed is not None else int(plan.inputs.model.get("seed", 0)),
         dtype=options.dtype,
         fail_rank=options.fail_rank,
@@ -346,56 +341,12 @@ def launch(plan_path: str | Path, options: LaunchOptions = LaunchOptions()) -> L
                           rank_table_path=str(table_path), report_path=table.run.report_path, dry_run=options.dry_run)
     if options.dry_run:
         return result
-    for stale in [*workdir.glob("error.rank*.txt"), *workdir.glob(".error.rank*.txt.tmp"), Path(table.run.report_path)]:
+    for stale in [*workdir.glob("error.rank*.txt"), *workdir.glob(".error.rank*.txt.tmp"), *workdir.glob("rank*.pid"),
+                  Path(table.run.report_path)]:
         stale.unlink(missing_ok=True)
-    return _run(result, options.timeout_s)
-
-
-def _run(result: LaunchResult, timeout_s: float) -> LaunchResult:
-    workdir = Path(result.workdir)
-    start = time.perf_counter()
-    with open(workdir / "mpiexec.out", "wb") as out, open(workdir / "mpiexec.err", "wb") as err:
-        proc = subprocess.Popen(result.command, stdout=out, stderr=err, start_new_session=True)
-        try:
-            returncode = proc.wait(timeout=timeout_s + KILL_GRACE_S)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            returncode, timed_out = proc.returncode, True
-    duration = time.perf_counter() - start
-    stderr_tail = (workdir / "mpiexec.err").read_text(errors="replace")[-4000:]
-    error = _rank_error(workdir)
-    if timed_out and error is None:
-        error = f"the run exceeded its timeout of {timeout_s:g} s and was killed"
-    if returncode != 0 and error is None:
-        error = f"mpiexec exited with status {returncode}:\n{stderr_tail}"
-    report = None
-    if error is None and Path(result.report_path).is_file():
-        report = json.loads(Path(result.report_path).read_text())
-    elif error is None:
-        error = f"the run ended without writing its report {result.report_path}:\n{stderr_tail}"
-    return replace(result, returncode=returncode, duration_s=duration, report=report, error=error, stderr_tail=stderr_tail)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _rank_error(workdir: Path) -> str | None:
-    """The first failing rank's message (its error file's first line and the traceback's last lines)."""
-    files = sorted(workdir.glob("error.rank*.txt"), key=lambda p: p.stat().st_mtime)
-    if not files:
-        return None
-    return files[0].read_text(errors="replace").split("\n\n", 1)[0]
+    outcome = run_mpiexec(command, table, options.timeout_s)
+    return replace(result, returncode=outcome.returncode, duration_s=outcome.duration_s, report=outcome.report,
+                   error=outcome.error, stderr_tail=outcome.stderr_tail)
 
 
 def launch_plan(

@@ -184,3 +184,75 @@ def test_a_rank_waiting_in_a_barrier_or_gather_leaves_its_core_to_the_others(tmp
     assert proc.returncode == 0, proc.stderr
     cpu_s = float(proc.stdout.split("cpu_s=")[1].split()[0])
     assert cpu_s < 0.5, f"rank 0 used {cpu_s} s of CPU waiting 2 s for rank 1"
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process runs (a zombie waiting for its parent to reap it does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def _rank_pids(workdir: Path, ranks: int, timeout_s: float = 60.0) -> list[int]:
+    """The ranks' pids from their pid files, once every rank has written one."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        files = [workdir / f"rank{r}.pid" for r in range(ranks)]
+        if all(f.is_file() and f.read_text().strip() for f in files):
+            return [int(f.read_text().split()[0]) for f in files]
+        time.sleep(0.1)
+    raise AssertionError(f"the ranks did not start within {timeout_s} s")
+
+
+def test_a_rank_that_dies_is_named_and_no_process_is_left(small_plan, tmp_path):
+    import json
+    import signal
+    import threading
+
+    workdir = tmp_path / "w"
+    pids: list[int] = []
+
+    def kill_rank_1() -> None:
+        pids.extend(_rank_pids(workdir, 2))
+        time.sleep(3.0)  # building and warming up: the run is under way
+        os.kill(pids[1], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_rank_1, daemon=True)
+    killer.start()
+    result = launch_plan(small_plan, prompt_ids=[[1, 2]], max_new_tokens=40, workdir=str(workdir), timeout_s=TIMEOUT_S, warmup=10_000)
+    killer.join()
+    assert not result.ok
+    assert result.error.startswith("rank 1 (localhost/cpu-core:1) on localhost died: Killed (signal 9)"), result.error
+    deadline = time.time() + 10.0
+    while any(map(_alive, pids)) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, pids)), "a rank outlived the run"
+    report = json.loads(Path(result.report_path).read_text())
+    assert (report["status"], report["failed_rank"], report["failed_device"]) == ("failed", 1, "localhost/cpu-core:1")
+
+
+def test_ctrl_c_on_launch_stops_mpiexec_and_every_rank_within_10_s(small_plan, tmp_path):
+    import json
+    import signal
+
+    workdir, report = tmp_path / "w", tmp_path / "run.json"
+    proc = subprocess.Popen([sys.executable, "-m", "llm_planner.cli", "launch", str(small_plan), "--workdir", str(workdir),
+                             "--report", str(report), "--max-new-tokens", "40", "--warmup", "10000", "--prompt-ids", "1,2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = _rank_pids(workdir, 2)
+    time.sleep(2.0)
+    mpiexec = [int(p) for p in subprocess.run(["pgrep", "-f", f"mpiexec.*{workdir}"], capture_output=True, text=True).stdout.split()]
+    assert mpiexec and all(map(_alive, pids))
+    start = time.time()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    while any(map(_alive, pids + mpiexec)) and time.time() - start < 10.0:
+        time.sleep(0.1)
+    assert time.time() - start < 10.0, f"still running: {[p for p in pids + mpiexec if _alive(p)]}"
+    assert json.loads(report.read_text())["status"] == "interrupted"

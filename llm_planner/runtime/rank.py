@@ -138,6 +138,20 @@ def _write_error(table: RankTable | None, rank: int, exc: BaseException) -> None
         log.exception("rank %d: cannot write its error file", rank)
 
 
+def pid_path(workdir: str | Path, rank: int) -> Path:
+    return Path(workdir) / f"rank{rank}.pid"
+
+
+def _write_pid(table: RankTable, rank: int) -> None:
+    """`rank<N>.pid` (pid, host) in the workdir: the launcher names a rank that dies from it, and stops it on Ctrl-C."""
+    import socket
+
+    try:
+        pid_path(table.run.workdir, rank).write_text(f"{os.getpid()} {socket.gethostname()}\n")
+    except OSError:
+        log.exception("rank %d: cannot write its pid file", rank)
+
+
 def _start_watchdog(table: RankTable, world: Any) -> threading.Timer:
     """Abort the whole job (every rank) once the run has taken `run.timeout_s`."""
 
@@ -240,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     table = None
     try:
         table = load_rank_table(args[0])
+        _write_pid(table, world.Get_rank())
         check_world_size(table, world.Get_size())  # before torch loads: a wrong -n fails in a moment
         watchdog = _start_watchdog(table, world)
         run(table)

@@ -132,6 +132,7 @@ def build_report(*, plan, ranks: list[dict[str, Any]], workload: str, outputs: d
     report = {"workload": workload, "objective": plan.objective, "wall_s": wall, **outputs, "ranks": ranks}
     measured, what = end_to_end(plan, report, "the run report")
     head = {
+        "status": "ok",
         "workload": workload,
         "objective": plan.objective,
         "predicted_s": plan.objective_s,
