@@ -30,10 +30,14 @@ class WriteError(ValueError):
 
 def check_writable(path: str | Path, error: type[Exception] = WriteError) -> None:
     """`error` naming `path` unless a file can be created or replaced there."""
-    path = Path(path)
+    path = _target(Path(path))
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise error(f"{path}: cannot write: it is a directory")
+    if _special(path):
+        if not os.access(path, os.W_OK):
+            raise error(f"{path}: cannot write: permission denied")
+        return
     if not parent.is_dir():
         raise error(f"{path}: cannot write: the directory {parent} does not exist")
     try:
@@ -50,8 +54,14 @@ def check_writable(path: str | Path, error: type[Exception] = WriteError) -> Non
 def atomic_path(path: str | Path, error: type[Exception] = WriteError) -> Iterator[Path]:
     """A temporary path beside `path` to write to (for writers that want a file name, such as
     matplotlib's savefig); on leaving without an exception it replaces `path`."""
-    path = Path(path)
+    path = _target(Path(path))
     check_writable(path, error)
+    if _special(path):  # /dev/null, a FIFO, a terminal: written in place, never replaced by a file
+        try:
+            yield path
+        except OSError as exc:
+            raise error(f"{path}: cannot write: {exc.strerror or exc}") from None
+        return
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
     os.close(fd)
     try:
@@ -73,6 +83,16 @@ def write_atomic(path: str | Path, data: str | bytes, error: type[Exception] = W
     with atomic_path(path, error) as tmp:
         with open(tmp, "wb") as f:
             f.write(payload)
+
+
+def _target(path: Path) -> Path:
+    """A symbolic link's target (the link stays a link), else the path itself."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _special(path: Path) -> bool:
+    """Exists and is neither a regular file nor a directory (a device, a FIFO)."""
+    return path.exists() and not path.is_file() and not path.is_dir()
 
 
 def _mode_for(path: Path) -> int:

@@ -182,7 +182,8 @@ def plan_from_dict(data: Any, source: str = "<memory>") -> Plan:
     """A Plan from its file form: every field typed and finite, the derived fields (gap,
     throughput_samples_per_s, batch_size, assignment, device_order) equal to what the others give."""
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
-        raise PlanError(f"{source}: not a plan file (expected format: {PLAN_FORMAT})")
+        where = "format: " if isinstance(data, dict) else ""
+        raise PlanError(f"{source}: {where}not a plan file (expected format: {PLAN_FORMAT})")
     top = Fields(data, source, "", PlanError)
     if type(data.get("version")) is not int or data["version"] != PLAN_VERSION:
         raise top.fail("version", f"unsupported plan version {data.get('version')!r} (this reader knows {PLAN_VERSION})")
@@ -264,6 +265,9 @@ def _read_inputs(fields: Fields) -> PlanInputs:
         if not (value is None or isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))):
             raise model.fail(key, f"expected a string, an integer or null, got {value!r}")
     check_finite_tree(options.data, fields, "options")
+    for name in ("cluster", "profile"):  # a hash of no file could only come from an edit
+        if fields.data.get(name) is None and fields.data.get(f"{name}_sha256"):
+            raise fields.fail(f"{name}_sha256", f"a hash, but inputs.{name} names no file")
     return PlanInputs(
         cluster=fields.string("cluster", nullable=True), cluster_sha256=fields.string("cluster_sha256"), model=dict(model.data),
         graph_sha256=fields.string("graph_sha256"), objective=fields.string("objective"),

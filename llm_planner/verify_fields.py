@@ -38,6 +38,8 @@ def rebuild_problem(plan: Plan, source: str, *, check_hashes: bool) -> Placement
 
     try:
         return problem_from_plan_inputs(plan.inputs, check_hashes=check_hashes)
+    except ValueError as exc:  # the input errors (SpecError, GraphError, InputError, ...): say which plan's inputs
+        raise PlanError(f"{source}: inputs: {exc}") from None
     except (TypeError, AttributeError) as exc:  # a value that passed the type check of its field but not its use
         raise PlanError(f"{source}: inputs: no problem can be built from these inputs ({exc})") from None
 

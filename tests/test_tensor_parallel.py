@@ -369,6 +369,7 @@ def test_a_plan_file_with_a_group_the_cluster_cannot_form_is_bad_input(tmp_path,
     data = yaml.safe_load(out.read_text())
     for shard in data["shards"]:
         shard["assignment"]["lm_head"] = ["server/a100-80g:1", "server/a100-80g:2"]  # consecutive, not aligned
+    data["assignment"]["lm_head"] = data["shards"][0]["assignment"]["lm_head"]  # the top-level one is shard 0's
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     capsys.readouterr()
     assert main(["verify", str(out)]) == 2
