@@ -23,10 +23,16 @@ structure hash the task names, kinds and edges; a profile made for another
 model, phase, context length or dtype simply has no entry for the task. Graph
 files without a builder's metadata (imported workloads) have no keys.
 
+Tensor-parallel groups: "<key>@tp<k>" is one member's share of the task on a
+group of k (llm_planner.runtime.tp_layers), timed alone on one device with its
+collectives left out; a group's time is that piece plus its collectives
+(cost.collective_pieces) over the group's link, measured when the profile has
+the link's class, else from the cluster spec.
+
 Using a profile (`apply_profile`): for every task and device whose kind has an
-entry for the task's key, the problem's cost pieces become the single measured
-piece (fixed_s, per_sample_s); every other (task, device) keeps the roofline of
-llm_planner.cost and is reported as a fallback. Measured links replace the
+entry for the task's key (a group: its "@tp<k>" key), the problem's cost pieces
+become the single measured piece (fixed_s, per_sample_s); every other (task,
+device) keeps the roofline of llm_planner.cost and is reported as a fallback. Measured links replace the
 cluster spec's latency and bandwidth for every device pair of that class.
 
 File form (docs/profiling.md):
@@ -62,6 +68,8 @@ import yaml
 from llm_planner import cost
 from llm_planner.fileio import read_document
 from llm_planner.graph.ir import Task, TaskGraph
+
+from llm_planner.spec import LinkSpec
 
 if TYPE_CHECKING:
     from llm_planner.solve.problem import PlacementProblem
@@ -221,6 +229,47 @@ def profile_coverage(graph: TaskGraph, cluster: ClusterSpec, profile: Profile) -
                            links_fallback=tuple(c for c in classes if c not in profile.links))
 
 
+def group_key(key: str | None, degree: int) -> str | None:
+    """The profile key of one member's share of a task on a group of `degree` devices."""
+    return key if key is None or degree <= 1 else f"{key}@tp{degree}"
+
+
+def _group_link(problem: PlacementProblem, profile: Profile, device: DeviceSpec) -> LinkSpec:
+    """The link a group's collectives cross: measured for its class when the profile has it, else the spec's."""
+    single = {d.name: d for d in problem.cluster.devices()}
+    a, b = single[device.members[0]], single[device.members[1]]
+    measured = profile.links.get(link_class(problem.cluster, a, b) or "")
+    if measured is not None:
+        return LinkSpec(bw_bytes_per_s=measured.bw_bytes_per_s, latency_s=measured.latency_s)
+    return problem.cluster.link(a, b)
+
+
+def all_reduce_key(link_class_name: str, degree: int) -> str:
+    """The `links` entry of an all-reduce among `degree` devices of a link class: t(n bytes) = latency + n / bw."""
+    return f"{link_class_name}@all_reduce{degree}"
+
+
+def _group_collectives(problem: PlacementProblem, profile: Profile, task: Task, device: DeviceSpec) -> tuple[float, float]:
+    """(fixed_s, per_sample_s) of the task's collectives on the group: from a measured all-reduce of the group's
+    class and degree when the profile has one (an all-gather of n bytes costs as an all-reduce of k n bytes),
+    else the ring model over the group's link (cost.collective_pieces)."""
+    single = {d.name: d for d in problem.cluster.devices()}
+    name = link_class(problem.cluster, single[device.members[0]], single[device.members[1]]) or ""
+    measured = profile.links.get(all_reduce_key(name, device.degree))
+    if measured is None:
+        return cost.collective_pieces(task, device.degree, _group_link(problem, profile, device))
+    calls = task.tp_allreduces + task.tp_allgathers
+    moved = task.tp_allreduce_bytes_per_sample + device.degree * task.tp_allgather_bytes_per_sample
+    return calls * measured.latency_s, moved / measured.bw_bytes_per_s
+
+
+def _measured_piece(problem: PlacementProblem, profile: Profile, task: Task, device: DeviceSpec, timing: TaskTiming) -> tuple[float, float]:
+    if device.degree <= 1:
+        return timing.fixed_s, timing.per_sample_s
+    fixed, slope = _group_collectives(problem, profile, task, device)
+    return timing.fixed_s + fixed, timing.per_sample_s + slope
+
+
 def apply_profile(problem: PlacementProblem, profile: Profile) -> PlacementProblem:
     """The problem with measured task and link costs wherever the profile has them (see the module docstring)."""
     graph, devices = problem.graph, problem.devices
@@ -228,11 +277,9 @@ def apply_profile(problem: PlacementProblem, profile: Profile) -> PlacementProbl
     for i, task in enumerate(graph.tasks):
         key = task_key(graph, task)
         for k, device in enumerate(devices):
-            if device.degree > 1:  # a profile times single devices; a group keeps its roofline estimate
-                continue
-            timing = profile.timing(device.kind, key)
+            timing = profile.timing(device.kind, group_key(key, device.degree))
             if timing is not None and problem.supported[i, k]:
-                pieces[i, k, :] = (timing.fixed_s, timing.per_sample_s)
+                pieces[i, k, :] = _measured_piece(problem, profile, task, device, timing)
     comm_fixed, comm_slope = problem.comm_fixed.copy(), problem.comm_slope.copy()
     edge_bytes = np.array([e.bytes_per_sample for e in graph.edges], dtype=float)
     edge_hop = np.array([e.hop_s_per_sample for e in graph.edges], dtype=float)

@@ -286,7 +286,10 @@ def test_profile_command_writes_a_profile_that_plan_uses_entirely(tiny_gpt2_dir,
     assert "profile written to" in capsys.readouterr().out
     profile = prof.load_profile(out)
     assert profile.cluster == "localhost-cpu" and profile.devices == {"cpu-core": ["localhost/cpu-core:0"]}
-    assert len(profile.tasks["cpu-core"]) == 4 and profile.settings["batch_sizes"] == [1, 2]
+    # the whole tasks, and a member's share on groups of 2 and 4 (the four cores of localhost-cpu)
+    assert sorted(k.split("/")[-1] for k in profile.tasks["cpu-core"]) == sorted(
+        f"{role}{tp}" for role in ("embed", "block", "final_norm", "lm_head") for tp in ("", "@tp2", "@tp4"))
+    assert profile.settings["batch_sizes"] == [1, 2]
     assert main(["plan", *model, "--profile", str(out), "--no-baselines", "-o", str(tmp_path / "plan.yaml")]) == 0
     printed = capsys.readouterr().out
     assert "measured costs for 7 of 7 (task, device kind) pairs" in printed and "roofline on" not in printed
@@ -322,13 +325,24 @@ def test_profile_under_mpi_measures_every_rank_and_the_link(tiny_gpt2_dir, tmp_p
                      output_path=str(tmp_path / "profile.yaml"), options=options)
     profile = spawn_mpi(job, tmp_path / "work", timeout_s=150)
     assert profile.devices == {"cpu-core": ["localhost/cpu-core:0", "localhost/cpu-core:1"]}
-    assert len(profile.tasks["cpu-core"]) == 4
+    assert len(profile.tasks["cpu-core"]) == 8  # the four tasks whole, and a member's share on the group of two
     link = profile.links["localhost:cpu-core<->cpu-core"]
     assert link.devices == ("localhost/cpu-core:0", "localhost/cpu-core:1") and link.sizes_bytes == (1024, 65536)
     assert all(0 < t < 1.0 for t in link.median_s) and link.bw_bytes_per_s > 0 and math.isfinite(link.latency_s)
     problem = problem_from_inputs(cluster_path=str(cluster), model=ModelSpec(name=str(tiny_gpt2_dir), dtype="fp32", seq_len=16),
                                   profile_path=job.output_path)
     assert problem.transfer_time(0, 0, 1, 1) == pytest.approx(link.latency_s + problem.graph.edges[0].bytes_per_sample / link.bw_bytes_per_s)
+    # the group of two: a member's measured share plus the measured all-reduces (one per block sublayer)
+    reduce = profile.links["localhost:cpu-core<->cpu-core@all_reduce2"]
+    grouped = problem_from_inputs(cluster_path=str(cluster), model=ModelSpec(name=str(tiny_gpt2_dir), dtype="fp32", seq_len=16),
+                                  profile_path=job.output_path, max_tp=2)
+    block = next(i for i, t in enumerate(grouped.graph.tasks) if t.name == "block.0")
+    task = grouped.graph.tasks[block]
+    per_call = task.tp_allreduce_bytes_per_sample / 2  # the hidden states of one sample
+    assert reduce.sizes_bytes == (per_call, 2 * per_call, 16 * per_call)  # at batch sizes 1 and 2, and 8x the largest
+    share = profile.tasks["cpu-core"][next(k for k in profile.tasks["cpu-core"] if k.endswith("/block@tp2"))]
+    expected = share.time_s(1) + 2 * reduce.latency_s + task.tp_allreduce_bytes_per_sample / reduce.bw_bytes_per_s
+    assert [d.name for d in grouped.devices][2] == "localhost/cpu-core:0-1" and grouped.task_time(block, 2, 1) == pytest.approx(expected)
 
 
 def test_profile_module_imports_without_torch_or_mpi():

@@ -162,7 +162,11 @@ def _decoder_step(bench: dict, batch: int, tensors: dict) -> dict[str, float]:
     stream = shard.new_stream(requests=list(range(batch)), prompt_ids=ids, prompt_mask=None, eos_ids=eos, pad_id=pad)
     if phase == "decode":  # a cache already holding the context: one new token attends to seq_len keys
         for layer, (k, v) in enumerate(tensors["kv"]):
-            stream.cache.update(k, v, layer)
+            if shard.group is not None:  # a member's heads only
+                heads = k.shape[1] // shard.group.size
+                stream.shard_cache[layer] = (k[:, :heads], v[:, :heads])
+            else:
+                stream.cache.update(k, v, layer)
         value, step = ids[:, -1:], 1
     else:
         value, step = ids, 0
@@ -184,8 +188,9 @@ def _decoder_step(bench: dict, batch: int, tensors: dict) -> dict[str, float]:
     return {role: sum(v) / len(v) for role, v in times.items()}
 
 
-def _decoder_bench(spec: ModelSpec, graph: TaskGraph, device, dtype, options: ProfileOptions) -> dict:
-    from llm_planner.runtime import gpt
+def _decoder_bench(spec: ModelSpec, graph: TaskGraph, device, dtype, options: ProfileOptions, degree: int = 1) -> dict:
+    """The shard to time: the whole tasks, or (degree k > 1) member 0's share on a group of k, timed alone."""
+    from llm_planner.runtime import gpt, tp_layers
 
     meta = graph.meta_dict()
     if meta.get("phase") == "decode" and int(meta["seq_len"]) < 2:
@@ -197,9 +202,12 @@ def _decoder_bench(spec: ModelSpec, graph: TaskGraph, device, dtype, options: Pr
         raise ProfileRunError(f"model {spec.name!r} cannot be profiled: {exc}") from None
     blocks = min(gpt.num_layers_of(config), options.max_blocks)
     tasks = ["embed", *(f"block.{i}" for i in range(blocks)), "final_norm", "lm_head"]
-    shard = gpt.DecoderShard(config, set(tasks), device=device, dtype=dtype, source=source)
+    group = tp_layers.Unconnected(degree) if degree > 1 else None
+    shard = gpt.DecoderShard(config, set(tasks), device=device, dtype=dtype, source=source, group=group)
     bench = {"shard": shard, "tasks": tasks, "blocks": blocks, "phase": meta["phase"], "seq_len": int(meta["seq_len"]),
              "sublayers": meta.get("granularity") == "sublayer", "marks": []}
+    if bench["sublayers"] and degree > 1:
+        raise ProfileRunError(f"model {spec.name!r}: tensor-parallel shares are timed for block granularity only")
     if bench["sublayers"]:
         norm = "ln_2" if shard.family == "gpt2" else "post_attention_layernorm"
 
@@ -228,11 +236,12 @@ def _decoder_inputs(bench: dict, batch: int, generator) -> dict:
     return {"ids": ids, "kv": kv}
 
 
-def time_decoder(spec: ModelSpec, graph: TaskGraph, device, dtype, options: ProfileOptions, progress: Progress) -> dict[str, dict[int, float]]:
-    """Role -> batch size -> median seconds, with the runtime's decoder stage code."""
+def time_decoder(spec: ModelSpec, graph: TaskGraph, device, dtype, options: ProfileOptions, progress: Progress,
+                 degree: int = 1) -> dict[str, dict[int, float]]:
+    """Role -> batch size -> median seconds, with the runtime's decoder stage code (a group member's share for degree > 1)."""
     import torch
 
-    bench = _decoder_bench(spec, graph, device, dtype, options)
+    bench = _decoder_bench(spec, graph, device, dtype, options, degree)
     generator = torch.Generator().manual_seed(options.seed)
     out: dict[str, dict[int, float]] = {}
     for batch in options.batch_sizes:
@@ -278,8 +287,18 @@ def time_graph(spec: ModelSpec, device, dtype, options: ProfileOptions, progress
     return out
 
 
-def profile_device(spec: ModelSpec, graph: TaskGraph, device, options: ProfileOptions, progress: Progress) -> dict[str, prof.TaskTiming]:
-    """Task key -> timing of every distinct task of `graph` on the torch `device`."""
+def group_degrees_of(cluster: ClusterSpec, device: DeviceSpec) -> list[int]:
+    """The degrees of the tensor-parallel groups `device`'s class of identical devices can form (llm_planner.groups)."""
+    from llm_planner.groups import group_degrees
+
+    count = sum(1 for d in cluster.devices() if d.node == device.node and d.kind == device.kind)
+    return group_degrees(count, count)
+
+
+def profile_device(spec: ModelSpec, graph: TaskGraph, device, options: ProfileOptions, progress: Progress,
+                   degrees: list[int] | tuple[int, ...] = ()) -> dict[str, prof.TaskTiming]:
+    """Task key -> timing of every distinct task of `graph` on the torch `device`; for decoders in block
+    granularity also one member's share on a group of each degree in `degrees` that the model splits over."""
     import torch
 
     from llm_planner.runtime.rank import torch_dtype
@@ -289,10 +308,19 @@ def profile_device(spec: ModelSpec, graph: TaskGraph, device, options: ProfileOp
     dtype = torch_dtype(spec.dtype)
     decoder = "decoder_config" in graph.meta_dict()
     measured = time_decoder(spec, graph, device, dtype, options, progress) if decoder else time_graph(spec, device, dtype, options, progress)
+    timings = _timings(graph, measured, options, decoder, 1)
+    if decoder and graph.meta_dict().get("granularity") == "block":
+        for k in degrees:
+            if all(t.shards_over(k) for t in graph.tasks):
+                timings.update(_timings(graph, time_decoder(spec, graph, device, dtype, options, progress, k), options, True, k))
+    return timings
+
+
+def _timings(graph: TaskGraph, measured: dict[str, dict[int, float]], options: ProfileOptions, decoder: bool, degree: int) -> dict[str, prof.TaskTiming]:
     sizes = list(options.batch_sizes)
     timings: dict[str, prof.TaskTiming] = {}
     for task in graph.tasks:
-        key = prof.task_key(graph, task)
+        key = prof.group_key(prof.task_key(graph, task), degree)
         if key is None or key in timings:
             continue
         name = task.label("role", task.kind) if decoder else task.name
@@ -342,5 +370,37 @@ def ping_pong(comm, peer: int, first: bool, sizes: tuple[int, ...], repetitions:
                 comm.wait_sends()
             if rep:
                 times.append((time.perf_counter() - start) / 2)
+        medians.append(statistics.median(times))
+    return medians
+
+
+def collective_groups(cluster: ClusterSpec, order: list[DeviceSpec]) -> list[tuple[str, tuple[int, ...]]]:
+    """(profile key, ranks): the first group of each degree of each class of identical devices of a node."""
+    out, seen = [], set()
+    for r, device in enumerate(order):
+        if (device.node, device.kind) in seen:
+            continue
+        seen.add((device.node, device.kind))
+        ranks = [q for q, d in enumerate(order) if d.node == device.node and d.kind == device.kind]
+        for k in group_degrees_of(cluster, device):
+            name = prof.link_class(cluster, order[ranks[0]], order[ranks[1]])
+            if name is not None:
+                out.append((prof.all_reduce_key(name, k), tuple(ranks[:k])))
+    return out
+
+
+def time_all_reduce(group, sizes: tuple[int, ...], repetitions: int) -> list[float]:
+    """Median seconds of one all-reduce of n bytes (float32) among the group, back to back, per size."""
+    import torch
+
+    medians = []
+    for size in sizes:
+        t = torch.zeros(max(1, size // 4), dtype=torch.float32)
+        times = []
+        for rep in range(repetitions + 1):  # the first call warms the path up
+            start = time.perf_counter()
+            group.all_reduce_(t)
+            if rep:
+                times.append(time.perf_counter() - start)
         medians.append(statistics.median(times))
     return medians

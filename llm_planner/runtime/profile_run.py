@@ -28,9 +28,12 @@ from llm_planner.runtime.profile_rank import (
     ProfileOptions,
     ProfileRunError,
     Progress,
+    collective_groups,
+    group_degrees_of,
     link_pairs,
     local_devices,
     ping_pong,
+    time_all_reduce,
     profile_device,
     rank_devices,
     torch_device_of,
@@ -86,7 +89,8 @@ def build_profile(job: ProfileJob, cluster: ClusterSpec, measured: list[tuple[De
 
 def planned_runs(job: ProfileJob) -> int:
     """Timed and warm-up runs `profile_local` makes (for a progress bar)."""
-    return len(local_devices(load_cluster(job.cluster_path), job.node)) * job.options.runs_per_device()
+    cluster = load_cluster(job.cluster_path)
+    return sum(1 + len(group_degrees_of(cluster, d)) for d in local_devices(cluster, job.node)) * job.options.runs_per_device()
 
 
 def profile_local(job: ProfileJob, progress: Progress = lambda what, n: None) -> tuple[prof.Profile, list[str]]:
@@ -103,7 +107,7 @@ def profile_local(job: ProfileJob, progress: Progress = lambda what, n: None) ->
             progress(f"{device.name} (skipped)", job.options.runs_per_device())
             continue
         torch_devices[device.name] = str(torch_device)
-        measured.append((device, profile_device(spec, graph, torch_device, job.options, progress)))
+        measured.append((device, profile_device(spec, graph, torch_device, job.options, progress, group_degrees_of(cluster, device))))
     if not measured:
         raise ProfileRunError(f"no device of cluster {cluster.name!r} can be profiled on this machine (skipped: {', '.join(skipped)})")
     return build_profile(job, cluster, measured, {}, _environment(torch_devices)), skipped
@@ -129,7 +133,7 @@ def _profile_rank(comm, job: ProfileJob, cluster: ClusterSpec, order: list[Devic
         quiet_barrier(comm)
         if same_host.index(comm.rank) == turn and device is not None:
             log.info("rank %d: timing %s on %s", comm.rank, me.name, device)
-            timings = profile_device(spec, graph, device, job.options, lambda what, n: None)
+            timings = profile_device(spec, graph, device, job.options, lambda what, n: None, group_degrees_of(cluster, me))
     if device is None:
         log.warning("rank %d: device %s is a GPU but CUDA is not available here: not profiled", comm.rank, me.name)
     links = {}
@@ -140,7 +144,33 @@ def _profile_rank(comm, job: ProfileJob, cluster: ClusterSpec, order: list[Devic
             if comm.rank == a:
                 links[name] = prof.link_timing((order[a].name, order[b].name), list(job.options.link_sizes_bytes), medians,
                                                job.options.link_repetitions)
+    links.update(_collectives(comm, job, cluster, order, graph))
     return timings, links, (str(device) if device is not None else None)
+
+
+def _collectives(comm, job: ProfileJob, cluster: ClusterSpec, order: list[DeviceSpec], graph) -> dict[str, prof.LinkTiming]:
+    """All-reduce times of the first group of each degree of each class (the runtime's GroupComm, waiting as the
+    runtime does), at the sizes the model's all-reduces have at the profiled batch sizes (and 8x the largest)."""
+    from llm_planner.runtime.comm import spins_while_waiting, usable_cores
+
+    per_call = [t.tp_allreduce_bytes_per_sample / t.tp_allreduces for t in graph.tasks if t.tp_allreduces]
+    if not per_call:
+        return {}
+    batches = sorted(set(job.options.batch_sizes))
+    sizes = tuple(int(max(per_call) * b) for b in [*batches, 8 * batches[-1]])
+    out = {}
+    sharing = sum(1 for d in order if d.hostname == order[comm.rank].hostname)
+    comm.spin = spins_while_waiting(sharing, usable_cores())
+    for key, ranks in collective_groups(cluster, order):
+        quiet_barrier(comm)
+        group = comm.group(ranks if comm.rank in ranks else None)
+        if group is None:
+            continue
+        medians = time_all_reduce(group, sizes, job.options.link_repetitions)
+        if comm.rank == ranks[0]:
+            out[key] = prof.link_timing(tuple(order[r].name for r in ranks), list(sizes), medians, job.options.link_repetitions)
+    comm.spin = False
+    return out
 
 
 def run_mpi(job: ProfileJob, comm=None) -> prof.Profile | None:

@@ -241,6 +241,22 @@ class HeadShard:
         return every[first, torch.arange(every.shape[1]), 1].to(torch.long)
 
 
+class Unconnected:
+    """Member 0 of a group of `size` timed alone (profiling): its collectives do nothing; the cost model
+    adds them from the link (llm_planner.cost.collective_pieces)."""
+
+    index = 0
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.float32).expand(self.size, *t.shape)
+
+
 def build_shard(task: str, config, family: str, ops, source, *, dtype: torch.dtype, device: torch.device):
     """The member's callable for `task` (embed, block.i or lm_head; final_norm is replicated)."""
     slicer = _Slicer(source, dtype=dtype, device=device)
