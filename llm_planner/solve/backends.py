@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -257,37 +260,35 @@ def _solve_highs(model: LinearModel, options: BackendOptions, warm_start: dict[i
 
 
 def _run_interruptibly(h) -> bool:
-    """Run HiGHS in a thread while this one waits for Ctrl-C; True if it was interrupted.
+    """Run HiGHS; True if Ctrl-C interrupted it.
 
-    On the first KeyboardInterrupt HiGHS is asked to stop (its interrupt callbacks, checked
-    within simplex, IPM and branch-and-bound) and returns with its incumbent and bound, in well
-    under a second; a second one propagates at once. Off the main thread, where no
-    KeyboardInterrupt arrives, the same code just waits.
+    While it runs, SIGINT (in the main thread) asks HiGHS to stop instead of raising
+    KeyboardInterrupt: HiGHS checks the request in its interrupt callbacks (simplex, IPM and
+    branch-and-bound, where Python also runs the signal handler) and returns at once with its
+    incumbent and bound. A second SIGINT quits at once (exit 130, nothing written). HiGHS runs in
+    the calling thread: run from a Python thread, its worker threads now and then abort the
+    interpreter's exit after an interrupt.
     """
+    if threading.current_thread() is not threading.main_thread():
+        h.run()  # no signal reaches another thread
+        return False
     h.HandleUserInterrupt = True
-    failure: list[BaseException] = []
+    count = [0]
 
-    def run() -> None:
-        try:
-            h.run()
-        except BaseException as exc:  # re-raised in the waiting thread
-            failure.append(exc)
-
-    worker = threading.Thread(target=run, name="highs", daemon=True)
-    worker.start()
-    interrupted = False
-    try:
-        while worker.is_alive():
-            worker.join(0.1)
-    except KeyboardInterrupt:
-        interrupted = True
+    def on_sigint(signum, frame) -> None:
+        count[0] += 1
+        if count[0] > 1:
+            sys.stderr.write("interrupted again: quitting at once, no plan written\n")
+            os._exit(130)
         log.warning("interrupted: stopping the MILP solver and keeping its best plan (Ctrl-C again to quit at once)")
         h.cancelSolve()
-        while worker.is_alive():  # a second KeyboardInterrupt leaves from here
-            worker.join(0.1)
-    if failure:
-        raise failure[0]
-    return interrupted
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        h.run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return count[0] > 0
 
 
 def _inf(a: np.ndarray, h) -> np.ndarray:
