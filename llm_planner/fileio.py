@@ -69,19 +69,41 @@ def parse_document(text: str, source: str, error: type[Exception], *, as_json: b
     duplicates: dict[int, tuple[Any, int | None]] = {}  # id(mapping) -> (repeated key, YAML line)
     try:
         if as_json:
-            data = json.loads(text, object_pairs_hook=lambda pairs: _json_mapping(pairs, duplicates))
+            data = json.loads(text, object_pairs_hook=lambda pairs: _json_mapping(pairs, duplicates), parse_int=_int_or_unreadable)
         else:
             data = _load_yaml(text, duplicates)
     except json.JSONDecodeError as exc:
         raise error(f"{source}: not valid JSON: {exc}") from None
     except yaml.YAMLError as exc:
         raise error(f"{source}: not valid YAML: {exc}") from None
+    except _TooDeep as exc:
+        raise error(f"{source}: line {exc.line}: nested deeper than the limit of {MAX_DEPTH} levels") from None
     except RecursionError:
         raise error(f"{source}: nested deeper than the limit of {MAX_DEPTH} levels") from None
     except ValueError as exc:  # an integer of more than 4,300 digits, a date that does not exist
         raise error(f"{source}: a value cannot be read: {exc}") from None
     _Walk(source, error, duplicates, finite).check(data)
     return data
+
+
+class _TooDeep(Exception):
+    def __init__(self, line: int):
+        super().__init__(line)
+        self.line = line
+
+
+class _Unreadable:
+    """An integer with more digits than Python converts; the walk names its field."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _int_or_unreadable(text: str) -> int | _Unreadable:
+    try:
+        return int(text)
+    except ValueError:
+        return _Unreadable(text)
 
 
 def _json_mapping(pairs: list[tuple[str, Any]], duplicates: dict) -> dict:
@@ -94,9 +116,27 @@ def _json_mapping(pairs: list[tuple[str, Any]], duplicates: dict) -> dict:
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that records repeated keys of a mapping (merge keys `<<` may still be overridden)."""
+    """SafeLoader that records repeated keys of a mapping (merge keys `<<` may still be overridden),
+    stops composing below MAX_DEPTH (PyYAML's scanner is quadratic in the depth), reads dates as
+    the strings they are written as, and leaves too long integers to the walk."""
 
     duplicates: dict[int, tuple[Any, int | None]]
+    depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _TooDeep(self.peek_event().start_mark.line + 1)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_yaml_int(self, node):
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            return _Unreadable(str(node.value))
 
 
 def _construct_map(loader: _Loader, node: yaml.MappingNode):
@@ -118,6 +158,8 @@ def _construct_map(loader: _Loader, node: yaml.MappingNode):
 
 
 _Loader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", _Loader.construct_scalar)
 
 
 def _load_yaml(text: str, duplicates: dict) -> Any:
@@ -137,6 +179,7 @@ class _Walk:
         self.count = 0
 
     def fail(self, path: str, what: str) -> None:
+        path = path if len(path) <= 120 else path[:120] + "..."
         raise self.error(f"{self.source}: {path}: {what}" if path else f"{self.source}: {what}")
 
     def check(self, data: Any) -> None:
@@ -152,6 +195,8 @@ class _Walk:
                 if depth >= MAX_DEPTH:
                     self.fail(path, f"nested deeper than the limit of {MAX_DEPTH} levels")
                 stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in reversed(list(enumerate(value))))
+            elif isinstance(value, _Unreadable):
+                self.fail(path, f"an integer of {len(value.text):,} digits, beyond the range of a float")
             elif self.finite:
                 self._check_number(value, path)
 
