@@ -75,11 +75,11 @@ def as_hostname(value: Any) -> str:
     """A hostname, where "{i}" (or "{i:02d}", any integer format) stands for the copy index."""
     value = as_str(value)
     try:
-        fields = [f for _, f, spec, conv in string.Formatter().parse(value) if f is not None]
+        fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
         if any(f != "i" for f in fields):
             raise ValueError
         value.format(i=0)
-    except ValueError:
+    except (ValueError, KeyError, IndexError):  # a nested field in a format spec, "{i:{w}}", is a KeyError
         raise ValueError(f"{value!r}: the only placeholder a hostname may hold is {{i}} (the copy index; "
                          "write {{ and }} for literal braces)") from None
     return value
