@@ -13,8 +13,8 @@ final norm and LM head with the last), then generated greedily for a batch of
 - `stages (1 process)`: the runtime's own decoder code with every task in one
   stage, no MPI (what the pipeline costs before communication);
 - `mpi, M micro-batch(es)`: `llm-planner launch` of the plan on `--ranks`
-  localhost ranks, once with one micro-batch (latency) and once with one
-  micro-batch per rank (pipelined).
+  localhost ranks, once with the batch in one shard and once cut into one
+  shard per rank on the same stages (the plan's pipelined micro-batches).
 
 Reported per row: tokens/s (generated tokens of the batch over the wall time
 of generation, model building excluded), per-token latency (time of one
@@ -40,7 +40,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _plan(workdir: Path, args) -> tuple[Path, object]:
+def _plan(workdir: Path, args, micro: int) -> tuple[Path, object]:
+    """The even split of the blocks over the ranks, the batch cut into `micro` shards on the same stages."""
     from transformers import GPT2Config
 
     from llm_planner.graph.models import ModelSpec
@@ -50,19 +51,21 @@ def _plan(workdir: Path, args) -> tuple[Path, object]:
 
     config = GPT2Config(n_layer=args.layers, n_embd=args.hidden, n_head=args.heads, vocab_size=args.vocab,
                         n_positions=args.prompt_len + args.new_tokens, bos_token_id=0, eos_token_id=args.vocab - 1)
-    config.save_pretrained(workdir / "model")
+    if not (workdir / "model").is_dir():
+        config.save_pretrained(workdir / "model")
     model = ModelSpec(name=str(workdir / "model"), dtype="fp32", seq_len=args.prompt_len + args.new_tokens)
     problem = problem_from_inputs(cluster_path=str(REPO / "cluster_specs" / "localhost-cpu.yaml"), model=model,
-                                  objective="throughput", batch_size=args.batch, max_shards=1)
+                                  objective="latency", batch_size=args.batch, max_shards=micro)
     row, layer = [], 0
     for task in problem.graph.tasks:
         if task.name.startswith("block."):
             layer = int(task.name.split(".")[1])
         row.append(min(args.ranks - 1, layer * args.ranks // args.layers))
-    plan = make_plan(problem, [args.batch], [row], solver="even-split (benchmark)", status="heuristic",
+    sizes = [args.batch // micro + (1 if s < args.batch % micro else 0) for s in range(micro)]
+    plan = make_plan(problem, sizes, [row] * micro, solver="even-split (benchmark)", status="heuristic",
                      started_at=time.perf_counter(), lower_bound_s=0.0)
-    save_plan(plan, workdir / "plan.yaml")
-    return workdir / "plan.yaml", config
+    save_plan(plan, workdir / f"plan{micro}.yaml")
+    return workdir / f"plan{micro}.yaml", config
 
 
 def _single_process(config, prompts: list[list[int]], steps: int, repeats: int) -> list[dict]:
@@ -131,18 +134,19 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(0)
     prompts = [[rng.randrange(args.vocab - 1) for _ in range(args.prompt_len)] for _ in range(args.batch)]
     with tempfile.TemporaryDirectory() as tmp:
-        plan, config = _plan(Path(tmp), args)
+        _, config = _plan(Path(tmp), args, 1)
         rows = _single_process(config, prompts, args.new_tokens, args.repeats)
         for micro in sorted({1, args.ranks}):
+            plan, _ = _plan(Path(tmp), args, micro)
             runs = []
             for _ in range(args.repeats):
-                result = launch_plan(plan, prompt_ids=prompts, max_new_tokens=args.new_tokens, micro_batches=micro,
+                result = launch_plan(plan, prompt_ids=prompts, max_new_tokens=args.new_tokens,
                                      workdir=str(Path(tmp) / f"run{micro}"), timeout_s=600)
                 if not result.ok:
                     print(f"launch failed: {result.error}", file=sys.stderr)
                     return 1
                 r = result.report
-                runs.append(_row(f"mpi, {args.ranks} ranks, {micro} micro-batch(es)", r["measured_s"], r["tokens"], args.new_tokens,
+                runs.append(_row(f"mpi, {args.ranks} ranks, {micro} micro-batch(es)", r["wall_s"], r["tokens"], args.new_tokens,
                                  compute_s=sum(rank["compute_s"] for rank in r["ranks"]), overhead=r["overhead_fraction"]))
             rows.append(_median(runs))
     same = all(row["tokens"] == rows[0]["tokens"] for row in rows)

@@ -1,0 +1,123 @@
+"""Benchmark: what `launch` measures against what `plan` predicted, with profiled costs.
+
+For each case, RUNS times in a row, the whole pipeline a user runs, with the CLI:
+
+    llm-planner profile --cluster C MODEL --mpi --batch-sizes ... --repetitions 10 -o profile.yaml
+    llm-planner plan    --cluster C MODEL --profile profile.yaml [objective, batch] -o plan.yaml
+    llm-planner launch  plan.yaml --measure --max-new-tokens 16 --report run.json
+
+Cases (GPT-2 124M, seeded weights, fp32, one decode step at --seq-len 16: the run
+generates 16 tokens after an 8-token prompt, contexts 9 to 24, and compares the mean
+of its 15 decode steps), on cluster_specs/localhost-2cpu.yaml (two one-core CPU
+devices: one rank per core of a 2-core machine):
+
+- gpt2-latency-tp: the latency plan (MILP-SPLIT, groups offered): a tensor-parallel
+  group of the two cores when the profile says it is the fastest layout;
+- gpt2-throughput-b4: the throughput plan at batch 4 (MILP-SPLIT), run in steady
+  state (batches in flight, llm_planner.runtime.plan_schedule), seconds per sample.
+
+Writes RESULTS/<case>/run<i>/ (profile, plan, run report, measurement, with no
+machine paths) and RESULTS/summary.json; prints the markdown table that
+docs/benchmarks.md quotes (every run listed).
+
+    .venv/bin/python benchmarks/bench_launch.py                # both cases, 3 runs each, about 6 minutes
+    .venv/bin/python benchmarks/bench_launch.py --cases gpt2-latency-tp --runs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "llm_planner.cli"]
+MODEL = ["--model", "gpt2", "--phase", "decode", "--seq-len", "16", "--dtype", "fp32"]
+CASES = {
+    "gpt2-latency-tp": {"batch_sizes": "1,2", "plan": ["--objective", "latency"]},
+    "gpt2-throughput-b4": {"batch_sizes": "1,2,4", "plan": ["--objective", "throughput", "--batch", "4", "--solver", "milp-split"]},
+}
+
+
+def _cli(args: list[str], log: Path) -> None:
+    with open(log, "a") as out:
+        proc = subprocess.run([*CLI, *args], stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(args[:2])} failed (exit {proc.returncode}); see {log}")
+
+
+def _scrub(directory: Path, scratch: Path) -> None:
+    """No machine paths in the kept files."""
+    for path in directory.iterdir():
+        text = path.read_text()
+        path.write_text(text.replace(f"{scratch}/", "<scratch>/").replace(f"{REPO}/", ""))
+
+
+def run_case(name: str, cluster: str, out: Path, scratch: Path) -> dict:
+    case, log = CASES[name], out / "log.txt"
+    out.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    common = ["--cluster", cluster, *MODEL]
+    _cli(["profile", *common, "--mpi", "--batch-sizes", case["batch_sizes"], "--repetitions", "10",
+          "--workdir", str(scratch / "profile"), "-o", str(out / "profile.yaml")], log)
+    _cli(["plan", *common, *case["plan"], "--profile", str(out / "profile.yaml"), "-o", str(out / "plan.yaml")], log)
+    load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
+    _cli(["launch", str(out / "plan.yaml"), "--measure", "--max-new-tokens", "16", "--report", str(out / "run.json"),
+          "--workdir", str(scratch / "launch")], log)
+    shutil.copy(scratch / "launch" / "measure.json", out / "measure.json")
+    _scrub(out, scratch)
+    return _row(name, out, load)
+
+
+def _row(name: str, out: Path, load: str) -> dict:
+    import yaml
+
+    plan = yaml.safe_load((out / "plan.yaml").read_text())
+    run = json.loads((out / "run.json").read_text())
+    groups = sorted({d if isinstance(d, str) else "+".join(d) for s in plan["shards"] for d in s["assignment"].values()})
+    return {"case": name, "predicted_s": run["predicted_s"], "measured_s": run["measured_s"], "unit": run["unit"],
+            "error": run["measured_s"] / run["predicted_s"] - 1, "what": run["measured_what"], "batches": run.get("batches", 1),
+            "shards": plan["shards"] and [s["size"] for s in plan["shards"]], "devices": groups, "solver": plan["solver"]["name"],
+            "load_before_launch": load}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| case | run | plan (solver: shards, devices) | predicted | measured | error |", "|---|---:|---|---:|---:|---:|"]
+    for i, r in enumerate(rows):
+        scale, unit = (1e3, "ms") if r["unit"] == "s" else (1e3, "ms/sample")
+        layout = f"{r['solver']}: shards {r['shards']}, {', '.join(r['devices'])}" + (f"; {r['batches']} batches in flight" if r["batches"] > 1 else "")
+        lines.append(f"| {r['case']} | {r['run']} | {layout} | {r['predicted_s'] * scale:.2f} {unit} | "
+                     f"{r['measured_s'] * scale:.2f} {unit} | {100 * r['error']:+.1f}% |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--cluster", default="cluster_specs/localhost-2cpu.yaml")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "launch"))
+    args = parser.parse_args()
+    rows = []
+    for name in args.cases.split(","):
+        for run in range(1, args.runs + 1):
+            with tempfile.TemporaryDirectory() as scratch:
+                start = time.perf_counter()
+                row = run_case(name, args.cluster, Path(args.out) / name / f"run{run}", Path(scratch))
+                rows.append({**row, "run": run, "pipeline_s": time.perf_counter() - start})
+                print(f"{name} run {run}: {100 * row['error']:+.1f}%", flush=True)
+    Path(args.out, "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+    text = table(rows)
+    Path(args.out, "table.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
