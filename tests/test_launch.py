@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -261,3 +262,18 @@ def test_an_error_file_appears_whole_or_not_at_all(tmp_path, monkeypatch):
     assert not rank_module.error_path(tmp_path, 0).exists()
     rank_module._write_error(table, 0, RuntimeError("boom"))
     assert rank_module.error_path(tmp_path, 0).read_text().startswith("rank 0 (localhost/cpu-core:0): RuntimeError: boom")
+
+
+def test_the_summary_names_units_the_weights_and_a_gpu_that_ran_on_the_cpu(plan4, tmp_path):
+    dry = launch_plan(plan4, dry_run=True, workdir=str(tmp_path / "w"))
+    report = {"status": "ok", "predicted_s": 0.002, "measured_s": 0.0025, "unit": "s/sample", "measured_what": "seconds per sample: ...",
+              "wall_s": 1.5, "tokens_per_s": 10.0, "tokens": [[1, 2]], "weights": "seeded random", "batches": 2,
+              "predicted_samples_per_s": 500.0, "measured_samples_per_s": 400.0, "gpu_fell_back_to_cpu": ["n/a100:0"], "ranks": []}
+    text = describe_result(replace(dry, dry_run=False, returncode=0, report=report, duration_s=2.0))
+    assert "ran 4 ranks in 2.0 s" in text
+    assert "measured 2.5 ms per sample, predicted 2 ms per sample (+25.0%)" in text
+    assert "400.0 samples/s" in text and "(predicted 500.0), 2 batches in flight" in text
+    assert "whole generation: 1.5 s" in text and "weights: seeded random, not a checkpoint" in text
+    assert "warning: n/a100:0 is a GPU but CUDA is not available on its host: its rank ran on the CPU" in text
+    one = replace(dry, dry_run=False, returncode=0, report={**report, "unit": "s"}, rank_table=replace(dry.rank_table, ranks=dry.rank_table.ranks[:1]))
+    assert "ran 1 rank in" in describe_result(one) and "measured 2.5 ms, predicted 2 ms (+25.0%)" in describe_result(one)
