@@ -33,12 +33,12 @@ compare with the real models). docs/models.md has the presets and the formulas.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llm_planner.fileio import parse_document, read_text
 from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
 from llm_planner.graph.constants import DTYPE_BYTES, GRANULARITIES, PHASES
 
@@ -299,12 +299,7 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
 def load_config_file(path: Path) -> DecoderConfig:
     """Read a transformers config.json (gpt2, opt, llama, mistral, qwen2) without importing transformers."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise GraphError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise GraphError(f"{path}: not valid JSON: {exc}") from None
+    data = parse_document(read_text(path, GraphError), str(path), GraphError, as_json=True)  # the shared loader's checks
     default_name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     name = data.get("_name_or_path") if isinstance(data, dict) else None
     return config_from_dict(data, str(path), name=name if isinstance(name, str) and name else default_name)
