@@ -51,15 +51,17 @@ class ThreadGroup:
         return Member()
 
 
-def _generate_on_group(config, prompts, steps, k, seed=0):
-    """Every task of the model on one group of k members (threads); returns member 0's tokens."""
+def _generate_on_group(config, prompts, steps, k, seed=0, checkpoint=None):
+    """Every task of the model on one group of k members (threads): member 0's tokens, the collective counts, the weight sources."""
     config = gpt.prepare_config(config)
+    sources = []
     group, tasks = ThreadGroup(k), gpt.decoder_tasks(gpt.num_layers_of(config))
     out, errors = [None] * k, []
 
     def member(index: int) -> None:
         try:
-            source = gpt.weight_source(config, checkpoint=None, seed=seed)
+            source = gpt.weight_source(config, checkpoint=checkpoint, seed=seed)
+            sources.append(source)
             shard = gpt.DecoderShard(config, set(tasks), device=torch.device("cpu"), dtype=torch.float32, source=source,
                                      group=group.member(index))
             eos, pad = gpt.special_tokens(config)
@@ -82,7 +84,7 @@ def _generate_on_group(config, prompts, steps, k, seed=0):
     if errors:
         raise errors[0]
     assert all(o == out[0] for o in out), "members disagree"
-    return out[0], group.counts
+    return out[0], group.counts, sources
 
 
 def _whole(config, prompts, steps, seed=0):
@@ -96,7 +98,7 @@ PROMPTS = [[5, 6, 7, 9, 10], [1, 2], [3, 4, 5]]  # uneven: left padding and a 2D
 @pytest.mark.parametrize("k", [2, 4])
 def test_gpt2_on_a_group_matches_generate(k):
     config = tiny_gpt2()
-    tokens, counts = _generate_on_group(config, PROMPTS, 8, k)
+    tokens, counts, _ = _generate_on_group(config, PROMPTS, 8, k)
     assert tokens == _whole(config, PROMPTS, 8)
     # per step: embed 1 all-reduce, each block 2, lm_head one all-gather (the planner's tp_allreduces / tp_allgathers)
     assert counts[0] == {"all_reduce": 8 * (1 + 2 * 4), "all_gather": 8}
@@ -105,7 +107,7 @@ def test_gpt2_on_a_group_matches_generate(k):
 @pytest.mark.parametrize("k", [2])
 def test_llama_with_grouped_kv_heads_on_a_group_matches_generate(k):
     config = tiny_llama()  # 4 heads, 2 KV heads: each member holds one KV head for two query heads
-    tokens, _ = _generate_on_group(config, PROMPTS, 8, k)
+    tokens, _, _ = _generate_on_group(config, PROMPTS, 8, k)
     assert tokens == _whole(config, PROMPTS, 8)
     assert len({tuple(t) for t in tokens}) > 1
 
@@ -113,7 +115,7 @@ def test_llama_with_grouped_kv_heads_on_a_group_matches_generate(k):
 def test_uneven_vocabulary_splits_and_ties_pick_the_first_index():
     assert [tp_layers.even_range(127, 2, i) for i in range(2)] == [(0, 63), (63, 127)]
     config = tiny_gpt2(vocab_size=127, eos_token_id=126)
-    tokens, _ = _generate_on_group(config, PROMPTS, 6, 2)
+    tokens, _, _ = _generate_on_group(config, PROMPTS, 6, 2)
     assert tokens == _whole(config, PROMPTS, 6)
 
 
@@ -128,3 +130,29 @@ def test_causal_mask_hides_future_and_padded_keys():
     visible = (mask == 0)[0, 0].tolist()
     assert visible == [[False, True, False], [False, True, True]]
     assert tp_layers.causal_mask(None, 1, 5, torch.float32, torch.device("cpu")) is None
+
+
+def test_members_read_their_slices_of_a_checkpoint(tmp_path):
+    from transformers import LlamaForCausalLM
+
+    config = gpt.prepare_config(tiny_llama(num_hidden_layers=2))
+    torch.manual_seed(3)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "ckpt")
+    tokens, _, sources = _generate_on_group(config, PROMPTS, 6, 2, checkpoint=str(tmp_path / "ckpt"))
+    whole = gpt.build_whole_model(config, gpt.weight_source(config, checkpoint=str(tmp_path / "ckpt"), seed=0))
+    assert tokens == gpt.generate_whole(whole, config, PROMPTS, 6)
+    assert all(s.summary()["source"] == "checkpoint" for s in sources)
+
+
+def test_a_checkpoint_slice_is_the_rows_of_the_whole_tensor(tmp_path):
+    from safetensors.torch import save_file
+
+    from llm_planner.runtime.weights import CheckpointWeights, WeightsError
+
+    whole = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+    save_file({"w": whole}, str(tmp_path / "model.safetensors"))
+    weights = CheckpointWeights(tmp_path)
+    assert torch.equal(weights.tensor_slice("w", torch.Size([6, 4]), 0, 2, 5), whole[2:5])
+    assert torch.equal(weights.tensor_slice("w", torch.Size([6, 4]), 1, 1, 3), whole[:, 1:3])
+    with pytest.raises(WeightsError, match=r"shape \(6, 4\), the model expects \(4, 6\)"):
+        weights.tensor_slice("w", torch.Size([4, 6]), 0, 0, 2)
