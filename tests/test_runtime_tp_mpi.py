@@ -52,14 +52,16 @@ def _measured_collectives(report) -> dict[str, dict[str, int]]:
     return {d: {"all_reduce": c.get("all_reduce", 0), "all_gather": c.get("all_gather", 0)} for d, c in out.items()}
 
 
-def test_gpt2_on_a_group_of_two_ranks(tmp_path):
-    config = tiny_gpt2()
+@pytest.mark.parametrize("make, layers", [(tiny_gpt2, 4), (tiny_llama, 5)])
+def test_the_whole_model_on_a_group_of_two_ranks(make, layers, tmp_path):
+    config = make()
     plan = decoder_plan(tmp_path / "plan.yaml", save_config(config, tmp_path / "m"), [{"embed": G01}], shard_sizes=[2], max_tp=2)
     report = _run(plan, PROMPTS, 8, tmp_path)
     assert report["tokens"] == _whole_tokens(config, PROMPTS, 8)
     ranks = report["ranks"]
     assert [(r["device"], r["plan_device"]) for r in ranks] == [("localhost/cpu-core:0", G01), ("localhost/cpu-core:1", G01)]
-    assert _measured_collectives(report) == _planned_collectives(plan, 8) == {G01: {"all_reduce": 8 * (1 + 2 * 4), "all_gather": 8}}
+    planned = {G01: {"all_reduce": 8 * (1 + 2 * layers), "all_gather": 8}}  # per step: embed 1, each block 2; the head's argmax
+    assert _measured_collectives(report) == _planned_collectives(plan, 8) == planned
     assert all(r["weights"]["tensors"] > 0 for r in ranks)
 
 
