@@ -23,11 +23,13 @@ structure hash the task names, kinds and edges; a profile made for another
 model, phase, context length or dtype simply has no entry for the task. Graph
 files without a builder's metadata (imported workloads) have no keys.
 
-Tensor-parallel groups: "<key>@tp<k>" is one member's share of the task on a
-group of k (llm_planner.runtime.tp_layers), timed alone on one device with its
-collectives left out; a group's time is that piece plus its collectives
-(cost.collective_pieces) over the group's link, measured when the profile has
-the link's class, else from the cluster spec.
+Tensor-parallel groups: "<key>@group<k>" is the task as a group of k runs it
+(under MPI, every member timing its share at once, collectives included: what the
+group's first member measured); "<key>@tp<k>" is one member's share
+(llm_planner.runtime.tp_layers) timed alone, collectives left out. A group's time
+is its "@group<k>" piece when the profile has one, else the "@tp<k>" piece plus
+its collectives: a measured all-reduce of the group's class and degree, else the
+ring model (cost.collective_pieces) over the group's link.
 
 Using a profile (`apply_profile`): for every task and device whose kind has an
 entry for the task's key (a group: its "@tp<k>" key), the problem's cost pieces
@@ -229,9 +231,12 @@ def profile_coverage(graph: TaskGraph, cluster: ClusterSpec, profile: Profile) -
                            links_fallback=tuple(c for c in classes if c not in profile.links))
 
 
-def group_key(key: str | None, degree: int) -> str | None:
-    """The profile key of one member's share of a task on a group of `degree` devices."""
-    return key if key is None or degree <= 1 else f"{key}@tp{degree}"
+def group_key(key: str | None, degree: int, joint: bool = False) -> str | None:
+    """The profile key of a task on a group of `degree` devices: one member's share timed alone ("@tp<k>"),
+    or the group's task as the group runs it, collectives included ("@group<k>")."""
+    if key is None or degree <= 1:
+        return key
+    return f"{key}@group{degree}" if joint else f"{key}@tp{degree}"
 
 
 def _group_link(problem: PlacementProblem, profile: Profile, device: DeviceSpec) -> LinkSpec:
@@ -277,8 +282,14 @@ def apply_profile(problem: PlacementProblem, profile: Profile) -> PlacementProbl
     for i, task in enumerate(graph.tasks):
         key = task_key(graph, task)
         for k, device in enumerate(devices):
+            if not problem.supported[i, k]:
+                continue
+            joint = profile.timing(device.kind, group_key(key, device.degree, joint=True)) if device.degree > 1 else None
+            if joint is not None:
+                pieces[i, k, :] = (joint.fixed_s, joint.per_sample_s)
+                continue
             timing = profile.timing(device.kind, group_key(key, device.degree))
-            if timing is not None and problem.supported[i, k]:
+            if timing is not None:
                 pieces[i, k, :] = _measured_piece(problem, profile, task, device, timing)
     comm_fixed, comm_slope = problem.comm_fixed.copy(), problem.comm_slope.copy()
     edge_bytes = np.array([e.bytes_per_sample for e in graph.edges], dtype=float)

@@ -325,7 +325,9 @@ def test_profile_under_mpi_measures_every_rank_and_the_link(tiny_gpt2_dir, tmp_p
                      output_path=str(tmp_path / "profile.yaml"), options=options)
     profile = spawn_mpi(job, tmp_path / "work", timeout_s=150)
     assert profile.devices == {"cpu-core": ["localhost/cpu-core:0", "localhost/cpu-core:1"]}
-    assert len(profile.tasks["cpu-core"]) == 8  # the four tasks whole, and a member's share on the group of two
+    # the four tasks whole, a member's share alone, and the group of two as it runs them (collectives included)
+    assert sorted(k.split("/")[-1] for k in profile.tasks["cpu-core"]) == sorted(
+        f"{role}{tp}" for role in ("embed", "block", "final_norm", "lm_head") for tp in ("", "@tp2", "@group2"))
     link = profile.links["localhost:cpu-core<->cpu-core"]
     assert link.devices == ("localhost/cpu-core:0", "localhost/cpu-core:1") and link.sizes_bytes == (1024, 65536)
     assert all(0 < t < 1.0 for t in link.median_s) and link.bw_bytes_per_s > 0 and math.isfinite(link.latency_s)
@@ -340,9 +342,16 @@ def test_profile_under_mpi_measures_every_rank_and_the_link(tiny_gpt2_dir, tmp_p
     task = grouped.graph.tasks[block]
     per_call = task.tp_allreduce_bytes_per_sample / 2  # the hidden states of one sample
     assert reduce.sizes_bytes == (per_call, 2 * per_call, 16 * per_call)  # at batch sizes 1 and 2, and 8x the largest
+    assert [d.name for d in grouped.devices][2] == "localhost/cpu-core:0-1"
+    joint = profile.tasks["cpu-core"][next(k for k in profile.tasks["cpu-core"] if k.endswith("/block@group2"))]
+    assert grouped.task_time(block, 2, 1) == pytest.approx(joint.time_s(1))  # the group as it ran
+    del profile.tasks["cpu-core"][next(k for k in profile.tasks["cpu-core"] if k.endswith("/block@group2"))]
+    prof.save_profile(profile, tmp_path / "alone.yaml")  # without it: the share timed alone, plus the measured all-reduces
+    alone = problem_from_inputs(cluster_path=str(cluster), model=ModelSpec(name=str(tiny_gpt2_dir), dtype="fp32", seq_len=16),
+                                profile_path=str(tmp_path / "alone.yaml"), max_tp=2)
     share = profile.tasks["cpu-core"][next(k for k in profile.tasks["cpu-core"] if k.endswith("/block@tp2"))]
     expected = share.time_s(1) + 2 * reduce.latency_s + task.tp_allreduce_bytes_per_sample / reduce.bw_bytes_per_s
-    assert [d.name for d in grouped.devices][2] == "localhost/cpu-core:0-1" and grouped.task_time(block, 2, 1) == pytest.approx(expected)
+    assert alone.task_time(block, 2, 1) == pytest.approx(expected)
 
 
 def test_profile_module_imports_without_torch_or_mpi():

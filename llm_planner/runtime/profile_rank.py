@@ -188,8 +188,9 @@ def _decoder_step(bench: dict, batch: int, tensors: dict) -> dict[str, float]:
     return {role: sum(v) / len(v) for role, v in times.items()}
 
 
-def _decoder_bench(spec: ModelSpec, graph: TaskGraph, device, dtype, options: ProfileOptions, degree: int = 1) -> dict:
-    """The shard to time: the whole tasks, or (degree k > 1) member 0's share on a group of k, timed alone."""
+def _decoder_bench(spec: ModelSpec, graph: TaskGraph, device, dtype, options: ProfileOptions, degree: int = 1, group=None) -> dict:
+    """The shard to time: the whole tasks, or (degree k > 1) a member's share on a group of k: with the group's
+    collectives (`group`, a GroupComm: every member runs this at once), or alone (none: collectives left out)."""
     from llm_planner.runtime import gpt, tp_layers
 
     meta = graph.meta_dict()
@@ -202,7 +203,8 @@ def _decoder_bench(spec: ModelSpec, graph: TaskGraph, device, dtype, options: Pr
         raise ProfileRunError(f"model {spec.name!r} cannot be profiled: {exc}") from None
     blocks = min(gpt.num_layers_of(config), options.max_blocks)
     tasks = ["embed", *(f"block.{i}" for i in range(blocks)), "final_norm", "lm_head"]
-    group = tp_layers.Unconnected(degree) if degree > 1 else None
+    if group is None and degree > 1:
+        group = tp_layers.Unconnected(degree)
     shard = gpt.DecoderShard(config, set(tasks), device=device, dtype=dtype, source=source, group=group)
     bench = {"shard": shard, "tasks": tasks, "blocks": blocks, "phase": meta["phase"], "seq_len": int(meta["seq_len"]),
              "sublayers": meta.get("granularity") == "sublayer", "marks": []}
@@ -237,11 +239,11 @@ def _decoder_inputs(bench: dict, batch: int, generator) -> dict:
 
 
 def time_decoder(spec: ModelSpec, graph: TaskGraph, device, dtype, options: ProfileOptions, progress: Progress,
-                 degree: int = 1) -> dict[str, dict[int, float]]:
+                 degree: int = 1, group=None) -> dict[str, dict[int, float]]:
     """Role -> batch size -> median seconds, with the runtime's decoder stage code (a group member's share for degree > 1)."""
     import torch
 
-    bench = _decoder_bench(spec, graph, device, dtype, options, degree)
+    bench = _decoder_bench(spec, graph, device, dtype, options, degree, group)
     generator = torch.Generator().manual_seed(options.seed)
     out: dict[str, dict[int, float]] = {}
     for batch in options.batch_sizes:
@@ -316,11 +318,21 @@ def profile_device(spec: ModelSpec, graph: TaskGraph, device, options: ProfileOp
     return timings
 
 
-def _timings(graph: TaskGraph, measured: dict[str, dict[int, float]], options: ProfileOptions, decoder: bool, degree: int) -> dict[str, prof.TaskTiming]:
+def time_group(spec: ModelSpec, graph: TaskGraph, device, options: ProfileOptions, group) -> dict[str, prof.TaskTiming]:
+    """A group's tasks as the group runs them: every member times its share at once, collectives included
+    (keys "<key>@group<k>"; what the first member measured, which waited for the others in each collective)."""
+    from llm_planner.runtime.rank import torch_dtype
+
+    measured = time_decoder(spec, graph, device, torch_dtype(spec.dtype), options, lambda what, n: None, group.size, group)
+    return _timings(graph, measured, options, True, group.size, joint=True)
+
+
+def _timings(graph: TaskGraph, measured: dict[str, dict[int, float]], options: ProfileOptions, decoder: bool, degree: int,
+             joint: bool = False) -> dict[str, prof.TaskTiming]:
     sizes = list(options.batch_sizes)
     timings: dict[str, prof.TaskTiming] = {}
     for task in graph.tasks:
-        key = prof.group_key(prof.task_key(graph, task), degree)
+        key = prof.group_key(prof.task_key(graph, task), degree, joint)
         if key is None or key in timings:
             continue
         name = task.label("role", task.kind) if decoder else task.name

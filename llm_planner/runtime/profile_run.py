@@ -34,6 +34,7 @@ from llm_planner.runtime.profile_rank import (
     local_devices,
     ping_pong,
     time_all_reduce,
+    time_group,
     profile_device,
     rank_devices,
     torch_device_of,
@@ -145,7 +146,33 @@ def _profile_rank(comm, job: ProfileJob, cluster: ClusterSpec, order: list[Devic
                 links[name] = prof.link_timing((order[a].name, order[b].name), list(job.options.link_sizes_bytes), medians,
                                                job.options.link_repetitions)
     links.update(_collectives(comm, job, cluster, order, graph))
+    if timings is not None:
+        timings.update(_groups(comm, job, cluster, order, graph, device))
     return timings, links, (str(device) if device is not None else None)
+
+
+def _groups(comm, job: ProfileJob, cluster: ClusterSpec, order: list[DeviceSpec], graph, device) -> dict[str, prof.TaskTiming]:
+    """Decoders in block granularity: the first group of each degree of each class times the group's tasks
+    as the group runs them (profile_rank.time_group); the other ranks wait."""
+    from llm_planner.runtime.comm import spins_while_waiting, usable_cores
+
+    meta = graph.meta_dict()
+    if "decoder_config" not in meta or meta.get("granularity") != "block":
+        return {}
+    sharing = sum(1 for d in order if d.hostname == order[comm.rank].hostname)
+    comm.spin, out = spins_while_waiting(sharing, usable_cores()), {}
+    spec = ModelSpec.from_dict(dict(job.model))
+    for _, ranks in collective_groups(cluster, order):
+        quiet_barrier(comm)
+        if not all(t.shards_over(len(ranks)) for t in graph.tasks):
+            continue
+        group = comm.group(ranks if comm.rank in ranks and device is not None else None)
+        if group is not None and group.size == len(ranks):  # (a member without its device leaves a smaller group: skipped)
+            timings = time_group(spec, graph, device, job.options, group)
+            if comm.rank == ranks[0]:
+                out.update(timings)
+    comm.spin = False
+    return out
 
 
 def _collectives(comm, job: ProfileJob, cluster: ClusterSpec, order: list[DeviceSpec], graph) -> dict[str, prof.LinkTiming]:
