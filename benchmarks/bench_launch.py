@@ -11,8 +11,10 @@ generates 16 tokens after an 8-token prompt, contexts 9 to 24, and compares the 
 of its 15 decode steps), on cluster_specs/localhost-2cpu.yaml (two one-core CPU
 devices: one rank per core of a 2-core machine):
 
-- gpt2-latency-tp: the latency plan (MILP-SPLIT, groups offered): a tensor-parallel
-  group of the two cores when the profile says it is the fastest layout;
+- gpt2-latency-tp: a latency plan on a tensor-parallel group of the two cores (the
+  `megatron` layout: every task on the group), batch 1;
+- gpt2-latency: the latency plan MILP-SPLIT makes with groups offered, batch 1
+  (whatever layout the profile makes fastest);
 - gpt2-throughput-b4: the throughput plan at batch 4 (MILP-SPLIT), run in steady
   state (batches in flight, llm_planner.runtime.plan_schedule), seconds per sample.
 
@@ -20,7 +22,7 @@ Writes RESULTS/<case>/run<i>/ (profile, plan, run report, measurement, with no
 machine paths) and RESULTS/summary.json; prints the markdown table that
 docs/benchmarks.md quotes (every run listed).
 
-    .venv/bin/python benchmarks/bench_launch.py                # both cases, 3 runs each, about 6 minutes
+    .venv/bin/python benchmarks/bench_launch.py                # every case, 3 runs each, about 10 minutes
     .venv/bin/python benchmarks/bench_launch.py --cases gpt2-latency-tp --runs 1
 """
 
@@ -40,7 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "llm_planner.cli"]
 MODEL = ["--model", "gpt2", "--phase", "decode", "--seq-len", "16", "--dtype", "fp32"]
 CASES = {
-    "gpt2-latency-tp": {"batch_sizes": "1,2", "plan": ["--objective", "latency"]},
+    "gpt2-latency-tp": {"batch_sizes": "1,2", "plan": ["--objective", "latency", "--solver", "megatron"]},
+    "gpt2-latency": {"batch_sizes": "1,2", "plan": ["--objective", "latency", "--solver", "milp-split"]},
     "gpt2-throughput-b4": {"batch_sizes": "1,2,4", "plan": ["--objective", "throughput", "--batch", "4", "--solver", "milp-split"]},
 }
 
