@@ -15,8 +15,8 @@ from llm_planner import profile as prof
 from llm_planner.cli import main
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.graph.models import ModelSpec, build_model_graph
-from llm_planner.pipeline import InputError, problem_from_inputs
-from llm_planner.plan import save_plan
+from llm_planner.pipeline import problem_from_inputs
+from llm_planner.plan import PlanError, save_plan
 from llm_planner.solve.problem import build_problem
 from llm_planner.solve.schedule import make_plan
 from llm_planner.spec import load_cluster
@@ -205,7 +205,7 @@ def test_plan_records_the_profile_and_verify_rebuilds_its_costs(tmp_path):
     save_plan(plan, tmp_path / "plan.yaml")
     assert verify_plan_file(tmp_path / "plan.yaml").ok
     _gpt_profile(tmp_path, fixed=5e-3)  # the profile changed since: the plan no longer matches it
-    with pytest.raises(InputError, match="profile file changed"):
+    with pytest.raises(PlanError, match="plan.yaml: inputs: .*profile file changed"):
         verify_plan_file(tmp_path / "plan.yaml")
 
 
