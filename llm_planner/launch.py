@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from llm_planner.atomic import write_atomic
 from llm_planner.fmt import fmt_s
 from llm_planner.groups import is_group_name, member_names
 from llm_planner.launch_run import run_mpiexec
@@ -332,11 +333,11 @@ def launch(plan_path: str | Path, options: LaunchOptions = LaunchOptions()) -> L
     workdir = Path(table.run.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     hostfile, table_path = workdir / "hostfile", workdir / "rank_table.json"
-    hostfile.write_text(hostfile_text(table))
+    write_atomic(hostfile, hostfile_text(table), LaunchError)
     table.save(table_path)
     command = (str(mpiexec_path()), "-f", str(hostfile), "-n", str(table.world_size), *options.extra,
                sys.executable, "-m", "mpi4py", "-m", "llm_planner.runtime", str(table_path))
-    (workdir / "command.txt").write_text(shlex.join(command) + "\n")
+    write_atomic(workdir / "command.txt", shlex.join(command) + "\n", LaunchError)
     result = LaunchResult(command=command, rank_table=table, workdir=str(workdir), hostfile_path=str(hostfile),
                           rank_table_path=str(table_path), report_path=table.run.report_path, dry_run=options.dry_run)
     if options.dry_run:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llm_planner.atomic import WriteError, write_atomic
 from llm_planner.runtime.table import RankTable
 
 KILL_GRACE_S = 15.0  # beyond timeout_s: the ranks' own watchdog fires first
@@ -147,10 +148,7 @@ def write_failure(table: RankTable, status: str, error: str, rank: int | None) -
     report: dict[str, Any] = {"status": status, "error": error, "plan": table.run.plan_path}
     if rank is not None:
         report.update(failed_rank=rank, failed_device=table.ranks[rank].device, failed_host=table.ranks[rank].hostname)
-    path = Path(table.run.report_path)
-    partial = path.with_name(f".{path.name}.tmp")
     try:
-        partial.write_text(json.dumps(report, indent=1) + "\n")
-        os.replace(partial, path)
-    except OSError:
-        pass
+        write_atomic(table.run.report_path, json.dumps(report, indent=1) + "\n")
+    except WriteError:
+        pass  # the run's own error is what the caller reports

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
+from llm_planner.atomic import write_atomic
 from llm_planner.fileio import read_document
 from llm_planner.fmt import fmt_bytes, fmt_s
 from llm_planner.observe import MeasureError, RunObservations, read_observations
@@ -232,7 +233,7 @@ def measure_files(plan_path: str | Path, report: str | Path | dict[str, Any], *,
 
 def write_measurement(measurement: Measurement, path: str | Path) -> None:
     """The JSON form: top-level predicted_s, measured_s and rel_error (end to end), then every row; NaN as null."""
-    Path(path).write_text(json.dumps(_finite(measurement.to_dict()), indent=1, allow_nan=False) + "\n")
+    write_atomic(path, json.dumps(_finite(measurement.to_dict()), indent=1, allow_nan=False) + "\n", MeasureError)
 
 
 def _finite(value: Any) -> Any:

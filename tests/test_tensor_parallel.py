@@ -301,7 +301,7 @@ def test_export_names_the_rule_a_plan_breaks():
         export_plan(back, "vllm", topo, layers)
 
 
-def test_device_map_and_launch_refuse_group_plans():
+def test_device_map_refuses_group_plans_and_launch_runs_them_on_the_members():
     from llm_planner.launch import LaunchError, rank_entries
     from llm_planner.plan import PlanError, hf_device_map
 
@@ -313,7 +313,8 @@ def test_device_map_and_launch_refuse_group_plans():
     on_group = on_group or replace(plan, shard_assignments=({t: "node0/g:0-1" for t in plan.assignment},))
     with pytest.raises(PlanError, match="tensor-parallel groups"):
         hf_device_map(on_group, {t: t for t in plan.assignment}, set())
-    with pytest.raises(LaunchError, match="tensor-parallel groups"):
+    # launch runs a group on its members' ranks (tests/test_runtime_tp_mpi.py), so it needs their hosts
+    with pytest.raises(LaunchError, match=r"nodes\[0\].hostname: missing .* \(device node0/g:0\)"):
         rank_entries(on_group, problem.cluster, "plan.yaml")
 
 

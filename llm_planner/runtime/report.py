@@ -53,6 +53,8 @@ from typing import Any
 
 import torch
 
+from llm_planner.atomic import write_atomic
+
 
 @dataclass
 class RankStats:
@@ -155,4 +157,4 @@ def build_report(*, plan, ranks: list[dict[str, Any]], workload: str, outputs: d
 
 
 def write_report(path: str | Path, report: dict[str, Any]) -> None:
-    Path(path).write_text(json.dumps(report, indent=1) + "\n")
+    write_atomic(path, json.dumps(report, indent=1) + "\n")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llm_planner.atomic import write_atomic
 from llm_planner.fileio import read_document
 
 RANK_TABLE_FORMAT = "llm_planner.rank_table"
@@ -84,7 +85,7 @@ class RankTable:
         }
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        write_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n", RankTableError)
 
 
 def rank_table_from_dict(data: Any, source: str = "<memory>") -> RankTable:
