@@ -51,7 +51,7 @@ def read_text(path: str | Path, error: type[Exception]) -> str:
     except OSError as exc:
         raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
     if len(raw) > MAX_FILE_BYTES:
-        raise error(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB, the limit for an input file")
+        raise error(f"{path}: larger than {MAX_FILE_BYTES:,} bytes, the limit for an input file")
     for bom, name in _BOMS.items():
         if raw.startswith(bom):
             raise error(f"{path}: the file is {name} text; save it as UTF-8")

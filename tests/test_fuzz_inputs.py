@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from input_mutations import CLUSTER, FILE_WIDE, GRAPH, WORKLOAD, emit, field_mutation, file_mutation  # noqa: E402
 
 SECONDS_PER_RUN = 20.0  # far above what any example takes; a hang fails here or at the test timeout
-EXAMPLES = 100
+EXAMPLES = 60
 
 FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -180,6 +180,17 @@ def test_a_yaml_alias_bomb_is_refused_in_seconds(tmp_path, capsys):
     assert code == 2 and "cluster.yaml: more than 2,000,000 values" in err
 
 
+def test_more_values_than_the_limit_are_refused(monkeypatch, tmp_path, capsys):
+    from llm_planner import fileio
+
+    monkeypatch.setattr(fileio, "MAX_VALUES", 1_000)
+    code, err = _plan(tmp_path, capsys, graph=_doc(GRAPH, "meta", list(range(1_000))))
+    assert code == 2 and "graph.json: more than 1,000 values" in err
+    monkeypatch.setattr(fileio, "MAX_FILE_BYTES", 1_000)
+    code, err = _plan(tmp_path, capsys, graph=emit(GRAPH))
+    assert code == 2 and "graph.json: larger than" in err
+
+
 def test_a_million_devices_are_refused(tmp_path, capsys):
     code, err = _plan(tmp_path, capsys, cluster=_doc(CLUSTER, "nodes.0.count", 10**6))
     assert code == 2 and "cluster.yaml: nodes: the cluster has 3,000,000 devices" in err and "limit is 1,024" in err
