@@ -140,34 +140,28 @@ class TaskGraph:
 
     # -- checks --------------------------------------------------------------
     def validate(self) -> "TaskGraph":
-        """Raise GraphError on duplicate names, unknown endpoints, bad numbers or a cycle."""
-        if len(self._index) != len(self.tasks):
-            seen: set[str] = set()
-            dup = next(t.name for t in self.tasks if t.name in seen or seen.add(t.name))
-            raise GraphError(f"graph {self.name!r}: duplicate task name {dup!r}")
-        for t in self.tasks:
-            for f in ("flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample", "workspace_bytes_per_sample",
-                      "weight_bytes_indexed", "tp_replicated_weight_bytes", "tp_replicated_indexed_bytes",
-                      "tp_replicated_bytes_per_sample", "tp_allreduce_bytes_per_sample", "tp_allgather_bytes_per_sample"):
-                v = getattr(t, f)
-                if not (math.isfinite(v) and v >= 0):
-                    raise GraphError(f"graph {self.name!r}: task {t.name!r}: {f} must be finite and >= 0, got {v}")
-            for kind, v in t.time_s_by_kind:
-                if not (math.isfinite(v) and v >= 0):
-                    raise GraphError(f"graph {self.name!r}: task {t.name!r}: time on {kind!r} must be >= 0, got {v}")
+        """Raise GraphError on duplicate names, unknown endpoints, bad numbers or a cycle; the
+        message names the record (`tasks[3]`, `edges[0].dst`) as the graph file numbers it."""
+        seen: dict[str, int] = {}
+        for i, t in enumerate(self.tasks):
+            if t.name in seen:
+                raise GraphError(f"graph {self.name!r}: tasks[{i}].name: duplicate task name {t.name!r} (also tasks[{seen[t.name]}])")
+            seen[t.name] = i
+            _check_task_numbers(f"graph {self.name!r}: tasks[{i}] ({t.name!r})", t)
             _check_tensor_parallel(self.name, t)
-        pairs = set()
-        for e in self.edges:
-            for end in (e.src, e.dst):
+        pairs: dict[tuple[str, str], int] = {}
+        for i, e in enumerate(self.edges):
+            where = f"graph {self.name!r}: edges[{i}] ({e.src!r} -> {e.dst!r})"
+            for key, end in (("src", e.src), ("dst", e.dst)):
                 if end not in self._index:
-                    raise GraphError(f"graph {self.name!r}: edge {e.src!r} -> {e.dst!r} names unknown task {end!r}")
+                    raise GraphError(f"{where}.{key}: names unknown task {end!r}")
             if e.src == e.dst:
-                raise GraphError(f"graph {self.name!r}: self-loop on {e.src!r}")
+                raise GraphError(f"{where}: self-loop on {e.src!r}")
             if (e.src, e.dst) in pairs:
-                raise GraphError(f"graph {self.name!r}: duplicate edge {e.src!r} -> {e.dst!r}")
-            pairs.add((e.src, e.dst))
+                raise GraphError(f"{where}: duplicate edge {e.src!r} -> {e.dst!r} (also edges[{pairs[(e.src, e.dst)]}])")
+            pairs[(e.src, e.dst)] = i
             if not all(math.isfinite(v) and v >= 0 for v in (e.bytes_per_sample, e.hop_s_per_sample)):
-                raise GraphError(f"graph {self.name!r}: edge {e.src!r} -> {e.dst!r}: sizes must be finite and >= 0")
+                raise GraphError(f"{where}: sizes must be finite and >= 0 (bytes_per_sample, hop_s_per_sample)")
         g = self.to_networkx()
         if not nx.is_directed_acyclic_graph(g):
             cycle = nx.find_cycle(g)
@@ -190,6 +184,21 @@ class TaskGraph:
 
     def sha256(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+_TASK_SIZES = ("flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample", "workspace_bytes_per_sample",
+               "weight_bytes_indexed", "tp_replicated_weight_bytes", "tp_replicated_indexed_bytes",
+               "tp_replicated_bytes_per_sample", "tp_allreduce_bytes_per_sample", "tp_allgather_bytes_per_sample")
+
+
+def _check_task_numbers(where: str, t: Task) -> None:
+    for f in _TASK_SIZES:
+        v = getattr(t, f)
+        if not (math.isfinite(v) and v >= 0):
+            raise GraphError(f"{where}: {f} must be finite and >= 0, got {v}")
+    for kind, v in t.time_s_by_kind:
+        if not (math.isfinite(v) and v >= 0):
+            raise GraphError(f"{where}.time_s_by_kind.{kind}: time on {kind!r} must be finite and >= 0, got {v}")
 
 
 def _check_tensor_parallel(graph: str, t: Task) -> None:
@@ -315,6 +324,8 @@ def _checked_fields(kw: dict[str, Any], where: str) -> dict[str, Any]:
             raise GraphError(f"{where}.{key}: expected a list of integers, got {value!r}")
         if key in _STRING_FIELDS and not isinstance(value, str):
             raise GraphError(f"{where}.{key}: expected a string, got {value!r}")
+        if key in ("name", "src", "dst") and not value:
+            raise GraphError(f"{where}.{key}: expected a non-empty string")
     for kind, seconds in kw.get("time_s_by_kind", {}).items():
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
             raise GraphError(f"{where}.time_s_by_kind.{kind}: expected a number of seconds, got {seconds!r}")
