@@ -72,7 +72,8 @@ def _check(argv: list[str], mutated: Path, base: dict, kind: str, what: str, wor
     assert str(mutated) in message, f"{what}: the message does not name {mutated}: {message}"
     if kind in FILE_WIDE or any(s in message for s in _ACROSS_FILES):
         return
-    named = {f for f in _fields(base) | {"unknown_field"} if re.search(rf"\b{re.escape(f)}\b", message)}
+    keys = _fields(base) | {f + "x" for f in _fields(base)} | {"unknown_field"}  # the names a mutation may write
+    named = {f for f in keys if re.search(rf"\b{re.escape(f)}\b", message)}
     assert named or "[" in message, f"{what}: the message names no field: {message}"
 
 
