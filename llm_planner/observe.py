@@ -171,7 +171,8 @@ def _decoder_calls(plan: Plan, report: dict, source: str) -> tuple[str, int, Cal
                                f"{len(plan.shard_assignments)} shard(s)")
         for task, device in plan.shard_assignments[shard].items():
             calls.setdefault((device, task), []).append((len(requests), counted))
-    return phase, counted, calls
+    batches = int(report.get("batches", 1)) if isinstance(report.get("batches", 1), int) else 1
+    return phase, counted * max(1, batches), calls  # passes: each batch in flight makes one per step
 
 
 def _task_observations(ranks: list, calls: Calls, phase: str, source: str):

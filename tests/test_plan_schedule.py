@@ -62,7 +62,8 @@ def _simulate(plan, batches: int, steps: int) -> None:
     routes = [ps.shard_stages(plan, s, chain, ranks_of) for s in range(len(plan.shard_sizes))]
     streams = ps.streams_of(plan, batches)
     used = sorted({r for route in routes for st in route for r in st.ranks})
-    todo = {r: [(step, s, k) for step in range(steps) for s, k in ps.rank_order(r, streams, routes)] for r in used}
+    orders = ps.device_orders(streams, routes, steps)
+    todo = {r: list(orders[next(st.device for route in routes for st in route if r in st.ranks)]) for r in used}
     done: set = set()
     while any(todo.values()):
         progressed = False
@@ -94,3 +95,18 @@ def test_no_plan_makes_the_ranks_wait_in_a_cycle(model_dir):
             rows = [[names.index(rng.choice(usable)) for _ in problem.graph.tasks] for _ in shards]
             plan = make_plan(problem, shards, rows, solver="test", status="heuristic", started_at=time.perf_counter(), lower_bound_s=0.0)
             _simulate(plan, ps.in_flight_batches(plan), 3)
+
+
+def test_a_throughput_pipeline_feeds_the_next_step_before_finishing_the_other_batch(model_dir, tmp_path):
+    """embed and the tail on device 1, the middle on device 0, two batches in flight: device 1 starts batch 0's next
+    step (its embed) before batch 1's tail, so device 0 never waits a whole stage (the steady state the plan costs)."""
+    layout = [{"embed": 1, "block.0": 0, "block.2": 1}]
+    plan = load_plan(decoder_plan(tmp_path / "t.yaml", model_dir, layout, objective="throughput", shard_sizes=[2]))
+    batches = ps.in_flight_batches(plan)
+    assert batches == 2
+    streams = ps.streams_of(plan, batches)
+    routes = [ps.shard_stages(plan, 0, decoder_tasks(4), ps.ranks_of_devices(plan, RANKS))]
+    order = ps.device_orders(streams, routes, 3)["localhost/cpu-core:1"]
+    assert order.index((1, 0, 0)) < order.index((0, 1, 2))  # (step, stream, stage): step 1's embed of batch 0 first
+    within = [item for item in order if item[0] == 0 and item[1] == 0]
+    assert within == [(0, 0, 0), (0, 0, 2)]  # one batch's step keeps the plan's order

@@ -7,8 +7,8 @@ ids back to the stage holding embed. A stage on a tensor-parallel group runs on
 every member (llm_planner.runtime.tp_layers), and each member receives the
 stage's input; the leader alone sends its output.
 
-Each rank runs its items of a step in the fixed order of plan_schedule.rank_order,
-then the next step. For each item it takes the input (held locally when it made
+Each rank runs its items (step, stream, stage) in the fixed order of its plan
+device (plan_schedule.device_orders). For each item it takes the input (held locally when it made
 it, else received from the previous stage's leader: a receive of that exact
 source and tag), runs the stage, and posts non-blocking sends of the output. A
 message's tag encodes (stream, step, stage).
@@ -37,8 +37,9 @@ class DecoderRun:
         ranks_of = ps.ranks_of_devices(ctx.plan, ctx.table.rank_of_device())
         self.routes = [ps.shard_stages(ctx.plan, s, chain, ranks_of) if size > 0 else [] for s, size in enumerate(ctx.plan.shard_sizes)]
         self.streams = [s for s in ps.streams_of(ctx.plan, run.batches) if s.requests]
-        self.order = ps.rank_order(ctx.rank, self.streams, self.routes)
         self.steps = run.max_new_tokens
+        device = ctx.entry.plan_device or ctx.entry.device
+        self.order = ps.device_orders(self.streams, self.routes, self.steps).get(device, [])
         self.slots = max(len(r) for r in self.routes)
         ctx.comm.check_tag(self._tag(len(self.streams) - 1, self.steps - 1, self.slots - 1), "decoder pipeline")
         mine = {t for route in self.routes for st in route if ctx.rank in st.ranks for t in st.tasks}
@@ -104,17 +105,21 @@ class DecoderRun:
         self._generate()
 
     def _generate(self) -> None:
-        """Every step: this rank's items in the plan's order."""
+        """This rank's items in its plan device's order; a step ends here when its last final stage has run."""
         ctx = self.ctx
-        last_final = max((i for i, (s, k) in enumerate(self.order) if k + 1 == len(self.routes[self.streams[s].shard])), default=None)
-        for step in range(self.steps):
+        finals: dict[int, int] = {}  # step -> final stages of it this rank still runs
+        for step, s, k in self.order:
+            if k + 1 == len(self.routes[self.streams[s].shard]):
+                finals[step] = finals.get(step, 0) + 1
+        for step, stream, k in self.order:
+            value = self._input(stream, step, k)
+            route = self.routes[self.streams[stream].shard]
             on_task = ctx.stats.on_prefill_task if step == 0 else ctx.stats.on_task
-            for i, (stream, k) in enumerate(self.order):
-                value = self._input(stream, step, k)
-                route = self.routes[self.streams[stream].shard]
-                out = self.shard.run_stage(list(route[k].tasks), value, self.states[stream], step, on_task=on_task)
-                self._output(out, stream, step, k)
-                if i == last_final:
+            out = self.shard.run_stage(list(route[k].tasks), value, self.states[stream], step, on_task=on_task)
+            self._output(out, stream, step, k)
+            if k + 1 == len(route):
+                finals[step] -= 1
+                if finals[step] == 0:
                     ctx.stats.on_step_end(step)
 
     def _outputs(self) -> dict:
