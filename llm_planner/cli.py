@@ -60,7 +60,10 @@ def _add_solve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=1, help="samples (requests) in the batch (default: 1)")
     p.add_argument("--max-shards", type=int, default=None, help="data parallelism: at most this many batch shards (default: number of devices; 1 turns it off)")
     _add_max_tp(p)
-    p.add_argument("--solver", choices=SOLVERS, default="best-baseline", help="placement solver (default: best-baseline)")
+    p.add_argument("--solver", choices=SOLVERS, default="milp-split",
+                   help="placement solver (default: milp-split: the graph cut into modules, each solved by the exact MILP, "
+                        "joined by a dynamic program, with tensor-parallel layouts searched; milp: the exact MILP over the "
+                        "whole problem, for small ones; the others are the baselines a user would otherwise write)")
     p.add_argument("--solver-backend", choices=("highs", "gurobi"), default="highs", help="MILP backend (default: highs, no licence needed)")
     p.add_argument("--allow-backend-fallback", action="store_true", help="fall back to highs when gurobi is missing or its licence is too small")
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per MILP solve (default: 60)")
