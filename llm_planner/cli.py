@@ -56,7 +56,9 @@ def _add_solve_args(p: argparse.ArgumentParser) -> None:
     from llm_planner.solve.api import SOLVERS
     from llm_planner.solve.options import SYMMETRY_CHOICES
 
-    p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
+    p.add_argument("--objective", choices=("latency", "throughput"), default="latency",
+                   help="latency: the time of one batch (makespan); throughput: seconds per sample in steady state, "
+                        "the busiest device's load per batch over the batch (default: latency)")
     p.add_argument("--batch", type=int, default=1, help="samples (requests) in the batch (default: 1)")
     p.add_argument("--max-shards", type=int, default=None, help="data parallelism: at most this many batch shards (default: number of devices; 1 turns it off)")
     _add_max_tp(p)
@@ -98,39 +100,42 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export-file", help="where --export writes (default: the plan file's name with .vllm.json or .megatron.json)")
 
     p = sub.add_parser("verify", help="check a plan against its inputs and recompute its objective")
-    p.add_argument("plan")
+    p.add_argument("plan", help="plan file (YAML, or JSON for a .json path) written by `plan`")
 
     p = sub.add_parser("show", help="per-device table of a plan, optional Gantt chart")
-    p.add_argument("plan")
+    p.add_argument("plan", help="plan file (YAML, or JSON for a .json path) written by `plan`")
     p.add_argument("--gantt", help="write a Gantt chart PNG here")
 
     sub.add_parser("models", help="list model presets")
 
     p = sub.add_parser("show-cluster", help="devices, links and symmetry classes of a cluster spec")
-    p.add_argument("cluster")
+    p.add_argument("cluster", help="cluster spec YAML (docs/cluster-spec.md)")
 
     from llm_planner.solve.options import SYMMETRY_CHOICES
 
     p = sub.add_parser("compare-symmetry", help="solve one instance under every symmetry criterion, exact MILP and MILP-SPLIT")
     _add_model_args(p)
-    p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--objective", choices=("latency", "throughput"), default="latency",
+                   help="latency: the time of one batch (makespan); throughput: seconds per sample in steady state, "
+                        "the busiest device's load per batch over the batch (default: latency)")
+    p.add_argument("--batch", type=int, default=1, help="samples (requests) in the batch (default: 1)")
     p.add_argument("--max-shards", type=int, default=None, help="data parallelism: at most this many shards (default: number of devices)")
     _add_max_tp(p)
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (default: 60)")
     p.add_argument("--solvers", default="milp,milp-split", help="comma-separated solvers to compare (default: milp,milp-split)")
     p.add_argument("--criteria", default=",".join(SYMMETRY_CHOICES),
                    help=f"comma-separated symmetry criteria to compare (default: all of {', '.join(SYMMETRY_CHOICES)})")
-    p.add_argument("--solver-backend", choices=("highs", "gurobi"), default="highs")
+    p.add_argument("--solver-backend", choices=("highs", "gurobi"), default="highs", help="MILP backend (default: highs, no licence needed)")
     p.add_argument("--out-dir", default=".", help="where to write symmetry.csv and symmetry.png (default: .)")
     p.add_argument("--profile", help="measured costs (`llm-planner profile`) to use instead of the roofline where they exist")
 
     p = sub.add_parser("launch", help="run a plan with mpiexec, one rank per device")
-    p.add_argument("plan")
+    p.add_argument("plan", help="plan file (YAML, or JSON for a .json path) written by `plan`")
     p.add_argument("--dry-run", action="store_true", help="print the command and rank table, start nothing")
     p.add_argument("--checkpoint", help="Hugging Face checkpoint directory to load weights from")
     p.add_argument("--prompt-ids", action="append", default=[], help="comma-separated token ids of one request; repeat for a batch")
-    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=16,
+                   help="decoders: tokens generated per request, the prompt's prefill being the first step (default: 16)")
     p.add_argument("--dtype", default=None, help="element type the ranks compute in (default: the plan's; fp32 is fastest on CPUs)")
     p.add_argument("--report", default="run.json", help="JSON run report to write (default: run.json)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the whole run is stopped")
@@ -143,7 +148,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help=f"untimed runs of the whole workload before the timed one (default: {MEASURE_WARMUP} with --measure, else 0)")
 
     p = sub.add_parser("measure", help="compare a plan's predicted times with a run report of it")
-    p.add_argument("plan")
+    p.add_argument("plan", help="plan file (YAML, or JSON for a .json path) written by `plan`")
     p.add_argument("report", help="run report JSON written by `launch`")
     p.add_argument("-o", "--output", default=None, help="measurement JSON to write (default: measure.json next to the report)")
     p.add_argument("--rows", type=int, default=20, help="task rows to print, largest errors first (default: 20)")

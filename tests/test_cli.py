@@ -123,3 +123,15 @@ def test_compare_symmetry_rejects_an_unknown_criterion(capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "--criteria" in err and "speed" in err
+
+
+def test_every_argument_of_every_command_says_what_it_is():
+    import argparse
+
+    from llm_planner.cli import _build_parser
+
+    parser = _build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    missing = [f"{name} {action.dest}" for name, sub in commands.items() for action in sub._actions
+               if not isinstance(action, argparse._HelpAction) and not action.help]
+    assert not missing, missing
