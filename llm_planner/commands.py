@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from llm_planner.fmt import fmt_s
+from llm_planner.fmt import fmt_s, fmt_time, has_file_units
 
 
 class UserError(Exception):
@@ -84,10 +84,11 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     save_plan(plan, args.output)
     interrupted = plan.solver.status == "interrupted"
     rows = [] if args.no_baselines or interrupted else baseline_set.all_baselines(problem)
-    console.print(plan_summary_table(plan, rows))
+    units = has_file_units(problem.graph)
+    console.print(plan_summary_table(plan, rows, file_units=units))
     if interrupted:
-        console.print(f"[yellow]interrupted[/]: the best plan found so far, {fmt_s(plan.objective_s)}, within "
-                      f"{plan.gap:.2%} of the bound {fmt_s(plan.lower_bound_s)}")
+        console.print(f"[yellow]interrupted[/]: the best plan found so far, {fmt_time(plan.objective_s, units)}, within "
+                      f"{plan.gap:.2%} of the bound {fmt_time(plan.lower_bound_s, units)}")
     console.print(f"plan written to [bold]{args.output}[/]")
     if args.export:
         _export(plan, problem, args, console)
@@ -146,13 +147,16 @@ def _groups_note(problem) -> str:
     return f" and {groups} tensor-parallel groups (up to {problem.max_tp})" if groups else ""
 
 
-def plan_summary_table(plan, baseline_plans: dict) -> Table:
-    unit = "s/sample" if plan.objective == "throughput" else "s"
-    table = Table(title=f"plan ({plan.objective})")
-    for col in ("planner", f"objective ({unit})", "samples/s", "lower bound", "gap", "status", "solve time", "devices used"):
+def plan_summary_table(plan, baseline_plans: dict, file_units: bool = False) -> Table:
+    """The plan's row and the baselines'. `file_units`: a workload file's times, which state no unit, as plain numbers."""
+    unit = "file units" if file_units else "s"
+    unit += "/sample" if plan.objective == "throughput" else ""
+    table = Table(title=f"plan ({plan.objective})" + (": times in the workload file's own unit" if file_units else ""))
+    rate = "samples per file unit" if file_units else "samples/s"
+    for col in ("planner", f"objective ({unit})", rate, "lower bound", "gap", "status", "solve time", "devices used"):
         table.add_column(col, justify="right" if col != "planner" else "left")
     table.add_row(
-        plan.solver.name, fmt_s(plan.objective_s), f"{plan.throughput_samples_per_s:.4g}", fmt_s(plan.lower_bound_s),
+        plan.solver.name, fmt_time(plan.objective_s, file_units), f"{plan.throughput_samples_per_s:.4g}", fmt_time(plan.lower_bound_s, file_units),
         f"{plan.gap:.2%}", plan.solver.status, fmt_s(plan.solver.time_s), str(len(plan.physical_devices_used())),
     )
     for name, other in (baseline_plans or {}).items():
@@ -163,7 +167,7 @@ def plan_summary_table(plan, baseline_plans: dict) -> Table:
             continue
         ratio = other.objective_s / plan.objective_s if plan.objective_s > 0 else float("nan")
         table.add_row(
-            f"baseline:{name}", f"{fmt_s(other.objective_s)} ({ratio:.2f}x)", f"{other.throughput_samples_per_s:.4g}",
+            f"baseline:{name}", f"{fmt_time(other.objective_s, file_units)} ({ratio:.2f}x)", f"{other.throughput_samples_per_s:.4g}",
             "", "", other.solver.status, fmt_s(other.solver.time_s), str(len(other.physical_devices_used())),
         )
     return table
@@ -190,7 +194,7 @@ def cmd_show(args: argparse.Namespace, console: Console) -> int:
 
     plan = load_plan(args.plan)
     problem = problem_from_plan_inputs(plan.inputs)
-    console.print(plan_summary_table(plan, {}))
+    console.print(plan_summary_table(plan, {}, file_units=has_file_units(problem.graph)))
     console.print(device_table(plan, problem))
     if args.gantt:
         write_gantt(plan, args.gantt)

@@ -13,6 +13,16 @@ def fmt_s(seconds: float) -> str:
     return f"{seconds * 1e9:.4g} ns"
 
 
+def fmt_time(seconds: float, file_units: bool = False) -> str:
+    """Seconds in a readable unit; or, for a workload file's times, which state no unit, the plain number."""
+    return f"{seconds:.4g}" if file_units else fmt_s(seconds)
+
+
+def has_file_units(graph) -> bool:
+    """Whether the graph's times are a workload file's, in the file's own (unstated) unit."""
+    return "workload_format" in graph.meta_dict()
+
+
 def fmt_bytes(num: float) -> str:
     if num == float("inf"):
         return "unlimited"

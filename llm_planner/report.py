@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from rich.table import Table
 
-from llm_planner.fmt import fmt_bytes, fmt_s
+from llm_planner.fmt import fmt_bytes, fmt_s, fmt_time, has_file_units
 from llm_planner.plan import Plan
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.spec import ClusterSpec
@@ -33,7 +33,8 @@ def device_table(plan: Plan, problem: PlacementProblem) -> Table:
         tasks = task_runs([t for s, t in order[device.name] if s == order[device.name][0][0]], topo)
         shards = len({s for s, _ in order[device.name]})
         table.add_row(device.name, str(device.degree), tasks + (f" (x{shards} shards)" if shards > 1 else ""),
-                      fmt_s(report.device_busy_s.get(device.name, 0.0)), fmt_bytes(used), f"{share} of {fmt_bytes(usable)}")
+                      fmt_time(report.device_busy_s.get(device.name, 0.0), has_file_units(problem.graph)), fmt_bytes(used),
+                      f"{share} of {fmt_bytes(usable)}")
     used_physical = set(plan.physical_devices_used())
     idle = [d.name for d in problem.devices[: problem.num_physical] if d.name not in used_physical]
     if idle:

@@ -198,3 +198,20 @@ def test_malformed_file_on_disk_names_the_file(tmp_path: Path):
     path.write_text("{not json")
     with pytest.raises(GraphError, match=r"broken_workload\.json: not valid JSON"):
         workloads.load_workload(path)
+
+
+def test_plan_and_show_print_a_workloads_times_in_file_units(tmp_path: Path, capsys):
+    from llm_planner.cli import main
+
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(_small()))
+    assert main(["plan", "--graph", str(path), "--no-baselines", "-o", str(tmp_path / "p.yaml")]) == 0
+    assert main(["show", str(tmp_path / "p.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("objective (file units)") == 2 and "times in the workload file's own unit" in out
+    from llm_planner.plan import load_plan
+
+    objective = load_plan(tmp_path / "p.yaml").objective_s
+    import re
+
+    assert re.search(rf"│\s+{objective:.4g}\s+│", out)  # a plain number, not seconds
