@@ -13,6 +13,7 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from llm_planner.fmt import fmt_s
 from llm_planner.solve.api import SolveError, solve
 from llm_planner.solve.options import SYMMETRY_CHOICES, SolveOptions
 from llm_planner.solve.problem import PlacementProblem
@@ -96,7 +97,7 @@ def write_bar_chart(rows: list[StudyRow], path: str | Path, title: str) -> None:
                 continue
             xs.append(c + n * width)
             heights.append(row.time_s)
-            labels.append(f"{row.objective_s:.4g}s\n{row.status}")
+            labels.append(f"{fmt_s(row.objective_s)}\n{row.status}")  # as the table prints it
         bars = ax.bar(xs, heights, width=width, label=solver)
         for bar, label in zip(bars, labels):
             ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), label, ha="center", va="bottom", fontsize=7)
@@ -104,7 +105,8 @@ def write_bar_chart(rows: list[StudyRow], path: str | Path, title: str) -> None:
     ax.set_ylabel("solve time (s)")
     ax.set_xlabel("symmetry breaking")
     ax.set_title(title, fontsize=9)
-    ax.legend()
+    ax.set_ylim(0, 1.3 * max((r.time_s for r in rows if r.status != "no plan"), default=1.0))  # room for the labels
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=len(solvers), frameon=False)  # below the axes, off the bars
     fig.tight_layout()
     from llm_planner.atomic import atomic_path
 
