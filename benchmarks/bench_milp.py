@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("suite", choices=("models", "workloads"))
     parser.add_argument("--cluster", default=str(REPO / "cluster_specs" / "cpu-two-gpus.yaml"), help="models suite: cluster spec")
-    parser.add_argument("--workloads", default=str(REPO.parent / "shared" / "workloads" / "dnn-partitioning" / "throughput-inputs"),
+    published = os.environ.get("LLM_PLANNER_WORKLOADS") or REPO.parent / "shared" / "workloads" / "dnn-partitioning"
+    parser.add_argument("--workloads", default=str(Path(published) / "throughput-inputs"),
                         help="workloads suite: the throughput-inputs folder")
     parser.add_argument("--objectives", nargs="+", choices=("latency", "throughput"), default=["latency", "throughput"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])

@@ -18,6 +18,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
+from conftest import WORKLOADS as DNN_PARTITIONING
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -35,7 +36,7 @@ from planner_instances import graphs, kind, make_cluster, problems
 GB = 1e9
 REL = 1e-6
 EXACT = {"solver": "milp", "rel_gap": 1e-7, "time_limit_s": 60.0}
-WORKLOADS = Path(__file__).resolve().parents[1].parent / "shared" / "workloads" / "dnn-partitioning" / "throughput-inputs"
+WORKLOADS = DNN_PARTITIONING / "throughput-inputs"
 PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import networkx as nx
 import pytest
+from conftest import WORKLOADS
 
 from llm_planner.graph import workloads
 from llm_planner.graph.ir import GraphError
@@ -16,7 +17,6 @@ from llm_planner.pipeline import load_graph_file
 from llm_planner.solve.problem import build_problem
 from llm_planner.solve.schedule import device_loads
 
-WORKLOADS = Path(__file__).resolve().parents[1].parent / "shared" / "workloads" / "dnn-partitioning"
 WORKLOAD_FILES = sorted(WORKLOADS.glob("*-inputs/*/*.json")) if WORKLOADS.is_dir() else []
 
 
@@ -42,7 +42,7 @@ def _small() -> dict:
     }
 
 
-@pytest.mark.skipif(not WORKLOAD_FILES, reason="shared/workloads/dnn-partitioning is not next to the repository")
+@pytest.mark.skipif(not WORKLOAD_FILES, reason="no dnn-partitioning checkout (LLM_PLANNER_WORKLOADS, docs/workloads.md)")
 @pytest.mark.parametrize("path", WORKLOAD_FILES, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}/{p.name}")
 def test_published_file_loads(path: Path):
     data = json.loads(path.read_text())
