@@ -8,20 +8,29 @@ whose bytes or FLOPs are counted wrong stands out from the others' ratio (the em
 as a whole table used to be 50x off); a ratio shared by every task is the spec's
 efficiency or overhead, which `llm-planner calibrate` fits.
 
-    .venv/bin/llm-planner profile --cluster cluster_specs/localhost-2cpu.yaml --model gpt2 --seq-len 256 \\
-        --dtype fp32 --batch-sizes 1,4 --granularity sublayer --max-blocks 2 -o /tmp/gpt2-profile.yaml
-    .venv/bin/python benchmarks/bench_cost_model.py /tmp/gpt2-profile.yaml --cluster cluster_specs/localhost-2cpu.yaml
+    .venv/bin/python benchmarks/bench_cost_model.py            # profiles GPT-2 first (PROFILE_ARGS), about a minute
+    .venv/bin/python benchmarks/bench_cost_model.py --profile PROFILE.yaml --cluster SPEC.yaml
+
+Writes OUT/table.md (and OUT/profile.yaml when it profiled), OUT/meta.json; default OUT:
+benchmarks/results/cost-model.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import provenance  # benchmarks/provenance.py, beside this script
 
 from llm_planner import cost
 from llm_planner.fmt import fmt_s
 from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.profile import load_profile, task_key
 from llm_planner.spec import load_cluster
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def rows(profile_path: str, cluster_path: str) -> list[tuple[str, str, int, float, float]]:
@@ -40,15 +49,31 @@ def rows(profile_path: str, cluster_path: str) -> list[tuple[str, str, int, floa
     return out
 
 
+PROFILE_ARGS = ["--model", "gpt2", "--seq-len", "256", "--dtype", "fp32", "--batch-sizes", "1,4", "--granularity", "sublayer",
+                "--max-blocks", "2"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("profile")
-    parser.add_argument("--cluster", required=True, help="the cluster spec whose roofline to compare")
+    parser.add_argument("--profile", help="a profile to compare (default: take one of GPT-2 with PROFILE_ARGS)")
+    parser.add_argument("--cluster", default=str(REPO / "cluster_specs" / "localhost-2cpu.yaml"),
+                        help="the cluster spec whose roofline to compare (default: localhost-2cpu)")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "cost-model"))
     args = parser.parse_args()
-    print("| device kind | task | batch | roofline | measured | measured / roofline |")
-    print("|---|---|---:|---:|---:|---:|")
-    for kind, task, b, predicted, measured in rows(args.profile, args.cluster):
-        print(f"| {kind} | {task} | {b} | {fmt_s(predicted)} | {fmt_s(measured)} | {measured / predicted:.2f} |")
+    facts = provenance.start(sys.argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    profile = args.profile
+    if profile is None:
+        profile = str(out / "profile.yaml")
+        subprocess.run([sys.executable, "-m", "llm_planner.cli", "profile", "--cluster", args.cluster, *PROFILE_ARGS, "-o", profile],
+                       check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    lines = ["| device kind | task | batch | roofline | measured | measured / roofline |", "|---|---|---:|---:|---:|---:|"]
+    for kind, task, b, predicted, measured in rows(profile, args.cluster):
+        lines.append(f"| {kind} | {task} | {b} | {fmt_s(predicted)} | {fmt_s(measured)} | {measured / predicted:.2f} |")
+    print("\n".join(lines))
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    provenance.record(out, facts)
 
 
 if __name__ == "__main__":

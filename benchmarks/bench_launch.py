@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import provenance  # benchmarks/provenance.py, beside this script
+
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "llm_planner.cli"]
 MODEL = ["--model", "gpt2", "--phase", "decode", "--seq-len", "16", "--dtype", "fp32"]
@@ -107,6 +109,7 @@ def main() -> int:
     parser.add_argument("--cluster", default="cluster_specs/localhost-2cpu.yaml")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "launch"))
     args = parser.parse_args()
+    facts = provenance.start(sys.argv)
     rows = []
     for name in args.cases.split(","):
         for run in range(1, args.runs + 1):
@@ -116,6 +119,7 @@ def main() -> int:
                 rows.append({**row, "run": run, "pipeline_s": time.perf_counter() - start})
                 print(f"{name} run {run}: {100 * row['error']:+.1f}%", flush=True)
     Path(args.out, "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+    provenance.record(args.out, facts)
     text = table(rows)
     Path(args.out, "table.md").write_text(text + "\n")
     print(text)

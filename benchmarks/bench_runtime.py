@@ -1,7 +1,7 @@
 """Benchmark: the MPI decoder pipeline against one process running the same model.
 
     .venv/bin/python benchmarks/bench_runtime.py [--ranks 2] [--layers 8] [--hidden 256] [--batch 4]
-                                                 [--prompt-len 16] [--new-tokens 32] [--repeats 3] [--out bench_runtime.json]
+                                                 [--prompt-len 16] [--new-tokens 32] [--repeats 3] [--out DIR]
 
 A small GPT-2 (seeded weights) is planned on the localhost cluster with its
 blocks split evenly over `--ranks` CPU devices (embed with the first blocks,
@@ -35,6 +35,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
@@ -123,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3, help="runs per row; the row shows the run of median time")
-    p.add_argument("--out", default="bench_runtime.json")
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "runtime"),
+                   help="folder for results.json, table.md and meta.json (default: benchmarks/results/runtime)")
     args = p.parse_args(argv)
+    facts = provenance.start(sys.argv if argv is None else [sys.argv[0], *argv])
     if not 1 <= args.ranks <= 4 or args.ranks > args.layers:
         p.error("--ranks must be in 1..4 and at most --layers")
     import random
@@ -150,14 +154,19 @@ def main(argv: list[str] | None = None) -> int:
                                  compute_s=sum(rank["compute_s"] for rank in r["ranks"]), overhead=r["overhead_fraction"]))
             rows.append(_median(runs))
     same = all(row["tokens"] == rows[0]["tokens"] for row in rows)
-    print(f"GPT-2 {args.layers} layers x {args.hidden} wide, vocab {args.vocab}; batch {args.batch} x {args.prompt_len} prompt "
-          f"tokens, {args.new_tokens} new tokens; tokens identical in every run: {same}\n")
-    print("| run | tokens/s | per-token latency (ms) | compute, all ranks (s) | runtime overhead |\n|---|---:|---:|---:|---:|")
+    lines = [f"GPT-2 {args.layers} layers x {args.hidden} wide, vocab {args.vocab}; batch {args.batch} x {args.prompt_len} prompt "
+             f"tokens, {args.new_tokens} new tokens; tokens identical in every run: {same}", "",
+             "| run | tokens/s | per-token latency (ms) | compute, all ranks (s) | runtime overhead |", "|---|---:|---:|---:|---:|"]
     for row in rows:
         overhead = "" if row["overhead"] is None else f"{100 * row['overhead']:.1f}%"
-        print(f"| {row['run']} | {row['tokens_per_s']:.1f} | {row['per_token_ms']:.2f} | {row['compute_s']:.3f} | {overhead} |")
-    Path(args.out).write_text(json.dumps({"args": vars(args), "tokens_identical": same,
-                                          "rows": [{k: v for k, v in r.items() if k != "tokens"} for r in rows]}, indent=1))
+        lines.append(f"| {row['run']} | {row['tokens_per_s']:.1f} | {row['per_token_ms']:.2f} | {row['compute_s']:.3f} | {overhead} |")
+    print("\n".join(lines))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "tokens_identical": same,
+                                                  "rows": [{k: v for k, v in r.items() if k != "tokens"} for r in rows]}, indent=1))
+    provenance.record(out, facts)
     worst = max((r["overhead"] for r in rows if r["overhead"] is not None), default=0.0)
     return 0 if same and worst <= 0.10 else 1
 

@@ -19,10 +19,13 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
 from llm_planner.fmt import fmt_s  # noqa: E402
 from llm_planner.graph.models import ModelSpec  # noqa: E402
@@ -101,6 +104,7 @@ def main() -> None:
     parser.add_argument("--rows", nargs="*", help="only these rows (model/cluster/objective/batch)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "tp"))
     args = parser.parse_args()
+    facts = provenance.start(sys.argv)
     chosen = [r for r in ROWS if not args.rows or _name(r) in args.rows]
     rows = []
     for row in chosen:
@@ -111,6 +115,7 @@ def main() -> None:
               f"best single {fmt_s(r['single_best_s'])}, --max-tp 1 {fmt_s(r['max_tp1_s'])}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    provenance.record(out, facts)
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()

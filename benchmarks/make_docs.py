@@ -1,0 +1,132 @@
+"""Write docs/benchmarks.md from the benchmarks' current results (never edit that file by hand).
+
+    .venv/bin/python benchmarks/make_docs.py
+
+One section per benchmark: what it measures and how to read its table, the command,
+when and at which commit the results were measured (benchmarks/results/<name>/meta.json,
+written by the benchmark itself through benchmarks/provenance.py), and the table the
+benchmark wrote (benchmarks/results/<name>/table.md). A benchmark with no current
+results is listed with its command under "Not measured at this commit". Earlier
+results live in git history, not in benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str  # benchmarks/results/<name>/
+    title: str
+    about: str  # what the benchmark measures and how to read the table; no figures (they are in the table)
+
+
+SECTIONS = [
+    Section("tp", "Tensor parallelism: MILP-SPLIT against the layouts engineers write by hand", """\
+One decode step (context 2048, fp16) per row, on the example clusters; MILP-SPLIT with
+groups up to a whole server (`--max-tp` default). Columns: the plan's objective
+(latency: seconds for the batch; throughput: seconds per sample), its lower bound over
+every plan with or without groups, the gap, the solve time (the whole `solve` call,
+bounds and verification included), physical devices used, the fullest device (one member
+of a group) against its usable memory; then `megatron` and `tp-replicas`
+(docs/objectives.md), the best of the five single-device baselines, and MILP-SPLIT with
+`--max-tp 1` (no groups); the layout is the group degree MILP-SPLIT chose per class of
+identical devices. Every plan passed the verifier. The README's main job is the row
+`gpt3-175b/gpt3-six-servers/latency/32`."""),
+    Section("launch", "Launch: predicted against measured (profile, plan, launch --measure)", """\
+Each run is the whole pipeline a user runs, with the CLI, on
+`cluster_specs/localhost-2cpu.yaml` (two one-core CPU devices: one MPI rank per core of a
+2-core machine): `profile --mpi` (single devices, a member's share of each task on the
+group of two, and the group running its tasks together with its real all-reduces),
+`plan --profile`, then `launch --measure --max-new-tokens 16` (two untimed warm-up
+generations, then the timed one). GPT-2 (124M, seeded weights, fp32), one decode step at
+`--seq-len 16`: the run generates 16 tokens after an 8-token prompt and compares the mean
+of its 15 decode steps (`run.json`'s `measured_s`, the same quantity as the plan's
+`objective_s`). Cases: `gpt2-latency-tp`, the `megatron` layout (every task on the
+tensor-parallel group of the two cores), batch 1; `gpt2-latency`, the plan MILP-SPLIT
+makes with groups offered, batch 1; `gpt2-throughput-b4`, MILP-SPLIT's throughput plan
+at batch 4, run in steady state (the batches in flight its pipeline needs), seconds per
+sample. Every run is listed; each run's profile, plan, run report and measurement are
+kept under `benchmarks/results/launch/<case>/run<i>/`. The target: every run within 15%
+of its prediction."""),
+    Section("runtime", "Runtime: the MPI decoder pipeline against one process", """\
+A small GPT-2 with seeded weights is planned on `cluster_specs/localhost-cpu.yaml` with
+its blocks split evenly over two single-core CPU devices (embed with the first blocks,
+final norm and LM head with the last) and generates greedily. Rows: `generate (1
+process)`, transformers' `model.generate` on the whole model, one torch thread; `stages
+(1 process)`, the runtime's decoder code with every task in one stage, no MPI; `mpi, R
+ranks, M micro-batch(es)`, `launch` of the plan with the batch in one shard, and cut into
+one shard per rank on the same stages (the plan's pipelined micro-batches). Columns:
+tokens/s over the wall time of generation (model building excluded), per-token latency
+(one step of the whole batch), compute summed over ranks, and the runtime's overhead
+(the share of the ranks' time outside compute, transfers and waiting). Each row is the
+run of median time over the repeats; the script fails if the tokens differ between rows
+or the overhead exceeds 10%."""),
+    Section("cost-model", "The roofline against a measured profile, task by task", """\
+For every task of a GPT-2 profile (sublayer granularity, context 256, fp32, batch 1 and
+4, two blocks) on `cluster_specs/localhost-2cpu.yaml`: the roofline's time from the
+cluster spec and the measured median, and their ratio. A task whose bytes or FLOPs were
+counted wrong stands out from the others' ratio; a ratio shared by every task is the
+spec's efficiency or overhead, which `llm-planner calibrate` fits."""),
+]
+
+NOT_MEASURED = [
+    ("MILP-SPLIT against the exact MILP", ".venv/bin/python benchmarks/bench_split.py [--quick] [--objectives latency,throughput]"),
+    ("Exact MILP on models and on the dnn-partitioning inputs", ".venv/bin/python benchmarks/bench_milp.py models | workloads"),
+    ("Symmetry breaking (`compare-symmetry` under every criterion)", "bash benchmarks/run_symmetry.sh"),
+    ("Where MILP-SPLIT's gap comes from, one module", ".venv/bin/python benchmarks/bench_module_gap.py --model rwnn-ws-3x32 --cluster cpu-two-gpus"),
+    ("Predicted against measured, GPT-2 and ResNet-18 on even splits", "bash benchmarks/run_measure.sh"),
+]
+
+
+def _measured(meta: dict) -> str:
+    commit = meta.get("commit", "")[:10] or "an unknown commit"
+    where = f"at commit {commit}" + ("" if meta.get("clean", False) else " with uncommitted changes to the code")
+    load = meta.get("load_before")
+    return (f"Measured {meta.get('date_utc', '?')} to {meta.get('ended_utc', '?')} UTC {where}, on {meta.get('cpus', '?')} cores"
+            + (f", load average {load:.2f} before the run" if isinstance(load, (int, float)) else "") + ".")
+
+
+def section_text(section: Section) -> str | None:
+    folder = RESULTS / section.name
+    if not (folder / "table.md").is_file() or not (folder / "meta.json").is_file():
+        return None
+    meta = json.loads((folder / "meta.json").read_text())
+    table = (folder / "table.md").read_text().strip()
+    return (f"## {section.title}\n\n```\n{meta['command']}\n```\n\n{section.about}\n\n{_measured(meta)}"
+            f" Results: `benchmarks/results/{section.name}/`.\n\n{table}\n")
+
+
+def document() -> str:
+    parts = ["# Benchmarks\n", "Written by `.venv/bin/python benchmarks/make_docs.py` from the results each benchmark wrote "
+             "(`benchmarks/results/<name>/`: the table, and `meta.json`: the command, the commit and when); do not edit "
+             "this file by hand. Earlier results are in git history.\n"]
+    missing = []
+    for section in SECTIONS:
+        text = section_text(section)
+        if text is None:
+            missing.append((section.title, f"(no results in benchmarks/results/{section.name}/)"))
+        else:
+            parts.append(text)
+    rows = [f"- {title}: `{command}`" for title, command in [*missing, *NOT_MEASURED]]
+    parts.append("## Not measured at this commit\n\nThese benchmarks exist but their figures were not taken at this "
+                 "commit (earlier ones are in git history); run the command to measure them:\n\n" + "\n".join(rows) + "\n")
+    return "\n".join(parts)
+
+
+def main() -> int:
+    path = REPO / "docs" / "benchmarks.md"
+    path.write_text(document())
+    print(f"wrote {path.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
