@@ -69,6 +69,14 @@ tokens/s over the wall time of generation (model building excluded), per-token l
 (the share of the ranks' time outside compute, transfers and waiting). Each row is the
 run of median time over the repeats; the script fails if the tokens differ between rows
 or the overhead exceeds 10%."""),
+    Section("symmetry", "Symmetry breaking among identical devices and servers", """\
+Each table is `llm-planner compare-symmetry` on one instance (one batch shard, so that
+the exact MILP's size stays in reach): the exact MILP and MILP-SPLIT under every
+`--symmetry` criterion (docs/symmetry.md), with the plan's objective, the proven bound,
+the gap, the solve time, the solver's status and the exact MILP's branch-and-bound
+nodes. By default the benchmark runs the GPT-2 row, where the exact MILP proves the
+optimum under every criterion; `--rows all` adds the GPT-3 175B rows on
+`gpt3-six-servers` (about 25 minutes)."""),
     Section("cost-model", "The roofline against a measured profile, task by task", """\
 For every task of a GPT-2 profile (sublayer granularity, context 256, fp32, batch 1 and
 4, two blocks) on `cluster_specs/localhost-2cpu.yaml`: the roofline's time from the
@@ -80,7 +88,6 @@ spec's efficiency or overhead, which `llm-planner calibrate` fits."""),
 NOT_MEASURED = [
     ("MILP-SPLIT against the exact MILP", ".venv/bin/python benchmarks/bench_split.py [--quick] [--objectives latency,throughput]"),
     ("Exact MILP on models and on the dnn-partitioning inputs", ".venv/bin/python benchmarks/bench_milp.py models | workloads"),
-    ("Symmetry breaking (`compare-symmetry` under every criterion)", "bash benchmarks/run_symmetry.sh"),
     ("Where MILP-SPLIT's gap comes from, one module", ".venv/bin/python benchmarks/bench_module_gap.py --model rwnn-ws-3x32 --cluster cpu-two-gpus"),
     ("Predicted against measured, GPT-2 and ResNet-18 on even splits", "bash benchmarks/run_measure.sh"),
 ]

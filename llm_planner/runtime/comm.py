@@ -21,7 +21,8 @@ the end of a run) depends on whether its host has a core for every rank:
 - yes (`spin=True`): it polls back to back, as MPI's own blocking calls do.
   A rank that slept instead woke with a cold core: on the 2-core development
   VM a GPT-2 decode step over two ranks measured +27% against its profile
-  when waiting ranks slept and +8% when they spun (docs/benchmarks.md);
+  when waiting ranks slept and +8% when they spun (benchmarks/run_measure.sh,
+  2026-11-22);
 - no (more ranks than cores, `spin=False`): it polls, then sleeps between
   polls (longer as the wait goes on), so it does not take the core of a rank
   that computes.
