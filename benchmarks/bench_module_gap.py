@@ -6,11 +6,11 @@
 For the module (default: the largest) and its input cut pinned to device K
 (default: the device that runs the whole model fastest alone), and for every
 device l of its output cut, this solves the module subproblem
-(llm_planner.solve.subproblem.build_subproblem) with
+(llm_planner.solve.split.subproblem.build_subproblem) with
 
 - HEFT, and HEFT followed by MILP-SPLIT's first-improvement moves;
 - the iterated local search MILP-SPLIT runs on the modules its DP picks
-  (split_subsolve.intensify_subproblem, from HEFT + moves);
+  (split.subsolve.intensify_subproblem, from HEFT + moves);
 - the exact MILP under `--time-limit` seconds (default 120), warm-started by the
   best baseline: its plan and its dual bound;
 
@@ -57,13 +57,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from llm_planner.graph.models import ModelSpec
     from llm_planner.pipeline import problem_from_inputs
-    from llm_planner.solve.baselines import run_baseline
-    from llm_planner.solve.bounds import lower_bound, task_times
-    from llm_planner.solve.milp import solve_milp
+    from llm_planner.solve.baselines.single import run_baseline
+    from llm_planner.solve.bounds.combined import lower_bound
+    from llm_planner.solve.bounds.times import task_times
+    from llm_planner.solve.milp.milp import solve_milp
     from llm_planner.solve.options import SolveOptions
-    from llm_planner.solve.split import SplitContext
-    from llm_planner.solve.split_subsolve import LOCAL_SEARCH_WORK, _list_scheduled, improve_by_moves, intensify_subproblem
-    from llm_planner.solve.subproblem import build_subproblem
+    from llm_planner.solve.split.context import SplitContext
+    from llm_planner.solve.split.moves import improve_by_moves
+    from llm_planner.solve.split.subsolve import LOCAL_SEARCH_WORK, _list_scheduled, intensify_subproblem
+    from llm_planner.solve.split.subproblem import build_subproblem
 
     args = parse_args(argv)
     problem = problem_from_inputs(cluster_path=str(REPO / "cluster_specs" / f"{args.cluster}.yaml"), model=ModelSpec(name=args.model),

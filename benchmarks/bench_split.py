@@ -144,7 +144,7 @@ def timed_solve(problem, options):
 
 
 def _milp_child(problem, time_limit_s: float, conn) -> None:
-    from llm_planner.solve.bounds import forget_lower_bounds
+    from llm_planner.solve.bounds.combined import forget_lower_bounds
     from llm_planner.solve.options import SolveOptions
 
     forget_lower_bounds()  # the fork inherits the bound MILP-SPLIT computed: the MILP's time must include its own
@@ -476,11 +476,9 @@ def warm_up() -> None:
     """Import what the solvers import lazily, so that no row's time includes it."""
     import scipy.optimize  # noqa: F401
 
-    import llm_planner.solve.baselines  # noqa: F401
-    import llm_planner.solve.milp  # noqa: F401
-    import llm_planner.solve.split  # noqa: F401
-    import llm_planner.solve.split_groups  # noqa: F401
-    import llm_planner.solve.split_throughput  # noqa: F401
+    import llm_planner.solve.baselines.single  # noqa: F401
+    import llm_planner.solve.milp.milp  # noqa: F401
+    import llm_planner.solve.split.split  # noqa: F401
     import llm_planner.verify  # noqa: F401
 
 

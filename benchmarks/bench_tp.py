@@ -31,9 +31,9 @@ from llm_planner.fmt import fmt_s  # noqa: E402
 from llm_planner.graph.models import ModelSpec  # noqa: E402
 from llm_planner.pipeline import problem_from_inputs  # noqa: E402
 from llm_planner.solve.api import solve  # noqa: E402
-from llm_planner.solve.baselines import BASELINE_NAMES, run_baseline  # noqa: E402
-from llm_planner.solve.baselines_tp import run_tp_baseline  # noqa: E402
-from llm_planner.solve.bounds import forget_lower_bounds  # noqa: E402
+from llm_planner.solve.baselines.single import BASELINE_NAMES, run_baseline  # noqa: E402
+from llm_planner.solve.baselines.tensor_parallel import run_tp_baseline  # noqa: E402
+from llm_planner.solve.bounds.combined import forget_lower_bounds  # noqa: E402
 from llm_planner.solve.options import SolveOptions  # noqa: E402
 from llm_planner.verify import verify_plan  # noqa: E402
 

@@ -58,7 +58,7 @@ def _solve_options(args: argparse.Namespace, solver: str | None = None):
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from llm_planner.pipeline import problem_from_inputs
     from llm_planner.plan import save_plan
-    from llm_planner.solve import baseline_set
+    from llm_planner.solve.baselines import baseline_set
 
     options = _solve_options(args)
     _check_outputs(args)  # before a solve of minutes, not after

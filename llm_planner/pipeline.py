@@ -14,7 +14,7 @@ from llm_planner.fileio import read_document
 from llm_planner.graph.ir import GraphError, TaskGraph, graph_from_dict
 from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.plan import PlanInputs
-from llm_planner.solve.baselines import memory_shortfall
+from llm_planner.solve.fit import memory_shortfall
 from llm_planner.solve.problem import PlacementProblem, ProblemError, build_problem
 from llm_planner.spec import ClusterSpec, load_cluster
 

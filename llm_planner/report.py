@@ -115,7 +115,7 @@ def cluster_tables(cluster: ClusterSpec) -> list[Table]:
 
 def symmetry_table(cluster: ClusterSpec) -> Table:
     """The interchangeable devices and servers that --symmetry orders."""
-    from llm_planner.solve.symmetry import symmetry_classes
+    from llm_planner.solve.milp.symmetry import symmetry_classes
 
     classes = symmetry_classes(cluster)
     names = [d.name for d in cluster.devices()]

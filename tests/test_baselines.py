@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.solve.api import SolveError, solve
-from llm_planner.solve.baselines import BASELINE_NAMES, best_baseline, infeasibility_reason, run_all_baselines, run_baseline
-from llm_planner.solve.bounds import lower_bound
+from llm_planner.solve.baselines.single import BASELINE_NAMES, best_baseline, run_all_baselines, run_baseline
+from llm_planner.solve.fit import infeasibility_reason
+from llm_planner.solve.bounds.combined import lower_bound
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
 from llm_planner.verify import verify_plan
@@ -106,7 +107,7 @@ def test_data_parallel_balances_unlike_devices_by_time_not_speed(repo):
     node's time is its fixed cost, so the T4 is best given a single sample: 7 + 1."""
     from llm_planner.graph.models import ModelSpec
     from llm_planner.pipeline import problem_from_inputs
-    from llm_planner.solve.baselines import _whole_graph_objective
+    from llm_planner.solve.baselines.common import whole_graph_objective as _whole_graph_objective
 
     problem = problem_from_inputs(cluster_path=str(repo / "cluster_specs/cpu-two-gpus.yaml"), model=ModelSpec(name="rwnn-ws-1x8"),
                                   batch_size=8)
@@ -124,7 +125,7 @@ def test_data_parallel_sizes_are_the_best_split_over_its_devices(problem):
     device, fitting in memory) has a smaller makespan."""
     import itertools
 
-    from llm_planner.solve.baselines import _fits, _whole_graph_objective
+    from llm_planner.solve.baselines.common import fits as _fits, whole_graph_objective as _whole_graph_objective
 
     plan = run_baseline("data-parallel", problem)
     if plan is None:
@@ -241,7 +242,7 @@ def test_solve_returns_verified_baseline_plans(problem):
 def test_the_hand_layouts_verify_on_random_dags(problem):
     """megatron and tp-replicas keep colocation, device support and memory on any graph (the
     exact MILP takes the best baseline as its warm start unverified)."""
-    from llm_planner.solve.baselines_tp import TP_BASELINES, run_tp_baseline
+    from llm_planner.solve.baselines.tensor_parallel import TP_BASELINES, run_tp_baseline
 
     bound = lower_bound(problem)
     for name in TP_BASELINES:

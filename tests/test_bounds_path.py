@@ -1,4 +1,4 @@
-"""The path LP (solve/bounds_path.py): exact on hand-solved cases, never above a brute-forced optimum;
+"""The path LP (solve/bounds/path_lp.py): exact on hand-solved cases, never above a brute-forced optimum;
 and the partition bound over copies of the graph, one per shard."""
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llm_planner.solve.bounds import critical_path_bound, load_balance_bound, lower_bound
-from llm_planner.solve.bounds_path import count_partitions, partition_bound, partitions, path_lp_at_shards, path_lp_bound
+from llm_planner.solve.bounds.combined import lower_bound
+from llm_planner.solve.bounds.load import load_balance_bound
+from llm_planner.solve.bounds.times import critical_path_bound
+from llm_planner.solve.bounds.partition import count_partitions, partition_bound, partitions
+from llm_planner.solve.bounds.path_lp import path_lp_at_shards, path_lp_bound
 from planner_instances import problems
 from test_bounds import GB, brute_force_optimum, explicit_problem
 from test_milp import explicit_problem as milp_problem
@@ -119,14 +122,14 @@ def test_path_lp_below_exact_optimum_one_shard(problem):
     """<= 4 tasks, one shard, memory binding: every assignment x every device order."""
     from unittest import mock
 
-    import llm_planner.solve.bounds_path as bounds_path
+    from llm_planner.solve.bounds import path_lp
 
     problem = dataclasses.replace(problem, max_shards=1)
     optimum = brute_force_optimum(problem, orders=True)
     if np.isfinite(optimum):
         assert path_lp_bound(problem, problem.batch_size) <= optimum * (1 + 1e-9)
         assert lower_bound(problem) <= optimum * (1 + 1e-9)
-        with mock.patch.object(bounds_path, "MAX_HEAD_TAIL_TERMS", 6):  # head and tail rows for every s-th task only
+        with mock.patch.object(path_lp, "MAX_HEAD_TAIL_TERMS", 6):  # head and tail rows for every s-th task only
             assert path_lp_bound(problem, problem.batch_size) <= optimum * (1 + 1e-9)
 
 
@@ -148,13 +151,13 @@ def test_head_and_tail_rows_place_the_work_around_a_task(monkeypatch):
     to 3.9 s and the path grows to 3.9 s. With them, a's descendants on the GPU (b need not
     be one, t is) and s's (a, b, t) must run after s: T >= C_s + 3 - (t's CPU share), and
     the LP finds the optimum."""
-    import llm_planner.solve.bounds_path as bounds_path
+    from llm_planner.solve.bounds import path_lp, path_refine
 
     times = [{"gpu": 1.0, "cpu": 10.0}, {"gpu": 1.0}, {"gpu": 1.0}, {"gpu": 1.0, "cpu": 10.0}]
     problem = explicit_problem(times, [(0, 1), (0, 2), (1, 3), (2, 3)], weights=[0.0] * 4, **GPU_CPU)
     assert path_lp_bound(problem, 1) == pytest.approx(4.0) == pytest.approx(brute_force_optimum(problem, orders=True))
-    monkeypatch.setattr(bounds_path, "ENERGY_THRESHOLDS", 0)  # no rows (11) either: they find the optimum too
-    monkeypatch.setattr(bounds_path, "MAX_HEAD_TAIL_TERMS", 1)  # a stride longer than the graph: no rows
+    monkeypatch.setattr(path_refine, "ENERGY_THRESHOLDS", 0)  # no rows (11) either: they find the optimum too
+    monkeypatch.setattr(path_lp, "MAX_HEAD_TAIL_TERMS", 1)  # a stride longer than the graph: no rows
     assert path_lp_bound(problem, 1) == pytest.approx(3.9)
 
 
@@ -162,16 +165,16 @@ def test_a_dense_stage_gets_the_path_lp(monkeypatch):
     """A randomly wired ER stage of 256 nodes has 6,491 edges, above MAX_PATH_LP_EDGES, but few enough
     tasks that tasks x edges stays within MAX_PATH_LP_SIZE: it gets the path LP (with thinned head and
     tail rows), above the load-balance LP; past both limits, the critical path alone."""
-    import llm_planner.solve.bounds_path as bounds_path
+    from llm_planner.solve.bounds import path_lp
     from llm_planner.graph.models import ModelSpec
     from llm_planner.pipeline import problem_from_inputs
 
     specs = Path(__file__).resolve().parents[1] / "cluster_specs"
     problem = problem_from_inputs(cluster_path=str(specs / "cpu-two-gpus.yaml"), model=ModelSpec(name="rwnn-er-1x256"),
                                   objective="latency", batch_size=1)
-    assert problem.num_edges > bounds_path.MAX_PATH_LP_EDGES
+    assert problem.num_edges > path_lp.MAX_PATH_LP_EDGES
     assert path_lp_bound(problem, 1) > 1.05 * load_balance_bound(problem) > critical_path_bound(problem)
-    monkeypatch.setattr(bounds_path, "MAX_PATH_LP_SIZE", problem.num_tasks * problem.num_edges - 1)
+    monkeypatch.setattr(path_lp, "MAX_PATH_LP_SIZE", problem.num_tasks * problem.num_edges - 1)
     assert path_lp_bound(problem, 1) == pytest.approx(critical_path_bound(problem))
 
 
@@ -194,17 +197,17 @@ def test_partition_bound_below_every_split_plan(problem):
     with the union LPs solved and with the partitions' lighter bounds only."""
     from unittest import mock
 
-    import llm_planner.solve.bounds_path as bounds_path
+    from llm_planner.solve.bounds import partition
 
     problem = dataclasses.replace(problem, max_shards=min(3, problem.batch_size))
     best = brute_force_optimum(problem)
     if np.isfinite(best):
         assert partition_bound(problem) <= best * (1 + 1e-9)
-        with mock.patch.object(bounds_path, "MAX_PARTITION_LPS", 0):
+        with mock.patch.object(partition, "MAX_PARTITION_LPS", 0):
             assert partition_bound(problem) <= best * (1 + 1e-9)
-        with mock.patch.object(bounds_path, "MAX_PARTITION_TASKS", 0):
+        with mock.patch.object(partition, "MAX_PARTITION_TASKS", 0):
             assert partition_bound(problem) <= best * (1 + 1e-9)
-        with mock.patch.object(bounds_path, "MAX_PARTITIONS", 0):  # one stand-in per shard count
+        with mock.patch.object(partition, "MAX_PARTITIONS", 0):  # one stand-in per shard count
             assert partition_bound(problem) <= best * (1 + 1e-9)
 
 
@@ -216,7 +219,7 @@ def test_partition_bound_couples_the_shards_of_a_split_batch():
     from llm_planner.graph.models import ModelSpec
     from llm_planner.pipeline import problem_from_inputs
     from llm_planner.solve.api import solve
-    from llm_planner.solve.bounds import shard_count_bound
+    from llm_planner.solve.bounds.shard_count import shard_count_bound
     from llm_planner.solve.options import SolveOptions
 
     specs = Path(__file__).resolve().parents[1] / "cluster_specs"
@@ -239,7 +242,7 @@ def test_shard_copies_hold_the_weights_of_what_any_copy_runs():
     may hold 1.2 blocks' weights over both copies: each copy's path is 2 x 1 + 0.8 x 3 = 3.6 s
     and the CPU runs 0.8 blocks of each, 4.8 s; the (2) LP is 7.2 s. With the weights on copy 0
     alone, copy 1 would run every block on the GPU for free: 3.6 s."""
-    from llm_planner.solve.bounds_path import shard_copies
+    from llm_planner.solve.bounds.partition import shard_copies
 
     problem = explicit_problem([{"gpu": 1.0, "cpu": 3.0}] * 2, [(0, 1)], weights=[5 * GB] * 2,
                                kinds=(("gpu", "gpu", 6 * GB), ("cpu", "cpu", "unlimited")), devices={"gpu": 1, "cpu": 1},
@@ -258,8 +261,8 @@ def test_partition_bound_on_a_decoder_too_large_for_its_gpus():
     bound with it, staying below the plan HEFT finds."""
     from llm_planner.graph.models import ModelSpec
     from llm_planner.pipeline import problem_from_inputs
-    from llm_planner.solve.baselines import run_baseline
-    from llm_planner.solve.bounds_path import shard_copies
+    from llm_planner.solve.baselines.single import run_baseline
+    from llm_planner.solve.bounds.partition import shard_copies
 
     specs = Path(__file__).resolve().parents[1] / "cluster_specs"
     problem = problem_from_inputs(cluster_path=str(specs / "four-gpus.yaml"), model=ModelSpec(name="gpt3-175b"),
@@ -282,14 +285,14 @@ def test_a_device_waits_for_the_input_of_a_pinned_task_and_stops_before_the_outp
     f until 3, v from 3 to 5. g can start no earlier than 1 and must stop 1 + 2 s before the end,
     so it works at most T - 4; f's 6 s of work shrink by at most 1 s per second g takes over (c),
     so T >= 10 - T: 5. Without that window the LP finds 4.41."""
-    import llm_planner.solve.bounds_path as bounds_path
+    from llm_planner.solve.bounds import path_lp, path_refine
 
     times = {"u": {"f": 0.0}, "a": {"f": 1.0, "g": 2.0}, "b": {"f": 2.0, "g": 2.0}, "c": {"f": 1.0, "g": 1.0}, "v": {"f": 2.0}}
     problem = milp_problem(times, ["ua", "ub", "uc", "av", "bv", "cv"], {"f": 1, "g": 1}, comm_s=1.0, objective="latency")
     assert path_lp_bound(problem, 1) == pytest.approx(5.0) == pytest.approx(brute_force_optimum(problem, orders=True))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(bounds_path, "_windows", lambda problem, head, tail, classes, floor: np.zeros(len(classes)))
-        mp.setattr(bounds_path, "ENERGY_THRESHOLDS", 0)  # rows (11) know the windows too
+        mp.setattr(path_lp, "windows", lambda problem, head, tail, classes, floor: np.zeros(len(classes)))
+        mp.setattr(path_refine, "ENERGY_THRESHOLDS", 0)  # rows (11) know the windows too
         assert path_lp_bound(problem, 1) == pytest.approx(4.4118, abs=1e-4)
 
 
@@ -321,11 +324,11 @@ def test_energy_rows_count_the_work_that_must_fit_between_a_head_and_a_tail(monk
     start before 1 (s runs first) and must end by T - 1 (t runs last): 3 s of work on two devices
     in T - 2, so T >= 3.5. The path (3 s), the load (2.5 s) and the head and tail rows (C_t >=
     4 / 2 + 1, T >= C_s + 4 / 2: 3 s) see less. The optimum is 4 s (one of a, b, c waits)."""
-    import llm_planner.solve.bounds_path as bounds_path
+    from llm_planner.solve.bounds import path_refine
 
     times = [{"g": 1.0}] * 5
     problem = explicit_problem(times, [(0, 1), (0, 2), (0, 3), (1, 4), (2, 4), (3, 4)])
     assert path_lp_bound(problem, 1) == pytest.approx(3.5)
     assert brute_force_optimum(problem, orders=True) == pytest.approx(4.0)
-    monkeypatch.setattr(bounds_path, "ENERGY_THRESHOLDS", 0)
+    monkeypatch.setattr(path_refine, "ENERGY_THRESHOLDS", 0)
     assert path_lp_bound(problem, 1) == pytest.approx(3.0)

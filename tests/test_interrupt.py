@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from llm_planner.cli import main
-from llm_planner.solve.backends import BackendResult
+from llm_planner.solve.milp.backends import BackendResult
 from plan_files import verify_outcome, write_inputs
 
 STOPPED = BackendResult(status="interrupted", values=None, objective=math.nan, dual_bound=-math.inf, nodes=3, backend="highs", time_s=0.5)
@@ -26,11 +26,11 @@ def plan_args(folder, out):
 @pytest.fixture
 def stopped_solver(monkeypatch):
     """The backend returns as if Ctrl-C came before it had a plan of its own; bounds too weak to prove the warm start."""
-    import llm_planner.solve.bounds as bounds
-    import llm_planner.solve.milp as milp
+    from llm_planner.solve.bounds import combined
+    from llm_planner.solve.milp import milp
 
     monkeypatch.setattr(milp, "solve_model", lambda *a, **k: STOPPED)
-    monkeypatch.setattr(bounds, "lower_bound", lambda problem: 0.0)
+    monkeypatch.setattr(combined, "lower_bound", lambda problem: 0.0)
     return milp
 
 

@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.solve import backends
+from llm_planner.solve.milp import backends
 from llm_planner.solve.api import SolveError, solve
-from llm_planner.solve.baselines import run_all_baselines
-from llm_planner.solve.bounds import lower_bound
+from llm_planner.solve.baselines.single import run_all_baselines
+from llm_planner.solve.bounds.combined import lower_bound
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import PlacementProblem, ProblemError, build_problem
 from llm_planner.verify import verify_plan
@@ -244,7 +244,7 @@ def test_link_dependent_transfers_on_two_nodes_match_brute_force(graph, objectiv
 
 
 def test_cost_groups_gather_the_partners_of_one_link_cost():
-    from llm_planner.solve.milp_model import cost_groups
+    from llm_planner.solve.milp.costs import cost_groups
 
     fixed = np.array([[0, 1, 2, 2], [1, 0, 2, 2], [2, 2, 0, 1], [2, 2, 1, 0]], dtype=float)
     slope = np.where(fixed > 0, 0.5, 0.0)
@@ -336,7 +336,7 @@ def test_missing_gurobipy_is_an_actionable_error(monkeypatch):
 
 
 def test_milp_modules_import_without_torch_mpi_or_gurobi():
-    code = ("import sys, llm_planner.solve.milp, llm_planner.solve.milp_warm, llm_planner.solve.backends\n"
+    code = ("import sys, llm_planner.solve.milp.milp, llm_planner.solve.milp.warm, llm_planner.solve.milp.backends\n"
             "bad = [m for m in ('torch', 'mpi4py', 'transformers', 'gurobipy') if m in sys.modules]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -368,7 +368,7 @@ def test_time_limit_returns_best_plan_with_dual_bound():
 
 
 def test_a_warm_start_that_meets_the_bound_is_returned_without_a_model(monkeypatch):
-    from llm_planner.solve import milp
+    from llm_planner.solve.milp import milp
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was built for a proven warm start")
@@ -384,7 +384,7 @@ def test_a_warm_start_that_meets_the_bound_is_returned_without_a_model(monkeypat
 
 
 def test_a_plan_stopped_by_the_time_limit_that_meets_the_bound_is_optimal(monkeypatch):
-    from llm_planner.solve import milp
+    from llm_planner.solve.milp import milp
 
     real = milp.solve_model
 
@@ -423,7 +423,7 @@ def test_workload_contiguous_reaches_the_dynamic_program(name, dp_optimum):
 
 
 def test_contiguous_split_warm_start_is_the_best_split_of_a_chain():
-    from llm_planner.solve.milp_warm import contiguous_split
+    from llm_planner.solve.milp.warm import contiguous_split
 
     problem = chain_problem()  # a chain has one topological order, and its dynamic program is exact
     plan = contiguous_split(problem)

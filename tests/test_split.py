@@ -10,7 +10,7 @@ from planner_instances import clusters, kind, make_cluster
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.solve.api import solve
-from llm_planner.solve.modules import find_cut_tasks, split_modules
+from llm_planner.solve.split.modules import find_cut_tasks, split_modules
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
 
@@ -121,7 +121,7 @@ def test_parallel_and_serial_give_the_same_plan():
 def test_gpt_plans_verify_and_beat_baselines(objective, batch, repo):
     from llm_planner.graph.models import ModelSpec
     from llm_planner.pipeline import problem_from_inputs
-    from llm_planner.solve.baselines import best_baseline
+    from llm_planner.solve.baselines.single import best_baseline
 
     problem = problem_from_inputs(cluster_path=str(repo / "cluster_specs/four-gpus.yaml"), model=ModelSpec(name="gpt2-xl"),
                                   objective=objective, batch_size=batch)

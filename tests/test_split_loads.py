@@ -1,4 +1,4 @@
-"""MILP-SPLIT's moves between devices for the throughput objective (llm_planner.solve.split_loads):
+"""MILP-SPLIT's moves between devices for the throughput objective (llm_planner.solve.split.loads):
 a move's load change equals a recomputation from scratch under both throughput models, plans only
 improve and verify, memory is respected, hand-solved chains get their optima (one by a single move,
 one only through the kicks), and the search repeats itself."""
@@ -14,7 +14,7 @@ from planner_instances import problems, random_assignment
 from llm_planner.solve.api import solve
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.schedule import device_loads, make_plan
-from llm_planner.solve.split_loads import _Shard, improve_loads
+from llm_planner.solve.split.loads import _Shard, improve_loads
 from llm_planner.verify import verify_plan
 from test_milp import explicit_problem
 

@@ -18,14 +18,16 @@ from test_bounds_path import tight_memory_problems
 from test_split import diamond_chain
 
 from llm_planner.solve.api import solve
-from llm_planner.solve.bounds import lower_bound, task_times
-from llm_planner.solve.baselines import run_baseline
+from llm_planner.solve.bounds.combined import lower_bound
+from llm_planner.solve.bounds.times import task_times
+from llm_planner.solve.baselines.single import run_baseline
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
 from llm_planner.solve.schedule import asap_schedule
-from llm_planner.solve.split import SplitContext, assemble, latency_chain, seed_from_plan, shard_chain_bound
-from llm_planner.solve.split_subsolve import ListMakespan, improve_by_moves
-from llm_planner.solve.subproblem import build_subproblem
+from llm_planner.solve.split.chain import assemble, latency_chain, seed_from_plan, shard_chain_bound
+from llm_planner.solve.split.context import SplitContext
+from llm_planner.solve.split.moves import ListMakespan, improve_by_moves
+from llm_planner.solve.split.subproblem import build_subproblem
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -115,10 +117,10 @@ def test_heft_modules_bounds_stay_below_the_exact_optimum():
 
 
 def test_one_run_starts_one_pool_and_ends_it(monkeypatch):
-    from llm_planner.solve import split_subsolve
+    from llm_planner.solve.split import pool
 
     started = []
-    real = split_subsolve.make_executor
+    real = pool.make_executor
 
     def counting(options, num_jobs, problem):
         executor = real(options, num_jobs, problem)
@@ -126,7 +128,7 @@ def test_one_run_starts_one_pool_and_ends_it(monkeypatch):
             started.append(executor)
         return executor
 
-    monkeypatch.setattr(split_subsolve, "make_executor", counting)
+    monkeypatch.setattr(pool, "make_executor", counting)
     solve(_two_kind_problem([4, 3, 4, 2]), SolveOptions(solver="milp-split", max_module_tasks=1, workers=2))
     assert len(started) == 1  # the prefetch, the DP's later batches, the search and the bounds share it
     with pytest.raises(RuntimeError):  # and it was shut down at the end of the run
@@ -203,11 +205,11 @@ def test_shard_chain_bound_below_every_split_plan(problem):
         return
     from unittest import mock
 
-    import llm_planner.solve.split as split
+    from llm_planner.solve.split import chain
 
     best = brute_force_optimum(problem)
     bound = shard_chain_bound(SplitContext(problem, SolveOptions(solver="milp-split", workers=1)))
-    with mock.patch.object(split, "MAX_CHAIN_BATCHES", 1):  # the shard counts past the first chain count with LP(s) alone
+    with mock.patch.object(chain, "MAX_CHAIN_BATCHES", 1):  # the shard counts past the first chain count with LP(s) alone
         capped = shard_chain_bound(SplitContext(problem, SolveOptions(solver="milp-split", workers=1)))
     if np.isfinite(best):
         assert bound <= best * (1 + 1e-9)

@@ -1,4 +1,4 @@
-"""MILP-SPLIT's pipelined micro-batches (llm_planner.solve.split_pipeline)."""
+"""MILP-SPLIT's pipelined micro-batches (llm_planner.solve.split.pipeline)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from llm_planner.solve.api import solve
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
 from llm_planner.solve.schedule import make_plan
-from llm_planner.solve.split_groups import shard_sizes
-from llm_planner.solve.bounds import task_times
-from llm_planner.solve.split_pipeline import replicated_plans, run_estimate, run_orders
+from llm_planner.solve.split.groups import shard_sizes
+from llm_planner.solve.bounds.times import task_times
+from llm_planner.solve.split.pipeline import replicated_plans, run_estimate, run_orders
 from llm_planner.verify import verify_plan
 
 GB = 1e9

@@ -1,4 +1,4 @@
-"""MILP-SPLIT's stage DP for the throughput objective (llm_planner.solve.split_throughput): the
+"""MILP-SPLIT's stage DP for the throughput objective (llm_planner.solve.split.throughput): the
 device orders it tries, and a chain whose best contiguous plan starts on the slower device."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.split import SplitContext
-from llm_planner.solve.split_throughput import _arrangements, _class_sequences, device_orders, throughput_plan
+from llm_planner.solve.split.context import SplitContext
+from llm_planner.solve.split.throughput import _arrangements, _class_sequences, device_orders, throughput_plan
 from llm_planner.verify import verify_plan
 from test_milp import exact, explicit_problem
 

@@ -16,7 +16,7 @@ from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.solve.api import solve
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
-from llm_planner.solve.symmetry import CRITERIA, satisfies, symmetry_classes
+from llm_planner.solve.milp.symmetry import CRITERIA, satisfies, symmetry_classes
 
 CHOICES = ("none", "batch", "task", "time", "first", "solver")
 
@@ -130,9 +130,9 @@ def test_pinned_devices_are_not_treated_as_interchangeable(criterion):
     # twin server: the rows must not force work onto the first GPU of the first server
     import numpy as np
 
-    from llm_planner.solve.milp import solve_milp
-    from llm_planner.solve.subproblem import build_subproblem
-    from llm_planner.solve.symmetry import problem_classes
+    from llm_planner.solve.milp.milp import solve_milp
+    from llm_planner.solve.split.subproblem import build_subproblem
+    from llm_planner.solve.milp.symmetry import problem_classes
 
     problem = build_problem(tiny_gpt_like(3, weight_gb=10.0), small_cluster(), objective="latency")
     sub, _ = build_subproblem(problem, (2, 3), 1, 3, 3, np.ones(problem.num_devices, dtype=bool), 1)

@@ -9,7 +9,7 @@ from planner_instances import kind
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.solve.problem import build_problem
-from llm_planner.solve.symmetry import CRITERIA, apply_permutation, canonical_permutation, satisfies, symmetry_classes
+from llm_planner.solve.milp.symmetry import CRITERIA, apply_permutation, canonical_permutation, satisfies, symmetry_classes
 from llm_planner.spec import load_cluster, parse_cluster
 
 
@@ -61,7 +61,7 @@ def test_canonical_permutation_satisfies_and_keeps_the_objective(data, criterion
 def test_problem_classes_split_members_that_hold_different_tasks():
     import dataclasses
 
-    from llm_planner.solve.symmetry import problem_classes
+    from llm_planner.solve.milp.symmetry import problem_classes
 
     tasks = (Task(name="a", flops_per_sample=1e9), Task(name="b", flops_per_sample=1e9))
     problem = build_problem(TaskGraph(name="ab", tasks=tasks, edges=()), small_cluster())

@@ -14,8 +14,8 @@ from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.graph.transformer import build_decoder_graph, preset_config
 from llm_planner.groups import group_degrees, member_names, tensor_groups
 from llm_planner.solve.api import solve
-from llm_planner.solve.baseline_set import all_baselines
-from llm_planner.solve.bounds import lower_bound
+from llm_planner.solve.baselines.baseline_set import all_baselines
+from llm_planner.solve.bounds.combined import lower_bound
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
 from llm_planner.spec import LinkSpec
@@ -127,13 +127,13 @@ def test_max_tp_one_offers_no_group():
 def _check_against_brute(problem, *, split_exact: bool):
     from unittest import mock
 
-    import llm_planner.solve.bounds_path as bounds_path
-    from llm_planner.solve.bounds import forget_lower_bounds
+    from llm_planner.solve.bounds import partition
+    from llm_planner.solve.bounds.combined import forget_lower_bounds
 
     best = brute_force(problem)
     assert math.isfinite(best)
     assert lower_bound(problem) <= best * (1 + 1e-9)
-    with mock.patch.object(bounds_path, "MAX_PARTITIONS", 0):  # the partition bound's stand-ins per shard count
+    with mock.patch.object(partition, "MAX_PARTITIONS", 0):  # the partition bound's stand-ins per shard count
         forget_lower_bounds()
         assert lower_bound(problem) <= best * (1 + 1e-9)
     forget_lower_bounds()

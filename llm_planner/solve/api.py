@@ -28,7 +28,7 @@ SOLVERS = ("milp", "milp-split", "best-baseline", *BASELINES)
 def solve(problem: PlacementProblem, options: SolveOptions | None = None) -> Plan:
     options = (options or SolveOptions()).check()
     plan = _dispatch(problem, options)
-    from llm_planner.solve.bounds import lower_bound
+    from llm_planner.solve.bounds.combined import lower_bound
 
     plan = with_bound(plan, lower_bound(problem))
     # the gap a status `optimal` is judged against (verify_fields.check_status)
@@ -47,14 +47,15 @@ def solve(problem: PlacementProblem, options: SolveOptions | None = None) -> Pla
 def _dispatch(problem: PlacementProblem, options: SolveOptions) -> Plan:
     name = options.solver
     if name == "milp":
-        from llm_planner.solve.milp import solve_milp
+        from llm_planner.solve.milp.milp import solve_milp
 
         return solve_milp(problem, options)
     if name == "milp-split":
-        from llm_planner.solve.split_tp import solve_split_tp
+        from llm_planner.solve.split.tp import solve_split_tp
 
         return solve_split_tp(problem, options)
-    from llm_planner.solve import baseline_set, baselines
+    from llm_planner.solve.baselines import baseline_set
+    from llm_planner.solve.fit import infeasibility_reason
 
     if name == "best-baseline":
         plan = baseline_set.best_of_all(problem)
@@ -63,6 +64,6 @@ def _dispatch(problem: PlacementProblem, options: SolveOptions) -> Plan:
     else:
         raise SolveError(f"unknown solver {name!r}; choose one of {', '.join(SOLVERS)}")
     if plan is None:
-        reasons = baselines.infeasibility_reason(problem)
+        reasons = infeasibility_reason(problem)
         raise SolveError(f"solver {name!r} found no feasible plan: {reasons}")
     return plan

@@ -21,7 +21,7 @@ class SolveOptions:
     workers: int = 0  # MILP-SPLIT: processes for subproblems; 0 = all cores
     max_module_tasks: int = 20  # MILP-SPLIT: larger modules are planned by HEFT + local search instead of the exact MILP
     verify: bool = True  # run the independent verifier on the plan before returning it
-    bound: bool = True  # MILP-SPLIT: compute its own lower bound (the layout search of split_tp solves without)
+    bound: bool = True  # MILP-SPLIT: compute its own lower bound (the layout search of split.tp solves without)
 
     def check(self) -> "SolveOptions":
         if self.symmetry not in SYMMETRY_CHOICES:

@@ -31,13 +31,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from llm_planner.plan import Plan
-from llm_planner.solve.baseline_set import all_baselines
-from llm_planner.solve.baselines import infeasibility_reason
-from llm_planner.solve.bounds import critical_path_bound, load_balance_bound, lower_bound
+from llm_planner.solve.baselines.baseline_set import all_baselines
+from llm_planner.solve.fit import infeasibility_reason
+from llm_planner.solve.bounds.combined import lower_bound
+from llm_planner.solve.bounds.load import load_balance_bound
+from llm_planner.solve.bounds.times import critical_path_bound
 from llm_planner.solve.errors import SolveError
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import PlacementProblem, restrict_devices
-from llm_planner.solve.split import solve_split
+from llm_planner.solve.split.split import solve_split
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ inexact); the plan's load is then computed exactly by schedule.make_plan.
 Stages must fit in memory. The device orders tried (`device_orders`): fastest
 device first; fastest server first, its devices fastest first; and every other
 order of the device classes when there are at most MAX_DEVICE_ORDERS of them;
-each for one shard and for the data-parallel groups of split_groups, and the
+each for one shard and for the data-parallel groups of split.groups, and the
 best exact plan is kept.
 
 Where this loses against the exact MILP: modules cannot be split over several
 devices, each device holds one contiguous stage, and transfer estimates may
-steer the DP wrong when devices are skipped. split_loads then moves single
+steer the DP wrong when devices are skipped. split.loads then moves single
 tasks between devices, starting from the best of these plans.
 """
 
@@ -34,14 +34,14 @@ import numpy as np
 from llm_planner.plan import Plan
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import make_plan
-from llm_planner.solve.split_groups import candidate_group_counts, device_groups, replicate, shard_sizes
+from llm_planner.solve.split.groups import candidate_group_counts, device_groups, replicate, shard_sizes
 
 INF = float("inf")
 
 
 def _module_arrays(ctx, batch: int, devices: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """work[j, q]: time of module j on devices[q] (inf if unsupported); mem[j, q]: its memory there."""
-    from llm_planner.solve.bounds import task_times
+    from llm_planner.solve.bounds.times import task_times
 
     p: PlacementProblem = ctx.problem
     times = task_times(p, batch)[:, devices]
@@ -126,7 +126,7 @@ def device_orders(problem: PlacementProblem, devices: list[int], batch: int) -> 
     the best contiguous plan puts the first third on the T4 and the rest on the
     A100, an order the first two miss.
     """
-    from llm_planner.solve.bounds import task_times
+    from llm_planner.solve.bounds.times import task_times
 
     times = task_times(problem, batch)[:, devices]
     speed = {d: float(np.sum(np.where(np.isfinite(times[:, q]), times[:, q], 0.0))) for q, d in enumerate(devices)}

@@ -16,7 +16,7 @@ than carry several devices in the DP state, since the state would grow as
 |K|^(cut width) and cut widths of randomly wired stages reach dozens. MILP-SPLIT
 keeps such modules whole (split.SplitContext passes no size cap) and plans the
 ones above SolveOptions.max_module_tasks by HEFT and local search instead of the
-exact MILP (split_subsolve.py), which is where the split can lose optimality
+exact MILP (split/subsolve.py), which is where the split can lose optimality
 even without memory limits (docs/milp-split.md). `split_modules` can also cut
 oversize modules into chunks of consecutive tasks in topological order; a chunk
 boundary is then crossed by many tensors, of which a chunk's subproblem sees

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from llm_planner.plan import Plan
-from llm_planner.solve.bounds import task_times
+from llm_planner.solve.bounds.times import task_times
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import device_loads, make_plan
 

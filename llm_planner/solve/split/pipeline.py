@@ -11,14 +11,14 @@ micro-batch the makespan is about
 
 so many short, balanced stages of small micro-batches win when a stage's time
 shrinks with its batch. This is how pipeline-parallel serving systems run a
-batch, and what the data-parallel groups of split_groups cannot express (there
+batch, and what the data-parallel groups of split.groups cannot express (there
 each shard has devices of its own, so every group holds a full copy of the
 weights and memory can force the shards onto slower devices).
 
-Candidates, for each data-parallel grouping g (1 and those of split_groups)
-and each device order of split_throughput (fastest first):
+Candidates, for each data-parallel grouping g (1 and those of split.groups)
+and each device order of split.throughput (fastest first):
 
-- the stages of split_throughput.stage_dp (min-max stage time, memory checked
+- the stages of split.throughput.stage_dp (min-max stage time, memory checked
   for the group's whole share of the batch) over prefixes of the order: the
   shortest prefix that fits in memory, and the longer ones that end where the
   devices' speed changes (all the fast GPUs, then the next kind, ...). Over
@@ -44,11 +44,11 @@ from collections.abc import Callable
 import numpy as np
 
 from llm_planner.plan import Plan
-from llm_planner.solve.bounds import task_times
+from llm_planner.solve.bounds.times import task_times
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import make_plan
-from llm_planner.solve.split_groups import candidate_group_counts, device_groups, replicate, shard_sizes
-from llm_planner.solve.split_throughput import device_orders, stage_dp
+from llm_planner.solve.split.groups import candidate_group_counts, device_groups, replicate, shard_sizes
+from llm_planner.solve.split.throughput import device_orders, stage_dp
 
 
 FINALISTS = 3  # candidates, ranked by the run-level estimate, that make_plan schedules exactly
@@ -199,8 +199,8 @@ def replicated_plans(problem: PlacementProblem, bases: list[list[int]], started:
     into m parts, largest first (near-equal ones alone when there are more than
     MAX_SIZE_SPLITS), for 2 <= m <= the problem's max_shards; those that fit in memory are
     ranked by `run_estimate` and the best FINALISTS scheduled exactly in `run_orders`."""
-    from llm_planner.solve.bounds_path import count_partitions, partitions
-    from llm_planner.solve.split_subsolve import device_classes
+    from llm_planner.solve.bounds.partition import count_partitions, partitions
+    from llm_planner.solve.split.subsolve import device_classes
 
     q, most = problem.batch_size, min(problem.batch_size, problem.max_shards)
     if most < 2:

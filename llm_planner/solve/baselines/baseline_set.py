@@ -1,11 +1,11 @@
-"""Every baseline a plan is compared with: the single-device layouts of solve/baselines.py
-and, on a problem with tensor-parallel groups, the layouts of solve/baselines_tp.py."""
+"""Every baseline a plan is compared with: the single-device layouts of solve/baselines/single.py
+and, on a problem with tensor-parallel groups, the layouts of solve/baselines/tensor_parallel.py."""
 
 from __future__ import annotations
 
 from llm_planner.plan import Plan
-from llm_planner.solve.baselines import BASELINE_NAMES, run_baseline
-from llm_planner.solve.baselines_tp import TP_BASELINES, run_tp_baseline
+from llm_planner.solve.baselines.single import BASELINE_NAMES, run_baseline
+from llm_planner.solve.baselines.tensor_parallel import TP_BASELINES, run_tp_baseline
 from llm_planner.solve.problem import PlacementProblem
 
 ALL_BASELINES = BASELINE_NAMES + TP_BASELINES

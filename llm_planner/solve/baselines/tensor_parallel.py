@@ -28,8 +28,9 @@ from collections import defaultdict
 import numpy as np
 
 from llm_planner.plan import Plan
-from llm_planner.solve.baselines import _balanced_split, _fastest_first, _fits, _follow_groups, _topo
-from llm_planner.solve.bounds import task_times
+from llm_planner.solve.baselines.common import balanced_split, fastest_first, fits, follow_groups
+from llm_planner.solve.fit import topo_order
+from llm_planner.solve.bounds.times import task_times
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import make_plan
 
@@ -57,7 +58,7 @@ def _classes(problem: PlacementProblem) -> dict[tuple[str, str], list[int]]:
     return out
 
 
-def _runs_all(problem: PlacementProblem, k: int) -> bool:
+def runs_all(problem: PlacementProblem, k: int) -> bool:
     return bool(problem.supported[:, k].all())
 
 
@@ -69,7 +70,7 @@ def _replicas(problem: PlacementProblem) -> list[int]:
     n = problem.num_tasks
     out = []
     for devices in _classes(problem).values():
-        able = [k for k in devices if _runs_all(problem, k) and _fits(problem, [1], [[k] * n])]
+        able = [k for k in devices if runs_all(problem, k) and fits(problem, [1], [[k] * n])]
         if able:
             degree = min(problem.devices[k].degree for k in able)
             out += [k for k in able if problem.devices[k].degree == degree]
@@ -78,10 +79,10 @@ def _replicas(problem: PlacementProblem) -> list[int]:
 
 def _tp_replicas(problem: PlacementProblem) -> tuple[list[int], list[list[int]]] | None:
     q, n = problem.batch_size, problem.num_tasks
-    ranked = _fastest_first(problem, _replicas(problem))
+    ranked = fastest_first(problem, _replicas(problem))
     best, found = math.inf, None
     for m in range(1, min(problem.max_shards, q, len(ranked)) + 1):
-        sizes = _balanced_split(problem, ranked[:m])
+        sizes = balanced_split(problem, ranked[:m])
         if sizes is None:
             continue
         busiest = max(float(task_times(problem, b)[:, k].sum()) for b, k in zip(sizes, ranked[:m]))
@@ -99,18 +100,18 @@ def _server_units(problem: PlacementProblem) -> list[int]:
     out = []
     for devices in _classes(problem).values():
         whole = max(devices, key=lambda k: problem.devices[k].degree)
-        if problem.devices[whole].degree > 1 and _runs_all(problem, whole):
+        if problem.devices[whole].degree > 1 and runs_all(problem, whole):
             out.append(whole)
         else:
-            out += [k for k in devices if problem.degree(k) == 1 and _runs_all(problem, k)]
-    return _fastest_first(problem, out)
+            out += [k for k in devices if problem.degree(k) == 1 and runs_all(problem, k)]
+    return fastest_first(problem, out)
 
 
 def _stages(problem: PlacementProblem, units: list[int], batch: int) -> list[int] | None:
     """Tasks (topological order) cut into contiguous stages on `units` (in order) minimising the
     slowest stage's time for `batch` samples, each stage within its unit's memory; None if no
     cut fits. Bisection on the bottleneck with a greedy fill (exact for a chain cut in order)."""
-    topo = _topo(problem)
+    topo = topo_order(problem)
     t = task_times(problem, batch)
     need = problem.weight_bytes + problem.mem_bytes_per_sample * batch
     lo, hi = 0.0, float(sum(max(t[i, k] for k in units) for i in topo))
@@ -169,7 +170,7 @@ def _megatron(problem: PlacementProblem) -> tuple[list[int], list[list[int]]] | 
         sizes = _proportional(q, 1.0 / np.maximum(times, 1e-30))
         stages = [_stages(problem, units, b) for units, b in zip(pipelines[:m], sizes)]
         assigns = [_colocated(problem, a) for a in stages]
-        if any(a is None for a in assigns) or not _fits(problem, sizes, assigns):
+        if any(a is None for a in assigns) or not fits(problem, sizes, assigns):
             continue
         plan_time = max(_pass_time(problem, a, b) for a, b in zip(stages, sizes))
         if plan_time < best:
@@ -179,7 +180,7 @@ def _megatron(problem: PlacementProblem) -> tuple[list[int], list[list[int]]] | 
 
 def _colocated(problem: PlacementProblem, assign: list[int] | None) -> list[int] | None:
     """The stages with each colocation group moved onto its first member's device (None if none fits)."""
-    return None if assign is None else _follow_groups(problem, assign)
+    return None if assign is None else follow_groups(problem, assign)
 
 
 def _pipeline_time(problem: PlacementProblem, units: list[int], batch: int) -> float:

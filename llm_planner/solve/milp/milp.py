@@ -51,7 +51,7 @@ o_pq in {0,1}, makespan C; throughput: max load T.
                     reachable from device k's tasks, and nothing reachable that left k may come
                     back, so each device's task set is contiguous (Tarnawski et al., NeurIPS 2020).
 (12) objective      latency: min C;  throughput: min T (objective_s = T / Q seconds per sample)
-(13) symmetry       (solve/symmetry.py) identical devices and servers ordered by the criterion
+(13) symmetry       (solve/milp/symmetry.py) identical devices and servers ordered by the criterion
 (14) exclusivity    (tensor-parallel groups) use[k] binary for each group and each device in one;
                     x[s,i,k] <= use[k];  use[d] + sum_{G containing d} use[G] <= 1 for each such d
 
@@ -62,7 +62,7 @@ Solution path: the best baseline plan is the warm start. When it already meets
 L = solve.bounds.lower_bound within rel_gap it is returned as proven optimal and
 no model is built (except with --contiguous, which the baselines need not obey).
 Otherwise the backend (HiGHS by default, Gurobi on request,
-llm_planner.solve.backends) returns the incumbent and its dual bound; the assignment and, for latency, each device's order (by
+llm_planner.solve.milp.backends) returns the incumbent and its dual bound; the assignment and, for latency, each device's order (by
 start time) go to schedule.make_plan, which recomputes start times as soon as
 possible, so the plan's objective can only be <= the MILP's; when the solver
 proved optimality the two must agree (an internal invariant). The plan carries
@@ -71,7 +71,7 @@ either within rel_gap. L is not given to the solver as a cut on C (T): tried, it
 flattens the objective of every node LP below L, and the MILP proved
 rwnn-ws-5x8 in 417 s instead of 94 s.
 
-Ctrl-C during the backend's solve (solve.backends) stops it within a second and
+Ctrl-C during the backend's solve (solve.milp.backends) stops it within a second and
 keeps its incumbent: the plan then has the status `interrupted` (or `optimal`
 when a bound proves it), its bound the better of the solver's and L. Without an
 incumbent of the solver's own, the warm start is that plan; without either,
@@ -89,12 +89,12 @@ import numpy as np
 
 from llm_planner.fmt import fmt_bytes
 from llm_planner.plan import Plan
-from llm_planner.solve.backends import BackendError, BackendOptions, BackendResult, solve_model
-from llm_planner.solve.milp_model import Formulation
+from llm_planner.solve.milp.backends import BackendError, BackendOptions, BackendResult, solve_model
+from llm_planner.solve.milp.model import Formulation
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import PlacementProblem, ProblemError, restrict_devices
 from llm_planner.solve.schedule import make_plan, with_bound
-from llm_planner.solve.symmetry import CRITERIA, canonical_plan
+from llm_planner.solve.milp.symmetry import CRITERIA, canonical_plan
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ AGREEMENT_TOL = 1e-4
 def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
     """Solve the MILP of the module docstring; SolveError for an infeasible instance or unusable backend."""
     from llm_planner.solve.errors import SolveError
-    from llm_planner.solve.bounds import lower_bound
+    from llm_planner.solve.bounds.combined import lower_bound
 
     started = time.perf_counter()
     options = options.check()
@@ -176,8 +176,8 @@ def _proven_warm_start(warm: Plan, bound_s: float, started: float, options: Solv
 
 def _warm_start_plan(problem: PlacementProblem) -> Plan | None:
     """The better of the best baseline and (throughput) the contiguous split; None if neither fits."""
-    from llm_planner.solve.baseline_set import best_of_all
-    from llm_planner.solve.milp_warm import contiguous_split
+    from llm_planner.solve.baselines.baseline_set import best_of_all
+    from llm_planner.solve.milp.warm import contiguous_split
 
     physical = restrict_devices(problem, list(range(problem.num_physical))) if problem.has_groups else problem
     plans = [p for p in (best_of_all(problem), contiguous_split(physical)) if p is not None]
@@ -186,7 +186,7 @@ def _warm_start_plan(problem: PlacementProblem) -> Plan | None:
 
 def _scales(problem: PlacementProblem, warm: Plan | None) -> tuple[float, float]:
     """(model time unit in seconds, horizon H in model units)."""
-    from llm_planner.solve.bounds import task_times
+    from llm_planner.solve.bounds.times import task_times
 
     full = np.where(problem.supported, task_times(problem, problem.batch_size), 0.0)
     comm = problem.comm_fixed + problem.comm_slope * problem.batch_size
@@ -316,7 +316,7 @@ def _check_agreement(problem: PlacementProblem, plan: Plan, milp_s: float, bound
 
 
 def _infeasible_message(problem: PlacementProblem, options: SolveOptions) -> str:
-    from llm_planner.solve.baselines import infeasibility_reason
+    from llm_planner.solve.fit import infeasibility_reason
 
     why = infeasibility_reason(problem)
     if "heuristics" in why:  # every task fits somewhere and the total suffices: the packing itself fails

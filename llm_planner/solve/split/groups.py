@@ -59,7 +59,7 @@ def candidate_group_counts(problem: PlacementProblem) -> list[int]:
 
 def data_parallel_plans(ctx, started: float, only: int | None = None) -> list[Plan]:
     """Latency plans with the batch split over g identical groups, for every feasible g (or g = `only`)."""
-    from llm_planner.solve.split import assemble, latency_chain
+    from llm_planner.solve.split.chain import assemble, latency_chain
 
     problem: PlacementProblem = ctx.problem
     plans = []

@@ -1,6 +1,6 @@
 """Throughput plans improved by moving tasks between devices (MILP-SPLIT, throughput objective).
 
-The stage DP of split_throughput keeps every module whole on one contiguous stage,
+The stage DP of split.throughput keeps every module whole on one contiguous stage,
 while the exact MILP may put any task anywhere: on a three-stage RWNN over a CPU,
 an A100 and a T4 the DP can only hand out whole stages. This search starts from a
 plan and moves one task at a time (a colocation group as a whole) to the device
@@ -14,7 +14,7 @@ own times and the transfer charges of the problem's throughput model
 predecessors' outputs (host-staged), so one evaluation costs the moved tasks'
 degree times K, not a pass over the graph. Plans of several shards are searched
 shard by shard when the shards use disjoint devices (the data-parallel groups of
-split_groups), each shard keeping to the devices no other shard uses; plans
+split.groups), each shard keeping to the devices no other shard uses; plans
 whose shards share devices are left as they are. The effort is capped in move
 evaluations (MAX_MOVE_EVALUATIONS), so the result does not depend on the
 machine's load. After the descent, an iterated search: 1..KICK_STRENGTH random
@@ -43,7 +43,7 @@ class _Shard:
     """One shard's assignment with its loads (plus the other shards' as a fixed background) and memory."""
 
     def __init__(self, problem: PlacementProblem, batch: int, assign: list[int], allowed: np.ndarray, background: np.ndarray):
-        from llm_planner.solve.bounds import task_times
+        from llm_planner.solve.bounds.times import task_times
 
         p = self.p = problem
         self.b, self.a, self.allowed = batch, list(assign), allowed

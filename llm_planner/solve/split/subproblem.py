@@ -8,7 +8,7 @@ device l is the PlacementProblem restricted to {u} + M where
 - devices outside `allowed` cannot be used (MILP-SPLIT's memory repair);
 - one shard of `batch` samples, latency objective.
 Its optimal makespan is exactly the time from u's finish to c's finish that the
-module adds to the whole plan (see llm_planner/solve/split.py).
+module adds to the whole plan (see llm_planner/solve/split/split.py).
 """
 
 from __future__ import annotations

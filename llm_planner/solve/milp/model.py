@@ -1,6 +1,6 @@
 """The exact MILP's variables and constraint families, one method per family.
 
-The numbered formulas are those of llm_planner.solve.milp's docstring. Times in
+The numbered formulas are those of llm_planner.solve.milp.milp's docstring. Times in
 the model are in units of `unit_s` seconds (chosen so the objective is about
 100, far above the solvers' absolute tolerances); memory rows are divided by the
 device's capacity. A term list is [(column, coefficient), ...]; the shard size
@@ -15,43 +15,12 @@ import math
 import networkx as nx
 import numpy as np
 
-from llm_planner.solve.backends import LinearModel, ModelBuilder
-from llm_planner.solve.bounds import task_times
+from llm_planner.solve.milp.backends import LinearModel, ModelBuilder
+from llm_planner.solve.bounds.times import task_times
+from llm_planner.solve.milp.costs import cost_groups, uniform_cost, useful_pieces
 from llm_planner.solve.problem import PlacementProblem
 
 Terms = list[tuple[int, float]]
-
-
-def _useful_pieces(pieces: np.ndarray) -> list[tuple[float, float]]:
-    """The affine pieces (fixed, slope) that are not dominated by another one."""
-    unique = sorted({(float(f), float(g)) for f, g in pieces})
-    return [p for p in unique if not any(q != p and q[0] >= p[0] and q[1] >= p[1] for q in unique)]
-
-
-def uniform_cost(problem: PlacementProblem, e: int) -> tuple[float, float] | None:
-    """(fixed_s, slope_s) of edge e if it is the same between every pair of distinct devices."""
-    off = ~np.eye(problem.num_devices, dtype=bool)
-    fixed, slope = problem.comm_fixed[e][off], problem.comm_slope[e][off]
-    if fixed.size == 0 or (np.ptp(fixed) == 0 and np.ptp(slope) == 0):
-        return (float(fixed[0]), float(slope[0])) if fixed.size else (0.0, 0.0)
-    return None
-
-
-def cost_groups(fixed: np.ndarray, slope: np.ndarray, ends: list[int], others: list[int]) -> list[tuple[int, float, float, list[int]]]:
-    """(k, fixed_s, slope_s, [l, ...]) for each k in `ends` and each set of devices l in `others`, l != k,
-    with the same cost (fixed[k, l], slope[k, l]); free pairs are left out.
-
-    With an edge's cost matrices this groups a sender's receivers; with their transposes, a receiver's
-    senders. A cluster has few link classes, so a device has a few groups, not K - 1 partners.
-    """
-    groups = []
-    for k in ends:
-        by_cost: dict[tuple[float, float], list[int]] = {}
-        for l in others:
-            if l != k and (fixed[k, l] or slope[k, l]):
-                by_cost.setdefault((float(fixed[k, l]), float(slope[k, l])), []).append(l)
-        groups += [(k, f, g, ls) for (f, g), ls in by_cost.items()]
-    return groups
 
 
 class Formulation:
@@ -178,7 +147,7 @@ class Formulation:
         self._rows("task_time", rows)
 
     def _pieces(self, i: int, k: int) -> list[tuple[float, float]]:
-        return [(f / self.unit, g / self.unit) for f, g in _useful_pieces(self.p.time_pieces[i, k])]
+        return [(f / self.unit, g / self.unit) for f, g in useful_pieces(self.p.time_pieces[i, k])]
 
     def add_colocation(self) -> None:
         """(9) x[s,a,k] = x[s,c,k] for consecutive members a, c of a colocation group.  Rows: S K (|g| - 1) per group."""
@@ -235,13 +204,13 @@ class Formulation:
 
     def add_symmetry_breaking(self) -> None:
         """(13) m(k_a) >= m(k_b) for consecutive interchangeable devices, and the same for the
-        server sums of interchangeable servers (solve/symmetry.py).  Rows: one per consecutive pair."""
-        from llm_planner.solve.symmetry import CRITERIA, problem_classes, symmetry_rows
+        server sums of interchangeable servers (solve/milp/symmetry.py).  Rows: one per consecutive pair."""
+        from llm_planner.solve.milp.symmetry import CRITERIA, problem_classes, symmetry_rows
 
         if self.symmetry in CRITERIA:
             self._rows("symmetry", symmetry_rows(self, problem_classes(self.p), self.symmetry))
             if self.p.has_groups:
-                from llm_planner.solve.symmetry import group_use_rows
+                from llm_planner.solve.milp.symmetry import group_use_rows
 
                 self._rows("symmetry_groups", group_use_rows(self.p, self.use))
 

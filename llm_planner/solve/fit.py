@@ -1,0 +1,125 @@
+"""Whether a problem can fit in memory at all: the memory a task or colocation group needs
+on a device, and a sentence on why no placement fits (a proof where there is one).
+
+The baselines place tasks with the same ledger (solve/baselines/); the pipeline refuses a
+problem that provably cannot fit before any solver runs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from llm_planner.solve.problem import PlacementProblem
+
+
+def topo_order(problem: PlacementProblem) -> list[int]:
+    return [problem.graph.index(n) for n in problem.graph.topological_order()]
+
+
+def colocation_units(problem: PlacementProblem) -> dict[int, list[int]]:
+    """Task -> the members of its colocation group (itself alone if none)."""
+    unit = {i: [i] for i in range(problem.num_tasks)}
+    for group in problem.colocate_groups():
+        for i in group:
+            unit[i] = group
+    return unit
+
+
+def runs_all(problem: PlacementProblem, members: list[int], k: int) -> bool:
+    return bool(problem.supported[members, k].all())
+
+
+class MemoryLedger:
+    """Memory in use per device while a greedy places tasks for one shard of `batch` samples."""
+
+    def __init__(self, problem: PlacementProblem, batch: int):
+        self.p, self.batch = problem, batch
+        self.used = np.zeros(problem.num_devices)
+
+    def need(self, members: list[int], k: int) -> float:
+        p = self.p
+        return float(sum(p.weight_bytes[i] + p.mem_bytes_per_sample[i] * self.batch for i in members if p.mem_counts[i, k]))
+
+    def room(self, members: list[int], k: int) -> bool:
+        return self.used[k] + self.need(members, k) <= self.p.mem_capacity[k]
+
+    def add(self, members: list[int], k: int) -> None:
+        self.used[k] += self.need(members, k)
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.3g} GB"
+
+
+def _unit_shortfalls(problem: PlacementProblem) -> list[tuple[float, str]]:
+    """(shortfall bytes, sentence) for every task or colocation group too big for every device that runs it."""
+    batch = math.ceil(problem.batch_size / problem.max_shards)  # some shard is at least this big
+    ledger, units = MemoryLedger(problem, batch), colocation_units(problem)
+    seen: set[int] = set()
+    out = []
+    for i in topo_order(problem):
+        members = units[i]
+        if i in seen:
+            continue
+        seen.update(members)
+        what = f"task {problem.graph.tasks[i].name!r}" if len(members) == 1 else f"colocation group {problem.graph.tasks[i].colocate_group!r}"
+        able = [k for k in range(problem.num_devices) if runs_all(problem, members, k)]
+        if not able:
+            out.append((math.inf, f"no device can run every task of {what}"))
+            continue
+        k = min(able, key=lambda d: ledger.need(members, d) - problem.mem_capacity[d])
+        short = ledger.need(members, k) - problem.mem_capacity[k]
+        if short > 0:
+            out.append((short, f"{what} needs {_gb(ledger.need(members, k))} for a shard of {batch} samples but the best device "
+                               f"that can run it, {problem.device_names[k]!r}, holds {_gb(problem.mem_capacity[k])} (short by {_gb(short)})"))
+    return out
+
+
+def memory_shortfall(problem: PlacementProblem) -> str | None:
+    """A sentence when no placement can fit in memory, provably (a task or colocation group
+    fits no device that runs it, or the tasks need more than all devices hold); else None."""
+    units = _unit_shortfalls(problem)
+    if units:
+        units.sort(key=lambda u: -u[0])
+        more = f" ({len(units) - 1} more task(s) do not fit either)" if len(units) > 1 else ""
+        return units[0][1] + more
+    need = _total_need(problem)
+    capacity = float(problem.mem_capacity.sum())
+    if need > capacity:
+        return f"the tasks need at least {_gb(need)} of device memory in all but the devices hold {_gb(capacity)} (short by {_gb(need - capacity)})"
+    return None
+
+
+def _total_need(problem: PlacementProblem) -> float:
+    need = 0.0
+    for i in range(problem.num_tasks):
+        able = problem.supported[i]
+        if (problem.mem_counts[i] | ~able).all():  # memory counts wherever it can run
+            need += problem.weight_bytes[i] + problem.mem_bytes_per_sample[i] * problem.batch_size
+    return need
+
+
+def infeasibility_reason(problem: PlacementProblem) -> str:
+    """A sentence on why no placement fits in memory (or why the heuristics found none)."""
+    provable = memory_shortfall(problem)
+    if provable is not None:
+        return provable
+    need, capacity = _total_need(problem), float(problem.mem_capacity.sum())
+    whole = [k for k in range(problem.num_devices) if problem.supported[:, k].all()]
+    single = ""
+    if whole:
+        ledger = MemoryLedger(problem, problem.batch_size)
+        all_tasks = list(range(problem.num_tasks))
+        k = min(whole, key=lambda d: ledger.need(all_tasks, d) - problem.mem_capacity[d])
+        short = ledger.need(all_tasks, k) - problem.mem_capacity[k]
+        if short > 0:
+            single = f"; on one device the model needs {_gb(ledger.need(all_tasks, k))} but the roomiest, {problem.device_names[k]!r}, holds {_gb(problem.mem_capacity[k])} (short by {_gb(short)})"
+    else:
+        single = "; no single device can run every task"
+    total = _gb(capacity) if math.isfinite(capacity) else "unlimited"
+    return (
+        f"every task fits on some device that can run it and the total need ({_gb(need)}) is within the total capacity "
+        f"({total}), but the greedy heuristics found no placement that fits{single}; the MILP solver may still find one"
+    )
