@@ -11,7 +11,8 @@ import pytest
 
 from llm_planner import cost
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.graph.transformer import build_decoder_graph, preset_config
+from llm_planner.graph.decoder_graph import build_decoder_graph
+from llm_planner.graph.transformer import preset_config
 from llm_planner.groups import group_degrees, member_names, tensor_groups
 from llm_planner.solve.api import solve
 from llm_planner.solve.baselines.baseline_set import all_baselines

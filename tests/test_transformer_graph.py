@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llm_planner.graph import transformer as tr
+from llm_planner.graph.decoder_graph import build_decoder_graph
 from llm_planner.graph.ir import GraphError, graph_from_dict
 
 PRESETS = [name for name, _ in tr.preset_descriptions()]
@@ -50,7 +51,7 @@ def test_module_imports_without_torch():
 
 def test_gpt3_175b_has_96_blocks_and_175b_parameters():
     cfg = tr.preset_config("gpt3-175b")
-    graph = tr.build_decoder_graph(cfg, phase="decode", seq_len=2048, granularity="block", dtype="fp16")
+    graph = build_decoder_graph(cfg, phase="decode", seq_len=2048, granularity="block", dtype="fp16")
     assert sum(t.kind == "block" for t in graph.tasks) == 96
     assert tr.count_parameters(cfg) == pytest.approx(175e9, rel=0.01)
     assert graph.meta_dict()["num_params"] == tr.count_parameters(cfg)
@@ -74,7 +75,7 @@ def test_presets_cover_the_families():
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_builds_a_valid_chain(name, granularity):
     cfg = tr.preset_config(name)
-    graph = tr.build_decoder_graph(cfg, phase="prefill", seq_len=128, granularity=granularity, dtype="bf16")
+    graph = build_decoder_graph(cfg, phase="prefill", seq_len=128, granularity=granularity, dtype="bf16")
     graph.validate()
     n = cfg.num_layers
     if granularity == "block":
@@ -153,7 +154,7 @@ def test_random_configs_count_exactly_like_transformers(family, layers, heads, g
     cfg = tr.DecoderConfig(name="random", model_type=tr.HF_MODEL_TYPES[family], **kw)
     assert tr.count_parameters(cfg) == _hf_params(tr.to_hf_config(cfg), device="meta")
     # the task weights hold every parameter once, plus the tied matrix a second time
-    graph = tr.build_decoder_graph(cfg, phase="decode", seq_len=8, granularity="sublayer", dtype="fp32")
+    graph = build_decoder_graph(cfg, phase="decode", seq_len=8, granularity="sublayer", dtype="fp32")
     tied = cfg.vocab_size * cfg.word_embed_dim if tie else 0
     assert graph.total_weight_bytes() == 4 * (tr.count_parameters(cfg) + tied)
 
@@ -162,11 +163,11 @@ def test_hand_computed_costs_of_a_tiny_gpt2():
     cfg = tr.DecoderConfig(name="hand", model_type="gpt2", num_layers=1, hidden_size=8, num_heads=2, num_kv_heads=2,
                            intermediate_size=32, vocab_size=10, max_positions=16, tie_word_embeddings=True)
     # matmul weights per layer: qkv 8*24 + out 8*8 + mlp 2*8*32 = 768; attention width a = 8
-    pre = tr.build_decoder_graph(cfg, phase="prefill", seq_len=4, granularity="block", dtype="fp32")
+    pre = build_decoder_graph(cfg, phase="prefill", seq_len=4, granularity="block", dtype="fp32")
     assert pre.task("block.0").flops_per_sample == 2 * 768 * 4 + 4 * 8 * (4 * 5 // 2)  # 6464
     assert pre.task("lm_head").flops_per_sample == 2 * 10 * 8  # last position only
     assert pre.task("embed").flops_per_sample == 0
-    dec = tr.build_decoder_graph(cfg, phase="decode", seq_len=4, granularity="block", dtype="fp32")
+    dec = build_decoder_graph(cfg, phase="decode", seq_len=4, granularity="block", dtype="fp32")
     assert dec.task("block.0").flops_per_sample == 2 * 768 + 4 * 8 * 4  # 1664
     kv_cache = 2 * 8 * 4 * 4  # k and v, width 8, 4 tokens, 4 bytes
     assert dec.task("block.0").mem_bytes_per_sample == kv_cache == pre.task("block.0").mem_bytes_per_sample
@@ -184,7 +185,7 @@ def test_hand_computed_costs_of_a_tiny_gpt2():
 @pytest.mark.parametrize("name", ["gpt3-175b", "llama2-70b", "opt-66b"])
 def test_decode_flops_per_token_are_about_two_per_parameter(name):
     cfg = tr.preset_config(name)
-    graph = tr.build_decoder_graph(cfg, phase="decode", seq_len=2048, granularity="block", dtype="fp16")
+    graph = build_decoder_graph(cfg, phase="decode", seq_len=2048, granularity="block", dtype="fp16")
     total = sum(t.flops_per_sample for t in graph.tasks)
     assert total == pytest.approx(2 * tr.count_parameters(cfg), rel=0.10)
 
@@ -193,7 +194,7 @@ def test_prefill_flops_grow_with_seq_len_and_attention_is_quadratic():
     cfg = tr.preset_config("gpt2")
     flops = {}
     for seq_len in (1, 64, 256, 1024):
-        graph = tr.build_decoder_graph(cfg, phase="prefill", seq_len=seq_len, granularity="sublayer", dtype="fp16")
+        graph = build_decoder_graph(cfg, phase="prefill", seq_len=seq_len, granularity="sublayer", dtype="fp16")
         flops[seq_len] = sum(t.flops_per_sample for t in graph.tasks)
         mlp = graph.task("block.0.mlp").flops_per_sample
         assert mlp == 2 * 2 * 768 * 3072 * seq_len  # linear in tokens
@@ -204,8 +205,8 @@ def test_prefill_flops_grow_with_seq_len_and_attention_is_quadratic():
 def test_block_equals_its_two_sublayers():
     cfg = tr.preset_config("llama3-8b")
     args = dict(phase="decode", seq_len=512, dtype="fp16")
-    block = tr.build_decoder_graph(cfg, granularity="block", **args)
-    sub = tr.build_decoder_graph(cfg, granularity="sublayer", **args)
+    block = build_decoder_graph(cfg, granularity="block", **args)
+    sub = build_decoder_graph(cfg, granularity="sublayer", **args)
     for f in ("flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample"):
         both = getattr(sub.task("block.3.attn"), f) + getattr(sub.task("block.3.mlp"), f)
         assert getattr(block.task("block.3"), f) == both, f
@@ -216,30 +217,30 @@ def test_block_equals_its_two_sublayers():
 def test_llama2_70b_kv_cache_uses_8_kv_heads():
     cfg = tr.preset_config("llama2-70b")
     assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (64, 8, 128)
-    graph = tr.build_decoder_graph(cfg, phase="decode", seq_len=4096, granularity="block", dtype="fp16")
+    graph = build_decoder_graph(cfg, phase="decode", seq_len=4096, granularity="block", dtype="fp16")
     per_layer = 2 * 8 * 128 * 4096 * 2  # 16 MiB of K and V per sequence per layer
     assert graph.task("block.0").mem_bytes_per_sample == per_layer == 16 * 2**20
     assert sum(t.mem_bytes_per_sample for t in graph.tasks) == 80 * per_layer
     # the decode step reads the whole cache: it dominates the activation traffic
     assert per_layer < graph.task("block.0").bytes_per_sample < 1.05 * per_layer
-    mha = tr.build_decoder_graph(dataclasses.replace(cfg, num_kv_heads=64), phase="decode", seq_len=4096,
+    mha = build_decoder_graph(dataclasses.replace(cfg, num_kv_heads=64), phase="decode", seq_len=4096,
                                  granularity="block", dtype="fp16")
     assert mha.task("block.0").mem_bytes_per_sample == 8 * per_layer
 
 
 def test_weights_of_a_tied_model_count_the_embedding_twice():
     cfg = tr.preset_config("opt-350m")
-    graph = tr.build_decoder_graph(cfg, phase="decode", seq_len=2048, granularity="block", dtype="fp16")
+    graph = build_decoder_graph(cfg, phase="decode", seq_len=2048, granularity="block", dtype="fp16")
     assert graph.task("lm_head").weight_bytes == 2 * 50272 * 512
     assert graph.total_weight_bytes() == 2 * (tr.count_parameters(cfg) + 50272 * 512)
     assert graph.edges[-1].bytes_per_sample == 512 * 2  # after project_out
     untied = tr.preset_config("llama2-7b")
-    g7 = tr.build_decoder_graph(untied, phase="decode", seq_len=16, granularity="block", dtype="fp16")
+    g7 = build_decoder_graph(untied, phase="decode", seq_len=16, granularity="block", dtype="fp16")
     assert g7.total_weight_bytes() == 2 * tr.count_parameters(untied)
 
 
 def test_graph_round_trips_through_json():
-    graph = tr.build_decoder_graph(tr.preset_config("opt-125m"), phase="prefill", seq_len=32, granularity="sublayer", dtype="fp16")
+    graph = build_decoder_graph(tr.preset_config("opt-125m"), phase="prefill", seq_len=32, granularity="sublayer", dtype="fp16")
     again = graph_from_dict(json.loads(graph.to_json()))
     assert again.tasks == graph.tasks and again.edges == graph.edges and again.meta_dict() == graph.meta_dict()
 
@@ -251,7 +252,7 @@ def test_graph_round_trips_through_json():
 def test_bad_build_arguments(kw, match):
     args = {**dict(phase="decode", seq_len=16, granularity="block", dtype="fp16"), **kw}
     with pytest.raises(GraphError, match=match):
-        tr.build_decoder_graph(tr.preset_config("gpt2"), **args)
+        build_decoder_graph(tr.preset_config("gpt2"), **args)
 
 
 @pytest.mark.parametrize("kw, match", [

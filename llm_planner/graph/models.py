@@ -64,7 +64,7 @@ def list_models() -> list[tuple[str, str, str]]:
 
 def build_model_graph(spec: ModelSpec) -> TaskGraph:
     """Build the task graph of a preset, a config file or a config directory."""
-    from llm_planner.graph import rwnn, transformer
+    from llm_planner.graph import decoder_graph, rwnn, transformer
 
     spec.check()
     if spec.name in ("resnet18", "resnet50"):
@@ -82,4 +82,4 @@ def build_model_graph(spec: ModelSpec) -> TaskGraph:
         names = ", ".join(name for name, _, _ in list_models())
         raise GraphError(f"unknown model {spec.name!r}: not a preset, a config.json or a directory holding one (presets: {names})")
     seq_len = spec.seq_len if spec.seq_len is not None else min(2048, config.max_positions)
-    return transformer.build_decoder_graph(config, phase=spec.phase, seq_len=seq_len, granularity=spec.granularity, dtype=spec.dtype)
+    return decoder_graph.build_decoder_graph(config, phase=spec.phase, seq_len=seq_len, granularity=spec.granularity, dtype=spec.dtype)

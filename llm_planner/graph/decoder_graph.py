@@ -1,0 +1,168 @@
+"""The task graph of a GPT-style decoder and its analytic costs: no torch needed.
+
+A decoder becomes a chain  embed -> block.0 .. block.{n-1} -> final_norm -> lm_head
+(granularity "block"), or with each block split into block.{i}.attn -> block.{i}.mlp
+(granularity "sublayer"). Costs per sequence (a "sample"), with L = seq_len, T tokens
+in flight (T = L for "prefill", T = 1 for "decode" with a context of L tokens), b bytes
+per element, a = nh * hd the attention width, kv = nkv * hd, C the keys a query sees:
+
+    flops_per_sample     = 2 * P_matmul * T  +  4 * a * sum(C) per layer
+                           prefill: sum(C) = L (L + 1) / 2 (causal), decode: sum(C) = L
+                           (Kaplan et al. 2020, "Scaling laws for neural language models",
+                           table 1: C_fwd = 2N + 2 n_layer n_ctx d_attn; Narayanan et al.
+                           2021, "Efficient large-scale language model training on GPU
+                           clusters using Megatron-LM", sec. 5.1: 4 B s^2 h per layer for
+                           QK^T and AV, halved here for causal masking). Elementwise ops
+                           (norms, biases, activations, softmax) are left out: O(h) per
+                           token against O(h^2); their traffic is in bytes_per_sample.
+                           lm_head projects only the last position (all greedy decoding
+                           needs), so its FLOPs are 2 * V * d_word per sequence.
+    bytes_per_sample     = b * T * sum over ops of (elements read + written per token),
+                           each op unfused, attention core fused (FlashAttention, Dao et
+                           al. 2022: the L x L scores never reach memory); decode adds the
+                           KV-cache read 2 * kv * L * b per layer. Weights are not here.
+    mem_bytes_per_sample = 2 * kv * L * b per layer (its KV cache), on block / attn tasks.
+    weight_bytes         = parameters of the task * b; a tied embedding is carried by both
+                           embed and lm_head, so the task sum exceeds num_params by V * d_word.
+
+The configurations (presets, config files, transformers configs) and the exact parameter
+counts are in llm_planner.graph.transformer; docs/models.md has the presets and the formulas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from llm_planner.graph.constants import DTYPE_BYTES, GRANULARITIES, PHASES
+from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
+from llm_planner.graph.transformer import DecoderConfig, count_parameters, matmul_parameters, norm_parameters, part_parameters
+
+ID_BYTES = 8  # token ids are int64
+
+
+def _traffic_per_token(cfg: DecoderConfig, decode: bool) -> dict[str, int]:
+    """Elements read + written per token in flight by each part, op by op (no fusion but attention)."""
+    h, a, kv, dw = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.word_embed_dim
+    norm, residual, up = 2 * h, 3 * h, cfg.intermediate_size * (2 if cfg.gated_mlp else 1)
+    rope = 2 * (a + kv) if not cfg.learned_positions else 0  # rotate q and k
+    core = 2 * a + 2 * kv  # prefill: read q, k, v, write o; decode: read q, write the new k, v to the cache, write o
+    return {"embed": dw + (dw + h if dw != h else 0) + (2 * h if cfg.learned_positions else 0),  # gather, project_in, + pos
+            "attn": norm + (h + a + 2 * kv) + rope + core + (a + h) + residual + (2 * kv if not decode else 0),  # prefill: cache write
+            "mlp": norm + (h + up) + (up + cfg.intermediate_size) + (cfg.intermediate_size + h) + residual,
+            "final_norm": norm * cfg.final_norm + (h + dw if dw != h else 0)}
+
+
+def _layer_costs(cfg: DecoderConfig, phase: str, seq_len: int, dtype_bytes: int) -> dict[str, dict[str, float]]:
+    """flops / bytes / weight / mem per sequence of each part (attn and mlp: one layer)."""
+    decode = phase == "decode"
+    tokens = 1 if decode else seq_len
+    a, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    keys = seq_len if decode else seq_len * (seq_len + 1) // 2  # sum over queries of the keys each sees
+    matmul, params, traffic = matmul_parameters(cfg), part_parameters(cfg), _traffic_per_token(cfg, decode)
+    kv_cache = 2 * kv * seq_len * dtype_bytes
+    out = {}
+    for part in ("embed", "attn", "mlp", "final_norm"):
+        out[part] = {"flops": 2.0 * matmul[part] * tokens, "bytes": float(traffic[part] * tokens * dtype_bytes),
+                     "weight": float(params[part] * dtype_bytes), "mem": 0.0}
+    out["embed"]["bytes"] += ID_BYTES * tokens
+    out["attn"]["flops"] += 4.0 * a * keys
+    out["attn"]["bytes"] += kv_cache if decode else 0.0
+    out["attn"]["mem"] = float(kv_cache)
+    dw = cfg.word_embed_dim  # lm_head: logits of the last position only
+    out["lm_head"] = {"flops": 2.0 * matmul["lm_head"], "bytes": float((dw + cfg.vocab_size) * dtype_bytes),
+                      "weight": float(params["lm_head"] * dtype_bytes), "mem": 0.0}
+    for part, width in _workspace_widths(cfg).items():
+        out[part]["workspace"] = float(width * (1 if part == "lm_head" else tokens) * dtype_bytes)
+    return out
+
+
+def _workspace_widths(cfg: DecoderConfig) -> dict[str, int]:
+    """Elements per token alive at once at each part's widest point (its input, the widest
+    intermediate and what is written from it; the attention core fused, so no L x L scores)."""
+    h, a, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    up = cfg.intermediate_size * (2 if cfg.gated_mlp else 1)
+    return {"embed": 2 * h, "attn": h + a + 2 * kv + a, "mlp": h + up + cfg.intermediate_size,
+            "final_norm": 2 * h, "lm_head": cfg.word_embed_dim + cfg.vocab_size}
+
+
+def _tensor_parallel(cfg: DecoderConfig, tokens: int, dtype_bytes: int) -> dict[str, dict[str, Any]]:
+    """Task fields of the Megatron layout for each part (llm_planner.cost.group_task_time_pieces).
+
+    attn: q/k/v column-parallel by head, the output projection row-parallel, one all-reduce
+    of its output; mlp: up (and gate) column-parallel, down row-parallel, one all-reduce;
+    embed: vocabulary-parallel table and one all-reduce of the gathered rows (positions and
+    OPT's projection replicated); final_norm: replicated; lm_head: column-parallel over the
+    vocabulary, each member's argmax (value and index, 8 bytes) all-gathered. Replicated per
+    token: the norms (2h), the sublayer's input (h) and output (h) and the residual (3h).
+    """
+    h, dw, b = cfg.hidden_size, cfg.word_embed_dim, dtype_bytes
+    out_norm = norm_parameters(cfg)
+    proj = dw * h if dw != h else 0
+    positions = (cfg.max_positions + cfg.position_offset) * h if cfg.learned_positions else 0
+    act = float(tokens * h * b)  # one all-reduce of the hidden states
+    embed_traffic = _traffic_per_token(cfg, tokens == 1)["embed"] * tokens * b + ID_BYTES * tokens
+    return {
+        "embed": dict(tp_divides=(h,), tp_replicated_weight_bytes=float((proj + positions) * b),
+                      tp_replicated_indexed_bytes=float(positions * b), tp_replicated_bytes_per_sample=float(embed_traffic),
+                      tp_allreduces=1, tp_allreduce_bytes_per_sample=act, weight_bytes_indexed=float((cfg.vocab_size * dw + positions) * b)),
+        "attn": dict(tp_divides=(cfg.num_heads, cfg.num_kv_heads), tp_replicated_weight_bytes=float((out_norm + h * cfg.out_bias) * b),
+                     tp_replicated_bytes_per_sample=float(7 * h * tokens * b), tp_allreduces=1, tp_allreduce_bytes_per_sample=act),
+        "mlp": dict(tp_divides=(cfg.intermediate_size,), tp_replicated_weight_bytes=float((out_norm + h * cfg.mlp_bias) * b),
+                    tp_replicated_bytes_per_sample=float(7 * h * tokens * b), tp_allreduces=1, tp_allreduce_bytes_per_sample=act),
+        "final_norm": dict(tp_divides=(h,), tp_replicated_weight_bytes=None, tp_replicated_bytes_per_sample=None),
+        "lm_head": dict(tp_divides=(h,), tp_replicated_bytes_per_sample=float(dw * b), tp_allgathers=1,
+                        tp_allgather_bytes_per_sample=8.0),
+    }
+
+
+def _task(name: str, role: str, cost: dict[str, float], tp: dict[str, Any], layer: int | None = None) -> Task:
+    labels: tuple[tuple[str, Any], ...] = (("role", role),) + ((("layer", layer),) if layer is not None else ())
+    tp = dict(tp)
+    for key, whole in (("tp_replicated_weight_bytes", cost["weight"]), ("tp_replicated_bytes_per_sample", cost["bytes"])):
+        if key in tp and tp[key] is None:  # replicated entirely
+            tp[key] = whole
+    return Task(name=name, kind=role, flops_per_sample=cost["flops"], bytes_per_sample=cost["bytes"],
+                weight_bytes=cost["weight"], mem_bytes_per_sample=cost["mem"], workspace_bytes_per_sample=cost["workspace"],
+                labels=labels, **tp)
+
+
+def _block_tp(attn: dict[str, Any], mlp: dict[str, Any]) -> dict[str, Any]:
+    """A whole block on a group: both sublayers' constraints, replicated parts and collectives."""
+    out = {key: attn[key] + mlp[key] for key in ("tp_replicated_weight_bytes", "tp_replicated_bytes_per_sample",
+                                                 "tp_allreduces", "tp_allreduce_bytes_per_sample")}
+    return dict(out, tp_divides=attn["tp_divides"] + mlp["tp_divides"])
+
+
+def build_decoder_graph(config: DecoderConfig, *, phase: str, seq_len: int, granularity: str, dtype: str) -> TaskGraph:
+    """The chain embed -> block.i (or block.i.attn -> block.i.mlp) -> final_norm -> lm_head."""
+    if phase not in PHASES:
+        raise GraphError(f"model {config.name!r}: phase must be one of {PHASES}, got {phase!r}")
+    if granularity not in GRANULARITIES:
+        raise GraphError(f"model {config.name!r}: granularity must be one of {GRANULARITIES}, got {granularity!r}")
+    if dtype not in DTYPE_BYTES:
+        raise GraphError(f"model {config.name!r}: dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise GraphError(f"model {config.name!r}: seq_len must be a positive integer, got {seq_len!r}")
+    if config.learned_positions and seq_len > config.max_positions:
+        raise GraphError(f"model {config.name!r}: seq_len {seq_len} exceeds its {config.max_positions} learned positions")
+    b = DTYPE_BYTES[dtype]
+    c = _layer_costs(config, phase, seq_len, b)
+    tokens = 1 if phase == "decode" else seq_len
+    tp = _tensor_parallel(config, tokens, b)
+    tasks = [_task("embed", "embed", c["embed"], tp["embed"])]
+    for i in range(config.num_layers):
+        if granularity == "block":
+            block = {k: c["attn"][k] + c["mlp"][k] for k in c["attn"]}
+            block["workspace"] = max(c["attn"]["workspace"], c["mlp"]["workspace"])  # one sublayer at a time
+            tasks.append(_task(f"block.{i}", "block", block, _block_tp(tp["attn"], tp["mlp"]), i))
+        else:
+            tasks += [_task(f"block.{i}.attn", "attn", c["attn"], tp["attn"], i), _task(f"block.{i}.mlp", "mlp", c["mlp"], tp["mlp"], i)]
+    tasks += [_task("final_norm", "final_norm", c["final_norm"], tp["final_norm"]), _task("lm_head", "lm_head", c["lm_head"], tp["lm_head"])]
+    widths = [config.hidden_size] * (len(tasks) - 2) + [config.word_embed_dim]  # final_norm -> lm_head: after project_out
+    edges = tuple(Edge(src=s.name, dst=d.name, bytes_per_sample=float(tokens * w * b)) for s, d, w in zip(tasks, tasks[1:], widths))
+    meta = (("model", config.name), ("model_type", config.model_type), ("num_layers", config.num_layers),
+            ("hidden_size", config.hidden_size), ("vocab_size", config.vocab_size), ("num_params", count_parameters(config)),
+            ("phase", phase), ("seq_len", seq_len), ("dtype", dtype), ("granularity", granularity),
+            ("decoder_config", dataclasses.asdict(config)))
+    return TaskGraph(name=config.name, tasks=tuple(tasks), edges=edges, meta=meta).validate()
