@@ -1,9 +1,22 @@
-"""The design's layering: core modules import without torch and without mpi4py."""
+"""The design's layering: core modules import without torch and without mpi4py; no import
+circle anywhere in llm_planner; no module imports from a layer above its own.
+
+The import graph is read with `ast` from every module of the package: imports at the top,
+inside functions and under TYPE_CHECKING alike, relative imports resolved. Importing a.b.c
+also runs the __init__ of a and a.b, so a module depends on its parent packages too (a
+package __init__ that re-exported a submodule's names would close a circle there).
+"""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
+
+import networkx as nx
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "llm_planner"
 
 CORE = [
     "llm_planner.spec",
@@ -18,6 +31,125 @@ CORE = [
     "llm_planner.cli",
 ]
 
+# Lowest first: a module may import from its own layer and those before it. "x.*" names the
+# package x and everything in it; an exact name wins over a pattern, a longer pattern over a shorter.
+LAYERS: list[tuple[str, list[str], str]] = [
+    ("utilities", ["llm_planner", "llm_planner.units", "llm_planner.fmt", "llm_planner.fileio", "llm_planner.atomic"],
+     "formatting, units and file writing that every layer may use"),
+    ("inputs", ["llm_planner.spec", "llm_planner.spec_fields", "llm_planner.groups", "llm_planner.graph",
+                "llm_planner.graph.constants", "llm_planner.graph.ir"],
+     "the cluster spec and the task-graph IR: plain data that everything above reads"),
+    ("graph builders", ["llm_planner.graph.*"],
+     "task graphs of models (analytic decoders, fx, randomly wired networks, workload files)"),
+    ("cost", ["llm_planner.cost"],
+     "pure cost formulas over tasks, devices and links"),
+    ("plan format", ["llm_planner.plan", "llm_planner.plan_read"],
+     "the plan file format: solvers produce Plans, so it sits below them"),
+    ("solve base", ["llm_planner.solve", "llm_planner.solve.problem", "llm_planner.solve.schedule",
+                    "llm_planner.solve.errors", "llm_planner.solve.options", "llm_planner.solve.fit"],
+     "the problem in numbers, the list scheduler that times an assignment into a Plan, the memory fit"),
+    ("problem inputs and checks", ["llm_planner.profile", "llm_planner.pipeline", "llm_planner.verify",
+                                   "llm_planner.verify_fields", "llm_planner.verify_sim"],
+     "a problem from input files, and the verifier that checks a plan against it: below every solver, "
+     "so the verifier cannot use one (solve.api calls it on every plan)"),
+    ("bounds", ["llm_planner.solve.bounds.*"],
+     "lower bounds: what every solver and baseline is judged against"),
+    ("baselines", ["llm_planner.solve.baselines.*"],
+     "the heuristics a user would run instead; the MILP starts from them"),
+    ("milp", ["llm_planner.solve.milp.*"],
+     "the exact MILP and its backends"),
+    ("split", ["llm_planner.solve.split.*"],
+     "MILP-SPLIT: solves its module subproblems with the exact MILP"),
+    ("solve api", ["llm_planner.solve.api"],
+     "solve(problem, options): picks the solver, adds the bound, verifies the plan"),
+    ("flows", ["llm_planner.report", "llm_planner.export", "llm_planner.observe", "llm_planner.measure",
+               "llm_planner.calibrate", "llm_planner.study", "llm_planner.spec_edit"],
+     "what the commands do with problems and plans: reports, exports, measurements, studies"),
+    ("runtime", ["llm_planner.runtime.*"],
+     "a rank's share of the model under MPI (plan_schedule, table and decoder_tasks are torch-free)"),
+    ("launch", ["llm_planner.launch", "llm_planner.launch_run", "llm_planner.runtime.profile_run"],
+     "start ranks with mpiexec: the plan's, or the profiling ranks'"),
+    ("commands", ["llm_planner.commands", "llm_planner.cli"],
+     "the command line: parses arguments, calls the layers, prints"),
+]
+
+
+def module_files(package_dir: Path) -> dict[str, Path]:
+    """Module name -> file, for every module of the package in `package_dir`."""
+    out = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def explicit_imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that `name` imports anywhere in its file."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    root = name.split(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                source = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules and target.split(".")[0] == root:
+                target = target.rpartition(".")[0]  # a name from a module, or `import a.b.c` of a non-module
+            if target in modules and target != name:
+                out.add(target)
+    return out
+
+
+def import_graph(package_dir: Path) -> tuple[nx.DiGraph, dict[str, set[str]]]:
+    """The import graph, parent-package edges included, and the explicit imports alone."""
+    modules = module_files(package_dir)
+    explicit = {name: explicit_imports(name, path, modules) for name, path in modules.items()}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
+    for name, targets in explicit.items():
+        graph.add_edges_from((name, t) for t in targets)
+        parent = name.rpartition(".")[0]
+        while parent:
+            graph.add_edge(name, parent)
+            parent = parent.rpartition(".")[0]
+    return graph, explicit
+
+
+def circles(graph: nx.DiGraph) -> list[list[str]]:
+    return sorted(sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1)
+
+
+def layer_of(name: str, layers=LAYERS) -> int | None:
+    best, best_len = None, -1
+    for index, (_, names, _) in enumerate(layers):
+        for pattern in names:
+            if pattern == name:
+                return index
+            prefix = pattern[:-2] if pattern.endswith(".*") else None
+            if prefix and (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = index, len(prefix)
+    return best
+
+
+def upward_imports(explicit: dict[str, set[str]], layers=LAYERS) -> list[str]:
+    out = []
+    for name, targets in sorted(explicit.items()):
+        for target in sorted(targets):
+            low, high = layer_of(name, layers), layer_of(target, layers)
+            if high > low:
+                out.append(f"{name} ({layers[low][0]}) imports {target} ({layers[high][0]})")
+    return out
+
 
 def test_core_imports_without_torch_or_mpi():
     code = (
@@ -27,3 +159,34 @@ def test_core_imports_without_torch_or_mpi():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_no_import_circle():
+    found = circles(import_graph(PACKAGE_DIR)[0])
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_every_module_has_a_layer():
+    missing = [name for name in module_files(PACKAGE_DIR) if layer_of(name) is None]
+    assert not missing, f"modules in no layer of LAYERS: {missing}"
+
+
+def test_no_import_from_a_higher_layer():
+    bad = upward_imports(import_graph(PACKAGE_DIR)[1])
+    assert not bad, "imports from a higher layer:\n" + "\n".join(bad)
+
+
+def test_the_checks_see_lazy_relative_and_type_checking_imports(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low.py").write_text("def f():\n    from pkg.sub import high  # lazy, upward, and a circle\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "high.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..low import f\n")
+    graph, explicit = import_graph(pkg)
+    assert circles(graph) == [["pkg.low", "pkg.sub.high"]]
+    layers = [("low", ["pkg", "pkg.low"], ""), ("high", ["pkg.sub.*"], "")]
+    assert upward_imports(explicit, layers) == ["pkg.low (low) imports pkg.sub.high (high)"]
+    (pkg / "low.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from pkg.sub.high import f\n")  # a re-export closes a circle
+    assert circles(import_graph(pkg)[0]) == [["pkg.sub", "pkg.sub.high"]]
