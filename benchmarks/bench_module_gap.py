@@ -14,7 +14,7 @@ device l of its output cut, this solves the module subproblem
 - the exact MILP under `--time-limit` seconds (default 120), warm-started by the
   best baseline: its plan and its dual bound;
 
-and computes the bound MILP-SPLIT carries for the module (solve.bounds.lower_bound
+and computes the bound MILP-SPLIT carries for the module (solve.bounds.combined.lower_bound
 of the subproblem, its cuts pinned). A gap that stays wide between the best plan
 and the best bound, with the exact MILP's own dual bound no higher, is the bound's
 weakness, not the split's.

@@ -26,7 +26,12 @@ CORE = [
     "llm_planner.solve.problem",
     "llm_planner.solve.schedule",
     "llm_planner.solve.api",
+    "llm_planner.solve.bounds.combined",
+    "llm_planner.solve.baselines.baseline_set",
+    "llm_planner.solve.milp.milp",
+    "llm_planner.solve.split.tp",
     "llm_planner.plan",
+    "llm_planner.verify",
     "llm_planner.pipeline",
     "llm_planner.cli",
 ]

@@ -213,25 +213,9 @@ def build_problem(
     pieces, supported = _task_pieces(graph, cluster, devices, kinds, dtype)
     usable = _capacities(graph, devices, kinds)
 
-    num_e = len(graph.edges)
     edge_src = np.array([index[e.src] for e in graph.edges], dtype=int)
     edge_dst = np.array([index[e.dst] for e in graph.edges], dtype=int)
-    latency = np.zeros((num_k, num_k))
-    inv_bw = np.zeros((num_k, num_k))
-    hops = np.zeros((num_k, num_k))
-    reps = [physical[m[0]] for m in members]  # a group's links are its first member's
-    for k, a in enumerate(reps):
-        for l, b in enumerate(reps):
-            link = cluster.link(a, b) if k != l else None
-            if link is not None:
-                latency[k, l] = link.latency_s
-                inv_bw[k, l] = 1.0 / link.bw_bytes_per_s
-                hops[k, l] = cost.transfer_hops(kinds[k], kinds[l])
-    # Vectorised form of cost.transfer_pieces over every edge and device pair.
-    edge_bytes = np.array([e.bytes_per_sample for e in graph.edges], dtype=float).reshape(num_e, 1, 1)
-    edge_hop = np.array([e.hop_s_per_sample for e in graph.edges], dtype=float).reshape(num_e, 1, 1)
-    comm_fixed = np.broadcast_to(latency, (num_e, num_k, num_k)).copy()
-    comm_slope = edge_bytes * inv_bw[None] + edge_hop * hops[None]
+    comm_fixed, comm_slope = _transfer_costs(graph, cluster, [physical[m[0]] for m in members], kinds)
 
     mem_counts = np.array(
         [[(not t.mem_device_types) or kind.type in t.mem_device_types for kind in kinds] for t in graph.tasks], dtype=bool
@@ -266,6 +250,26 @@ def build_problem(
         max_tp=max_tp,
     )
 
+
+
+def _transfer_costs(graph: TaskGraph, cluster: ClusterSpec, reps: list, kinds: list) -> tuple[np.ndarray, np.ndarray]:
+    """(comm_fixed, comm_slope) [E, K, K]: cost.transfer_pieces, vectorised over every edge and
+    device pair; `reps` holds each device's physical device (a group's links are its first member's)."""
+    num_e, num_k = len(graph.edges), len(reps)
+    latency = np.zeros((num_k, num_k))
+    inv_bw = np.zeros((num_k, num_k))
+    hops = np.zeros((num_k, num_k))
+    for k, a in enumerate(reps):
+        for l, b in enumerate(reps):
+            link = cluster.link(a, b) if k != l else None
+            if link is not None:
+                latency[k, l] = link.latency_s
+                inv_bw[k, l] = 1.0 / link.bw_bytes_per_s
+                hops[k, l] = cost.transfer_hops(kinds[k], kinds[l])
+    edge_bytes = np.array([e.bytes_per_sample for e in graph.edges], dtype=float).reshape(num_e, 1, 1)
+    edge_hop = np.array([e.hop_s_per_sample for e in graph.edges], dtype=float).reshape(num_e, 1, 1)
+    comm_fixed = np.broadcast_to(latency, (num_e, num_k, num_k)).copy()
+    return comm_fixed, edge_bytes * inv_bw[None] + edge_hop * hops[None]
 
 def _task_pieces(graph: TaskGraph, cluster: ClusterSpec, devices, kinds, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """time_pieces [N, K, 2, 2] and supported [N, K]; ProblemError for a task no device runs."""

@@ -59,7 +59,7 @@ Throughput models have no start times and no ordering variables (only (1)-(4),
 (8)-(11)): that is what makes graphs of hundreds of tasks solvable.
 
 Solution path: the best baseline plan is the warm start. When it already meets
-L = solve.bounds.lower_bound within rel_gap it is returned as proven optimal and
+L = solve.bounds.combined.lower_bound within rel_gap it is returned as proven optimal and
 no model is built (except with --contiguous, which the baselines need not obey).
 Otherwise the backend (HiGHS by default, Gurobi on request,
 llm_planner.solve.milp.backends) returns the incumbent and its dual bound; the assignment and, for latency, each device's order (by

@@ -174,7 +174,7 @@ def shard_chain_bound(ctx: SplitContext, floor: float = 0.0) -> float:
 
 def module_chain_bound(ctx: SplitContext, batch: int) -> float:
     """min over device paths of the sum of module bounds for one shard of `batch` samples:
-    one-task modules in closed form, larger ones by solve.bounds.lower_bound of the module
+    one-task modules in closed form, larger ones by solve.bounds.combined.lower_bound of the module
     subproblem with its cuts pinned (split.subsolve.module_bound), one per module structure
     and (input, output) device pair up to the cluster's symmetries, solved in the pool."""
     if batch in ctx.chain_bounds:

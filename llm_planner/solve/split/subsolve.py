@@ -101,7 +101,7 @@ def solve_subproblem(problem: PlacementProblem, module: Module, k: int | None, l
     (HEFT, or the MILP stopped by its time limit) is then improved by moving tasks
     (`improve_by_moves`), for modules of at most LOCAL_SEARCH_MAX_TASKS tasks.
 
-    The bound of a HEFT module is solve.bounds.lower_bound of the subproblem, its input
+    The bound of a HEFT module is solve.bounds.combined.lower_bound of the subproblem, its input
     pinned to k: the path LP's pinned windows (solve/bounds/path_lp.py) then know that a
     device other than k waits for a transfer before it can start; `with_bound=False`
     skips it (bound 0) where the caller reads no bound.
@@ -151,7 +151,7 @@ def _module_part(assign: list[int], order: list[int], offset: int) -> tuple[tupl
 
 
 def module_bound(problem: PlacementProblem, module: Module, k: int | None, l: int, batch: int) -> float:
-    """solve.bounds.lower_bound of module's subproblem for `batch` samples with its input cut
+    """solve.bounds.combined.lower_bound of module's subproblem for `batch` samples with its input cut
     on k (None: the module has no input cut) and its output cut on l."""
     from llm_planner.solve.bounds.combined import lower_bound
 
