@@ -19,7 +19,7 @@ from llm_planner import __version__
 console = Console()
 if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
     console = Console(width=160)
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # an error message is one line, never broken inside a path
 
 EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
 

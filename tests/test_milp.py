@@ -13,7 +13,6 @@ import itertools
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import networkx as nx
 import numpy as np

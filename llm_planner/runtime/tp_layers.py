@@ -1,6 +1,6 @@
 """One member's share of a decoder task on a tensor-parallel group (the Megatron layout).
 
-The layout is the one the planner costs (llm_planner.graph.transformer,
+The layout is the one the planner costs (llm_planner.graph.decoder_graph,
 `_tensor_parallel`), with the same collectives, one call each:
 
     block:       attention heads split k ways (q/k/v column-parallel, the KV cache of
