@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text("\n".join(lines) + "\n")
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "tokens_identical": same,
+    shown = {**vars(args), "out": str(out.resolve().relative_to(REPO)) if out.resolve().is_relative_to(REPO) else str(out)}
+    (out / "results.json").write_text(json.dumps({"args": shown, "tokens_identical": same,
                                                   "rows": [{k: v for k, v in r.items() if k != "tokens"} for r in rows]}, indent=1))
     provenance.record(out, facts)
     worst = max((r["overhead"] for r in rows if r["overhead"] is not None), default=0.0)

@@ -47,7 +47,7 @@ def run_row(name: str, out: Path) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "llm_planner.cli", "compare-symmetry", *ROWS[name], "--max-shards", "1", "--out-dir", str(folder)]
     printed = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    (folder / "table.txt").write_text(printed.stdout)
+    (folder / "table.txt").write_text(printed.stdout.replace(f"{REPO}/", ""))  # no machine paths in the kept files
     with open(folder / "symmetry.csv") as f:
         rows = list(csv.DictReader(f))
     lines = [f"`{name}`: `compare-symmetry {' '.join(ROWS[name])} --max-shards 1`", "",

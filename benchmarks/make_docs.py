@@ -74,9 +74,9 @@ Each table is `llm-planner compare-symmetry` on one instance (one batch shard, s
 the exact MILP's size stays in reach): the exact MILP and MILP-SPLIT under every
 `--symmetry` criterion (docs/symmetry.md), with the plan's objective, the proven bound,
 the gap, the solve time, the solver's status and the exact MILP's branch-and-bound
-nodes. By default the benchmark runs the GPT-2 row, where the exact MILP proves the
-optimum under every criterion; `--rows all` adds the GPT-3 175B rows on
-`gpt3-six-servers` (about 25 minutes)."""),
+nodes. By default the benchmark runs the GPT-2 row (a small GPT over four identical
+GPUs, where branch-and-bound meets mirrored devices); `--rows all` adds the GPT-3 175B
+rows on `gpt3-six-servers` (about 25 minutes)."""),
     Section("cost-model", "The roofline against a measured profile, task by task", """\
 For every task of a GPT-2 profile (sublayer granularity, context 256, fp32, batch 1 and
 4, two blocks) on `cluster_specs/localhost-2cpu.yaml`: the roofline's time from the

@@ -3,7 +3,7 @@
     record(out_dir, argv)  ->  out_dir/meta.json:
         {"command": "...", "commit": "<HEAD>", "clean": true, "date_utc": "...", "cpus": 2, "load_before": 0.4}
 
-`clean` is false when llm_planner/ or benchmarks/ had uncommitted changes: those
+`clean` is false when llm_planner/ or benchmarks/ (results aside) had uncommitted changes: those
 results were not measured at `commit`, and benchmarks/make_docs.py says so.
 """
 
@@ -38,7 +38,7 @@ def start(argv: list[str]) -> dict:
     script = Path(argv[0]).resolve()
     shown = [".venv/bin/python", str(script.relative_to(REPO)) if script.is_relative_to(REPO) else argv[0], *argv[1:]]
     return {"command": shlex.join(shown), "commit": _git("rev-parse", "HEAD"),
-            "clean": _git("status", "--porcelain", "--", "llm_planner", "benchmarks") == "",
+            "clean": _git("status", "--porcelain", "--", "llm_planner", "benchmarks", ":!benchmarks/results") == "",
             "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "cpus": os.cpu_count(), "load_before": load_average()}
 
 
