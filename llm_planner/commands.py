@@ -353,7 +353,8 @@ def _writable_dir(directory: str, names: tuple[str, ...]) -> Path:
 
 def print_profile_coverage(console: Console, problem, profile_path: str) -> None:
     """Which task costs came from the profile and which fell back to the roofline (and the same for links)."""
-    from llm_planner.profile import load_profile, profile_coverage
+    from llm_planner.profile import load_profile
+    from llm_planner.profile_apply import profile_coverage
 
     coverage = profile_coverage(problem.graph, problem.cluster, load_profile(profile_path))
     total = len(coverage.profiled) + len(coverage.fallback)

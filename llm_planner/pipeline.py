@@ -121,7 +121,7 @@ def problem_from_inputs(
         raise InputError(f"{_names(cluster_path, model, graph_path)}: the cluster's memory cannot hold the model: {short}")
     if profile is None:
         return problem
-    from llm_planner.profile import apply_profile
+    from llm_planner.profile_apply import apply_profile
 
     return apply_profile(problem, profile)
 

@@ -53,7 +53,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
     ("solve base", ["llm_planner.solve", "llm_planner.solve.problem", "llm_planner.solve.schedule",
                     "llm_planner.solve.errors", "llm_planner.solve.options", "llm_planner.solve.fit"],
      "the problem in numbers, the list scheduler that times an assignment into a Plan, the memory fit"),
-    ("problem inputs and checks", ["llm_planner.profile", "llm_planner.pipeline", "llm_planner.verify",
+    ("problem inputs and checks", ["llm_planner.profile", "llm_planner.profile_apply", "llm_planner.pipeline", "llm_planner.verify",
                                    "llm_planner.verify_fields", "llm_planner.verify_sim"],
      "a problem from input files, and the verifier that checks a plan against it: below every solver, "
      "so the verifier cannot use one (solve.api calls it on every plan)"),

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from llm_planner import profile as prof
+from llm_planner import profile_apply
 from llm_planner.cli import main
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.graph.models import ModelSpec, build_model_graph
@@ -151,7 +152,7 @@ def test_cost_model_prefers_profiled_values_and_falls_back_to_the_roofline():
     block, head = _key(graph, "block.0"), _key(graph, "lm_head")
     profile = _profile({"epyc-7543": {block: _timing("block.0", 3e-3, 7e-4), head: _timing("lm_head", 1e-3, 2e-4)},
                         "t4": {block: _timing("block.0", 2e-4, 1e-5)}})
-    problem = prof.apply_profile(roofline, profile)
+    problem = profile_apply.apply_profile(roofline, profile)
     kinds = [d.kind for d in problem.devices]
     cpu, a100, t4 = kinds.index("epyc-7543"), kinds.index("a100-40g-pcie"), kinds.index("t4")
     for b in (1, 3, 4):
@@ -162,7 +163,7 @@ def test_cost_model_prefers_profiled_values_and_falls_back_to_the_roofline():
         assert problem.task_time(graph.index("lm_head"), cpu, b) == pytest.approx(1e-3 + 2e-4 * b)
         assert problem.task_time(graph.index("embed"), cpu, b) == roofline.task_time(graph.index("embed"), cpu, b)
     assert problem.task_time(graph.index("block.0"), cpu, 0) == 0.0
-    coverage = prof.profile_coverage(graph, cluster, profile)
+    coverage = profile_apply.profile_coverage(graph, cluster, profile)
     assert len(coverage.profiled) == 12 + 1 + 12
     fallback = coverage.fallback_tasks()
     assert set(fallback["a100-40g-pcie"]) == {t.name for t in graph.tasks}
@@ -177,7 +178,7 @@ def test_measured_links_replace_the_spec_for_their_class_only():
     names = [d.kind for d in roofline.devices]
     cpu, a100, t4 = names.index("epyc-7543"), names.index("a100-40g-pcie"), names.index("t4")
     link = prof.link_timing(("x", "y"), [1000, 2000], [1e-4 + 1000 / 1e9, 1e-4 + 2000 / 1e9], 5)
-    problem = prof.apply_profile(roofline, _profile({}, {"workstation:epyc-7543<->t4": link}))
+    problem = profile_apply.apply_profile(roofline, _profile({}, {"workstation:epyc-7543<->t4": link}))
     e = 3
     for k, l in ((cpu, t4), (t4, cpu)):
         assert problem.transfer_time(e, k, l, 2) == pytest.approx(1e-4 + 2 * graph.edges[e].bytes_per_sample / 1e9)
