@@ -24,19 +24,16 @@ from typing import Any
 
 from llm_planner import profile as prof
 from llm_planner.graph.models import ModelSpec, build_model_graph
+from llm_planner.runtime.profile_links import collective_groups, link_pairs, ping_pong, time_all_reduce
 from llm_planner.runtime.profile_rank import (
     ProfileOptions,
     ProfileRunError,
     Progress,
-    collective_groups,
     group_degrees_of,
-    link_pairs,
     local_devices,
-    ping_pong,
-    time_all_reduce,
-    time_group,
     profile_device,
     rank_devices,
+    time_group,
     torch_device_of,
 )
 from llm_planner.spec import ClusterSpec, DeviceSpec, load_cluster
