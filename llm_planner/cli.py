@@ -180,9 +180,10 @@ def _add_profile_parser(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from llm_planner import commands
+    from llm_planner import commands, commands_measure
 
-    handler = getattr(commands, "cmd_" + args.command.replace("-", "_"))
+    name = "cmd_" + args.command.replace("-", "_")
+    handler = getattr(commands, name, None) or getattr(commands_measure, name)
     try:
         return handler(args, console)
     except _input_errors() as exc:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import time
 from pathlib import Path
 
 from rich.console import Console
@@ -28,7 +27,7 @@ def progress(console: Console, message: str):
         yield
 
 
-def _model_spec(args: argparse.Namespace):
+def model_spec(args: argparse.Namespace):
     from llm_planner.graph.models import ModelSpec
 
     if args.model is None:
@@ -65,7 +64,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     with progress(console, "building the task graph and costs..."):
         problem = problem_from_inputs(
             cluster_path=args.cluster,
-            model=_model_spec(args),
+            model=model_spec(args),
             graph_path=args.graph,
             objective=args.objective,
             batch_size=args.batch,
@@ -225,87 +224,13 @@ def cmd_show_cluster(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def cmd_launch(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner import launch
-
-    try:
-        prompts = [[int(tok) for tok in p.split(",") if tok.strip()] for p in args.prompt_ids]
-    except ValueError:
-        raise UserError(f"--prompt-ids must be comma-separated integers, got {args.prompt_ids}", exit_code=2) from None
-    if args.measure and args.dry_run:
-        raise UserError("--measure compares a run with its plan; it cannot be used with --dry-run", exit_code=2)
-    started = time.perf_counter()
-    try:
-        result = launch.launch_plan(
-            args.plan,
-            dry_run=args.dry_run,
-            checkpoint=args.checkpoint,
-            prompt_ids=prompts,
-            max_new_tokens=args.max_new_tokens,
-            dtype=args.dtype,
-            report_path=args.report,
-            timeout_s=args.timeout,
-            workdir=args.workdir,
-            warmup=args.warmup if args.warmup is not None else (launch.MEASURE_WARMUP if args.measure else 0),
-        )
-    except launch.LaunchError as exc:
-        raise UserError(str(exc), exit_code=exc.exit_code) from None
-    console.print(launch.describe_result(result))
-    if result.ok and not args.dry_run:
-        console.print(f"run report written to [bold]{result.report_path}[/] in {fmt_s(time.perf_counter() - started)}")
-        if args.measure:
-            _print_measurement(console, args.plan, result.report_path, Path(result.workdir) / "measure.json", rows=20)
-    return 0 if result.ok else 1
-
-
-def _print_measurement(console: Console, plan_path: str, report_path: str, output: Path, *, rows: int) -> None:
-    from llm_planner.measure import measure_files, measurement_tables, write_measurement
-
-    measurement = measure_files(plan_path, report_path)
-    for table in measurement_tables(measurement, max_task_rows=rows):
-        console.print(table)
-    write_measurement(measurement, output)
-    console.print(f"measurement written to [bold]{output}[/]")
-
-
-def cmd_measure(args: argparse.Namespace, console: Console) -> int:
-    output = Path(args.output) if args.output else Path(args.report).parent / "measure.json"
-    _print_measurement(console, args.plan, args.report, output, rows=args.rows)
-    return 0
-
-
-def _fmt_field(name: str, value: float) -> str:
-    if name.endswith("_bytes_per_s"):
-        return f"{value / 1e9:.4g} GB/s"
-    return fmt_s(value) if name.endswith("_s") else f"{value:.4g}"
-
-
-def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.atomic import check_writable
-    from llm_planner.calibrate import CalibrateError, calibrate_files
-
-    check_writable(args.output, CalibrateError)
-    result = calibrate_files(args.cluster, args.plan, args.report, args.output)
-    table = Table(title=f"calibration of {args.cluster}")
-    for col in ("kind / link", "field", "spec", "fitted", "observations", "rel. RMS before", "after", "note"):
-        table.add_column(col, justify="left" if col in ("kind / link", "field", "note") else "right")
-    for fit in (*result.kinds, *result.links):
-        for name, before in fit.before.items():
-            value = fit.values[name]
-            table.add_row(fit.name, name, _fmt_field(name, before), _fmt_field(name, value) if name in fit.fitted else "(kept)", str(fit.samples),
-                          f"{fit.rel_rms_before:.1%}", f"{fit.rel_rms_after:.1%}", fit.kept.get(name, ""))
-    console.print(table)
-    console.print(f"corrected spec written to [bold]{args.output}[/]")
-    return 0
-
-
 def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
     from llm_planner import study
     from llm_planner.pipeline import problem_from_inputs
     from llm_planner.solve.options import SYMMETRY_CHOICES
 
     problem = problem_from_inputs(
-        cluster_path=args.cluster, model=_model_spec(args), graph_path=args.graph,
+        cluster_path=args.cluster, model=model_spec(args), graph_path=args.graph,
         objective=args.objective, batch_size=args.batch, max_shards=args.max_shards, profile_path=args.profile, max_tp=args.max_tp,
     )
     if args.profile:
@@ -365,112 +290,3 @@ def print_profile_coverage(console: Console, problem, profile_path: str) -> None
     if coverage.links_profiled or coverage.links_fallback:
         console.print(f"  links measured: {', '.join(coverage.links_profiled) or 'none'}; from the cluster spec: "
                       f"{', '.join(coverage.links_fallback) or 'none'}", highlight=False)
-
-
-def _profile_job(args: argparse.Namespace):
-    from llm_planner.runtime.profile_rank import ProfileOptions, ProfileRunError
-    from llm_planner.runtime.profile_run import ProfileJob
-
-    if args.graph is not None or args.cluster is None:
-        raise UserError("profile needs --model and --cluster: it runs the model's tasks on the cluster's devices", exit_code=2)
-    try:
-        sizes = tuple(int(b) for b in args.batch_sizes.split(",") if b.strip())
-        options = ProfileOptions(batch_sizes=sizes, repetitions=args.repetitions, warmup=args.warmup, threads=args.threads,
-                                 max_blocks=args.max_blocks, seed=args.seed).check()
-    except ValueError as exc:
-        message = str(exc) if isinstance(exc, ProfileRunError) else f"--batch-sizes {args.batch_sizes!r}: expected comma-separated integers"
-        raise UserError(f"bad option: {message}", exit_code=2) from None
-    model = _model_spec(args).check()
-    return ProfileJob(cluster_path=args.cluster, model=model.to_dict(), output_path=args.output, options=options, node=args.node)
-
-
-def _under_mpi() -> bool:
-    """Started by mpiexec/mpirun with more than one rank (mpich sets PMI_SIZE, Open MPI OMPI_COMM_WORLD_SIZE)."""
-    import os
-
-    return any(int(os.environ.get(v, "1") or 1) > 1 for v in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"))
-
-
-def cmd_profile(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.runtime import profile_run
-    from llm_planner.runtime.profile_rank import ProfileRunError
-
-    from llm_planner.atomic import check_writable
-    from llm_planner.profile import ProfileError
-
-    job = _profile_job(args)
-    if not _under_mpi():
-        check_writable(args.output, ProfileError)
-    try:
-        if _under_mpi():  # `mpirun -n R llm-planner profile ...`: this process is one rank
-            profile = _profile_as_rank(job)
-            if profile is None:
-                return 0
-        elif args.mpi:
-            workdir = args.workdir or str(Path(args.output).with_suffix("").with_name(Path(args.output).stem + ".mpi"))
-            with progress(console, "profiling on one MPI rank per device..."):
-                profile = profile_run.spawn_mpi(job, workdir, args.timeout)
-        else:
-            profile = _profile_locally(job, console)
-    except ProfileRunError as exc:
-        raise UserError(str(exc), exit_code=2) from None
-    for table in profile_tables(profile):
-        console.print(table)
-    if not args.mpi and not _under_mpi():
-        from llm_planner.profile import save_profile
-
-        save_profile(profile, args.output)
-    console.print(f"profile written to [bold]{args.output}[/]")
-    return 0
-
-
-def _profile_as_rank(job):
-    from mpi4py import MPI
-
-    from llm_planner.runtime.profile_run import run_mpi
-
-    try:
-        return run_mpi(job)
-    except BaseException as exc:  # one rank failing must stop them all, never leave the others waiting
-        err = Console(stderr=True)
-        err.print(f"[bold red]error[/] on rank {MPI.COMM_WORLD.Get_rank()}: {type(exc).__name__}: {exc}", highlight=False)
-        MPI.COMM_WORLD.Abort(2)
-        raise
-
-
-def _profile_locally(job, console: Console):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    from llm_planner.runtime.profile_run import planned_runs, profile_local
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True) as bar:
-        task = bar.add_task("building the model...", total=planned_runs(job))
-        profile, skipped = profile_local(job, lambda what, n: bar.update(task, advance=n, description=f"timing {what}"))
-    for name in skipped:
-        console.print(f"[yellow]not profiled[/]: {name} (a GPU, and CUDA is not available here)", highlight=False)
-    return profile
-
-
-def profile_tables(profile) -> list[Table]:
-    tables = []
-    for kind, entries in profile.tasks.items():
-        table = Table(title=f"profile: {kind} ({', '.join(profile.devices.get(kind, []))})")
-        for col in ("task key", "task", "fixed", "per sample", *(f"b={b}" for b in profile.settings.get("batch_sizes", []))):
-            table.add_column(col, justify="left" if col in ("task key", "task") else "right")
-        for key, t in entries.items():
-            table.add_row(key, t.task, fmt_s(t.fixed_s), fmt_s(t.per_sample_s), *(fmt_s(m) for m in t.median_s))
-        tables.append(table)
-    if profile.links:
-        table = Table(title="profile: links (ping-pong, one-way)")
-        for col in ("link class", "between", "latency", "bandwidth"):
-            table.add_column(col, justify="left" if col in ("link class", "between") else "right")
-        for name, link in profile.links.items():
-            table.add_row(name, " - ".join(link.devices), fmt_s(link.latency_s), f"{link.bw_bytes_per_s / 1e9:.3g} GB/s")
-        tables.append(table)
-    return tables

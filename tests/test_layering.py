@@ -74,7 +74,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
      "a rank's share of the model under MPI (plan_schedule, table and decoder_tasks are torch-free)"),
     ("launch", ["llm_planner.launch", "llm_planner.launch_run", "llm_planner.runtime.profile_run"],
      "start ranks with mpiexec: the plan's, or the profiling ranks'"),
-    ("commands", ["llm_planner.commands", "llm_planner.cli"],
+    ("commands", ["llm_planner.commands", "llm_planner.commands_measure", "llm_planner.cli"],
      "the command line: parses arguments, calls the layers, prints"),
 ]
 
