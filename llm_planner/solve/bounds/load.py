@@ -23,22 +23,9 @@ Notation and the facts (F1), (F2): solve/bounds/times.py.
   stays exact (capacity m * cap). If these rows make the LP infeasible, no
   plan fits in memory at all; the bound then drops them.
 
-* shard count (both, when the batch may be split: min(Q, S) >= 2): the two
-  bounds above pull in opposite directions as the number of shards grows (a
-  smaller largest shard shortens the path; every shard pays each task's fixed
-  cost again, e.g. reading the weights). Let s be the plan's number of non-empty
-  shards, 1 <= s <= min(Q, S). Then the largest shard has >= ceil(Q / s) samples,
-  so CP(s), the critical path (solve/bounds/times.py) at that size, bounds the plan; and so does
-  LP(s), the load-balance LP with shard counts:
-      min T  s.t.  sum_k x_ik = 1,  sum_k z_ik = s,  z_ik >= x_ik  (each task i),
-                   w_ik >= f_ijk z_ik + Q s_ijk x_ik  (each piece j),
-                   sum_i w_ik <= T  (each device k),  memory rows as above,
-  with z_ik the number of shards whose task i runs on k. Any plan with s shards
-  gives a feasible point (x as above; z_ik counts those shards, >= 1 >= x_ik
-  where k runs part of task i; w_ik = k's time on task i = sum over those
-  shards of t(i, k, b) >= sum of (f_ijk + s_ijk b) for every piece j). Identical
-  devices merge as before (sums over the copies).
-  solve/bounds/shard_count.py takes the least over s of max(CP(s), LP(s)).
+* shard count (when the batch may be split): LP(s), the load-balance LP with the
+  number of shards s fixed, is `shard_lp_bound` here; the bound over every s and
+  why it holds are in solve/bounds/shard_count.py.
 """
 
 from __future__ import annotations
