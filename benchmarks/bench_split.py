@@ -55,6 +55,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 
@@ -440,7 +442,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer instances, MILP limited to 10 s (unless --time-limit)")
-    ap.add_argument("--out", default="out/bench_split", help="directory for the CSV, the figure and the targets")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "split"), help="directory for the CSV, the figure, the targets, table.md and meta.json")
     ap.add_argument("--time-limit", type=float, default=None, help="exact MILP time limit, s (default 60; 10 with --quick)")
     ap.add_argument("--split-time-limit", type=float, default=10.0, help="MILP-SPLIT time limit per subproblem, s")
     ap.add_argument("--max-module-tasks", type=int, default=SolveOptions.max_module_tasks,
@@ -484,6 +486,7 @@ def warm_up() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    facts = provenance.start(sys.argv if argv is None else [sys.argv[0], *argv])
     warm_up()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -504,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     text = targets_text(rows)
     (out / "targets.txt").write_text(text + "\n\n" + markdown_table(rows) + "\n")
+    (out / "table.md").write_text(markdown_table(rows) + "\n\n" + text + "\n")
+    provenance.record(out, facts)
     print(text)
     print(f"wrote {out / 'bench_split.csv'}, {out / 'bench_split.png'}, {out / 'targets.txt'}")
     return 1 if any(r.verified == "NO" for r in rows) else 0
