@@ -20,3 +20,13 @@ WORKLOADS = Path(os.environ.get("LLM_PLANNER_WORKLOADS") or REPO.parent / "share
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+def sigint_default() -> None:
+    """preexec_fn for a child the test will send SIGINT: a process started in the background
+    (`cmd &` in a script, as CI may run the suite) inherits SIGINT ignored, and Python then
+    never raises KeyboardInterrupt; the child gets the default disposition back."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+

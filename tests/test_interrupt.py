@@ -11,6 +11,7 @@ import time
 
 import pytest
 import yaml
+from conftest import sigint_default
 
 from llm_planner.cli import main
 from llm_planner.solve.milp.backends import BackendResult
@@ -59,7 +60,7 @@ def test_sigint_during_a_long_milp_writes_the_incumbent_within_2_s(tmp_path, rep
     out = tmp_path / "plan.yaml"
     cmd = [sys.executable, "-m", "llm_planner.cli", "-v", "plan", "--cluster", str(repo / "cluster_specs/cpu-two-gpus.yaml"),
            "--model", "rwnn-ws-4x8", "--solver", "milp", "--time-limit", "120", "--threads", "1", "--no-baselines", "-o", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     for line in proc.stderr:  # the model is built and handed to the backend
         if "milp: " in line and "variables" in line:
             break

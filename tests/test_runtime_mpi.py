@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import sigint_default
 import torch
 from runtime_fixtures import decoder_plan, graph_plan, save_config, tiny_gpt2, tiny_llama
 
@@ -243,7 +244,7 @@ def test_ctrl_c_on_launch_stops_mpiexec_and_every_rank_within_10_s(small_plan, t
     workdir, report = tmp_path / "w", tmp_path / "run.json"
     proc = subprocess.Popen([sys.executable, "-m", "llm_planner.cli", "launch", str(small_plan), "--workdir", str(workdir),
                              "--report", str(report), "--max-new-tokens", "40", "--warmup", "10000", "--prompt-ids", "1,2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     pids = _rank_pids(workdir, 2)
     time.sleep(2.0)
     mpiexec = [int(p) for p in subprocess.run(["pgrep", "-f", f"mpiexec.*{workdir}"], capture_output=True, text=True).stdout.split()]
