@@ -8,10 +8,11 @@ Two suites:
 
 Columns: MILP objective, bound, gap, status, solve time (the whole solve_milp call,
 warm start included), model size (variables / integer / rows), branch-and-bound
-nodes, best baseline and its objective. The table is printed and written as CSV.
+nodes, best baseline and its objective. The table is printed and written as CSV and
+markdown, with meta.json (benchmarks/provenance.py).
 
-    .venv/bin/python benchmarks/bench_milp.py models --time-limit 60 --csv milp-models.csv
-    .venv/bin/python benchmarks/bench_milp.py workloads --time-limit 600 --csv milp-workloads.csv
+    .venv/bin/python benchmarks/bench_milp.py models [--time-limit 60]     # writes benchmarks/results/milp-models/
+    .venv/bin/python benchmarks/bench_milp.py workloads --time-limit 600   # writes benchmarks/results/milp-workloads/
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
 from llm_planner.graph.models import ModelSpec, build_model_graph  # noqa: E402
 from llm_planner.pipeline import load_graph_file  # noqa: E402
@@ -126,15 +129,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap", type=float, default=1e-4, help="relative MIP gap")
     parser.add_argument("--threads", type=int, default=1, help="solver threads (default 1, for comparable timings)")
     parser.add_argument("--backend", choices=("highs", "gurobi"), default="highs")
-    parser.add_argument("--csv", default="bench_milp.csv", help="where to write the table")
+    parser.add_argument("--out", default=None, help="folder for results.csv, table.md and meta.json "
+                                                      "(default: benchmarks/results/milp-<suite>)")
     args = parser.parse_args(argv)
+    facts = provenance.start(sys.argv if argv is None else [sys.argv[0], *argv])
     rows = model_rows(args) if args.suite == "models" else workload_rows(args)
-    with open(args.csv, "w", newline="") as f:
+    out = Path(args.out or REPO / "benchmarks" / "results" / f"milp-{args.suite}")
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows({c: row.get(c, "") for c in COLUMNS} for row in rows)
-    print(f"wrote {args.csv} ({len(rows)} rows)", file=sys.stderr)
+    (out / "table.md").write_text(markdown(rows) + "\n")
+    provenance.record(out, facts)
+    print(f"wrote {out} ({len(rows)} rows)", file=sys.stderr)
     return 0
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    lines += ["| " + " | ".join(_fmt(row.get(c, "")) for c in COLUMNS) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
