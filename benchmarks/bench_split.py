@@ -187,7 +187,13 @@ def run_row(row: Row, args) -> Row:
     from llm_planner.solve.api import SolveError
     from llm_planner.solve.options import SolveOptions
 
-    problem = build(row)
+    from llm_planner.pipeline import InputError
+
+    try:
+        problem = build(row)
+    except InputError as exc:  # e.g. a model that no placement on the cluster can hold: refused before any solve
+        row.note = "no plan: " + str(exc).split(": ", 2)[-1][:100]
+        return row
     row.tasks, row.edges = problem.num_tasks, problem.num_edges
     checks = []
     try:
