@@ -62,7 +62,8 @@ def run_one(name: str, problem, options: SolveOptions) -> dict:
         return {**row, "status": f"error: {exc}", "time_s": time.perf_counter() - started}
     d = plan.solver.details
     row.update(milp_s=plan.objective_s, bound_s=plan.lower_bound_s, gap=plan.gap, status=plan.solver.status,
-               time_s=time.perf_counter() - started, vars=d["num_vars"], integer=d["num_integer"], rows=d["num_rows"], nodes=d["nodes"])
+               time_s=time.perf_counter() - started, vars=d.get("num_vars", "-"), integer=d.get("num_integer", "-"),
+               rows=d.get("num_rows", "-"), nodes=d.get("nodes", "-"))  # "-": a bound proved the warm start before any model
     if base is not None and base.objective_s > 0:
         row["vs_baseline"] = plan.objective_s / base.objective_s
     return row
