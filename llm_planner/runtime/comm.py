@@ -280,7 +280,8 @@ class GroupComm:
         buf = host.numpy()
         request = self.comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.FLOAT], op=MPI.SUM)
         _poll(request.Test, self.spin)
-        t.copy_(host.to(t.device, t.dtype))
+        if host is not t:  # a contiguous float32 CPU tensor was reduced in place
+            t.copy_(host.to(t.device, t.dtype))
         self._count("all_reduce", t.numel() * t.element_size(), time.perf_counter() - start)
         return t
 

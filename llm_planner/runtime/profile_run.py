@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -148,52 +149,59 @@ def _profile_rank(comm, job: ProfileJob, cluster: ClusterSpec, order: list[Devic
     return timings, links, (str(device) if device is not None else None)
 
 
+@contextlib.contextmanager
+def _waiting_as_the_runtime(comm, order: list[DeviceSpec]):
+    """Ranks wait as launched ranks do (spin when their host has a core for each rank, else sleep between polls)
+    for collective timings; quietly (sleeping) again afterwards."""
+    from llm_planner.runtime.comm import spins_while_waiting, usable_cores
+
+    sharing = sum(1 for d in order if d.hostname == order[comm.rank].hostname)
+    comm.spin = spins_while_waiting(sharing, usable_cores())
+    try:
+        yield
+    finally:
+        comm.spin = False
+
+
 def _groups(comm, job: ProfileJob, cluster: ClusterSpec, order: list[DeviceSpec], graph, device) -> dict[str, prof.TaskTiming]:
     """Decoders in block granularity: the first group of each degree of each class times the group's tasks
     as the group runs them (profile_rank.time_group); the other ranks wait."""
-    from llm_planner.runtime.comm import spins_while_waiting, usable_cores
-
     meta = graph.meta_dict()
     if "decoder_config" not in meta or meta.get("granularity") != "block":
         return {}
-    sharing = sum(1 for d in order if d.hostname == order[comm.rank].hostname)
-    comm.spin, out = spins_while_waiting(sharing, usable_cores()), {}
+    out: dict[str, prof.TaskTiming] = {}
     spec = ModelSpec.from_dict(dict(job.model))
-    for _, ranks in collective_groups(cluster, order):
-        quiet_barrier(comm)
-        if not all(t.shards_over(len(ranks)) for t in graph.tasks):
-            continue
-        group = comm.group(ranks if comm.rank in ranks and device is not None else None)
-        if group is not None and group.size == len(ranks):  # (a member without its device leaves a smaller group: skipped)
-            timings = time_group(spec, graph, device, job.options, group)
-            if comm.rank == ranks[0]:
-                out.update(timings)
-    comm.spin = False
+    with _waiting_as_the_runtime(comm, order):
+        for _, ranks in collective_groups(cluster, order):
+            quiet_barrier(comm)
+            if not all(t.shards_over(len(ranks)) for t in graph.tasks):
+                continue
+            group = comm.group(ranks if comm.rank in ranks and device is not None else None)
+            if group is not None and group.size == len(ranks):  # (a member without its device leaves a smaller group: skipped)
+                timings = time_group(spec, graph, device, job.options, group)
+                if comm.rank == ranks[0]:
+                    out.update(timings)
     return out
 
 
 def _collectives(comm, job: ProfileJob, cluster: ClusterSpec, order: list[DeviceSpec], graph) -> dict[str, prof.LinkTiming]:
     """All-reduce times of the first group of each degree of each class (the runtime's GroupComm, waiting as the
     runtime does), at the sizes the model's all-reduces have at the profiled batch sizes (and 8x the largest)."""
-    from llm_planner.runtime.comm import spins_while_waiting, usable_cores
-
     per_call = [t.tp_allreduce_bytes_per_sample / t.tp_allreduces for t in graph.tasks if t.tp_allreduces]
     if not per_call:
         return {}
     batches = sorted(set(job.options.batch_sizes))
     sizes = tuple(int(max(per_call) * b) for b in [*batches, 8 * batches[-1]])
     out = {}
-    sharing = sum(1 for d in order if d.hostname == order[comm.rank].hostname)
-    comm.spin = spins_while_waiting(sharing, usable_cores())
-    for key, ranks in collective_groups(cluster, order):
-        quiet_barrier(comm)
-        group = comm.group(ranks if comm.rank in ranks else None)
-        if group is None:
-            continue
-        medians = time_all_reduce(group, sizes, job.options.link_repetitions)
-        if comm.rank == ranks[0]:
-            out[key] = prof.link_timing(tuple(order[r].name for r in ranks), list(sizes), medians, job.options.link_repetitions)
-    comm.spin = False
+    with _waiting_as_the_runtime(comm, order):
+        for key, ranks in collective_groups(cluster, order):
+            quiet_barrier(comm)
+            group = comm.group(ranks if comm.rank in ranks else None)
+            if group is None:
+                continue
+            medians = time_all_reduce(group, sizes, job.options.link_repetitions)
+            if comm.rank == ranks[0]:
+                out[key] = prof.link_timing(tuple(order[r].name for r in ranks), list(sizes), medians, job.options.link_repetitions)
     return out
 
 
