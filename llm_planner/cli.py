@@ -34,8 +34,11 @@ def _input_errors() -> tuple[type[Exception], ...]:
     from llm_planner.profile import ProfileError
     from llm_planner.solve.problem import ProblemError
     from llm_planner.spec import SpecError
+    from llm_planner.helix_import import HelixError
+    from llm_planner.serving_profile import ServingProfileError
 
-    return (SpecError, GraphError, PlanError, InputError, ProblemError, MeasureError, CalibrateError, ProfileError, WriteError)
+    return (SpecError, GraphError, PlanError, InputError, ProblemError, MeasureError, CalibrateError, ProfileError, WriteError,
+            HelixError, ServingProfileError)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -159,6 +162,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="append", required=True, help="run report JSON of `launch`; repeat for more runs")
     p.add_argument("-o", "--output", required=True, help="corrected cluster spec YAML to write")
     _add_profile_parser(sub)
+    from llm_planner.commands_helix import add_import_parser
+
+    add_import_parser(sub)
     return parser
 
 
@@ -180,10 +186,10 @@ def _add_profile_parser(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from llm_planner import commands, commands_measure
+    from llm_planner import commands, commands_helix, commands_measure
 
     name = "cmd_" + args.command.replace("-", "_")
-    handler = getattr(commands, name, None) or getattr(commands_measure, name)
+    handler = getattr(commands, name, None) or getattr(commands_helix, name, None) or getattr(commands_measure, name)
     try:
         return handler(args, console)
     except _input_errors() as exc:
