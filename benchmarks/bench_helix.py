@@ -1,0 +1,149 @@
+"""Score layouts with Helix's own simulator: decode tokens/s offline (docs/helix.md).
+
+Needs a Helix checkout and the Python of an environment with its requirements:
+
+    LLM_PLANNER_HELIX=<checkout> LLM_PLANNER_HELIX_PYTHON=<its python> \\
+        .venv/bin/python benchmarks/bench_helix.py                 # Helix's two rows, 24-node cluster
+    ... benchmarks/bench_helix.py layout.ini [more.ini]            # our layouts on that cluster
+
+Each layout runs in a subprocess (benchmarks/helix_harness.py under Helix's Python) with the
+settings of Helix's offline experiments: LLaMA-2 70B, Azure Conversation request lengths, 60 s
+of warm-up, decode tokens counted over the next 600 simulated seconds, MaxFlow scheduling.
+Without layout arguments the rows are Helix's own results for its 24-machine cluster
+(artifact_evaluation/single_cluster, 4x A100 40GB, 8x L4, 12x T4):
+- `helix-milp`: its MILP layout (layout_llama70b/ilp), reported 252.1 tokens/s;
+- `separate-pipelines`: one pipeline per GPU type, each simulated alone on its sub-cluster with
+  the naive scheduler and the queries in flight Helix used, the three rates summed (as Helix's
+  script does), reported 124.3 tokens/s.
+A layout argument is a Helix layout file (llm_planner.helix_export.helix_layout writes them)
+for --cluster; the simulator cluster file is written for it by the harness.
+
+The table is printed and written, with results.csv and meta.json, to --out (default
+benchmarks/results/helix). Each run takes minutes of one core; --jobs runs them in parallel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import provenance  # benchmarks/provenance.py, beside this script
+
+REPO = Path(__file__).resolve().parents[1]
+HARNESS = Path(__file__).resolve().parent / "helix_harness.py"
+SINGLE = "artifact_evaluation/single_cluster"  # inside the Helix checkout
+COLUMNS = ("row", "decode_tokens_per_s", "helix_reported", "runs", "wall_s")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One simulation; paths relative to the Helix checkout unless absolute."""
+
+    cluster: str
+    layout: str
+    simulator_cluster: str | None = None  # None: the harness writes it for the layout
+    scheduler: str = "maxflow"
+    initial_queries: int = 20
+    force_set: bool = False
+
+
+def helix_rows() -> dict[str, tuple[list[Run], float]]:
+    """Helix's own offline LLaMA-2 70B rows for its 24-machine cluster, with the numbers it reports."""
+    layouts = f"{SINGLE}/layout_llama70b"
+    separate = [Run(cluster=f"{SINGLE}/config/{gpu}.ini", layout=f"{layouts}/separate/{gpu}_solution_file.ini",
+                    simulator_cluster=f"{layouts}/separate/{gpu}_simulator_cluster.ini", scheduler="naive",
+                    initial_queries=queries, force_set=True)
+                for gpu, queries in (("a100", 18), ("l4", 40), ("t4", 3))]
+    return {"helix-milp": ([Run(cluster=f"{SINGLE}/config/cluster24.ini", layout=f"{layouts}/ilp/ilp_sol.ini",
+                                simulator_cluster=f"{layouts}/ilp/simulator_cluster.ini")], 252.1),
+            "separate-pipelines": (separate, 124.3)}
+
+
+def simulate(run: Run, checkout: Path, python: str, profiles: str, warm_up_s: float = 60.0, duration_s: float = 600.0) -> dict:
+    """Run the harness on one layout; its HELIX_RESULT line as a dict."""
+    at = lambda p: str(p if Path(p).is_absolute() else checkout / p)  # noqa: E731
+    cmd = [python, str(HARNESS), "--cluster", at(run.cluster), "--machine-profiles", at(profiles),
+           "--layout", at(run.layout), "--scheduler", run.scheduler, "--initial-queries", str(run.initial_queries),
+           "--warm-up", str(warm_up_s), "--duration", str(duration_s)]
+    if run.simulator_cluster:
+        cmd += ["--simulator-cluster", at(run.simulator_cluster)]
+    if run.force_set:
+        cmd.append("--force-set")
+    env = {**os.environ, "PYTHONPATH": str(checkout), "MPLBACKEND": "Agg"}
+    with tempfile.TemporaryDirectory(prefix="helix-run-") as work:
+        done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("HELIX_RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"Helix's simulator failed on {run.layout} (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1].removeprefix("HELIX_RESULT "))
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| layout | decode tokens/s (Helix's simulator) | Helix reports | simulations | wall |", "|---|---|---|---|---|"]
+    for r in rows:
+        reported = f"{r['helix_reported']:.1f}" if r["helix_reported"] else "-"
+        lines.append(f"| {r['row']} | {r['decode_tokens_per_s']:.1f} | {reported} | {r['runs']} | {r['wall_s']:.0f} s |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("layouts", nargs="*", help="Helix layout files to score on --cluster (default: Helix's own rows)")
+    parser.add_argument("--cluster", default=f"{SINGLE}/config/cluster24.ini", help="Helix cluster file for the layouts")
+    parser.add_argument("--machine-profiles", default=f"{SINGLE}/config/machine_profiles.ini")
+    parser.add_argument("--rows", nargs="*", help="only these of Helix's rows (helix-milp, separate-pipelines)")
+    parser.add_argument("--duration", type=float, default=600.0, help="simulated seconds counted (Helix: 600; less for a smoke test)")
+    parser.add_argument("--warm-up", type=float, default=60.0, help="simulated seconds before counting (Helix: 60)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="simulations run at once")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "helix"))
+    args = parser.parse_args()
+    if not os.environ.get("LLM_PLANNER_HELIX") or not os.environ.get("LLM_PLANNER_HELIX_PYTHON"):
+        sys.exit("set LLM_PLANNER_HELIX to a Helix checkout and LLM_PLANNER_HELIX_PYTHON to the Python of its environment")
+    checkout, python = Path(os.environ["LLM_PLANNER_HELIX"]), os.environ["LLM_PLANNER_HELIX_PYTHON"]
+    facts = provenance.start(sys.argv)
+    if args.layouts:
+        chosen = {Path(p).name: ([Run(cluster=args.cluster, layout=str(Path(p).resolve()))], None) for p in args.layouts}
+    else:
+        chosen = {k: v for k, v in helix_rows().items() if not args.rows or k in args.rows}
+    runs = [(name, run) for name, (row_runs, _) in chosen.items() for run in row_runs]
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(pool.map(lambda item: simulate(item[1], checkout, python, args.machine_profiles, args.warm_up, args.duration), runs))
+    rows = []
+    for name, (row_runs, reported) in chosen.items():
+        mine = [res for (n, _), res in zip(runs, results) if n == name]
+        rows.append({"row": name, "decode_tokens_per_s": sum(r["decode_tokens_per_s"] for r in mine), "helix_reported": reported,
+                     "runs": len(mine), "wall_s": max(r["wall_s"] for r in mine)})
+        print(f"{name}: {rows[-1]['decode_tokens_per_s']:.1f} decode tokens/s"
+              + (f" (Helix reports {reported})" if reported else "") + f", {[round(r['decode_tokens_per_s'], 1) for r in mine]}", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    facts["helix_commit"] = os.environ.get("LLM_PLANNER_HELIX_COMMIT") or _git_head(checkout)
+    facts["total_wall_s"] = round(time.perf_counter() - started, 1)
+    provenance.record(out, facts)
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "table.md").write_text(markdown(rows))
+    print(markdown(rows))
+
+
+def _git_head(checkout: Path) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+if __name__ == "__main__":
+    main()
