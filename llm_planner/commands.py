@@ -189,11 +189,14 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
 def cmd_show(args: argparse.Namespace, console: Console) -> int:
     from llm_planner.pipeline import problem_from_plan_inputs
     from llm_planner.plan import load_plan
-    from llm_planner.report import device_table, write_gantt
+    from llm_planner.report import device_table, steady_state_text, write_gantt
 
     plan = load_plan(args.plan)
     problem = problem_from_plan_inputs(plan.inputs)
     console.print(plan_summary_table(plan, {}, file_units=has_file_units(problem.graph)))
+    steady = steady_state_text(plan, has_file_units(problem.graph))
+    if steady is not None:
+        console.print(steady, highlight=False)
     console.print(device_table(plan, problem))
     if args.gantt:
         write_gantt(plan, args.gantt)

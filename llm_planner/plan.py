@@ -28,7 +28,7 @@ from llm_planner.plan_read import MISSING, Fields, check_finite_tree
 PLAN_FORMAT = "llm_planner.plan"
 PLAN_VERSION = 1
 PLAN_FIELDS = ("format", "version", "objective", "objective_s", "lower_bound_s", "gap", "throughput_samples_per_s", "max_load_s",
-               "batch_size", "assignment", "solver", "inputs", "shards", "device_order", "schedule")
+               "batches_in_flight", "batch_size", "assignment", "solver", "inputs", "shards", "device_order", "schedule")
 OBJECTIVES = ("latency", "throughput")
 # optimal: proven within the relative gap; time_limit: stopped at the time limit; interrupted: stopped by the
 # user (Ctrl-C), the best plan found so far; feasible: stopped for another reason; heuristic: no proof sought
@@ -38,6 +38,17 @@ DERIVED_REL_TOL = 1e-9  # derived floats (gap, throughput) against their re-deri
 
 class PlanError(ValueError):
     """A plan file that cannot be read; the message names the file and field."""
+
+
+def batches_in_flight(objective: str, makespan_s: float, max_load_s: float) -> int:
+    """Batches a plan keeps in flight: 1 for latency plans; for throughput plans the steady state
+    that keeps the busiest device busy, ceil(one batch's makespan / the busiest device's load per
+    batch) (a new batch enters every max_load_s, and each stays makespan_s). The launcher runs this
+    many (llm_planner.runtime.plan_schedule), and every device holds the per-sample memory (KV cache)
+    of each of them (solve.fit.steady_state_memory, verify)."""
+    if objective != "throughput" or not max_load_s > 0 or not math.isfinite(makespan_s):
+        return 1
+    return max(1, math.ceil(makespan_s / max_load_s - 1e-9))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +111,16 @@ class Plan:
         return dict(self.shard_assignments[0])
 
     @property
+    def makespan_s(self) -> float:
+        """One batch's makespan: the schedule's last finish."""
+        return max((t.finish_s for t in self.schedule), default=0.0)
+
+    @property
+    def batches_in_flight(self) -> int:
+        """The batches the plan's steady state keeps in flight (`batches_in_flight` above)."""
+        return batches_in_flight(self.objective, self.makespan_s, self.max_load_s)
+
+    @property
     def batch_size(self) -> int:
         return sum(self.shard_sizes)
 
@@ -129,6 +150,7 @@ class Plan:
 
     # -- file form -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        steady = {"batches_in_flight": self.batches_in_flight} if self.objective == "throughput" else {}
         return {
             "format": PLAN_FORMAT,
             "version": PLAN_VERSION,
@@ -138,6 +160,7 @@ class Plan:
             "gap": float(self.gap),
             "throughput_samples_per_s": float(self.throughput_samples_per_s),
             "max_load_s": float(self.max_load_s),
+            **steady,
             "batch_size": self.batch_size,
             "assignment": _written(self.assignment),
             "solver": {
@@ -180,7 +203,7 @@ def load_plan(path: str | Path) -> Plan:
 
 def plan_from_dict(data: Any, source: str = "<memory>") -> Plan:
     """A Plan from its file form: every field typed and finite, the derived fields (gap,
-    throughput_samples_per_s, batch_size, assignment, device_order) equal to what the others give."""
+    throughput_samples_per_s, batches_in_flight, batch_size, assignment, device_order) equal to what the others give."""
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
         where = "format: " if isinstance(data, dict) else ""
         raise PlanError(f"{source}: {where}not a plan file (expected format: {PLAN_FORMAT})")
@@ -288,6 +311,9 @@ def _check_derived(plan: Plan, top: Fields) -> None:
         got = top.number(key)
         if not math.isclose(got, want, rel_tol=DERIVED_REL_TOL, abs_tol=1e-15):
             raise top.fail(key, f"the file says {got!r}, but {formula} is {want!r}")
+    if "batches_in_flight" in top.data and top.integer("batches_in_flight", minimum=1) != plan.batches_in_flight:
+        formula = "ceil(makespan / max_load_s), the makespan the schedule's last finish" if plan.objective == "throughput" else "1 for a latency plan"
+        raise top.fail("batches_in_flight", f"the file says {top.data['batches_in_flight']}, but {formula} is {plan.batches_in_flight}")
     if top.integer("batch_size") != plan.batch_size:
         raise top.fail("batch_size", f"the file says {top.data['batch_size']}, but its shard sizes sum to {plan.batch_size}")
     assignment = top.mapping("assignment")

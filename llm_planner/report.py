@@ -15,7 +15,8 @@ from llm_planner.spec import ClusterSpec
 def device_table(plan: Plan, problem: PlacementProblem) -> Table:
     """Per device or tensor-parallel group (a stage): its degree, its tasks in execution order
     (runs of consecutive tasks, so a stage that a task leaves and re-enters shows two runs), busy
-    time, and the memory of one device (one member of a group) against its usable memory."""
+    time, and the memory of one device (one member of a group) against its usable memory, in the
+    steady state of a throughput plan (every batch in flight, verify)."""
     from llm_planner.verify import verify_plan
 
     report = verify_plan(plan, problem)
@@ -40,6 +41,31 @@ def device_table(plan: Plan, problem: PlacementProblem) -> Table:
     if idle:
         table.caption = f"{len(idle)} device(s) unused"
     return table
+
+
+def steady_state_text(plan: Plan, file_units: bool = False) -> str | None:
+    """A throughput plan's steady state: its batches in flight (the launcher runs that many; the
+    memory below holds each one's per-sample memory) and, for a decoder's decode step, the time
+    each generated token takes (a batch's token goes through every stage once: one makespan)."""
+    if plan.objective != "throughput":
+        return None
+    text = (f"steady state: {plan.batches_in_flight} batch(es) of {plan.batch_size} in flight (one batch's makespan "
+            f"{fmt_time(plan.makespan_s, file_units)} over the busiest device's load per batch {fmt_time(plan.max_load_s, file_units)}, "
+            "rounded up); the memory below holds all of them")
+    if is_decode_plan(plan):
+        text += f"; per-token latency {fmt_s(plan.makespan_s)} (each token of a batch takes one makespan)"
+    return text
+
+
+def is_decode_plan(plan: Plan) -> bool:
+    """Whether the plan is of a decoder's decode step (a preset or config of the decoder family)."""
+    from llm_planner.graph.models import list_models
+
+    model = plan.inputs.model
+    if "graph" in model or model.get("phase") != "decode":
+        return False
+    family = {name: fam for name, fam, _ in list_models()}
+    return family.get(str(model.get("name", "")), "decoder") == "decoder"  # a config file is a decoder's
 
 
 def task_runs(tasks: list[str], topo: dict[str, int]) -> str:

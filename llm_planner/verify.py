@@ -16,9 +16,12 @@ Checks (each failure is one readable sentence in VerifyReport.violations):
   5. no two items overlap on one device;
   6. memory: on device k, the weights of every task it holds (once, whatever the
      number of shards), plus mem_bytes_per_sample * b_s for every (task, shard)
-     on k, counted only where mem_counts[i, k], plus the largest activation
-     workspace (workspace_bytes_per_sample * b_s) among its items, at most its
-     usable memory (problem.usable);
+     on k and every batch in flight, counted only where mem_counts[i, k], plus the
+     largest activation workspace (workspace_bytes_per_sample * b_s) among its
+     items, at most its usable memory (problem.usable). Batches in flight: 1 for
+     latency, for throughput ceil(makespan / max load) from the simulation's makespan
+     and the recomputed loads (llm_planner.plan.batches_in_flight, the launcher's
+     count), which must be the plan's own;
      tensor-parallel groups: the devices used share no physical device (a device
      serves one group or itself), every group is devices of one kind in one node
      whose count the task's sharded sizes divide, and each member's own bytes
@@ -70,6 +73,7 @@ class VerifyReport:
     device_load_s: dict[str, float] = field(default_factory=dict)  # load per batch, throughput model
     simulated_makespan_s: float = math.nan  # the simulation's makespan, whatever the objective
     memory_per_device_bytes: dict[str, float] = field(default_factory=dict)  # used devices: bytes on one (a group: on each member)
+    batches_in_flight: int = 1  # of the steady state whose memory was checked (1: latency)
 
 
 def verify_plan_file(path: str | Path, *, rel_tol: float = 1e-6, check_hashes: bool = True) -> VerifyReport:
@@ -99,10 +103,11 @@ def verify_plan(plan: Plan, problem: PlacementProblem, *, rel_tol: float = 1e-6)
     times = c.read_schedule(assign)
     c.check_precedence(assign, times)
     c.check_overlap(assign, times)
-    memory = c.check_memory(assign)
-    per_device = c.check_groups(assign)
     busy, loads = c.device_loads(assign)
     makespan = c.simulate(assign, times)
+    batches = c.batches_in_flight(loads, makespan)
+    memory = c.check_memory(assign, batches)
+    per_device = c.check_groups(assign, batches)
     simulated = c.check_objective(loads, makespan)
     names = problem.device_names
     return VerifyReport(
@@ -113,6 +118,7 @@ def verify_plan(plan: Plan, problem: PlacementProblem, *, rel_tol: float = 1e-6)
         device_busy_s={names[k]: float(busy[k]) for k in range(len(names))},
         device_load_s={names[k]: float(loads[k]) for k in range(len(names))},
         simulated_makespan_s=makespan,
+        batches_in_flight=batches,
         memory_per_device_bytes={names[k]: float(per_device.get(k, memory[k])) for k in sorted({int(k) for a in assign for k in a if k >= 0})},
     )
 
@@ -271,7 +277,21 @@ class _Checker:
                 if running is None or times[it][1] > times[running][1]:
                     running = it
 
-    def check_memory(self, assign: list[np.ndarray]) -> np.ndarray:
+    def batches_in_flight(self, loads: np.ndarray, makespan: float) -> int:
+        """The steady state's batches in flight from the verifier's own makespan and loads (the
+        plan's own count where the simulation could not run: the violations say why); a plan that
+        claims another count is a violation."""
+        from llm_planner.plan import batches_in_flight
+
+        if math.isnan(makespan):
+            return self.plan.batches_in_flight
+        batches = batches_in_flight(self.p.objective, makespan, float(loads.max()) if len(loads) else 0.0)
+        if self.plan.objective == self.p.objective and batches != self.plan.batches_in_flight:
+            self.bad(f"the plan keeps {self.plan.batches_in_flight} batch(es) in flight, but the simulated makespan "
+                     f"{_s(makespan)} over the recomputed max load {_s(float(loads.max()))} gives {batches}")
+        return batches
+
+    def check_memory(self, assign: list[np.ndarray], batches: int = 1) -> np.ndarray:
         p = self.p
         used = np.zeros(p.num_devices)
         held: set[tuple[int, int]] = set()  # (task, device) pairs whose weights are on the device
@@ -279,17 +299,18 @@ class _Checker:
             for i, k in enumerate(a):
                 if k < 0 or not p.mem_counts[i, k]:
                     continue
-                used[k] += p.mem_bytes_per_sample[i] * max(self.sizes[s], 0)
+                used[k] += p.mem_bytes_per_sample[i] * max(self.sizes[s], 0) * batches
                 if (i, int(k)) not in held:
                     held.add((i, int(k)))
                     used[k] += p.weight_bytes[i]
         self.workspace_bytes = self.workspace(assign)  # the groups' member check reads it too
         used += self.workspace_bytes
+        steady = f", with {batches} batches in flight" if batches > 1 else ""
         for k in range(p.num_devices):
             if used[k] > p.usable[k] * (1 + self.rel_tol):
                 self.bad(
                     f"device {self.devices[k]!r} needs {_gb(used[k])} of memory but holds {_gb(p.usable[k])} "
-                    f"(over by {_gb(used[k] - p.usable[k])})"
+                    f"(over by {_gb(used[k] - p.usable[k])}{steady})"
                 )
         return used
 
@@ -304,7 +325,7 @@ class _Checker:
                     out[k] = max(out[k], need * p.devices[k].degree)
         return out
 
-    def check_groups(self, assign: list[np.ndarray]) -> dict[int, float]:
+    def check_groups(self, assign: list[np.ndarray], batches: int = 1) -> dict[int, float]:
         """Exclusivity, group shape and each member's memory (module docstring, 6); returns the
         bytes on each member of every used group."""
         p = self.p
@@ -312,9 +333,9 @@ class _Checker:
         for a, b in p.conflicts(used):
             self.bad(f"devices {self.devices[a]!r} and {self.devices[b]!r} are both used but share a physical device "
                      "(a device serves one tensor-parallel group or itself)")
-        return {k: self._check_group(k, p.devices[k], assign) for k in used if p.devices[k].degree > 1}
+        return {k: self._check_group(k, p.devices[k], assign, batches) for k in used if p.devices[k].degree > 1}
 
-    def _check_group(self, k: int, device, assign: list[np.ndarray]) -> float:
+    def _check_group(self, k: int, device, assign: list[np.ndarray], batches: int) -> float:
         from llm_planner.cost import shard_of
 
         p = self.p
@@ -329,12 +350,13 @@ class _Checker:
                 self.bad(f"task {self.tasks[i]!r} does not shard over {device.degree} devices (its sizes "
                          f"{list(p.graph.tasks[i].tp_divides)} are not all multiples of {device.degree})")
         per_member = sum(shard_of(p.graph.tasks[i], device.degree).weight_bytes for i in tasks if p.mem_counts[i, k])
-        per_member += sum(shard_of(p.graph.tasks[i], device.degree).mem_bytes_per_sample * self.sizes[s]
-                          for s, a in enumerate(assign) for i, kk in enumerate(a) if kk == k and p.mem_counts[i, k])
+        per_member += batches * sum(shard_of(p.graph.tasks[i], device.degree).mem_bytes_per_sample * self.sizes[s]
+                                    for s, a in enumerate(assign) for i, kk in enumerate(a) if kk == k and p.mem_counts[i, k])
         per_member += self.workspace_bytes[k] / device.degree
         usable = p.cluster.kind(device.kind).usable_mem_bytes
         if per_member > usable * (1 + self.rel_tol):
-            self.bad(f"each member of group {device.name!r} needs {_gb(per_member)} but may fill {_gb(usable)}")
+            steady = f" (with {batches} batches in flight)" if batches > 1 else ""
+            self.bad(f"each member of group {device.name!r} needs {_gb(per_member)} but may fill {_gb(usable)}{steady}")
         return per_member
 
     def device_loads(self, assign: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

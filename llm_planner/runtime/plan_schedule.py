@@ -27,7 +27,6 @@ computes per step. Pure Python (no torch, no mpi4py): the launcher, the ranks an
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from llm_planner.groups import member_names
@@ -57,11 +56,9 @@ class Stream:
 
 
 def in_flight_batches(plan: Plan) -> int:
-    """1 for latency plans; for throughput plans the batches needed to keep the busiest device busy."""
-    if plan.objective != "throughput" or plan.max_load_s <= 0:
-        return 1
-    makespan = max((t.finish_s for t in plan.schedule), default=0.0)
-    return max(1, math.ceil(makespan / plan.max_load_s - 1e-9))
+    """1 for latency plans; for throughput plans the batches needed to keep the busiest device busy:
+    the plan's own count (llm_planner.plan.batches_in_flight), the one its memory was checked for."""
+    return plan.batches_in_flight
 
 
 def ranks_of_devices(plan: Plan, rank_of_device: dict[str, int]) -> dict[str, tuple[int, ...]]:

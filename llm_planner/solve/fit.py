@@ -1,17 +1,37 @@
 """Whether a problem can fit in memory at all: the memory a task or colocation group needs
-on a device, and a sentence on why no placement fits (a proof where there is one).
+on a device, and a sentence on why no placement fits (a proof where there is one); and
+whether a throughput plan's steady state fits.
 
 The baselines place tasks with the same ledger (solve/baselines/); the pipeline refuses a
 problem that provably cannot fit before any solver runs.
+
+Steady state. A throughput plan keeps B = plan.batches_in_flight batches in flight,
+ceil(makespan / max_load) (llm_planner.plan.batches_in_flight: the launcher runs that many),
+and every device holds the per-sample memory (KV cache) of each of them:
+
+    sum_i W_i [k holds i] + B * sum_{(s, i) on k} m_i b_s  <=  mem_capacity[k]
+
+(weights once, per-sample memory once per batch in flight, the workspace reserved in
+mem_capacity as for one batch: it is transient, one task runs at a time). A latency plan has
+B = 1, so this is the one-batch check. Solvers keep only throughput plans that pass it
+(`solve_in_flight` re-solves a problem whose per-sample memory is scaled by B until one does).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 
+from llm_planner.plan import Plan
 from llm_planner.solve.problem import PlacementProblem
+
+log = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT_RESOLVES = 8  # solve_in_flight: re-solves with more batches' memory before giving up
 
 
 def topo_order(problem: PlacementProblem) -> list[int]:
@@ -123,3 +143,71 @@ def infeasibility_reason(problem: PlacementProblem) -> str:
         f"every task fits on some device that can run it and the total need ({_gb(need)}) is within the total capacity "
         f"({total}), but the greedy heuristics found no placement that fits{single}; the MILP solver may still find one"
     )
+
+
+def plan_arrays(problem: PlacementProblem, plan: Plan) -> tuple[list[int], list[list[int]]]:
+    """(shard sizes, per shard the device index of every task) of a plan of `problem`."""
+    dev = {name: k for k, name in enumerate(problem.device_names)}
+    assigns = [[dev[a[t.name]] for t in problem.graph.tasks] for a in plan.shard_assignments]
+    return list(plan.shard_sizes), assigns
+
+
+def steady_state_memory(problem: PlacementProblem, plan: Plan) -> np.ndarray:
+    """[K] bytes on each device in the plan's steady state (module docstring): weights once,
+    per-sample memory once per batch in flight; the workspace is reserved in mem_capacity."""
+    sizes, assigns = plan_arrays(problem, plan)
+    return problem.device_memory_used(sizes, assigns, batches=plan.batches_in_flight)
+
+
+def steady_state_shortfall(problem: PlacementProblem, plan: Plan) -> str | None:
+    """A sentence on the device most over its capacity in the plan's steady state; None when it fits."""
+    used = steady_state_memory(problem, plan)
+    over = used - problem.mem_capacity
+    k = int(np.argmax(over))
+    if over[k] <= 0:
+        return None
+    return (f"device {problem.device_names[k]!r} needs {_gb(used[k])} for {plan.batches_in_flight} batch(es) in flight "
+            f"but holds {_gb(problem.mem_capacity[k])} (short by {_gb(over[k])})")
+
+
+def fits_steady_state(problem: PlacementProblem, plan: Plan) -> bool:
+    return steady_state_shortfall(problem, plan) is None
+
+
+def in_flight_problem(problem: PlacementProblem, batches: int) -> PlacementProblem:
+    """The problem with every task's per-sample memory counted `batches` times: a plan of it fits
+    `batches` batches in flight (times, devices and inputs unchanged, so it is a plan of `problem`)."""
+    return replace(problem, mem_bytes_per_sample=problem.mem_bytes_per_sample * batches)
+
+
+def solve_in_flight(problem: PlacementProblem, solve_once: Callable[[PlacementProblem], Plan | None]) -> Plan | None:
+    """A plan of solve_once whose steady state fits (module docstring); None when none is found.
+
+    Latency: solve_once(problem) as it is. Throughput: when the plan needs B batches in flight and
+    their memory does not fit, solve_once again on in_flight_problem(problem, B') with B' the larger
+    of B and one more than the last B' tried, until the plan fits (a plan of the scaled problem
+    fits whenever it needs at most B' batches) or MAX_IN_FLIGHT_RESOLVES re-solves fail. The plan's
+    lower_bound_s comes from the first solve (a bound over plans that fit one batch bounds the
+    plans whose steady state fits: they are fewer); a re-solve's own bound is not kept.
+    """
+    plan = solve_once(problem)
+    if plan is None or problem.objective != "throughput":
+        return plan
+    first_bound, assumed = plan.lower_bound_s, 1
+    for _ in range(MAX_IN_FLIGHT_RESOLVES):
+        short = steady_state_shortfall(problem, plan)
+        if short is None:
+            break
+        assumed = max(assumed + 1, plan.batches_in_flight)
+        log.info("%s: %s; solving again with the memory of %d batches", plan.solver.name, short, assumed)
+        plan = solve_once(in_flight_problem(problem, assumed))
+        if plan is None:
+            return None
+    else:
+        if not fits_steady_state(problem, plan):
+            return None
+    if assumed == 1:
+        return plan
+    details = {**plan.solver.details, "memory_of_batches": assumed}
+    status = "feasible" if plan.solver.status == "optimal" else plan.solver.status  # optimal for the scaled problem only
+    return replace(plan, lower_bound_s=min(first_bound, plan.objective_s), solver=replace(plan.solver, status=status, details=details))

@@ -166,8 +166,9 @@ class PlacementProblem:
                 groups.setdefault(t.colocate_group, []).append(i)
         return [g for g in groups.values() if len(g) > 1]
 
-    def device_memory_used(self, shard_sizes: list[int], assignments: list[list[int]]) -> np.ndarray:
-        """Bytes used on each device: weights once per device, per-sample memory per shard."""
+    def device_memory_used(self, shard_sizes: list[int], assignments: list[list[int]], batches: int = 1) -> np.ndarray:
+        """Bytes used on each device: weights once per device, per-sample memory per shard and per
+        batch in flight (`batches`: a throughput plan's steady state, solve.fit.steady_state_memory)."""
         used = np.zeros(self.num_devices)
         held = np.zeros((self.num_tasks, self.num_devices), dtype=bool)
         tasks = np.arange(self.num_tasks)
@@ -176,7 +177,7 @@ class PlacementProblem:
                 continue
             dev = np.asarray(assign, dtype=int)
             counts = self.mem_counts[tasks, dev]
-            np.add.at(used, dev[counts], self.mem_bytes_per_sample[tasks[counts]] * b)
+            np.add.at(used, dev[counts], self.mem_bytes_per_sample[tasks[counts]] * b * batches)
             held[tasks[counts], dev[counts]] = True
         return used + self.weight_bytes @ held
 

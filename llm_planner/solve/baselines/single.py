@@ -47,7 +47,7 @@ import numpy as np
 from llm_planner.plan import Plan
 from llm_planner.solve.baselines.common import Result, balanced_split, fastest_first, fits, follow_groups, whole_graph_objective
 from llm_planner.solve.bounds.times import task_times
-from llm_planner.solve.fit import MemoryLedger, colocation_units, runs_all, topo_order
+from llm_planner.solve.fit import MemoryLedger, colocation_units, runs_all, solve_in_flight, topo_order
 from llm_planner.solve.problem import PlacementProblem, restrict_devices
 from llm_planner.solve.schedule import make_plan
 
@@ -70,15 +70,19 @@ def run_baseline(name: str, problem: PlacementProblem) -> Plan | None:
     started = time.perf_counter()
     if problem.has_groups:  # these layouts place tasks on single devices
         problem = restrict_devices(problem, list(range(problem.num_physical)))
-    result = runners[name](problem)
-    if result is None:
+
+    def once(posed: PlacementProblem) -> Plan | None:
+        result = runners[name](posed)
+        if result is None:
+            return None
+        sizes, assigns, orders = result
+        return make_plan(posed, sizes, assigns, solver=f"baseline:{name}", status="heuristic", started_at=started,
+                         lower_bound_s=0.0, device_orders=orders)
+
+    plan = solve_in_flight(problem, once)  # throughput: a steady state that fits (solve.fit)
+    if plan is None:
         log.info("baseline %s: no feasible placement", name)
-        return None
-    sizes, assigns, orders = result
-    return make_plan(
-        problem, sizes, assigns, solver=f"baseline:{name}", status="heuristic", started_at=started,
-        lower_bound_s=0.0, device_orders=orders,
-    )
+    return plan
 
 
 def run_all_baselines(problem: PlacementProblem) -> dict[str, Plan | None]:

@@ -107,14 +107,46 @@ AGREEMENT_TOL = 1e-4
 
 
 def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
-    """Solve the MILP of the module docstring; SolveError for an infeasible instance or unusable backend."""
+    """Solve the MILP of the module docstring; SolveError for an infeasible instance or unusable backend.
+
+    Throughput: the memory rows (8) count one batch, but the plan keeps plan.batches_in_flight
+    batches in flight; when their memory does not fit, the MILP is solved again with the per-sample
+    memory of more batches (solve.fit.solve_in_flight), and the plan keeps the first solve's bound.
+    """
+    from llm_planner.solve.errors import SolveError, SolveInterrupted
+    from llm_planner.solve.fit import solve_in_flight
+
+    options = options.check()
+    if options.contiguous and problem.objective != "throughput":
+        raise ProblemError("the contiguous restriction (--contiguous) applies to the throughput objective only")
+    first = True
+
+    def once(posed: PlacementProblem) -> Plan | None:
+        nonlocal first
+        if first:
+            first = False
+            return _solve_milp_once(posed, options)
+        try:
+            return _solve_milp_once(posed, options)
+        except SolveInterrupted:
+            raise
+        except SolveError as exc:  # no plan fits that many batches; one that needs fewer may still exist
+            log.info("milp: solving again for the batches in flight: %s", exc)
+            return None
+
+    plan = solve_in_flight(problem, once)
+    if plan is None:
+        raise SolveError("the MILP's plans keep more batches in flight than device memory holds, and no plan it found "
+                         "with the memory of more batches fits its own steady state (docs/objectives.md, Memory)")
+    return plan
+
+
+def _solve_milp_once(problem: PlacementProblem, options: SolveOptions) -> Plan:
+    """solve_milp for one batch's memory."""
     from llm_planner.solve.errors import SolveError
     from llm_planner.solve.bounds.combined import lower_bound
 
     started = time.perf_counter()
-    options = options.check()
-    if options.contiguous and problem.objective != "throughput":
-        raise ProblemError("the contiguous restriction (--contiguous) applies to the throughput objective only")
     warm = _warm_start_plan(problem)
     bound_s = lower_bound(problem)
     if warm is not None and options.symmetry in CRITERIA:
@@ -175,12 +207,15 @@ def _proven_warm_start(warm: Plan, bound_s: float, started: float, options: Solv
 
 
 def _warm_start_plan(problem: PlacementProblem) -> Plan | None:
-    """The better of the best baseline and (throughput) the contiguous split; None if neither fits."""
+    """The better of the best baseline and (throughput) the contiguous split; None if neither fits
+    (throughput: in its steady state, solve.fit)."""
     from llm_planner.solve.baselines.baseline_set import best_of_all
     from llm_planner.solve.milp.warm import contiguous_split
 
+    from llm_planner.solve.fit import fits_steady_state
+
     physical = restrict_devices(problem, list(range(problem.num_physical))) if problem.has_groups else problem
-    plans = [p for p in (best_of_all(problem), contiguous_split(physical)) if p is not None]
+    plans = [p for p in (best_of_all(problem), contiguous_split(physical)) if p is not None and fits_steady_state(problem, p)]
     return min(plans, key=lambda p: p.objective_s, default=None)
 
 

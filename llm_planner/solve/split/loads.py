@@ -6,7 +6,8 @@ an A100 and a T4 the DP can only hand out whole stages. This search starts from 
 plan and moves one task at a time (a colocation group as a whole) to the device
 that lowers the bottleneck load, or that keeps it and lowers the sum of squared
 loads (which spreads work off the bottleneck and opens later moves), as long as
-the device can run the task and has the memory for it.
+the device can run the task and has the memory for it (of every batch the plan keeps in
+flight: solve.fit).
 
 A move's effect is computed from what depends on where the moved tasks sit: their
 own times and the transfer charges of the problem's throughput model
@@ -30,6 +31,7 @@ import random
 import numpy as np
 
 from llm_planner.plan import Plan
+from llm_planner.solve.fit import fits_steady_state
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import add_transfer_charges, device_loads, make_plan
 
@@ -42,13 +44,15 @@ REL = 1e-12
 class _Shard:
     """One shard's assignment with its loads (plus the other shards' as a fixed background) and memory."""
 
-    def __init__(self, problem: PlacementProblem, batch: int, assign: list[int], allowed: np.ndarray, background: np.ndarray):
+    def __init__(self, problem: PlacementProblem, batch: int, assign: list[int], allowed: np.ndarray, background: np.ndarray,
+                 batches: int = 1):
         from llm_planner.solve.bounds.times import task_times
 
         p = self.p = problem
         self.b, self.a, self.allowed = batch, list(assign), allowed
         self.times = task_times(p, batch)
-        self.need = np.where(p.mem_counts, (p.weight_bytes + p.mem_bytes_per_sample * batch)[:, None], 0.0)
+        # per-sample memory for `batches` batches in flight (solve.fit)
+        self.need = np.where(p.mem_counts, (p.weight_bytes + p.mem_bytes_per_sample * batch * batches)[:, None], 0.0)
         self.used = np.zeros(p.num_devices)
         for i, k in enumerate(self.a):
             self.used[k] += self.need[i, k]
@@ -165,7 +169,24 @@ def _search(shard: _Shard, budget: int, rng: random.Random) -> int:
 
 def improve_loads(problem: PlacementProblem, plan: Plan, started: float) -> Plan | None:
     """`plan` with tasks moved to lower its bottleneck load (see the module docstring), as a MILP-SPLIT
-    plan; None when its shards share devices or no move helped."""
+    plan whose steady state fits (solve.fit); None when its shards share devices, no move helped, or
+    no improved plan fits.
+
+    Balancing loads lowers the busiest device's load, so the plan may then need more batches in
+    flight: the moves keep the memory of the start's batches in flight (B), and when the result needs
+    more and they do not fit, the search runs again from the start with the memory of those (once:
+    the search is MILP-SPLIT's costliest step)."""
+    batches = plan.batches_in_flight
+    for _ in range(2):
+        better = _moved(problem, plan, started, batches)
+        if better is None or problem.objective != "throughput" or fits_steady_state(problem, better):
+            return better
+        batches = max(batches + 1, better.batches_in_flight)
+    return None
+
+
+def _moved(problem: PlacementProblem, plan: Plan, started: float, batches: int) -> Plan | None:
+    """improve_loads' search, with the per-sample memory of `batches` batches in flight."""
     dev = {name: k for k, name in enumerate(problem.device_names)}
     sizes = list(plan.shard_sizes)
     assigns = [[dev[plan.shard_assignments[s][t.name]] for t in problem.graph.tasks] for s in range(len(sizes))]
@@ -182,7 +203,7 @@ def improve_loads(problem: PlacementProblem, plan: Plan, started: float) -> Plan
         for r in others:
             allowed[list(used[r])] = False
         background = device_loads(problem, [sizes[r] for r in others], [assigns[r] for r in others]) if others else np.zeros(problem.num_devices)
-        shard = _Shard(problem, b, assigns[s], allowed, background)
+        shard = _Shard(problem, b, assigns[s], allowed, background, batches)
         budget = _search(shard, budget, random.Random(s))
         if shard.a != assigns[s]:
             assigns[s], used[s], changed = shard.a, set(shard.a), True

@@ -13,7 +13,9 @@ cut entering the stage (from d_{q-1}) and the one leaving it (to d_{q+1}), each
 charged as the problem's throughput model says. Charges are estimated with the
 neighbouring devices of the order (a skipped device makes the estimate
 inexact); the plan's load is then computed exactly by schedule.make_plan.
-Stages must fit in memory. The device orders tried (`device_orders`): fastest
+Stages must fit in memory, with the per-sample memory (KV cache) of every batch the
+plan keeps in flight (solve.fit): a plan that needs B batches and does not fit them is
+planned again with the memory of B batches. The device orders tried (`device_orders`): fastest
 device first; fastest server first, its devices fastest first; and every other
 order of the device classes when there are at most MAX_DEVICE_ORDERS of them;
 each for one shard and for the data-parallel groups of split.groups, and the
@@ -32,6 +34,7 @@ import math
 import numpy as np
 
 from llm_planner.plan import Plan
+from llm_planner.solve.fit import MAX_IN_FLIGHT_RESOLVES, fits_steady_state
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import make_plan
 from llm_planner.solve.split.groups import candidate_group_counts, device_groups, replicate, shard_sizes
@@ -39,13 +42,14 @@ from llm_planner.solve.split.groups import candidate_group_counts, device_groups
 INF = float("inf")
 
 
-def _module_arrays(ctx, batch: int, devices: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """work[j, q]: time of module j on devices[q] (inf if unsupported); mem[j, q]: its memory there."""
+def _module_arrays(ctx, batch: int, devices: list[int], batches: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """work[j, q]: time of module j on devices[q] (inf if unsupported); mem[j, q]: its memory there,
+    per-sample memory counted for `batches` batches in flight."""
     from llm_planner.solve.bounds.times import task_times
 
     p: PlacementProblem = ctx.problem
     times = task_times(p, batch)[:, devices]
-    per_task_mem = np.where(p.mem_counts[:, devices], (p.weight_bytes + p.mem_bytes_per_sample * batch)[:, None], 0.0)
+    per_task_mem = np.where(p.mem_counts[:, devices], (p.weight_bytes + p.mem_bytes_per_sample * batch * batches)[:, None], 0.0)
     work = np.array([times[list(m.tasks)].sum(axis=0) for m in ctx.modules])
     mem = np.array([per_task_mem[list(m.tasks)].sum(axis=0) for m in ctx.modules])
     return work, mem
@@ -63,10 +67,11 @@ def _cut_charge(ctx, cut_edges: list[list[int]], j: int, k: int, l: int, batch: 
     return total, total
 
 
-def stage_dp(ctx, batch: int, devices: list[int]) -> list[int] | None:
-    """Device (index into `devices`) of every module, or None if nothing fits."""
+def stage_dp(ctx, batch: int, devices: list[int], batches: int = 1) -> list[int] | None:
+    """Device (index into `devices`) of every module, or None if nothing fits with the per-sample
+    memory of `batches` batches in flight."""
     num_m, num_q = len(ctx.modules), len(devices)
-    work, mem = _module_arrays(ctx, batch, devices)
+    work, mem = _module_arrays(ctx, batch, devices, batches)
     bad = ~np.isfinite(work)  # module j cannot run on devices[q]
     cum_w = np.vstack([np.zeros(num_q), np.cumsum(np.where(bad, 0.0, work), axis=0)])
     cum_bad = np.vstack([np.zeros(num_q), np.cumsum(bad, axis=0)])
@@ -180,21 +185,36 @@ def _class_sequences(counts: list[int]):
 
 
 def throughput_plan(ctx, started: float) -> list[Plan]:
-    """Stage plans for one shard and for each data-parallel grouping."""
+    """Stage plans for one shard and for each data-parallel grouping, each one whose steady state fits."""
     problem: PlacementProblem = ctx.problem
     plans = []
     groupings = [[list(range(problem.num_devices))]] + [device_groups(problem, g) for g in candidate_group_counts(problem)]
     for groups in groupings:
         sizes = shard_sizes(problem.batch_size, len(groups))
         for order in device_orders(problem, groups[0], sizes[0]):
-            where = stage_dp(ctx, sizes[0], order)
-            if where is None:
-                continue
-            assign0 = [-1] * problem.num_tasks
-            for module, q in zip(ctx.modules, where):
-                for t in module.tasks:
-                    assign0[t] = order[q]
-            assignments, _ = replicate(groups, assign0, {})
-            plans.append(make_plan(problem, sizes, assignments, solver="milp-split", status="heuristic",
-                                   started_at=started, lower_bound_s=0.0))
+            plan = _stage_plan(ctx, started, groups, sizes, order)
+            if plan is not None:
+                plans.append(plan)
     return plans
+
+
+def _stage_plan(ctx, started: float, groups: list[list[int]], sizes: list[int], order: list[int]) -> Plan | None:
+    """The stage DP's plan along `order` whose steady state fits (solve.fit): when the plan needs
+    B batches in flight and their memory does not fit, the DP again with the memory of more
+    batches (B, or one more than last time), which cuts fewer stages or spares memory."""
+    problem: PlacementProblem = ctx.problem
+    batches = 1
+    for _ in range(MAX_IN_FLIGHT_RESOLVES + 1):
+        where = stage_dp(ctx, sizes[0], order, batches)
+        if where is None:
+            return None
+        assign0 = [-1] * problem.num_tasks
+        for module, q in zip(ctx.modules, where):
+            for t in module.tasks:
+                assign0[t] = order[q]
+        assignments, _ = replicate(groups, assign0, {})
+        plan = make_plan(problem, sizes, assignments, solver="milp-split", status="heuristic", started_at=started, lower_bound_s=0.0)
+        if problem.objective != "throughput" or fits_steady_state(problem, plan):
+            return plan
+        batches = max(batches + 1, plan.batches_in_flight)
+    return None
