@@ -139,9 +139,10 @@ def infeasibility_reason(problem: PlacementProblem) -> str:
     else:
         single = "; no single device can run every task"
     total = _gb(capacity) if math.isfinite(capacity) else "unlimited"
+    steady = " (throughput: with the per-sample memory of every batch its steady state keeps in flight)" if problem.objective == "throughput" else ""
     return (
         f"every task fits on some device that can run it and the total need ({_gb(need)}) is within the total capacity "
-        f"({total}), but the greedy heuristics found no placement that fits{single}; the MILP solver may still find one"
+        f"({total}), but the greedy heuristics found no placement that fits{steady}{single}; the MILP solver may still find one"
     )
 
 
@@ -180,34 +181,33 @@ def in_flight_problem(problem: PlacementProblem, batches: int) -> PlacementProbl
     return replace(problem, mem_bytes_per_sample=problem.mem_bytes_per_sample * batches)
 
 
-def solve_in_flight(problem: PlacementProblem, solve_once: Callable[[PlacementProblem], Plan | None]) -> Plan | None:
+def solve_in_flight(problem: PlacementProblem, solve_once: Callable[[PlacementProblem], Plan | None],
+                    fallback: Callable[[], Plan | None] | None = None) -> Plan | None:
     """A plan of solve_once whose steady state fits (module docstring); None when none is found.
 
     Latency: solve_once(problem) as it is. Throughput: when the plan needs B batches in flight and
     their memory does not fit, solve_once again on in_flight_problem(problem, B') with B' the larger
     of B and one more than the last B' tried, until the plan fits (a plan of the scaled problem
-    fits whenever it needs at most B' batches) or MAX_IN_FLIGHT_RESOLVES re-solves fail. The plan's
-    lower_bound_s comes from the first solve (a bound over plans that fit one batch bounds the
-    plans whose steady state fits: they are fewer); a re-solve's own bound is not kept.
+    fits whenever it needs at most B' batches) or MAX_IN_FLIGHT_RESOLVES re-solves fail. Scaling
+    every task's memory by B' also charges plans that need fewer batches, so after a repair the
+    better of its plan and `fallback()` (a plan known to fit, e.g. the best baseline) is returned.
+    The plan's lower_bound_s comes from the first solve (a bound over plans that fit one batch
+    bounds the plans whose steady state fits: they are fewer); a re-solve's own bound is not kept.
     """
     plan = solve_once(problem)
-    if plan is None or problem.objective != "throughput":
+    if plan is None or problem.objective != "throughput" or fits_steady_state(problem, plan):
         return plan
     first_bound, assumed = plan.lower_bound_s, 1
     for _ in range(MAX_IN_FLIGHT_RESOLVES):
-        short = steady_state_shortfall(problem, plan)
-        if short is None:
-            break
+        log.info("%s: %s; solving again with the memory of more batches", plan.solver.name, steady_state_shortfall(problem, plan))
         assumed = max(assumed + 1, plan.batches_in_flight)
-        log.info("%s: %s; solving again with the memory of %d batches", plan.solver.name, short, assumed)
         plan = solve_once(in_flight_problem(problem, assumed))
-        if plan is None:
-            return None
-    else:
-        if not fits_steady_state(problem, plan):
-            return None
-    if assumed == 1:
-        return plan
-    details = {**plan.solver.details, "memory_of_batches": assumed}
-    status = "feasible" if plan.solver.status == "optimal" else plan.solver.status  # optimal for the scaled problem only
-    return replace(plan, lower_bound_s=min(first_bound, plan.objective_s), solver=replace(plan.solver, status=status, details=details))
+        if plan is None or fits_steady_state(problem, plan):
+            break
+    found = [p for p in (plan, fallback() if fallback is not None else None) if p is not None and fits_steady_state(problem, p)]
+    if not found:
+        return None
+    best = min(found, key=lambda p: p.objective_s)
+    details = {**best.solver.details, "memory_of_batches": assumed} if best is plan else dict(best.solver.details)
+    status = "feasible" if best.solver.status == "optimal" else best.solver.status  # optimal for a scaled problem only
+    return replace(best, lower_bound_s=min(first_bound, best.objective_s), solver=replace(best.solver, status=status, details=details))

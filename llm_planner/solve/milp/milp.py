@@ -111,11 +111,13 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
 
     Throughput: the memory rows (8) count one batch, but the plan keeps plan.batches_in_flight
     batches in flight; when their memory does not fit, the MILP is solved again with the per-sample
-    memory of more batches (solve.fit.solve_in_flight), and the plan keeps the first solve's bound.
+    memory of more batches (solve.fit.solve_in_flight), the warm start (which fits) taken when it is
+    better, and the plan keeps the first solve's bound.
     """
     from llm_planner.solve.errors import SolveError, SolveInterrupted
     from llm_planner.solve.fit import solve_in_flight
 
+    started = time.perf_counter()
     options = options.check()
     if options.contiguous and problem.objective != "throughput":
         raise ProblemError("the contiguous restriction (--contiguous) applies to the throughput objective only")
@@ -134,10 +136,15 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
             log.info("milp: solving again for the batches in flight: %s", exc)
             return None
 
-    plan = solve_in_flight(problem, once)
+    plan = solve_in_flight(problem, once, fallback=lambda: _warm_start_plan(problem))
     if plan is None:
         raise SolveError("the MILP's plans keep more batches in flight than device memory holds, and no plan it found "
                          "with the memory of more batches fits its own steady state (docs/objectives.md, Memory)")
+    if plan.solver.name != "milp":  # the warm start, which fits, beat the re-solves
+        details = {"warm_start": plan.solver.name, "warm_start_objective_s": plan.objective_s,
+                   "stopped": "the MILP's plan keeps more batches in flight than memory holds; the warm start fits"}
+        plan = replace(plan, solver=replace(plan.solver, name="milp", status="feasible", time_s=time.perf_counter() - started,
+                                            backend=options.backend, details=details))
     return plan
 
 
