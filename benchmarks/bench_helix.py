@@ -65,7 +65,26 @@ def helix_rows() -> dict[str, tuple[list[Run], float]]:
                 for gpu, queries in (("a100", 18), ("l4", 40), ("t4", 3))]
     return {"helix-milp": ([Run(cluster=f"{SINGLE}/config/cluster24.ini", layout=f"{layouts}/ilp/ilp_sol.ini",
                                 simulator_cluster=f"{layouts}/ilp/simulator_cluster.ini")], 252.1),
-            "separate-pipelines": (separate, 124.3)}
+            "separate-pipelines": (separate, 124.3),
+            "helix-milp-roundtrip": ([], None)}  # filled by roundtrip_run
+
+
+def roundtrip_run(checkout: Path, scratch: Path) -> list[Run]:
+    """Helix's MILP layout through our names and back: the cluster file imported
+    (llm_planner.helix_import), each machine's range given to our device, the layout written
+    by llm_planner.helix_export and its simulator cluster file by the harness. It must score
+    what `helix-milp` scores."""
+    from llm_planner.helix_export import helix_layout, read_helix_layout
+    from llm_planner.helix_import import device_helix_names, load_helix_cluster
+
+    row = helix_rows()["helix-milp"][0][0]
+    names = device_helix_names(load_helix_cluster(checkout / row.cluster))
+    device_of = {helix: device for device, helix in names.items()}
+    ranges = read_helix_layout((checkout / row.layout).read_text(), row.layout)
+    stages = [(device_of[node], first, end) for node, (first, end) in ranges.items()]
+    layout = scratch / "helix-milp-roundtrip.ini"
+    layout.write_text(helix_layout(stages, names, num_layers=80))
+    return [Run(cluster=row.cluster, layout=str(layout))]
 
 
 def simulate(run: Run, checkout: Path, python: str, profiles: str, warm_up_s: float = 60.0, duration_s: float = 600.0) -> dict:
@@ -78,7 +97,7 @@ def simulate(run: Run, checkout: Path, python: str, profiles: str, warm_up_s: fl
         cmd += ["--simulator-cluster", at(run.simulator_cluster)]
     if run.force_set:
         cmd.append("--force-set")
-    env = {**os.environ, "PYTHONPATH": str(checkout), "MPLBACKEND": "Agg"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(checkout), os.environ.get("PYTHONPATH")))), "MPLBACKEND": "Agg"}
     with tempfile.TemporaryDirectory(prefix="helix-run-") as work:
         done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("HELIX_RESULT ")]
@@ -100,7 +119,8 @@ def main() -> None:
     parser.add_argument("layouts", nargs="*", help="Helix layout files to score on --cluster (default: Helix's own rows)")
     parser.add_argument("--cluster", default=f"{SINGLE}/config/cluster24.ini", help="Helix cluster file for the layouts")
     parser.add_argument("--machine-profiles", default=f"{SINGLE}/config/machine_profiles.ini")
-    parser.add_argument("--rows", nargs="*", help="only these of Helix's rows (helix-milp, separate-pipelines)")
+    parser.add_argument("--rows", nargs="*", help="these of the built-in rows (helix-milp, separate-pipelines, "
+                        "helix-milp-roundtrip; default: all of them when no layout is given)")
     parser.add_argument("--duration", type=float, default=600.0, help="simulated seconds counted (Helix: 600; less for a smoke test)")
     parser.add_argument("--warm-up", type=float, default=60.0, help="simulated seconds before counting (Helix: 60)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="simulations run at once")
@@ -110,14 +130,28 @@ def main() -> None:
         sys.exit("set LLM_PLANNER_HELIX to a Helix checkout and LLM_PLANNER_HELIX_PYTHON to the Python of its environment")
     checkout, python = Path(os.environ["LLM_PLANNER_HELIX"]), os.environ["LLM_PLANNER_HELIX_PYTHON"]
     facts = provenance.start(sys.argv)
-    if args.layouts:
-        chosen = {Path(p).name: ([Run(cluster=args.cluster, layout=str(Path(p).resolve()))], None) for p in args.layouts}
-    else:
-        chosen = {k: v for k, v in helix_rows().items() if not args.rows or k in args.rows}
+    chosen = {k: v for k, v in helix_rows().items() if (args.rows is None and not args.layouts) or k in (args.rows or ())}
+    scratch = Path(tempfile.mkdtemp(prefix="helix-layouts-"))
+    if "helix-milp-roundtrip" in chosen:
+        chosen["helix-milp-roundtrip"] = (roundtrip_run(checkout, scratch), None)
+    for path in args.layouts:
+        chosen[Path(path).name] = ([Run(cluster=args.cluster, layout=str(Path(path).resolve()))], None)
     runs = [(name, run) for name, (row_runs, _) in chosen.items() for run in row_runs]
     started = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "runs.jsonl"  # one line per finished simulation, written as each ends
+    log.write_text("")
+
+    def one(item: tuple[str, Run]) -> dict:
+        result = simulate(item[1], checkout, python, args.machine_profiles, args.warm_up, args.duration)
+        with open(log, "a") as f:
+            layout = item[1].layout if not Path(item[1].layout).is_absolute() else Path(item[1].layout).name  # no machine paths
+            f.write(json.dumps({"row": item[0], "layout": layout, **result}) + "\n")
+        return result
+
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(lambda item: simulate(item[1], checkout, python, args.machine_profiles, args.warm_up, args.duration), runs))
+        results = list(pool.map(one, runs))
     rows = []
     for name, (row_runs, reported) in chosen.items():
         mine = [res for (n, _), res in zip(runs, results) if n == name]
@@ -125,10 +159,9 @@ def main() -> None:
                      "runs": len(mine), "wall_s": max(r["wall_s"] for r in mine)})
         print(f"{name}: {rows[-1]['decode_tokens_per_s']:.1f} decode tokens/s"
               + (f" (Helix reports {reported})" if reported else "") + f", {[round(r['decode_tokens_per_s'], 1) for r in mine]}", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     facts["helix_commit"] = os.environ.get("LLM_PLANNER_HELIX_COMMIT") or _git_head(checkout)
     facts["total_wall_s"] = round(time.perf_counter() - started, 1)
+    facts["helix_python"] = {k: results[0].get(k) for k in ("python", "numpy", "networkx")}
     provenance.record(out, facts)
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)

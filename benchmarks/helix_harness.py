@@ -116,6 +116,13 @@ def write_simulator_cluster(cluster_path, profiles_path, layout_path, model_mana
     return len(used)
 
 
+def _version(module):
+    try:
+        return __import__(module).__version__
+    except ImportError:
+        return None
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cluster", required=True)
@@ -175,7 +182,8 @@ def main():
                 decoded += request.token_seq_length
     result = {"decode_tokens_per_s": decoded / args.duration, "decode_tokens": decoded, "prompts": prompts,
               "machines": len(simulator.compute_nodes), "simulated_s": args.duration, "wall_s": time.time() - started,
-              "max_flow_tokens_per_s": getattr(getattr(simulator.scheduler, "flow_graph", None), "flow_value", None)}
+              "max_flow_tokens_per_s": getattr(getattr(simulator.scheduler, "flow_graph", None), "flow_value", None),
+              "python": sys.version.split()[0], "numpy": _version("numpy"), "networkx": _version("networkx")}
     print("HELIX_RESULT " + json.dumps(result), flush=True)
 
 
