@@ -39,6 +39,7 @@ MAX_MOVE_EVALUATIONS = 100_000  # (group, device) pairs tried per plan
 KICK_STRENGTH = 6  # after the descent: move 1..KICK_STRENGTH random groups to random devices, descend again
 KICK_PATIENCE = 60  # and stop after this many kicks in a row that found nothing better
 REL = 1e-12
+IN_FLIGHT_ATTEMPTS = 2  # searches per start: with the start's batches in flight, then (once) with the result's
 
 
 class _Shard:
@@ -174,10 +175,10 @@ def improve_loads(problem: PlacementProblem, plan: Plan, started: float) -> Plan
 
     Balancing loads lowers the busiest device's load, so the plan may then need more batches in
     flight: the moves keep the memory of the start's batches in flight (B), and when the result needs
-    more and they do not fit, the search runs again from the start with the memory of those (once:
-    the search is MILP-SPLIT's costliest step)."""
+    more and they do not fit, the search runs again from the start with the memory of those (once,
+    IN_FLIGHT_ATTEMPTS: the search is MILP-SPLIT's costliest step)."""
     batches = plan.batches_in_flight
-    for _ in range(2):
+    for _ in range(IN_FLIGHT_ATTEMPTS):
         better = _moved(problem, plan, started, batches)
         if better is None or problem.objective != "throughput" or fits_steady_state(problem, better):
             return better
