@@ -21,7 +21,8 @@ def add_import_parser(sub) -> None:
     h.add_argument("--cluster", required=True, help="Helix cluster file (e.g. config/cluster24.ini)")
     h.add_argument("--machine-profiles", help="Helix machine profile file (default: machine_profiles.ini beside --cluster)")
     h.add_argument("--profiles", help="folder of Helix's per-machine-type layer profiles, <type>/decode_bs2time.csv "
-                                      "and prompt_bs2time.csv (e.g. simulator/model_manager/llama2_70b); needed for --profile-out")
+                                      "and prompt_bs2time.csv (e.g. simulator/model_manager/llama2_70b); read and checked, "
+                                      "written as a serving profile by --profile-out")
     h.add_argument("-o", "--output", required=True, help="cluster spec YAML to write")
     h.add_argument("--profile-out", help="serving profile YAML to write from --profiles")
     h.add_argument("--model", help="model name in the serving profile (default: the --profiles folder's name, _ -> -)")
@@ -39,14 +40,14 @@ def cmd_import(args: argparse.Namespace, console: Console) -> int:
     spec_text = cluster_spec_yaml(cluster, name=args.name)
     spec = parse_cluster(_yaml(spec_text), source=args.output)  # what we write must load
     profile_text = None
-    if args.profile_out:
+    if args.profiles:  # read and checked even without --profile-out: a bad csv is reported either way
         profile_text = serving_profile_yaml(cluster, args.profiles, model=args.model)
         parse_serving_profile(_yaml(profile_text), source=args.profile_out)
     write_atomic(args.output, spec_text)
     console.print(f"wrote {args.output}: {len(spec.devices())} devices in {len(spec.nodes)} node templates "
                   f"({', '.join(f'{n.count}x {n.name}' for n in spec.nodes)}); "
                   f"{len(device_helix_names(cluster))} devices mapped to Helix nodes (listed in its comments)")
-    if profile_text is not None:
+    if args.profile_out:
         write_atomic(args.profile_out, profile_text)
         console.print(f"wrote {args.profile_out}: layer times of {', '.join(sorted({k.kind for k in parse_serving_profile(_yaml(profile_text)).kinds}))}")
     return 0
