@@ -32,13 +32,15 @@ def _input_errors() -> tuple[type[Exception], ...]:
     from llm_planner.pipeline import InputError
     from llm_planner.plan import PlanError
     from llm_planner.profile import ProfileError
+    from llm_planner.serving.plan_file import ServingPlanError
+    from llm_planner.serving.workload import WorkloadError
     from llm_planner.solve.problem import ProblemError
     from llm_planner.spec import SpecError
     from llm_planner.helix_import import HelixError
     from llm_planner.serving_profile import ServingProfileError
 
     return (SpecError, GraphError, PlanError, InputError, ProblemError, MeasureError, CalibrateError, ProfileError, WriteError,
-            HelixError, ServingProfileError)
+            HelixError, ServingProfileError, ServingPlanError, WorkloadError)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -59,9 +61,10 @@ def _add_solve_args(p: argparse.ArgumentParser) -> None:
     from llm_planner.solve.api import SOLVERS
     from llm_planner.solve.options import SYMMETRY_CHOICES
 
-    p.add_argument("--objective", choices=("latency", "throughput"), default="latency",
+    p.add_argument("--objective", choices=("latency", "throughput", "serving"), default="latency",
                    help="latency: the time of one batch (makespan); throughput: seconds per sample in steady state, "
-                        "the busiest device's load per batch over the batch (default: latency)")
+                        "the busiest device's load per batch over the batch; serving (decoders): output tokens/s of the "
+                        "cluster under --tpot-slo, with prefill and every in-flight sequence's KV cache (default: latency)")
     p.add_argument("--batch", type=int, default=1, help="samples (requests) in the batch (default: 1)")
     p.add_argument("--max-shards", type=int, default=None, help="data parallelism: at most this many batch shards (default: number of devices; 1 turns it off)")
     _add_max_tp(p)
@@ -101,6 +104,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", choices=("vllm", "megatron"),
                    help="also write the plan as vLLM's or Megatron-LM's parallel sizes and layer split (when it has that form)")
     p.add_argument("--export-file", help="where --export writes (default: the plan file's name with .vllm.json or .megatron.json)")
+    from llm_planner.commands_serving import add_serving_args
+
+    add_serving_args(p)
 
     p = sub.add_parser("verify", help="check a plan against its inputs and recompute its objective")
     p.add_argument("plan", help="plan file (YAML, or JSON for a .json path) written by `plan`")
@@ -183,6 +189,18 @@ def _add_profile_parser(sub) -> None:
     p.add_argument("--workdir", default=None, help="--mpi: where to write the hostfile and job file (default: next to the output)")
 
 
+def _serving_handler(args: argparse.Namespace):
+    """Serving plans have their own handlers: `plan --objective serving`, `show` and `verify` of one."""
+    from llm_planner import commands_serving
+    from llm_planner.serving.plan_file import is_serving_plan
+
+    if args.command == "plan" and args.objective == "serving":
+        return commands_serving.cmd_plan_serving
+    if args.command in ("show", "verify") and is_serving_plan(args.plan):
+        return getattr(commands_serving, f"cmd_{args.command}_serving")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -190,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 
     name = "cmd_" + args.command.replace("-", "_")
     handler = getattr(commands, name, None) or getattr(commands_helix, name, None) or getattr(commands_measure, name)
+    handler = _serving_handler(args) or handler
     try:
         return handler(args, console)
     except _input_errors() as exc:

@@ -31,6 +31,13 @@ PRECISIONS = (*DTYPE_BYTES, "fp64")
 # Devices of the expanded cluster: far beyond this the placement problem no longer fits in
 # memory or in minutes (docs/inputs.md).
 MAX_DEVICES = 1024
+# Fixed time a serving engine spends per iteration on each pipeline stage besides the model's
+# kernels (scheduling, input preparation, sampling, launch and the stage's hand-off bookkeeping),
+# by device type. An order-of-magnitude default: the vLLM and SGLang teams report CPU-side work
+# of the order of a millisecond per decode step before their overlapped schedulers (vLLM
+# v0.6.0 performance update, 2024-09; SGLang v0.4 "zero-overhead batch scheduler", 2024-12).
+# Set `step_overhead_s` per kind from a measurement (docs/serving.md).
+STEP_OVERHEAD_DEFAULT = {"cpu": 1e-3, "gpu": 1e-3, "accelerator": 1e-3}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +75,13 @@ class DeviceKindSpec:
     overhead_s: float = 0.0  # fixed time per task (kernel launches, dispatch)
     # Share of mem_bytes a plan may fill; None: the type's default (USABLE_MEM_DEFAULT).
     usable_mem_fraction: float | None = None
+    # Serving: fixed time per engine iteration on a stage of this kind; None: STEP_OVERHEAD_DEFAULT.
+    step_overhead_s: float | None = None
+
+    @property
+    def serving_step_s(self) -> float:
+        """Fixed time per engine iteration on a serving stage of this kind (STEP_OVERHEAD_DEFAULT)."""
+        return STEP_OVERHEAD_DEFAULT[self.type] if self.step_overhead_s is None else self.step_overhead_s
 
     @property
     def usable_mem_bytes(self) -> float:
@@ -239,6 +253,7 @@ def _read_kind(c: Reader) -> DeviceKindSpec:
         mem_efficiency=c.get("mem_efficiency", units.parse_fraction, default=1.0, positive=True),
         overhead_s=c.get("overhead_s", nonneg_seconds, default=0.0),
         usable_mem_fraction=c.get("usable_mem_fraction", units.parse_fraction, default=None, positive=True),
+        step_overhead_s=c.get("step_overhead_s", nonneg_seconds, default=None),
     )
     for key in ("compute_efficiency", "mem_efficiency", "usable_mem_fraction"):
         if getattr(spec, key) is not None and getattr(spec, key) > 1:

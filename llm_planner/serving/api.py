@@ -1,0 +1,98 @@
+"""`plan --objective serving` from inputs to the plan file's data: build the context, run the
+solver and the baselines once, bound, assign devices, and write every figure the plan states."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from llm_planner.serving.assign import assign_devices
+from llm_planner.serving.baselines import BASELINES
+from llm_planner.serving.bound import tokens_upper_bound
+from llm_planner.serving.context import ServingContext, ServingOptions, build_context, status_of, usable_bytes
+from llm_planner.serving.fleet import FleetChoice
+from llm_planner.serving.layout import Pattern, describe
+from llm_planner.serving.search import segment_options, solve_serving
+from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION, relative_to_plan
+from llm_planner.serving.workload import ServingWorkload, WorkloadError
+
+
+
+
+
+
+
+
+
+def replica_record(ctx: ServingContext, pattern: Pattern, count: int, devices: list) -> dict[str, Any]:
+    ev = pattern.ev
+    usable = usable_bytes(ctx, pattern)
+    return {"pattern": describe(pattern.layout), "count": count,
+            "segments": [{"class": s.class_name, "degree": s.degree, "stages": s.stages} for s in pattern.layout],
+            "layers": list(ev.layers), "concurrency": ev.concurrency, "micro_batches": ev.micro_batches,
+            "tokens_per_s": ev.tokens_per_s, "tpot_s": ev.tpot_s, "ttft_s": ev.ttft_s, "round_trip_s": ev.round_trip_s,
+            "stage_s": list(ev.stage_s), "mem_bytes": list(ev.mem_bytes), "usable_bytes": usable,
+            "devices": [[list(stage) for stage in copy] for copy in devices]}
+
+
+def fleet_summary(ctx: ServingContext, fleet: FleetChoice) -> dict[str, Any]:
+    """What a comparison table shows of a fleet (baselines keep no devices)."""
+    return {"tokens_per_s": fleet.tokens_per_s,
+            "replicas": [{"pattern": describe(p.layout), "count": n, "concurrency": p.ev.concurrency,
+                          "micro_batches": p.ev.micro_batches, "tpot_s": p.ev.tpot_s, "layers": list(p.ev.layers),
+                          "max_mem_fraction": max(m / u for m, u in zip(p.ev.mem_bytes, usable_bytes(ctx, p)))}
+                         for p, n in fleet.chosen]}
+
+
+
+
+
+
+def plan_serving(*, cluster_path: str, model: str, workload: ServingWorkload, dtype: str, options: ServingOptions,
+                 output_path: str, profile_path: str | None = None, solver: str = "serving") -> dict[str, Any]:
+    """The serving plan's data (docs/plan-format.md); raises WorkloadError when nothing serves."""
+    started = time.monotonic()
+    ctx = build_context(cluster_path, model, workload, dtype, options, profile_path)
+    baselines = {name: f(ctx) for name, f in BASELINES.items()}
+    if solver == "serving":
+        fleet, evaluated, candidates = solve_serving(ctx)
+    else:
+        fleet, evaluated, candidates = baselines[solver], 0, 0
+    solve_s = time.monotonic() - started
+    if not fleet.chosen:
+        raise WorkloadError(_nothing_serves(ctx))
+    bound = tokens_upper_bound(ctx.cache, ctx.classes, workload.tpot_slo_s)
+    gap, status = status_of(fleet.tokens_per_s, bound)
+    devices = assign_devices(ctx.cluster, ctx.by_name, fleet)
+    replicas = [replica_record(ctx, p, n, d) for (p, n), d in zip(fleet.chosen, devices)]
+    return {
+        "format": SERVING_FORMAT, "version": SERVING_VERSION, "objective": "serving",
+        "inputs": {"cluster": relative_to_plan(cluster_path, output_path), "cluster_sha256": ctx.cluster.sha256,
+                   "profile": relative_to_plan(profile_path, output_path)},
+        "model": {"name": model, "dtype": dtype, "num_layers": ctx.tasks.num_layers},
+        "workload": workload.to_dict(),
+        "options": dataclasses.asdict(options) | {"solver": solver},
+        "serving": {"tokens_per_s": fleet.tokens_per_s, "upper_bound_tokens_per_s": bound, "gap": gap, "status": status,
+                    "tpot_s": max(p.ev.tpot_s for p, _ in fleet.chosen), "ttft_s": max(p.ev.ttft_s for p, _ in fleet.chosen),
+                    "concurrency": sum(p.ev.concurrency * n for p, n in fleet.chosen), "solve_time_s": solve_s,
+                    "layouts_evaluated": evaluated, "layouts_candidate": candidates, "replicas": replicas},
+        "baselines": {name: fleet_summary(ctx, f) for name, f in baselines.items()},
+    }
+
+
+def _nothing_serves(ctx: ServingContext) -> str:
+    """Why no layout serves: memory for one sequence, or the TPOT target (with the best TPOT found)."""
+    wl, fastest = ctx.workload, float("inf")
+    for sc in ctx.classes:
+        for seg in segment_options(ctx, sc.name):
+            model = ctx.replica((seg,))
+            split = model.split_layers(1, 1)
+            if split is not None:
+                fastest = min(fastest, model.evaluate(split, 1, 1).tpot_s)
+    where = f"{ctx.config.name} on cluster {ctx.cluster.name!r} (prompt {wl.mean_prompt_len:g}, output {wl.mean_output_len:g} tokens)"
+    if fastest == float("inf"):
+        return (f"no layout of one class holds the weights and the KV cache of even one sequence of {wl.kv_context:g} tokens "
+                f"for {where}; use shorter requests (--prompt-len/--output-len) or more memory")
+    return (f"--tpot-slo {wl.tpot_slo_s * 1e3:g} ms cannot be met for {where}: the fastest single-class layout takes "
+            f"{fastest * 1e3:.3g} ms per token with one sequence in flight; set --tpot-slo above that")

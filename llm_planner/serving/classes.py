@@ -1,0 +1,67 @@
+"""Classes of interchangeable accelerators: one per (server template, device kind).
+
+A fleet is a few server templates with a `count` each; every copy of a template is the same
+hardware, so a serving plan needs to know only how many devices of each class a replica
+uses, not which. A replica takes from a class either a block of s devices inside one server
+(s a power of two dividing the server's count n, or n itself) or s = j n devices on j whole
+servers. Such sizes divide one another (each divides n, and n divides every whole-server
+block), so any set of blocks whose sizes add up to at most the class's devices packs into
+its servers (first fit, largest first, fills servers without gaps): a count per class is
+enough for the fleet problem (llm_planner.serving.fleet) and the packing is done once, at
+the end (llm_planner.serving.assign).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llm_planner.groups import group_degrees
+from llm_planner.spec import ClusterSpec, DeviceKindSpec, LinkSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerClass:
+    name: str  # "<template>/<kind>"
+    template: str  # the NodeSpec's name
+    kind: DeviceKindSpec
+    per_server: int  # devices of the kind in one server (n)
+    num_servers: int  # servers of the template
+    intra_link: LinkSpec | None  # between two devices of the kind in one server; None with one device
+    degrees: tuple[int, ...]  # tensor-parallel degrees a stage may use here (1 first)
+
+    @property
+    def num_devices(self) -> int:
+        return self.per_server * self.num_servers
+
+    def block_ok(self, size: int) -> bool:
+        """Whether a replica may take `size` devices of this class (module docstring)."""
+        n = self.per_server
+        if size <= n:
+            return size in block_sizes_in_server(n)
+        return size % n == 0 and size <= self.num_devices
+
+
+def block_sizes_in_server(n: int) -> tuple[int, ...]:
+    return (1, *group_degrees(n, n))
+
+
+def server_classes(cluster: ClusterSpec, *, allow_cpu: bool, max_tp: int | None, shards_over) -> tuple[ServerClass, ...]:
+    """Every (template, kind) class of the cluster that serving may use, in spec order.
+
+    CPUs only with allow_cpu (and never in groups); `shards_over(k)` says whether the model's
+    tasks split over k devices (heads, KV heads and MLP width divisible by k)."""
+    out = []
+    devices = cluster.devices()
+    for node in cluster.nodes:
+        for kind_name, per_server in node.devices:
+            kind = cluster.kind(kind_name)
+            if kind.type == "cpu" and not allow_cpu:
+                continue
+            same = [d for d in devices if d.node_template == node.name and d.kind == kind_name]
+            first_node = [d for d in same if d.node == same[0].node]
+            link = cluster.link(first_node[0], first_node[1]) if len(first_node) > 1 else None
+            limit = 1 if kind.type == "cpu" else (max_tp or per_server)
+            degrees = (1, *(k for k in group_degrees(per_server, limit) if shards_over(k)))
+            out.append(ServerClass(name=f"{node.name}/{kind_name}", template=node.name, kind=kind, per_server=per_server,
+                                   num_servers=node.count, intra_link=link, degrees=degrees))
+    return tuple(out)

@@ -1,0 +1,87 @@
+"""Everything a serving solve reads, built once: the model's serving tasks, the classes of
+the cluster that may serve, their stage costs, the workload and its targets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from llm_planner.graph.transformer import DecoderConfig, is_preset, load_config_file, preset_config
+from llm_planner.serving.classes import ServerClass, server_classes
+from llm_planner.serving.costs import ServingTasks, build_serving_tasks
+from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
+from llm_planner.serving.replica import ReplicaModel
+from llm_planner.serving.workload import ServingWorkload, WorkloadError
+from llm_planner.spec import ClusterSpec, load_cluster
+
+OPTIMAL_GAP = 1e-6  # a plan within this share of the bound is called optimal
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingOptions:
+    allow_cpu: bool = False  # decoder stages on CPUs (never in groups)
+    max_tp: int | None = None  # largest tensor-parallel degree offered (None: a whole server's kind)
+    exportable: str | None = None  # "vllm": only layouts vLLM can run
+    max_segments: int = 3  # classes one replica may mix
+    max_stages: int = 64  # pipeline stages of one replica
+    time_limit_s: float = 60.0
+
+
+class ServingContext:
+    def __init__(self, cluster: ClusterSpec, config: DecoderConfig, workload: ServingWorkload, dtype: str,
+                 options: ServingOptions, layer_time=None):
+        self.cluster, self.config, self.workload, self.dtype, self.options = cluster, config, workload, dtype, options
+        self.tasks: ServingTasks = build_serving_tasks(config, workload, dtype)
+        self.classes: tuple[ServerClass, ...] = server_classes(cluster, allow_cpu=options.allow_cpu, max_tp=options.max_tp,
+                                                               shards_over=self.tasks.shards_over)
+        if not self.classes:
+            raise WorkloadError(f"cluster {cluster.name!r} has no accelerator to serve on (CPUs only with --allow-cpu)")
+        self.by_name = {c.name: c for c in self.classes}
+        self.cache = CostCache(self.tasks, self.classes, layer_time)
+
+    @property
+    def capacity(self) -> dict[str, int]:
+        return {c.name: c.num_devices for c in self.classes}
+
+    def replica(self, layout: Layout) -> ReplicaModel:
+        slots = build_slots(layout, self.cache, self.cluster.inter_node)
+        return ReplicaModel(self.tasks, slots, self.workload.tpot_slo_s, self.workload.ttft_slo_s, self.workload.mean_output_len)
+
+def decoder_config(name: str) -> DecoderConfig:
+    path = Path(name)
+    if path.is_dir() or path.suffix == ".json":
+        return load_config_file(path / "config.json" if path.is_dir() else path)
+    if is_preset(name):
+        return preset_config(name)
+    raise WorkloadError(f"--model {name!r}: --objective serving needs a decoder preset or a config.json")
+
+def layer_time_from_profile(profile_path: str | None, workload: ServingWorkload):
+    if profile_path is None:
+        return None
+    from llm_planner.serving_profile import load_serving_profile  # written with the Helix import
+
+    profile = load_serving_profile(profile_path)
+    ratio = workload.prefill_per_output
+
+    def for_kind(kind: str):
+        if kind not in profile.kinds:
+            return None
+        return lambda b: profile.layer_time_s(kind, b, b * ratio)
+
+    return for_kind
+
+def build_context(cluster_path: str, model: str, workload: ServingWorkload, dtype: str, options: ServingOptions,
+                  profile_path: str | None = None) -> ServingContext:
+    cluster = load_cluster(cluster_path)
+    return ServingContext(cluster, decoder_config(model), workload, dtype, options, layer_time_from_profile(profile_path, workload))
+
+def usable_bytes(ctx: ServingContext, p: Pattern) -> list[float]:
+    """Usable memory of a device of each stage."""
+    out = []
+    for seg in p.layout:
+        out += [ctx.by_name[seg.class_name].kind.usable_mem_bytes] * seg.stages
+    return out
+
+def status_of(tokens: float, bound: float) -> tuple[float, str]:
+    gap = max(0.0, 1.0 - tokens / bound) if bound > 0 else 1.0
+    return gap, ("optimal" if gap <= OPTIMAL_GAP else "heuristic")

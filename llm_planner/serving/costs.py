@@ -1,0 +1,194 @@
+"""What one engine iteration costs a pipeline stage, and what the stage holds in memory.
+
+The tasks are the decoder's own (llm_planner.graph.decoder_graph: the roofline costs and the
+Megatron tensor-parallel layout every other planner uses), combined per *sequence in flight
+per iteration*: one decode token at the workload's mean decode context, plus its share of
+prompt work, 1/E[O] of a prompt's prefill (chunked prefill spreads each prompt over the
+iterations of the output it produces; llm_planner.serving.workload). For a micro-batch of b
+sequences a stage with l decoder layers runs, per iteration,
+
+    t(b) = step_overhead + l * block(b) + [first stage] embed(b) + [last stage] (norm(b) + lm_head(b))
+
+where each task's time is the roofline of llm_planner.cost on the stage's device or
+tensor-parallel group (its collectives included): weights are read once per micro-batch,
+FLOPs and activation bytes scale with b. A measured serving profile replaces block(b) on
+single devices (llm_planner.serving_profile).
+
+Memory per device of the stage (each member of a group):
+
+    weights of its share of every task + C * l * KV(per sequence per layer, full context) / k
+      + the largest task workspace at b sequences (its prompt chunk included)
+
+with C the sequences in flight through the replica: every one of them holds its KV cache
+on every stage at once, whichever micro-batch it is in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from llm_planner.cost import evaluate_pieces, group_task_time_pieces, shard_of
+from llm_planner.graph.constants import DTYPE_BYTES
+from llm_planner.graph.decoder_graph import ID_BYTES, build_decoder_graph
+from llm_planner.graph.ir import Task
+from llm_planner.graph.transformer import DecoderConfig
+from llm_planner.serving.classes import ServerClass
+from llm_planner.serving.workload import ServingWorkload, WorkloadError
+
+PARTS = ("embed", "block", "final_norm", "lm_head")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingTasks:
+    """The decoder's tasks per sequence in flight per iteration (module docstring)."""
+
+    config: DecoderConfig
+    dtype: str
+    tasks: dict  # part -> Task
+    prefill_per_output: float  # prompt tokens per output token, E[P]/E[O]
+    kv_context: float  # KV tokens held per sequence in flight
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_layers
+
+    @property
+    def handoff_bytes_per_seq(self) -> float:
+        """Hidden states sent to the next stage per sequence per iteration (its prompt chunk too)."""
+        return (1.0 + self.prefill_per_output) * self.config.hidden_size * DTYPE_BYTES[self.dtype]
+
+    @property
+    def return_bytes_per_seq(self) -> float:
+        """The sampled token id, last stage back to the first."""
+        return float(ID_BYTES)
+
+    def shards_over(self, k: int) -> bool:
+        return all(t.shards_over(k) for t in self.tasks.values())
+
+
+def build_serving_tasks(config: DecoderConfig, workload: ServingWorkload, dtype: str) -> ServingTasks:
+    if config.learned_positions and workload.max_context > config.max_positions:
+        raise WorkloadError(f"prompt + output of {workload.max_context} tokens exceeds {config.name}'s "
+                            f"{config.max_positions} learned positions")
+    decode = _parts(config, "decode", max(1, round(workload.decode_context)), dtype)
+    held = _parts(config, "decode", max(1, math.ceil(workload.kv_context)), dtype)
+    total_w = sum(r.weight for r in workload.requests)
+    prompts: dict[str, dict[str, float]] = {p: {} for p in PARTS}
+    for r in workload.requests:
+        share = r.weight / total_w / workload.mean_output_len
+        for part, task in _parts(config, "prefill", r.prompt_len, dtype).items():
+            for key in _SCALED:
+                prompts[part][key] = prompts[part].get(key, 0.0) + share * getattr(task, key)
+    ratio = workload.prefill_per_output
+    tasks = {}
+    for part, task in decode.items():
+        fields = {key: getattr(task, key) + prompts[part][key] for key in _SCALED}
+        fields["workspace_bytes_per_sample"] = task.workspace_bytes_per_sample * (1.0 + ratio)
+        fields["mem_bytes_per_sample"] = held[part].mem_bytes_per_sample
+        tasks[part] = dataclasses.replace(task, **fields)
+    return ServingTasks(config=config, dtype=dtype, tasks=tasks, prefill_per_output=ratio, kv_context=workload.kv_context)
+
+
+# Task fields that grow with the tokens an iteration processes for one sequence.
+_SCALED = ("flops_per_sample", "bytes_per_sample", "tp_replicated_bytes_per_sample", "tp_allreduce_bytes_per_sample",
+           "tp_allgather_bytes_per_sample")
+
+
+def _parts(config: DecoderConfig, phase: str, seq_len: int, dtype: str) -> dict[str, Task]:
+    return _parts_cached(config, phase, seq_len, dtype)
+
+
+@lru_cache(maxsize=256)
+def _parts_cached(config: DecoderConfig, phase: str, seq_len: int, dtype: str) -> dict[str, Task]:
+    graph = build_decoder_graph(dataclasses.replace(config, num_layers=1), phase=phase, seq_len=seq_len,
+                                granularity="block", dtype=dtype)
+    by_name = {t.name: t for t in graph.tasks}
+    return {"embed": by_name["embed"], "block": by_name["block.0"], "final_norm": by_name["final_norm"],
+            "lm_head": by_name["lm_head"]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageCosts:
+    """Iteration time pieces and per-device memory of the parts on one (class, degree)."""
+
+    server_class: ServerClass
+    degree: int
+    pieces: dict  # part -> tuple of (fixed_s, per_sequence_s) pieces
+    weight_bytes: dict  # part -> bytes per device
+    kv_bytes_per_seq: float  # one layer, one sequence in flight, per device
+    workspace_bytes_per_seq: dict  # part -> bytes per device per sequence of the micro-batch
+
+    @property
+    def step_s(self) -> float:
+        return self.server_class.kind.serving_step_s
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.server_class.kind.usable_mem_bytes
+
+    def part_s(self, part: str, b: int) -> float:
+        return evaluate_pieces(self.pieces[part], b)
+
+    def stage_s(self, b: int, layers: int, first: bool, last: bool) -> float:
+        """Time of one iteration of a micro-batch of b sequences (module docstring)."""
+        if b <= 0:
+            return 0.0
+        t = self.step_s + layers * self.part_s("block", b)
+        if first:
+            t += self.part_s("embed", b)
+        if last:
+            t += self.part_s("final_norm", b) + self.part_s("lm_head", b)
+        return t
+
+    def fixed_bytes(self, first: bool, last: bool) -> float:
+        return (first * self.weight_bytes["embed"]
+                + last * (self.weight_bytes["final_norm"] + self.weight_bytes["lm_head"]))
+
+    def mem_bytes(self, *, layers: int, first: bool, last: bool, concurrency: int, micro_batch: int) -> float:
+        parts = ["block"] * (layers > 0) + ["embed"] * first + ["final_norm", "lm_head"] * last
+        workspace = max((self.workspace_bytes_per_seq[p] for p in parts), default=0.0) * micro_batch
+        return (layers * (self.weight_bytes["block"] + concurrency * self.kv_bytes_per_seq)
+                + self.fixed_bytes(first, last) + workspace)
+
+    def max_layers(self, *, first: bool, last: bool, concurrency: int, micro_batch: int) -> int:
+        """The most decoder layers the stage holds with `concurrency` sequences in flight."""
+        room = self.usable_bytes - self.mem_bytes(layers=0, first=first, last=last, concurrency=0, micro_batch=micro_batch)
+        room -= self.workspace_bytes_per_seq["block"] * micro_batch
+        per_layer = self.weight_bytes["block"] + concurrency * self.kv_bytes_per_seq
+        if room < 0:
+            return 0
+        return int(room // per_layer) if per_layer > 0 else 10**9
+
+
+def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, layer_time=None) -> StageCosts:
+    """The parts' costs on a group of `degree` devices of the class (1: a single device).
+
+    layer_time: optional measured block time, a function b -> seconds for a single device."""
+    link = server_class.intra_link
+    pieces, weights, workspace = {}, {}, {}
+    for part, task in tasks.tasks.items():
+        pieces[part] = group_task_time_pieces(task, server_class.kind, degree, link, tasks.dtype)
+        member = shard_of(task, degree) if degree > 1 else task
+        weights[part] = member.weight_bytes
+        workspace[part] = member.workspace_bytes_per_sample
+    kv = (shard_of(tasks.tasks["block"], degree) if degree > 1 else tasks.tasks["block"]).mem_bytes_per_sample
+    costs = StageCosts(server_class=server_class, degree=degree, pieces=pieces, weight_bytes=weights,
+                       kv_bytes_per_seq=kv, workspace_bytes_per_seq=workspace)
+    if layer_time is not None and degree == 1:
+        return _ProfiledStageCosts(**{f.name: getattr(costs, f.name) for f in dataclasses.fields(costs)}, layer_time=layer_time)
+    return costs
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ProfiledStageCosts(StageCosts):
+    """A single device whose block time comes from a measured profile."""
+
+    layer_time: object  # b -> seconds
+
+    def part_s(self, part: str, b: int) -> float:
+        if part == "block" and b > 0:
+            return float(self.layer_time(b))
+        return super().part_s(part, b)

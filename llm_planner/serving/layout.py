@@ -1,0 +1,108 @@
+"""Replica layouts: which classes, degrees and stage counts a replica uses, in pipeline order,
+and the links between its stages.
+
+A layout is a tuple of segments (class, degree k, stages n): n consecutive pipeline stages,
+each a tensor-parallel group of k devices of the class (k = 1: one device), taking a block of
+n k devices of the class (llm_planner.serving.classes: inside one server, or whole servers).
+Inside a segment two consecutive stages share a server when the block is inside one server,
+or when both fall in the same server of a whole-server block (n k / servers stages a server,
+filled in order); then the class's link joins them, otherwise the cluster's inter-node link.
+Two segments always run on different servers (conservative: a CPU stage beside a GPU stage
+of the same server is charged the network too), and so does the token's return from the last
+stage to the first unless the whole replica is one block inside one server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llm_planner.serving.classes import ServerClass
+from llm_planner.serving.costs import ServingTasks, StageCosts, stage_costs
+from llm_planner.serving.replica import ReplicaEval, StageSlot
+from llm_planner.spec import LinkSpec
+
+
+@dataclass(frozen=True)
+class Segment:
+    class_name: str
+    degree: int
+    stages: int
+
+    @property
+    def devices(self) -> int:
+        return self.degree * self.stages
+
+
+Layout = tuple[Segment, ...]
+
+
+class CostCache:
+    """StageCosts per (class, degree), computed once."""
+
+    def __init__(self, tasks: ServingTasks, classes: tuple[ServerClass, ...], layer_time=None):
+        self.tasks, self.classes = tasks, {c.name: c for c in classes}
+        self.layer_time = layer_time  # kind name -> (b -> seconds) or None
+        self._cache: dict[tuple[str, int], StageCosts] = {}
+
+    def get(self, class_name: str, degree: int) -> StageCosts:
+        key = (class_name, degree)
+        if key not in self._cache:
+            sc = self.classes[class_name]
+            measured = self.layer_time(sc.kind.name) if self.layer_time is not None else None
+            self._cache[key] = stage_costs(self.tasks, sc, degree, measured)
+        return self._cache[key]
+
+
+def same_server_after(seg: Segment, sc: ServerClass, i: int) -> bool:
+    """Whether stage i and stage i + 1 of the segment run in one server."""
+    if seg.devices <= sc.per_server:
+        return True
+    per_server = sc.per_server // seg.degree
+    return (i + 1) % per_server != 0
+
+
+def build_slots(layout: Layout, cache: CostCache, inter: LinkSpec | None) -> list[StageSlot]:
+    slots = []
+    total = sum(seg.stages for seg in layout)
+    for j, seg in enumerate(layout):
+        sc = cache.classes[seg.class_name]
+        costs = cache.get(seg.class_name, seg.degree)
+        for i in range(seg.stages):
+            if i + 1 < seg.stages:
+                link = sc.intra_link if same_server_after(seg, sc, i) else inter
+            elif j + 1 < len(layout):
+                link = inter
+            else:  # the last stage: the token goes back to the first
+                one_server = len(layout) == 1 and seg.devices <= sc.per_server
+                link = None if total == 1 else (sc.intra_link if one_server else inter)
+            slots.append(StageSlot(costs=costs, link_next=link))
+    return slots
+
+
+def layout_usage(layout: Layout) -> dict[str, int]:
+    """Devices of each class one replica of the layout takes."""
+    out: dict[str, int] = {}
+    for seg in layout:
+        out[seg.class_name] = out.get(seg.class_name, 0) + seg.devices
+    return out
+
+
+def layout_ok(layout: Layout, classes: dict[str, ServerClass]) -> bool:
+    return all(classes[name].block_ok(n) for name, n in layout_usage(layout).items()) and \
+        len({seg.class_name for seg in layout}) == len(layout)
+
+
+def describe(layout: Layout) -> str:
+    return " -> ".join(f"{seg.stages}x{seg.class_name}" + (f"[tp{seg.degree}]" if seg.degree > 1 else "") for seg in layout)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pattern:
+    """A layout at its operating point: what the fleet problem counts copies of."""
+
+    layout: Layout
+    ev: ReplicaEval
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return layout_usage(self.layout)

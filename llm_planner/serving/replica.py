@@ -1,0 +1,285 @@
+"""One replica: a pipeline of stages, its layer split, concurrency and micro-batches in flight.
+
+A replica of p stages holds C sequences in flight, cut into m micro-batches (sizes differ by
+at most one). Every iteration each micro-batch passes once through every stage and each of
+its sequences gains one output token, so a sequence's time per output token (TPOT) is the
+replica's cycle:
+
+    round trip   R = sum_s t_s(b_max) + sum of hand-offs s -> s+1 (b_max) + return p -> 1 (b_max)
+    busy period  B_s = sum_j t_s(b_j)                     (stage s runs every micro-batch once)
+    TPOT = cycle = max(R, max_s B_s),        tokens/s = C / cycle
+
+(the GPipe/1F1B steady state: a micro-batch cannot come back sooner than its round trip, and
+no stage can serve its m micro-batches in less than their sum). t_s is the stage's iteration
+time (llm_planner.serving.costs), hand-offs are latency + bytes / bandwidth of the link between
+the two stages (inside a server: the class's link; otherwise the cluster's inter-node link),
+and the sampled token goes back from the last stage to the first every iteration. Memory on
+each stage holds the KV cache of all C sequences at their full context.
+
+For fixed stages, tokens/s = C / cycle(C) grows with C (cycle is a maximum of affine functions
+with non-negative intercepts) and feasibility (memory, TPOT) only shrinks as C grows, so the
+best concurrency is the largest feasible one, found by bisection; the layer split is chosen
+for each C by `split_layers`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llm_planner.serving.costs import ServingTasks, StageCosts
+from llm_planner.spec import LinkSpec
+
+MAX_CONCURRENCY = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSlot:
+    """A stage before its layers are chosen: where it runs and what links follow it."""
+
+    costs: StageCosts
+    link_next: LinkSpec | None  # to the next stage (the last: back to the first; None: same device)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaEval:
+    """A replica's chosen operating point and everything the plan file reports about it."""
+
+    layers: tuple[int, ...]
+    concurrency: int
+    micro_batches: int
+    tpot_s: float
+    round_trip_s: float
+    tokens_per_s: float
+    ttft_s: float
+    stage_s: tuple[float, ...]  # one iteration of the largest micro-batch
+    mem_bytes: tuple[float, ...]  # per device of each stage
+
+
+def micro_batch_sizes(concurrency: int, m: int) -> list[int]:
+    q, r = divmod(concurrency, m)
+    return [q + (j < r) for j in range(m)]
+
+
+def _transfer_s(link: LinkSpec | None, nbytes: float) -> float:
+    return 0.0 if link is None or nbytes <= 0 else link.latency_s + nbytes / link.bw_bytes_per_s
+
+
+class ReplicaModel:
+    """Evaluates one replica layout (stage slots in pipeline order) at any C, m and split."""
+
+    def __init__(self, tasks: ServingTasks, slots: list[StageSlot], tpot_slo_s: float, ttft_slo_s: float | None,
+                 mean_output_len: float):
+        self.tasks, self.slots, self.tpot_slo_s, self.ttft_slo_s = tasks, slots, tpot_slo_s, ttft_slo_s
+        self.mean_output_len = mean_output_len
+        self.p = len(slots)
+        self.ends = [(s == 0, s == self.p - 1) for s in range(self.p)]
+        self._times: dict[tuple[int, int, int, bool, bool], float] = {}
+
+    def _stage_s(self, s: int, b: int, layers: int) -> float:
+        """slot s's iteration time (memoised: the searches ask for the same few values often)."""
+        first, last = self.ends[s]
+        costs = self.slots[s].costs
+        key = (id(costs), b, layers, first, last)
+        value = self._times.get(key)
+        if value is None:
+            value = self._times[key] = costs.stage_s(b, layers, first, last)
+        return value
+
+    def _block_s(self, s: int, b: int) -> float:
+        return self._stage_s(s, b, 1) - self._stage_s(s, b, 0) if b > 0 else 0.0
+
+    # -- timing -------------------------------------------------------------------
+    def handoffs_s(self, b: int) -> float:
+        total = 0.0
+        for s, slot in enumerate(self.slots):
+            last = s == self.p - 1
+            per_seq = self.tasks.return_bytes_per_seq if last else self.tasks.handoff_bytes_per_seq
+            total += _transfer_s(slot.link_next, b * per_seq)
+        return total
+
+    def cycle_s(self, layers: tuple[int, ...], concurrency: int, m: int) -> float:
+        """The replica's TPOT (module docstring), without the rest of `evaluate`."""
+        sizes = micro_batch_sizes(concurrency, m)
+        b, small = sizes[0], sizes[-1]
+        n_big = sizes.count(b)
+        trip, busy = self.handoffs_s(b), 0.0
+        for s, n in enumerate(layers):
+            t = self._stage_s(s, b, n)
+            trip += t
+            busy = max(busy, n_big * t + (m - n_big) * self._stage_s(s, small, n))
+        return max(trip, busy)
+
+    def evaluate(self, layers: tuple[int, ...], concurrency: int, m: int) -> ReplicaEval:
+        sizes = micro_batch_sizes(concurrency, m)
+        b = sizes[0]
+        stage = [self._stage_s(s, b, n) for s, n in enumerate(layers)]
+        busy = [sum(self._stage_s(s, x, n) for x in sizes) for s, n in enumerate(layers)]
+        round_trip = sum(stage) + self.handoffs_s(b)
+        cycle = max(round_trip, max(busy))
+        mem = tuple(slot.costs.mem_bytes(layers=n, first=self.ends[s][0], last=self.ends[s][1], concurrency=concurrency,
+                                         micro_batch=b) for s, (slot, n) in enumerate(zip(self.slots, layers)))
+        chunk = max(1.0, b * self.tasks.prefill_per_output)  # prompt tokens per micro-batch iteration
+        prompt = self.tasks.prefill_per_output * self.mean_output_len
+        ttft = math.ceil(prompt / chunk) * cycle + round_trip
+        return ReplicaEval(layers=tuple(layers), concurrency=concurrency, micro_batches=m, tpot_s=cycle, round_trip_s=round_trip,
+                           tokens_per_s=concurrency / cycle, ttft_s=ttft, stage_s=tuple(stage), mem_bytes=mem)
+
+    # -- choices ------------------------------------------------------------------
+    def caps(self, concurrency: int, m: int) -> list[int]:
+        """The most layers each stage holds with `concurrency` sequences in flight."""
+        b = -(-concurrency // m)
+        out, seen = [], {}
+        for slot, ends in zip(self.slots, self.ends):
+            key = (id(slot.costs), ends)
+            if key not in seen:
+                seen[key] = slot.costs.max_layers(first=ends[0], last=ends[1], concurrency=concurrency, micro_batch=b)
+            out.append(seen[key])
+        return out
+
+    def split_layers(self, concurrency: int, m: int, fixed: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
+        """A layer split with the smallest cycle found, within memory; None when none fits.
+
+        With X a bound on every stage's busy period, stage s may hold u_s(X) layers (memory and
+        X); the split minimising the round trip under X fills the stages with the cheapest
+        layers first. The cycle is max(round trip, X); X is swept from the smallest feasible
+        value up to where the round trip stops improving. Identical stages (same costs and
+        ends) are handled as one group whose stages differ by at most one layer."""
+        caps = self.caps(concurrency, m)
+        if fixed is not None:
+            return fixed if all(1 <= n <= c for n, c in zip(fixed, caps)) else None
+        L = self.tasks.num_layers
+        if min(caps) < 1 or sum(caps) < L or self.p > L:
+            return None
+        groups = self._groups(concurrency, m, caps)
+        order = sorted(range(len(groups)), key=lambda g: groups[g][3])
+
+        def fill(x: float) -> list[int] | None:
+            up = []
+            for members, cap, fp, _, pp, _ in groups:
+                u = min(cap, int((x - fp) / pp + 1e-9)) if pp > 0 else cap
+                if u < 1:
+                    return None
+                up.append(u)
+            if sum(u * len(g[0]) for u, g in zip(up, groups)) < L:
+                return None
+            total = [len(g[0]) for g in groups]  # layers of each group: one per stage to start
+            left = L - sum(total)
+            for g in order:
+                add = min(left, (up[g] - 1) * len(groups[g][0]))
+                total[g] += add
+                left -= add
+            return total
+
+        def cycle(total: list[int]) -> float:
+            trip, busy = 0.0, 0.0
+            for (members, _, fp, pb, pp, fb), t in zip(groups, total):
+                top = -(-t // len(members))
+                trip += len(members) * fb + t * pb
+                busy = max(busy, fp + top * pp)
+            return max(trip, busy)
+
+        lo = max(g[2] + g[4] for g in groups)
+        hi = max(g[2] + min(g[1], L) * g[4] for g in groups)
+        if fill(lo) is None:
+            for _ in range(40):
+                mid = (lo + hi) / 2
+                lo, hi = (lo, mid) if fill(mid) is not None else (mid, hi)
+                if hi - lo <= 1e-4 * hi:
+                    break
+            lo = hi
+        best = fill(lo)
+        best_c = cycle(best)
+        for x in _sweep(lo, max(hi, best_c)):
+            cand = fill(x)
+            if cand is not None and (c := cycle(cand)) < best_c:
+                best, best_c = cand, c
+        out = [0] * self.p
+        for (members, *_), t in zip(groups, best):
+            base, extra = divmod(t, len(members))
+            for i, s in enumerate(members):
+                out[s] = base + (i < extra)
+        return tuple(out)
+
+    def _groups(self, concurrency: int, m: int, caps: list[int]) -> list[tuple]:
+        """(stages, cap, busy fixed, round-trip per layer, busy per layer, round-trip fixed) per group
+        of identical stages."""
+        sizes = micro_batch_sizes(concurrency, m)
+        b, distinct = sizes[0], sorted(set(sizes))
+        keyed: dict[tuple, list[int]] = {}
+        for s in range(self.p):
+            keyed.setdefault((id(self.slots[s].costs), *self.ends[s], caps[s]), []).append(s)
+        out = []
+        for (_, _, _, cap), members in keyed.items():
+            s = members[0]
+            fp = sum(self._stage_s(s, x, 0) * sizes.count(x) for x in distinct)
+            pp = sum(self._block_s(s, x) * sizes.count(x) for x in distinct)
+            out.append((members, cap, fp, self._block_s(s, b), pp, self._stage_s(s, b, 0)))
+        return out
+
+    def feasible(self, concurrency: int, m: int, fixed: tuple[int, ...] | None = None) -> ReplicaEval | None:
+        if concurrency < m:
+            return None
+        split = self.split_layers(concurrency, m, fixed)
+        if split is None:
+            return None
+        ev = self.evaluate(split, concurrency, m)
+        return ev if ev.tpot_s <= self.tpot_slo_s * (1 + 1e-12) else None
+
+    def best_at(self, m: int, fixed: tuple[int, ...] | None = None) -> ReplicaEval | None:
+        """The largest feasible concurrency with m micro-batches (module docstring), then the TTFT target.
+
+        Alternates two steps until the split stops changing: the largest C that a split meets
+        (bisection on C, the split fixed), and the best split at that C (`split_layers`)."""
+        ev = self.feasible(m, m, fixed)
+        if ev is None:
+            return None
+        for _ in range(6):
+            ev = self._max_concurrency(ev, m)
+            if fixed is not None:
+                break
+            nxt = self.feasible(ev.concurrency + 1, m)  # a new split may take one more sequence
+            if nxt is None:
+                break
+            ev = nxt
+        return self._meet_ttft(ev, m, fixed)
+
+    def _fits(self, layers: tuple[int, ...], concurrency: int, m: int) -> ReplicaEval | None:
+        if concurrency < m or any(n > c for n, c in zip(layers, self.caps(concurrency, m))):
+            return None
+        if self.cycle_s(layers, concurrency, m) > self.tpot_slo_s * (1 + 1e-12):
+            return None
+        return self.evaluate(layers, concurrency, m)
+
+    def _max_concurrency(self, ev: ReplicaEval, m: int) -> ReplicaEval:
+        """The largest C at which ev's split still meets memory and the target (C only ever helps)."""
+        lo, hi = ev.concurrency, 2 * ev.concurrency
+        while hi <= MAX_CONCURRENCY and (nxt := self._fits(ev.layers, hi, m)) is not None:
+            lo, ev, hi = hi, nxt, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            nxt = self._fits(ev.layers, mid, m)
+            lo, hi, ev = (mid, hi, nxt) if nxt is not None else (lo, mid, ev)
+        return ev
+
+    def _meet_ttft(self, ev: ReplicaEval, m: int, fixed) -> ReplicaEval | None:
+        if self.ttft_slo_s is None or ev.ttft_s <= self.ttft_slo_s:
+            return ev
+        c = ev.concurrency
+        while c > m:
+            c = max(m, int(c * 0.9))
+            cand = self.feasible(c, m, fixed)
+            if cand is not None and cand.ttft_s <= self.ttft_slo_s:
+                return cand
+        return None
+
+    def best(self, micro_batches: list[int] | None = None, fixed: tuple[int, ...] | None = None) -> ReplicaEval | None:
+        options = micro_batches or sorted({1, max(1, self.p // 2), self.p})
+        evals = [e for m in options if (e := self.best_at(m, fixed)) is not None]
+        return max(evals, key=lambda e: e.tokens_per_s, default=None)
+
+
+def _sweep(lo: float, hi: float, steps: int = 8):
+    if hi <= lo:
+        return []
+    return [lo + (hi - lo) * i / steps for i in range(1, steps + 1)]

@@ -1,0 +1,143 @@
+"""The serving workload: request lengths and latency targets, and what the steady state of
+continuous batching needs from them.
+
+Requests arrive with a prompt of P tokens and generate O output tokens. In the steady state
+of continuous batching (Yu et al., "Orca", OSDI 2022; chunked prefill as in Agrawal et al.,
+"Sarathi-Serve", OSDI 2024) every engine iteration advances each sequence in flight by one
+output token and spends the rest of its token budget on prompt chunks. By Little's law the
+sequences in flight are requests weighted by how long they stay, O iterations each, so for
+a distribution of (P, O) with weights w:
+
+    prefill tokens per output token   E[P] / E[O]
+    mean context of a decode step     E[O (P + O / 2)] / E[O]     (KV read by attention)
+    mean full context in flight       E[O (P + O)] / E[O]         (KV held: every sequence at
+                                                                    its full context, no eviction)
+
+With one (P, O) pair these are P / O, P + O / 2 and P + O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llm_planner import units
+from llm_planner.fileio import read_document
+from llm_planner.spec_fields import Reader, as_int
+
+
+class WorkloadError(ValueError):
+    """A serving workload or target that cannot be used; the message names the flag or file."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestShape:
+    prompt_len: int
+    output_len: int
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingWorkload:
+    """Request lengths (a distribution of (prompt, output) pairs) and the latency targets."""
+
+    requests: tuple[RequestShape, ...]
+    tpot_slo_s: float  # every request's time per output token must stay at or under this
+    ttft_slo_s: float | None = None  # estimated time to first token, optional target
+    source: str = "flags"
+
+    def __post_init__(self) -> None:
+        if not self.requests:
+            raise WorkloadError(f"{self.source}: no request lengths")
+        for r in self.requests:
+            if r.prompt_len < 1 or r.output_len < 1 or not (math.isfinite(r.weight) and r.weight > 0):
+                raise WorkloadError(f"{self.source}: prompt_len and output_len must be >= 1 and weight > 0, got {r}")
+        if not (math.isfinite(self.tpot_slo_s) and self.tpot_slo_s > 0):
+            raise WorkloadError(f"--tpot-slo must be a positive time, got {self.tpot_slo_s!r}")
+        if self.ttft_slo_s is not None and not (math.isfinite(self.ttft_slo_s) and self.ttft_slo_s > 0):
+            raise WorkloadError(f"--ttft-slo must be a positive time, got {self.ttft_slo_s!r}")
+
+    def _mean(self, f) -> float:
+        total = sum(r.weight for r in self.requests)
+        return sum(r.weight * f(r) for r in self.requests) / total
+
+    @property
+    def mean_prompt_len(self) -> float:
+        return self._mean(lambda r: r.prompt_len)
+
+    @property
+    def mean_output_len(self) -> float:
+        return self._mean(lambda r: r.output_len)
+
+    @property
+    def prefill_per_output(self) -> float:
+        """Prompt tokens processed per output token, E[P] / E[O]."""
+        return self.mean_prompt_len / self.mean_output_len
+
+    @property
+    def decode_context(self) -> float:
+        """Mean context a decode step attends to, E[O (P + O/2)] / E[O]."""
+        return self._mean(lambda r: r.output_len * (r.prompt_len + r.output_len / 2)) / self.mean_output_len
+
+    @property
+    def kv_context(self) -> float:
+        """Mean full context of a sequence in flight, E[O (P + O)] / E[O]: KV tokens held per sequence."""
+        return self._mean(lambda r: r.output_len * (r.prompt_len + r.output_len)) / self.mean_output_len
+
+    @property
+    def max_context(self) -> int:
+        return max(r.prompt_len + r.output_len for r in self.requests)
+
+    def to_dict(self) -> dict:
+        return {"requests": [{"prompt_len": r.prompt_len, "output_len": r.output_len, "weight": r.weight} for r in self.requests],
+                "tpot_slo_s": self.tpot_slo_s, "ttft_slo_s": self.ttft_slo_s}
+
+
+def workload_from_flags(*, prompt_len: int | None, output_len: int | None, workload_file: str | None,
+                        tpot_slo: str | float | None, ttft_slo: str | float | None) -> ServingWorkload:
+    """The workload of `plan --objective serving`: --prompt-len/--output-len or --workload FILE."""
+    tpot = _seconds("--tpot-slo", tpot_slo, required=True)
+    ttft = _seconds("--ttft-slo", ttft_slo, required=False)
+    if workload_file is not None:
+        if prompt_len is not None or output_len is not None:
+            raise WorkloadError("give either --workload FILE or --prompt-len/--output-len, not both")
+        return ServingWorkload(requests=read_workload_file(workload_file), tpot_slo_s=tpot, ttft_slo_s=ttft, source=workload_file)
+    for flag, value in (("--prompt-len", prompt_len), ("--output-len", output_len)):
+        if value is None or isinstance(value, bool) or value < 1:
+            raise WorkloadError(f"{flag} must be a positive integer (mean tokens per request), got {value!r}")
+    return ServingWorkload(requests=(RequestShape(prompt_len=prompt_len, output_len=output_len),), tpot_slo_s=tpot, ttft_slo_s=ttft)
+
+
+def _seconds(flag: str, value: str | float | None, *, required: bool) -> float | None:
+    if value is None:
+        if required:
+            raise WorkloadError(f"{flag} is required for --objective serving (a time such as '50 ms')")
+        return None
+    try:
+        seconds = units.parse_seconds(value)
+    except (units.UnitError, TypeError, ValueError) as exc:
+        raise WorkloadError(f"{flag}: {exc}") from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise WorkloadError(f"{flag} must be a positive finite time, got {value!r}")
+    return seconds
+
+
+MAX_SHAPES = 1000
+
+
+def read_workload_file(path: str) -> tuple[RequestShape, ...]:
+    """A YAML/JSON file: `requests: [{prompt_len: N, output_len: N, weight: W}, ...]` (weight optional)."""
+    data = read_document(path, WorkloadError, finite=True)
+    r = Reader(path, "", data)
+    items = r.get("requests")
+    r.done()
+    if not isinstance(items, list) or not items or len(items) > MAX_SHAPES:
+        r.fail(f"expected a list of 1 to {MAX_SHAPES} request shapes", "requests")
+    out = []
+    for i, item in enumerate(items):
+        c = r.child(f"requests[{i}]", item)
+        shape = RequestShape(prompt_len=c.get("prompt_len", as_int, positive=True), output_len=c.get("output_len", as_int, positive=True),
+                             weight=float(c.get("weight", units.parse_fraction, default=1.0, positive=True)))
+        c.done()
+        out.append(shape)
+    return tuple(out)
