@@ -1,0 +1,44 @@
+"""Small clusters and contexts for the serving tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llm_planner.graph.transformer import preset_config
+from llm_planner.serving.context import ServingContext, ServingOptions
+from llm_planner.serving.workload import RequestShape, ServingWorkload
+from llm_planner.spec import load_cluster
+
+# Two kinds: two servers of two "big" GPUs, and one server of four "small" ones (numbers made up,
+# of the order of an A100 and an L4), InfiniBand-like link between servers.
+SMALL_FLEET = """
+name: small-fleet
+device_kinds:
+  - {name: big, type: gpu, peak_flops: {fp16: 300 TFLOP/s}, mem_bytes: 16 GB, mem_bw_bytes_per_s: 2000 GB/s,
+     compute_efficiency: 0.6, mem_efficiency: 0.8, overhead_s: 10 us, step_overhead_s: 0.5 ms}
+  - {name: small, type: gpu, peak_flops: {fp16: 120 TFLOP/s}, mem_bytes: 8 GB, mem_bw_bytes_per_s: 300 GB/s,
+     compute_efficiency: 0.6, mem_efficiency: 0.8, overhead_s: 10 us, step_overhead_s: 0.5 ms}
+  - {name: host, type: cpu, peak_flops: {fp16: 2 TFLOP/s}, mem_bytes: 256 GB, mem_bw_bytes_per_s: 200 GB/s}
+nodes:
+  - {name: bigbox, count: 2, devices: {host: 1, big: 2}, links: [{between: [big, big], bw_bytes_per_s: 300 GB/s, latency_s: 2 us}]}
+  - {name: smallbox, devices: {host: 1, small: 4}, links: [{between: [small, small], bw_bytes_per_s: 32 GB/s, latency_s: 5 us}]}
+links:
+  intra_node_default: {bw_bytes_per_s: 25 GB/s, latency_s: 10 us}
+  inter_node: {bw_bytes_per_s: 25 GB/s, latency_s: 5 us}
+"""
+
+
+def write_fleet(tmp_path: Path, text: str = SMALL_FLEET) -> Path:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(text)
+    return path
+
+
+def workload(prompt: int = 256, output: int = 128, tpot_s: float = 0.05) -> ServingWorkload:
+    return ServingWorkload(requests=(RequestShape(prompt_len=prompt, output_len=output),), tpot_slo_s=tpot_s)
+
+
+def context(tmp_path: Path, model: str = "llama2-7b", *, tpot_s: float = 0.05, prompt: int = 256, output: int = 128,
+            **options) -> ServingContext:
+    cluster = load_cluster(write_fleet(tmp_path))
+    return ServingContext(cluster, preset_config(model), workload(prompt, output, tpot_s), "fp16", ServingOptions(**options))

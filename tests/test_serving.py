@@ -1,0 +1,198 @@
+"""Serving plans: the steady-state memory rule by hand, TPOT within the target, engineer-best
+against a brute force, the bound above every plan, verify's refusals, and bad input."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import yaml
+
+from llm_planner.cli import main
+from llm_planner.serving.baselines import class_patterns, engineer_best, even_split, megatron
+from llm_planner.serving.bound import tokens_upper_bound
+from llm_planner.serving.layout import Segment
+from llm_planner.serving.replica import micro_batch_sizes
+from llm_planner.serving.search import solve_serving
+from serving_fixtures import context, write_fleet
+
+BIG, SMALL = "bigbox/big", "smallbox/small"
+
+
+def test_kv_memory_of_two_stages_by_hand(tmp_path):
+    """Every one of C sequences in flight holds its KV cache at full context on every stage, whichever micro-batch it is in."""
+    ctx = context(tmp_path, "llama2-7b", prompt=256, output=128)
+    cfg = ctx.config
+    kv_per_seq_layer = 2 * cfg.num_kv_heads * cfg.head_dim * 2 * (256 + 128)  # K and V, fp16, full context
+    model = ctx.replica((Segment(BIG, 1, 2),))
+    ev = model.evaluate((16, 16), 10, 2)
+    costs = model.slots[0].costs
+    no_kv = costs.mem_bytes(layers=16, first=True, last=False, concurrency=0, micro_batch=5)
+    assert ev.mem_bytes[0] - no_kv == pytest.approx(16 * 10 * kv_per_seq_layer)
+    # a tensor-parallel pair splits the KV heads: half per member
+    pair = ctx.cache.get(BIG, 2)
+    assert pair.kv_bytes_per_seq == pytest.approx(kv_per_seq_layer / 2)
+
+
+def test_cycle_is_round_trip_or_busiest_stage(tmp_path):
+    ctx = context(tmp_path, "llama2-7b")
+    model = ctx.replica((Segment(BIG, 1, 2),))
+    ev = model.evaluate((20, 12), 9, 3)
+    sizes = micro_batch_sizes(9, 3)
+    busy = [sum(model.slots[s].costs.stage_s(b, n, s == 0, s == 1) for b in sizes) for s, n in enumerate((20, 12))]
+    assert ev.tpot_s == pytest.approx(max(ev.round_trip_s, max(busy)))
+    assert ev.round_trip_s > sum(ev.stage_s)  # the hand-off and the token's return are charged
+    assert ev.tokens_per_s == pytest.approx(9 / ev.tpot_s)
+
+
+@pytest.mark.parametrize("tpot_s", [0.02, 0.05, 0.2])
+def test_plans_meet_the_target_fit_and_order(tmp_path, tpot_s):
+    ctx = context(tmp_path, "llama2-7b", tpot_s=tpot_s)
+    fleet, _, _ = solve_serving(ctx)
+    bound = tokens_upper_bound(ctx.cache, ctx.classes, tpot_s)
+    engineer = engineer_best(ctx)
+    assert fleet.chosen
+    for pattern, _ in fleet.chosen:
+        assert pattern.ev.tpot_s <= tpot_s * (1 + 1e-9)
+        usable = [ctx.by_name[s.class_name].kind.usable_mem_bytes for s in pattern.layout for _ in range(s.stages)]
+        assert all(m <= u for m, u in zip(pattern.ev.mem_bytes, usable))
+    assert megatron(ctx).tokens_per_s <= engineer.tokens_per_s * (1 + 1e-9)
+    assert engineer.tokens_per_s <= fleet.tokens_per_s * (1 + 1e-9) <= bound * (1 + 1e-9)
+
+
+def _brute_force_class(ctx, class_name, splits):
+    """Best (tokens/s of the class) over degrees, stage counts, the given splits and every concurrency, by scanning."""
+    sc, L = ctx.by_name[class_name], ctx.tasks.num_layers
+    best = 0.0
+    for k in sc.degrees:
+        for n in range(1, sc.num_devices // k + 1):
+            if not sc.block_ok(n * k):
+                continue
+            model = ctx.replica((Segment(class_name, k, n),))
+            usable = sc.kind.usable_mem_bytes
+            for split in splits(L, n):
+                for c in itertools.count(n):
+                    ev = model.evaluate(split, c, n)
+                    if max(ev.mem_bytes) > usable or ev.tpot_s > ctx.workload.tpot_slo_s:
+                        break  # both only grow with c
+                    best = max(best, ev.tokens_per_s * (sc.num_devices // (n * k)))
+    return best
+
+
+def test_engineer_best_against_brute_force(tmp_path):
+    """engineer-best finds what scanning every concurrency finds for the even split, and no more
+    than scanning every split: per class, over every degree and stage count."""
+    ctx = context(tmp_path, "gpt2", tpot_s=0.003, prompt=128, output=64)
+    for name in (BIG, SMALL):
+        even = _brute_force_class(ctx, name, lambda L, n: [even_split(L, n)])
+        every = _brute_force_class(ctx, name, lambda L, n: [c for c in _compositions(L, n)])
+        found = max(p.ev.tokens_per_s * count for p, count in class_patterns(ctx, name))
+        assert 0 < even * (1 - 1e-9) <= found <= every * (1 + 1e-9)
+
+
+def _compositions(total: int, parts: int):
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0, *cuts, total)
+        yield tuple(b - a for a, b in zip(bounds, bounds[1:]))
+
+
+def _plan(tmp_path, *extra):
+    spec = write_fleet(tmp_path)
+    out = tmp_path / "serving.yaml"
+    rc = main(["plan", "--cluster", str(spec), "--model", "llama2-7b", "--objective", "serving", "--prompt-len", "256",
+               "--output-len", "128", "--tpot-slo", "50 ms", "-o", str(out), *extra])
+    return rc, out
+
+
+def test_plan_file_verifies_and_shows(tmp_path, capsys):
+    rc, out = _plan(tmp_path)
+    assert rc == 0
+    assert main(["verify", str(out)]) == 0
+    assert main(["show", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "engineer-best" in text and "tokens/s" in text
+
+
+def test_verify_refuses_a_steady_state_that_does_not_fit(tmp_path, capsys):
+    rc, out = _plan(tmp_path)
+    data = yaml.safe_load(out.read_text())
+    rep = data["serving"]["replicas"][0]
+    rep["concurrency"] *= 50  # the derived figures no longer match either; memory and TPOT are named
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "bytes per device" in text and "usable" in text
+
+
+def test_verify_refuses_a_forged_bound_and_a_shared_device(tmp_path, capsys):
+    rc, out = _plan(tmp_path)
+    data = yaml.safe_load(out.read_text())
+    data["serving"]["upper_bound_tokens_per_s"] = data["serving"]["tokens_per_s"]
+    data["serving"]["gap"], data["serving"]["status"] = 0.0, "optimal"
+    reps = data["serving"]["replicas"]
+    reps[-1]["devices"][0][0] = reps[0]["devices"][0][0] if reps[-1] is not reps[0] else reps[0]["devices"][0][0]
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "upper_bound_tokens_per_s" in text and "status: optimal" in text
+
+
+def test_plan_works_from_another_directory(tmp_path, monkeypatch):
+    rc, out = _plan(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["verify", str(out)]) == 0
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--tpot-slo", "0.1 ms"], ["--tpot-slo", "cannot be met"]),
+    (["--tpot-slo", "-3"], ["--tpot-slo"]),
+    (["--tpot-slo", "fast"], ["--tpot-slo"]),
+    ([], ["--tpot-slo", "required"]),
+])
+def test_bad_targets_exit_2_naming_the_flag(tmp_path, capsys, args, words):
+    spec = write_fleet(tmp_path)
+    rc = main(["plan", "--cluster", str(spec), "--model", "llama2-7b", "--objective", "serving", "--prompt-len", "256",
+               "--output-len", "128", "-o", str(tmp_path / "p.yaml"), *args])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert all(w in err for w in words), err
+
+
+def test_a_context_no_memory_holds_exits_2(tmp_path, capsys):
+    spec = write_fleet(tmp_path)
+    rc = main(["plan", "--cluster", str(spec), "--model", "llama2-70b", "--objective", "serving", "--prompt-len", "4000",
+               "--output-len", "96", "--tpot-slo", "10 s", "-o", str(tmp_path / "p.yaml")])
+    assert rc == 2
+    assert "one sequence" in capsys.readouterr().err
+
+
+def test_a_malformed_workload_file_exits_2_naming_it(tmp_path, capsys):
+    spec = write_fleet(tmp_path)
+    bad = tmp_path / "shapes.yaml"
+    bad.write_text("requests:\n  - {prompt_len: 100, output_len: -4}\n")
+    rc = main(["plan", "--cluster", str(spec), "--model", "llama2-7b", "--objective", "serving", "--workload", str(bad),
+               "--tpot-slo", "50 ms", "-o", str(tmp_path / "p.yaml")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "shapes.yaml" in err and "output_len" in err
+
+
+def test_a_workload_distribution_weights_contexts_by_output(tmp_path):
+    from llm_planner.serving.workload import RequestShape, ServingWorkload
+
+    wl = ServingWorkload(requests=(RequestShape(prompt_len=100, output_len=100), RequestShape(prompt_len=1000, output_len=10)),
+                         tpot_slo_s=0.1)
+    assert wl.prefill_per_output == pytest.approx(550 / 55)
+    assert wl.kv_context == pytest.approx((100 * 200 + 10 * 1010) / 110)  # in flight: weighted by how long each stays
+
+
+def test_cpu_stages_only_when_allowed(tmp_path):
+    ctx = context(tmp_path, "gpt2")
+    assert all(c.kind.type != "cpu" for c in ctx.classes)
+    ctx = context(tmp_path, "gpt2", allow_cpu=True)
+    cpus = [c for c in ctx.classes if c.kind.type == "cpu"]
+    assert cpus and all(c.degrees == (1,) for c in cpus)
