@@ -3,8 +3,9 @@
 What `verify PLAN` checks, field by field (docs/plan-format.md has the table):
   - reading (llm_planner.plan.load_plan): UTF-8, no duplicate keys, every field
     present, of its type and finite, no unknown field; the derived fields
-    `gap`, `throughput_samples_per_s`, `batch_size`, `assignment` (shard 0's)
-    and `device_order` (the schedule's order) equal to what the others give;
+    `gap`, `throughput_samples_per_s`, `batches_in_flight` (throughput),
+    `batch_size`, `assignment` (shard 0's) and `device_order` (the schedule's
+    order) equal to what the others give;
     a failure is bad input (PlanError: exit 2, the file and the field named);
   - `inputs`: the problem is rebuilt from them (hashes of the cluster, graph and
     profile compared), and every recorded input equals what the rebuilt problem
