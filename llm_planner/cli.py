@@ -38,9 +38,10 @@ def _input_errors() -> tuple[type[Exception], ...]:
     from llm_planner.spec import SpecError
     from llm_planner.helix_import import HelixError
     from llm_planner.serving_profile import ServingProfileError
+    from llm_planner.serving.export import ServingExportError
 
     return (SpecError, GraphError, PlanError, InputError, ProblemError, MeasureError, CalibrateError, ProfileError, WriteError,
-            HelixError, ServingProfileError, ServingPlanError, WorkloadError)
+            HelixError, ServingProfileError, ServingPlanError, WorkloadError, ServingExportError)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -171,6 +172,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from llm_planner.commands_helix import add_import_parser
 
     add_import_parser(sub)
+    from llm_planner.commands_export import add_export_parser
+
+    add_export_parser(sub)
     return parser
 
 
@@ -204,10 +208,11 @@ def _serving_handler(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from llm_planner import commands, commands_helix, commands_measure
+    from llm_planner import commands, commands_export, commands_helix, commands_measure
 
     name = "cmd_" + args.command.replace("-", "_")
-    handler = getattr(commands, name, None) or getattr(commands_helix, name, None) or getattr(commands_measure, name)
+    handler = getattr(commands, name, None) or getattr(commands_helix, name, None) or getattr(commands_export, name, None) \
+        or getattr(commands_measure, name)
     handler = _serving_handler(args) or handler
     try:
         return handler(args, console)

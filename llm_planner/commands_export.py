@@ -1,0 +1,61 @@
+"""CLI handler of `llm-planner export PLAN --to vllm|sglang|megatron`: a serving plan as the
+commands (or parallel sizes) of a serving framework (llm_planner.serving.export)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.markup import escape
+
+from llm_planner.commands import UserError
+
+
+def add_export_parser(sub) -> None:
+    from llm_planner.serving.export import FRAMEWORKS
+
+    p = sub.add_parser("export", help="a serving plan as the launch commands of vLLM or SGLang, or Megatron-LM's parallel sizes")
+    p.add_argument("plan", help="serving plan file written by `plan --objective serving`")
+    p.add_argument("--to", required=True, choices=FRAMEWORKS,
+                   help="vllm / sglang: a shell script starting every engine (one per replica copy) on its hosts, with the "
+                        "load balancer's weights; megatron: tensor, pipeline and data parallel sizes per pattern (JSON)")
+    p.add_argument("--format", choices=("script", "json"), default=None,
+                   help="script (default for vllm and sglang) or json (the engines as data; megatron's only form)")
+    p.add_argument("-o", "--output", default=None, help="file to write (default: standard output)")
+
+
+def cmd_export(args: argparse.Namespace, console: Console) -> int:
+    from llm_planner.atomic import check_writable, write_atomic
+    from llm_planner.serving.export import ServingExportError, assign_ports, build_engines, engines_config, megatron_config
+    from llm_planner.serving.export_scripts import SGLANG_PORT, VLLM_PORT, PORT_STEP, sglang_script, vllm_script
+    from llm_planner.serving.plan_file import is_serving_plan, load_serving_plan
+    from llm_planner.spec import load_cluster
+
+    fmt = args.format or ("json" if args.to == "megatron" else "script")
+    if args.to == "megatron" and fmt == "script":
+        raise UserError("--to megatron writes JSON (parallel sizes per pattern); drop --format script", exit_code=2)
+    if not is_serving_plan(args.plan):
+        raise UserError(f"{args.plan}: not a serving plan (`plan --objective serving` writes one); `plan --export` "
+                        "writes the parallel sizes of other plans", exit_code=2)
+    if args.output is not None:
+        check_writable(args.output, ServingExportError)
+    plan = load_serving_plan(args.plan)
+    cluster_path = plan.input_path("cluster")
+    if cluster_path is None:
+        raise UserError(f"{args.plan}: inputs.cluster is missing; the export needs the cluster's hosts", exit_code=2)
+    export = build_engines(plan, load_cluster(cluster_path), args.to)
+    if args.to == "megatron":
+        text = json.dumps(megatron_config(export), indent=2) + "\n"
+    elif fmt == "json":
+        ports = assign_ports(export.engines, VLLM_PORT if args.to == "vllm" else SGLANG_PORT, PORT_STEP)
+        text = json.dumps(engines_config(export, ports), indent=2) + "\n"
+    else:
+        text = vllm_script(export) if args.to == "vllm" else sglang_script(export)
+    if args.output is None:
+        console.file.write(text)
+        console.file.flush()
+        return 0
+    write_atomic(args.output, text, ServingExportError)
+    console.print(f"{args.to} {fmt} for {len(export.engines)} engine(s) written to [bold]{escape(args.output)}[/]", highlight=False)
+    return 0
