@@ -1,0 +1,274 @@
+"""`llm-planner export PLAN --to vllm|sglang|megatron` (llm_planner.serving.export): serving plans
+made on small specs written here, exported, and checked against the frameworks' rules (one
+tensor-parallel degree, VLLM_PP_LAYER_PARTITION of pipeline-size entries adding up to the model's
+layers, one micro-batch per stage, no CPU stage); refusals exit 2 naming the replica and stage."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llm_planner.cli import main
+from llm_planner.serving.export import EnginePlan, EngineStage, assign_ports
+
+# Two servers of three 6 GB GPUs: llama2-7b (13.5 GB of fp16 weights) needs a pipeline over both.
+TWO_SERVERS = """
+name: two-servers
+device_kinds:
+  - {name: g6, type: gpu, peak_flops: {fp16: 120 TFLOP/s, bf16: 120 TFLOP/s}, mem_bytes: 6 GB, mem_bw_bytes_per_s: 300 GB/s,
+     compute_efficiency: 0.6, mem_efficiency: 0.8, usable_mem_fraction: 0.88}
+nodes:
+  - {name: box, count: 2, hostname: "gpu-{i}", devices: {g6: 3}}
+links:
+  intra_node_default: {bw_bytes_per_s: 32 GB/s, latency_s: 5 us}
+  inter_node: {bw_bytes_per_s: 25 GB/s, latency_s: 5 us}
+"""
+# Two servers of four 8 GB GPUs: tensor-parallel groups inside a server.
+FOUR_PER_SERVER = TWO_SERVERS.replace("6 GB", "8 GB").replace("{g6: 3}", "{g6: 4}")
+SERVING = ["--objective", "serving", "--prompt-len", "256", "--output-len", "64", "--no-baselines"]
+
+
+def _plan(tmp_path: Path, name: str, spec: str, *extra: str, model: str = "llama2-7b", slo: str = "100 ms") -> Path:
+    cluster = tmp_path / f"{name}.cluster.yaml"
+    if not cluster.exists():
+        cluster.write_text(spec)
+    out = tmp_path / f"{name}.yaml"
+    assert main(["plan", "--cluster", str(cluster), "--model", model, *SERVING, "--tpot-slo", slo, *extra, "-o", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("plans")
+    return {"pipeline": _plan(tmp, "pipeline", TWO_SERVERS, "--max-tp", "1", "--exportable", "vllm"),
+            "tp": _plan(tmp, "tp", FOUR_PER_SERVER, "--exportable", "vllm", slo="50 ms")}
+
+
+def _export(plan: Path, *args: str) -> tuple[int, str, str]:
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        from llm_planner import cli
+
+        cli.console.file = out  # the CLI prints to its own console
+        cli.err_console.file = err
+        try:
+            rc = main(["export", str(plan), *args])
+        finally:
+            cli.console.file = None
+            cli.err_console.file = None
+    return rc, _flat(out.getvalue()), err.getvalue()
+
+
+def _flat(script: str) -> str:
+    """Commands on one line each (the scripts continue long ones with a backslash)."""
+    return re.sub(r" *\\\n *", " ", script)
+
+
+def _edited(plan: Path, tmp_path: Path, edit) -> Path:
+    data = yaml.safe_load(plan.read_text())
+    edit(data)
+    data["inputs"]["cluster"] = str((plan.parent / data["inputs"]["cluster"]).resolve())
+    out = tmp_path / "edited.yaml"
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def _check_vllm_rules(plan: Path, engines: list[dict]) -> None:
+    """vLLM's rules on every engine, against the plan it came from."""
+    data = yaml.safe_load(plan.read_text())
+    num_layers = data["model"]["num_layers"]
+    assert len(engines) == sum(r["count"] for r in data["serving"]["replicas"])
+    for e in engines:
+        rep = data["serving"]["replicas"][e["replica"]]
+        pp = e["pipeline_parallel_size"]
+        partition = e["layer_partition"] or ",".join([str(num_layers // pp)] * pp)
+        parts = [int(x) for x in partition.split(",")]
+        assert len(parts) == pp and sum(parts) == num_layers
+        assert parts == rep["layers"]
+        stages = rep["devices"][e["copy"]]
+        assert {len(s) for s in stages} == {e["tensor_parallel_size"]}
+        assert rep["micro_batches"] == pp
+        assert e["max_num_seqs"] == rep["concurrency"]
+    assert sum(e["share"] for e in engines) == pytest.approx(1.0)
+
+
+def test_vllm_script_of_a_pipeline_over_two_hosts(plans):
+    rc, script, _ = _export(plans["pipeline"], "--to", "vllm")
+    assert rc == 0
+    rc, text, _ = _export(plans["pipeline"], "--to", "vllm", "--format", "json")
+    config = json.loads(text)
+    _check_vllm_rules(plans["pipeline"], config["engines"])
+    engine = config["engines"][0]
+    assert [h["host"] for h in engine["hosts"]] == ["gpu-0", "gpu-1"] and engine["head"] == "gpu-0"
+    assert config["max_model_len"] == 320 and config["dtype"] == "float16"
+    partition = re.search(r"VLLM_PP_LAYER_PARTITION=([\d,]+)", script)
+    if engine["layer_partition"] is None:
+        assert partition is None
+    else:
+        assert partition.group(1) == engine["layer_partition"]
+    pp = int(re.search(r"--pipeline-parallel-size (\d+)", script).group(1))
+    assert pp == engine["pipeline_parallel_size"] and "--tensor-parallel-size 1 " in script
+    assert "ray start --head --port=6379" in script and "ray start --address=gpu-0:6379" in script
+    assert "--distributed-executor-backend ray" in script and "--gpu-memory-utilization 0.88 " in script
+    assert f"--max-num-seqs {engine['max_num_seqs']} " in script and "--max-model-len 320 " in script
+    assert "server gpu-0:8000 weight=1000;" in script
+    if shutil.which("bash"):
+        assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_vllm_script_of_tensor_parallel_engines(plans, tmp_path):
+    out = tmp_path / "serve.sh"
+    rc, _, _ = _export(plans["tp"], "--to", "vllm", "-o", str(out))
+    script = _flat(out.read_text())
+    rc_json, text, _ = _export(plans["tp"], "--to", "vllm", "--format", "json")
+    assert rc == rc_json == 0
+    engines = json.loads(text)["engines"]
+    _check_vllm_rules(plans["tp"], engines)
+    for e in engines:
+        assert len(e["hosts"]) == 1  # a server holds a whole engine: no Ray
+        assert f"CUDA_VISIBLE_DEVICES={','.join(map(str, e['hosts'][0]['gpus']))} " in script
+    assert "ray start" not in script and script.count("vllm serve") == len(engines)
+    weights = [int(w) for w in re.findall(r"weight=(\d+);", script)]
+    assert len(weights) == len(engines) and sum(weights) == pytest.approx(1000, abs=len(engines))
+
+
+def test_sglang_script_spans_hosts_with_node_ranks(plans):
+    rc, script, _ = _export(plans["pipeline"], "--to", "sglang")
+    assert rc == 0
+    assert script.count("sglang.launch_server") == 2
+    assert "--nnodes 2 --node-rank 0 --dist-init-addr gpu-0:20000" in script
+    assert "--nnodes 2 --node-rank 1 --dist-init-addr gpu-0:20000" in script
+    assert "--tp-size 1 " in script and "--mem-fraction-static 0.88 " in script and "--context-length 320 " in script
+    if shutil.which("bash"):
+        assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_megatron_sizes_per_pattern(plans):
+    rc, text, _ = _export(plans["tp"], "--to", "megatron")
+    assert rc == 0
+    data = yaml.safe_load(plans["tp"].read_text())
+    config = json.loads(text)
+    for pattern, rep in zip(config["patterns"], data["serving"]["replicas"]):
+        assert pattern["data_parallel_size"] == rep["count"]
+        assert pattern["pipeline_model_parallel_size"] == len(rep["layers"])
+        assert pattern["tensor_model_parallel_size"] == len(rep["devices"][0][0])
+        assert f"--tensor-model-parallel-size {pattern['tensor_model_parallel_size']} " in pattern["args"]
+
+
+def test_uneven_split_is_written_for_both_frameworks(plans, tmp_path):
+    def uneven(data):
+        layers = data["serving"]["replicas"][0]["layers"]
+        layers[0], layers[-1] = layers[0] + 1, layers[-1] - 1
+
+    plan = _edited(plans["pipeline"], tmp_path, uneven)
+    layers = yaml.safe_load(plan.read_text())["serving"]["replicas"][0]["layers"]
+    partition = ",".join(map(str, layers))
+    assert f"VLLM_PP_LAYER_PARTITION={partition} " in _export(plan, "--to", "vllm")[1]
+    assert f"SGLANG_PP_LAYER_PARTITION={partition} " in _export(plan, "--to", "sglang")[1]
+    megatron = json.loads(_export(plan, "--to", "megatron")[1])["patterns"][0]["args"]
+    assert "--decoder-first-pipeline-num-layers" in megatron or "--pipeline-model-parallel-layout" in megatron
+
+
+def test_mixed_degrees_are_refused_naming_replica_and_stage(plans, tmp_path):
+    def mixed(data):  # two stages: a tensor-parallel pair, then one device
+        rep, n = data["serving"]["replicas"][0], data["model"]["num_layers"]
+        rep.update(layers=[n // 2, n - n // 2], micro_batches=2)
+        rep["devices"] = [[copy[0][:2], copy[0][2:3]] for copy in rep["devices"]]
+
+    plan = _edited(plans["tp"], tmp_path, mixed)
+    for target in ("vllm", "sglang", "megatron"):
+        rc, _, err = _export(plan, "--to", target)
+        assert rc == 2
+        assert "replica 0" in err and "stage 1 has tensor-parallel degree 1" in err, err
+
+
+def test_micro_batches_other_than_the_pipeline_are_refused(plans, tmp_path):
+    plan = _edited(plans["pipeline"], tmp_path, lambda d: d["serving"]["replicas"][0].update(micro_batches=1))
+    rc, _, err = _export(plan, "--to", "vllm")
+    assert rc == 2 and "replica 0" in err and "1 micro-batch(es)" in err and "one batch per stage" in err
+    assert _export(plan, "--to", "megatron")[0] == 0  # Megatron's sizes do not depend on it
+
+
+def test_layers_that_do_not_add_up_are_refused(plans, tmp_path):
+    plan = _edited(plans["pipeline"], tmp_path, lambda d: d["serving"]["replicas"][0]["layers"].__setitem__(0, 1))
+    rc, _, err = _export(plan, "--to", "vllm")
+    assert rc == 2 and "do not add up" in err
+
+
+def test_sglang_refuses_hosts_with_unequal_stage_runs(plans, tmp_path):
+    def shuffle(data):
+        copy = data["serving"]["replicas"][0]["devices"][0]
+        copy.append(copy.pop(0))  # the first host's first stage moves to the end of the pipeline
+
+    plan = _edited(plans["pipeline"], tmp_path, shuffle)
+    for target in ("sglang", "vllm"):
+        rc, _, err = _export(plan, "--to", target)
+        assert rc == 2 and "replica 0" in err and "stage" in err and "consecutive" in err, err
+
+
+def test_a_cpu_stage_is_refused_naming_the_stage(tmp_path):
+    plan = _plan(tmp_path, "cpu", Path("cluster_specs/cpu-two-gpus.yaml").read_text(), "--allow-cpu", model="gpt2",
+                 slo="200 ms")
+    data = yaml.safe_load(plan.read_text())
+    where = [(r, s) for r, rep in enumerate(data["serving"]["replicas"]) for s, devs in enumerate(rep["devices"][0])
+             if any("epyc" in d for d in devs)]
+    if not where:  # the planner left the CPU out: put a stage on it
+        plan = _edited(plan, tmp_path, lambda d: d["serving"]["replicas"][0]["devices"][0].__setitem__(0, ["workstation/epyc-7543:0"]))
+        where = [(0, 0)]
+    r, s = where[0]
+    for target in ("vllm", "sglang", "megatron"):
+        rc, _, err = _export(plan, "--to", target)
+        assert rc == 2
+        assert f"replica {r}" in err and f"stage {s} runs on CPU device kind 'epyc-7543'" in err, err
+
+
+@pytest.mark.parametrize("spec,extra,model,slo", [
+    (TWO_SERVERS, ("--max-tp", "1"), "llama2-7b", "100 ms"),
+    (TWO_SERVERS, (), "llama2-7b", "100 ms"),
+    (FOUR_PER_SERVER, (), "llama2-7b", "50 ms"),
+    (None, ("--allow-cpu",), "gpt2", "200 ms"),
+    (None, ("--allow-cpu", "--max-classes-per-replica", "2"), "gpt2", "50 ms"),
+])
+def test_exportable_vllm_plans_always_export(tmp_path, spec, extra, model, slo):
+    spec = spec or Path("cluster_specs/cpu-two-gpus.yaml").read_text()
+    plan = _plan(tmp_path, "p", spec, *extra, "--exportable", "vllm", model=model, slo=slo)
+    rc, text, err = _export(plan, "--to", "vllm", "--format", "json")
+    assert rc == 0, err
+    _check_vllm_rules(plan, json.loads(text)["engines"])
+    assert _export(plan, "--to", "vllm")[0] == 0
+
+
+def test_bf16_plans_export_bfloat16(plans, tmp_path):
+    plan = _edited(plans["tp"], tmp_path, lambda d: d["model"].update(dtype="bf16"))
+    assert "--dtype bfloat16" in _export(plan, "--to", "vllm")[1]
+    assert "--dtype bfloat16" in _export(plan, "--to", "sglang")[1]
+
+
+def test_other_plans_and_bad_options_exit_2(plans, tmp_path):
+    other = tmp_path / "plan.yaml"
+    other.write_text("format: llm_planner.plan\n")
+    rc, _, err = _export(other, "--to", "vllm")
+    assert rc == 2 and "not a serving plan" in err
+    rc, _, err = _export(plans["tp"], "--to", "megatron", "--format", "script")
+    assert rc == 2 and "JSON" in err
+
+
+def _engine(name: str, hosts: list[str]) -> EnginePlan:
+    stages = tuple(EngineStage(host=h, node=h, kind="g", gpus=(0,), devices=(f"{h}/g:0",), layers=1) for h in hosts)
+    return EnginePlan(name=name, replica=0, copy=0, pattern="p", tensor_parallel=1, stages=stages, concurrency=1,
+                      tokens_per_s=1.0, mem_fraction=0.9)
+
+
+def test_ports_are_distinct_per_host():
+    engines = (_engine("a", ["h0"]), _engine("b", ["h0"]), _engine("c", ["h1"]), _engine("d", ["h1", "h0"]))
+    ports = assign_ports(engines, 8000, 10)
+    assert ports == {"a": 8000, "b": 8010, "c": 8000, "d": 8020}
