@@ -63,8 +63,10 @@ def layer_time_from_profile(profile_path: str | None, workload: ServingWorkload)
     profile = load_serving_profile(profile_path)
     ratio = workload.prefill_per_output
 
+    names = {entry.kind for entry in profile.kinds}
+
     def for_kind(kind: str):
-        if kind not in profile.kinds:
+        if kind not in names:
             return None
         return lambda b: profile.layer_time_s(kind, b, b * ratio)
 

@@ -31,6 +31,7 @@ from llm_planner.serving.costs import ServingTasks, StageCosts
 from llm_planner.spec import LinkSpec
 
 MAX_CONCURRENCY = 1 << 20
+GRID_RATIO = 1.25  # concurrencies tried for their split: m, 1.25 m, ... up to the largest feasible
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,22 +228,47 @@ class ReplicaModel:
         return ev if ev.tpot_s <= self.tpot_slo_s * (1 + 1e-12) else None
 
     def best_at(self, m: int, fixed: tuple[int, ...] | None = None) -> ReplicaEval | None:
-        """The largest feasible concurrency with m micro-batches (module docstring), then the TTFT target.
+        """The best operating point found with m micro-batches, then the TTFT target.
 
-        Alternates two steps until the split stops changing: the largest C that a split meets
-        (bisection on C, the split fixed), and the best split at that C (`split_layers`)."""
+        For one split, tokens/s grows with C up to the largest C it meets (`_max_concurrency`).
+        Across splits it need not: a larger C may only fit with layers moved to a slower stage.
+        So the search finds the largest C any split meets (feasibility is monotone in C: a
+        split that fits C fits every smaller C), then tries the split `split_layers` picks at a
+        geometric grid of C up to it, each pushed to its own largest C, and keeps the best."""
         ev = self.feasible(m, m, fixed)
         if ev is None:
             return None
-        for _ in range(6):
-            ev = self._max_concurrency(ev, m)
-            if fixed is not None:
-                break
-            nxt = self.feasible(ev.concurrency + 1, m)  # a new split may take one more sequence
+        best = ev = self._max_concurrency(ev, m)
+        if fixed is not None:
+            return self._meet_ttft(best, m, fixed)
+        top = self._largest_concurrency(ev, m)
+        seen = {ev.layers}
+        c = float(m)
+        while c < top.concurrency:
+            cand = self.feasible(int(c), m)
+            if cand is not None and cand.layers not in seen:
+                seen.add(cand.layers)
+                cand = self._max_concurrency(cand, m)
+                best = cand if cand.tokens_per_s > best.tokens_per_s else best
+            c = max(c + 1, c * GRID_RATIO)
+        best = top if top.tokens_per_s > best.tokens_per_s else best
+        return self._meet_ttft(best, m, fixed)
+
+    def _largest_concurrency(self, ev: ReplicaEval, m: int) -> ReplicaEval:
+        """The largest C that some split meets, by doubling then bisection (re-splitting at each C)."""
+        lo, hi = ev.concurrency, 2 * ev.concurrency
+        while hi <= MAX_CONCURRENCY and (nxt := self.feasible(hi, m)) is not None:
+            ev = self._max_concurrency(nxt, m)
+            lo, hi = ev.concurrency, 2 * ev.concurrency
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            nxt = self.feasible(mid, m)
             if nxt is None:
-                break
-            ev = nxt
-        return self._meet_ttft(ev, m, fixed)
+                hi = mid
+            else:
+                ev = self._max_concurrency(nxt, m)
+                lo = max(mid, ev.concurrency)
+        return ev
 
     def _fits(self, layers: tuple[int, ...], concurrency: int, m: int) -> ReplicaEval | None:
         if concurrency < m or any(n > c for n, c in zip(layers, self.caps(concurrency, m))):

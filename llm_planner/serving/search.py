@@ -17,12 +17,17 @@ import itertools
 import logging
 import time
 
+import numpy as np
+from scipy.optimize import linprog
+
 from llm_planner.serving.baselines import class_patterns
+from llm_planner.serving.bound import device_rate_bound
 from llm_planner.serving.context import ServingContext
 from llm_planner.serving.fleet import FleetChoice, solve_fleet
-from llm_planner.serving.layout import Layout, Pattern, Segment
+from llm_planner.serving.layout import Layout, Pattern, Segment, layout_usage
 
 log = logging.getLogger(__name__)
+BATCH = 100  # layouts evaluated between two renewals of the fleet LP's prices
 
 
 def segment_options(ctx: ServingContext, class_name: str) -> list[Segment]:
@@ -81,13 +86,54 @@ def evaluate_layouts(ctx: ServingContext, layouts: list[Layout], deadline: float
     return out, len(layouts)
 
 
+def fleet_prices(patterns: list[Pattern], capacity: dict[str, int]) -> dict[str, float]:
+    """Dual prices of the fleet LP's device rows (tokens/s a device of each class is worth)."""
+    names = sorted(capacity)
+    if not patterns:
+        return dict.fromkeys(names, 0.0)
+    a = np.array([[p.usage.get(c, 0) for p in patterns] for c in names], dtype=float)
+    res = linprog(-np.array([p.ev.tokens_per_s for p in patterns]), A_ub=a, b_ub=[capacity[c] for c in names],
+                  bounds=(0, None), method="highs")
+    if res.status != 0:
+        return dict.fromkeys(names, 0.0)
+    return {c: -float(y) for c, y in zip(names, res.ineqlin.marginals)}
+
+
+def optimistic_tokens(ctx: ServingContext, layout: Layout, rates: dict[str, float]) -> float:
+    """No replica of the layout exceeds its devices' layer-pass rates over L (llm_planner.serving.bound)."""
+    return sum(seg.devices * rates[seg.class_name] for seg in layout) / ctx.tasks.num_layers
+
+
+def priced_order(ctx: ServingContext, layouts: list[Layout], patterns: list[Pattern], rates: dict[str, float]) -> list[Layout]:
+    """Layouts that could still improve the fleet LP (optimistic value above the devices' prices), best first."""
+    prices = fleet_prices(patterns, ctx.capacity)
+    scored = []
+    for layout in layouts:
+        gain = optimistic_tokens(ctx, layout, rates) - sum(n * prices[c] for c, n in layout_usage(layout).items())
+        if gain > 1e-9:
+            scored.append((-gain, len(scored), layout))
+    return [layout for _, _, layout in sorted(scored)]
+
+
 def solve_serving(ctx: ServingContext) -> tuple[FleetChoice, int, int]:
-    """The best fleet found, the layouts evaluated and the candidates (all of them unless the
-    time limit stopped the search; the plan says so)."""
+    """The best fleet found, the layouts evaluated and the candidates.
+
+    Column generation with an optimistic price check: a layout whose optimistic tokens/s does
+    not exceed what its devices earn in the fleet LP (their dual prices) cannot improve the LP
+    and is skipped; the others are evaluated best first, the prices renewed every `BATCH`
+    layouts, until none is left or the time limit (the plan says how many were evaluated)."""
     started = time.monotonic()
     deadline = started + ctx.options.time_limit_s
-    engineer = [p for sc in ctx.classes if sc.kind.type != "cpu" for p, _ in class_patterns(ctx, sc.name)]
+    patterns = [p for sc in ctx.classes if sc.kind.type != "cpu" for p, _ in class_patterns(ctx, sc.name)]
     layouts = candidate_layouts(ctx)
-    patterns, evaluated = evaluate_layouts(ctx, layouts, deadline)
+    rates = {sc.name: device_rate_bound(ctx.cache, sc, ctx.workload.tpot_slo_s) for sc in ctx.classes}
+    todo, evaluated = priced_order(ctx, layouts, patterns, rates), 0
+    while todo and time.monotonic() < deadline:
+        found, done = evaluate_layouts(ctx, todo[:BATCH], deadline)
+        patterns += found
+        evaluated += done
+        todo = priced_order(ctx, todo[done:], patterns, rates)
+    if todo:
+        log.warning("serving search stopped at its time limit with %d layouts left to price", len(todo))
     left = max(5.0, deadline - time.monotonic())
-    return solve_fleet(engineer + patterns, ctx.capacity, time_limit_s=left), evaluated, len(layouts)
+    return solve_fleet(patterns, ctx.capacity, time_limit_s=left), evaluated, len(layouts) - len(todo)
