@@ -232,43 +232,27 @@ class ReplicaModel:
 
         For one split, tokens/s grows with C up to the largest C it meets (`_max_concurrency`).
         Across splits it need not: a larger C may only fit with layers moved to a slower stage.
-        So the search finds the largest C any split meets (feasibility is monotone in C: a
-        split that fits C fits every smaller C), then tries the split `split_layers` picks at a
-        geometric grid of C up to it, each pushed to its own largest C, and keeps the best."""
+        So the search tries the split `split_layers` picks at a geometric grid of C (m, 1.25 m,
+        ...), pushes each split to its own largest C, and keeps the best; the grid stops at the
+        first C no split meets (a split that fits C fits every smaller C)."""
         ev = self.feasible(m, m, fixed)
         if ev is None:
             return None
         best = ev = self._max_concurrency(ev, m)
         if fixed is not None:
             return self._meet_ttft(best, m, fixed)
-        top = self._largest_concurrency(ev, m)
         seen = {ev.layers}
-        c = float(m)
-        while c < top.concurrency:
+        c = float(ev.concurrency + 1)
+        while c <= MAX_CONCURRENCY:
             cand = self.feasible(int(c), m)
-            if cand is not None and cand.layers not in seen:
+            if cand is None:
+                break
+            if cand.layers not in seen:
                 seen.add(cand.layers)
                 cand = self._max_concurrency(cand, m)
                 best = cand if cand.tokens_per_s > best.tokens_per_s else best
             c = max(c + 1, c * GRID_RATIO)
-        best = top if top.tokens_per_s > best.tokens_per_s else best
         return self._meet_ttft(best, m, fixed)
-
-    def _largest_concurrency(self, ev: ReplicaEval, m: int) -> ReplicaEval:
-        """The largest C that some split meets, by doubling then bisection (re-splitting at each C)."""
-        lo, hi = ev.concurrency, 2 * ev.concurrency
-        while hi <= MAX_CONCURRENCY and (nxt := self.feasible(hi, m)) is not None:
-            ev = self._max_concurrency(nxt, m)
-            lo, hi = ev.concurrency, 2 * ev.concurrency
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            nxt = self.feasible(mid, m)
-            if nxt is None:
-                hi = mid
-            else:
-                ev = self._max_concurrency(nxt, m)
-                lo = max(mid, ev.concurrency)
-        return ev
 
     def _fits(self, layers: tuple[int, ...], concurrency: int, m: int) -> ReplicaEval | None:
         if concurrency < m or any(n > c for n, c in zip(layers, self.caps(concurrency, m))):
