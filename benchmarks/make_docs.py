@@ -29,6 +29,18 @@ class Section:
 
 
 SECTIONS = [
+    Section("serving", "Serving: tokens/s under a per-token latency target against engineer-best", """\
+Each row plans `--objective serving` (docs/serving.md) for one model on one example cluster at
+one TPOT target, and scores, with the same model, the layouts an engineer would run on vLLM or
+SGLang (`engineer-best`: per class of identical servers every tensor-parallel degree, pipeline
+split and replica count at the best concurrency; classes as separate engines) and `megatron`.
+Columns: output tokens/s of the cluster; the ratio to engineer-best; the replicas (copies x
+layout @ concurrency / micro-batches); the largest TPOT; the largest share of a device's usable
+memory in use with every sequence in flight; for the plan, the upper bound over every plan, the
+gap to it and the solve time (wall clock, the search limited to 60 s). Every plan was verified.
+Requests: prompt 512, output 128 (GPT-3) or 256 tokens; the Helix rows use Helix's 24-machine
+cluster and its measured LLaMA-2 70B layer profiles (`llm-planner import helix`) with the Azure
+Conversation means (prompt 763, output 232)."""),
     Section("tp", "Tensor parallelism: MILP-SPLIT against the layouts engineers write by hand", """\
 One decode step (context 2048, fp16) per row, on the example clusters; MILP-SPLIT with
 groups up to a whole server (`--max-tp` default). Columns: the plan's objective

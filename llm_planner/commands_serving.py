@@ -26,8 +26,9 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-cpu", action="store_true", help="serving: let decoder stages run on CPUs (never in groups)")
     g.add_argument("--exportable", choices=("vllm",), default=None,
                    help="serving: search only layouts vLLM can run (one tensor-parallel degree, no CPU, a micro-batch per stage)")
-    g.add_argument("--max-classes-per-replica", type=int, default=3,
-                   help="serving: classes of servers one replica's pipeline may mix (default: 3)")
+    g.add_argument("--max-classes-per-replica", type=int, default=None,
+                   help="serving: classes of servers one replica's pipeline may mix (default: 3, or 2 when three would "
+                        "give over 2,000 candidate layouts)")
     g.add_argument("--max-stages", type=int, default=64, help="serving: pipeline stages of one replica at most (default: 64)")
     g.add_argument("--serving-solver", choices=SERVING_SOLVERS, default="serving",
                    help="serving: the planner's search (default), or write a baseline's layout as the plan")
@@ -36,7 +37,7 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
 def serving_options(args: argparse.Namespace):
     from llm_planner.serving.context import ServingOptions
 
-    for flag, value, low in (("--max-classes-per-replica", args.max_classes_per_replica, 1), ("--max-stages", args.max_stages, 1),
+    for flag, value, low in (("--max-classes-per-replica", args.max_classes_per_replica or 1, 1), ("--max-stages", args.max_stages, 1),
                              ("--time-limit", args.time_limit, 1e-3)):
         if not (value == value and low <= value < float("inf")):
             raise UserError(f"{flag} must be at least {low} and finite, got {value!r}", exit_code=2)

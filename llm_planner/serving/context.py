@@ -22,7 +22,7 @@ class ServingOptions:
     allow_cpu: bool = False  # decoder stages on CPUs (never in groups)
     max_tp: int | None = None  # largest tensor-parallel degree offered (None: a whole server's kind)
     exportable: str | None = None  # "vllm": only layouts vLLM can run
-    max_segments: int = 3  # classes one replica may mix
+    max_segments: int | None = None  # classes one replica may mix (None: 3, or 2 for large fleets)
     max_stages: int = 64  # pipeline stages of one replica
     time_limit_s: float = 60.0
 

@@ -47,21 +47,36 @@ def _weights_fit(ctx: ServingContext, layout: Layout) -> bool:
         (ctx.tasks.num_layers - 1) * ctx.tasks.tasks["block"].weight_bytes
 
 
+AUTO_CANDIDATES = 2000  # --max-classes-per-replica auto: mix three classes only while the candidates stay this few
+
+
 def candidate_layouts(ctx: ServingContext) -> list[Layout]:
+    """Every layout of up to max_segments classes (auto: 3, or 2 when 3 would give more than
+    AUTO_CANDIDATES), fewest classes first."""
     names = [c.name for c in ctx.classes]
     options = {name: segment_options(ctx, name) for name in names}
+    limit = ctx.options.max_segments or 3
+    out = []
+    for r in range(1, min(limit, len(names)) + 1):
+        level = _layouts_of(ctx, names, options, r)
+        if ctx.options.max_segments is None and r == 3 and len(out) + len(level) > AUTO_CANDIDATES:
+            log.info("serving search: %d three-class layouts left out (--max-classes-per-replica 3 to search them)", len(level))
+            break
+        out += level
+    return out
+
+
+def _layouts_of(ctx: ServingContext, names: list[str], options: dict, r: int) -> list[Layout]:
     seen, out = set(), []
-    for r in range(1, min(ctx.options.max_segments, len(names)) + 1):
-        for combo in itertools.combinations(names, r):
-            for order in {combo, combo[::-1]}:
-                for segs in itertools.product(*(options[name] for name in order)):
-                    layout = tuple(segs)
-                    if layout in seen or sum(s.stages for s in layout) > min(ctx.options.max_stages, ctx.tasks.num_layers):
-                        continue
-                    seen.add(layout)
-                    if _exportable(ctx, layout) and _weights_fit(ctx, layout):
-                        out.append(layout)
-    return sorted(out, key=len)  # one class first: a time limit keeps the simplest layouts
+    for combo in itertools.combinations(names, r):
+        for order in {combo, combo[::-1]}:
+            for layout in itertools.product(*(options[name] for name in order)):
+                if layout in seen or sum(s.stages for s in layout) > min(ctx.options.max_stages, ctx.tasks.num_layers):
+                    continue
+                seen.add(layout)
+                if _exportable(ctx, layout) and _weights_fit(ctx, layout):
+                    out.append(layout)
+    return out
 
 
 def _exportable(ctx: ServingContext, layout: Layout) -> bool:
