@@ -57,5 +57,6 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
         console.file.flush()
         return 0
     write_atomic(args.output, text, ServingExportError)
-    console.print(f"{args.to} {fmt} for {len(export.engines)} engine(s) written to [bold]{escape(args.output)}[/]", highlight=False)
+    console.print(f"{args.to} {fmt} for {len(export.engines)} engine(s) written to [bold]{escape(args.output)}[/]",
+                  highlight=False)
     return 0

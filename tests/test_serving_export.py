@@ -15,7 +15,10 @@ import pytest
 import yaml
 
 from llm_planner.cli import main
-from llm_planner.serving.export import EnginePlan, EngineStage, assign_ports
+from llm_planner.serving.export import EnginePlan, EngineStage, ServingExportError, assign_ports, build_engines
+from llm_planner.serving.export_scripts import vllm_script
+from llm_planner.serving.plan_file import ServingPlanFile
+from llm_planner.spec import load_cluster
 
 # Two servers of three 6 GB GPUs: llama2-7b (13.5 GB of fp16 weights) needs a pipeline over both.
 TWO_SERVERS = """
@@ -210,9 +213,52 @@ def test_sglang_refuses_hosts_with_unequal_stage_runs(plans, tmp_path):
         copy.append(copy.pop(0))  # the first host's first stage moves to the end of the pipeline
 
     plan = _edited(plans["pipeline"], tmp_path, shuffle)
-    for target in ("sglang", "vllm"):
-        rc, _, err = _export(plan, "--to", target)
-        assert rc == 2 and "replica 0" in err and "stage" in err and "consecutive" in err, err
+    rc, _, err = _export(plan, "--to", "sglang")
+    assert rc == 2 and "replica 0" in err and "stage" in err and "consecutive" in err, err
+    assert _export(plan, "--to", "vllm")[0] == 0  # one kind: vLLM's own host order runs the same stages
+
+
+# Three hosts: a head of one big GPU, a host of two small ones, a host of one medium one.
+THREE_KINDS = """
+name: three-kinds
+device_kinds:
+  - {name: big, type: gpu, peak_flops: {fp16: 300 TFLOP/s}, mem_bytes: 40 GB, mem_bw_bytes_per_s: 2000 GB/s}
+  - {name: small, type: gpu, peak_flops: {fp16: 60 TFLOP/s}, mem_bytes: 16 GB, mem_bw_bytes_per_s: 300 GB/s}
+  - {name: mid, type: gpu, peak_flops: {fp16: 120 TFLOP/s}, mem_bytes: 24 GB, mem_bw_bytes_per_s: 900 GB/s}
+nodes:
+  - {name: a, hostname: host-a, devices: {big: 1}}
+  - {name: b, hostname: host-b, devices: {small: 2}}
+  - {name: c, hostname: host-c, devices: {mid: 1}}
+links:
+  intra_node_default: {bw_bytes_per_s: 32 GB/s, latency_s: 5 us}
+  inter_node: {bw_bytes_per_s: 25 GB/s, latency_s: 5 us}
+"""
+
+
+def _hand_plan(cluster: Path, stages: list[str], layers: list[int]) -> ServingPlanFile:
+    rep = {"pattern": "hand", "count": 1, "segments": [], "layers": layers, "concurrency": 8, "micro_batches": len(stages),
+           "tokens_per_s": 100.0, "devices": [[[d] for d in stages]]}
+    data = {"inputs": {"cluster": str(cluster)}, "model": {"name": "m", "dtype": "fp16", "num_layers": sum(layers)},
+            "workload": {"requests": [{"prompt_len": 100, "output_len": 20, "weight": 1.0}], "tpot_slo_s": 0.1},
+            "serving": {"tokens_per_s": 100.0, "replicas": [rep]}}
+    return ServingPlanFile(data=data, path=cluster.parent / "hand.yaml")
+
+
+def test_vllm_refuses_a_pipeline_its_ray_executor_would_reorder(tmp_path):
+    cluster_path = tmp_path / "three.yaml"
+    cluster_path.write_text(THREE_KINDS)
+    cluster = load_cluster(cluster_path)
+    # a -> b (2 stages) -> c: vLLM ranks c (1 GPU) before b (2 GPUs), so stage 1 would run on the mid GPU
+    plan = _hand_plan(cluster_path, ["a/big:0", "b/small:0", "b/small:1", "c/mid:0"], [10, 4, 4, 6])
+    with pytest.raises(ServingExportError, match=r"replica 0 .*stage 1 \(small on host 'host-b'\) would run on mid GPUs"):
+        build_engines(plan, cluster, "vllm")
+    # a -> c -> b is the order vLLM ranks: it exports, and SGLang refuses three hosts of unequal stage runs
+    plan = _hand_plan(cluster_path, ["a/big:0", "c/mid:0", "b/small:0", "b/small:1"], [10, 6, 4, 4])
+    export = build_engines(plan, cluster, "vllm")
+    assert export.engines[0].hosts == ["host-a", "host-c", "host-b"]
+    assert "VLLM_PP_LAYER_PARTITION=10,6,4,4 " in _flat(vllm_script(export))
+    with pytest.raises(ServingExportError, match="SGLang across 3 hosts"):
+        build_engines(plan, cluster, "sglang")
 
 
 def test_a_cpu_stage_is_refused_naming_the_stage(tmp_path):
@@ -222,7 +268,8 @@ def test_a_cpu_stage_is_refused_naming_the_stage(tmp_path):
     where = [(r, s) for r, rep in enumerate(data["serving"]["replicas"]) for s, devs in enumerate(rep["devices"][0])
              if any("epyc" in d for d in devs)]
     if not where:  # the planner left the CPU out: put a stage on it
-        plan = _edited(plan, tmp_path, lambda d: d["serving"]["replicas"][0]["devices"][0].__setitem__(0, ["workstation/epyc-7543:0"]))
+        cpu = ["workstation/epyc-7543:0"]
+        plan = _edited(plan, tmp_path, lambda d: d["serving"]["replicas"][0]["devices"][0].__setitem__(0, cpu))
         where = [(0, 0)]
     r, s = where[0]
     for target in ("vllm", "sglang", "megatron"):

@@ -11,8 +11,9 @@ frameworks' form when
 - micro_batches = p (vLLM and SGLang keep one batch per stage in flight),
 - each stage's devices are on one host (a stage is one tensor-parallel group),
 
-and, for SGLang across hosts, every host holds the same number of consecutive stages (its
-launcher gives node k the stages k*p/n .. (k+1)*p/n - 1). `build_engines` checks these rules
+and, across hosts, for SGLang every host holds the same number of consecutive stages (its
+launcher gives node k the stages k*p/n .. (k+1)*p/n - 1), for vLLM every stage lands on GPUs of
+its kind in the order vLLM's Ray executor ranks them (`vllm_host_order`). `build_engines` checks these rules
 and raises ServingExportError naming the replica and the stage that breaks one. The layer
 split goes to VLLM_PP_LAYER_PARTITION / SGLANG_PP_LAYER_PARTITION (layers per stage,
 comma-separated; both read it in their get_pp_indices) when it is not the even split.
@@ -151,7 +152,8 @@ def build_engines(plan: ServingPlanFile, cluster: ClusterSpec, framework: str) -
         log.warning("%s: the cluster spec changed since the plan was made; exporting with today's spec", where)
     dtype = DTYPE_NAMES.get(model["dtype"])
     if dtype is None and framework != "megatron":
-        raise ServingExportError(f"{where}: model dtype {model['dtype']!r}: {TITLES[framework]} takes one of {', '.join(DTYPE_NAMES)}")
+        raise ServingExportError(f"{where}: model dtype {model['dtype']!r}: {TITLES[framework]} takes one of "
+                                 f"{', '.join(DTYPE_NAMES)}")
     by_name = {d.name: d for d in cluster.devices()}
     ordinals = gpu_ordinals(cluster)
     engines = []
@@ -239,25 +241,39 @@ def _check_sglang_hosts(label: str, engine: EnginePlan) -> None:
                 f"across {len(hosts)} hosts gives each the same number of consecutive stages")
 
 
+def vllm_host_order(engine: EnginePlan) -> list[str]:
+    """The hosts in the order vLLM's Ray executor ranks their GPUs: the head (the driver's host)
+    first, then the others by their number of the engine's GPUs, fewer first (ties: by IP
+    address, which the spec does not know; kept here in pipeline order)."""
+    return [engine.hosts[0], *sorted(engine.hosts[1:], key=lambda h: len(engine.host_gpus(h)))]
+
+
+def _host_kinds(engine: EnginePlan, host: str) -> list[str]:
+    """The kind of each of the engine's GPUs on the host, in ascending GPU order (vLLM's within a host)."""
+    return [kind for _, kind in sorted((g, st.kind) for st in engine.stages if st.host == host for g in st.gpus)]
+
+
+def vllm_ip_ties(engine: EnginePlan) -> bool:
+    """Whether hosts after the head hold as many GPUs but of different kinds: their order, hence
+    which of them runs which stages, then depends on their IP addresses."""
+    rest = engine.hosts[1:]
+    return any(len(engine.host_gpus(a)) == len(engine.host_gpus(b)) and _host_kinds(engine, a) != _host_kinds(engine, b)
+               for i, a in enumerate(rest) for b in rest[i + 1:])
+
+
 def _check_vllm_hosts(label: str, engine: EnginePlan) -> None:
-    """vLLM's Ray executor ranks the head's GPUs first, then the other hosts' by their number of
-    the engine's GPUs (fewer first) and IP address, each host's in ascending GPU order; stage s
-    takes ranks s*t .. (s+1)*t - 1. The plan's stages must be in that order."""
-    hosts, start = engine.hosts, 0
-    for k, host in enumerate(hosts):
-        stages = engine.host_stages(host)
-        if stages != list(range(start, start + len(stages))):
-            raise ServingExportError(f"{label}: stage {stages[0]} on host {host!r}: a host's stages must be consecutive "
-                                     f"(host holds stages {stages}); vLLM ranks one host's GPUs together")
-        gpus = engine.host_gpus(host)
-        if gpus != sorted(gpus):
-            raise ServingExportError(f"{label}: stage {stages[0]} on host {host!r}: GPUs {gpus} are not ascending along the "
-                                     "pipeline; vLLM's Ray executor ranks a host's GPUs in ascending order")
-        if k > 1 and len(gpus) < len(engine.host_gpus(hosts[k - 1])):
+    """vLLM's Ray executor gives rank r the r-th GPU of `vllm_host_order` and stage s the ranks
+    s*t .. (s+1)*t - 1: every stage must land on GPUs of the kind the plan gave it (which host
+    of that kind runs it does not change the plan's memory or time)."""
+    planned = [st.kind for st in engine.stages for _ in st.gpus]
+    ranked = [kind for host in vllm_host_order(engine) for kind in _host_kinds(engine, host)]
+    for rank, (want, got) in enumerate(zip(planned, ranked)):
+        if want != got:
+            s = rank // engine.tensor_parallel
             raise ServingExportError(
-                f"{label}: stage {stages[0]} on host {host!r} has fewer GPUs ({len(gpus)}) than the host before it: vLLM's "
-                "Ray executor ranks the hosts after the head by GPU count, fewer first, and would reorder the pipeline")
-        start += len(stages)
+                f"{label}: stage {s} ({want} on host {engine.stages[s].host!r}) would run on {got} GPUs: vLLM's Ray executor "
+                "ranks the head's GPUs first, then the other hosts' by their GPU count (fewer first), each host's in "
+                "ascending order, and this plan's pipeline is in another order")
 
 
 def _model_arg(name: str) -> str:
@@ -290,11 +306,13 @@ def megatron_config(export: ServingExport) -> dict[str, Any]:
     for r, copies in patterns.items():
         first = copies[0]
         t, p, split = first.tensor_parallel, first.pipeline_parallel, first.layers
-        args = ["--tensor-model-parallel-size", str(t), "--pipeline-model-parallel-size", str(p), "--num-layers", str(export.num_layers)]
+        args = ["--tensor-model-parallel-size", str(t), "--pipeline-model-parallel-size", str(p),
+                "--num-layers", str(export.num_layers)]
         if len(set(split)) > 1:
             middle = split[1:-1]
             if p > 2 and len(set(middle)) == 1:
-                args += ["--decoder-first-pipeline-num-layers", str(split[0]), "--decoder-last-pipeline-num-layers", str(split[-1])]
+                args += ["--decoder-first-pipeline-num-layers", str(split[0]),
+                         "--decoder-last-pipeline-num-layers", str(split[-1])]
             else:
                 args += ["--pipeline-model-parallel-layout", "E" + "|".join(f"t*{n}" for n in split) + ",L"]
         out.append({"replica": r, "pattern": first.pattern, "tensor_model_parallel_size": t, "pipeline_model_parallel_size": p,

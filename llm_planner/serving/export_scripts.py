@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import shlex
 
-from llm_planner.serving.export import EnginePlan, ServingExport, assign_ports, layer_partition
+from llm_planner.serving.export import ServingExport, assign_ports, layer_partition, vllm_ip_ties
 
 VLLM_PORT, SGLANG_PORT, PORT_STEP = 8000, 30000, 10  # SGLang takes a few ports above --port
 RAY_PORT, DIST_INIT_PORT = 6379, 20000
@@ -38,7 +38,8 @@ def _fraction(value: float) -> str:
 
 def _header(export: ServingExport, ports: dict[str, int], title: str) -> list[str]:
     lines = ["#!/usr/bin/env bash",
-             f"# {title} of the serving plan {_comment(export.plan_path)} (written by `llm-planner export --to {export.framework}`).",
+             f"# {title} of the serving plan {_comment(export.plan_path)} "
+             f"(written by `llm-planner export --to {export.framework}`).",
              f"# Model {_comment(export.model)} ({export.dtype}), {len(export.engines)} engine(s); the plan predicts "
              f"{export.tokens_per_s:,.0f} output tokens/s at TPOT <= {export.tpot_slo_s * 1e3:g} ms.",
              "#",
@@ -128,8 +129,8 @@ def vllm_script(export: ServingExport) -> str:
                 others = "; ".join(f"{h}: {_stages(e.host_stages(h))}" for h in e.hosts[1:])
                 env = _env([("RAY_ADDRESS", address), ("VLLM_PP_LAYER_PARTITION", part)])
                 body = [f"{about} Ray head, {here} ({_comment(others)})",
-                        *(["# vLLM ranks the hosts after the head by GPU count, then IP address: give hosts with equal "
-                           "counts IP addresses in pipeline order"] if len(e.hosts) > 2 else []),
+                        *(["# vLLM ranks the hosts after the head by GPU count, then IP address: give the hosts with "
+                           "as many GPUs IP addresses in pipeline order"] if vllm_ip_ties(e) else []),
                         f"( {visible} ray start --head --port={ray_ports[e.name]} --num-gpus={len(gpus)}",
                         f"  wait_for_ray_gpus {_q(address)} {e.tensor_parallel * e.pipeline_parallel}",
                         _wrap([f"  {env} exec", *args, "--distributed-executor-backend", "ray",
