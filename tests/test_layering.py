@@ -73,7 +73,8 @@ LAYERS: list[tuple[str, list[str], str]] = [
     ("solve api", ["llm_planner.solve.api"],
      "solve(problem, options): picks the solver, adds the bound, verifies the plan"),
     ("serving solve", ["llm_planner.serving.fleet", "llm_planner.serving.baselines", "llm_planner.serving.search",
-                       "llm_planner.serving.assign", "llm_planner.serving.api", "llm_planner.serving.export"],
+                       "llm_planner.serving.assign", "llm_planner.serving.api", "llm_planner.serving.export",
+                       "llm_planner.serving.export_scripts"],
      "serving: the baselines, the layout search and the fleet MILP (over the MILP backends), devices, exports"),
     ("flows", ["llm_planner.report", "llm_planner.helix_import", "llm_planner.helix_export", "llm_planner.export", "llm_planner.observe", "llm_planner.measure",
                "llm_planner.calibrate", "llm_planner.study", "llm_planner.spec_edit"],
@@ -83,7 +84,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
     ("launch", ["llm_planner.launch", "llm_planner.launch_run", "llm_planner.runtime.profile_run"],
      "start ranks with mpiexec: the plan's, or the profiling ranks'"),
     ("commands", ["llm_planner.commands", "llm_planner.commands_measure", "llm_planner.commands_helix",
-                  "llm_planner.commands_serving", "llm_planner.cli"],
+                  "llm_planner.commands_serving", "llm_planner.commands_export", "llm_planner.cli"],
      "the command line: parses arguments, calls the layers, prints"),
 ]
 
