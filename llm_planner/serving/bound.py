@@ -22,41 +22,61 @@ the step overhead on few layers; many layers amortise it but leave less memory f
 
     tokens/s <= sum over classes of (devices of the class) * rho_class / L.
 
-It holds for every plan of the model the planner can express (any split, degrees, micro-batches,
+Coupling the devices of one replica: it has one concurrency C, and every one of its devices
+holds the KV cache of all C sequences over its l / k "device-layers", which add up to L over
+the replica. Cut the concurrencies into levels [C_j, C_j+1) (C_j = 1.25^j). A device in a stage
+(k, l) of a replica at level j has a memory that holds C_j sequences over its l layers, and does
+at most rho_{c,k,l,j} = g_{k,l}(min(C_j+1, C_max(k, l))) passes per second; the devices at a
+level in use hold at least L device-layers. With y >= 0 the devices of class c in stages (k, l)
+at level j (continuous: a relaxation) and u_j in {0, 1} whether level j is used:
+
+    tokens/s <= max sum y rho / L
+    s.t.  sum_{k,l,j} y_{c,k,l,j} <= N_c                      (each device in one stage)
+          sum_{c,k,l} y_{c,k,l,j} l / k >= L u_j               (a level in use holds a model copy)
+          sum_{k,l} y_{c,k,l,j} <= N_c u_j                     (no device at an unused level)
+
+solved as a small MILP (HiGHS; its dual bound if it stops early). It forbids a replica whose
+devices hold one layer each with a concurrency their memory over the whole model cannot hold. It holds for every plan of the model the planner can express (any split, degrees, micro-batches,
 concurrency, replicas mixing classes); what it leaves out (fixed costs, hand-offs, the m weight
 reads, the last layer's head) only makes it larger. A single device of a profiled class uses
-its measured block time b -> t(b), and since nothing says t is affine, rho there is the best
-C / (k t(C)) over every C that one layer's memory and the target allow (without the step
-overhead: looser, still valid).
+its measured block time t(C), piecewise linear between the profile's points: on each piece the
+rate grows with C, so the bound takes each piece's largest allowed C.
 """
 
 from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
 
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layout import CostCache
 
 
-def device_rate_bound(cache: CostCache, sc: ServerClass, tpot_slo_s: float) -> float:
-    """rho: layer-token passes per second one device of the class can do in any plan."""
-    best = 0.0
+def stage_rates(cache: CostCache, sc: ServerClass, tpot_slo_s: float) -> dict[tuple[int, int], float]:
+    """(degree k, layers l) -> the most layer-token passes per second one device of the class does
+    in a stage of k devices holding l layers, in any plan (0: no such stage fits)."""
+    out = {}
     for k in sc.degrees:
         costs = cache.get(sc.name, k)
-        if getattr(costs, "layer_time", None) is not None:
-            best = max(best, _measured_rate(costs, k, tpot_slo_s))
-            continue
+        rate = _measured_rate if getattr(costs, "layer_time", None) is not None else _roofline_rate
         for layers in range(1, cache.tasks.num_layers + 1):
-            best = max(best, _roofline_rate(costs, k, layers, tpot_slo_s))
-    return best
+            out[(k, layers)] = rate(costs, k, layers, tpot_slo_s)
+    return out
 
 
-def _roofline_rate(costs, k: int, layers: int, tpot_slo_s: float) -> float:
+def device_rate_bound(cache: CostCache, sc: ServerClass, tpot_slo_s: float) -> float:
+    """rho: layer-token passes per second one device of the class can do in any plan."""
+    return max(stage_rates(cache, sc, tpot_slo_s).values(), default=0.0)
+
+
+def _roofline_rate(costs, k: int, layers: int, tpot_slo_s: float, c_cap: float = float("inf")) -> float:
     """C l / (k (step + l max_j (f_j + s_j C))) at the largest C that memory and the target allow."""
     block, step = costs.pieces["block"], costs.step_s
     room = costs.usable_bytes - layers * costs.weight_bytes["block"]
     if room < 0:
         return 0.0
     kv = costs.kv_bytes_per_seq
-    c_max = room / (layers * kv) if kv > 0 else float("inf")
+    c_max = min(c_cap, room / (layers * kv) if kv > 0 else float("inf"))
     for f, s in block:
         if s > 0:
             c_max = min(c_max, max(0.0, ((tpot_slo_s - step) / layers - f) / s))
@@ -65,21 +85,105 @@ def _roofline_rate(costs, k: int, layers: int, tpot_slo_s: float) -> float:
     return c_max * layers / (k * (step + layers * max(f + s * c_max for f, s in block)))
 
 
-def _measured_rate(costs, k: int, tpot_slo_s: float) -> float:
-    """A measured block time b -> t(b) need not be affine: the best C / (k t(C)) over every C that one
-    layer's memory and the target allow (the step overhead left out)."""
-    room = costs.usable_bytes - costs.weight_bytes["block"]
+def _measured_rate(costs, k: int, layers: int, tpot_slo_s: float, c_cap: float = float("inf")) -> float:
+    """The same for a measured block time t(C), piecewise linear between its breakpoints: on each
+    piece C l / (k (step + l t(C))) grows with C (t linear, step >= 0), so its largest value is at
+    the right end of the piece's part that memory and the target allow."""
+    step, t = costs.step_s, costs.layer_time
+    room = costs.usable_bytes - layers * costs.weight_bytes["block"]
     if room < 0:
         return 0.0
-    c_max = int(min(room / costs.kv_bytes_per_seq, MEASURED_SCAN))
-    rates = [c / (k * t) for c in range(1, c_max + 1) if (t := costs.part_s("block", c)) <= tpot_slo_s and t > 0]
-    return max(rates, default=0.0)
+    c_mem = min(c_cap, room / (layers * costs.kv_bytes_per_seq))
+    if c_mem < 1:
+        return 0.0
+    ends = sorted({1.0, c_mem, *(x for x in t.breakpoints if 1.0 < x < c_mem)})
+    best = 0.0
+    for x0, x1 in zip(ends, ends[1:] + [c_mem]):
+        y0, y1 = t(x0), t(x1)
+        x = _rightmost_within(x0, x1, y0, y1, (tpot_slo_s - step) / layers)
+        if x is not None:
+            best = max(best, x * layers / (k * (step + layers * (y0 + (y1 - y0) * (x - x0) / (x1 - x0 or 1.0)))))
+    return best
 
 
-MEASURED_SCAN = 1 << 16  # concurrencies scanned for a measured block time
+def _rightmost_within(x0: float, x1: float, y0: float, y1: float, limit: float) -> float | None:
+    """The largest x in [x0, x1] where the line through (x0, y0), (x1, y1) is at most limit."""
+    if y1 <= limit:
+        return x1
+    if y0 > limit:
+        return None
+    return x0 + (limit - y0) * (x1 - x0) / (y1 - y0)
 
 
 def tokens_upper_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: float) -> float:
-    """Output tokens/s no plan exceeds (module docstring)."""
-    layers = cache.tasks.num_layers
-    return sum(sc.num_devices * device_rate_bound(cache, sc, tpot_slo_s) for sc in classes) / layers
+    """Output tokens/s no plan exceeds (module docstring): the MILP over concurrency levels."""
+    options = _level_options(cache, classes, tpot_slo_s)
+    if not options:
+        return 0.0
+    if any(rate == float("inf") for *_, rate in options):
+        return float("inf")
+    levels = sorted({j for _, j, _, _, _ in options})
+    names = [sc.name for sc in classes]
+    n_y, n_u = len(options), len(levels)
+    col = {j: n_y + i for i, j in enumerate(levels)}
+    rows, lower, upper = [], [], []
+    for sc in classes:  # each device in at most one stage
+        rows.append({i: 1.0 for i, o in enumerate(options) if o[0] == sc.name})
+        lower.append(-np.inf)
+        upper.append(sc.num_devices)
+    for j in levels:  # a level in use holds at least one copy of the model
+        row = {i: o[3] for i, o in enumerate(options) if o[1] == j}
+        row[col[j]] = -float(cache.tasks.num_layers)
+        rows.append(row)
+        lower.append(0.0)
+        upper.append(np.inf)
+        for sc in classes:  # no device at an unused level
+            row = {i: 1.0 for i, o in enumerate(options) if o[1] == j and o[0] == sc.name}
+            if row:
+                row[col[j]] = -float(sc.num_devices)
+                rows.append(row)
+                lower.append(-np.inf)
+                upper.append(0.0)
+    a = np.zeros((len(rows), n_y + n_u))
+    for r, row in enumerate(rows):
+        for c, v in row.items():
+            a[r, c] = v
+    cost = np.concatenate([-np.array([o[4] for o in options]), np.zeros(n_u)])
+    integrality = np.concatenate([np.zeros(n_y), np.ones(n_u)])
+    res = milp(cost, constraints=LinearConstraint(a, lower, upper), integrality=integrality,
+               bounds=Bounds(0, np.concatenate([np.full(n_y, np.inf), np.ones(n_u)])), options={"time_limit": BOUND_TIME_LIMIT_S})
+    if res.status == 0:
+        return -res.fun / cache.tasks.num_layers
+    if res.status == 2:  # no level holds a copy of the model: no plan
+        return 0.0
+    dual = getattr(res, "mip_dual_bound", None)  # stopped early: its dual bound still holds
+    if dual is not None and np.isfinite(dual):
+        return -dual / cache.tasks.num_layers
+    return sum(sc.num_devices * device_rate_bound(cache, sc, tpot_slo_s) for sc in classes) / cache.tasks.num_layers
+
+
+BOUND_TIME_LIMIT_S = 20.0
+LEVEL_RATIO = 1.25  # concurrency levels of the bound: 1, 1.25, 1.5625, ...
+
+
+def _level_options(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: float) -> list[tuple]:
+    """(class, level j, degree k, device-layers l / k, rate) for every stage a device may sit in
+    when its replica's concurrency is in [C_j, C_{j+1}): memory must hold C_j, the rate is taken
+    at C_{j+1} (it grows with C)."""
+    out = []
+    for sc in classes:
+        for k in sc.degrees:
+            costs = cache.get(sc.name, k)
+            rate_of = _measured_rate if getattr(costs, "layer_time", None) is not None else _roofline_rate
+            for layers in range(1, cache.tasks.num_layers + 1):
+                room = costs.usable_bytes - layers * costs.weight_bytes["block"]
+                if room < layers * costs.kv_bytes_per_seq:
+                    break
+                c_fit = room / (layers * costs.kv_bytes_per_seq)
+                j, c = 0, 1.0
+                while c <= c_fit:
+                    rate = rate_of(costs, k, layers, tpot_slo_s, c * LEVEL_RATIO)
+                    if rate > 0:
+                        out.append((sc.name, j, k, layers / k, rate))
+                    j, c = j + 1, c * LEVEL_RATIO
+    return out

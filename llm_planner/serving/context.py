@@ -12,6 +12,7 @@ from llm_planner.serving.costs import ServingTasks, build_serving_tasks
 from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
 from llm_planner.serving.replica import ReplicaModel
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
+from llm_planner.serving_profile import load_serving_profile
 from llm_planner.spec import ClusterSpec, load_cluster
 
 OPTIMAL_GAP = 1e-6  # a plan within this share of the bound is called optimal
@@ -55,22 +56,37 @@ def decoder_config(name: str) -> DecoderConfig:
         return preset_config(name)
     raise WorkloadError(f"--model {name!r}: --objective serving needs a decoder preset or a config.json")
 
+class MeasuredLayerTime:
+    """A device kind's measured block time at b sequences in flight per iteration: the decode table
+    at b plus the prefill table at b E[P]/E[O] prompt tokens, both piecewise linear; `breakpoints`
+    are the b where its slope may change (llm_planner.serving.bound needs them)."""
+
+    def __init__(self, profile, kind: str, ratio: float):
+        entry = profile.kind(kind)
+        if entry.prefill is None and ratio > 0:
+            raise WorkloadError(f"{profile.path}: kinds.{kind}: no prefill_layer_s, needed to charge the prompts")
+        self.profile, self.kind, self.ratio = profile, kind, ratio
+        points = set(entry.decode.sizes)
+        if entry.prefill is not None and ratio > 0:
+            points |= {size / ratio for size in entry.prefill.sizes}
+        self.breakpoints = tuple(sorted(p for p in points if p > 0))
+
+    def __call__(self, b: float) -> float:
+        return self.profile.layer_time_s(self.kind, b, b * self.ratio)
+
+
 def layer_time_from_profile(profile_path: str | None, workload: ServingWorkload):
+    """kind name -> its MeasuredLayerTime (None for kinds the profile does not name)."""
     if profile_path is None:
         return None
-    from llm_planner.serving_profile import load_serving_profile  # written with the Helix import
-
     profile = load_serving_profile(profile_path)
-    ratio = workload.prefill_per_output
-
     names = {entry.kind for entry in profile.kinds}
 
     def for_kind(kind: str):
-        if kind not in names:
-            return None
-        return lambda b: profile.layer_time_s(kind, b, b * ratio)
+        return MeasuredLayerTime(profile, kind, workload.prefill_per_output) if kind in names else None
 
     return for_kind
+
 
 def build_context(cluster_path: str, model: str, workload: ServingWorkload, dtype: str, options: ServingOptions,
                   profile_path: str | None = None) -> ServingContext:
