@@ -17,9 +17,12 @@ def add_export_parser(sub) -> None:
 
     p = sub.add_parser("export", help="a serving plan as the launch commands of vLLM or SGLang, or Megatron-LM's parallel sizes")
     p.add_argument("plan", help="serving plan file written by `plan --objective serving`")
-    p.add_argument("--to", required=True, choices=FRAMEWORKS,
+    p.add_argument("--to", required=True, choices=(*FRAMEWORKS, "helix"),
                    help="vllm / sglang: a shell script starting every engine (one per replica copy) on its hosts, with the "
-                        "load balancer's weights; megatron: tensor, pipeline and data parallel sizes per pattern (JSON)")
+                        "load balancer's weights; megatron: tensor, pipeline and data parallel sizes per pattern (JSON); "
+                        "helix: Helix's layout file (each machine's layer range; needs --helix-cluster)")
+    p.add_argument("--helix-cluster", default=None,
+                   help="--to helix: the Helix cluster .ini the plan's cluster was imported from (maps devices to its nodes)")
     p.add_argument("--format", choices=("script", "json"), default=None,
                    help="script (default for vllm and sglang) or json (the engines as data; megatron's only form)")
     p.add_argument("-o", "--output", default=None, help="file to write (default: standard output)")
@@ -32,6 +35,8 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     from llm_planner.serving.plan_file import is_serving_plan, load_serving_plan
     from llm_planner.spec import load_cluster
 
+    if args.to == "helix":
+        return _export_helix(args, console)
     fmt = args.format or ("json" if args.to == "megatron" else "script")
     if args.to == "megatron" and fmt == "script":
         raise UserError("--to megatron writes JSON (parallel sizes per pattern); drop --format script", exit_code=2)
@@ -59,4 +64,39 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     write_atomic(args.output, text, ServingExportError)
     console.print(f"{args.to} {fmt} for {len(export.engines)} engine(s) written to [bold]{escape(args.output)}[/]",
                   highlight=False)
+    return 0
+
+
+def helix_stages(plan) -> list[tuple[str, int, int]]:
+    """(device, first layer, end layer) of every stage of every copy of a serving plan."""
+    out = []
+    for rep in plan.replicas:
+        for copy in rep["devices"]:
+            first = 0
+            for devices, layers in zip(copy, rep["layers"]):
+                out.append((devices[0], first, first + layers))
+                first += layers
+    return out
+
+
+def _export_helix(args: argparse.Namespace, console: Console) -> int:
+    """A serving plan as Helix's layout file (docs/helix.md): one contiguous layer range per machine."""
+    from llm_planner.atomic import write_atomic
+    from llm_planner.helix_export import LayoutError, helix_layout
+    from llm_planner.helix_import import device_helix_names, load_helix_cluster
+    from llm_planner.serving.plan_file import load_serving_plan
+
+    if args.helix_cluster is None:
+        raise UserError("--to helix needs --helix-cluster, the Helix .ini the plan's cluster was imported from", exit_code=2)
+    plan = load_serving_plan(args.plan)
+    names = device_helix_names(load_helix_cluster(args.helix_cluster))
+    try:
+        text = helix_layout(helix_stages(plan), names, plan.data["model"]["num_layers"])
+    except LayoutError as exc:
+        raise UserError(f"{args.plan}: cannot be a Helix layout: {exc}", exit_code=2) from None
+    if args.output is None:
+        console.file.write(text)
+        return 0
+    write_atomic(args.output, text, UserError)
+    console.print(f"Helix layout written to [bold]{escape(args.output)}[/]", highlight=False)
     return 0
