@@ -16,7 +16,7 @@ from llm_planner.spec import parse_cluster
 def add_import_parser(sub) -> None:
     """Register `import helix` on the CLI's subparsers."""
     p = sub.add_parser("import", help="convert another planner's cluster files into our cluster spec")
-    formats = p.add_subparsers(dest="import_format", required=True)
+    formats = p.add_subparsers(dest="import_format", required=True, help="the file format to import (helix: Helix's cluster .ini and layer profiles)")
     h = formats.add_parser("helix", help="a Helix (ASPLOS'25) cluster .ini and its per-layer profiles")
     h.add_argument("--cluster", required=True, help="Helix cluster file (e.g. config/cluster24.ini)")
     h.add_argument("--machine-profiles", help="Helix machine profile file (default: machine_profiles.ini beside --cluster)")
