@@ -30,6 +30,9 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
                    help="serving: classes of servers one replica's pipeline may mix (default: 3, or 2 when three would "
                         "give over 2,000 candidate layouts)")
     g.add_argument("--max-stages", type=int, default=64, help="serving: pipeline stages of one replica at most (default: 64)")
+    g.add_argument("--max-micro-batches", type=int, default=None,
+                   help="serving: micro-batches in flight per replica at most (default: one per stage; 1 models an engine "
+                        "whose requests move through the pipeline as one batch)")
     g.add_argument("--serving-solver", choices=SERVING_SOLVERS, default="serving",
                    help="serving: the planner's search (default), or write a baseline's layout as the plan")
 
@@ -38,13 +41,15 @@ def serving_options(args: argparse.Namespace):
     from llm_planner.serving.context import ServingOptions
 
     for flag, value, low in (("--max-classes-per-replica", args.max_classes_per_replica or 1, 1), ("--max-stages", args.max_stages, 1),
+                             ("--max-micro-batches", args.max_micro_batches or 1, 1),
                              ("--time-limit", args.time_limit, 1e-3)):
         if not (value == value and low <= value < float("inf")):
             raise UserError(f"{flag} must be at least {low} and finite, got {value!r}", exit_code=2)
     if args.max_tp is not None and args.max_tp < 1:
         raise UserError(f"--max-tp must be >= 1, got {args.max_tp}", exit_code=2)
     return ServingOptions(allow_cpu=args.allow_cpu, max_tp=args.max_tp, exportable=args.exportable,
-                          max_segments=args.max_classes_per_replica, max_stages=args.max_stages, time_limit_s=args.time_limit)
+                          max_segments=args.max_classes_per_replica, max_stages=args.max_stages, time_limit_s=args.time_limit,
+                          max_micro_batches=args.max_micro_batches)
 
 
 def cmd_plan_serving(args: argparse.Namespace, console: Console) -> int:

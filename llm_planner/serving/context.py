@@ -25,6 +25,7 @@ class ServingOptions:
     exportable: str | None = None  # "vllm": only layouts vLLM can run
     max_segments: int | None = None  # classes one replica may mix (None: 3, or 2 for large fleets)
     max_stages: int = 64  # pipeline stages of one replica
+    max_micro_batches: int | None = None  # micro-batches in flight per replica (None: as many as stages)
     time_limit_s: float = 60.0
 
 

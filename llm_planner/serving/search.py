@@ -94,8 +94,7 @@ def evaluate_layouts(ctx: ServingContext, layouts: list[Layout], deadline: float
             log.warning("serving search stopped at its time limit after %d of %d layouts", i, len(layouts))
             return out, i
         model = ctx.replica(layout)
-        micro = [model.p] if ctx.options.exportable == "vllm" else None
-        ev = model.best(micro)
+        ev = model.best(micro_batch_options(ctx, model.p))
         if ev is not None:
             out.append(Pattern(layout=layout, ev=ev))
     return out, len(layouts)
@@ -128,6 +127,15 @@ def priced_order(ctx: ServingContext, layouts: list[Layout], patterns: list[Patt
         if gain > 1e-9:
             scored.append((-gain, len(scored), layout))
     return [layout for _, _, layout in sorted(scored)]
+
+
+def micro_batch_options(ctx: ServingContext, stages: int) -> list[int]:
+    """Micro-batches in flight tried for a pipeline of `stages`: 1, p/2 and p, at most --max-micro-batches;
+    exactly p for vLLM (one batch per stage)."""
+    if ctx.options.exportable == "vllm":
+        return [stages]
+    top = min(stages, ctx.options.max_micro_batches or stages)
+    return sorted({1, max(1, top // 2), top})
 
 
 def solve_serving(ctx: ServingContext) -> tuple[FleetChoice, int, int]:
