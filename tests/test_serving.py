@@ -113,30 +113,40 @@ def test_plan_file_verifies_and_shows(tmp_path, capsys):
     assert "engineer-best" in text and "tokens/s" in text
 
 
-def test_verify_refuses_a_steady_state_that_does_not_fit(tmp_path, capsys):
+def _verify_edited(tmp_path, capsys, edit) -> str:
+    """Plan, edit the file's data, and return what verify prints (it must exit 1)."""
     rc, out = _plan(tmp_path)
     data = yaml.safe_load(out.read_text())
-    rep = data["serving"]["replicas"][0]
-    rep["concurrency"] *= 50  # the derived figures no longer match either; memory and TPOT are named
+    edit(data)
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     capsys.readouterr()
     assert main(["verify", str(out)]) == 1
-    text = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_verify_refuses_a_steady_state_that_does_not_fit(tmp_path, capsys):
+    def more_sequences(data):
+        data["serving"]["replicas"][0]["concurrency"] *= 50  # the derived figures no longer match either
+
+    text = _verify_edited(tmp_path, capsys, more_sequences)
     assert "bytes per device" in text and "usable" in text
 
 
-def test_verify_refuses_a_forged_bound_and_a_shared_device(tmp_path, capsys):
-    rc, out = _plan(tmp_path)
-    data = yaml.safe_load(out.read_text())
-    data["serving"]["upper_bound_tokens_per_s"] = data["serving"]["tokens_per_s"]
-    data["serving"]["gap"], data["serving"]["status"] = 0.0, "optimal"
-    reps = data["serving"]["replicas"]
-    reps[-1]["devices"][0][0] = reps[0]["devices"][0][0] if reps[-1] is not reps[0] else reps[0]["devices"][0][0]
-    out.write_text(yaml.safe_dump(data, sort_keys=False))
-    capsys.readouterr()
-    assert main(["verify", str(out)]) == 1
-    text = capsys.readouterr().out
+def test_verify_refuses_a_forged_bound(tmp_path, capsys):
+    def forge(data):
+        data["serving"]["upper_bound_tokens_per_s"] = data["serving"]["tokens_per_s"]
+        data["serving"]["gap"], data["serving"]["status"] = 0.0, "optimal"
+
+    text = _verify_edited(tmp_path, capsys, forge)
     assert "upper_bound_tokens_per_s" in text and "status: optimal" in text
+
+
+def test_verify_refuses_a_device_used_twice(tmp_path, capsys):
+    def share(data):
+        rep = next(r for r in data["serving"]["replicas"] if len(r["devices"][0]) > 1)
+        rep["devices"][0][1] = rep["devices"][0][0]  # stage 1 on stage 0's devices
+
+    assert "also used by" in _verify_edited(tmp_path, capsys, share)
 
 
 def test_plan_works_from_another_directory(tmp_path, monkeypatch):
