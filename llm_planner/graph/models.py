@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from llm_planner.graph.constants import DTYPE_BYTES, GRANULARITIES, PHASES
@@ -73,12 +72,8 @@ def build_model_graph(spec: ModelSpec) -> TaskGraph:
         return fx.build_resnet_graph(spec.name, dtype=spec.dtype)
     if rwnn.is_rwnn_name(spec.name):
         return rwnn.build_rwnn_graph_from_name(spec.name, seed=spec.seed, dtype=spec.dtype)
-    path = Path(spec.name)
-    if path.is_dir() or path.suffix == ".json":
-        config = transformer.load_config_file(path / "config.json" if path.is_dir() else path)
-    elif transformer.is_preset(spec.name):
-        config = transformer.preset_config(spec.name)
-    else:
+    config = transformer.named_config(spec.name)
+    if config is None:
         names = ", ".join(name for name, _, _ in list_models())
         raise GraphError(f"unknown model {spec.name!r}: not a preset, a config.json or a directory holding one (presets: {names})")
     seq_len = spec.seq_len if spec.seq_len is not None else min(2048, config.max_positions)

@@ -271,6 +271,15 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
     return kw
 
 
+def named_config(name: str) -> DecoderConfig | None:
+    """The decoder a model name means: a config.json, a directory holding one, or a preset; None
+    when it is none of them."""
+    path = Path(name)
+    if path.is_dir() or path.suffix == ".json":
+        return load_config_file(path / "config.json" if path.is_dir() else path)
+    return preset_config(name) if is_preset(name) else None
+
+
 def load_config_file(path: Path) -> DecoderConfig:
     """Read a transformers config.json (gpt2, opt, llama, mistral, qwen2) without importing transformers."""
     path = Path(path)

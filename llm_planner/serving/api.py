@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from llm_planner.serving.assign import assign_devices
-from llm_planner.serving.baselines import BASELINES
+from llm_planner.serving.baselines import engineer_best, engineer_options, megatron
 from llm_planner.serving.bound import tokens_upper_bound
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context, status_of, usable_bytes
 from llm_planner.serving.fleet import FleetChoice
@@ -54,9 +54,10 @@ def plan_serving(*, cluster_path: str, model: str, workload: ServingWorkload, dt
     """The serving plan's data (docs/plan-format.md); raises WorkloadError when nothing serves."""
     started = time.monotonic()
     ctx = build_context(cluster_path, model, workload, dtype, options, profile_path)
-    baselines = {name: f(ctx) for name, f in BASELINES.items()}
+    engineer = engineer_options(ctx)  # the baseline and the search's candidates, evaluated once
+    baselines = {"engineer-best": engineer_best(ctx, engineer), "megatron": megatron(ctx)}
     if solver == "serving":
-        fleet, evaluated, candidates = solve_serving(ctx)
+        fleet, evaluated, candidates = solve_serving(ctx, engineer)
     else:
         fleet, evaluated, candidates = baselines[solver], 0, 0
     solve_s = time.monotonic() - started

@@ -29,11 +29,11 @@ def even_split(layers: int, stages: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def class_patterns(ctx: ServingContext, class_name: str, degrees=None) -> list[tuple[Pattern, int]]:
+def class_patterns(ctx: ServingContext, class_name: str) -> list[tuple[Pattern, int]]:
     """(pattern, replicas the class holds) for every engineer layout of one class."""
     sc = ctx.by_name[class_name]
     out = []
-    for k in degrees or sc.degrees:
+    for k in sc.degrees:
         for n in range(1, min(ctx.tasks.num_layers, sc.num_devices // k) + 1):
             if not sc.block_ok(n * k):
                 continue
@@ -45,14 +45,15 @@ def class_patterns(ctx: ServingContext, class_name: str, degrees=None) -> list[t
     return out
 
 
-def engineer_best(ctx: ServingContext) -> FleetChoice:
-    chosen = []
-    for sc in ctx.classes:
-        if sc.kind.type == "cpu":
-            continue
-        options = class_patterns(ctx, sc.name)
-        if options:
-            chosen.append(max(options, key=lambda pn: pn[0].ev.tokens_per_s * pn[1]))
+def engineer_options(ctx: ServingContext) -> dict[str, list[tuple[Pattern, int]]]:
+    """class_patterns of every GPU class (the serving search takes them as candidates too)."""
+    return {sc.name: class_patterns(ctx, sc.name) for sc in ctx.classes if sc.kind.type != "cpu"}
+
+
+def engineer_best(ctx: ServingContext, options: dict[str, list[tuple[Pattern, int]]] | None = None) -> FleetChoice:
+    """Each class's best layout (options: engineer_options, when already computed)."""
+    options = engineer_options(ctx) if options is None else options
+    chosen = [max(found, key=lambda pn: pn[0].ev.tokens_per_s * pn[1]) for found in options.values() if found]
     return FleetChoice(chosen=tuple(chosen))
 
 
@@ -70,6 +71,3 @@ def megatron(ctx: ServingContext) -> FleetChoice:
                 chosen.append((Pattern(layout=(Segment(sc.name, k, n),), ev=ev), sc.num_devices // (n * k)))
                 break
     return FleetChoice(chosen=tuple(chosen))
-
-
-BASELINES = {"engineer-best": engineer_best, "megatron": megatron}

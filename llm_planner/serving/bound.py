@@ -123,7 +123,6 @@ def tokens_upper_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_
     if any(rate == float("inf") for *_, rate in options):
         return float("inf")
     levels = sorted({j for _, j, _, _, _ in options})
-    names = [sc.name for sc in classes]
     n_y, n_u = len(options), len(levels)
     col = {j: n_y + i for i, j in enumerate(levels)}
     rows, lower, upper = [], [], []

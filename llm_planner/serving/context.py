@@ -4,9 +4,8 @@ the cluster that may serve, their stage costs, the workload and its targets."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from llm_planner.graph.transformer import DecoderConfig, is_preset, load_config_file, preset_config
+from llm_planner.graph.transformer import DecoderConfig, named_config
 from llm_planner.serving.classes import ServerClass, server_classes
 from llm_planner.serving.costs import ServingTasks, build_serving_tasks
 from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
@@ -50,12 +49,11 @@ class ServingContext:
         return ReplicaModel(self.tasks, slots, self.workload.tpot_slo_s, self.workload.ttft_slo_s, self.workload.mean_output_len)
 
 def decoder_config(name: str) -> DecoderConfig:
-    path = Path(name)
-    if path.is_dir() or path.suffix == ".json":
-        return load_config_file(path / "config.json" if path.is_dir() else path)
-    if is_preset(name):
-        return preset_config(name)
-    raise WorkloadError(f"--model {name!r}: --objective serving needs a decoder preset or a config.json")
+    config = named_config(name)
+    if config is None:
+        raise WorkloadError(f"--model {name!r}: --objective serving needs a decoder preset or a config.json")
+    return config
+
 
 class MeasuredLayerTime:
     """A device kind's measured block time at b sequences in flight per iteration: the decode table

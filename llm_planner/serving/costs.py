@@ -97,12 +97,8 @@ _SCALED = ("flops_per_sample", "bytes_per_sample", "tp_replicated_bytes_per_samp
            "tp_allgather_bytes_per_sample")
 
 
-def _parts(config: DecoderConfig, phase: str, seq_len: int, dtype: str) -> dict[str, Task]:
-    return _parts_cached(config, phase, seq_len, dtype)
-
-
 @lru_cache(maxsize=256)
-def _parts_cached(config: DecoderConfig, phase: str, seq_len: int, dtype: str) -> dict[str, Task]:
+def _parts(config: DecoderConfig, phase: str, seq_len: int, dtype: str) -> dict[str, Task]:
     graph = build_decoder_graph(dataclasses.replace(config, num_layers=1), phase=phase, seq_len=seq_len,
                                 granularity="block", dtype=dtype)
     by_name = {t.name: t for t in graph.tasks}

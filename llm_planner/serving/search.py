@@ -20,7 +20,7 @@ import time
 import numpy as np
 from scipy.optimize import linprog
 
-from llm_planner.serving.baselines import class_patterns
+from llm_planner.serving.baselines import engineer_options
 from llm_planner.serving.bound import device_rate_bound
 from llm_planner.serving.context import ServingContext
 from llm_planner.serving.fleet import FleetChoice, solve_fleet
@@ -138,7 +138,7 @@ def micro_batch_options(ctx: ServingContext, stages: int) -> list[int]:
     return sorted({1, max(1, top // 2), top})
 
 
-def solve_serving(ctx: ServingContext) -> tuple[FleetChoice, int, int]:
+def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[FleetChoice, int, int]:
     """The best fleet found, the layouts evaluated and the candidates.
 
     Column generation with an optimistic price check: a layout whose optimistic tokens/s does
@@ -147,7 +147,8 @@ def solve_serving(ctx: ServingContext) -> tuple[FleetChoice, int, int]:
     layouts, until none is left or the time limit (the plan says how many were evaluated)."""
     started = time.monotonic()
     deadline = started + ctx.options.time_limit_s
-    patterns = [p for sc in ctx.classes if sc.kind.type != "cpu" for p, _ in class_patterns(ctx, sc.name)]
+    engineer = engineer_options(ctx) if engineer is None else engineer
+    patterns = [p for found in engineer.values() for p, _ in found]
     layouts = candidate_layouts(ctx)
     rates = {sc.name: device_rate_bound(ctx.cache, sc, ctx.workload.tpot_slo_s) for sc in ctx.classes}
     todo, evaluated = priced_order(ctx, layouts, patterns, rates), 0
