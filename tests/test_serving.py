@@ -4,17 +4,23 @@ against a brute force, the bound above every plan, verify's refusals, and bad in
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import yaml
 
 from llm_planner.cli import main
+from llm_planner.graph.transformer import preset_config
 from llm_planner.serving.baselines import class_patterns, engineer_best, even_split, megatron
 from llm_planner.serving.bound import tokens_upper_bound
+from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.layout import Segment
 from llm_planner.serving.replica import micro_batch_sizes
 from llm_planner.serving.search import solve_serving
-from serving_fixtures import context, write_fleet
+from llm_planner.spec import load_cluster
+from serving_fixtures import context, workload, write_fleet
 
 BIG, SMALL = "bigbox/big", "smallbox/small"
 
@@ -206,3 +212,45 @@ def test_cpu_stages_only_when_allowed(tmp_path):
     ctx = context(tmp_path, "gpt2", allow_cpu=True)
     cpus = [c for c in ctx.classes if c.kind.type == "cpu"]
     assert cpus and all(c.degrees == (1,) for c in cpus)
+
+
+@pytest.fixture(scope="module", params=["mixed", "four-gpus"])
+def bound_ctx(request, tmp_path_factory):
+    """Two fleets and the bound on each: classes mixed, and the example four-GPU server where the
+    bound is within a few percent of the best plan (a bound cut too low fails there)."""
+    if request.param == "mixed":
+        cluster = load_cluster(write_fleet(tmp_path_factory.mktemp("bound")))
+    else:
+        cluster = load_cluster(str(Path(__file__).resolve().parents[1] / "cluster_specs" / "four-gpus.yaml"))
+    model = "llama2-13b" if request.param == "mixed" else "llama3-8b"
+    ctx = ServingContext(cluster, preset_config(model), workload(256, 128, 0.03), "fp16", ServingOptions())
+    return ctx, tokens_upper_bound(ctx.cache, ctx.classes, 0.03)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_bound_holds_for_any_fleet(bound_ctx, data):
+    """Any set of replicas the model can express on disjoint devices (classes mixed, degrees,
+    micro-batches, each at its best concurrency and split) serves no more than the bound."""
+    ctx, bound = bound_ctx
+    left, total = dict(ctx.capacity), 0.0
+    while any(left.values()) and data.draw(st.booleans() if total else st.just(True)):
+        model = ctx.replica(_draw_layout(data, ctx, left))
+        ev = model.best_at(data.draw(st.integers(1, model.p))) if model.p <= ctx.tasks.num_layers else None
+        total += ev.tokens_per_s if ev is not None else 0.0
+    assert total <= bound * (1 + 1e-9)
+
+
+def _draw_layout(data, ctx, left: dict) -> tuple:
+    """Up to three segments on devices still free (`left` is updated)."""
+    layout = []
+    for _ in range(data.draw(st.integers(1, 3))):
+        free = sorted(n for n, c in left.items() if c > 0)
+        if not free:
+            break
+        name = data.draw(st.sampled_from(free))
+        k = data.draw(st.sampled_from([d for d in ctx.by_name[name].degrees if d <= left[name]]))
+        n = data.draw(st.integers(1, left[name] // k))
+        layout.append(Segment(name, k, n))
+        left[name] -= k * n
+    return tuple(layout)

@@ -34,8 +34,16 @@ at level j (continuous: a relaxation) and u_j in {0, 1} whether level j is used:
     s.t.  sum_{k,l,j} y_{c,k,l,j} <= N_c                      (each device in one stage)
           sum_{c,k,l} y_{c,k,l,j} l / k >= L u_j               (a level in use holds a model copy)
           sum_{k,l} y_{c,k,l,j} <= N_c u_j                     (no device at an unused level)
+          sum_{c,k,l} y_{c,k,l,j} (tau_{c,k,l} - (T / L) l / k) <= 0   (round trips within the target)
 
-solved as a small MILP (HiGHS; its dual bound if it stops early). It forbids a replica whose
+The last row: a replica's round trip is at least the sum over its stages of step + l t_min
+(t_min: a layer's least time on any micro-batch of at least one sequence) and at most the
+target T, while its stages' l add up to L. Shared by the stage's k devices, tau = (step + l
+t_min) / k, so sum over the replica's devices of (tau - (T / L) l / k) <= T - T = 0, and the
+sum over the replicas at one level too. It keeps a deep pipeline of single devices, each
+fast at its own few layers, from counting when the layers one after another cannot meet T.
+
+Solved as a small MILP (HiGHS; its dual bound if it stops early). It forbids a replica whose
 devices hold one layer each with a concurrency their memory over the whole model cannot hold. It holds for every plan of the model the planner can express (any split, degrees, micro-batches,
 concurrency, replicas mixing classes); what it leaves out (fixed costs, hand-offs, the m weight
 reads, the last layer's head) only makes it larger. A single device of a profiled class uses
@@ -106,6 +114,16 @@ def _measured_rate(costs, k: int, layers: int, tpot_slo_s: float, c_cap: float =
     return best
 
 
+def _least_block_s(costs) -> float:
+    """The least time of one decoder layer on any micro-batch of at least one sequence: at one
+    sequence on the roofline (its pieces grow with b), the least breakpoint of a measured table
+    (piecewise linear: its least value over b >= 1 is at 1 or at a breakpoint)."""
+    t = getattr(costs, "layer_time", None)
+    if t is None:
+        return costs.part_s("block", 1)
+    return min(t(x) for x in {1.0, *(x for x in t.breakpoints if x >= 1.0)})
+
+
 def _rightmost_within(x0: float, x1: float, y0: float, y1: float, limit: float) -> float | None:
     """The largest x in [x0, x1] where the line through (x0, y0), (x1, y1) is at most limit."""
     if y1 <= limit:
@@ -120,9 +138,9 @@ def tokens_upper_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_
     options = _level_options(cache, classes, tpot_slo_s)
     if not options:
         return 0.0
-    if any(rate == float("inf") for *_, rate in options):
+    if any(o[4] == float("inf") for o in options):
         return float("inf")
-    levels = sorted({j for _, j, _, _, _ in options})
+    levels = sorted({o[1] for o in options})
     n_y, n_u = len(options), len(levels)
     col = {j: n_y + i for i, j in enumerate(levels)}
     rows, lower, upper = [], [], []
@@ -130,12 +148,16 @@ def tokens_upper_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_
         rows.append({i: 1.0 for i, o in enumerate(options) if o[0] == sc.name})
         lower.append(-np.inf)
         upper.append(sc.num_devices)
+    per_layer_s = tpot_slo_s / cache.tasks.num_layers
     for j in levels:  # a level in use holds at least one copy of the model
         row = {i: o[3] for i, o in enumerate(options) if o[1] == j}
         row[col[j]] = -float(cache.tasks.num_layers)
         rows.append(row)
         lower.append(0.0)
         upper.append(np.inf)
+        rows.append({i: o[5] - per_layer_s * o[3] for i, o in enumerate(options) if o[1] == j})  # round trips
+        lower.append(-np.inf)
+        upper.append(0.0)
         for sc in classes:  # no device at an unused level
             row = {i: 1.0 for i, o in enumerate(options) if o[1] == j and o[0] == sc.name}
             if row:
@@ -166,14 +188,15 @@ LEVEL_RATIO = 1.25  # concurrency levels of the bound: 1, 1.25, 1.5625, ...
 
 
 def _level_options(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: float) -> list[tuple]:
-    """(class, level j, degree k, device-layers l / k, rate) for every stage a device may sit in
-    when its replica's concurrency is in [C_j, C_{j+1}): memory must hold C_j, the rate is taken
-    at C_{j+1} (it grows with C)."""
+    """(class, level j, degree k, device-layers l / k, rate, round-trip share) for every stage a
+    device may sit in when its replica's concurrency is in [C_j, C_{j+1}): memory must hold C_j,
+    the rate is taken at C_{j+1} (it grows with C); the round-trip share is (step + l t_min) / k."""
     out = []
     for sc in classes:
         for k in sc.degrees:
             costs = cache.get(sc.name, k)
             rate_of = _measured_rate if getattr(costs, "layer_time", None) is not None else _roofline_rate
+            block_min = _least_block_s(costs)
             for layers in range(1, cache.tasks.num_layers + 1):
                 room = costs.usable_bytes - layers * costs.weight_bytes["block"]
                 if room < layers * costs.kv_bytes_per_seq:
@@ -183,6 +206,6 @@ def _level_options(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_
                 while c <= c_fit:
                     rate = rate_of(costs, k, layers, tpot_slo_s, c * LEVEL_RATIO)
                     if rate > 0:
-                        out.append((sc.name, j, k, layers / k, rate))
+                        out.append((sc.name, j, k, layers / k, rate, (costs.step_s + layers * block_min) / k))
                     j, c = j + 1, c * LEVEL_RATIO
     return out
