@@ -1,5 +1,9 @@
 """An upper bound on the output tokens/s of *any* serving plan of the model on the cluster.
 
+`tokens_upper_bound` is the lesser of the MILP below (concurrency levels) and the one of
+llm_planner.serving.bound_batches (concurrency and micro-batch levels); each holds alone. The
+per-device rates below also order the search's candidates (llm_planner.serving.search).
+
 Take any plan (replicas of pipeline stages, each a device or a tensor-parallel group of k
 devices of one class holding l >= 1 decoder layers, C sequences in flight, m micro-batches)
 and one of its stages. Its block time on b sequences is max_j(f_j + s_j b) with f_j, s_j >= 0
@@ -56,6 +60,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from llm_planner.serving.bound_batches import batch_level_bound
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layout import CostCache
 
@@ -134,7 +139,13 @@ def _rightmost_within(x0: float, x1: float, y0: float, y1: float, limit: float) 
 
 
 def tokens_upper_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: float) -> float:
-    """Output tokens/s no plan exceeds (module docstring): the MILP over concurrency levels."""
+    """Output tokens/s no plan exceeds: the lesser of the MILP over concurrency levels (module
+    docstring) and the one over concurrency and micro-batch levels (bound_batches); each holds."""
+    return min(concurrency_level_bound(cache, classes, tpot_slo_s), batch_level_bound(cache, classes, tpot_slo_s))
+
+
+def concurrency_level_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: float) -> float:
+    """The MILP over concurrency levels (module docstring)."""
     options = _level_options(cache, classes, tpot_slo_s)
     if not options:
         return 0.0
