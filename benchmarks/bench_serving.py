@@ -44,6 +44,7 @@ ROWS = [
     *[(f"llama3-8b/cpu-two-gpus/{int(t * 1e3)}ms", "cpu-two-gpus", "llama3-8b", 512, 256, t, None) for t in (0.05, 0.1)],
     *[(f"llama2-13b/rtx4090-workstation/{int(t * 1e3)}ms", "rtx4090-workstation", "llama2-13b", 512, 256, t, None)
       for t in (0.05, 0.1)],
+    *[(f"llama2-70b/a100-l4-t4-cloud/{int(t * 1e3)}ms", "a100-l4-t4-cloud", "llama2-70b", 512, 256, t, None) for t in (0.2, 1.0)],
     *[(f"llama2-70b/helix-cluster24/{t:g}s", "helix:cluster24", "llama2-70b", HELIX_PROMPT, HELIX_OUTPUT, t, "helix")
       for t in (0.5, 1.0)],
 ]
