@@ -45,19 +45,42 @@ def rows(profile_path: str, cluster_path: str) -> list[tuple[str, str, int, floa
             if timing is None or timing.task != task.name:
                 continue
             for b, measured in zip(timing.batch_sizes, timing.median_s):
-                out.append((kind_name, task.name, b, cost.estimate_task_time_s(task, kind, graph.meta_dict()["dtype"], b), measured))
+                out.append(
+                    (
+                        kind_name,
+                        task.name,
+                        b,
+                        cost.estimate_task_time_s(task, kind, graph.meta_dict()["dtype"], b),
+                        measured,
+                    )
+                )
     return out
 
 
-PROFILE_ARGS = ["--model", "gpt2", "--seq-len", "256", "--dtype", "fp32", "--batch-sizes", "1,4", "--granularity", "sublayer",
-                "--max-blocks", "2"]
+PROFILE_ARGS = [
+    "--model",
+    "gpt2",
+    "--seq-len",
+    "256",
+    "--dtype",
+    "fp32",
+    "--batch-sizes",
+    "1,4",
+    "--granularity",
+    "sublayer",
+    "--max-blocks",
+    "2",
+]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", help="a profile to compare (default: take one of GPT-2 with PROFILE_ARGS)")
-    parser.add_argument("--cluster", default=str(REPO / "cluster_specs" / "localhost-2cpu.yaml"),
-                        help="the cluster spec whose roofline to compare (default: localhost-2cpu)")
+    parser.add_argument(
+        "--cluster",
+        default=str(REPO / "cluster_specs" / "localhost-2cpu.yaml"),
+        help="the cluster spec whose roofline to compare (default: localhost-2cpu)",
+    )
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "cost-model"))
     args = parser.parse_args()
     facts = provenance.start(sys.argv)
@@ -66,9 +89,26 @@ def main() -> None:
     profile = args.profile
     if profile is None:
         profile = str(out / "profile.yaml")
-        subprocess.run([sys.executable, "-m", "llm_planner.cli", "profile", "--cluster", args.cluster, *PROFILE_ARGS, "-o", profile],
-                       check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-    lines = ["| device kind | task | batch | roofline | measured | measured / roofline |", "|---|---|---:|---:|---:|---:|"]
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "llm_planner.cli",
+                "profile",
+                "--cluster",
+                args.cluster,
+                *PROFILE_ARGS,
+                "-o",
+                profile,
+            ],
+            check=True,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+        )
+    lines = [
+        "| device kind | task | batch | roofline | measured | measured / roofline |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for kind, task, b, predicted, measured in rows(profile, args.cluster):
         lines.append(f"| {kind} | {task} | {b} | {fmt_s(predicted)} | {fmt_s(measured)} | {measured / predicted:.2f} |")
     print("\n".join(lines))

@@ -59,14 +59,31 @@ class Run:
 def helix_rows() -> dict[str, tuple[list[Run], float]]:
     """Helix's own offline LLaMA-2 70B rows for its 24-machine cluster, with the numbers it reports."""
     layouts = f"{SINGLE}/layout_llama70b"
-    separate = [Run(cluster=f"{SINGLE}/config/{gpu}.ini", layout=f"{layouts}/separate/{gpu}_solution_file.ini",
-                    simulator_cluster=f"{layouts}/separate/{gpu}_simulator_cluster.ini", scheduler="naive",
-                    initial_queries=queries, force_set=True)
-                for gpu, queries in (("a100", 18), ("l4", 40), ("t4", 3))]
-    return {"helix-milp": ([Run(cluster=f"{SINGLE}/config/cluster24.ini", layout=f"{layouts}/ilp/ilp_sol.ini",
-                                simulator_cluster=f"{layouts}/ilp/simulator_cluster.ini")], 252.1),
-            "separate-pipelines": (separate, 124.3),
-            "helix-milp-roundtrip": ([], None)}  # filled by roundtrip_run
+    separate = [
+        Run(
+            cluster=f"{SINGLE}/config/{gpu}.ini",
+            layout=f"{layouts}/separate/{gpu}_solution_file.ini",
+            simulator_cluster=f"{layouts}/separate/{gpu}_simulator_cluster.ini",
+            scheduler="naive",
+            initial_queries=queries,
+            force_set=True,
+        )
+        for gpu, queries in (("a100", 18), ("l4", 40), ("t4", 3))
+    ]
+    return {
+        "helix-milp": (
+            [
+                Run(
+                    cluster=f"{SINGLE}/config/cluster24.ini",
+                    layout=f"{layouts}/ilp/ilp_sol.ini",
+                    simulator_cluster=f"{layouts}/ilp/simulator_cluster.ini",
+                )
+            ],
+            252.1,
+        ),
+        "separate-pipelines": (separate, 124.3),
+        "helix-milp-roundtrip": ([], None),
+    }  # filled by roundtrip_run
 
 
 def roundtrip_run(checkout: Path, scratch: Path) -> list[Run]:
@@ -87,17 +104,38 @@ def roundtrip_run(checkout: Path, scratch: Path) -> list[Run]:
     return [Run(cluster=row.cluster, layout=str(layout))]
 
 
-def simulate(run: Run, checkout: Path, python: str, profiles: str, warm_up_s: float = 60.0, duration_s: float = 600.0) -> dict:
+def simulate(
+    run: Run, checkout: Path, python: str, profiles: str, warm_up_s: float = 60.0, duration_s: float = 600.0
+) -> dict:
     """Run the harness on one layout; its HELIX_RESULT line as a dict."""
     at = lambda p: str(p if Path(p).is_absolute() else checkout / p)  # noqa: E731
-    cmd = [python, str(HARNESS), "--cluster", at(run.cluster), "--machine-profiles", at(profiles),
-           "--layout", at(run.layout), "--scheduler", run.scheduler, "--initial-queries", str(run.initial_queries),
-           "--warm-up", str(warm_up_s), "--duration", str(duration_s)]
+    cmd = [
+        python,
+        str(HARNESS),
+        "--cluster",
+        at(run.cluster),
+        "--machine-profiles",
+        at(profiles),
+        "--layout",
+        at(run.layout),
+        "--scheduler",
+        run.scheduler,
+        "--initial-queries",
+        str(run.initial_queries),
+        "--warm-up",
+        str(warm_up_s),
+        "--duration",
+        str(duration_s),
+    ]
     if run.simulator_cluster:
         cmd += ["--simulator-cluster", at(run.simulator_cluster)]
     if run.force_set:
         cmd.append("--force-set")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(checkout), os.environ.get("PYTHONPATH")))), "MPLBACKEND": "Agg"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(checkout), os.environ.get("PYTHONPATH")))),
+        "MPLBACKEND": "Agg",
+    }
     with tempfile.TemporaryDirectory(prefix="helix-run-") as work:
         done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("HELIX_RESULT ")]
@@ -107,30 +145,49 @@ def simulate(run: Run, checkout: Path, python: str, profiles: str, warm_up_s: fl
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| layout | decode tokens/s (Helix's simulator) | Helix reports | simulations | wall |", "|---|---|---|---|---|"]
+    lines = [
+        "| layout | decode tokens/s (Helix's simulator) | Helix reports | simulations | wall |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
         reported = f"{r['helix_reported']:.1f}" if r["helix_reported"] else "-"
-        lines.append(f"| {r['row']} | {r['decode_tokens_per_s']:.1f} | {reported} | {r['runs']} | {r['wall_s']:.0f} s |")
+        lines.append(
+            f"| {r['row']} | {r['decode_tokens_per_s']:.1f} | {reported} | {r['runs']} | {r['wall_s']:.0f} s |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("layouts", nargs="*", help="Helix layout files to score on --cluster (default: Helix's own rows)")
-    parser.add_argument("--cluster", default=f"{SINGLE}/config/cluster24.ini", help="Helix cluster file for the layouts")
+    parser.add_argument(
+        "layouts", nargs="*", help="Helix layout files to score on --cluster (default: Helix's own rows)"
+    )
+    parser.add_argument(
+        "--cluster", default=f"{SINGLE}/config/cluster24.ini", help="Helix cluster file for the layouts"
+    )
     parser.add_argument("--machine-profiles", default=f"{SINGLE}/config/machine_profiles.ini")
-    parser.add_argument("--rows", nargs="*", help="these of the built-in rows (helix-milp, separate-pipelines, "
-                        "helix-milp-roundtrip; default: all of them when no layout is given)")
-    parser.add_argument("--duration", type=float, default=600.0, help="simulated seconds counted (Helix: 600; less for a smoke test)")
+    parser.add_argument(
+        "--rows",
+        nargs="*",
+        help="these of the built-in rows (helix-milp, separate-pipelines, "
+        "helix-milp-roundtrip; default: all of them when no layout is given)",
+    )
+    parser.add_argument(
+        "--duration", type=float, default=600.0, help="simulated seconds counted (Helix: 600; less for a smoke test)"
+    )
     parser.add_argument("--warm-up", type=float, default=60.0, help="simulated seconds before counting (Helix: 60)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="simulations run at once")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "helix"))
     args = parser.parse_args()
     if not os.environ.get("LLM_PLANNER_HELIX") or not os.environ.get("LLM_PLANNER_HELIX_PYTHON"):
-        sys.exit("set LLM_PLANNER_HELIX to a Helix checkout and LLM_PLANNER_HELIX_PYTHON to the Python of its environment")
+        sys.exit(
+            "set LLM_PLANNER_HELIX to a Helix checkout and LLM_PLANNER_HELIX_PYTHON to the Python of its environment"
+        )
     checkout, python = Path(os.environ["LLM_PLANNER_HELIX"]), os.environ["LLM_PLANNER_HELIX_PYTHON"]
     facts = provenance.start(sys.argv)
-    chosen = {k: v for k, v in helix_rows().items() if (args.rows is None and not args.layouts) or k in (args.rows or ())}
+    chosen = {
+        k: v for k, v in helix_rows().items() if (args.rows is None and not args.layouts) or k in (args.rows or ())
+    }
     scratch = Path(tempfile.mkdtemp(prefix="helix-layouts-"))
     if "helix-milp-roundtrip" in chosen:
         chosen["helix-milp-roundtrip"] = (roundtrip_run(checkout, scratch), None)
@@ -146,7 +203,9 @@ def main() -> None:
     def one(item: tuple[str, Run]) -> dict:
         result = simulate(item[1], checkout, python, args.machine_profiles, args.warm_up, args.duration)
         with open(log, "a") as f:
-            layout = item[1].layout if not Path(item[1].layout).is_absolute() else Path(item[1].layout).name  # no machine paths
+            layout = (
+                item[1].layout if not Path(item[1].layout).is_absolute() else Path(item[1].layout).name
+            )  # no machine paths
             f.write(json.dumps({"row": item[0], "layout": layout, **result}) + "\n")
         return result
 
@@ -155,10 +214,21 @@ def main() -> None:
     rows = []
     for name, (row_runs, reported) in chosen.items():
         mine = [res for (n, _), res in zip(runs, results) if n == name]
-        rows.append({"row": name, "decode_tokens_per_s": sum(r["decode_tokens_per_s"] for r in mine), "helix_reported": reported,
-                     "runs": len(mine), "wall_s": max(r["wall_s"] for r in mine)})
-        print(f"{name}: {rows[-1]['decode_tokens_per_s']:.1f} decode tokens/s"
-              + (f" (Helix reports {reported})" if reported else "") + f", {[round(r['decode_tokens_per_s'], 1) for r in mine]}", flush=True)
+        rows.append(
+            {
+                "row": name,
+                "decode_tokens_per_s": sum(r["decode_tokens_per_s"] for r in mine),
+                "helix_reported": reported,
+                "runs": len(mine),
+                "wall_s": max(r["wall_s"] for r in mine),
+            }
+        )
+        print(
+            f"{name}: {rows[-1]['decode_tokens_per_s']:.1f} decode tokens/s"
+            + (f" (Helix reports {reported})" if reported else "")
+            + f", {[round(r['decode_tokens_per_s'], 1) for r in mine]}",
+            flush=True,
+        )
     facts["helix_commit"] = os.environ.get("LLM_PLANNER_HELIX_COMMIT") or _git_head(checkout)
     facts["total_wall_s"] = round(time.perf_counter() - started, 1)
     facts["helix_python"] = {k: results[0].get(k) for k in ("python", "numpy", "networkx")}
@@ -173,7 +243,9 @@ def main() -> None:
 
 def _git_head(checkout: Path) -> str | None:
     try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
 

@@ -46,13 +46,18 @@ MODEL = ["--model", "gpt2", "--phase", "decode", "--seq-len", "16", "--dtype", "
 CASES = {
     "gpt2-latency-tp": {"batch_sizes": "1,2", "plan": ["--objective", "latency", "--solver", "megatron"]},
     "gpt2-latency": {"batch_sizes": "1,2", "plan": ["--objective", "latency", "--solver", "milp-split"]},
-    "gpt2-throughput-b4": {"batch_sizes": "1,2,4", "plan": ["--objective", "throughput", "--batch", "4", "--solver", "milp-split"]},
+    "gpt2-throughput-b4": {
+        "batch_sizes": "1,2,4",
+        "plan": ["--objective", "throughput", "--batch", "4", "--solver", "milp-split"],
+    },
 }
 
 
 def _cli(args: list[str], log: Path) -> None:
     with open(log, "a") as out:
-        proc = subprocess.run([*CLI, *args], stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        proc = subprocess.run(
+            [*CLI, *args], stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+        )
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(args[:2])} failed (exit {proc.returncode}); see {log}")
 
@@ -69,12 +74,38 @@ def run_case(name: str, cluster: str, out: Path, scratch: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     log.write_text("")
     common = ["--cluster", cluster, *MODEL]
-    _cli(["profile", *common, "--mpi", "--batch-sizes", case["batch_sizes"], "--repetitions", "10",
-          "--workdir", str(scratch / "profile"), "-o", str(out / "profile.yaml")], log)
+    _cli(
+        [
+            "profile",
+            *common,
+            "--mpi",
+            "--batch-sizes",
+            case["batch_sizes"],
+            "--repetitions",
+            "10",
+            "--workdir",
+            str(scratch / "profile"),
+            "-o",
+            str(out / "profile.yaml"),
+        ],
+        log,
+    )
     _cli(["plan", *common, *case["plan"], "--profile", str(out / "profile.yaml"), "-o", str(out / "plan.yaml")], log)
     load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
-    _cli(["launch", str(out / "plan.yaml"), "--measure", "--max-new-tokens", "16", "--report", str(out / "run.json"),
-          "--workdir", str(scratch / "launch")], log)
+    _cli(
+        [
+            "launch",
+            str(out / "plan.yaml"),
+            "--measure",
+            "--max-new-tokens",
+            "16",
+            "--report",
+            str(out / "run.json"),
+            "--workdir",
+            str(scratch / "launch"),
+        ],
+        log,
+    )
     shutil.copy(scratch / "launch" / "measure.json", out / "measure.json")
     _scrub(out, scratch)
     return _row(name, out, load)
@@ -85,20 +116,38 @@ def _row(name: str, out: Path, load: str) -> dict:
 
     plan = yaml.safe_load((out / "plan.yaml").read_text())
     run = json.loads((out / "run.json").read_text())
-    groups = sorted({d if isinstance(d, str) else "+".join(d) for s in plan["shards"] for d in s["assignment"].values()})
-    return {"case": name, "predicted_s": run["predicted_s"], "measured_s": run["measured_s"], "unit": run["unit"],
-            "error": run["measured_s"] / run["predicted_s"] - 1, "what": run["measured_what"], "batches": run.get("batches", 1),
-            "shards": plan["shards"] and [s["size"] for s in plan["shards"]], "devices": groups, "solver": plan["solver"]["name"],
-            "load_before_launch": load}
+    groups = sorted(
+        {d if isinstance(d, str) else "+".join(d) for s in plan["shards"] for d in s["assignment"].values()}
+    )
+    return {
+        "case": name,
+        "predicted_s": run["predicted_s"],
+        "measured_s": run["measured_s"],
+        "unit": run["unit"],
+        "error": run["measured_s"] / run["predicted_s"] - 1,
+        "what": run["measured_what"],
+        "batches": run.get("batches", 1),
+        "shards": plan["shards"] and [s["size"] for s in plan["shards"]],
+        "devices": groups,
+        "solver": plan["solver"]["name"],
+        "load_before_launch": load,
+    }
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| case | run | plan (solver: shards, devices) | predicted | measured | error |", "|---|---:|---|---:|---:|---:|"]
+    lines = [
+        "| case | run | plan (solver: shards, devices) | predicted | measured | error |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
     for i, r in enumerate(rows):
         scale, unit = (1e3, "ms") if r["unit"] == "s" else (1e3, "ms/sample")
-        layout = f"{r['solver']}: shards {r['shards']}, {', '.join(r['devices'])}" + (f"; {r['batches']} batches in flight" if r["batches"] > 1 else "")
-        lines.append(f"| {r['case']} | {r['run']} | {layout} | {r['predicted_s'] * scale:.2f} {unit} | "
-                     f"{r['measured_s'] * scale:.2f} {unit} | {100 * r['error']:+.1f}% |")
+        layout = f"{r['solver']}: shards {r['shards']}, {', '.join(r['devices'])}" + (
+            f"; {r['batches']} batches in flight" if r["batches"] > 1 else ""
+        )
+        lines.append(
+            f"| {r['case']} | {r['run']} | {layout} | {r['predicted_s'] * scale:.2f} {unit} | "
+            f"{r['measured_s'] * scale:.2f} {unit} | {100 * r['error']:+.1f}% |"
+        )
     return "\n".join(lines)
 
 

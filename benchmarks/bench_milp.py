@@ -45,25 +45,56 @@ MODELS = (
     ("rwnn-ws-3x64", ModelSpec(name="rwnn-ws-3x64")),
     ("gpt2 prefill 1024", ModelSpec(name="gpt2", phase="prefill", seq_len=1024)),
 )
-COLUMNS = ("instance", "objective", "batch", "tasks", "contiguous", "milp_s", "bound_s", "gap", "status", "time_s",
-           "vars", "integer", "rows", "nodes", "baseline", "baseline_s", "vs_baseline")
+COLUMNS = (
+    "instance",
+    "objective",
+    "batch",
+    "tasks",
+    "contiguous",
+    "milp_s",
+    "bound_s",
+    "gap",
+    "status",
+    "time_s",
+    "vars",
+    "integer",
+    "rows",
+    "nodes",
+    "baseline",
+    "baseline_s",
+    "vs_baseline",
+)
 
 
 def run_one(name: str, problem, options: SolveOptions) -> dict:
     """Solve one instance; a row of the table (an infeasible one keeps the solver's message)."""
     base = best_baseline(problem)
-    row = {"instance": name, "objective": problem.objective, "batch": problem.batch_size, "tasks": problem.num_tasks,
-           "contiguous": options.contiguous, "baseline": base.solver.name.removeprefix("baseline:") if base else "none",
-           "baseline_s": base.objective_s if base else float("nan")}
+    row = {
+        "instance": name,
+        "objective": problem.objective,
+        "batch": problem.batch_size,
+        "tasks": problem.num_tasks,
+        "contiguous": options.contiguous,
+        "baseline": base.solver.name.removeprefix("baseline:") if base else "none",
+        "baseline_s": base.objective_s if base else float("nan"),
+    }
     started = time.perf_counter()
     try:
         plan = solve(problem, options)
     except SolveError as exc:
         return {**row, "status": f"error: {exc}", "time_s": time.perf_counter() - started}
     d = plan.solver.details
-    row.update(milp_s=plan.objective_s, bound_s=plan.lower_bound_s, gap=plan.gap, status=plan.solver.status,
-               time_s=time.perf_counter() - started, vars=d.get("num_vars", "-"), integer=d.get("num_integer", "-"),
-               rows=d.get("num_rows", "-"), nodes=d.get("nodes", "-"))  # "-": a bound proved the warm start before any model
+    row.update(
+        milp_s=plan.objective_s,
+        bound_s=plan.lower_bound_s,
+        gap=plan.gap,
+        status=plan.solver.status,
+        time_s=time.perf_counter() - started,
+        vars=d.get("num_vars", "-"),
+        integer=d.get("num_integer", "-"),
+        rows=d.get("num_rows", "-"),
+        nodes=d.get("nodes", "-"),
+    )  # "-": a bound proved the warm start before any model
     if base is not None and base.objective_s > 0:
         row["vs_baseline"] = plan.objective_s / base.objective_s
     return row
@@ -99,8 +130,14 @@ def workload_rows(args) -> list[dict]:
 
 
 def _options(args, *, contiguous: bool = False) -> SolveOptions:
-    return SolveOptions(solver="milp", backend=args.backend, time_limit_s=args.time_limit, rel_gap=args.gap,
-                        threads=args.threads, contiguous=contiguous)
+    return SolveOptions(
+        solver="milp",
+        backend=args.backend,
+        time_limit_s=args.time_limit,
+        rel_gap=args.gap,
+        threads=args.threads,
+        contiguous=contiguous,
+    )
 
 
 def _fmt(value) -> str:
@@ -119,10 +156,15 @@ def print_row(row: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("suite", choices=("models", "workloads"))
-    parser.add_argument("--cluster", default=str(REPO / "cluster_specs" / "cpu-two-gpus.yaml"), help="models suite: cluster spec")
+    parser.add_argument(
+        "--cluster", default=str(REPO / "cluster_specs" / "cpu-two-gpus.yaml"), help="models suite: cluster spec"
+    )
     published = os.environ.get("LLM_PLANNER_WORKLOADS") or REPO.parent / "shared" / "workloads" / "dnn-partitioning"
-    parser.add_argument("--workloads", default=str(Path(published) / "throughput-inputs"),
-                        help="workloads suite: the throughput-inputs folder")
+    parser.add_argument(
+        "--workloads",
+        default=str(Path(published) / "throughput-inputs"),
+        help="workloads suite: the throughput-inputs folder",
+    )
     parser.add_argument("--objectives", nargs="+", choices=("latency", "throughput"), default=["latency", "throughput"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--only", nargs="*", default=[], help="run only instances whose name contains one of these")
@@ -130,8 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap", type=float, default=1e-4, help="relative MIP gap")
     parser.add_argument("--threads", type=int, default=1, help="solver threads (default 1, for comparable timings)")
     parser.add_argument("--backend", choices=("highs", "gurobi"), default="highs")
-    parser.add_argument("--out", default=None, help="folder for results.csv, table.md and meta.json "
-                                                      "(default: benchmarks/results/milp-<suite>)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="folder for results.csv, table.md and meta.json (default: benchmarks/results/milp-<suite>)",
+    )
     args = parser.parse_args(argv)
     facts = provenance.start(sys.argv if argv is None else [sys.argv[0], *argv])
     rows = model_rows(args) if args.suite == "models" else workload_rows(args)

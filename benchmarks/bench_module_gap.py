@@ -34,8 +34,26 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 
-COLUMNS = ["model", "cluster", "batch", "module", "tasks", "edges", "input_device", "output_device",
-           "heft_ms", "moves_ms", "ils_ms", "ils_s", "milp_ms", "milp_bound_ms", "milp_status", "milp_s", "split_bound_ms", "gap"]
+COLUMNS = [
+    "model",
+    "cluster",
+    "batch",
+    "module",
+    "tasks",
+    "edges",
+    "input_device",
+    "output_device",
+    "heft_ms",
+    "moves_ms",
+    "ils_ms",
+    "ils_s",
+    "milp_ms",
+    "milp_bound_ms",
+    "milp_status",
+    "milp_s",
+    "split_bound_ms",
+    "gap",
+]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,7 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cluster", required=True, help="a cluster spec under cluster_specs/, e.g. cpu-two-gpus")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--module", type=int, default=None, help="module index (default: the largest)")
-    ap.add_argument("--input-device", type=int, default=None, help="device index of the input cut (default: the fastest alone)")
+    ap.add_argument(
+        "--input-device", type=int, default=None, help="device index of the input cut (default: the fastest alone)"
+    )
     ap.add_argument("--time-limit", type=float, default=120.0, help="exact MILP time limit per output device, s")
     ap.add_argument("--out", default="out/bench_module_gap")
     return ap.parse_args(argv)
@@ -64,15 +84,23 @@ def main(argv: list[str] | None = None) -> int:
     from llm_planner.solve.options import SolveOptions
     from llm_planner.solve.split.context import SplitContext
     from llm_planner.solve.split.moves import improve_by_moves
-    from llm_planner.solve.split.subsolve import LOCAL_SEARCH_WORK, _list_scheduled, intensify_subproblem
     from llm_planner.solve.split.subproblem import build_subproblem
+    from llm_planner.solve.split.subsolve import LOCAL_SEARCH_WORK, _list_scheduled, intensify_subproblem
 
     args = parse_args(argv)
-    problem = problem_from_inputs(cluster_path=str(REPO / "cluster_specs" / f"{args.cluster}.yaml"), model=ModelSpec(name=args.model),
-                                  objective="latency", batch_size=args.batch)
+    problem = problem_from_inputs(
+        cluster_path=str(REPO / "cluster_specs" / f"{args.cluster}.yaml"),
+        model=ModelSpec(name=args.model),
+        objective="latency",
+        batch_size=args.batch,
+    )
     options = SolveOptions(solver="milp-split")
     ctx = SplitContext(problem, options)
-    j = args.module if args.module is not None else max(range(len(ctx.modules)), key=lambda n: len(ctx.modules[n].tasks))
+    j = (
+        args.module
+        if args.module is not None
+        else max(range(len(ctx.modules)), key=lambda n: len(ctx.modules[n].tasks))
+    )
     if not 0 <= j < len(ctx.modules):
         sys.exit(f"--module: the graph has modules 0..{len(ctx.modules) - 1}, got {j}")
     module = ctx.modules[j]
@@ -81,7 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     elif args.input_device is not None:
         k = args.input_device
     else:
-        k = int(np.argmin(np.where(np.isfinite(task_times(problem, args.batch)), task_times(problem, args.batch), 0).sum(axis=0)))
+        k = int(
+            np.argmin(
+                np.where(np.isfinite(task_times(problem, args.batch)), task_times(problem, args.batch), 0).sum(axis=0)
+            )
+        )
     allowed = np.ones(problem.num_devices, dtype=bool)
     rows = []
     for l in range(problem.num_devices):
@@ -104,31 +136,79 @@ def main(argv: list[str] | None = None) -> int:
         bound = lower_bound(sub)
         best_plan = min(ils_s, milp.objective_s)
         best_bound = max(bound, milp.lower_bound_s)
-        rows.append({"model": args.model, "cluster": args.cluster, "batch": args.batch, "module": j, "tasks": len(module.tasks),
-                     "edges": sub.num_edges, "input_device": "" if k is None else problem.devices[k].name,
-                     "output_device": problem.devices[l].name, "heft_ms": heft.objective_s * 1e3, "moves_ms": moves_s * 1e3,
-                     "ils_ms": ils_s * 1e3, "ils_s": ils_time, "milp_ms": milp.objective_s * 1e3, "milp_bound_ms": milp.lower_bound_s * 1e3,
-                     "milp_status": milp.solver.status, "milp_s": milp_time, "split_bound_ms": bound * 1e3, "gap": best_plan / best_bound - 1})
-        print(f"output {problem.devices[l].name}: heft {rows[-1]['heft_ms']:.4f} ms, ils {rows[-1]['ils_ms']:.4f} ms, "
-              f"milp {rows[-1]['milp_ms']:.4f} ms (bound {rows[-1]['milp_bound_ms']:.4f}, {milp.solver.status}), "
-              f"split bound {rows[-1]['split_bound_ms']:.4f} ms", flush=True)
+        rows.append(
+            {
+                "model": args.model,
+                "cluster": args.cluster,
+                "batch": args.batch,
+                "module": j,
+                "tasks": len(module.tasks),
+                "edges": sub.num_edges,
+                "input_device": "" if k is None else problem.devices[k].name,
+                "output_device": problem.devices[l].name,
+                "heft_ms": heft.objective_s * 1e3,
+                "moves_ms": moves_s * 1e3,
+                "ils_ms": ils_s * 1e3,
+                "ils_s": ils_time,
+                "milp_ms": milp.objective_s * 1e3,
+                "milp_bound_ms": milp.lower_bound_s * 1e3,
+                "milp_status": milp.solver.status,
+                "milp_s": milp_time,
+                "split_bound_ms": bound * 1e3,
+                "gap": best_plan / best_bound - 1,
+            }
+        )
+        print(
+            f"output {problem.devices[l].name}: heft {rows[-1]['heft_ms']:.4f} ms, ils {rows[-1]['ils_ms']:.4f} ms, "
+            f"milp {rows[-1]['milp_ms']:.4f} ms (bound {rows[-1]['milp_bound_ms']:.4f}, {milp.solver.status}), "
+            f"split bound {rows[-1]['split_bound_ms']:.4f} ms",
+            flush=True,
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "bench_module_gap.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    table = Table(title=f"{args.model} on {args.cluster}, batch {args.batch}: module {j} ({len(module.tasks)} tasks), "
-                        f"input on {rows[0]['input_device'] or '(none)'}" if rows else "no output device can run the module")
-    head = ["output", "HEFT", "+moves", "ILS", "ILS s", "MILP", "MILP bound", "MILP status", "MILP s", "split bound", "gap"]
+    table = Table(
+        title=f"{args.model} on {args.cluster}, batch {args.batch}: module {j} ({len(module.tasks)} tasks), "
+        f"input on {rows[0]['input_device'] or '(none)'}"
+        if rows
+        else "no output device can run the module"
+    )
+    head = [
+        "output",
+        "HEFT",
+        "+moves",
+        "ILS",
+        "ILS s",
+        "MILP",
+        "MILP bound",
+        "MILP status",
+        "MILP s",
+        "split bound",
+        "gap",
+    ]
     for h in head:
         table.add_column(h, justify="left" if h in ("output", "MILP status") else "right")
     for r in rows:
-        table.add_row(r["output_device"], f"{r['heft_ms']:.4f}", f"{r['moves_ms']:.4f}", f"{r['ils_ms']:.4f}", f"{r['ils_s']:.1f}",
-                      f"{r['milp_ms']:.4f}", f"{r['milp_bound_ms']:.4f}", r["milp_status"], f"{r['milp_s']:.1f}", f"{r['split_bound_ms']:.4f}",
-                      f"{r['gap']:.1%}")
+        table.add_row(
+            r["output_device"],
+            f"{r['heft_ms']:.4f}",
+            f"{r['moves_ms']:.4f}",
+            f"{r['ils_ms']:.4f}",
+            f"{r['ils_s']:.1f}",
+            f"{r['milp_ms']:.4f}",
+            f"{r['milp_bound_ms']:.4f}",
+            r["milp_status"],
+            f"{r['milp_s']:.1f}",
+            f"{r['split_bound_ms']:.4f}",
+            f"{r['gap']:.1%}",
+        )
     Console(width=200).print(table)
-    print(f"gap: the best plan (ILS or MILP) over the best bound (split or MILP) - 1. wrote {out / 'bench_module_gap.csv'}")
+    print(
+        f"gap: the best plan (ILS or MILP) over the best bound (split or MILP) - 1. wrote {out / 'bench_module_gap.csv'}"
+    )
     return 0
 
 

@@ -51,21 +51,40 @@ def _plan(workdir: Path, args, micro: int) -> tuple[Path, object]:
     from llm_planner.plan import save_plan
     from llm_planner.solve.schedule import make_plan
 
-    config = GPT2Config(n_layer=args.layers, n_embd=args.hidden, n_head=args.heads, vocab_size=args.vocab,
-                        n_positions=args.prompt_len + args.new_tokens, bos_token_id=0, eos_token_id=args.vocab - 1)
+    config = GPT2Config(
+        n_layer=args.layers,
+        n_embd=args.hidden,
+        n_head=args.heads,
+        vocab_size=args.vocab,
+        n_positions=args.prompt_len + args.new_tokens,
+        bos_token_id=0,
+        eos_token_id=args.vocab - 1,
+    )
     if not (workdir / "model").is_dir():
         config.save_pretrained(workdir / "model")
     model = ModelSpec(name=str(workdir / "model"), dtype="fp32", seq_len=args.prompt_len + args.new_tokens)
-    problem = problem_from_inputs(cluster_path=str(REPO / "cluster_specs" / "localhost-cpu.yaml"), model=model,
-                                  objective="latency", batch_size=args.batch, max_shards=micro)
+    problem = problem_from_inputs(
+        cluster_path=str(REPO / "cluster_specs" / "localhost-cpu.yaml"),
+        model=model,
+        objective="latency",
+        batch_size=args.batch,
+        max_shards=micro,
+    )
     row, layer = [], 0
     for task in problem.graph.tasks:
         if task.name.startswith("block."):
             layer = int(task.name.split(".")[1])
         row.append(min(args.ranks - 1, layer * args.ranks // args.layers))
     sizes = [args.batch // micro + (1 if s < args.batch % micro else 0) for s in range(micro)]
-    plan = make_plan(problem, sizes, [row] * micro, solver="even-split (benchmark)", status="heuristic",
-                     started_at=time.perf_counter(), lower_bound_s=0.0)
+    plan = make_plan(
+        problem,
+        sizes,
+        [row] * micro,
+        solver="even-split (benchmark)",
+        status="heuristic",
+        started_at=time.perf_counter(),
+        lower_bound_s=0.0,
+    )
     save_plan(plan, workdir / f"plan{micro}.yaml")
     return workdir / f"plan{micro}.yaml", config
 
@@ -86,13 +105,20 @@ def _single_process(config, prompts: list[list[int]], steps: int, repeats: int) 
         tokens = gpt.generate_whole(model, config, prompts, steps)
         runs.append(_row("generate (1 process)", time.perf_counter() - start, tokens, steps))
     rows = [_median(runs)]
-    shard = gpt.DecoderShard(config, set(gpt.decoder_tasks(config.num_hidden_layers)), device=torch.device("cpu"),
-                             dtype=torch.float32, source=source)
+    shard = gpt.DecoderShard(
+        config,
+        set(gpt.decoder_tasks(config.num_hidden_layers)),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        source=source,
+    )
     eos, pad = gpt.special_tokens(config)
     runs = []
     for _ in range(repeats + 1):  # the first is a warm-up
         ids, mask = gpt.pad_prompts(prompts, gpt.prompt_pad_id(config))
-        stream = shard.new_stream(requests=list(range(len(prompts))), prompt_ids=ids, prompt_mask=mask, eos_ids=eos, pad_id=pad)
+        stream = shard.new_stream(
+            requests=list(range(len(prompts))), prompt_ids=ids, prompt_mask=mask, eos_ids=eos, pad_id=pad
+        )
         tasks, value = gpt.decoder_tasks(config.num_hidden_layers), ids
         start = time.perf_counter()
         with torch.no_grad():
@@ -108,15 +134,31 @@ def _median(runs: list[dict]) -> dict:
     return sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
 
 
-def _row(label: str, seconds: float, tokens: list[list[int]], steps: int, *, compute_s: float | None = None,
-         overhead: float | None = None) -> dict:
-    return {"run": label, "seconds": seconds, "tokens_per_s": sum(map(len, tokens)) / seconds, "per_token_ms": 1e3 * seconds / steps,
-            "compute_s": seconds if compute_s is None else compute_s, "overhead": overhead, "tokens": tokens}
+def _row(
+    label: str,
+    seconds: float,
+    tokens: list[list[int]],
+    steps: int,
+    *,
+    compute_s: float | None = None,
+    overhead: float | None = None,
+) -> dict:
+    return {
+        "run": label,
+        "seconds": seconds,
+        "tokens_per_s": sum(map(len, tokens)) / seconds,
+        "per_token_ms": 1e3 * seconds / steps,
+        "compute_s": seconds if compute_s is None else compute_s,
+        "overhead": overhead,
+        "tokens": tokens,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=int, default=2, help="localhost ranks (at most 4, the devices of localhost-cpu.yaml)")
+    p.add_argument(
+        "--ranks", type=int, default=2, help="localhost ranks (at most 4, the devices of localhost-cpu.yaml)"
+    )
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=8)
@@ -125,8 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3, help="runs per row; the row shows the run of median time")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "runtime"),
-                   help="folder for results.json, table.md and meta.json (default: benchmarks/results/runtime)")
+    p.add_argument(
+        "--out",
+        default=str(REPO / "benchmarks" / "results" / "runtime"),
+        help="folder for results.json, table.md and meta.json (default: benchmarks/results/runtime)",
+    )
     args = p.parse_args(argv)
     facts = provenance.start(sys.argv if argv is None else [sys.argv[0], *argv])
     if not 1 <= args.ranks <= 4 or args.ranks > args.layers:
@@ -144,29 +189,59 @@ def main(argv: list[str] | None = None) -> int:
             plan, _ = _plan(Path(tmp), args, micro)
             runs = []
             for _ in range(args.repeats):
-                result = launch_plan(plan, prompt_ids=prompts, max_new_tokens=args.new_tokens,
-                                     workdir=str(Path(tmp) / f"run{micro}"), timeout_s=600)
+                result = launch_plan(
+                    plan,
+                    prompt_ids=prompts,
+                    max_new_tokens=args.new_tokens,
+                    workdir=str(Path(tmp) / f"run{micro}"),
+                    timeout_s=600,
+                )
                 if not result.ok:
                     print(f"launch failed: {result.error}", file=sys.stderr)
                     return 1
                 r = result.report
-                runs.append(_row(f"mpi, {args.ranks} ranks, {micro} micro-batch(es)", r["wall_s"], r["tokens"], args.new_tokens,
-                                 compute_s=sum(rank["compute_s"] for rank in r["ranks"]), overhead=r["overhead_fraction"]))
+                runs.append(
+                    _row(
+                        f"mpi, {args.ranks} ranks, {micro} micro-batch(es)",
+                        r["wall_s"],
+                        r["tokens"],
+                        args.new_tokens,
+                        compute_s=sum(rank["compute_s"] for rank in r["ranks"]),
+                        overhead=r["overhead_fraction"],
+                    )
+                )
             rows.append(_median(runs))
     same = all(row["tokens"] == rows[0]["tokens"] for row in rows)
-    lines = [f"GPT-2 {args.layers} layers x {args.hidden} wide, vocab {args.vocab}; batch {args.batch} x {args.prompt_len} prompt "
-             f"tokens, {args.new_tokens} new tokens; tokens identical in every run: {same}", "",
-             "| run | tokens/s | per-token latency (ms) | compute, all ranks (s) | runtime overhead |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"GPT-2 {args.layers} layers x {args.hidden} wide, vocab {args.vocab}; batch {args.batch} x {args.prompt_len} prompt "
+        f"tokens, {args.new_tokens} new tokens; tokens identical in every run: {same}",
+        "",
+        "| run | tokens/s | per-token latency (ms) | compute, all ranks (s) | runtime overhead |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for row in rows:
         overhead = "" if row["overhead"] is None else f"{100 * row['overhead']:.1f}%"
-        lines.append(f"| {row['run']} | {row['tokens_per_s']:.1f} | {row['per_token_ms']:.2f} | {row['compute_s']:.3f} | {overhead} |")
+        lines.append(
+            f"| {row['run']} | {row['tokens_per_s']:.1f} | {row['per_token_ms']:.2f} | {row['compute_s']:.3f} | {overhead} |"
+        )
     print("\n".join(lines))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text("\n".join(lines) + "\n")
-    shown = {**vars(args), "out": str(out.resolve().relative_to(REPO)) if out.resolve().is_relative_to(REPO) else str(out)}
-    (out / "results.json").write_text(json.dumps({"args": shown, "tokens_identical": same,
-                                                  "rows": [{k: v for k, v in r.items() if k != "tokens"} for r in rows]}, indent=1))
+    shown = {
+        **vars(args),
+        "out": str(out.resolve().relative_to(REPO)) if out.resolve().is_relative_to(REPO) else str(out),
+    }
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "args": shown,
+                "tokens_identical": same,
+                "rows": [{k: v for k, v in r.items() if k != "tokens"} for r in rows],
+            },
+            indent=1,
+        )
+    )
     provenance.record(out, facts)
     worst = max((r["overhead"] for r in rows if r["overhead"] is not None), default=0.0)
     return 0 if same and worst <= 0.10 else 1

@@ -130,8 +130,12 @@ def build(row: Row):
     from llm_planner.graph.models import ModelSpec
     from llm_planner.pipeline import problem_from_inputs
 
-    return problem_from_inputs(cluster_path=str(REPO / "cluster_specs" / f"{row.cluster}.yaml"), model=ModelSpec(name=row.model),
-                               objective=row.objective, batch_size=row.batch)
+    return problem_from_inputs(
+        cluster_path=str(REPO / "cluster_specs" / f"{row.cluster}.yaml"),
+        model=ModelSpec(name=row.model),
+        objective=row.objective,
+        batch_size=row.batch,
+    )
 
 
 def timed_solve(problem, options):
@@ -152,8 +156,15 @@ def _milp_child(problem, time_limit_s: float, conn) -> None:
     forget_lower_bounds()  # the fork inherits the bound MILP-SPLIT computed: the MILP's time must include its own
     try:
         plan, elapsed, ok = timed_solve(problem, SolveOptions(solver="milp", time_limit_s=time_limit_s))
-        conn.send({"objective_s": plan.objective_s, "bound_s": plan.lower_bound_s, "status": plan.solver.status,
-                   "time_s": elapsed, "verified": ok})
+        conn.send(
+            {
+                "objective_s": plan.objective_s,
+                "bound_s": plan.lower_bound_s,
+                "status": plan.solver.status,
+                "time_s": elapsed,
+                "verified": ok,
+            }
+        )
     except Exception as exc:  # report any failure (no plan in time, infeasible) to the parent as a row note
         conn.send({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"})
 
@@ -179,15 +190,18 @@ def run_milp(problem, time_limit_s: float) -> dict:
         proc.join()
     if result is None:
         code = proc.exitcode
-        result = {"error": f"killed after {time.perf_counter() - started:.0f} s" if code in (None, -9) else f"exit code {code}"}
+        result = {
+            "error": f"killed after {time.perf_counter() - started:.0f} s"
+            if code in (None, -9)
+            else f"exit code {code}"
+        }
     return result
 
 
 def run_row(row: Row, args) -> Row:
+    from llm_planner.pipeline import InputError
     from llm_planner.solve.api import SolveError
     from llm_planner.solve.options import SolveOptions
-
-    from llm_planner.pipeline import InputError
 
     try:
         problem = build(row)
@@ -197,8 +211,12 @@ def run_row(row: Row, args) -> Row:
     row.tasks, row.edges = problem.num_tasks, problem.num_edges
     checks = []
     try:
-        options = SolveOptions(solver="milp-split", time_limit_s=args.split_time_limit, workers=args.workers,
-                               max_module_tasks=args.max_module_tasks)
+        options = SolveOptions(
+            solver="milp-split",
+            time_limit_s=args.split_time_limit,
+            workers=args.workers,
+            max_module_tasks=args.max_module_tasks,
+        )
         plan, row.split_time_s, ok = timed_solve(problem, options)
     except SolveError as exc:
         row.note = f"no plan: {str(exc)[:100]}"
@@ -206,7 +224,11 @@ def run_row(row: Row, args) -> Row:
     checks.append(ok)
     d = plan.solver.details
     row.split_s, row.split_bound_s, row.split_status = plan.objective_s, plan.lower_bound_s, plan.solver.status
-    row.modules, row.distinct_modules, row.subproblems_solved = d.get("modules", 0), d.get("distinct_modules", 0), d.get("subproblems_solved", 0)
+    row.modules, row.distinct_modules, row.subproblems_solved = (
+        d.get("modules", 0),
+        d.get("distinct_modules", 0),
+        d.get("subproblems_solved", 0),
+    )
     if d.get("baseline_won"):
         row.note = f"baseline won ({d['baseline_won']})"
     for solver, attr in (("best-baseline", "baseline"), ("single-device", "single")):
@@ -235,9 +257,31 @@ def run_row(row: Row, args) -> Row:
 
 # -- output --------------------------------------------------------------------------
 
-COLUMNS = ["model", "cluster", "batch", "objective", "tasks", "edges", "modules", "distinct_modules", "subproblems_solved",
-           "milp_s", "milp_bound_s", "milp_status", "milp_time_s", "milp_limit_s", "split_s", "split_bound_s", "split_status", "split_time_s",
-           "baseline_s", "baseline_name", "single_s", "verified", "note"]
+COLUMNS = [
+    "model",
+    "cluster",
+    "batch",
+    "objective",
+    "tasks",
+    "edges",
+    "modules",
+    "distinct_modules",
+    "subproblems_solved",
+    "milp_s",
+    "milp_bound_s",
+    "milp_status",
+    "milp_time_s",
+    "milp_limit_s",
+    "split_s",
+    "split_bound_s",
+    "split_status",
+    "split_time_s",
+    "baseline_s",
+    "baseline_name",
+    "single_s",
+    "verified",
+    "note",
+]
 DERIVED = ["bound_s", "split_gap", "milp_gap", "split_vs_milp", "speedup", "vs_baseline", "vs_single"]
 
 
@@ -302,15 +346,54 @@ def _sec(x: float) -> str:
 
 
 def table_rows(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
-    head = ["model", "cluster", "b", "obj", "tasks", "MILP ms", "MILP status", "MILP s", "SPLIT ms", "SPLIT s", "bound ms",
-            "SPLIT gap", "SPLIT vs MILP", "speedup", "vs best baseline", "vs single device", "note"]
+    head = [
+        "model",
+        "cluster",
+        "b",
+        "obj",
+        "tasks",
+        "MILP ms",
+        "MILP status",
+        "MILP s",
+        "SPLIT ms",
+        "SPLIT s",
+        "bound ms",
+        "SPLIT gap",
+        "SPLIT vs MILP",
+        "speedup",
+        "vs best baseline",
+        "vs single device",
+        "note",
+    ]
     body = []
     for r in rows:
         d = r.derived()
-        speed = "" if not math.isfinite(d["speedup"]) else f"{'>=' if r.milp_status == 'time_limit' else ''}{d['speedup']:.0f}x"
-        body.append([r.model, r.cluster, str(r.batch), r.objective[:3], str(r.tasks), _ms(r.milp_s), r.milp_status, _sec(r.milp_time_s),
-                     _ms(r.split_s), _sec(r.split_time_s), _ms(d["bound_s"]), _pct(d["split_gap"]), _pct(d["split_vs_milp"]), speed,
-                     _pct(d["vs_baseline"]), _pct(d["vs_single"]), r.note])
+        speed = (
+            ""
+            if not math.isfinite(d["speedup"])
+            else f"{'>=' if r.milp_status == 'time_limit' else ''}{d['speedup']:.0f}x"
+        )
+        body.append(
+            [
+                r.model,
+                r.cluster,
+                str(r.batch),
+                r.objective[:3],
+                str(r.tasks),
+                _ms(r.milp_s),
+                r.milp_status,
+                _sec(r.milp_time_s),
+                _ms(r.split_s),
+                _sec(r.split_time_s),
+                _ms(d["bound_s"]),
+                _pct(d["split_gap"]),
+                _pct(d["split_vs_milp"]),
+                speed,
+                _pct(d["vs_baseline"]),
+                _pct(d["vs_single"]),
+                r.note,
+            ]
+        )
     return head, body
 
 
@@ -332,7 +415,10 @@ def print_table(rows: list[Row]) -> None:
 
 def markdown_table(rows: list[Row]) -> str:
     head, body = table_rows(rows)
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if h in ("model", "cluster", "note") else "---:" for h in head) + "|"]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" if h in ("model", "cluster", "note") else "---:" for h in head) + "|",
+    ]
     lines += ["| " + " | ".join(cells) + " |" for cells in body]
     return "\n".join(lines)
 
@@ -346,13 +432,22 @@ def plot(rows: list[Row], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     done = [r for r in rows if math.isfinite(r.split_time_s)]
     ax.scatter([r.tasks for r in done], [r.split_time_s for r in done], marker="o", label="MILP-SPLIT")
-    for status, marker, label in (("optimal", "s", "exact MILP, optimal"), ("time_limit", "x", "exact MILP, stopped at the time limit")):
+    for status, marker, label in (
+        ("optimal", "s", "exact MILP, optimal"),
+        ("time_limit", "x", "exact MILP, stopped at the time limit"),
+    ):
         sel = [r for r in rows if r.milp_status == status and math.isfinite(r.milp_time_s)]
         if sel:
             ax.scatter([r.tasks for r in sel], [r.milp_time_s for r in sel], marker=marker, label=label)
-    others = [r for r in rows if r.milp_status not in ("optimal", "time_limit", "", "skipped") and math.isfinite(r.milp_time_s)]
+    others = [
+        r
+        for r in rows
+        if r.milp_status not in ("optimal", "time_limit", "", "skipped") and math.isfinite(r.milp_time_s)
+    ]
     if others:
-        ax.scatter([r.tasks for r in others], [r.milp_time_s for r in others], marker="^", label="exact MILP, other status")
+        ax.scatter(
+            [r.tasks for r in others], [r.milp_time_s for r in others], marker="^", label="exact MILP, other status"
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("tasks in the graph")
@@ -373,31 +468,72 @@ def targets(rows: list[Row]) -> list[tuple[str, bool | None, str]]:
     out: list[tuple[str, bool | None, str]] = []
     optimal = [r for r in rows if r.milp_status == "optimal" and math.isfinite(r.split_s)]
     worst = max(optimal, key=lambda r: r.derived()["split_vs_milp"], default=None)
-    out.append(("MILP-SPLIT within 1% of the MILP wherever the MILP proves optimality", None if worst is None else worst.derived()["split_vs_milp"] <= 0.01,
-                "no row with a proven MILP optimum" if worst is None else
-                f"{len(optimal)} rows; worst {_pct(worst.derived()['split_vs_milp'])} ({worst.model}, {worst.cluster}, batch {worst.batch})"))
+    out.append(
+        (
+            "MILP-SPLIT within 1% of the MILP wherever the MILP proves optimality",
+            None if worst is None else worst.derived()["split_vs_milp"] <= 0.01,
+            "no row with a proven MILP optimum"
+            if worst is None
+            else f"{len(optimal)} rows; worst {_pct(worst.derived()['split_vs_milp'])} ({worst.model}, {worst.cluster}, batch {worst.batch})",
+        )
+    )
     gaps = [r.derived()["split_gap"] for r in rows if r.model not in FRONTIER]  # the issue's instances only
     gaps = [g for g in gaps if math.isfinite(g)]
     geo = math.exp(sum(math.log1p(max(g, 0.0)) for g in gaps) / len(gaps)) - 1 if gaps else math.nan
-    out.append(("geometric-mean gap of MILP-SPLIT to the lower bound at most 5%", None if not gaps else geo <= 0.05,
-                f"{_pct(geo)} over {len(gaps)} rows, the frontier series left out (max {_pct(max(gaps, default=math.nan))})"))
+    out.append(
+        (
+            "geometric-mean gap of MILP-SPLIT to the lower bound at most 5%",
+            None if not gaps else geo <= 0.05,
+            f"{_pct(geo)} over {len(gaps)} rows, the frontier series left out (max {_pct(max(gaps, default=math.nan))})",
+        )
+    )
     worse = [r for r in rows if r.derived()["vs_baseline"] < -1e-9]
     compared = sum(1 for r in rows if math.isfinite(r.derived()["vs_baseline"]))
-    out.append(("never worse than the best baseline", not worse if compared else None,
-                f"{compared} rows compared; worse in {len(worse)}" + (f": {', '.join(r.model for r in worse)}" if worse else "")))
+    out.append(
+        (
+            "never worse than the best baseline",
+            not worse if compared else None,
+            f"{compared} rows compared; worse in {len(worse)}"
+            + (f": {', '.join(r.model for r in worse)}" if worse else ""),
+        )
+    )
     frontier = frontier_rows(rows)
     instant = sorted((r for r in optimal if not searched(r)), key=lambda r: -r.tasks)[:3]
-    out.append(("at least 100x faster than the MILP on the largest graphs it still solves (to optimality)",
-                None if not frontier else all(r.derived()["speedup"] >= 100 for r in frontier),
-                ("no series with a graph the MILP proves optimal by a search" if not frontier else
-                 "largest graph the MILP proves optimal by a search, per series: "
-                 + "; ".join(f"{r.model} ({r.tasks} tasks, {r.cluster}, batch {r.batch}): MILP {r.milp_time_s:.1f} s, "
-                             f"MILP-SPLIT {r.split_time_s:.2f} s, {r.derived()['speedup']:.0f}x" for r in frontier))
-                + ("" if not instant else "; not counted, proven at once because the best baseline is optimal: "
-                   + "; ".join(f"{r.model} ({r.tasks} tasks, {r.cluster}, batch {r.batch}): {r.derived()['speedup']:.0f}x" for r in instant))))
+    out.append(
+        (
+            "at least 100x faster than the MILP on the largest graphs it still solves (to optimality)",
+            None if not frontier else all(r.derived()["speedup"] >= 100 for r in frontier),
+            (
+                "no series with a graph the MILP proves optimal by a search"
+                if not frontier
+                else "largest graph the MILP proves optimal by a search, per series: "
+                + "; ".join(
+                    f"{r.model} ({r.tasks} tasks, {r.cluster}, batch {r.batch}): MILP {r.milp_time_s:.1f} s, "
+                    f"MILP-SPLIT {r.split_time_s:.2f} s, {r.derived()['speedup']:.0f}x"
+                    for r in frontier
+                )
+            )
+            + (
+                ""
+                if not instant
+                else "; not counted, proven at once because the best baseline is optimal: "
+                + "; ".join(
+                    f"{r.model} ({r.tasks} tasks, {r.cluster}, batch {r.batch}): {r.derived()['speedup']:.0f}x"
+                    for r in instant
+                )
+            ),
+        )
+    )
     big = [r for r in rows if (r.model, r.cluster, r.batch) == BIG[:3] and math.isfinite(r.split_time_s)]
-    out.append((f"a {BIG[0]} plan in under 60 s", None if not big else big[0].split_time_s < 60,
-                "not run" if not big else f"{big[0].tasks} tasks in {big[0].split_time_s:.1f} s, gap {_pct(big[0].derived()['split_gap'])}"))
+    out.append(
+        (
+            f"a {BIG[0]} plan in under 60 s",
+            None if not big else big[0].split_time_s < 60,
+            "not run"
+            if not big
+            else f"{big[0].tasks} tasks in {big[0].split_time_s:.1f} s, gap {_pct(big[0].derived()['split_gap'])}",
+        )
+    )
     return out
 
 
@@ -432,7 +568,13 @@ def targets_text(rows: list[Row]) -> str:
 def instances(args) -> list[Row]:
     models = args.models.split(",") if args.models else QUICK_MODELS if args.quick else FULL_MODELS
     objectives = args.objectives.split(",")
-    rows = [Row(model=m, cluster=c, batch=b, objective=o) for o in objectives for c in CLUSTERS for m in models for b in (1, 8)]
+    rows = [
+        Row(model=m, cluster=c, batch=b, objective=o)
+        for o in objectives
+        for c in CLUSTERS
+        for m in models
+        for b in (1, 8)
+    ]
     if args.big:
         rows.append(Row(model=BIG[0], cluster=BIG[1], batch=BIG[2], objective="latency"))
     if args.frontier:
@@ -448,26 +590,60 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer instances, MILP limited to 10 s (unless --time-limit)")
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "split"), help="directory for the CSV, the figure, the targets, table.md and meta.json")
-    ap.add_argument("--time-limit", type=float, default=None, help="exact MILP time limit, s (default 60; 10 with --quick)")
+    ap.add_argument(
+        "--out",
+        default=str(REPO / "benchmarks" / "results" / "split"),
+        help="directory for the CSV, the figure, the targets, table.md and meta.json",
+    )
+    ap.add_argument(
+        "--time-limit", type=float, default=None, help="exact MILP time limit, s (default 60; 10 with --quick)"
+    )
     ap.add_argument("--split-time-limit", type=float, default=10.0, help="MILP-SPLIT time limit per subproblem, s")
-    ap.add_argument("--max-module-tasks", type=int, default=SolveOptions.max_module_tasks,
-                    help="MILP-SPLIT: larger modules go to HEFT + local search instead of the exact MILP")
+    ap.add_argument(
+        "--max-module-tasks",
+        type=int,
+        default=SolveOptions.max_module_tasks,
+        help="MILP-SPLIT: larger modules go to HEFT + local search instead of the exact MILP",
+    )
     ap.add_argument("--workers", type=int, default=0, help="MILP-SPLIT subproblem processes (0: all cores)")
-    ap.add_argument("--frontier", action=argparse.BooleanOptionalAction, default=False,
-                    help=f"add the MILP's frontier series ({FRONTIER[0]} ... {FRONTIER[-1]} on {FRONTIER_CLUSTER}, batch 1)")
-    ap.add_argument("--frontier-time-limit", type=float, default=1800.0, help="exact MILP time limit on the frontier series, s")
+    ap.add_argument(
+        "--frontier",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help=f"add the MILP's frontier series ({FRONTIER[0]} ... {FRONTIER[-1]} on {FRONTIER_CLUSTER}, batch 1)",
+    )
+    ap.add_argument(
+        "--frontier-time-limit", type=float, default=1800.0, help="exact MILP time limit on the frontier series, s"
+    )
     ap.add_argument("--milp-max-tasks", type=int, default=1000, help="skip the exact MILP on larger graphs")
     ap.add_argument("--no-milp", action="store_true", help="skip the exact MILP everywhere")
     ap.add_argument("--objectives", default="latency", help="comma-separated: latency, throughput (default: latency)")
-    ap.add_argument("--big", action=argparse.BooleanOptionalAction, default=None,
-                    help=f"add the {BIG[0]} row (default: on, off with --quick)")
+    ap.add_argument(
+        "--big",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"add the {BIG[0]} row (default: on, off with --quick)",
+    )
     ap.add_argument("--models", default="", help="comma-separated model presets instead of the default set")
-    ap.add_argument("--only", default="", help="keep instances whose 'model cluster batch objective' contains one of these comma-separated texts")
-    ap.add_argument("--from-csv", nargs="+", default=[], metavar="CSV",
-                    help="solve nothing: report (table, figure, targets) the rows of these earlier runs' CSVs as one")
-    ap.add_argument("--milp-from", nargs="+", default=[], metavar="CSV",
-                    help="with --from-csv: take the exact MILP's columns of rows that have none from these earlier CSVs")
+    ap.add_argument(
+        "--only",
+        default="",
+        help="keep instances whose 'model cluster batch objective' contains one of these comma-separated texts",
+    )
+    ap.add_argument(
+        "--from-csv",
+        nargs="+",
+        default=[],
+        metavar="CSV",
+        help="solve nothing: report (table, figure, targets) the rows of these earlier runs' CSVs as one",
+    )
+    ap.add_argument(
+        "--milp-from",
+        nargs="+",
+        default=[],
+        metavar="CSV",
+        help="with --from-csv: take the exact MILP's columns of rows that have none from these earlier CSVs",
+    )
     args = ap.parse_args(argv)
     if args.milp_from and not args.from_csv:
         ap.error("--milp-from joins earlier runs: use it with --from-csv")
@@ -505,9 +681,12 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         rows.append(run_row(row, args))
         d = row.derived()
-        print(f"[{time.perf_counter() - started:6.1f} s] {row.model} {row.cluster} b={row.batch} {row.objective}: tasks {row.tasks}, "
-              f"split {_ms(row.split_s)} ms in {_sec(row.split_time_s)} s, milp {_ms(row.milp_s)} ms ({row.milp_status}) in "
-              f"{_sec(row.milp_time_s)} s, gap {_pct(d['split_gap'])}, vs milp {_pct(d['split_vs_milp'])} {row.note}", flush=True)
+        print(
+            f"[{time.perf_counter() - started:6.1f} s] {row.model} {row.cluster} b={row.batch} {row.objective}: tasks {row.tasks}, "
+            f"split {_ms(row.split_s)} ms in {_sec(row.split_time_s)} s, milp {_ms(row.milp_s)} ms ({row.milp_status}) in "
+            f"{_sec(row.milp_time_s)} s, gap {_pct(d['split_gap'])}, vs milp {_pct(d['split_vs_milp'])} {row.note}",
+            flush=True,
+        )
         write_csv(rows, out / "bench_split.csv")  # after every row: a long run leaves its rows behind if stopped
     plot(rows, out / "bench_split.png")
     print_table(rows)

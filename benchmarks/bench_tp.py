@@ -38,12 +38,36 @@ from llm_planner.solve.options import SolveOptions  # noqa: E402
 from llm_planner.verify import verify_plan  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-ROWS = [("gpt3-175b", "gpt3-six-servers", objective, batch) for objective in ("latency", "throughput") for batch in (1, 8, 32)]
-ROWS += [("llama2-70b", "four-gpus", "latency", 8), ("llama2-70b", "four-gpus", "throughput", 8),
-         ("llama2-70b", "gpt3-six-servers", "latency", 8), ("llama3-8b", "four-gpus", "latency", 8),
-         ("llama3-8b", "four-gpus", "throughput", 32), ("llama3-8b", "cpu-two-gpus", "latency", 4)]
-COLUMNS = ("row", "plan_s", "bound_s", "gap", "time_s", "layout", "devices", "memory", "megatron_s", "tp_replicas_s",
-           "single_best", "single_best_s", "max_tp1_s", "vs_megatron", "vs_single")
+ROWS = [
+    ("gpt3-175b", "gpt3-six-servers", objective, batch)
+    for objective in ("latency", "throughput")
+    for batch in (1, 8, 32)
+]
+ROWS += [
+    ("llama2-70b", "four-gpus", "latency", 8),
+    ("llama2-70b", "four-gpus", "throughput", 8),
+    ("llama2-70b", "gpt3-six-servers", "latency", 8),
+    ("llama3-8b", "four-gpus", "latency", 8),
+    ("llama3-8b", "four-gpus", "throughput", 32),
+    ("llama3-8b", "cpu-two-gpus", "latency", 4),
+]
+COLUMNS = (
+    "row",
+    "plan_s",
+    "bound_s",
+    "gap",
+    "time_s",
+    "layout",
+    "devices",
+    "memory",
+    "megatron_s",
+    "tp_replicas_s",
+    "single_best",
+    "single_best_s",
+    "max_tp1_s",
+    "vs_megatron",
+    "vs_single",
+)
 
 
 def _name(row: tuple) -> str:
@@ -67,8 +91,13 @@ def _objective(plan) -> float:
 
 def run_row(row: tuple) -> dict:
     model, cluster, objective, batch = row
-    problem = problem_from_inputs(cluster_path=str(REPO / "cluster_specs" / f"{cluster}.yaml"), model=ModelSpec(name=model),
-                                  objective=objective, batch_size=batch, max_tp=None)
+    problem = problem_from_inputs(
+        cluster_path=str(REPO / "cluster_specs" / f"{cluster}.yaml"),
+        model=ModelSpec(name=model),
+        objective=objective,
+        batch_size=batch,
+        max_tp=None,
+    )
     forget_lower_bounds()
     started = time.perf_counter()
     plan = solve(problem, SolveOptions(solver="milp-split"))
@@ -76,26 +105,70 @@ def run_row(row: tuple) -> dict:
     megatron, replicas = run_tp_baseline("megatron", problem), run_tp_baseline("tp-replicas", problem)
     singles = {name: run_baseline(name, problem) for name in BASELINE_NAMES}
     best_single = min((p for p in singles.values() if p is not None), key=lambda p: p.objective_s, default=None)
-    flat = problem_from_inputs(cluster_path=str(REPO / "cluster_specs" / f"{cluster}.yaml"), model=ModelSpec(name=model),
-                               objective=objective, batch_size=batch, max_tp=1)
+    flat = problem_from_inputs(
+        cluster_path=str(REPO / "cluster_specs" / f"{cluster}.yaml"),
+        model=ModelSpec(name=model),
+        objective=objective,
+        batch_size=batch,
+        max_tp=1,
+    )
     no_groups = solve(flat, SolveOptions(solver="milp-split"))
-    return {"row": _name(row), "plan_s": plan.objective_s, "bound_s": plan.lower_bound_s, "gap": plan.gap, "time_s": elapsed,
-            "layout": plan.solver.details.get("tp_layout", "-"), "devices": len(plan.physical_devices_used()),
-            "memory": _busiest_memory(plan, problem), "megatron_s": _objective(megatron), "tp_replicas_s": _objective(replicas),
-            "single_best": best_single.solver.name.removeprefix("baseline:") if best_single else "none",
-            "single_best_s": _objective(best_single), "max_tp1_s": no_groups.objective_s,
-            "vs_megatron": _objective(megatron) / plan.objective_s, "vs_single": _objective(best_single) / plan.objective_s}
+    return {
+        "row": _name(row),
+        "plan_s": plan.objective_s,
+        "bound_s": plan.lower_bound_s,
+        "gap": plan.gap,
+        "time_s": elapsed,
+        "layout": plan.solver.details.get("tp_layout", "-"),
+        "devices": len(plan.physical_devices_used()),
+        "memory": _busiest_memory(plan, problem),
+        "megatron_s": _objective(megatron),
+        "tp_replicas_s": _objective(replicas),
+        "single_best": best_single.solver.name.removeprefix("baseline:") if best_single else "none",
+        "single_best_s": _objective(best_single),
+        "max_tp1_s": no_groups.objective_s,
+        "vs_megatron": _objective(megatron) / plan.objective_s,
+        "vs_single": _objective(best_single) / plan.objective_s,
+    }
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("row (model/cluster/objective/batch)", "plan", "bound", "gap", "solve", "devices", "fullest device", "megatron",
-            "tp-replicas", "best single-device baseline", "milp-split --max-tp 1", "layout")
+    head = (
+        "row (model/cluster/objective/batch)",
+        "plan",
+        "bound",
+        "gap",
+        "solve",
+        "devices",
+        "fullest device",
+        "megatron",
+        "tp-replicas",
+        "best single-device baseline",
+        "milp-split --max-tp 1",
+        "layout",
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        lines.append("| " + " | ".join([
-            r["row"], fmt_s(r["plan_s"]), fmt_s(r["bound_s"]), f"{r['gap']:.1%}", f"{r['time_s']:.1f} s", str(r["devices"]), r["memory"],
-            f"{fmt_s(r['megatron_s'])} ({r['vs_megatron']:.2f}x)", fmt_s(r["tp_replicas_s"]),
-            f"{r['single_best']} {fmt_s(r['single_best_s'])} ({r['vs_single']:.2f}x)", fmt_s(r["max_tp1_s"]), r["layout"]]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["row"],
+                    fmt_s(r["plan_s"]),
+                    fmt_s(r["bound_s"]),
+                    f"{r['gap']:.1%}",
+                    f"{r['time_s']:.1f} s",
+                    str(r["devices"]),
+                    r["memory"],
+                    f"{fmt_s(r['megatron_s'])} ({r['vs_megatron']:.2f}x)",
+                    fmt_s(r["tp_replicas_s"]),
+                    f"{r['single_best']} {fmt_s(r['single_best_s'])} ({r['vs_single']:.2f}x)",
+                    fmt_s(r["max_tp1_s"]),
+                    r["layout"],
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -110,9 +183,12 @@ def main() -> None:
     for row in chosen:
         rows.append(run_row(row))
         r = rows[-1]
-        print(f"{r['row']}: {fmt_s(r['plan_s'])} (bound {fmt_s(r['bound_s'])}, gap {r['gap']:.1%}, {r['time_s']:.1f} s); "
-              f"megatron {fmt_s(r['megatron_s'])}, tp-replicas {fmt_s(r['tp_replicas_s'])}, "
-              f"best single {fmt_s(r['single_best_s'])}, --max-tp 1 {fmt_s(r['max_tp1_s'])}", flush=True)
+        print(
+            f"{r['row']}: {fmt_s(r['plan_s'])} (bound {fmt_s(r['bound_s'])}, gap {r['gap']:.1%}, {r['time_s']:.1f} s); "
+            f"megatron {fmt_s(r['megatron_s'])}, tp-replicas {fmt_s(r['tp_replicas_s'])}, "
+            f"best single {fmt_s(r['single_best_s'])}, --max-tp 1 {fmt_s(r['max_tp1_s'])}",
+            flush=True,
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     provenance.record(out, facts)

@@ -31,7 +31,17 @@ import re
 import sys
 import time
 
-UNITS = {"kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "Byte": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9, "Sec": 1.0, "MilliSec": 1e-3}
+UNITS = {
+    "kbps": 1e3,
+    "mbps": 1e6,
+    "gbps": 1e9,
+    "Byte": 1.0,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "Sec": 1.0,
+    "MilliSec": 1e-3,
+}
 
 
 def value(text):
@@ -83,34 +93,60 @@ def write_simulator_cluster(cluster_path, profiles_path, layout_path, model_mana
     while True:  # drop machines a request cannot reach or leave
         has_in = {b for _, b in edges}
         has_out = {a for a, _ in edges}
-        kept = {e: v for e, v in edges.items() if (e[0] == "source" or e[0] in has_in) and (e[1] == "sink" or e[1] in has_out)}
+        kept = {
+            e: v
+            for e, v in edges.items()
+            if (e[0] == "source" or e[0] in has_in) and (e[1] == "sink" or e[1] in has_out)
+        }
         if kept == edges:
             break
         edges = kept
     used = sorted({n for e in edges for n in e} - {"source", "sink"}, key=lambda n: int(n.rsplit("_", 1)[1]))
     mbps, mb = 1e6, 1e6
-    lines = ["# Simulator cluster file written by llm_planner's benchmarks/helix_harness.py", "", "[Coordinator]",
-             f"inbound_nic_speed={value(profiles['SinkNode']['inbound_nic_speed']) / mbps} * mbps",
-             f"outbound_nic_speed={value(profiles['SourceNode']['outbound_nic_speed']) / mbps} * mbps", "",
-             "[MachineTypes]", f"types={[s for s in profiles.sections() if s not in ('SourceNode', 'SinkNode')]}", "",
-             "[ComputeNodes]", f"names={used}", ""]
+    lines = [
+        "# Simulator cluster file written by llm_planner's benchmarks/helix_harness.py",
+        "",
+        "[Coordinator]",
+        f"inbound_nic_speed={value(profiles['SinkNode']['inbound_nic_speed']) / mbps} * mbps",
+        f"outbound_nic_speed={value(profiles['SourceNode']['outbound_nic_speed']) / mbps} * mbps",
+        "",
+        "[MachineTypes]",
+        f"types={[s for s in profiles.sections() if s not in ('SourceNode', 'SinkNode')]}",
+        "",
+        "[ComputeNodes]",
+        f"names={used}",
+        "",
+    ]
     for name in used:
         machine = profiles[node_type[name]]
         num = ranges[name][1] - ranges[name][0]
         if num > model_manager.get_max_num_layers(machine_type=node_type[name]):
-            raise SystemExit(f"{name} ({node_type[name]}) holds {num} layers; Helix's model tables stop at "
-                             f"{model_manager.get_max_num_layers(machine_type=node_type[name])}")
-        lines += [f"[{name}]", f"vram_size={value(machine['vram_size']) / mb} * MB",
-                  f"inbound_nic_speed={value(machine['inbound_nic_speed']) / mbps} * mbps",
-                  f"outbound_nic_speed={value(machine['outbound_nic_speed']) / mbps} * mbps",
-                  f"disk_speed={value(machine['disk_speed']) / mbps} * mbps", f"machine_type=\"{node_type[name]}\"",
-                  f"kv_cache_capacity={model_manager.get_kv_cache_capacity(machine_type=node_type[name], num_on_node_layers=num)}",
-                  f"activation_backup_capacity={model_manager.get_activation_backup_capacity(machine_type=node_type[name], num_on_node_layers=num)}",
-                  ""]
+            raise SystemExit(
+                f"{name} ({node_type[name]}) holds {num} layers; Helix's model tables stop at "
+                f"{model_manager.get_max_num_layers(machine_type=node_type[name])}"
+            )
+        lines += [
+            f"[{name}]",
+            f"vram_size={value(machine['vram_size']) / mb} * MB",
+            f"inbound_nic_speed={value(machine['inbound_nic_speed']) / mbps} * mbps",
+            f"outbound_nic_speed={value(machine['outbound_nic_speed']) / mbps} * mbps",
+            f"disk_speed={value(machine['disk_speed']) / mbps} * mbps",
+            f'machine_type="{node_type[name]}"',
+            f"kv_cache_capacity={model_manager.get_kv_cache_capacity(machine_type=node_type[name], num_on_node_layers=num)}",
+            f"activation_backup_capacity={model_manager.get_activation_backup_capacity(machine_type=node_type[name], num_on_node_layers=num)}",
+            "",
+        ]
     names = [f"link_{a}_{b}" for a, b in edges]
     lines += ["[Links]", f"names={names}", ""]
     for (a, b), (bw, latency) in edges.items():
-        lines += [f"[link_{a}_{b}]", f"in={a}", f"out={b}", f"latency={latency * 1000} * MilliSec", f"bandwidth={bw / mbps} * mbps", ""]
+        lines += [
+            f"[link_{a}_{b}]",
+            f"in={a}",
+            f"out={b}",
+            f"latency={latency * 1000} * MilliSec",
+            f"bandwidth={bw / mbps} * mbps",
+            "",
+        ]
     with open(out_path, "w") as f:
         f.write("\n".join(lines))
     return len(used)
@@ -132,7 +168,11 @@ def main():
     p.add_argument("--model", choices=("llama70b", "llama30b"), default="llama70b")
     p.add_argument("--scheduler", choices=("maxflow", "naive"), default="maxflow")
     p.add_argument("--initial-queries", type=int, default=20)
-    p.add_argument("--force-set", action="store_true", help="let machines hold more layers than Helix's tables (separate pipelines)")
+    p.add_argument(
+        "--force-set",
+        action="store_true",
+        help="let machines hold more layers than Helix's tables (separate pipelines)",
+    )
     p.add_argument("--warm-up", type=float, default=60.0)
     p.add_argument("--duration", type=float, default=600.0)
     args = p.parse_args()
@@ -144,24 +184,39 @@ def main():
 
     model = {"llama70b": ModelName.LLaMa70B, "llama30b": ModelName.LLaMa30B}[args.model]
     cluster = read_ini(args.cluster)
-    counts = collections.Counter(cluster[f"ComputeNode-{i}"]["type"].strip() for i in range(int(cluster["NodeNames"]["total_compute_nodes"])))
+    counts = collections.Counter(
+        cluster[f"ComputeNode-{i}"]["type"].strip() for i in range(int(cluster["NodeNames"]["total_compute_nodes"]))
+    )
     machine_num_dict = dict(sorted(counts.items()))
-    synthesizer = LayoutSynthesizer(complete_cluster_file_name=args.cluster, machine_profile_name=args.machine_profiles,
-                                    model_name=model, workspace_path="./workspace", layout_method=LayoutMethod.LoadExisting,
-                                    machine_num_dict=machine_num_dict)
+    synthesizer = LayoutSynthesizer(
+        complete_cluster_file_name=args.cluster,
+        machine_profile_name=args.machine_profiles,
+        model_name=model,
+        workspace_path="./workspace",
+        layout_method=LayoutMethod.LoadExisting,
+        machine_num_dict=machine_num_dict,
+    )
     simulator_cluster = args.simulator_cluster
     if simulator_cluster is None:
         simulator_cluster = os.path.abspath("simulator_cluster.ini")
         num_layers = len(synthesizer.model_manager.get_model_params())
-        write_simulator_cluster(args.cluster, args.machine_profiles, args.layout, synthesizer.model_manager, num_layers, simulator_cluster)
-    path = synthesizer.synthesize(args={"solution_file_name": args.layout, "simulator_cluster_file_name": simulator_cluster})
+        write_simulator_cluster(
+            args.cluster, args.machine_profiles, args.layout, synthesizer.model_manager, num_layers, simulator_cluster
+        )
+    path = synthesizer.synthesize(
+        args={"solution_file_name": args.layout, "simulator_cluster_file_name": simulator_cluster}
+    )
     simulator = ClusterSimulator(model_name=model, machine_num_dict=machine_num_dict)
     simulator.model_manager.allow_force_set = args.force_set
     simulator.from_ini_file(config_file_name=path)
     if args.scheduler == "maxflow":
-        simulator.init_scheduler(scheduling_method=SchedulingMethod.MaxFlow,
-                                 args={"kv_param": KVParameters(expected_kv_hwm=0.85, expected_output_length_ratio=1),
-                                       "scheduling_mode": SchedulingMode.Offline})
+        simulator.init_scheduler(
+            scheduling_method=SchedulingMethod.MaxFlow,
+            args={
+                "kv_param": KVParameters(expected_kv_hwm=0.85, expected_output_length_ratio=1),
+                "scheduling_mode": SchedulingMode.Offline,
+            },
+        )
     else:
         simulator.init_scheduler(scheduling_method=SchedulingMethod.Naive, args=None)
     simulator.init_query_manager()
@@ -169,8 +224,14 @@ def main():
     loaded_at = synthesizer.set_layout(simulator=simulator)
     simulator.update_scheduler()
     started = time.time()
-    feeder = OfflineRequestFeeder(initial_query_count=args.initial_queries, start_time=loaded_at,
-                                  duration=args.warm_up + args.duration, stop_at_duration=True, feed_hwm=0.8, seed=0)
+    feeder = OfflineRequestFeeder(
+        initial_query_count=args.initial_queries,
+        start_time=loaded_at,
+        duration=args.warm_up + args.duration,
+        stop_at_duration=True,
+        feed_hwm=0.8,
+        seed=0,
+    )
     feeder.auto_simulate(simulator=simulator, watch_items=["all"], watch_interval=200)
     begin, end = loaded_at + args.warm_up, loaded_at + args.warm_up + args.duration
     decoded = prompts = 0
@@ -180,10 +241,18 @@ def main():
                 prompts += 1
             else:
                 decoded += request.token_seq_length
-    result = {"decode_tokens_per_s": decoded / args.duration, "decode_tokens": decoded, "prompts": prompts,
-              "machines": len(simulator.compute_nodes), "simulated_s": args.duration, "wall_s": time.time() - started,
-              "max_flow_tokens_per_s": getattr(getattr(simulator.scheduler, "flow_graph", None), "flow_value", None),
-              "python": sys.version.split()[0], "numpy": _version("numpy"), "networkx": _version("networkx")}
+    result = {
+        "decode_tokens_per_s": decoded / args.duration,
+        "decode_tokens": decoded,
+        "prompts": prompts,
+        "machines": len(simulator.compute_nodes),
+        "simulated_s": args.duration,
+        "wall_s": time.time() - started,
+        "max_flow_tokens_per_s": getattr(getattr(simulator.scheduler, "flow_graph", None), "flow_value", None),
+        "python": sys.version.split()[0],
+        "numpy": _version("numpy"),
+        "networkx": _version("networkx"),
+    }
     print("HELIX_RESULT " + json.dumps(result), flush=True)
 
 

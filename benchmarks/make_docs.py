@@ -29,7 +29,10 @@ class Section:
 
 
 SECTIONS = [
-    Section("serving", "Serving: tokens/s under a per-token latency target against engineer-best", """\
+    Section(
+        "serving",
+        "Serving: tokens/s under a per-token latency target against engineer-best",
+        """\
 Each row plans `--objective serving` (docs/serving.md) for one model on one example cluster at
 one TPOT target, and scores, with the same model, the layouts an engineer would run on vLLM or
 SGLang (`engineer-best`: per class of identical servers every tensor-parallel degree, pipeline
@@ -40,8 +43,12 @@ memory in use with every sequence in flight; for the plan, the upper bound over 
 gap to it and the solve time (wall clock, the search limited to 60 s). Every plan was verified.
 Requests: prompt 512, output 128 (GPT-3) or 256 tokens; the Helix rows use Helix's 24-machine
 cluster and its measured LLaMA-2 70B layer profiles (`llm-planner import helix`) with the Azure
-Conversation means (prompt 763, output 232)."""),
-    Section("helix", "Helix's own simulator on Helix's layout and on ours", """\
+Conversation means (prompt 763, output 232).""",
+    ),
+    Section(
+        "helix",
+        "Helix's own simulator on Helix's layout and on ours",
+        """\
 Helix's discrete-event simulator (docs/helix.md: offline LLaMA-2 70B on its 24-machine cluster
 of 4 A100 40GB, 8 L4 and 12 T4 over 1 GB/s links with 1 ms latency, Azure Conversation request
 lengths, MaxFlow scheduling) scores a layout by the decode tokens that reach the coordinator
@@ -51,8 +58,12 @@ row is the layout of our serving plan of the same cluster at a 1 s TPOT target
 measured layer profiles, written by `llm-planner export --to helix`). Both were simulated over
 the same window, shorter than Helix's 600 s (the simulator's memory grows with simulated time
 and a 600 s run of a 24-machine layout does not fit in this machine's 24 GB beside other work);
-Helix reports 252.1 tokens/s for its layout over 600 s and 124.3 for one pipeline per GPU type."""),
-    Section("tp", "Tensor parallelism: MILP-SPLIT against the layouts engineers write by hand", """\
+Helix reports 252.1 tokens/s for its layout over 600 s and 124.3 for one pipeline per GPU type.""",
+    ),
+    Section(
+        "tp",
+        "Tensor parallelism: MILP-SPLIT against the layouts engineers write by hand",
+        """\
 One decode step (context 2048, fp16) per row, on the example clusters; MILP-SPLIT with
 groups up to a whole server (`--max-tp` default). Columns: the plan's objective
 (latency: seconds for the batch; throughput: seconds per sample), its lower bound over
@@ -62,8 +73,12 @@ of a group) against its usable memory; then `megatron` and `tp-replicas`
 (docs/objectives.md), the best of the five single-device baselines, and MILP-SPLIT with
 `--max-tp 1` (no groups); the layout is the group degree MILP-SPLIT chose per class of
 identical devices. Every plan passed the verifier. The README's main job is the row
-`gpt3-175b/gpt3-six-servers/latency/32`."""),
-    Section("launch", "Launch: predicted against measured (profile, plan, launch --measure)", """\
+`gpt3-175b/gpt3-six-servers/latency/32`.""",
+    ),
+    Section(
+        "launch",
+        "Launch: predicted against measured (profile, plan, launch --measure)",
+        """\
 Each run is the whole pipeline a user runs, with the CLI, on
 `cluster_specs/localhost-2cpu.yaml` (two one-core CPU devices: one MPI rank per core of a
 2-core machine): `profile --mpi` (single devices, a member's share of each task on the
@@ -78,8 +93,12 @@ makes with groups offered, batch 1; `gpt2-throughput-b4`, MILP-SPLIT's throughpu
 at batch 4, run in steady state (the batches in flight its pipeline needs), seconds per
 sample. Every run is listed; each run's profile, plan, run report and measurement are
 kept under `benchmarks/results/launch/<case>/run<i>/`. The target: every run within 15%
-of its prediction."""),
-    Section("split", "MILP-SPLIT against the exact MILP", """\
+of its prediction.""",
+    ),
+    Section(
+        "split",
+        "MILP-SPLIT against the exact MILP",
+        """\
 Every row is a model preset on a cluster spec (batch 1 and 8, latency), solved in one run
 by the exact MILP under a time limit (in a child process), MILP-SPLIT, the best baseline
 and the fastest single device. Columns: the tasks; the MILP's objective, status and solve
@@ -91,16 +110,24 @@ the single device. Solve times are wall-clock `solve(...)` with the verifier off
 plan was verified apart. `--quick` runs four models with a 10 s MILP limit; the full run
 (`bench_split.py` without it, 60 s limits, more models and throughput rows with
 `--objectives latency,throughput`) takes hours on this machine. The targets of the
-MILP-SPLIT issue follow the table."""),
-    Section("milp-models", "The exact MILP on models", """\
+MILP-SPLIT issue follow the table.""",
+    ),
+    Section(
+        "milp-models",
+        "The exact MILP on models",
+        """\
 The exact MILP (HiGHS, one thread) on ResNet-50, randomly wired networks of 22 to 202
 tasks and GPT-2's prefill in blocks, on the CPU + two GPUs node, batch 1 and 8, latency
 and throughput, each under the time limit in the command. Columns: the MILP's objective,
 its bound and gap, its status, the solve time (the whole solve_milp call, warm start
 included), the model's size (variables, integers, rows), branch-and-bound nodes, the best
 baseline and the MILP against it. The same benchmark on the published dnn-partitioning
-inputs is `bench_milp.py workloads` (docs/workloads.md)."""),
-    Section("runtime", "Runtime: the MPI decoder pipeline against one process", """\
+inputs is `bench_milp.py workloads` (docs/workloads.md).""",
+    ),
+    Section(
+        "runtime",
+        "Runtime: the MPI decoder pipeline against one process",
+        """\
 A small GPT-2 with seeded weights is planned on `cluster_specs/localhost-cpu.yaml` with
 its blocks split evenly over two single-core CPU devices (embed with the first blocks,
 final norm and LM head with the last) and generates greedily. Rows: `generate (1
@@ -112,26 +139,41 @@ tokens/s over the wall time of generation (model building excluded), per-token l
 (one step of the whole batch), compute summed over ranks, and the runtime's overhead
 (the share of the ranks' time outside compute, transfers and waiting). Each row is the
 run of median time over the repeats; the script fails if the tokens differ between rows
-or the overhead exceeds 10%."""),
-    Section("symmetry", "Symmetry breaking among identical devices and servers", """\
+or the overhead exceeds 10%.""",
+    ),
+    Section(
+        "symmetry",
+        "Symmetry breaking among identical devices and servers",
+        """\
 Each table is `llm-planner compare-symmetry` on one instance (one batch shard, so that
 the exact MILP's size stays in reach): the exact MILP and MILP-SPLIT under every
 `--symmetry` criterion (docs/symmetry.md), with the plan's objective, the proven bound,
 the gap, the solve time, the solver's status and the exact MILP's branch-and-bound
 nodes. By default the benchmark runs the GPT-2 row (a small GPT over four identical
 GPUs, where branch-and-bound meets mirrored devices); `--rows all` adds the GPT-3 175B
-rows on `gpt3-six-servers` (about 25 minutes)."""),
-    Section("cost-model", "The roofline against a measured profile, task by task", """\
+rows on `gpt3-six-servers` (about 25 minutes).""",
+    ),
+    Section(
+        "cost-model",
+        "The roofline against a measured profile, task by task",
+        """\
 For every task of a GPT-2 profile (sublayer granularity, context 256, fp32, batch 1 and
 4, two blocks) on `cluster_specs/localhost-2cpu.yaml`: the roofline's time from the
 cluster spec and the measured median, and their ratio. A task whose bytes or FLOPs were
 counted wrong stands out from the others' ratio; a ratio shared by every task is the
-spec's efficiency or overhead, which `llm-planner calibrate` fits."""),
+spec's efficiency or overhead, which `llm-planner calibrate` fits.""",
+    ),
 ]
 
 NOT_MEASURED = [
-    ("Exact MILP on the dnn-partitioning inputs", ".venv/bin/python benchmarks/bench_milp.py workloads --time-limit 600"),
-    ("Where MILP-SPLIT's gap comes from, one module", ".venv/bin/python benchmarks/bench_module_gap.py --model rwnn-ws-3x32 --cluster cpu-two-gpus"),
+    (
+        "Exact MILP on the dnn-partitioning inputs",
+        ".venv/bin/python benchmarks/bench_milp.py workloads --time-limit 600",
+    ),
+    (
+        "Where MILP-SPLIT's gap comes from, one module",
+        ".venv/bin/python benchmarks/bench_module_gap.py --model rwnn-ws-3x32 --cluster cpu-two-gpus",
+    ),
     ("Predicted against measured, GPT-2 and ResNet-18 on even splits", "bash benchmarks/run_measure.sh"),
 ]
 
@@ -140,8 +182,11 @@ def _measured(meta: dict) -> str:
     commit = meta.get("commit", "")[:10] or "an unknown commit"
     where = f"at commit {commit}" + ("" if meta.get("clean", False) else " with uncommitted changes to the code")
     load = meta.get("load_before")
-    return (f"Measured {meta.get('date_utc', '?')} to {meta.get('ended_utc', '?')} UTC {where}, on {meta.get('cpus', '?')} cores"
-            + (f", load average {load:.2f} before the run" if isinstance(load, (int, float)) else "") + ".")
+    return (
+        f"Measured {meta.get('date_utc', '?')} to {meta.get('ended_utc', '?')} UTC {where}, on {meta.get('cpus', '?')} cores"
+        + (f", load average {load:.2f} before the run" if isinstance(load, (int, float)) else "")
+        + "."
+    )
 
 
 def section_text(section: Section) -> str | None:
@@ -150,14 +195,19 @@ def section_text(section: Section) -> str | None:
         return None
     meta = json.loads((folder / "meta.json").read_text())
     table = (folder / "table.md").read_text().strip()
-    return (f"## {section.title}\n\n```\n{meta['command']}\n```\n\n{section.about}\n\n{_measured(meta)}"
-            f" Results: `benchmarks/results/{section.name}/`.\n\n{table}\n")
+    return (
+        f"## {section.title}\n\n```\n{meta['command']}\n```\n\n{section.about}\n\n{_measured(meta)}"
+        f" Results: `benchmarks/results/{section.name}/`.\n\n{table}\n"
+    )
 
 
 def document() -> str:
-    parts = ["# Benchmarks\n", "Written by `.venv/bin/python benchmarks/make_docs.py` from the results each benchmark wrote "
-             "(`benchmarks/results/<name>/`: the table, and `meta.json`: the command, the commit and when); do not edit "
-             "this file by hand. Earlier results are in git history.\n"]
+    parts = [
+        "# Benchmarks\n",
+        "Written by `.venv/bin/python benchmarks/make_docs.py` from the results each benchmark wrote "
+        "(`benchmarks/results/<name>/`: the table, and `meta.json`: the command, the commit and when); do not edit "
+        "this file by hand. Earlier results are in git history.\n",
+    ]
     missing = []
     for section in SECTIONS:
         text = section_text(section)
@@ -166,8 +216,10 @@ def document() -> str:
         else:
             parts.append(text)
     rows = [f"- {title}: `{command}`" for title, command in [*missing, *NOT_MEASURED]]
-    parts.append("## Not measured at this commit\n\nThese benchmarks exist but their figures were not taken at this "
-                 "commit (earlier ones are in git history); run the command to measure them:\n\n" + "\n".join(rows) + "\n")
+    parts.append(
+        "## Not measured at this commit\n\nThese benchmarks exist but their figures were not taken at this "
+        "commit (earlier ones are in git history); run the command to measure them:\n\n" + "\n".join(rows) + "\n"
+    )
     return "\n".join(parts)
 
 

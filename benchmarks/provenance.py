@@ -37,9 +37,14 @@ def start(argv: list[str]) -> dict:
     """The facts to record, taken before the benchmark runs (commit, tree, load); argv: sys.argv."""
     script = Path(argv[0]).resolve()
     shown = [".venv/bin/python", str(script.relative_to(REPO)) if script.is_relative_to(REPO) else argv[0], *argv[1:]]
-    return {"command": shlex.join(shown), "commit": _git("rev-parse", "HEAD"),
-            "clean": _git("status", "--porcelain", "--", "llm_planner", "benchmarks", ":!benchmarks/results") == "",
-            "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "cpus": os.cpu_count(), "load_before": load_average()}
+    return {
+        "command": shlex.join(shown),
+        "commit": _git("rev-parse", "HEAD"),
+        "clean": _git("status", "--porcelain", "--", "llm_planner", "benchmarks", ":!benchmarks/results") == "",
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "load_before": load_average(),
+    }
 
 
 def record(out_dir: str | Path, facts: dict) -> None:

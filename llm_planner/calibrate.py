@@ -119,7 +119,9 @@ def _bounded_fit(a: np.ndarray, target: np.ndarray, prior: np.ndarray, lower: np
     rank_of = {j: n for n, j in enumerate(order)}
     best = None
     for size in range(min(len(candidates), a.shape[0] - 1), 0, -1):
-        for subset in sorted(combinations(candidates, size), key=lambda c: sorted(rank_of[j] for j in candidates if j not in c)):
+        for subset in sorted(
+            combinations(candidates, size), key=lambda c: sorted(rank_of[j] for j in candidates if j not in c)
+        ):
             if not _independent(a[:, subset]):
                 continue
             p, free, weak = _solve(a, target, prior, lower, list(subset), kept)
@@ -160,7 +162,9 @@ def _solve(a, target, prior, lower, free: list[int], kept: dict) -> tuple[np.nda
         if not small:
             return p, free, weak
         free = [j for j in free if j != small[0]]
-        weak[small[0]] = f"its term explains under {WEAK_SHARE:.0%} of every measured time, so the data does not determine it"
+        weak[small[0]] = (
+            f"its term explains under {WEAK_SHARE:.0%} of every measured time, so the data does not determine it"
+        )
 
 
 # ----------------------------------------------------------------------------
@@ -184,10 +188,18 @@ def _kind_samples(kind: DeviceKindSpec, runs: Sequence[RunData], kind_of: dict[s
             try:
                 peak = kind.flops_for(run.obs.dtype)
             except KeyError:
-                raise CalibrateError(f"device kind {kind.name!r} has no peak_flops for dtype {run.obs.dtype!r}, "
-                                     f"the dtype of run {run.obs.source}") from None
-            groups = tuple((n, task.flops_per_sample * b / peak, (task.weight_bytes + task.bytes_per_sample * b) / kind.mem_bw_bytes_per_s)
-                           for b, n in o.calls)
+                raise CalibrateError(
+                    f"device kind {kind.name!r} has no peak_flops for dtype {run.obs.dtype!r}, "
+                    f"the dtype of run {run.obs.source}"
+                ) from None
+            groups = tuple(
+                (
+                    n,
+                    task.flops_per_sample * b / peak,
+                    (task.weight_bytes + task.bytes_per_sample * b) / kind.mem_bw_bytes_per_s,
+                )
+                for b, n in o.calls
+            )
             out.append(_Sample(total_s=o.measured_s, groups=groups))
     return out
 
@@ -217,10 +229,23 @@ def _rel_rms(predicted: np.ndarray, measured: np.ndarray) -> float:
 def fit_kind(kind: DeviceKindSpec, samples: list[_Sample], path: tuple) -> Fit:
     """Fit (overhead_s, 1/compute_efficiency, 1/mem_efficiency) of one kind; see the module docstring."""
     prior = np.array([kind.overhead_s, 1.0 / kind.compute_efficiency, 1.0 / kind.mem_efficiency])
-    before = {"overhead_s": kind.overhead_s, "compute_efficiency": kind.compute_efficiency, "mem_efficiency": kind.mem_efficiency}
+    before = {
+        "overhead_s": kind.overhead_s,
+        "compute_efficiency": kind.compute_efficiency,
+        "mem_efficiency": kind.mem_efficiency,
+    }
     if not samples:
-        return Fit(name=kind.name, path=path, values=before, before=before, fitted=(), kept=dict.fromkeys(KIND_FIELDS, "no timed task"),
-                   samples=0, rel_rms_before=math.nan, rel_rms_after=math.nan)
+        return Fit(
+            name=kind.name,
+            path=path,
+            values=before,
+            before=before,
+            fitted=(),
+            kept=dict.fromkeys(KIND_FIELDS, "no timed task"),
+            samples=0,
+            rel_rms_before=math.nan,
+            rel_rms_after=math.nan,
+        )
     measured = np.array([s.total_s for s in samples])
     weight = 1.0 / measured
     best = None
@@ -232,15 +257,25 @@ def fit_kind(kind: DeviceKindSpec, samples: list[_Sample], path: tuple) -> Fit:
             if key in seen:
                 break
             seen.add(key)
-            p, free, kept = _bounded_fit(a * weight[:, None], np.ones(len(samples)), prior, np.array([0.0, 1.0, 1.0]), order=(2, 1, 0))
+            p, free, kept = _bounded_fit(
+                a * weight[:, None], np.ones(len(samples)), prior, np.array([0.0, 1.0, 1.0]), order=(2, 1, 0)
+            )
         rms = _rel_rms(_predict(samples, p), measured)
         if best is None or rms < best[0] - 1e-12:
             best = (rms, p, free, kept)
     rms, p, free, kept = best
     values = {"overhead_s": float(p[0]), "compute_efficiency": float(1.0 / p[1]), "mem_efficiency": float(1.0 / p[2])}
-    return Fit(name=kind.name, path=path, values=values, before=before, fitted=tuple(KIND_FIELDS[j] for j in sorted(free)),
-               kept={KIND_FIELDS[j]: why for j, why in kept.items()}, samples=len(samples),
-               rel_rms_before=_rel_rms(_predict(samples, prior), measured), rel_rms_after=rms)
+    return Fit(
+        name=kind.name,
+        path=path,
+        values=values,
+        before=before,
+        fitted=tuple(KIND_FIELDS[j] for j in sorted(free)),
+        kept={KIND_FIELDS[j]: why for j, why in kept.items()},
+        samples=len(samples),
+        rel_rms_before=_rel_rms(_predict(samples, prior), measured),
+        rel_rms_after=rms,
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -283,15 +318,32 @@ def fit_link(cluster: ClusterSpec, path: tuple, rows: list[tuple[int, int, float
     rows = [r for r in rows if r[2] > 0 and r[0] > 0]
     name = ".".join(map(str, path))
     if not rows:
-        return Fit(name=name, path=path, values=before, before=before, fitted=(), kept=dict.fromkeys(LINK_FIELDS, "no message measured"),
-                   samples=0, rel_rms_before=math.nan, rel_rms_after=math.nan)
+        return Fit(
+            name=name,
+            path=path,
+            values=before,
+            before=before,
+            fitted=(),
+            kept=dict.fromkeys(LINK_FIELDS, "no message measured"),
+            samples=0,
+            rel_rms_before=math.nan,
+            rel_rms_after=math.nan,
+        )
     a = np.array([[m, nbytes] for m, nbytes, _ in rows], dtype=float)
     measured = np.array([s for _, _, s in rows])
     p, free, kept = _bounded_fit(a / measured[:, None], np.ones(len(rows)), prior, np.array([0.0, 1e-18]), order=(1, 0))
     values = {"latency_s": float(p[0]), "bw_bytes_per_s": float(1.0 / p[1])}
-    return Fit(name=name, path=path, values=values, before=before, fitted=tuple(LINK_FIELDS[j] for j in sorted(free)),
-               kept={LINK_FIELDS[j]: why for j, why in kept.items()}, samples=len(rows),
-               rel_rms_before=_rel_rms(a @ prior, measured), rel_rms_after=_rel_rms(a @ p, measured))
+    return Fit(
+        name=name,
+        path=path,
+        values=values,
+        before=before,
+        fitted=tuple(LINK_FIELDS[j] for j in sorted(free)),
+        kept={LINK_FIELDS[j]: why for j, why in kept.items()},
+        samples=len(rows),
+        rel_rms_before=_rel_rms(a @ prior, measured),
+        rel_rms_after=_rel_rms(a @ p, measured),
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -306,7 +358,9 @@ def calibrate(cluster: ClusterSpec, runs: Sequence[RunData]) -> Calibration:
             if name not in devices:
                 raise CalibrateError(f"{run.obs.source}: device {name!r} of the run is not in cluster {cluster.source}")
     kind_of = {name: d.kind for name, d in devices.items()}
-    kinds = tuple(fit_kind(k, _kind_samples(k, runs, kind_of), ("device_kinds", i)) for i, k in enumerate(cluster.device_kinds))
+    kinds = tuple(
+        fit_kind(k, _kind_samples(k, runs, kind_of), ("device_kinds", i)) for i, k in enumerate(cluster.device_kinds)
+    )
     by_class: dict[tuple, list[tuple[int, int, float]]] = {}
     for run in runs:
         for t in run.obs.transfers:
@@ -333,12 +387,16 @@ def load_run(plan_path: str | Path, report_path: str | Path) -> RunData:
     return RunData(plan=plan, problem=problem, obs=obs)
 
 
-def calibrate_files(cluster_path: str | Path, plan_paths: Sequence[str], report_paths: Sequence[str], output: str | Path) -> Calibration:
+def calibrate_files(
+    cluster_path: str | Path, plan_paths: Sequence[str], report_paths: Sequence[str], output: str | Path
+) -> Calibration:
     """Read the runs (one plan for every report, or one plan per report), fit, and write the corrected spec."""
     if not report_paths:
         raise CalibrateError("give at least one run report (--report)")
     if len(plan_paths) not in (1, len(report_paths)):
-        raise CalibrateError(f"give one plan for all reports or one plan per report; got {len(plan_paths)} plans for {len(report_paths)} reports")
+        raise CalibrateError(
+            f"give one plan for all reports or one plan per report; got {len(plan_paths)} plans for {len(report_paths)} reports"
+        )
     plans = list(plan_paths) * len(report_paths) if len(plan_paths) == 1 else list(plan_paths)
     cluster = load_cluster(cluster_path)
     runs = [load_run(p, r) for p, r in zip(plans, report_paths)]
@@ -356,7 +414,9 @@ def _human(field: str, value: float) -> float | str:
     return float(f"{value:.4g}")
 
 
-def write_calibrated_spec(cluster_path: str | Path, calibration: Calibration, output: str | Path, *, sources: Sequence[str]) -> ClusterSpec:
+def write_calibrated_spec(
+    cluster_path: str | Path, calibration: Calibration, output: str | Path, *, sources: Sequence[str]
+) -> ClusterSpec:
     """The spec at `cluster_path` with the fitted fields replaced (comments and layout kept), written to `output`."""
     import yaml
 

@@ -32,7 +32,14 @@ def model_spec(args: argparse.Namespace):
 
     if args.model is None:
         return None
-    return ModelSpec(name=args.model, phase=args.phase, seq_len=args.seq_len, granularity=args.granularity, dtype=args.dtype, seed=args.seed)
+    return ModelSpec(
+        name=args.model,
+        phase=args.phase,
+        seq_len=args.seq_len,
+        granularity=args.granularity,
+        dtype=args.dtype,
+        seed=args.seed,
+    )
 
 
 def _solve_options(args: argparse.Namespace, solver: str | None = None):
@@ -86,8 +93,10 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     units = has_file_units(problem.graph)
     console.print(plan_summary_table(plan, rows, file_units=units))
     if interrupted:
-        console.print(f"[yellow]interrupted[/]: the best plan found so far, {fmt_time(plan.objective_s, units)}, within "
-                      f"{plan.gap:.2%} of the bound {fmt_time(plan.lower_bound_s, units)}")
+        console.print(
+            f"[yellow]interrupted[/]: the best plan found so far, {fmt_time(plan.objective_s, units)}, within "
+            f"{plan.gap:.2%} of the bound {fmt_time(plan.lower_bound_s, units)}"
+        )
     console.print(f"plan written to [bold]{args.output}[/]")
     if args.export:
         _export(plan, problem, args, console)
@@ -155,8 +164,14 @@ def plan_summary_table(plan, baseline_plans: dict, file_units: bool = False) -> 
     for col in ("planner", f"objective ({unit})", rate, "lower bound", "gap", "status", "solve time", "devices used"):
         table.add_column(col, justify="right" if col != "planner" else "left")
     table.add_row(
-        plan.solver.name, fmt_time(plan.objective_s, file_units), f"{plan.throughput_samples_per_s:.4g}", fmt_time(plan.lower_bound_s, file_units),
-        f"{plan.gap:.2%}", plan.solver.status, fmt_s(plan.solver.time_s), str(len(plan.physical_devices_used())),
+        plan.solver.name,
+        fmt_time(plan.objective_s, file_units),
+        f"{plan.throughput_samples_per_s:.4g}",
+        fmt_time(plan.lower_bound_s, file_units),
+        f"{plan.gap:.2%}",
+        plan.solver.status,
+        fmt_s(plan.solver.time_s),
+        str(len(plan.physical_devices_used())),
     )
     for name, other in (baseline_plans or {}).items():
         if f"baseline:{name}" == plan.solver.name:
@@ -166,8 +181,14 @@ def plan_summary_table(plan, baseline_plans: dict, file_units: bool = False) -> 
             continue
         ratio = other.objective_s / plan.objective_s if plan.objective_s > 0 else float("nan")
         table.add_row(
-            f"baseline:{name}", f"{fmt_time(other.objective_s, file_units)} ({ratio:.2f}x)", f"{other.throughput_samples_per_s:.4g}",
-            "", "", other.solver.status, fmt_s(other.solver.time_s), str(len(other.physical_devices_used())),
+            f"baseline:{name}",
+            f"{fmt_time(other.objective_s, file_units)} ({ratio:.2f}x)",
+            f"{other.throughput_samples_per_s:.4g}",
+            "",
+            "",
+            other.solver.status,
+            fmt_s(other.solver.time_s),
+            str(len(other.physical_devices_used())),
         )
     return table
 
@@ -213,7 +234,9 @@ def cmd_models(args: argparse.Namespace, console: Console) -> int:
     for name, family, desc in list_models():
         table.add_row(name, family, desc)
     console.print(table)
-    console.print("Also: any transformers config.json (or a directory holding one) as --model, or a graph file as --graph.")
+    console.print(
+        "Also: any transformers config.json (or a directory holding one) as --model, or a graph file as --graph."
+    )
     return 0
 
 
@@ -233,8 +256,14 @@ def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
     from llm_planner.solve.options import SYMMETRY_CHOICES
 
     problem = problem_from_inputs(
-        cluster_path=args.cluster, model=model_spec(args), graph_path=args.graph,
-        objective=args.objective, batch_size=args.batch, max_shards=args.max_shards, profile_path=args.profile, max_tp=args.max_tp,
+        cluster_path=args.cluster,
+        model=model_spec(args),
+        graph_path=args.graph,
+        objective=args.objective,
+        batch_size=args.batch,
+        max_shards=args.max_shards,
+        profile_path=args.profile,
+        max_tp=args.max_tp,
     )
     if args.profile:
         print_profile_coverage(console, problem, args.profile)
@@ -242,18 +271,46 @@ def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
     criteria = tuple(c.strip() for c in args.criteria.split(",") if c.strip())
     unknown = sorted(set(criteria) - set(SYMMETRY_CHOICES)) or (["(none given)"] if not criteria else [])
     if unknown:
-        raise UserError(f"--criteria: unknown criterion {', '.join(unknown)}; choose from {', '.join(SYMMETRY_CHOICES)}", exit_code=2)
+        raise UserError(
+            f"--criteria: unknown criterion {', '.join(unknown)}; choose from {', '.join(SYMMETRY_CHOICES)}",
+            exit_code=2,
+        )
     out = _writable_dir(args.out_dir, ("symmetry.csv", "symmetry.png"))
     with console.status("solving...") as status:
-        rows = study.compare_symmetry(problem, time_limit_s=args.time_limit, solvers=solvers, criteria=criteria, backend=args.solver_backend,
-                                      progress=lambda msg: status.update(f"solving: {msg}"))
+        rows = study.compare_symmetry(
+            problem,
+            time_limit_s=args.time_limit,
+            solvers=solvers,
+            criteria=criteria,
+            backend=args.solver_backend,
+            progress=lambda msg: status.update(f"solving: {msg}"),
+        )
     unit = "s/sample" if problem.objective == "throughput" else "s"
-    table = Table(title=f"symmetry breaking: {problem.graph.name} on {problem.cluster.name}, {problem.objective}, batch {problem.batch_size}")
-    for col in ("criterion", "solver", f"objective ({unit})", "lower bound", "gap", "solve time", "status", "B&B nodes"):
+    table = Table(
+        title=f"symmetry breaking: {problem.graph.name} on {problem.cluster.name}, {problem.objective}, batch {problem.batch_size}"
+    )
+    for col in (
+        "criterion",
+        "solver",
+        f"objective ({unit})",
+        "lower bound",
+        "gap",
+        "solve time",
+        "status",
+        "B&B nodes",
+    ):
         table.add_column(col, justify="left" if col in ("criterion", "solver", "status") else "right")
     for r in rows:
-        table.add_row(r.criterion, r.solver, fmt_s(r.objective_s), fmt_s(r.lower_bound_s), f"{r.gap:.2%}", fmt_s(r.time_s), r.status,
-                      "-" if r.nodes is None else str(r.nodes))
+        table.add_row(
+            r.criterion,
+            r.solver,
+            fmt_s(r.objective_s),
+            fmt_s(r.lower_bound_s),
+            f"{r.gap:.2%}",
+            fmt_s(r.time_s),
+            r.status,
+            "-" if r.nodes is None else str(r.nodes),
+        )
     console.print(table)
     study.write_csv(rows, out / "symmetry.csv")
     study.write_bar_chart(rows, out / "symmetry.png", title=table.title)
@@ -286,10 +343,16 @@ def print_profile_coverage(console: Console, problem, profile_path: str) -> None
 
     coverage = profile_coverage(problem.graph, problem.cluster, load_profile(profile_path))
     total = len(coverage.profiled) + len(coverage.fallback)
-    console.print(f"profile [bold]{profile_path}[/]: measured costs for {len(coverage.profiled)} of {total} (task, device kind) pairs", highlight=False)
+    console.print(
+        f"profile [bold]{profile_path}[/]: measured costs for {len(coverage.profiled)} of {total} (task, device kind) pairs",
+        highlight=False,
+    )
     for kind, tasks in coverage.fallback_tasks().items():
         shown = ", ".join(tasks[:8]) + (f", ... ({len(tasks)} tasks)" if len(tasks) > 8 else "")
         console.print(f"  roofline on {kind} (not in the profile): {shown}", highlight=False)
     if coverage.links_profiled or coverage.links_fallback:
-        console.print(f"  links measured: {', '.join(coverage.links_profiled) or 'none'}; from the cluster spec: "
-                      f"{', '.join(coverage.links_fallback) or 'none'}", highlight=False)
+        console.print(
+            f"  links measured: {', '.join(coverage.links_profiled) or 'none'}; from the cluster spec: "
+            f"{', '.join(coverage.links_fallback) or 'none'}",
+            highlight=False,
+        )

@@ -15,23 +15,42 @@ from llm_planner.commands import UserError
 def add_export_parser(sub) -> None:
     from llm_planner.serving.export import FRAMEWORKS
 
-    p = sub.add_parser("export", help="a serving plan as the launch commands of vLLM or SGLang, or Megatron-LM's parallel sizes")
+    p = sub.add_parser(
+        "export", help="a serving plan as the launch commands of vLLM or SGLang, or Megatron-LM's parallel sizes"
+    )
     p.add_argument("plan", help="serving plan file written by `plan --objective serving`")
-    p.add_argument("--to", required=True, choices=(*FRAMEWORKS, "helix"),
-                   help="vllm / sglang: a shell script starting every engine (one per replica copy) on its hosts, with the "
-                        "load balancer's weights; megatron: tensor, pipeline and data parallel sizes per pattern (JSON); "
-                        "helix: Helix's layout file (each machine's layer range; needs --helix-cluster)")
-    p.add_argument("--helix-cluster", default=None,
-                   help="--to helix: the Helix cluster .ini the plan's cluster was imported from (maps devices to its nodes)")
-    p.add_argument("--format", choices=("script", "json"), default=None,
-                   help="script (default for vllm and sglang) or json (the engines as data; megatron's only form)")
+    p.add_argument(
+        "--to",
+        required=True,
+        choices=(*FRAMEWORKS, "helix"),
+        help="vllm / sglang: a shell script starting every engine (one per replica copy) on its hosts, with the "
+        "load balancer's weights; megatron: tensor, pipeline and data parallel sizes per pattern (JSON); "
+        "helix: Helix's layout file (each machine's layer range; needs --helix-cluster)",
+    )
+    p.add_argument(
+        "--helix-cluster",
+        default=None,
+        help="--to helix: the Helix cluster .ini the plan's cluster was imported from (maps devices to its nodes)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("script", "json"),
+        default=None,
+        help="script (default for vllm and sglang) or json (the engines as data; megatron's only form)",
+    )
     p.add_argument("-o", "--output", default=None, help="file to write (default: standard output)")
 
 
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
     from llm_planner.atomic import check_writable, write_atomic
-    from llm_planner.serving.export import ServingExportError, assign_ports, build_engines, engines_config, megatron_config
-    from llm_planner.serving.export_scripts import SGLANG_PORT, VLLM_PORT, PORT_STEP, sglang_script, vllm_script
+    from llm_planner.serving.export import (
+        ServingExportError,
+        assign_ports,
+        build_engines,
+        engines_config,
+        megatron_config,
+    )
+    from llm_planner.serving.export_scripts import PORT_STEP, SGLANG_PORT, VLLM_PORT, sglang_script, vllm_script
     from llm_planner.serving.plan_file import is_serving_plan, load_serving_plan
     from llm_planner.spec import load_cluster
 
@@ -41,8 +60,11 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     if args.to == "megatron" and fmt == "script":
         raise UserError("--to megatron writes JSON (parallel sizes per pattern); drop --format script", exit_code=2)
     if not is_serving_plan(args.plan):
-        raise UserError(f"{args.plan}: not a serving plan (`plan --objective serving` writes one); `plan --export` "
-                        "writes the parallel sizes of other plans", exit_code=2)
+        raise UserError(
+            f"{args.plan}: not a serving plan (`plan --objective serving` writes one); `plan --export` "
+            "writes the parallel sizes of other plans",
+            exit_code=2,
+        )
     if args.output is not None:
         check_writable(args.output, ServingExportError)
     plan = load_serving_plan(args.plan)
@@ -62,8 +84,10 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
         console.file.flush()
         return 0
     write_atomic(args.output, text, ServingExportError)
-    console.print(f"{args.to} {fmt} for {len(export.engines)} engine(s) written to [bold]{escape(args.output)}[/]",
-                  highlight=False)
+    console.print(
+        f"{args.to} {fmt} for {len(export.engines)} engine(s) written to [bold]{escape(args.output)}[/]",
+        highlight=False,
+    )
     return 0
 
 
@@ -87,7 +111,9 @@ def _export_helix(args: argparse.Namespace, console: Console) -> int:
     from llm_planner.serving.plan_file import load_serving_plan
 
     if args.helix_cluster is None:
-        raise UserError("--to helix needs --helix-cluster, the Helix .ini the plan's cluster was imported from", exit_code=2)
+        raise UserError(
+            "--to helix needs --helix-cluster, the Helix .ini the plan's cluster was imported from", exit_code=2
+        )
     plan = load_serving_plan(args.plan)
     names = device_helix_names(load_helix_cluster(args.helix_cluster))
     try:

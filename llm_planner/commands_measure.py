@@ -12,6 +12,7 @@ from rich.table import Table
 from llm_planner.commands import UserError, model_spec, progress
 from llm_planner.fmt import fmt_s
 
+
 def cmd_launch(args: argparse.Namespace, console: Console) -> int:
     from llm_planner import launch
 
@@ -79,8 +80,16 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     for fit in (*result.kinds, *result.links):
         for name, before in fit.before.items():
             value = fit.values[name]
-            table.add_row(fit.name, name, _fmt_field(name, before), _fmt_field(name, value) if name in fit.fitted else "(kept)", str(fit.samples),
-                          f"{fit.rel_rms_before:.1%}", f"{fit.rel_rms_after:.1%}", fit.kept.get(name, ""))
+            table.add_row(
+                fit.name,
+                name,
+                _fmt_field(name, before),
+                _fmt_field(name, value) if name in fit.fitted else "(kept)",
+                str(fit.samples),
+                f"{fit.rel_rms_before:.1%}",
+                f"{fit.rel_rms_after:.1%}",
+                fit.kept.get(name, ""),
+            )
     console.print(table)
     console.print(f"corrected spec written to [bold]{args.output}[/]")
     return 0
@@ -91,16 +100,30 @@ def _profile_job(args: argparse.Namespace):
     from llm_planner.runtime.profile_run import ProfileJob
 
     if args.graph is not None or args.cluster is None:
-        raise UserError("profile needs --model and --cluster: it runs the model's tasks on the cluster's devices", exit_code=2)
+        raise UserError(
+            "profile needs --model and --cluster: it runs the model's tasks on the cluster's devices", exit_code=2
+        )
     try:
         sizes = tuple(int(b) for b in args.batch_sizes.split(",") if b.strip())
-        options = ProfileOptions(batch_sizes=sizes, repetitions=args.repetitions, warmup=args.warmup, threads=args.threads,
-                                 max_blocks=args.max_blocks, seed=args.seed).check()
+        options = ProfileOptions(
+            batch_sizes=sizes,
+            repetitions=args.repetitions,
+            warmup=args.warmup,
+            threads=args.threads,
+            max_blocks=args.max_blocks,
+            seed=args.seed,
+        ).check()
     except ValueError as exc:
-        message = str(exc) if isinstance(exc, ProfileRunError) else f"--batch-sizes {args.batch_sizes!r}: expected comma-separated integers"
+        message = (
+            str(exc)
+            if isinstance(exc, ProfileRunError)
+            else f"--batch-sizes {args.batch_sizes!r}: expected comma-separated integers"
+        )
         raise UserError(f"bad option: {message}", exit_code=2) from None
     model = model_spec(args).check()
-    return ProfileJob(cluster_path=args.cluster, model=model.to_dict(), output_path=args.output, options=options, node=args.node)
+    return ProfileJob(
+        cluster_path=args.cluster, model=model.to_dict(), output_path=args.output, options=options, node=args.node
+    )
 
 
 def _under_mpi() -> bool:
@@ -111,11 +134,10 @@ def _under_mpi() -> bool:
 
 
 def cmd_profile(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.runtime import profile_run
-    from llm_planner.runtime.profile_rank import ProfileRunError
-
     from llm_planner.atomic import check_writable
     from llm_planner.profile import ProfileError
+    from llm_planner.runtime import profile_run
+    from llm_planner.runtime.profile_rank import ProfileRunError
 
     job = _profile_job(args)
     if not _under_mpi():
@@ -152,7 +174,9 @@ def _profile_as_rank(job):
         return run_mpi(job)
     except BaseException as exc:  # one rank failing must stop them all, never leave the others waiting
         err = Console(stderr=True)
-        err.print(f"[bold red]error[/] on rank {MPI.COMM_WORLD.Get_rank()}: {type(exc).__name__}: {exc}", highlight=False)
+        err.print(
+            f"[bold red]error[/] on rank {MPI.COMM_WORLD.Get_rank()}: {type(exc).__name__}: {exc}", highlight=False
+        )
         MPI.COMM_WORLD.Abort(2)
         raise
 
@@ -168,7 +192,14 @@ def _profile_locally(job, console: Console):
 
     from llm_planner.runtime.profile_run import planned_runs, profile_local
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         task = bar.add_task("building the model...", total=planned_runs(job))
         profile, skipped = profile_local(job, lambda what, n: bar.update(task, advance=n, description=f"timing {what}"))
     for name in skipped:
@@ -180,7 +211,13 @@ def profile_tables(profile) -> list[Table]:
     tables = []
     for kind, entries in profile.tasks.items():
         table = Table(title=f"profile: {kind} ({', '.join(profile.devices.get(kind, []))})")
-        for col in ("task key", "task", "fixed", "per sample", *(f"b={b}" for b in profile.settings.get("batch_sizes", []))):
+        for col in (
+            "task key",
+            "task",
+            "fixed",
+            "per sample",
+            *(f"b={b}" for b in profile.settings.get("batch_sizes", [])),
+        ):
             table.add_column(col, justify="left" if col in ("task key", "task") else "right")
         for key, t in entries.items():
             table.add_row(key, t.task, fmt_s(t.fixed_s), fmt_s(t.per_sample_s), *(fmt_s(m) for m in t.median_s))
@@ -190,6 +227,8 @@ def profile_tables(profile) -> list[Table]:
         for col in ("link class", "between", "latency", "bandwidth"):
             table.add_column(col, justify="left" if col in ("link class", "between") else "right")
         for name, link in profile.links.items():
-            table.add_row(name, " - ".join(link.devices), fmt_s(link.latency_s), f"{link.bw_bytes_per_s / 1e9:.3g} GB/s")
+            table.add_row(
+                name, " - ".join(link.devices), fmt_s(link.latency_s), f"{link.bw_bytes_per_s / 1e9:.3g} GB/s"
+            )
         tables.append(table)
     return tables

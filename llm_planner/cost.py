@@ -94,11 +94,15 @@ def collective_pieces(task: Task, k: int, link: LinkSpec) -> Piece:
     if k <= 1:
         return (0.0, 0.0)
     fixed = (2 * task.tp_allreduces + task.tp_allgathers) * (k - 1) * link.latency_s
-    per_sample = (2 * (k - 1) / k * task.tp_allreduce_bytes_per_sample + (k - 1) * task.tp_allgather_bytes_per_sample) / link.bw_bytes_per_s
+    per_sample = (
+        2 * (k - 1) / k * task.tp_allreduce_bytes_per_sample + (k - 1) * task.tp_allgather_bytes_per_sample
+    ) / link.bw_bytes_per_s
     return (fixed, per_sample)
 
 
-def group_task_time_pieces(task: Task, kind: DeviceKindSpec, k: int, link: LinkSpec | None, dtype: str) -> tuple[Piece, ...]:
+def group_task_time_pieces(
+    task: Task, kind: DeviceKindSpec, k: int, link: LinkSpec | None, dtype: str
+) -> tuple[Piece, ...]:
     """Affine pieces of the task's time on a tensor-parallel group of k devices of `kind`
     whose collectives cross `link` (module docstring). k = 1 is task_time_pieces.
 
@@ -115,16 +119,22 @@ def group_task_time_pieces(task: Task, kind: DeviceKindSpec, k: int, link: LinkS
 def shard_of(task: Task, k: int) -> Task:
     """What one member of a group of k runs and holds: 1/k of the sharded FLOPs, weights, bytes
     and per-sample memory (KV heads split too), the replicated parts whole."""
+
     def split(total: float, replicated: float) -> float:
         return (total - replicated) / k + replicated
 
     return dataclasses.replace(
-        task, flops_per_sample=task.flops_per_sample / k, weight_bytes=split(task.weight_bytes, task.tp_replicated_weight_bytes),
+        task,
+        flops_per_sample=task.flops_per_sample / k,
+        weight_bytes=split(task.weight_bytes, task.tp_replicated_weight_bytes),
         bytes_per_sample=split(task.bytes_per_sample, task.tp_replicated_bytes_per_sample),
         mem_bytes_per_sample=task.mem_bytes_per_sample / k,
         weight_bytes_indexed=split(task.weight_bytes_indexed, task.tp_replicated_indexed_bytes),
-        tp_divides=(), tp_replicated_weight_bytes=0.0, tp_replicated_indexed_bytes=0.0,
-        tp_replicated_bytes_per_sample=0.0)
+        tp_divides=(),
+        tp_replicated_weight_bytes=0.0,
+        tp_replicated_indexed_bytes=0.0,
+        tp_replicated_bytes_per_sample=0.0,
+    )
 
 
 def evaluate_pieces(pieces: tuple[Piece, ...], batch: int) -> float:

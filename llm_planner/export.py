@@ -45,8 +45,10 @@ def _stages(plan: Plan, shard: int, topo: list[str]) -> list[tuple[str, list[str
         if stages and stages[-1][0] == device:
             stages[-1][1].append(task)
         elif any(d == device for d, _ in stages):
-            raise ExportError(f"shard {shard}: device {device!r} runs {task!r} after leaving it for another stage: "
-                              "a pipeline stage must be one contiguous run of layers")
+            raise ExportError(
+                f"shard {shard}: device {device!r} runs {task!r} after leaving it for another stage: "
+                "a pipeline stage must be one contiguous run of layers"
+            )
         else:
             stages.append((device, [task]))
     return stages
@@ -61,18 +63,29 @@ def regular_form(plan: Plan, topo: list[str], layer_of: dict[str, int | None]) -
     replicas = [_stages(plan, s, topo) for s in range(len(plan.shard_sizes))]
     degrees = {len(member_names(d)) for stages in replicas for d, _ in stages}
     if len(degrees) != 1:
-        raise ExportError(f"stages of different tensor-parallel degrees {sorted(degrees)}: the frameworks use one degree everywhere")
+        raise ExportError(
+            f"stages of different tensor-parallel degrees {sorted(degrees)}: the frameworks use one degree everywhere"
+        )
     splits = {tuple(_layers(tasks, layer_of) for _, tasks in stages) for stages in replicas}
     if len(splits) != 1:
-        raise ExportError(f"the replicas cut the layers differently ({sorted(splits)}): every replica must use the same pipeline split")
+        raise ExportError(
+            f"the replicas cut the layers differently ({sorted(splits)}): every replica must use the same pipeline split"
+        )
     used = [d for stages in replicas for d, _ in stages]
     if len(set(used)) != len(used):
-        raise ExportError("two shards share a stage's devices (a pipeline of micro-batches or shared replicas); "
-                          "the frameworks give each replica its own devices")
+        raise ExportError(
+            "two shards share a stage's devices (a pipeline of micro-batches or shared replicas); "
+            "the frameworks give each replica its own devices"
+        )
     split = splits.pop()
-    return {"tensor_parallel": degrees.pop(), "pipeline_parallel": len(split), "data_parallel": len(replicas),
-            "layers_per_stage": list(split), "batch_per_replica": list(plan.shard_sizes),
-            "replicas": [[member_names(d) for d, _ in stages] for stages in replicas]}
+    return {
+        "tensor_parallel": degrees.pop(),
+        "pipeline_parallel": len(split),
+        "data_parallel": len(replicas),
+        "layers_per_stage": list(split),
+        "batch_per_replica": list(plan.shard_sizes),
+        "replicas": [[member_names(d) for d, _ in stages] for stages in replicas],
+    }
 
 
 def export_plan(plan: Plan, framework: str, topo: list[str], layer_of: dict[str, int | None]) -> dict[str, Any]:
@@ -81,9 +94,14 @@ def export_plan(plan: Plan, framework: str, topo: list[str], layer_of: dict[str,
         raise ExportError(f"unknown framework {framework!r}; choose one of {', '.join(FRAMEWORKS)}")
     form = regular_form(plan, topo, layer_of)
     if framework == "vllm":
-        return {"tensor_parallel_size": form["tensor_parallel"], "pipeline_parallel_size": form["pipeline_parallel"],
-                "data_parallel_size": form["data_parallel"], "pp_layer_partition": ",".join(map(str, form["layers_per_stage"])),
-                "batch_per_replica": form["batch_per_replica"], "replicas": form["replicas"]}
+        return {
+            "tensor_parallel_size": form["tensor_parallel"],
+            "pipeline_parallel_size": form["pipeline_parallel"],
+            "data_parallel_size": form["data_parallel"],
+            "pp_layer_partition": ",".join(map(str, form["layers_per_stage"])),
+            "batch_per_replica": form["batch_per_replica"],
+            "replicas": form["replicas"],
+        }
     return _megatron(form)
 
 
@@ -91,17 +109,28 @@ def _megatron(form: dict[str, Any]) -> dict[str, Any]:
     """Megatron gives every data-parallel replica the same batch, and every pipeline stage the
     same layers but for the first and the last."""
     if len(set(form["batch_per_replica"])) > 1:
-        raise ExportError(f"the replicas get different batches {form['batch_per_replica']}; Megatron's data parallelism "
-                          "gives each the same (vLLM's does not: try --export vllm)")
+        raise ExportError(
+            f"the replicas get different batches {form['batch_per_replica']}; Megatron's data parallelism "
+            "gives each the same (vLLM's does not: try --export vllm)"
+        )
     split = form["layers_per_stage"]
-    out = {"tensor_model_parallel_size": form["tensor_parallel"], "pipeline_model_parallel_size": form["pipeline_parallel"],
-           "data_parallel_size": form["data_parallel"], "num_layers_per_stage": split, "replicas": form["replicas"]}
+    out = {
+        "tensor_model_parallel_size": form["tensor_parallel"],
+        "pipeline_model_parallel_size": form["pipeline_parallel"],
+        "data_parallel_size": form["data_parallel"],
+        "num_layers_per_stage": split,
+        "replicas": form["replicas"],
+    }
     middle = split[1:-1] if len(split) > 2 else []
     if len(set(middle)) > 1:
-        raise ExportError(f"layers per stage {split}: Megatron splits the layers evenly but for the first and last stage")
+        raise ExportError(
+            f"layers per stage {split}: Megatron splits the layers evenly but for the first and last stage"
+        )
     if len(set(split)) > 1:
         if len(split) == 2:
-            raise ExportError(f"layers per stage {split}: Megatron's two stages take the same number of layers unless "
-                              "the first or last is set, which needs a third stage between them")
+            raise ExportError(
+                f"layers per stage {split}: Megatron's two stages take the same number of layers unless "
+                "the first or last is set, which needs a third stage between them"
+            )
         out.update(decoder_first_pipeline_num_layers=split[0], decoder_last_pipeline_num_layers=split[-1])
     return out

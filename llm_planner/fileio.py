@@ -60,7 +60,9 @@ def read_text(path: str | Path, error: type[Exception]) -> str:
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise error(f"{path}: line {line}, column {column}: byte 0x{raw[exc.start]:02x} is not UTF-8; save the file as UTF-8") from None
+        raise error(
+            f"{path}: line {line}, column {column}: byte 0x{raw[exc.start]:02x} is not UTF-8; save the file as UTF-8"
+        ) from None
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -69,7 +71,9 @@ def parse_document(text: str, source: str, error: type[Exception], *, as_json: b
     duplicates: dict[int, tuple[Any, int | None]] = {}  # id(mapping) -> (repeated key, YAML line)
     try:
         if as_json:
-            data = json.loads(text, object_pairs_hook=lambda pairs: _json_mapping(pairs, duplicates), parse_int=_int_or_unreadable)
+            data = json.loads(
+                text, object_pairs_hook=lambda pairs: _json_mapping(pairs, duplicates), parse_int=_int_or_unreadable
+            )
         else:
             data = _load_yaml(text, duplicates)
     except json.JSONDecodeError as exc:
@@ -188,7 +192,10 @@ class _Walk:
             value, path, depth = stack.pop()
             self.count += 1
             if self.count > MAX_VALUES:
-                self.fail("", f"more than {MAX_VALUES:,} values (YAML aliases counted at each use), the limit for an input file")
+                self.fail(
+                    "",
+                    f"more than {MAX_VALUES:,} values (YAML aliases counted at each use), the limit for an input file",
+                )
             if isinstance(value, dict):
                 self._check_mapping(value, path, depth, stack)
             elif isinstance(value, list):
@@ -207,7 +214,9 @@ class _Walk:
             self.fail(path, f"duplicate key {key!r}{at}: a key may appear once in a mapping")
         if depth >= MAX_DEPTH:
             self.fail(path, f"nested deeper than the limit of {MAX_DEPTH} levels")
-        stack.extend((item, f"{path}.{key}" if path else str(key), depth + 1) for key, item in reversed(list(value.items())))
+        stack.extend(
+            (item, f"{path}.{key}" if path else str(key), depth + 1) for key, item in reversed(list(value.items()))
+        )
 
     def _check_number(self, value: Any, path: str) -> None:
         if isinstance(value, float) and not math.isfinite(value):

@@ -63,9 +63,17 @@ def tensor_groups(cluster: ClusterSpec, max_tp: int) -> tuple[DeviceSpec, ...]:
         for k in group_degrees(len(members), max_tp):
             for start in range(0, len(members) - k + 1, k):
                 block = members[start : start + k]
-                out.append(DeviceSpec(name=group_name(block[0], block[-1]), kind=block[0].kind, node=block[0].node,
-                                      node_template=block[0].node_template, index=block[0].index, hostname=block[0].hostname,
-                                      members=tuple(d.name for d in block)))
+                out.append(
+                    DeviceSpec(
+                        name=group_name(block[0], block[-1]),
+                        kind=block[0].kind,
+                        node=block[0].node,
+                        node_template=block[0].node_template,
+                        index=block[0].index,
+                        hostname=block[0].hostname,
+                        members=tuple(d.name for d in block),
+                    )
+                )
     return tuple(out)
 
 
@@ -83,5 +91,7 @@ def group_from_members(cluster: ClusterSpec, names: list[str], max_tp: int | Non
         raise GroupError(f"unknown device(s) {unknown} in group {names}")
     if len({(known[n].node, known[n].kind) for n in names}) > 1:
         raise GroupError(f"group {names} mixes nodes or device kinds; a group is devices of one kind in one node")
-    raise GroupError(f"group {names} is not an aligned block of its devices (degree a power of two dividing their count, "
-                     "or all of them, members consecutive from a multiple of the degree)")
+    raise GroupError(
+        f"group {names} is not an aligned block of its devices (degree a power of two dividing their count, "
+        "or all of them, members consecutive from a multiple of the degree)"
+    )

@@ -46,11 +46,14 @@ def helix_name(name: str, names: Mapping[str, str] | None = None) -> str:
     if (match := _SIMULATOR_NAME.match(name)) and int(match.group(1)) >= NODE_INDEX_OFFSET:
         return name
     hint = " (pass `names`, e.g. helix_import.device_helix_names, to map our device names)" if names is None else ""
-    raise LayoutError(f"{name!r} is not a Helix node name (compute_node_<k>, k >= {NODE_INDEX_OFFSET}, or ComputeNode-<i>){hint}")
+    raise LayoutError(
+        f"{name!r} is not a Helix node name (compute_node_<k>, k >= {NODE_INDEX_OFFSET}, or ComputeNode-<i>){hint}"
+    )
 
 
-def layout_ranges(stages: Iterable[tuple[str, int, int]], names: Mapping[str, str] | None = None,
-                  num_layers: int | None = None) -> dict[str, tuple[int, int]]:
+def layout_ranges(
+    stages: Iterable[tuple[str, int, int]], names: Mapping[str, str] | None = None, num_layers: int | None = None
+) -> dict[str, tuple[int, int]]:
     """Helix node name -> (first layer, end layer), checked: non-empty ranges within the model,
     one range per machine, and (with num_layers) a chain of ranges from layer 0 to num_layers."""
     ranges: dict[str, tuple[int, int]] = {}
@@ -61,8 +64,10 @@ def layout_ranges(stages: Iterable[tuple[str, int, int]], names: Mapping[str, st
         if num_layers is not None and end > num_layers:
             raise LayoutError(f"stage {i} ({name}): layers [{first}, {end}) go past the model's {num_layers} layers")
         if ranges.get(node, (first, end)) != (first, end):
-            raise LayoutError(f"stage {i} ({name}): machine {node} already holds layers {list(ranges[node])}, "
-                              f"not [{first}, {end}); a Helix machine holds one contiguous range")
+            raise LayoutError(
+                f"stage {i} ({name}): machine {node} already holds layers {list(ranges[node])}, "
+                f"not [{first}, {end}); a Helix machine holds one contiguous range"
+            )
         ranges[node] = (first, end)
     if not ranges:
         raise LayoutError("no stages")
@@ -75,13 +80,16 @@ def layout_ranges(stages: Iterable[tuple[str, int, int]], names: Mapping[str, st
                     reached.add(end)
                     frontier.append(end)
         if num_layers not in reached:
-            raise LayoutError(f"no chain of ranges covers layers 0..{num_layers - 1} "
-                              f"(a range must start where the previous one ends); reached {sorted(reached)}")
+            raise LayoutError(
+                f"no chain of ranges covers layers 0..{num_layers - 1} "
+                f"(a range must start where the previous one ends); reached {sorted(reached)}"
+            )
     return ranges
 
 
-def helix_layout(stages: Iterable[tuple[str, int, int]], names: Mapping[str, str] | None = None,
-                 num_layers: int | None = None) -> str:
+def helix_layout(
+    stages: Iterable[tuple[str, int, int]], names: Mapping[str, str] | None = None, num_layers: int | None = None
+) -> str:
     """Helix's layout file text for `stages` (see the module docstring)."""
     ranges = layout_ranges(stages, names, num_layers)
     lines = ["[Settings]", f"offset={NODE_INDEX_OFFSET}", "", "[Solution]"]
@@ -108,7 +116,9 @@ def read_helix_layout(text: str, source: str = "<layout>") -> dict[str, tuple[in
         if not layers:
             continue  # a machine listed with no layers holds nothing
         if layers != list(range(layers[0], layers[0] + len(layers))) or layers[0] < 0:
-            raise LayoutError(f"{source}: line {number}: [Solution] {key}: layers {value} are not a contiguous ascending range")
+            raise LayoutError(
+                f"{source}: line {number}: [Solution] {key}: layers {value} are not a contiguous ascending range"
+            )
         ranges[helix_name(key)] = (layers[0], layers[-1] + 1)
     if not ranges:
         raise LayoutError(f"{source}: [Solution]: no machine holds any layer")

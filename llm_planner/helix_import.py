@@ -43,12 +43,21 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_planner import units
 from llm_planner.fileio import read_document, read_text
 
 DATASHEETS = Path(__file__).parent / "data" / "gpu_datasheets.yaml"
 NODE_INDEX_OFFSET = 2  # Helix's simulator names ComputeNode-i of a cluster file compute_node_<i + 2>
-_UNITS = {"kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "Byte": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9, "Sec": 1.0, "MilliSec": 1e-3}
+_UNITS = {
+    "kbps": 1e3,
+    "mbps": 1e6,
+    "gbps": 1e9,
+    "Byte": 1.0,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "Sec": 1.0,
+    "MilliSec": 1e-3,
+}
 _VALUE = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(?:\*\s*([A-Za-z]+))?\s*$")
 _MACHINE_TYPE = re.compile(r"^(?P<gpu>.+?)(?:x(?P<count>\d+))?$")
 
@@ -163,9 +172,17 @@ def load_helix_cluster(cluster_path: str | Path, machine_profiles_path: str | Pa
             ends = section.split("-")[1:]
             known = {"source", "sink", *map(str, range(num_nodes))}
             if len(ends) != 2 or not set(ends) <= known:
-                ini.fail(section, None, f"a link section is named Link-<a>-<b> with a, b in 0..{num_nodes - 1}, source, sink")
-            links.append(HelixLink(a=ends[0], b=ends[1], bw_bytes_per_s=_positive(ini, section, "bandwidth"),
-                                   latency_s=_nonneg(ini, section, "latency")))
+                ini.fail(
+                    section, None, f"a link section is named Link-<a>-<b> with a, b in 0..{num_nodes - 1}, source, sink"
+                )
+            links.append(
+                HelixLink(
+                    a=ends[0],
+                    b=ends[1],
+                    bw_bytes_per_s=_positive(ini, section, "bandwidth"),
+                    latency_s=_nonneg(ini, section, "latency"),
+                )
+            )
     if num_nodes > 1 and not any(link.a.isdigit() and link.b.isdigit() for link in links):
         ini.fail("Link-<a>-<b>", None, f"{num_nodes} compute nodes but no link between two of them")
     return HelixCluster(source=ini.path, machine_types=machine_types, node_types=tuple(node_types), links=tuple(links))
@@ -190,10 +207,14 @@ def _machine_type(profiles: _Ini, name: str) -> HelixMachineType:
     num_gpus = int(match.group("count") or 1)
     if num_gpus < 1:
         profiles.fail(name, None, "a machine type 'NAMExN' needs N >= 1")
-    return HelixMachineType(name=name, gpu=match.group("gpu"), num_gpus=num_gpus,
-                            vram_bytes=_positive(profiles, name, "vram_size"),
-                            inbound_nic_bytes_per_s=_positive(profiles, name, "inbound_nic_speed"),
-                            outbound_nic_bytes_per_s=_positive(profiles, name, "outbound_nic_speed"))
+    return HelixMachineType(
+        name=name,
+        gpu=match.group("gpu"),
+        num_gpus=num_gpus,
+        vram_bytes=_positive(profiles, name, "vram_size"),
+        inbound_nic_bytes_per_s=_positive(profiles, name, "inbound_nic_speed"),
+        outbound_nic_bytes_per_s=_positive(profiles, name, "outbound_nic_speed"),
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -253,8 +274,10 @@ def slowest_link(cluster: HelixCluster) -> tuple[float, float]:
             continue
         ends = [cluster.machine_type(cluster.node_types[int(x)]) for x in (link.a, link.b)]
         # Helix's links carry both directions: each end sends through its outbound NIC
-        nic = min(min(ends[0].outbound_nic_bytes_per_s, ends[1].inbound_nic_bytes_per_s),
-                  min(ends[1].outbound_nic_bytes_per_s, ends[0].inbound_nic_bytes_per_s))
+        nic = min(
+            min(ends[0].outbound_nic_bytes_per_s, ends[1].inbound_nic_bytes_per_s),
+            min(ends[1].outbound_nic_bytes_per_s, ends[0].inbound_nic_bytes_per_s),
+        )
         bw, latency = min(bw, link.bw_bytes_per_s, nic), max(latency, link.latency_s)
     if not math.isfinite(bw):  # one machine: no inter-node link needed, but keep its NIC
         machine = cluster.machine_types[0]
@@ -281,7 +304,9 @@ def _seconds(value: float) -> str:
     return f"{value / 1e-9:.6g} ns" if value else "0"
 
 
-def cluster_spec_yaml(cluster: HelixCluster, *, name: str | None = None, datasheets: dict[str, dict] | None = None) -> str:
+def cluster_spec_yaml(
+    cluster: HelixCluster, *, name: str | None = None, datasheets: dict[str, dict] | None = None
+) -> str:
     """Our cluster spec (docs/cluster-spec.md) for a Helix cluster, as YAML text with comments."""
     datasheets = load_datasheets() if datasheets is None else datasheets
     name = name or Path(cluster.source).stem
@@ -289,17 +314,19 @@ def cluster_spec_yaml(cluster: HelixCluster, *, name: str | None = None, datashe
     bw, latency = slowest_link(cluster)
     pair_bws = sorted({link.bw_bytes_per_s for link in cluster.links if link.a.isdigit() and link.b.isdigit()})
     summary = ", ".join(f"{n}x {m}" for m, n in counts.items())
-    lines = [f"# Imported from the Helix cluster file {Path(cluster.source).name} (llm-planner import helix):",
-             f"# {len(cluster.node_types)} machines: {summary}.",
-             "# GPU compute and memory bandwidth: vendor data sheets (llm_planner/data/gpu_datasheets.yaml,",
-             "# sources there); memory: Helix's machine profile (vram_size, split evenly over a machine's GPUs).",
-             "# Helix's units are powers of 1000 and its simulator divides bytes by them, so a `1000 * mbps`",
-             "# link moves 1e9 bytes/s there; the bandwidths below are those the simulator uses.",
-             f"# Links: Helix gives one per pair of machines ({len(pair_bws)} distinct bandwidths: "
-             f"{', '.join(_fmt(b, 'B/s') for b in pair_bws) or 'none'}) and NICs that a machine's links share;",
-             "# our format has one link between nodes, so inter_node is the slowest pair (NICs included) with the",
-             "# largest latency. Links to Helix's coordinator (source/sink) are not imported.",
-             "# Device -> Helix node (a plan written back as a Helix layout uses these names):"]
+    lines = [
+        f"# Imported from the Helix cluster file {Path(cluster.source).name} (llm-planner import helix):",
+        f"# {len(cluster.node_types)} machines: {summary}.",
+        "# GPU compute and memory bandwidth: vendor data sheets (llm_planner/data/gpu_datasheets.yaml,",
+        "# sources there); memory: Helix's machine profile (vram_size, split evenly over a machine's GPUs).",
+        "# Helix's units are powers of 1000 and its simulator divides bytes by them, so a `1000 * mbps`",
+        "# link moves 1e9 bytes/s there; the bandwidths below are those the simulator uses.",
+        f"# Links: Helix gives one per pair of machines ({len(pair_bws)} distinct bandwidths: "
+        f"{', '.join(_fmt(b, 'B/s') for b in pair_bws) or 'none'}) and NICs that a machine's links share;",
+        "# our format has one link between nodes, so inter_node is the slowest pair (NICs included) with the",
+        "# largest latency. Links to Helix's coordinator (source/sink) are not imported.",
+        "# Device -> Helix node (a plan written back as a Helix layout uses these names):",
+    ]
     lines += [f"#   {device} -> {helix}" for device, helix in device_helix_names(cluster, datasheets).items()]
     description = f"Helix cluster {Path(cluster.source).name}: {summary}"
     lines += [f"name: {json.dumps(name)}", f"description: {json.dumps(description)}", "device_kinds:"]
@@ -308,23 +335,34 @@ def cluster_spec_yaml(cluster: HelixCluster, *, name: str | None = None, datashe
         kind = _kind_for(machine.gpu, datasheets, cluster.source)
         mem = machine.vram_bytes / machine.num_gpus
         if kind in kinds and kinds[kind].vram_bytes / kinds[kind].num_gpus != mem:
-            raise HelixError(f"{cluster.source}: machine types {kinds[kind].name} and {machine.name} give {kind} different memory per GPU")
+            raise HelixError(
+                f"{cluster.source}: machine types {kinds[kind].name} and {machine.name} give {kind} different memory per GPU"
+            )
         kinds.setdefault(kind, machine)
     for kind, machine in kinds.items():
         sheet = datasheets[kind]
         flops = ", ".join(f"{k}: {v}" for k, v in sheet["peak_flops"].items())
-        lines += [f"  - name: {kind}", "    type: gpu", f"    peak_flops: {{{flops}}}",
-                  f"    mem_bytes: {_fmt(machine.vram_bytes / machine.num_gpus, 'B')}",
-                  f"    mem_bw_bytes_per_s: {sheet['mem_bw_bytes_per_s']}"]
+        lines += [
+            f"  - name: {kind}",
+            "    type: gpu",
+            f"    peak_flops: {{{flops}}}",
+            f"    mem_bytes: {_fmt(machine.vram_bytes / machine.num_gpus, 'B')}",
+            f"    mem_bw_bytes_per_s: {sheet['mem_bw_bytes_per_s']}",
+        ]
     lines.append("nodes:")
     for machine in cluster.machine_types:
         kind = _kind_for(machine.gpu, datasheets, cluster.source)
-        lines += [f"  - name: {template_name(machine.name)}", f"    count: {counts[machine.name]}",
-                  f"    devices: {{{kind}: {machine.num_gpus}}}"]
+        lines += [
+            f"  - name: {template_name(machine.name)}",
+            f"    count: {counts[machine.name]}",
+            f"    devices: {{{kind}: {machine.num_gpus}}}",
+        ]
         if machine.num_gpus > 1:
             link = datasheets[kind]["intra_node_link"]
-            lines.append(f"    links: [{{between: [{kind}, {kind}], bw_bytes_per_s: {link['bw_bytes_per_s']}, "
-                         f"latency_s: {link['latency_s']}}}]")
+            lines.append(
+                f"    links: [{{between: [{kind}, {kind}], bw_bytes_per_s: {link['bw_bytes_per_s']}, "
+                f"latency_s: {link['latency_s']}}}]"
+            )
     lines += ["links:", f"  inter_node: {{bw_bytes_per_s: {_fmt(bw, 'B/s')}, latency_s: {_seconds(latency)}}}"]
     return "\n".join(lines) + "\n"
 
@@ -347,7 +385,9 @@ def read_profile_csv(path: str | Path) -> list[tuple[int, float]]:
             if size < 0 or not math.isfinite(ms) or ms < 0:
                 raise ValueError(f"size must be >= 0 and time a finite number >= 0, got {line!r}")
         except ValueError as exc:
-            raise HelixError(f"{path}: line {number}: {str(exc).removeprefix('invalid literal for int() with base 10: ')}") from None
+            raise HelixError(
+                f"{path}: line {number}: {str(exc).removeprefix('invalid literal for int() with base 10: ')}"
+            ) from None
         if rows and size <= rows[-1][0]:
             raise HelixError(f"{path}: line {number}: sizes must increase, got {size} after {rows[-1][0]}")
         rows.append((size, ms * 1e-3))
@@ -356,26 +396,40 @@ def read_profile_csv(path: str | Path) -> list[tuple[int, float]]:
     return rows
 
 
-def serving_profile_yaml(cluster: HelixCluster, profiles_dir: str | Path, *, model: str | None = None,
-                         datasheets: dict[str, dict] | None = None) -> str:
+def serving_profile_yaml(
+    cluster: HelixCluster,
+    profiles_dir: str | Path,
+    *,
+    model: str | None = None,
+    datasheets: dict[str, dict] | None = None,
+) -> str:
     """Our serving profile (llm_planner.serving_profile) from Helix's per-machine-type layer times."""
     datasheets = load_datasheets() if datasheets is None else datasheets
     root = Path(profiles_dir)
     model = model or root.name.replace("_", "-")
-    lines = ["# measured time of one decoder layer per device kind (llm_planner serving profile)",
-             f"# imported from Helix's per-machine-type profiles in {root.name}/ (milliseconds -> seconds)",
-             "format: serving-profile/1", f"model: {json.dumps(model)}", "dtype: fp16",
-             f"source: Helix (ASPLOS'25) layer profiles {root.name}/<type>/decode_bs2time.csv and prompt_bs2time.csv",
-             "kinds:"]
+    lines = [
+        "# measured time of one decoder layer per device kind (llm_planner serving profile)",
+        f"# imported from Helix's per-machine-type profiles in {root.name}/ (milliseconds -> seconds)",
+        "format: serving-profile/1",
+        f"model: {json.dumps(model)}",
+        "dtype: fp16",
+        f"source: Helix (ASPLOS'25) layer profiles {root.name}/<type>/decode_bs2time.csv and prompt_bs2time.csv",
+        "kinds:",
+    ]
     for machine in cluster.machine_types:
         folder = root / machine.name.lower()
         if machine.num_gpus > 1:
-            lines.insert(2, f"# {machine.name}: left out (its profile times a {machine.num_gpus}-GPU tensor-parallel machine)")
+            lines.insert(
+                2, f"# {machine.name}: left out (its profile times a {machine.num_gpus}-GPU tensor-parallel machine)"
+            )
             continue
         decode = read_profile_csv(folder / "decode_bs2time.csv")
         prefill = read_profile_csv(folder / "prompt_bs2time.csv")
-        lines += [f"  {_kind_for(machine.gpu, datasheets, cluster.source)}:  # Helix {machine.name}",
-                  f"    decode_layer_s: {_pairs(decode)}", f"    prefill_layer_s: {_pairs(prefill)}"]
+        lines += [
+            f"  {_kind_for(machine.gpu, datasheets, cluster.source)}:  # Helix {machine.name}",
+            f"    decode_layer_s: {_pairs(decode)}",
+            f"    prefill_layer_s: {_pairs(prefill)}",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PROMPT_LEN = 8
 RESNET_NAMES = ("resnet18", "resnet50")  # the CNN presets of llm_planner.graph.models
-MEASURE_WARMUP = 2  # `launch --measure`: untimed runs first, as `profile` warms up before it times (its --warmup default)
+MEASURE_WARMUP = (
+    2  # `launch --measure`: untimed runs first, as `profile` warms up before it times (its --warmup default)
+)
 
 
 class LaunchError(ValueError):
@@ -51,7 +53,9 @@ class LaunchError(ValueError):
 @dataclass(frozen=True, kw_only=True)
 class LaunchOptions:
     dry_run: bool = False  # write the files, build the command, start nothing
-    checkpoint: str | None = None  # decoder: Hugging Face checkpoint dir (safetensors) whose config the plan was made from
+    checkpoint: str | None = (
+        None  # decoder: Hugging Face checkpoint dir (safetensors) whose config the plan was made from
+    )
     prompt_ids: tuple[tuple[int, ...], ...] = ()  # decoder: one prompt per request; empty: batch_size seeded prompts
     max_new_tokens: int = 16
     report_path: str | None = None  # default: <workdir>/run.json
@@ -97,7 +101,9 @@ def mpiexec_path() -> Path:
     """The mpiexec of this Python's environment (the `mpich` wheel), never PATH's."""
     path = Path(sys.executable).parent / "mpiexec"
     if not path.exists():
-        raise LaunchError(f"no mpiexec next to {sys.executable}; install the MPI extra (pip install mpich mpi4py) in this environment")
+        raise LaunchError(
+            f"no mpiexec next to {sys.executable}; install the MPI extra (pip install mpich mpi4py) in this environment"
+        )
     return path
 
 
@@ -108,8 +114,10 @@ def mpiexec_path() -> Path:
 def workload_of(plan: Plan, source: str) -> str:
     model = plan.inputs.model
     if "graph" in model:
-        raise LaunchError(f"{source}: inputs.model: plans made from a graph file ({model['graph']}) describe no runnable model; "
-                          "launch needs a decoder config, a checkpoint directory, a ResNet or an RWNN preset")
+        raise LaunchError(
+            f"{source}: inputs.model: plans made from a graph file ({model['graph']}) describe no runnable model; "
+            "launch needs a decoder config, a checkpoint directory, a ResNet or an RWNN preset"
+        )
     from llm_planner.graph import rwnn
 
     name = str(model.get("name", ""))
@@ -124,8 +132,10 @@ def check_model(plan: Plan, workload: str, options: LaunchOptions, source: str) 
         names = {t.name for t in build_model_graph(ModelSpec.from_dict(dict(plan.inputs.model))).tasks}
         for s, assignment in enumerate(plan.shard_assignments):
             if set(assignment) != names:
-                raise LaunchError(f"{source}: shards[{s}]: the plan's tasks are not the model's "
-                                  f"(missing {sorted(names - set(assignment))[:5]}, unknown {sorted(set(assignment) - names)[:5]})")
+                raise LaunchError(
+                    f"{source}: shards[{s}]: the plan's tasks are not the model's "
+                    f"(missing {sorted(names - set(assignment))[:5]}, unknown {sorted(set(assignment) - names)[:5]})"
+                )
         return ()
     from llm_planner.runtime import decoder_tasks as dt
 
@@ -152,9 +162,15 @@ def _prompts(plan: Plan, options: LaunchOptions, vocab_size: int) -> tuple[tuple
         return given * batches
     if len(given) == batches * size:
         return given
-    runs = f"{batches} batches of {size} in flight (a throughput plan's steady state)" if batches > 1 else f"a batch of {size}"
-    raise LaunchError(f"prompt_ids: {len(given)} prompts, but the plan runs {runs}: give {size} prompts"
-                      + (f" (repeated for each batch) or {batches * size}" if batches > 1 else ""))
+    runs = (
+        f"{batches} batches of {size} in flight (a throughput plan's steady state)"
+        if batches > 1
+        else f"a batch of {size}"
+    )
+    raise LaunchError(
+        f"prompt_ids: {len(given)} prompts, but the plan runs {runs}: give {size} prompts"
+        + (f" (repeated for each batch) or {batches * size}" if batches > 1 else "")
+    )
 
 
 def _check_options(options: LaunchOptions) -> None:
@@ -179,8 +195,10 @@ def rank_entries(plan: Plan, cluster: ClusterSpec, source: str) -> tuple[RankEnt
         d = devices[name]
         if not d.hostname:
             i, _ = templates[d.node_template]
-            raise LaunchError(f"{cluster.source}: nodes[{i}].hostname: missing for node {d.node!r}; "
-                              f"launch needs the hostname of every node the plan uses (device {name})")
+            raise LaunchError(
+                f"{cluster.source}: nodes[{i}].hostname: missing for node {d.node!r}; "
+                f"launch needs the hostname of every node the plan uses (device {name})"
+            )
     order = [d.name for d in cluster.devices() if d.name in used]
     hosts = list(dict.fromkeys(devices[d].hostname for d in order))
     order.sort(key=lambda d: hosts.index(devices[d].hostname))
@@ -190,12 +208,28 @@ def rank_entries(plan: Plan, cluster: ClusterSpec, source: str) -> tuple[RankEnt
         d, plan_device = devices[name], serves[name]
         kind = cluster.kind(d.kind)
         gpus = [x.name for x in cluster.devices() if x.node == d.node and cluster.kind(x.kind).type == "gpu"]
-        tasks = {str(s): [t.task for t in sorted(plan.schedule, key=lambda t: (t.start_s, t.finish_s)) if t.shard == s and t.device == plan_device]
-                 for s in range(len(plan.shard_sizes))}
+        tasks = {
+            str(s): [
+                t.task
+                for t in sorted(plan.schedule, key=lambda t: (t.start_s, t.finish_s))
+                if t.shard == s and t.device == plan_device
+            ]
+            for s in range(len(plan.shard_sizes))
+        }
         group = [order.index(m) for m in member_names(plan_device)] if is_group_name(plan_device) else []
-        entries.append(RankEntry(rank=rank, device=name, node=d.node, hostname=str(d.hostname), device_type=kind.type,
-                                 gpu_index=gpus.index(name) if name in gpus else None, tasks={k: v for k, v in tasks.items() if v},
-                                 plan_device=plan_device, group=group))
+        entries.append(
+            RankEntry(
+                rank=rank,
+                device=name,
+                node=d.node,
+                hostname=str(d.hostname),
+                device_type=kind.type,
+                gpu_index=gpus.index(name) if name in gpus else None,
+                tasks={k: v for k, v in tasks.items() if v},
+                plan_device=plan_device,
+                group=group,
+            )
+        )
     return tuple(entries)
 
 
@@ -207,8 +241,10 @@ def _check_slots(order: list[str], devices: dict, templates: dict, cluster: Clus
         d = devices[name]
         i, node = templates[d.node_template]
         if node.slots is not None and per_node[d.node] > node.slots:
-            raise LaunchError(f"{cluster.source}: nodes[{i}].slots: node {d.node!r} has {node.slots} MPI slots "
-                              f"but the plan puts {per_node[d.node]} ranks on it")
+            raise LaunchError(
+                f"{cluster.source}: nodes[{i}].slots: node {d.node!r} has {node.slots} MPI slots "
+                f"but the plan puts {per_node[d.node]} ranks on it"
+            )
 
 
 def build_rank_table(plan_path: str | Path, options: LaunchOptions) -> tuple[RankTable, Plan]:
@@ -217,13 +253,19 @@ def build_rank_table(plan_path: str | Path, options: LaunchOptions) -> tuple[Ran
     source = str(plan_path)
     plan = load_plan(plan_path)
     if plan.inputs.cluster is None:
-        raise LaunchError(f"{source}: inputs.cluster: the plan has no cluster file (it came from a workload file); nothing to launch on")
+        raise LaunchError(
+            f"{source}: inputs.cluster: the plan has no cluster file (it came from a workload file); nothing to launch on"
+        )
     cluster = load_cluster(plan.inputs.cluster)
     if plan.inputs.cluster_sha256 and cluster.sha256 != plan.inputs.cluster_sha256:
-        log.warning("%s changed since the plan was made (sha256 differs); launching on its current hosts", plan.inputs.cluster)
+        log.warning(
+            "%s changed since the plan was made (sha256 differs); launching on its current hosts", plan.inputs.cluster
+        )
     entries = rank_entries(plan, cluster, source)
     if options.num_ranks is not None and options.num_ranks != len(entries):
-        raise LaunchError(f"{source}: the plan uses {len(entries)} devices, so it runs on {len(entries)} ranks, not {options.num_ranks}")
+        raise LaunchError(
+            f"{source}: the plan uses {len(entries)} devices, so it runs on {len(entries)} ranks, not {options.num_ranks}"
+        )
     if options.fail_rank is not None and not 0 <= options.fail_rank < len(entries):
         raise LaunchError(f"fail_rank {options.fail_rank} is not a rank of this run (0..{len(entries) - 1})")
     workload = workload_of(plan, source)
@@ -233,7 +275,9 @@ def build_rank_table(plan_path: str | Path, options: LaunchOptions) -> tuple[Ran
         plan_path=str(Path(plan_path).resolve()),
         workload=workload,
         workdir=str(workdir.resolve()),
-        report_path=str(Path(options.report_path).resolve() if options.report_path else (workdir / "run.json").resolve()),
+        report_path=str(
+            Path(options.report_path).resolve() if options.report_path else (workdir / "run.json").resolve()
+        ),
         timeout_s=float(options.timeout_s),
         checkpoint=str(Path(options.checkpoint).resolve()) if options.checkpoint else None,
         prompt_ids=[list(p) for p in prompts],
@@ -268,7 +312,11 @@ def format_rank_table(table: RankTable) -> str:
     rows = [("rank", "host", "device", "torch", "tasks")]
     for r in table.ranks:
         torch_dev = f"cuda:{r.gpu_index}" if r.device_type == "gpu" else "cpu"
-        tasks = "; ".join(f"shard {s}: {_compact(t)}" for s, t in r.tasks.items()) if len(r.tasks) > 1 else _compact(next(iter(r.tasks.values()), []))
+        tasks = (
+            "; ".join(f"shard {s}: {_compact(t)}" for s, t in r.tasks.items())
+            if len(r.tasks) > 1
+            else _compact(next(iter(r.tasks.values()), []))
+        )
         device = r.device if not r.group else f"{r.device} (group {r.plan_device})"
         rows.append((str(r.rank), r.hostname, device, torch_dev, tasks))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
@@ -290,17 +338,27 @@ def _run_summary(r: dict, result: LaunchResult) -> list[str]:
     per = " per sample" if r.get("unit") == "s/sample" else ""
     predicted, measured = float(r.get("predicted_s", 0.0)), float(r.get("measured_s", 0.0))
     error = f" ({100 * (measured - predicted) / predicted:+.1f}%)" if predicted > 0 else ""
-    lines.append(f"{r.get('measured_what', 'measured')}: measured {fmt_s(measured)}{per}, predicted {fmt_s(predicted)}{per}{error}")
+    lines.append(
+        f"{r.get('measured_what', 'measured')}: measured {fmt_s(measured)}{per}, predicted {fmt_s(predicted)}{per}{error}"
+    )
     if r.get("measured_samples_per_s"):
-        lines.append(f"steady state: {r['measured_samples_per_s']:.1f} samples/s = tokens/s in decode "
-                     f"(predicted {r.get('predicted_samples_per_s') or 0:.1f}), {r.get('batches', 1)} batches in flight")
+        lines.append(
+            f"steady state: {r['measured_samples_per_s']:.1f} samples/s = tokens/s in decode "
+            f"(predicted {r.get('predicted_samples_per_s') or 0:.1f}), {r.get('batches', 1)} batches in flight"
+        )
     if "tokens" in r:
-        lines.append(f"whole generation: {fmt_s(r.get('wall_s', 0.0))}, {r.get('tokens_per_s', 0.0):.1f} tokens/s (prefill included)")
+        lines.append(
+            f"whole generation: {fmt_s(r.get('wall_s', 0.0))}, {r.get('tokens_per_s', 0.0):.1f} tokens/s (prefill included)"
+        )
         if r.get("weights") != "checkpoint":
-            lines.append("weights: seeded random, not a checkpoint (pass --checkpoint DIR for real weights): the tokens are not text")
+            lines.append(
+                "weights: seeded random, not a checkpoint (pass --checkpoint DIR for real weights): the tokens are not text"
+            )
         lines += [f"request {i}: {' '.join(map(str, t))}" for i, t in enumerate(r["tokens"])]
     elif "output" in r:
-        lines.append(f"output {r['output']['shape']} sha256 {r['output']['sha256'][:16]}... saved to {r['output_path']}")
+        lines.append(
+            f"output {r['output']['shape']} sha256 {r['output']['sha256'][:16]}... saved to {r['output_path']}"
+        )
     lines.append(f"runtime overhead {100 * r.get('overhead_fraction', 0.0):.1f}% of the ranks' time")
     for device in r.get("gpu_fell_back_to_cpu", []):
         lines.append(f"warning: {device} is a GPU but CUDA is not available on its host: its rank ran on the CPU")
@@ -313,9 +371,11 @@ def oversubscription_notes(ranks: list[dict]) -> list[str]:
     for r in ranks:
         if r.get("wait") == "sleep":
             host = r["device"].split("/")[0]
-            notes[host] = (f"warning: node {host} ran {r['ranks_on_host']} ranks on {r['host_cores']} cores: ranks shared cores "
-                           f"and waiting ranks slept between polls, so measured times include waking them; "
-                           f"describe at most one single-thread CPU device per core to compare with the plan")
+            notes[host] = (
+                f"warning: node {host} ran {r['ranks_on_host']} ranks on {r['host_cores']} cores: ranks shared cores "
+                f"and waiting ranks slept between polls, so measured times include waking them; "
+                f"describe at most one single-thread CPU device per core to compare with the plan"
+            )
     return list(notes.values())
 
 
@@ -335,19 +395,48 @@ def launch(plan_path: str | Path, options: LaunchOptions = LaunchOptions()) -> L
     hostfile, table_path = workdir / "hostfile", workdir / "rank_table.json"
     write_atomic(hostfile, hostfile_text(table), LaunchError)
     table.save(table_path)
-    command = (str(mpiexec_path()), "-f", str(hostfile), "-n", str(table.world_size), *options.extra,
-               sys.executable, "-m", "mpi4py", "-m", "llm_planner.runtime", str(table_path))
+    command = (
+        str(mpiexec_path()),
+        "-f",
+        str(hostfile),
+        "-n",
+        str(table.world_size),
+        *options.extra,
+        sys.executable,
+        "-m",
+        "mpi4py",
+        "-m",
+        "llm_planner.runtime",
+        str(table_path),
+    )
     write_atomic(workdir / "command.txt", shlex.join(command) + "\n", LaunchError)
-    result = LaunchResult(command=command, rank_table=table, workdir=str(workdir), hostfile_path=str(hostfile),
-                          rank_table_path=str(table_path), report_path=table.run.report_path, dry_run=options.dry_run)
+    result = LaunchResult(
+        command=command,
+        rank_table=table,
+        workdir=str(workdir),
+        hostfile_path=str(hostfile),
+        rank_table_path=str(table_path),
+        report_path=table.run.report_path,
+        dry_run=options.dry_run,
+    )
     if options.dry_run:
         return result
-    for stale in [*workdir.glob("error.rank*.txt"), *workdir.glob(".error.rank*.txt.tmp"), *workdir.glob("rank*.pid"),
-                  Path(table.run.report_path)]:
+    for stale in [
+        *workdir.glob("error.rank*.txt"),
+        *workdir.glob(".error.rank*.txt.tmp"),
+        *workdir.glob("rank*.pid"),
+        Path(table.run.report_path),
+    ]:
         stale.unlink(missing_ok=True)
     outcome = run_mpiexec(command, table, options.timeout_s)
-    return replace(result, returncode=outcome.returncode, duration_s=outcome.duration_s, report=outcome.report,
-                   error=outcome.error, stderr_tail=outcome.stderr_tail)
+    return replace(
+        result,
+        returncode=outcome.returncode,
+        duration_s=outcome.duration_s,
+        report=outcome.report,
+        error=outcome.error,
+        stderr_tail=outcome.stderr_tail,
+    )
 
 
 def launch_plan(
@@ -369,16 +458,25 @@ def launch_plan(
 ) -> LaunchResult:
     """The CLI's entry point: `llm-planner launch plan.yaml [--dry-run] [--checkpoint DIR] ...` (see LaunchOptions)."""
     options = LaunchOptions(
-        dry_run=dry_run, checkpoint=checkpoint, prompt_ids=tuple(tuple(p) for p in (prompt_ids or ())),
-        max_new_tokens=max_new_tokens, report_path=report_path, timeout_s=timeout_s,
-        workdir=workdir, extra=tuple(extra), num_ranks=num_ranks, seed=seed, dtype=dtype, fail_rank=fail_rank,
+        dry_run=dry_run,
+        checkpoint=checkpoint,
+        prompt_ids=tuple(tuple(p) for p in (prompt_ids or ())),
+        max_new_tokens=max_new_tokens,
+        report_path=report_path,
+        timeout_s=timeout_s,
+        workdir=workdir,
+        extra=tuple(extra),
+        num_ranks=num_ranks,
+        seed=seed,
+        dtype=dtype,
+        fail_rank=fail_rank,
         warmup=warmup,
     )
     return launch(plan_path, options)
 
 
 def parse_prompt_ids(text: str) -> list[int]:
-    """"464,3290,318" -> [464, 3290, 318]; LaunchError on anything else (for the CLI's --prompt-ids)."""
+    """ "464,3290,318" -> [464, 3290, 318]; LaunchError on anything else (for the CLI's --prompt-ids)."""
     try:
         ids = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:

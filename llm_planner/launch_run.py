@@ -76,7 +76,9 @@ def _tail(workdir: Path) -> str:
     return "".join((workdir / name).read_text(errors="replace")[-4000:] for name in ("mpiexec.err", "mpiexec.out"))
 
 
-def _failure(workdir: Path, table: RankTable, returncode: int, timed_out: bool, timeout_s: float, tail: str) -> tuple[str | None, int | None]:
+def _failure(
+    workdir: Path, table: RankTable, returncode: int, timed_out: bool, timeout_s: float, tail: str
+) -> tuple[str | None, int | None]:
     """(message, failed rank) of a run that failed; (None, None) when it did not."""
     raised = _rank_error(workdir)
     if raised is not None:
@@ -96,7 +98,9 @@ def _rank_error(workdir: Path) -> tuple[str, int] | None:
     files = sorted(workdir.glob("error.rank*.txt"), key=lambda p: p.stat().st_mtime)
     if not files:
         return None
-    return files[0].read_text(errors="replace").split("\n\n", 1)[0], int(files[0].name[len("error.rank"):-len(".txt")])
+    return files[0].read_text(errors="replace").split("\n\n", 1)[0], int(
+        files[0].name[len("error.rank") : -len(".txt")]
+    )
 
 
 def rank_pids(table: RankTable) -> dict[int, int]:

@@ -106,8 +106,13 @@ class ErrorSummary:
         if not errors:
             return ErrorSummary(count=0, median_abs=math.nan, p90_abs=math.nan, max_abs=math.nan, median=math.nan)
         a = np.abs(np.asarray(errors, dtype=float))
-        return ErrorSummary(count=len(errors), median_abs=float(np.median(a)), p90_abs=float(np.percentile(a, 90)),
-                            max_abs=float(a.max()), median=float(np.median(errors)))
+        return ErrorSummary(
+            count=len(errors),
+            median_abs=float(np.median(a)),
+            p90_abs=float(np.percentile(a, 90)),
+            max_abs=float(a.max()),
+            median=float(np.median(errors)),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,11 +142,18 @@ class Measurement:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "format": MEASURE_FORMAT, "version": 1,
-            "predicted_s": self.predicted_s, "measured_s": self.measured_s, "rel_error": self.rel_error,
+            "format": MEASURE_FORMAT,
+            "version": 1,
+            "predicted_s": self.predicted_s,
+            "measured_s": self.measured_s,
+            "rel_error": self.rel_error,
             "end_to_end": self.end_to_end_what,
-            "plan": self.plan_source, "report": self.report_source, "workload": self.workload,
-            "objective": self.objective, "phase": self.phase, "dtype": self.dtype,
+            "plan": self.plan_source,
+            "report": self.report_source,
+            "workload": self.workload,
+            "objective": self.objective,
+            "phase": self.phase,
+            "dtype": self.dtype,
             "task_error": self.task_errors.__dict__,
             "devices": [{**r.__dict__, "rel_error": r.rel_error} for r in self.devices],
             "links": [{**r.__dict__, "rel_error": r.rel_error} for r in self.links],
@@ -151,8 +163,9 @@ class Measurement:
         }
 
 
-def measure_run(plan: Plan, problem: PlacementProblem, report: Any, *, plan_source: str = "<plan>",
-                report_source: str = "<report>") -> Measurement:
+def measure_run(
+    plan: Plan, problem: PlacementProblem, report: Any, *, plan_source: str = "<plan>", report_source: str = "<report>"
+) -> Measurement:
     """Compare a run report with its plan; MeasureError names the report field that does not fit."""
     obs = read_observations(plan, report, report_source)
     task_index = {t.name: i for i, t in enumerate(problem.graph.tasks)}
@@ -161,18 +174,35 @@ def measure_run(plan: Plan, problem: PlacementProblem, report: Any, *, plan_sour
     for o in obs.tasks:
         i, k = task_index[o.task], device_index[o.device]
         predicted = sum(n * problem.task_time(i, k, b) for b, n in o.calls) / o.num_calls
-        rows.append(TaskRow(device=o.device, task=o.task, calls=o.num_calls, predicted_s=predicted,
-                            measured_s=o.measured_s / o.num_calls if o.num_calls else 0.0))
+        rows.append(
+            TaskRow(
+                device=o.device,
+                task=o.task,
+                calls=o.num_calls,
+                predicted_s=predicted,
+                measured_s=o.measured_s / o.num_calls if o.num_calls else 0.0,
+            )
+        )
     notes = []
     if obs.dtype != plan.inputs.dtype:
         notes.append(f"the run computed in {obs.dtype}, the plan's costs are for {plan.inputs.dtype}")
     if obs.workload == "decoder":
         notes.append("decoder plans cost one step at the plan's seq_len; the run's context grows from the prompt")
     return Measurement(
-        plan_source=plan_source, report_source=report_source, workload=obs.workload, objective=plan.objective,
-        phase=obs.phase, dtype=obs.dtype, end_to_end_what=obs.end_to_end_what, predicted_s=plan.objective_s,
-        measured_s=obs.end_to_end_s, tasks=tuple(rows), devices=_device_rows(plan, obs), links=_link_rows(plan, problem, obs),
-        untimed=obs.unmeasured, notes=tuple(notes),
+        plan_source=plan_source,
+        report_source=report_source,
+        workload=obs.workload,
+        objective=plan.objective,
+        phase=obs.phase,
+        dtype=obs.dtype,
+        end_to_end_what=obs.end_to_end_what,
+        predicted_s=plan.objective_s,
+        measured_s=obs.end_to_end_s,
+        tasks=tuple(rows),
+        devices=_device_rows(plan, obs),
+        links=_link_rows(plan, problem, obs),
+        untimed=obs.unmeasured,
+        notes=tuple(notes),
     )
 
 
@@ -183,9 +213,15 @@ def _device_rows(plan: Plan, obs: RunObservations) -> tuple[DeviceRow, ...]:
     rows = []
     for device in plan.devices_used():
         timed = [o for o in obs.tasks if o.device == device]
-        rows.append(DeviceRow(device=device, predicted_busy_s=predicted.get(device, 0.0),
-                              measured_busy_s=sum(o.measured_s for o in timed) / obs.passes, tasks_timed=len(timed),
-                              tasks_untimed=sum(1 for d, _ in obs.unmeasured if d == device)))
+        rows.append(
+            DeviceRow(
+                device=device,
+                predicted_busy_s=predicted.get(device, 0.0),
+                measured_busy_s=sum(o.measured_s for o in timed) / obs.passes,
+                tasks_timed=len(timed),
+                tasks_untimed=sum(1 for d, _ in obs.unmeasured if d == device),
+            )
+        )
     return tuple(rows)
 
 
@@ -209,16 +245,23 @@ def _link_rows(plan: Plan, problem: PlacementProblem, obs: RunObservations) -> t
     rows = []
     for o in sorted(obs.transfers, key=lambda o: (o.src, o.dst)):
         planned = by_pair.get((o.src, o.dst))
-        rows.append(LinkRow(
-            src=o.src, dst=o.dst, messages=o.messages,
-            measured_bytes=o.num_bytes / o.messages if o.messages else 0.0,
-            measured_s=o.measured_s / o.messages if o.messages else 0.0,
-            predicted_bytes=float(np.mean([n for _, n in planned])) if planned else None,
-            predicted_s=float(np.mean([t for t, _ in planned])) if planned else None))
+        rows.append(
+            LinkRow(
+                src=o.src,
+                dst=o.dst,
+                messages=o.messages,
+                measured_bytes=o.num_bytes / o.messages if o.messages else 0.0,
+                measured_s=o.measured_s / o.messages if o.messages else 0.0,
+                predicted_bytes=float(np.mean([n for _, n in planned])) if planned else None,
+                predicted_s=float(np.mean([t for t, _ in planned])) if planned else None,
+            )
+        )
     return tuple(rows)
 
 
-def measure_files(plan_path: str | Path, report: str | Path | dict[str, Any], *, check_hashes: bool = True) -> Measurement:
+def measure_files(
+    plan_path: str | Path, report: str | Path | dict[str, Any], *, check_hashes: bool = True
+) -> Measurement:
     """Load the plan, rebuild its problem and compare it with the report (a file path, or the parsed report)."""
     from llm_planner.pipeline import problem_from_plan_inputs
 
@@ -260,13 +303,19 @@ def _fs(x: float | None) -> str:
 
 def measurement_tables(m: Measurement, *, max_task_rows: int = 20) -> list[Table]:
     """Rich tables: end to end with the task error summary, devices, links, and the tasks with the largest errors."""
-    top = Table(title=f"predicted vs measured: {m.workload} run of {m.plan_source} ({m.objective}, {m.phase}, {m.dtype})")
+    top = Table(
+        title=f"predicted vs measured: {m.workload} run of {m.plan_source} ({m.objective}, {m.phase}, {m.dtype})"
+    )
     for col in ("what", "predicted", "measured", "error"):
         top.add_column(col, justify="left" if col == "what" else "right")
     top.add_row(f"end to end: {m.end_to_end_what}", fmt_s(m.predicted_s), fmt_s(m.measured_s), _pct(m.rel_error))
     errs = m.task_errors
-    top.add_row(f"per-task |error| over {errs.count} timed tasks: median / p90 / max", "", "",
-                f"{_abs_pct(errs.median_abs)} / {_abs_pct(errs.p90_abs)} / {_abs_pct(errs.max_abs)}")
+    top.add_row(
+        f"per-task |error| over {errs.count} timed tasks: median / p90 / max",
+        "",
+        "",
+        f"{_abs_pct(errs.median_abs)} / {_abs_pct(errs.p90_abs)} / {_abs_pct(errs.max_abs)}",
+    )
     top.add_row("per-task signed error, median (> 0: the model predicts too little)", "", "", _pct(errs.median))
     if m.notes:
         top.caption = "; ".join(m.notes)
@@ -274,19 +323,38 @@ def measurement_tables(m: Measurement, *, max_task_rows: int = 20) -> list[Table
     for col in ("device", "tasks timed", "untimed", "predicted", "measured", "error"):
         devices.add_column(col, justify="left" if col == "device" else "right")
     for r in m.devices:
-        devices.add_row(r.device, str(r.tasks_timed), str(r.tasks_untimed), fmt_s(r.predicted_busy_s), fmt_s(r.measured_busy_s), _pct(r.rel_error))
+        devices.add_row(
+            r.device,
+            str(r.tasks_timed),
+            str(r.tasks_untimed),
+            fmt_s(r.predicted_busy_s),
+            fmt_s(r.measured_busy_s),
+            _pct(r.rel_error),
+        )
     links = Table(title="links: time per message (receiver's Recv)")
     for col in ("from", "to", "messages", "bytes/msg predicted", "measured", "time/msg predicted", "measured", "error"):
         links.add_column(col, justify="left" if col in ("from", "to") else "right")
     for r in m.links:
-        links.add_row(r.src, r.dst, str(r.messages), "-" if r.predicted_bytes is None else fmt_bytes(r.predicted_bytes),
-                      fmt_bytes(r.measured_bytes), _fs(r.predicted_s), fmt_s(r.measured_s), _pct(r.rel_error))
+        links.add_row(
+            r.src,
+            r.dst,
+            str(r.messages),
+            "-" if r.predicted_bytes is None else fmt_bytes(r.predicted_bytes),
+            fmt_bytes(r.measured_bytes),
+            _fs(r.predicted_s),
+            fmt_s(r.measured_s),
+            _pct(r.rel_error),
+        )
     ranked = sorted(m.tasks, key=lambda r: -abs(r.rel_error) if r.rel_error is not None else 0.0)
-    tasks = Table(title=f"tasks: time per call ({min(max_task_rows, len(ranked))} of {len(ranked)}, largest |error| first)")
+    tasks = Table(
+        title=f"tasks: time per call ({min(max_task_rows, len(ranked))} of {len(ranked)}, largest |error| first)"
+    )
     for col in ("device", "task", "calls", "predicted", "measured", "error"):
         tasks.add_column(col, justify="left" if col in ("device", "task") else "right")
     for r in ranked[:max_task_rows]:
         tasks.add_row(r.device, r.task, str(r.calls), fmt_s(r.predicted_s), fmt_s(r.measured_s), _pct(r.rel_error))
     if m.untimed:
-        tasks.caption = f"{len(m.untimed)} placed task(s) not timed by the runtime (graph inputs/outputs), e.g. {m.untimed[0][1]}"
+        tasks.caption = (
+            f"{len(m.untimed)} placed task(s) not timed by the runtime (graph inputs/outputs), e.g. {m.untimed[0][1]}"
+        )
     return [top, devices, links, tasks]

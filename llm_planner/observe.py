@@ -110,8 +110,12 @@ def read_observations(plan: Plan, report: Any, source: str) -> RunObservations:
     for r, entry in enumerate(ranks):
         device = _plan_device(entry, source, r)
         if device not in plan.devices_used():
-            raise MeasureError(f"{source}: ranks[{r}].plan_device: {device!r} is not a device the plan uses {plan.devices_used()}")
-        device_of[_number(_get(entry, "rank", source, f"ranks[{r}]."), source, f"ranks[{r}].rank", integer=True)] = device
+            raise MeasureError(
+                f"{source}: ranks[{r}].plan_device: {device!r} is not a device the plan uses {plan.devices_used()}"
+            )
+        device_of[_number(_get(entry, "rank", source, f"ranks[{r}]."), source, f"ranks[{r}].rank", integer=True)] = (
+            device
+        )
     if workload == "graph":
         phase, passes, calls = "forward", 1, _graph_calls(plan)
     else:
@@ -122,9 +126,18 @@ def read_observations(plan: Plan, report: Any, source: str) -> RunObservations:
     if dtype == "fp32" and plan.inputs.dtype == "tf32":
         dtype = "tf32"
     e2e, what = end_to_end(plan, report, source)
-    return RunObservations(source=source, workload=workload, phase=phase, passes=passes, dtype=dtype, tasks=tasks,
-                           unmeasured=unmeasured, transfers=_transfers(leaders, device_of, source),
-                           end_to_end_s=e2e, end_to_end_what=what)
+    return RunObservations(
+        source=source,
+        workload=workload,
+        phase=phase,
+        passes=passes,
+        dtype=dtype,
+        tasks=tasks,
+        unmeasured=unmeasured,
+        transfers=_transfers(leaders, device_of, source),
+        end_to_end_s=e2e,
+        end_to_end_what=what,
+    )
 
 
 Calls = dict[tuple[str, str], list[tuple[int, int]]]
@@ -156,8 +169,10 @@ def _decoder_calls(plan: Plan, report: dict, source: str) -> tuple[str, int, Cal
     phase = str(plan.inputs.model.get("phase", "decode"))
     steps = _number(_get(report, "max_new_tokens", source, ""), source, "max_new_tokens", integer=True)
     if phase == "decode" and steps < 2:
-        raise MeasureError(f"{source}: max_new_tokens: {steps}; a decode-phase plan is compared with decode steps, "
-                           "so the run needs at least 2 new tokens")
+        raise MeasureError(
+            f"{source}: max_new_tokens: {steps}; a decode-phase plan is compared with decode steps, "
+            "so the run needs at least 2 new tokens"
+        )
     counted = steps - 1 if phase == "decode" else 1
     streams = _get(report, "streams", source, "")
     if not isinstance(streams, list) or not streams:
@@ -167,8 +182,10 @@ def _decoder_calls(plan: Plan, report: dict, source: str) -> tuple[str, int, Cal
         shard = _number(_get(stream, "shard", source, f"streams[{j}]."), source, f"streams[{j}].shard", integer=True)
         requests = _get(stream, "requests", source, f"streams[{j}].")
         if shard >= len(plan.shard_assignments) or not isinstance(requests, list) or not requests:
-            raise MeasureError(f"{source}: streams[{j}]: shard {shard} with requests {requests!r} does not fit the plan's "
-                               f"{len(plan.shard_assignments)} shard(s)")
+            raise MeasureError(
+                f"{source}: streams[{j}]: shard {shard} with requests {requests!r} does not fit the plan's "
+                f"{len(plan.shard_assignments)} shard(s)"
+            )
         for task, device in plan.shard_assignments[shard].items():
             calls.setdefault((device, task), []).append((len(requests), counted))
     batches = int(report.get("batches", 1)) if isinstance(report.get("batches", 1), int) else 1
@@ -184,7 +201,9 @@ def _task_observations(ranks: list, calls: Calls, phase: str, source: str):
             raise MeasureError(f"{source}: ranks: no rank reports device {device!r}, which the plan uses")
         r, entry = by_device[device]
         times = _mapping(_get(entry, "tasks", source, f"ranks[{r}]."), source, f"ranks[{r}].tasks")
-        counts = _mapping(_get(entry, "task_calls", source, f"ranks[{r}]."), source, f"ranks[{r}].task_calls", integer=True)
+        counts = _mapping(
+            _get(entry, "task_calls", source, f"ranks[{r}]."), source, f"ranks[{r}].task_calls", integer=True
+        )
         if task not in times:
             unmeasured.append((device, task))
             continue
@@ -192,20 +211,29 @@ def _task_observations(ranks: list, calls: Calls, phase: str, source: str):
         seconds, num, field = times[task], int(counts.get(task, 0)), "task_calls"
         if phase in ("decode", "prefill"):
             pre_t = _mapping(_get(entry, "prefill_tasks", source, f"ranks[{r}]."), source, f"ranks[{r}].prefill_tasks")
-            pre_n = _mapping(_get(entry, "prefill_task_calls", source, f"ranks[{r}]."), source, f"ranks[{r}].prefill_task_calls", integer=True)
+            pre_n = _mapping(
+                _get(entry, "prefill_task_calls", source, f"ranks[{r}]."),
+                source,
+                f"ranks[{r}].prefill_task_calls",
+                integer=True,
+            )
             if phase == "decode":
                 seconds, num = max(0.0, seconds - pre_t.get(task, 0.0)), num - int(pre_n.get(task, 0))
             else:
                 seconds, num, field = pre_t.get(task, 0.0), int(pre_n.get(task, 0)), "prefill_task_calls"
         want = sum(n for _, n in groups)
         if num != want:
-            raise MeasureError(f"{source}: ranks[{r}].{field}.{task}: {num} {phase} call(s), but the plan and the run's "
-                               f"streams imply {want}")
+            raise MeasureError(
+                f"{source}: ranks[{r}].{field}.{task}: {num} {phase} call(s), but the plan and the run's "
+                f"streams imply {want}"
+            )
         tasks.append(TaskObservation(device=device, task=task, calls=tuple(groups), measured_s=seconds))
     for device, (r, entry) in by_device.items():
         for task in entry.get("tasks", {}):
             if (device, task) not in seen:
-                raise MeasureError(f"{source}: ranks[{r}].tasks.{task}: the plan does not put task {task!r} on {device}")
+                raise MeasureError(
+                    f"{source}: ranks[{r}].tasks.{task}: the plan does not put task {task!r} on {device}"
+                )
     return tuple(tasks), tuple(unmeasured)
 
 
@@ -222,11 +250,15 @@ def _transfers(ranks: list, device_of: dict[int, str], source: str) -> tuple[Tra
             peer = _number(_get(t, "peer", source, where + "."), source, where + ".peer", integer=True)
             if peer not in device_of:
                 raise MeasureError(f"{source}: {where}.peer: rank {peer} is not in the report")
-            out.append(TransferObservation(
-                src=device_of[peer], dst=entry["device"],
-                messages=_number(_get(t, "count", source, where + "."), source, where + ".count", integer=True),
-                num_bytes=_number(_get(t, "bytes", source, where + "."), source, where + ".bytes", integer=True),
-                measured_s=_number(_get(t, "seconds", source, where + "."), source, where + ".seconds")))
+            out.append(
+                TransferObservation(
+                    src=device_of[peer],
+                    dst=entry["device"],
+                    messages=_number(_get(t, "count", source, where + "."), source, where + ".count", integer=True),
+                    num_bytes=_number(_get(t, "bytes", source, where + "."), source, where + ".bytes", integer=True),
+                    measured_s=_number(_get(t, "seconds", source, where + "."), source, where + ".seconds"),
+                )
+            )
     return tuple(out)
 
 
@@ -252,18 +284,26 @@ def end_to_end(plan: Plan, report: dict, source: str) -> tuple[float, str]:
     if _get(report, "workload", source, "") == "graph":
         wall = _number(_get(report, "wall_s", source, ""), source, "wall_s")
         if per_sample:
-            return wall / plan.batch_size, f"seconds per sample: the forward pass of {plan.batch_size} samples / {plan.batch_size}"
+            return (
+                wall / plan.batch_size,
+                f"seconds per sample: the forward pass of {plan.batch_size} samples / {plan.batch_size}",
+            )
         return wall, "latency of one forward pass (slowest rank's wall time)"
     phase = str(plan.inputs.model.get("phase", "decode"))
     ends = _step_ends(report, source)
     steps = int(report["max_new_tokens"])
     if sorted(ends) != list(range(steps)):
-        raise MeasureError(f"{source}: ranks[*].step_end_s: expected the end of each of the {steps} steps, got steps {sorted(ends)}")
+        raise MeasureError(
+            f"{source}: ranks[*].step_end_s: expected the end of each of the {steps} steps, got steps {sorted(ends)}"
+        )
     requests = sum(len(s["requests"]) for s in report["streams"])
     if phase == "prefill":
         value, what = ends[0], "prefill latency (end of step 0)"
     else:
-        value, what = (ends[steps - 1] - ends[0]) / (steps - 1), f"one decode step (mean of {steps - 1} steps after the prefill)"
+        value, what = (
+            (ends[steps - 1] - ends[0]) / (steps - 1),
+            f"one decode step (mean of {steps - 1} steps after the prefill)",
+        )
     if per_sample:
         return value / requests, f"seconds per sample: {what} / {requests} requests"
     return value, what

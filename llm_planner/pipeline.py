@@ -18,7 +18,6 @@ from llm_planner.solve.fit import memory_shortfall
 from llm_planner.solve.problem import PlacementProblem, ProblemError, build_problem
 from llm_planner.spec import ClusterSpec, load_cluster
 
-
 # Tasks x devices of one problem: the cost tables and the heuristics grow with it; 300,000 pairs
 # (a 1,000-task graph on 256 GPUs, a 50,000-task chain on 6 devices) plan in about a minute on
 # two cores (docs/inputs.md).
@@ -58,8 +57,10 @@ def load_graph_and_cluster(
         cluster = own_cluster
     pairs = graph.num_tasks * len(cluster.devices())
     if pairs > MAX_TASK_DEVICE_PAIRS:
-        raise InputError(f"{_names(cluster_path, model, graph_path)}: {graph.num_tasks:,} tasks x {len(cluster.devices()):,} devices = "
-                         f"{pairs:,} placement pairs; the limit is {MAX_TASK_DEVICE_PAIRS:,} (docs/inputs.md)")
+        raise InputError(
+            f"{_names(cluster_path, model, graph_path)}: {graph.num_tasks:,} tasks x {len(cluster.devices()):,} devices = "
+            f"{pairs:,} placement pairs; the limit is {MAX_TASK_DEVICE_PAIRS:,} (docs/inputs.md)"
+        )
     return graph, cluster
 
 
@@ -112,13 +113,23 @@ def problem_from_inputs(
         max_tp=max_tp,
     )
     try:
-        problem = build_problem(graph, cluster, objective=objective, batch_size=batch_size, max_shards=shards, dtype=dtype,
-                                inputs=inputs, max_tp=max_tp)
+        problem = build_problem(
+            graph,
+            cluster,
+            objective=objective,
+            batch_size=batch_size,
+            max_shards=shards,
+            dtype=dtype,
+            inputs=inputs,
+            max_tp=max_tp,
+        )
     except ProblemError as exc:
         raise InputError(f"{_names(cluster_path, model, graph_path)}: {exc}") from None
     short = memory_shortfall(problem)
     if short is not None:
-        raise InputError(f"{_names(cluster_path, model, graph_path)}: the cluster's memory cannot hold the model: {short}")
+        raise InputError(
+            f"{_names(cluster_path, model, graph_path)}: the cluster's memory cannot hold the model: {short}"
+        )
     if profile is None:
         return problem
     from llm_planner.profile_apply import apply_profile

@@ -21,14 +21,30 @@ from typing import Any
 import yaml
 
 from llm_planner.atomic import write_atomic
-from llm_planner.groups import is_group_name, member_names
 from llm_planner.fileio import read_document
+from llm_planner.groups import is_group_name, member_names
 from llm_planner.plan_read import MISSING, Fields, check_finite_tree
 
 PLAN_FORMAT = "llm_planner.plan"
 PLAN_VERSION = 1
-PLAN_FIELDS = ("format", "version", "objective", "objective_s", "lower_bound_s", "gap", "throughput_samples_per_s", "max_load_s",
-               "batches_in_flight", "batch_size", "assignment", "solver", "inputs", "shards", "device_order", "schedule")
+PLAN_FIELDS = (
+    "format",
+    "version",
+    "objective",
+    "objective_s",
+    "lower_bound_s",
+    "gap",
+    "throughput_samples_per_s",
+    "max_load_s",
+    "batches_in_flight",
+    "batch_size",
+    "assignment",
+    "solver",
+    "inputs",
+    "shards",
+    "device_order",
+    "schedule",
+)
 OBJECTIVES = ("latency", "throughput")
 # optimal: proven within the relative gap; time_limit: stopped at the time limit; interrupted: stopped by the
 # user (Ctrl-C), the best plan found so far; feasible: stopped for another reason; heuristic: no proof sought
@@ -171,10 +187,18 @@ class Plan:
                 "details": dict(self.solver.details),
             },
             "inputs": dict(self.inputs.__dict__),
-            "shards": [{"size": int(b), "assignment": _written(a)} for b, a in zip(self.shard_sizes, self.shard_assignments)],
+            "shards": [
+                {"size": int(b), "assignment": _written(a)} for b, a in zip(self.shard_sizes, self.shard_assignments)
+            ],
             "device_order": {d: [f"{s}:{t}" for s, t in order] for d, order in self.device_order().items()},
             "schedule": [
-                {"task": s.task, "shard": s.shard, "device": s.device, "start_s": float(s.start_s), "finish_s": float(s.finish_s)}
+                {
+                    "task": s.task,
+                    "shard": s.shard,
+                    "device": s.device,
+                    "start_s": float(s.start_s),
+                    "finish_s": float(s.finish_s),
+                }
                 for s in self.schedule
             ],
         }
@@ -209,7 +233,9 @@ def plan_from_dict(data: Any, source: str = "<memory>") -> Plan:
         raise PlanError(f"{source}: {where}not a plan file (expected format: {PLAN_FORMAT})")
     top = Fields(data, source, "", PlanError)
     if type(data.get("version")) is not int or data["version"] != PLAN_VERSION:
-        raise top.fail("version", f"unsupported plan version {data.get('version')!r} (this reader knows {PLAN_VERSION})")
+        raise top.fail(
+            "version", f"unsupported plan version {data.get('version')!r} (this reader knows {PLAN_VERSION})"
+        )
     top.only(PLAN_FIELDS)
     objective = top.string("objective")
     if objective not in OBJECTIVES:
@@ -219,9 +245,15 @@ def plan_from_dict(data: Any, source: str = "<memory>") -> Plan:
         raise top.fail("objective_s", f"must be > 0, got {objective_s}")
     sizes, assignments = _read_shards(top)
     plan = Plan(
-        inputs=_read_inputs(top.mapping("inputs")), objective=objective, objective_s=objective_s,
-        lower_bound_s=top.number("lower_bound_s", minimum=0.0), shard_sizes=sizes, shard_assignments=assignments,
-        schedule=_read_schedule(top), solver=_read_solver(top.mapping("solver")), max_load_s=top.number("max_load_s", minimum=0.0),
+        inputs=_read_inputs(top.mapping("inputs")),
+        objective=objective,
+        objective_s=objective_s,
+        lower_bound_s=top.number("lower_bound_s", minimum=0.0),
+        shard_sizes=sizes,
+        shard_assignments=assignments,
+        schedule=_read_schedule(top),
+        solver=_read_solver(top.mapping("solver")),
+        max_load_s=top.number("max_load_s", minimum=0.0),
     )
     _check_derived(plan, top)
     return plan
@@ -249,7 +281,9 @@ def _read_device(value: Any, fields: Fields, key: str) -> str:
     if isinstance(value, str):
         return value
     if not (isinstance(value, list) and len(value) >= 2 and all(isinstance(v, str) for v in value)):
-        raise fields.fail(key, f"expected a device name or a list of 2+ device names (a tensor-parallel group), got {value!r}")
+        raise fields.fail(
+            key, f"expected a device name or a list of 2+ device names (a tensor-parallel group), got {value!r}"
+        )
     node_kind = {v.rsplit(":", 1)[0] for v in value}
     try:
         index = [int(v.rsplit(":", 1)[1]) for v in value]
@@ -265,8 +299,15 @@ def _read_schedule(top: Fields) -> tuple[ScheduledTask, ...]:
     for n, item in enumerate(top.sequence("schedule")):
         entry = top.item("schedule", n, item)
         entry.only(("task", "shard", "device", "start_s", "finish_s"))
-        out.append(ScheduledTask(task=entry.string("task"), shard=entry.integer("shard", minimum=0), device=entry.string("device"),
-                                 start_s=entry.number("start_s"), finish_s=entry.number("finish_s")))
+        out.append(
+            ScheduledTask(
+                task=entry.string("task"),
+                shard=entry.integer("shard", minimum=0),
+                device=entry.string("device"),
+                start_s=entry.number("start_s"),
+                finish_s=entry.number("finish_s"),
+            )
+        )
     return tuple(out)
 
 
@@ -277,8 +318,13 @@ def _read_solver(fields: Fields) -> SolverInfo:
         raise fields.fail("status", f"must be one of {', '.join(STATUSES)}, got {status!r}")
     details = fields.mapping("details", {})
     check_finite_tree(details.data, fields, "details")
-    return SolverInfo(name=fields.string("name"), status=status, time_s=fields.number("time_s", minimum=0.0),
-                      backend=fields.string("backend", ""), details=dict(details.data))
+    return SolverInfo(
+        name=fields.string("name"),
+        status=status,
+        time_s=fields.number("time_s", minimum=0.0),
+        backend=fields.string("backend", ""),
+        details=dict(details.data),
+    )
 
 
 def _read_inputs(fields: Fields) -> PlanInputs:
@@ -295,46 +341,74 @@ def _read_inputs(fields: Fields) -> PlanInputs:
         if fields.data.get(name) is None and fields.data.get(f"{name}_sha256") and not from_graph:
             raise fields.fail(f"{name}_sha256", f"a hash, but inputs.{name} names no file")
     return PlanInputs(
-        cluster=fields.string("cluster", nullable=True), cluster_sha256=fields.string("cluster_sha256"), model=dict(model.data),
-        graph_sha256=fields.string("graph_sha256"), objective=fields.string("objective"),
-        batch_size=fields.integer("batch_size", minimum=1), max_shards=fields.integer("max_shards", minimum=1),
-        dtype=fields.string("dtype"), options=dict(options.data), profile=fields.string("profile", None, nullable=True),
-        profile_sha256=fields.string("profile_sha256", ""), max_tp=fields.integer("max_tp", 1, minimum=1),
+        cluster=fields.string("cluster", nullable=True),
+        cluster_sha256=fields.string("cluster_sha256"),
+        model=dict(model.data),
+        graph_sha256=fields.string("graph_sha256"),
+        objective=fields.string("objective"),
+        batch_size=fields.integer("batch_size", minimum=1),
+        max_shards=fields.integer("max_shards", minimum=1),
+        dtype=fields.string("dtype"),
+        options=dict(options.data),
+        profile=fields.string("profile", None, nullable=True),
+        profile_sha256=fields.string("profile_sha256", ""),
+        max_tp=fields.integer("max_tp", 1, minimum=1),
     )
 
 
 def _check_derived(plan: Plan, top: Fields) -> None:
     """The fields that follow from the others must say what the others give."""
     per_sample = "1 / objective_s" if plan.objective == "throughput" else "batch_size / objective_s"
-    for key, want, formula in (("gap", plan.gap, "max(0, (objective_s - lower_bound_s) / objective_s)"),
-                               ("throughput_samples_per_s", plan.throughput_samples_per_s, per_sample)):
+    for key, want, formula in (
+        ("gap", plan.gap, "max(0, (objective_s - lower_bound_s) / objective_s)"),
+        ("throughput_samples_per_s", plan.throughput_samples_per_s, per_sample),
+    ):
         got = top.number(key)
         if not math.isclose(got, want, rel_tol=DERIVED_REL_TOL, abs_tol=1e-15):
             raise top.fail(key, f"the file says {got!r}, but {formula} is {want!r}")
     required = plan.objective == "throughput"  # a latency plan runs one batch: the field may be left out
-    if (required or "batches_in_flight" in top.data) and top.integer("batches_in_flight", minimum=1) != plan.batches_in_flight:
-        formula = "ceil(makespan / max_load_s), the makespan the schedule's last finish" if plan.objective == "throughput" else "1 for a latency plan"
-        raise top.fail("batches_in_flight", f"the file says {top.data['batches_in_flight']}, but {formula} is {plan.batches_in_flight}")
+    if (required or "batches_in_flight" in top.data) and top.integer(
+        "batches_in_flight", minimum=1
+    ) != plan.batches_in_flight:
+        formula = (
+            "ceil(makespan / max_load_s), the makespan the schedule's last finish"
+            if plan.objective == "throughput"
+            else "1 for a latency plan"
+        )
+        raise top.fail(
+            "batches_in_flight",
+            f"the file says {top.data['batches_in_flight']}, but {formula} is {plan.batches_in_flight}",
+        )
     if top.integer("batch_size") != plan.batch_size:
-        raise top.fail("batch_size", f"the file says {top.data['batch_size']}, but its shard sizes sum to {plan.batch_size}")
+        raise top.fail(
+            "batch_size", f"the file says {top.data['batch_size']}, but its shard sizes sum to {plan.batch_size}"
+        )
     assignment = top.mapping("assignment")
     if _read_assignment(assignment) != plan.assignment:
-        raise top.fail("assignment", "differs from shards[0].assignment (the top-level assignment is shard 0's: "
-                       f"{_first_difference(_read_assignment(assignment), plan.assignment)})")
+        raise top.fail(
+            "assignment",
+            "differs from shards[0].assignment (the top-level assignment is shard 0's: "
+            f"{_first_difference(_read_assignment(assignment), plan.assignment)})",
+        )
     order = top.mapping("device_order")
     want_order = plan.to_dict()["device_order"]
     for device, items in order.data.items():
         if not (isinstance(items, list) and all(isinstance(i, str) for i in items)):
             raise order.fail(device, f"expected a list of SHARD:TASK strings, got {items!r}")
     if order.data != want_order:
-        raise top.fail("device_order", "differs from the order of the schedule's start times ("
-                       f"{_first_difference(order.data, want_order)})")
+        raise top.fail(
+            "device_order",
+            f"differs from the order of the schedule's start times ({_first_difference(order.data, want_order)})",
+        )
 
 
 def _first_difference(got: dict, want: dict) -> str:
     for key in sorted(set(got) | set(want), key=str):
         if got.get(key, MISSING) != want.get(key, MISSING):
-            shown = {k: "(missing)" if v is MISSING else v for k, v in (("got", got.get(key, MISSING)), ("want", want.get(key, MISSING)))}
+            shown = {
+                k: "(missing)" if v is MISSING else v
+                for k, v in (("got", got.get(key, MISSING)), ("want", want.get(key, MISSING)))
+            }
             return f"{key}: the file has {shown['got']!r}, expected {shown['want']!r}"
     return "same entries"
 
@@ -348,8 +422,10 @@ def hf_device_map(plan: Plan, module_of_task: dict[str, str], cpu_devices: set[s
     """
     groups = sorted({d for d in plan.assignment.values() if is_group_name(d)})
     if groups:
-        raise PlanError(f"a device_map puts each module on one device; this plan runs tasks on tensor-parallel groups "
-                        f"({', '.join(groups)}): export it with --export vllm or megatron, or plan with --max-tp 1")
+        raise PlanError(
+            f"a device_map puts each module on one device; this plan runs tasks on tensor-parallel groups "
+            f"({', '.join(groups)}): export it with --export vllm or megatron, or plan with --max-tp 1"
+        )
     nodes = {d.split("/")[0] for d in plan.assignment.values()}
     if len(nodes) > 1:
         raise PlanError(f"a device_map describes one machine; this plan spans nodes {sorted(nodes)}")

@@ -85,7 +85,11 @@ class Fields:
 
 def finite_number(value: Any, fields: Fields, key: str, *, minimum: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        hint = " (a number in quotes, or YAML read it as text: write 1e-3 as 1.0e-3)" if isinstance(value, str) and _parses(value) else ""
+        hint = (
+            " (a number in quotes, or YAML read it as text: write 1e-3 as 1.0e-3)"
+            if isinstance(value, str) and _parses(value)
+            else ""
+        )
         raise fields.fail(key, f"expected a number, got {_kind(value)}{hint}")
     if not math.isfinite(value):
         raise fields.fail(key, f"must be a finite number, got {value}")

@@ -142,15 +142,27 @@ def fit_affine(xs: list[float] | tuple[float, ...], ys: list[float] | tuple[floa
 
 def task_timing(task: str, batch_sizes: list[int], median_s: list[float], repetitions: int) -> TaskTiming:
     fixed, slope = fit_affine(batch_sizes, median_s)
-    return TaskTiming(task=task, batch_sizes=tuple(int(b) for b in batch_sizes), median_s=tuple(float(t) for t in median_s),
-                      repetitions=int(repetitions), fixed_s=fixed, per_sample_s=slope)
+    return TaskTiming(
+        task=task,
+        batch_sizes=tuple(int(b) for b in batch_sizes),
+        median_s=tuple(float(t) for t in median_s),
+        repetitions=int(repetitions),
+        fixed_s=fixed,
+        per_sample_s=slope,
+    )
 
 
 def link_timing(devices: tuple[str, str], sizes: list[int], median_s: list[float], repetitions: int) -> LinkTiming:
     latency, inv_bw = fit_affine(sizes, median_s)
     bw = 1.0 / inv_bw if inv_bw > 0 else math.inf
-    return LinkTiming(devices=(str(devices[0]), str(devices[1])), sizes_bytes=tuple(int(n) for n in sizes),
-                      median_s=tuple(float(t) for t in median_s), repetitions=int(repetitions), latency_s=latency, bw_bytes_per_s=bw)
+    return LinkTiming(
+        devices=(str(devices[0]), str(devices[1])),
+        sizes_bytes=tuple(int(n) for n in sizes),
+        median_s=tuple(float(t) for t in median_s),
+        repetitions=int(repetitions),
+        latency_s=latency,
+        bw_bytes_per_s=bw,
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -168,7 +180,9 @@ def task_key(graph: TaskGraph, task: Task) -> str | None:
     if "decoder_config" in meta:
         config = {k: v for k, v in dict(meta["decoder_config"]).items() if k != "name"}
         role = task.label("role", task.kind)
-        return f"{config.get('model_type')}:{_short_hash(config)}/{meta.get('phase')}:{meta.get('seq_len')}/{dtype}/{role}"
+        return (
+            f"{config.get('model_type')}:{_short_hash(config)}/{meta.get('phase')}:{meta.get('seq_len')}/{dtype}/{role}"
+        )
     if meta.get("builder") in ("fx", "rwnn") and dtype is not None:
         return f"{graph.name}:{structure_hash(graph)}/{dtype}/{task.name}"
     return None
@@ -227,12 +241,24 @@ def merge_task_timings(timings: list[TaskTiming]) -> TaskTiming:
 
 def profile_to_dict(profile: Profile) -> dict[str, Any]:
     def timing(t: TaskTiming) -> dict[str, Any]:
-        return {"task": t.task, "fixed_s": t.fixed_s, "per_sample_s": t.per_sample_s, "batch_sizes": list(t.batch_sizes),
-                "median_s": list(t.median_s), "repetitions": t.repetitions}
+        return {
+            "task": t.task,
+            "fixed_s": t.fixed_s,
+            "per_sample_s": t.per_sample_s,
+            "batch_sizes": list(t.batch_sizes),
+            "median_s": list(t.median_s),
+            "repetitions": t.repetitions,
+        }
 
     def link(t: LinkTiming) -> dict[str, Any]:
-        return {"devices": list(t.devices), "latency_s": t.latency_s, "bw_bytes_per_s": t.bw_bytes_per_s,
-                "sizes_bytes": list(t.sizes_bytes), "median_s": list(t.median_s), "repetitions": t.repetitions}
+        return {
+            "devices": list(t.devices),
+            "latency_s": t.latency_s,
+            "bw_bytes_per_s": t.bw_bytes_per_s,
+            "sizes_bytes": list(t.sizes_bytes),
+            "median_s": list(t.median_s),
+            "repetitions": t.repetitions,
+        }
 
     return {
         "format": PROFILE_FORMAT,
@@ -242,7 +268,9 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         "settings": dict(profile.settings),
         "environment": dict(profile.environment),
         "devices": {kind: list(names) for kind, names in profile.devices.items()},
-        "device_kinds": {kind: {key: timing(t) for key, t in entries.items()} for kind, entries in profile.tasks.items()},
+        "device_kinds": {
+            kind: {key: timing(t) for key, t in entries.items()} for kind, entries in profile.tasks.items()
+        },
         "links": {name: link(t) for name, t in profile.links.items()},
     }
 
@@ -251,7 +279,11 @@ def save_profile(profile: Profile, path: str | Path) -> None:
     """Write the profile atomically (llm_planner.atomic); ProfileError naming the path if it cannot be."""
     from llm_planner.atomic import write_atomic
 
-    write_atomic(path, yaml.safe_dump(profile_to_dict(profile), sort_keys=False, width=160, default_flow_style=None), ProfileError)
+    write_atomic(
+        path,
+        yaml.safe_dump(profile_to_dict(profile), sort_keys=False, width=160, default_flow_style=None),
+        ProfileError,
+    )
 
 
 class _Fields:
@@ -285,8 +317,16 @@ class _Fields:
     def numbers(self, key: str, kind: type, positive: bool = False) -> list:
         values = self.get(key, list)
         for j, v in enumerate(values):
-            if isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else kind) or not math.isfinite(v) or v < 0 or (positive and v <= 0):
-                raise self.fail(f"{key}[{j}]", f"expected a {'positive' if positive else 'non-negative'} {kind.__name__}, got {v!r}")
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float) if kind is float else kind)
+                or not math.isfinite(v)
+                or v < 0
+                or (positive and v <= 0)
+            ):
+                raise self.fail(
+                    f"{key}[{j}]", f"expected a {'positive' if positive else 'non-negative'} {kind.__name__}, got {v!r}"
+                )
         return [kind(v) for v in values]
 
     def known(self, keys: set[str]) -> None:
@@ -300,8 +340,14 @@ def _read_task_timing(r: _Fields) -> TaskTiming:
     sizes, medians = r.numbers("batch_sizes", int, positive=True), r.numbers("median_s", float)
     if len(sizes) != len(medians):
         raise r.fail("median_s", f"has {len(medians)} values for {len(sizes)} batch sizes")
-    return TaskTiming(task=r.get("task", str), batch_sizes=tuple(sizes), median_s=tuple(medians), repetitions=int(r.get("repetitions", int)),
-                      fixed_s=r.seconds("fixed_s"), per_sample_s=r.seconds("per_sample_s"))
+    return TaskTiming(
+        task=r.get("task", str),
+        batch_sizes=tuple(sizes),
+        median_s=tuple(medians),
+        repetitions=int(r.get("repetitions", int)),
+        fixed_s=r.seconds("fixed_s"),
+        per_sample_s=r.seconds("per_sample_s"),
+    )
 
 
 def _read_link_timing(r: _Fields) -> LinkTiming:
@@ -315,8 +361,14 @@ def _read_link_timing(r: _Fields) -> LinkTiming:
     bw = float(r.get("bw_bytes_per_s", (int, float)))
     if not bw > 0:
         raise r.fail("bw_bytes_per_s", f"must be > 0, got {bw}")
-    return LinkTiming(devices=(devices[0], devices[1]), sizes_bytes=tuple(sizes), median_s=tuple(medians),
-                      repetitions=int(r.get("repetitions", int)), latency_s=r.seconds("latency_s"), bw_bytes_per_s=bw)
+    return LinkTiming(
+        devices=(devices[0], devices[1]),
+        sizes_bytes=tuple(sizes),
+        median_s=tuple(medians),
+        repetitions=int(r.get("repetitions", int)),
+        latency_s=r.seconds("latency_s"),
+        bw_bytes_per_s=bw,
+    )
 
 
 def profile_from_dict(data: Any, source: str = "<memory>") -> Profile:
@@ -325,13 +377,17 @@ def profile_from_dict(data: Any, source: str = "<memory>") -> Profile:
         raise ProfileError(f"{source}: not a profile file (expected format: {PROFILE_FORMAT})")
     top = _Fields(data, source, "")
     if data.get("version") != PROFILE_VERSION:
-        raise ProfileError(f"{source}: version: unsupported profile version {data.get('version')!r} (this build reads {PROFILE_VERSION})")
+        raise ProfileError(
+            f"{source}: version: unsupported profile version {data.get('version')!r} (this build reads {PROFILE_VERSION})"
+        )
     top.known({"format", "version", "cluster", "model", "settings", "environment", "devices", "device_kinds", "links"})
     kinds = _Fields(top.get("device_kinds", dict), source, "device_kinds")
     tasks: dict[str, dict[str, TaskTiming]] = {}
     for kind, entries in kinds.data.items():
         r = _Fields(entries, source, f"device_kinds.{kind}")
-        tasks[str(kind)] = {str(key): _read_task_timing(_Fields(e, source, f"device_kinds.{kind}.{key}")) for key, e in r.data.items()}
+        tasks[str(kind)] = {
+            str(key): _read_task_timing(_Fields(e, source, f"device_kinds.{kind}.{key}")) for key, e in r.data.items()
+        }
     links = _Fields(top.get("links", dict, {}), source, "links")
     devices = _Fields(top.get("devices", dict, {}), source, "devices")
     return Profile(

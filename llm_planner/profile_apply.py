@@ -45,10 +45,15 @@ def profile_coverage(graph: TaskGraph, cluster: ClusterSpec, profile: Profile) -
         for kind in kinds:
             if cost.task_supported(task, kind):
                 (profiled if profile.timing(kind.name, key) is not None else fallback).append((task.name, kind.name))
-    classes = sorted({c for a in cluster.devices() for b in cluster.devices() if (c := link_class(cluster, a, b)) is not None})
-    return ProfileCoverage(profiled=tuple(profiled), fallback=tuple(fallback),
-                           links_profiled=tuple(c for c in classes if c in profile.links),
-                           links_fallback=tuple(c for c in classes if c not in profile.links))
+    classes = sorted(
+        {c for a in cluster.devices() for b in cluster.devices() if (c := link_class(cluster, a, b)) is not None}
+    )
+    return ProfileCoverage(
+        profiled=tuple(profiled),
+        fallback=tuple(fallback),
+        links_profiled=tuple(c for c in classes if c in profile.links),
+        links_fallback=tuple(c for c in classes if c not in profile.links),
+    )
 
 
 def _group_link(problem: PlacementProblem, profile: Profile, device: DeviceSpec) -> LinkSpec:
@@ -61,7 +66,9 @@ def _group_link(problem: PlacementProblem, profile: Profile, device: DeviceSpec)
     return problem.cluster.link(a, b)
 
 
-def _group_collectives(problem: PlacementProblem, profile: Profile, task: Task, device: DeviceSpec) -> tuple[float, float]:
+def _group_collectives(
+    problem: PlacementProblem, profile: Profile, task: Task, device: DeviceSpec
+) -> tuple[float, float]:
     """(fixed_s, per_sample_s) of the task's collectives on the group: from a measured all-reduce of the group's
     class and degree when the profile has one (an all-gather of n bytes costs as an all-reduce of k n bytes),
     else the ring model over the group's link (cost.collective_pieces)."""
@@ -75,7 +82,9 @@ def _group_collectives(problem: PlacementProblem, profile: Profile, task: Task, 
     return calls * measured.latency_s, moved / measured.bw_bytes_per_s
 
 
-def _measured_piece(problem: PlacementProblem, profile: Profile, task: Task, device: DeviceSpec, timing: TaskTiming) -> tuple[float, float]:
+def _measured_piece(
+    problem: PlacementProblem, profile: Profile, task: Task, device: DeviceSpec, timing: TaskTiming
+) -> tuple[float, float]:
     if device.degree <= 1:
         return timing.fixed_s, timing.per_sample_s
     fixed, slope = _group_collectives(problem, profile, task, device)
@@ -91,7 +100,9 @@ def apply_profile(problem: PlacementProblem, profile: Profile) -> PlacementProbl
         for k, device in enumerate(devices):
             if not problem.supported[i, k]:
                 continue
-            joint = profile.timing(device.kind, group_key(key, device.degree, joint=True)) if device.degree > 1 else None
+            joint = (
+                profile.timing(device.kind, group_key(key, device.degree, joint=True)) if device.degree > 1 else None
+            )
             if joint is not None:
                 pieces[i, k, :] = (joint.fixed_s, joint.per_sample_s)
                 continue
@@ -109,5 +120,7 @@ def apply_profile(problem: PlacementProblem, profile: Profile) -> PlacementProbl
                 continue
             # cost.transfer_pieces over every edge at once: latency, bytes / bw + hop cost * hops
             comm_fixed[:, k, l] = measured.latency_s
-            comm_slope[:, k, l] = edge_bytes / measured.bw_bytes_per_s + edge_hop * cost.transfer_hops(kinds[k], kinds[l])
+            comm_slope[:, k, l] = edge_bytes / measured.bw_bytes_per_s + edge_hop * cost.transfer_hops(
+                kinds[k], kinds[l]
+            )
     return dataclasses.replace(problem, time_pieces=pieces, comm_fixed=comm_fixed, comm_slope=comm_slope)

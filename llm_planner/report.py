@@ -33,9 +33,14 @@ def device_table(plan: Plan, problem: PlacementProblem) -> Table:
         share = f"{used / usable:.1%}" if usable not in (0, float("inf")) else "-"
         tasks = task_runs([t for s, t in order[device.name] if s == order[device.name][0][0]], topo)
         shards = len({s for s, _ in order[device.name]})
-        table.add_row(device.name, str(device.degree), tasks + (f" (x{shards} shards)" if shards > 1 else ""),
-                      fmt_time(report.device_busy_s.get(device.name, 0.0), has_file_units(problem.graph)), fmt_bytes(used),
-                      f"{share} of {fmt_bytes(usable)}")
+        table.add_row(
+            device.name,
+            str(device.degree),
+            tasks + (f" (x{shards} shards)" if shards > 1 else ""),
+            fmt_time(report.device_busy_s.get(device.name, 0.0), has_file_units(problem.graph)),
+            fmt_bytes(used),
+            f"{share} of {fmt_bytes(usable)}",
+        )
     used_physical = set(plan.physical_devices_used())
     idle = [d.name for d in problem.devices[: problem.num_physical] if d.name not in used_physical]
     if idle:
@@ -49,9 +54,11 @@ def steady_state_text(plan: Plan, file_units: bool = False) -> str | None:
     each generated token takes (a batch's token goes through every stage once: one makespan)."""
     if plan.objective != "throughput":
         return None
-    text = (f"steady state: {plan.batches_in_flight} batch(es) of {plan.batch_size} in flight (one batch's makespan "
-            f"{fmt_time(plan.makespan_s, file_units)} over the busiest device's load per batch {fmt_time(plan.max_load_s, file_units)}, "
-            "rounded up); the memory below holds all of them")
+    text = (
+        f"steady state: {plan.batches_in_flight} batch(es) of {plan.batch_size} in flight (one batch's makespan "
+        f"{fmt_time(plan.makespan_s, file_units)} over the busiest device's load per batch {fmt_time(plan.max_load_s, file_units)}, "
+        "rounded up); the memory below holds all of them"
+    )
     if is_decode_plan(plan):
         text += f"; per-token latency {fmt_s(plan.makespan_s)} (each token of a batch takes one makespan)"
     return text
@@ -92,7 +99,9 @@ def write_gantt(plan: Plan, path: str) -> None:
     cmap = plt.get_cmap("tab10")
     for item in plan.schedule:
         width = item.finish_s - item.start_s
-        ax.barh(row[item.device], width, left=item.start_s, color=cmap(item.shard % 10), edgecolor="black", linewidth=0.3)
+        ax.barh(
+            row[item.device], width, left=item.start_s, color=cmap(item.shard % 10), edgecolor="black", linewidth=0.3
+        )
         if len(plan.schedule) <= 60 and width > 0:
             ax.text(item.start_s + width / 2, row[item.device], item.task, ha="center", va="center", fontsize=6)
     ax.set_yticks(range(len(devices)), devices, fontsize=7)
@@ -111,7 +120,14 @@ def cluster_tables(cluster: ClusterSpec) -> list[Table]:
         kinds.add_column(col)
     for k in cluster.device_kinds:
         flops = ", ".join(f"{d} {v / 1e12:.4g} T" for d, v in k.peak_flops)
-        kinds.add_row(k.name, k.type, flops, fmt_bytes(k.mem_bytes), f"{k.mem_bw_bytes_per_s / 1e9:.4g} GB/s", f"{k.compute_efficiency}/{k.mem_efficiency}")
+        kinds.add_row(
+            k.name,
+            k.type,
+            flops,
+            fmt_bytes(k.mem_bytes),
+            f"{k.mem_bw_bytes_per_s / 1e9:.4g} GB/s",
+            f"{k.compute_efficiency}/{k.mem_efficiency}",
+        )
     nodes = Table(title="nodes")
     for col in ("node", "template", "hostname", "devices"):
         nodes.add_column(col)
@@ -128,14 +144,24 @@ def cluster_tables(cluster: ClusterSpec) -> list[Table]:
     for col in ("between", "bandwidth", "latency"):
         links.add_column(col)
     if cluster.intra_node_default:
-        links.add_row("same node (default)", f"{cluster.intra_node_default.bw_bytes_per_s / 1e9:.4g} GB/s", fmt_s(cluster.intra_node_default.latency_s))
+        links.add_row(
+            "same node (default)",
+            f"{cluster.intra_node_default.bw_bytes_per_s / 1e9:.4g} GB/s",
+            fmt_s(cluster.intra_node_default.latency_s),
+        )
     for node in cluster.nodes:
         for r in node.links:
-            links.add_row(f"{node.name}: {r.between[0]} <-> {r.between[1]}", f"{r.bw_bytes_per_s / 1e9:.4g} GB/s", fmt_s(r.latency_s))
+            links.add_row(
+                f"{node.name}: {r.between[0]} <-> {r.between[1]}",
+                f"{r.bw_bytes_per_s / 1e9:.4g} GB/s",
+                fmt_s(r.latency_s),
+            )
     for r in cluster.intra_node:
         links.add_row(f"{r.between[0]} <-> {r.between[1]}", f"{r.bw_bytes_per_s / 1e9:.4g} GB/s", fmt_s(r.latency_s))
     if cluster.inter_node:
-        links.add_row("between nodes", f"{cluster.inter_node.bw_bytes_per_s / 1e9:.4g} GB/s", fmt_s(cluster.inter_node.latency_s))
+        links.add_row(
+            "between nodes", f"{cluster.inter_node.bw_bytes_per_s / 1e9:.4g} GB/s", fmt_s(cluster.inter_node.latency_s)
+        )
     return [kinds, nodes, links, symmetry_table(cluster)]
 
 
@@ -154,6 +180,8 @@ def symmetry_table(cluster: ClusterSpec) -> Table:
     for members in classes.devices:
         first, last = names[members[0]], names[members[-1]]
         table.add_row("devices", f"{first} .. {last.split('/')[-1]}", str(len(members)))
-    table.caption = (f"{classes.num_rows} ordering rows for batch, task or time; "
-                     f"first: one row per item (shard x task) and consecutive pair")
+    table.caption = (
+        f"{classes.num_rows} ordering rows for batch, task or time; "
+        f"first: one row per item (shard x task) and consecutive pair"
+    )
     return table

@@ -50,7 +50,7 @@ class LayerTable:
         """Seconds at `size`: linear between points, the end segments extended, never below 0."""
         i = bisect.bisect_right(self.sizes, size) - 1
         i = min(max(i, 0), len(self.sizes) - 2)
-        (x0, x1), (y0, y1) = self.sizes[i:i + 2], self.seconds[i:i + 2]
+        (x0, x1), (y0, y1) = self.sizes[i : i + 2], self.seconds[i : i + 2]
         return max(0.0, y0 + (y1 - y0) * (size - x0) / (x1 - x0))
 
 
@@ -82,12 +82,16 @@ class ServingProfile:
         try:
             entry = self.kind(kind)
         except KeyError:
-            raise ValueError(f"{self.path}: kinds: no entry for device kind {kind!r} "
-                             f"(the profile has {', '.join(k.kind for k in self.kinds)})") from None
+            raise ValueError(
+                f"{self.path}: kinds: no entry for device kind {kind!r} "
+                f"(the profile has {', '.join(k.kind for k in self.kinds)})"
+            ) from None
         total = entry.decode.at(decode_batch) if decode_batch else 0.0
         if prefill_tokens:
             if entry.prefill is None:
-                raise ValueError(f"{self.path}: kinds.{kind}: no prefill_layer_s, needed for {prefill_tokens} prompt tokens")
+                raise ValueError(
+                    f"{self.path}: kinds.{kind}: no prefill_layer_s, needed for {prefill_tokens} prompt tokens"
+                )
             total += entry.prefill.at(prefill_tokens)
         return total
 
@@ -131,11 +135,21 @@ def parse_serving_profile(data: Any, source: str = "<memory>") -> ServingProfile
         for name in kinds_raw:
             kinds_reader.used.add(name)
             r = kinds_reader.child(str(name), kinds_raw[name])
-            kinds.append(KindProfile(kind=str(name), decode=_table(r, "decode_layer_s", True),
-                                     prefill=_table(r, "prefill_layer_s", False)))
+            kinds.append(
+                KindProfile(
+                    kind=str(name),
+                    decode=_table(r, "decode_layer_s", True),
+                    prefill=_table(r, "prefill_layer_s", False),
+                )
+            )
             r.done()
-        profile = ServingProfile(model=top.get("model", as_str), dtype=top.get("dtype", as_str),
-                                 source=top.get("source", as_text, default=""), kinds=tuple(kinds), path=source)
+        profile = ServingProfile(
+            model=top.get("model", as_str),
+            dtype=top.get("dtype", as_str),
+            source=top.get("source", as_text, default=""),
+            kinds=tuple(kinds),
+            path=source,
+        )
         top.done()
     except ServingProfileError:
         raise

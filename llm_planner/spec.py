@@ -300,10 +300,15 @@ def parse_cluster(data: Any, source: str = "<memory>") -> ClusterSpec:
     kind_names = [k.name for k in kinds]
     if len(set(kind_names)) != len(kind_names):
         top.fail(f"duplicate device kind names in {kind_names}", "device_kinds")
-    nodes = tuple(_read_node(top.child(f"nodes[{i}]", n), set(kind_names)) for i, n in enumerate(_as_list(top, "nodes")))
+    nodes = tuple(
+        _read_node(top.child(f"nodes[{i}]", n), set(kind_names)) for i, n in enumerate(_as_list(top, "nodes"))
+    )
     num_devices = sum(node.count * num for node in nodes for _, num in node.devices)
     if num_devices > MAX_DEVICES:
-        top.fail(f"the cluster has {num_devices:,} devices (count x devices of every node); the limit is {MAX_DEVICES:,}", "nodes")
+        top.fail(
+            f"the cluster has {num_devices:,} devices (count x devices of every node); the limit is {MAX_DEVICES:,}",
+            "nodes",
+        )
     links = top.child("links", top.get("links", default={}))
     default_raw = links.get("intra_node_default", default=None)
     inter_raw = links.get("inter_node", default=None)
@@ -312,7 +317,9 @@ def parse_cluster(data: Any, source: str = "<memory>") -> ClusterSpec:
         description=top.get("description", as_text, default=""),
         device_kinds=kinds,
         nodes=nodes,
-        intra_node_default=_read_link(links.child("intra_node_default", default_raw)) if default_raw is not None else None,
+        intra_node_default=_read_link(links.child("intra_node_default", default_raw))
+        if default_raw is not None
+        else None,
         intra_node=_read_intra_links(links, "intra_node", set(kind_names)),
         inter_node=_read_link(links.child("inter_node", inter_raw)) if inter_raw is not None else None,
         source=source,
@@ -336,7 +343,10 @@ def _check_links(cluster: ClusterSpec, links: Reader) -> None:
         pairs = [(a, b) for i, a in enumerate(kinds) for b in kinds[i:] if a != b or dict(node.devices)[a] > 1]
         for a, b in pairs:
             if not any(set(r.between) == {a, b} for r in (*node.links, *cluster.intra_node)):
-                links.fail(f"no link between kinds {a!r} and {b!r} in node {node.name!r}; add a rule or a default", "intra_node_default")
+                links.fail(
+                    f"no link between kinds {a!r} and {b!r} in node {node.name!r}; add a rule or a default",
+                    "intra_node_default",
+                )
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:

@@ -80,8 +80,10 @@ def as_hostname(value: Any) -> str:
             raise ValueError
         value.format(i=0)
     except (ValueError, KeyError, IndexError):  # a nested field in a format spec, "{i:{w}}", is a KeyError
-        raise ValueError(f"{value!r}: the only placeholder a hostname may hold is {{i}} (the copy index; "
-                         "write {{ and }} for literal braces)") from None
+        raise ValueError(
+            f"{value!r}: the only placeholder a hostname may hold is {{i}} (the copy index; "
+            "write {{ and }} for literal braces)"
+        ) from None
     return value
 
 

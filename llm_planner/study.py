@@ -53,14 +53,32 @@ def compare_symmetry(
                 plan = solve(problem, options)
             except SolveError as exc:
                 log.warning("%s with symmetry %s: %s", solver, criterion, exc)
-                rows.append(StudyRow(criterion=criterion, solver=solver, objective_s=float("nan"), lower_bound_s=float("nan"),
-                                     gap=float("nan"), time_s=float("nan"), status="no plan", nodes=None))
+                rows.append(
+                    StudyRow(
+                        criterion=criterion,
+                        solver=solver,
+                        objective_s=float("nan"),
+                        lower_bound_s=float("nan"),
+                        gap=float("nan"),
+                        time_s=float("nan"),
+                        status="no plan",
+                        nodes=None,
+                    )
+                )
                 continue
             nodes = plan.solver.details.get("nodes")
-            rows.append(StudyRow(
-                criterion=criterion, solver=solver, objective_s=plan.objective_s, lower_bound_s=plan.lower_bound_s,
-                gap=plan.gap, time_s=plan.solver.time_s, status=plan.solver.status, nodes=int(nodes) if nodes is not None else None,
-            ))
+            rows.append(
+                StudyRow(
+                    criterion=criterion,
+                    solver=solver,
+                    objective_s=plan.objective_s,
+                    lower_bound_s=plan.lower_bound_s,
+                    gap=plan.gap,
+                    time_s=plan.solver.time_s,
+                    status=plan.solver.status,
+                    nodes=int(nodes) if nodes is not None else None,
+                )
+            )
     return rows
 
 
@@ -106,7 +124,9 @@ def write_bar_chart(rows: list[StudyRow], path: str | Path, title: str) -> None:
     ax.set_xlabel("symmetry breaking")
     ax.set_title(title, fontsize=9)
     ax.set_ylim(0, 1.3 * max((r.time_s for r in rows if r.status != "no plan"), default=1.0))  # room for the labels
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=len(solvers), frameon=False)  # below the axes, off the bars
+    ax.legend(
+        loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=len(solvers), frameon=False
+    )  # below the axes, off the bars
     fig.tight_layout()
     from llm_planner.atomic import atomic_path
 

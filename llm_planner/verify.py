@@ -72,7 +72,9 @@ class VerifyReport:
     device_busy_s: dict[str, float]  # every device: sum of its task times in one batch
     device_load_s: dict[str, float] = field(default_factory=dict)  # load per batch, throughput model
     simulated_makespan_s: float = math.nan  # the simulation's makespan, whatever the objective
-    memory_per_device_bytes: dict[str, float] = field(default_factory=dict)  # used devices: bytes on one (a group: on each member)
+    memory_per_device_bytes: dict[str, float] = field(
+        default_factory=dict
+    )  # used devices: bytes on one (a group: on each member)
     batches_in_flight: int = 1  # of the steady state whose memory was checked (1: latency)
 
 
@@ -119,7 +121,9 @@ def verify_plan(plan: Plan, problem: PlacementProblem, *, rel_tol: float = 1e-6)
         device_load_s={names[k]: float(loads[k]) for k in range(len(names))},
         simulated_makespan_s=makespan,
         batches_in_flight=batches,
-        memory_per_device_bytes={names[k]: float(per_device.get(k, memory[k])) for k in sorted({int(k) for a in assign for k in a if k >= 0})},
+        memory_per_device_bytes={
+            names[k]: float(per_device.get(k, memory[k])) for k in sorted({int(k) for a in assign for k in a if k >= 0})
+        },
     )
 
 
@@ -161,12 +165,16 @@ class _Checker:
         if plan.objective != p.objective:
             self.bad(f"the plan optimises {plan.objective!r} but the problem's objective is {p.objective!r}")
         if len(plan.shard_sizes) != len(plan.shard_assignments):
-            self.bad(f"the plan has {len(plan.shard_sizes)} shard sizes but {len(plan.shard_assignments)} shard assignments")
+            self.bad(
+                f"the plan has {len(plan.shard_sizes)} shard sizes but {len(plan.shard_assignments)} shard assignments"
+            )
         for s, b in enumerate(self.sizes):
             if b < 1:
                 self.bad(f"shard {s} has {b} samples; every shard needs at least 1")
         if sum(plan.shard_sizes) != p.batch_size:
-            self.bad(f"shard sizes {list(plan.shard_sizes)} sum to {sum(plan.shard_sizes)}, not the batch size {p.batch_size}")
+            self.bad(
+                f"shard sizes {list(plan.shard_sizes)} sum to {sum(plan.shard_sizes)}, not the batch size {p.batch_size}"
+            )
         if len(plan.shard_sizes) > p.max_shards:
             self.bad(f"the plan has {len(plan.shard_sizes)} shards but at most {p.max_shards} are allowed")
 
@@ -182,7 +190,9 @@ class _Checker:
                 elif k is None:
                     self.bad(f"shard {s} puts task {name!r} on {self._unknown(dev)}")
                 elif not self.p.supported[i, k]:
-                    self.bad(f"shard {s} puts task {name!r} on device {dev!r} (kind {self.p.devices[k].kind!r}), which cannot run it")
+                    self.bad(
+                        f"shard {s} puts task {name!r} on device {dev!r} (kind {self.p.devices[k].kind!r}), which cannot run it"
+                    )
                 else:
                     a[i] = k
             for i, name in enumerate(self.tasks):
@@ -226,7 +236,9 @@ class _Checker:
                 continue
             start, finish = float(entry.start_s), float(entry.finish_s)
             if not (math.isfinite(start) and math.isfinite(finish) and start >= 0):
-                self.bad(f"{self.item(it)} has start {start} s and finish {finish} s; both must be finite and start >= 0")
+                self.bad(
+                    f"{self.item(it)} has start {start} s and finish {finish} s; both must be finite and start >= 0"
+                )
                 continue
             times[it] = (start, finish)
             k = assign[s][i]
@@ -236,7 +248,9 @@ class _Checker:
                 self.bad(f"{self.item(it)} is scheduled on {entry.device!r} but assigned to {self.devices[k]!r}")
             want = self.p.task_time(i, k, self.sizes[s])
             if abs((finish - start) - want) > self.atol + self.rel_tol * want:
-                self.bad(f"{self.item(it)} on {self.devices[k]!r} lasts {_s(finish - start)} but takes {_s(want)} for {self.sizes[s]} samples")
+                self.bad(
+                    f"{self.item(it)} on {self.devices[k]!r} lasts {_s(finish - start)} but takes {_s(want)} for {self.sizes[s]} samples"
+                )
         for s in range(self.num_shards):
             for i in range(len(self.tasks)):
                 if (s, i) not in times:
@@ -287,8 +301,10 @@ class _Checker:
             return self.plan.batches_in_flight
         batches = batches_in_flight(self.p.objective, makespan, float(loads.max()) if len(loads) else 0.0)
         if self.plan.objective == self.p.objective and batches != self.plan.batches_in_flight:
-            self.bad(f"the plan keeps {self.plan.batches_in_flight} batch(es) in flight, but the simulated makespan "
-                     f"{_s(makespan)} over the recomputed max load {_s(float(loads.max()))} gives {batches}")
+            self.bad(
+                f"the plan keeps {self.plan.batches_in_flight} batch(es) in flight, but the simulated makespan "
+                f"{_s(makespan)} over the recomputed max load {_s(float(loads.max()))} gives {batches}"
+            )
         return batches
 
     def check_memory(self, assign: list[np.ndarray], batches: int = 1) -> np.ndarray:
@@ -331,8 +347,10 @@ class _Checker:
         p = self.p
         used = sorted({int(k) for a in assign for k in a if k >= 0})
         for a, b in p.conflicts(used):
-            self.bad(f"devices {self.devices[a]!r} and {self.devices[b]!r} are both used but share a physical device "
-                     "(a device serves one tensor-parallel group or itself)")
+            self.bad(
+                f"devices {self.devices[a]!r} and {self.devices[b]!r} are both used but share a physical device "
+                "(a device serves one tensor-parallel group or itself)"
+            )
         return {k: self._check_group(k, p.devices[k], assign, batches) for k in used if p.devices[k].degree > 1}
 
     def _check_group(self, k: int, device, assign: list[np.ndarray], batches: int) -> float:
@@ -347,11 +365,17 @@ class _Checker:
         tasks = sorted({i for a in assign for i, kk in enumerate(a) if kk == k})
         for i in tasks:
             if not p.graph.tasks[i].shards_over(device.degree):
-                self.bad(f"task {self.tasks[i]!r} does not shard over {device.degree} devices (its sizes "
-                         f"{list(p.graph.tasks[i].tp_divides)} are not all multiples of {device.degree})")
+                self.bad(
+                    f"task {self.tasks[i]!r} does not shard over {device.degree} devices (its sizes "
+                    f"{list(p.graph.tasks[i].tp_divides)} are not all multiples of {device.degree})"
+                )
         per_member = sum(shard_of(p.graph.tasks[i], device.degree).weight_bytes for i in tasks if p.mem_counts[i, k])
-        per_member += batches * sum(shard_of(p.graph.tasks[i], device.degree).mem_bytes_per_sample * self.sizes[s]
-                                    for s, a in enumerate(assign) for i, kk in enumerate(a) if kk == k and p.mem_counts[i, k])
+        per_member += batches * sum(
+            shard_of(p.graph.tasks[i], device.degree).mem_bytes_per_sample * self.sizes[s]
+            for s, a in enumerate(assign)
+            for i, kk in enumerate(a)
+            if kk == k and p.mem_counts[i, k]
+        )
         per_member += self.workspace_bytes[k] / device.degree
         usable = p.cluster.kind(device.kind).usable_mem_bytes
         if per_member > usable * (1 + self.rel_tol):
@@ -401,10 +425,16 @@ class _Checker:
             orders[int(assign[it[0]][it[1]])].append(it)
         sim = EventSimulation(self.p, self.sizes, assign, orders)
         makespan = sim.run(self)
-        late = [it for it in items if it in sim.start and abs(times[it][0] - sim.start[it]) > self.atol + self.rel_tol * sim.start[it]]
+        late = [
+            it
+            for it in items
+            if it in sim.start and abs(times[it][0] - sim.start[it]) > self.atol + self.rel_tol * sim.start[it]
+        ]
         for it in late[:10]:
-            self.bad(f"{self.item(it)} starts at {_s(times[it][0])} in the schedule, but its device order runs it at {_s(sim.start[it])} "
-                     "(each item starts as soon as its device is free and its inputs have arrived)")
+            self.bad(
+                f"{self.item(it)} starts at {_s(times[it][0])} in the schedule, but its device order runs it at {_s(sim.start[it])} "
+                "(each item starts as soon as its device is free and its inputs have arrived)"
+            )
         if len(late) > 10:
             self.bad(f"... and {len(late) - 10} more items start elsewhere than the simulation says")
         return makespan
@@ -427,7 +457,9 @@ class _Checker:
             if not self.close(plan.objective_s, own):
                 self.bad(f"the plan claims latency {_s(plan.objective_s)} but its own schedule ends at {_s(own)}")
         if not self.close(plan.max_load_s, max_load):
-            self.bad(f"the plan claims a max device load of {_s(plan.max_load_s)} per batch; recomputed: {_s(max_load)}")
+            self.bad(
+                f"the plan claims a max device load of {_s(plan.max_load_s)} per batch; recomputed: {_s(max_load)}"
+            )
         if not plan.lower_bound_s <= plan.objective_s * (1 + self.rel_tol) + 1e-15:
             self.bad(f"the lower bound {_s(plan.lower_bound_s)} exceeds the objective {_s(plan.objective_s)}")
         return simulated

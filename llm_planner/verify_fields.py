@@ -67,8 +67,10 @@ def check_status(plan: Plan, *, rel_tol: float) -> list[str]:
     if isinstance(rel_gap, bool) or not isinstance(rel_gap, (int, float)) or not 0 <= rel_gap < 1:
         return [f"inputs.options.rel_gap is {rel_gap!r}; a status `optimal` needs a relative gap in [0, 1)"]
     if plan.gap > rel_gap * (1 + rel_tol) + rel_tol:
-        return [f"solver.status: the plan claims `optimal`, but its gap {plan.gap:.4%} exceeds the relative gap "
-                f"{rel_gap:.4%} it was solved to (inputs.options.rel_gap)"]
+        return [
+            f"solver.status: the plan claims `optimal`, but its gap {plan.gap:.4%} exceeds the relative gap "
+            f"{rel_gap:.4%} it was solved to (inputs.options.rel_gap)"
+        ]
     return []
 
 
@@ -91,5 +93,7 @@ def check_groups_formable(plan: Plan, problem: PlacementProblem, source: str) ->
                     group_from_members(problem.cluster, member_names(device))
                 except GroupError as exc:
                     raise PlanError(f"{source}: shards[{s}].assignment.{task}: {exc}") from None
-                raise PlanError(f"{source}: shards[{s}].assignment.{task}: group {member_names(device)} is larger than the "
-                                f"plan's inputs.max_tp ({problem.max_tp}) or runs none of the model's tasks")
+                raise PlanError(
+                    f"{source}: shards[{s}].assignment.{task}: group {member_names(device)} is larger than the "
+                    f"plan's inputs.max_tp ({problem.max_tp}) or runs none of the model's tasks"
+                )

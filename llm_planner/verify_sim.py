@@ -69,6 +69,12 @@ class EventSimulation:
         for k, order in enumerate(self.orders):
             if self.head[k] < len(order):
                 s, i = order[self.head[k]]
-                missing = [checker.tasks[int(self.p.edge_src[e])] for e in self.in_edges[i] if (s, int(self.p.edge_src[e])) not in self.finish]
-                parts.append(f"{checker.devices[k]!r} waits to run {checker.item((s, i))}, whose inputs {missing} never finish")
+                missing = [
+                    checker.tasks[int(self.p.edge_src[e])]
+                    for e in self.in_edges[i]
+                    if (s, int(self.p.edge_src[e])) not in self.finish
+                ]
+                parts.append(
+                    f"{checker.devices[k]!r} waits to run {checker.item((s, i))}, whose inputs {missing} never finish"
+                )
         return "; ".join(parts)

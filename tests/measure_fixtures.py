@@ -62,10 +62,28 @@ links:
       latency_s: {nvl_lat}
 """
 
-SPEC = {"cpu_ce": 0.8, "cpu_o": "1 us", "gpu_ce": 0.9, "gpu_me": 0.95, "gpu_o": "1 us", "pcie_bw": "5 GB/s",
-        "pcie_lat": "30 us", "nvl_bw": "20 GB/s", "nvl_lat": "1 us"}  # what the spec file says (cpu-a mem_efficiency: default 1.0)
-TRUE = {"cpu_ce": 0.35, "cpu_o": "50 us", "gpu_ce": 0.45, "gpu_me": 0.7, "gpu_o": "12 us", "pcie_bw": "10 GB/s",
-        "pcie_lat": "15 us", "nvl_bw": "50 GB/s", "nvl_lat": "5 us"}  # what the "hardware" does (cpu-a mem_efficiency: 1.0 too)
+SPEC = {
+    "cpu_ce": 0.8,
+    "cpu_o": "1 us",
+    "gpu_ce": 0.9,
+    "gpu_me": 0.95,
+    "gpu_o": "1 us",
+    "pcie_bw": "5 GB/s",
+    "pcie_lat": "30 us",
+    "nvl_bw": "20 GB/s",
+    "nvl_lat": "1 us",
+}  # what the spec file says (cpu-a mem_efficiency: default 1.0)
+TRUE = {
+    "cpu_ce": 0.35,
+    "cpu_o": "50 us",
+    "gpu_ce": 0.45,
+    "gpu_me": 0.7,
+    "gpu_o": "12 us",
+    "pcie_bw": "10 GB/s",
+    "pcie_lat": "15 us",
+    "nvl_bw": "50 GB/s",
+    "nvl_lat": "5 us",
+}  # what the "hardware" does (cpu-a mem_efficiency: 1.0 too)
 
 
 def cluster_text(**values) -> str:
@@ -75,9 +93,11 @@ def cluster_text(**values) -> str:
 def chain_graph(blocks: int = 4) -> TaskGraph:
     tasks, edges = [], []
     for i in range(blocks):
-        tasks += [Task(name=f"conv{i}", flops_per_sample=2e8 * (1 + i), bytes_per_sample=1e6, weight_bytes=1e6),
-                  Task(name=f"relu{i}", flops_per_sample=1e6, bytes_per_sample=8e6 * (1 + i % 2)),
-                  Task(name=f"fc{i}", flops_per_sample=2e7, bytes_per_sample=1e4, weight_bytes=4e8 / (1 + i))]
+        tasks += [
+            Task(name=f"conv{i}", flops_per_sample=2e8 * (1 + i), bytes_per_sample=1e6, weight_bytes=1e6),
+            Task(name=f"relu{i}", flops_per_sample=1e6, bytes_per_sample=8e6 * (1 + i % 2)),
+            Task(name=f"fc{i}", flops_per_sample=2e7, bytes_per_sample=1e4, weight_bytes=4e8 / (1 + i)),
+        ]
     for j in range(len(tasks) - 1):
         edges.append(Edge(src=tasks[j].name, dst=tasks[j + 1].name, bytes_per_sample=1e4 * (j + 1) ** 2))
     return TaskGraph(name="chain", tasks=tuple(tasks), edges=tuple(edges))
@@ -94,8 +114,12 @@ def write_inputs(tmp: Path) -> tuple[Path, Path]:
 
 def graph_plan(tmp: Path, cluster: Path, graph: Path, layouts: list[list[int]], sizes: list[int], name: str) -> Path:
     """A plan of the chain on the cluster file: layouts[s][i] = device index of task i in shard s."""
-    problem = problem_from_inputs(cluster_path=str(cluster), graph_path=str(graph), batch_size=sum(sizes), max_shards=len(sizes))
-    plan = make_plan(problem, sizes, layouts, solver="test", status="heuristic", started_at=time.perf_counter(), lower_bound_s=0.0)
+    problem = problem_from_inputs(
+        cluster_path=str(cluster), graph_path=str(graph), batch_size=sum(sizes), max_shards=len(sizes)
+    )
+    plan = make_plan(
+        problem, sizes, layouts, solver="test", status="heuristic", started_at=time.perf_counter(), lower_bound_s=0.0
+    )
     path = tmp / name
     save_plan(plan, path)
     return path
@@ -115,11 +139,23 @@ def graph_report(plan: Plan, graph: TaskGraph, truth: ClusterSpec, *, noise: flo
     tasks = {t.name: t for t in graph.tasks}
     used = plan.devices_used()
     rank = {d: r for r, d in enumerate(used)}
-    ranks = [{"rank": r, "device": d, "torch_device": "cpu", "dtype": "float16", "tasks": {}, "task_calls": {}, "transfers": []}
-             for r, d in enumerate(used)]
+    ranks = [
+        {
+            "rank": r,
+            "device": d,
+            "torch_device": "cpu",
+            "dtype": "float16",
+            "tasks": {},
+            "task_calls": {},
+            "transfers": [],
+        }
+        for r, d in enumerate(used)
+    ]
     for size, assignment in zip(plan.shard_sizes, plan.shard_assignments):
         for task, device in assignment.items():
-            t = cost.estimate_task_time_s(tasks[task], kinds[device], plan.inputs.dtype, size) * (1 + noise * rng.standard_normal())
+            t = cost.estimate_task_time_s(tasks[task], kinds[device], plan.inputs.dtype, size) * (
+                1 + noise * rng.standard_normal()
+            )
             entry = ranks[rank[device]]
             entry["tasks"][task] = entry["tasks"].get(task, 0.0) + t
             entry["task_calls"][task] = entry["task_calls"].get(task, 0) + 1
@@ -138,12 +174,28 @@ def graph_report(plan: Plan, graph: TaskGraph, truth: ClusterSpec, *, noise: flo
         entry[1] += int(nbytes)
         entry[2] += seconds
     for (a, b), (count, nbytes, seconds) in sorted(pairs.items()):
-        ranks[rank[b]]["transfers"].append({"peer": rank[a], "direction": "recv", "count": count, "bytes": nbytes, "seconds": seconds})
-        ranks[rank[a]]["transfers"].append({"peer": rank[b], "direction": "send", "count": count, "bytes": nbytes, "seconds": 1e-6})
-    truth_problem = build_problem(graph, truth, objective=plan.objective, batch_size=plan.batch_size,
-                                  max_shards=len(plan.shard_sizes), dtype=plan.inputs.dtype)
+        ranks[rank[b]]["transfers"].append(
+            {"peer": rank[a], "direction": "recv", "count": count, "bytes": nbytes, "seconds": seconds}
+        )
+        ranks[rank[a]]["transfers"].append(
+            {"peer": rank[b], "direction": "send", "count": count, "bytes": nbytes, "seconds": 1e-6}
+        )
+    truth_problem = build_problem(
+        graph,
+        truth,
+        objective=plan.objective,
+        batch_size=plan.batch_size,
+        max_shards=len(plan.shard_sizes),
+        dtype=plan.inputs.dtype,
+    )
     wall = verify_plan(plan, truth_problem, rel_tol=1.0).simulated_makespan_s
     for entry in ranks:
         entry["compute_s"] = sum(entry["tasks"].values())
         entry["total_s"] = wall
-    return {"workload": "graph", "objective": plan.objective, "predicted_s": plan.objective_s, "wall_s": wall, "ranks": ranks}
+    return {
+        "workload": "graph",
+        "objective": plan.objective,
+        "predicted_s": plan.objective_s,
+        "wall_s": wall,
+        "ranks": ranks,
+    }

@@ -29,7 +29,9 @@ def partitions(total: int, parts: int, largest: int | None = None) -> list[tuple
     return [(b, *rest) for b in range(min(total, largest), 0, -1) for rest in partitions(total - b, parts - 1, b)]
 
 
-def feasible_assignments(p: PlacementProblem, sizes: tuple[int, ...], contiguous: bool, exclusive: bool = True) -> np.ndarray:
+def feasible_assignments(
+    p: PlacementProblem, sizes: tuple[int, ...], contiguous: bool, exclusive: bool = True
+) -> np.ndarray:
     """Every supported assignment [M, shards * N] that keeps groups together, fits memory (weights once
     per device, per-sample memory per shard) and, if asked, keeps each device's tasks contiguous."""
     n = p.num_tasks
@@ -44,13 +46,20 @@ def feasible_assignments(p: PlacementProblem, sizes: tuple[int, ...], contiguous
             keep &= ~((a == k).any(axis=1) & (a == l).any(axis=1))
     for k in range(p.num_devices):
         on_k = (a == k).reshape(len(a), len(sizes), n) & p.mem_counts[:, k]
-        used = (on_k.any(axis=1) * p.weight_bytes).sum(axis=1) + (on_k * np.array(sizes)[:, None] * p.mem_bytes_per_sample).sum(axis=(1, 2))
+        used = (on_k.any(axis=1) * p.weight_bytes).sum(axis=1) + (
+            on_k * np.array(sizes)[:, None] * p.mem_bytes_per_sample
+        ).sum(axis=(1, 2))
         keep &= used <= p.mem_capacity[k]
     if contiguous:
-        reach = nx.to_numpy_array(nx.transitive_closure_dag(p.graph.to_networkx()), nodelist=[t.name for t in p.graph.tasks]) > 0
+        reach = (
+            nx.to_numpy_array(
+                nx.transitive_closure_dag(p.graph.to_networkx()), nodelist=[t.name for t in p.graph.tasks]
+            )
+            > 0
+        )
         for s in range(len(sizes)):
             for k in range(p.num_devices):
-                m = a[:, s * n:(s + 1) * n] == k
+                m = a[:, s * n : (s + 1) * n] == k
                 after, before = (m @ reach) > 0, (m @ reach.T) > 0
                 keep &= ~(after & before & ~m).any(axis=1)
     return a[keep]
@@ -61,10 +70,22 @@ def brute_latency(p: PlacementProblem, sizes: tuple[int, ...], a: np.ndarray) ->
     n, rows = p.num_tasks, np.arange(len(a))
     items = nx.DiGraph()
     items.add_nodes_from(range(len(sizes) * n))
-    items.add_edges_from((s * n + int(u), s * n + int(v)) for s in range(len(sizes)) for u, v in zip(p.edge_src, p.edge_dst))
-    dur = np.array([[p.task_time(j % n, k, sizes[j // n]) if p.supported[j % n, k] else 0.0 for k in range(p.num_devices)] for j in range(len(sizes) * n)])
-    comm = {(s * n + int(u), s * n + int(v)): np.array([[p.transfer_time(e, k, l, sizes[s]) for l in range(p.num_devices)] for k in range(p.num_devices)])
-            for s in range(len(sizes)) for e, (u, v) in enumerate(zip(p.edge_src, p.edge_dst))}
+    items.add_edges_from(
+        (s * n + int(u), s * n + int(v)) for s in range(len(sizes)) for u, v in zip(p.edge_src, p.edge_dst)
+    )
+    dur = np.array(
+        [
+            [p.task_time(j % n, k, sizes[j // n]) if p.supported[j % n, k] else 0.0 for k in range(p.num_devices)]
+            for j in range(len(sizes) * n)
+        ]
+    )
+    comm = {
+        (s * n + int(u), s * n + int(v)): np.array(
+            [[p.transfer_time(e, k, l, sizes[s]) for l in range(p.num_devices)] for k in range(p.num_devices)]
+        )
+        for s in range(len(sizes))
+        for e, (u, v) in enumerate(zip(p.edge_src, p.edge_dst))
+    }
     best = math.inf
     for order in nx.all_topological_sorts(items):
         free = np.zeros((len(a), p.num_devices))
@@ -85,7 +106,7 @@ def brute_throughput(p: PlacementProblem, sizes: tuple[int, ...], a: np.ndarray)
     n, rows = p.num_tasks, np.arange(len(a))
     load = np.zeros((len(a), p.num_devices))
     for s, b in enumerate(sizes):
-        dev = a[:, s * n:(s + 1) * n]
+        dev = a[:, s * n : (s + 1) * n]
         for i in range(n):
             load[rows, dev[:, i]] += [p.task_time(i, k, b) for k in dev[:, i]]
         for u in range(n):

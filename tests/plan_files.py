@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 
 import yaml
+from test_verify import cluster_dict, diamond_problem
 
 from llm_planner.atomic import WriteError
 from llm_planner.pipeline import problem_from_inputs
 from llm_planner.plan import Plan, PlanError, save_plan
 from llm_planner.solve.schedule import make_plan
 from llm_planner.verify import verify_plan_file
-from test_verify import cluster_dict, diamond_problem
 
 DEVICES = ("node0/cpu:0", "node0/fast:0", "node0/small:0")
 
@@ -25,13 +25,26 @@ def write_inputs(folder: Path, objective: str = "latency"):
     template = diamond_problem(objective=objective)
     graph_path.write_text(template.graph.to_json())
     cluster_path.write_text(yaml.safe_dump(cluster_dict(template)))
-    return problem_from_inputs(cluster_path=str(cluster_path), graph_path=str(graph_path), objective=objective,
-                               batch_size=4, max_shards=2, options={"rel_gap": 1e-4})
+    return problem_from_inputs(
+        cluster_path=str(cluster_path),
+        graph_path=str(graph_path),
+        objective=objective,
+        batch_size=4,
+        max_shards=2,
+        options={"rel_gap": 1e-4},
+    )
 
 
 def a_plan(problem, sizes=(3, 1), assigns=((1, 1, 2, 1), (0, 0, 1, 0)), bound_fraction=0.8) -> Plan:
-    plan = make_plan(problem, list(sizes), [list(a) for a in assigns], solver="test", status="heuristic",
-                     started_at=time.perf_counter(), lower_bound_s=0.0)
+    plan = make_plan(
+        problem,
+        list(sizes),
+        [list(a) for a in assigns],
+        solver="test",
+        status="heuristic",
+        started_at=time.perf_counter(),
+        lower_bound_s=0.0,
+    )
     return dataclasses.replace(plan, lower_bound_s=plan.objective_s * bound_fraction)
 
 

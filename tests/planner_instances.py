@@ -31,13 +31,26 @@ def make_cluster(kinds: list[dict], node_devices: list[dict[str, int]], *, bw: f
     return parse_cluster(data)
 
 
-def kind(name: str, type_: str, *, flops: float, mem_bytes: float | str, mem_bw: float, overhead_s: float = 0.0,
-         usable: float = 1.0) -> dict:
+def kind(
+    name: str,
+    type_: str,
+    *,
+    flops: float,
+    mem_bytes: float | str,
+    mem_bw: float,
+    overhead_s: float = 0.0,
+    usable: float = 1.0,
+) -> dict:
     """A device kind; its whole memory usable unless `usable` says otherwise (the instances state
     the budget a plan has, not a GPU's size)."""
     return {
-        "name": name, "type": type_, "peak_flops": {"fp16": flops}, "mem_bytes": mem_bytes,
-        "mem_bw_bytes_per_s": mem_bw, "overhead_s": overhead_s, "usable_mem_fraction": usable,
+        "name": name,
+        "type": type_,
+        "peak_flops": {"fp16": flops},
+        "mem_bytes": mem_bytes,
+        "mem_bw_bytes_per_s": mem_bw,
+        "overhead_s": overhead_s,
+        "usable_mem_fraction": usable,
     }
 
 
@@ -48,10 +61,16 @@ def clusters(draw, max_devices: int = 4):
     for j in range(num_kinds):
         type_ = draw(st.sampled_from(TYPES))
         mem = "unlimited" if type_ == "cpu" and draw(st.booleans()) else draw(st.floats(2e9, 6e10))
-        kinds.append(kind(
-            f"k{j}", type_, flops=draw(st.floats(1e12, 2e14)), mem_bytes=mem, mem_bw=draw(st.floats(5e10, 2e12)),
-            overhead_s=draw(st.sampled_from([0.0, 1e-5, 3e-5])),
-        ))
+        kinds.append(
+            kind(
+                f"k{j}",
+                type_,
+                flops=draw(st.floats(1e12, 2e14)),
+                mem_bytes=mem,
+                mem_bw=draw(st.floats(5e10, 2e12)),
+                overhead_s=draw(st.sampled_from([0.0, 1e-5, 3e-5])),
+            )
+        )
     num_devices = draw(st.integers(max(2, num_kinds), max_devices))
     owners = list(range(num_kinds)) + [draw(st.integers(0, num_kinds - 1)) for _ in range(num_devices - num_kinds)]
     num_nodes = draw(st.integers(1, 2)) if num_devices >= 2 else 1
@@ -113,12 +132,19 @@ def problems(draw, *, max_tasks: int = 12, max_devices: int = 4, max_batch: int 
 def random_assignment(draw, problem: PlacementProblem) -> tuple[list[int], list[list[int]]]:
     """Random shard sizes and a random supported assignment per shard that keeps colocation groups together."""
     num = draw(st.integers(1, problem.max_shards))
-    cuts = sorted(draw(st.lists(st.integers(1, problem.batch_size - 1), min_size=num - 1, max_size=num - 1, unique=True))) if num > 1 else []
+    cuts = (
+        sorted(draw(st.lists(st.integers(1, problem.batch_size - 1), min_size=num - 1, max_size=num - 1, unique=True)))
+        if num > 1
+        else []
+    )
     bounds = [0, *cuts, problem.batch_size]
     sizes = [bounds[j + 1] - bounds[j] for j in range(len(bounds) - 1)]
     assigns = []
     for _ in sizes:
-        a = [draw(st.sampled_from([k for k in range(problem.num_devices) if problem.supported[i, k]])) for i in range(problem.num_tasks)]
+        a = [
+            draw(st.sampled_from([k for k in range(problem.num_devices) if problem.supported[i, k]]))
+            for i in range(problem.num_tasks)
+        ]
         for group in problem.colocate_groups():
             common = [k for k in range(problem.num_devices) if problem.supported[group, k].all()]
             k = draw(st.sampled_from(common))

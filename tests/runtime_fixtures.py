@@ -17,15 +17,34 @@ LOCALHOST = REPO / "cluster_specs" / "localhost-cpu.yaml"
 def tiny_gpt2(**overrides):
     from transformers import GPT2Config
 
-    kw = dict(n_layer=4, n_embd=64, n_head=4, vocab_size=128, n_positions=64, initializer_range=0.2, bos_token_id=0, eos_token_id=127)
+    kw = dict(
+        n_layer=4,
+        n_embd=64,
+        n_head=4,
+        vocab_size=128,
+        n_positions=64,
+        initializer_range=0.2,
+        bos_token_id=0,
+        eos_token_id=127,
+    )
     return GPT2Config(**{**kw, **overrides})
 
 
 def tiny_llama(**overrides):
     from transformers import LlamaConfig
 
-    kw = dict(num_hidden_layers=5, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-              vocab_size=128, max_position_embeddings=64, initializer_range=0.2, bos_token_id=1, eos_token_id=2)
+    kw = dict(
+        num_hidden_layers=5,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return LlamaConfig(**{**kw, **overrides})
 
 
@@ -50,7 +69,9 @@ def decoder_plan(
     ("localhost/cpu-core:0-1") included (absent tasks: the previous task's)."""
     sizes = shard_sizes or [1] * len(layouts)
     model = ModelSpec(name=str(model_dir), dtype="fp32", seq_len=16, granularity=granularity)
-    problem = problem_from_inputs(cluster_path=str(cluster), model=model, objective=objective, batch_size=sum(sizes), max_tp=max_tp)
+    problem = problem_from_inputs(
+        cluster_path=str(cluster), model=model, objective=objective, batch_size=sum(sizes), max_tp=max_tp
+    )
     names = [d.name for d in problem.devices]
     assignments = []
     for layout in layouts:
@@ -60,12 +81,22 @@ def decoder_plan(
             current = names.index(chosen) if isinstance(chosen, str) else chosen
             row.append(current)
         assignments.append(row)
-    plan = make_plan(problem, sizes, assignments, solver="test", status="heuristic", started_at=time.perf_counter(), lower_bound_s=0.0)
+    plan = make_plan(
+        problem,
+        sizes,
+        assignments,
+        solver="test",
+        status="heuristic",
+        started_at=time.perf_counter(),
+        lower_bound_s=0.0,
+    )
     save_plan(plan, path)
     return path
 
 
-def graph_plan(path: Path, name: str, *, batch: int, num_devices: int, shards: int = 1, cluster: Path = LOCALHOST) -> Path:
+def graph_plan(
+    path: Path, name: str, *, batch: int, num_devices: int, shards: int = 1, cluster: Path = LOCALHOST
+) -> Path:
     """A plan of a CNN / RWNN preset: the tasks cut into `num_devices` contiguous thirds, with one task
     moved back to the first device (so a device's tasks would form a cycle between ranks); a second
     shard, if any, rotates the devices."""
@@ -75,6 +106,14 @@ def graph_plan(path: Path, name: str, *, batch: int, num_devices: int, shards: i
     first[n // 2] = 0
     assignments = [[(d + s) % num_devices for d in first] for s in range(shards)]
     sizes = [batch // shards + (1 if s < batch % shards else 0) for s in range(shards)]
-    plan = make_plan(problem, sizes, assignments, solver="test", status="heuristic", started_at=time.perf_counter(), lower_bound_s=0.0)
+    plan = make_plan(
+        problem,
+        sizes,
+        assignments,
+        solver="test",
+        status="heuristic",
+        started_at=time.perf_counter(),
+        lower_bound_s=0.0,
+    )
     save_plan(plan, path)
     return path

@@ -38,7 +38,10 @@ def workload(prompt: int = 256, output: int = 128, tpot_s: float = 0.05) -> Serv
     return ServingWorkload(requests=(RequestShape(prompt_len=prompt, output_len=output),), tpot_slo_s=tpot_s)
 
 
-def context(tmp_path: Path, model: str = "llama2-7b", *, tpot_s: float = 0.05, prompt: int = 256, output: int = 128,
-            **options) -> ServingContext:
+def context(
+    tmp_path: Path, model: str = "llama2-7b", *, tpot_s: float = 0.05, prompt: int = 256, output: int = 128, **options
+) -> ServingContext:
     cluster = load_cluster(write_fleet(tmp_path))
-    return ServingContext(cluster, preset_config(model), workload(prompt, output, tpot_s), "fp16", ServingOptions(**options))
+    return ServingContext(
+        cluster, preset_config(model), workload(prompt, output, tpot_s), "fp16", ServingOptions(**options)
+    )

@@ -7,29 +7,40 @@ import dataclasses
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from planner_instances import kind, make_cluster, problems
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.solve.api import SolveError, solve
 from llm_planner.solve.baselines.single import BASELINE_NAMES, best_baseline, run_all_baselines, run_baseline
-from llm_planner.solve.fit import infeasibility_reason
 from llm_planner.solve.bounds.combined import lower_bound
+from llm_planner.solve.fit import infeasibility_reason
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
 from llm_planner.verify import verify_plan
-from planner_instances import kind, make_cluster, problems
 
 GB = 1e9
 
 
-def problem_of(kinds, devices, times, edges=(), *, weights=None, batch=1, shards=1, objective="latency", bw=10e9, groups=None):
+def problem_of(
+    kinds, devices, times, edges=(), *, weights=None, batch=1, shards=1, objective="latency", bw=10e9, groups=None
+):
     """Explicit per-kind task times (s per sample); `kinds` = [(name, type, mem_bytes)], `devices` = {kind: count}."""
-    cluster = make_cluster([kind(n, t, flops=1e12, mem_bytes=m, mem_bw=1e11) for n, t, m in kinds], [devices], bw=bw, latency_s=0.0)
+    cluster = make_cluster(
+        [kind(n, t, flops=1e12, mem_bytes=m, mem_bw=1e11) for n, t, m in kinds], [devices], bw=bw, latency_s=0.0
+    )
     n = len(times)
     tasks = tuple(
-        Task(name=f"t{i}", time_s_by_kind=tuple(times[i].items()), weight_bytes=(weights or [0.0] * n)[i], colocate_group=(groups or [""] * n)[i])
+        Task(
+            name=f"t{i}",
+            time_s_by_kind=tuple(times[i].items()),
+            weight_bytes=(weights or [0.0] * n)[i],
+            colocate_group=(groups or [""] * n)[i],
+        )
         for i in range(n)
     )
-    graph = TaskGraph(name="hand", tasks=tasks, edges=tuple(Edge(src=f"t{u}", dst=f"t{v}", bytes_per_sample=c) for u, v, c in edges))
+    graph = TaskGraph(
+        name="hand", tasks=tasks, edges=tuple(Edge(src=f"t{u}", dst=f"t{v}", bytes_per_sample=c) for u, v, c in edges)
+    )
     return build_problem(graph.validate(), cluster, objective=objective, batch_size=batch, max_shards=shards)
 
 
@@ -39,8 +50,35 @@ def devices_of(plan) -> list[str]:
 
 # -- HEFT on the example of Topcuoglu, Hariri and Wu (IEEE TPDS 2002, Fig. 2) ------------------
 
-HEFT_TIMES = [(14, 16, 9), (13, 19, 18), (11, 13, 19), (13, 8, 17), (12, 13, 10), (13, 16, 9), (7, 15, 11), (5, 11, 14), (18, 12, 20), (21, 7, 16)]
-HEFT_EDGES = [(1, 2, 18), (1, 3, 12), (1, 4, 9), (1, 5, 11), (1, 6, 14), (2, 8, 19), (2, 9, 16), (3, 7, 23), (4, 8, 27), (4, 9, 23), (5, 9, 13), (6, 8, 15), (7, 10, 17), (8, 10, 11), (9, 10, 13)]
+HEFT_TIMES = [
+    (14, 16, 9),
+    (13, 19, 18),
+    (11, 13, 19),
+    (13, 8, 17),
+    (12, 13, 10),
+    (13, 16, 9),
+    (7, 15, 11),
+    (5, 11, 14),
+    (18, 12, 20),
+    (21, 7, 16),
+]
+HEFT_EDGES = [
+    (1, 2, 18),
+    (1, 3, 12),
+    (1, 4, 9),
+    (1, 5, 11),
+    (1, 6, 14),
+    (2, 8, 19),
+    (2, 9, 16),
+    (3, 7, 23),
+    (4, 8, 27),
+    (4, 9, 23),
+    (5, 9, 13),
+    (6, 8, 15),
+    (7, 10, 17),
+    (8, 10, 11),
+    (9, 10, 13),
+]
 
 
 def test_heft_reproduces_the_published_schedule_length():
@@ -74,7 +112,13 @@ def test_single_device_picks_the_fastest_that_fits():
 
 
 def test_memory_greedy_fills_accelerators_in_spec_order_then_cpus():
-    problem = problem_of(CPU_GPUS, {"cpu": 1, "slow": 1, "fast": 1}, [SPEED] * 5, [(i, i + 1, 0.0) for i in range(4)], weights=[4 * GB] * 5)
+    problem = problem_of(
+        CPU_GPUS,
+        {"cpu": 1, "slow": 1, "fast": 1},
+        [SPEED] * 5,
+        [(i, i + 1, 0.0) for i in range(4)],
+        weights=[4 * GB] * 5,
+    )
     plan = run_baseline("memory-greedy", problem)
     assert devices_of(plan) == ["node0/slow:0", "node0/slow:0", "node0/fast:0", "node0/fast:0", "node0/cpu:0"]
     assert verify_plan(plan, problem).ok
@@ -109,8 +153,9 @@ def test_data_parallel_balances_unlike_devices_by_time_not_speed(repo):
     from llm_planner.pipeline import problem_from_inputs
     from llm_planner.solve.baselines.common import whole_graph_objective as _whole_graph_objective
 
-    problem = problem_from_inputs(cluster_path=str(repo / "cluster_specs/cpu-two-gpus.yaml"), model=ModelSpec(name="rwnn-ws-1x8"),
-                                  batch_size=8)
+    problem = problem_from_inputs(
+        cluster_path=str(repo / "cluster_specs/cpu-two-gpus.yaml"), model=ModelSpec(name="rwnn-ws-1x8"), batch_size=8
+    )
     plan = run_baseline("data-parallel", problem)
     a100, t4 = (problem.device_names.index(name) for name in ("workstation/a100-40g-pcie:0", "workstation/t4:0"))
     assert plan.shard_sizes == (7, 1)
@@ -125,7 +170,8 @@ def test_data_parallel_sizes_are_the_best_split_over_its_devices(problem):
     device, fitting in memory) has a smaller makespan."""
     import itertools
 
-    from llm_planner.solve.baselines.common import fits as _fits, whole_graph_objective as _whole_graph_objective
+    from llm_planner.solve.baselines.common import fits as _fits
+    from llm_planner.solve.baselines.common import whole_graph_objective as _whole_graph_objective
 
     plan = run_baseline("data-parallel", problem)
     if plan is None:
@@ -141,14 +187,22 @@ def test_data_parallel_sizes_are_the_best_split_over_its_devices(problem):
 
 def test_heft_puts_a_colocation_group_where_its_first_member_goes():
     times = [SPEED, SPEED, {"cpu": 10.0, "fast": 1.0, "slow": 100.0}]
-    problem = problem_of(CPU_GPUS, {"cpu": 1, "fast": 1, "slow": 1}, times, [(0, 1, 0.0), (0, 2, 0.0)], groups=["", "g", "g"])
+    problem = problem_of(
+        CPU_GPUS, {"cpu": 1, "fast": 1, "slow": 1}, times, [(0, 1, 0.0), (0, 2, 0.0)], groups=["", "g", "g"]
+    )
     plan = run_baseline("heft", problem)
     assert plan.assignment["t1"] == plan.assignment["t2"]
     assert verify_plan(plan, problem).ok
 
 
 def test_best_baseline_is_the_lowest_feasible():
-    problem = problem_of(CPU_GPUS, {"cpu": 1, "fast": 1, "slow": 1}, [SPEED] * 4, [(0, 1, 0.0), (0, 2, 0.0), (1, 3, 0.0), (2, 3, 0.0)], batch=2)
+    problem = problem_of(
+        CPU_GPUS,
+        {"cpu": 1, "fast": 1, "slow": 1},
+        [SPEED] * 4,
+        [(0, 1, 0.0), (0, 2, 0.0), (1, 3, 0.0), (2, 3, 0.0)],
+        batch=2,
+    )
     plans = run_all_baselines(problem)
     assert set(plans) == set(BASELINE_NAMES)
     best = best_baseline(problem)
@@ -166,7 +220,9 @@ def test_unknown_baseline():
 
 def test_a_task_larger_than_every_device():
     kinds = [("big", "gpu", 40 * GB), ("small", "gpu", 16 * GB)]
-    problem = problem_of(kinds, {"big": 1, "small": 1}, [{"big": 1.0, "small": 2.0}] * 2, [(0, 1, 0.0)], weights=[50 * GB, 1 * GB])
+    problem = problem_of(
+        kinds, {"big": 1, "small": 1}, [{"big": 1.0, "small": 2.0}] * 2, [(0, 1, 0.0)], weights=[50 * GB, 1 * GB]
+    )
     assert all(plan is None for plan in run_all_baselines(problem).values())
     assert best_baseline(problem) is None
     reason = infeasibility_reason(problem)
@@ -183,7 +239,9 @@ def test_total_memory_shortfall():
 
 def test_packing_failure_is_explained():
     """Each 6 GB task fits a 10 GB device and 18 GB fit in 20 GB, but no device holds two."""
-    problem = problem_of([("g", "gpu", 10 * GB)], {"g": 2}, [{"g": 1.0}] * 3, [(0, 1, 0.0), (1, 2, 0.0)], weights=[6 * GB] * 3)
+    problem = problem_of(
+        [("g", "gpu", 10 * GB)], {"g": 2}, [{"g": 1.0}] * 3, [(0, 1, 0.0), (1, 2, 0.0)], weights=[6 * GB] * 3
+    )
     assert all(plan is None for plan in run_all_baselines(problem).values())
     reason = infeasibility_reason(problem)
     assert "the total need (18 GB) is within the total capacity (20 GB)" in reason
@@ -191,7 +249,9 @@ def test_packing_failure_is_explained():
 
 
 def test_solve_api_reports_the_reason():
-    problem = problem_of([("g", "gpu", 10 * GB)], {"g": 2}, [{"g": 1.0}] * 4, [(i, i + 1, 0.0) for i in range(3)], weights=[6 * GB] * 4)
+    problem = problem_of(
+        [("g", "gpu", 10 * GB)], {"g": 2}, [{"g": 1.0}] * 4, [(i, i + 1, 0.0) for i in range(3)], weights=[6 * GB] * 4
+    )
     with pytest.raises(SolveError, match="short by 4 GB"):
         solve(problem, SolveOptions(solver="heft"))
 
@@ -214,9 +274,13 @@ def test_every_baseline_plan_verifies_and_respects_the_bound(problem):
         assert bound <= plan.objective_s * (1 + 1e-9), (name, bound, plan.objective_s)
         assert verify_plan(dataclasses.replace(plan, lower_bound_s=bound), problem).ok
         if name in ("single-device", "data-parallel"):  # chosen by a closed form: each shard whole on its own device
-            busiest = max(sum(problem.task_time(i, problem.device_names.index(a["t0"]), b) for i in range(problem.num_tasks))
-                          for b, a in zip(plan.shard_sizes, plan.shard_assignments))
-            assert plan.objective_s == pytest.approx(busiest / (problem.batch_size if problem.objective == "throughput" else 1))
+            busiest = max(
+                sum(problem.task_time(i, problem.device_names.index(a["t0"]), b) for i in range(problem.num_tasks))
+                for b, a in zip(plan.shard_sizes, plan.shard_assignments)
+            )
+            assert plan.objective_s == pytest.approx(
+                busiest / (problem.batch_size if problem.objective == "throughput" else 1)
+            )
     feasible = [p for p in plans.values() if p is not None]
     if feasible:
         assert best_baseline(problem).objective_s == min(p.objective_s for p in feasible)

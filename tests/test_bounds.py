@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import scipy.optimize
 from hypothesis import HealthCheck, given, settings
+from planner_instances import kind, make_cluster, problems
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.solve.bounds.combined import lower_bound
@@ -18,12 +19,21 @@ from llm_planner.solve.bounds.load import load_balance_bound
 from llm_planner.solve.bounds.times import critical_path_bound, per_sample_rates
 from llm_planner.solve.problem import PlacementProblem, build_problem
 from llm_planner.solve.schedule import make_plan
-from planner_instances import kind, make_cluster, problems
 
 GB = 1e9
 
 
-def explicit_problem(times, edges=(), *, kinds=(("g", "gpu", 40 * GB),), devices=None, batch=1, shards=1, objective="latency", weights=None):
+def explicit_problem(
+    times,
+    edges=(),
+    *,
+    kinds=(("g", "gpu", 40 * GB),),
+    devices=None,
+    batch=1,
+    shards=1,
+    objective="latency",
+    weights=None,
+):
     """Tasks with explicit seconds per sample per kind; zero-latency, zero-byte links (free transfers)."""
     cluster = make_cluster(
         [kind(name, type_, flops=1e12, mem_bytes=mem, mem_bw=1e11) for name, type_, mem in kinds],
@@ -31,9 +41,12 @@ def explicit_problem(times, edges=(), *, kinds=(("g", "gpu", 40 * GB),), devices
         latency_s=0.0,
     )
     tasks = tuple(
-        Task(name=f"t{i}", time_s_by_kind=tuple(t.items()), weight_bytes=(weights or [0.0] * len(times))[i]) for i, t in enumerate(times)
+        Task(name=f"t{i}", time_s_by_kind=tuple(t.items()), weight_bytes=(weights or [0.0] * len(times))[i])
+        for i, t in enumerate(times)
     )
-    graph = TaskGraph(name="hand", tasks=tasks, edges=tuple(Edge(src=f"t{u}", dst=f"t{v}") for u, v in edges)).validate()
+    graph = TaskGraph(
+        name="hand", tasks=tasks, edges=tuple(Edge(src=f"t{u}", dst=f"t{v}") for u, v in edges)
+    ).validate()
     return build_problem(graph, cluster, objective=objective, batch_size=batch, max_shards=shards)
 
 
@@ -76,8 +89,16 @@ def brute_force_optimum(problem: PlacementProblem, *, orders: bool = False) -> f
                             for name in topo:
                                 i = problem.graph.index(name)
                                 device_orders.setdefault(assigns[s][i], []).append((s, i))
-                    plan = make_plan(problem, sizes, list(assigns), solver="brute", status="optimal", started_at=time.perf_counter(),
-                                     lower_bound_s=0.0, device_orders=device_orders)
+                    plan = make_plan(
+                        problem,
+                        sizes,
+                        list(assigns),
+                        solver="brute",
+                        status="optimal",
+                        started_at=time.perf_counter(),
+                        lower_bound_s=0.0,
+                        device_orders=device_orders,
+                    )
                     best = min(best, plan.objective_s)
     return best
 
@@ -113,8 +134,11 @@ def test_memory_rows_tighten_the_load_balance_bound():
     Without memory the LP puts 20/11 tasks on the GPU (T = 20/11); with memory at most
     10/6 of them fit, leaving 1/3 of a task for the CPU (T = 10/3)."""
     problem = explicit_problem(
-        [{"gpu": 1.0, "cpu": 10.0}] * 2, [(0, 1)],
-        kinds=(("gpu", "gpu", 10 * GB), ("cpu", "cpu", "unlimited")), devices={"gpu": 1, "cpu": 1}, weights=[6 * GB, 6 * GB],
+        [{"gpu": 1.0, "cpu": 10.0}] * 2,
+        [(0, 1)],
+        kinds=(("gpu", "gpu", 10 * GB), ("cpu", "cpu", "unlimited")),
+        devices={"gpu": 1, "cpu": 1},
+        weights=[6 * GB, 6 * GB],
     )
     assert load_balance_bound(problem, memory=False) == pytest.approx(20 / 11)
     assert load_balance_bound(problem) == pytest.approx(10 / 3)
@@ -169,7 +193,9 @@ def full_lp(problem: PlacementProblem, memory: bool = True) -> float:
             b_ub.append(1.0)
     for x, (i, _) in enumerate(pairs):
         a_eq[i, x] = 1
-    res = scipy.optimize.linprog(cost, A_ub=np.array(a_ub), b_ub=b_ub, A_eq=a_eq, b_eq=np.ones(n), bounds=(0, None), method="highs")
+    res = scipy.optimize.linprog(
+        cost, A_ub=np.array(a_ub), b_ub=b_ub, A_eq=a_eq, b_eq=np.ones(n), bounds=(0, None), method="highs"
+    )
     if res.status == 2:
         return full_lp(problem, memory=False)
     assert res.status == 0, res.message

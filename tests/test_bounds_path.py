@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from llm_planner.solve.bounds.combined import lower_bound
-from llm_planner.solve.bounds.load import load_balance_bound
-from llm_planner.solve.bounds.times import critical_path_bound
-from llm_planner.solve.bounds.partition import count_partitions, partition_bound, partitions
-from llm_planner.solve.bounds.path_lp import path_lp_at_shards, path_lp_bound
 from planner_instances import problems
 from test_bounds import GB, brute_force_optimum, explicit_problem
 from test_milp import explicit_problem as milp_problem
+
+from llm_planner.solve.bounds.combined import lower_bound
+from llm_planner.solve.bounds.load import load_balance_bound
+from llm_planner.solve.bounds.partition import count_partitions, partition_bound, partitions
+from llm_planner.solve.bounds.path_lp import path_lp_at_shards, path_lp_bound
+from llm_planner.solve.bounds.times import critical_path_bound
 
 GPU_CPU = dict(kinds=(("gpu", "gpu", 10 * GB), ("cpu", "cpu", "unlimited")), devices={"gpu": 1, "cpu": 1})
 
@@ -59,10 +59,19 @@ def test_transfers_charge_a_move_off_the_fast_device():
     from llm_planner.graph.ir import Edge, Task, TaskGraph
     from llm_planner.solve.problem import build_problem
 
-    cluster = make_cluster([kind("gpu", "gpu", flops=1e12, mem_bytes=5 * GB, mem_bw=1e11), kind("cpu", "cpu", flops=1e12, mem_bytes="unlimited", mem_bw=1e11)],
-                           [{"gpu": 1, "cpu": 1}], bw=1 * GB, latency_s=0.0)
-    tasks = (Task(name="a", time_s_by_kind=(("gpu", 1.0),), weight_bytes=5 * GB),
-             Task(name="b", time_s_by_kind=(("gpu", 1.0), ("cpu", 1.5)), weight_bytes=5 * GB))
+    cluster = make_cluster(
+        [
+            kind("gpu", "gpu", flops=1e12, mem_bytes=5 * GB, mem_bw=1e11),
+            kind("cpu", "cpu", flops=1e12, mem_bytes="unlimited", mem_bw=1e11),
+        ],
+        [{"gpu": 1, "cpu": 1}],
+        bw=1 * GB,
+        latency_s=0.0,
+    )
+    tasks = (
+        Task(name="a", time_s_by_kind=(("gpu", 1.0),), weight_bytes=5 * GB),
+        Task(name="b", time_s_by_kind=(("gpu", 1.0), ("cpu", 1.5)), weight_bytes=5 * GB),
+    )
     graph = TaskGraph(name="pair", tasks=tasks, edges=(Edge(src="a", dst="b", bytes_per_sample=1 * GB),)).validate()
     problem = build_problem(graph, cluster, batch_size=1, max_shards=1)
     assert path_lp_bound(problem, 1) == pytest.approx(3.5)
@@ -77,7 +86,9 @@ def test_split_batch_keeps_the_whole_batch_in_memory():
     But the GPU holds the per-sample memory of every sample it runs, so with all four
     samples' blocks on it 2 x 4 + 4 x 2 = 16 GB > 10 GB: some samples run some block on
     the CPU, and no plan beats the brute-forced optimum, which the bound must not pass."""
-    problem = explicit_problem([{"gpu": 1.0, "cpu": 3.0}] * 2, [(0, 1)], weights=[4 * GB] * 2, batch=4, shards=4, **GPU_CPU)
+    problem = explicit_problem(
+        [{"gpu": 1.0, "cpu": 3.0}] * 2, [(0, 1)], weights=[4 * GB] * 2, batch=4, shards=4, **GPU_CPU
+    )
     pieces = problem.time_pieces.copy()
     pieces[..., 0], pieces[..., 1] = problem.time_pieces[..., 1], 0.0  # the explicit seconds, fixed per shard
     problem = dataclasses.replace(problem, mem_bytes_per_sample=np.full(2, 1 * GB), time_pieces=pieces)
@@ -165,13 +176,17 @@ def test_a_dense_stage_gets_the_path_lp(monkeypatch):
     """A randomly wired ER stage of 256 nodes has 6,491 edges, above MAX_PATH_LP_EDGES, but few enough
     tasks that tasks x edges stays within MAX_PATH_LP_SIZE: it gets the path LP (with thinned head and
     tail rows), above the load-balance LP; past both limits, the critical path alone."""
-    from llm_planner.solve.bounds import path_lp
     from llm_planner.graph.models import ModelSpec
     from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.solve.bounds import path_lp
 
     specs = Path(__file__).resolve().parents[1] / "cluster_specs"
-    problem = problem_from_inputs(cluster_path=str(specs / "cpu-two-gpus.yaml"), model=ModelSpec(name="rwnn-er-1x256"),
-                                  objective="latency", batch_size=1)
+    problem = problem_from_inputs(
+        cluster_path=str(specs / "cpu-two-gpus.yaml"),
+        model=ModelSpec(name="rwnn-er-1x256"),
+        objective="latency",
+        batch_size=1,
+    )
     assert problem.num_edges > path_lp.MAX_PATH_LP_EDGES
     assert path_lp_bound(problem, 1) > 1.05 * load_balance_bound(problem) > critical_path_bound(problem)
     monkeypatch.setattr(path_lp, "MAX_PATH_LP_SIZE", problem.num_tasks * problem.num_edges - 1)
@@ -223,8 +238,12 @@ def test_partition_bound_couples_the_shards_of_a_split_batch():
     from llm_planner.solve.options import SolveOptions
 
     specs = Path(__file__).resolve().parents[1] / "cluster_specs"
-    problem = problem_from_inputs(cluster_path=str(specs / "cpu-two-gpus.yaml"), model=ModelSpec(name="rwnn-ws-1x8"),
-                                  objective="latency", batch_size=4)
+    problem = problem_from_inputs(
+        cluster_path=str(specs / "cpu-two-gpus.yaml"),
+        model=ModelSpec(name="rwnn-ws-1x8"),
+        objective="latency",
+        batch_size=4,
+    )
     assert problem.max_shards >= 2
     apart = max(shard_count_bound(problem), path_lp_at_shards(problem, problem.max_shards), load_balance_bound(problem))
     coupled = partition_bound(problem)
@@ -244,9 +263,15 @@ def test_shard_copies_hold_the_weights_of_what_any_copy_runs():
     alone, copy 1 would run every block on the GPU for free: 3.6 s."""
     from llm_planner.solve.bounds.partition import shard_copies
 
-    problem = explicit_problem([{"gpu": 1.0, "cpu": 3.0}] * 2, [(0, 1)], weights=[5 * GB] * 2,
-                               kinds=(("gpu", "gpu", 6 * GB), ("cpu", "cpu", "unlimited")), devices={"gpu": 1, "cpu": 1},
-                               batch=2, shards=2)
+    problem = explicit_problem(
+        [{"gpu": 1.0, "cpu": 3.0}] * 2,
+        [(0, 1)],
+        weights=[5 * GB] * 2,
+        kinds=(("gpu", "gpu", 6 * GB), ("cpu", "cpu", "unlimited")),
+        devices={"gpu": 1, "cpu": 1},
+        batch=2,
+        shards=2,
+    )
     assert brute_force_optimum(problem, orders=True) == pytest.approx(7.0)
     assert path_lp_bound(shard_copies(problem, (2,)), 1) == pytest.approx(7.2)
     assert path_lp_bound(shard_copies(problem, (1, 1)), 1, copies=2) == pytest.approx(4.8)
@@ -265,8 +290,9 @@ def test_partition_bound_on_a_decoder_too_large_for_its_gpus():
     from llm_planner.solve.bounds.partition import shard_copies
 
     specs = Path(__file__).resolve().parents[1] / "cluster_specs"
-    problem = problem_from_inputs(cluster_path=str(specs / "four-gpus.yaml"), model=ModelSpec(name="gpt3-175b"),
-                                  objective="latency", batch_size=8)
+    problem = problem_from_inputs(
+        cluster_path=str(specs / "four-gpus.yaml"), model=ModelSpec(name="gpt3-175b"), objective="latency", batch_size=8
+    )
     copies = shard_copies(problem, (3, 3, 2))
     shared, copy0 = path_lp_bound(copies, 1, head_tail=False, copies=3), path_lp_bound(copies, 1, head_tail=False)
     assert shared > 1.1 * copy0
@@ -287,8 +313,16 @@ def test_a_device_waits_for_the_input_of_a_pinned_task_and_stops_before_the_outp
     so T >= 10 - T: 5. Without that window the LP finds 4.41."""
     from llm_planner.solve.bounds import path_lp, path_refine
 
-    times = {"u": {"f": 0.0}, "a": {"f": 1.0, "g": 2.0}, "b": {"f": 2.0, "g": 2.0}, "c": {"f": 1.0, "g": 1.0}, "v": {"f": 2.0}}
-    problem = milp_problem(times, ["ua", "ub", "uc", "av", "bv", "cv"], {"f": 1, "g": 1}, comm_s=1.0, objective="latency")
+    times = {
+        "u": {"f": 0.0},
+        "a": {"f": 1.0, "g": 2.0},
+        "b": {"f": 2.0, "g": 2.0},
+        "c": {"f": 1.0, "g": 1.0},
+        "v": {"f": 2.0},
+    }
+    problem = milp_problem(
+        times, ["ua", "ub", "uc", "av", "bv", "cv"], {"f": 1, "g": 1}, comm_s=1.0, objective="latency"
+    )
     assert path_lp_bound(problem, 1) == pytest.approx(5.0) == pytest.approx(brute_force_optimum(problem, orders=True))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(path_lp, "windows", lambda problem, head, tail, classes, floor: np.zeros(len(classes)))

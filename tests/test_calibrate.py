@@ -16,10 +16,14 @@ from llm_planner.spec import load_cluster
 from llm_planner.spec_edit import EditError, dump_with_fields, set_fields
 
 N = 12  # tasks of the chain graph
-TRUE_KINDS = {"cpu-a": {"overhead_s": 50e-6, "compute_efficiency": 0.35, "mem_efficiency": 1.0},
-              "gpu-b": {"overhead_s": 12e-6, "compute_efficiency": 0.45, "mem_efficiency": 0.7}}
-TRUE_LINKS = {"links.intra_node_default": {"latency_s": 15e-6, "bw_bytes_per_s": 10e9},
-              "links.intra_node.0": {"latency_s": 5e-6, "bw_bytes_per_s": 50e9}}
+TRUE_KINDS = {
+    "cpu-a": {"overhead_s": 50e-6, "compute_efficiency": 0.35, "mem_efficiency": 1.0},
+    "gpu-b": {"overhead_s": 12e-6, "compute_efficiency": 0.45, "mem_efficiency": 0.7},
+}
+TRUE_LINKS = {
+    "links.intra_node_default": {"latency_s": 15e-6, "bw_bytes_per_s": 10e9},
+    "links.intra_node.0": {"latency_s": 5e-6, "bw_bytes_per_s": 50e9},
+}
 
 
 def _runs(tmp_path, *, noise=0.0, layouts=None):
@@ -105,7 +109,9 @@ def test_the_cli_writes_the_corrected_spec_keeping_comments_and_other_fields(tmp
     assert text.startswith("# Calibrated by `llm-planner calibrate`")
     calibrated, original = load_cluster(out), load_cluster(cluster)
     assert calibrated.kind("gpu-b").compute_efficiency == pytest.approx(0.45, rel=1e-3)
-    assert calibrated.kind("cpu-a").mem_efficiency == pytest.approx(1.0, rel=1e-3)  # added: the spec left it at its default
+    assert calibrated.kind("cpu-a").mem_efficiency == pytest.approx(
+        1.0, rel=1e-3
+    )  # added: the spec left it at its default
     assert calibrated.kind("cpu-a").overhead_s == pytest.approx(50e-6, rel=1e-3)
     assert calibrated.intra_node[0].bw_bytes_per_s == pytest.approx(50e9, rel=1e-3)
     assert calibrated.intra_node_default.latency_s == pytest.approx(15e-6, rel=1e-3)
@@ -124,14 +130,28 @@ def test_bad_reports_are_refused_naming_the_file_and_field(tmp_path, capsys):
     data["ranks"][1]["task_calls"][task] = 7
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(data))
-    with pytest.raises(MeasureError, match=rf"bad.json: ranks\[1\].task_calls.{task}: 7 forward call\(s\), but the plan"):
+    with pytest.raises(
+        MeasureError, match=rf"bad.json: ranks\[1\].task_calls.{task}: 7 forward call\(s\), but the plan"
+    ):
         load_run(plans[0], bad)
     data["ranks"][1]["tasks"][task] = "fast"
     bad.write_text(json.dumps(data))
     with pytest.raises(MeasureError, match=rf"bad.json: ranks\[1\].tasks.{task}: expected a number >= 0, got 'fast'"):
         load_run(plans[0], bad)
     bad.write_text(json.dumps({"workload": "graph"}))
-    code = cli.main(["calibrate", "--cluster", str(cluster), "--plan", plans[0], "--report", str(bad), "-o", str(tmp_path / "o.yaml")])
+    code = cli.main(
+        [
+            "calibrate",
+            "--cluster",
+            str(cluster),
+            "--plan",
+            plans[0],
+            "--report",
+            str(bad),
+            "-o",
+            str(tmp_path / "o.yaml"),
+        ]
+    )
     assert code == 2
     assert "bad.json: ranks: missing required field" in " ".join(capsys.readouterr().err.split())
     other = tmp_path / "other.yaml"
@@ -142,8 +162,13 @@ def test_bad_reports_are_refused_naming_the_file_and_field(tmp_path, capsys):
 
 def test_set_fields_replaces_and_adds_keys_in_block_and_flow_mappings_and_checks_itself():
     text = "# top\na:\n  - name: x   # keep me\n    b: 1\n    c: {d: 2, e: 3}\n  - name: y\n    b: 2\nz: {w: 1}\n"
-    out = set_fields(text, {("a", 0, "b"): 5, ("a", 0, "new"): "4 us", ("a", 1, "new"): 0.5, ("z", "v"): 2, ("a", 0, "c", "d"): 9})
-    assert out == "# top\na:\n  - name: x   # keep me\n    b: 5\n    c: {d: 9, e: 3}\n    new: 4 us\n  - name: y\n    b: 2\n    new: 0.5\nz: {w: 1, v: 2}\n"
+    out = set_fields(
+        text, {("a", 0, "b"): 5, ("a", 0, "new"): "4 us", ("a", 1, "new"): 0.5, ("z", "v"): 2, ("a", 0, "c", "d"): 9}
+    )
+    assert (
+        out
+        == "# top\na:\n  - name: x   # keep me\n    b: 5\n    c: {d: 9, e: 3}\n    new: 4 us\n  - name: y\n    b: 2\n    new: 0.5\nz: {w: 1, v: 2}\n"
+    )
     with pytest.raises(EditError):
         set_fields(text, {("a", 0, "b", "deeper"): 1})
     assert "new: 1" in dump_with_fields(text, {("a", 1, "new"): 1})
@@ -153,6 +178,8 @@ def test_measure_and_calibrate_import_without_torch_or_mpi():
     import subprocess
     import sys
 
-    code = ("import sys\nimport llm_planner.measure, llm_planner.calibrate, llm_planner.observe, llm_planner.spec_edit\n"
-            "bad = [m for m in ('torch', 'mpi4py', 'transformers') if m in sys.modules]\nassert not bad, bad\n")
+    code = (
+        "import sys\nimport llm_planner.measure, llm_planner.calibrate, llm_planner.observe, llm_planner.spec_edit\n"
+        "bad = [m for m in ('torch', 'mpi4py', 'transformers') if m in sys.modules]\nassert not bad, bad\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

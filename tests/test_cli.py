@@ -71,7 +71,19 @@ def test_tampered_plan_is_rejected(tmp_path, capsys):
 
 
 def test_model_that_does_not_fit_names_the_shortfall(capsys):
-    code = main(["plan", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt3-175b", "--solver", "milp-split", "-o", "/dev/null"])
+    code = main(
+        [
+            "plan",
+            "--cluster",
+            "cluster_specs/cpu-two-gpus.yaml",
+            "--model",
+            "gpt3-175b",
+            "--solver",
+            "milp-split",
+            "-o",
+            "/dev/null",
+        ]
+    )
     assert code == 2  # bad input: no placement can fit, found before solving
     err = capsys.readouterr().err
     assert "short by" in err and "GB" in err and "cpu-two-gpus.yaml" in err and "Traceback" not in err
@@ -82,8 +94,14 @@ def test_model_that_does_not_fit_names_the_shortfall(capsys):
     [
         (["plan", "--cluster", "cluster_specs/nope.yaml", "--model", "gpt2"], "nope.yaml: cannot read"),
         (["plan", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt9"], "unknown model 'gpt9'"),
-        (["plan", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt2", "--batch", "0"], "batch size must be >= 1"),
-        (["plan", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt2", "--time-limit", "-1"], "time limit"),
+        (
+            ["plan", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt2", "--batch", "0"],
+            "batch size must be >= 1",
+        ),
+        (
+            ["plan", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt2", "--time-limit", "-1"],
+            "time limit",
+        ),
         (["verify", "cluster_specs/cpu-two-gpus.yaml"], "not a plan file"),
         (["plan", "--model", "gpt2"], "--cluster is required"),
     ],
@@ -105,21 +123,38 @@ def test_compare_symmetry_writes_table_csv_and_chart(tmp_path, capsys):
     import csv
 
     # the CLI's plumbing (the criteria themselves are tested against brute force in test_symmetry.py)
-    args = ["compare-symmetry", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt3-125m",
-            "--max-shards", "1", "--time-limit", "30", "--criteria", "none,first,solver", "--out-dir", str(tmp_path)]
+    args = [
+        "compare-symmetry",
+        "--cluster",
+        "cluster_specs/cpu-two-gpus.yaml",
+        "--model",
+        "gpt3-125m",
+        "--max-shards",
+        "1",
+        "--time-limit",
+        "30",
+        "--criteria",
+        "none,first,solver",
+        "--out-dir",
+        str(tmp_path),
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "symmetry breaking" in out and "first" in out
     with open(tmp_path / "symmetry.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["criterion"], r["solver"]) for r in rows] == [(c, s) for s in ("milp", "milp-split") for c in ("none", "first", "solver")]
+    assert [(r["criterion"], r["solver"]) for r in rows] == [
+        (c, s) for s in ("milp", "milp-split") for c in ("none", "first", "solver")
+    ]
     exact = [float(r["objective_s"]) for r in rows if r["solver"] == "milp" and r["status"] == "optimal"]
     assert exact and max(exact) == pytest.approx(min(exact), rel=1e-3)  # every criterion keeps the optimum
     assert (tmp_path / "symmetry.png").stat().st_size > 0
 
 
 def test_compare_symmetry_rejects_an_unknown_criterion(capsys):
-    code = main(["compare-symmetry", "--cluster", "cluster_specs/four-gpus.yaml", "--model", "gpt2", "--criteria", "none,speed"])
+    code = main(
+        ["compare-symmetry", "--cluster", "cluster_specs/four-gpus.yaml", "--model", "gpt2", "--criteria", "none,speed"]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "--criteria" in err and "speed" in err
@@ -132,6 +167,10 @@ def test_every_argument_of_every_command_says_what_it_is():
 
     parser = _build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    missing = [f"{name} {action.dest}" for name, sub in commands.items() for action in sub._actions
-               if not isinstance(action, argparse._HelpAction) and not action.help]
+    missing = [
+        f"{name} {action.dest}"
+        for name, sub in commands.items()
+        for action in sub._actions
+        if not isinstance(action, argparse._HelpAction) and not action.help
+    ]
     assert not missing, missing

@@ -30,8 +30,13 @@ from input_mutations import CLUSTER, FILE_WIDE, GRAPH, WORKLOAD, emit, field_mut
 SECONDS_PER_RUN = 20.0  # far above what any example takes; a hang fails here or at the test timeout
 EXAMPLES = 60
 
-FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def _run(argv: list[str]) -> tuple[int, str, str]:
@@ -90,7 +95,16 @@ def _fuzz_cluster(kind: str, what: str, content) -> None:
         tmp = Path(tmp)
         cluster = _write(tmp / "cluster.yaml", content)
         graph = _write(tmp / "graph.json", emit(GRAPH))
-        argv = ["plan", "--graph", str(graph), "--cluster", str(cluster), "--no-baselines", "-o", str(tmp / "plan.yaml")]
+        argv = [
+            "plan",
+            "--graph",
+            str(graph),
+            "--cluster",
+            str(cluster),
+            "--no-baselines",
+            "-o",
+            str(tmp / "plan.yaml"),
+        ]
         _check(argv, cluster, CLUSTER, kind, what, tmp)
         code, out, err = _run(["show-cluster", str(cluster)])
         assert code in (0, 2) and "Traceback" not in out + err, f"{what}: show-cluster exit {code}"
@@ -101,7 +115,16 @@ def _fuzz_graph(kind: str, what: str, content) -> None:
         tmp = Path(tmp)
         cluster = _write(tmp / "cluster.yaml", emit(CLUSTER))
         graph = _write(tmp / "graph.json", content)
-        argv = ["plan", "--graph", str(graph), "--cluster", str(cluster), "--no-baselines", "-o", str(tmp / "plan.json")]
+        argv = [
+            "plan",
+            "--graph",
+            str(graph),
+            "--cluster",
+            str(cluster),
+            "--no-baselines",
+            "-o",
+            str(tmp / "plan.json"),
+        ]
         _check(argv, graph, GRAPH, kind, what, tmp)
 
 
@@ -109,7 +132,16 @@ def _fuzz_workload(kind: str, what: str, content, objective: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         workload = _write(tmp / "workload.json", content)
-        argv = ["plan", "--graph", str(workload), "--objective", objective, "--no-baselines", "-o", str(tmp / "plan.yaml")]
+        argv = [
+            "plan",
+            "--graph",
+            str(workload),
+            "--objective",
+            objective,
+            "--no-baselines",
+            "-o",
+            str(tmp / "plan.yaml"),
+        ]
         _check(argv, workload, WORKLOAD, kind, what, tmp)
 
 

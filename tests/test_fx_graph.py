@@ -72,7 +72,10 @@ def test_tiny_module_traced_exactly():
     _, half = fx.trace_module(module, (x,), name="tiny", dtype="fp16")
     for t32, t16 in zip(graph.tasks, half.tasks):
         assert (t16.bytes_per_sample, t16.weight_bytes, t16.flops_per_sample) == (
-            t32.bytes_per_sample / 2, t32.weight_bytes / 2, t32.flops_per_sample)
+            t32.bytes_per_sample / 2,
+            t32.weight_bytes / 2,
+            t32.flops_per_sample,
+        )
     # the graph survives its JSON form
     assert graph_from_dict(graph.to_dict()) == graph
 

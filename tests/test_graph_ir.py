@@ -30,7 +30,9 @@ def test_round_trip(tmp_path):
 
 
 def test_cycle_is_rejected():
-    g = TaskGraph(name="cyc", tasks=(Task(name="a"), Task(name="b")), edges=(Edge(src="a", dst="b"), Edge(src="b", dst="a")))
+    g = TaskGraph(
+        name="cyc", tasks=(Task(name="a"), Task(name="b")), edges=(Edge(src="a", dst="b"), Edge(src="b", dst="a"))
+    )
     with pytest.raises(GraphError, match="not a DAG"):
         g.validate()
 

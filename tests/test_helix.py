@@ -10,8 +10,13 @@ import pytest
 
 from llm_planner.cli import main
 from llm_planner.helix_export import LayoutError, helix_layout, layout_ranges, read_helix_layout
-from llm_planner.helix_import import (HelixError, device_helix_names, load_helix_cluster, parse_helix_value,
-                                      read_profile_csv)
+from llm_planner.helix_import import (
+    HelixError,
+    device_helix_names,
+    load_helix_cluster,
+    parse_helix_value,
+    read_profile_csv,
+)
 from llm_planner.serving_profile import ServingProfileError, load_serving_profile, parse_serving_profile
 from llm_planner.spec import load_cluster
 
@@ -83,8 +88,10 @@ vram_size = 40 * GB
 """
 
 # batch (or prompt tokens), milliseconds per layer
-CSV = {"a100": ("0,0\n2,1.0\n4,1.5\n10,3.0\n", "0,0\n100,2\n200,5\n"),
-       "t4": ("0,0\n2,4.0\n8,6.0\n", "0,0\n100,10\n300,40\n")}
+CSV = {
+    "a100": ("0,0\n2,1.0\n4,1.5\n10,3.0\n", "0,0\n100,2\n200,5\n"),
+    "t4": ("0,0\n2,4.0\n8,6.0\n", "0,0\n100,10\n300,40\n"),
+}
 
 
 def write_helix(tmp_path: Path, cluster: str = CLUSTER_INI, profiles: str = PROFILES_INI) -> Path:
@@ -101,8 +108,20 @@ def write_helix(tmp_path: Path, cluster: str = CLUSTER_INI, profiles: str = PROF
 
 def run_import(tmp_path: Path, cluster: Path) -> tuple[int, Path, Path]:
     out, profile = tmp_path / "cluster.yaml", tmp_path / "profile.yaml"
-    code = main(["import", "helix", "--cluster", str(cluster), "--profiles", str(tmp_path / "llama2_70b"),
-                 "-o", str(out), "--profile-out", str(profile)])
+    code = main(
+        [
+            "import",
+            "helix",
+            "--cluster",
+            str(cluster),
+            "--profiles",
+            str(tmp_path / "llama2_70b"),
+            "-o",
+            str(out),
+            "--profile-out",
+            str(profile),
+        ]
+    )
     return code, out, profile
 
 
@@ -120,7 +139,10 @@ def test_import_cluster_spec(tmp_path, capsys):
     code, out, profile = run_import(tmp_path, write_helix(tmp_path))
     assert code == 0, capsys.readouterr().err
     spec = load_cluster(out)
-    assert [(n.name, n.count, n.devices) for n in spec.nodes] == [("a100", 1, (("a100-40g", 1),)), ("t4", 2, (("t4", 1),))]
+    assert [(n.name, n.count, n.devices) for n in spec.nodes] == [
+        ("a100", 1, (("a100-40g", 1),)),
+        ("t4", 2, (("t4", 1),)),
+    ]
     assert sorted(d.name for d in spec.devices()) == ["a100/a100-40g:0", "t4-0/t4:0", "t4-1/t4:0"]
     assert spec.kind("a100-40g").mem_bytes == 40e9 and spec.kind("t4").mem_bytes == 16e9
     assert spec.kind("t4").flops_for("fp16") == 65e12  # the data sheet's
@@ -155,15 +177,18 @@ def test_import_profiles_in_seconds(tmp_path):
     assert profile.layer_time_s("a100-40g", 0, 150) == pytest.approx(3.5e-3)
 
 
-@pytest.mark.parametrize("mutate, where", [
-    (lambda c, p: (c.replace("bandwidth=500 * mbps", "bandwidth=fast"), p), "[Link-0-2] bandwidth"),
-    (lambda c, p: (c.replace("[NodeNames]\ntotal_compute_nodes=3\n", ""), p), "[NodeNames]"),
-    (lambda c, p: (c.replace("type=A100", "type=H100"), p), "[ComputeNode-1] type"),
-    (lambda c, p: (c.replace("latency=2 * MilliSec", "latency=-2 * MilliSec"), p), "[Link-1-2] latency"),
-    (lambda c, p: (c.replace("[Link-0-2]", "[Link-0-7]"), p), "[Link-0-7]"),
-    (lambda c, p: (c, p.replace("vram_size = 40 * GB", "vram_size = 40 * GiB")), "[A100] vram_size"),
-    (lambda c, p: (c + "[broken\n", p), "not a valid INI file"),
-])
+@pytest.mark.parametrize(
+    "mutate, where",
+    [
+        (lambda c, p: (c.replace("bandwidth=500 * mbps", "bandwidth=fast"), p), "[Link-0-2] bandwidth"),
+        (lambda c, p: (c.replace("[NodeNames]\ntotal_compute_nodes=3\n", ""), p), "[NodeNames]"),
+        (lambda c, p: (c.replace("type=A100", "type=H100"), p), "[ComputeNode-1] type"),
+        (lambda c, p: (c.replace("latency=2 * MilliSec", "latency=-2 * MilliSec"), p), "[Link-1-2] latency"),
+        (lambda c, p: (c.replace("[Link-0-2]", "[Link-0-7]"), p), "[Link-0-7]"),
+        (lambda c, p: (c, p.replace("vram_size = 40 * GB", "vram_size = 40 * GiB")), "[A100] vram_size"),
+        (lambda c, p: (c + "[broken\n", p), "not a valid INI file"),
+    ],
+)
 def test_bad_helix_files_exit_2_naming_file_and_field(tmp_path, capsys, mutate, where):
     cluster, profiles = mutate(CLUSTER_INI, PROFILES_INI)
     code, out, _ = run_import(tmp_path, write_helix(tmp_path, cluster, profiles))
@@ -173,9 +198,16 @@ def test_bad_helix_files_exit_2_naming_file_and_field(tmp_path, capsys, mutate, 
     assert not out.exists()
 
 
-@pytest.mark.parametrize("csv, problem", [("0,0\n4,1\n2,3\n", "sizes must increase"), ("0,0\n2,-1\n", "finite number >= 0"),
-                                          ("0,0\n2,nan\n", "finite number >= 0"), ("0;0\n2;1\n", "size,milliseconds"),
-                                          ("2,1\n", "at least two rows")])
+@pytest.mark.parametrize(
+    "csv, problem",
+    [
+        ("0,0\n4,1\n2,3\n", "sizes must increase"),
+        ("0,0\n2,-1\n", "finite number >= 0"),
+        ("0,0\n2,nan\n", "finite number >= 0"),
+        ("0;0\n2;1\n", "size,milliseconds"),
+        ("2,1\n", "at least two rows"),
+    ],
+)
 def test_bad_profile_csv(tmp_path, capsys, csv, problem):
     write_helix(tmp_path)
     bad = tmp_path / "llama2_70b" / "t4" / "decode_bs2time.csv"
@@ -196,9 +228,16 @@ def test_missing_profile_file_exit_2(tmp_path, capsys):
 # ----------------------------------------------------------------------------
 # serving profile reader
 
-PROFILE = {"format": "serving-profile/1", "model": "m", "dtype": "fp16", "source": "hand-written",
-           "kinds": {"g": {"decode_layer_s": [[1, 1.0], [3, 2.0], [5, 2.0]], "prefill_layer_s": [[100, 0.5], [200, 1.5]]},
-                     "d": {"decode_layer_s": [[0, 0.0], [10, 1.0]]}}}
+PROFILE = {
+    "format": "serving-profile/1",
+    "model": "m",
+    "dtype": "fp16",
+    "source": "hand-written",
+    "kinds": {
+        "g": {"decode_layer_s": [[1, 1.0], [3, 2.0], [5, 2.0]], "prefill_layer_s": [[100, 0.5], [200, 1.5]]},
+        "d": {"decode_layer_s": [[0, 0.0], [10, 1.0]]},
+    },
+}
 
 
 def test_interpolation_and_extrapolation():
@@ -224,18 +263,24 @@ def _with(kind_g: dict | None = None, **top) -> dict:
     return data
 
 
-@pytest.mark.parametrize("data, message", [
-    (_with({"decode_layer_s": [[1, 1.0], [1, 2.0]]}), "kinds.g.decode_layer_s[1]: sizes must increase"),
-    (_with({"decode_layer_s": [[2, 1.0], [1, 2.0]]}), "kinds.g.decode_layer_s[1]: sizes must increase"),
-    (_with({"decode_layer_s": [[1, 1.0], [2, -0.1]]}), "kinds.g.decode_layer_s[1]: seconds must be a finite number >= 0"),
-    (_with({"decode_layer_s": [[1, 1.0], [2, math.inf]]}), "seconds must be a finite number >= 0"),
-    (_with({"decode_layer_s": [[1.5, 1.0], [2, 1.0]]}), "size must be an integer >= 0"),
-    (_with({"decode_layer_s": [[1, 1.0]]}), "kinds.g.decode_layer_s: expected a list of at least two"),
-    (_with({"prefill_layer_s": [[1, 1.0], [2, 1.0]]}), "kinds.g.decode_layer_s: missing required field"),
-    (_with({"decode_layer_s": [[1, 1.0], [2, 1.0]], "decode_s": 1}), "kinds.g: unknown key(s) 'decode_s'"),
-    (_with(format="serving-profile/2"), "format: unknown format 'serving-profile/2'"),
-    (_with(kinds={}), "kinds: expected at least one device kind"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (_with({"decode_layer_s": [[1, 1.0], [1, 2.0]]}), "kinds.g.decode_layer_s[1]: sizes must increase"),
+        (_with({"decode_layer_s": [[2, 1.0], [1, 2.0]]}), "kinds.g.decode_layer_s[1]: sizes must increase"),
+        (
+            _with({"decode_layer_s": [[1, 1.0], [2, -0.1]]}),
+            "kinds.g.decode_layer_s[1]: seconds must be a finite number >= 0",
+        ),
+        (_with({"decode_layer_s": [[1, 1.0], [2, math.inf]]}), "seconds must be a finite number >= 0"),
+        (_with({"decode_layer_s": [[1.5, 1.0], [2, 1.0]]}), "size must be an integer >= 0"),
+        (_with({"decode_layer_s": [[1, 1.0]]}), "kinds.g.decode_layer_s: expected a list of at least two"),
+        (_with({"prefill_layer_s": [[1, 1.0], [2, 1.0]]}), "kinds.g.decode_layer_s: missing required field"),
+        (_with({"decode_layer_s": [[1, 1.0], [2, 1.0]], "decode_s": 1}), "kinds.g: unknown key(s) 'decode_s'"),
+        (_with(format="serving-profile/2"), "format: unknown format 'serving-profile/2'"),
+        (_with(kinds={}), "kinds: expected at least one device kind"),
+    ],
+)
 def test_profile_errors_name_the_field(data, message):
     with pytest.raises(ServingProfileError) as info:
         parse_serving_profile(data, source="p.yaml")
@@ -244,7 +289,9 @@ def test_profile_errors_name_the_field(data, message):
 
 def test_profile_file_errors_name_the_file(tmp_path):
     bad = tmp_path / "profile.yaml"
-    bad.write_text("format: serving-profile/1\nmodel: m\ndtype: fp16\nkinds:\n  g:\n    decode_layer_s: [[1, 1.0], [2, .inf]]\n")
+    bad.write_text(
+        "format: serving-profile/1\nmodel: m\ndtype: fp16\nkinds:\n  g:\n    decode_layer_s: [[1, 1.0], [2, .inf]]\n"
+    )
     with pytest.raises(ServingProfileError) as info:
         load_serving_profile(bad)
     assert str(info.value) == f"{bad}: kinds.g.decode_layer_s[1][1]: inf is not a finite number"
@@ -254,17 +301,31 @@ def test_profile_file_errors_name_the_file(tmp_path):
 # ----------------------------------------------------------------------------
 # layouts
 
-NAMES = {"a100/a100-40g:0": "compute_node_3", "t4-0/t4:0": "compute_node_2", "t4-1/t4:0": "compute_node_4",
-         "t4x2/t4:0": "compute_node_5", "t4x2/t4:1": "compute_node_5"}
+NAMES = {
+    "a100/a100-40g:0": "compute_node_3",
+    "t4-0/t4:0": "compute_node_2",
+    "t4-1/t4:0": "compute_node_4",
+    "t4x2/t4:0": "compute_node_5",
+    "t4x2/t4:1": "compute_node_5",
+}
 
 
 def test_layout_text_exact():
-    text = helix_layout([("a100/a100-40g:0", 0, 3), ("t4-1/t4:0", 3, 5), ("ComputeNode-0", 0, 2), ("compute_node_5", 2, 5)],
-                        NAMES, num_layers=5)
-    assert text == ("[Settings]\noffset=2\n\n[Solution]\ncompute_node_2=[0, 1]\ncompute_node_3=[0, 1, 2]\n"
-                    "compute_node_4=[3, 4]\ncompute_node_5=[2, 3, 4]\n")
-    assert read_helix_layout(text) == {"compute_node_2": (0, 2), "compute_node_3": (0, 3), "compute_node_4": (3, 5),
-                                       "compute_node_5": (2, 5)}
+    text = helix_layout(
+        [("a100/a100-40g:0", 0, 3), ("t4-1/t4:0", 3, 5), ("ComputeNode-0", 0, 2), ("compute_node_5", 2, 5)],
+        NAMES,
+        num_layers=5,
+    )
+    assert text == (
+        "[Settings]\noffset=2\n\n[Solution]\ncompute_node_2=[0, 1]\ncompute_node_3=[0, 1, 2]\n"
+        "compute_node_4=[3, 4]\ncompute_node_5=[2, 3, 4]\n"
+    )
+    assert read_helix_layout(text) == {
+        "compute_node_2": (0, 2),
+        "compute_node_3": (0, 3),
+        "compute_node_4": (3, 5),
+        "compute_node_5": (2, 5),
+    }
 
 
 def test_layout_group_devices_share_their_machine():
@@ -273,13 +334,16 @@ def test_layout_group_devices_share_their_machine():
         layout_ranges([("t4x2/t4:0", 0, 4), ("t4x2/t4:1", 4, 8)], NAMES)
 
 
-@pytest.mark.parametrize("stages, message", [
-    ([("t4-0/t4:0", 0, 3), ("t4-1/t4:0", 4, 6)], "no chain of ranges covers layers 0..5"),
-    ([("t4-0/t4:0", 0, 7)], "past the model's 6 layers"),
-    ([("t4-0/t4:0", 3, 3)], "not a non-empty range"),
-    ([("gpu-9/h100:0", 0, 6)], "'gpu-9/h100:0' is not a Helix node name"),
-    ([("compute_node_1", 0, 6)], "is not a Helix node name"),
-])
+@pytest.mark.parametrize(
+    "stages, message",
+    [
+        ([("t4-0/t4:0", 0, 3), ("t4-1/t4:0", 4, 6)], "no chain of ranges covers layers 0..5"),
+        ([("t4-0/t4:0", 0, 7)], "past the model's 6 layers"),
+        ([("t4-0/t4:0", 3, 3)], "not a non-empty range"),
+        ([("gpu-9/h100:0", 0, 6)], "'gpu-9/h100:0' is not a Helix node name"),
+        ([("compute_node_1", 0, 6)], "is not a Helix node name"),
+    ],
+)
 def test_layout_errors(stages, message):
     with pytest.raises(LayoutError, match=message):
         helix_layout(stages, NAMES, num_layers=6)

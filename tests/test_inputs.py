@@ -31,6 +31,7 @@ def _doc(base: dict, path: str, value) -> str:
 
 def _plan(tmp_path: Path, capsys, *, cluster=None, graph=None, workload=None, extra=()) -> tuple[int, str]:
     """Write the files (text or bytes; None: the valid one), run `plan`, return (exit code, stderr on one line)."""
+
     def write(name: str, content) -> str:
         path = tmp_path / name
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -39,7 +40,13 @@ def _plan(tmp_path: Path, capsys, *, cluster=None, graph=None, workload=None, ex
     if workload is not None:
         argv = ["plan", "--graph", write("workload.json", workload)]
     else:
-        argv = ["plan", "--graph", write("graph.json", graph or emit(GRAPH)), "--cluster", write("cluster.yaml", cluster or emit(CLUSTER))]
+        argv = [
+            "plan",
+            "--graph",
+            write("graph.json", graph or emit(GRAPH)),
+            "--cluster",
+            write("cluster.yaml", cluster or emit(CLUSTER)),
+        ]
     started = time.perf_counter()
     code = main([*argv, *extra, "--no-baselines", "-o", str(tmp_path / "plan.yaml")])
     assert time.perf_counter() - started < 10
@@ -105,7 +112,9 @@ def test_an_infinite_size_in_a_graph_is_refused(value, tmp_path, capsys):
 def test_an_infinite_edge_cost_is_refused_by_the_file_and_by_the_graph_check(tmp_path, capsys):
     code, err = _plan(tmp_path, capsys, workload=_doc(WORKLOAD, "edges.0.cost", Raw("1e999")))
     assert code == 2 and "workload.json: edges[0].cost: inf is not a finite number" in err
-    graph = TaskGraph(name="g", tasks=(Task(name="a"), Task(name="b")), edges=(Edge(src="a", dst="b", hop_s_per_sample=float("inf")),))
+    graph = TaskGraph(
+        name="g", tasks=(Task(name="a"), Task(name="b")), edges=(Edge(src="a", dst="b", hop_s_per_sample=float("inf")),)
+    )
     with pytest.raises(GraphError, match="sizes must be finite"):
         graph.validate()
 
@@ -113,14 +122,17 @@ def test_an_infinite_edge_cost_is_refused_by_the_file_and_by_the_graph_check(tmp
 # -- types and shapes ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path, value, message", [
-    ("tasks", 5, "graph.json: tasks: expected a list, got int"),
-    ("edges", None, "graph.json: edges: expected a list, got NoneType"),
-    ("meta", [1], "graph.json: meta: expected a mapping, got list"),
-    ("tasks.2", 7, "graph.json: tasks[2]: expected a mapping, got int"),
-    ("edges.1", ["a", "b"], "graph.json: edges[1]: expected a mapping, got list"),
-    ("name", {"a": 1}, "graph.json: name: expected a non-empty string"),
-])
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        ("tasks", 5, "graph.json: tasks: expected a list, got int"),
+        ("edges", None, "graph.json: edges: expected a list, got NoneType"),
+        ("meta", [1], "graph.json: meta: expected a mapping, got list"),
+        ("tasks.2", 7, "graph.json: tasks[2]: expected a mapping, got int"),
+        ("edges.1", ["a", "b"], "graph.json: edges[1]: expected a mapping, got list"),
+        ("name", {"a": 1}, "graph.json: name: expected a non-empty string"),
+    ],
+)
 def test_a_record_of_the_wrong_type_is_named(path, value, message, tmp_path, capsys):
     code, err = _plan(tmp_path, capsys, graph=_doc(GRAPH, path, value))
     assert code == 2 and message in err
@@ -164,7 +176,9 @@ def test_an_unknown_memory_device_type_is_refused(tmp_path, capsys):
 def test_a_task_no_device_can_run_names_the_graph_and_the_field(tmp_path, capsys):
     code, err = _plan(tmp_path, capsys, graph=_doc(GRAPH, "tasks.2.device_types", ["accelerator"]))
     assert code == 2 and "graph.json on" in err and "cluster.yaml" in err
-    assert "can run task 'b' (tasks[2]): its device_types ['accelerator'] name none of the cluster's device types" in err
+    assert (
+        "can run task 'b' (tasks[2]): its device_types ['accelerator'] name none of the cluster's device types" in err
+    )
 
 
 def test_a_cluster_whose_memory_cannot_hold_the_model_exits_2(tmp_path, capsys):
@@ -214,7 +228,11 @@ def test_a_200000_task_chain_is_refused_in_seconds(tmp_path, capsys):
 
 def test_too_many_task_device_pairs_are_refused(tmp_path, capsys):
     code, err = _plan(tmp_path, capsys, graph=_chain(40_000), cluster=_doc(CLUSTER, "nodes.0.count", 4))
-    assert code == 2 and "graph.json on" in err and "40,000 tasks x 12 devices = 480,000 placement pairs; the limit is 300,000" in err
+    assert (
+        code == 2
+        and "graph.json on" in err
+        and "40,000 tasks x 12 devices = 480,000 placement pairs; the limit is 300,000" in err
+    )
 
 
 def test_a_workload_plan_verifies(tmp_path, capsys):

@@ -12,16 +12,29 @@ import time
 import pytest
 import yaml
 from conftest import sigint_default
+from plan_files import verify_outcome, write_inputs
 
 from llm_planner.cli import main
 from llm_planner.solve.milp.backends import BackendResult
-from plan_files import verify_outcome, write_inputs
 
-STOPPED = BackendResult(status="interrupted", values=None, objective=math.nan, dual_bound=-math.inf, nodes=3, backend="highs", time_s=0.5)
+STOPPED = BackendResult(
+    status="interrupted", values=None, objective=math.nan, dual_bound=-math.inf, nodes=3, backend="highs", time_s=0.5
+)
 
 
 def plan_args(folder, out):
-    return ["plan", "--graph", str(folder / "g.json"), "--cluster", str(folder / "c.yaml"), "--solver", "milp", "--no-baselines", "-o", str(out)]
+    return [
+        "plan",
+        "--graph",
+        str(folder / "g.json"),
+        "--cluster",
+        str(folder / "c.yaml"),
+        "--solver",
+        "milp",
+        "--no-baselines",
+        "-o",
+        str(out),
+    ]
 
 
 @pytest.fixture
@@ -58,8 +71,26 @@ def test_the_warm_start_is_kept_when_the_solver_had_nothing_better(tmp_path, sto
 def test_sigint_during_a_long_milp_writes_the_incumbent_within_2_s(tmp_path, repo):
     # rwnn-ws-4x8 on cpu-two-gpus takes the MILP about 20 s to prove (docs/benchmarks.md)
     out = tmp_path / "plan.yaml"
-    cmd = [sys.executable, "-m", "llm_planner.cli", "-v", "plan", "--cluster", str(repo / "cluster_specs/cpu-two-gpus.yaml"),
-           "--model", "rwnn-ws-4x8", "--solver", "milp", "--time-limit", "120", "--threads", "1", "--no-baselines", "-o", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "llm_planner.cli",
+        "-v",
+        "plan",
+        "--cluster",
+        str(repo / "cluster_specs/cpu-two-gpus.yaml"),
+        "--model",
+        "rwnn-ws-4x8",
+        "--solver",
+        "milp",
+        "--time-limit",
+        "120",
+        "--threads",
+        "1",
+        "--no-baselines",
+        "-o",
+        str(out),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     for line in proc.stderr:  # the model is built and handed to the backend
         if "milp: " in line and "variables" in line:

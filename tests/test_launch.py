@@ -12,7 +12,14 @@ import pytest
 import yaml
 from runtime_fixtures import LOCALHOST, REPO, decoder_plan, graph_plan, save_config, tiny_gpt2
 
-from llm_planner.launch import LaunchError, describe_result, format_rank_table, hostfile_text, launch_plan, parse_prompt_ids
+from llm_planner.launch import (
+    LaunchError,
+    describe_result,
+    format_rank_table,
+    hostfile_text,
+    launch_plan,
+    parse_prompt_ids,
+)
 from llm_planner.runtime.table import RankTableError, load_rank_table
 
 UNEVEN = {"embed": 0, "block.0": 1, "block.3": 2, "lm_head": 3}  # embed | block.0-2 | block.3 + final_norm | lm_head
@@ -87,7 +94,9 @@ def test_more_ranks_than_slots_is_refused(gpt2_dir, tmp_path):
     cluster = tmp_path / "slots.yaml"
     cluster.write_text(yaml.safe_dump(data))
     plan = decoder_plan(tmp_path / "p.yaml", gpt2_dir, [UNEVEN], cluster=cluster)
-    with pytest.raises(LaunchError, match=r"nodes\[0\].slots: node 'localhost' has 2 MPI slots but the plan puts 4 ranks on it"):
+    with pytest.raises(
+        LaunchError, match=r"nodes\[0\].slots: node 'localhost' has 2 MPI slots but the plan puts 4 ranks on it"
+    ):
         launch_plan(plan, dry_run=True, workdir=str(tmp_path / "w"))
 
 
@@ -102,8 +111,10 @@ def test_two_nodes_give_one_hostfile_line_each_and_ranks_grouped_by_host(gpt2_di
     table = launch_plan(plan, dry_run=True, workdir=str(tmp_path / "w")).rank_table
     assert hostfile_text(table) == "srv0.example:2\nsrv1.example:2\n"
     assert [(r.rank, r.hostname, r.device) for r in table.ranks] == [
-        (0, "srv0.example", "srv-0/cpu-core:0"), (1, "srv0.example", "srv-0/cpu-core:1"),
-        (2, "srv1.example", "srv-1/cpu-core:0"), (3, "srv1.example", "srv-1/cpu-core:1"),
+        (0, "srv0.example", "srv-0/cpu-core:0"),
+        (1, "srv0.example", "srv-0/cpu-core:1"),
+        (2, "srv1.example", "srv-1/cpu-core:0"),
+        (3, "srv1.example", "srv-1/cpu-core:1"),
     ]
 
 
@@ -112,7 +123,9 @@ def test_gpu_devices_map_to_cuda_indices_in_node_order(gpt2_dir, tmp_path):
     plan = decoder_plan(tmp_path / "p.yaml", gpt2_dir, [{"embed": 0, "block.1": 2, "block.3": 1}], cluster=cluster)
     table = launch_plan(plan, dry_run=True, workdir=str(tmp_path / "w")).rank_table
     assert [(r.device, r.device_type, r.gpu_index) for r in table.ranks] == [
-        ("workstation/epyc-7543:0", "cpu", None), ("workstation/a100-40g-pcie:0", "gpu", 0), ("workstation/t4:0", "gpu", 1),
+        ("workstation/epyc-7543:0", "cpu", None),
+        ("workstation/a100-40g-pcie:0", "gpu", 0),
+        ("workstation/t4:0", "gpu", 1),
     ]
     assert "cuda:1" in format_rank_table(table)
 
@@ -127,10 +140,15 @@ def test_a_checkpoint_of_another_model_is_refused(plan4, tmp_path):
 
 def test_a_plan_whose_tasks_are_not_the_models_is_refused(plan4, gpt2_dir, tmp_path):
     bad = yaml.safe_load(plan4.read_text())
-    bad["inputs"]["model"]["name"] = str(save_config(tiny_gpt2(n_layer=5), tmp_path / "five"))  # a model with one more block
+    bad["inputs"]["model"]["name"] = str(
+        save_config(tiny_gpt2(n_layer=5), tmp_path / "five")
+    )  # a model with one more block
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad))
-    with pytest.raises(LaunchError, match=r"shards\[0\]: the plan does not match the model \(5 decoder blocks\): missing tasks \['block.4'\]"):
+    with pytest.raises(
+        LaunchError,
+        match=r"shards\[0\]: the plan does not match the model \(5 decoder blocks\): missing tasks \['block.4'\]",
+    ):
         launch_plan(path, dry_run=True, workdir=str(tmp_path / "w"))
     sub = decoder_plan(tmp_path / "sub.yaml", gpt2_dir, [{"embed": 0}], granularity="sublayer")
     with pytest.raises(LaunchError, match="'block' granularity plans only"):
@@ -140,8 +158,18 @@ def test_a_plan_whose_tasks_are_not_the_models_is_refused(plan4, gpt2_dir, tmp_p
 def test_decoder_families_the_runtime_cannot_build_are_refused(tmp_path):
     from transformers import OPTConfig
 
-    opt = save_config(OPTConfig(num_hidden_layers=2, hidden_size=32, ffn_dim=64, num_attention_heads=4, vocab_size=128,
-                                max_position_embeddings=64, word_embed_proj_dim=32), tmp_path / "opt")
+    opt = save_config(
+        OPTConfig(
+            num_hidden_layers=2,
+            hidden_size=32,
+            ffn_dim=64,
+            num_attention_heads=4,
+            vocab_size=128,
+            max_position_embeddings=64,
+            word_embed_proj_dim=32,
+        ),
+        tmp_path / "opt",
+    )
     plan = decoder_plan(tmp_path / "p.yaml", opt, [{"embed": 0}])
     with pytest.raises(LaunchError, match="model type 'opt': the runtime runs gpt2, llama decoders"):
         launch_plan(plan, dry_run=True, workdir=str(tmp_path / "w"))
@@ -156,7 +184,10 @@ def test_graph_plans_run_the_graph_workload_and_must_name_the_models_tasks(tmp_p
     bad["shards"][1]["assignment"]["s0_n9"] = bad["shards"][1]["assignment"].pop("s0_n5")
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad))
-    with pytest.raises(LaunchError, match=r"shards\[1\]: the plan's tasks are not the model's \(missing \['s0_n5'\], unknown \['s0_n9'\]\)"):
+    with pytest.raises(
+        LaunchError,
+        match=r"shards\[1\]: the plan's tasks are not the model's \(missing \['s0_n5'\], unknown \['s0_n9'\]\)",
+    ):
         launch_plan(path, dry_run=True, workdir=str(tmp_path / "w"))
 
 
@@ -165,7 +196,9 @@ def test_plans_from_graph_files_cannot_be_launched(plan4, tmp_path):
     data["inputs"]["model"] = {"graph": "some.json"}
     path = tmp_path / "graph.yaml"
     path.write_text(yaml.safe_dump(data))
-    with pytest.raises(LaunchError, match=r"inputs.model: plans made from a graph file \(some.json\) describe no runnable model"):
+    with pytest.raises(
+        LaunchError, match=r"inputs.model: plans made from a graph file \(some.json\) describe no runnable model"
+    ):
         launch_plan(path, dry_run=True, workdir=str(tmp_path / "w"))
 
 
@@ -191,7 +224,12 @@ def test_warmup_runs_go_into_the_rank_table_and_default_to_none_without_measure(
     from llm_planner import cli
 
     assert launch_plan(plan4, dry_run=True, workdir=str(tmp_path / "a")).rank_table.run.warmup == 0
-    assert load_rank_table(launch_plan(plan4, dry_run=True, workdir=str(tmp_path / "b"), warmup=3).rank_table_path).run.warmup == 3
+    assert (
+        load_rank_table(
+            launch_plan(plan4, dry_run=True, workdir=str(tmp_path / "b"), warmup=3).rank_table_path
+        ).run.warmup
+        == 3
+    )
     assert cli.main(["launch", str(plan4), "--dry-run", "--warmup", "2", "--workdir", str(tmp_path / "c")]) == 0
     assert load_rank_table(tmp_path / "c" / "rank_table.json").run.warmup == 2
     assert cli.main(["launch", str(plan4), "--dry-run", "--workdir", str(tmp_path / "d")]) == 0
@@ -234,13 +272,21 @@ def test_a_run_with_more_ranks_than_cores_on_a_host_is_flagged():
     from llm_planner.launch import oversubscription_notes
 
     def rank(i, host, wait, sharing, cores):
-        return {"rank": i, "device": f"{host}/cpu-core:{i}", "wait": wait, "ranks_on_host": sharing, "host_cores": cores}
+        return {
+            "rank": i,
+            "device": f"{host}/cpu-core:{i}",
+            "wait": wait,
+            "ranks_on_host": sharing,
+            "host_cores": cores,
+        }
 
     ranks = [rank(0, "a", "sleep", 4, 2), rank(1, "a", "sleep", 4, 2), rank(2, "b", "spin", 1, 8)]
     notes = oversubscription_notes(ranks)
     assert len(notes) == 1 and notes[0].startswith("warning: node a ran 4 ranks on 2 cores")
     assert oversubscription_notes([rank(0, "b", "spin", 1, 8)]) == []
-    assert oversubscription_notes([{"rank": 0, "device": "a/cpu:0"}]) == []  # reports written before ranks said how they waited
+    assert (
+        oversubscription_notes([{"rank": 0, "device": "a/cpu:0"}]) == []
+    )  # reports written before ranks said how they waited
 
 
 def test_an_error_file_appears_whole_or_not_at_all(tmp_path, monkeypatch):
@@ -250,7 +296,9 @@ def test_an_error_file_appears_whole_or_not_at_all(tmp_path, monkeypatch):
 
     from llm_planner.runtime import rank as rank_module
 
-    table = SimpleNamespace(world_size=1, ranks=[SimpleNamespace(device="localhost/cpu-core:0")], run=SimpleNamespace(workdir=str(tmp_path)))
+    table = SimpleNamespace(
+        world_size=1, ranks=[SimpleNamespace(device="localhost/cpu-core:0")], run=SimpleNamespace(workdir=str(tmp_path))
+    )
 
     def killed(src, dst):
         raise OSError("killed before the rename")
@@ -260,19 +308,42 @@ def test_an_error_file_appears_whole_or_not_at_all(tmp_path, monkeypatch):
         rank_module._write_error(table, 0, RuntimeError("boom"))
     assert not rank_module.error_path(tmp_path, 0).exists()
     rank_module._write_error(table, 0, RuntimeError("boom"))
-    assert rank_module.error_path(tmp_path, 0).read_text().startswith("rank 0 (localhost/cpu-core:0): RuntimeError: boom")
+    assert (
+        rank_module.error_path(tmp_path, 0).read_text().startswith("rank 0 (localhost/cpu-core:0): RuntimeError: boom")
+    )
 
 
 def test_the_summary_names_units_the_weights_and_a_gpu_that_ran_on_the_cpu(plan4, tmp_path):
     dry = launch_plan(plan4, dry_run=True, workdir=str(tmp_path / "w"))
-    report = {"status": "ok", "predicted_s": 0.002, "measured_s": 0.0025, "unit": "s/sample", "measured_what": "seconds per sample: ...",
-              "wall_s": 1.5, "tokens_per_s": 10.0, "tokens": [[1, 2]], "weights": "seeded random", "batches": 2,
-              "predicted_samples_per_s": 500.0, "measured_samples_per_s": 400.0, "gpu_fell_back_to_cpu": ["n/a100:0"], "ranks": []}
+    report = {
+        "status": "ok",
+        "predicted_s": 0.002,
+        "measured_s": 0.0025,
+        "unit": "s/sample",
+        "measured_what": "seconds per sample: ...",
+        "wall_s": 1.5,
+        "tokens_per_s": 10.0,
+        "tokens": [[1, 2]],
+        "weights": "seeded random",
+        "batches": 2,
+        "predicted_samples_per_s": 500.0,
+        "measured_samples_per_s": 400.0,
+        "gpu_fell_back_to_cpu": ["n/a100:0"],
+        "ranks": [],
+    }
     text = describe_result(replace(dry, dry_run=False, returncode=0, report=report, duration_s=2.0))
     assert "ran 4 ranks in 2.0 s" in text
     assert "measured 2.5 ms per sample, predicted 2 ms per sample (+25.0%)" in text
     assert "400.0 samples/s" in text and "(predicted 500.0), 2 batches in flight" in text
     assert "whole generation: 1.5 s" in text and "weights: seeded random, not a checkpoint" in text
     assert "warning: n/a100:0 is a GPU but CUDA is not available on its host: its rank ran on the CPU" in text
-    one = replace(dry, dry_run=False, returncode=0, report={**report, "unit": "s"}, rank_table=replace(dry.rank_table, ranks=dry.rank_table.ranks[:1]))
-    assert "ran 1 rank in" in describe_result(one) and "measured 2.5 ms, predicted 2 ms (+25.0%)" in describe_result(one)
+    one = replace(
+        dry,
+        dry_run=False,
+        returncode=0,
+        report={**report, "unit": "s"},
+        rank_table=replace(dry.rank_table, ranks=dry.rank_table.ranks[:1]),
+    )
+    assert "ran 1 rank in" in describe_result(one) and "measured 2.5 ms, predicted 2 ms (+25.0%)" in describe_result(
+        one
+    )

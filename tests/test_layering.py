@@ -39,54 +39,140 @@ CORE = [
 # Lowest first: a module may import from its own layer and those before it. "x.*" names the
 # package x and everything in it; an exact name wins over a pattern, a longer pattern over a shorter.
 LAYERS: list[tuple[str, list[str], str]] = [
-    ("utilities", ["llm_planner", "llm_planner.units", "llm_planner.fmt", "llm_planner.fileio", "llm_planner.atomic"],
-     "formatting, units and file writing that every layer may use"),
-    ("inputs", ["llm_planner.spec", "llm_planner.spec_fields", "llm_planner.groups", "llm_planner.graph",
-                "llm_planner.graph.constants", "llm_planner.graph.ir"],
-     "the cluster spec and the task-graph IR: plain data that everything above reads"),
-    ("graph builders", ["llm_planner.graph.*"],
-     "task graphs of models (analytic decoders, fx, randomly wired networks, workload files)"),
-    ("cost", ["llm_planner.cost"],
-     "pure cost formulas over tasks, devices and links"),
-    ("plan format", ["llm_planner.plan", "llm_planner.plan_read"],
-     "the plan file format: solvers produce Plans, so it sits below them"),
-    ("solve base", ["llm_planner.solve", "llm_planner.solve.problem", "llm_planner.solve.schedule",
-                    "llm_planner.solve.errors", "llm_planner.solve.options", "llm_planner.solve.fit"],
-     "the problem in numbers, the list scheduler that times an assignment into a Plan, the memory fit"),
-    ("problem inputs and checks", ["llm_planner.profile", "llm_planner.profile_apply", "llm_planner.pipeline", "llm_planner.verify",
-                                   "llm_planner.verify_fields", "llm_planner.verify_sim", "llm_planner.serving_profile"],
-     "a problem from input files, and the verifier that checks a plan against it: below every solver, "
-     "so the verifier cannot use one (solve.api calls it on every plan)"),
-    ("serving model", ["llm_planner.serving", "llm_planner.serving.workload", "llm_planner.serving.classes",
-                       "llm_planner.serving.costs", "llm_planner.serving.replica", "llm_planner.serving.layout",
-                       "llm_planner.serving.context", "llm_planner.serving.bound", "llm_planner.serving.bound_batches",
-                       "llm_planner.serving.plan_file",
-                       "llm_planner.serving.verify"],
-     "serving: the steady-state model of a replica, the upper bound and the plan file's check; below every solver"),
-    ("bounds", ["llm_planner.solve.bounds.*"],
-     "lower bounds: what every solver and baseline is judged against"),
-    ("baselines", ["llm_planner.solve.baselines.*"],
-     "the heuristics a user would run instead; the MILP starts from them"),
-    ("milp", ["llm_planner.solve.milp.*"],
-     "the exact MILP and its backends"),
-    ("split", ["llm_planner.solve.split.*"],
-     "MILP-SPLIT: solves its module subproblems with the exact MILP"),
-    ("solve api", ["llm_planner.solve.api"],
-     "solve(problem, options): picks the solver, adds the bound, verifies the plan"),
-    ("serving solve", ["llm_planner.serving.fleet", "llm_planner.serving.baselines", "llm_planner.serving.search",
-                       "llm_planner.serving.assign", "llm_planner.serving.api", "llm_planner.serving.export",
-                       "llm_planner.serving.export_scripts"],
-     "serving: the baselines, the layout search and the fleet MILP (over the MILP backends), devices, exports"),
-    ("flows", ["llm_planner.report", "llm_planner.helix_import", "llm_planner.helix_export", "llm_planner.export", "llm_planner.observe", "llm_planner.measure",
-               "llm_planner.calibrate", "llm_planner.study", "llm_planner.spec_edit"],
-     "what the commands do with problems and plans: reports, exports, measurements, studies"),
-    ("runtime", ["llm_planner.runtime.*"],
-     "a rank's share of the model under MPI (plan_schedule, table and decoder_tasks are torch-free)"),
-    ("launch", ["llm_planner.launch", "llm_planner.launch_run", "llm_planner.runtime.profile_run"],
-     "start ranks with mpiexec: the plan's, or the profiling ranks'"),
-    ("commands", ["llm_planner.commands", "llm_planner.commands_measure", "llm_planner.commands_helix",
-                  "llm_planner.commands_serving", "llm_planner.commands_export", "llm_planner.cli"],
-     "the command line: parses arguments, calls the layers, prints"),
+    (
+        "utilities",
+        ["llm_planner", "llm_planner.units", "llm_planner.fmt", "llm_planner.fileio", "llm_planner.atomic"],
+        "formatting, units and file writing that every layer may use",
+    ),
+    (
+        "inputs",
+        [
+            "llm_planner.spec",
+            "llm_planner.spec_fields",
+            "llm_planner.groups",
+            "llm_planner.graph",
+            "llm_planner.graph.constants",
+            "llm_planner.graph.ir",
+        ],
+        "the cluster spec and the task-graph IR: plain data that everything above reads",
+    ),
+    (
+        "graph builders",
+        ["llm_planner.graph.*"],
+        "task graphs of models (analytic decoders, fx, randomly wired networks, workload files)",
+    ),
+    ("cost", ["llm_planner.cost"], "pure cost formulas over tasks, devices and links"),
+    (
+        "plan format",
+        ["llm_planner.plan", "llm_planner.plan_read"],
+        "the plan file format: solvers produce Plans, so it sits below them",
+    ),
+    (
+        "solve base",
+        [
+            "llm_planner.solve",
+            "llm_planner.solve.problem",
+            "llm_planner.solve.schedule",
+            "llm_planner.solve.errors",
+            "llm_planner.solve.options",
+            "llm_planner.solve.fit",
+        ],
+        "the problem in numbers, the list scheduler that times an assignment into a Plan, the memory fit",
+    ),
+    (
+        "problem inputs and checks",
+        [
+            "llm_planner.profile",
+            "llm_planner.profile_apply",
+            "llm_planner.pipeline",
+            "llm_planner.verify",
+            "llm_planner.verify_fields",
+            "llm_planner.verify_sim",
+            "llm_planner.serving_profile",
+        ],
+        "a problem from input files, and the verifier that checks a plan against it: below every solver, "
+        "so the verifier cannot use one (solve.api calls it on every plan)",
+    ),
+    (
+        "serving model",
+        [
+            "llm_planner.serving",
+            "llm_planner.serving.workload",
+            "llm_planner.serving.classes",
+            "llm_planner.serving.costs",
+            "llm_planner.serving.replica",
+            "llm_planner.serving.layout",
+            "llm_planner.serving.context",
+            "llm_planner.serving.bound",
+            "llm_planner.serving.bound_batches",
+            "llm_planner.serving.plan_file",
+            "llm_planner.serving.verify",
+        ],
+        "serving: the steady-state model of a replica, the upper bound and the plan file's check; below every solver",
+    ),
+    ("bounds", ["llm_planner.solve.bounds.*"], "lower bounds: what every solver and baseline is judged against"),
+    (
+        "baselines",
+        ["llm_planner.solve.baselines.*"],
+        "the heuristics a user would run instead; the MILP starts from them",
+    ),
+    ("milp", ["llm_planner.solve.milp.*"], "the exact MILP and its backends"),
+    ("split", ["llm_planner.solve.split.*"], "MILP-SPLIT: solves its module subproblems with the exact MILP"),
+    (
+        "solve api",
+        ["llm_planner.solve.api"],
+        "solve(problem, options): picks the solver, adds the bound, verifies the plan",
+    ),
+    (
+        "serving solve",
+        [
+            "llm_planner.serving.fleet",
+            "llm_planner.serving.baselines",
+            "llm_planner.serving.search",
+            "llm_planner.serving.assign",
+            "llm_planner.serving.api",
+            "llm_planner.serving.export",
+            "llm_planner.serving.export_scripts",
+        ],
+        "serving: the baselines, the layout search and the fleet MILP (over the MILP backends), devices, exports",
+    ),
+    (
+        "flows",
+        [
+            "llm_planner.report",
+            "llm_planner.helix_import",
+            "llm_planner.helix_export",
+            "llm_planner.export",
+            "llm_planner.observe",
+            "llm_planner.measure",
+            "llm_planner.calibrate",
+            "llm_planner.study",
+            "llm_planner.spec_edit",
+        ],
+        "what the commands do with problems and plans: reports, exports, measurements, studies",
+    ),
+    (
+        "runtime",
+        ["llm_planner.runtime.*"],
+        "a rank's share of the model under MPI (plan_schedule, table and decoder_tasks are torch-free)",
+    ),
+    (
+        "launch",
+        ["llm_planner.launch", "llm_planner.launch_run", "llm_planner.runtime.profile_run"],
+        "start ranks with mpiexec: the plan's, or the profiling ranks'",
+    ),
+    (
+        "commands",
+        [
+            "llm_planner.commands",
+            "llm_planner.commands_measure",
+            "llm_planner.commands_helix",
+            "llm_planner.commands_serving",
+            "llm_planner.commands_export",
+            "llm_planner.cli",
+        ],
+        "the command line: parses arguments, calls the layers, prints",
+    ),
 ]
 
 
@@ -198,7 +284,9 @@ def test_the_checks_see_lazy_relative_and_type_checking_imports(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "low.py").write_text("def f():\n    from pkg.sub import high  # lazy, upward, and a circle\n")
     (pkg / "sub" / "__init__.py").write_text("")
-    (pkg / "sub" / "high.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..low import f\n")
+    (pkg / "sub" / "high.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..low import f\n"
+    )
     graph, explicit = import_graph(pkg)
     assert circles(graph) == [["pkg.low", "pkg.sub.high"]]
     layers = [("low", ["pkg", "pkg.low"], ""), ("high", ["pkg.sub.*"], "")]

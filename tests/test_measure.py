@@ -20,7 +20,9 @@ from llm_planner.spec import load_cluster
 
 N = 12
 LAYOUT = [[(i // 2 + 1) % 3 for i in range(N)], [(2 - i // 3) % 3 for i in range(N)]]
-ROWS = len({(LAYOUT[s][i], i) for s in (0, 1) for i in range(N)})  # (device, task) pairs: a task on one device in both shards is one row
+ROWS = len(
+    {(LAYOUT[s][i], i) for s in (0, 1) for i in range(N)}
+)  # (device, task) pairs: a task on one device in both shards is one row
 
 
 @pytest.fixture
@@ -44,8 +46,12 @@ def test_a_run_that_follows_the_plans_own_cost_model_measures_no_error(tmp_path,
         assert row.rel_error == pytest.approx(0.0, abs=1e-9), row
     assert m.measured_s == pytest.approx(m.predicted_s, rel=1e-9)
     assert m.task_errors.count == ROWS and m.task_errors.max_abs < 1e-9
-    assert {(r.src, r.dst) for r in m.links} == {(a, b) for a in ("box/gpu-b:0", "box/gpu-b:1", "box/cpu-a:0")
-                                                 for b in ("box/gpu-b:0", "box/gpu-b:1", "box/cpu-a:0") if a != b}
+    assert {(r.src, r.dst) for r in m.links} == {
+        (a, b)
+        for a in ("box/gpu-b:0", "box/gpu-b:1", "box/cpu-a:0")
+        for b in ("box/gpu-b:0", "box/gpu-b:1", "box/cpu-a:0")
+        if a != b
+    }
 
 
 def test_errors_are_measured_over_predicted_per_call_and_summarised(tmp_path, chain):
@@ -63,9 +69,13 @@ def test_errors_are_measured_over_predicted_per_call_and_summarised(tmp_path, ch
             old = expected.get((device, task), (0.0, 0.0))
             expected[(device, task)] = (old[0] + t_true, old[1] + t_spec)
     errors = [t / p - 1 for t, p in expected.values()]
-    assert {(r.device, r.task): r.rel_error for r in m.tasks} == pytest.approx({k: t / p - 1 for k, (t, p) in expected.items()})
+    assert {(r.device, r.task): r.rel_error for r in m.tasks} == pytest.approx(
+        {k: t / p - 1 for k, (t, p) in expected.items()}
+    )
     s = m.task_errors
-    assert (s.median_abs, s.p90_abs, s.max_abs) == pytest.approx((np.median(np.abs(errors)), np.percentile(np.abs(errors), 90), max(map(abs, errors))))
+    assert (s.median_abs, s.p90_abs, s.max_abs) == pytest.approx(
+        (np.median(np.abs(errors)), np.percentile(np.abs(errors), 90), max(map(abs, errors)))
+    )
     assert s.median > 0.3  # the spec is optimistic: the true hardware is slower
     busy = {d.device: d for d in m.devices}
     for device, row in busy.items():
@@ -91,10 +101,18 @@ def _decoder_plan(tmp_path, phase: str):
     from runtime_fixtures import LOCALHOST, save_config, tiny_gpt2
 
     model_dir = save_config(tiny_gpt2(), tmp_path / "gpt2")
-    problem = problem_from_inputs(cluster_path=str(LOCALHOST), model=ModelSpec(name=str(model_dir), dtype="fp32", seq_len=8, phase=phase),
-                                  batch_size=2, max_shards=1)
-    layout = [0 if problem.graph.tasks[i].name in ("embed", "block.0", "block.1") else 1 for i in range(problem.num_tasks)]
-    plan = make_plan(problem, [2], [layout], solver="test", status="heuristic", started_at=time.perf_counter(), lower_bound_s=0.0)
+    problem = problem_from_inputs(
+        cluster_path=str(LOCALHOST),
+        model=ModelSpec(name=str(model_dir), dtype="fp32", seq_len=8, phase=phase),
+        batch_size=2,
+        max_shards=1,
+    )
+    layout = [
+        0 if problem.graph.tasks[i].name in ("embed", "block.0", "block.1") else 1 for i in range(problem.num_tasks)
+    ]
+    plan = make_plan(
+        problem, [2], [layout], solver="test", status="heuristic", started_at=time.perf_counter(), lower_bound_s=0.0
+    )
     path = tmp_path / f"{phase}.yaml"
     save_plan(plan, path)
     return path, plan
@@ -104,14 +122,30 @@ def _decoder_report(plan, steps: int = 4) -> dict:
     ranks = []
     for r, device in enumerate(plan.devices_used()):
         names = [t for t, d in plan.assignment.items() if d == device]
-        ranks.append({"rank": r, "device": device, "dtype": "float32",
-                      "tasks": {t: 1e-3 + (steps - 1) * 2e-4 for t in names}, "task_calls": {t: steps for t in names},
-                      "prefill_tasks": {t: 1e-3 for t in names}, "prefill_task_calls": {t: 1 for t in names},
-                      "transfers": [{"peer": 1 - r, "direction": "recv", "count": steps, "bytes": 256 * steps, "seconds": 1e-4 * steps}],
-                      "total_s": 0.02})
+        ranks.append(
+            {
+                "rank": r,
+                "device": device,
+                "dtype": "float32",
+                "tasks": {t: 1e-3 + (steps - 1) * 2e-4 for t in names},
+                "task_calls": {t: steps for t in names},
+                "prefill_tasks": {t: 1e-3 for t in names},
+                "prefill_task_calls": {t: 1 for t in names},
+                "transfers": [
+                    {"peer": 1 - r, "direction": "recv", "count": steps, "bytes": 256 * steps, "seconds": 1e-4 * steps}
+                ],
+                "total_s": 0.02,
+            }
+        )
     ranks[1]["step_end_s"] = [[k, 0.01 + 0.002 * k] for k in range(steps)]
-    return {"workload": "decoder", "objective": "latency", "max_new_tokens": steps, "measured_s": 0.02,
-            "streams": [{"shard": 0, "requests": [0, 1]}], "ranks": ranks}
+    return {
+        "workload": "decoder",
+        "objective": "latency",
+        "max_new_tokens": steps,
+        "measured_s": 0.02,
+        "streams": [{"shard": 0, "requests": [0, 1]}],
+        "ranks": ranks,
+    }
 
 
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
@@ -127,7 +161,10 @@ def test_decoder_plans_are_compared_with_their_phase_only(tmp_path, phase):
         assert [(r.calls, r.measured_s) for r in m.tasks] == [(1, pytest.approx(1e-3))] * 7
         assert m.measured_s == pytest.approx(0.01) and "prefill" in m.end_to_end_what
     assert all(r.predicted_s > 0 for r in m.tasks)
-    assert [r.predicted_s is None for r in m.links] == [False, True]  # 0 -> 1 hidden states; 1 -> 0 next ids: not in the plan
+    assert [r.predicted_s is None for r in m.links] == [
+        False,
+        True,
+    ]  # 0 -> 1 hidden states; 1 -> 0 next ids: not in the plan
     assert m.predicted_s == plan.objective_s
 
 
@@ -167,16 +204,36 @@ def test_launch_measure_runs_the_plan_and_writes_the_comparison(tmp_path, capsys
 
     model_dir = save_config(tiny_gpt2(n_layer=2), tmp_path / "gpt2")
     plan = decoder_plan(tmp_path / "plan.yaml", model_dir, [{"embed": 0, "block.1": 1}])
-    code = cli.main(["launch", str(plan), "--measure", "--max-new-tokens", "4", "--report", str(tmp_path / "run.json"),
-                     "--workdir", str(tmp_path / "w"), "--timeout", "120"])
+    code = cli.main(
+        [
+            "launch",
+            str(plan),
+            "--measure",
+            "--max-new-tokens",
+            "4",
+            "--report",
+            str(tmp_path / "run.json"),
+            "--workdir",
+            str(tmp_path / "w"),
+            "--timeout",
+            "120",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     data = json.loads((tmp_path / "w" / "measure.json").read_text())
     assert data["predicted_s"] == load_plan(plan).objective_s and data["measured_s"] > 0
     assert {(t["device"], t["task"]) for t in data["tasks"]} == {
-        ("localhost/cpu-core:0", "embed"), ("localhost/cpu-core:0", "block.0"), ("localhost/cpu-core:1", "block.1"),
-        ("localhost/cpu-core:1", "final_norm"), ("localhost/cpu-core:1", "lm_head")}
+        ("localhost/cpu-core:0", "embed"),
+        ("localhost/cpu-core:0", "block.0"),
+        ("localhost/cpu-core:1", "block.1"),
+        ("localhost/cpu-core:1", "final_norm"),
+        ("localhost/cpu-core:1", "lm_head"),
+    }
     assert all(t["calls"] == 3 and t["measured_s"] > 0 for t in data["tasks"])  # the warm-up runs are not counted
-    assert [r["warmup_runs"] for r in json.loads((tmp_path / "run.json").read_text())["ranks"]] == [2, 2]  # --measure's default
+    assert [r["warmup_runs"] for r in json.loads((tmp_path / "run.json").read_text())["ranks"]] == [
+        2,
+        2,
+    ]  # --measure's default
     assert "predicted vs measured" in out and "measurement written to" in out
     assert cli.main(["launch", str(plan), "--measure", "--dry-run"]) == 2

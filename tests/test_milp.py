@@ -20,37 +20,52 @@ import pytest
 from conftest import WORKLOADS as DNN_PARTITIONING
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from milp_brute_force import brute_force, brute_throughput
+from planner_instances import graphs, kind, make_cluster, problems
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.solve.milp import backends
 from llm_planner.solve.api import SolveError, solve
 from llm_planner.solve.baselines.single import run_all_baselines
 from llm_planner.solve.bounds.combined import lower_bound
+from llm_planner.solve.milp import backends
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import PlacementProblem, ProblemError, build_problem
 from llm_planner.verify import verify_plan
-from milp_brute_force import brute_force, brute_throughput
-from planner_instances import graphs, kind, make_cluster, problems
 
 GB = 1e9
 REL = 1e-6
 EXACT = {"solver": "milp", "rel_gap": 1e-7, "time_limit_s": 60.0}
 WORKLOADS = DNN_PARTITIONING / "throughput-inputs"
-PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+PROPERTY = settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
 
 
 # -- instances -------------------------------------------------------------------------
 
 
-def explicit_problem(times: dict[str, dict[str, float]], edges: list[str], devices: dict[str, int], *, comm_s: float = 0.5,
-                     mem: dict[str, float] | None = None, weights: dict[str, float] | None = None, **build) -> PlacementProblem:
+def explicit_problem(
+    times: dict[str, dict[str, float]],
+    edges: list[str],
+    devices: dict[str, int],
+    *,
+    comm_s: float = 0.5,
+    mem: dict[str, float] | None = None,
+    weights: dict[str, float] | None = None,
+    **build,
+) -> PlacementProblem:
     """Tasks with explicit seconds per sample per device kind; every edge moves 1 byte per sample over a
     link of 1 / comm_s bytes per second, so a cut edge costs comm_s per sample."""
     mem = mem or {}
     kinds = [kind(name, "gpu", flops=1e12, mem_bytes=mem.get(name, 1e15), mem_bw=1e12) for name in devices]
     cluster = make_cluster(kinds, [devices], bw=1.0 / comm_s, latency_s=0.0)
-    tasks = tuple(Task(name=n, time_s_by_kind=tuple(t.items()), weight_bytes=(weights or {}).get(n, 0.0)) for n, t in times.items())
-    graph = TaskGraph(name="hand", tasks=tasks, edges=tuple(Edge(src=e[0], dst=e[1], bytes_per_sample=1.0) for e in edges)).validate()
+    tasks = tuple(
+        Task(name=n, time_s_by_kind=tuple(t.items()), weight_bytes=(weights or {}).get(n, 0.0))
+        for n, t in times.items()
+    )
+    graph = TaskGraph(
+        name="hand", tasks=tasks, edges=tuple(Edge(src=e[0], dst=e[1], bytes_per_sample=1.0) for e in edges)
+    ).validate()
     return build_problem(graph, cluster, **build)
 
 
@@ -125,7 +140,9 @@ def test_fork_join_split_across_devices_wins():
     plan = exact(problem)
     assert plan.objective_s == pytest.approx(6.5, rel=REL)
     assert on(plan, "b") == on(plan, "c") and plan.shard_assignments[0]["b"] != plan.shard_assignments[0]["c"]
-    assert exact(dataclasses.replace(problem, supported=problem.supported & np.array([True, False]))).objective_s == pytest.approx(10.0)
+    assert exact(
+        dataclasses.replace(problem, supported=problem.supported & np.array([True, False]))
+    ).objective_s == pytest.approx(10.0)
 
 
 def test_fork_join_throughput():
@@ -171,7 +188,9 @@ def test_memory_limit_forces_a_split():
 
 
 def test_infeasible_task_names_device_and_shortfall():
-    problem = explicit_problem(PAIR, ["ab"], {"f": 1, "s": 1}, weights={"a": 10 * GB, "b": 1 * GB}, mem={"f": 8 * GB, "s": 9 * GB})
+    problem = explicit_problem(
+        PAIR, ["ab"], {"f": 1, "s": 1}, weights={"a": 10 * GB, "b": 1 * GB}, mem={"f": 8 * GB, "s": 9 * GB}
+    )
     with pytest.raises(SolveError, match=r"'a'.*node0/s:0.*short by 1 GB"):
         solve(problem, SolveOptions(**EXACT))
 
@@ -180,7 +199,9 @@ def test_infeasible_packing_is_proved_by_the_milp():
     # three 5 GB tasks, two 8 GB devices: each fits, 15 <= 16 in total, but no packing exists
     tasks = {n: {"f": 1.0} for n in "abc"}
     problem = explicit_problem(tasks, ["ab", "bc"], {"f": 2}, weights={n: 5 * GB for n in "abc"}, mem={"f": 8 * GB})
-    with pytest.raises(SolveError, match=r"no placement fits in device memory.*no assignment packs.*node0/f:0 7.45 GiB"):
+    with pytest.raises(
+        SolveError, match=r"no placement fits in device memory.*no assignment packs.*node0/f:0 7.45 GiB"
+    ):
         solve(problem, SolveOptions(**EXACT))
 
 
@@ -196,8 +217,10 @@ def _on_a_memory_edge(problem: PlacementProblem, contiguous: bool) -> bool:
     """Whether the optimum changes when every capacity moves by 1e-5 of itself: the solvers
     accept a binary within 1e-6 of integral, so a placement filling a device to within that
     may be taken or refused (hypothesis shrinks memory to exactly such edges)."""
-    values = [brute_force(dataclasses.replace(problem, mem_capacity=problem.mem_capacity * f), contiguous=contiguous)
-              for f in (1 - 1e-5, 1 + 1e-5)]
+    values = [
+        brute_force(dataclasses.replace(problem, mem_capacity=problem.mem_capacity * f), contiguous=contiguous)
+        for f in (1 - 1e-5, 1 + 1e-5)
+    ]
     return values[0] != pytest.approx(values[1], rel=1e-9, abs=1e-15)
 
 
@@ -230,8 +253,15 @@ def test_random_contiguous_throughput_matches_brute_force(problem):
     assert_matches_brute_force(problem, contiguous=True)
 
 
-TWO_NODES = make_cluster([kind("a", "gpu", flops=1e14, mem_bytes=1e12, mem_bw=1e12), kind("b", "gpu", flops=5e13, mem_bytes=1e12, mem_bw=5e11)],
-                         [{"a": 1, "b": 1}, {"a": 2}], bw=1e9, latency_s=2e-5)
+TWO_NODES = make_cluster(
+    [
+        kind("a", "gpu", flops=1e14, mem_bytes=1e12, mem_bw=1e12),
+        kind("b", "gpu", flops=5e13, mem_bytes=1e12, mem_bw=5e11),
+    ],
+    [{"a": 1, "b": 1}, {"a": 2}],
+    bw=1e9,
+    latency_s=2e-5,
+)
 
 
 @PROPERTY
@@ -247,7 +277,12 @@ def test_cost_groups_gather_the_partners_of_one_link_cost():
 
     fixed = np.array([[0, 1, 2, 2], [1, 0, 2, 2], [2, 2, 0, 1], [2, 2, 1, 0]], dtype=float)
     slope = np.where(fixed > 0, 0.5, 0.0)
-    assert cost_groups(fixed, slope, [0, 2], [0, 1, 2, 3]) == [(0, 1.0, 0.5, [1]), (0, 2.0, 0.5, [2, 3]), (2, 2.0, 0.5, [0, 1]), (2, 1.0, 0.5, [3])]
+    assert cost_groups(fixed, slope, [0, 2], [0, 1, 2, 3]) == [
+        (0, 1.0, 0.5, [1]),
+        (0, 2.0, 0.5, [2, 3]),
+        (2, 2.0, 0.5, [0, 1]),
+        (2, 1.0, 0.5, [3]),
+    ]
     assert cost_groups(fixed, slope, [1], [1]) == []  # only itself: nothing to charge
     free = np.zeros((2, 2))
     assert cost_groups(free, free, [0], [1]) == []  # a free link has no charge
@@ -255,7 +290,9 @@ def test_cost_groups_gather_the_partners_of_one_link_cost():
 
 def chain_problem() -> PlacementProblem:
     times = {f"l{j}": {"f": f, "s": s} for j, (f, s) in enumerate([(2, 3), (5, 6), (1, 4), (3, 3), (4, 9), (2, 2.5)])}
-    return explicit_problem(times, [(f"l{j}", f"l{j + 1}") for j in range(5)], {"f": 2, "s": 1}, comm_s=0.25, objective="throughput")
+    return explicit_problem(
+        times, [(f"l{j}", f"l{j + 1}") for j in range(5)], {"f": 2, "s": 1}, comm_s=0.25, objective="throughput"
+    )
 
 
 def contiguous_splits_optimum(p: PlacementProblem) -> float:
@@ -295,23 +332,32 @@ def test_highs_and_gurobi_agree(problem):
         return
     gurobi = solve(problem, SolveOptions(**EXACT, backend="gurobi"))
     assert gurobi.solver.backend == "gurobi" and highs.solver.backend == "highs"
-    assert gurobi.solver.details.get("num_vars", 0) <= backends.GUROBI_SIZE_LIMIT  # no model when the warm start is proven
+    assert (
+        gurobi.solver.details.get("num_vars", 0) <= backends.GUROBI_SIZE_LIMIT
+    )  # no model when the warm start is proven
     assert gurobi.objective_s == pytest.approx(highs.objective_s, rel=1e-4, abs=1e-12)
 
 
 def wide_problem(num_tasks: int = 700) -> PlacementProblem:
     """Independent tasks on three devices: 3 * num_tasks assignment variables."""
-    return explicit_problem({f"t{j}": {"f": 1.0 + j % 3, "s": 2.0} for j in range(num_tasks)}, [], {"f": 2, "s": 1}, objective="throughput")
+    return explicit_problem(
+        {f"t{j}": {"f": 1.0 + j % 3, "s": 2.0} for j in range(num_tasks)}, [], {"f": 2, "s": 1}, objective="throughput"
+    )
 
 
 def test_gurobi_size_limited_licence_is_reported():
     pytest.importorskip("gurobipy")
-    with pytest.raises(SolveError, match=r"gurobi refused the model: it has \d+ variables.*size-limited licence.*--allow-backend-fallback"):
+    with pytest.raises(
+        SolveError,
+        match=r"gurobi refused the model: it has \d+ variables.*size-limited licence.*--allow-backend-fallback",
+    ):
         solve(wide_problem(), SolveOptions(**{**EXACT, "rel_gap": 1e-2}, backend="gurobi"))
 
 
 def test_gurobi_falls_back_to_highs_when_allowed():
-    plan = solve(wide_problem(), SolveOptions(**{**EXACT, "rel_gap": 1e-2}, backend="gurobi", allow_backend_fallback=True))
+    plan = solve(
+        wide_problem(), SolveOptions(**{**EXACT, "rel_gap": 1e-2}, backend="gurobi", allow_backend_fallback=True)
+    )
     assert plan.solver.backend == "highs"
     assert "gurobi" in plan.solver.details["backend_note"]
     assert plan.solver.details["num_vars"] > backends.GUROBI_SIZE_LIMIT
@@ -331,13 +377,17 @@ def test_missing_gurobipy_is_an_actionable_error(monkeypatch):
     problem = explicit_problem(CHAIN, ["ab", "bc"], {"f": 1, "s": 1})
     with pytest.raises(SolveError, match="needs the gurobipy package"):
         solve(problem, SolveOptions(**EXACT, backend="gurobi"))
-    assert solve(problem, SolveOptions(**EXACT, backend="gurobi", allow_backend_fallback=True)).objective_s == pytest.approx(4.0)
+    assert solve(
+        problem, SolveOptions(**EXACT, backend="gurobi", allow_backend_fallback=True)
+    ).objective_s == pytest.approx(4.0)
 
 
 def test_milp_modules_import_without_torch_mpi_or_gurobi():
-    code = ("import sys, llm_planner.solve.milp.milp, llm_planner.solve.milp.warm, llm_planner.solve.milp.backends\n"
-            "bad = [m for m in ('torch', 'mpi4py', 'transformers', 'gurobipy') if m in sys.modules]\n"
-            "assert not bad, bad\n")
+    code = (
+        "import sys, llm_planner.solve.milp.milp, llm_planner.solve.milp.warm, llm_planner.solve.milp.backends\n"
+        "bad = [m for m in ('torch', 'mpi4py', 'transformers', 'gurobipy') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -378,7 +428,9 @@ def test_a_warm_start_that_meets_the_bound_is_returned_without_a_model(monkeypat
     assert plan.objective_s == pytest.approx(2.0) and plan.lower_bound_s == pytest.approx(2.0)
     assert plan.solver.name == "milp" and plan.solver.status == "optimal"
     assert plan.solver.details["stopped"] == "the warm start meets the lower bound"
-    with pytest.raises(AssertionError, match="model was built"):  # not where the bound (6) is below the warm start (6.5)
+    with pytest.raises(
+        AssertionError, match="model was built"
+    ):  # not where the bound (6) is below the warm start (6.5)
         exact(explicit_problem(FORK, ["ab", "ac", "bd", "cd"], {"g": 2}))
 
 

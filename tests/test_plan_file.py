@@ -10,10 +10,10 @@ import sys
 
 import pytest
 import yaml
+from plan_files import a_plan, verify_outcome, write_inputs, written_plan
 
 from llm_planner.plan import load_plan, save_plan
 from llm_planner.verify import verify_plan
-from plan_files import a_plan, verify_outcome, write_inputs, written_plan
 
 
 @pytest.fixture
@@ -64,7 +64,9 @@ def test_a_hand_edited_top_level_assignment_is_refused_by_verify_and_every_reade
     from llm_planner.plan import PlanError
 
     edit(plan_path, lambda d: d["assignment"].__setitem__("c", "node0/cpu:0"))
-    rejected(plan_path, 2, f"{plan_path}: assignment: differs from shards[0].assignment", "c: the file has 'node0/cpu:0'")
+    rejected(
+        plan_path, 2, f"{plan_path}: assignment: differs from shards[0].assignment", "c: the file has 'node0/cpu:0'"
+    )
     with pytest.raises(PlanError, match="assignment"):
         load_plan(plan_path)  # what launch, show and measure read
 
@@ -101,14 +103,17 @@ def test_a_number_yaml_reads_as_text_gets_a_hint(plan_path):
     rejected(plan_path, 2, "schedule[0].start_s", "write 1e-3 as 1.0e-3")
 
 
-@pytest.mark.parametrize("where, value, what", [
-    (("solver",), None, "solver: expected a mapping, got null"),
-    (("shards",), {"size": 4}, "shards: expected a list"),
-    (("inputs", "model"), ["g.json"], "inputs.model: expected a mapping, got a list"),
-    (("schedule", 0, "task"), None, "schedule[0].task: expected a string, got null"),
-    (("objective",), "speed", "objective: must be one of latency, throughput"),
-    (("inputs", "batch_size"), True, "inputs.batch_size: expected an integer, got bool True"),
-])
+@pytest.mark.parametrize(
+    "where, value, what",
+    [
+        (("solver",), None, "solver: expected a mapping, got null"),
+        (("shards",), {"size": 4}, "shards: expected a list"),
+        (("inputs", "model"), ["g.json"], "inputs.model: expected a mapping, got a list"),
+        (("schedule", 0, "task"), None, "schedule[0].task: expected a string, got null"),
+        (("objective",), "speed", "objective: must be one of latency, throughput"),
+        (("inputs", "batch_size"), True, "inputs.batch_size: expected an integer, got bool True"),
+    ],
+)
 def test_wrong_types_nulls_and_lists_for_mappings_are_bad_input(plan_path, where, value, what):
     def change(d):
         for key in where[:-1]:
@@ -154,7 +159,9 @@ def test_an_input_the_rebuilt_problem_does_not_have_is_a_violation(plan_path):
 
 def test_the_cli_prints_one_message_and_no_traceback(plan_path):
     edit(plan_path, lambda d: d["schedule"][0].__setitem__("start_s", "soon"))
-    run = subprocess.run([sys.executable, "-m", "llm_planner.cli", "verify", str(plan_path)], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "llm_planner.cli", "verify", str(plan_path)], capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "schedule[0].start_s" in run.stderr.replace("\n", "")
 
@@ -210,7 +217,19 @@ def test_an_unwritable_output_fails_before_the_solve(tmp_path, monkeypatch, caps
     write_inputs(tmp_path)
     monkeypatch.setattr(api, "solve", lambda *a, **k: pytest.fail("solved before checking -o"))
     out = tmp_path / output
-    code = main(["plan", "--graph", str(tmp_path / "g.json"), "--cluster", str(tmp_path / "c.yaml"), "--solver", "milp", "-o", str(out)])
+    code = main(
+        [
+            "plan",
+            "--graph",
+            str(tmp_path / "g.json"),
+            "--cluster",
+            str(tmp_path / "c.yaml"),
+            "--solver",
+            "milp",
+            "-o",
+            str(out),
+        ]
+    )
     assert code == 2
     err = "".join(capsys.readouterr().err.split())  # rich wraps long lines
     assert f"{out}:cannotwrite" in err and "Traceback" not in err

@@ -15,13 +15,21 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from plan_files import DEVICES, verify_outcome, written_plan
 
 # fields that record how the plan was made and cannot be re-derived: any valid value is accepted
-RECORDS = (("solver", "name"), ("solver", "backend"), ("solver", "time_s"), ("solver", "details"), ("solver", "status"),
-           ("inputs", "options"), ("inputs", "max_shards"), ("inputs", "max_tp"), ("inputs", "profile_sha256"),
-           ("inputs", "profile"))
+RECORDS = (
+    ("solver", "name"),
+    ("solver", "backend"),
+    ("solver", "time_s"),
+    ("solver", "details"),
+    ("solver", "status"),
+    ("inputs", "options"),
+    ("inputs", "max_shards"),
+    ("inputs", "max_tp"),
+    ("inputs", "profile_sha256"),
+    ("inputs", "profile"),
+)
 NUMBERS = (math.inf, -math.inf, math.nan, 0, -1, 1e300)
 OTHER_TYPES = ("soon", None, [], {}, True, "1e-3", [1, 2], {"a": 1})
 FIELD = re.compile(r"^[A-Za-z_][\w\-]*(\[\d+\])?(\.[^ ]+?)*: ")  # `schedule[3].start_s: `, `inputs: `
@@ -90,13 +98,21 @@ def same(a, b) -> bool:
     """Equal documents, NaN included (a NaN written over a NaN is no change)."""
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
-    return type(a) is type(b) and a == b if not isinstance(a, (dict, list)) else (
-        type(a) is type(b) and len(a) == len(b) and all(
-            same(x, y) for x, y in (zip(a.values(), b.values()) if isinstance(a, dict) else zip(a, b)))
-        and (not isinstance(a, dict) or list(a) == list(b)))
+    return (
+        type(a) is type(b) and a == b
+        if not isinstance(a, (dict, list))
+        else (
+            type(a) is type(b)
+            and len(a) == len(b)
+            and all(same(x, y) for x, y in (zip(a.values(), b.values()) if isinstance(a, dict) else zip(a, b)))
+            and (not isinstance(a, dict) or list(a) == list(b))
+        )
+    )
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_a_mutated_plan_file_is_accepted_only_when_it_is_the_same_plan(originals, tmp_path_factory, data):
     objective = data.draw(st.sampled_from(sorted(originals)))
@@ -113,6 +129,6 @@ def test_a_mutated_plan_file_is_accepted_only_when_it_is_the_same_plan(originals
         assert code in (1, 2), f"accepted: {op} {path} -> {new!r}"
     if code == 2:
         assert len(messages) == 1 and messages[0].startswith(f"{target}: "), messages
-        assert FIELD.match(messages[0][len(f"{target}: "):]), messages[0]
+        assert FIELD.match(messages[0][len(f"{target}: ") :]), messages[0]
     elif code == 1:
         assert messages and all(isinstance(m, str) and m for m in messages)

@@ -26,7 +26,9 @@ def model_dir(tmp_path_factory):
 
 
 def test_a_group_stage_runs_on_its_members_and_the_first_leads(model_dir, tmp_path):
-    plan = load_plan(decoder_plan(tmp_path / "p.yaml", model_dir, [{"embed": G01, "block.2": 2, "lm_head": 3}], max_tp=2))
+    plan = load_plan(
+        decoder_plan(tmp_path / "p.yaml", model_dir, [{"embed": G01, "block.2": 2, "lm_head": 3}], max_tp=2)
+    )
     route = ps.shard_stages(plan, 0, decoder_tasks(4), ps.ranks_of_devices(plan, RANKS))
     assert [(s.device, s.ranks, s.tasks) for s in route] == [
         (G01, (0, 1), ("embed", "block.0", "block.1")),
@@ -40,8 +42,16 @@ def test_a_group_stage_runs_on_its_members_and_the_first_leads(model_dir, tmp_pa
 def test_streams_follow_the_plans_shards_and_batches(model_dir, tmp_path):
     plan = load_plan(decoder_plan(tmp_path / "p.yaml", model_dir, [{"embed": 0}, {"embed": 1}], shard_sizes=[3, 1]))
     streams = ps.streams_of(plan, 2)
-    assert [(s.batch, s.shard, s.requests) for s in streams] == [(0, 0, (0, 1, 2)), (0, 1, (3,)), (1, 0, (4, 5, 6)), (1, 1, (7,))]
-    assert ps.calls_per_step(plan, 2)[("localhost/cpu-core:0", "embed")] == [3, 3]  # one call per stream at the shard's size
+    assert [(s.batch, s.shard, s.requests) for s in streams] == [
+        (0, 0, (0, 1, 2)),
+        (0, 1, (3,)),
+        (1, 0, (4, 5, 6)),
+        (1, 1, (7,)),
+    ]
+    assert ps.calls_per_step(plan, 2)[("localhost/cpu-core:0", "embed")] == [
+        3,
+        3,
+    ]  # one call per stream at the shard's size
 
 
 def test_latency_plans_run_one_batch_and_throughput_plans_fill_the_pipeline(model_dir, tmp_path):
@@ -50,8 +60,12 @@ def test_latency_plans_run_one_batch_and_throughput_plans_fill_the_pipeline(mode
     assert ps.in_flight_batches(latency) == 1
     plan = load_plan(decoder_plan(tmp_path / "t.yaml", model_dir, layout, objective="throughput"))
     makespan = max(t.finish_s for t in plan.schedule)
-    assert ps.in_flight_batches(plan) == pytest.approx(-(-makespan // plan.max_load_s)) and ps.in_flight_batches(plan) >= 2
-    alone = load_plan(decoder_plan(tmp_path / "d.yaml", model_dir, [{"embed": 0}, {"embed": 1}], objective="throughput"))
+    assert (
+        ps.in_flight_batches(plan) == pytest.approx(-(-makespan // plan.max_load_s)) and ps.in_flight_batches(plan) >= 2
+    )
+    alone = load_plan(
+        decoder_plan(tmp_path / "d.yaml", model_dir, [{"embed": 0}, {"embed": 1}], objective="throughput")
+    )
     assert ps.in_flight_batches(alone) == 1  # two replicas: nothing to fill
 
 
@@ -72,13 +86,17 @@ def _simulate(plan, batches: int, steps: int) -> None:
                 continue
             step, s, k = todo[r][0]
             route = routes[streams[s].shard]
-            ready = (step == 0 and k == 0) or ((s, step, k - 1) in done if k > 0 else (s, step - 1, len(route) - 1) in done)
+            ready = (step == 0 and k == 0) or (
+                (s, step, k - 1) in done if k > 0 else (s, step - 1, len(route) - 1) in done
+            )
             if ready and all(todo[m] and todo[m][0] == (step, s, k) for m in route[k].ranks):
                 for m in route[k].ranks:
                     todo[m].pop(0)
                 done.add((s, step, k))
                 progressed = True
-        assert progressed, f"the ranks' orders wait on each other: next items {[(r, t[0]) for r, t in todo.items() if t]}"
+        assert progressed, (
+            f"the ranks' orders wait on each other: next items {[(r, t[0]) for r, t in todo.items() if t]}"
+        )
 
 
 def test_no_plan_makes_the_ranks_wait_in_a_cycle(model_dir):
@@ -86,14 +104,24 @@ def test_no_plan_makes_the_ranks_wait_in_a_cycle(model_dir):
     model = ModelSpec(name=str(model_dir), dtype="fp32", seq_len=16)
     rng = random.Random(7)
     for objective in ("latency", "throughput"):
-        problem = problem_from_inputs(cluster_path=str(LOCALHOST), model=model, objective=objective, batch_size=4, max_tp=2)
+        problem = problem_from_inputs(
+            cluster_path=str(LOCALHOST), model=model, objective=objective, batch_size=4, max_tp=2
+        )
         names = [d.name for d in problem.devices]
         layouts = [[n for n in names if n in RANKS], [G01, "localhost/cpu-core:2", "localhost/cpu-core:3"]]
         for _ in range(25):
             shards = rng.choice([[4], [2, 2], [1, 1, 2], [1, 1, 1, 1]])
             usable = rng.choice(layouts)
             rows = [[names.index(rng.choice(usable)) for _ in problem.graph.tasks] for _ in shards]
-            plan = make_plan(problem, shards, rows, solver="test", status="heuristic", started_at=time.perf_counter(), lower_bound_s=0.0)
+            plan = make_plan(
+                problem,
+                shards,
+                rows,
+                solver="test",
+                status="heuristic",
+                started_at=time.perf_counter(),
+                lower_bound_s=0.0,
+            )
             _simulate(plan, ps.in_flight_batches(plan), 3)
 
 

@@ -35,8 +35,14 @@ def _timing(task: str, fixed: float, slope: float) -> prof.TaskTiming:
 
 
 def _profile(tasks: dict, links: dict | None = None) -> prof.Profile:
-    return prof.Profile(cluster="test", model={"name": "gpt2"}, settings={"batch_sizes": [1, 2, 4]}, devices={k: [f"n/{k}:0"] for k in tasks},
-                        tasks=tasks, links=links or {})
+    return prof.Profile(
+        cluster="test",
+        model={"name": "gpt2"},
+        settings={"batch_sizes": [1, 2, 4]},
+        devices={k: [f"n/{k}:0"] for k in tasks},
+        tasks=tasks,
+        links=links or {},
+    )
 
 
 def _key(graph: TaskGraph, name: str) -> str:
@@ -71,8 +77,13 @@ def test_link_fit_gives_latency_and_bandwidth():
 
 def test_profile_written_and_read_back(tmp_path):
     link = prof.link_timing(("localhost/cpu-core:0", "localhost/cpu-core:1"), [1024, 1 << 20], [3e-5, 4e-4], 20)
-    original = _profile({"cpu-core": {"k/block": _timing("block.0", 1e-3, 2e-4), "k/embed": _timing("embed", 1e-4, 0.0)},
-                         "t4": {"k/block": _timing("block.0", 5e-5, 1e-6)}}, {"localhost:cpu-core<->cpu-core": link})
+    original = _profile(
+        {
+            "cpu-core": {"k/block": _timing("block.0", 1e-3, 2e-4), "k/embed": _timing("embed", 1e-4, 0.0)},
+            "t4": {"k/block": _timing("block.0", 5e-5, 1e-6)},
+        },
+        {"localhost:cpu-core<->cpu-core": link},
+    )
     path = tmp_path / "profile.yaml"
     prof.save_profile(original, path)
     back = prof.load_profile(path)
@@ -90,13 +101,36 @@ def test_profile_written_and_read_back(tmp_path):
         (lambda d: d.update(format="something"), "not a profile file"),
         (lambda d: d.update(version=7), "version: unsupported profile version 7"),
         (lambda d: d.update(colour="red"), "colour: unknown key"),
-        (lambda d: d["device_kinds"]["cpu"]["k"].update(fixed_s=-1.0), r"device_kinds\.cpu\.k\.fixed_s: must be a finite number >= 0"),
-        (lambda d: d["device_kinds"]["cpu"]["k"].update(median_s=[1.0]), r"device_kinds\.cpu\.k\.median_s: has 1 values for 3 batch sizes"),
-        (lambda d: d["device_kinds"]["cpu"]["k"].update(batch_sizes=[1, 0, 2]), r"batch_sizes\[1\]: expected a positive int"),
-        (lambda d: d["device_kinds"]["cpu"]["k"].pop("per_sample_s"), r"device_kinds\.cpu\.k\.per_sample_s: missing required field"),
+        (
+            lambda d: d["device_kinds"]["cpu"]["k"].update(fixed_s=-1.0),
+            r"device_kinds\.cpu\.k\.fixed_s: must be a finite number >= 0",
+        ),
+        (
+            lambda d: d["device_kinds"]["cpu"]["k"].update(median_s=[1.0]),
+            r"device_kinds\.cpu\.k\.median_s: has 1 values for 3 batch sizes",
+        ),
+        (
+            lambda d: d["device_kinds"]["cpu"]["k"].update(batch_sizes=[1, 0, 2]),
+            r"batch_sizes\[1\]: expected a positive int",
+        ),
+        (
+            lambda d: d["device_kinds"]["cpu"]["k"].pop("per_sample_s"),
+            r"device_kinds\.cpu\.k\.per_sample_s: missing required field",
+        ),
         (lambda d: d["device_kinds"].update(cpu=[1, 2]), r"device_kinds\.cpu: expected a mapping"),
-        (lambda d: d["links"].update(x={"devices": ["a"], "latency_s": 0, "bw_bytes_per_s": 1, "sizes_bytes": [], "median_s": [],
-                                         "repetitions": 1}), r"links\.x\.devices: expected two device names"),
+        (
+            lambda d: d["links"].update(
+                x={
+                    "devices": ["a"],
+                    "latency_s": 0,
+                    "bw_bytes_per_s": 1,
+                    "sizes_bytes": [],
+                    "median_s": [],
+                    "repetitions": 1,
+                }
+            ),
+            r"links\.x\.devices: expected two device names",
+        ),
     ],
 )
 def test_bad_profile_files_name_file_and_field(tmp_path, edit, message):
@@ -150,8 +184,12 @@ def test_cost_model_prefers_profiled_values_and_falls_back_to_the_roofline():
     graph, cluster = build_model_graph(GPT2), load_cluster(TWO_GPUS)
     roofline = build_problem(graph, cluster, batch_size=4, dtype="fp32")
     block, head = _key(graph, "block.0"), _key(graph, "lm_head")
-    profile = _profile({"epyc-7543": {block: _timing("block.0", 3e-3, 7e-4), head: _timing("lm_head", 1e-3, 2e-4)},
-                        "t4": {block: _timing("block.0", 2e-4, 1e-5)}})
+    profile = _profile(
+        {
+            "epyc-7543": {block: _timing("block.0", 3e-3, 7e-4), head: _timing("lm_head", 1e-3, 2e-4)},
+            "t4": {block: _timing("block.0", 2e-4, 1e-5)},
+        }
+    )
     problem = profile_apply.apply_profile(roofline, profile)
     kinds = [d.kind for d in problem.devices]
     cpu, a100, t4 = kinds.index("epyc-7543"), kinds.index("a100-40g-pcie"), kinds.index("t4")
@@ -167,9 +205,16 @@ def test_cost_model_prefers_profiled_values_and_falls_back_to_the_roofline():
     assert len(coverage.profiled) == 12 + 1 + 12
     fallback = coverage.fallback_tasks()
     assert set(fallback["a100-40g-pcie"]) == {t.name for t in graph.tasks}
-    assert set(fallback["epyc-7543"]) == {"embed", "final_norm"} and set(fallback["t4"]) == {"embed", "final_norm", "lm_head"}
-    assert coverage.links_fallback == ("workstation:a100-40g-pcie<->epyc-7543", "workstation:a100-40g-pcie<->t4",
-                                       "workstation:epyc-7543<->t4")
+    assert set(fallback["epyc-7543"]) == {"embed", "final_norm"} and set(fallback["t4"]) == {
+        "embed",
+        "final_norm",
+        "lm_head",
+    }
+    assert coverage.links_fallback == (
+        "workstation:a100-40g-pcie<->epyc-7543",
+        "workstation:a100-40g-pcie<->t4",
+        "workstation:epyc-7543<->t4",
+    )
 
 
 def test_measured_links_replace_the_spec_for_their_class_only():
@@ -199,10 +244,16 @@ def _gpt_profile(tmp_path: Path, fixed: float = 2e-3) -> Path:
 
 def test_plan_records_the_profile_and_verify_rebuilds_its_costs(tmp_path):
     path = _gpt_profile(tmp_path)
-    problem = problem_from_inputs(cluster_path=str(LOCALHOST), model=GPT2, batch_size=2, max_shards=1, profile_path=str(path))
+    problem = problem_from_inputs(
+        cluster_path=str(LOCALHOST), model=GPT2, batch_size=2, max_shards=1, profile_path=str(path)
+    )
     assert problem.inputs.profile == str(path) and len(problem.inputs.profile_sha256) == 64
-    plan = make_plan(problem, [2], [[0] * problem.num_tasks], solver="test", status="heuristic", started_at=0.0, lower_bound_s=0.0)
-    assert plan.objective_s == pytest.approx(problem.num_tasks * (2e-3 + 2e-4))  # every task from the profile, one device
+    plan = make_plan(
+        problem, [2], [[0] * problem.num_tasks], solver="test", status="heuristic", started_at=0.0, lower_bound_s=0.0
+    )
+    assert plan.objective_s == pytest.approx(
+        problem.num_tasks * (2e-3 + 2e-4)
+    )  # every task from the profile, one device
     save_plan(plan, tmp_path / "plan.yaml")
     assert verify_plan_file(tmp_path / "plan.yaml").ok
     _gpt_profile(tmp_path, fixed=5e-3)  # the profile changed since: the plan no longer matches it
@@ -215,14 +266,27 @@ def test_plan_command_says_which_tasks_fell_back(tmp_path, capsys):
     path = tmp_path / "profile.yaml"
     prof.save_profile(_profile({"cpu-core": {_key(graph, "block.0"): _timing("block.0", 1e-3, 1e-4)}}), path)
     out = tmp_path / "plan.yaml"
-    args = ["plan", "--cluster", str(LOCALHOST), "--model", "gpt2", "--seq-len", "128", "--dtype", "fp32", "--no-baselines"]
+    args = [
+        "plan",
+        "--cluster",
+        str(LOCALHOST),
+        "--model",
+        "gpt2",
+        "--seq-len",
+        "128",
+        "--dtype",
+        "fp32",
+        "--no-baselines",
+    ]
     assert main([*args, "--profile", str(path), "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "measured costs for 12 of 15 (task, device kind) pairs" in printed
     assert "roofline on cpu-core (not in the profile): embed, final_norm, lm_head" in printed
     assert yaml.safe_load(out.read_text())["inputs"]["profile"] == str(path)
     assert main(["verify", str(out)]) == 0
-    (tmp_path / "bad.yaml").write_text("format: llm_planner.profile\nversion: 1\ncluster: c\ndevice_kinds: {cpu-core: {k: {task: x}}}\n")
+    (tmp_path / "bad.yaml").write_text(
+        "format: llm_planner.profile\nversion: 1\ncluster: c\ndevice_kinds: {cpu-core: {k: {task: x}}}\n"
+    )
     assert main([*args, "--profile", str(tmp_path / "bad.yaml"), "-o", str(out)]) == 2
     err = capsys.readouterr().err.replace("\n", "")  # rich wraps long lines
     assert "bad.yaml: device_kinds.cpu-core.k.batch_sizes: missing required field" in err
@@ -245,7 +309,10 @@ def test_profile_device_times_every_distinct_decoder_task(tiny_gpt2_dir):
 
     options = ProfileOptions(batch_sizes=(1, 2), repetitions=2, warmup=1)
     runs: list[int] = []
-    for granularity, roles in (("block", {"embed", "block", "final_norm", "lm_head"}), ("sublayer", {"embed", "attn", "mlp", "final_norm", "lm_head"})):
+    for granularity, roles in (
+        ("block", {"embed", "block", "final_norm", "lm_head"}),
+        ("sublayer", {"embed", "attn", "mlp", "final_norm", "lm_head"}),
+    ):
         spec = ModelSpec(name=str(tiny_gpt2_dir), dtype="fp32", seq_len=16, granularity=granularity)
         graph = build_model_graph(spec)
         timings = profile_device(spec, graph, torch.device("cpu"), options, lambda what, n: runs.append(n))
@@ -268,8 +335,13 @@ def test_prefill_profile_and_bad_options(tiny_gpt2_dir):
     )
 
     spec = ModelSpec(name=str(tiny_gpt2_dir), dtype="fp32", seq_len=8, phase="prefill")
-    timings = profile_device(spec, build_model_graph(spec), torch.device("cpu"), ProfileOptions(batch_sizes=(1, 2), repetitions=1, warmup=0),
-                             lambda what, n: None)
+    timings = profile_device(
+        spec,
+        build_model_graph(spec),
+        torch.device("cpu"),
+        ProfileOptions(batch_sizes=(1, 2), repetitions=1, warmup=0),
+        lambda what, n: None,
+    )
     assert all("/prefill:8/" in key for key in timings) and len(timings) == 4
     with pytest.raises(ProfileRunError, match="at least two distinct"):
         ProfileOptions(batch_sizes=(2, 2)).check()
@@ -289,7 +361,8 @@ def test_profile_command_writes_a_profile_that_plan_uses_entirely(tiny_gpt2_dir,
     assert profile.cluster == "localhost-cpu" and profile.devices == {"cpu-core": ["localhost/cpu-core:0"]}
     # the whole tasks, and a member's share on groups of 2 and 4 (the four cores of localhost-cpu)
     assert sorted(k.split("/")[-1] for k in profile.tasks["cpu-core"]) == sorted(
-        f"{role}{tp}" for role in ("embed", "block", "final_norm", "lm_head") for tp in ("", "@tp2", "@tp4"))
+        f"{role}{tp}" for role in ("embed", "block", "final_norm", "lm_head") for tp in ("", "@tp2", "@tp4")
+    )
     assert profile.settings["batch_sizes"] == [1, 2]
     assert main(["plan", *model, "--profile", str(out), "--no-baselines", "-o", str(tmp_path / "plan.yaml")]) == 0
     printed = capsys.readouterr().out
@@ -318,27 +391,47 @@ def test_profile_under_mpi_measures_every_rank_and_the_link(tiny_gpt2_dir, tmp_p
     from llm_planner.runtime.profile_rank import ProfileOptions
     from llm_planner.runtime.profile_run import ProfileJob, spawn_mpi
 
-    spec = LOCALHOST.read_text().replace("devices: {cpu-core: 4}", "devices: {cpu-core: 2}").replace("slots: 4", "slots: 2")
+    spec = (
+        LOCALHOST.read_text()
+        .replace("devices: {cpu-core: 4}", "devices: {cpu-core: 2}")
+        .replace("slots: 4", "slots: 2")
+    )
     cluster = tmp_path / "two-cores.yaml"
     cluster.write_text(spec)
-    options = ProfileOptions(batch_sizes=(1, 2), repetitions=1, warmup=1, link_sizes_bytes=(1024, 1 << 16), link_repetitions=3)
-    job = ProfileJob(cluster_path=str(cluster), model={"name": str(tiny_gpt2_dir), "dtype": "fp32", "seq_len": 16},
-                     output_path=str(tmp_path / "profile.yaml"), options=options)
+    options = ProfileOptions(
+        batch_sizes=(1, 2), repetitions=1, warmup=1, link_sizes_bytes=(1024, 1 << 16), link_repetitions=3
+    )
+    job = ProfileJob(
+        cluster_path=str(cluster),
+        model={"name": str(tiny_gpt2_dir), "dtype": "fp32", "seq_len": 16},
+        output_path=str(tmp_path / "profile.yaml"),
+        options=options,
+    )
     profile = spawn_mpi(job, tmp_path / "work", timeout_s=150)
     assert profile.devices == {"cpu-core": ["localhost/cpu-core:0", "localhost/cpu-core:1"]}
     # the four tasks whole, a member's share alone, and the group of two as it runs them (collectives included)
     assert sorted(k.split("/")[-1] for k in profile.tasks["cpu-core"]) == sorted(
-        f"{role}{tp}" for role in ("embed", "block", "final_norm", "lm_head") for tp in ("", "@tp2", "@group2"))
+        f"{role}{tp}" for role in ("embed", "block", "final_norm", "lm_head") for tp in ("", "@tp2", "@group2")
+    )
     link = profile.links["localhost:cpu-core<->cpu-core"]
     assert link.devices == ("localhost/cpu-core:0", "localhost/cpu-core:1") and link.sizes_bytes == (1024, 65536)
     assert all(0 < t < 1.0 for t in link.median_s) and link.bw_bytes_per_s > 0 and math.isfinite(link.latency_s)
-    problem = problem_from_inputs(cluster_path=str(cluster), model=ModelSpec(name=str(tiny_gpt2_dir), dtype="fp32", seq_len=16),
-                                  profile_path=job.output_path)
-    assert problem.transfer_time(0, 0, 1, 1) == pytest.approx(link.latency_s + problem.graph.edges[0].bytes_per_sample / link.bw_bytes_per_s)
+    problem = problem_from_inputs(
+        cluster_path=str(cluster),
+        model=ModelSpec(name=str(tiny_gpt2_dir), dtype="fp32", seq_len=16),
+        profile_path=job.output_path,
+    )
+    assert problem.transfer_time(0, 0, 1, 1) == pytest.approx(
+        link.latency_s + problem.graph.edges[0].bytes_per_sample / link.bw_bytes_per_s
+    )
     # the group of two: a member's measured share plus the measured all-reduces (one per block sublayer)
     reduce = profile.links["localhost:cpu-core<->cpu-core@all_reduce2"]
-    grouped = problem_from_inputs(cluster_path=str(cluster), model=ModelSpec(name=str(tiny_gpt2_dir), dtype="fp32", seq_len=16),
-                                  profile_path=job.output_path, max_tp=2)
+    grouped = problem_from_inputs(
+        cluster_path=str(cluster),
+        model=ModelSpec(name=str(tiny_gpt2_dir), dtype="fp32", seq_len=16),
+        profile_path=job.output_path,
+        max_tp=2,
+    )
     block = next(i for i, t in enumerate(grouped.graph.tasks) if t.name == "block.0")
     task = grouped.graph.tasks[block]
     per_call = task.tp_allreduce_bytes_per_sample / 2  # the hidden states of one sample
@@ -347,9 +440,15 @@ def test_profile_under_mpi_measures_every_rank_and_the_link(tiny_gpt2_dir, tmp_p
     joint = profile.tasks["cpu-core"][next(k for k in profile.tasks["cpu-core"] if k.endswith("/block@group2"))]
     assert grouped.task_time(block, 2, 1) == pytest.approx(joint.time_s(1))  # the group as it ran
     del profile.tasks["cpu-core"][next(k for k in profile.tasks["cpu-core"] if k.endswith("/block@group2"))]
-    prof.save_profile(profile, tmp_path / "alone.yaml")  # without it: the share timed alone, plus the measured all-reduces
-    alone = problem_from_inputs(cluster_path=str(cluster), model=ModelSpec(name=str(tiny_gpt2_dir), dtype="fp32", seq_len=16),
-                                profile_path=str(tmp_path / "alone.yaml"), max_tp=2)
+    prof.save_profile(
+        profile, tmp_path / "alone.yaml"
+    )  # without it: the share timed alone, plus the measured all-reduces
+    alone = problem_from_inputs(
+        cluster_path=str(cluster),
+        model=ModelSpec(name=str(tiny_gpt2_dir), dtype="fp32", seq_len=16),
+        profile_path=str(tmp_path / "alone.yaml"),
+        max_tp=2,
+    )
     share = profile.tasks["cpu-core"][next(k for k in profile.tasks["cpu-core"] if k.endswith("/block@tp2"))]
     expected = share.time_s(1) + 2 * reduce.latency_s + task.tp_allreduce_bytes_per_sample / reduce.bw_bytes_per_s
     assert alone.task_time(block, 2, 1) == pytest.approx(expected)
@@ -359,8 +458,10 @@ def test_profile_module_imports_without_torch_or_mpi():
     import subprocess
     import sys
 
-    code = ("import sys, llm_planner.profile, llm_planner.runtime.profile_rank, llm_planner.runtime.profile_run\n"
-            "bad = [m for m in ('torch', 'mpi4py', 'transformers') if m in sys.modules]\nassert not bad, bad\n")
+    code = (
+        "import sys, llm_planner.profile, llm_planner.runtime.profile_rank, llm_planner.runtime.profile_run\n"
+        "bad = [m for m in ('torch', 'mpi4py', 'transformers') if m in sys.modules]\nassert not bad, bad\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -375,10 +476,16 @@ def test_gpus_without_cuda_are_skipped_not_measured_on_the_cpu(tiny_gpt2_dir, ca
     cluster = load_cluster(TWO_GPUS)
     assert [str(torch_device_of(cluster, d)) for d in cluster.devices()] == ["cpu", "None", "None"]
     options = ProfileOptions(batch_sizes=(1, 2), repetitions=1, warmup=0)
-    job = ProfileJob(cluster_path=str(TWO_GPUS), model={"name": str(tiny_gpt2_dir), "dtype": "fp32", "seq_len": 8}, output_path="unused",
-                     options=options)
+    job = ProfileJob(
+        cluster_path=str(TWO_GPUS),
+        model={"name": str(tiny_gpt2_dir), "dtype": "fp32", "seq_len": 8},
+        output_path="unused",
+        options=options,
+    )
     runs: list[int] = []
     profile, skipped = profile_local(job, lambda what, n: runs.append(n))
     assert skipped == ["workstation/a100-40g-pcie:0", "workstation/t4:0"]
-    assert set(profile.tasks) == {"epyc-7543"} and profile.environment["torch_devices"] == {"workstation/epyc-7543:0": "cpu"}
+    assert set(profile.tasks) == {"epyc-7543"} and profile.environment["torch_devices"] == {
+        "workstation/epyc-7543:0": "cpu"
+    }
     assert sum(runs) == planned_runs(job) == 3 * options.runs_per_device()  # the bar reaches its end

@@ -20,10 +20,15 @@ def _pipeline_tokens(config, source, cuts: list[int], prompts: list[list[int]], 
     tasks = gpt.decoder_tasks(config.num_hidden_layers)
     bounds = [0, *cuts, len(tasks)]
     stages = [tasks[a:b] for a, b in zip(bounds, bounds[1:])]
-    shards = [gpt.DecoderShard(config, set(s), device=torch.device("cpu"), dtype=torch.float32, source=source) for s in stages]
+    shards = [
+        gpt.DecoderShard(config, set(s), device=torch.device("cpu"), dtype=torch.float32, source=source) for s in stages
+    ]
     eos, pad = gpt.special_tokens(config)
     ids, mask = gpt.pad_prompts(prompts, gpt.prompt_pad_id(config))
-    streams = [sh.new_stream(requests=list(range(len(prompts))), prompt_ids=ids, prompt_mask=mask, eos_ids=eos, pad_id=pad) for sh in shards]
+    streams = [
+        sh.new_stream(requests=list(range(len(prompts))), prompt_ids=ids, prompt_mask=mask, eos_ids=eos, pad_id=pad)
+        for sh in shards
+    ]
     value = ids
     with torch.no_grad():
         for step in range(steps):
@@ -63,9 +68,13 @@ def test_eos_stops_a_request_and_pads_after_it():
 def test_seeded_weights_depend_on_name_and_seed_only():
     a = SeededWeights(seed=1, std=0.1)
     w = a.tensor("model.layers.0.mlp.up_proj.weight", torch.Size([4, 3]))
-    assert torch.equal(w, SeededWeights(seed=1, std=0.1).tensor("model.layers.0.mlp.up_proj.weight", torch.Size([4, 3])))
+    assert torch.equal(
+        w, SeededWeights(seed=1, std=0.1).tensor("model.layers.0.mlp.up_proj.weight", torch.Size([4, 3]))
+    )
     assert not torch.equal(w, a.tensor("model.layers.1.mlp.up_proj.weight", torch.Size([4, 3])))
-    assert not torch.equal(w, SeededWeights(seed=2, std=0.1).tensor("model.layers.0.mlp.up_proj.weight", torch.Size([4, 3])))
+    assert not torch.equal(
+        w, SeededWeights(seed=2, std=0.1).tensor("model.layers.0.mlp.up_proj.weight", torch.Size([4, 3]))
+    )
     assert torch.equal(a.tensor("x.bias", torch.Size([3])), torch.zeros(3))
     assert torch.equal(a.tensor("x.ln_1.weight", torch.Size([3])), torch.ones(3))
 
@@ -78,7 +87,9 @@ def test_checkpoint_shard_reads_its_tensors_and_matches_the_saved_model(tmp_path
     model = GPT2LMHeadModel(config).eval()
     model.save_pretrained(tmp_path)
     source = gpt.weight_source(config, checkpoint=str(tmp_path), seed=0)
-    shard = gpt.DecoderShard(config, {"block.2", "lm_head"}, device=torch.device("cpu"), dtype=torch.float32, source=source)
+    shard = gpt.DecoderShard(
+        config, {"block.2", "lm_head"}, device=torch.device("cpu"), dtype=torch.float32, source=source
+    )
     assert torch.equal(shard.modules["transformer.h.2"].attn.c_attn.weight, model.transformer.h[2].attn.c_attn.weight)
     assert torch.equal(shard.modules["lm_head"].weight, model.transformer.wte.weight)  # tied: read under wte's name
     assert set(shard.modules) == {"transformer.h.2", "lm_head"}
@@ -99,7 +110,9 @@ def test_checkpoint_errors_name_the_directory_and_tensor(tmp_path):
 
 def test_decoder_task_check_refuses_other_models_and_sublayer_plans():
     gpt.check_decoder_tasks(gpt.decoder_tasks(3), 3, source="p.yaml")
-    with pytest.raises(gpt.DecoderError, match=r"p.yaml: the plan does not match the model \(4 decoder blocks\).*'block.3'"):
+    with pytest.raises(
+        gpt.DecoderError, match=r"p.yaml: the plan does not match the model \(4 decoder blocks\).*'block.3'"
+    ):
         gpt.check_decoder_tasks(gpt.decoder_tasks(3), 4, source="p.yaml")
     with pytest.raises(gpt.DecoderError, match="sublayer"):
         gpt.check_decoder_tasks(["embed", "block.0.attn", "block.0.mlp", "final_norm", "lm_head"], 1, source="p.yaml")
@@ -138,7 +151,9 @@ def test_check_assignment_names_missing_and_unknown_tasks():
     gm = torch.fx.symbolic_trace(_Diamond())
     assignment = {n.name: 0 for n in gm.graph.nodes if n.op != "get_attr"}
     rg.check_assignment(gm, assignment, source="p.yaml")
-    with pytest.raises(rg.GraphPlanError, match=r"p.yaml: .*1 node\(s\) not placed \['add'\], 1 task\(s\) not in the model \['zzz'\]"):
+    with pytest.raises(
+        rg.GraphPlanError, match=r"p.yaml: .*1 node\(s\) not placed \['add'\], 1 task\(s\) not in the model \['zzz'\]"
+    ):
         rg.check_assignment(gm, {k: v for k, v in assignment.items() if k != "add"} | {"zzz": 0}, source="p.yaml")
 
 
@@ -194,9 +209,14 @@ def test_ranks_spin_while_waiting_only_when_their_host_has_a_core_for_each():
 
     hosts = ["a", "a", "b", "a"]
     table = RankTable(
-        ranks=tuple(RankEntry(rank=i, device=f"n/cpu:{i}", node="n", hostname=h, device_type="cpu", gpu_index=None, tasks={"0": ["t"]})
-                    for i, h in enumerate(hosts)),
-        run=RunSpec(plan_path="p.yaml", workload="graph", workdir=".", report_path="r.json", timeout_s=1.0))
+        ranks=tuple(
+            RankEntry(
+                rank=i, device=f"n/cpu:{i}", node="n", hostname=h, device_type="cpu", gpu_index=None, tasks={"0": ["t"]}
+            )
+            for i, h in enumerate(hosts)
+        ),
+        run=RunSpec(plan_path="p.yaml", workload="graph", workdir=".", report_path="r.json", timeout_s=1.0),
+    )
     assert spins_while_waiting(ranks_on_host=2, cores=2) and spins_while_waiting(ranks_on_host=1, cores=16)
     assert not spins_while_waiting(ranks_on_host=4, cores=2)
     assert (ranks_on_host(table, "a"), ranks_on_host(table, "b"), ranks_on_host(table, "c")) == (3, 1, 0)

@@ -13,16 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import sigint_default
 import torch
+from conftest import sigint_default
 from runtime_fixtures import decoder_plan, graph_plan, save_config, tiny_gpt2, tiny_llama
 
 from llm_planner.launch import launch_plan
 from llm_planner.plan import load_plan
-from llm_planner.runtime.plan_schedule import calls_per_step, in_flight_batches
 from llm_planner.runtime import gpt
 from llm_planner.runtime import graph as rg
 from llm_planner.runtime.comm import usable_cores
+from llm_planner.runtime.plan_schedule import calls_per_step, in_flight_batches
 
 pytestmark = pytest.mark.mpi
 TIMEOUT_S = 150.0
@@ -42,19 +42,35 @@ def _ok(result):
 def test_gpt2_on_four_ranks_split_unevenly_matches_generate(tmp_path):
     config = tiny_gpt2()
     model_dir = save_config(config, tmp_path / "gpt2")
-    layout = {"embed": 0, "block.0": 1, "block.3": 2, "lm_head": 3}  # embed | blocks 0-2 | block 3 + final_norm | lm_head
+    layout = {
+        "embed": 0,
+        "block.0": 1,
+        "block.3": 2,
+        "lm_head": 3,
+    }  # embed | blocks 0-2 | block 3 + final_norm | lm_head
     plan = decoder_plan(tmp_path / "plan.yaml", model_dir, [layout], shard_sizes=[3])
     prompts = [[5, 6, 7, 9, 10], [1, 2], [3, 4, 5]]  # uneven lengths: left padding and a 2D mask
     # two untimed warm-up generations first: each starts from fresh KV caches, and only the timed one is counted
-    report = _ok(launch_plan(plan, prompt_ids=prompts, max_new_tokens=10, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S, warmup=2))
+    report = _ok(
+        launch_plan(
+            plan, prompt_ids=prompts, max_new_tokens=10, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S, warmup=2
+        )
+    )
     assert report["tokens"] == _whole_tokens(config, prompts, 10)
     ranks = report["ranks"]
     assert all(r["warmup_runs"] == 2 for r in ranks)
     # four ranks on one host: they spin while waiting only if the host has four cores (a 2-core CI box: they sleep)
     assert all(r["ranks_on_host"] == 4 and r["host_cores"] == usable_cores() for r in ranks)
     assert {r["wait"] for r in ranks} == {"spin" if usable_cores() >= 4 else "sleep"}
-    assert sum(t["count"] for t in ranks[1]["transfers"] if t["direction"] == "recv") == 10  # the timed run's messages only
-    assert [sorted(r["tasks"]) for r in ranks] == [["embed"], ["block.0", "block.1", "block.2"], ["block.3", "final_norm"], ["lm_head"]]
+    assert (
+        sum(t["count"] for t in ranks[1]["transfers"] if t["direction"] == "recv") == 10
+    )  # the timed run's messages only
+    assert [sorted(r["tasks"]) for r in ranks] == [
+        ["embed"],
+        ["block.0", "block.1", "block.2"],
+        ["block.3", "final_norm"],
+        ["lm_head"],
+    ]
     assert all(calls == 10 for r in ranks for calls in r["task_calls"].values())
     assert [r["weights"]["tensors"] for r in ranks] == [2, 36, 14, 1]  # each rank drew only its own parameters
     sends = {(r["rank"], t["peer"]) for r in ranks for t in r["transfers"] if t["direction"] == "send"}
@@ -72,13 +88,19 @@ def test_llama_throughput_plan_runs_its_shards_as_planned_with_batches_in_flight
     batches = in_flight_batches(load_plan(plan))
     assert batches >= 2
     prompts = [[3 + i, 7, 11 + i, 2 * i + 1][: 2 + i % 3] for i in range(3 * batches)]
-    report = _ok(launch_plan(plan, prompt_ids=prompts, max_new_tokens=8, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S))
-    assert [(s["batch"], s["shard"], len(s["requests"])) for s in report["streams"]] == [(w, s, 2 - s) for w in range(batches) for s in (0, 1)]
+    report = _ok(
+        launch_plan(plan, prompt_ids=prompts, max_new_tokens=8, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S)
+    )
+    assert [(s["batch"], s["shard"], len(s["requests"])) for s in report["streams"]] == [
+        (w, s, 2 - s) for w in range(batches) for s in (0, 1)
+    ]
     assert report["tokens"] == _whole_tokens(config, prompts, 8)
     assert len({tuple(t) for t in report["tokens"]}) > 1
     # one call per stream and step at the shard's size: what the plan's cost counted
     calls = calls_per_step(load_plan(plan), batches)
-    assert {(r["device"], t): n for r in report["ranks"] for t, n in r["task_calls"].items()} == {k: 8 * len(v) for k, v in calls.items()}
+    assert {(r["device"], t): n for r in report["ranks"] for t, n in r["task_calls"].items()} == {
+        k: 8 * len(v) for k, v in calls.items()
+    }
     assert report["unit"] == "s/sample" and report["measured_samples_per_s"] == pytest.approx(1 / report["measured_s"])
 
 
@@ -88,16 +110,28 @@ def test_checkpoint_directory_loaded_per_rank_gives_the_same_tokens(tmp_path):
     config = gpt.prepare_config(tiny_gpt2(n_layer=3))
     torch.manual_seed(1)
     GPT2LMHeadModel(config).save_pretrained(tmp_path / "ckpt")
-    plan = decoder_plan(tmp_path / "plan.yaml", tmp_path / "ckpt", [{"embed": 0, "block.1": 1}])  # lm_head (tied) on rank 1
+    plan = decoder_plan(
+        tmp_path / "plan.yaml", tmp_path / "ckpt", [{"embed": 0, "block.1": 1}]
+    )  # lm_head (tied) on rank 1
     prompts = [[464 % 128, 3290 % 128, 318 % 128]]
-    result = launch_plan(plan, checkpoint=str(tmp_path / "ckpt"), prompt_ids=prompts, max_new_tokens=12,
-                         report_path=str(tmp_path / "run.json"), workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S)
+    result = launch_plan(
+        plan,
+        checkpoint=str(tmp_path / "ckpt"),
+        prompt_ids=prompts,
+        max_new_tokens=12,
+        report_path=str(tmp_path / "run.json"),
+        workdir=str(tmp_path / "w"),
+        timeout_s=TIMEOUT_S,
+    )
     report = _ok(result)
     assert Path(result.report_path) == (tmp_path / "run.json").resolve()
     assert report["tokens"] == _whole_tokens(config, prompts, 12, checkpoint=str(tmp_path / "ckpt"))
     weights = [r["weights"] for r in report["ranks"]]
     assert [w["source"] for w in weights] == ["checkpoint", "checkpoint"]
-    assert [w["tensors"] for w in weights] == [2 + 12, 2 * 12 + 2 + 1]  # wte, wpe, block 0 | blocks 1-2, ln_f, tied head
+    assert [w["tensors"] for w in weights] == [
+        2 + 12,
+        2 * 12 + 2 + 1,
+    ]  # wte, wpe, block 0 | blocks 1-2, ln_f, tied head
 
 
 def test_resnet18_split_across_three_ranks_matches_the_whole_model(tmp_path):
@@ -111,7 +145,9 @@ def test_resnet18_split_across_three_ranks_matches_the_whole_model(tmp_path):
     assert output.shape == (2, 1000) and report["output"]["shape"] == [2, 1000]
     assert torch.allclose(output, expected, rtol=1e-4, atol=1e-5)
     assert len(report["ranks"]) == 3 and all(r["compute_s"] > 0 for r in report["ranks"])
-    assert all(r["warmup_runs"] == 1 and set(r["task_calls"].values()) == {1} for r in report["ranks"])  # one timed pass
+    assert all(
+        r["warmup_runs"] == 1 and set(r["task_calls"].values()) == {1} for r in report["ranks"]
+    )  # one timed pass
 
 
 def test_rwnn_split_across_three_ranks_in_two_shards_matches_the_whole_model(tmp_path):
@@ -132,10 +168,14 @@ def small_plan(tmp_path_factory) -> Path:
 
 
 def test_a_rank_that_raises_stops_every_rank_within_10_s_with_its_message(small_plan, tmp_path):
-    result = launch_plan(small_plan, prompt_ids=[[1, 2]], max_new_tokens=4, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S, fail_rank=1)
+    result = launch_plan(
+        small_plan, prompt_ids=[[1, 2]], max_new_tokens=4, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S, fail_rank=1
+    )
     ended = time.time()
     assert not result.ok and result.returncode != 0
-    assert result.error.startswith("rank 1 (localhost/cpu-core:1): InjectedFailure: rank 1 (localhost/cpu-core:1) fails on purpose")
+    assert result.error.startswith(
+        "rank 1 (localhost/cpu-core:1): InjectedFailure: rank 1 (localhost/cpu-core:1) fails on purpose"
+    )
     failed_at = (tmp_path / "w" / "error.rank1.txt").stat().st_mtime
     assert ended - failed_at < 10.0
     assert result.report is None
@@ -145,9 +185,14 @@ def test_mpiexec_with_another_rank_count_is_refused_before_the_run(small_plan, t
     dry = launch_plan(small_plan, dry_run=True, workdir=str(tmp_path / "w"))
     command = [str(Path(sys.executable).parent / "mpiexec"), "-n", "3", *dry.command[5:]]
     start = time.perf_counter()
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert proc.returncode != 0
-    assert "the rank table has 2 ranks (one per device the plan uses) but mpiexec started 3; start it with -n 2" in proc.stderr
+    assert (
+        "the rank table has 2 ranks (one per device the plan uses) but mpiexec started 3; start it with -n 2"
+        in proc.stderr
+    )
     assert time.perf_counter() - start < 30.0
     assert "RankCountError" in (tmp_path / "w" / "error.rank0.txt").read_text()
 
@@ -180,8 +225,13 @@ def test_a_rank_waiting_in_a_barrier_or_gather_leaves_its_core_to_the_others(tmp
     """MPI's Barrier spins (a whole core for the 2 s); the runtime's polls, then sleeps, when ranks share cores."""
     script = tmp_path / "quiet.py"
     script.write_text(QUIET_WAIT)
-    proc = subprocess.run([str(Path(sys.executable).parent / "mpiexec"), "-n", "2", sys.executable, str(script)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "mpiexec"), "-n", "2", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     cpu_s = float(proc.stdout.split("cpu_s=")[1].split()[0])
     assert cpu_s < 0.5, f"rank 0 used {cpu_s} s of CPU waiting 2 s for rank 1"
@@ -225,7 +275,9 @@ def test_a_rank_that_dies_is_named_and_no_process_is_left(small_plan, tmp_path):
 
     killer = threading.Thread(target=kill_rank_1, daemon=True)
     killer.start()
-    result = launch_plan(small_plan, prompt_ids=[[1, 2]], max_new_tokens=40, workdir=str(workdir), timeout_s=TIMEOUT_S, warmup=10_000)
+    result = launch_plan(
+        small_plan, prompt_ids=[[1, 2]], max_new_tokens=40, workdir=str(workdir), timeout_s=TIMEOUT_S, warmup=10_000
+    )
     killer.join()
     assert not result.ok
     assert result.error.startswith("rank 1 (localhost/cpu-core:1) on localhost died: Killed (signal 9)"), result.error
@@ -242,12 +294,35 @@ def test_ctrl_c_on_launch_stops_mpiexec_and_every_rank_within_10_s(small_plan, t
     import signal
 
     workdir, report = tmp_path / "w", tmp_path / "run.json"
-    proc = subprocess.Popen([sys.executable, "-m", "llm_planner.cli", "launch", str(small_plan), "--workdir", str(workdir),
-                             "--report", str(report), "--max-new-tokens", "40", "--warmup", "10000", "--prompt-ids", "1,2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llm_planner.cli",
+            "launch",
+            str(small_plan),
+            "--workdir",
+            str(workdir),
+            "--report",
+            str(report),
+            "--max-new-tokens",
+            "40",
+            "--warmup",
+            "10000",
+            "--prompt-ids",
+            "1,2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_default,
+    )
     pids = _rank_pids(workdir, 2)
     time.sleep(2.0)
-    mpiexec = [int(p) for p in subprocess.run(["pgrep", "-f", f"mpiexec.*{workdir}"], capture_output=True, text=True).stdout.split()]
+    mpiexec = [
+        int(p)
+        for p in subprocess.run(["pgrep", "-f", f"mpiexec.*{workdir}"], capture_output=True, text=True).stdout.split()
+    ]
     assert mpiexec and all(map(_alive, pids))
     start = time.time()
     proc.send_signal(signal.SIGINT)

@@ -20,11 +20,15 @@ PROMPTS = [[5, 6, 7, 9, 10], [1, 2]]  # uneven lengths: left padding and a 2D ma
 
 def _whole_tokens(config, prompts, steps, seed=0):
     config = gpt.prepare_config(config)
-    return gpt.generate_whole(gpt.build_whole_model(config, gpt.weight_source(config, checkpoint=None, seed=seed)), config, prompts, steps)
+    return gpt.generate_whole(
+        gpt.build_whole_model(config, gpt.weight_source(config, checkpoint=None, seed=seed)), config, prompts, steps
+    )
 
 
 def _run(plan, prompts, steps, tmp_path):
-    result = launch_plan(plan, prompt_ids=prompts, max_new_tokens=steps, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S)
+    result = launch_plan(
+        plan, prompt_ids=prompts, max_new_tokens=steps, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S
+    )
     assert result.ok, f"{result.error}\n{result.stderr_tail}"
     return result.report
 
@@ -55,32 +59,61 @@ def _measured_collectives(report) -> dict[str, dict[str, int]]:
 @pytest.mark.parametrize("make, layers", [(tiny_gpt2, 4), (tiny_llama, 5)])
 def test_the_whole_model_on_a_group_of_two_ranks(make, layers, tmp_path):
     config = make()
-    plan = decoder_plan(tmp_path / "plan.yaml", save_config(config, tmp_path / "m"), [{"embed": G01}], shard_sizes=[2], max_tp=2)
+    plan = decoder_plan(
+        tmp_path / "plan.yaml", save_config(config, tmp_path / "m"), [{"embed": G01}], shard_sizes=[2], max_tp=2
+    )
     report = _run(plan, PROMPTS, 8, tmp_path)
     assert report["tokens"] == _whole_tokens(config, PROMPTS, 8)
     ranks = report["ranks"]
-    assert [(r["device"], r["plan_device"]) for r in ranks] == [("localhost/cpu-core:0", G01), ("localhost/cpu-core:1", G01)]
-    planned = {G01: {"all_reduce": 8 * (1 + 2 * layers), "all_gather": 8}}  # per step: embed 1, each block 2; the head's argmax
+    assert [(r["device"], r["plan_device"]) for r in ranks] == [
+        ("localhost/cpu-core:0", G01),
+        ("localhost/cpu-core:1", G01),
+    ]
+    planned = {
+        G01: {"all_reduce": 8 * (1 + 2 * layers), "all_gather": 8}
+    }  # per step: embed 1, each block 2; the head's argmax
     assert _measured_collectives(report) == _planned_collectives(plan, 8) == planned
     assert all(r["weights"]["tensors"] > 0 for r in ranks)
 
 
 def test_llama_group_beside_pipeline_stages_on_four_ranks(tmp_path):
     config = tiny_llama()  # 5 blocks, 4 heads, 2 KV heads
-    layout = {"embed": 2, "block.0": G01, "block.3": 3, "final_norm": G01}  # 2 | group: blocks 0-2 | 3: blocks 3-4 | group: norm, head
-    plan = decoder_plan(tmp_path / "plan.yaml", save_config(config, tmp_path / "m"), [layout], shard_sizes=[2], max_tp=2)
+    layout = {
+        "embed": 2,
+        "block.0": G01,
+        "block.3": 3,
+        "final_norm": G01,
+    }  # 2 | group: blocks 0-2 | 3: blocks 3-4 | group: norm, head
+    plan = decoder_plan(
+        tmp_path / "plan.yaml", save_config(config, tmp_path / "m"), [layout], shard_sizes=[2], max_tp=2
+    )
     report = _run(plan, PROMPTS, 8, tmp_path)
     assert report["tokens"] == _whole_tokens(config, PROMPTS, 8)
-    assert _measured_collectives(report) == _planned_collectives(plan, 8) == {G01: {"all_reduce": 8 * 2 * 3, "all_gather": 8}}
+    assert (
+        _measured_collectives(report)
+        == _planned_collectives(plan, 8)
+        == {G01: {"all_reduce": 8 * 2 * 3, "all_gather": 8}}
+    )
     sends = {(r["rank"], t["peer"]) for r in report["ranks"] for t in r["transfers"] if t["direction"] == "send"}
-    assert sends == {(2, 0), (2, 1), (0, 3), (3, 0), (3, 1), (0, 2)}  # into a group: to each member; out of it: the leader
+    assert sends == {
+        (2, 0),
+        (2, 1),
+        (0, 3),
+        (3, 0),
+        (3, 1),
+        (0, 2),
+    }  # into a group: to each member; out of it: the leader
 
 
 def test_data_parallel_replicas_on_two_ranks(tmp_path):
     config = tiny_gpt2()
-    plan = decoder_plan(tmp_path / "plan.yaml", save_config(config, tmp_path / "m"), [{"embed": 0}, {"embed": 1}], shard_sizes=[2, 2])
+    plan = decoder_plan(
+        tmp_path / "plan.yaml", save_config(config, tmp_path / "m"), [{"embed": 0}, {"embed": 1}], shard_sizes=[2, 2]
+    )
     prompts = PROMPTS + [[9, 8, 7], [4]]
     report = _run(plan, prompts, 8, tmp_path)
     assert report["tokens"] == _whole_tokens(config, prompts, 8)
     assert [s["requests"] for s in report["streams"]] == [[0, 1], [2, 3]]
-    assert all(not r["transfers"] or {t["peer"] for t in r["transfers"]} == {r["rank"]} for r in report["ranks"])  # replicas never talk
+    assert all(
+        not r["transfers"] or {t["peer"] for t in r["transfers"]} == {r["rank"]} for r in report["ranks"]
+    )  # replicas never talk

@@ -7,9 +7,10 @@ import itertools
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-import yaml
+from serving_fixtures import context, workload, write_fleet
 
 from llm_planner.cli import main
 from llm_planner.graph.transformer import preset_config
@@ -20,7 +21,6 @@ from llm_planner.serving.layout import Segment
 from llm_planner.serving.replica import micro_batch_sizes
 from llm_planner.serving.search import solve_serving
 from llm_planner.spec import load_cluster
-from serving_fixtures import context, workload, write_fleet
 
 BIG, SMALL = "bigbox/big", "smallbox/small"
 
@@ -105,8 +105,26 @@ def _compositions(total: int, parts: int):
 def _plan(tmp_path, *extra):
     spec = write_fleet(tmp_path)
     out = tmp_path / "serving.yaml"
-    rc = main(["plan", "--cluster", str(spec), "--model", "llama2-7b", "--objective", "serving", "--prompt-len", "256",
-               "--output-len", "128", "--tpot-slo", "50 ms", "-o", str(out), *extra])
+    rc = main(
+        [
+            "plan",
+            "--cluster",
+            str(spec),
+            "--model",
+            "llama2-7b",
+            "--objective",
+            "serving",
+            "--prompt-len",
+            "256",
+            "--output-len",
+            "128",
+            "--tpot-slo",
+            "50 ms",
+            "-o",
+            str(out),
+            *extra,
+        ]
+    )
     return rc, out
 
 
@@ -163,16 +181,35 @@ def test_plan_works_from_another_directory(tmp_path, monkeypatch):
     assert main(["verify", str(out)]) == 0
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--tpot-slo", "0.1 ms"], ["--tpot-slo", "cannot be met"]),
-    (["--tpot-slo", "-3"], ["--tpot-slo"]),
-    (["--tpot-slo", "fast"], ["--tpot-slo"]),
-    ([], ["--tpot-slo", "required"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--tpot-slo", "0.1 ms"], ["--tpot-slo", "cannot be met"]),
+        (["--tpot-slo", "-3"], ["--tpot-slo"]),
+        (["--tpot-slo", "fast"], ["--tpot-slo"]),
+        ([], ["--tpot-slo", "required"]),
+    ],
+)
 def test_bad_targets_exit_2_naming_the_flag(tmp_path, capsys, args, words):
     spec = write_fleet(tmp_path)
-    rc = main(["plan", "--cluster", str(spec), "--model", "llama2-7b", "--objective", "serving", "--prompt-len", "256",
-               "--output-len", "128", "-o", str(tmp_path / "p.yaml"), *args])
+    rc = main(
+        [
+            "plan",
+            "--cluster",
+            str(spec),
+            "--model",
+            "llama2-7b",
+            "--objective",
+            "serving",
+            "--prompt-len",
+            "256",
+            "--output-len",
+            "128",
+            "-o",
+            str(tmp_path / "p.yaml"),
+            *args,
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert all(w in err for w in words), err
@@ -180,8 +217,25 @@ def test_bad_targets_exit_2_naming_the_flag(tmp_path, capsys, args, words):
 
 def test_a_context_no_memory_holds_exits_2(tmp_path, capsys):
     spec = write_fleet(tmp_path)
-    rc = main(["plan", "--cluster", str(spec), "--model", "llama2-70b", "--objective", "serving", "--prompt-len", "4000",
-               "--output-len", "96", "--tpot-slo", "10 s", "-o", str(tmp_path / "p.yaml")])
+    rc = main(
+        [
+            "plan",
+            "--cluster",
+            str(spec),
+            "--model",
+            "llama2-70b",
+            "--objective",
+            "serving",
+            "--prompt-len",
+            "4000",
+            "--output-len",
+            "96",
+            "--tpot-slo",
+            "10 s",
+            "-o",
+            str(tmp_path / "p.yaml"),
+        ]
+    )
     assert rc == 2
     assert "one sequence" in capsys.readouterr().err
 
@@ -190,8 +244,23 @@ def test_a_malformed_workload_file_exits_2_naming_it(tmp_path, capsys):
     spec = write_fleet(tmp_path)
     bad = tmp_path / "shapes.yaml"
     bad.write_text("requests:\n  - {prompt_len: 100, output_len: -4}\n")
-    rc = main(["plan", "--cluster", str(spec), "--model", "llama2-7b", "--objective", "serving", "--workload", str(bad),
-               "--tpot-slo", "50 ms", "-o", str(tmp_path / "p.yaml")])
+    rc = main(
+        [
+            "plan",
+            "--cluster",
+            str(spec),
+            "--model",
+            "llama2-7b",
+            "--objective",
+            "serving",
+            "--workload",
+            str(bad),
+            "--tpot-slo",
+            "50 ms",
+            "-o",
+            str(tmp_path / "p.yaml"),
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert "shapes.yaml" in err and "output_len" in err
@@ -200,8 +269,10 @@ def test_a_malformed_workload_file_exits_2_naming_it(tmp_path, capsys):
 def test_a_workload_distribution_weights_contexts_by_output(tmp_path):
     from llm_planner.serving.workload import RequestShape, ServingWorkload
 
-    wl = ServingWorkload(requests=(RequestShape(prompt_len=100, output_len=100), RequestShape(prompt_len=1000, output_len=10)),
-                         tpot_slo_s=0.1)
+    wl = ServingWorkload(
+        requests=(RequestShape(prompt_len=100, output_len=100), RequestShape(prompt_len=1000, output_len=10)),
+        tpot_slo_s=0.1,
+    )
     assert wl.prefill_per_output == pytest.approx(550 / 55)
     assert wl.kv_context == pytest.approx((100 * 200 + 10 * 1010) / 110)  # in flight: weighted by how long each stays
 

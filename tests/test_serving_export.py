@@ -42,15 +42,20 @@ def _plan(tmp_path: Path, name: str, spec: str, *extra: str, model: str = "llama
     if not cluster.exists():
         cluster.write_text(spec)
     out = tmp_path / f"{name}.yaml"
-    assert main(["plan", "--cluster", str(cluster), "--model", model, *SERVING, "--tpot-slo", slo, *extra, "-o", str(out)]) == 0
+    assert (
+        main(["plan", "--cluster", str(cluster), "--model", model, *SERVING, "--tpot-slo", slo, *extra, "-o", str(out)])
+        == 0
+    )
     return out
 
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("plans")
-    return {"pipeline": _plan(tmp, "pipeline", TWO_SERVERS, "--max-tp", "1", "--exportable", "vllm"),
-            "tp": _plan(tmp, "tp", FOUR_PER_SERVER, "--exportable", "vllm", slo="50 ms")}
+    return {
+        "pipeline": _plan(tmp, "pipeline", TWO_SERVERS, "--max-tp", "1", "--exportable", "vllm"),
+        "tp": _plan(tmp, "tp", FOUR_PER_SERVER, "--exportable", "vllm", slo="50 ms"),
+    }
 
 
 def _export(plan: Path, *args: str) -> tuple[int, str, str]:
@@ -236,11 +241,22 @@ links:
 
 
 def _hand_plan(cluster: Path, stages: list[str], layers: list[int]) -> ServingPlanFile:
-    rep = {"pattern": "hand", "count": 1, "segments": [], "layers": layers, "concurrency": 8, "micro_batches": len(stages),
-           "tokens_per_s": 100.0, "devices": [[[d] for d in stages]]}
-    data = {"inputs": {"cluster": str(cluster)}, "model": {"name": "m", "dtype": "fp16", "num_layers": sum(layers)},
-            "workload": {"requests": [{"prompt_len": 100, "output_len": 20, "weight": 1.0}], "tpot_slo_s": 0.1},
-            "serving": {"tokens_per_s": 100.0, "replicas": [rep]}}
+    rep = {
+        "pattern": "hand",
+        "count": 1,
+        "segments": [],
+        "layers": layers,
+        "concurrency": 8,
+        "micro_batches": len(stages),
+        "tokens_per_s": 100.0,
+        "devices": [[[d] for d in stages]],
+    }
+    data = {
+        "inputs": {"cluster": str(cluster)},
+        "model": {"name": "m", "dtype": "fp16", "num_layers": sum(layers)},
+        "workload": {"requests": [{"prompt_len": 100, "output_len": 20, "weight": 1.0}], "tpot_slo_s": 0.1},
+        "serving": {"tokens_per_s": 100.0, "replicas": [rep]},
+    }
     return ServingPlanFile(data=data, path=cluster.parent / "hand.yaml")
 
 
@@ -250,7 +266,9 @@ def test_vllm_refuses_a_pipeline_its_ray_executor_would_reorder(tmp_path):
     cluster = load_cluster(cluster_path)
     # a -> b (2 stages) -> c: vLLM ranks c (1 GPU) before b (2 GPUs), so stage 1 would run on the mid GPU
     plan = _hand_plan(cluster_path, ["a/big:0", "b/small:0", "b/small:1", "c/mid:0"], [10, 4, 4, 6])
-    with pytest.raises(ServingExportError, match=r"replica 0 .*stage 1 \(small on host 'host-b'\) would run on mid GPUs"):
+    with pytest.raises(
+        ServingExportError, match=r"replica 0 .*stage 1 \(small on host 'host-b'\) would run on mid GPUs"
+    ):
         build_engines(plan, cluster, "vllm")
     # a -> c -> b is the order vLLM ranks: it exports, and SGLang refuses three hosts of unequal stage runs
     plan = _hand_plan(cluster_path, ["a/big:0", "c/mid:0", "b/small:0", "b/small:1"], [10, 6, 4, 4])
@@ -262,11 +280,16 @@ def test_vllm_refuses_a_pipeline_its_ray_executor_would_reorder(tmp_path):
 
 
 def test_a_cpu_stage_is_refused_naming_the_stage(tmp_path):
-    plan = _plan(tmp_path, "cpu", Path("cluster_specs/cpu-two-gpus.yaml").read_text(), "--allow-cpu", model="gpt2",
-                 slo="200 ms")
+    plan = _plan(
+        tmp_path, "cpu", Path("cluster_specs/cpu-two-gpus.yaml").read_text(), "--allow-cpu", model="gpt2", slo="200 ms"
+    )
     data = yaml.safe_load(plan.read_text())
-    where = [(r, s) for r, rep in enumerate(data["serving"]["replicas"]) for s, devs in enumerate(rep["devices"][0])
-             if any("epyc" in d for d in devs)]
+    where = [
+        (r, s)
+        for r, rep in enumerate(data["serving"]["replicas"])
+        for s, devs in enumerate(rep["devices"][0])
+        if any("epyc" in d for d in devs)
+    ]
     if not where:  # the planner left the CPU out: put a stage on it
         cpu = ["workstation/epyc-7543:0"]
         plan = _edited(plan, tmp_path, lambda d: d["serving"]["replicas"][0]["devices"][0].__setitem__(0, cpu))
@@ -278,13 +301,16 @@ def test_a_cpu_stage_is_refused_naming_the_stage(tmp_path):
         assert f"replica {r}" in err and f"stage {s} runs on CPU device kind 'epyc-7543'" in err, err
 
 
-@pytest.mark.parametrize("spec,extra,model,slo", [
-    (TWO_SERVERS, ("--max-tp", "1"), "llama2-7b", "100 ms"),
-    (TWO_SERVERS, (), "llama2-7b", "100 ms"),
-    (FOUR_PER_SERVER, (), "llama2-7b", "50 ms"),
-    (None, ("--allow-cpu",), "gpt2", "200 ms"),
-    (None, ("--allow-cpu", "--max-classes-per-replica", "2"), "gpt2", "50 ms"),
-])
+@pytest.mark.parametrize(
+    "spec,extra,model,slo",
+    [
+        (TWO_SERVERS, ("--max-tp", "1"), "llama2-7b", "100 ms"),
+        (TWO_SERVERS, (), "llama2-7b", "100 ms"),
+        (FOUR_PER_SERVER, (), "llama2-7b", "50 ms"),
+        (None, ("--allow-cpu",), "gpt2", "200 ms"),
+        (None, ("--allow-cpu", "--max-classes-per-replica", "2"), "gpt2", "50 ms"),
+    ],
+)
 def test_exportable_vllm_plans_always_export(tmp_path, spec, extra, model, slo):
     spec = spec or Path("cluster_specs/cpu-two-gpus.yaml").read_text()
     plan = _plan(tmp_path, "p", spec, *extra, "--exportable", "vllm", model=model, slo=slo)
@@ -311,8 +337,17 @@ def test_other_plans_and_bad_options_exit_2(plans, tmp_path):
 
 def _engine(name: str, hosts: list[str]) -> EnginePlan:
     stages = tuple(EngineStage(host=h, node=h, kind="g", gpus=(0,), devices=(f"{h}/g:0",), layers=1) for h in hosts)
-    return EnginePlan(name=name, replica=0, copy=0, pattern="p", tensor_parallel=1, stages=stages, concurrency=1,
-                      tokens_per_s=1.0, mem_fraction=0.9)
+    return EnginePlan(
+        name=name,
+        replica=0,
+        copy=0,
+        pattern="p",
+        tensor_parallel=1,
+        stages=stages,
+        concurrency=1,
+        tokens_per_s=1.0,
+        mem_fraction=0.9,
+    )
 
 
 def test_ports_are_distinct_per_host():

@@ -64,11 +64,26 @@ def test_units():
 BASE = {
     "name": "t",
     "device_kinds": [
-        {"name": "g", "type": "gpu", "peak_flops": {"fp16": "100 TFLOP/s"}, "mem_bytes": "16 GiB", "mem_bw_bytes_per_s": "900 GB/s"},
-        {"name": "c", "type": "cpu", "peak_flops": {"fp16": "1 TFLOP/s"}, "mem_bytes": "unlimited", "mem_bw_bytes_per_s": "100 GB/s"},
+        {
+            "name": "g",
+            "type": "gpu",
+            "peak_flops": {"fp16": "100 TFLOP/s"},
+            "mem_bytes": "16 GiB",
+            "mem_bw_bytes_per_s": "900 GB/s",
+        },
+        {
+            "name": "c",
+            "type": "cpu",
+            "peak_flops": {"fp16": "1 TFLOP/s"},
+            "mem_bytes": "unlimited",
+            "mem_bw_bytes_per_s": "100 GB/s",
+        },
     ],
     "nodes": [{"name": "n", "devices": {"g": 2, "c": 1}, "count": 2}],
-    "links": {"intra_node_default": {"bw_bytes_per_s": "16 GB/s"}, "inter_node": {"bw_bytes_per_s": "10 GB/s", "latency_s": "5 us"}},
+    "links": {
+        "intra_node_default": {"bw_bytes_per_s": "16 GB/s"},
+        "inter_node": {"bw_bytes_per_s": "10 GB/s", "latency_s": "5 us"},
+    },
 }
 
 
@@ -88,19 +103,37 @@ def _broken(mutate):
 BROKEN = {
     "unknown top key": (lambda d: d.update(colour="red"), "<top>: unknown key(s) 'colour'"),
     "missing name": (lambda d: d.pop("name"), "name: missing required field"),
-    "negative memory": (lambda d: d["device_kinds"][0].update(mem_bytes="-16 GiB"), "device_kinds[0].mem_bytes: must be positive"),
-    "zero bandwidth": (lambda d: d["links"]["inter_node"].update(bw_bytes_per_s=0), "links.inter_node.bw_bytes_per_s: must be positive"),
-    "bad unit": (lambda d: d["device_kinds"][0].update(mem_bw_bytes_per_s="900 furlongs"), "device_kinds[0].mem_bw_bytes_per_s: unknown unit"),
-    "unknown kind in node": (lambda d: d["nodes"][0]["devices"].update(tpu=1), "nodes[0].devices.tpu: unknown device kind 'tpu'"),
+    "negative memory": (
+        lambda d: d["device_kinds"][0].update(mem_bytes="-16 GiB"),
+        "device_kinds[0].mem_bytes: must be positive",
+    ),
+    "zero bandwidth": (
+        lambda d: d["links"]["inter_node"].update(bw_bytes_per_s=0),
+        "links.inter_node.bw_bytes_per_s: must be positive",
+    ),
+    "bad unit": (
+        lambda d: d["device_kinds"][0].update(mem_bw_bytes_per_s="900 furlongs"),
+        "device_kinds[0].mem_bw_bytes_per_s: unknown unit",
+    ),
+    "unknown kind in node": (
+        lambda d: d["nodes"][0]["devices"].update(tpu=1),
+        "nodes[0].devices.tpu: unknown device kind 'tpu'",
+    ),
     "unknown kind in link": (
         lambda d: d["links"].update(intra_node=[{"between": ["g", "tpu"], "bw_bytes_per_s": "1 GB/s"}]),
         "links.intra_node[0].between: unknown device kind 'tpu'",
     ),
     "bad type": (lambda d: d["device_kinds"][0].update(type="quantum"), "device_kinds[0].type: must be one of"),
     "unknown kind key": (lambda d: d["device_kinds"][1].update(cores=32), "device_kinds[1]: unknown key(s) 'cores'"),
-    "missing inter-node": (lambda d: d["links"].pop("inter_node"), "links.inter_node: the cluster has 2 nodes but no link"),
+    "missing inter-node": (
+        lambda d: d["links"].pop("inter_node"),
+        "links.inter_node: the cluster has 2 nodes but no link",
+    ),
     "missing intra default": (lambda d: d["links"].pop("intra_node_default"), "no link between kinds"),
-    "efficiency above 1": (lambda d: d["device_kinds"][0].update(compute_efficiency=1.5), "device_kinds[0].compute_efficiency: must be in (0, 1]"),
+    "efficiency above 1": (
+        lambda d: d["device_kinds"][0].update(compute_efficiency=1.5),
+        "device_kinds[0].compute_efficiency: must be in (0, 1]",
+    ),
     "zero count": (lambda d: d["nodes"][0].update(count=0), "nodes[0].count: must be positive"),
     "non-integer count": (lambda d: d["nodes"][0]["devices"].update(g=1.5), "nodes[0].devices.g: expected an integer"),
     "empty kinds": (lambda d: d.update(device_kinds=[]), "device_kinds: expected a non-empty list"),

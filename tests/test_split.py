@@ -10,9 +10,9 @@ from planner_instances import clusters, kind, make_cluster
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.solve.api import solve
-from llm_planner.solve.split.modules import find_cut_tasks, split_modules
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
+from llm_planner.solve.split.modules import find_cut_tasks, split_modules
 
 EXACT = dict(time_limit_s=60.0, rel_gap=1e-7)
 
@@ -66,8 +66,12 @@ def test_split_equals_exact_milp_on_single_cut_graphs(cluster, widths, costs, by
 
 def test_split_equals_exact_on_a_small_fixed_instance():
     cluster = make_cluster(
-        [kind("fast", "gpu", flops=1e14, mem_bytes="unlimited", mem_bw=1e12), kind("slow", "cpu", flops=2e13, mem_bytes="unlimited", mem_bw=2e11)],
-        [{"fast": 1, "slow": 1}], bw=5e9,
+        [
+            kind("fast", "gpu", flops=1e14, mem_bytes="unlimited", mem_bw=1e12),
+            kind("slow", "cpu", flops=2e13, mem_bytes="unlimited", mem_bw=2e11),
+        ],
+        [{"fast": 1, "slow": 1}],
+        bw=5e9,
     )
     graph = diamond_chain([2, 2], [4e11, 3e11, 6e11, 2e11], [1e6, 5e7])
     problem = build_problem(graph, cluster, objective="latency", batch_size=1, max_shards=1)
@@ -79,8 +83,12 @@ def test_split_equals_exact_on_a_small_fixed_instance():
 
 def _identical_problem(num_modules: int):
     cluster = make_cluster(
-        [kind("a", "gpu", flops=1e14, mem_bytes="unlimited", mem_bw=1e12), kind("b", "gpu", flops=5e13, mem_bytes="unlimited", mem_bw=1e12)],
-        [{"a": 1, "b": 1}], bw=5e9,
+        [
+            kind("a", "gpu", flops=1e14, mem_bytes="unlimited", mem_bw=1e12),
+            kind("b", "gpu", flops=5e13, mem_bytes="unlimited", mem_bw=1e12),
+        ],
+        [{"a": 1, "b": 1}],
+        bw=5e9,
     )
     graph = diamond_chain([2] * num_modules, [3e11], [1e7])
     return build_problem(graph, cluster, objective="latency", batch_size=1, max_shards=1)
@@ -123,8 +131,12 @@ def test_gpt_plans_verify_and_beat_baselines(objective, batch, repo):
     from llm_planner.pipeline import problem_from_inputs
     from llm_planner.solve.baselines.single import best_baseline
 
-    problem = problem_from_inputs(cluster_path=str(repo / "cluster_specs/four-gpus.yaml"), model=ModelSpec(name="gpt2-xl"),
-                                  objective=objective, batch_size=batch)
+    problem = problem_from_inputs(
+        cluster_path=str(repo / "cluster_specs/four-gpus.yaml"),
+        model=ModelSpec(name="gpt2-xl"),
+        objective=objective,
+        batch_size=batch,
+    )
     plan = solve(problem, SolveOptions(solver="milp-split"))  # solve() runs the verifier
     baseline = best_baseline(problem)
     assert plan.objective_s <= baseline.objective_s * (1 + 1e-9)

@@ -18,9 +18,9 @@ from test_bounds_path import tight_memory_problems
 from test_split import diamond_chain
 
 from llm_planner.solve.api import solve
+from llm_planner.solve.baselines.single import run_baseline
 from llm_planner.solve.bounds.combined import lower_bound
 from llm_planner.solve.bounds.times import task_times
-from llm_planner.solve.baselines.single import run_baseline
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
 from llm_planner.solve.schedule import asap_schedule
@@ -71,7 +71,11 @@ def test_the_critical_chain_spans_the_makespan(data, cluster, batch):
         else:
             assert makespan.producer[v] == u
             edges = [e for e in range(problem.num_edges) if problem.edge_src[e] == u and problem.edge_dst[e] == v]
-            span += 0.0 if a[u] == a[v] else max(problem.comm_fixed[e, a[u], a[v]] + problem.comm_slope[e, a[u], a[v]] * batch for e in edges)
+            span += (
+                0.0
+                if a[u] == a[v]
+                else max(problem.comm_fixed[e, a[u], a[v]] + problem.comm_slope[e, a[u], a[v]] * batch for e in edges)
+            )
     assert span == pytest.approx(total, rel=1e-9, abs=1e-12)
 
 
@@ -97,9 +101,13 @@ def test_moves_never_worsen_and_keep_the_rules(data, cluster, batch, kicks):
 
 def _two_kind_problem(widths: list[int], batch: int = 1):
     cluster = make_cluster(
-        [kind("fast", "gpu", flops=1e14, mem_bytes="unlimited", mem_bw=1e12, overhead_s=1e-5),
-         kind("slow", "gpu", flops=3e13, mem_bytes="unlimited", mem_bw=4e11, overhead_s=1e-5)],
-        [{"fast": 2, "slow": 1}], bw=5e9, latency_s=1e-5,
+        [
+            kind("fast", "gpu", flops=1e14, mem_bytes="unlimited", mem_bw=1e12, overhead_s=1e-5),
+            kind("slow", "gpu", flops=3e13, mem_bytes="unlimited", mem_bw=4e11, overhead_s=1e-5),
+        ],
+        [{"fast": 2, "slow": 1}],
+        bw=5e9,
+        latency_s=1e-5,
     )
     graph = diamond_chain(widths, [4e11, 1e11, 7e11, 2e11, 5e10], [1e6, 2e7, 4e6])
     return build_problem(graph, cluster, objective="latency", batch_size=batch, max_shards=1)
@@ -149,7 +157,9 @@ def test_seeded_chain_is_never_above_the_seeding_plan(repo):
     from llm_planner.pipeline import problem_from_inputs
 
     # on this instance the subproblems' own HEFT + moves end above the whole-graph HEFT (measured)
-    problem = problem_from_inputs(cluster_path=str(repo / "cluster_specs/four-gpus.yaml"), model=ModelSpec(name="rwnn-ws-3x16"))
+    problem = problem_from_inputs(
+        cluster_path=str(repo / "cluster_specs/four-gpus.yaml"), model=ModelSpec(name="rwnn-ws-3x16")
+    )
     heft = run_baseline("heft", problem)
     ctx = SplitContext(problem, SolveOptions(solver="milp-split", max_module_tasks=1, workers=1))
     seed_from_plan(ctx, heft)
@@ -209,7 +219,9 @@ def test_shard_chain_bound_below_every_split_plan(problem):
 
     best = brute_force_optimum(problem)
     bound = shard_chain_bound(SplitContext(problem, SolveOptions(solver="milp-split", workers=1)))
-    with mock.patch.object(chain, "MAX_CHAIN_BATCHES", 1):  # the shard counts past the first chain count with LP(s) alone
+    with mock.patch.object(
+        chain, "MAX_CHAIN_BATCHES", 1
+    ):  # the shard counts past the first chain count with LP(s) alone
         capped = shard_chain_bound(SplitContext(problem, SolveOptions(solver="milp-split", workers=1)))
     if np.isfinite(best):
         assert bound <= best * (1 + 1e-9)
@@ -222,8 +234,9 @@ def test_a_split_batch_carries_the_module_chain_bound(repo):
 
     # 34 tasks in 15 modules on a CPU, an A100 and a T4, batch 2 in up to 2 shards: here the
     # module bounds at one sample (s = 2) and two (s = 1) add up to more than any whole-graph bound
-    problem = problem_from_inputs(cluster_path=str(repo / "cluster_specs/cpu-two-gpus.yaml"), model=ModelSpec(name="rwnn-ws-3x8"),
-                                  batch_size=2)
+    problem = problem_from_inputs(
+        cluster_path=str(repo / "cluster_specs/cpu-two-gpus.yaml"), model=ModelSpec(name="rwnn-ws-3x8"), batch_size=2
+    )
     assert problem.max_shards == 2
     ctx = SplitContext(problem, SolveOptions(solver="milp-split", workers=1))
     chain = shard_chain_bound(ctx)

@@ -4,12 +4,12 @@ device orders it tries, and a chain whose best contiguous plan starts on the slo
 from __future__ import annotations
 
 import pytest
+from test_milp import exact, explicit_problem
 
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.split.context import SplitContext
 from llm_planner.solve.split.throughput import _arrangements, _class_sequences, device_orders, throughput_plan
 from llm_planner.verify import verify_plan
-from test_milp import exact, explicit_problem
 
 
 def test_class_sequences_are_every_distinct_arrangement_once():

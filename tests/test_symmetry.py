@@ -14,9 +14,9 @@ from test_symmetry_classes import small_cluster
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.solve.api import solve
+from llm_planner.solve.milp.symmetry import CRITERIA, satisfies, symmetry_classes
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
-from llm_planner.solve.milp.symmetry import CRITERIA, satisfies, symmetry_classes
 
 CHOICES = ("none", "batch", "task", "time", "first", "solver")
 
@@ -24,8 +24,16 @@ CHOICES = ("none", "batch", "task", "time", "first", "solver")
 def tiny_gpt_like(num_blocks: int, weight_gb: float = 30.0) -> TaskGraph:
     """embed -> blocks -> head, blocks heavy enough in memory that they must spread over GPUs."""
     tasks = [Task(name="embed", flops_per_sample=1e9, weight_bytes=1e9, bytes_per_sample=1e6)]
-    tasks += [Task(name=f"block.{i}", flops_per_sample=2e11 * (1 + i % 2), weight_bytes=weight_gb * 1e9,
-                   bytes_per_sample=5e7, mem_bytes_per_sample=1e9) for i in range(num_blocks)]
+    tasks += [
+        Task(
+            name=f"block.{i}",
+            flops_per_sample=2e11 * (1 + i % 2),
+            weight_bytes=weight_gb * 1e9,
+            bytes_per_sample=5e7,
+            mem_bytes_per_sample=1e9,
+        )
+        for i in range(num_blocks)
+    ]
     tasks += [Task(name="lm_head", flops_per_sample=5e10, weight_bytes=2e9, bytes_per_sample=1e6)]
     names = [t.name for t in tasks]
     edges = [Edge(src=a, dst=b, bytes_per_sample=4e6) for a, b in zip(names, names[1:])]
@@ -57,7 +65,9 @@ def _optimal_assignments(problem):
         used = problem.device_memory_used([problem.batch_size], [list(combo)])
         if (used > problem.mem_capacity).any():
             continue
-        plan = make_plan(problem, [problem.batch_size], [list(combo)], solver="enum", status="h", started_at=0.0, lower_bound_s=0.0)
+        plan = make_plan(
+            problem, [problem.batch_size], [list(combo)], solver="enum", status="h", started_at=0.0, lower_bound_s=0.0
+        )
         value = round(plan.objective_s, 15)
         if best is None or value < best - 1e-15:
             best, optima = value, [list(combo)]
@@ -131,8 +141,8 @@ def test_pinned_devices_are_not_treated_as_interchangeable(criterion):
     import numpy as np
 
     from llm_planner.solve.milp.milp import solve_milp
-    from llm_planner.solve.split.subproblem import build_subproblem
     from llm_planner.solve.milp.symmetry import problem_classes
+    from llm_planner.solve.split.subproblem import build_subproblem
 
     problem = build_problem(tiny_gpt_like(3, weight_gb=10.0), small_cluster(), objective="latency")
     sub, _ = build_subproblem(problem, (2, 3), 1, 3, 3, np.ones(problem.num_devices, dtype=bool), 1)

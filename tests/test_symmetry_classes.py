@@ -8,19 +8,33 @@ from hypothesis import strategies as st
 from planner_instances import kind
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
+from llm_planner.solve.milp.symmetry import (
+    CRITERIA,
+    apply_permutation,
+    canonical_permutation,
+    satisfies,
+    symmetry_classes,
+)
 from llm_planner.solve.problem import build_problem
-from llm_planner.solve.milp.symmetry import CRITERIA, apply_permutation, canonical_permutation, satisfies, symmetry_classes
 from llm_planner.spec import load_cluster, parse_cluster
 
 
 def small_cluster():
     """2 identical servers of 2 identical GPUs, plus one different server."""
-    return parse_cluster({
-        "name": "sym",
-        "device_kinds": [kind("g", "gpu", flops=1e14, mem_bytes="80 GB", mem_bw=2e12), kind("h", "gpu", flops=5e13, mem_bytes="40 GB", mem_bw=1e12)],
-        "nodes": [{"name": "twin", "count": 2, "devices": {"g": 2}}, {"name": "other", "devices": {"h": 1}}],
-        "links": {"intra_node_default": {"bw_bytes_per_s": 1e11, "latency_s": 2e-6}, "inter_node": {"bw_bytes_per_s": 1e10, "latency_s": 1e-5}},
-    })
+    return parse_cluster(
+        {
+            "name": "sym",
+            "device_kinds": [
+                kind("g", "gpu", flops=1e14, mem_bytes="80 GB", mem_bw=2e12),
+                kind("h", "gpu", flops=5e13, mem_bytes="40 GB", mem_bw=1e12),
+            ],
+            "nodes": [{"name": "twin", "count": 2, "devices": {"g": 2}}, {"name": "other", "devices": {"h": 1}}],
+            "links": {
+                "intra_node_default": {"bw_bytes_per_s": 1e11, "latency_s": 2e-6},
+                "inter_node": {"bw_bytes_per_s": 1e10, "latency_s": 1e-5},
+            },
+        }
+    )
 
 
 def test_classes_of_the_small_cluster():

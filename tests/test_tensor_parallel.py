@@ -8,10 +8,12 @@ import random
 
 import numpy as np
 import pytest
+from milp_brute_force import brute_force
+from planner_instances import kind, make_cluster
 
 from llm_planner import cost
-from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.graph.decoder_graph import build_decoder_graph
+from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.graph.transformer import preset_config
 from llm_planner.groups import group_degrees, member_names, tensor_groups
 from llm_planner.solve.api import solve
@@ -21,8 +23,6 @@ from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
 from llm_planner.spec import LinkSpec
 from llm_planner.verify import verify_plan
-from milp_brute_force import brute_force
-from planner_instances import kind, make_cluster
 
 GB = 1e9
 EXACT = {"solver": "milp", "rel_gap": 1e-7, "time_limit_s": 60.0}
@@ -40,10 +40,20 @@ def gpu_cluster(count: int, *, mem: float = 100 * GB, cpu: bool = False, bw: flo
 def tp_chain(seed: int, n: int = 3, divides: int = 4) -> TaskGraph:
     """A chain of n tasks that shard over groups whose size divides `divides`, costs drawn from `seed`."""
     rng = random.Random(seed)
-    tasks = tuple(Task(name=f"t{i}", flops_per_sample=rng.uniform(1e9, 5e10), bytes_per_sample=rng.uniform(1e6, 5e7),
-                       weight_bytes=rng.uniform(1e8, 3e9), mem_bytes_per_sample=rng.uniform(0, 2e8), tp_divides=(divides,),
-                       tp_replicated_bytes_per_sample=1e5, tp_allreduces=rng.choice([1, 2]),
-                       tp_allreduce_bytes_per_sample=rng.uniform(1e5, 5e6)) for i in range(n))
+    tasks = tuple(
+        Task(
+            name=f"t{i}",
+            flops_per_sample=rng.uniform(1e9, 5e10),
+            bytes_per_sample=rng.uniform(1e6, 5e7),
+            weight_bytes=rng.uniform(1e8, 3e9),
+            mem_bytes_per_sample=rng.uniform(0, 2e8),
+            tp_divides=(divides,),
+            tp_replicated_bytes_per_sample=1e5,
+            tp_allreduces=rng.choice([1, 2]),
+            tp_allreduce_bytes_per_sample=rng.uniform(1e5, 5e6),
+        )
+        for i in range(n)
+    )
     edges = tuple(Edge(src=f"t{i}", dst=f"t{i + 1}", bytes_per_sample=rng.uniform(1e5, 1e7)) for i in range(n - 1))
     return TaskGraph(name=f"tp-chain-{seed}", tasks=tasks, edges=edges).validate()
 
@@ -54,8 +64,14 @@ def tp_chain(seed: int, n: int = 3, divides: int = 4) -> TaskGraph:
 @pytest.mark.parametrize("k", [2, 4, 8])
 def test_ring_collectives_by_hand(k):
     link = LinkSpec(bw_bytes_per_s=100e9, latency_s=3e-6)
-    task = Task(name="t", tp_divides=(8,), tp_allreduces=2, tp_allreduce_bytes_per_sample=2 * 24_576.0,
-                tp_allgathers=1, tp_allgather_bytes_per_sample=8.0)
+    task = Task(
+        name="t",
+        tp_divides=(8,),
+        tp_allreduces=2,
+        tp_allreduce_bytes_per_sample=2 * 24_576.0,
+        tp_allgathers=1,
+        tp_allgather_bytes_per_sample=8.0,
+    )
     fixed, slope = cost.collective_pieces(task, k, link)
     # two all-reduces of 24,576 B per sample: each 2 (k-1) alpha + 2 (k-1)/k n / beta; one all-gather of 8 B from each member
     assert fixed == pytest.approx(2 * 2 * (k - 1) * 3e-6 + (k - 1) * 3e-6)
@@ -64,25 +80,42 @@ def test_ring_collectives_by_hand(k):
 
 @pytest.mark.parametrize("k", [2, 4, 8])
 def test_group_time_is_a_member_roofline_plus_collectives(k):
-    kind_spec = make_cluster([kind("g", "gpu", flops=1e14, mem_bytes=80 * GB, mem_bw=2e12, overhead_s=1e-5)], [{"g": 8}]).kind("g")
+    kind_spec = make_cluster(
+        [kind("g", "gpu", flops=1e14, mem_bytes=80 * GB, mem_bw=2e12, overhead_s=1e-5)], [{"g": 8}]
+    ).kind("g")
     link = LinkSpec(bw_bytes_per_s=400e9, latency_s=2e-6)
-    task = Task(name="block", flops_per_sample=8e9, bytes_per_sample=4e6, weight_bytes=3.2e9, mem_bytes_per_sample=1e8,
-                tp_divides=(96, 96), tp_replicated_weight_bytes=2e5, tp_replicated_bytes_per_sample=1e6,
-                tp_allreduces=2, tp_allreduce_bytes_per_sample=2 * 24_576.0)
+    task = Task(
+        name="block",
+        flops_per_sample=8e9,
+        bytes_per_sample=4e6,
+        weight_bytes=3.2e9,
+        mem_bytes_per_sample=1e8,
+        tp_divides=(96, 96),
+        tp_replicated_weight_bytes=2e5,
+        tp_replicated_bytes_per_sample=1e6,
+        tp_allreduces=2,
+        tp_allreduce_bytes_per_sample=2 * 24_576.0,
+    )
     b = 16
     member_weights = (3.2e9 - 2e5) / k + 2e5
     member_bytes = (4e6 - 1e6) / k + 1e6
     roofline = 1e-5 + max(8e9 / k * b / 1e14, (member_weights + member_bytes * b) / 2e12)
     allreduce = 2 * (2 * (k - 1) * 2e-6 + 2 * (k - 1) / k * 24_576 * b / 400e9)
-    assert cost.evaluate_pieces(cost.group_task_time_pieces(task, kind_spec, k, link, "fp16"), b) == pytest.approx(roofline + allreduce)
+    assert cost.evaluate_pieces(cost.group_task_time_pieces(task, kind_spec, k, link, "fp16"), b) == pytest.approx(
+        roofline + allreduce
+    )
     assert cost.shard_of(task, k).mem_bytes_per_sample == pytest.approx(1e8 / k)
 
 
 def test_decode_embedding_reads_rows_not_the_table():
-    graph = build_decoder_graph(preset_config("gpt3-175b"), phase="decode", seq_len=2048, granularity="block", dtype="fp16")
+    graph = build_decoder_graph(
+        preset_config("gpt3-175b"), phase="decode", seq_len=2048, granularity="block", dtype="fp16"
+    )
     embed = graph.task("embed")
     assert embed.weight_bytes_indexed == pytest.approx((50257 + 2048) * 12288 * 2)  # the token and position tables
-    h100 = make_cluster([kind("h", "gpu", flops=989e12, mem_bytes=80 * GB, mem_bw=3.35e12, overhead_s=8e-6)], [{"h": 1}]).kind("h")
+    h100 = make_cluster(
+        [kind("h", "gpu", flops=989e12, mem_bytes=80 * GB, mem_bw=3.35e12, overhead_s=8e-6)], [{"h": 1}]
+    ).kind("h")
     # one decode step of 32 requests reads 32 rows and the position table, not the 1.2 GB vocabulary table
     assert cost.estimate_task_time_s(embed, h100, "fp16", 32) < 1e-4
 
@@ -101,7 +134,9 @@ def test_offered_degrees_are_aligned_powers_of_two_and_the_whole_class():
 
 
 def test_heads_that_k_does_not_divide_get_no_group_of_size_k():
-    graph = build_decoder_graph(preset_config("gpt2"), phase="decode", seq_len=128, granularity="block", dtype="fp16")  # 12 heads
+    graph = build_decoder_graph(
+        preset_config("gpt2"), phase="decode", seq_len=128, granularity="block", dtype="fp16"
+    )  # 12 heads
     problem = build_problem(graph, gpu_cluster(8), max_tp=8)
     blocks = [i for i, t in enumerate(graph.tasks) if t.kind == "block"]
     for k, device in enumerate(problem.devices):
@@ -111,7 +146,9 @@ def test_heads_that_k_does_not_divide_get_no_group_of_size_k():
 
 
 def test_grouped_query_attention_limits_the_degree_by_kv_heads():
-    graph = build_decoder_graph(preset_config("llama2-70b"), phase="decode", seq_len=128, granularity="sublayer", dtype="fp16")
+    graph = build_decoder_graph(
+        preset_config("llama2-70b"), phase="decode", seq_len=128, granularity="sublayer", dtype="fp16"
+    )
     attn = graph.task("block.0.attn")
     assert attn.shards_over(8) and not attn.shards_over(16)  # 64 heads, 8 KV heads
     assert graph.task("block.0.mlp").shards_over(8)
@@ -155,14 +192,18 @@ def _check_against_brute(problem, *, split_exact: bool):
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("objective", ["latency", "throughput"])
 def test_two_gpus_and_their_group_match_the_brute_force(seed, objective):
-    problem = build_problem(tp_chain(seed), gpu_cluster(2, cpu=True), objective=objective, batch_size=2, max_shards=2, max_tp=2)
+    problem = build_problem(
+        tp_chain(seed), gpu_cluster(2, cpu=True), objective=objective, batch_size=2, max_shards=2, max_tp=2
+    )
     assert problem.has_groups
     _check_against_brute(problem, split_exact=True)
 
 
 def test_exclusivity_binds_on_these_instances():
     """Without exclusivity a throughput plan would run a GPU alone and in its group at once."""
-    problem = build_problem(tp_chain(0), gpu_cluster(2, cpu=True), objective="throughput", batch_size=2, max_shards=2, max_tp=2)
+    problem = build_problem(
+        tp_chain(0), gpu_cluster(2, cpu=True), objective="throughput", batch_size=2, max_shards=2, max_tp=2
+    )
     assert brute_force(problem, exclusive=False) < brute_force(problem) * (1 - 1e-3)
 
 
@@ -170,7 +211,9 @@ def test_exclusivity_binds_on_these_instances():
 def test_four_gpus_with_pairs_and_a_quad_match_the_brute_force(seed):
     problem = build_problem(tp_chain(seed), gpu_cluster(4), batch_size=1, max_tp=4)
     assert problem.num_devices == 4 + 2 + 1
-    _check_against_brute(problem, split_exact=True)  # every cut of 4 devices is a layout: (4), (2, 2), (2, 1, 1), (1, 1, 1, 1)
+    _check_against_brute(
+        problem, split_exact=True
+    )  # every cut of 4 devices is a layout: (4), (2, 2), (2, 1, 1), (1, 1, 1, 1)
 
 
 def test_memory_forces_a_group():
@@ -220,8 +263,9 @@ def test_verifier_checks_each_members_memory():
     plan = solve(problem, SolveOptions(**EXACT))
     from dataclasses import replace
 
-    small = replace(problem, mem_capacity=np.full(problem.num_devices, 1e15),
-                    cluster=gpu_cluster(2, mem=1e6))  # members may hold 1 MB: nothing fits
+    small = replace(
+        problem, mem_capacity=np.full(problem.num_devices, 1e15), cluster=gpu_cluster(2, mem=1e6)
+    )  # members may hold 1 MB: nothing fits
     on_group = replace(plan, shard_assignments=({t.name: "node0/g:0-1" for t in graph.tasks},))
     report = verify_plan(on_group, small)
     assert any("each member of group" in v for v in report.violations)
@@ -281,7 +325,9 @@ def test_export_writes_the_regular_form_and_refuses_the_rest(tmp_path, capsys):
     # 5 requests over three single-A100 replicas: 2, 2, 1, which Megatron's data parallelism cannot give
     capsys.readouterr()
     small = ["--cluster", "cluster_specs/four-gpus.yaml", "--model", "llama3-8b", "--batch", "5"]
-    assert main(["plan", *small, "--solver", "tp-replicas", "--no-baselines", "-o", str(out), "--export", "megatron"]) == 2
+    assert (
+        main(["plan", *small, "--solver", "tp-replicas", "--no-baselines", "-o", str(out), "--export", "megatron"]) == 2
+    )
     assert "no megatron form" in capsys.readouterr().err
 
 
@@ -345,7 +391,9 @@ def test_workspace_is_reserved_and_checked():
 
 
 def test_decoder_workspace_is_the_widest_point():
-    graph = build_decoder_graph(preset_config("gpt3-175b"), phase="prefill", seq_len=2048, granularity="sublayer", dtype="fp16")
+    graph = build_decoder_graph(
+        preset_config("gpt3-175b"), phase="prefill", seq_len=2048, granularity="sublayer", dtype="fp16"
+    )
     h = 12288
     assert graph.task("block.0.mlp").workspace_bytes_per_sample == pytest.approx(2048 * (h + 4 * h + 4 * h) * 2)
     assert graph.task("block.0.attn").workspace_bytes_per_sample == pytest.approx(2048 * (h + 2 * h + 2 * h) * 2)

@@ -39,15 +39,27 @@ from llm_planner.verify import verify_plan, verify_plan_file
 GB = 1e9
 CLUSTER = {
     "name": "two-gpus",
-    "device_kinds": [{"name": "g", "type": "gpu", "peak_flops": {"fp16": 1e14}, "mem_bytes": 10 * GB,
-                      "mem_bw_bytes_per_s": 1e12, "usable_mem_fraction": 1.0}],
+    "device_kinds": [
+        {
+            "name": "g",
+            "type": "gpu",
+            "peak_flops": {"fp16": 1e14},
+            "mem_bytes": 10 * GB,
+            "mem_bw_bytes_per_s": 1e12,
+            "usable_mem_fraction": 1.0,
+        }
+    ],
     "nodes": [{"name": "node0", "devices": {"g": 2}}],
     "links": {"intra_node_default": {"bw_bytes_per_s": 10e9, "latency_s": 0.0}},
 }
-GRAPH = TaskGraph(name="chain", tasks=(
-    Task(name="a", time_s_by_kind=(("g", 0.25),), weight_bytes=2 * GB, mem_bytes_per_sample=1.5 * GB),
-    Task(name="b", time_s_by_kind=(("g", 0.25),), weight_bytes=1 * GB),
-), edges=(Edge(src="a", dst="b", bytes_per_sample=0.0),)).validate()
+GRAPH = TaskGraph(
+    name="chain",
+    tasks=(
+        Task(name="a", time_s_by_kind=(("g", 0.25),), weight_bytes=2 * GB, mem_bytes_per_sample=1.5 * GB),
+        Task(name="b", time_s_by_kind=(("g", 0.25),), weight_bytes=1 * GB),
+    ),
+    edges=(Edge(src="a", dst="b", bytes_per_sample=0.0),),
+).validate()
 
 
 def chain_problem(objective: str = "throughput"):
@@ -56,7 +68,9 @@ def chain_problem(objective: str = "throughput"):
 
 def pipeline_plan(problem):
     """a on the first GPU, b on the second: fits one batch, not the two it keeps in flight."""
-    return make_plan(problem, [4], [[0, 1]], solver="test", status="heuristic", started_at=time.perf_counter(), lower_bound_s=0.0)
+    return make_plan(
+        problem, [4], [[0, 1]], solver="test", status="heuristic", started_at=time.perf_counter(), lower_bound_s=0.0
+    )
 
 
 def test_the_pipeline_needs_two_batches_whose_memory_does_not_fit():
@@ -70,7 +84,9 @@ def test_the_pipeline_needs_two_batches_whose_memory_does_not_fit():
     assert "node0/g:0" in steady_state_shortfall(problem, plan) and not fits_steady_state(problem, plan)
     report = verify_plan(plan, problem)
     assert not report.ok and report.batches_in_flight == 2
-    assert report.violations == ("device 'node0/g:0' needs 14 GB of memory but holds 10 GB (over by 4 GB, with 2 batches in flight)",)
+    assert report.violations == (
+        "device 'node0/g:0' needs 14 GB of memory but holds 10 GB (over by 4 GB, with 2 batches in flight)",
+    )
     # the same placement for latency runs one batch: it fits
     latency = chain_problem("latency")
     assert verify_plan(pipeline_plan(latency), latency).ok and pipeline_plan(latency).batches_in_flight == 1
@@ -114,8 +130,9 @@ def write_chain_inputs(folder: Path):
     graph_path, cluster_path = folder / "g.json", folder / "c.yaml"
     graph_path.write_text(GRAPH.to_json())
     cluster_path.write_text(yaml.safe_dump(CLUSTER))
-    return problem_from_inputs(cluster_path=str(cluster_path), graph_path=str(graph_path), objective="throughput",
-                               batch_size=4, max_shards=1)
+    return problem_from_inputs(
+        cluster_path=str(cluster_path), graph_path=str(graph_path), objective="throughput", batch_size=4, max_shards=1
+    )
 
 
 def test_verify_refuses_a_plan_file_whose_steady_state_does_not_fit(tmp_path):
@@ -127,10 +144,18 @@ def test_verify_refuses_a_plan_file_whose_steady_state_does_not_fit(tmp_path):
     assert yaml.safe_load(path.read_text())["batches_in_flight"] == 2
     code, messages = verify_outcome(path)
     assert code == 1 and len(messages) == 1
-    assert "'node0/g:0' needs 14 GB" in messages[0] and "holds 10 GB" in messages[0] and "2 batches in flight" in messages[0]
+    assert (
+        "'node0/g:0' needs 14 GB" in messages[0]
+        and "holds 10 GB" in messages[0]
+        and "2 batches in flight" in messages[0]
+    )
     fitting = tmp_path / "fits.yaml"
-    save_plan(make_plan(problem, [4], [[0, 0]], solver="test", status="heuristic", started_at=time.perf_counter(),
-                        lower_bound_s=0.0), fitting)
+    save_plan(
+        make_plan(
+            problem, [4], [[0, 0]], solver="test", status="heuristic", started_at=time.perf_counter(), lower_bound_s=0.0
+        ),
+        fitting,
+    )
     assert verify_outcome(fitting) == (0, []) and verify_plan_file(fitting).batches_in_flight == 1
 
 
@@ -143,7 +168,9 @@ def test_a_hand_edited_batches_in_flight_is_refused(tmp_path):
     data = yaml.safe_load(path.read_text())
     data["batches_in_flight"] = 1
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    with pytest.raises(PlanError, match=r"batches_in_flight: the file says 1, but ceil\(makespan / max_load_s\).* is 2"):
+    with pytest.raises(
+        PlanError, match=r"batches_in_flight: the file says 1, but ceil\(makespan / max_load_s\).* is 2"
+    ):
         load_plan(path)
     code, messages = verify_outcome(path)
     assert code == 2 and "batches_in_flight" in messages[0]
@@ -169,8 +196,13 @@ def test_gpt3_on_six_servers_at_batch_32_fits_its_steady_state():
     batches in flight, whose KV cache the H100 stages cannot hold (about 137 GB per GPU)."""
     from llm_planner.graph.models import ModelSpec
 
-    problem = problem_from_inputs(cluster_path="cluster_specs/gpt3-six-servers.yaml", model=ModelSpec(name="gpt3-175b"),
-                                  objective="throughput", batch_size=32, max_tp=None)
+    problem = problem_from_inputs(
+        cluster_path="cluster_specs/gpt3-six-servers.yaml",
+        model=ModelSpec(name="gpt3-175b"),
+        objective="throughput",
+        batch_size=32,
+        max_tp=None,
+    )
     plan = solve(problem, SolveOptions(solver="milp-split"))
     report = verify_plan(plan, problem)
     assert report.ok, report.violations

@@ -62,11 +62,19 @@ def _generate_on_group(config, prompts, steps, k, seed=0, checkpoint=None):
         try:
             source = gpt.weight_source(config, checkpoint=checkpoint, seed=seed)
             sources.append(source)
-            shard = gpt.DecoderShard(config, set(tasks), device=torch.device("cpu"), dtype=torch.float32, source=source,
-                                     group=group.member(index))
+            shard = gpt.DecoderShard(
+                config,
+                set(tasks),
+                device=torch.device("cpu"),
+                dtype=torch.float32,
+                source=source,
+                group=group.member(index),
+            )
             eos, pad = gpt.special_tokens(config)
             ids, mask = gpt.pad_prompts(prompts, gpt.prompt_pad_id(config))
-            stream = shard.new_stream(requests=list(range(len(prompts))), prompt_ids=ids, prompt_mask=mask, eos_ids=eos, pad_id=pad)
+            stream = shard.new_stream(
+                requests=list(range(len(prompts))), prompt_ids=ids, prompt_mask=mask, eos_ids=eos, pad_id=pad
+            )
             value = ids
             with torch.no_grad():
                 for step in range(steps):
@@ -89,7 +97,9 @@ def _generate_on_group(config, prompts, steps, k, seed=0, checkpoint=None):
 
 def _whole(config, prompts, steps, seed=0):
     config = gpt.prepare_config(config)
-    return gpt.generate_whole(gpt.build_whole_model(config, gpt.weight_source(config, checkpoint=None, seed=seed)), config, prompts, steps)
+    return gpt.generate_whole(
+        gpt.build_whole_model(config, gpt.weight_source(config, checkpoint=None, seed=seed)), config, prompts, steps
+    )
 
 
 PROMPTS = [[5, 6, 7, 9, 10], [1, 2], [3, 4, 5]]  # uneven: left padding and a 2D mask

@@ -23,16 +23,39 @@ PRESETS = [name for name, _ in tr.preset_descriptions()]
 # Llama 2: 7B and 13B keep LLaMA 1's architecture, whose paper (Touvron et al. 2023a,
 # table 2) gives 6.7B and 13.0B; 70B from the Llama 2 paper. Llama 3: Meta's model card.
 PUBLISHED = {
-    "gpt2": 124e6, "gpt2-medium": 355e6, "gpt2-large": 774e6, "gpt2-xl": 1558e6,
-    "opt-125m": 125e6, "opt-350m": 331e6, "opt-1.3b": 1.3e9, "opt-2.7b": 2.7e9, "opt-6.7b": 6.7e9,
-    "opt-13b": 13e9, "opt-30b": 30e9, "opt-66b": 66e9,
-    "llama2-7b": 6.7e9, "llama2-13b": 13e9, "llama2-70b": 70e9, "llama3-8b": 8e9, "llama3-70b": 70e9,
+    "gpt2": 124e6,
+    "gpt2-medium": 355e6,
+    "gpt2-large": 774e6,
+    "gpt2-xl": 1558e6,
+    "opt-125m": 125e6,
+    "opt-350m": 331e6,
+    "opt-1.3b": 1.3e9,
+    "opt-2.7b": 2.7e9,
+    "opt-6.7b": 6.7e9,
+    "opt-13b": 13e9,
+    "opt-30b": 30e9,
+    "opt-66b": 66e9,
+    "llama2-7b": 6.7e9,
+    "llama2-13b": 13e9,
+    "llama2-70b": 70e9,
+    "llama3-8b": 8e9,
+    "llama3-70b": 70e9,
 }
 
 
 def _tiny(family: str, **kw):
-    base = dict(name=f"tiny-{family}", model_type=family, num_layers=2, hidden_size=64, num_heads=4,
-                num_kv_heads=4, intermediate_size=96, vocab_size=101, max_positions=64, tie_word_embeddings=True)
+    base = dict(
+        name=f"tiny-{family}",
+        model_type=family,
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=4,
+        intermediate_size=96,
+        vocab_size=101,
+        max_positions=64,
+        tie_word_embeddings=True,
+    )
     return tr.DecoderConfig(**{**base, **kw})
 
 
@@ -63,8 +86,16 @@ def test_params_match_published_size(name):
 
 
 def test_presets_cover_the_families():
-    assert {n for n in PRESETS if n.startswith("gpt3-")} == {"gpt3-125m", "gpt3-350m", "gpt3-760m", "gpt3-1.3b", "gpt3-2.7b",
-                                                              "gpt3-6.7b", "gpt3-13b", "gpt3-175b"}
+    assert {n for n in PRESETS if n.startswith("gpt3-")} == {
+        "gpt3-125m",
+        "gpt3-350m",
+        "gpt3-760m",
+        "gpt3-1.3b",
+        "gpt3-2.7b",
+        "gpt3-6.7b",
+        "gpt3-13b",
+        "gpt3-175b",
+    }
     assert set(PUBLISHED) <= set(PRESETS) and len(PRESETS) == len(PUBLISHED) + 8
     assert all(tr.is_preset(n) for n in PRESETS) and not tr.is_preset("gpt5")
     with pytest.raises(GraphError, match="gpt5"):
@@ -91,8 +122,17 @@ def test_every_preset_builds_a_valid_chain(name, granularity):
         if t.name.startswith("block."):
             assert t.label("layer") == int(t.name.split(".")[1])
     meta = graph.meta_dict()
-    assert {k: meta[k] for k in ("model", "model_type", "num_layers", "phase", "seq_len", "dtype", "granularity")} == dict(
-        model=name, model_type=cfg.model_type, num_layers=n, phase="prefill", seq_len=128, dtype="bf16", granularity=granularity)
+    assert {
+        k: meta[k] for k in ("model", "model_type", "num_layers", "phase", "seq_len", "dtype", "granularity")
+    } == dict(
+        model=name,
+        model_type=cfg.model_type,
+        num_layers=n,
+        phase="prefill",
+        seq_len=128,
+        dtype="bf16",
+        granularity=granularity,
+    )
     assert meta["decoder_config"] == dataclasses.asdict(cfg)
 
 
@@ -137,16 +177,42 @@ def test_save_pretrained_config_loads_like_from_hf_config(key, tmp_path):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(family=st.sampled_from(["gpt2", "opt", "llama", "mistral", "qwen2"]), layers=st.integers(1, 3),
-       heads=st.sampled_from([1, 2, 4]), group=st.sampled_from([1, 2]), head_dim=st.sampled_from([4, 8]),
-       inner=st.integers(1, 40), vocab=st.integers(5, 60), tie=st.booleans(), bias=st.booleans(), flag=st.booleans())
-def test_random_configs_count_exactly_like_transformers(family, layers, heads, group, head_dim, inner, vocab, tie, bias, flag):
+@given(
+    family=st.sampled_from(["gpt2", "opt", "llama", "mistral", "qwen2"]),
+    layers=st.integers(1, 3),
+    heads=st.sampled_from([1, 2, 4]),
+    group=st.sampled_from([1, 2]),
+    head_dim=st.sampled_from([4, 8]),
+    inner=st.integers(1, 40),
+    vocab=st.integers(5, 60),
+    tie=st.booleans(),
+    bias=st.booleans(),
+    flag=st.booleans(),
+)
+def test_random_configs_count_exactly_like_transformers(
+    family, layers, heads, group, head_dim, inner, vocab, tie, bias, flag
+):
     hidden = heads * head_dim
-    kw = dict(num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=heads, intermediate_size=inner,
-              vocab_size=vocab, max_positions=16, tie_word_embeddings=tie)
+    kw = dict(
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=heads,
+        intermediate_size=inner,
+        vocab_size=vocab,
+        max_positions=16,
+        tie_word_embeddings=tie,
+    )
     if family == "opt":
-        kw.update(qkv_bias=bias, out_bias=bias, mlp_bias=bias, pre_norm=flag, final_norm=flag and bias, norm_affine=not bias or flag,
-                  word_embed_dim=hidden if flag else hidden + 3)
+        kw.update(
+            qkv_bias=bias,
+            out_bias=bias,
+            mlp_bias=bias,
+            pre_norm=flag,
+            final_norm=flag and bias,
+            norm_affine=not bias or flag,
+            word_embed_dim=hidden if flag else hidden + 3,
+        )
     elif family != "gpt2":
         kw.update(num_kv_heads=max(heads // group, 1), hf_model_type=family)
         if family == "llama":
@@ -160,8 +226,18 @@ def test_random_configs_count_exactly_like_transformers(family, layers, heads, g
 
 
 def test_hand_computed_costs_of_a_tiny_gpt2():
-    cfg = tr.DecoderConfig(name="hand", model_type="gpt2", num_layers=1, hidden_size=8, num_heads=2, num_kv_heads=2,
-                           intermediate_size=32, vocab_size=10, max_positions=16, tie_word_embeddings=True)
+    cfg = tr.DecoderConfig(
+        name="hand",
+        model_type="gpt2",
+        num_layers=1,
+        hidden_size=8,
+        num_heads=2,
+        num_kv_heads=2,
+        intermediate_size=32,
+        vocab_size=10,
+        max_positions=16,
+        tie_word_embeddings=True,
+    )
     # matmul weights per layer: qkv 8*24 + out 8*8 + mlp 2*8*32 = 768; attention width a = 8
     pre = build_decoder_graph(cfg, phase="prefill", seq_len=4, granularity="block", dtype="fp32")
     assert pre.task("block.0").flops_per_sample == 2 * 768 * 4 + 4 * 8 * (4 * 5 // 2)  # 6464
@@ -179,7 +255,9 @@ def test_hand_computed_costs_of_a_tiny_gpt2():
     # prefill the cache write (16 per token)
     assert dec.task("block.0").bytes_per_sample == (120 + 184) * 4 + kv_cache
     assert pre.task("block.0").bytes_per_sample == (120 + 16 + 184) * 4 * 4
-    assert [e.bytes_per_sample for e in pre.edges] == [4 * 8 * 4] * 3 and {e.bytes_per_sample for e in dec.edges} == {8 * 4}
+    assert [e.bytes_per_sample for e in pre.edges] == [4 * 8 * 4] * 3 and {e.bytes_per_sample for e in dec.edges} == {
+        8 * 4
+    }
 
 
 @pytest.mark.parametrize("name", ["gpt3-175b", "llama2-70b", "opt-66b"])
@@ -223,8 +301,9 @@ def test_llama2_70b_kv_cache_uses_8_kv_heads():
     assert sum(t.mem_bytes_per_sample for t in graph.tasks) == 80 * per_layer
     # the decode step reads the whole cache: it dominates the activation traffic
     assert per_layer < graph.task("block.0").bytes_per_sample < 1.05 * per_layer
-    mha = build_decoder_graph(dataclasses.replace(cfg, num_kv_heads=64), phase="decode", seq_len=4096,
-                                 granularity="block", dtype="fp16")
+    mha = build_decoder_graph(
+        dataclasses.replace(cfg, num_kv_heads=64), phase="decode", seq_len=4096, granularity="block", dtype="fp16"
+    )
     assert mha.task("block.0").mem_bytes_per_sample == 8 * per_layer
 
 
@@ -240,26 +319,41 @@ def test_weights_of_a_tied_model_count_the_embedding_twice():
 
 
 def test_graph_round_trips_through_json():
-    graph = build_decoder_graph(tr.preset_config("opt-125m"), phase="prefill", seq_len=32, granularity="sublayer", dtype="fp16")
+    graph = build_decoder_graph(
+        tr.preset_config("opt-125m"), phase="prefill", seq_len=32, granularity="sublayer", dtype="fp16"
+    )
     again = graph_from_dict(json.loads(graph.to_json()))
     assert again.tasks == graph.tasks and again.edges == graph.edges and again.meta_dict() == graph.meta_dict()
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(phase="train"), "phase"), (dict(granularity="layer"), "granularity"), (dict(dtype="fp64"), "dtype"),
-    (dict(seq_len=0), "seq_len"), (dict(seq_len=2048), "1024 learned positions"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(phase="train"), "phase"),
+        (dict(granularity="layer"), "granularity"),
+        (dict(dtype="fp64"), "dtype"),
+        (dict(seq_len=0), "seq_len"),
+        (dict(seq_len=2048), "1024 learned positions"),
+    ],
+)
 def test_bad_build_arguments(kw, match):
     args = {**dict(phase="decode", seq_len=16, granularity="block", dtype="fp16"), **kw}
     with pytest.raises(GraphError, match=match):
         build_decoder_graph(tr.preset_config("gpt2"), **args)
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(model_type="bert"), "model_type"), (dict(num_kv_heads=3), "multiple of num_kv_heads"),
-    (dict(num_layers=0), "num_layers"), (dict(qkv_bias=False), "qkv_bias"), (dict(word_embed_dim=32), "word_embed_dim"),
-    (dict(hf_model_type="qwen2"), "hf_model_type"), (dict(num_kv_heads=2), "num_kv_heads == num_heads"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(model_type="bert"), "model_type"),
+        (dict(num_kv_heads=3), "multiple of num_kv_heads"),
+        (dict(num_layers=0), "num_layers"),
+        (dict(qkv_bias=False), "qkv_bias"),
+        (dict(word_embed_dim=32), "word_embed_dim"),
+        (dict(hf_model_type="qwen2"), "hf_model_type"),
+        (dict(num_kv_heads=2), "num_kv_heads == num_heads"),
+    ],
+)
 def test_bad_decoder_configs(kw, match):
     with pytest.raises(GraphError, match=match):
         _tiny("gpt2", **kw)
@@ -274,21 +368,34 @@ def _write(tmp_path, text: str):
     return path
 
 
-LLAMA_JSON = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-              "intermediate_size": 96, "vocab_size": 100, "max_position_embeddings": 128}
+LLAMA_JSON = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "intermediate_size": 96,
+    "vocab_size": 100,
+    "max_position_embeddings": 128,
+}
 
 
-@pytest.mark.parametrize("data, match", [
-    ({**LLAMA_JSON, "model_type": "bert"}, "key 'model_type': unsupported 'bert'"),
-    ({k: v for k, v in LLAMA_JSON.items() if k != "model_type"}, "missing key 'model_type'"),
-    ({k: v for k, v in LLAMA_JSON.items() if k != "intermediate_size"}, "missing key 'intermediate_size'"),
-    ({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "vocab_size": 10, "n_positions": 8}, "missing key 'n_head'"),
-    ({**LLAMA_JSON, "hidden_size": "64"}, "key 'hidden_size' must be int"),
-    ({**LLAMA_JSON, "tie_word_embeddings": 1}, "key 'tie_word_embeddings' must be bool"),
-    ({**LLAMA_JSON, "num_key_value_heads": 3}, "multiple of num_kv_heads"),
-    ({**LLAMA_JSON, "rope_parameters": {"rope_theta": "big"}}, "rope_parameters: key 'rope_theta' must be float"),
-    ([1, 2], "JSON object"),
-])
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        ({**LLAMA_JSON, "model_type": "bert"}, "key 'model_type': unsupported 'bert'"),
+        ({k: v for k, v in LLAMA_JSON.items() if k != "model_type"}, "missing key 'model_type'"),
+        ({k: v for k, v in LLAMA_JSON.items() if k != "intermediate_size"}, "missing key 'intermediate_size'"),
+        (
+            {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "vocab_size": 10, "n_positions": 8},
+            "missing key 'n_head'",
+        ),
+        ({**LLAMA_JSON, "hidden_size": "64"}, "key 'hidden_size' must be int"),
+        ({**LLAMA_JSON, "tie_word_embeddings": 1}, "key 'tie_word_embeddings' must be bool"),
+        ({**LLAMA_JSON, "num_key_value_heads": 3}, "multiple of num_kv_heads"),
+        ({**LLAMA_JSON, "rope_parameters": {"rope_theta": "big"}}, "rope_parameters: key 'rope_theta' must be float"),
+        ([1, 2], "JSON object"),
+    ],
+)
 def test_bad_config_files_name_the_file_and_key(tmp_path, data, match):
     path = _write(tmp_path, json.dumps(data))
     with pytest.raises(GraphError, match=match) as info:
@@ -308,8 +415,22 @@ def test_config_file_that_is_not_json(tmp_path):
 def test_hub_style_config_files_use_the_class_defaults(tmp_path):
     """Hub config.json files leave out keys that have transformers defaults."""
     cfg = tr.load_config_file(_write(tmp_path, json.dumps({**LLAMA_JSON, "rope_theta": 500000.0})))
-    assert (cfg.name, cfg.num_kv_heads, cfg.head_dim, cfg.tie_word_embeddings, cfg.rope_theta) == ("cfg", 4, 16, False, 500000.0)
-    gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 10, "n_positions": 8, "n_inner": None}
+    assert (cfg.name, cfg.num_kv_heads, cfg.head_dim, cfg.tie_word_embeddings, cfg.rope_theta) == (
+        "cfg",
+        4,
+        16,
+        False,
+        500000.0,
+    )
+    gpt2 = {
+        "model_type": "gpt2",
+        "n_embd": 64,
+        "n_head": 4,
+        "n_layer": 2,
+        "vocab_size": 10,
+        "n_positions": 8,
+        "n_inner": None,
+    }
     cfg = tr.load_config_file(_write(tmp_path, json.dumps({**gpt2, "_name_or_path": "openai-community/gpt2"})))
     assert (cfg.name, cfg.intermediate_size, cfg.tie_word_embeddings) == ("openai-community/gpt2", 256, True)
 
@@ -327,8 +448,11 @@ def test_registry_builds_presets_and_config_files(tmp_path):
 
 
 def test_docs_table_lists_every_preset_with_its_count(repo):
-    rows = {line.split("|")[1].strip(" `"): line for line in (repo / "docs" / "models.md").read_text().splitlines()
-            if line.startswith("| `")}
+    rows = {
+        line.split("|")[1].strip(" `"): line
+        for line in (repo / "docs" / "models.md").read_text().splitlines()
+        if line.startswith("| `")
+    }
     presets = {n for n in PRESETS}
     assert presets <= set(rows)
     for name in presets:

@@ -12,13 +12,13 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from planner_instances import kind, make_cluster, problems, random_assignment
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.plan import Plan, PlanError, PlanInputs, save_plan
 from llm_planner.solve.problem import build_problem
 from llm_planner.solve.schedule import make_plan
 from llm_planner.verify import VerifyReport, verify_plan, verify_plan_file
-from planner_instances import kind, make_cluster, problems, random_assignment
 
 GB = 1e9
 CPU, FAST, SMALL = "node0/cpu:0", "node0/fast:0", "node0/small:0"
@@ -41,7 +41,9 @@ def diamond_problem(*, objective="latency", batch=4, shards=2, small_mem=8 * GB,
         times = (("cpu", 0.05), ("fast", 0.005), ("small", 0.01))
         tasks = tuple(Task(name=n, time_s_by_kind=times, **common) for n in "abcd")
     else:
-        tasks = tuple(Task(name=n, flops_per_sample=2e11 * (j + 1), bytes_per_sample=1e8, **common) for j, n in enumerate("abcd"))
+        tasks = tuple(
+            Task(name=n, flops_per_sample=2e11 * (j + 1), bytes_per_sample=1e8, **common) for j, n in enumerate("abcd")
+        )
     hop = 0.002 if explicit_hops else 0.0
     edges = tuple(Edge(src=s, dst=d, bytes_per_sample=5e7, hop_s_per_sample=hop) for s, d in ("ab", "ac", "bd", "cd"))
     graph = TaskGraph(name="diamond", tasks=tasks, edges=edges).validate()
@@ -49,11 +51,22 @@ def diamond_problem(*, objective="latency", batch=4, shards=2, small_mem=8 * GB,
 
 
 def plan_for(problem, sizes, assigns, **kw) -> Plan:
-    return make_plan(problem, sizes, assigns, solver="test", status="heuristic", started_at=time.perf_counter(), lower_bound_s=0.0, **kw)
+    return make_plan(
+        problem,
+        sizes,
+        assigns,
+        solver="test",
+        status="heuristic",
+        started_at=time.perf_counter(),
+        lower_bound_s=0.0,
+        **kw,
+    )
 
 
 def edit_entry(plan: Plan, task: str, shard: int = 0, **changes) -> Plan:
-    schedule = tuple(dataclasses.replace(s, **changes) if (s.task, s.shard) == (task, shard) else s for s in plan.schedule)
+    schedule = tuple(
+        dataclasses.replace(s, **changes) if (s.task, s.shard) == (task, shard) else s for s in plan.schedule
+    )
     return dataclasses.replace(plan, schedule=schedule)
 
 
@@ -75,7 +88,12 @@ def assert_violation(report: VerifyReport, *fragments: str) -> str:
 @pytest.mark.parametrize("explicit_hops", [False, True], ids=["direct", "host_staged"])
 @pytest.mark.parametrize(
     "sizes, assigns",
-    [([4], [[1, 1, 1, 1]]), ([4], [[1, 2, 0, 1]]), ([2, 2], [[1, 1, 2, 1], [2, 2, 2, 2]]), ([3, 1], [[1, 1, 1, 1], [0, 2, 1, 0]])],
+    [
+        ([4], [[1, 1, 1, 1]]),
+        ([4], [[1, 2, 0, 1]]),
+        ([2, 2], [[1, 1, 2, 1], [2, 2, 2, 2]]),
+        ([3, 1], [[1, 1, 1, 1], [0, 2, 1, 0]]),
+    ],
 )
 def test_plans_from_make_plan_are_accepted(objective, explicit_hops, sizes, assigns):
     problem = diamond_problem(objective=objective, small_mem=40 * GB, explicit_hops=explicit_hops)
@@ -141,7 +159,13 @@ def test_overlap(problem, plan):
     first, second = (b, c) if b.start_s < c.start_s else (c, b)
     shift = second.start_s - first.start_s
     broken = edit_entry(plan, second.task, start_s=first.start_s, finish_s=second.finish_s - shift)
-    assert_violation(verify_plan(broken, problem), f"device '{FAST}' runs task", "task 'b' of shard 0", "task 'c' of shard 0", "runs until")
+    assert_violation(
+        verify_plan(broken, problem),
+        f"device '{FAST}' runs task",
+        "task 'b' of shard 0",
+        "task 'c' of shard 0",
+        "runs until",
+    )
 
 
 def test_missing_task(problem, plan):
@@ -184,7 +208,9 @@ def test_precedence_counts_the_transfer(problem):
     assert transfer > 0 and d.start_s >= b.finish_s + transfer * (1 - 1e-9)
     start = b.finish_s + transfer / 2  # after b ends, but before its output arrives
     broken = edit_entry(plan, "d", start_s=start, finish_s=start + (d.finish_s - d.start_s))
-    assert_violation(verify_plan(broken, problem), "task 'd' of shard 0 starts at", "before the output of 'b' arrives", "+ transfer")
+    assert_violation(
+        verify_plan(broken, problem), "task 'd' of shard 0 starts at", "before the output of 'b' arrives", "+ transfer"
+    )
 
 
 def test_wrong_duration(problem, plan):
@@ -219,7 +245,9 @@ def test_unsupported_unknown_and_missing_assignments(problem, plan):
     graph = dataclasses.replace(problem.graph, tasks=(gpu_only, *problem.graph.tasks[1:]))
     strict = build_problem(graph, problem.cluster, batch_size=4, max_shards=2)
     on_cpu = dataclasses.replace(plan, shard_assignments=({**plan.assignment, "a": CPU},))
-    assert_violation(verify_plan(on_cpu, strict), f"shard 0 puts task 'a' on device '{CPU}' (kind 'cpu'), which cannot run it")
+    assert_violation(
+        verify_plan(on_cpu, strict), f"shard 0 puts task 'a' on device '{CPU}' (kind 'cpu'), which cannot run it"
+    )
     unknown = dataclasses.replace(plan, shard_assignments=({**plan.assignment, "a": "nowhere/gpu:9"},))
     assert_violation(verify_plan(unknown, problem), "unknown device 'nowhere/gpu:9'")
     extra = dataclasses.replace(plan, shard_assignments=({**plan.assignment, "zz": FAST},))
@@ -230,7 +258,9 @@ def test_unsupported_unknown_and_missing_assignments(problem, plan):
 
 def test_schedule_device_differs_from_assignment(problem, plan):
     broken = edit_entry(plan, "c", device=SMALL)
-    assert_violation(verify_plan(broken, problem), f"task 'c' of shard 0 is scheduled on '{SMALL}' but assigned to '{FAST}'")
+    assert_violation(
+        verify_plan(broken, problem), f"task 'c' of shard 0 is scheduled on '{SMALL}' but assigned to '{FAST}'"
+    )
 
 
 def test_duplicate_and_unknown_schedule_entries(problem, plan):
@@ -243,7 +273,9 @@ def test_duplicate_and_unknown_schedule_entries(problem, plan):
 def test_shard_sizes(problem):
     plan = plan_for(problem, [2, 2], [[1, 1, 1, 1], [2, 2, 2, 2]])
     assert verify_plan(plan, problem).ok
-    assert_violation(verify_plan(dataclasses.replace(plan, shard_sizes=(2, 1)), problem), "sum to 3, not the batch size 4")
+    assert_violation(
+        verify_plan(dataclasses.replace(plan, shard_sizes=(2, 1)), problem), "sum to 3, not the batch size 4"
+    )
     too_many = diamond_problem(small_mem=40 * GB, shards=1)
     assert_violation(verify_plan(plan, too_many), "the plan has 2 shards but at most 1 are allowed")
     empty = dataclasses.replace(plan, shard_sizes=(4, 0))
@@ -252,19 +284,28 @@ def test_shard_sizes(problem):
 
 def test_colocation_split(problem, plan):
     tasks = tuple(dataclasses.replace(t, colocate_group="pair") if t.name in "bc" else t for t in problem.graph.tasks)
-    grouped = build_problem(dataclasses.replace(problem.graph, tasks=tasks), problem.cluster, batch_size=4, max_shards=2)
+    grouped = build_problem(
+        dataclasses.replace(problem.graph, tasks=tasks), problem.cluster, batch_size=4, max_shards=2
+    )
     split = plan_for(grouped, [4], [[1, 1, 2, 1]])
     assert_violation(verify_plan(split, grouped), "colocated tasks 'b', 'c' are split over devices")
     assert verify_plan(plan_for(grouped, [4], [[1, 2, 2, 1]]), grouped).ok
 
 
 def test_objective_kind_mismatch(problem, plan):
-    assert_violation(verify_plan(dataclasses.replace(plan, objective="throughput"), problem), "the plan optimises 'throughput'")
+    assert_violation(
+        verify_plan(dataclasses.replace(plan, objective="throughput"), problem), "the plan optimises 'throughput'"
+    )
 
 
 def test_deadlock_on_one_device_is_reported(problem, plan):
     a, b = entry(plan, "a"), entry(plan, "b")
-    swapped = edit_entry(edit_entry(plan, "b", start_s=a.start_s, finish_s=a.start_s + (b.finish_s - b.start_s)), "a", start_s=b.start_s, finish_s=b.start_s + (a.finish_s - a.start_s))
+    swapped = edit_entry(
+        edit_entry(plan, "b", start_s=a.start_s, finish_s=a.start_s + (b.finish_s - b.start_s)),
+        "a",
+        start_s=b.start_s,
+        finish_s=b.start_s + (a.finish_s - a.start_s),
+    )
     report = verify_plan(swapped, problem)
     assert_violation(report, "simulation deadlock", f"'{FAST}' waits to run task 'b' of shard 0")
     assert math.isnan(report.simulated_objective_s)
@@ -282,7 +323,8 @@ def test_deadlock_across_devices_is_reported():
     plan = plan_for(problem, [1], [[1, 2, 2, 1]])  # a, d on fast; b, c on small
     times = {"d": 0.0, "a": 1.0, "b": 0.0, "c": 1.0}
     schedule = tuple(
-        dataclasses.replace(s, start_s=times[s.task], finish_s=times[s.task] + s.finish_s - s.start_s) for s in plan.schedule
+        dataclasses.replace(s, start_s=times[s.task], finish_s=times[s.task] + s.finish_s - s.start_s)
+        for s in plan.schedule
     )
     report = verify_plan(dataclasses.replace(plan, schedule=schedule), problem)
     assert_violation(report, "simulation deadlock", "whose inputs ['a'] never finish")
@@ -308,7 +350,9 @@ def test_verify_plan_file_uses_the_rebuilt_problem(tmp_path, monkeypatch, proble
     import llm_planner.pipeline as pipeline
 
     seen = []
-    monkeypatch.setattr(pipeline, "problem_from_plan_inputs", lambda inputs, check_hashes=True: seen.append(inputs) or problem)
+    monkeypatch.setattr(
+        pipeline, "problem_from_plan_inputs", lambda inputs, check_hashes=True: seen.append(inputs) or problem
+    )
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     save_plan(plan, good)
     save_plan(dataclasses.replace(plan, objective_s=plan.objective_s / 2), bad)
@@ -338,12 +382,23 @@ def cluster_dict(problem) -> dict:
     return {
         "name": c.name,
         "device_kinds": [
-            {"name": k.name, "type": k.type, "peak_flops": dict(k.peak_flops), "mem_bytes": k.mem_bytes,
-             "mem_bw_bytes_per_s": k.mem_bw_bytes_per_s, "overhead_s": k.overhead_s}
+            {
+                "name": k.name,
+                "type": k.type,
+                "peak_flops": dict(k.peak_flops),
+                "mem_bytes": k.mem_bytes,
+                "mem_bw_bytes_per_s": k.mem_bw_bytes_per_s,
+                "overhead_s": k.overhead_s,
+            }
             for k in c.device_kinds
         ],
         "nodes": [{"name": n.name, "devices": dict(n.devices)} for n in c.nodes],
-        "links": {"intra_node_default": {"bw_bytes_per_s": c.intra_node_default.bw_bytes_per_s, "latency_s": c.intra_node_default.latency_s}},
+        "links": {
+            "intra_node_default": {
+                "bw_bytes_per_s": c.intra_node_default.bw_bytes_per_s,
+                "latency_s": c.intra_node_default.latency_s,
+            }
+        },
     }
 
 
@@ -362,7 +417,9 @@ def test_random_plans_verify_and_perturbed_ones_do_not(data):
     assert report.simulated_objective_s == pytest.approx(plan.objective_s, rel=1e-9)
     # a task made longer than its cost model says is always caught
     victim = data.draw(st.sampled_from(plan.schedule))
-    longer = edit_entry(plan, victim.task, victim.shard, finish_s=victim.finish_s + 1e-3 + (victim.finish_s - victim.start_s))
+    longer = edit_entry(
+        plan, victim.task, victim.shard, finish_s=victim.finish_s + 1e-3 + (victim.finish_s - victim.start_s)
+    )
     assert_violation(verify_plan(longer, problem), f"task '{victim.task}' of shard {victim.shard}", "lasts")
 
 

@@ -27,12 +27,37 @@ def _small() -> dict:
         "maxFPGAs": 2,
         "maxCPUs": 1,
         "nodes": [
-            {"id": 7, "name": "a", "cpuLatency": 100.0, "fpgaLatency": 10.0, "supportedOnFpga": 1, "size": 300.0,
-             "colorClass": 1, "isBackwardNode": 0, "layerId": 4},
-            {"id": 3, "name": "b", "cpuLatency": 200.0, "fpgaLatency": 20.0, "supportedOnFpga": False, "size": 0,
-             "colorClass": 2, "isBackwardNode": True},
-            {"id": 5, "name": "c", "cpuLatency": 300.0, "fpgaLatency": 30.0, "supportedOnFpga": True, "size": 500.0,
-             "colorClass": 1, "isBackwardNode": False},
+            {
+                "id": 7,
+                "name": "a",
+                "cpuLatency": 100.0,
+                "fpgaLatency": 10.0,
+                "supportedOnFpga": 1,
+                "size": 300.0,
+                "colorClass": 1,
+                "isBackwardNode": 0,
+                "layerId": 4,
+            },
+            {
+                "id": 3,
+                "name": "b",
+                "cpuLatency": 200.0,
+                "fpgaLatency": 20.0,
+                "supportedOnFpga": False,
+                "size": 0,
+                "colorClass": 2,
+                "isBackwardNode": True,
+            },
+            {
+                "id": 5,
+                "name": "c",
+                "cpuLatency": 300.0,
+                "fpgaLatency": 30.0,
+                "supportedOnFpga": True,
+                "size": 500.0,
+                "colorClass": 1,
+                "isBackwardNode": False,
+            },
         ],
         "edges": [
             {"sourceId": 7, "destId": 3, "cost": 1.0, "size": 64.0},
@@ -42,7 +67,9 @@ def _small() -> dict:
     }
 
 
-@pytest.mark.skipif(not WORKLOAD_FILES, reason="no dnn-partitioning checkout (LLM_PLANNER_WORKLOADS, docs/workloads.md)")
+@pytest.mark.skipif(
+    not WORKLOAD_FILES, reason="no dnn-partitioning checkout (LLM_PLANNER_WORKLOADS, docs/workloads.md)"
+)
 @pytest.mark.parametrize("path", WORKLOAD_FILES, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}/{p.name}")
 def test_published_file_loads(path: Path):
     data = json.loads(path.read_text())
@@ -171,7 +198,10 @@ def _broken(mutate) -> dict:
         (lambda d: d.update(nodes=[]), r"bad\.json: field 'nodes': the workload has no nodes"),
         (lambda d: d.pop("edges"), r"bad\.json: field 'edges': missing required field"),
         (lambda d: d["nodes"][1].pop("cpuLatency"), r"bad\.json: nodes\[1\] \(id 3\): field 'cpuLatency': missing"),
-        (lambda d: d["nodes"][2].update(fpgaLatency=-1.0), r"bad\.json: nodes\[2\] \(id 5\): field 'fpgaLatency': .*>= 0"),
+        (
+            lambda d: d["nodes"][2].update(fpgaLatency=-1.0),
+            r"bad\.json: nodes\[2\] \(id 5\): field 'fpgaLatency': .*>= 0",
+        ),
         (lambda d: d["nodes"][0].update(size="big"), r"nodes\[0\] \(id 7\): field 'size': expected a finite number"),
         (lambda d: d["nodes"][0].update(supportedOnFpga=2), r"nodes\[0\] \(id 7\): field 'supportedOnFpga'"),
         (lambda d: d["nodes"][2].update(id=7), r"nodes\[2\]: field 'id': duplicate id 7 \(also nodes\[0\]\)"),
@@ -181,7 +211,10 @@ def _broken(mutate) -> dict:
         (lambda d: d["edges"][0].pop("cost"), r"edges\[0\] \(7 -> 3\): field 'cost': missing required field"),
         (lambda d: d["edges"][1].update(cost=5.0), r"edges\[1\] \(7 -> 5\): field 'cost': .*differs .* edges\[0\]"),
         (lambda d: d["edges"].append(dict(d["edges"][0])), r"edges\[3\] \(7 -> 3\): duplicate of edges\[0\]"),
-        (lambda d: d["edges"].append({"sourceId": 5, "destId": 5, "cost": 0.0}), r"edges\[3\] \(5 -> 5\): an edge from a node to itself"),
+        (
+            lambda d: d["edges"].append({"sourceId": 5, "destId": 5, "cost": 0.0}),
+            r"edges\[3\] \(5 -> 5\): an edge from a node to itself",
+        ),
         (lambda d: d["edges"].append({"sourceId": 5, "destId": 7, "cost": 0.0}), r"bad\.json: .*not a DAG"),
     ],
 )

@@ -36,7 +36,13 @@ from typing import Any
 
 from llm_planner.graph.constants import DTYPE_BYTES, GRANULARITIES, PHASES
 from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
-from llm_planner.graph.transformer import DecoderConfig, count_parameters, matmul_parameters, norm_parameters, part_parameters
+from llm_planner.graph.transformer import (
+    DecoderConfig,
+    count_parameters,
+    matmul_parameters,
+    norm_parameters,
+    part_parameters,
+)
 
 ID_BYTES = 8  # token ids are int64
 
@@ -47,10 +53,18 @@ def _traffic_per_token(cfg: DecoderConfig, decode: bool) -> dict[str, int]:
     norm, residual, up = 2 * h, 3 * h, cfg.intermediate_size * (2 if cfg.gated_mlp else 1)
     rope = 2 * (a + kv) if not cfg.learned_positions else 0  # rotate q and k
     core = 2 * a + 2 * kv  # prefill: read q, k, v, write o; decode: read q, write the new k, v to the cache, write o
-    return {"embed": dw + (dw + h if dw != h else 0) + (2 * h if cfg.learned_positions else 0),  # gather, project_in, + pos
-            "attn": norm + (h + a + 2 * kv) + rope + core + (a + h) + residual + (2 * kv if not decode else 0),  # prefill: cache write
-            "mlp": norm + (h + up) + (up + cfg.intermediate_size) + (cfg.intermediate_size + h) + residual,
-            "final_norm": norm * cfg.final_norm + (h + dw if dw != h else 0)}
+    return {
+        "embed": dw + (dw + h if dw != h else 0) + (2 * h if cfg.learned_positions else 0),  # gather, project_in, + pos
+        "attn": norm
+        + (h + a + 2 * kv)
+        + rope
+        + core
+        + (a + h)
+        + residual
+        + (2 * kv if not decode else 0),  # prefill: cache write
+        "mlp": norm + (h + up) + (up + cfg.intermediate_size) + (cfg.intermediate_size + h) + residual,
+        "final_norm": norm * cfg.final_norm + (h + dw if dw != h else 0),
+    }
 
 
 def _layer_costs(cfg: DecoderConfig, phase: str, seq_len: int, dtype_bytes: int) -> dict[str, dict[str, float]]:
@@ -63,15 +77,23 @@ def _layer_costs(cfg: DecoderConfig, phase: str, seq_len: int, dtype_bytes: int)
     kv_cache = 2 * kv * seq_len * dtype_bytes
     out = {}
     for part in ("embed", "attn", "mlp", "final_norm"):
-        out[part] = {"flops": 2.0 * matmul[part] * tokens, "bytes": float(traffic[part] * tokens * dtype_bytes),
-                     "weight": float(params[part] * dtype_bytes), "mem": 0.0}
+        out[part] = {
+            "flops": 2.0 * matmul[part] * tokens,
+            "bytes": float(traffic[part] * tokens * dtype_bytes),
+            "weight": float(params[part] * dtype_bytes),
+            "mem": 0.0,
+        }
     out["embed"]["bytes"] += ID_BYTES * tokens
     out["attn"]["flops"] += 4.0 * a * keys
     out["attn"]["bytes"] += kv_cache if decode else 0.0
     out["attn"]["mem"] = float(kv_cache)
     dw = cfg.word_embed_dim  # lm_head: logits of the last position only
-    out["lm_head"] = {"flops": 2.0 * matmul["lm_head"], "bytes": float((dw + cfg.vocab_size) * dtype_bytes),
-                      "weight": float(params["lm_head"] * dtype_bytes), "mem": 0.0}
+    out["lm_head"] = {
+        "flops": 2.0 * matmul["lm_head"],
+        "bytes": float((dw + cfg.vocab_size) * dtype_bytes),
+        "weight": float(params["lm_head"] * dtype_bytes),
+        "mem": 0.0,
+    }
     for part, width in _workspace_widths(cfg).items():
         out[part]["workspace"] = float(width * (1 if part == "lm_head" else tokens) * dtype_bytes)
     return out
@@ -82,8 +104,13 @@ def _workspace_widths(cfg: DecoderConfig) -> dict[str, int]:
     intermediate and what is written from it; the attention core fused, so no L x L scores)."""
     h, a, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     up = cfg.intermediate_size * (2 if cfg.gated_mlp else 1)
-    return {"embed": 2 * h, "attn": h + a + 2 * kv + a, "mlp": h + up + cfg.intermediate_size,
-            "final_norm": 2 * h, "lm_head": cfg.word_embed_dim + cfg.vocab_size}
+    return {
+        "embed": 2 * h,
+        "attn": h + a + 2 * kv + a,
+        "mlp": h + up + cfg.intermediate_size,
+        "final_norm": 2 * h,
+        "lm_head": cfg.word_embed_dim + cfg.vocab_size,
+    }
 
 
 def _tensor_parallel(cfg: DecoderConfig, tokens: int, dtype_bytes: int) -> dict[str, dict[str, Any]]:
@@ -103,34 +130,72 @@ def _tensor_parallel(cfg: DecoderConfig, tokens: int, dtype_bytes: int) -> dict[
     act = float(tokens * h * b)  # one all-reduce of the hidden states
     embed_traffic = _traffic_per_token(cfg, tokens == 1)["embed"] * tokens * b + ID_BYTES * tokens
     return {
-        "embed": dict(tp_divides=(h,), tp_replicated_weight_bytes=float((proj + positions) * b),
-                      tp_replicated_indexed_bytes=float(positions * b), tp_replicated_bytes_per_sample=float(embed_traffic),
-                      tp_allreduces=1, tp_allreduce_bytes_per_sample=act, weight_bytes_indexed=float((cfg.vocab_size * dw + positions) * b)),
-        "attn": dict(tp_divides=(cfg.num_heads, cfg.num_kv_heads), tp_replicated_weight_bytes=float((out_norm + h * cfg.out_bias) * b),
-                     tp_replicated_bytes_per_sample=float(7 * h * tokens * b), tp_allreduces=1, tp_allreduce_bytes_per_sample=act),
-        "mlp": dict(tp_divides=(cfg.intermediate_size,), tp_replicated_weight_bytes=float((out_norm + h * cfg.mlp_bias) * b),
-                    tp_replicated_bytes_per_sample=float(7 * h * tokens * b), tp_allreduces=1, tp_allreduce_bytes_per_sample=act),
+        "embed": dict(
+            tp_divides=(h,),
+            tp_replicated_weight_bytes=float((proj + positions) * b),
+            tp_replicated_indexed_bytes=float(positions * b),
+            tp_replicated_bytes_per_sample=float(embed_traffic),
+            tp_allreduces=1,
+            tp_allreduce_bytes_per_sample=act,
+            weight_bytes_indexed=float((cfg.vocab_size * dw + positions) * b),
+        ),
+        "attn": dict(
+            tp_divides=(cfg.num_heads, cfg.num_kv_heads),
+            tp_replicated_weight_bytes=float((out_norm + h * cfg.out_bias) * b),
+            tp_replicated_bytes_per_sample=float(7 * h * tokens * b),
+            tp_allreduces=1,
+            tp_allreduce_bytes_per_sample=act,
+        ),
+        "mlp": dict(
+            tp_divides=(cfg.intermediate_size,),
+            tp_replicated_weight_bytes=float((out_norm + h * cfg.mlp_bias) * b),
+            tp_replicated_bytes_per_sample=float(7 * h * tokens * b),
+            tp_allreduces=1,
+            tp_allreduce_bytes_per_sample=act,
+        ),
         "final_norm": dict(tp_divides=(h,), tp_replicated_weight_bytes=None, tp_replicated_bytes_per_sample=None),
-        "lm_head": dict(tp_divides=(h,), tp_replicated_bytes_per_sample=float(dw * b), tp_allgathers=1,
-                        tp_allgather_bytes_per_sample=8.0),
+        "lm_head": dict(
+            tp_divides=(h,),
+            tp_replicated_bytes_per_sample=float(dw * b),
+            tp_allgathers=1,
+            tp_allgather_bytes_per_sample=8.0,
+        ),
     }
 
 
 def _task(name: str, role: str, cost: dict[str, float], tp: dict[str, Any], layer: int | None = None) -> Task:
     labels: tuple[tuple[str, Any], ...] = (("role", role),) + ((("layer", layer),) if layer is not None else ())
     tp = dict(tp)
-    for key, whole in (("tp_replicated_weight_bytes", cost["weight"]), ("tp_replicated_bytes_per_sample", cost["bytes"])):
+    for key, whole in (
+        ("tp_replicated_weight_bytes", cost["weight"]),
+        ("tp_replicated_bytes_per_sample", cost["bytes"]),
+    ):
         if key in tp and tp[key] is None:  # replicated entirely
             tp[key] = whole
-    return Task(name=name, kind=role, flops_per_sample=cost["flops"], bytes_per_sample=cost["bytes"],
-                weight_bytes=cost["weight"], mem_bytes_per_sample=cost["mem"], workspace_bytes_per_sample=cost["workspace"],
-                labels=labels, **tp)
+    return Task(
+        name=name,
+        kind=role,
+        flops_per_sample=cost["flops"],
+        bytes_per_sample=cost["bytes"],
+        weight_bytes=cost["weight"],
+        mem_bytes_per_sample=cost["mem"],
+        workspace_bytes_per_sample=cost["workspace"],
+        labels=labels,
+        **tp,
+    )
 
 
 def _block_tp(attn: dict[str, Any], mlp: dict[str, Any]) -> dict[str, Any]:
     """A whole block on a group: both sublayers' constraints, replicated parts and collectives."""
-    out = {key: attn[key] + mlp[key] for key in ("tp_replicated_weight_bytes", "tp_replicated_bytes_per_sample",
-                                                 "tp_allreduces", "tp_allreduce_bytes_per_sample")}
+    out = {
+        key: attn[key] + mlp[key]
+        for key in (
+            "tp_replicated_weight_bytes",
+            "tp_replicated_bytes_per_sample",
+            "tp_allreduces",
+            "tp_allreduce_bytes_per_sample",
+        )
+    }
     return dict(out, tp_divides=attn["tp_divides"] + mlp["tp_divides"])
 
 
@@ -145,7 +210,9 @@ def build_decoder_graph(config: DecoderConfig, *, phase: str, seq_len: int, gran
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise GraphError(f"model {config.name!r}: seq_len must be a positive integer, got {seq_len!r}")
     if config.learned_positions and seq_len > config.max_positions:
-        raise GraphError(f"model {config.name!r}: seq_len {seq_len} exceeds its {config.max_positions} learned positions")
+        raise GraphError(
+            f"model {config.name!r}: seq_len {seq_len} exceeds its {config.max_positions} learned positions"
+        )
     b = DTYPE_BYTES[dtype]
     c = _layer_costs(config, phase, seq_len, b)
     tokens = 1 if phase == "decode" else seq_len
@@ -157,12 +224,32 @@ def build_decoder_graph(config: DecoderConfig, *, phase: str, seq_len: int, gran
             block["workspace"] = max(c["attn"]["workspace"], c["mlp"]["workspace"])  # one sublayer at a time
             tasks.append(_task(f"block.{i}", "block", block, _block_tp(tp["attn"], tp["mlp"]), i))
         else:
-            tasks += [_task(f"block.{i}.attn", "attn", c["attn"], tp["attn"], i), _task(f"block.{i}.mlp", "mlp", c["mlp"], tp["mlp"], i)]
-    tasks += [_task("final_norm", "final_norm", c["final_norm"], tp["final_norm"]), _task("lm_head", "lm_head", c["lm_head"], tp["lm_head"])]
-    widths = [config.hidden_size] * (len(tasks) - 2) + [config.word_embed_dim]  # final_norm -> lm_head: after project_out
-    edges = tuple(Edge(src=s.name, dst=d.name, bytes_per_sample=float(tokens * w * b)) for s, d, w in zip(tasks, tasks[1:], widths))
-    meta = (("model", config.name), ("model_type", config.model_type), ("num_layers", config.num_layers),
-            ("hidden_size", config.hidden_size), ("vocab_size", config.vocab_size), ("num_params", count_parameters(config)),
-            ("phase", phase), ("seq_len", seq_len), ("dtype", dtype), ("granularity", granularity),
-            ("decoder_config", dataclasses.asdict(config)))
+            tasks += [
+                _task(f"block.{i}.attn", "attn", c["attn"], tp["attn"], i),
+                _task(f"block.{i}.mlp", "mlp", c["mlp"], tp["mlp"], i),
+            ]
+    tasks += [
+        _task("final_norm", "final_norm", c["final_norm"], tp["final_norm"]),
+        _task("lm_head", "lm_head", c["lm_head"], tp["lm_head"]),
+    ]
+    widths = [config.hidden_size] * (len(tasks) - 2) + [
+        config.word_embed_dim
+    ]  # final_norm -> lm_head: after project_out
+    edges = tuple(
+        Edge(src=s.name, dst=d.name, bytes_per_sample=float(tokens * w * b))
+        for s, d, w in zip(tasks, tasks[1:], widths)
+    )
+    meta = (
+        ("model", config.name),
+        ("model_type", config.model_type),
+        ("num_layers", config.num_layers),
+        ("hidden_size", config.hidden_size),
+        ("vocab_size", config.vocab_size),
+        ("num_params", count_parameters(config)),
+        ("phase", phase),
+        ("seq_len", seq_len),
+        ("dtype", dtype),
+        ("granularity", granularity),
+        ("decoder_config", dataclasses.asdict(config)),
+    )
     return TaskGraph(name=config.name, tasks=tuple(tasks), edges=edges, meta=meta).validate()

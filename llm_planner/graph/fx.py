@@ -48,8 +48,8 @@ from torch import nn
 from torch.fx import GraphModule, Interpreter, Node, Tracer
 from torch.utils.flop_counter import FlopCounterMode
 
-from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
 from llm_planner.graph.constants import DTYPE_BYTES
+from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
 
 log = logging.getLogger(__name__)
 
@@ -175,9 +175,13 @@ def trace_module(
     if dtype not in DTYPE_BYTES:
         raise GraphError(f"model {name!r}: unknown dtype {dtype!r} (known: {', '.join(DTYPE_BYTES)})")
     if not isinstance(example_inputs, tuple):
-        raise GraphError(f"model {name!r}: example_inputs must be a tuple of positional inputs, got {type(example_inputs).__name__}")
+        raise GraphError(
+            f"model {name!r}: example_inputs must be a tuple of positional inputs, got {type(example_inputs).__name__}"
+        )
     if module.training:
-        log.warning("model %r is in training mode: measuring runs it once, which updates BatchNorm running statistics", name)
+        log.warning(
+            "model %r is in training mode: measuring runs it once, which updates BatchNorm running statistics", name
+        )
     tracer = _LeafTracer(tuple(leaf_modules))
     try:
         graph = tracer.trace(module)
@@ -194,13 +198,21 @@ def trace_module(
         measure.run(*example_inputs)
     batch = _batch_size(example_inputs)
     task_graph = _task_graph(gm, measure, name=name, dtype=dtype, batch=batch)
-    log.info("traced %s: %d fx nodes, %d tasks (%d Identity calls dropped)", name, len(gm.graph.nodes), task_graph.num_tasks, dropped)
+    log.info(
+        "traced %s: %d fx nodes, %d tasks (%d Identity calls dropped)",
+        name,
+        len(gm.graph.nodes),
+        task_graph.num_tasks,
+        dropped,
+    )
     return gm, task_graph
 
 
 def _task_graph(gm: GraphModule, measure: _MeasuringInterpreter, *, name: str, dtype: str, batch: int) -> TaskGraph:
     nodes = list(gm.graph.nodes)
-    attr_bytes = {n.name: _tensor_bytes(_fetch_attr(gm, str(n.target)), measure.elem_bytes) for n in nodes if n.op == "get_attr"}
+    attr_bytes = {
+        n.name: _tensor_bytes(_fetch_attr(gm, str(n.target)), measure.elem_bytes) for n in nodes if n.op == "get_attr"
+    }
     tasks, edges = [], []
     for n in nodes:
         if n.op == "get_attr":
@@ -260,13 +272,17 @@ def resnet_config(name: str) -> Any:
     from transformers import ResNetConfig
 
     if name == "resnet18":
-        return ResNetConfig(layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512], num_labels=RESNET_NUM_CLASSES)
+        return ResNetConfig(
+            layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512], num_labels=RESNET_NUM_CLASSES
+        )
     if name == "resnet50":
         return ResNetConfig(num_labels=RESNET_NUM_CLASSES)
     raise GraphError(f"unknown ResNet {name!r} (known: {', '.join(RESNET_NAMES)})")
 
 
-def build_resnet(name: str, seed: int = 0, *, dtype: str = "fp32") -> tuple[nn.Module, GraphModule, TaskGraph, torch.Tensor]:
+def build_resnet(
+    name: str, seed: int = 0, *, dtype: str = "fp32"
+) -> tuple[nn.Module, GraphModule, TaskGraph, torch.Tensor]:
     """A randomly initialised ResNet ("resnet18" or "resnet50"), traced.
 
     Returns (model, gm, graph, example_input): `model` is the transformers

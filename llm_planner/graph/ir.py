@@ -99,7 +99,9 @@ class TaskGraph:
     edges: tuple[Edge, ...]
     meta: tuple[tuple[str, Any], ...] = ()
     _index: dict = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
-    _topo: tuple[str, ...] | None = field(default=None, init=False, compare=False, repr=False)  # topological_order, once computed
+    _topo: tuple[str, ...] | None = field(
+        default=None, init=False, compare=False, repr=False
+    )  # topological_order, once computed
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_index", {t.name: i for i, t in enumerate(self.tasks)})
@@ -128,7 +130,11 @@ class TaskGraph:
     def topological_order(self) -> list[str]:
         """Tasks in a deterministic topological order (ties broken by position); computed once."""
         if self._topo is None:
-            object.__setattr__(self, "_topo", tuple(nx.lexicographical_topological_sort(self.to_networkx(), key=self._index.__getitem__)))
+            object.__setattr__(
+                self,
+                "_topo",
+                tuple(nx.lexicographical_topological_sort(self.to_networkx(), key=self._index.__getitem__)),
+            )
         return list(self._topo)
 
     @property
@@ -145,7 +151,9 @@ class TaskGraph:
         seen: dict[str, int] = {}
         for i, t in enumerate(self.tasks):
             if t.name in seen:
-                raise GraphError(f"graph {self.name!r}: tasks[{i}].name: duplicate task name {t.name!r} (also tasks[{seen[t.name]}])")
+                raise GraphError(
+                    f"graph {self.name!r}: tasks[{i}].name: duplicate task name {t.name!r} (also tasks[{seen[t.name]}])"
+                )
             seen[t.name] = i
             _check_task_numbers(f"graph {self.name!r}: tasks[{i}] ({t.name!r})", t)
             _check_tensor_parallel(self.name, t)
@@ -158,7 +166,9 @@ class TaskGraph:
             if e.src == e.dst:
                 raise GraphError(f"{where}: self-loop on {e.src!r}")
             if (e.src, e.dst) in pairs:
-                raise GraphError(f"{where}: duplicate edge {e.src!r} -> {e.dst!r} (also edges[{pairs[(e.src, e.dst)]}])")
+                raise GraphError(
+                    f"{where}: duplicate edge {e.src!r} -> {e.dst!r} (also edges[{pairs[(e.src, e.dst)]}])"
+                )
             pairs[(e.src, e.dst)] = i
             if not all(math.isfinite(v) and v >= 0 for v in (e.bytes_per_sample, e.hop_s_per_sample)):
                 raise GraphError(f"{where}: sizes must be finite and >= 0 (bytes_per_sample, hop_s_per_sample)")
@@ -186,9 +196,19 @@ class TaskGraph:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
 
 
-_TASK_SIZES = ("flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample", "workspace_bytes_per_sample",
-               "weight_bytes_indexed", "tp_replicated_weight_bytes", "tp_replicated_indexed_bytes",
-               "tp_replicated_bytes_per_sample", "tp_allreduce_bytes_per_sample", "tp_allgather_bytes_per_sample")
+_TASK_SIZES = (
+    "flops_per_sample",
+    "bytes_per_sample",
+    "weight_bytes",
+    "mem_bytes_per_sample",
+    "workspace_bytes_per_sample",
+    "weight_bytes_indexed",
+    "tp_replicated_weight_bytes",
+    "tp_replicated_indexed_bytes",
+    "tp_replicated_bytes_per_sample",
+    "tp_allreduce_bytes_per_sample",
+    "tp_allgather_bytes_per_sample",
+)
 
 
 def _check_task_numbers(where: str, t: Task) -> None:
@@ -209,12 +229,19 @@ def _check_tensor_parallel(graph: str, t: Task) -> None:
         v = getattr(t, f)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise GraphError(f"{where}: {f} must be an integer >= 0, got {v!r}")
-    if (max(t.weight_bytes_indexed, t.tp_replicated_weight_bytes) > t.weight_bytes or t.tp_replicated_bytes_per_sample > t.bytes_per_sample
-            or t.tp_replicated_indexed_bytes > min(t.weight_bytes_indexed, t.tp_replicated_weight_bytes)):
-        raise GraphError(f"{where}: indexed or replicated weights exceed the task's weights, replicated bytes its bytes, "
-                         "or replicated indexed tables the indexed or the replicated weights")
+    if (
+        max(t.weight_bytes_indexed, t.tp_replicated_weight_bytes) > t.weight_bytes
+        or t.tp_replicated_bytes_per_sample > t.bytes_per_sample
+        or t.tp_replicated_indexed_bytes > min(t.weight_bytes_indexed, t.tp_replicated_weight_bytes)
+    ):
+        raise GraphError(
+            f"{where}: indexed or replicated weights exceed the task's weights, replicated bytes its bytes, "
+            "or replicated indexed tables the indexed or the replicated weights"
+        )
     if t.tp_divides and t.time_s_by_kind:
-        raise GraphError(f"{where}: a task with explicit times (time_s_by_kind) cannot shard over tensor-parallel groups")
+        raise GraphError(
+            f"{where}: a task with explicit times (time_s_by_kind) cannot shard over tensor-parallel groups"
+        )
 
 
 def _task_to_dict(t: Task) -> dict[str, Any]:
@@ -240,14 +267,20 @@ _EDGE_FIELDS = {f.name for f in fields(Edge)}
 def graph_from_dict(data: dict[str, Any], source: str = "<memory>") -> TaskGraph:
     """Inverse of TaskGraph.to_dict; raises GraphError naming `source` and the field."""
     if not isinstance(data, dict) or data.get("format") != GRAPH_FORMAT:
-        raise GraphError(f"{source}: not a task graph file (expected \"format\": \"{GRAPH_FORMAT}\")")
+        raise GraphError(f'{source}: not a task graph file (expected "format": "{GRAPH_FORMAT}")')
     if data.get("version") != GRAPH_VERSION:
-        raise GraphError(f"{source}: version: unsupported version {data.get('version')!r} (this build reads {GRAPH_VERSION})")
+        raise GraphError(
+            f"{source}: version: unsupported version {data.get('version')!r} (this build reads {GRAPH_VERSION})"
+        )
     unknown = sorted(set(data) - {"format", "version", "name", "meta", "tasks", "edges"}, key=str)
     if unknown:
         raise GraphError(f"{source}: unknown key(s) {unknown}")
-    tasks = [_read_task(raw, f"{source}: tasks[{i}]") for i, raw in enumerate(_records(data, "tasks", MAX_TASKS, source))]
-    edges = [_read_edge(raw, f"{source}: edges[{i}]") for i, raw in enumerate(_records(data, "edges", MAX_EDGES, source))]
+    tasks = [
+        _read_task(raw, f"{source}: tasks[{i}]") for i, raw in enumerate(_records(data, "tasks", MAX_TASKS, source))
+    ]
+    edges = [
+        _read_edge(raw, f"{source}: edges[{i}]") for i, raw in enumerate(_records(data, "edges", MAX_EDGES, source))
+    ]
     if not tasks:
         raise GraphError(f"{source}: tasks: the graph has no tasks")
     name, meta = data.get("name", Path(source).stem), data.get("meta", {})
@@ -299,10 +332,20 @@ def _read_edge(raw: Any, where: str) -> Edge:
     return Edge(**_checked_fields(dict(raw), where))
 
 
-_NUMBER_FIELDS = {"flops_per_sample", "bytes_per_sample", "weight_bytes", "mem_bytes_per_sample", "hop_s_per_sample", "weight_bytes_indexed",
-                  "workspace_bytes_per_sample", "tp_replicated_indexed_bytes",
-                  "tp_replicated_weight_bytes", "tp_replicated_bytes_per_sample", "tp_allreduce_bytes_per_sample",
-                  "tp_allgather_bytes_per_sample"}
+_NUMBER_FIELDS = {
+    "flops_per_sample",
+    "bytes_per_sample",
+    "weight_bytes",
+    "mem_bytes_per_sample",
+    "hop_s_per_sample",
+    "weight_bytes_indexed",
+    "workspace_bytes_per_sample",
+    "tp_replicated_indexed_bytes",
+    "tp_replicated_weight_bytes",
+    "tp_replicated_bytes_per_sample",
+    "tp_allreduce_bytes_per_sample",
+    "tp_allgather_bytes_per_sample",
+}
 _INT_FIELDS = {"tp_allreduces", "tp_allgathers"}
 _MAPPING_FIELDS = {"time_s_by_kind", "labels"}
 _LIST_FIELDS = {"device_types", "mem_device_types"}
@@ -317,10 +360,14 @@ def _checked_fields(kw: dict[str, Any], where: str) -> dict[str, Any]:
         if key in _MAPPING_FIELDS and not isinstance(value, dict):
             raise GraphError(f"{where}.{key}: expected a mapping, got {value!r}")
         if key in _LIST_FIELDS and not (isinstance(value, list) and all(v in DEVICE_TYPES for v in value)):
-            raise GraphError(f"{where}.{key}: expected a list of device types ({', '.join(DEVICE_TYPES)}), got {value!r}")
+            raise GraphError(
+                f"{where}.{key}: expected a list of device types ({', '.join(DEVICE_TYPES)}), got {value!r}"
+            )
         if key in _INT_FIELDS and (isinstance(value, bool) or not isinstance(value, int)):
             raise GraphError(f"{where}.{key}: expected an integer, got {value!r}")
-        if key == "tp_divides" and not (isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        if key == "tp_divides" and not (
+            isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
             raise GraphError(f"{where}.{key}: expected a list of integers, got {value!r}")
         if key in _STRING_FIELDS and not isinstance(value, str):
             raise GraphError(f"{where}.{key}: expected a string, got {value!r}")

@@ -75,6 +75,10 @@ def build_model_graph(spec: ModelSpec) -> TaskGraph:
     config = transformer.named_config(spec.name)
     if config is None:
         names = ", ".join(name for name, _, _ in list_models())
-        raise GraphError(f"unknown model {spec.name!r}: not a preset, a config.json or a directory holding one (presets: {names})")
+        raise GraphError(
+            f"unknown model {spec.name!r}: not a preset, a config.json or a directory holding one (presets: {names})"
+        )
     seq_len = spec.seq_len if spec.seq_len is not None else min(2048, config.max_positions)
-    return decoder_graph.build_decoder_graph(config, phase=spec.phase, seq_len=seq_len, granularity=spec.granularity, dtype=spec.dtype)
+    return decoder_graph.build_decoder_graph(
+        config, phase=spec.phase, seq_len=seq_len, granularity=spec.granularity, dtype=spec.dtype
+    )

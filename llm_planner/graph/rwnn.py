@@ -59,8 +59,8 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
 from llm_planner.graph.constants import DTYPE_BYTES
+from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
 
 GENERATORS = {
     "ws": "Watts-Strogatz k=4 p=0.75",
@@ -149,7 +149,9 @@ def _halve(side: int) -> int:
 
 def stem_shape(channels: int, image_size: int) -> StemShape:
     mid = _halve(image_size)
-    return StemShape(image_size=image_size, mid_channels=max(1, channels // 2), mid_size=mid, channels=channels, size=_halve(mid))
+    return StemShape(
+        image_size=image_size, mid_channels=max(1, channels // 2), mid_size=mid, channels=channels, size=_halve(mid)
+    )
 
 
 def stage_shapes(num_stages: int, channels: int, image_size: int) -> list[StageShape]:
@@ -201,7 +203,12 @@ def _stage_tasks(stage: int, dag: nx.DiGraph, shape: StageShape, e: int) -> tupl
         edges += [Edge(src=p, dst=name, bytes_per_sample=out_bytes) for p in preds]
     sinks = [node_name(stage, j) for j in range(dag.number_of_nodes()) if dag.out_degree(j) == 0]
     tasks.append(
-        Task(name=s_out, kind="RwnnStageOutput", bytes_per_sample=(len(sinks) + 1) * out_bytes, labels=_labels("call_module", s_out))
+        Task(
+            name=s_out,
+            kind="RwnnStageOutput",
+            bytes_per_sample=(len(sinks) + 1) * out_bytes,
+            labels=_labels("call_module", s_out),
+        )
     )
     edges += [Edge(src=p, dst=s_out, bytes_per_sample=out_bytes) for p in sinks]
     return tasks, edges
@@ -237,7 +244,9 @@ def build_rwnn_graph(
     if dtype not in DTYPE_BYTES:
         raise GraphError(f"rwnn: unknown dtype {dtype!r} (known: {', '.join(DTYPE_BYTES)})")
     if channels < 1 or image_size < 1 or num_classes < 1:
-        raise GraphError(f"rwnn: channels, image_size and num_classes must be >= 1, got {channels}, {image_size}, {num_classes}")
+        raise GraphError(
+            f"rwnn: channels, image_size and num_classes must be >= 1, got {channels}, {image_size}, {num_classes}"
+        )
     e = DTYPE_BYTES[dtype]
     shapes = stage_shapes(num_stages, channels, image_size)
     stem = stem_shape(channels, image_size)
@@ -247,7 +256,9 @@ def build_rwnn_graph(
     for s, shape in enumerate(shapes):
         dag = stage_dag(generator, nodes_per_stage, seed=seed, stage=s)
         stage_tasks, stage_edges = _stage_tasks(s, dag, shape, e)
-        edges.append(Edge(src=prev, dst=stage_input_name(s), bytes_per_sample=float(shape.in_channels * shape.in_size**2 * e)))
+        edges.append(
+            Edge(src=prev, dst=stage_input_name(s), bytes_per_sample=float(shape.in_channels * shape.in_size**2 * e))
+        )
         tasks += stage_tasks
         edges += stage_edges
         prev = stage_output_name(s)
@@ -293,10 +304,12 @@ def is_rwnn_name(name: str) -> bool:
 
 
 def parse_rwnn_name(name: str) -> tuple[str, int, int]:
-    """"rwnn-<generator>-<stages>x<nodes per stage>" -> (generator, stages, nodes per stage)."""
+    """ "rwnn-<generator>-<stages>x<nodes per stage>" -> (generator, stages, nodes per stage)."""
     match = _NAME.match(name)
     if not match:
-        raise GraphError(f"model {name!r}: an RWNN name reads rwnn-<{'|'.join(GENERATORS)}>-<stages>x<nodes per stage>, e.g. rwnn-ws-3x32")
+        raise GraphError(
+            f"model {name!r}: an RWNN name reads rwnn-<{'|'.join(GENERATORS)}>-<stages>x<nodes per stage>, e.g. rwnn-ws-3x32"
+        )
     generator, stages, nodes = match["gen"], int(match["stages"]), int(match["nodes"])
     try:
         _check(generator, stages, nodes)

@@ -145,7 +145,9 @@ def build_rwnn(
     generator, num_stages, nodes = rwnn.parse_rwnn_name(name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        module = RandomlyWiredNetwork(generator, num_stages, nodes, seed, channels=channels, num_classes=num_classes).eval()
+        module = RandomlyWiredNetwork(
+            generator, num_stages, nodes, seed, channels=channels, num_classes=num_classes
+        ).eval()
         example = torch.randn(1, 3, image_size, image_size)
     gm, graph = fx.trace_module(module, (example,), name=name, dtype=dtype, leaf_modules=LEAF_MODULES)
     return module, gm, graph, example

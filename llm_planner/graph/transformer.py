@@ -25,7 +25,9 @@ FAMILIES = ("gpt2", "opt", "llama")
 HF_MODEL_TYPES = {"gpt2": "gpt2", "opt": "opt", "llama": "llama", "mistral": "llama", "qwen2": "llama"}
 # Structural flags that a transformers class fixes (None = free, read from the config).
 _FIXED: dict[str, dict[str, Any]] = {
-    "gpt2": dict(qkv_bias=True, out_bias=True, mlp_bias=True, norm_affine=True, pre_norm=True, final_norm=True, rope_theta=0.0),
+    "gpt2": dict(
+        qkv_bias=True, out_bias=True, mlp_bias=True, norm_affine=True, pre_norm=True, final_norm=True, rope_theta=0.0
+    ),
     "opt": dict(norm_eps=1e-5, rope_theta=0.0),
     "llama": dict(norm_affine=True, pre_norm=True, final_norm=True),
     "mistral": dict(qkv_bias=False, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
@@ -33,7 +35,9 @@ _FIXED: dict[str, dict[str, Any]] = {
 }
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt2": dict(activation="gelu_new", norm_eps=1e-5),
-    "opt": dict(activation="relu", qkv_bias=True, out_bias=True, mlp_bias=True, norm_affine=True, pre_norm=True, final_norm=True),
+    "opt": dict(
+        activation="relu", qkv_bias=True, out_bias=True, mlp_bias=True, norm_affine=True, pre_norm=True, final_norm=True
+    ),
     "llama": dict(activation="silu", norm_eps=1e-6, rope_theta=10000.0, qkv_bias=False, out_bias=False, mlp_bias=False),
 }
 
@@ -70,12 +74,29 @@ class DecoderConfig:
         hf_type = self.hf_model_type or self.model_type
         if HF_MODEL_TYPES.get(hf_type) != self.model_type:
             allowed = [k for k, v in HF_MODEL_TYPES.items() if v == self.model_type]
-            raise GraphError(f"{where}: hf_model_type must be one of {allowed} for model_type {self.model_type!r}, got {hf_type!r}")
-        _check_positive(where, self, ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size",
-                                      "vocab_size", "max_positions"))
+            raise GraphError(
+                f"{where}: hf_model_type must be one of {allowed} for model_type {self.model_type!r}, got {hf_type!r}"
+            )
+        _check_positive(
+            where,
+            self,
+            (
+                "num_layers",
+                "hidden_size",
+                "num_heads",
+                "num_kv_heads",
+                "intermediate_size",
+                "vocab_size",
+                "max_positions",
+            ),
+        )
         object.__setattr__(self, "hf_model_type", hf_type)
-        fill = {"head_dim": self.hidden_size // self.num_heads, "word_embed_dim": self.hidden_size,
-                **_DEFAULTS[self.model_type], **_FIXED[hf_type]}
+        fill = {
+            "head_dim": self.hidden_size // self.num_heads,
+            "word_embed_dim": self.hidden_size,
+            **_DEFAULTS[self.model_type],
+            **_FIXED[hf_type],
+        }
         for key, value in fill.items():
             if getattr(self, key) is None:  # unset: the family's default
                 object.__setattr__(self, key, value)
@@ -84,17 +105,27 @@ class DecoderConfig:
 
     def _check(self, where: str) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise GraphError(f"{where}: num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
-        if self.model_type != "llama" and (self.num_kv_heads != self.num_heads or self.head_dim * self.num_heads != self.hidden_size):
-            raise GraphError(f"{where}: {self.model_type} needs num_kv_heads == num_heads and hidden_size == num_heads * head_dim")
+            raise GraphError(
+                f"{where}: num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.model_type != "llama" and (
+            self.num_kv_heads != self.num_heads or self.head_dim * self.num_heads != self.hidden_size
+        ):
+            raise GraphError(
+                f"{where}: {self.model_type} needs num_kv_heads == num_heads and hidden_size == num_heads * head_dim"
+            )
         if self.hf_model_type == "llama" and self.hidden_size % self.num_heads:
-            raise GraphError(f"{where}: llama needs hidden_size ({self.hidden_size}) to be a multiple of num_heads ({self.num_heads})")
+            raise GraphError(
+                f"{where}: llama needs hidden_size ({self.hidden_size}) to be a multiple of num_heads ({self.num_heads})"
+            )
         if self.model_type != "opt" and self.word_embed_dim != self.hidden_size:
             raise GraphError(f"{where}: word_embed_dim differs from hidden_size, which only opt supports")
         for key, value in _FIXED[self.hf_model_type].items():
             if getattr(self, key) != value:
                 raise GraphError(f"{where}: {self.hf_model_type} models have {key}={value}, got {getattr(self, key)!r}")
-        shared = {"opt": ("qkv_bias", "out_bias", "mlp_bias"), "llama": ("qkv_bias", "out_bias")}.get(self.hf_model_type, ())
+        shared = {"opt": ("qkv_bias", "out_bias", "mlp_bias"), "llama": ("qkv_bias", "out_bias")}.get(
+            self.hf_model_type, ()
+        )
         if len({getattr(self, k) for k in shared}) > 1:
             raise GraphError(f"{where}: {self.hf_model_type} has one switch for {'/'.join(shared)}; they must agree")
         if self.model_type == "opt" and self.final_norm and not self.pre_norm:
@@ -129,52 +160,97 @@ def _check_positive(where: str, cfg: DecoderConfig, keys: tuple[str, ...]) -> No
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int, positions: int) -> DecoderConfig:
-    return DecoderConfig(name=name, model_type="gpt2", num_layers=layers, hidden_size=hidden, num_heads=heads,
-                         num_kv_heads=heads, intermediate_size=4 * hidden, vocab_size=50257, max_positions=positions,
-                         tie_word_embeddings=True)
+    return DecoderConfig(
+        name=name,
+        model_type="gpt2",
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=heads,
+        intermediate_size=4 * hidden,
+        vocab_size=50257,
+        max_positions=positions,
+        tie_word_embeddings=True,
+    )
 
 
 def _opt(name: str, layers: int, hidden: int, heads: int, **kw: Any) -> DecoderConfig:
-    return DecoderConfig(name=name, model_type="opt", num_layers=layers, hidden_size=hidden, num_heads=heads,
-                         num_kv_heads=heads, intermediate_size=4 * hidden, vocab_size=50272, max_positions=2048,
-                         tie_word_embeddings=True, **kw)
+    return DecoderConfig(
+        name=name,
+        model_type="opt",
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=heads,
+        intermediate_size=4 * hidden,
+        vocab_size=50272,
+        max_positions=2048,
+        tie_word_embeddings=True,
+        **kw,
+    )
 
 
-def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inner: int, vocab: int, positions: int,
-           theta: float) -> DecoderConfig:
-    return DecoderConfig(name=name, model_type="llama", num_layers=layers, hidden_size=hidden, num_heads=heads,
-                         num_kv_heads=kv_heads, intermediate_size=inner, vocab_size=vocab, max_positions=positions,
-                         tie_word_embeddings=False, norm_eps=1e-5, rope_theta=theta)
+def _llama(
+    name: str, layers: int, hidden: int, heads: int, kv_heads: int, inner: int, vocab: int, positions: int, theta: float
+) -> DecoderConfig:
+    return DecoderConfig(
+        name=name,
+        model_type="llama",
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        intermediate_size=inner,
+        vocab_size=vocab,
+        max_positions=positions,
+        tie_word_embeddings=False,
+        norm_eps=1e-5,
+        rope_theta=theta,
+    )
 
 
-_PRESETS: dict[str, DecoderConfig] = {c.name: c for c in (
-    # GPT-2: Radford et al. 2019, "Language models are unsupervised multitask learners",
-    # table 2, and the openai/gpt-2 model cards (124M, 355M, 774M, 1558M); context 1024.
-    _gpt("gpt2", 12, 768, 12, 1024), _gpt("gpt2-medium", 24, 1024, 16, 1024),
-    _gpt("gpt2-large", 36, 1280, 20, 1024), _gpt("gpt2-xl", 48, 1600, 25, 1024),
-    # GPT-3: Brown et al. 2020, "Language models are few-shot learners", table 2.1: GPT-2's
-    # architecture, context 2048, vocab 50257 (its alternating sparse attention is modelled
-    # dense). Two table rows are inconsistent: 13B's d_model 5140 is a typo for 40 heads *
-    # d_head 128 = 5120; 1.3B lists 24 heads of 128 for d_model 2048: kept d_model and d_head
-    # (16 heads), as GPT-2's layout needs d_model = heads * d_head.
-    _gpt("gpt3-125m", 12, 768, 12, 2048), _gpt("gpt3-350m", 24, 1024, 16, 2048),
-    _gpt("gpt3-760m", 24, 1536, 16, 2048), _gpt("gpt3-1.3b", 24, 2048, 16, 2048),
-    _gpt("gpt3-2.7b", 32, 2560, 32, 2048), _gpt("gpt3-6.7b", 32, 4096, 32, 2048),
-    _gpt("gpt3-13b", 40, 5120, 40, 2048), _gpt("gpt3-175b", 96, 12288, 96, 2048),
-    # Llama 2: Touvron et al. 2023, "Llama 2: open foundation and fine-tuned chat models",
-    # table 1, and the meta-llama/Llama-2-*-hf config.json (vocab 32000, context 4096).
-    _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, 10000.0),
-    _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, 10000.0),
-    _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, 10000.0),
-    # Llama 3: Meta 2024, Meta-Llama-3 model card and config.json (vocab 128256, context 8192).
-    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
-    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
-    # OPT: Zhang et al. 2022, "OPT: open pre-trained transformer language models", table 1,
-    # and facebook/opt-* config.json (350m: 512-wide embeddings projected, norm after).
-    _opt("opt-125m", 12, 768, 12), _opt("opt-350m", 24, 1024, 16, word_embed_dim=512, pre_norm=False, final_norm=False),
-    _opt("opt-1.3b", 24, 2048, 32), _opt("opt-2.7b", 32, 2560, 32), _opt("opt-6.7b", 32, 4096, 32),
-    _opt("opt-13b", 40, 5120, 40), _opt("opt-30b", 48, 7168, 56), _opt("opt-66b", 64, 9216, 72),
-)}
+_PRESETS: dict[str, DecoderConfig] = {
+    c.name: c
+    for c in (
+        # GPT-2: Radford et al. 2019, "Language models are unsupervised multitask learners",
+        # table 2, and the openai/gpt-2 model cards (124M, 355M, 774M, 1558M); context 1024.
+        _gpt("gpt2", 12, 768, 12, 1024),
+        _gpt("gpt2-medium", 24, 1024, 16, 1024),
+        _gpt("gpt2-large", 36, 1280, 20, 1024),
+        _gpt("gpt2-xl", 48, 1600, 25, 1024),
+        # GPT-3: Brown et al. 2020, "Language models are few-shot learners", table 2.1: GPT-2's
+        # architecture, context 2048, vocab 50257 (its alternating sparse attention is modelled
+        # dense). Two table rows are inconsistent: 13B's d_model 5140 is a typo for 40 heads *
+        # d_head 128 = 5120; 1.3B lists 24 heads of 128 for d_model 2048: kept d_model and d_head
+        # (16 heads), as GPT-2's layout needs d_model = heads * d_head.
+        _gpt("gpt3-125m", 12, 768, 12, 2048),
+        _gpt("gpt3-350m", 24, 1024, 16, 2048),
+        _gpt("gpt3-760m", 24, 1536, 16, 2048),
+        _gpt("gpt3-1.3b", 24, 2048, 16, 2048),
+        _gpt("gpt3-2.7b", 32, 2560, 32, 2048),
+        _gpt("gpt3-6.7b", 32, 4096, 32, 2048),
+        _gpt("gpt3-13b", 40, 5120, 40, 2048),
+        _gpt("gpt3-175b", 96, 12288, 96, 2048),
+        # Llama 2: Touvron et al. 2023, "Llama 2: open foundation and fine-tuned chat models",
+        # table 1, and the meta-llama/Llama-2-*-hf config.json (vocab 32000, context 4096).
+        _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, 10000.0),
+        _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, 10000.0),
+        _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, 10000.0),
+        # Llama 3: Meta 2024, Meta-Llama-3 model card and config.json (vocab 128256, context 8192).
+        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
+        _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
+        # OPT: Zhang et al. 2022, "OPT: open pre-trained transformer language models", table 1,
+        # and facebook/opt-* config.json (350m: 512-wide embeddings projected, norm after).
+        _opt("opt-125m", 12, 768, 12),
+        _opt("opt-350m", 24, 1024, 16, word_embed_dim=512, pre_norm=False, final_norm=False),
+        _opt("opt-1.3b", 24, 2048, 32),
+        _opt("opt-2.7b", 32, 2560, 32),
+        _opt("opt-6.7b", 32, 4096, 32),
+        _opt("opt-13b", 40, 5120, 40),
+        _opt("opt-30b", 48, 7168, 56),
+        _opt("opt-66b", 64, 9216, 72),
+    )
+}
 
 
 def preset_descriptions() -> list[tuple[str, str]]:
@@ -182,8 +258,13 @@ def preset_descriptions() -> list[tuple[str, str]]:
     out = []
     for name, c in _PRESETS.items():
         heads = f"{c.num_heads} heads" + (f" ({c.num_kv_heads} KV)" if c.num_kv_heads != c.num_heads else "")
-        out.append((name, f"{c.model_type} decoder, {c.num_layers} layers, hidden {c.hidden_size}, {heads}, "
-                          f"{count_parameters(c) / 1e9:.3g}B params, context {c.max_positions}"))
+        out.append(
+            (
+                name,
+                f"{c.model_type} decoder, {c.num_layers} layers, hidden {c.hidden_size}, {heads}, "
+                f"{count_parameters(c) / 1e9:.3g}B params, context {c.max_positions}",
+            )
+        )
     return out
 
 
@@ -226,22 +307,37 @@ def config_from_dict(data: Any, source: str, name: str | None = None) -> Decoder
     r = _Reader(data, source)
     hf_type = r.get("model_type", str)
     if hf_type not in HF_MODEL_TYPES:
-        raise GraphError(f"{source}: key 'model_type': unsupported {hf_type!r} (supported: {', '.join(HF_MODEL_TYPES)})")
+        raise GraphError(
+            f"{source}: key 'model_type': unsupported {hf_type!r} (supported: {', '.join(HF_MODEL_TYPES)})"
+        )
     name = name or r.get("_name_or_path", str, "") or hf_type
     family = HF_MODEL_TYPES[hf_type]
     if family == "gpt2":
         hidden, heads = r.get("n_embd", int), r.get("n_head", int)
-        kw = dict(num_layers=r.get("n_layer", int), hidden_size=hidden, num_heads=heads, num_kv_heads=heads,
-                  intermediate_size=r.get("n_inner", int, 4 * hidden), max_positions=r.get("n_positions", int),
-                  activation=r.get("activation_function", str, "gelu_new"), norm_eps=r.get("layer_norm_epsilon", float, 1e-5),
-                  tie_word_embeddings=r.get("tie_word_embeddings", bool, True))
+        kw = dict(
+            num_layers=r.get("n_layer", int),
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=heads,
+            intermediate_size=r.get("n_inner", int, 4 * hidden),
+            max_positions=r.get("n_positions", int),
+            activation=r.get("activation_function", str, "gelu_new"),
+            norm_eps=r.get("layer_norm_epsilon", float, 1e-5),
+            tie_word_embeddings=r.get("tie_word_embeddings", bool, True),
+        )
     else:
         hidden, heads = r.get("hidden_size", int), r.get("num_attention_heads", int)
-        kw = dict(num_layers=r.get("num_hidden_layers", int), hidden_size=hidden, num_heads=heads,
-                  max_positions=r.get("max_position_embeddings", int))
+        kw = dict(
+            num_layers=r.get("num_hidden_layers", int),
+            hidden_size=hidden,
+            num_heads=heads,
+            max_positions=r.get("max_position_embeddings", int),
+        )
         kw.update(_opt_fields(r, heads) if family == "opt" else _llama_fields(r, hf_type, heads))
     try:
-        return DecoderConfig(name=name, model_type=family, hf_model_type=hf_type, vocab_size=r.get("vocab_size", int), **kw)
+        return DecoderConfig(
+            name=name, model_type=family, hf_model_type=hf_type, vocab_size=r.get("vocab_size", int), **kw
+        )
     except GraphError as exc:
         raise GraphError(f"{source}: {exc}") from None
 
@@ -249,10 +345,19 @@ def config_from_dict(data: Any, source: str, name: str | None = None) -> Decoder
 def _opt_fields(r: _Reader, heads: int) -> dict[str, Any]:
     pre_norm = r.get("do_layer_norm_before", bool, True)
     bias = r.get("enable_bias", bool, True)
-    return dict(num_kv_heads=heads, intermediate_size=r.get("ffn_dim", int), word_embed_dim=r.get("word_embed_proj_dim", int, None),
-                pre_norm=pre_norm, final_norm=pre_norm and not r.get("_remove_final_layer_norm", bool, False),
-                qkv_bias=bias, out_bias=bias, mlp_bias=bias, norm_affine=r.get("layer_norm_elementwise_affine", bool, True),
-                activation=r.get("activation_function", str, "relu"), tie_word_embeddings=r.get("tie_word_embeddings", bool, True))
+    return dict(
+        num_kv_heads=heads,
+        intermediate_size=r.get("ffn_dim", int),
+        word_embed_dim=r.get("word_embed_proj_dim", int, None),
+        pre_norm=pre_norm,
+        final_norm=pre_norm and not r.get("_remove_final_layer_norm", bool, False),
+        qkv_bias=bias,
+        out_bias=bias,
+        mlp_bias=bias,
+        norm_affine=r.get("layer_norm_elementwise_affine", bool, True),
+        activation=r.get("activation_function", str, "relu"),
+        tie_word_embeddings=r.get("tie_word_embeddings", bool, True),
+    )
 
 
 def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
@@ -261,10 +366,15 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
     theta = rope.get("rope_theta", float, r.get("rope_theta", float, 10000.0))
     if rope.get("rope_type", str, "default") != "default":
         log.info("%s: rope_type %r is not kept (it changes no shape or cost)", r.source, rope.data["rope_type"])
-    kw: dict[str, Any] = dict(num_kv_heads=r.get("num_key_value_heads", int, kv_default), intermediate_size=r.get("intermediate_size", int),
-                              head_dim=r.get("head_dim", int, None), activation=r.get("hidden_act", str, "silu"),
-                              norm_eps=r.get("rms_norm_eps", float, 1e-6), rope_theta=theta,
-                              tie_word_embeddings=r.get("tie_word_embeddings", bool, False))
+    kw: dict[str, Any] = dict(
+        num_kv_heads=r.get("num_key_value_heads", int, kv_default),
+        intermediate_size=r.get("intermediate_size", int),
+        head_dim=r.get("head_dim", int, None),
+        activation=r.get("hidden_act", str, "silu"),
+        norm_eps=r.get("rms_norm_eps", float, 1e-6),
+        rope_theta=theta,
+        tie_word_embeddings=r.get("tie_word_embeddings", bool, False),
+    )
     if hf_type == "llama":
         bias = r.get("attention_bias", bool, False)
         kw.update(qkv_bias=bias, out_bias=bias, mlp_bias=r.get("mlp_bias", bool, False))
@@ -283,7 +393,9 @@ def named_config(name: str) -> DecoderConfig | None:
 def load_config_file(path: Path) -> DecoderConfig:
     """Read a transformers config.json (gpt2, opt, llama, mistral, qwen2) without importing transformers."""
     path = Path(path)
-    data = parse_document(read_text(path, GraphError), str(path), GraphError, as_json=True)  # the shared loader's checks
+    data = parse_document(
+        read_text(path, GraphError), str(path), GraphError, as_json=True
+    )  # the shared loader's checks
     default_name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     name = data.get("_name_or_path") if isinstance(data, dict) else None
     return config_from_dict(data, str(path), name=name if isinstance(name, str) and name else default_name)
@@ -301,23 +413,52 @@ def to_hf_config(cfg: DecoderConfig) -> Any:
 
     common = dict(vocab_size=cfg.vocab_size, tie_word_embeddings=cfg.tie_word_embeddings)
     if cfg.model_type == "gpt2":
-        hf = transformers.GPT2Config(n_positions=cfg.max_positions, n_embd=cfg.hidden_size, n_layer=cfg.num_layers,
-                                     n_head=cfg.num_heads, n_inner=cfg.intermediate_size, activation_function=cfg.activation,
-                                     layer_norm_epsilon=cfg.norm_eps, **common)
+        hf = transformers.GPT2Config(
+            n_positions=cfg.max_positions,
+            n_embd=cfg.hidden_size,
+            n_layer=cfg.num_layers,
+            n_head=cfg.num_heads,
+            n_inner=cfg.intermediate_size,
+            activation_function=cfg.activation,
+            layer_norm_epsilon=cfg.norm_eps,
+            **common,
+        )
     elif cfg.model_type == "opt":
-        hf = transformers.OPTConfig(hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, ffn_dim=cfg.intermediate_size,
-                                    max_position_embeddings=cfg.max_positions, do_layer_norm_before=cfg.pre_norm,
-                                    _remove_final_layer_norm=cfg.pre_norm and not cfg.final_norm, word_embed_proj_dim=cfg.word_embed_dim,
-                                    num_attention_heads=cfg.num_heads, activation_function=cfg.activation, enable_bias=cfg.qkv_bias,
-                                    layer_norm_elementwise_affine=cfg.norm_affine, **common)
+        hf = transformers.OPTConfig(
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
+            ffn_dim=cfg.intermediate_size,
+            max_position_embeddings=cfg.max_positions,
+            do_layer_norm_before=cfg.pre_norm,
+            _remove_final_layer_norm=cfg.pre_norm and not cfg.final_norm,
+            word_embed_proj_dim=cfg.word_embed_dim,
+            num_attention_heads=cfg.num_heads,
+            activation_function=cfg.activation,
+            enable_bias=cfg.qkv_bias,
+            layer_norm_elementwise_affine=cfg.norm_affine,
+            **common,
+        )
     else:
-        classes = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig, "qwen2": transformers.Qwen2Config}
+        classes = {
+            "llama": transformers.LlamaConfig,
+            "mistral": transformers.MistralConfig,
+            "qwen2": transformers.Qwen2Config,
+        }
         extra = dict(attention_bias=cfg.qkv_bias, mlp_bias=cfg.mlp_bias) if cfg.hf_model_type == "llama" else {}
         hf = classes[cfg.hf_model_type](
-            hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-            hidden_act=cfg.activation, max_position_embeddings=cfg.max_positions, rms_norm_eps=cfg.norm_eps,
-            rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta}, **extra, **common)
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            hidden_act=cfg.activation,
+            max_position_embeddings=cfg.max_positions,
+            rms_norm_eps=cfg.norm_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+            **extra,
+            **common,
+        )
     back = from_hf_config(hf, name=cfg.name)
     diff = [f.name for f in dataclasses.fields(cfg) if getattr(back, f.name) != getattr(cfg, f.name)]
     assert not diff, f"to_hf_config lost fields {diff} of {cfg.name!r}"
@@ -337,13 +478,23 @@ def matmul_parameters(cfg: DecoderConfig) -> dict[str, int]:
     """Weights of the linear layers of each part (what 2 * params * tokens FLOPs counts)."""
     h, a, kv, dw = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.word_embed_dim
     proj = dw * h if dw != h else 0  # OPT project_in / project_out
-    return {"embed": proj, "attn": h * a * 2 + h * kv * 2, "mlp": h * cfg.intermediate_size * (3 if cfg.gated_mlp else 2),
-            "final_norm": proj, "lm_head": cfg.vocab_size * dw}
+    return {
+        "embed": proj,
+        "attn": h * a * 2 + h * kv * 2,
+        "mlp": h * cfg.intermediate_size * (3 if cfg.gated_mlp else 2),
+        "final_norm": proj,
+        "lm_head": cfg.vocab_size * dw,
+    }
 
 
 def part_parameters(cfg: DecoderConfig) -> dict[str, int]:
     """Exact parameters of embed, one attn sublayer, one mlp sublayer, final_norm and lm_head."""
-    h, a, kv, inner = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    h, a, kv, inner = (
+        cfg.hidden_size,
+        cfg.num_heads * cfg.head_dim,
+        cfg.num_kv_heads * cfg.head_dim,
+        cfg.intermediate_size,
+    )
     out = matmul_parameters(cfg)
     out["embed"] += cfg.vocab_size * cfg.word_embed_dim
     if cfg.learned_positions:

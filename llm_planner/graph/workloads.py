@@ -178,7 +178,11 @@ def _tasks(nodes: list[_Node], names: dict[int, str], num_cpus: int, source: str
     tasks = []
     for i, n in enumerate(nodes):
         if not n.supported_on_fpga and num_cpus == 0:
-            raise _fail(f"{source}: nodes[{i}] (id {n.id})", "supportedOnFpga", "the node cannot run on an accelerator and maxCPUs is 0")
+            raise _fail(
+                f"{source}: nodes[{i}] (id {n.id})",
+                "supportedOnFpga",
+                "the node cannot run on an accelerator and maxCPUs is 0",
+            )
         labels: list[tuple[str, Any]] = [("id", n.id), ("is_backward", n.is_backward)]
         if n.color_class is not None:
             labels.append(("color_class", n.color_class))
@@ -221,8 +225,19 @@ def _edges(data: dict, names: dict[int, str], source: str) -> list[Edge]:
         cost = _number(raw, "cost", where)
         known = cost_of.setdefault(src, (cost, i))  # type: ignore[arg-type]
         if known[0] != cost:
-            raise _fail(where, "cost", f"{cost} differs from {known[0]} on edges[{known[1]}]; edges out of one node must share their cost")
-        edges.append(Edge(src=names[src], dst=names[dst], bytes_per_sample=_number(raw, "size", where, default=0.0), hop_s_per_sample=cost))  # type: ignore[index]
+            raise _fail(
+                where,
+                "cost",
+                f"{cost} differs from {known[0]} on edges[{known[1]}]; edges out of one node must share their cost",
+            )
+        edges.append(
+            Edge(
+                src=names[src],
+                dst=names[dst],
+                bytes_per_sample=_number(raw, "size", where, default=0.0),
+                hop_s_per_sample=cost,
+            )
+        )  # type: ignore[index]
     return edges
 
 
@@ -236,16 +251,32 @@ def _cluster(data: dict, name: str, source: str) -> ClusterSpec:
     if num_acc + num_cpu == 0:
         raise _fail(source, "maxFPGAs", "maxFPGAs and maxCPUs are both 0: no device to place on")
     if num_acc + num_cpu > MAX_DEVICES:
-        raise _fail(source, "maxFPGAs", f"maxFPGAs + maxCPUs = {num_acc + num_cpu:,} devices; the limit is {MAX_DEVICES:,} (docs/inputs.md)")
+        raise _fail(
+            source,
+            "maxFPGAs",
+            f"maxFPGAs + maxCPUs = {num_acc + num_cpu:,} devices; the limit is {MAX_DEVICES:,} (docs/inputs.md)",
+        )
     if num_acc and mem <= 0:
         raise _fail(source, "maxSizePerFPGA", f"must be positive, got {mem}")
     placeholder = (("fp16", _PLACEHOLDER),)
     kinds = []
     if num_acc:
-        kinds.append(DeviceKindSpec(name=ACCELERATOR, type="accelerator", peak_flops=placeholder, mem_bytes=mem, mem_bw_bytes_per_s=_PLACEHOLDER,
-                                    usable_mem_fraction=1.0))  # the file's memory is the budget it was solved with
+        kinds.append(
+            DeviceKindSpec(
+                name=ACCELERATOR,
+                type="accelerator",
+                peak_flops=placeholder,
+                mem_bytes=mem,
+                mem_bw_bytes_per_s=_PLACEHOLDER,
+                usable_mem_fraction=1.0,
+            )
+        )  # the file's memory is the budget it was solved with
     if num_cpu:
-        kinds.append(DeviceKindSpec(name=CPU, type="cpu", peak_flops=placeholder, mem_bytes=math.inf, mem_bw_bytes_per_s=_PLACEHOLDER))
+        kinds.append(
+            DeviceKindSpec(
+                name=CPU, type="cpu", peak_flops=placeholder, mem_bytes=math.inf, mem_bw_bytes_per_s=_PLACEHOLDER
+            )
+        )
     counts = {ACCELERATOR: num_acc, CPU: num_cpu}
     devices_key = {key: data[key] for key in _TOP_KEYS}
     return ClusterSpec(

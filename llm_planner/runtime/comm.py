@@ -39,8 +39,19 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
-          torch.uint8, torch.bool, torch.complex64)
+DTYPES = (
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+)
 HEADER_LEN = 16
 SPIN_POLLS = 200  # Iprobe calls (tens of microseconds) before a waiting rank starts to sleep
 SLEEP_S = 50e-6  # the first sleep between polls once waiting longer
@@ -101,7 +112,9 @@ class CommError(RuntimeError):
 class CommStats:
     transfer_s: float = 0.0
     idle_s: float = 0.0
-    by_peer: dict[tuple[int, str], list[float]] = field(default_factory=dict)  # (peer, "send"/"recv") -> [count, bytes, s]
+    by_peer: dict[tuple[int, str], list[float]] = field(
+        default_factory=dict
+    )  # (peer, "send"/"recv") -> [count, bytes, s]
 
     def add(self, peer: int, direction: str, nbytes: int, seconds: float) -> None:
         entry = self.by_peer.setdefault((peer, direction), [0, 0, 0.0])
@@ -137,7 +150,9 @@ class Comm:
 
     def check_tag(self, tag: int, what: str) -> int:
         if not 0 <= tag <= self.tag_ub:
-            raise CommError(f"{what}: message tag {tag} exceeds this MPI's limit {self.tag_ub}; use fewer micro-batches or tokens")
+            raise CommError(
+                f"{what}: message tag {tag} exceeds this MPI's limit {self.tag_ub}; use fewer micro-batches or tokens"
+            )
         return tag
 
     # -- known shapes -----------------------------------------------------------
@@ -182,7 +197,7 @@ class Comm:
         header = np.zeros(HEADER_LEN, dtype=np.int64)
         if isinstance(value, torch.Tensor) and value.dtype in DTYPES and value.dim() <= HEADER_LEN - 3:
             header[:3] = (_TENSOR, DTYPES.index(value.dtype), value.dim())
-            header[3:3 + value.dim()] = value.shape
+            header[3 : 3 + value.dim()] = value.shape
             buf = _as_bytes(value)
             self._pending.append((self.world.Isend([header, MPI.INT64_T], dest=dest, tag=tag), header))
             self._pending.append((self.world.Isend([buf, MPI.BYTE], dest=dest, tag=tag), buf))
@@ -203,7 +218,7 @@ class Comm:
             value = self.world.recv(source=source, tag=tag)
             self.stats.add(source, "recv", 0, time.perf_counter() - start)
             return value
-        shape = tuple(int(d) for d in header[3:3 + int(header[2])])
+        shape = tuple(int(d) for d in header[3 : 3 + int(header[2])])
         out = torch.empty(shape, dtype=DTYPES[int(header[1])])
         self.world.Recv([out.view(-1).view(torch.uint8).numpy(), MPI.BYTE], source=source, tag=tag)
         self.stats.add(source, "recv", out.numel() * out.element_size(), time.perf_counter() - start)
@@ -296,4 +311,6 @@ class GroupComm:
         return every.to(t.device)
 
     def collectives(self) -> dict[str, dict[str, float]]:
-        return {kind: {"count": int(c), "bytes": int(b), "seconds": s} for kind, (c, b, s) in sorted(self.stats.items())}
+        return {
+            kind: {"count": int(c), "bytes": int(b), "seconds": s} for kind, (c, b, s) in sorted(self.stats.items())
+        }

@@ -27,7 +27,9 @@ def check_decoder_tasks(tasks: list[str] | set[str], num_layers: int, *, source:
     expected = decoder_tasks(num_layers)
     got = set(tasks)
     if any(".attn" in t or ".mlp" in t for t in got):
-        raise DecoderError(f"{source}: the runtime runs 'block' granularity plans only; this plan splits blocks into attn/mlp (sublayer)")
+        raise DecoderError(
+            f"{source}: the runtime runs 'block' granularity plans only; this plan splits blocks into attn/mlp (sublayer)"
+        )
     if got != set(expected):
         missing = sorted(set(expected) - got)[:5]
         extra = sorted(got - set(expected))[:5]
@@ -48,19 +50,37 @@ def planned_decoder_config(model: dict[str, Any], checkpoint: str | None, *, sou
     elif transformer.is_preset(name):
         planned = transformer.preset_config(name)
     else:
-        raise DecoderError(f"{source}: inputs.model.name: {name!r} is not a directory with config.json, a config.json or a preset")
+        raise DecoderError(
+            f"{source}: inputs.model.name: {name!r} is not a directory with config.json, a config.json or a preset"
+        )
     config = planned
     if checkpoint is not None:
         config_path = Path(checkpoint) / "config.json"
         if not config_path.is_file():
             raise DecoderError(f"{checkpoint}: checkpoint directory has no config.json")
         config = transformer.load_config_file(config_path)
-        fields = ("model_type", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size")
-        diff = [f"{f}: plan {getattr(planned, f)} vs checkpoint {getattr(config, f)}" for f in fields if getattr(planned, f) != getattr(config, f)]
+        fields = (
+            "model_type",
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "vocab_size",
+        )
+        diff = [
+            f"{f}: plan {getattr(planned, f)} vs checkpoint {getattr(config, f)}"
+            for f in fields
+            if getattr(planned, f) != getattr(config, f)
+        ]
         if diff:
-            raise DecoderError(f"{source}: the plan was made for another model than checkpoint {checkpoint}: " + "; ".join(diff))
+            raise DecoderError(
+                f"{source}: the plan was made for another model than checkpoint {checkpoint}: " + "; ".join(diff)
+            )
     if config.hf_model_type not in FAMILIES:
-        raise DecoderError(f"{source}: model type {config.hf_model_type!r}: the runtime runs {', '.join(FAMILIES)} decoders")
+        raise DecoderError(
+            f"{source}: model type {config.hf_model_type!r}: the runtime runs {', '.join(FAMILIES)} decoders"
+        )
     return config
 
 
@@ -71,7 +91,11 @@ def check_prompts(prompts: list[list[int]] | tuple, max_new_tokens: int, config)
             raise DecoderError(f"prompt_ids[{i}]: empty prompt")
         bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < config.vocab_size)]
         if bad:
-            raise DecoderError(f"prompt_ids[{i}]: token ids {bad[:5]} are outside the vocabulary [0, {config.vocab_size})")
+            raise DecoderError(
+                f"prompt_ids[{i}]: token ids {bad[:5]} are outside the vocabulary [0, {config.vocab_size})"
+            )
         if len(prompt) + max_new_tokens > config.max_positions:
-            raise DecoderError(f"prompt_ids[{i}]: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the model's "
-                               f"{config.max_positions} positions")
+            raise DecoderError(
+                f"prompt_ids[{i}]: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the model's "
+                f"{config.max_positions} positions"
+            )

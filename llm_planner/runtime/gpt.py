@@ -53,7 +53,9 @@ def load_hf_config(model: dict[str, Any], checkpoint: str | None = None):
     try:
         from llm_planner.graph import transformer
     except ImportError:
-        raise DecoderError(f"model {name!r}: presets need llm_planner.graph.transformer, which is not available") from None
+        raise DecoderError(
+            f"model {name!r}: presets need llm_planner.graph.transformer, which is not available"
+        ) from None
     if not transformer.is_preset(name):
         raise DecoderError(f"model {name!r}: not a directory with config.json, a config.json or a decoder preset")
     return transformer.to_hf_config(transformer.preset_config(name))
@@ -75,8 +77,20 @@ class _Family:
 
 
 _NAMES = {
-    "gpt2": _Family(embed=("transformer.wte", "transformer.wpe"), block="transformer.h.{i}", norm="transformer.ln_f", lm_head="lm_head", tied_to="transformer.wte.weight"),
-    "llama": _Family(embed=("model.embed_tokens",), block="model.layers.{i}", norm="model.norm", lm_head="lm_head", tied_to="model.embed_tokens.weight"),
+    "gpt2": _Family(
+        embed=("transformer.wte", "transformer.wpe"),
+        block="transformer.h.{i}",
+        norm="transformer.ln_f",
+        lm_head="lm_head",
+        tied_to="transformer.wte.weight",
+    ),
+    "llama": _Family(
+        embed=("model.embed_tokens",),
+        block="model.layers.{i}",
+        norm="model.norm",
+        lm_head="lm_head",
+        tied_to="model.embed_tokens.weight",
+    ),
 }
 
 
@@ -116,7 +130,9 @@ class DecoderShard:
             tp_layers.check_divisible(config, self.family, self.group.size)
         for task in sorted(tasks, key=_task_key):
             if self.group is not None and task != "final_norm":
-                self.parts[task] = tp_layers.build_shard(task, config, self.family, self.group, source, dtype=dtype, device=device)
+                self.parts[task] = tp_layers.build_shard(
+                    task, config, self.family, self.group, source, dtype=dtype, device=device
+                )
                 continue
             for prefix, module in self._build(task, names):
                 self.modules[prefix] = fill_module_(module, prefix, source, dtype=dtype, device=device)
@@ -154,7 +170,9 @@ class DecoderShard:
             return [(names.lm_head, torch.nn.Linear(c.hidden_size, c.vocab_size, bias=False))]
 
     # -- running -----------------------------------------------------------------
-    def run_stage(self, tasks: list[str], value: torch.Tensor, stream: "StreamState", step: int, on_task=None) -> torch.Tensor:
+    def run_stage(
+        self, tasks: list[str], value: torch.Tensor, stream: "StreamState", step: int, on_task=None
+    ) -> torch.Tensor:
         """Run a stage's tasks on `value` (token ids before embed, hidden states after).
 
         `on_task(name, seconds)` receives the measured time of each task.
@@ -188,22 +206,30 @@ class DecoderShard:
             hidden = hidden + self.modules[self.names.embed[1]](position_ids)
         return hidden
 
-    def _block_context(self, first_layer: int, hidden: torch.Tensor, stream: "StreamState", step: int) -> dict[str, Any]:
+    def _block_context(
+        self, first_layer: int, hidden: torch.Tensor, stream: "StreamState", step: int
+    ) -> dict[str, Any]:
         from transformers.masking_utils import create_causal_mask
 
         position_ids = stream.position_ids(step)
         if self.group is not None:
             return self._shard_context(first_layer, hidden, stream, step, position_ids)
         mask = create_causal_mask(
-            config=self.config, inputs_embeds=hidden, attention_mask=stream.attention_mask(step),
-            past_key_values=stream.cache, position_ids=position_ids, layer_idx=first_layer,
+            config=self.config,
+            inputs_embeds=hidden,
+            attention_mask=stream.attention_mask(step),
+            past_key_values=stream.cache,
+            position_ids=position_ids,
+            layer_idx=first_layer,
         )
         context: dict[str, Any] = {"attention_mask": mask, "position_ids": position_ids}
         if self.rotary is not None:
             context["position_embeddings"] = self.rotary(hidden, position_ids=position_ids)
         return context
 
-    def _shard_context(self, first_layer: int, hidden: torch.Tensor, stream: "StreamState", step: int, position_ids) -> dict[str, Any]:
+    def _shard_context(
+        self, first_layer: int, hidden: torch.Tensor, stream: "StreamState", step: int, position_ids
+    ) -> dict[str, Any]:
         """The tensor-parallel blocks' mask (llm_planner.runtime.tp_layers.causal_mask) and rotary embedding."""
         past = stream.shard_cache[first_layer][0].shape[2] if first_layer in stream.shard_cache else 0
         tokens = int(hidden.shape[1])
@@ -244,8 +270,8 @@ def pad_prompts(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
     ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), length), dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        ids[row, length - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        mask[row, length - len(prompt):] = 1
+        ids[row, length - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, length - len(prompt) :] = 1
     return ids, (None if bool(mask.all()) else mask)
 
 
@@ -321,7 +347,9 @@ class StreamState:
         return out
 
 
-def value_shape(task_before: str | None, stream: StreamState, step: int, hidden_size: int) -> tuple[tuple[int, ...], str]:
+def value_shape(
+    task_before: str | None, stream: StreamState, step: int, hidden_size: int
+) -> tuple[tuple[int, ...], str]:
     """Shape and kind ("ids" or "hidden") of the value that enters the task after `task_before`."""
     if task_before is None or task_before == "lm_head":
         return ((stream.batch, stream.prompt_len if step == 0 else 1), "ids")
@@ -331,7 +359,11 @@ def value_shape(task_before: str | None, stream: StreamState, step: int, hidden_
 
 
 def config_summary(config) -> dict[str, Any]:
-    return json.loads(json.dumps({k: getattr(config, k, None) for k in ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")}))
+    return json.loads(
+        json.dumps(
+            {k: getattr(config, k, None) for k in ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")}
+        )
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -361,5 +393,5 @@ def generate_whole(model: torch.nn.Module, config, prompts: list[list[int]], max
     kwargs = {} if mask is None else {"attention_mask": mask}
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad, **kwargs)
-    rows = out[:, ids.shape[1]:].tolist()
+    rows = out[:, ids.shape[1] :].tolist()
     return [row[: next((j + 1 for j, t in enumerate(row) if t in eos), len(row))] for row in rows]

@@ -30,12 +30,17 @@ log = logging.getLogger(__name__)
 class DecoderRun:
     def __init__(self, ctx):
         self.ctx, run = ctx, ctx.table.run
-        self.config = gpt.prepare_config(gpt.load_hf_config(ctx.plan.inputs.model, run.checkpoint), run.attn_implementation)
+        self.config = gpt.prepare_config(
+            gpt.load_hf_config(ctx.plan.inputs.model, run.checkpoint), run.attn_implementation
+        )
         chain = gpt.decoder_tasks(gpt.num_layers_of(self.config))
         for s, assignment in enumerate(ctx.plan.shard_assignments):
             gpt.check_decoder_tasks(list(assignment), len(chain) - 3, source=f"{run.plan_path}: shards[{s}]")
         ranks_of = ps.ranks_of_devices(ctx.plan, ctx.table.rank_of_device())
-        self.routes = [ps.shard_stages(ctx.plan, s, chain, ranks_of) if size > 0 else [] for s, size in enumerate(ctx.plan.shard_sizes)]
+        self.routes = [
+            ps.shard_stages(ctx.plan, s, chain, ranks_of) if size > 0 else []
+            for s, size in enumerate(ctx.plan.shard_sizes)
+        ]
         self.streams = [s for s in ps.streams_of(ctx.plan, run.batches) if s.requests]
         self.steps = run.max_new_tokens
         device = ctx.entry.plan_device or ctx.entry.device
@@ -44,7 +49,9 @@ class DecoderRun:
         ctx.comm.check_tag(self._tag(len(self.streams) - 1, self.steps - 1, self.slots - 1), "decoder pipeline")
         mine = {t for route in self.routes for st in route if ctx.rank in st.ranks for t in st.tasks}
         source = gpt.weight_source(self.config, checkpoint=run.checkpoint, seed=run.seed)
-        self.shard = gpt.DecoderShard(self.config, mine, device=ctx.device, dtype=ctx.dtype, source=source, group=ctx.group)
+        self.shard = gpt.DecoderShard(
+            self.config, mine, device=ctx.device, dtype=ctx.dtype, source=source, group=ctx.group
+        )
         ctx.stats.extra["weights"] = source.summary()
         self.states = self._new_states()
         self.held: dict[tuple[int, int, int], torch.Tensor] = {}
@@ -57,7 +64,9 @@ class DecoderRun:
         for stream in self.streams:
             if any(me in st.ranks for st in self.routes[stream.shard]):
                 ids, mask = gpt.pad_prompts([prompt_ids[i] for i in stream.requests], gpt.prompt_pad_id(self.config))
-                states[stream.index] = self.shard.new_stream(requests=list(stream.requests), prompt_ids=ids, prompt_mask=mask, eos_ids=eos, pad_id=pad)
+                states[stream.index] = self.shard.new_stream(
+                    requests=list(stream.requests), prompt_ids=ids, prompt_mask=mask, eos_ids=eos, pad_id=pad
+                )
         return states
 
     def _tag(self, stream: int, step: int, stage: int) -> int:
@@ -141,5 +150,11 @@ def run_decoder(ctx) -> dict:
     start = time.perf_counter()
     job = DecoderRun(ctx)
     ctx.stats.build_s = time.perf_counter() - start
-    log.info("rank %d: built %d tasks on %s in %.2f s", ctx.rank, len(job.shard.modules) + len(job.shard.parts), ctx.device, ctx.stats.build_s)
+    log.info(
+        "rank %d: built %d tasks on %s in %.2f s",
+        ctx.rank,
+        len(job.shard.modules) + len(job.shard.parts),
+        ctx.device,
+        ctx.stats.build_s,
+    )
     return job.run()

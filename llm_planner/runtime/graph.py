@@ -105,8 +105,13 @@ def split_graph(gm: GraphModule, assignment: dict[str, Hashable]) -> GraphSplit:
     output_inputs = tuple(p.name for p in out_node.all_input_nodes if p.op != "get_attr")
     placeholders = {n.name: owner[n.name] for n in nodes if n.op == "placeholder"}
     producer = {name: key[0] for name, key in members.items()} | placeholders
-    return GraphSplit(stages=tuple(stages), placeholders=placeholders, output_owner=owner[out_node.name],
-                      output_inputs=output_inputs, producer=producer)
+    return GraphSplit(
+        stages=tuple(stages),
+        placeholders=placeholders,
+        output_owner=owner[out_node.name],
+        output_inputs=output_inputs,
+        producer=producer,
+    )
 
 
 def _stage(key: tuple[Hashable, int], group: list[Node], members: dict[str, Any], out_node: Node) -> GraphStage:

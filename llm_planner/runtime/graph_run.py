@@ -49,10 +49,13 @@ class GraphRun:
                     first = min((starts.get(n, 0.0) for n in stage.nodes), default=0.0)
                     units.append((stage.level, first, s, stage))
         self.units = [(s, stage) for _, _, s, stage in sorted(units, key=lambda u: u[:3])]
-        self.modules = {(s, stage.name): rg.stage_module(gm, stage).to(device=ctx.device, dtype=ctx.dtype).eval() for s, stage in self.units}
+        self.modules = {
+            (s, stage.name): rg.stage_module(gm, stage).to(device=ctx.device, dtype=ctx.dtype).eval()
+            for s, stage in self.units
+        }
         batch = rg.make_batch(example, plan.batch_size, run.seed)
         offsets = [sum(plan.shard_sizes[:s]) for s in range(len(plan.shard_sizes))]
-        self.inputs = [batch[o:o + b] for o, b in zip(offsets, plan.shard_sizes)]
+        self.inputs = [batch[o : o + b] for o, b in zip(offsets, plan.shard_sizes)]
         self.output_template = rg.output_template(gm)  # gm itself is dropped: a rank keeps only its stages
         self.sync = ctx.device.type == "cuda"
 
@@ -133,5 +136,7 @@ def run_graph(ctx) -> dict:
     start = time.perf_counter()
     job = GraphRun(ctx)
     ctx.stats.build_s = time.perf_counter() - start
-    log.info("rank %d: built %d stage module(s) on %s in %.2f s", ctx.rank, len(job.modules), ctx.device, ctx.stats.build_s)
+    log.info(
+        "rank %d: built %d stage module(s) on %s in %.2f s", ctx.rank, len(job.modules), ctx.device, ctx.stats.build_s
+    )
     return job.run()

@@ -80,9 +80,16 @@ def shard_stages(plan: Plan, shard: int, chain: list[str], ranks_of: dict[str, t
     for run in runs:
         start, finish = timing.get(run[0], (0.0, 0.0))[0], timing.get(run[-1], (0.0, 0.0))[1]
         busy = sum(max(0.0, timing[t][1] - timing[t][0]) for t in run if t in timing)
-        stages.append(Stage(device=assignment[run[0]], ranks=ranks_of[assignment[run[0]]], tasks=tuple(run),
-                            key=(*timing.get(run[0], (0.0, 0.0)), shard, chain.index(run[0])), duration_s=busy,
-                            gap_s=0.0 if end is None else max(0.0, start - end)))
+        stages.append(
+            Stage(
+                device=assignment[run[0]],
+                ranks=ranks_of[assignment[run[0]]],
+                tasks=tuple(run),
+                key=(*timing.get(run[0], (0.0, 0.0)), shard, chain.index(run[0])),
+                duration_s=busy,
+                gap_s=0.0 if end is None else max(0.0, start - end),
+            )
+        )
         end = finish
     return stages
 
@@ -114,8 +121,9 @@ def device_orders(streams: list[Stream], routes: list[list[Stage]], steps: int) 
     return _list_schedule(queues, streams, routes)
 
 
-def _list_schedule(queues: dict[str, dict[tuple[int, int], list[Item]]], streams: list[Stream],
-                   routes: list[list[Stage]]) -> dict[str, list[Item]]:
+def _list_schedule(
+    queues: dict[str, dict[tuple[int, int], list[Item]]], streams: list[Stream], routes: list[list[Stage]]
+) -> dict[str, list[Item]]:
     free = {device: 0.0 for device in queues}
     done: dict[Item, float] = {}
     orders: dict[str, list[Item]] = {device: [] for device in queues}

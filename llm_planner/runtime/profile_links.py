@@ -12,6 +12,7 @@ from llm_planner import profile as prof
 from llm_planner.runtime.profile_rank import group_degrees_of
 from llm_planner.spec import ClusterSpec, DeviceSpec
 
+
 def link_pairs(cluster: ClusterSpec, order: list[DeviceSpec]) -> list[tuple[str, int, int]]:
     """(link class, rank a, rank b): the first pair of ranks of each link class."""
     pairs: dict[str, tuple[int, int]] = {}

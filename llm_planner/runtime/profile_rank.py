@@ -74,7 +74,9 @@ class ProfileOptions:
         if self.threads is not None and self.threads < 1:
             raise ProfileRunError(f"threads must be >= 1, got {self.threads}")
         if len(set(self.link_sizes_bytes)) < 2 or min(self.link_sizes_bytes) < 1:
-            raise ProfileRunError(f"link sizes: give at least two distinct sizes >= 1 byte, got {list(self.link_sizes_bytes)}")
+            raise ProfileRunError(
+                f"link sizes: give at least two distinct sizes >= 1 byte, got {list(self.link_sizes_bytes)}"
+            )
         return self
 
     def runs_per_device(self) -> int:
@@ -103,8 +105,10 @@ def local_devices(cluster: ClusterSpec, node: str | None = None) -> list[DeviceS
         local = [n for n in nodes if next(d.hostname for d in devices if d.node == n) in here]
         if not local:
             hosts = sorted({str(d.hostname) for d in devices})
-            raise ProfileRunError(f"{cluster.source}: no node of cluster {cluster.name!r} runs on this host ({socket.gethostname()}; "
-                                  f"nodes' hostnames: {', '.join(hosts)}); name one with --node, or profile under mpirun")
+            raise ProfileRunError(
+                f"{cluster.source}: no node of cluster {cluster.name!r} runs on this host ({socket.gethostname()}; "
+                f"nodes' hostnames: {', '.join(hosts)}); name one with --node, or profile under mpirun"
+            )
         mine = local[0]
     first: dict[str, DeviceSpec] = {}
     for d in devices:
@@ -188,14 +192,18 @@ def _decoder_step(bench: dict, batch: int, tensors: dict) -> dict[str, float]:
     return {role: sum(v) / len(v) for role, v in times.items()}
 
 
-def _decoder_bench(spec: ModelSpec, graph: TaskGraph, device, dtype, options: ProfileOptions, degree: int = 1, group=None) -> dict:
+def _decoder_bench(
+    spec: ModelSpec, graph: TaskGraph, device, dtype, options: ProfileOptions, degree: int = 1, group=None
+) -> dict:
     """The shard to time: the whole tasks, or (degree k > 1) a member's share on a group of k: with the group's
     collectives (`group`, a GroupComm: every member runs this at once), or alone (none: collectives left out)."""
     from llm_planner.runtime import gpt, tp_layers
 
     meta = graph.meta_dict()
     if meta.get("phase") == "decode" and int(meta["seq_len"]) < 2:
-        raise ProfileRunError(f"model {spec.name!r}: profiling a decode step needs a context (--seq-len) of at least 2 tokens")
+        raise ProfileRunError(
+            f"model {spec.name!r}: profiling a decode step needs a context (--seq-len) of at least 2 tokens"
+        )
     try:
         config = gpt.prepare_config(gpt.load_hf_config(spec.to_dict()))
         source = gpt.weight_source(config, checkpoint=None, seed=options.seed)
@@ -206,8 +214,15 @@ def _decoder_bench(spec: ModelSpec, graph: TaskGraph, device, dtype, options: Pr
     if group is None and degree > 1:
         group = tp_layers.Unconnected(degree)
     shard = gpt.DecoderShard(config, set(tasks), device=device, dtype=dtype, source=source, group=group)
-    bench = {"shard": shard, "tasks": tasks, "blocks": blocks, "phase": meta["phase"], "seq_len": int(meta["seq_len"]),
-             "sublayers": meta.get("granularity") == "sublayer", "marks": []}
+    bench = {
+        "shard": shard,
+        "tasks": tasks,
+        "blocks": blocks,
+        "phase": meta["phase"],
+        "seq_len": int(meta["seq_len"]),
+        "sublayers": meta.get("granularity") == "sublayer",
+        "marks": [],
+    }
     if bench["sublayers"] and degree > 1:
         raise ProfileRunError(f"model {spec.name!r}: tensor-parallel shares are timed for block granularity only")
     if bench["sublayers"]:
@@ -238,8 +253,16 @@ def _decoder_inputs(bench: dict, batch: int, generator) -> dict:
     return {"ids": ids, "kv": kv}
 
 
-def time_decoder(spec: ModelSpec, graph: TaskGraph, device, dtype, options: ProfileOptions, progress: Progress,
-                 degree: int = 1, group=None) -> dict[str, dict[int, float]]:
+def time_decoder(
+    spec: ModelSpec,
+    graph: TaskGraph,
+    device,
+    dtype,
+    options: ProfileOptions,
+    progress: Progress,
+    degree: int = 1,
+    group=None,
+) -> dict[str, dict[int, float]]:
     """Role -> batch size -> median seconds, with the runtime's decoder stage code (a group member's share for degree > 1)."""
     import torch
 
@@ -260,7 +283,9 @@ def time_decoder(spec: ModelSpec, graph: TaskGraph, device, dtype, options: Prof
     return out
 
 
-def time_graph(spec: ModelSpec, device, dtype, options: ProfileOptions, progress: Progress) -> dict[str, dict[int, float]]:
+def time_graph(
+    spec: ModelSpec, device, dtype, options: ProfileOptions, progress: Progress
+) -> dict[str, dict[int, float]]:
     """fx node -> batch size -> median seconds, with the runtime's stage module and TimedInterpreter."""
     import torch
 
@@ -297,8 +322,14 @@ def group_degrees_of(cluster: ClusterSpec, device: DeviceSpec) -> list[int]:
     return group_degrees(count, count)
 
 
-def profile_device(spec: ModelSpec, graph: TaskGraph, device, options: ProfileOptions, progress: Progress,
-                   degrees: list[int] | tuple[int, ...] = ()) -> dict[str, prof.TaskTiming]:
+def profile_device(
+    spec: ModelSpec,
+    graph: TaskGraph,
+    device,
+    options: ProfileOptions,
+    progress: Progress,
+    degrees: list[int] | tuple[int, ...] = (),
+) -> dict[str, prof.TaskTiming]:
     """Task key -> timing of every distinct task of `graph` on the torch `device`; for decoders in block
     granularity also one member's share on a group of each degree in `degrees` that the model splits over."""
     import torch
@@ -309,12 +340,18 @@ def profile_device(spec: ModelSpec, graph: TaskGraph, device, options: ProfileOp
         torch.set_num_threads(options.threads)
     dtype = torch_dtype(spec.dtype)
     decoder = "decoder_config" in graph.meta_dict()
-    measured = time_decoder(spec, graph, device, dtype, options, progress) if decoder else time_graph(spec, device, dtype, options, progress)
+    measured = (
+        time_decoder(spec, graph, device, dtype, options, progress)
+        if decoder
+        else time_graph(spec, device, dtype, options, progress)
+    )
     timings = _timings(graph, measured, options, decoder, 1)
     if decoder and graph.meta_dict().get("granularity") == "block":
         for k in degrees:
             if all(t.shards_over(k) for t in graph.tasks):
-                timings.update(_timings(graph, time_decoder(spec, graph, device, dtype, options, progress, k), options, True, k))
+                timings.update(
+                    _timings(graph, time_decoder(spec, graph, device, dtype, options, progress, k), options, True, k)
+                )
     return timings
 
 
@@ -323,12 +360,20 @@ def time_group(spec: ModelSpec, graph: TaskGraph, device, options: ProfileOption
     (keys "<key>@group<k>"; what the first member measured, which waited for the others in each collective)."""
     from llm_planner.runtime.rank import torch_dtype
 
-    measured = time_decoder(spec, graph, device, torch_dtype(spec.dtype), options, lambda what, n: None, group.size, group)
+    measured = time_decoder(
+        spec, graph, device, torch_dtype(spec.dtype), options, lambda what, n: None, group.size, group
+    )
     return _timings(graph, measured, options, True, group.size, joint=True)
 
 
-def _timings(graph: TaskGraph, measured: dict[str, dict[int, float]], options: ProfileOptions, decoder: bool, degree: int,
-             joint: bool = False) -> dict[str, prof.TaskTiming]:
+def _timings(
+    graph: TaskGraph,
+    measured: dict[str, dict[int, float]],
+    options: ProfileOptions,
+    decoder: bool,
+    degree: int,
+    joint: bool = False,
+) -> dict[str, prof.TaskTiming]:
     sizes = list(options.batch_sizes)
     timings: dict[str, prof.TaskTiming] = {}
     for task in graph.tasks:

@@ -71,8 +71,13 @@ def _environment(torch_devices: dict[str, str]) -> dict[str, Any]:
     return {"torch": str(torch.__version__), "torch_devices": torch_devices, "threads": torch.get_num_threads()}
 
 
-def build_profile(job: ProfileJob, cluster: ClusterSpec, measured: list[tuple[DeviceSpec, dict[str, prof.TaskTiming]]],
-                  links: dict[str, prof.LinkTiming], environment: dict[str, Any]) -> prof.Profile:
+def build_profile(
+    job: ProfileJob,
+    cluster: ClusterSpec,
+    measured: list[tuple[DeviceSpec, dict[str, prof.TaskTiming]]],
+    links: dict[str, prof.LinkTiming],
+    environment: dict[str, Any],
+) -> prof.Profile:
     """One profile from the devices' timings; devices of one kind are merged (median of their medians)."""
     by_kind: dict[str, dict[str, list[prof.TaskTiming]]] = {}
     devices: dict[str, list[str]] = {}
@@ -80,16 +85,28 @@ def build_profile(job: ProfileJob, cluster: ClusterSpec, measured: list[tuple[De
         devices.setdefault(device.kind, []).append(device.name)
         for key, timing in timings.items():
             by_kind.setdefault(device.kind, {}).setdefault(key, []).append(timing)
-    tasks = {kind: {key: prof.merge_task_timings(ts) for key, ts in entries.items()} for kind, entries in by_kind.items()}
+    tasks = {
+        kind: {key: prof.merge_task_timings(ts) for key, ts in entries.items()} for kind, entries in by_kind.items()
+    }
     settings = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(job.options).items()}
-    return prof.Profile(cluster=cluster.name, model=dict(job.model), settings=settings, devices=devices, tasks=tasks,
-                        links=links, environment=environment)
+    return prof.Profile(
+        cluster=cluster.name,
+        model=dict(job.model),
+        settings=settings,
+        devices=devices,
+        tasks=tasks,
+        links=links,
+        environment=environment,
+    )
 
 
 def planned_runs(job: ProfileJob) -> int:
     """Timed and warm-up runs `profile_local` makes (for a progress bar)."""
     cluster = load_cluster(job.cluster_path)
-    return sum(1 + len(group_degrees_of(cluster, d)) for d in local_devices(cluster, job.node)) * job.options.runs_per_device()
+    return (
+        sum(1 + len(group_degrees_of(cluster, d)) for d in local_devices(cluster, job.node))
+        * job.options.runs_per_device()
+    )
 
 
 def profile_local(job: ProfileJob, progress: Progress = lambda what, n: None) -> tuple[prof.Profile, list[str]]:
@@ -101,14 +118,25 @@ def profile_local(job: ProfileJob, progress: Progress = lambda what, n: None) ->
     for device in local_devices(cluster, job.node):
         torch_device = torch_device_of(cluster, device)
         if torch_device is None:
-            log.warning("device %s is a %s but CUDA is not available here: not profiled", device.name, cluster.kind(device.kind).type)
+            log.warning(
+                "device %s is a %s but CUDA is not available here: not profiled",
+                device.name,
+                cluster.kind(device.kind).type,
+            )
             skipped.append(device.name)
             progress(f"{device.name} (skipped)", job.options.runs_per_device())
             continue
         torch_devices[device.name] = str(torch_device)
-        measured.append((device, profile_device(spec, graph, torch_device, job.options, progress, group_degrees_of(cluster, device))))
+        measured.append(
+            (
+                device,
+                profile_device(spec, graph, torch_device, job.options, progress, group_degrees_of(cluster, device)),
+            )
+        )
     if not measured:
-        raise ProfileRunError(f"no device of cluster {cluster.name!r} can be profiled on this machine (skipped: {', '.join(skipped)})")
+        raise ProfileRunError(
+            f"no device of cluster {cluster.name!r} can be profiled on this machine (skipped: {', '.join(skipped)})"
+        )
     return build_profile(job, cluster, measured, {}, _environment(torch_devices)), skipped
 
 
@@ -132,17 +160,29 @@ def _profile_rank(comm, job: ProfileJob, cluster: ClusterSpec, order: list[Devic
         quiet_barrier(comm)
         if same_host.index(comm.rank) == turn and device is not None:
             log.info("rank %d: timing %s on %s", comm.rank, me.name, device)
-            timings = profile_device(spec, graph, device, job.options, lambda what, n: None, group_degrees_of(cluster, me))
+            timings = profile_device(
+                spec, graph, device, job.options, lambda what, n: None, group_degrees_of(cluster, me)
+            )
     if device is None:
         log.warning("rank %d: device %s is a GPU but CUDA is not available here: not profiled", comm.rank, me.name)
     links = {}
     for name, a, b in link_pairs(cluster, order):
         quiet_barrier(comm)
         if comm.rank in (a, b):
-            medians = ping_pong(comm, b if comm.rank == a else a, comm.rank == a, job.options.link_sizes_bytes, job.options.link_repetitions)
+            medians = ping_pong(
+                comm,
+                b if comm.rank == a else a,
+                comm.rank == a,
+                job.options.link_sizes_bytes,
+                job.options.link_repetitions,
+            )
             if comm.rank == a:
-                links[name] = prof.link_timing((order[a].name, order[b].name), list(job.options.link_sizes_bytes), medians,
-                                               job.options.link_repetitions)
+                links[name] = prof.link_timing(
+                    (order[a].name, order[b].name),
+                    list(job.options.link_sizes_bytes),
+                    medians,
+                    job.options.link_repetitions,
+                )
     links.update(_collectives(comm, job, cluster, order, graph))
     if timings is not None:
         timings.update(_groups(comm, job, cluster, order, graph, device))
@@ -163,7 +203,9 @@ def _waiting_as_the_runtime(comm, order: list[DeviceSpec]):
         comm.spin = False
 
 
-def _groups(comm, job: ProfileJob, cluster: ClusterSpec, order: list[DeviceSpec], graph, device) -> dict[str, prof.TaskTiming]:
+def _groups(
+    comm, job: ProfileJob, cluster: ClusterSpec, order: list[DeviceSpec], graph, device
+) -> dict[str, prof.TaskTiming]:
     """Decoders in block granularity: the first group of each degree of each class times the group's tasks
     as the group runs them (profile_rank.time_group); the other ranks wait."""
     meta = graph.meta_dict()
@@ -177,14 +219,18 @@ def _groups(comm, job: ProfileJob, cluster: ClusterSpec, order: list[DeviceSpec]
             if not all(t.shards_over(len(ranks)) for t in graph.tasks):
                 continue
             group = comm.group(ranks if comm.rank in ranks and device is not None else None)
-            if group is not None and group.size == len(ranks):  # (a member without its device leaves a smaller group: skipped)
+            if group is not None and group.size == len(
+                ranks
+            ):  # (a member without its device leaves a smaller group: skipped)
                 timings = time_group(spec, graph, device, job.options, group)
                 if comm.rank == ranks[0]:
                     out.update(timings)
     return out
 
 
-def _collectives(comm, job: ProfileJob, cluster: ClusterSpec, order: list[DeviceSpec], graph) -> dict[str, prof.LinkTiming]:
+def _collectives(
+    comm, job: ProfileJob, cluster: ClusterSpec, order: list[DeviceSpec], graph
+) -> dict[str, prof.LinkTiming]:
     """All-reduce times of the first group of each degree of each class (the runtime's GroupComm, waiting as the
     runtime does), at the sizes the model's all-reduces have at the profiled batch sizes (and 8x the largest)."""
     per_call = [t.tp_allreduce_bytes_per_sample / t.tp_allreduces for t in graph.tasks if t.tp_allreduces]
@@ -201,7 +247,9 @@ def _collectives(comm, job: ProfileJob, cluster: ClusterSpec, order: list[Device
                 continue
             medians = time_all_reduce(group, sizes, job.options.link_repetitions)
             if comm.rank == ranks[0]:
-                out[key] = prof.link_timing(tuple(order[r].name for r in ranks), list(sizes), medians, job.options.link_repetitions)
+                out[key] = prof.link_timing(
+                    tuple(order[r].name for r in ranks), list(sizes), medians, job.options.link_repetitions
+                )
     return out
 
 
@@ -213,8 +261,10 @@ def run_mpi(job: ProfileJob, comm=None) -> prof.Profile | None:
     cluster = load_cluster(job.cluster_path)
     order = rank_devices(cluster)
     if comm.size != len(order):
-        raise ProfileRunError(f"{job.cluster_path}: the cluster has {len(order)} devices, one rank each, but mpiexec started {comm.size}; "
-                              f"start it with -n {len(order)}")
+        raise ProfileRunError(
+            f"{job.cluster_path}: the cluster has {len(order)} devices, one rank each, but mpiexec started {comm.size}; "
+            f"start it with -n {len(order)}"
+        )
     timings, links, torch_device = _profile_rank(comm, job, cluster, order)
     gathered = comm.gather((comm.rank, timings, links, torch_device))
     result = None
@@ -241,7 +291,9 @@ def spawn_mpi(job: ProfileJob, workdir: str | Path, timeout_s: float) -> prof.Pr
     order = rank_devices(cluster)
     missing = sorted({d.node for d in order if not d.hostname})
     if missing:
-        raise ProfileRunError(f"{cluster.source}: nodes {missing} have no hostname; profiling under MPI needs the host of every node")
+        raise ProfileRunError(
+            f"{cluster.source}: nodes {missing} have no hostname; profiling under MPI needs the host of every node"
+        )
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     hosts: dict[str, int] = {}
@@ -249,8 +301,19 @@ def spawn_mpi(job: ProfileJob, workdir: str | Path, timeout_s: float) -> prof.Pr
         hosts[str(d.hostname)] = hosts.get(str(d.hostname), 0) + 1
     (workdir / "hostfile").write_text("".join(f"{h}:{n}\n" for h, n in hosts.items()))
     job.save(workdir / "profile_job.json")
-    command = [str(mpiexec_path()), "-f", str(workdir / "hostfile"), "-n", str(len(order)), sys.executable, "-m", "mpi4py",
-               "-m", "llm_planner.runtime.profile_run", str(workdir / "profile_job.json")]
+    command = [
+        str(mpiexec_path()),
+        "-f",
+        str(workdir / "hostfile"),
+        "-n",
+        str(len(order)),
+        sys.executable,
+        "-m",
+        "mpi4py",
+        "-m",
+        "llm_planner.runtime.profile_run",
+        str(workdir / "profile_job.json"),
+    ]
     Path(job.output_path).unlink(missing_ok=True)
     try:
         done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout_s)
@@ -258,7 +321,9 @@ def spawn_mpi(job: ProfileJob, workdir: str | Path, timeout_s: float) -> prof.Pr
         raise ProfileRunError(f"profiling on {len(order)} ranks exceeded its timeout of {timeout_s:g} s") from None
     (workdir / "mpiexec.err").write_text(done.stderr)
     if done.returncode != 0 or not Path(job.output_path).is_file():
-        raise ProfileRunError(f"profiling on {len(order)} ranks failed (mpiexec status {done.returncode}):\n{done.stderr[-3000:]}")
+        raise ProfileRunError(
+            f"profiling on {len(order)} ranks failed (mpiexec status {done.returncode}):\n{done.stderr[-3000:]}"
+        )
     return prof.load_profile(job.output_path)
 
 
@@ -269,7 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from mpi4py import MPI
 
-    logging.basicConfig(level=logging.INFO, format=f"[rank {MPI.COMM_WORLD.Get_rank()}] %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"[rank {MPI.COMM_WORLD.Get_rank()}] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     run_mpi(ProfileJob.load(args[0]))  # an exception leaves the program: python -m mpi4py aborts every rank
     return 0
 

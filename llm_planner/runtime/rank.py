@@ -96,7 +96,9 @@ class RankContext:
         self.comm.barrier()
         self.stats.start()
         if self.table.run.fail_rank == self.rank:
-            raise InjectedFailure(f"rank {self.rank} ({self.entry.device}) fails on purpose (run.fail_rank = {self.rank})")
+            raise InjectedFailure(
+                f"rank {self.rank} ({self.entry.device}) fails on purpose (run.fail_rank = {self.rank})"
+            )
 
 
 def torch_device(entry: RankEntry) -> "torch.device":
@@ -106,7 +108,9 @@ def torch_device(entry: RankEntry) -> "torch.device":
     if entry.device_type == "gpu":
         if torch.cuda.is_available() and entry.gpu_index is not None and entry.gpu_index < torch.cuda.device_count():
             return torch.device(f"cuda:{entry.gpu_index}")
-        log.warning("rank %d: device %s is a GPU but CUDA is not available here; running on the CPU", entry.rank, entry.device)
+        log.warning(
+            "rank %d: device %s is a GPU but CUDA is not available here; running on the CPU", entry.rank, entry.device
+        )
     return torch.device("cpu")
 
 
@@ -181,7 +185,9 @@ def _context(table: RankTable, comm: "Comm") -> RankContext:
     if entry.device_type == "gpu" and device.type == "cpu":
         stats.extra["gpu_fell_back_to_cpu"] = True
     group = comm.group(tuple(entry.group) or None)  # collective: every rank calls it
-    return RankContext(table=table, entry=entry, plan=plan, comm=comm, device=device, dtype=dtype, stats=stats, group=group)
+    return RankContext(
+        table=table, entry=entry, plan=plan, comm=comm, device=device, dtype=dtype, stats=stats, group=group
+    )
 
 
 def ranks_on_host(table: RankTable, hostname: str) -> int:
@@ -223,7 +229,9 @@ def run(table: RankTable) -> None:
     if comm.rank == 0:
         assert ranks is not None and outputs_all is not None
         merged = _merge_outputs(outputs_all)
-        write_report(table.run.report_path, build_report(plan=ctx.plan, ranks=ranks, workload=table.run.workload, outputs=merged))
+        write_report(
+            table.run.report_path, build_report(plan=ctx.plan, ranks=ranks, workload=table.run.workload, outputs=merged)
+        )
         log.info("rank 0: wrote %s", table.run.report_path)
     comm.barrier()
 
@@ -250,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    logging.basicConfig(level=logging.INFO, format=f"[rank {world.Get_rank()}] %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format=f"[rank {world.Get_rank()}] %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     table = None
     try:
         table = load_rank_table(args[0])

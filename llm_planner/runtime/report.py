@@ -108,7 +108,11 @@ class RankStats:
             "total_s": self.total_s,
             "overhead_s": max(0.0, self.total_s - compute - comm_stats.transfer_s - comm_stats.idle_s),
             "build_s": self.build_s,
-            **({"prefill_tasks": dict(self.prefill_tasks), "prefill_task_calls": dict(self.prefill_task_calls)} if self.prefill_tasks else {}),
+            **(
+                {"prefill_tasks": dict(self.prefill_tasks), "prefill_task_calls": dict(self.prefill_task_calls)}
+                if self.prefill_tasks
+                else {}
+            ),
             **({"step_end_s": [[k, v] for k, v in sorted(self.step_end_s.items())]} if self.step_end_s else {}),
             **self.extra,
         }
@@ -143,7 +147,9 @@ def build_report(*, plan, ranks: list[dict[str, Any]], workload: str, outputs: d
         "unit": "s/sample" if plan.objective == "throughput" else "s",
         "wall_s": wall,
         "overhead_fraction": (sum(r["overhead_s"] for r in ranks) / total) if total > 0 else 0.0,
-        "weights": "checkpoint" if any(r.get("weights", {}).get("source") == "checkpoint" for r in ranks) else "seeded random",
+        "weights": "checkpoint"
+        if any(r.get("weights", {}).get("source") == "checkpoint" for r in ranks)
+        else "seeded random",
     }
     fell_back = [r["device"] for r in ranks if r.get("gpu_fell_back_to_cpu")]
     if fell_back:

@@ -90,7 +90,7 @@ class RankTable:
 
 def rank_table_from_dict(data: Any, source: str = "<memory>") -> RankTable:
     if not isinstance(data, dict) or data.get("format") != RANK_TABLE_FORMAT:
-        raise RankTableError(f"{source}: not a rank table (expected \"format\": \"{RANK_TABLE_FORMAT}\")")
+        raise RankTableError(f'{source}: not a rank table (expected "format": "{RANK_TABLE_FORMAT}")')
     if data.get("version") != RANK_TABLE_VERSION:
         raise RankTableError(f"{source}: version: unsupported rank table version {data.get('version')!r}")
     try:

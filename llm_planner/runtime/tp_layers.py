@@ -45,7 +45,9 @@ class _Slicer:
         self.source, self.dtype, self.device = source, dtype, device
 
     def part(self, name: str, shape: tuple[int, ...], dim: int, start: int, stop: int) -> torch.Tensor:
-        return self.source.tensor_slice(name, torch.Size(shape), dim, start, stop).to(device=self.device, dtype=self.dtype)
+        return self.source.tensor_slice(name, torch.Size(shape), dim, start, stop).to(
+            device=self.device, dtype=self.dtype
+        )
 
     def whole(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         return self.source.tensor(name, torch.Size(shape)).to(device=self.device, dtype=self.dtype)
@@ -62,8 +64,12 @@ def check_divisible(config, family: str, k: int) -> None:
     bad = [f"{what} {n}" for what, n in (("heads", heads), ("KV heads", kv), ("MLP width", width)) if n % k]
     if bad:
         raise DecoderError(f"a tensor-parallel group of {k} cannot split {', '.join(bad)}")
-    if family == "gpt2" and (getattr(config, "scale_attn_by_inverse_layer_idx", False) or getattr(config, "reorder_and_upcast_attn", False)):
-        raise DecoderError("GPT-2 configs with scale_attn_by_inverse_layer_idx or reorder_and_upcast_attn run on single devices only")
+    if family == "gpt2" and (
+        getattr(config, "scale_attn_by_inverse_layer_idx", False) or getattr(config, "reorder_and_upcast_attn", False)
+    ):
+        raise DecoderError(
+            "GPT-2 configs with scale_attn_by_inverse_layer_idx or reorder_and_upcast_attn run on single devices only"
+        )
 
 
 def _mlp_width(config, family: str) -> int:
@@ -76,7 +82,9 @@ def _mlp_width(config, family: str) -> int:
 # Attention on the member's heads
 
 
-def causal_mask(mask_2d: torch.Tensor | None, q_len: int, k_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+def causal_mask(
+    mask_2d: torch.Tensor | None, q_len: int, k_len: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor | None:
     """Additive [B, 1, q, k] mask: key j is visible to query i when j <= i + (k - q) and j is not padding.
 
     None when no key is padding and q = 1 (everything visible). Rows that see no
@@ -131,14 +139,22 @@ class GPT2BlockShard:
         self.proj_b = slicer.whole(f"{p}.attn.c_proj.bias", (h,))
         inner = _mlp_width(config, "gpt2")
         a, b = even_range(inner, k, r)
-        self.fc_w, self.fc_b = slicer.part(f"{p}.mlp.c_fc.weight", (h, inner), 1, a, b), slicer.part(f"{p}.mlp.c_fc.bias", (inner,), 0, a, b)
-        self.out_w, self.out_b = slicer.part(f"{p}.mlp.c_proj.weight", (inner, h), 0, a, b), slicer.whole(f"{p}.mlp.c_proj.bias", (h,))
+        self.fc_w, self.fc_b = (
+            slicer.part(f"{p}.mlp.c_fc.weight", (h, inner), 1, a, b),
+            slicer.part(f"{p}.mlp.c_fc.bias", (inner,), 0, a, b),
+        )
+        self.out_w, self.out_b = (
+            slicer.part(f"{p}.mlp.c_proj.weight", (inner, h), 0, a, b),
+            slicer.whole(f"{p}.mlp.c_proj.bias", (h,)),
+        )
         self.act = ACT2FN[config.activation_function]
 
     def __call__(self, x: torch.Tensor, cache: dict, context: dict[str, Any]) -> torch.Tensor:
         batch, tokens, _ = x.shape
-        q, k, v = (x_.view(batch, tokens, self.heads, self.d).transpose(1, 2)
-                   for x_ in (self.ln_1(x) @ self.qkv_w + self.qkv_b).split(self.heads * self.d, dim=2))
+        q, k, v = (
+            x_.view(batch, tokens, self.heads, self.d).transpose(1, 2)
+            for x_ in (self.ln_1(x) @ self.qkv_w + self.qkv_b).split(self.heads * self.d, dim=2)
+        )
         attn = _attend(q, k, v, context["mask"], cache, self.layer, 1) @ self.proj_w
         x = x + self.ops.all_reduce_(attn) + self.proj_b
         up = self.act(self.ln_2(x) @ self.fc_w + self.fc_b) @ self.out_w
@@ -160,15 +176,23 @@ class LlamaBlockShard:
         p = f"model.layers.{layer}"
         with torch.device("meta"):
             norms = [LlamaRMSNorm(h, eps=config.rms_norm_eps) for _ in range(2)]
-        self.norm_1, self.norm_2 = slicer.module(norms[0], f"{p}.input_layernorm"), slicer.module(norms[1], f"{p}.post_attention_layernorm")
+        self.norm_1, self.norm_2 = (
+            slicer.module(norms[0], f"{p}.input_layernorm"),
+            slicer.module(norms[1], f"{p}.post_attention_layernorm"),
+        )
         qa, qb = r * self.heads * self.d, (r + 1) * self.heads * self.d
         ka, kb = r * self.kv * self.d, (r + 1) * self.kv * self.d
         rows = {"q_proj": (heads * self.d, qa, qb), "k_proj": (kv * self.d, ka, kb), "v_proj": (kv * self.d, ka, kb)}
         self.w = {n: slicer.part(f"{p}.self_attn.{n}.weight", (out, h), 0, a, b) for n, (out, a, b) in rows.items()}
-        self.b = ({n: slicer.part(f"{p}.self_attn.{n}.bias", (out,), 0, a, b) for n, (out, a, b) in rows.items()}
-                  if getattr(config, "attention_bias", False) else {})
+        self.b = (
+            {n: slicer.part(f"{p}.self_attn.{n}.bias", (out,), 0, a, b) for n, (out, a, b) in rows.items()}
+            if getattr(config, "attention_bias", False)
+            else {}
+        )
         self.o_w = slicer.part(f"{p}.self_attn.o_proj.weight", (h, heads * self.d), 1, qa, qb)
-        self.o_b = slicer.whole(f"{p}.self_attn.o_proj.bias", (h,)) if getattr(config, "attention_bias", False) else None
+        self.o_b = (
+            slicer.whole(f"{p}.self_attn.o_proj.bias", (h,)) if getattr(config, "attention_bias", False) else None
+        )
         inner = int(config.intermediate_size)
         a, b = even_range(inner, k, r)
         mlp_bias = getattr(config, "mlp_bias", False)
@@ -196,7 +220,9 @@ class LlamaBlockShard:
         attn = self.ops.all_reduce_(F.linear(_attend(q, k, v, context["mask"], cache, self.layer, self.rep), self.o_w))
         x = x + (attn if self.o_b is None else attn + self.o_b)
         y = self.norm_2(x)
-        down = self.ops.all_reduce_(F.linear(self.act(self._proj("gate_proj", y)) * self._proj("up_proj", y), self.down_w))
+        down = self.ops.all_reduce_(
+            F.linear(self.act(self._proj("gate_proj", y)) * self._proj("up_proj", y), self.down_w)
+        )
         return x + (down if self.down_b is None else down + self.down_b)
 
 
@@ -234,7 +260,9 @@ class HeadShard:
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = F.linear(hidden[:, -1, :], self.rows).to(torch.float32)
         index = torch.argmax(logits, dim=-1)
-        mine = torch.stack([logits.gather(1, index[:, None])[:, 0], (index + self.lo).to(torch.float32)], dim=1)  # [B, 2]
+        mine = torch.stack(
+            [logits.gather(1, index[:, None])[:, 0], (index + self.lo).to(torch.float32)], dim=1
+        )  # [B, 2]
         every = self.ops.all_gather(mine)  # [k, B, 2], members in vocabulary order
         best = every[:, :, 0].max(dim=0).values
         first = torch.argmax((every[:, :, 0] == best).to(torch.int8), dim=0)  # the first member holding the maximum

@@ -74,7 +74,9 @@ class CheckpointWeights:
             with safe_open(str(single), framework="pt") as f:
                 self.file_of = {k: single for k in f.keys()}
         else:
-            raise WeightsError(f"{self.directory}: no model.safetensors or model.safetensors.index.json (only safetensors checkpoints are read)")
+            raise WeightsError(
+                f"{self.directory}: no model.safetensors or model.safetensors.index.json (only safetensors checkpoints are read)"
+            )
         self._open: dict[Path, object] = {}
         self.files_read: set[str] = set()
         self.tensors_read: list[str] = []
@@ -97,7 +99,9 @@ class CheckpointWeights:
 
     def _check_shape(self, key: str, got, shape) -> None:
         if tuple(got) != tuple(shape):
-            raise WeightsError(f"{self.directory}: tensor {key!r} has shape {tuple(got)}, the model expects {tuple(shape)}")
+            raise WeightsError(
+                f"{self.directory}: tensor {key!r} has shape {tuple(got)}, the model expects {tuple(shape)}"
+            )
 
     def tensor(self, name: str, shape: torch.Size) -> torch.Tensor:
         key, handle = self._handle(name)
@@ -117,7 +121,9 @@ class CheckpointWeights:
         self._open.clear()
 
 
-def fill_module_(module: torch.nn.Module, prefix: str, source, *, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+def fill_module_(
+    module: torch.nn.Module, prefix: str, source, *, dtype: torch.dtype, device: torch.device
+) -> torch.nn.Module:
     """Give every parameter of `module` (named `prefix` in the whole model) its value from `source`.
 
     A module built on the meta device gets its storage here (its parameters are

@@ -13,44 +13,62 @@ from llm_planner.serving.bound import tokens_upper_bound
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context, status_of, usable_bytes
 from llm_planner.serving.fleet import FleetChoice
 from llm_planner.serving.layout import Pattern, describe
-from llm_planner.serving.search import segment_options, solve_serving
 from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION, relative_to_plan
+from llm_planner.serving.search import segment_options, solve_serving
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
-
-
-
-
-
-
-
 
 
 def replica_record(ctx: ServingContext, pattern: Pattern, count: int, devices: list) -> dict[str, Any]:
     ev = pattern.ev
     usable = usable_bytes(ctx, pattern)
-    return {"pattern": describe(pattern.layout), "count": count,
-            "segments": [{"class": s.class_name, "degree": s.degree, "stages": s.stages} for s in pattern.layout],
-            "layers": list(ev.layers), "concurrency": ev.concurrency, "micro_batches": ev.micro_batches,
-            "tokens_per_s": ev.tokens_per_s, "tpot_s": ev.tpot_s, "ttft_s": ev.ttft_s, "round_trip_s": ev.round_trip_s,
-            "stage_s": list(ev.stage_s), "mem_bytes": list(ev.mem_bytes), "usable_bytes": usable,
-            "devices": [[list(stage) for stage in copy] for copy in devices]}
+    return {
+        "pattern": describe(pattern.layout),
+        "count": count,
+        "segments": [{"class": s.class_name, "degree": s.degree, "stages": s.stages} for s in pattern.layout],
+        "layers": list(ev.layers),
+        "concurrency": ev.concurrency,
+        "micro_batches": ev.micro_batches,
+        "tokens_per_s": ev.tokens_per_s,
+        "tpot_s": ev.tpot_s,
+        "ttft_s": ev.ttft_s,
+        "round_trip_s": ev.round_trip_s,
+        "stage_s": list(ev.stage_s),
+        "mem_bytes": list(ev.mem_bytes),
+        "usable_bytes": usable,
+        "devices": [[list(stage) for stage in copy] for copy in devices],
+    }
 
 
 def fleet_summary(ctx: ServingContext, fleet: FleetChoice) -> dict[str, Any]:
     """What a comparison table shows of a fleet (baselines keep no devices)."""
-    return {"tokens_per_s": fleet.tokens_per_s,
-            "replicas": [{"pattern": describe(p.layout), "count": n, "concurrency": p.ev.concurrency,
-                          "micro_batches": p.ev.micro_batches, "tpot_s": p.ev.tpot_s, "layers": list(p.ev.layers),
-                          "max_mem_fraction": max(m / u for m, u in zip(p.ev.mem_bytes, usable_bytes(ctx, p)))}
-                         for p, n in fleet.chosen]}
+    return {
+        "tokens_per_s": fleet.tokens_per_s,
+        "replicas": [
+            {
+                "pattern": describe(p.layout),
+                "count": n,
+                "concurrency": p.ev.concurrency,
+                "micro_batches": p.ev.micro_batches,
+                "tpot_s": p.ev.tpot_s,
+                "layers": list(p.ev.layers),
+                "max_mem_fraction": max(m / u for m, u in zip(p.ev.mem_bytes, usable_bytes(ctx, p))),
+            }
+            for p, n in fleet.chosen
+        ],
+    }
 
 
-
-
-
-
-def plan_serving(*, cluster_path: str, model: str, workload: ServingWorkload, dtype: str, options: ServingOptions,
-                 output_path: str, profile_path: str | None = None, solver: str = "serving") -> dict[str, Any]:
+def plan_serving(
+    *,
+    cluster_path: str,
+    model: str,
+    workload: ServingWorkload,
+    dtype: str,
+    options: ServingOptions,
+    output_path: str,
+    profile_path: str | None = None,
+    solver: str = "serving",
+) -> dict[str, Any]:
     """The serving plan's data (docs/plan-format.md); raises WorkloadError when nothing serves."""
     started = time.monotonic()
     ctx = build_context(cluster_path, model, workload, dtype, options, profile_path)
@@ -68,16 +86,30 @@ def plan_serving(*, cluster_path: str, model: str, workload: ServingWorkload, dt
     devices = assign_devices(ctx.cluster, ctx.by_name, fleet)
     replicas = [replica_record(ctx, p, n, d) for (p, n), d in zip(fleet.chosen, devices)]
     return {
-        "format": SERVING_FORMAT, "version": SERVING_VERSION, "objective": "serving",
-        "inputs": {"cluster": relative_to_plan(cluster_path, output_path), "cluster_sha256": ctx.cluster.sha256,
-                   "profile": relative_to_plan(profile_path, output_path)},
+        "format": SERVING_FORMAT,
+        "version": SERVING_VERSION,
+        "objective": "serving",
+        "inputs": {
+            "cluster": relative_to_plan(cluster_path, output_path),
+            "cluster_sha256": ctx.cluster.sha256,
+            "profile": relative_to_plan(profile_path, output_path),
+        },
         "model": {"name": model, "dtype": dtype, "num_layers": ctx.tasks.num_layers},
         "workload": workload.to_dict(),
         "options": dataclasses.asdict(options) | {"solver": solver},
-        "serving": {"tokens_per_s": fleet.tokens_per_s, "upper_bound_tokens_per_s": bound, "gap": gap, "status": status,
-                    "tpot_s": max(p.ev.tpot_s for p, _ in fleet.chosen), "ttft_s": max(p.ev.ttft_s for p, _ in fleet.chosen),
-                    "concurrency": sum(p.ev.concurrency * n for p, n in fleet.chosen), "solve_time_s": solve_s,
-                    "layouts_evaluated": evaluated, "layouts_candidate": candidates, "replicas": replicas},
+        "serving": {
+            "tokens_per_s": fleet.tokens_per_s,
+            "upper_bound_tokens_per_s": bound,
+            "gap": gap,
+            "status": status,
+            "tpot_s": max(p.ev.tpot_s for p, _ in fleet.chosen),
+            "ttft_s": max(p.ev.ttft_s for p, _ in fleet.chosen),
+            "concurrency": sum(p.ev.concurrency * n for p, n in fleet.chosen),
+            "solve_time_s": solve_s,
+            "layouts_evaluated": evaluated,
+            "layouts_candidate": candidates,
+            "replicas": replicas,
+        },
         "baselines": {name: fleet_summary(ctx, f) for name, f in baselines.items()},
     }
 
@@ -93,7 +125,11 @@ def _nothing_serves(ctx: ServingContext) -> str:
                 fastest = min(fastest, model.evaluate(split, 1, 1).tpot_s)
     where = f"{ctx.config.name} on cluster {ctx.cluster.name!r} (prompt {wl.mean_prompt_len:g}, output {wl.mean_output_len:g} tokens)"
     if fastest == float("inf"):
-        return (f"no layout of one class holds the weights and the KV cache of even one sequence of {wl.kv_context:g} tokens "
-                f"for {where}; use shorter requests (--prompt-len/--output-len) or more memory")
-    return (f"--tpot-slo {wl.tpot_slo_s * 1e3:g} ms cannot be met for {where}: the fastest single-class layout takes "
-            f"{fastest * 1e3:.3g} ms per token with one sequence in flight; set --tpot-slo above that")
+        return (
+            f"no layout of one class holds the weights and the KV cache of even one sequence of {wl.kv_context:g} tokens "
+            f"for {where}; use shorter requests (--prompt-len/--output-len) or more memory"
+        )
+    return (
+        f"--tpot-slo {wl.tpot_slo_s * 1e3:g} ms cannot be met for {where}: the fastest single-class layout takes "
+        f"{fastest * 1e3:.3g} ms per token with one sequence in flight; set --tpot-slo above that"
+    )

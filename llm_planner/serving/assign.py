@@ -30,7 +30,9 @@ def class_servers(cluster: ClusterSpec, sc: ServerClass) -> list[list[str]]:
     return list(servers.values())
 
 
-def assign_devices(cluster: ClusterSpec, classes: dict[str, ServerClass], fleet: FleetChoice) -> list[list[list[Stage]]]:
+def assign_devices(
+    cluster: ClusterSpec, classes: dict[str, ServerClass], fleet: FleetChoice
+) -> list[list[list[Stage]]]:
     """For each chosen pattern, for each copy, the device names of each stage in pipeline order."""
     requests = []  # (size, class, pattern index, copy, segment index)
     for p, (pattern, count) in enumerate(fleet.chosen):
@@ -48,7 +50,7 @@ def assign_devices(cluster: ClusterSpec, classes: dict[str, ServerClass], fleet:
             stages: list[Stage] = []
             for j, seg in enumerate(pattern.layout):
                 devs = blocks[(p, copy, j)]
-                stages += [tuple(devs[i * seg.degree:(i + 1) * seg.degree]) for i in range(seg.stages)]
+                stages += [tuple(devs[i * seg.degree : (i + 1) * seg.degree]) for i in range(seg.stages)]
             copies.append(stages)
         out.append(copies)
     return out
@@ -71,5 +73,5 @@ class _Free:
         for i, u in enumerate(self.used):
             if u + size <= self.per_server:
                 self.used[i] = u + size
-                return self.servers[i][u:u + size]
+                return self.servers[i][u : u + size]
         raise AssignError(f"no room for a block of {size} devices")

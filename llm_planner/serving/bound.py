@@ -182,8 +182,13 @@ def concurrency_level_bound(cache: CostCache, classes: tuple[ServerClass, ...], 
             a[r, c] = v
     cost = np.concatenate([-np.array([o[4] for o in options]), np.zeros(n_u)])
     integrality = np.concatenate([np.zeros(n_y), np.ones(n_u)])
-    res = milp(cost, constraints=LinearConstraint(a, lower, upper), integrality=integrality,
-               bounds=Bounds(0, np.concatenate([np.full(n_y, np.inf), np.ones(n_u)])), options={"time_limit": BOUND_TIME_LIMIT_S})
+    res = milp(
+        cost,
+        constraints=LinearConstraint(a, lower, upper),
+        integrality=integrality,
+        bounds=Bounds(0, np.concatenate([np.full(n_y, np.inf), np.ones(n_u)])),
+        options={"time_limit": BOUND_TIME_LIMIT_S},
+    )
     if res.status == 0:
         return -res.fun / cache.tasks.num_layers
     if res.status == 2:  # no level holds a copy of the model: no plan

@@ -112,8 +112,9 @@ def _groups(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: floa
     return out
 
 
-def _pair_groups(costs, name: str, k: int, j: int, c: float, c_hi: float, grid: list[float], l_mem: int,
-                 tpot_slo_s: float) -> list[_Group]:
+def _pair_groups(
+    costs, name: str, k: int, j: int, c: float, c_hi: float, grid: list[float], l_mem: int, tpot_slo_s: float
+) -> list[_Group]:
     out = []
     for i, (b_lo, b_hi) in enumerate(zip(grid, grid[1:])):
         t_lo, t_rate = _layer_times(costs, b_lo, b_hi)
@@ -174,11 +175,19 @@ def _pair_rows(rows: _Rows, groups: list[_Group], classes, num_layers: int, tpot
             if mine:
                 rows.add(mine + [(u, -float(sc.num_devices))], -np.inf, 0.0)
         per_layer = tpot_slo_s / num_layers
-        rows.add([(g, groups[g].step_s / groups[g].k) for g in idx]
-                 + [(n + g, (groups[g].t_lo - per_layer) / groups[g].k) for g in idx], -np.inf, 0.0)
+        rows.add(
+            [(g, groups[g].step_s / groups[g].k) for g in idx]
+            + [(n + g, (groups[g].t_lo - per_layer) / groups[g].k) for g in idx],
+            -np.inf,
+            0.0,
+        )
         c_hi = groups[idx[0]].c_hi
-        rows.add([(2 * n + g, groups[g].step_s / groups[g].l_max + groups[g].t_lo) for g in idx]
-                 + [(n + g, -c_hi / (num_layers * groups[g].k)) for g in idx], -np.inf, 0.0)
+        rows.add(
+            [(2 * n + g, groups[g].step_s / groups[g].l_max + groups[g].t_lo) for g in idx]
+            + [(n + g, -c_hi / (num_layers * groups[g].k)) for g in idx],
+            -np.inf,
+            0.0,
+        )
     return len(pairs)
 
 
@@ -192,11 +201,16 @@ def batch_level_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_s
     n_u = _pair_rows(rows, groups, classes, cache.tasks.num_layers, tpot_slo_s)
     n = len(groups)
     cost = np.zeros(3 * n + n_u)
-    cost[2 * n:3 * n] = -1.0 / cache.tasks.num_layers
+    cost[2 * n : 3 * n] = -1.0 / cache.tasks.num_layers
     integrality = np.concatenate([np.zeros(3 * n), np.ones(n_u)])
     upper = np.concatenate([np.full(3 * n, np.inf), np.ones(n_u)])
-    res = milp(cost, constraints=rows.constraint(3 * n + n_u), integrality=integrality, bounds=Bounds(0, upper),
-               options={"time_limit": TIME_LIMIT_S})
+    res = milp(
+        cost,
+        constraints=rows.constraint(3 * n + n_u),
+        integrality=integrality,
+        bounds=Bounds(0, upper),
+        options={"time_limit": TIME_LIMIT_S},
+    )
     if res.status == 0:
         return -res.fun
     if res.status == 2:  # no pair holds a copy of the model: no plan

@@ -45,7 +45,9 @@ def block_sizes_in_server(n: int) -> tuple[int, ...]:
     return (1, *group_degrees(n, n))
 
 
-def server_classes(cluster: ClusterSpec, *, allow_cpu: bool, max_tp: int | None, shards_over) -> tuple[ServerClass, ...]:
+def server_classes(
+    cluster: ClusterSpec, *, allow_cpu: bool, max_tp: int | None, shards_over
+) -> tuple[ServerClass, ...]:
     """Every (template, kind) class of the cluster that serving may use, in spec order.
 
     CPUs only with allow_cpu (and never in groups); `shards_over(k)` says whether the model's
@@ -62,6 +64,15 @@ def server_classes(cluster: ClusterSpec, *, allow_cpu: bool, max_tp: int | None,
             link = cluster.link(first_node[0], first_node[1]) if len(first_node) > 1 else None
             limit = 1 if kind.type == "cpu" else (max_tp or per_server)
             degrees = (1, *(k for k in group_degrees(per_server, limit) if shards_over(k)))
-            out.append(ServerClass(name=f"{node.name}/{kind_name}", template=node.name, kind=kind, per_server=per_server,
-                                   num_servers=node.count, intra_link=link, degrees=degrees))
+            out.append(
+                ServerClass(
+                    name=f"{node.name}/{kind_name}",
+                    template=node.name,
+                    kind=kind,
+                    per_server=per_server,
+                    num_servers=node.count,
+                    intra_link=link,
+                    degrees=degrees,
+                )
+            )
     return tuple(out)

@@ -29,12 +29,20 @@ class ServingOptions:
 
 
 class ServingContext:
-    def __init__(self, cluster: ClusterSpec, config: DecoderConfig, workload: ServingWorkload, dtype: str,
-                 options: ServingOptions, layer_time=None):
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        config: DecoderConfig,
+        workload: ServingWorkload,
+        dtype: str,
+        options: ServingOptions,
+        layer_time=None,
+    ):
         self.cluster, self.config, self.workload, self.dtype, self.options = cluster, config, workload, dtype, options
         self.tasks: ServingTasks = build_serving_tasks(config, workload, dtype)
-        self.classes: tuple[ServerClass, ...] = server_classes(cluster, allow_cpu=options.allow_cpu, max_tp=options.max_tp,
-                                                               shards_over=self.tasks.shards_over)
+        self.classes: tuple[ServerClass, ...] = server_classes(
+            cluster, allow_cpu=options.allow_cpu, max_tp=options.max_tp, shards_over=self.tasks.shards_over
+        )
         if not self.classes:
             raise WorkloadError(f"cluster {cluster.name!r} has no accelerator to serve on (CPUs only with --allow-cpu)")
         self.by_name = {c.name: c for c in self.classes}
@@ -46,7 +54,10 @@ class ServingContext:
 
     def replica(self, layout: Layout) -> ReplicaModel:
         slots = build_slots(layout, self.cache, self.cluster.inter_node)
-        return ReplicaModel(self.tasks, slots, self.workload.tpot_slo_s, self.workload.ttft_slo_s, self.workload.mean_output_len)
+        return ReplicaModel(
+            self.tasks, slots, self.workload.tpot_slo_s, self.workload.ttft_slo_s, self.workload.mean_output_len
+        )
+
 
 def decoder_config(name: str) -> DecoderConfig:
     config = named_config(name)
@@ -87,10 +98,19 @@ def layer_time_from_profile(profile_path: str | None, workload: ServingWorkload)
     return for_kind
 
 
-def build_context(cluster_path: str, model: str, workload: ServingWorkload, dtype: str, options: ServingOptions,
-                  profile_path: str | None = None) -> ServingContext:
+def build_context(
+    cluster_path: str,
+    model: str,
+    workload: ServingWorkload,
+    dtype: str,
+    options: ServingOptions,
+    profile_path: str | None = None,
+) -> ServingContext:
     cluster = load_cluster(cluster_path)
-    return ServingContext(cluster, decoder_config(model), workload, dtype, options, layer_time_from_profile(profile_path, workload))
+    return ServingContext(
+        cluster, decoder_config(model), workload, dtype, options, layer_time_from_profile(profile_path, workload)
+    )
+
 
 def usable_bytes(ctx: ServingContext, p: Pattern) -> list[float]:
     """Usable memory of a device of each stage."""
@@ -98,6 +118,7 @@ def usable_bytes(ctx: ServingContext, p: Pattern) -> list[float]:
     for seg in p.layout:
         out += [ctx.by_name[seg.class_name].kind.usable_mem_bytes] * seg.stages
     return out
+
 
 def status_of(tokens: float, bound: float) -> tuple[float, str]:
     gap = max(0.0, 1.0 - tokens / bound) if bound > 0 else 1.0

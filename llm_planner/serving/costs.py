@@ -71,8 +71,10 @@ class ServingTasks:
 
 def build_serving_tasks(config: DecoderConfig, workload: ServingWorkload, dtype: str) -> ServingTasks:
     if config.learned_positions and workload.max_context > config.max_positions:
-        raise WorkloadError(f"prompt + output of {workload.max_context} tokens exceeds {config.name}'s "
-                            f"{config.max_positions} learned positions")
+        raise WorkloadError(
+            f"prompt + output of {workload.max_context} tokens exceeds {config.name}'s "
+            f"{config.max_positions} learned positions"
+        )
     decode = _parts(config, "decode", max(1, round(workload.decode_context)), dtype)
     held = _parts(config, "decode", max(1, math.ceil(workload.kv_context)), dtype)
     total_w = sum(r.weight for r in workload.requests)
@@ -89,21 +91,33 @@ def build_serving_tasks(config: DecoderConfig, workload: ServingWorkload, dtype:
         fields["workspace_bytes_per_sample"] = task.workspace_bytes_per_sample * (1.0 + ratio)
         fields["mem_bytes_per_sample"] = held[part].mem_bytes_per_sample
         tasks[part] = dataclasses.replace(task, **fields)
-    return ServingTasks(config=config, dtype=dtype, tasks=tasks, prefill_per_output=ratio, kv_context=workload.kv_context)
+    return ServingTasks(
+        config=config, dtype=dtype, tasks=tasks, prefill_per_output=ratio, kv_context=workload.kv_context
+    )
 
 
 # Task fields that grow with the tokens an iteration processes for one sequence.
-_SCALED = ("flops_per_sample", "bytes_per_sample", "tp_replicated_bytes_per_sample", "tp_allreduce_bytes_per_sample",
-           "tp_allgather_bytes_per_sample")
+_SCALED = (
+    "flops_per_sample",
+    "bytes_per_sample",
+    "tp_replicated_bytes_per_sample",
+    "tp_allreduce_bytes_per_sample",
+    "tp_allgather_bytes_per_sample",
+)
 
 
 @lru_cache(maxsize=256)
 def _parts(config: DecoderConfig, phase: str, seq_len: int, dtype: str) -> dict[str, Task]:
-    graph = build_decoder_graph(dataclasses.replace(config, num_layers=1), phase=phase, seq_len=seq_len,
-                                granularity="block", dtype=dtype)
+    graph = build_decoder_graph(
+        dataclasses.replace(config, num_layers=1), phase=phase, seq_len=seq_len, granularity="block", dtype=dtype
+    )
     by_name = {t.name: t for t in graph.tasks}
-    return {"embed": by_name["embed"], "block": by_name["block.0"], "final_norm": by_name["final_norm"],
-            "lm_head": by_name["lm_head"]}
+    return {
+        "embed": by_name["embed"],
+        "block": by_name["block.0"],
+        "final_norm": by_name["final_norm"],
+        "lm_head": by_name["lm_head"],
+    }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,18 +154,24 @@ class StageCosts:
         return t
 
     def fixed_bytes(self, first: bool, last: bool) -> float:
-        return (first * self.weight_bytes["embed"]
-                + last * (self.weight_bytes["final_norm"] + self.weight_bytes["lm_head"]))
+        return first * self.weight_bytes["embed"] + last * (
+            self.weight_bytes["final_norm"] + self.weight_bytes["lm_head"]
+        )
 
     def mem_bytes(self, *, layers: int, first: bool, last: bool, concurrency: int, micro_batch: int) -> float:
         parts = ["block"] * (layers > 0) + ["embed"] * first + ["final_norm", "lm_head"] * last
         workspace = max((self.workspace_bytes_per_seq[p] for p in parts), default=0.0) * micro_batch
-        return (layers * (self.weight_bytes["block"] + concurrency * self.kv_bytes_per_seq)
-                + self.fixed_bytes(first, last) + workspace)
+        return (
+            layers * (self.weight_bytes["block"] + concurrency * self.kv_bytes_per_seq)
+            + self.fixed_bytes(first, last)
+            + workspace
+        )
 
     def max_layers(self, *, first: bool, last: bool, concurrency: int, micro_batch: int) -> int:
         """The most decoder layers the stage holds with `concurrency` sequences in flight."""
-        room = self.usable_bytes - self.mem_bytes(layers=0, first=first, last=last, concurrency=0, micro_batch=micro_batch)
+        room = self.usable_bytes - self.mem_bytes(
+            layers=0, first=first, last=last, concurrency=0, micro_batch=micro_batch
+        )
         room -= self.workspace_bytes_per_seq["block"] * micro_batch
         per_layer = self.weight_bytes["block"] + concurrency * self.kv_bytes_per_seq
         if room < 0:
@@ -171,10 +191,18 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, lay
         weights[part] = member.weight_bytes
         workspace[part] = member.workspace_bytes_per_sample
     kv = (shard_of(tasks.tasks["block"], degree) if degree > 1 else tasks.tasks["block"]).mem_bytes_per_sample
-    costs = StageCosts(server_class=server_class, degree=degree, pieces=pieces, weight_bytes=weights,
-                       kv_bytes_per_seq=kv, workspace_bytes_per_seq=workspace)
+    costs = StageCosts(
+        server_class=server_class,
+        degree=degree,
+        pieces=pieces,
+        weight_bytes=weights,
+        kv_bytes_per_seq=kv,
+        workspace_bytes_per_seq=workspace,
+    )
     if layer_time is not None and degree == 1:
-        return _ProfiledStageCosts(**{f.name: getattr(costs, f.name) for f in dataclasses.fields(costs)}, layer_time=layer_time)
+        return _ProfiledStageCosts(
+            **{f.name: getattr(costs, f.name) for f in dataclasses.fields(costs)}, layer_time=layer_time
+        )
     return costs
 
 

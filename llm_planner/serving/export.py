@@ -152,8 +152,9 @@ def build_engines(plan: ServingPlanFile, cluster: ClusterSpec, framework: str) -
         log.warning("%s: the cluster spec changed since the plan was made; exporting with today's spec", where)
     dtype = DTYPE_NAMES.get(model["dtype"])
     if dtype is None and framework != "megatron":
-        raise ServingExportError(f"{where}: model dtype {model['dtype']!r}: {TITLES[framework]} takes one of "
-                                 f"{', '.join(DTYPE_NAMES)}")
+        raise ServingExportError(
+            f"{where}: model dtype {model['dtype']!r}: {TITLES[framework]} takes one of {', '.join(DTYPE_NAMES)}"
+        )
     by_name = {d.name: d for d in cluster.devices()}
     ordinals = gpu_ordinals(cluster)
     engines = []
@@ -161,46 +162,77 @@ def build_engines(plan: ServingPlanFile, cluster: ClusterSpec, framework: str) -
         label = f"{where}: replica {r} ({_pattern(rep)})"
         engines += _replica_engines(label, r, rep, int(model["num_layers"]), framework, cluster, by_name, ordinals)
     requests = plan.data["workload"]["requests"]
-    return ServingExport(framework=framework, plan_path=where, model=_model_arg(model["name"]), dtype=dtype or model["dtype"],
-                         num_layers=int(model["num_layers"]),
-                         max_model_len=max(math.ceil(q["prompt_len"] + q["output_len"]) for q in requests),
-                         tpot_slo_s=float(plan.data["workload"]["tpot_slo_s"]), tokens_per_s=float(plan.serving["tokens_per_s"]),
-                         engines=tuple(engines))
+    return ServingExport(
+        framework=framework,
+        plan_path=where,
+        model=_model_arg(model["name"]),
+        dtype=dtype or model["dtype"],
+        num_layers=int(model["num_layers"]),
+        max_model_len=max(math.ceil(q["prompt_len"] + q["output_len"]) for q in requests),
+        tpot_slo_s=float(plan.data["workload"]["tpot_slo_s"]),
+        tokens_per_s=float(plan.serving["tokens_per_s"]),
+        engines=tuple(engines),
+    )
 
 
 def _pattern(rep: dict[str, Any]) -> str:
     """The pattern without brackets (error messages are printed as console markup)."""
-    return " -> ".join(f"{seg['stages']}x {seg['class']}" + (f" tp{seg['degree']}" if seg["degree"] > 1 else "")
-                       for seg in rep["segments"])
+    return " -> ".join(
+        f"{seg['stages']}x {seg['class']}" + (f" tp{seg['degree']}" if seg["degree"] > 1 else "")
+        for seg in rep["segments"]
+    )
 
 
-def _replica_engines(label: str, r: int, rep: dict[str, Any], num_layers: int, framework: str, cluster: ClusterSpec,
-                     by_name: dict[str, DeviceSpec], ordinals: dict[str, int]) -> list[EnginePlan]:
+def _replica_engines(
+    label: str,
+    r: int,
+    rep: dict[str, Any],
+    num_layers: int,
+    framework: str,
+    cluster: ClusterSpec,
+    by_name: dict[str, DeviceSpec],
+    ordinals: dict[str, int],
+) -> list[EnginePlan]:
     """The engines of one pattern, one per copy, after the rules of the module docstring."""
     layers, copies, title = rep["layers"], rep["devices"], TITLES[framework]
     if not copies or any(len(copy) != len(layers) for copy in copies) or len(copies) != rep["count"]:
-        raise ServingExportError(f"{label}: devices do not match count {rep['count']} and {len(layers)} stage(s) of layers")
+        raise ServingExportError(
+            f"{label}: devices do not match count {rep['count']} and {len(layers)} stage(s) of layers"
+        )
     if sum(layers) != num_layers or any(n < 1 for n in layers):
-        raise ServingExportError(f"{label}: layers per stage {layers} do not add up to the model's {num_layers} "
-                                 "(each stage at least one)")
+        raise ServingExportError(
+            f"{label}: layers per stage {layers} do not add up to the model's {num_layers} (each stage at least one)"
+        )
     out = []
     for c, copy in enumerate(copies):
-        stages = tuple(_stage(f"{label}, copy {c}, stage {s}", names, layers[s], by_name, ordinals, cluster)
-                       for s, names in enumerate(copy))
+        stages = tuple(
+            _stage(f"{label}, copy {c}, stage {s}", names, layers[s], by_name, ordinals, cluster)
+            for s, names in enumerate(copy)
+        )
         for s, stage in enumerate(stages):
             if len(stage.gpus) != len(stages[0].gpus):
                 raise ServingExportError(
                     f"{label}, copy {c}: stage {s} has tensor-parallel degree {len(stage.gpus)}, stage 0 has "
                     f"{len(stages[0].gpus)}: {title} uses one tensor-parallel size for every stage (plan with "
-                    "--exportable vllm to search only such layouts)")
+                    "--exportable vllm to search only such layouts)"
+                )
         if framework != "megatron" and rep["micro_batches"] != len(layers):
             raise ServingExportError(
                 f"{label}: {rep['micro_batches']} micro-batch(es) over {len(layers)} pipeline stage(s): {title} keeps one "
-                "batch per stage in flight (micro-batches = pipeline size; plan with --exportable vllm)")
+                "batch per stage in flight (micro-batches = pipeline size; plan with --exportable vllm)"
+            )
         fractions = [cluster.kind(st.kind).usable_mem_bytes / cluster.kind(st.kind).mem_bytes for st in stages]
-        engine = EnginePlan(name=f"r{r}c{c}", replica=r, copy=c, pattern=rep["pattern"], tensor_parallel=len(copy[0]),
-                            stages=stages, concurrency=int(rep["concurrency"]), tokens_per_s=float(rep["tokens_per_s"]),
-                            mem_fraction=min(fractions))
+        engine = EnginePlan(
+            name=f"r{r}c{c}",
+            replica=r,
+            copy=c,
+            pattern=rep["pattern"],
+            tensor_parallel=len(copy[0]),
+            stages=stages,
+            concurrency=int(rep["concurrency"]),
+            tokens_per_s=float(rep["tokens_per_s"]),
+            mem_fraction=min(fractions),
+        )
         if framework == "sglang":
             _check_sglang_hosts(f"{label}, copy {c}", engine)
         if framework == "vllm" and len(engine.hosts) > 1:
@@ -209,8 +241,14 @@ def _replica_engines(label: str, r: int, rep: dict[str, Any], num_layers: int, f
     return out
 
 
-def _stage(label: str, names: list[str], layers: int, by_name: dict[str, DeviceSpec], ordinals: dict[str, int],
-           cluster: ClusterSpec) -> EngineStage:
+def _stage(
+    label: str,
+    names: list[str],
+    layers: int,
+    by_name: dict[str, DeviceSpec],
+    ordinals: dict[str, int],
+    cluster: ClusterSpec,
+) -> EngineStage:
     missing = [n for n in names if n not in by_name]
     if missing:
         raise ServingExportError(f"{label}: device {missing[0]!r} is not in cluster {cluster.name!r}")
@@ -218,15 +256,25 @@ def _stage(label: str, names: list[str], layers: int, by_name: dict[str, DeviceS
     kinds = {d.kind for d in devs}
     cpu = [k for k in sorted(kinds) if cluster.kind(k).type == "cpu"]
     if cpu:
-        raise ServingExportError(f"{label} runs on CPU device kind {cpu[0]!r}: the frameworks run GPU stages only "
-                                 "(plan without --allow-cpu, or with --exportable vllm)")
+        raise ServingExportError(
+            f"{label} runs on CPU device kind {cpu[0]!r}: the frameworks run GPU stages only "
+            "(plan without --allow-cpu, or with --exportable vllm)"
+        )
     nodes = {d.node for d in devs}
     if len(nodes) != 1 or len(kinds) != 1:
-        raise ServingExportError(f"{label}: devices on {len(nodes)} node(s) of {len(kinds)} kind(s): a stage is one "
-                                 "tensor-parallel group of one kind on one host")
+        raise ServingExportError(
+            f"{label}: devices on {len(nodes)} node(s) of {len(kinds)} kind(s): a stage is one "
+            "tensor-parallel group of one kind on one host"
+        )
     d = devs[0]
-    return EngineStage(host=d.hostname or d.node, node=d.node, kind=d.kind, gpus=tuple(ordinals[x.name] for x in devs),
-                       devices=tuple(names), layers=int(layers))
+    return EngineStage(
+        host=d.hostname or d.node,
+        node=d.node,
+        kind=d.kind,
+        gpus=tuple(ordinals[x.name] for x in devs),
+        devices=tuple(names),
+        layers=int(layers),
+    )
 
 
 def _check_sglang_hosts(label: str, engine: EnginePlan) -> None:
@@ -238,7 +286,8 @@ def _check_sglang_hosts(label: str, engine: EnginePlan) -> None:
         if stages != list(range(round(k * per_host), round(k * per_host) + len(stages))) or len(stages) != per_host:
             raise ServingExportError(
                 f"{label}: stage {stages[0]} on host {host!r} holds stages {stages} of {engine.pipeline_parallel}: SGLang "
-                f"across {len(hosts)} hosts gives each the same number of consecutive stages")
+                f"across {len(hosts)} hosts gives each the same number of consecutive stages"
+            )
 
 
 def vllm_host_order(engine: EnginePlan) -> list[str]:
@@ -257,8 +306,11 @@ def vllm_ip_ties(engine: EnginePlan) -> bool:
     """Whether hosts after the head hold as many GPUs but of different kinds: their order, hence
     which of them runs which stages, then depends on their IP addresses."""
     rest = engine.hosts[1:]
-    return any(len(engine.host_gpus(a)) == len(engine.host_gpus(b)) and _host_kinds(engine, a) != _host_kinds(engine, b)
-               for i, a in enumerate(rest) for b in rest[i + 1:])
+    return any(
+        len(engine.host_gpus(a)) == len(engine.host_gpus(b)) and _host_kinds(engine, a) != _host_kinds(engine, b)
+        for i, a in enumerate(rest)
+        for b in rest[i + 1 :]
+    )
 
 
 def _check_vllm_hosts(label: str, engine: EnginePlan) -> None:
@@ -273,7 +325,8 @@ def _check_vllm_hosts(label: str, engine: EnginePlan) -> None:
             raise ServingExportError(
                 f"{label}: stage {s} ({want} on host {engine.stages[s].host!r}) would run on {got} GPUs: vLLM's Ray executor "
                 "ranks the head's GPUs first, then the other hosts' by their GPU count (fewer first), each host's in "
-                "ascending order, and this plan's pipeline is in another order")
+                "ascending order, and this plan's pipeline is in another order"
+            )
 
 
 def _model_arg(name: str) -> str:
@@ -306,31 +359,75 @@ def megatron_config(export: ServingExport) -> dict[str, Any]:
     for r, copies in patterns.items():
         first = copies[0]
         t, p, split = first.tensor_parallel, first.pipeline_parallel, first.layers
-        args = ["--tensor-model-parallel-size", str(t), "--pipeline-model-parallel-size", str(p),
-                "--num-layers", str(export.num_layers)]
+        args = [
+            "--tensor-model-parallel-size",
+            str(t),
+            "--pipeline-model-parallel-size",
+            str(p),
+            "--num-layers",
+            str(export.num_layers),
+        ]
         if len(set(split)) > 1:
             middle = split[1:-1]
             if p > 2 and len(set(middle)) == 1:
-                args += ["--decoder-first-pipeline-num-layers", str(split[0]),
-                         "--decoder-last-pipeline-num-layers", str(split[-1])]
+                args += [
+                    "--decoder-first-pipeline-num-layers",
+                    str(split[0]),
+                    "--decoder-last-pipeline-num-layers",
+                    str(split[-1]),
+                ]
             else:
                 args += ["--pipeline-model-parallel-layout", "E" + "|".join(f"t*{n}" for n in split) + ",L"]
-        out.append({"replica": r, "pattern": first.pattern, "tensor_model_parallel_size": t, "pipeline_model_parallel_size": p,
-                    "data_parallel_size": len(copies), "num_layers_per_stage": split, "args": " ".join(args),
-                    "tokens_per_s_per_copy": first.tokens_per_s,
-                    "devices": [[list(s.devices) for s in e.stages] for e in copies]})
-    return {"framework": "megatron", "plan": export.plan_path, "model": export.model, "num_layers": export.num_layers,
-            "patterns": out}
+        out.append(
+            {
+                "replica": r,
+                "pattern": first.pattern,
+                "tensor_model_parallel_size": t,
+                "pipeline_model_parallel_size": p,
+                "data_parallel_size": len(copies),
+                "num_layers_per_stage": split,
+                "args": " ".join(args),
+                "tokens_per_s_per_copy": first.tokens_per_s,
+                "devices": [[list(s.devices) for s in e.stages] for e in copies],
+            }
+        )
+    return {
+        "framework": "megatron",
+        "plan": export.plan_path,
+        "model": export.model,
+        "num_layers": export.num_layers,
+        "patterns": out,
+    }
 
 
 def engines_config(export: ServingExport, ports: dict[str, int]) -> dict[str, Any]:
     """The engines as JSON (`export --format json`): sizes, partition, hosts, ports and shares."""
-    return {"framework": export.framework, "plan": export.plan_path, "model": export.model, "dtype": export.dtype,
-            "num_layers": export.num_layers, "max_model_len": export.max_model_len, "tokens_per_s": export.tokens_per_s,
-            "engines": [{"name": e.name, "replica": e.replica, "copy": e.copy, "pattern": e.pattern,
-                         "tensor_parallel_size": e.tensor_parallel, "pipeline_parallel_size": e.pipeline_parallel,
-                         "layers_per_stage": e.layers, "layer_partition": layer_partition(e, export.num_layers),
-                         "max_num_seqs": e.concurrency, "mem_fraction": e.mem_fraction, "port": ports[e.name],
-                         "head": e.hosts[0], "hosts": [{"host": h, "stages": e.host_stages(h), "gpus": e.host_gpus(h)}
-                                                       for h in e.hosts],
-                         "tokens_per_s": e.tokens_per_s, "share": export.share(e)} for e in export.engines]}
+    return {
+        "framework": export.framework,
+        "plan": export.plan_path,
+        "model": export.model,
+        "dtype": export.dtype,
+        "num_layers": export.num_layers,
+        "max_model_len": export.max_model_len,
+        "tokens_per_s": export.tokens_per_s,
+        "engines": [
+            {
+                "name": e.name,
+                "replica": e.replica,
+                "copy": e.copy,
+                "pattern": e.pattern,
+                "tensor_parallel_size": e.tensor_parallel,
+                "pipeline_parallel_size": e.pipeline_parallel,
+                "layers_per_stage": e.layers,
+                "layer_partition": layer_partition(e, export.num_layers),
+                "max_num_seqs": e.concurrency,
+                "mem_fraction": e.mem_fraction,
+                "port": ports[e.name],
+                "head": e.hosts[0],
+                "hosts": [{"host": h, "stages": e.host_stages(h), "gpus": e.host_gpus(h)} for h in e.hosts],
+                "tokens_per_s": e.tokens_per_s,
+                "share": export.share(e),
+            }
+            for e in export.engines
+        ],
+    }

@@ -35,14 +35,21 @@ class FleetChoice:
         return sum(p.ev.tokens_per_s * n for p, n in self.chosen)
 
 
-def solve_fleet(patterns: list[Pattern], capacity: dict[str, int], *, time_limit_s: float = 30.0,
-                backend: str = "highs") -> FleetChoice:
+def solve_fleet(
+    patterns: list[Pattern], capacity: dict[str, int], *, time_limit_s: float = 30.0, backend: str = "highs"
+) -> FleetChoice:
     if not patterns:
         return FleetChoice(chosen=())
     b = ModelBuilder()
     upper = [min(capacity[c] // u for c, u in p.usage.items()) for p in patterns]
-    n = b.add_vars("n", len(patterns), lower=0.0, upper=np.asarray(upper, dtype=float), integer=True,
-                   cost=np.asarray([-p.ev.tokens_per_s for p in patterns]))
+    n = b.add_vars(
+        "n",
+        len(patterns),
+        lower=0.0,
+        upper=np.asarray(upper, dtype=float),
+        integer=True,
+        cost=np.asarray([-p.ev.tokens_per_s for p in patterns]),
+    )
     names = sorted(capacity)
     rows = []
     for c in names:

@@ -88,12 +88,15 @@ def layout_usage(layout: Layout) -> dict[str, int]:
 
 
 def layout_ok(layout: Layout, classes: dict[str, ServerClass]) -> bool:
-    return all(classes[name].block_ok(n) for name, n in layout_usage(layout).items()) and \
-        len({seg.class_name for seg in layout}) == len(layout)
+    return all(classes[name].block_ok(n) for name, n in layout_usage(layout).items()) and len(
+        {seg.class_name for seg in layout}
+    ) == len(layout)
 
 
 def describe(layout: Layout) -> str:
-    return " -> ".join(f"{seg.stages}x{seg.class_name}" + (f"[tp{seg.degree}]" if seg.degree > 1 else "") for seg in layout)
+    return " -> ".join(
+        f"{seg.stages}x{seg.class_name}" + (f"[tp{seg.degree}]" if seg.degree > 1 else "") for seg in layout
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

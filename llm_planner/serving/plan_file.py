@@ -73,8 +73,19 @@ def is_serving_plan(path: str | Path) -> bool:
 
 
 _TOP = ("format", "version", "objective", "inputs", "model", "workload", "options", "serving", "baselines")
-_SERVING = ("tokens_per_s", "upper_bound_tokens_per_s", "gap", "status", "tpot_s", "ttft_s", "concurrency",
-            "solve_time_s", "layouts_evaluated", "layouts_candidate", "replicas")
+_SERVING = (
+    "tokens_per_s",
+    "upper_bound_tokens_per_s",
+    "gap",
+    "status",
+    "tpot_s",
+    "ttft_s",
+    "concurrency",
+    "solve_time_s",
+    "layouts_evaluated",
+    "layouts_candidate",
+    "replicas",
+)
 
 
 def load_serving_plan(path: str | Path) -> ServingPlanFile:
@@ -97,8 +108,22 @@ def load_serving_plan(path: str | Path) -> ServingPlanFile:
     return ServingPlanFile(data=data, path=Path(path))
 
 
-_REPLICA = ("pattern", "count", "segments", "layers", "concurrency", "micro_batches", "tokens_per_s", "tpot_s", "ttft_s",
-            "round_trip_s", "stage_s", "mem_bytes", "usable_bytes", "devices")
+_REPLICA = (
+    "pattern",
+    "count",
+    "segments",
+    "layers",
+    "concurrency",
+    "micro_batches",
+    "tokens_per_s",
+    "tpot_s",
+    "ttft_s",
+    "round_trip_s",
+    "stage_s",
+    "mem_bytes",
+    "usable_bytes",
+    "devices",
+)
 
 
 def _keys(where: str, path: str, data: dict, expected: tuple[str, ...]) -> None:

@@ -69,8 +69,14 @@ def _transfer_s(link: LinkSpec | None, nbytes: float) -> float:
 class ReplicaModel:
     """Evaluates one replica layout (stage slots in pipeline order) at any C, m and split."""
 
-    def __init__(self, tasks: ServingTasks, slots: list[StageSlot], tpot_slo_s: float, ttft_slo_s: float | None,
-                 mean_output_len: float):
+    def __init__(
+        self,
+        tasks: ServingTasks,
+        slots: list[StageSlot],
+        tpot_slo_s: float,
+        ttft_slo_s: float | None,
+        mean_output_len: float,
+    ):
         self.tasks, self.slots, self.tpot_slo_s, self.ttft_slo_s = tasks, slots, tpot_slo_s, ttft_slo_s
         self.mean_output_len = mean_output_len
         self.p = len(slots)
@@ -118,13 +124,26 @@ class ReplicaModel:
         busy = [sum(self._stage_s(s, x, n) for x in sizes) for s, n in enumerate(layers)]
         round_trip = sum(stage) + self.handoffs_s(b)
         cycle = max(round_trip, max(busy))
-        mem = tuple(slot.costs.mem_bytes(layers=n, first=self.ends[s][0], last=self.ends[s][1], concurrency=concurrency,
-                                         micro_batch=b) for s, (slot, n) in enumerate(zip(self.slots, layers)))
+        mem = tuple(
+            slot.costs.mem_bytes(
+                layers=n, first=self.ends[s][0], last=self.ends[s][1], concurrency=concurrency, micro_batch=b
+            )
+            for s, (slot, n) in enumerate(zip(self.slots, layers))
+        )
         chunk = max(1.0, b * self.tasks.prefill_per_output)  # prompt tokens per micro-batch iteration
         prompt = self.tasks.prefill_per_output * self.mean_output_len
         ttft = math.ceil(prompt / chunk) * cycle + round_trip
-        return ReplicaEval(layers=tuple(layers), concurrency=concurrency, micro_batches=m, tpot_s=cycle, round_trip_s=round_trip,
-                           tokens_per_s=concurrency / cycle, ttft_s=ttft, stage_s=tuple(stage), mem_bytes=mem)
+        return ReplicaEval(
+            layers=tuple(layers),
+            concurrency=concurrency,
+            micro_batches=m,
+            tpot_s=cycle,
+            round_trip_s=round_trip,
+            tokens_per_s=concurrency / cycle,
+            ttft_s=ttft,
+            stage_s=tuple(stage),
+            mem_bytes=mem,
+        )
 
     # -- choices ------------------------------------------------------------------
     def caps(self, concurrency: int, m: int) -> list[int]:

@@ -43,8 +43,11 @@ def segment_options(ctx: ServingContext, class_name: str) -> list[Segment]:
 
 def _weights_fit(ctx: ServingContext, layout: Layout) -> bool:
     room = sum(seg.devices * ctx.by_name[seg.class_name].kind.usable_mem_bytes for seg in layout)
-    return room >= sum(t.weight_bytes for t in ctx.tasks.tasks.values()) + \
-        (ctx.tasks.num_layers - 1) * ctx.tasks.tasks["block"].weight_bytes
+    return (
+        room
+        >= sum(t.weight_bytes for t in ctx.tasks.tasks.values())
+        + (ctx.tasks.num_layers - 1) * ctx.tasks.tasks["block"].weight_bytes
+    )
 
 
 AUTO_CANDIDATES = 2000  # --max-classes-per-replica auto: mix three classes only while the candidates stay this few
@@ -60,7 +63,10 @@ def candidate_layouts(ctx: ServingContext) -> list[Layout]:
     for r in range(1, min(limit, len(names)) + 1):
         level = _layouts_of(ctx, names, options, r)
         if ctx.options.max_segments is None and r == 3 and len(out) + len(level) > AUTO_CANDIDATES:
-            log.info("serving search: %d three-class layouts left out (--max-classes-per-replica 3 to search them)", len(level))
+            log.info(
+                "serving search: %d three-class layouts left out (--max-classes-per-replica 3 to search them)",
+                len(level),
+            )
             break
         out += level
     return out
@@ -106,8 +112,13 @@ def fleet_prices(patterns: list[Pattern], capacity: dict[str, int]) -> dict[str,
     if not patterns:
         return dict.fromkeys(names, 0.0)
     a = np.array([[p.usage.get(c, 0) for p in patterns] for c in names], dtype=float)
-    res = linprog(-np.array([p.ev.tokens_per_s for p in patterns]), A_ub=a, b_ub=[capacity[c] for c in names],
-                  bounds=(0, None), method="highs")
+    res = linprog(
+        -np.array([p.ev.tokens_per_s for p in patterns]),
+        A_ub=a,
+        b_ub=[capacity[c] for c in names],
+        bounds=(0, None),
+        method="highs",
+    )
     if res.status != 0:
         return dict.fromkeys(names, 0.0)
     return {c: -float(y) for c, y in zip(names, res.ineqlin.marginals)}
@@ -118,7 +129,9 @@ def optimistic_tokens(ctx: ServingContext, layout: Layout, rates: dict[str, floa
     return sum(seg.devices * rates[seg.class_name] for seg in layout) / ctx.tasks.num_layers
 
 
-def priced_order(ctx: ServingContext, layouts: list[Layout], patterns: list[Pattern], rates: dict[str, float]) -> list[Layout]:
+def priced_order(
+    ctx: ServingContext, layouts: list[Layout], patterns: list[Pattern], rates: dict[str, float]
+) -> list[Layout]:
     """Layouts that could still improve the fleet LP (optimistic value above the devices' prices), best first."""
     prices = fleet_prices(patterns, ctx.capacity)
     scored = []

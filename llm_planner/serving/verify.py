@@ -18,7 +18,14 @@ from typing import Any
 
 from llm_planner.groups import GroupError, group_from_members
 from llm_planner.serving.bound import tokens_upper_bound
-from llm_planner.serving.context import OPTIMAL_GAP, ServingContext, ServingOptions, build_context, status_of, usable_bytes
+from llm_planner.serving.context import (
+    OPTIMAL_GAP,
+    ServingContext,
+    ServingOptions,
+    build_context,
+    status_of,
+    usable_bytes,
+)
 from llm_planner.serving.layout import Pattern, Segment, layout_ok, same_server_after
 from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile
 from llm_planner.serving.workload import RequestShape, ServingWorkload
@@ -30,8 +37,12 @@ def context_of(plan: ServingPlanFile) -> ServingContext:
     d = plan.data
     try:
         wl = d["workload"]
-        workload = ServingWorkload(requests=tuple(RequestShape(**r) for r in wl["requests"]), tpot_slo_s=wl["tpot_slo_s"],
-                                   ttft_slo_s=wl["ttft_slo_s"], source=f"{plan.path}: workload")
+        workload = ServingWorkload(
+            requests=tuple(RequestShape(**r) for r in wl["requests"]),
+            tpot_slo_s=wl["tpot_slo_s"],
+            ttft_slo_s=wl["ttft_slo_s"],
+            source=f"{plan.path}: workload",
+        )
         opts = {k: v for k, v in d["options"].items() if k != "solver"}
         options = ServingOptions(**opts)
     except (TypeError, KeyError) as exc:
@@ -39,7 +50,9 @@ def context_of(plan: ServingPlanFile) -> ServingContext:
     cluster = plan.input_path("cluster")
     if cluster is None:
         raise ServingPlanError(f"{plan.path}: inputs.cluster: missing")
-    return build_context(cluster, d["model"]["name"], workload, d["model"]["dtype"], options, plan.input_path("profile"))
+    return build_context(
+        cluster, d["model"]["name"], workload, d["model"]["dtype"], options, plan.input_path("profile")
+    )
 
 
 def verify_serving_plan(plan: ServingPlanFile) -> list[str]:
@@ -80,34 +93,61 @@ def _check_pattern(ctx: ServingContext, rep: dict, where: str, problems: list[st
         problems.append(f"{where}.segments: a class's block of devices does not pack into its servers")
         return None
     layers, c, m = rep["layers"], rep["concurrency"], rep["micro_batches"]
-    if not (isinstance(layers, list) and all(isinstance(n, int) and n >= 1 for n in layers)
-            and len(layers) == sum(s.stages for s in layout) and sum(layers) == ctx.tasks.num_layers):
-        problems.append(f"{where}.layers: must give every stage at least one layer and add up to {ctx.tasks.num_layers}")
+    if not (
+        isinstance(layers, list)
+        and all(isinstance(n, int) and n >= 1 for n in layers)
+        and len(layers) == sum(s.stages for s in layout)
+        and sum(layers) == ctx.tasks.num_layers
+    ):
+        problems.append(
+            f"{where}.layers: must give every stage at least one layer and add up to {ctx.tasks.num_layers}"
+        )
         return None
-    if not (isinstance(c, int) and isinstance(m, int) and 1 <= m <= c and isinstance(rep["count"], int) and rep["count"] >= 1):
-        problems.append(f"{where}: concurrency, micro_batches and count must be integers with 1 <= micro_batches <= concurrency")
+    if not (
+        isinstance(c, int)
+        and isinstance(m, int)
+        and 1 <= m <= c
+        and isinstance(rep["count"], int)
+        and rep["count"] >= 1
+    ):
+        problems.append(
+            f"{where}: concurrency, micro_batches and count must be integers with 1 <= micro_batches <= concurrency"
+        )
         return None
     ev = ctx.replica(layout).evaluate(tuple(layers), c, m)
     pattern = Pattern(layout=layout, ev=ev)
-    for key, value in (("tokens_per_s", ev.tokens_per_s), ("tpot_s", ev.tpot_s), ("ttft_s", ev.ttft_s),
-                       ("round_trip_s", ev.round_trip_s)):
+    for key, value in (
+        ("tokens_per_s", ev.tokens_per_s),
+        ("tpot_s", ev.tpot_s),
+        ("ttft_s", ev.ttft_s),
+        ("round_trip_s", ev.round_trip_s),
+    ):
         if not _close(rep[key], value):
             problems.append(f"{where}.{key}: {rep[key]!r} but the model gives {value!r}")
-    for key, values in (("stage_s", ev.stage_s), ("mem_bytes", ev.mem_bytes), ("usable_bytes", usable_bytes(ctx, pattern))):
+    for key, values in (
+        ("stage_s", ev.stage_s),
+        ("mem_bytes", ev.mem_bytes),
+        ("usable_bytes", usable_bytes(ctx, pattern)),
+    ):
         if not (isinstance(rep[key], list) and len(rep[key]) == len(values) and all(map(_close, rep[key], values))):
             problems.append(f"{where}.{key}: differs from the model's {list(values)}")
     if ev.tpot_s > ctx.workload.tpot_slo_s * (1 + 1e-9):
-        problems.append(f"{where}: TPOT {ev.tpot_s * 1e3:.4g} ms exceeds the target {ctx.workload.tpot_slo_s * 1e3:.4g} ms")
+        problems.append(
+            f"{where}: TPOT {ev.tpot_s * 1e3:.4g} ms exceeds the target {ctx.workload.tpot_slo_s * 1e3:.4g} ms"
+        )
     if ctx.workload.ttft_slo_s is not None and ev.ttft_s > ctx.workload.ttft_slo_s * (1 + 1e-9):
         problems.append(f"{where}: TTFT {ev.ttft_s:.4g} s exceeds the target {ctx.workload.ttft_slo_s:.4g} s")
     for s, (mem, usable) in enumerate(zip(ev.mem_bytes, usable_bytes(ctx, pattern))):
         if mem > usable * (1 + 1e-9):
-            problems.append(f"{where}: stage {s} needs {mem:.6g} bytes per device with {c} sequences in flight, "
-                            f"usable {usable:.6g}")
+            problems.append(
+                f"{where}: stage {s} needs {mem:.6g} bytes per device with {c} sequences in flight, usable {usable:.6g}"
+            )
     return pattern
 
 
-def _check_devices(ctx: ServingContext, pattern: Pattern, rep: dict, where: str, used: dict, problems: list[str]) -> None:
+def _check_devices(
+    ctx: ServingContext, pattern: Pattern, rep: dict, where: str, used: dict, problems: list[str]
+) -> None:
     copies = rep["devices"]
     if not isinstance(copies, list) or len(copies) != rep["count"]:
         problems.append(f"{where}.devices: expected one list of stages per copy ({rep['count']})")
@@ -153,7 +193,9 @@ def _check_neighbours(ctx, pattern: Pattern, nodes: list, where: str, problems: 
         for i in range(seg.stages - 1):
             a, b = nodes[s + i], nodes[s + i + 1]
             if a is not None and b is not None and same_server_after(seg, sc, i) and a != b:
-                problems.append(f"{where}: stages {s + i} and {s + i + 1} were costed on one server but run on {a} and {b}")
+                problems.append(
+                    f"{where}: stages {s + i} and {s + i + 1} were costed on one server but run on {a} and {b}"
+                )
         s += seg.stages
 
 
@@ -171,7 +213,9 @@ def _check_totals(ctx: ServingContext, plan: ServingPlanFile, total: float, prob
     if not _close(sv["upper_bound_tokens_per_s"], bound):
         problems.append(f"serving.upper_bound_tokens_per_s: {sv['upper_bound_tokens_per_s']!r}, recomputed {bound!r}")
     if total > bound * (1 + 1e-9):
-        problems.append(f"serving: {total!r} tokens/s exceeds the upper bound {bound!r} (a model defect: please report)")
+        problems.append(
+            f"serving: {total!r} tokens/s exceeds the upper bound {bound!r} (a model defect: please report)"
+        )
     gap, status = status_of(total, bound)
     if not _close(sv["gap"], gap):
         problems.append(f"serving.gap: {sv['gap']!r} but the recomputed bound gives {gap!r}")

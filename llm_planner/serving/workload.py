@@ -89,23 +89,38 @@ class ServingWorkload:
         return max(r.prompt_len + r.output_len for r in self.requests)
 
     def to_dict(self) -> dict:
-        return {"requests": [{"prompt_len": r.prompt_len, "output_len": r.output_len, "weight": r.weight} for r in self.requests],
-                "tpot_slo_s": self.tpot_slo_s, "ttft_slo_s": self.ttft_slo_s}
+        return {
+            "requests": [
+                {"prompt_len": r.prompt_len, "output_len": r.output_len, "weight": r.weight} for r in self.requests
+            ],
+            "tpot_slo_s": self.tpot_slo_s,
+            "ttft_slo_s": self.ttft_slo_s,
+        }
 
 
-def workload_from_flags(*, prompt_len: int | None, output_len: int | None, workload_file: str | None,
-                        tpot_slo: str | float | None, ttft_slo: str | float | None) -> ServingWorkload:
+def workload_from_flags(
+    *,
+    prompt_len: int | None,
+    output_len: int | None,
+    workload_file: str | None,
+    tpot_slo: str | float | None,
+    ttft_slo: str | float | None,
+) -> ServingWorkload:
     """The workload of `plan --objective serving`: --prompt-len/--output-len or --workload FILE."""
     tpot = _seconds("--tpot-slo", tpot_slo, required=True)
     ttft = _seconds("--ttft-slo", ttft_slo, required=False)
     if workload_file is not None:
         if prompt_len is not None or output_len is not None:
             raise WorkloadError("give either --workload FILE or --prompt-len/--output-len, not both")
-        return ServingWorkload(requests=read_workload_file(workload_file), tpot_slo_s=tpot, ttft_slo_s=ttft, source=workload_file)
+        return ServingWorkload(
+            requests=read_workload_file(workload_file), tpot_slo_s=tpot, ttft_slo_s=ttft, source=workload_file
+        )
     for flag, value in (("--prompt-len", prompt_len), ("--output-len", output_len)):
         if value is None or isinstance(value, bool) or value < 1:
             raise WorkloadError(f"{flag} must be a positive integer (mean tokens per request), got {value!r}")
-    return ServingWorkload(requests=(RequestShape(prompt_len=prompt_len, output_len=output_len),), tpot_slo_s=tpot, ttft_slo_s=ttft)
+    return ServingWorkload(
+        requests=(RequestShape(prompt_len=prompt_len, output_len=output_len),), tpot_slo_s=tpot, ttft_slo_s=ttft
+    )
 
 
 def _seconds(flag: str, value: str | float | None, *, required: bool) -> float | None:
@@ -136,8 +151,11 @@ def read_workload_file(path: str) -> tuple[RequestShape, ...]:
     out = []
     for i, item in enumerate(items):
         c = r.child(f"requests[{i}]", item)
-        shape = RequestShape(prompt_len=c.get("prompt_len", as_int, positive=True), output_len=c.get("output_len", as_int, positive=True),
-                             weight=float(c.get("weight", units.parse_fraction, default=1.0, positive=True)))
+        shape = RequestShape(
+            prompt_len=c.get("prompt_len", as_int, positive=True),
+            output_len=c.get("output_len", as_int, positive=True),
+            weight=float(c.get("weight", units.parse_fraction, default=1.0, positive=True)),
+        )
         c.done()
         out.append(shape)
     return tuple(out)

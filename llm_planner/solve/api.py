@@ -40,7 +40,9 @@ def solve(problem: PlacementProblem, options: SolveOptions | None = None) -> Pla
 
         report = verify_plan(plan, problem)
         if not report.ok:
-            raise VerificationError(f"solver {options.solver!r} returned an invalid plan:\n" + "\n".join(report.violations))
+            raise VerificationError(
+                f"solver {options.solver!r} returned an invalid plan:\n" + "\n".join(report.violations)
+            )
     return plan
 
 

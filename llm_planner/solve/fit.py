@@ -60,7 +60,9 @@ class MemoryLedger:
 
     def need(self, members: list[int], k: int) -> float:
         p = self.p
-        return float(sum(p.weight_bytes[i] + p.mem_bytes_per_sample[i] * self.batch for i in members if p.mem_counts[i, k]))
+        return float(
+            sum(p.weight_bytes[i] + p.mem_bytes_per_sample[i] * self.batch for i in members if p.mem_counts[i, k])
+        )
 
     def room(self, members: list[int], k: int) -> bool:
         return self.used[k] + self.need(members, k) <= self.p.mem_capacity[k]
@@ -84,7 +86,11 @@ def _unit_shortfalls(problem: PlacementProblem) -> list[tuple[float, str]]:
         if i in seen:
             continue
         seen.update(members)
-        what = f"task {problem.graph.tasks[i].name!r}" if len(members) == 1 else f"colocation group {problem.graph.tasks[i].colocate_group!r}"
+        what = (
+            f"task {problem.graph.tasks[i].name!r}"
+            if len(members) == 1
+            else f"colocation group {problem.graph.tasks[i].colocate_group!r}"
+        )
         able = [k for k in range(problem.num_devices) if runs_all(problem, members, k)]
         if not able:
             out.append((math.inf, f"no device can run every task of {what}"))
@@ -92,8 +98,13 @@ def _unit_shortfalls(problem: PlacementProblem) -> list[tuple[float, str]]:
         k = min(able, key=lambda d: ledger.need(members, d) - problem.mem_capacity[d])
         short = ledger.need(members, k) - problem.mem_capacity[k]
         if short > 0:
-            out.append((short, f"{what} needs {_gb(ledger.need(members, k))} for a shard of {batch} samples but the best device "
-                               f"that can run it, {problem.device_names[k]!r}, holds {_gb(problem.mem_capacity[k])} (short by {_gb(short)})"))
+            out.append(
+                (
+                    short,
+                    f"{what} needs {_gb(ledger.need(members, k))} for a shard of {batch} samples but the best device "
+                    f"that can run it, {problem.device_names[k]!r}, holds {_gb(problem.mem_capacity[k])} (short by {_gb(short)})",
+                )
+            )
     return out
 
 
@@ -139,7 +150,11 @@ def infeasibility_reason(problem: PlacementProblem) -> str:
     else:
         single = "; no single device can run every task"
     total = _gb(capacity) if math.isfinite(capacity) else "unlimited"
-    steady = " (throughput: with the per-sample memory of every batch its steady state keeps in flight)" if problem.objective == "throughput" else ""
+    steady = (
+        " (throughput: with the per-sample memory of every batch its steady state keeps in flight)"
+        if problem.objective == "throughput"
+        else ""
+    )
     return (
         f"every task fits on some device that can run it and the total need ({_gb(need)}) is within the total capacity "
         f"({total}), but the greedy heuristics found no placement that fits{steady}{single}; the MILP solver may still find one"
@@ -167,8 +182,10 @@ def steady_state_shortfall(problem: PlacementProblem, plan: Plan) -> str | None:
     k = int(np.argmax(over))
     if over[k] <= 0:
         return None
-    return (f"device {problem.device_names[k]!r} needs {_gb(used[k])} for {plan.batches_in_flight} batch(es) in flight "
-            f"but holds {_gb(problem.mem_capacity[k])} (short by {_gb(over[k])})")
+    return (
+        f"device {problem.device_names[k]!r} needs {_gb(used[k])} for {plan.batches_in_flight} batch(es) in flight "
+        f"but holds {_gb(problem.mem_capacity[k])} (short by {_gb(over[k])})"
+    )
 
 
 def fits_steady_state(problem: PlacementProblem, plan: Plan) -> bool:
@@ -181,8 +198,11 @@ def in_flight_problem(problem: PlacementProblem, batches: int) -> PlacementProbl
     return replace(problem, mem_bytes_per_sample=problem.mem_bytes_per_sample * batches)
 
 
-def solve_in_flight(problem: PlacementProblem, solve_once: Callable[[PlacementProblem], Plan | None],
-                    fallback: Callable[[], Plan | None] | None = None) -> Plan | None:
+def solve_in_flight(
+    problem: PlacementProblem,
+    solve_once: Callable[[PlacementProblem], Plan | None],
+    fallback: Callable[[], Plan | None] | None = None,
+) -> Plan | None:
     """A plan of solve_once whose steady state fits (module docstring); None when none is found.
 
     Latency: solve_once(problem) as it is. Throughput: when the plan needs B batches in flight and
@@ -199,15 +219,27 @@ def solve_in_flight(problem: PlacementProblem, solve_once: Callable[[PlacementPr
         return plan
     first_bound, assumed = plan.lower_bound_s, 1
     for _ in range(MAX_IN_FLIGHT_RESOLVES):
-        log.info("%s: %s; solving again with the memory of more batches", plan.solver.name, steady_state_shortfall(problem, plan))
+        log.info(
+            "%s: %s; solving again with the memory of more batches",
+            plan.solver.name,
+            steady_state_shortfall(problem, plan),
+        )
         assumed = max(assumed + 1, plan.batches_in_flight)
         plan = solve_once(in_flight_problem(problem, assumed))
         if plan is None or fits_steady_state(problem, plan):
             break
-    found = [p for p in (plan, fallback() if fallback is not None else None) if p is not None and fits_steady_state(problem, p)]
+    found = [
+        p
+        for p in (plan, fallback() if fallback is not None else None)
+        if p is not None and fits_steady_state(problem, p)
+    ]
     if not found:
         return None
     best = min(found, key=lambda p: p.objective_s)
     details = {**best.solver.details, "memory_of_batches": assumed} if best is plan else dict(best.solver.details)
     status = "feasible" if best.solver.status == "optimal" else best.solver.status  # optimal for a scaled problem only
-    return replace(best, lower_bound_s=min(first_bound, best.objective_s), solver=replace(best.solver, status=status, details=details))
+    return replace(
+        best,
+        lower_bound_s=min(first_bound, best.objective_s),
+        solver=replace(best.solver, status=status, details=details),
+    )

@@ -19,7 +19,9 @@ class SolveOptions:
     symmetry: str = "solver"  # symmetry breaking: one of SYMMETRY_CHOICES; "solver" = the backend's own detection
     contiguous: bool = False  # throughput: each device's task set is contiguous
     workers: int = 0  # MILP-SPLIT: processes for subproblems; 0 = all cores
-    max_module_tasks: int = 20  # MILP-SPLIT: larger modules are planned by HEFT + local search instead of the exact MILP
+    max_module_tasks: int = (
+        20  # MILP-SPLIT: larger modules are planned by HEFT + local search instead of the exact MILP
+    )
     verify: bool = True  # run the independent verifier on the plan before returning it
     bound: bool = True  # MILP-SPLIT: compute its own lower bound (the layout search of split.tp solves without)
 

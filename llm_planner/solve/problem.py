@@ -219,7 +219,8 @@ def build_problem(
     comm_fixed, comm_slope = _transfer_costs(graph, cluster, [physical[m[0]] for m in members], kinds)
 
     mem_counts = np.array(
-        [[(not t.mem_device_types) or kind.type in t.mem_device_types for kind in kinds] for t in graph.tasks], dtype=bool
+        [[(not t.mem_device_types) or kind.type in t.mem_device_types for kind in kinds] for t in graph.tasks],
+        dtype=bool,
     ).reshape(num_n, num_k)
     hop = np.zeros(num_n)
     for e in graph.edges:
@@ -252,7 +253,6 @@ def build_problem(
     )
 
 
-
 def _transfer_costs(graph: TaskGraph, cluster: ClusterSpec, reps: list, kinds: list) -> tuple[np.ndarray, np.ndarray]:
     """(comm_fixed, comm_slope) [E, K, K]: cost.transfer_pieces, vectorised over every edge and
     device pair; `reps` holds each device's physical device (a group's links are its first member's)."""
@@ -272,6 +272,7 @@ def _transfer_costs(graph: TaskGraph, cluster: ClusterSpec, reps: list, kinds: l
     comm_fixed = np.broadcast_to(latency, (num_e, num_k, num_k)).copy()
     return comm_fixed, edge_bytes * inv_bw[None] + edge_hop * hops[None]
 
+
 def _task_pieces(graph: TaskGraph, cluster: ClusterSpec, devices, kinds, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """time_pieces [N, K, 2, 2] and supported [N, K]; ProblemError for a task no device runs."""
     pieces = np.zeros((graph.num_tasks, len(devices), 2, 2))
@@ -290,7 +291,9 @@ def _task_pieces(graph: TaskGraph, cluster: ClusterSpec, devices, kinds, dtype: 
             pieces[i, k, :] = p[0]  # pad with the first piece so every row has 2
             pieces[i, k, : len(p)] = p
         if not supported[i].any():
-            raise ProblemError(f"no device of cluster {cluster.name!r} can run task {task.name!r} (tasks[{i}]): {_why_unsupported(task, cluster)}")
+            raise ProblemError(
+                f"no device of cluster {cluster.name!r} can run task {task.name!r} (tasks[{i}]): {_why_unsupported(task, cluster)}"
+            )
     return pieces, supported
 
 
@@ -307,7 +310,9 @@ def _capacities(graph: TaskGraph, devices, kinds) -> np.ndarray:
     """Usable memory of each device; a group's is k times its members' less the replicated weights
     they each hold (module docstring)."""
     replicated = sum(t.tp_replicated_weight_bytes for t in graph.tasks)
-    return np.array([d.degree * kind.usable_mem_bytes - (d.degree - 1) * replicated for d, kind in zip(devices, kinds)], dtype=float)
+    return np.array(
+        [d.degree * kind.usable_mem_bytes - (d.degree - 1) * replicated for d, kind in zip(devices, kinds)], dtype=float
+    )
 
 
 def _workspace(graph: TaskGraph, supported: np.ndarray, batch: int) -> np.ndarray:
@@ -327,9 +332,16 @@ def restrict_devices(problem: PlacementProblem, keep: list[int]) -> PlacementPro
         raise ValueError("restrict_devices needs devices that share no physical device")
     ix = np.array(keep, dtype=int)
     return replace(
-        problem, devices=tuple(problem.devices[k] for k in keep), time_pieces=problem.time_pieces[:, ix],
-        supported=problem.supported[:, ix], comm_fixed=problem.comm_fixed[:, ix][:, :, ix], comm_slope=problem.comm_slope[:, ix][:, :, ix],
-        mem_counts=problem.mem_counts[:, ix], mem_capacity=problem.mem_capacity[ix], is_cpu=problem.is_cpu[ix], members=(),
+        problem,
+        devices=tuple(problem.devices[k] for k in keep),
+        time_pieces=problem.time_pieces[:, ix],
+        supported=problem.supported[:, ix],
+        comm_fixed=problem.comm_fixed[:, ix][:, :, ix],
+        comm_slope=problem.comm_slope[:, ix][:, :, ix],
+        mem_counts=problem.mem_counts[:, ix],
+        mem_capacity=problem.mem_capacity[ix],
+        is_cpu=problem.is_cpu[ix],
+        members=(),
         mem_usable=None if problem.mem_usable is None else problem.mem_usable[ix],
         max_shards=min(problem.max_shards, problem.batch_size),
     )

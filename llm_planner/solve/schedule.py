@@ -178,7 +178,9 @@ def device_loads(problem: PlacementProblem, shard_sizes: list[int], assignments:
     return load
 
 
-def add_transfer_charges(problem: PlacementProblem, load: np.ndarray, assign: list[int], batch: int, items, out_edges: list[list[int]]) -> None:
+def add_transfer_charges(
+    problem: PlacementProblem, load: np.ndarray, assign: list[int], batch: int, items, out_edges: list[list[int]]
+) -> None:
     """Add to `load` the transfer charges of `items` for a shard of `batch` samples placed by `assign`,
     under the problem's throughput model: items are edges (direct: a cut edge's transfer time
     on both its ends) or tasks (host-staged: a task's output, sent once if any successor is
@@ -228,7 +230,9 @@ def make_plan(
     start, finish = asap_schedule(problem, sizes, assignments, device_orders)
     names, devs = [t.name for t in problem.graph.tasks], problem.device_names
     schedule = tuple(
-        ScheduledTask(task=names[i], shard=s, device=devs[assignments[s][i]], start_s=start[(s, i)], finish_s=finish[(s, i)])
+        ScheduledTask(
+            task=names[i], shard=s, device=devs[assignments[s][i]], start_s=start[(s, i)], finish_s=finish[(s, i)]
+        )
         for (s, i) in sorted(start, key=lambda it: (start[it], it))
     )
     max_load = float(device_loads(problem, sizes, assignments).max())
@@ -237,8 +241,14 @@ def make_plan(
     else:
         objective_s = max_load / problem.batch_size
     inputs = problem.inputs or PlanInputs(
-        cluster=None, cluster_sha256="", model={}, graph_sha256=problem.graph.sha256(), objective=problem.objective,
-        batch_size=problem.batch_size, max_shards=problem.max_shards, dtype=problem.dtype,
+        cluster=None,
+        cluster_sha256="",
+        model={},
+        graph_sha256=problem.graph.sha256(),
+        objective=problem.objective,
+        batch_size=problem.batch_size,
+        max_shards=problem.max_shards,
+        dtype=problem.dtype,
     )
     return Plan(
         inputs=inputs,
@@ -248,7 +258,9 @@ def make_plan(
         shard_sizes=tuple(sizes),
         shard_assignments=tuple({names[i]: devs[a[i]] for i in range(len(names))} for a in assignments),
         schedule=schedule,
-        solver=SolverInfo(name=solver, status=status, time_s=time.perf_counter() - started_at, backend=backend, details=details or {}),
+        solver=SolverInfo(
+            name=solver, status=status, time_s=time.perf_counter() - started_at, backend=backend, details=details or {}
+        ),
         max_load_s=max_load,
     )
 

@@ -45,7 +45,14 @@ import time
 import numpy as np
 
 from llm_planner.plan import Plan
-from llm_planner.solve.baselines.common import Result, balanced_split, fastest_first, fits, follow_groups, whole_graph_objective
+from llm_planner.solve.baselines.common import (
+    Result,
+    balanced_split,
+    fastest_first,
+    fits,
+    follow_groups,
+    whole_graph_objective,
+)
 from llm_planner.solve.bounds.times import task_times
 from llm_planner.solve.fit import MemoryLedger, colocation_units, runs_all, solve_in_flight, topo_order
 from llm_planner.solve.problem import PlacementProblem, restrict_devices
@@ -76,8 +83,16 @@ def run_baseline(name: str, problem: PlacementProblem) -> Plan | None:
         if result is None:
             return None
         sizes, assigns, orders = result
-        return make_plan(posed, sizes, assigns, solver=f"baseline:{name}", status="heuristic", started_at=started,
-                         lower_bound_s=0.0, device_orders=orders)
+        return make_plan(
+            posed,
+            sizes,
+            assigns,
+            solver=f"baseline:{name}",
+            status="heuristic",
+            started_at=started,
+            lower_bound_s=0.0,
+            device_orders=orders,
+        )
 
     plan = solve_in_flight(problem, once)  # throughput: a steady state that fits (solve.fit)
     if plan is None:
@@ -132,7 +147,14 @@ def _memory_greedy(problem: PlacementProblem) -> Result | None:
         if assign[i] >= 0:
             continue  # placed with its colocation group
         members = units[i]
-        pos = next((j for j in range(current, len(order)) if runs_all(problem, members, order[j]) and ledger.room(members, order[j])), None)
+        pos = next(
+            (
+                j
+                for j in range(current, len(order))
+                if runs_all(problem, members, order[j]) and ledger.room(members, order[j])
+            ),
+            None,
+        )
         if pos is None:
             return None
         if runs_all(problem, members, order[current]):
@@ -191,7 +213,9 @@ class _Slots:
         for pos in range(first, len(busy)):
             start, end, _ = busy[pos]
             begin = max(ready, prev_end)
-            if begin + duration <= start and begin < start:  # strict: a zero-length task never jumps a task at its start time
+            if (
+                begin + duration <= start and begin < start
+            ):  # strict: a zero-length task never jumps a task at its start time
                 return begin, pos
             prev_end = max(prev_end, end)
         return max(ready, prev_end), len(busy)
@@ -222,10 +246,18 @@ def _heft(problem: PlacementProblem) -> Result | None:
         if assign[i] >= 0:
             candidates = [assign[i]]  # a later member of a placed colocation group
         else:
-            candidates = [k for k in range(problem.num_devices) if runs_all(problem, units[i], k) and ledger.room(units[i], k)]
+            candidates = [
+                k for k in range(problem.num_devices) if runs_all(problem, units[i], k) and ledger.room(units[i], k)
+            ]
         best: tuple[float, int, float, int] | None = None  # (finish, device, start, position)
         for k in candidates:
-            ready = max((finish[int(problem.edge_src[e])] + problem.transfer_time(e, assign[int(problem.edge_src[e])], k, q) for e in in_edges[i]), default=0.0)
+            ready = max(
+                (
+                    finish[int(problem.edge_src[e])] + problem.transfer_time(e, assign[int(problem.edge_src[e])], k, q)
+                    for e in in_edges[i]
+                ),
+                default=0.0,
+            )
             start, pos = slots[k].earliest(ready, times[i][k])
             end = start + times[i][k]
             if best is None or end < best[0]:

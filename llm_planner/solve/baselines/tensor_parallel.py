@@ -29,8 +29,8 @@ import numpy as np
 
 from llm_planner.plan import Plan
 from llm_planner.solve.baselines.common import balanced_split, fastest_first, fits, follow_groups
-from llm_planner.solve.fit import solve_in_flight, topo_order
 from llm_planner.solve.bounds.times import task_times
+from llm_planner.solve.fit import solve_in_flight, topo_order
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import make_plan
 
@@ -46,7 +46,9 @@ def run_tp_baseline(name: str, problem: PlacementProblem) -> Plan | None:
         if result is None:
             return None
         sizes, assigns = result
-        return make_plan(posed, sizes, assigns, solver=f"baseline:{name}", status="heuristic", started_at=started, lower_bound_s=0.0)
+        return make_plan(
+            posed, sizes, assigns, solver=f"baseline:{name}", status="heuristic", started_at=started, lower_bound_s=0.0
+        )
 
     return solve_in_flight(problem, once)  # throughput: a steady state that fits (solve.fit)
 

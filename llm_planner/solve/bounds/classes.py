@@ -22,7 +22,12 @@ def device_classes(problem: PlacementProblem) -> list[list[int]]:
     for k in range(problem.num_devices):
         key = b"".join(
             a.tobytes()
-            for a in (problem.time_pieces[:, k], problem.supported[:, k], problem.mem_counts[:, k], problem.mem_capacity[k : k + 1])
+            for a in (
+                problem.time_pieces[:, k],
+                problem.supported[:, k],
+                problem.mem_counts[:, k],
+                problem.mem_capacity[k : k + 1],
+            )
         )
         classes.setdefault(key, []).append(k)
     return list(classes.values())
@@ -72,8 +77,15 @@ def physical_families(problem: PlacementProblem, classes: list[list[int]]) -> li
     return out
 
 
-def family_time_rows(families: list[Family], cols: np.ndarray, work: np.ndarray, t_col: int, first_row: int,
-                     num_classes: int, col_offset: int = 0) -> tuple[Triplets, list[np.ndarray]]:
+def family_time_rows(
+    families: list[Family],
+    cols: np.ndarray,
+    work: np.ndarray,
+    t_col: int,
+    first_row: int,
+    num_classes: int,
+    col_offset: int = 0,
+) -> tuple[Triplets, list[np.ndarray]]:
     """sum_c degree_c sum_{x in c} work_x - n_F T <= 0 per family (physical_families), over
     columns col_offset + j whose class is cols[j]."""
     parts: Triplets = []
@@ -86,8 +98,9 @@ def family_time_rows(families: list[Family], cols: np.ndarray, work: np.ndarray,
     return parts, [np.zeros(len(families))]
 
 
-def memory_pools(problem: PlacementProblem, reps: list[int] | np.ndarray, counts: np.ndarray,
-                 families: list[Family] = ()) -> list[tuple[np.ndarray, float, float]]:
+def memory_pools(
+    problem: PlacementProblem, reps: list[int] | np.ndarray, counts: np.ndarray, families: list[Family] = ()
+) -> list[tuple[np.ndarray, float, float]]:
     """(classes, memory of one device, devices) of every class and every family (physical_families)
     with finite memory: each pool's tasks' bytes fit in devices * memory."""
     caps = problem.mem_capacity[np.asarray(reps, dtype=int)]
@@ -108,7 +121,13 @@ def per_capacity(need: np.ndarray, cap: float) -> np.ndarray:
 
 
 def memory_rows(
-    problem: PlacementProblem, reps: list[int], counts: np.ndarray, rows: np.ndarray, cols: np.ndarray, *, first_row: int,
+    problem: PlacementProblem,
+    reps: list[int],
+    counts: np.ndarray,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    *,
+    first_row: int,
     families: list[Family] = (),
 ) -> tuple[Triplets, list[np.ndarray]]:
     """Capacity rows: sum_i need_ic x_ic / cap_c <= m_c for each class with finite capacity,

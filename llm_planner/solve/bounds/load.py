@@ -79,12 +79,16 @@ def load_balance_bound(problem: PlacementProblem, *, memory: bool = True) -> flo
     ub += fam_ub
     rhs += fam_rhs
     if memory:
-        ub_mem, rhs_mem = memory_rows(problem, reps, counts, rows, cols, first_row=num_c + len(families), families=families)
+        ub_mem, rhs_mem = memory_rows(
+            problem, reps, counts, rows, cols, first_row=num_c + len(families), families=families
+        )
         ub += ub_mem
         rhs += rhs_mem
     b_ub = np.concatenate(rhs)
     a_ub = scipy.sparse.csr_matrix(coo(ub), shape=(len(b_ub), num_x + 1))
-    res = scipy.optimize.linprog(cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=np.ones(problem.num_tasks), bounds=(0, None), method="highs")
+    res = scipy.optimize.linprog(
+        cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=np.ones(problem.num_tasks), bounds=(0, None), method="highs"
+    )
     if res.status == 2 and memory:
         log.info("load-balance LP with memory is infeasible: no plan fits in memory; bounding without memory")
         return load_balance_bound(problem, memory=False)
@@ -118,7 +122,11 @@ def shard_lp_bound(problem: PlacementProblem, shards: int, *, memory: bool = Tru
     ub = [(idx, x, np.ones(n)), (idx, z, -np.ones(n))]  # x - z <= 0
     r = n
     for j in range(pieces.shape[1]):  # f z + Q s x - w <= 0, in units of `scale`
-        ub += [(r + idx, z, pieces[:, j, 0] / scale), (r + idx, x, pieces[:, j, 1] * q / scale), (r + idx, w, -np.ones(n))]
+        ub += [
+            (r + idx, z, pieces[:, j, 0] / scale),
+            (r + idx, x, pieces[:, j, 1] * q / scale),
+            (r + idx, w, -np.ones(n)),
+        ]
         r += n
     ub += [(r + cols, w, np.ones(n)), (r + np.arange(num_c), np.full(num_c, t), -counts)]  # sum_i w - m T <= 0
     rhs = [np.zeros(r + num_c)]

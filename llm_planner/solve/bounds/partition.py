@@ -73,13 +73,20 @@ def shard_copies(problem: PlacementProblem, sizes: tuple[int, ...]) -> Placement
         per_sample.append(problem.mem_bytes_per_sample * b)
     s = len(sizes)
     return replace(
-        problem, graph=TaskGraph(name=f"{problem.graph.name}{list(sizes)}", tasks=tuple(tasks), edges=tuple(edges)),
-        batch_size=1, max_shards=1, time_pieces=np.concatenate(pieces), supported=np.tile(problem.supported, (s, 1)),
+        problem,
+        graph=TaskGraph(name=f"{problem.graph.name}{list(sizes)}", tasks=tuple(tasks), edges=tuple(edges)),
+        batch_size=1,
+        max_shards=1,
+        time_pieces=np.concatenate(pieces),
+        supported=np.tile(problem.supported, (s, 1)),
         edge_src=np.concatenate([problem.edge_src + j * n for j in range(s)]),
         edge_dst=np.concatenate([problem.edge_dst + j * n for j in range(s)]),
-        comm_fixed=np.concatenate(comm), comm_slope=np.zeros((s * problem.num_edges, *problem.comm_slope.shape[1:])),
-        weight_bytes=np.concatenate(weights), mem_bytes_per_sample=np.concatenate(per_sample),
-        mem_counts=np.tile(problem.mem_counts, (s, 1)), hop_s_per_sample=np.tile(problem.hop_s_per_sample, s),
+        comm_fixed=np.concatenate(comm),
+        comm_slope=np.zeros((s * problem.num_edges, *problem.comm_slope.shape[1:])),
+        weight_bytes=np.concatenate(weights),
+        mem_bytes_per_sample=np.concatenate(per_sample),
+        mem_counts=np.tile(problem.mem_counts, (s, 1)),
+        hop_s_per_sample=np.tile(problem.hop_s_per_sample, s),
     )
 
 

@@ -65,8 +65,21 @@ import numpy as np
 import scipy.optimize
 
 from llm_planner.solve.bounds.classes import LP_SAFETY, device_classes, family_time_rows, physical_families
-from llm_planner.solve.bounds.path_refine import before_and_after, energy_rows, head_tail_rows, pinned_heads_tails, windows
-from llm_planner.solve.bounds.path_rows import Columns, Rows, least_transfers, path_memory_rows, path_rows, transfer_rows
+from llm_planner.solve.bounds.path_refine import (
+    before_and_after,
+    energy_rows,
+    head_tail_rows,
+    pinned_heads_tails,
+    windows,
+)
+from llm_planner.solve.bounds.path_rows import (
+    Columns,
+    Rows,
+    least_transfers,
+    path_memory_rows,
+    path_rows,
+    transfer_rows,
+)
 from llm_planner.solve.bounds.times import fastest_task_times, longest_path, task_times
 from llm_planner.solve.problem import PlacementProblem
 
@@ -75,12 +88,17 @@ log = logging.getLogger(__name__)
 MAX_TRANSFER_EDGES = 500  # above: no transfer rows (4)-(5)
 MAX_PATH_LP_EDGES = 5_000  # above, and above MAX_PATH_LP_SIZE too: the critical path bound alone
 MAX_PATH_LP_SIZE = 2_000_000  # tasks x edges: a dense randomly wired stage of 257 tasks (6,487 edges) still gets the LP
-MAX_HEAD_TAIL_TERMS = 300_000  # above: head and tail rows (9)-(10) for every s-th task only (they grow as ancestor pairs x classes)
-MAX_HEAD_TAIL_TERMS_DENSE = 50_000  # the same above MAX_PATH_LP_EDGES edges (257 tasks, 6,487 edges: 2.0 -> 0.6 s, bound -0.2%)
+MAX_HEAD_TAIL_TERMS = (
+    300_000  # above: head and tail rows (9)-(10) for every s-th task only (they grow as ancestor pairs x classes)
+)
+MAX_HEAD_TAIL_TERMS_DENSE = (
+    50_000  # the same above MAX_PATH_LP_EDGES edges (257 tasks, 6,487 edges: 2.0 -> 0.6 s, bound -0.2%)
+)
 
 
-def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True, head_tail: bool = True,
-                  copies: int = 1) -> float:
+def path_lp_bound(
+    problem: PlacementProblem, batch: int, *, memory: bool = True, head_tail: bool = True, copies: int = 1
+) -> float:
     """Optimum of the path LP (module docstring) for the largest shard, of `batch` <= Q samples, in seconds.
 
     Returns the critical path of fastest times when the LP cannot be solved; leaves
@@ -113,7 +131,13 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True,
         into = out = np.zeros((problem.num_edges, len(classes)))
         comm_edges = np.zeros(0, dtype=int)
     rows_x, cols_x = np.nonzero(finite)
-    col = Columns(rows_x=rows_x, cols_x=cols_x, num_tasks=problem.num_tasks, num_classes=len(classes), num_comm_edges=len(comm_edges))
+    col = Columns(
+        rows_x=rows_x,
+        cols_x=cols_x,
+        num_tasks=problem.num_tasks,
+        num_classes=len(classes),
+        num_comm_edges=len(comm_edges),
+    )
     t_x = work[rows_x, cols_x] / scale
     ub = Rows()
     path_rows(ub, problem, col, t_x, comm_edges)
@@ -121,10 +145,16 @@ def path_lp_bound(problem: PlacementProblem, batch: int, *, memory: bool = True,
         transfer_rows(ub, comm_edges, problem.edge_src, problem.edge_dst, col, into / scale, out / scale)
     head, tail = pinned_heads_tails(problem, batch, fast, start, after)
     idle = windows(problem, head, tail, classes, path) / scale
-    ub.add(len(counts), (col.cols_x, np.arange(col.num_x), t_x), (np.arange(len(counts)), col.t, -counts), rhs=-idle)  # (7)
+    ub.add(
+        len(counts), (col.cols_x, np.arange(col.num_x), t_x), (np.arange(len(counts)), col.t, -counts), rhs=-idle
+    )  # (7)
     families = physical_families(problem, classes)
-    ub.extend(*family_time_rows(families, col.cols_x, t_x, col.t, ub.num, len(classes)))  # (7) over shared physical devices
-    energy_rows(ub, col, classes, counts, t_x, np.maximum(start[:, None], head), np.maximum(after[:, None], tail), path, scale)
+    ub.extend(
+        *family_time_rows(families, col.cols_x, t_x, col.t, ub.num, len(classes))
+    )  # (7) over shared physical devices
+    energy_rows(
+        ub, col, classes, counts, t_x, np.maximum(start[:, None], head), np.maximum(after[:, None], tail), path, scale
+    )
     if head_tail:
         head_tail_rows(ub, problem, col, t_x, counts, terms)
     eq = Rows()

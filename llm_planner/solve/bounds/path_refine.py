@@ -53,8 +53,9 @@ from llm_planner.solve.bounds.path_rows import Columns, Rows
 from llm_planner.solve.problem import PlacementProblem
 
 
-def pinned_heads_tails(problem: PlacementProblem, batch: int, fast: np.ndarray, start: np.ndarray,
-                        late: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def pinned_heads_tails(
+    problem: PlacementProblem, batch: int, fast: np.ndarray, start: np.ndarray, late: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """head[i, d], tail[i, d]: least time before task i can start on device d, and least time
     from its finish there to the end of the plan, because of tasks pinned to other devices.
 
@@ -119,7 +120,9 @@ def before_and_after(problem: PlacementProblem, times: np.ndarray) -> tuple[np.n
     return before, after
 
 
-def windows(problem: PlacementProblem, head: np.ndarray, tail: np.ndarray, classes: list[list[int]], floor: float) -> np.ndarray:
+def windows(
+    problem: PlacementProblem, head: np.ndarray, tail: np.ndarray, classes: list[list[int]], floor: float
+) -> np.ndarray:
     """W_c = sum over the devices d of class c of min(H_d + Q_d, floor), with H_d and Q_d the
     least head and tail of the tasks d can run: d starts its first task no earlier than H_d and
     ends its last Q_d before the end; its tasks do not overlap, so it works at most
@@ -135,8 +138,17 @@ def windows(problem: PlacementProblem, head: np.ndarray, tail: np.ndarray, class
 ENERGY_THRESHOLDS = 12  # threshold values per class for the heads and for the tails of rows (11)
 
 
-def energy_rows(ub: Rows, col: Columns, classes: list[list[int]], counts: np.ndarray, t_x: np.ndarray,
-                 head: np.ndarray, tail: np.ndarray, floor: float, scale: float) -> None:
+def energy_rows(
+    ub: Rows,
+    col: Columns,
+    classes: list[list[int]],
+    counts: np.ndarray,
+    t_x: np.ndarray,
+    head: np.ndarray,
+    tail: np.ndarray,
+    floor: float,
+    scale: float,
+) -> None:
     """(11) sum_{i in S_c(a, b)} t_ic x_ic <= m_c (T - min(a + b, floor)) for each class c and
     threshold pair (a, b), with S_c(a, b) the tasks whose head on c is at least a and whose tail
     on c is at least b.
@@ -187,8 +199,9 @@ def _ancestors(problem: PlacementProblem) -> np.ndarray:
     return anc
 
 
-def head_tail_rows(ub: Rows, problem: PlacementProblem, col: Columns, t_x: np.ndarray, counts: np.ndarray,
-                    max_terms: int) -> None:
+def head_tail_rows(
+    ub: Rows, problem: PlacementProblem, col: Columns, t_x: np.ndarray, counts: np.ndarray, max_terms: int
+) -> None:
     """(9) sum_{w anc i} t_wc x_wc / m_c + sum_c' t_ic' x_ic' - C_i <= 0 and
     (10) C_i + sum_{w desc i} t_wc x_wc / m_c - T <= 0, for each class c and each task i,
     or, where that would take more than `max_terms` terms, for every s-th task i
@@ -206,13 +219,17 @@ def head_tail_rows(ub: Rows, problem: PlacementProblem, col: Columns, t_x: np.nd
     rows = np.arange(len(chosen) * nc)  # row pos(i) * nc + c
     own_x = np.nonzero(pos[col.rows_x] >= 0)[0]  # the x columns of the chosen tasks
     for related, tail in ((anc, False), (anc.T, True)):
-        ii, ww = np.nonzero(related[chosen])  # w is an ancestor (for the head) or a descendant (for the tail) of chosen[ii]
+        ii, ww = np.nonzero(
+            related[chosen]
+        )  # w is an ancestor (for the head) or a descendant (for the tail) of chosen[ii]
         of, xc = col.x_of(ww)  # the x columns of w
         cls = col.cols_x[xc]
         terms = [(ii[of] * nc + cls, xc, t_x[xc] / counts[cls])]
         if tail:
             terms += [(rows, col.c0 + chosen[rows // nc], 1.0), (rows, col.t, -1.0)]
         else:
-            own = pos[col.rows_x[own_x]][:, None] * nc + np.arange(nc)[None, :]  # i's own time, in each of i's class rows
+            own = (
+                pos[col.rows_x[own_x]][:, None] * nc + np.arange(nc)[None, :]
+            )  # i's own time, in each of i's class rows
             terms += [(own, own_x[:, None], t_x[own_x][:, None]), (rows, col.c0 + chosen[rows // nc], -1.0)]
         ub.add(len(rows), *terms)

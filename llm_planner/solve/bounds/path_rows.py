@@ -107,8 +107,16 @@ class Columns:
         return self.y0 + self.num_x
 
 
-def path_rows(ub: Rows, problem: PlacementProblem, col: Columns, t_x: np.ndarray, comm_edges: np.ndarray,
-               *, x0: int = 0, c0: int | None = None) -> None:
+def path_rows(
+    ub: Rows,
+    problem: PlacementProblem,
+    col: Columns,
+    t_x: np.ndarray,
+    comm_edges: np.ndarray,
+    *,
+    x0: int = 0,
+    c0: int | None = None,
+) -> None:
     """(2) sum_c t_ic x_ic - C_i <= 0; (3) C_p + sum_c t_ic x_ic + d_e - C_i <= 0; (6) C_i - T <= 0 for sinks.
     x0 and c0: where the placement and finish-time columns start (default: x and C)."""
     n, src, dst = problem.num_tasks, problem.edge_src, problem.edge_dst
@@ -116,14 +124,29 @@ def path_rows(ub: Rows, problem: PlacementProblem, col: Columns, t_x: np.ndarray
     ub.add(n, (col.rows_x, x0 + np.arange(col.num_x), t_x), (np.arange(n), c0 + np.arange(n), -1.0))
     num_e = problem.num_edges
     er, ec = col.x_of(dst)  # each edge's consumer's x columns
-    ub.add(num_e, (er, x0 + ec, t_x[ec]), (np.arange(num_e), c0 + src, 1.0), (np.arange(num_e), c0 + dst, -1.0),
-           (comm_edges, col.d0 + np.arange(len(comm_edges)), 1.0))
+    ub.add(
+        num_e,
+        (er, x0 + ec, t_x[ec]),
+        (np.arange(num_e), c0 + src, 1.0),
+        (np.arange(num_e), c0 + dst, -1.0),
+        (comm_edges, col.d0 + np.arange(len(comm_edges)), 1.0),
+    )
     sinks = np.setdiff1d(np.arange(n), src)
     ub.add(len(sinks), (np.arange(len(sinks)), c0 + sinks, 1.0), (np.arange(len(sinks)), col.t, -1.0))
 
 
-def path_memory_rows(ub: Rows, eq: Rows, problem: PlacementProblem, col: Columns, reps: np.ndarray, counts: np.ndarray, batch: int,
-            scale: float, copies: int = 1, families: list = ()) -> int:
+def path_memory_rows(
+    ub: Rows,
+    eq: Rows,
+    problem: PlacementProblem,
+    col: Columns,
+    reps: np.ndarray,
+    counts: np.ndarray,
+    batch: int,
+    scale: float,
+    copies: int = 1,
+    families: list = (),
+) -> int:
     """(8) for one shard (batch = Q): the load-balance LP's memory rows (classes.memory_rows) on x.
     Returns the number of columns. A split batch (batch < Q) goes to `_whole_batch_rows`, the
     shard copies of a partition (copies > 1) to `_shared_weight_rows`."""
@@ -135,8 +158,15 @@ def path_memory_rows(ub: Rows, eq: Rows, problem: PlacementProblem, col: Columns
     return col.t + 1
 
 
-def _shared_weight_rows(ub: Rows, problem: PlacementProblem, col: Columns, reps: np.ndarray, counts: np.ndarray,
-                        copies: int, families: list = ()) -> int:
+def _shared_weight_rows(
+    ub: Rows,
+    problem: PlacementProblem,
+    col: Columns,
+    reps: np.ndarray,
+    counts: np.ndarray,
+    copies: int,
+    families: list = (),
+) -> int:
     """(8) for `shard_copies` of `copies` shards (copy j's task i is task i + j n): columns
     y_ic after T, one per x column of copy 0 (class c runs task i in some shard), and rows
 
@@ -160,13 +190,26 @@ def _shared_weight_rows(ub: Rows, problem: PlacementProblem, col: Columns, reps:
     per_sample = problem.mem_bytes_per_sample[col.rows_x] * held  # copies have batch 1, with b_j in m
     for pool, cap, count in memory_pools(problem, reps, counts, families):
         at0, at = np.flatnonzero(np.isin(col.cols_x[:nx0], pool)), np.flatnonzero(np.isin(col.cols_x, pool))
-        ub.add(1, (np.zeros(len(at0), int), y0 + at0, per_capacity(weights[at0], cap)),
-               (np.zeros(len(at), int), at, per_capacity(per_sample[at], cap)), rhs=np.array([count]))  # (8b)
+        ub.add(
+            1,
+            (np.zeros(len(at0), int), y0 + at0, per_capacity(weights[at0], cap)),
+            (np.zeros(len(at), int), at, per_capacity(per_sample[at], cap)),
+            rhs=np.array([count]),
+        )  # (8b)
     return y0 + nx0
 
 
-def _whole_batch_rows(ub: Rows, eq: Rows, problem: PlacementProblem, col: Columns, reps: np.ndarray, counts: np.ndarray,
-                      batch: int, scale: float, families: list = ()) -> int:
+def _whole_batch_rows(
+    ub: Rows,
+    eq: Rows,
+    problem: PlacementProblem,
+    col: Columns,
+    reps: np.ndarray,
+    counts: np.ndarray,
+    batch: int,
+    scale: float,
+    families: list = (),
+) -> int:
     """The largest shard (x, `batch` samples) of a split batch, with the whole batch beside it.
 
     Columns y_ic (class c holds task i's weights), z_ic (the share of the batch's
@@ -193,8 +236,12 @@ def _whole_batch_rows(ub: Rows, eq: Rows, problem: PlacementProblem, col: Column
     for pool, cap, count in memory_pools(problem, reps, counts, families):
         at = np.flatnonzero(np.isin(col.cols_x, pool))
         zero = np.zeros(len(at), int)
-        ub.add(1, (zero, col.y0 + at, per_capacity(weights[at], cap)), (zero, col.z0 + at, per_capacity(per_sample[at], cap)),
-               rhs=np.array([count]))
+        ub.add(
+            1,
+            (zero, col.y0 + at, per_capacity(weights[at], cap)),
+            (zero, col.z0 + at, per_capacity(per_sample[at], cap)),
+            rhs=np.array([count]),
+        )
     work = per_sample_rates(problem)[col.rows_x, reps[col.cols_x]] * q / scale
     ub.add(len(reps), (col.cols_x, col.z0 + idx, work), (np.arange(len(reps)), col.t, -counts))
     ub.extend(*family_time_rows(families, col.cols_x, work, col.t, ub.num, len(reps), col_offset=col.z0))
@@ -204,8 +251,9 @@ def _whole_batch_rows(ub: Rows, eq: Rows, problem: PlacementProblem, col: Column
     return c2 + n
 
 
-def transfer_rows(ub: Rows, comm_edges: np.ndarray, src: np.ndarray, dst: np.ndarray, col: Columns,
-                   into: np.ndarray, out: np.ndarray) -> None:
+def transfer_rows(
+    ub: Rows, comm_edges: np.ndarray, src: np.ndarray, dst: np.ndarray, col: Columns, into: np.ndarray, out: np.ndarray
+) -> None:
     """(4) x_ic - x_pc - u_ec <= 0 and x_pc - x_ic - v_ec <= 0; (5) sum_c a u - d <= 0, sum_c o v - d <= 0."""
     num_ce, num_c = len(comm_edges), col.num_classes
     xcol = np.full((col.num_tasks, num_c), -1)

@@ -101,7 +101,9 @@ class ModelBuilder:
         self.num_cols = 0
         self.num_rows = 0
 
-    def add_vars(self, name: str, shape: tuple[int, ...] | int, *, lower=0.0, upper=math.inf, integer=False, cost=0.0) -> np.ndarray:
+    def add_vars(
+        self, name: str, shape: tuple[int, ...] | int, *, lower=0.0, upper=math.inf, integer=False, cost=0.0
+    ) -> np.ndarray:
         """A block of variables; returns their column indices with the block's shape."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         count = int(np.prod(shape)) if shape else 1
@@ -151,10 +153,15 @@ class ModelBuilder:
         matrix.sum_duplicates()
         matrix.eliminate_zeros()
         return LinearModel(
-            col_cost=cat(self._cost), col_lower=cat(self._lower), col_upper=cat(self._upper),
-            integrality=cat(self._integer, bool), matrix=matrix,
-            row_lower=cat(self._row_lower), row_upper=cat(self._row_upper),
-            col_blocks=tuple(self._col_blocks), row_blocks=tuple(self._row_blocks),
+            col_cost=cat(self._cost),
+            col_lower=cat(self._lower),
+            col_upper=cat(self._upper),
+            integrality=cat(self._integer, bool),
+            matrix=matrix,
+            row_lower=cat(self._row_lower),
+            row_upper=cat(self._row_upper),
+            col_blocks=tuple(self._col_blocks),
+            row_blocks=tuple(self._row_blocks),
         )
 
 
@@ -180,7 +187,9 @@ class BackendResult:
     note: str = ""  # e.g. why gurobi fell back to highs
 
 
-def solve_model(model: LinearModel, backend: str, options: BackendOptions, warm_start: dict[int, float] | None = None) -> BackendResult:
+def solve_model(
+    model: LinearModel, backend: str, options: BackendOptions, warm_start: dict[int, float] | None = None
+) -> BackendResult:
     """Solve with the named backend; BackendError when it cannot be used and no fallback is allowed."""
     if backend not in BACKENDS:
         raise BackendError(f"unknown MILP backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -228,7 +237,9 @@ def _solve_highs(model: LinearModel, options: BackendOptions, warm_start: dict[i
     lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = csc.indptr, csc.indices, csc.data
     lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = model.num_cols, model.num_rows
     if model.num_integer:
-        lp.integrality_ = [highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous for b in model.integrality]
+        lp.integrality_ = [
+            highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous for b in model.integrality
+        ]
     h.passModel(lp)
     if warm_start:
         idx = np.fromiter(warm_start.keys(), dtype=np.int32)
@@ -254,8 +265,13 @@ def _solve_highs(model: LinearModel, options: BackendOptions, warm_start: dict[i
         name = "feasible" if has_solution else "no_solution"
         log.warning("highs stopped with status %s", h.modelStatusToString(status))
     return BackendResult(
-        status=name, values=values, objective=objective, dual_bound=bound if math.isfinite(bound) else -math.inf,
-        nodes=int(info.mip_node_count) if mip else 0, backend="highs", time_s=time.perf_counter() - started,
+        status=name,
+        values=values,
+        objective=objective,
+        dual_bound=bound if math.isfinite(bound) else -math.inf,
+        nodes=int(info.mip_node_count) if mip else 0,
+        backend="highs",
+        time_s=time.perf_counter() - started,
     )
 
 
@@ -317,8 +333,13 @@ def _solve_gurobi(model: LinearModel, options: BackendOptions, warm_start: dict[
         env.setParam("OutputFlag", 0)
         env.start()
         with gp.Model("llm_planner", env=env) as m:
-            v = m.addMVar(model.num_cols, lb=model.col_lower, ub=model.col_upper, obj=model.col_cost,
-                          vtype=np.where(model.integrality, gp.GRB.INTEGER, gp.GRB.CONTINUOUS))
+            v = m.addMVar(
+                model.num_cols,
+                lb=model.col_lower,
+                ub=model.col_upper,
+                obj=model.col_cost,
+                vtype=np.where(model.integrality, gp.GRB.INTEGER, gp.GRB.CONTINUOUS),
+            )
             _add_gurobi_rows(m, v, model)
             m.Params.TimeLimit = float(options.time_limit_s)
             m.Params.MIPGap = float(options.rel_gap)
@@ -379,6 +400,11 @@ def _gurobi_result(gp, m, v, model: LinearModel, started: float) -> BackendResul
         name = "feasible" if has_solution else "no_solution"
         log.warning("gurobi stopped with status %s", m.Status)
     return BackendResult(
-        status=name, values=values, objective=objective, dual_bound=bound if math.isfinite(bound) else -math.inf,
-        nodes=int(m.NodeCount) if mip else 0, backend="gurobi", time_s=time.perf_counter() - started,
+        status=name,
+        values=values,
+        objective=objective,
+        dual_bound=bound if math.isfinite(bound) else -math.inf,
+        nodes=int(m.NodeCount) if mip else 0,
+        backend="gurobi",
+        time_s=time.perf_counter() - started,
     )

@@ -25,7 +25,9 @@ def uniform_cost(problem: PlacementProblem, e: int) -> tuple[float, float] | Non
     return None
 
 
-def cost_groups(fixed: np.ndarray, slope: np.ndarray, ends: list[int], others: list[int]) -> list[tuple[int, float, float, list[int]]]:
+def cost_groups(
+    fixed: np.ndarray, slope: np.ndarray, ends: list[int], others: list[int]
+) -> list[tuple[int, float, float, list[int]]]:
     """(k, fixed_s, slope_s, [l, ...]) for each k in `ends` and each set of devices l in `others`, l != k,
     with the same cost (fixed[k, l], slope[k, l]); free pairs are left out.
 

@@ -91,10 +91,10 @@ from llm_planner.fmt import fmt_bytes
 from llm_planner.plan import Plan
 from llm_planner.solve.milp.backends import BackendError, BackendOptions, BackendResult, solve_model
 from llm_planner.solve.milp.model import Formulation
+from llm_planner.solve.milp.symmetry import CRITERIA, canonical_plan
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import PlacementProblem, ProblemError, restrict_devices
 from llm_planner.solve.schedule import make_plan, with_bound
-from llm_planner.solve.milp.symmetry import CRITERIA, canonical_plan
 
 log = logging.getLogger(__name__)
 
@@ -138,20 +138,34 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
 
     plan = solve_in_flight(problem, once, fallback=lambda: _warm_start_plan(problem))
     if plan is None:
-        raise SolveError("the MILP's plans keep more batches in flight than device memory holds, and no plan it found "
-                         "with the memory of more batches fits its own steady state (docs/objectives.md, Memory)")
+        raise SolveError(
+            "the MILP's plans keep more batches in flight than device memory holds, and no plan it found "
+            "with the memory of more batches fits its own steady state (docs/objectives.md, Memory)"
+        )
     if plan.solver.name != "milp":  # the warm start, which fits, beat the re-solves
-        details = {"warm_start": plan.solver.name, "warm_start_objective_s": plan.objective_s,
-                   "stopped": "the MILP's plan keeps more batches in flight than memory holds; the warm start fits"}
-        plan = replace(plan, solver=replace(plan.solver, name="milp", status="feasible", time_s=time.perf_counter() - started,
-                                            backend=options.backend, details=details))
+        details = {
+            "warm_start": plan.solver.name,
+            "warm_start_objective_s": plan.objective_s,
+            "stopped": "the MILP's plan keeps more batches in flight than memory holds; the warm start fits",
+        }
+        plan = replace(
+            plan,
+            solver=replace(
+                plan.solver,
+                name="milp",
+                status="feasible",
+                time_s=time.perf_counter() - started,
+                backend=options.backend,
+                details=details,
+            ),
+        )
     return plan
 
 
 def _solve_milp_once(problem: PlacementProblem, options: SolveOptions) -> Plan:
     """solve_milp for one batch's memory."""
-    from llm_planner.solve.errors import SolveError
     from llm_planner.solve.bounds.combined import lower_bound
+    from llm_planner.solve.errors import SolveError
 
     started = time.perf_counter()
     warm = _warm_start_plan(problem)
@@ -161,12 +175,24 @@ def _solve_milp_once(problem: PlacementProblem, options: SolveOptions) -> Plan:
     if warm is not None and not options.contiguous and warm.objective_s <= bound_s * (1 + options.rel_gap):
         return _proven_warm_start(warm, bound_s, started, options)
     unit_s, horizon = _scales(problem, warm)
-    form = Formulation(problem, contiguous=options.contiguous, unit_s=unit_s, horizon=horizon, symmetry=options.symmetry)
+    form = Formulation(
+        problem, contiguous=options.contiguous, unit_s=unit_s, horizon=horizon, symmetry=options.symmetry
+    )
     model = form.build()
-    log.info("milp: %d variables (%d integer), %d rows, %d nonzeros", model.num_cols, model.num_integer, model.num_rows, model.matrix.nnz)
+    log.info(
+        "milp: %d variables (%d integer), %d rows, %d nonzeros",
+        model.num_cols,
+        model.num_integer,
+        model.num_rows,
+        model.matrix.nnz,
+    )
     backend_options = BackendOptions(
-        time_limit_s=options.time_limit_s, rel_gap=options.rel_gap, threads=options.threads,
-        seed=options.seed, allow_fallback=options.allow_backend_fallback, detect_symmetry=options.symmetry == "solver",
+        time_limit_s=options.time_limit_s,
+        rel_gap=options.rel_gap,
+        threads=options.threads,
+        seed=options.seed,
+        allow_fallback=options.allow_backend_fallback,
+        detect_symmetry=options.symmetry == "solver",
     )
     start_values = warm_start_values(form, warm) if warm is not None else None
     try:
@@ -181,48 +207,91 @@ def _solve_milp_once(problem: PlacementProblem, options: SolveOptions) -> Plan:
     plan = with_bound(_plan_from_solution(problem, form, result, model, started, options, warm), bound_s)
     if plan.solver.status in ("time_limit", "interrupted") and plan.objective_s <= bound_s * (1 + options.rel_gap):
         # the solver could not prove it, the bounds of solve.bounds do
-        plan = replace(plan, solver=replace(plan.solver, status="optimal", details={**plan.solver.details, "proven_by": "lower bound"}))
+        plan = replace(
+            plan,
+            solver=replace(plan.solver, status="optimal", details={**plan.solver.details, "proven_by": "lower bound"}),
+        )
     return plan
 
 
-def _without_incumbent(result: BackendResult, warm: Plan | None, bound_s: float, started: float, options: SolveOptions) -> Plan:
+def _without_incumbent(
+    result: BackendResult, warm: Plan | None, bound_s: float, started: float, options: SolveOptions
+) -> Plan:
     """Stopped before the solver had a plan of its own: the warm start if there is one (status
     `interrupted`), else SolveInterrupted (Ctrl-C) or SolveError (time limit)."""
     from llm_planner.solve.errors import SolveError, SolveInterrupted
 
     if result.status != "interrupted":
-        raise SolveError(f"the MILP found no feasible plan within the time limit of {options.time_limit_s:g} s "
-                         f"(status {result.status}); raise --time-limit")
+        raise SolveError(
+            f"the MILP found no feasible plan within the time limit of {options.time_limit_s:g} s "
+            f"(status {result.status}); raise --time-limit"
+        )
     if warm is None or options.contiguous:  # a warm start need not be contiguous
-        raise SolveInterrupted(f"interrupted after {time.perf_counter() - started:.1f} s, before the MILP found any plan")
-    details = {"warm_start": warm.solver.name, "warm_start_objective_s": warm.objective_s, "nodes": result.nodes,
-               "contiguous": False, "stopped": "interrupted before the solver improved on the warm start"}
-    return replace(warm, lower_bound_s=float(min(bound_s, warm.objective_s)),
-                   solver=replace(warm.solver, name="milp", status="interrupted", time_s=time.perf_counter() - started,
-                                  backend=result.backend, details=details))
+        raise SolveInterrupted(
+            f"interrupted after {time.perf_counter() - started:.1f} s, before the MILP found any plan"
+        )
+    details = {
+        "warm_start": warm.solver.name,
+        "warm_start_objective_s": warm.objective_s,
+        "nodes": result.nodes,
+        "contiguous": False,
+        "stopped": "interrupted before the solver improved on the warm start",
+    }
+    return replace(
+        warm,
+        lower_bound_s=float(min(bound_s, warm.objective_s)),
+        solver=replace(
+            warm.solver,
+            name="milp",
+            status="interrupted",
+            time_s=time.perf_counter() - started,
+            backend=result.backend,
+            details=details,
+        ),
+    )
 
 
 def _proven_warm_start(warm: Plan, bound_s: float, started: float, options: SolveOptions) -> Plan:
     """The warm start as the MILP's plan when it already meets the lower bound within rel_gap:
     no plan is better by more than that, so no model is built."""
-    details = {"warm_start": warm.solver.name, "warm_start_objective_s": warm.objective_s, "nodes": 0,
-               "contiguous": False, "stopped": "the warm start meets the lower bound"}
-    log.info("milp: the warm start (%s, %.6g s) meets the lower bound %.6g s: no model built", warm.solver.name, warm.objective_s, bound_s)
-    return replace(warm, lower_bound_s=float(min(bound_s, warm.objective_s)),
-                   solver=replace(warm.solver, name="milp", status="optimal", time_s=time.perf_counter() - started,
-                                  backend=options.backend, details=details))
+    details = {
+        "warm_start": warm.solver.name,
+        "warm_start_objective_s": warm.objective_s,
+        "nodes": 0,
+        "contiguous": False,
+        "stopped": "the warm start meets the lower bound",
+    }
+    log.info(
+        "milp: the warm start (%s, %.6g s) meets the lower bound %.6g s: no model built",
+        warm.solver.name,
+        warm.objective_s,
+        bound_s,
+    )
+    return replace(
+        warm,
+        lower_bound_s=float(min(bound_s, warm.objective_s)),
+        solver=replace(
+            warm.solver,
+            name="milp",
+            status="optimal",
+            time_s=time.perf_counter() - started,
+            backend=options.backend,
+            details=details,
+        ),
+    )
 
 
 def _warm_start_plan(problem: PlacementProblem) -> Plan | None:
     """The better of the best baseline and (throughput) the contiguous split; None if neither fits
     (throughput: in its steady state, solve.fit)."""
     from llm_planner.solve.baselines.baseline_set import best_of_all
+    from llm_planner.solve.fit import fits_steady_state
     from llm_planner.solve.milp.warm import contiguous_split
 
-    from llm_planner.solve.fit import fits_steady_state
-
     physical = restrict_devices(problem, list(range(problem.num_physical))) if problem.has_groups else problem
-    plans = [p for p in (best_of_all(problem), contiguous_split(physical)) if p is not None and fits_steady_state(problem, p)]
+    plans = [
+        p for p in (best_of_all(problem), contiguous_split(physical)) if p is not None and fits_steady_state(problem, p)
+    ]
     return min(plans, key=lambda p: p.objective_s, default=None)
 
 
@@ -232,7 +301,9 @@ def _scales(problem: PlacementProblem, warm: Plan | None) -> tuple[float, float]
 
     full = np.where(problem.supported, task_times(problem, problem.batch_size), 0.0)
     comm = problem.comm_fixed + problem.comm_slope * problem.batch_size
-    serial_s = problem.max_shards * (full.max(axis=1).sum() + (comm.max(axis=(1, 2)).sum() if problem.num_edges else 0.0))
+    serial_s = problem.max_shards * (
+        full.max(axis=1).sum() + (comm.max(axis=(1, 2)).sum() if problem.num_edges else 0.0)
+    )
     warm_s = None
     if warm is not None:
         warm_s = warm.objective_s * (problem.batch_size if problem.objective == "throughput" else 1.0)
@@ -241,7 +312,9 @@ def _scales(problem: PlacementProblem, warm: Plan | None) -> tuple[float, float]
     unit_s = max(reference / OBJECTIVE_SCALE, largest_s / MAX_SCALED_TIME)
     if not (np.isfinite(unit_s) and unit_s > 1e-300):  # all times zero (or denormal): any unit will do
         unit_s = 1.0
-    horizon_s = min(serial_s, warm_s * (1 + 1e-6)) if warm_s is not None and problem.objective == "latency" else serial_s
+    horizon_s = (
+        min(serial_s, warm_s * (1 + 1e-6)) if warm_s is not None and problem.objective == "latency" else serial_s
+    )
     return unit_s, max(horizon_s / unit_s, 1e-9)
 
 
@@ -275,7 +348,9 @@ def warm_start_values(form: Formulation, plan: Plan) -> dict[int, float] | None:
     return values
 
 
-def read_solution(form: Formulation, values: np.ndarray) -> tuple[list[int], list[list[int]], dict[int, list[tuple[int, int]]] | None]:
+def read_solution(
+    form: Formulation, values: np.ndarray
+) -> tuple[list[int], list[list[int]], dict[int, list[tuple[int, int]]] | None]:
     """(shard sizes, per-shard device of every task, latency: each device's (shard, task) order)."""
     p = form.p
     sizes = [form.Q] if form.fixed else [int(round(values[c])) for c in form.size]
@@ -286,7 +361,9 @@ def read_solution(form: Formulation, values: np.ndarray) -> tuple[list[int], lis
     return sizes, assignments, _device_orders(form, values, sizes, assignments)
 
 
-def _device_orders(form: Formulation, values: np.ndarray, sizes: list[int], assignments: list[list[int]]) -> dict[int, list[tuple[int, int]]]:
+def _device_orders(
+    form: Formulation, values: np.ndarray, sizes: list[int], assignments: list[list[int]]
+) -> dict[int, list[tuple[int, int]]]:
     """Each device's items sorted by (start, finish, topological position, shard).
 
     Starts are first pushed forward along edges (start_v >= finish_u + transfer) to
@@ -305,7 +382,10 @@ def _device_orders(form: Formulation, values: np.ndarray, sizes: list[int], assi
         a = assignments[s]
         start, finish = {}, {}
         for v in topo:
-            ready = max((finish[int(p.edge_src[e])] + p.transfer_time(e, a[int(p.edge_src[e])], a[v], b) for e in in_edges[v]), default=0.0)
+            ready = max(
+                (finish[int(p.edge_src[e])] + p.transfer_time(e, a[int(p.edge_src[e])], a[v], b) for e in in_edges[v]),
+                default=0.0,
+            )
             start[v] = max(float(values[form.start[s, v]]), ready)
             finish[v] = start[v] + p.task_time(v, a[v], b)
             keys.append((start[v], finish[v], position[v], s, v))
@@ -316,15 +396,27 @@ def _device_orders(form: Formulation, values: np.ndarray, sizes: list[int], assi
 
 
 def _plan_from_solution(
-    problem: PlacementProblem, form: Formulation, result: BackendResult, model, started: float, options: SolveOptions, warm: Plan | None
+    problem: PlacementProblem,
+    form: Formulation,
+    result: BackendResult,
+    model,
+    started: float,
+    options: SolveOptions,
+    warm: Plan | None,
 ) -> Plan:
     sizes, assignments, orders = read_solution(form, result.values)
     per = problem.batch_size if problem.objective == "throughput" else 1
     milp_s = result.objective * form.unit / per
     bound_s = result.dual_bound * form.unit / per
     details = {
-        "num_vars": model.num_cols, "num_integer": model.num_integer, "num_rows": model.num_rows, "nonzeros": int(model.matrix.nnz),
-        "nodes": result.nodes, "mip_gap": _gap(milp_s, bound_s), "milp_objective_s": milp_s, "solve_time_s": result.time_s,
+        "num_vars": model.num_cols,
+        "num_integer": model.num_integer,
+        "num_rows": model.num_rows,
+        "nonzeros": int(model.matrix.nnz),
+        "nodes": result.nodes,
+        "mip_gap": _gap(milp_s, bound_s),
+        "milp_objective_s": milp_s,
+        "solve_time_s": result.time_s,
         "contiguous": bool(options.contiguous),
         "warm_start": warm.solver.name if warm is not None else "",
         "warm_start_objective_s": warm.objective_s if warm is not None else None,
@@ -332,8 +424,16 @@ def _plan_from_solution(
     if result.note:
         details["backend_note"] = result.note
     plan = make_plan(
-        problem, sizes, assignments, solver="milp", status=result.status, started_at=started,
-        lower_bound_s=max(0.0, bound_s), backend=result.backend, details=details, device_orders=orders,
+        problem,
+        sizes,
+        assignments,
+        solver="milp",
+        status=result.status,
+        started_at=started,
+        lower_bound_s=max(0.0, bound_s),
+        backend=result.backend,
+        details=details,
+        device_orders=orders,
     )
     _check_agreement(problem, plan, milp_s, bound_s, result.status, options)
     if plan.lower_bound_s > plan.objective_s:  # above the plan by float noise only (checked above)
@@ -345,14 +445,21 @@ def _gap(objective: float, bound: float) -> float:
     return max(0.0, (objective - bound) / objective) if objective > 0 else 0.0
 
 
-def _check_agreement(problem: PlacementProblem, plan: Plan, milp_s: float, bound_s: float, status: str, options: SolveOptions) -> None:
+def _check_agreement(
+    problem: PlacementProblem, plan: Plan, milp_s: float, bound_s: float, status: str, options: SolveOptions
+) -> None:
     """The schedule's objective is never above the MILP's; at a proven optimum they agree."""
     tol = AGREEMENT_TOL * max(abs(milp_s), 1e-12)
-    assert plan.objective_s <= milp_s + tol, f"schedule objective {plan.objective_s} above the MILP's {milp_s}: formulation bug"
-    assert bound_s <= plan.objective_s + tol + 1e-9 * abs(bound_s), f"dual bound {bound_s} above a feasible plan's {plan.objective_s}"
+    assert plan.objective_s <= milp_s + tol, (
+        f"schedule objective {plan.objective_s} above the MILP's {milp_s}: formulation bug"
+    )
+    assert bound_s <= plan.objective_s + tol + 1e-9 * abs(bound_s), (
+        f"dual bound {bound_s} above a feasible plan's {plan.objective_s}"
+    )
     if status == "optimal":
         assert plan.objective_s >= milp_s * (1 - options.rel_gap) - tol, (
-            f"schedule objective {plan.objective_s} below the proven optimum {milp_s}: formulation bug")
+            f"schedule objective {plan.objective_s} below the proven optimum {milp_s}: formulation bug"
+        )
     elif plan.objective_s < milp_s - tol:
         log.info("milp: the ASAP schedule improves the solver's incumbent %.6g s to %.6g s", milp_s, plan.objective_s)
 
@@ -363,7 +470,9 @@ def _infeasible_message(problem: PlacementProblem, options: SolveOptions) -> str
     why = infeasibility_reason(problem)
     if "heuristics" in why:  # every task fits somewhere and the total suffices: the packing itself fails
         caps = ", ".join(f"{n} {fmt_bytes(c)}" for n, c in zip(problem.device_names, problem.mem_capacity))
-        why = (f"each task fits on some device and the devices' total memory suffices, but no assignment "
-               f"packs the tasks into the devices ({caps})")
+        why = (
+            f"each task fits on some device and the devices' total memory suffices, but no assignment "
+            f"packs the tasks into the devices ({caps})"
+        )
     extra = " with each device's tasks contiguous (--contiguous)" if options.contiguous else ""
     return f"the MILP proved that no placement fits in device memory{extra}: {why}"

@@ -15,8 +15,8 @@ import math
 import networkx as nx
 import numpy as np
 
-from llm_planner.solve.milp.backends import LinearModel, ModelBuilder
 from llm_planner.solve.bounds.times import task_times
+from llm_planner.solve.milp.backends import LinearModel, ModelBuilder
 from llm_planner.solve.milp.costs import cost_groups, uniform_cost, useful_pieces
 from llm_planner.solve.problem import PlacementProblem
 
@@ -26,7 +26,9 @@ Terms = list[tuple[int, float]]
 class Formulation:
     """Builds the MILP of one problem and maps solutions back to placements."""
 
-    def __init__(self, problem: PlacementProblem, *, contiguous: bool, unit_s: float, horizon: float, symmetry: str = "none"):
+    def __init__(
+        self, problem: PlacementProblem, *, contiguous: bool, unit_s: float, horizon: float, symmetry: str = "none"
+    ):
         p = self.p = problem
         self.S, self.Q, self.N, self.K = p.max_shards, p.batch_size, p.num_tasks, p.num_devices
         self.unit, self.H = unit_s, horizon
@@ -118,7 +120,9 @@ class Formulation:
             "mccormick",
             np.concatenate([r, r, r + n, r + n, r + 2 * n, r + 2 * n, r + 2 * n]),
             np.concatenate([y, x, y, b, y, b, x]),
-            np.concatenate([np.ones(n), -Q * np.ones(n), np.ones(n), -np.ones(n), np.ones(n), -np.ones(n), -Q * np.ones(n)]),
+            np.concatenate(
+                [np.ones(n), -Q * np.ones(n), np.ones(n), -np.ones(n), np.ones(n), -np.ones(n), -Q * np.ones(n)]
+            ),
             np.concatenate([-np.inf * np.ones(2 * n), -Q * np.ones(n)]),
             np.concatenate([np.zeros(2 * n), np.inf * np.ones(n)]),
         )
@@ -126,7 +130,11 @@ class Formulation:
     def add_task_times(self) -> None:
         """(4) time of (s, i) on k: t(i,k,Q) x when S = 1; f x + g y for one piece; else a
         variable d[s,i,k] >= f_j x + g_j y for every piece j.  Rows: S * (pieces of multi-piece (i, k))."""
-        multi = [] if self.fixed else [(i, k) for i in range(self.N) for k in self.devices(i) if len(self._pieces(i, k)) > 1]
+        multi = (
+            []
+            if self.fixed
+            else [(i, k) for i in range(self.N) for k in self.devices(i) if len(self._pieces(i, k)) > 1]
+        )
         d = self.mb.add_vars("d", (self.S, len(multi))) if multi else None
         where = {ik: j for j, ik in enumerate(multi)}
         rows: list[tuple[Terms, float, float]] = []
@@ -154,7 +162,11 @@ class Formulation:
         rows: list[tuple[Terms, float, float]] = []
         for group in self.p.colocate_groups():
             for a, c in zip(group, group[1:]):
-                rows += [([(int(self.x[s, a, k]), 1.0), (int(self.x[s, c, k]), -1.0)], 0.0, 0.0) for s in range(self.S) for k in range(self.K)]
+                rows += [
+                    ([(int(self.x[s, a, k]), 1.0), (int(self.x[s, c, k]), -1.0)], 0.0, 0.0)
+                    for s in range(self.S)
+                    for k in range(self.K)
+                ]
         self._rows("colocate", rows)
 
     def add_memory(self) -> None:
@@ -163,13 +175,20 @@ class Formulation:
         p = self.p
         weights = p.weight_bytes[:, None] * p.mem_counts * p.supported  # [N, K]
         per_sample = p.mem_bytes_per_sample[:, None] * p.mem_counts * p.supported
-        limited = [k for k in range(self.K) if math.isfinite(p.mem_capacity[k]) and (weights[:, k].any() or per_sample[:, k].any())]
+        limited = [
+            k
+            for k in range(self.K)
+            if math.isfinite(p.mem_capacity[k]) and (weights[:, k].any() or per_sample[:, k].any())
+        ]
         rows: list[tuple[Terms, float, float]] = []
         h = None
         if not self.fixed and weights.any():
             h = self.mb.add_vars("h", (self.N, self.K), upper=1.0)
             for s in range(self.S):
-                rows += [([(int(h[i, k]), 1.0), (int(self.x[s, i, k]), -1.0)], 0.0, math.inf) for i, k in zip(*np.nonzero(weights))]
+                rows += [
+                    ([(int(h[i, k]), 1.0), (int(self.x[s, i, k]), -1.0)], 0.0, math.inf)
+                    for i, k in zip(*np.nonzero(weights))
+                ]
         for k in limited:
             cap = float(p.mem_capacity[k])
             terms: Terms = []
@@ -196,7 +215,10 @@ class Formulation:
         rows: list[tuple[Terms, float, float]] = []
         for k in units:
             for s in range(self.S):
-                rows += [([(int(self.x[s, i, k]), 1.0), (self.use[k], -1.0)], -math.inf, 0.0) for i in np.flatnonzero(p.supported[:, k])]
+                rows += [
+                    ([(int(self.x[s, i, k]), 1.0), (self.use[k], -1.0)], -math.inf, 0.0)
+                    for i in np.flatnonzero(p.supported[:, k])
+                ]
         for d in shared:
             holders = [k for k in units if d in p.device_members[k]]
             rows.append(([(self.use[k], 1.0) for k in holders], -math.inf, 1.0))
@@ -215,7 +237,9 @@ class Formulation:
                 self._rows("symmetry_groups", group_use_rows(self.p, self.use))
 
     # -- latency ---------------------------------------------------------------------
-    def _cut_rows(self, g: int, s: int, a: int, c: int, k: int, group: list[int] | None, fixed_s: float, slope_s: float) -> tuple[Terms, float, float]:
+    def _cut_rows(
+        self, g: int, s: int, a: int, c: int, k: int, group: list[int] | None, fixed_s: float, slope_s: float
+    ) -> tuple[Terms, float, float]:
         """g >= c(b_s) when task a is on k and task c is not on k (group None), or on one of the devices of
         `group`, with c(b) = fixed + slope * b and b_s = 0 when the shard is empty. Exact: c sits on at
         most one device, so X = sum_{l in group} x[s,c,l] is 0 or 1 (big-M is Q * slope)."""
@@ -243,7 +267,9 @@ class Formulation:
         for s in range(self.S):
             for e in range(p.num_edges):
                 u, v = int(p.edge_src[e]), int(p.edge_dst[e])
-                terms = [(int(self.start[s, v]), 1.0), (int(self.start[s, u]), -1.0)] + [(c, -a) for c, a in self.duration(s, u)]
+                terms = [(int(self.start[s, v]), 1.0), (int(self.start[s, u]), -1.0)] + [
+                    (c, -a) for c, a in self.duration(s, u)
+                ]
                 if e in col:
                     we = int(w[s, col[e]])
                     terms.append((we, -1.0))
@@ -286,15 +312,38 @@ class Formulation:
             for k in np.flatnonzero(self.p.supported[i] & self.p.supported[j]):
                 xp, xq = int(self.x[s, i, k]), int(self.x[s2, j, k])
                 base = [(xp, -H), (xq, -H)]
-                rows.append(([(int(st[s2, j]), 1.0), (int(st[s, i]), -1.0), (o, -H)] + base + [(c, -a) for c, a in self.dur[(s, i, k)]], -3 * H, math.inf))
-                rows.append(([(int(st[s, i]), 1.0), (int(st[s2, j]), -1.0), (o, H)] + base + [(c, -a) for c, a in self.dur[(s2, j, k)]], -2 * H, math.inf))
+                rows.append(
+                    (
+                        [(int(st[s2, j]), 1.0), (int(st[s, i]), -1.0), (o, -H)]
+                        + base
+                        + [(c, -a) for c, a in self.dur[(s, i, k)]],
+                        -3 * H,
+                        math.inf,
+                    )
+                )
+                rows.append(
+                    (
+                        [(int(st[s, i]), 1.0), (int(st[s2, j]), -1.0), (o, H)]
+                        + base
+                        + [(c, -a) for c, a in self.dur[(s2, j, k)]],
+                        -2 * H,
+                        math.inf,
+                    )
+                )
         self._rows("no_overlap", rows)
 
     def add_makespan(self) -> None:
         """(7) C >= start[s,i] + time(s,i) for every sink i.  Rows: S * sinks."""
         sinks = sorted(set(range(self.N)) - set(self.p.edge_src.tolist()))
-        rows = [([(self.obj, 1.0), (int(self.start[s, i]), -1.0)] + [(c, -a) for c, a in self.duration(s, i)], 0.0, math.inf)
-                for s in range(self.S) for i in sinks]
+        rows = [
+            (
+                [(self.obj, 1.0), (int(self.start[s, i]), -1.0)] + [(c, -a) for c, a in self.duration(s, i)],
+                0.0,
+                math.inf,
+            )
+            for s in range(self.S)
+            for i in sinks
+        ]
         self._rows("makespan", rows)
 
     # -- throughput -------------------------------------------------------------------
@@ -337,8 +386,14 @@ class Formulation:
             if same[e] is None:
                 u, v = int(p.edge_src[e]), int(p.edge_dst[e])
                 fixed, slope = p.comm_fixed[e], p.comm_slope[e]
-                grouped += [(e, k, f, g, ls, True) for k, f, g, ls in cost_groups(fixed, slope, self.devices(u), self.devices(v))]
-                grouped += [(e, l, f, g, ks, False) for l, f, g, ks in cost_groups(fixed.T, slope.T, self.devices(v), self.devices(u))]
+                grouped += [
+                    (e, k, f, g, ls, True)
+                    for k, f, g, ls in cost_groups(fixed, slope, self.devices(u), self.devices(v))
+                ]
+                grouped += [
+                    (e, l, f, g, ks, False)
+                    for l, f, g, ks in cost_groups(fixed.T, slope.T, self.devices(v), self.devices(u))
+                ]
         g_out = self.mb.add_vars("cut_out", (self.S, len(uniform), self.K))
         g_in = self.mb.add_vars("cut_in", (self.S, len(uniform), self.K))
         g_group = self.mb.add_vars("cut", (self.S, len(grouped)))
@@ -346,8 +401,12 @@ class Formulation:
             for n, e in enumerate(uniform):
                 u, v = int(p.edge_src[e]), int(p.edge_dst[e])
                 for k in range(self.K):
-                    out.append((int(g_out[s, n, k]), [k], [self._cut_rows(int(g_out[s, n, k]), s, u, v, k, None, *same[e])]))
-                    out.append((int(g_in[s, n, k]), [k], [self._cut_rows(int(g_in[s, n, k]), s, v, u, k, None, *same[e])]))
+                    out.append(
+                        (int(g_out[s, n, k]), [k], [self._cut_rows(int(g_out[s, n, k]), s, u, v, k, None, *same[e])])
+                    )
+                    out.append(
+                        (int(g_in[s, n, k]), [k], [self._cut_rows(int(g_in[s, n, k]), s, v, u, k, None, *same[e])])
+                    )
             for n, (e, k, f, slope, partners, sender) in enumerate(grouped):
                 g, u, v = int(g_group[s, n]), int(p.edge_src[e]), int(p.edge_dst[e])
                 mine, theirs = (u, v) if sender else (v, u)

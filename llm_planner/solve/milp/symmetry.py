@@ -90,7 +90,9 @@ def _classes(devices: tuple[DeviceSpec, ...], units: list[int]) -> SymmetryClass
         by_node_kind[(d.node, d.kind, d.degree)].append(k)
         by_template[d.node_template][d.node].append(k)
     device_classes = tuple(tuple(ks) for ks in by_node_kind.values() if len(ks) > 1)
-    server_classes = tuple(tuple(tuple(ks) for ks in nodes.values()) for nodes in by_template.values() if len(nodes) > 1)
+    server_classes = tuple(
+        tuple(tuple(ks) for ks in nodes.values()) for nodes in by_template.values() if len(nodes) > 1
+    )
     return SymmetryClasses(devices=device_classes, servers=server_classes)
 
 
@@ -122,7 +124,9 @@ def first_items(problem: PlacementProblem, sizes: list[int], assignments: list[l
     return first
 
 
-def device_measure(problem: PlacementProblem, criterion: str, sizes: list[int], assignments: list[list[int]]) -> np.ndarray:
+def device_measure(
+    problem: PlacementProblem, criterion: str, sizes: list[int], assignments: list[list[int]]
+) -> np.ndarray:
     """m(k) of a plan for every device (the pure form of the MILP's measure)."""
     if criterion == "first":  # larger first: the earlier the first item, the larger
         return -first_items(problem, sizes, assignments).astype(float)
@@ -142,7 +146,14 @@ def device_measure(problem: PlacementProblem, criterion: str, sizes: list[int], 
     return m
 
 
-def satisfies(problem: PlacementProblem, classes: SymmetryClasses, criterion: str, sizes: list[int], assignments: list[list[int]], tol: float = 1e-9) -> bool:
+def satisfies(
+    problem: PlacementProblem,
+    classes: SymmetryClasses,
+    criterion: str,
+    sizes: list[int],
+    assignments: list[list[int]],
+    tol: float = 1e-9,
+) -> bool:
     """Whether a plan satisfies the symmetry-breaking rows of `criterion`."""
     if criterion not in CRITERIA:
         return True
@@ -163,7 +174,9 @@ def _server_values(m: np.ndarray, servers, criterion: str) -> list[float]:
     return [float(m[list(devs)].max() if criterion == "first" else m[list(devs)].sum()) for devs in servers]
 
 
-def canonical_permutation(problem: PlacementProblem, classes: SymmetryClasses, criterion: str, sizes: list[int], assignments: list[list[int]]) -> np.ndarray:
+def canonical_permutation(
+    problem: PlacementProblem, classes: SymmetryClasses, criterion: str, sizes: list[int], assignments: list[list[int]]
+) -> np.ndarray:
     """perm[k] = new device of k, so that the permuted plan satisfies `criterion`'s rows."""
     perm = np.arange(problem.num_devices)
     m = device_measure(problem, criterion, sizes, assignments)
@@ -237,7 +250,9 @@ def first_item_rows(form, classes: SymmetryClasses) -> list[tuple[list[tuple[int
             terms = [(int(running[j]), 1.0)] + [(int(x[j, k]), -1.0) for k in group_a]
             rows.append((terms + ([(int(running[j - 1]), -1.0)] if j else []), 0.0, 0.0))
             # x_B[j] <= R_A[j-1] (= 0 for the first item)
-            rows.append(([(int(x[j, k]), 1.0) for k in group_b] + ([(int(running[j - 1]), -1.0)] if j else []), -math.inf, 0.0))
+            rows.append(
+                ([(int(x[j, k]), 1.0) for k in group_b] + ([(int(running[j - 1]), -1.0)] if j else []), -math.inf, 0.0)
+            )
     return rows
 
 
@@ -263,7 +278,9 @@ def canonical_plan(problem: PlacementProblem, criterion: str, plan):
     )
 
 
-def group_use_rows(problem: PlacementProblem, use: dict[int, int]) -> list[tuple[list[tuple[int, float]], float, float]]:
+def group_use_rows(
+    problem: PlacementProblem, use: dict[int, int]
+) -> list[tuple[list[tuple[int, float]], float, float]]:
     """use[L] <= use[H] for the two halves L < H (groups of size k) of every aligned block of
     2k identical devices. Valid with the device rows: any plan has an image, under a
     permutation of identical devices, with its single devices at the bottom of the class in

@@ -51,7 +51,9 @@ def contiguous_split(problem: PlacementProblem) -> Plan | None:
     if not candidates:
         return None
     best = min(candidates, key=lambda a: _max_load(p, a))
-    return make_plan(p, [Q], [best], solver="milp:contiguous-split", status="heuristic", started_at=started, lower_bound_s=0.0)
+    return make_plan(
+        p, [Q], [best], solver="milp:contiguous-split", status="heuristic", started_at=started, lower_bound_s=0.0
+    )
 
 
 def _max_load(p: PlacementProblem, assign: list[int]) -> float:
@@ -63,7 +65,9 @@ def _greedy(p: PlacementProblem, times: np.ndarray, order: list[int], adjacency)
     speed = np.where(np.isfinite(times), times, 0.0).sum(axis=0) + np.isinf(times).sum(axis=0) * 1e30
     devices = sorted(range(p.num_devices), key=lambda k: (speed[k], k))
     finite = np.where(np.isfinite(times), times, 0.0)
-    hi = float(finite.max(axis=1).sum() + (p.comm_fixed + p.comm_slope * p.batch_size).max(initial=0.0) * 2 * p.num_edges)
+    hi = float(
+        finite.max(axis=1).sum() + (p.comm_fixed + p.comm_slope * p.batch_size).max(initial=0.0) * 2 * p.num_edges
+    )
     lo, best = 0.0, None
     for _ in range(40):
         target = (lo + hi) / 2 if best is not None else hi
@@ -110,7 +114,7 @@ def _interval_dp(p: PlacementProblem, times: np.ndarray, order: list[int], adjac
         for d in range(len(classes)):
             if s[d] == 0:
                 continue
-            prev = s[:d] + (s[d] - 1,) + s[d + 1:]
+            prev = s[:d] + (s[d] - 1,) + s[d + 1 :]
             cand = np.maximum(best[prev][:, None], loads[d])  # [i, j]
             i = cand.argmin(axis=0)
             value = cand[i, np.arange(n + 1)]
@@ -132,11 +136,13 @@ def _unwind(order: list[int], classes: list[list[int]], choice: dict, state: tup
         device = classes[d][state[d] - 1]  # the class's devices in spec order
         for task in order[i:end]:
             assign[task] = device
-        state, end = state[:d] + (state[d] - 1,) + state[d + 1:], i
+        state, end = state[:d] + (state[d] - 1,) + state[d + 1 :], i
     return assign
 
 
-def _interval_loads(p: PlacementProblem, times: np.ndarray, order: list[int], adjacency, k: int, bound: float) -> np.ndarray:
+def _interval_loads(
+    p: PlacementProblem, times: np.ndarray, order: list[int], adjacency, k: int, bound: float
+) -> np.ndarray:
     """loads[i, j]: load of device k holding order[i:j] (inf if it does not fit or exceeds `bound`)."""
     n = len(order)
     loads = np.full((n + 1, n + 1), math.inf)
@@ -153,7 +159,9 @@ def _interval_loads(p: PlacementProblem, times: np.ndarray, order: list[int], ad
     return loads
 
 
-def _fill(p: PlacementProblem, times: np.ndarray, order: list[int], devices: list[int], target: float, adjacency) -> list[int] | None:
+def _fill(
+    p: PlacementProblem, times: np.ndarray, order: list[int], devices: list[int], target: float, adjacency
+) -> list[int] | None:
     """Greedy intervals for one target load; None if the tasks do not all fit.
 
     A colocation group joins the interval that reaches its first member, whole.

@@ -58,7 +58,9 @@ def _dp(ctx: SplitContext, start: int, allowed_from: list[np.ndarray], batch: in
     return sols[::-1], value, picks[::-1]
 
 
-def _searched_dp(ctx: SplitContext, start: int, allowed_from: list[np.ndarray], batch: int, init: dict[int | None, float]):
+def _searched_dp(
+    ctx: SplitContext, start: int, allowed_from: list[np.ndarray], batch: int, init: dict[int | None, float]
+):
     """The DP; with ctx.search on, then the iterated local search on the modules it picked,
     then the DP again over the improved costs, until it picks only searched (or proven)
     subproblems or INTENSIFY_ROUNDS rounds have run. Costs only fall, so each round's
@@ -86,7 +88,9 @@ def _first_overflow(ctx: SplitContext, sols: list[subsolve.SubSolution], batch: 
     return None
 
 
-def latency_chain(ctx: SplitContext, batch: int, allowed: np.ndarray) -> tuple[list[subsolve.SubSolution], float] | None:
+def latency_chain(
+    ctx: SplitContext, batch: int, allowed: np.ndarray
+) -> tuple[list[subsolve.SubSolution], float] | None:
     """Module solutions of the DP with memory repair, or None when nothing fits."""
     m = len(ctx.modules)
     allowed_from = [allowed.copy() for _ in range(m)]
@@ -102,7 +106,11 @@ def latency_chain(ctx: SplitContext, batch: int, allowed: np.ndarray) -> tuple[l
         if over is None:
             return chain, prefix_cost + total
         j, device = over
-        log.info("milp-split: device %s overflows at module %d; closing it for the rest of the chain", ctx.problem.devices[device].name, j)
+        log.info(
+            "milp-split: device %s overflows at module %d; closing it for the rest of the chain",
+            ctx.problem.devices[device].name,
+            j,
+        )
         prefix = chain[:j]
         prefix_cost = sum(s.cost_s for s in prefix)
         for jj in range(j, m):
@@ -199,7 +207,9 @@ def module_chain_bound(ctx: SplitContext, batch: int) -> float:
         module, outs = ctx.modules[j], ctx._outs(j, allowed)
         if len(module.tasks) == 1:
             return outs, ctx._one_task_costs(module, inputs, outs, batch)
-        return outs, np.array([[ctx.module_bounds[key(j, k, l)] for l in outs] for k in inputs]).reshape(len(inputs), len(outs))
+        return outs, np.array([[ctx.module_bounds[key(j, k, l)] for l in outs] for k in inputs]).reshape(
+            len(inputs), len(outs)
+        )
 
     ctx.chain_bounds[batch] = _least_chain(ctx, step)
     return ctx.chain_bounds[batch]
@@ -243,7 +253,9 @@ def seed_from_plan(ctx: SplitContext, plan: Plan) -> None:
         l = assign[module.tasks[-1]]
         span = finish[module.tasks[-1]] - (finish[module.input_task] if module.input_task is not None else 0.0)
         order = sorted(range(len(module.tasks)), key=lambda n: (start[module.tasks[n]], finish[module.tasks[n]], n))
-        ctx.seeds[(j, k, l)] = subsolve.seeded_solution(p, module, k, l, p.batch_size, [assign[t] for t in module.tasks], order, span)
+        ctx.seeds[(j, k, l)] = subsolve.seeded_solution(
+            p, module, k, l, p.batch_size, [assign[t] for t in module.tasks], order, span
+        )
 
 
 def one_shard_plan(ctx: SplitContext, started: float) -> Plan | None:
@@ -253,5 +265,13 @@ def one_shard_plan(ctx: SplitContext, started: float) -> Plan | None:
     if found is None:
         return None
     assign, orders = assemble(ctx, found[0])
-    return make_plan(p, [p.batch_size], [assign], solver="milp-split", status="heuristic", started_at=started, lower_bound_s=0.0,
-                     device_orders=orders)
+    return make_plan(
+        p,
+        [p.batch_size],
+        [assign],
+        solver="milp-split",
+        status="heuristic",
+        started_at=started,
+        lower_bound_s=0.0,
+        device_orders=orders,
+    )

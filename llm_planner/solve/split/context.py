@@ -95,8 +95,13 @@ class SplitContext:
         bound = np.array([[solutions[(k, l)].bound_s for l in outs] for k in inputs]).reshape(len(inputs), len(outs))
         return CostTable(inputs=inputs, outs=outs, cost=cost, bound=bound, solutions=solutions, keys=keys)
 
-    def intensify(self, picks: list[tuple[CostTable, int | None, int]], allowed_from: list[np.ndarray], batch: int,
-                  tables_from: int) -> bool:
+    def intensify(
+        self,
+        picks: list[tuple[CostTable, int | None, int]],
+        allowed_from: list[np.ndarray],
+        batch: int,
+        tables_from: int,
+    ) -> bool:
         """Run the iterated local search on the subproblems behind the DP's picks (module
         tables_from + n for the n-th pick) that are not proven optimal and not yet searched;
         store what improves in the cache, in the frame of the pair each key was solved for.
@@ -109,12 +114,20 @@ class SplitContext:
                 continue
             key = table.keys[(k, l)]
             sol = table.solutions[(k, l)]
-            if key in self.intensified or sol.method in ("milp-optimal", "infeasible") or sol.cost_s <= sol.bound_s * (1 + self.options.rel_gap):
+            if (
+                key in self.intensified
+                or sol.method in ("milp-optimal", "infeasible")
+                or sol.cost_s <= sol.bound_s * (1 + self.options.rel_gap)
+            ):
                 continue
             if len(self.modules[j].tasks) > subsolve.LOCAL_SEARCH_MAX_TASKS:
                 continue
             self.intensified.add(key)
-            calls[key] = (subsolve.intensify_subproblem, (self.modules[j], k, l, allowed_from[j], batch, sol.devices, self.options), {})
+            calls[key] = (
+                subsolve.intensify_subproblem,
+                (self.modules[j], k, l, allowed_from[j], batch, sol.devices, self.options),
+                {},
+            )
             picked[key] = (k, l, sol)
         if not calls:
             return False
@@ -218,6 +231,8 @@ def merge_for_colocation(problem: PlacementProblem, modules: list[Module]) -> li
 
     out, prev = [], None
     for j, tasks in enumerate(merged):
-        out.append(Module(index=j, tasks=tuple(tasks), input_task=prev, signature=module_signature(problem, tasks, prev)))
+        out.append(
+            Module(index=j, tasks=tuple(tasks), input_task=prev, signature=module_signature(problem, tasks, prev))
+        )
         prev = tasks[-1]
     return out

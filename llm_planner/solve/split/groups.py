@@ -74,8 +74,18 @@ def data_parallel_plans(ctx, started: float, only: int | None = None) -> list[Pl
             continue
         assign0, orders0 = assemble(ctx, found[0])
         assignments, orders = replicate(groups, assign0, orders0)
-        plans.append(make_plan(problem, sizes, assignments, solver="milp-split", status="heuristic", started_at=started,
-                               lower_bound_s=0.0, device_orders=orders))
+        plans.append(
+            make_plan(
+                problem,
+                sizes,
+                assignments,
+                solver="milp-split",
+                status="heuristic",
+                started_at=started,
+                lower_bound_s=0.0,
+                device_orders=orders,
+            )
+        )
     return plans
 
 

@@ -45,8 +45,15 @@ IN_FLIGHT_ATTEMPTS = 2  # searches per start: with the start's batches in flight
 class _Shard:
     """One shard's assignment with its loads (plus the other shards' as a fixed background) and memory."""
 
-    def __init__(self, problem: PlacementProblem, batch: int, assign: list[int], allowed: np.ndarray, background: np.ndarray,
-                 batches: int = 1):
+    def __init__(
+        self,
+        problem: PlacementProblem,
+        batch: int,
+        assign: list[int],
+        allowed: np.ndarray,
+        background: np.ndarray,
+        batches: int = 1,
+    ):
         from llm_planner.solve.bounds.times import task_times
 
         p = self.p = problem
@@ -203,7 +210,11 @@ def _moved(problem: PlacementProblem, plan: Plan, started: float, batches: int) 
         allowed = np.ones(problem.num_devices, dtype=bool)
         for r in others:
             allowed[list(used[r])] = False
-        background = device_loads(problem, [sizes[r] for r in others], [assigns[r] for r in others]) if others else np.zeros(problem.num_devices)
+        background = (
+            device_loads(problem, [sizes[r] for r in others], [assigns[r] for r in others])
+            if others
+            else np.zeros(problem.num_devices)
+        )
         shard = _Shard(problem, b, assigns[s], allowed, background, batches)
         budget = _search(shard, budget, random.Random(s))
         if shard.a != assigns[s]:
@@ -212,4 +223,6 @@ def _moved(problem: PlacementProblem, plan: Plan, started: float, batches: int) 
             break
     if not changed:
         return None
-    return make_plan(problem, sizes, assigns, solver="milp-split", status="heuristic", started_at=started, lower_bound_s=0.0)
+    return make_plan(
+        problem, sizes, assigns, solver="milp-split", status="heuristic", started_at=started, lower_bound_s=0.0
+    )

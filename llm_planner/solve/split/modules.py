@@ -91,7 +91,14 @@ def split_modules(problem: PlacementProblem, max_module_tasks: int) -> list[Modu
     modules = []
     for j, tasks in enumerate(chunks):
         input_task = chunks[j - 1][-1] if j > 0 else None
-        modules.append(Module(index=j, tasks=tuple(tasks), input_task=input_task, signature=module_signature(problem, tasks, input_task)))
+        modules.append(
+            Module(
+                index=j,
+                tasks=tuple(tasks),
+                input_task=input_task,
+                signature=module_signature(problem, tasks, input_task),
+            )
+        )
     return modules
 
 
@@ -104,7 +111,9 @@ def module_signature(problem: PlacementProblem, tasks: list[int], input_task: in
     for t in tasks:
         h.update(np.ascontiguousarray(problem.time_pieces[t]).tobytes())
         h.update(problem.supported[t].tobytes())
-        h.update(np.array([problem.weight_bytes[t], problem.mem_bytes_per_sample[t], problem.hop_s_per_sample[t]]).tobytes())
+        h.update(
+            np.array([problem.weight_bytes[t], problem.mem_bytes_per_sample[t], problem.hop_s_per_sample[t]]).tobytes()
+        )
         h.update(problem.mem_counts[t].tobytes())
         h.update(problem.graph.tasks[t].colocate_group.encode())
     for e in range(problem.num_edges):

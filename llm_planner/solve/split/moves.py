@@ -83,7 +83,6 @@ class ListMakespan:
                 if waiting[v] == 0:
                     heapq.heappush(pending[a[v]], (ready[v], -rank[v], v))
 
-
     def critical(self) -> list[int]:
         """The tasks of the last call's critical chain: from the last task to finish back to the
         start, each task's device predecessor where it waited for the device, else the producer
@@ -101,7 +100,9 @@ class _MoveSearch:
 
     def __init__(self, sub: PlacementProblem, assign: list[int]):
         self.sub, self.makespan = sub, ListMakespan(sub)
-        self.need = np.where(sub.mem_counts, (sub.weight_bytes + sub.mem_bytes_per_sample * sub.batch_size)[:, None], 0.0)
+        self.need = np.where(
+            sub.mem_counts, (sub.weight_bytes + sub.mem_bytes_per_sample * sub.batch_size)[:, None], 0.0
+        )
         member = {i: [i] for i in range(sub.num_tasks)}
         for group in sub.colocate_groups():
             for i in group:
@@ -119,7 +120,9 @@ class _MoveSearch:
         return used
 
     def fits(self, unit: list[int], k: int, used: np.ndarray) -> bool:
-        return bool(self.sub.supported[unit, k].all()) and used[k] + self.need[unit, k].sum() <= self.sub.mem_capacity[k]
+        return (
+            bool(self.sub.supported[unit, k].all()) and used[k] + self.need[unit, k].sum() <= self.sub.mem_capacity[k]
+        )
 
     def score(self, assign: list[int]) -> float:
         self.evaluations += 1
@@ -148,6 +151,7 @@ class _MoveSearch:
         """`descend` over the units on the critical chain (ListMakespan.critical) only, the chain
         taken again after each improving move; in place, returns the final makespan. The last
         schedule scored must be `assign`'s."""
+
         def chain() -> list[list[int]]:
             return [self.units[n] for n in dict.fromkeys(self.unit_of[i] for i in self.makespan.critical())]
 
@@ -188,7 +192,9 @@ class _MoveSearch:
                 used[k] += self.need[unit, k].sum()
 
 
-def improve_by_moves(sub: PlacementProblem, assign: list[int], max_evaluations: int, *, kicks: bool = False, seed: int = 0) -> list[int]:
+def improve_by_moves(
+    sub: PlacementProblem, assign: list[int], max_evaluations: int, *, kicks: bool = False, seed: int = 0
+) -> list[int]:
     """Local search from `assign`: first-improvement descent over one-task (colocation
     group) moves while the list-scheduled makespan drops and memory fits; with `kicks`,
     an iterated local search that then perturbs the best assignment (1 to KICK_STRENGTH random moves),

@@ -50,7 +50,6 @@ from llm_planner.solve.schedule import make_plan
 from llm_planner.solve.split.groups import candidate_group_counts, device_groups, replicate, shard_sizes
 from llm_planner.solve.split.throughput import device_orders, stage_dp
 
-
 FINALISTS = 3  # candidates, ranked by the run-level estimate, that make_plan schedules exactly
 
 
@@ -58,7 +57,9 @@ def pipelined_plans(ctx, started: float) -> list[Plan]:
     """Latency plans with each data-parallel group's samples pipelined as micro-batches (module docstring)."""
     problem: PlacementProblem = ctx.problem
     topo = [problem.graph.index(n) for n in problem.graph.topological_order()]
-    groupings = [[list(range(problem.num_devices))]] + [device_groups(problem, g) for g in candidate_group_counts(problem)]
+    groupings = [[list(range(problem.num_devices))]] + [
+        device_groups(problem, g) for g in candidate_group_counts(problem)
+    ]
     times = functools.lru_cache(maxsize=None)(lambda b: task_times(problem, b))
     ranked = []  # (estimated makespan, tie-break, groups, group sizes, group 0's assignment, m)
     for groups in groupings:
@@ -76,19 +77,37 @@ def pipelined_plans(ctx, started: float) -> list[Plan]:
                     estimate = run_estimate(problem, times, [stages0] * m, topo, shard_sizes(group_sizes[0], m))
                     ranked.append((estimate, len(ranked), groups, group_sizes, stages0, m))
     ranked.sort(key=lambda r: r[:2])
-    return [_plan(problem, groups, sizes, stages0, m, topo, started) for _, _, groups, sizes, stages0, m in ranked[:FINALISTS]]
+    return [
+        _plan(problem, groups, sizes, stages0, m, topo, started)
+        for _, _, groups, sizes, stages0, m in ranked[:FINALISTS]
+    ]
 
 
-def _plan(problem: PlacementProblem, groups: list[list[int]], group_sizes: list[int], stages0: list[int], m: int,
-          topo: list[int], started: float) -> Plan:
+def _plan(
+    problem: PlacementProblem,
+    groups: list[list[int]],
+    group_sizes: list[int],
+    stages0: list[int],
+    m: int,
+    topo: list[int],
+    started: float,
+) -> Plan:
     """Each group's samples in m micro-batches on group 0's stages (mapped to the group), scheduled exactly."""
     sizes, assignments = [], []
     for assign, size in zip(replicate(groups, stages0, {})[0], group_sizes):
         for micro in shard_sizes(size, m):
             sizes.append(micro)
             assignments.append(assign)
-    return make_plan(problem, sizes, assignments, solver="milp-split", status="heuristic", started_at=started,
-                     lower_bound_s=0.0, device_orders=run_orders(assignments, topo))
+    return make_plan(
+        problem,
+        sizes,
+        assignments,
+        solver="milp-split",
+        status="heuristic",
+        started_at=started,
+        lower_bound_s=0.0,
+        device_orders=run_orders(assignments, topo),
+    )
 
 
 def _prefix_stages(ctx, order: list[int], batch: int) -> list[tuple[list[int], list[int]]]:
@@ -142,8 +161,13 @@ def _runs(assign: list[int], topo: list[int]) -> list[tuple[int, list[int]]]:
     return out
 
 
-def run_estimate(problem: PlacementProblem, times: Callable[[int], np.ndarray], assignments: list[list[int]],
-                 topo: list[int], sizes: list[int]) -> float:
+def run_estimate(
+    problem: PlacementProblem,
+    times: Callable[[int], np.ndarray],
+    assignments: list[list[int]],
+    topo: list[int],
+    sizes: list[int],
+) -> float:
     """Makespan of shards `sizes` on `assignments` in `run_orders`, at the level of runs: a run
     starts when its device has finished the run before it and its inputs from the shard's
     earlier runs have arrived, and takes the sum of its tasks' times. Exact for a chain; an
@@ -172,7 +196,9 @@ def run_estimate(problem: PlacementProblem, times: Callable[[int], np.ndarray], 
     return max(free, default=0.0)
 
 
-def _run_inputs(problem: PlacementProblem, assign: list[int], topo: list[int]) -> list[tuple[int, list[int], list[tuple[int, float, float]]]]:
+def _run_inputs(
+    problem: PlacementProblem, assign: list[int], topo: list[int]
+) -> list[tuple[int, list[int], list[tuple[int, float, float]]]]:
     """Each run of `assign` as (device, tasks, (source, fixed time, per-sample time) of each
     edge into it from outside)."""
     ins = problem.in_edges()
@@ -184,7 +210,9 @@ def _run_inputs(problem: PlacementProblem, assign: list[int], topo: list[int]) -
             for e in ins[i]:
                 u = int(problem.edge_src[e])
                 if u not in inside:
-                    inputs.append((u, float(problem.comm_fixed[e, assign[u], d]), float(problem.comm_slope[e, assign[u], d])))
+                    inputs.append(
+                        (u, float(problem.comm_fixed[e, assign[u], d]), float(problem.comm_slope[e, assign[u], d]))
+                    )
         out.append((d, tasks, inputs))
     return out
 
@@ -223,10 +251,23 @@ def replicated_plans(problem: PlacementProblem, bases: list[list[int]], started:
                 seen.add((tuple(base), sizes))
                 if (problem.device_memory_used(list(sizes), assigns) > problem.mem_capacity).any():
                     continue
-                ranked.append((run_estimate(problem, times, assigns, topo, list(sizes)), len(ranked), list(sizes), assigns))
+                ranked.append(
+                    (run_estimate(problem, times, assigns, topo, list(sizes)), len(ranked), list(sizes), assigns)
+                )
     ranked.sort(key=lambda r: r[:2])
-    return [make_plan(problem, sizes, assigns, solver="milp-split", status="heuristic", started_at=started, lower_bound_s=0.0,
-                      device_orders=run_orders(assigns, topo)) for _, _, sizes, assigns in ranked[:FINALISTS]]
+    return [
+        make_plan(
+            problem,
+            sizes,
+            assigns,
+            solver="milp-split",
+            status="heuristic",
+            started_at=started,
+            lower_bound_s=0.0,
+            device_orders=run_orders(assigns, topo),
+        )
+        for _, _, sizes, assigns in ranked[:FINALISTS]
+    ]
 
 
 def _pools(base: list[int], classes: list[tuple[str, str]], work: np.ndarray) -> dict[int, list[int]]:

@@ -65,7 +65,9 @@ def _call(fn, args: tuple, kwargs: dict):
     return fn(_worker_problem, *args, **kwargs)
 
 
-def run_many(problem: PlacementProblem, calls: dict[tuple, tuple], options: SolveOptions, pool: Pool | None = None) -> dict:
+def run_many(
+    problem: PlacementProblem, calls: dict[tuple, tuple], options: SolveOptions, pool: Pool | None = None
+) -> dict:
     """Run every call (key -> (fn, args, kwargs), fn(problem, *args, **kwargs)) serially or in
     `pool` (which must be `problem`'s), else in a pool of `make_executor` for these calls only;
     results by key. Calls for one-task modules run here."""

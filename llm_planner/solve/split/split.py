@@ -126,7 +126,9 @@ def _split_plan(ctx: SplitContext, started: float) -> Plan:
         subproblems_requested=ctx.num_requested,
         subproblems_solved=sum(1 for s in ctx.cache.values() if s.method not in ("closed-form", "infeasible")),
         subproblems_closed_form=sum(1 for s in ctx.cache.values() if s.method == "closed-form"),
-        subproblems_not_optimal=sum(1 for s in ctx.cache.values() if s.method not in ("closed-form", "milp-optimal", "infeasible")),
+        subproblems_not_optimal=sum(
+            1 for s in ctx.cache.values() if s.method not in ("closed-form", "milp-optimal", "infeasible")
+        ),
     )
     if not candidates and baseline is None:
         raise SolveError(f"milp-split found no plan that fits in memory: {infeasibility_reason(problem)}")
@@ -152,12 +154,16 @@ def _one_shard_bases(problem: PlacementProblem, candidates: list[Plan], baseline
     return bases
 
 
-def _finish(problem: PlacementProblem, options: SolveOptions, best: Plan, bound: float, details: dict, started: float) -> Plan:
+def _finish(
+    problem: PlacementProblem, options: SolveOptions, best: Plan, bound: float, details: dict, started: float
+) -> Plan:
     """The plan as MILP-SPLIT's: its bound, status and solver details."""
     elapsed = time.perf_counter() - started
     status = "optimal" if best.objective_s <= bound * (1 + options.rel_gap) else "heuristic"
     return replace(
         best,
         lower_bound_s=float(min(bound, best.objective_s) if best.objective_s >= bound * (1 - 1e-9) else bound),
-        solver=replace(best.solver, name="milp-split", status=status, time_s=elapsed, backend=options.backend, details=details),
+        solver=replace(
+            best.solver, name="milp-split", status=status, time_s=elapsed, backend=options.backend, details=details
+        ),
     )

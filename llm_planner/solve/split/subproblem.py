@@ -72,8 +72,16 @@ def build_subproblem(
         mem_counts=problem.mem_counts[local],
         hop_s_per_sample=problem.hop_s_per_sample[local],
         # plans of subproblems are never saved: no graph hash (make_plan would compute one)
-        inputs=PlanInputs(cluster=None, cluster_sha256="", model={"subproblem_of": problem.graph.name}, graph_sha256="",
-                          objective="latency", batch_size=batch, max_shards=1, dtype=problem.dtype),
+        inputs=PlanInputs(
+            cluster=None,
+            cluster_sha256="",
+            model={"subproblem_of": problem.graph.name},
+            graph_sha256="",
+            objective="latency",
+            batch_size=batch,
+            max_shards=1,
+            dtype=problem.dtype,
+        ),
     )
     return sub, local
 

@@ -56,7 +56,9 @@ def pair_key(problem: PlacementProblem, classes: list[tuple[str, str]], k: int |
     return (classes[k], classes[l], relation)
 
 
-def device_permutation(problem: PlacementProblem, src: tuple[int | None, int], dst: tuple[int | None, int]) -> np.ndarray:
+def device_permutation(
+    problem: PlacementProblem, src: tuple[int | None, int], dst: tuple[int | None, int]
+) -> np.ndarray:
     """perm[d] = image of device d under a symmetry mapping src pair onto dst pair."""
     devs = problem.devices
     node_map = {d.node: d.node for d in devs}
@@ -92,8 +94,17 @@ def device_permutation(problem: PlacementProblem, src: tuple[int | None, int], d
     return perm
 
 
-def solve_subproblem(problem: PlacementProblem, module: Module, k: int | None, l: int, allowed: np.ndarray, batch: int,
-                     options: SolveOptions, *, with_bound: bool = True) -> SubSolution:
+def solve_subproblem(
+    problem: PlacementProblem,
+    module: Module,
+    k: int | None,
+    l: int,
+    allowed: np.ndarray,
+    batch: int,
+    options: SolveOptions,
+    *,
+    with_bound: bool = True,
+) -> SubSolution:
     """One module for one (input device, output device) pair.
 
     Up to options.max_module_tasks tasks: the exact MILP (warm-started by the best
@@ -112,9 +123,9 @@ def solve_subproblem(problem: PlacementProblem, module: Module, k: int | None, l
     offset = 1 if module.input_task is not None else 0
     if len(module.tasks) == 1:
         return _closed_form(sub, offset, l, batch)
-    from llm_planner.solve.errors import SolveError
     from llm_planner.solve.baselines.single import run_baseline
     from llm_planner.solve.bounds.combined import lower_bound
+    from llm_planner.solve.errors import SolveError
 
     if len(module.tasks) <= options.max_module_tasks:
         from llm_planner.solve.milp.milp import solve_milp
@@ -155,7 +166,9 @@ def module_bound(problem: PlacementProblem, module: Module, k: int | None, l: in
     on k (None: the module has no input cut) and its output cut on l."""
     from llm_planner.solve.bounds.combined import lower_bound
 
-    sub, _ = build_subproblem(problem, module.tasks, module.input_task, k, l, np.ones(problem.num_devices, dtype=bool), batch)
+    sub, _ = build_subproblem(
+        problem, module.tasks, module.input_task, k, l, np.ones(problem.num_devices, dtype=bool), batch
+    )
     if not is_solvable(sub):
         return INF
     return lower_bound(sub)
@@ -168,12 +181,22 @@ LOCAL_SEARCH_WORK = 10_000  # task-evaluations per subproblem (about 0.02 s)
 INTENSIFY_WORK = 8_000_000  # (task + edge)-evaluations of the iterated local search on a module the DP picks (4-12 s)
 
 
-def seeded_solution(problem: PlacementProblem, module: Module, k: int | None, l: int, batch: int,
-                    devices: list[int], order: list[int], span_s: float) -> SubSolution:
+def seeded_solution(
+    problem: PlacementProblem,
+    module: Module,
+    k: int | None,
+    l: int,
+    batch: int,
+    devices: list[int],
+    order: list[int],
+    span_s: float,
+) -> SubSolution:
     """A module's part of a given one-shard plan (its devices, its tasks' positions by start,
     its span in that plan), improved by moves when that helps."""
     best = SubSolution(cost_s=span_s, bound_s=0.0, devices=tuple(devices), order=tuple(order), method="baseline")
-    sub, _ = build_subproblem(problem, module.tasks, module.input_task, k, l, np.ones(problem.num_devices, dtype=bool), batch)
+    sub, _ = build_subproblem(
+        problem, module.tasks, module.input_task, k, l, np.ones(problem.num_devices, dtype=bool), batch
+    )
     if sub.num_tasks > LOCAL_SEARCH_MAX_TASKS:
         return best
     offset = 1 if module.input_task is not None else 0
@@ -185,15 +208,25 @@ def seeded_solution(problem: PlacementProblem, module: Module, k: int | None, l:
     return SubSolution(cost_s=cost, bound_s=0.0, devices=devices_m, order=order_m, method="baseline+moves")
 
 
-def intensify_subproblem(problem: PlacementProblem, module: Module, k: int | None, l: int, allowed: np.ndarray, batch: int,
-                         devices: tuple[int, ...], options: SolveOptions) -> SubSolution | None:
+def intensify_subproblem(
+    problem: PlacementProblem,
+    module: Module,
+    k: int | None,
+    l: int,
+    allowed: np.ndarray,
+    batch: int,
+    devices: tuple[int, ...],
+    options: SolveOptions,
+) -> SubSolution | None:
     """The iterated local search (`improve_by_moves` with kicks, INTENSIFY_WORK (task + edge)-evaluations)
     from a module solution's devices for the pair (k, l); None when it finds nothing better
     than the list-scheduled start. Bound 0: the caller keeps the subproblem's own."""
     sub, _ = build_subproblem(problem, module.tasks, module.input_task, k, l, allowed, batch)
     offset = 1 if module.input_task is not None else 0
     start = ([k] if offset else []) + list(devices)
-    moved = improve_by_moves(sub, start, max(2, INTENSIFY_WORK // (sub.num_tasks + sub.num_edges)), kicks=True, seed=options.seed)
+    moved = improve_by_moves(
+        sub, start, max(2, INTENSIFY_WORK // (sub.num_tasks + sub.num_edges)), kicks=True, seed=options.seed
+    )
     if moved == start:
         return None
     cost, order = _list_scheduled(sub, moved)
@@ -222,9 +255,18 @@ def map_solution(sol: SubSolution, perm: np.ndarray) -> SubSolution:
     return replace(sol, devices=tuple(int(perm[d]) for d in sol.devices))
 
 
-def solve_many(problem: PlacementProblem, jobs: dict[tuple, tuple], options: SolveOptions,
-               skip_bound: frozenset = frozenset(), pool: Pool | None = None) -> dict[tuple, SubSolution]:
+def solve_many(
+    problem: PlacementProblem,
+    jobs: dict[tuple, tuple],
+    options: SolveOptions,
+    skip_bound: frozenset = frozenset(),
+    pool: Pool | None = None,
+) -> dict[tuple, SubSolution]:
     """Solve every job (key -> (module, k, l, allowed, batch)); results by key.
     Jobs in `skip_bound` compute no bound for a HEFT module (bound 0)."""
-    return run_many(problem, {key: (solve_subproblem, (*job, options), {"with_bound": key not in skip_bound}) for key, job in jobs.items()},
-                    options, pool)
+    return run_many(
+        problem,
+        {key: (solve_subproblem, (*job, options), {"with_bound": key not in skip_bound}) for key, job in jobs.items()},
+        options,
+        pool,
+    )

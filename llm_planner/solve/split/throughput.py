@@ -49,7 +49,9 @@ def _module_arrays(ctx, batch: int, devices: list[int], batches: int = 1) -> tup
 
     p: PlacementProblem = ctx.problem
     times = task_times(p, batch)[:, devices]
-    per_task_mem = np.where(p.mem_counts[:, devices], (p.weight_bytes + p.mem_bytes_per_sample * batch * batches)[:, None], 0.0)
+    per_task_mem = np.where(
+        p.mem_counts[:, devices], (p.weight_bytes + p.mem_bytes_per_sample * batch * batches)[:, None], 0.0
+    )
     work = np.array([times[list(m.tasks)].sum(axis=0) for m in ctx.modules])
     mem = np.array([per_task_mem[list(m.tasks)].sum(axis=0) for m in ctx.modules])
     return work, mem
@@ -188,7 +190,9 @@ def throughput_plan(ctx, started: float) -> list[Plan]:
     """Stage plans for one shard and for each data-parallel grouping, each one whose steady state fits."""
     problem: PlacementProblem = ctx.problem
     plans = []
-    groupings = [[list(range(problem.num_devices))]] + [device_groups(problem, g) for g in candidate_group_counts(problem)]
+    groupings = [[list(range(problem.num_devices))]] + [
+        device_groups(problem, g) for g in candidate_group_counts(problem)
+    ]
     for groups in groupings:
         sizes = shard_sizes(problem.batch_size, len(groups))
         for order in device_orders(problem, groups[0], sizes[0]):
@@ -213,7 +217,9 @@ def _stage_plan(ctx, started: float, groups: list[list[int]], sizes: list[int], 
             for t in module.tasks:
                 assign0[t] = order[q]
         assignments, _ = replicate(groups, assign0, {})
-        plan = make_plan(problem, sizes, assignments, solver="milp-split", status="heuristic", started_at=started, lower_bound_s=0.0)
+        plan = make_plan(
+            problem, sizes, assignments, solver="milp-split", status="heuristic", started_at=started, lower_bound_s=0.0
+        )
         if problem.objective != "throughput" or fits_steady_state(problem, plan):
             return plan
         batches = max(batches + 1, plan.batches_in_flight)

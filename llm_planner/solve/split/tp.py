@@ -32,11 +32,11 @@ from dataclasses import replace
 
 from llm_planner.plan import Plan
 from llm_planner.solve.baselines.baseline_set import all_baselines
-from llm_planner.solve.fit import infeasibility_reason
 from llm_planner.solve.bounds.combined import lower_bound
 from llm_planner.solve.bounds.load import load_balance_bound
 from llm_planner.solve.bounds.times import critical_path_bound
 from llm_planner.solve.errors import SolveError
+from llm_planner.solve.fit import infeasibility_reason
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import PlacementProblem, restrict_devices
 from llm_planner.solve.split.split import solve_split
@@ -94,7 +94,12 @@ class _Search:
         if self.best is not None:
             cheap = max(critical_path_bound(sub), load_balance_bound(sub))
             if cheap >= self.best.objective_s:
-                log.info("layout %s skipped: its bound %.4g s is no better than %.4g s", self.describe(layout), cheap, self.best.objective_s)
+                log.info(
+                    "layout %s skipped: its bound %.4g s is no better than %.4g s",
+                    self.describe(layout),
+                    cheap,
+                    self.best.objective_s,
+                )
                 return
         try:
             plan = solve_split(sub, self.options)
@@ -126,7 +131,9 @@ class _Search:
     def devices(self, layout: Layout) -> list[int]:
         """The devices of a layout: every class cut as its sizes say, devices outside any class as they are."""
         chosen = {k for c, sizes in zip(self.classes, layout) for k in c.devices(sizes)}
-        return [k for k in range(self.p.num_devices) if k in chosen or (self.p.degree(k) == 1 and k not in self.in_classes)]
+        return [
+            k for k in range(self.p.num_devices) if k in chosen or (self.p.degree(k) == 1 and k not in self.in_classes)
+        ]
 
     def describe(self, layout: Layout) -> str:
         return ", ".join(f"{c.name}: {_sizes(sizes)}" for c, sizes in zip(self.classes, layout))
@@ -203,7 +210,18 @@ def _finish(options: SolveOptions, search: _Search, bound: float, started: float
     bound = min(bound, best.objective_s)
     status = "optimal" if best.objective_s <= bound * (1 + options.rel_gap) else "heuristic"
     details = dict(best.solver.details) if best.solver.name == "milp-split" else {"baseline_won": best.solver.name}
-    details.update(tp_layout=search.label, tp_layouts_tried={search.describe(l): obj for l, obj in search.tried.items()})
-    return replace(best, lower_bound_s=float(bound),
-                   solver=replace(best.solver, name="milp-split", status=status, time_s=time.perf_counter() - started,
-                                  backend=options.backend, details=details))
+    details.update(
+        tp_layout=search.label, tp_layouts_tried={search.describe(l): obj for l, obj in search.tried.items()}
+    )
+    return replace(
+        best,
+        lower_bound_s=float(bound),
+        solver=replace(
+            best.solver,
+            name="milp-split",
+            status=status,
+            time_s=time.perf_counter() - started,
+            backend=options.backend,
+            details=details,
+        ),
+    )
