@@ -212,7 +212,7 @@ def main() -> None:
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = list(pool.map(one, runs))
     rows = []
-    for name, (row_runs, reported) in chosen.items():
+    for name, (_row_runs, reported) in chosen.items():
         mine = [res for (n, _), res in zip(runs, results) if n == name]
         rows.append(
             {

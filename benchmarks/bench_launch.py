@@ -139,7 +139,7 @@ def table(rows: list[dict]) -> str:
         "| case | run | plan (solver: shards, devices) | predicted | measured | error |",
         "|---|---:|---|---:|---:|---:|",
     ]
-    for i, r in enumerate(rows):
+    for _i, r in enumerate(rows):
         scale, unit = (1e3, "ms") if r["unit"] == "s" else (1e3, "ms/sample")
         layout = f"{r['solver']}: shards {r['shards']}, {', '.join(r['devices'])}" + (
             f"; {r['batches']} batches in flight" if r["batches"] > 1 else ""

@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     Console(width=200).print(table)
     print(
-        f"gap: the best plan (ILS or MILP) over the best bound (split or MILP) - 1. wrote {out / 'bench_module_gap.csv'}"
+        "gap: the best plan (ILS or MILP) over the best bound (split or MILP) - 1. "
+        f"wrote {out / 'bench_module_gap.csv'}"
     )
     return 0
 

@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(_median(runs))
     same = all(row["tokens"] == rows[0]["tokens"] for row in rows)
     lines = [
-        f"GPT-2 {args.layers} layers x {args.hidden} wide, vocab {args.vocab}; batch {args.batch} x {args.prompt_len} prompt "
+        f"GPT-2 {args.layers} layers x {args.hidden} wide, vocab {args.vocab}; "
+        f"batch {args.batch} x {args.prompt_len} prompt "
         f"tokens, {args.new_tokens} new tokens; tokens identical in every run: {same}",
         "",
         "| run | tokens/s | per-token latency (ms) | compute, all ranks (s) | runtime overhead |",
@@ -222,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         overhead = "" if row["overhead"] is None else f"{100 * row['overhead']:.1f}%"
         lines.append(
-            f"| {row['run']} | {row['tokens_per_s']:.1f} | {row['per_token_ms']:.2f} | {row['compute_s']:.3f} | {overhead} |"
+            f"| {row['run']} | {row['tokens_per_s']:.1f} | {row['per_token_ms']:.2f} | "
+            f"{row['compute_s']:.3f} | {overhead} |"
         )
     print("\n".join(lines))
     out = Path(args.out)

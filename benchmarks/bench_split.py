@@ -474,7 +474,10 @@ def targets(rows: list[Row]) -> list[tuple[str, bool | None, str]]:
             None if worst is None else worst.derived()["split_vs_milp"] <= 0.01,
             "no row with a proven MILP optimum"
             if worst is None
-            else f"{len(optimal)} rows; worst {_pct(worst.derived()['split_vs_milp'])} ({worst.model}, {worst.cluster}, batch {worst.batch})",
+            else (
+                f"{len(optimal)} rows; worst {_pct(worst.derived()['split_vs_milp'])} "
+                f"({worst.model}, {worst.cluster}, batch {worst.batch})"
+            ),
         )
     )
     gaps = [r.derived()["split_gap"] for r in rows if r.model not in FRONTIER]  # the instances only
@@ -484,7 +487,8 @@ def targets(rows: list[Row]) -> list[tuple[str, bool | None, str]]:
         (
             "geometric-mean gap of MILP-SPLIT to the lower bound at most 5%",
             None if not gaps else geo <= 0.05,
-            f"{_pct(geo)} over {len(gaps)} rows, the frontier series left out (max {_pct(max(gaps, default=math.nan))})",
+            f"{_pct(geo)} over {len(gaps)} rows, the frontier series left out "
+            f"(max {_pct(max(gaps, default=math.nan))})",
         )
     )
     worse = [r for r in rows if r.derived()["vs_baseline"] < -1e-9]
@@ -682,9 +686,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_row(row, args))
         d = row.derived()
         print(
-            f"[{time.perf_counter() - started:6.1f} s] {row.model} {row.cluster} b={row.batch} {row.objective}: tasks {row.tasks}, "
-            f"split {_ms(row.split_s)} ms in {_sec(row.split_time_s)} s, milp {_ms(row.milp_s)} ms ({row.milp_status}) in "
-            f"{_sec(row.milp_time_s)} s, gap {_pct(d['split_gap'])}, vs milp {_pct(d['split_vs_milp'])} {row.note}",
+            f"[{time.perf_counter() - started:6.1f} s] {row.model} {row.cluster} b={row.batch} {row.objective}: "
+            f"tasks {row.tasks}, split {_ms(row.split_s)} ms in {_sec(row.split_time_s)} s, "
+            f"milp {_ms(row.milp_s)} ms ({row.milp_status}) in {_sec(row.milp_time_s)} s, "
+            f"gap {_pct(d['split_gap'])}, vs milp {_pct(d['split_vs_milp'])} {row.note}",
             flush=True,
         )
         write_csv(rows, out / "bench_split.csv")  # after every row: a long run leaves its rows behind if stopped

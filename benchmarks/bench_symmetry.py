@@ -1,7 +1,8 @@
 """Benchmark: symmetry breaking among identical devices and servers, under every criterion.
 
     .venv/bin/python benchmarks/bench_symmetry.py                 # the GPT-2 row, about a minute
-    .venv/bin/python benchmarks/bench_symmetry.py --rows all      # and the GPT-3 175B rows (30-60 s limits: about 25 minutes)
+    .venv/bin/python benchmarks/bench_symmetry.py --rows all      # and the GPT-3 175B rows
+                                                                  # (30-60 s limits: about 25 minutes)
 
 Each row is `llm-planner compare-symmetry` (the exact MILP and MILP-SPLIT, every
 criterion of `--symmetry`) on one instance, with one batch shard so that the

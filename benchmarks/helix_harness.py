@@ -132,8 +132,10 @@ def write_simulator_cluster(cluster_path, profiles_path, layout_path, model_mana
             f"outbound_nic_speed={value(machine['outbound_nic_speed']) / mbps} * mbps",
             f"disk_speed={value(machine['disk_speed']) / mbps} * mbps",
             f'machine_type="{node_type[name]}"',
-            f"kv_cache_capacity={model_manager.get_kv_cache_capacity(machine_type=node_type[name], num_on_node_layers=num)}",
-            f"activation_backup_capacity={model_manager.get_activation_backup_capacity(machine_type=node_type[name], num_on_node_layers=num)}",
+            "kv_cache_capacity="
+            f"{model_manager.get_kv_cache_capacity(machine_type=node_type[name], num_on_node_layers=num)}",
+            "activation_backup_capacity="
+            f"{model_manager.get_activation_backup_capacity(machine_type=node_type[name], num_on_node_layers=num)}",
             "",
         ]
     names = [f"link_{a}_{b}" for a, b in edges]

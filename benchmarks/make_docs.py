@@ -183,7 +183,8 @@ def _measured(meta: dict) -> str:
     where = f"at commit {commit}" + ("" if meta.get("clean", False) else " with uncommitted changes to the code")
     load = meta.get("load_before")
     return (
-        f"Measured {meta.get('date_utc', '?')} to {meta.get('ended_utc', '?')} UTC {where}, on {meta.get('cpus', '?')} cores"
+        f"Measured {meta.get('date_utc', '?')} to {meta.get('ended_utc', '?')} UTC {where}, "
+        f"on {meta.get('cpus', '?')} cores"
         + (f", load average {load:.2f} before the run" if isinstance(load, (int, float)) else "")
         + "."
     )

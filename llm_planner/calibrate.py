@@ -395,7 +395,8 @@ def calibrate_files(
         raise CalibrateError("give at least one run report (--report)")
     if len(plan_paths) not in (1, len(report_paths)):
         raise CalibrateError(
-            f"give one plan for all reports or one plan per report; got {len(plan_paths)} plans for {len(report_paths)} reports"
+            "give one plan for all reports or one plan per report; "
+            f"got {len(plan_paths)} plans for {len(report_paths)} reports"
         )
     plans = list(plan_paths) * len(report_paths) if len(plan_paths) == 1 else list(plan_paths)
     cluster = load_cluster(cluster_path)

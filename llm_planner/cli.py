@@ -259,7 +259,10 @@ def _build_parser() -> argparse.ArgumentParser:
         "--warmup",
         type=int,
         default=None,
-        help=f"untimed runs of the whole workload before the timed one (default: {MEASURE_WARMUP} with --measure, else 0)",
+        help=(
+            "untimed runs of the whole workload before the timed one "
+            f"(default: {MEASURE_WARMUP} with --measure, else 0)"
+        ),
     )
 
     p = sub.add_parser("measure", help="compare a plan's predicted times with a run report of it")

@@ -84,7 +84,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         print_profile_coverage(console, problem, args.profile)
     console.print(
         f"[bold]{problem.graph.name}[/]: {problem.num_tasks} tasks, {problem.num_edges} edges on "
-        f"[bold]{problem.cluster.name}[/]: {problem.num_physical} devices{_groups_note(problem)}; objective {problem.objective}, batch {problem.batch_size}"
+        f"[bold]{problem.cluster.name}[/]: {problem.num_physical} devices{_groups_note(problem)}; "
+        f"objective {problem.objective}, batch {problem.batch_size}"
     )
     plan = _solve(problem, options, console)
     save_plan(plan, args.output)
@@ -156,7 +157,8 @@ def _groups_note(problem) -> str:
 
 
 def plan_summary_table(plan, baseline_plans: dict, file_units: bool = False) -> Table:
-    """The plan's row and the baselines'. `file_units`: a workload file's times, which state no unit, as plain numbers."""
+    """The plan's row and the baselines'. `file_units`: a workload file's times, which state no unit,
+    as plain numbers."""
     unit = "file units" if file_units else "s"
     unit += "/sample" if plan.objective == "throughput" else ""
     table = Table(title=f"plan ({plan.objective})" + (": times in the workload file's own unit" if file_units else ""))
@@ -287,7 +289,10 @@ def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
         )
     unit = "s/sample" if problem.objective == "throughput" else "s"
     table = Table(
-        title=f"symmetry breaking: {problem.graph.name} on {problem.cluster.name}, {problem.objective}, batch {problem.batch_size}"
+        title=(
+            f"symmetry breaking: {problem.graph.name} on {problem.cluster.name}, "
+            f"{problem.objective}, batch {problem.batch_size}"
+        )
     )
     for col in (
         "criterion",
@@ -344,7 +349,8 @@ def print_profile_coverage(console: Console, problem, profile_path: str) -> None
     coverage = profile_coverage(problem.graph, problem.cluster, load_profile(profile_path))
     total = len(coverage.profiled) + len(coverage.fallback)
     console.print(
-        f"profile [bold]{profile_path}[/]: measured costs for {len(coverage.profiled)} of {total} (task, device kind) pairs",
+        f"profile [bold]{profile_path}[/]: measured costs for {len(coverage.profiled)} "
+        f"of {total} (task, device kind) pairs",
         highlight=False,
     )
     for kind, tasks in coverage.fallback_tasks().items():

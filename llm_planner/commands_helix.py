@@ -61,7 +61,8 @@ def cmd_import(args: argparse.Namespace, console: Console) -> int:
     if args.profile_out:
         write_atomic(args.profile_out, profile_text)
         console.print(
-            f"wrote {args.profile_out}: layer times of {', '.join(sorted({k.kind for k in parse_serving_profile(_yaml(profile_text)).kinds}))}"
+            f"wrote {args.profile_out}: layer times of "
+            f"{', '.join(sorted({k.kind for k in parse_serving_profile(_yaml(profile_text)).kinds}))}"
         )
     return 0
 

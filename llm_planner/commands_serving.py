@@ -22,7 +22,10 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--workload",
         default=None,
-        help="serving: a YAML file of request shapes, requests: [{prompt_len, output_len, weight}], instead of the two above",
+        help=(
+            "serving: a YAML file of request shapes, requests: [{prompt_len, output_len, weight}], "
+            "instead of the two above"
+        ),
     )
     g.add_argument(
         "--tpot-slo", default=None, help="serving: per-token latency target every request must meet, e.g. '50 ms'"

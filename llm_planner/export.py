@@ -69,7 +69,8 @@ def regular_form(plan: Plan, topo: list[str], layer_of: dict[str, int | None]) -
     splits = {tuple(_layers(tasks, layer_of) for _, tasks in stages) for stages in replicas}
     if len(splits) != 1:
         raise ExportError(
-            f"the replicas cut the layers differently ({sorted(splits)}): every replica must use the same pipeline split"
+            f"the replicas cut the layers differently ({sorted(splits)}): "
+            "every replica must use the same pipeline split"
         )
     used = [d for stages in replicas for d, _ in stages]
     if len(set(used)) != len(used):

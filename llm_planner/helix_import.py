@@ -336,7 +336,8 @@ def cluster_spec_yaml(
         mem = machine.vram_bytes / machine.num_gpus
         if kind in kinds and kinds[kind].vram_bytes / kinds[kind].num_gpus != mem:
             raise HelixError(
-                f"{cluster.source}: machine types {kinds[kind].name} and {machine.name} give {kind} different memory per GPU"
+                f"{cluster.source}: machine types {kinds[kind].name} and {machine.name} "
+                f"give {kind} different memory per GPU"
             )
         kinds.setdefault(kind, machine)
     for kind, machine in kinds.items():

@@ -254,7 +254,8 @@ def build_rank_table(plan_path: str | Path, options: LaunchOptions) -> tuple[Ran
     plan = load_plan(plan_path)
     if plan.inputs.cluster is None:
         raise LaunchError(
-            f"{source}: inputs.cluster: the plan has no cluster file (it came from a workload file); nothing to launch on"
+            f"{source}: inputs.cluster: the plan has no cluster file (it came from a workload file); "
+            "nothing to launch on"
         )
     cluster = load_cluster(plan.inputs.cluster)
     if plan.inputs.cluster_sha256 and cluster.sha256 != plan.inputs.cluster_sha256:
@@ -264,7 +265,8 @@ def build_rank_table(plan_path: str | Path, options: LaunchOptions) -> tuple[Ran
     entries = rank_entries(plan, cluster, source)
     if options.num_ranks is not None and options.num_ranks != len(entries):
         raise LaunchError(
-            f"{source}: the plan uses {len(entries)} devices, so it runs on {len(entries)} ranks, not {options.num_ranks}"
+            f"{source}: the plan uses {len(entries)} devices, "
+            f"so it runs on {len(entries)} ranks, not {options.num_ranks}"
         )
     if options.fail_rank is not None and not 0 <= options.fail_rank < len(entries):
         raise LaunchError(f"fail_rank {options.fail_rank} is not a rank of this run (0..{len(entries) - 1})")
@@ -339,7 +341,8 @@ def _run_summary(r: dict, result: LaunchResult) -> list[str]:
     predicted, measured = float(r.get("predicted_s", 0.0)), float(r.get("measured_s", 0.0))
     error = f" ({100 * (measured - predicted) / predicted:+.1f}%)" if predicted > 0 else ""
     lines.append(
-        f"{r.get('measured_what', 'measured')}: measured {fmt_s(measured)}{per}, predicted {fmt_s(predicted)}{per}{error}"
+        f"{r.get('measured_what', 'measured')}: measured {fmt_s(measured)}{per}, "
+        f"predicted {fmt_s(predicted)}{per}{error}"
     )
     if r.get("measured_samples_per_s"):
         lines.append(
@@ -348,11 +351,13 @@ def _run_summary(r: dict, result: LaunchResult) -> list[str]:
         )
     if "tokens" in r:
         lines.append(
-            f"whole generation: {fmt_s(r.get('wall_s', 0.0))}, {r.get('tokens_per_s', 0.0):.1f} tokens/s (prefill included)"
+            f"whole generation: {fmt_s(r.get('wall_s', 0.0))}, "
+            f"{r.get('tokens_per_s', 0.0):.1f} tokens/s (prefill included)"
         )
         if r.get("weights") != "checkpoint":
             lines.append(
-                "weights: seeded random, not a checkpoint (pass --checkpoint DIR for real weights): the tokens are not text"
+                "weights: seeded random, not a checkpoint (pass --checkpoint DIR for real weights): "
+                "the tokens are not text"
             )
         lines += [f"request {i}: {' '.join(map(str, t))}" for i, t in enumerate(r["tokens"])]
     elif "output" in r:

@@ -58,8 +58,8 @@ def load_graph_and_cluster(
     pairs = graph.num_tasks * len(cluster.devices())
     if pairs > MAX_TASK_DEVICE_PAIRS:
         raise InputError(
-            f"{_names(cluster_path, model, graph_path)}: {graph.num_tasks:,} tasks x {len(cluster.devices()):,} devices = "
-            f"{pairs:,} placement pairs; the limit is {MAX_TASK_DEVICE_PAIRS:,} (docs/inputs.md)"
+            f"{_names(cluster_path, model, graph_path)}: {graph.num_tasks:,} tasks x {len(cluster.devices()):,} "
+            f"devices = {pairs:,} placement pairs; the limit is {MAX_TASK_DEVICE_PAIRS:,} (docs/inputs.md)"
         )
     return graph, cluster
 

@@ -221,7 +221,8 @@ def save_plan(plan: Plan, path: str | Path) -> None:
 
 
 def load_plan(path: str | Path) -> Plan:
-    """Read and check a plan file (llm_planner.fileio, then llm_planner.plan_read); PlanError naming the file and field."""
+    """Read and check a plan file (llm_planner.fileio, then llm_planner.plan_read); PlanError naming the file
+    and field."""
     return plan_from_dict(read_document(path, PlanError), source=str(path))
 
 

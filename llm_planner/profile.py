@@ -378,7 +378,8 @@ def profile_from_dict(data: Any, source: str = "<memory>") -> Profile:
     top = _Fields(data, source, "")
     if data.get("version") != PROFILE_VERSION:
         raise ProfileError(
-            f"{source}: version: unsupported profile version {data.get('version')!r} (this build reads {PROFILE_VERSION})"
+            f"{source}: version: unsupported profile version {data.get('version')!r} "
+            f"(this build reads {PROFILE_VERSION})"
         )
     top.known({"format", "version", "cluster", "model", "settings", "environment", "devices", "device_kinds", "links"})
     kinds = _Fields(top.get("device_kinds", dict), source, "device_kinds")

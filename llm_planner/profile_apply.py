@@ -36,7 +36,8 @@ class ProfileCoverage:
 
 
 def profile_coverage(graph: TaskGraph, cluster: ClusterSpec, profile: Profile) -> ProfileCoverage:
-    """Pairs of (task, device kind the task may run on) with and without a measurement, and the same for link classes."""
+    """Pairs of (task, device kind the task may run on) with and without a measurement, and the same for link
+    classes."""
     used = {d.kind for d in cluster.devices()}
     kinds = [k for k in cluster.device_kinds if k.name in used]
     profiled, fallback = [], []

@@ -25,7 +25,7 @@ def device_table(plan: Plan, problem: PlacementProblem) -> Table:
     table = Table(title="stages (devices and tensor-parallel groups)")
     for col in ("device", "degree", "tasks in order", "busy", "memory per device", "of usable"):
         table.add_column(col, justify="left" if col in ("device", "tasks in order") else "right")
-    for k, device in enumerate(problem.devices):
+    for _k, device in enumerate(problem.devices):
         if device.name not in order:
             continue
         used = report.memory_per_device_bytes.get(device.name, 0.0)
@@ -56,7 +56,8 @@ def steady_state_text(plan: Plan, file_units: bool = False) -> str | None:
         return None
     text = (
         f"steady state: {plan.batches_in_flight} batch(es) of {plan.batch_size} in flight (one batch's makespan "
-        f"{fmt_time(plan.makespan_s, file_units)} over the busiest device's load per batch {fmt_time(plan.max_load_s, file_units)}, "
+        f"{fmt_time(plan.makespan_s, file_units)} over the busiest device's load per batch "
+        f"{fmt_time(plan.max_load_s, file_units)}, "
         "rounded up); the memory below holds all of them"
     )
     if is_decode_plan(plan):

@@ -173,7 +173,8 @@ class _Checker:
                 self.bad(f"shard {s} has {b} samples; every shard needs at least 1")
         if sum(plan.shard_sizes) != p.batch_size:
             self.bad(
-                f"shard sizes {list(plan.shard_sizes)} sum to {sum(plan.shard_sizes)}, not the batch size {p.batch_size}"
+                f"shard sizes {list(plan.shard_sizes)} sum to {sum(plan.shard_sizes)}, "
+                f"not the batch size {p.batch_size}"
             )
         if len(plan.shard_sizes) > p.max_shards:
             self.bad(f"the plan has {len(plan.shard_sizes)} shards but at most {p.max_shards} are allowed")
@@ -191,11 +192,12 @@ class _Checker:
                     self.bad(f"shard {s} puts task {name!r} on {self._unknown(dev)}")
                 elif not self.p.supported[i, k]:
                     self.bad(
-                        f"shard {s} puts task {name!r} on device {dev!r} (kind {self.p.devices[k].kind!r}), which cannot run it"
+                        f"shard {s} puts task {name!r} on device {dev!r} "
+                        f"(kind {self.p.devices[k].kind!r}), which cannot run it"
                     )
                 else:
                     a[i] = k
-            for i, name in enumerate(self.tasks):
+            for _i, name in enumerate(self.tasks):
                 if name not in self.plan.shard_assignments[s]:
                     self.bad(f"shard {s} assigns no device to task {name!r}")
             out.append(a)
@@ -249,7 +251,8 @@ class _Checker:
             want = self.p.task_time(i, k, self.sizes[s])
             if abs((finish - start) - want) > self.atol + self.rel_tol * want:
                 self.bad(
-                    f"{self.item(it)} on {self.devices[k]!r} lasts {_s(finish - start)} but takes {_s(want)} for {self.sizes[s]} samples"
+                    f"{self.item(it)} on {self.devices[k]!r} lasts {_s(finish - start)} "
+                    f"but takes {_s(want)} for {self.sizes[s]} samples"
                 )
         for s in range(self.num_shards):
             for i in range(len(self.tasks)):
@@ -269,8 +272,9 @@ class _Checker:
                 arrive = times[(s, u)][1] + moved
                 if times[(s, v)][0] < arrive - self.atol:
                     self.bad(
-                        f"{self.item((s, v))} starts at {_s(times[(s, v)][0])} on {self.devices[a[v]]!r}, before the output of "
-                        f"{self.tasks[u]!r} arrives at {_s(arrive)} (finish {_s(times[(s, u)][1])} on {self.devices[a[u]]!r} + transfer {_s(moved)})"
+                        f"{self.item((s, v))} starts at {_s(times[(s, v)][0])} on {self.devices[a[v]]!r}, "
+                        f"before the output of {self.tasks[u]!r} arrives at {_s(arrive)} "
+                        f"(finish {_s(times[(s, u)][1])} on {self.devices[a[u]]!r} + transfer {_s(moved)})"
                     )
 
     def check_overlap(self, assign: list[np.ndarray], times: dict[Item, tuple[float, float]]) -> None:
@@ -285,8 +289,8 @@ class _Checker:
             for it in items:
                 if running is not None and times[it][0] < times[running][1] - self.atol:
                     self.bad(
-                        f"device {self.devices[k]!r} runs {self.item(it)} from {_s(times[it][0])} while {self.item(running)} "
-                        f"runs until {_s(times[running][1])}"
+                        f"device {self.devices[k]!r} runs {self.item(it)} from {_s(times[it][0])} "
+                        f"while {self.item(running)} runs until {_s(times[running][1])}"
                     )
                 if running is None or times[it][1] > times[running][1]:
                     running = it
@@ -432,7 +436,8 @@ class _Checker:
         ]
         for it in late[:10]:
             self.bad(
-                f"{self.item(it)} starts at {_s(times[it][0])} in the schedule, but its device order runs it at {_s(sim.start[it])} "
+                f"{self.item(it)} starts at {_s(times[it][0])} in the schedule, "
+                f"but its device order runs it at {_s(sim.start[it])} "
                 "(each item starts as soon as its device is free and its inputs have arrived)"
             )
         if len(late) > 10:

@@ -132,7 +132,8 @@ def true_cluster() -> ClusterSpec:
 
 
 def graph_report(plan: Plan, graph: TaskGraph, truth: ClusterSpec, *, noise: float = 0.0, seed: int = 0) -> dict:
-    """The run report a graph run of `plan` would write on hardware that follows `truth` (times x (1 + noise * N(0, 1)))."""
+    """The run report a graph run of `plan` would write on hardware that follows `truth` (times x (1 + noise *
+    N(0, 1)))."""
     rng = np.random.default_rng(seed)
     devices = {d.name: d for d in truth.devices()}
     kinds = {name: truth.kind(d.kind) for name, d in devices.items()}

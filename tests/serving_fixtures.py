@@ -20,8 +20,10 @@ device_kinds:
      compute_efficiency: 0.6, mem_efficiency: 0.8, overhead_s: 10 us, step_overhead_s: 0.5 ms}
   - {name: host, type: cpu, peak_flops: {fp16: 2 TFLOP/s}, mem_bytes: 256 GB, mem_bw_bytes_per_s: 200 GB/s}
 nodes:
-  - {name: bigbox, count: 2, devices: {host: 1, big: 2}, links: [{between: [big, big], bw_bytes_per_s: 300 GB/s, latency_s: 2 us}]}
-  - {name: smallbox, devices: {host: 1, small: 4}, links: [{between: [small, small], bw_bytes_per_s: 32 GB/s, latency_s: 5 us}]}
+  - {name: bigbox, count: 2, devices: {host: 1, big: 2},
+     links: [{between: [big, big], bw_bytes_per_s: 300 GB/s, latency_s: 2 us}]}
+  - {name: smallbox, devices: {host: 1, small: 4},
+     links: [{between: [small, small], bw_bytes_per_s: 32 GB/s, latency_s: 5 us}]}
 links:
   intra_node_default: {bw_bytes_per_s: 25 GB/s, latency_s: 10 us}
   inter_node: {bw_bytes_per_s: 25 GB/s, latency_s: 5 us}

@@ -165,9 +165,9 @@ def test_set_fields_replaces_and_adds_keys_in_block_and_flow_mappings_and_checks
     out = set_fields(
         text, {("a", 0, "b"): 5, ("a", 0, "new"): "4 us", ("a", 1, "new"): 0.5, ("z", "v"): 2, ("a", 0, "c", "d"): 9}
     )
-    assert (
-        out
-        == "# top\na:\n  - name: x   # keep me\n    b: 5\n    c: {d: 9, e: 3}\n    new: 4 us\n  - name: y\n    b: 2\n    new: 0.5\nz: {w: 1, v: 2}\n"
+    assert out == (
+        "# top\na:\n  - name: x   # keep me\n    b: 5\n    c: {d: 9, e: 3}\n    new: 4 us\n"
+        "  - name: y\n    b: 2\n    new: 0.5\nz: {w: 1, v: 2}\n"
     )
     with pytest.raises(EditError):
         set_fields(text, {("a", 0, "b", "deeper"): 1})

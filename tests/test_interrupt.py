@@ -39,7 +39,8 @@ def plan_args(folder, out):
 
 @pytest.fixture
 def stopped_solver(monkeypatch):
-    """The backend returns as if Ctrl-C came before it had a plan of its own; bounds too weak to prove the warm start."""
+    """The backend returns as if Ctrl-C came before it had a plan of its own; bounds too weak to prove the warm
+    start."""
     from llm_planner.solve.bounds import combined
     from llm_planner.solve.milp import milp
 

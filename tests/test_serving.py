@@ -26,7 +26,8 @@ BIG, SMALL = "bigbox/big", "smallbox/small"
 
 
 def test_kv_memory_of_two_stages_by_hand(tmp_path):
-    """Every one of C sequences in flight holds its KV cache at full context on every stage, whichever micro-batch it is in."""
+    """Every one of C sequences in flight holds its KV cache at full context on every stage, whichever
+    micro-batch it is in."""
     ctx = context(tmp_path, "llama2-7b", prompt=256, output=128)
     cfg = ctx.config
     kv_per_seq_layer = 2 * cfg.num_kv_heads * cfg.head_dim * 2 * (256 + 128)  # K and V, fp16, full context

@@ -24,8 +24,8 @@ from llm_planner.spec import load_cluster
 TWO_SERVERS = """
 name: two-servers
 device_kinds:
-  - {name: g6, type: gpu, peak_flops: {fp16: 120 TFLOP/s, bf16: 120 TFLOP/s}, mem_bytes: 6 GB, mem_bw_bytes_per_s: 300 GB/s,
-     compute_efficiency: 0.6, mem_efficiency: 0.8, usable_mem_fraction: 0.88}
+  - {name: g6, type: gpu, peak_flops: {fp16: 120 TFLOP/s, bf16: 120 TFLOP/s}, mem_bytes: 6 GB,
+     mem_bw_bytes_per_s: 300 GB/s, compute_efficiency: 0.6, mem_efficiency: 0.8, usable_mem_fraction: 0.88}
 nodes:
   - {name: box, count: 2, hostname: "gpu-{i}", devices: {g6: 3}}
 links:

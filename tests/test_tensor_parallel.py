@@ -73,7 +73,8 @@ def test_ring_collectives_by_hand(k):
         tp_allgather_bytes_per_sample=8.0,
     )
     fixed, slope = cost.collective_pieces(task, k, link)
-    # two all-reduces of 24,576 B per sample: each 2 (k-1) alpha + 2 (k-1)/k n / beta; one all-gather of 8 B from each member
+    # two all-reduces of 24,576 B per sample: each 2 (k-1) alpha + 2 (k-1)/k n / beta;
+    # one all-gather of 8 B from each member
     assert fixed == pytest.approx(2 * 2 * (k - 1) * 3e-6 + (k - 1) * 3e-6)
     assert slope == pytest.approx(2 * 2 * (k - 1) / k * 24_576 / 100e9 + (k - 1) * 8 / 100e9)
 

@@ -52,7 +52,8 @@ class ThreadGroup:
 
 
 def _generate_on_group(config, prompts, steps, k, seed=0, checkpoint=None):
-    """Every task of the model on one group of k members (threads): member 0's tokens, the collective counts, the weight sources."""
+    """Every task of the model on one group of k members (threads): member 0's tokens, the collective counts,
+    the weight sources."""
     config = gpt.prepare_config(config)
     sources = []
     group, tasks = ThreadGroup(k), gpt.decoder_tasks(gpt.num_layers_of(config))

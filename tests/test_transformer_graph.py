@@ -68,7 +68,10 @@ def _hf_params(hf_config, device: str = "cpu") -> int:
 
 
 def test_module_imports_without_torch():
-    code = "import sys; import llm_planner.graph.transformer; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    code = (
+        "import sys; import llm_planner.graph.transformer; "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

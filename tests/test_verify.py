@@ -112,7 +112,8 @@ def test_memory_count_by_hand():
     plan = plan_for(problem, [3, 1], [[1, 1, 1, 1], [1, 1, 2, 1]])
     report = verify_plan(plan, problem)
     assert report.ok, report.violations
-    # fast: weights of a, b, c, d once (8 GB) + 0.4 GB x (4 tasks x 3 + 3 tasks x 1 samples); small: c once (2 GB) + 0.4 GB
+    # fast: weights of a, b, c, d once (8 GB) + 0.4 GB x (4 tasks x 3 + 3 tasks x 1 samples);
+    # small: c once (2 GB) + 0.4 GB
     assert report.memory_used_bytes[FAST] == pytest.approx(8 * GB + 0.4 * GB * 15)
     assert report.memory_used_bytes[SMALL] == pytest.approx(2 * GB + 0.4 * GB)
     assert report.memory_used_bytes[CPU] == 0

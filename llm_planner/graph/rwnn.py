@@ -308,7 +308,8 @@ def parse_rwnn_name(name: str) -> tuple[str, int, int]:
     match = _NAME.match(name)
     if not match:
         raise GraphError(
-            f"model {name!r}: an RWNN name reads rwnn-<{'|'.join(GENERATORS)}>-<stages>x<nodes per stage>, e.g. rwnn-ws-3x32"
+            f"model {name!r}: an RWNN name reads "
+            f"rwnn-<{'|'.join(GENERATORS)}>-<stages>x<nodes per stage>, e.g. rwnn-ws-3x32"
         )
     generator, stages, nodes = match["gen"], int(match["stages"]), int(match["nodes"])
     try:

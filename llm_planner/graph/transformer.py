@@ -116,7 +116,8 @@ class DecoderConfig:
             )
         if self.hf_model_type == "llama" and self.hidden_size % self.num_heads:
             raise GraphError(
-                f"{where}: llama needs hidden_size ({self.hidden_size}) to be a multiple of num_heads ({self.num_heads})"
+                f"{where}: llama needs hidden_size ({self.hidden_size}) "
+                f"to be a multiple of num_heads ({self.num_heads})"
             )
         if self.model_type != "opt" and self.word_embed_dim != self.hidden_size:
             raise GraphError(f"{where}: word_embed_dim differs from hidden_size, which only opt supports")

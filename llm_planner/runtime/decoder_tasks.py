@@ -28,7 +28,8 @@ def check_decoder_tasks(tasks: list[str] | set[str], num_layers: int, *, source:
     got = set(tasks)
     if any(".attn" in t or ".mlp" in t for t in got):
         raise DecoderError(
-            f"{source}: the runtime runs 'block' granularity plans only; this plan splits blocks into attn/mlp (sublayer)"
+            f"{source}: the runtime runs 'block' granularity plans only; "
+            "this plan splits blocks into attn/mlp (sublayer)"
         )
     if got != set(expected):
         missing = sorted(set(expected) - got)[:5]

@@ -51,7 +51,7 @@ def ping_pong(comm, peer: int, first: bool, sizes: tuple[int, ...], repetitions:
 def collective_groups(cluster: ClusterSpec, order: list[DeviceSpec]) -> list[tuple[str, tuple[int, ...]]]:
     """(profile key, ranks): the first group of each degree of each class of identical devices of a node."""
     out, seen = [], set()
-    for r, device in enumerate(order):
+    for _r, device in enumerate(order):
         if (device.node, device.kind) in seen:
             continue
         seen.add((device.node, device.kind))

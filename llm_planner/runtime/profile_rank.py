@@ -263,7 +263,8 @@ def time_decoder(
     degree: int = 1,
     group=None,
 ) -> dict[str, dict[int, float]]:
-    """Role -> batch size -> median seconds, with the runtime's decoder stage code (a group member's share for degree > 1)."""
+    """Role -> batch size -> median seconds, with the runtime's decoder stage code (a group member's share for
+    degree > 1)."""
     import torch
 
     bench = _decoder_bench(spec, graph, device, dtype, options, degree, group)

@@ -141,7 +141,8 @@ def profile_local(job: ProfileJob, progress: Progress = lambda what, n: None) ->
 
 
 def quiet_barrier(comm) -> None:
-    """A barrier whose waiting ranks sleep between polls: MPI's own spins, and would steal the cores of the rank being timed."""
+    """A barrier whose waiting ranks sleep between polls: MPI's own spins, and would steal the cores of the rank
+    being timed."""
     from llm_planner.runtime.comm import _poll_then_sleep
 
     _poll_then_sleep(comm.world.Ibarrier().Test)
@@ -262,8 +263,8 @@ def run_mpi(job: ProfileJob, comm=None) -> prof.Profile | None:
     order = rank_devices(cluster)
     if comm.size != len(order):
         raise ProfileRunError(
-            f"{job.cluster_path}: the cluster has {len(order)} devices, one rank each, but mpiexec started {comm.size}; "
-            f"start it with -n {len(order)}"
+            f"{job.cluster_path}: the cluster has {len(order)} devices, one rank each, "
+            f"but mpiexec started {comm.size}; start it with -n {len(order)}"
         )
     timings, links, torch_device = _profile_rank(comm, job, cluster, order)
     gathered = comm.gather((comm.rank, timings, links, torch_device))
@@ -282,7 +283,8 @@ def run_mpi(job: ProfileJob, comm=None) -> prof.Profile | None:
 
 
 def spawn_mpi(job: ProfileJob, workdir: str | Path, timeout_s: float) -> prof.Profile:
-    """Run `run_mpi` under this environment's mpiexec, one rank per device of the cluster; returns the profile written."""
+    """Run `run_mpi` under this environment's mpiexec, one rank per device of the cluster; returns the profile
+    written."""
     import subprocess
 
     from llm_planner.launch import mpiexec_path

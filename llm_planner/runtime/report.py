@@ -88,7 +88,8 @@ class RankStats:
         self.started = time.perf_counter()
 
     def stop(self) -> None:
-        """End the measured run; a later call keeps the first end (a workload stops the clock before gathering outputs)."""
+        """End the measured run; a later call keeps the first end (a workload stops the clock before gathering
+        outputs)."""
         if not self.stopped:
             self.total_s = time.perf_counter() - self.started
             self.stopped = True

@@ -75,7 +75,8 @@ class CheckpointWeights:
                 self.file_of = {k: single for k in f.keys()}
         else:
             raise WeightsError(
-                f"{self.directory}: no model.safetensors or model.safetensors.index.json (only safetensors checkpoints are read)"
+                f"{self.directory}: no model.safetensors or model.safetensors.index.json "
+                "(only safetensors checkpoints are read)"
             )
         self._open: dict[Path, object] = {}
         self.files_read: set[str] = set()

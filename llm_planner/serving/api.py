@@ -123,11 +123,14 @@ def _nothing_serves(ctx: ServingContext) -> str:
             split = model.split_layers(1, 1)
             if split is not None:
                 fastest = min(fastest, model.evaluate(split, 1, 1).tpot_s)
-    where = f"{ctx.config.name} on cluster {ctx.cluster.name!r} (prompt {wl.mean_prompt_len:g}, output {wl.mean_output_len:g} tokens)"
+    where = (
+        f"{ctx.config.name} on cluster {ctx.cluster.name!r} "
+        f"(prompt {wl.mean_prompt_len:g}, output {wl.mean_output_len:g} tokens)"
+    )
     if fastest == float("inf"):
         return (
-            f"no layout of one class holds the weights and the KV cache of even one sequence of {wl.kv_context:g} tokens "
-            f"for {where}; use shorter requests (--prompt-len/--output-len) or more memory"
+            "no layout of one class holds the weights and the KV cache of even one sequence of "
+            f"{wl.kv_context:g} tokens for {where}; use shorter requests (--prompt-len/--output-len) or more memory"
         )
     return (
         f"--tpot-slo {wl.tpot_slo_s * 1e3:g} ms cannot be met for {where}: the fastest single-class layout takes "

@@ -22,7 +22,8 @@ and C is bounded on that stage by memory, l (w_k + C kv_k) <= M, and by the targ
 step + l max_j (f_j + s_j C) <= TPOT target: C <= C_max(k, l). So a device of the class does at
 most rho = max over offered degrees k and l = 1..L of g_{k,l}(C_max(k, l)) layer-token passes
 per second, whatever plan it is in (0 if it is in none). Few layers per stage let C grow but pay
-the step overhead on few layers; many layers amortise it but leave less memory for KV. Every output token needs L passes, so
+the step overhead on few layers; many layers amortise it but leave less memory for KV. Every
+output token needs L passes, so
 
     tokens/s <= sum over classes of (devices of the class) * rho_class / L.
 
@@ -48,7 +49,8 @@ sum over the replicas at one level too. It keeps a deep pipeline of single devic
 fast at its own few layers, from counting when the layers one after another cannot meet T.
 
 Solved as a small MILP (HiGHS; its dual bound if it stops early). It forbids a replica whose
-devices hold one layer each with a concurrency their memory over the whole model cannot hold. It holds for every plan of the model the planner can express (any split, degrees, micro-batches,
+devices hold one layer each with a concurrency their memory over the whole model cannot hold.
+It holds for every plan of the model the planner can express (any split, degrees, micro-batches,
 concurrency, replicas mixing classes); what it leaves out (fixed costs, hand-offs, the m weight
 reads, the last layer's head) only makes it larger. A single device of a profiled class uses
 its measured block time t(C), piecewise linear between the profile's points: on each piece the

@@ -218,8 +218,9 @@ def _replica_engines(
                 )
         if framework != "megatron" and rep["micro_batches"] != len(layers):
             raise ServingExportError(
-                f"{label}: {rep['micro_batches']} micro-batch(es) over {len(layers)} pipeline stage(s): {title} keeps one "
-                "batch per stage in flight (micro-batches = pipeline size; plan with --exportable vllm)"
+                f"{label}: {rep['micro_batches']} micro-batch(es) over {len(layers)} pipeline stage(s): "
+                f"{title} keeps one batch per stage in flight (micro-batches = pipeline size; "
+                "plan with --exportable vllm)"
             )
         fractions = [cluster.kind(st.kind).usable_mem_bytes / cluster.kind(st.kind).mem_bytes for st in stages]
         engine = EnginePlan(
@@ -285,8 +286,8 @@ def _check_sglang_hosts(label: str, engine: EnginePlan) -> None:
         stages = engine.host_stages(host)
         if stages != list(range(round(k * per_host), round(k * per_host) + len(stages))) or len(stages) != per_host:
             raise ServingExportError(
-                f"{label}: stage {stages[0]} on host {host!r} holds stages {stages} of {engine.pipeline_parallel}: SGLang "
-                f"across {len(hosts)} hosts gives each the same number of consecutive stages"
+                f"{label}: stage {stages[0]} on host {host!r} holds stages {stages} of {engine.pipeline_parallel}: "
+                f"SGLang across {len(hosts)} hosts gives each the same number of consecutive stages"
             )
 
 
@@ -323,9 +324,9 @@ def _check_vllm_hosts(label: str, engine: EnginePlan) -> None:
         if want != got:
             s = rank // engine.tensor_parallel
             raise ServingExportError(
-                f"{label}: stage {s} ({want} on host {engine.stages[s].host!r}) would run on {got} GPUs: vLLM's Ray executor "
-                "ranks the head's GPUs first, then the other hosts' by their GPU count (fewer first), each host's in "
-                "ascending order, and this plan's pipeline is in another order"
+                f"{label}: stage {s} ({want} on host {engine.stages[s].host!r}) would run on {got} GPUs: "
+                "vLLM's Ray executor ranks the head's GPUs first, then the other hosts' by their GPU count "
+                "(fewer first), each host's in ascending order, and this plan's pipeline is in another order"
             )
 
 

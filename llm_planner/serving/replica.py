@@ -176,7 +176,7 @@ class ReplicaModel:
 
         def fill(x: float) -> list[int] | None:
             up = []
-            for members, cap, fp, _, pp, _ in groups:
+            for _members, cap, fp, _, pp, _ in groups:
                 u = min(cap, int((x - fp) / pp + 1e-9)) if pp > 0 else cap
                 if u < 1:
                     return None

@@ -102,7 +102,8 @@ def _unit_shortfalls(problem: PlacementProblem) -> list[tuple[float, str]]:
                 (
                     short,
                     f"{what} needs {_gb(ledger.need(members, k))} for a shard of {batch} samples but the best device "
-                    f"that can run it, {problem.device_names[k]!r}, holds {_gb(problem.mem_capacity[k])} (short by {_gb(short)})",
+                    f"that can run it, {problem.device_names[k]!r}, holds {_gb(problem.mem_capacity[k])} "
+                    f"(short by {_gb(short)})",
                 )
             )
     return out
@@ -119,7 +120,10 @@ def memory_shortfall(problem: PlacementProblem) -> str | None:
     need = _total_need(problem)
     capacity = float(problem.mem_capacity.sum())
     if need > capacity:
-        return f"the tasks need at least {_gb(need)} of device memory in all but the devices hold {_gb(capacity)} (short by {_gb(need - capacity)})"
+        return (
+            f"the tasks need at least {_gb(need)} of device memory in all "
+            f"but the devices hold {_gb(capacity)} (short by {_gb(need - capacity)})"
+        )
     return None
 
 
@@ -146,7 +150,10 @@ def infeasibility_reason(problem: PlacementProblem) -> str:
         k = min(whole, key=lambda d: ledger.need(all_tasks, d) - problem.mem_capacity[d])
         short = ledger.need(all_tasks, k) - problem.mem_capacity[k]
         if short > 0:
-            single = f"; on one device the model needs {_gb(ledger.need(all_tasks, k))} but the roomiest, {problem.device_names[k]!r}, holds {_gb(problem.mem_capacity[k])} (short by {_gb(short)})"
+            single = (
+                f"; on one device the model needs {_gb(ledger.need(all_tasks, k))} but the roomiest, "
+                f"{problem.device_names[k]!r}, holds {_gb(problem.mem_capacity[k])} (short by {_gb(short)})"
+            )
     else:
         single = "; no single device can run every task"
     total = _gb(capacity) if math.isfinite(capacity) else "unlimited"
@@ -157,7 +164,8 @@ def infeasibility_reason(problem: PlacementProblem) -> str:
     )
     return (
         f"every task fits on some device that can run it and the total need ({_gb(need)}) is within the total capacity "
-        f"({total}), but the greedy heuristics found no placement that fits{steady}{single}; the MILP solver may still find one"
+        f"({total}), but the greedy heuristics found no placement that fits{steady}{single}; "
+        "the MILP solver may still find one"
     )
 
 

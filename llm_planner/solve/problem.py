@@ -292,7 +292,8 @@ def _task_pieces(graph: TaskGraph, cluster: ClusterSpec, devices, kinds, dtype: 
             pieces[i, k, : len(p)] = p
         if not supported[i].any():
             raise ProblemError(
-                f"no device of cluster {cluster.name!r} can run task {task.name!r} (tasks[{i}]): {_why_unsupported(task, cluster)}"
+                f"no device of cluster {cluster.name!r} can run task {task.name!r} (tasks[{i}]): "
+                f"{_why_unsupported(task, cluster)}"
             )
     return pieces, supported
 
@@ -303,7 +304,10 @@ def _why_unsupported(task, cluster: ClusterSpec) -> str:
     if task.device_types and not set(task.device_types) & set(types):
         return f"its device_types {list(task.device_types)} name none of the cluster's device types {types}"
     names = [k.name for k in cluster.device_kinds if not task.device_types or k.type in task.device_types]
-    return f"its time_s_by_kind names {[n for n, _ in task.time_s_by_kind]}, none of the cluster's device kinds {names} it may run on"
+    return (
+        f"its time_s_by_kind names {[n for n, _ in task.time_s_by_kind]}, "
+        f"none of the cluster's device kinds {names} it may run on"
+    )
 
 
 def _capacities(graph: TaskGraph, devices, kinds) -> np.ndarray:

@@ -62,7 +62,8 @@ Solution path: the best baseline plan is the warm start. When it already meets
 L = solve.bounds.combined.lower_bound within rel_gap it is returned as proven optimal and
 no model is built (except with --contiguous, which the baselines need not obey).
 Otherwise the backend (HiGHS by default, Gurobi on request,
-llm_planner.solve.milp.backends) returns the incumbent and its dual bound; the assignment and, for latency, each device's order (by
+llm_planner.solve.milp.backends) returns the incumbent and its dual bound; the
+assignment and, for latency, each device's order (by
 start time) go to schedule.make_plan, which recomputes start times as soon as
 possible, so the plan's objective can only be <= the MILP's; when the solver
 proved optimality the two must agree (an internal invariant). The plan carries

@@ -158,7 +158,8 @@ class Formulation:
         return [(f / self.unit, g / self.unit) for f, g in useful_pieces(self.p.time_pieces[i, k])]
 
     def add_colocation(self) -> None:
-        """(9) x[s,a,k] = x[s,c,k] for consecutive members a, c of a colocation group.  Rows: S K (|g| - 1) per group."""
+        """(9) x[s,a,k] = x[s,c,k] for consecutive members a, c of a colocation group.  Rows: S K (|g| - 1)
+        per group."""
         rows: list[tuple[Terms, float, float]] = []
         for group in self.p.colocate_groups():
             for a, c in zip(group, group[1:]):
@@ -356,7 +357,7 @@ class Formulation:
         in[s,u,k] >= hop_u b_s (x_vk - x_uk) over u's out-edges (u, v) (2 S E K' rows)."""
         p = self.p
         load: list[Terms] = [[] for _ in range(self.K)]
-        for (s, i, k), terms in self.dur.items():
+        for (_s, _i, k), terms in self.dur.items():
             load[k] += terms
         charges = self._host_staged_charges() if p.throughput_model == "host_staged" else self._direct_charges()
         rows: list[tuple[Terms, float, float]] = []

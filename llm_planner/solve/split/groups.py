@@ -29,7 +29,7 @@ def device_groups(problem: PlacementProblem, g: int) -> list[list[int]] | None:
         devices_of[(d.node, d.kind)].append(i)
     groups: list[list[int]] = [[] for _ in range(g)]
     kinds = sorted({d.kind for d in problem.devices})
-    for template, nodes in by_template.items():
+    for _template, nodes in by_template.items():
         if len(nodes) % g == 0:
             per = len(nodes) // g
             for r in range(g):

@@ -113,7 +113,8 @@ class _Shard:
         self.used[k] += self.need[group, k].sum()
 
     def descend(self, budget: int) -> int:
-        """Best-device moves, group by group, until a pass moves nothing or the budget is spent; returns the budget left."""
+        """Best-device moves, group by group, until a pass moves nothing or the budget is spent; returns the
+        budget left."""
         moved = True
         while moved and budget > 0:
             moved = False
