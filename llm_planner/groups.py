@@ -79,19 +79,27 @@ def tensor_groups(cluster: ClusterSpec, max_tp: int) -> tuple[DeviceSpec, ...]:
 
 def group_from_members(cluster: ClusterSpec, names: list[str], max_tp: int | None = None) -> str:
     """The group name of a list of device names (a plan file's group); GroupError when the
-    cluster offers no such group (unknown device, two nodes or kinds, not an aligned block)."""
+    cluster offers no such group (unknown device, two nodes or kinds, not an aligned block):
+    the groups of `tensor_groups`, checked without listing them."""
     if len(names) < 2:
         raise GroupError(f"a group needs at least 2 devices, got {names}")
-    for g in tensor_groups(cluster, max_tp or len(names)):
-        if list(g.members) == list(names):
-            return g.name
-    known = {d.name: d for d in cluster.devices()}
+    known = cluster.device_map()
     unknown = [n for n in names if n not in known]
     if unknown:
         raise GroupError(f"unknown device(s) {unknown} in group {names}")
-    if len({(known[n].node, known[n].kind) for n in names}) > 1:
+    members = [known[n] for n in names]
+    if len({(d.node, d.kind) for d in members}) > 1:
         raise GroupError(f"group {names} mixes nodes or device kinds; a group is devices of one kind in one node")
-    raise GroupError(
-        f"group {names} is not an aligned block of its devices (degree a power of two dividing their count, "
-        "or all of them, members consecutive from a multiple of the degree)"
-    )
+    k, first = len(members), members[0].index
+    template = next(node for node in cluster.nodes if node.name == members[0].node_template)
+    count = dict(template.devices)[members[0].kind]
+    if (
+        [d.index for d in members] != list(range(first, first + k))
+        or first % k
+        or k not in group_degrees(count, max_tp or k)
+    ):
+        raise GroupError(
+            f"group {names} is not an aligned block of its devices (degree a power of two dividing their count, "
+            "or all of them, members consecutive from a multiple of the degree)"
+        )
+    return group_name(members[0], members[-1])

@@ -9,10 +9,13 @@ the path of the field and what is wrong.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from llm_planner import units
@@ -30,7 +33,7 @@ USABLE_MEM_DEFAULT = {"cpu": 1.0, "gpu": 0.9, "accelerator": 0.9}
 PRECISIONS = (*DTYPE_BYTES, "fp64")
 # Devices of the expanded cluster: far beyond this the placement problem no longer fits in
 # memory or in minutes (docs/inputs.md).
-MAX_DEVICES = 1024
+MAX_DEVICES = 65536
 # Fixed time a serving engine spends per iteration on each pipeline stage besides the model's
 # kernels (scheduling, input preparation, sampling, launch and the stage's hand-off bookkeeping),
 # by device type. An order-of-magnitude default: the vLLM and SGLang teams report CPU-side work
@@ -154,6 +157,18 @@ class ClusterSpec:
         return out
 
     def devices(self) -> tuple[DeviceSpec, ...]:
+        return self._devices
+
+    def device_map(self) -> Mapping[str, DeviceSpec]:
+        """Device name -> device (read-only)."""
+        return self._device_map
+
+    @functools.cached_property
+    def _device_map(self) -> Mapping[str, DeviceSpec]:
+        return MappingProxyType({d.name: d for d in self._devices})
+
+    @functools.cached_property
+    def _devices(self) -> tuple[DeviceSpec, ...]:
         out = []
         for node_name, node, i in self.node_names():
             host = node.hostname.format(i=i) if node.hostname else None

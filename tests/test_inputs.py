@@ -207,12 +207,12 @@ def test_more_values_than_the_limit_are_refused(monkeypatch, tmp_path, capsys):
 
 def test_a_million_devices_are_refused(tmp_path, capsys):
     code, err = _plan(tmp_path, capsys, cluster=_doc(CLUSTER, "nodes.0.count", 10**6))
-    assert code == 2 and "cluster.yaml: nodes: the cluster has 3,000,000 devices" in err and "limit is 1,024" in err
+    assert code == 2 and "cluster.yaml: nodes: the cluster has 3,000,000 devices" in err and "limit is 65,536" in err
 
 
 def test_a_workload_with_1e5_accelerators_is_refused(tmp_path, capsys):
     code, err = _plan(tmp_path, capsys, workload=_doc(WORKLOAD, "maxFPGAs", 10**5))
-    assert code == 2 and "workload.json: field 'maxFPGAs'" in err and "limit is 1,024" in err
+    assert code == 2 and "workload.json: field 'maxFPGAs'" in err and "limit is 65,536" in err
 
 
 def _chain(n: int) -> str:

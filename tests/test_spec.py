@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from llm_planner import units
+from llm_planner.groups import GroupError, group_from_members, tensor_groups
 from llm_planner.spec import SpecError, load_cluster, parse_cluster
 
 SPECS = Path(__file__).resolve().parents[1] / "cluster_specs"
@@ -173,3 +174,25 @@ def test_cli_bad_spec_exit_code(tmp_path, capsys):
     assert main(["show-cluster", str(broken)]) == 2
     err = capsys.readouterr().err
     assert "broken.yaml" in err and "unknown device kind 'tpu'" in err and "Traceback" not in err
+
+
+def test_group_from_members_names_exactly_the_listed_groups():
+    """The direct check gives every aligned group `tensor_groups` lists, and refuses the rest with the reason."""
+    cluster = load_cluster(Path(__file__).resolve().parents[1] / "cluster_specs" / "gpt3-six-servers.yaml")
+    listed = tensor_groups(cluster, 8)
+    assert listed
+    for g in listed:
+        assert group_from_members(cluster, list(g.members)) == g.name
+    h = [f"h100-server-0/h100-80g:{j}" for j in range(8)]
+    with pytest.raises(GroupError, match="not an aligned block"):
+        group_from_members(cluster, h[1:3])  # starts off a multiple of its degree
+    with pytest.raises(GroupError, match="not an aligned block"):
+        group_from_members(cluster, h[:3])  # degree 3 does not divide 8
+    with pytest.raises(GroupError, match="not an aligned block"):
+        group_from_members(cluster, [h[0], h[2]])  # not consecutive
+    with pytest.raises(GroupError, match="not an aligned block"):
+        group_from_members(cluster, h[:4], max_tp=2)
+    with pytest.raises(GroupError, match="mixes nodes"):
+        group_from_members(cluster, [h[0], "h100-server-1/h100-80g:1"])
+    with pytest.raises(GroupError, match="unknown"):
+        group_from_members(cluster, [h[0], "h100-server-0/h100-80g:9"])

@@ -60,9 +60,9 @@ rate grows with C, so the bound takes each piece's largest allowed C.
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, milp
 
-from llm_planner.serving.bound_batches import batch_level_bound
+from llm_planner.serving.bound_batches import SparseRows, batch_level_bound
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layout import CostCache
 
@@ -153,40 +153,27 @@ def concurrency_level_bound(cache: CostCache, classes: tuple[ServerClass, ...], 
         return 0.0
     if any(o[4] == float("inf") for o in options):
         return float("inf")
-    levels = sorted({o[1] for o in options})
-    n_y, n_u = len(options), len(levels)
-    col = {j: n_y + i for i, j in enumerate(levels)}
-    rows, lower, upper = [], [], []
+    by_level: dict[int, list[int]] = {}
+    for i, o in enumerate(options):
+        by_level.setdefault(o[1], []).append(i)
+    n_y, n_u = len(options), len(by_level)
+    rows = SparseRows()
     for sc in classes:  # each device in at most one stage
-        rows.append({i: 1.0 for i, o in enumerate(options) if o[0] == sc.name})
-        lower.append(-np.inf)
-        upper.append(sc.num_devices)
+        rows.add([(i, 1.0) for i, o in enumerate(options) if o[0] == sc.name], -np.inf, sc.num_devices)
     per_layer_s = tpot_slo_s / cache.tasks.num_layers
-    for j in levels:  # a level in use holds at least one copy of the model
-        row = {i: o[3] for i, o in enumerate(options) if o[1] == j}
-        row[col[j]] = -float(cache.tasks.num_layers)
-        rows.append(row)
-        lower.append(0.0)
-        upper.append(np.inf)
-        rows.append({i: o[5] - per_layer_s * o[3] for i, o in enumerate(options) if o[1] == j})  # round trips
-        lower.append(-np.inf)
-        upper.append(0.0)
+    for q, idx in enumerate(by_level.values()):
+        u = n_y + q  # a level in use holds at least one copy of the model
+        rows.add([(i, options[i][3]) for i in idx] + [(u, -float(cache.tasks.num_layers))], 0.0, np.inf)
+        rows.add([(i, options[i][5] - per_layer_s * options[i][3]) for i in idx], -np.inf, 0.0)  # round trips
         for sc in classes:  # no device at an unused level
-            row = {i: 1.0 for i, o in enumerate(options) if o[1] == j and o[0] == sc.name}
-            if row:
-                row[col[j]] = -float(sc.num_devices)
-                rows.append(row)
-                lower.append(-np.inf)
-                upper.append(0.0)
-    a = np.zeros((len(rows), n_y + n_u))
-    for r, row in enumerate(rows):
-        for c, v in row.items():
-            a[r, c] = v
+            mine = [(i, 1.0) for i in idx if options[i][0] == sc.name]
+            if mine:
+                rows.add(mine + [(u, -float(sc.num_devices))], -np.inf, 0.0)
     cost = np.concatenate([-np.array([o[4] for o in options]), np.zeros(n_u)])
     integrality = np.concatenate([np.zeros(n_y), np.ones(n_u)])
     res = milp(
         cost,
-        constraints=LinearConstraint(a, lower, upper),
+        constraints=rows.constraint(n_y + n_u),
         integrality=integrality,
         bounds=Bounds(0, np.concatenate([np.full(n_y, np.inf), np.ones(n_u)])),
         options={"time_limit": BOUND_TIME_LIMIT_S},

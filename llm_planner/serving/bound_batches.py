@@ -127,7 +127,7 @@ def _pair_groups(
     return out
 
 
-class _Rows:
+class SparseRows:
     """A sparse constraint matrix built row by row."""
 
     def __init__(self):
@@ -147,7 +147,7 @@ class _Rows:
         return LinearConstraint(a, self.lo, self.up)
 
 
-def _rate_rows(rows: _Rows, groups: list[_Group]) -> None:
+def _rate_rows(rows: SparseRows, groups: list[_Group]) -> None:
     n = len(groups)
     for g, gr in enumerate(groups):
         y, lam, z = g, n + g, 2 * n + g
@@ -159,7 +159,7 @@ def _rate_rows(rows: _Rows, groups: list[_Group]) -> None:
         rows.add([(lam, 1.0), (y, -1.0)], 0.0, np.inf)
 
 
-def _pair_rows(rows: _Rows, groups: list[_Group], classes, num_layers: int, tpot_slo_s: float) -> int:
+def _pair_rows(rows: SparseRows, groups: list[_Group], classes, num_layers: int, tpot_slo_s: float) -> int:
     """Devices, copies, round trips and Little's law; returns the number of binaries u."""
     n = len(groups)
     pairs: dict[tuple[int, int], list[int]] = {}
@@ -196,7 +196,7 @@ def batch_level_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_s
     groups = _groups(cache, classes, tpot_slo_s)
     if not groups:
         return 0.0
-    rows = _Rows()
+    rows = SparseRows()
     _rate_rows(rows, groups)
     n_u = _pair_rows(rows, groups, classes, cache.tasks.num_layers, tpot_slo_s)
     n = len(groups)

@@ -105,23 +105,21 @@ class ReplicaModel:
             total += _transfer_s(slot.link_next, b * per_seq)
         return total
 
+    def _busy_s(self, s: int, layers: int, concurrency: int, m: int) -> float:
+        """Stage s's busy period: each of the m micro-batches (sizes q + 1 and q) once."""
+        q, big = divmod(concurrency, m)
+        return big * self._stage_s(s, q + 1, layers) + (m - big) * self._stage_s(s, q, layers)
+
     def cycle_s(self, layers: tuple[int, ...], concurrency: int, m: int) -> float:
         """The replica's TPOT (module docstring), without the rest of `evaluate`."""
-        sizes = micro_batch_sizes(concurrency, m)
-        b, small = sizes[0], sizes[-1]
-        n_big = sizes.count(b)
-        trip, busy = self.handoffs_s(b), 0.0
-        for s, n in enumerate(layers):
-            t = self._stage_s(s, b, n)
-            trip += t
-            busy = max(busy, n_big * t + (m - n_big) * self._stage_s(s, small, n))
-        return max(trip, busy)
+        b = -(-concurrency // m)
+        trip = self.handoffs_s(b) + sum(self._stage_s(s, b, n) for s, n in enumerate(layers))
+        return max(trip, max(self._busy_s(s, n, concurrency, m) for s, n in enumerate(layers)))
 
     def evaluate(self, layers: tuple[int, ...], concurrency: int, m: int) -> ReplicaEval:
-        sizes = micro_batch_sizes(concurrency, m)
-        b = sizes[0]
+        b = -(-concurrency // m)
         stage = [self._stage_s(s, b, n) for s, n in enumerate(layers)]
-        busy = [sum(self._stage_s(s, x, n) for x in sizes) for s, n in enumerate(layers)]
+        busy = [self._busy_s(s, n, concurrency, m) for s, n in enumerate(layers)]
         round_trip = sum(stage) + self.handoffs_s(b)
         cycle = max(round_trip, max(busy))
         mem = tuple(

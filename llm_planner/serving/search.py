@@ -41,13 +41,14 @@ def segment_options(ctx: ServingContext, class_name: str) -> list[Segment]:
     return out
 
 
-def _weights_fit(ctx: ServingContext, layout: Layout) -> bool:
-    room = sum(seg.devices * ctx.by_name[seg.class_name].kind.usable_mem_bytes for seg in layout)
-    return (
-        room
-        >= sum(t.weight_bytes for t in ctx.tasks.tasks.values())
-        + (ctx.tasks.num_layers - 1) * ctx.tasks.tasks["block"].weight_bytes
-    )
+def _weights_fit(ctx: ServingContext, layout: Layout, needed: float) -> bool:
+    return sum(seg.devices * ctx.by_name[seg.class_name].kind.usable_mem_bytes for seg in layout) >= needed
+
+
+def _weights_needed(ctx: ServingContext) -> float:
+    """Bytes of every weight of the model: the embedding, head and norm once, the block L times."""
+    parts, layers = ctx.tasks.tasks, ctx.tasks.num_layers
+    return sum(t.weight_bytes for t in parts.values()) + (layers - 1) * parts["block"].weight_bytes
 
 
 AUTO_CANDIDATES = 2000  # --max-classes-per-replica auto: mix three classes only while the candidates stay this few
@@ -59,20 +60,19 @@ def candidate_layouts(ctx: ServingContext) -> list[Layout]:
     names = [c.name for c in ctx.classes]
     options = {name: segment_options(ctx, name) for name in names}
     limit = ctx.options.max_segments or 3
-    out = []
+    needed, out = _weights_needed(ctx), []
     for r in range(1, min(limit, len(names)) + 1):
-        level = _layouts_of(ctx, names, options, r)
-        if ctx.options.max_segments is None and r == 3 and len(out) + len(level) > AUTO_CANDIDATES:
-            log.info(
-                "serving search: %d three-class layouts left out (--max-classes-per-replica 3 to search them)",
-                len(level),
-            )
+        auto = ctx.options.max_segments is None and r == 3
+        level = _layouts_of(ctx, names, options, r, needed, AUTO_CANDIDATES - len(out) if auto else None)
+        if level is None:
+            log.info("serving search: three-class layouts left out (--max-classes-per-replica 3 to search them)")
             break
         out += level
     return out
 
 
-def _layouts_of(ctx: ServingContext, names: list[str], options: dict, r: int) -> list[Layout]:
+def _layouts_of(ctx: ServingContext, names: list[str], options: dict, r: int, needed: float, cap: int | None):
+    """The layouts of r classes that fit the weights, or None once there are more than cap."""
     seen, out = set(), []
     for combo in itertools.combinations(names, r):
         for order in {combo, combo[::-1]}:
@@ -80,8 +80,10 @@ def _layouts_of(ctx: ServingContext, names: list[str], options: dict, r: int) ->
                 if layout in seen or sum(s.stages for s in layout) > min(ctx.options.max_stages, ctx.tasks.num_layers):
                     continue
                 seen.add(layout)
-                if _exportable(ctx, layout) and _weights_fit(ctx, layout):
+                if _exportable(ctx, layout) and _weights_fit(ctx, layout, needed):
                     out.append(layout)
+                    if cap is not None and len(out) > cap:
+                        return None
     return out
 
 
