@@ -46,6 +46,20 @@ cluster and its measured LLaMA-2 70B layer profiles (`llm-planner import helix`)
 Conversation means (prompt 763, output 232).""",
     ),
     Section(
+        "fleet",
+        "Fleets: serving plans for 6 to 512 servers",
+        """\
+Fleets of the three server types of `gpt3-six-servers` (8x H100, 8x A100 80GB, 8x V100 32GB)
+and an L40S type (8x L40S 48GB on PCIe), in proportion; 512 servers hold 4,096 GPUs. Each row
+plans `--objective serving` at a 100 ms TPOT target (the specs are in the results folder) and
+verifies the plan. Identical servers are counts, never copies: the search evaluates replica
+layouts over classes and the fleet MILP chooses how many copies of each, so neither grows with
+the number of servers. Columns: servers and GPUs of the fleet; the model; the plan's tokens/s,
+engineer-best's, their ratio; the bound and gap; the solve time (the whole plan: baselines,
+the layout search within its 60 s limit, the bound) and `verify`'s time; layouts evaluated of
+those left after pricing; the replicas (copies x layout).""",
+    ),
+    Section(
         "helix",
         "Helix's own simulator on Helix's layout and on ours",
         """\
