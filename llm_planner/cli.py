@@ -15,6 +15,8 @@ import sys
 from rich.console import Console
 
 from llm_planner import __version__
+from llm_planner.cli_types import count, positive_seconds, share
+from llm_planner.graph.constants import DTYPE_BYTES, TORCH_DTYPES
 
 console = Console()
 if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
@@ -79,7 +81,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--granularity", choices=GRANULARITIES, default="block", help="decoders: task per block or per sublayer"
     )
-    p.add_argument("--dtype", default="fp16", help="element type of weights and activations (default: fp16)")
+    p.add_argument(
+        "--dtype",
+        default="fp16",
+        choices=tuple(DTYPE_BYTES),
+        help="element type of weights and activations (default: fp16)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of random graphs (RWNN)")
 
 
@@ -122,9 +129,9 @@ def _add_solve_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fall back to highs when gurobi is missing or its licence is too small",
     )
-    p.add_argument("--time-limit", type=float, default=60.0, help="seconds per MILP solve (default: 60)")
-    p.add_argument("--gap", type=float, default=1e-4, help="relative MIP gap to stop at (default: 1e-4)")
-    p.add_argument("--threads", type=int, default=0, help="solver threads (default: backend's choice)")
+    p.add_argument("--time-limit", type=positive_seconds, default=60.0, help="seconds per MILP solve (default: 60)")
+    p.add_argument("--gap", type=share, default=1e-4, help="relative MIP gap to stop at (default: 1e-4)")
+    p.add_argument("--threads", type=count, default=0, help="solver threads (default: backend's choice)")
     p.add_argument(
         "--symmetry",
         choices=SYMMETRY_CHOICES,
@@ -132,7 +139,7 @@ def _add_solve_args(p: argparse.ArgumentParser) -> None:
         help="symmetry breaking among identical devices and servers (default: the solver's own detection)",
     )
     p.add_argument("--contiguous", action="store_true", help="throughput: each device's tasks form a contiguous set")
-    p.add_argument("--workers", type=int, default=0, help="MILP-SPLIT processes (default: all cores)")
+    p.add_argument("--workers", type=count, default=0, help="MILP-SPLIT processes (default: all cores)")
 
 
 def _add_max_tp(p: argparse.ArgumentParser) -> None:
@@ -206,7 +213,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="data parallelism: at most this many shards (default: number of devices)",
     )
     _add_max_tp(p)
-    p.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (default: 60)")
+    p.add_argument("--time-limit", type=positive_seconds, default=60.0, help="seconds per solve (default: 60)")
     p.add_argument(
         "--solvers", default="milp,milp-split", help="comma-separated solvers to compare (default: milp,milp-split)"
     )
@@ -240,7 +247,10 @@ def _build_parser() -> argparse.ArgumentParser:
         help="decoders: tokens generated per request, the prompt's prefill being the first step (default: 16)",
     )
     p.add_argument(
-        "--dtype", default=None, help="element type the ranks compute in (default: the plan's; fp32 is fastest on CPUs)"
+        "--dtype",
+        default=None,
+        choices=tuple(TORCH_DTYPES),
+        help="element type the ranks compute in (default: the plan's; fp32 is fastest on CPUs)",
     )
     p.add_argument("--report", default="run.json", help="JSON run report to write (default: run.json)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the whole run is stopped")

@@ -239,3 +239,24 @@ def test_a_workload_plan_verifies(tmp_path, capsys):
     code, err = _plan(tmp_path, capsys, workload=emit(WORKLOAD))
     assert code == 0
     assert main(["verify", str(tmp_path / "plan.yaml")]) == 0, capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["plan", "--time-limit", "nan"], "--time-limit"),
+        (["plan", "--time-limit", "inf"], "--time-limit"),
+        (["plan", "--time-limit", "0"], "--time-limit"),
+        (["plan", "--threads", "-1"], "--threads"),
+        (["plan", "--workers", "-1"], "--workers"),
+        (["plan", "--gap", "2"], "--gap"),
+        (["plan", "--dtype", "nonsense"], "--dtype"),
+        (["compare-symmetry", "--time-limit", "-1"], "--time-limit"),
+        (["launch", "plan.yaml", "--dtype", "nonsense"], "--dtype"),
+    ],
+)
+def test_flags_out_of_range_are_refused_by_name(args, flag, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--cluster", "c.yaml", "--model", "gpt2"] if args[0] != "launch" else args)
+    assert exc.value.code == 2
+    assert f"argument {flag}:" in capsys.readouterr().err

@@ -169,6 +169,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
             "llm_planner.commands_helix",
             "llm_planner.commands_serving",
             "llm_planner.commands_export",
+            "llm_planner.cli_types",
             "llm_planner.cli",
         ],
         "the command line: parses arguments, calls the layers, prints",

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llm_planner.graph.constants import TORCH_DTYPES
 from llm_planner.plan import Plan, load_plan
 from llm_planner.runtime.table import RankEntry, RankTable, load_rank_table
 
@@ -35,7 +36,6 @@ if TYPE_CHECKING:  # torch and the MPI wrapper load after the world size is chec
 
 log = logging.getLogger("llm_planner.runtime")
 
-TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 TIMEOUT_EXIT = 124
 
 

@@ -135,15 +135,16 @@ def priced_order(
     ctx: ServingContext, layouts: list[Layout], patterns: list[Pattern], rates: dict[str, float]
 ) -> list[Layout]:
     """Layouts that could still improve the fleet LP (optimistic value above the devices' prices), the
-    largest gain per device first: copies of a small layout do what one large layout of the same
-    efficiency does, and a fleet has many more large layouts than small ones."""
+    largest gain per device first, then the fewest devices: copies of a small layout do what one large
+    layout of the same efficiency does, and a fleet has many more large layouts than small ones."""
     prices = fleet_prices(patterns, ctx.capacity)
     scored = []
     for layout in layouts:
         gain = optimistic_tokens(ctx, layout, rates) - sum(n * prices[c] for c, n in layout_usage(layout).items())
         if gain > 1e-9:
-            scored.append((-gain / sum(seg.devices for seg in layout), len(scored), layout))
-    return [layout for _, _, layout in sorted(scored)]
+            devices = sum(seg.devices for seg in layout)
+            scored.append((-gain / devices, devices, len(scored), layout))
+    return [layout for *_, layout in sorted(scored)]
 
 
 def micro_batch_options(ctx: ServingContext, stages: int) -> list[int]:
