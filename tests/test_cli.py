@@ -100,7 +100,7 @@ def test_model_that_does_not_fit_names_the_shortfall(capsys):
         ),
         (
             ["plan", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt2", "--time-limit", "-1"],
-            "time limit",
+            "argument --time-limit: must be a finite number of seconds above 0",
         ),
         (["verify", "cluster_specs/cpu-two-gpus.yaml"], "not a plan file"),
         (["plan", "--model", "gpt2"], "--cluster is required"),
