@@ -284,7 +284,7 @@ def fit_kind(kind: DeviceKindSpec, samples: list[_Sample], path: tuple) -> Fit:
 
 def link_class(cluster: ClusterSpec, src: str, dst: str) -> tuple[str | int, ...] | None:
     """The spec path of the link rule between two devices (as ClusterSpec.link picks it); None on one device."""
-    devices = {d.name: d for d in cluster.devices()}
+    devices = cluster.device_map()
     a, b = devices[src], devices[dst]
     if a.name == b.name:
         return None
@@ -352,7 +352,7 @@ def fit_link(cluster: ClusterSpec, path: tuple, rows: list[tuple[int, int, float
 
 def calibrate(cluster: ClusterSpec, runs: Sequence[RunData]) -> Calibration:
     """Fit every device kind and link class of `cluster` to the runs (see the module docstring)."""
-    devices = {d.name: d for d in cluster.devices()}
+    devices = cluster.device_map()
     for run in runs:
         for name in run.plan.devices_used():
             if name not in devices:

@@ -184,7 +184,7 @@ def _check_options(options: LaunchOptions) -> None:
 
 def rank_entries(plan: Plan, cluster: ClusterSpec, source: str) -> tuple[RankEntry, ...]:
     """One rank per device the plan uses, grouped by host in cluster order."""
-    devices = {d.name: d for d in cluster.devices()}
+    devices = cluster.device_map()
     used = plan.physical_devices_used()
     serves = {m: d for d in plan.devices_used() for m in member_names(d)}
     unknown = [d for d in used if d not in devices]

@@ -59,7 +59,7 @@ def profile_coverage(graph: TaskGraph, cluster: ClusterSpec, profile: Profile) -
 
 def _group_link(problem: PlacementProblem, profile: Profile, device: DeviceSpec) -> LinkSpec:
     """The link a group's collectives cross: measured for its class when the profile has it, else the spec's."""
-    single = {d.name: d for d in problem.cluster.devices()}
+    single = problem.cluster.device_map()
     a, b = single[device.members[0]], single[device.members[1]]
     measured = profile.links.get(link_class(problem.cluster, a, b) or "")
     if measured is not None:
@@ -73,7 +73,7 @@ def _group_collectives(
     """(fixed_s, per_sample_s) of the task's collectives on the group: from a measured all-reduce of the group's
     class and degree when the profile has one (an all-gather of n bytes costs as an all-reduce of k n bytes),
     else the ring model over the group's link (cost.collective_pieces)."""
-    single = {d.name: d for d in problem.cluster.devices()}
+    single = problem.cluster.device_map()
     name = link_class(problem.cluster, single[device.members[0]], single[device.members[1]]) or ""
     measured = profile.links.get(all_reduce_key(name, device.degree))
     if measured is None:

@@ -160,12 +160,12 @@ class ClusterSpec:
         return self._devices
 
     def device_map(self) -> Mapping[str, DeviceSpec]:
-        """Device name -> device (read-only)."""
-        return self._device_map
+        """Device name -> device (a read-only view; the cached dict itself stays picklable)."""
+        return MappingProxyType(self._device_map)
 
     @functools.cached_property
-    def _device_map(self) -> Mapping[str, DeviceSpec]:
-        return MappingProxyType({d.name: d for d in self._devices})
+    def _device_map(self) -> dict[str, DeviceSpec]:
+        return {d.name: d for d in self._devices}
 
     @functools.cached_property
     def _devices(self) -> tuple[DeviceSpec, ...]:

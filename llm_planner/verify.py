@@ -361,7 +361,7 @@ class _Checker:
         from llm_planner.cost import shard_of
 
         p = self.p
-        singles = {d.name: d for d in p.cluster.devices()}
+        singles = p.cluster.device_map()
         members = [singles.get(m) for m in device.members]
         if None in members or len({(m.node, m.kind) for m in members}) != 1:
             self.bad(f"group {device.name!r} is not devices of one kind in one node: {list(device.members)}")

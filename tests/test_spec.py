@@ -196,3 +196,13 @@ def test_group_from_members_names_exactly_the_listed_groups():
         group_from_members(cluster, [h[0], "h100-server-1/h100-80g:1"])
     with pytest.raises(GroupError, match="unknown"):
         group_from_members(cluster, [h[0], "h100-server-0/h100-80g:9"])
+
+
+def test_a_cluster_pickles_after_its_device_map_is_used():
+    """MILP-SPLIT's workers receive the cluster by pickle, possibly after a group check cached its map."""
+    import pickle
+
+    cluster = load_cluster(Path(__file__).resolve().parents[1] / "cluster_specs" / "four-gpus.yaml")
+    first = cluster.devices()[0]
+    assert cluster.device_map()[first.name] == first
+    assert pickle.loads(pickle.dumps(cluster)).device_map()[first.name] == first

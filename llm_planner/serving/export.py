@@ -155,7 +155,7 @@ def build_engines(plan: ServingPlanFile, cluster: ClusterSpec, framework: str) -
         raise ServingExportError(
             f"{where}: model dtype {model['dtype']!r}: {TITLES[framework]} takes one of {', '.join(DTYPE_NAMES)}"
         )
-    by_name = {d.name: d for d in cluster.devices()}
+    by_name = cluster.device_map()
     ordinals = gpu_ordinals(cluster)
     engines = []
     for r, rep in enumerate(plan.replicas):

@@ -152,7 +152,7 @@ def _check_devices(
     if not isinstance(copies, list) or len(copies) != rep["count"]:
         problems.append(f"{where}.devices: expected one list of stages per copy ({rep['count']})")
         return
-    known = {d.name: d for d in ctx.cluster.devices()}
+    known = ctx.cluster.device_map()
     for j, stages in enumerate(copies):
         here = f"{where}.devices[{j}]"
         expected = [seg for seg in pattern.layout for _ in range(seg.stages)]

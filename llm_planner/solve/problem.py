@@ -277,7 +277,7 @@ def _task_pieces(graph: TaskGraph, cluster: ClusterSpec, devices, kinds, dtype: 
     """time_pieces [N, K, 2, 2] and supported [N, K]; ProblemError for a task no device runs."""
     pieces = np.zeros((graph.num_tasks, len(devices), 2, 2))
     supported = np.zeros((graph.num_tasks, len(devices)), dtype=bool)
-    single = {d.name: d for d in cluster.devices()}
+    single = cluster.device_map()
     for i, task in enumerate(graph.tasks):
         for k, (device, kind) in enumerate(zip(devices, kinds)):
             if not cost.task_supported(task, kind) or not task.shards_over(device.degree):
