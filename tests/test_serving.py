@@ -103,30 +103,15 @@ def _compositions(total: int, parts: int):
         yield tuple(b - a for a, b in zip(bounds, bounds[1:]))
 
 
-def _plan(tmp_path, *extra):
+def _serve(tmp_path, *extra, model="llama2-7b", prompt="256", output="128", out="p.yaml") -> int:
+    """`plan --objective serving` on the small fleet, written to tmp_path / out."""
     spec = write_fleet(tmp_path)
-    out = tmp_path / "serving.yaml"
-    rc = main(
-        [
-            "plan",
-            "--cluster",
-            str(spec),
-            "--model",
-            "llama2-7b",
-            "--objective",
-            "serving",
-            "--prompt-len",
-            "256",
-            "--output-len",
-            "128",
-            "--tpot-slo",
-            "50 ms",
-            "-o",
-            str(out),
-            *extra,
-        ]
-    )
-    return rc, out
+    argv = ["plan", "--cluster", str(spec), "--model", model, "--objective", "serving"]
+    return main([*argv, "--prompt-len", prompt, "--output-len", output, "-o", str(tmp_path / out), *extra])
+
+
+def _plan(tmp_path, *extra):
+    return _serve(tmp_path, "--tpot-slo", "50 ms", *extra, out="serving.yaml"), tmp_path / "serving.yaml"
 
 
 def test_plan_file_verifies_and_shows(tmp_path, capsys):
@@ -192,51 +177,14 @@ def test_plan_works_from_another_directory(tmp_path, monkeypatch):
     ],
 )
 def test_bad_targets_exit_2_naming_the_flag(tmp_path, capsys, args, words):
-    spec = write_fleet(tmp_path)
-    rc = main(
-        [
-            "plan",
-            "--cluster",
-            str(spec),
-            "--model",
-            "llama2-7b",
-            "--objective",
-            "serving",
-            "--prompt-len",
-            "256",
-            "--output-len",
-            "128",
-            "-o",
-            str(tmp_path / "p.yaml"),
-            *args,
-        ]
-    )
+    rc = _serve(tmp_path, *args)
     assert rc == 2
     err = capsys.readouterr().err
     assert all(w in err for w in words), err
 
 
 def test_a_context_no_memory_holds_exits_2(tmp_path, capsys):
-    spec = write_fleet(tmp_path)
-    rc = main(
-        [
-            "plan",
-            "--cluster",
-            str(spec),
-            "--model",
-            "llama2-70b",
-            "--objective",
-            "serving",
-            "--prompt-len",
-            "4000",
-            "--output-len",
-            "96",
-            "--tpot-slo",
-            "10 s",
-            "-o",
-            str(tmp_path / "p.yaml"),
-        ]
-    )
+    rc = _serve(tmp_path, "--tpot-slo", "10 s", model="llama2-70b", prompt="4000", output="96")
     assert rc == 2
     assert "one sequence" in capsys.readouterr().err
 

@@ -60,9 +60,8 @@ rate grows with C, so the bound takes each piece's largest allowed C.
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import Bounds, milp
 
-from llm_planner.serving.bound_batches import SparseRows, batch_level_bound
+from llm_planner.serving.bound_batches import SparseRows, batch_level_bound, maximise_with_binaries
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layout import CostCache
 
@@ -169,26 +168,12 @@ def concurrency_level_bound(cache: CostCache, classes: tuple[ServerClass, ...], 
             mine = [(i, 1.0) for i in idx if options[i][0] == sc.name]
             if mine:
                 rows.add(mine + [(u, -float(sc.num_devices))], -np.inf, 0.0)
-    cost = np.concatenate([-np.array([o[4] for o in options]), np.zeros(n_u)])
-    integrality = np.concatenate([np.zeros(n_y), np.ones(n_u)])
-    res = milp(
-        cost,
-        constraints=rows.constraint(n_y + n_u),
-        integrality=integrality,
-        bounds=Bounds(0, np.concatenate([np.full(n_y, np.inf), np.ones(n_u)])),
-        options={"time_limit": BOUND_TIME_LIMIT_S},
-    )
-    if res.status == 0:
-        return -res.fun / cache.tasks.num_layers
-    if res.status == 2:  # no level holds a copy of the model: no plan
-        return 0.0
-    dual = getattr(res, "mip_dual_bound", None)  # stopped early: its dual bound still holds
-    if dual is not None and np.isfinite(dual):
-        return -dual / cache.tasks.num_layers
+    best = maximise_with_binaries(np.array([o[4] for o in options]), rows, n_u)
+    if best is not None:
+        return best / cache.tasks.num_layers
     return sum(sc.num_devices * device_rate_bound(cache, sc, tpot_slo_s) for sc in classes) / cache.tasks.num_layers
 
 
-BOUND_TIME_LIMIT_S = 20.0
 LEVEL_RATIO = 1.25  # concurrency levels of the bound: 1, 1.25, 1.5625, ...
 
 

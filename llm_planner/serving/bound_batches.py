@@ -200,20 +200,27 @@ def batch_level_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_s
     _rate_rows(rows, groups)
     n_u = _pair_rows(rows, groups, classes, cache.tasks.num_layers, tpot_slo_s)
     n = len(groups)
-    cost = np.zeros(3 * n + n_u)
-    cost[2 * n : 3 * n] = -1.0 / cache.tasks.num_layers
-    integrality = np.concatenate([np.zeros(3 * n), np.ones(n_u)])
-    upper = np.concatenate([np.full(3 * n, np.inf), np.ones(n_u)])
+    value = np.zeros(3 * n)
+    value[2 * n :] = 1.0 / cache.tasks.num_layers
+    best = maximise_with_binaries(value, rows, n_u)
+    return float("inf") if best is None else best
+
+
+def maximise_with_binaries(value: np.ndarray, rows: SparseRows, n_binaries: int) -> float | None:
+    """The most value @ x over x >= 0 and n_binaries binaries after them (within the rows): the
+    optimum, 0 when nothing is feasible, HiGHS's dual bound when it stops at its time limit (it
+    still holds), None when it has none."""
+    n = len(value)
     res = milp(
-        cost,
-        constraints=rows.constraint(3 * n + n_u),
-        integrality=integrality,
-        bounds=Bounds(0, upper),
+        np.concatenate([-value, np.zeros(n_binaries)]),
+        constraints=rows.constraint(n + n_binaries),
+        integrality=np.concatenate([np.zeros(n), np.ones(n_binaries)]),
+        bounds=Bounds(0, np.concatenate([np.full(n, np.inf), np.ones(n_binaries)])),
         options={"time_limit": TIME_LIMIT_S},
     )
     if res.status == 0:
         return -res.fun
-    if res.status == 2:  # no pair holds a copy of the model: no plan
+    if res.status == 2:
         return 0.0
-    dual = getattr(res, "mip_dual_bound", None)  # stopped early: its dual bound still holds
-    return -dual if dual is not None and np.isfinite(dual) else float("inf")
+    dual = getattr(res, "mip_dual_bound", None)
+    return -dual if dual is not None and np.isfinite(dual) else None
