@@ -16,10 +16,11 @@ from llm_planner.cli import main
 from llm_planner.graph.transformer import preset_config
 from llm_planner.serving.baselines import class_patterns, engineer_best, even_split, megatron
 from llm_planner.serving.bound import tokens_upper_bound
-from llm_planner.serving.context import ServingContext, ServingOptions
+from llm_planner.serving.context import ServingContext, ServingOptions, build_context
 from llm_planner.serving.layout import Segment
 from llm_planner.serving.replica import micro_batch_sizes
 from llm_planner.serving.search import solve_serving
+from llm_planner.serving.workload import RequestShape, ServingWorkload
 from llm_planner.spec import load_cluster
 
 BIG, SMALL = "bigbox/big", "smallbox/small"
@@ -274,3 +275,19 @@ def _draw_layout(data, ctx, left: dict) -> tuple:
         layout.append(Segment(name, k, n))
         left[name] -= k * n
     return tuple(layout)
+
+
+def test_refined_micro_batches_find_counts_between_1_p2_and_p():
+    """LLaMA-2 70B over four T4s feeding four A100s at 200 ms: the best count of micro-batches is 7,
+    which neither 1, p/2 nor p is; the refined search finds it and is never below the coarse one."""
+    wl = ServingWorkload(requests=(RequestShape(prompt_len=512, output_len=256),), tpot_slo_s=0.2)
+    spec = Path(__file__).resolve().parents[1] / "cluster_specs" / "a100-l4-t4-cloud.yaml"
+    ctx = build_context(str(spec), "llama2-70b", wl, "fp16", ServingOptions())
+    model = ctx.replica((Segment("t4/t4", 1, 4), Segment("a100/a100-40g", 1, 4)))
+    coarse, refined = model.best(), model.best(refine=True)
+    by_m = {m: model.best_at(m) for m in range(1, model.p + 1)}
+    best_m = max((m for m in by_m if by_m[m]), key=lambda m: by_m[m].tokens_per_s)
+    assert best_m not in (1, model.p // 2, model.p)
+    assert refined.tokens_per_s >= coarse.tokens_per_s
+    assert refined.tokens_per_s == pytest.approx(by_m[best_m].tokens_per_s)
+    assert refined.tpot_s <= 0.2

@@ -300,10 +300,37 @@ class ReplicaModel:
                 return cand
         return None
 
-    def best(self, micro_batches: list[int] | None = None, fixed: tuple[int, ...] | None = None) -> ReplicaEval | None:
+    def best(
+        self, micro_batches: list[int] | None = None, fixed: tuple[int, ...] | None = None, refine: bool = False
+    ) -> ReplicaEval | None:
+        """The best operating point over the given micro-batch counts (default 1, p/2, p). With
+        `refine`, every count between the smallest and the largest given may be chosen: the best
+        of those tried is improved by a descent over m (steps halving from a quarter of the range
+        down to 1). Tokens/s is not unimodal in m (a count that divides C evenly may win), so the
+        descent is a search, not a proof."""
         options = micro_batches or sorted({1, max(1, self.p // 2), self.p})
-        evals = [e for m in options if (e := self.best_at(m, fixed)) is not None]
+        tried = {m: self.best_at(m, fixed) for m in options}
+        if refine:
+            self._refine_micro_batches(tried, min(options), max(options), fixed)
+        evals = [e for e in tried.values() if e is not None]
         return max(evals, key=lambda e: e.tokens_per_s, default=None)
+
+    def _refine_micro_batches(self, tried: dict, lo: int, hi: int, fixed) -> None:
+        def value(m: int) -> float:
+            if m not in tried:
+                tried[m] = self.best_at(m, fixed)
+            return tried[m].tokens_per_s if tried[m] is not None else 0.0
+
+        cur = max(tried, key=value)
+        step = max(1, (hi - lo) // 4)
+        while step >= 1:
+            moved = False
+            for m in (cur - step, cur + step):
+                if lo <= m <= hi and value(m) > value(cur):
+                    cur, moved = m, True
+                    break
+            if not moved:
+                step //= 2
 
 
 def _sweep(lo: float, hi: float, steps: int = 8):

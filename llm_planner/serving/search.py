@@ -102,7 +102,7 @@ def evaluate_layouts(ctx: ServingContext, layouts: list[Layout], deadline: float
             log.warning("serving search stopped at its time limit after %d of %d layouts", i, len(layouts))
             return out, i
         model = ctx.replica(layout)
-        ev = model.best(micro_batch_options(ctx, model.p))
+        ev = model.best(micro_batch_options(ctx, model.p), refine=True)
         if ev is not None:
             out.append(Pattern(layout=layout, ev=ev))
     return out, len(layouts)
