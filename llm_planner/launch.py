@@ -8,7 +8,9 @@ table (rank -> device, node, host, tasks; plus what to run) as JSON; then
 
 with the `mpiexec` that sits next to this Python (the MPI of the `mpich`
 wheel that mpi4py was built against; never whatever `mpirun` is first on
-PATH). Everything that can be wrong is checked before mpiexec starts: devices
+PATH). Everything that can be wrong is checked before mpiexec starts: the plan
+as `verify` checks it (llm_planner.verify.verify_plan_file: tensor-parallel groups,
+memory, schedule, objective and bound, every figure re-derived), devices
 missing from the cluster, nodes without a hostname, more ranks than a node has
 slots, a rank count other than the number of devices, a plan that does not
 match the model (or the checkpoint), prompts outside the vocabulary. The files
@@ -34,6 +36,7 @@ from llm_planner.plan import Plan, load_plan
 from llm_planner.runtime.plan_schedule import in_flight_batches
 from llm_planner.runtime.table import RankEntry, RankTable, RunSpec
 from llm_planner.spec import ClusterSpec, load_cluster
+from llm_planner.verify import verify_plan_file
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,12 @@ class LaunchError(ValueError):
     """A plan that cannot be launched as asked; nothing was started."""
 
     exit_code = 2  # the CLI's exit status for bad input
+
+
+class PlanRejected(LaunchError):
+    """A plan that `verify` rejects (one line per violation); nothing was started."""
+
+    exit_code = 1  # as `verify`'s exit status for an invalid plan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,6 +271,9 @@ def build_rank_table(plan_path: str | Path, options: LaunchOptions) -> tuple[Ran
         log.warning(
             "%s changed since the plan was made (sha256 differs); launching on its current hosts", plan.inputs.cluster
         )
+    workload = workload_of(plan, source)
+    prompts = check_model(plan, workload, options, source)
+    check_verified(plan_path)
     entries = rank_entries(plan, cluster, source)
     if options.num_ranks is not None and options.num_ranks != len(entries):
         raise LaunchError(
@@ -270,8 +282,6 @@ def build_rank_table(plan_path: str | Path, options: LaunchOptions) -> tuple[Ran
         )
     if options.fail_rank is not None and not 0 <= options.fail_rank < len(entries):
         raise LaunchError(f"fail_rank {options.fail_rank} is not a rank of this run (0..{len(entries) - 1})")
-    workload = workload_of(plan, source)
-    prompts = check_model(plan, workload, options, source)
     workdir = default_workdir(plan_path, options)
     run = RunSpec(
         plan_path=str(Path(plan_path).resolve()),
@@ -291,6 +301,24 @@ def build_rank_table(plan_path: str | Path, options: LaunchOptions) -> tuple[Ran
         warmup=options.warmup,
     )
     return RankTable(ranks=entries, run=run), plan
+
+
+def check_verified(plan_path: str | Path) -> None:
+    """Launch runs only what `verify` accepts: PlanRejected (exit 1) with the verifier's violations, or the
+    verifier's own bad-input error (exit 2, naming the file and field). Against the files as they are now:
+    a cluster file edited since the plan was made (its hostnames, say) is used if the plan still checks
+    against it, every figure re-derived."""
+    try:
+        report = verify_plan_file(plan_path, check_hashes=False)
+    except ValueError as exc:  # the verifier's bad input (PlanError, InputError, ...): the file cannot be checked
+        message = str(exc)
+        raise LaunchError(message if str(plan_path) in message else f"{plan_path}: {message}") from None
+    if not report.ok:
+        lines = "".join(f"\n  - {v}" for v in report.violations)
+        raise PlanRejected(
+            f"{plan_path}: the verifier rejects this plan ({len(report.violations)} violation(s)); "
+            f"nothing was started:{lines}"
+        )
 
 
 def default_workdir(plan_path: str | Path, options: LaunchOptions) -> Path:

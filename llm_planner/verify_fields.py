@@ -13,12 +13,16 @@ What `verify PLAN` checks, field by field (docs/plan-format.md has the table):
     `check_inputs` here;
   - every primary number (`objective_s`, `lower_bound_s`, `max_load_s`, shard
     sizes, the schedule's times) against the problem: llm_planner.verify;
-  - `solver.status`: `optimal` only when the gap is within the relative gap the
-    plan was solved to (`inputs.options.rel_gap`, else the default): here.
+  - `lower_bound_s`, `gap` and `solver.status` against the bound re-derived here
+    (solve.bounds.combined.lower_bound of the rebuilt problem, the planner's own
+    deterministic procedure): the claimed bound at most the re-derived one, the gap
+    at least what it leaves, `optimal` only when it proves the objective within the
+    relative gap the plan was solved to (`inputs.options.rel_gap`, else the
+    default): `check_bound` and `check_status` here.
 
 Not re-derivable, and so checked for type and finiteness only: `solver.name`,
-`solver.backend`, `solver.time_s`, `solver.details`, `inputs.options`; and
-`lower_bound_s` is checked to be at most the objective, not proved again.
+`solver.backend`, `solver.time_s`, `solver.details` (a solver's own dual bound
+included: `solver_bound_s`, a record, never a proof), `inputs.options`.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import dataclasses
 import math
 
 from llm_planner.plan import Plan, PlanError, PlanInputs
+from llm_planner.solve.bounds.combined import lower_bound
+from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import PlacementProblem
 
 # hashes are compared (with their own messages) by pipeline.problem_from_plan_inputs; options are a record
@@ -57,25 +63,54 @@ def check_inputs(plan: Plan, problem: PlacementProblem) -> list[str]:
     return out
 
 
-def check_status(plan: Plan, *, rel_tol: float) -> list[str]:
-    """`optimal` is a claim about the gap: within the relative gap the plan was solved to."""
+def check_bound(plan: Plan, problem: PlacementProblem, *, rel_tol: float) -> list[str]:
+    """`lower_bound_s` and `gap` against the bound verify re-derives: a bound is accepted only up to
+    what the planner's deterministic procedure gives for these inputs (a solver's own dual bound,
+    which depends on its search and time limit, cannot be re-derived and so proves nothing here)."""
+    if plan.objective != problem.objective or not (math.isfinite(plan.objective_s) and plan.objective_s > 0):
+        return []  # llm_planner.verify names these
+    bound = lower_bound(problem)
+    out = []
+    if plan.lower_bound_s > bound * (1 + rel_tol) + 1e-15:
+        out.append(
+            f"lower_bound_s: the plan claims {plan.lower_bound_s:.6g} s, above the bound {bound:.6g} s that verify "
+            "re-derives from its inputs (solve.bounds.combined.lower_bound); a bound is accepted only up to that"
+        )
+    supported = _gap(plan.objective_s, bound)
+    if plan.gap < supported - rel_tol:
+        out.append(
+            f"gap: the plan claims {plan.gap:.4%}, but the bound verify re-derives ({bound:.6g} s) "
+            f"proves only a gap of {supported:.4%}"
+        )
+    return out
+
+
+def _gap(objective_s: float, bound_s: float) -> float:
+    return max(0.0, (objective_s - bound_s) / objective_s)
+
+
+def check_status(plan: Plan, problem: PlacementProblem, *, rel_tol: float) -> list[str]:
+    """`optimal` is a claim about the gap: the re-derived bound proves the objective within the
+    relative gap the plan was solved to."""
     if plan.solver.status != "optimal":
         return []
-    from llm_planner.solve.options import SolveOptions
-
     rel_gap = plan.inputs.options.get("rel_gap", SolveOptions().rel_gap)
     if isinstance(rel_gap, bool) or not isinstance(rel_gap, (int, float)) or not 0 <= rel_gap < 1:
         return [f"inputs.options.rel_gap is {rel_gap!r}; a status `optimal` needs a relative gap in [0, 1)"]
-    if plan.gap > rel_gap * (1 + rel_tol) + rel_tol:
+    proven = plan.gap
+    if plan.objective == problem.objective and math.isfinite(plan.objective_s) and plan.objective_s > 0:
+        proven = max(proven, _gap(plan.objective_s, lower_bound(problem)))
+    if proven > rel_gap * (1 + rel_tol) + rel_tol:
         return [
-            f"solver.status: the plan claims `optimal`, but its gap {plan.gap:.4%} exceeds the relative gap "
-            f"{rel_gap:.4%} it was solved to (inputs.options.rel_gap)"
+            f"solver.status: the plan claims `optimal`, but the gap its bound proves, {proven:.4%}, exceeds the "
+            f"relative gap {rel_gap:.4%} it was solved to (inputs.options.rel_gap)"
         ]
     return []
 
 
 def check_file_fields(plan: Plan, problem: PlacementProblem, *, rel_tol: float) -> list[str]:
-    out = check_inputs(plan, problem) + check_status(plan, rel_tol=rel_tol)
+    out = check_inputs(plan, problem) + check_bound(plan, problem, rel_tol=rel_tol)
+    out += check_status(plan, problem, rel_tol=rel_tol)
     if not (math.isfinite(plan.solver.time_s) and plan.solver.time_s >= 0):
         out.append(f"solver.time_s is {plan.solver.time_s}; it must be a finite number >= 0")
     return out
@@ -92,7 +127,7 @@ def check_groups_formable(plan: Plan, problem: PlacementProblem, source: str) ->
                 try:
                     group_from_members(problem.cluster, member_names(device))
                 except GroupError as exc:
-                    raise PlanError(f"{source}: shards[{s}].assignment.{task}: {exc}") from None
+                    raise PlanError(f"{source}: shards[{s}].assignment.{task}: {device!r}: {exc}") from None
                 raise PlanError(
                     f"{source}: shards[{s}].assignment.{task}: group {member_names(device)} is larger than the "
                     f"plan's inputs.max_tp ({problem.max_tp}) or runs none of the model's tasks"

@@ -1,11 +1,16 @@
 """One solver interface: `solve(problem, options) -> Plan`, solvers chosen by name.
 
-Every plan leaves here with the best lower bound known for the instance (the
-solver's own, the critical path and the load-balance LP of solve.bounds), with
-the status `optimal` when that bound proves it within the relative gap (a
-baseline or heuristic plan included), and,
-unless options.verify is off, after the independent verifier accepted it: a
-plan that fails verification is a bug and raises.
+Every plan leaves here with the lower bound that `verify` re-derives from the
+plan's inputs alone (solve.bounds.combined.lower_bound: deterministic LPs, no
+time limit), with the status `optimal` only when that bound proves it within the
+relative gap (a baseline or heuristic plan included), and, unless options.verify
+is off, after the independent verifier accepted it: a plan that fails
+verification is a bug and raises.
+
+A solver's own stronger bound (the MILP's dual bound, MILP-SPLIT's chain bound)
+depends on its search and time limit, so `verify` cannot redo it: it is kept as a
+record, `solver.details.solver_bound_s`, and a status `optimal` that only it
+proves becomes `feasible`, with `solver.details.solver_status: optimal`.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ from llm_planner.plan import Plan
 from llm_planner.solve.errors import SolveError, VerificationError
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import PlacementProblem
-from llm_planner.solve.schedule import with_bound
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +34,9 @@ def solve(problem: PlacementProblem, options: SolveOptions | None = None) -> Pla
     plan = _dispatch(problem, options)
     from llm_planner.solve.bounds.combined import lower_bound
 
-    plan = with_bound(plan, lower_bound(problem))
+    plan = verifiable_bound(plan, lower_bound(problem), options.rel_gap)
     # the gap a status `optimal` is judged against (verify_fields.check_status)
     plan = replace(plan, inputs=replace(plan.inputs, options={**plan.inputs.options, "rel_gap": options.rel_gap}))
-    if plan.solver.status == "heuristic" and plan.objective_s <= plan.lower_bound_s * (1 + options.rel_gap):
-        plan = replace(plan, solver=replace(plan.solver, status="optimal"))  # the bound proves it, within the gap
     if options.verify:
         from llm_planner.verify import verify_plan
 
@@ -44,6 +46,26 @@ def solve(problem: PlacementProblem, options: SolveOptions | None = None) -> Pla
                 f"solver {options.solver!r} returned an invalid plan:\n" + "\n".join(report.violations)
             )
     return plan
+
+
+def verifiable_bound(plan: Plan, bound_s: float, rel_gap: float) -> Plan:
+    """The plan with `bound_s` (what verify re-derives) as its lower bound and the status that
+    bound supports; the solver's own bound and status, where they claim more, kept as records."""
+    details = dict(plan.solver.details)
+    if plan.lower_bound_s > bound_s * (1 + 1e-9):
+        details["solver_bound_s"] = float(plan.lower_bound_s)
+    proven = plan.objective_s <= bound_s * (1 + rel_gap)
+    status = plan.solver.status
+    if proven and status == "heuristic":
+        status = "optimal"  # the bound proves it, within the gap
+    elif not proven and status == "optimal":
+        details["solver_status"] = "optimal"  # proven by the solver's own bound only: not re-derivable
+        status = "feasible"
+    return replace(
+        plan,
+        lower_bound_s=float(min(bound_s, plan.objective_s)),
+        solver=replace(plan.solver, status=status, details=details),
+    )
 
 
 def _dispatch(problem: PlacementProblem, options: SolveOptions) -> Plan:
