@@ -17,6 +17,7 @@ from rich.console import Console
 from llm_planner import __version__
 from llm_planner.cli_types import count, positive_seconds, share
 from llm_planner.graph.constants import DTYPE_BYTES, TORCH_DTYPES
+from llm_planner.procs import last_stop_signal, stop_signals_as_interrupt
 
 console = Console()
 if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
@@ -367,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     handler = _serving_handler(args) or handler
     try:
-        return handler(args, console)
+        with stop_signals_as_interrupt():  # SIGTERM and SIGHUP stop a command as Ctrl-C does
+            return handler(args, console)
     except _input_errors() as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
         return EXIT_INPUT
@@ -375,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
         return exc.exit_code
     except KeyboardInterrupt:
-        err_console.print("interrupted")
+        err_console.print(f"interrupted ({last_stop_signal()})")
         return 130
 
 

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llm_planner.fmt import fmt_s, fmt_time, has_file_units
+from llm_planner.procs import last_stop_signal
 
 
 class UserError(Exception):
@@ -123,7 +124,7 @@ def _solve(problem, options, console: Console):
         with progress(console, f"solving with {options.solver}... (Ctrl-C stops it and writes the best plan found)"):
             return api.solve(problem, options)
     except (SolveInterrupted, KeyboardInterrupt) as exc:
-        why = str(exc) or "interrupted before the solver found a plan"
+        why = str(exc) or f"interrupted ({last_stop_signal()}) before the solver found a plan"
         raise UserError(f"{why}: no plan written", exit_code=130) from None
     except api.SolveError as exc:
         raise UserError(str(exc)) from None

@@ -5,10 +5,13 @@
 - a rank that raises writes `error.rank<N>.txt` and the job aborts; a rank that
   dies (killed, out of memory) is named from mpiexec's "BAD TERMINATION ... PID p"
   and the pid files: rank, device, host and the signal or exit code;
-- past the run's timeout (plus a grace for the ranks' own watchdog), and on Ctrl-C
-  (KeyboardInterrupt in the launcher), the launcher stops mpiexec's process group
-  (SIGTERM, then SIGKILL) and any rank still alive by its pid, within
-  STOP_GRACE_S * 2 seconds, then re-raises the interrupt;
+- past the run's timeout (plus a grace for the ranks' own watchdog), and on Ctrl-C, SIGTERM
+  or SIGHUP (KeyboardInterrupt in the launcher: llm_planner.procs), the launcher stops
+  mpiexec's process group (SIGTERM, then SIGKILL) and any rank still alive by its pid,
+  within STOP_GRACE_S * 2 seconds, then re-raises the interrupt;
+- a launcher killed outright (SIGKILL) cannot stop anything: on Linux mpiexec gets SIGTERM
+  from the kernel when the launcher dies (a parent-death signal) and stops its ranks, and each
+  rank dies with its MPI proxy (llm_planner.runtime.__main__);
 - a run that fails writes a report anyway (at the report path: "status": "failed"
   or "interrupted", the error, the failed rank and device), so nothing downstream
   mistakes an old report for this run's.
@@ -17,6 +20,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -27,7 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from llm_planner.atomic import WriteError, write_atomic
+from llm_planner.procs import last_stop_signal, preexec_die_with_parent, stop_signals_deferred
 from llm_planner.runtime.table import RankTable
+
+log = logging.getLogger(__name__)
 
 KILL_GRACE_S = 15.0  # beyond timeout_s: the ranks' own watchdog fires first
 STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long, each waited this long
@@ -49,15 +56,20 @@ def run_mpiexec(command: tuple[str, ...], table: RankTable, timeout_s: float) ->
     workdir = Path(table.run.workdir)
     start = time.perf_counter()
     with open(workdir / "mpiexec.out", "wb") as out, open(workdir / "mpiexec.err", "wb") as err:
-        proc = subprocess.Popen(command, stdout=out, stderr=err, start_new_session=True)
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=err, start_new_session=True, preexec_fn=preexec_die_with_parent()
+        )
         try:
             returncode, timed_out = proc.wait(timeout=timeout_s + KILL_GRACE_S), False
         except subprocess.TimeoutExpired:
             stop(proc, table)
             returncode, timed_out = proc.returncode, True
         except KeyboardInterrupt:
-            stop(proc, table)
-            write_failure(table, "interrupted", "interrupted (Ctrl-C): mpiexec and every rank were stopped", None)
+            with stop_signals_deferred():  # a second signal must not leave the ranks running
+                stop(proc, table)
+            why = f"interrupted ({last_stop_signal()}): mpiexec and every rank were stopped"
+            write_failure(table, "interrupted", why, None)
+            log.warning("%s; report: %s", why, table.run.report_path)
             raise
     duration = time.perf_counter() - start
     tail = _tail(workdir)

@@ -41,8 +41,15 @@ CORE = [
 LAYERS: list[tuple[str, list[str], str]] = [
     (
         "utilities",
-        ["llm_planner", "llm_planner.units", "llm_planner.fmt", "llm_planner.fileio", "llm_planner.atomic"],
-        "formatting, units and file writing that every layer may use",
+        [
+            "llm_planner",
+            "llm_planner.units",
+            "llm_planner.fmt",
+            "llm_planner.fileio",
+            "llm_planner.atomic",
+            "llm_planner.procs",
+        ],
+        "formatting, units, file writing and process lifetime (signals, parent death) that every layer may use",
     ),
     (
         "inputs",

@@ -9,7 +9,9 @@ Started by the launcher as `python -m mpi4py -m llm_planner.runtime TABLE.json`
   into the run's workdir, then the exception leaves the program and
   `python -m mpi4py` calls MPI_Abort, which stops every rank of the job: nobody
   waits forever on a message from a dead rank;
-- a watchdog thread aborts the job when the run exceeds `run.timeout_s`.
+- a watchdog thread aborts the job when the run exceeds `run.timeout_s`;
+- a rank whose parent (mpiexec's proxy on its host) dies, even killed outright, ends
+  (llm_planner.procs.die_with_parent, armed in __main__): no rank outlives its job.
 """
 
 from __future__ import annotations

@@ -66,8 +66,8 @@ class SplitContext:
     def __enter__(self) -> SplitContext:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.pool.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.pool.close(abort=exc_type is not None)  # interrupted or failed: the workers' jobs are not wanted
 
     def costs(self, j: int, allowed: np.ndarray, batch: int, inputs: list[int | None]) -> CostTable:
         """Module j's spans for every input device in `inputs` and every usable output device."""

@@ -1,15 +1,23 @@
 """The workers that solve MILP-SPLIT's subproblems: serially, in a process pool, or in an
 MPI pool when the planner runs under mpirun with several ranks (mpi4py imported lazily).
 Each worker receives the problem once, when it starts.
+
+The workers stop when the planner stops: an interrupted batch (Ctrl-C, SIGTERM, SIGHUP; any
+exception) terminates them instead of waiting for their running subproblems (`Pool.close`,
+`stop_executor`), and a worker whose planner was killed (SIGKILL) ends by itself
+(llm_planner.procs.die_with_parent: the kernel's parent-death signal, or a liveness check).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 from concurrent.futures import Executor, ProcessPoolExecutor
 
+from llm_planner.procs import default_stop_signals, die_with_parent
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import PlacementProblem
 
@@ -29,7 +37,30 @@ def make_executor(options: SolveOptions, num_jobs: int, problem: PlacementProble
             return MPIPoolExecutor(initializer=_init_worker, initargs=(problem,))
         except ImportError:
             log.warning("running under MPI but mpi4py is missing: solving subproblems on this node only")
-    return ProcessPoolExecutor(max_workers=min(workers, num_jobs), initializer=_init_worker, initargs=(problem,))
+    # the kernel's parent-death signal fires when the thread that started the worker ends: only the main thread
+    # surely outlives the pool (a worker started from another thread watches its parent by polling)
+    kernel_watch = threading.current_thread() is threading.main_thread()
+    return ProcessPoolExecutor(
+        max_workers=min(workers, num_jobs),
+        initializer=_init_worker,
+        initargs=(problem, os.getpid(), kernel_watch),
+    )
+
+
+STOP_GRACE_S = 2.0  # a terminated worker has this long to exit before it is killed
+
+
+def stop_executor(executor: Executor) -> None:
+    """Stop a pool at once: queued jobs cancelled, the workers terminated (killed if they linger)."""
+    processes = list((getattr(executor, "_processes", None) or {}).values())  # a ProcessPoolExecutor's workers
+    executor.shutdown(wait=False, cancel_futures=True)
+    for proc in processes:
+        proc.terminate()
+    for proc in processes:
+        proc.join(STOP_GRACE_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(STOP_GRACE_S)
 
 
 class Pool:
@@ -46,18 +77,31 @@ class Pool:
             self._executor = make_executor(self.options, sys.maxsize, self.problem)  # sized by options.workers alone
         return self._executor if num_jobs >= 2 else None
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
+        """End the workers: after their jobs, or at once (`abort`: the run was interrupted or failed)."""
         if self._executor is not None:
-            self._executor.shutdown()
+            if abort:
+                stop_executor(self._executor)
+            else:
+                self._executor.shutdown()
             self._executor = None
 
 
 _worker_problem: PlacementProblem | None = None  # in a pool worker: the problem its jobs belong to
 
 
-def _init_worker(problem: PlacementProblem) -> None:
+def _init_worker(problem: PlacementProblem, parent_pid: int | None = None, kernel_watch: bool = True) -> None:
+    """A pool worker's start: it keeps the problem, exits when the planner does, and leaves SIGTERM to its
+    default (the planner terminates it) and SIGHUP to the planner (a closed terminal stops the planner, which
+    stops its workers)."""
     global _worker_problem
     _worker_problem = problem
+    if parent_pid is not None:
+        default_stop_signals()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        # forked or spawned by the planner; under the forkserver method, by the server, which ends with the planner
+        parent = parent_pid if os.getppid() == parent_pid else os.getppid()
+        die_with_parent(parent, kernel=kernel_watch)
 
 
 def _call(fn, args: tuple, kwargs: dict):
@@ -87,7 +131,10 @@ def run_many(
                 out[key] = fn(problem, *args, **kwargs)
         for key, fut in futures.items():
             out[key] = fut.result()
-    finally:
+    except BaseException:
         if pool is None:
-            executor.shutdown()
+            stop_executor(executor)
+        raise
+    if pool is None:
+        executor.shutdown()
     return out

@@ -1,0 +1,152 @@
+"""Every process `plan` starts stops when it stops, whatever the signal: SIGTERM and SIGHUP act as SIGINT,
+and children whose parent was killed outright (SIGKILL) end by themselves within 10 s (llm_planner.procs).
+The `launch` counterparts, which start mpiexec, are in test_runtime_mpi.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SPECS, sigint_default
+
+from llm_planner import procs
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie waiting for its parent to reap it does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[-1][0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def children(pid: int) -> list[int]:
+    """The children of `pid` (Linux: /proc's list)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def wait_gone(pids: list[int], timeout_s: float) -> float:
+    """Seconds until every pid has ended; fails the test past timeout_s naming those still running."""
+    start = time.monotonic()
+    while any(map(alive, pids)):
+        assert time.monotonic() - start < timeout_s, f"still running after {timeout_s} s: {list(filter(alive, pids))}"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_raise_keyboard_interrupt_and_are_restored(sig):
+    before = signal.getsignal(sig)
+    with pytest.raises(KeyboardInterrupt):
+        with procs.stop_signals_as_interrupt():
+            os.kill(os.getpid(), sig)
+            time.sleep(5)  # the handler runs at the next bytecode
+    assert procs.last_stop_signal() == signal.Signals(sig).name
+    assert signal.getsignal(sig) is before
+
+
+def test_a_stop_signal_calls_the_sigint_handler_in_place(monkeypatch):
+    """The MILP's SIGINT handler (cancel the solve, keep the incumbent) serves SIGTERM too."""
+    calls = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
+    try:
+        with procs.stop_signals_as_interrupt():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert calls == [signal.SIGINT]
+
+
+ORPHAN = """
+import os, sys, time
+from llm_planner import procs
+parent = os.getpid()
+if os.fork() == 0:
+    procs.die_with_parent(parent, kernel={kernel})
+    print(os.getpid(), flush=True)
+    time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["parent-death-signal", "liveness-check"])
+def test_a_child_ends_within_10_s_of_its_parent_being_killed(kernel):
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN.format(kernel=kernel)], stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    assert alive(child)
+    proc.kill()
+    proc.wait()
+    took = wait_gone([child], 10.0)
+    assert took < procs.WATCH_PERIOD_S + 1.0
+
+
+def plan_command(out: Path) -> list[str]:
+    # MILP-SPLIT's workers start about 1 s in and work for about 10 s (2 cores)
+    return [
+        sys.executable,
+        "-m",
+        "llm_planner.cli",
+        "plan",
+        "--cluster",
+        str(SPECS / "four-gpus.yaml"),
+        "--model",
+        "rwnn-ws-3x32",
+        "--solver",
+        "milp-split",
+        "--workers",
+        "2",
+        "--no-baselines",
+        "-o",
+        str(out),
+    ]
+
+
+def start_plan_with_workers(out: Path) -> tuple[subprocess.Popen, list[int]]:
+    proc = subprocess.Popen(
+        plan_command(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default
+    )
+    deadline = time.monotonic() + 30.0
+    while len(children(proc.pid)) < 2:
+        assert proc.poll() is None, f"plan ended before its workers started: {proc.communicate()}"
+        assert time.monotonic() < deadline, "MILP-SPLIT started no workers within 30 s"
+        time.sleep(0.05)
+    time.sleep(0.5)  # the workers are solving subproblems
+    workers = children(proc.pid)
+    assert proc.poll() is None and all(map(alive, workers))
+    return proc, workers
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the workers from /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_to_plan_stops_every_milp_split_worker(tmp_path, sig):
+    proc, workers = start_plan_with_workers(tmp_path / "plan.yaml")
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert time.monotonic() - sent < 10.0
+    wait_gone(workers, 1.0)  # stopped by the planner before it exited
+    assert f"interrupted ({signal.Signals(sig).name})" in " ".join(err.split()) and "Traceback" not in err
+    assert not (tmp_path / "plan.yaml").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the workers from /proc")
+def test_milp_split_workers_end_within_10_s_of_plan_being_killed(tmp_path):
+    proc, workers = start_plan_with_workers(tmp_path / "plan.yaml")
+    proc.kill()
+    proc.communicate(timeout=30)
+    wait_gone(workers, 10.0)
