@@ -87,6 +87,11 @@ LAYERS: list[tuple[str, list[str], str]] = [
         "the problem in numbers, the list scheduler that times an assignment into a Plan, the memory fit",
     ),
     (
+        "bounds",
+        ["llm_planner.solve.bounds.*"],
+        "lower bounds: what every solver and baseline is judged against, and what verify re-derives a plan's from",
+    ),
+    (
         "problem inputs and checks",
         [
             "llm_planner.profile",
@@ -97,8 +102,8 @@ LAYERS: list[tuple[str, list[str], str]] = [
             "llm_planner.verify_sim",
             "llm_planner.serving_profile",
         ],
-        "a problem from input files, and the verifier that checks a plan against it: below every solver, "
-        "so the verifier cannot use one (solve.api calls it on every plan)",
+        "a problem from input files, and the verifier that checks a plan against it (its bound too): below every "
+        "solver, so the verifier cannot use one (solve.api calls it on every plan)",
     ),
     (
         "serving model",
@@ -117,7 +122,6 @@ LAYERS: list[tuple[str, list[str], str]] = [
         ],
         "serving: the steady-state model of a replica, the upper bound and the plan file's check; below every solver",
     ),
-    ("bounds", ["llm_planner.solve.bounds.*"], "lower bounds: what every solver and baseline is judged against"),
     (
         "baselines",
         ["llm_planner.solve.baselines.*"],
