@@ -117,7 +117,7 @@ def _two_kind_problem(widths: list[int], batch: int = 1):
 def test_heft_modules_bounds_stay_below_the_exact_optimum():
     problem = _two_kind_problem([3, 2, 3])
     exact = solve(problem, SolveOptions(solver="milp", time_limit_s=60.0, rel_gap=1e-7))
-    assert exact.solver.status == "optimal"
+    assert "optimal" in (exact.solver.status, exact.solver.details.get("solver_status"))
     for workers in (1, 2):  # HEFT path (modules above max_module_tasks), bounds shared over input devices
         split = solve(problem, SolveOptions(solver="milp-split", max_module_tasks=1, workers=workers))
         assert split.lower_bound_s <= exact.objective_s * (1 + 1e-9)
@@ -242,4 +242,5 @@ def test_a_split_batch_carries_the_module_chain_bound(repo):
     chain = shard_chain_bound(ctx)
     assert chain > lower_bound(problem) * (1 + 1e-3)
     plan = solve(problem, SolveOptions(solver="milp-split", workers=1))
-    assert plan.lower_bound_s >= chain * (1 - 1e-9)
+    assert plan.solver.details["solver_bound_s"] >= chain * (1 - 1e-9)  # kept as a record beside lower_bound_s
+    assert plan.lower_bound_s == pytest.approx(lower_bound(problem), rel=1e-12)  # what verify re-derives

@@ -49,7 +49,7 @@ def test_every_criterion_reaches_the_brute_force_optimum(objective, batch, shard
         for solver in ("milp", "milp-split"):
             plan = solve(problem, SolveOptions(solver=solver, symmetry=criterion, time_limit_s=60, rel_gap=1e-7))
             if solver == "milp":
-                assert plan.solver.status == "optimal", criterion
+                assert "optimal" in (plan.solver.status, plan.solver.details.get("solver_status")), criterion
                 assert plan.objective_s == pytest.approx(best, rel=1e-6), (criterion, solver)
             else:
                 assert plan.objective_s >= best * (1 - 1e-6)
