@@ -12,17 +12,16 @@ import argparse
 import logging
 import sys
 
-from rich.console import Console
-
 from llm_planner import __version__
 from llm_planner.cli_types import count, positive_seconds, share
+from llm_planner.fmt import LiteralConsole, styled
 from llm_planner.graph.constants import DTYPE_BYTES, TORCH_DTYPES
 from llm_planner.procs import last_stop_signal, stop_signals_as_interrupt
 
-console = Console()
+console = LiteralConsole()  # values from files are printed literally, never read as markup
 if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
-    console = Console(width=160)
-err_console = Console(stderr=True, soft_wrap=True)  # an error message is one line, never broken inside a path
+    console = LiteralConsole(width=160)
+err_console = LiteralConsole(stderr=True, soft_wrap=True)  # an error message is one line, never broken inside a path
 
 EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
 
@@ -371,10 +370,10 @@ def main(argv: list[str] | None = None) -> int:
         with stop_signals_as_interrupt():  # SIGTERM and SIGHUP stop a command as Ctrl-C does
             return handler(args, console)
     except _input_errors() as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(styled(("error:", "bold red"), f" {exc}"), highlight=False)
         return EXIT_INPUT
     except commands.UserError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(styled(("error:", "bold red"), f" {exc}"), highlight=False)
         return exc.exit_code
     except KeyboardInterrupt:
         err_console.print(f"interrupted ({last_stop_signal()})")

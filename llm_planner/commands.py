@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from llm_planner.fmt import fmt_s, fmt_time, has_file_units
+from llm_planner.fmt import fmt_s, fmt_time, has_file_units, styled
 from llm_planner.procs import last_stop_signal
 
 
@@ -84,9 +84,13 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if args.profile:
         print_profile_coverage(console, problem, args.profile)
     console.print(
-        f"[bold]{problem.graph.name}[/]: {problem.num_tasks} tasks, {problem.num_edges} edges on "
-        f"[bold]{problem.cluster.name}[/]: {problem.num_physical} devices{_groups_note(problem)}; "
-        f"objective {problem.objective}, batch {problem.batch_size}"
+        styled(
+            (problem.graph.name, "bold"),
+            f": {problem.num_tasks} tasks, {problem.num_edges} edges on ",
+            (problem.cluster.name, "bold"),
+            f": {problem.num_physical} devices{_groups_note(problem)}; "
+            f"objective {problem.objective}, batch {problem.batch_size}",
+        )
     )
     plan = _solve(problem, options, console)
     save_plan(plan, args.output)
@@ -96,10 +100,13 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     console.print(plan_summary_table(plan, rows, file_units=units))
     if interrupted:
         console.print(
-            f"[yellow]interrupted[/]: the best plan found so far, {fmt_time(plan.objective_s, units)}, within "
-            f"{plan.gap:.2%} of the bound {fmt_time(plan.lower_bound_s, units)}"
+            styled(
+                ("interrupted", "yellow"),
+                f": the best plan found so far, {fmt_time(plan.objective_s, units)}, within "
+                f"{plan.gap:.2%} of the bound {fmt_time(plan.lower_bound_s, units)}",
+            )
         )
-    console.print(f"plan written to [bold]{args.output}[/]")
+    console.print(styled("plan written to ", (str(args.output), "bold")))
     if args.export:
         _export(plan, problem, args, console)
     return 130 if interrupted else 0  # a script sees the Ctrl-C (the plan is written and valid)
@@ -149,7 +156,7 @@ def _export(plan, problem, args: argparse.Namespace, console: Console) -> None:
         raise UserError(f"--export {args.export}: the plan has no {args.export} form: {exc}", exit_code=2) from None
     path = _export_path(args)
     write_atomic(path, json.dumps(config, indent=1) + "\n", PlanError)
-    console.print(f"{args.export} configuration written to [bold]{path}[/]")
+    console.print(styled(f"{args.export} configuration written to ", (str(path), "bold")))
 
 
 def _groups_note(problem) -> str:
@@ -202,9 +209,11 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     with progress(console, "rebuilding the problem and simulating..."):
         report = verify_plan_file(args.plan)
     if report.ok:
-        console.print(f"[green]valid[/]: objective {fmt_s(report.simulated_objective_s)} matches the simulation")
+        console.print(
+            styled(("valid", "green"), f": objective {fmt_s(report.simulated_objective_s)} matches the simulation")
+        )
         return 0
-    console.print(f"[red]invalid plan[/] {args.plan}: {len(report.violations)} violation(s)")
+    console.print(styled(("invalid plan", "red"), f" {args.plan}: {len(report.violations)} violation(s)"))
     for v in report.violations:
         console.print(f"  - {v}", highlight=False)
     return 1
@@ -224,7 +233,7 @@ def cmd_show(args: argparse.Namespace, console: Console) -> int:
     console.print(device_table(plan, problem))
     if args.gantt:
         write_gantt(plan, args.gantt)
-        console.print(f"Gantt chart written to [bold]{args.gantt}[/]")
+        console.print(styled("Gantt chart written to ", (str(args.gantt), "bold")))
     return 0
 
 
@@ -350,8 +359,11 @@ def print_profile_coverage(console: Console, problem, profile_path: str) -> None
     coverage = profile_coverage(problem.graph, problem.cluster, load_profile(profile_path))
     total = len(coverage.profiled) + len(coverage.fallback)
     console.print(
-        f"profile [bold]{profile_path}[/]: measured costs for {len(coverage.profiled)} "
-        f"of {total} (task, device kind) pairs",
+        styled(
+            "profile ",
+            (str(profile_path), "bold"),
+            f": measured costs for {len(coverage.profiled)} of {total} (task, device kind) pairs",
+        ),
         highlight=False,
     )
     for kind, tasks in coverage.fallback_tasks().items():

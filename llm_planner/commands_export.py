@@ -7,9 +7,9 @@ import argparse
 import json
 
 from rich.console import Console
-from rich.markup import escape
 
 from llm_planner.commands import UserError
+from llm_planner.fmt import styled
 
 
 def add_export_parser(sub) -> None:
@@ -85,8 +85,7 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
         return 0
     write_atomic(args.output, text, ServingExportError)
     console.print(
-        f"{args.to} {fmt} for {len(export.engines)} engine(s) written to [bold]{escape(args.output)}[/]",
-        highlight=False,
+        styled(f"{args.to} {fmt} for {len(export.engines)} engine(s) written to ", (str(args.output), "bold"))
     )
     return 0
 
@@ -124,5 +123,5 @@ def _export_helix(args: argparse.Namespace, console: Console) -> int:
         console.file.write(text)
         return 0
     write_atomic(args.output, text, UserError)
-    console.print(f"Helix layout written to [bold]{escape(args.output)}[/]", highlight=False)
+    console.print(styled("Helix layout written to ", (str(args.output), "bold")))
     return 0

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llm_planner.commands import UserError, model_spec, progress
-from llm_planner.fmt import fmt_s
+from llm_planner.fmt import LiteralConsole, fmt_s, styled
 
 
 def cmd_launch(args: argparse.Namespace, console: Console) -> int:
@@ -40,7 +40,13 @@ def cmd_launch(args: argparse.Namespace, console: Console) -> int:
         raise UserError(str(exc), exit_code=exc.exit_code) from None
     console.print(launch.describe_result(result))
     if result.ok and not args.dry_run:
-        console.print(f"run report written to [bold]{result.report_path}[/] in {fmt_s(time.perf_counter() - started)}")
+        console.print(
+            styled(
+                "run report written to ",
+                (str(result.report_path), "bold"),
+                f" in {fmt_s(time.perf_counter() - started)}",
+            )
+        )
         if args.measure:
             _print_measurement(console, args.plan, result.report_path, Path(result.workdir) / "measure.json", rows=20)
     return 0 if result.ok else 1
@@ -53,7 +59,7 @@ def _print_measurement(console: Console, plan_path: str, report_path: str, outpu
     for table in measurement_tables(measurement, max_task_rows=rows):
         console.print(table)
     write_measurement(measurement, output)
-    console.print(f"measurement written to [bold]{output}[/]")
+    console.print(styled("measurement written to ", (str(output), "bold")))
 
 
 def cmd_measure(args: argparse.Namespace, console: Console) -> int:
@@ -91,7 +97,7 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
                 fit.kept.get(name, ""),
             )
     console.print(table)
-    console.print(f"corrected spec written to [bold]{args.output}[/]")
+    console.print(styled("corrected spec written to ", (str(args.output), "bold")))
     return 0
 
 
@@ -161,7 +167,7 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
         from llm_planner.profile import save_profile
 
         save_profile(profile, args.output)
-    console.print(f"profile written to [bold]{args.output}[/]")
+    console.print(styled("profile written to ", (str(args.output), "bold")))
     return 0
 
 
@@ -173,10 +179,8 @@ def _profile_as_rank(job):
     try:
         return run_mpi(job)
     except BaseException as exc:  # one rank failing must stop them all, never leave the others waiting
-        err = Console(stderr=True)
-        err.print(
-            f"[bold red]error[/] on rank {MPI.COMM_WORLD.Get_rank()}: {type(exc).__name__}: {exc}", highlight=False
-        )
+        err = LiteralConsole(stderr=True)
+        err.print(styled(("error", "bold red"), f" on rank {MPI.COMM_WORLD.Get_rank()}: {type(exc).__name__}: {exc}"))
         MPI.COMM_WORLD.Abort(2)
         raise
 
@@ -203,7 +207,7 @@ def _profile_locally(job, console: Console):
         task = bar.add_task("building the model...", total=planned_runs(job))
         profile, skipped = profile_local(job, lambda what, n: bar.update(task, advance=n, description=f"timing {what}"))
     for name in skipped:
-        console.print(f"[yellow]not profiled[/]: {name} (a GPU, and CUDA is not available here)", highlight=False)
+        console.print(styled(("not profiled", "yellow"), f": {name} (a GPU, and CUDA is not available here)"))
     return profile
 
 

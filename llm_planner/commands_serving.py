@@ -6,11 +6,10 @@ from __future__ import annotations
 import argparse
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from llm_planner.commands import UserError, progress
-from llm_planner.fmt import fmt_bytes, fmt_s
+from llm_planner.fmt import fmt_bytes, fmt_s, styled
 
 SERVING_SOLVERS = ("serving", "engineer-best", "megatron")
 
@@ -119,7 +118,7 @@ def cmd_plan_serving(args: argparse.Namespace, console: Console) -> int:
         )
     save_serving_plan(data, args.output)
     print_serving(console, data, with_baselines=not args.no_baselines)
-    console.print(f"plan written to [bold]{escape(args.output)}[/]")
+    console.print(styled("plan written to ", (str(args.output), "bold")))
     return 0
 
 
@@ -132,9 +131,10 @@ def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None
     )
     ttft = f", TTFT target {fmt_s(wl['ttft_slo_s'])}" if wl["ttft_slo_s"] else ""
     console.print(
-        f"[bold]{escape(model['name'])}[/] ({model['dtype']}) serving: {escape(shape)}; TPOT target "
-        f"{fmt_s(wl['tpot_slo_s'])}{ttft}",
-        highlight=False,
+        styled(
+            (model["name"], "bold"),
+            f" ({model['dtype']}) serving: {shape}; TPOT target {fmt_s(wl['tpot_slo_s'])}{ttft}",
+        )
     )
     if with_baselines:
         console.print(comparison_table(data))
@@ -166,7 +166,7 @@ def comparison_table(data: dict) -> Table:
             or "-"
         )
         ratio = f"{b['tokens_per_s'] / ref:.2f}x" if ref > 0 else "-"
-        table.add_row(escape(name), f"{b['tokens_per_s']:,.0f}", ratio, escape(reps))
+        table.add_row(name, f"{b['tokens_per_s']:,.0f}", ratio, reps)
     return table
 
 
@@ -194,7 +194,7 @@ def replica_table(data: dict) -> Table:
             table.add_row(
                 str(rep["count"]) if head else "",
                 str(s),
-                escape(dev),
+                dev,
                 str(rep["layers"][s]),
                 str(rep["concurrency"]) if head else "",
                 str(rep["micro_batches"]) if head else "",
@@ -217,14 +217,16 @@ def cmd_verify_serving(args: argparse.Namespace, console: Console) -> int:
     if not problems:
         sv = plan.serving
         console.print(
-            f"[green]valid[/]: {sv['tokens_per_s']:,.0f} tokens/s at TPOT {fmt_s(sv['tpot_s'])}, every replica's "
-            f"steady state fits; bound {sv['upper_bound_tokens_per_s']:,.0f} tokens/s recomputed",
-            highlight=False,
+            styled(
+                ("valid", "green"),
+                f": {sv['tokens_per_s']:,.0f} tokens/s at TPOT {fmt_s(sv['tpot_s'])}, every replica's "
+                f"steady state fits; bound {sv['upper_bound_tokens_per_s']:,.0f} tokens/s recomputed",
+            )
         )
         return 0
-    console.print(f"[red]invalid serving plan[/] {escape(path)}: {len(problems)} violation(s)")
+    console.print(styled(("invalid serving plan", "red"), f" {path}: {len(problems)} violation(s)"))
     for line in problems:
-        console.print(f"  - {escape(line)}", highlight=False)
+        console.print(f"  - {line}", highlight=False)
     return 1
 
 

@@ -9,8 +9,10 @@ there is one, e.g. `nodes[1].devices.a100`), when:
 - it nests deeper than MAX_DEPTH, or holds more than MAX_VALUES values, counting
   each use of a YAML alias (an alias bomb expands by reference, then explodes in
   whatever walks it);
-- with `finite=True` (cluster specs, graph and workload files): a number is not
-  finite (`.inf`, `1e999`, NaN) or an integer is beyond float range.
+- an integer is beyond the range of a float (about 1.8e308; every number the planner
+  reads is used as a float somewhere, so this holds for every file);
+- with `finite=True` (cluster specs, graph, workload and model config files): a
+  number is not finite (`.inf`, `1e999`, NaN).
 The limits are listed in docs/inputs.md.
 """
 
@@ -204,7 +206,7 @@ class _Walk:
                 stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in reversed(list(enumerate(value))))
             elif isinstance(value, _Unreadable):
                 self.fail(path, f"an integer of {len(value.text):,} digits, beyond the range of a float")
-            elif self.finite:
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 self._check_number(value, path)
 
     def _check_mapping(self, value: dict, path: str, depth: int, stack: list) -> None:
@@ -218,8 +220,8 @@ class _Walk:
             (item, f"{path}.{key}" if path else str(key), depth + 1) for key, item in reversed(list(value.items()))
         )
 
-    def _check_number(self, value: Any, path: str) -> None:
-        if isinstance(value, float) and not math.isfinite(value):
+    def _check_number(self, value: int | float, path: str) -> None:
+        if isinstance(value, int) and abs(value) > sys.float_info.max:
+            self.fail(path, f"an integer of {len(str(abs(value))):,} digits, beyond the range of a float")
+        if self.finite and isinstance(value, float) and not math.isfinite(value):
             self.fail(path, f"{value} is not a finite number")
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
-            self.fail(path, "the integer is beyond the range of a float")

@@ -1,6 +1,49 @@
-"""Numbers in readable units for tables and messages."""
+"""Numbers in readable units for tables and messages, and text printed as it is.
+
+Every value the command line prints may come from a file, so text is printed literally:
+`LiteralConsole` reads no rich markup (`[red]`, `[/]`) and no emoji codes in strings, and
+writes control characters (escape sequences, bell, carriage return, bidirectional overrides)
+as escapes; styles are given as `styled(...)` Text, never as markup inside a string.
+"""
 
 from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+# C0 and C1 controls but newline and tab, DEL, and the bidirectional embeddings, overrides and isolates
+_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in "\n\t"}
+_ESCAPES.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+QUOTE_CHARS = 80  # the longest quoted value in a message; longer ones are cut
+
+
+def printable(text: str) -> str:
+    """`text` with control characters written as escapes (`\\x1b`); newlines and tabs kept."""
+    return text.translate(_ESCAPES)
+
+
+def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """The repr of a value for a message, cut to `limit` characters (a 1 MB name is not quoted whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+class LiteralConsole(Console):
+    """A rich console that prints strings literally (see the module docstring)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(markup=False, emoji=False, **kwargs)
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        kwargs.update(markup=False, emoji=False)
+        return super().render_str(printable(text), **kwargs)
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """Text of plain parts and (text, style) pairs, each printed literally: `styled(("valid", "green"), ": ...")`."""
+    return Text.assemble(*((printable(p[0]), p[1]) if isinstance(p, tuple) else printable(p) for p in parts))
 
 
 def fmt_s(seconds: float) -> str:

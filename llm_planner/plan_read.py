@@ -13,6 +13,7 @@ This module knows nothing of the Plan classes (llm_planner.plan builds them).
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 MISSING = object()
@@ -91,6 +92,8 @@ def finite_number(value: Any, fields: Fields, key: str, *, minimum: float | None
             else ""
         )
         raise fields.fail(key, f"expected a number, got {_kind(value)}{hint}")
+    if isinstance(value, int) and abs(value) > sys.float_info.max:
+        raise fields.fail(key, "an integer beyond the range of a float")
     if not math.isfinite(value):
         raise fields.fail(key, f"must be a finite number, got {value}")
     if minimum is not None and value < minimum:

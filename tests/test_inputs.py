@@ -100,7 +100,7 @@ def test_an_infinite_rate_in_a_spec_is_refused(value, tmp_path, capsys):
 
 def test_an_integer_beyond_float_range_is_refused(tmp_path, capsys):
     code, err = _plan(tmp_path, capsys, cluster=_doc(CLUSTER, "device_kinds.0.mem_bytes", Raw("9" * 400)))
-    assert code == 2 and "cluster.yaml: device_kinds[0].mem_bytes: the integer is beyond the range of a float" in err
+    assert code == 2 and "cluster.yaml: device_kinds[0].mem_bytes: an integer of 400 digits, beyond the range" in err
 
 
 @pytest.mark.parametrize("value", [Raw("1e999"), Raw("NaN"), Raw("Infinity")])

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from llm_planner.fileio import parse_document, read_text
+from llm_planner.fmt import quote
+from llm_planner.graph.decoder_limits import check_name, check_sizes, check_values
 from llm_planner.graph.ir import GraphError
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,7 @@ class DecoderConfig:
     hf_model_type: str | None = None  # transformers model_type to_hf_config builds; None: model_type
 
     def __post_init__(self) -> None:
+        check_name("decoder config", self.name)
         where = f"decoder config {self.name!r}"
         if self.model_type not in FAMILIES:
             raise GraphError(f"{where}: model_type must be one of {FAMILIES}, got {self.model_type!r}")
@@ -101,6 +104,8 @@ class DecoderConfig:
             if getattr(self, key) is None:  # unset: the family's default
                 object.__setattr__(self, key, value)
         _check_positive(where, self, ("head_dim", "word_embed_dim"))
+        check_sizes(where, self)
+        check_values(where, self)
         self._check(where)
 
     def _check(self, where: str) -> None:
@@ -154,7 +159,7 @@ def _check_positive(where: str, cfg: DecoderConfig, keys: tuple[str, ...]) -> No
     for key in keys:
         value = getattr(cfg, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise GraphError(f"{where}: {key} must be a positive integer, got {value!r}")
+            raise GraphError(f"{where}: {key} must be a positive integer, got {quote(value)}")
 
 
 # -- presets --------------------------------------------------------------------
@@ -297,7 +302,7 @@ class _Reader:
         if value is None:
             return default
         if isinstance(value, bool) != (kind is bool) or not isinstance(value, (int, float) if kind is float else kind):
-            raise GraphError(f"{self.source}: key {key!r} must be {kind.__name__}, got {value!r}")
+            raise GraphError(f"{self.source}: key {key!r} must be {kind.__name__}, got {quote(value)}")
         return float(value) if kind is float else value
 
 
@@ -309,7 +314,7 @@ def config_from_dict(data: Any, source: str, name: str | None = None) -> Decoder
     hf_type = r.get("model_type", str)
     if hf_type not in HF_MODEL_TYPES:
         raise GraphError(
-            f"{source}: key 'model_type': unsupported {hf_type!r} (supported: {', '.join(HF_MODEL_TYPES)})"
+            f"{source}: key 'model_type': unsupported {quote(hf_type)} (supported: {', '.join(HF_MODEL_TYPES)})"
         )
     name = name or r.get("_name_or_path", str, "") or hf_type
     family = HF_MODEL_TYPES[hf_type]
@@ -394,9 +399,7 @@ def named_config(name: str) -> DecoderConfig | None:
 def load_config_file(path: Path) -> DecoderConfig:
     """Read a transformers config.json (gpt2, opt, llama, mistral, qwen2) without importing transformers."""
     path = Path(path)
-    data = parse_document(
-        read_text(path, GraphError), str(path), GraphError, as_json=True
-    )  # the shared loader's checks
+    data = parse_document(read_text(path, GraphError), str(path), GraphError, as_json=True, finite=True)
     default_name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     name = data.get("_name_or_path") if isinstance(data, dict) else None
     return config_from_dict(data, str(path), name=name if isinstance(name, str) and name else default_name)
