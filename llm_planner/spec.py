@@ -21,7 +21,16 @@ from typing import Any
 from llm_planner import units
 from llm_planner.fileio import load_document
 from llm_planner.graph.constants import DEVICE_TYPES, DTYPE_BYTES
-from llm_planner.spec_fields import Reader, SpecError, as_hostname, as_int, as_str, as_text, nonneg_seconds
+from llm_planner.spec_fields import (
+    Reader,
+    SpecError,
+    as_hostname,
+    as_int,
+    as_str,
+    as_text,
+    hostname_problem,
+    nonneg_seconds,
+)
 
 # Default share of a device's memory that a plan may fill, by device type. vLLM's
 # gpu_memory_utilization defaults to 0.9 for the same reason: the CUDA context, the
@@ -297,6 +306,10 @@ def _read_node(c: Reader, kinds: set[str]) -> NodeSpec:
     )
     if node.slots is not None and node.slots <= 0:
         c.fail(f"must be positive, got {node.slots}", "slots")
+    for i in range(1, node.count) if node.hostname and "{" in node.hostname else ():
+        problem = hostname_problem(node.hostname.format(i=i))
+        if problem is not None:
+            c.fail(f"{problem} (copy {i} of {node.hostname!r})", "hostname")
     c.done()
     return node
 

@@ -3,11 +3,14 @@ is read, and every error names the file, the path of the field and what is wrong
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 import string
 from typing import Any, Callable
 
 from llm_planner import units
+from llm_planner.fmt import quote
 
 
 class SpecError(ValueError):
@@ -71,8 +74,38 @@ def as_str(value: Any) -> str:
     return value
 
 
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def hostname_problem(name: str) -> str | None:
+    """What makes `name` neither a host name (RFC 1123: dot-separated labels of 1 to 63 letters,
+    digits and inner hyphens, 253 characters in all) nor an IPv4 or IPv6 address; None if it is one."""
+    try:
+        ipaddress.ip_address(name)
+        return None
+    except ValueError:
+        pass
+    if len(name) > 253:
+        return f"{quote(name)} is longer than 253 characters"
+    for label in (name[:-1] if name.endswith(".") else name).split("."):
+        if not _LABEL.fullmatch(label):
+            why = (
+                "starts or ends with '-'"
+                if label[:1] == "-" or label[-1:] == "-"
+                else "is empty or longer than 63 characters"
+                if not 0 < len(label) <= 63
+                else "holds a character other than a letter, a digit or '-'"
+            )
+            return (
+                f"{quote(name)} is not a host name or an address: the label {quote(label)} {why} "
+                "(RFC 1123: letters, digits and inner hyphens, labels joined by dots)"
+            )
+    return None
+
+
 def as_hostname(value: Any) -> str:
-    """A hostname, where "{i}" (or "{i:02d}", any integer format) stands for the copy index."""
+    """A hostname, where "{i}" (or "{i:02d}", any integer format) stands for the copy index; the
+    name for copy 0 must be a host name or an address (hostname_problem); spec.py checks every copy."""
     value = as_str(value)
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
@@ -81,9 +114,12 @@ def as_hostname(value: Any) -> str:
         value.format(i=0)
     except (ValueError, KeyError, IndexError):  # a nested field in a format spec, "{i:{w}}", is a KeyError
         raise ValueError(
-            f"{value!r}: the only placeholder a hostname may hold is {{i}} (the copy index; "
+            f"{quote(value)}: the only placeholder a hostname may hold is {{i}} (the copy index; "
             "write {{ and }} for literal braces)"
         ) from None
+    problem = hostname_problem(value.format(i=0))
+    if problem is not None:
+        raise ValueError(problem + (f" (copy 0 of {quote(value)})" if "{" in value else ""))
     return value
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from llm_planner.atomic import write_atomic
 from llm_planner.fileio import read_document
+from llm_planner.spec_fields import hostname_problem
 
 RANK_TABLE_FORMAT = "llm_planner.rank_table"
 RANK_TABLE_VERSION = 1
@@ -98,6 +99,10 @@ def rank_table_from_dict(data: Any, source: str = "<memory>") -> RankTable:
         run = RunSpec(**data["run"])
     except (KeyError, TypeError) as exc:
         raise RankTableError(f"{source}: malformed rank table: {exc}") from None
+    for r in ranks:  # each goes into mpiexec's hostfile
+        problem = hostname_problem(r.hostname) if isinstance(r.hostname, str) else "expected a string"
+        if problem is not None:
+            raise RankTableError(f"{source}: ranks[{r.rank}].hostname: {problem}")
     if [r.rank for r in ranks] != list(range(len(ranks))):
         raise RankTableError(f"{source}: ranks: ranks must be 0..{len(ranks) - 1} in order")
     if not isinstance(run.warmup, int) or isinstance(run.warmup, bool) or run.warmup < 0:
