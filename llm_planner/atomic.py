@@ -6,6 +6,12 @@ POSIX within one file system). A full disk, a killed process or an exception
 while writing leaves the old file (or none) in place, never a half-written one;
 the temporary file is removed on any failure.
 
+A symbolic link is never followed to a file: writing to a link to a regular file
+(or to nothing) is refused, naming the link and its target, so a link planted in a
+shared directory cannot make a command replace another file (the kernel's
+protected_symlinks guards `open`, not a rename over a resolved path). A link to a
+device or a FIFO (`/dev/stdout`) is written through in place, as the device itself is.
+
 `check_writable(path)` tells before a long computation whether `path` can be
 written at all (its directory exists and takes new files, it is not a
 directory), so a command fails in seconds, not after a solve.
@@ -30,7 +36,7 @@ class WriteError(ValueError):
 
 def check_writable(path: str | Path, error: type[Exception] = WriteError) -> None:
     """`error` naming `path` unless a file can be created or replaced there."""
-    path = _target(Path(path))
+    path = _target(Path(path), error)
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise error(f"{path}: cannot write: it is a directory")
@@ -54,7 +60,7 @@ def check_writable(path: str | Path, error: type[Exception] = WriteError) -> Non
 def atomic_path(path: str | Path, error: type[Exception] = WriteError) -> Iterator[Path]:
     """A temporary path beside `path` to write to (for writers that want a file name, such as
     matplotlib's savefig); on leaving without an exception it replaces `path`."""
-    path = _target(Path(path))
+    path = _target(Path(path), error)
     check_writable(path, error)
     if _special(path):  # /dev/null, a FIFO, a terminal: written in place, never replaced by a file
         try:
@@ -85,9 +91,16 @@ def write_atomic(path: str | Path, data: str | bytes, error: type[Exception] = W
             f.write(payload)
 
 
-def _target(path: Path) -> Path:
-    """A symbolic link's target (the link stays a link), else the path itself."""
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+def _target(path: Path, error: type[Exception]) -> Path:
+    """The path itself, a symbolic link to a device or FIFO included (opened through the link, so
+    the kernel's checks of links still apply); `error` for any other link (the module docstring)."""
+    if not path.is_symlink() or _special(path):
+        return path
+    target = Path(os.path.realpath(path))
+    raise error(
+        f"{path}: cannot write: it is a symbolic link (to {target}); a link is never written through: "
+        "give the file's own path, or remove the link"
+    )
 
 
 def _special(path: Path) -> bool:

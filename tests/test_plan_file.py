@@ -204,14 +204,36 @@ def test_an_interrupted_write_leaves_the_old_plan_whole(tmp_path, plan_path, mon
     assert plan_path.read_bytes() == before and len(list(tmp_path.iterdir())) == 3
 
 
-def test_a_write_keeps_the_files_mode_and_a_links_target(tmp_path, plan_path):
+def test_a_write_keeps_the_files_mode_and_never_follows_a_link_to_a_file(tmp_path, plan_path):
     plan_path.chmod(0o640)
-    link = tmp_path / "link.yaml"
-    link.symlink_to(plan_path)
-    save_plan(load_plan(plan_path), link)
-    assert link.is_symlink() and (plan_path.stat().st_mode & 0o777) == 0o640
+    save_plan(load_plan(plan_path), plan_path)
+    assert (plan_path.stat().st_mode & 0o777) == 0o640
+    before = plan_path.read_bytes()
+    for name, target in (("link.yaml", plan_path), ("dangling.yaml", tmp_path / "none.yaml")):
+        link = tmp_path / name
+        link.symlink_to(target)
+        with pytest.raises(ValueError, match=f"{name}: cannot write: it is a symbolic link"):
+            save_plan(load_plan(plan_path), link)
+        assert link.is_symlink() and plan_path.read_bytes() == before and not (tmp_path / "none.yaml").exists()
     save_plan(load_plan(plan_path), os.devnull)  # a device is written in place, never replaced
     assert not os.path.isfile(os.devnull)
+    (tmp_path / "null-link").symlink_to(os.devnull)  # so is a link to one (/dev/stdout is such a link)
+    save_plan(load_plan(plan_path), tmp_path / "null-link")
+    assert (tmp_path / "null-link").is_symlink()
+
+
+def test_plan_refuses_an_output_that_is_a_link_before_the_solve(tmp_path, monkeypatch, capsys):
+    from llm_planner.cli import main
+    from llm_planner.solve import api
+
+    write_inputs(tmp_path)
+    monkeypatch.setattr(api, "solve", lambda *a, **k: pytest.fail("solved before checking -o"))
+    (tmp_path / "victim.txt").write_text("keep")
+    (tmp_path / "plan.yaml").symlink_to(tmp_path / "victim.txt")
+    argv = ["plan", "--graph", str(tmp_path / "g.json"), "--cluster", str(tmp_path / "c.yaml")]
+    assert main([*argv, "-o", str(tmp_path / "plan.yaml")]) == 2
+    assert "plan.yaml: cannot write: it is a symbolic link" in capsys.readouterr().err
+    assert (tmp_path / "victim.txt").read_text() == "keep"
 
 
 @pytest.mark.parametrize("output", ["missing/plan.yaml", "."], ids=["missing-folder", "a-directory"])
