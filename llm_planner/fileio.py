@@ -2,6 +2,8 @@
 
 A file is refused, with a message that names it (and the path of the field where
 there is one, e.g. `nodes[1].devices.a100`), when:
+- it is not a regular file (a FIFO, a device, a directory): it is opened without
+  blocking and checked before a byte is read, so a FIFO never hangs a command;
 - it is larger than MAX_FILE_BYTES, or its bytes are not UTF-8 (a Latin-1 name, a
   UTF-16 file);
 - it is not valid JSON (a `.json` file) or YAML (any other file);
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,16 +48,31 @@ def load_document(path: str | Path, error: type[Exception], *, finite: bool = Fa
     return parse_document(text, str(path), error, as_json=Path(path).suffix == ".json", finite=finite), text
 
 
+def read_bytes(path: str | Path, error: type[Exception]) -> bytes:
+    """The bytes of a regular file of at most MAX_FILE_BYTES; `error` naming it otherwise (a FIFO
+    or a device is refused before anything is read from it, so it never blocks)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+            raise error(f"{path}: cannot read: not a regular file ({what})")
+        try:
+            raw = f.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise error(f"{path}: larger than {MAX_FILE_BYTES:,} bytes, the limit for an input file")
+    return raw
+
+
 def read_text(path: str | Path, error: type[Exception]) -> str:
     """The file's text (UTF-8, newlines as "\\n"); `error` for an unreadable, too large or non-UTF-8 file."""
     path = Path(path)
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise error(f"{path}: larger than {MAX_FILE_BYTES:,} bytes, the limit for an input file")
+    raw = read_bytes(path, error)
     for bom, name in _BOMS.items():
         if raw.startswith(bom):
             raise error(f"{path}: the file is {name} text; save it as UTF-8")

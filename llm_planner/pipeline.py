@@ -8,9 +8,10 @@ that changed since it was made.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
-from llm_planner.fileio import read_document
+from llm_planner.fileio import read_bytes, read_document, read_text
 from llm_planner.graph.ir import GraphError, TaskGraph, graph_from_dict
 from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.plan import PlanInputs
@@ -145,10 +146,34 @@ def _profile_sha256(profile_path: str | None) -> str:
     return file_sha256(profile_path)
 
 
+INPUT_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _check_input_files(inputs: PlanInputs, graph_path: str | None, check_hashes: bool) -> None:
+    """A plan's input paths name cluster, graph and profile files (by their suffix; regular files,
+    as fileio reads every file); the recorded hashes of the cluster and the profile match their bytes."""
+    for field, path in (("cluster", inputs.cluster), ("model.graph", graph_path), ("profile", inputs.profile)):
+        if path is not None and Path(path).suffix.lower() not in INPUT_SUFFIXES:
+            raise InputError(
+                f"inputs.{field}: {path!r} is not a cluster, graph or profile file "
+                f"(expected {', '.join(INPUT_SUFFIXES)})"
+            )
+    if not check_hashes:
+        return
+    if inputs.cluster and inputs.cluster_sha256:
+        if hashlib.sha256(read_text(inputs.cluster, InputError).encode()).hexdigest() != inputs.cluster_sha256:
+            raise InputError(f"{inputs.cluster}: the cluster file changed since the plan was made (sha256 differs)")
+    if inputs.profile and inputs.profile_sha256:
+        if hashlib.sha256(read_bytes(inputs.profile, InputError)).hexdigest() != inputs.profile_sha256:
+            raise InputError(f"{inputs.profile}: the profile file changed since the plan was made (sha256 differs)")
+
+
 def problem_from_plan_inputs(inputs: PlanInputs, *, check_hashes: bool = True) -> PlacementProblem:
-    """Rebuild the problem a plan was made for; InputError if a file changed since."""
+    """Rebuild the problem a plan was made for; InputError if a file changed since (checked before
+    the file is parsed, so a plan naming some other file gets no line of it quoted back)."""
     model_dict = dict(inputs.model)
     graph_path = model_dict.pop("graph", None)
+    _check_input_files(inputs, graph_path, check_hashes)
     model = None if graph_path is not None else ModelSpec.from_dict(model_dict)
     problem = problem_from_inputs(
         cluster_path=inputs.cluster,

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
-from llm_planner.fileio import read_document
+from llm_planner.fileio import read_bytes, read_document
 from llm_planner.graph.ir import Task, TaskGraph
 
 if TYPE_CHECKING:
@@ -408,7 +408,4 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def file_sha256(path: str | Path) -> str:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return hashlib.sha256(read_bytes(path, ProfileError)).hexdigest()

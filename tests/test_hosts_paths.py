@@ -6,7 +6,10 @@ checkpoint. (`-o` and symbolic links: tests/test_plan_file.py.)"""
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,3 +58,62 @@ def test_host_names_and_addresses_are_accepted(hostname):
 def test_the_rules_of_a_host_name():
     assert hostname_problem("a-b.c1") is None and hostname_problem("192.168.1.1") is None
     assert hostname_problem("a" * 254) is not None and "-x" in hostname_problem("-x")
+
+
+def _verify(plan: Path, capsys) -> tuple[int, str]:
+    from llm_planner.cli import main
+
+    code = main(["verify", str(plan)])
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Traceback" not in err
+    return code, err
+
+
+def _plan_naming(tmp_path: Path, cluster: str) -> Path:
+    from plan_files import written_plan
+
+    plan = written_plan(tmp_path)
+    text = re.sub(r"^  cluster: .*$", f"  cluster: {json.dumps(cluster)}", plan.read_text(), count=1, flags=re.M)
+    plan.write_text(text)
+    return plan
+
+
+def test_a_plan_naming_a_fifo_as_its_cluster_is_refused_without_hanging(tmp_path, capsys):
+    fifo = tmp_path / "cluster-fifo.yaml"
+    os.mkfifo(fifo)
+    started = time.perf_counter()
+    code, err = _verify(_plan_naming(tmp_path, str(fifo)), capsys)
+    assert code == 2 and "cluster-fifo.yaml: cannot read: not a regular file (a FIFO)" in err
+    assert time.perf_counter() - started < 10
+
+
+def test_a_plan_naming_another_file_gets_no_line_of_it_quoted(tmp_path, capsys):
+    secret = tmp_path / "secret.yaml"
+    secret.write_text("password: [hunter2\n")  # not even valid YAML: a parse error would quote the line
+    code, err = _verify(_plan_naming(tmp_path, str(secret)), capsys)
+    assert code == 2 and "secret.yaml: the cluster file changed since the plan was made" in err
+    assert "hunter2" not in err
+    code, err = _verify(_plan_naming(tmp_path, "/etc/passwd"), capsys)
+    assert code == 2 and "inputs.cluster: '/etc/passwd' is not a cluster, graph or profile file" in err
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "/etc/passwd", "a/../../x.safetensors", ""])
+def test_a_shard_path_may_not_leave_the_checkpoint_directory(tmp_path, shard):
+    from llm_planner.runtime.weights import CheckpointWeights, WeightsError
+
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": shard}}))
+    with pytest.raises(WeightsError, match="weight_map.w: .* is not a file name inside the checkpoint directory"):
+        CheckpointWeights(tmp_path)
+
+
+def test_a_shard_that_is_a_fifo_is_refused_before_it_is_opened(tmp_path):
+    from llm_planner.runtime.weights import CheckpointWeights, WeightsError
+
+    os.mkfifo(tmp_path / "shard.safetensors")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "shard.safetensors"}}))
+    with pytest.raises(WeightsError, match="shard.safetensors: not a regular file"):
+        CheckpointWeights(tmp_path)
+    os.mkfifo(tmp_path / "model.safetensors")
+    (tmp_path / "model.safetensors.index.json").unlink()
+    with pytest.raises(WeightsError, match="model.safetensors: not a regular file"):
+        CheckpointWeights(tmp_path)

@@ -18,17 +18,26 @@ A checkpoint reads only those bytes (safetensors slices); the seeded source
 draws the full tensor from its generator and keeps the slice (the values must be
 those of the whole model's tensor, and a generator cannot skip ahead).
 
+A sharded checkpoint's index is read by llm_planner.fileio (a regular file, size
+limits); its shard names must be relative paths that stay inside the checkpoint
+directory (no absolute path, no `..`), and every shard named must be a regular
+file there (a FIFO never blocks a rank). Links inside the directory are followed
+(a Hugging Face cache links snapshots to its blobs).
+
 Tied weights (an LM head that shares the embedding matrix) are read under the
 name of the tensor they are tied to; `aliases` maps one to the other.
 """
 
 from __future__ import annotations
 
-import json
+import os
+import stat
 import zlib
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
+
+from llm_planner.fileio import read_document
 
 
 class WeightsError(ValueError):
@@ -57,18 +66,45 @@ class SeededWeights:
         return self.tensor(name, shape).narrow(dim, start, stop - start).clone()
 
 
+def _weight_map(directory: Path, index: Path) -> dict[str, Path]:
+    """Tensor name -> shard file of a sharded checkpoint (the module docstring's rules)."""
+    data = read_document(index, WeightsError)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        raise WeightsError(f"{index}: weight_map: expected a mapping of tensor name to shard file")
+    out, shards = {}, {}
+    for name, shard in weight_map.items():
+        if shard not in shards:
+            parts = PurePosixPath(shard).parts if isinstance(shard, str) else ()
+            if not parts or PurePosixPath(shard).is_absolute() or ".." in parts or "\\" in shard:
+                raise WeightsError(
+                    f"{index}: weight_map.{name}: {shard!r} is not a file name inside the checkpoint directory"
+                )
+            shards[shard] = directory.joinpath(*parts)
+            _check_regular(shards[shard], index)
+        out[name] = shards[shard]
+    return out
+
+
+def _check_regular(path: Path, source: Path) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise WeightsError(f"{source}: {path}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise WeightsError(f"{source}: {path}: not a regular file")
+
+
 class CheckpointWeights:
     def __init__(self, directory: str | Path, *, aliases: dict[str, str] | None = None):
         self.directory = Path(directory)
         self.aliases = dict(aliases or {})
         index = self.directory / "model.safetensors.index.json"
         single = self.directory / "model.safetensors"
-        if index.is_file():
-            try:
-                self.file_of = {k: self.directory / v for k, v in json.loads(index.read_text())["weight_map"].items()}
-            except (OSError, KeyError, json.JSONDecodeError) as exc:
-                raise WeightsError(f"{index}: cannot read the weight map: {exc}") from None
-        elif single.is_file():
+        if index.exists():
+            self.file_of = _weight_map(self.directory, index)
+        elif single.exists():
+            _check_regular(single, single)
             from safetensors import safe_open
 
             with safe_open(str(single), framework="pt") as f:
