@@ -20,6 +20,13 @@ workdir=${2:-launch/$stem}
 python=${PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
 "$python" -m llm_planner.cli launch "$plan" --dry-run --workdir "$workdir" --report "$workdir/run.json"
 echo
+# command.txt is one shell-quoted command line (shlex.join); it is split into words by
+# Python's shlex, never evaluated by the shell, and run as an array.
+mapfile -d '' -t command < <("$python" -c 'import shlex, sys; print(*shlex.split(open(sys.argv[1]).read()), sep="\0", end="\0")' "$workdir/command.txt")
+case "${command[0]:-}" in
+  */mpiexec | mpiexec) ;;
+  *) echo "error: $workdir/command.txt: expected an mpiexec command, got '${command[0]:-}'" >&2; exit 2 ;;
+esac
 echo "running: $(cat "$workdir/command.txt")"
-eval "$(cat "$workdir/command.txt")"  # command.txt is shell-quoted by the launcher
+"${command[@]}"
 echo "report: $workdir/run.json"

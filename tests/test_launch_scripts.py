@@ -79,3 +79,18 @@ def test_slurm_script_refuses_hosts_the_job_was_not_given(plan, tmp_path):
     assert (
         "runs on host(s) localhost of its cluster spec, which this job was not given (allocated: node-a)" in proc.stderr
     )
+
+
+def test_slurm_script_evaluates_nothing_from_the_environment(plan, tmp_path):
+    env = _fake_slurm(tmp_path, "localhost")
+    env["MPIEXEC_LAUNCHER"] = "fork $(touch pwned-subst); touch pwned"
+    proc = subprocess.run(
+        ["bash", str(REPO / "launch" / "slurm.sbatch"), str(plan)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2 and "MPIEXEC_LAUNCHER: expected the name of one of Hydra's launchers" in proc.stderr
+    assert not list(tmp_path.glob("pwned*"))
