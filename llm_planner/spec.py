@@ -228,7 +228,7 @@ def _read_intra_links(r: Reader, key: str, kinds: set[str]) -> tuple[IntraLinkSp
     items = r.get(key, default=[])
     if not isinstance(items, list):
         r.fail("expected a list", key)
-    out = []
+    out, first_of = [], {}
     for i, item in enumerate(items):
         c = r.child(f"{key}[{i}]", item)
         between = c.get("between")
@@ -237,6 +237,10 @@ def _read_intra_links(r: Reader, key: str, kinds: set[str]) -> tuple[IntraLinkSp
         for k in between:
             if k not in kinds:
                 c.fail(f"unknown device kind {k!r} (known: {', '.join(sorted(kinds))})", "between")
+        pair = frozenset(between)
+        if pair in first_of:
+            c.fail(f"a second rule for kinds {between[0]!r} and {between[1]!r} ({key}[{first_of[pair]}] is the first)")
+        first_of[pair] = i
         link = _read_link_fields(c)
         out.append(IntraLinkSpec(between=(between[0], between[1]), **link))
     return tuple(out)
@@ -266,6 +270,8 @@ def _read_kind(c: Reader) -> DeviceKindSpec:
     peak = tuple((str(dtype), flops_reader.get(dtype, units.parse_flops, positive=True)) for dtype in flops_raw)
     mem_raw = c.data.get("mem_bytes")
     mem = math.inf if mem_raw == "unlimited" else c.get("mem_bytes", units.parse_bytes, positive=True)
+    if mem < 1:
+        c.fail(f"must be at least 1 byte, got {mem_raw!r}", "mem_bytes")
     c.used.add("mem_bytes")
     spec = DeviceKindSpec(
         name=name,

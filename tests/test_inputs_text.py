@@ -111,3 +111,31 @@ def test_the_literal_console_reads_no_markup_and_escapes_controls():
     assert captured.get() == "[bold]x[/] \\x1b]0;title\\x07 \\u202eevil\nok: [/]\\x1b\n"
     assert printable("a\tb\nc\r") == "a\tb\nc\\x0d"
     assert quote("y" * 1000) == repr("y" * 1000)[:80] + "... (1,002 characters)"
+
+
+def _spec_error(edit) -> str:
+    from input_mutations import CLUSTER as BASE
+
+    from llm_planner.spec import SpecError, parse_cluster
+
+    data = json.loads(json.dumps(BASE))
+    edit(data)
+    with pytest.raises(SpecError) as info:
+        parse_cluster(data, source="cluster.yaml")
+    return str(info.value)
+
+
+def test_two_link_rules_for_one_pair_of_kinds_are_refused():
+    def twice(data):
+        rules = data["links"].setdefault("intra_node", [])
+        rule = {"between": ["gpu0", "gpu0"], "bw_bytes_per_s": "1 GB/s", "latency_s": "1 us"}
+        rules[:] = [*rules, rule, {**rule, "bw_bytes_per_s": "9 GB/s"}]
+
+    assert "a second rule for kinds 'gpu0' and 'gpu0'" in _spec_error(twice)
+
+
+def test_a_memory_below_one_byte_is_refused():
+    def tiny(data):
+        data["device_kinds"][0]["mem_bytes"] = 5e-324
+
+    assert "cluster.yaml: device_kinds[0].mem_bytes: must be at least 1 byte, got 5e-324" in _spec_error(tiny)
