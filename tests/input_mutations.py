@@ -187,7 +187,44 @@ BAD_VALUES = [
     Raw("Infinity"),
     Raw("1" * 400),
     Raw("1" * 5000),
+    # issue 26's families: tiny, huge and negative numbers; rich markup, escape sequences and
+    # hostfile or option injection in text; long text
+    5e-324,
+    -1e-6,
+    2**63,
+    1_000_000,
+    "[/]",
+    "a[red]b[/red]",
+    "a\x1b[2Jb\x07",
+    "host\nevil:64",
+    "-oProxyCommand=x",
+    "x" * 2000,
 ]
+# A transformers config.json of each family the planner reads; mutated like the other files.
+CONFIG_LLAMA = {
+    "model_type": "llama",
+    "_name_or_path": "fuzz-llama",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "max_position_embeddings": 128,
+    "intermediate_size": 128,
+    "vocab_size": 100,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+}
+CONFIG_GPT2 = {
+    "model_type": "gpt2",
+    "n_embd": 64,
+    "n_head": 4,
+    "n_layer": 2,
+    "n_positions": 128,
+    "vocab_size": 100,
+    "layer_norm_epsilon": 1e-5,
+    "activation_function": "gelu_new",
+}
 YAML_VALUES = [Raw(".inf"), Raw("-.inf"), Raw(".nan"), Raw("~"), Raw("!!binary aGk="), Raw("2021-02-30")]
 
 

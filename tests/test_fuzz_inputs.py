@@ -1,16 +1,19 @@
-"""Fuzzing the input files: mutated cluster specs, graph files and workload files.
+"""Fuzzing the input files: mutated cluster specs, graph files, workload files and model configs.
 
-For every mutation (tests/input_mutations.py: wrong types, bad numbers, unknown names, stray
-braces, repeated keys, encodings, cut syntax, deep nesting, alias bombs and huge values) the
-CLI, called in-process, either plans and the plan passes `verify`, or exits 2 with one
-message that names the file (and, for a field mutation, a field) and no traceback, in
-seconds. An exception other than the input errors escapes main() and fails the test.
+For every mutation (tests/input_mutations.py: wrong types, bad numbers (tiny, huge, beyond float
+range), unknown names, stray braces, rich markup, escape sequences, hostfile and option injection,
+long text, repeated keys, encodings, cut syntax, deep nesting, alias bombs and huge values) of a
+cluster spec, a graph file, a workload file or a model's config.json, the CLI, called in-process,
+either plans and the plan passes `verify`, or exits 2 with one message that names the file (and,
+for a field mutation, a field) and no traceback, in seconds; no control character from a file
+reaches the output. An exception other than the input errors escapes main() and fails the test.
 Examples are derandomized: the same ones run every time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import re
 import sys
@@ -23,9 +26,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llm_planner.cli import main
+from llm_planner.graph.transformer import DecoderConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
-from input_mutations import CLUSTER, FILE_WIDE, GRAPH, WORKLOAD, emit, field_mutation, file_mutation  # noqa: E402
+from input_mutations import (  # noqa: E402
+    CLUSTER,
+    CONFIG_GPT2,
+    CONFIG_LLAMA,
+    FILE_WIDE,
+    GRAPH,
+    WORKLOAD,
+    emit,
+    field_mutation,
+    file_mutation,
+)
 
 SECONDS_PER_RUN = 20.0  # far above what any example takes; a hang fails here or at the test timeout
 EXAMPLES = 60
@@ -66,6 +80,7 @@ _ACROSS_FILES = ("memory cannot hold the model", "placement pairs")
 def _check(argv: list[str], mutated: Path, base: dict, kind: str, what: str, workdir: Path) -> None:
     code, out, err = _run(argv)
     assert "Traceback" not in out + err, what
+    assert "\x1b" not in out + err and "\x07" not in out + err, f"{what}: a control character reached the output"
     if code == 0:
         plan = argv[argv.index("-o") + 1]
         vcode, vout, verr = _run(["verify", plan])
@@ -78,6 +93,8 @@ def _check(argv: list[str], mutated: Path, base: dict, kind: str, what: str, wor
     if kind in FILE_WIDE or any(s in message for s in _ACROSS_FILES):
         return
     keys = _fields(base) | {f + "x" for f in _fields(base)} | {"unknown_field"}  # the names a mutation may write
+    if base in (CONFIG_LLAMA, CONFIG_GPT2):  # a config's values are named as the decoder's fields
+        keys |= {f.name for f in dataclasses.fields(DecoderConfig)} | {"name"}
     named = {f for f in keys if re.search(rf"\b{re.escape(f)}\b", message)}
     assert named or "[" in message, f"{what}: the message names no field: {message}"
 
@@ -145,6 +162,18 @@ def _fuzz_workload(kind: str, what: str, content, objective: str) -> None:
         _check(argv, workload, WORKLOAD, kind, what, tmp)
 
 
+def _fuzz_config(kind: str, what: str, content) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "model").mkdir()
+        config = _write(tmp / "model" / "config.json", content)
+        cluster = _write(tmp / "cluster.yaml", emit(CLUSTER))
+        argv = ["plan", "--model", str(tmp / "model"), "--cluster", str(cluster), "--no-baselines"]
+        text = content.decode("utf-8", "replace") if isinstance(content, bytes) else content
+        base = CONFIG_GPT2 if "n_embd" in text else CONFIG_LLAMA
+        _check([*argv, "-o", str(tmp / "plan.yaml")], config, base, kind, what, tmp)
+
+
 def _mutations(base: dict, yaml: bool):
     """Three field mutations to one of the whole file."""
     field = field_mutation(base, yaml=yaml)
@@ -155,6 +184,8 @@ def test_the_unmutated_files_plan_and_verify():
     _fuzz_cluster("none", "unmutated cluster", emit(CLUSTER))
     _fuzz_graph("none", "unmutated graph", emit(GRAPH))
     _fuzz_workload("none", "unmutated workload", emit(WORKLOAD), "latency")
+    _fuzz_config("none", "unmutated llama config", emit(CONFIG_LLAMA))
+    _fuzz_config("none", "unmutated gpt2 config", emit(CONFIG_GPT2))
 
 
 @FUZZ
@@ -173,6 +204,12 @@ def test_mutated_graph_files(mutation):
 @given(_mutations(WORKLOAD, yaml=False), st.sampled_from(["latency", "throughput"]))
 def test_mutated_workload_files(mutation, objective):
     _fuzz_workload(*mutation, objective)
+
+
+@settings(FUZZ, max_examples=EXAMPLES // 2)
+@given(st.one_of(_mutations(CONFIG_LLAMA, yaml=False), _mutations(CONFIG_GPT2, yaml=False)))
+def test_mutated_model_configs(mutation):
+    _fuzz_config(*mutation)
 
 
 @pytest.mark.slow
