@@ -117,6 +117,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
             "llm_planner.serving.context",
             "llm_planner.serving.bound",
             "llm_planner.serving.bound_batches",
+            "llm_planner.serving.bound_cells",
             "llm_planner.serving.plan_file",
             "llm_planner.serving.verify",
         ],

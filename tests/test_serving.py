@@ -16,6 +16,7 @@ from llm_planner.cli import main
 from llm_planner.graph.transformer import preset_config
 from llm_planner.serving.baselines import class_patterns, engineer_best, even_split, megatron
 from llm_planner.serving.bound import tokens_upper_bound
+from llm_planner.serving.bound_cells import cell_bound
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context
 from llm_planner.serving.layout import Segment
 from llm_planner.serving.replica import micro_batch_sizes
@@ -245,7 +246,11 @@ def bound_ctx(request, tmp_path_factory):
         cluster = load_cluster(str(Path(__file__).resolve().parents[1] / "cluster_specs" / "four-gpus.yaml"))
     model = "llama2-13b" if request.param == "mixed" else "llama3-8b"
     ctx = ServingContext(cluster, preset_config(model), workload(256, 128, 0.03), "fp16", ServingOptions())
-    return ctx, tokens_upper_bound(ctx.cache, ctx.classes, 0.03)
+    bounds = (
+        tokens_upper_bound(ctx.cache, ctx.classes, 0.03),
+        cell_bound(ctx.cache, ctx.classes, 0.03, cluster.inter_node),
+    )
+    return ctx, bounds
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -253,13 +258,13 @@ def bound_ctx(request, tmp_path_factory):
 def test_bound_holds_for_any_fleet(bound_ctx, data):
     """Any set of replicas the model can express on disjoint devices (classes mixed, degrees,
     micro-batches, each at its best concurrency and split) serves no more than the bound."""
-    ctx, bound = bound_ctx
+    ctx, bounds = bound_ctx
     left, total = dict(ctx.capacity), 0.0
     while any(left.values()) and data.draw(st.booleans() if total else st.just(True)):
         model = ctx.replica(_draw_layout(data, ctx, left))
         ev = model.best_at(data.draw(st.integers(1, model.p))) if model.p <= ctx.tasks.num_layers else None
         total += ev.tokens_per_s if ev is not None else 0.0
-    assert total <= bound * (1 + 1e-9)
+    assert all(total <= bound * (1 + 1e-9) for bound in bounds)
 
 
 def _draw_layout(data, ctx, left: dict) -> tuple:
@@ -291,3 +296,17 @@ def test_refined_micro_batches_find_counts_between_1_p2_and_p():
     assert refined.tokens_per_s >= coarse.tokens_per_s
     assert refined.tokens_per_s == pytest.approx(by_m[best_m].tokens_per_s)
     assert refined.tpot_s <= 0.2
+
+
+def test_cell_bound_prices_whole_replicas():
+    """LLaMA-2 13B on two RTX 4090s at 50 ms: the per-device bounds let each GPU run at its own best
+    rate; the cell bound, where the pair serves one tokens/s at one concurrency, is tighter, and
+    still above the best plan (the pair in tensor parallelism, as the planner and engineer-best find)."""
+    wl = ServingWorkload(requests=(RequestShape(prompt_len=512, output_len=256),), tpot_slo_s=0.05)
+    spec = Path(__file__).resolve().parents[1] / "cluster_specs" / "rtx4090-workstation.yaml"
+    ctx = build_context(str(spec), "llama2-13b", wl, "fp16", ServingOptions())
+    per_device = tokens_upper_bound(ctx.cache, ctx.classes, 0.05, tokens_per_s=float("inf"))
+    cells = cell_bound(ctx.cache, ctx.classes, 0.05, ctx.cluster.inter_node)
+    fleet, _, _ = solve_serving(ctx)
+    assert fleet.tokens_per_s <= cells < 0.98 * per_device
+    assert tokens_upper_bound(ctx.cache, ctx.classes, 0.05, ctx.cluster.inter_node) == cells

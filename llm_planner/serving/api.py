@@ -81,7 +81,9 @@ def plan_serving(
     solve_s = time.monotonic() - started
     if not fleet.chosen:
         raise WorkloadError(_nothing_serves(ctx))
-    bound = tokens_upper_bound(ctx.cache, ctx.classes, workload.tpot_slo_s)
+    bound = tokens_upper_bound(
+        ctx.cache, ctx.classes, workload.tpot_slo_s, ctx.cluster.inter_node, tokens_per_s=fleet.tokens_per_s
+    )
     gap, status = status_of(fleet.tokens_per_s, bound)
     devices = assign_devices(ctx.cluster, ctx.by_name, fleet)
     replicas = [replica_record(ctx, p, n, d) for (p, n), d in zip(fleet.chosen, devices)]

@@ -1,7 +1,8 @@
 """An upper bound on the output tokens/s of *any* serving plan of the model on the cluster.
 
-`tokens_upper_bound` is the lesser of the MILP below (concurrency levels) and the one of
-llm_planner.serving.bound_batches (concurrency and micro-batch levels); each holds alone. The
+`tokens_upper_bound` is the least of the MILP below (concurrency levels), the one of
+llm_planner.serving.bound_batches (concurrency and micro-batch levels) and the one of
+llm_planner.serving.bound_cells (whole replicas over cells of C, m and TPOT); each holds alone. The
 per-device rates below also order the search's candidates (llm_planner.serving.search).
 
 Take any plan (replicas of pipeline stages, each a device or a tensor-parallel group of k
@@ -62,8 +63,10 @@ from __future__ import annotations
 import numpy as np
 
 from llm_planner.serving.bound_batches import SparseRows, batch_level_bound, maximise_with_binaries
+from llm_planner.serving.bound_cells import cell_bound
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layout import CostCache
+from llm_planner.spec import LinkSpec
 
 
 def stage_rates(cache: CostCache, sc: ServerClass, tpot_slo_s: float) -> dict[tuple[int, int], float]:
@@ -139,10 +142,25 @@ def _rightmost_within(x0: float, x1: float, y0: float, y1: float, limit: float) 
     return x0 + (limit - y0) * (x1 - x0) / (y1 - y0)
 
 
-def tokens_upper_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: float) -> float:
-    """Output tokens/s no plan exceeds: the lesser of the MILP over concurrency levels (module
-    docstring) and the one over concurrency and micro-batch levels (bound_batches); each holds."""
-    return min(concurrency_level_bound(cache, classes, tpot_slo_s), batch_level_bound(cache, classes, tpot_slo_s))
+CELL_BOUND_GAP = 0.05  # the cell bound is computed when the other two leave a plan more than this gap
+
+
+def tokens_upper_bound(
+    cache: CostCache,
+    classes: tuple[ServerClass, ...],
+    tpot_slo_s: float,
+    inter: LinkSpec | None = None,
+    tokens_per_s: float | None = None,
+) -> float:
+    """Output tokens/s no plan exceeds: the least of the MILP over concurrency levels (module
+    docstring), the one over concurrency and micro-batch levels (bound_batches) and the one over
+    cells of whole replicas (bound_cells, `inter` the cluster's inter-node link); each holds. The
+    third, the slowest, is computed only when a plan's `tokens_per_s` (when given) is more than
+    CELL_BOUND_GAP below the first two: a plan and its `verify` make the same choice."""
+    bound = min(concurrency_level_bound(cache, classes, tpot_slo_s), batch_level_bound(cache, classes, tpot_slo_s))
+    if tokens_per_s is not None and tokens_per_s >= (1 - CELL_BOUND_GAP) * bound:
+        return bound
+    return min(bound, cell_bound(cache, classes, tpot_slo_s, inter))
 
 
 def concurrency_level_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: float) -> float:

@@ -210,17 +210,26 @@ def maximise_with_binaries(value: np.ndarray, rows: SparseRows, n_binaries: int)
     """The most value @ x over x >= 0 and n_binaries binaries after them (within the rows): the
     optimum, 0 when nothing is feasible, HiGHS's dual bound when it stops at its time limit (it
     still holds), None when it has none."""
+    return solve_with_binaries(value, rows, n_binaries)[0]
+
+
+def solve_with_binaries(
+    value: np.ndarray, rows: SparseRows, n_binaries: int, rel_gap: float = 1e-4, time_limit_s: float = TIME_LIMIT_S
+) -> tuple[float | None, np.ndarray | None]:
+    """maximise_with_binaries's value and the solution it found (None when it has none). With
+    `rel_gap` HiGHS stops once its dual bound is within that share of its best solution: the value
+    is then the dual bound (still a bound), the solution the best one found."""
     n = len(value)
     res = milp(
         np.concatenate([-value, np.zeros(n_binaries)]),
         constraints=rows.constraint(n + n_binaries),
         integrality=np.concatenate([np.zeros(n), np.ones(n_binaries)]),
         bounds=Bounds(0, np.concatenate([np.full(n, np.inf), np.ones(n_binaries)])),
-        options={"time_limit": TIME_LIMIT_S},
+        options={"time_limit": time_limit_s, "mip_rel_gap": rel_gap},
     )
-    if res.status == 0:
-        return -res.fun
-    if res.status == 2:
-        return 0.0
     dual = getattr(res, "mip_dual_bound", None)
-    return -dual if dual is not None and np.isfinite(dual) else None
+    if res.status == 0:
+        return (max(-res.fun, -dual) if dual is not None and np.isfinite(dual) else -res.fun), res.x
+    if res.status == 2:
+        return 0.0, None
+    return (-dual if dual is not None and np.isfinite(dual) else None), None

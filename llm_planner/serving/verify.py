@@ -209,7 +209,9 @@ def _check_totals(ctx: ServingContext, plan: ServingPlanFile, total: float, prob
             problems.append(f"serving.{key}: not the largest of the replicas'")
     if reps and sv["concurrency"] != sum(r["concurrency"] * r["count"] for r in reps):
         problems.append("serving.concurrency: not the sum over the replicas")
-    bound = tokens_upper_bound(ctx.cache, ctx.classes, ctx.workload.tpot_slo_s)
+    bound = tokens_upper_bound(
+        ctx.cache, ctx.classes, ctx.workload.tpot_slo_s, ctx.cluster.inter_node, tokens_per_s=total
+    )
     if not _close(sv["upper_bound_tokens_per_s"], bound):
         problems.append(f"serving.upper_bound_tokens_per_s: {sv['upper_bound_tokens_per_s']!r}, recomputed {bound!r}")
     if total > bound * (1 + 1e-9):

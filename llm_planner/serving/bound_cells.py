@@ -1,0 +1,314 @@
+"""A third upper bound on the output tokens/s of any serving plan: every replica priced whole,
+over cells of its concurrency C, micro-batches m and TPOT theta, refined where the optimum lies.
+
+The bounds of llm_planner.serving.bound and bound_batches let each device run at its own best
+rate; in a replica every stage serves the same tokens/s, so a fast class cannot run ahead of the
+slow stages of its own pipeline. Here a replica is described by (C, m, theta), its tokens/s is
+exactly C / theta, and every stage must fit that one operating point.
+
+Take a replica of any plan (stages s of k_s devices of class c_s holding l_s >= 1 layers, C
+sequences in flight in m micro-batches, TPOT theta <= T; llm_planner.serving.replica). With
+t(b) = max_j (f_j + s_j b) one layer's time on b sequences (the roofline's pieces; a measured
+table: its least value over the micro-batches the cell allows, tau), w a layer's weights and kv
+one sequence's KV cache of a layer per device, M the usable memory, F the smaller of the
+embedding's and the head's weights:
+
+  memory   l_s (w + C kv) <= M,  and l_s <= floor(M / (w + C kv))
+  busy     m (step + l_s t(C / m)) <= theta             (Jensen: t is convex in b)
+  trip     sum_s (step + h + l_s t(C / m)) - h_max + t_end <= theta
+  end      one stage also holds the head or the embedding: l_s (w + C kv) + F <= M
+  cover    sum_s l_s = L,  sum_s l_s C = L C
+
+(h: the least latency of a link a stage hands on over, h_max the largest, so that a one-stage
+replica is charged none; t_end: the least embedding plus the least head time.) A cell is a box
+C in [C_lo, C_hi], m in [m_lo, m_hi], theta in [theta_lo, theta_hi]. For each cell the LP has
+x (copies) and K (their sequences in flight, sum of C), and per stage option (class, degree)
+lam (layers), mu (layers times C), n (stages), e (end stages) and W (layer time):
+
+  max  sum_cells K / theta_lo
+  s.t. C_lo x <= K <= C_hi x,  sum lam >= L x,  sum mu >= L K,  mu >= C_lo lam
+       W >= tau lam,  W >= f_j lam + s_j mu / m_hi                        (layer time)
+       m_lo step n + m_lo f_j lam + s_j mu <= theta_hi n                  (busy, roofline)
+       sum ((step + h) n + W) + (t_end - h_max - theta_hi) x <= 0         (round trip)
+       w lam + kv mu + F e <= M n,  lam <= l_max n - (l_max - l_end) e      (memory)
+       e <= n,  sum e >= x                                                (end stages)
+       sum over cells and degrees k n <= N_c                              (devices)
+       per first C interval I:  u_I <= sum x <= N u_I,  u_I binary   (a level in use holds a copy)
+
+(l_max: the floor above at C_lo, and the busy row's floor at theta_hi / m_lo with tau; l_end the
+same less F.) Every row summed over the replicas of a plan in one cell holds with x their number,
+K their sequences, n and e their stage counts, lam their layers, mu their layers times C, so the
+optimum bounds every plan; the binaries keep a replica that needs more devices than the cluster
+has from counting as a fraction of a copy. The cells start coarse (C in ratios of 2, m in [1],
+[2], [3, 4], ..., theta in ratios of 1.25 up to the target); every cell a round's optimum uses is
+cut in two along C and m and in four along theta, and the MILP is solved again, for a fixed
+number of rounds and cells (each round's value is a bound: the cells always cover every
+(C, m, theta)). A round's MILP stops within 1% of its optimum and its dual bound is the value;
+at its time limit the dual bound is the value and the refinement stops. Left out, so the bound
+only grows: workspace, the second end stage, a hand-off's bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from llm_planner.serving.bound_batches import SparseRows, solve_with_binaries
+from llm_planner.serving.classes import ServerClass
+from llm_planner.serving.layout import CostCache
+
+ROUNDS = 8  # refinement rounds at most
+MAX_CELLS = 600  # stop refining past this many cells
+ROUND_TIME_LIMIT_S = 10.0  # one round's MILP (at its limit: its dual bound, and no further round)
+C_FINE, THETA_FINE = 1.002, 1.0005  # a cell narrower than these ratios is not split further in that dimension
+C_START, THETA_START = 2.0, 1.25  # ratios of the first intervals
+REL_GAP = 0.01  # each round's MILP stops within 1% of its optimum (its dual bound is the value)
+SPLIT = 4  # a used cell is cut into this many parts along theta, and in two along C and along m
+
+
+def _cut(lo: float, hi: float, parts: int) -> list[tuple[float, float]]:
+    """[lo, hi] cut into `parts` intervals of equal ratio."""
+    points = [lo * (hi / lo) ** (i / parts) for i in range(parts)] + [hi]
+    return list(zip(points, points[1:]))
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Replicas with C in [c_lo, c_hi] sequences in flight, m in [m_lo, m_hi] micro-batches (m_hi =
+    0: no upper end) and a TPOT in [t_lo, t_hi]."""
+
+    c_lo: float
+    c_hi: float
+    m_lo: int
+    m_hi: int
+    t_lo: float
+    t_hi: float
+    level: int  # the first C interval it lies in: a level in use holds a copy
+
+    def b_range(self) -> tuple[float, float]:
+        """The micro-batch sizes the cell allows (floor and ceiling of C / m)."""
+        lo = max(1.0, math.floor(self.c_lo / self.m_hi) if self.m_hi else 1.0)
+        return lo, max(lo, math.ceil(self.c_hi / self.m_lo))
+
+    def parts(self) -> list[Cell]:
+        cs = [(self.c_lo, self.c_hi)]
+        if self.c_hi / self.c_lo > C_FINE and self.c_hi - self.c_lo > 0.5:
+            cs = _cut(self.c_lo, self.c_hi, 2)
+        ms = [(self.m_lo, self.m_hi)]
+        if self.m_hi == 0:
+            ms = [(self.m_lo, 2 * self.m_lo - 1), (2 * self.m_lo, 0)]
+        elif self.m_hi > self.m_lo:
+            mid = (self.m_lo + self.m_hi) // 2
+            ms = [(self.m_lo, mid), (mid + 1, self.m_hi)]
+        ts = [(self.t_lo, self.t_hi)]
+        if self.t_hi / self.t_lo > THETA_FINE:
+            ts = _cut(self.t_lo, self.t_hi, SPLIT)
+        return [Cell(c0, c1, m0, m1, t0, t1, self.level) for c0, c1 in cs for m0, m1 in ms for t0, t1 in ts if m0 <= c1]
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """A stage option: a class at one degree, with what the rows read of it."""
+
+    class_name: str
+    k: int
+    costs: object
+    hop_s: float  # the least transfer a stage of it hands on (latency of its fastest link)
+    end_bytes: float  # the smaller of the embedding's and the head's weights per device
+
+
+@dataclass(frozen=True)
+class _Option:
+    kind: _Kind
+    l_max: int
+    l_end: int
+    tau: float
+
+
+def _least_time(costs, part: str, b_lo: float, b_hi: float) -> float:
+    """The least time of a part over micro-batches b_lo..b_hi: at b_lo on the roofline (its pieces
+    grow with b); a measured block table is piecewise linear: its least value is at an end or a
+    breakpoint."""
+    table = getattr(costs, "layer_time", None) if part == "block" else None
+    if table is None:
+        return costs.part_s(part, b_lo)
+    points = {b_lo, b_hi, *(x for x in table.breakpoints if b_lo < x < b_hi)}
+    return min(table(x) for x in points)
+
+
+def _kinds(cache: CostCache, classes: tuple[ServerClass, ...], inter) -> list[_Kind]:
+    out = []
+    for sc in classes:
+        links = [lk for lk in (sc.intra_link, inter) if lk is not None]
+        hop = min((lk.latency_s for lk in links), default=0.0)
+        for k in sc.degrees:
+            costs = cache.get(sc.name, k)
+            end = min(costs.weight_bytes["embed"], costs.weight_bytes["final_norm"] + costs.weight_bytes["lm_head"])
+            out.append(_Kind(sc.name, k, costs, hop, end))
+    return out
+
+
+def _options(kinds: list[_Kind], cell: Cell, num_layers: int) -> list[_Option]:
+    b_lo, b_hi = cell.b_range()
+    out = []
+    for kd in kinds:
+        costs = kd.costs
+        tau = _least_time(costs, "block", b_lo, b_hi)
+        per_layer = costs.weight_bytes["block"] + cell.c_lo * costs.kv_bytes_per_seq
+        busy = (cell.t_hi / cell.m_lo - costs.step_s) / tau if tau > 0 else float(num_layers)
+        l_max = min(num_layers, math.floor(costs.usable_bytes / per_layer + 1e-9), math.floor(busy + 1e-9))
+        if l_max < 1:
+            continue
+        l_end = min(l_max, math.floor((costs.usable_bytes - kd.end_bytes) / per_layer + 1e-9))
+        out.append(_Option(kd, l_max, max(0, l_end), tau))
+    return out
+
+
+def _end_time_s(kinds: list[_Kind], cell: Cell) -> float:
+    """The least embedding time plus the least head time of any stage option at the cell's
+    smallest micro-batch."""
+    b_lo, _ = cell.b_range()
+    embed = min(kd.costs.part_s("embed", b_lo) for kd in kinds)
+    head = min(kd.costs.part_s("final_norm", b_lo) + kd.costs.part_s("lm_head", b_lo) for kd in kinds)
+    return embed + head
+
+
+def start_cells(kinds: list[_Kind], classes, num_layers: int, tpot_slo_s: float) -> list[Cell]:
+    """The first, coarse cells: C in ratios of C_START up to what all memory holds, m in [1], [2],
+    [3, 4], [5, 8], ..., the TPOT in ratios of THETA_START from the least round trip to the target."""
+    memory = sum(sc.num_devices * sc.kind.usable_mem_bytes for sc in classes)
+    kv = min(kd.k * kd.costs.kv_bytes_per_seq for kd in kinds)
+    c_top = max(2.0, memory / (num_layers * kv)) if kv > 0 else 2.0**20
+    cs, c = [], 1.0
+    while c < c_top:
+        cs.append((c, c * C_START))
+        c *= C_START
+    ms, m = [(1, 1), (2, 2)], 3
+    while m <= c_top:
+        ms.append((m, 2 * m - 2))
+        m = 2 * m - 1
+    ms.append((m, 0))
+    t_min = min(kd.costs.step_s + num_layers * _least_time(kd.costs, "block", 1.0, 1.0) for kd in kinds)
+    t_min = min(t_min, tpot_slo_s)
+    ts = _cut(t_min, tpot_slo_s, max(1, math.ceil(math.log(tpot_slo_s / t_min) / math.log(THETA_START))))
+    ts = ts if t_min < tpot_slo_s else [(tpot_slo_s, tpot_slo_s)]
+    return [
+        Cell(c0, c1, m0, m1, t0, t1, j) for j, (c0, c1) in enumerate(cs) for m0, m1 in ms for t0, t1 in ts if m0 <= c1
+    ]
+
+
+def _may_hold_a_copy(options: list[_Option], capacity: dict[str, int], num_layers: int, time_s: float) -> bool:
+    """Whether one copy fits the cell at all: the model's layers within every device's layers, and
+    within the time, each layer at its least time (a stage's fixed cost spread over its l_max layers)."""
+    if not options:
+        return False
+    room = {}
+    for o in options:
+        room[o.kind.class_name] = max(
+            room.get(o.kind.class_name, 0.0), capacity[o.kind.class_name] * o.l_max / o.kind.k
+        )
+    fastest = min(o.tau + o.kind.costs.step_s / o.l_max for o in options)
+    return sum(room.values()) >= num_layers and num_layers * fastest <= time_s * (1 + 1e-9)
+
+
+class _Model:
+    """The LP of the module docstring over a list of cells, with a binary per C interval."""
+
+    def __init__(self, kinds, classes, cells: list[Cell], num_layers: int):
+        self.rows, self.value, self.x_of = SparseRows(), [], []
+        self.kinds, self.num_layers = kinds, num_layers
+        self.capacity = {sc.name: sc.num_devices for sc in classes}
+        self.device_terms: dict[str, list] = {sc.name: [] for sc in classes}
+        self.by_interval: dict[int, list[int]] = {}
+        for cell in cells:
+            self._cell(cell)
+        for sc in classes:
+            self.rows.add(self.device_terms[sc.name], -np.inf, float(sc.num_devices))
+        total = float(sum(sc.num_devices for sc in classes))
+        for q, xs in enumerate(self.by_interval.values()):
+            u = len(self.value) + q
+            self.rows.add([(x, 1.0) for x in xs] + [(u, -1.0)], 0.0, np.inf)
+            self.rows.add([(x, 1.0) for x in xs] + [(u, -total)], -np.inf, 0.0)
+
+    def _column(self, value: float) -> int:
+        self.value.append(value)
+        return len(self.value) - 1
+
+    def _cell(self, cell: Cell) -> None:
+        options = _options(self.kinds, cell, self.num_layers)
+        if not _may_hold_a_copy(options, self.capacity, self.num_layers, cell.t_hi - _end_time_s(self.kinds, cell)):
+            self.x_of.append(None)
+            return
+        x, seqs = self._column(0.0), self._column(1.0 / cell.t_lo)
+        self.x_of.append(x)
+        self.by_interval.setdefault(cell.level, []).append(x)
+        self.rows.add([(seqs, 1.0), (x, -cell.c_lo)], 0.0, np.inf)
+        self.rows.add([(seqs, 1.0), (x, -cell.c_hi)], -np.inf, 0.0)
+        hop_max = max(o.kind.hop_s for o in options)
+        cover, ends = [(x, -float(self.num_layers))], [(x, -1.0)]
+        seq_layers = [(seqs, -float(self.num_layers))]
+        trip = [(x, _end_time_s(self.kinds, cell) - hop_max - cell.t_hi)]
+        for o in options:
+            lam, mu, n, e = (self._column(0.0) for _ in range(4))
+            costs = o.kind.costs
+            cover.append((lam, 1.0))
+            seq_layers.append((mu, 1.0))
+            trip += [(n, costs.step_s + o.kind.hop_s), (self._layer_time(cell, o, lam, mu, n), 1.0)]
+            ends.append((e, 1.0))
+            self.rows.add([(lam, 1.0), (n, -float(o.l_max)), (e, float(o.l_max - o.l_end))], -np.inf, 0.0)
+            self.rows.add([(e, 1.0), (n, -1.0)], -np.inf, 0.0)
+            self.rows.add([(mu, 1.0), (lam, -cell.c_lo)], 0.0, np.inf)
+            room = costs.usable_bytes
+            memory = [(lam, costs.weight_bytes["block"] / room), (mu, costs.kv_bytes_per_seq / room)]
+            self.rows.add(memory + [(e, o.kind.end_bytes / room), (n, -1.0)], -np.inf, 0.0)
+            self.device_terms[o.kind.class_name].append((n, float(o.kind.k)))
+        self.rows.add(cover, 0.0, np.inf)
+        self.rows.add(seq_layers, 0.0, np.inf)
+        self.rows.add(trip, -np.inf, 0.0)
+        self.rows.add(ends, 0.0, np.inf)
+
+    def _layer_time(self, cell: Cell, o: _Option, lam: int, mu: int, n: int) -> int:
+        """A column w >= the stages' layer time per iteration, sum over stages of l t(C / m): at
+        least tau lam, and on the roofline (t = max_j f_j + s_j b, b >= C / m) at least
+        f_j lam + s_j mu / m_hi for every piece j. On the roofline the stages' busy periods too:
+        m (step + l t(C / m)) <= theta, so m_lo step n + m_lo f_j lam + s_j mu <= theta_hi n."""
+        w = self._column(0.0)
+        self.rows.add([(w, 1.0), (lam, -o.tau)], 0.0, np.inf)
+        if getattr(o.kind.costs, "layer_time", None) is not None:
+            return w
+        for f, slope in o.kind.costs.pieces["block"]:
+            if cell.m_hi:
+                self.rows.add([(w, 1.0), (lam, -f), (mu, -slope / cell.m_hi)], 0.0, np.inf)
+            busy = [(n, cell.m_lo * o.kind.costs.step_s - cell.t_hi), (lam, cell.m_lo * f), (mu, slope)]
+            self.rows.add(busy, -np.inf, 0.0)
+        return w
+
+    def solve(self) -> tuple[float | None, np.ndarray | None]:
+        return solve_with_binaries(
+            np.array(self.value), self.rows, len(self.by_interval), rel_gap=REL_GAP, time_limit_s=ROUND_TIME_LIMIT_S
+        )
+
+
+def cell_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: float, inter=None) -> float:
+    """Output tokens/s no plan exceeds (module docstring); inf when a round cannot be solved."""
+    kinds = _kinds(cache, classes, inter)
+    if not kinds:
+        return 0.0
+    num_layers = cache.tasks.num_layers
+    cells = start_cells(kinds, classes, num_layers, tpot_slo_s)
+    best = float("inf")
+    for _ in range(ROUNDS):
+        model = _Model(kinds, classes, cells, num_layers)
+        value, sol = model.solve()
+        if value is None:
+            return best
+        best = min(best, value)
+        if sol is None:  # stopped at its time limit: its dual bound holds, its cells are not refined
+            break
+        used = {i for i, x in enumerate(model.x_of) if x is not None and sol is not None and sol[x] > 1e-9}
+        if not used or len(cells) + 4 * SPLIT * len(used) > MAX_CELLS:
+            break
+        cells = [part for i, cell in enumerate(cells) for part in (cell.parts() if i in used else [cell])]
+    return best
