@@ -3,6 +3,8 @@ modules once, gives the same plan serially and in parallel, and its plans verify
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -143,3 +145,18 @@ def test_gpt_plans_verify_and_beat_baselines(objective, batch, repo):
     baseline = best_baseline(problem)
     assert plan.objective_s <= baseline.objective_s * (1 + 1e-9)
     assert plan.lower_bound_s <= plan.objective_s * (1 + 1e-9)
+
+
+def test_module_signatures_take_linear_time_on_a_long_chain():
+    # each module hashes only the edges into its own tasks; scanning every edge per module made a
+    # 50,000-task chain (50,000 modules) take 7 minutes, a 20,000-task one about 100 s
+    n = 20_000
+    tasks = tuple(Task(name=f"t{i}", flops_per_sample=1e9) for i in range(n))
+    edges = tuple(Edge(src=f"t{i - 1}", dst=f"t{i}", bytes_per_sample=1e6) for i in range(1, n))
+    cluster = make_cluster([kind("g", "gpu", flops=1e14, mem_bytes="unlimited", mem_bw=1e12)], [{"g": 2}])
+    problem = build_problem(TaskGraph(name="chain", tasks=tasks, edges=edges), cluster, max_shards=1)
+    start = time.perf_counter()
+    modules = split_modules(problem, max_module_tasks=100)
+    assert time.perf_counter() - start < 10.0
+    assert len(modules) == n
+    assert len({m.signature for m in modules[1:]}) == 1  # every task after the first: one edge in, same costs

@@ -13,7 +13,7 @@ import numpy as np
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.split import subsolve
-from llm_planner.solve.split.modules import Module, split_modules
+from llm_planner.solve.split.modules import Module, module_signature, split_modules
 from llm_planner.solve.split.pool import Pool, run_many
 
 log = logging.getLogger(__name__)
@@ -227,12 +227,12 @@ def merge_for_colocation(problem: PlacementProblem, modules: list[Module]) -> li
         else:
             merged.append(list(m.tasks))
         end = max([end] + [b for a, b in spans if a == j])
-    from llm_planner.solve.split.modules import module_signature
-
-    out, prev = [], None
+    out, prev, in_edges = [], None, problem.in_edges()
     for j, tasks in enumerate(merged):
         out.append(
-            Module(index=j, tasks=tuple(tasks), input_task=prev, signature=module_signature(problem, tasks, prev))
+            Module(
+                index=j, tasks=tuple(tasks), input_task=prev, signature=module_signature(problem, tasks, prev, in_edges)
+            )
         )
         prev = tasks[-1]
     return out
