@@ -26,6 +26,7 @@ from llm_planner.spec_fields import (
     SpecError,
     as_hostname,
     as_int,
+    as_name,
     as_str,
     as_text,
     hostname_problem,
@@ -256,7 +257,7 @@ def _read_link_fields(c: Reader) -> dict[str, float]:
 
 
 def _read_kind(c: Reader) -> DeviceKindSpec:
-    name = c.get("name", as_str)
+    name = c.get("name", as_name)
     kind_type = c.get("type", as_str)
     if kind_type not in DEVICE_TYPES:
         c.fail(f"must be one of {', '.join(DEVICE_TYPES)}, got {kind_type!r}", "type")
@@ -303,7 +304,7 @@ def _read_node(c: Reader, kinds: set[str]) -> NodeSpec:
             dev_reader.fail(f"unknown device kind {kind!r} (known: {', '.join(sorted(kinds))})", str(kind))
         devices.append((kind, dev_reader.get(kind, as_int, positive=True)))
     node = NodeSpec(
-        name=c.get("name", as_str),
+        name=c.get("name", as_name),
         devices=tuple(devices),
         count=c.get("count", as_int, default=1, positive=True),
         hostname=c.get("hostname", as_hostname, default=None),
@@ -347,7 +348,7 @@ def parse_cluster(data: Any, source: str = "<memory>") -> ClusterSpec:
     default_raw = links.get("intra_node_default", default=None)
     inter_raw = links.get("inter_node", default=None)
     cluster = ClusterSpec(
-        name=top.get("name", as_str),
+        name=top.get("name", as_name),
         description=top.get("description", as_text, default=""),
         device_kinds=kinds,
         nodes=nodes,

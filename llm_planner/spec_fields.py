@@ -62,6 +62,19 @@ def as_int(value: Any) -> int:
     return value
 
 
+# Cluster, device kind and node names: a device's name is "<node>-<copy>/<kind>:<index>", written
+# three times per task in a plan (ir.MAX_TASK_NAME_CHARS has the reason for the limits).
+MAX_NAME_CHARS = 64
+
+
+def as_name(value: Any) -> str:
+    """A non-empty string of at most MAX_NAME_CHARS characters."""
+    name = as_str(value)
+    if len(name) > MAX_NAME_CHARS:
+        raise ValueError(f"{quote(name)} is longer than {MAX_NAME_CHARS} characters, the limit (docs/inputs.md)")
+    return name
+
+
 def as_text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {value!r}")

@@ -23,6 +23,7 @@ from typing import Any
 import networkx as nx
 
 from llm_planner.fileio import read_document
+from llm_planner.fmt import quote
 from llm_planner.graph.constants import DEVICE_TYPES
 
 GRAPH_FORMAT = "llm_planner.graph"
@@ -31,6 +32,11 @@ GRAPH_VERSION = 1
 # default solver; far larger graphs exhaust minutes and memory (docs/inputs.md).
 MAX_TASKS = 50_000
 MAX_EDGES = 200_000
+# A plan names every task four times and its device three (once per shard): with names within
+# these limits and the cluster spec's (spec_fields.MAX_NAME_CHARS), a 50,000-task plan stays well
+# inside the 64 MiB a file may hold, so it can be read back (docs/inputs.md).
+MAX_TASK_NAME_CHARS = 128
+MAX_GRAPH_NAME_CHARS = 256
 
 
 class GraphError(ValueError):
@@ -285,7 +291,8 @@ def graph_from_dict(data: dict[str, Any], source: str = "<memory>") -> TaskGraph
         raise GraphError(f"{source}: tasks: the graph has no tasks")
     name, meta = data.get("name", Path(source).stem), data.get("meta", {})
     if not isinstance(name, str) or not name:
-        raise GraphError(f"{source}: name: expected a non-empty string, got {name!r}")
+        raise GraphError(f"{source}: name: expected a non-empty string, got {quote(name)}")
+    _check_length(name, MAX_GRAPH_NAME_CHARS, f"{source}: name")
     if not isinstance(meta, dict):
         raise GraphError(f"{source}: meta: expected a mapping, got {type(meta).__name__}")
     graph = TaskGraph(name=name, tasks=tuple(tasks), edges=tuple(edges), meta=tuple(meta.items()))
@@ -373,10 +380,17 @@ def _checked_fields(kw: dict[str, Any], where: str) -> dict[str, Any]:
             raise GraphError(f"{where}.{key}: expected a string, got {value!r}")
         if key in ("name", "src", "dst") and not value:
             raise GraphError(f"{where}.{key}: expected a non-empty string")
+        if key in ("name", "src", "dst"):
+            _check_length(value, MAX_TASK_NAME_CHARS, f"{where}.{key}")
     for kind, seconds in kw.get("time_s_by_kind", {}).items():
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
             raise GraphError(f"{where}.time_s_by_kind.{kind}: expected a number of seconds, got {seconds!r}")
     return kw
+
+
+def _check_length(name: str, limit: int, where: str) -> None:
+    if len(name) > limit:
+        raise GraphError(f"{where}: {quote(name)} is longer than {limit} characters, the limit (docs/inputs.md)")
 
 
 def load_graph_json(path: str | Path) -> TaskGraph:

@@ -48,6 +48,11 @@ from llm_planner.groups import tensor_groups
 from llm_planner.plan import PlanInputs
 from llm_planner.spec import ClusterSpec, DeviceSpec
 
+# Transfer costs are two [edges, K, K] tables over the placement devices K (devices and
+# tensor-parallel groups); planning holds about 45 bytes per entry at its peak (the tables and
+# the solvers' temporaries): 100,000,000 entries are about 4.5 GB (docs/inputs.md).
+MAX_TRANSFER_ENTRIES = 100_000_000
+
 OBJECTIVES = ("latency", "throughput")
 
 
@@ -206,6 +211,7 @@ def build_problem(
     by_name = {d.name: k for k, d in enumerate(physical)}
     members = tuple((k,) for k in range(len(physical))) + tuple(tuple(by_name[m] for m in g.members) for g in groups)
     num_k, num_n = len(devices), graph.num_tasks
+    _check_transfer_entries(len(graph.edges), len(physical), len(groups))
     shards = len(physical) if max_shards is None else max_shards
     if shards < 1:
         raise ProblemError(f"max shards must be >= 1, got {shards}")
@@ -251,6 +257,19 @@ def build_problem(
         members=members,
         max_tp=max_tp,
     )
+
+
+def _check_transfer_entries(num_edges: int, num_physical: int, num_groups: int) -> None:
+    """ProblemError, with the numbers, when the transfer tables would pass MAX_TRANSFER_ENTRIES."""
+    num_k = num_physical + num_groups
+    entries = num_edges * num_k * num_k
+    if entries > MAX_TRANSFER_ENTRIES:
+        hint = f"; --max-tp 1 offers no groups ({num_edges * num_physical**2:,} entries)" if num_groups else ""
+        raise ProblemError(
+            f"{num_edges:,} edges x {num_k:,}^2 placement devices ({num_physical:,} devices, {num_groups:,} "
+            f"tensor-parallel groups) = {entries:,} transfer costs; the limit is {MAX_TRANSFER_ENTRIES:,} "
+            f"(docs/inputs.md){hint}"
+        )
 
 
 def _transfer_costs(graph: TaskGraph, cluster: ClusterSpec, reps: list, kinds: list) -> tuple[np.ndarray, np.ndarray]:
