@@ -166,6 +166,15 @@ def _options(kinds: list[_Kind], cell: Cell, num_layers: int) -> list[_Option]:
     return out
 
 
+def _least_block_s(costs) -> float:
+    """A layer's least time on any micro-batch: at one sequence on the roofline, the least value at
+    one sequence or a breakpoint of a measured table."""
+    table = getattr(costs, "layer_time", None)
+    if table is None:
+        return costs.part_s("block", 1.0)
+    return min(table(x) for x in {1.0, *(x for x in table.breakpoints if x >= 1.0)})
+
+
 def _end_time_s(kinds: list[_Kind], cell: Cell) -> float:
     """The least embedding time plus the least head time of any stage option at the cell's
     smallest micro-batch."""
@@ -177,7 +186,8 @@ def _end_time_s(kinds: list[_Kind], cell: Cell) -> float:
 
 def start_cells(kinds: list[_Kind], classes, num_layers: int, tpot_slo_s: float) -> list[Cell]:
     """The first, coarse cells: C in ratios of C_START up to what all memory holds, m in [1], [2],
-    [3, 4], [5, 8], ..., the TPOT in ratios of THETA_START from the least round trip to the target."""
+    [3, 4], [5, 8], ..., the TPOT in ratios of THETA_START from the least round trip (the least step
+    and every layer at its least time on any class) to the target."""
     memory = sum(sc.num_devices * sc.kind.usable_mem_bytes for sc in classes)
     kv = min(kd.k * kd.costs.kv_bytes_per_seq for kd in kinds)
     c_top = max(2.0, memory / (num_layers * kv)) if kv > 0 else 2.0**20
@@ -190,8 +200,8 @@ def start_cells(kinds: list[_Kind], classes, num_layers: int, tpot_slo_s: float)
         ms.append((m, 2 * m - 2))
         m = 2 * m - 1
     ms.append((m, 0))
-    t_min = min(kd.costs.step_s + num_layers * _least_time(kd.costs, "block", 1.0, 1.0) for kd in kinds)
-    t_min = min(t_min, tpot_slo_s)
+    t_min = min(kd.costs.step_s for kd in kinds) + num_layers * min(_least_block_s(kd.costs) for kd in kinds)
+    t_min = min(max(t_min, 1e-9), tpot_slo_s)  # no replica's round trip is shorter
     ts = _cut(t_min, tpot_slo_s, max(1, math.ceil(math.log(tpot_slo_s / t_min) / math.log(THETA_START))))
     ts = ts if t_min < tpot_slo_s else [(tpot_slo_s, tpot_slo_s)]
     return [
