@@ -170,6 +170,21 @@ GPUs, where branch-and-bound meets mirrored devices); `--rows all` adds the GPT-
 rows on `gpt3-six-servers` (about 25 minutes).""",
     ),
     Section(
+        "limits",
+        "Input limits: the sizes at each limit, planned, with time and peak memory",
+        """\
+Each row is `llm-planner plan` (default solver, MILP-SPLIT, with its baselines; the command is
+under the table) on inputs at one limit of docs/inputs.md, the sizes taken from the code's own
+limits: the task limit (a chain), the edge limit (each task reading the ones before it), the
+task x device pair limit and the transfer-table limit (GPT-3 175B at sublayer granularity on
+the largest copy of `gpt3-six-servers` inside both), the device limit (`--objective serving`,
+which works on classes of servers, and a latency plan, which the transfer-table limit refuses),
+and the longest names. One case runs at a time, in a child process; peak memory is the largest
+process's (`wait4`'s `ru_maxrss`) and all of the command's processes together (sampled from
+/proc). A case past its timeout or memory cap is killed and says so. Each plan was then checked
+by `verify` (its exit code, time and peak memory in the last column).""",
+    ),
+    Section(
         "cost-model",
         "The roofline against a measured profile, task by task",
         """\
