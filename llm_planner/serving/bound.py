@@ -160,7 +160,7 @@ def tokens_upper_bound(
     bound = min(concurrency_level_bound(cache, classes, tpot_slo_s), batch_level_bound(cache, classes, tpot_slo_s))
     if tokens_per_s is not None and tokens_per_s >= (1 - CELL_BOUND_GAP) * bound:
         return bound
-    return min(bound, cell_bound(cache, classes, tpot_slo_s, inter))
+    return min(bound, cell_bound(cache, classes, tpot_slo_s, inter, stop_above=bound))
 
 
 def concurrency_level_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: float) -> float:

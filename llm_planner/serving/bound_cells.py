@@ -301,23 +301,33 @@ class _Model:
         )
 
 
-def cell_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: float, inter=None) -> float:
-    """Output tokens/s no plan exceeds (module docstring); inf when a round cannot be solved."""
+def cell_bound(
+    cache: CostCache,
+    classes: tuple[ServerClass, ...],
+    tpot_slo_s: float,
+    inter=None,
+    stop_above: float = float("inf"),
+) -> float:
+    """Output tokens/s no plan exceeds (module docstring); inf when a round cannot be solved. The
+    refinement also stops when its value is still above `stop_above` (another bound's) and the last
+    round's gain, repeated for every round left, would not bring it below."""
     kinds = _kinds(cache, classes, inter)
     if not kinds:
         return 0.0
     num_layers = cache.tasks.num_layers
     cells = start_cells(kinds, classes, num_layers, tpot_slo_s)
     best = float("inf")
-    for _ in range(ROUNDS):
+    for left in range(ROUNDS - 1, -1, -1):
         model = _Model(kinds, classes, cells, num_layers)
         value, sol = model.solve()
         if value is None:
             return best
-        best = min(best, value)
+        gain, best = best - value, min(best, value)
         if sol is None:  # stopped at its time limit: its dual bound holds, its cells are not refined
             break
-        used = {i for i, x in enumerate(model.x_of) if x is not None and sol is not None and sol[x] > 1e-9}
+        if best > stop_above and gain * left < best - stop_above:
+            break
+        used = {i for i, x in enumerate(model.x_of) if x is not None and sol[x] > 1e-9}
         if not used or len(cells) + 4 * SPLIT * len(used) > MAX_CELLS:
             break
         cells = [part for i, cell in enumerate(cells) for part in (cell.parts() if i in used else [cell])]
