@@ -19,9 +19,9 @@ from llm_planner.solve.fit import memory_shortfall
 from llm_planner.solve.problem import PlacementProblem, ProblemError, build_problem
 from llm_planner.spec import ClusterSpec, load_cluster
 
-# Tasks x devices of one problem: the cost tables and the heuristics grow with it; 300,000 pairs
-# (a 1,000-task graph on 256 GPUs, a 50,000-task chain on 6 devices) plan in about a minute on
-# two cores (docs/inputs.md).
+# Tasks x devices of one problem: the task cost tables and the heuristics grow with it (a
+# 50,000-task chain on 6 devices is at the limit; benchmarks/bench_limits.py). The transfer
+# tables, edges x devices^2, have their own limit (solve.problem.MAX_TRANSFER_ENTRIES).
 MAX_TASK_DEVICE_PAIRS = 300_000
 
 

@@ -28,8 +28,8 @@ from llm_planner.graph.constants import DEVICE_TYPES
 
 GRAPH_FORMAT = "llm_planner.graph"
 GRAPH_VERSION = 1
-# Largest graph a file may hold: a 50,000-task chain plans in about 35 s on two cores with the
-# default solver; far larger graphs exhaust minutes and memory (docs/inputs.md).
+# Largest graph a file may hold: planned at these sizes in minutes and under 2 GB on two cores
+# with the default solver (benchmarks/bench_limits.py; docs/inputs.md has the figures).
 MAX_TASKS = 50_000
 MAX_EDGES = 200_000
 # A plan names every task four times and its device three (once per shard): with names within
