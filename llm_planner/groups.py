@@ -12,6 +12,15 @@ also what Megatron-LM and vLLM do (tensor-parallel ranks are consecutive GPUs).
 
 A group's name lists its first and last member: "h100-server-0/h100-80g:0-7".
 In plan files a group is written as the list of its members' names.
+
+Interchangeable devices (`device_class`): two placement devices (single devices or groups)
+are interchangeable when they have the same server template, kind and degree. In a cluster
+spec a device's costs depend only on its kind and degree (a group's collectives run over
+its server's link between devices of its kind), and its links only on the kinds and the
+server template; so any permutation of a class's devices inside one server, and of the
+copies of a template, maps a plan onto a plan with the same costs. A pair and a single
+device of one kind are not interchangeable: the pair runs a sharded task faster. Every
+solver, bound and baseline that exploits symmetry reads this one answer.
 """
 
 from __future__ import annotations
@@ -22,6 +31,16 @@ from collections import defaultdict
 from llm_planner.spec import ClusterSpec, DeviceSpec
 
 _NAME = re.compile(r"^(?P<node>[^/]+)/(?P<kind>[^:]+):(?P<first>\d+)-(?P<last>\d+)$")
+
+
+DeviceClass = tuple[str, str, int]  # (server template, kind, degree)
+
+
+def device_class(device: DeviceSpec) -> DeviceClass:
+    """(server template, kind, degree): devices with equal classes are interchangeable, inside
+    one server directly and across copies of a template by the servers' permutation (module
+    docstring). Degree 1 for a single device, k for a tensor-parallel group of k members."""
+    return (device.node_template, device.kind, device.degree)
 
 
 class GroupError(ValueError):

@@ -1,9 +1,10 @@
 """Symmetry of identical hardware and the constraints that break it.
 
-Classes. Two devices are interchangeable when they have the same kind, sit in
-the same server and have the same links: in a cluster spec the links inside a
-server depend only on the kinds and the server template, so every device of
-one kind in one server is interchangeable with the others (a *device class*).
+Classes. Two devices are interchangeable when they have the same kind and
+tensor-parallel degree, sit in the same server and have the same links: in a
+cluster spec the links inside a server depend only on the kinds and the server
+template, so every device of one class (llm_planner.groups.device_class: template,
+kind, degree) in one server is interchangeable with the others (a *device class*).
 Two servers are interchangeable when they are copies of one template (the
 spec's `count`): same contents, same links inside, the same network between
 them (a *server class*). Any permutation of a class maps a plan onto a plan
@@ -59,6 +60,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llm_planner.groups import DeviceClass, device_class
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.spec import ClusterSpec, DeviceSpec
 
@@ -82,12 +84,12 @@ def symmetry_classes(cluster: ClusterSpec) -> SymmetryClasses:
 
 
 def _classes(devices: tuple[DeviceSpec, ...], units: list[int]) -> SymmetryClasses:
-    """Classes among the devices `units` (same server, kind and group degree; same template)."""
-    by_node_kind: dict[tuple[str, str, int], list[int]] = defaultdict(list)
+    """Classes among the devices `units` (same server and device_class; same template)."""
+    by_node_kind: dict[tuple[str, DeviceClass], list[int]] = defaultdict(list)
     by_template: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for k in units:
         d = devices[k]
-        by_node_kind[(d.node, d.kind, d.degree)].append(k)
+        by_node_kind[(d.node, device_class(d))].append(k)
         by_template[d.node_template][d.node].append(k)
     device_classes = tuple(tuple(ks) for ks in by_node_kind.values() if len(ks) > 1)
     server_classes = tuple(

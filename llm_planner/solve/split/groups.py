@@ -3,7 +3,8 @@
 `device_groups(problem, g)` cuts the cluster into g groups that are identical
 up to the cluster's symmetries: the copies of a server template whose count g
 divides go to the groups whole (copy r*c/g .. (r+1)*c/g - 1 to group r); in
-every other server each kind's devices are dealt out evenly (leftovers stay
+every other server the devices of each class (llm_planner.groups.device_class:
+kind and tensor-parallel degree there) are dealt out evenly (leftovers stay
 idle). Group r's i-th device plays the role of group 0's i-th device, so a plan
 for group 0 maps onto every group.
 """
@@ -14,6 +15,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from llm_planner.groups import DeviceClass, device_class
 from llm_planner.plan import Plan
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import make_plan
@@ -22,24 +24,24 @@ from llm_planner.solve.schedule import make_plan
 def device_groups(problem: PlacementProblem, g: int) -> list[list[int]] | None:
     """g lists of device indices, aligned position by position, or None if impossible."""
     by_template: dict[str, list[str]] = defaultdict(list)
-    devices_of: dict[tuple[str, str], list[int]] = defaultdict(list)
+    devices_of: dict[tuple[str, DeviceClass], list[int]] = defaultdict(list)
     for i, d in enumerate(problem.devices):
         if d.node not in by_template[d.node_template]:
             by_template[d.node_template].append(d.node)
-        devices_of[(d.node, d.kind)].append(i)
+        devices_of[(d.node, device_class(d))].append(i)
     groups: list[list[int]] = [[] for _ in range(g)]
-    kinds = sorted({d.kind for d in problem.devices})
-    for _template, nodes in by_template.items():
+    for template, nodes in by_template.items():
+        classes = sorted({device_class(d) for d in problem.devices if d.node_template == template})
         if len(nodes) % g == 0:
             per = len(nodes) // g
             for r in range(g):
                 for node in nodes[r * per : (r + 1) * per]:
-                    for kind in kinds:
-                        groups[r].extend(devices_of.get((node, kind), []))
+                    for cls in classes:
+                        groups[r].extend(devices_of.get((node, cls), []))
             continue
         for node in nodes:
-            for kind in kinds:
-                members = devices_of.get((node, kind), [])
+            for cls in classes:
+                members = devices_of.get((node, cls), [])
                 per = len(members) // g
                 for r in range(g):
                     groups[r].extend(members[r * per : (r + 1) * per])

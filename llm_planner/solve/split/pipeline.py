@@ -43,6 +43,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from llm_planner.groups import DeviceClass
 from llm_planner.plan import Plan
 from llm_planner.solve.bounds.times import task_times
 from llm_planner.solve.problem import PlacementProblem
@@ -221,12 +222,12 @@ def replicated_plans(problem: PlacementProblem, bases: list[list[int]], started:
     """Micro-batches over one-shard placements whose stages have idle twins (module docstring).
 
     For each base assignment, each device d it uses gets a pool: d and the devices of d's class
-    (same server template and kind) that the base leaves idle, each idle one going to the stage
-    of its class with the most work per device. Shard k runs d's tasks on the (k mod |pool|)-th
-    device of d's pool, which then holds d's weights too. Shard sizes: every partition of Q
-    into m parts, largest first (near-equal ones alone when there are more than
-    MAX_SIZE_SPLITS), for 2 <= m <= the problem's max_shards; those that fit in memory are
-    ranked by `run_estimate` and the best FINALISTS scheduled exactly in `run_orders`."""
+    (llm_planner.groups.device_class: same server template, kind and degree) that the base leaves
+    idle, each idle one going to the stage of its class with the most work per device. Shard k runs
+    d's tasks on the (k mod |pool|)-th device of d's pool, which then holds d's weights too. Shard
+    sizes: every partition of Q into m parts, largest first (near-equal ones alone when there are
+    more than MAX_SIZE_SPLITS), for 2 <= m <= the problem's max_shards; those that fit in memory
+    are ranked by `run_estimate` and the best FINALISTS scheduled exactly in `run_orders`."""
     from llm_planner.solve.bounds.partition import count_partitions, partitions
     from llm_planner.solve.split.subsolve import device_classes
 
@@ -270,7 +271,7 @@ def replicated_plans(problem: PlacementProblem, bases: list[list[int]], started:
     ]
 
 
-def _pools(base: list[int], classes: list[tuple[str, str]], work: np.ndarray) -> dict[int, list[int]]:
+def _pools(base: list[int], classes: list[DeviceClass], work: np.ndarray) -> dict[int, list[int]]:
     """Each used device's pool: itself and the idle devices of its class it gets (replicated_plans)."""
     used = sorted(set(base))
     load = {d: float(sum(work[i, d] for i, k in enumerate(base) if k == d)) for d in used}

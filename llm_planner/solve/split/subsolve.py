@@ -6,9 +6,10 @@ solve/split/moves.py.
 A subproblem is named by a `SubKey`: the module's structural signature, the
 (input device, output device) pair in canonical form, the mask of usable
 devices and the batch. Modules with equal signatures and device pairs related
-by a symmetry of the cluster (devices of one kind in one server, or servers of
-one template, are interchangeable) share one solve; the solution is carried
-over by the device permutation that maps one pair onto the other.
+by a symmetry of the cluster (devices of one class, llm_planner.groups.device_class:
+server template, kind and degree, are interchangeable inside one server, and so are
+servers of one template) share one solve; the solution is carried over by the device
+permutation that maps one pair onto the other.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from llm_planner.groups import DeviceClass, device_class
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.split.modules import Module
@@ -42,12 +44,12 @@ class SubSolution:
 INFEASIBLE = SubSolution(cost_s=INF, bound_s=INF, devices=(), order=(), method="infeasible")
 
 
-def device_classes(problem: PlacementProblem) -> list[tuple[str, str]]:
-    """(server template, kind) of each device: members of one class are interchangeable."""
-    return [(d.node_template, d.kind) for d in problem.devices]
+def device_classes(problem: PlacementProblem) -> list[DeviceClass]:
+    """The class of each device (llm_planner.groups.device_class): members of one class are interchangeable."""
+    return [device_class(d) for d in problem.devices]
 
 
-def pair_key(problem: PlacementProblem, classes: list[tuple[str, str]], k: int | None, l: int) -> tuple:
+def pair_key(problem: PlacementProblem, classes: list[DeviceClass], k: int | None, l: int) -> tuple:
     """Canonical form of a device pair under the cluster's symmetries."""
     dev = problem.devices
     if k is None:
@@ -59,7 +61,8 @@ def pair_key(problem: PlacementProblem, classes: list[tuple[str, str]], k: int |
 def device_permutation(
     problem: PlacementProblem, src: tuple[int | None, int], dst: tuple[int | None, int]
 ) -> np.ndarray:
-    """perm[d] = image of device d under a symmetry mapping src pair onto dst pair."""
+    """perm[d] = image of device d under a symmetry mapping src pair onto dst pair: copies of a
+    server template swapped whole, then devices of one class (device_class) swapped inside a server."""
     devs = problem.devices
     node_map = {d.node: d.node for d in devs}
 
@@ -68,14 +71,14 @@ def device_permutation(
         na, nb = inv[a], inv[b]
         node_map[na], node_map[nb] = b, a
 
-    slot = {(d.node, d.kind, d.index): i for i, d in enumerate(devs)}
-    index_map: dict[tuple[str, str], dict[int, int]] = {}
+    slot = {(d.node, device_class(d), d.index): i for i, d in enumerate(devs)}
+    index_map: dict[tuple[str, DeviceClass], dict[int, int]] = {}
 
-    def image(i: int) -> tuple[str, str, int]:
+    def image(i: int) -> tuple[str, DeviceClass, int]:
         d = devs[i]
-        node = node_map[d.node]
-        idx = index_map.get((node, d.kind), {}).get(d.index, d.index)
-        return node, d.kind, idx
+        node, cls = node_map[d.node], device_class(d)
+        idx = index_map.get((node, cls), {}).get(d.index, d.index)
+        return node, cls, idx
 
     for a, b in zip(src, dst):
         if a is None:
@@ -83,9 +86,9 @@ def device_permutation(
         cur_node = image(a)[0]
         if cur_node != devs[b].node:
             swap_nodes(cur_node, devs[b].node)
-        node, kind, idx = image(a)
+        node, cls, idx = image(a)
         if idx != devs[b].index:
-            m = index_map.setdefault((node, kind), {})
+            m = index_map.setdefault((node, cls), {})
             inv = {v: j for j, v in m.items()}
             ja, jb = inv.get(idx, idx), inv.get(devs[b].index, devs[b].index)
             m[ja], m[jb] = devs[b].index, idx

@@ -33,6 +33,7 @@ import math
 
 import numpy as np
 
+from llm_planner.groups import DeviceClass, device_class
 from llm_planner.plan import Plan
 from llm_planner.solve.fit import MAX_IN_FLIGHT_RESOLVES, fits_steady_state
 from llm_planner.solve.problem import PlacementProblem
@@ -126,8 +127,8 @@ def device_orders(problem: PlacementProblem, devices: list[int], batch: int) -> 
     """The device orders the stage DP lays modules along.
 
     Fastest device first, and fastest server first with its devices fastest first;
-    then every other order of the device classes (devices of one kind on one server
-    are interchangeable, so each class keeps its devices fastest first), as long as
+    then every other order of the device classes (devices of one class, device_class, on one
+    server are interchangeable, so each class keeps its devices fastest first), as long as
     there are at most MAX_DEVICE_ORDERS distinct orders in all. The fastest device
     does not always take the first stage: on an RWNN over a CPU, an A100 and a T4
     the best contiguous plan puts the first third on the T4 and the rest on the
@@ -144,9 +145,9 @@ def device_orders(problem: PlacementProblem, devices: list[int], batch: int) -> 
         node_best[node] = min(node_best.get(node, INF), speed[d])
     by_node = sorted(devices, key=lambda d: (node_best[problem.devices[d].node], problem.devices[d].node, speed[d], d))
     orders = [fastest] if by_node == fastest else [fastest, by_node]
-    members: dict[tuple[str, str], list[int]] = {}
+    members: dict[tuple[str, DeviceClass], list[int]] = {}
     for d in fastest:
-        members.setdefault((problem.devices[d].node, problem.devices[d].kind), []).append(d)
+        members.setdefault((problem.devices[d].node, device_class(problem.devices[d])), []).append(d)
     counts = [len(m) for m in members.values()]
     if _arrangements(counts) > MAX_DEVICE_ORDERS:
         return orders
