@@ -11,6 +11,7 @@ import yaml
 from plan_files import verify_outcome, write_inputs
 
 from llm_planner.cli import main
+from llm_planner.commands import _status_text
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.pipeline import problem_from_inputs
 from llm_planner.plan import load_plan, save_plan
@@ -77,6 +78,7 @@ def test_a_milp_plan_carries_the_rederived_bound_and_its_own_proof_as_a_record(t
     assert plan.lower_bound_s == bound < plan.objective_s * (1 - 1e-4)  # the re-derived bound does not prove it
     assert plan.solver.status == "feasible" and plan.solver.details["solver_status"] == "optimal"
     assert plan.solver.details["solver_bound_s"] == pytest.approx(plan.objective_s, rel=1e-4)
+    assert _status_text(plan).startswith("feasible (solver: optimal, bound ")  # what `plan` prints
     assert verify_outcome(path) == (0, [])
     edit(path, lambda d: d["solver"]["details"].update(solver_bound_s=123.0))  # a record, proves nothing
     assert verify_outcome(path) == (0, [])
