@@ -14,7 +14,13 @@
   rank dies with its MPI proxy (llm_planner.runtime.__main__);
 - a run that fails writes a report anyway (at the report path: "status": "failed"
   or "interrupted", the error, the failed rank and device), so nothing downstream
-  mistakes an old report for this run's.
+  mistakes an old report for this run's;
+- hosts cut off: no error crosses a dead link (every rank waits for its peer until its
+  watchdog fires, and the first to give up is not necessarily on the host that was cut off),
+  so the launcher probes each other host of the rank table when the run starts and again when
+  it fails (a TCP connect to PROBE_PORT_ENV's port, 22 by default: accepted or refused, the
+  host answered); a host that answered at the start and no longer does is named, with its
+  ranks, first in the message and under "unreachable_hosts" in the report.
 """
 
 from __future__ import annotations
@@ -24,8 +30,12 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
+import threading
 import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +50,9 @@ KILL_GRACE_S = 15.0  # beyond timeout_s: the ranks' own watchdog fires first
 STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long, each waited this long
 _BAD = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*=\s*EXIT CODE: (\d+)")
 _STRING = re.compile(r"EXIT STRING: (.+)")
+PROBE_PORT_ENV = "LLM_PLANNER_PROBE_PORT"
+DEFAULT_PROBE_PORT = 22  # ssh: on a cluster mpiexec reaches every host through it
+PROBE_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +67,10 @@ class Outcome:
 def run_mpiexec(command: tuple[str, ...], table: RankTable, timeout_s: float) -> Outcome:
     """Run the job to its end, its timeout or Ctrl-C; the outcome names the failing rank."""
     workdir = Path(table.run.workdir)
+    port = probe_port()
+    before: dict[str, str | None] = {}
+    prober = threading.Thread(target=lambda: before.update(probe_all(remote_hosts(table), port)), daemon=True)
+    prober.start()
     start = time.perf_counter()
     with open(workdir / "mpiexec.out", "wb") as out, open(workdir / "mpiexec.err", "wb") as err:
         proc = subprocess.Popen(
@@ -80,7 +97,11 @@ def run_mpiexec(command: tuple[str, ...], table: RankTable, timeout_s: float) ->
     elif error is None:
         error = f"the run ended without writing its report {table.run.report_path}:\n{tail}"
     if error is not None:
-        write_failure(table, "failed", error, failed)
+        prober.join()
+        unreachable = cut_off(table, before, port)
+        if unreachable:
+            error = f"{_cut_off_message(unreachable)}; {error}"
+        write_failure(table, "failed", error, failed, unreachable)
     return Outcome(returncode=returncode, duration_s=duration, report=report, error=error, stderr_tail=tail)
 
 
@@ -140,6 +161,66 @@ def _dead_rank(tail: str, table: RankTable) -> tuple[str, int | None] | None:
     return f"{who} on {host} died: {ending}; mpiexec stopped every other rank", rank
 
 
+def probe_port(environ: Mapping[str, str] = os.environ, error: type[Exception] = ValueError) -> int:
+    """The TCP port the launcher probes hosts on (PROBE_PORT_ENV; 0 turns probing off); `error` names a bad value."""
+    raw = environ.get(PROBE_PORT_ENV, str(DEFAULT_PROBE_PORT)).strip()
+    if not raw.isdigit() or not 0 <= int(raw) <= 65535:
+        raise error(f"environment variable {PROBE_PORT_ENV}={raw!r}: expected a TCP port, 0 to 65535 (0: no probe)")
+    return int(raw)
+
+
+def remote_hosts(table: RankTable) -> list[str]:
+    """The rank table's hosts other than this one (a run on this host alone probes nothing)."""
+    local = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
+    return sorted({r.hostname for r in table.ranks} - local)
+
+
+def probe(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why `host` cannot be reached from here; None when it answers (a connection accepted or refused: either way
+    the host's network stack replied)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except ConnectionRefusedError:
+        return None
+    except socket.gaierror as exc:
+        return f"its name does not resolve ({exc.strerror})"
+    except TimeoutError:
+        return f"no answer on TCP port {port} within {timeout_s:g} s"
+    except OSError as exc:
+        return f"TCP port {port}: {exc.strerror or exc}"
+
+
+def probe_all(hosts: list[str], port: int) -> dict[str, str | None]:
+    """host -> why it cannot be reached (None: it answered), every host probed at once."""
+    if not hosts or port == 0:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        return dict(zip(hosts, pool.map(lambda h: probe(h, port), hosts)))
+
+
+def cut_off(table: RankTable, before: dict[str, str | None], port: int) -> list[dict[str, Any]]:
+    """The hosts that answered when the run started and no longer do, with their ranks and devices."""
+    answered = [h for h, why in before.items() if why is None]
+    after = probe_all(answered, port)
+    out = []
+    for host, why in after.items():
+        if why is not None:
+            ranks = [r for r in table.ranks if r.hostname == host]
+            out.append(
+                {"host": host, "ranks": [r.rank for r in ranks], "devices": [r.device for r in ranks], "probe": why}
+            )
+    return out
+
+
+def _cut_off_message(hosts: list[dict[str, Any]]) -> str:
+    parts = []
+    for h in hosts:
+        ranks = ", ".join(f"rank {r} ({d})" for r, d in zip(h["ranks"], h["devices"]))
+        parts.append(f"host {h['host']} ({ranks}) answered when the run started and no longer does: {h['probe']}")
+    return "cut off from the launcher: " + "; ".join(parts)
+
+
 def stop(proc: subprocess.Popen, table: RankTable) -> None:
     """Stop mpiexec's process group, then any rank still alive by its pid (this host's ranks)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -159,11 +240,15 @@ def stop(proc: subprocess.Popen, table: RankTable) -> None:
             pass
 
 
-def write_failure(table: RankTable, status: str, error: str, rank: int | None) -> None:
+def write_failure(
+    table: RankTable, status: str, error: str, rank: int | None, unreachable: list[dict[str, Any]] | None = None
+) -> None:
     """The report of a run that did not finish: what failed, so no old report stands in for it."""
     report: dict[str, Any] = {"status": status, "error": error, "plan": table.run.plan_path}
     if rank is not None:
         report.update(failed_rank=rank, failed_device=table.ranks[rank].device, failed_host=table.ranks[rank].hostname)
+    if unreachable:
+        report["unreachable_hosts"] = unreachable
     try:
         write_atomic(table.run.report_path, json.dumps(report, indent=1) + "\n")
     except WriteError:

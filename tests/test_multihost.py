@@ -41,10 +41,11 @@ CPU_KIND = {
 }  # localhost-cpu.yaml's core
 
 
-def cluster_spec(path: Path, addresses: tuple[str, ...], latency_s: float) -> Path:
-    """One single-core server per address; the network between them as shaped."""
+def cluster_spec(path: Path, addresses: tuple[str, ...], latency_s: float, cores: tuple[int, ...] = ()) -> Path:
+    """One server per address, with cores[i] single-core devices (1 by default); the network between them as shaped."""
     nodes = [
-        {"name": f"server{i}", "hostname": a, "slots": 1, "devices": {"cpu-core": 1}} for i, a in enumerate(addresses)
+        {"name": f"server{i}", "hostname": a, "slots": n, "devices": {"cpu-core": n}}
+        for i, (a, n) in enumerate(zip(addresses, cores or (1,) * len(addresses)))
     ]
     spec = {
         "name": "netns-servers",
@@ -119,6 +120,43 @@ def test_a_gpt2_pipeline_across_two_servers_gives_one_process_tokens_at_the_pred
     assert gone(hosts, 5.0) == []
 
 
+def test_a_tensor_parallel_group_on_one_server_and_a_stage_on_the_other_give_one_process_tokens(servers, tmp_path):
+    """GPT-2 with embed and two blocks on a group of two ranks on server 0 (their all-reduces stay inside the
+    server, as a group always does) and two blocks and the head on server 1: the hidden states cross the shaped
+    link from the group's leader, the tokens come back to both members. Three ranks share this machine's cores
+    (two spinning on server 0), so the step is not asserted against the plan; the error is printed."""
+    hosts, _ = servers
+    spec = cluster_spec(tmp_path / "cluster.yaml", hosts.addresses, hosts.latency_s or 50e-6, cores=(2, 1))
+    config = tiny_gpt2()
+    layout = {"embed": "server0/cpu-core:0-1", "block.2": "server1/cpu-core:0"}
+    plan = decoder_plan(
+        tmp_path / "plan.yaml",
+        save_config(config, tmp_path / "gpt2"),
+        [layout],
+        shard_sizes=[4],
+        cluster=spec,
+        max_tp=2,
+    )
+    proc = run_launch(hosts, plan, tmp_path / "w", "--max-new-tokens", "8", "--warmup", "1")
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, f"{out}\n{err}"
+    report = json.loads((tmp_path / "w" / "run.json").read_text())
+    where = [(tmp_path / "w" / f"rank{r}.pid").read_text().split()[1] for r in range(3)]
+    assert where == [hosts.namespaces[0], hosts.namespaces[0], hosts.namespaces[1]]
+    assert [r["plan_device"] for r in report["ranks"]] == ["server0/cpu-core:0-1"] * 2 + ["server1/cpu-core:0"]
+    assert all(r["collectives"]["all_reduce"]["count"] > 0 for r in report["ranks"][:2])
+    prompts = json.loads((tmp_path / "w" / "rank_table.json").read_text())["run"]["prompt_ids"]
+    prepared = gpt.prepare_config(config)
+    model = gpt.build_whole_model(prepared, gpt.weight_source(prepared, checkpoint=None, seed=0))
+    assert report["tokens"] == gpt.generate_whole(model, prepared, prompts, 8)
+    predicted, measured = report["predicted_s"], report["measured_s"]
+    print(
+        f"tp + pipeline: predicted {predicted * 1e3:.2f} ms, measured {measured * 1e3:.2f} ms "
+        f"({100 * (measured - predicted) / predicted:+.1f}%, {hosts.shaper}, 3 ranks on {os.cpu_count()} cores)"
+    )
+    assert gone(hosts, 5.0) == []
+
+
 def rank_pid(workdir: Path, rank: int, timeout_s: float = 60.0) -> int:
     path = workdir / f"rank{rank}.pid"
     deadline = time.monotonic() + timeout_s
@@ -151,13 +189,16 @@ def test_a_server_whose_rank_is_killed_is_named_and_nothing_is_left_anywhere(ser
     # a remote rank's end comes as its exit code (9: SIGKILL) from its server's proxy
     assert f"rank 1 (server1/cpu-core:0) on {hosts.addresses[1]} died: " in message and "9" in message
     assert (report["status"], report["failed_rank"], report["failed_host"]) == ("failed", 1, hosts.addresses[1])
+    assert "cut off" not in message and "unreachable_hosts" not in report  # its server still answers the probe
     assert gone(hosts, 10.0) == []
 
 
-def test_a_link_taken_down_mid_run_ends_at_the_timeout_and_nothing_is_left_anywhere(servers, gpt2_plan, tmp_path):
+def test_a_link_taken_down_mid_run_names_the_server_cut_off_and_nothing_is_left_anywhere(servers, gpt2_plan, tmp_path):
     """No error reaches anyone over a dead link: every rank waits for its peer until its watchdog fires (the
-    run's timeout), and the first rank to give up is the one named, with its server (not necessarily the
-    server whose link went down)."""
+    run's timeout), and the first rank to give up is not necessarily on the server whose link went down. The
+    launcher (on server 0) probes the hosts it reached at the start (a TCP connect: nothing listens on the
+    port, so a live host refuses at once) and names server 1, cut off, with its rank, first in the message
+    and under "unreachable_hosts" in the report; server 0 still answers and is not named."""
     hosts, _ = servers
     try:
         message, report, took = fail_mid_run(
@@ -168,4 +209,8 @@ def test_a_link_taken_down_mid_run_ends_at_the_timeout_and_nothing_is_left_anywh
     assert "the run exceeded its timeout of 20 s" in message and took < 20 + 15
     assert report["status"] == "failed" and report["failed_host"] in hosts.addresses
     assert f"rank {report['failed_rank']} ({report['failed_device']})" in message
+    cut = f"host {hosts.addresses[1]} (rank 1 (server1/cpu-core:0)) answered when the run started and no longer does"
+    assert message.startswith(f"launch failed: cut off from the launcher: {cut}"), message
+    assert hosts.addresses[0] not in message.split(";")[0]
+    assert [(h["host"], h["ranks"]) for h in report["unreachable_hosts"]] == [(hosts.addresses[1], [1])]
     assert gone(hosts, 10.0) == []
