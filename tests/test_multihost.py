@@ -3,9 +3,10 @@ each with its own address and host name, their links shaped as the cluster spec'
 own bootstrap (Hydra, a launcher that enters a namespace instead of ssh) starting the ranks on them.
 
 A GPT-2 plan whose pipeline crosses the servers gives the tokens of one process and the step the plan predicts,
-network included; a server's ranks killed, or its link taken down mid-run, give a message naming the host and the
-rank, a failure report, and no process left in any namespace. Skipped, saying why, where namespaces cannot be made
-(not root, no iproute2)."""
+network included; one with a tensor-parallel group on one server and a pipeline stage on the other gives one
+process's tokens; a server's ranks killed, or its link taken down mid-run, give a message naming the host (the one
+cut off, for a link) and the rank, a failure report, and no process left in any namespace. Skipped, saying why,
+where namespaces cannot be made (not root, no iproute2)."""
 
 from __future__ import annotations
 
@@ -206,6 +207,7 @@ def test_a_link_taken_down_mid_run_names_the_server_cut_off_and_nothing_is_left_
         )
     finally:
         hosts.link(1, up=True)
+    print(message)
     assert "the run exceeded its timeout of 20 s" in message and took < 20 + 15
     assert report["status"] == "failed" and report["failed_host"] in hosts.addresses
     assert f"rank {report['failed_rank']} ({report['failed_device']})" in message
