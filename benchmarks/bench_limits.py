@@ -207,10 +207,11 @@ def cases() -> dict:
             [],
         ),
         "max-devices-serving": (
-            f"GPT-3 175B, --objective serving at 100 ms, on {MAX_DEVICES:,} devices ({gpus:,} servers of 8 A100s)",
+            f"GPT-3 175B, --objective serving at 100 ms (prompt 512, output 128), on {MAX_DEVICES:,} devices "
+            f"({gpus:,} servers of 8 A100s)",
             lambda: {"model": "gpt3-175b"},
             lambda: gpu_fleet(gpus),
-            ["--objective", "serving", "--tpot-slo", "0.1"],
+            ["--objective", "serving", "--prompt-len", "512", "--output-len", "128", "--tpot-slo", "0.1"],
         ),
     }
 
