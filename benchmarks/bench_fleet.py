@@ -146,8 +146,7 @@ def main() -> int:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
-    (out / "table.md").write_text(head + "".join("| " + " | ".join(str(r[c]) for c in COLUMNS) + " |\n" for r in rows))
+    (out / "table.md").write_text(provenance.markdown_table(COLUMNS, ([r[c] for c in COLUMNS] for r in rows)))
     provenance.record(out, facts)
     return 0
 

@@ -298,7 +298,7 @@ def write_results(rows: list[dict], out: Path) -> None:
         "plan file MiB",
         "verify: exit, s, MiB",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     for r in rows:
         verify = (
             f"{r['verify_exit']}, {r['verify_wall_s']:.1f}, {r['verify_tree_rss_mib']:,.0f}"
@@ -313,10 +313,10 @@ def write_results(rows: list[dict], out: Path) -> None:
             *(_cell(r, k) for k in ("wall_s", "max_rss_mib", "tree_rss_mib", "plan_mib")),
             verify,
         ]
-        lines.append("| " + " | ".join(cells) + " |")
+        body.append(cells)
     commands = [f"- `{r['case']}`: `{r['command']}`" for r in rows]
     (out / "table.md").write_text(
-        "\n".join(lines) + "\n\nCommands (in each case's folder):\n\n" + "\n".join(commands) + "\n"
+        provenance.markdown_table(head, body) + "\nCommands (in each case's folder):\n\n" + "\n".join(commands) + "\n"
     )
 
 

@@ -168,8 +168,7 @@ def run_row(row, out: Path, time_limit: float, helix) -> list[dict]:
 
 
 def table_md(rows: list[dict]) -> str:
-    head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
-    return head + "".join("| " + " | ".join(str(r[c]) for c in COLUMNS) + " |\n" for r in rows)
+    return provenance.markdown_table(COLUMNS, ([r[c] for c in COLUMNS] for r in rows))
 
 
 def main() -> int:

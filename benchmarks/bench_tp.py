@@ -147,29 +147,24 @@ def markdown(rows: list[dict]) -> str:
         "milp-split --max-tp 1",
         "layout",
     )
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    r["row"],
-                    fmt_s(r["plan_s"]),
-                    fmt_s(r["bound_s"]),
-                    f"{r['gap']:.1%}",
-                    f"{r['time_s']:.1f} s",
-                    str(r["devices"]),
-                    r["memory"],
-                    f"{fmt_s(r['megatron_s'])} ({r['vs_megatron']:.2f}x)",
-                    fmt_s(r["tp_replicas_s"]),
-                    f"{r['single_best']} {fmt_s(r['single_best_s'])} ({r['vs_single']:.2f}x)",
-                    fmt_s(r["max_tp1_s"]),
-                    r["layout"],
-                ]
-            )
-            + " |"
-        )
-    return "\n".join(lines) + "\n"
+    body = [
+        [
+            r["row"],
+            fmt_s(r["plan_s"]),
+            fmt_s(r["bound_s"]),
+            f"{r['gap']:.1%}",
+            f"{r['time_s']:.1f} s",
+            str(r["devices"]),
+            r["memory"],
+            f"{fmt_s(r['megatron_s'])} ({r['vs_megatron']:.2f}x)",
+            fmt_s(r["tp_replicas_s"]),
+            f"{r['single_best']} {fmt_s(r['single_best_s'])} ({r['vs_single']:.2f}x)",
+            fmt_s(r["max_tp1_s"]),
+            r["layout"],
+        ]
+        for r in rows
+    ]
+    return provenance.markdown_table(head, body)
 
 
 def main() -> None:

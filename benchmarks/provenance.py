@@ -47,6 +47,13 @@ def start(argv: list[str]) -> dict:
     }
 
 
+def markdown_table(head, rows) -> str:
+    """A Markdown table of every benchmark's table.md: the header, its rule, one line per row (str of each cell)."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
 def record(out_dir: str | Path, facts: dict) -> None:
     """Write meta.json: the facts `start` took, and when the run ended."""
     out = Path(out_dir)
