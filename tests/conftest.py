@@ -22,6 +22,18 @@ def repo() -> Path:
     return REPO
 
 
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie waiting for its parent to reap it does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[-1][0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
 def sigint_default() -> None:
     """preexec_fn for a child the test will send SIGINT: a process started in the background
     (`cmd &` in a script, as CI may run the suite) inherits SIGINT ignored, and Python then

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import sigint_default
+from conftest import alive, sigint_default
 from runtime_fixtures import decoder_plan, save_config, tiny_gpt2
-from test_signals import alive, children, wait_gone
+from test_signals import children, wait_gone
 
 pytestmark = [
     pytest.mark.mpi,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import sigint_default
+from conftest import alive, sigint_default
 from runtime_fixtures import decoder_plan, graph_plan, save_config, tiny_gpt2, tiny_llama
 
 from llm_planner.launch import launch_plan
@@ -237,18 +237,6 @@ def test_a_rank_waiting_in_a_barrier_or_gather_leaves_its_core_to_the_others(tmp
     assert cpu_s < 0.5, f"rank 0 used {cpu_s} s of CPU waiting 2 s for rank 1"
 
 
-def _alive(pid: int) -> bool:
-    """Whether the process runs (a zombie waiting for its parent to reap it does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
-
 def _rank_pids(workdir: Path, ranks: int, timeout_s: float = 60.0) -> list[int]:
     """The ranks' pids from their pid files, once every rank has written one."""
     deadline = time.time() + timeout_s
@@ -282,9 +270,9 @@ def test_a_rank_that_dies_is_named_and_no_process_is_left(small_plan, tmp_path):
     assert not result.ok
     assert result.error.startswith("rank 1 (localhost/cpu-core:1) on localhost died: Killed (signal 9)"), result.error
     deadline = time.time() + 10.0
-    while any(map(_alive, pids)) and time.time() < deadline:
+    while any(map(alive, pids)) and time.time() < deadline:
         time.sleep(0.1)
-    assert not any(map(_alive, pids)), "a rank outlived the run"
+    assert not any(map(alive, pids)), "a rank outlived the run"
     report = json.loads(Path(result.report_path).read_text())
     assert (report["status"], report["failed_rank"], report["failed_device"]) == ("failed", 1, "localhost/cpu-core:1")
 
@@ -323,12 +311,12 @@ def test_ctrl_c_on_launch_stops_mpiexec_and_every_rank_within_10_s(small_plan, t
         int(p)
         for p in subprocess.run(["pgrep", "-f", f"mpiexec.*{workdir}"], capture_output=True, text=True).stdout.split()
     ]
-    assert mpiexec and all(map(_alive, pids))
+    assert mpiexec and all(map(alive, pids))
     start = time.time()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
-    while any(map(_alive, pids + mpiexec)) and time.time() - start < 10.0:
+    while any(map(alive, pids + mpiexec)) and time.time() - start < 10.0:
         time.sleep(0.1)
-    assert time.time() - start < 10.0, f"still running: {[p for p in pids + mpiexec if _alive(p)]}"
+    assert time.time() - start < 10.0, f"still running: {[p for p in pids + mpiexec if alive(p)]}"
     assert json.loads(report.read_text())["status"] == "interrupted"

@@ -12,21 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SPECS, sigint_default
+from conftest import SPECS, alive, sigint_default
 
 from llm_planner import procs
-
-
-def alive(pid: int) -> bool:
-    """Whether the process runs (a zombie waiting for its parent to reap it does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[-1][0] != "Z"
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
 
 
 def children(pid: int) -> list[int]:
