@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llm_planner.serving.bound_batches import SparseRows, batch_level_bound, maximise_with_binaries
+from llm_planner.serving.bound_batches import SparseRows, batch_level_bound, least_block_s, maximise_with_binaries
 from llm_planner.serving.bound_cells import cell_bound
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layout import CostCache
@@ -121,16 +121,6 @@ def _measured_rate(costs, k: int, layers: int, tpot_slo_s: float, c_cap: float =
         if x is not None:
             best = max(best, x * layers / (k * (step + layers * (y0 + (y1 - y0) * (x - x0) / (x1 - x0 or 1.0)))))
     return best
-
-
-def _least_block_s(costs) -> float:
-    """The least time of one decoder layer on any micro-batch of at least one sequence: at one
-    sequence on the roofline (its pieces grow with b), the least breakpoint of a measured table
-    (piecewise linear: its least value over b >= 1 is at 1 or at a breakpoint)."""
-    t = getattr(costs, "layer_time", None)
-    if t is None:
-        return costs.part_s("block", 1)
-    return min(t(x) for x in {1.0, *(x for x in t.breakpoints if x >= 1.0)})
 
 
 def _rightmost_within(x0: float, x1: float, y0: float, y1: float, limit: float) -> float | None:
@@ -204,7 +194,7 @@ def _level_options(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_
         for k in sc.degrees:
             costs = cache.get(sc.name, k)
             rate_of = _measured_rate if getattr(costs, "layer_time", None) is not None else _roofline_rate
-            block_min = _least_block_s(costs)
+            block_min = least_block_s(costs)
             for layers in range(1, cache.tasks.num_layers + 1):
                 room = costs.usable_bytes - layers * costs.weight_bytes["block"]
                 if room < layers * costs.kv_bytes_per_seq:

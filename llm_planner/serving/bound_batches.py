@@ -81,13 +81,22 @@ def _batch_grid(cache: CostCache, classes: tuple[ServerClass, ...], top: float) 
     return sorted(points)
 
 
-def _layer_times(costs, b_lo: float, b_hi: float) -> tuple[float, float]:
-    """(least layer time for micro-batches of b_lo..b_hi sequences, the time the rate uses)."""
+def least_block_s(costs, lo: float = 1.0, hi: float = math.inf) -> float:
+    """The least time of one decoder layer over micro-batches of lo..hi sequences: at lo on the
+    roofline (its pieces grow with b); a measured table is piecewise linear, so its least value is
+    at an end or a breakpoint. With the defaults: over every micro-batch of at least one sequence."""
     table = getattr(costs, "layer_time", None)
     if table is None:
+        return costs.part_s("block", lo)
+    points = {lo, *(x for x in table.breakpoints if lo < x < hi)} | ({hi} if hi < math.inf else set())
+    return min(table(x) for x in points)
+
+
+def _layer_times(costs, b_lo: float, b_hi: float) -> tuple[float, float]:
+    """(least layer time for micro-batches of b_lo..b_hi sequences, the time the rate uses)."""
+    if getattr(costs, "layer_time", None) is None:
         return costs.part_s("block", b_lo), costs.part_s("block", b_hi)
-    lo, hi = max(1.0, math.floor(b_lo)), math.ceil(b_hi)  # sizes differ by one around the mean
-    least = min(table(x) for x in {lo, hi, *(x for x in table.breakpoints if lo < x < hi)})
+    least = least_block_s(costs, max(1.0, math.floor(b_lo)), math.ceil(b_hi))  # sizes differ by one around the mean
     return least, least
 
 

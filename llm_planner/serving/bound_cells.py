@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llm_planner.serving.bound_batches import SparseRows, solve_with_binaries
+from llm_planner.serving.bound_batches import SparseRows, least_block_s, solve_with_binaries
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layout import CostCache
 
@@ -127,17 +127,6 @@ class _Option:
     tau: float
 
 
-def _least_time(costs, part: str, b_lo: float, b_hi: float) -> float:
-    """The least time of a part over micro-batches b_lo..b_hi: at b_lo on the roofline (its pieces
-    grow with b); a measured block table is piecewise linear: its least value is at an end or a
-    breakpoint."""
-    table = getattr(costs, "layer_time", None) if part == "block" else None
-    if table is None:
-        return costs.part_s(part, b_lo)
-    points = {b_lo, b_hi, *(x for x in table.breakpoints if b_lo < x < b_hi)}
-    return min(table(x) for x in points)
-
-
 def _kinds(cache: CostCache, classes: tuple[ServerClass, ...], inter) -> list[_Kind]:
     out = []
     for sc in classes:
@@ -155,7 +144,7 @@ def _options(kinds: list[_Kind], cell: Cell, num_layers: int) -> list[_Option]:
     out = []
     for kd in kinds:
         costs = kd.costs
-        tau = _least_time(costs, "block", b_lo, b_hi)
+        tau = least_block_s(costs, b_lo, b_hi)
         per_layer = costs.weight_bytes["block"] + cell.c_lo * costs.kv_bytes_per_seq
         busy = (cell.t_hi / cell.m_lo - costs.step_s) / tau if tau > 0 else float(num_layers)
         l_max = min(num_layers, math.floor(costs.usable_bytes / per_layer + 1e-9), math.floor(busy + 1e-9))
@@ -164,15 +153,6 @@ def _options(kinds: list[_Kind], cell: Cell, num_layers: int) -> list[_Option]:
         l_end = min(l_max, math.floor((costs.usable_bytes - kd.end_bytes) / per_layer + 1e-9))
         out.append(_Option(kd, l_max, max(0, l_end), tau))
     return out
-
-
-def _least_block_s(costs) -> float:
-    """A layer's least time on any micro-batch: at one sequence on the roofline, the least value at
-    one sequence or a breakpoint of a measured table."""
-    table = getattr(costs, "layer_time", None)
-    if table is None:
-        return costs.part_s("block", 1.0)
-    return min(table(x) for x in {1.0, *(x for x in table.breakpoints if x >= 1.0)})
 
 
 def _end_time_s(kinds: list[_Kind], cell: Cell) -> float:
@@ -200,7 +180,7 @@ def start_cells(kinds: list[_Kind], classes, num_layers: int, tpot_slo_s: float)
         ms.append((m, 2 * m - 2))
         m = 2 * m - 1
     ms.append((m, 0))
-    t_min = min(kd.costs.step_s for kd in kinds) + num_layers * min(_least_block_s(kd.costs) for kd in kinds)
+    t_min = min(kd.costs.step_s for kd in kinds) + num_layers * min(least_block_s(kd.costs) for kd in kinds)
     t_min = min(max(t_min, 1e-9), tpot_slo_s)  # no replica's round trip is shorter
     ts = _cut(t_min, tpot_slo_s, max(1, math.ceil(math.log(tpot_slo_s / t_min) / math.log(THETA_START))))
     ts = ts if t_min < tpot_slo_s else [(tpot_slo_s, tpot_slo_s)]
@@ -248,7 +228,8 @@ class _Model:
 
     def _cell(self, cell: Cell) -> None:
         options = _options(self.kinds, cell, self.num_layers)
-        if not _may_hold_a_copy(options, self.capacity, self.num_layers, cell.t_hi - _end_time_s(self.kinds, cell)):
+        end_s = _end_time_s(self.kinds, cell)
+        if not _may_hold_a_copy(options, self.capacity, self.num_layers, cell.t_hi - end_s):
             self.x_of.append(None)
             return
         x, seqs = self._column(0.0), self._column(1.0 / cell.t_lo)
@@ -259,7 +240,7 @@ class _Model:
         hop_max = max(o.kind.hop_s for o in options)
         cover, ends = [(x, -float(self.num_layers))], [(x, -1.0)]
         seq_layers = [(seqs, -float(self.num_layers))]
-        trip = [(x, _end_time_s(self.kinds, cell) - hop_max - cell.t_hi)]
+        trip = [(x, end_s - hop_max - cell.t_hi)]
         for o in options:
             lam, mu, n, e = (self._column(0.0) for _ in range(4))
             costs = o.kind.costs
