@@ -61,15 +61,28 @@ def list_models() -> list[tuple[str, str, str]]:
     return out
 
 
+def _resnet_graph(spec: ModelSpec) -> TaskGraph:
+    """A CNN preset, traced with torch.fx: the one model family that needs torch and transformers, which
+    the planning install (requirements-plan.txt) leaves out."""
+    try:
+        import transformers  # noqa: F401  (fx builds the network from a transformers ResNetConfig)
+
+        from llm_planner.graph import fx
+    except ImportError as exc:
+        raise GraphError(
+            f"model {spec.name!r} is traced with torch.fx and needs torch and transformers, but "
+            f"{exc.name or exc} is not installed (pip install -r requirements.txt installs them)"
+        ) from None
+    return fx.build_resnet_graph(spec.name, dtype=spec.dtype)
+
+
 def build_model_graph(spec: ModelSpec) -> TaskGraph:
     """Build the task graph of a preset, a config file or a config directory."""
     from llm_planner.graph import decoder_graph, rwnn, transformer
 
     spec.check()
     if spec.name in ("resnet18", "resnet50"):
-        from llm_planner.graph import fx
-
-        return fx.build_resnet_graph(spec.name, dtype=spec.dtype)
+        return _resnet_graph(spec)
     if rwnn.is_rwnn_name(spec.name):
         return rwnn.build_rwnn_graph_from_name(spec.name, seed=spec.seed, dtype=spec.dtype)
     config = transformer.named_config(spec.name)
