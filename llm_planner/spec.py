@@ -24,6 +24,7 @@ from llm_planner.graph.constants import DEVICE_TYPES, DTYPE_BYTES
 from llm_planner.spec_fields import (
     Reader,
     SpecError,
+    as_bool,
     as_hostname,
     as_int,
     as_name,
@@ -51,6 +52,10 @@ MAX_DEVICES = 65536
 # v0.6.0 performance update, 2024-09; SGLang v0.4 "zero-overhead batch scheduler", 2024-12).
 # Set `step_overhead_s` per kind from a measurement (docs/serving.md).
 STEP_OVERHEAD_DEFAULT = {"cpu": 1e-3, "gpu": 1e-3, "accelerator": 1e-3}
+# Whether devices of a kind may form tensor-parallel groups, by device type: GPUs and accelerators
+# do (NCCL-style collectives over NVLink or PCIe); CPU sockets do not (no engine shards a layer
+# over sockets with all-reduces per layer). A kind's `tensor_parallel` overrides it.
+TENSOR_PARALLEL_DEFAULT = {"cpu": False, "gpu": True, "accelerator": True}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +95,13 @@ class DeviceKindSpec:
     usable_mem_fraction: float | None = None
     # Serving: fixed time per engine iteration on a stage of this kind; None: STEP_OVERHEAD_DEFAULT.
     step_overhead_s: float | None = None
+    # Whether its devices may form tensor-parallel groups; None: the type's TENSOR_PARALLEL_DEFAULT.
+    tensor_parallel: bool | None = None
+
+    @property
+    def forms_tensor_groups(self) -> bool:
+        """Whether devices of this kind may form tensor-parallel groups (TENSOR_PARALLEL_DEFAULT)."""
+        return TENSOR_PARALLEL_DEFAULT[self.type] if self.tensor_parallel is None else self.tensor_parallel
 
     @property
     def serving_step_s(self) -> float:
@@ -132,7 +144,7 @@ class DeviceSpec:
     node_template: str  # NodeSpec.name ("dgx")
     index: int  # index among devices of its kind in its node (a group: its first member's)
     hostname: str | None
-    members: tuple[str, ...] = ()  # a tensor-parallel group (llm_planner.groups): its devices; () for one device
+    members: tuple[str, ...] = ()  # a tensor-parallel group (llm_planner.tensor_groups): its devices; () for one device
 
     @property
     def degree(self) -> int:
@@ -285,6 +297,7 @@ def _read_kind(c: Reader) -> DeviceKindSpec:
         overhead_s=c.get("overhead_s", nonneg_seconds, default=0.0),
         usable_mem_fraction=c.get("usable_mem_fraction", units.parse_fraction, default=None, positive=True),
         step_overhead_s=c.get("step_overhead_s", nonneg_seconds, default=None),
+        tensor_parallel=c.get("tensor_parallel", as_bool, default=None),
     )
     for key in ("compute_efficiency", "mem_efficiency", "usable_mem_fraction"):
         if getattr(spec, key) is not None and getattr(spec, key) > 1:

@@ -56,6 +56,13 @@ class Reader:
             self.fail(f"unknown key(s) {', '.join(map(repr, unknown))}")
 
 
+def as_bool(value: Any) -> bool:
+    """A YAML boolean (true or false); a string such as "yes" or a number is refused."""
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
 def as_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"expected an integer, got {value!r}")

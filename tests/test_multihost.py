@@ -39,6 +39,7 @@ CPU_KIND = {
     "compute_efficiency": 0.3,
     "mem_efficiency": 0.8,
     "overhead_s": "400 us",
+    "tensor_parallel": True,  # opted in: a test runs a tensor-parallel group of two cores on server 0
 }  # localhost-cpu.yaml's core
 
 

@@ -25,7 +25,7 @@ Under MPI, every rank profiles its own device (ranks on one host take turns,
 so they do not share its cores), then ping-pong between one pair of ranks per
 link class, with the runtime's own transfer calls (llm_planner.runtime.comm),
 measures the one-way time of messages of several sizes; rank 0 gathers it all
-and writes the profile (llm_planner.runtime.profile_run runs the whole job).
+and writes the profile (llm_planner.launch.profile_run runs the whole job).
 """
 
 from __future__ import annotations
@@ -316,9 +316,12 @@ def time_graph(
 
 
 def group_degrees_of(cluster: ClusterSpec, device: DeviceSpec) -> list[int]:
-    """The degrees of the tensor-parallel groups `device`'s class of identical devices can form (llm_planner.groups)."""
-    from llm_planner.groups import group_degrees
+    """The degrees of the tensor-parallel groups that `device`'s class of identical devices can form
+    (llm_planner.tensor_groups)."""
+    from llm_planner.tensor_groups import group_degrees
 
+    if not cluster.kind(device.kind).forms_tensor_groups:
+        return []
     count = sum(1 for d in cluster.devices() if d.node == device.node and d.kind == device.kind)
     return group_degrees(count, count)
 
