@@ -110,7 +110,7 @@ def verify_plan(plan: Plan, problem: PlacementProblem, *, rel_tol: float = 1e-6)
     batches = c.batches_in_flight(loads, makespan)
     memory = c.check_memory(assign, batches)
     per_device = c.check_groups(assign, batches)
-    simulated = c.check_objective(loads, makespan)
+    simulated = c.check_objective(loads, makespan, assign)
     names = problem.device_names
     return VerifyReport(
         ok=not c.violations,
@@ -147,6 +147,7 @@ class _Checker:
         self.device_index = {n: k for k, n in enumerate(self.devices)}
         self.num_shards = min(len(plan.shard_sizes), len(plan.shard_assignments))
         self.sizes = [int(b) for b in plan.shard_sizes[: self.num_shards]]
+        self.step_s = math.nan  # a decode step's latency, with the token hand-off (simulate)
         finite = [abs(x) for st in plan.schedule for x in (st.start_s, st.finish_s) if math.isfinite(x)]
         self.atol = rel_tol * max([*finite, 1e-9])  # absolute slack for comparing times
 
@@ -205,7 +206,7 @@ class _Checker:
 
     def _unknown(self, dev: str) -> str:
         """Why `dev` is no device of the problem, for a group: what the cluster cannot form."""
-        from llm_planner.groups import GroupError, group_from_members, is_group_name, member_names
+        from llm_planner.tensor_groups import GroupError, group_from_members, is_group_name, member_names
 
         if not is_group_name(dev):
             return f"unknown device {dev!r}"
@@ -403,6 +404,10 @@ class _Checker:
                         moved = p.transfer_time(e, k, l, b)
                         comm[k] += moved
                         comm[l] += moved
+                if p.token_loop is not None and min(int(a[i]) for i in p.token_loop) >= 0:
+                    handoff = p.token_time(a, b)  # the decode loop's token, lm_head -> embed: both ends
+                    comm[int(a[p.token_loop[0]])] += handoff
+                    comm[int(a[p.token_loop[1]])] += handoff
             else:  # host_staged: an output pays once leaving its accelerator, once entering each other one
                 crossings: set[tuple[int, int]] = set()  # (source task, receiving device)
                 for e in range(p.num_edges):
@@ -429,6 +434,7 @@ class _Checker:
             orders[int(assign[it[0]][it[1]])].append(it)
         sim = EventSimulation(self.p, self.sizes, assign, orders)
         makespan = sim.run(self)
+        self.step_s = self.token_step(assign, sim.finish, makespan)
         late = [
             it
             for it in items
@@ -444,21 +450,36 @@ class _Checker:
             self.bad(f"... and {len(late) - 10} more items start elsewhere than the simulation says")
         return makespan
 
-    def check_objective(self, loads: np.ndarray, makespan: float) -> float:
+    def token_step(self, assign: list[np.ndarray], finish: dict[Item, float], makespan: float) -> float:
+        """A decode step: the makespan, or a shard's lm_head finish plus its token hand-off back to
+        embed's device when that is later (PlacementProblem.token_time; docs/objectives.md)."""
+        loop = self.p.token_loop
+        if loop is None or math.isnan(makespan):
+            return makespan
+        ends = [
+            finish[(s, loop[0])] + self.p.token_time(a, self.sizes[s])
+            for s, a in enumerate(assign)
+            if (s, loop[0]) in finish and min(int(a[i]) for i in loop) >= 0
+        ]
+        return max([makespan, *ends])
+
+    def check_objective(self, loads: np.ndarray, makespan: float, assign: list[np.ndarray]) -> float:
         plan, p = self.plan, self.p
         for name in ("objective_s", "lower_bound_s", "max_load_s"):
             value = getattr(plan, name)
             if not (math.isfinite(value) and value >= 0):
                 self.bad(f"{name} is {value}; it must be a finite number >= 0")
         max_load = float(loads.max()) if len(loads) else 0.0
-        simulated = makespan if p.objective == "latency" else max_load / p.batch_size
+        simulated = self.step_s if p.objective == "latency" else max_load / p.batch_size
         if math.isnan(simulated):
             self.bad("the objective cannot be recomputed: the plan is incomplete or its device orders deadlock")
         elif not self.close(plan.objective_s, simulated):
             what = "makespan" if p.objective == "latency" else "max device load / batch size"
             self.bad(f"the plan claims objective {_s(plan.objective_s)} but the simulated {what} is {_s(simulated)}")
         if p.objective == "latency" and plan.schedule:
-            own = max(st.finish_s for st in plan.schedule)
+            index = {t.name: i for i, t in enumerate(self.p.graph.tasks)}
+            finish = {(st.shard, index.get(st.task, -1)): st.finish_s for st in plan.schedule}
+            own = self.token_step(assign, finish, max(finish.values()))
             if not self.close(plan.objective_s, own):
                 self.bad(f"the plan claims latency {_s(plan.objective_s)} but its own schedule ends at {_s(own)}")
         if not self.close(plan.max_load_s, max_load):

@@ -15,7 +15,7 @@ precomputed here into arrays:
                                                        can run needs for the whole batch (max_i w_i Q): a
                                                        reservation that holds whatever runs there
 
-Tensor-parallel groups (llm_planner.groups) are devices too: the physical devices come
+Tensor-parallel groups (llm_planner.tensor_groups) are devices too: the physical devices come
 first (indices 0..num_physical-1, in spec order), then every group offered (max_tp >= 2),
 each with its task times on k members (cost.group_task_time_pieces), unsupported where
 the task does not shard over k. `members[k]` lists the physical devices of device k
@@ -43,10 +43,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from llm_planner import cost
-from llm_planner.graph.ir import TaskGraph
-from llm_planner.groups import tensor_groups
+from llm_planner.graph.decoder_graph import ID_BYTES
+from llm_planner.graph.ir import Edge, TaskGraph
 from llm_planner.plan import PlanInputs
 from llm_planner.spec import ClusterSpec, DeviceSpec
+from llm_planner.tensor_groups import tensor_groups
 
 # Transfer costs are two [edges, K, K] tables over the placement devices K (devices and
 # tensor-parallel groups); planning holds about 45 bytes per entry at its peak (the tables and
@@ -54,6 +55,8 @@ from llm_planner.spec import ClusterSpec, DeviceSpec
 MAX_TRANSFER_ENTRIES = 100_000_000
 
 OBJECTIVES = ("latency", "throughput")
+# The decode loop's hand-off per sequence: the sampled token id (int64).
+TOKEN_BYTES = float(ID_BYTES)
 
 
 class ProblemError(ValueError):
@@ -86,6 +89,22 @@ class PlacementProblem:
     mem_usable: np.ndarray | None = field(default=None, repr=False)  # [K]; None: mem_capacity (no workspace reserved)
     members: tuple[tuple[int, ...], ...] = ()  # [K] physical devices of each device; () = every device is physical
     max_tp: int = 1  # largest tensor-parallel degree offered
+    # The decode loop's token hand-off (docs/objectives.md): (lm_head, embed) task indices of a decoder
+    # in decode phase, and the [K, K] cost of moving the sampled ids from lm_head's device to embed's.
+    token_loop: tuple[int, int] | None = None
+    token_fixed: np.ndarray | None = field(default=None, repr=False)  # [K, K]
+    token_slope: np.ndarray | None = field(default=None, repr=False)  # [K, K] per sample
+
+    def token_time(self, assign, batch: int) -> float:
+        """The decode step's token hand-off for a shard of `batch` samples placed by `assign`: the
+        sampled ids from lm_head's device back to embed's, charged once per step (0 when the two
+        share a device, the shard is empty or the graph has no decode loop)."""
+        if self.token_loop is None or batch <= 0:
+            return 0.0
+        k, l = int(assign[self.token_loop[0]]), int(assign[self.token_loop[1]])
+        if k == l:
+            return 0.0
+        return float(self.token_fixed[k, l] + self.token_slope[k, l] * batch)
 
     @property
     def usable(self) -> np.ndarray:
@@ -222,7 +241,12 @@ def build_problem(
 
     edge_src = np.array([index[e.src] for e in graph.edges], dtype=int)
     edge_dst = np.array([index[e.dst] for e in graph.edges], dtype=int)
-    comm_fixed, comm_slope = _transfer_costs(graph, cluster, [physical[m[0]] for m in members], kinds)
+    token_loop = _token_loop(graph)
+    comm_fixed, comm_slope = _transfer_costs(
+        (*graph.edges, *_token_edge(graph, token_loop)), cluster, [physical[m[0]] for m in members], kinds
+    )
+    token = (comm_fixed[-1], comm_slope[-1]) if token_loop else (None, None)
+    comm_fixed, comm_slope = comm_fixed[: len(graph.edges)], comm_slope[: len(graph.edges)]
 
     mem_counts = np.array(
         [[(not t.mem_device_types) or kind.type in t.mem_device_types for kind in kinds] for t in graph.tasks],
@@ -256,7 +280,26 @@ def build_problem(
         inputs=inputs,
         members=members,
         max_tp=max_tp,
+        token_loop=token_loop,
+        token_fixed=token[0],
+        token_slope=token[1],
     )
+
+
+def _token_loop(graph: TaskGraph) -> tuple[int, int] | None:
+    """(lm_head, embed) of a decoder graph in decode phase (meta phase "decode", tasks of roles
+    lm_head and embed): each step's sampled token goes from the one to the other."""
+    if graph.meta_dict().get("phase") != "decode":
+        return None
+    roles = {t.label("role"): i for i, t in enumerate(graph.tasks)}
+    return (roles["lm_head"], roles["embed"]) if "lm_head" in roles and "embed" in roles else None
+
+
+def _token_edge(graph: TaskGraph, loop: tuple[int, int] | None) -> tuple[Edge, ...]:
+    """The token's edge lm_head -> embed, for _transfer_costs (none without a loop)."""
+    if loop is None:
+        return ()
+    return (Edge(src=graph.tasks[loop[0]].name, dst=graph.tasks[loop[1]].name, bytes_per_sample=TOKEN_BYTES),)
 
 
 def _check_transfer_entries(num_edges: int, num_physical: int, num_groups: int) -> None:
@@ -272,10 +315,10 @@ def _check_transfer_entries(num_edges: int, num_physical: int, num_groups: int) 
         )
 
 
-def _transfer_costs(graph: TaskGraph, cluster: ClusterSpec, reps: list, kinds: list) -> tuple[np.ndarray, np.ndarray]:
+def _transfer_costs(edges, cluster: ClusterSpec, reps: list, kinds: list) -> tuple[np.ndarray, np.ndarray]:
     """(comm_fixed, comm_slope) [E, K, K]: cost.transfer_pieces, vectorised over every edge and
     device pair; `reps` holds each device's physical device (a group's links are its first member's)."""
-    num_e, num_k = len(graph.edges), len(reps)
+    num_e, num_k = len(edges), len(reps)
     latency = np.zeros((num_k, num_k))
     inv_bw = np.zeros((num_k, num_k))
     hops = np.zeros((num_k, num_k))
@@ -286,8 +329,8 @@ def _transfer_costs(graph: TaskGraph, cluster: ClusterSpec, reps: list, kinds: l
                 latency[k, l] = link.latency_s
                 inv_bw[k, l] = 1.0 / link.bw_bytes_per_s
                 hops[k, l] = cost.transfer_hops(kinds[k], kinds[l])
-    edge_bytes = np.array([e.bytes_per_sample for e in graph.edges], dtype=float).reshape(num_e, 1, 1)
-    edge_hop = np.array([e.hop_s_per_sample for e in graph.edges], dtype=float).reshape(num_e, 1, 1)
+    edge_bytes = np.array([e.bytes_per_sample for e in edges], dtype=float).reshape(num_e, 1, 1)
+    edge_hop = np.array([e.hop_s_per_sample for e in edges], dtype=float).reshape(num_e, 1, 1)
     comm_fixed = np.broadcast_to(latency, (num_e, num_k, num_k)).copy()
     return comm_fixed, edge_bytes * inv_bw[None] + edge_hop * hops[None]
 
@@ -367,4 +410,6 @@ def restrict_devices(problem: PlacementProblem, keep: list[int]) -> PlacementPro
         members=(),
         mem_usable=None if problem.mem_usable is None else problem.mem_usable[ix],
         max_shards=min(problem.max_shards, problem.batch_size),
+        token_fixed=None if problem.token_fixed is None else problem.token_fixed[ix][:, ix],
+        token_slope=None if problem.token_slope is None else problem.token_slope[ix][:, ix],
     )

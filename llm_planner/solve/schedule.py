@@ -175,7 +175,29 @@ def device_loads(problem: PlacementProblem, shard_sizes: list[int], assignments:
         for i in range(problem.num_tasks):
             load[a[i]] += problem.task_time(i, a[i], b)
         add_transfer_charges(problem, load, a, b, charged, out_edges)
+        add_token_charges(problem, load, a, b)
     return load
+
+
+def add_token_charges(problem: PlacementProblem, load: np.ndarray, assign: list[int], batch: int) -> None:
+    """The decode loop's token hand-off (PlacementProblem.token_time), charged to both its ends
+    like a cut edge of the direct model."""
+    if problem.token_loop is not None:
+        c = problem.token_time(assign, batch)
+        load[assign[problem.token_loop[0]]] += c
+        load[assign[problem.token_loop[1]]] += c
+
+
+def step_time(problem: PlacementProblem, sizes: list[int], assignments: Assignment, finish: dict) -> float:
+    """One step's latency: the last finish, or a shard's lm_head finish plus its token hand-off back
+    to embed when that is later (the next step starts there; docs/objectives.md)."""
+    end = max(finish.values())
+    if problem.token_loop is None:
+        return end
+    head = problem.token_loop[0]
+    return max(
+        [end] + [finish[(s, head)] + problem.token_time(a, b) for s, (a, b) in enumerate(zip(assignments, sizes))]
+    )
 
 
 def add_transfer_charges(
@@ -237,7 +259,7 @@ def make_plan(
     )
     max_load = float(device_loads(problem, sizes, assignments).max())
     if problem.objective == "latency":
-        objective_s = max(finish.values())
+        objective_s = step_time(problem, sizes, assignments, finish)
     else:
         objective_s = max_load / problem.batch_size
     inputs = problem.inputs or PlanInputs(

@@ -87,6 +87,7 @@ def shard_copies(problem: PlacementProblem, sizes: tuple[int, ...]) -> Placement
         mem_bytes_per_sample=np.concatenate(per_sample),
         mem_counts=np.tile(problem.mem_counts, (s, 1)),
         hop_s_per_sample=np.tile(problem.hop_s_per_sample, s),
+        token_loop=None,  # a relaxation: the decode loop's hand-off is >= 0
     )
 
 

@@ -17,7 +17,8 @@ import numpy as np
 
 from llm_planner.solve.bounds.times import task_times
 from llm_planner.solve.milp.backends import LinearModel, ModelBuilder
-from llm_planner.solve.milp.costs import cost_groups, uniform_cost, useful_pieces
+from llm_planner.solve.milp.cost_terms import cost_groups, uniform_cost, useful_pieces
+from llm_planner.solve.milp.token_rows import token_charges, token_makespan_rows
 from llm_planner.solve.problem import PlacementProblem
 
 Terms = list[tuple[int, float]]
@@ -345,7 +346,7 @@ class Formulation:
             for s in range(self.S)
             for i in sinks
         ]
-        self._rows("makespan", rows)
+        self._rows("makespan", rows + token_makespan_rows(self))
 
     # -- throughput -------------------------------------------------------------------
     def add_loads(self) -> None:
@@ -360,6 +361,7 @@ class Formulation:
         for (_s, _i, k), terms in self.dur.items():
             load[k] += terms
         charges = self._host_staged_charges() if p.throughput_model == "host_staged" else self._direct_charges()
+        charges += token_charges(self)
         rows: list[tuple[Terms, float, float]] = []
         for g, payers, cut_rows in charges:
             rows += cut_rows

@@ -71,6 +71,7 @@ def build_subproblem(
         mem_bytes_per_sample=per_sample,
         mem_counts=problem.mem_counts[local],
         hop_s_per_sample=problem.hop_s_per_sample[local],
+        token_loop=None,  # a module sees no decode loop; make_plan charges it on the whole plan
         # plans of subproblems are never saved: no graph hash (make_plan would compute one)
         inputs=PlanInputs(
             cluster=None,
