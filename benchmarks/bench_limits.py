@@ -36,7 +36,7 @@ import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
 from llm_planner.graph.ir import MAX_EDGES, MAX_TASK_NAME_CHARS, MAX_TASKS  # noqa: E402
 from llm_planner.graph.models import ModelSpec, build_model_graph  # noqa: E402
-from llm_planner.pipeline import MAX_TASK_DEVICE_PAIRS  # noqa: E402
+from llm_planner.problem_inputs import MAX_TASK_DEVICE_PAIRS  # noqa: E402
 from llm_planner.solve.problem import MAX_TRANSFER_ENTRIES  # noqa: E402
 from llm_planner.spec import MAX_DEVICES  # noqa: E402
 from llm_planner.spec_fields import MAX_NAME_CHARS  # noqa: E402
@@ -151,7 +151,7 @@ def gpt3_sublayer_copies() -> int:
     while True:
         spec = scaled_cluster("gpt3-six-servers", copies + 1)
         devices = devices_of(spec)
-        groups = sum(  # aligned groups of 2, 4, 8, ... of one kind in a server (llm_planner.groups)
+        groups = sum(  # aligned groups of 2, 4, 8, ... of one kind in a server (llm_planner.tensor_groups)
             node["count"] * sum(n // 2**j for n in node["devices"].values() for j in range(1, n.bit_length()))
             for node in spec["nodes"]
         )

@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
 from llm_planner.graph.models import ModelSpec, build_model_graph  # noqa: E402
-from llm_planner.pipeline import load_graph_file  # noqa: E402
+from llm_planner.problem_inputs import load_graph_file  # noqa: E402
 from llm_planner.solve.api import SolveError, solve  # noqa: E402
 from llm_planner.solve.baselines.single import best_baseline  # noqa: E402
 from llm_planner.solve.options import SolveOptions  # noqa: E402

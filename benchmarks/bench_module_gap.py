@@ -76,14 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.problem_inputs import problem_from_inputs
     from llm_planner.solve.baselines.single import run_baseline
     from llm_planner.solve.bounds.combined import lower_bound
     from llm_planner.solve.bounds.times import task_times
     from llm_planner.solve.milp.milp import solve_milp
     from llm_planner.solve.options import SolveOptions
-    from llm_planner.solve.split.context import SplitContext
     from llm_planner.solve.split.moves import improve_by_moves
+    from llm_planner.solve.split.split_context import SplitContext
     from llm_planner.solve.split.subproblem import build_subproblem
     from llm_planner.solve.split.subsolve import LOCAL_SEARCH_WORK, _list_scheduled, intensify_subproblem
 

@@ -47,8 +47,8 @@ def _plan(workdir: Path, args, micro: int) -> tuple[Path, object]:
     from transformers import GPT2Config
 
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.pipeline import problem_from_inputs
     from llm_planner.plan import save_plan
+    from llm_planner.problem_inputs import problem_from_inputs
     from llm_planner.solve.schedule import make_plan
 
     config = GPT2Config(
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--ranks must be in 1..4 and at most --layers")
     import random
 
-    from llm_planner.launch import launch_plan
+    from llm_planner.launch.plan_launch import launch_plan
 
     rng = random.Random(0)
     prompts = [[rng.randrange(args.vocab - 1) for _ in range(args.prompt_len)] for _ in range(args.batch)]

@@ -8,7 +8,7 @@
         (report earlier runs as one; a row of B replaces the same instance's row of A; rows with
         no MILP columns take those of C's same instance, with a note saying so)
 
-Every instance is built with llm_planner.pipeline.problem_from_inputs (a model
+Every instance is built with llm_planner.problem_inputs.problem_from_inputs (a model
 preset on a cluster spec, batch 1 and 8, the latency objective by default;
 `--objectives throughput` or `latency,throughput` for throughput rows) and
 solved, in this one run, by
@@ -128,7 +128,7 @@ class Row:
 
 def build(row: Row):
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.problem_inputs import problem_from_inputs
 
     return problem_from_inputs(
         cluster_path=str(REPO / "cluster_specs" / f"{row.cluster}.yaml"),
@@ -199,7 +199,7 @@ def run_milp(problem, time_limit_s: float) -> dict:
 
 
 def run_row(row: Row, args) -> Row:
-    from llm_planner.pipeline import InputError
+    from llm_planner.problem_inputs import InputError
     from llm_planner.solve.api import SolveError
     from llm_planner.solve.options import SolveOptions
 

@@ -29,7 +29,7 @@ import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
 from llm_planner.fmt import fmt_s  # noqa: E402
 from llm_planner.graph.models import ModelSpec  # noqa: E402
-from llm_planner.pipeline import problem_from_inputs  # noqa: E402
+from llm_planner.problem_inputs import problem_from_inputs  # noqa: E402
 from llm_planner.solve.api import solve  # noqa: E402
 from llm_planner.solve.baselines.single import BASELINE_NAMES, run_baseline  # noqa: E402
 from llm_planner.solve.baselines.tensor_parallel import run_tp_baseline  # noqa: E402

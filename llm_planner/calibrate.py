@@ -373,7 +373,7 @@ def calibrate(cluster: ClusterSpec, runs: Sequence[RunData]) -> Calibration:
 
 def load_run(plan_path: str | Path, report_path: str | Path) -> RunData:
     """Read one plan and its run report; the task graph is rebuilt in the dtype the run computed in."""
-    from llm_planner.pipeline import problem_from_plan_inputs
+    from llm_planner.problem_inputs import problem_from_plan_inputs
 
     plan = load_plan(plan_path)
     report = read_document(report_path, MeasureError)

@@ -32,8 +32,8 @@ def _input_errors() -> tuple[type[Exception], ...]:
     from llm_planner.graph.ir import GraphError
     from llm_planner.helix_import import HelixError
     from llm_planner.observe import MeasureError
-    from llm_planner.pipeline import InputError
     from llm_planner.plan import PlanError
+    from llm_planner.problem_inputs import InputError
     from llm_planner.profile import ProfileError
     from llm_planner.serving.export import ServingExportError
     from llm_planner.serving.plan_file import ServingPlanError
@@ -263,7 +263,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="compare predicted with measured time per task, device, link and end to end; "
         "print the tables and write measure.json in the workdir",
     )
-    from llm_planner.launch import MEASURE_WARMUP
+    from llm_planner.launch.plan_launch import MEASURE_WARMUP
 
     p.add_argument(
         "--warmup",

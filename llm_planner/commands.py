@@ -63,8 +63,8 @@ def _solve_options(args: argparse.Namespace, solver: str | None = None):
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.pipeline import problem_from_inputs
     from llm_planner.plan import save_plan
+    from llm_planner.problem_inputs import problem_from_inputs
     from llm_planner.solve.baselines import baseline_set
 
     options = _solve_options(args)
@@ -142,12 +142,12 @@ def _export_path(args: argparse.Namespace) -> Path:
 
 
 def _export(plan, problem, args: argparse.Namespace, console: Console) -> None:
-    """Write the plan as a framework's parallel configuration (llm_planner.export)."""
+    """Write the plan as a framework's parallel configuration (llm_planner.plan_export)."""
     import json
 
     from llm_planner.atomic import write_atomic
-    from llm_planner.export import ExportError, export_plan
     from llm_planner.plan import PlanError
+    from llm_planner.plan_export import ExportError, export_plan
 
     layer_of = {t.name: t.label("layer") for t in problem.graph.tasks}
     try:
@@ -231,9 +231,9 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_show(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.pipeline import problem_from_plan_inputs
     from llm_planner.plan import load_plan
-    from llm_planner.report import device_table, steady_state_text, write_gantt
+    from llm_planner.problem_inputs import problem_from_plan_inputs
+    from llm_planner.views import device_table, steady_state_text, write_gantt
 
     plan = load_plan(args.plan)
     problem = problem_from_plan_inputs(plan.inputs)
@@ -264,8 +264,8 @@ def cmd_models(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_show_cluster(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.report import cluster_tables
     from llm_planner.spec import load_cluster
+    from llm_planner.views import cluster_tables
 
     cluster = load_cluster(args.cluster)
     for table in cluster_tables(cluster):
@@ -275,7 +275,7 @@ def cmd_show_cluster(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
     from llm_planner import study
-    from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.problem_inputs import problem_from_inputs
     from llm_planner.solve.options import SYMMETRY_CHOICES
 
     problem = problem_from_inputs(

@@ -14,7 +14,7 @@ from llm_planner.fmt import LiteralConsole, fmt_s, styled
 
 
 def cmd_launch(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner import launch
+    from llm_planner.launch import plan_launch as launch
 
     try:
         prompts = [[int(tok) for tok in p.split(",") if tok.strip()] for p in args.prompt_ids]
@@ -102,8 +102,8 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
 
 
 def _profile_job(args: argparse.Namespace):
+    from llm_planner.launch.profile_run import ProfileJob
     from llm_planner.runtime.profile_rank import ProfileOptions, ProfileRunError
-    from llm_planner.runtime.profile_run import ProfileJob
 
     if args.graph is not None or args.cluster is None:
         raise UserError(
@@ -141,8 +141,8 @@ def _under_mpi() -> bool:
 
 def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from llm_planner.atomic import check_writable
+    from llm_planner.launch import profile_run
     from llm_planner.profile import ProfileError
-    from llm_planner.runtime import profile_run
     from llm_planner.runtime.profile_rank import ProfileRunError
 
     job = _profile_job(args)
@@ -174,7 +174,7 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
 def _profile_as_rank(job):
     from mpi4py import MPI
 
-    from llm_planner.runtime.profile_run import run_mpi
+    from llm_planner.launch.profile_run import run_mpi
 
     try:
         return run_mpi(job)
@@ -194,7 +194,7 @@ def _profile_locally(job, console: Console):
         TimeElapsedColumn,
     )
 
-    from llm_planner.runtime.profile_run import planned_runs, profile_local
+    from llm_planner.launch.profile_run import planned_runs, profile_local
 
     with Progress(
         TextColumn("{task.description}"),

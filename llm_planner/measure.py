@@ -263,7 +263,7 @@ def measure_files(
     plan_path: str | Path, report: str | Path | dict[str, Any], *, check_hashes: bool = True
 ) -> Measurement:
     """Load the plan, rebuild its problem and compare it with the report (a file path, or the parsed report)."""
-    from llm_planner.pipeline import problem_from_plan_inputs
+    from llm_planner.problem_inputs import problem_from_plan_inputs
 
     plan = load_plan(plan_path)
     problem = problem_from_plan_inputs(plan.inputs, check_hashes=check_hashes)

@@ -1,6 +1,6 @@
 """What a run measured, lined up with what its plan asked for: the input of `measure` and `calibrate`.
 
-A run report (llm_planner/runtime/report.py) sums each rank's task times over
+A run report (llm_planner/runtime/run_report.py) sums each rank's task times over
 every call; the plan predicts one pass. This module turns a report into
 observations the cost model can be compared with, call by call:
 

@@ -6,7 +6,7 @@ seconds, or seconds per sample for throughput), `lower_bound_s`, `gap`, and
 `assignment` (task name -> device name, or the list of its members' names for a
 tensor-parallel group; of shard 0 when the batch is split, every shard's assignment
 is under `shards`). Inside the program a group is one name ("node/kind:0-7", see
-llm_planner.groups); `schedule` and `device_order` use that name.
+llm_planner.tensor_groups); `schedule` and `device_order` use that name.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import yaml
 
 from llm_planner.atomic import write_atomic
 from llm_planner.fileio import read_document
-from llm_planner.groups import is_group_name, member_names
 from llm_planner.plan_read import MISSING, Fields, check_finite_tree
+from llm_planner.tensor_groups import is_group_name, member_names
 
 PLAN_FORMAT = "llm_planner.plan"
 PLAN_VERSION = 1

@@ -41,7 +41,7 @@ _NOT_COMPARED = ("options", "cluster_sha256", "graph_sha256", "profile_sha256")
 
 def rebuild_problem(plan: Plan, source: str, *, check_hashes: bool) -> PlacementProblem:
     """The problem the plan's inputs describe; PlanError for inputs of a kind no problem is built from."""
-    from llm_planner.pipeline import problem_from_plan_inputs
+    from llm_planner.problem_inputs import problem_from_plan_inputs
 
     try:
         return problem_from_plan_inputs(plan.inputs, check_hashes=check_hashes)
@@ -125,7 +125,7 @@ def check_file_fields(plan: Plan, problem: PlacementProblem, *, rel_tol: float) 
 
 def check_groups_formable(plan: Plan, problem: PlacementProblem, source: str) -> None:
     """PlanError (bad input, not a wrong plan) for a group in the file that the cluster cannot form."""
-    from llm_planner.groups import GroupError, group_from_members, is_group_name, member_names
+    from llm_planner.tensor_groups import GroupError, group_from_members, is_group_name, member_names
 
     known = set(problem.device_names)
     for s, assignment in enumerate(plan.shard_assignments):

@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 from llm_planner.graph.models import ModelSpec
-from llm_planner.pipeline import problem_from_inputs
 from llm_planner.plan import save_plan
+from llm_planner.problem_inputs import problem_from_inputs
 from llm_planner.solve.schedule import make_plan
 
 REPO = Path(__file__).resolve().parents[1]

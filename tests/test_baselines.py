@@ -150,7 +150,7 @@ def test_data_parallel_balances_unlike_devices_by_time_not_speed(repo):
     0.18 ms and the T4 0.33 ms, so shards proportional to speed would be 5 + 3; but most of a
     node's time is its fixed cost, so the T4 is best given a single sample: 7 + 1."""
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.problem_inputs import problem_from_inputs
     from llm_planner.solve.baselines.common import whole_graph_objective as _whole_graph_objective
 
     problem = problem_from_inputs(

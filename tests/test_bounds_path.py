@@ -177,7 +177,7 @@ def test_a_dense_stage_gets_the_path_lp(monkeypatch):
     tasks that tasks x edges stays within MAX_PATH_LP_SIZE: it gets the path LP (with thinned head and
     tail rows), above the load-balance LP; past both limits, the critical path alone."""
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.problem_inputs import problem_from_inputs
     from llm_planner.solve.bounds import path_lp
 
     specs = Path(__file__).resolve().parents[1] / "cluster_specs"
@@ -232,7 +232,7 @@ def test_partition_bound_couples_the_shards_of_a_split_batch():
     forbids; with one copy of the graph per shard, every shard's path and all their work on the
     shared devices must fit together. The bound rises and stays below MILP-SPLIT's plan."""
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.problem_inputs import problem_from_inputs
     from llm_planner.solve.api import solve
     from llm_planner.solve.bounds.shard_count import shard_count_bound
     from llm_planner.solve.options import SolveOptions
@@ -285,7 +285,7 @@ def test_partition_bound_on_a_decoder_too_large_for_its_gpus():
     weights held wherever any shard runs a block it rises by more than 10%, and the partition
     bound with it, staying below the plan HEFT finds."""
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.problem_inputs import problem_from_inputs
     from llm_planner.solve.baselines.single import run_baseline
     from llm_planner.solve.bounds.partition import shard_copies
 

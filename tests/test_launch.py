@@ -12,7 +12,7 @@ import pytest
 import yaml
 from runtime_fixtures import LOCALHOST, REPO, decoder_plan, graph_plan, save_config, tiny_gpt2
 
-from llm_planner.launch import (
+from llm_planner.launch.plan_launch import (
     LaunchError,
     describe_result,
     format_rank_table,
@@ -261,7 +261,7 @@ def test_rank_table_errors_name_the_file(tmp_path):
 
 def test_a_decoder_dry_run_imports_neither_mpi4py_nor_torch(plan4, tmp_path):
     code = (
-        "import sys\nfrom llm_planner.launch import launch_plan\n"
+        "import sys\nfrom llm_planner.launch.plan_launch import launch_plan\n"
         f"assert launch_plan({str(plan4)!r}, dry_run=True, workdir={str(tmp_path)!r}).ok\n"
         "bad = [m for m in ('mpi4py', 'torch', 'transformers') if m in sys.modules]\nassert not bad, bad\n"
     )
@@ -269,7 +269,7 @@ def test_a_decoder_dry_run_imports_neither_mpi4py_nor_torch(plan4, tmp_path):
 
 
 def test_a_run_with_more_ranks_than_cores_on_a_host_is_flagged():
-    from llm_planner.launch import oversubscription_notes
+    from llm_planner.launch.plan_launch import oversubscription_notes
 
     def rank(i, host, wait, sharing, cores):
         return {

@@ -1,4 +1,4 @@
-"""The launcher's host probe (llm_planner.launch_run): a host answers when a TCP connect to the probe port is
+"""The launcher's host probe (llm_planner.launch.mpiexec_run): a host answers when a TCP connect to the probe port is
 accepted or refused; a host that answered when the run started and no longer does is named as cut off."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from llm_planner.launch import LaunchError
-from llm_planner.launch_run import PROBE_PORT_ENV, cut_off, probe, probe_all, probe_port
+from llm_planner.launch.mpiexec_run import PROBE_PORT_ENV, cut_off, probe, probe_all, probe_port
+from llm_planner.launch.plan_launch import LaunchError
 from llm_planner.runtime.table import RankEntry, RankTable, RunSpec
 
 

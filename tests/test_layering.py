@@ -32,7 +32,7 @@ CORE = [
     "llm_planner.solve.split.tp",
     "llm_planner.plan",
     "llm_planner.verify",
-    "llm_planner.pipeline",
+    "llm_planner.problem_inputs",
     "llm_planner.cli",
 ]
 
@@ -56,7 +56,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
         [
             "llm_planner.spec",
             "llm_planner.spec_fields",
-            "llm_planner.groups",
+            "llm_planner.tensor_groups",
             "llm_planner.graph",
             "llm_planner.graph.constants",
             "llm_planner.graph.ir",
@@ -96,7 +96,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
         [
             "llm_planner.profile",
             "llm_planner.profile_apply",
-            "llm_planner.pipeline",
+            "llm_planner.problem_inputs",
             "llm_planner.verify",
             "llm_planner.verify_fields",
             "llm_planner.verify_sim",
@@ -151,10 +151,10 @@ LAYERS: list[tuple[str, list[str], str]] = [
     (
         "flows",
         [
-            "llm_planner.report",
+            "llm_planner.views",
             "llm_planner.helix_import",
             "llm_planner.helix_export",
-            "llm_planner.export",
+            "llm_planner.plan_export",
             "llm_planner.observe",
             "llm_planner.measure",
             "llm_planner.calibrate",
@@ -170,7 +170,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
     ),
     (
         "launch",
-        ["llm_planner.launch", "llm_planner.launch_run", "llm_planner.runtime.profile_run"],
+        ["llm_planner.launch.*"],
         "start ranks with mpiexec: the plan's, or the profiling ranks'",
     ),
     (

@@ -278,7 +278,7 @@ def test_link_dependent_transfers_on_two_nodes_match_brute_force(graph, objectiv
 
 
 def test_cost_groups_gather_the_partners_of_one_link_cost():
-    from llm_planner.solve.milp.costs import cost_groups
+    from llm_planner.solve.milp.cost_terms import cost_groups
 
     fixed = np.array([[0, 1, 2, 2], [1, 0, 2, 2], [2, 2, 0, 1], [2, 2, 1, 0]], dtype=float)
     slope = np.where(fixed > 0, 0.5, 0.0)
@@ -463,7 +463,7 @@ def test_a_plan_stopped_by_the_time_limit_that_meets_the_bound_is_optimal(monkey
 @pytest.mark.milp
 @pytest.mark.parametrize("name, dp_optimum", [("bert24_inference.json", 17.7899), ("resnet50_inference.json", 33.7747)])
 def test_workload_contiguous_reaches_the_dynamic_program(name, dp_optimum):
-    from llm_planner.pipeline import load_graph_file
+    from llm_planner.problem_inputs import load_graph_file
 
     if not (WORKLOADS / "LayerGraphs" / name).is_file():
         pytest.skip("the dnn-partitioning workloads are not present")

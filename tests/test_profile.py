@@ -16,8 +16,8 @@ from llm_planner import profile_apply
 from llm_planner.cli import main
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.graph.models import ModelSpec, build_model_graph
-from llm_planner.pipeline import problem_from_inputs
 from llm_planner.plan import PlanError, save_plan
+from llm_planner.problem_inputs import problem_from_inputs
 from llm_planner.solve.problem import build_problem
 from llm_planner.solve.schedule import make_plan
 from llm_planner.spec import load_cluster
@@ -388,8 +388,8 @@ def test_local_profile_needs_a_node_on_this_host(tmp_path):
 
 @pytest.mark.mpi
 def test_profile_under_mpi_measures_every_rank_and_the_link(tiny_gpt2_dir, tmp_path):
+    from llm_planner.launch.profile_run import ProfileJob, spawn_mpi
     from llm_planner.runtime.profile_rank import ProfileOptions
-    from llm_planner.runtime.profile_run import ProfileJob, spawn_mpi
 
     spec = (
         LOCALHOST.read_text()
@@ -459,7 +459,7 @@ def test_profile_module_imports_without_torch_or_mpi():
     import sys
 
     code = (
-        "import sys, llm_planner.profile, llm_planner.runtime.profile_rank, llm_planner.runtime.profile_run\n"
+        "import sys, llm_planner.profile, llm_planner.runtime.profile_rank, llm_planner.launch.profile_run\n"
         "bad = [m for m in ('torch', 'mpi4py', 'transformers') if m in sys.modules]\nassert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -468,8 +468,8 @@ def test_profile_module_imports_without_torch_or_mpi():
 def test_gpus_without_cuda_are_skipped_not_measured_on_the_cpu(tiny_gpt2_dir, capsys):
     import torch
 
+    from llm_planner.launch.profile_run import ProfileJob, planned_runs, profile_local
     from llm_planner.runtime.profile_rank import ProfileOptions, torch_device_of
-    from llm_planner.runtime.profile_run import ProfileJob, planned_runs, profile_local
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: its GPUs would be measured")

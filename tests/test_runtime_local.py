@@ -191,7 +191,7 @@ def test_rank_stats_keep_the_first_stop():
     """A graph run stops its clock before gathering its outputs; the rank's later stop must not move it."""
     import time
 
-    from llm_planner.runtime.report import RankStats
+    from llm_planner.runtime.run_report import RankStats
 
     stats = RankStats(rank=0, device="localhost/cpu-core:0", torch_device="cpu")
     stats.start()

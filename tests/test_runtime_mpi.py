@@ -1,7 +1,7 @@
 """Real runs with mpiexec on localhost ranks: the pipelined model against the whole model.
 
 Each test starts one `mpiexec` (2 to 4 ranks, one CPU core each in the
-localhost cluster) through llm_planner.launch, with a timeout.
+localhost cluster) through llm_planner.launch.plan_launch, with a timeout.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from conftest import alive, sigint_default
 from runtime_fixtures import decoder_plan, graph_plan, save_config, tiny_gpt2, tiny_llama
 
-from llm_planner.launch import launch_plan
+from llm_planner.launch.plan_launch import launch_plan
 from llm_planner.plan import load_plan
 from llm_planner.runtime import gpt
 from llm_planner.runtime import graph as rg

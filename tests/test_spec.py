@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from llm_planner import units
-from llm_planner.groups import GroupError, group_from_members, tensor_groups
 from llm_planner.spec import SpecError, load_cluster, parse_cluster
+from llm_planner.tensor_groups import GroupError, group_from_members, tensor_groups
 
 SPECS = Path(__file__).resolve().parents[1] / "cluster_specs"
 EXAMPLES = sorted(SPECS.glob("*.yaml"))

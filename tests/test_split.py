@@ -132,7 +132,7 @@ def test_parallel_and_serial_give_the_same_plan():
 @pytest.mark.parametrize("batch", [1, 8])
 def test_gpt_plans_verify_and_beat_baselines(objective, batch, repo):
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.problem_inputs import problem_from_inputs
     from llm_planner.solve.baselines.single import best_baseline
 
     problem = problem_from_inputs(

@@ -25,8 +25,8 @@ from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
 from llm_planner.solve.schedule import asap_schedule
 from llm_planner.solve.split.chain import assemble, latency_chain, seed_from_plan, shard_chain_bound
-from llm_planner.solve.split.context import SplitContext
 from llm_planner.solve.split.moves import ListMakespan, improve_by_moves
+from llm_planner.solve.split.split_context import SplitContext
 from llm_planner.solve.split.subproblem import build_subproblem
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -154,7 +154,7 @@ def test_serial_and_pool_agree_on_the_heuristic_path():
 
 def test_seeded_chain_is_never_above_the_seeding_plan(repo):
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.problem_inputs import problem_from_inputs
 
     # on this instance the subproblems' own HEFT + moves end above the whole-graph HEFT (measured)
     problem = problem_from_inputs(
@@ -230,7 +230,7 @@ def test_shard_chain_bound_below_every_split_plan(problem):
 
 def test_a_split_batch_carries_the_module_chain_bound(repo):
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.problem_inputs import problem_from_inputs
 
     # 34 tasks in 15 modules on a CPU, an A100 and a T4, batch 2 in up to 2 shards: here the
     # module bounds at one sample (s = 2) and two (s = 1) add up to more than any whole-graph bound

@@ -1,4 +1,4 @@
-"""MILP-SPLIT's pipelined micro-batches (llm_planner.solve.split.pipeline)."""
+"""MILP-SPLIT's pipelined micro-batches (llm_planner.solve.split.pipeline_parallel)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from llm_planner.solve.bounds.times import task_times
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
 from llm_planner.solve.schedule import make_plan
-from llm_planner.solve.split.groups import shard_sizes
-from llm_planner.solve.split.pipeline import replicated_plans, run_estimate, run_orders
+from llm_planner.solve.split.data_parallel import shard_sizes
+from llm_planner.solve.split.pipeline_parallel import replicated_plans, run_estimate, run_orders
 from llm_planner.verify import verify_plan
 
 GB = 1e9

@@ -15,13 +15,13 @@ from llm_planner import cost
 from llm_planner.graph.decoder_graph import build_decoder_graph
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.graph.transformer import preset_config
-from llm_planner.groups import group_degrees, member_names, tensor_groups
 from llm_planner.solve.api import solve
 from llm_planner.solve.baselines.baseline_set import all_baselines
 from llm_planner.solve.bounds.combined import lower_bound
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import build_problem
 from llm_planner.spec import LinkSpec
+from llm_planner.tensor_groups import group_degrees, member_names, tensor_groups
 from llm_planner.verify import verify_plan
 
 GB = 1e9
@@ -335,7 +335,7 @@ def test_export_writes_the_regular_form_and_refuses_the_rest(tmp_path, capsys):
 def test_export_names_the_rule_a_plan_breaks():
     from dataclasses import replace
 
-    from llm_planner.export import ExportError, export_plan
+    from llm_planner.plan_export import ExportError, export_plan
 
     graph = tp_chain(0)
     problem = build_problem(graph, gpu_cluster(4), max_tp=4)
@@ -350,7 +350,7 @@ def test_export_names_the_rule_a_plan_breaks():
 
 
 def test_device_map_refuses_group_plans_and_launch_runs_them_on_the_members():
-    from llm_planner.launch import LaunchError, rank_entries
+    from llm_planner.launch.plan_launch import LaunchError, rank_entries
     from llm_planner.plan import PlanError, hf_device_map
 
     problem = build_problem(tp_chain(0), gpu_cluster(2), max_tp=2)

@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.pipeline import problem_from_inputs
 from llm_planner.plan import PlanError, batches_in_flight, load_plan, save_plan
+from llm_planner.problem_inputs import problem_from_inputs
 from llm_planner.runtime.plan_schedule import in_flight_batches
 from llm_planner.solve.api import solve
 from llm_planner.solve.baselines.baseline_set import all_baselines
@@ -181,7 +181,7 @@ def test_a_hand_edited_batches_in_flight_is_refused(tmp_path):
 
 
 def test_show_prints_the_steady_state(tmp_path):
-    from llm_planner.report import steady_state_text
+    from llm_planner.views import steady_state_text
 
     problem = write_chain_inputs(tmp_path)
     text = steady_state_text(pipeline_plan(problem))

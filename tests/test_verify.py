@@ -348,11 +348,11 @@ def test_verify_plan_file_rejects_a_non_plan(tmp_path):
 
 
 def test_verify_plan_file_uses_the_rebuilt_problem(tmp_path, monkeypatch, problem, plan):
-    import llm_planner.pipeline as pipeline
+    import llm_planner.problem_inputs as problem_inputs
 
     seen = []
     monkeypatch.setattr(
-        pipeline, "problem_from_plan_inputs", lambda inputs, check_hashes=True: seen.append(inputs) or problem
+        problem_inputs, "problem_from_plan_inputs", lambda inputs, check_hashes=True: seen.append(inputs) or problem
     )
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     save_plan(plan, good)
@@ -363,7 +363,7 @@ def test_verify_plan_file_uses_the_rebuilt_problem(tmp_path, monkeypatch, proble
 
 
 def test_verify_plan_file_end_to_end(tmp_path, problem):
-    from llm_planner.pipeline import problem_from_inputs
+    from llm_planner.problem_inputs import problem_from_inputs
 
     graph_path, cluster_path = tmp_path / "g.json", tmp_path / "c.yaml"
     graph_path.write_text(problem.graph.to_json())

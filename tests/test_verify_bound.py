@@ -13,8 +13,8 @@ from plan_files import verify_outcome, write_inputs
 from llm_planner.cli import main
 from llm_planner.commands import _status_text
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.pipeline import problem_from_inputs
 from llm_planner.plan import load_plan, save_plan
+from llm_planner.problem_inputs import problem_from_inputs
 from llm_planner.solve.api import solve
 from llm_planner.solve.bounds.combined import lower_bound
 from llm_planner.solve.options import SolveOptions

@@ -13,7 +13,7 @@ from conftest import WORKLOADS
 
 from llm_planner.graph import workloads
 from llm_planner.graph.ir import GraphError
-from llm_planner.pipeline import load_graph_file
+from llm_planner.problem_inputs import load_graph_file
 from llm_planner.solve.problem import build_problem
 from llm_planner.solve.schedule import device_loads
 

@@ -4,7 +4,7 @@ Entry point (the launcher starts one process per device of the plan):
 
     mpiexec -f hostfile -n R python -m mpi4py -m llm_planner.runtime rank_table.json
 
-Modules: `table` (the rank table file, shared with llm_planner.launch),
+Modules: `table` (the rank table file, shared with llm_planner.launch.plan_launch),
 `decoder_tasks` (torch-free checks of decoder plans, used by the launcher too),
 `gpt` + `gpt_run` (decoder stages and the generation pipeline), `graph` +
 `graph_run` (fx graph partitioning and its run), `weights` (seeded or

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from llm_planner.runtime import graph as rg
-from llm_planner.runtime.report import tensor_summary
+from llm_planner.runtime.run_report import tensor_summary
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_planner.groups import member_names
 from llm_planner.plan import Plan
+from llm_planner.tensor_groups import member_names
 
 
 @dataclass(frozen=True, kw_only=True)

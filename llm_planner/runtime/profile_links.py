@@ -1,7 +1,7 @@
 """Timing the links and collectives of a cluster under MPI, with the runtime's own calls:
 ping-pong between one pair of ranks per link class (llm_planner.runtime.comm point-to-point
 transfers) and all-reduce within the first group of each degree of each class of identical
-devices (llm_planner.runtime.comm.GroupComm). Used by llm_planner.runtime.profile_run."""
+devices (llm_planner.runtime.comm.GroupComm). Used by llm_planner.launch.profile_run."""
 
 from __future__ import annotations
 

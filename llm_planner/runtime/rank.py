@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # torch and the MPI wrapper load after the world size is chec
     import torch
 
     from llm_planner.runtime.comm import Comm, GroupComm
-    from llm_planner.runtime.report import RankStats
+    from llm_planner.runtime.run_report import RankStats
 
 log = logging.getLogger("llm_planner.runtime")
 
@@ -75,7 +75,7 @@ class RankContext:
         passes record (task times, transfers, step ends) is dropped.
         """
         from llm_planner.runtime.comm import CommStats
-        from llm_planner.runtime.report import RankStats
+        from llm_planner.runtime.run_report import RankStats
 
         for _ in range(self.table.run.warmup):
             stats, comm_stats = self.stats, self.comm.stats
@@ -175,7 +175,7 @@ def _start_watchdog(table: RankTable, world: Any) -> threading.Timer:
 
 
 def _context(table: RankTable, comm: "Comm") -> RankContext:
-    from llm_planner.runtime.report import RankStats
+    from llm_planner.runtime.run_report import RankStats
 
     entry = table.ranks[comm.rank]
     plan = load_plan(table.run.plan_path)
@@ -209,7 +209,7 @@ def run(table: RankTable) -> None:
     import torch
 
     from llm_planner.runtime.comm import Comm, spins_while_waiting, usable_cores
-    from llm_planner.runtime.report import build_report, write_report
+    from llm_planner.runtime.run_report import build_report, write_report
 
     comm = Comm()
     sharing, cores = ranks_on_host(table, table.ranks[comm.rank].hostname), usable_cores()

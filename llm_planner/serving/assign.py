@@ -4,7 +4,7 @@ Blocks are placed largest first: a whole-server block takes the next free server
 class; a block inside a server takes the first server with room, at the lowest free offset.
 Sizes inside a server are powers of two dividing the server's count (or the count itself),
 so each block starts at a multiple of its size and every tensor-parallel group inside it is
-an aligned group (llm_planner.groups). llm_planner.serving.classes says why this never fails
+an aligned group (llm_planner.tensor_groups). llm_planner.serving.classes says why this never fails
 when the counts fit.
 """
 

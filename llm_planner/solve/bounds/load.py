@@ -36,7 +36,7 @@ import numpy as np
 import scipy.optimize
 import scipy.sparse
 
-from llm_planner.solve.bounds.classes import (
+from llm_planner.solve.bounds.device_classes import (
     LP_SAFETY,
     coo,
     device_classes,

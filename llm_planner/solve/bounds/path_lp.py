@@ -64,7 +64,7 @@ import math
 import numpy as np
 import scipy.optimize
 
-from llm_planner.solve.bounds.classes import LP_SAFETY, device_classes, family_time_rows, physical_families
+from llm_planner.solve.bounds.device_classes import LP_SAFETY, device_classes, family_time_rows, physical_families
 from llm_planner.solve.bounds.path_refine import (
     before_and_after,
     energy_rows,

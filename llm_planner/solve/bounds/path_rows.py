@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse
 
-from llm_planner.solve.bounds.classes import family_time_rows, memory_pools, memory_rows, per_capacity
+from llm_planner.solve.bounds.device_classes import family_time_rows, memory_pools, memory_rows, per_capacity
 from llm_planner.solve.bounds.times import per_sample_rates, task_times
 from llm_planner.solve.problem import PlacementProblem
 

@@ -3,7 +3,7 @@
 Classes. Two devices are interchangeable when they have the same kind and
 tensor-parallel degree, sit in the same server and have the same links: in a
 cluster spec the links inside a server depend only on the kinds and the server
-template, so every device of one class (llm_planner.groups.device_class: template,
+template, so every device of one class (llm_planner.tensor_groups.device_class: template,
 kind, degree) in one server is interchangeable with the others (a *device class*).
 Two servers are interchangeable when they are copies of one template (the
 spec's `count`): same contents, same links inside, the same network between
@@ -60,9 +60,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llm_planner.groups import DeviceClass, device_class
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.spec import ClusterSpec, DeviceSpec
+from llm_planner.tensor_groups import DeviceClass, device_class
 
 CRITERIA = ("batch", "task", "time", "first")
 
@@ -286,7 +286,7 @@ def group_use_rows(
     """use[L] <= use[H] for the two halves L < H (groups of size k) of every aligned block of
     2k identical devices. Valid with the device rows: any plan has an image, under a
     permutation of identical devices, with its single devices at the bottom of the class in
-    the criterion's order and its groups packed from the top, larger first (llm_planner.groups);
+    the criterion's order and its groups packed from the top, larger first (llm_planner.tensor_groups);
     there the lower half of a block is used only if the upper one is.  Rows: one per block."""
     by_first: dict[tuple[str, str, int, int], int] = {}
     for k in range(problem.num_devices):

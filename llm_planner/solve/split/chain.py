@@ -13,8 +13,8 @@ import numpy as np
 from llm_planner.plan import Plan
 from llm_planner.solve.schedule import make_plan
 from llm_planner.solve.split import subsolve
-from llm_planner.solve.split.context import INF, CostTable, SplitContext
 from llm_planner.solve.split.pool import run_many
+from llm_planner.solve.split.split_context import INF, CostTable, SplitContext
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ own times and the transfer charges of the problem's throughput model
 predecessors' outputs (host-staged), so one evaluation costs the moved tasks'
 degree times K, not a pass over the graph. Plans of several shards are searched
 shard by shard when the shards use disjoint devices (the data-parallel groups of
-split.groups), each shard keeping to the devices no other shard uses; plans
+split.data_parallel), each shard keeping to the devices no other shard uses; plans
 whose shards share devices are left as they are. The effort is capped in move
 evaluations (MAX_MOVE_EVALUATIONS), so the result does not depend on the
 machine's load. After the descent, an iterated search: 1..KICK_STRENGTH random

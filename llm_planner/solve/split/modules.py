@@ -14,7 +14,7 @@ connections spanning blocks, randomly wired stages) the region between two
 consecutive cuts is one module, however many tasks it holds: we merge rather
 than carry several devices in the DP state, since the state would grow as
 |K|^(cut width) and cut widths of randomly wired stages reach dozens. MILP-SPLIT
-keeps such modules whole (split.context.SplitContext passes no size cap) and plans the
+keeps such modules whole (split.split_context.SplitContext passes no size cap) and plans the
 ones above SolveOptions.max_module_tasks by HEFT and local search instead of the
 exact MILP (split/subsolve.py), which is where the split can lose optimality
 even without memory limits (docs/milp-split.md). `split_modules` can also cut

@@ -68,10 +68,10 @@ from llm_planner.solve.fit import fits_steady_state, infeasibility_reason
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.split.chain import chain_bound, one_shard_plan, seed_from_plan, shard_chain_bound
-from llm_planner.solve.split.context import SplitContext
-from llm_planner.solve.split.groups import data_parallel_plans
+from llm_planner.solve.split.data_parallel import data_parallel_plans
 from llm_planner.solve.split.loads import improve_loads
-from llm_planner.solve.split.pipeline import pipelined_plans, replicated_plans
+from llm_planner.solve.split.pipeline_parallel import pipelined_plans, replicated_plans
+from llm_planner.solve.split.split_context import SplitContext
 from llm_planner.solve.split.throughput import throughput_plan
 
 
@@ -141,7 +141,7 @@ def _split_plan(ctx: SplitContext, started: float) -> Plan:
 
 def _one_shard_bases(problem: PlacementProblem, candidates: list[Plan], baselines: list[Plan]) -> list[list[int]]:
     """The assignments of the best one-shard plan among the candidates and among the baselines
-    (split.pipeline.replicated_plans pipelines micro-batches over them)."""
+    (split.pipeline_parallel.replicated_plans pipelines micro-batches over them)."""
     index = {name: k for k, name in enumerate(problem.device_names)}
     bases = []
     for plans in (candidates, baselines):

@@ -6,7 +6,7 @@ solve/split/moves.py.
 A subproblem is named by a `SubKey`: the module's structural signature, the
 (input device, output device) pair in canonical form, the mask of usable
 devices and the batch. Modules with equal signatures and device pairs related
-by a symmetry of the cluster (devices of one class, llm_planner.groups.device_class:
+by a symmetry of the cluster (devices of one class, llm_planner.tensor_groups.device_class:
 server template, kind and degree, are interchangeable inside one server, and so are
 servers of one template) share one solve; the solution is carried over by the device
 permutation that maps one pair onto the other.
@@ -19,13 +19,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from llm_planner.groups import DeviceClass, device_class
 from llm_planner.solve.options import SolveOptions
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.split.modules import Module
 from llm_planner.solve.split.moves import improve_by_moves
 from llm_planner.solve.split.pool import Pool, run_many
 from llm_planner.solve.split.subproblem import build_subproblem, is_solvable
+from llm_planner.tensor_groups import DeviceClass, device_class
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ INFEASIBLE = SubSolution(cost_s=INF, bound_s=INF, devices=(), order=(), method="
 
 
 def device_classes(problem: PlacementProblem) -> list[DeviceClass]:
-    """The class of each device (llm_planner.groups.device_class): members of one class are interchangeable."""
+    """The class of each device (llm_planner.tensor_groups.device_class): members of one class are interchangeable."""
     return [device_class(d) for d in problem.devices]
 
 

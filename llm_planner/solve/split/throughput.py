@@ -18,7 +18,7 @@ plan keeps in flight (solve.fit): a plan that needs B batches and does not fit t
 planned again with the memory of B batches. The device orders tried (`device_orders`): fastest
 device first; fastest server first, its devices fastest first; and every other
 order of the device classes when there are at most MAX_DEVICE_ORDERS of them;
-each for one shard and for the data-parallel groups of split.groups, and the
+each for one shard and for the data-parallel groups of split.data_parallel, and the
 best exact plan is kept.
 
 Where this loses against the exact MILP: modules cannot be split over several
@@ -33,12 +33,12 @@ import math
 
 import numpy as np
 
-from llm_planner.groups import DeviceClass, device_class
 from llm_planner.plan import Plan
 from llm_planner.solve.fit import MAX_IN_FLIGHT_RESOLVES, fits_steady_state
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import make_plan
-from llm_planner.solve.split.groups import candidate_group_counts, device_groups, replicate, shard_sizes
+from llm_planner.solve.split.data_parallel import candidate_group_counts, device_groups, replicate, shard_sizes
+from llm_planner.tensor_groups import DeviceClass, device_class
 
 INF = float("inf")
 

@@ -182,7 +182,7 @@ class _Class:
 
     def devices(self, sizes: tuple[int, ...]) -> list[int]:
         """Each server cut into groups of `sizes` (descending), packed from its last device down:
-        aligned, since every size divides the larger ones and the count (llm_planner.groups)."""
+        aligned, since every size divides the larger ones and the count (llm_planner.tensor_groups)."""
         out = []
         for units in self.nodes.values():
             top = self.count

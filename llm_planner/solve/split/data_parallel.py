@@ -3,7 +3,7 @@
 `device_groups(problem, g)` cuts the cluster into g groups that are identical
 up to the cluster's symmetries: the copies of a server template whose count g
 divides go to the groups whole (copy r*c/g .. (r+1)*c/g - 1 to group r); in
-every other server the devices of each class (llm_planner.groups.device_class:
+every other server the devices of each class (llm_planner.tensor_groups.device_class:
 kind and tensor-parallel degree there) are dealt out evenly (leftovers stay
 idle). Group r's i-th device plays the role of group 0's i-th device, so a plan
 for group 0 maps onto every group.
@@ -15,10 +15,10 @@ from collections import defaultdict
 
 import numpy as np
 
-from llm_planner.groups import DeviceClass, device_class
 from llm_planner.plan import Plan
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import make_plan
+from llm_planner.tensor_groups import DeviceClass, device_class
 
 
 def device_groups(problem: PlacementProblem, g: int) -> list[list[int]] | None:

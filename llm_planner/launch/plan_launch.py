@@ -30,12 +30,12 @@ from typing import Any
 
 from llm_planner.atomic import write_atomic
 from llm_planner.fmt import fmt_s
-from llm_planner.groups import is_group_name, member_names
-from llm_planner.launch_run import probe_port, run_mpiexec
+from llm_planner.launch.mpiexec_run import probe_port, run_mpiexec
 from llm_planner.plan import Plan, load_plan
 from llm_planner.runtime.plan_schedule import in_flight_batches
 from llm_planner.runtime.table import RankEntry, RankTable, RunSpec
 from llm_planner.spec import ClusterSpec, load_cluster
+from llm_planner.tensor_groups import is_group_name, member_names
 from llm_planner.verify import verify_plan_file
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ def _check_options(options: LaunchOptions) -> None:
         raise LaunchError(f"timeout must be > 0 seconds, got {options.timeout_s}")
     if options.warmup < 0:
         raise LaunchError(f"warmup must be >= 0 untimed runs, got {options.warmup}")
-    probe_port(error=LaunchError)  # how hosts are probed when a run fails (llm_planner.launch_run)
+    probe_port(error=LaunchError)  # how hosts are probed when a run fails (llm_planner.launch.mpiexec_run)
 
 
 def rank_entries(plan: Plan, cluster: ClusterSpec, source: str) -> tuple[RankEntry, ...]:

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llm_planner.groups import member_names
 from llm_planner.plan import Plan
+from llm_planner.tensor_groups import member_names
 
 FRAMEWORKS = ("vllm", "megatron")
 

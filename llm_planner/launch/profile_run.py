@@ -10,7 +10,7 @@
   devices of one kind (median of their medians) and writes the profile file.
 - `spawn_mpi`: runs `run_mpi` with this environment's mpiexec:
 
-    mpiexec -f hostfile -n R python -m mpi4py -m llm_planner.runtime.profile_run profile_job.json
+    mpiexec -f hostfile -n R python -m mpi4py -m llm_planner.launch.profile_run profile_job.json
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ def spawn_mpi(job: ProfileJob, workdir: str | Path, timeout_s: float) -> prof.Pr
     written."""
     import subprocess
 
-    from llm_planner.launch import mpiexec_path
+    from llm_planner.launch.plan_launch import mpiexec_path
 
     cluster = load_cluster(job.cluster_path)
     order = rank_devices(cluster)
@@ -313,7 +313,7 @@ def spawn_mpi(job: ProfileJob, workdir: str | Path, timeout_s: float) -> prof.Pr
         "-m",
         "mpi4py",
         "-m",
-        "llm_planner.runtime.profile_run",
+        "llm_planner.launch.profile_run",
         str(workdir / "profile_job.json"),
     ]
     Path(job.output_path).unlink(missing_ok=True)
@@ -332,7 +332,7 @@ def spawn_mpi(job: ProfileJob, workdir: str | Path, timeout_s: float) -> prof.Pr
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: mpiexec -n R python -m mpi4py -m llm_planner.runtime.profile_run JOB.json", file=sys.stderr)
+        print("usage: mpiexec -n R python -m mpi4py -m llm_planner.launch.profile_run JOB.json", file=sys.stderr)
         return 2
     from mpi4py import MPI
 

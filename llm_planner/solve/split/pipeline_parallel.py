@@ -11,11 +11,11 @@ micro-batch the makespan is about
 
 so many short, balanced stages of small micro-batches win when a stage's time
 shrinks with its batch. This is how pipeline-parallel serving systems run a
-batch, and what the data-parallel groups of split.groups cannot express (there
+batch, and what the data-parallel groups of split.data_parallel cannot express (there
 each shard has devices of its own, so every group holds a full copy of the
 weights and memory can force the shards onto slower devices).
 
-Candidates, for each data-parallel grouping g (1 and those of split.groups)
+Candidates, for each data-parallel grouping g (1 and those of split.data_parallel)
 and each device order of split.throughput (fastest first):
 
 - the stages of split.throughput.stage_dp (min-max stage time, memory checked
@@ -43,13 +43,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from llm_planner.groups import DeviceClass
 from llm_planner.plan import Plan
 from llm_planner.solve.bounds.times import task_times
 from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.schedule import make_plan
-from llm_planner.solve.split.groups import candidate_group_counts, device_groups, replicate, shard_sizes
+from llm_planner.solve.split.data_parallel import candidate_group_counts, device_groups, replicate, shard_sizes
 from llm_planner.solve.split.throughput import device_orders, stage_dp
+from llm_planner.tensor_groups import DeviceClass
 
 FINALISTS = 3  # candidates, ranked by the run-level estimate, that make_plan schedules exactly
 
@@ -222,7 +222,7 @@ def replicated_plans(problem: PlacementProblem, bases: list[list[int]], started:
     """Micro-batches over one-shard placements whose stages have idle twins (module docstring).
 
     For each base assignment, each device d it uses gets a pool: d and the devices of d's class
-    (llm_planner.groups.device_class: same server template, kind and degree) that the base leaves
+    (llm_planner.tensor_groups.device_class: same server template, kind and degree) that the base leaves
     idle, each idle one going to the stage of its class with the most work per device. Shard k runs
     d's tasks on the (k mod |pool|)-th device of d's pool, which then holds d's weights too. Shard
     sizes: every partition of Q into m parts, largest first (near-equal ones alone when there are
