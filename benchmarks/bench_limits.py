@@ -36,8 +36,8 @@ import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
 from llm_planner.graph.ir import MAX_EDGES, MAX_TASK_NAME_CHARS, MAX_TASKS  # noqa: E402
 from llm_planner.graph.models import ModelSpec, build_model_graph  # noqa: E402
+from llm_planner.problem.placement import MAX_TRANSFER_ENTRIES  # noqa: E402
 from llm_planner.problem_inputs import MAX_TASK_DEVICE_PAIRS  # noqa: E402
-from llm_planner.solve.problem import MAX_TRANSFER_ENTRIES  # noqa: E402
 from llm_planner.spec import MAX_DEVICES  # noqa: E402
 from llm_planner.spec_fields import MAX_NAME_CHARS  # noqa: E402
 

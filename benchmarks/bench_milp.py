@@ -29,11 +29,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
 from llm_planner.graph.models import ModelSpec, build_model_graph  # noqa: E402
+from llm_planner.problem.options import SolveOptions  # noqa: E402
+from llm_planner.problem.placement import build_problem  # noqa: E402
 from llm_planner.problem_inputs import load_graph_file  # noqa: E402
 from llm_planner.solve.api import SolveError, solve  # noqa: E402
 from llm_planner.solve.baselines.single import best_baseline  # noqa: E402
-from llm_planner.solve.options import SolveOptions  # noqa: E402
-from llm_planner.solve.problem import build_problem  # noqa: E402
 from llm_planner.spec import load_cluster  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ device l of its output cut, this solves the module subproblem
 - the exact MILP under `--time-limit` seconds (default 120), warm-started by the
   best baseline: its plan and its dual bound;
 
-and computes the bound MILP-SPLIT carries for the module (solve.bounds.combined.lower_bound
+and computes the bound MILP-SPLIT carries for the module (bounds.combined.lower_bound
 of the subproblem, its cuts pinned). A gap that stays wide between the best plan
 and the best bound, with the exact MILP's own dual bound no higher, is the bound's
 weakness, not the split's.
@@ -75,13 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from llm_planner.bounds.combined import lower_bound
+    from llm_planner.bounds.times import task_times
     from llm_planner.graph.models import ModelSpec
+    from llm_planner.problem.options import SolveOptions
     from llm_planner.problem_inputs import problem_from_inputs
     from llm_planner.solve.baselines.single import run_baseline
-    from llm_planner.solve.bounds.combined import lower_bound
-    from llm_planner.solve.bounds.times import task_times
     from llm_planner.solve.milp.milp import solve_milp
-    from llm_planner.solve.options import SolveOptions
     from llm_planner.solve.split.moves import improve_by_moves
     from llm_planner.solve.split.split_context import SplitContext
     from llm_planner.solve.split.subproblem import build_subproblem

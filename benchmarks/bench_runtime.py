@@ -48,8 +48,8 @@ def _plan(workdir: Path, args, micro: int) -> tuple[Path, object]:
 
     from llm_planner.graph.models import ModelSpec
     from llm_planner.plan import save_plan
+    from llm_planner.problem.schedule import make_plan
     from llm_planner.problem_inputs import problem_from_inputs
-    from llm_planner.solve.schedule import make_plan
 
     config = GPT2Config(
         n_layer=args.layers,

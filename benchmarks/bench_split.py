@@ -150,8 +150,8 @@ def timed_solve(problem, options):
 
 
 def _milp_child(problem, time_limit_s: float, conn) -> None:
-    from llm_planner.solve.bounds.combined import forget_lower_bounds
-    from llm_planner.solve.options import SolveOptions
+    from llm_planner.bounds.combined import forget_lower_bounds
+    from llm_planner.problem.options import SolveOptions
 
     forget_lower_bounds()  # the fork inherits the bound MILP-SPLIT computed: the MILP's time must include its own
     try:
@@ -199,9 +199,9 @@ def run_milp(problem, time_limit_s: float) -> dict:
 
 
 def run_row(row: Row, args) -> Row:
+    from llm_planner.problem.options import SolveOptions
     from llm_planner.problem_inputs import InputError
     from llm_planner.solve.api import SolveError
-    from llm_planner.solve.options import SolveOptions
 
     try:
         problem = build(row)
@@ -590,7 +590,7 @@ def instances(args) -> list[Row]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from llm_planner.solve.options import SolveOptions
+    from llm_planner.problem.options import SolveOptions
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer instances, MILP limited to 10 s (unless --time-limit)")

@@ -54,7 +54,7 @@ from scipy.optimize import lsq_linear
 from llm_planner.fileio import read_document
 from llm_planner.observe import MeasureError, RunObservations, read_observations
 from llm_planner.plan import Plan, load_plan
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 from llm_planner.spec import ClusterSpec, DeviceKindSpec, load_cluster
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ import sys
 
 from llm_planner import __version__
 from llm_planner.cli_types import count, positive_seconds, share
+from llm_planner.constants import DTYPE_BYTES, TORCH_DTYPES
 from llm_planner.fmt import LiteralConsole, styled
-from llm_planner.graph.constants import DTYPE_BYTES, TORCH_DTYPES
 from llm_planner.procs import last_stop_signal, stop_signals_as_interrupt
 
 console = LiteralConsole()  # values from files are printed literally, never read as markup
@@ -33,13 +33,13 @@ def _input_errors() -> tuple[type[Exception], ...]:
     from llm_planner.helix_import import HelixError
     from llm_planner.observe import MeasureError
     from llm_planner.plan import PlanError
+    from llm_planner.problem.placement import ProblemError
     from llm_planner.problem_inputs import InputError
     from llm_planner.profile import ProfileError
     from llm_planner.serving.export import ServingExportError
     from llm_planner.serving.plan_file import ServingPlanError
     from llm_planner.serving.workload import WorkloadError
     from llm_planner.serving_profile import ServingProfileError
-    from llm_planner.solve.problem import ProblemError
     from llm_planner.spec import SpecError
 
     return (
@@ -91,8 +91,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_solve_args(p: argparse.ArgumentParser) -> None:
+    from llm_planner.problem.options import SYMMETRY_CHOICES
     from llm_planner.solve.api import SOLVERS
-    from llm_planner.solve.options import SYMMETRY_CHOICES
 
     p.add_argument(
         "--objective",
@@ -192,7 +192,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show-cluster", help="devices, links and symmetry classes of a cluster spec")
     p.add_argument("cluster", help="cluster spec YAML (docs/cluster-spec.md)")
 
-    from llm_planner.solve.options import SYMMETRY_CHOICES
+    from llm_planner.problem.options import SYMMETRY_CHOICES
 
     p = sub.add_parser(
         "compare-symmetry", help="solve one instance under every symmetry criterion, exact MILP and MILP-SPLIT"

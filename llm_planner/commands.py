@@ -44,7 +44,7 @@ def model_spec(args: argparse.Namespace):
 
 
 def _solve_options(args: argparse.Namespace, solver: str | None = None):
-    from llm_planner.solve.options import SolveOptions
+    from llm_planner.problem.options import SolveOptions
 
     try:
         return SolveOptions(
@@ -275,8 +275,8 @@ def cmd_show_cluster(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
     from llm_planner import study
+    from llm_planner.problem.options import SYMMETRY_CHOICES
     from llm_planner.problem_inputs import problem_from_inputs
-    from llm_planner.solve.options import SYMMETRY_CHOICES
 
     problem = problem_from_inputs(
         cluster_path=args.cluster,

@@ -39,7 +39,7 @@ from llm_planner.fileio import read_document
 from llm_planner.fmt import fmt_bytes, fmt_s
 from llm_planner.observe import MeasureError, RunObservations, read_observations
 from llm_planner.plan import Plan, load_plan
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 
 MEASURE_FORMAT = "llm_planner.measure"
 __all__ = ["MeasureError", "Measurement", "measure_files", "measure_run", "measurement_tables", "write_measurement"]

@@ -61,7 +61,7 @@ def batches_in_flight(objective: str, makespan_s: float, max_load_s: float) -> i
     that keeps the busiest device busy, ceil(one batch's makespan / the busiest device's load per
     batch) (a new batch enters every max_load_s, and each stays makespan_s). The launcher runs this
     many (llm_planner.runtime.plan_schedule), and every device holds the per-sample memory (KV cache)
-    of each of them (solve.fit.steady_state_memory, verify)."""
+    of each of them (problem.fit.steady_state_memory, verify)."""
     if objective != "throughput" or not max_load_s > 0 or not math.isfinite(makespan_s):
         return 1
     return max(1, math.ceil(makespan_s / max_load_s - 1e-9))

@@ -15,13 +15,13 @@ from llm_planner.fileio import read_bytes, read_document, read_text
 from llm_planner.graph.ir import GraphError, TaskGraph, graph_from_dict
 from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.plan import PlanInputs
-from llm_planner.solve.fit import memory_shortfall
-from llm_planner.solve.problem import PlacementProblem, ProblemError, build_problem
+from llm_planner.problem.fit import memory_shortfall
+from llm_planner.problem.placement import PlacementProblem, ProblemError, build_problem
 from llm_planner.spec import ClusterSpec, load_cluster
 
 # Tasks x devices of one problem: the task cost tables and the heuristics grow with it (a
 # 50,000-task chain on 6 devices is at the limit; benchmarks/bench_limits.py). The transfer
-# tables, edges x devices^2, have their own limit (solve.problem.MAX_TRANSFER_ENTRIES).
+# tables, edges x devices^2, have their own limit (problem.placement.MAX_TRANSFER_ENTRIES).
 MAX_TASK_DEVICE_PAIRS = 300_000
 
 

@@ -15,7 +15,7 @@ from llm_planner.profile import Profile, TaskTiming, all_reduce_key, group_key, 
 from llm_planner.spec import ClusterSpec, DeviceSpec, LinkSpec
 
 if TYPE_CHECKING:
-    from llm_planner.solve.problem import PlacementProblem
+    from llm_planner.problem.placement import PlacementProblem
 
 
 @dataclass(frozen=True, kw_only=True)

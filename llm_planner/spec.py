@@ -19,8 +19,8 @@ from types import MappingProxyType
 from typing import Any
 
 from llm_planner import units
+from llm_planner.constants import DEVICE_TYPES, DTYPE_BYTES
 from llm_planner.fileio import load_document
-from llm_planner.graph.constants import DEVICE_TYPES, DTYPE_BYTES
 from llm_planner.spec_fields import (
     Reader,
     SpecError,

@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from llm_planner.fmt import fmt_s
+from llm_planner.problem.options import SYMMETRY_CHOICES, SolveOptions
+from llm_planner.problem.placement import PlacementProblem
 from llm_planner.solve.api import SolveError, solve
-from llm_planner.solve.options import SYMMETRY_CHOICES, SolveOptions
-from llm_planner.solve.problem import PlacementProblem
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Independent verifier and simulator: checks a Plan against its PlacementProblem.
 
-Nothing here trusts the solver, and nothing here uses llm_planner.solve.schedule:
+Nothing here trusts the solver, and nothing here uses llm_planner.problem.schedule:
 every number is re-derived from the problem's cost arrays (task_time,
 transfer_time, mem_* arrays, supported) by this module's own code.
 
@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from llm_planner.plan import Plan, load_plan
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 from llm_planner.verify_sim import EventSimulation
 
 Item = tuple[int, int]  # (shard, task index)

@@ -14,7 +14,7 @@ What `verify PLAN` checks, field by field (docs/plan-format.md has the table):
   - every primary number (`objective_s`, `lower_bound_s`, `max_load_s`, shard
     sizes, the schedule's times) against the problem: llm_planner.verify;
   - `lower_bound_s`, `gap` and `solver.status` against the bound re-derived here
-    (solve.bounds.combined.lower_bound of the rebuilt problem, the planner's own
+    (bounds.combined.lower_bound of the rebuilt problem, the planner's own
     deterministic procedure): the claimed bound at most the re-derived one, the gap
     at least what it leaves, `optimal` only when it proves the objective within the
     relative gap the plan was solved to (`inputs.options.rel_gap`, else the
@@ -30,10 +30,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from llm_planner.bounds.combined import lower_bound
 from llm_planner.plan import Plan, PlanError, PlanInputs
-from llm_planner.solve.bounds.combined import lower_bound
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import PlacementProblem
 
 # hashes are compared (with their own messages) by pipeline.problem_from_plan_inputs; options are a record
 _NOT_COMPARED = ("options", "cluster_sha256", "graph_sha256", "profile_sha256")
@@ -64,7 +64,7 @@ def check_inputs(plan: Plan, problem: PlacementProblem) -> list[str]:
 
 
 def rederived_bound(plan: Plan, problem: PlacementProblem) -> float | None:
-    """The bound verify re-derives (solve.bounds.combined.lower_bound of the rebuilt problem, the
+    """The bound verify re-derives (bounds.combined.lower_bound of the rebuilt problem, the
     planner's own deterministic procedure); None when the plan's objective is not one to bound
     (llm_planner.verify names those)."""
     if plan.objective != problem.objective or not (math.isfinite(plan.objective_s) and plan.objective_s > 0):
@@ -82,7 +82,7 @@ def check_bound(plan: Plan, bound: float | None, *, rel_tol: float) -> list[str]
     if plan.lower_bound_s > bound * (1 + rel_tol) + 1e-15:
         out.append(
             f"lower_bound_s: the plan claims {plan.lower_bound_s:.6g} s, above the bound {bound:.6g} s that verify "
-            "re-derives from its inputs (solve.bounds.combined.lower_bound); a bound is accepted only up to that"
+            "re-derives from its inputs (bounds.combined.lower_bound); a bound is accepted only up to that"
         )
     supported = _gap(plan.objective_s, bound)
     if plan.gap < supported - rel_tol:

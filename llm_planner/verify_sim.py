@@ -3,7 +3,7 @@
 Each device runs its items in the given order, each as soon as the device is
 free and every input has arrived (finish of the producer + transfer time);
 completion events are handled in time order. Nothing here uses
-llm_planner.solve.schedule: the verifier re-derives the schedule on its own.
+llm_planner.problem.schedule: the verifier re-derives the schedule on its own.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 
 Item = tuple[int, int]  # (shard, task index)
 

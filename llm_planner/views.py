@@ -8,7 +8,7 @@ from rich.table import Table
 
 from llm_planner.fmt import fmt_bytes, fmt_s, fmt_time, has_file_units
 from llm_planner.plan import Plan
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 from llm_planner.spec import ClusterSpec
 
 

@@ -19,9 +19,9 @@ import numpy as np
 from llm_planner import cost
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.plan import Plan, save_plan
+from llm_planner.problem.placement import build_problem
+from llm_planner.problem.schedule import make_plan
 from llm_planner.problem_inputs import problem_from_inputs
-from llm_planner.solve.problem import build_problem
-from llm_planner.solve.schedule import make_plan
 from llm_planner.spec import ClusterSpec, parse_cluster
 from llm_planner.verify import verify_plan
 

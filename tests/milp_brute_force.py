@@ -3,7 +3,7 @@
 Enumerates shard sizes, every assignment of every (shard, task) to a device, and
 for latency every global order of the items (a list schedule in each order; some
 order reproduces any optimal schedule), using only the problem's cost accessors
-(task_time, transfer_time) and memory arrays: not solve.schedule, not the verifier.
+(task_time, transfer_time) and memory arrays: not problem.schedule, not the verifier.
 Devices that share a physical device (a tensor-parallel group and its members, two
 overlapping groups) are never both used.
 """
@@ -16,7 +16,7 @@ import math
 import networkx as nx
 import numpy as np
 
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 
 
 def partitions(total: int, parts: int, largest: int | None = None) -> list[tuple[int, ...]]:

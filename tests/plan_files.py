@@ -11,10 +11,10 @@ import yaml
 from test_verify import cluster_dict, diamond_problem
 
 from llm_planner.atomic import WriteError
+from llm_planner.bounds.combined import lower_bound
 from llm_planner.plan import Plan, PlanError, save_plan
+from llm_planner.problem.schedule import make_plan
 from llm_planner.problem_inputs import problem_from_inputs
-from llm_planner.solve.bounds.combined import lower_bound
-from llm_planner.solve.schedule import make_plan
 from llm_planner.verify import verify_plan_file
 
 DEVICES = ("node0/cpu:0", "node0/fast:0", "node0/small:0")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.solve.problem import PlacementProblem, build_problem
+from llm_planner.problem.placement import PlacementProblem, build_problem
 from llm_planner.spec import parse_cluster
 
 TYPES = ("cpu", "gpu", "accelerator")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from llm_planner.graph.models import ModelSpec
 from llm_planner.plan import save_plan
+from llm_planner.problem.schedule import make_plan
 from llm_planner.problem_inputs import problem_from_inputs
-from llm_planner.solve.schedule import make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 LOCALHOST = REPO / "cluster_specs" / "localhost-cpu.yaml"

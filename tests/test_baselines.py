@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from planner_instances import kind, make_cluster, problems
 
+from llm_planner.bounds.combined import lower_bound
 from llm_planner.graph.ir import Edge, Task, TaskGraph
+from llm_planner.problem.fit import infeasibility_reason
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import build_problem
 from llm_planner.solve.api import SolveError, solve
 from llm_planner.solve.baselines.single import BASELINE_NAMES, best_baseline, run_all_baselines, run_baseline
-from llm_planner.solve.bounds.combined import lower_bound
-from llm_planner.solve.fit import infeasibility_reason
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import build_problem
 from llm_planner.verify import verify_plan
 
 GB = 1e9

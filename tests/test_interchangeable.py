@@ -12,8 +12,8 @@ import pytest
 from test_tensor_parallel import gpu_cluster
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import build_problem, restrict_devices
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import build_problem, restrict_devices
 from llm_planner.solve.split import subsolve
 from llm_planner.solve.split.data_parallel import device_groups
 from llm_planner.solve.split.split_context import SplitContext

@@ -41,7 +41,7 @@ def plan_args(folder, out):
 def stopped_solver(monkeypatch):
     """The backend returns as if Ctrl-C came before it had a plan of its own; bounds too weak to prove the warm
     start."""
-    from llm_planner.solve.bounds import combined
+    from llm_planner.bounds import combined
     from llm_planner.solve.milp import milp
 
     monkeypatch.setattr(milp, "solve_model", lambda *a, **k: STOPPED)

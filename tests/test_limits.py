@@ -13,7 +13,7 @@ import yaml
 
 from llm_planner.cli import main
 from llm_planner.graph.ir import MAX_GRAPH_NAME_CHARS, MAX_TASK_NAME_CHARS
-from llm_planner.solve.problem import MAX_TRANSFER_ENTRIES
+from llm_planner.problem.placement import MAX_TRANSFER_ENTRIES
 from llm_planner.spec_fields import MAX_NAME_CHARS
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -14,8 +14,8 @@ from llm_planner import cli, cost
 from llm_planner.graph.models import ModelSpec
 from llm_planner.measure import MeasureError, measure_files, measurement_tables, write_measurement
 from llm_planner.plan import load_plan, save_plan
+from llm_planner.problem.schedule import make_plan
 from llm_planner.problem_inputs import problem_from_inputs
-from llm_planner.solve.schedule import make_plan
 from llm_planner.spec import load_cluster
 
 N = 12

@@ -23,13 +23,13 @@ from hypothesis import strategies as st
 from milp_brute_force import brute_force, brute_throughput
 from planner_instances import graphs, kind, make_cluster, problems
 
+from llm_planner.bounds.combined import lower_bound
 from llm_planner.graph.ir import Edge, Task, TaskGraph
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import PlacementProblem, ProblemError, build_problem
 from llm_planner.solve.api import SolveError, solve
 from llm_planner.solve.baselines.single import run_all_baselines
-from llm_planner.solve.bounds.combined import lower_bound
 from llm_planner.solve.milp import backends
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import PlacementProblem, ProblemError, build_problem
 from llm_planner.verify import verify_plan
 
 GB = 1e9

@@ -17,9 +17,9 @@ from llm_planner.cli import main
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.plan import PlanError, save_plan
+from llm_planner.problem.placement import build_problem
+from llm_planner.problem.schedule import make_plan
 from llm_planner.problem_inputs import problem_from_inputs
-from llm_planner.solve.problem import build_problem
-from llm_planner.solve.schedule import make_plan
 from llm_planner.spec import load_cluster
 from llm_planner.verify import verify_plan_file
 

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from planner_instances import clusters, kind, make_cluster
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import build_problem
 from llm_planner.solve.api import solve
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import build_problem
 from llm_planner.solve.split.modules import find_cut_tasks, split_modules
 
 EXACT = dict(time_limit_s=60.0, rel_gap=1e-7)
@@ -80,7 +80,7 @@ def test_split_equals_exact_on_a_small_fixed_instance():
     exact = solve(problem, SolveOptions(solver="milp", **EXACT))
     split = solve(problem, SolveOptions(solver="milp-split", workers=1, **EXACT))
     assert split.objective_s == pytest.approx(exact.objective_s, rel=1e-6)
-    # the chain bound of per-module bounds closes the gap (a record: verify re-derives only solve.bounds.combined)
+    # the chain bound of per-module bounds closes the gap (a record: verify re-derives only bounds.combined)
     assert split.solver.details["solver_status"] == "optimal"
     assert split.solver.details["solver_bound_s"] == pytest.approx(split.objective_s, rel=1e-4)
 

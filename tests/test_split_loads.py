@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from planner_instances import problems, random_assignment
 from test_milp import explicit_problem
 
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.schedule import device_loads, make_plan
 from llm_planner.solve.api import solve
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.schedule import device_loads, make_plan
 from llm_planner.solve.split.loads import _Shard, improve_loads
 from llm_planner.verify import verify_plan
 

@@ -17,13 +17,13 @@ from test_bounds import brute_force_optimum
 from test_bounds_path import tight_memory_problems
 from test_split import diamond_chain
 
+from llm_planner.bounds.combined import lower_bound
+from llm_planner.bounds.times import task_times
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import build_problem
+from llm_planner.problem.schedule import asap_schedule
 from llm_planner.solve.api import solve
 from llm_planner.solve.baselines.single import run_baseline
-from llm_planner.solve.bounds.combined import lower_bound
-from llm_planner.solve.bounds.times import task_times
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import build_problem
-from llm_planner.solve.schedule import asap_schedule
 from llm_planner.solve.split.chain import assemble, latency_chain, seed_from_plan, shard_chain_bound
 from llm_planner.solve.split.moves import ListMakespan, improve_by_moves
 from llm_planner.solve.split.split_context import SplitContext

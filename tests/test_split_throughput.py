@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from test_milp import exact, explicit_problem
 
-from llm_planner.solve.options import SolveOptions
+from llm_planner.problem.options import SolveOptions
 from llm_planner.solve.split.split_context import SplitContext
 from llm_planner.solve.split.throughput import _arrangements, _class_sequences, device_orders, throughput_plan
 from llm_planner.verify import verify_plan

@@ -13,10 +13,10 @@ from milp_brute_force import brute_force
 from test_symmetry_classes import small_cluster
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import build_problem
 from llm_planner.solve.api import solve
 from llm_planner.solve.milp.symmetry import CRITERIA, satisfies, symmetry_classes
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import build_problem
 
 CHOICES = ("none", "batch", "task", "time", "first", "solver")
 
@@ -57,7 +57,7 @@ def test_every_criterion_reaches_the_brute_force_optimum(objective, batch, shard
 
 def _optimal_assignments(problem):
     """Every single-shard assignment whose objective is optimal (the plan's own schedule decides)."""
-    from llm_planner.solve.schedule import make_plan
+    from llm_planner.problem.schedule import make_plan
 
     best, optima = None, []
     choices = [np.flatnonzero(problem.supported[i]).tolist() for i in range(problem.num_tasks)]

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from planner_instances import kind
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
+from llm_planner.problem.placement import build_problem
 from llm_planner.solve.milp.symmetry import (
     CRITERIA,
     apply_permutation,
@@ -15,7 +16,6 @@ from llm_planner.solve.milp.symmetry import (
     satisfies,
     symmetry_classes,
 )
-from llm_planner.solve.problem import build_problem
 from llm_planner.spec import load_cluster, parse_cluster
 
 
@@ -65,7 +65,7 @@ def test_canonical_permutation_satisfies_and_keeps_the_objective(data, criterion
     assert sorted(perm.tolist()) == list(range(5))
     moved = apply_permutation(assignments, perm)
     assert satisfies(problem, classes, criterion, sizes, moved)
-    from llm_planner.solve.schedule import device_loads
+    from llm_planner.problem.schedule import device_loads
 
     before = sorted(device_loads(problem, sizes, assignments).round(12))
     after = sorted(device_loads(problem, sizes, moved).round(12))

@@ -12,14 +12,14 @@ from milp_brute_force import brute_force
 from planner_instances import kind, make_cluster
 
 from llm_planner import cost
+from llm_planner.bounds.combined import lower_bound
 from llm_planner.graph.decoder_graph import build_decoder_graph
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.graph.transformer import preset_config
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import build_problem
 from llm_planner.solve.api import solve
 from llm_planner.solve.baselines.baseline_set import all_baselines
-from llm_planner.solve.bounds.combined import lower_bound
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import build_problem
 from llm_planner.spec import LinkSpec
 from llm_planner.tensor_groups import group_degrees, member_names, tensor_groups
 from llm_planner.verify import verify_plan
@@ -166,8 +166,8 @@ def test_max_tp_one_offers_no_group():
 def _check_against_brute(problem, *, split_exact: bool):
     from unittest import mock
 
-    from llm_planner.solve.bounds import partition
-    from llm_planner.solve.bounds.combined import forget_lower_bounds
+    from llm_planner.bounds import partition
+    from llm_planner.bounds.combined import forget_lower_bounds
 
     best = brute_force(problem)
     assert math.isfinite(best)

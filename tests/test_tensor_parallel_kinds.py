@@ -8,8 +8,8 @@ import yaml
 
 from llm_planner.cli import main
 from llm_planner.graph.ir import Task, TaskGraph
+from llm_planner.problem.placement import build_problem
 from llm_planner.solve.baselines.tensor_parallel import run_tp_baseline
-from llm_planner.solve.problem import build_problem
 from llm_planner.spec import parse_cluster
 from llm_planner.tensor_groups import GroupError, group_from_members, tensor_groups
 

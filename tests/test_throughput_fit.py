@@ -25,14 +25,14 @@ import yaml
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.plan import PlanError, batches_in_flight, load_plan, save_plan
+from llm_planner.problem.fit import fits_steady_state, steady_state_memory, steady_state_shortfall
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import build_problem
+from llm_planner.problem.schedule import make_plan
 from llm_planner.problem_inputs import problem_from_inputs
 from llm_planner.runtime.plan_schedule import in_flight_batches
 from llm_planner.solve.api import solve
 from llm_planner.solve.baselines.baseline_set import all_baselines
-from llm_planner.solve.fit import fits_steady_state, steady_state_memory, steady_state_shortfall
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import build_problem
-from llm_planner.solve.schedule import make_plan
 from llm_planner.spec import parse_cluster
 from llm_planner.verify import verify_plan, verify_plan_file
 

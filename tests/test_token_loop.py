@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import TOKEN_BYTES, build_problem
+from llm_planner.problem.schedule import make_plan
 from llm_planner.solve.api import solve
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import TOKEN_BYTES, build_problem
-from llm_planner.solve.schedule import make_plan
 from llm_planner.spec import parse_cluster
 from llm_planner.verify import verify_plan
 

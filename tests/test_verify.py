@@ -16,8 +16,8 @@ from planner_instances import kind, make_cluster, problems, random_assignment
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.plan import Plan, PlanError, PlanInputs, save_plan
-from llm_planner.solve.problem import build_problem
-from llm_planner.solve.schedule import make_plan
+from llm_planner.problem.placement import build_problem
+from llm_planner.problem.schedule import make_plan
 from llm_planner.verify import VerifyReport, verify_plan, verify_plan_file
 
 GB = 1e9
@@ -427,7 +427,7 @@ def test_random_plans_verify_and_perturbed_ones_do_not(data):
 def test_verify_imports_no_scheduler_torch_or_mpi():
     code = (
         "import sys, llm_planner.verify\n"
-        "bad = [m for m in ('llm_planner.solve.schedule', 'torch', 'mpi4py') if m in sys.modules]\n"
+        "bad = [m for m in ('llm_planner.problem.schedule', 'torch', 'mpi4py') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,5 +1,5 @@
 """A bound that cannot be forged: `verify` re-derives a plan's lower bound with the planner's own
-deterministic procedure (solve.bounds.combined.lower_bound) and accepts `lower_bound_s`, `gap` and
+deterministic procedure (bounds.combined.lower_bound) and accepts `lower_bound_s`, `gap` and
 `solver.status: optimal` only as far as that bound supports them."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import pytest
 import yaml
 from plan_files import verify_outcome, write_inputs
 
+from llm_planner.bounds.combined import lower_bound
 from llm_planner.cli import main
 from llm_planner.commands import _status_text
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.plan import load_plan, save_plan
+from llm_planner.problem.options import SolveOptions
 from llm_planner.problem_inputs import problem_from_inputs
 from llm_planner.solve.api import solve
-from llm_planner.solve.bounds.combined import lower_bound
-from llm_planner.solve.options import SolveOptions
 from llm_planner.verify_fields import rebuild_problem
 
 

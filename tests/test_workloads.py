@@ -13,9 +13,9 @@ from conftest import WORKLOADS
 
 from llm_planner.graph import workloads
 from llm_planner.graph.ir import GraphError
+from llm_planner.problem.placement import build_problem
+from llm_planner.problem.schedule import device_loads
 from llm_planner.problem_inputs import load_graph_file
-from llm_planner.solve.problem import build_problem
-from llm_planner.solve.schedule import device_loads
 
 WORKLOAD_FILES = sorted(WORKLOADS.glob("*-inputs/*/*.json")) if WORKLOADS.is_dir() else []
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from llm_planner.graph.constants import DTYPE_BYTES, GRANULARITIES, PHASES
+from llm_planner.constants import DTYPE_BYTES, GRANULARITIES, PHASES
 from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
 from llm_planner.graph.transformer import (
     DecoderConfig,

@@ -22,9 +22,9 @@ from typing import Any
 
 import networkx as nx
 
+from llm_planner.constants import DEVICE_TYPES
 from llm_planner.fileio import read_document
 from llm_planner.fmt import quote
-from llm_planner.graph.constants import DEVICE_TYPES
 
 GRAPH_FORMAT = "llm_planner.graph"
 GRAPH_VERSION = 1

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from llm_planner.graph.constants import DTYPE_BYTES, GRANULARITIES, PHASES
+from llm_planner.constants import DTYPE_BYTES, GRANULARITIES, PHASES
 from llm_planner.graph.ir import GraphError, TaskGraph
 
 __all__ = ["DTYPE_BYTES", "GRANULARITIES", "PHASES", "ModelSpec", "build_model_graph", "list_models"]

@@ -32,7 +32,7 @@ How we read it (docs/graph-format.md has the full table):
   2 cost, CPU -> CPU: 0), see llm_planner.cost.transfer_hops; under the
   throughput objective an accelerator pays `cost` once per own node whose output
   leaves it and once per outside node whose output enters it, a CPU pays only its
-  nodes' times (llm_planner.solve.schedule.device_loads, "host_staged").
+  nodes' times (llm_planner.problem.schedule.device_loads, "host_staged").
 Unknown keys are ignored: the format allows extra debug information.
 """
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llm_planner.graph.constants import TORCH_DTYPES
+from llm_planner.constants import TORCH_DTYPES
 from llm_planner.plan import Plan, load_plan
 from llm_planner.runtime.table import RankEntry, RankTable, load_rank_table
 

@@ -30,8 +30,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from llm_planner.constants import DTYPE_BYTES
 from llm_planner.cost import evaluate_pieces, group_task_time_pieces, shard_of
-from llm_planner.graph.constants import DTYPE_BYTES
 from llm_planner.graph.decoder_graph import ID_BYTES, build_decoder_graph
 from llm_planner.graph.ir import Task
 from llm_planner.graph.transformer import DecoderConfig

@@ -1,7 +1,7 @@
 """One solver interface: `solve(problem, options) -> Plan`, solvers chosen by name.
 
 Every plan leaves here with the lower bound that `verify` re-derives from the
-plan's inputs alone (solve.bounds.combined.lower_bound: deterministic LPs, no
+plan's inputs alone (bounds.combined.lower_bound: deterministic LPs, no
 time limit), with the status `optimal` only when that bound proves it within the
 relative gap (a baseline or heuristic plan included), and, unless options.verify
 is off, after the independent verifier accepted it: a plan that fails
@@ -19,9 +19,9 @@ import logging
 from dataclasses import replace
 
 from llm_planner.plan import Plan
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import PlacementProblem
 from llm_planner.solve.errors import SolveError, VerificationError
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import PlacementProblem
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ SOLVERS = ("milp", "milp-split", "best-baseline", *BASELINES)
 def solve(problem: PlacementProblem, options: SolveOptions | None = None) -> Plan:
     options = (options or SolveOptions()).check()
     plan = _dispatch(problem, options)
-    from llm_planner.solve.bounds.combined import lower_bound
+    from llm_planner.bounds.combined import lower_bound
 
     plan = verifiable_bound(plan, lower_bound(problem), options.rel_gap)
     # the gap a status `optimal` is judged against (verify_fields.check_status)
@@ -78,8 +78,8 @@ def _dispatch(problem: PlacementProblem, options: SolveOptions) -> Plan:
         from llm_planner.solve.split.tp import solve_split_tp
 
         return solve_split_tp(problem, options)
+    from llm_planner.problem.fit import infeasibility_reason
     from llm_planner.solve.baselines import baseline_set
-    from llm_planner.solve.fit import infeasibility_reason
 
     if name == "best-baseline":
         plan = baseline_set.best_of_all(problem)

@@ -4,9 +4,9 @@ and, on a problem with tensor-parallel groups, the layouts of solve/baselines/te
 from __future__ import annotations
 
 from llm_planner.plan import Plan
+from llm_planner.problem.placement import PlacementProblem
 from llm_planner.solve.baselines.single import BASELINE_NAMES, run_baseline
 from llm_planner.solve.baselines.tensor_parallel import TP_BASELINES, run_tp_baseline
-from llm_planner.solve.problem import PlacementProblem
 
 ALL_BASELINES = BASELINE_NAMES + TP_BASELINES
 

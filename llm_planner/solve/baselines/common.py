@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from llm_planner.solve.bounds.times import task_times
-from llm_planner.solve.fit import runs_all, topo_order
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.bounds.times import task_times
+from llm_planner.problem.fit import runs_all, topo_order
+from llm_planner.problem.placement import PlacementProblem
 
 Result = tuple[list[int], list[list[int]], "dict[int, list[tuple[int, int]]] | None"]
 

@@ -1,7 +1,7 @@
 """Baseline planners: what a user would do instead of solving the MILP.
 
 Each baseline decides an assignment (and for "heft" the device orders); the
-shared scheduler (solve.schedule.make_plan) times it and computes the
+shared scheduler (problem.schedule.make_plan) times it and computes the
 objective, so baselines and solvers are scored the same way. Every baseline
 respects device support, colocation groups and memory, or returns None.
 docs/objectives.md describes them.
@@ -44,7 +44,11 @@ import time
 
 import numpy as np
 
+from llm_planner.bounds.times import task_times
 from llm_planner.plan import Plan
+from llm_planner.problem.fit import MemoryLedger, colocation_units, runs_all, solve_in_flight, topo_order
+from llm_planner.problem.placement import PlacementProblem, restrict_devices
+from llm_planner.problem.schedule import make_plan
 from llm_planner.solve.baselines.common import (
     Result,
     balanced_split,
@@ -53,10 +57,6 @@ from llm_planner.solve.baselines.common import (
     follow_groups,
     whole_graph_objective,
 )
-from llm_planner.solve.bounds.times import task_times
-from llm_planner.solve.fit import MemoryLedger, colocation_units, runs_all, solve_in_flight, topo_order
-from llm_planner.solve.problem import PlacementProblem, restrict_devices
-from llm_planner.solve.schedule import make_plan
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def run_baseline(name: str, problem: PlacementProblem) -> Plan | None:
             device_orders=orders,
         )
 
-    plan = solve_in_flight(problem, once)  # throughput: a steady state that fits (solve.fit)
+    plan = solve_in_flight(problem, once)  # throughput: a steady state that fits (problem.fit)
     if plan is None:
         log.info("baseline %s: no feasible placement", name)
     return plan

@@ -27,12 +27,12 @@ from collections import defaultdict
 
 import numpy as np
 
+from llm_planner.bounds.times import task_times
 from llm_planner.plan import Plan
+from llm_planner.problem.fit import solve_in_flight, topo_order
+from llm_planner.problem.placement import PlacementProblem
+from llm_planner.problem.schedule import make_plan
 from llm_planner.solve.baselines.common import balanced_split, fastest_first, fits, follow_groups
-from llm_planner.solve.bounds.times import task_times
-from llm_planner.solve.fit import solve_in_flight, topo_order
-from llm_planner.solve.problem import PlacementProblem
-from llm_planner.solve.schedule import make_plan
 
 TP_BASELINES = ("megatron", "tp-replicas")
 
@@ -50,7 +50,7 @@ def run_tp_baseline(name: str, problem: PlacementProblem) -> Plan | None:
             posed, sizes, assigns, solver=f"baseline:{name}", status="heuristic", started_at=started, lower_bound_s=0.0
         )
 
-    return solve_in_flight(problem, once)  # throughput: a steady state that fits (solve.fit)
+    return solve_in_flight(problem, once)  # throughput: a steady state that fits (problem.fit)
 
 
 def _classes(problem: PlacementProblem) -> dict[tuple[str, str], list[int]]:

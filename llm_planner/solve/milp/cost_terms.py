@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 
 
 def useful_pieces(pieces: np.ndarray) -> list[tuple[float, float]]:

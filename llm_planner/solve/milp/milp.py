@@ -59,7 +59,7 @@ Throughput models have no start times and no ordering variables (only (1)-(4),
 (8)-(11)): that is what makes graphs of hundreds of tasks solvable.
 
 Solution path: the best baseline plan is the warm start. When it already meets
-L = solve.bounds.combined.lower_bound within rel_gap it is returned as proven optimal and
+L = bounds.combined.lower_bound within rel_gap it is returned as proven optimal and
 no model is built (except with --contiguous, which the baselines need not obey).
 Otherwise the backend (HiGHS by default, Gurobi on request,
 llm_planner.solve.milp.backends) returns the incumbent and its dual bound; the
@@ -90,12 +90,12 @@ import numpy as np
 
 from llm_planner.fmt import fmt_bytes
 from llm_planner.plan import Plan
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import PlacementProblem, ProblemError, restrict_devices
+from llm_planner.problem.schedule import make_plan, with_bound
 from llm_planner.solve.milp.backends import BackendError, BackendOptions, BackendResult, solve_model
 from llm_planner.solve.milp.model import Formulation
 from llm_planner.solve.milp.symmetry import CRITERIA, canonical_plan
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import PlacementProblem, ProblemError, restrict_devices
-from llm_planner.solve.schedule import make_plan, with_bound
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +112,11 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
 
     Throughput: the memory rows (8) count one batch, but the plan keeps plan.batches_in_flight
     batches in flight; when their memory does not fit, the MILP is solved again with the per-sample
-    memory of more batches (solve.fit.solve_in_flight), the warm start (which fits) taken when it is
+    memory of more batches (problem.fit.solve_in_flight), the warm start (which fits) taken when it is
     better, and the plan keeps the first solve's bound.
     """
+    from llm_planner.problem.fit import solve_in_flight
     from llm_planner.solve.errors import SolveError, SolveInterrupted
-    from llm_planner.solve.fit import solve_in_flight
 
     started = time.perf_counter()
     options = options.check()
@@ -165,7 +165,7 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
 
 def _solve_milp_once(problem: PlacementProblem, options: SolveOptions) -> Plan:
     """solve_milp for one batch's memory."""
-    from llm_planner.solve.bounds.combined import lower_bound
+    from llm_planner.bounds.combined import lower_bound
     from llm_planner.solve.errors import SolveError
 
     started = time.perf_counter()
@@ -207,7 +207,7 @@ def _solve_milp_once(problem: PlacementProblem, options: SolveOptions) -> Plan:
         return _without_incumbent(result, warm, bound_s, started, options)
     plan = with_bound(_plan_from_solution(problem, form, result, model, started, options, warm), bound_s)
     if plan.solver.status in ("time_limit", "interrupted") and plan.objective_s <= bound_s * (1 + options.rel_gap):
-        # the solver could not prove it, the bounds of solve.bounds do
+        # the solver could not prove it, the bounds of bounds do
         plan = replace(
             plan,
             solver=replace(plan.solver, status="optimal", details={**plan.solver.details, "proven_by": "lower bound"}),
@@ -284,9 +284,9 @@ def _proven_warm_start(warm: Plan, bound_s: float, started: float, options: Solv
 
 def _warm_start_plan(problem: PlacementProblem) -> Plan | None:
     """The better of the best baseline and (throughput) the contiguous split; None if neither fits
-    (throughput: in its steady state, solve.fit)."""
+    (throughput: in its steady state, problem.fit)."""
+    from llm_planner.problem.fit import fits_steady_state
     from llm_planner.solve.baselines.baseline_set import best_of_all
-    from llm_planner.solve.fit import fits_steady_state
     from llm_planner.solve.milp.warm import contiguous_split
 
     physical = restrict_devices(problem, list(range(problem.num_physical))) if problem.has_groups else problem
@@ -298,7 +298,7 @@ def _warm_start_plan(problem: PlacementProblem) -> Plan | None:
 
 def _scales(problem: PlacementProblem, warm: Plan | None) -> tuple[float, float]:
     """(model time unit in seconds, horizon H in model units)."""
-    from llm_planner.solve.bounds.times import task_times
+    from llm_planner.bounds.times import task_times
 
     full = np.where(problem.supported, task_times(problem, problem.batch_size), 0.0)
     comm = problem.comm_fixed + problem.comm_slope * problem.batch_size
@@ -466,7 +466,7 @@ def _check_agreement(
 
 
 def _infeasible_message(problem: PlacementProblem, options: SolveOptions) -> str:
-    from llm_planner.solve.fit import infeasibility_reason
+    from llm_planner.problem.fit import infeasibility_reason
 
     why = infeasibility_reason(problem)
     if "heuristics" in why:  # every task fits somewhere and the total suffices: the packing itself fails

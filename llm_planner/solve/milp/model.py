@@ -15,11 +15,11 @@ import math
 import networkx as nx
 import numpy as np
 
-from llm_planner.solve.bounds.times import task_times
+from llm_planner.bounds.times import task_times
+from llm_planner.problem.placement import PlacementProblem
 from llm_planner.solve.milp.backends import LinearModel, ModelBuilder
 from llm_planner.solve.milp.cost_terms import cost_groups, uniform_cost, useful_pieces
 from llm_planner.solve.milp.token_rows import token_charges, token_makespan_rows
-from llm_planner.solve.problem import PlacementProblem
 
 Terms = list[tuple[int, float]]
 

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 from llm_planner.spec import ClusterSpec, DeviceSpec
 from llm_planner.tensor_groups import DeviceClass, device_class
 

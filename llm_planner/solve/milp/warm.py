@@ -18,10 +18,10 @@ import time
 
 import numpy as np
 
+from llm_planner.bounds.times import task_times
 from llm_planner.plan import Plan
-from llm_planner.solve.bounds.times import task_times
-from llm_planner.solve.problem import PlacementProblem
-from llm_planner.solve.schedule import device_loads, make_plan
+from llm_planner.problem.placement import PlacementProblem
+from llm_planner.problem.schedule import device_loads, make_plan
 
 
 def contiguous_split(problem: PlacementProblem) -> Plan | None:

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from llm_planner.plan import Plan
-from llm_planner.solve.schedule import make_plan
+from llm_planner.problem.schedule import make_plan
 from llm_planner.solve.split import subsolve
 from llm_planner.solve.split.pool import run_many
 from llm_planner.solve.split.split_context import INF, CostTable, SplitContext
@@ -148,7 +148,7 @@ def chain_bound(ctx: SplitContext, batch: int) -> float:
 def shard_chain_bound(ctx: SplitContext, floor: float = 0.0) -> float:
     """A latency bound for a batch that may be split: min over s of
     max(chain(ceil(Q / s)), LP(s)), with LP(s) the shard-count bound's load LP
-    (solve/bounds/load.py) and chain(b) the DP over per-module bounds at b samples.
+    (bounds/load.py) and chain(b) the DP over per-module bounds at b samples.
 
     Valid: a plan of s non-empty shards has a largest shard of b >= ceil(Q / s)
     samples, which is a one-shard plan of its own (the other shards only take device
@@ -161,7 +161,7 @@ def shard_chain_bound(ctx: SplitContext, floor: float = 0.0) -> float:
     Chains are computed at MAX_CHAIN_BATCHES batch sizes at most; the s left then
     count with LP(s) alone.
     """
-    from llm_planner.solve.bounds.load import shard_lp_bound
+    from llm_planner.bounds.load import shard_lp_bound
 
     p = ctx.problem
     most = min(p.batch_size, p.max_shards)
@@ -182,7 +182,7 @@ def shard_chain_bound(ctx: SplitContext, floor: float = 0.0) -> float:
 
 def module_chain_bound(ctx: SplitContext, batch: int) -> float:
     """min over device paths of the sum of module bounds for one shard of `batch` samples:
-    one-task modules in closed form, larger ones by solve.bounds.combined.lower_bound of the module
+    one-task modules in closed form, larger ones by bounds.combined.lower_bound of the module
     subproblem with its cuts pinned (split.subsolve.module_bound), one per module structure
     and (input, output) device pair up to the cluster's symmetries, solved in the pool."""
     if batch in ctx.chain_bounds:

@@ -16,8 +16,8 @@ from collections import defaultdict
 import numpy as np
 
 from llm_planner.plan import Plan
-from llm_planner.solve.problem import PlacementProblem
-from llm_planner.solve.schedule import make_plan
+from llm_planner.problem.placement import PlacementProblem
+from llm_planner.problem.schedule import make_plan
 from llm_planner.tensor_groups import DeviceClass, device_class
 
 

@@ -7,7 +7,7 @@ plan and moves one task at a time (a colocation group as a whole) to the device
 that lowers the bottleneck load, or that keeps it and lowers the sum of squared
 loads (which spreads work off the bottleneck and opens later moves), as long as
 the device can run the task and has the memory for it (of every batch the plan keeps in
-flight: solve.fit).
+flight: problem.fit).
 
 A move's effect is computed from what depends on where the moved tasks sit: their
 own times and the transfer charges of the problem's throughput model
@@ -31,9 +31,9 @@ import random
 import numpy as np
 
 from llm_planner.plan import Plan
-from llm_planner.solve.fit import fits_steady_state
-from llm_planner.solve.problem import PlacementProblem
-from llm_planner.solve.schedule import add_transfer_charges, device_loads, make_plan
+from llm_planner.problem.fit import fits_steady_state
+from llm_planner.problem.placement import PlacementProblem
+from llm_planner.problem.schedule import add_transfer_charges, device_loads, make_plan
 
 MAX_MOVE_EVALUATIONS = 100_000  # (group, device) pairs tried per plan
 KICK_STRENGTH = 6  # after the descent: move 1..KICK_STRENGTH random groups to random devices, descend again
@@ -54,12 +54,12 @@ class _Shard:
         background: np.ndarray,
         batches: int = 1,
     ):
-        from llm_planner.solve.bounds.times import task_times
+        from llm_planner.bounds.times import task_times
 
         p = self.p = problem
         self.b, self.a, self.allowed = batch, list(assign), allowed
         self.times = task_times(p, batch)
-        # per-sample memory for `batches` batches in flight (solve.fit)
+        # per-sample memory for `batches` batches in flight (problem.fit)
         self.need = np.where(p.mem_counts, (p.weight_bytes + p.mem_bytes_per_sample * batch * batches)[:, None], 0.0)
         self.used = np.zeros(p.num_devices)
         for i, k in enumerate(self.a):
@@ -178,7 +178,7 @@ def _search(shard: _Shard, budget: int, rng: random.Random) -> int:
 
 def improve_loads(problem: PlacementProblem, plan: Plan, started: float) -> Plan | None:
     """`plan` with tasks moved to lower its bottleneck load (see the module docstring), as a MILP-SPLIT
-    plan whose steady state fits (solve.fit); None when its shards share devices, no move helped, or
+    plan whose steady state fits (problem.fit); None when its shards share devices, no move helped, or
     no improved plan fits.
 
     Balancing loads lowers the busiest device's load, so the plan may then need more batches in

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 
 _SOURCE, _SINK = -1, -2
 

@@ -11,7 +11,7 @@ import random
 
 import numpy as np
 
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 
 KICK_STRENGTH = 10  # the iterated local search moves 1..KICK_STRENGTH random tasks before each descent
 KICK_PATIENCE = 200  # and stops after this many kicks in a row that found nothing better
@@ -23,7 +23,7 @@ class ListMakespan:
     rule), with every cost precomputed: the local search's evaluation function."""
 
     def __init__(self, sub: PlacementProblem):
-        from llm_planner.solve.bounds.times import task_times
+        from llm_planner.bounds.times import task_times
 
         b, num_k = sub.batch_size, sub.num_devices
         self.num_tasks, self.num_devices = sub.num_tasks, num_k

@@ -17,9 +17,9 @@ import sys
 import threading
 from concurrent.futures import Executor, ProcessPoolExecutor
 
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import PlacementProblem
 from llm_planner.procs import default_stop_signals, die_with_parent
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import PlacementProblem
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ Throughput: modules are kept whole and assigned to devices as contiguous
 stages along a device order (fastest first) by a min-max DP, see
 solve/split/throughput.py; single tasks then move between devices from the
 best such plan and from the best baseline (solve/split/loads.py). Every candidate keeps
-the memory of the batches its steady state has in flight (solve/fit.py).
+the memory of the batches its steady state has in flight (problem/fit.py).
 
 The plan returned is never worse than the best baseline: when a baseline wins,
 its plan is returned with solver details saying so.
@@ -60,13 +60,13 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from llm_planner.bounds.combined import lower_bound
 from llm_planner.plan import Plan
+from llm_planner.problem.fit import fits_steady_state, infeasibility_reason
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import PlacementProblem
 from llm_planner.solve.baselines.baseline_set import all_baselines
-from llm_planner.solve.bounds.combined import lower_bound
 from llm_planner.solve.errors import SolveError
-from llm_planner.solve.fit import fits_steady_state, infeasibility_reason
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import PlacementProblem
 from llm_planner.solve.split.chain import chain_bound, one_shard_plan, seed_from_plan, shard_chain_bound
 from llm_planner.solve.split.data_parallel import data_parallel_plans
 from llm_planner.solve.split.loads import improve_loads
@@ -115,7 +115,7 @@ def _split_plan(ctx: SplitContext, started: float) -> Plan:
         # moves between devices, from the best stage plan and from the best baseline (split.loads)
         starts = [min(found, key=lambda c: c.objective_s) for found in (candidates, baselines) if found]
         candidates += [better for plan in starts if (better := improve_loads(problem, plan, started)) is not None]
-        candidates = [c for c in candidates if fits_steady_state(problem, c)]  # each is already: a guard (solve.fit)
+        candidates = [c for c in candidates if fits_steady_state(problem, c)]  # each is already: a guard (problem.fit)
     if not options.bound:
         pass
     elif ctx.wants_chain_bound:

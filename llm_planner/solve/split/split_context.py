@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import PlacementProblem
 from llm_planner.solve.split import subsolve
 from llm_planner.solve.split.modules import Module, module_signature, split_modules
 from llm_planner.solve.split.pool import Pool, run_many
@@ -185,7 +185,7 @@ class SplitContext:
 
     def _one_task_costs(self, module: Module, inputs: list[int | None], outs: list[int], batch: int) -> np.ndarray:
         """Closed form for a module of one task c: max over edges u->c of c(e, k, l, b), plus t(c, l, b)."""
-        from llm_planner.solve.bounds.times import task_times
+        from llm_planner.bounds.times import task_times
 
         p = self.problem
         c = module.tasks[0]

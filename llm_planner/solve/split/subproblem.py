@@ -19,7 +19,7 @@ import numpy as np
 
 from llm_planner.graph.ir import Task, TaskGraph
 from llm_planner.plan import PlanInputs
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 
 
 def build_subproblem(

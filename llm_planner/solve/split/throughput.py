@@ -14,7 +14,7 @@ charged as the problem's throughput model says. Charges are estimated with the
 neighbouring devices of the order (a skipped device makes the estimate
 inexact); the plan's load is then computed exactly by schedule.make_plan.
 Stages must fit in memory, with the per-sample memory (KV cache) of every batch the
-plan keeps in flight (solve.fit): a plan that needs B batches and does not fit them is
+plan keeps in flight (problem.fit): a plan that needs B batches and does not fit them is
 planned again with the memory of B batches. The device orders tried (`device_orders`): fastest
 device first; fastest server first, its devices fastest first; and every other
 order of the device classes when there are at most MAX_DEVICE_ORDERS of them;
@@ -34,9 +34,9 @@ import math
 import numpy as np
 
 from llm_planner.plan import Plan
-from llm_planner.solve.fit import MAX_IN_FLIGHT_RESOLVES, fits_steady_state
-from llm_planner.solve.problem import PlacementProblem
-from llm_planner.solve.schedule import make_plan
+from llm_planner.problem.fit import MAX_IN_FLIGHT_RESOLVES, fits_steady_state
+from llm_planner.problem.placement import PlacementProblem
+from llm_planner.problem.schedule import make_plan
 from llm_planner.solve.split.data_parallel import candidate_group_counts, device_groups, replicate, shard_sizes
 from llm_planner.tensor_groups import DeviceClass, device_class
 
@@ -46,7 +46,7 @@ INF = float("inf")
 def _module_arrays(ctx, batch: int, devices: list[int], batches: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """work[j, q]: time of module j on devices[q] (inf if unsupported); mem[j, q]: its memory there,
     per-sample memory counted for `batches` batches in flight."""
-    from llm_planner.solve.bounds.times import task_times
+    from llm_planner.bounds.times import task_times
 
     p: PlacementProblem = ctx.problem
     times = task_times(p, batch)[:, devices]
@@ -134,7 +134,7 @@ def device_orders(problem: PlacementProblem, devices: list[int], batch: int) -> 
     the best contiguous plan puts the first third on the T4 and the rest on the
     A100, an order the first two miss.
     """
-    from llm_planner.solve.bounds.times import task_times
+    from llm_planner.bounds.times import task_times
 
     times = task_times(problem, batch)[:, devices]
     speed = {d: float(np.sum(np.where(np.isfinite(times[:, q]), times[:, q], 0.0))) for q, d in enumerate(devices)}
@@ -204,7 +204,7 @@ def throughput_plan(ctx, started: float) -> list[Plan]:
 
 
 def _stage_plan(ctx, started: float, groups: list[list[int]], sizes: list[int], order: list[int]) -> Plan | None:
-    """The stage DP's plan along `order` whose steady state fits (solve.fit): when the plan needs
+    """The stage DP's plan along `order` whose steady state fits (problem.fit): when the plan needs
     B batches in flight and their memory does not fit, the DP again with the memory of more
     batches (B, or one more than last time), which cuts fewer stages or spares memory."""
     problem: PlacementProblem = ctx.problem

@@ -19,7 +19,7 @@ load balance) cannot beat the best plan so far. The baselines with groups (megat
 tp-replicas) are candidates too, so the plan is never worse than they are.
 
 The plan's lower bound is that of the whole problem (every group, every layout, mixed
-ones included: solve.bounds on the problem with groups), never a layout's own.
+ones included: bounds on the problem with groups), never a layout's own.
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from llm_planner.bounds.combined import lower_bound
+from llm_planner.bounds.load import load_balance_bound
+from llm_planner.bounds.times import critical_path_bound
 from llm_planner.plan import Plan
+from llm_planner.problem.fit import infeasibility_reason
+from llm_planner.problem.options import SolveOptions
+from llm_planner.problem.placement import PlacementProblem, restrict_devices
 from llm_planner.solve.baselines.baseline_set import all_baselines
-from llm_planner.solve.bounds.combined import lower_bound
-from llm_planner.solve.bounds.load import load_balance_bound
-from llm_planner.solve.bounds.times import critical_path_bound
 from llm_planner.solve.errors import SolveError
-from llm_planner.solve.fit import infeasibility_reason
-from llm_planner.solve.options import SolveOptions
-from llm_planner.solve.problem import PlacementProblem, restrict_devices
 from llm_planner.solve.split.split import solve_split
 
 log = logging.getLogger(__name__)

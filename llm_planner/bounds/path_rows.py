@@ -1,4 +1,4 @@
-"""The rows (1)-(8) of the path LP (solve/bounds/path_lp.py has the model and its proof),
+"""The rows (1)-(8) of the path LP (bounds/path_lp.py has the model and its proof),
 its column layout and its sparse row blocks.
 """
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse
 
-from llm_planner.solve.bounds.device_classes import family_time_rows, memory_pools, memory_rows, per_capacity
-from llm_planner.solve.bounds.times import per_sample_rates, task_times
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.bounds.device_classes import family_time_rows, memory_pools, memory_rows, per_capacity
+from llm_planner.bounds.times import per_sample_rates, task_times
+from llm_planner.problem.placement import PlacementProblem
 
 
 class Rows:
@@ -215,7 +215,7 @@ def _whole_batch_rows(
     Columns y_ic (class c holds task i's weights), z_ic (the share of the batch's
     samples whose task i runs on c) and C'_i. Rows: x <= y, z <= y, z >= (b / Q) x,
     sum_c z_ic = 1; memory sum_i (w_i y_ic + m_i Q z_ic) <= m_c cap_c; load
-    sum_i Q r_ic z_ic <= m_c T (r: per-sample rates, solve/bounds/times.py); and the path
+    sum_i Q r_ic z_ic <= m_c T (r: per-sample rates, bounds/times.py); and the path
     rows (2), (3), (6) for z with one-sample times and free transfers. Valid for a
     plan with shards X^s of b_s samples (the largest, x, has >= b): y = 1 where a
     device of c runs task i for some shard (it holds the weights), z = sum_s (b_s / Q)

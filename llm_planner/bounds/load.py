@@ -1,6 +1,6 @@
 """The load-balance LP and LP(s), the same with shard counts (both objectives).
 
-Notation and the facts (F1), (F2): solve/bounds/times.py.
+Notation and the facts (F1), (F2): bounds/times.py.
 
 * load balance (both): the LP
       min T  s.t.  sum_k x_ik = 1 (each task i),  sum_i Q r_ik x_ik <= T (each
@@ -25,7 +25,7 @@ Notation and the facts (F1), (F2): solve/bounds/times.py.
 
 * shard count (when the batch may be split): LP(s), the load-balance LP with the
   number of shards s fixed, is `shard_lp_bound` here; the bound over every s and
-  why it holds are in solve/bounds/shard_count.py.
+  why it holds are in bounds/shard_count.py.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy as np
 import scipy.optimize
 import scipy.sparse
 
-from llm_planner.solve.bounds.device_classes import (
+from llm_planner.bounds.device_classes import (
     LP_SAFETY,
     coo,
     device_classes,
@@ -44,8 +44,8 @@ from llm_planner.solve.bounds.device_classes import (
     memory_rows,
     physical_families,
 )
-from llm_planner.solve.bounds.times import per_sample_rates
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.bounds.times import per_sample_rates
+from llm_planner.problem.placement import PlacementProblem
 
 log = logging.getLogger(__name__)
 

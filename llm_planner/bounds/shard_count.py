@@ -5,7 +5,7 @@
   smaller largest shard shortens the path; every shard pays each task's fixed
   cost again, e.g. reading the weights). Let s be the plan's number of non-empty
   shards, 1 <= s <= min(Q, S). Then the largest shard has >= ceil(Q / s) samples,
-  so CP(s), the critical path (solve/bounds/times.py) at that size, bounds the plan; and so does
+  so CP(s), the critical path (bounds/times.py) at that size, bounds the plan; and so does
   LP(s), the load-balance LP with shard counts:
       min T  s.t.  sum_k x_ik = 1,  sum_k z_ik = s,  z_ik >= x_ik  (each task i),
                    w_ik >= f_ijk z_ik + Q s_ijk x_ik  (each piece j),
@@ -22,7 +22,7 @@
   few LPs however large the batch. With one shard (s = 1, z = x)
   LP(1) is the load-balance LP, so this bound is only computed when min(Q, S) >= 2.
 
-For latency the path LP at ceil(Q / s) samples (solve/bounds/path_lp.py) stands in
+For latency the path LP at ceil(Q / s) samples (bounds/path_lp.py) stands in
 for CP(s): it is at least CP(s) and bounds a plan of s shards the same way.
 """
 
@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import functools
 
-from llm_planner.solve.bounds.load import shard_lp_bound
-from llm_planner.solve.bounds.path_lp import path_lp_at_shards
-from llm_planner.solve.bounds.times import critical_path_bound
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.bounds.load import shard_lp_bound
+from llm_planner.bounds.path_lp import path_lp_at_shards
+from llm_planner.bounds.times import critical_path_bound
+from llm_planner.problem.placement import PlacementProblem
 
 
 def shard_count_bound(problem: PlacementProblem, load=None) -> float:

@@ -1,5 +1,5 @@
 """The best lower bound known for a problem: the maximum of the critical path
-(solve/bounds/times.py), the load-balance LP (load.py), the shard-count bound
+(bounds/times.py), the load-balance LP (load.py), the shard-count bound
 (shard_count.py) and, for latency, the path LP at the smallest possible largest shard
 (path_lp.py) and the partition bound (partition.py: one copy of the graph per shard of
 each partition of Q, sharing the devices). Remembered per problem object.
@@ -10,19 +10,19 @@ from __future__ import annotations
 import functools
 import weakref
 
-from llm_planner.solve.bounds.load import load_balance_bound, shard_lp_bound
-from llm_planner.solve.bounds.partition import partition_bound
-from llm_planner.solve.bounds.path_lp import path_lp_bound
-from llm_planner.solve.bounds.shard_count import shard_count_bound
-from llm_planner.solve.bounds.times import critical_path_bound, largest_shard_floor
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.bounds.load import load_balance_bound, shard_lp_bound
+from llm_planner.bounds.partition import partition_bound
+from llm_planner.bounds.path_lp import path_lp_bound
+from llm_planner.bounds.shard_count import shard_count_bound
+from llm_planner.bounds.times import critical_path_bound, largest_shard_floor
+from llm_planner.problem.placement import PlacementProblem
 
 _computed: dict[int, tuple[weakref.ref, float]] = {}  # id(problem) -> (the problem, its lower_bound)
 
 
 def lower_bound(problem: PlacementProblem) -> float:
     """The best valid bound for the problem's objective (max of the bounds above; for latency
-    also the path LP of solve/bounds/path_lp.py at the smallest possible largest shard, and its
+    also the path LP of bounds/path_lp.py at the smallest possible largest shard, and its
     partition bound).
 
     Remembered per problem object while it lives (a solver and solve() both ask for it)."""

@@ -43,7 +43,7 @@ import math
 
 import numpy as np
 
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The refinements of the path LP (solve/bounds/path_lp.py) beyond its rows (1)-(8).
+"""The refinements of the path LP (bounds/path_lp.py) beyond its rows (1)-(8).
 
 Head and tail rows. The path rows see only the tasks on one path; the load row
 sees a class's work but not when it can run. Two more rows per task i and class
@@ -49,8 +49,8 @@ import math
 
 import numpy as np
 
-from llm_planner.solve.bounds.path_rows import Columns, Rows
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.bounds.path_rows import Columns, Rows
+from llm_planner.problem.placement import PlacementProblem
 
 
 def pinned_heads_tails(

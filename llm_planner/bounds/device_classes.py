@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 
 # The LP optimum is shrunk by this relative amount so that the solver's own
 # feasibility and optimality tolerances can never push the bound above the true optimum.

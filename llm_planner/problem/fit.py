@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from llm_planner.plan import Plan
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 
 log = logging.getLogger(__name__)
 

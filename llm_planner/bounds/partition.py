@@ -18,11 +18,11 @@ from dataclasses import replace
 
 import numpy as np
 
+from llm_planner.bounds.load import shard_lp_bound
+from llm_planner.bounds.path_lp import path_lp_bound
+from llm_planner.bounds.times import task_times
 from llm_planner.graph.ir import TaskGraph
-from llm_planner.solve.bounds.load import shard_lp_bound
-from llm_planner.solve.bounds.path_lp import path_lp_bound
-from llm_planner.solve.bounds.times import task_times
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def _by_shard_count(problem: PlacementProblem, most: int, load, floor: float) ->
     """Too many partitions: for each s, the sizes (ceil(Q / s), 1, ..., 1) stand for every partition
     into s parts (its largest part has at least ceil(Q / s) samples, the others at least 1, and the
     union LP only rises with the sizes: times by F1, per-sample memory). LP(s) rises with s
-    (solve/bounds/load.py), so once LP(s) reaches the least bound found, no larger s can be lower; and
+    (bounds/load.py), so once LP(s) reaches the least bound found, no larger s can be lower; and
     once the least is at most `floor`, the caller's bound stands."""
     q, best, full_lps = problem.batch_size, math.inf, 0
     for s in range(1, most + 1):

@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from llm_planner.plan import Plan, PlanInputs, ScheduledTask, SolverInfo
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.problem.placement import PlacementProblem
 
 Assignment = list[list[int]]
 

@@ -192,7 +192,7 @@ class PlacementProblem:
 
     def device_memory_used(self, shard_sizes: list[int], assignments: list[list[int]], batches: int = 1) -> np.ndarray:
         """Bytes used on each device: weights once per device, per-sample memory per shard and per
-        batch in flight (`batches`: a throughput plan's steady state, solve.fit.steady_state_memory)."""
+        batch in flight (`batches`: a throughput plan's steady state, problem.fit.steady_state_memory)."""
         used = np.zeros(self.num_devices)
         held = np.zeros((self.num_tasks, self.num_devices), dtype=bool)
         tasks = np.arange(self.num_tasks)

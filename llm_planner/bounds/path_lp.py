@@ -1,7 +1,7 @@
 """The path LP: a latency lower bound that weighs the critical path, device load,
 transfers and memory against each other in one linear program.
 
-The critical path bound (solve/bounds/times.py) puts every task on its fastest device
+The critical path bound (bounds/times.py) puts every task on its fastest device
 and the load-balance LP spreads work over every device for free; each alone is
 weak where the two pull apart: a randomly wired stage on a CPU, an A100 and a T4
 (the path wants the A100, the load wants all three, and moving a task pays a
@@ -42,8 +42,8 @@ here (a relaxation).
 Shards. With several shards the LP, at b = ceil(Q / s), bounds a plan of s
 non-empty shards: its largest shard has >= b samples and is a one-shard plan of
 its own on the same devices (times and transfers do not fall with more samples
-(F1 of solve/bounds/times.py); the memory that shard alone holds fits, so (8) holds).
-`solve.bounds.shard_count.shard_count_bound` uses it for CP(s).
+(F1 of bounds/times.py); the memory that shard alone holds fits, so (8) holds).
+`bounds.shard_count.shard_count_bound` uses it for CP(s).
 
 The LP grows as (tasks + edges) x classes: above MAX_TRANSFER_EDGES edges it
 leaves out the transfer rows (4)-(5), and above MAX_PATH_LP_EDGES edges
@@ -51,9 +51,9 @@ leaves out the transfer rows (4)-(5), and above MAX_PATH_LP_EDGES edges
 graph of 778 tasks has 19,503 edges; there the LP takes seconds and the
 load-balance LP is the stronger bound anyway).
 
-Rows (1)-(8) are built in solve/bounds/path_rows.py; the refinements (7'), (9)-(11) (pinned
-windows, head and tail rows, energy rows) in solve/bounds/path_refine.py; the partition
-bound (one copy of the graph per shard) in solve/bounds/partition.py.
+Rows (1)-(8) are built in bounds/path_rows.py; the refinements (7'), (9)-(11) (pinned
+windows, head and tail rows, energy rows) in bounds/path_refine.py; the partition
+bound (one copy of the graph per shard) in bounds/partition.py.
 """
 
 from __future__ import annotations
@@ -64,15 +64,15 @@ import math
 import numpy as np
 import scipy.optimize
 
-from llm_planner.solve.bounds.device_classes import LP_SAFETY, device_classes, family_time_rows, physical_families
-from llm_planner.solve.bounds.path_refine import (
+from llm_planner.bounds.device_classes import LP_SAFETY, device_classes, family_time_rows, physical_families
+from llm_planner.bounds.path_refine import (
     before_and_after,
     energy_rows,
     head_tail_rows,
     pinned_heads_tails,
     windows,
 )
-from llm_planner.solve.bounds.path_rows import (
+from llm_planner.bounds.path_rows import (
     Columns,
     Rows,
     least_transfers,
@@ -80,8 +80,8 @@ from llm_planner.solve.bounds.path_rows import (
     path_rows,
     transfer_rows,
 )
-from llm_planner.solve.bounds.times import fastest_task_times, longest_path, task_times
-from llm_planner.solve.problem import PlacementProblem
+from llm_planner.bounds.times import fastest_task_times, longest_path, task_times
+from llm_planner.problem.placement import PlacementProblem
 
 log = logging.getLogger(__name__)
 
