@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from llm_planner.fmt import fmt_s, fmt_time, has_file_units, styled
+from llm_planner.fmt import fmt_s, fmt_time, has_file_units, significant, styled, time_unit
 from llm_planner.procs import last_stop_signal
 
 
@@ -83,15 +84,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         )
     if args.profile:
         print_profile_coverage(console, problem, args.profile)
-    console.print(
-        styled(
-            (problem.graph.name, "bold"),
-            f": {problem.num_tasks} tasks, {problem.num_edges} edges on ",
-            (problem.cluster.name, "bold"),
-            f": {problem.num_physical} devices{_groups_note(problem)}; "
-            f"objective {problem.objective}, batch {problem.batch_size}",
-        )
-    )
+    console.print(problem_line(problem))
     plan = _solve(problem, options, console)
     save_plan(plan, args.output)
     interrupted = plan.solver.status == "interrupted"
@@ -159,25 +152,49 @@ def _export(plan, problem, args: argparse.Namespace, console: Console) -> None:
     console.print(styled(f"{args.export} configuration written to ", (str(path), "bold")))
 
 
+def problem_line(problem):
+    """The header of `plan` and `show`: the model (for a decoder its phase, context and dtype), the
+    cluster, the objective and the batch."""
+    return styled(
+        (problem.graph.name, "bold"),
+        f"{_decoder_note(problem.graph)}: {problem.num_tasks} tasks, {problem.num_edges} edges on ",
+        (problem.cluster.name, "bold"),
+        f": {problem.num_physical} devices{_groups_note(problem)}; "
+        f"objective {problem.objective}, batch {problem.batch_size}",
+    )
+
+
+def _decoder_note(graph) -> str:
+    """What a decoder's costs are for: " (decode step, context 2,048 tokens, fp16)"; "" for other graphs."""
+    meta = graph.meta_dict()
+    if "decoder_config" not in meta:
+        return ""
+    tokens = "prompt" if meta["phase"] == "prefill" else "context"
+    phase = "prefill" if meta["phase"] == "prefill" else "decode step"
+    return f" ({phase}, {tokens} {meta['seq_len']:,} tokens, {meta['dtype']})"
+
+
 def _groups_note(problem) -> str:
     groups = problem.num_devices - problem.num_physical
     return f" and {groups} tensor-parallel groups (up to {problem.max_tp})" if groups else ""
 
 
 def plan_summary_table(plan, baseline_plans: dict, file_units: bool = False) -> Table:
-    """The plan's row and the baselines'. `file_units`: a workload file's times, which state no unit,
-    as plain numbers."""
-    unit = "file units" if file_units else "s"
+    """The plan's row and the baselines'. Objectives and the bound are in one unit, which the column
+    heads name (the largest the plan's objective fills: "objective (ms)" over 504.5); `file_units`: a
+    workload file's times, which state no unit, as plain numbers."""
+    unit, scale = ("file units", 1.0) if file_units else time_unit(plan.objective_s)
     unit += "/sample" if plan.objective == "throughput" else ""
     table = Table(title=f"plan ({plan.objective})" + (": times in the workload file's own unit" if file_units else ""))
     rate = "samples per file unit" if file_units else "samples/s"
-    for col in ("planner", f"objective ({unit})", rate, "lower bound", "gap", "status", "solve time", "devices used"):
+    heads = ("planner", f"objective ({unit})", rate, f"lower bound ({unit})", "gap", "status", "solve time")
+    for col in (*heads, "devices used"):
         table.add_column(col, justify="right" if col != "planner" else "left")
     table.add_row(
         plan.solver.name,
-        fmt_time(plan.objective_s, file_units),
-        f"{plan.throughput_samples_per_s:.4g}",
-        fmt_time(plan.lower_bound_s, file_units),
+        significant(plan.objective_s / scale, 4),
+        significant(plan.throughput_samples_per_s, 4),
+        significant(plan.lower_bound_s / scale, 4),
         f"{plan.gap:.2%}",
         _status_text(plan),
         fmt_s(plan.solver.time_s),
@@ -192,8 +209,8 @@ def plan_summary_table(plan, baseline_plans: dict, file_units: bool = False) -> 
         ratio = other.objective_s / plan.objective_s if plan.objective_s > 0 else float("nan")
         table.add_row(
             f"baseline:{name}",
-            f"{fmt_time(other.objective_s, file_units)} ({ratio:.2f}x)",
-            f"{other.throughput_samples_per_s:.4g}",
+            f"{significant(other.objective_s / scale, 4)} ({ratio:.2f}x)",
+            significant(other.throughput_samples_per_s, 4),
             "",
             "",
             other.solver.status,
@@ -237,6 +254,7 @@ def cmd_show(args: argparse.Namespace, console: Console) -> int:
 
     plan = load_plan(args.plan)
     problem = problem_from_plan_inputs(plan.inputs)
+    console.print(problem_line(problem))
     console.print(plan_summary_table(plan, {}, file_units=has_file_units(problem.graph)))
     steady = steady_state_text(plan, has_file_units(problem.graph))
     if steady is not None:
@@ -308,7 +326,9 @@ def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
             backend=args.solver_backend,
             progress=lambda msg: status.update(f"solving: {msg}"),
         )
-    unit = "s/sample" if problem.objective == "throughput" else "s"
+    finite = [r.objective_s for r in rows if math.isfinite(r.objective_s)]
+    unit, scale = time_unit(min(finite, default=1.0))
+    unit += "/sample" if problem.objective == "throughput" else ""
     table = Table(
         title=(
             f"symmetry breaking: {problem.graph.name} on {problem.cluster.name}, "
@@ -319,7 +339,7 @@ def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
         "criterion",
         "solver",
         f"objective ({unit})",
-        "lower bound",
+        f"lower bound ({unit})",
         "gap",
         "solve time",
         "status",
@@ -330,8 +350,8 @@ def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
         table.add_row(
             r.criterion,
             r.solver,
-            fmt_s(r.objective_s),
-            fmt_s(r.lower_bound_s),
+            _in_unit(r.objective_s, scale),
+            _in_unit(r.lower_bound_s, scale),
             f"{r.gap:.2%}",
             fmt_s(r.time_s),
             r.status,
@@ -342,6 +362,10 @@ def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
     study.write_bar_chart(rows, out / "symmetry.png", title=table.title)
     console.print(f"wrote {out / 'symmetry.csv'} and {out / 'symmetry.png'}")
     return 0
+
+
+def _in_unit(seconds: float, scale: float) -> str:
+    return significant(seconds / scale, 4) if math.isfinite(seconds) else str(seconds)
 
 
 def _writable_dir(directory: str, names: tuple[str, ...]) -> Path:

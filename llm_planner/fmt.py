@@ -46,14 +46,31 @@ def styled(*parts: str | tuple[str, str]) -> Text:
     return Text.assemble(*((printable(p[0]), p[1]) if isinstance(p, tuple) else printable(p) for p in parts))
 
 
+def significant(value: float, digits: int) -> str:
+    """`value` to `digits` significant digits, never in exponent form: 999.7 to 3 digits is "1,000",
+    not "1e+03"; from 1,000 up the whole number, thousands grouped."""
+    text = f"{value:.{digits}g}"
+    return f"{value:,.0f}" if abs(float(text)) >= 1000 else text
+
+
+_TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
+
+
+def time_unit(seconds: float) -> tuple[str, float]:
+    """The unit (name, seconds in one) a column of times is printed in: the largest that `seconds`
+    (the column's reference value) fills at least once."""
+    for unit, scale in _TIME_UNITS[:-1]:
+        if abs(seconds) >= scale:
+            return unit, scale
+    return _TIME_UNITS[-1]
+
+
 def fmt_s(seconds: float) -> str:
     """Seconds in a readable unit."""
     if seconds != seconds or seconds in (float("inf"), float("-inf")):
         return str(seconds)
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.4g} {unit}"
-    return f"{seconds * 1e9:.4g} ns"
+    unit, scale = time_unit(seconds)
+    return f"{significant(seconds / scale, 4)} {unit}"
 
 
 def fmt_time(seconds: float, file_units: bool = False) -> str:
@@ -67,9 +84,11 @@ def has_file_units(graph) -> bool:
 
 
 def fmt_bytes(num: float) -> str:
+    """Bytes in the largest binary unit they fill, to 3 significant digits: 347 MiB, 1,000 MiB (not
+    1e+03 MiB: a value stays in its unit up to 1,023), 20.1 GiB."""
     if num == float("inf"):
         return "unlimited"
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if num >= scale:
-            return f"{num / scale:.3g} {unit}"
-    return f"{num:.0f} B"
+            return f"{significant(num / scale, 3)} {unit}"
+    return f"{num:,.0f} B"
