@@ -37,26 +37,21 @@ Checks (each failure is one readable sentence in VerifyReport.violations):
      nothing); 0 <= lower_bound_s <= objective_s * (1 + rel_tol). An order that
      deadlocks (a cycle through devices) is a violation, never a hang.
 
-`verify_plan_file` adds the file-level checks of llm_planner.verify_fields (the
-reading of every field, the recorded inputs against the rebuilt problem, the
-solver's status against the gap).
-
-`verify_plan_file` lets errors in reading the inputs (PlanError, InputError,
-SpecError, GraphError, ProblemError: all ValueError) propagate: "the plan is
-wrong" (a report with ok False) and "the plan cannot be checked" (an exception
-whose message names the file and field) stay distinct; the CLI prints either.
+Everything here takes the plan and its problem, already built: no file is read,
+so the solvers (solve.api verifies every plan it returns) reach no file loader.
+A plan file is checked by llm_planner.verify_file, which reads it, rebuilds its
+problem from the recorded inputs and adds the file-level checks of
+llm_planner.verify_fields.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from llm_planner.plan import Plan, load_plan
+from llm_planner.plan import Plan
 from llm_planner.problem.placement import PlacementProblem
 from llm_planner.verify_sim import EventSimulation
 
@@ -76,22 +71,6 @@ class VerifyReport:
         default_factory=dict
     )  # used devices: bytes on one (a group: on each member)
     batches_in_flight: int = 1  # of the steady state whose memory was checked (1: latency)
-
-
-def verify_plan_file(path: str | Path, *, rel_tol: float = 1e-6, check_hashes: bool = True) -> VerifyReport:
-    """Load a plan file, rebuild its problem from the recorded inputs and verify it, with the
-    file-level checks of llm_planner.verify_fields (the solver's status against the gap).
-
-    Input errors propagate (see the module docstring).
-    """
-    from llm_planner.verify_fields import check_file_fields, check_groups_formable, rebuild_problem
-
-    plan = load_plan(path)
-    problem = rebuild_problem(plan, str(path), check_hashes=check_hashes)
-    check_groups_formable(plan, problem, str(path))
-    report = verify_plan(plan, problem, rel_tol=rel_tol)
-    violations = (*report.violations, *check_file_fields(plan, problem, rel_tol=rel_tol))
-    return dataclasses.replace(report, ok=not violations, violations=violations)
 
 
 def verify_plan(plan: Plan, problem: PlacementProblem, *, rel_tol: float = 1e-6) -> VerifyReport:

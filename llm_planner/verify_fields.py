@@ -9,8 +9,8 @@ What `verify PLAN` checks, field by field (docs/plan-format.md has the table):
     a failure is bad input (PlanError: exit 2, the file and the field named);
   - `inputs`: the problem is rebuilt from them (hashes of the cluster, graph and
     profile compared), and every recorded input equals what the rebuilt problem
-    records (`dtype`, `max_tp`, `max_shards`, ...): `rebuild_problem` and
-    `check_inputs` here;
+    records (`dtype`, `max_tp`, `max_shards`, ...): llm_planner.verify_file
+    rebuilds it, `check_inputs` here compares;
   - every primary number (`objective_s`, `lower_bound_s`, `max_load_s`, shard
     sizes, the schedule's times) against the problem: llm_planner.verify;
   - `lower_bound_s`, `gap` and `solver.status` against the bound re-derived here
@@ -35,20 +35,8 @@ from llm_planner.plan import Plan, PlanError, PlanInputs
 from llm_planner.problem.options import SolveOptions
 from llm_planner.problem.placement import PlacementProblem
 
-# hashes are compared (with their own messages) by pipeline.problem_from_plan_inputs; options are a record
+# hashes are compared (with their own messages) by problem_inputs.problem_from_plan_inputs; options are a record
 _NOT_COMPARED = ("options", "cluster_sha256", "graph_sha256", "profile_sha256")
-
-
-def rebuild_problem(plan: Plan, source: str, *, check_hashes: bool) -> PlacementProblem:
-    """The problem the plan's inputs describe; PlanError for inputs of a kind no problem is built from."""
-    from llm_planner.problem_inputs import problem_from_plan_inputs
-
-    try:
-        return problem_from_plan_inputs(plan.inputs, check_hashes=check_hashes)
-    except ValueError as exc:  # the input errors (SpecError, GraphError, InputError, ...): say which plan's inputs
-        raise PlanError(f"{source}: inputs: {exc}") from None
-    except (TypeError, AttributeError) as exc:  # a value that passed the type check of its field but not its use
-        raise PlanError(f"{source}: inputs: no problem can be built from these inputs ({exc})") from None
 
 
 def check_inputs(plan: Plan, problem: PlacementProblem) -> list[str]:

@@ -15,7 +15,7 @@ from llm_planner.bounds.combined import lower_bound
 from llm_planner.plan import Plan, PlanError, save_plan
 from llm_planner.problem.schedule import make_plan
 from llm_planner.problem_inputs import problem_from_inputs
-from llm_planner.verify import verify_plan_file
+from llm_planner.verify_file import verify_plan_file
 
 DEVICES = ("node0/cpu:0", "node0/fast:0", "node0/small:0")
 

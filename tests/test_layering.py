@@ -149,6 +149,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
         "flows",
         [
             "llm_planner.views",
+            "llm_planner.verify_file",
             "llm_planner.helix_import",
             "llm_planner.helix_export",
             "llm_planner.plan_export",

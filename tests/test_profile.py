@@ -21,7 +21,7 @@ from llm_planner.problem.placement import build_problem
 from llm_planner.problem.schedule import make_plan
 from llm_planner.problem_inputs import problem_from_inputs
 from llm_planner.spec import load_cluster
-from llm_planner.verify import verify_plan_file
+from llm_planner.verify_file import verify_plan_file
 
 REPO = Path(__file__).resolve().parents[1]
 LOCALHOST = REPO / "cluster_specs" / "localhost-cpu.yaml"

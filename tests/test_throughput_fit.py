@@ -34,7 +34,8 @@ from llm_planner.runtime.plan_schedule import in_flight_batches
 from llm_planner.solve.api import solve
 from llm_planner.solve.baselines.baseline_set import all_baselines
 from llm_planner.spec import parse_cluster
-from llm_planner.verify import verify_plan, verify_plan_file
+from llm_planner.verify import verify_plan
+from llm_planner.verify_file import verify_plan_file
 
 GB = 1e9
 CLUSTER = {

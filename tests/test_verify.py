@@ -18,7 +18,8 @@ from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.plan import Plan, PlanError, PlanInputs, save_plan
 from llm_planner.problem.placement import build_problem
 from llm_planner.problem.schedule import make_plan
-from llm_planner.verify import VerifyReport, verify_plan, verify_plan_file
+from llm_planner.verify import VerifyReport, verify_plan
+from llm_planner.verify_file import verify_plan_file
 
 GB = 1e9
 CPU, FAST, SMALL = "node0/cpu:0", "node0/fast:0", "node0/small:0"
@@ -348,11 +349,11 @@ def test_verify_plan_file_rejects_a_non_plan(tmp_path):
 
 
 def test_verify_plan_file_uses_the_rebuilt_problem(tmp_path, monkeypatch, problem, plan):
-    import llm_planner.problem_inputs as problem_inputs
+    import llm_planner.verify_file as verify_file
 
     seen = []
     monkeypatch.setattr(
-        problem_inputs, "problem_from_plan_inputs", lambda inputs, check_hashes=True: seen.append(inputs) or problem
+        verify_file, "problem_from_plan_inputs", lambda inputs, check_hashes=True: seen.append(inputs) or problem
     )
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     save_plan(plan, good)

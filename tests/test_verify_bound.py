@@ -18,7 +18,7 @@ from llm_planner.plan import load_plan, save_plan
 from llm_planner.problem.options import SolveOptions
 from llm_planner.problem_inputs import problem_from_inputs
 from llm_planner.solve.api import solve
-from llm_planner.verify_fields import rebuild_problem
+from llm_planner.verify_file import rebuild_problem
 
 
 def edit(path: Path, change) -> None:

@@ -9,7 +9,7 @@ table (rank -> device, node, host, tasks; plus what to run) as JSON; then
 with the `mpiexec` that sits next to this Python (the MPI of the `mpich`
 wheel that mpi4py was built against; never whatever `mpirun` is first on
 PATH). Everything that can be wrong is checked before mpiexec starts: the plan
-as `verify` checks it (llm_planner.verify.verify_plan_file: tensor-parallel groups,
+as `verify` checks it (llm_planner.verify_file.verify_plan_file: tensor-parallel groups,
 memory, schedule, objective and bound, every figure re-derived), devices
 missing from the cluster, nodes without a hostname, more ranks than a node has
 slots, a rank count other than the number of devices, a plan that does not
@@ -36,7 +36,7 @@ from llm_planner.runtime.plan_schedule import in_flight_batches
 from llm_planner.runtime.table import RankEntry, RankTable, RunSpec
 from llm_planner.spec import ClusterSpec, load_cluster
 from llm_planner.tensor_groups import is_group_name, member_names
-from llm_planner.verify import verify_plan_file
+from llm_planner.verify_file import verify_plan_file
 
 log = logging.getLogger(__name__)
 
