@@ -232,7 +232,7 @@ def _status_text(plan) -> str:
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.verify import verify_plan_file
+    from llm_planner.verify_file import verify_plan_file
 
     with progress(console, "rebuilding the problem and simulating..."):
         report = verify_plan_file(args.plan)
