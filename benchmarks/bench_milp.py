@@ -33,7 +33,7 @@ from llm_planner.problem.options import SolveOptions  # noqa: E402
 from llm_planner.problem.placement import build_problem  # noqa: E402
 from llm_planner.problem_inputs import load_graph_file  # noqa: E402
 from llm_planner.solve.api import SolveError, solve  # noqa: E402
-from llm_planner.solve.baselines.single import best_baseline  # noqa: E402
+from llm_planner.solve.session import SolveSession  # noqa: E402
 from llm_planner.spec import load_cluster  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ COLUMNS = (
 
 def run_one(name: str, problem, options: SolveOptions) -> dict:
     """Solve one instance; a row of the table (an infeasible one keeps the solver's message)."""
-    base = best_baseline(problem)
+    base = SolveSession(problem).best_baseline  # every baseline, tensor-parallel ones included
     row = {
         "instance": name,
         "objective": problem.objective,

@@ -150,10 +150,8 @@ def timed_solve(problem, options):
 
 
 def _milp_child(problem, time_limit_s: float, conn) -> None:
-    from llm_planner.bounds.combined import forget_lower_bounds
     from llm_planner.problem.options import SolveOptions
 
-    forget_lower_bounds()  # the fork inherits the bound MILP-SPLIT computed: the MILP's time must include its own
     try:
         plan, elapsed, ok = timed_solve(problem, SolveOptions(solver="milp", time_limit_s=time_limit_s))
         conn.send(

@@ -27,7 +27,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
-from llm_planner.bounds.combined import forget_lower_bounds  # noqa: E402
 from llm_planner.fmt import fmt_s  # noqa: E402
 from llm_planner.graph.models import ModelSpec  # noqa: E402
 from llm_planner.problem.options import SolveOptions  # noqa: E402
@@ -98,7 +97,6 @@ def run_row(row: tuple) -> dict:
         batch_size=batch,
         max_tp=None,
     )
-    forget_lower_bounds()
     started = time.perf_counter()
     plan = solve(problem, SolveOptions(solver="milp-split"))
     elapsed = time.perf_counter() - started

@@ -66,7 +66,7 @@ def _solve_options(args: argparse.Namespace, solver: str | None = None):
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from llm_planner.plan import save_plan
     from llm_planner.problem_inputs import problem_from_inputs
-    from llm_planner.solve.baselines import baseline_set
+    from llm_planner.solve.session import SolveSession
 
     options = _solve_options(args)
     _check_outputs(args)  # before a solve of minutes, not after
@@ -85,10 +85,11 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if args.profile:
         print_profile_coverage(console, problem, args.profile)
     console.print(problem_line(problem))
-    plan = _solve(problem, options, console)
+    session = SolveSession(problem, options)  # the baselines and bound, once for the solver and the table
+    plan = _solve(session, console)
     save_plan(plan, args.output)
     interrupted = plan.solver.status == "interrupted"
-    rows = [] if args.no_baselines or interrupted else baseline_set.all_baselines(problem)
+    rows = {} if args.no_baselines or interrupted else session.baselines
     units = has_file_units(problem.graph)
     console.print(plan_summary_table(plan, rows, file_units=units))
     if interrupted:
@@ -115,14 +116,15 @@ def _check_outputs(args: argparse.Namespace) -> None:
         check_writable(_export_path(args), PlanError)
 
 
-def _solve(problem, options, console: Console):
-    """The solver's plan; Ctrl-C before it has one: exit 130, no plan written."""
+def _solve(session, console: Console):
+    """The solver's plan for the session's problem; Ctrl-C before it has one: exit 130, no plan written."""
     from llm_planner.solve import api
     from llm_planner.solve.errors import SolveInterrupted
 
+    solver = session.options.solver
     try:
-        with progress(console, f"solving with {options.solver}... (Ctrl-C stops it and writes the best plan found)"):
-            return api.solve(problem, options)
+        with progress(console, f"solving with {solver}... (Ctrl-C stops it and writes the best plan found)"):
+            return api.solve(session.problem, session.options, session)
     except (SolveInterrupted, KeyboardInterrupt) as exc:
         why = str(exc) or f"interrupted ({last_stop_signal()}) before the solver found a plan"
         raise UserError(f"{why}: no plan written", exit_code=130) from None

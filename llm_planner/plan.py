@@ -103,6 +103,19 @@ class SolverInfo:
     details: dict[str, Any] = field(default_factory=dict)  # nodes, model size, ...
 
 
+def relative_gap(objective_s: float, bound_s: float) -> float:
+    """The gap of every plan, solver and check: (objective - bound) / objective, at least 0 (0 for an
+    objective <= 0), as MILP solvers state theirs."""
+    if objective_s <= 0:
+        return 0.0
+    return max(0.0, (objective_s - bound_s) / objective_s)
+
+
+def within_gap(objective_s: float, bound_s: float, rel_gap: float) -> bool:
+    """Whether `bound_s` proves `objective_s` optimal within the relative gap `rel_gap`."""
+    return relative_gap(objective_s, bound_s) <= rel_gap
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     inputs: PlanInputs
@@ -117,10 +130,8 @@ class Plan:
 
     @property
     def gap(self) -> float:
-        """(objective - bound) / objective; 0 means proven optimal."""
-        if self.objective_s <= 0:
-            return 0.0
-        return max(0.0, (self.objective_s - self.lower_bound_s) / self.objective_s)
+        """relative_gap of the objective and the lower bound; 0 means proven optimal."""
+        return relative_gap(self.objective_s, self.lower_bound_s)
 
     @property
     def assignment(self) -> dict[str, str]:

@@ -31,7 +31,7 @@ import dataclasses
 import math
 
 from llm_planner.bounds.combined import lower_bound
-from llm_planner.plan import Plan, PlanError, PlanInputs
+from llm_planner.plan import Plan, PlanError, PlanInputs, relative_gap
 from llm_planner.problem.options import SolveOptions
 from llm_planner.problem.placement import PlacementProblem
 
@@ -72,17 +72,13 @@ def check_bound(plan: Plan, bound: float | None, *, rel_tol: float) -> list[str]
             f"lower_bound_s: the plan claims {plan.lower_bound_s:.6g} s, above the bound {bound:.6g} s that verify "
             "re-derives from its inputs (bounds.combined.lower_bound); a bound is accepted only up to that"
         )
-    supported = _gap(plan.objective_s, bound)
+    supported = relative_gap(plan.objective_s, bound)
     if plan.gap < supported - rel_tol:
         out.append(
             f"gap: the plan claims {plan.gap:.4%}, but the bound verify re-derives ({bound:.6g} s) "
             f"proves only a gap of {supported:.4%}"
         )
     return out
-
-
-def _gap(objective_s: float, bound_s: float) -> float:
-    return max(0.0, (objective_s - bound_s) / objective_s)
 
 
 def check_status(plan: Plan, bound: float | None, *, rel_tol: float) -> list[str]:
@@ -93,7 +89,7 @@ def check_status(plan: Plan, bound: float | None, *, rel_tol: float) -> list[str
     rel_gap = plan.inputs.options.get("rel_gap", SolveOptions().rel_gap)
     if isinstance(rel_gap, bool) or not isinstance(rel_gap, (int, float)) or not 0 <= rel_gap < 1:
         return [f"inputs.options.rel_gap is {rel_gap!r}; a status `optimal` needs a relative gap in [0, 1)"]
-    proven = plan.gap if bound is None else max(plan.gap, _gap(plan.objective_s, bound))
+    proven = plan.gap if bound is None else max(plan.gap, relative_gap(plan.objective_s, bound))
     if proven > rel_gap * (1 + rel_tol) + rel_tol:
         return [
             f"solver.status: the plan claims `optimal`, but the gap its bound proves, {proven:.4%}, exceeds the "

@@ -15,7 +15,9 @@ from llm_planner.problem.fit import infeasibility_reason
 from llm_planner.problem.options import SolveOptions
 from llm_planner.problem.placement import build_problem
 from llm_planner.solve.api import SolveError, solve
-from llm_planner.solve.baselines.single import BASELINE_NAMES, best_baseline, run_all_baselines, run_baseline
+from llm_planner.solve.baselines.baseline_set import ALL_BASELINES, run_any_baseline
+from llm_planner.solve.baselines.single import BASELINE_NAMES, run_baseline
+from llm_planner.solve.session import SolveSession
 from llm_planner.verify import verify_plan
 
 GB = 1e9
@@ -195,18 +197,27 @@ def test_heft_puts_a_colocation_group_where_its_first_member_goes():
     assert verify_plan(plan, problem).ok
 
 
-def test_best_baseline_is_the_lowest_feasible():
-    problem = problem_of(
-        CPU_GPUS,
-        {"cpu": 1, "fast": 1, "slow": 1},
-        [SPEED] * 4,
-        [(0, 1, 0.0), (0, 2, 0.0), (1, 3, 0.0), (2, 3, 0.0)],
-        batch=2,
-    )
-    plans = run_all_baselines(problem)
-    assert set(plans) == set(BASELINE_NAMES)
-    best = best_baseline(problem)
-    assert best.objective_s == min(p.objective_s for p in plans.values() if p is not None)
+def run_all_baselines(problem):
+    """The single-device baselines, each run on its own."""
+    return {name: run_baseline(name, problem) for name in BASELINE_NAMES}
+
+
+def test_best_baseline_is_the_lowest_of_every_baseline_tensor_parallel_ones_included():
+    """One task that shards over a pair of GPUs: megatron's group halves its time, which no
+    single-device baseline matches; the session's best baseline (what `--solver best-baseline`
+    returns and the solvers start from) is the lowest of every baseline, each run on its own."""
+    gpu = kind("g", "gpu", flops=1e12, mem_bytes=100 * GB, mem_bw=1e12)
+    cluster = make_cluster([gpu], [{"g": 2}], bw=100e9, latency_s=0.0)
+    task = Task(name="t0", flops_per_sample=1e12, tp_divides=(2,), tp_allreduces=1, tp_allreduce_bytes_per_sample=1e3)
+    problem = build_problem(TaskGraph(name="one", tasks=(task,), edges=()).validate(), cluster, max_tp=2)
+    each = {name: run_any_baseline(name, problem) for name in ALL_BASELINES}
+    single = min(p.objective_s for name, p in each.items() if name in BASELINE_NAMES and p is not None)
+    lowest = min(p.objective_s for p in each.values() if p is not None)
+    assert lowest < 0.6 * single  # the group wins
+    best = SolveSession(problem).best_baseline
+    assert best.objective_s == lowest and best.solver.name in ("baseline:megatron", "baseline:tp-replicas")
+    plan = solve(problem, SolveOptions(solver="best-baseline"))
+    assert plan.objective_s == lowest and plan.solver.name == best.solver.name
 
 
 def test_unknown_baseline():
@@ -224,7 +235,7 @@ def test_a_task_larger_than_every_device():
         kinds, {"big": 1, "small": 1}, [{"big": 1.0, "small": 2.0}] * 2, [(0, 1, 0.0)], weights=[50 * GB, 1 * GB]
     )
     assert all(plan is None for plan in run_all_baselines(problem).values())
-    assert best_baseline(problem) is None
+    assert SolveSession(problem).best_baseline is None
     reason = infeasibility_reason(problem)
     assert "task 't0' needs 50 GB" in reason and "'node0/big:0', holds 40 GB (short by 10 GB)" in reason
 
@@ -283,7 +294,7 @@ def test_every_baseline_plan_verifies_and_respects_the_bound(problem):
             )
     feasible = [p for p in plans.values() if p is not None]
     if feasible:
-        assert best_baseline(problem).objective_s == min(p.objective_s for p in feasible)
+        assert SolveSession(problem).best_baseline.objective_s == min(p.objective_s for p in feasible)
     else:
         reason = infeasibility_reason(problem)
         assert "short by" in reason or "no device can run" in reason or "no placement that fits" in reason, reason

@@ -122,8 +122,9 @@ LAYERS: list[tuple[str, list[str], str]] = [
     ),
     (
         "baselines",
-        ["llm_planner.solve.baselines.*"],
-        "the heuristics a user would run instead; the MILP starts from them",
+        ["llm_planner.solve.baselines.*", "llm_planner.solve.session"],
+        "the heuristics a user would run instead; the MILP starts from them; a solve's session (its baselines, "
+        "bound and status, once)",
     ),
     ("milp", ["llm_planner.solve.milp.*"], "the exact MILP and its backends"),
     ("split", ["llm_planner.solve.split.*"], "MILP-SPLIT: solves its module subproblems with the exact MILP"),

@@ -28,8 +28,8 @@ from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.problem.options import SolveOptions
 from llm_planner.problem.placement import PlacementProblem, ProblemError, build_problem
 from llm_planner.solve.api import SolveError, solve
-from llm_planner.solve.baselines.single import run_all_baselines
 from llm_planner.solve.milp import backends
+from llm_planner.solve.session import SolveSession
 from llm_planner.verify import verify_plan
 
 GB = 1e9
@@ -104,7 +104,7 @@ def check_plan(problem: PlacementProblem, plan) -> None:
     assert lower_bound(problem) <= plan.objective_s + tol
     assert plan.lower_bound_s <= plan.objective_s + tol
     accuracy = 1e-4 * plan.objective_s + 1e-12  # the solvers' integrality tolerance times the big-M rows
-    for name, base in run_all_baselines(problem).items():
+    for name, base in SolveSession(problem).baselines.items():
         if base is not None and (not plan.solver.details["contiguous"] or is_contiguous(problem, base)):
             assert plan.objective_s <= base.objective_s + accuracy, f"baseline {name} beats the MILP"
 

@@ -133,7 +133,7 @@ def test_parallel_and_serial_give_the_same_plan():
 def test_gpt_plans_verify_and_beat_baselines(objective, batch, repo):
     from llm_planner.graph.models import ModelSpec
     from llm_planner.problem_inputs import problem_from_inputs
-    from llm_planner.solve.baselines.single import best_baseline
+    from llm_planner.solve.session import SolveSession
 
     problem = problem_from_inputs(
         cluster_path=str(repo / "cluster_specs/four-gpus.yaml"),
@@ -142,7 +142,7 @@ def test_gpt_plans_verify_and_beat_baselines(objective, batch, repo):
         batch_size=batch,
     )
     plan = solve(problem, SolveOptions(solver="milp-split"))  # solve() runs the verifier
-    baseline = best_baseline(problem)
+    baseline = SolveSession(problem).best_baseline
     assert plan.objective_s <= baseline.objective_s * (1 + 1e-9)
     assert plan.lower_bound_s <= plan.objective_s * (1 + 1e-9)
 

@@ -19,7 +19,7 @@ from llm_planner.graph.transformer import preset_config
 from llm_planner.problem.options import SolveOptions
 from llm_planner.problem.placement import build_problem
 from llm_planner.solve.api import solve
-from llm_planner.solve.baselines.baseline_set import all_baselines
+from llm_planner.solve.session import SolveSession
 from llm_planner.spec import LinkSpec
 from llm_planner.tensor_groups import group_degrees, member_names, tensor_groups
 from llm_planner.verify import verify_plan
@@ -167,15 +167,12 @@ def _check_against_brute(problem, *, split_exact: bool):
     from unittest import mock
 
     from llm_planner.bounds import partition
-    from llm_planner.bounds.combined import forget_lower_bounds
 
     best = brute_force(problem)
     assert math.isfinite(best)
     assert lower_bound(problem) <= best * (1 + 1e-9)
     with mock.patch.object(partition, "MAX_PARTITIONS", 0):  # the partition bound's stand-ins per shard count
-        forget_lower_bounds()
         assert lower_bound(problem) <= best * (1 + 1e-9)
-    forget_lower_bounds()
     milp = solve(problem, SolveOptions(**EXACT))
     assert milp.objective_s == pytest.approx(best, rel=1e-5)
     assert milp.lower_bound_s <= best * (1 + 1e-9)
@@ -183,7 +180,7 @@ def _check_against_brute(problem, *, split_exact: bool):
     assert split.lower_bound_s <= best * (1 + 1e-9)
     if split_exact:
         assert split.objective_s == pytest.approx(best, rel=1e-5)
-    for name, base in all_baselines(problem).items():
+    for name, base in SolveSession(problem).baselines.items():
         if base is not None:
             assert verify_plan(base, problem).ok, name
             assert split.objective_s <= base.objective_s * (1 + 1e-9), name

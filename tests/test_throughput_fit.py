@@ -32,7 +32,7 @@ from llm_planner.problem.schedule import make_plan
 from llm_planner.problem_inputs import problem_from_inputs
 from llm_planner.runtime.plan_schedule import in_flight_batches
 from llm_planner.solve.api import solve
-from llm_planner.solve.baselines.baseline_set import all_baselines
+from llm_planner.solve.session import SolveSession
 from llm_planner.spec import parse_cluster
 from llm_planner.verify import verify_plan
 from llm_planner.verify_file import verify_plan_file
@@ -121,7 +121,7 @@ def test_a_baseline_with_no_plan_that_fits_says_so():
 
 def test_every_baseline_plan_fits_its_steady_state():
     problem = chain_problem()
-    plans = {name: plan for name, plan in all_baselines(problem).items() if plan is not None}
+    plans = {name: plan for name, plan in SolveSession(problem).baselines.items() if plan is not None}
     assert plans
     for name, plan in plans.items():
         assert fits_steady_state(problem, plan), name

@@ -2,13 +2,12 @@
 (bounds/times.py), the load-balance LP (load.py), the shard-count bound
 (shard_count.py) and, for latency, the path LP at the smallest possible largest shard
 (path_lp.py) and the partition bound (partition.py: one copy of the graph per shard of
-each partition of Q, sharing the devices). Remembered per problem object.
+each partition of Q, sharing the devices).
 """
 
 from __future__ import annotations
 
 import functools
-import weakref
 
 from llm_planner.bounds.load import load_balance_bound, shard_lp_bound
 from llm_planner.bounds.partition import partition_bound
@@ -17,30 +16,11 @@ from llm_planner.bounds.shard_count import shard_count_bound
 from llm_planner.bounds.times import critical_path_bound, largest_shard_floor
 from llm_planner.problem.placement import PlacementProblem
 
-_computed: dict[int, tuple[weakref.ref, float]] = {}  # id(problem) -> (the problem, its lower_bound)
-
 
 def lower_bound(problem: PlacementProblem) -> float:
     """The best valid bound for the problem's objective (max of the bounds above; for latency
     also the path LP of bounds/path_lp.py at the smallest possible largest shard, and its
-    partition bound).
-
-    Remembered per problem object while it lives (a solver and solve() both ask for it)."""
-    key = id(problem)
-    hit = _computed.get(key)
-    if hit is not None and hit[0]() is problem:
-        return hit[1]
-    value = _lower_bound(problem)
-    _computed[key] = (weakref.ref(problem, lambda _, key=key: _computed.pop(key, None)), value)
-    return value
-
-
-def forget_lower_bounds() -> None:
-    """Drop every remembered lower_bound (for timing one solver apart from another on one problem)."""
-    _computed.clear()
-
-
-def _lower_bound(problem: PlacementProblem) -> float:
+    partition bound). Computed anew on every call: a solve asks once (solve.session)."""
     load = functools.lru_cache(maxsize=None)(lambda s: shard_lp_bound(problem, s))  # LP(s), shared by the two bounds
     bounds = [critical_path_bound(problem), load_balance_bound(problem), shard_count_bound(problem, load)]
     if problem.objective == "latency":

@@ -11,6 +11,10 @@ A solver's own stronger bound (the MILP's dual bound, MILP-SPLIT's chain bound)
 depends on its search and time limit, so `verify` cannot redo it: it is kept as a
 record, `solver.details.solver_bound_s`, and a status `optimal` that only it
 proves becomes `feasible`, with `solver.details.solver_status: optimal`.
+
+The baselines, the bound and that status are computed once per solve, in a
+`solve.session.SolveSession`, which a caller may pass in to show the same
+baselines beside the plan.
 """
 
 from __future__ import annotations
@@ -19,27 +23,34 @@ import logging
 from dataclasses import replace
 
 from llm_planner.plan import Plan
+from llm_planner.problem.fit import infeasibility_reason
 from llm_planner.problem.options import SolveOptions
 from llm_planner.problem.placement import PlacementProblem
+from llm_planner.solve.baselines.baseline_set import ALL_BASELINES
 from llm_planner.solve.errors import SolveError, VerificationError
+from llm_planner.solve.milp.milp import solve_milp
+from llm_planner.solve.session import SolveSession
+from llm_planner.solve.split.tp import solve_split_tp
+from llm_planner.verify import verify_plan
 
 log = logging.getLogger(__name__)
 
-BASELINES = ("single-device", "even-split", "memory-greedy", "heft", "data-parallel", "megatron", "tp-replicas")
+BASELINES = ALL_BASELINES
 SOLVERS = ("milp", "milp-split", "best-baseline", *BASELINES)
 
 
-def solve(problem: PlacementProblem, options: SolveOptions | None = None) -> Plan:
-    options = (options or SolveOptions()).check()
-    plan = _dispatch(problem, options)
-    from llm_planner.bounds.combined import lower_bound
-
-    plan = verifiable_bound(plan, lower_bound(problem), options.rel_gap)
+def solve(problem: PlacementProblem, options: SolveOptions | None = None, session: SolveSession | None = None) -> Plan:
+    """The plan of the solver `options.solver` names, judged against the bound verify re-derives
+    and verified (module docstring). `session`: the one a caller shares with its table of baselines
+    (it must hold this problem); a new one otherwise."""
+    session = session or SolveSession(problem, options)
+    if session.problem is not problem:
+        raise ValueError("solve: the session holds another problem")
+    options = session.options
+    plan = session.judged(_dispatch(session))
     # the gap a status `optimal` is judged against (verify_fields.check_status)
     plan = replace(plan, inputs=replace(plan.inputs, options={**plan.inputs.options, "rel_gap": options.rel_gap}))
     if options.verify:
-        from llm_planner.verify import verify_plan
-
         report = verify_plan(plan, problem)
         if not report.ok:
             raise VerificationError(
@@ -48,43 +59,16 @@ def solve(problem: PlacementProblem, options: SolveOptions | None = None) -> Pla
     return plan
 
 
-def verifiable_bound(plan: Plan, bound_s: float, rel_gap: float) -> Plan:
-    """The plan with `bound_s` (what verify re-derives) as its lower bound and the status that
-    bound supports; the solver's own bound and status, where they claim more, kept as records."""
-    details = dict(plan.solver.details)
-    if plan.lower_bound_s > bound_s * (1 + 1e-9):
-        details["solver_bound_s"] = float(plan.lower_bound_s)
-    proven = plan.objective_s <= bound_s * (1 + rel_gap)
-    status = plan.solver.status
-    if proven and status == "heuristic":
-        status = "optimal"  # the bound proves it, within the gap
-    elif not proven and status == "optimal":
-        details["solver_status"] = "optimal"  # proven by the solver's own bound only: not re-derivable
-        status = "feasible"
-    return replace(
-        plan,
-        lower_bound_s=float(min(bound_s, plan.objective_s)),
-        solver=replace(plan.solver, status=status, details=details),
-    )
-
-
-def _dispatch(problem: PlacementProblem, options: SolveOptions) -> Plan:
-    name = options.solver
+def _dispatch(session: SolveSession) -> Plan:
+    name, problem = session.options.solver, session.problem
     if name == "milp":
-        from llm_planner.solve.milp.milp import solve_milp
-
-        return solve_milp(problem, options)
+        return solve_milp(problem, session.options, session)
     if name == "milp-split":
-        from llm_planner.solve.split.tp import solve_split_tp
-
-        return solve_split_tp(problem, options)
-    from llm_planner.problem.fit import infeasibility_reason
-    from llm_planner.solve.baselines import baseline_set
-
+        return solve_split_tp(problem, session.options, session)
     if name == "best-baseline":
-        plan = baseline_set.best_of_all(problem)
+        plan = session.best_baseline
     elif name in BASELINES:
-        plan = baseline_set.run_any_baseline(name, problem)
+        plan = session.baseline(name)
     else:
         raise SolveError(f"unknown solver {name!r}; choose one of {', '.join(SOLVERS)}")
     if plan is None:

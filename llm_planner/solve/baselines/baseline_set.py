@@ -1,5 +1,6 @@
 """Every baseline a plan is compared with: the single-device layouts of solve/baselines/single.py
-and, on a problem with tensor-parallel groups, the layouts of solve/baselines/tensor_parallel.py."""
+and, on a problem with tensor-parallel groups, the layouts of solve/baselines/tensor_parallel.py.
+A solve runs them once, in its session (solve.session: `baselines`, `best_baseline`)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,3 @@ def run_any_baseline(name: str, problem: PlacementProblem) -> Plan | None:
     if name in TP_BASELINES:
         return run_tp_baseline(name, problem)
     return run_baseline(name, problem)
-
-
-def all_baselines(problem: PlacementProblem) -> dict[str, Plan | None]:
-    return {name: run_any_baseline(name, problem) for name in ALL_BASELINES}
-
-
-def best_of_all(problem: PlacementProblem) -> Plan | None:
-    """The feasible baseline plan with the lowest objective (None if none is feasible)."""
-    plans = [p for p in all_baselines(problem).values() if p is not None]
-    return min(plans, key=lambda p: p.objective_s, default=None)

@@ -100,16 +100,6 @@ def run_baseline(name: str, problem: PlacementProblem) -> Plan | None:
     return plan
 
 
-def run_all_baselines(problem: PlacementProblem) -> dict[str, Plan | None]:
-    return {name: run_baseline(name, problem) for name in BASELINE_NAMES}
-
-
-def best_baseline(problem: PlacementProblem) -> Plan | None:
-    """The feasible baseline plan with the lowest objective (None if none is feasible)."""
-    plans = [p for p in run_all_baselines(problem).values() if p is not None]
-    return min(plans, key=lambda p: p.objective_s, default=None)
-
-
 def _single_device(problem: PlacementProblem) -> Result | None:
     q, n = problem.batch_size, problem.num_tasks
     able = [k for k in range(problem.num_devices) if problem.supported[:, k].all() and fits(problem, [q], [[k] * n])]

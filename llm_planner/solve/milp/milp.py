@@ -96,6 +96,7 @@ from llm_planner.problem.schedule import make_plan, with_bound
 from llm_planner.solve.milp.backends import BackendError, BackendOptions, BackendResult, solve_model
 from llm_planner.solve.milp.model import Formulation
 from llm_planner.solve.milp.symmetry import CRITERIA, canonical_plan
+from llm_planner.solve.session import SolveSession
 
 log = logging.getLogger(__name__)
 
@@ -107,37 +108,40 @@ MAX_SCALED_TIME = 1e7  # ...unless that would make some task or transfer time la
 AGREEMENT_TOL = 1e-4
 
 
-def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
+def solve_milp(problem: PlacementProblem, options: SolveOptions, session: SolveSession | None = None) -> Plan:
     """Solve the MILP of the module docstring; SolveError for an infeasible instance or unusable backend.
 
     Throughput: the memory rows (8) count one batch, but the plan keeps plan.batches_in_flight
     batches in flight; when their memory does not fit, the MILP is solved again with the per-sample
     memory of more batches (problem.fit.solve_in_flight), the warm start (which fits) taken when it is
-    better, and the plan keeps the first solve's bound.
+    better, and the plan keeps the first solve's bound. `session`: the problem's baselines and bound,
+    computed once (solve.session); a new one otherwise.
     """
     from llm_planner.problem.fit import solve_in_flight
     from llm_planner.solve.errors import SolveError, SolveInterrupted
 
     started = time.perf_counter()
     options = options.check()
+    session = session or SolveSession(problem, options)
     if options.contiguous and problem.objective != "throughput":
         raise ProblemError("the contiguous restriction (--contiguous) applies to the throughput objective only")
     first = True
 
     def once(posed: PlacementProblem) -> Plan | None:
         nonlocal first
+        posed_session = session if posed is problem else SolveSession(posed, options)
         if first:
             first = False
-            return _solve_milp_once(posed, options)
+            return _solve_milp_once(posed_session)
         try:
-            return _solve_milp_once(posed, options)
+            return _solve_milp_once(posed_session)
         except SolveInterrupted:
             raise
         except SolveError as exc:  # no plan fits that many batches; one that needs fewer may still exist
             log.info("milp: solving again for the batches in flight: %s", exc)
             return None
 
-    plan = solve_in_flight(problem, once, fallback=lambda: _warm_start_plan(problem))
+    plan = solve_in_flight(problem, once, fallback=lambda: _warm_start_plan(session))
     if plan is None:
         raise SolveError(
             "the MILP's plans keep more batches in flight than device memory holds, and no plan it found "
@@ -163,17 +167,17 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions) -> Plan:
     return plan
 
 
-def _solve_milp_once(problem: PlacementProblem, options: SolveOptions) -> Plan:
-    """solve_milp for one batch's memory."""
-    from llm_planner.bounds.combined import lower_bound
+def _solve_milp_once(session: SolveSession) -> Plan:
+    """solve_milp for one batch's memory (the session's problem)."""
     from llm_planner.solve.errors import SolveError
 
+    problem, options = session.problem, session.options
     started = time.perf_counter()
-    warm = _warm_start_plan(problem)
-    bound_s = lower_bound(problem)
+    warm = _warm_start_plan(session)
+    bound_s = session.bound_s
     if warm is not None and options.symmetry in CRITERIA:
         warm = canonical_plan(problem, options.symmetry, warm)  # a warm start that obeys the symmetry rows
-    if warm is not None and not options.contiguous and warm.objective_s <= bound_s * (1 + options.rel_gap):
+    if warm is not None and not options.contiguous and session.proven(warm.objective_s):
         return _proven_warm_start(warm, bound_s, started, options)
     unit_s, horizon = _scales(problem, warm)
     form = Formulation(
@@ -206,7 +210,7 @@ def _solve_milp_once(problem: PlacementProblem, options: SolveOptions) -> Plan:
     if result.values is None:
         return _without_incumbent(result, warm, bound_s, started, options)
     plan = with_bound(_plan_from_solution(problem, form, result, model, started, options, warm), bound_s)
-    if plan.solver.status in ("time_limit", "interrupted") and plan.objective_s <= bound_s * (1 + options.rel_gap):
+    if plan.solver.status in ("time_limit", "interrupted") and session.proven(plan.objective_s):
         # the solver could not prove it, the bounds of bounds do
         plan = replace(
             plan,
@@ -282,17 +286,16 @@ def _proven_warm_start(warm: Plan, bound_s: float, started: float, options: Solv
     )
 
 
-def _warm_start_plan(problem: PlacementProblem) -> Plan | None:
-    """The better of the best baseline and (throughput) the contiguous split; None if neither fits
-    (throughput: in its steady state, problem.fit)."""
+def _warm_start_plan(session: SolveSession) -> Plan | None:
+    """The better of the session's best baseline and (throughput) the contiguous split; None if
+    neither fits (throughput: in its steady state, problem.fit)."""
     from llm_planner.problem.fit import fits_steady_state
-    from llm_planner.solve.baselines.baseline_set import best_of_all
     from llm_planner.solve.milp.warm import contiguous_split
 
+    problem = session.problem
     physical = restrict_devices(problem, list(range(problem.num_physical))) if problem.has_groups else problem
-    plans = [
-        p for p in (best_of_all(problem), contiguous_split(physical)) if p is not None and fits_steady_state(problem, p)
-    ]
+    found = (session.best_baseline, contiguous_split(physical))
+    plans = [p for p in found if p is not None and fits_steady_state(problem, p)]
     return min(plans, key=lambda p: p.objective_s, default=None)
 
 

@@ -60,13 +60,12 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from llm_planner.bounds.combined import lower_bound
-from llm_planner.plan import Plan
+from llm_planner.plan import Plan, within_gap
 from llm_planner.problem.fit import fits_steady_state, infeasibility_reason
 from llm_planner.problem.options import SolveOptions
 from llm_planner.problem.placement import PlacementProblem
-from llm_planner.solve.baselines.baseline_set import all_baselines
 from llm_planner.solve.errors import SolveError
+from llm_planner.solve.session import SolveSession
 from llm_planner.solve.split.chain import chain_bound, one_shard_plan, seed_from_plan, shard_chain_bound
 from llm_planner.solve.split.data_parallel import data_parallel_plans
 from llm_planner.solve.split.loads import improve_loads
@@ -75,22 +74,24 @@ from llm_planner.solve.split.split_context import SplitContext
 from llm_planner.solve.split.throughput import throughput_plan
 
 
-def solve_split(problem: PlacementProblem, options: SolveOptions) -> Plan:
-    """MILP-SPLIT for both objectives; see the module docstring."""
+def solve_split(problem: PlacementProblem, options: SolveOptions, session: SolveSession | None = None) -> Plan:
+    """MILP-SPLIT for both objectives; see the module docstring. `session`: the problem's baselines
+    and bound, computed once (solve.session); a new one otherwise."""
     started = time.perf_counter()
+    session = session or SolveSession(problem, options)
     with SplitContext(problem, options) as ctx:
-        return _split_plan(ctx, started)
+        return _split_plan(ctx, session, started)
 
 
-def _split_plan(ctx: SplitContext, started: float) -> Plan:
+def _split_plan(ctx: SplitContext, session: SolveSession, started: float) -> Plan:
     """solve_split's work, with the context's pool open."""
     problem, options = ctx.problem, ctx.options
     candidates: list[Plan] = []
     details = {"modules": len(ctx.modules), "distinct_modules": len({m.signature for m in ctx.modules})}
-    baselines = [b for b in all_baselines(problem).values() if b is not None]
-    baseline = min(baselines, key=lambda b: b.objective_s, default=None)
-    bound = lower_bound(problem) if options.bound else 0.0
-    if baseline is not None and baseline.objective_s <= bound * (1 + options.rel_gap):
+    baselines = [b for b in session.baselines.values() if b is not None]
+    baseline = session.best_baseline
+    bound = session.bound_s if options.bound else 0.0
+    if baseline is not None and within_gap(baseline.objective_s, bound, options.rel_gap):
         # nothing can beat it by more than rel_gap: no module needs solving
         details.update(baseline_won=baseline.solver.name, stopped="the best baseline meets the lower bound")
         return _finish(problem, options, baseline, bound, details, started)
@@ -159,7 +160,7 @@ def _finish(
 ) -> Plan:
     """The plan as MILP-SPLIT's: its bound, status and solver details."""
     elapsed = time.perf_counter() - started
-    status = "optimal" if best.objective_s <= bound * (1 + options.rel_gap) else "heuristic"
+    status = "optimal" if within_gap(best.objective_s, bound, options.rel_gap) else "heuristic"
     return replace(
         best,
         lower_bound_s=float(min(bound, best.objective_s) if best.objective_s >= bound * (1 - 1e-9) else bound),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from llm_planner.plan import within_gap
 from llm_planner.problem.options import SolveOptions
 from llm_planner.problem.placement import PlacementProblem
 from llm_planner.solve.split import subsolve
@@ -117,7 +118,7 @@ class SplitContext:
             if (
                 key in self.intensified
                 or sol.method in ("milp-optimal", "infeasible")
-                or sol.cost_s <= sol.bound_s * (1 + self.options.rel_gap)
+                or within_gap(sol.cost_s, sol.bound_s, self.options.rel_gap)
             ):
                 continue
             if len(self.modules[j].tasks) > subsolve.LOCAL_SEARCH_MAX_TASKS:

@@ -30,15 +30,14 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from llm_planner.bounds.combined import lower_bound
 from llm_planner.bounds.load import load_balance_bound
 from llm_planner.bounds.times import critical_path_bound
-from llm_planner.plan import Plan
+from llm_planner.plan import Plan, within_gap
 from llm_planner.problem.fit import infeasibility_reason
 from llm_planner.problem.options import SolveOptions
 from llm_planner.problem.placement import PlacementProblem, restrict_devices
-from llm_planner.solve.baselines.baseline_set import all_baselines
 from llm_planner.solve.errors import SolveError
+from llm_planner.solve.session import SolveSession
 from llm_planner.solve.split.split import solve_split
 
 log = logging.getLogger(__name__)
@@ -46,20 +45,22 @@ log = logging.getLogger(__name__)
 Layout = tuple[tuple[int, ...], ...]  # per class (in class order): its group sizes, descending
 
 
-def solve_split_tp(problem: PlacementProblem, options: SolveOptions) -> Plan:
-    """MILP-SPLIT; over the group layouts (module docstring) when the problem has groups."""
+def solve_split_tp(problem: PlacementProblem, options: SolveOptions, session: SolveSession | None = None) -> Plan:
+    """MILP-SPLIT; over the group layouts (module docstring) when the problem has groups. `session`:
+    the problem's baselines and bound, computed once (solve.session); a new one otherwise."""
+    session = session or SolveSession(problem, options)
     if not problem.has_groups:
-        return solve_split(problem, options)
+        return solve_split(problem, options, session)
     started = time.perf_counter()
     # the whole problem's bound does not depend on the search: computed beside it (its LPs leave
     # the interpreter free while they solve, so the two share the cores)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        bound = pool.submit(lower_bound, problem)
+        bound = pool.submit(lambda: session.bound_s)
         search = _Search(problem, options)
         for layout in search.uniform():
             search.try_layout(layout)
         search.descend()
-        for name, plan in all_baselines(problem).items():
+        for name, plan in session.baselines.items():
             if plan is not None and (search.best is None or plan.objective_s < search.best.objective_s * (1 - 1e-12)):
                 search.best, search.label = plan, f"baseline:{name}"
         if search.best is None:
@@ -208,7 +209,7 @@ def _finish(options: SolveOptions, search: _Search, bound: float, started: float
     best = search.best
     assert best is not None
     bound = min(bound, best.objective_s)
-    status = "optimal" if best.objective_s <= bound * (1 + options.rel_gap) else "heuristic"
+    status = "optimal" if within_gap(best.objective_s, bound, options.rel_gap) else "heuristic"
     details = dict(best.solver.details) if best.solver.name == "milp-split" else {"baseline_won": best.solver.name}
     details.update(
         tp_layout=search.label, tp_layouts_tried={search.describe(l): obj for l, obj in search.tried.items()}
