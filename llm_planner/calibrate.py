@@ -49,13 +49,17 @@ from itertools import combinations
 from pathlib import Path
 
 import numpy as np
+import yaml
 from scipy.optimize import lsq_linear
 
+from llm_planner.atomic import write_atomic
 from llm_planner.fileio import read_document
 from llm_planner.observe import MeasureError, RunObservations, read_observations
 from llm_planner.plan import Plan, load_plan
 from llm_planner.problem.placement import PlacementProblem
-from llm_planner.spec import ClusterSpec, DeviceKindSpec, load_cluster
+from llm_planner.problem_inputs import problem_from_plan_inputs
+from llm_planner.spec import ClusterSpec, DeviceKindSpec, load_cluster, parse_cluster
+from llm_planner.spec_edit import EditError, dump_with_fields, set_fields
 
 log = logging.getLogger(__name__)
 KIND_FIELDS = ("overhead_s", "compute_efficiency", "mem_efficiency")
@@ -373,7 +377,6 @@ def calibrate(cluster: ClusterSpec, runs: Sequence[RunData]) -> Calibration:
 
 def load_run(plan_path: str | Path, report_path: str | Path) -> RunData:
     """Read one plan and its run report; the task graph is rebuilt in the dtype the run computed in."""
-    from llm_planner.problem_inputs import problem_from_plan_inputs
 
     plan = load_plan(plan_path)
     report = read_document(report_path, MeasureError)
@@ -419,10 +422,6 @@ def write_calibrated_spec(
     cluster_path: str | Path, calibration: Calibration, output: str | Path, *, sources: Sequence[str]
 ) -> ClusterSpec:
     """The spec at `cluster_path` with the fitted fields replaced (comments and layout kept), written to `output`."""
-    import yaml
-
-    from llm_planner.spec import parse_cluster
-    from llm_planner.spec_edit import EditError, dump_with_fields, set_fields
 
     text = Path(cluster_path).read_text()
     fields = {path: _human(str(path[-1]), value) for path, value in calibration.fields().items()}
@@ -437,7 +436,6 @@ def write_calibrated_spec(
         lines.append(f"#   {fit.name}: {changes or 'unchanged'} ({fit.samples} observations)")
     new_text = "\n".join(lines) + "\n" + body
     spec = parse_cluster(yaml.safe_load(new_text), source=str(output))  # what we write must load
-    from llm_planner.atomic import write_atomic
 
     write_atomic(output, new_text, CalibrateError)
     return spec

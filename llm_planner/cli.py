@@ -12,11 +12,32 @@ import argparse
 import logging
 import sys
 
-from llm_planner import __version__
+from llm_planner import __version__, commands, commands_export, commands_helix, commands_measure, commands_serving
+from llm_planner.atomic import WriteError
+from llm_planner.calibrate import CalibrateError
 from llm_planner.cli_types import count, positive_seconds, share
+from llm_planner.commands_export import add_export_parser
+from llm_planner.commands_helix import add_import_parser
+from llm_planner.commands_serving import add_serving_args
 from llm_planner.constants import DTYPE_BYTES, TORCH_DTYPES
 from llm_planner.fmt import LiteralConsole, styled
+from llm_planner.graph.ir import GraphError
+from llm_planner.graph.models import GRANULARITIES, PHASES
+from llm_planner.helix_import import HelixError
+from llm_planner.launch.plan_launch import MEASURE_WARMUP
+from llm_planner.observe import MeasureError
+from llm_planner.plan import PlanError
+from llm_planner.problem.options import SYMMETRY_CHOICES
+from llm_planner.problem.placement import ProblemError
+from llm_planner.problem_inputs import InputError
 from llm_planner.procs import last_stop_signal, stop_signals_as_interrupt
+from llm_planner.profile import ProfileError
+from llm_planner.serving.export import ServingExportError
+from llm_planner.serving.plan_file import ServingPlanError, is_serving_plan
+from llm_planner.serving.workload import WorkloadError
+from llm_planner.serving_profile import ServingProfileError
+from llm_planner.solve.api import SOLVERS
+from llm_planner.spec import SpecError
 
 console = LiteralConsole()  # values from files are printed literally, never read as markup
 if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
@@ -27,20 +48,6 @@ EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
 
 
 def _input_errors() -> tuple[type[Exception], ...]:
-    from llm_planner.atomic import WriteError
-    from llm_planner.calibrate import CalibrateError
-    from llm_planner.graph.ir import GraphError
-    from llm_planner.helix_import import HelixError
-    from llm_planner.observe import MeasureError
-    from llm_planner.plan import PlanError
-    from llm_planner.problem.placement import ProblemError
-    from llm_planner.problem_inputs import InputError
-    from llm_planner.profile import ProfileError
-    from llm_planner.serving.export import ServingExportError
-    from llm_planner.serving.plan_file import ServingPlanError
-    from llm_planner.serving.workload import WorkloadError
-    from llm_planner.serving_profile import ServingProfileError
-    from llm_planner.spec import SpecError
 
     return (
         SpecError,
@@ -61,7 +68,6 @@ def _input_errors() -> tuple[type[Exception], ...]:
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    from llm_planner.graph.models import GRANULARITIES, PHASES
 
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
@@ -91,8 +97,6 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_solve_args(p: argparse.ArgumentParser) -> None:
-    from llm_planner.problem.options import SYMMETRY_CHOICES
-    from llm_planner.solve.api import SOLVERS
 
     p.add_argument(
         "--objective",
@@ -176,7 +180,6 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--export-file", help="where --export writes (default: the plan file's name with .vllm.json or .megatron.json)"
     )
-    from llm_planner.commands_serving import add_serving_args
 
     add_serving_args(p)
 
@@ -191,8 +194,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("show-cluster", help="devices, links and symmetry classes of a cluster spec")
     p.add_argument("cluster", help="cluster spec YAML (docs/cluster-spec.md)")
-
-    from llm_planner.problem.options import SYMMETRY_CHOICES
 
     p = sub.add_parser(
         "compare-symmetry", help="solve one instance under every symmetry criterion, exact MILP and MILP-SPLIT"
@@ -263,7 +264,6 @@ def _build_parser() -> argparse.ArgumentParser:
         help="compare predicted with measured time per task, device, link and end to end; "
         "print the tables and write measure.json in the workdir",
     )
-    from llm_planner.launch.plan_launch import MEASURE_WARMUP
 
     p.add_argument(
         "--warmup",
@@ -296,10 +296,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="append", required=True, help="run report JSON of `launch`; repeat for more runs")
     p.add_argument("-o", "--output", required=True, help="corrected cluster spec YAML to write")
     _add_profile_parser(sub)
-    from llm_planner.commands_helix import add_import_parser
 
     add_import_parser(sub)
-    from llm_planner.commands_export import add_export_parser
 
     add_export_parser(sub)
     return parser
@@ -338,8 +336,6 @@ def _add_profile_parser(sub) -> None:
 
 def _serving_handler(args: argparse.Namespace):
     """Serving plans have their own handlers: `plan --objective serving`, `show` and `verify` of one."""
-    from llm_planner import commands_serving
-    from llm_planner.serving.plan_file import is_serving_plan
 
     if args.command == "plan" and args.objective == "serving":
         return commands_serving.cmd_plan_serving
@@ -356,7 +352,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    from llm_planner import commands, commands_export, commands_helix, commands_measure
 
     name = "cmd_" + args.command.replace("-", "_")
     handler = (

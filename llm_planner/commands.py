@@ -4,14 +4,30 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from llm_planner import study
+from llm_planner.atomic import WriteError, check_writable, write_atomic
 from llm_planner.fmt import fmt_s, fmt_time, has_file_units, significant, styled, time_unit
+from llm_planner.graph.models import ModelSpec, list_models
+from llm_planner.plan import PlanError, load_plan, save_plan
+from llm_planner.plan_export import ExportError, export_plan
+from llm_planner.problem.options import SYMMETRY_CHOICES, SolveOptions
+from llm_planner.problem_inputs import problem_from_inputs, problem_from_plan_inputs
 from llm_planner.procs import last_stop_signal
+from llm_planner.profile import load_profile
+from llm_planner.profile_apply import profile_coverage
+from llm_planner.solve import api
+from llm_planner.solve.errors import SolveInterrupted
+from llm_planner.solve.session import SolveSession
+from llm_planner.spec import load_cluster
+from llm_planner.verify_file import verify_plan_file
+from llm_planner.views import cluster_tables, device_table, steady_state_text, write_gantt
 
 
 class UserError(Exception):
@@ -30,7 +46,6 @@ def progress(console: Console, message: str):
 
 
 def model_spec(args: argparse.Namespace):
-    from llm_planner.graph.models import ModelSpec
 
     if args.model is None:
         return None
@@ -45,7 +60,6 @@ def model_spec(args: argparse.Namespace):
 
 
 def _solve_options(args: argparse.Namespace, solver: str | None = None):
-    from llm_planner.problem.options import SolveOptions
 
     try:
         return SolveOptions(
@@ -64,9 +78,6 @@ def _solve_options(args: argparse.Namespace, solver: str | None = None):
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.plan import save_plan
-    from llm_planner.problem_inputs import problem_from_inputs
-    from llm_planner.solve.session import SolveSession
 
     options = _solve_options(args)
     _check_outputs(args)  # before a solve of minutes, not after
@@ -108,8 +119,6 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Exit 2 naming the path when the plan (or --export) file cannot be written."""
-    from llm_planner.atomic import check_writable
-    from llm_planner.plan import PlanError
 
     check_writable(args.output, PlanError)
     if args.export:
@@ -118,8 +127,6 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def _solve(session, console: Console):
     """The solver's plan for the session's problem; Ctrl-C before it has one: exit 130, no plan written."""
-    from llm_planner.solve import api
-    from llm_planner.solve.errors import SolveInterrupted
 
     solver = session.options.solver
     try:
@@ -138,11 +145,6 @@ def _export_path(args: argparse.Namespace) -> Path:
 
 def _export(plan, problem, args: argparse.Namespace, console: Console) -> None:
     """Write the plan as a framework's parallel configuration (llm_planner.plan_export)."""
-    import json
-
-    from llm_planner.atomic import write_atomic
-    from llm_planner.plan import PlanError
-    from llm_planner.plan_export import ExportError, export_plan
 
     layer_of = {t.name: t.label("layer") for t in problem.graph.tasks}
     try:
@@ -234,7 +236,6 @@ def _status_text(plan) -> str:
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.verify_file import verify_plan_file
 
     with progress(console, "rebuilding the problem and simulating..."):
         report = verify_plan_file(args.plan)
@@ -250,9 +251,6 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_show(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.plan import load_plan
-    from llm_planner.problem_inputs import problem_from_plan_inputs
-    from llm_planner.views import device_table, steady_state_text, write_gantt
 
     plan = load_plan(args.plan)
     problem = problem_from_plan_inputs(plan.inputs)
@@ -269,7 +267,6 @@ def cmd_show(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_models(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.graph.models import list_models
 
     table = Table(title="model presets")
     for col in ("name", "family", "description"):
@@ -284,8 +281,6 @@ def cmd_models(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_show_cluster(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.spec import load_cluster
-    from llm_planner.views import cluster_tables
 
     cluster = load_cluster(args.cluster)
     for table in cluster_tables(cluster):
@@ -294,9 +289,6 @@ def cmd_show_cluster(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner import study
-    from llm_planner.problem.options import SYMMETRY_CHOICES
-    from llm_planner.problem_inputs import problem_from_inputs
 
     problem = problem_from_inputs(
         cluster_path=args.cluster,
@@ -372,7 +364,6 @@ def _in_unit(seconds: float, scale: float) -> str:
 
 def _writable_dir(directory: str, names: tuple[str, ...]) -> Path:
     """`directory`, made if missing, where each of `names` can be written (WriteError, exit 2, if not)."""
-    from llm_planner.atomic import WriteError, check_writable
 
     out = Path(directory)
     try:
@@ -390,8 +381,6 @@ def _writable_dir(directory: str, names: tuple[str, ...]) -> Path:
 
 def print_profile_coverage(console: Console, problem, profile_path: str) -> None:
     """Which task costs came from the profile and which fell back to the roofline (and the same for links)."""
-    from llm_planner.profile import load_profile
-    from llm_planner.profile_apply import profile_coverage
 
     coverage = profile_coverage(problem.graph, problem.cluster, load_profile(profile_path))
     total = len(coverage.profiled) + len(coverage.fallback)

@@ -8,12 +8,25 @@ import json
 
 from rich.console import Console
 
+from llm_planner.atomic import check_writable, write_atomic
 from llm_planner.commands import UserError
 from llm_planner.fmt import styled
+from llm_planner.helix_export import LayoutError, helix_layout
+from llm_planner.helix_import import device_helix_names, load_helix_cluster
+from llm_planner.serving.export import (
+    FRAMEWORKS,
+    ServingExportError,
+    assign_ports,
+    build_engines,
+    engines_config,
+    megatron_config,
+)
+from llm_planner.serving.export_scripts import PORT_STEP, SGLANG_PORT, VLLM_PORT, sglang_script, vllm_script
+from llm_planner.serving.plan_file import is_serving_plan, load_serving_plan
+from llm_planner.spec import load_cluster
 
 
 def add_export_parser(sub) -> None:
-    from llm_planner.serving.export import FRAMEWORKS
 
     p = sub.add_parser(
         "export", help="a serving plan as the launch commands of vLLM or SGLang, or Megatron-LM's parallel sizes"
@@ -42,17 +55,6 @@ def add_export_parser(sub) -> None:
 
 
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.atomic import check_writable, write_atomic
-    from llm_planner.serving.export import (
-        ServingExportError,
-        assign_ports,
-        build_engines,
-        engines_config,
-        megatron_config,
-    )
-    from llm_planner.serving.export_scripts import PORT_STEP, SGLANG_PORT, VLLM_PORT, sglang_script, vllm_script
-    from llm_planner.serving.plan_file import is_serving_plan, load_serving_plan
-    from llm_planner.spec import load_cluster
 
     if args.to == "helix":
         return _export_helix(args, console)
@@ -104,10 +106,6 @@ def helix_stages(plan) -> list[tuple[str, int, int]]:
 
 def _export_helix(args: argparse.Namespace, console: Console) -> int:
     """A serving plan as Helix's layout file (docs/helix.md): one contiguous layer range per machine."""
-    from llm_planner.atomic import write_atomic
-    from llm_planner.helix_export import LayoutError, helix_layout
-    from llm_planner.helix_import import device_helix_names, load_helix_cluster
-    from llm_planner.serving.plan_file import load_serving_plan
 
     if args.helix_cluster is None:
         raise UserError(

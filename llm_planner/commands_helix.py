@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 
+import yaml
 from rich.console import Console
 
 from llm_planner.atomic import check_writable, write_atomic
+from llm_planner.commands import UserError
 from llm_planner.helix_import import cluster_spec_yaml, device_helix_names, load_helix_cluster, serving_profile_yaml
 from llm_planner.serving_profile import parse_serving_profile
 from llm_planner.spec import parse_cluster
@@ -39,7 +41,6 @@ def add_import_parser(sub) -> None:
 
 
 def cmd_import(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.commands import UserError
 
     if args.profile_out and not args.profiles:
         raise UserError("--profile-out needs --profiles (the folder of Helix's layer profiles)", exit_code=2)
@@ -68,6 +69,5 @@ def cmd_import(args: argparse.Namespace, console: Console) -> int:
 
 
 def _yaml(text: str):
-    import yaml
 
     return yaml.safe_load(text)

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from llm_planner.atomic import check_writable
+from llm_planner.calibrate import CalibrateError, calibrate_files
 from llm_planner.commands import UserError, model_spec, progress
 from llm_planner.fmt import LiteralConsole, fmt_s, styled
+from llm_planner.launch import plan_launch as launch
+from llm_planner.launch import profile_run
+from llm_planner.launch.profile_run import ProfileJob, planned_runs, profile_local, run_mpi
+from llm_planner.measure import measure_files, measurement_tables, write_measurement
+from llm_planner.profile import ProfileError
+from llm_planner.runtime.profile_rank import ProfileOptions, ProfileRunError
 
 
 def cmd_launch(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.launch import plan_launch as launch
 
     try:
         prompts = [[int(tok) for tok in p.split(",") if tok.strip()] for p in args.prompt_ids]
@@ -53,7 +62,6 @@ def cmd_launch(args: argparse.Namespace, console: Console) -> int:
 
 
 def _print_measurement(console: Console, plan_path: str, report_path: str, output: Path, *, rows: int) -> None:
-    from llm_planner.measure import measure_files, measurement_tables, write_measurement
 
     measurement = measure_files(plan_path, report_path)
     for table in measurement_tables(measurement, max_task_rows=rows):
@@ -75,8 +83,6 @@ def _fmt_field(name: str, value: float) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.atomic import check_writable
-    from llm_planner.calibrate import CalibrateError, calibrate_files
 
     check_writable(args.output, CalibrateError)
     result = calibrate_files(args.cluster, args.plan, args.report, args.output)
@@ -102,8 +108,6 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
 
 
 def _profile_job(args: argparse.Namespace):
-    from llm_planner.launch.profile_run import ProfileJob
-    from llm_planner.runtime.profile_rank import ProfileOptions, ProfileRunError
 
     if args.graph is not None or args.cluster is None:
         raise UserError(
@@ -134,16 +138,11 @@ def _profile_job(args: argparse.Namespace):
 
 def _under_mpi() -> bool:
     """Started by mpiexec/mpirun with more than one rank (mpich sets PMI_SIZE, Open MPI OMPI_COMM_WORLD_SIZE)."""
-    import os
 
     return any(int(os.environ.get(v, "1") or 1) > 1 for v in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"))
 
 
 def cmd_profile(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.atomic import check_writable
-    from llm_planner.launch import profile_run
-    from llm_planner.profile import ProfileError
-    from llm_planner.runtime.profile_rank import ProfileRunError
 
     job = _profile_job(args)
     if not _under_mpi():
@@ -174,8 +173,6 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
 def _profile_as_rank(job):
     from mpi4py import MPI
 
-    from llm_planner.launch.profile_run import run_mpi
-
     try:
         return run_mpi(job)
     except BaseException as exc:  # one rank failing must stop them all, never leave the others waiting
@@ -186,15 +183,6 @@ def _profile_as_rank(job):
 
 
 def _profile_locally(job, console: Console):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    from llm_planner.launch.profile_run import planned_runs, profile_local
 
     with Progress(
         TextColumn("{task.description}"),

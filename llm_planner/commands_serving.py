@@ -8,8 +8,14 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from llm_planner.atomic import check_writable
 from llm_planner.commands import UserError, progress
 from llm_planner.fmt import fmt_bytes, fmt_s, styled
+from llm_planner.serving.api import plan_serving
+from llm_planner.serving.context import ServingOptions
+from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
+from llm_planner.serving.verify import verify_serving_plan
+from llm_planner.serving.workload import workload_from_flags
 
 SERVING_SOLVERS = ("serving", "engineer-best", "megatron")
 
@@ -65,7 +71,6 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
 
 
 def serving_options(args: argparse.Namespace):
-    from llm_planner.serving.context import ServingOptions
 
     for flag, value, low in (
         ("--max-classes-per-replica", args.max_classes_per_replica or 1, 1),
@@ -89,10 +94,6 @@ def serving_options(args: argparse.Namespace):
 
 
 def cmd_plan_serving(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.atomic import check_writable
-    from llm_planner.serving.api import plan_serving
-    from llm_planner.serving.plan_file import ServingPlanError, save_serving_plan
-    from llm_planner.serving.workload import workload_from_flags
 
     if args.graph is not None or args.cluster is None:
         raise UserError("--objective serving needs --cluster and a decoder --model", exit_code=2)
@@ -207,8 +208,6 @@ def replica_table(data: dict) -> Table:
 
 
 def cmd_verify_serving(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.serving.plan_file import load_serving_plan
-    from llm_planner.serving.verify import verify_serving_plan
 
     path = args.plan
     plan = load_serving_plan(path)
@@ -231,7 +230,6 @@ def cmd_verify_serving(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_show_serving(args: argparse.Namespace, console: Console) -> int:
-    from llm_planner.serving.plan_file import load_serving_plan
 
     plan = load_serving_plan(args.plan)
     print_serving(console, plan.data, with_baselines=True)

@@ -40,6 +40,7 @@ from llm_planner.fmt import fmt_bytes, fmt_s
 from llm_planner.observe import MeasureError, RunObservations, read_observations
 from llm_planner.plan import Plan, load_plan
 from llm_planner.problem.placement import PlacementProblem
+from llm_planner.problem_inputs import problem_from_plan_inputs
 
 MEASURE_FORMAT = "llm_planner.measure"
 __all__ = ["MeasureError", "Measurement", "measure_files", "measure_run", "measurement_tables", "write_measurement"]
@@ -263,7 +264,6 @@ def measure_files(
     plan_path: str | Path, report: str | Path | dict[str, Any], *, check_hashes: bool = True
 ) -> Measurement:
     """Load the plan, rebuild its problem and compare it with the report (a file path, or the parsed report)."""
-    from llm_planner.problem_inputs import problem_from_plan_inputs
 
     plan = load_plan(plan_path)
     problem = problem_from_plan_inputs(plan.inputs, check_hashes=check_hashes)

@@ -12,11 +12,14 @@ import hashlib
 from pathlib import Path
 
 from llm_planner.fileio import read_bytes, read_document, read_text
+from llm_planner.graph import workloads
 from llm_planner.graph.ir import GraphError, TaskGraph, graph_from_dict
 from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.plan import PlanInputs
 from llm_planner.problem.fit import memory_shortfall
 from llm_planner.problem.placement import PlacementProblem, ProblemError, build_problem
+from llm_planner.profile import file_sha256
+from llm_planner.profile_apply import apply_profile
 from llm_planner.spec import ClusterSpec, load_cluster
 
 # Tasks x devices of one problem: the task cost tables and the heuristics grow with it (a
@@ -31,7 +34,6 @@ class InputError(ValueError):
 
 def load_graph_file(path: str | Path) -> tuple[TaskGraph, ClusterSpec | None]:
     """Read a task graph JSON file; workload files also define their own devices."""
-    from llm_planner.graph import workloads
 
     data = read_document(path, GraphError, finite=True)
     if workloads.is_workload(data):
@@ -133,7 +135,6 @@ def problem_from_inputs(
         )
     if profile is None:
         return problem
-    from llm_planner.profile_apply import apply_profile
 
     return apply_profile(problem, profile)
 
@@ -141,7 +142,6 @@ def problem_from_inputs(
 def _profile_sha256(profile_path: str | None) -> str:
     if profile_path is None:
         return ""
-    from llm_planner.profile import file_sha256
 
     return file_sha256(profile_path)
 

@@ -65,7 +65,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
+from scipy.optimize import nnls
 
+from llm_planner.atomic import write_atomic
 from llm_planner.fileio import read_bytes, read_document
 from llm_planner.graph.ir import Task, TaskGraph
 
@@ -130,7 +132,6 @@ class Profile:
 
 def fit_affine(xs: list[float] | tuple[float, ...], ys: list[float] | tuple[float, ...]) -> tuple[float, float]:
     """(a, c) >= 0 minimising sum (a + c * x - y)^2 (non-negative least squares)."""
-    from scipy.optimize import nnls
 
     if len(xs) != len(ys) or len(set(xs)) < 2:
         raise ValueError(f"an affine fit needs at least two distinct x values, got {list(xs)}")
@@ -277,7 +278,6 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
 
 def save_profile(profile: Profile, path: str | Path) -> None:
     """Write the profile atomically (llm_planner.atomic); ProfileError naming the path if it cannot be."""
-    from llm_planner.atomic import write_atomic
 
     write_atomic(
         path,

@@ -9,10 +9,12 @@ branch-and-bound nodes; `write_csv` and `write_bar_chart` save them.
 from __future__ import annotations
 
 import csv
+import io
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from llm_planner.atomic import atomic_path, write_atomic
 from llm_planner.fmt import fmt_s
 from llm_planner.problem.options import SYMMETRY_CHOICES, SolveOptions
 from llm_planner.problem.placement import PlacementProblem
@@ -84,9 +86,6 @@ def compare_symmetry(
 
 def write_csv(rows: list[StudyRow], path: str | Path) -> None:
     """Write the rows atomically (llm_planner.atomic: WriteError naming the path if it cannot be)."""
-    import io
-
-    from llm_planner.atomic import write_atomic
 
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=list(asdict(rows[0])))
@@ -128,7 +127,6 @@ def write_bar_chart(rows: list[StudyRow], path: str | Path, title: str) -> None:
         loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=len(solvers), frameon=False
     )  # below the axes, off the bars
     fig.tight_layout()
-    from llm_planner.atomic import atomic_path
 
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format=Path(path).suffix.lstrip(".") or "png")

@@ -51,8 +51,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llm_planner.plan import Plan
+from llm_planner.cost import shard_of
+from llm_planner.plan import Plan, batches_in_flight
 from llm_planner.problem.placement import PlacementProblem
+from llm_planner.tensor_groups import GroupError, group_from_members, is_group_name, member_names
 from llm_planner.verify_sim import EventSimulation
 
 Item = tuple[int, int]  # (shard, task index)
@@ -185,7 +187,6 @@ class _Checker:
 
     def _unknown(self, dev: str) -> str:
         """Why `dev` is no device of the problem, for a group: what the cluster cannot form."""
-        from llm_planner.tensor_groups import GroupError, group_from_members, is_group_name, member_names
 
         if not is_group_name(dev):
             return f"unknown device {dev!r}"
@@ -279,7 +280,6 @@ class _Checker:
         """The steady state's batches in flight from the verifier's own makespan and loads (the
         plan's own count where the simulation could not run: the violations say why); a plan that
         claims another count is a violation."""
-        from llm_planner.plan import batches_in_flight
 
         if math.isnan(makespan):
             return self.plan.batches_in_flight
@@ -338,7 +338,6 @@ class _Checker:
         return {k: self._check_group(k, p.devices[k], assign, batches) for k in used if p.devices[k].degree > 1}
 
     def _check_group(self, k: int, device, assign: list[np.ndarray], batches: int) -> float:
-        from llm_planner.cost import shard_of
 
         p = self.p
         singles = p.cluster.device_map()

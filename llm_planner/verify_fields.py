@@ -34,6 +34,7 @@ from llm_planner.bounds.combined import lower_bound
 from llm_planner.plan import Plan, PlanError, PlanInputs, relative_gap
 from llm_planner.problem.options import SolveOptions
 from llm_planner.problem.placement import PlacementProblem
+from llm_planner.tensor_groups import GroupError, group_from_members, is_group_name, member_names
 
 # hashes are compared (with their own messages) by problem_inputs.problem_from_plan_inputs; options are a record
 _NOT_COMPARED = ("options", "cluster_sha256", "graph_sha256", "profile_sha256")
@@ -109,7 +110,6 @@ def check_file_fields(plan: Plan, problem: PlacementProblem, *, rel_tol: float) 
 
 def check_groups_formable(plan: Plan, problem: PlacementProblem, source: str) -> None:
     """PlanError (bad input, not a wrong plan) for a group in the file that the cluster cannot form."""
-    from llm_planner.tensor_groups import GroupError, group_from_members, is_group_name, member_names
 
     known = set(problem.device_names)
     for s, assignment in enumerate(plan.shard_assignments):

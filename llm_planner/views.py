@@ -7,9 +7,12 @@ from collections import defaultdict
 from rich.table import Table
 
 from llm_planner.fmt import fmt_bytes, fmt_s, fmt_time, has_file_units
+from llm_planner.graph.models import list_models
 from llm_planner.plan import Plan
 from llm_planner.problem.placement import PlacementProblem
+from llm_planner.solve.milp.symmetry import symmetry_classes
 from llm_planner.spec import ClusterSpec
+from llm_planner.verify import verify_plan
 
 
 def device_table(plan: Plan, problem: PlacementProblem) -> Table:
@@ -17,7 +20,6 @@ def device_table(plan: Plan, problem: PlacementProblem) -> Table:
     (runs of consecutive tasks, so a stage that a task leaves and re-enters shows two runs), busy
     time, and the memory of one device (one member of a group) against its usable memory, in the
     steady state of a throughput plan (every batch in flight, verify)."""
-    from llm_planner.verify import verify_plan
 
     report = verify_plan(plan, problem)
     order = plan.device_order()
@@ -67,7 +69,6 @@ def steady_state_text(plan: Plan, file_units: bool = False) -> str | None:
 
 def is_decode_plan(plan: Plan) -> bool:
     """Whether the plan is of a decoder's decode step (a preset or config of the decoder family)."""
-    from llm_planner.graph.models import list_models
 
     model = plan.inputs.model
     if "graph" in model or model.get("phase") != "decode":
@@ -168,7 +169,6 @@ def cluster_tables(cluster: ClusterSpec) -> list[Table]:
 
 def symmetry_table(cluster: ClusterSpec) -> Table:
     """The interchangeable devices and servers that --symmetry orders."""
-    from llm_planner.solve.milp.symmetry import symmetry_classes
 
     classes = symmetry_classes(cluster)
     names = [d.name for d in cluster.devices()]

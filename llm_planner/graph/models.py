@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_planner.constants import DTYPE_BYTES, GRANULARITIES, PHASES
+from llm_planner.graph import decoder_graph, rwnn, transformer
 from llm_planner.graph.ir import GraphError, TaskGraph
 
 __all__ = ["DTYPE_BYTES", "GRANULARITIES", "PHASES", "ModelSpec", "build_model_graph", "list_models"]
@@ -52,7 +53,6 @@ class ModelSpec:
 
 def list_models() -> list[tuple[str, str, str]]:
     """(name, family, description) of every preset."""
-    from llm_planner.graph import rwnn, transformer
 
     out = [(name, "decoder", desc) for name, desc in transformer.preset_descriptions()]
     out += [("resnet18", "cnn", "ResNet-18 from a transformers ResNetConfig, traced with torch.fx (needs torch)")]
@@ -78,7 +78,6 @@ def _resnet_graph(spec: ModelSpec) -> TaskGraph:
 
 def build_model_graph(spec: ModelSpec) -> TaskGraph:
     """Build the task graph of a preset, a config file or a config directory."""
-    from llm_planner.graph import decoder_graph, rwnn, transformer
 
     spec.check()
     if spec.name in ("resnet18", "resnet50"):

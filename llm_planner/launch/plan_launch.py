@@ -30,8 +30,10 @@ from typing import Any
 
 from llm_planner.atomic import write_atomic
 from llm_planner.fmt import fmt_s
+from llm_planner.graph import rwnn
 from llm_planner.launch.mpiexec_run import probe_port, run_mpiexec
 from llm_planner.plan import Plan, load_plan
+from llm_planner.runtime import decoder_tasks as dt
 from llm_planner.runtime.plan_schedule import in_flight_batches
 from llm_planner.runtime.table import RankEntry, RankTable, RunSpec
 from llm_planner.spec import ClusterSpec, load_cluster
@@ -127,7 +129,6 @@ def workload_of(plan: Plan, source: str) -> str:
             f"{source}: inputs.model: plans made from a graph file ({model['graph']}) describe no runnable model; "
             "launch needs a decoder config, a checkpoint directory, a ResNet or an RWNN preset"
         )
-    from llm_planner.graph import rwnn
 
     name = str(model.get("name", ""))
     return "graph" if name in RESNET_NAMES or rwnn.is_rwnn_name(name) else "decoder"
@@ -146,7 +147,6 @@ def check_model(plan: Plan, workload: str, options: LaunchOptions, source: str) 
                     f"(missing {sorted(names - set(assignment))[:5]}, unknown {sorted(set(assignment) - names)[:5]})"
                 )
         return ()
-    from llm_planner.runtime import decoder_tasks as dt
 
     try:
         config = dt.planned_decoder_config(plan.inputs.model, options.checkpoint, source=source)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 
 from llm_planner import profile as prof
 from llm_planner.graph.models import ModelSpec, build_model_graph
+from llm_planner.launch.plan_launch import mpiexec_path
 from llm_planner.runtime.profile_links import collective_groups, link_pairs, ping_pong, time_all_reduce
 from llm_planner.runtime.profile_rank import (
     ProfileOptions,
@@ -285,9 +287,6 @@ def run_mpi(job: ProfileJob, comm=None) -> prof.Profile | None:
 def spawn_mpi(job: ProfileJob, workdir: str | Path, timeout_s: float) -> prof.Profile:
     """Run `run_mpi` under this environment's mpiexec, one rank per device of the cluster; returns the profile
     written."""
-    import subprocess
-
-    from llm_planner.launch.plan_launch import mpiexec_path
 
     cluster = load_cluster(job.cluster_path)
     order = rank_devices(cluster)

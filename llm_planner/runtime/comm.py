@@ -30,6 +30,7 @@ the end of a run) depends on whether its host has a core for every rank:
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,7 +68,6 @@ def spins_while_waiting(ranks_on_host: int, cores: int) -> bool:
 
 def usable_cores() -> int:
     """The cores this process may run on (its affinity mask where the OS has one)."""
-    import os
 
     try:
         return len(os.sched_getaffinity(0))

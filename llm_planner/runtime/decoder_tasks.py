@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from llm_planner.graph import transformer
+
 FAMILIES = ("gpt2", "llama")  # transformers model types the runtime builds
 
 
@@ -42,7 +44,6 @@ def check_decoder_tasks(tasks: list[str] | set[str], num_layers: int, *, source:
 
 def planned_decoder_config(model: dict[str, Any], checkpoint: str | None, *, source: str):
     """The DecoderConfig a plan's model names (a config dir or file, or a preset), checked against a checkpoint's."""
-    from llm_planner.graph import transformer
 
     name = str(model.get("name", ""))
     path = Path(name)

@@ -40,7 +40,9 @@ from dataclasses import dataclass
 from llm_planner import profile as prof
 from llm_planner.graph.ir import TaskGraph
 from llm_planner.graph.models import ModelSpec
+from llm_planner.runtime.rank import torch_dtype
 from llm_planner.spec import ClusterSpec, DeviceSpec
+from llm_planner.tensor_groups import group_degrees
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +320,6 @@ def time_graph(
 def group_degrees_of(cluster: ClusterSpec, device: DeviceSpec) -> list[int]:
     """The degrees of the tensor-parallel groups that `device`'s class of identical devices can form
     (llm_planner.tensor_groups)."""
-    from llm_planner.tensor_groups import group_degrees
 
     if not cluster.kind(device.kind).forms_tensor_groups:
         return []
@@ -337,8 +338,6 @@ def profile_device(
     """Task key -> timing of every distinct task of `graph` on the torch `device`; for decoders in block
     granularity also one member's share on a group of each degree in `degrees` that the model splits over."""
     import torch
-
-    from llm_planner.runtime.rank import torch_dtype
 
     if device.type == "cpu" and options.threads is not None:
         torch.set_num_threads(options.threads)
@@ -362,7 +361,6 @@ def profile_device(
 def time_group(spec: ModelSpec, graph: TaskGraph, device, options: ProfileOptions, group) -> dict[str, prof.TaskTiming]:
     """A group's tasks as the group runs them: every member times its share at once, collectives included
     (keys "<key>@group<k>"; what the first member measured, which waited for the others in each collective)."""
-    from llm_planner.runtime.rank import torch_dtype
 
     measured = time_decoder(
         spec, graph, device, torch_dtype(spec.dtype), options, lambda what, n: None, group.size, group

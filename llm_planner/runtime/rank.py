@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import threading
 import traceback
@@ -150,7 +151,6 @@ def pid_path(workdir: str | Path, rank: int) -> Path:
 
 def _write_pid(table: RankTable, rank: int) -> None:
     """`rank<N>.pid` (pid, host) in the workdir: the launcher names a rank that dies from it, and stops it on Ctrl-C."""
-    import socket
 
     try:
         pid_path(table.run.workdir, rank).write_text(f"{os.getpid()} {socket.gethostname()}\n")

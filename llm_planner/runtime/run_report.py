@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from llm_planner.atomic import write_atomic
+from llm_planner.observe import end_to_end
 
 
 @dataclass
@@ -132,7 +133,6 @@ def tensor_summary(t: torch.Tensor) -> dict[str, Any]:
 
 
 def build_report(*, plan, ranks: list[dict[str, Any]], workload: str, outputs: dict[str, Any]) -> dict[str, Any]:
-    from llm_planner.observe import end_to_end
 
     wall = max(r["total_s"] for r in ranks)
     total = sum(r["total_s"] for r in ranks)

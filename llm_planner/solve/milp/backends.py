@@ -28,8 +28,9 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import highspy
 import numpy as np
 import scipy.sparse as sp
 
@@ -206,7 +207,6 @@ def solve_model(
 
 
 def _replace_note(result: BackendResult, note: str) -> BackendResult:
-    from dataclasses import replace
 
     return replace(result, note=note)
 
@@ -215,7 +215,6 @@ def _replace_note(result: BackendResult, note: str) -> BackendResult:
 
 
 def _solve_highs(model: LinearModel, options: BackendOptions, warm_start: dict[int, float] | None) -> BackendResult:
-    import highspy
 
     started = time.perf_counter()
     h = highspy.Highs()

@@ -88,14 +88,18 @@ from dataclasses import replace
 
 import numpy as np
 
+from llm_planner.bounds.times import task_times
 from llm_planner.fmt import fmt_bytes
 from llm_planner.plan import Plan
+from llm_planner.problem.fit import fits_steady_state, infeasibility_reason, solve_in_flight
 from llm_planner.problem.options import SolveOptions
 from llm_planner.problem.placement import PlacementProblem, ProblemError, restrict_devices
 from llm_planner.problem.schedule import make_plan, with_bound
+from llm_planner.solve.errors import SolveError, SolveInterrupted
 from llm_planner.solve.milp.backends import BackendError, BackendOptions, BackendResult, solve_model
 from llm_planner.solve.milp.model import Formulation
 from llm_planner.solve.milp.symmetry import CRITERIA, canonical_plan
+from llm_planner.solve.milp.warm import contiguous_split
 from llm_planner.solve.session import SolveSession
 
 log = logging.getLogger(__name__)
@@ -117,8 +121,6 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions, session: SolveS
     better, and the plan keeps the first solve's bound. `session`: the problem's baselines and bound,
     computed once (solve.session); a new one otherwise.
     """
-    from llm_planner.problem.fit import solve_in_flight
-    from llm_planner.solve.errors import SolveError, SolveInterrupted
 
     started = time.perf_counter()
     options = options.check()
@@ -169,7 +171,6 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions, session: SolveS
 
 def _solve_milp_once(session: SolveSession) -> Plan:
     """solve_milp for one batch's memory (the session's problem)."""
-    from llm_planner.solve.errors import SolveError
 
     problem, options = session.problem, session.options
     started = time.perf_counter()
@@ -224,7 +225,6 @@ def _without_incumbent(
 ) -> Plan:
     """Stopped before the solver had a plan of its own: the warm start if there is one (status
     `interrupted`), else SolveInterrupted (Ctrl-C) or SolveError (time limit)."""
-    from llm_planner.solve.errors import SolveError, SolveInterrupted
 
     if result.status != "interrupted":
         raise SolveError(
@@ -289,8 +289,6 @@ def _proven_warm_start(warm: Plan, bound_s: float, started: float, options: Solv
 def _warm_start_plan(session: SolveSession) -> Plan | None:
     """The better of the session's best baseline and (throughput) the contiguous split; None if
     neither fits (throughput: in its steady state, problem.fit)."""
-    from llm_planner.problem.fit import fits_steady_state
-    from llm_planner.solve.milp.warm import contiguous_split
 
     problem = session.problem
     physical = restrict_devices(problem, list(range(problem.num_physical))) if problem.has_groups else problem
@@ -301,7 +299,6 @@ def _warm_start_plan(session: SolveSession) -> Plan | None:
 
 def _scales(problem: PlacementProblem, warm: Plan | None) -> tuple[float, float]:
     """(model time unit in seconds, horizon H in model units)."""
-    from llm_planner.bounds.times import task_times
 
     full = np.where(problem.supported, task_times(problem, problem.batch_size), 0.0)
     comm = problem.comm_fixed + problem.comm_slope * problem.batch_size
@@ -469,7 +466,6 @@ def _check_agreement(
 
 
 def _infeasible_message(problem: PlacementProblem, options: SolveOptions) -> str:
-    from llm_planner.problem.fit import infeasibility_reason
 
     why = infeasibility_reason(problem)
     if "heuristics" in why:  # every task fits somewhere and the total suffices: the packing itself fails

@@ -19,6 +19,7 @@ from llm_planner.bounds.times import task_times
 from llm_planner.problem.placement import PlacementProblem
 from llm_planner.solve.milp.backends import LinearModel, ModelBuilder
 from llm_planner.solve.milp.cost_terms import cost_groups, uniform_cost, useful_pieces
+from llm_planner.solve.milp.symmetry import CRITERIA, problem_classes, symmetry_rows
 from llm_planner.solve.milp.token_rows import token_charges, token_makespan_rows
 
 Terms = list[tuple[int, float]]
@@ -229,7 +230,6 @@ class Formulation:
     def add_symmetry_breaking(self) -> None:
         """(13) m(k_a) >= m(k_b) for consecutive interchangeable devices, and the same for the
         server sums of interchangeable servers (solve/milp/symmetry.py).  Rows: one per consecutive pair."""
-        from llm_planner.solve.milp.symmetry import CRITERIA, problem_classes, symmetry_rows
 
         if self.symmetry in CRITERIA:
             self._rows("symmetry", symmetry_rows(self, problem_classes(self.p), self.symmetry))

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -262,7 +262,6 @@ def canonical_plan(problem: PlacementProblem, criterion: str, plan):
     """The same plan with its devices permuted so that it obeys `criterion`'s rows (with
     tensor-parallel groups: unchanged, as a permutation of single devices would not carry
     the groups along; the solver then may not take it as its warm start)."""
-    from dataclasses import replace
 
     if problem.has_groups:
         return plan

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from llm_planner.bounds.load import shard_lp_bound
 from llm_planner.plan import Plan
 from llm_planner.problem.schedule import make_plan
 from llm_planner.solve.split import subsolve
@@ -161,7 +162,6 @@ def shard_chain_bound(ctx: SplitContext, floor: float = 0.0) -> float:
     Chains are computed at MAX_CHAIN_BATCHES batch sizes at most; the s left then
     count with LP(s) alone.
     """
-    from llm_planner.bounds.load import shard_lp_bound
 
     p = ctx.problem
     most = min(p.batch_size, p.max_shards)

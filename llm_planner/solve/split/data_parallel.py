@@ -18,6 +18,7 @@ import numpy as np
 from llm_planner.plan import Plan
 from llm_planner.problem.placement import PlacementProblem
 from llm_planner.problem.schedule import make_plan
+from llm_planner.solve.split.chain import assemble, latency_chain
 from llm_planner.tensor_groups import DeviceClass, device_class
 
 
@@ -61,7 +62,6 @@ def candidate_group_counts(problem: PlacementProblem) -> list[int]:
 
 def data_parallel_plans(ctx, started: float, only: int | None = None) -> list[Plan]:
     """Latency plans with the batch split over g identical groups, for every feasible g (or g = `only`)."""
-    from llm_planner.solve.split.chain import assemble, latency_chain
 
     problem: PlacementProblem = ctx.problem
     plans = []

@@ -30,6 +30,7 @@ import random
 
 import numpy as np
 
+from llm_planner.bounds.times import task_times
 from llm_planner.plan import Plan
 from llm_planner.problem.fit import fits_steady_state
 from llm_planner.problem.placement import PlacementProblem
@@ -54,7 +55,6 @@ class _Shard:
         background: np.ndarray,
         batches: int = 1,
     ):
-        from llm_planner.bounds.times import task_times
 
         p = self.p = problem
         self.b, self.a, self.allowed = batch, list(assign), allowed

@@ -11,6 +11,7 @@ import random
 
 import numpy as np
 
+from llm_planner.bounds.times import task_times
 from llm_planner.problem.placement import PlacementProblem
 
 KICK_STRENGTH = 10  # the iterated local search moves 1..KICK_STRENGTH random tasks before each descent
@@ -23,7 +24,6 @@ class ListMakespan:
     rule), with every cost precomputed: the local search's evaluation function."""
 
     def __init__(self, sub: PlacementProblem):
-        from llm_planner.bounds.times import task_times
 
         b, num_k = sub.batch_size, sub.num_devices
         self.num_tasks, self.num_devices = sub.num_tasks, num_k

@@ -43,11 +43,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from llm_planner.bounds.partition import count_partitions, partitions
 from llm_planner.bounds.times import task_times
 from llm_planner.plan import Plan
 from llm_planner.problem.placement import PlacementProblem
 from llm_planner.problem.schedule import make_plan
 from llm_planner.solve.split.data_parallel import candidate_group_counts, device_groups, replicate, shard_sizes
+from llm_planner.solve.split.subsolve import device_classes
 from llm_planner.solve.split.throughput import device_orders, stage_dp
 from llm_planner.tensor_groups import DeviceClass
 
@@ -228,8 +230,6 @@ def replicated_plans(problem: PlacementProblem, bases: list[list[int]], started:
     sizes: every partition of Q into m parts, largest first (near-equal ones alone when there are
     more than MAX_SIZE_SPLITS), for 2 <= m <= the problem's max_shards; those that fit in memory
     are ranked by `run_estimate` and the best FINALISTS scheduled exactly in `run_orders`."""
-    from llm_planner.bounds.partition import count_partitions, partitions
-    from llm_planner.solve.split.subsolve import device_classes
 
     q, most = problem.batch_size, min(problem.batch_size, problem.max_shards)
     if most < 2:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from llm_planner.bounds.times import task_times
 from llm_planner.plan import within_gap
 from llm_planner.problem.options import SolveOptions
 from llm_planner.problem.placement import PlacementProblem
@@ -186,7 +187,6 @@ class SplitContext:
 
     def _one_task_costs(self, module: Module, inputs: list[int | None], outs: list[int], batch: int) -> np.ndarray:
         """Closed form for a module of one task c: max over edges u->c of c(e, k, l, b), plus t(c, l, b)."""
-        from llm_planner.bounds.times import task_times
 
         p = self.problem
         c = module.tasks[0]

@@ -19,8 +19,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from llm_planner.bounds.combined import lower_bound
 from llm_planner.problem.options import SolveOptions
 from llm_planner.problem.placement import PlacementProblem
+from llm_planner.problem.schedule import asap_schedule
+from llm_planner.solve.baselines.single import run_baseline
+from llm_planner.solve.errors import SolveError
 from llm_planner.solve.split.modules import Module
 from llm_planner.solve.split.moves import improve_by_moves
 from llm_planner.solve.split.pool import Pool, run_many
@@ -126,9 +130,6 @@ def solve_subproblem(
     offset = 1 if module.input_task is not None else 0
     if len(module.tasks) == 1:
         return _closed_form(sub, offset, l, batch)
-    from llm_planner.bounds.combined import lower_bound
-    from llm_planner.solve.baselines.single import run_baseline
-    from llm_planner.solve.errors import SolveError
 
     if len(module.tasks) <= options.max_module_tasks:
         from llm_planner.solve.milp.milp import solve_milp
@@ -167,7 +168,6 @@ def _module_part(assign: list[int], order: list[int], offset: int) -> tuple[tupl
 def module_bound(problem: PlacementProblem, module: Module, k: int | None, l: int, batch: int) -> float:
     """bounds.combined.lower_bound of module's subproblem for `batch` samples with its input cut
     on k (None: the module has no input cut) and its output cut on l."""
-    from llm_planner.bounds.combined import lower_bound
 
     sub, _ = build_subproblem(
         problem, module.tasks, module.input_task, k, l, np.ones(problem.num_devices, dtype=bool), batch
@@ -239,7 +239,6 @@ def intensify_subproblem(
 
 def _list_scheduled(sub: PlacementProblem, assign: list[int]) -> tuple[float, list[int]]:
     """(makespan, tasks by start) of an assignment, by schedule.asap_schedule itself."""
-    from llm_planner.problem.schedule import asap_schedule
 
     start, finish = asap_schedule(sub, [sub.batch_size], [assign])
     return max(finish.values()), [i for (_, i) in sorted(start, key=lambda it: (start[it], finish[it], it))]

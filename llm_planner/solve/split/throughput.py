@@ -33,6 +33,7 @@ import math
 
 import numpy as np
 
+from llm_planner.bounds.times import task_times
 from llm_planner.plan import Plan
 from llm_planner.problem.fit import MAX_IN_FLIGHT_RESOLVES, fits_steady_state
 from llm_planner.problem.placement import PlacementProblem
@@ -46,7 +47,6 @@ INF = float("inf")
 def _module_arrays(ctx, batch: int, devices: list[int], batches: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """work[j, q]: time of module j on devices[q] (inf if unsupported); mem[j, q]: its memory there,
     per-sample memory counted for `batches` batches in flight."""
-    from llm_planner.bounds.times import task_times
 
     p: PlacementProblem = ctx.problem
     times = task_times(p, batch)[:, devices]
@@ -134,7 +134,6 @@ def device_orders(problem: PlacementProblem, devices: list[int], batch: int) -> 
     the best contiguous plan puts the first third on the T4 and the rest on the
     A100, an order the first two miss.
     """
-    from llm_planner.bounds.times import task_times
 
     times = task_times(problem, batch)[:, devices]
     speed = {d: float(np.sum(np.where(np.isfinite(times[:, q]), times[:, q], 0.0))) for q, d in enumerate(devices)}
