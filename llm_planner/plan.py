@@ -1,6 +1,9 @@
 """Plan files: the versioned YAML (or JSON, for a .json path) a solver writes and the verifier, `show` and
 `launch` read. The format is documented in docs/plan-format.md.
 
+Input paths (cluster, graph, profile, a model's config) are stored relative to the plan file's folder
+and read back against it (llm_planner.plan_paths), so a plan works from any working directory.
+
 Contract (scripts rely on these top-level keys): `objective_s` (latency in
 seconds, or seconds per sample for throughput), `lower_bound_s`, `gap`, and
 `assignment` (task name -> device name, or the list of its members' names for a
@@ -14,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,7 @@ import yaml
 
 from llm_planner.atomic import write_atomic
 from llm_planner.fileio import read_document
+from llm_planner.plan_paths import model_paths, plan_folder, relative_to_plan, resolve_from_plan
 from llm_planner.plan_read import MISSING, Fields, check_finite_tree
 from llm_planner.tensor_groups import is_group_name, member_names
 
@@ -224,17 +229,39 @@ def save_plan(plan: Plan, path: str | Path) -> None:
     """Write a plan as JSON to a .json path and as YAML to any other, atomically (llm_planner.atomic):
     an interrupted or failing write leaves the old file, never part of the new one."""
     path = Path(path)
+    data = dataclasses.replace(plan, inputs=_inputs_as_stored(plan.inputs, path)).to_dict()
     if path.suffix == ".json":
-        text = json.dumps(plan.to_dict(), indent=1, allow_nan=False) + "\n"
+        text = json.dumps(data, indent=1, allow_nan=False) + "\n"
     else:
-        text = yaml.safe_dump(plan.to_dict(), sort_keys=False, width=120)
+        text = yaml.safe_dump(data, sort_keys=False, width=120)
     write_atomic(path, text, PlanError)
 
 
 def load_plan(path: str | Path) -> Plan:
     """Read and check a plan file (llm_planner.fileio, then llm_planner.plan_read); PlanError naming the file
-    and field."""
-    return plan_from_dict(read_document(path, PlanError), source=str(path))
+    and field. Its input paths come back resolved against the plan file's folder (llm_planner.plan_paths)."""
+    plan = plan_from_dict(read_document(path, PlanError), source=str(path))
+    return dataclasses.replace(plan, inputs=_inputs_resolved(plan.inputs, path))
+
+
+def _inputs_as_stored(inputs: PlanInputs, plan_path: Path) -> PlanInputs:
+    """The inputs as the plan file at `plan_path` records them: paths relative to its folder."""
+
+    def stored(path: str) -> str | None:
+        return relative_to_plan(path, plan_path)
+
+    model = model_paths(inputs.model, stored, os.getcwd())
+    return dataclasses.replace(inputs, cluster=stored(inputs.cluster), profile=stored(inputs.profile), model=model)
+
+
+def _inputs_resolved(inputs: PlanInputs, plan_path: str | Path) -> PlanInputs:
+    """The inputs a plan file at `plan_path` records, with paths that work from any working directory."""
+
+    def resolved(path: str) -> str | None:
+        return resolve_from_plan(path, plan_path)
+
+    model = model_paths(inputs.model, resolved, plan_folder(plan_path))
+    return dataclasses.replace(inputs, cluster=resolved(inputs.cluster), profile=resolved(inputs.profile), model=model)
 
 
 def plan_from_dict(data: Any, source: str = "<memory>") -> Plan:

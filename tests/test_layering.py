@@ -71,7 +71,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
     ("cost", ["llm_planner.cost"], "pure cost formulas over tasks, devices and links"),
     (
         "plan format",
-        ["llm_planner.plan", "llm_planner.plan_read"],
+        ["llm_planner.plan", "llm_planner.plan_read", "llm_planner.plan_paths"],
         "the plan file format: solvers produce Plans, so it sits below them",
     ),
     (

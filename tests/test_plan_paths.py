@@ -1,0 +1,119 @@
+"""Plans work from any working directory: `plan` stores its input paths relative to the plan file's folder
+(absolute ones as they are), and `verify`, `show`, `launch` and `measure` read them back against that folder;
+the recorded sha256 of each input is still checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import SPECS
+from plan_files import write_inputs
+
+from llm_planner.cli import main
+from llm_planner.plan import load_plan
+from llm_planner.plan_paths import relative_to_plan, resolve_from_plan
+
+
+@pytest.fixture
+def folders(tmp_path, monkeypatch):
+    """A: where `plan` runs and the inputs live (in a subfolder); B: where the plan is written; C: elsewhere."""
+    a, b, c = (tmp_path / name for name in ("A", "B", "C"))
+    for folder in (a / "specs", b, c):
+        folder.mkdir(parents=True)
+    shutil.copy(SPECS / "rtx4090-workstation.yaml", a / "specs" / "c.yaml")
+    monkeypatch.chdir(a)
+    return a, b, c
+
+
+def _stored_inputs(plan: Path) -> dict:
+    return yaml.safe_load(plan.read_text())["inputs"]
+
+
+def test_a_plan_made_in_one_folder_into_another_verifies_and_shows_from_a_third(folders, monkeypatch, capsys):
+    a, b, c = folders
+    assert main(["plan", "--cluster", "specs/c.yaml", "--model", "gpt2", "--no-baselines", "-o", "../B/p.yaml"]) == 0
+    assert _stored_inputs(b / "p.yaml")["cluster"] == os.path.join("..", "A", "specs", "c.yaml")
+    monkeypatch.chdir(c)
+    capsys.readouterr()
+    for argv in (["verify", "../B/p.yaml"], ["verify", str(b / "p.yaml")], ["show", "../B/p.yaml"]):
+        assert main(argv) == 0, capsys.readouterr()
+    assert main(["launch", "../B/p.yaml", "--dry-run"]) == 0, capsys.readouterr()
+    assert load_plan(Path("../B/p.yaml")).inputs.cluster == str(a / "specs" / "c.yaml")
+
+
+def test_a_graph_file_plan_written_beside_its_inputs_moves_with_them(folders, monkeypatch, capsys):
+    """Inputs and plan in one folder: the folder can be moved or copied whole and still verifies."""
+    a, b, c = folders
+    write_inputs(a / "specs")
+    argv = ["plan", "--cluster", "specs/c.yaml", "--graph", "specs/g.json", "--batch", "4", "--max-shards", "2"]
+    assert main([*argv, "--no-baselines", "-o", "specs/p.yaml"]) == 0
+    stored = _stored_inputs(a / "specs" / "p.yaml")
+    assert (stored["cluster"], stored["model"]) == ("c.yaml", {"graph": "g.json"})
+    shutil.copytree(a / "specs", c / "moved")
+    shutil.rmtree(a / "specs")
+    monkeypatch.chdir(b)
+    capsys.readouterr()
+    assert main(["verify", str(c / "moved" / "p.yaml")]) == 0, capsys.readouterr()
+
+
+def test_absolute_input_paths_stay_absolute(folders, monkeypatch, capsys):
+    a, b, c = folders
+    cluster = str(a / "specs" / "c.yaml")
+    assert main(["plan", "--cluster", cluster, "--model", "gpt2", "--no-baselines", "-o", str(b / "p.yaml")]) == 0
+    assert _stored_inputs(b / "p.yaml")["cluster"] == cluster
+    shutil.move(b / "p.yaml", c / "p.yaml")  # the plan moves alone; its input is where it was
+    monkeypatch.chdir(c)
+    capsys.readouterr()
+    assert main(["verify", "p.yaml"]) == 0, capsys.readouterr()
+
+
+def test_a_model_config_directory_is_stored_relative_to_the_plan(folders, monkeypatch, capsys):
+    a, b, c = folders
+    (a / "tiny").mkdir()
+    config = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 1000, "n_positions": 128}
+    (a / "tiny" / "config.json").write_text(json.dumps(config))
+    assert main(["plan", "--cluster", "specs/c.yaml", "--model", "tiny", "--no-baselines", "-o", "../B/p.yaml"]) == 0
+    assert _stored_inputs(b / "p.yaml")["model"]["name"] == os.path.join("..", "A", "tiny")
+    monkeypatch.chdir(c)
+    (c / "tiny").mkdir()  # a folder of the same name where verify runs is not the one the plan means
+    capsys.readouterr()
+    assert main(["verify", "../B/p.yaml"]) == 0, capsys.readouterr()
+
+
+def test_the_inputs_hashes_are_still_checked(folders, monkeypatch, capsys):
+    a, b, c = folders
+    assert main(["plan", "--cluster", "specs/c.yaml", "--model", "gpt2", "--no-baselines", "-o", "../B/p.yaml"]) == 0
+    with open(a / "specs" / "c.yaml", "a") as f:
+        f.write("\n# edited\n")
+    monkeypatch.chdir(c)
+    capsys.readouterr()
+    assert main(["verify", "../B/p.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert str(a / "specs" / "c.yaml") in err and "changed since the plan was made" in err
+
+
+def test_a_plan_moved_away_from_its_inputs_names_where_it_looked(folders, monkeypatch, capsys):
+    a, b, c = folders
+    assert main(["plan", "--cluster", "specs/c.yaml", "--model", "gpt2", "--no-baselines", "-o", "../B/p.yaml"]) == 0
+    (c / "deeper").mkdir()
+    shutil.move(b / "p.yaml", c / "deeper" / "p.yaml")
+    capsys.readouterr()
+    assert main(["verify", str(c / "deeper" / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert str(c / "A" / "specs" / "c.yaml") in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("given", ["c.yaml", "specs/c.yaml", "../x/c.yaml", "./a/../c.yaml"])
+def test_relative_paths_round_trip_through_a_plan_in_any_folder(tmp_path, monkeypatch, given):
+    monkeypatch.chdir(tmp_path)
+    for plan in ("p.yaml", "B/p.yaml", "../p.yaml", str(tmp_path / "B" / "C" / "p.yaml")):
+        stored = relative_to_plan(given, plan)
+        assert not os.path.isabs(stored)
+        assert resolve_from_plan(stored, plan) == os.path.normpath(os.path.join(tmp_path, given))
+    assert relative_to_plan("/abs/c.yaml", "B/p.yaml") == "/abs/c.yaml" == resolve_from_plan("/abs/c.yaml", "B/p.yaml")
+    assert relative_to_plan(None, "p.yaml") is None and resolve_from_plan(None, "p.yaml") is None
