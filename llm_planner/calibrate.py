@@ -1,11 +1,18 @@
 """Fit a cluster spec's efficiency factors and link parameters to measured runs.
 
-Device kinds. Per call of task i (FLOPs F and activation bytes A per sample,
-weight bytes W) on a device of kind K for b samples, the roofline of
-llm_planner.cost with x = 1 / compute_efficiency, y = 1 / mem_efficiency and
+Device kinds. Per call of task i on a plan device of kind K for b samples, the
+planner's own roofline (llm_planner.cost.roofline_terms, the terms the problem
+builder's pieces come from: FLOPs F and activation bytes A per sample, weight
+bytes W streamed per call, an embedding table's indexed rows left out; on a
+tensor-parallel group one member's share, plus the group's collectives C(b) over
+the spec's link) with x = 1 / compute_efficiency, y = 1 / mem_efficiency and
 o = overhead_s reads
 
-    t(b) = o + max( x * F b / peak_flops,  y * (W + A b) / mem_bw_bytes_per_s )
+    t(b) = o + max( x * F b / peak_flops,  y * (W + A b) / mem_bw_bytes_per_s ) + C(b)
+
+C(b) is the links' and not fitted here: it is taken off the measured time.
+`predicted_task_s` is this model with the spec's own factors, which equals the
+planner's task time (tests/test_calibrate.py holds them equal).
 
 Once every call is classed as compute- or memory-bound, the measured total of a
 (device, task) over its calls is linear in (o, x, y):
@@ -52,6 +59,7 @@ import numpy as np
 import yaml
 from scipy.optimize import lsq_linear
 
+from llm_planner import cost
 from llm_planner.atomic import write_atomic
 from llm_planner.fileio import read_document
 from llm_planner.observe import MeasureError, RunObservations, read_observations
@@ -179,38 +187,78 @@ def _solve(a, target, prior, lower, free: list[int], kept: dict) -> tuple[np.nda
 class _Sample:
     total_s: float
     groups: tuple[tuple[int, float, float], ...]  # (calls, compute seconds at peak, memory seconds at peak) per batch
+    fixed_s: float = 0.0  # a group's collectives over its calls (the spec's link), not a kind's factor
 
 
-def _kind_samples(kind: DeviceKindSpec, runs: Sequence[RunData], kind_of: dict[str, str]) -> list[_Sample]:
+def _call_groups(terms: cost.RooflineTerms, calls) -> tuple[tuple[tuple[int, float, float], ...], float]:
+    """Per batch size: (calls, compute seconds at peak, memory seconds at peak), from the planner's own
+    roofline terms (llm_planner.cost.roofline_terms); and the collectives' seconds over the calls."""
+    groups = tuple(
+        (
+            n,
+            terms.flops_per_sample * b / terms.peak_flops,
+            (terms.streamed_bytes + terms.bytes_per_sample * b) / terms.mem_bw_bytes_per_s,
+        )
+        for b, n in calls
+    )
+    fixed, slope = terms.collective
+    return groups, sum(n * (fixed + slope * b) for b, n in calls)
+
+
+def _observation_terms(cluster: ClusterSpec, run: RunData, o) -> tuple[str, cost.RooflineTerms] | None:
+    """(kind name, roofline terms) of an observed (device, task) as the planner costs it on that plan
+    device (a tensor-parallel group: one member's share and the collectives over the group's link);
+    None for a task with explicit times (not a roofline task)."""
+    problem = run.problem
+    task = problem.graph.task(o.task)
+    if task.time_s_by_kind:
+        return None
+    names = problem.device_names
+    if o.device not in names:
+        raise CalibrateError(f"{run.obs.source}: device {o.device!r} of the run is not a device of its plan's problem")
+    device = problem.devices[names.index(o.device)]
+    kind = cluster.kind(device.kind)
+    link = None
+    if device.degree > 1:
+        single = cluster.device_map()
+        link = cluster.link(single[device.members[0]], single[device.members[1]])
+    try:
+        return kind.name, cost.roofline_terms(task, kind, run.obs.dtype, device.degree, link)
+    except cost.CostError as exc:
+        raise CalibrateError(f"{run.obs.source}: {exc}, the dtype of the run") from None
+
+
+def _kind_samples(cluster: ClusterSpec, kind: DeviceKindSpec, runs: Sequence[RunData]) -> list[_Sample]:
     out = []
     for run in runs:
-        tasks = {t.name: t for t in run.problem.graph.tasks}
         for o in run.obs.tasks:
-            task = tasks[o.task]
-            if kind_of[o.device] != kind.name or task.time_s_by_kind or o.measured_s <= 0:
+            found = _observation_terms(cluster, run, o) if o.measured_s > 0 else None
+            if found is None or found[0] != kind.name:
                 continue
-            try:
-                peak = kind.flops_for(run.obs.dtype)
-            except KeyError:
-                raise CalibrateError(
-                    f"device kind {kind.name!r} has no peak_flops for dtype {run.obs.dtype!r}, "
-                    f"the dtype of run {run.obs.source}"
-                ) from None
-            groups = tuple(
-                (
-                    n,
-                    task.flops_per_sample * b / peak,
-                    (task.weight_bytes + task.bytes_per_sample * b) / kind.mem_bw_bytes_per_s,
-                )
-                for b, n in o.calls
+            groups, fixed_s = _call_groups(found[1], o.calls)
+            out.append(_Sample(total_s=o.measured_s, groups=groups, fixed_s=fixed_s))
+    return out
+
+
+def predicted_task_s(cluster: ClusterSpec, run: RunData) -> dict[tuple[str, str], float]:
+    """(device, task) -> the seconds calibration's model predicts for the run's timed calls with the
+    cluster's own factors: the planner's roofline, term for term (a test holds the two equal)."""
+    out = {}
+    for o in run.obs.tasks:
+        found = _observation_terms(cluster, run, o)
+        if found is not None:
+            kind = cluster.kind(found[0])
+            groups, fixed_s = _call_groups(found[1], o.calls)
+            p = np.array([kind.overhead_s, 1.0 / kind.compute_efficiency, 1.0 / kind.mem_efficiency])
+            out[(o.device, o.task)] = float(
+                _predict([_Sample(total_s=o.measured_s, groups=groups, fixed_s=fixed_s)], p)[0]
             )
-            out.append(_Sample(total_s=o.measured_s, groups=groups))
     return out
 
 
 def _predict(samples: list[_Sample], p: np.ndarray) -> np.ndarray:
     o, x, y = p
-    return np.array([sum(n * (o + max(x * fc, y * fm)) for n, fc, fm in s.groups) for s in samples])
+    return np.array([s.fixed_s + sum(n * (o + max(x * fc, y * fm)) for n, fc, fm in s.groups) for s in samples])
 
 
 def _rows(samples: list[_Sample], p: np.ndarray) -> np.ndarray:
@@ -252,6 +300,7 @@ def fit_kind(kind: DeviceKindSpec, samples: list[_Sample], path: tuple) -> Fit:
         )
     measured = np.array([s.total_s for s in samples])
     weight = 1.0 / measured
+    target = (measured - np.array([s.fixed_s for s in samples])) * weight  # the collectives are the links'
     best = None
     for start in (prior, np.array([kind.overhead_s, 1.0, 1.0])):
         p, seen = start, set()
@@ -261,9 +310,7 @@ def fit_kind(kind: DeviceKindSpec, samples: list[_Sample], path: tuple) -> Fit:
             if key in seen:
                 break
             seen.add(key)
-            p, free, kept = _bounded_fit(
-                a * weight[:, None], np.ones(len(samples)), prior, np.array([0.0, 1.0, 1.0]), order=(2, 1, 0)
-            )
+            p, free, kept = _bounded_fit(a * weight[:, None], target, prior, np.array([0.0, 1.0, 1.0]), order=(2, 1, 0))
         rms = _rel_rms(_predict(samples, p), measured)
         if best is None or rms < best[0] - 1e-12:
             best = (rms, p, free, kept)
@@ -358,12 +405,11 @@ def calibrate(cluster: ClusterSpec, runs: Sequence[RunData]) -> Calibration:
     """Fit every device kind and link class of `cluster` to the runs (see the module docstring)."""
     devices = cluster.device_map()
     for run in runs:
-        for name in run.plan.devices_used():
+        for name in run.plan.physical_devices_used():
             if name not in devices:
                 raise CalibrateError(f"{run.obs.source}: device {name!r} of the run is not in cluster {cluster.source}")
-    kind_of = {name: d.kind for name, d in devices.items()}
     kinds = tuple(
-        fit_kind(k, _kind_samples(k, runs, kind_of), ("device_kinds", i)) for i, k in enumerate(cluster.device_kinds)
+        fit_kind(k, _kind_samples(cluster, k, runs), ("device_kinds", i)) for i, k in enumerate(cluster.device_kinds)
     )
     by_class: dict[tuple, list[tuple[int, int, float]]] = {}
     for run in runs:

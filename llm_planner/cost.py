@@ -68,6 +68,58 @@ def task_supported(task: Task, kind: DeviceKindSpec) -> bool:
     return True
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RooflineTerms:
+    """What the roofline of one device (or one member of a tensor-parallel group) reads for a task,
+    before the kind's efficiencies and overhead: the builder's pieces (`pieces_of`) and calibration's
+    fit (llm_planner.calibrate) both start from these."""
+
+    flops_per_sample: float  # F (a member's share on a group)
+    streamed_bytes: float  # W read once per call (weights less the indexed table)
+    bytes_per_sample: float  # A
+    peak_flops: float  # the kind's peak for the dtype
+    mem_bw_bytes_per_s: float
+    collective: Piece = (0.0, 0.0)  # (fixed_s, per_sample_s) of a group's collectives; none alone
+
+
+def roofline_terms(
+    task: Task, kind: DeviceKindSpec, dtype: str, k: int = 1, link: LinkSpec | None = None
+) -> RooflineTerms:
+    """The roofline terms of `task` on one device of `kind` (k = 1) or on each member of a group of k
+    whose collectives cross `link`. Raises CostError for a task with explicit times, a dtype the kind
+    has no peak for, or a task that does not shard over k."""
+    if task.time_s_by_kind:
+        raise CostError(f"task {task.name!r} has explicit times, not a roofline")
+    if k > 1 and (not task.shards_over(k) or link is None):
+        raise CostError(f"task {task.name!r} cannot run on a tensor-parallel group of {k}")
+    try:
+        peak = kind.flops_for(dtype)
+    except KeyError:
+        raise CostError(f"device kind {kind.name!r} gives no peak_flops for dtype {dtype!r}") from None
+    member = shard_of(task, k) if k > 1 else task
+    return RooflineTerms(
+        flops_per_sample=member.flops_per_sample,
+        streamed_bytes=member.weight_bytes - member.weight_bytes_indexed,
+        bytes_per_sample=member.bytes_per_sample,
+        peak_flops=peak,
+        mem_bw_bytes_per_s=kind.mem_bw_bytes_per_s,
+        collective=collective_pieces(task, k, link) if k > 1 else (0.0, 0.0),
+    )
+
+
+def pieces_of(terms: RooflineTerms, kind: DeviceKindSpec) -> tuple[Piece, Piece]:
+    """The (compute, memory) affine pieces of the module docstring, with the kind's efficiencies and
+    overhead and the collectives added to both."""
+    flops_per_s = terms.peak_flops * kind.compute_efficiency
+    bytes_per_s = terms.mem_bw_bytes_per_s * kind.mem_efficiency
+    compute = (kind.overhead_s, terms.flops_per_sample / flops_per_s)
+    memory = (kind.overhead_s + terms.streamed_bytes / bytes_per_s, terms.bytes_per_sample / bytes_per_s)
+    if terms.collective == (0.0, 0.0):
+        return (compute, memory)
+    fixed, slope = terms.collective
+    return ((compute[0] + fixed, compute[1] + slope), (memory[0] + fixed, memory[1] + slope))
+
+
 def task_time_pieces(task: Task, kind: DeviceKindSpec, dtype: str) -> tuple[Piece, ...]:
     """Affine pieces whose maximum is the task's time for b >= 1 samples.
 
@@ -77,16 +129,7 @@ def task_time_pieces(task: Task, kind: DeviceKindSpec, dtype: str) -> tuple[Piec
         raise CostError(f"task {task.name!r} cannot run on device kind {kind.name!r}")
     if task.time_s_by_kind:
         return ((0.0, dict(task.time_s_by_kind)[kind.name]),)
-    try:
-        peak = kind.flops_for(dtype)
-    except KeyError:
-        raise CostError(f"device kind {kind.name!r} gives no peak_flops for dtype {dtype!r}") from None
-    flops_per_s = peak * kind.compute_efficiency
-    bytes_per_s = kind.mem_bw_bytes_per_s * kind.mem_efficiency
-    streamed = task.weight_bytes - task.weight_bytes_indexed
-    compute = (kind.overhead_s, task.flops_per_sample / flops_per_s)
-    memory = (kind.overhead_s + streamed / bytes_per_s, task.bytes_per_sample / bytes_per_s)
-    return (compute, memory)
+    return pieces_of(roofline_terms(task, kind, dtype), kind)
 
 
 def collective_pieces(task: Task, k: int, link: LinkSpec) -> Piece:
@@ -109,11 +152,14 @@ def group_task_time_pieces(
     Raises CostError when the task does not shard over k devices."""
     if k == 1:
         return task_time_pieces(task, kind, dtype)
-    if not task.shards_over(k) or link is None:
-        raise CostError(f"task {task.name!r} cannot run on a tensor-parallel group of {k}")
-    member = shard_of(task, k)
-    coll_fixed, coll_slope = collective_pieces(task, k, link)
-    return tuple((f + coll_fixed, s + coll_slope) for f, s in task_time_pieces(member, kind, dtype))
+    if not task_supported(task, kind):
+        raise CostError(f"task {task.name!r} cannot run on device kind {kind.name!r}")
+    if task.time_s_by_kind:  # explicit times: each member's is the task's, plus the collectives
+        if not task.shards_over(k) or link is None:
+            raise CostError(f"task {task.name!r} cannot run on a tensor-parallel group of {k}")
+        fixed, slope = collective_pieces(task, k, link)
+        return ((fixed, dict(task.time_s_by_kind)[kind.name] + slope),)
+    return pieces_of(roofline_terms(task, kind, dtype, k, link), kind)
 
 
 def shard_of(task: Task, k: int) -> Task:

@@ -183,3 +183,46 @@ def test_measure_and_calibrate_import_without_torch_or_mpi():
         "bad = [m for m in ('torch', 'mpi4py', 'transformers') if m in sys.modules]\nassert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("solver", ["single-device", "megatron"])
+def test_calibrations_prediction_is_the_planners_task_time(solver, repo):
+    """For GPT-2 (whose embed streams no weights: its table is indexed) placed alone and on
+    tensor-parallel groups, calibration's model with the spec's factors predicts each timed call
+    as the planner's problem times it."""
+    from llm_planner.calibrate import RunData, predicted_task_s
+    from llm_planner.graph.models import ModelSpec
+    from llm_planner.observe import RunObservations, TaskObservation
+    from llm_planner.problem.options import SolveOptions
+    from llm_planner.problem_inputs import problem_from_inputs
+    from llm_planner.solve.api import solve
+
+    path = repo / "cluster_specs/four-gpus.yaml"
+    problem = problem_from_inputs(
+        cluster_path=str(path), model=ModelSpec(name="gpt2"), batch_size=2, max_shards=1, max_tp=4
+    )
+    plan = solve(problem, SolveOptions(solver=solver))
+    calls = ((2, 3), (1, 2))  # 3 calls of 2 samples, 2 of 1
+    obs = RunObservations(
+        source="synthetic",
+        workload="decoder",
+        phase="decode",
+        passes=1,
+        dtype="fp16",
+        tasks=tuple(TaskObservation(device=d, task=t, calls=calls, measured_s=1.0) for t, d in plan.assignment.items()),
+        unmeasured=(),
+        transfers=(),
+        end_to_end_s=1.0,
+        end_to_end_what="step",
+    )
+    predicted = predicted_task_s(load_cluster(path), RunData(plan=plan, problem=problem, obs=obs))
+    names = problem.device_names
+    index = {t.name: i for i, t in enumerate(problem.graph.tasks)}
+    groups = 0
+    for (device, task), seconds in predicted.items():
+        k = names.index(device)
+        groups += problem.devices[k].degree > 1
+        planner = sum(n * problem.task_time(index[task], k, b) for b, n in calls)
+        assert seconds == pytest.approx(planner, rel=1e-12), (device, task)
+    assert len(predicted) == len(plan.assignment)
+    assert (groups > 0) == (solver == "megatron")
