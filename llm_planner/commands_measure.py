@@ -19,7 +19,7 @@ from llm_planner.launch import plan_launch as launch
 from llm_planner.launch import profile_run
 from llm_planner.launch.profile_run import ProfileJob, planned_runs, profile_local, run_mpi
 from llm_planner.measure import measure_files, measurement_tables, write_measurement
-from llm_planner.profile import ProfileError
+from llm_planner.profile import ProfileError, save_profile
 from llm_planner.runtime.profile_rank import ProfileOptions, ProfileRunError
 
 
@@ -163,8 +163,6 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     for table in profile_tables(profile):
         console.print(table)
     if not args.mpi and not _under_mpi():
-        from llm_planner.profile import save_profile
-
         save_profile(profile, args.output)
     console.print(styled("profile written to ", (str(args.output), "bold")))
     return 0

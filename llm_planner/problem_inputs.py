@@ -18,7 +18,7 @@ from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.plan import PlanInputs
 from llm_planner.problem.fit import memory_shortfall
 from llm_planner.problem.placement import PlacementProblem, ProblemError, build_problem
-from llm_planner.profile import file_sha256
+from llm_planner.profile import file_sha256, load_profile
 from llm_planner.profile_apply import apply_profile
 from llm_planner.spec import ClusterSpec, load_cluster
 
@@ -94,8 +94,6 @@ def problem_from_inputs(
     graph, cluster = load_graph_and_cluster(cluster_path=cluster_path, model=model, graph_path=graph_path)
     profile = None
     if profile_path is not None:
-        from llm_planner.profile import load_profile
-
         profile = load_profile(profile_path)
     dtype = model.dtype if model is not None else "fp16"
     shards = len(cluster.devices()) if max_shards is None else max_shards

@@ -199,12 +199,12 @@ def module_files(package_dir: Path) -> dict[str, Path]:
     return out
 
 
-def explicit_imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The package's modules that `name` imports anywhere in its file."""
+def explicit_imports(name: str, path: Path, modules: dict[str, Path], tree: ast.AST | None = None) -> set[str]:
+    """The package's modules that `name` imports anywhere in its file (or in `tree`, a part of it)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     root = name.split(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(tree or ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -306,3 +306,144 @@ def test_the_checks_see_lazy_relative_and_type_checking_imports(tmp_path):
     (pkg / "low.py").write_text("")
     (pkg / "sub" / "__init__.py").write_text("from pkg.sub.high import f\n")  # a re-export closes a circle
     assert circles(import_graph(pkg)[0]) == [["pkg.sub", "pkg.sub.high"]]
+
+
+# The folders directly under llm_planner, lowest first: a folder imports only from folders before it (and
+# from top-level modules, which LAYERS places one by one). Subfolders belong to their folder; inside one,
+# LAYERS orders the modules.
+FOLDERS: list[tuple[str, str]] = [
+    ("llm_planner.graph", "task graphs: the IR and the builders of model graphs"),
+    ("llm_planner.problem", "the placement problem in numbers, the list scheduler, the memory fit, a solve's options"),
+    ("llm_planner.bounds", "lower bounds: what every solver is judged against and verify re-derives"),
+    ("llm_planner.solve", "the solvers: baselines, the exact MILP, MILP-SPLIT, solve(problem, options)"),
+    ("llm_planner.serving", "the serving objective: its model, bounds, plan file, search and exports"),
+    ("llm_planner.runtime", "a rank's share of the model under MPI (torch)"),
+    ("llm_planner.launch", "starting ranks with mpiexec: a plan's, or the profiling job's"),
+]
+
+# What a solver may never reach, even through other modules: the loaders of input files (the cluster and
+# plan readers are one function each in spec and plan, beside the data they read).
+LOADERS = [
+    "llm_planner.problem_inputs",
+    "llm_planner.verify_file",
+    "llm_planner.profile",
+    "llm_planner.graph.workloads",
+]
+
+# Imports that may stay inside a function: those of heavy optional packages (planning never imports torch).
+HEAVY = ("torch", "transformers", "safetensors", "mpi4py", "gurobipy", "matplotlib")
+
+
+def folder_of(name: str) -> str:
+    """The folder directly under the package that holds `name`; a top-level module is its own."""
+    return ".".join(name.split(".")[:2])
+
+
+def folder_imports(explicit: dict[str, set[str]]) -> nx.DiGraph:
+    graph = nx.DiGraph()
+    for name, targets in explicit.items():
+        graph.add_node(folder_of(name))
+        graph.add_edges_from((folder_of(name), folder_of(t)) for t in targets if folder_of(t) != folder_of(name))
+    return graph
+
+
+def upward_folder_imports(explicit: dict[str, set[str]], folders=FOLDERS) -> list[str]:
+    rank = {name: index for index, (name, _) in enumerate(folders)}
+    out = []
+    for name, targets in sorted(explicit.items()):
+        for target in sorted(targets):
+            low, high = rank.get(folder_of(name)), rank.get(folder_of(target))
+            if low is not None and high is not None and high > low:
+                out.append(f"{name} ({folder_of(name)}) imports {target} ({folder_of(target)})")
+    return out
+
+
+def heavy_reach(explicit: dict[str, set[str]]) -> set[str]:
+    """Modules that import a heavy package at their top, directly or through another module."""
+    graph = nx.DiGraph((a, t) for a, ts in top_level_imports(PACKAGE_DIR).items() for t in ts)
+    direct = {name for name, path in module_files(PACKAGE_DIR).items() if _top_heavy(path)}
+    return direct | {a for a in graph if any(d in direct for d in nx.descendants(graph, a))}
+
+
+def _top_heavy(path: Path) -> bool:
+    for node in ast.parse(path.read_text()).body:
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        if any(n.split(".")[0] in HEAVY for n in names):
+            return True
+    return False
+
+
+def top_level_imports(package_dir: Path) -> dict[str, set[str]]:
+    """explicit_imports, counting only the statements at the top of each module."""
+    modules = module_files(package_dir)
+    out = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        top = ast.Module(body=[n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))], type_ignores=[])
+        out[name] = explicit_imports(name, path, modules, tree=top)
+    return out
+
+
+def function_level_imports(package_dir: Path) -> list[tuple[str, int, list[str]]]:
+    """(module, line, imported names) of every import statement inside a function."""
+    out = []
+    for name, path in module_files(package_dir).items():
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Import):
+                        out.append((name, node.lineno, [a.name for a in node.names]))
+                    elif isinstance(node, ast.ImportFrom):  # `from a import b` imports a, and a.b when a module
+                        module = node.module or ""
+                        out.append((name, node.lineno, [module, *(f"{module}.{a.name}" for a in node.names)]))
+    return out
+
+
+def test_every_folder_has_a_layer():
+    folders = {folder_of(name) for name, path in module_files(PACKAGE_DIR).items() if path.name == "__init__.py"}
+    missing = sorted(folders - {name for name, _ in FOLDERS} - {"llm_planner"})
+    assert not missing, f"folders in no place of FOLDERS: {missing}"
+
+
+def test_no_import_from_a_higher_folder_and_no_circle_between_folders():
+    explicit = import_graph(PACKAGE_DIR)[1]
+    bad = upward_folder_imports(explicit)
+    assert not bad, "imports from a higher folder:\n" + "\n".join(bad)
+    found = circles(folder_imports(explicit))
+    assert not found, "circles between folders: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_no_solver_reaches_a_file_loader():
+    graph = import_graph(PACKAGE_DIR)[0]
+    solvers = [
+        name for name in graph if folder_of(name) in ("llm_planner.solve", "llm_planner.problem", "llm_planner.bounds")
+    ]
+    bad = sorted({(s, loader) for s in solvers for loader in LOADERS if loader in nx.descendants(graph, s)})
+    assert not bad, "solver modules that reach a file loader: " + ", ".join(f"{s} -> {loader}" for s, loader in bad)
+
+
+def test_function_level_imports_only_for_heavy_optional_packages():
+    explicit = import_graph(PACKAGE_DIR)[1]
+    heavy = heavy_reach(explicit)
+    bad = [
+        f"{name}:{line} imports {', '.join(names)} inside a function"
+        for name, line, names in function_level_imports(PACKAGE_DIR)
+        if not any(n.split(".")[0] in HEAVY or n in heavy for n in names)
+    ]
+    assert not bad, "move these to the top of their module:\n" + "\n".join(bad)
+
+
+def test_the_folder_checks_fail_on_an_upward_import_a_loader_and_a_lazy_light_import(tmp_path):
+    explicit = {"llm_planner.graph.ir": {"llm_planner.solve.api"}, "llm_planner.solve.api": {"llm_planner.graph.ir"}}
+    assert upward_folder_imports(explicit) == [
+        "llm_planner.graph.ir (llm_planner.graph) imports llm_planner.solve.api (llm_planner.solve)"
+    ]
+    assert circles(folder_imports(explicit)) == [["llm_planner.graph", "llm_planner.solve"]]
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    import json\n    import torch\n")
+    assert function_level_imports(pkg) == [("pkg.a", 2, ["json"]), ("pkg.a", 3, ["torch"])]
+    assert [names for *_, names in function_level_imports(pkg)] == [["json"], ["torch"]]

@@ -31,6 +31,7 @@ from typing import Any
 from llm_planner.atomic import write_atomic
 from llm_planner.fmt import fmt_s
 from llm_planner.graph import rwnn
+from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.launch.mpiexec_run import probe_port, run_mpiexec
 from llm_planner.plan import Plan, load_plan
 from llm_planner.runtime import decoder_tasks as dt
@@ -137,8 +138,6 @@ def workload_of(plan: Plan, source: str) -> str:
 def check_model(plan: Plan, workload: str, options: LaunchOptions, source: str) -> tuple[tuple[int, ...], ...]:
     """Raise LaunchError unless the plan's tasks are the model's; returns the prompts to run (decoders)."""
     if workload == "graph":
-        from llm_planner.graph.models import ModelSpec, build_model_graph
-
         names = {t.name for t in build_model_graph(ModelSpec.from_dict(dict(plan.inputs.model))).tasks}
         for s, assignment in enumerate(plan.shard_assignments):
             if set(assignment) != names:

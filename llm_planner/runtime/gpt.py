@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from llm_planner.graph import transformer
 from llm_planner.runtime import tp_layers
 from llm_planner.runtime.decoder_tasks import FAMILIES, DecoderError, check_decoder_tasks, decoder_tasks  # noqa: F401 (re-exported)
 from llm_planner.runtime.weights import CheckpointWeights, SeededWeights, fill_module_
@@ -50,12 +51,6 @@ def load_hf_config(model: dict[str, Any], checkpoint: str | None = None):
         if not (config_dir / "config.json").is_file():
             raise DecoderError(f"{name}: no config.json there")
         return AutoConfig.from_pretrained(str(config_dir), local_files_only=True)
-    try:
-        from llm_planner.graph import transformer
-    except ImportError:
-        raise DecoderError(
-            f"model {name!r}: presets need llm_planner.graph.transformer, which is not available"
-        ) from None
     if not transformer.is_preset(name):
         raise DecoderError(f"model {name!r}: not a directory with config.json, a config.json or a decoder preset")
     return transformer.to_hf_config(transformer.preset_config(name))

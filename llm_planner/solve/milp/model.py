@@ -19,7 +19,7 @@ from llm_planner.bounds.times import task_times
 from llm_planner.problem.placement import PlacementProblem
 from llm_planner.solve.milp.backends import LinearModel, ModelBuilder
 from llm_planner.solve.milp.cost_terms import cost_groups, uniform_cost, useful_pieces
-from llm_planner.solve.milp.symmetry import CRITERIA, problem_classes, symmetry_rows
+from llm_planner.solve.milp.symmetry import CRITERIA, group_use_rows, problem_classes, symmetry_rows
 from llm_planner.solve.milp.token_rows import token_charges, token_makespan_rows
 
 Terms = list[tuple[int, float]]
@@ -234,8 +234,6 @@ class Formulation:
         if self.symmetry in CRITERIA:
             self._rows("symmetry", symmetry_rows(self, problem_classes(self.p), self.symmetry))
             if self.p.has_groups:
-                from llm_planner.solve.milp.symmetry import group_use_rows
-
                 self._rows("symmetry_groups", group_use_rows(self.p, self.use))
 
     # -- latency ---------------------------------------------------------------------

@@ -25,6 +25,7 @@ from llm_planner.problem.placement import PlacementProblem
 from llm_planner.problem.schedule import asap_schedule
 from llm_planner.solve.baselines.single import run_baseline
 from llm_planner.solve.errors import SolveError
+from llm_planner.solve.milp.milp import solve_milp
 from llm_planner.solve.split.modules import Module
 from llm_planner.solve.split.moves import improve_by_moves
 from llm_planner.solve.split.pool import Pool, run_many
@@ -132,8 +133,6 @@ def solve_subproblem(
         return _closed_form(sub, offset, l, batch)
 
     if len(module.tasks) <= options.max_module_tasks:
-        from llm_planner.solve.milp.milp import solve_milp
-
         try:
             plan = solve_milp(sub, replace(options, verify=False, threads=1))
         except SolveError:
