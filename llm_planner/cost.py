@@ -36,7 +36,7 @@ Both are affine in b (n is per sample), so the group's time is again a maximum o
 affine pieces: the collectives' time is added to every piece.
 
 Transfer time of an edge's tensor between two different devices for b samples
-(the alpha-beta model, Hockney 1994):
+(the alpha-beta model, Hockney 1994; `transfer_tables`, over every edge and pair):
 
     c(b) = latency + b * bytes_per_sample / bw  +  b * hop_s * hops
 
@@ -48,6 +48,9 @@ accelerator: 2; CPU -> CPU: 0). It is 0 on the same device.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
 
 from llm_planner.graph.ir import Edge, Task
 from llm_planner.spec import DeviceKindSpec, LinkSpec
@@ -200,17 +203,26 @@ def transfer_hops(src: DeviceKindSpec, dst: DeviceKindSpec) -> int:
     return int(src.type != "cpu") + int(dst.type != "cpu")
 
 
-def transfer_pieces(edge: Edge, link: LinkSpec | None, hops: int) -> Piece:
-    """(fixed_s, per_sample_s) of moving the edge's tensor over `link` (None: same device)."""
-    if link is None:
-        return (0.0, 0.0)
-    per_sample = edge.bytes_per_sample / link.bw_bytes_per_s + edge.hop_s_per_sample * hops
-    return (link.latency_s, per_sample)
-
-
-def estimate_transfer_time_s(edge: Edge, link: LinkSpec | None, hops: int, batch: int) -> float:
-    """Time to move the edge's tensor for `batch` samples; 0 on one device or for b == 0."""
-    if link is None or batch <= 0:
-        return 0.0
-    fixed, slope = transfer_pieces(edge, link, hops)
-    return fixed + slope * batch
+def transfer_tables(
+    edges: Sequence[Edge], links: Sequence[Sequence[LinkSpec | None]], kinds: Sequence[DeviceKindSpec]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(fixed_s, per_sample_s), each [E, K, K]: moving each edge's tensor from device k (of kind
+    kinds[k]) to device l over links[k][l], the alpha-beta formula of the module docstring
+    (latency; bytes / bw + hop_s * hops), over every edge and pair at once; 0 where the link is
+    None (the same device). The problem builder's transfer costs and a profile's measured links
+    (llm_planner.profile_apply) both come from here."""
+    num_e, num_k = len(edges), len(kinds)
+    latency = np.zeros((num_k, num_k))
+    inv_bw = np.zeros((num_k, num_k))
+    hops = np.zeros((num_k, num_k))
+    for k in range(num_k):
+        for l in range(num_k):
+            link = links[k][l]
+            if link is not None:
+                latency[k, l] = link.latency_s
+                inv_bw[k, l] = 1.0 / link.bw_bytes_per_s
+                hops[k, l] = transfer_hops(kinds[k], kinds[l])
+    edge_bytes = np.array([e.bytes_per_sample for e in edges], dtype=float).reshape(num_e, 1, 1)
+    edge_hop = np.array([e.hop_s_per_sample for e in edges], dtype=float).reshape(num_e, 1, 1)
+    fixed = np.broadcast_to(latency, (num_e, num_k, num_k)).copy()
+    return fixed, edge_bytes * inv_bw[None] + edge_hop * hops[None]

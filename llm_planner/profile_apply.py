@@ -61,10 +61,7 @@ def _group_link(problem: PlacementProblem, profile: Profile, device: DeviceSpec)
     """The link a group's collectives cross: measured for its class when the profile has it, else the spec's."""
     single = problem.cluster.device_map()
     a, b = single[device.members[0]], single[device.members[1]]
-    measured = profile.links.get(link_class(problem.cluster, a, b) or "")
-    if measured is not None:
-        return LinkSpec(bw_bytes_per_s=measured.bw_bytes_per_s, latency_s=measured.latency_s)
-    return problem.cluster.link(a, b)
+    return _profile_link(problem.cluster, profile, a, b) or problem.cluster.link(a, b)
 
 
 def _group_collectives(
@@ -110,18 +107,26 @@ def apply_profile(problem: PlacementProblem, profile: Profile) -> PlacementProbl
             timing = profile.timing(device.kind, group_key(key, device.degree))
             if timing is not None:
                 pieces[i, k, :] = _measured_piece(problem, profile, task, device, timing)
-    comm_fixed, comm_slope = problem.comm_fixed.copy(), problem.comm_slope.copy()
-    edge_bytes = np.array([e.bytes_per_sample for e in graph.edges], dtype=float)
-    edge_hop = np.array([e.hop_s_per_sample for e in graph.edges], dtype=float)
-    kinds = [problem.cluster.kind(d.kind) for d in devices]
-    for k, a in enumerate(devices):
-        for l, b in enumerate(devices):
-            measured = None if k == l else profile.links.get(link_class(problem.cluster, a, b) or "")
-            if measured is None:
-                continue
-            # cost.transfer_pieces over every edge at once: latency, bytes / bw + hop cost * hops
-            comm_fixed[:, k, l] = measured.latency_s
-            comm_slope[:, k, l] = edge_bytes / measured.bw_bytes_per_s + edge_hop * cost.transfer_hops(
-                kinds[k], kinds[l]
-            )
+    comm_fixed, comm_slope = _measured_transfers(problem, profile)
     return dataclasses.replace(problem, time_pieces=pieces, comm_fixed=comm_fixed, comm_slope=comm_slope)
+
+
+def _measured_transfers(problem: PlacementProblem, profile: Profile) -> tuple[np.ndarray, np.ndarray]:
+    """The problem's transfer tables with cost.transfer_tables over the measured link of every pair
+    whose link class the profile has."""
+    devices = problem.devices
+    links = [
+        [None if k == l else _profile_link(problem.cluster, profile, a, b) for l, b in enumerate(devices)]
+        for k, a in enumerate(devices)
+    ]
+    measured = np.array([[link is not None for link in row] for row in links], dtype=bool)
+    if not measured.any():
+        return problem.comm_fixed, problem.comm_slope
+    kinds = [problem.cluster.kind(d.kind) for d in devices]
+    fixed, slope = cost.transfer_tables(problem.graph.edges, links, kinds)
+    return np.where(measured, fixed, problem.comm_fixed), np.where(measured, slope, problem.comm_slope)
+
+
+def _profile_link(cluster: ClusterSpec, profile: Profile, a: DeviceSpec, b: DeviceSpec) -> LinkSpec | None:
+    measured = profile.links.get(link_class(cluster, a, b) or "")
+    return None if measured is None else LinkSpec(bw_bytes_per_s=measured.bw_bytes_per_s, latency_s=measured.latency_s)

@@ -316,23 +316,10 @@ def _check_transfer_entries(num_edges: int, num_physical: int, num_groups: int) 
 
 
 def _transfer_costs(edges, cluster: ClusterSpec, reps: list, kinds: list) -> tuple[np.ndarray, np.ndarray]:
-    """(comm_fixed, comm_slope) [E, K, K]: cost.transfer_pieces, vectorised over every edge and
-    device pair; `reps` holds each device's physical device (a group's links are its first member's)."""
-    num_e, num_k = len(edges), len(reps)
-    latency = np.zeros((num_k, num_k))
-    inv_bw = np.zeros((num_k, num_k))
-    hops = np.zeros((num_k, num_k))
-    for k, a in enumerate(reps):
-        for l, b in enumerate(reps):
-            link = cluster.link(a, b) if k != l else None
-            if link is not None:
-                latency[k, l] = link.latency_s
-                inv_bw[k, l] = 1.0 / link.bw_bytes_per_s
-                hops[k, l] = cost.transfer_hops(kinds[k], kinds[l])
-    edge_bytes = np.array([e.bytes_per_sample for e in edges], dtype=float).reshape(num_e, 1, 1)
-    edge_hop = np.array([e.hop_s_per_sample for e in edges], dtype=float).reshape(num_e, 1, 1)
-    comm_fixed = np.broadcast_to(latency, (num_e, num_k, num_k)).copy()
-    return comm_fixed, edge_bytes * inv_bw[None] + edge_hop * hops[None]
+    """(comm_fixed, comm_slope) [E, K, K]: cost.transfer_tables over the spec's links; `reps` holds
+    each device's physical device (a group's links are its first member's)."""
+    links = [[cluster.link(a, b) if k != l else None for l, b in enumerate(reps)] for k, a in enumerate(reps)]
+    return cost.transfer_tables(edges, links, kinds)
 
 
 def _task_pieces(graph: TaskGraph, cluster: ClusterSpec, devices, kinds, dtype: str) -> tuple[np.ndarray, np.ndarray]:
