@@ -334,36 +334,14 @@ def fit_kind(kind: DeviceKindSpec, samples: list[_Sample], path: tuple) -> Fit:
 
 
 def link_class(cluster: ClusterSpec, src: str, dst: str) -> tuple[str | int, ...] | None:
-    """The spec path of the link rule between two devices (as ClusterSpec.link picks it); None on one device."""
+    """The spec path of the link rule between two devices (ClusterSpec.link_path); None on one device."""
     devices = cluster.device_map()
-    a, b = devices[src], devices[dst]
-    if a.name == b.name:
-        return None
-    if a.node != b.node:
-        return ("links", "inter_node")
-    t = next(i for i, n in enumerate(cluster.nodes) if n.name == a.node_template)
-    for i, rule in enumerate(cluster.nodes[t].links):
-        if set(rule.between) == {a.kind, b.kind}:
-            return ("nodes", t, "links", i)
-    for i, rule in enumerate(cluster.intra_node):
-        if set(rule.between) == {a.kind, b.kind}:
-            return ("links", "intra_node", i)
-    return ("links", "intra_node_default")
-
-
-def _link_spec(cluster: ClusterSpec, path: tuple):
-    if path[:2] == ("links", "inter_node"):
-        return cluster.inter_node
-    if path[:2] == ("links", "intra_node_default"):
-        return cluster.intra_node_default
-    if path[0] == "nodes":
-        return cluster.nodes[path[1]].links[path[3]]
-    return cluster.intra_node[path[2]]
+    return cluster.link_path(devices[src], devices[dst])
 
 
 def fit_link(cluster: ClusterSpec, path: tuple, rows: list[tuple[int, int, float]]) -> Fit:
     """Fit latency_s and bandwidth of one link class from (messages, bytes, seconds) rows."""
-    spec = _link_spec(cluster, path)
+    spec = cluster.link_at(path)
     before = {"latency_s": spec.latency_s, "bw_bytes_per_s": spec.bw_bytes_per_s}
     prior = np.array([spec.latency_s, 1.0 / spec.bw_bytes_per_s])
     rows = [r for r in rows if r[2] > 0 and r[0] > 0]

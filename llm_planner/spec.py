@@ -210,18 +210,39 @@ class ClusterSpec:
 
     def link(self, a: DeviceSpec, b: DeviceSpec) -> LinkSpec | None:
         """The link class between two devices; None for the same device."""
+        path = self.link_path(a, b)
+        return None if path is None else self.link_at(path)
+
+    def link_path(self, a: DeviceSpec, b: DeviceSpec) -> tuple[str | int, ...] | None:
+        """Where the rule for the link between two devices lives in the spec (the one rule every
+        link is chosen by): ("links", "inter_node") across nodes; else the node template's rule
+        for the pair of kinds ("nodes", t, "links", i), the cluster's ("links", "intra_node", i),
+        or ("links", "intra_node_default"); None for the same device."""
         if a.name == b.name:
             return None
         if a.node != b.node:
             assert self.inter_node is not None, "checked by the loader"
-            return self.inter_node
-        node = next(n for n in self.nodes if n.name == a.node_template)
+            return ("links", "inter_node")
+        t = next(i for i, n in enumerate(self.nodes) if n.name == a.node_template)
         pair = {a.kind, b.kind}
-        for rule in (*node.links, *self.intra_node):
+        for i, rule in enumerate(self.nodes[t].links):
             if set(rule.between) == pair:
-                return rule.link
+                return ("nodes", t, "links", i)
+        for i, rule in enumerate(self.intra_node):
+            if set(rule.between) == pair:
+                return ("links", "intra_node", i)
         assert self.intra_node_default is not None, "checked by the loader"
-        return self.intra_node_default
+        return ("links", "intra_node_default")
+
+    def link_at(self, path: tuple[str | int, ...]) -> LinkSpec:
+        """The link of a rule `link_path` names."""
+        if path == ("links", "inter_node"):
+            return self.inter_node
+        if path == ("links", "intra_node_default"):
+            return self.intra_node_default
+        if path[0] == "nodes":
+            return self.nodes[path[1]].links[path[3]].link
+        return self.intra_node[path[2]].link
 
 
 # ----------------------------------------------------------------------------
