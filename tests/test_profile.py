@@ -489,3 +489,28 @@ def test_gpus_without_cuda_are_skipped_not_measured_on_the_cpu(tiny_gpt2_dir, ca
         "workstation/epyc-7543:0": "cpu"
     }
     assert sum(runs) == planned_runs(job) == 3 * options.runs_per_device()  # the bar reaches its end
+
+
+def test_profiling_past_its_timeout_stops_mpiexec_and_every_process_it_started(tmp_path, monkeypatch):
+    """A stand-in mpiexec that starts a child and hangs: past the timeout the profiler stops its
+    whole process group (the plan launcher's start_mpiexec and stop_group), not mpiexec alone."""
+    import stat
+    import time
+
+    from conftest import alive
+
+    from llm_planner.launch import profile_run
+    from llm_planner.launch.profile_run import ProfileJob, ProfileRunError, spawn_mpi
+
+    fake = tmp_path / "mpiexec"
+    fake.write_text(f"#!/bin/sh\nsleep 600 &\necho $! > {tmp_path / 'child.pid'}\nwait\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(profile_run, "mpiexec_path", lambda: fake)
+    job = ProfileJob(cluster_path=str(LOCALHOST), model={"name": "gpt2"}, output_path=str(tmp_path / "p.yaml"))
+    with pytest.raises(ProfileRunError, match="exceeded its timeout of 1 s"):
+        spawn_mpi(job, tmp_path / "work", timeout_s=1)
+    child = int((tmp_path / "child.pid").read_text())
+    deadline = time.monotonic() + 5
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child), "the process mpiexec started outlived the profiler's timeout"

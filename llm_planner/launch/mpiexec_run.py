@@ -73,9 +73,7 @@ def run_mpiexec(command: tuple[str, ...], table: RankTable, timeout_s: float) ->
     prober.start()
     start = time.perf_counter()
     with open(workdir / "mpiexec.out", "wb") as out, open(workdir / "mpiexec.err", "wb") as err:
-        proc = subprocess.Popen(
-            command, stdout=out, stderr=err, start_new_session=True, preexec_fn=preexec_die_with_parent()
-        )
+        proc = start_mpiexec(command, out, err)
         try:
             returncode, timed_out = proc.wait(timeout=timeout_s + KILL_GRACE_S), False
         except subprocess.TimeoutExpired:
@@ -221,8 +219,17 @@ def _cut_off_message(hosts: list[dict[str, Any]]) -> str:
     return "cut off from the launcher: " + "; ".join(parts)
 
 
-def stop(proc: subprocess.Popen, table: RankTable) -> None:
-    """Stop mpiexec's process group, then any rank still alive by its pid (this host's ranks)."""
+def start_mpiexec(command, stdout, stderr) -> subprocess.Popen:
+    """mpiexec in a session of its own (so `stop_group` reaches it and every local process it
+    starts), dying with this process (procs.preexec_die_with_parent). The plan launcher and the
+    profiler both start it here."""
+    return subprocess.Popen(
+        list(command), stdout=stdout, stderr=stderr, start_new_session=True, preexec_fn=preexec_die_with_parent()
+    )
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop mpiexec's process group: SIGTERM, then SIGKILL after STOP_GRACE_S."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -233,6 +240,11 @@ def stop(proc: subprocess.Popen, table: RankTable) -> None:
             break
         except subprocess.TimeoutExpired:
             continue
+
+
+def stop(proc: subprocess.Popen, table: RankTable) -> None:
+    """Stop mpiexec's process group, then any rank still alive by its pid (this host's ranks)."""
+    stop_group(proc)
     for pid in rank_pids(table):
         try:
             os.kill(pid, signal.SIGKILL)

@@ -26,7 +26,9 @@ from typing import Any
 
 from llm_planner import profile as prof
 from llm_planner.graph.models import ModelSpec, build_model_graph
+from llm_planner.launch.mpiexec_run import start_mpiexec, stop_group
 from llm_planner.launch.plan_launch import mpiexec_path
+from llm_planner.procs import stop_signals_deferred
 from llm_planner.runtime.profile_links import collective_groups, link_pairs, ping_pong, time_all_reduce
 from llm_planner.runtime.profile_rank import (
     ProfileOptions,
@@ -316,14 +318,21 @@ def spawn_mpi(job: ProfileJob, workdir: str | Path, timeout_s: float) -> prof.Pr
         str(workdir / "profile_job.json"),
     ]
     Path(job.output_path).unlink(missing_ok=True)
-    try:
-        done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ProfileRunError(f"profiling on {len(order)} ranks exceeded its timeout of {timeout_s:g} s") from None
-    (workdir / "mpiexec.err").write_text(done.stderr)
-    if done.returncode != 0 or not Path(job.output_path).is_file():
+    with open(workdir / "mpiexec.out", "wb") as out, open(workdir / "mpiexec.err", "wb") as err:
+        proc = start_mpiexec(command, out, err)  # the plan launcher's: its own session, dies with us
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_group(proc)  # mpiexec and every rank it started here, not mpiexec alone
+            raise ProfileRunError(f"profiling on {len(order)} ranks exceeded its timeout of {timeout_s:g} s") from None
+        except KeyboardInterrupt:
+            with stop_signals_deferred():  # a second signal must not leave the ranks running
+                stop_group(proc)
+            raise
+    stderr = (workdir / "mpiexec.err").read_text(errors="replace")
+    if returncode != 0 or not Path(job.output_path).is_file():
         raise ProfileRunError(
-            f"profiling on {len(order)} ranks failed (mpiexec status {done.returncode}):\n{done.stderr[-3000:]}"
+            f"profiling on {len(order)} ranks failed (mpiexec status {returncode}):\n{stderr[-3000:]}"
         )
     return prof.load_profile(job.output_path)
 
