@@ -173,8 +173,10 @@ def run_estimate(
 ) -> float:
     """Makespan of shards `sizes` on `assignments` in `run_orders`, at the level of runs: a run
     starts when its device has finished the run before it and its inputs from the shard's
-    earlier runs have arrived, and takes the sum of its tasks' times. Exact for a chain; an
-    estimate elsewhere, used only to rank candidates."""
+    earlier runs have arrived, and takes the sum of its tasks' times. Like make_plan's step_time,
+    a decoder's step ends no earlier than each shard's lm_head finish plus its token hand-off back
+    to embed (PlacementProblem.token_time). Exact for a chain; an estimate elsewhere, used only to
+    rank candidates."""
     structure: dict[tuple[int, ...], list[tuple[int, list[int], list[tuple[int, float, float]]]]] = {}
     for assign in assignments:
         if tuple(assign) not in structure:
@@ -196,7 +198,11 @@ def run_estimate(
             free[d] = max(ready, free[d]) + work[key]
             for i in tasks:
                 finished[i] = free[d]
-    return max(free, default=0.0)
+    end = max(free, default=0.0)
+    if problem.token_loop is None:
+        return end
+    head = problem.token_loop[0]
+    return max([end] + [done[s][head] + problem.token_time(a, b) for s, (a, b) in enumerate(zip(assignments, sizes))])
 
 
 def _run_inputs(
