@@ -293,8 +293,9 @@ def test_every_baseline_plan_verifies_and_respects_the_bound(problem):
                 busiest / (problem.batch_size if problem.objective == "throughput" else 1)
             )
     feasible = [p for p in plans.values() if p is not None]
-    if feasible:
-        assert SolveSession(problem).best_baseline.objective_s == min(p.objective_s for p in feasible)
+    if feasible:  # the best baseline is the lowest of every baseline, each run on its own, the groups' included
+        every = [p for p in (run_any_baseline(name, problem) for name in ALL_BASELINES) if p is not None]
+        assert SolveSession(problem).best_baseline.objective_s == min(p.objective_s for p in every)
     else:
         reason = infeasibility_reason(problem)
         assert "short by" in reason or "no device can run" in reason or "no placement that fits" in reason, reason
