@@ -8,6 +8,7 @@ TPOT, TTFT, round trip, stage times, memory per device) against the model; TPOT 
 when targeted) within the targets; every device's memory within its usable bytes; the devices:
 each copy's stages on devices of the right class, a group an aligned block of one server,
 consecutive stages on one server wherever the pattern's cost assumed it, no device twice;
+the copies of every pattern together within each class's devices (the counts against the spec);
 the totals; the upper bound recomputed, the gap and the status it supports.
 """
 
@@ -63,15 +64,32 @@ def verify_serving_plan(plan: ServingPlanFile) -> list[str]:
         problems.append("inputs.cluster_sha256: the cluster file changed since the plan was made")
     used: dict[str, str] = {}
     total = 0.0
+    taken: dict[str, list[tuple[str, int]]] = {}  # class -> (replica, its copies' devices of the class)
     for i, rep in enumerate(plan.replicas):
         where = f"serving.replicas[{i}]"
         pattern = _check_pattern(ctx, rep, where, problems)
         if pattern is None:
             continue
         total += pattern.ev.tokens_per_s * rep["count"]
+        for name, n in pattern.usage.items():
+            taken.setdefault(name, []).append((where, n * rep["count"]))
         _check_devices(ctx, pattern, rep, where, used, problems)
+    _check_counts(ctx, taken, problems)
     _check_totals(ctx, plan, total, problems)
     return problems
+
+
+def _check_counts(ctx: ServingContext, taken: dict[str, list[tuple[str, int]]], problems: list[str]) -> None:
+    """The copies of every pattern together take no more devices of a class than the cluster has."""
+    for name, uses in taken.items():
+        sc = ctx.by_name[name]
+        need = sum(n for _, n in uses)
+        if need > sc.num_devices:
+            fields = ", ".join(f"{where}.count" for where, _ in uses)
+            problems.append(
+                f"{fields}: the copies take {need:,} devices of class {name}, which has {sc.num_devices:,} "
+                f"({sc.num_servers:,} server(s) of {sc.per_server})"
+            )
 
 
 def _close(a: Any, b: float) -> bool:

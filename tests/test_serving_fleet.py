@@ -1,0 +1,199 @@
+"""Fleets as counts: the serving solve over classes of identical servers loses nothing against a
+brute force over the expanded cluster (every server its own), verify refuses pattern counts a
+class cannot hold, and a fleet past the device limit is refused in seconds naming the field."""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+
+import yaml
+from serving_fixtures import workload
+
+from llm_planner.cli import main
+from llm_planner.graph.transformer import preset_config
+from llm_planner.serving.baselines import even_split
+from llm_planner.serving.context import ServingContext, ServingOptions
+from llm_planner.serving.replica import ReplicaModel, StageSlot
+from llm_planner.serving.search import micro_batch_options, solve_serving
+from llm_planner.spec import MAX_DEVICES, load_cluster
+
+# Two kinds of small servers, two identical servers of each (made-up numbers, memory scaled down
+# so that GPT-2's KV cache limits the concurrency of a device: at a 5 ms TPOT target the plan runs
+# both kinds, at 3 ms the small kind meets the target in no pipeline that pays).
+TINY_FLEET = """
+name: tiny-fleet
+device_kinds:
+  - {name: big, type: gpu, peak_flops: {fp16: 300 TFLOP/s}, mem_bytes: 0.5 GB, mem_bw_bytes_per_s: 2000 GB/s,
+     compute_efficiency: 0.6, mem_efficiency: 0.8, overhead_s: 10 us, step_overhead_s: 0.2 ms}
+  - {name: small, type: gpu, peak_flops: {fp16: 120 TFLOP/s}, mem_bytes: 0.4 GB, mem_bw_bytes_per_s: 40 GB/s,
+     compute_efficiency: 0.6, mem_efficiency: 0.8, overhead_s: 10 us, step_overhead_s: 0.2 ms}
+nodes:
+  - {name: bigbox, count: 2, devices: {big: 1}}
+  - {name: smallbox, count: 2, devices: {small: 2},
+     links: [{between: [small, small], bw_bytes_per_s: 32 GB/s, latency_s: 5 us}]}
+links:
+  inter_node: {bw_bytes_per_s: 25 GB/s, latency_s: 5 us}
+"""
+
+
+def _tiny_context(tmp_path: Path, tpot_s: float) -> ServingContext:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_FLEET)
+    cluster = load_cluster(path)
+    return ServingContext(
+        cluster, preset_config("gpt2"), workload(256, 128, tpot_s), "fp16", ServingOptions(time_limit_s=600)
+    )
+
+
+def _servers(ctx: ServingContext) -> list[tuple[str, int]]:
+    """(class name, devices) of every server of the expanded cluster, each server on its own."""
+    return [(sc.name, sc.per_server) for sc in ctx.classes for _ in range(sc.num_servers)]
+
+
+def _pipelines(ctx: ServingContext, servers: list[tuple[str, int]]):
+    """Every pipeline over the expanded cluster: a sequence of stages (server, degree), each server
+    giving at most its devices, at most one stage per layer; yields (stages, devices used per server)."""
+    options = [(j, k) for j, (name, _) in enumerate(servers) for k in ctx.by_name[name].degrees]
+    limit = min(ctx.tasks.num_layers, ctx.options.max_stages)
+
+    def extend(stages, used):
+        if stages:
+            yield tuple(stages), tuple(used)
+        if len(stages) == limit:
+            return
+        for j, k in options:
+            if used[j] + k <= servers[j][1]:
+                used[j] += k
+                yield from extend([*stages, (j, k)], used)
+                used[j] -= k
+
+    yield from extend([], [0] * len(servers))
+
+
+def _slots(ctx: ServingContext, servers, stages) -> tuple[tuple[str, int, str | None], ...]:
+    """Each stage's (class, degree, link to the next stage): the server's own link between two stages
+    on one server, the network otherwise; the last stage's link carries the token back to the first."""
+    out = []
+    one_server = len({j for j, _ in stages}) == 1
+    for s, (j, k) in enumerate(stages):
+        if s + 1 < len(stages):
+            link = "intra" if stages[s + 1][0] == j else "inter"
+        else:
+            link = None if len(stages) == 1 else ("intra" if one_server else "inter")
+        out.append((servers[j][0], k, link))
+    return tuple(out)
+
+
+def _evaluate(ctx: ServingContext, signature) -> float:
+    """Best tokens/s of one pipeline by the solver's replica model, at every operating point the
+    search and the baselines try (fitted split at 1, p/2, p micro-batches refined; p micro-batches
+    with the fitted and with the even split)."""
+    slots = []
+    for name, k, link in signature:
+        sc = ctx.by_name[name]
+        spec = {"intra": sc.intra_link, "inter": ctx.cluster.inter_node, None: None}[link]
+        slots.append(StageSlot(costs=ctx.cache.get(name, k), link_next=spec))
+    wl = ctx.workload
+    model = ReplicaModel(ctx.tasks, slots, wl.tpot_slo_s, wl.ttft_slo_s, wl.mean_output_len)
+    p = len(slots)
+    found = [
+        model.best(micro_batch_options(ctx, p), refine=True),
+        model.best([p]),
+        model.best([p], fixed=even_split(ctx.tasks.num_layers, p)),
+    ]
+    return max((e.tokens_per_s for e in found if e is not None), default=0.0)
+
+
+def _brute_force(ctx: ServingContext) -> float:
+    """The most tokens/s of any set of disjoint pipelines over the expanded cluster."""
+    servers = _servers(ctx)
+    values: dict[tuple, float] = {}
+    by_usage: dict[tuple[int, ...], float] = {}
+    for stages, used in _pipelines(ctx, servers):
+        signature = _slots(ctx, servers, stages)
+        if signature not in values:
+            values[signature] = _evaluate(ctx, signature)
+        by_usage[used] = max(by_usage.get(used, 0.0), values[signature])
+    choices = [(u, v) for u, v in by_usage.items() if v > 0]
+
+    @functools.cache
+    def best(free: tuple[int, ...]) -> float:
+        out = 0.0
+        for used, value in choices:
+            if all(u <= f for u, f in zip(used, free)):
+                out = max(out, value + best(tuple(f - u for f, u in zip(free, used))))
+        return out
+
+    return best(tuple(n for _, n in servers))
+
+
+def test_aggregated_serving_equals_brute_force_over_the_expanded_cluster(tmp_path):
+    """Two identical servers of each of two kinds: the solve over classes (patterns and copy
+    counts) serves exactly what the best set of pipelines over the four concrete servers serves,
+    pipelines that visit servers in any order included (a class twice, interleaved, ...)."""
+    for tpot_s in (0.005, 0.003):
+        ctx = _tiny_context(tmp_path, tpot_s)
+        fleet, evaluated, candidates = solve_serving(ctx)
+        assert evaluated == candidates  # the search finished: no layout left unpriced
+        brute = _brute_force(ctx)
+        assert brute > 0
+        assert abs(fleet.tokens_per_s - brute) <= 1e-9 * brute, (tpot_s, fleet.tokens_per_s, brute)
+
+
+def _plan_tiny(tmp_path: Path, capsys, cluster: str, *extra: str) -> tuple[int, str, Path]:
+    spec, out = tmp_path / "fleet.yaml", tmp_path / "plan.yaml"
+    spec.write_text(cluster)
+    started = time.perf_counter()
+    code = main(
+        ["plan", "--cluster", str(spec), "--model", "gpt2", "--objective", "serving", "--prompt-len", "256"]
+        + ["--output-len", "128", "--tpot-slo", "5 ms", "-o", str(out), *extra]
+    )
+    assert time.perf_counter() - started < 30
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Traceback" not in err
+    return code, err, out
+
+
+def test_verify_refuses_pattern_counts_above_their_class(tmp_path, capsys):
+    """A plan whose copies of a pattern take more devices of a class than the cluster has is refused,
+    naming the count field, the class and its devices (the extra copy's devices written in too, so that
+    the list of copies matches the count)."""
+    code, err, out = _plan_tiny(tmp_path, capsys, TINY_FLEET)
+    assert code == 0, err
+    assert main(["verify", str(out)]) == 0
+    data = yaml.safe_load(out.read_text())
+    replicas = data["serving"]["replicas"]
+    i = next(j for j, rep in enumerate(replicas) if rep["segments"][0]["class"] == "bigbox/big")
+    rep = data["serving"]["replicas"][i]
+    rep["count"] += 1
+    rep["devices"].append(rep["devices"][0])
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 1
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"serving.replicas[{i}].count: the copies take" in text, text
+    assert "devices of class bigbox/big, which has 2 (2 server(s) of 1)" in text, text
+
+
+def _fleet_of(servers: int) -> str:
+    return TINY_FLEET.replace("{name: smallbox, count: 2,", f"{{name: smallbox, count: {servers},")
+
+
+def test_a_fleet_past_the_device_limit_is_refused_in_seconds(tmp_path, capsys):
+    """docs/inputs.md: at most spec.MAX_DEVICES devices; one server more is refused naming the field
+    and the limit, before anything is planned."""
+    servers = MAX_DEVICES // 2  # of 2 GPUs each: the limit exactly, and the 2 big servers' GPUs past it
+    code, err, _ = _plan_tiny(tmp_path, capsys, _fleet_of(servers))
+    assert code == 2
+    assert f"fleet.yaml: nodes: the cluster has {MAX_DEVICES + 2:,} devices" in err, err
+    assert f"the limit is {MAX_DEVICES:,}" in err
+
+
+def test_a_bad_server_count_is_refused_naming_the_field(tmp_path, capsys):
+    for count in ("0", "-3", "2.5", "many"):
+        code, err, _ = _plan_tiny(
+            tmp_path, capsys, TINY_FLEET.replace("count: 2, devices: {small", f"count: {count}, devices: {{small")
+        )
+        assert code == 2 and "fleet.yaml" in err and "nodes[1]" in err and "count" in err, (count, err)
