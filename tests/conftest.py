@@ -6,6 +6,14 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests run the same examples every time (a failure in CI reproduces anywhere, and a run's time
+# does not depend on which examples it drew) and keep no example database. HYPOTHESIS_PROFILE=explore
+# draws new examples each run, for looking for bugs rather than checking.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
