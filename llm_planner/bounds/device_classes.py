@@ -133,7 +133,7 @@ def memory_rows(
     """Capacity rows: sum_i need_ic x_ic / cap_c <= m_c for each class with finite capacity,
     need_ic = weight_bytes_i + mem_bytes_per_sample_i * Q where memory counts, else 0; and
     the same over each family of `families` (physical_families)."""
-    need = (problem.weight_bytes + problem.mem_bytes_per_sample * problem.batch_size)[rows]
+    need = problem.task_memory_bytes(problem.batch_size)[rows]
     need = need * problem.mem_counts[rows, np.array(reps)[cols]]
     parts: Triplets = []
     rhs: list[np.ndarray] = []

@@ -57,12 +57,10 @@ class MemoryLedger:
     def __init__(self, problem: PlacementProblem, batch: int):
         self.p, self.batch = problem, batch
         self.used = np.zeros(problem.num_devices)
+        self.each = problem.task_memory_bytes(batch)
 
     def need(self, members: list[int], k: int) -> float:
-        p = self.p
-        return float(
-            sum(p.weight_bytes[i] + p.mem_bytes_per_sample[i] * self.batch for i in members if p.mem_counts[i, k])
-        )
+        return float(sum(self.each[i] for i in members if self.p.mem_counts[i, k]))
 
     def room(self, members: list[int], k: int) -> bool:
         return self.used[k] + self.need(members, k) <= self.p.mem_capacity[k]
@@ -128,11 +126,12 @@ def memory_shortfall(problem: PlacementProblem) -> str | None:
 
 
 def _total_need(problem: PlacementProblem) -> float:
+    each = problem.task_memory_bytes(problem.batch_size)
     need = 0.0
     for i in range(problem.num_tasks):
         able = problem.supported[i]
         if (problem.mem_counts[i] | ~able).all():  # memory counts wherever it can run
-            need += problem.weight_bytes[i] + problem.mem_bytes_per_sample[i] * problem.batch_size
+            need += each[i]
     return need
 
 

@@ -190,6 +190,16 @@ class PlacementProblem:
                 groups.setdefault(t.colocate_group, []).append(i)
         return [g for g in groups.values() if len(g) > 1]
 
+    def task_memory_bytes(self, batch: int, batches: int = 1) -> np.ndarray:
+        """[N] what each task holds on its device for a shard of `batch` samples with `batches` batches
+        in flight: its weights and its per-sample memory (the one memory-need formula of the solvers,
+        bounds and baselines; verify re-derives its own)."""
+        return self.weight_bytes + self.mem_bytes_per_sample * batch * batches
+
+    def memory_need(self, batch: int, batches: int = 1) -> np.ndarray:
+        """[N, K] task_memory_bytes where task i's memory counts on device k (mem_counts), else 0."""
+        return np.where(self.mem_counts, self.task_memory_bytes(batch, batches)[:, None], 0.0)
+
     def device_memory_used(self, shard_sizes: list[int], assignments: list[list[int]], batches: int = 1) -> np.ndarray:
         """Bytes used on each device: weights once per device, per-sample memory per shard and per
         batch in flight (`batches`: a throughput plan's steady state, problem.fit.steady_state_memory)."""

@@ -119,7 +119,7 @@ def _stages(problem: PlacementProblem, units: list[int], batch: int) -> list[int
     cut fits. Bisection on the bottleneck with a greedy fill (exact for a chain cut in order)."""
     topo = topo_order(problem)
     t = task_times(problem, batch)
-    need = problem.weight_bytes + problem.mem_bytes_per_sample * batch
+    need = problem.task_memory_bytes(batch)
     lo, hi = 0.0, float(sum(max(t[i, k] for k in units) for i in topo))
 
     def fill(limit: float) -> list[int] | None:

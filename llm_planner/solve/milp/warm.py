@@ -205,6 +205,7 @@ class _Interval:
         self.p, self.times, self.k = p, times, k
         self.inside = np.zeros(p.num_tasks, dtype=bool)
         self.busy = self.transfers = self.memory = 0.0
+        self.each = p.task_memory_bytes(p.batch_size)
         self.staged = p.throughput_model == "host_staged"
         self.hop = p.hop_s_per_sample * (0.0 if self.staged and p.is_cpu[k] else p.batch_size)
         comm = p.comm_fixed + p.comm_slope * p.batch_size
@@ -218,7 +219,7 @@ class _Interval:
         p, k = self.p, self.k
         self.busy += float(self.times[i, k])
         if p.mem_counts[i, k]:
-            self.memory += float(p.weight_bytes[i] + p.mem_bytes_per_sample[i] * p.batch_size)
+            self.memory += float(self.each[i])
         hop = self.hop
         if self.staged:  # i's own output: was charged as entering, now as leaving
             self.transfers += hop[i] * (int(self.succ_outside[i] > 0) - int(self.succ_inside[i] > 0))

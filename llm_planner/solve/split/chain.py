@@ -78,11 +78,12 @@ def _first_overflow(ctx: SplitContext, sols: list[subsolve.SubSolution], batch: 
     """(module index, device) where memory first overflows along the chain, or None."""
     p = ctx.problem
     used = np.zeros(p.num_devices)
+    each = p.task_memory_bytes(batch)
     for j, sol in enumerate(sols):
         for pos, d in enumerate(sol.devices):
             t = ctx.modules[j].tasks[pos]
             if p.mem_counts[t, d]:
-                used[d] += p.weight_bytes[t] + p.mem_bytes_per_sample[t] * batch
+                used[d] += each[t]
         over = np.nonzero(used > p.mem_capacity * (1 + 1e-12))[0]
         if len(over):
             return j, int(over[0])

@@ -60,7 +60,7 @@ class _Shard:
         self.b, self.a, self.allowed = batch, list(assign), allowed
         self.times = task_times(p, batch)
         # per-sample memory for `batches` batches in flight (problem.fit)
-        self.need = np.where(p.mem_counts, (p.weight_bytes + p.mem_bytes_per_sample * batch * batches)[:, None], 0.0)
+        self.need = p.memory_need(batch, batches)
         self.used = np.zeros(p.num_devices)
         for i, k in enumerate(self.a):
             self.used[k] += self.need[i, k]

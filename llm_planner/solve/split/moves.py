@@ -100,9 +100,7 @@ class _MoveSearch:
 
     def __init__(self, sub: PlacementProblem, assign: list[int]):
         self.sub, self.makespan = sub, ListMakespan(sub)
-        self.need = np.where(
-            sub.mem_counts, (sub.weight_bytes + sub.mem_bytes_per_sample * sub.batch_size)[:, None], 0.0
-        )
+        self.need = sub.memory_need(sub.batch_size)
         member = {i: [i] for i in range(sub.num_tasks)}
         for group in sub.colocate_groups():
             for i in group:

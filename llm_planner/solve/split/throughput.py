@@ -50,9 +50,7 @@ def _module_arrays(ctx, batch: int, devices: list[int], batches: int = 1) -> tup
 
     p: PlacementProblem = ctx.problem
     times = task_times(p, batch)[:, devices]
-    per_task_mem = np.where(
-        p.mem_counts[:, devices], (p.weight_bytes + p.mem_bytes_per_sample * batch * batches)[:, None], 0.0
-    )
+    per_task_mem = p.memory_need(batch, batches)[:, devices]
     work = np.array([times[list(m.tasks)].sum(axis=0) for m in ctx.modules])
     mem = np.array([per_task_mem[list(m.tasks)].sum(axis=0) for m in ctx.modules])
     return work, mem
