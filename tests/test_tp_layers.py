@@ -9,6 +9,8 @@ import pytest
 import torch
 from runtime_fixtures import tiny_gpt2, tiny_llama
 
+from llm_planner.graph import transformer
+from llm_planner.graph.tp_layout import even_range, task_layout
 from llm_planner.runtime import gpt, tp_layers
 from llm_planner.runtime.decoder_tasks import DecoderError
 
@@ -124,16 +126,16 @@ def test_llama_with_grouped_kv_heads_on_a_group_matches_generate(k):
 
 
 def test_uneven_vocabulary_splits_and_ties_pick_the_first_index():
-    assert [tp_layers.even_range(127, 2, i) for i in range(2)] == [(0, 63), (63, 127)]
+    assert [even_range(127, 2, i) for i in range(2)] == [(0, 63), (63, 127)]
     config = tiny_gpt2(vocab_size=127, eos_token_id=126)
     tokens, _, _ = _generate_on_group(config, PROMPTS, 6, 2)
     assert tokens == _whole(config, PROMPTS, 6)
 
 
 def test_a_group_that_cannot_split_the_heads_is_refused():
-    config = gpt.prepare_config(tiny_gpt2(n_head=2))
+    config = transformer.from_hf_config(tiny_gpt2(n_head=2))
     with pytest.raises(DecoderError, match="cannot split heads 2"):
-        tp_layers.check_divisible(config, "gpt2", 4)
+        tp_layers.check_divisible(config, 4)
 
 
 def test_causal_mask_hides_future_and_padded_keys():
@@ -167,3 +169,74 @@ def test_a_checkpoint_slice_is_the_rows_of_the_whole_tensor(tmp_path):
     assert torch.equal(weights.tensor_slice("w", torch.Size([6, 4]), 1, 1, 3), whole[:, 1:3])
     with pytest.raises(WeightsError, match=r"shape \(6, 4\), the model expects \(4, 6\)"):
         weights.tensor_slice("w", torch.Size([4, 6]), 0, 0, 2)
+
+
+class Recorder:
+    """Member `index` of a group of `size`, alone: its collectives return its own part (as profiling's
+    Unconnected) and are recorded as (op, bytes) the way GroupComm counts them."""
+
+    def __init__(self, size: int, index: int):
+        self.size, self.index, self.calls = size, index, []
+
+    def all_reduce_(self, t):
+        self.calls.append(("all_reduce", t.numel() * t.element_size()))
+        return t
+
+    def all_gather(self, t):
+        self.calls.append(("all_gather", t.numel() * 4))  # float32, as GroupComm sends it
+        return t.to(torch.float32).expand(self.size, *t.shape)
+
+
+def _whole_model_names(config) -> set[str]:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return set(AutoModelForCausalLM.from_config(config).state_dict())
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        tiny_gpt2,
+        tiny_llama,
+        lambda: tiny_gpt2(vocab_size=127, eos_token_id=126),  # uneven vocabulary ranges
+        lambda: tiny_llama(attention_bias=True, mlp_bias=True),  # column-split and replicated biases
+    ],
+    ids=["gpt2", "llama-gqa", "gpt2-vocab-127", "llama-biases"],
+)
+def test_members_hold_and_send_what_the_layout_declares(make):
+    """For each member of a group of 2 and each task it shares: the tensors it reads have the declared
+    member shapes and are tensors of the whole model; its share holds exactly the declared elements;
+    one call of the task on a batch of 3 prompts of 5 tokens makes the declared collectives, in order,
+    with the declared bytes (the layout the planner costs, llm_planner.graph.tp_layout)."""
+    hf = gpt.prepare_config(make())
+    cfg, family, batch, tokens, k = transformer.from_hf_config(hf), gpt.family_of(hf), 3, 5, 2
+    names = _whole_model_names(hf)
+    for index in range(k):
+        ops = Recorder(k, index)
+        source = gpt.weight_source(hf, checkpoint=None, seed=0)
+        shard = gpt.DecoderShard(
+            hf,
+            {"embed", "block.0", "lm_head"},
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+            source=source,
+            group=ops,
+        )
+        assert set(source.tensors_read) <= names
+        ids = torch.arange(batch * tokens).reshape(batch, tokens) % cfg.vocab_size
+        stream = shard.new_stream(requests=[0, 1, 2], prompt_ids=ids, prompt_mask=None, eos_ids=[], pad_id=0)
+        value = ids
+        for task, kind in (("embed", "embed"), ("block.0", "block"), ("lm_head", "lm_head")):
+            layout = task_layout(cfg, kind)
+            fresh = gpt.weight_source(hf, checkpoint=None, seed=0)
+            held = tp_layers.member_tensors(task, cfg, family, k, index, fresh, dtype=torch.float32, device="cpu")
+            assert {n: tuple(t.shape) for n, t in held.items()} == {
+                w.name: w.member_shape(k, index) for w in layout.weights
+            }
+            assert sum(p.numel() for p in shard.parts[task].parameters()) == layout.member_elements(k, index)
+            ops.calls.clear()
+            with torch.no_grad():
+                value = shard.run_stage([task], value, stream, 0)
+            positions = 1 if layout.last_position_only else tokens
+            assert ops.calls == [(c.op, c.bytes_per_position(4) * positions * batch) for c in layout.collectives]

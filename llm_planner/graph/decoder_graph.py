@@ -25,6 +25,11 @@ per element, a = nh * hd the attention width, kv = nkv * hd, C the keys a query 
     weight_bytes         = parameters of the task * b; a tied embedding is carried by both
                            embed and lm_head, so the task sum exceeds num_params by V * d_word.
 
+On a tensor-parallel group each task splits as its layout in llm_planner.graph.tp_layout
+declares (which weights split by column, by row, by vocabulary, which are replicated, which
+collectives a call makes); `tp_layout.tp_fields` turns it into the task's `tp_` fields, and the
+runtime builds a member's share from the same declaration.
+
 The configurations (presets, config files, transformers configs) and the exact parameter
 counts are in llm_planner.graph.transformer; docs/models.md has the presets and the formulas.
 """
@@ -36,13 +41,8 @@ from typing import Any
 
 from llm_planner.constants import DTYPE_BYTES, GRANULARITIES, PHASES
 from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
-from llm_planner.graph.transformer import (
-    DecoderConfig,
-    count_parameters,
-    matmul_parameters,
-    norm_parameters,
-    part_parameters,
-)
+from llm_planner.graph.tp_layout import KINDS, task_layout, tp_fields
+from llm_planner.graph.transformer import DecoderConfig, count_parameters, matmul_parameters, part_parameters
 
 ID_BYTES = 8  # token ids are int64
 
@@ -113,56 +113,6 @@ def _workspace_widths(cfg: DecoderConfig) -> dict[str, int]:
     }
 
 
-def _tensor_parallel(cfg: DecoderConfig, tokens: int, dtype_bytes: int) -> dict[str, dict[str, Any]]:
-    """Task fields of the Megatron layout for each part (llm_planner.cost.group_task_time_pieces).
-
-    attn: q/k/v column-parallel by head, the output projection row-parallel, one all-reduce
-    of its output; mlp: up (and gate) column-parallel, down row-parallel, one all-reduce;
-    embed: vocabulary-parallel table and one all-reduce of the gathered rows (positions and
-    OPT's projection replicated); final_norm: replicated; lm_head: column-parallel over the
-    vocabulary, each member's argmax (value and index, 8 bytes) all-gathered. Replicated per
-    token: the norms (2h), the sublayer's input (h) and output (h) and the residual (3h).
-    """
-    h, dw, b = cfg.hidden_size, cfg.word_embed_dim, dtype_bytes
-    out_norm = norm_parameters(cfg)
-    proj = dw * h if dw != h else 0
-    positions = (cfg.max_positions + cfg.position_offset) * h if cfg.learned_positions else 0
-    act = float(tokens * h * b)  # one all-reduce of the hidden states
-    embed_traffic = _traffic_per_token(cfg, tokens == 1)["embed"] * tokens * b + ID_BYTES * tokens
-    return {
-        "embed": dict(
-            tp_divides=(h,),
-            tp_replicated_weight_bytes=float((proj + positions) * b),
-            tp_replicated_indexed_bytes=float(positions * b),
-            tp_replicated_bytes_per_sample=float(embed_traffic),
-            tp_allreduces=1,
-            tp_allreduce_bytes_per_sample=act,
-            weight_bytes_indexed=float((cfg.vocab_size * dw + positions) * b),
-        ),
-        "attn": dict(
-            tp_divides=(cfg.num_heads, cfg.num_kv_heads),
-            tp_replicated_weight_bytes=float((out_norm + h * cfg.out_bias) * b),
-            tp_replicated_bytes_per_sample=float(7 * h * tokens * b),
-            tp_allreduces=1,
-            tp_allreduce_bytes_per_sample=act,
-        ),
-        "mlp": dict(
-            tp_divides=(cfg.intermediate_size,),
-            tp_replicated_weight_bytes=float((out_norm + h * cfg.mlp_bias) * b),
-            tp_replicated_bytes_per_sample=float(7 * h * tokens * b),
-            tp_allreduces=1,
-            tp_allreduce_bytes_per_sample=act,
-        ),
-        "final_norm": dict(tp_divides=(h,), tp_replicated_weight_bytes=None, tp_replicated_bytes_per_sample=None),
-        "lm_head": dict(
-            tp_divides=(h,),
-            tp_replicated_bytes_per_sample=float(dw * b),
-            tp_allgathers=1,
-            tp_allgather_bytes_per_sample=8.0,
-        ),
-    }
-
-
 def _task(name: str, role: str, cost: dict[str, float], tp: dict[str, Any], layer: int | None = None) -> Task:
     labels: tuple[tuple[str, Any], ...] = (("role", role),) + ((("layer", layer),) if layer is not None else ())
     tp = dict(tp)
@@ -185,20 +135,6 @@ def _task(name: str, role: str, cost: dict[str, float], tp: dict[str, Any], laye
     )
 
 
-def _block_tp(attn: dict[str, Any], mlp: dict[str, Any]) -> dict[str, Any]:
-    """A whole block on a group: both sublayers' constraints, replicated parts and collectives."""
-    out = {
-        key: attn[key] + mlp[key]
-        for key in (
-            "tp_replicated_weight_bytes",
-            "tp_replicated_bytes_per_sample",
-            "tp_allreduces",
-            "tp_allreduce_bytes_per_sample",
-        )
-    }
-    return dict(out, tp_divides=attn["tp_divides"] + mlp["tp_divides"])
-
-
 def build_decoder_graph(config: DecoderConfig, *, phase: str, seq_len: int, granularity: str, dtype: str) -> TaskGraph:
     """The chain embed -> block.i (or block.i.attn -> block.i.mlp) -> final_norm -> lm_head."""
     if phase not in PHASES:
@@ -216,13 +152,13 @@ def build_decoder_graph(config: DecoderConfig, *, phase: str, seq_len: int, gran
     b = DTYPE_BYTES[dtype]
     c = _layer_costs(config, phase, seq_len, b)
     tokens = 1 if phase == "decode" else seq_len
-    tp = _tensor_parallel(config, tokens, b)
+    tp = {kind: tp_fields(task_layout(config, kind), tokens=tokens, dtype_bytes=b) for kind in KINDS}
     tasks = [_task("embed", "embed", c["embed"], tp["embed"])]
     for i in range(config.num_layers):
         if granularity == "block":
             block = {k: c["attn"][k] + c["mlp"][k] for k in c["attn"]}
             block["workspace"] = max(c["attn"]["workspace"], c["mlp"]["workspace"])  # one sublayer at a time
-            tasks.append(_task(f"block.{i}", "block", block, _block_tp(tp["attn"], tp["mlp"]), i))
+            tasks.append(_task(f"block.{i}", "block", block, tp["block"], i))
         else:
             tasks += [
                 _task(f"block.{i}.attn", "attn", c["attn"], tp["attn"], i),

@@ -121,12 +121,14 @@ class DecoderShard:
         self.parts: dict[str, Any] = {}  # task -> this member's share (tensor-parallel groups only)
         self.group = group if group is not None and group.size > 1 else None
         names = _NAMES[self.family]
-        if self.group is not None:
-            tp_layers.check_divisible(config, self.family, self.group.size)
+        if self.group is not None:  # the declared layout (llm_planner.graph.tp_layout) of each task
+            layout_config = transformer.from_hf_config(config)
+            tp_layers.check_runs_on_groups(config, self.family)
+            tp_layers.check_divisible(layout_config, self.group.size)
         for task in sorted(tasks, key=_task_key):
             if self.group is not None and task != "final_norm":
                 self.parts[task] = tp_layers.build_shard(
-                    task, config, self.family, self.group, source, dtype=dtype, device=device
+                    task, layout_config, self.family, self.group, source, dtype=dtype, device=device
                 )
                 continue
             for prefix, module in self._build(task, names):

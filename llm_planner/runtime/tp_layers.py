@@ -1,45 +1,104 @@
-"""One member's share of a decoder task on a tensor-parallel group (the Megatron layout).
+"""One member's share of a decoder task on a tensor-parallel group, built from the declared layout.
 
-The layout is the one the planner costs (llm_planner.graph.decoder_graph,
-`_tensor_parallel`), with the same collectives, one call each:
+The layout is the one the planner costs, llm_planner.graph.tp_layout: which weights of a task
+split by column, by row or by vocabulary, which are replicated, and the collectives a call
+makes. Nothing here is written per model family but `_stored`, the table that says where a
+family keeps each declared weight in its checkpoint (GPT-2 fuses q, k and v into one Conv1D
+and stores its linears as (in, out)). A member reads exactly `TPWeight.member_range` of each
+tensor (`source.tensor_slice`) and wires the primitives of llm_planner.runtime.tp_primitives:
 
-    block:       attention heads split k ways (q/k/v column-parallel, the KV cache of
-                 the member's heads only), the output projection row-parallel, one
-                 all-reduce of its output; the MLP's up (and gate) projection
-                 column-parallel, the down projection row-parallel, one all-reduce.
-                 Norms and the biases added after a reduction are replicated.
-    embed:       the token table split by vocabulary rows; each member looks up the
-                 ids in its rows (zeros elsewhere), one all-reduce; learned positions
-                 replicated.
-    final_norm:  replicated (every member normalises the whole hidden state).
-    lm_head:     split by vocabulary rows; each member's argmax (value and index,
-                 8 bytes per sample) all-gathered, the largest value wins (the
-                 smallest index among equal values, as torch.argmax).
+    block:       attention: norm, ColumnParallelLinear(q, k, v), rotary (llama), attention over
+                 the member's heads (its KV cache holds its KV heads), RowParallelLinear(o): one
+                 all-reduce, then the bias; MLP: norm, ColumnParallelLinear(gate, up),
+                 activation (times up when gated), RowParallelLinear(down): one all-reduce.
+    embed:       VocabParallelEmbedding(tokens): one all-reduce; learned positions replicated.
+    lm_head:     VocabParallelArgmax(head): one all-gather of each member's (largest logit, index).
+    final_norm:  replicated (llm_planner.runtime.gpt builds it whole).
 
-A member reads only its slices of each parameter (`source.tensor_slice`). The
-group's collectives come from `ops` (llm_planner.runtime.comm.GroupComm under
-MPI, or any object with `size`, `index`, `all_reduce_(t)` and `all_gather(t)`).
+The group's collectives come from `ops` (llm_planner.runtime.comm.GroupComm under MPI, or any
+object with `size`, `index`, `all_reduce_(t)` and `all_gather(t)`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from llm_planner.graph.tp_layout import task_layout
+from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.runtime.decoder_tasks import DecoderError
-from llm_planner.runtime.weights import fill_module_
+from llm_planner.runtime.tp_primitives import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelArgmax,
+    VocabParallelEmbedding,
+    frozen,
+)
 
 
-def even_range(total: int, k: int, index: int) -> tuple[int, int]:
-    """Member `index`'s contiguous part of `total` rows split k ways (sizes differ by at most one)."""
-    return total * index // k, total * (index + 1) // k
+@dataclass(frozen=True, kw_only=True)
+class Stored:
+    """Where a family keeps a declared weight: the tensor's name in the whole model, its stored shape
+    (None: the declared one), whether it is stored (in, out), and where the declared rows start
+    along the split dimension of a tensor that fuses several (GPT-2's c_attn)."""
+
+    name: str
+    shape: tuple[int, ...] | None = None
+    transposed: bool = False
+    offset: int = 0
+
+
+def _gpt2_block(cfg: DecoderConfig, p: str) -> dict[str, Stored]:
+    h, inner = cfg.hidden_size, cfg.intermediate_size
+    out = {
+        "attn_norm.weight": Stored(name=f"{p}.ln_1.weight"),
+        "attn_norm.bias": Stored(name=f"{p}.ln_1.bias"),
+        "o": Stored(name=f"{p}.attn.c_proj.weight", shape=(h, h), transposed=True),
+        "o.bias": Stored(name=f"{p}.attn.c_proj.bias"),
+        "mlp_norm.weight": Stored(name=f"{p}.ln_2.weight"),
+        "mlp_norm.bias": Stored(name=f"{p}.ln_2.bias"),
+        "up": Stored(name=f"{p}.mlp.c_fc.weight", shape=(h, inner), transposed=True),
+        "up.bias": Stored(name=f"{p}.mlp.c_fc.bias"),
+        "down": Stored(name=f"{p}.mlp.c_proj.weight", shape=(inner, h), transposed=True),
+        "down.bias": Stored(name=f"{p}.mlp.c_proj.bias"),
+    }
+    for j, n in enumerate(("q", "k", "v")):  # one Conv1D [h, 3h]: q, k, v side by side
+        out[n] = Stored(name=f"{p}.attn.c_attn.weight", shape=(h, 3 * h), transposed=True, offset=j * h)
+        out[f"{n}.bias"] = Stored(name=f"{p}.attn.c_attn.bias", shape=(3 * h,), offset=j * h)
+    return out
+
+
+def _llama_block(cfg: DecoderConfig, p: str) -> dict[str, Stored]:
+    names = {
+        "attn_norm.weight": "input_layernorm.weight",
+        "mlp_norm.weight": "post_attention_layernorm.weight",
+        **{n: f"self_attn.{n}_proj.weight" for n in ("q", "k", "v", "o")},
+        **{f"{n}.bias": f"self_attn.{n}_proj.bias" for n in ("q", "k", "v", "o")},
+        **{n: f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")},
+        **{f"{n}.bias": f"mlp.{n}_proj.bias" for n in ("gate", "up", "down")},
+    }
+    return {k: Stored(name=f"{p}.{v}") for k, v in names.items()}
+
+
+def _stored(family: str, cfg: DecoderConfig, kind: str, layer: int | None) -> dict[str, Stored]:
+    """Where `family` keeps each weight that the layout of `kind` may declare."""
+    if kind == "block":
+        block = _gpt2_block if family == "gpt2" else _llama_block
+        return block(cfg, f"transformer.h.{layer}" if family == "gpt2" else f"model.layers.{layer}")
+    if kind == "embed":
+        if family == "gpt2":
+            return {"tokens": Stored(name="transformer.wte.weight"), "positions": Stored(name="transformer.wpe.weight")}
+        return {"tokens": Stored(name="model.embed_tokens.weight")}
+    assert kind == "lm_head", kind
+    return {"head": Stored(name="lm_head.weight")}
 
 
 class _Slicer:
-    """Reads the member's slices of parameters named as in the whole model."""
+    """Reads parts of parameters named as in the whole model, in the shard's dtype and device."""
 
     def __init__(self, source, *, dtype: torch.dtype, device: torch.device):
         self.source, self.dtype, self.device = source, dtype, device
@@ -49,33 +108,51 @@ class _Slicer:
             device=self.device, dtype=self.dtype
         )
 
-    def whole(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        return self.source.tensor(name, torch.Size(shape)).to(device=self.device, dtype=self.dtype)
 
-    def module(self, module: torch.nn.Module, prefix: str) -> torch.nn.Module:
-        return fill_module_(module, prefix, self.source, dtype=self.dtype, device=self.device)
+def member_tensors(
+    task: str, cfg: DecoderConfig, family: str, k: int, index: int, source, *, dtype: torch.dtype, device
+) -> dict[str, torch.Tensor]:
+    """Member `index` of k's part of every weight that the layout of `task` declares, in torch's (out, in)
+    layout: `TPWeight.member_range` along the split dimension, read where `family` stores the weight."""
+    kind = _kind(task)
+    stored = _stored(family, cfg, kind, int(task.split(".")[1]) if kind == "block" else None)
+    slicer = _Slicer(source, dtype=dtype, device=device)
+    out = {}
+    for w in task_layout(cfg, kind).weights:
+        s = stored[w.name]
+        lo, hi = w.member_range(k, index)
+        dim = w.dim or 0
+        stored_dim = 1 - dim if s.transposed else dim
+        t = slicer.part(s.name, s.shape or w.shape, stored_dim, s.offset + lo, s.offset + hi)
+        out[w.name] = t.t().contiguous() if s.transposed else t
+        assert tuple(out[w.name].shape) == w.member_shape(k, index), (w.name, tuple(out[w.name].shape))
+    return out
 
 
-def check_divisible(config, family: str, k: int) -> None:
-    """DecoderError unless heads, KV heads and the MLP width split k ways (the planner's rule)."""
-    heads = int(config.num_attention_heads)
-    kv = int(getattr(config, "num_key_value_heads", None) or heads)
-    width = _mlp_width(config, family)
-    bad = [f"{what} {n}" for what, n in (("heads", heads), ("KV heads", kv), ("MLP width", width)) if n % k]
+def _kind(task: str) -> str:
+    """The layout kind of a decoder task that has a tensor-parallel share (embed, block.i, lm_head)."""
+    kind = "block" if task.startswith("block.") else task
+    if kind not in ("block", "embed", "lm_head"):
+        raise DecoderError(f"task {task!r}: no tensor-parallel share (final_norm is replicated)")
+    return kind
+
+
+def check_divisible(config: DecoderConfig, k: int, kinds: tuple[str, ...] = ("block",)) -> None:
+    """DecoderError unless the counts the layouts of `kinds` split (heads, KV heads, MLP width) split k ways."""
+    bad = [count for kind in kinds for count in task_layout(config, kind).cannot_split(k)]
     if bad:
         raise DecoderError(f"a tensor-parallel group of {k} cannot split {', '.join(bad)}")
+
+
+def check_runs_on_groups(hf_config, family: str) -> None:
+    """DecoderError for the configurations whose attention these shares do not compute."""
     if family == "gpt2" and (
-        getattr(config, "scale_attn_by_inverse_layer_idx", False) or getattr(config, "reorder_and_upcast_attn", False)
+        getattr(hf_config, "scale_attn_by_inverse_layer_idx", False)
+        or getattr(hf_config, "reorder_and_upcast_attn", False)
     ):
         raise DecoderError(
             "GPT-2 configs with scale_attn_by_inverse_layer_idx or reorder_and_upcast_attn run on single devices only"
         )
-
-
-def _mlp_width(config, family: str) -> int:
-    if family == "gpt2":
-        return int(config.n_inner or 4 * config.hidden_size)
-    return int(config.intermediate_size)
 
 
 # ----------------------------------------------------------------------------
@@ -114,159 +191,70 @@ def _attend(q, k, v, mask, cache: dict, layer: int, rep: int) -> torch.Tensor:
     return out.transpose(1, 2).reshape(batch, tokens, heads * d)
 
 
-# ----------------------------------------------------------------------------
-# Blocks
+class _Norm(torch.nn.Module):
+    """A replicated norm: LayerNorm (scale and shift) or RMSNorm (scale; as transformers' LlamaRMSNorm)."""
+
+    def __init__(self, cfg: DecoderConfig, t: dict[str, torch.Tensor], name: str):
+        super().__init__()
+        self.kind, self.eps = cfg.norm, float(cfg.norm_eps)
+        self.weight, self.bias = (frozen(t.get(f"{name}.{p}")) for p in ("weight", "bias"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "layernorm":
+            return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+        y = x.to(torch.float32)
+        y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return y if self.weight is None else self.weight * y
 
 
-class GPT2BlockShard:
-    """GPT2Block's computation on 1/k of the heads and of the MLP width (Conv1D weights are [in, out])."""
+class BlockShard(torch.nn.Module):
+    """A decoder block on 1/k of the heads (and KV heads) and of the MLP width (the module docstring)."""
 
-    def __init__(self, config, layer: int, ops, slicer: _Slicer):
+    def __init__(self, cfg: DecoderConfig, layer: int, t: dict[str, torch.Tensor], ops):
         from transformers.activations import ACT2FN
 
-        h, heads, k, r = int(config.hidden_size), int(config.num_attention_heads), ops.size, ops.index
-        self.layer, self.ops, self.d = layer, ops, h // heads
-        self.heads = heads // k
-        w, lo = self.heads * self.d, r * (heads // k) * self.d
-        p = f"transformer.h.{layer}"
-        with torch.device("meta"):
-            ln_1, ln_2 = (torch.nn.LayerNorm(h, eps=config.layer_norm_epsilon) for _ in range(2))
-        self.ln_1, self.ln_2 = slicer.module(ln_1, f"{p}.ln_1"), slicer.module(ln_2, f"{p}.ln_2")
-        cols = [(j * h + lo, j * h + lo + w) for j in range(3)]  # q, k, v: the member's heads of each
-        self.qkv_w = torch.cat([slicer.part(f"{p}.attn.c_attn.weight", (h, 3 * h), 1, a, b) for a, b in cols], dim=1)
-        self.qkv_b = torch.cat([slicer.part(f"{p}.attn.c_attn.bias", (3 * h,), 0, a, b) for a, b in cols])
-        self.proj_w = slicer.part(f"{p}.attn.c_proj.weight", (h, h), 0, lo, lo + w)
-        self.proj_b = slicer.whole(f"{p}.attn.c_proj.bias", (h,))
-        inner = _mlp_width(config, "gpt2")
-        a, b = even_range(inner, k, r)
-        self.fc_w, self.fc_b = (
-            slicer.part(f"{p}.mlp.c_fc.weight", (h, inner), 1, a, b),
-            slicer.part(f"{p}.mlp.c_fc.bias", (inner,), 0, a, b),
-        )
-        self.out_w, self.out_b = (
-            slicer.part(f"{p}.mlp.c_proj.weight", (inner, h), 0, a, b),
-            slicer.whole(f"{p}.mlp.c_proj.bias", (h,)),
-        )
-        self.act = ACT2FN[config.activation_function]
+        super().__init__()
+        if not cfg.pre_norm:
+            raise DecoderError(f"model {cfg.name!r}: tensor-parallel blocks run pre-norm decoders only")
+        k, self.layer = ops.size, layer
+        self.heads, self.kv, self.d = cfg.num_heads // k, cfg.num_kv_heads // k, cfg.head_dim
+        self.rep, self.rotary = cfg.num_heads // cfg.num_kv_heads, not cfg.learned_positions
+        self.attn_norm, self.mlp_norm = _Norm(cfg, t, "attn_norm"), _Norm(cfg, t, "mlp_norm")
+        qkv = ("q", "k", "v")
+        self.qkv = ColumnParallelLinear([t[n] for n in qkv], [t.get(f"{n}.bias") for n in qkv])
+        self.o = RowParallelLinear(t["o"], t.get("o.bias"), ops)
+        ups = ("gate", "up") if cfg.gated_mlp else ("up",)
+        self.up = ColumnParallelLinear([t[n] for n in ups], [t.get(f"{n}.bias") for n in ups])
+        self.down = RowParallelLinear(t["down"], t.get("down.bias"), ops)
+        self.act = ACT2FN[cfg.activation]
 
-    def __call__(self, x: torch.Tensor, cache: dict, context: dict[str, Any]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: dict, context: dict[str, Any]) -> torch.Tensor:
         batch, tokens, _ = x.shape
         q, k, v = (
-            x_.view(batch, tokens, self.heads, self.d).transpose(1, 2)
-            for x_ in (self.ln_1(x) @ self.qkv_w + self.qkv_b).split(self.heads * self.d, dim=2)
+            y.view(batch, tokens, n, self.d).transpose(1, 2)
+            for y, n in zip(self.qkv(self.attn_norm(x)), (self.heads, self.kv, self.kv))
         )
-        attn = _attend(q, k, v, context["mask"], cache, self.layer, 1) @ self.proj_w
-        x = x + self.ops.all_reduce_(attn) + self.proj_b
-        up = self.act(self.ln_2(x) @ self.fc_w + self.fc_b) @ self.out_w
-        return x + self.ops.all_reduce_(up) + self.out_b
+        if self.rotary:
+            from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+            q, k = apply_rotary_pos_emb(q, k, *context["position_embeddings"])
+        x = x + self.o(_attend(q, k, v, context["mask"], cache, self.layer, self.rep))
+        parts = self.up(self.mlp_norm(x))
+        inner = self.act(parts[0]) * parts[1] if len(parts) == 2 else self.act(parts[0])
+        return x + self.down(inner)
 
 
-class LlamaBlockShard:
-    """LlamaDecoderLayer's computation on 1/k of the heads (and KV heads) and of the MLP width."""
+class EmbedShard(torch.nn.Module):
+    """The member's vocabulary rows of the token table; the learned positions (GPT-2) whole."""
 
-    def __init__(self, config, layer: int, ops, slicer: _Slicer):
-        from transformers.activations import ACT2FN
-        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    def __init__(self, t: dict[str, torch.Tensor], lo: int, ops):
+        super().__init__()
+        self.tokens = VocabParallelEmbedding(t["tokens"], lo, ops)
+        self.positions = frozen(t.get("positions"))
 
-        h, heads, k, r = int(config.hidden_size), int(config.num_attention_heads), ops.size, ops.index
-        kv = int(config.num_key_value_heads or heads)
-        self.layer, self.ops = layer, ops
-        self.d = int(getattr(config, "head_dim", None) or h // heads)
-        self.heads, self.kv, self.rep = heads // k, kv // k, heads // kv
-        p = f"model.layers.{layer}"
-        with torch.device("meta"):
-            norms = [LlamaRMSNorm(h, eps=config.rms_norm_eps) for _ in range(2)]
-        self.norm_1, self.norm_2 = (
-            slicer.module(norms[0], f"{p}.input_layernorm"),
-            slicer.module(norms[1], f"{p}.post_attention_layernorm"),
-        )
-        qa, qb = r * self.heads * self.d, (r + 1) * self.heads * self.d
-        ka, kb = r * self.kv * self.d, (r + 1) * self.kv * self.d
-        rows = {"q_proj": (heads * self.d, qa, qb), "k_proj": (kv * self.d, ka, kb), "v_proj": (kv * self.d, ka, kb)}
-        self.w = {n: slicer.part(f"{p}.self_attn.{n}.weight", (out, h), 0, a, b) for n, (out, a, b) in rows.items()}
-        self.b = (
-            {n: slicer.part(f"{p}.self_attn.{n}.bias", (out,), 0, a, b) for n, (out, a, b) in rows.items()}
-            if getattr(config, "attention_bias", False)
-            else {}
-        )
-        self.o_w = slicer.part(f"{p}.self_attn.o_proj.weight", (h, heads * self.d), 1, qa, qb)
-        self.o_b = (
-            slicer.whole(f"{p}.self_attn.o_proj.bias", (h,)) if getattr(config, "attention_bias", False) else None
-        )
-        inner = int(config.intermediate_size)
-        a, b = even_range(inner, k, r)
-        mlp_bias = getattr(config, "mlp_bias", False)
-        for n in ("gate_proj", "up_proj"):
-            self.w[n] = slicer.part(f"{p}.mlp.{n}.weight", (inner, h), 0, a, b)
-            if mlp_bias:
-                self.b[n] = slicer.part(f"{p}.mlp.{n}.bias", (inner,), 0, a, b)
-        self.down_w = slicer.part(f"{p}.mlp.down_proj.weight", (h, inner), 1, a, b)
-        self.down_b = slicer.whole(f"{p}.mlp.down_proj.bias", (h,)) if mlp_bias else None
-        self.act = ACT2FN[config.hidden_act]
-
-    def _proj(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.w[name], self.b.get(name))
-
-    def __call__(self, x: torch.Tensor, cache: dict, context: dict[str, Any]) -> torch.Tensor:
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        batch, tokens, _ = x.shape
-        y = self.norm_1(x)
-        q = self._proj("q_proj", y).view(batch, tokens, self.heads, self.d).transpose(1, 2)
-        k = self._proj("k_proj", y).view(batch, tokens, self.kv, self.d).transpose(1, 2)
-        v = self._proj("v_proj", y).view(batch, tokens, self.kv, self.d).transpose(1, 2)
-        cos, sin = context["position_embeddings"]
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        attn = self.ops.all_reduce_(F.linear(_attend(q, k, v, context["mask"], cache, self.layer, self.rep), self.o_w))
-        x = x + (attn if self.o_b is None else attn + self.o_b)
-        y = self.norm_2(x)
-        down = self.ops.all_reduce_(
-            F.linear(self.act(self._proj("gate_proj", y)) * self._proj("up_proj", y), self.down_w)
-        )
-        return x + (down if self.down_b is None else down + self.down_b)
-
-
-# ----------------------------------------------------------------------------
-# Embedding and LM head, split by vocabulary
-
-
-class EmbedShard:
-    """The member's rows of the token table; the position table (GPT-2) whole."""
-
-    def __init__(self, config, table: str, positions: str | None, ops, slicer: _Slicer):
-        vocab, h = int(config.vocab_size), int(config.hidden_size)
-        self.ops = ops
-        self.lo, self.hi = even_range(vocab, ops.size, ops.index)
-        self.rows = slicer.part(table, (vocab, h), 0, self.lo, self.hi)
-        self.positions = slicer.whole(positions, (int(config.max_position_embeddings), h)) if positions else None
-
-    def __call__(self, ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        local = ids - self.lo
-        outside = (local < 0) | (local >= self.hi - self.lo)
-        out = F.embedding(local.clamp(0, self.hi - self.lo - 1), self.rows).masked_fill(outside[..., None], 0.0)
-        out = self.ops.all_reduce_(out)
+    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        out = self.tokens(ids)
         return out if self.positions is None else out + F.embedding(position_ids, self.positions)
-
-
-class HeadShard:
-    """The member's rows of the LM head; returns the global greedy token of each row."""
-
-    def __init__(self, config, name: str, ops, slicer: _Slicer):
-        vocab, h = int(config.vocab_size), int(config.hidden_size)
-        self.ops = ops
-        self.lo, self.hi = even_range(vocab, ops.size, ops.index)
-        self.rows = slicer.part(name, (vocab, h), 0, self.lo, self.hi)
-
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden[:, -1, :], self.rows).to(torch.float32)
-        index = torch.argmax(logits, dim=-1)
-        mine = torch.stack(
-            [logits.gather(1, index[:, None])[:, 0], (index + self.lo).to(torch.float32)], dim=1
-        )  # [B, 2]
-        every = self.ops.all_gather(mine)  # [k, B, 2], members in vocabulary order
-        best = every[:, :, 0].max(dim=0).values
-        first = torch.argmax((every[:, :, 0] == best).to(torch.int8), dim=0)  # the first member holding the maximum
-        return every[first, torch.arange(every.shape[1]), 1].to(torch.long)
 
 
 class Unconnected:
@@ -285,15 +273,13 @@ class Unconnected:
         return t.to(torch.float32).expand(self.size, *t.shape)
 
 
-def build_shard(task: str, config, family: str, ops, source, *, dtype: torch.dtype, device: torch.device):
-    """The member's callable for `task` (embed, block.i or lm_head; final_norm is replicated)."""
-    slicer = _Slicer(source, dtype=dtype, device=device)
-    if task.startswith("block."):
-        block = GPT2BlockShard if family == "gpt2" else LlamaBlockShard
-        return block(config, int(task.split(".")[1]), ops, slicer)
-    if task == "embed":
-        if family == "gpt2":
-            return EmbedShard(config, "transformer.wte.weight", "transformer.wpe.weight", ops, slicer)
-        return EmbedShard(config, "model.embed_tokens.weight", None, ops, slicer)
-    assert task == "lm_head", task
-    return HeadShard(config, "lm_head.weight", ops, slicer)
+def build_shard(task: str, cfg: DecoderConfig, family: str, ops, source, *, dtype: torch.dtype, device: torch.device):
+    """The member's callable for `task` (embed, block.i or lm_head; final_norm is replicated), from its layout."""
+    kind = _kind(task)
+    check_divisible(cfg, ops.size, (kind,))
+    t = member_tensors(task, cfg, family, ops.size, ops.index, source, dtype=dtype, device=device)
+    if kind == "block":
+        return BlockShard(cfg, int(task.split(".")[1]), t, ops)
+    layout = task_layout(cfg, kind)
+    lo, _ = layout.weight("tokens" if kind == "embed" else "head").member_range(ops.size, ops.index)
+    return EmbedShard(t, lo, ops) if kind == "embed" else VocabParallelArgmax(t["head"], lo, ops)
