@@ -33,25 +33,33 @@ def _run(plan, prompts, steps, tmp_path):
     return result.report
 
 
-def _planned_collectives(plan_path, steps: int) -> dict[str, dict[str, int]]:
-    """Per group: the all-reduces and all-gathers its members make per run, from the plan's task fields."""
+def _planned_collectives(plan_path, steps: int, prompts) -> tuple[dict, dict]:
+    """Per group: the all-reduces and all-gathers its members make per run, and their bytes, from the plan's
+    task fields (a decode graph: per sample and position; the first step runs the padded prompt's positions,
+    the head always the last one only)."""
     plan = load_plan(plan_path)
     tasks = {t.name: t for t in build_model_graph(ModelSpec.from_dict(dict(plan.inputs.model))).tasks}
-    out: dict[str, dict[str, int]] = {}
+    counts: dict[str, dict[str, int]] = {}
+    sizes: dict[str, dict[str, float]] = {}
     for stream in streams_of(plan, in_flight_batches(plan)):
+        batch, prompt = len(stream.requests), max(len(prompts[r]) for r in stream.requests)
         for task, device in plan.shard_assignments[stream.shard].items():
             if "-" in device.split(":")[-1]:
-                entry = out.setdefault(device, {"all_reduce": 0, "all_gather": 0})
-                entry["all_reduce"] += steps * tasks[task].tp_allreduces
-                entry["all_gather"] += steps * tasks[task].tp_allgathers
-    return out
+                t = tasks[task]
+                entry = counts.setdefault(device, {"all_reduce": 0, "all_gather": 0})
+                entry["all_reduce"] += steps * t.tp_allreduces
+                entry["all_gather"] += steps * t.tp_allgathers
+                moved = sizes.setdefault(device, {"all_reduce": 0.0, "all_gather": 0.0})
+                moved["all_reduce"] += batch * (prompt + steps - 1) * t.tp_allreduce_bytes_per_sample
+                moved["all_gather"] += batch * steps * t.tp_allgather_bytes_per_sample
+    return counts, sizes
 
 
-def _measured_collectives(report) -> dict[str, dict[str, int]]:
+def _measured_collectives(report, what: str = "count") -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for r in report["ranks"]:
         if "collectives" in r:
-            counts = {kind: c["count"] for kind, c in r["collectives"].items()}
+            counts = {kind: c[what] for kind, c in r["collectives"].items()}
             assert out.setdefault(r["plan_device"], counts) == counts  # every member makes the same calls
     return {d: {"all_reduce": c.get("all_reduce", 0), "all_gather": c.get("all_gather", 0)} for d, c in out.items()}
 
@@ -72,7 +80,9 @@ def test_the_whole_model_on_a_group_of_two_ranks(make, layers, tmp_path):
     planned = {
         G01: {"all_reduce": 8 * (1 + 2 * layers), "all_gather": 8}
     }  # per step: embed 1, each block 2; the head's argmax
-    assert _measured_collectives(report) == _planned_collectives(plan, 8) == planned
+    counts, sizes = _planned_collectives(plan, 8, PROMPTS)
+    assert _measured_collectives(report) == counts == planned
+    assert _measured_collectives(report, "bytes") == sizes  # fp32 plan and ranks
     assert all(r["weights"]["tensors"] > 0 for r in ranks)
 
 
@@ -89,11 +99,9 @@ def test_llama_group_beside_pipeline_stages_on_four_ranks(tmp_path):
     )
     report = _run(plan, PROMPTS, 8, tmp_path)
     assert report["tokens"] == _whole_tokens(config, PROMPTS, 8)
-    assert (
-        _measured_collectives(report)
-        == _planned_collectives(plan, 8)
-        == {G01: {"all_reduce": 8 * 2 * 3, "all_gather": 8}}
-    )
+    counts, sizes = _planned_collectives(plan, 8, PROMPTS)
+    assert _measured_collectives(report) == counts == {G01: {"all_reduce": 8 * 2 * 3, "all_gather": 8}}
+    assert _measured_collectives(report, "bytes") == sizes
     sends = {(r["rank"], t["peer"]) for r in report["ranks"] for t in r["transfers"] if t["direction"] == "send"}
     assert sends == {
         (2, 0),
