@@ -145,12 +145,28 @@ def test_causal_mask_hides_future_and_padded_keys():
     assert tp_layers.causal_mask(None, 1, 5, torch.float32, torch.device("cpu")) is None
 
 
-def test_members_read_their_slices_of_a_checkpoint(tmp_path):
-    from transformers import LlamaForCausalLM
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: tiny_llama(num_hidden_layers=2),
+        lambda: tiny_gpt2(n_layer=2),  # q, k, v in one (in, out) Conv1D with their biases
+        lambda: tiny_llama(num_hidden_layers=2, attention_bias=True, mlp_bias=True),
+    ],
+    ids=["llama", "gpt2", "llama-biases"],
+)
+def test_members_read_their_slices_of_a_checkpoint(make, tmp_path):
+    """A checkpoint's biases are not zero (the seeded source's are): a member that read the wrong part of a
+    fused or transposed tensor, or of a bias, would change the tokens."""
+    from transformers import AutoModelForCausalLM
 
-    config = gpt.prepare_config(tiny_llama(num_hidden_layers=2))
+    config = gpt.prepare_config(make())
     torch.manual_seed(3)
-    LlamaForCausalLM(config).save_pretrained(tmp_path / "ckpt")
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(std=0.5)
+    model.save_pretrained(tmp_path / "ckpt")
     tokens, _, sources = _generate_on_group(config, PROMPTS, 6, 2, checkpoint=str(tmp_path / "ckpt"))
     whole = gpt.build_whole_model(config, gpt.weight_source(config, checkpoint=str(tmp_path / "ckpt"), seed=0))
     assert tokens == gpt.generate_whole(whole, config, PROMPTS, 6)
