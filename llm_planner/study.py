@@ -33,6 +33,8 @@ class StudyRow:
     time_s: float
     status: str
     nodes: int | None
+    solver_status: str = ""  # the backend's own status (the exact MILP's: optimal when it proved its optimum)
+    solver_bound_s: float = float("nan")  # the backend's dual bound (the plan's lower bound is the verifiable one)
 
 
 def compare_symmetry(
@@ -68,7 +70,8 @@ def compare_symmetry(
                     )
                 )
                 continue
-            nodes = plan.solver.details.get("nodes")
+            details = plan.solver.details
+            nodes = details.get("nodes")
             rows.append(
                 StudyRow(
                     criterion=criterion,
@@ -79,6 +82,8 @@ def compare_symmetry(
                     time_s=plan.solver.time_s,
                     status=plan.solver.status,
                     nodes=int(nodes) if nodes is not None else None,
+                    solver_status=str(details.get("solver_status", "")),
+                    solver_bound_s=float(details.get("solver_bound_s", float("nan"))),
                 )
             )
     return rows
