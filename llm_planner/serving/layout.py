@@ -88,9 +88,18 @@ def layout_usage(layout: Layout) -> dict[str, int]:
 
 
 def layout_ok(layout: Layout, classes: dict[str, ServerClass]) -> bool:
-    return all(classes[name].block_ok(n) for name, n in layout_usage(layout).items()) and len(
-        {seg.class_name for seg in layout}
-    ) == len(layout)
+    """Every segment a block its class may give (llm_planner.serving.classes), the class's
+    devices enough for all its segments, no two neighbours of one class (they are one segment),
+    and a class only at the two ends when it appears twice (search.with_ends)."""
+    if any(not classes[seg.class_name].block_ok(seg.devices) for seg in layout):
+        return False
+    if any(n > classes[name].num_devices for name, n in layout_usage(layout).items()):
+        return False
+    if any(a.class_name == b.class_name for a, b in zip(layout, layout[1:])):
+        return False
+    names = [seg.class_name for seg in layout]
+    repeated = [name for name in set(names) if names.count(name) > 1]
+    return not repeated or (repeated == [names[0]] and names.count(names[0]) == 2 and names[-1] == names[0])
 
 
 def describe(layout: Layout) -> str:

@@ -8,7 +8,9 @@ devices cannot hold the weights is skipped before it is evaluated. Each is evalu
 best of 1, p/2 and p micro-batches with the largest feasible concurrency and a layer split
 fitted to its stages (llm_planner.serving.replica). Every engineer-best layout is a candidate
 too, at the operating point the baseline gives it, so the solver is never below engineer-best.
-The fleet problem (llm_planner.serving.fleet) then picks how many copies of each to run.
+Every layout that serves is tried again with one stage, and with half the stages, of its first
+segment moved to the end (with_ends). The fleet problem (llm_planner.serving.fleet) then picks
+how many copies of each to run.
 """
 
 from __future__ import annotations
@@ -84,6 +86,26 @@ def _layouts_of(ctx: ServingContext, names: list[str], options: dict, r: int, ne
                     out.append(layout)
                     if cap is not None and len(out) > cap:
                         return None
+    return out
+
+
+def with_ends(ctx: ServingContext, layout: Layout) -> list[Layout]:
+    """The layout with one stage, and with half the stages, of its first segment moved to the
+    end. The first class then holds both the embedding and the head, and the classes in the
+    middle only blocks: where their memory limits the sequences in flight (a stage with the head
+    holds fewer layers), the replica keeps more in flight (a100-l4-t4-cloud at 200 ms: T4s at both
+    ends of four A100s, 642 tokens/s against 607 with the head on an A100)."""
+    first = layout[0]
+    if len(layout) < 2 or first.stages < 2 or layout[-1].class_name == first.class_name:
+        return []
+    sc, out = ctx.by_name[first.class_name], []
+    for moved in sorted({1, first.stages // 2}):
+        front, back = (
+            Segment(first.class_name, first.degree, first.stages - moved),
+            Segment(first.class_name, first.degree, moved),
+        )
+        if sc.block_ok(front.devices) and sc.block_ok(back.devices):
+            out.append((front, *layout[1:], back))
     return out
 
 
@@ -169,13 +191,15 @@ def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[Fl
     patterns = [p for found in engineer.values() for p, _ in found]
     layouts = candidate_layouts(ctx)
     rates = {sc.name: device_rate_bound(ctx.cache, sc, ctx.workload.tpot_slo_s) for sc in ctx.classes}
-    todo, evaluated = priced_order(ctx, layouts, patterns, rates), 0
+    todo, evaluated, added = priced_order(ctx, layouts, patterns, rates), 0, 0
     while todo and time.monotonic() < deadline:
         found, done = evaluate_layouts(ctx, todo[:BATCH], deadline)
         patterns += found
         evaluated += done
-        todo = priced_order(ctx, todo[done:], patterns, rates)
+        ends = [v for p in found for v in with_ends(ctx, p.layout)]
+        added += len(ends)
+        todo = priced_order(ctx, todo[done:] + ends, patterns, rates)
     if todo:
         log.warning("serving search stopped at its time limit with %d layouts left to price", len(todo))
     left = max(5.0, deadline - time.monotonic())
-    return solve_fleet(patterns, ctx.capacity, time_limit_s=left), evaluated, len(layouts) - len(todo)
+    return solve_fleet(patterns, ctx.capacity, time_limit_s=left), evaluated, len(layouts) + added - len(todo)

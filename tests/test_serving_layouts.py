@@ -1,0 +1,77 @@
+"""Layouts with the first class at both ends: what they gain, which layouts are allowed, and
+that each of their segments gets devices of its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llm_planner.serving.assign import assign_devices
+from llm_planner.serving.context import ServingOptions, build_context
+from llm_planner.serving.fleet import FleetChoice
+from llm_planner.serving.layout import Pattern, Segment, layout_ok
+from llm_planner.serving.search import micro_batch_options, with_ends
+from llm_planner.serving.workload import RequestShape, ServingWorkload
+
+SPEC = Path(__file__).resolve().parents[1] / "cluster_specs" / "a100-l4-t4-cloud.yaml"
+A100, L4, T4 = "a100/a100-40g", "l4/l4", "t4/t4"
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    wl = ServingWorkload(requests=(RequestShape(prompt_len=512, output_len=256),), tpot_slo_s=0.2)
+    return build_context(str(SPEC), "llama2-70b", wl, "fp16", ServingOptions())
+
+
+def _best(ctx, layout):
+    model = ctx.replica(layout)
+    return model.best(micro_batch_options(ctx, model.p), refine=True)
+
+
+def test_t4s_at_both_ends_of_the_a100s_keep_more_in_flight(ctx):
+    """LLaMA-2 70B at 200 ms: with the head on the last A100 that A100 holds fewer layers, so four
+    T4s in front of four A100s keep at most 119 sequences in flight; moving a T4 to the end frees
+    the A100s for 17 blocks each at 128 sequences."""
+    base = (Segment(T4, 1, 4), Segment(A100, 1, 4))
+    variants = with_ends(ctx, base)
+    assert (Segment(T4, 1, 3), Segment(A100, 1, 4), Segment(T4, 1, 1)) in variants
+    assert (Segment(T4, 1, 2), Segment(A100, 1, 4), Segment(T4, 1, 2)) in variants
+    before = _best(ctx, base)
+    layout, after = max(((v, _best(ctx, v)) for v in variants), key=lambda pair: pair[1].tokens_per_s)
+    assert after.tokens_per_s > 1.05 * before.tokens_per_s
+    assert after.concurrency > before.concurrency
+    assert after.tpot_s <= 0.2
+    front = layout[0].stages
+    assert after.layers[front : front + 4] == (17, 17, 17, 17)
+
+
+def test_no_variants_of_one_class_or_of_a_single_first_stage(ctx):
+    assert with_ends(ctx, (Segment(A100, 1, 4),)) == []
+    assert with_ends(ctx, (Segment(T4, 1, 1), Segment(A100, 1, 4))) == []
+    assert with_ends(ctx, (Segment(T4, 1, 2), Segment(A100, 1, 4), Segment(T4, 1, 2))) == []
+
+
+@pytest.mark.parametrize(
+    "layout, ok",
+    [
+        ((Segment(T4, 1, 2), Segment(A100, 1, 4), Segment(T4, 1, 2)), True),
+        ((Segment(T4, 1, 2), Segment(L4, 1, 2), Segment(A100, 1, 4), Segment(T4, 1, 1)), True),
+        ((Segment(T4, 1, 2), Segment(T4, 1, 2), Segment(A100, 1, 4)), False),  # neighbours of one class
+        ((Segment(A100, 1, 2), Segment(T4, 1, 2), Segment(A100, 1, 1), Segment(L4, 1, 1)), False),  # not at the ends
+        ((Segment(T4, 1, 2), Segment(A100, 1, 2), Segment(T4, 1, 1), Segment(A100, 1, 1)), False),
+        ((Segment(T4, 1, 8), Segment(A100, 1, 4), Segment(T4, 1, 8)), False),  # 16 T4s of 12
+    ],
+)
+def test_which_layouts_are_allowed(ctx, layout, ok):
+    assert layout_ok(layout, ctx.by_name) is ok
+
+
+def test_each_segment_gets_its_own_devices(ctx):
+    layout = (Segment(T4, 1, 2), Segment(A100, 1, 4), Segment(T4, 1, 2))
+    fleet = FleetChoice(chosen=((Pattern(layout=layout, ev=_best(ctx, layout)), 1),))
+    (copies,) = assign_devices(ctx.cluster, ctx.by_name, fleet)
+    (stages,) = copies
+    names = [d for stage in stages for d in stage]
+    assert len(names) == len(set(names)) == 8
+    assert all("t4" in d for d in names[:2] + names[6:]) and all("a100" in d for d in names[2:6])
