@@ -223,18 +223,28 @@ def maximise_with_binaries(value: np.ndarray, rows: SparseRows, n_binaries: int)
 
 
 def solve_with_binaries(
-    value: np.ndarray, rows: SparseRows, n_binaries: int, rel_gap: float = 1e-4, time_limit_s: float = TIME_LIMIT_S
+    value: np.ndarray,
+    rows: SparseRows,
+    n_binaries: int,
+    rel_gap: float = 1e-4,
+    time_limit_s: float = TIME_LIMIT_S,
+    integers: list[int] | None = None,
+    node_limit: int | None = None,
 ) -> tuple[float | None, np.ndarray | None]:
-    """maximise_with_binaries's value and the solution it found (None when it has none). With
-    `rel_gap` HiGHS stops once its dual bound is within that share of its best solution: the value
-    is then the dual bound (still a bound), the solution the best one found."""
+    """maximise_with_binaries's value and the solution it found (None when it has none), the
+    columns listed in `integers` integer too. With `rel_gap` HiGHS stops once its dual bound is
+    within that share of its best solution: the value is then the dual bound (still a bound), the
+    solution the best one found."""
     n = len(value)
+    integral = np.concatenate([np.zeros(n), np.ones(n_binaries)])
+    integral[integers or []] = 1
     res = milp(
         np.concatenate([-value, np.zeros(n_binaries)]),
         constraints=rows.constraint(n + n_binaries),
-        integrality=np.concatenate([np.zeros(n), np.ones(n_binaries)]),
+        integrality=integral,
         bounds=Bounds(0, np.concatenate([np.full(n, np.inf), np.ones(n_binaries)])),
-        options={"time_limit": time_limit_s, "mip_rel_gap": rel_gap},
+        options={"time_limit": time_limit_s, "mip_rel_gap": rel_gap}
+        | ({"node_limit": node_limit} if node_limit is not None else {}),
     )
     dual = getattr(res, "mip_dual_bound", None)
     if res.status == 0:

@@ -33,19 +33,25 @@ lam (layers), mu (layers times C), n (stages), e (end stages) and W (layer time)
        w lam + kv mu + F e <= M n,  lam <= l_max n - (l_max - l_end) e      (memory)
        e <= n,  sum e >= x                                                (end stages)
        sum over cells and degrees k n <= N_c                              (devices)
-       per first C interval I:  u_I <= sum x <= N u_I,  u_I binary   (a level in use holds a copy)
+       mu >= C_hi lam + U (K - C_hi x)                                    (one C per replica)
+       x, n, e integer
 
 (l_max: the floor above at C_lo, and the busy row's floor at theta_hi / m_lo with tau; l_end the
-same less F.) Every row summed over the replicas of a plan in one cell holds with x their number,
-K their sequences, n and e their stage counts, lam their layers, mu their layers times C, so the
-optimum bounds every plan; the binaries keep a replica that needs more devices than the cluster
-has from counting as a fraction of a copy. The cells start coarse (C in ratios of 2, m in [1],
-[2], [3, 4], ..., theta in ratios of 1.25 up to the target); every cell a round's optimum uses is
-cut in two along C and m and in four along theta, and the MILP is solved again, for a fixed
-number of rounds and cells (each round's value is a bound: the cells always cover every
-(C, m, theta)). A round's MILP stops within 1% of its optimum and its dual bound is the value;
-at its time limit the dual bound is the value and the refinement stops. Left out, so the bound
-only grows: workspace, the second end stage, a hand-off's bytes.
+same less F; U the most layers one replica puts on the option, min(L, l_max floor(N_c / k)).)
+Every row summed over the replicas of a plan in one cell holds with x their number, K their
+sequences, n and e their stage counts, lam their layers, mu their layers times C, so the optimum
+bounds every plan. The row "one C per replica" is McCormick's for mu = C lam on one replica
+(C <= C_hi, lam <= U), summed over the cell's replicas: it keeps the LP from giving the option
+whose memory binds fewer sequences per layer than the others. C is an integer, so the cells are
+integer ranges; they start coarse (C in [2^j, 2^(j+1) - 1], m in [1], [2], [3, 4], ..., theta
+in ratios of 1.25 up to the target). Every cell a round's optimum uses is cut in two along C
+(at a C where a used option's l_max drops, nearest the middle, so that a cell's l_max holds for
+all its C; else in the middle), in two along m and in four along theta, and the MILP is solved
+again, for a fixed number of rounds and cells (each round's value is a bound: the cells always
+cover every (C, m, theta)). A round's MILP stops within 3% of its optimum or after ROUND_NODE_LIMIT
+nodes, and its dual bound is the value (both deterministic, so verify recomputes the same
+value); past the node limit the refinement stops. Left out, so
+the bound only grows: workspace, the second end stage, a hand-off's bytes.
 """
 
 from __future__ import annotations
@@ -61,10 +67,12 @@ from llm_planner.serving.layout import CostCache
 
 ROUNDS = 8  # refinement rounds at most
 MAX_CELLS = 600  # stop refining past this many cells
-ROUND_TIME_LIMIT_S = 10.0  # one round's MILP (at its limit: its dual bound, and no further round)
-C_FINE, THETA_FINE = 1.002, 1.0005  # a cell narrower than these ratios is not split further in that dimension
-C_START, THETA_START = 2.0, 1.25  # ratios of the first intervals
-REL_GAP = 0.01  # each round's MILP stops within 1% of its optimum (its dual bound is the value)
+ROUND_NODE_LIMIT = 500  # one round's MILP stops after this many branch-and-bound nodes (its dual bound holds)
+ROUND_TIME_LIMIT_S = 60.0  # and, as a safety net only, after this long (the bound then depends on the machine)
+THETA_FINE = 1.0005  # a cell narrower than this ratio is not split further along theta
+THETA_START = 1.25  # ratio of the first TPOT intervals
+REL_GAP = 0.03  # each round's MILP stops within 3% of its optimum (its dual bound is the value)
+MAX_BREAKS = 2  # a used cell is cut along C after at most this many l_max breaks (those nearest its middle)
 SPLIT = 4  # a used cell is cut into this many parts along theta, and in two along C and along m
 
 
@@ -76,36 +84,42 @@ def _cut(lo: float, hi: float, parts: int) -> list[tuple[float, float]]:
 
 @dataclass(frozen=True)
 class Cell:
-    """Replicas with C in [c_lo, c_hi] sequences in flight, m in [m_lo, m_hi] micro-batches (m_hi =
-    0: no upper end) and a TPOT in [t_lo, t_hi]."""
+    """Replicas with C in [c_lo, c_hi] sequences in flight (integers), m in [m_lo, m_hi] micro-batches
+    (m_hi = 0: no upper end) and a TPOT in [t_lo, t_hi]."""
 
-    c_lo: float
-    c_hi: float
+    c_lo: int
+    c_hi: int
     m_lo: int
     m_hi: int
     t_lo: float
     t_hi: float
-    level: int  # the first C interval it lies in: a level in use holds a copy
 
     def b_range(self) -> tuple[float, float]:
-        """The micro-batch sizes the cell allows (floor and ceiling of C / m)."""
-        lo = max(1.0, math.floor(self.c_lo / self.m_hi) if self.m_hi else 1.0)
+        """The micro-batch sizes the cell allows (ceilings of C / m)."""
+        lo = max(1.0, math.ceil(self.c_lo / self.m_hi) if self.m_hi else 1.0)
         return lo, max(lo, math.ceil(self.c_hi / self.m_lo))
 
-    def parts(self) -> list[Cell]:
+    def parts(self, breaks: list[int]) -> list[Cell]:
+        """The cell cut along C after each break inside it (the MAX_BREAKS nearest its middle; with
+        none, in the middle), in two along m and in SPLIT along theta."""
         cs = [(self.c_lo, self.c_hi)]
-        if self.c_hi / self.c_lo > C_FINE and self.c_hi - self.c_lo > 0.5:
-            cs = _cut(self.c_lo, self.c_hi, 2)
+        if self.c_hi > self.c_lo:
+            inside = [c for c in breaks if self.c_lo <= c < self.c_hi]
+            mid = math.sqrt(self.c_lo * self.c_hi)
+            inside = sorted(inside, key=lambda c: abs(math.log((c + 0.5) / mid)))[:MAX_BREAKS]
+            cuts = sorted(set(inside)) or [min(int(mid), self.c_hi - 1)]
+            edges = [self.c_lo - 1, *cuts, self.c_hi]
+            cs = [(lo + 1, hi) for lo, hi in zip(edges, edges[1:])]
         ms = [(self.m_lo, self.m_hi)]
         if self.m_hi == 0:
             ms = [(self.m_lo, 2 * self.m_lo - 1), (2 * self.m_lo, 0)]
         elif self.m_hi > self.m_lo:
-            mid = (self.m_lo + self.m_hi) // 2
-            ms = [(self.m_lo, mid), (mid + 1, self.m_hi)]
+            mid_m = (self.m_lo + self.m_hi) // 2
+            ms = [(self.m_lo, mid_m), (mid_m + 1, self.m_hi)]
         ts = [(self.t_lo, self.t_hi)]
         if self.t_hi / self.t_lo > THETA_FINE:
             ts = _cut(self.t_lo, self.t_hi, SPLIT)
-        return [Cell(c0, c1, m0, m1, t0, t1, self.level) for c0, c1 in cs for m0, m1 in ms for t0, t1 in ts if m0 <= c1]
+        return [Cell(c0, c1, m0, m1, t0, t1) for c0, c1 in cs for m0, m1 in ms for t0, t1 in ts if m0 <= c1]
 
 
 @dataclass(frozen=True)
@@ -117,6 +131,15 @@ class _Kind:
     costs: object
     hop_s: float  # the least transfer a stage of it hands on (latency of its fastest link)
     end_bytes: float  # the smaller of the embedding's and the head's weights per device
+
+    def breaks(self, layers: int) -> list[int]:
+        """The largest C at which memory still holds `layers` layers a device (alone, and beside an
+        end): above it the option's l_max is below `layers`."""
+        c = self.costs
+        if c.kv_bytes_per_seq <= 0:
+            return []
+        rooms = (c.usable_bytes, c.usable_bytes - self.end_bytes)
+        return [math.floor((room / layers - c.weight_bytes["block"]) / c.kv_bytes_per_seq) for room in rooms]
 
 
 @dataclass(frozen=True)
@@ -165,16 +188,16 @@ def _end_time_s(kinds: list[_Kind], cell: Cell) -> float:
 
 
 def start_cells(kinds: list[_Kind], classes, num_layers: int, tpot_slo_s: float) -> list[Cell]:
-    """The first, coarse cells: C in ratios of C_START up to what all memory holds, m in [1], [2],
-    [3, 4], [5, 8], ..., the TPOT in ratios of THETA_START from the least round trip (the least step
-    and every layer at its least time on any class) to the target."""
+    """The first, coarse cells: C in [1, 1], [2, 3], [4, 7], ... up to what all memory holds, m in
+    [1], [2], [3, 4], [5, 8], ..., the TPOT in ratios of THETA_START from the least round trip (the
+    least step and every layer at its least time on any class) to the target."""
     memory = sum(sc.num_devices * sc.kind.usable_mem_bytes for sc in classes)
     kv = min(kd.k * kd.costs.kv_bytes_per_seq for kd in kinds)
     c_top = max(2.0, memory / (num_layers * kv)) if kv > 0 else 2.0**20
-    cs, c = [], 1.0
-    while c < c_top:
-        cs.append((c, c * C_START))
-        c *= C_START
+    cs, c = [], 1
+    while c <= c_top:
+        cs.append((c, 2 * c - 1))
+        c *= 2
     ms, m = [(1, 1), (2, 2)], 3
     while m <= c_top:
         ms.append((m, 2 * m - 2))
@@ -184,9 +207,7 @@ def start_cells(kinds: list[_Kind], classes, num_layers: int, tpot_slo_s: float)
     t_min = min(max(t_min, 1e-9), tpot_slo_s)  # no replica's round trip is shorter
     ts = _cut(t_min, tpot_slo_s, max(1, math.ceil(math.log(tpot_slo_s / t_min) / math.log(THETA_START))))
     ts = ts if t_min < tpot_slo_s else [(tpot_slo_s, tpot_slo_s)]
-    return [
-        Cell(c0, c1, m0, m1, t0, t1, j) for j, (c0, c1) in enumerate(cs) for m0, m1 in ms for t0, t1 in ts if m0 <= c1
-    ]
+    return [Cell(c0, c1, m0, m1, t0, t1) for c0, c1 in cs for m0, m1 in ms for t0, t1 in ts if m0 <= c1]
 
 
 def _may_hold_a_copy(options: list[_Option], capacity: dict[str, int], num_layers: int, time_s: float) -> bool:
@@ -204,37 +225,34 @@ def _may_hold_a_copy(options: list[_Option], capacity: dict[str, int], num_layer
 
 
 class _Model:
-    """The LP of the module docstring over a list of cells, with a binary per C interval."""
+    """The MILP of the module docstring over a list of cells."""
 
     def __init__(self, kinds, classes, cells: list[Cell], num_layers: int):
-        self.rows, self.value, self.x_of = SparseRows(), [], []
+        self.rows, self.value, self.x_of, self.integers = SparseRows(), [], [], []
         self.kinds, self.num_layers = kinds, num_layers
         self.capacity = {sc.name: sc.num_devices for sc in classes}
         self.device_terms: dict[str, list] = {sc.name: [] for sc in classes}
-        self.by_interval: dict[int, list[int]] = {}
+        self.stages_of: list[list[tuple[_Kind, int]]] = []  # per cell: (option's kind, its n column)
         for cell in cells:
             self._cell(cell)
         for sc in classes:
             self.rows.add(self.device_terms[sc.name], -np.inf, float(sc.num_devices))
-        total = float(sum(sc.num_devices for sc in classes))
-        for q, xs in enumerate(self.by_interval.values()):
-            u = len(self.value) + q
-            self.rows.add([(x, 1.0) for x in xs] + [(u, -1.0)], 0.0, np.inf)
-            self.rows.add([(x, 1.0) for x in xs] + [(u, -total)], -np.inf, 0.0)
 
-    def _column(self, value: float) -> int:
+    def _column(self, value: float, integer: bool = False) -> int:
         self.value.append(value)
+        if integer:
+            self.integers.append(len(self.value) - 1)
         return len(self.value) - 1
 
     def _cell(self, cell: Cell) -> None:
         options = _options(self.kinds, cell, self.num_layers)
         end_s = _end_time_s(self.kinds, cell)
+        self.stages_of.append([])
         if not _may_hold_a_copy(options, self.capacity, self.num_layers, cell.t_hi - end_s):
             self.x_of.append(None)
             return
-        x, seqs = self._column(0.0), self._column(1.0 / cell.t_lo)
+        x, seqs = self._column(0.0, integer=True), self._column(1.0 / cell.t_lo)
         self.x_of.append(x)
-        self.by_interval.setdefault(cell.level, []).append(x)
         self.rows.add([(seqs, 1.0), (x, -cell.c_lo)], 0.0, np.inf)
         self.rows.add([(seqs, 1.0), (x, -cell.c_hi)], -np.inf, 0.0)
         hop_max = max(o.kind.hop_s for o in options)
@@ -242,7 +260,9 @@ class _Model:
         seq_layers = [(seqs, -float(self.num_layers))]
         trip = [(x, end_s - hop_max - cell.t_hi)]
         for o in options:
-            lam, mu, n, e = (self._column(0.0) for _ in range(4))
+            lam, mu = self._column(0.0), self._column(0.0)
+            n, e = self._column(0.0, integer=True), self._column(0.0, integer=True)
+            self.stages_of[-1].append((o.kind, n))
             costs = o.kind.costs
             cover.append((lam, 1.0))
             seq_layers.append((mu, 1.0))
@@ -251,6 +271,8 @@ class _Model:
             self.rows.add([(lam, 1.0), (n, -float(o.l_max)), (e, float(o.l_max - o.l_end))], -np.inf, 0.0)
             self.rows.add([(e, 1.0), (n, -1.0)], -np.inf, 0.0)
             self.rows.add([(mu, 1.0), (lam, -cell.c_lo)], 0.0, np.inf)
+            most = float(min(self.num_layers, o.l_max * (self.capacity[o.kind.class_name] // o.kind.k)))
+            self.rows.add([(mu, 1.0), (lam, -cell.c_hi), (seqs, -most), (x, most * cell.c_hi)], 0.0, np.inf)
             room = costs.usable_bytes
             memory = [(lam, costs.weight_bytes["block"] / room), (mu, costs.kv_bytes_per_seq / room)]
             self.rows.add(memory + [(e, o.kind.end_bytes / room), (n, -1.0)], -np.inf, 0.0)
@@ -278,8 +300,23 @@ class _Model:
 
     def solve(self) -> tuple[float | None, np.ndarray | None]:
         return solve_with_binaries(
-            np.array(self.value), self.rows, len(self.by_interval), rel_gap=REL_GAP, time_limit_s=ROUND_TIME_LIMIT_S
+            np.array(self.value), self.rows, 0, REL_GAP, ROUND_TIME_LIMIT_S, self.integers, ROUND_NODE_LIMIT
         )
+
+    def refined(self, cells: list[Cell], sol: np.ndarray) -> list[Cell] | None:
+        """The cells with every cell the solution uses cut (Cell.parts), along C where an option it
+        uses can no longer hold the layers a device it gives them (their mean, rounded up); None
+        when it uses none."""
+        out, used = [], False
+        for cell, x, stages in zip(cells, self.x_of, self.stages_of):
+            if x is None or sol[x] <= 1e-9:
+                out.append(cell)
+                continue
+            used = True
+            need = [(kind, math.ceil(sol[n - 2] / sol[n] - 1e-6)) for kind, n in stages if sol[n] > 0.5]
+            breaks = sorted({c for kind, layers in need for c in kind.breaks(layers)})
+            out += cell.parts(breaks)
+        return out if used else None
 
 
 def cell_bound(
@@ -308,8 +345,8 @@ def cell_bound(
             break
         if best > stop_above and gain * left < best - stop_above:
             break
-        used = {i for i, x in enumerate(model.x_of) if x is not None and sol[x] > 1e-9}
-        if not used or len(cells) + 4 * SPLIT * len(used) > MAX_CELLS:
+        refined = model.refined(cells, sol)
+        if refined is None or len(refined) > MAX_CELLS:
             break
-        cells = [part for i, cell in enumerate(cells) for part in (cell.parts() if i in used else [cell])]
+        cells = refined
     return best
