@@ -19,6 +19,7 @@ import argparse
 import csv
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -75,6 +76,7 @@ COLUMNS = (
     "bound_tokens_per_s",
     "gap",
     "solve_s",
+    "total_s",
 )
 
 
@@ -120,6 +122,7 @@ def run_row(row, out: Path, time_limit: float, helix) -> list[dict]:
     workload = ServingWorkload(requests=(RequestShape(prompt_len=prompt, output_len=output),), tpot_slo_s=tpot)
     path = out / "plans" / (name.replace("/", "_") + ".yaml")
     path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
     data = plan_serving(
         cluster_path=cluster_path,
         model=model,
@@ -129,6 +132,7 @@ def run_row(row, out: Path, time_limit: float, helix) -> list[dict]:
         output_path=str(path),
         profile_path=profile,
     )
+    total_s = time.monotonic() - started
     save_serving_plan(data, path)
     problems = verify_serving_plan(ServingPlanFile(data=data, path=path))
     if problems:
@@ -162,6 +166,7 @@ def run_row(row, out: Path, time_limit: float, helix) -> list[dict]:
                 "bound_tokens_per_s": round(sv["upper_bound_tokens_per_s"], 1) if mine else "",
                 "gap": f"{sv['gap']:.1%}" if mine else "",
                 "solve_s": round(sv["solve_time_s"], 1) if mine else "",
+                "total_s": round(total_s, 1) if mine else "",
             }
         )
     return rows

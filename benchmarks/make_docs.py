@@ -40,7 +40,8 @@ split and replica count at the best concurrency; classes as separate engines) an
 Columns: output tokens/s of the cluster; the ratio to engineer-best; the replicas (copies x
 layout @ concurrency / micro-batches); the largest TPOT; the largest share of a device's usable
 memory in use with every sequence in flight; for the plan, the upper bound over every plan, the
-gap to it and the solve time (wall clock, the search limited to 60 s). Every plan was verified.
+gap to it, the search time (wall clock, limited to 60 s) and the total time of the plan (search,
+baselines and the bound). Every plan was verified.
 Requests: prompt 512, output 128 (GPT-3) or 256 tokens; the Helix rows use Helix's 24-machine
 cluster and its measured LLaMA-2 70B layer profiles (`llm-planner import helix`) with the Azure
 Conversation means (prompt 763, output 232).""",

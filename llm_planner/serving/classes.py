@@ -50,7 +50,8 @@ def server_classes(
 ) -> tuple[ServerClass, ...]:
     """Every (template, kind) class of the cluster that serving may use, in spec order.
 
-    CPUs only with allow_cpu (and never in groups); `shards_over(k)` says whether the model's
+    CPUs only with allow_cpu; groups only over kinds whose spec allows them (`tensor_parallel`,
+    false for CPUs unless the spec says otherwise); `shards_over(k)` says whether the model's
     tasks split over k devices (heads, KV heads and MLP width divisible by k)."""
     out = []
     devices = cluster.devices()
@@ -62,7 +63,7 @@ def server_classes(
             same = [d for d in devices if d.node_template == node.name and d.kind == kind_name]
             first_node = [d for d in same if d.node == same[0].node]
             link = cluster.link(first_node[0], first_node[1]) if len(first_node) > 1 else None
-            limit = 1 if kind.type == "cpu" else (max_tp or per_server)
+            limit = (max_tp or per_server) if kind.forms_tensor_groups else 1
             degrees = (1, *(k for k in group_degrees(per_server, limit) if shards_over(k)))
             out.append(
                 ServerClass(
