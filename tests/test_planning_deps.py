@@ -70,12 +70,14 @@ def test_serving_plan_verify_show_export_need_no_torch(tmp_path):
     assert _run_blocked(commands, tmp_path, timeout_s=120) == {"tried": [], "loaded": []}
 
 
-def test_latency_plan_of_a_decoder_verify_show_need_no_torch(tmp_path):
+def test_latency_and_throughput_plans_of_a_decoder_verify_show_models_need_no_torch(tmp_path):
     plan = str(tmp_path / "latency.yaml")
     commands = [
         ["plan", "--cluster", str(SPECS / "rtx4090-workstation.yaml"), "--model", "gpt2", "-o", plan],
         ["verify", plan],
         ["show", plan],
+        ["models"],
+        ["show-cluster", str(SPECS / "four-gpus.yaml")],
         ["plan", "--cluster", str(SPECS / "four-gpus.yaml"), "--model", "gpt2", "--objective", "throughput",
          "--batch", "4", "--export", "megatron", "-o", str(tmp_path / "throughput.yaml")],
     ]  # fmt: skip
