@@ -171,6 +171,24 @@ GPUs, where branch-and-bound meets mirrored devices); `--rows all` adds the GPT-
 rows on `gpt3-six-servers` (about 25 minutes).""",
     ),
     Section(
+        "symmetry-fleet",
+        "Symmetry breaking on a fleet: an LLM over several heterogeneous servers",
+        """\
+DiviML's case study, an LLM across several heterogeneous servers, at the size the exact MILP
+handles: `compare-symmetry` on six servers of two GPUs, two identical servers of each of the
+H100, A100 and V100 types of `gpt3-six-servers` (its data-sheet kinds and links; the CPUs not
+offered), a GPT-2-style decoder of GPT-3 6.7B's width (4,096, 32 heads, vocabulary 50,257) with
+12 blocks (15 tasks at block granularity), one decode step of a batch of 8 at a context of 128
+tokens, throughput, one batch shard, no tensor-parallel groups: 12 devices, three server
+classes of two and six device classes of two. The spec and the model's config.json are in the
+row's results folder. The exact MILP works on the expanded devices (it has no counts); what the
+criteria add is one ordering row per consecutive pair of identical devices and of identical
+servers. Columns as above, plus the MILP's own status and dual bound: the plan's status and
+bound are the ones `verify` re-derives (bounds/combined.py), which do not see the MILP's proof,
+so an optimum the MILP proved shows as `feasible` with the combined bound beside it (`-`: the
+plan's status is the MILP's own, as when it stopped at its time limit).""",
+    ),
+    Section(
         "limits",
         "Input limits: the sizes at each limit, planned, with time and peak memory",
         """\
