@@ -34,7 +34,7 @@ lam (layers), mu (layers times C), n (stages), e (end stages) and W (layer time)
        e <= n,  sum e >= x                                                (end stages)
        sum over cells and degrees k n <= N_c                              (devices)
        mu >= C_hi lam + U (K - C_hi x)                                    (one C per replica)
-       x, n, e integer
+       x integer
 
 (l_max: the floor above at C_lo, and the busy row's floor at theta_hi / m_lo with tau; l_end the
 same less F; U the most layers one replica puts on the option, min(L, l_max floor(N_c / k)).)
@@ -44,13 +44,14 @@ bounds every plan. The row "one C per replica" is McCormick's for mu = C lam on 
 (C <= C_hi, lam <= U), summed over the cell's replicas: it keeps the LP from giving the option
 whose memory binds fewer sequences per layer than the others. C is an integer, so the cells are
 integer ranges; they start coarse (C in [2^j, 2^(j+1) - 1], m in [1], [2], [3, 4], ..., theta
-in ratios of 1.25 up to the target). Every cell a round's optimum uses is cut in two along C
-(at a C where a used option's l_max drops, nearest the middle, so that a cell's l_max holds for
-all its C; else in the middle), in two along m and in four along theta, and the MILP is solved
-again, for a fixed number of rounds and cells (each round's value is a bound: the cells always
-cover every (C, m, theta)). A round's MILP stops within 3% of its optimum or after ROUND_NODE_LIMIT
-nodes, and its dual bound is the value (both deterministic, so verify recomputes the same
-value); past the node limit the refinement stops. Left out, so
+in ratios of 1.25 up to the target). Every cell a round's optimum uses is cut along C where a
+class it uses can no longer hold the layers a device it gives them (so that the cell's l_max
+holds for all its C; else in the middle), in two along m and in four along theta, and the MILP
+is solved again, within a number of rounds, of cells and of columns over all rounds (a
+round's time grows with them). Each round's value is a bound (the cells always cover every
+(C, m, theta)): its MILP stops within 3% of its optimum or after ROUND_NODE_LIMIT nodes and its
+dual bound is the value, both deterministic, so verify recomputes the same value; past the node
+limit the refinement stops. Left out, so
 the bound only grows: workspace, the second end stage, a hand-off's bytes.
 """
 
@@ -67,6 +68,7 @@ from llm_planner.serving.layout import CostCache
 
 ROUNDS = 8  # refinement rounds at most
 MAX_CELLS = 600  # stop refining past this many cells
+WORK_LIMIT = 100_000  # and before a round whose columns, added to the rounds' before it, pass this
 ROUND_NODE_LIMIT = 500  # one round's MILP stops after this many branch-and-bound nodes (its dual bound holds)
 ROUND_TIME_LIMIT_S = 60.0  # and, as a safety net only, after this long (the bound then depends on the machine)
 THETA_FINE = 1.0005  # a cell narrower than this ratio is not split further along theta
@@ -261,7 +263,7 @@ class _Model:
         trip = [(x, end_s - hop_max - cell.t_hi)]
         for o in options:
             lam, mu = self._column(0.0), self._column(0.0)
-            n, e = self._column(0.0, integer=True), self._column(0.0, integer=True)
+            n, e = self._column(0.0), self._column(0.0)
             self.stages_of[-1].append((o.kind, n))
             costs = o.kind.costs
             cover.append((lam, 1.0))
@@ -313,7 +315,7 @@ class _Model:
                 out.append(cell)
                 continue
             used = True
-            need = [(kind, math.ceil(sol[n - 2] / sol[n] - 1e-6)) for kind, n in stages if sol[n] > 0.5]
+            need = [(kind, max(1, math.ceil(sol[n - 2] / sol[n] - 1e-6))) for kind, n in stages if sol[n] > 0.5]
             breaks = sorted({c for kind, layers in need for c in kind.breaks(layers)})
             out += cell.parts(breaks)
         return out if used else None
@@ -334,9 +336,12 @@ def cell_bound(
         return 0.0
     num_layers = cache.tasks.num_layers
     cells = start_cells(kinds, classes, num_layers, tpot_slo_s)
-    best = float("inf")
+    best, work = float("inf"), 0
     for left in range(ROUNDS - 1, -1, -1):
         model = _Model(kinds, classes, cells, num_layers)
+        work += len(model.value)
+        if work > WORK_LIMIT and best < float("inf"):
+            break
         value, sol = model.solve()
         if value is None:
             return best
