@@ -6,6 +6,11 @@ order reproduces any optimal schedule), using only the problem's cost accessors
 (task_time, transfer_time) and memory arrays: not problem.schedule, not the verifier.
 Devices that share a physical device (a tensor-parallel group and its members, two
 overlapping groups) are never both used.
+
+A throughput plan must also fit its steady state (docs/objectives.md, Memory): weights once
+and the per-sample memory of each of its B batches in flight on every device. B is the plan's,
+ceil(makespan / max load) of the schedule the planner gives an assignment (make_plan: the one
+schedule every solver writes), so it is read from there; the memory sum is the brute force's own.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import networkx as nx
 import numpy as np
 
 from llm_planner.problem.placement import PlacementProblem
+from llm_planner.problem.schedule import make_plan
 
 
 def partitions(total: int, parts: int, largest: int | None = None) -> list[tuple[int, ...]]:
@@ -125,7 +131,27 @@ def brute_throughput(p: PlacementProblem, sizes: tuple[int, ...], a: np.ndarray)
                 leaves = (dev[:, u] == k) & (dev[:, out] != k).any(axis=1)
                 enters = (dev[:, u] != k) & (dev[:, out] == k).any(axis=1)
                 load[:, k] += hop * (leaves.astype(float) + enters)
-    return float(load.max(axis=1).min()) / p.batch_size
+    per_batch = load.max(axis=1)
+    for j in np.argsort(per_batch, kind="stable"):  # the best assignment whose steady state fits
+        if steady_state_fits(p, sizes, a[j]):
+            return float(per_batch[j]) / p.batch_size
+    return math.inf
+
+
+def steady_state_fits(p: PlacementProblem, sizes: tuple[int, ...], row: np.ndarray) -> bool:
+    """Whether weights once plus B batches' per-sample memory fit every device (module docstring)."""
+    n = p.num_tasks
+    assigns = [row[s * n : (s + 1) * n].tolist() for s in range(len(sizes))]
+    plan = make_plan(p, list(sizes), assigns, solver="brute", status="heuristic", started_at=0.0, lower_bound_s=0.0)
+    if plan.batches_in_flight == 1:  # one batch: feasible_assignments checked it
+        return True
+    on = np.zeros((len(sizes), n, p.num_devices), dtype=bool)
+    for s, devices in enumerate(assigns):
+        on[s, np.arange(n), devices] = True
+    on &= p.mem_counts[None]
+    per_sample = (on * np.array(sizes)[:, None, None] * p.mem_bytes_per_sample[None, :, None]).sum(axis=(0, 1))
+    used = (on.any(axis=0) * p.weight_bytes[:, None]).sum(axis=0) + plan.batches_in_flight * per_sample
+    return bool((used <= p.mem_capacity).all())
 
 
 def brute_force(p: PlacementProblem, *, contiguous: bool = False, exclusive: bool = True) -> float:

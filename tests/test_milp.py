@@ -29,6 +29,7 @@ from llm_planner.problem.options import SolveOptions
 from llm_planner.problem.placement import PlacementProblem, ProblemError, build_problem
 from llm_planner.solve.api import SolveError, solve
 from llm_planner.solve.milp import backends
+from llm_planner.solve.milp import milp as milp_module
 from llm_planner.solve.session import SolveSession
 from llm_planner.verify import verify_plan
 
@@ -256,6 +257,50 @@ def test_random_data_parallel_matches_brute_force(problem):
 @given(problems(max_tasks=6, max_devices=3, max_batch=1, objective="throughput"))
 def test_random_contiguous_throughput_matches_brute_force(problem):
     assert_matches_brute_force(problem, contiguous=True)
+
+
+def steady_state_problem() -> PlacementProblem:
+    """Host-staged throughput on two GPUs (2 GB) and a CPU (3.4 GB): t4 (3.15 GB of weights, 0.14 GB per
+    sample, counted everywhere) fits only the CPU, and there one batch only. The best plans for one batch
+    (0.0451 s) need two batches in flight; the best that needs one is 0.051 s."""
+    kinds = [kind(n, t, flops=1e12, mem_bytes=m * GB, mem_bw=1e12) for n, t, m in GPU_GPU_CPU]
+    ms = {"t0": (10, 74, 45), "t1": (47, 17, 20), "t2": (20, 22, 1), "t3": (33, 27, 20), "t4": (87, 35, 25)}
+    ms["t5"] = (73, 61, 0.1)
+    tasks = tuple(
+        Task(
+            name=n,
+            time_s_by_kind=tuple((k[0], t / 1000) for k, t in zip(GPU_GPU_CPU, times)),
+            mem_device_types=() if n == "t4" else ("gpu", "accelerator"),
+            weight_bytes=3.15 * GB if n == "t4" else 0.0,
+            mem_bytes_per_sample=0.14 * GB if n == "t4" else 0.0,
+        )
+        for n, times in ms.items()
+    )
+    edges = (
+        Edge(src="t0", dst="t1", bytes_per_sample=0.0, hop_s_per_sample=0.012),
+        Edge(src="t0", dst="t4", bytes_per_sample=0.0, hop_s_per_sample=0.0001),
+    )
+    graph = TaskGraph(name="steady", tasks=tasks, edges=edges).validate()
+    cluster = make_cluster(kinds, [{"g0": 1, "g1": 1, "c": 1}], latency_s=0.0)
+    return build_problem(graph, cluster, objective="throughput", batch_size=1, max_shards=1)
+
+
+GPU_GPU_CPU = [("g0", "gpu", 2.0), ("g1", "gpu", 2.0), ("c", "cpu", 3.4)]
+
+
+def test_throughput_optimum_is_over_plans_whose_steady_state_fits(monkeypatch):
+    problem = steady_state_problem()
+    one_batch = dataclasses.replace(problem, mem_bytes_per_sample=problem.mem_bytes_per_sample * 0)
+    assert brute_force(one_batch) == pytest.approx(0.0451) and brute_force(problem) == pytest.approx(0.051)
+    # the MILP cuts off each plan whose steady state does not fit and solves again
+    plan = exact(problem)
+    assert plan.objective_s == pytest.approx(0.051) and plan.batches_in_flight == 1
+    assert plan.solver.details["excluded_plans"] >= 1
+    # without the cuts the memory of two batches fits no plan, and the warm start (heft, 0.056 s) is kept,
+    # its details complete (contiguous: false)
+    monkeypatch.setattr(milp_module, "MAX_EXCLUDED", 0)
+    plan = exact(problem)
+    assert plan.objective_s == pytest.approx(0.056) and plan.solver.details["contiguous"] is False
 
 
 TWO_NODES = make_cluster(

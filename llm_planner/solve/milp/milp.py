@@ -91,12 +91,19 @@ import numpy as np
 from llm_planner.bounds.times import task_times
 from llm_planner.fmt import fmt_bytes
 from llm_planner.plan import Plan
-from llm_planner.problem.fit import fits_steady_state, infeasibility_reason, solve_in_flight
+from llm_planner.problem.fit import (
+    fits_steady_state,
+    infeasibility_reason,
+    plan_arrays,
+    solve_in_flight,
+    steady_state_shortfall,
+)
 from llm_planner.problem.options import SolveOptions
 from llm_planner.problem.placement import PlacementProblem, ProblemError, restrict_devices
 from llm_planner.problem.schedule import make_plan, with_bound
 from llm_planner.solve.errors import SolveError, SolveInterrupted
 from llm_planner.solve.milp.backends import BackendError, BackendOptions, BackendResult, solve_model
+from llm_planner.solve.milp.exclusion import Excluded, exclude_plans
 from llm_planner.solve.milp.model import Formulation
 from llm_planner.solve.milp.symmetry import CRITERIA, canonical_plan
 from llm_planner.solve.milp.warm import contiguous_split
@@ -110,13 +117,18 @@ MAX_SCALED_TIME = 1e7  # ...unless that would make some task or transfer time la
 # the backends accept binaries within 1e-6 of integral, and the big-M rows multiply that by
 # a few times the objective.
 AGREEMENT_TOL = 1e-4
+# Throughput plans whose steady state does not fit, cut off one at a time (_fitting_optimum) before
+# solve_in_flight re-solves with the memory of more batches.
+MAX_EXCLUDED = 8
 
 
 def solve_milp(problem: PlacementProblem, options: SolveOptions, session: SolveSession | None = None) -> Plan:
     """Solve the MILP of the module docstring; SolveError for an infeasible instance or unusable backend.
 
     Throughput: the memory rows (8) count one batch, but the plan keeps plan.batches_in_flight
-    batches in flight; when their memory does not fit, the MILP is solved again with the per-sample
+    batches in flight; when their memory does not fit, the MILP is solved again without that plan
+    (_fitting_optimum: the first plan that fits is the optimum over those that fit), and past
+    MAX_EXCLUDED such plans, with the per-sample
     memory of more batches (problem.fit.solve_in_flight), the warm start (which fits) taken when it is
     better, and the plan keeps the first solve's bound. `session`: the problem's baselines and bound,
     computed once (solve.session); a new one otherwise.
@@ -134,7 +146,7 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions, session: SolveS
         posed_session = session if posed is problem else SolveSession(posed, options)
         if first:
             first = False
-            return _solve_milp_once(posed_session)
+            return _fitting_optimum(posed_session)
         try:
             return _solve_milp_once(posed_session)
         except SolveInterrupted:
@@ -143,7 +155,9 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions, session: SolveS
             log.info("milp: solving again for the batches in flight: %s", exc)
             return None
 
-    plan = solve_in_flight(problem, once, fallback=lambda: _warm_start_plan(session))
+    # with --contiguous the warm start (a baseline) need not be contiguous, so it is no fallback
+    fallback = None if options.contiguous else lambda: _warm_start_plan(session)
+    plan = solve_in_flight(problem, once, fallback=fallback)
     if plan is None:
         raise SolveError(
             "the MILP's plans keep more batches in flight than device memory holds, and no plan it found "
@@ -153,6 +167,7 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions, session: SolveS
         details = {
             "warm_start": plan.solver.name,
             "warm_start_objective_s": plan.objective_s,
+            "contiguous": False,
             "stopped": "the MILP's plan keeps more batches in flight than memory holds; the warm start fits",
         }
         plan = replace(
@@ -169,8 +184,30 @@ def solve_milp(problem: PlacementProblem, options: SolveOptions, session: SolveS
     return plan
 
 
-def _solve_milp_once(session: SolveSession) -> Plan:
-    """solve_milp for one batch's memory (the session's problem)."""
+def _fitting_optimum(session: SolveSession) -> Plan:
+    """_solve_milp_once; then, while its throughput plan's steady state does not fit (problem.fit), the
+    same MILP without that plan (solve.milp.exclusion), at most MAX_EXCLUDED times. The first plan that
+    fits is the optimum over the plans that fit: every better one was cut off for not fitting. A plan
+    that still does not fit goes to solve_in_flight's repair (the memory of more batches)."""
+    problem = session.problem
+    plan = _solve_milp_once(session)
+    excluded: list[Excluded] = []
+    while problem.objective == "throughput" and len(excluded) < MAX_EXCLUDED and not fits_steady_state(problem, plan):
+        log.info("milp: %s; solving again without that plan", steady_state_shortfall(problem, plan))
+        excluded.append(plan_arrays(problem, plan))
+        try:
+            plan = _solve_milp_once(session, excluded)
+        except SolveError as exc:  # no other plan fits one batch: none fits its steady state
+            log.info("milp: no plan left: %s", exc)
+            break
+    if excluded and fits_steady_state(problem, plan):
+        details = {**plan.solver.details, "excluded_plans": len(excluded)}
+        plan = replace(plan, solver=replace(plan.solver, details=details))
+    return plan
+
+
+def _solve_milp_once(session: SolveSession, excluded: list[Excluded] | None = None) -> Plan:
+    """solve_milp for one batch's memory (the session's problem), without the plans `excluded`."""
 
     problem, options = session.problem, session.options
     started = time.perf_counter()
@@ -184,6 +221,7 @@ def _solve_milp_once(session: SolveSession) -> Plan:
     form = Formulation(
         problem, contiguous=options.contiguous, unit_s=unit_s, horizon=horizon, symmetry=options.symmetry
     )
+    exclude_plans(form, excluded or [])
     model = form.build()
     log.info(
         "milp: %d variables (%d integer), %d rows, %d nonzeros",
