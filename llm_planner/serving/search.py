@@ -8,9 +8,9 @@ devices cannot hold the weights is skipped before it is evaluated. Each is evalu
 best of 1, p/2 and p micro-batches with the largest feasible concurrency and a layer split
 fitted to its stages (llm_planner.serving.replica). Every engineer-best layout is a candidate
 too, at the operating point the baseline gives it, so the solver is never below engineer-best.
-Every layout that serves is tried again with one stage, and with half the stages, of its first
-segment moved to the end (with_ends). The fleet problem (llm_planner.serving.fleet) then picks
-how many copies of each to run.
+Every layout that serves within 10% of what its devices earn in the fleet LP is tried again
+with one stage, and with half the stages, of its first segment moved to the end (with_ends).
+The fleet problem (llm_planner.serving.fleet) then picks how many copies of each to run.
 """
 
 from __future__ import annotations
@@ -169,6 +169,17 @@ def priced_order(
     return [layout for *_, layout in sorted(scored)]
 
 
+NEAR_EVEN = 0.9  # a pattern's variants are tried when it earns at least this share of its devices' prices
+
+
+def near_even(found: list[Pattern], patterns: list[Pattern], capacity: dict[str, int]) -> list[Pattern]:
+    """The patterns of `found` that earn at least NEAR_EVEN of what their devices are worth in
+    the fleet LP over `patterns`: moving a stage to the end changes a replica's tokens/s by a few
+    percent, so only these may gain a place in the fleet."""
+    prices = fleet_prices(patterns, capacity)
+    return [p for p in found if p.ev.tokens_per_s >= NEAR_EVEN * sum(n * prices[c] for c, n in p.usage.items())]
+
+
 def micro_batch_options(ctx: ServingContext, stages: int) -> list[int]:
     """Micro-batches in flight tried for a pipeline of `stages`: 1, p/2 and p, at most --max-micro-batches;
     exactly p for vLLM (one batch per stage)."""
@@ -196,7 +207,7 @@ def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[Fl
         found, done = evaluate_layouts(ctx, todo[:BATCH], deadline)
         patterns += found
         evaluated += done
-        ends = [v for p in found for v in with_ends(ctx, p.layout)]
+        ends = [v for p in near_even(found, patterns, ctx.capacity) for v in with_ends(ctx, p.layout)]
         added += len(ends)
         todo = priced_order(ctx, todo[done:] + ends, patterns, rates)
     if todo:
