@@ -27,7 +27,8 @@ import provenance  # benchmarks/provenance.py, beside this script
 from llm_planner import cost
 from llm_planner.fmt import fmt_s
 from llm_planner.graph.models import ModelSpec, build_model_graph
-from llm_planner.profile import load_profile, task_key
+from llm_planner.measured import task_key
+from llm_planner.profile import load_profile
 from llm_planner.spec import load_cluster
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,13 +15,13 @@ from llm_planner import study
 from llm_planner.atomic import WriteError, check_writable, write_atomic
 from llm_planner.fmt import fmt_s, fmt_time, has_file_units, significant, styled, time_unit
 from llm_planner.graph.models import ModelSpec, list_models
+from llm_planner.measured import profile_coverage
 from llm_planner.plan import PlanError, load_plan, save_plan
 from llm_planner.plan_export import ExportError, export_plan
 from llm_planner.problem.options import SYMMETRY_CHOICES, SolveOptions
 from llm_planner.problem_inputs import problem_from_inputs, problem_from_plan_inputs
 from llm_planner.procs import last_stop_signal
 from llm_planner.profile import load_profile
-from llm_planner.profile_apply import profile_coverage
 from llm_planner.solve import api
 from llm_planner.solve.errors import SolveInterrupted
 from llm_planner.solve.session import SolveSession

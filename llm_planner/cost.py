@@ -210,7 +210,7 @@ def transfer_tables(
     kinds[k]) to device l over links[k][l], the alpha-beta formula of the module docstring
     (latency; bytes / bw + hop_s * hops), over every edge and pair at once; 0 where the link is
     None (the same device). The problem builder's transfer costs and a profile's measured links
-    (llm_planner.profile_apply) both come from here."""
+    (llm_planner.measured, taken by the builder) both come from here."""
     num_e, num_k = len(edges), len(kinds)
     latency = np.zeros((num_k, num_k))
     inv_bw = np.zeros((num_k, num_k))

@@ -19,7 +19,6 @@ from llm_planner.plan import PlanInputs
 from llm_planner.problem.fit import memory_shortfall
 from llm_planner.problem.placement import PlacementProblem, ProblemError, build_problem
 from llm_planner.profile import file_sha256, load_profile
-from llm_planner.profile_apply import apply_profile
 from llm_planner.spec import ClusterSpec, load_cluster
 
 # Tasks x devices of one problem: the task cost tables and the heuristics grow with it (a
@@ -87,8 +86,8 @@ def problem_from_inputs(
 ) -> PlacementProblem:
     """Load files, build the graph and precompute costs; records the inputs for the plan.
 
-    With `profile_path`, measured costs (llm_planner.profile) replace the roofline
-    wherever the profile has them. `max_tp`: the largest tensor-parallel group offered
+    With `profile_path`, the builder takes measured costs (llm_planner.profile, read here) in
+    place of the roofline wherever the profile has them. `max_tp`: the largest tensor-parallel group offered
     (None: as large as the cluster has; 1: none).
     """
     graph, cluster = load_graph_and_cluster(cluster_path=cluster_path, model=model, graph_path=graph_path)
@@ -123,6 +122,7 @@ def problem_from_inputs(
             dtype=dtype,
             inputs=inputs,
             max_tp=max_tp,
+            profile=profile,
         )
     except ProblemError as exc:
         raise InputError(f"{_names(cluster_path, model, graph_path)}: {exc}") from None
@@ -131,10 +131,7 @@ def problem_from_inputs(
         raise InputError(
             f"{_names(cluster_path, model, graph_path)}: the cluster's memory cannot hold the model: {short}"
         )
-    if profile is None:
-        return problem
-
-    return apply_profile(problem, profile)
+    return problem
 
 
 def _profile_sha256(profile_path: str | None) -> str:

@@ -1,4 +1,5 @@
-"""Measured costs: the profile file, its task keys, and how the cost model uses it.
+"""Measured costs: the profile file, its fits, and the rules of its task keys and of how the cost model
+uses it (the data, the keys and the measured pieces themselves are in llm_planner.measured, which reads no file).
 
 A profile holds what `llm-planner profile` measured (llm_planner.runtime.profile_rank
 does the timing; this module is pure Python, no torch, no mpi4py):
@@ -31,11 +32,13 @@ is its "@group<k>" piece when the profile has one, else the "@tp<k>" piece plus
 its collectives: a measured all-reduce of the group's class and degree, else the
 ring model (cost.collective_pieces) over the group's link.
 
-Using a profile (`apply_profile`): for every task and device whose kind has an
-entry for the task's key (a group: its "@tp<k>" key), the problem's cost pieces
-become the single measured piece (fixed_s, per_sample_s); every other (task,
-device) keeps the roofline of llm_planner.cost and is reported as a fallback. Measured links replace the
-cluster spec's latency and bandwidth for every device pair of that class.
+Using a profile (`build_problem(..., profile=...)`, llm_planner.problem.placement, in the same pass
+as the roofline): for every task and device whose kind has an entry for the task's key (a group: its
+"@group<k>" or "@tp<k>" key), the problem's cost pieces are the single measured piece (fixed_s,
+per_sample_s); every other (task, device) keeps the roofline of llm_planner.cost and is reported as a
+fallback. Measured links replace the cluster spec's latency and bandwidth for the transfers of the
+graph's edges between every device pair of that class (the decode loop's token hand-off keeps the
+spec's link).
 
 File form (docs/profiling.md):
 
@@ -57,11 +60,9 @@ File form (docs/profiling.md):
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import yaml
@@ -69,61 +70,14 @@ from scipy.optimize import nnls
 
 from llm_planner.atomic import write_atomic
 from llm_planner.fileio import read_bytes, read_document
-from llm_planner.graph.ir import Task, TaskGraph
-
-if TYPE_CHECKING:
-    from llm_planner.spec import ClusterSpec, DeviceSpec
+from llm_planner.measured import LinkTiming, Profile, TaskTiming
 
 PROFILE_FORMAT = "llm_planner.profile"
 PROFILE_VERSION = 1
-INTER_NODE = "inter_node"
 
 
 class ProfileError(ValueError):
     """A profile file that cannot be used; the message names the file and field."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TaskTiming:
-    """Measured time of one task key on one device kind: t(b) = fixed_s + per_sample_s * b."""
-
-    task: str  # a task this key was measured on (e.g. "block.0")
-    batch_sizes: tuple[int, ...]
-    median_s: tuple[float, ...]  # median over the repetitions, per batch size
-    repetitions: int
-    fixed_s: float
-    per_sample_s: float
-
-    def time_s(self, batch: int) -> float:
-        return 0.0 if batch <= 0 else self.fixed_s + self.per_sample_s * batch
-
-
-@dataclass(frozen=True, kw_only=True)
-class LinkTiming:
-    """Measured one-way message time over one link class: t(n) = latency_s + n / bw_bytes_per_s."""
-
-    devices: tuple[str, str]  # the pair that measured it
-    sizes_bytes: tuple[int, ...]
-    median_s: tuple[float, ...]  # half the median round trip, per size
-    repetitions: int
-    latency_s: float
-    bw_bytes_per_s: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class Profile:
-    cluster: str  # name of the cluster spec it was measured on
-    model: dict[str, Any]  # the ModelSpec fields profiled
-    settings: dict[str, Any]  # batch sizes, repetitions, warm-up, threads
-    devices: dict[str, list[str]]  # device kind -> devices that measured it
-    tasks: dict[str, dict[str, TaskTiming]]  # device kind -> task key -> timing
-    links: dict[str, LinkTiming] = field(default_factory=dict)  # link class -> timing
-    environment: dict[str, Any] = field(default_factory=dict)  # torch version, torch devices, for the record
-
-    def timing(self, kind: str, key: str | None) -> TaskTiming | None:
-        if key is None:
-            return None
-        return self.tasks.get(kind, {}).get(key)
 
 
 # ----------------------------------------------------------------------------
@@ -164,61 +118,6 @@ def link_timing(devices: tuple[str, str], sizes: list[int], median_s: list[float
         latency_s=latency,
         bw_bytes_per_s=bw,
     )
-
-
-# ----------------------------------------------------------------------------
-# Task keys and link classes
-
-
-def _short_hash(data: Any) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:8]
-
-
-def task_key(graph: TaskGraph, task: Task) -> str | None:
-    """The key a profile stores `task`'s time under; None for graphs no builder made (see the module docstring)."""
-    meta = graph.meta_dict()
-    dtype = meta.get("dtype")
-    if "decoder_config" in meta:
-        config = {k: v for k, v in dict(meta["decoder_config"]).items() if k != "name"}
-        role = task.label("role", task.kind)
-        return (
-            f"{config.get('model_type')}:{_short_hash(config)}/{meta.get('phase')}:{meta.get('seq_len')}/{dtype}/{role}"
-        )
-    if meta.get("builder") in ("fx", "rwnn") and dtype is not None:
-        return f"{graph.name}:{structure_hash(graph)}/{dtype}/{task.name}"
-    return None
-
-
-def structure_hash(graph: TaskGraph) -> str:
-    """8 hex digits of the graph's task names, kinds and edges (not its costs)."""
-    return _short_hash([[(t.name, t.kind) for t in graph.tasks], [(e.src, e.dst) for e in graph.edges]])
-
-
-def link_class(cluster: ClusterSpec, a: DeviceSpec, b: DeviceSpec) -> str | None:
-    """The name of the link class between two devices (None for the same device)."""
-    if a.name == b.name:
-        return None
-    if a.node != b.node:
-        return INTER_NODE
-    first, second = sorted((a.kind, b.kind))
-    return f"{a.node_template}:{first}<->{second}"
-
-
-# ----------------------------------------------------------------------------
-# Keys of tensor-parallel groups
-
-
-def group_key(key: str | None, degree: int, joint: bool = False) -> str | None:
-    """The profile key of a task on a group of `degree` devices: one member's share timed alone ("@tp<k>"),
-    or the group's task as the group runs it, collectives included ("@group<k>")."""
-    if key is None or degree <= 1:
-        return key
-    return f"{key}@group{degree}" if joint else f"{key}@tp{degree}"
-
-
-def all_reduce_key(link_class_name: str, degree: int) -> str:
-    """The `links` entry of an all-reduce among `degree` devices of a link class: t(n bytes) = latency + n / bw."""
-    return f"{link_class_name}@all_reduce{degree}"
 
 
 # ----------------------------------------------------------------------------

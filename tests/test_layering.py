@@ -68,7 +68,11 @@ LAYERS: list[tuple[str, list[str], str]] = [
         ["llm_planner.graph.*"],
         "task graphs of models (analytic decoders, fx, randomly wired networks, workload files)",
     ),
-    ("cost", ["llm_planner.cost"], "pure cost formulas over tasks, devices and links"),
+    (
+        "cost",
+        ["llm_planner.cost", "llm_planner.measured"],
+        "pure cost formulas over tasks, devices and links, and the measured costs of a profile (no file read)",
+    ),
     (
         "plan format",
         ["llm_planner.plan", "llm_planner.plan_read", "llm_planner.plan_paths"],
@@ -92,7 +96,6 @@ LAYERS: list[tuple[str, list[str], str]] = [
         "problem inputs and checks",
         [
             "llm_planner.profile",
-            "llm_planner.profile_apply",
             "llm_planner.problem_inputs",
             "llm_planner.verify",
             "llm_planner.verify_fields",

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llm_planner import measured
 from llm_planner import profile as prof
-from llm_planner import profile_apply
 from llm_planner.cli import main
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.graph.models import ModelSpec, build_model_graph
@@ -46,7 +46,7 @@ def _profile(tasks: dict, links: dict | None = None) -> prof.Profile:
 
 
 def _key(graph: TaskGraph, name: str) -> str:
-    key = prof.task_key(graph, graph.task(name))
+    key = measured.task_key(graph, graph.task(name))
     assert key is not None
     return key
 
@@ -171,10 +171,10 @@ def test_decoder_blocks_share_one_key_and_the_key_tracks_what_changes_the_time()
 
 def test_graph_builder_tasks_have_one_key_each_and_plain_graphs_none():
     graph = build_model_graph(ModelSpec(name="rwnn-ws-3x32", dtype="fp32"))
-    keys = [prof.task_key(graph, t) for t in graph.tasks]
+    keys = [measured.task_key(graph, t) for t in graph.tasks]
     assert None not in keys and len(set(keys)) == len(keys)
     plain = TaskGraph(name="g", tasks=(Task(name="a"), Task(name="b")), edges=(Edge(src="a", dst="b"),))
-    assert prof.task_key(plain, plain.tasks[0]) is None
+    assert measured.task_key(plain, plain.tasks[0]) is None
 
 
 # -- the cost model prefers profiled values -----------------------------------------
@@ -190,7 +190,7 @@ def test_cost_model_prefers_profiled_values_and_falls_back_to_the_roofline():
             "t4": {block: _timing("block.0", 2e-4, 1e-5)},
         }
     )
-    problem = profile_apply.apply_profile(roofline, profile)
+    problem = build_problem(graph, cluster, batch_size=4, dtype="fp32", profile=profile)
     kinds = [d.kind for d in problem.devices]
     cpu, a100, t4 = kinds.index("epyc-7543"), kinds.index("a100-40g-pcie"), kinds.index("t4")
     for b in (1, 3, 4):
@@ -201,7 +201,7 @@ def test_cost_model_prefers_profiled_values_and_falls_back_to_the_roofline():
         assert problem.task_time(graph.index("lm_head"), cpu, b) == pytest.approx(1e-3 + 2e-4 * b)
         assert problem.task_time(graph.index("embed"), cpu, b) == roofline.task_time(graph.index("embed"), cpu, b)
     assert problem.task_time(graph.index("block.0"), cpu, 0) == 0.0
-    coverage = profile_apply.profile_coverage(graph, cluster, profile)
+    coverage = measured.profile_coverage(graph, cluster, profile)
     assert len(coverage.profiled) == 12 + 1 + 12
     fallback = coverage.fallback_tasks()
     assert set(fallback["a100-40g-pcie"]) == {t.name for t in graph.tasks}
@@ -223,7 +223,9 @@ def test_measured_links_replace_the_spec_for_their_class_only():
     names = [d.kind for d in roofline.devices]
     cpu, a100, t4 = names.index("epyc-7543"), names.index("a100-40g-pcie"), names.index("t4")
     link = prof.link_timing(("x", "y"), [1000, 2000], [1e-4 + 1000 / 1e9, 1e-4 + 2000 / 1e9], 5)
-    problem = profile_apply.apply_profile(roofline, _profile({}, {"workstation:epyc-7543<->t4": link}))
+    problem = build_problem(
+        graph, cluster, batch_size=2, dtype="fp32", profile=_profile({}, {"workstation:epyc-7543<->t4": link})
+    )
     e = 3
     for k, l in ((cpu, t4), (t4, cpu)):
         assert problem.transfer_time(e, k, l, 2) == pytest.approx(1e-4 + 2 * graph.edges[e].bytes_per_sample / 1e9)
@@ -317,7 +319,7 @@ def test_profile_device_times_every_distinct_decoder_task(tiny_gpt2_dir):
         graph = build_model_graph(spec)
         timings = profile_device(spec, graph, torch.device("cpu"), options, lambda what, n: runs.append(n))
         assert {key.rsplit("/", 1)[1] for key in timings} == roles
-        assert set(timings) == {prof.task_key(graph, t) for t in graph.tasks}
+        assert set(timings) == {measured.task_key(graph, t) for t in graph.tasks}
         for t in timings.values():
             assert t.batch_sizes == (1, 2) and t.repetitions == 2
             assert all(0 < m < 1.0 for m in t.median_s)

@@ -42,9 +42,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from llm_planner import cost
+from llm_planner import cost, measured
 from llm_planner.graph.decoder_graph import ID_BYTES
 from llm_planner.graph.ir import Edge, TaskGraph
+from llm_planner.measured import Profile
 from llm_planner.plan import PlanInputs
 from llm_planner.spec import ClusterSpec, DeviceSpec
 from llm_planner.tensor_groups import tensor_groups
@@ -226,8 +227,11 @@ def build_problem(
     dtype: str = "fp16",
     inputs: PlanInputs | None = None,
     max_tp: int = 1,
+    profile: Profile | None = None,
 ) -> PlacementProblem:
-    """Precompute every cost of `graph` on `cluster` into a PlacementProblem."""
+    """Precompute every cost of `graph` on `cluster` into a PlacementProblem: the measured piece of a task on
+    a device and the measured link of a device pair where `profile` has them (llm_planner.measured), the
+    roofline and the spec's links elsewhere."""
     if objective not in OBJECTIVES:
         raise ProblemError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     if batch_size < 1:
@@ -246,17 +250,16 @@ def build_problem(
         raise ProblemError(f"max shards must be >= 1, got {shards}")
     kinds = [cluster.kind(d.kind) for d in devices]
     index = {t.name: i for i, t in enumerate(graph.tasks)}
-    pieces, supported = _task_pieces(graph, cluster, devices, kinds, dtype)
+    pieces, supported = _task_pieces(graph, cluster, devices, kinds, dtype, profile)
     usable = _capacities(graph, devices, kinds)
 
     edge_src = np.array([index[e.src] for e in graph.edges], dtype=int)
     edge_dst = np.array([index[e.dst] for e in graph.edges], dtype=int)
     token_loop = _token_loop(graph)
-    comm_fixed, comm_slope = _transfer_costs(
-        (*graph.edges, *_token_edge(graph, token_loop)), cluster, [physical[m[0]] for m in members], kinds
-    )
-    token = (comm_fixed[-1], comm_slope[-1]) if token_loop else (None, None)
-    comm_fixed, comm_slope = comm_fixed[: len(graph.edges)], comm_slope[: len(graph.edges)]
+    reps = [physical[m[0]] for m in members]
+    comm_fixed, comm_slope = _transfer_costs(graph.edges, cluster, devices, reps, kinds, profile)
+    token = _transfer_costs(_token_edge(graph, token_loop), cluster, devices, reps, kinds, None)
+    token = (token[0][0], token[1][0]) if token_loop else (None, None)
 
     mem_counts = np.array(
         [[(not t.mem_device_types) or kind.type in t.mem_device_types for kind in kinds] for t in graph.tasks],
@@ -325,25 +328,41 @@ def _check_transfer_entries(num_edges: int, num_physical: int, num_groups: int) 
         )
 
 
-def _transfer_costs(edges, cluster: ClusterSpec, reps: list, kinds: list) -> tuple[np.ndarray, np.ndarray]:
-    """(comm_fixed, comm_slope) [E, K, K]: cost.transfer_tables over the spec's links; `reps` holds
-    each device's physical device (a group's links are its first member's)."""
-    links = [[cluster.link(a, b) if k != l else None for l, b in enumerate(reps)] for k, a in enumerate(reps)]
+def _transfer_costs(
+    edges, cluster: ClusterSpec, devices, reps: list, kinds: list, profile: Profile | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(comm_fixed, comm_slope) [E, K, K]: cost.transfer_tables over the profile's measured link of a pair
+    of `devices` where it has their class, else the spec's link between their physical devices `reps`
+    (a group's links are its first member's). The token hand-off is built with no profile: it keeps the
+    spec's links, as it did when a profile was applied after the build."""
+
+    def link(k: int, l: int):
+        if k == l:
+            return None
+        found = None if profile is None else measured.link(cluster, profile, devices[k], devices[l])
+        return found or cluster.link(reps[k], reps[l])
+
+    links = [[link(k, l) for l in range(len(devices))] for k in range(len(devices))]
     return cost.transfer_tables(edges, links, kinds)
 
 
-def _task_pieces(graph: TaskGraph, cluster: ClusterSpec, devices, kinds, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """time_pieces [N, K, 2, 2] and supported [N, K]; ProblemError for a task no device runs."""
+def _task_pieces(
+    graph: TaskGraph, cluster: ClusterSpec, devices, kinds, dtype: str, profile: Profile | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """time_pieces [N, K, 2, 2] and supported [N, K]: the profile's measured piece where it has one, else the
+    roofline; ProblemError for a task no device runs."""
     pieces = np.zeros((graph.num_tasks, len(devices), 2, 2))
     supported = np.zeros((graph.num_tasks, len(devices)), dtype=bool)
     single = cluster.device_map()
     for i, task in enumerate(graph.tasks):
+        key = measured.task_key(graph, task) if profile is not None else None
         for k, (device, kind) in enumerate(zip(devices, kinds)):
             if not cost.task_supported(task, kind) or not task.shards_over(device.degree):
                 continue
+            p = measured.task_pieces(cluster, profile, key, task, device) if profile is not None else None
             link = cluster.link(single[device.members[0]], single[device.members[1]]) if device.members else None
             try:
-                p = cost.group_task_time_pieces(task, kind, device.degree, link, dtype)
+                p = p or cost.group_task_time_pieces(task, kind, device.degree, link, dtype)
             except cost.CostError as exc:
                 raise ProblemError(str(exc)) from None
             supported[i, k] = True

@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from llm_planner import profile as prof
+from llm_planner.measured import all_reduce_key, link_class
 from llm_planner.runtime.profile_rank import group_degrees_of
 from llm_planner.spec import ClusterSpec, DeviceSpec
 
@@ -18,7 +18,7 @@ def link_pairs(cluster: ClusterSpec, order: list[DeviceSpec]) -> list[tuple[str,
     pairs: dict[str, tuple[int, int]] = {}
     for a in range(len(order)):
         for b in range(a + 1, len(order)):
-            name = prof.link_class(cluster, order[a], order[b])
+            name = link_class(cluster, order[a], order[b])
             if name is not None:
                 pairs.setdefault(name, (a, b))
     return [(name, a, b) for name, (a, b) in pairs.items()]
@@ -57,9 +57,9 @@ def collective_groups(cluster: ClusterSpec, order: list[DeviceSpec]) -> list[tup
         seen.add((device.node, device.kind))
         ranks = [q for q, d in enumerate(order) if d.node == device.node and d.kind == device.kind]
         for k in group_degrees_of(cluster, device):
-            name = prof.link_class(cluster, order[ranks[0]], order[ranks[1]])
+            name = link_class(cluster, order[ranks[0]], order[ranks[1]])
             if name is not None:
-                out.append((prof.all_reduce_key(name, k), tuple(ranks[:k])))
+                out.append((all_reduce_key(name, k), tuple(ranks[:k])))
     return out
 
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from llm_planner import profile as prof
 from llm_planner.graph.ir import TaskGraph
 from llm_planner.graph.models import ModelSpec
+from llm_planner.measured import TaskTiming, group_key, task_key
 from llm_planner.runtime.rank import torch_dtype
 from llm_planner.spec import ClusterSpec, DeviceSpec
 from llm_planner.tensor_groups import group_degrees
@@ -334,7 +335,7 @@ def profile_device(
     options: ProfileOptions,
     progress: Progress,
     degrees: list[int] | tuple[int, ...] = (),
-) -> dict[str, prof.TaskTiming]:
+) -> dict[str, TaskTiming]:
     """Task key -> timing of every distinct task of `graph` on the torch `device`; for decoders in block
     granularity also one member's share on a group of each degree in `degrees` that the model splits over."""
     import torch
@@ -358,7 +359,7 @@ def profile_device(
     return timings
 
 
-def time_group(spec: ModelSpec, graph: TaskGraph, device, options: ProfileOptions, group) -> dict[str, prof.TaskTiming]:
+def time_group(spec: ModelSpec, graph: TaskGraph, device, options: ProfileOptions, group) -> dict[str, TaskTiming]:
     """A group's tasks as the group runs them: every member times its share at once, collectives included
     (keys "<key>@group<k>"; what the first member measured, which waited for the others in each collective)."""
 
@@ -375,11 +376,11 @@ def _timings(
     decoder: bool,
     degree: int,
     joint: bool = False,
-) -> dict[str, prof.TaskTiming]:
+) -> dict[str, TaskTiming]:
     sizes = list(options.batch_sizes)
-    timings: dict[str, prof.TaskTiming] = {}
+    timings: dict[str, TaskTiming] = {}
     for task in graph.tasks:
-        key = prof.group_key(prof.task_key(graph, task), degree, joint)
+        key = group_key(task_key(graph, task), degree, joint)
         if key is None or key in timings:
             continue
         name = task.label("role", task.kind) if decoder else task.name
