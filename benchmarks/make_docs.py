@@ -47,6 +47,15 @@ cluster and its measured LLaMA-2 70B layer profiles (`llm-planner import helix`)
 Conversation means (prompt 763, output 232).""",
     ),
     Section(
+        "serving-bounds",
+        "Serving: what each upper bound gives",
+        """\
+On the two instances where the cell bound over whole replicas changes the answer: the least of
+the first two serving bounds (concurrency levels; concurrency and micro-batch levels), the cell
+bound, and the seconds each took (docs/serving.md, "The upper bound"). The plan's tokens/s for the
+same instance is in the serving table above.""",
+    ),
+    Section(
         "fleet",
         "Fleets: serving plans for 6 to 512 servers",
         """\
