@@ -343,7 +343,7 @@ def cell_bound(
         if work > WORK_LIMIT and best < float("inf"):
             break
         value, sol = model.solve()
-        if value is None:
+        if value is None or (sol is None and value == 0.0):  # no bound, or "infeasible" (all zero is feasible)
             return best
         gain, best = best - value, min(best, value)
         if sol is None:  # stopped at its time limit: its dual bound holds, its cells are not refined
