@@ -154,12 +154,11 @@ def optimistic_tokens(ctx: ServingContext, layout: Layout, rates: dict[str, floa
 
 
 def priced_order(
-    ctx: ServingContext, layouts: list[Layout], patterns: list[Pattern], rates: dict[str, float]
+    ctx: ServingContext, layouts: list[Layout], prices: dict[str, float], rates: dict[str, float]
 ) -> list[Layout]:
     """Layouts that could still improve the fleet LP (optimistic value above the devices' prices), the
     largest gain per device first, then the fewest devices: copies of a small layout do what one large
     layout of the same efficiency does, and a fleet has many more large layouts than small ones."""
-    prices = fleet_prices(patterns, ctx.capacity)
     scored = []
     for layout in layouts:
         gain = optimistic_tokens(ctx, layout, rates) - sum(n * prices[c] for c, n in layout_usage(layout).items())
@@ -172,11 +171,10 @@ def priced_order(
 NEAR_EVEN = 0.9  # a pattern's variants are tried when it earns at least this share of its devices' prices
 
 
-def near_even(found: list[Pattern], patterns: list[Pattern], capacity: dict[str, int]) -> list[Pattern]:
+def near_even(found: list[Pattern], prices: dict[str, float]) -> list[Pattern]:
     """The patterns of `found` that earn at least NEAR_EVEN of what their devices are worth in
-    the fleet LP over `patterns`: moving a stage to the end changes a replica's tokens/s by a few
+    the fleet LP (`prices`): moving a stage to the end changes a replica's tokens/s by a few
     percent, so only these may gain a place in the fleet."""
-    prices = fleet_prices(patterns, capacity)
     return [p for p in found if p.ev.tokens_per_s >= NEAR_EVEN * sum(n * prices[c] for c, n in p.usage.items())]
 
 
@@ -202,14 +200,16 @@ def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[Fl
     patterns = [p for found in engineer.values() for p, _ in found]
     layouts = candidate_layouts(ctx)
     rates = {sc.name: device_rate_bound(ctx.cache, sc, ctx.workload.tpot_slo_s) for sc in ctx.classes}
-    todo, evaluated, added = priced_order(ctx, layouts, patterns, rates), 0, 0
+    todo = priced_order(ctx, layouts, fleet_prices(patterns, ctx.capacity), rates)
+    evaluated = added = 0
     while todo and time.monotonic() < deadline:
         found, done = evaluate_layouts(ctx, todo[:BATCH], deadline)
         patterns += found
         evaluated += done
-        ends = [v for p in near_even(found, patterns, ctx.capacity) for v in with_ends(ctx, p.layout)]
+        prices = fleet_prices(patterns, ctx.capacity)
+        ends = [v for p in near_even(found, prices) for v in with_ends(ctx, p.layout)]
         added += len(ends)
-        todo = priced_order(ctx, todo[done:] + ends, patterns, rates)
+        todo = priced_order(ctx, todo[done:] + ends, prices, rates)
     if todo:
         log.warning("serving search stopped at its time limit with %d layouts left to price", len(todo))
     left = max(5.0, deadline - time.monotonic())
