@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import sys
 import time
 from pathlib import Path
@@ -142,10 +141,7 @@ def main() -> int:
             row = run_row(spec, servers, model, prompt, output, out, args.time_limit)
             print("  ".join(f"{row[c]}" for c in COLUMNS), flush=True)
             rows.append(row)
-    with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    provenance.write_csv(out, COLUMNS, rows)
     (out / "table.md").write_text(provenance.markdown_table(COLUMNS, ([r[c] for c in COLUMNS] for r in rows)))
     provenance.record(out, facts)
     return 0

@@ -25,7 +25,6 @@ benchmarks/results/helix). Each run takes minutes of one core; --jobs runs them 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import subprocess
@@ -233,10 +232,7 @@ def main() -> None:
     facts["total_wall_s"] = round(time.perf_counter() - started, 1)
     facts["helix_python"] = {k: results[0].get(k) for k in ("python", "numpy", "networkx")}
     provenance.record(out, facts)
-    with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    provenance.write_csv(out, COLUMNS, rows)
     (out / "table.md").write_text(markdown(rows))
     print(markdown(rows))
 

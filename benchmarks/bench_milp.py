@@ -18,7 +18,6 @@ markdown, with meta.json (benchmarks/provenance.py).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import time
@@ -182,10 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = model_rows(args) if args.suite == "models" else workload_rows(args)
     out = Path(args.out or REPO / "benchmarks" / "results" / f"milp-{args.suite}")
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows({c: row.get(c, "") for c in COLUMNS} for row in rows)
+    provenance.write_csv(out, COLUMNS, ({c: row.get(c, "") for c in COLUMNS} for row in rows))
     (out / "table.md").write_text(markdown(rows) + "\n")
     provenance.record(out, facts)
     print(f"wrote {out} ({len(rows)} rows)", file=sys.stderr)

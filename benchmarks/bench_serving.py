@@ -16,7 +16,6 @@ its repository (docs/helix.md); they are skipped otherwise.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import time
@@ -200,10 +199,7 @@ def main() -> int:
                 flush=True,
             )
         rows += got
-    with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    provenance.write_csv(out, COLUMNS, rows)
     (out / "table.md").write_text(table_md(rows))
     provenance.record(out, facts)
     return 0

@@ -11,7 +11,6 @@ instance is in the serving benchmark's table (bench_serving.py).
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from pathlib import Path
@@ -57,10 +56,7 @@ def main() -> int:
     for case in CASES:
         rows.append(measure(case))
         print("  ".join(str(rows[-1][c]) for c in COLUMNS), flush=True)
-    with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    provenance.write_csv(out, COLUMNS, rows)
     (out / "table.md").write_text(provenance.markdown_table(COLUMNS, ([r[c] for c in COLUMNS] for r in rows)))
     provenance.record(out, facts)
     return 0

@@ -17,7 +17,6 @@ docs/benchmarks.md quotes, to --out (default benchmarks/results/tp).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import time
@@ -185,10 +184,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     provenance.record(out, facts)
-    with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    provenance.write_csv(out, COLUMNS, rows)
     (out / "table.md").write_text(markdown(rows))
     print(markdown(rows))
 

@@ -9,6 +9,7 @@ results were not measured at `commit`, and benchmarks/make_docs.py says so.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shlex
@@ -52,6 +53,14 @@ def markdown_table(head, rows) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def write_csv(out_dir: str | Path, columns, rows) -> None:
+    """Write results.csv: a header of `columns`, then one line per row (a dict keyed by them)."""
+    with open(Path(out_dir) / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def record(out_dir: str | Path, facts: dict) -> None:
