@@ -234,7 +234,7 @@ class _Model:
         self.kinds, self.num_layers = kinds, num_layers
         self.capacity = {sc.name: sc.num_devices for sc in classes}
         self.device_terms: dict[str, list] = {sc.name: [] for sc in classes}
-        self.stages_of: list[list[tuple[_Kind, int]]] = []  # per cell: (option's kind, its n column)
+        self.stages_of: list[list[tuple[_Kind, int, int]]] = []  # per cell: (option's kind, its lam and n columns)
         for cell in cells:
             self._cell(cell)
         for sc in classes:
@@ -264,7 +264,7 @@ class _Model:
         for o in options:
             lam, mu = self._column(0.0), self._column(0.0)
             n, e = self._column(0.0), self._column(0.0)
-            self.stages_of[-1].append((o.kind, n))
+            self.stages_of[-1].append((o.kind, lam, n))
             costs = o.kind.costs
             cover.append((lam, 1.0))
             seq_layers.append((mu, 1.0))
@@ -315,7 +315,7 @@ class _Model:
                 out.append(cell)
                 continue
             used = True
-            need = [(kind, max(1, math.ceil(sol[n - 2] / sol[n] - 1e-6))) for kind, n in stages if sol[n] > 0.5]
+            need = [(kind, max(1, math.ceil(sol[lam] / sol[n] - 1e-6))) for kind, lam, n in stages if sol[n] > 0.5]
             breaks = sorted({c for kind, layers in need for c in kind.breaks(layers)})
             out += cell.parts(breaks)
         return out if used else None
