@@ -1,11 +1,12 @@
-"""What each serving upper bound gives on the instances where the cell bound matters.
+"""What each serving upper bound gives, on instances where the cell or the price bound matters.
 
     .venv/bin/python benchmarks/bench_serving_bounds.py [--out DIR]
 
 For each instance: the least of the first two bounds (concurrency levels, and concurrency and
 micro-batch levels: llm_planner.serving.bound), the cell bound over whole replicas
-(llm_planner.serving.bound_cells) and the time each takes. The plan's tokens/s for the same
-instance is in the serving benchmark's table (bench_serving.py).
+(llm_planner.serving.bound_cells), the price bound at the device prices of the plan's search
+(llm_planner.serving.bound_prices, searched to its end rather than stopped near the plan), the
+time each takes, and the plan's tokens/s (the serving search, as `plan` runs it).
 """
 
 from __future__ import annotations
@@ -23,14 +24,27 @@ import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
 from llm_planner.serving.bound import tokens_upper_bound  # noqa: E402
 from llm_planner.serving.bound_cells import cell_bound  # noqa: E402
+from llm_planner.serving.bound_prices import price_bound  # noqa: E402
 from llm_planner.serving.context import ServingOptions, build_context  # noqa: E402
+from llm_planner.serving.search import solve_serving  # noqa: E402
 from llm_planner.serving.workload import RequestShape, ServingWorkload  # noqa: E402
 
 CASES = [  # (row of bench_serving, spec, model, prompt, output, TPOT target in s)
     ("gpt3-175b/gpt3-six-servers/50ms", "gpt3-six-servers", "gpt3-175b", 512, 128, 0.05),
     ("llama2-70b/a100-l4-t4-cloud/200ms", "a100-l4-t4-cloud", "llama2-70b", 512, 256, 0.2),
+    ("llama3-70b/dgx-a100-l4/100ms", "dgx-a100-l4", "llama3-70b", 512, 256, 0.1),
+    ("llama3-70b/h100-a10g/50ms", "h100-a10g", "llama3-70b", 512, 256, 0.05),
 ]
-COLUMNS = ("row", "first_two_tokens_per_s", "first_two_s", "cell_tokens_per_s", "cell_s")
+COLUMNS = (
+    "row",
+    "plan_tokens_per_s",
+    "first_two_tokens_per_s",
+    "first_two_s",
+    "cell_tokens_per_s",
+    "cell_s",
+    "price_tokens_per_s",
+    "price_s",
+)
 
 
 def measure(case) -> dict:
@@ -43,7 +57,12 @@ def measure(case) -> dict:
     started = time.monotonic()
     cells = cell_bound(ctx.cache, ctx.classes, tpot, ctx.cluster.inter_node)
     cells_s = time.monotonic() - started
-    return dict(zip(COLUMNS, (row, round(first, 1), round(first_s, 1), round(cells, 1), round(cells_s, 1))))
+    fleet, _, _ = solve_serving(ctx)
+    started = time.monotonic()
+    prices = price_bound(ctx.cache, ctx.classes, tpot, ctx.cluster.inter_node, fleet.prices)
+    prices_s = time.monotonic() - started
+    values = (fleet.tokens_per_s, first, first_s, cells, cells_s, prices, prices_s)
+    return dict(zip(COLUMNS, (row, *(round(v, 1) for v in values))))
 
 
 def main() -> int:

@@ -15,9 +15,10 @@ from serving_fixtures import context, workload, write_fleet
 from llm_planner.cli import main
 from llm_planner.graph.transformer import preset_config
 from llm_planner.serving.baselines import class_patterns, engineer_best, even_split, megatron
-from llm_planner.serving.bound import concurrency_level_bound, tokens_upper_bound
+from llm_planner.serving.bound import concurrency_level_bound, device_rate_bound, tokens_upper_bound
 from llm_planner.serving.bound_batches import batch_level_bound
 from llm_planner.serving.bound_cells import cell_bound
+from llm_planner.serving.bound_prices import price_bound
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context
 from llm_planner.serving.layout import Segment
 from llm_planner.serving.replica import micro_batch_sizes
@@ -155,6 +156,20 @@ def test_verify_refuses_a_forged_bound(tmp_path, capsys):
     assert "upper_bound_tokens_per_s" in text and "status: optimal" in text
 
 
+@pytest.mark.parametrize(
+    ("prices", "message"),
+    [
+        ({"nowhere/gpu": 1.0}, "serving.device_prices: nowhere/gpu not a class of the cluster"),
+        ("cheap", "serving.device_prices: not a mapping of classes to finite tokens/s >= 0"),
+    ],
+)
+def test_verify_refuses_device_prices_it_cannot_use(tmp_path, capsys, prices, message):
+    def forge(data):
+        data["serving"]["device_prices"] = prices
+
+    assert message in _verify_edited(tmp_path, capsys, forge)
+
+
 def test_verify_refuses_a_device_used_twice(tmp_path, capsys):
     def share(data):
         rep = next(r for r in data["serving"]["replicas"] if len(r["devices"][0]) > 1)
@@ -254,8 +269,16 @@ def bound_ctx(request, tmp_path_factory):
         concurrency_level_bound(ctx.cache, ctx.classes, 0.03),
         batch_level_bound(ctx.cache, ctx.classes, 0.03),
         cell_bound(ctx.cache, ctx.classes, 0.03, cluster.inter_node),
+        # Farley's bound holds at any positive prices: every device alike, and each class at its
+        # per-device rate bound (roughly what the fleet LP prices it)
+        price_bound(ctx.cache, ctx.classes, 0.03, cluster.inter_node, dict.fromkeys(ctx.capacity, 1.0)),
+        price_bound(ctx.cache, ctx.classes, 0.03, cluster.inter_node, _rate_prices(ctx, 0.03)),
     )
     return ctx, bounds
+
+
+def _rate_prices(ctx, tpot_slo_s: float) -> dict[str, float]:
+    return {sc.name: device_rate_bound(ctx.cache, sc, tpot_slo_s) for sc in ctx.classes}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -301,6 +324,21 @@ def test_refined_micro_batches_find_counts_between_1_p2_and_p():
     assert refined.tokens_per_s >= coarse.tokens_per_s
     assert refined.tokens_per_s == pytest.approx(by_m[best_m].tokens_per_s)
     assert refined.tpot_s <= 0.2
+
+
+def test_price_bound_sees_what_the_search_may_have_missed():
+    """LLaMA-3 70B on 8 H100 + 8 A10G at 50 ms: the first two bounds let the A10Gs add their rate
+    (11,670 tokens/s), the cell bound's cells stay coarse (13,498); at the search's device prices
+    no replica earns more than a few percent above what its devices are worth, so the price bound
+    is within 5% of the plan (two TP2 pipelines of two H100 stages each, 10,023 tokens/s)."""
+    wl = ServingWorkload(requests=(RequestShape(prompt_len=512, output_len=256),), tpot_slo_s=0.05)
+    spec = Path(__file__).resolve().parents[1] / "cluster_specs" / "h100-a10g.yaml"
+    ctx = build_context(str(spec), "llama3-70b", wl, "fp16", ServingOptions())
+    fleet, _, _ = solve_serving(ctx)
+    first_two = tokens_upper_bound(ctx.cache, ctx.classes, 0.05, tokens_per_s=float("inf"))
+    prices = price_bound(ctx.cache, ctx.classes, 0.05, ctx.cluster.inter_node, fleet.prices)
+    assert fleet.tokens_per_s <= prices < 0.95 * first_two
+    assert fleet.tokens_per_s >= 0.95 * prices
 
 
 def test_cell_bound_prices_whole_replicas():

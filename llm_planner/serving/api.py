@@ -14,7 +14,7 @@ from llm_planner.serving.context import ServingContext, ServingOptions, build_co
 from llm_planner.serving.fleet import FleetChoice
 from llm_planner.serving.layout import Pattern, describe
 from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION, relative_to_plan
-from llm_planner.serving.search import segment_options, solve_serving
+from llm_planner.serving.search import fleet_prices, segment_options, solve_serving
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
 
 
@@ -81,8 +81,9 @@ def plan_serving(
     solve_s = time.monotonic() - started
     if not fleet.chosen:
         raise WorkloadError(_nothing_serves(ctx))
+    prices = fleet.prices or fleet_prices([p for p, _ in fleet.chosen], ctx.capacity)
     bound = tokens_upper_bound(
-        ctx.cache, ctx.classes, workload.tpot_slo_s, ctx.cluster.inter_node, tokens_per_s=fleet.tokens_per_s
+        ctx.cache, ctx.classes, workload.tpot_slo_s, ctx.cluster.inter_node, fleet.tokens_per_s, prices
     )
     gap, status = status_of(fleet.tokens_per_s, bound)
     devices = assign_devices(ctx.cluster, ctx.by_name, fleet)
@@ -102,6 +103,7 @@ def plan_serving(
         "serving": {
             "tokens_per_s": fleet.tokens_per_s,
             "upper_bound_tokens_per_s": bound,
+            "device_prices": prices,
             "gap": gap,
             "status": status,
             "tpot_s": max(p.ev.tpot_s for p, _ in fleet.chosen),

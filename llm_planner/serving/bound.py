@@ -64,6 +64,7 @@ import numpy as np
 
 from llm_planner.serving.bound_batches import SparseRows, batch_level_bound, least_block_s, maximise_with_binaries
 from llm_planner.serving.bound_cells import cell_bound
+from llm_planner.serving.bound_prices import price_bound
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layout import CostCache
 from llm_planner.spec import LinkSpec
@@ -132,7 +133,8 @@ def _rightmost_within(x0: float, x1: float, y0: float, y1: float, limit: float) 
     return x0 + (limit - y0) * (x1 - x0) / (y1 - y0)
 
 
-CELL_BOUND_GAP = 0.05  # the cell bound is computed when the other two leave a plan more than this gap
+CELL_BOUND_GAP = 0.05  # the cell bound is computed when the others leave a plan more than this gap
+PRICE_BOUND_GAP = 0.01  # the price bound is computed when the first two leave a plan more than this gap
 
 
 def tokens_upper_bound(
@@ -141,13 +143,18 @@ def tokens_upper_bound(
     tpot_slo_s: float,
     inter: LinkSpec | None = None,
     tokens_per_s: float | None = None,
+    prices: dict[str, float] | None = None,
 ) -> float:
     """Output tokens/s no plan exceeds: the least of the MILP over concurrency levels (module
-    docstring), the one over concurrency and micro-batch levels (bound_batches) and the one over
-    cells of whole replicas (bound_cells, `inter` the cluster's inter-node link); each holds. The
-    third, the slowest, is computed only when a plan's `tokens_per_s` (when given) is more than
-    CELL_BOUND_GAP below the first two: a plan and its `verify` make the same choice."""
+    docstring), the one over concurrency and micro-batch levels (bound_batches), Farley's bound at
+    the device `prices` when given (bound_prices) and the one over cells of whole replicas
+    (bound_cells, `inter` the cluster's inter-node link); each holds. The price bound is computed
+    only when a plan's `tokens_per_s` (when given) is more than PRICE_BOUND_GAP below the first two,
+    the cell bound, the slowest, when it is still more than CELL_BOUND_GAP below: a plan and its
+    `verify` make the same choices."""
     bound = min(concurrency_level_bound(cache, classes, tpot_slo_s), batch_level_bound(cache, classes, tpot_slo_s))
+    if prices is not None and (tokens_per_s is None or tokens_per_s < (1 - PRICE_BOUND_GAP) * bound):
+        bound = min(bound, price_bound(cache, classes, tpot_slo_s, inter, prices, tokens_per_s or 0.0))
     if tokens_per_s is not None and tokens_per_s >= (1 - CELL_BOUND_GAP) * bound:
         return bound
     return min(bound, cell_bound(cache, classes, tpot_slo_s, inter, stop_above=bound))

@@ -125,7 +125,7 @@ class Cell:
 
 
 @dataclass(frozen=True)
-class _Kind:
+class StageKind:
     """A stage option: a class at one degree, with what the rows read of it."""
 
     class_name: str
@@ -146,13 +146,13 @@ class _Kind:
 
 @dataclass(frozen=True)
 class _Option:
-    kind: _Kind
+    kind: StageKind
     l_max: int
     l_end: int
     tau: float
 
 
-def _kinds(cache: CostCache, classes: tuple[ServerClass, ...], inter) -> list[_Kind]:
+def stage_kinds(cache: CostCache, classes: tuple[ServerClass, ...], inter) -> list[StageKind]:
     out = []
     for sc in classes:
         links = [lk for lk in (sc.intra_link, inter) if lk is not None]
@@ -160,11 +160,11 @@ def _kinds(cache: CostCache, classes: tuple[ServerClass, ...], inter) -> list[_K
         for k in sc.degrees:
             costs = cache.get(sc.name, k)
             end = min(costs.weight_bytes["embed"], costs.weight_bytes["final_norm"] + costs.weight_bytes["lm_head"])
-            out.append(_Kind(sc.name, k, costs, hop, end))
+            out.append(StageKind(sc.name, k, costs, hop, end))
     return out
 
 
-def _options(kinds: list[_Kind], cell: Cell, num_layers: int) -> list[_Option]:
+def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Option]:
     b_lo, b_hi = cell.b_range()
     out = []
     for kd in kinds:
@@ -180,7 +180,7 @@ def _options(kinds: list[_Kind], cell: Cell, num_layers: int) -> list[_Option]:
     return out
 
 
-def _end_time_s(kinds: list[_Kind], cell: Cell) -> float:
+def end_time_s(kinds: list[StageKind], cell: Cell) -> float:
     """The least embedding time plus the least head time of any stage option at the cell's
     smallest micro-batch."""
     b_lo, _ = cell.b_range()
@@ -189,7 +189,7 @@ def _end_time_s(kinds: list[_Kind], cell: Cell) -> float:
     return embed + head
 
 
-def start_cells(kinds: list[_Kind], classes, num_layers: int, tpot_slo_s: float) -> list[Cell]:
+def start_cells(kinds: list[StageKind], classes, num_layers: int, tpot_slo_s: float) -> list[Cell]:
     """The first, coarse cells: C in [1, 1], [2, 3], [4, 7], ... up to what all memory holds, m in
     [1], [2], [3, 4], [5, 8], ..., the TPOT in ratios of THETA_START from the least round trip (the
     least step and every layer at its least time on any class) to the target."""
@@ -234,7 +234,7 @@ class _Model:
         self.kinds, self.num_layers = kinds, num_layers
         self.capacity = {sc.name: sc.num_devices for sc in classes}
         self.device_terms: dict[str, list] = {sc.name: [] for sc in classes}
-        self.stages_of: list[list[tuple[_Kind, int, int]]] = []  # per cell: (option's kind, its lam and n columns)
+        self.stages_of: list[list[tuple[StageKind, int, int]]] = []  # per cell: (option's kind, its lam and n columns)
         for cell in cells:
             self._cell(cell)
         for sc in classes:
@@ -248,7 +248,7 @@ class _Model:
 
     def _cell(self, cell: Cell) -> None:
         options = _options(self.kinds, cell, self.num_layers)
-        end_s = _end_time_s(self.kinds, cell)
+        end_s = end_time_s(self.kinds, cell)
         self.stages_of.append([])
         if not _may_hold_a_copy(options, self.capacity, self.num_layers, cell.t_hi - end_s):
             self.x_of.append(None)
@@ -331,7 +331,7 @@ def cell_bound(
     """Output tokens/s no plan exceeds (module docstring); inf when a round cannot be solved. The
     refinement also stops when its value is still above `stop_above` (another bound's) and the last
     round's gain, repeated for every round left, would not bring it below."""
-    kinds = _kinds(cache, classes, inter)
+    kinds = stage_kinds(cache, classes, inter)
     if not kinds:
         return 0.0
     num_layers = cache.tasks.num_layers

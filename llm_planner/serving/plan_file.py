@@ -18,7 +18,7 @@ from llm_planner.atomic import write_atomic
 from llm_planner.fileio import read_document
 
 SERVING_FORMAT = "llm_planner.serving_plan"
-SERVING_VERSION = 1
+SERVING_VERSION = 2
 
 
 class ServingPlanError(ValueError):
@@ -76,6 +76,7 @@ _TOP = ("format", "version", "objective", "inputs", "model", "workload", "option
 _SERVING = (
     "tokens_per_s",
     "upper_bound_tokens_per_s",
+    "device_prices",
     "gap",
     "status",
     "tpot_s",

@@ -15,6 +15,7 @@ The fleet problem (llm_planner.serving.fleet) then picks how many copies of each
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -213,4 +214,6 @@ def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[Fl
     if todo:
         log.warning("serving search stopped at its time limit with %d layouts left to price", len(todo))
     left = max(5.0, deadline - time.monotonic())
-    return solve_fleet(patterns, ctx.capacity, time_limit_s=left), evaluated, len(layouts) + added - len(todo)
+    fleet = solve_fleet(patterns, ctx.capacity, time_limit_s=left)
+    fleet = dataclasses.replace(fleet, prices=fleet_prices(patterns, ctx.capacity))
+    return fleet, evaluated, len(layouts) + added - len(todo)

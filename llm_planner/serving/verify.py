@@ -217,6 +217,24 @@ def _check_neighbours(ctx, pattern: Pattern, nodes: list, where: str, problems: 
         s += seg.stages
 
 
+def _prices(ctx: ServingContext, sv: dict, problems: list[str]) -> dict[str, float] | None:
+    """The device prices the plan's bound used (None: none stated, as in plans before them)."""
+    prices = sv.get("device_prices")
+    if prices is None:
+        return None
+    names = {sc.name for sc in ctx.classes}
+    if not isinstance(prices, dict) or not all(
+        isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in prices.values()
+    ):
+        problems.append("serving.device_prices: not a mapping of classes to finite tokens/s >= 0")
+        return None
+    unknown = sorted(set(prices) - names)
+    if unknown:
+        problems.append(f"serving.device_prices: {', '.join(unknown)} not a class of the cluster")
+        return None
+    return {str(k): float(v) for k, v in prices.items()}
+
+
 def _check_totals(ctx: ServingContext, plan: ServingPlanFile, total: float, problems: list[str]) -> None:
     sv = plan.serving
     reps = plan.replicas
@@ -228,7 +246,7 @@ def _check_totals(ctx: ServingContext, plan: ServingPlanFile, total: float, prob
     if reps and sv["concurrency"] != sum(r["concurrency"] * r["count"] for r in reps):
         problems.append("serving.concurrency: not the sum over the replicas")
     bound = tokens_upper_bound(
-        ctx.cache, ctx.classes, ctx.workload.tpot_slo_s, ctx.cluster.inter_node, tokens_per_s=total
+        ctx.cache, ctx.classes, ctx.workload.tpot_slo_s, ctx.cluster.inter_node, total, _prices(ctx, sv, problems)
     )
     if not _close(sv["upper_bound_tokens_per_s"], bound):
         problems.append(f"serving.upper_bound_tokens_per_s: {sv['upper_bound_tokens_per_s']!r}, recomputed {bound!r}")

@@ -1,0 +1,282 @@
+"""A fourth upper bound on the output tokens/s of any serving plan: the fleet's device prices and
+one replica priced at a time (Farley's bound for column generation).
+
+Let pi_c > 0 be a price per device of each class c (the search hands the dual prices of its fleet
+LP, llm_planner.serving.search.fleet_prices, each raised to at least PRICE_FLOOR of the largest),
+and rho the largest ratio, over every replica any plan may run, of its tokens/s to the price of
+its devices. A plan runs replicas p, x_p copies each, within the N_c devices of every class, so
+
+    sum_p v_p x_p  <=  rho sum_p x_p (price of p's devices)  <=  rho sum_c N_c pi_c.
+
+With the LP's dual prices sum_c N_c pi_c is the fleet LP's value over the patterns the search
+evaluated, and rho is 1 when no replica earns more than its devices are worth at those prices:
+the bound is then the LP's value, and what rho exceeds 1 measures what the search may have missed.
+
+rho is bounded by a best-first search over cells of (C, m, theta) (llm_planner.serving.bound_cells,
+whose module docstring states the rows and why each holds for every replica in a cell): for one
+replica in a cell its tokens/s is at most C_hi / theta_lo and the price of its devices at least the
+optimum of a small MILP over its stages, per (class, degree) option o the stages n_o (integer),
+their layers lam_o and end stages e_o (integer):
+
+  min  sum_o k_o pi_c(o) n_o
+  s.t. sum_o lam_o >= L,  n_o <= lam_o <= l_max_o n_o - (l_max_o - l_end_o) e_o,  e_o <= n_o,  sum_o e_o >= 1
+       sum_o ((step + h) n_o + r_o lam_o) + t_end - h_max <= theta_hi          (round trip)
+       sum_{o of class c} k_o n_o <= N_c                                           (one replica's devices)
+
+(l_max_o: the layers a device of the option holds at C_lo beside the weights, and at most what its
+busy period allows at theta_hi: m_lo (step + l t(b)) <= theta_hi with t's least value over the
+micro-batch sizes the cell allows, and on the roofline m_lo step + l (m_lo f_j + s_j C_lo) <=
+theta_hi for every piece j (Jensen); r_o: a layer's least time at the round trip's micro-batch,
+at least ceil(C_lo / m_hi) sequences.) A cell is first scored by its relaxation with fractional
+stages (one option or two, in closed form) and its MILP solved only when it reaches the top of a
+best-first search; a solved cell at the top is cut in two along its widest dimension (C at a C
+where memory changes what a used option holds, else at its middle; m; theta), its parts keeping
+its price until solved. The search stops once the top score is within TARGET of 1, or within
+STOP_GAP of a plan's tokens/s, when the top cell is as fine as cells get (its score stands), or
+after MAX_SOLVES MILPs. The value is the top score: the cells cover every (C, m, theta), so it
+bounds rho. All deterministic: verify recomputes it from the prices the plan states. Left out,
+so the bound only grows: workspace, the second end stage, the hand-offs' bytes, how the stages
+pack into servers, the TTFT target. What it cannot see is integrality: a small cluster whose
+fleet LP runs a fraction of a replica keeps that fraction in the bound (the cell bound, with
+whole copies, is the one for that).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from llm_planner.serving.bound_batches import least_block_s
+from llm_planner.serving.bound_cells import THETA_FINE, Cell, StageKind, end_time_s, stage_kinds, start_cells
+from llm_planner.serving.classes import ServerClass
+from llm_planner.serving.layout import CostCache
+
+PRICE_FLOOR = 1e-3  # every class is priced at least this share of the dearest (rho needs prices > 0)
+TARGET = 1.005  # stop once no cell may earn more than this ratio to its devices' prices
+MAX_SOLVES = 3000  # and after this many per-cell MILPs
+STOP_GAP = 0.02  # or once the bound is within this share of the plan's tokens/s
+M_WEIGHT = 0.25  # a cell's range of m counts as its ratio to this power: parts along m score as their cell does
+
+
+def floored(prices: dict[str, float]) -> dict[str, float] | None:
+    """The prices the bound uses; None when none is positive (no pattern priced anything)."""
+    top = max(prices.values(), default=0.0)
+    if not top > 0 or not math.isfinite(top):
+        return None
+    return {c: max(float(v), PRICE_FLOOR * top) for c, v in prices.items()}
+
+
+@dataclass(frozen=True)
+class _Option:
+    kind: StageKind
+    l_max: int
+    l_end: int
+    r: float  # a layer's least time in the round trip
+
+
+def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Option]:
+    b_lo, b_hi = cell.b_range()
+    out = []
+    for kd in kinds:
+        c = kd.costs
+        per_layer = c.weight_bytes["block"] + cell.c_lo * c.kv_bytes_per_seq
+        l_max = min(num_layers, math.floor(c.usable_bytes / per_layer + 1e-9))
+        busy_tau = least_block_s(c, max(1.0, b_lo - 1), b_hi)  # micro-batches differ by one
+        room = cell.t_hi / cell.m_lo - c.step_s
+        if busy_tau > 0:
+            l_max = min(l_max, math.floor(room / busy_tau + 1e-9))
+        r = least_block_s(c, b_lo, b_hi)
+        if getattr(c, "layer_time", None) is None:
+            for f, s in c.pieces["block"]:
+                den = cell.m_lo * f + s * cell.c_lo
+                if den > 0:
+                    l_max = min(l_max, math.floor((cell.t_hi - cell.m_lo * c.step_s) / den + 1e-9))
+                if cell.m_hi:
+                    r = max(r, f + s * cell.c_lo / cell.m_hi)
+        if l_max < 1:
+            continue
+        l_end = min(l_max, math.floor((c.usable_bytes - kd.end_bytes) / per_layer + 1e-9))
+        out.append(_Option(kd, l_max, max(0, l_end), r))
+    return out
+
+
+class _Pricer:
+    """The least price of one replica's devices in a cell (module docstring)."""
+
+    def __init__(self, kinds: list[StageKind], classes: tuple[ServerClass, ...], prices: dict, num_layers: int):
+        self.kinds, self.prices, self.num_layers = kinds, prices, num_layers
+        self.capacity = {sc.name: sc.num_devices for sc in classes}
+        self.solves = 0
+
+    def _price(self, o: _Option) -> float:
+        return o.kind.k * self.prices[o.kind.class_name]
+
+    def quick(self, cell: Cell) -> float:
+        """A price no replica of the cell is below (0: none fits): the MILP's relaxation with
+        fractional stages, no end stage and no device rows, whose optimum takes one option or two
+        (layers and round trip are its only rows): a stage's price and fixed time spread over its
+        l_max layers."""
+        options = _options(self.kinds, cell, self.num_layers)
+        if not options:
+            return 0.0
+        time = cell.t_hi + max(o.kind.hop_s for o in options) - end_time_s(self.kinds, cell)
+        per_layer = sorted(
+            ((o.kind.costs.step_s + o.kind.hop_s) / o.l_max + o.r, self._price(o) / o.l_max) for o in options
+        )
+        share = time / self.num_layers  # the mean time a layer may take
+        best = math.inf
+        for i, (w_fast, c_fast) in enumerate(per_layer):
+            if w_fast <= share:
+                best = min(best, c_fast)
+                for w_slow, c_slow in per_layer[i + 1 :]:
+                    if w_slow > share and c_slow < c_fast:  # the slow one's layers as far as time allows
+                        x = (share - w_fast) / (w_slow - w_fast)
+                        best = min(best, c_fast + x * (c_slow - c_fast))
+        return self.num_layers * best if best < math.inf else 0.0
+
+    def exact(self, cell: Cell) -> tuple[float, list[int]]:
+        """The MILP's dual bound (0: no replica fits the cell) and the C at which memory changes what
+        a used option holds (where to cut the cell)."""
+        options = _options(self.kinds, cell, self.num_layers)
+        if not options:
+            return 0.0, []
+        self.solves += 1
+        n = len(options)
+        a, lo, hi = [], [], []
+
+        def row(terms, low, high):
+            r = np.zeros(3 * n)
+            for i, v in terms:
+                r[i] += v
+            a.append(r)
+            lo.append(low)
+            hi.append(high)
+
+        row([(n + i, 1.0) for i in range(n)], self.num_layers, np.inf)
+        row([(2 * n + i, 1.0) for i in range(n)], 1.0, np.inf)
+        trip = []
+        for i, o in enumerate(options):
+            row([(n + i, 1.0), (i, -float(o.l_max)), (2 * n + i, float(o.l_max - o.l_end))], -np.inf, 0.0)
+            row([(2 * n + i, 1.0), (i, -1.0)], -np.inf, 0.0)
+            row([(n + i, 1.0), (i, -1.0)], 0.0, np.inf)
+            trip += [(i, o.kind.costs.step_s + o.kind.hop_s), (n + i, o.r)]
+        hop_max = max(o.kind.hop_s for o in options)
+        row(trip, -np.inf, cell.t_hi + hop_max - end_time_s(self.kinds, cell))
+        for name, devices in self.capacity.items():
+            mine = [(i, float(o.kind.k)) for i, o in enumerate(options) if o.kind.class_name == name]
+            if mine:
+                row(mine, -np.inf, float(devices))
+        res = milp(
+            np.concatenate([[self._price(o) for o in options], np.zeros(2 * n)]),
+            constraints=LinearConstraint(np.array(a), lo, hi),
+            integrality=np.concatenate([np.ones(n), np.zeros(n), np.ones(n)]),
+            bounds=Bounds(0, np.inf),
+        )
+        if res.status == 2:
+            return 0.0, []
+        dual = getattr(res, "mip_dual_bound", None)
+        value = dual if dual is not None and np.isfinite(dual) else (res.fun if res.status == 0 else None)
+        if value is None:  # HiGHS gave no bound: the cheap one holds
+            return self.quick(cell), []
+        breaks = []
+        if res.x is not None:
+            for i, o in enumerate(options):
+                if res.x[i] > 0.5:
+                    breaks += o.kind.breaks(max(1, math.ceil(res.x[n + i] / res.x[i] - 1e-6)))
+        return float(value), sorted(set(breaks))
+
+
+def halves(cell: Cell, breaks: list[int]) -> list[Cell]:
+    """The cell cut in two along its widest dimension (by ratio): C at the break nearest its middle
+    (a C where memory changes what an option holds) or at its middle; m and theta at their middles.
+    [cell] when it is as fine as cells get (one C, one m, theta within THETA_FINE)."""
+    widths = [
+        cell.c_hi / cell.c_lo if cell.c_hi > cell.c_lo else 1.0,
+        (cell.m_hi / cell.m_lo if cell.m_hi else 4.0) ** M_WEIGHT if cell.m_hi != cell.m_lo else 1.0,
+        cell.t_hi / cell.t_lo if cell.t_hi / cell.t_lo > THETA_FINE else 1.0,
+    ]
+    axis = max(range(3), key=lambda i: widths[i])
+    if widths[axis] <= 1.0:
+        return [cell]
+    if axis == 0:
+        mid = math.sqrt(cell.c_lo * cell.c_hi)
+        inside = [c for c in breaks if cell.c_lo <= c < cell.c_hi]
+        cut = min(inside, key=lambda c: abs(math.log((c + 0.5) / mid))) if inside else min(int(mid), cell.c_hi - 1)
+        return [dataclasses.replace(cell, c_hi=cut), dataclasses.replace(cell, c_lo=cut + 1)]
+    if axis == 1:
+        cut = 2 * cell.m_lo - 1 if not cell.m_hi else (cell.m_lo + cell.m_hi) // 2
+        low, high = dataclasses.replace(cell, m_hi=cut), dataclasses.replace(cell, m_lo=cut + 1)
+        return [low] + ([high] if high.m_lo <= high.c_hi else [])
+    mid = math.sqrt(cell.t_lo * cell.t_hi)
+    return [dataclasses.replace(cell, t_hi=mid), dataclasses.replace(cell, t_lo=mid)]
+
+
+def _score(cell: Cell, price: float) -> float:
+    """A cell's tokens/s over the least price of a replica's devices in it."""
+    return cell.c_hi / cell.t_lo / price
+
+
+def best_ratio(
+    cache: CostCache,
+    classes: tuple[ServerClass, ...],
+    tpot_slo_s: float,
+    inter,
+    prices: dict[str, float],
+    enough: float = TARGET,
+) -> float:
+    """An upper bound on rho (module docstring) for prices already floored (all positive); the
+    search stops once it is at most `enough` (or TARGET)."""
+    kinds = stage_kinds(cache, classes, inter)
+    if not kinds:
+        return 0.0
+    pricer = _Pricer(kinds, classes, prices, cache.tasks.num_layers)
+    heap: list[tuple] = []
+    ties = itertools.count()  # first pushed first among equal scores: deterministic
+
+    def push(cell: Cell, price: float, exact: bool, breaks: list[int]) -> None:
+        if price > 0:  # 0: no replica fits the cell
+            heapq.heappush(heap, (-_score(cell, price), next(ties), price, exact, cell, breaks))
+
+    for cell in start_cells(kinds, classes, cache.tasks.num_layers, tpot_slo_s):
+        push(cell, pricer.quick(cell), False, [])
+    while heap and -heap[0][0] > max(enough, TARGET) and pricer.solves < MAX_SOLVES:
+        _, _, price, exact, cell, breaks = heapq.heappop(heap)
+        if not exact:
+            push(cell, *_exact(pricer, cell))
+            continue
+        parts = halves(cell, breaks)
+        if parts == [cell]:  # as fine as cells get: its score stands
+            push(cell, price, True, breaks)
+            break
+        for part in parts:  # a part's replicas are its cell's: they cost at least as much
+            push(part, max(price, pricer.quick(part)), False, [])
+    return -heap[0][0] if heap else 0.0
+
+
+def _exact(pricer: _Pricer, cell: Cell) -> tuple[float, bool, list[int]]:
+    price, breaks = pricer.exact(cell)
+    return price, True, breaks
+
+
+def price_bound(
+    cache: CostCache,
+    classes: tuple[ServerClass, ...],
+    tpot_slo_s: float,
+    inter,
+    prices: dict[str, float] | None,
+    tokens_per_s: float = 0.0,
+) -> float:
+    """Output tokens/s no plan exceeds (module docstring); inf without a positive price. With a
+    plan's `tokens_per_s`, the search for rho stops once the bound is within STOP_GAP of it."""
+    usable = floored({sc.name: (prices or {}).get(sc.name, 0.0) for sc in classes})
+    if usable is None:
+        return float("inf")
+    worth = sum(sc.num_devices * usable[sc.name] for sc in classes)  # the fleet LP's value at these prices
+    enough = tokens_per_s / ((1 - STOP_GAP) * worth)
+    return best_ratio(cache, classes, tpot_slo_s, inter, usable, enough) * worth
