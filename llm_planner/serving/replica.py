@@ -82,6 +82,8 @@ class ReplicaModel:
         self.p = len(slots)
         self.ends = [(s == 0, s == self.p - 1) for s in range(self.p)]
         self._times: dict[tuple[int, int, int, bool, bool], float] = {}
+        self._handoffs: dict[int, float] = {}
+        self._alike = [(id(slot.costs), *ends) for slot, ends in zip(slots, self.ends)]  # stages timed alike
 
     def _stage_s(self, s: int, b: int, layers: int) -> float:
         """slot s's iteration time (memoised: the searches ask for the same few values often)."""
@@ -98,11 +100,14 @@ class ReplicaModel:
 
     # -- timing -------------------------------------------------------------------
     def handoffs_s(self, b: int) -> float:
-        total = 0.0
-        for s, slot in enumerate(self.slots):
-            last = s == self.p - 1
-            per_seq = self.tasks.return_bytes_per_seq if last else self.tasks.handoff_bytes_per_seq
-            total += _transfer_s(slot.link_next, b * per_seq)
+        total = self._handoffs.get(b)
+        if total is None:
+            total = 0.0
+            for s, slot in enumerate(self.slots):
+                last = s == self.p - 1
+                per_seq = self.tasks.return_bytes_per_seq if last else self.tasks.handoff_bytes_per_seq
+                total += _transfer_s(slot.link_next, b * per_seq)
+            self._handoffs[b] = total
         return total
 
     def _busy_s(self, s: int, layers: int, concurrency: int, m: int) -> float:
@@ -111,10 +116,18 @@ class ReplicaModel:
         return big * self._stage_s(s, q + 1, layers) + (m - big) * self._stage_s(s, q, layers)
 
     def cycle_s(self, layers: tuple[int, ...], concurrency: int, m: int) -> float:
-        """The replica's TPOT (module docstring), without the rest of `evaluate`."""
+        """The replica's TPOT (module docstring), without the rest of `evaluate`; stages alike
+        (same costs, ends and layers) are timed once."""
         b = -(-concurrency // m)
-        trip = self.handoffs_s(b) + sum(self._stage_s(s, b, n) for s, n in enumerate(layers))
-        return max(trip, max(self._busy_s(s, n, concurrency, m) for s, n in enumerate(layers)))
+        trip, busy, seen = self.handoffs_s(b), 0.0, {}
+        for s, n in enumerate(layers):
+            key = (self._alike[s], n)
+            got = seen.get(key)
+            if got is None:
+                got = seen[key] = (self._stage_s(s, b, n), self._busy_s(s, n, concurrency, m))
+            trip += got[0]
+            busy = max(busy, got[1])
+        return max(trip, busy)
 
     def evaluate(self, layers: tuple[int, ...], concurrency: int, m: int) -> ReplicaEval:
         b = -(-concurrency // m)
@@ -271,23 +284,20 @@ class ReplicaModel:
             c = max(c + 1, c * GRID_RATIO)
         return self._meet_ttft(best, m, fixed)
 
-    def _fits(self, layers: tuple[int, ...], concurrency: int, m: int) -> ReplicaEval | None:
+    def _fits(self, layers: tuple[int, ...], concurrency: int, m: int) -> bool:
         if concurrency < m or any(n > c for n, c in zip(layers, self.caps(concurrency, m))):
-            return None
-        if self.cycle_s(layers, concurrency, m) > self.tpot_slo_s * (1 + 1e-12):
-            return None
-        return self.evaluate(layers, concurrency, m)
+            return False
+        return self.cycle_s(layers, concurrency, m) <= self.tpot_slo_s * (1 + 1e-12)
 
     def _max_concurrency(self, ev: ReplicaEval, m: int) -> ReplicaEval:
         """The largest C at which ev's split still meets memory and the target (C only ever helps)."""
         lo, hi = ev.concurrency, 2 * ev.concurrency
-        while hi <= MAX_CONCURRENCY and (nxt := self._fits(ev.layers, hi, m)) is not None:
-            lo, ev, hi = hi, nxt, hi * 2
+        while hi <= MAX_CONCURRENCY and self._fits(ev.layers, hi, m):
+            lo, hi = hi, hi * 2
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            nxt = self._fits(ev.layers, mid, m)
-            lo, hi, ev = (mid, hi, nxt) if nxt is not None else (lo, mid, ev)
-        return ev
+            lo, hi = (mid, hi) if self._fits(ev.layers, mid, m) else (lo, mid)
+        return ev if lo == ev.concurrency else self.evaluate(ev.layers, lo, m)
 
     def _meet_ttft(self, ev: ReplicaEval, m: int, fixed) -> ReplicaEval | None:
         if self.ttft_slo_s is None or ev.ttft_s <= self.ttft_slo_s:
