@@ -31,7 +31,8 @@ at least ceil(C_lo / m_hi) sequences.) A cell is first scored by its relaxation 
 stages (one option or two, in closed form) and its MILP solved only when it reaches the top of a
 best-first search; a solved cell at the top is cut in two along its widest dimension (C at a C
 where memory changes what a used option holds, else at its middle; m; theta), its parts keeping
-its price until solved. The search stops once the top score is within TARGET of 1, or within
+its price until solved (a part where the cell's solution still fits has that price as its own,
+and needs no MILP). Each MILP stops within MIP_GAP of its optimum; its dual bound is the price. The search stops once the top score is within TARGET of 1, or within
 STOP_GAP of a plan's tokens/s, when the top cell is as fine as cells get (its score stands), or
 after MAX_SOLVES MILPs. The value is the top score: the cells cover every (C, m, theta), so it
 bounds rho. All deterministic: verify recomputes it from the prices the plan states. Left out,
@@ -60,6 +61,7 @@ from llm_planner.serving.layout import CostCache
 PRICE_FLOOR = 1e-3  # every class is priced at least this share of the dearest (rho needs prices > 0)
 TARGET = 1.005  # stop once no cell may earn more than this ratio to its devices' prices
 MAX_SOLVES = 3000  # and after this many per-cell MILPs
+MIP_GAP = 0.01  # a cell's MILP stops within this share of its optimum (its dual bound is the price)
 STOP_GAP = 0.02  # or once the bound is within this share of the plan's tokens/s
 M_WEIGHT = 0.25  # a cell's range of m counts as its ratio to this power: parts along m score as their cell does
 
@@ -140,12 +142,12 @@ class _Pricer:
                         best = min(best, c_fast + x * (c_slow - c_fast))
         return self.num_layers * best if best < math.inf else 0.0
 
-    def exact(self, cell: Cell) -> tuple[float, list[int]]:
-        """The MILP's dual bound (0: no replica fits the cell) and the C at which memory changes what
-        a used option holds (where to cut the cell)."""
+    def exact(self, cell: Cell) -> tuple[float, list[int], tuple]:
+        """The MILP's dual bound (0: no replica fits the cell), the C at which memory changes what
+        a used option holds (where to cut the cell) and the solution found (see `still_fits`)."""
         options = _options(self.kinds, cell, self.num_layers)
         if not options:
-            return 0.0, []
+            return 0.0, [], ()
         self.solves += 1
         n = len(options)
         a, lo, hi = [], [], []
@@ -177,19 +179,37 @@ class _Pricer:
             constraints=LinearConstraint(np.array(a), lo, hi),
             integrality=np.concatenate([np.ones(n), np.zeros(n), np.ones(n)]),
             bounds=Bounds(0, np.inf),
+            options={"mip_rel_gap": MIP_GAP},
         )
         if res.status == 2:
-            return 0.0, []
+            return 0.0, [], ()
         dual = getattr(res, "mip_dual_bound", None)
         value = dual if dual is not None and np.isfinite(dual) else (res.fun if res.status == 0 else None)
         if value is None:  # HiGHS gave no bound: the cheap one holds
-            return self.quick(cell), []
-        breaks = []
+            return self.quick(cell), [], ()
+        breaks, used = [], []
         if res.x is not None:
             for i, o in enumerate(options):
                 if res.x[i] > 0.5:
                     breaks += o.kind.breaks(max(1, math.ceil(res.x[n + i] / res.x[i] - 1e-6)))
-        return float(value), sorted(set(breaks))
+                    used.append((id(o.kind), round(res.x[i]), res.x[n + i], round(res.x[2 * n + i])))
+        return float(value), sorted(set(breaks)), tuple(used)
+
+    def still_fits(self, cell: Cell, used: tuple) -> bool:
+        """Whether a solution of a larger cell's MILP (`exact`) is one of this cell's: its price, the
+        larger cell's least, is then this cell's least too, with no MILP to solve."""
+        if not used:
+            return False
+        options = {id(o.kind): o for o in _options(self.kinds, cell, self.num_layers)}
+        if any(kind not in options for kind, *_ in used):
+            return False
+        trip = end_time_s(self.kinds, cell) - max(o.kind.hop_s for o in options.values())
+        for kind, stages, layers, ends in used:
+            o = options[kind]
+            if layers > o.l_max * stages - (o.l_max - o.l_end) * ends + 1e-6:
+                return False
+            trip += (o.kind.costs.step_s + o.kind.hop_s) * stages + o.r * layers
+        return trip <= cell.t_hi * (1 + 1e-9)
 
 
 def halves(cell: Cell, breaks: list[int]) -> list[Cell]:
@@ -239,29 +259,32 @@ def best_ratio(
     heap: list[tuple] = []
     ties = itertools.count()  # first pushed first among equal scores: deterministic
 
-    def push(cell: Cell, price: float, exact: bool, breaks: list[int]) -> None:
+    def push(cell: Cell, price: float, exact: bool, breaks: list[int], used: tuple = ()) -> None:
         if price > 0:  # 0: no replica fits the cell
-            heapq.heappush(heap, (-_score(cell, price), next(ties), price, exact, cell, breaks))
+            heapq.heappush(heap, (-_score(cell, price), next(ties), price, exact, cell, breaks, used))
 
     for cell in start_cells(kinds, classes, cache.tasks.num_layers, tpot_slo_s):
         push(cell, pricer.quick(cell), False, [])
     while heap and -heap[0][0] > max(enough, TARGET) and pricer.solves < MAX_SOLVES:
-        _, _, price, exact, cell, breaks = heapq.heappop(heap)
+        _, _, price, exact, cell, breaks, used = heapq.heappop(heap)
         if not exact:
             push(cell, *_exact(pricer, cell))
             continue
         parts = halves(cell, breaks)
         if parts == [cell]:  # as fine as cells get: its score stands
-            push(cell, price, True, breaks)
+            push(cell, price, True, breaks, used)
             break
         for part in parts:  # a part's replicas are its cell's: they cost at least as much
-            push(part, max(price, pricer.quick(part)), False, [])
+            if pricer.still_fits(part, used):
+                push(part, price, True, breaks, used)
+            else:
+                push(part, max(price, pricer.quick(part)), False, [])
     return -heap[0][0] if heap else 0.0
 
 
-def _exact(pricer: _Pricer, cell: Cell) -> tuple[float, bool, list[int]]:
-    price, breaks = pricer.exact(cell)
-    return price, True, breaks
+def _exact(pricer: _Pricer, cell: Cell) -> tuple[float, bool, list[int], tuple]:
+    price, breaks, used = pricer.exact(cell)
+    return price, True, breaks, used
 
 
 def price_bound(
