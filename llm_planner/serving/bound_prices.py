@@ -32,14 +32,15 @@ stages (one option or two, in closed form) and its MILP solved only when it reac
 best-first search; a solved cell at the top is cut in two along its widest dimension (C at a C
 where memory changes what a used option holds, else at its middle; m; theta), its parts keeping
 its price until solved (a part where the cell's solution still fits has that price as its own,
-and needs no MILP). Each MILP stops within MIP_GAP of its optimum; its dual bound is the price. The search stops once the top score is within TARGET of 1, or within
-STOP_GAP of a plan's tokens/s, when the top cell is as fine as cells get (its score stands), or
-after MAX_SOLVES MILPs. The value is the top score: the cells cover every (C, m, theta), so it
-bounds rho. All deterministic: verify recomputes it from the prices the plan states. Left out,
-so the bound only grows: workspace, the second end stage, the hand-offs' bytes, how the stages
-pack into servers, the TTFT target. What it cannot see is integrality: a small cluster whose
-fleet LP runs a fraction of a replica keeps that fraction in the bound (the cell bound, with
-whole copies, is the one for that).
+and needs no MILP). Each MILP stops within MIP_GAP of its optimum; its dual bound is the price.
+The search stops once the top score is within TARGET of 1, or within STOP_GAP of a plan's
+tokens/s, when the top cell is as fine as cells get (its score stands), or after MAX_SOLVES
+MILPs. The value is the top score: the cells cover every (C, m, theta), so it bounds rho. All
+deterministic: verify recomputes it from the prices the plan states. Left out, so the bound only
+grows: workspace, the second end stage, the hand-offs' bytes, how the stages pack into servers,
+the TTFT target. What it cannot see is integrality: a small cluster whose fleet LP runs a
+fraction of a replica keeps that fraction in the bound (the cell bound, with whole copies, is
+the one for that).
 """
 
 from __future__ import annotations

@@ -188,33 +188,14 @@ def micro_batch_options(ctx: ServingContext, stages: int) -> list[int]:
     return sorted({1, max(1, top // 2), top})
 
 
-STALL_LAYOUTS = 1000  # the search stops when the last this many layouts evaluated
-STALL_GAIN = 1e-3  # raised the fleet LP's value by less than this share
-
-
-class _Stall:
-    """Whether the fleet LP's value has stopped growing (module constants)."""
-
-    def __init__(self):
-        self.best, self.at = 0.0, 0
-
-    def record(self, evaluated: int, value: float) -> None:
-        if value > self.best * (1 + STALL_GAIN):
-            self.best, self.at = value, evaluated
-
-    def stalled(self, evaluated: int) -> bool:
-        return evaluated - self.at >= STALL_LAYOUTS
-
-
 def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[FleetChoice, int, int]:
     """The best fleet found, the layouts evaluated and the candidates.
 
     Column generation with an optimistic price check: a layout whose optimistic tokens/s does
     not exceed what its devices earn in the fleet LP (their dual prices) cannot improve the LP
     and is skipped; the others are evaluated best first, the prices renewed every `BATCH`
-    layouts, until none is left, the fleet LP has gained less than STALL_GAIN over the last
-    STALL_LAYOUTS layouts evaluated (the price bound then measures what the rest may add), or the
-    time limit (the plan says how many were evaluated)."""
+    layouts, until none is left or the time limit (the plan says how many were evaluated; the
+    price bound measures what the layouts left out may add)."""
     started = time.monotonic()
     deadline = started + ctx.options.time_limit_s
     engineer = engineer_options(ctx) if engineer is None else engineer
@@ -223,19 +204,15 @@ def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[Fl
     rates = {sc.name: device_rate_bound(ctx.cache, sc, ctx.workload.tpot_slo_s) for sc in ctx.classes}
     todo = priced_order(ctx, layouts, fleet_prices(patterns, ctx.capacity), rates)
     evaluated = added = 0
-    stall = _Stall()
-    while todo and time.monotonic() < deadline and not stall.stalled(evaluated):
+    while todo and time.monotonic() < deadline:
         found, done = evaluate_layouts(ctx, todo[:BATCH], deadline)
         patterns += found
         evaluated += done
         prices = fleet_prices(patterns, ctx.capacity)
-        stall.record(evaluated, sum(ctx.capacity[c] * prices[c] for c in ctx.capacity))
         ends = [v for p in near_even(found, prices) for v in with_ends(ctx, p.layout)]
         added += len(ends)
         todo = priced_order(ctx, todo[done:] + ends, prices, rates)
-    if todo and stall.stalled(evaluated):
-        log.info("serving search stopped: the fleet LP gained < %g over %d layouts", STALL_GAIN, STALL_LAYOUTS)
-    elif todo:
+    if todo:
         log.warning("serving search stopped at its time limit with %d layouts left to price", len(todo))
     left = max(5.0, deadline - time.monotonic())
     fleet = solve_fleet(patterns, ctx.capacity, time_limit_s=left)
