@@ -50,10 +50,11 @@ Conversation means (prompt 763, output 232).""",
         "serving-bounds",
         "Serving: what each upper bound gives",
         """\
-On the two instances where the cell bound over whole replicas changes the answer: the least of
-the first two serving bounds (concurrency levels; concurrency and micro-batch levels), the cell
-bound, and the seconds each took (docs/serving.md, "The upper bound"). The plan's tokens/s for the
-same instance is in the serving table above.""",
+On instances where the cell bound over whole replicas or the price bound changes the answer:
+the plan's tokens/s (the serving search), the least of the first two serving bounds
+(concurrency levels; concurrency and micro-batch levels), the cell bound, the price bound at the
+device prices of the plan's search (searched to its end, not stopped within 2% of the plan as
+`plan` stops it), and the seconds each took (docs/serving.md, "The upper bound").""",
     ),
     Section(
         "fleet",
@@ -66,8 +67,8 @@ verifies the plan. Identical servers are counts, never copies: the search evalua
 layouts over classes and the fleet MILP chooses how many copies of each, so neither grows with
 the number of servers. Columns: servers and GPUs of the fleet; the model; the plan's tokens/s,
 engineer-best's, their ratio; the bound and gap; the solve time (the whole plan: baselines,
-the layout search within its 60 s limit, the bound) and `verify`'s time; layouts evaluated of
-those left after pricing; the replicas (copies x layout).""",
+the layout search within its 60 s limit, the bound) and `verify`'s time (which recomputes the
+bound); layouts evaluated of those left after pricing; the replicas (copies x layout).""",
     ),
     Section(
         "helix",
