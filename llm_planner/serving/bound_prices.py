@@ -116,6 +116,15 @@ class _Pricer:
         self.kinds, self.prices, self.num_layers = kinds, prices, num_layers
         self.capacity = {sc.name: sc.num_devices for sc in classes}
         self.solves = 0
+        self._seen: dict[Cell, tuple[list[_Option], float]] = {}
+
+    def _of(self, cell: Cell) -> tuple[list[_Option], float]:
+        """The cell's stage options and the least time of its end stages (each cell is scored,
+        checked and solved, so computed once)."""
+        got = self._seen.get(cell)
+        if got is None:
+            got = self._seen[cell] = (_options(self.kinds, cell, self.num_layers), end_time_s(self.kinds, cell))
+        return got
 
     def _price(self, o: _Option) -> float:
         return o.kind.k * self.prices[o.kind.class_name]
@@ -125,10 +134,10 @@ class _Pricer:
         fractional stages, no end stage and no device rows, whose optimum takes one option or two
         (layers and round trip are its only rows): a stage's price and fixed time spread over its
         l_max layers."""
-        options = _options(self.kinds, cell, self.num_layers)
+        options, end_s = self._of(cell)
         if not options:
             return 0.0
-        time = cell.t_hi + max(o.kind.hop_s for o in options) - end_time_s(self.kinds, cell)
+        time = cell.t_hi + max(o.kind.hop_s for o in options) - end_s
         per_layer = sorted(
             ((o.kind.costs.step_s + o.kind.hop_s) / o.l_max + o.r, self._price(o) / o.l_max) for o in options
         )
@@ -146,7 +155,7 @@ class _Pricer:
     def exact(self, cell: Cell) -> tuple[float, list[int], tuple]:
         """The MILP's dual bound (0: no replica fits the cell), the C at which memory changes what
         a used option holds (where to cut the cell) and the solution found (see `still_fits`)."""
-        options = _options(self.kinds, cell, self.num_layers)
+        options, end_s = self._of(cell)
         if not options:
             return 0.0, [], ()
         self.solves += 1
@@ -170,7 +179,7 @@ class _Pricer:
             row([(n + i, 1.0), (i, -1.0)], 0.0, np.inf)
             trip += [(i, o.kind.costs.step_s + o.kind.hop_s), (n + i, o.r)]
         hop_max = max(o.kind.hop_s for o in options)
-        row(trip, -np.inf, cell.t_hi + hop_max - end_time_s(self.kinds, cell))
+        row(trip, -np.inf, cell.t_hi + hop_max - end_s)
         for name, devices in self.capacity.items():
             mine = [(i, float(o.kind.k)) for i, o in enumerate(options) if o.kind.class_name == name]
             if mine:
@@ -201,10 +210,11 @@ class _Pricer:
         larger cell's least, is then this cell's least too, with no MILP to solve."""
         if not used:
             return False
-        options = {id(o.kind): o for o in _options(self.kinds, cell, self.num_layers)}
+        listed, end_s = self._of(cell)
+        options = {id(o.kind): o for o in listed}
         if any(kind not in options for kind, *_ in used):
             return False
-        trip = end_time_s(self.kinds, cell) - max(o.kind.hop_s for o in options.values())
+        trip = end_s - max(o.kind.hop_s for o in options.values())
         for kind, stages, layers, ends in used:
             o = options[kind]
             if layers > o.l_max * stages - (o.l_max - o.l_end) * ends + 1e-6:

@@ -28,7 +28,6 @@ class FleetChoice:
 
     chosen: tuple[tuple[Pattern, int], ...]
     status: str = "optimal"
-    lp_bound_tokens_per_s: float | None = None  # the fleet LP over the same patterns
     prices: dict[str, float] | None = None  # the fleet LP's dual prices per device of each class (the bound's)
 
     @property

@@ -202,7 +202,8 @@ def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[Fl
     patterns = [p for found in engineer.values() for p, _ in found]
     layouts = candidate_layouts(ctx)
     rates = {sc.name: device_rate_bound(ctx.cache, sc, ctx.workload.tpot_slo_s) for sc in ctx.classes}
-    todo = priced_order(ctx, layouts, fleet_prices(patterns, ctx.capacity), rates)
+    prices = fleet_prices(patterns, ctx.capacity)
+    todo = priced_order(ctx, layouts, prices, rates)
     evaluated = added = 0
     while todo and time.monotonic() < deadline:
         found, done = evaluate_layouts(ctx, todo[:BATCH], deadline)
@@ -216,5 +217,5 @@ def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[Fl
         log.warning("serving search stopped at its time limit with %d layouts left to price", len(todo))
     left = max(5.0, deadline - time.monotonic())
     fleet = solve_fleet(patterns, ctx.capacity, time_limit_s=left)
-    fleet = dataclasses.replace(fleet, prices=fleet_prices(patterns, ctx.capacity))
+    fleet = dataclasses.replace(fleet, prices=prices)  # the LP's over every pattern: the last batch's
     return fleet, evaluated, len(layouts) + added - len(todo)

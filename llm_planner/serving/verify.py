@@ -218,7 +218,7 @@ def _check_neighbours(ctx, pattern: Pattern, nodes: list, where: str, problems: 
 
 
 def _prices(ctx: ServingContext, sv: dict, problems: list[str]) -> dict[str, float] | None:
-    """The device prices the plan's bound used (None: none stated, as in plans before them)."""
+    """The device prices the plan's bound used (None when stated as null: no price bound)."""
     prices = sv.get("device_prices")
     if prices is None:
         return None
