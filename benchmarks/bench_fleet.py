@@ -141,9 +141,7 @@ def main() -> int:
             row = run_row(spec, servers, model, prompt, output, out, args.time_limit)
             print("  ".join(f"{row[c]}" for c in COLUMNS), flush=True)
             rows.append(row)
-    provenance.write_csv(out, COLUMNS, rows)
-    (out / "table.md").write_text(provenance.markdown_table(COLUMNS, ([r[c] for c in COLUMNS] for r in rows)))
-    provenance.record(out, facts)
+    provenance.write_results(out, COLUMNS, rows, facts)
     return 0
 
 

@@ -171,10 +171,6 @@ def run_row(row, out: Path, time_limit: float, helix) -> list[dict]:
     return rows
 
 
-def table_md(rows: list[dict]) -> str:
-    return provenance.markdown_table(COLUMNS, ([r[c] for c in COLUMNS] for r in rows))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", nargs="*", help="only these rows (model/cluster/target)")
@@ -199,9 +195,7 @@ def main() -> int:
                 flush=True,
             )
         rows += got
-    provenance.write_csv(out, COLUMNS, rows)
-    (out / "table.md").write_text(table_md(rows))
-    provenance.record(out, facts)
+    provenance.write_results(out, COLUMNS, rows, facts)
     return 0
 
 

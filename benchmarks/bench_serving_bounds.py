@@ -75,9 +75,7 @@ def main() -> int:
     for case in CASES:
         rows.append(measure(case))
         print("  ".join(str(rows[-1][c]) for c in COLUMNS), flush=True)
-    provenance.write_csv(out, COLUMNS, rows)
-    (out / "table.md").write_text(provenance.markdown_table(COLUMNS, ([r[c] for c in COLUMNS] for r in rows)))
-    provenance.record(out, facts)
+    provenance.write_results(out, COLUMNS, rows, facts)
     return 0
 
 

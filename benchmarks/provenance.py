@@ -63,6 +63,13 @@ def write_csv(out_dir: str | Path, columns, rows) -> None:
         writer.writerows(rows)
 
 
+def write_results(out_dir: str | Path, columns, rows: list[dict], facts: dict) -> None:
+    """results.csv, table.md (the same rows as a markdown table) and meta.json of one run."""
+    write_csv(out_dir, columns, rows)
+    (Path(out_dir) / "table.md").write_text(markdown_table(columns, ([r[c] for c in columns] for r in rows)))
+    record(out_dir, facts)
+
+
 def record(out_dir: str | Path, facts: dict) -> None:
     """Write meta.json: the facts `start` took, and when the run ended."""
     out = Path(out_dir)
