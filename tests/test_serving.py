@@ -17,7 +17,7 @@ from llm_planner.graph.transformer import preset_config
 from llm_planner.serving.baselines import class_patterns, engineer_best, even_split, megatron
 from llm_planner.serving.bound import concurrency_level_bound, device_rate_bound, tokens_upper_bound
 from llm_planner.serving.bound_batches import batch_level_bound
-from llm_planner.serving.bound_cells import cell_bound
+from llm_planner.serving.bound_cells import cell_bound, stage_kinds
 from llm_planner.serving.bound_prices import price_bound
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context
 from llm_planner.serving.layout import Segment
@@ -339,6 +339,24 @@ def test_price_bound_sees_what_the_search_may_have_missed():
     prices = price_bound(ctx.cache, ctx.classes, 0.05, ctx.cluster.inter_node, fleet.prices)
     assert fleet.tokens_per_s <= prices < 0.95 * first_two
     assert fleet.tokens_per_s >= 0.95 * prices
+
+
+@pytest.mark.parametrize("micro_batch", [1, 52, 300])
+def test_cell_bounds_charge_the_hand_offs_a_pipeline_pays(micro_batch):
+    """LLaMA-2 70B over single-GPU servers (10 Gb/s between them): the cell and price bounds charge
+    each stage but one the least hand-off of its micro-batch (latency and bytes over its fastest
+    link), and the replica model pays at least that on every pipeline (at 52 sequences the bytes are
+    about 30 times the latency; leaving them out kept the price bound 8% above the 1 s plan)."""
+    wl = ServingWorkload(requests=(RequestShape(prompt_len=512, output_len=256),), tpot_slo_s=1.0)
+    spec = Path(__file__).resolve().parents[1] / "cluster_specs" / "a100-l4-t4-cloud.yaml"
+    ctx = build_context(str(spec), "llama2-70b", wl, "fp16", ServingOptions())
+    kinds = {kd.class_name: kd for kd in stage_kinds(ctx.cache, ctx.classes, ctx.cluster.inter_node)}
+    layout = (Segment("l4/l4", 1, 4), Segment("a100/a100-40g", 1, 4), Segment("t4/t4", 1, 12))
+    charged = [kinds[seg.class_name].hop_s(micro_batch) for seg in layout for _ in range(seg.stages)]
+    paid = ctx.replica(layout).handoffs_s(micro_batch)
+    assert sum(charged) - max(charged) <= paid <= sum(charged) * (1 + 1e-9)
+    latency_only = sum(ctx.cluster.inter_node.latency_s for _ in charged)
+    assert sum(charged) > (1.5 if micro_batch > 1 else 1.0) * latency_only
 
 
 def test_cell_bound_prices_whole_replicas():

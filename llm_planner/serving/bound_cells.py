@@ -19,10 +19,12 @@ embedding's and the head's weights:
   end      one stage also holds the head or the embedding: l_s (w + C kv) + F <= M
   cover    sum_s l_s = L,  sum_s l_s C = L C
 
-(h: the least latency of a link a stage hands on over, h_max the largest, so that a one-stage
-replica is charged none; t_end: the least embedding plus the least head time.) A cell is a box
-C in [C_lo, C_hi], m in [m_lo, m_hi], theta in [theta_lo, theta_hi]. For each cell the LP has
-x (copies) and K (their sequences in flight, sum of C), and per stage option (class, degree)
+(h: the least time a stage hands on a micro-batch of at least the cell's least size b_lo =
+ceil(C_lo / m_hi) sequences, latency and bytes over the fastest link it may use (inside its server
+only where the server holds two stages of its degree), h_max the largest, so that the last stage,
+which hands back only the new tokens, is charged none; t_end: the least embedding plus the least
+head time.) A cell is a box C in [C_lo, C_hi], m in [m_lo, m_hi], theta in [theta_lo, theta_hi].
+For each cell the LP has x (copies) and K (their sequences in flight, sum of C), and per stage option (class, degree)
 lam (layers), mu (layers times C), n (stages), e (end stages) and W (layer time):
 
   max  sum_cells K / theta_lo
@@ -52,7 +54,8 @@ round's time grows with them). Each round's value is a bound (the cells always c
 (C, m, theta)): its MILP stops within 3% of its optimum or after ROUND_NODE_LIMIT nodes and its
 dual bound is the value, both deterministic, so verify recomputes the same value; past the node
 limit the refinement stops. Left out, so
-the bound only grows: workspace, the second end stage, a hand-off's bytes.
+the bound only grows: workspace, the second end stage, the hand-off of micro-batches larger
+than b_lo.
 """
 
 from __future__ import annotations
@@ -131,8 +134,14 @@ class StageKind:
     class_name: str
     k: int
     costs: object
-    hop_s: float  # the least transfer a stage of it hands on (latency of its fastest link)
+    links: tuple  # the links a stage of it may hand on over (inside its server, between servers)
+    handoff_bytes: float  # what a stage hands on per sequence of its micro-batch
     end_bytes: float  # the smaller of the embedding's and the head's weights per device
+
+    def hop_s(self, b: float) -> float:
+        """The least time a stage of it takes to hand on a micro-batch of b sequences: latency
+        and bytes over the fastest link it may use."""
+        return min((lk.latency_s + b * self.handoff_bytes / lk.bw_bytes_per_s for lk in self.links), default=0.0)
 
     def breaks(self, layers: int) -> list[int]:
         """The largest C at which memory still holds `layers` layers a device (alone, and beside an
@@ -150,17 +159,20 @@ class _Option:
     l_max: int
     l_end: int
     tau: float
+    hop_s: float  # the least hand-on of a micro-batch of the cell's least size
 
 
 def stage_kinds(cache: CostCache, classes: tuple[ServerClass, ...], inter) -> list[StageKind]:
+    """Every (class, degree) a stage may use. A stage hands on inside its server only where the
+    server holds two stages of its degree (llm_planner.serving.layout.build_slots)."""
     out = []
     for sc in classes:
-        links = [lk for lk in (sc.intra_link, inter) if lk is not None]
-        hop = min((lk.latency_s for lk in links), default=0.0)
         for k in sc.degrees:
+            two = sc.per_server // k >= 2
+            links = tuple(lk for lk in ((sc.intra_link if two else None), inter) if lk is not None)
             costs = cache.get(sc.name, k)
             end = min(costs.weight_bytes["embed"], costs.weight_bytes["final_norm"] + costs.weight_bytes["lm_head"])
-            out.append(StageKind(sc.name, k, costs, hop, end))
+            out.append(StageKind(sc.name, k, costs, links, cache.tasks.handoff_bytes_per_seq, end))
     return out
 
 
@@ -176,7 +188,7 @@ def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Optio
         if l_max < 1:
             continue
         l_end = min(l_max, math.floor((costs.usable_bytes - kd.end_bytes) / per_layer + 1e-9))
-        out.append(_Option(kd, l_max, max(0, l_end), tau))
+        out.append(_Option(kd, l_max, max(0, l_end), tau, kd.hop_s(b_lo)))
     return out
 
 
@@ -257,7 +269,7 @@ class _Model:
         self.x_of.append(x)
         self.rows.add([(seqs, 1.0), (x, -cell.c_lo)], 0.0, np.inf)
         self.rows.add([(seqs, 1.0), (x, -cell.c_hi)], -np.inf, 0.0)
-        hop_max = max(o.kind.hop_s for o in options)
+        hop_max = max(o.hop_s for o in options)
         cover, ends = [(x, -float(self.num_layers))], [(x, -1.0)]
         seq_layers = [(seqs, -float(self.num_layers))]
         trip = [(x, end_s - hop_max - cell.t_hi)]
@@ -268,7 +280,7 @@ class _Model:
             costs = o.kind.costs
             cover.append((lam, 1.0))
             seq_layers.append((mu, 1.0))
-            trip += [(n, costs.step_s + o.kind.hop_s), (self._layer_time(cell, o, lam, mu, n), 1.0)]
+            trip += [(n, costs.step_s + o.hop_s), (self._layer_time(cell, o, lam, mu, n), 1.0)]
             ends.append((e, 1.0))
             self.rows.add([(lam, 1.0), (n, -float(o.l_max)), (e, float(o.l_max - o.l_end))], -np.inf, 0.0)
             self.rows.add([(e, 1.0), (n, -1.0)], -np.inf, 0.0)

@@ -37,10 +37,10 @@ The search stops once the top score is within TARGET of 1, or within STOP_GAP of
 tokens/s, when the top cell is as fine as cells get (its score stands), or after MAX_SOLVES
 MILPs. The value is the top score: the cells cover every (C, m, theta), so it bounds rho. All
 deterministic: verify recomputes it from the prices the plan states. Left out, so the bound only
-grows: workspace, the second end stage, the hand-offs' bytes, how the stages pack into servers,
-the TTFT target. What it cannot see is integrality: a small cluster whose fleet LP runs a
-fraction of a replica keeps that fraction in the bound (the cell bound, with whole copies, is
-the one for that).
+grows: workspace, the second end stage, the hand-off of micro-batches larger than the cell's
+least, how the stages pack into servers, the TTFT target. What it cannot see is integrality: a
+small cluster whose fleet LP runs a fraction of a replica keeps that fraction in the bound (the
+cell bound, with whole copies, is the one for that).
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ class _Option:
     l_max: int
     l_end: int
     r: float  # a layer's least time in the round trip
+    hop_s: float  # the least hand-on of a micro-batch of the cell's least size
 
 
 def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Option]:
@@ -105,7 +106,7 @@ def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Optio
         if l_max < 1:
             continue
         l_end = min(l_max, math.floor((c.usable_bytes - kd.end_bytes) / per_layer + 1e-9))
-        out.append(_Option(kd, l_max, max(0, l_end), r))
+        out.append(_Option(kd, l_max, max(0, l_end), r, kd.hop_s(b_lo)))
     return out
 
 
@@ -137,10 +138,8 @@ class _Pricer:
         options, end_s = self._of(cell)
         if not options:
             return 0.0
-        time = cell.t_hi + max(o.kind.hop_s for o in options) - end_s
-        per_layer = sorted(
-            ((o.kind.costs.step_s + o.kind.hop_s) / o.l_max + o.r, self._price(o) / o.l_max) for o in options
-        )
+        time = cell.t_hi + max(o.hop_s for o in options) - end_s
+        per_layer = sorted(((o.kind.costs.step_s + o.hop_s) / o.l_max + o.r, self._price(o) / o.l_max) for o in options)
         share = time / self.num_layers  # the mean time a layer may take
         best = math.inf
         for i, (w_fast, c_fast) in enumerate(per_layer):
@@ -177,8 +176,8 @@ class _Pricer:
             row([(n + i, 1.0), (i, -float(o.l_max)), (2 * n + i, float(o.l_max - o.l_end))], -np.inf, 0.0)
             row([(2 * n + i, 1.0), (i, -1.0)], -np.inf, 0.0)
             row([(n + i, 1.0), (i, -1.0)], 0.0, np.inf)
-            trip += [(i, o.kind.costs.step_s + o.kind.hop_s), (n + i, o.r)]
-        hop_max = max(o.kind.hop_s for o in options)
+            trip += [(i, o.kind.costs.step_s + o.hop_s), (n + i, o.r)]
+        hop_max = max(o.hop_s for o in options)
         row(trip, -np.inf, cell.t_hi + hop_max - end_s)
         for name, devices in self.capacity.items():
             mine = [(i, float(o.kind.k)) for i, o in enumerate(options) if o.kind.class_name == name]
@@ -214,12 +213,12 @@ class _Pricer:
         options = {id(o.kind): o for o in listed}
         if any(kind not in options for kind, *_ in used):
             return False
-        trip = end_s - max(o.kind.hop_s for o in options.values())
+        trip = end_s - max(o.hop_s for o in options.values())
         for kind, stages, layers, ends in used:
             o = options[kind]
             if layers > o.l_max * stages - (o.l_max - o.l_end) * ends + 1e-6:
                 return False
-            trip += (o.kind.costs.step_s + o.kind.hop_s) * stages + o.r * layers
+            trip += (o.kind.costs.step_s + o.hop_s) * stages + o.r * layers
         return trip <= cell.t_hi * (1 + 1e-9)
 
 
