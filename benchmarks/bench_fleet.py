@@ -117,7 +117,8 @@ def run_row(spec: Path, servers: int, model: str, prompt: int, output: int, out:
         "gap": f"{sv['gap']:.1%}",
         "solve_s": round(solve_s, 1),
         "verify_s": round(verify_s, 1),
-        "layouts": f"{sv['layouts_evaluated']}/{sv['layouts_candidate']}",
+        "layouts": f"{sv['layouts_evaluated']}/{sv['layouts_candidate']}"
+        + (f" ({sv['layouts_left']} left)" if sv["layouts_left"] else ""),
         "replicas": "; ".join(f"{r['count']} x {r['pattern']}" for r in sv["replicas"]),
     }
 

@@ -57,7 +57,7 @@ def measure(case) -> dict:
     started = time.monotonic()
     cells = cell_bound(ctx.cache, ctx.classes, tpot, ctx.cluster.inter_node)
     cells_s = time.monotonic() - started
-    fleet, _, _ = solve_serving(ctx)
+    fleet, _ = solve_serving(ctx)
     started = time.monotonic()
     prices = price_bound(ctx.cache, ctx.classes, tpot, ctx.cluster.inter_node, fleet.prices)
     prices_s = time.monotonic() - started

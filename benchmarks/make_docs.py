@@ -68,7 +68,8 @@ layouts over classes and the fleet MILP chooses how many copies of each, so neit
 the number of servers. Columns: servers and GPUs of the fleet; the model; the plan's tokens/s,
 engineer-best's, their ratio; the bound and gap; the solve time (the whole plan: baselines,
 the layout search within its 60 s limit, the bound) and `verify`'s time (which recomputes the
-bound); layouts evaluated of those left after pricing; the replicas (copies x layout).""",
+bound); layouts evaluated of the candidates (the others priced out by the fleet LP, or, where
+said, left when the search reached its time limit); the replicas (copies x layout).""",
     ),
     Section(
         "helix",

@@ -143,8 +143,7 @@ def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None
     console.print(
         f"{sv['tokens_per_s']:,.0f} output tokens/s; upper bound {sv['upper_bound_tokens_per_s']:,.0f} tokens/s over "
         f"every plan (gap {sv['gap']:.1%}, {sv['status']}); solved in {sv['solve_time_s']:.1f} s "
-        f"({sv['layouts_evaluated']} of {sv['layouts_candidate']} candidate layouts evaluated"
-        f"{'; stopped at --time-limit' if sv['layouts_evaluated'] < sv['layouts_candidate'] else ''})",
+        f"({_search_note(sv)})",
         highlight=False,
     )
 
@@ -234,3 +233,13 @@ def cmd_show_serving(args: argparse.Namespace, console: Console) -> int:
     plan = load_serving_plan(args.plan)
     print_serving(console, plan.data, with_baselines=True)
     return 0
+
+
+def _search_note(sv: dict) -> str:
+    """How many candidate layouts the search evaluated, and how many the time limit left."""
+    note = f"{sv['layouts_evaluated']} of {sv['layouts_candidate']} candidate layouts evaluated"
+    if sv["layouts_left"]:
+        return note + f"; stopped at --time-limit with {sv['layouts_left']} still worth pricing"
+    return note + (
+        ", the others priced out by the fleet LP" if sv["layouts_evaluated"] < sv["layouts_candidate"] else ""
+    )

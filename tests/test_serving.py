@@ -60,7 +60,7 @@ def test_cycle_is_round_trip_or_busiest_stage(tmp_path):
 @pytest.mark.parametrize("tpot_s", [pytest.param(0.02, marks=pytest.mark.slow), 0.05, 0.2])
 def test_plans_meet_the_target_fit_and_order(tmp_path, tpot_s):
     ctx = context(tmp_path, "llama2-7b", tpot_s=tpot_s)
-    fleet, _, _ = solve_serving(ctx)
+    fleet, _ = solve_serving(ctx)
     bound = tokens_upper_bound(ctx.cache, ctx.classes, tpot_s)
     engineer = engineer_best(ctx)
     assert fleet.chosen
@@ -334,7 +334,7 @@ def test_price_bound_sees_what_the_search_may_have_missed():
     wl = ServingWorkload(requests=(RequestShape(prompt_len=512, output_len=256),), tpot_slo_s=0.05)
     spec = Path(__file__).resolve().parents[1] / "cluster_specs" / "h100-a10g.yaml"
     ctx = build_context(str(spec), "llama3-70b", wl, "fp16", ServingOptions())
-    fleet, _, _ = solve_serving(ctx)
+    fleet, _ = solve_serving(ctx)
     first_two = tokens_upper_bound(ctx.cache, ctx.classes, 0.05, tokens_per_s=float("inf"))
     prices = price_bound(ctx.cache, ctx.classes, 0.05, ctx.cluster.inter_node, fleet.prices)
     assert fleet.tokens_per_s <= prices < 0.95 * first_two
@@ -368,6 +368,6 @@ def test_cell_bound_prices_whole_replicas():
     ctx = build_context(str(spec), "llama2-13b", wl, "fp16", ServingOptions())
     per_device = tokens_upper_bound(ctx.cache, ctx.classes, 0.05, tokens_per_s=float("inf"))
     cells = cell_bound(ctx.cache, ctx.classes, 0.05, ctx.cluster.inter_node)
-    fleet, _, _ = solve_serving(ctx)
+    fleet, _ = solve_serving(ctx)
     assert fleet.tokens_per_s <= cells < 0.98 * per_device
     assert tokens_upper_bound(ctx.cache, ctx.classes, 0.05, ctx.cluster.inter_node) == cells

@@ -14,7 +14,7 @@ from llm_planner.serving.context import ServingContext, ServingOptions, build_co
 from llm_planner.serving.fleet import FleetChoice
 from llm_planner.serving.layout import Pattern, describe
 from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION, relative_to_plan
-from llm_planner.serving.search import fleet_prices, segment_options, solve_serving
+from llm_planner.serving.search import SearchStats, fleet_prices, segment_options, solve_serving
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
 
 
@@ -75,9 +75,9 @@ def plan_serving(
     engineer = engineer_options(ctx)  # the baseline and the search's candidates, evaluated once
     baselines = {"engineer-best": engineer_best(ctx, engineer), "megatron": megatron(ctx)}
     if solver == "serving":
-        fleet, evaluated, candidates = solve_serving(ctx, engineer)
+        fleet, stats = solve_serving(ctx, engineer)
     else:
-        fleet, evaluated, candidates = baselines[solver], 0, 0
+        fleet, stats = baselines[solver], SearchStats(candidates=0, evaluated=0, left=0)
     solve_s = time.monotonic() - started
     if not fleet.chosen:
         raise WorkloadError(_nothing_serves(ctx))
@@ -110,8 +110,9 @@ def plan_serving(
             "ttft_s": max(p.ev.ttft_s for p, _ in fleet.chosen),
             "concurrency": sum(p.ev.concurrency * n for p, n in fleet.chosen),
             "solve_time_s": solve_s,
-            "layouts_evaluated": evaluated,
-            "layouts_candidate": candidates,
+            "layouts_evaluated": stats.evaluated,
+            "layouts_candidate": stats.candidates,
+            "layouts_left": stats.left,
             "replicas": replicas,
         },
         "baselines": {name: fleet_summary(ctx, f) for name, f in baselines.items()},

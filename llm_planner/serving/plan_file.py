@@ -18,7 +18,7 @@ from llm_planner.atomic import write_atomic
 from llm_planner.fileio import read_document
 
 SERVING_FORMAT = "llm_planner.serving_plan"
-SERVING_VERSION = 2
+SERVING_VERSION = 3
 
 
 class ServingPlanError(ValueError):
@@ -85,6 +85,7 @@ _SERVING = (
     "solve_time_s",
     "layouts_evaluated",
     "layouts_candidate",
+    "layouts_left",
     "replicas",
 )
 

@@ -188,8 +188,19 @@ def micro_batch_options(ctx: ServingContext, stages: int) -> list[int]:
     return sorted({1, max(1, top // 2), top})
 
 
-def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[FleetChoice, int, int]:
-    """The best fleet found, the layouts evaluated and the candidates.
+@dataclasses.dataclass(frozen=True)
+class SearchStats:
+    """How the layout search went: candidates (every layout it may evaluate, variants included),
+    those evaluated, and those still worth pricing when the time limit stopped it (the rest were
+    priced out: they could not improve the fleet LP)."""
+
+    candidates: int
+    evaluated: int
+    left: int
+
+
+def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[FleetChoice, SearchStats]:
+    """The best fleet found and how the search went.
 
     Column generation with an optimistic price check: a layout whose optimistic tokens/s does
     not exceed what its devices earn in the fleet LP (their dual prices) cannot improve the LP
@@ -218,4 +229,4 @@ def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[Fl
     left = max(5.0, deadline - time.monotonic())
     fleet = solve_fleet(patterns, ctx.capacity, time_limit_s=left)
     fleet = dataclasses.replace(fleet, prices=prices)  # the LP's over every pattern: the last batch's
-    return fleet, evaluated, len(layouts) + added - len(todo)
+    return fleet, SearchStats(candidates=len(layouts) + added, evaluated=evaluated, left=len(todo))
