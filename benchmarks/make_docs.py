@@ -79,14 +79,13 @@ Helix's discrete-event simulator (docs/helix.md: offline LLaMA-2 70B on its 24-m
 of 4 A100 40GB, 8 L4 and 12 T4 over 1 GB/s links with 1 ms latency, Azure Conversation request
 lengths, MaxFlow scheduling) scores a layout by the decode tokens that reach the coordinator
 per simulated second after a warm-up. Rows: `helix-milp` is Helix's own MILP layout; the other
-row is a layout of our serving plan of the same cluster at a 1 s TPOT target as it was planned
-at commit 1aab41c (`benchmarks/results/helix/serving-llama2-70b-1s.ini`, planned with Helix's
-measured layer profiles, written by `llm-planner export --to helix`): one pipeline with its
-stages in the order A100, L4, T4. The serving plan of that row in "Serving" above has since
-changed its micro-batches and layer split (same stages and order) and has not been simulated. Both were simulated over
-the same window, shorter than Helix's 600 s (the simulator's memory grows with simulated time
-and a 600 s run of a 24-machine layout does not fit in this machine's 24 GB beside other work);
-Helix reports 252.1 tokens/s for its layout over 600 s and 124.3 for one pipeline per GPU type.""",
+row is the layout of our serving plan of the same cluster at a 1 s TPOT target ("Serving" above,
+planned with Helix's measured layer profiles; `benchmarks/results/helix/serving-llama2-70b-1s.ini`,
+written by `llm-planner export --to helix`): one pipeline, T4, L4, A100, T4. Not met: the target
+of at least Helix's 252.1 under its simulator; docs/helix.md says what its simulator measures
+that our model does not. Both were simulated over the same window, shorter than Helix's 600 s
+(the simulator's memory grows with simulated time and a 600 s run of a 24-machine layout does not
+fit in this machine's 24 GB beside other work); Helix reports 252.1 tokens/s for its layout over 600 s and 124.3 for one pipeline per GPU type.""",
     ),
     Section(
         "tp",
