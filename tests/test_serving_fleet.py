@@ -16,7 +16,7 @@ from llm_planner.graph.transformer import preset_config
 from llm_planner.serving.baselines import even_split
 from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.replica import ReplicaModel, StageSlot
-from llm_planner.serving.search import micro_batch_options, solve_serving
+from llm_planner.serving.search import SPREAD, candidate_layouts, micro_batch_options, solve_serving
 from llm_planner.spec import MAX_DEVICES, load_cluster
 
 # Two kinds of small servers, two identical servers of each (made-up numbers, memory scaled down
@@ -197,3 +197,21 @@ def test_a_bad_server_count_is_refused_naming_the_field(tmp_path, capsys):
             tmp_path, capsys, TINY_FLEET.replace("count: 2, devices: {small", f"count: {count}, devices: {{small")
         )
         assert code == 2 and "fleet.yaml" in err and "nodes[1]" in err and "count" in err, (count, err)
+
+
+def test_candidates_do_not_grow_with_the_fleet(tmp_path):
+    """Llama-3 8B on the six-server example and on the same fleet four times larger: the layouts
+    the search evaluates are the same (a segment holds at most SPREAD times the devices that hold
+    the weights), so a fleet's search does not grow with its servers; only the copies do."""
+    base = yaml.safe_load((Path(__file__).resolve().parents[1] / "cluster_specs" / "gpt3-six-servers.yaml").read_text())
+    layouts = []
+    for scale in (1, 4):
+        spec = dict(base, nodes=[dict(node, count=node["count"] * scale) for node in base["nodes"]])
+        path = tmp_path / f"fleet-{scale}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        ctx = ServingContext(
+            load_cluster(path), preset_config("llama3-8b"), workload(512, 256, 0.1), "fp16", ServingOptions()
+        )
+        layouts.append(candidate_layouts(ctx))
+    assert layouts[0] == layouts[1]
+    assert max(seg.devices for layout in layouts[1] for seg in layout) <= SPREAD * 1  # 16 GB: one H100 holds it

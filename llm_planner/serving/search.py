@@ -2,9 +2,10 @@
 point, and the fleet problem over all of them.
 
 Candidates: every layout of up to `max_segments` classes (llm_planner.serving.layout), each
-class with any offered degree and any stage count whose block packs, in spec order and in
-the reverse order, at most `max_stages` stages and no more stages than layers; a layout whose
-devices cannot hold the weights is skipped before it is evaluated. Each is evaluated at the
+class with any offered degree and any stage count whose block packs and holds at most SPREAD
+times the devices the weights need, in spec order and in the reverse order, at most
+`max_stages` stages and no more stages than layers; a layout whose devices cannot hold the
+weights is skipped before it is evaluated. Each is evaluated at the
 best of 1, p/2 and p micro-batches with the largest feasible concurrency and a layer split
 fitted to its stages (llm_planner.serving.replica). Every engineer-best layout is a candidate
 too, at the operating point the baseline gives it, so the solver is never below engineer-best.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import time
 
 import numpy as np
@@ -33,14 +35,20 @@ log = logging.getLogger(__name__)
 BATCH = 100  # layouts evaluated between two renewals of the fleet LP's prices
 
 
+SPREAD = 8  # a segment holds at most this many times the devices of its class that hold the weights alone
+
+
 def segment_options(ctx: ServingContext, class_name: str) -> list[Segment]:
+    """Every (degree, stages) of the class whose block packs, with at most SPREAD times the
+    devices of the class that hold the model's weights: so the candidates of a fleet do not grow
+    with its servers (a pipeline spread thinner pays a step and a hand-off per stage for layers it
+    could hold in fewer; the bound still covers every plan, so the gap says what this may lose)."""
     sc, opts = ctx.by_name[class_name], ctx.options
-    degrees = sc.degrees
+    spread = SPREAD * math.ceil(_weights_needed(ctx) / sc.kind.usable_mem_bytes)
     out = []
-    for k in degrees:
-        for n in range(1, min(opts.max_stages, ctx.tasks.num_layers, sc.num_devices // k) + 1):
-            if sc.block_ok(n * k):
-                out.append(Segment(class_name, k, n))
+    for k in sc.degrees:
+        most = min(opts.max_stages, ctx.tasks.num_layers, sc.num_devices // k, max(1, spread // k))
+        out += [Segment(class_name, k, n) for n in range(1, most + 1) if sc.block_ok(n * k)]
     return out
 
 
