@@ -69,7 +69,9 @@ the number of servers. Columns: servers and GPUs of the fleet; the model; the pl
 engineer-best's, their ratio; the bound and gap; the solve time (the whole plan: baselines,
 the layout search within its 60 s limit, the bound) and `verify`'s time (which recomputes the
 bound); layouts evaluated of the candidates (the others priced out by the fleet LP, or, where
-said, left when the search reached its time limit); the replicas (copies x layout).""",
+said, left when the search reached its time limit); the replicas (copies x layout). Most of
+the solve time, and of `verify`'s, is the price bound (docs/serving.md, "The upper bound"): up
+to 3,000 small MILPs, each about as long on every fleet size.""",
     ),
     Section(
         "helix",
