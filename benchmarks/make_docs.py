@@ -87,7 +87,8 @@ written by `llm-planner export --to helix`): one pipeline, T4, L4, A100, T4. Not
 of at least Helix's 252.1 under its simulator; docs/helix.md says what its simulator measures
 that our model does not. Both were simulated over the same window, shorter than Helix's 600 s
 (the simulator's memory grows with simulated time and a 600 s run of a 24-machine layout does not
-fit in this machine's 24 GB beside other work); Helix reports 252.1 tokens/s for its layout over 600 s and 124.3 for one pipeline per GPU type.""",
+fit in this machine's 24 GB beside other work); Helix reports 252.1 tokens/s for its layout over
+600 s and 124.3 for one pipeline per GPU type.""",
     ),
     Section(
         "tp",

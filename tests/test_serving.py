@@ -359,6 +359,41 @@ def test_cell_bounds_charge_the_hand_offs_a_pipeline_pays(micro_batch):
     assert sum(charged) > (1.5 if micro_batch > 1 else 1.0) * latency_only
 
 
+@pytest.mark.parametrize("micro_batch", [1, 64])
+def test_one_server_bounds_charge_no_hand_off_between_classes(micro_batch):
+    """The four-GPU server with its CPUs offered: one server, no link between servers, and the
+    replica model hands on from an A100 stage to a CPU stage for nothing, so the bounds charge no
+    hand-off there (charging the A100s' own link would put the bound below such a replica)."""
+    wl = ServingWorkload(requests=(RequestShape(prompt_len=512, output_len=256),), tpot_slo_s=0.1)
+    spec = Path(__file__).resolve().parents[1] / "cluster_specs" / "four-gpus.yaml"
+    ctx = build_context(str(spec), "llama3-8b", wl, "fp16", ServingOptions(allow_cpu=True))
+    assert ctx.cluster.inter_node is None
+    kinds = {(kd.class_name, kd.k): kd for kd in stage_kinds(ctx.cache, ctx.classes, ctx.cluster.inter_node)}
+    for layout in [(Segment("server/a100-80g", 1, 1), Segment("server/xeon-8380", 1, 1))] + [
+        (Segment("server/a100-80g", 2, 1), Segment("server/xeon-8380", 1, 2))
+    ]:
+        charged = [kinds[(seg.class_name, seg.degree)].hop_s(micro_batch) for seg in layout for _ in range(seg.stages)]
+        assert sum(charged) - max(charged) <= ctx.replica(layout).handoffs_s(micro_batch)
+
+
+def test_one_server_hand_offs_between_kinds_take_the_server_link():
+    """The workstation of an A100 and a T4 (one server, no network): the A100 stage hands its
+    micro-batch to the T4 over the server's PCIe link, and the token goes back over it, each at
+    latency plus bytes over bandwidth (not for nothing, as when only the network was charged)."""
+    wl = ServingWorkload(requests=(RequestShape(prompt_len=512, output_len=256),), tpot_slo_s=0.05)
+    spec = Path(__file__).resolve().parents[1] / "cluster_specs" / "cpu-two-gpus.yaml"
+    ctx = build_context(str(spec), "llama3-8b", wl, "fp16", ServingOptions())
+    gpu, t4 = "workstation/a100-40g-pcie", "workstation/t4"
+    model = ctx.replica((Segment(gpu, 1, 1), Segment(t4, 1, 1)))
+    link = ctx.between[(gpu, t4)]
+    b = 118
+    expected = (
+        2 * link.latency_s
+        + b * (ctx.tasks.handoff_bytes_per_seq + ctx.tasks.return_bytes_per_seq) / link.bw_bytes_per_s
+    )
+    assert model.handoffs_s(b) == pytest.approx(expected)
+
+
 def test_cell_bound_prices_whole_replicas():
     """LLaMA-2 13B on two RTX 4090s at 50 ms: the per-device bounds let each GPU run at its own best
     rate; the cell bound, where the pair serves one tokens/s at one concurrency, is tighter, and

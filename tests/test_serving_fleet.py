@@ -4,6 +4,7 @@ class cannot hold, and a fleet past the device limit is refused in seconds namin
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from pathlib import Path
@@ -200,9 +201,9 @@ def test_a_bad_server_count_is_refused_naming_the_field(tmp_path, capsys):
 
 
 def test_candidates_do_not_grow_with_the_fleet(tmp_path):
-    """Llama-3 8B on the six-server example and on the same fleet four times larger: the layouts
-    the search evaluates are the same (a segment holds at most SPREAD times the devices that hold
-    the weights), so a fleet's search does not grow with its servers; only the copies do."""
+    """Llama-3 8B on the six-server example and on the same fleet four times larger: the candidate
+    layouts are the same (a segment holds at most SPREAD times the devices that hold the weights),
+    so a fleet's search does not grow with its servers; only the copies do."""
     base = yaml.safe_load((Path(__file__).resolve().parents[1] / "cluster_specs" / "gpt3-six-servers.yaml").read_text())
     layouts = []
     for scale in (1, 4):
@@ -214,4 +215,15 @@ def test_candidates_do_not_grow_with_the_fleet(tmp_path):
         )
         layouts.append(candidate_layouts(ctx))
     assert layouts[0] == layouts[1]
-    assert max(seg.devices for layout in layouts[1] for seg in layout) <= SPREAD * 1  # 16 GB: one H100 holds it
+    assert (
+        max(seg.devices for layout in layouts[1] for seg in layout) <= SPREAD * 1
+    )  # 16 GB: one device of every class holds it
+
+
+def test_search_stopped_at_its_time_limit_says_what_it_left(tmp_path):
+    """A search with no time at all evaluates nothing and states the layouts still worth pricing."""
+    ctx = _tiny_context(tmp_path, 0.005)
+    ctx.options = dataclasses.replace(ctx.options, time_limit_s=0.0)
+    _, stats = solve_serving(ctx)
+    assert stats.left > 0
+    assert stats.evaluated + stats.left <= stats.candidates

@@ -12,7 +12,7 @@ from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
 from llm_planner.serving.replica import ReplicaModel
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
 from llm_planner.serving_profile import load_serving_profile
-from llm_planner.spec import ClusterSpec, load_cluster
+from llm_planner.spec import ClusterSpec, LinkSpec, load_cluster
 
 OPTIMAL_GAP = 1e-6  # a plan within this share of the bound is called optimal
 
@@ -47,16 +47,33 @@ class ServingContext:
             raise WorkloadError(f"cluster {cluster.name!r} has no accelerator to serve on (CPUs only with --allow-cpu)")
         self.by_name = {c.name: c for c in self.classes}
         self.cache = CostCache(self.tasks, self.classes, layer_time)
+        self.between = _one_server_links(cluster, self.classes) if cluster.inter_node is None else {}
 
     @property
     def capacity(self) -> dict[str, int]:
         return {c.name: c.num_devices for c in self.classes}
 
     def replica(self, layout: Layout) -> ReplicaModel:
-        slots = build_slots(layout, self.cache, self.cluster.inter_node)
+        slots = build_slots(layout, self.cache, self.cluster.inter_node, self.between)
         return ReplicaModel(
             self.tasks, slots, self.workload.tpot_slo_s, self.workload.ttft_slo_s, self.workload.mean_output_len
         )
+
+
+def _one_server_links(cluster: ClusterSpec, classes: tuple[ServerClass, ...]) -> dict[tuple[str, str], LinkSpec]:
+    """On a cluster of one server: the server's link from a device of each class to one of every
+    class (two devices of the same class: its own link; absent where the class has one)."""
+    first: dict[str, list] = {}
+    for d in cluster.devices():
+        first.setdefault(f"{d.node_template}/{d.kind}", []).append(d)
+    out = {}
+    for a in classes:
+        for b in classes:
+            da, db = first[a.name][0], first[b.name][1 if a is b and len(first[b.name]) > 1 else 0]
+            link = cluster.link(da, db)
+            if link is not None:
+                out[(a.name, b.name)] = link
+    return out
 
 
 def decoder_config(name: str) -> DecoderConfig:

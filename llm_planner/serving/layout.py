@@ -7,9 +7,11 @@ n k devices of the class (llm_planner.serving.classes: inside one server, or who
 Inside a segment two consecutive stages share a server when the block is inside one server,
 or when both fall in the same server of a whole-server block (n k / servers stages a server,
 filled in order); then the class's link joins them, otherwise the cluster's inter-node link.
-Two segments always run on different servers (conservative: a CPU stage beside a GPU stage
-of the same server is charged the network too), and so does the token's return from the last
-stage to the first unless the whole replica is one block inside one server.
+Two segments run on different servers (conservative where a server holds two kinds: a CPU stage
+beside a GPU stage of the same server is charged the network too), and so does the token's
+return from the last stage to the first unless the whole replica is one block inside one server;
+on a cluster of one server, which has no inter-node link, those hand-offs take the server's link
+between the two kinds (`between`).
 """
 
 from __future__ import annotations
@@ -61,7 +63,15 @@ def same_server_after(seg: Segment, sc: ServerClass, i: int) -> bool:
     return (i + 1) % per_server != 0
 
 
-def build_slots(layout: Layout, cache: CostCache, inter: LinkSpec | None) -> list[StageSlot]:
+def build_slots(
+    layout: Layout, cache: CostCache, inter: LinkSpec | None, between: dict[tuple[str, str], LinkSpec] | None = None
+) -> list[StageSlot]:
+    """Each stage's costs and the link it hands on over (module docstring); `between` gives, on a
+    cluster of one server, the server's link from a device of one class to one of another."""
+
+    def across(a: str, b: str) -> LinkSpec | None:  # from a block of class a to another of class b
+        return inter if inter is not None else (between or {}).get((a, b))
+
     slots = []
     total = sum(seg.stages for seg in layout)
     for j, seg in enumerate(layout):
@@ -71,10 +81,14 @@ def build_slots(layout: Layout, cache: CostCache, inter: LinkSpec | None) -> lis
             if i + 1 < seg.stages:
                 link = sc.intra_link if same_server_after(seg, sc, i) else inter
             elif j + 1 < len(layout):
-                link = inter
+                link = across(seg.class_name, layout[j + 1].class_name)
             else:  # the last stage: the token goes back to the first
                 one_server = len(layout) == 1 and seg.devices <= sc.per_server
-                link = None if total == 1 else (sc.intra_link if one_server else inter)
+                link = (
+                    None
+                    if total == 1
+                    else (sc.intra_link if one_server else across(seg.class_name, layout[0].class_name))
+                )
             slots.append(StageSlot(costs=costs, link_next=link))
     return slots
 

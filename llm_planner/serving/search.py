@@ -40,9 +40,10 @@ SPREAD = 8  # a segment holds at most this many times the devices of its class t
 
 def segment_options(ctx: ServingContext, class_name: str) -> list[Segment]:
     """Every (degree, stages) of the class whose block packs, with at most SPREAD times the
-    devices of the class that hold the model's weights: so the candidates of a fleet do not grow
-    with its servers (a pipeline spread thinner pays a step and a hand-off per stage for layers it
-    could hold in fewer; the bound still covers every plan, so the gap says what this may lose)."""
+    devices of the class that hold the model's weights (or one stage of the degree): so the
+    candidates of a fleet do not grow with its servers (a pipeline spread thinner pays a step and
+    a hand-off per stage for layers it could hold in fewer; the bound still covers every plan, so
+    the gap says what this may lose)."""
     sc, opts = ctx.by_name[class_name], ctx.options
     spread = SPREAD * math.ceil(_weights_needed(ctx) / sc.kind.usable_mem_bytes)
     out = []
