@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+import types
 from pathlib import Path
 
+import pytest
 import yaml
 from serving_fixtures import workload
 
@@ -17,7 +19,7 @@ from llm_planner.graph.transformer import preset_config
 from llm_planner.serving.baselines import even_split
 from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.replica import ReplicaModel, StageSlot
-from llm_planner.serving.search import SPREAD, candidate_layouts, micro_batch_options, solve_serving
+from llm_planner.serving.search import SPREAD, balanced_prices, candidate_layouts, micro_batch_options, solve_serving
 from llm_planner.spec import MAX_DEVICES, load_cluster
 
 # Two kinds of small servers, two identical servers of each (made-up numbers, memory scaled down
@@ -227,3 +229,12 @@ def test_search_stopped_at_its_time_limit_says_what_it_left(tmp_path):
     _, stats = solve_serving(ctx)
     assert stats.left > 0
     assert stats.evaluated + stats.left <= stats.candidates
+
+
+def test_balanced_prices_share_a_degenerate_lp_value_by_rate():
+    """One pattern on one device of each of two classes: the fleet LP's dual prices may split its
+    worth in any way (the solver's vertex gives one class nothing); the balanced prices split it
+    in proportion to the classes' rate bounds, and still price every pattern at its worth."""
+    pattern = types.SimpleNamespace(usage={"a": 1, "b": 1}, ev=types.SimpleNamespace(tokens_per_s=10.0))
+    prices = balanced_prices([pattern], {"a": 1, "b": 1}, {"a": 10.0, "b": 0.0}, {"a": 8.0, "b": 2.0})
+    assert prices["a"] == pytest.approx(8.0) and prices["b"] == pytest.approx(2.0)

@@ -1,8 +1,9 @@
 """A fourth upper bound on the output tokens/s of any serving plan: the fleet's device prices and
 one replica priced at a time (Farley's bound for column generation).
 
-Let pi_c > 0 be a price per device of each class c (the search hands the dual prices of its fleet
-LP, llm_planner.serving.search.fleet_prices, each raised to at least PRICE_FLOOR of the largest),
+Let pi_c > 0 be a price per device of each class c (the search hands dual prices of its fleet
+LP: among the optimal ones, those of llm_planner.serving.search.balanced_prices, each raised to at
+least PRICE_FLOOR of the largest; the bound holds at any positive prices),
 and rho the largest ratio, over every replica any plan may run, of its tokens/s to the price of
 its devices. A plan runs replicas p, x_p copies each, within the N_c devices of every class, so
 

@@ -158,6 +158,33 @@ def fleet_prices(patterns: list[Pattern], capacity: dict[str, int]) -> dict[str,
     return {c: -float(y) for c, y in zip(names, res.ineqlin.marginals)}
 
 
+def balanced_prices(
+    patterns: list[Pattern], capacity: dict[str, int], prices: dict[str, float], rates: dict[str, float]
+) -> dict[str, float]:
+    """Among the fleet LP's optimal dual prices (`prices` is one), the ones that keep every class
+    at the largest common share t of its per-device rate bound: max t s.t. every pattern is worth
+    at most its devices' prices, the devices are worth the LP's value, and pi_c >= t rate_c. The
+    duals of a fleet LP are often not unique, and the vertex the solver returns may price a class
+    near zero, which makes any replica on it look profitable to the price bound. Classes whose
+    rate bound is not finite take no such row."""
+    names = sorted(capacity)
+    worth = sum(capacity[c] * prices[c] for c in names)
+    if not patterns or worth <= 0:
+        return prices
+    k = len(names)
+    usage = np.array([[p.usage.get(c, 0) for c in names] + [0.0] for p in patterns], dtype=float)
+    rows = np.vstack(
+        [
+            -usage,
+            [[capacity[c] for c in names] + [0.0]],
+            np.hstack([-np.eye(k), [[rates[c] if math.isfinite(rates[c]) else 0.0] for c in names]]),
+        ]
+    )
+    limits = np.concatenate([[-p.ev.tokens_per_s for p in patterns], [worth * (1 + 1e-9)], np.zeros(k)])
+    res = linprog(np.r_[np.zeros(k), -1.0], A_ub=rows, b_ub=limits, bounds=(0, None), method="highs")
+    return {c: float(y) for c, y in zip(names, res.x)} if res.status == 0 else prices
+
+
 def optimistic_tokens(ctx: ServingContext, layout: Layout, rates: dict[str, float]) -> float:
     """No replica of the layout exceeds its devices' layer-pass rates over L (llm_planner.serving.bound)."""
     return sum(seg.devices * rates[seg.class_name] for seg in layout) / ctx.tasks.num_layers
@@ -237,5 +264,6 @@ def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[Fl
         log.warning("serving search stopped at its time limit with %d layouts left to price", len(todo))
     left = max(5.0, deadline - time.monotonic())
     fleet = solve_fleet(patterns, ctx.capacity, time_limit_s=left)
-    fleet = dataclasses.replace(fleet, prices=prices)  # the LP's over every pattern: the last batch's
+    prices = balanced_prices(patterns, ctx.capacity, prices, rates)  # the last batch's LP is over every pattern
+    fleet = dataclasses.replace(fleet, prices=prices)
     return fleet, SearchStats(candidates=len(layouts) + added, evaluated=evaluated, left=len(todo))
