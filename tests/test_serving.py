@@ -345,8 +345,9 @@ def test_price_bound_sees_what_the_search_may_have_missed():
 def test_cell_bounds_charge_the_hand_offs_a_pipeline_pays(micro_batch):
     """LLaMA-2 70B over single-GPU servers (10 Gb/s between them): the cell and price bounds charge
     each stage but one the least hand-off of its micro-batch (latency and bytes over its fastest
-    link), and the replica model pays at least that on every pipeline (at 52 sequences the bytes are
-    about 30 times the latency; leaving them out kept the price bound 8% above the 1 s plan)."""
+    link), and the replica model pays at least that on every pipeline (at 52 sequences the bytes
+    take over 30 times the latency: with the latency alone, the serving benchmark's 1 s row of this
+    cluster had a 14.4% gap to the price bound, with the bytes 9.0%)."""
     wl = ServingWorkload(requests=(RequestShape(prompt_len=512, output_len=256),), tpot_slo_s=1.0)
     spec = Path(__file__).resolve().parents[1] / "cluster_specs" / "a100-l4-t4-cloud.yaml"
     ctx = build_context(str(spec), "llama2-70b", wl, "fp16", ServingOptions())
@@ -356,7 +357,7 @@ def test_cell_bounds_charge_the_hand_offs_a_pipeline_pays(micro_batch):
     paid = ctx.replica(layout).handoffs_s(micro_batch)
     assert sum(charged) - max(charged) <= paid <= sum(charged) * (1 + 1e-9)
     latency_only = sum(ctx.cluster.inter_node.latency_s for _ in charged)
-    assert sum(charged) > (1.5 if micro_batch > 1 else 1.0) * latency_only
+    assert sum(charged) > {1: 1.0, 52: 30.0, 300: 100.0}[micro_batch] * latency_only
 
 
 @pytest.mark.parametrize("micro_batch", [1, 64])
