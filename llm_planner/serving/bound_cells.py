@@ -22,12 +22,12 @@ embedding's and the head's weights:
 (h: the least time a stage hands on a micro-batch of at least the cell's least size b_lo =
 ceil(C_lo / m_hi) sequences, latency and bytes over the fastest link it may use (inside its server
 only where the server holds two stages of its degree; 0 on a one-server cluster of several
-classes, where the model charges no hand-off between classes), h_max the largest, so that the
-last stage, which hands back only the new tokens, is charged none; t_end: the least embedding plus the least
-head time.) A cell is a box C in [C_lo, C_hi], m in [m_lo, m_hi], theta in [theta_lo, theta_hi].
-For each cell the LP has x (copies) and K (their sequences in flight, sum of C), and per stage
-option (class, degree) lam (layers), mu (layers times C), n (stages), e (end stages) and W (layer
-time):
+classes, where a hand-off between classes may take the cheapest link), h_max the largest, so
+that the last stage, which hands back only the new tokens, is charged none; t_end: the least
+embedding plus the least head time.) A cell is a box C in [C_lo, C_hi], m in [m_lo, m_hi],
+theta in [theta_lo, theta_hi]. For each cell the LP has x (copies) and K (their sequences in
+flight, sum of C), and per stage option (class, degree) lam (layers), mu (layers times C), n
+(stages), e (end stages) and W (layer time):
 
   max  sum_cells K / theta_lo
   s.t. C_lo x <= K <= C_hi x,  sum lam >= L x,  sum mu >= L K,  mu >= C_lo lam
@@ -166,9 +166,9 @@ class _Option:
 
 def stage_kinds(cache: CostCache, classes: tuple[ServerClass, ...], inter) -> list[StageKind]:
     """Every (class, degree) a stage may use. A stage hands on inside its server only where the
-    server holds two stages of its degree (llm_planner.serving.layout.build_slots). A cluster of
-    one server has no link between servers and the replica model charges nothing where one class
-    hands on to another there: with two classes or more, no hand-off is charged."""
+    server holds two stages of its degree (llm_planner.serving.layout.build_slots). On a cluster
+    of one server, a hand-off between two classes takes the server's link between their kinds,
+    which may be the cheapest of all: with two classes or more, no hand-off is charged there."""
     free = inter is None and len(classes) > 1
     out = []
     for sc in classes:

@@ -62,15 +62,15 @@ class ServingContext:
 
 def _one_server_links(cluster: ClusterSpec, classes: tuple[ServerClass, ...]) -> dict[tuple[str, str], LinkSpec]:
     """On a cluster of one server: the server's link from a device of each class to one of every
-    class (two devices of the same class: its own link; absent where the class has one)."""
-    first: dict[str, list] = {}
-    for d in cluster.devices():
-        first.setdefault(f"{d.node_template}/{d.kind}", []).append(d)
+    other class (a class's own link is its `intra_link`)."""
+    devices = cluster.devices()
+    first = {
+        sc.name: next(d for d in devices if d.node_template == sc.template and d.kind == sc.kind.name) for sc in classes
+    }
     out = {}
     for a in classes:
         for b in classes:
-            da, db = first[a.name][0], first[b.name][1 if a is b and len(first[b.name]) > 1 else 0]
-            link = cluster.link(da, db)
+            link = cluster.link(first[a.name], first[b.name]) if a is not b else None
             if link is not None:
                 out[(a.name, b.name)] = link
     return out

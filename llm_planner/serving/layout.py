@@ -67,10 +67,12 @@ def build_slots(
     layout: Layout, cache: CostCache, inter: LinkSpec | None, between: dict[tuple[str, str], LinkSpec] | None = None
 ) -> list[StageSlot]:
     """Each stage's costs and the link it hands on over (module docstring); `between` gives, on a
-    cluster of one server, the server's link from a device of one class to one of another."""
+    cluster of one server, the server's link from a device of one class to one of another class."""
 
     def across(a: str, b: str) -> LinkSpec | None:  # from a block of class a to another of class b
-        return inter if inter is not None else (between or {}).get((a, b))
+        if inter is not None:
+            return inter
+        return cache.classes[a].intra_link if a == b else (between or {}).get((a, b))
 
     slots = []
     total = sum(seg.stages for seg in layout)

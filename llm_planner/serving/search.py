@@ -140,15 +140,19 @@ def evaluate_layouts(ctx: ServingContext, layouts: list[Layout], deadline: float
     return out, len(layouts)
 
 
+def _usage(patterns: list[Pattern], names: list[str]) -> np.ndarray:
+    """Devices of each class (columns, in `names` order) one copy of each pattern (rows) takes."""
+    return np.array([[p.usage.get(c, 0) for c in names] for p in patterns], dtype=float)
+
+
 def fleet_prices(patterns: list[Pattern], capacity: dict[str, int]) -> dict[str, float]:
     """Dual prices of the fleet LP's device rows (tokens/s a device of each class is worth)."""
     names = sorted(capacity)
     if not patterns:
         return dict.fromkeys(names, 0.0)
-    a = np.array([[p.usage.get(c, 0) for p in patterns] for c in names], dtype=float)
     res = linprog(
         -np.array([p.ev.tokens_per_s for p in patterns]),
-        A_ub=a,
+        A_ub=_usage(patterns, names).T,
         b_ub=[capacity[c] for c in names],
         bounds=(0, None),
         method="highs",
@@ -172,10 +176,9 @@ def balanced_prices(
     if not patterns or worth <= 0:
         return prices
     k = len(names)
-    usage = np.array([[p.usage.get(c, 0) for c in names] + [0.0] for p in patterns], dtype=float)
     rows = np.vstack(
         [
-            -usage,
+            np.hstack([-_usage(patterns, names), np.zeros((len(patterns), 1))]),
             [[capacity[c] for c in names] + [0.0]],
             np.hstack([-np.eye(k), [[rates[c] if math.isfinite(rates[c]) else 0.0] for c in names]]),
         ]
