@@ -10,13 +10,17 @@ import time
 import types
 from pathlib import Path
 
+import highspy
+import numpy as np
 import pytest
 import yaml
 from serving_fixtures import workload
 
 from llm_planner.cli import main
 from llm_planner.graph.transformer import preset_config
+from llm_planner.serving import bound_prices
 from llm_planner.serving.baselines import even_split
+from llm_planner.serving.bound import device_rate_bound
 from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.replica import ReplicaModel, StageSlot
 from llm_planner.serving.search import SPREAD, balanced_prices, candidate_layouts, micro_batch_options, solve_serving
@@ -238,3 +242,41 @@ def test_balanced_prices_share_a_degenerate_lp_value_by_rate():
     pattern = types.SimpleNamespace(usage={"a": 1, "b": 1}, ev=types.SimpleNamespace(tokens_per_s=10.0))
     prices = balanced_prices([pattern], {"a": 1, "b": 1}, {"a": 10.0, "b": 0.0}, {"a": 8.0, "b": 2.0})
     assert prices["a"] == pytest.approx(8.0) and prices["b"] == pytest.approx(2.0)
+
+
+def test_price_bound_is_the_same_on_one_thread_and_on_two(tmp_path, monkeypatch):
+    """The price bound takes cells from its search in fixed batches and solves their MILPs side by
+    side; each result is its cell's alone, so one thread and two give the same value (verify
+    recomputes it on whatever machine it runs)."""
+    ctx = _tiny_context(tmp_path, 0.005)
+    prices = {sc.name: device_rate_bound(ctx.cache, sc, 0.005) for sc in ctx.classes}
+    values = []
+    for threads in (1, 2):
+        monkeypatch.setattr(bound_prices, "THREADS", threads)
+        values.append(bound_prices.price_bound(ctx.cache, ctx.classes, 0.005, ctx.cluster.inter_node, prices))
+    assert values[0] == values[1] and 0 < values[0] < float("inf")
+
+
+def test_a_cell_milp_reports_infeasible_and_its_optimum():
+    """The cell MILP's solver (HiGHS without its heuristics): two options priced 3 and 5 with room
+    for 2 and 3 layers a stage; 5 layers within a time of 2 stages: one stage of each (8, where
+    two of the dearer one would cost 10); with time for 1 stage only, nothing fits."""
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    price = np.array([3.0, 5.0])
+    # columns: stages n0 n1, layers l0 l1, end stages e0 e1
+    rows = [
+        [0, 0, 1, 1, 0, 0],  # layers >= 5
+        [0, 0, 0, 0, 1, 1],  # one end stage
+        [-2, 0, 1, 0, 0, 0],  # l0 <= 2 n0
+        [0, -3, 0, 1, 0, 0],  # l1 <= 3 n1
+        [-1, 0, 0, 0, 1, 0],  # e0 <= n0
+        [0, -1, 0, 0, 0, 1],  # e1 <= n1
+        [1, 1, 0, 0, 0, 0],  # stages within time
+    ]
+    lo, hi = [5, 1] + [-np.inf] * 5, [np.inf, np.inf, 0, 0, 0, 0]
+    fits, value, x = bound_prices._solve_cell(h, price, [np.array(r, float) for r in rows], lo, hi + [2])
+    assert fits and 8.0 / (1 + bound_prices.MIP_GAP) <= value <= 8.0 + 1e-9
+    assert list(np.round(x[:2])) == [1, 1]
+    fits, value, x = bound_prices._solve_cell(h, price, [np.array(r, float) for r in rows], lo, hi + [1])
+    assert not fits

@@ -34,12 +34,14 @@ best-first search; a solved cell at the top is cut in two along its widest dimen
 where memory changes what a used option holds, else at its middle; m; theta), its parts keeping
 its price until solved (a part where the cell's solution still fits has that price as its own,
 and needs no MILP). Each MILP stops within MIP_GAP of its optimum; its dual bound is the price.
-The search stops once the top score is within TARGET of 1, or within STOP_GAP of a plan's
-tokens/s, when the top cell is as fine as cells get (its score stands), or after MAX_SOLVES
-MILPs. The value is the top score: the cells cover every (C, m, theta), so it bounds rho. All
-deterministic: verify recomputes it from the prices the plan states. Left out, so the bound only
-grows: workspace, the second end stage, the hand-off of micro-batches larger than the cell's
-least, how the stages pack into servers, the TTFT target. What it cannot see is integrality: a
+The search takes BATCH cells from its top at once and solves their MILPs side by side on THREADS
+threads; the batches are fixed, so the value does not depend on the threads. The search stops
+once the top score is within TARGET of 1, or within STOP_GAP of a plan's tokens/s, when the top
+cell is as fine as cells get (its score stands), or after MAX_SOLVES MILPs. The value is the top
+score: the cells cover every (C, m, theta), so it bounds rho. All deterministic: verify
+recomputes it from the prices the plan states. Left out, so the bound only grows: workspace, the
+second end stage, the hand-off of micro-batches larger than the cell's least, how the stages pack
+into servers, the TTFT target. What it cannot see is integrality: a
 small cluster whose fleet LP runs a fraction of a replica keeps that fraction in the bound (the
 cell bound, with whole copies, is the one for that).
 """
@@ -50,10 +52,12 @@ import dataclasses
 import heapq
 import itertools
 import math
+import threading
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import highspy
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 
 from llm_planner.serving.bound_batches import least_block_s
 from llm_planner.serving.bound_cells import THETA_FINE, Cell, StageKind, end_time_s, stage_kinds, start_cells
@@ -64,7 +68,21 @@ PRICE_FLOOR = 1e-3  # every class is priced at least this share of the dearest (
 TARGET = 1.005  # stop once no cell may earn more than this ratio to its devices' prices
 MAX_SOLVES = 3000  # and after this many per-cell MILPs
 MIP_GAP = 0.01  # a cell's MILP stops within this share of its optimum (its dual bound is the price)
+# HiGHS's options for a cell's MILP: without its primal heuristics and restarts, which took three
+# quarters of a cell's time (its root node nearly always closes the gap); its dual bound still
+# holds. An option a HiGHS release does not know is left at its default (they change speed only).
+CELL_OPTIONS = {
+    "output_flag": False,
+    "mip_rel_gap": MIP_GAP,
+    "mip_allow_restart": False,
+    "mip_heuristic_run_feasibility_jump": False,
+    "mip_heuristic_run_rins": False,
+    "mip_heuristic_run_rens": False,
+    "mip_heuristic_run_root_reduced_cost": False,
+}
 STOP_GAP = 0.02  # or once the bound is within this share of the plan's tokens/s
+BATCH = 16  # cells taken from the top of the search at once (their MILPs solved side by side)
+THREADS = 2  # threads solving one batch's MILPs (the bound does not depend on it)
 M_WEIGHT = 0.25  # a cell's range of m counts as its ratio to this power: parts along m score as their cell does
 
 
@@ -114,10 +132,13 @@ def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Optio
 class _Pricer:
     """The least price of one replica's devices in a cell (module docstring)."""
 
-    def __init__(self, kinds: list[StageKind], classes: tuple[ServerClass, ...], prices: dict, num_layers: int):
-        self.kinds, self.prices, self.num_layers = kinds, prices, num_layers
+    def __init__(
+        self, kinds: list[StageKind], classes: tuple[ServerClass, ...], prices: dict, num_layers: int, pool: Executor
+    ):
+        self.kinds, self.prices, self.num_layers, self.pool = kinds, prices, num_layers, pool
         self.capacity = {sc.name: sc.num_devices for sc in classes}
         self.solves = 0
+        self._local = threading.local()
         self._seen: dict[Cell, tuple[list[_Option], float]] = {}
 
     def _of(self, cell: Cell) -> tuple[list[_Option], float]:
@@ -152,13 +173,36 @@ class _Pricer:
                         best = min(best, c_fast + x * (c_slow - c_fast))
         return self.num_layers * best if best < math.inf else 0.0
 
-    def exact(self, cell: Cell) -> tuple[float, list[int], tuple]:
-        """The MILP's dual bound (0: no replica fits the cell), the C at which memory changes what
-        a used option holds (where to cut the cell) and the solution found (see `still_fits`)."""
+    def exact(self, cells: list[Cell]) -> list[tuple[float, list[int], tuple]]:
+        """Per cell the MILP's dual bound (0: no replica fits the cell), the C at which memory
+        changes what a used option holds (where to cut the cell) and the solution found (see
+        `still_fits`). The MILPs are solved on THREADS threads (HiGHS runs without Python's lock);
+        each result is its cell's alone, so the values do not depend on the threads."""
+        models = [self._model(cell) for cell in cells]
+        todo = [m for m in models if m is not None]
+        self.solves += len(todo)
+        solved = iter(list(self.pool.map(lambda m: _solve_cell(self._solver(), *m[1:]), todo)))
+        out = []
+        for cell, model in zip(cells, models):
+            out.append((0.0, [], ()) if model is None else self._read(cell, model[0], *next(solved)))
+        return out
+
+    def _solver(self) -> highspy.Highs:
+        """This thread's HiGHS (one instance is not safe to share between threads)."""
+        h = getattr(self._local, "highs", None)
+        if h is None:
+            h = self._local.highs = highspy.Highs()
+            h.setOptionValue("output_flag", False)
+            for name, value in CELL_OPTIONS.items():
+                h.setOptionValue(name, value)
+        return h
+
+    def _model(self, cell: Cell) -> tuple | None:
+        """The cell's options and its MILP's prices and rows (module docstring); None when no
+        option fits."""
         options, end_s = self._of(cell)
         if not options:
-            return 0.0, [], ()
-        self.solves += 1
+            return None
         n = len(options)
         a, lo, hi = [], [], []
 
@@ -184,25 +228,19 @@ class _Pricer:
             mine = [(i, float(o.kind.k)) for i, o in enumerate(options) if o.kind.class_name == name]
             if mine:
                 row(mine, -np.inf, float(devices))
-        res = milp(
-            np.concatenate([[self._price(o) for o in options], np.zeros(2 * n)]),
-            constraints=LinearConstraint(np.array(a), lo, hi),
-            integrality=np.concatenate([np.ones(n), np.zeros(n), np.ones(n)]),
-            bounds=Bounds(0, np.inf),
-            options={"mip_rel_gap": MIP_GAP},
-        )
-        if res.status == 2:
+        return options, np.array([self._price(o) for o in options]), a, lo, hi
+
+    def _read(self, cell: Cell, options: list[_Option], fits: bool, value, x) -> tuple[float, list[int], tuple]:
+        if not fits:
             return 0.0, [], ()
-        dual = getattr(res, "mip_dual_bound", None)
-        value = dual if dual is not None and np.isfinite(dual) else (res.fun if res.status == 0 else None)
         if value is None:  # HiGHS gave no bound: the cheap one holds
             return self.quick(cell), [], ()
-        breaks, used = [], []
-        if res.x is not None:
+        n, breaks, used = len(options), [], []
+        if x is not None:
             for i, o in enumerate(options):
-                if res.x[i] > 0.5:
-                    breaks += o.kind.breaks(max(1, math.ceil(res.x[n + i] / res.x[i] - 1e-6)))
-                    used.append((id(o.kind), round(res.x[i]), res.x[n + i], round(res.x[2 * n + i])))
+                if x[i] > 0.5:
+                    breaks += o.kind.breaks(max(1, math.ceil(x[n + i] / x[i] - 1e-6)))
+                    used.append((id(o.kind), round(x[i]), x[n + i], round(x[2 * n + i])))
         return float(value), sorted(set(breaks)), tuple(used)
 
     def still_fits(self, cell: Cell, used: tuple) -> bool:
@@ -221,6 +259,37 @@ class _Pricer:
                 return False
             trip += (o.kind.costs.step_s + o.hop_s) * stages + o.r * layers
         return trip <= cell.t_hi * (1 + 1e-9)
+
+
+def _solve_cell(h: highspy.Highs, price: np.ndarray, a: list, lo: list, hi: list) -> tuple[bool, float | None, object]:
+    """A cell's MILP (`_Pricer.exact`: stages, then layers, then end stages per option; the stages
+    and end stages integer) solved by HiGHS: whether it is feasible, its dual bound (None: HiGHS
+    gave none) and the solution found (None: none). Its costs are not negative, so HiGHS's
+    "unbounded or infeasible" is infeasible."""
+    n = len(price)
+    rows = np.array(a)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = 3 * n, len(rows)
+    lp.col_cost_ = np.concatenate([price, np.zeros(2 * n)])
+    lp.col_lower_, lp.col_upper_ = np.zeros(3 * n), np.full(3 * n, highspy.kHighsInf)
+    lp.row_lower_ = np.maximum(np.array(lo, dtype=float), -highspy.kHighsInf)
+    lp.row_upper_ = np.minimum(np.array(hi, dtype=float), highspy.kHighsInf)
+    nonzero = rows != 0
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_ = np.concatenate([[0], np.cumsum(nonzero.sum(axis=1))])
+    lp.a_matrix_.index_, lp.a_matrix_.value_ = np.nonzero(nonzero)[1], rows[nonzero]
+    whole, part = highspy.HighsVarType.kInteger, highspy.HighsVarType.kContinuous
+    lp.integrality_ = [whole] * n + [part] * n + [whole] * n
+    h.clearModel()
+    h.passModel(lp)
+    h.run()
+    status = h.getModelStatus()
+    if status in (highspy.HighsModelStatus.kInfeasible, highspy.HighsModelStatus.kUnboundedOrInfeasible):
+        return False, None, None
+    info = h.getInfo()
+    x = np.array(h.getSolution().col_value) if info.primal_solution_status == 2 else None
+    bound = info.mip_dual_bound
+    return True, (float(bound) if math.isfinite(bound) and bound > 0 else None), x
 
 
 def halves(cell: Cell, breaks: list[int]) -> list[Cell]:
@@ -266,7 +335,12 @@ def best_ratio(
     kinds = stage_kinds(cache, classes, inter)
     if not kinds:
         return 0.0
-    pricer = _Pricer(kinds, classes, prices, cache.tasks.num_layers)
+    with ThreadPoolExecutor(max_workers=THREADS) as pool:
+        return _search(_Pricer(kinds, classes, prices, cache.tasks.num_layers, pool), classes, tpot_slo_s, enough)
+
+
+def _search(pricer: _Pricer, classes: tuple[ServerClass, ...], tpot_slo_s: float, enough: float) -> float:
+    """The best-first search over cells (module docstring): its top score once it stops."""
     heap: list[tuple] = []
     ties = itertools.count()  # first pushed first among equal scores: deterministic
 
@@ -274,28 +348,32 @@ def best_ratio(
         if price > 0:  # 0: no replica fits the cell
             heapq.heappush(heap, (-_score(cell, price), next(ties), price, exact, cell, breaks, used))
 
-    for cell in start_cells(kinds, classes, cache.tasks.num_layers, tpot_slo_s):
+    for cell in start_cells(pricer.kinds, classes, pricer.num_layers, tpot_slo_s):
         push(cell, pricer.quick(cell), False, [])
-    while heap and -heap[0][0] > max(enough, TARGET) and pricer.solves < MAX_SOLVES:
-        _, _, price, exact, cell, breaks, used = heapq.heappop(heap)
-        if not exact:
-            push(cell, *_exact(pricer, cell))
-            continue
-        parts = halves(cell, breaks)
-        if parts == [cell]:  # as fine as cells get: its score stands
-            push(cell, price, True, breaks, used)
+    stop = max(enough, TARGET)
+    while heap and -heap[0][0] > stop and pricer.solves < MAX_SOLVES:
+        batch = []
+        while heap and -heap[0][0] > stop and len(batch) < BATCH:
+            entry = heapq.heappop(heap)
+            _, _, price, exact, cell, breaks, used = entry
+            if exact and halves(cell, breaks) == [cell]:  # as fine as cells get: its score stands
+                heapq.heappush(heap, entry)
+                break
+            batch.append(entry)
+        if not batch:
             break
-        for part in parts:  # a part's replicas are its cell's: they cost at least as much
-            if pricer.still_fits(part, used):
-                push(part, price, True, breaks, used)
-            else:
-                push(part, max(price, pricer.quick(part)), False, [])
+        rough = [entry[4] for entry in batch if not entry[3]]
+        for cell, result in zip(rough, pricer.exact(rough)):
+            push(cell, result[0], True, *result[1:])
+        for _, _, price, exact, cell, breaks, used in batch:
+            if not exact:
+                continue
+            for part in halves(cell, breaks):  # a part's replicas are its cell's: they cost at least as much
+                if pricer.still_fits(part, used):
+                    push(part, price, True, breaks, used)
+                else:
+                    push(part, max(price, pricer.quick(part)), False, [])
     return -heap[0][0] if heap else 0.0
-
-
-def _exact(pricer: _Pricer, cell: Cell) -> tuple[float, bool, list[int], tuple]:
-    price, breaks, used = pricer.exact(cell)
-    return price, True, breaks, used
 
 
 def price_bound(
