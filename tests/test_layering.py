@@ -119,6 +119,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
             "llm_planner.serving.bound_batches",
             "llm_planner.serving.bound_cells",
             "llm_planner.serving.bound_prices",
+            "llm_planner.serving.optimistic",
             "llm_planner.serving.plan_file",
             "llm_planner.serving.verify",
         ],

@@ -21,6 +21,7 @@ from llm_planner.serving.bound_cells import cell_bound, stage_kinds
 from llm_planner.serving.bound_prices import price_bound
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context
 from llm_planner.serving.layout import Segment
+from llm_planner.serving.optimistic import OptimisticTokens
 from llm_planner.serving.replica import micro_batch_sizes
 from llm_planner.serving.search import solve_serving
 from llm_planner.serving.workload import RequestShape, ServingWorkload
@@ -293,6 +294,26 @@ def test_bound_holds_for_any_fleet(bound_ctx, data):
         ev = model.best_at(data.draw(st.integers(1, model.p))) if model.p <= ctx.tasks.num_layers else None
         total += ev.tokens_per_s if ev is not None else 0.0
     assert all(total <= bound * (1 + 1e-9) for bound in bounds)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_no_replica_exceeds_its_layouts_optimistic_tokens(bound_ctx, data):
+    """The search's price check skips a layout whose optimistic tokens/s its devices' prices reach:
+    no operating point of any layout (classes mixed, degrees, micro-batches; the search's refined
+    evaluation) serves more, and it is never above the devices' rate bound over L it replaced."""
+    ctx, _ = bound_ctx
+    optimistic = OptimisticTokens(ctx)
+    layout = _draw_layout(data, ctx, dict(ctx.capacity))
+    model = ctx.replica(layout)
+    if model.p > ctx.tasks.num_layers:
+        return
+    ev = model.best(sorted({1, max(1, model.p // 2), model.p}), refine=True)
+    rates = _rate_prices(ctx, 0.03)
+    assert optimistic(layout) <= sum(s.devices * rates[s.class_name] for s in layout) / ctx.tasks.num_layers * (
+        1 + 1e-9
+    )
+    assert ev is None or ev.tokens_per_s <= optimistic(layout) * (1 + 1e-9)
 
 
 def _draw_layout(data, ctx, left: dict) -> tuple:

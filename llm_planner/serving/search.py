@@ -30,6 +30,7 @@ from llm_planner.serving.bound import device_rate_bound
 from llm_planner.serving.context import ServingContext
 from llm_planner.serving.fleet import FleetChoice, solve_fleet
 from llm_planner.serving.layout import Layout, Pattern, Segment, layout_usage
+from llm_planner.serving.optimistic import OptimisticTokens
 
 log = logging.getLogger(__name__)
 BATCH = 100  # layouts evaluated between two renewals of the fleet LP's prices
@@ -188,20 +189,13 @@ def balanced_prices(
     return {c: float(y) for c, y in zip(names, res.x)} if res.status == 0 else prices
 
 
-def optimistic_tokens(ctx: ServingContext, layout: Layout, rates: dict[str, float]) -> float:
-    """No replica of the layout exceeds its devices' layer-pass rates over L (llm_planner.serving.bound)."""
-    return sum(seg.devices * rates[seg.class_name] for seg in layout) / ctx.tasks.num_layers
-
-
-def priced_order(
-    ctx: ServingContext, layouts: list[Layout], prices: dict[str, float], rates: dict[str, float]
-) -> list[Layout]:
+def priced_order(layouts: list[Layout], prices: dict[str, float], optimistic: OptimisticTokens) -> list[Layout]:
     """Layouts that could still improve the fleet LP (optimistic value above the devices' prices), the
     largest gain per device first, then the fewest devices: copies of a small layout do what one large
     layout of the same efficiency does, and a fleet has many more large layouts than small ones."""
     scored = []
     for layout in layouts:
-        gain = optimistic_tokens(ctx, layout, rates) - sum(n * prices[c] for c, n in layout_usage(layout).items())
+        gain = optimistic(layout) - sum(n * prices[c] for c, n in layout_usage(layout).items())
         if gain > 1e-9:
             devices = sum(seg.devices for seg in layout)
             scored.append((-gain / devices, devices, len(scored), layout))
@@ -253,7 +247,8 @@ def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[Fl
     layouts = candidate_layouts(ctx)
     rates = {sc.name: device_rate_bound(ctx.cache, sc, ctx.workload.tpot_slo_s) for sc in ctx.classes}
     prices = fleet_prices(patterns, ctx.capacity)
-    todo = priced_order(ctx, layouts, prices, rates)
+    optimistic = OptimisticTokens(ctx)
+    todo = priced_order(layouts, prices, optimistic)
     evaluated = added = 0
     while todo and time.monotonic() < deadline:
         found, done = evaluate_layouts(ctx, todo[:BATCH], deadline)
@@ -262,7 +257,7 @@ def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[Fl
         prices = fleet_prices(patterns, ctx.capacity)
         ends = [v for p in near_even(found, prices) for v in with_ends(ctx, p.layout)]
         added += len(ends)
-        todo = priced_order(ctx, todo[done:] + ends, prices, rates)
+        todo = priced_order(todo[done:] + ends, prices, optimistic)
     if todo:
         log.warning("serving search stopped at its time limit with %d layouts left to price", len(todo))
     left = max(5.0, deadline - time.monotonic())
