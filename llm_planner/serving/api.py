@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from llm_planner.serving.assign import assign_devices
 from llm_planner.serving.baselines import engineer_best, engineer_options, megatron
-from llm_planner.serving.bound import tokens_upper_bound
+from llm_planner.serving.bound import first_two_bounds, tokens_upper_bound
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context, status_of, usable_bytes
 from llm_planner.serving.fleet import FleetChoice
 from llm_planner.serving.layout import Pattern, describe
@@ -72,19 +73,32 @@ def plan_serving(
     """The serving plan's data (docs/plan-format.md); raises WorkloadError when nothing serves."""
     started = time.monotonic()
     ctx = build_context(cluster_path, model, workload, dtype, options, profile_path)
-    engineer = engineer_options(ctx)  # the baseline and the search's candidates, evaluated once
-    baselines = {"engineer-best": engineer_best(ctx, engineer), "megatron": megatron(ctx)}
-    if solver == "serving":
-        fleet, stats = solve_serving(ctx, engineer)
-    else:
-        fleet, stats = baselines[solver], SearchStats(candidates=0, evaluated=0, left=0)
-    solve_s = time.monotonic() - started
-    if not fleet.chosen:
-        raise WorkloadError(_nothing_serves(ctx))
-    prices = fleet.prices or fleet_prices([p for p, _ in fleet.chosen], ctx.capacity)
-    bound = tokens_upper_bound(
-        ctx.cache, ctx.classes, workload.tpot_slo_s, ctx.cluster.inter_node, fleet.tokens_per_s, prices
-    )
+    for sc in ctx.classes:  # every stage's costs before two threads read them
+        for k in sc.degrees:
+            ctx.cache.get(sc.name, k)
+    # the first two bounds need no plan: their MILPs run beside the search (HiGHS runs without
+    # Python's lock, the search is Python)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first_two = pool.submit(first_two_bounds, ctx.cache, ctx.classes, workload.tpot_slo_s)
+        engineer = engineer_options(ctx)  # the baseline and the search's candidates, evaluated once
+        baselines = {"engineer-best": engineer_best(ctx, engineer), "megatron": megatron(ctx)}
+        if solver == "serving":
+            fleet, stats = solve_serving(ctx, engineer)
+        else:
+            fleet, stats = baselines[solver], SearchStats(candidates=0, evaluated=0, left=0)
+        solve_s = time.monotonic() - started
+        if not fleet.chosen:
+            raise WorkloadError(_nothing_serves(ctx))
+        prices = fleet.prices or fleet_prices([p for p, _ in fleet.chosen], ctx.capacity)
+        bound = tokens_upper_bound(
+            ctx.cache,
+            ctx.classes,
+            workload.tpot_slo_s,
+            ctx.cluster.inter_node,
+            fleet.tokens_per_s,
+            prices,
+            first_two.result(),
+        )
     gap, status = status_of(fleet.tokens_per_s, bound)
     devices = assign_devices(ctx.cluster, ctx.by_name, fleet)
     replicas = [replica_record(ctx, p, n, d) for (p, n), d in zip(fleet.chosen, devices)]

@@ -137,6 +137,12 @@ CELL_BOUND_GAP = 0.05  # the cell bound is computed when the others leave a plan
 PRICE_BOUND_GAP = 0.01  # the price bound is computed when the first two leave a plan more than this gap
 
 
+def first_two_bounds(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: float) -> float:
+    """The least of the MILP over concurrency levels and the one over concurrency and micro-batch
+    levels (bound_batches): they need no plan, so a plan computes them beside its search."""
+    return min(concurrency_level_bound(cache, classes, tpot_slo_s), batch_level_bound(cache, classes, tpot_slo_s))
+
+
 def tokens_upper_bound(
     cache: CostCache,
     classes: tuple[ServerClass, ...],
@@ -144,6 +150,7 @@ def tokens_upper_bound(
     inter: LinkSpec | None = None,
     tokens_per_s: float | None = None,
     prices: dict[str, float] | None = None,
+    first_two: float | None = None,
 ) -> float:
     """Output tokens/s no plan exceeds: the least of the MILP over concurrency levels (module
     docstring), the one over concurrency and micro-batch levels (bound_batches), Farley's bound at
@@ -151,8 +158,8 @@ def tokens_upper_bound(
     (bound_cells, `inter` the cluster's inter-node link); each holds. The price bound is computed
     only when a plan's `tokens_per_s` (when given) is more than PRICE_BOUND_GAP below the first two,
     the cell bound, the slowest, when it is still more than CELL_BOUND_GAP below: a plan and its
-    `verify` make the same choices."""
-    bound = min(concurrency_level_bound(cache, classes, tpot_slo_s), batch_level_bound(cache, classes, tpot_slo_s))
+    `verify` make the same choices. `first_two`: first_two_bounds, when already computed."""
+    bound = first_two_bounds(cache, classes, tpot_slo_s) if first_two is None else first_two
     if prices is not None and (tokens_per_s is None or tokens_per_s < (1 - PRICE_BOUND_GAP) * bound):
         bound = min(bound, price_bound(cache, classes, tpot_slo_s, inter, prices, tokens_per_s or 0.0))
     if tokens_per_s is not None and tokens_per_s >= (1 - CELL_BOUND_GAP) * bound:

@@ -15,8 +15,11 @@ TPOT at least its round trip. Every stage keeps the KV cache of all C sequences 
 C is at most the largest C at which the stages' layer counts (llm_planner.serving.costs.
 StageCosts.max_layers, with no embedding or head and a micro-batch of one: the most room) still
 add up to L, each at least 1; the round trip is at least every stage's step, every layer at the
-least block time of any stage and the least embedding and head times. The value is the smaller
-of the two: a deep pipeline whose stages keep few sequences each fails the second.
+least block time of any stage and the least embedding and head times, at a micro-batch of C / p
+sequences (p stages: at most p micro-batches are in flight; on a measured block time, of one).
+T <= C / trip(C / p), which grows with C on the roofline, so its value at the largest C bounds
+it. The value is the smaller of the two: a deep pipeline whose stages keep few sequences each
+fails the second.
 """
 
 from __future__ import annotations
@@ -88,9 +91,12 @@ class OptimisticTokens:
         if lo == 0:
             return 0.0
         costs = [c for c, _ in stages]
-        trip = sum(n * c.step_s for c, n in stages) + self.num_layers * min(least_block_s(c) for c in costs)
-        trip += min(c.part_s("embed", 1) for c in costs)
-        trip += min(c.part_s("final_norm", 1) + c.part_s("lm_head", 1) for c in costs)
+        # the round trip's micro-batch holds at least C / p sequences; on the roofline (pieces
+        # f + s b, f >= 0) C / trip(C / p) grows with C, so its value at the largest C bounds all
+        b = max(1.0, lo / sum(n for _, n in stages)) if all(map(_roofline, costs)) else 1.0
+        trip = sum(n * c.step_s for c, n in stages) + self.num_layers * min(least_block_s(c, b) for c in costs)
+        trip += min(c.part_s("embed", b) for c in costs)
+        trip += min(c.part_s("final_norm", b) + c.part_s("lm_head", b) for c in costs)
         return lo / trip if trip > 0 else float("inf")
 
     def _keeps(self, stages: list, concurrency: int) -> bool:
@@ -102,6 +108,13 @@ class OptimisticTokens:
                 return False
             total += count * min(most, self.num_layers)
         return total >= self.num_layers
+
+
+def _roofline(costs) -> bool:
+    """Whether every part's time is pieces f + s b with f, s >= 0 (no measured block time)."""
+    if getattr(costs, "layer_time", None) is not None:
+        return False
+    return all(f >= 0 and slope >= 0 for pieces in costs.pieces.values() for f, slope in pieces)
 
 
 def _most_layers(reach: list[float], t: float) -> int:
