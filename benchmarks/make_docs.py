@@ -69,9 +69,11 @@ the number of servers. Columns: servers and GPUs of the fleet; the model; the pl
 engineer-best's, their ratio; the bound and gap; the solve time (the whole plan: baselines,
 the layout search within its 60 s limit, the bound) and `verify`'s time (which recomputes the
 bound); layouts evaluated of the candidates (the others priced out by the fleet LP, or, where
-said, left when the search reached its time limit); the replicas (copies x layout). Most of
-the solve time, and of `verify`'s, is the price bound (docs/serving.md, "The upper bound"): up
-to 3,000 small MILPs, each about as long on every fleet size.""",
+said, left when the search reached its time limit); the replicas (copies x layout). The solve
+time is the layout search (the layouts its optimistic check cannot price out, docs/serving.md,
+"What the planner searches") and the price bound (docs/serving.md, "The upper bound": up to
+3,000 small MILPs, two at a time on the two cores, each about as long on every fleet size); the
+first two bounds run beside the search. `verify` recomputes the bound, the price bound included.""",
     ),
     Section(
         "helix",
