@@ -18,6 +18,7 @@ from serving_fixtures import workload
 
 from llm_planner.cli import main
 from llm_planner.graph.transformer import preset_config
+from llm_planner.serving import api as serving_api
 from llm_planner.serving import bound_prices
 from llm_planner.serving.baselines import even_split
 from llm_planner.serving.bound import device_rate_bound
@@ -280,3 +281,11 @@ def test_a_cell_milp_reports_infeasible_and_its_optimum():
     assert list(np.round(x[:2])) == [1, 1]
     fits, value, x = bound_prices._solve_cell(h, price, [np.array(r, float) for r in rows], lo, hi + [1])
     assert not fits
+
+
+def test_the_first_two_bounds_beside_the_search_hand_back_their_value_or_error():
+    """A plan computes its first two bounds on a daemon thread while it searches (a Ctrl-C does
+    not wait for it): the caller gets the value, or the error the thread raised."""
+    assert serving_api._beside(sum, [1, 2])() == 3
+    with pytest.raises(ZeroDivisionError):
+        serving_api._beside(lambda: 1 / 0)()

@@ -4,8 +4,8 @@ solver and the baselines once, bound, assign devices, and write every figure the
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from llm_planner.serving.assign import assign_devices
@@ -78,27 +78,20 @@ def plan_serving(
             ctx.cache.get(sc.name, k)
     # the first two bounds need no plan: their MILPs run beside the search (HiGHS runs without
     # Python's lock, the search is Python)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        first_two = pool.submit(first_two_bounds, ctx.cache, ctx.classes, workload.tpot_slo_s)
-        engineer = engineer_options(ctx)  # the baseline and the search's candidates, evaluated once
-        baselines = {"engineer-best": engineer_best(ctx, engineer), "megatron": megatron(ctx)}
-        if solver == "serving":
-            fleet, stats = solve_serving(ctx, engineer)
-        else:
-            fleet, stats = baselines[solver], SearchStats(candidates=0, evaluated=0, left=0)
-        solve_s = time.monotonic() - started
-        if not fleet.chosen:
-            raise WorkloadError(_nothing_serves(ctx))
-        prices = fleet.prices or fleet_prices([p for p, _ in fleet.chosen], ctx.capacity)
-        bound = tokens_upper_bound(
-            ctx.cache,
-            ctx.classes,
-            workload.tpot_slo_s,
-            ctx.cluster.inter_node,
-            fleet.tokens_per_s,
-            prices,
-            first_two.result(),
-        )
+    first_two = _beside(first_two_bounds, ctx.cache, ctx.classes, workload.tpot_slo_s)
+    engineer = engineer_options(ctx)  # the baseline and the search's candidates, evaluated once
+    baselines = {"engineer-best": engineer_best(ctx, engineer), "megatron": megatron(ctx)}
+    if solver == "serving":
+        fleet, stats = solve_serving(ctx, engineer)
+    else:
+        fleet, stats = baselines[solver], SearchStats(candidates=0, evaluated=0, left=0)
+    solve_s = time.monotonic() - started
+    if not fleet.chosen:
+        raise WorkloadError(_nothing_serves(ctx))
+    prices = fleet.prices or fleet_prices([p for p, _ in fleet.chosen], ctx.capacity)
+    bound = tokens_upper_bound(
+        ctx.cache, ctx.classes, workload.tpot_slo_s, ctx.cluster.inter_node, fleet.tokens_per_s, prices, first_two()
+    )
     gap, status = status_of(fleet.tokens_per_s, bound)
     devices = assign_devices(ctx.cluster, ctx.by_name, fleet)
     replicas = [replica_record(ctx, p, n, d) for (p, n), d in zip(fleet.chosen, devices)]
@@ -131,6 +124,29 @@ def plan_serving(
         },
         "baselines": {name: fleet_summary(ctx, f) for name, f in baselines.items()},
     }
+
+
+def _beside(fn, *args):
+    """fn(*args) started on a daemon thread (a plan stopped by Ctrl-C does not wait for it); the
+    function returned waits for its value (or raises its error)."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:  # handed to the caller, whatever it is
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, name="serving-bounds", daemon=True)
+    thread.start()
+
+    def result():
+        thread.join()
+        if "error" in out:
+            raise out["error"]
+        return out["value"]
+
+    return result
 
 
 def _nothing_serves(ctx: ServingContext) -> str:

@@ -16,7 +16,7 @@ C is at most the largest C at which the stages' layer counts (llm_planner.servin
 StageCosts.max_layers, with no embedding or head and a micro-batch of one: the most room) still
 add up to L, each at least 1; the round trip is at least every stage's step, every layer at the
 least block time of any stage and the least embedding and head times, at a micro-batch of C / p
-sequences (p stages: at most p micro-batches are in flight; on a measured block time, of one).
+sequences (p stages: the search runs at most p micro-batches; on a measured block time, of one).
 T <= C / trip(C / p), which grows with C on the roofline, so its value at the largest C bounds
 it. The value is the smaller of the two: a deep pipeline whose stages keep few sequences each
 fails the second.
