@@ -69,7 +69,9 @@ import numpy as np
 
 from llm_planner.serving.bound_batches import SparseRows, least_block_s, solve_with_binaries
 from llm_planner.serving.classes import ServerClass
+from llm_planner.serving.costs import StageCosts
 from llm_planner.serving.layout import CostCache
+from llm_planner.spec import LinkSpec
 
 ROUNDS = 8  # refinement rounds at most
 MAX_CELLS = 600  # stop refining past this many cells
@@ -135,8 +137,8 @@ class StageKind:
 
     class_name: str
     k: int
-    costs: object
-    links: tuple  # the links a stage of it may hand on over (inside its server, between servers)
+    costs: StageCosts
+    links: tuple[LinkSpec, ...]  # the links a stage of it may hand on over (inside its server, between servers)
     handoff_bytes: float  # what a stage hands on per sequence of its micro-batch
     end_bytes: float  # the smaller of the embedding's and the head's weights per device
 
