@@ -428,3 +428,38 @@ def test_cell_bound_prices_whole_replicas():
     fleet, _ = solve_serving(ctx)
     assert fleet.tokens_per_s <= cells < 0.98 * per_device
     assert tokens_upper_bound(ctx.cache, ctx.classes, 0.05, ctx.cluster.inter_node) == cells
+
+
+ONE_BOX = """name: one-box
+device_kinds:
+  - {name: g, type: gpu, peak_flops: {fp16: 165 TFLOP/s}, mem_bytes: 24 GB, mem_bw_bytes_per_s: 1000 GB/s,
+     compute_efficiency: 0.6, mem_efficiency: 0.8, overhead_s: 10 us}
+nodes:
+  - {name: box, devices: {g: 2}, links: [{between: [g, g], bw_bytes_per_s: 25 GB/s, latency_s: 10 us}]}
+"""
+
+
+@pytest.mark.parametrize(
+    "decode, tpot_s",
+    [
+        ("[[1, 0.001], [64, 0.001], [128, 0.0005]]", 1.0),  # falls past its last point, to 0 from 192
+        ("[[1, 0.0001], [2, 0.004], [4096, 0.005]]", 0.0025),  # steep first piece: best at one sequence
+    ],
+)
+def test_measured_times_that_fall_or_jump_stay_under_the_optimistic_value_and_the_bounds(tmp_path, decode, tpot_s):
+    """A measured table's times need not increase, and its end pieces are extended down to 0: the
+    rate bound looks at both ends of every piece and at where an extended piece reaches 0, so one
+    GPU's best replica (GPT-2 at its best concurrency) stays under the search's optimistic value
+    and under the first two bounds."""
+    (tmp_path / "c.yaml").write_text(ONE_BOX)
+    (tmp_path / "p.yaml").write_text(
+        "format: serving-profile/1\nmodel: gpt2\ndtype: fp16\nsource: constructed\nkinds:\n  g:\n"
+        f"    decode_layer_s: {decode}\n    prefill_layer_s: [[0, 0], [10, 0.0]]\n"
+    )
+    wl = ServingWorkload(requests=(RequestShape(prompt_len=64, output_len=64),), tpot_slo_s=tpot_s)
+    ctx = build_context(str(tmp_path / "c.yaml"), "gpt2", wl, "fp16", ServingOptions(), str(tmp_path / "p.yaml"))
+    layout = (Segment("box/g", 1, 1),)
+    ev = ctx.replica(layout).best([1], refine=True)
+    assert ev is not None
+    assert ev.tokens_per_s <= OptimisticTokens(ctx)(layout) * (1 + 1e-9)
+    assert ev.tokens_per_s <= tokens_upper_bound(ctx.cache, ctx.classes, tpot_s, tokens_per_s=float("inf"))

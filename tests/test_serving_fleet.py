@@ -18,10 +18,8 @@ from serving_fixtures import workload
 
 from llm_planner.cli import main
 from llm_planner.graph.transformer import preset_config
-from llm_planner.serving import api as serving_api
 from llm_planner.serving import bound_prices
 from llm_planner.serving.baselines import even_split
-from llm_planner.serving.bound import device_rate_bound
 from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.replica import ReplicaModel, StageSlot
 from llm_planner.serving.search import SPREAD, balanced_prices, candidate_layouts, micro_batch_options, solve_serving
@@ -250,12 +248,16 @@ def test_price_bound_is_the_same_on_one_thread_and_on_two(tmp_path, monkeypatch)
     side; each result is its cell's alone, so one thread and two give the same value (verify
     recomputes it on whatever machine it runs)."""
     ctx = _tiny_context(tmp_path, 0.005)
-    prices = {sc.name: device_rate_bound(ctx.cache, sc, 0.005) for sc in ctx.classes}
+    prices = dict.fromkeys(ctx.capacity, 1.0)  # every device alike: the search solves MILPs
+    solved = []
+    original = bound_prices._solve_cell
+    monkeypatch.setattr(bound_prices, "_solve_cell", lambda *a: solved.append(1) or original(*a))
     values = []
     for threads in (1, 2):
         monkeypatch.setattr(bound_prices, "THREADS", threads)
         values.append(bound_prices.price_bound(ctx.cache, ctx.classes, 0.005, ctx.cluster.inter_node, prices))
     assert values[0] == values[1] and 0 < values[0] < float("inf")
+    assert len(solved) >= 2 * bound_prices.BATCH  # several batches, each side by side
 
 
 def test_a_cell_milp_reports_infeasible_and_its_optimum():
@@ -281,11 +283,3 @@ def test_a_cell_milp_reports_infeasible_and_its_optimum():
     assert list(np.round(x[:2])) == [1, 1]
     fits, value, x = bound_prices._solve_cell(h, price, [np.array(r, float) for r in rows], lo, hi + [1])
     assert not fits
-
-
-def test_the_first_two_bounds_beside_the_search_hand_back_their_value_or_error():
-    """A plan computes its first two bounds on a daemon thread while it searches (a Ctrl-C does
-    not wait for it): the caller gets the value, or the error the thread raised."""
-    assert serving_api._beside(sum, [1, 2])() == 3
-    with pytest.raises(ZeroDivisionError):
-        serving_api._beside(lambda: 1 / 0)()

@@ -4,13 +4,12 @@ solver and the baselines once, bound, assign devices, and write every figure the
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from typing import Any
 
 from llm_planner.serving.assign import assign_devices
 from llm_planner.serving.baselines import engineer_best, engineer_options, megatron
-from llm_planner.serving.bound import first_two_bounds, tokens_upper_bound
+from llm_planner.serving.bound import tokens_upper_bound
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context, status_of, usable_bytes
 from llm_planner.serving.fleet import FleetChoice
 from llm_planner.serving.layout import Pattern, describe
@@ -73,12 +72,6 @@ def plan_serving(
     """The serving plan's data (docs/plan-format.md); raises WorkloadError when nothing serves."""
     started = time.monotonic()
     ctx = build_context(cluster_path, model, workload, dtype, options, profile_path)
-    for sc in ctx.classes:  # every stage's costs before two threads read them
-        for k in sc.degrees:
-            ctx.cache.get(sc.name, k)
-    # the first two bounds need no plan: their MILPs run beside the search (HiGHS runs without
-    # Python's lock, the search is Python)
-    first_two = _beside(first_two_bounds, ctx.cache, ctx.classes, workload.tpot_slo_s)
     engineer = engineer_options(ctx)  # the baseline and the search's candidates, evaluated once
     baselines = {"engineer-best": engineer_best(ctx, engineer), "megatron": megatron(ctx)}
     if solver == "serving":
@@ -90,7 +83,7 @@ def plan_serving(
         raise WorkloadError(_nothing_serves(ctx))
     prices = fleet.prices or fleet_prices([p for p, _ in fleet.chosen], ctx.capacity)
     bound = tokens_upper_bound(
-        ctx.cache, ctx.classes, workload.tpot_slo_s, ctx.cluster.inter_node, fleet.tokens_per_s, prices, first_two()
+        ctx.cache, ctx.classes, workload.tpot_slo_s, ctx.cluster.inter_node, fleet.tokens_per_s, prices
     )
     gap, status = status_of(fleet.tokens_per_s, bound)
     devices = assign_devices(ctx.cluster, ctx.by_name, fleet)
@@ -124,29 +117,6 @@ def plan_serving(
         },
         "baselines": {name: fleet_summary(ctx, f) for name, f in baselines.items()},
     }
-
-
-def _beside(fn, *args):
-    """fn(*args) started on a daemon thread (a plan stopped by Ctrl-C does not wait for it); the
-    function returned waits for its value (or raises its error)."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn(*args)
-        except BaseException as exc:  # handed to the caller, whatever it is
-            out["error"] = exc
-
-    thread = threading.Thread(target=run, name="serving-bounds", daemon=True)
-    thread.start()
-
-    def result():
-        thread.join()
-        if "error" in out:
-            raise out["error"]
-        return out["value"]
-
-    return result
 
 
 def _nothing_serves(ctx: ServingContext) -> str:

@@ -104,9 +104,9 @@ def _roofline_rate(costs, k: int, layers: int, tpot_slo_s: float, c_cap: float =
 
 
 def _measured_rate(costs, k: int, layers: int, tpot_slo_s: float, c_cap: float = float("inf")) -> float:
-    """The same for a measured block time t(C), piecewise linear between its breakpoints: on each
-    piece C l / (k (step + l t(C))) grows with C (t linear, step >= 0), so its largest value is at
-    the right end of the piece's part that memory and the target allow."""
+    """The same for a measured block time t(C), linear between its breakpoints (they include where
+    a table's extended end reaches 0): on each piece C l / (k (step + l t(C))) is monotone in C,
+    so its largest value is at an end of the piece's part that memory and the target allow."""
     step, t = costs.step_s, costs.layer_time
     room = costs.usable_bytes - layers * costs.weight_bytes["block"]
     if room < 0:
@@ -116,11 +116,14 @@ def _measured_rate(costs, k: int, layers: int, tpot_slo_s: float, c_cap: float =
         return 0.0
     ends = sorted({1.0, c_mem, *(x for x in t.breakpoints if 1.0 < x < c_mem)})
     best = 0.0
+    limit = (tpot_slo_s - step) / layers
     for x0, x1 in zip(ends, ends[1:] + [c_mem]):
         y0, y1 = t(x0), t(x1)
-        x = _rightmost_within(x0, x1, y0, y1, (tpot_slo_s - step) / layers)
-        if x is not None:
-            best = max(best, x * layers / (k * (step + layers * (y0 + (y1 - y0) * (x - x0) / (x1 - x0 or 1.0)))))
+        # on a piece the rate is monotone in C: its largest value is at an end of the part the
+        # target allows (the left one where step + l t(C)'s line has a negative intercept)
+        for x in {_rightmost_within(x0, x1, y0, y1, limit), x0 if y0 <= limit else None} - {None}:
+            time = step + layers * (y0 + (y1 - y0) * (x - x0) / (x1 - x0 or 1.0))
+            best = max(best, x * layers / (k * time) if time > 0 else float("inf"))
     return best
 
 
@@ -137,12 +140,6 @@ CELL_BOUND_GAP = 0.05  # the cell bound is computed when the others leave a plan
 PRICE_BOUND_GAP = 0.01  # the price bound is computed when the first two leave a plan more than this gap
 
 
-def first_two_bounds(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: float) -> float:
-    """The least of the MILP over concurrency levels and the one over concurrency and micro-batch
-    levels (bound_batches): they need no plan, so a plan computes them beside its search."""
-    return min(concurrency_level_bound(cache, classes, tpot_slo_s), batch_level_bound(cache, classes, tpot_slo_s))
-
-
 def tokens_upper_bound(
     cache: CostCache,
     classes: tuple[ServerClass, ...],
@@ -150,7 +147,6 @@ def tokens_upper_bound(
     inter: LinkSpec | None = None,
     tokens_per_s: float | None = None,
     prices: dict[str, float] | None = None,
-    first_two: float | None = None,
 ) -> float:
     """Output tokens/s no plan exceeds: the least of the MILP over concurrency levels (module
     docstring), the one over concurrency and micro-batch levels (bound_batches), Farley's bound at
@@ -158,8 +154,8 @@ def tokens_upper_bound(
     (bound_cells, `inter` the cluster's inter-node link); each holds. The price bound is computed
     only when a plan's `tokens_per_s` (when given) is more than PRICE_BOUND_GAP below the first two,
     the cell bound, the slowest, when it is still more than CELL_BOUND_GAP below: a plan and its
-    `verify` make the same choices. `first_two`: first_two_bounds, when already computed."""
-    bound = first_two_bounds(cache, classes, tpot_slo_s) if first_two is None else first_two
+    `verify` make the same choices."""
+    bound = min(concurrency_level_bound(cache, classes, tpot_slo_s), batch_level_bound(cache, classes, tpot_slo_s))
     if prices is not None and (tokens_per_s is None or tokens_per_s < (1 - PRICE_BOUND_GAP) * bound):
         bound = min(bound, price_bound(cache, classes, tpot_slo_s, inter, prices, tokens_per_s or 0.0))
     if tokens_per_s is not None and tokens_per_s >= (1 - CELL_BOUND_GAP) * bound:

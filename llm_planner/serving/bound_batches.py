@@ -127,10 +127,11 @@ def _pair_groups(
     out = []
     for i, (b_lo, b_hi) in enumerate(zip(grid, grid[1:])):
         t_lo, t_rate = _layer_times(costs, b_lo, b_hi)
-        if t_lo <= 0:
-            continue
         m_lo = max(1.0, c / b_hi)
-        l_max = min(l_mem, math.floor((tpot_slo_s / m_lo - costs.step_s) / t_lo + 1e-9))
+        busy = tpot_slo_s / m_lo - costs.step_s  # what the busy period leaves the layers
+        # a measured table may reach 0 (its end pieces are extended down to it): then only memory
+        # and the busy period's steps limit the layers
+        l_max = min(l_mem, math.floor(busy / t_lo + 1e-9)) if t_lo > 0 else (l_mem if busy >= 0 else 0)
         if l_max >= 1:
             out.append(_Group(name, (j, i), k, l_max, costs.step_s, t_lo, b_hi, t_rate, c_hi))
     return out
@@ -205,6 +206,8 @@ def batch_level_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_s
     groups = _groups(cache, classes, tpot_slo_s)
     if not groups:
         return 0.0
+    if any(gr.step_s + gr.t_rate <= 0 for gr in groups):  # a layer of no time and no step: no rate limit
+        return float("inf")
     rows = SparseRows()
     _rate_rows(rows, groups)
     n_u = _pair_rows(rows, groups, classes, cache.tasks.num_layers, tpot_slo_s)

@@ -37,7 +37,8 @@ and needs no MILP). Each MILP stops within MIP_GAP of its optimum; its dual boun
 The search takes BATCH cells from its top at once and solves their MILPs side by side on THREADS
 threads; the batches are fixed, so the value does not depend on the threads. The search stops
 once the top score is within TARGET of 1, or within STOP_GAP of a plan's tokens/s, when the top
-cell is as fine as cells get (its score stands), or after MAX_SOLVES MILPs. The value is the top
+cell is as fine as cells get (its score stands), or once MAX_SOLVES MILPs are solved (checked
+between batches). The value is the top
 score: the cells cover every (C, m, theta), so it bounds rho. All deterministic: verify
 recomputes it from the prices the plan states. Left out, so the bound only grows: workspace, the
 second end stage, the hand-off of micro-batches larger than the cell's least, how the stages pack
@@ -192,8 +193,7 @@ class _Pricer:
         h = getattr(self._local, "highs", None)
         if h is None:
             h = self._local.highs = highspy.Highs()
-            h.setOptionValue("output_flag", False)
-            for name, value in CELL_OPTIONS.items():
+            for name, value in CELL_OPTIONS.items():  # output_flag first: an unknown option stays quiet
                 h.setOptionValue(name, value)
         return h
 

@@ -93,13 +93,23 @@ class MeasuredLayerTime:
         if entry.prefill is None and ratio > 0:
             raise WorkloadError(f"{profile.path}: kinds.{kind}: no prefill_layer_s, needed to charge the prompts")
         self.profile, self.kind, self.ratio = profile, kind, ratio
-        points = set(entry.decode.sizes)
+        points = set(entry.decode.sizes) | set(_zero_crossings(entry.decode))
         if entry.prefill is not None and ratio > 0:
-            points |= {size / ratio for size in entry.prefill.sizes}
+            points |= {size / ratio for size in (*entry.prefill.sizes, *_zero_crossings(entry.prefill))}
         self.breakpoints = tuple(sorted(p for p in points if p > 0))
 
     def __call__(self, b: float) -> float:
         return self.profile.layer_time_s(self.kind, b, b * self.ratio)
+
+
+def _zero_crossings(table) -> list[float]:
+    """Where a table's extended end segments reach 0 (it is floored there, so its slope changes):
+    with these among the breakpoints the time is linear between any two of them."""
+    xs, ys, out = table.sizes, table.seconds, []
+    for i in (0, len(xs) - 2):
+        if ys[i + 1] != ys[i]:
+            out.append(xs[i] - ys[i] * (xs[i + 1] - xs[i]) / (ys[i + 1] - ys[i]))
+    return out
 
 
 def layer_time_from_profile(profile_path: str | None, workload: ServingWorkload):
