@@ -72,8 +72,9 @@ bound); layouts evaluated of the candidates (the others priced out by the fleet 
 said, left when the search reached its time limit); the replicas (copies x layout). The solve
 time is the layout search (the layouts its optimistic check cannot price out, docs/serving.md,
 "What the planner searches") and the price bound (docs/serving.md, "The upper bound": up to
-3,000 small MILPs, two at a time on the two cores, each about as long on every fleet size).
-`verify` recomputes the bound, the price bound included.""",
+3,000 small MILPs, two at a time on the two cores, each about as long on every fleet size); the
+first two bounds run in a child process beside the search. `verify` recomputes the bound, the
+price bound included.""",
     ),
     Section(
         "helix",

@@ -145,6 +145,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
             "llm_planner.serving.baselines",
             "llm_planner.serving.search",
             "llm_planner.serving.assign",
+            "llm_planner.serving.aside",
             "llm_planner.serving.api",
             "llm_planner.serving.export",
             "llm_planner.serving.export_scripts",

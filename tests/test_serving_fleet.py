@@ -19,8 +19,11 @@ from serving_fixtures import workload
 from llm_planner.cli import main
 from llm_planner.graph.transformer import preset_config
 from llm_planner.serving import bound_prices
+from llm_planner.serving.aside import Aside
 from llm_planner.serving.baselines import even_split
-from llm_planner.serving.context import ServingContext, ServingOptions
+from llm_planner.serving.bound import concurrency_level_bound
+from llm_planner.serving.bound_batches import batch_level_bound
+from llm_planner.serving.context import ServingContext, ServingOptions, build_context
 from llm_planner.serving.replica import ReplicaModel, StageSlot
 from llm_planner.serving.search import SPREAD, balanced_prices, candidate_layouts, micro_batch_options, solve_serving
 from llm_planner.spec import MAX_DEVICES, load_cluster
@@ -283,3 +286,19 @@ def test_a_cell_milp_reports_infeasible_and_its_optimum():
     assert list(np.round(x[:2])) == [1, 1]
     fits, value, x = bound_prices._solve_cell(h, price, [np.array(r, float) for r in rows], lo, hi + [1])
     assert not fits
+
+
+def test_the_first_two_bounds_computed_aside_are_the_ones_computed_here(tmp_path):
+    """A large plan computes its first two bounds in a child process beside its search: the child
+    rebuilds the context from the same inputs and gets the same value; its errors come back."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_FLEET)
+    wl = workload(256, 128, 0.005)
+    inputs = dict(cluster_path=str(path), model="gpt2", workload=wl, dtype="fp16", options=ServingOptions())
+    inputs["profile_path"] = None
+    ctx = build_context(**inputs)
+    here = min(concurrency_level_bound(ctx.cache, ctx.classes, 0.005), batch_level_bound(ctx.cache, ctx.classes, 0.005))
+    assert Aside(inputs)() == here
+    inputs["cluster_path"] = str(tmp_path / "missing.yaml")
+    with pytest.raises(Exception, match="missing.yaml"):
+        Aside(inputs)()

@@ -7,6 +7,7 @@ import dataclasses
 import time
 from typing import Any
 
+from llm_planner.serving.aside import ASIDE_DEVICES, Aside
 from llm_planner.serving.assign import assign_devices
 from llm_planner.serving.baselines import engineer_best, engineer_options, megatron
 from llm_planner.serving.bound import tokens_upper_bound
@@ -71,19 +72,34 @@ def plan_serving(
 ) -> dict[str, Any]:
     """The serving plan's data (docs/plan-format.md); raises WorkloadError when nothing serves."""
     started = time.monotonic()
-    ctx = build_context(cluster_path, model, workload, dtype, options, profile_path)
-    engineer = engineer_options(ctx)  # the baseline and the search's candidates, evaluated once
-    baselines = {"engineer-best": engineer_best(ctx, engineer), "megatron": megatron(ctx)}
-    if solver == "serving":
-        fleet, stats = solve_serving(ctx, engineer)
-    else:
-        fleet, stats = baselines[solver], SearchStats(candidates=0, evaluated=0, left=0)
+    inputs = dict(
+        cluster_path=cluster_path,
+        model=model,
+        workload=workload,
+        dtype=dtype,
+        options=options,
+        profile_path=profile_path,
+    )
+    ctx = build_context(**inputs)
+    aside = Aside(inputs) if sum(sc.num_devices for sc in ctx.classes) >= ASIDE_DEVICES else None
+    try:
+        engineer = engineer_options(ctx)  # the baseline and the search's candidates, evaluated once
+        baselines = {"engineer-best": engineer_best(ctx, engineer), "megatron": megatron(ctx)}
+        if solver == "serving":
+            fleet, stats = solve_serving(ctx, engineer)
+        else:
+            fleet, stats = baselines[solver], SearchStats(candidates=0, evaluated=0, left=0)
+        first_two = aside() if aside is not None else None
+    except BaseException:
+        if aside is not None:
+            aside.stop()
+        raise
     solve_s = time.monotonic() - started
     if not fleet.chosen:
         raise WorkloadError(_nothing_serves(ctx))
     prices = fleet.prices or fleet_prices([p for p, _ in fleet.chosen], ctx.capacity)
     bound = tokens_upper_bound(
-        ctx.cache, ctx.classes, workload.tpot_slo_s, ctx.cluster.inter_node, fleet.tokens_per_s, prices
+        ctx.cache, ctx.classes, workload.tpot_slo_s, ctx.cluster.inter_node, fleet.tokens_per_s, prices, first_two
     )
     gap, status = status_of(fleet.tokens_per_s, bound)
     devices = assign_devices(ctx.cluster, ctx.by_name, fleet)

@@ -147,6 +147,7 @@ def tokens_upper_bound(
     inter: LinkSpec | None = None,
     tokens_per_s: float | None = None,
     prices: dict[str, float] | None = None,
+    first_two: float | None = None,
 ) -> float:
     """Output tokens/s no plan exceeds: the least of the MILP over concurrency levels (module
     docstring), the one over concurrency and micro-batch levels (bound_batches), Farley's bound at
@@ -154,8 +155,13 @@ def tokens_upper_bound(
     (bound_cells, `inter` the cluster's inter-node link); each holds. The price bound is computed
     only when a plan's `tokens_per_s` (when given) is more than PRICE_BOUND_GAP below the first two,
     the cell bound, the slowest, when it is still more than CELL_BOUND_GAP below: a plan and its
-    `verify` make the same choices."""
-    bound = min(concurrency_level_bound(cache, classes, tpot_slo_s), batch_level_bound(cache, classes, tpot_slo_s))
+    `verify` make the same choices. `first_two`: the least of the first two, when already known
+    (llm_planner.serving.aside)."""
+    if first_two is None:
+        first_two = min(
+            concurrency_level_bound(cache, classes, tpot_slo_s), batch_level_bound(cache, classes, tpot_slo_s)
+        )
+    bound = first_two
     if prices is not None and (tokens_per_s is None or tokens_per_s < (1 - PRICE_BOUND_GAP) * bound):
         bound = min(bound, price_bound(cache, classes, tpot_slo_s, inter, prices, tokens_per_s or 0.0))
     if tokens_per_s is not None and tokens_per_s >= (1 - CELL_BOUND_GAP) * bound:
