@@ -21,8 +21,7 @@ from llm_planner.graph.transformer import preset_config
 from llm_planner.serving import bound_prices
 from llm_planner.serving.aside import Aside
 from llm_planner.serving.baselines import even_split
-from llm_planner.serving.bound import concurrency_level_bound
-from llm_planner.serving.bound_batches import batch_level_bound
+from llm_planner.serving.bound import first_two_bounds
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context
 from llm_planner.serving.replica import ReplicaModel, StageSlot
 from llm_planner.serving.search import SPREAD, balanced_prices, candidate_layouts, micro_batch_options, solve_serving
@@ -297,8 +296,7 @@ def test_the_first_two_bounds_computed_aside_are_the_ones_computed_here(tmp_path
     inputs = dict(cluster_path=str(path), model="gpt2", workload=wl, dtype="fp16", options=ServingOptions())
     inputs["profile_path"] = None
     ctx = build_context(**inputs)
-    here = min(concurrency_level_bound(ctx.cache, ctx.classes, 0.005), batch_level_bound(ctx.cache, ctx.classes, 0.005))
-    assert Aside(inputs)() == here
+    assert Aside(inputs)() == first_two_bounds(ctx.cache, ctx.classes, 0.005)
     inputs["cluster_path"] = str(tmp_path / "missing.yaml")
     with pytest.raises(Exception, match="missing.yaml"):
         Aside(inputs)()

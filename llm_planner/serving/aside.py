@@ -20,22 +20,21 @@ import subprocess
 import sys
 from typing import Any
 
-from llm_planner.serving.bound import batch_level_bound, concurrency_level_bound
+from llm_planner.serving.bound import first_two_bounds
 from llm_planner.serving.context import build_context
 
 ASIDE_DEVICES = 64  # clusters with at least this many devices compute the first two bounds aside
 
 
-def first_two_bounds(inputs: dict[str, Any]) -> float:
-    """The least of the MILP over concurrency levels and the one over concurrency and micro-batch
-    levels for the plan of `inputs` (build_context's arguments)."""
+def _first_two_of(inputs: dict[str, Any]) -> float:
+    """first_two_bounds for the plan of `inputs` (build_context's arguments)."""
     ctx = build_context(**inputs)
-    tpot = ctx.workload.tpot_slo_s
-    return min(concurrency_level_bound(ctx.cache, ctx.classes, tpot), batch_level_bound(ctx.cache, ctx.classes, tpot))
+    return first_two_bounds(ctx.cache, ctx.classes, ctx.workload.tpot_slo_s)
 
 
 class Aside:
-    """first_two_bounds(inputs) started in a child process; calling the object waits for it."""
+    """first_two_bounds for the plan of `inputs` (build_context's arguments), started in a child
+    process; calling the object waits for it."""
 
     def __init__(self, inputs: dict[str, Any]):
         self._proc = subprocess.Popen(
@@ -68,7 +67,7 @@ def _main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it
     inputs = pickle.loads(sys.stdin.buffer.read())
     try:
-        result = ("value", first_two_bounds(inputs))
+        result = ("value", _first_two_of(inputs))
     except Exception as exc:  # handed to the parent
         result = ("error", exc)
     sys.stdout.buffer.write(pickle.dumps(result))

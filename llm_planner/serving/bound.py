@@ -140,6 +140,12 @@ CELL_BOUND_GAP = 0.05  # the cell bound is computed when the others leave a plan
 PRICE_BOUND_GAP = 0.01  # the price bound is computed when the first two leave a plan more than this gap
 
 
+def first_two_bounds(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: float) -> float:
+    """The least of the MILP over concurrency levels and the one over concurrency and micro-batch
+    levels (bound_batches): they need no plan (llm_planner.serving.aside computes them beside one)."""
+    return min(concurrency_level_bound(cache, classes, tpot_slo_s), batch_level_bound(cache, classes, tpot_slo_s))
+
+
 def tokens_upper_bound(
     cache: CostCache,
     classes: tuple[ServerClass, ...],
@@ -157,11 +163,7 @@ def tokens_upper_bound(
     the cell bound, the slowest, when it is still more than CELL_BOUND_GAP below: a plan and its
     `verify` make the same choices. `first_two`: the least of the first two, when already known
     (llm_planner.serving.aside)."""
-    if first_two is None:
-        first_two = min(
-            concurrency_level_bound(cache, classes, tpot_slo_s), batch_level_bound(cache, classes, tpot_slo_s)
-        )
-    bound = first_two
+    bound = first_two_bounds(cache, classes, tpot_slo_s) if first_two is None else first_two
     if prices is not None and (tokens_per_s is None or tokens_per_s < (1 - PRICE_BOUND_GAP) * bound):
         bound = min(bound, price_bound(cache, classes, tpot_slo_s, inter, prices, tokens_per_s or 0.0))
     if tokens_per_s is not None and tokens_per_s >= (1 - CELL_BOUND_GAP) * bound:

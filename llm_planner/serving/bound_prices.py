@@ -38,13 +38,12 @@ The search takes BATCH cells from its top at once and solves their MILPs side by
 threads; the batches are fixed, so the value does not depend on the threads. The search stops
 once the top score is within TARGET of 1, or within STOP_GAP of a plan's tokens/s, when the top
 cell is as fine as cells get (its score stands), or once MAX_SOLVES MILPs are solved (checked
-between batches). The value is the top
-score: the cells cover every (C, m, theta), so it bounds rho. All deterministic: verify
-recomputes it from the prices the plan states. Left out, so the bound only grows: workspace, the
-second end stage, the hand-off of micro-batches larger than the cell's least, how the stages pack
-into servers, the TTFT target. What it cannot see is integrality: a
-small cluster whose fleet LP runs a fraction of a replica keeps that fraction in the bound (the
-cell bound, with whole copies, is the one for that).
+between batches). The value is the top score: the cells cover every (C, m, theta), so it bounds
+rho. All deterministic: verify recomputes it from the prices the plan states. Left out, so the
+bound only grows: workspace, the second end stage, the hand-off of micro-batches larger than the
+cell's least, how the stages pack into servers, the TTFT target. What it cannot see is
+integrality: a small cluster whose fleet LP runs a fraction of a replica keeps that fraction in
+the bound (the cell bound, with whole copies, is the one for that).
 """
 
 from __future__ import annotations
@@ -262,7 +261,7 @@ class _Pricer:
 
 
 def _solve_cell(h: highspy.Highs, price: np.ndarray, a: list, lo: list, hi: list) -> tuple[bool, float | None, object]:
-    """A cell's MILP (`_Pricer.exact`: stages, then layers, then end stages per option; the stages
+    """A cell's MILP (`_Pricer._model`: stages, then layers, then end stages per option; the stages
     and end stages integer) solved by HiGHS: whether it is feasible, its dual bound (None: HiGHS
     gave none) and the solution found (None: none). Its costs are not negative, so HiGHS's
     "unbounded or infeasible" is infeasible."""
@@ -352,23 +351,24 @@ def _search(pricer: _Pricer, classes: tuple[ServerClass, ...], tpot_slo_s: float
         push(cell, pricer.quick(cell), False, [])
     stop = max(enough, TARGET)
     while heap and -heap[0][0] > stop and pricer.solves < MAX_SOLVES:
-        batch = []
-        while heap and -heap[0][0] > stop and len(batch) < BATCH:
+        rough, solved = [], []  # cells to price by their MILPs; priced cells to cut, with their parts
+        while heap and -heap[0][0] > stop and len(rough) + len(solved) < BATCH:
             entry = heapq.heappop(heap)
             _, _, price, exact, cell, breaks, used = entry
-            if exact and halves(cell, breaks) == [cell]:  # as fine as cells get: its score stands
+            parts = halves(cell, breaks) if exact else None
+            if parts == [cell]:  # as fine as cells get: its score stands
                 heapq.heappush(heap, entry)
                 break
-            batch.append(entry)
-        if not batch:
+            if exact:
+                solved.append((price, breaks, used, parts))
+            else:
+                rough.append(cell)
+        if not rough and not solved:
             break
-        rough = [entry[4] for entry in batch if not entry[3]]
         for cell, result in zip(rough, pricer.exact(rough)):
             push(cell, result[0], True, *result[1:])
-        for _, _, price, exact, cell, breaks, used in batch:
-            if not exact:
-                continue
-            for part in halves(cell, breaks):  # a part's replicas are its cell's: they cost at least as much
+        for price, breaks, used, parts in solved:
+            for part in parts:  # a part's replicas are its cell's: they cost at least as much
                 if pricer.still_fits(part, used):
                     push(part, price, True, breaks, used)
                 else:
