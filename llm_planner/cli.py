@@ -17,7 +17,7 @@ from llm_planner.atomic import WriteError
 from llm_planner.calibrate import CalibrateError
 from llm_planner.cli_types import count, positive_seconds, share
 from llm_planner.commands_export import add_export_parser
-from llm_planner.commands_helix import add_import_parser
+from llm_planner.commands_helix import add_import_parser, add_plan_helix_parser
 from llm_planner.commands_serving import add_serving_args
 from llm_planner.constants import DTYPE_BYTES, TORCH_DTYPES
 from llm_planner.fmt import LiteralConsole, styled
@@ -298,6 +298,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_profile_parser(sub)
 
     add_import_parser(sub)
+    add_plan_helix_parser(sub)
 
     add_export_parser(sub)
     return parser

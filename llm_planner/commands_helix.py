@@ -1,16 +1,28 @@
 """`llm-planner import helix`: a Helix cluster file and its layer profiles -> our cluster spec
-and serving profile (llm_planner.helix_import; docs/helix.md)."""
+and serving profile (llm_planner.helix_import); `llm-planner plan-helix`: a layout for Helix's
+engine, written as Helix's layout file (llm_planner.helix_plan). docs/helix.md."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import yaml
 from rich.console import Console
+from rich.table import Table
 
 from llm_planner.atomic import check_writable, write_atomic
 from llm_planner.commands import UserError
-from llm_planner.helix_import import cluster_spec_yaml, device_helix_names, load_helix_cluster, serving_profile_yaml
+from llm_planner.helix_engine import Network, load_engine_tables
+from llm_planner.helix_import import (
+    cluster_spec_yaml,
+    device_helix_names,
+    load_helix_cluster,
+    serving_profile_yaml,
+    slowest_link,
+)
+from llm_planner.helix_plan import plan_helix
+from llm_planner.serving.context import decoder_config
 from llm_planner.serving_profile import parse_serving_profile
 from llm_planner.spec import parse_cluster
 
@@ -38,6 +50,63 @@ def add_import_parser(sub) -> None:
     h.add_argument("--profile-out", help="serving profile YAML to write from --profiles")
     h.add_argument("--model", help="model name in the serving profile (default: the --profiles folder's name, _ -> -)")
     h.add_argument("--name", help="cluster name (default: the cluster file's stem)")
+
+
+def add_plan_helix_parser(sub) -> None:
+    """Register `plan-helix` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "plan-helix", help="a layout for Helix's engine (its cluster and model files), written as its layout file"
+    )
+    p.add_argument("--cluster", required=True, help="Helix cluster file (e.g. config/cluster24.ini)")
+    p.add_argument(
+        "--machine-profiles", help="Helix machine profile file (default: machine_profiles.ini beside --cluster)"
+    )
+    p.add_argument(
+        "--profiles",
+        required=True,
+        help="Helix's model manager folder of the model: <type>/decode_bs2time.csv and <type>/<model>_<type>.py "
+        "(e.g. simulator/model_manager/llama2_70b)",
+    )
+    p.add_argument("--model", help="model preset (default: the --profiles folder's name, _ -> -)")
+    p.add_argument(
+        "--prompt-len",
+        type=float,
+        default=763.0,
+        help="mean prompt tokens (default: 763, the Azure Conversation trace of Helix's offline runs)",
+    )
+    p.add_argument("-o", "--output", required=True, help="Helix layout file to write (its [Solution] format)")
+
+
+def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
+    if not args.prompt_len > 0:
+        raise UserError(f"--prompt-len: must be positive, got {args.prompt_len:g}", exit_code=2)
+    check_writable(args.output)
+    cluster = load_helix_cluster(args.cluster, args.machine_profiles)
+    config = decoder_config(args.model or Path(args.profiles).name.replace("_", "-"))
+    tables = {name.lower(): load_engine_tables(args.profiles, name) for name in sorted(set(cluster.node_types))}
+    bw, latency = slowest_link(cluster)
+    network = Network(latency_s=latency, bw_bytes_per_s=bw, activation_bytes=2 * config.hidden_size)
+    plan = plan_helix(cluster, tables, config.num_layers, args.prompt_len, network)
+    write_atomic(args.output, plan.layout_text(config.num_layers))
+    console.print(_stage_table(plan))
+    est = plan.estimate
+    console.print(
+        f"wrote {args.output}: {len(plan.stages)} stages on {sum(s.width for s in plan.stages)} machines; "
+        f"estimated {est.tokens_per_s:.1f} decode tokens/s with {est.queries:.0f} queries in flight and "
+        f"{est.round_s * 1e3:.0f} ms a token; {plan.layouts} layouts in {plan.solve_s:.1f} s"
+    )
+    return 0
+
+
+def _stage_table(plan) -> Table:
+    t = Table(title="stages (route order)")
+    for col in ("stage", "type", "machines", "layers"):
+        t.add_column(col)
+    first = 0
+    for i, (stage, nodes) in enumerate(zip(plan.stages, plan.machines)):
+        t.add_row(str(i), stage.kind, ", ".join(nodes), f"{first}-{first + stage.layers - 1}")
+        first += stage.layers
+    return t
 
 
 def cmd_import(args: argparse.Namespace, console: Console) -> int:

@@ -1,0 +1,157 @@
+"""Helix's runtime as a throughput model: its per-machine-type tables and a steady-state
+estimate of the decode tokens/s its simulator gives a layout (docs/helix.md, "Planning for
+Helix's engine").
+
+Helix (ASPLOS'25) describes each machine type of a model by files under its model manager
+folder (e.g. `simulator/model_manager/llama2_70b/<type>/`): `decode_bs2time.csv` and
+`prompt_bs2time.csv` (one layer's time in ms by batch) and `llama2_70b_<type>.py`, whose dict
+literals give, by the number of layers a machine holds, the KV-cache blocks of 16 tokens per
+layer (`vllm_num_blocks_dict`) and the largest decode batch (`decode_max_tokens_dict`); the
+largest key is the most layers the type may hold. `load_engine_tables` reads them, without
+running Helix's code.
+
+The model of a layout made of stages (each `width` machines of one type holding the same
+`layers`; a request passes one machine per stage):
+
+- Queries in flight: Helix admits a new query while the fullest machine's expected KV use
+  (prompt + 240 tokens per query on each of its layers) stays at most 80%, so
+  C = 0.8 x min over stages of width x 16 x blocks(layers) / (prompt + 240).
+- Its machines run what is queued as one batch, layer after layer, so in steady state the C
+  queries move as a bunch: one decode step of a query takes a round through every stage,
+  where each machine runs its C / width requests in batches of at most its decode limit,
+  plus the first request of the bunch alone (it arrives before the others and starts a batch
+  by itself; Helix charges a one-request decode twice), plus each hop's latency and the
+  bunch's transfer (every request is sent on its own).
+- Decode tokens/s = C / round time.
+
+Prompts share the machines and are not charged here; docs/helix.md compares the model with
+the simulator on the layouts we measured.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+from llm_planner.fileio import read_text
+from llm_planner.helix_import import HelixError, read_profile_csv
+
+BLOCK_TOKENS = 16  # tokens in one of vLLM's KV blocks (Helix's VLLM_BLOCK_SIZE)
+EXPECTED_OUTPUT = 240  # tokens Helix's scheduler expects a query to add (AVG_OUTPUT_LEN)
+FEED_HWM = 0.8  # Helix's offline feeder admits a query while the fullest machine is at most this full
+TOKEN_BYTES = 2  # a token id on the wire, besides its activation
+_TABLES = {"kv_blocks": "vllm_num_blocks_dict", "decode_limit": "decode_max_tokens_dict"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineTables:
+    """One machine type's tables from Helix's model manager; times in seconds."""
+
+    name: str  # the machine type's folder ("a100")
+    decode: tuple[tuple[int, float], ...]  # (batch, s) of one layer, from 0
+    kv_blocks: dict[int, int]  # layers held -> KV blocks per layer
+    decode_limit: dict[int, int]  # layers held -> most decode requests in one batch
+
+    @property
+    def max_layers(self) -> int:
+        return max(self.kv_blocks)
+
+    def decode_s(self, batch: float) -> float:
+        """One layer's decode time for `batch` requests, linear between the table's rows."""
+        rows = self.decode
+        if batch > rows[-1][0]:
+            raise HelixError(f"{self.name}: a decode batch of {batch:g} is past its table (last row {rows[-1][0]})")
+        for (x0, y0), (x1, y1) in zip(rows, rows[1:]):
+            if batch <= x1:
+                return y0 + (y1 - y0) * (batch - x0) / (x1 - x0)
+        return rows[-1][1]
+
+
+@dataclass(frozen=True)
+class Stage:
+    kind: str  # machine type (an EngineTables.name)
+    width: int  # machines holding the same layers; requests are split among them
+    layers: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Network:
+    latency_s: float  # one hop
+    bw_bytes_per_s: float
+    activation_bytes: int  # one token's hidden state
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    tokens_per_s: float  # decode tokens/s
+    queries: float  # in flight
+    round_s: float  # one decode step of a query
+
+
+def load_engine_tables(folder: str | Path, machine_type: str) -> EngineTables:
+    """The tables of `machine_type` (Helix's name, e.g. "A100") under a model manager folder."""
+    base = Path(folder) / machine_type.lower()
+    decode = read_profile_csv(base / "decode_bs2time.csv")
+    sources = sorted(base.glob("*.py"))
+    if len(sources) != 1:
+        raise HelixError(f"{base}: expected one <model>_<type>.py with the type's tables, found {len(sources)}")
+    tables = _dict_literals(sources[0])
+    if set(tables["kv_blocks"]) != set(tables["decode_limit"]):
+        raise HelixError(f"{sources[0]}: {_TABLES['kv_blocks']} and {_TABLES['decode_limit']} list different layers")
+    return EngineTables(
+        name=base.name, decode=tuple(decode), kv_blocks=tables["kv_blocks"], decode_limit=tables["decode_limit"]
+    )
+
+
+def _dict_literals(path: Path) -> dict[str, dict[int, int]]:
+    try:
+        tree = ast.parse(read_text(path, HelixError), filename=str(path))
+    except SyntaxError as exc:
+        raise HelixError(f"{path}: not valid Python: {exc.msg} (line {exc.lineno})") from None
+    found = {}
+    for node in ast.walk(tree):
+        target = getattr(node, "target", None) or (node.targets[0] if isinstance(node, ast.Assign) else None)
+        name = getattr(target, "id", None)
+        if name in _TABLES.values() and getattr(node, "value", None) is not None:
+            found[name] = _int_dict(path, name, node.value)
+    out = {}
+    for key, name in _TABLES.items():
+        if name not in found:
+            raise HelixError(f"{path}: {name}: missing (the type's table by number of layers held)")
+        out[key] = found[name]
+    return out
+
+
+def _int_dict(path: Path, name: str, node: ast.AST) -> dict[int, int]:
+    try:
+        value = ast.literal_eval(node)
+    except ValueError:
+        value = None
+    ok = isinstance(value, dict) and value and all(isinstance(k, int) and isinstance(v, int) for k, v in value.items())
+    if not ok or min(value) < 1 or min(value.values()) < 1 or sorted(value) != list(range(1, max(value) + 1)):
+        raise HelixError(f"{path}: {name}: expected {{layers: positive int}} for layers 1, 2, ..., got {value!r}")
+    return value
+
+
+def queries_in_flight(stages: list[Stage], tables: dict[str, EngineTables], prompt_len: float) -> float:
+    """The queries Helix's admission keeps in flight (module docstring)."""
+    per_query = prompt_len + EXPECTED_OUTPUT
+    return FEED_HWM * min(s.width * BLOCK_TOKENS * tables[s.kind].kv_blocks[s.layers] / per_query for s in stages)
+
+
+def stage_round_s(stage: Stage, table: EngineTables, queries: float, network: Network) -> float:
+    """One stage's share of a round: its machines' batches over its layers, then the hop out."""
+    share, limit = queries / stage.width, table.decode_limit[stage.layers]
+    full, rest = divmod(share, limit)
+    batches = full * table.decode_s(limit) + (table.decode_s(rest) if rest > 0 else 0.0)
+    first = 2 * table.decode_s(1)  # the bunch's first request, alone, charged twice
+    send = network.latency_s + share * (network.activation_bytes + TOKEN_BYTES) / network.bw_bytes_per_s
+    return stage.layers * (batches + first) + send
+
+
+def estimate(stages: list[Stage], tables: dict[str, EngineTables], prompt_len: float, network: Network) -> Estimate:
+    """Decode tokens/s of a layout of `stages` under Helix's engine (module docstring)."""
+    queries = queries_in_flight(stages, tables, prompt_len)
+    round_s = network.latency_s + sum(stage_round_s(s, tables[s.kind], queries, network) for s in stages)
+    return Estimate(tokens_per_s=queries / round_s, queries=queries, round_s=round_s)
