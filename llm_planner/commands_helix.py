@@ -13,15 +13,18 @@ from rich.table import Table
 
 from llm_planner.atomic import check_writable, write_atomic
 from llm_planner.commands import UserError
-from llm_planner.helix_engine import Network, load_engine_tables
+from llm_planner.fileio import read_text
+from llm_planner.helix_engine import Network, estimate, load_engine_tables
+from llm_planner.helix_export import LayoutError, read_helix_layout
 from llm_planner.helix_import import (
+    HelixError,
     cluster_spec_yaml,
     device_helix_names,
     load_helix_cluster,
     serving_profile_yaml,
     slowest_link,
 )
-from llm_planner.helix_plan import plan_helix
+from llm_planner.helix_plan import ORDERS, layout_stages, plan_helix
 from llm_planner.serving.context import decoder_config
 from llm_planner.serving_profile import parse_serving_profile
 from llm_planner.spec import parse_cluster
@@ -74,36 +77,60 @@ def add_plan_helix_parser(sub) -> None:
         default=763.0,
         help="mean prompt tokens (default: 763, the Azure Conversation trace of Helix's offline runs)",
     )
-    p.add_argument("-o", "--output", required=True, help="Helix layout file to write (its [Solution] format)")
+    p.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="slow-ends",
+        help="route order of the stages: slowest at both ends, or fastest first (default: slow-ends)",
+    )
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("-o", "--output", help="Helix layout file to write (its [Solution] format)")
+    out.add_argument("--score", help="a Helix layout file to estimate instead of planning one (writes nothing)")
 
 
 def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
     if not args.prompt_len > 0:
         raise UserError(f"--prompt-len: must be positive, got {args.prompt_len:g}", exit_code=2)
-    check_writable(args.output)
+    if args.output:
+        check_writable(args.output)
     cluster = load_helix_cluster(args.cluster, args.machine_profiles)
     config = decoder_config(args.model or Path(args.profiles).name.replace("_", "-"))
     tables = {name.lower(): load_engine_tables(args.profiles, name) for name in sorted(set(cluster.node_types))}
     bw, latency = slowest_link(cluster)
     network = Network(latency_s=latency, bw_bytes_per_s=bw, activation_bytes=2 * config.hidden_size)
-    plan = plan_helix(cluster, tables, config.num_layers, args.prompt_len, network)
+    if args.score:
+        try:
+            ranges = read_helix_layout(read_text(args.score, HelixError), source=args.score)
+        except LayoutError as exc:
+            raise HelixError(str(exc)) from None
+        stages, machines = layout_stages(ranges, cluster, config.num_layers, args.score)
+        est = estimate(list(stages), tables, args.prompt_len, network)
+        console.print(_stage_table(stages, machines))
+        console.print(f"{args.score}: {_said(est)}")
+        return 0
+    plan = plan_helix(cluster, tables, config.num_layers, args.prompt_len, network, order=args.order)
     write_atomic(args.output, plan.layout_text(config.num_layers))
-    console.print(_stage_table(plan))
-    est = plan.estimate
+    console.print(_stage_table(plan.stages, plan.machines))
     console.print(
         f"wrote {args.output}: {len(plan.stages)} stages on {sum(s.width for s in plan.stages)} machines; "
-        f"estimated {est.tokens_per_s:.1f} decode tokens/s with {est.queries:.0f} queries in flight and "
-        f"{est.round_s * 1e3:.0f} ms a token; {plan.layouts} layouts in {plan.solve_s:.1f} s"
+        f"{_said(plan.estimate)}; {plan.layouts} layouts in {plan.solve_s:.1f} s"
     )
     return 0
 
 
-def _stage_table(plan) -> Table:
+def _said(est) -> str:
+    return (
+        f"estimated {est.tokens_per_s:.1f} decode tokens/s with {est.queries:.0f} queries in flight "
+        f"and {est.round_s * 1e3:.0f} ms a token"
+    )
+
+
+def _stage_table(stages, machines) -> Table:
     t = Table(title="stages (route order)")
     for col in ("stage", "type", "machines", "layers"):
         t.add_column(col)
     first = 0
-    for i, (stage, nodes) in enumerate(zip(plan.stages, plan.machines)):
+    for i, (stage, nodes) in enumerate(zip(stages, machines)):
         t.add_row(str(i), stage.kind, ", ".join(nodes), f"{first}-{first + stage.layers - 1}")
         first += stage.layers
     return t

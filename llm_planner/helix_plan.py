@@ -8,11 +8,14 @@ layers among the types, every width and stage count a type's machines allow. A m
 with n machines and at most m layers gives O(n^2 m) choices for a given number of layers, so
 Helix's 24-machine cluster has about 150,000 layouts, all evaluated.
 
-Order: stages are sorted from slowest to fastest per layer and dealt alternately to the front
-and the back, so the slowest sit at both ends and the fastest in the middle. This is a rule,
-not part of the model: on Helix's 24-machine cluster the same stages scored 277.3 decode
-tokens/s under Helix's simulator in this order and 247.5 with the A100 stages first
-(docs/helix.md).
+Order (`ORDERS`): by default ("slow-ends") stages are sorted from slowest to fastest per layer
+and dealt alternately to the front and the back, so the slowest sit at both ends and the
+fastest in the middle; "fast-first" puts them fastest first. The model does not see the order:
+the default is what scored better under Helix's simulator (docs/helix.md).
+
+`layout_stages` reads a layout back as stages, so the model can score a layout it did not
+write, when its machines form stages (each range held by machines of one type, the ranges
+following each other).
 """
 
 from __future__ import annotations
@@ -55,8 +58,16 @@ def type_choices(kind: str, machines: int, max_layers: int, layers: int) -> Iter
             yield tuple(Stage(kind, width, base + (i < extra)) for i in range(count))
 
 
+ORDERS = ("slow-ends", "fast-first")
+
+
 def plan_helix(
-    cluster: HelixCluster, tables: dict[str, EngineTables], num_layers: int, prompt_len: float, network: Network
+    cluster: HelixCluster,
+    tables: dict[str, EngineTables],
+    num_layers: int,
+    prompt_len: float,
+    network: Network,
+    order: str = "slow-ends",
 ) -> HelixPlan:
     """The best layout of the family (module docstring) for the machines of `cluster`."""
     started = time.monotonic()
@@ -82,7 +93,7 @@ def plan_helix(
                 best, best_stages = guess, stages
     if best is None:
         raise HelixError(f"{cluster.source}: its machines cannot hold the model's {num_layers} layers")
-    ordered = order_stages(best_stages, tables)
+    ordered = order_stages(best_stages, tables, order)
     return HelixPlan(
         stages=ordered,
         machines=assign_machines(ordered, cluster),
@@ -114,11 +125,46 @@ def _product(lists: list[list]) -> Iterator[tuple]:
             yield (head, *tail)
 
 
-def order_stages(stages: tuple[Stage, ...], tables: dict[str, EngineTables]) -> tuple[Stage, ...]:
-    """Slowest per layer at both ends, fastest in the middle (module docstring)."""
+def order_stages(
+    stages: tuple[Stage, ...], tables: dict[str, EngineTables], order: str = "slow-ends"
+) -> tuple[Stage, ...]:
+    """Route order of `stages` (module docstring)."""
     slow_first = sorted(stages, key=lambda s: (-tables[s.kind].decode_s(1), -s.layers, s.width))
+    if order == "fast-first":
+        return tuple(slow_first[::-1])
+    if order != "slow-ends":
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     front, back = slow_first[0::2], slow_first[1::2]
     return tuple(front + back[::-1])
+
+
+def layout_stages(
+    ranges: dict[str, tuple[int, int]], cluster: HelixCluster, num_layers: int, source: str
+) -> tuple[tuple[Stage, ...], tuple[tuple[str, ...], ...]]:
+    """A layout's machines (Helix node name -> layer range) as stages in route order; HelixError
+    naming `source` when they do not form stages."""
+    kind_of = {helix_node_name(i): name.lower() for i, name in enumerate(cluster.node_types)}
+    by_range: dict[tuple[int, int], list[str]] = {}
+    for node, span in ranges.items():
+        if node not in kind_of:
+            raise HelixError(f"{source}: {node} is not a machine of {cluster.source}")
+        by_range.setdefault(span, []).append(node)
+    stages, machines, first = [], [], 0
+    for span in sorted(by_range):
+        nodes = sorted(by_range[span], key=lambda n: int(n.rsplit("_", 1)[1]))
+        kinds = {kind_of[n] for n in nodes}
+        if span[0] != first or len(kinds) > 1:
+            why = "mixes machine types" if len(kinds) > 1 else f"does not start where the last ended ({first})"
+            raise HelixError(
+                f"{source}: the range {span[0]}-{span[1] - 1} ({', '.join(nodes)}) {why}: "
+                "the model scores layouts whose ranges follow each other, each held by machines of one type"
+            )
+        stages.append(Stage(kinds.pop(), len(nodes), span[1] - span[0]))
+        machines.append(tuple(nodes))
+        first = span[1]
+    if first != num_layers:
+        raise HelixError(f"{source}: its ranges end at layer {first}, not at the model's {num_layers}")
+    return tuple(stages), tuple(machines)
 
 
 def assign_machines(stages: tuple[Stage, ...], cluster: HelixCluster) -> tuple[tuple[str, ...], ...]:
