@@ -40,7 +40,9 @@ import provenance  # benchmarks/provenance.py, beside this script
 REPO = Path(__file__).resolve().parents[1]
 HARNESS = Path(__file__).resolve().parent / "helix_harness.py"
 SINGLE = "artifact_evaluation/single_cluster"  # inside the Helix checkout
-COLUMNS = ("row", "decode_tokens_per_s", "helix_reported", "runs", "wall_s")
+COLUMNS = ("row", "decode_tokens_per_s", "helix_reported", "model_tokens_per_s", "runs", "wall_s")
+MODEL_FOLDER = "simulator/model_manager/llama2_70b"  # inside the Helix checkout
+PROMPT_LEN = 763.0  # the Azure Conversation trace's mean prompt (docs/helix.md)
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,30 @@ def roundtrip_run(checkout: Path, scratch: Path) -> list[Run]:
     return [Run(cluster=row.cluster, layout=str(layout))]
 
 
+def model_estimate(run: Run, checkout: Path, profiles: str) -> float | None:
+    """What `llm-planner plan-helix --score` estimates for the layout (llm_planner.helix_engine);
+    None when its machines do not form stages (e.g. Helix's MILP layout) or it is not on one cluster."""
+    from llm_planner.fileio import read_text
+    from llm_planner.helix_engine import Network, estimate, load_engine_tables
+    from llm_planner.helix_export import read_helix_layout
+    from llm_planner.helix_import import HelixError, load_helix_cluster, slowest_link
+    from llm_planner.helix_plan import layout_stages
+    from llm_planner.serving.context import decoder_config
+
+    at = lambda p: p if Path(p).is_absolute() else checkout / p  # noqa: E731
+    cluster = load_helix_cluster(at(run.cluster), at(profiles))
+    config = decoder_config("llama2-70b")
+    tables = {n.lower(): load_engine_tables(checkout / MODEL_FOLDER, n) for n in set(cluster.node_types)}
+    bw, latency = slowest_link(cluster)
+    network = Network(latency_s=latency, bw_bytes_per_s=bw, activation_bytes=2 * config.hidden_size)
+    try:
+        ranges = read_helix_layout(read_text(at(run.layout), HelixError), str(run.layout))
+        stages, _ = layout_stages(ranges, cluster, config.num_layers, str(run.layout))
+    except HelixError:
+        return None
+    return estimate(list(stages), tables, PROMPT_LEN, network).tokens_per_s
+
+
 def simulate(
     run: Run, checkout: Path, python: str, profiles: str, warm_up_s: float = 60.0, duration_s: float = 600.0
 ) -> dict:
@@ -145,13 +171,15 @@ def simulate(
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| layout | decode tokens/s (Helix's simulator) | Helix reports | simulations | wall |",
-        "|---|---|---|---|---|",
+        "| layout | decode tokens/s (Helix's simulator) | Helix reports | plan-helix model | simulations | wall |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         reported = f"{r['helix_reported']:.1f}" if r["helix_reported"] else "-"
+        model = f"{r['model_tokens_per_s']:.1f}" if r["model_tokens_per_s"] is not None else "-"
         lines.append(
-            f"| {r['row']} | {r['decode_tokens_per_s']:.1f} | {reported} | {r['runs']} | {r['wall_s']:.0f} s |"
+            f"| {r['row']} | {r['decode_tokens_per_s']:.1f} | {reported} | {model} | {r['runs']} | "
+            f"{r['wall_s']:.0f} s |"
         )
     return "\n".join(lines) + "\n"
 
@@ -211,13 +239,16 @@ def main() -> None:
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = list(pool.map(one, runs))
     rows = []
-    for name, (_row_runs, reported) in chosen.items():
+    for name, (row_runs, reported) in chosen.items():
         mine = [res for (n, _), res in zip(runs, results) if n == name]
         rows.append(
             {
                 "row": name,
                 "decode_tokens_per_s": sum(r["decode_tokens_per_s"] for r in mine),
                 "helix_reported": reported,
+                "model_tokens_per_s": (
+                    model_estimate(row_runs[0], checkout, args.machine_profiles) if len(row_runs) == 1 else None
+                ),
                 "runs": len(mine),
                 "wall_s": max(r["wall_s"] for r in mine),
             }
