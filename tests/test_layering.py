@@ -159,6 +159,8 @@ LAYERS: list[tuple[str, list[str], str]] = [
             "llm_planner.verify_file",
             "llm_planner.helix_import",
             "llm_planner.helix_export",
+            "llm_planner.helix_engine",
+            "llm_planner.helix_plan",
             "llm_planner.plan_export",
             "llm_planner.observe",
             "llm_planner.measure",
