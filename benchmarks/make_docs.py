@@ -83,15 +83,15 @@ price bound included.""",
 Helix's discrete-event simulator (docs/helix.md: offline LLaMA-2 70B on its 24-machine cluster
 of 4 A100 40GB, 8 L4 and 12 T4 over 1 GB/s links with 1 ms latency, Azure Conversation request
 lengths, MaxFlow scheduling) scores a layout by the decode tokens that reach the coordinator
-per simulated second after a warm-up. Rows: `helix-milp` is Helix's own MILP layout; the other
-row is the layout of our serving plan of the same cluster at a 1 s TPOT target ("Serving" above,
-planned with Helix's measured layer profiles; `benchmarks/results/helix/serving-llama2-70b-1s.ini`,
-written by `llm-planner export --to helix`): one pipeline, T4, L4, A100, T4. Not met: the target
-of at least Helix's 252.1 under its simulator; docs/helix.md says what its simulator measures
-that our model does not. Both were simulated over the same window, shorter than Helix's 600 s
-(the simulator's memory grows with simulated time and a 600 s run of a 24-machine layout does not
-fit in this machine's 24 GB beside other work); Helix reports 252.1 tokens/s for its layout over
-600 s and 124.3 for one pipeline per GPU type.""",
+per simulated second over Helix's window (600 s after a 60 s warm-up). Rows: `helix-milp` is
+Helix's own MILP layout (Helix reports 252.1 for it); `plan-helix-llama2-70b.ini` is the layout
+`llm-planner plan-helix` writes for the cluster from Helix's own files (docs/helix.md, "Planning
+for Helix's engine"), `-fast-first` the same stages with `--order fast-first`;
+`serving-llama2-70b-1s.ini` is the layout of our serving plan at a 1 s TPOT target ("Serving"
+above; `llm-planner export --to helix`), one pipeline of all 24 machines. The model column is
+`plan-helix --score` (for layouts whose machines form stages). The target, at least Helix's
+252.1 under its simulator, is met by `plan-helix`'s layout: 292.2. Helix reports 124.3 for one
+pipeline per GPU type.""",
     ),
     Section(
         "tp",
