@@ -175,8 +175,8 @@ def drop_records(simulator):
     construction, are not repeated) and an event log nobody reads; a finished request keeps its
     per-layer inference, routing and location records, read only while it travels (its query
     copies what it needs when it finishes); a finished query keeps one record per token, read
-    only when it finishes. The events dominate: a 90 s run holds 164 MB without them and 609 MB
-    with them, and the memory of a run grows with its simulated time.
+    only when it finishes. They grow with simulated time; docs/helix.md gives a run's peak
+    memory with and without them.
     """
     simulator.logger.add_log = lambda *_, **__: None
     simulator.previous_events_list, simulator.previous_events_dict = _Discarded(), _Forgetting()
