@@ -134,10 +134,19 @@ def _int_dict(path: Path, name: str, node: ast.AST) -> dict[int, int]:
     return value
 
 
+def stage_room(stage: Stage, table: EngineTables) -> int:
+    """A stage's KV blocks per layer over its machines: what its queries in flight grow with."""
+    return stage.width * table.kv_blocks[stage.layers]
+
+
+def room_queries(room: int, prompt_len: float) -> float:
+    """The queries Helix's admission keeps in flight when the fullest stage has this room."""
+    return FEED_HWM * BLOCK_TOKENS * room / (prompt_len + EXPECTED_OUTPUT)
+
+
 def queries_in_flight(stages: list[Stage], tables: dict[str, EngineTables], prompt_len: float) -> float:
     """The queries Helix's admission keeps in flight (module docstring)."""
-    per_query = prompt_len + EXPECTED_OUTPUT
-    return FEED_HWM * min(s.width * BLOCK_TOKENS * tables[s.kind].kv_blocks[s.layers] / per_query for s in stages)
+    return room_queries(min(stage_room(s, tables[s.kind]) for s in stages), prompt_len)
 
 
 def stage_round_s(stage: Stage, table: EngineTables, queries: float, network: Network) -> float:

@@ -8,6 +8,8 @@ import itertools
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_helix import write_helix
 
 from llm_planner.cli import main
@@ -25,7 +27,8 @@ from llm_planner.helix_engine import (
 )
 from llm_planner.helix_export import read_helix_layout
 from llm_planner.helix_import import HelixError, load_helix_cluster
-from llm_planner.helix_plan import order_stages, plan_helix, type_choices
+from llm_planner.helix_plan import order_stages, plan_helix
+from llm_planner.helix_search import Kind, best_stages, choices, count_layouts
 
 # tables by layers held, as Helix writes them in <model>_<type>.py (the rest of that file is code we never run)
 MODEL_PY = {
@@ -107,15 +110,30 @@ def test_stage_round_by_hand(tmp_path):
     assert est.tokens_per_s == pytest.approx(q / est.round_s)
 
 
-def test_type_choices_one_width_near_equal_counts():
-    got = list(type_choices("t4", machines=4, max_layers=3, layers=5))
+def family(kinds: list[Kind], num_layers: int):
+    """Every layout of the family, by brute force: each split of the layers, each type's choice."""
+    per_kind = [
+        [()] if n == 0 else [c.stages(k.name, n) for c in choices(k, n)] for k in kinds for n in range(num_layers + 1)
+    ]
+    width = num_layers + 1
+    for split in itertools.product(range(width), repeat=len(kinds)):
+        if sum(split) != num_layers:
+            continue
+        for parts in itertools.product(*(per_kind[i * width + n] for i, n in enumerate(split))):
+            if any(parts):
+                yield tuple(s for part in parts for s in part)
+
+
+def test_choices_one_width_near_equal_counts(tmp_path):
+    kind = Kind("t4", 4, tables(tmp_path)["t4"])  # at most 4 layers a machine
+    got = [c.stages("t4", 6) for c in choices(kind, 6)]
     for stages in got:
-        assert sum(s.layers for s in stages) == 5
+        assert sum(s.layers for s in stages) == 6
         assert len({s.width for s in stages}) == 1 and len(stages) * stages[0].width <= 4
-        assert max(s.layers for s in stages) - min(s.layers for s in stages) <= 1 and stages[0].layers <= 3
-    # widths 1 with 2, 3 or 4 stages; width 2 with 2 stages
+        assert max(s.layers for s in stages) - min(s.layers for s in stages) <= 1 and stages[0].layers <= 4
+    # width 1 with 2, 3 or 4 stages; width 2 with 2 stages
     assert sorted((len(s), s[0].width) for s in got) == [(2, 1), (2, 2), (3, 1), (4, 1)]
-    assert list(type_choices("t4", 4, 3, 0)) == [()]
+    assert choices(kind, 17) == []
 
 
 def test_order_puts_the_slowest_at_both_ends(tmp_path):
@@ -129,17 +147,47 @@ def test_plan_is_the_best_of_its_family(tmp_path):
     t = tables(tmp_path)
     cluster = load_helix_cluster(cluster_path)  # 1 A100, 2 T4
     plan = plan_helix(cluster, t, num_layers=10, prompt_len=100, network=NET)
-    family = []  # brute force: every split of 10 layers, every choice of each type
-    for a in range(11):
-        for ca, ct in itertools.product(type_choices("a100", 1, 8, a), type_choices("t4", 2, 4, 10 - a)):
-            if ca + ct:
-                family.append(estimate(list(ca + ct), t, 100, NET).tokens_per_s)
-    assert plan.layouts == len(family)
-    assert plan.estimate.tokens_per_s == pytest.approx(max(family))
-    assert plan.estimate.tokens_per_s == pytest.approx(estimate(list(plan.stages), t, 100, NET).tokens_per_s)
+    kinds = [Kind("a100", 1, t["a100"]), Kind("t4", 2, t["t4"])]
+    values = [estimate(list(stages), t, 100, NET).tokens_per_s for stages in family(kinds, 10)]
+    assert plan.layouts == len(values) == count_layouts(kinds, 10)
+    assert plan.estimate.tokens_per_s == pytest.approx(max(values))
     ranges = read_helix_layout(plan.layout_text(10))
     assert sum(s.layers for s in plan.stages) == 10
     assert sorted(ranges) == sorted(n for nodes in plan.machines for n in nodes)
+
+
+@st.composite
+def engine_kinds(draw):
+    """Two or three machine types with drawn profiles, KV tables (blocks falling with the layers
+    held) and decode limits."""
+    kinds = []
+    for i in range(draw(st.integers(2, 3))):
+        top = draw(st.integers(1, 4))
+        steps = draw(st.lists(st.floats(0.1, 5.0), min_size=3, max_size=3))
+        decode = ((0, 0.0), (1, steps[0] * 1e-3), (8, (steps[0] + steps[1]) * 1e-3), (32, sum(steps) * 1e-3))
+        blocks = sorted(draw(st.lists(st.integers(5, 400), min_size=top, max_size=top)), reverse=True)
+        limit = draw(st.integers(1, 32))
+        table = EngineTables(
+            name=f"k{i}",
+            decode=decode,
+            kv_blocks={layers: b for layers, b in enumerate(blocks, start=1)},
+            decode_limit={layers: limit for layers in range(1, top + 1)},
+        )
+        kinds.append(Kind(f"k{i}", draw(st.integers(1, 4)), table))
+    return kinds
+
+
+@settings(max_examples=40, deadline=None)
+@given(kinds=engine_kinds(), num_layers=st.integers(1, 7), prompt_len=st.floats(1.0, 200.0))
+def test_search_equals_brute_force(kinds, num_layers, prompt_len):
+    t = {k.name: k.table for k in kinds}
+    values = [estimate(list(s), t, prompt_len, NET).tokens_per_s for s in family(kinds, num_layers)]
+    found = best_stages(kinds, num_layers, prompt_len, NET)
+    assert count_layouts(kinds, num_layers) == len(values)
+    if not values:
+        assert found is None
+        return
+    assert estimate(list(found), t, prompt_len, NET).tokens_per_s == pytest.approx(max(values), rel=1e-9)
 
 
 def test_plan_helix_cli_writes_a_layout(tmp_path, capsys):
