@@ -106,27 +106,17 @@ def roundtrip_run(checkout: Path, scratch: Path) -> list[Run]:
 
 
 def model_estimate(run: Run, checkout: Path, profiles: str) -> float | None:
-    """What `llm-planner plan-helix --score` estimates for the layout (llm_planner.helix_engine);
-    None when its machines do not form stages (e.g. Helix's MILP layout) or it is not on one cluster."""
-    from llm_planner.fileio import read_text
-    from llm_planner.helix_engine import Network, estimate, load_engine_tables
-    from llm_planner.helix_export import read_helix_layout
-    from llm_planner.helix_import import HelixError, load_helix_cluster, slowest_link
-    from llm_planner.helix_plan import layout_stages
-    from llm_planner.serving.context import decoder_config
+    """What `llm-planner plan-helix --score` estimates for the layout (llm_planner.helix_plan);
+    None when its machines do not form stages (e.g. Helix's MILP layout)."""
+    from llm_planner.helix_import import HelixError
+    from llm_planner.helix_plan import load_inputs, score_layout
 
     at = lambda p: p if Path(p).is_absolute() else checkout / p  # noqa: E731
-    cluster = load_helix_cluster(at(run.cluster), at(profiles))
-    config = decoder_config("llama2-70b")
-    tables = {n.lower(): load_engine_tables(checkout / MODEL_FOLDER, n) for n in set(cluster.node_types)}
-    bw, latency = slowest_link(cluster)
-    network = Network(latency_s=latency, bw_bytes_per_s=bw, activation_bytes=2 * config.hidden_size)
+    inputs = load_inputs(at(run.cluster), at(profiles), checkout / MODEL_FOLDER, "llama2-70b")
     try:
-        ranges = read_helix_layout(read_text(at(run.layout), HelixError), str(run.layout))
-        stages, _ = layout_stages(ranges, cluster, config.num_layers, str(run.layout))
+        return score_layout(inputs, at(run.layout), PROMPT_LEN)[2].tokens_per_s
     except HelixError:
         return None
-    return estimate(list(stages), tables, PROMPT_LEN, network).tokens_per_s
 
 
 def simulate(

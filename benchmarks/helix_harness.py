@@ -176,7 +176,8 @@ def drop_records(simulator):
     per-layer inference, routing and location records, read only while it travels (its query
     copies what it needs when it finishes); a finished query keeps one record per token, read
     only when it finishes. They grow with simulated time; docs/helix.md gives a run's peak
-    memory with and without them.
+    memory with and without them. What is lost: two of its self-checks (no event id repeats,
+    log entries come in time order), not a number it computes.
     """
     simulator.logger.add_log = lambda *_, **__: None
     simulator.previous_events_list, simulator.previous_events_dict = _Discarded(), _Forgetting()

@@ -5,7 +5,7 @@ engine, written as Helix's layout file (llm_planner.helix_plan). docs/helix.md."
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import math
 
 import yaml
 from rich.console import Console
@@ -13,19 +13,8 @@ from rich.table import Table
 
 from llm_planner.atomic import check_writable, write_atomic
 from llm_planner.commands import UserError
-from llm_planner.fileio import read_text
-from llm_planner.helix_engine import Network, estimate, load_engine_tables
-from llm_planner.helix_export import LayoutError, read_helix_layout
-from llm_planner.helix_import import (
-    HelixError,
-    cluster_spec_yaml,
-    device_helix_names,
-    load_helix_cluster,
-    serving_profile_yaml,
-    slowest_link,
-)
-from llm_planner.helix_plan import ORDERS, layout_stages, plan_helix
-from llm_planner.serving.context import decoder_config
+from llm_planner.helix_import import cluster_spec_yaml, device_helix_names, load_helix_cluster, serving_profile_yaml
+from llm_planner.helix_plan import ORDERS, load_inputs, plan_helix, score_layout
 from llm_planner.serving_profile import parse_serving_profile
 from llm_planner.spec import parse_cluster
 
@@ -39,10 +28,7 @@ def add_import_parser(sub) -> None:
         help="the file format to import (helix: Helix's cluster .ini and layer profiles)",
     )
     h = formats.add_parser("helix", help="a Helix (ASPLOS'25) cluster .ini and its per-layer profiles")
-    h.add_argument("--cluster", required=True, help="Helix cluster file (e.g. config/cluster24.ini)")
-    h.add_argument(
-        "--machine-profiles", help="Helix machine profile file (default: machine_profiles.ini beside --cluster)"
-    )
+    _add_cluster_args(h)
     h.add_argument(
         "--profiles",
         help="folder of Helix's per-machine-type layer profiles, <type>/decode_bs2time.csv "
@@ -55,15 +41,19 @@ def add_import_parser(sub) -> None:
     h.add_argument("--name", help="cluster name (default: the cluster file's stem)")
 
 
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", required=True, help="Helix cluster file (e.g. config/cluster24.ini)")
+    p.add_argument(
+        "--machine-profiles", help="Helix machine profile file (default: machine_profiles.ini beside --cluster)"
+    )
+
+
 def add_plan_helix_parser(sub) -> None:
     """Register `plan-helix` on the CLI's subparsers."""
     p = sub.add_parser(
         "plan-helix", help="a layout for Helix's engine (its cluster and model files), written as its layout file"
     )
-    p.add_argument("--cluster", required=True, help="Helix cluster file (e.g. config/cluster24.ini)")
-    p.add_argument(
-        "--machine-profiles", help="Helix machine profile file (default: machine_profiles.ini beside --cluster)"
-    )
+    _add_cluster_args(p)
     p.add_argument(
         "--profiles",
         required=True,
@@ -89,27 +79,18 @@ def add_plan_helix_parser(sub) -> None:
 
 
 def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
-    if not args.prompt_len > 0:
-        raise UserError(f"--prompt-len: must be positive, got {args.prompt_len:g}", exit_code=2)
+    if not (math.isfinite(args.prompt_len) and args.prompt_len > 0):
+        raise UserError(f"--prompt-len: must be a positive number of tokens, got {args.prompt_len:g}", exit_code=2)
     if args.output:
         check_writable(args.output)
-    cluster = load_helix_cluster(args.cluster, args.machine_profiles)
-    config = decoder_config(args.model or Path(args.profiles).name.replace("_", "-"))
-    tables = {name.lower(): load_engine_tables(args.profiles, name) for name in sorted(set(cluster.node_types))}
-    bw, latency = slowest_link(cluster)
-    network = Network(latency_s=latency, bw_bytes_per_s=bw, activation_bytes=2 * config.hidden_size)
+    inputs = load_inputs(args.cluster, args.machine_profiles, args.profiles, args.model)
     if args.score:
-        try:
-            ranges = read_helix_layout(read_text(args.score, HelixError), source=args.score)
-        except LayoutError as exc:
-            raise HelixError(str(exc)) from None
-        stages, machines = layout_stages(ranges, cluster, config.num_layers, args.score)
-        est = estimate(list(stages), tables, args.prompt_len, network)
+        stages, machines, est = score_layout(inputs, args.score, args.prompt_len)
         console.print(_stage_table(stages, machines))
         console.print(f"{args.score}: {_said(est)}")
         return 0
-    plan = plan_helix(cluster, tables, config.num_layers, args.prompt_len, network, order=args.order)
-    write_atomic(args.output, plan.layout_text(config.num_layers))
+    plan = plan_helix(inputs, args.prompt_len, order=args.order)
+    write_atomic(args.output, plan.layout_text(inputs.num_layers))
     console.print(_stage_table(plan.stages, plan.machines))
     console.print(
         f"wrote {args.output}: {len(plan.stages)} stages on {sum(s.width for s in plan.stages)} machines; "

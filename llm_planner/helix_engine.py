@@ -99,6 +99,13 @@ def load_engine_tables(folder: str | Path, machine_type: str) -> EngineTables:
     tables = _dict_literals(sources[0])
     if set(tables["kv_blocks"]) != set(tables["decode_limit"]):
         raise HelixError(f"{sources[0]}: {_TABLES['kv_blocks']} and {_TABLES['decode_limit']} list different layers")
+    if decode[0][0] != 0:
+        raise HelixError(f"{base / 'decode_bs2time.csv'}: the first row must be batch 0 ('0,0'), not {decode[0][0]}")
+    if max(tables["decode_limit"].values()) > decode[-1][0]:
+        raise HelixError(
+            f"{sources[0]}: {_TABLES['decode_limit']}: a batch of {max(tables['decode_limit'].values())} is past "
+            f"{base / 'decode_bs2time.csv'}'s last row ({decode[-1][0]})"
+        )
     return EngineTables(
         name=base.name, decode=tuple(decode), kv_blocks=tables["kv_blocks"], decode_limit=tables["decode_limit"]
     )
@@ -107,14 +114,16 @@ def load_engine_tables(folder: str | Path, machine_type: str) -> EngineTables:
 def _dict_literals(path: Path) -> dict[str, dict[int, int]]:
     try:
         tree = ast.parse(read_text(path, HelixError), filename=str(path))
-    except SyntaxError as exc:
-        raise HelixError(f"{path}: not valid Python: {exc.msg} (line {exc.lineno})") from None
+    except (SyntaxError, ValueError) as exc:
+        where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+        raise HelixError(f"{path}: not valid Python: {getattr(exc, 'msg', exc)}{where}") from None
     found = {}
     for node in ast.walk(tree):
-        target = getattr(node, "target", None) or (node.targets[0] if isinstance(node, ast.Assign) else None)
-        name = getattr(target, "id", None)
-        if name in _TABLES.values() and getattr(node, "value", None) is not None:
-            found[name] = _int_dict(path, name, node.value)
+        for name in _assigned_names(node):
+            if name in _TABLES.values():
+                if name in found:
+                    raise HelixError(f"{path}: {name}: assigned more than once (line {node.lineno})")
+                found[name] = _int_dict(path, name, node.value)
     out = {}
     for key, name in _TABLES.items():
         if name not in found:
@@ -123,10 +132,19 @@ def _dict_literals(path: Path) -> dict[str, dict[int, int]]:
     return out
 
 
+def _assigned_names(node: ast.AST) -> list[str]:
+    """Names a plain `x = ...` or `x: T = ...` statement assigns."""
+    if isinstance(node, ast.Assign):
+        return [t.id for t in node.targets if isinstance(t, ast.Name)]
+    if isinstance(node, ast.AnnAssign) and node.value is not None and isinstance(node.target, ast.Name):
+        return [node.target.id]
+    return []
+
+
 def _int_dict(path: Path, name: str, node: ast.AST) -> dict[int, int]:
     try:
         value = ast.literal_eval(node)
-    except ValueError:
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         value = None
     ok = isinstance(value, dict) and value and all(isinstance(k, int) and isinstance(v, int) for k, v in value.items())
     if not ok or min(value) < 1 or min(value.values()) < 1 or sorted(value) != list(range(1, max(value) + 1)):

@@ -397,6 +397,11 @@ def read_profile_csv(path: str | Path) -> list[tuple[int, float]]:
     return rows
 
 
+def default_model(profiles_dir: str | Path) -> str:
+    """The model a Helix model manager folder is for: its name, _ -> - ("llama2_70b" -> "llama2-70b")."""
+    return Path(profiles_dir).name.replace("_", "-")
+
+
 def serving_profile_yaml(
     cluster: HelixCluster,
     profiles_dir: str | Path,
@@ -407,7 +412,7 @@ def serving_profile_yaml(
     """Our serving profile (llm_planner.serving_profile) from Helix's per-machine-type layer times."""
     datasheets = load_datasheets() if datasheets is None else datasheets
     root = Path(profiles_dir)
-    model = model or root.name.replace("_", "-")
+    model = model or default_model(root)
     lines = [
         "# measured time of one decoder layer per device kind (llm_planner serving profile)",
         f"# imported from Helix's per-machine-type profiles in {root.name}/ (milliseconds -> seconds)",

@@ -23,11 +23,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from llm_planner.helix_engine import EngineTables, Estimate, Network, Stage, estimate
-from llm_planner.helix_export import helix_layout
-from llm_planner.helix_import import HelixCluster, HelixError, helix_node_name
+from llm_planner.fileio import read_text
+from llm_planner.helix_engine import EngineTables, Estimate, Network, Stage, estimate, load_engine_tables
+from llm_planner.helix_export import LayoutError, helix_layout, read_helix_layout
+from llm_planner.helix_import import (
+    HelixCluster,
+    HelixError,
+    default_model,
+    helix_node_name,
+    load_helix_cluster,
+    slowest_link,
+)
 from llm_planner.helix_search import Kind, best_stages, count_layouts
+from llm_planner.serving.context import decoder_config
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,16 +59,42 @@ class HelixPlan:
 ORDERS = ("slow-ends", "fast-first")
 
 
-def plan_helix(
-    cluster: HelixCluster,
-    tables: dict[str, EngineTables],
-    num_layers: int,
-    prompt_len: float,
-    network: Network,
-    order: str = "slow-ends",
-) -> HelixPlan:
-    """The best layout of the family (module docstring) for the machines of `cluster`."""
+@dataclass(frozen=True, kw_only=True)
+class HelixInputs:
+    """What plan-helix reads: Helix's cluster, its engine tables per machine type, the model."""
+
+    cluster: HelixCluster
+    tables: dict[str, EngineTables]
+    num_layers: int
+    network: Network
+
+
+def load_inputs(
+    cluster_path: str | Path, machine_profiles: str | Path | None, profiles_dir: str | Path, model: str | None
+) -> HelixInputs:
+    """Read Helix's cluster file and model manager folder; `model` defaults to the folder's."""
+    cluster = load_helix_cluster(cluster_path, machine_profiles)
+    config = decoder_config(model or default_model(profiles_dir))
+    tables = {name.lower(): load_engine_tables(profiles_dir, name) for name in sorted(set(cluster.node_types))}
+    bw, latency = slowest_link(cluster)
+    network = Network(latency_s=latency, bw_bytes_per_s=bw, activation_bytes=2 * config.hidden_size)
+    return HelixInputs(cluster=cluster, tables=tables, num_layers=config.num_layers, network=network)
+
+
+def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float):
+    """(stages, machines, Estimate) of a Helix layout file whose machines form stages; HelixError otherwise."""
+    try:
+        ranges = read_helix_layout(read_text(layout_path, HelixError), source=str(layout_path))
+    except LayoutError as exc:
+        raise HelixError(str(exc)) from None
+    stages, machines = layout_stages(ranges, inputs.cluster, inputs.tables, inputs.num_layers, str(layout_path))
+    return stages, machines, estimate(list(stages), inputs.tables, prompt_len, inputs.network)
+
+
+def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends") -> HelixPlan:
+    """The best layout of the family (module docstring) for the machines of the cluster."""
     started = time.monotonic()
+    cluster, tables, num_layers, network = inputs.cluster, inputs.tables, inputs.num_layers, inputs.network
     counts = {name: cluster.node_types.count(name) for name in sorted(set(cluster.node_types))}
     missing = [name for name in counts if name.lower() not in tables]
     if missing:
@@ -91,7 +127,11 @@ def order_stages(
 
 
 def layout_stages(
-    ranges: dict[str, tuple[int, int]], cluster: HelixCluster, num_layers: int, source: str
+    ranges: dict[str, tuple[int, int]],
+    cluster: HelixCluster,
+    tables: dict[str, EngineTables],
+    num_layers: int,
+    source: str,
 ) -> tuple[tuple[Stage, ...], tuple[tuple[str, ...], ...]]:
     """A layout's machines (Helix node name -> layer range) as stages in route order; HelixError
     naming `source` when they do not form stages."""
@@ -111,7 +151,13 @@ def layout_stages(
                 f"{source}: the range {span[0]}-{span[1] - 1} ({', '.join(nodes)}) {why}: "
                 "the model scores layouts whose ranges follow each other, each held by machines of one type"
             )
-        stages.append(Stage(kinds.pop(), len(nodes), span[1] - span[0]))
+        kind, layers = kinds.pop(), span[1] - span[0]
+        if layers > tables[kind].max_layers:
+            raise HelixError(
+                f"{source}: {', '.join(nodes)} hold {layers} layers; the {kind} tables stop at "
+                f"{tables[kind].max_layers} (vllm_num_blocks_dict)"
+            )
+        stages.append(Stage(kind, len(nodes), layers))
         machines.append(tuple(nodes))
         first = span[1]
     if first != num_layers:

@@ -5,6 +5,7 @@ family, the layout it writes and its errors. Hand-written files in Helix's struc
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from llm_planner.helix_engine import (
 )
 from llm_planner.helix_export import read_helix_layout
 from llm_planner.helix_import import HelixError, load_helix_cluster
-from llm_planner.helix_plan import order_stages, plan_helix
+from llm_planner.helix_plan import HelixInputs, order_stages, plan_helix
 from llm_planner.helix_search import Kind, best_stages, choices, count_layouts
 
 # tables by layers held, as Helix writes them in <model>_<type>.py (the rest of that file is code we never run)
@@ -77,15 +78,26 @@ def test_tables_read_from_helix_files(tmp_path):
         ("vllm_num_blocks_dict = {1: 'x'}\ndecode_max_tokens_dict = {1: 8}\n", "expected {layers: positive int}"),
         ("vllm_num_blocks_dict = {1: 9}\ndecode_max_tokens_dict = {1: 8, 2: 8}\n", "list different layers"),
         ("vllm_num_blocks_dict = {1: 9\n", "not valid Python"),
+        ("vllm_num_blocks_dict = {[1]: 2}\ndecode_max_tokens_dict = {1: 8}\n", "expected {layers: positive int}"),
+        ("vllm_num_blocks_dict = {1: 9}\nvllm_num_blocks_dict = {1: 8}\n", "assigned more than once (line 2)"),
+        ("vllm_num_blocks_dict += {1: 9}\ndecode_max_tokens_dict = {1: 8}\n", "vllm_num_blocks_dict: missing"),
+        ("vllm_num_blocks_dict = {1: 9}\ndecode_max_tokens_dict = {1: 50}\n", "a batch of 50 is past"),
     ],
 )
 def test_bad_table_files_name_file_and_field(tmp_path, source, problem):
     write_tables(tmp_path)
     path = tmp_path / "llama2_70b" / "t4" / "llama2_70b_t4.py"
     path.write_text(source)
-    with pytest.raises(HelixError, match=problem) as info:
+    with pytest.raises(HelixError, match=re.escape(problem)) as info:
         load_engine_tables(tmp_path / "llama2_70b", "T4")
     assert str(path) in str(info.value)
+
+
+def test_decode_table_from_batch_zero(tmp_path):
+    write_tables(tmp_path)
+    (tmp_path / "llama2_70b" / "t4" / "decode_bs2time.csv").write_text("4,1.0\n8,9.0\n")
+    with pytest.raises(HelixError, match="the first row must be batch 0"):
+        load_engine_tables(tmp_path / "llama2_70b", "T4")
 
 
 def test_queries_in_flight_by_hand(tmp_path):
@@ -146,7 +158,7 @@ def test_plan_is_the_best_of_its_family(tmp_path):
     cluster_path = write_tables(tmp_path)
     t = tables(tmp_path)
     cluster = load_helix_cluster(cluster_path)  # 1 A100, 2 T4
-    plan = plan_helix(cluster, t, num_layers=10, prompt_len=100, network=NET)
+    plan = plan_helix(HelixInputs(cluster=cluster, tables=t, num_layers=10, network=NET), prompt_len=100)
     kinds = [Kind("a100", 1, t["a100"]), Kind("t4", 2, t["t4"])]
     values = [estimate(list(stages), t, 100, NET).tokens_per_s for stages in family(kinds, 10)]
     assert plan.layouts == len(values) == count_layouts(kinds, 10)
@@ -201,8 +213,9 @@ def test_plan_helix_cli_writes_a_layout(tmp_path, capsys):
     # LLaMA-2 70B's 80 layers do not fit 8 + 4 + 4
     assert main(args) == 2
     assert "cannot hold the model's 80 layers" in capsys.readouterr().err
-    assert main([*args, "--model", "gpt2", "--prompt-len", "0"]) == 2
-    assert "--prompt-len" in capsys.readouterr().err
+    for bad in ("0", "inf", "nan"):
+        assert main([*args, "--model", "gpt2", "--prompt-len", bad]) == 2
+        assert "--prompt-len" in capsys.readouterr().err
 
 
 def test_plan_helix_cli_missing_tables_exit_2(tmp_path, capsys):
@@ -225,7 +238,13 @@ def test_score_reads_a_layout_back_as_stages(tmp_path, capsys):
     names = ("compute_node_2", "compute_node_3", "compute_node_4")  # T4, A100, T4
     mixed = "[Solution]\n" + "\n".join(f"{n}={list(range(12))}" for n in names) + "\n"
     gap = f"[Solution]\n{names[0]}={list(range(4))}\n{names[1]}={list(range(5, 12))}\n"
-    for text, problem in ((mixed, "mixes machine types"), (gap, "does not start where the last ended (4)")):
+    deep = f"[Solution]\n{names[0]}={list(range(6))}\n{names[1]}={list(range(6, 12))}\n"  # T4 tables stop at 4
+    for text, problem in (
+        (mixed, "mixes machine types"),
+        (gap, "does not start where the last ended (4)"),
+        (deep, "compute_node_2 hold 6 layers; the t4 tables stop at 4"),
+        ("[Solution]\n", "no machine holds any layer"),
+    ):
         (tmp_path / "bad.ini").write_text(text)
         assert main([*base, "--score", str(tmp_path / "bad.ini")]) == 2
         err = capsys.readouterr().err

@@ -160,6 +160,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
             "llm_planner.helix_import",
             "llm_planner.helix_export",
             "llm_planner.helix_engine",
+            "llm_planner.helix_search",
             "llm_planner.helix_plan",
             "llm_planner.plan_export",
             "llm_planner.observe",
