@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llm_planner.helix_engine import EngineTables, Network, Stage, estimate, room_queries, stage_room, stage_round_s
+from llm_planner.helix_engine import EngineTables, Network, Stage, estimate, room_queries, stage_round_s
 
 INF = math.inf
 
@@ -55,9 +55,10 @@ def best_stages(kinds: list[Kind], num_layers: int, prompt_len: float, network: 
     """The stages of the family's best layout (module docstring); None when none holds the model."""
     rooms = sorted({w * b for k in kinds for w in range(1, k.machines + 1) for b in k.table.kv_blocks.values()})
     tables = {k.name: k.table for k in kinds}
+    per_kind = [_TypeChoices(k, num_layers) for k in kinds]
     best, best_value = None, -INF
     for r in rooms:
-        stages = _best_at(kinds, num_layers, r, room_queries(r, prompt_len), network)
+        stages = _best_at(per_kind, num_layers, r, room_queries(r, prompt_len), network)
         if stages is None:
             continue
         value = estimate(list(stages), tables, prompt_len, network).tokens_per_s
@@ -66,42 +67,58 @@ def best_stages(kinds: list[Kind], num_layers: int, prompt_len: float, network: 
     return best
 
 
-def _best_at(kinds: list[Kind], num_layers: int, r: int, queries: float, network: Network):
+def _best_at(per_kind: list[_TypeChoices], num_layers: int, r: int, queries: float, network: Network):
     """The cheapest stages whose smallest room is exactly r (`queries` in flight), or None."""
     dp = np.full((2, num_layers + 1), INF)  # [some stage's room is r][layers covered]
     dp[0, 0] = 0.0
     trail = []
-    for kind in kinds:
-        cost, pick = _type_costs(kind, num_layers, r, queries, network)
+    for options in per_kind:
+        cost, pick = options.costs(num_layers, r, queries, network)
         dp, back = _combine(dp, cost)
-        trail.append((kind, pick, back))
+        trail.append((options, pick, back))
     if not math.isfinite(dp[1, num_layers]):
         return None
     return _unwind(trail, num_layers)
 
 
-def _type_costs(kind: Kind, num_layers: int, r: int, queries: float, network: Network):
-    """cost[h][n]: a type's cheapest round time over n layers with every room >= r, and (h = 1)
-    some room == r; pick[h][n] the choice. cost[0][0] = 0: the type unused."""
-    cost = np.full((2, num_layers + 1), INF)
-    cost[0, 0] = 0.0
-    pick: list[list] = [[None] * (num_layers + 1) for _ in range(2)]
-    times = {}
-    for n in range(1, num_layers + 1):
-        for choice in choices(kind, n):
-            stages = choice.stages(kind.name, n)
-            rooms = {stage_room(s, kind.table) for s in stages}
-            if min(rooms) < r:
-                continue
-            total = 0.0
-            for s in stages:
-                if s not in times:
-                    times[s] = stage_round_s(s, kind.table, queries, network)
-                total += times[s]
-            for h in (0, 1) if min(rooms) == r else (0,):
-                if total < cost[h, n]:
-                    cost[h, n], pick[h][n] = total, choice
-    return cost, pick
+class _TypeChoices:
+    """Every choice of one type for every layer count, as arrays (built once, priced per room):
+    a choice of `count` stages of `width` machines over `layers` layers has `extra` stages of
+    `base + 1` layers and the rest of `base`."""
+
+    def __init__(self, kind: Kind, num_layers: int):
+        rows = [(n, c.width, c.count) for n in range(1, num_layers + 1) for c in choices(kind, n)]
+        self.kind = kind
+        n, width, count = (np.array([r[i] for r in rows], dtype=int).reshape(-1) for i in range(3))
+        self.layers, self.width, self.count = n, width, count
+        self.base, self.extra = n // np.maximum(count, 1), n % np.maximum(count, 1)
+        blocks = np.array([0] + [kind.table.kv_blocks[x] for x in range(1, kind.table.max_layers + 1)] + [0])
+        low = np.where(self.count > self.extra, width * blocks[self.base], np.iinfo(int).max)
+        high = np.where(self.extra > 0, width * blocks[np.minimum(self.base + 1, len(blocks) - 1)], np.iinfo(int).max)
+        self.min_room = np.minimum(low, high)
+
+    def costs(self, num_layers: int, r: int, queries: float, network: Network):
+        """cost[h][n]: the cheapest round time over n layers with every room >= r and (h = 1) some
+        room == r; pick[h][n] the choice's index. cost[0][0] = 0: the type unused."""
+        kind, top = self.kind, self.kind.table.max_layers
+        per = np.zeros((kind.machines + 1, top + 2))  # one stage's round time by width and layers
+        for w in range(1, kind.machines + 1):
+            for x in range(1, top + 1):
+                per[w, x] = stage_round_s(Stage(kind.name, w, x), kind.table, queries, network)
+        total = (self.count - self.extra) * per[self.width, self.base] + self.extra * per[self.width, self.base + 1]
+        cost = np.full((2, num_layers + 1), INF)
+        cost[0, 0] = 0.0
+        pick = np.full((2, num_layers + 1), -1)
+        for h, ok in enumerate((self.min_room >= r, self.min_room == r)):
+            index = np.flatnonzero(ok)
+            order = index[np.lexsort((total[index], self.layers[index]))]  # by layers, then cheapest first
+            firsts = order[np.unique(self.layers[order], return_index=True)[1]]
+            cost[h, self.layers[firsts]], pick[h, self.layers[firsts]] = total[firsts], firsts
+        return cost, pick
+
+    def stages(self, index: int) -> tuple[Stage, ...]:
+        choice = _Choice(int(self.width[index]), int(self.count[index]))
+        return choice.stages(self.kind.name, int(self.layers[index]))
 
 
 def _combine(dp: np.ndarray, cost: np.ndarray):
@@ -124,10 +141,10 @@ def _combine(dp: np.ndarray, cost: np.ndarray):
 
 def _unwind(trail, num_layers: int) -> tuple[Stage, ...]:
     stages, n, f = [], num_layers, 1
-    for kind, pick, back in reversed(trail):
+    for options, pick, back in reversed(trail):
         j, f_prev, h = (int(x) for x in back[f, n])
         if j > 0:
-            stages += pick[h][j].stages(kind.name, j)
+            stages += options.stages(pick[h, j])
         n, f = n - j, f_prev
     return tuple(stages)
 
