@@ -36,6 +36,7 @@ from pathlib import Path
 
 from llm_planner.fileio import read_text
 from llm_planner.helix_import import HelixError, read_profile_csv
+from llm_planner.serving_profile import LayerTable
 
 BLOCK_TOKENS = 16  # tokens in one of vLLM's KV blocks (Helix's VLLM_BLOCK_SIZE)
 EXPECTED_OUTPUT = 240  # tokens Helix's scheduler expects a query to add (AVG_OUTPUT_LEN)
@@ -49,7 +50,7 @@ class EngineTables:
     """One machine type's tables from Helix's model manager; times in seconds."""
 
     name: str  # the machine type's folder ("a100")
-    decode: tuple[tuple[int, float], ...]  # (batch, s) of one layer, from 0
+    decode: LayerTable  # one layer's seconds by batch, from batch 0
     kv_blocks: dict[int, int]  # layers held -> KV blocks per layer
     decode_limit: dict[int, int]  # layers held -> most decode requests in one batch
 
@@ -59,13 +60,10 @@ class EngineTables:
 
     def decode_s(self, batch: float) -> float:
         """One layer's decode time for `batch` requests, linear between the table's rows."""
-        rows = self.decode
-        if batch > rows[-1][0]:
-            raise HelixError(f"{self.name}: a decode batch of {batch:g} is past its table (last row {rows[-1][0]})")
-        for (x0, y0), (x1, y1) in zip(rows, rows[1:]):
-            if batch <= x1:
-                return y0 + (y1 - y0) * (batch - x0) / (x1 - x0)
-        return rows[-1][1]
+        if batch > self.decode.sizes[-1]:
+            last = self.decode.sizes[-1]
+            raise HelixError(f"{self.name}: a decode batch of {batch:g} is past its table (last row {last})")
+        return self.decode.at(batch)
 
 
 @dataclass(frozen=True)
@@ -107,7 +105,10 @@ def load_engine_tables(folder: str | Path, machine_type: str) -> EngineTables:
             f"{base / 'decode_bs2time.csv'}'s last row ({decode[-1][0]})"
         )
     return EngineTables(
-        name=base.name, decode=tuple(decode), kv_blocks=tables["kv_blocks"], decode_limit=tables["decode_limit"]
+        name=base.name,
+        decode=LayerTable(sizes=tuple(b for b, _ in decode), seconds=tuple(s for _, s in decode)),
+        kv_blocks=tables["kv_blocks"],
+        decode_limit=tables["decode_limit"],
     )
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llm_planner.helix_engine import EngineTables, Network, Stage, estimate, room_queries, stage_round_s
+from llm_planner.helix_engine import EngineTables, Network, Stage, estimate, room_queries, stage_room, stage_round_s
 
 INF = math.inf
 
@@ -53,9 +53,9 @@ def choices(kind: Kind, layers: int) -> list[_Choice]:
 
 def best_stages(kinds: list[Kind], num_layers: int, prompt_len: float, network: Network) -> tuple[Stage, ...] | None:
     """The stages of the family's best layout (module docstring); None when none holds the model."""
-    rooms = sorted({w * b for k in kinds for w in range(1, k.machines + 1) for b in k.table.kv_blocks.values()})
     tables = {k.name: k.table for k in kinds}
     per_kind = [_TypeChoices(k, num_layers) for k in kinds]
+    rooms = sorted({int(r) for options in per_kind for r in options.rooms[1:, 1:-1].flat})
     best, best_value = None, -INF
     for r in rooms:
         stages = _best_at(per_kind, num_layers, r, room_queries(r, prompt_len), network)
@@ -88,13 +88,17 @@ class _TypeChoices:
 
     def __init__(self, kind: Kind, num_layers: int):
         rows = [(n, c.width, c.count) for n in range(1, num_layers + 1) for c in choices(kind, n)]
-        self.kind = kind
-        n, width, count = (np.array([r[i] for r in rows], dtype=int).reshape(-1) for i in range(3))
-        self.layers, self.width, self.count = n, width, count
-        self.base, self.extra = n // np.maximum(count, 1), n % np.maximum(count, 1)
-        blocks = np.array([0] + [kind.table.kv_blocks[x] for x in range(1, kind.table.max_layers + 1)] + [0])
-        low = np.where(self.count > self.extra, width * blocks[self.base], np.iinfo(int).max)
-        high = np.where(self.extra > 0, width * blocks[np.minimum(self.base + 1, len(blocks) - 1)], np.iinfo(int).max)
+        self.kind, top = kind, kind.table.max_layers
+        self.layers, self.width, self.count = (np.array([r[i] for r in rows], dtype=int) for i in range(3))
+        self.base, self.extra = np.divmod(self.layers, self.count)
+        # rooms[w, x]: a stage of w machines holding x layers (helix_engine.stage_room); none at x = 0 or top + 1
+        none = np.iinfo(int).max
+        self.rooms = np.full((kind.machines + 1, top + 2), none)
+        for w in range(1, kind.machines + 1):
+            for x in range(1, top + 1):
+                self.rooms[w, x] = stage_room(Stage(kind.name, w, x), kind.table)
+        low = np.where(self.count > self.extra, self.rooms[self.width, self.base], none)
+        high = np.where(self.extra > 0, self.rooms[self.width, self.base + 1], none)
         self.min_room = np.minimum(low, high)
 
     def costs(self, num_layers: int, r: int, queries: float, network: Network):

@@ -30,6 +30,7 @@ from llm_planner.helix_export import read_helix_layout
 from llm_planner.helix_import import HelixError, load_helix_cluster
 from llm_planner.helix_plan import HelixInputs, order_stages, plan_helix
 from llm_planner.helix_search import Kind, best_stages, choices, count_layouts
+from llm_planner.serving_profile import LayerTable
 
 # tables by layers held, as Helix writes them in <model>_<type>.py (the rest of that file is code we never run)
 MODEL_PY = {
@@ -176,7 +177,9 @@ def engine_kinds(draw):
     for i in range(draw(st.integers(2, 3))):
         top = draw(st.integers(1, 4))
         steps = draw(st.lists(st.floats(0.1, 5.0), min_size=3, max_size=3))
-        decode = ((0, 0.0), (1, steps[0] * 1e-3), (8, (steps[0] + steps[1]) * 1e-3), (32, sum(steps) * 1e-3))
+        decode = LayerTable(
+            sizes=(0, 1, 8, 32), seconds=(0.0, steps[0] * 1e-3, (steps[0] + steps[1]) * 1e-3, sum(steps) * 1e-3)
+        )
         blocks = sorted(draw(st.lists(st.integers(5, 400), min_size=top, max_size=top)), reverse=True)
         limit = draw(st.integers(1, 32))
         table = EngineTables(
