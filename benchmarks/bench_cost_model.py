@@ -2,7 +2,7 @@
 hold up, once the spec's efficiency factors are set aside?
 
 For every task key of a profile (`llm-planner profile ... -o profile.yaml`) on every device
-kind it measured: the roofline's time (llm_planner.cost, from the cluster spec) and the
+kind it measured: the roofline's time (llm_planner.cost.roofline, from the cluster spec) and the
 measured median, at each batch size profiled, and their ratio measured / predicted. A task
 whose bytes or FLOPs are counted wrong stands out from the others' ratio (the embedding read
 as a whole table used to be 50x off); a ratio shared by every task is the spec's
@@ -24,12 +24,12 @@ from pathlib import Path
 
 import provenance  # benchmarks/provenance.py, beside this script
 
-from llm_planner import cost
-from llm_planner.fmt import fmt_s
+from llm_planner.core.fmt import fmt_s
+from llm_planner.core.spec import load_cluster
+from llm_planner.cost import roofline as cost
+from llm_planner.cost.measured import task_key
+from llm_planner.cost.profile import load_profile
 from llm_planner.graph.models import ModelSpec, build_model_graph
-from llm_planner.measured import task_key
-from llm_planner.profile import load_profile
-from llm_planner.spec import load_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -94,7 +94,7 @@ def main() -> None:
             [
                 sys.executable,
                 "-m",
-                "llm_planner.cli",
+                "llm_planner.cli.main",
                 "profile",
                 "--cluster",
                 args.cluster,

@@ -15,7 +15,7 @@ Without layout arguments the rows are Helix's own results for its 24-machine clu
 - `separate-pipelines`: one pipeline per GPU type, each simulated alone on its sub-cluster with
   the naive scheduler and the queries in flight Helix used, the three rates summed (as Helix's
   script does), reported 124.3 tokens/s.
-A layout argument is a Helix layout file (llm_planner.helix_export.helix_layout writes them)
+A layout argument is a Helix layout file (llm_planner.helix.layout_file.helix_layout writes them)
 for --cluster; the simulator cluster file is written for it by the harness.
 
 The table is printed and written, with results.csv and meta.json, to --out (default
@@ -89,11 +89,11 @@ def helix_rows() -> dict[str, tuple[list[Run], float]]:
 
 def roundtrip_run(checkout: Path, scratch: Path) -> list[Run]:
     """Helix's MILP layout through our names and back: the cluster file imported
-    (llm_planner.helix_import), each machine's range given to our device, the layout written
-    by llm_planner.helix_export and its simulator cluster file by the harness. It must score
+    (llm_planner.helix.inputs), each machine's range given to our device, the layout written
+    by llm_planner.helix.layout_file and its simulator cluster file by the harness. It must score
     what `helix-milp` scores."""
-    from llm_planner.helix_export import helix_layout, read_helix_layout
-    from llm_planner.helix_import import device_helix_names, load_helix_cluster
+    from llm_planner.helix.inputs import device_helix_names, load_helix_cluster
+    from llm_planner.helix.layout_file import helix_layout, read_helix_layout
 
     row = helix_rows()["helix-milp"][0][0]
     names = device_helix_names(load_helix_cluster(checkout / row.cluster))
@@ -106,10 +106,10 @@ def roundtrip_run(checkout: Path, scratch: Path) -> list[Run]:
 
 
 def model_estimate(run: Run, checkout: Path, profiles: str) -> float | None:
-    """What `llm-planner plan-helix --score` estimates for the layout (llm_planner.helix_plan);
+    """What `llm-planner plan-helix --score` estimates for the layout (llm_planner.helix.plan);
     None when its machines do not form stages (e.g. Helix's MILP layout)."""
-    from llm_planner.helix_import import HelixError
-    from llm_planner.helix_plan import load_inputs, score_layout
+    from llm_planner.helix.inputs import HelixError
+    from llm_planner.helix.plan import load_inputs, score_layout
 
     at = lambda p: p if Path(p).is_absolute() else checkout / p  # noqa: E731
     inputs = load_inputs(at(run.cluster), at(profiles), checkout / MODEL_FOLDER, "llama2-70b")

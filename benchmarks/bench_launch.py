@@ -41,7 +41,7 @@ from pathlib import Path
 import provenance  # benchmarks/provenance.py, beside this script
 
 REPO = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "llm_planner.cli"]
+CLI = [sys.executable, "-m", "llm_planner.cli.main"]
 MODEL = ["--model", "gpt2", "--phase", "decode", "--seq-len", "16", "--dtype", "fp32"]
 CASES = {
     "gpt2-latency-tp": {"batch_sizes": "1,2", "plan": ["--objective", "latency", "--solver", "megatron"]},

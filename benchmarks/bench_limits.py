@@ -34,15 +34,15 @@ sys.path.insert(0, str(REPO))
 
 import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
+from llm_planner.core.spec import MAX_DEVICES  # noqa: E402
+from llm_planner.core.spec_fields import MAX_NAME_CHARS  # noqa: E402
 from llm_planner.graph.ir import MAX_EDGES, MAX_TASK_NAME_CHARS, MAX_TASKS  # noqa: E402
 from llm_planner.graph.models import ModelSpec, build_model_graph  # noqa: E402
-from llm_planner.problem.placement import MAX_TRANSFER_ENTRIES  # noqa: E402
-from llm_planner.problem_inputs import MAX_TASK_DEVICE_PAIRS  # noqa: E402
-from llm_planner.spec import MAX_DEVICES  # noqa: E402
-from llm_planner.spec_fields import MAX_NAME_CHARS  # noqa: E402
+from llm_planner.placement.inputs import MAX_TASK_DEVICE_PAIRS  # noqa: E402
+from llm_planner.placement.problem import MAX_TRANSFER_ENTRIES  # noqa: E402
 
 SPECS = REPO / "cluster_specs"
-CLI = [sys.executable, "-m", "llm_planner.cli"]
+CLI = [sys.executable, "-m", "llm_planner.cli.main"]
 COLUMNS = ("case", "what", "tasks", "edges", "devices", "exit", "outcome", "wall_s", "max_rss_mib", "tree_rss_mib")
 
 
@@ -151,7 +151,7 @@ def gpt3_sublayer_copies() -> int:
     while True:
         spec = scaled_cluster("gpt3-six-servers", copies + 1)
         devices = devices_of(spec)
-        groups = sum(  # aligned groups of 2, 4, 8, ... of one kind in a server (llm_planner.tensor_groups)
+        groups = sum(  # aligned groups of 2, 4, 8, ... of one kind in a server (llm_planner.core.tensor_groups)
             node["count"] * sum(n // 2**j for n in node["devices"].values() for j in range(1, n.bit_length()))
             for node in spec["nodes"]
         )

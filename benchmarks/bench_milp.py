@@ -27,13 +27,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
+from llm_planner.core.spec import load_cluster  # noqa: E402
 from llm_planner.graph.models import ModelSpec, build_model_graph  # noqa: E402
-from llm_planner.problem.options import SolveOptions  # noqa: E402
-from llm_planner.problem.placement import build_problem  # noqa: E402
-from llm_planner.problem_inputs import load_graph_file  # noqa: E402
-from llm_planner.solve.api import SolveError, solve  # noqa: E402
-from llm_planner.solve.session import SolveSession  # noqa: E402
-from llm_planner.spec import load_cluster  # noqa: E402
+from llm_planner.placement.inputs import load_graph_file  # noqa: E402
+from llm_planner.placement.options import SolveOptions  # noqa: E402
+from llm_planner.placement.problem import build_problem  # noqa: E402
+from llm_planner.placement.session import SolveSession  # noqa: E402
+from llm_planner.placement.solve import SolveError, solve  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = (

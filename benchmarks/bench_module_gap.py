@@ -6,7 +6,7 @@
 For the module (default: the largest) and its input cut pinned to device K
 (default: the device that runs the whole model fastest alone), and for every
 device l of its output cut, this solves the module subproblem
-(llm_planner.solve.split.subproblem.build_subproblem) with
+(llm_planner.placement.split.subproblem.build_subproblem) with
 
 - HEFT, and HEFT followed by MILP-SPLIT's first-improvement moves;
 - the iterated local search MILP-SPLIT runs on the modules its DP picks
@@ -75,17 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from llm_planner.bounds.combined import lower_bound
-    from llm_planner.bounds.times import task_times
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.problem.options import SolveOptions
-    from llm_planner.problem_inputs import problem_from_inputs
-    from llm_planner.solve.baselines.single import run_baseline
-    from llm_planner.solve.milp.milp import solve_milp
-    from llm_planner.solve.split.moves import improve_by_moves
-    from llm_planner.solve.split.split_context import SplitContext
-    from llm_planner.solve.split.subproblem import build_subproblem
-    from llm_planner.solve.split.subsolve import LOCAL_SEARCH_WORK, _list_scheduled, intensify_subproblem
+    from llm_planner.placement.baselines.single import run_baseline
+    from llm_planner.placement.bounds.combined import lower_bound
+    from llm_planner.placement.bounds.times import task_times
+    from llm_planner.placement.inputs import problem_from_inputs
+    from llm_planner.placement.milp.milp import solve_milp
+    from llm_planner.placement.options import SolveOptions
+    from llm_planner.placement.split.moves import improve_by_moves
+    from llm_planner.placement.split.split_context import SplitContext
+    from llm_planner.placement.split.subproblem import build_subproblem
+    from llm_planner.placement.split.subsolve import LOCAL_SEARCH_WORK, _list_scheduled, intensify_subproblem
 
     args = parse_args(argv)
     problem = problem_from_inputs(

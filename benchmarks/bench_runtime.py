@@ -46,10 +46,10 @@ def _plan(workdir: Path, args, micro: int) -> tuple[Path, object]:
     """The even split of the blocks over the ranks, the batch cut into `micro` shards on the same stages."""
     from transformers import GPT2Config
 
+    from llm_planner.core.plan import save_plan
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.plan import save_plan
-    from llm_planner.problem.schedule import make_plan
-    from llm_planner.problem_inputs import problem_from_inputs
+    from llm_planner.placement.inputs import problem_from_inputs
+    from llm_planner.placement.schedule import make_plan
 
     config = GPT2Config(
         n_layer=args.layers,

@@ -84,7 +84,7 @@ def helix_inputs(out: Path) -> tuple[str, str] | None:
     root = os.environ.get("LLM_PLANNER_HELIX")
     if not root:
         return None
-    from llm_planner.cli import main as cli
+    from llm_planner.cli.main import main as cli
 
     base = Path(root) / "artifact_evaluation" / "single_cluster" / "config"
     spec, profile = out / "helix-cluster24.yaml", out / "helix-llama2-70b-profile.yaml"

@@ -8,7 +8,7 @@
         (report earlier runs as one; a row of B replaces the same instance's row of A; rows with
         no MILP columns take those of C's same instance, with a note saying so)
 
-Every instance is built with llm_planner.problem_inputs.problem_from_inputs (a model
+Every instance is built with llm_planner.placement.inputs.problem_from_inputs (a model
 preset on a cluster spec, batch 1 and 8, the latency objective by default;
 `--objectives throughput` or `latency,throughput` for throughput rows) and
 solved, in this one run, by
@@ -128,7 +128,7 @@ class Row:
 
 def build(row: Row):
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.problem_inputs import problem_from_inputs
+    from llm_planner.placement.inputs import problem_from_inputs
 
     return problem_from_inputs(
         cluster_path=str(REPO / "cluster_specs" / f"{row.cluster}.yaml"),
@@ -140,8 +140,8 @@ def build(row: Row):
 
 def timed_solve(problem, options):
     """(plan, wall seconds, verified) with the verifier run apart from the timing."""
-    from llm_planner.solve.api import solve
-    from llm_planner.verify import verify_plan
+    from llm_planner.placement.solve import solve
+    from llm_planner.placement.verify import verify_plan
 
     started = time.perf_counter()
     plan = solve(problem, replace(options, verify=False))
@@ -150,7 +150,7 @@ def timed_solve(problem, options):
 
 
 def _milp_child(problem, time_limit_s: float, conn) -> None:
-    from llm_planner.problem.options import SolveOptions
+    from llm_planner.placement.options import SolveOptions
 
     try:
         plan, elapsed, ok = timed_solve(problem, SolveOptions(solver="milp", time_limit_s=time_limit_s))
@@ -197,9 +197,9 @@ def run_milp(problem, time_limit_s: float) -> dict:
 
 
 def run_row(row: Row, args) -> Row:
-    from llm_planner.problem.options import SolveOptions
-    from llm_planner.problem_inputs import InputError
-    from llm_planner.solve.api import SolveError
+    from llm_planner.placement.inputs import InputError
+    from llm_planner.placement.options import SolveOptions
+    from llm_planner.placement.solve import SolveError
 
     try:
         problem = build(row)
@@ -588,7 +588,7 @@ def instances(args) -> list[Row]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from llm_planner.problem.options import SolveOptions
+    from llm_planner.placement.options import SolveOptions
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer instances, MILP limited to 10 s (unless --time-limit)")
@@ -662,10 +662,10 @@ def warm_up() -> None:
     """Import what the solvers import lazily, so that no row's time includes it."""
     import scipy.optimize  # noqa: F401
 
-    import llm_planner.solve.baselines.single  # noqa: F401
-    import llm_planner.solve.milp.milp  # noqa: F401
-    import llm_planner.solve.split.split  # noqa: F401
-    import llm_planner.verify  # noqa: F401
+    import llm_planner.placement.baselines.single  # noqa: F401
+    import llm_planner.placement.milp.milp  # noqa: F401
+    import llm_planner.placement.split.split  # noqa: F401
+    import llm_planner.placement.verify  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -124,7 +124,7 @@ def write_fleet_inputs(folder: Path) -> None:
 
 
 def _fmt_s(value: str) -> str:
-    from llm_planner.fmt import fmt_s
+    from llm_planner.core.fmt import fmt_s
 
     number = float(value)
     return "-" if math.isnan(number) else fmt_s(number)
@@ -140,7 +140,7 @@ def run_row(name: str, out: Path) -> str:
     argv = [
         sys.executable,
         "-m",
-        "llm_planner.cli",
+        "llm_planner.cli.main",
         "compare-symmetry",
         *ROWS[name],
         "--max-shards",

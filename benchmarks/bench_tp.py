@@ -26,14 +26,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
-from llm_planner.fmt import fmt_s  # noqa: E402
+from llm_planner.core.fmt import fmt_s  # noqa: E402
 from llm_planner.graph.models import ModelSpec  # noqa: E402
-from llm_planner.problem.options import SolveOptions  # noqa: E402
-from llm_planner.problem_inputs import problem_from_inputs  # noqa: E402
-from llm_planner.solve.api import solve  # noqa: E402
-from llm_planner.solve.baselines.single import BASELINE_NAMES, run_baseline  # noqa: E402
-from llm_planner.solve.baselines.tensor_parallel import run_tp_baseline  # noqa: E402
-from llm_planner.verify import verify_plan  # noqa: E402
+from llm_planner.placement.baselines.single import BASELINE_NAMES, run_baseline  # noqa: E402
+from llm_planner.placement.baselines.tensor_parallel import run_tp_baseline  # noqa: E402
+from llm_planner.placement.inputs import problem_from_inputs  # noqa: E402
+from llm_planner.placement.options import SolveOptions  # noqa: E402
+from llm_planner.placement.solve import solve  # noqa: E402
+from llm_planner.placement.verify import verify_plan  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = [

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from llm_planner import cost
+from llm_planner.core.plan import Plan, save_plan
+from llm_planner.core.spec import ClusterSpec, parse_cluster
+from llm_planner.cost import roofline as cost
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.plan import Plan, save_plan
-from llm_planner.problem.placement import build_problem
-from llm_planner.problem.schedule import make_plan
-from llm_planner.problem_inputs import problem_from_inputs
-from llm_planner.spec import ClusterSpec, parse_cluster
-from llm_planner.verify import verify_plan
+from llm_planner.placement.inputs import problem_from_inputs
+from llm_planner.placement.problem import build_problem
+from llm_planner.placement.schedule import make_plan
+from llm_planner.placement.verify import verify_plan
 
 CLUSTER_YAML = """\
 # A test cluster: comments like this one must survive calibration.

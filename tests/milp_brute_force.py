@@ -21,8 +21,8 @@ import math
 import networkx as nx
 import numpy as np
 
-from llm_planner.problem.placement import PlacementProblem
-from llm_planner.problem.schedule import make_plan
+from llm_planner.placement.problem import PlacementProblem
+from llm_planner.placement.schedule import make_plan
 
 
 def partitions(total: int, parts: int, largest: int | None = None) -> list[tuple[int, ...]]:

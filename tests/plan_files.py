@@ -10,12 +10,12 @@ from pathlib import Path
 import yaml
 from test_verify import cluster_dict, diamond_problem
 
-from llm_planner.atomic import WriteError
-from llm_planner.bounds.combined import lower_bound
-from llm_planner.plan import Plan, PlanError, save_plan
-from llm_planner.problem.schedule import make_plan
-from llm_planner.problem_inputs import problem_from_inputs
-from llm_planner.verify_file import verify_plan_file
+from llm_planner.core.atomic import WriteError
+from llm_planner.core.plan import Plan, PlanError, save_plan
+from llm_planner.placement.bounds.combined import lower_bound
+from llm_planner.placement.inputs import problem_from_inputs
+from llm_planner.placement.schedule import make_plan
+from llm_planner.placement.verify_file import verify_plan_file
 
 DEVICES = ("node0/cpu:0", "node0/fast:0", "node0/small:0")
 
@@ -58,7 +58,7 @@ def written_plan(folder: Path, objective: str = "latency", name: str = "plan.yam
 
 def verify_outcome(path: Path) -> tuple[int, list[str]]:
     """(exit code the CLI gives, its messages): 0 valid, 1 violations, 2 bad input; anything else raises."""
-    from llm_planner.cli import _input_errors
+    from llm_planner.cli.main import _input_errors
 
     try:
         report = verify_plan_file(path)

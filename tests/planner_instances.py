@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from llm_planner.core.spec import parse_cluster
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.problem.placement import PlacementProblem, build_problem
-from llm_planner.spec import parse_cluster
+from llm_planner.placement.problem import PlacementProblem, build_problem
 
 TYPES = ("cpu", "gpu", "accelerator")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from llm_planner.core.plan import save_plan
 from llm_planner.graph.models import ModelSpec
-from llm_planner.plan import save_plan
-from llm_planner.problem.schedule import make_plan
-from llm_planner.problem_inputs import problem_from_inputs
+from llm_planner.placement.inputs import problem_from_inputs
+from llm_planner.placement.schedule import make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 LOCALHOST = REPO / "cluster_specs" / "localhost-cpu.yaml"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llm_planner.core.spec import load_cluster
 from llm_planner.graph.transformer import preset_config
 from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.workload import RequestShape, ServingWorkload
-from llm_planner.spec import load_cluster
 
 # Two kinds: two servers of two "big" GPUs, and one server of four "small" ones (numbers made up,
 # of the order of an A100 and an L4), InfiniBand-like link between servers.

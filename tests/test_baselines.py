@@ -9,16 +9,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from planner_instances import kind, make_cluster, problems
 
-from llm_planner.bounds.combined import lower_bound
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.problem.fit import infeasibility_reason
-from llm_planner.problem.options import SolveOptions
-from llm_planner.problem.placement import build_problem
-from llm_planner.solve.api import SolveError, solve
-from llm_planner.solve.baselines.baseline_set import ALL_BASELINES, run_any_baseline
-from llm_planner.solve.baselines.single import BASELINE_NAMES, run_baseline
-from llm_planner.solve.session import SolveSession
-from llm_planner.verify import verify_plan
+from llm_planner.placement.baselines.baseline_set import ALL_BASELINES, run_any_baseline
+from llm_planner.placement.baselines.single import BASELINE_NAMES, run_baseline
+from llm_planner.placement.bounds.combined import lower_bound
+from llm_planner.placement.fit import infeasibility_reason
+from llm_planner.placement.options import SolveOptions
+from llm_planner.placement.problem import build_problem
+from llm_planner.placement.session import SolveSession
+from llm_planner.placement.solve import SolveError, solve
+from llm_planner.placement.verify import verify_plan
 
 GB = 1e9
 
@@ -152,8 +152,8 @@ def test_data_parallel_balances_unlike_devices_by_time_not_speed(repo):
     0.18 ms and the T4 0.33 ms, so shards proportional to speed would be 5 + 3; but most of a
     node's time is its fixed cost, so the T4 is best given a single sample: 7 + 1."""
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.problem_inputs import problem_from_inputs
-    from llm_planner.solve.baselines.common import whole_graph_objective as _whole_graph_objective
+    from llm_planner.placement.baselines.common import whole_graph_objective as _whole_graph_objective
+    from llm_planner.placement.inputs import problem_from_inputs
 
     problem = problem_from_inputs(
         cluster_path=str(repo / "cluster_specs/cpu-two-gpus.yaml"), model=ModelSpec(name="rwnn-ws-1x8"), batch_size=8
@@ -172,8 +172,8 @@ def test_data_parallel_sizes_are_the_best_split_over_its_devices(problem):
     device, fitting in memory) has a smaller makespan."""
     import itertools
 
-    from llm_planner.solve.baselines.common import fits as _fits
-    from llm_planner.solve.baselines.common import whole_graph_objective as _whole_graph_objective
+    from llm_planner.placement.baselines.common import fits as _fits
+    from llm_planner.placement.baselines.common import whole_graph_objective as _whole_graph_objective
 
     plan = run_baseline("data-parallel", problem)
     if plan is None:
@@ -318,7 +318,7 @@ def test_solve_returns_verified_baseline_plans(problem):
 def test_the_hand_layouts_verify_on_random_dags(problem):
     """megatron and tp-replicas keep colocation, device support and memory on any graph (the
     exact MILP takes the best baseline as its warm start unverified)."""
-    from llm_planner.solve.baselines.tensor_parallel import TP_BASELINES, run_tp_baseline
+    from llm_planner.placement.baselines.tensor_parallel import TP_BASELINES, run_tp_baseline
 
     bound = lower_bound(problem)
     for name in TP_BASELINES:

@@ -13,12 +13,12 @@ import scipy.optimize
 from hypothesis import HealthCheck, given, settings
 from planner_instances import kind, make_cluster, problems
 
-from llm_planner.bounds.combined import lower_bound
-from llm_planner.bounds.load import load_balance_bound
-from llm_planner.bounds.times import critical_path_bound, per_sample_rates
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.problem.placement import PlacementProblem, build_problem
-from llm_planner.problem.schedule import make_plan
+from llm_planner.placement.bounds.combined import lower_bound
+from llm_planner.placement.bounds.load import load_balance_bound
+from llm_planner.placement.bounds.times import critical_path_bound, per_sample_rates
+from llm_planner.placement.problem import PlacementProblem, build_problem
+from llm_planner.placement.schedule import make_plan
 
 GB = 1e9
 
@@ -248,8 +248,8 @@ def test_shard_count_bound_beats_both_bounds_when_shards_pay_fixed_costs():
     Hand-solved optimum: 2 shards of 2, one per device, 3 + 3 = 6 s (1 shard: 10 s; 4 shards:
     8 items of 2 s on 2 devices >= 8 s). The critical path of a 1-sample shard says 4 s and the
     load-balance LP 5 s; min over s of max(CP(s), LP(s)) is 6 s, at s = 2."""
-    from llm_planner.bounds.load import shard_lp_bound
-    from llm_planner.bounds.shard_count import shard_count_bound
+    from llm_planner.placement.bounds.load import shard_lp_bound
+    from llm_planner.placement.bounds.shard_count import shard_count_bound
 
     cluster = make_cluster([kind("g", "gpu", flops=1e30, mem_bytes=1e15, mem_bw=1e11)], [{"g": 2}], latency_s=0.0)
     tasks = tuple(Task(name=n, flops_per_sample=1.0, weight_bytes=1e11, bytes_per_sample=1e11) for n in "ab")

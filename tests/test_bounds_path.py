@@ -15,11 +15,11 @@ from planner_instances import problems
 from test_bounds import GB, brute_force_optimum, explicit_problem
 from test_milp import explicit_problem as milp_problem
 
-from llm_planner.bounds.combined import lower_bound
-from llm_planner.bounds.load import load_balance_bound
-from llm_planner.bounds.partition import count_partitions, partition_bound, partitions
-from llm_planner.bounds.path_lp import path_lp_at_shards, path_lp_bound
-from llm_planner.bounds.times import critical_path_bound
+from llm_planner.placement.bounds.combined import lower_bound
+from llm_planner.placement.bounds.load import load_balance_bound
+from llm_planner.placement.bounds.partition import count_partitions, partition_bound, partitions
+from llm_planner.placement.bounds.path_lp import path_lp_at_shards, path_lp_bound
+from llm_planner.placement.bounds.times import critical_path_bound
 
 GPU_CPU = dict(kinds=(("gpu", "gpu", 10 * GB), ("cpu", "cpu", "unlimited")), devices={"gpu": 1, "cpu": 1})
 
@@ -57,7 +57,7 @@ def test_transfers_charge_a_move_off_the_fast_device():
     from planner_instances import kind, make_cluster
 
     from llm_planner.graph.ir import Edge, Task, TaskGraph
-    from llm_planner.problem.placement import build_problem
+    from llm_planner.placement.problem import build_problem
 
     cluster = make_cluster(
         [
@@ -133,7 +133,7 @@ def test_path_lp_below_exact_optimum_one_shard(problem):
     """<= 4 tasks, one shard, memory binding: every assignment x every device order."""
     from unittest import mock
 
-    from llm_planner.bounds import path_lp
+    from llm_planner.placement.bounds import path_lp
 
     problem = dataclasses.replace(problem, max_shards=1)
     optimum = brute_force_optimum(problem, orders=True)
@@ -162,7 +162,7 @@ def test_head_and_tail_rows_place_the_work_around_a_task(monkeypatch):
     to 3.9 s and the path grows to 3.9 s. With them, a's descendants on the GPU (b need not
     be one, t is) and s's (a, b, t) must run after s: T >= C_s + 3 - (t's CPU share), and
     the LP finds the optimum."""
-    from llm_planner.bounds import path_lp, path_refine
+    from llm_planner.placement.bounds import path_lp, path_refine
 
     times = [{"gpu": 1.0, "cpu": 10.0}, {"gpu": 1.0}, {"gpu": 1.0}, {"gpu": 1.0, "cpu": 10.0}]
     problem = explicit_problem(times, [(0, 1), (0, 2), (1, 3), (2, 3)], weights=[0.0] * 4, **GPU_CPU)
@@ -176,9 +176,9 @@ def test_a_dense_stage_gets_the_path_lp(monkeypatch):
     """A randomly wired ER stage of 256 nodes has 6,491 edges, above MAX_PATH_LP_EDGES, but few enough
     tasks that tasks x edges stays within MAX_PATH_LP_SIZE: it gets the path LP (with thinned head and
     tail rows), above the load-balance LP; past both limits, the critical path alone."""
-    from llm_planner.bounds import path_lp
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.problem_inputs import problem_from_inputs
+    from llm_planner.placement.bounds import path_lp
+    from llm_planner.placement.inputs import problem_from_inputs
 
     specs = Path(__file__).resolve().parents[1] / "cluster_specs"
     problem = problem_from_inputs(
@@ -212,7 +212,7 @@ def test_partition_bound_below_every_split_plan(problem):
     with the union LPs solved and with the partitions' lighter bounds only."""
     from unittest import mock
 
-    from llm_planner.bounds import partition
+    from llm_planner.placement.bounds import partition
 
     problem = dataclasses.replace(problem, max_shards=min(3, problem.batch_size))
     best = brute_force_optimum(problem)
@@ -231,11 +231,11 @@ def test_partition_bound_couples_the_shards_of_a_split_batch():
     Apart, the largest shard's path LP and the shard-count LP each allow a plan that the other
     forbids; with one copy of the graph per shard, every shard's path and all their work on the
     shared devices must fit together. The bound rises and stays below MILP-SPLIT's plan."""
-    from llm_planner.bounds.shard_count import shard_count_bound
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.problem.options import SolveOptions
-    from llm_planner.problem_inputs import problem_from_inputs
-    from llm_planner.solve.api import solve
+    from llm_planner.placement.bounds.shard_count import shard_count_bound
+    from llm_planner.placement.inputs import problem_from_inputs
+    from llm_planner.placement.options import SolveOptions
+    from llm_planner.placement.solve import solve
 
     specs = Path(__file__).resolve().parents[1] / "cluster_specs"
     problem = problem_from_inputs(
@@ -261,7 +261,7 @@ def test_shard_copies_hold_the_weights_of_what_any_copy_runs():
     may hold 1.2 blocks' weights over both copies: each copy's path is 2 x 1 + 0.8 x 3 = 3.6 s
     and the CPU runs 0.8 blocks of each, 4.8 s; the (2) LP is 7.2 s. With the weights on copy 0
     alone, copy 1 would run every block on the GPU for free: 3.6 s."""
-    from llm_planner.bounds.partition import shard_copies
+    from llm_planner.placement.bounds.partition import shard_copies
 
     problem = explicit_problem(
         [{"gpu": 1.0, "cpu": 3.0}] * 2,
@@ -284,10 +284,10 @@ def test_partition_bound_on_a_decoder_too_large_for_its_gpus():
     shard keep more blocks on the GPUs than fit, and is the least over the partitions; with the
     weights held wherever any shard runs a block it rises by more than 10%, and the partition
     bound with it, staying below the plan HEFT finds."""
-    from llm_planner.bounds.partition import shard_copies
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.problem_inputs import problem_from_inputs
-    from llm_planner.solve.baselines.single import run_baseline
+    from llm_planner.placement.baselines.single import run_baseline
+    from llm_planner.placement.bounds.partition import shard_copies
+    from llm_planner.placement.inputs import problem_from_inputs
 
     specs = Path(__file__).resolve().parents[1] / "cluster_specs"
     problem = problem_from_inputs(
@@ -311,7 +311,7 @@ def test_a_device_waits_for_the_input_of_a_pinned_task_and_stops_before_the_outp
     f until 3, v from 3 to 5. g can start no earlier than 1 and must stop 1 + 2 s before the end,
     so it works at most T - 4; f's 6 s of work shrink by at most 1 s per second g takes over (c),
     so T >= 10 - T: 5. Without that window the LP finds 4.41."""
-    from llm_planner.bounds import path_lp, path_refine
+    from llm_planner.placement.bounds import path_lp, path_refine
 
     times = {
         "u": {"f": 0.0},
@@ -358,7 +358,7 @@ def test_energy_rows_count_the_work_that_must_fit_between_a_head_and_a_tail(monk
     start before 1 (s runs first) and must end by T - 1 (t runs last): 3 s of work on two devices
     in T - 2, so T >= 3.5. The path (3 s), the load (2.5 s) and the head and tail rows (C_t >=
     4 / 2 + 1, T >= C_s + 4 / 2: 3 s) see less. The optimum is 4 s (one of a, b, c waits)."""
-    from llm_planner.bounds import path_refine
+    from llm_planner.placement.bounds import path_refine
 
     times = [{"g": 1.0}] * 5
     problem = explicit_problem(times, [(0, 1), (0, 2), (0, 3), (1, 4), (2, 4), (3, 4)])

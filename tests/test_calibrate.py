@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from measure_fixtures import chain_graph, graph_plan, graph_report, true_cluster, write_inputs
 
-from llm_planner import cli
-from llm_planner.calibrate import CalibrateError, calibrate, calibrate_files, load_run
-from llm_planner.observe import MeasureError
-from llm_planner.plan import load_plan
-from llm_planner.spec import load_cluster
-from llm_planner.spec_edit import EditError, dump_with_fields, set_fields
+from llm_planner.cli import main as cli
+from llm_planner.core.plan import load_plan
+from llm_planner.core.spec import load_cluster
+from llm_planner.measure.calibrate import CalibrateError, calibrate, calibrate_files, load_run
+from llm_planner.measure.observe import MeasureError
+from llm_planner.measure.spec_edit import EditError, dump_with_fields, set_fields
 
 N = 12  # tasks of the chain graph
 TRUE_KINDS = {
@@ -179,7 +179,8 @@ def test_measure_and_calibrate_import_without_torch_or_mpi():
     import sys
 
     code = (
-        "import sys\nimport llm_planner.measure, llm_planner.calibrate, llm_planner.observe, llm_planner.spec_edit\n"
+        "import sys\nimport llm_planner.measure.compare, llm_planner.measure.calibrate\n"
+        "import llm_planner.measure.observe, llm_planner.measure.spec_edit\n"
         "bad = [m for m in ('torch', 'mpi4py', 'transformers') if m in sys.modules]\nassert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -190,12 +191,12 @@ def test_calibrations_prediction_is_the_planners_task_time(solver, repo):
     """For GPT-2 (whose embed streams no weights: its table is indexed) placed alone and on
     tensor-parallel groups, calibration's model with the spec's factors predicts each timed call
     as the planner's problem times it."""
-    from llm_planner.calibrate import RunData, predicted_task_s
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.observe import RunObservations, TaskObservation
-    from llm_planner.problem.options import SolveOptions
-    from llm_planner.problem_inputs import problem_from_inputs
-    from llm_planner.solve.api import solve
+    from llm_planner.measure.calibrate import RunData, predicted_task_s
+    from llm_planner.measure.observe import RunObservations, TaskObservation
+    from llm_planner.placement.inputs import problem_from_inputs
+    from llm_planner.placement.options import SolveOptions
+    from llm_planner.placement.solve import solve
 
     path = repo / "cluster_specs/four-gpus.yaml"
     problem = problem_from_inputs(

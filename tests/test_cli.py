@@ -8,8 +8,8 @@ import json
 import pytest
 import yaml
 
-from llm_planner.cli import main
-from llm_planner.solve.api import BASELINES
+from llm_planner.cli.main import main
+from llm_planner.placement.solve import BASELINES
 
 GPT3 = ["--cluster", "cluster_specs/gpt3-six-servers.yaml", "--model", "gpt3-175b", "--batch", "8"]
 # a decoder on a cluster with tensor-parallel groups of up to 8, whose plan and verify take seconds (GPT-3
@@ -66,7 +66,7 @@ def test_plan_written_to_a_json_path_is_json_and_reads_back(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["plan", *RESNET, "--solver", "heft", "--no-baselines", "-o", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert data["format"] == "llm_planner.plan" and data["lower_bound_s"] <= data["objective_s"] * (1 + 1e-9)
+    assert data["format"] == "llm_planner.core.plan" and data["lower_bound_s"] <= data["objective_s"] * (1 + 1e-9)
     assert main(["verify", str(out)]) == 0
     assert main(["show", str(out)]) == 0
 
@@ -179,7 +179,7 @@ def test_compare_symmetry_rejects_an_unknown_criterion(capsys):
 def test_every_argument_of_every_command_says_what_it_is():
     import argparse
 
-    from llm_planner.cli import _build_parser
+    from llm_planner.cli.main import _build_parser
 
     parser = _build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices

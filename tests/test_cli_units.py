@@ -10,10 +10,10 @@ import pytest
 from conftest import SPECS
 from rich.console import Console
 
-from llm_planner.cli import main
-from llm_planner.commands import plan_summary_table
-from llm_planner.fmt import fmt_bytes, fmt_s, significant, time_unit
-from llm_planner.plan import load_plan
+from llm_planner.cli.commands import plan_summary_table
+from llm_planner.cli.main import main
+from llm_planner.core.fmt import fmt_bytes, fmt_s, significant, time_unit
+from llm_planner.core.plan import load_plan
 
 WORKSTATION = str(SPECS / "rtx4090-workstation.yaml")
 

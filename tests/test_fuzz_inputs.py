@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llm_planner.cli import main
+from llm_planner.cli.main import main
 from llm_planner.graph.transformer import DecoderConfig
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from llm_planner.cli import main
-from llm_planner.helix_export import LayoutError, helix_layout, layout_ranges, read_helix_layout
-from llm_planner.helix_import import (
+from llm_planner.cli.main import main
+from llm_planner.core.spec import load_cluster
+from llm_planner.cost.serving_profile import ServingProfileError, load_serving_profile, parse_serving_profile
+from llm_planner.helix.inputs import (
     HelixError,
     device_helix_names,
     load_helix_cluster,
     parse_helix_value,
     read_profile_csv,
 )
-from llm_planner.serving_profile import ServingProfileError, load_serving_profile, parse_serving_profile
-from llm_planner.spec import load_cluster
+from llm_planner.helix.layout_file import LayoutError, helix_layout, layout_ranges, read_helix_layout
 
 # three machines: ComputeNode-0 a T4, -1 an A100, -2 a T4; the pair 0-2 is slower than the others
 CLUSTER_INI = """\

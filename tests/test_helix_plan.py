@@ -1,4 +1,4 @@
-"""Planning for Helix's engine (llm_planner.helix_engine, llm_planner.helix_plan; docs/helix.md):
+"""Planning for Helix's engine (llm_planner.helix.engine, llm_planner.helix.plan; docs/helix.md):
 its tables read from Helix's model files, the steady-state model by hand, the search over its
 family, the layout it writes and its errors. Hand-written files in Helix's structure."""
 
@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_helix import write_helix
 
-from llm_planner.cli import main
-from llm_planner.helix_engine import (
+from llm_planner.cli.main import main
+from llm_planner.cost.serving_profile import LayerTable
+from llm_planner.helix.engine import (
     BLOCK_TOKENS,
     EXPECTED_OUTPUT,
     FEED_HWM,
@@ -26,11 +27,10 @@ from llm_planner.helix_engine import (
     queries_in_flight,
     stage_round_s,
 )
-from llm_planner.helix_export import read_helix_layout
-from llm_planner.helix_import import HelixError, load_helix_cluster
-from llm_planner.helix_plan import HelixInputs, order_stages, plan_helix
-from llm_planner.helix_search import Kind, best_stages, choices, count_layouts
-from llm_planner.serving_profile import LayerTable
+from llm_planner.helix.inputs import HelixError, load_helix_cluster
+from llm_planner.helix.layout_file import read_helix_layout
+from llm_planner.helix.plan import HelixInputs, order_stages, plan_helix
+from llm_planner.helix.search import Kind, best_stages, choices, count_layouts
 
 # tables by layers held, as Helix writes them in <model>_<type>.py (the rest of that file is code we never run)
 MODEL_PY = {

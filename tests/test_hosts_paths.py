@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from llm_planner.spec import SpecError, parse_cluster
-from llm_planner.spec_fields import hostname_problem
+from llm_planner.core.spec import SpecError, parse_cluster
+from llm_planner.core.spec_fields import hostname_problem
 
 sys.path.insert(0, str(Path(__file__).parent))
 from input_mutations import CLUSTER  # noqa: E402
@@ -61,7 +61,7 @@ def test_the_rules_of_a_host_name():
 
 
 def _verify(plan: Path, capsys) -> tuple[int, str]:
-    from llm_planner.cli import main
+    from llm_planner.cli.main import main
 
     code = main(["verify", str(plan)])
     err = " ".join(capsys.readouterr().err.split())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_planner.cli import main
+from llm_planner.cli.main import main
 from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -83,7 +83,7 @@ def test_a_duplicate_json_key_is_refused_with_its_path(tmp_path, capsys):
 
 
 def test_yaml_merge_keys_may_still_override():
-    from llm_planner.fileio import parse_document
+    from llm_planner.core.fileio import parse_document
 
     data = parse_document("base: &b {x: 1, y: 2}\nmine: {<<: *b, y: 3}\n", "t.yaml", ValueError, as_json=False)
     assert data["mine"] == {"x": 1, "y": 3}
@@ -156,7 +156,7 @@ def test_a_hostname_template_with_other_braces_is_refused(hostname, tmp_path, ca
 
 
 def test_a_hostname_template_may_format_the_index(capsys):
-    from llm_planner.spec import parse_cluster
+    from llm_planner.core.spec import parse_cluster
 
     cluster = parse_cluster(json.loads(_doc(CLUSTER, "nodes.0.hostname", "gpu{i:02d}.lab")))
     assert sorted({d.hostname for d in cluster.devices()}) == ["gpu00.lab", "gpu01.lab"]
@@ -195,7 +195,7 @@ def test_a_yaml_alias_bomb_is_refused_in_seconds(tmp_path, capsys):
 
 
 def test_more_values_than_the_limit_are_refused(monkeypatch, tmp_path, capsys):
-    from llm_planner import fileio
+    from llm_planner.core import fileio
 
     monkeypatch.setattr(fileio, "MAX_VALUES", 1_000)
     code, err = _plan(tmp_path, capsys, graph=_doc(GRAPH, "meta", list(range(1_000))))

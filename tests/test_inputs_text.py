@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from plan_files import written_plan
 
-from llm_planner.cli import main
-from llm_planner.fmt import LiteralConsole, printable, quote, styled
+from llm_planner.cli.main import main
+from llm_planner.core.fmt import LiteralConsole, printable, quote, styled
 
 CLUSTER = str(Path(__file__).resolve().parents[1] / "cluster_specs" / "localhost-2cpu.yaml")
 LLAMA = {
@@ -116,7 +116,7 @@ def test_the_literal_console_reads_no_markup_and_escapes_controls():
 def _spec_error(edit) -> str:
     from input_mutations import CLUSTER as BASE
 
-    from llm_planner.spec import SpecError, parse_cluster
+    from llm_planner.core.spec import SpecError, parse_cluster
 
     data = json.loads(json.dumps(BASE))
     edit(data)

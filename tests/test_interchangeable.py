@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from test_tensor_parallel import gpu_cluster
 
+from llm_planner.core.tensor_groups import device_class
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.problem.options import SolveOptions
-from llm_planner.problem.placement import build_problem, restrict_devices
-from llm_planner.solve.split import subsolve
-from llm_planner.solve.split.data_parallel import device_groups
-from llm_planner.solve.split.split_context import SplitContext
-from llm_planner.tensor_groups import device_class
+from llm_planner.placement.options import SolveOptions
+from llm_planner.placement.problem import build_problem, restrict_devices
+from llm_planner.placement.split import subsolve
+from llm_planner.placement.split.data_parallel import device_groups
+from llm_planner.placement.split.split_context import SplitContext
 
 
 def fork_join() -> TaskGraph:

@@ -14,8 +14,8 @@ import yaml
 from conftest import sigint_default
 from plan_files import verify_outcome, write_inputs
 
-from llm_planner.cli import main
-from llm_planner.solve.milp.backends import BackendResult
+from llm_planner.cli.main import main
+from llm_planner.mip.backends import BackendResult
 
 STOPPED = BackendResult(
     status="interrupted", values=None, objective=math.nan, dual_bound=-math.inf, nodes=3, backend="highs", time_s=0.5
@@ -41,8 +41,8 @@ def plan_args(folder, out):
 def stopped_solver(monkeypatch):
     """The backend returns as if Ctrl-C came before it had a plan of its own; bounds too weak to prove the warm
     start."""
-    from llm_planner.bounds import combined
-    from llm_planner.solve.milp import milp
+    from llm_planner.placement.bounds import combined
+    from llm_planner.placement.milp import milp
 
     monkeypatch.setattr(milp, "solve_model", lambda *a, **k: STOPPED)
     monkeypatch.setattr(combined, "lower_bound", lambda problem: 0.0)
@@ -75,7 +75,7 @@ def test_sigint_during_a_long_milp_writes_the_incumbent_within_2_s(tmp_path, rep
     cmd = [
         sys.executable,
         "-m",
-        "llm_planner.cli",
+        "llm_planner.cli.main",
         "-v",
         "plan",
         "--cluster",

@@ -221,7 +221,7 @@ def test_bad_run_options_are_refused(plan4, tmp_path, kwargs, message):
 
 
 def test_warmup_runs_go_into_the_rank_table_and_default_to_none_without_measure(plan4, tmp_path):
-    from llm_planner import cli
+    from llm_planner.cli import main as cli
 
     assert launch_plan(plan4, dry_run=True, workdir=str(tmp_path / "a")).rank_table.run.warmup == 0
     assert (

@@ -1,6 +1,6 @@
 """`launch` stops mpiexec and every rank whatever stops it: SIGTERM and SIGHUP as Ctrl-C (a message, an
 "interrupted" report, exit 130), and SIGKILL, which it cannot catch, through the kernel's parent-death
-signal to mpiexec (llm_planner.procs). Ctrl-C itself: test_runtime_mpi.py."""
+signal to mpiexec (llm_planner.core.procs). Ctrl-C itself: test_runtime_mpi.py."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def descendants(pid: int) -> list[int]:
 def start_launch(plan: Path, tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
     """`launch` of a run that lasts minutes (10,000 warm-up passes), once both ranks run: it and its processes."""
     workdir = tmp_path / "w"
-    command = [sys.executable, "-m", "llm_planner.cli", "launch", str(plan), "--workdir", str(workdir)]
+    command = [sys.executable, "-m", "llm_planner.cli.main", "launch", str(plan), "--workdir", str(workdir)]
     command += ["--report", str(tmp_path / "run.json"), "--max-new-tokens", "40", "--warmup", "10000"]
     proc = subprocess.Popen(
         [*command, "--prompt-ids", "1,2"],

@@ -19,181 +19,117 @@ import networkx as nx
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "llm_planner"
 
 CORE = [
-    "llm_planner.spec",
+    "llm_planner.core.spec",
     "llm_planner.graph.ir",
     "llm_planner.graph.models",
-    "llm_planner.cost",
-    "llm_planner.problem.placement",
-    "llm_planner.problem.schedule",
-    "llm_planner.solve.api",
-    "llm_planner.bounds.combined",
-    "llm_planner.solve.baselines.baseline_set",
-    "llm_planner.solve.milp.milp",
-    "llm_planner.solve.split.tp",
-    "llm_planner.plan",
-    "llm_planner.verify",
-    "llm_planner.problem_inputs",
-    "llm_planner.cli",
+    "llm_planner.cost.roofline",
+    "llm_planner.placement.problem",
+    "llm_planner.placement.schedule",
+    "llm_planner.placement.solve",
+    "llm_planner.placement.bounds.combined",
+    "llm_planner.placement.baselines.baseline_set",
+    "llm_planner.placement.milp.milp",
+    "llm_planner.placement.split.tp",
+    "llm_planner.core.plan",
+    "llm_planner.placement.verify",
+    "llm_planner.placement.inputs",
+    "llm_planner.cli.main",
 ]
 
 # Lowest first: a module may import from its own layer and those before it. "x.*" names the
 # package x and everything in it; an exact name wins over a pattern, a longer pattern over a shorter.
+P = "llm_planner"
+
+
+def _names(*names: str) -> list[str]:
+    return [f"{P}.{n}" if n else P for n in names]
+
+
 LAYERS: list[tuple[str, list[str], str]] = [
     (
         "utilities",
-        [
-            "llm_planner",
-            "llm_planner.units",
-            "llm_planner.fmt",
-            "llm_planner.fileio",
-            "llm_planner.atomic",
-            "llm_planner.procs",
-        ],
+        _names("", "core", "core.units", "core.fmt", "core.fileio", "core.atomic", "core.procs"),
         "formatting, units, file writing and process lifetime (signals, parent death) that every layer may use",
     ),
     (
         "inputs",
-        [
-            "llm_planner.spec",
-            "llm_planner.spec_fields",
-            "llm_planner.tensor_groups",
-            "llm_planner.graph",
-            "llm_planner.constants",
-            "llm_planner.graph.ir",
-        ],
+        _names("core.spec", "core.spec_fields", "core.tensor_groups", "core.constants", "graph", "graph.ir"),
         "the cluster spec and the task-graph IR: plain data that everything above reads",
     ),
     (
         "graph builders",
-        ["llm_planner.graph.*"],
+        _names("graph.*"),
         "task graphs of models (analytic decoders, fx, randomly wired networks, workload files)",
     ),
     (
         "cost",
-        ["llm_planner.cost", "llm_planner.measured"],
-        "pure cost formulas over tasks, devices and links, and the measured costs of a profile (no file read)",
+        _names("cost.*"),
+        "the cost model: rooflines, measured costs, and the measured-profile files they come from",
     ),
     (
         "plan format",
-        ["llm_planner.plan", "llm_planner.plan_read", "llm_planner.plan_paths"],
-        "the plan file format: solvers produce Plans, so it sits below them",
+        _names("core.plan", "core.plan_read", "core.plan_paths"),
+        "the placement plan file format: solvers produce Plans, so it sits below them",
+    ),
+    ("mip", _names("mip.*"), "solver backends behind one interface (HiGHS, Gurobi)"),
+    (
+        "placement base",
+        _names("placement", "placement.problem", "placement.schedule", "placement.fit", "placement.options")
+        + _names("placement.errors"),
+        "the placement problem in numbers, the list scheduler that times an assignment into a Plan, the memory fit",
     ),
     (
-        "solve base",
-        [
-            "llm_planner.solve",
-            "llm_planner.problem.*",
-            "llm_planner.solve.errors",
-        ],
-        "the problem in numbers, the list scheduler that times an assignment into a Plan, the memory fit",
-    ),
-    (
-        "bounds",
-        ["llm_planner.bounds.*"],
+        "placement bounds",
+        _names("placement.bounds.*"),
         "lower bounds: what every solver and baseline is judged against, and what verify re-derives a plan's from",
     ),
     (
-        "problem inputs and checks",
-        [
-            "llm_planner.profile",
-            "llm_planner.problem_inputs",
-            "llm_planner.verify",
-            "llm_planner.verify_fields",
-            "llm_planner.verify_sim",
-            "llm_planner.serving_profile",
-        ],
+        "placement inputs and checks",
+        _names("placement.inputs", "placement.verify", "placement.verify_fields", "placement.verify_sim"),
         "a problem from input files, and the verifier that checks a plan against it (its bound too): below every "
-        "solver, so the verifier cannot use one (solve.api calls it on every plan)",
+        "solver, so the verifier cannot use one (placement.solve calls it on every plan)",
     ),
     (
-        "serving model",
-        [
-            "llm_planner.serving",
-            "llm_planner.serving.workload",
-            "llm_planner.serving.classes",
-            "llm_planner.serving.costs",
-            "llm_planner.serving.replica",
-            "llm_planner.serving.layout",
-            "llm_planner.serving.context",
-            "llm_planner.serving.bound",
-            "llm_planner.serving.bound_batches",
-            "llm_planner.serving.bound_cells",
-            "llm_planner.serving.bound_prices",
-            "llm_planner.serving.optimistic",
-            "llm_planner.serving.plan_file",
-            "llm_planner.serving.verify",
-        ],
-        "serving: the steady-state model of a replica, the upper bound and the plan file's check; below every solver",
-    ),
-    (
-        "baselines",
-        ["llm_planner.solve.baselines.*", "llm_planner.solve.session"],
+        "placement baselines",
+        _names("placement.baselines.*", "placement.session"),
         "the heuristics a user would run instead; the MILP starts from them; a solve's session (its baselines, "
         "bound and status, once)",
     ),
-    ("milp", ["llm_planner.solve.milp.*"], "the exact MILP and its backends"),
-    ("split", ["llm_planner.solve.split.*"], "MILP-SPLIT: solves its module subproblems with the exact MILP"),
+    ("placement milp", _names("placement.milp.*"), "the exact MILP"),
+    ("placement split", _names("placement.split.*"), "MILP-SPLIT: solves its module subproblems with the exact MILP"),
     (
-        "solve api",
-        ["llm_planner.solve.api"],
+        "placement solve",
+        _names("placement.solve"),
         "solve(problem, options): picks the solver, adds the bound, verifies the plan",
     ),
     (
-        "serving solve",
-        [
-            "llm_planner.serving.fleet",
-            "llm_planner.serving.baselines",
-            "llm_planner.serving.search",
-            "llm_planner.serving.assign",
-            "llm_planner.serving.aside",
-            "llm_planner.serving.api",
-            "llm_planner.serving.export",
-            "llm_planner.serving.export_scripts",
-        ],
-        "serving: the baselines, the layout search and the fleet MILP (over the MILP backends), devices, exports",
+        "placement flows",
+        _names("placement.verify_file", "placement.views", "placement.study"),
+        "what commands do with placement plans: re-read and verify a plan file, tables and charts, studies",
     ),
     (
-        "flows",
-        [
-            "llm_planner.views",
-            "llm_planner.verify_file",
-            "llm_planner.helix_import",
-            "llm_planner.helix_export",
-            "llm_planner.helix_engine",
-            "llm_planner.helix_search",
-            "llm_planner.helix_plan",
-            "llm_planner.plan_export",
-            "llm_planner.observe",
-            "llm_planner.measure",
-            "llm_planner.calibrate",
-            "llm_planner.study",
-            "llm_planner.spec_edit",
-        ],
-        "what the commands do with problems and plans: reports, exports, measurements, studies",
+        "serving model",
+        _names("serving", "serving.workload", "serving.classes", "serving.costs", "serving.replica")
+        + _names("serving.layout", "serving.context", "serving.bound", "serving.bound_batches", "serving.bound_cells")
+        + _names("serving.bound_prices", "serving.optimistic", "serving.plan_file", "serving.verify"),
+        "serving: the steady-state model of a replica, the upper bound and the plan file's check; below its search",
     ),
+    (
+        "serving solve",
+        _names("serving.fleet", "serving.baselines", "serving.search", "serving.assign", "serving.aside")
+        + _names("serving.api"),
+        "serving: the baselines, the layout search and the fleet MILP (over the MILP backends), devices",
+    ),
+    ("helix", _names("helix.*"), "Helix's files in and out, its engine's model and a layout search for it"),
+    ("export", _names("export.*"), "plans written for other frameworks: Megatron-style configs, vLLM, SGLang"),
+    ("measure", _names("measure.*"), "run observations, measured against predicted, fitting a spec"),
     (
         "runtime",
-        ["llm_planner.runtime.*"],
+        _names("runtime.*"),
         "a rank's share of the model under MPI (plan_schedule, table and decoder_tasks are torch-free)",
     ),
-    (
-        "launch",
-        ["llm_planner.launch.*"],
-        "start ranks with mpiexec: the plan's, or the profiling ranks'",
-    ),
-    (
-        "commands",
-        [
-            "llm_planner.commands",
-            "llm_planner.commands_measure",
-            "llm_planner.commands_helix",
-            "llm_planner.commands_serving",
-            "llm_planner.commands_export",
-            "llm_planner.cli_types",
-            "llm_planner.cli",
-        ],
-        "the command line: parses arguments, calls the layers, prints",
-    ),
+    ("launch", _names("launch.*"), "start ranks with mpiexec: the plan's, or the profiling ranks'"),
+    ("commands", _names("cli.*"), "the command line: parses arguments, calls the layers, prints"),
 ]
 
 
@@ -317,25 +253,36 @@ def test_the_checks_see_lazy_relative_and_type_checking_imports(tmp_path):
     assert circles(import_graph(pkg)[0]) == [["pkg.sub", "pkg.sub.high"]]
 
 
-# The folders directly under llm_planner, lowest first: a folder imports only from folders before it (and
-# from top-level modules, which LAYERS places one by one). Subfolders belong to their folder; inside one,
-# LAYERS orders the modules.
+# The folders directly under llm_planner, lowest first: a folder imports only from folders before it.
+# Subfolders belong to their folder; inside one, LAYERS orders the modules. The planners (PLANNERS) sit
+# side by side: none imports another.
 FOLDERS: list[tuple[str, str]] = [
+    ("llm_planner.core", "units, file I/O, processes, the cluster spec, the placement plan file"),
     ("llm_planner.graph", "task graphs: the IR and the builders of model graphs"),
-    ("llm_planner.problem", "the placement problem in numbers, the list scheduler, the memory fit, a solve's options"),
-    ("llm_planner.bounds", "lower bounds: what every solver is judged against and verify re-derives"),
-    ("llm_planner.solve", "the solvers: baselines, the exact MILP, MILP-SPLIT, solve(problem, options)"),
-    ("llm_planner.serving", "the serving objective: its model, bounds, plan file, search and exports"),
+    ("llm_planner.cost", "the cost model and the measured tables it reads"),
+    ("llm_planner.mip", "solver backends"),
+    ("llm_planner.placement", "the placement planner: problem, bounds, baselines, MILP, MILP-SPLIT, verifier"),
+    ("llm_planner.serving", "the serving planner: its model, bounds, plan file, verifier and search"),
+    ("llm_planner.helix", "planning for Helix's engine, Helix's files in and out"),
+    ("llm_planner.export", "plans written for other frameworks"),
+    ("llm_planner.measure", "measured against predicted, calibration"),
     ("llm_planner.runtime", "a rank's share of the model under MPI (torch)"),
     ("llm_planner.launch", "starting ranks with mpiexec: a plan's, or the profiling job's"),
+    ("llm_planner.cli", "the command line"),
 ]
+PLANNERS = ["llm_planner.placement", "llm_planner.serving", "llm_planner.helix"]
+# The layers of the placement solvers (problem to solve api, inputs and checks aside): none reaches a loader.
+SOLVER_LAYERS = (
+    [n for n, *_ in LAYERS].index("placement base"),
+    [n for n, *_ in LAYERS].index("placement solve"),
+)
 
 # What a solver may never reach, even through other modules: the loaders of input files (the cluster and
 # plan readers are one function each in spec and plan, beside the data they read).
 LOADERS = [
-    "llm_planner.problem_inputs",
-    "llm_planner.verify_file",
-    "llm_planner.profile",
+    "llm_planner.placement.inputs",
+    "llm_planner.placement.verify_file",
+    "llm_planner.cost.profile",
     "llm_planner.graph.workloads",
 ]
 
@@ -427,10 +374,34 @@ def test_no_import_from_a_higher_folder_and_no_circle_between_folders():
 def test_no_solver_reaches_a_file_loader():
     graph = import_graph(PACKAGE_DIR)[0]
     solvers = [
-        name for name in graph if folder_of(name) in ("llm_planner.solve", "llm_planner.problem", "llm_planner.bounds")
+        name for name in graph if layer_of(name) is not None and SOLVER_LAYERS[0] <= layer_of(name) <= SOLVER_LAYERS[1]
     ]
+    solvers = [name for name in solvers if name not in LOADERS and not name.startswith("llm_planner.placement.verify")]
     bad = sorted({(s, loader) for s in solvers for loader in LOADERS if loader in nx.descendants(graph, s)})
     assert not bad, "solver modules that reach a file loader: " + ", ".join(f"{s} -> {loader}" for s, loader in bad)
+
+
+def planner_imports(explicit: dict[str, set[str]], planners=PLANNERS) -> list[str]:
+    """Imports from one planner's folder into another's."""
+    return [
+        f"{name} imports {target}"
+        for name, targets in sorted(explicit.items())
+        for target in sorted(targets)
+        if folder_of(name) in planners and folder_of(target) in planners and folder_of(name) != folder_of(target)
+    ]
+
+
+def test_planners_never_import_one_another():
+    bad = planner_imports(import_graph(PACKAGE_DIR)[1])
+    assert not bad, "planners import one another:\n" + "\n".join(bad)
+    assert planner_imports({"llm_planner.helix.plan": {"llm_planner.serving.context"}}) == [
+        "llm_planner.helix.plan imports llm_planner.serving.context"
+    ]
+
+
+def test_the_top_level_holds_a_handful_of_modules():
+    top = [p.name for p in PACKAGE_DIR.glob("*.py")]
+    assert len(top) <= 5, f"modules at the top of the package: {sorted(top)}"
 
 
 def test_function_level_imports_only_for_heavy_optional_packages():
@@ -445,11 +416,14 @@ def test_function_level_imports_only_for_heavy_optional_packages():
 
 
 def test_the_folder_checks_fail_on_an_upward_import_a_loader_and_a_lazy_light_import(tmp_path):
-    explicit = {"llm_planner.graph.ir": {"llm_planner.solve.api"}, "llm_planner.solve.api": {"llm_planner.graph.ir"}}
+    explicit = {
+        "llm_planner.graph.ir": {"llm_planner.placement.solve"},
+        "llm_planner.placement.solve": {"llm_planner.graph.ir"},
+    }
     assert upward_folder_imports(explicit) == [
-        "llm_planner.graph.ir (llm_planner.graph) imports llm_planner.solve.api (llm_planner.solve)"
+        "llm_planner.graph.ir (llm_planner.graph) imports llm_planner.placement.solve (llm_planner.placement)"
     ]
-    assert circles(folder_imports(explicit)) == [["llm_planner.graph", "llm_planner.solve"]]
+    assert circles(folder_imports(explicit)) == [["llm_planner.graph", "llm_planner.placement"]]
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llm_planner.cli import main
+from llm_planner.cli.main import main
+from llm_planner.core.spec_fields import MAX_NAME_CHARS
 from llm_planner.graph.ir import MAX_GRAPH_NAME_CHARS, MAX_TASK_NAME_CHARS
-from llm_planner.problem.placement import MAX_TRANSFER_ENTRIES
-from llm_planner.spec_fields import MAX_NAME_CHARS
+from llm_planner.placement.problem import MAX_TRANSFER_ENTRIES
 
 sys.path.insert(0, str(Path(__file__).parent))
 from input_mutations import CLUSTER, GRAPH, emit  # noqa: E402

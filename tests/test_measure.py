@@ -10,13 +10,14 @@ import pytest
 from measure_fixtures import chain_graph, graph_plan, graph_report, true_cluster, write_inputs
 from rich.console import Console
 
-from llm_planner import cli, cost
+from llm_planner.cli import main as cli
+from llm_planner.core.plan import load_plan, save_plan
+from llm_planner.core.spec import load_cluster
+from llm_planner.cost import roofline as cost
 from llm_planner.graph.models import ModelSpec
-from llm_planner.measure import MeasureError, measure_files, measurement_tables, write_measurement
-from llm_planner.plan import load_plan, save_plan
-from llm_planner.problem.schedule import make_plan
-from llm_planner.problem_inputs import problem_from_inputs
-from llm_planner.spec import load_cluster
+from llm_planner.measure.compare import MeasureError, measure_files, measurement_tables, write_measurement
+from llm_planner.placement.inputs import problem_from_inputs
+from llm_planner.placement.schedule import make_plan
 
 N = 12
 LAYOUT = [[(i // 2 + 1) % 3 for i in range(N)], [(2 - i // 3) % 3 for i in range(N)]]

@@ -23,15 +23,15 @@ from hypothesis import strategies as st
 from milp_brute_force import brute_force, brute_throughput
 from planner_instances import graphs, kind, make_cluster, problems
 
-from llm_planner.bounds.combined import lower_bound
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.problem.options import SolveOptions
-from llm_planner.problem.placement import PlacementProblem, ProblemError, build_problem
-from llm_planner.solve.api import SolveError, solve
-from llm_planner.solve.milp import backends
-from llm_planner.solve.milp import milp as milp_module
-from llm_planner.solve.session import SolveSession
-from llm_planner.verify import verify_plan
+from llm_planner.mip import backends
+from llm_planner.placement.bounds.combined import lower_bound
+from llm_planner.placement.milp import milp as milp_module
+from llm_planner.placement.options import SolveOptions
+from llm_planner.placement.problem import PlacementProblem, ProblemError, build_problem
+from llm_planner.placement.session import SolveSession
+from llm_planner.placement.solve import SolveError, solve
+from llm_planner.placement.verify import verify_plan
 
 GB = 1e9
 REL = 1e-6
@@ -323,7 +323,7 @@ def test_link_dependent_transfers_on_two_nodes_match_brute_force(graph, objectiv
 
 
 def test_cost_groups_gather_the_partners_of_one_link_cost():
-    from llm_planner.solve.milp.cost_terms import cost_groups
+    from llm_planner.placement.milp.cost_terms import cost_groups
 
     fixed = np.array([[0, 1, 2, 2], [1, 0, 2, 2], [2, 2, 0, 1], [2, 2, 1, 0]], dtype=float)
     slope = np.where(fixed > 0, 0.5, 0.0)
@@ -434,7 +434,7 @@ def test_missing_gurobipy_is_an_actionable_error(monkeypatch):
 
 def test_milp_modules_import_without_torch_mpi_or_gurobi():
     code = (
-        "import sys, llm_planner.solve.milp.milp, llm_planner.solve.milp.warm, llm_planner.solve.milp.backends\n"
+        "import sys, llm_planner.placement.milp.milp, llm_planner.placement.milp.warm, llm_planner.mip.backends\n"
         "bad = [m for m in ('torch', 'mpi4py', 'transformers', 'gurobipy') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -467,7 +467,7 @@ def test_time_limit_returns_best_plan_with_dual_bound():
 
 
 def test_a_warm_start_that_meets_the_bound_is_returned_without_a_model(monkeypatch):
-    from llm_planner.solve.milp import milp
+    from llm_planner.placement.milp import milp
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was built for a proven warm start")
@@ -485,7 +485,7 @@ def test_a_warm_start_that_meets_the_bound_is_returned_without_a_model(monkeypat
 
 
 def test_a_plan_stopped_by_the_time_limit_that_meets_the_bound_is_optimal(monkeypatch):
-    from llm_planner.solve.milp import milp
+    from llm_planner.placement.milp import milp
 
     real = milp.solve_model
 
@@ -508,7 +508,7 @@ def test_a_plan_stopped_by_the_time_limit_that_meets_the_bound_is_optimal(monkey
 @pytest.mark.milp
 @pytest.mark.parametrize("name, dp_optimum", [("bert24_inference.json", 17.7899), ("resnet50_inference.json", 33.7747)])
 def test_workload_contiguous_reaches_the_dynamic_program(name, dp_optimum):
-    from llm_planner.problem_inputs import load_graph_file
+    from llm_planner.placement.inputs import load_graph_file
 
     if not (WORKLOADS / "LayerGraphs" / name).is_file():
         pytest.skip("the dnn-partitioning workloads are not present")
@@ -524,7 +524,7 @@ def test_workload_contiguous_reaches_the_dynamic_program(name, dp_optimum):
 
 
 def test_contiguous_split_warm_start_is_the_best_split_of_a_chain():
-    from llm_planner.solve.milp.warm import contiguous_split
+    from llm_planner.placement.milp.warm import contiguous_split
 
     problem = chain_problem()  # a chain has one topological order, and its dynamic program is exact
     plan = contiguous_split(problem)

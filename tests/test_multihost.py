@@ -75,7 +75,7 @@ def servers(tmp_path_factory):
 def run_launch(hosts, plan: Path, workdir: Path, *args: str, timeout_s: float = 120.0) -> subprocess.Popen:
     """`launch` on server 0 (the head node): Hydra starts each rank on its server through the namespace launcher."""
     env = {**os.environ, **hosts.mpiexec_env(0)}
-    command = [sys.executable, "-m", "llm_planner.cli", "launch", str(plan), "--workdir", str(workdir)]
+    command = [sys.executable, "-m", "llm_planner.cli.main", "launch", str(plan), "--workdir", str(workdir)]
     command += ["--report", str(workdir / "run.json"), "--timeout", str(timeout_s), *args]
     return subprocess.Popen(hosts.exec(0, *command), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

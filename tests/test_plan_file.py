@@ -12,8 +12,8 @@ import pytest
 import yaml
 from plan_files import a_plan, verify_outcome, write_inputs, written_plan
 
-from llm_planner.plan import load_plan, save_plan
-from llm_planner.verify import verify_plan
+from llm_planner.core.plan import load_plan, save_plan
+from llm_planner.placement.verify import verify_plan
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def test_a_derived_field_that_says_otherwise_is_refused(plan_path, field, value)
 
 
 def test_a_hand_edited_top_level_assignment_is_refused_by_verify_and_every_reader(plan_path):
-    from llm_planner.plan import PlanError
+    from llm_planner.core.plan import PlanError
 
     edit(plan_path, lambda d: d["assignment"].__setitem__("c", "node0/cpu:0"))
     rejected(
@@ -165,7 +165,10 @@ def test_an_input_the_rebuilt_problem_does_not_have_is_a_violation(plan_path):
 def test_the_cli_prints_one_message_and_no_traceback(plan_path):
     edit(plan_path, lambda d: d["schedule"][0].__setitem__("start_s", "soon"))
     run = subprocess.run(
-        [sys.executable, "-m", "llm_planner.cli", "verify", str(plan_path)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "llm_planner.cli.main", "verify", str(plan_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "schedule[0].start_s" in run.stderr.replace("\n", "")
@@ -175,7 +178,7 @@ def test_the_cli_prints_one_message_and_no_traceback(plan_path):
 
 
 def test_a_failing_write_leaves_the_old_plan_whole(tmp_path, plan_path, monkeypatch):
-    from llm_planner.plan import PlanError
+    from llm_planner.core.plan import PlanError
 
     before = plan_path.read_bytes()
     other = dataclasses.replace(load_plan(plan_path), lower_bound_s=0.0)
@@ -191,7 +194,7 @@ def test_a_failing_write_leaves_the_old_plan_whole(tmp_path, plan_path, monkeypa
 
 
 def test_an_interrupted_write_leaves_the_old_plan_whole(tmp_path, plan_path, monkeypatch):
-    import llm_planner.atomic as atomic
+    import llm_planner.core.atomic as atomic
 
     before = plan_path.read_bytes()
 
@@ -223,8 +226,8 @@ def test_a_write_keeps_the_files_mode_and_never_follows_a_link_to_a_file(tmp_pat
 
 
 def test_plan_refuses_an_output_that_is_a_link_before_the_solve(tmp_path, monkeypatch, capsys):
-    from llm_planner.cli import main
-    from llm_planner.solve import api
+    from llm_planner.cli.main import main
+    from llm_planner.placement import solve as api
 
     write_inputs(tmp_path)
     monkeypatch.setattr(api, "solve", lambda *a, **k: pytest.fail("solved before checking -o"))
@@ -238,8 +241,8 @@ def test_plan_refuses_an_output_that_is_a_link_before_the_solve(tmp_path, monkey
 
 @pytest.mark.parametrize("output", ["missing/plan.yaml", "."], ids=["missing-folder", "a-directory"])
 def test_an_unwritable_output_fails_before_the_solve(tmp_path, monkeypatch, capsys, output):
-    from llm_planner.cli import main
-    from llm_planner.solve import api
+    from llm_planner.cli.main import main
+    from llm_planner.placement import solve as api
 
     write_inputs(tmp_path)
     monkeypatch.setattr(api, "solve", lambda *a, **k: pytest.fail("solved before checking -o"))

@@ -14,9 +14,9 @@ import yaml
 from conftest import SPECS
 from plan_files import write_inputs
 
-from llm_planner.cli import main
-from llm_planner.plan import load_plan
-from llm_planner.plan_paths import relative_to_plan, resolve_from_plan
+from llm_planner.cli.main import main
+from llm_planner.core.plan import load_plan
+from llm_planner.core.plan_paths import relative_to_plan, resolve_from_plan
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import time
 import pytest
 from runtime_fixtures import LOCALHOST, decoder_plan, save_config, tiny_gpt2
 
+from llm_planner.core.plan import load_plan
 from llm_planner.graph.models import ModelSpec
-from llm_planner.plan import load_plan
-from llm_planner.problem.schedule import make_plan
-from llm_planner.problem_inputs import problem_from_inputs
+from llm_planner.placement.inputs import problem_from_inputs
+from llm_planner.placement.schedule import make_plan
 from llm_planner.runtime import plan_schedule as ps
 from llm_planner.runtime.decoder_tasks import decoder_tasks
 

@@ -34,7 +34,7 @@ class Block(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, Block())
-from llm_planner import cli
+from llm_planner.cli import main as cli
 for argv in json.loads(sys.argv[2]):
     code = cli.main(argv)
     if code != 0:

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llm_planner import measured
-from llm_planner import profile as prof
-from llm_planner.cli import main
+from llm_planner.cli.main import main
+from llm_planner.core.plan import PlanError, save_plan
+from llm_planner.core.spec import load_cluster
+from llm_planner.cost import measured
+from llm_planner.cost import profile as prof
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.graph.models import ModelSpec, build_model_graph
-from llm_planner.plan import PlanError, save_plan
-from llm_planner.problem.placement import build_problem
-from llm_planner.problem.schedule import make_plan
-from llm_planner.problem_inputs import problem_from_inputs
-from llm_planner.spec import load_cluster
-from llm_planner.verify_file import verify_plan_file
+from llm_planner.placement.inputs import problem_from_inputs
+from llm_planner.placement.problem import build_problem
+from llm_planner.placement.schedule import make_plan
+from llm_planner.placement.verify_file import verify_plan_file
 
 REPO = Path(__file__).resolve().parents[1]
 LOCALHOST = REPO / "cluster_specs" / "localhost-cpu.yaml"
@@ -89,7 +89,7 @@ def test_profile_written_and_read_back(tmp_path):
     back = prof.load_profile(path)
     assert back == original
     data = yaml.safe_load(path.read_text())
-    assert data["format"] == "llm_planner.profile" and data["version"] == 1
+    assert data["format"] == "llm_planner.cost.profile" and data["version"] == 1
     entry = data["device_kinds"]["cpu-core"]["k/block"]
     assert entry["batch_sizes"] == [1, 2, 4] and len(entry["median_s"]) == 3 and entry["repetitions"] == 5
     assert entry["fixed_s"] == pytest.approx(1e-3) and entry["per_sample_s"] == pytest.approx(2e-4)
@@ -287,7 +287,7 @@ def test_plan_command_says_which_tasks_fell_back(tmp_path, capsys):
     assert yaml.safe_load(out.read_text())["inputs"]["profile"] == str(path)
     assert main(["verify", str(out)]) == 0
     (tmp_path / "bad.yaml").write_text(
-        "format: llm_planner.profile\nversion: 1\ncluster: c\ndevice_kinds: {cpu-core: {k: {task: x}}}\n"
+        "format: llm_planner.cost.profile\nversion: 1\ncluster: c\ndevice_kinds: {cpu-core: {k: {task: x}}}\n"
     )
     assert main([*args, "--profile", str(tmp_path / "bad.yaml"), "-o", str(out)]) == 2
     err = capsys.readouterr().err.replace("\n", "")  # rich wraps long lines
@@ -461,7 +461,7 @@ def test_profile_module_imports_without_torch_or_mpi():
     import sys
 
     code = (
-        "import sys, llm_planner.profile, llm_planner.runtime.profile_rank, llm_planner.launch.profile_run\n"
+        "import sys, llm_planner.cost.profile, llm_planner.runtime.profile_rank, llm_planner.launch.profile_run\n"
         "bad = [m for m in ('torch', 'mpi4py', 'transformers') if m in sys.modules]\nassert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

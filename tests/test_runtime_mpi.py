@@ -17,8 +17,8 @@ import torch
 from conftest import alive, sigint_default
 from runtime_fixtures import decoder_plan, graph_plan, save_config, tiny_gpt2, tiny_llama
 
+from llm_planner.core.plan import load_plan
 from llm_planner.launch.plan_launch import launch_plan
-from llm_planner.plan import load_plan
 from llm_planner.runtime import gpt
 from llm_planner.runtime import graph as rg
 from llm_planner.runtime.comm import usable_cores
@@ -286,7 +286,7 @@ def test_ctrl_c_on_launch_stops_mpiexec_and_every_rank_within_10_s(small_plan, t
         [
             sys.executable,
             "-m",
-            "llm_planner.cli",
+            "llm_planner.cli.main",
             "launch",
             str(small_plan),
             "--workdir",

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from runtime_fixtures import decoder_plan, save_config, tiny_gpt2, tiny_llama
 
+from llm_planner.core.plan import load_plan
 from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.launch.plan_launch import launch_plan
-from llm_planner.plan import load_plan
 from llm_planner.runtime import gpt
 from llm_planner.runtime.plan_schedule import in_flight_batches, streams_of
 

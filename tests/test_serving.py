@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from serving_fixtures import context, workload, write_fleet
 
-from llm_planner.cli import main
+from llm_planner.cli.main import main
+from llm_planner.core.spec import load_cluster
 from llm_planner.graph.transformer import preset_config
 from llm_planner.serving.baselines import class_patterns, engineer_best, even_split, megatron
 from llm_planner.serving.bound import concurrency_level_bound, device_rate_bound, tokens_upper_bound
@@ -25,7 +26,6 @@ from llm_planner.serving.optimistic import OptimisticTokens
 from llm_planner.serving.replica import micro_batch_sizes
 from llm_planner.serving.search import solve_serving
 from llm_planner.serving.workload import RequestShape, ServingWorkload
-from llm_planner.spec import load_cluster
 
 BIG, SMALL = "bigbox/big", "smallbox/small"
 

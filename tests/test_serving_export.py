@@ -1,4 +1,4 @@
-"""`llm-planner export PLAN --to vllm|sglang|megatron` (llm_planner.serving.export): serving plans
+"""`llm-planner export PLAN --to vllm|sglang|megatron` (llm_planner.export.serving): serving plans
 made on small specs written here, exported, and checked against the frameworks' rules (one
 tensor-parallel degree, VLLM_PP_LAYER_PARTITION of pipeline-size entries adding up to the model's
 layers, one micro-batch per stage, no CPU stage); refusals exit 2 naming the replica and stage."""
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llm_planner.cli import main
-from llm_planner.serving.export import EnginePlan, EngineStage, ServingExportError, assign_ports, build_engines
-from llm_planner.serving.export_scripts import vllm_script
+from llm_planner.cli.main import main
+from llm_planner.core.spec import load_cluster
+from llm_planner.export.serving import EnginePlan, EngineStage, ServingExportError, assign_ports, build_engines
+from llm_planner.export.serving_scripts import vllm_script
 from llm_planner.serving.plan_file import ServingPlanFile
-from llm_planner.spec import load_cluster
 
 # Two servers of three 6 GB GPUs: llama2-7b (13.5 GB of fp16 weights) needs a pipeline over both.
 TWO_SERVERS = """
@@ -64,7 +64,7 @@ def _export(plan: Path, *args: str) -> tuple[int, str, str]:
 
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        from llm_planner import cli
+        from llm_planner.cli import main as cli
 
         cli.console.file = out  # the CLI prints to its own console
         cli.err_console.file = err
@@ -328,7 +328,7 @@ def test_bf16_plans_export_bfloat16(plans, tmp_path):
 
 def test_other_plans_and_bad_options_exit_2(plans, tmp_path):
     other = tmp_path / "plan.yaml"
-    other.write_text("format: llm_planner.plan\n")
+    other.write_text("format: llm_planner.core.plan\n")
     rc, _, err = _export(other, "--to", "vllm")
     assert rc == 2 and "not a serving plan" in err
     rc, _, err = _export(plans["tp"], "--to", "megatron", "--format", "script")

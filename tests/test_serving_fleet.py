@@ -16,7 +16,8 @@ import pytest
 import yaml
 from serving_fixtures import workload
 
-from llm_planner.cli import main
+from llm_planner.cli.main import main
+from llm_planner.core.spec import MAX_DEVICES, load_cluster
 from llm_planner.graph.transformer import preset_config
 from llm_planner.serving import bound_prices
 from llm_planner.serving.aside import Aside
@@ -25,7 +26,6 @@ from llm_planner.serving.bound import first_two_bounds
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context
 from llm_planner.serving.replica import ReplicaModel, StageSlot
 from llm_planner.serving.search import SPREAD, balanced_prices, candidate_layouts, micro_batch_options, solve_serving
-from llm_planner.spec import MAX_DEVICES, load_cluster
 
 # Two kinds of small servers, two identical servers of each (made-up numbers, memory scaled down
 # so that GPT-2's KV cache limits the concurrency of a device: at a 5 ms TPOT target the plan runs

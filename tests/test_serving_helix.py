@@ -5,8 +5,8 @@ from __future__ import annotations
 import yaml
 from test_helix import run_import, write_helix
 
-from llm_planner.cli import main
-from llm_planner.helix_export import read_helix_layout
+from llm_planner.cli.main import main
+from llm_planner.helix.layout_file import read_helix_layout
 
 
 def test_serving_plan_on_an_imported_helix_cluster_exports_its_layout(tmp_path, capsys):

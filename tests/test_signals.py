@@ -1,5 +1,5 @@
 """Every process `plan` starts stops when it stops, whatever the signal: SIGTERM and SIGHUP act as SIGINT,
-and children whose parent was killed outright (SIGKILL) end by themselves within 10 s (llm_planner.procs).
+and children whose parent was killed outright (SIGKILL) end by themselves within 10 s (llm_planner.core.procs).
 The `launch` counterparts, which start mpiexec, are in test_runtime_mpi.py."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import SPECS, alive, sigint_default
 
-from llm_planner import procs
+from llm_planner.core import procs
 
 
 def children(pid: int) -> list[int]:
@@ -60,7 +60,7 @@ def test_a_stop_signal_calls_the_sigint_handler_in_place(monkeypatch):
 
 ORPHAN = """
 import os, sys, time
-from llm_planner import procs
+from llm_planner.core import procs
 parent = os.getpid()
 if os.fork() == 0:
     procs.die_with_parent(parent, kernel={kernel})
@@ -87,7 +87,7 @@ def plan_command(out: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "llm_planner.cli",
+        "llm_planner.cli.main",
         "plan",
         "--cluster",
         str(SPECS / "four-gpus.yaml"),

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llm_planner import units
-from llm_planner.spec import SpecError, load_cluster, parse_cluster
-from llm_planner.tensor_groups import GroupError, group_from_members, tensor_groups
+from llm_planner.core import units
+from llm_planner.core.spec import SpecError, load_cluster, parse_cluster
+from llm_planner.core.tensor_groups import GroupError, group_from_members, tensor_groups
 
 SPECS = Path(__file__).resolve().parents[1] / "cluster_specs"
 EXAMPLES = sorted(SPECS.glob("*.yaml"))
@@ -167,7 +167,7 @@ def test_load_errors_name_the_file(tmp_path):
 
 
 def test_cli_bad_spec_exit_code(tmp_path, capsys):
-    from llm_planner.cli import main
+    from llm_planner.cli.main import main
 
     broken = tmp_path / "broken.yaml"
     broken.write_text(yaml.safe_dump(_broken(lambda d: d["nodes"][0]["devices"].update(tpu=1))))

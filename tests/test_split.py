@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from planner_instances import clusters, kind, make_cluster
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.problem.options import SolveOptions
-from llm_planner.problem.placement import build_problem
-from llm_planner.solve.api import solve
-from llm_planner.solve.split.modules import find_cut_tasks, split_modules
+from llm_planner.placement.options import SolveOptions
+from llm_planner.placement.problem import build_problem
+from llm_planner.placement.solve import solve
+from llm_planner.placement.split.modules import find_cut_tasks, split_modules
 
 EXACT = dict(time_limit_s=60.0, rel_gap=1e-7)
 
@@ -132,8 +132,8 @@ def test_parallel_and_serial_give_the_same_plan():
 @pytest.mark.parametrize("batch", [1, 8])
 def test_gpt_plans_verify_and_beat_baselines(objective, batch, repo):
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.problem_inputs import problem_from_inputs
-    from llm_planner.solve.session import SolveSession
+    from llm_planner.placement.inputs import problem_from_inputs
+    from llm_planner.placement.session import SolveSession
 
     problem = problem_from_inputs(
         cluster_path=str(repo / "cluster_specs/four-gpus.yaml"),

@@ -1,4 +1,4 @@
-"""MILP-SPLIT's moves between devices for the throughput objective (llm_planner.solve.split.loads):
+"""MILP-SPLIT's moves between devices for the throughput objective (llm_planner.placement.split.loads):
 a move's load change equals a recomputation from scratch under both throughput models, plans only
 improve and verify, memory is respected, hand-solved chains get their optima (one by a single move,
 one only through the kicks), and the search repeats itself."""
@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from planner_instances import problems, random_assignment
 from test_milp import explicit_problem
 
-from llm_planner.problem.options import SolveOptions
-from llm_planner.problem.schedule import device_loads, make_plan
-from llm_planner.solve.api import solve
-from llm_planner.solve.split.loads import _Shard, improve_loads
-from llm_planner.verify import verify_plan
+from llm_planner.placement.options import SolveOptions
+from llm_planner.placement.schedule import device_loads, make_plan
+from llm_planner.placement.solve import solve
+from llm_planner.placement.split.loads import _Shard, improve_loads
+from llm_planner.placement.verify import verify_plan
 
 PROPERTY = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]

@@ -17,17 +17,17 @@ from test_bounds import brute_force_optimum
 from test_bounds_path import tight_memory_problems
 from test_split import diamond_chain
 
-from llm_planner.bounds.combined import lower_bound
-from llm_planner.bounds.times import task_times
-from llm_planner.problem.options import SolveOptions
-from llm_planner.problem.placement import build_problem
-from llm_planner.problem.schedule import asap_schedule
-from llm_planner.solve.api import solve
-from llm_planner.solve.baselines.single import run_baseline
-from llm_planner.solve.split.chain import assemble, latency_chain, seed_from_plan, shard_chain_bound
-from llm_planner.solve.split.moves import ListMakespan, improve_by_moves
-from llm_planner.solve.split.split_context import SplitContext
-from llm_planner.solve.split.subproblem import build_subproblem
+from llm_planner.placement.baselines.single import run_baseline
+from llm_planner.placement.bounds.combined import lower_bound
+from llm_planner.placement.bounds.times import task_times
+from llm_planner.placement.options import SolveOptions
+from llm_planner.placement.problem import build_problem
+from llm_planner.placement.schedule import asap_schedule
+from llm_planner.placement.solve import solve
+from llm_planner.placement.split.chain import assemble, latency_chain, seed_from_plan, shard_chain_bound
+from llm_planner.placement.split.moves import ListMakespan, improve_by_moves
+from llm_planner.placement.split.split_context import SplitContext
+from llm_planner.placement.split.subproblem import build_subproblem
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -125,7 +125,7 @@ def test_heft_modules_bounds_stay_below_the_exact_optimum():
 
 
 def test_one_run_starts_one_pool_and_ends_it(monkeypatch):
-    from llm_planner.solve.split import pool
+    from llm_planner.placement.split import pool
 
     started = []
     real = pool.make_executor
@@ -154,7 +154,7 @@ def test_serial_and_pool_agree_on_the_heuristic_path():
 
 def test_seeded_chain_is_never_above_the_seeding_plan(repo):
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.problem_inputs import problem_from_inputs
+    from llm_planner.placement.inputs import problem_from_inputs
 
     # on this instance the subproblems' own HEFT + moves end above the whole-graph HEFT (measured)
     problem = problem_from_inputs(
@@ -215,7 +215,7 @@ def test_shard_chain_bound_below_every_split_plan(problem):
         return
     from unittest import mock
 
-    from llm_planner.solve.split import chain
+    from llm_planner.placement.split import chain
 
     best = brute_force_optimum(problem)
     bound = shard_chain_bound(SplitContext(problem, SolveOptions(solver="milp-split", workers=1)))
@@ -230,7 +230,7 @@ def test_shard_chain_bound_below_every_split_plan(problem):
 
 def test_a_split_batch_carries_the_module_chain_bound(repo):
     from llm_planner.graph.models import ModelSpec
-    from llm_planner.problem_inputs import problem_from_inputs
+    from llm_planner.placement.inputs import problem_from_inputs
 
     # 34 tasks in 15 modules on a CPU, an A100 and a T4, batch 2 in up to 2 shards: here the
     # module bounds at one sample (s = 2) and two (s = 1) add up to more than any whole-graph bound

@@ -1,19 +1,19 @@
-"""MILP-SPLIT's pipelined micro-batches (llm_planner.solve.split.pipeline_parallel)."""
+"""MILP-SPLIT's pipelined micro-batches (llm_planner.placement.split.pipeline_parallel)."""
 
 from __future__ import annotations
 
 import pytest
 from planner_instances import kind, make_cluster
 
-from llm_planner.bounds.times import task_times
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.problem.options import SolveOptions
-from llm_planner.problem.placement import build_problem
-from llm_planner.problem.schedule import make_plan
-from llm_planner.solve.api import solve
-from llm_planner.solve.split.data_parallel import shard_sizes
-from llm_planner.solve.split.pipeline_parallel import replicated_plans, run_estimate, run_orders
-from llm_planner.verify import verify_plan
+from llm_planner.placement.bounds.times import task_times
+from llm_planner.placement.options import SolveOptions
+from llm_planner.placement.problem import build_problem
+from llm_planner.placement.schedule import make_plan
+from llm_planner.placement.solve import solve
+from llm_planner.placement.split.data_parallel import shard_sizes
+from llm_planner.placement.split.pipeline_parallel import replicated_plans, run_estimate, run_orders
+from llm_planner.placement.verify import verify_plan
 
 GB = 1e9
 

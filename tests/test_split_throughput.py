@@ -1,4 +1,4 @@
-"""MILP-SPLIT's stage DP for the throughput objective (llm_planner.solve.split.throughput): the
+"""MILP-SPLIT's stage DP for the throughput objective (llm_planner.placement.split.throughput): the
 device orders it tries, and a chain whose best contiguous plan starts on the slower device."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from test_milp import exact, explicit_problem
 
-from llm_planner.problem.options import SolveOptions
-from llm_planner.solve.split.split_context import SplitContext
-from llm_planner.solve.split.throughput import _arrangements, _class_sequences, device_orders, throughput_plan
-from llm_planner.verify import verify_plan
+from llm_planner.placement.options import SolveOptions
+from llm_planner.placement.split.split_context import SplitContext
+from llm_planner.placement.split.throughput import _arrangements, _class_sequences, device_orders, throughput_plan
+from llm_planner.placement.verify import verify_plan
 
 
 def test_class_sequences_are_every_distinct_arrangement_once():

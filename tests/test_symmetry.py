@@ -13,10 +13,10 @@ from milp_brute_force import brute_force
 from test_symmetry_classes import small_cluster
 
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.problem.options import SolveOptions
-from llm_planner.problem.placement import build_problem
-from llm_planner.solve.api import solve
-from llm_planner.solve.milp.symmetry import CRITERIA, satisfies, symmetry_classes
+from llm_planner.placement.milp.symmetry import CRITERIA, satisfies, symmetry_classes
+from llm_planner.placement.options import SolveOptions
+from llm_planner.placement.problem import build_problem
+from llm_planner.placement.solve import solve
 
 CHOICES = ("none", "batch", "task", "time", "first", "solver")
 
@@ -57,7 +57,7 @@ def test_every_criterion_reaches_the_brute_force_optimum(objective, batch, shard
 
 def _optimal_assignments(problem):
     """Every single-shard assignment whose objective is optimal (the plan's own schedule decides)."""
-    from llm_planner.problem.schedule import make_plan
+    from llm_planner.placement.schedule import make_plan
 
     best, optima = None, []
     choices = [np.flatnonzero(problem.supported[i]).tolist() for i in range(problem.num_tasks)]
@@ -140,9 +140,9 @@ def test_pinned_devices_are_not_treated_as_interchangeable(criterion):
     # twin server: the rows must not force work onto the first GPU of the first server
     import numpy as np
 
-    from llm_planner.solve.milp.milp import solve_milp
-    from llm_planner.solve.milp.symmetry import problem_classes
-    from llm_planner.solve.split.subproblem import build_subproblem
+    from llm_planner.placement.milp.milp import solve_milp
+    from llm_planner.placement.milp.symmetry import problem_classes
+    from llm_planner.placement.split.subproblem import build_subproblem
 
     problem = build_problem(tiny_gpt_like(3, weight_gb=10.0), small_cluster(), objective="latency")
     sub, _ = build_subproblem(problem, (2, 3), 1, 3, 3, np.ones(problem.num_devices, dtype=bool), 1)

@@ -7,16 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from planner_instances import kind
 
+from llm_planner.core.spec import load_cluster, parse_cluster
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.problem.placement import build_problem
-from llm_planner.solve.milp.symmetry import (
+from llm_planner.placement.milp.symmetry import (
     CRITERIA,
     apply_permutation,
     canonical_permutation,
     satisfies,
     symmetry_classes,
 )
-from llm_planner.spec import load_cluster, parse_cluster
+from llm_planner.placement.problem import build_problem
 
 
 def small_cluster():
@@ -65,7 +65,7 @@ def test_canonical_permutation_satisfies_and_keeps_the_objective(data, criterion
     assert sorted(perm.tolist()) == list(range(5))
     moved = apply_permutation(assignments, perm)
     assert satisfies(problem, classes, criterion, sizes, moved)
-    from llm_planner.problem.schedule import device_loads
+    from llm_planner.placement.schedule import device_loads
 
     before = sorted(device_loads(problem, sizes, assignments).round(12))
     after = sorted(device_loads(problem, sizes, moved).round(12))
@@ -75,7 +75,7 @@ def test_canonical_permutation_satisfies_and_keeps_the_objective(data, criterion
 def test_problem_classes_split_members_that_hold_different_tasks():
     import dataclasses
 
-    from llm_planner.solve.milp.symmetry import problem_classes
+    from llm_planner.placement.milp.symmetry import problem_classes
 
     tasks = (Task(name="a", flops_per_sample=1e9), Task(name="b", flops_per_sample=1e9))
     problem = build_problem(TaskGraph(name="ab", tasks=tasks, edges=()), small_cluster())

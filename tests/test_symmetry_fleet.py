@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from llm_planner.graph.models import ModelSpec
-from llm_planner.problem.options import SYMMETRY_CHOICES, SolveOptions
-from llm_planner.problem_inputs import problem_from_inputs
-from llm_planner.solve.api import solve
-from llm_planner.solve.milp.symmetry import problem_classes
+from llm_planner.placement.inputs import problem_from_inputs
+from llm_planner.placement.milp.symmetry import problem_classes
+from llm_planner.placement.options import SYMMETRY_CHOICES, SolveOptions
+from llm_planner.placement.solve import solve
 
 # Two server types, two identical servers of two GPUs each (data-sheet figures of an A100 80GB and
 # a V100 32GB; memory cut down so that the blocks spread), InfiniBand between servers.

@@ -11,18 +11,18 @@ import pytest
 from milp_brute_force import brute_force
 from planner_instances import kind, make_cluster
 
-from llm_planner import cost
-from llm_planner.bounds.combined import lower_bound
+from llm_planner.core.spec import LinkSpec
+from llm_planner.core.tensor_groups import group_degrees, member_names, tensor_groups
+from llm_planner.cost import roofline as cost
 from llm_planner.graph.decoder_graph import build_decoder_graph
 from llm_planner.graph.ir import Edge, Task, TaskGraph
 from llm_planner.graph.transformer import preset_config
-from llm_planner.problem.options import SolveOptions
-from llm_planner.problem.placement import build_problem
-from llm_planner.solve.api import solve
-from llm_planner.solve.session import SolveSession
-from llm_planner.spec import LinkSpec
-from llm_planner.tensor_groups import group_degrees, member_names, tensor_groups
-from llm_planner.verify import verify_plan
+from llm_planner.placement.bounds.combined import lower_bound
+from llm_planner.placement.options import SolveOptions
+from llm_planner.placement.problem import build_problem
+from llm_planner.placement.session import SolveSession
+from llm_planner.placement.solve import solve
+from llm_planner.placement.verify import verify_plan
 
 GB = 1e9
 EXACT = {"solver": "milp", "rel_gap": 1e-7, "time_limit_s": 60.0}
@@ -166,7 +166,7 @@ def test_max_tp_one_offers_no_group():
 def _check_against_brute(problem, *, split_exact: bool):
     from unittest import mock
 
-    from llm_planner.bounds import partition
+    from llm_planner.placement.bounds import partition
 
     best = brute_force(problem)
     assert math.isfinite(best)
@@ -277,8 +277,8 @@ FOUR = ["--cluster", "cluster_specs/four-gpus.yaml", "--model", "llama2-70b", "-
 def test_group_plan_file_lists_members_reads_back_and_verifies(tmp_path, capsys):
     import yaml
 
-    from llm_planner.cli import main
-    from llm_planner.plan import load_plan
+    from llm_planner.cli.main import main
+    from llm_planner.core.plan import load_plan
 
     out = tmp_path / "plan.yaml"
     assert main(["plan", *FOUR, "--solver", "megatron", "--no-baselines", "-o", str(out)]) == 0
@@ -294,7 +294,7 @@ def test_group_plan_file_lists_members_reads_back_and_verifies(tmp_path, capsys)
 
 
 def test_max_tp_below_one_is_an_input_error(tmp_path, capsys):
-    from llm_planner.cli import main
+    from llm_planner.cli.main import main
 
     assert main(["plan", *FOUR, "--max-tp", "0", "-o", str(tmp_path / "p.yaml")]) == 2
     assert "--max-tp" in capsys.readouterr().err
@@ -303,7 +303,7 @@ def test_max_tp_below_one_is_an_input_error(tmp_path, capsys):
 def test_max_tp_one_plans_without_groups(tmp_path):
     import yaml
 
-    from llm_planner.cli import main
+    from llm_planner.cli.main import main
 
     out = tmp_path / "p.yaml"
     assert main(["plan", *FOUR, "--max-tp", "1", "--solver", "heft", "--no-baselines", "-o", str(out)]) == 0
@@ -313,7 +313,7 @@ def test_max_tp_one_plans_without_groups(tmp_path):
 def test_export_writes_the_regular_form_and_refuses_the_rest(tmp_path, capsys):
     import json
 
-    from llm_planner.cli import main
+    from llm_planner.cli.main import main
 
     out = tmp_path / "p.yaml"
     assert main(["plan", *FOUR, "--solver", "megatron", "--no-baselines", "-o", str(out), "--export", "vllm"]) == 0
@@ -332,7 +332,7 @@ def test_export_writes_the_regular_form_and_refuses_the_rest(tmp_path, capsys):
 def test_export_names_the_rule_a_plan_breaks():
     from dataclasses import replace
 
-    from llm_planner.plan_export import ExportError, export_plan
+    from llm_planner.export.placement import ExportError, export_plan
 
     graph = tp_chain(0)
     problem = build_problem(graph, gpu_cluster(4), max_tp=4)
@@ -347,8 +347,8 @@ def test_export_names_the_rule_a_plan_breaks():
 
 
 def test_device_map_refuses_group_plans_and_launch_runs_them_on_the_members():
+    from llm_planner.core.plan import PlanError, hf_device_map
     from llm_planner.launch.plan_launch import LaunchError, rank_entries
-    from llm_planner.plan import PlanError, hf_device_map
 
     problem = build_problem(tp_chain(0), gpu_cluster(2), max_tp=2)
     plan = solve(problem, SolveOptions(**EXACT))
@@ -410,7 +410,7 @@ def test_verifier_names_a_group_the_cluster_cannot_form():
 def test_a_plan_file_with_a_group_the_cluster_cannot_form_is_bad_input(tmp_path, capsys):
     import yaml
 
-    from llm_planner.cli import main
+    from llm_planner.cli.main import main
 
     out = tmp_path / "plan.yaml"
     assert main(["plan", *FOUR, "--solver", "megatron", "--no-baselines", "-o", str(out)]) == 0

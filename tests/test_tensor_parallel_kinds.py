@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from llm_planner.cli import main
+from llm_planner.cli.main import main
+from llm_planner.core.spec import parse_cluster
+from llm_planner.core.tensor_groups import GroupError, group_from_members, tensor_groups
 from llm_planner.graph.ir import Task, TaskGraph
-from llm_planner.problem.placement import build_problem
-from llm_planner.solve.baselines.tensor_parallel import run_tp_baseline
-from llm_planner.spec import parse_cluster
-from llm_planner.tensor_groups import GroupError, group_from_members, tensor_groups
+from llm_planner.placement.baselines.tensor_parallel import run_tp_baseline
+from llm_planner.placement.problem import build_problem
 
 
 def _spec(type_: str, **extra) -> dict:

@@ -23,19 +23,19 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llm_planner.core.plan import PlanError, batches_in_flight, load_plan, save_plan
+from llm_planner.core.spec import parse_cluster
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.plan import PlanError, batches_in_flight, load_plan, save_plan
-from llm_planner.problem.fit import fits_steady_state, steady_state_memory, steady_state_shortfall
-from llm_planner.problem.options import SolveOptions
-from llm_planner.problem.placement import build_problem
-from llm_planner.problem.schedule import make_plan
-from llm_planner.problem_inputs import problem_from_inputs
+from llm_planner.placement.fit import fits_steady_state, steady_state_memory, steady_state_shortfall
+from llm_planner.placement.inputs import problem_from_inputs
+from llm_planner.placement.options import SolveOptions
+from llm_planner.placement.problem import build_problem
+from llm_planner.placement.schedule import make_plan
+from llm_planner.placement.session import SolveSession
+from llm_planner.placement.solve import solve
+from llm_planner.placement.verify import verify_plan
+from llm_planner.placement.verify_file import verify_plan_file
 from llm_planner.runtime.plan_schedule import in_flight_batches
-from llm_planner.solve.api import solve
-from llm_planner.solve.session import SolveSession
-from llm_planner.spec import parse_cluster
-from llm_planner.verify import verify_plan
-from llm_planner.verify_file import verify_plan_file
 
 GB = 1e9
 CLUSTER = {
@@ -113,7 +113,7 @@ def test_the_solvers_return_the_plan_that_fits(solver):
 
 
 def test_a_baseline_with_no_plan_that_fits_says_so():
-    from llm_planner.solve.errors import SolveError
+    from llm_planner.placement.errors import SolveError
 
     with pytest.raises(SolveError, match="even-split.*every batch its steady state keeps in flight"):
         solve(chain_problem(), SolveOptions(solver="even-split"))  # one stage per GPU: the pipeline, which does not fit
@@ -182,7 +182,7 @@ def test_a_hand_edited_batches_in_flight_is_refused(tmp_path):
 
 
 def test_show_prints_the_steady_state(tmp_path):
-    from llm_planner.views import steady_state_text
+    from llm_planner.placement.views import steady_state_text
 
     problem = write_chain_inputs(tmp_path)
     text = steady_state_text(pipeline_plan(problem))

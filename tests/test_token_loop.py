@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 
+from llm_planner.core.spec import parse_cluster
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.problem.options import SolveOptions
-from llm_planner.problem.placement import TOKEN_BYTES, build_problem
-from llm_planner.problem.schedule import make_plan
-from llm_planner.solve.api import solve
-from llm_planner.spec import parse_cluster
-from llm_planner.verify import verify_plan
+from llm_planner.placement.options import SolveOptions
+from llm_planner.placement.problem import TOKEN_BYTES, build_problem
+from llm_planner.placement.schedule import make_plan
+from llm_planner.placement.solve import solve
+from llm_planner.placement.verify import verify_plan
 
 LATENCY_S, BW = 10e-6, 12.5e9  # the network between the two servers
 US = 1e-6

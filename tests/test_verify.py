@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_instances import kind, make_cluster, problems, random_assignment
 
+from llm_planner.core.plan import Plan, PlanError, PlanInputs, save_plan
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.plan import Plan, PlanError, PlanInputs, save_plan
-from llm_planner.problem.placement import build_problem
-from llm_planner.problem.schedule import make_plan
-from llm_planner.verify import VerifyReport, verify_plan
-from llm_planner.verify_file import verify_plan_file
+from llm_planner.placement.problem import build_problem
+from llm_planner.placement.schedule import make_plan
+from llm_planner.placement.verify import VerifyReport, verify_plan
+from llm_planner.placement.verify_file import verify_plan_file
 
 GB = 1e9
 CPU, FAST, SMALL = "node0/cpu:0", "node0/fast:0", "node0/small:0"
@@ -349,7 +349,7 @@ def test_verify_plan_file_rejects_a_non_plan(tmp_path):
 
 
 def test_verify_plan_file_uses_the_rebuilt_problem(tmp_path, monkeypatch, problem, plan):
-    import llm_planner.verify_file as verify_file
+    import llm_planner.placement.verify_file as verify_file
 
     seen = []
     monkeypatch.setattr(
@@ -364,7 +364,7 @@ def test_verify_plan_file_uses_the_rebuilt_problem(tmp_path, monkeypatch, proble
 
 
 def test_verify_plan_file_end_to_end(tmp_path, problem):
-    from llm_planner.problem_inputs import problem_from_inputs
+    from llm_planner.placement.inputs import problem_from_inputs
 
     graph_path, cluster_path = tmp_path / "g.json", tmp_path / "c.yaml"
     graph_path.write_text(problem.graph.to_json())
@@ -427,8 +427,8 @@ def test_random_plans_verify_and_perturbed_ones_do_not(data):
 
 def test_verify_imports_no_scheduler_torch_or_mpi():
     code = (
-        "import sys, llm_planner.verify\n"
-        "bad = [m for m in ('llm_planner.problem.schedule', 'torch', 'mpi4py') if m in sys.modules]\n"
+        "import sys, llm_planner.placement.verify\n"
+        "bad = [m for m in ('llm_planner.placement.schedule', 'torch', 'mpi4py') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

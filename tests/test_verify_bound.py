@@ -10,15 +10,15 @@ import pytest
 import yaml
 from plan_files import verify_outcome, write_inputs
 
-from llm_planner.bounds.combined import lower_bound
-from llm_planner.cli import main
-from llm_planner.commands import _status_text
+from llm_planner.cli.commands import _status_text
+from llm_planner.cli.main import main
+from llm_planner.core.plan import load_plan, save_plan
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.plan import load_plan, save_plan
-from llm_planner.problem.options import SolveOptions
-from llm_planner.problem_inputs import problem_from_inputs
-from llm_planner.solve.api import solve
-from llm_planner.verify_file import rebuild_problem
+from llm_planner.placement.bounds.combined import lower_bound
+from llm_planner.placement.inputs import problem_from_inputs
+from llm_planner.placement.options import SolveOptions
+from llm_planner.placement.solve import solve
+from llm_planner.placement.verify_file import rebuild_problem
 
 
 def edit(path: Path, change) -> None:

@@ -13,9 +13,9 @@ from conftest import WORKLOADS
 
 from llm_planner.graph import workloads
 from llm_planner.graph.ir import GraphError
-from llm_planner.problem.placement import build_problem
-from llm_planner.problem.schedule import device_loads
-from llm_planner.problem_inputs import load_graph_file
+from llm_planner.placement.inputs import load_graph_file
+from llm_planner.placement.problem import build_problem
+from llm_planner.placement.schedule import device_loads
 
 WORKLOAD_FILES = sorted(WORKLOADS.glob("*-inputs/*/*.json")) if WORKLOADS.is_dir() else []
 
@@ -234,7 +234,7 @@ def test_malformed_file_on_disk_names_the_file(tmp_path: Path):
 
 
 def test_plan_and_show_print_a_workloads_times_in_file_units(tmp_path: Path, capsys):
-    from llm_planner.cli import main
+    from llm_planner.cli.main import main
 
     path = tmp_path / "w.json"
     path.write_text(json.dumps(_small()))
@@ -242,7 +242,7 @@ def test_plan_and_show_print_a_workloads_times_in_file_units(tmp_path: Path, cap
     assert main(["show", str(tmp_path / "p.yaml")]) == 0
     out = capsys.readouterr().out
     assert out.count("objective (file units)") == 2 and "times in the workload file's own unit" in out
-    from llm_planner.plan import load_plan
+    from llm_planner.core.plan import load_plan
 
     objective = load_plan(tmp_path / "p.yaml").objective_s
     import re

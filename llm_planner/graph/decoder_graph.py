@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from llm_planner.constants import DTYPE_BYTES, GRANULARITIES, PHASES
+from llm_planner.core.constants import DTYPE_BYTES, GRANULARITIES, PHASES
 from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
 from llm_planner.graph.tp_layout import KINDS, task_layout, tp_fields
 from llm_planner.graph.transformer import DecoderConfig, count_parameters, matmul_parameters, part_parameters

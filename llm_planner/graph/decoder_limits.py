@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from llm_planner.fmt import quote
+from llm_planner.core.fmt import quote
 from llm_planner.graph.ir import GraphError
 
 MAX_NAME_CHARS = 256

@@ -48,7 +48,7 @@ from torch import nn
 from torch.fx import GraphModule, Interpreter, Node, Tracer
 from torch.utils.flop_counter import FlopCounterMode
 
-from llm_planner.constants import DTYPE_BYTES
+from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
 
 log = logging.getLogger(__name__)

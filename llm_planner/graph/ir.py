@@ -2,7 +2,7 @@
 
 A task is one unit of placement (a decoder block, a conv layer, an fx node). Its
 costs are given either analytically (FLOPs and bytes moved per sample, turned
-into time by the roofline in llm_planner.cost) or explicitly (seconds per sample
+into time by the roofline in llm_planner.cost.roofline) or explicitly (seconds per sample
 on each device kind, e.g. from a profile or an imported workload file).
 
 JSON form (docs/graph-format.md):
@@ -22,9 +22,9 @@ from typing import Any
 
 import networkx as nx
 
-from llm_planner.constants import DEVICE_TYPES
-from llm_planner.fileio import read_document
-from llm_planner.fmt import quote
+from llm_planner.core.constants import DEVICE_TYPES
+from llm_planner.core.fileio import read_document
+from llm_planner.core.fmt import quote
 
 GRAPH_FORMAT = "llm_planner.graph"
 GRAPH_VERSION = 1
@@ -66,7 +66,7 @@ class Task:
     # Of weight_bytes: tables whose rows are read only where the inputs index them (an
     # embedding), held but not streamed per call (the rows read are in bytes_per_sample).
     weight_bytes_indexed: float = 0.0
-    # Tensor parallelism (Megatron layout; llm_planner.cost.group_task_time_pieces): a group of
+    # Tensor parallelism (Megatron layout; llm_planner.cost.roofline.group_task_time_pieces): a group of
     # k devices may run the task when k divides every number of tp_divides (heads, KV heads,
     # widths); empty: the task does not shard. Each member holds and moves 1/k of the task's
     # weights and bytes except the replicated parts below, does 1/k of its FLOPs, and the

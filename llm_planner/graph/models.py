@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from llm_planner.constants import DTYPE_BYTES, GRANULARITIES, PHASES
+from llm_planner.core.constants import DTYPE_BYTES, GRANULARITIES, PHASES
 from llm_planner.graph import decoder_graph, rwnn, transformer
 from llm_planner.graph.ir import GraphError, TaskGraph
 

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from llm_planner.constants import DTYPE_BYTES
+from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
 
 GENERATORS = {

@@ -31,7 +31,7 @@ Shapes are (out_features, in_features) for linears (torch's convention, whatever
 checkpoint stores), (rows, width) for tables and (n,) for vectors.
 
 Who reads it: llm_planner.graph.decoder_graph turns a layout into a task's `tp_` cost fields
-(`tp_fields`), from which llm_planner.cost.shard_of gives a member's FLOPs, bytes and memory
+(`tp_fields`), from which llm_planner.cost.roofline.shard_of gives a member's FLOPs, bytes and memory
 and cost.collective_pieces the collectives' time; llm_planner.runtime.tp_layers builds each
 member's share from column-, row- and vocabulary-parallel primitives
 (llm_planner.runtime.tp_primitives) following the same layout, reads exactly

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llm_planner.fileio import parse_document, read_text
-from llm_planner.fmt import quote
+from llm_planner.core.fileio import parse_document, read_text
+from llm_planner.core.fmt import quote
 from llm_planner.graph.decoder_limits import check_name, check_sizes, check_values
 from llm_planner.graph.ir import GraphError
 

@@ -29,10 +29,10 @@ How we read it (docs/graph-format.md has the full table):
   accelerator memory only (mem_device_types ("accelerator",)).
 - Edge: bytes_per_sample = size, hop_s_per_sample = cost. A transfer costs `cost`
   once per accelerator end (accelerator -> CPU: cost, accelerator -> accelerator:
-  2 cost, CPU -> CPU: 0), see llm_planner.cost.transfer_hops; under the
+  2 cost, CPU -> CPU: 0), see llm_planner.cost.roofline.transfer_hops; under the
   throughput objective an accelerator pays `cost` once per own node whose output
   leaves it and once per outside node whose output enters it, a CPU pays only its
-  nodes' times (llm_planner.problem.schedule.device_loads, "host_staged").
+  nodes' times (llm_planner.placement.schedule.device_loads, "host_staged").
 Unknown keys are ignored: the format allows extra debug information.
 """
 
@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llm_planner.fileio import read_document
+from llm_planner.core.fileio import read_document
+from llm_planner.core.spec import MAX_DEVICES, ClusterSpec, DeviceKindSpec, LinkSpec, NodeSpec
 from llm_planner.graph.ir import MAX_EDGES, MAX_TASKS, Edge, GraphError, Task, TaskGraph
-from llm_planner.spec import MAX_DEVICES, ClusterSpec, DeviceKindSpec, LinkSpec, NodeSpec
 
 WORKLOAD_FORMAT = "dnn-partitioning"
 ACCELERATOR = "accelerator"

@@ -6,7 +6,7 @@
   dies (killed, out of memory) is named from mpiexec's "BAD TERMINATION ... PID p"
   and the pid files: rank, device, host and the signal or exit code;
 - past the run's timeout (plus a grace for the ranks' own watchdog), and on Ctrl-C, SIGTERM
-  or SIGHUP (KeyboardInterrupt in the launcher: llm_planner.procs), the launcher stops
+  or SIGHUP (KeyboardInterrupt in the launcher: llm_planner.core.procs), the launcher stops
   mpiexec's process group (SIGTERM, then SIGKILL) and any rank still alive by its pid,
   within STOP_GRACE_S * 2 seconds, then re-raises the interrupt;
 - a launcher killed outright (SIGKILL) cannot stop anything: on Linux mpiexec gets SIGTERM
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llm_planner.atomic import WriteError, write_atomic
-from llm_planner.procs import last_stop_signal, preexec_die_with_parent, stop_signals_deferred
+from llm_planner.core.atomic import WriteError, write_atomic
+from llm_planner.core.procs import last_stop_signal, preexec_die_with_parent, stop_signals_deferred
 from llm_planner.runtime.table import RankTable
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ table (rank -> device, node, host, tasks; plus what to run) as JSON; then
 with the `mpiexec` that sits next to this Python (the MPI of the `mpich`
 wheel that mpi4py was built against; never whatever `mpirun` is first on
 PATH). Everything that can be wrong is checked before mpiexec starts: the plan
-as `verify` checks it (llm_planner.verify_file.verify_plan_file: tensor-parallel groups,
+as `verify` checks it (llm_planner.placement.verify_file.verify_plan_file: tensor-parallel groups,
 memory, schedule, objective and bound, every figure re-derived), devices
 missing from the cluster, nodes without a hostname, more ranks than a node has
 slots, a rank count other than the number of devices, a plan that does not
@@ -28,18 +28,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from llm_planner.atomic import write_atomic
-from llm_planner.fmt import fmt_s
+from llm_planner.core.atomic import write_atomic
+from llm_planner.core.fmt import fmt_s
+from llm_planner.core.plan import Plan, load_plan
+from llm_planner.core.spec import ClusterSpec, load_cluster
+from llm_planner.core.tensor_groups import is_group_name, member_names
 from llm_planner.graph import rwnn
 from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.launch.mpiexec_run import probe_port, run_mpiexec
-from llm_planner.plan import Plan, load_plan
+from llm_planner.placement.verify_file import verify_plan_file
 from llm_planner.runtime import decoder_tasks as dt
 from llm_planner.runtime.plan_schedule import in_flight_batches
 from llm_planner.runtime.table import RankEntry, RankTable, RunSpec
-from llm_planner.spec import ClusterSpec, load_cluster
-from llm_planner.tensor_groups import is_group_name, member_names
-from llm_planner.verify_file import verify_plan_file
 
 log = logging.getLogger(__name__)
 

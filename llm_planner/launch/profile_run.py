@@ -24,11 +24,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llm_planner import profile as prof
+from llm_planner.core.procs import stop_signals_deferred
+from llm_planner.core.spec import ClusterSpec, DeviceSpec, load_cluster
+from llm_planner.cost import profile as prof
 from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.launch.mpiexec_run import start_mpiexec, stop_group
 from llm_planner.launch.plan_launch import mpiexec_path
-from llm_planner.procs import stop_signals_deferred
 from llm_planner.runtime.profile_links import collective_groups, link_pairs, ping_pong, time_all_reduce
 from llm_planner.runtime.profile_rank import (
     ProfileOptions,
@@ -41,7 +42,6 @@ from llm_planner.runtime.profile_rank import (
     time_group,
     torch_device_of,
 )
-from llm_planner.spec import ClusterSpec, DeviceSpec, load_cluster
 
 log = logging.getLogger(__name__)
 

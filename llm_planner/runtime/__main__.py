@@ -3,7 +3,7 @@
 import os
 import sys
 
-from llm_planner.procs import die_with_parent
+from llm_planner.core.procs import die_with_parent
 from llm_planner.runtime.rank import main
 
 if __name__ == "__main__":

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_planner.plan import Plan
-from llm_planner.tensor_groups import member_names
+from llm_planner.core.plan import Plan
+from llm_planner.core.tensor_groups import member_names
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +57,7 @@ class Stream:
 
 def in_flight_batches(plan: Plan) -> int:
     """1 for latency plans; for throughput plans the batches needed to keep the busiest device busy:
-    the plan's own count (llm_planner.plan.batches_in_flight), the one its memory was checked for."""
+    the plan's own count (llm_planner.core.plan.batches_in_flight), the one its memory was checked for."""
     return plan.batches_in_flight
 
 

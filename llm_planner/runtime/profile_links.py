@@ -8,9 +8,9 @@ from __future__ import annotations
 import statistics
 import time
 
-from llm_planner.measured import all_reduce_key, link_class
+from llm_planner.core.spec import ClusterSpec, DeviceSpec
+from llm_planner.cost.measured import all_reduce_key, link_class
 from llm_planner.runtime.profile_rank import group_degrees_of
-from llm_planner.spec import ClusterSpec, DeviceSpec
 
 
 def link_pairs(cluster: ClusterSpec, order: list[DeviceSpec]) -> list[tuple[str, int, int]]:

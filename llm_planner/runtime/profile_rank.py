@@ -18,7 +18,7 @@ What one device does (locally, or as one MPI rank under `mpiexec`):
   the runtime: they cost 0.
 
 For each batch size: `warmup` untimed runs, then `repetitions` timed ones; the
-median per task is kept and `llm_planner.profile` fits fixed_s + per_sample_s * b.
+median per task is kept and `llm_planner.cost.profile` fits fixed_s + per_sample_s * b.
 CPU devices run torch with `threads` threads (MPI ranks run with one).
 
 Under MPI, every rank profiles its own device (ranks on one host take turns,
@@ -37,13 +37,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llm_planner import profile as prof
+from llm_planner.core.spec import ClusterSpec, DeviceSpec
+from llm_planner.core.tensor_groups import group_degrees
+from llm_planner.cost import profile as prof
+from llm_planner.cost.measured import TaskTiming, group_key, task_key
 from llm_planner.graph.ir import TaskGraph
 from llm_planner.graph.models import ModelSpec
-from llm_planner.measured import TaskTiming, group_key, task_key
 from llm_planner.runtime.rank import torch_dtype
-from llm_planner.spec import ClusterSpec, DeviceSpec
-from llm_planner.tensor_groups import group_degrees
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +320,7 @@ def time_graph(
 
 def group_degrees_of(cluster: ClusterSpec, device: DeviceSpec) -> list[int]:
     """The degrees of the tensor-parallel groups that `device`'s class of identical devices can form
-    (llm_planner.tensor_groups)."""
+    (llm_planner.core.tensor_groups)."""
 
     if not cluster.kind(device.kind).forms_tensor_groups:
         return []

@@ -11,7 +11,7 @@ Started by the launcher as `python -m mpi4py -m llm_planner.runtime TABLE.json`
   waits forever on a message from a dead rank;
 - a watchdog thread aborts the job when the run exceeds `run.timeout_s`;
 - a rank whose parent (mpiexec's proxy on its host) dies, even killed outright, ends
-  (llm_planner.procs.die_with_parent, armed in __main__): no rank outlives its job.
+  (llm_planner.core.procs.die_with_parent, armed in __main__): no rank outlives its job.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llm_planner.constants import TORCH_DTYPES
-from llm_planner.plan import Plan, load_plan
+from llm_planner.core.constants import TORCH_DTYPES
+from llm_planner.core.plan import Plan, load_plan
 from llm_planner.runtime.table import RankEntry, RankTable, load_rank_table
 
 if TYPE_CHECKING:  # torch and the MPI wrapper load after the world size is checked

@@ -20,7 +20,7 @@ Per rank (all times in seconds, measured with time.perf_counter):
                  start when this rank finished that step's last stage for every stream]
 
 The report (JSON) holds "ranks" and, beside the plan's figure, the same
-quantity measured (llm_planner.observe.end_to_end):
+quantity measured (llm_planner.measure.observe.end_to_end):
 
     predicted_s    the plan's objective_s: one pass (graphs), one decode step or the
                    prefill (decoders) of the whole batch; seconds per sample for
@@ -53,8 +53,8 @@ from typing import Any
 
 import torch
 
-from llm_planner.atomic import write_atomic
-from llm_planner.observe import end_to_end
+from llm_planner.core.atomic import write_atomic
+from llm_planner.measure.observe import end_to_end
 
 
 @dataclass

@@ -259,7 +259,7 @@ class EmbedShard(torch.nn.Module):
 
 class Unconnected:
     """Member 0 of a group of `size` timed alone (profiling): its collectives do nothing; the cost model
-    adds them from the link (llm_planner.cost.collective_pieces)."""
+    adds them from the link (llm_planner.cost.roofline.collective_pieces)."""
 
     index = 0
 

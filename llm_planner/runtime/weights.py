@@ -18,7 +18,7 @@ A checkpoint reads only those bytes (safetensors slices); the seeded source
 draws the full tensor from its generator and keeps the slice (the values must be
 those of the whole model's tensor, and a generator cannot skip ahead).
 
-A sharded checkpoint's index is read by llm_planner.fileio (a regular file, size
+A sharded checkpoint's index is read by llm_planner.core.fileio (a regular file, size
 limits); its shard names must be relative paths that stay inside the checkpoint
 directory (no absolute path, no `..`), and every shard named must be a regular
 file there (a FIFO never blocks a rank). Links inside the directory are followed
@@ -37,7 +37,7 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from llm_planner.fileio import read_document
+from llm_planner.core.fileio import read_document
 
 
 class WeightsError(ValueError):

@@ -4,15 +4,15 @@ Blocks are placed largest first: a whole-server block takes the next free server
 class; a block inside a server takes the first server with room, at the lowest free offset.
 Sizes inside a server are powers of two dividing the server's count (or the count itself),
 so each block starts at a multiple of its size and every tensor-parallel group inside it is
-an aligned group (llm_planner.tensor_groups). llm_planner.serving.classes says why this never fails
+an aligned group (llm_planner.core.tensor_groups). llm_planner.serving.classes says why this never fails
 when the counts fit.
 """
 
 from __future__ import annotations
 
+from llm_planner.core.spec import ClusterSpec
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.fleet import FleetChoice
-from llm_planner.spec import ClusterSpec
 
 Stage = tuple[str, ...]  # device names of one stage (one device, or a group's members)
 

@@ -8,7 +8,7 @@ per-device rates below also order the search's candidates (llm_planner.serving.s
 Take any plan (replicas of pipeline stages, each a device or a tensor-parallel group of k
 devices of one class holding l >= 1 decoder layers, C sequences in flight, m micro-batches)
 and one of its stages. Its block time on b sequences is max_j(f_j + s_j b) with f_j, s_j >= 0
-(llm_planner.cost; collectives included), so over one cycle (every micro-batch once)
+(llm_planner.cost.roofline; collectives included), so over one cycle (every micro-batch once)
 
     TPOT = cycle >= busy period >= l * sum_j' max_j (f_j + s_j b_j') >= l * max_j (f_j + s_j C)
 
@@ -62,12 +62,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from llm_planner.core.spec import LinkSpec
 from llm_planner.serving.bound_batches import SparseRows, batch_level_bound, least_block_s, maximise_with_binaries
 from llm_planner.serving.bound_cells import cell_bound
 from llm_planner.serving.bound_prices import price_bound
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layout import CostCache
-from llm_planner.spec import LinkSpec
 
 
 def stage_rates(cache: CostCache, sc: ServerClass, tpot_slo_s: float) -> dict[tuple[int, int], float]:

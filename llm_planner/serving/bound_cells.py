@@ -67,11 +67,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llm_planner.core.spec import LinkSpec
 from llm_planner.serving.bound_batches import SparseRows, least_block_s, solve_with_binaries
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.costs import StageCosts
 from llm_planner.serving.layout import CostCache
-from llm_planner.spec import LinkSpec
 
 ROUNDS = 8  # refinement rounds at most
 MAX_CELLS = 600  # stop refining past this many cells

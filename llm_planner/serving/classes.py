@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_planner.spec import ClusterSpec, DeviceKindSpec, LinkSpec
-from llm_planner.tensor_groups import group_degrees
+from llm_planner.core.spec import ClusterSpec, DeviceKindSpec, LinkSpec
+from llm_planner.core.tensor_groups import group_degrees
 
 
 @dataclass(frozen=True, kw_only=True)

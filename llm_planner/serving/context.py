@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llm_planner.core.spec import ClusterSpec, LinkSpec, load_cluster
+from llm_planner.cost.serving_profile import load_serving_profile
 from llm_planner.graph.transformer import DecoderConfig, named_config
 from llm_planner.serving.classes import ServerClass, server_classes
 from llm_planner.serving.costs import ServingTasks, build_serving_tasks
 from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
 from llm_planner.serving.replica import ReplicaModel
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
-from llm_planner.serving_profile import load_serving_profile
-from llm_planner.spec import ClusterSpec, LinkSpec, load_cluster
 
 OPTIMAL_GAP = 1e-6  # a plan within this share of the bound is called optimal
 

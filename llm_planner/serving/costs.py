@@ -9,10 +9,10 @@ sequences a stage with l decoder layers runs, per iteration,
 
     t(b) = step_overhead + l * block(b) + [first stage] embed(b) + [last stage] (norm(b) + lm_head(b))
 
-where each task's time is the roofline of llm_planner.cost on the stage's device or
+where each task's time is the roofline of llm_planner.cost.roofline on the stage's device or
 tensor-parallel group (its collectives included): weights are read once per micro-batch,
 FLOPs and activation bytes scale with b. A measured serving profile replaces block(b) on
-single devices (llm_planner.serving_profile).
+single devices (llm_planner.cost.serving_profile).
 
 Memory per device of the stage (each member of a group):
 
@@ -30,8 +30,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from llm_planner.constants import DTYPE_BYTES
-from llm_planner.cost import evaluate_pieces, group_task_time_pieces, shard_of
+from llm_planner.core.constants import DTYPE_BYTES
+from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
 from llm_planner.graph.decoder_graph import ID_BYTES, build_decoder_graph
 from llm_planner.graph.ir import Task
 from llm_planner.graph.transformer import DecoderConfig

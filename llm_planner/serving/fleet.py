@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llm_planner.mip.backends import BackendOptions, ModelBuilder, solve_model
 from llm_planner.serving.layout import Pattern
-from llm_planner.solve.milp.backends import BackendOptions, ModelBuilder, solve_model
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llm_planner.core.spec import LinkSpec
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.costs import ServingTasks, StageCosts, stage_costs
 from llm_planner.serving.replica import ReplicaEval, StageSlot
-from llm_planner.spec import LinkSpec
 
 
 @dataclass(frozen=True)

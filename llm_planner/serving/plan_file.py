@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from llm_planner.atomic import write_atomic
-from llm_planner.fileio import read_document
+from llm_planner.core.atomic import write_atomic
+from llm_planner.core.fileio import read_document
 
 SERVING_FORMAT = "llm_planner.serving_plan"
 SERVING_VERSION = 3

@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from llm_planner.core.spec import LinkSpec
 from llm_planner.serving.costs import ServingTasks, StageCosts
-from llm_planner.spec import LinkSpec
 
 MAX_CONCURRENCY = 1 << 20
 GRID_RATIO = 1.25  # concurrencies tried for their split: m, 1.25 m, ... up to the largest feasible

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from llm_planner.core.tensor_groups import GroupError, group_from_members
 from llm_planner.serving.bound import tokens_upper_bound
 from llm_planner.serving.context import (
     OPTIMAL_GAP,
@@ -29,7 +30,6 @@ from llm_planner.serving.context import (
 from llm_planner.serving.layout import Pattern, Segment, layout_ok, same_server_after
 from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile
 from llm_planner.serving.workload import RequestShape, ServingWorkload
-from llm_planner.tensor_groups import GroupError, group_from_members
 
 REL_TOL = 1e-6
 

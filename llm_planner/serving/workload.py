@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llm_planner import units
-from llm_planner.fileio import read_document
-from llm_planner.spec_fields import Reader, as_int
+from llm_planner.core import units
+from llm_planner.core.fileio import read_document
+from llm_planner.core.spec_fields import Reader, as_int
 
 
 class WorkloadError(ValueError):

@@ -1,0 +1,125 @@
+"""CLI handler of `llm-planner export PLAN --to vllm|sglang|megatron`: a serving plan as the
+commands (or parallel sizes) of a serving framework (llm_planner.export.serving)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+
+from llm_planner.cli.commands import UserError
+from llm_planner.core.atomic import check_writable, write_atomic
+from llm_planner.core.fmt import styled
+from llm_planner.core.spec import load_cluster
+from llm_planner.export.serving import (
+    FRAMEWORKS,
+    ServingExportError,
+    assign_ports,
+    build_engines,
+    engines_config,
+    megatron_config,
+)
+from llm_planner.export.serving_scripts import PORT_STEP, SGLANG_PORT, VLLM_PORT, sglang_script, vllm_script
+from llm_planner.helix.inputs import device_helix_names, load_helix_cluster
+from llm_planner.helix.layout_file import LayoutError, helix_layout
+from llm_planner.serving.plan_file import is_serving_plan, load_serving_plan
+
+
+def add_export_parser(sub) -> None:
+
+    p = sub.add_parser(
+        "export", help="a serving plan as the launch commands of vLLM or SGLang, or Megatron-LM's parallel sizes"
+    )
+    p.add_argument("plan", help="serving plan file written by `plan --objective serving`")
+    p.add_argument(
+        "--to",
+        required=True,
+        choices=(*FRAMEWORKS, "helix"),
+        help="vllm / sglang: a shell script starting every engine (one per replica copy) on its hosts, with the "
+        "load balancer's weights; megatron: tensor, pipeline and data parallel sizes per pattern (JSON); "
+        "helix: Helix's layout file (each machine's layer range; needs --helix-cluster)",
+    )
+    p.add_argument(
+        "--helix-cluster",
+        default=None,
+        help="--to helix: the Helix cluster .ini the plan's cluster was imported from (maps devices to its nodes)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("script", "json"),
+        default=None,
+        help="script (default for vllm and sglang) or json (the engines as data; megatron's only form)",
+    )
+    p.add_argument("-o", "--output", default=None, help="file to write (default: standard output)")
+
+
+def cmd_export(args: argparse.Namespace, console: Console) -> int:
+
+    if args.to == "helix":
+        return _export_helix(args, console)
+    fmt = args.format or ("json" if args.to == "megatron" else "script")
+    if args.to == "megatron" and fmt == "script":
+        raise UserError("--to megatron writes JSON (parallel sizes per pattern); drop --format script", exit_code=2)
+    if not is_serving_plan(args.plan):
+        raise UserError(
+            f"{args.plan}: not a serving plan (`plan --objective serving` writes one); `plan --export` "
+            "writes the parallel sizes of other plans",
+            exit_code=2,
+        )
+    if args.output is not None:
+        check_writable(args.output, ServingExportError)
+    plan = load_serving_plan(args.plan)
+    cluster_path = plan.input_path("cluster")
+    if cluster_path is None:
+        raise UserError(f"{args.plan}: inputs.cluster is missing; the export needs the cluster's hosts", exit_code=2)
+    export = build_engines(plan, load_cluster(cluster_path), args.to)
+    if args.to == "megatron":
+        text = json.dumps(megatron_config(export), indent=2) + "\n"
+    elif fmt == "json":
+        ports = assign_ports(export.engines, VLLM_PORT if args.to == "vllm" else SGLANG_PORT, PORT_STEP)
+        text = json.dumps(engines_config(export, ports), indent=2) + "\n"
+    else:
+        text = vllm_script(export) if args.to == "vllm" else sglang_script(export)
+    if args.output is None:
+        console.file.write(text)
+        console.file.flush()
+        return 0
+    write_atomic(args.output, text, ServingExportError)
+    console.print(
+        styled(f"{args.to} {fmt} for {len(export.engines)} engine(s) written to ", (str(args.output), "bold"))
+    )
+    return 0
+
+
+def helix_stages(plan) -> list[tuple[str, int, int]]:
+    """(device, first layer, end layer) of every stage of every copy of a serving plan."""
+    out = []
+    for rep in plan.replicas:
+        for copy in rep["devices"]:
+            first = 0
+            for devices, layers in zip(copy, rep["layers"]):
+                out.append((devices[0], first, first + layers))
+                first += layers
+    return out
+
+
+def _export_helix(args: argparse.Namespace, console: Console) -> int:
+    """A serving plan as Helix's layout file (docs/helix.md): one contiguous layer range per machine."""
+
+    if args.helix_cluster is None:
+        raise UserError(
+            "--to helix needs --helix-cluster, the Helix .ini the plan's cluster was imported from", exit_code=2
+        )
+    plan = load_serving_plan(args.plan)
+    names = device_helix_names(load_helix_cluster(args.helix_cluster))
+    try:
+        text = helix_layout(helix_stages(plan), names, plan.data["model"]["num_layers"])
+    except LayoutError as exc:
+        raise UserError(f"{args.plan}: cannot be a Helix layout: {exc}", exit_code=2) from None
+    if args.output is None:
+        console.file.write(text)
+        return 0
+    write_atomic(args.output, text, UserError)
+    console.print(styled("Helix layout written to ", (str(args.output), "bold")))
+    return 0

@@ -1,0 +1,150 @@
+"""`llm-planner import helix`: a Helix cluster file and its layer profiles -> our cluster spec
+and serving profile (llm_planner.helix.inputs); `llm-planner plan-helix`: a layout for Helix's
+engine, written as Helix's layout file (llm_planner.helix.plan). docs/helix.md."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from llm_planner.cli.commands import UserError
+from llm_planner.core.atomic import check_writable, write_atomic
+from llm_planner.core.spec import parse_cluster
+from llm_planner.cost.serving_profile import parse_serving_profile
+from llm_planner.helix.inputs import cluster_spec_yaml, device_helix_names, load_helix_cluster, serving_profile_yaml
+from llm_planner.helix.plan import ORDERS, load_inputs, plan_helix, score_layout
+
+
+def add_import_parser(sub) -> None:
+    """Register `import helix` on the CLI's subparsers."""
+    p = sub.add_parser("import", help="convert another planner's cluster files into our cluster spec")
+    formats = p.add_subparsers(
+        dest="import_format",
+        required=True,
+        help="the file format to import (helix: Helix's cluster .ini and layer profiles)",
+    )
+    h = formats.add_parser("helix", help="a Helix (ASPLOS'25) cluster .ini and its per-layer profiles")
+    _add_cluster_args(h)
+    h.add_argument(
+        "--profiles",
+        help="folder of Helix's per-machine-type layer profiles, <type>/decode_bs2time.csv "
+        "and prompt_bs2time.csv (e.g. simulator/model_manager/llama2_70b); read and checked, "
+        "written as a serving profile by --profile-out",
+    )
+    h.add_argument("-o", "--output", required=True, help="cluster spec YAML to write")
+    h.add_argument("--profile-out", help="serving profile YAML to write from --profiles")
+    h.add_argument("--model", help="model name in the serving profile (default: the --profiles folder's name, _ -> -)")
+    h.add_argument("--name", help="cluster name (default: the cluster file's stem)")
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", required=True, help="Helix cluster file (e.g. config/cluster24.ini)")
+    p.add_argument(
+        "--machine-profiles", help="Helix machine profile file (default: machine_profiles.ini beside --cluster)"
+    )
+
+
+def add_plan_helix_parser(sub) -> None:
+    """Register `plan-helix` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "plan-helix", help="a layout for Helix's engine (its cluster and model files), written as its layout file"
+    )
+    _add_cluster_args(p)
+    p.add_argument(
+        "--profiles",
+        required=True,
+        help="Helix's model manager folder of the model: <type>/decode_bs2time.csv and <type>/<model>_<type>.py "
+        "(e.g. simulator/model_manager/llama2_70b)",
+    )
+    p.add_argument("--model", help="model preset (default: the --profiles folder's name, _ -> -)")
+    p.add_argument(
+        "--prompt-len",
+        type=float,
+        default=763.0,
+        help="mean prompt tokens (default: 763, the Azure Conversation trace of Helix's offline runs)",
+    )
+    p.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="slow-ends",
+        help="route order of the stages: slowest at both ends, or fastest first (default: slow-ends)",
+    )
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("-o", "--output", help="Helix layout file to write (its [Solution] format)")
+    out.add_argument("--score", help="a Helix layout file to estimate instead of planning one (writes nothing)")
+
+
+def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
+    if not (math.isfinite(args.prompt_len) and args.prompt_len > 0):
+        raise UserError(f"--prompt-len: must be a positive number of tokens, got {args.prompt_len:g}", exit_code=2)
+    if args.output:
+        check_writable(args.output)
+    inputs = load_inputs(args.cluster, args.machine_profiles, args.profiles, args.model)
+    if args.score:
+        stages, machines, est = score_layout(inputs, args.score, args.prompt_len)
+        console.print(_stage_table(stages, machines))
+        console.print(f"{args.score}: {_said(est)}")
+        return 0
+    plan = plan_helix(inputs, args.prompt_len, order=args.order)
+    write_atomic(args.output, plan.layout_text(inputs.num_layers))
+    console.print(_stage_table(plan.stages, plan.machines))
+    console.print(
+        f"wrote {args.output}: {len(plan.stages)} stages on {sum(s.width for s in plan.stages)} machines; "
+        f"{_said(plan.estimate)}; {plan.layouts} layouts in {plan.solve_s:.1f} s"
+    )
+    return 0
+
+
+def _said(est) -> str:
+    return (
+        f"estimated {est.tokens_per_s:.1f} decode tokens/s with {est.queries:.0f} queries in flight "
+        f"and {est.round_s * 1e3:.0f} ms a token"
+    )
+
+
+def _stage_table(stages, machines) -> Table:
+    t = Table(title="stages (route order)")
+    for col in ("stage", "type", "machines", "layers"):
+        t.add_column(col)
+    first = 0
+    for i, (stage, nodes) in enumerate(zip(stages, machines)):
+        t.add_row(str(i), stage.kind, ", ".join(nodes), f"{first}-{first + stage.layers - 1}")
+        first += stage.layers
+    return t
+
+
+def cmd_import(args: argparse.Namespace, console: Console) -> int:
+
+    if args.profile_out and not args.profiles:
+        raise UserError("--profile-out needs --profiles (the folder of Helix's layer profiles)", exit_code=2)
+    for path in filter(None, (args.output, args.profile_out)):
+        check_writable(path)
+    cluster = load_helix_cluster(args.cluster, args.machine_profiles)
+    spec_text = cluster_spec_yaml(cluster, name=args.name)
+    spec = parse_cluster(_yaml(spec_text), source=args.output)  # what we write must load
+    profile_text = None
+    if args.profiles:  # read and checked even without --profile-out: a bad csv is reported either way
+        profile_text = serving_profile_yaml(cluster, args.profiles, model=args.model)
+        parse_serving_profile(_yaml(profile_text), source=args.profile_out)
+    write_atomic(args.output, spec_text)
+    console.print(
+        f"wrote {args.output}: {len(spec.devices())} devices in {len(spec.nodes)} node templates "
+        f"({', '.join(f'{n.count}x {n.name}' for n in spec.nodes)}); "
+        f"{len(device_helix_names(cluster))} devices mapped to Helix nodes (listed in its comments)"
+    )
+    if args.profile_out:
+        write_atomic(args.profile_out, profile_text)
+        console.print(
+            f"wrote {args.profile_out}: layer times of "
+            f"{', '.join(sorted({k.kind for k in parse_serving_profile(_yaml(profile_text)).kinds}))}"
+        )
+    return 0
+
+
+def _yaml(text: str):
+
+    return yaml.safe_load(text)

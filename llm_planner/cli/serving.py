@@ -1,0 +1,245 @@
+"""CLI handlers of serving plans: `plan --objective serving`, and `show` / `verify` of a
+serving plan file. Names from files are printed literally (never as markup)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from llm_planner.cli.commands import UserError, progress
+from llm_planner.core.atomic import check_writable
+from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
+from llm_planner.serving.api import plan_serving
+from llm_planner.serving.context import ServingOptions
+from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
+from llm_planner.serving.verify import verify_serving_plan
+from llm_planner.serving.workload import workload_from_flags
+
+SERVING_SOLVERS = ("serving", "engineer-best", "megatron")
+
+
+def add_serving_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("serving (--objective serving, decoder models)")
+    g.add_argument("--prompt-len", type=int, default=None, help="serving: mean prompt tokens per request")
+    g.add_argument("--output-len", type=int, default=None, help="serving: mean output tokens per request")
+    g.add_argument(
+        "--workload",
+        default=None,
+        help=(
+            "serving: a YAML file of request shapes, requests: [{prompt_len, output_len, weight}], "
+            "instead of the two above"
+        ),
+    )
+    g.add_argument(
+        "--tpot-slo", default=None, help="serving: per-token latency target every request must meet, e.g. '50 ms'"
+    )
+    g.add_argument(
+        "--ttft-slo", default=None, help="serving: optional target on the estimated time to first token, e.g. '2 s'"
+    )
+    g.add_argument("--allow-cpu", action="store_true", help="serving: let decoder stages run on CPUs (never in groups)")
+    g.add_argument(
+        "--exportable",
+        choices=("vllm",),
+        default=None,
+        help="serving: search only layouts vLLM can run (one tensor-parallel degree, no CPU, a micro-batch per stage)",
+    )
+    g.add_argument(
+        "--max-classes-per-replica",
+        type=int,
+        default=None,
+        help="serving: classes of servers one replica's pipeline may mix (default: 3, or 2 when three would "
+        "give over 2,000 candidate layouts)",
+    )
+    g.add_argument(
+        "--max-stages", type=int, default=64, help="serving: pipeline stages of one replica at most (default: 64)"
+    )
+    g.add_argument(
+        "--max-micro-batches",
+        type=int,
+        default=None,
+        help="serving: micro-batches in flight per replica at most (default: one per stage; 1 models an engine "
+        "whose requests move through the pipeline as one batch)",
+    )
+    g.add_argument(
+        "--serving-solver",
+        choices=SERVING_SOLVERS,
+        default="serving",
+        help="serving: the planner's search (default), or write a baseline's layout as the plan",
+    )
+
+
+def serving_options(args: argparse.Namespace):
+
+    for flag, value, low in (
+        ("--max-classes-per-replica", args.max_classes_per_replica or 1, 1),
+        ("--max-stages", args.max_stages, 1),
+        ("--max-micro-batches", args.max_micro_batches or 1, 1),
+        ("--time-limit", args.time_limit, 1e-3),
+    ):
+        if not (value == value and low <= value < float("inf")):
+            raise UserError(f"{flag} must be at least {low} and finite, got {value!r}", exit_code=2)
+    if args.max_tp is not None and args.max_tp < 1:
+        raise UserError(f"--max-tp must be >= 1, got {args.max_tp}", exit_code=2)
+    return ServingOptions(
+        allow_cpu=args.allow_cpu,
+        max_tp=args.max_tp,
+        exportable=args.exportable,
+        max_segments=args.max_classes_per_replica,
+        max_stages=args.max_stages,
+        time_limit_s=args.time_limit,
+        max_micro_batches=args.max_micro_batches,
+    )
+
+
+def cmd_plan_serving(args: argparse.Namespace, console: Console) -> int:
+
+    if args.graph is not None or args.cluster is None:
+        raise UserError("--objective serving needs --cluster and a decoder --model", exit_code=2)
+    workload = workload_from_flags(
+        prompt_len=args.prompt_len,
+        output_len=args.output_len,
+        workload_file=args.workload,
+        tpot_slo=args.tpot_slo,
+        ttft_slo=args.ttft_slo,
+    )
+    options = serving_options(args)
+    check_writable(args.output, ServingPlanError)
+    with progress(console, "searching serving layouts..."):
+        data = plan_serving(
+            cluster_path=args.cluster,
+            model=args.model,
+            workload=workload,
+            dtype=args.dtype,
+            options=options,
+            output_path=args.output,
+            profile_path=args.profile,
+            solver=args.serving_solver,
+        )
+    save_serving_plan(data, args.output)
+    print_serving(console, data, with_baselines=not args.no_baselines)
+    console.print(styled("plan written to ", (str(args.output), "bold")))
+    return 0
+
+
+def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None:
+    wl, sv, model = data["workload"], data["serving"], data["model"]
+    shape = (
+        f"prompt {wl['requests'][0]['prompt_len']}, output {wl['requests'][0]['output_len']} tokens"
+        if len(wl["requests"]) == 1
+        else f"{len(wl['requests'])} request shapes"
+    )
+    ttft = f", TTFT target {fmt_s(wl['ttft_slo_s'])}" if wl["ttft_slo_s"] else ""
+    console.print(
+        styled(
+            (model["name"], "bold"),
+            f" ({model['dtype']}) serving: {shape}; TPOT target {fmt_s(wl['tpot_slo_s'])}{ttft}",
+        )
+    )
+    if with_baselines:
+        console.print(comparison_table(data))
+    console.print(replica_table(data))
+    console.print(
+        f"{sv['tokens_per_s']:,.0f} output tokens/s; upper bound {sv['upper_bound_tokens_per_s']:,.0f} tokens/s over "
+        f"every plan (gap {sv['gap']:.1%}, {sv['status']}); solved in {sv['solve_time_s']:.1f} s "
+        f"({_search_note(sv)})",
+        highlight=False,
+    )
+
+
+def comparison_table(data: dict) -> Table:
+    table = Table(title="serving plans compared (same TPOT target, memory and costs)")
+    for col in ("planner", "tokens/s", "vs engineer-best", "replicas (copies x layout @ concurrency, TPOT)"):
+        table.add_column(col)
+    ref = data["baselines"]["engineer-best"]["tokens_per_s"]
+    rows = [("engineer-best", data["baselines"]["engineer-best"])]
+    rows += [(name, b) for name, b in data["baselines"].items() if name != "engineer-best"]
+    rows.append(
+        ("this plan", {"tokens_per_s": data["serving"]["tokens_per_s"], "replicas": data["serving"]["replicas"]})
+    )
+    for name, b in rows:
+        reps = (
+            "; ".join(
+                f"{r['count']} x {r['pattern']} @ {r['concurrency']}, {fmt_s(r['tpot_s'])}" for r in b["replicas"]
+            )
+            or "-"
+        )
+        ratio = f"{b['tokens_per_s'] / ref:.2f}x" if ref > 0 else "-"
+        table.add_row(name, f"{b['tokens_per_s']:,.0f}", ratio, reps)
+    return table
+
+
+def replica_table(data: dict) -> Table:
+    table = Table(title="replicas of this plan")
+    for col in (
+        "copies",
+        "stage",
+        "devices (first copy)",
+        "layers",
+        "concurrency",
+        "micro-batches",
+        "stage time",
+        "TPOT",
+        "TTFT est.",
+        "memory / device",
+    ):
+        table.add_column(col)
+    for rep in data["serving"]["replicas"]:
+        stages = rep["devices"][0]
+        for s, devs in enumerate(stages):
+            head = s == 0
+            dev = devs[0] if len(devs) == 1 else f"{devs[0]} .. {devs[-1]} (tp{len(devs)})"
+            mem = f"{fmt_bytes(rep['mem_bytes'][s])} / {fmt_bytes(rep['usable_bytes'][s])}"
+            table.add_row(
+                str(rep["count"]) if head else "",
+                str(s),
+                dev,
+                str(rep["layers"][s]),
+                str(rep["concurrency"]) if head else "",
+                str(rep["micro_batches"]) if head else "",
+                fmt_s(rep["stage_s"][s]),
+                fmt_s(rep["tpot_s"]) if head else "",
+                fmt_s(rep["ttft_s"]) if head else "",
+                mem,
+            )
+    return table
+
+
+def cmd_verify_serving(args: argparse.Namespace, console: Console) -> int:
+
+    path = args.plan
+    plan = load_serving_plan(path)
+    with progress(console, "re-deriving the serving plan..."):
+        problems = verify_serving_plan(plan)
+    if not problems:
+        sv = plan.serving
+        console.print(
+            styled(
+                ("valid", "green"),
+                f": {sv['tokens_per_s']:,.0f} tokens/s at TPOT {fmt_s(sv['tpot_s'])}, every replica's "
+                f"steady state fits; bound {sv['upper_bound_tokens_per_s']:,.0f} tokens/s recomputed",
+            )
+        )
+        return 0
+    console.print(styled(("invalid serving plan", "red"), f" {path}: {len(problems)} violation(s)"))
+    for line in problems:
+        console.print(f"  - {line}", highlight=False)
+    return 1
+
+
+def cmd_show_serving(args: argparse.Namespace, console: Console) -> int:
+
+    plan = load_serving_plan(args.plan)
+    print_serving(console, plan.data, with_baselines=True)
+    return 0
+
+
+def _search_note(sv: dict) -> str:
+    """How many candidate layouts the search evaluated, and how many the time limit left."""
+    note = f"{sv['layouts_evaluated']} of {sv['layouts_candidate']} candidate layouts evaluated"
+    if sv["layouts_left"]:
+        return note + f"; stopped at --time-limit with {sv['layouts_left']} still worth pricing"
+    return note + (
+        ", the others priced out by the fleet LP" if sv["layouts_evaluated"] < sv["layouts_candidate"] else ""
+    )

@@ -1,0 +1,428 @@
+"""Cluster specs: the YAML file that describes servers, devices and links.
+
+The format is documented field by field in docs/cluster-spec.md. YAML keys map
+one to one to dataclass fields; values may carry human units ("80 GiB",
+"25 GB/s", "2 us") which are converted here, once. Every error names the file,
+the path of the field and what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from llm_planner.core import units
+from llm_planner.core.constants import DEVICE_TYPES, DTYPE_BYTES
+from llm_planner.core.fileio import load_document
+from llm_planner.core.spec_fields import (
+    Reader,
+    SpecError,
+    as_bool,
+    as_hostname,
+    as_int,
+    as_name,
+    as_str,
+    as_text,
+    hostname_problem,
+    nonneg_seconds,
+)
+
+# Default share of a device's memory that a plan may fill, by device type. vLLM's
+# gpu_memory_utilization defaults to 0.9 for the same reason: the CUDA context, the
+# allocator's fragmentation and NCCL's buffers live in the rest. A CPU's host memory
+# is the spec's number (set usable_mem_fraction to keep room for the OS).
+USABLE_MEM_DEFAULT = {"cpu": 1.0, "gpu": 0.9, "accelerator": 0.9}
+# Names a peak_flops mapping may use: the element types a model can be planned in, and fp64
+# (on data sheets, never used). Anything else is a typo that would surface much later.
+PRECISIONS = (*DTYPE_BYTES, "fp64")
+# Devices of the expanded cluster: far beyond this the placement problem no longer fits in
+# memory or in minutes (docs/inputs.md).
+MAX_DEVICES = 65536
+# Fixed time a serving engine spends per iteration on each pipeline stage besides the model's
+# kernels (scheduling, input preparation, sampling, launch and the stage's hand-off bookkeeping),
+# by device type. An order-of-magnitude default: the vLLM and SGLang teams report CPU-side work
+# of the order of a millisecond per decode step before their overlapped schedulers (vLLM
+# v0.6.0 performance update, 2024-09; SGLang v0.4 "zero-overhead batch scheduler", 2024-12).
+# Set `step_overhead_s` per kind from a measurement (docs/serving.md).
+STEP_OVERHEAD_DEFAULT = {"cpu": 1e-3, "gpu": 1e-3, "accelerator": 1e-3}
+# Whether devices of a kind may form tensor-parallel groups, by device type: GPUs and accelerators
+# do (NCCL-style collectives over NVLink or PCIe); CPU sockets do not (no engine shards a layer
+# over sockets with all-reduces per layer). A kind's `tensor_parallel` overrides it.
+TENSOR_PARALLEL_DEFAULT = {"cpu": False, "gpu": True, "accelerator": True}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkSpec:
+    """A link class: time to move n bytes is latency_s + n / bw_bytes_per_s."""
+
+    bw_bytes_per_s: float
+    latency_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntraLinkSpec:
+    """The link between two device kinds inside one node (unordered pair)."""
+
+    between: tuple[str, str]
+    bw_bytes_per_s: float
+    latency_s: float = 0.0
+
+    @property
+    def link(self) -> LinkSpec:
+        return LinkSpec(bw_bytes_per_s=self.bw_bytes_per_s, latency_s=self.latency_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceKindSpec:
+    """One kind of device (a GPU model, a CPU socket)."""
+
+    name: str
+    type: str  # one of DEVICE_TYPES
+    peak_flops: tuple[tuple[str, float], ...]  # (dtype, FLOP/s) pairs
+    mem_bytes: float  # math.inf for unlimited (CPUs sharing host memory)
+    mem_bw_bytes_per_s: float
+    compute_efficiency: float = 1.0  # fraction of peak FLOP/s reached in practice
+    mem_efficiency: float = 1.0  # fraction of peak memory bandwidth reached
+    overhead_s: float = 0.0  # fixed time per task (kernel launches, dispatch)
+    # Share of mem_bytes a plan may fill; None: the type's default (USABLE_MEM_DEFAULT).
+    usable_mem_fraction: float | None = None
+    # Serving: fixed time per engine iteration on a stage of this kind; None: STEP_OVERHEAD_DEFAULT.
+    step_overhead_s: float | None = None
+    # Whether its devices may form tensor-parallel groups; None: the type's TENSOR_PARALLEL_DEFAULT.
+    tensor_parallel: bool | None = None
+
+    @property
+    def forms_tensor_groups(self) -> bool:
+        """Whether devices of this kind may form tensor-parallel groups (TENSOR_PARALLEL_DEFAULT)."""
+        return TENSOR_PARALLEL_DEFAULT[self.type] if self.tensor_parallel is None else self.tensor_parallel
+
+    @property
+    def serving_step_s(self) -> float:
+        """Fixed time per engine iteration on a serving stage of this kind (STEP_OVERHEAD_DEFAULT)."""
+        return STEP_OVERHEAD_DEFAULT[self.type] if self.step_overhead_s is None else self.step_overhead_s
+
+    @property
+    def usable_mem_bytes(self) -> float:
+        """Memory a plan may fill: mem_bytes times the usable fraction (serving engines keep the
+        rest for the runtime: CUDA context, allocator fragmentation, collectives' buffers)."""
+        fraction = USABLE_MEM_DEFAULT[self.type] if self.usable_mem_fraction is None else self.usable_mem_fraction
+        return self.mem_bytes * fraction
+
+    def flops_for(self, dtype: str) -> float:
+        for name, value in self.peak_flops:
+            if name == dtype:
+                return value
+        raise KeyError(dtype)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSpec:
+    """A server template; `count` identical copies of it are in the cluster."""
+
+    name: str
+    devices: tuple[tuple[str, int], ...]  # (kind name, how many)
+    count: int = 1
+    hostname: str | None = None  # may contain "{i}" for the copy index
+    slots: int | None = None  # MPI slots; defaults to the number of devices
+    links: tuple[IntraLinkSpec, ...] = ()  # overrides of the cluster's intra-node links
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSpec:
+    """One concrete device of the expanded cluster."""
+
+    name: str  # "<node>/<kind>:<index>"
+    kind: str
+    node: str  # expanded node name ("dgx-1")
+    node_template: str  # NodeSpec.name ("dgx")
+    index: int  # index among devices of its kind in its node (a group: its first member's)
+    hostname: str | None
+    members: tuple[
+        str, ...
+    ] = ()  # a tensor-parallel group (llm_planner.core.tensor_groups): its devices; () for one device
+
+    @property
+    def degree(self) -> int:
+        """Devices that run a task placed here: 1, or the group's size."""
+        return max(1, len(self.members))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    name: str
+    device_kinds: tuple[DeviceKindSpec, ...]
+    nodes: tuple[NodeSpec, ...]
+    intra_node_default: LinkSpec | None = None
+    intra_node: tuple[IntraLinkSpec, ...] = ()
+    inter_node: LinkSpec | None = None
+    description: str = ""
+    source: str = field(default="<memory>", compare=False)
+    sha256: str = field(default="", compare=False)
+
+    def kind(self, name: str) -> DeviceKindSpec:
+        for kind in self.device_kinds:
+            if kind.name == name:
+                return kind
+        raise KeyError(name)
+
+    def node_names(self) -> list[tuple[str, NodeSpec, int]]:
+        """Expanded nodes as (name, template, copy index)."""
+        out = []
+        for node in self.nodes:
+            for i in range(node.count):
+                out.append((node.name if node.count == 1 else f"{node.name}-{i}", node, i))
+        return out
+
+    def devices(self) -> tuple[DeviceSpec, ...]:
+        return self._devices
+
+    def device_map(self) -> Mapping[str, DeviceSpec]:
+        """Device name -> device (a read-only view; the cached dict itself stays picklable)."""
+        return MappingProxyType(self._device_map)
+
+    @functools.cached_property
+    def _device_map(self) -> dict[str, DeviceSpec]:
+        return {d.name: d for d in self._devices}
+
+    @functools.cached_property
+    def _devices(self) -> tuple[DeviceSpec, ...]:
+        out = []
+        for node_name, node, i in self.node_names():
+            host = node.hostname.format(i=i) if node.hostname else None
+            for kind, num in node.devices:
+                for j in range(num):
+                    out.append(
+                        DeviceSpec(
+                            name=f"{node_name}/{kind}:{j}",
+                            kind=kind,
+                            node=node_name,
+                            node_template=node.name,
+                            index=j,
+                            hostname=host,
+                        )
+                    )
+        return tuple(out)
+
+    def link(self, a: DeviceSpec, b: DeviceSpec) -> LinkSpec | None:
+        """The link class between two devices; None for the same device."""
+        path = self.link_path(a, b)
+        return None if path is None else self.link_at(path)
+
+    def link_path(self, a: DeviceSpec, b: DeviceSpec) -> tuple[str | int, ...] | None:
+        """Where the rule for the link between two devices lives in the spec (the one rule every
+        link is chosen by): ("links", "inter_node") across nodes; else the node template's rule
+        for the pair of kinds ("nodes", t, "links", i), the cluster's ("links", "intra_node", i),
+        or ("links", "intra_node_default"); None for the same device."""
+        if a.name == b.name:
+            return None
+        if a.node != b.node:
+            assert self.inter_node is not None, "checked by the loader"
+            return ("links", "inter_node")
+        t = next(i for i, n in enumerate(self.nodes) if n.name == a.node_template)
+        pair = {a.kind, b.kind}
+        for i, rule in enumerate(self.nodes[t].links):
+            if set(rule.between) == pair:
+                return ("nodes", t, "links", i)
+        for i, rule in enumerate(self.intra_node):
+            if set(rule.between) == pair:
+                return ("links", "intra_node", i)
+        assert self.intra_node_default is not None, "checked by the loader"
+        return ("links", "intra_node_default")
+
+    def link_at(self, path: tuple[str | int, ...]) -> LinkSpec:
+        """The link of a rule `link_path` names."""
+        if path == ("links", "inter_node"):
+            return self.inter_node
+        if path == ("links", "intra_node_default"):
+            return self.intra_node_default
+        if path[0] == "nodes":
+            return self.nodes[path[1]].links[path[3]].link
+        return self.intra_node[path[2]].link
+
+
+# ----------------------------------------------------------------------------
+# Loading
+
+
+def _read_link(r: Reader) -> LinkSpec:
+    link = LinkSpec(
+        bw_bytes_per_s=r.get("bw_bytes_per_s", units.parse_bandwidth, positive=True),
+        latency_s=r.get("latency_s", nonneg_seconds, default=0.0),
+    )
+    r.done()
+    return link
+
+
+def _read_intra_links(r: Reader, key: str, kinds: set[str]) -> tuple[IntraLinkSpec, ...]:
+    items = r.get(key, default=[])
+    if not isinstance(items, list):
+        r.fail("expected a list", key)
+    out, first_of = [], {}
+    for i, item in enumerate(items):
+        c = r.child(f"{key}[{i}]", item)
+        between = c.get("between")
+        if not (isinstance(between, list) and len(between) == 2 and all(isinstance(k, str) for k in between)):
+            c.fail("expected a list of two device kind names", "between")
+        for k in between:
+            if k not in kinds:
+                c.fail(f"unknown device kind {k!r} (known: {', '.join(sorted(kinds))})", "between")
+        pair = frozenset(between)
+        if pair in first_of:
+            c.fail(f"a second rule for kinds {between[0]!r} and {between[1]!r} ({key}[{first_of[pair]}] is the first)")
+        first_of[pair] = i
+        link = _read_link_fields(c)
+        out.append(IntraLinkSpec(between=(between[0], between[1]), **link))
+    return tuple(out)
+
+
+def _read_link_fields(c: Reader) -> dict[str, float]:
+    fields = {
+        "bw_bytes_per_s": c.get("bw_bytes_per_s", units.parse_bandwidth, positive=True),
+        "latency_s": c.get("latency_s", nonneg_seconds, default=0.0),
+    }
+    c.done()
+    return fields
+
+
+def _read_kind(c: Reader) -> DeviceKindSpec:
+    name = c.get("name", as_name)
+    kind_type = c.get("type", as_str)
+    if kind_type not in DEVICE_TYPES:
+        c.fail(f"must be one of {', '.join(DEVICE_TYPES)}, got {kind_type!r}", "type")
+    flops_raw = c.get("peak_flops")
+    if not isinstance(flops_raw, dict) or not flops_raw:
+        c.fail("expected a mapping of dtype to FLOP/s, e.g. {fp16: 312 TFLOP/s}", "peak_flops")
+    flops_reader = c.child("peak_flops", flops_raw)
+    for dtype in flops_raw:
+        if dtype not in PRECISIONS:
+            flops_reader.fail(f"unknown precision {dtype!r} (known: {', '.join(PRECISIONS)})", str(dtype))
+    peak = tuple((str(dtype), flops_reader.get(dtype, units.parse_flops, positive=True)) for dtype in flops_raw)
+    mem_raw = c.data.get("mem_bytes")
+    mem = math.inf if mem_raw == "unlimited" else c.get("mem_bytes", units.parse_bytes, positive=True)
+    if mem < 1:
+        c.fail(f"must be at least 1 byte, got {mem_raw!r}", "mem_bytes")
+    c.used.add("mem_bytes")
+    spec = DeviceKindSpec(
+        name=name,
+        type=kind_type,
+        peak_flops=peak,
+        mem_bytes=mem,
+        mem_bw_bytes_per_s=c.get("mem_bw_bytes_per_s", units.parse_bandwidth, positive=True),
+        compute_efficiency=c.get("compute_efficiency", units.parse_fraction, default=1.0, positive=True),
+        mem_efficiency=c.get("mem_efficiency", units.parse_fraction, default=1.0, positive=True),
+        overhead_s=c.get("overhead_s", nonneg_seconds, default=0.0),
+        usable_mem_fraction=c.get("usable_mem_fraction", units.parse_fraction, default=None, positive=True),
+        step_overhead_s=c.get("step_overhead_s", nonneg_seconds, default=None),
+        tensor_parallel=c.get("tensor_parallel", as_bool, default=None),
+    )
+    for key in ("compute_efficiency", "mem_efficiency", "usable_mem_fraction"):
+        if getattr(spec, key) is not None and getattr(spec, key) > 1:
+            c.fail(f"must be in (0, 1], got {getattr(spec, key)}", key)
+    c.done()
+    return spec
+
+
+def _read_node(c: Reader, kinds: set[str]) -> NodeSpec:
+    devices_raw = c.get("devices")
+    if not isinstance(devices_raw, dict) or not devices_raw:
+        c.fail("expected a mapping of device kind to count, e.g. {a100: 8}", "devices")
+    dev_reader = c.child("devices", devices_raw)
+    devices = []
+    for kind in devices_raw:
+        if kind not in kinds:
+            dev_reader.fail(f"unknown device kind {kind!r} (known: {', '.join(sorted(kinds))})", str(kind))
+        devices.append((kind, dev_reader.get(kind, as_int, positive=True)))
+    node = NodeSpec(
+        name=c.get("name", as_name),
+        devices=tuple(devices),
+        count=c.get("count", as_int, default=1, positive=True),
+        hostname=c.get("hostname", as_hostname, default=None),
+        slots=c.get("slots", as_int, default=None),
+        links=_read_intra_links(c, "links", kinds),
+    )
+    if node.slots is not None and node.slots <= 0:
+        c.fail(f"must be positive, got {node.slots}", "slots")
+    for i in range(1, node.count) if node.hostname and "{" in node.hostname else ():
+        problem = hostname_problem(node.hostname.format(i=i))
+        if problem is not None:
+            c.fail(f"{problem} (copy {i} of {node.hostname!r})", "hostname")
+    c.done()
+    return node
+
+
+def _as_list(r: Reader, key: str) -> list:
+    items = r.get(key)
+    if not isinstance(items, list) or not items:
+        r.fail("expected a non-empty list", key)
+    return items
+
+
+def parse_cluster(data: Any, source: str = "<memory>") -> ClusterSpec:
+    """Build a ClusterSpec from parsed YAML; raises SpecError naming `source`."""
+    top = Reader(source, "", data)
+    kinds = tuple(_read_kind(top.child(f"device_kinds[{i}]", d)) for i, d in enumerate(_as_list(top, "device_kinds")))
+    kind_names = [k.name for k in kinds]
+    if len(set(kind_names)) != len(kind_names):
+        top.fail(f"duplicate device kind names in {kind_names}", "device_kinds")
+    nodes = tuple(
+        _read_node(top.child(f"nodes[{i}]", n), set(kind_names)) for i, n in enumerate(_as_list(top, "nodes"))
+    )
+    num_devices = sum(node.count * num for node in nodes for _, num in node.devices)
+    if num_devices > MAX_DEVICES:
+        top.fail(
+            f"the cluster has {num_devices:,} devices (count x devices of every node); the limit is {MAX_DEVICES:,}",
+            "nodes",
+        )
+    links = top.child("links", top.get("links", default={}))
+    default_raw = links.get("intra_node_default", default=None)
+    inter_raw = links.get("inter_node", default=None)
+    cluster = ClusterSpec(
+        name=top.get("name", as_name),
+        description=top.get("description", as_text, default=""),
+        device_kinds=kinds,
+        nodes=nodes,
+        intra_node_default=_read_link(links.child("intra_node_default", default_raw))
+        if default_raw is not None
+        else None,
+        intra_node=_read_intra_links(links, "intra_node", set(kind_names)),
+        inter_node=_read_link(links.child("inter_node", inter_raw)) if inter_raw is not None else None,
+        source=source,
+    )
+    links.done()
+    top.done()
+    _check_links(cluster, links)
+    return cluster
+
+
+def _check_links(cluster: ClusterSpec, links: Reader) -> None:
+    names = [n for n, _, _ in cluster.node_names()]
+    if len(set(names)) != len(names):
+        raise SpecError(f"{cluster.source}: nodes: duplicate node names after expanding `count`: {names}")
+    if len(names) > 1 and cluster.inter_node is None:
+        links.fail(f"the cluster has {len(names)} nodes but no link between nodes", "inter_node")
+    if cluster.intra_node_default is not None:
+        return
+    for node in cluster.nodes:
+        kinds = [k for k, _ in node.devices]
+        pairs = [(a, b) for i, a in enumerate(kinds) for b in kinds[i:] if a != b or dict(node.devices)[a] > 1]
+        for a, b in pairs:
+            if not any(set(r.between) == {a, b} for r in (*node.links, *cluster.intra_node)):
+                links.fail(
+                    f"no link between kinds {a!r} and {b!r} in node {node.name!r}; add a rule or a default",
+                    "intra_node_default",
+                )
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Read a cluster YAML file. Raises SpecError with the file, field and problem."""
+    data, text = load_document(path, SpecError, finite=True)
+    cluster = parse_cluster(data, source=str(path))
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return dataclasses.replace(cluster, sha256=digest)

@@ -1,0 +1,1 @@
+"""The one cost model: rooflines, measured tables and the files they come from."""

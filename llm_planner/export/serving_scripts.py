@@ -1,0 +1,278 @@
+"""Shell scripts that start a serving plan's engines (llm_planner.export.serving): one script for
+every host, run there as `bash SCRIPT [HOST]`; it starts what that host runs.
+
+- vLLM: an engine on one host is one `vllm serve` with CUDA_VISIBLE_DEVICES naming its GPUs in
+  pipeline order. An engine on several hosts is a Ray cluster (vLLM's documented multi-node
+  form): the first stage's host is the head (`ray start --head`, then `vllm serve` with
+  --distributed-executor-backend ray once every GPU has joined), the other hosts join it
+  (`ray start --address`).
+- SGLang: one `python -m sglang.launch_server` per engine and host, with --nnodes, --node-rank
+  and --dist-init-addr (the first stage's host) when the engine spans hosts.
+
+Every script starts with the load balancer's weights: engine e gets the share
+tokens_per_s(e) / total of the requests (a table, and an nginx upstream block).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from llm_planner.export.serving import ServingExport, assign_ports, layer_partition, vllm_ip_ties
+
+VLLM_PORT, SGLANG_PORT, PORT_STEP = 8000, 30000, 10  # SGLang takes a few ports above --port
+RAY_PORT, DIST_INIT_PORT = 6379, 20000
+
+
+def _q(value: object) -> str:
+    return shlex.quote(str(value))
+
+
+def _comment(text: str) -> str:
+    return " ".join(str(text).split())  # names from files never break a comment line
+
+
+def _fraction(value: float) -> str:
+    """A memory fraction rounded down to 3 decimals (never above the plan's usable share)."""
+    return f"{int(value * 1000) / 1000:g}"
+
+
+def _header(export: ServingExport, ports: dict[str, int], title: str) -> list[str]:
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# {title} of the serving plan {_comment(export.plan_path)} "
+        f"(written by `llm-planner export --to {export.framework}`).",
+        f"# Model {_comment(export.model)} ({export.dtype}), {len(export.engines)} engine(s); the plan predicts "
+        f"{export.tokens_per_s:,.0f} output tokens/s at TPOT <= {export.tpot_slo_s * 1e3:g} ms.",
+        "#",
+        "# Run it on every host named below: bash THIS_SCRIPT [HOST]  (HOST defaults to `hostname`).",
+        "# Set MODEL to the checkpoint to serve (a Hugging Face id or a directory) when it is not the plan's name.",
+        "# GPU numbers are CUDA ordinals in PCI bus order: the node's GPU kinds in the cluster spec's order.",
+        "#",
+        f"# {'engine':<7} {'endpoint':<24} {'tp':>3} {'pp':>3}  {'layers/stage':<16} {'max seqs':>8} {'tokens/s':>10} "
+        f"{'share':>6}  hosts (stages)",
+    ]
+    for e in export.engines:
+        hosts = ", ".join(f"{h} ({','.join(map(str, e.host_stages(h)))})" for h in e.hosts)
+        endpoint = f"{e.hosts[0]}:{ports[e.name]}"
+        lines.append(
+            f"# {e.name:<7} {_comment(endpoint):<24} {e.tensor_parallel:>3} {e.pipeline_parallel:>3}  "
+            f"{','.join(map(str, e.layers)):<16} {e.concurrency:>8} {e.tokens_per_s:>10,.0f} {export.share(e):>6.1%}  "
+            f"{_comment(hosts)}"
+        )
+    lines += [
+        "#",
+        "# Load balancer: send each engine its share of the requests (its tokens/s over the total), e.g. nginx:",
+        f"#   upstream llm_planner_{export.framework} {{",
+    ]
+    lines += [
+        f"#       server {_comment(e.hosts[0])}:{ports[e.name]} weight={max(1, round(export.share(e) * 1000))};"
+        for e in export.engines
+    ]
+    lines += [
+        "#   }",
+        "",
+        "set -euo pipefail",
+        f'MODEL="${{MODEL:-}}"; [ -n "$MODEL" ] || MODEL={_q(export.model)}',
+        'HOST="${1:-$(hostname)}"',
+        "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        "",
+    ]
+    return lines
+
+
+def _script(
+    export: ServingExport, ports: dict[str, int], title: str, blocks: dict[str, list[str]], helpers: list[str]
+) -> str:
+    lines = _header(export, ports, title) + helpers + ['case "$HOST" in']
+    for host, body in blocks.items():
+        lines.append(f"  {_q(host)})")
+        lines += [f"    {line}" if line else "" for entry in body[:-1] for line in entry.split("\n")]
+        lines.append("    ;;")
+    known = " ".join(blocks)
+    lines += [
+        "  *)",
+        f'    echo "host $HOST runs no engine of this plan (hosts: {_comment(known)})" >&2',
+        "    exit 2",
+        "    ;;",
+        "esac",
+        "wait",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _stages(stages: list[int]) -> str:
+    return ("stage " if len(stages) == 1 else "stages ") + ",".join(map(str, stages))
+
+
+def _wrap(words: list[str], indent: str, width: int = 100) -> str:
+    """A command over several lines: flags stay with their values, lines end in a backslash."""
+    lines, line = [], ""
+    for word in words:
+        if line and word.startswith("--") and len(line) + len(word) > width:
+            lines.append(line + " \\")
+            line = indent + "    "
+        line += ("" if not line or line.endswith(" ") else " ") + word
+    return "\n".join(lines + [line])
+
+
+def _env(pairs: list[tuple[str, str | None]]) -> str:
+    return " ".join(f"{k}={_q(v)}" for k, v in pairs if v is not None)
+
+
+_WAIT_RAY = [
+    "wait_for_ray_gpus() {  # ADDRESS GPUS: wait until the Ray cluster at ADDRESS has GPUS GPUs",
+    '  until python3 -c \'import ray, sys; ray.init(address=sys.argv[1], logging_level="ERROR"); '
+    'sys.exit(ray.cluster_resources().get("GPU", 0) < float(sys.argv[2]))\' "$1" "$2"; do sleep 5; done',
+    "}",
+    "",
+]
+
+
+def vllm_script(export: ServingExport) -> str:
+    """The vLLM engines as a shell script (module docstring)."""
+    ports = assign_ports(export.engines, VLLM_PORT, PORT_STEP)
+    ray_ports = assign_ports(tuple(e for e in export.engines if len(e.hosts) > 1), RAY_PORT, 1)
+    blocks: dict[str, list[str]] = {}
+    for e in export.engines:
+        part = layer_partition(e, export.num_layers)
+        args = [
+            "vllm",
+            "serve",
+            '"$MODEL"',
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(ports[e.name]),
+            "--tensor-parallel-size",
+            str(e.tensor_parallel),
+            "--pipeline-parallel-size",
+            str(e.pipeline_parallel),
+            "--max-num-seqs",
+            str(e.concurrency),
+            "--max-model-len",
+            str(export.max_model_len),
+            "--gpu-memory-utilization",
+            _fraction(e.mem_fraction),
+            "--dtype",
+            export.dtype,
+        ]
+        about = f"# engine {e.name} (replica {e.replica} copy {e.copy}, {_comment(e.pattern)}):"
+        head = e.hosts[0]
+        if len(e.hosts) == 1:
+            env = _env(
+                [("CUDA_VISIBLE_DEVICES", ",".join(map(str, e.host_gpus(head)))), ("VLLM_PP_LAYER_PARTITION", part)]
+            )
+            blocks.setdefault(head, []).extend(
+                [
+                    f"{about} all {e.pipeline_parallel} stage(s) here",
+                    _wrap([env, *args, f"> vllm-{e.name}.log 2>&1 &"], ""),
+                    "",
+                ]
+            )
+            continue
+        address = f"{head}:{ray_ports[e.name]}"
+        for k, host in enumerate(e.hosts):
+            gpus = e.host_gpus(host)
+            visible = _env([("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))])
+            here = f"{_stages(e.host_stages(host))} of {e.pipeline_parallel} here"
+            if k == 0:
+                others = "; ".join(f"{h}: {_stages(e.host_stages(h))}" for h in e.hosts[1:])
+                env = _env([("RAY_ADDRESS", address), ("VLLM_PP_LAYER_PARTITION", part)])
+                body = [
+                    f"{about} Ray head, {here} ({_comment(others)})",
+                    *(
+                        [
+                            "# vLLM ranks the hosts after the head by GPU count, then IP address: give the hosts with "
+                            "as many GPUs IP addresses in pipeline order"
+                        ]
+                        if vllm_ip_ties(e)
+                        else []
+                    ),
+                    f"( {visible} ray start --head --port={ray_ports[e.name]} --num-gpus={len(gpus)}",
+                    f"  wait_for_ray_gpus {_q(address)} {e.tensor_parallel * e.pipeline_parallel}",
+                    _wrap(
+                        [
+                            f"  {env} exec",
+                            *args,
+                            "--distributed-executor-backend",
+                            "ray",
+                            f") > vllm-{e.name}.log 2>&1 &",
+                        ],
+                        "  ",
+                    ),
+                    "",
+                ]
+            else:
+                body = [
+                    f"{about} {here}; joins the Ray cluster of {_comment(head)}",
+                    f"( until {visible} ray start --address={_q(address)} --num-gpus={len(gpus)}; do sleep 5; done ) "
+                    f"> ray-{e.name}.log 2>&1 &",
+                    "",
+                ]
+            blocks.setdefault(host, []).extend(body)
+    return _script(export, ports, "vLLM engines", blocks, _WAIT_RAY if ray_ports else [])
+
+
+def sglang_script(export: ServingExport) -> str:
+    """The SGLang engines as a shell script (module docstring)."""
+    ports = assign_ports(export.engines, SGLANG_PORT, PORT_STEP)
+    dist_ports = assign_ports(tuple(e for e in export.engines if len(e.hosts) > 1), DIST_INIT_PORT, 1)
+    blocks: dict[str, list[str]] = {}
+    for e in export.engines:
+        part = layer_partition(e, export.num_layers)
+        args = [
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            '"$MODEL"',
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(ports[e.name]),
+            "--tp-size",
+            str(e.tensor_parallel),
+        ]
+        if e.pipeline_parallel > 1:
+            args += ["--pp-size", str(e.pipeline_parallel)]
+        args += [
+            "--max-running-requests",
+            str(e.concurrency),
+            "--mem-fraction-static",
+            _fraction(e.mem_fraction),
+            "--context-length",
+            str(export.max_model_len),
+            "--dtype",
+            export.dtype,
+        ]
+        about = f"# engine {e.name} (replica {e.replica} copy {e.copy}, {_comment(e.pattern)}):"
+        for k, host in enumerate(e.hosts):
+            env = _env(
+                [("CUDA_VISIBLE_DEVICES", ",".join(map(str, e.host_gpus(host)))), ("SGLANG_PP_LAYER_PARTITION", part)]
+            )
+            multi = []
+            if len(e.hosts) > 1:
+                multi = [
+                    "--nnodes",
+                    str(len(e.hosts)),
+                    "--node-rank",
+                    str(k),
+                    "--dist-init-addr",
+                    _q(f"{e.hosts[0]}:{dist_ports[e.name]}"),
+                ]
+            where = f"{_stages(e.host_stages(host))} of {e.pipeline_parallel} here" + (
+                f", node rank {k}" if multi else ""
+            )
+            note = (
+                [
+                    "# uneven layers: SGLang reads SGLANG_PP_LAYER_PARTITION in get_pp_indices (an SGLang without it "
+                    "splits evenly)"
+                ]
+                if part
+                else []
+            )
+            blocks.setdefault(host, []).extend(
+                [f"{about} {where}", *note, _wrap([env, *args, *multi, f"> sglang-{e.name}-{k}.log 2>&1 &"], ""), ""]
+            )
+    return _script(export, ports, "SGLang engines", blocks, [])

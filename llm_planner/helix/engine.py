@@ -1,0 +1,185 @@
+"""Helix's runtime as a throughput model: its per-machine-type tables and a steady-state
+estimate of the decode tokens/s its simulator gives a layout (docs/helix.md, "Planning for
+Helix's engine").
+
+Helix (ASPLOS'25) describes each machine type of a model by files under its model manager
+folder (e.g. `simulator/model_manager/llama2_70b/<type>/`): `decode_bs2time.csv` and
+`prompt_bs2time.csv` (one layer's time in ms by batch) and `llama2_70b_<type>.py`, whose dict
+literals give, by the number of layers a machine holds, the KV-cache blocks of 16 tokens per
+layer (`vllm_num_blocks_dict`) and the largest decode batch (`decode_max_tokens_dict`); the
+largest key is the most layers the type may hold. `load_engine_tables` reads them, without
+running Helix's code.
+
+The model of a layout made of stages (each `width` machines of one type holding the same
+`layers`; a request passes one machine per stage):
+
+- Queries in flight: Helix admits a new query while the fullest machine's expected KV use
+  (prompt + 240 tokens per query on each of its layers) stays at most 80%, so
+  C = 0.8 x min over stages of width x 16 x blocks(layers) / (prompt + 240).
+- Its machines run what is queued as one batch, layer after layer, so in steady state the C
+  queries move as a bunch: one decode step of a query takes a round through every stage,
+  where each machine runs its C / width requests in batches of at most its decode limit,
+  plus the first request of the bunch alone (it arrives before the others and starts a batch
+  by itself; Helix charges a one-request decode twice), plus each hop's latency and the
+  bunch's transfer (every request is sent on its own).
+- Decode tokens/s = C / round time.
+
+Prompts share the machines and are not charged here; docs/helix.md compares the model with
+the simulator on the layouts we measured.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+from llm_planner.core.fileio import read_text
+from llm_planner.cost.serving_profile import LayerTable
+from llm_planner.helix.inputs import HelixError, read_profile_csv
+
+BLOCK_TOKENS = 16  # tokens in one of vLLM's KV blocks (Helix's VLLM_BLOCK_SIZE)
+EXPECTED_OUTPUT = 240  # tokens Helix's scheduler expects a query to add (AVG_OUTPUT_LEN)
+FEED_HWM = 0.8  # Helix's offline feeder admits a query while the fullest machine is at most this full
+TOKEN_BYTES = 2  # a token id on the wire, besides its activation
+_TABLES = {"kv_blocks": "vllm_num_blocks_dict", "decode_limit": "decode_max_tokens_dict"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineTables:
+    """One machine type's tables from Helix's model manager; times in seconds."""
+
+    name: str  # the machine type's folder ("a100")
+    decode: LayerTable  # one layer's seconds by batch, from batch 0
+    kv_blocks: dict[int, int]  # layers held -> KV blocks per layer
+    decode_limit: dict[int, int]  # layers held -> most decode requests in one batch
+
+    @property
+    def max_layers(self) -> int:
+        return max(self.kv_blocks)
+
+    def decode_s(self, batch: float) -> float:
+        """One layer's decode time for `batch` requests, linear between the table's rows."""
+        if batch > self.decode.sizes[-1]:
+            last = self.decode.sizes[-1]
+            raise HelixError(f"{self.name}: a decode batch of {batch:g} is past its table (last row {last})")
+        return self.decode.at(batch)
+
+
+@dataclass(frozen=True)
+class Stage:
+    kind: str  # machine type (an EngineTables.name)
+    width: int  # machines holding the same layers; requests are split among them
+    layers: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Network:
+    latency_s: float  # one hop
+    bw_bytes_per_s: float
+    activation_bytes: int  # one token's hidden state
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    tokens_per_s: float  # decode tokens/s
+    queries: float  # in flight
+    round_s: float  # one decode step of a query
+
+
+def load_engine_tables(folder: str | Path, machine_type: str) -> EngineTables:
+    """The tables of `machine_type` (Helix's name, e.g. "A100") under a model manager folder."""
+    base = Path(folder) / machine_type.lower()
+    decode = read_profile_csv(base / "decode_bs2time.csv")
+    sources = sorted(base.glob("*.py"))
+    if len(sources) != 1:
+        raise HelixError(f"{base}: expected one <model>_<type>.py with the type's tables, found {len(sources)}")
+    tables = _dict_literals(sources[0])
+    if set(tables["kv_blocks"]) != set(tables["decode_limit"]):
+        raise HelixError(f"{sources[0]}: {_TABLES['kv_blocks']} and {_TABLES['decode_limit']} list different layers")
+    if decode[0][0] != 0:
+        raise HelixError(f"{base / 'decode_bs2time.csv'}: the first row must be batch 0 ('0,0'), not {decode[0][0]}")
+    if max(tables["decode_limit"].values()) > decode[-1][0]:
+        raise HelixError(
+            f"{sources[0]}: {_TABLES['decode_limit']}: a batch of {max(tables['decode_limit'].values())} is past "
+            f"{base / 'decode_bs2time.csv'}'s last row ({decode[-1][0]})"
+        )
+    return EngineTables(
+        name=base.name,
+        decode=LayerTable(sizes=tuple(b for b, _ in decode), seconds=tuple(s for _, s in decode)),
+        kv_blocks=tables["kv_blocks"],
+        decode_limit=tables["decode_limit"],
+    )
+
+
+def _dict_literals(path: Path) -> dict[str, dict[int, int]]:
+    try:
+        tree = ast.parse(read_text(path, HelixError), filename=str(path))
+    except (SyntaxError, ValueError) as exc:
+        where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+        raise HelixError(f"{path}: not valid Python: {getattr(exc, 'msg', exc)}{where}") from None
+    found = {}
+    for node in ast.walk(tree):
+        for name in _assigned_names(node):
+            if name in _TABLES.values():
+                if name in found:
+                    raise HelixError(f"{path}: {name}: assigned more than once (line {node.lineno})")
+                found[name] = _int_dict(path, name, node.value)
+    out = {}
+    for key, name in _TABLES.items():
+        if name not in found:
+            raise HelixError(f"{path}: {name}: missing (the type's table by number of layers held)")
+        out[key] = found[name]
+    return out
+
+
+def _assigned_names(node: ast.AST) -> list[str]:
+    """Names a plain `x = ...` or `x: T = ...` statement assigns."""
+    if isinstance(node, ast.Assign):
+        return [t.id for t in node.targets if isinstance(t, ast.Name)]
+    if isinstance(node, ast.AnnAssign) and node.value is not None and isinstance(node.target, ast.Name):
+        return [node.target.id]
+    return []
+
+
+def _int_dict(path: Path, name: str, node: ast.AST) -> dict[int, int]:
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        value = None
+    ok = isinstance(value, dict) and value and all(isinstance(k, int) and isinstance(v, int) for k, v in value.items())
+    if not ok or min(value) < 1 or min(value.values()) < 1 or sorted(value) != list(range(1, max(value) + 1)):
+        raise HelixError(f"{path}: {name}: expected {{layers: positive int}} for layers 1, 2, ..., got {value!r}")
+    return value
+
+
+def stage_room(stage: Stage, table: EngineTables) -> int:
+    """A stage's KV blocks per layer over its machines: what its queries in flight grow with."""
+    return stage.width * table.kv_blocks[stage.layers]
+
+
+def room_queries(room: int, prompt_len: float) -> float:
+    """The queries Helix's admission keeps in flight when the fullest stage has this room."""
+    return FEED_HWM * BLOCK_TOKENS * room / (prompt_len + EXPECTED_OUTPUT)
+
+
+def queries_in_flight(stages: list[Stage], tables: dict[str, EngineTables], prompt_len: float) -> float:
+    """The queries Helix's admission keeps in flight (module docstring)."""
+    return room_queries(min(stage_room(s, tables[s.kind]) for s in stages), prompt_len)
+
+
+def stage_round_s(stage: Stage, table: EngineTables, queries: float, network: Network) -> float:
+    """One stage's share of a round: its machines' batches over its layers, then the hop out."""
+    share, limit = queries / stage.width, table.decode_limit[stage.layers]
+    full, rest = divmod(share, limit)
+    batches = full * table.decode_s(limit) + (table.decode_s(rest) if rest > 0 else 0.0)
+    first = 2 * table.decode_s(1)  # the bunch's first request, alone, charged twice
+    send = network.latency_s + share * (network.activation_bytes + TOKEN_BYTES) / network.bw_bytes_per_s
+    return stage.layers * (batches + first) + send
+
+
+def estimate(stages: list[Stage], tables: dict[str, EngineTables], prompt_len: float, network: Network) -> Estimate:
+    """Decode tokens/s of a layout of `stages` under Helix's engine (module docstring)."""
+    queries = queries_in_flight(stages, tables, prompt_len)
+    round_s = network.latency_s + sum(stage_round_s(s, tables[s.kind], queries, network) for s in stages)
+    return Estimate(tokens_per_s=queries / round_s, queries=queries, round_s=round_s)

@@ -1,0 +1,443 @@
+"""Helix (Mei et al., ASPLOS'25) cluster and profile files -> our cluster spec and serving profile.
+
+Helix describes a cluster with two INI files (docs/helix.md has the details):
+- the cluster file (`cluster24.ini`): `[NodeNames] total_compute_nodes=N`, one
+  `[ComputeNode-i]` per machine with its `type=` (a machine type name), and `[Link-a-b]`
+  sections with `bandwidth=` and `latency=` for each pair (a, b are node indices,
+  `source` or `sink`: the coordinator);
+- the machine profile file (`machine_profiles.ini`, beside it by default): per machine
+  type, `vram_size`, `inbound_nic_speed`, `outbound_nic_speed`, `disk_speed`.
+Values are written as `<number> * <unit>` (`10 * gbps`, `1 * MilliSec`, `16 * GB`).
+Helix's unit constants are powers of 1000 with no bit/byte distinction (gbps = GB = 1e9),
+and its simulator divides byte counts by them, so a link of `1000 * mbps` moves 1e9 bytes/s
+there; we import what the simulator does (bytes/s = the number), not the nominal bit rate.
+
+A machine type `T4x2` is two `T4` GPUs; the GPU's compute and memory bandwidth come from
+llm_planner/core/data/gpu_datasheets.yaml, its memory is the machine's vram split evenly.
+
+Our spec has one node template per machine type with `count` copies, in increasing Helix
+index: copy i of template `t4` is the i-th `T4` machine of the file. `device_helix_names`
+gives that map (our device name -> Helix simulator node name, `compute_node_<index + 2>`),
+so a plan over the imported spec can be written back as a Helix layout
+(llm_planner.helix.layout_file).
+
+Our format has one link between nodes; Helix has one per pair, and NICs shared by a node's
+links. The import takes the slowest pair (the minimum over compute-node pairs of
+min(link, sender's outbound NIC, receiver's inbound NIC)) and the largest latency, and says
+so in the YAML's comments. Links to the coordinator are not imported.
+
+Per-layer profiles: `<dir>/<type lowercased>/decode_bs2time.csv` and `prompt_bs2time.csv`,
+rows `batch,milliseconds` for one decoder layer (decode: batch sequences, one token each;
+prompt: batch = prompt tokens). `serving_profile_yaml` writes them in our serving profile
+format (llm_planner.cost.serving_profile) in seconds. Profiles of multi-GPU machine types time a
+tensor-parallel group, not one device of a kind, and are left out (with a comment).
+"""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from llm_planner.core.fileio import read_document, read_text
+
+DATASHEETS = Path(__file__).resolve().parents[1] / "core" / "data" / "gpu_datasheets.yaml"
+NODE_INDEX_OFFSET = 2  # Helix's simulator names ComputeNode-i of a cluster file compute_node_<i + 2>
+_UNITS = {
+    "kbps": 1e3,
+    "mbps": 1e6,
+    "gbps": 1e9,
+    "Byte": 1.0,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "Sec": 1.0,
+    "MilliSec": 1e-3,
+}
+_VALUE = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(?:\*\s*([A-Za-z]+))?\s*$")
+_MACHINE_TYPE = re.compile(r"^(?P<gpu>.+?)(?:x(?P<count>\d+))?$")
+
+
+class HelixError(ValueError):
+    """A Helix file that cannot be imported; the message names the file and the section or field."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HelixMachineType:
+    name: str  # Helix's name ("T4x2")
+    gpu: str  # the GPU ("T4")
+    num_gpus: int
+    vram_bytes: float  # the whole machine
+    inbound_nic_bytes_per_s: float
+    outbound_nic_bytes_per_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class HelixLink:
+    a: str  # node index as text, "source" or "sink"
+    b: str
+    bw_bytes_per_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class HelixCluster:
+    source: str  # the cluster file
+    machine_types: tuple[HelixMachineType, ...]  # those the nodes use
+    node_types: tuple[str, ...]  # machine type of ComputeNode-i, by i
+    links: tuple[HelixLink, ...]
+
+    def machine_type(self, name: str) -> HelixMachineType:
+        return next(m for m in self.machine_types if m.name == name)
+
+
+def helix_node_name(index: int) -> str:
+    """The simulator's (and layout file's) name of ComputeNode-`index` of a cluster file."""
+    return f"compute_node_{index + NODE_INDEX_OFFSET}"
+
+
+def parse_helix_value(text: str) -> float:
+    """`10 * gbps` -> 1e10; `-1` -> -1.0 (Helix's "unlimited"). ValueError for anything else."""
+    match = _VALUE.match(text)
+    if not match or (match.group(2) and match.group(2) not in _UNITS):
+        raise ValueError(f"cannot read {text!r} as '<number> * <unit>' (units: {', '.join(_UNITS)})")
+    value = float(match.group(1)) * (_UNITS[match.group(2)] if match.group(2) else 1.0)
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not a finite number")
+    return value
+
+
+class _Ini:
+    """One INI file; every error names the file, the section and the field."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self.parser = configparser.ConfigParser(interpolation=None)
+        try:
+            self.parser.read_string(read_text(path, HelixError), source=self.path)
+        except configparser.Error as exc:
+            raise HelixError(f"{self.path}: not a valid INI file: {exc}") from None
+
+    def fail(self, section: str, key: str | None, what: str) -> None:
+        raise HelixError(f"{self.path}: [{section}]{' ' + key if key else ''}: {what}")
+
+    def section(self, section: str) -> configparser.SectionProxy:
+        if not self.parser.has_section(section):
+            self.fail(section, None, "missing section")
+        return self.parser[section]
+
+    def raw(self, section: str, key: str) -> str:
+        values = self.section(section)
+        if key not in values:
+            self.fail(section, key, "missing field")
+        return values[key]
+
+    def number(self, section: str, key: str) -> float:
+        try:
+            return parse_helix_value(self.raw(section, key))
+        except ValueError as exc:
+            self.fail(section, key, str(exc))
+
+    def literal(self, section: str, key: str, kind: type):
+        try:
+            value = ast.literal_eval(self.raw(section, key).strip())
+        except (ValueError, SyntaxError):
+            value = None
+        if not isinstance(value, kind) or isinstance(value, bool):
+            self.fail(section, key, f"expected a {kind.__name__}, got {self.raw(section, key)!r}")
+        return value
+
+
+def load_helix_cluster(cluster_path: str | Path, machine_profiles_path: str | Path | None = None) -> HelixCluster:
+    """Read a Helix cluster file and its machine profiles (default: machine_profiles.ini beside it)."""
+    ini = _Ini(cluster_path)
+    profiles = _Ini(machine_profiles_path or Path(cluster_path).with_name("machine_profiles.ini"))
+    num_nodes = ini.literal("NodeNames", "total_compute_nodes", int)
+    if num_nodes < 1:
+        ini.fail("NodeNames", "total_compute_nodes", f"must be at least 1, got {num_nodes}")
+    node_types = []
+    for i in range(num_nodes):
+        name = ini.raw(f"ComputeNode-{i}", "type").strip().strip("\"'")
+        if not profiles.parser.has_section(name):
+            ini.fail(f"ComputeNode-{i}", "type", f"machine type {name!r} is not in {profiles.path}")
+        node_types.append(name)
+    machine_types = tuple(_machine_type(profiles, name) for name in sorted(set(node_types)))
+    links = []
+    for section in ini.parser.sections():
+        if section.startswith("Link-"):
+            ends = section.split("-")[1:]
+            known = {"source", "sink", *map(str, range(num_nodes))}
+            if len(ends) != 2 or not set(ends) <= known:
+                ini.fail(
+                    section, None, f"a link section is named Link-<a>-<b> with a, b in 0..{num_nodes - 1}, source, sink"
+                )
+            links.append(
+                HelixLink(
+                    a=ends[0],
+                    b=ends[1],
+                    bw_bytes_per_s=_positive(ini, section, "bandwidth"),
+                    latency_s=_nonneg(ini, section, "latency"),
+                )
+            )
+    if num_nodes > 1 and not any(link.a.isdigit() and link.b.isdigit() for link in links):
+        ini.fail("Link-<a>-<b>", None, f"{num_nodes} compute nodes but no link between two of them")
+    return HelixCluster(source=ini.path, machine_types=machine_types, node_types=tuple(node_types), links=tuple(links))
+
+
+def _positive(ini: _Ini, section: str, key: str) -> float:
+    value = ini.number(section, key)
+    if value <= 0:
+        ini.fail(section, key, f"must be positive, got {ini.raw(section, key)!r}")
+    return value
+
+
+def _nonneg(ini: _Ini, section: str, key: str) -> float:
+    value = ini.number(section, key)
+    if value < 0:
+        ini.fail(section, key, f"must be >= 0, got {ini.raw(section, key)!r}")
+    return value
+
+
+def _machine_type(profiles: _Ini, name: str) -> HelixMachineType:
+    match = _MACHINE_TYPE.match(name)
+    num_gpus = int(match.group("count") or 1)
+    if num_gpus < 1:
+        profiles.fail(name, None, "a machine type 'NAMExN' needs N >= 1")
+    return HelixMachineType(
+        name=name,
+        gpu=match.group("gpu"),
+        num_gpus=num_gpus,
+        vram_bytes=_positive(profiles, name, "vram_size"),
+        inbound_nic_bytes_per_s=_positive(profiles, name, "inbound_nic_speed"),
+        outbound_nic_bytes_per_s=_positive(profiles, name, "outbound_nic_speed"),
+    )
+
+
+# ----------------------------------------------------------------------------
+# Our names for Helix's machines
+
+
+def load_datasheets(path: str | Path = DATASHEETS) -> dict[str, dict]:
+    """GPU kind name -> its data-sheet entry (helix_type, peak_flops, mem_bw_bytes_per_s, intra_node_link)."""
+    data = read_document(path, HelixError, finite=True)
+    if not isinstance(data, dict):
+        raise HelixError(f"{path}: expected a mapping of GPU kinds")
+    return data
+
+
+def _kind_for(gpu: str, datasheets: dict[str, dict], source: str) -> str:
+    for kind, sheet in datasheets.items():
+        if str(sheet.get("helix_type")) == gpu:
+            return kind
+    known = ", ".join(str(s.get("helix_type")) for s in datasheets.values())
+    raise HelixError(f"{source}: GPU type {gpu!r} has no data sheet in {DATASHEETS.name} (known: {known})")
+
+
+def template_name(machine_type: str) -> str:
+    """Our node template of a Helix machine type: `T4x2` -> `t4x2`."""
+    return re.sub(r"[^a-z0-9]+", "-", machine_type.lower()).strip("-")
+
+
+def machine_nodes(cluster: HelixCluster) -> dict[int, str]:
+    """Helix index -> our expanded node name (`t4-3`, or `a100` when the type has one machine)."""
+    out = {}
+    for machine in cluster.machine_types:
+        indices = [i for i, t in enumerate(cluster.node_types) if t == machine.name]
+        for copy, index in enumerate(indices):
+            out[index] = template_name(machine.name) if len(indices) == 1 else f"{template_name(machine.name)}-{copy}"
+    return out
+
+
+def device_helix_names(cluster: HelixCluster, datasheets: dict[str, dict] | None = None) -> dict[str, str]:
+    """Our device name -> Helix simulator node name, for every device of the imported spec.
+
+    The devices of a multi-GPU machine all map to the machine: Helix places layers per machine."""
+    datasheets = load_datasheets() if datasheets is None else datasheets
+    out = {}
+    for index, node in sorted(machine_nodes(cluster).items()):
+        machine = cluster.machine_type(cluster.node_types[index])
+        kind = _kind_for(machine.gpu, datasheets, cluster.source)
+        for j in range(machine.num_gpus):
+            out[f"{node}/{kind}:{j}"] = helix_node_name(index)
+    return out
+
+
+def slowest_link(cluster: HelixCluster) -> tuple[float, float]:
+    """(bytes/s, seconds) of the import's one inter-node link: the slowest compute pair, NICs included."""
+    bw, latency = math.inf, 0.0
+    for link in cluster.links:
+        if not (link.a.isdigit() and link.b.isdigit()):
+            continue
+        ends = [cluster.machine_type(cluster.node_types[int(x)]) for x in (link.a, link.b)]
+        # Helix's links carry both directions: each end sends through its outbound NIC
+        nic = min(
+            min(ends[0].outbound_nic_bytes_per_s, ends[1].inbound_nic_bytes_per_s),
+            min(ends[1].outbound_nic_bytes_per_s, ends[0].inbound_nic_bytes_per_s),
+        )
+        bw, latency = min(bw, link.bw_bytes_per_s, nic), max(latency, link.latency_s)
+    if not math.isfinite(bw):  # one machine: no inter-node link needed, but keep its NIC
+        machine = cluster.machine_types[0]
+        bw = min(machine.inbound_nic_bytes_per_s, machine.outbound_nic_bytes_per_s)
+    return bw, latency
+
+
+# ----------------------------------------------------------------------------
+# Writing our cluster spec
+
+
+def _fmt(value: float, unit: str) -> str:
+    """1.555e12, "B/s" -> "1555 GB/s"; plain base units below a thousand."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.6g} {prefix}{unit}"
+    return f"{value:.6g} {unit}"
+
+
+def _seconds(value: float) -> str:
+    for suffix, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if value >= scale:
+            return f"{value / scale:.6g} {suffix}"
+    return f"{value / 1e-9:.6g} ns" if value else "0"
+
+
+def cluster_spec_yaml(
+    cluster: HelixCluster, *, name: str | None = None, datasheets: dict[str, dict] | None = None
+) -> str:
+    """Our cluster spec (docs/cluster-spec.md) for a Helix cluster, as YAML text with comments."""
+    datasheets = load_datasheets() if datasheets is None else datasheets
+    name = name or Path(cluster.source).stem
+    counts = {m.name: cluster.node_types.count(m.name) for m in cluster.machine_types}
+    bw, latency = slowest_link(cluster)
+    pair_bws = sorted({link.bw_bytes_per_s for link in cluster.links if link.a.isdigit() and link.b.isdigit()})
+    summary = ", ".join(f"{n}x {m}" for m, n in counts.items())
+    lines = [
+        f"# Imported from the Helix cluster file {Path(cluster.source).name} (llm-planner import helix):",
+        f"# {len(cluster.node_types)} machines: {summary}.",
+        "# GPU compute and memory bandwidth: vendor data sheets (llm_planner/core/data/gpu_datasheets.yaml,",
+        "# sources there); memory: Helix's machine profile (vram_size, split evenly over a machine's GPUs).",
+        "# Helix's units are powers of 1000 and its simulator divides bytes by them, so a `1000 * mbps`",
+        "# link moves 1e9 bytes/s there; the bandwidths below are those the simulator uses.",
+        f"# Links: Helix gives one per pair of machines ({len(pair_bws)} distinct bandwidths: "
+        f"{', '.join(_fmt(b, 'B/s') for b in pair_bws) or 'none'}) and NICs that a machine's links share;",
+        "# our format has one link between nodes, so inter_node is the slowest pair (NICs included) with the",
+        "# largest latency. Links to Helix's coordinator (source/sink) are not imported.",
+        "# Device -> Helix node (a plan written back as a Helix layout uses these names):",
+    ]
+    lines += [f"#   {device} -> {helix}" for device, helix in device_helix_names(cluster, datasheets).items()]
+    description = f"Helix cluster {Path(cluster.source).name}: {summary}"
+    lines += [f"name: {json.dumps(name)}", f"description: {json.dumps(description)}", "device_kinds:"]
+    kinds: dict[str, HelixMachineType] = {}
+    for machine in cluster.machine_types:
+        kind = _kind_for(machine.gpu, datasheets, cluster.source)
+        mem = machine.vram_bytes / machine.num_gpus
+        if kind in kinds and kinds[kind].vram_bytes / kinds[kind].num_gpus != mem:
+            raise HelixError(
+                f"{cluster.source}: machine types {kinds[kind].name} and {machine.name} "
+                f"give {kind} different memory per GPU"
+            )
+        kinds.setdefault(kind, machine)
+    for kind, machine in kinds.items():
+        sheet = datasheets[kind]
+        flops = ", ".join(f"{k}: {v}" for k, v in sheet["peak_flops"].items())
+        lines += [
+            f"  - name: {kind}",
+            "    type: gpu",
+            f"    peak_flops: {{{flops}}}",
+            f"    mem_bytes: {_fmt(machine.vram_bytes / machine.num_gpus, 'B')}",
+            f"    mem_bw_bytes_per_s: {sheet['mem_bw_bytes_per_s']}",
+        ]
+    lines.append("nodes:")
+    for machine in cluster.machine_types:
+        kind = _kind_for(machine.gpu, datasheets, cluster.source)
+        lines += [
+            f"  - name: {template_name(machine.name)}",
+            f"    count: {counts[machine.name]}",
+            f"    devices: {{{kind}: {machine.num_gpus}}}",
+        ]
+        if machine.num_gpus > 1:
+            link = datasheets[kind]["intra_node_link"]
+            lines.append(
+                f"    links: [{{between: [{kind}, {kind}], bw_bytes_per_s: {link['bw_bytes_per_s']}, "
+                f"latency_s: {link['latency_s']}}}]"
+            )
+    lines += ["links:", f"  inter_node: {{bw_bytes_per_s: {_fmt(bw, 'B/s')}, latency_s: {_seconds(latency)}}}"]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------
+# Per-layer profiles
+
+
+def read_profile_csv(path: str | Path) -> list[tuple[int, float]]:
+    """Rows `size,milliseconds` of a Helix profile -> [(size, seconds)], sizes strictly increasing."""
+    rows: list[tuple[int, float]] = []
+    for number, line in enumerate(read_text(path, HelixError).splitlines(), start=1):
+        if not line.strip():
+            continue
+        cells = [c.strip() for c in line.split(",")]
+        try:
+            if len(cells) != 2:
+                raise ValueError(f"expected 'size,milliseconds', got {line!r}")
+            size, ms = int(cells[0]), float(cells[1])
+            if size < 0 or not math.isfinite(ms) or ms < 0:
+                raise ValueError(f"size must be >= 0 and time a finite number >= 0, got {line!r}")
+        except ValueError as exc:
+            raise HelixError(
+                f"{path}: line {number}: {str(exc).removeprefix('invalid literal for int() with base 10: ')}"
+            ) from None
+        if rows and size <= rows[-1][0]:
+            raise HelixError(f"{path}: line {number}: sizes must increase, got {size} after {rows[-1][0]}")
+        rows.append((size, ms * 1e-3))
+    if len(rows) < 2:
+        raise HelixError(f"{path}: needs at least two rows 'size,milliseconds', got {len(rows)}")
+    return rows
+
+
+def default_model(profiles_dir: str | Path) -> str:
+    """The model a Helix model manager folder is for: its name, _ -> - ("llama2_70b" -> "llama2-70b")."""
+    return Path(profiles_dir).name.replace("_", "-")
+
+
+def serving_profile_yaml(
+    cluster: HelixCluster,
+    profiles_dir: str | Path,
+    *,
+    model: str | None = None,
+    datasheets: dict[str, dict] | None = None,
+) -> str:
+    """Our serving profile (llm_planner.cost.serving_profile) from Helix's per-machine-type layer times."""
+    datasheets = load_datasheets() if datasheets is None else datasheets
+    root = Path(profiles_dir)
+    model = model or default_model(root)
+    lines = [
+        "# measured time of one decoder layer per device kind (llm_planner serving profile)",
+        f"# imported from Helix's per-machine-type profiles in {root.name}/ (milliseconds -> seconds)",
+        "format: serving-profile/1",
+        f"model: {json.dumps(model)}",
+        "dtype: fp16",
+        f"source: Helix (ASPLOS'25) layer profiles {root.name}/<type>/decode_bs2time.csv and prompt_bs2time.csv",
+        "kinds:",
+    ]
+    for machine in cluster.machine_types:
+        folder = root / machine.name.lower()
+        if machine.num_gpus > 1:
+            lines.insert(
+                2, f"# {machine.name}: left out (its profile times a {machine.num_gpus}-GPU tensor-parallel machine)"
+            )
+            continue
+        decode = read_profile_csv(folder / "decode_bs2time.csv")
+        prefill = read_profile_csv(folder / "prompt_bs2time.csv")
+        lines += [
+            f"  {_kind_for(machine.gpu, datasheets, cluster.source)}:  # Helix {machine.name}",
+            f"    decode_layer_s: {_pairs(decode)}",
+            f"    prefill_layer_s: {_pairs(prefill)}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _pairs(rows: list[tuple[int, float]]) -> str:
+    return "[" + ", ".join(f"[{size}, {seconds:.6g}]" for size, seconds in rows) + "]"

@@ -1,0 +1,180 @@
+"""A layout for Helix's engine: the stages that maximise llm_planner.helix.engine's estimate
+over a family that uses identical machines as counts, then machines assigned and written as
+Helix's layout file (docs/helix.md, "Planning for Helix's engine").
+
+The family: each machine type covers some of the layers with stages of one width (machines per
+stage) whose layer counts differ by at most one; every split of the model's layers among the
+types, every width and stage count a type's machines allow (148,622 layouts on Helix's
+24-machine cluster; 26 million with six more machines of a fourth type holding up to 4
+layers). llm_planner.helix.search finds the family's best exactly without enumerating it.
+
+Order (`ORDERS`): by default ("slow-ends") stages are sorted from slowest to fastest per layer
+and dealt alternately to the front and the back, so the slowest sit at both ends and the
+fastest in the middle; "fast-first" puts them fastest first. The model does not see the order:
+the default is what scored better under Helix's simulator, by 1% on Helix's 24-machine
+cluster (docs/helix.md).
+
+`layout_stages` reads a layout back as stages, so the model can score a layout it did not
+write, when its machines form stages (each range held by machines of one type, the ranges
+following each other).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from llm_planner.core.fileio import read_text
+from llm_planner.graph.transformer import named_config
+from llm_planner.helix.engine import EngineTables, Estimate, Network, Stage, estimate, load_engine_tables
+from llm_planner.helix.inputs import (
+    HelixCluster,
+    HelixError,
+    default_model,
+    helix_node_name,
+    load_helix_cluster,
+    slowest_link,
+)
+from llm_planner.helix.layout_file import LayoutError, helix_layout, read_helix_layout
+from llm_planner.helix.search import Kind, best_stages, count_layouts
+
+
+@dataclass(frozen=True, kw_only=True)
+class HelixPlan:
+    stages: tuple[Stage, ...]  # in route order
+    machines: tuple[tuple[str, ...], ...]  # Helix node names of each stage
+    estimate: Estimate
+    layouts: int  # in the family searched
+    solve_s: float
+
+    def layout_text(self, num_layers: int) -> str:
+        triples, first = [], 0
+        for stage, nodes in zip(self.stages, self.machines):
+            triples += [(node, first, first + stage.layers) for node in nodes]
+            first += stage.layers
+        return helix_layout(triples, num_layers=num_layers)
+
+
+ORDERS = ("slow-ends", "fast-first")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HelixInputs:
+    """What plan-helix reads: Helix's cluster, its engine tables per machine type, the model."""
+
+    cluster: HelixCluster
+    tables: dict[str, EngineTables]
+    num_layers: int
+    network: Network
+
+
+def load_inputs(
+    cluster_path: str | Path, machine_profiles: str | Path | None, profiles_dir: str | Path, model: str | None
+) -> HelixInputs:
+    """Read Helix's cluster file and model manager folder; `model` defaults to the folder's."""
+    cluster = load_helix_cluster(cluster_path, machine_profiles)
+    name = model or default_model(profiles_dir)
+    config = named_config(name)
+    if config is None:
+        raise HelixError(f"--model {name!r}: not a decoder preset, a config.json or a folder holding one")
+    tables = {name.lower(): load_engine_tables(profiles_dir, name) for name in sorted(set(cluster.node_types))}
+    bw, latency = slowest_link(cluster)
+    network = Network(latency_s=latency, bw_bytes_per_s=bw, activation_bytes=2 * config.hidden_size)
+    return HelixInputs(cluster=cluster, tables=tables, num_layers=config.num_layers, network=network)
+
+
+def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float):
+    """(stages, machines, Estimate) of a Helix layout file whose machines form stages; HelixError otherwise."""
+    try:
+        ranges = read_helix_layout(read_text(layout_path, HelixError), source=str(layout_path))
+    except LayoutError as exc:
+        raise HelixError(str(exc)) from None
+    stages, machines = layout_stages(ranges, inputs.cluster, inputs.tables, inputs.num_layers, str(layout_path))
+    return stages, machines, estimate(list(stages), inputs.tables, prompt_len, inputs.network)
+
+
+def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends") -> HelixPlan:
+    """The best layout of the family (module docstring) for the machines of the cluster."""
+    started = time.monotonic()
+    cluster, tables, num_layers, network = inputs.cluster, inputs.tables, inputs.num_layers, inputs.network
+    counts = {name: cluster.node_types.count(name) for name in sorted(set(cluster.node_types))}
+    missing = [name for name in counts if name.lower() not in tables]
+    if missing:
+        raise HelixError(f"{cluster.source}: no tables for machine types {missing} in the model manager folder")
+    kinds = [Kind(name.lower(), n, tables[name.lower()]) for name, n in counts.items()]
+    stages = best_stages(kinds, num_layers, prompt_len, network)
+    if stages is None:
+        raise HelixError(f"{cluster.source}: its machines cannot hold the model's {num_layers} layers")
+    ordered = order_stages(stages, tables, order)
+    return HelixPlan(
+        stages=ordered,
+        machines=assign_machines(ordered, cluster),
+        estimate=estimate(list(ordered), tables, prompt_len, network),
+        layouts=count_layouts(kinds, num_layers),
+        solve_s=time.monotonic() - started,
+    )
+
+
+def order_stages(
+    stages: tuple[Stage, ...], tables: dict[str, EngineTables], order: str = "slow-ends"
+) -> tuple[Stage, ...]:
+    """Route order of `stages` (module docstring)."""
+    slow_first = sorted(stages, key=lambda s: (-tables[s.kind].decode_s(1), -s.layers, s.width))
+    if order == "fast-first":
+        return tuple(slow_first[::-1])
+    if order != "slow-ends":
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    front, back = slow_first[0::2], slow_first[1::2]
+    return tuple(front + back[::-1])
+
+
+def layout_stages(
+    ranges: dict[str, tuple[int, int]],
+    cluster: HelixCluster,
+    tables: dict[str, EngineTables],
+    num_layers: int,
+    source: str,
+) -> tuple[tuple[Stage, ...], tuple[tuple[str, ...], ...]]:
+    """A layout's machines (Helix node name -> layer range) as stages in route order; HelixError
+    naming `source` when they do not form stages."""
+    kind_of = {helix_node_name(i): name.lower() for i, name in enumerate(cluster.node_types)}
+    by_range: dict[tuple[int, int], list[str]] = {}
+    for node, span in ranges.items():
+        if node not in kind_of:
+            raise HelixError(f"{source}: {node} is not a machine of {cluster.source}")
+        by_range.setdefault(span, []).append(node)
+    stages, machines, first = [], [], 0
+    for span in sorted(by_range):
+        nodes = sorted(by_range[span], key=lambda n: int(n.rsplit("_", 1)[1]))
+        kinds = {kind_of[n] for n in nodes}
+        if span[0] != first or len(kinds) > 1:
+            why = "mixes machine types" if len(kinds) > 1 else f"does not start where the last ended ({first})"
+            raise HelixError(
+                f"{source}: the range {span[0]}-{span[1] - 1} ({', '.join(nodes)}) {why}: "
+                "the model scores layouts whose ranges follow each other, each held by machines of one type"
+            )
+        kind, layers = kinds.pop(), span[1] - span[0]
+        if layers > tables[kind].max_layers:
+            raise HelixError(
+                f"{source}: {', '.join(nodes)} hold {layers} layers; the {kind} tables stop at "
+                f"{tables[kind].max_layers} (vllm_num_blocks_dict)"
+            )
+        stages.append(Stage(kind, len(nodes), layers))
+        machines.append(tuple(nodes))
+        first = span[1]
+    if first != num_layers:
+        raise HelixError(f"{source}: its ranges end at layer {first}, not at the model's {num_layers}")
+    return tuple(stages), tuple(machines)
+
+
+def assign_machines(stages: tuple[Stage, ...], cluster: HelixCluster) -> tuple[tuple[str, ...], ...]:
+    """Helix node names per stage, each type's machines in the cluster file's order."""
+    free = {}
+    for index, name in enumerate(cluster.node_types):
+        free.setdefault(name.lower(), []).append(helix_node_name(index))
+    out = []
+    for stage in stages:
+        out.append(tuple(free[stage.kind][: stage.width]))
+        del free[stage.kind][: stage.width]
+    return tuple(out)

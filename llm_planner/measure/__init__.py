@@ -1,0 +1,1 @@
+"""Measured against predicted: run observations, comparisons and calibration of a spec."""

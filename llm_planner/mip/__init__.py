@@ -1,0 +1,1 @@
+"""Solver backends behind one interface: HiGHS by default, Gurobi when licensed."""
