@@ -18,7 +18,6 @@ import io
 import re
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -41,7 +40,6 @@ from input_mutations import (  # noqa: E402
     file_mutation,
 )
 
-SECONDS_PER_RUN = 20.0  # far above what any example takes; a hang fails here or at the test timeout
 EXAMPLES = 60
 
 FUZZ = settings(
@@ -55,11 +53,8 @@ FUZZ = settings(
 
 def _run(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    started = time.perf_counter()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv)
-    elapsed = time.perf_counter() - started
-    assert elapsed < SECONDS_PER_RUN, f"{argv[0]} took {elapsed:.1f} s"
     return code, out.getvalue(), err.getvalue()
 
 

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -81,10 +80,8 @@ def _plan_naming(tmp_path: Path, cluster: str) -> Path:
 def test_a_plan_naming_a_fifo_as_its_cluster_is_refused_without_hanging(tmp_path, capsys):
     fifo = tmp_path / "cluster-fifo.yaml"
     os.mkfifo(fifo)
-    started = time.perf_counter()
     code, err = _verify(_plan_naming(tmp_path, str(fifo)), capsys)
     assert code == 2 and "cluster-fifo.yaml: cannot read: not a regular file (a FIFO)" in err
-    assert time.perf_counter() - started < 10
 
 
 def test_a_plan_naming_another_file_gets_no_line_of_it_quoted(tmp_path, capsys):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -47,9 +46,7 @@ def _plan(tmp_path: Path, capsys, *, cluster=None, graph=None, workload=None, ex
             "--cluster",
             write("cluster.yaml", cluster or emit(CLUSTER)),
         ]
-    started = time.perf_counter()
     code = main([*argv, *extra, "--no-baselines", "-o", str(tmp_path / "plan.yaml")])
-    assert time.perf_counter() - started < 10
     err = " ".join(capsys.readouterr().err.split())
     assert "Traceback" not in err and err.count("error:") == (code != 0)
     return code, err

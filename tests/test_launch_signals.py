@@ -66,12 +66,11 @@ def start_launch(plan: Path, tmp_path: Path) -> tuple[subprocess.Popen, list[int
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_stop_signal_to_launch_stops_mpiexec_and_every_rank(small_plan, tmp_path, sig):
     proc, tree = start_launch(small_plan, tmp_path)
-    sent = time.monotonic()
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=120)
     name = signal.Signals(sig).name
     assert proc.returncode == 130, err
-    wait_gone(tree, max(0.5, 10.0 - (time.monotonic() - sent)))
+    wait_gone(tree, 30.0)  # a guard against processes left running, not a speed check
     message = " ".join(err.split())
     assert f"interrupted ({name}): mpiexec and every rank were stopped" in message and "Traceback" not in err
     report = json.loads((tmp_path / "run.json").read_text())

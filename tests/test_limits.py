@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,6 @@ from input_mutations import CLUSTER, GRAPH, emit  # noqa: E402
 def _plan(tmp_path: Path, capsys, cluster: dict, graph: dict, *extra: str) -> tuple[int, str]:
     (tmp_path / "cluster.yaml").write_text(emit(cluster))
     (tmp_path / "graph.json").write_text(json.dumps(graph))
-    started = time.perf_counter()
     code = main(
         [
             "plan",
@@ -37,7 +35,6 @@ def _plan(tmp_path: Path, capsys, cluster: dict, graph: dict, *extra: str) -> tu
             str(tmp_path / "plan.yaml"),
         ]
     )
-    assert time.perf_counter() - started < 10
     err = " ".join(capsys.readouterr().err.split())
     assert "Traceback" not in err
     return code, err

@@ -175,24 +175,22 @@ def rank_pid(workdir: Path, rank: int, timeout_s: float = 60.0) -> int:
     return int(path.read_text().split()[0])
 
 
-def fail_mid_run(hosts, gpt2_plan, workdir: Path, fault, timeout_s: float) -> tuple[str, dict, float]:
+def fail_mid_run(hosts, gpt2_plan, workdir: Path, fault, timeout_s: float) -> tuple[str, dict]:
     """Start a long run, apply `fault(rank 1's pid)` once the ranks are running; the launcher's output and report."""
     plan, _ = gpt2_plan
     proc = run_launch(hosts, plan, workdir, "--max-new-tokens", "12", "--warmup", "10000", timeout_s=timeout_s)
     pid = rank_pid(workdir, 1)
     time.sleep(4.0)  # building and warming up
     assert proc.poll() is None, proc.communicate()
-    started = time.monotonic()
     fault(pid)
     out, err = proc.communicate(timeout=timeout_s + 60)
-    took = time.monotonic() - started
     assert proc.returncode == 1, f"{out}\n{err}"
-    return " ".join((out + err).split()), json.loads((workdir / "run.json").read_text()), took
+    return " ".join((out + err).split()), json.loads((workdir / "run.json").read_text())
 
 
 def test_a_server_whose_rank_is_killed_is_named_and_nothing_is_left_anywhere(servers, gpt2_plan, tmp_path):
     hosts, _ = servers
-    message, report, took = fail_mid_run(
+    message, report = fail_mid_run(
         hosts, gpt2_plan, tmp_path / "w", lambda pid: os.kill(pid, signal.SIGKILL), timeout_s=60
     )
     # a remote rank's end comes as its exit code (9: SIGKILL) from its server's proxy
@@ -210,13 +208,13 @@ def test_a_link_taken_down_mid_run_names_the_server_cut_off_and_nothing_is_left_
     and under "unreachable_hosts" in the report; server 0 still answers and is not named."""
     hosts, _ = servers
     try:
-        message, report, took = fail_mid_run(
+        message, report = fail_mid_run(
             hosts, gpt2_plan, tmp_path / "w", lambda pid: hosts.link(1, up=False), timeout_s=20
         )
     finally:
         hosts.link(1, up=True)
     print(message)
-    assert "the run exceeded its timeout of 20 s" in message and took < 20 + 15
+    assert "the run exceeded its timeout of 20 s" in message
     assert report["status"] == "failed" and report["failed_host"] in hosts.addresses
     assert f"rank {report['failed_rank']} ({report['failed_device']})" in message
     cut = f"host {hosts.addresses[1]} (rank 1 (server1/cpu-core:0)) answered when the run started and no longer does"

@@ -512,7 +512,7 @@ def test_profiling_past_its_timeout_stops_mpiexec_and_every_process_it_started(t
     with pytest.raises(ProfileRunError, match="exceeded its timeout of 1 s"):
         spawn_mpi(job, tmp_path / "work", timeout_s=1)
     child = int((tmp_path / "child.pid").read_text())
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a guard, not a speed check
     while alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(child), "the process mpiexec started outlived the profiler's timeout"

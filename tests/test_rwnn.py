@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import networkx as nx
 import pytest
@@ -134,12 +133,9 @@ def test_paper_scale():
     assert 4.5e6 < params < 6.5e6
 
 
-def test_ten_thousand_tasks_build_fast():
-    start = time.perf_counter()
+def test_ten_thousand_tasks_build():
     graph = rwnn.build_rwnn_graph_from_name("rwnn-ws-4x2500", seed=0)
-    elapsed = time.perf_counter() - start
     assert graph.num_tasks >= 10_000
-    assert elapsed < 10.0, f"took {elapsed:.1f} s"
 
 
 def test_analytic_builder_does_not_import_torch():

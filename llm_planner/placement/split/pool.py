@@ -61,6 +61,11 @@ def stop_executor(executor: Executor) -> None:
         if proc.is_alive():
             proc.kill()
             proc.join(STOP_GRACE_S)
+    # The pool's manager thread sees its workers gone and closes its wake-up pipe; joined here, so that
+    # concurrent.futures' exit hook never writes to that pipe while it closes ("Bad file descriptor")
+    manager = getattr(executor, "_executor_manager_thread", None)
+    if manager is not None:
+        manager.join(STOP_GRACE_S)
 
 
 class Pool:
