@@ -32,6 +32,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from llm_planner.core.fmt import quote
+from llm_planner.core.names import check_host, hostname_problem
 from llm_planner.core.spec import ClusterSpec, DeviceSpec
 from llm_planner.serving.plan_file import ServingPlanFile
 
@@ -269,13 +271,28 @@ def _stage(
         )
     d = devs[0]
     return EngineStage(
-        host=d.hostname or d.node,
+        host=stage_host(d, cluster),
         node=d.node,
         kind=d.kind,
         gpus=tuple(ordinals[x.name] for x in devs),
         devices=tuple(names),
         layers=int(layers),
     )
+
+
+def stage_host(device: DeviceSpec, cluster: ClusterSpec) -> str:
+    """The host a device's engine runs on: its node's hostname, else the node's name; ServingExportError
+    naming the spec file and the node when that is not a host name or an address (it reaches a script)."""
+    t = next(i for i, n in enumerate(cluster.nodes) if n.name == device.node_template)
+    if device.hostname:
+        return check_host(device.hostname, f"{cluster.source}: nodes[{t}].hostname", ServingExportError)
+    problem = hostname_problem(device.node)
+    if problem is not None:
+        raise ServingExportError(
+            f"{cluster.source}: nodes[{t}]: node {quote(device.node)} has no hostname, so the export would name "
+            f"its host by the node's name, and {problem}; set `hostname:` on nodes[{t}]"
+        )
+    return device.node
 
 
 def _check_sglang_hosts(label: str, engine: EnginePlan) -> None:
