@@ -195,9 +195,13 @@ def test_scripts_quote_every_host_they_write(benign, tmp_path, render):
     assert_harmless(script, list(hosts.values()), tmp_path)
 
 
+VALID = r"[a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?(\.[a-z0-9]{1,4}){0,2}"
+SHELL = "$`\"';&|<>(){}*?! \\\n"
+
+
 @needs_bash
 @settings(
-    max_examples=25,
+    max_examples=16,
     derandomize=True,
     deadline=None,
     database=None,
@@ -206,8 +210,9 @@ def test_scripts_quote_every_host_they_write(benign, tmp_path, render):
 @given(
     st.one_of(
         st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=20),
-        st.from_regex(r"[a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?(\.[a-z0-9]{1,4}){0,2}", fullmatch=True),
         st.tuples(st.text("ab-.", max_size=3), st.sampled_from(HOSTILE)).map("".join),
+        st.tuples(st.from_regex(VALID, fullmatch=True), st.sampled_from(SHELL), st.text("ab", max_size=2)).map("".join),
+        st.from_regex(VALID, fullmatch=True),  # host names: exported, and the script run as each of its hosts
     ),
     st.sampled_from(["vllm", "sglang"]),
 )
