@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import json
 import shutil
 import subprocess
 from contextlib import redirect_stderr, redirect_stdout
@@ -176,6 +177,12 @@ def test_hostile_node_names_are_refused_naming_file_and_node(benign, tmp_path, n
     assert " ".join(quote(name).split()) in err and "set `hostname:`" in err
     assert "Traceback" not in err and not out.exists()
     assert not list(tmp_path.rglob("*PWNED*"))
+
+
+def test_megatron_sizes_name_no_host_and_export_with_any_node_name(benign, tmp_path):
+    plan = renamed_plan(benign, tmp_path / "spec", HOSTILE[0])
+    code, text, err = _run(["export", str(plan), "--to", "megatron"])
+    assert code == 0 and json.loads(text)["patterns"][0]["devices"][0][0] == [f"{HOSTILE[0]}/g6:0"], err
 
 
 @needs_bash

@@ -163,6 +163,9 @@ def build_engines(plan: ServingPlanFile, cluster: ClusterSpec, framework: str) -
     for r, rep in enumerate(plan.replicas):
         label = f"{where}: replica {r} ({_pattern(rep)})"
         engines += _replica_engines(label, r, rep, int(model["num_layers"]), framework, cluster, by_name, ordinals)
+    if framework != "megatron":  # the hosts reach a script (Megatron's sizes name none)
+        for device in {st.node: by_name[st.devices[0]] for e in engines for st in e.stages}.values():
+            stage_host(device, cluster)
     requests = plan.data["workload"]["requests"]
     return ServingExport(
         framework=framework,
@@ -271,7 +274,7 @@ def _stage(
         )
     d = devs[0]
     return EngineStage(
-        host=stage_host(d, cluster),
+        host=_host_of(d),
         node=d.node,
         kind=d.kind,
         gpus=tuple(ordinals[x.name] for x in devs),
@@ -280,9 +283,13 @@ def _stage(
     )
 
 
+def _host_of(device: DeviceSpec) -> str:
+    return device.hostname or device.node
+
+
 def stage_host(device: DeviceSpec, cluster: ClusterSpec) -> str:
-    """The host a device's engine runs on: its node's hostname, else the node's name; ServingExportError
-    naming the spec file and the node when that is not a host name or an address (it reaches a script)."""
+    """The host a device's engine runs on (EngineStage.host): its node's hostname, else the node's name;
+    ServingExportError naming the spec file and the node when that is not a host name or an address."""
     t = next(i for i, n in enumerate(cluster.nodes) if n.name == device.node_template)
     if device.hostname:
         return check_host(device.hostname, f"{cluster.source}: nodes[{t}].hostname", ServingExportError)
@@ -292,7 +299,7 @@ def stage_host(device: DeviceSpec, cluster: ClusterSpec) -> str:
             f"{cluster.source}: nodes[{t}]: node {quote(device.node)} has no hostname, so the export would name "
             f"its host by the node's name, and {problem}; set `hostname:` on nodes[{t}]"
         )
-    return device.node
+    return _host_of(device)
 
 
 def _check_sglang_hosts(label: str, engine: EnginePlan) -> None:
