@@ -38,6 +38,18 @@ class UserError(Exception):
         self.exit_code = exit_code
 
 
+def refuse_rejected(path, violations: list[str], nothing: str) -> None:
+    """UserError (exit 2) listing the violations `verify` finds in the plan at `path`, when it finds any:
+    what export writes is what `llm-planner verify` accepts (launch: plan_launch.check_verified).
+    `nothing` says what was not done."""
+    if violations:
+        lines = "".join(f"\n  - {v}" for v in violations)
+        raise UserError(
+            f"{path}: `llm-planner verify` rejects this plan ({len(violations)} violation(s)); {nothing}:{lines}",
+            exit_code=2,
+        )
+
+
 @contextlib.contextmanager
 def progress(console: Console, message: str):
     """A spinner while work runs (rich hides it when output is not a terminal)."""
@@ -146,6 +158,9 @@ def _export_path(args: argparse.Namespace) -> Path:
 def _export(plan, problem, args: argparse.Namespace, console: Console) -> None:
     """Write the plan as a framework's parallel configuration (llm_planner.export.placement)."""
 
+    with progress(console, "verifying the plan before exporting it..."):
+        report = verify_plan_file(args.output)
+    refuse_rejected(args.output, report.violations, f"no {args.export} configuration written")
     layer_of = {t.name: t.label("layer") for t in problem.graph.tasks}
     try:
         config = export_plan(plan, args.export, problem.graph.topological_order(), layer_of)

@@ -8,7 +8,8 @@ import json
 
 from rich.console import Console
 
-from llm_planner.cli.commands import UserError
+from llm_planner.cli.commands import UserError, progress
+from llm_planner.cli.serving import check_serving_verified
 from llm_planner.core.atomic import check_writable, write_atomic
 from llm_planner.core.fmt import styled
 from llm_planner.core.spec import load_cluster
@@ -73,7 +74,9 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     cluster_path = plan.input_path("cluster")
     if cluster_path is None:
         raise UserError(f"{args.plan}: inputs.cluster is missing; the export needs the cluster's hosts", exit_code=2)
-    export = build_engines(plan, load_cluster(cluster_path), args.to)
+    export = build_engines(plan, load_cluster(cluster_path), args.to)  # the framework's rules, then verify's
+    with progress(console, "verifying the plan before exporting it..."):
+        check_serving_verified(plan, f"no {args.to} {fmt} written")
     if args.to == "megatron":
         text = json.dumps(megatron_config(export), indent=2) + "\n"
     elif fmt == "json":
@@ -112,6 +115,8 @@ def _export_helix(args: argparse.Namespace, console: Console) -> int:
             "--to helix needs --helix-cluster, the Helix .ini the plan's cluster was imported from", exit_code=2
         )
     plan = load_serving_plan(args.plan)
+    with progress(console, "verifying the plan before exporting it..."):
+        check_serving_verified(plan, "no Helix layout written")
     names = device_helix_names(load_helix_cluster(args.helix_cluster))
     try:
         text = helix_layout(helix_stages(plan), names, plan.data["model"]["num_layers"])

@@ -8,7 +8,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from llm_planner.cli.commands import UserError, progress
+from llm_planner.cli.commands import UserError, progress, refuse_rejected
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
 from llm_planner.serving.api import plan_serving
@@ -226,6 +226,12 @@ def cmd_verify_serving(args: argparse.Namespace, console: Console) -> int:
     for line in problems:
         console.print(f"  - {line}", highlight=False)
     return 1
+
+
+def check_serving_verified(plan, nothing: str) -> None:
+    """What `verify` does with a serving plan, for the commands that act on one (export): exit 2 with
+    its violations when it rejects the plan."""
+    refuse_rejected(plan.path, verify_serving_plan(plan), nothing)
 
 
 def cmd_show_serving(args: argparse.Namespace, console: Console) -> int:

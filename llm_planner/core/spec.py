@@ -21,6 +21,7 @@ from typing import Any
 from llm_planner.core import units
 from llm_planner.core.constants import DEVICE_TYPES, DTYPE_BYTES
 from llm_planner.core.fileio import load_document
+from llm_planner.core.names import hostname_problem
 from llm_planner.core.spec_fields import (
     Reader,
     SpecError,
@@ -30,7 +31,6 @@ from llm_planner.core.spec_fields import (
     as_name,
     as_str,
     as_text,
-    hostname_problem,
     nonneg_seconds,
 )
 
@@ -349,12 +349,29 @@ def _read_node(c: Reader, kinds: set[str]) -> NodeSpec:
     )
     if node.slots is not None and node.slots <= 0:
         c.fail(f"must be positive, got {node.slots}", "slots")
-    for i in range(1, node.count) if node.hostname and "{" in node.hostname else ():
-        problem = hostname_problem(node.hostname.format(i=i))
-        if problem is not None:
-            c.fail(f"{problem} (copy {i} of {node.hostname!r})", "hostname")
+    _check_copy_hostnames(c, node)
     c.done()
     return node
+
+
+def _check_copy_hostnames(c: Reader, node: NodeSpec) -> None:
+    """Every copy's hostname is a host name, and copies of a template with count > 1 have distinct ones:
+    copies on one host would be exported as engines (or ranks) on the same GPUs of that host."""
+    if not node.hostname:
+        return
+    seen: dict[str, int] = {}
+    for i in range(node.count):
+        host = node.hostname.format(i=i)
+        problem = hostname_problem(host) if i else None  # copy 0: checked by as_hostname
+        if problem is not None:
+            c.fail(f"{problem} (copy {i} of {node.hostname!r})", "hostname")
+        if host in seen:
+            c.fail(
+                f"{node.hostname!r} gives copies {seen[host]} and {i} of node {node.name!r} (count: {node.count}) "
+                'the same host; write {i} where the copy index goes (e.g. "gpu-{i}"), or one node per host',
+                "hostname",
+            )
+        seen[host] = i
 
 
 def _as_list(r: Reader, key: str) -> list:

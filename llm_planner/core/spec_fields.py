@@ -3,14 +3,13 @@ is read, and every error names the file, the path of the field and what is wrong
 
 from __future__ import annotations
 
-import ipaddress
 import math
-import re
 import string
 from typing import Any, Callable
 
 from llm_planner.core import units
 from llm_planner.core.fmt import quote
+from llm_planner.core.names import hostname_problem
 
 
 class SpecError(ValueError):
@@ -92,35 +91,6 @@ def as_str(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"expected a non-empty string, got {value!r}")
     return value
-
-
-_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-
-
-def hostname_problem(name: str) -> str | None:
-    """What makes `name` neither a host name (RFC 1123: dot-separated labels of 1 to 63 letters,
-    digits and inner hyphens, 253 characters in all) nor an IPv4 or IPv6 address; None if it is one."""
-    try:
-        ipaddress.ip_address(name)
-        return None
-    except ValueError:
-        pass
-    if len(name) > 253:
-        return f"{quote(name)} is longer than 253 characters"
-    for label in (name[:-1] if name.endswith(".") else name).split("."):
-        if not _LABEL.fullmatch(label):
-            why = (
-                "starts or ends with '-'"
-                if label[:1] == "-" or label[-1:] == "-"
-                else "is empty or longer than 63 characters"
-                if not 0 < len(label) <= 63
-                else "holds a character other than a letter, a digit or '-'"
-            )
-            return (
-                f"{quote(name)} is not a host name or an address: the label {quote(label)} {why} "
-                "(RFC 1123: letters, digits and inner hyphens, labels joined by dots)"
-            )
-    return None
 
 
 def as_hostname(value: Any) -> str:

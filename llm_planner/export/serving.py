@@ -32,6 +32,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from llm_planner.core.fmt import quote
+from llm_planner.core.names import check_host, hostname_problem
 from llm_planner.core.spec import ClusterSpec, DeviceSpec
 from llm_planner.serving.plan_file import ServingPlanFile
 
@@ -161,6 +163,9 @@ def build_engines(plan: ServingPlanFile, cluster: ClusterSpec, framework: str) -
     for r, rep in enumerate(plan.replicas):
         label = f"{where}: replica {r} ({_pattern(rep)})"
         engines += _replica_engines(label, r, rep, int(model["num_layers"]), framework, cluster, by_name, ordinals)
+    if framework != "megatron":  # the hosts reach a script (Megatron's sizes name none)
+        for device in {st.node: by_name[st.devices[0]] for e in engines for st in e.stages}.values():
+            stage_host(device, cluster)
     requests = plan.data["workload"]["requests"]
     return ServingExport(
         framework=framework,
@@ -269,13 +274,32 @@ def _stage(
         )
     d = devs[0]
     return EngineStage(
-        host=d.hostname or d.node,
+        host=_host_of(d),
         node=d.node,
         kind=d.kind,
         gpus=tuple(ordinals[x.name] for x in devs),
         devices=tuple(names),
         layers=int(layers),
     )
+
+
+def _host_of(device: DeviceSpec) -> str:
+    return device.hostname or device.node
+
+
+def stage_host(device: DeviceSpec, cluster: ClusterSpec) -> str:
+    """The host a device's engine runs on (EngineStage.host): its node's hostname, else the node's name;
+    ServingExportError naming the spec file and the node when that is not a host name or an address."""
+    t = next(i for i, n in enumerate(cluster.nodes) if n.name == device.node_template)
+    if device.hostname:
+        return check_host(device.hostname, f"{cluster.source}: nodes[{t}].hostname", ServingExportError)
+    problem = hostname_problem(device.node)
+    if problem is not None:
+        raise ServingExportError(
+            f"{cluster.source}: nodes[{t}]: node {quote(device.node)} has no hostname, so the export would name "
+            f"its host by the node's name, and {problem}; set `hostname:` on nodes[{t}]"
+        )
+    return _host_of(device)
 
 
 def _check_sglang_hosts(label: str, engine: EnginePlan) -> None:

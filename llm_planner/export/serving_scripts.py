@@ -41,7 +41,8 @@ def _header(export: ServingExport, ports: dict[str, int], title: str) -> list[st
         "#!/usr/bin/env bash",
         f"# {title} of the serving plan {_comment(export.plan_path)} "
         f"(written by `llm-planner export --to {export.framework}`).",
-        f"# Model {_comment(export.model)} ({export.dtype}), {len(export.engines)} engine(s); the plan predicts "
+        f"# Model {_comment(export.model)} ({_comment(export.dtype)}), {len(export.engines)} engine(s); "
+        "the plan predicts "
         f"{export.tokens_per_s:,.0f} output tokens/s at TPOT <= {export.tpot_slo_s * 1e3:g} ms.",
         "#",
         "# Run it on every host named below: bash THIS_SCRIPT [HOST]  (HOST defaults to `hostname`).",
@@ -91,7 +92,7 @@ def _script(
     known = " ".join(blocks)
     lines += [
         "  *)",
-        f'    echo "host $HOST runs no engine of this plan (hosts: {_comment(known)})" >&2',
+        f'    echo "host $HOST runs no engine of this plan (hosts: "{_q(known)}")" >&2',  # names quoted: never run
         "    exit 2",
         "    ;;",
         "esac",
@@ -143,19 +144,19 @@ def vllm_script(export: ServingExport) -> str:
             "--host",
             "0.0.0.0",
             "--port",
-            str(ports[e.name]),
+            _q(ports[e.name]),
             "--tensor-parallel-size",
-            str(e.tensor_parallel),
+            _q(e.tensor_parallel),
             "--pipeline-parallel-size",
-            str(e.pipeline_parallel),
+            _q(e.pipeline_parallel),
             "--max-num-seqs",
-            str(e.concurrency),
+            _q(e.concurrency),
             "--max-model-len",
-            str(export.max_model_len),
+            _q(export.max_model_len),
             "--gpu-memory-utilization",
-            _fraction(e.mem_fraction),
+            _q(_fraction(e.mem_fraction)),
             "--dtype",
-            export.dtype,
+            _q(export.dtype),
         ]
         about = f"# engine {e.name} (replica {e.replica} copy {e.copy}, {_comment(e.pattern)}):"
         head = e.hosts[0]
@@ -166,7 +167,7 @@ def vllm_script(export: ServingExport) -> str:
             blocks.setdefault(head, []).extend(
                 [
                     f"{about} all {e.pipeline_parallel} stage(s) here",
-                    _wrap([env, *args, f"> vllm-{e.name}.log 2>&1 &"], ""),
+                    _wrap([env, *args, f"> {_q(f'vllm-{e.name}.log')} 2>&1 &"], ""),
                     "",
                 ]
             )
@@ -189,15 +190,15 @@ def vllm_script(export: ServingExport) -> str:
                         if vllm_ip_ties(e)
                         else []
                     ),
-                    f"( {visible} ray start --head --port={ray_ports[e.name]} --num-gpus={len(gpus)}",
-                    f"  wait_for_ray_gpus {_q(address)} {e.tensor_parallel * e.pipeline_parallel}",
+                    f"( {visible} ray start --head --port={_q(ray_ports[e.name])} --num-gpus={_q(len(gpus))}",
+                    f"  wait_for_ray_gpus {_q(address)} {_q(e.tensor_parallel * e.pipeline_parallel)}",
                     _wrap(
                         [
                             f"  {env} exec",
                             *args,
                             "--distributed-executor-backend",
                             "ray",
-                            f") > vllm-{e.name}.log 2>&1 &",
+                            f") > {_q(f'vllm-{e.name}.log')} 2>&1 &",
                         ],
                         "  ",
                     ),
@@ -206,8 +207,9 @@ def vllm_script(export: ServingExport) -> str:
             else:
                 body = [
                     f"{about} {here}; joins the Ray cluster of {_comment(head)}",
-                    f"( until {visible} ray start --address={_q(address)} --num-gpus={len(gpus)}; do sleep 5; done ) "
-                    f"> ray-{e.name}.log 2>&1 &",
+                    f"( until {visible} ray start --address={_q(address)} --num-gpus={_q(len(gpus))}; "
+                    "do sleep 5; done ) "
+                    f"> {_q(f'ray-{e.name}.log')} 2>&1 &",
                     "",
                 ]
             blocks.setdefault(host, []).extend(body)
@@ -230,21 +232,21 @@ def sglang_script(export: ServingExport) -> str:
             "--host",
             "0.0.0.0",
             "--port",
-            str(ports[e.name]),
+            _q(ports[e.name]),
             "--tp-size",
-            str(e.tensor_parallel),
+            _q(e.tensor_parallel),
         ]
         if e.pipeline_parallel > 1:
-            args += ["--pp-size", str(e.pipeline_parallel)]
+            args += ["--pp-size", _q(e.pipeline_parallel)]
         args += [
             "--max-running-requests",
-            str(e.concurrency),
+            _q(e.concurrency),
             "--mem-fraction-static",
-            _fraction(e.mem_fraction),
+            _q(_fraction(e.mem_fraction)),
             "--context-length",
-            str(export.max_model_len),
+            _q(export.max_model_len),
             "--dtype",
-            export.dtype,
+            _q(export.dtype),
         ]
         about = f"# engine {e.name} (replica {e.replica} copy {e.copy}, {_comment(e.pattern)}):"
         for k, host in enumerate(e.hosts):
@@ -255,9 +257,9 @@ def sglang_script(export: ServingExport) -> str:
             if len(e.hosts) > 1:
                 multi = [
                     "--nnodes",
-                    str(len(e.hosts)),
+                    _q(len(e.hosts)),
                     "--node-rank",
-                    str(k),
+                    _q(k),
                     "--dist-init-addr",
                     _q(f"{e.hosts[0]}:{dist_ports[e.name]}"),
                 ]
@@ -273,6 +275,11 @@ def sglang_script(export: ServingExport) -> str:
                 else []
             )
             blocks.setdefault(host, []).extend(
-                [f"{about} {where}", *note, _wrap([env, *args, *multi, f"> sglang-{e.name}-{k}.log 2>&1 &"], ""), ""]
+                [
+                    f"{about} {where}",
+                    *note,
+                    _wrap([env, *args, *multi, f"> {_q(f'sglang-{e.name}-{k}.log')} 2>&1 &"], ""),
+                    "",
+                ]
             )
     return _script(export, ports, "SGLang engines", blocks, [])

@@ -34,13 +34,14 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llm_planner.core.atomic import WriteError, write_atomic
+from llm_planner.core.names import check_host
 from llm_planner.core.procs import last_stop_signal, preexec_die_with_parent, stop_signals_deferred
 from llm_planner.runtime.table import RankTable
 
@@ -157,6 +158,15 @@ def _dead_rank(tail: str, table: RankTable) -> tuple[str, int | None] | None:
     rank = rank_pids(table).get(pid)
     who = f"rank {rank} ({table.ranks[rank].device})" if rank is not None else f"a rank (pid {pid})"
     return f"{who} on {host} died: {ending}; mpiexec stopped every other rank", rank
+
+
+def hostfile_of(hosts: Iterable[tuple[str, str]], error: type[Exception] = ValueError) -> str:
+    """mpiexec's hostfile: `host:slots` per host in the order first given, a slot for each (host, where)
+    pair; every host checked (llm_planner.core.names.check_host), `where` naming the rank it came from."""
+    counts: dict[str, int] = {}
+    for host, where in hosts:
+        counts[check_host(host, where, error)] = counts.get(host, 0) + 1
+    return "".join(f"{host}:{n}\n" for host, n in counts.items())
 
 
 def probe_port(environ: Mapping[str, str] = os.environ, error: type[Exception] = ValueError) -> int:

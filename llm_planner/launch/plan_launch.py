@@ -30,12 +30,13 @@ from typing import Any
 
 from llm_planner.core.atomic import write_atomic
 from llm_planner.core.fmt import fmt_s
+from llm_planner.core.names import check_host
 from llm_planner.core.plan import Plan, load_plan
 from llm_planner.core.spec import ClusterSpec, load_cluster
 from llm_planner.core.tensor_groups import is_group_name, member_names
 from llm_planner.graph import rwnn
 from llm_planner.graph.models import ModelSpec, build_model_graph
-from llm_planner.launch.mpiexec_run import probe_port, run_mpiexec
+from llm_planner.launch.mpiexec_run import hostfile_of, probe_port, run_mpiexec
 from llm_planner.placement.verify_file import verify_plan_file
 from llm_planner.runtime import decoder_tasks as dt
 from llm_planner.runtime.plan_schedule import in_flight_batches
@@ -202,12 +203,13 @@ def rank_entries(plan: Plan, cluster: ClusterSpec, source: str) -> tuple[RankEnt
     templates = {n.name: (i, n) for i, n in enumerate(cluster.nodes)}
     for name in used:
         d = devices[name]
+        i, _ = templates[d.node_template]
         if not d.hostname:
-            i, _ = templates[d.node_template]
             raise LaunchError(
                 f"{cluster.source}: nodes[{i}].hostname: missing for node {d.node!r}; "
                 f"launch needs the hostname of every node the plan uses (device {name})"
             )
+        check_host(d.hostname, f"{cluster.source}: nodes[{i}].hostname (node {d.node!r})", LaunchError)
     order = [d.name for d in cluster.devices() if d.name in used]
     hosts = list(dict.fromkeys(devices[d].hostname for d in order))
     order.sort(key=lambda d: hosts.index(devices[d].hostname))
@@ -332,10 +334,9 @@ def default_workdir(plan_path: str | Path, options: LaunchOptions) -> Path:
 
 def hostfile_text(table: RankTable) -> str:
     """`hostname:slots` per host, in rank order (mpich's Hydra fills hosts in this order)."""
-    counts: dict[str, int] = {}
-    for r in table.ranks:
-        counts[r.hostname] = counts.get(r.hostname, 0) + 1
-    return "".join(f"{host}:{n}\n" for host, n in counts.items())
+    return hostfile_of(
+        ((r.hostname, f"{table.run.plan_path}: rank {r.rank} ({r.device})") for r in table.ranks), LaunchError
+    )
 
 
 def format_rank_table(table: RankTable) -> str:

@@ -28,7 +28,7 @@ from llm_planner.core.procs import stop_signals_deferred
 from llm_planner.core.spec import ClusterSpec, DeviceSpec, load_cluster
 from llm_planner.cost import profile as prof
 from llm_planner.graph.models import ModelSpec, build_model_graph
-from llm_planner.launch.mpiexec_run import start_mpiexec, stop_group
+from llm_planner.launch.mpiexec_run import hostfile_of, start_mpiexec, stop_group
 from llm_planner.launch.plan_launch import mpiexec_path
 from llm_planner.runtime.profile_links import collective_groups, link_pairs, ping_pong, time_all_reduce
 from llm_planner.runtime.profile_rank import (
@@ -299,10 +299,8 @@ def spawn_mpi(job: ProfileJob, workdir: str | Path, timeout_s: float) -> prof.Pr
         )
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    hosts: dict[str, int] = {}
-    for d in order:
-        hosts[str(d.hostname)] = hosts.get(str(d.hostname), 0) + 1
-    (workdir / "hostfile").write_text("".join(f"{h}:{n}\n" for h, n in hosts.items()))
+    hosts = ((str(d.hostname), f"{cluster.source}: node {d.node!r} (device {d.name})") for d in order)
+    (workdir / "hostfile").write_text(hostfile_of(hosts, ProfileRunError))
     job.save(workdir / "profile_job.json")
     command = [
         str(mpiexec_path()),

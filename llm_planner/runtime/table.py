@@ -20,7 +20,7 @@ from typing import Any
 
 from llm_planner.core.atomic import write_atomic
 from llm_planner.core.fileio import read_document
-from llm_planner.core.spec_fields import hostname_problem
+from llm_planner.core.names import hostname_problem
 
 RANK_TABLE_FORMAT = "llm_planner.rank_table"
 RANK_TABLE_VERSION = 1
