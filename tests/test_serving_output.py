@@ -1,0 +1,98 @@
+"""What `plan --objective serving` and `show` print: the layout notation (one function writes the
+plan file's `pattern` and what is printed), and where the command's time went (labels and
+non-negative numbers, never how long anything took)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+from serving_fixtures import context, write_fleet
+
+from llm_planner.cli import main as cli_main
+from llm_planner.cli.main import main
+from llm_planner.serving.layout import Segment, describe
+
+TIMING = re.compile(r"([a-z][a-z ]*?) (\d[\d,.]*) (s|ms|us|ns)\b")
+PARTS = ("reading inputs", "baselines", "layout search", "bounds", "assigning devices")
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    """Table cells on one line each, so a layout's text is found whole."""
+    monkeypatch.setattr(cli_main, "console", cli_main.LiteralConsole(width=400))
+
+
+def _plan(tmp_path, capsys) -> tuple[str, dict]:
+    spec = write_fleet(tmp_path)
+    out = tmp_path / "serving.yaml"
+    argv = ["plan", "--cluster", str(spec), "--model", "llama2-7b", "--objective", "serving"]
+    assert main([*argv, "--prompt-len", "256", "--output-len", "128", "--tpot-slo", "50 ms", "-o", str(out)]) == 0
+    return capsys.readouterr().out, yaml.safe_load(out.read_text())
+
+
+def _timing_line(text: str, start: str) -> dict[str, float]:
+    """The parts of the line starting with `start`: {label: seconds}, the total as "took"."""
+    (line,) = [line for line in text.splitlines() if line.startswith(start)]
+    scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+    return {label.strip(): float(value.replace(",", "")) * scale[unit] for label, value, unit in TIMING.findall(line)}
+
+
+def test_notation_says_stages_and_servers(tmp_path):
+    ctx = context(tmp_path)
+    layout = (Segment("bigbox/big", 1, 4), Segment("smallbox/small", 4, 1))
+    assert describe(layout, ctx.by_name) == (
+        "bigbox/big: 4 stages x 1 GPU on 2 servers -> smallbox/small: 1 stage x tp4 in 1 server"
+    )
+    assert describe((Segment("bigbox/big", 2, 1),), ctx.by_name) == "bigbox/big: 1 stage x tp2 in 1 server"
+
+
+def test_plan_file_and_output_name_layouts_with_one_function(tmp_path, capsys):
+    text, data = _plan(tmp_path, capsys)
+    ctx = context(tmp_path)
+    for rep in data["serving"]["replicas"]:
+        layout = tuple(Segment(s["class"], s["degree"], s["stages"]) for s in rep["segments"])
+        assert rep["pattern"] == describe(layout, ctx.by_name)
+        assert f"({rep['pattern']})" in text  # the comparison table prints the stored text
+    for baseline in data["baselines"].values():
+        for rep in baseline["replicas"]:
+            assert re.fullmatch(
+                r"([\w./-]+: \d+ stages? x (tp\d+|1 GPU) (in 1 server|on \d+ servers)( -> )?)+", rep["pattern"]
+            )
+    assert "x1" not in text.replace("x 1", "") and "[tp" not in text
+
+
+def test_plan_prints_the_whole_command_time_with_its_parts(tmp_path, capsys):
+    text, data = _plan(tmp_path, capsys)
+    assert "solved in" not in text
+    shown = _timing_line(text, "the command took")
+    assert set(shown) == {"the command took", *PARTS, "writing"}
+    assert all(s >= 0 for s in shown.values())
+    stored = data["serving"]["timings_s"]
+    assert list(stored) == [p.replace(" ", "_") for p in PARTS] + ["total"]
+    assert all(isinstance(s, float) and s >= 0 for s in stored.values())
+    assert data["serving"]["solve_time_s"] == stored["layout_search"]
+
+
+def test_show_prints_the_recorded_parts_and_reads_plans_without_them(tmp_path, capsys):
+    _, data = _plan(tmp_path, capsys)
+    path = tmp_path / "serving.yaml"
+    assert main(["show", str(path)]) == 0
+    shown = _timing_line(capsys.readouterr().out, "planning")
+    assert set(shown) == {"planning took", *PARTS}
+    del data["serving"]["timings_s"]  # a plan written before the record
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["show", str(path)]) == 0
+    assert "planning: the layout search took" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("timings", [[1.0], {"bounds": -1.0}, {"bounds": "fast"}, {"bounds": True}])
+def test_malformed_timings_exit_2_naming_the_field(tmp_path, capsys, timings):
+    _, data = _plan(tmp_path, capsys)
+    path = tmp_path / "serving.yaml"
+    data["serving"]["timings_s"] = timings
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "serving.timings_s" in err
