@@ -32,11 +32,11 @@ class Stopwatch:
 def timing_text(total_s: float, parts: dict[str, float]) -> str:
     """ "took 64.2 s: reading inputs 0.3 s, layout search 0.6 s, bounds 61.9 s, ..." (keys with
     underscores are printed as words)."""
-    shown = ", ".join(f"{name.replace('_', ' ')} {_short(s)}" for name, s in parts.items())
-    return f"took {_short(total_s)}" + (f": {shown}" if shown else "")
+    shown = ", ".join(f"{name.replace('_', ' ')} {fmt_elapsed(s)}" for name, s in parts.items())
+    return f"took {fmt_elapsed(total_s)}" + (f": {shown}" if shown else "")
 
 
-def _short(seconds: float) -> str:
+def fmt_elapsed(seconds: float) -> str:
     """Seconds to three significant digits in a readable unit (a record, not a figure)."""
     unit, scale = time_unit(seconds)
     return f"{significant(seconds / scale, 3)} {unit}"
