@@ -96,3 +96,14 @@ def test_malformed_timings_exit_2_naming_the_field(tmp_path, capsys, timings):
     assert main(["show", str(path)]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and "serving.timings_s" in err
+
+
+def test_verify_refuses_a_pattern_text_its_segments_do_not_read(tmp_path, capsys):
+    _, data = _plan(tmp_path, capsys)
+    path = tmp_path / "serving.yaml"
+    assert main(["verify", str(path)]) == 0
+    data["serving"]["replicas"][0]["pattern"] = "4xbigbox/big[tp2]"  # the old text, read as four servers
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    capsys.readouterr()
+    assert main(["verify", str(path)]) == 1
+    assert "serving.replicas[0].pattern: '4xbigbox/big[tp2]' but its segments read" in capsys.readouterr().out
