@@ -11,7 +11,7 @@ from rich.table import Table
 from llm_planner.cli.commands import UserError, progress
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
-from llm_planner.core.timing import Stopwatch, timing_text
+from llm_planner.core.timing import Stopwatch, fmt_elapsed, timing_text
 from llm_planner.serving.api import plan_serving
 from llm_planner.serving.context import ServingOptions
 from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
@@ -258,7 +258,7 @@ def _stored_timing(sv: dict) -> str:
     have only the layout search's time)."""
     timings = dict(sv.get("timings_s") or {})
     if not timings:
-        return f"planning: the layout search took {fmt_s(sv['solve_time_s'])}"
+        return f"planning: the layout search took {fmt_elapsed(sv['solve_time_s'])}"
     total = timings.pop("total", sum(timings.values()))
     return f"planning {timing_text(total, timings)}; writing the file not included"
 
