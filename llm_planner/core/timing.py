@@ -30,8 +30,8 @@ class Stopwatch:
 
 
 def timing_text(total_s: float, parts: dict[str, float]) -> str:
-    """ "took 64.2 s: reading inputs 0.3 s, layout search 0.6 s, bounds 61.9 s, ..." (keys with
-    underscores are printed as words)."""
+    """The total and its parts as one phrase, e.g. `took 64.2 s: reading inputs 0.3 s, layout
+    search 0.6 s, bounds 61.9 s` (underscores in the parts' names are printed as spaces)."""
     shown = ", ".join(f"{name.replace('_', ' ')} {fmt_elapsed(s)}" for name, s in parts.items())
     return f"took {fmt_elapsed(total_s)}" + (f": {shown}" if shown else "")
 

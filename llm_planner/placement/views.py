@@ -8,7 +8,7 @@ from rich.table import Table
 
 from llm_planner.core.fmt import fmt_bytes, fmt_s, fmt_time, has_file_units
 from llm_planner.core.plan import Plan
-from llm_planner.core.spec import ClusterSpec
+from llm_planner.core.spec import ClusterSpec, DeviceSpec
 from llm_planner.graph.models import list_models
 from llm_planner.placement.milp.symmetry import symmetry_classes
 from llm_planner.placement.problem import PlacementProblem
@@ -146,7 +146,7 @@ def _servers_table(cluster: ClusterSpec) -> Table:
     for col in ("server", "template", "hostname", "devices (as plans name them: server/kind:index)"):
         servers.add_column(col)
     by_node: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-    first: dict[str, object] = {}
+    first: dict[str, DeviceSpec] = {}
     for d in cluster.devices():
         by_node[d.node][d.kind].append(d.index)
         first.setdefault(d.node, d)
@@ -158,7 +158,7 @@ def _servers_table(cluster: ClusterSpec) -> Table:
 
 
 def _span(kind: str, indices: list[int]) -> str:
-    """ "h100-80g:0 .. h100-80g:7", or the one name."""
+    """The kind's devices by name: h100-80g:0 .. h100-80g:7, or the one name."""
     return f"{kind}:{indices[0]}" + (f" .. {kind}:{indices[-1]}" if len(indices) > 1 else "")
 
 
