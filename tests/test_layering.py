@@ -48,8 +48,10 @@ def _names(*names: str) -> list[str]:
 LAYERS: list[tuple[str, list[str], str]] = [
     (
         "utilities",
-        _names("", "core", "core.units", "core.fmt", "core.fileio", "core.atomic", "core.procs", "core.names"),
-        "formatting, units, file writing, process lifetime (signals, parent death) and the host-name rule that "
+        _names("", "core", "core.units", "core.fmt", "core.fileio", "core.atomic", "core.procs", "core.names")
+        + _names("core.timing"),
+        "formatting, units, file writing, process lifetime (signals, parent death), the host-name rule and a "
+        "command's timings that "
         "every layer may use",
     ),
     (

@@ -16,6 +16,7 @@ from llm_planner.core.fmt import fmt_s, fmt_time, has_file_units, significant, s
 from llm_planner.core.plan import PlanError, load_plan, save_plan
 from llm_planner.core.procs import last_stop_signal
 from llm_planner.core.spec import load_cluster
+from llm_planner.core.timing import Stopwatch, fmt_elapsed, timing_text
 from llm_planner.cost.measured import profile_coverage
 from llm_planner.cost.profile import load_profile
 from llm_planner.export.placement import ExportError, export_plan
@@ -91,9 +92,10 @@ def _solve_options(args: argparse.Namespace, solver: str | None = None):
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
+    watch = Stopwatch()  # the whole command and its parts, printed at the end
     options = _solve_options(args)
     _check_outputs(args)  # before a solve of minutes, not after
-    with progress(console, "building the task graph and costs..."):
+    with progress(console, "building the task graph and costs..."), watch.part("reading_inputs"):
         problem = problem_from_inputs(
             cluster_path=args.cluster,
             model=model_spec(args),
@@ -109,10 +111,13 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         print_profile_coverage(console, problem, args.profile)
     console.print(problem_line(problem))
     session = SolveSession(problem, options)  # the baselines and bound, once for the solver and the table
-    plan = _solve(session, console)
-    save_plan(plan, args.output)
+    with watch.part("solving"):
+        plan = _solve(session, console)
     interrupted = plan.solver.status == "interrupted"
-    rows = {} if args.no_baselines or interrupted else session.baselines
+    with watch.part("writing"):
+        save_plan(plan, args.output)
+    with watch.part("baselines_for_the_table"):
+        rows = {} if args.no_baselines or interrupted else session.baselines
     units = has_file_units(problem.graph)
     console.print(plan_summary_table(plan, rows, file_units=units))
     if interrupted:
@@ -125,8 +130,20 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         )
     console.print(styled("plan written to ", (str(args.output), "bold")))
     if args.export:
-        _export(plan, problem, args, console)
+        with watch.part("writing"):
+            _export(plan, problem, args, console)
+    console.print(_command_timing(watch, session), highlight=False)
     return 130 if interrupted else 0  # a script sees the Ctrl-C (the plan is written and valid)
+
+
+def _command_timing(watch: Stopwatch, session: SolveSession) -> str:
+    """The command's time, its parts, and what the baselines and the lower bound took in all
+    (inside the solve where the solver needed them, beside the search for split-tp's bound)."""
+    done = session.timings_s
+    return (
+        f"the command {timing_text(watch.total(), watch.parts)}; within these, the baselines took "
+        f"{fmt_elapsed(done['baselines'])} in all and the lower bound {fmt_elapsed(done['lower_bound'])}"
+    )
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

@@ -11,6 +11,7 @@ from rich.table import Table
 from llm_planner.cli.commands import UserError, progress, refuse_rejected
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
+from llm_planner.core.timing import Stopwatch, fmt_elapsed, timing_text
 from llm_planner.serving.api import plan_serving
 from llm_planner.serving.context import ServingOptions
 from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
@@ -95,15 +96,17 @@ def serving_options(args: argparse.Namespace):
 
 def cmd_plan_serving(args: argparse.Namespace, console: Console) -> int:
 
+    watch = Stopwatch()  # the whole command, its parts measured where they run (plan's timings_s)
     if args.graph is not None or args.cluster is None:
         raise UserError("--objective serving needs --cluster and a decoder --model", exit_code=2)
-    workload = workload_from_flags(
-        prompt_len=args.prompt_len,
-        output_len=args.output_len,
-        workload_file=args.workload,
-        tpot_slo=args.tpot_slo,
-        ttft_slo=args.ttft_slo,
-    )
+    with watch.part("reading_inputs"):
+        workload = workload_from_flags(
+            prompt_len=args.prompt_len,
+            output_len=args.output_len,
+            workload_file=args.workload,
+            tpot_slo=args.tpot_slo,
+            ttft_slo=args.ttft_slo,
+        )
     options = serving_options(args)
     check_writable(args.output, ServingPlanError)
     with progress(console, "searching serving layouts..."):
@@ -117,10 +120,20 @@ def cmd_plan_serving(args: argparse.Namespace, console: Console) -> int:
             profile_path=args.profile,
             solver=args.serving_solver,
         )
-    save_serving_plan(data, args.output)
+    with watch.part("writing"):
+        save_serving_plan(data, args.output)
     print_serving(console, data, with_baselines=not args.no_baselines)
+    console.print(f"the command {timing_text(watch.total(), _command_parts(data, watch))}", highlight=False)
     console.print(styled("plan written to ", (str(args.output), "bold")))
     return 0
+
+
+def _command_parts(data: dict, watch: Stopwatch) -> dict[str, float]:
+    """The plan's parts (serving.timings_s) with the command's own: the workload read with the
+    inputs, and writing the file."""
+    parts = {k: v for k, v in data["serving"]["timings_s"].items() if k != "total"}
+    parts["reading_inputs"] += watch.parts["reading_inputs"]
+    return parts | {"writing": watch.parts["writing"]}
 
 
 def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None:
@@ -142,15 +155,14 @@ def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None
     console.print(replica_table(data))
     console.print(
         f"{sv['tokens_per_s']:,.0f} output tokens/s; upper bound {sv['upper_bound_tokens_per_s']:,.0f} tokens/s over "
-        f"every plan (gap {sv['gap']:.1%}, {sv['status']}); solved in {sv['solve_time_s']:.1f} s "
-        f"({_search_note(sv)})",
+        f"every plan (gap {sv['gap']:.1%}, {sv['status']}); {_search_note(sv)}",
         highlight=False,
     )
 
 
 def comparison_table(data: dict) -> Table:
     table = Table(title="serving plans compared (same TPOT target, memory and costs)")
-    for col in ("planner", "tokens/s", "vs engineer-best", "replicas (copies x layout @ concurrency, TPOT)"):
+    for col in ("planner", "tokens/s", "vs engineer-best", "replicas (copies of a layout: sequences in flight, TPOT)"):
         table.add_column(col)
     ref = data["baselines"]["engineer-best"]["tokens_per_s"]
     rows = [("engineer-best", data["baselines"]["engineer-best"])]
@@ -160,14 +172,19 @@ def comparison_table(data: dict) -> Table:
     )
     for name, b in rows:
         reps = (
-            "; ".join(
-                f"{r['count']} x {r['pattern']} @ {r['concurrency']}, {fmt_s(r['tpot_s'])}" for r in b["replicas"]
+            "\n".join(
+                f"{_copies(r['count'])} of ({r['pattern']}): {r['concurrency']} in flight, TPOT {fmt_s(r['tpot_s'])}"
+                for r in b["replicas"]
             )
             or "-"
         )
         ratio = f"{b['tokens_per_s'] / ref:.2f}x" if ref > 0 else "-"
         table.add_row(name, f"{b['tokens_per_s']:,.0f}", ratio, reps)
     return table
+
+
+def _copies(n: int) -> str:
+    return f"{n} cop{'y' if n == 1 else 'ies'}"
 
 
 def replica_table(data: dict) -> Table:
@@ -238,12 +255,23 @@ def cmd_show_serving(args: argparse.Namespace, console: Console) -> int:
 
     plan = load_serving_plan(args.plan)
     print_serving(console, plan.data, with_baselines=True)
+    console.print(_stored_timing(plan.serving), highlight=False)
     return 0
+
+
+def _stored_timing(sv: dict) -> str:
+    """Where the planning time went, as the plan recorded it (plans written before the record
+    have only the layout search's time)."""
+    timings = dict(sv.get("timings_s") or {})
+    if not timings:
+        return f"planning: the layout search took {fmt_elapsed(sv['solve_time_s'])}"
+    total = timings.pop("total", sum(timings.values()))
+    return f"planning {timing_text(total, timings)}; writing the file not included"
 
 
 def _search_note(sv: dict) -> str:
     """How many candidate layouts the search evaluated, and how many the time limit left."""
-    note = f"{sv['layouts_evaluated']} of {sv['layouts_candidate']} candidate layouts evaluated"
+    note = f"the search evaluated {sv['layouts_evaluated']} of {sv['layouts_candidate']} candidate layouts"
     if sv["layouts_left"]:
         return note + f"; stopped at --time-limit with {sv['layouts_left']} still worth pricing"
     return note + (

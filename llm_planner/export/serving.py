@@ -161,7 +161,7 @@ def build_engines(plan: ServingPlanFile, cluster: ClusterSpec, framework: str) -
     ordinals = gpu_ordinals(cluster)
     engines = []
     for r, rep in enumerate(plan.replicas):
-        label = f"{where}: replica {r} ({_pattern(rep)})"
+        label = f"{where}: replica {r} ({rep['pattern']})"  # the layout as the plan and `show` state it
         engines += _replica_engines(label, r, rep, int(model["num_layers"]), framework, cluster, by_name, ordinals)
     if framework != "megatron":  # the hosts reach a script (Megatron's sizes name none)
         for device in {st.node: by_name[st.devices[0]] for e in engines for st in e.stages}.values():
@@ -177,14 +177,6 @@ def build_engines(plan: ServingPlanFile, cluster: ClusterSpec, framework: str) -
         tpot_slo_s=float(plan.data["workload"]["tpot_slo_s"]),
         tokens_per_s=float(plan.serving["tokens_per_s"]),
         engines=tuple(engines),
-    )
-
-
-def _pattern(rep: dict[str, Any]) -> str:
-    """The pattern without brackets (error messages are printed as console markup)."""
-    return " -> ".join(
-        f"{seg['stages']}x {seg['class']}" + (f" tp{seg['degree']}" if seg["degree"] > 1 else "")
-        for seg in rep["segments"]
     )
 
 

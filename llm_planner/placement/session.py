@@ -9,7 +9,8 @@ instead, for as long as the command holds it:
 - `baseline(name)`, `baselines`: each baseline's plan (solve.baselines.baseline_set), run on first use;
 - `best_baseline`: the feasible one with the lowest objective (the one answer to "best baseline");
 - `bound_s`: bounds.combined.lower_bound, the bound `verify` re-derives, computed on first use;
-- `judged(plan)`: the plan with that bound and the status it supports (the one status decision).
+- `judged(plan)`: the plan with that bound and the status it supports (the one status decision);
+- `timings_s`: the seconds the baselines and the bound took, measured where they ran (records the CLI prints).
 
 The gap is the plan file's, `plan.relative_gap`: (objective - bound) / objective; a plan is proven
 optimal when that is within the options' relative gap (`plan.within_gap`).
@@ -18,6 +19,7 @@ optimal when that is within the options' relative gap (`plan.within_gap`).
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 
 from llm_planner.core.plan import Plan, within_gap
@@ -36,11 +38,14 @@ class SolveSession:
         self._baselines: dict[str, Plan | None] = {}
         self._bound_s: float | None = None
         self._lock = threading.Lock()  # split.tp derives the bound in a thread beside its search
+        self.timings_s = {"baselines": 0.0, "lower_bound": 0.0}  # wall time of each, where it ran (records)
 
     def baseline(self, name: str) -> Plan | None:
         """Baseline `name`'s plan (run on first use), or None when it finds none that fits."""
         if name not in self._baselines:
+            start = time.perf_counter()
             self._baselines[name] = run_any_baseline(name, self.problem)
+            self.timings_s["baselines"] += time.perf_counter() - start
         return self._baselines[name]
 
     @property
@@ -60,7 +65,9 @@ class SolveSession:
         """bounds.combined.lower_bound of the problem: what verify re-derives from the inputs."""
         with self._lock:
             if self._bound_s is None:
+                start = time.perf_counter()
                 self._bound_s = lower_bound(self.problem)
+                self.timings_s["lower_bound"] += time.perf_counter() - start
             return self._bound_s
 
     def proven(self, objective_s: float, bound_s: float | None = None) -> bool:

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from llm_planner.core.fmt import fmt_bytes, fmt_s, fmt_time, has_file_units
 from llm_planner.core.plan import Plan
-from llm_planner.core.spec import ClusterSpec
+from llm_planner.core.spec import ClusterSpec, DeviceSpec
 from llm_planner.graph.models import list_models
 from llm_planner.placement.milp.symmetry import symmetry_classes
 from llm_planner.placement.problem import PlacementProblem
@@ -116,73 +116,95 @@ def write_gantt(plan: Plan, path: str) -> None:
 
 
 def cluster_tables(cluster: ClusterSpec) -> list[Table]:
-    """Device kinds, expanded devices per node, and links."""
+    """`show-cluster`: device kinds, servers, links, and the classes of identical servers, in the
+    words of someone deploying a model (what a planner does with them is in the captions)."""
+    return [_kinds_table(cluster), _servers_table(cluster), _links_table(cluster), symmetry_table(cluster)]
+
+
+def _kinds_table(cluster: ClusterSpec) -> Table:
     kinds = Table(title=f"{cluster.name}: device kinds")
-    for col in ("kind", "type", "peak FLOP/s", "memory", "memory bw", "efficiency (compute/mem)"):
+    for col in ("kind", "type", "peak compute", "memory (usable)", "memory bandwidth", "efficiency reached"):
         kinds.add_column(col)
     for k in cluster.device_kinds:
-        flops = ", ".join(f"{d} {v / 1e12:.4g} T" for d, v in k.peak_flops)
         kinds.add_row(
             k.name,
             k.type,
-            flops,
-            fmt_bytes(k.mem_bytes),
+            ", ".join(f"{d} {v / 1e12:.4g} TFLOP/s" for d, v in k.peak_flops),
+            f"{fmt_bytes(k.mem_bytes)} ({fmt_bytes(k.usable_mem_bytes)})",
             f"{k.mem_bw_bytes_per_s / 1e9:.4g} GB/s",
-            f"{k.compute_efficiency}/{k.mem_efficiency}",
+            f"{k.compute_efficiency:.0%} of compute, {k.mem_efficiency:.0%} of bandwidth",
         )
-    nodes = Table(title="nodes")
-    for col in ("node", "template", "hostname", "devices"):
-        nodes.add_column(col)
-    by_node: dict[str, list[str]] = defaultdict(list)
-    host: dict[str, str] = {}
-    template: dict[str, str] = {}
+    kinds.caption = (
+        "usable: what a plan may fill (usable_mem_fraction); efficiency: the share of the peaks the costs assume"
+    )
+    return kinds
+
+
+def _servers_table(cluster: ClusterSpec) -> Table:
+    """One row per server: its template, hostname, and its devices by kind (names as plans write them)."""
+    servers = Table(title="servers")
+    for col in ("server", "template", "hostname", "devices (as plans name them: server/kind:index)"):
+        servers.add_column(col)
+    by_node: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    first: dict[str, DeviceSpec] = {}
     for d in cluster.devices():
-        by_node[d.node].append(d.name.split("/", 1)[1])
-        host[d.node] = d.hostname or "-"
-        template[d.node] = d.node_template
-    for node, devs in by_node.items():
-        nodes.add_row(node, template[node], host[node], ", ".join(devs))
+        by_node[d.node][d.kind].append(d.index)
+        first.setdefault(d.node, d)
+    for node, kinds in by_node.items():
+        d = first[node]
+        devs = ", ".join(f"{len(ix)} {kind} ({_span(kind, ix)})" for kind, ix in kinds.items())
+        servers.add_row(node, d.node_template, d.hostname or "-", devs)
+    return servers
+
+
+def _span(kind: str, indices: list[int]) -> str:
+    """The kind's devices by name: h100-80g:0 .. h100-80g:7, or the one name."""
+    return f"{kind}:{indices[0]}" + (f" .. {kind}:{indices[-1]}" if len(indices) > 1 else "")
+
+
+def _links_table(cluster: ClusterSpec) -> Table:
     links = Table(title="links")
     for col in ("between", "bandwidth", "latency"):
         links.add_column(col)
+
+    def row(where: str, link) -> None:
+        links.add_row(where, f"{link.bw_bytes_per_s / 1e9:.4g} GB/s", fmt_s(link.latency_s))
+
     if cluster.intra_node_default:
-        links.add_row(
-            "same node (default)",
-            f"{cluster.intra_node_default.bw_bytes_per_s / 1e9:.4g} GB/s",
-            fmt_s(cluster.intra_node_default.latency_s),
-        )
+        row("two devices in one server (unless a row below says otherwise)", cluster.intra_node_default)
     for node in cluster.nodes:
         for r in node.links:
-            links.add_row(
-                f"{node.name}: {r.between[0]} <-> {r.between[1]}",
-                f"{r.bw_bytes_per_s / 1e9:.4g} GB/s",
-                fmt_s(r.latency_s),
-            )
+            row(f"{_pair(*r.between)} in one {node.name}", r)
     for r in cluster.intra_node:
-        links.add_row(f"{r.between[0]} <-> {r.between[1]}", f"{r.bw_bytes_per_s / 1e9:.4g} GB/s", fmt_s(r.latency_s))
+        row(f"{_pair(*r.between)} in one server", r)
     if cluster.inter_node:
-        links.add_row(
-            "between nodes", f"{cluster.inter_node.bw_bytes_per_s / 1e9:.4g} GB/s", fmt_s(cluster.inter_node.latency_s)
-        )
-    return [kinds, nodes, links, symmetry_table(cluster)]
+        row("two servers (the network)", cluster.inter_node)
+    return links
+
+
+def _pair(a: str, b: str) -> str:
+    return f"two {a}" if a == b else f"{a} and {b}"
 
 
 def symmetry_table(cluster: ClusterSpec) -> Table:
-    """The interchangeable devices and servers that --symmetry orders."""
+    """The classes of identical servers and, inside each server, of identical devices: what both
+    planners treat as interchangeable."""
 
     classes = symmetry_classes(cluster)
-    names = [d.name for d in cluster.devices()]
-    table = Table(title="symmetry classes (interchangeable hardware)")
-    for col in ("class", "members", "count"):
+    devices = cluster.devices()
+    table = Table(title="classes of identical servers")
+    for col in ("template", "servers", "count", "identical devices in each server"):
         table.add_column(col)
-    for members in classes.servers:
-        servers = sorted({names[devs[0]].split("/")[0] for devs in members})
-        table.add_row("servers", ", ".join(servers), str(len(members)))
-    for members in classes.devices:
-        first, last = names[members[0]], names[members[-1]]
-        table.add_row("devices", f"{first} .. {last.split('/')[-1]}", str(len(members)))
+    for node in cluster.nodes:
+        names = sorted({d.node for d in devices if d.node_template == node.name})
+        alike = ", ".join(f"{n} {kind}" for kind, n in node.devices if n > 1) or "-"
+        shown = ", ".join(names) if len(names) <= 3 else f"{names[0]} .. {names[-1]}"
+        table.add_row(node.name, shown, str(node.count), alike)
     table.caption = (
-        f"{classes.num_rows} ordering rows for batch, task or time; "
-        f"first: one row per item (shard x task) and consecutive pair"
+        "Swapping two servers of one template, or two devices of one kind inside one server, changes no "
+        "time and no memory: a plan and its swapped copy are the same plan. The serving planner counts "
+        "the devices of each (template, kind) a replica takes instead of naming them; the placement "
+        "planner (--objective latency|throughput) has its solver skip swapped copies (--symmetry: "
+        f"batch, task or time add {classes.num_rows} constraints here; docs/symmetry.md)."
     )
     return table

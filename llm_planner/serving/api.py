@@ -4,9 +4,9 @@ solver and the baselines once, bound, assign devices, and write every figure the
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
+from llm_planner.core.timing import Stopwatch
 from llm_planner.serving.aside import ASIDE_DEVICES, Aside
 from llm_planner.serving.assign import assign_devices
 from llm_planner.serving.baselines import engineer_best, engineer_options, megatron
@@ -18,12 +18,14 @@ from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION, relat
 from llm_planner.serving.search import SearchStats, fleet_prices, segment_options, solve_serving
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
 
+TIMING_PARTS = ("reading_inputs", "baselines", "layout_search", "bounds", "assigning_devices")  # as they run
+
 
 def replica_record(ctx: ServingContext, pattern: Pattern, count: int, devices: list) -> dict[str, Any]:
     ev = pattern.ev
     usable = usable_bytes(ctx, pattern)
     return {
-        "pattern": describe(pattern.layout),
+        "pattern": describe(pattern.layout, ctx.by_name),
         "count": count,
         "segments": [{"class": s.class_name, "degree": s.degree, "stages": s.stages} for s in pattern.layout],
         "layers": list(ev.layers),
@@ -46,7 +48,7 @@ def fleet_summary(ctx: ServingContext, fleet: FleetChoice) -> dict[str, Any]:
         "tokens_per_s": fleet.tokens_per_s,
         "replicas": [
             {
-                "pattern": describe(p.layout),
+                "pattern": describe(p.layout, ctx.by_name),
                 "count": n,
                 "concurrency": p.ev.concurrency,
                 "micro_batches": p.ev.micro_batches,
@@ -70,8 +72,11 @@ def plan_serving(
     profile_path: str | None = None,
     solver: str = "serving",
 ) -> dict[str, Any]:
-    """The serving plan's data (docs/plan-format.md); raises WorkloadError when nothing serves."""
-    started = time.monotonic()
+    """The serving plan's data (docs/plan-format.md); raises WorkloadError when nothing serves.
+    `serving.timings_s` says where the time went: reading inputs, baselines, layout search, bounds
+    (what the search's child process had left when the search was done, then the rest) and
+    assigning devices, each measured where it runs."""
+    watch = Stopwatch()
     inputs = dict(
         cluster_path=cluster_path,
         model=model,
@@ -80,30 +85,22 @@ def plan_serving(
         options=options,
         profile_path=profile_path,
     )
-    ctx = build_context(**inputs)
-    aside = Aside(inputs) if sum(sc.num_devices for sc in ctx.classes) >= ASIDE_DEVICES else None
-    try:
-        engineer = engineer_options(ctx)  # the baseline and the search's candidates, evaluated once
-        baselines = {"engineer-best": engineer_best(ctx, engineer), "megatron": megatron(ctx)}
-        if solver == "serving":
-            fleet, stats = solve_serving(ctx, engineer)
-        else:
-            fleet, stats = baselines[solver], SearchStats(candidates=0, evaluated=0, left=0)
-        first_two = aside() if aside is not None else None
-    except BaseException:
-        if aside is not None:
-            aside.stop()
-        raise
-    solve_s = time.monotonic() - started
+    with watch.part("reading_inputs"):
+        ctx = build_context(**inputs)
+    fleet, stats, baselines, first_two = _search(ctx, inputs, solver, watch)
     if not fleet.chosen:
         raise WorkloadError(_nothing_serves(ctx))
-    prices = fleet.prices or fleet_prices([p for p, _ in fleet.chosen], ctx.capacity)
-    bound = tokens_upper_bound(
-        ctx.cache, ctx.classes, workload.tpot_slo_s, ctx.cluster.inter_node, fleet.tokens_per_s, prices, first_two
-    )
-    gap, status = status_of(fleet.tokens_per_s, bound)
-    devices = assign_devices(ctx.cluster, ctx.by_name, fleet)
-    replicas = [replica_record(ctx, p, n, d) for (p, n), d in zip(fleet.chosen, devices)]
+    with watch.part("bounds"):
+        prices = fleet.prices or fleet_prices([p for p, _ in fleet.chosen], ctx.capacity)
+        bound = tokens_upper_bound(
+            ctx.cache, ctx.classes, workload.tpot_slo_s, ctx.cluster.inter_node, fleet.tokens_per_s, prices, first_two
+        )
+        gap, status = status_of(fleet.tokens_per_s, bound)
+    with watch.part("assigning_devices"):
+        devices = assign_devices(ctx.cluster, ctx.by_name, fleet)
+        replicas = [replica_record(ctx, p, n, d) for (p, n), d in zip(fleet.chosen, devices)]
+        baselines = {name: fleet_summary(ctx, f) for name, f in baselines.items()}
+    timings = {name: watch.parts[name] for name in TIMING_PARTS} | {"total": watch.total()}
     return {
         "format": SERVING_FORMAT,
         "version": SERVING_VERSION,
@@ -125,14 +122,38 @@ def plan_serving(
             "tpot_s": max(p.ev.tpot_s for p, _ in fleet.chosen),
             "ttft_s": max(p.ev.ttft_s for p, _ in fleet.chosen),
             "concurrency": sum(p.ev.concurrency * n for p, n in fleet.chosen),
-            "solve_time_s": solve_s,
+            "solve_time_s": watch.parts["layout_search"],
             "layouts_evaluated": stats.evaluated,
             "layouts_candidate": stats.candidates,
             "layouts_left": stats.left,
             "replicas": replicas,
+            "timings_s": timings,
         },
-        "baselines": {name: fleet_summary(ctx, f) for name, f in baselines.items()},
+        "baselines": baselines,
     }
+
+
+def _search(ctx: ServingContext, inputs: dict, solver: str, watch: Stopwatch):
+    """The baselines, the solver's fleet and how its search went, and the first two bounds from
+    the child process beside the search (None on a small cluster: the bound computes them)."""
+    with watch.part("bounds"):  # the first two start in a child process beside the search
+        aside = Aside(inputs) if sum(sc.num_devices for sc in ctx.classes) >= ASIDE_DEVICES else None
+    try:
+        with watch.part("baselines"):
+            engineer = engineer_options(ctx)  # the baseline and the search's candidates, evaluated once
+            baselines = {"engineer-best": engineer_best(ctx, engineer), "megatron": megatron(ctx)}
+        with watch.part("layout_search"):
+            if solver == "serving":
+                fleet, stats = solve_serving(ctx, engineer)
+            else:
+                fleet, stats = baselines[solver], SearchStats(candidates=0, evaluated=0, left=0)
+        with watch.part("bounds"):
+            first_two = aside() if aside is not None else None
+    except BaseException:
+        if aside is not None:
+            aside.stop()
+        raise
+    return fleet, stats, baselines, first_two
 
 
 def _nothing_serves(ctx: ServingContext) -> str:

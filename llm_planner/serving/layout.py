@@ -16,6 +16,7 @@ between the two kinds (`between`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from llm_planner.core.spec import LinkSpec
@@ -118,10 +119,20 @@ def layout_ok(layout: Layout, classes: dict[str, ServerClass]) -> bool:
     return not repeated or (repeated == [names[0]] and names.count(names[0]) == 2 and names[-1] == names[0])
 
 
-def describe(layout: Layout) -> str:
-    return " -> ".join(
-        f"{seg.stages}x{seg.class_name}" + (f"[tp{seg.degree}]" if seg.degree > 1 else "") for seg in layout
-    )
+def describe(layout: Layout, classes: Mapping[str, ServerClass]) -> str:
+    """A replica layout as the plan file stores it and the CLI prints it (the one place that
+    writes it): each segment's class, its pipeline stages and each stage's devices, and the
+    servers the segment spans, segments in pipeline order joined by " -> ", e.g.
+    "h100-server/h100-80g: 4 stages x tp4 on 2 servers -> v100-server/v100-32g: 1 stage x 1 GPU in 1 server"."""
+    return " -> ".join(_describe_segment(seg, classes[seg.class_name]) for seg in layout)
+
+
+def _describe_segment(seg: Segment, sc: ServerClass) -> str:
+    stages = f"{seg.stages} stage" + ("s" if seg.stages > 1 else "")
+    each = f"tp{seg.degree}" if seg.degree > 1 else "1 " + {"cpu": "CPU", "gpu": "GPU"}.get(sc.kind.type, "device")
+    servers = -(-seg.devices // sc.per_server)
+    where = "in 1 server" if servers == 1 else f"on {servers} servers"
+    return f"{seg.class_name}: {stages} x {each} {where}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -88,6 +88,9 @@ _SERVING = (
     "layouts_left",
     "replicas",
 )
+# Where the planning time went (llm_planner.serving.api): a record, not a figure verify checks;
+# plans written before it have none.
+_SERVING_OPTIONAL = ("timings_s",)
 
 
 def load_serving_plan(path: str | Path) -> ServingPlanFile:
@@ -100,7 +103,8 @@ def load_serving_plan(path: str | Path) -> ServingPlanFile:
         raise ServingPlanError(f"{where}: format: expected {SERVING_FORMAT} version {SERVING_VERSION}")
     if not isinstance(data["serving"], dict):
         raise ServingPlanError(f"{where}: serving: expected a mapping")
-    _keys(where, "serving", data["serving"], _SERVING)
+    _keys(where, "serving", data["serving"], _SERVING, optional=_SERVING_OPTIONAL)
+    _timings(where, data["serving"].get("timings_s"))
     if not isinstance(data["serving"]["replicas"], list):
         raise ServingPlanError(f"{where}: serving.replicas: expected a list")
     for i, rep in enumerate(data["serving"]["replicas"]):
@@ -128,11 +132,22 @@ _REPLICA = (
 )
 
 
-def _keys(where: str, path: str, data: dict, expected: tuple[str, ...]) -> None:
+def _keys(where: str, path: str, data: dict, expected: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
     missing = [k for k in expected if k not in data]
-    unknown = [k for k in data if k not in expected]
+    unknown = [k for k in data if k not in expected + optional]
     prefix = f"{path}: " if path else ""
     if missing:
         raise ServingPlanError(f"{where}: {prefix}missing field(s) {', '.join(missing)}")
     if unknown:
         raise ServingPlanError(f"{where}: {prefix}unknown field(s) {', '.join(map(str, unknown))}")
+
+
+def _timings(where: str, timings: Any) -> None:
+    """serving.timings_s, when present: seconds (non-negative numbers) by part name."""
+    if timings is None:
+        return
+    if not isinstance(timings, dict) or not all(
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+        for k, v in timings.items()
+    ):
+        raise ServingPlanError(f"{where}: serving.timings_s: expected a mapping of part names to seconds (>= 0)")

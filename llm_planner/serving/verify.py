@@ -2,9 +2,10 @@
 re-derive every figure it states (docs/plan-format.md, "Serving plans").
 
 Checked: the inputs (the cluster file's hash); each replica pattern's segments (known class,
-offered degree, a block that packs), its layer split (every layer once, at least one per
-stage), its concurrency and micro-batches, and every number derived from them (tokens/s,
-TPOT, TTFT, round trip, stage times, memory per device) against the model; TPOT (and TTFT,
+offered degree, a block that packs) and its text (layout.describe of them), its layer split
+(every layer once, at least one per stage), its concurrency and micro-batches, and every
+number derived from them (tokens/s, TPOT, TTFT, round trip, stage times, memory per device)
+against the model; TPOT (and TTFT,
 when targeted) within the targets; every device's memory within its usable bytes; the devices:
 each copy's stages on devices of the right class, a group an aligned block of one server,
 consecutive stages on one server wherever the pattern's cost assumed it, no device twice;
@@ -27,7 +28,7 @@ from llm_planner.serving.context import (
     status_of,
     usable_bytes,
 )
-from llm_planner.serving.layout import Pattern, Segment, layout_ok, same_server_after
+from llm_planner.serving.layout import Pattern, Segment, describe, layout_ok, same_server_after
 from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile
 from llm_planner.serving.workload import RequestShape, ServingWorkload
 
@@ -110,6 +111,8 @@ def _check_pattern(ctx: ServingContext, rep: dict, where: str, problems: list[st
     if not layout_ok(layout, ctx.by_name):
         problems.append(f"{where}.segments: a class's block of devices does not pack into its servers")
         return None
+    if rep["pattern"] != describe(layout, ctx.by_name):  # the text `show` and export print
+        problems.append(f"{where}.pattern: {rep['pattern']!r} but its segments read {describe(layout, ctx.by_name)!r}")
     layers, c, m = rep["layers"], rep["concurrency"], rep["micro_batches"]
     if not (
         isinstance(layers, list)
