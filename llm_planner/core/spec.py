@@ -28,6 +28,7 @@ from llm_planner.core.spec_fields import (
     as_hostname,
     as_int,
     as_name,
+    as_safe_name,
     as_str,
     as_text,
     hostname_problem,
@@ -45,6 +46,13 @@ PRECISIONS = (*DTYPE_BYTES, "fp64")
 # Devices of the expanded cluster: far beyond this the placement problem no longer fits in
 # memory or in minutes (docs/inputs.md).
 MAX_DEVICES = 65536
+# The plausible range of a device's figures (docs/inputs.md): far past the largest machines built,
+# and small enough that every search over memory (KV-cache slots, concurrency) and time stays finite.
+# A spec's number outside it is a typo or an attempt to make a planner loop, and is refused at load.
+MAX_MEM_BYTES = 16 * 2.0**50  # 16 PiB on one device
+MAX_FLOPS = 1e19  # 10 EFLOP/s on one device
+MAX_BANDWIDTH = 1e16  # 10 PB/s: a device's memory or a link
+MIN_RATE = 1.0  # 1 FLOP/s, 1 byte/s: the least compute or bandwidth a device or link may have
 # Fixed time a serving engine spends per iteration on each pipeline stage besides the model's
 # kernels (scheduling, input preparation, sampling, launch and the stage's hand-off bookkeeping),
 # by device type. An order-of-magnitude default: the vLLM and SGLang teams report CPU-side work
@@ -251,9 +259,29 @@ class ClusterSpec:
 # Loading
 
 
+def _in_range(parse, low: tuple[float, str], high: tuple[float, str]):
+    """`parse`, then a positive value checked to lie in [low, high], each (number, as written in
+    messages): the plausible range of the field; zero and below are left to "must be positive"."""
+
+    def read(value: Any) -> float:
+        number = parse(value)
+        if 0 < number < low[0]:
+            raise ValueError(f"must be at least {low[1]}, got {value!r}")
+        if number > high[0]:
+            raise ValueError(f"must be at most {high[1]} (a plausible device; docs/inputs.md), got {value!r}")
+        return number
+
+    return read
+
+
+bandwidth = _in_range(units.parse_bandwidth, (MIN_RATE, "1 byte/s"), (MAX_BANDWIDTH, "10 PB/s"))
+flops = _in_range(units.parse_flops, (MIN_RATE, "1 FLOP/s"), (MAX_FLOPS, "10 EFLOP/s"))
+mem_bytes = _in_range(units.parse_bytes, (1.0, "1 byte"), (MAX_MEM_BYTES, "16 PiB"))
+
+
 def _read_link(r: Reader) -> LinkSpec:
     link = LinkSpec(
-        bw_bytes_per_s=r.get("bw_bytes_per_s", units.parse_bandwidth, positive=True),
+        bw_bytes_per_s=r.get("bw_bytes_per_s", bandwidth, positive=True),
         latency_s=r.get("latency_s", nonneg_seconds, default=0.0),
     )
     r.done()
@@ -284,7 +312,7 @@ def _read_intra_links(r: Reader, key: str, kinds: set[str]) -> tuple[IntraLinkSp
 
 def _read_link_fields(c: Reader) -> dict[str, float]:
     fields = {
-        "bw_bytes_per_s": c.get("bw_bytes_per_s", units.parse_bandwidth, positive=True),
+        "bw_bytes_per_s": c.get("bw_bytes_per_s", bandwidth, positive=True),
         "latency_s": c.get("latency_s", nonneg_seconds, default=0.0),
     }
     c.done()
@@ -292,7 +320,7 @@ def _read_link_fields(c: Reader) -> dict[str, float]:
 
 
 def _read_kind(c: Reader) -> DeviceKindSpec:
-    name = c.get("name", as_name)
+    name = c.get("name", as_safe_name)
     kind_type = c.get("type", as_str)
     if kind_type not in DEVICE_TYPES:
         c.fail(f"must be one of {', '.join(DEVICE_TYPES)}, got {kind_type!r}", "type")
@@ -303,18 +331,15 @@ def _read_kind(c: Reader) -> DeviceKindSpec:
     for dtype in flops_raw:
         if dtype not in PRECISIONS:
             flops_reader.fail(f"unknown precision {dtype!r} (known: {', '.join(PRECISIONS)})", str(dtype))
-    peak = tuple((str(dtype), flops_reader.get(dtype, units.parse_flops, positive=True)) for dtype in flops_raw)
-    mem_raw = c.data.get("mem_bytes")
-    mem = math.inf if mem_raw == "unlimited" else c.get("mem_bytes", units.parse_bytes, positive=True)
-    if mem < 1:
-        c.fail(f"must be at least 1 byte, got {mem_raw!r}", "mem_bytes")
+    peak = tuple((str(dtype), flops_reader.get(dtype, flops, positive=True)) for dtype in flops_raw)
+    mem = math.inf if c.data.get("mem_bytes") == "unlimited" else c.get("mem_bytes", mem_bytes, positive=True)
     c.used.add("mem_bytes")
     spec = DeviceKindSpec(
         name=name,
         type=kind_type,
         peak_flops=peak,
         mem_bytes=mem,
-        mem_bw_bytes_per_s=c.get("mem_bw_bytes_per_s", units.parse_bandwidth, positive=True),
+        mem_bw_bytes_per_s=c.get("mem_bw_bytes_per_s", bandwidth, positive=True),
         compute_efficiency=c.get("compute_efficiency", units.parse_fraction, default=1.0, positive=True),
         mem_efficiency=c.get("mem_efficiency", units.parse_fraction, default=1.0, positive=True),
         overhead_s=c.get("overhead_s", nonneg_seconds, default=0.0),
@@ -340,7 +365,7 @@ def _read_node(c: Reader, kinds: set[str]) -> NodeSpec:
             dev_reader.fail(f"unknown device kind {kind!r} (known: {', '.join(sorted(kinds))})", str(kind))
         devices.append((kind, dev_reader.get(kind, as_int, positive=True)))
     node = NodeSpec(
-        name=c.get("name", as_name),
+        name=c.get("name", as_safe_name),
         devices=tuple(devices),
         count=c.get("count", as_int, default=1, positive=True),
         hostname=c.get("hostname", as_hostname, default=None),
@@ -349,12 +374,17 @@ def _read_node(c: Reader, kinds: set[str]) -> NodeSpec:
     )
     if node.slots is not None and node.slots <= 0:
         c.fail(f"must be positive, got {node.slots}", "slots")
-    for i in range(1, node.count) if node.hostname and "{" in node.hostname else ():
-        problem = hostname_problem(node.hostname.format(i=i))
-        if problem is not None:
-            c.fail(f"{problem} (copy {i} of {node.hostname!r})", "hostname")
     c.done()
     return node
+
+
+def _check_hostnames(top: Reader, nodes: tuple[NodeSpec, ...]) -> None:
+    """Every copy's host name (as_hostname checked copy 0); run once the copies are known to be few."""
+    for t, node in enumerate(nodes):
+        for i in range(1, node.count) if node.hostname and "{" in node.hostname else ():
+            problem = hostname_problem(node.hostname.format(i=i))
+            if problem is not None:
+                top.fail(f"{problem} (copy {i} of {node.hostname!r})", f"nodes[{t}].hostname")
 
 
 def _as_list(r: Reader, key: str) -> list:
@@ -380,6 +410,7 @@ def parse_cluster(data: Any, source: str = "<memory>") -> ClusterSpec:
             f"the cluster has {num_devices:,} devices (count x devices of every node); the limit is {MAX_DEVICES:,}",
             "nodes",
         )
+    _check_hostnames(top, nodes)
     links = top.child("links", top.get("links", default={}))
     default_raw = links.get("intra_node_default", default=None)
     inter_raw = links.get("inter_node", default=None)

@@ -74,24 +74,54 @@ def as_int(value: Any) -> int:
 MAX_NAME_CHARS = 64
 
 
+# Device kind and node names: they make device names ("<node>/<kind>:<index>", where '/' and ':'
+# separate the parts) and reach rank tables, hostfiles and command lines (docs/cluster-spec.md).
+SAFE_NAME_CHARS = "letters, digits, '-', '_' and '.'"
+_SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
 def as_name(value: Any) -> str:
-    """A non-empty string of at most MAX_NAME_CHARS characters."""
+    """A non-empty string of at most MAX_NAME_CHARS printable characters (the cluster's name)."""
     name = as_str(value)
     if len(name) > MAX_NAME_CHARS:
         raise ValueError(f"{quote(name)} is longer than {MAX_NAME_CHARS} characters, the limit (docs/inputs.md)")
+    if not name.isprintable():
+        raise ValueError(
+            f"{quote(name)} holds a character that is not printable (a control character such as a newline or a tab)"
+        )
+    return name
+
+
+def as_safe_name(value: Any) -> str:
+    """A device kind's or a node's name: as_name, of SAFE_NAME_CHARS only."""
+    name = as_name(value)
+    if not _SAFE_NAME.fullmatch(name):
+        raise ValueError(f"{quote(name)} holds a character other than {SAFE_NAME_CHARS}")
     return name
 
 
 def as_text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {value!r}")
-    return value
+    return _utf8(value)
 
 
 def as_str(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"expected a non-empty string, got {value!r}")
-    return value
+    return _utf8(value)
+
+
+def _utf8(text: str) -> str:
+    """`text` if it can be written as UTF-8 (a lone surrogate such as "\\udc80" cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{quote(text)} holds {quote(text[exc.start])} at character {exc.start}, "
+            "a lone surrogate that UTF-8 cannot encode"
+        ) from None
+    return text
 
 
 _LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
