@@ -451,6 +451,17 @@ def _check_links(cluster: ClusterSpec, links: Reader) -> None:
                 )
 
 
+def check_memory_limited(cluster: ClusterSpec, kinds: set[str], purpose: str) -> None:
+    """Refuse `mem_bytes: unlimited` on the named kinds where a planner sizes something by memory
+    (a serving plan's KV cache: unlimited memory holds unboundedly many sequences)."""
+    for i, kind in enumerate(cluster.device_kinds):
+        if kind.name in kinds and math.isinf(kind.mem_bytes):
+            raise SpecError(
+                f"{cluster.source}: device_kinds[{i}].mem_bytes: `unlimited` cannot be used for {purpose} "
+                f"(kind {kind.name!r}); give the device's memory in bytes, e.g. '512 GiB'"
+            )
+
+
 def load_cluster(path: str | Path) -> ClusterSpec:
     """Read a cluster YAML file. Raises SpecError with the file, field and problem."""
     data, text = load_document(path, SpecError, finite=True)
