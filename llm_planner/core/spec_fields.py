@@ -173,8 +173,17 @@ def as_hostname(value: Any) -> str:
     return value
 
 
+# A fixed time of a device or link (overhead per task or step, a link's latency): far past any real
+# one, and small enough that the solvers' arithmetic on times stays exact (1e18 s broke the MILP).
+MAX_FIXED_SECONDS = 60.0
+
+
 def nonneg_seconds(value: Any) -> float:
     seconds = units.parse_seconds(value)
     if seconds < 0 or not math.isfinite(seconds):
         raise ValueError(f"must be >= 0, got {value!r}")
+    if seconds > MAX_FIXED_SECONDS:
+        raise ValueError(
+            f"must be at most {MAX_FIXED_SECONDS:g} s (a plausible device or link; docs/inputs.md), got {value!r}"
+        )
     return seconds
