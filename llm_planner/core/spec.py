@@ -31,7 +31,10 @@ from llm_planner.core.spec_fields import (
     as_safe_name,
     as_str,
     as_text,
+    bandwidth,
+    flops,
     hostname_problem,
+    mem_bytes,
     nonneg_seconds,
 )
 
@@ -46,13 +49,6 @@ PRECISIONS = (*DTYPE_BYTES, "fp64")
 # Devices of the expanded cluster: far beyond this the placement problem no longer fits in
 # memory or in minutes (docs/inputs.md).
 MAX_DEVICES = 65536
-# The plausible range of a device's figures (docs/inputs.md): far past the largest machines built,
-# and small enough that every search over memory (KV-cache slots, concurrency) and time stays finite.
-# A spec's number outside it is a typo or an attempt to make a planner loop, and is refused at load.
-MAX_MEM_BYTES = 16 * 2.0**50  # 16 PiB on one device
-MAX_FLOPS = 1e19  # 10 EFLOP/s on one device
-MAX_BANDWIDTH = 1e16  # 10 PB/s: a device's memory or a link
-MIN_RATE = 1.0  # 1 FLOP/s, 1 byte/s: the least compute or bandwidth a device or link may have
 # Fixed time a serving engine spends per iteration on each pipeline stage besides the model's
 # kernels (scheduling, input preparation, sampling, launch and the stage's hand-off bookkeeping),
 # by device type. An order-of-magnitude default: the vLLM and SGLang teams report CPU-side work
@@ -257,26 +253,6 @@ class ClusterSpec:
 
 # ----------------------------------------------------------------------------
 # Loading
-
-
-def _in_range(parse, low: tuple[float, str], high: tuple[float, str]):
-    """`parse`, then a positive value checked to lie in [low, high], each (number, as written in
-    messages): the plausible range of the field; zero and below are left to "must be positive"."""
-
-    def read(value: Any) -> float:
-        number = parse(value)
-        if 0 < number < low[0]:
-            raise ValueError(f"must be at least {low[1]}, got {value!r}")
-        if number > high[0]:
-            raise ValueError(f"must be at most {high[1]} (a plausible device; docs/inputs.md), got {value!r}")
-        return number
-
-    return read
-
-
-bandwidth = _in_range(units.parse_bandwidth, (MIN_RATE, "1 byte/s"), (MAX_BANDWIDTH, "10 PB/s"))
-flops = _in_range(units.parse_flops, (MIN_RATE, "1 FLOP/s"), (MAX_FLOPS, "10 EFLOP/s"))
-mem_bytes = _in_range(units.parse_bytes, (1.0, "1 byte"), (MAX_MEM_BYTES, "16 PiB"))
 
 
 def _read_link(r: Reader) -> LinkSpec:

@@ -187,3 +187,32 @@ def nonneg_seconds(value: Any) -> float:
             f"must be at most {MAX_FIXED_SECONDS:g} s (a plausible device or link; docs/inputs.md), got {value!r}"
         )
     return seconds
+
+
+# The plausible range of a device's figures (docs/inputs.md): far past the largest machines built,
+# and small enough that every search over memory (KV-cache slots, concurrency) and time stays finite.
+# A spec's number outside it is a typo or an attempt to make a planner loop, and is refused at load.
+MAX_MEM_BYTES = 16 * 2.0**50  # 16 PiB on one device
+MAX_FLOPS = 1e19  # 10 EFLOP/s on one device
+MAX_BANDWIDTH = 1e16  # 10 PB/s: a device's memory or a link
+MIN_RATE = 1.0  # 1 FLOP/s, 1 byte/s: the least compute or bandwidth a device or link may have
+
+
+def _in_range(parse, low: tuple[float, str], high: tuple[float, str]):
+    """`parse`, then a positive value checked to lie in [low, high], each (number, as written in
+    messages): the plausible range of the field; zero and below are left to "must be positive"."""
+
+    def read(value: Any) -> float:
+        number = parse(value)
+        if 0 < number < low[0]:
+            raise ValueError(f"must be at least {low[1]}, got {value!r}")
+        if number > high[0]:
+            raise ValueError(f"must be at most {high[1]} (a plausible device; docs/inputs.md), got {value!r}")
+        return number
+
+    return read
+
+
+bandwidth = _in_range(units.parse_bandwidth, (MIN_RATE, "1 byte/s"), (MAX_BANDWIDTH, "10 PB/s"))
+flops = _in_range(units.parse_flops, (MIN_RATE, "1 FLOP/s"), (MAX_FLOPS, "10 EFLOP/s"))
+mem_bytes = _in_range(units.parse_bytes, (1.0, "1 byte"), (MAX_MEM_BYTES, "16 PiB"))
