@@ -228,6 +228,7 @@ CLUSTER_VALUES = [
 # The fields those values matter most in, drawn as often as any other field
 CLUSTER_TARGETS = [
     ("nodes", 0, "count"),
+    ("nodes", 0, "slots"),
     ("nodes", 0, "name"),
     ("nodes", 0, "hostname"),
     ("device_kinds", 0, "mem_bytes"),

@@ -46,6 +46,11 @@ def test_a_billion_copies_of_a_server_are_refused_from_the_counts(tmp_path, caps
     assert "3,000,000,000 devices" in err
 
 
+def test_huge_mpi_slots_are_refused(tmp_path, capsys):
+    spec = _spec(tmp_path, lambda d: d["nodes"][0].update(slots=10**18))
+    _refused(capsys, ["show-cluster", str(spec)], str(spec), "nodes[0].slots", f"1..{MAX_DEVICES:,}")
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "field, value, says",

@@ -348,8 +348,8 @@ def _read_node(c: Reader, kinds: set[str]) -> NodeSpec:
         slots=c.get("slots", as_int, default=None),
         links=_read_intra_links(c, "links", kinds),
     )
-    if node.slots is not None and node.slots <= 0:
-        c.fail(f"must be positive, got {node.slots}", "slots")
+    if node.slots is not None and not 0 < node.slots <= MAX_DEVICES:
+        c.fail(f"must be in 1..{MAX_DEVICES:,} (a host's MPI slots), got {node.slots}", "slots")
     c.done()
     return node
 
