@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,6 +201,88 @@ BAD_VALUES = [
     "-oProxyCommand=x",
     "x" * 2000,
 ]
+# The cluster spec's own hostile families (a fuzzing review's hangs and tracebacks at load): huge
+# counts, memory beyond any device, unitless and unlimited memory, compute and bandwidth out of range,
+# lone surrogates (written as JSON escapes, which YAML decodes) and separators in names.
+CLUSTER_VALUES = [
+    10**9,
+    10**18,
+    2**63,
+    "1e300 B",
+    1e300,
+    1e20,
+    "1e20",
+    "unlimited",
+    "16 PiB",
+    "17 PiB",
+    "1e30 B/s",
+    "1e25 FLOP/s",
+    "1e-3 B/s",
+    "box\udc80",
+    "\udc80",
+    "g:pu",
+    "a/b",
+    "a b",
+    "host-{i}\udc80",
+]
+# The fields those values matter most in, drawn as often as any other field
+CLUSTER_TARGETS = [
+    ("nodes", 0, "count"),
+    ("nodes", 0, "slots"),
+    ("nodes", 0, "name"),
+    ("nodes", 0, "hostname"),
+    ("device_kinds", 0, "mem_bytes"),
+    ("device_kinds", 1, "mem_bytes"),
+    ("device_kinds", 1, "name"),
+    ("device_kinds", 1, "peak_flops", "fp16"),
+    ("links", "inter_node", "bw_bytes_per_s"),
+    ("name",),
+    ("description",),
+]
+
+
+@st.composite
+def cluster_hostile_mutation(draw) -> tuple[str, str, str]:
+    """(kind, description, text): one field of CLUSTER, a targeted one half the time, set to a CLUSTER_VALUES value."""
+    doc = copy.deepcopy(CLUSTER)
+    path = draw(st.one_of(st.sampled_from(CLUSTER_TARGETS), st.sampled_from(paths(doc))))
+    value = draw(st.sampled_from(CLUSTER_VALUES))
+    _set(doc, path, value)
+    return "replace", f"{'.'.join(map(str, path))} = {value!r:.40}", emit(doc)
+
+
+# Helix's files (cluster and machine profile INI files, a type's Python tables, its csv profiles) are
+# numbers in text: each hostile value replaces one number. Expressions deep enough to exhaust Python's
+# parser, integers past its 4,300-digit limit and just inside it, non-decimal spellings, a lone
+# surrogate (written as the invalid UTF-8 bytes surrogatepass gives).
+HELIX_VALUES = [
+    "+".join(["1"] * 100_000),
+    "-" * 100_000 + "1",
+    "(" * 3000 + "1" + ")" * 3000,
+    "9" * 5000,
+    "9" * 4000,
+    "1" + "0" * 30,
+    "2000",
+    "-1",
+    "0",
+    "1e999",
+    "2**64",
+    "0x10",
+    "1_0",
+    "1 + 1",
+    "\udc80",
+]
+
+
+@st.composite
+def number_mutation(draw, text: str) -> tuple[str, str]:
+    """(description, text): one run of digits in `text` replaced by a HELIX_VALUES value."""
+    spans = [m.span() for m in re.finditer(r"[0-9]+", text)]
+    start, end = draw(st.sampled_from(spans))
+    value = draw(st.sampled_from(HELIX_VALUES))
+    return f"{value!r:.30} at {start}", text[:start] + value + text[end:]
+
+
 # A transformers config.json of each family the planner reads; mutated like the other files.
 CONFIG_LLAMA = {
     "model_type": "llama",

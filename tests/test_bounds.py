@@ -251,7 +251,7 @@ def test_shard_count_bound_beats_both_bounds_when_shards_pay_fixed_costs():
     from llm_planner.placement.bounds.load import shard_lp_bound
     from llm_planner.placement.bounds.shard_count import shard_count_bound
 
-    cluster = make_cluster([kind("g", "gpu", flops=1e30, mem_bytes=1e15, mem_bw=1e11)], [{"g": 2}], latency_s=0.0)
+    cluster = make_cluster([kind("g", "gpu", flops=1e19, mem_bytes=1e15, mem_bw=1e11)], [{"g": 2}], latency_s=0.0)
     tasks = tuple(Task(name=n, flops_per_sample=1.0, weight_bytes=1e11, bytes_per_sample=1e11) for n in "ab")
     graph = TaskGraph(name="chain", tasks=tasks, edges=(Edge(src="a", dst="b"),)).validate()
     problem = build_problem(graph, cluster, batch_size=4, max_shards=4)

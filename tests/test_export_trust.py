@@ -64,6 +64,7 @@ SPEC = {
         "inter_node": {"bw_bytes_per_s": "25 GB/s", "latency_s": "5 us"},
     },
 }
+NOT_A_HOST = "box_a"  # a valid node name (the spec's name rule), not a valid host name
 HOSTILE = ["$(touch PWNED)", 'a"b', "`touch PWNED`", "x;touch PWNED", "x\ntouch PWNED", "'$(touch PWNED)'"]
 
 
@@ -173,16 +174,30 @@ def test_hostile_node_names_are_refused_naming_file_and_node(benign, tmp_path, n
     out = tmp_path / "serve.sh"
     code, _, err = _run(["export", str(plan), "--to", to, "-o", str(out)])
     assert code == 2, err
-    assert str(tmp_path / "spec" / "c.yaml") in err and "nodes[0]" in err
-    assert " ".join(quote(name).split()) in err and "set `hostname:`" in err
+    assert str(tmp_path / "spec" / "c.yaml") in err and "nodes[0]" in err  # refused where the spec is read
+    assert " ".join(quote(name).split()) in err
     assert "Traceback" not in err and not out.exists()
     assert not list(tmp_path.rglob("*PWNED*"))
 
 
+@pytest.mark.parametrize("to", ["vllm", "sglang"])
+def test_a_node_name_that_is_no_host_is_refused_where_it_would_reach_a_script(benign, tmp_path, to):
+    """A safe name (letters, digits, - _ .) is not always a host: `box_a` passes the spec's name rule and is
+    refused by the export's host check, which says how to give the node a host."""
+    plan = renamed_plan(benign, tmp_path / "spec", NOT_A_HOST)
+    out = tmp_path / "serve.sh"
+    code, _, err = _run(["export", str(plan), "--to", to, "-o", str(out)])
+    assert code == 2, err
+    assert str(tmp_path / "spec" / "c.yaml") in err and "nodes[0]" in err and "set `hostname:`" in err
+    assert quote(NOT_A_HOST) in err and not out.exists()
+
+
 def test_megatron_sizes_name_no_host_and_export_with_any_node_name(benign, tmp_path):
-    plan = renamed_plan(benign, tmp_path / "spec", HOSTILE[0])
+    plan = renamed_plan(benign, tmp_path / "spec", NOT_A_HOST)
     code, text, err = _run(["export", str(plan), "--to", "megatron"])
-    assert code == 0 and json.loads(text)["patterns"][0]["devices"][0][0] == [f"{HOSTILE[0]}/g6:0"], err
+    assert code == 0, err
+    devices = [d for p in json.loads(text)["patterns"] for copy in p["devices"] for stage in copy for d in stage]
+    assert f"{NOT_A_HOST}/g6:0" in devices
 
 
 @needs_bash

@@ -35,10 +35,13 @@ from input_mutations import (  # noqa: E402
     FILE_WIDE,
     GRAPH,
     WORKLOAD,
+    cluster_hostile_mutation,
     emit,
     field_mutation,
     file_mutation,
+    number_mutation,
 )
+from test_helix_plan import write_tables  # noqa: E402
 
 EXAMPLES = 60
 
@@ -205,6 +208,44 @@ def test_mutated_workload_files(mutation, objective):
 @given(st.one_of(_mutations(CONFIG_LLAMA, yaml=False), _mutations(CONFIG_GPT2, yaml=False)))
 def test_mutated_model_configs(mutation):
     _fuzz_config(*mutation)
+
+
+@settings(FUZZ, max_examples=EXAMPLES // 2)
+@given(cluster_hostile_mutation())
+def test_hostile_cluster_specs(mutation):
+    """Huge counts, implausible or unlimited memory, lone surrogates and separators in names."""
+    _fuzz_cluster(*mutation)
+
+
+def _helix_files(tmp: Path) -> list[Path]:
+    cluster = write_tables(tmp)
+    t4 = tmp / "llama2_70b" / "t4"
+    return [cluster, cluster.with_name("machine_profiles.ini"), t4 / "llama2_70b_t4.py", t4 / "decode_bs2time.csv"]
+
+
+@settings(FUZZ, max_examples=EXAMPLES // 2)
+@given(st.data())
+def test_mutated_helix_files(data):
+    """One number of a Helix file replaced (tests/input_mutations.py: deep expressions, huge integers,
+    other spellings): plan-helix writes a layout or exits 2 naming the file, no traceback."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        files = _helix_files(tmp)
+        target = data.draw(st.sampled_from(files))
+        what, text = data.draw(number_mutation(target.read_text()))
+        target.write_bytes(text.encode("utf-8", "surrogatepass"))
+        out = tmp / "layout.ini"
+        argv = ["plan-helix", "--cluster", str(files[0]), "--profiles", str(tmp / "llama2_70b"), "--model", "gpt2"]
+        code, stdout, err = _run([*argv, "-o", str(out)])
+        what = f"{target.name}: {what}"
+        assert "Traceback" not in stdout + err, what
+        assert code in (0, 2), f"{what}: exit {code}: {stdout}{err}"
+        if code == 0:
+            assert out.exists(), what
+            return
+        message = " ".join(err.split())
+        assert message.count("error:") == 1, f"{what}: {message}"
+        assert any(str(f) in message for f in files), f"{what}: the message names no Helix file: {message}"
 
 
 @pytest.mark.slow

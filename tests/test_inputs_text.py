@@ -79,15 +79,23 @@ def test_a_non_finite_norm_epsilon_in_a_config_json_is_refused(tmp_path, capsys)
     assert code == 2 and "config.json: layer_norm_epsilon: nan is not a finite number" in err
 
 
-def test_markup_in_a_model_name_and_escape_sequences_in_a_cluster_name_are_printed_literally(tmp_path, capsys):
+def test_markup_in_a_model_name_and_a_cluster_name_is_printed_literally(tmp_path, capsys):
     cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(Path(CLUSTER).read_text().replace("name: localhost-2cpu", 'name: "c\\e[2Jd"', 1))
+    cluster.write_text(Path(CLUSTER).read_text().replace("name: localhost-2cpu", 'name: "c[b]d[/b]"', 1))
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({**LLAMA, "_name_or_path": "a[/]b [red]c[/red]:smile:"}))
     argv = ["plan", "--cluster", str(cluster), "--model", str(model), "--no-baselines", "-o", str(tmp_path / "p.yaml")]
     code, out, _ = _run(argv, capsys)
-    assert code == 0 and "a[/]b [red]c[/red]:smile:" in out and "c\\x1b[2Jd" in out and "\x1b" not in out
+    assert code == 0 and "a[/]b [red]c[/red]:smile:" in out and "c[b]d[/b]" in out
+
+
+def test_an_escape_sequence_in_a_cluster_name_is_refused(tmp_path, capsys):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(Path(CLUSTER).read_text().replace("name: localhost-2cpu", 'name: "c\\e[2Jd"', 1))
+    code, out, err = _run(["show-cluster", str(cluster)], capsys)
+    assert code == 2 and f"{cluster}: name: 'c\\x1b[2Jd' holds a character that is not printable" in err
+    assert "\x1b" not in out + err
 
 
 def test_a_control_character_in_a_model_name_is_refused(tmp_path, capsys):

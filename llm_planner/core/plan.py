@@ -55,6 +55,7 @@ OBJECTIVES = ("latency", "throughput")
 # user (Ctrl-C), the best plan found so far; feasible: stopped for another reason; heuristic: no proof sought
 STATUSES = ("optimal", "time_limit", "interrupted", "feasible", "heuristic")
 DERIVED_REL_TOL = 1e-9  # derived floats (gap, throughput) against their re-derivation: the writer round-trips exactly
+MAX_SEED = 2**63 - 1  # inputs.model.seed: the largest seed every generator the runtime seeds accepts
 
 
 class PlanError(ValueError):
@@ -374,6 +375,10 @@ def _read_inputs(fields: Fields) -> PlanInputs:
     for key, value in model.data.items():
         if not (value is None or isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))):
             raise model.fail(key, f"expected a string, an integer or null, got {value!r}")
+    if "seed" in model.data:  # seeds weights, prompts and random graphs (torch.manual_seed takes 64 bits)
+        seed = model.integer("seed", minimum=0)
+        if seed > MAX_SEED:
+            raise model.fail("seed", f"must be at most {MAX_SEED} (2**63 - 1), got {seed}")
     check_finite_tree(options.data, fields, "options")
     # a hash of no file could only come from an edit; but a workload graph file brings its own devices, whose hash
     # stands in the cluster's place (verify notices when the workload's device fields change)

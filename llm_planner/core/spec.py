@@ -29,8 +29,12 @@ from llm_planner.core.spec_fields import (
     as_hostname,
     as_int,
     as_name,
+    as_safe_name,
     as_str,
     as_text,
+    bandwidth,
+    flops,
+    mem_bytes,
     nonneg_seconds,
 )
 
@@ -253,7 +257,7 @@ class ClusterSpec:
 
 def _read_link(r: Reader) -> LinkSpec:
     link = LinkSpec(
-        bw_bytes_per_s=r.get("bw_bytes_per_s", units.parse_bandwidth, positive=True),
+        bw_bytes_per_s=r.get("bw_bytes_per_s", bandwidth, positive=True),
         latency_s=r.get("latency_s", nonneg_seconds, default=0.0),
     )
     r.done()
@@ -284,7 +288,7 @@ def _read_intra_links(r: Reader, key: str, kinds: set[str]) -> tuple[IntraLinkSp
 
 def _read_link_fields(c: Reader) -> dict[str, float]:
     fields = {
-        "bw_bytes_per_s": c.get("bw_bytes_per_s", units.parse_bandwidth, positive=True),
+        "bw_bytes_per_s": c.get("bw_bytes_per_s", bandwidth, positive=True),
         "latency_s": c.get("latency_s", nonneg_seconds, default=0.0),
     }
     c.done()
@@ -292,7 +296,7 @@ def _read_link_fields(c: Reader) -> dict[str, float]:
 
 
 def _read_kind(c: Reader) -> DeviceKindSpec:
-    name = c.get("name", as_name)
+    name = c.get("name", as_safe_name)
     kind_type = c.get("type", as_str)
     if kind_type not in DEVICE_TYPES:
         c.fail(f"must be one of {', '.join(DEVICE_TYPES)}, got {kind_type!r}", "type")
@@ -303,18 +307,15 @@ def _read_kind(c: Reader) -> DeviceKindSpec:
     for dtype in flops_raw:
         if dtype not in PRECISIONS:
             flops_reader.fail(f"unknown precision {dtype!r} (known: {', '.join(PRECISIONS)})", str(dtype))
-    peak = tuple((str(dtype), flops_reader.get(dtype, units.parse_flops, positive=True)) for dtype in flops_raw)
-    mem_raw = c.data.get("mem_bytes")
-    mem = math.inf if mem_raw == "unlimited" else c.get("mem_bytes", units.parse_bytes, positive=True)
-    if mem < 1:
-        c.fail(f"must be at least 1 byte, got {mem_raw!r}", "mem_bytes")
+    peak = tuple((str(dtype), flops_reader.get(dtype, flops, positive=True)) for dtype in flops_raw)
+    mem = math.inf if c.data.get("mem_bytes") == "unlimited" else c.get("mem_bytes", mem_bytes, positive=True)
     c.used.add("mem_bytes")
     spec = DeviceKindSpec(
         name=name,
         type=kind_type,
         peak_flops=peak,
         mem_bytes=mem,
-        mem_bw_bytes_per_s=c.get("mem_bw_bytes_per_s", units.parse_bandwidth, positive=True),
+        mem_bw_bytes_per_s=c.get("mem_bw_bytes_per_s", bandwidth, positive=True),
         compute_efficiency=c.get("compute_efficiency", units.parse_fraction, default=1.0, positive=True),
         mem_efficiency=c.get("mem_efficiency", units.parse_fraction, default=1.0, positive=True),
         overhead_s=c.get("overhead_s", nonneg_seconds, default=0.0),
@@ -340,38 +341,37 @@ def _read_node(c: Reader, kinds: set[str]) -> NodeSpec:
             dev_reader.fail(f"unknown device kind {kind!r} (known: {', '.join(sorted(kinds))})", str(kind))
         devices.append((kind, dev_reader.get(kind, as_int, positive=True)))
     node = NodeSpec(
-        name=c.get("name", as_name),
+        name=c.get("name", as_safe_name),
         devices=tuple(devices),
         count=c.get("count", as_int, default=1, positive=True),
         hostname=c.get("hostname", as_hostname, default=None),
         slots=c.get("slots", as_int, default=None),
         links=_read_intra_links(c, "links", kinds),
     )
-    if node.slots is not None and node.slots <= 0:
-        c.fail(f"must be positive, got {node.slots}", "slots")
-    _check_copy_hostnames(c, node)
+    if node.slots is not None and not 0 < node.slots <= MAX_DEVICES:
+        c.fail(f"must be in 1..{MAX_DEVICES:,} (a host's MPI slots), got {node.slots}", "slots")
     c.done()
     return node
 
 
-def _check_copy_hostnames(c: Reader, node: NodeSpec) -> None:
-    """Every copy's hostname is a host name, and copies of a template with count > 1 have distinct ones:
-    copies on one host would be exported as engines (or ranks) on the same GPUs of that host."""
-    if not node.hostname:
-        return
-    seen: dict[str, int] = {}
-    for i in range(node.count):
-        host = node.hostname.format(i=i)
-        problem = hostname_problem(host) if i else None  # copy 0: checked by as_hostname
-        if problem is not None:
-            c.fail(f"{problem} (copy {i} of {node.hostname!r})", "hostname")
-        if host in seen:
-            c.fail(
-                f"{node.hostname!r} gives copies {seen[host]} and {i} of node {node.name!r} (count: {node.count}) "
-                'the same host; write {i} where the copy index goes (e.g. "gpu-{i}"), or one node per host',
-                "hostname",
-            )
-        seen[host] = i
+def _check_hostnames(top: Reader, nodes: tuple[NodeSpec, ...]) -> None:
+    """Every copy's host name (as_hostname checked copy 0), and copies of a template with count > 1 on distinct
+    hosts: copies on one host would be exported as engines (or ranks) on the same GPUs of that host. Run once the
+    copies are known to be few (the device limit is checked from the counts first)."""
+    for t, node in enumerate(nodes):
+        seen: dict[str, int] = {}
+        for i in range(node.count) if node.hostname else ():
+            host = node.hostname.format(i=i)
+            problem = hostname_problem(host) if i else None
+            if problem is not None:
+                top.fail(f"{problem} (copy {i} of {node.hostname!r})", f"nodes[{t}].hostname")
+            if host in seen:
+                top.fail(
+                    f"{node.hostname!r} gives copies {seen[host]} and {i} of node {node.name!r} (count: {node.count}) "
+                    'the same host; write {i} where the copy index goes (e.g. "gpu-{i}"), or one node per host',
+                    f"nodes[{t}].hostname",
+                )
+            seen[host] = i
 
 
 def _as_list(r: Reader, key: str) -> list:
@@ -397,6 +397,7 @@ def parse_cluster(data: Any, source: str = "<memory>") -> ClusterSpec:
             f"the cluster has {num_devices:,} devices (count x devices of every node); the limit is {MAX_DEVICES:,}",
             "nodes",
         )
+    _check_hostnames(top, nodes)
     links = top.child("links", top.get("links", default={}))
     default_raw = links.get("intra_node_default", default=None)
     inter_raw = links.get("inter_node", default=None)
@@ -435,6 +436,17 @@ def _check_links(cluster: ClusterSpec, links: Reader) -> None:
                     f"no link between kinds {a!r} and {b!r} in node {node.name!r}; add a rule or a default",
                     "intra_node_default",
                 )
+
+
+def check_memory_limited(cluster: ClusterSpec, kinds: set[str], purpose: str) -> None:
+    """Refuse `mem_bytes: unlimited` on the named kinds where a planner sizes something by memory
+    (a serving plan's KV cache: unlimited memory holds unboundedly many sequences)."""
+    for i, kind in enumerate(cluster.device_kinds):
+        if kind.name in kinds and math.isinf(kind.mem_bytes):
+            raise SpecError(
+                f"{cluster.source}: device_kinds[{i}].mem_bytes: `unlimited` cannot be used for {purpose} "
+                f"(kind {kind.name!r}); give the device's memory in bytes, e.g. '512 GiB'"
+            )
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:

@@ -31,12 +31,14 @@ the simulator on the layouts we measured.
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from llm_planner.core.fileio import read_text
+from llm_planner.core.fmt import quote
 from llm_planner.cost.serving_profile import LayerTable
-from llm_planner.helix.inputs import HelixError, read_profile_csv
+from llm_planner.helix.inputs import MAX_LAYERS, MAX_TABLE_VALUE, HelixError, read_profile_csv
 
 BLOCK_TOKENS = 16  # tokens in one of vLLM's KV blocks (Helix's VLLM_BLOCK_SIZE)
 EXPECTED_OUTPUT = 240  # tokens Helix's scheduler expects a query to add (AVG_OUTPUT_LEN)
@@ -113,11 +115,17 @@ def load_engine_tables(folder: str | Path, machine_type: str) -> EngineTables:
 
 
 def _dict_literals(path: Path) -> dict[str, dict[int, int]]:
+    """The two tables of a type's Python file, read as literals from its syntax tree (never run)."""
     try:
         tree = ast.parse(read_text(path, HelixError), filename=str(path))
     except (SyntaxError, ValueError) as exc:
         where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
-        raise HelixError(f"{path}: not valid Python: {getattr(exc, 'msg', exc)}{where}") from None
+        what = getattr(exc, "msg", str(exc))
+        if "integer string conversion" in what:  # Python's own limit, sys.get_int_max_str_digits()
+            what = f"an integer of more than {sys.get_int_max_str_digits():,} digits"
+        raise HelixError(f"{path}: not valid Python: {what}{where}") from None
+    except (RecursionError, MemoryError):  # the parser's own limits: `1+1+...`, `-----1`, deep brackets
+        raise HelixError(f"{path}: an expression nested too deeply for Python's parser") from None
     found = {}
     for node in ast.walk(tree):
         for name in _assigned_names(node):
@@ -143,14 +151,36 @@ def _assigned_names(node: ast.AST) -> list[str]:
 
 
 def _int_dict(path: Path, name: str, node: ast.AST) -> dict[int, int]:
-    try:
-        value = ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        value = None
-    ok = isinstance(value, dict) and value and all(isinstance(k, int) and isinstance(v, int) for k, v in value.items())
-    if not ok or min(value) < 1 or min(value.values()) < 1 or sorted(value) != list(range(1, max(value) + 1)):
-        raise HelixError(f"{path}: {name}: expected {{layers: positive int}} for layers 1, 2, ..., got {value!r}")
+    """A dict display of integer literals {layers: value}, layers 1, 2, ... (no expression is evaluated)."""
+    value = _flat_int_dict(node)
+    if value is None:
+        raise HelixError(
+            f"{path}: {name}: expected {{layers: positive int}} for layers 1, 2, ... written as integer literals "
+            f"(line {node.lineno})"
+        )
+    for layers, entry in value.items():
+        if not (1 <= layers <= MAX_LAYERS and 1 <= entry <= MAX_TABLE_VALUE):
+            raise HelixError(
+                f"{path}: {name}: the entry {quote(layers, 40)}: {quote(entry, 40)} is outside layers "
+                f"1..{MAX_LAYERS:,} and values 1..{MAX_TABLE_VALUE:,} (line {node.lineno})"
+            )
+    if sorted(value) != list(range(1, len(value) + 1)):
+        raise HelixError(f"{path}: {name}: expected {{layers: positive int}} for layers 1, 2, ..., got {quote(value)}")
     return value
+
+
+def _flat_int_dict(node: ast.AST) -> dict[int, int] | None:
+    """{int: int} of a dict display whose keys and values are int literals; None for anything else."""
+    if not isinstance(node, ast.Dict) or not node.keys:
+        return None
+    items = list(zip(node.keys, node.values))
+    if not all(_is_int(k) and _is_int(v) for k, v in items):
+        return None
+    return {k.value: v.value for k, v in items}
+
+
+def _is_int(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool)
 
 
 def stage_room(stage: Stage, table: EngineTables) -> int:

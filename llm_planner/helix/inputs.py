@@ -35,7 +35,6 @@ tensor-parallel group, not one device of a kind, and are left out (with a commen
 
 from __future__ import annotations
 
-import ast
 import configparser
 import json
 import math
@@ -44,9 +43,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llm_planner.core.fileio import read_document, read_text
+from llm_planner.core.fmt import quote
+from llm_planner.graph.decoder_limits import MAX_SIZES
 
 DATASHEETS = Path(__file__).resolve().parents[1] / "core" / "data" / "gpu_datasheets.yaml"
 NODE_INDEX_OFFSET = 2  # Helix's simulator names ComputeNode-i of a cluster file compute_node_<i + 2>
+# Limits on what Helix's files may hold (docs/inputs.md), checked where each number is read: machines
+# of a cluster file (far past Helix's 42; plan-helix's search has its own, llm_planner.helix.plan),
+# layers (a model's, graph.decoder_limits), a profile's batch or prompt tokens, a table's entries.
+MAX_MACHINES = 1024
+MAX_LAYERS = MAX_SIZES["num_layers"]
+MAX_BATCH = 10**8
+MAX_TABLE_VALUE = 10**9
 _UNITS = {
     "kbps": 1e3,
     "mbps": 1e6,
@@ -111,6 +119,17 @@ def parse_helix_value(text: str) -> float:
     return value
 
 
+def bounded_int(text: str, low: int, high: int) -> int:
+    """The decimal integer `text` if it lies in [low, high]; ValueError saying why. A number of
+    thousands of digits is refused by its length, never converted."""
+    digits = text.strip()
+    if not re.fullmatch(r"[-+]?[0-9]+", digits):
+        raise ValueError(f"expected an integer, got {quote(text)}")
+    if len(digits.lstrip("+-").lstrip("0")) > len(str(high)) or not low <= int(digits) <= high:
+        raise ValueError(f"{quote(digits)} is outside [{low:,}, {high:,}], the range it may take (docs/inputs.md)")
+    return int(digits)
+
+
 class _Ini:
     """One INI file; every error names the file, the section and the field."""
 
@@ -142,23 +161,19 @@ class _Ini:
         except ValueError as exc:
             self.fail(section, key, str(exc))
 
-    def literal(self, section: str, key: str, kind: type):
+    def integer(self, section: str, key: str, low: int, high: int) -> int:
+        """A plain decimal integer in [low, high] (never evaluated as an expression)."""
         try:
-            value = ast.literal_eval(self.raw(section, key).strip())
-        except (ValueError, SyntaxError):
-            value = None
-        if not isinstance(value, kind) or isinstance(value, bool):
-            self.fail(section, key, f"expected a {kind.__name__}, got {self.raw(section, key)!r}")
-        return value
+            return bounded_int(self.raw(section, key), low, high)
+        except ValueError as exc:
+            self.fail(section, key, str(exc))
 
 
 def load_helix_cluster(cluster_path: str | Path, machine_profiles_path: str | Path | None = None) -> HelixCluster:
     """Read a Helix cluster file and its machine profiles (default: machine_profiles.ini beside it)."""
     ini = _Ini(cluster_path)
     profiles = _Ini(machine_profiles_path or Path(cluster_path).with_name("machine_profiles.ini"))
-    num_nodes = ini.literal("NodeNames", "total_compute_nodes", int)
-    if num_nodes < 1:
-        ini.fail("NodeNames", "total_compute_nodes", f"must be at least 1, got {num_nodes}")
+    num_nodes = ini.integer("NodeNames", "total_compute_nodes", 1, MAX_MACHINES)
     node_types = []
     for i in range(num_nodes):
         name = ini.raw(f"ComputeNode-{i}", "type").strip().strip("\"'")
@@ -381,14 +396,12 @@ def read_profile_csv(path: str | Path) -> list[tuple[int, float]]:
         cells = [c.strip() for c in line.split(",")]
         try:
             if len(cells) != 2:
-                raise ValueError(f"expected 'size,milliseconds', got {line!r}")
-            size, ms = int(cells[0]), float(cells[1])
-            if size < 0 or not math.isfinite(ms) or ms < 0:
-                raise ValueError(f"size must be >= 0 and time a finite number >= 0, got {line!r}")
+                raise ValueError(f"expected 'size,milliseconds', got {quote(line)}")
+            size, ms = bounded_int(cells[0], 0, MAX_BATCH), float(cells[1])
+            if not math.isfinite(ms) or ms < 0:
+                raise ValueError(f"time must be a finite number >= 0, got {quote(line)}")
         except ValueError as exc:
-            raise HelixError(
-                f"{path}: line {number}: {str(exc).removeprefix('invalid literal for int() with base 10: ')}"
-            ) from None
+            raise HelixError(f"{path}: line {number}: {exc}") from None
         if rows and size <= rows[-1][0]:
             raise HelixError(f"{path}: line {number}: sizes must increase, got {size} after {rows[-1][0]}")
         rows.append((size, ms * 1e-3))

@@ -27,7 +27,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from llm_planner.helix.inputs import NODE_INDEX_OFFSET, helix_node_name
+from llm_planner.core.fmt import quote
+from llm_planner.helix.inputs import MAX_LAYERS, MAX_MACHINES, NODE_INDEX_OFFSET, bounded_int, helix_node_name
 
 _SIMULATOR_NAME = re.compile(r"^compute_node_(\d+)$")
 _CLUSTER_NAME = re.compile(r"^ComputeNode-(\d+)$")
@@ -41,10 +42,15 @@ def helix_name(name: str, names: Mapping[str, str] | None = None) -> str:
     """The simulator's node name for a Helix name or one of our device names (through `names`)."""
     if names is not None and name in names:
         name = names[name]
-    if match := _CLUSTER_NAME.match(name):
-        return helix_node_name(int(match.group(1)))
-    if (match := _SIMULATOR_NAME.match(name)) and int(match.group(1)) >= NODE_INDEX_OFFSET:
-        return name
+    try:
+        if match := _CLUSTER_NAME.match(name):
+            return helix_node_name(bounded_int(match.group(1), 0, MAX_MACHINES - 1))
+        if (match := _SIMULATOR_NAME.match(name)) and bounded_int(
+            match.group(1), 0, MAX_MACHINES - 1 + NODE_INDEX_OFFSET
+        ) >= NODE_INDEX_OFFSET:
+            return name
+    except ValueError as exc:
+        raise LayoutError(f"{quote(name)}: its machine index {exc}") from None
     hint = " (pass `names`, e.g. helix_import.device_helix_names, to map our device names)" if names is None else ""
     raise LayoutError(
         f"{name!r} is not a Helix node name (compute_node_<k>, k >= {NODE_INDEX_OFFSET}, or ComputeNode-<i>){hint}"
@@ -112,14 +118,20 @@ def read_helix_layout(text: str, source: str = "<layout>") -> dict[str, tuple[in
         if section != "Solution" or "=" not in line:
             continue
         key, value = (part.strip() for part in line.split("=", 1))
-        layers = [int(x) for x in re.findall(r"-?\d+", value)]
+        try:
+            layers = [bounded_int(x, 0, MAX_LAYERS - 1) for x in re.findall(r"-?\d+", value)]
+        except ValueError as exc:
+            raise LayoutError(f"{source}: line {number}: [Solution] {quote(key)}: a layer index {exc}") from None
         if not layers:
             continue  # a machine listed with no layers holds nothing
         if layers != list(range(layers[0], layers[0] + len(layers))) or layers[0] < 0:
             raise LayoutError(
                 f"{source}: line {number}: [Solution] {key}: layers {value} are not a contiguous ascending range"
             )
-        ranges[helix_name(key)] = (layers[0], layers[-1] + 1)
+        try:
+            ranges[helix_name(key)] = (layers[0], layers[-1] + 1)
+        except LayoutError as exc:
+            raise LayoutError(f"{source}: line {number}: [Solution]: {exc}") from None
     if not ranges:
         raise LayoutError(f"{source}: [Solution]: no machine holds any layer")
     return ranges

@@ -57,6 +57,11 @@ class HelixPlan:
 
 
 ORDERS = ("slow-ends", "fast-first")
+# The search prices every stage (width x layers of a type) for every room a stage can have, so its
+# work grows with the square of the stage shapes: machines x the most layers their type's tables
+# list, summed over the types. Helix's 24-machine cluster has a few hundred (0.1 s), four copies of
+# it (96 machines) a few times that (2 s); the limit, about 10 s, is refused before the search.
+MAX_STAGE_SHAPES = 1536
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +107,13 @@ def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends")
     missing = [name for name in counts if name.lower() not in tables]
     if missing:
         raise HelixError(f"{cluster.source}: no tables for machine types {missing} in the model manager folder")
+    shapes = sum(n * tables[name.lower()].max_layers for name, n in counts.items())
+    if shapes > MAX_STAGE_SHAPES:
+        raise HelixError(
+            f"{cluster.source}: {len(cluster.node_types):,} machines make {shapes:,} stage shapes to search "
+            f"(machines x the most layers their type's tables list, summed over the types); the limit is "
+            f"{MAX_STAGE_SHAPES:,} (docs/inputs.md)"
+        )
     kinds = [Kind(name.lower(), n, tables[name.lower()]) for name, n in counts.items()]
     stages = best_stages(kinds, num_layers, prompt_len, network)
     if stages is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_planner.core.spec import ClusterSpec, LinkSpec, load_cluster
+from llm_planner.core.spec import ClusterSpec, LinkSpec, check_memory_limited, load_cluster
 from llm_planner.cost.serving_profile import load_serving_profile
 from llm_planner.graph.transformer import DecoderConfig, named_config
 from llm_planner.serving.classes import ServerClass, server_classes
@@ -134,6 +134,8 @@ def build_context(
     profile_path: str | None = None,
 ) -> ServingContext:
     cluster = load_cluster(cluster_path)
+    usable = {k.name for k in cluster.device_kinds if k.type != "cpu" or options.allow_cpu}
+    check_memory_limited(cluster, usable, "serving plans (the KV cache a device holds is sized by its memory)")
     return ServingContext(
         cluster, decoder_config(model), workload, dtype, options, layer_time_from_profile(profile_path, workload)
     )
