@@ -90,11 +90,10 @@ def device_rate_bound(cache: CostCache, sc: ServerClass, tpot_slo_s: float) -> f
 def _roofline_rate(costs, k: int, layers: int, tpot_slo_s: float, c_cap: float = float("inf")) -> float:
     """C l / (k (step + l max_j (f_j + s_j C))) at the largest C that memory and the target allow."""
     block, step = costs.pieces["block"], costs.step_s
-    room = costs.usable_bytes - layers * costs.weight_bytes["block"]
-    if room < 0:
+    c_held = costs.concurrency_held(layers)
+    if c_held < 0:
         return 0.0
-    kv = costs.kv_bytes_per_seq
-    c_max = min(c_cap, room / (layers * kv) if kv > 0 else float("inf"))
+    c_max = min(c_cap, c_held)
     for f, s in block:
         if s > 0:
             c_max = min(c_max, max(0.0, ((tpot_slo_s - step) / layers - f) / s))
@@ -108,10 +107,10 @@ def _measured_rate(costs, k: int, layers: int, tpot_slo_s: float, c_cap: float =
     a table's extended end reaches 0): on each piece C l / (k (step + l t(C))) is monotone in C,
     so its largest value is at an end of the piece's part that memory and the target allow."""
     step, t = costs.step_s, costs.layer_time
-    room = costs.usable_bytes - layers * costs.weight_bytes["block"]
-    if room < 0:
+    c_held = costs.concurrency_held(layers)
+    if c_held < 0:
         return 0.0
-    c_mem = min(c_cap, room / (layers * costs.kv_bytes_per_seq))
+    c_mem = min(c_cap, c_held)
     if c_mem < 1:
         return 0.0
     ends = sorted({1.0, c_mem, *(x for x in t.breakpoints if 1.0 < x < c_mem)})
@@ -214,10 +213,9 @@ def _level_options(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_
             rate_of = _measured_rate if getattr(costs, "layer_time", None) is not None else _roofline_rate
             block_min = least_block_s(costs)
             for layers in range(1, cache.tasks.num_layers + 1):
-                room = costs.usable_bytes - layers * costs.weight_bytes["block"]
-                if room < layers * costs.kv_bytes_per_seq:
+                c_fit = costs.concurrency_held(layers)
+                if c_fit < 1:
                     break
-                c_fit = room / (layers * costs.kv_bytes_per_seq)
                 j, c = 0, 1.0
                 while c <= c_fit:
                     rate = rate_of(costs, k, layers, tpot_slo_s, c * LEVEL_RATIO)

@@ -108,7 +108,7 @@ def _groups(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: floa
         for sc in classes:
             for k in sc.degrees:
                 costs = cache.get(sc.name, k)
-                per_layer = costs.weight_bytes["block"] + c * costs.kv_bytes_per_seq
+                per_layer = costs.layer_bytes(c)
                 l_mem = int(costs.usable_bytes // per_layer) if per_layer > 0 else num_layers
                 if l_mem < 1:
                     continue

@@ -154,7 +154,7 @@ class StageKind:
         if c.kv_bytes_per_seq <= 0:
             return []
         rooms = (c.usable_bytes, c.usable_bytes - self.end_bytes)
-        return [math.floor((room / layers - c.weight_bytes["block"]) / c.kv_bytes_per_seq) for room in rooms]
+        return [math.floor(c.concurrency_held(layers, room)) for room in rooms]
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Optio
     for kd in kinds:
         costs = kd.costs
         tau = least_block_s(costs, b_lo, b_hi)
-        per_layer = costs.weight_bytes["block"] + cell.c_lo * costs.kv_bytes_per_seq
+        per_layer = costs.layer_bytes(cell.c_lo)
         busy = (cell.t_hi / cell.m_lo - costs.step_s) / tau if tau > 0 else float(num_layers)
         l_max = min(num_layers, math.floor(costs.usable_bytes / per_layer + 1e-9), math.floor(busy + 1e-9))
         if l_max < 1:
@@ -294,7 +294,7 @@ class _Model:
             self.rows.add([(mu, 1.0), (lam, -cell.c_lo)], 0.0, np.inf)
             most = float(min(self.num_layers, o.l_max * (self.capacity[o.kind.class_name] // o.kind.k)))
             self.rows.add([(mu, 1.0), (lam, -cell.c_hi), (seqs, -most), (x, most * cell.c_hi)], 0.0, np.inf)
-            room = costs.usable_bytes
+            room = costs.usable_bytes  # llm_planner.cost.memory's l W + l C KV + ends, over the columns
             memory = [(lam, costs.weight_bytes["block"] / room), (mu, costs.kv_bytes_per_seq / room)]
             self.rows.add(memory + [(e, o.kind.end_bytes / room), (n, -1.0)], -np.inf, 0.0)
             self.device_terms[o.kind.class_name].append((n, float(o.kind.k)))

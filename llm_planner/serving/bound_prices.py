@@ -108,7 +108,7 @@ def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Optio
     out = []
     for kd in kinds:
         c = kd.costs
-        per_layer = c.weight_bytes["block"] + cell.c_lo * c.kv_bytes_per_seq
+        per_layer = c.layer_bytes(cell.c_lo)
         l_max = min(num_layers, math.floor(c.usable_bytes / per_layer + 1e-9))
         busy_tau = least_block_s(c, max(1.0, b_lo - 1), b_hi)  # micro-batches differ by one
         room = cell.t_hi / cell.m_lo - c.step_s

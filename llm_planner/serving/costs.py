@@ -14,13 +14,14 @@ tensor-parallel group (its collectives included): weights are read once per micr
 FLOPs and activation bytes scale with b. A measured serving profile replaces block(b) on
 single devices (llm_planner.cost.serving_profile).
 
-Memory per device of the stage (each member of a group):
+Memory per device of the stage (each member of a group) is llm_planner.cost.memory's formula:
 
-    weights of its share of every task + C * l * KV(per sequence per layer, full context) / k
-      + the largest task workspace at b sequences (its prompt chunk included)
+    l * (W + C * KV) + the end parts' weights + the largest task workspace at b sequences
 
-with C the sequences in flight through the replica: every one of them holds its KV cache
-on every stage at once, whichever micro-batch it is in.
+with W and KV one layer's weights and KV cache per sequence at full context (each member's
+share on a group of k), the workspace with its prompt chunk included, and C the sequences in
+flight through the replica: every one of them holds its KV cache on every stage at once,
+whichever micro-batch it is in.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from llm_planner.core.constants import DTYPE_BYTES
+from llm_planner.cost.memory import concurrency_held, layer_bytes, stage_bytes
 from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
 from llm_planner.graph.decoder_graph import ID_BYTES, build_decoder_graph
 from llm_planner.graph.ir import Task
@@ -158,13 +160,26 @@ class StageCosts:
             self.weight_bytes["final_norm"] + self.weight_bytes["lm_head"]
         )
 
+    def layer_bytes(self, concurrency: float) -> float:
+        """One decoder layer's bytes per device with `concurrency` sequences in flight (llm_planner.cost.memory)."""
+        return layer_bytes(self.weight_bytes["block"], self.kv_bytes_per_seq, concurrency)
+
+    def concurrency_held(self, layers: float, room_bytes: float | None = None) -> float:
+        """The most sequences in flight whose KV cache `layers` layers hold in `room_bytes` (default: the
+        device's usable memory) beside their weights (llm_planner.cost.memory.concurrency_held)."""
+        room = self.usable_bytes if room_bytes is None else room_bytes
+        return concurrency_held(room, layers, self.weight_bytes["block"], self.kv_bytes_per_seq)
+
     def mem_bytes(self, *, layers: int, first: bool, last: bool, concurrency: int, micro_batch: int) -> float:
         parts = ["block"] * (layers > 0) + ["embed"] * first + ["final_norm", "lm_head"] * last
         workspace = max((self.workspace_bytes_per_seq[p] for p in parts), default=0.0) * micro_batch
-        return (
-            layers * (self.weight_bytes["block"] + concurrency * self.kv_bytes_per_seq)
-            + self.fixed_bytes(first, last)
-            + workspace
+        return stage_bytes(
+            layers=layers,
+            weight_bytes=self.weight_bytes["block"],
+            kv_bytes_per_seq=self.kv_bytes_per_seq,
+            concurrency=concurrency,
+            fixed_bytes=self.fixed_bytes(first, last),
+            workspace_bytes=workspace,
         )
 
     def max_layers(self, *, first: bool, last: bool, concurrency: int, micro_batch: int) -> int:
@@ -173,7 +188,7 @@ class StageCosts:
             layers=0, first=first, last=last, concurrency=0, micro_batch=micro_batch
         )
         room -= self.workspace_bytes_per_seq["block"] * micro_batch
-        per_layer = self.weight_bytes["block"] + concurrency * self.kv_bytes_per_seq
+        per_layer = self.layer_bytes(concurrency)
         if room < 0:
             return 0
         return int(room // per_layer) if per_layer > 0 else 10**9
