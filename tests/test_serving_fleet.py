@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 import types
 from pathlib import Path
 
@@ -153,12 +152,10 @@ def test_aggregated_serving_equals_brute_force_over_the_expanded_cluster(tmp_pat
 def _plan_tiny(tmp_path: Path, capsys, cluster: str, *extra: str) -> tuple[int, str, Path]:
     spec, out = tmp_path / "fleet.yaml", tmp_path / "plan.yaml"
     spec.write_text(cluster)
-    started = time.perf_counter()
     code = main(
         ["plan", "--cluster", str(spec), "--model", "gpt2", "--objective", "serving", "--prompt-len", "256"]
         + ["--output-len", "128", "--tpot-slo", "5 ms", "-o", str(out), *extra]
     )
-    assert time.perf_counter() - started < 30
     err = " ".join(capsys.readouterr().err.split())
     assert "Traceback" not in err
     return code, err, out
