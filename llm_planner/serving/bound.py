@@ -63,7 +63,7 @@ from __future__ import annotations
 import numpy as np
 
 from llm_planner.core.spec import LinkSpec
-from llm_planner.serving.bound_batches import SparseRows, batch_level_bound, least_block_s, maximise_with_binaries
+from llm_planner.serving.bound_batches import SparseRows, batch_level_bound, maximise_with_binaries
 from llm_planner.serving.bound_cells import cell_bound
 from llm_planner.serving.bound_prices import price_bound
 from llm_planner.serving.classes import ServerClass
@@ -76,7 +76,7 @@ def stage_rates(cache: CostCache, sc: ServerClass, tpot_slo_s: float) -> dict[tu
     out = {}
     for k in sc.degrees:
         costs = cache.get(sc.name, k)
-        rate = _measured_rate if getattr(costs, "layer_time", None) is not None else _roofline_rate
+        rate = _rate_of(costs)
         for layers in range(1, cache.tasks.num_layers + 1):
             out[(k, layers)] = rate(costs, k, layers, tpot_slo_s)
     return out
@@ -85,6 +85,11 @@ def stage_rates(cache: CostCache, sc: ServerClass, tpot_slo_s: float) -> dict[tu
 def device_rate_bound(cache: CostCache, sc: ServerClass, tpot_slo_s: float) -> float:
     """rho: layer-token passes per second one device of the class can do in any plan."""
     return max(stage_rates(cache, sc, tpot_slo_s).values(), default=0.0)
+
+
+def _rate_of(costs):
+    """The rate function of the stage's layer time: exact on the roofline's pieces, or on a measured table."""
+    return _measured_rate if costs.layer_time.measured else _roofline_rate
 
 
 def _roofline_rate(costs, k: int, layers: int, tpot_slo_s: float, c_cap: float = float("inf")) -> float:
@@ -210,8 +215,8 @@ def _level_options(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_
     for sc in classes:
         for k in sc.degrees:
             costs = cache.get(sc.name, k)
-            rate_of = _measured_rate if getattr(costs, "layer_time", None) is not None else _roofline_rate
-            block_min = least_block_s(costs)
+            rate_of = _rate_of(costs)
+            block_min = costs.layer_time.least()
             for layers in range(1, cache.tasks.num_layers + 1):
                 c_fit = costs.concurrency_held(layers)
                 if c_fit < 1:

@@ -68,7 +68,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llm_planner.core.spec import LinkSpec
-from llm_planner.serving.bound_batches import SparseRows, least_block_s, solve_with_binaries
+from llm_planner.serving.bound_batches import SparseRows, solve_with_binaries
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.costs import StageCosts
 from llm_planner.serving.layout import CostCache
@@ -188,7 +188,7 @@ def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Optio
     out = []
     for kd in kinds:
         costs = kd.costs
-        tau = least_block_s(costs, b_lo, b_hi)
+        tau = costs.layer_time.least(b_lo, b_hi)
         per_layer = costs.layer_bytes(cell.c_lo)
         busy = (cell.t_hi / cell.m_lo - costs.step_s) / tau if tau > 0 else float(num_layers)
         l_max = min(num_layers, math.floor(costs.usable_bytes / per_layer + 1e-9), math.floor(busy + 1e-9))
@@ -224,7 +224,7 @@ def start_cells(kinds: list[StageKind], classes, num_layers: int, tpot_slo_s: fl
         ms.append((m, 2 * m - 2))
         m = 2 * m - 1
     ms.append((m, 0))
-    t_min = min(kd.costs.step_s for kd in kinds) + num_layers * min(least_block_s(kd.costs) for kd in kinds)
+    t_min = min(kd.costs.step_s for kd in kinds) + num_layers * min(kd.costs.layer_time.least() for kd in kinds)
     t_min = min(max(t_min, 1e-9), tpot_slo_s)  # no replica's round trip is shorter
     ts = _cut(t_min, tpot_slo_s, max(1, math.ceil(math.log(tpot_slo_s / t_min) / math.log(THETA_START))))
     ts = ts if t_min < tpot_slo_s else [(tpot_slo_s, tpot_slo_s)]
@@ -310,7 +310,7 @@ class _Model:
         m (step + l t(C / m)) <= theta, so m_lo step n + m_lo f_j lam + s_j mu <= theta_hi n."""
         w = self._column(0.0)
         self.rows.add([(w, 1.0), (lam, -o.tau)], 0.0, np.inf)
-        if getattr(o.kind.costs, "layer_time", None) is not None:
+        if o.kind.costs.layer_time.measured:
             return w
         for f, slope in o.kind.costs.pieces["block"]:
             if cell.m_hi:

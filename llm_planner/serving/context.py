@@ -9,7 +9,7 @@ from llm_planner.core.spec import ClusterSpec, LinkSpec, load_cluster
 from llm_planner.cost.serving_profile import load_serving_profile
 from llm_planner.graph.transformer import DecoderConfig, named_config
 from llm_planner.serving.classes import ServerClass, server_classes
-from llm_planner.serving.costs import ServingTasks, build_serving_tasks
+from llm_planner.serving.costs import MeasuredLayerTime, ServingTasks, build_serving_tasks
 from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
 from llm_planner.serving.replica import ReplicaModel
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
@@ -81,35 +81,6 @@ def decoder_config(name: str) -> DecoderConfig:
     if config is None:
         raise WorkloadError(f"--model {name!r}: --objective serving needs a decoder preset or a config.json")
     return config
-
-
-class MeasuredLayerTime:
-    """A device kind's measured block time at b sequences in flight per iteration: the decode table
-    at b plus the prefill table at b E[P]/E[O] prompt tokens, both piecewise linear; `breakpoints`
-    are the b where its slope may change (llm_planner.serving.bound needs them)."""
-
-    def __init__(self, profile, kind: str, ratio: float):
-        entry = profile.kind(kind)
-        if entry.prefill is None and ratio > 0:
-            raise WorkloadError(f"{profile.path}: kinds.{kind}: no prefill_layer_s, needed to charge the prompts")
-        self.profile, self.kind, self.ratio = profile, kind, ratio
-        points = set(entry.decode.sizes) | set(_zero_crossings(entry.decode))
-        if entry.prefill is not None and ratio > 0:
-            points |= {size / ratio for size in (*entry.prefill.sizes, *_zero_crossings(entry.prefill))}
-        self.breakpoints = tuple(sorted(p for p in points if p > 0))
-
-    def __call__(self, b: float) -> float:
-        return self.profile.layer_time_s(self.kind, b, b * self.ratio)
-
-
-def _zero_crossings(table) -> list[float]:
-    """Where a table's extended end segments reach 0 (it is floored there, so its slope changes):
-    with these among the breakpoints the time is linear between any two of them."""
-    xs, ys, out = table.sizes, table.seconds, []
-    for i in (0, len(xs) - 2):
-        if ys[i + 1] != ys[i]:
-            out.append(xs[i] - ys[i] * (xs[i + 1] - xs[i]) / (ys[i + 1] - ys[i]))
-    return out
 
 
 def layer_time_from_profile(profile_path: str | None, workload: ServingWorkload):
