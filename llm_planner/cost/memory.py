@@ -40,10 +40,3 @@ def concurrency_held(room_bytes: float, layers: float, weight_bytes: float, kv_b
     if kv_bytes_per_seq <= 0:
         return float("inf") if free >= 0 else float("-inf")
     return free / (layers * kv_bytes_per_seq)
-
-
-def layers_held(room_bytes: float, weight_bytes: float, kv_bytes_per_seq: float, concurrency: float) -> float:
-    """How many layers (a real number) fit in `room_bytes` with `concurrency` sequences in flight; inf
-    when a layer takes nothing."""
-    per_layer = layer_bytes(weight_bytes, kv_bytes_per_seq, concurrency)
-    return room_bytes / per_layer if per_layer > 0 else float("inf")

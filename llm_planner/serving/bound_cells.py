@@ -68,6 +68,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llm_planner.core.spec import LinkSpec
+from llm_planner.cost.roofline import transfer_s
 from llm_planner.serving.bound_batches import SparseRows, solve_with_binaries
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.costs import StageCosts
@@ -145,7 +146,7 @@ class StageKind:
     def hop_s(self, b: float) -> float:
         """The least time a stage of it takes to hand on a micro-batch of b sequences: latency
         and bytes over the fastest link it may use."""
-        return min((lk.latency_s + b * self.handoff_bytes / lk.bw_bytes_per_s for lk in self.links), default=0.0)
+        return min((transfer_s(lk, b * self.handoff_bytes) for lk in self.links), default=0.0)
 
     def breaks(self, layers: int) -> list[int]:
         """The largest C at which memory still holds `layers` layers a device (alone, and beside an
