@@ -48,8 +48,9 @@ def _names(*names: str) -> list[str]:
 LAYERS: list[tuple[str, list[str], str]] = [
     (
         "utilities",
-        _names("", "core", "core.units", "core.fmt", "core.fileio", "core.atomic", "core.procs"),
-        "formatting, units, file writing and process lifetime (signals, parent death) that every layer may use",
+        _names("", "core", "core.units", "core.fmt", "core.fileio", "core.atomic", "core.procs", "core.gap"),
+        "formatting, units, file writing, process lifetime (signals, parent death) and the gap and status "
+        "of a plan against its bound, that every layer may use",
     ),
     (
         "inputs",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llm_planner.core.gap import SERVING_REL_GAP as OPTIMAL_GAP
+from llm_planner.core.gap import gap, status
 from llm_planner.core.spec import ClusterSpec, LinkSpec, load_cluster
 from llm_planner.cost.serving_profile import load_serving_profile
 from llm_planner.graph.transformer import DecoderConfig, named_config
@@ -13,8 +15,6 @@ from llm_planner.serving.costs import MeasuredLayerTime, ServingTasks, build_ser
 from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
 from llm_planner.serving.replica import ReplicaModel
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
-
-OPTIMAL_GAP = 1e-6  # a plan within this share of the bound is called optimal
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,5 +119,6 @@ def usable_bytes(ctx: ServingContext, p: Pattern) -> list[float]:
 
 
 def status_of(tokens: float, bound: float) -> tuple[float, str]:
-    gap = max(0.0, 1.0 - tokens / bound) if bound > 0 else 1.0
-    return gap, ("optimal" if gap <= OPTIMAL_GAP else "heuristic")
+    """A serving plan's gap to its upper bound and the status it supports (llm_planner.core.gap)."""
+    g = gap(tokens, bound, maximize=True)
+    return g, status(g, OPTIMAL_GAP)
