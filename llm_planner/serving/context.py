@@ -48,6 +48,7 @@ class ServingContext:
         self.by_name = {c.name: c for c in self.classes}
         self.cache = CostCache(self.tasks, self.classes, layer_time)
         self.between = _one_server_links(cluster, self.classes) if cluster.inter_node is None else {}
+        self._best: dict = {}
 
     @property
     def capacity(self) -> dict[str, int]:
@@ -58,6 +59,14 @@ class ServingContext:
         return ReplicaModel(
             self.tasks, slots, self.workload.tpot_slo_s, self.workload.ttft_slo_s, self.workload.mean_output_len
         )
+
+    def best(self, layout: Layout, micro_batches: list[int], fixed: tuple[int, ...] | None = None):
+        """ReplicaModel.best of the layout at these micro-batch counts (and fixed split), computed once
+        per context: the baselines share their layouts (megatron's is one of engineer-best's)."""
+        key = (layout, tuple(micro_batches), fixed)
+        if key not in self._best:
+            self._best[key] = self.replica(layout).best(micro_batches, fixed=fixed)
+        return self._best[key]
 
 
 def _one_server_links(cluster: ClusterSpec, classes: tuple[ServerClass, ...]) -> dict[tuple[str, str], LinkSpec]:
