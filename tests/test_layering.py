@@ -110,7 +110,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
     ),
     (
         "serving model",
-        _names("serving", "serving.workload", "serving.classes", "serving.costs", "serving.replica")
+        _names("serving", "serving.workload", "serving.classes", "serving.costs", "serving.replica", "serving.inputs")
         + _names("serving.layout", "serving.context", "serving.bound", "serving.bound_batches", "serving.bound_cells")
         + _names("serving.bound_prices", "serving.optimistic", "serving.plan_file", "serving.verify"),
         "serving: the steady-state model of a replica, the upper bound and the plan file's check; below its search",

@@ -1,5 +1,6 @@
-"""Everything a serving solve reads, built once: the model's serving tasks, the classes of
-the cluster that may serve, their stage costs, the workload and its targets."""
+"""Everything a serving solve uses, built once from data: the model's serving tasks, the classes of
+the cluster that may serve, their stage costs, the workload and its targets. The files they come
+from are read in llm_planner.serving.inputs (`build_context` hands its paths there)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ from dataclasses import dataclass
 
 from llm_planner.core.gap import SERVING_REL_GAP as OPTIMAL_GAP
 from llm_planner.core.gap import gap, status
-from llm_planner.core.spec import ClusterSpec, LinkSpec, load_cluster
-from llm_planner.cost.serving_profile import load_serving_profile
-from llm_planner.graph.transformer import DecoderConfig, named_config
+from llm_planner.core.spec import ClusterSpec, LinkSpec
+from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.classes import ServerClass, server_classes
-from llm_planner.serving.costs import MeasuredLayerTime, ServingTasks, build_serving_tasks
+from llm_planner.serving.costs import ServingTasks, build_serving_tasks
+from llm_planner.serving.inputs import read_context_inputs
 from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
 from llm_planner.serving.replica import ReplicaModel
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
@@ -85,26 +86,6 @@ def _one_server_links(cluster: ClusterSpec, classes: tuple[ServerClass, ...]) ->
     return out
 
 
-def decoder_config(name: str) -> DecoderConfig:
-    config = named_config(name)
-    if config is None:
-        raise WorkloadError(f"--model {name!r}: --objective serving needs a decoder preset or a config.json")
-    return config
-
-
-def layer_time_from_profile(profile_path: str | None, workload: ServingWorkload):
-    """kind name -> its MeasuredLayerTime (None for kinds the profile does not name)."""
-    if profile_path is None:
-        return None
-    profile = load_serving_profile(profile_path)
-    names = {entry.kind for entry in profile.kinds}
-
-    def for_kind(kind: str):
-        return MeasuredLayerTime(profile, kind, workload.prefill_per_output) if kind in names else None
-
-    return for_kind
-
-
 def build_context(
     cluster_path: str,
     model: str,
@@ -113,10 +94,9 @@ def build_context(
     options: ServingOptions,
     profile_path: str | None = None,
 ) -> ServingContext:
-    cluster = load_cluster(cluster_path)
-    return ServingContext(
-        cluster, decoder_config(model), workload, dtype, options, layer_time_from_profile(profile_path, workload)
-    )
+    """The context of the files named (serving.inputs reads them): what a plan and its verifier build."""
+    read = read_context_inputs(cluster_path, model, workload, profile_path)
+    return ServingContext(read["cluster"], read["config"], workload, dtype, options, read["layer_time"])
 
 
 def usable_bytes(ctx: ServingContext, p: Pattern) -> list[float]:
