@@ -221,6 +221,7 @@ def _level_options(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_
                 c_fit = costs.concurrency_held(layers)
                 if c_fit < 1:
                     break
+                assert c_fit < float("inf"), "a layer's KV cache grows with the sequences in flight"
                 j, c = 0, 1.0
                 while c <= c_fit:
                     rate = rate_of(costs, k, layers, tpot_slo_s, c * LEVEL_RATIO)
