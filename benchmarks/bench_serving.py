@@ -117,7 +117,7 @@ def run_row(row, out: Path, time_limit: float, helix) -> list[dict]:
             return []
         cluster_path, profile = helix
     else:
-        cluster_path = str(SPECS / f"{cluster}.yaml")
+        cluster_path = os.path.relpath(SPECS / f"{cluster}.yaml")  # stored relative to the plan, as it was given
     workload = ServingWorkload(requests=(RequestShape(prompt_len=prompt, output_len=output),), tpot_slo_s=tpot)
     path = out / "plans" / (name.replace("/", "_") + ".yaml")
     path.parent.mkdir(parents=True, exist_ok=True)

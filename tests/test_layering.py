@@ -49,10 +49,9 @@ LAYERS: list[tuple[str, list[str], str]] = [
     (
         "utilities",
         _names("", "core", "core.units", "core.fmt", "core.fileio", "core.atomic", "core.procs", "core.names")
-        + _names("core.timing"),
-        "formatting, units, file writing, process lifetime (signals, parent death), the host-name rule and a "
-        "command's timings that "
-        "every layer may use",
+        + _names("core.timing", "core.gap"),
+        "formatting, units, file writing, process lifetime (signals, parent death), the host-name rule, a "
+        "command's timings and the gap and status of a plan against its bound, that every layer may use",
     ),
     (
         "inputs",
@@ -112,7 +111,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
     ),
     (
         "serving model",
-        _names("serving", "serving.workload", "serving.classes", "serving.costs", "serving.replica")
+        _names("serving", "serving.workload", "serving.classes", "serving.costs", "serving.replica", "serving.inputs")
         + _names("serving.layout", "serving.context", "serving.bound", "serving.bound_batches", "serving.bound_cells")
         + _names("serving.bound_prices", "serving.optimistic", "serving.plan_file", "serving.verify"),
         "serving: the steady-state model of a replica, the upper bound and the plan file's check; below its search",

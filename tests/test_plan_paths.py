@@ -1,5 +1,6 @@
 """Plans work from any working directory: `plan` stores its input paths relative to the plan file's folder
-(absolute ones as they are), and `verify`, `show`, `launch` and `measure` read them back against that folder;
+(absolute ones outside the plan's folder and its sibling trees as they are), and `verify`, `show`, `launch`
+and `measure` read them back against that folder;
 the recorded sha256 of each input is still checked."""
 
 from __future__ import annotations
@@ -61,15 +62,36 @@ def test_a_graph_file_plan_written_beside_its_inputs_moves_with_them(folders, mo
     assert main(["verify", str(c / "moved" / "p.yaml")]) == 0, capsys.readouterr()
 
 
-def test_absolute_input_paths_stay_absolute(folders, monkeypatch, capsys):
+def test_absolute_input_paths_outside_the_plans_tree_stay_absolute(folders, monkeypatch, capsys):
+    """An absolute input that is neither in the plan's folder nor in a sibling tree (the plan is in
+    B/deep, under B; the input under A) is stored as given: the plan moved alone still finds it."""
     a, b, c = folders
     cluster = str(a / "specs" / "c.yaml")
-    assert main(["plan", "--cluster", cluster, "--model", "gpt2", "--no-baselines", "-o", str(b / "p.yaml")]) == 0
-    assert _stored_inputs(b / "p.yaml")["cluster"] == cluster
-    shutil.move(b / "p.yaml", c / "p.yaml")  # the plan moves alone; its input is where it was
+    plan = b / "deep" / "p.yaml"
+    plan.parent.mkdir()
+    assert main(["plan", "--cluster", cluster, "--model", "gpt2", "--no-baselines", "-o", str(plan)]) == 0
+    assert _stored_inputs(plan)["cluster"] == cluster
+    shutil.move(plan, c / "p.yaml")  # the plan moves alone; its input is where it was
     monkeypatch.chdir(c)
     capsys.readouterr()
     assert main(["verify", "p.yaml"]) == 0, capsys.readouterr()
+
+
+@pytest.mark.parametrize("objective", ["latency", "serving"])
+def test_absolute_inputs_in_a_sibling_tree_move_with_the_plan(folders, monkeypatch, capsys, objective):
+    """The one path rule for both plan kinds: an absolute input in a sibling tree of the plan's folder
+    (A/specs beside B) is stored relative, so the plan and its inputs verify once moved together."""
+    a, b, c = folders
+    argv = ["plan", "--cluster", str(a / "specs" / "c.yaml"), "--model", "gpt2", "-o", str(b / "p.yaml")]
+    extra = ["--objective", "serving", "--prompt-len", "64", "--output-len", "16", "--tpot-slo", "50 ms"]
+    assert main(argv + (extra if objective == "serving" else ["--no-baselines"])) == 0
+    assert _stored_inputs(b / "p.yaml")["cluster"] == "../A/specs/c.yaml"
+    shutil.move(c, b / "C")  # keep C out of the way
+    moved = a.parent.parent / f"{a.parent.name}-moved"  # the whole tree: the plan and its inputs together
+    shutil.move(a.parent, moved)
+    monkeypatch.chdir(moved)
+    capsys.readouterr()
+    assert main(["verify", str(moved / "B" / "p.yaml")]) == 0, capsys.readouterr()
 
 
 def test_a_model_config_directory_is_stored_relative_to_the_plan(folders, monkeypatch, capsys):
@@ -116,4 +138,6 @@ def test_relative_paths_round_trip_through_a_plan_in_any_folder(tmp_path, monkey
         assert not os.path.isabs(stored)
         assert resolve_from_plan(stored, plan) == os.path.normpath(os.path.join(tmp_path, given))
     assert relative_to_plan("/abs/c.yaml", "B/p.yaml") == "/abs/c.yaml" == resolve_from_plan("/abs/c.yaml", "B/p.yaml")
+    assert relative_to_plan(str(tmp_path / "A" / "c.yaml"), "B/p.yaml") == "../A/c.yaml"  # a sibling tree
+    assert relative_to_plan(str(tmp_path / "B" / "in" / "c.yaml"), "B/p.yaml") == "in/c.yaml"  # the plan's folder
     assert relative_to_plan(None, "p.yaml") is None and resolve_from_plan(None, "p.yaml") is None

@@ -25,6 +25,7 @@ from llm_planner.cli.serving import add_serving_args
 from llm_planner.core.atomic import WriteError
 from llm_planner.core.constants import DTYPE_BYTES, TORCH_DTYPES
 from llm_planner.core.fmt import LiteralConsole, styled
+from llm_planner.core.gap import DEFAULT_REL_GAP
 from llm_planner.core.plan import PlanError
 from llm_planner.core.procs import last_stop_signal, stop_signals_as_interrupt
 from llm_planner.core.spec import SpecError
@@ -139,7 +140,9 @@ def _add_solve_args(p: argparse.ArgumentParser) -> None:
         help="fall back to highs when gurobi is missing or its licence is too small",
     )
     p.add_argument("--time-limit", type=positive_seconds, default=60.0, help="seconds per MILP solve (default: 60)")
-    p.add_argument("--gap", type=share, default=1e-4, help="relative MIP gap to stop at (default: 1e-4)")
+    p.add_argument(
+        "--gap", type=share, default=DEFAULT_REL_GAP, help=f"relative MIP gap to stop at (default: {DEFAULT_REL_GAP:g})"
+    )
     p.add_argument("--threads", type=count, default=0, help="solver threads (default: backend's choice)")
     p.add_argument(
         "--symmetry",

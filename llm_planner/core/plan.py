@@ -26,6 +26,7 @@ import yaml
 
 from llm_planner.core.atomic import write_atomic
 from llm_planner.core.fileio import read_document
+from llm_planner.core.gap import gap as gap_of
 from llm_planner.core.plan_paths import model_paths, plan_folder, relative_to_plan, resolve_from_plan
 from llm_planner.core.plan_read import MISSING, Fields, check_finite_tree
 from llm_planner.core.tensor_groups import is_group_name, member_names
@@ -111,19 +112,6 @@ class SolverInfo:
     details: dict[str, Any] = field(default_factory=dict)  # nodes, model size, ...
 
 
-def relative_gap(objective_s: float, bound_s: float) -> float:
-    """The gap of every plan, solver and check: (objective - bound) / objective, at least 0 (0 for an
-    objective <= 0), as MILP solvers state theirs."""
-    if objective_s <= 0:
-        return 0.0
-    return max(0.0, (objective_s - bound_s) / objective_s)
-
-
-def within_gap(objective_s: float, bound_s: float, rel_gap: float) -> bool:
-    """Whether `bound_s` proves `objective_s` optimal within the relative gap `rel_gap`."""
-    return relative_gap(objective_s, bound_s) <= rel_gap
-
-
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     inputs: PlanInputs
@@ -138,8 +126,8 @@ class Plan:
 
     @property
     def gap(self) -> float:
-        """relative_gap of the objective and the lower bound; 0 means proven optimal."""
-        return relative_gap(self.objective_s, self.lower_bound_s)
+        """The gap (llm_planner.core.gap) of the objective and the lower bound; 0 means proven optimal."""
+        return gap_of(self.objective_s, self.lower_bound_s, maximize=False)
 
     @property
     def assignment(self) -> dict[str, str]:

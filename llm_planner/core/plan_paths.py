@@ -2,10 +2,10 @@
 
 A plan records the files it was made from (the cluster spec, a graph file, a measured profile, a
 model's config.json or the directory holding one). `plan` is given them relative to its working
-directory; the file stores each relative to the plan file's own folder, and every reader (`verify`,
-`show`, `launch`, `measure`, `calibrate`) resolves them against that folder. An absolute path is
-stored and read as it is. Nothing here touches the files: their recorded sha256 is checked where they
-are read (llm_planner.placement.inputs).
+directory; the file stores each relative to the plan file's own folder (`relative_to_plan` says when
+an absolute one stays absolute), and every reader (`verify`, `show`, `launch`, `measure`, `calibrate`)
+resolves them against that folder; a stored absolute path is read as it is. Nothing here touches the
+files: their recorded sha256 is checked where they are read (llm_planner.placement.inputs).
 """
 
 from __future__ import annotations
@@ -18,10 +18,28 @@ from typing import Any
 
 def relative_to_plan(input_path: str | None, plan_path: str | Path) -> str | None:
     """`input_path` (absolute, or relative to the working directory) as the plan file at `plan_path`
-    stores it: relative to the plan's folder; an absolute path stays as it is."""
-    if input_path is None or os.path.isabs(input_path):
+    stores it, for every kind of plan (placement, serving): the rule that keeps a plan valid when its
+    folder moves together with its inputs.
+
+    A path given relative is stored relative to the plan's folder. A path given absolute is stored
+    relative too when it lies in the plan's folder or a sibling tree (under the folder that holds the
+    plan's folder: `out/plan.yaml` beside `specs/c.yaml`), so the two move together; anywhere else
+    (`/opt/models/...` for a plan in a work folder) it stays absolute, so the plan still finds it when
+    the plan alone moves, and no plan stores a climb to the filesystem's root (`../../../../opt/...`)."""
+    if input_path is None:
+        return None
+    folder = plan_folder(plan_path)
+    target = os.path.abspath(input_path)
+    if os.path.isabs(input_path) and not _under(target, os.path.dirname(folder)):
         return input_path
-    return os.path.relpath(os.path.abspath(input_path), plan_folder(plan_path))
+    return os.path.relpath(target, folder)
+
+
+def _under(path: str, folder: str) -> bool:
+    """Whether `path` lies in `folder` or below it; never for the filesystem's root as `folder`."""
+    if os.path.dirname(folder) == folder:
+        return False
+    return os.path.commonpath([path, folder]) == folder
 
 
 def resolve_from_plan(stored: str | None, plan_path: str | Path) -> str | None:

@@ -198,6 +198,12 @@ def estimate_task_time_s(task: Task, kind: DeviceKindSpec, dtype: str, batch: in
     return evaluate_pieces(task_time_pieces(task, kind, dtype), batch)
 
 
+def transfer_s(link: LinkSpec | None, nbytes: float) -> float:
+    """Time to move `nbytes` over `link` (the alpha-beta model of the module docstring: latency +
+    bytes / bw); 0 on the same device (link None) or when nothing moves."""
+    return 0.0 if link is None or nbytes <= 0 else link.latency_s + nbytes / link.bw_bytes_per_s
+
+
 def transfer_hops(src: DeviceKindSpec, dst: DeviceKindSpec) -> int:
     """Ends of a host-staged transfer that are not CPUs (0, 1 or 2)."""
     return int(src.type != "cpu") + int(dst.type != "cpu")

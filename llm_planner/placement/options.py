@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llm_planner.core.gap import DEFAULT_REL_GAP
+
 SYMMETRY_CHOICES = ("none", "batch", "task", "time", "first", "solver")
 
 
@@ -13,7 +15,7 @@ class SolveOptions:
     backend: str = "highs"  # MILP backend: "highs" (default, no licence) or "gurobi"
     allow_backend_fallback: bool = False  # gurobi unusable (licence) -> use highs instead of failing
     time_limit_s: float = 60.0  # wall-clock limit of one MILP solve
-    rel_gap: float = 1e-4  # stop when (incumbent - bound) / incumbent <= rel_gap
+    rel_gap: float = DEFAULT_REL_GAP  # stop when (incumbent - bound) / incumbent <= rel_gap
     threads: int = 0  # solver threads; 0 = the backend's default
     seed: int = 0  # solver random seed
     symmetry: str = "solver"  # symmetry breaking: one of SYMMETRY_CHOICES; "solver" = the backend's own detection

@@ -12,8 +12,8 @@ instead, for as long as the command holds it:
 - `judged(plan)`: the plan with that bound and the status it supports (the one status decision);
 - `timings_s`: the seconds the baselines and the bound took, measured where they ran (records the CLI prints).
 
-The gap is the plan file's, `plan.relative_gap`: (objective - bound) / objective; a plan is proven
-optimal when that is within the options' relative gap (`plan.within_gap`).
+The gap is the plan file's, llm_planner.core.gap's: (objective - bound) / objective; a plan is proven
+optimal when that is within the options' relative gap (`core.gap.proven`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import threading
 import time
 from dataclasses import replace
 
-from llm_planner.core.plan import Plan, within_gap
+from llm_planner.core.gap import proven
+from llm_planner.core.plan import Plan
 from llm_planner.placement.baselines.baseline_set import ALL_BASELINES, run_any_baseline
 from llm_planner.placement.bounds.combined import lower_bound
 from llm_planner.placement.options import SolveOptions
@@ -72,7 +73,7 @@ class SolveSession:
 
     def proven(self, objective_s: float, bound_s: float | None = None) -> bool:
         """Whether `bound_s` (default: the session's) proves `objective_s` optimal within the options' gap."""
-        return within_gap(objective_s, self.bound_s if bound_s is None else bound_s, self.options.rel_gap)
+        return proven(objective_s, self.bound_s if bound_s is None else bound_s, self.options.rel_gap)
 
     def judged(self, plan: Plan) -> Plan:
         """The plan with the session's bound (what verify re-derives) as its lower bound and the status

@@ -30,7 +30,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from llm_planner.core.plan import Plan, PlanError, PlanInputs, relative_gap
+from llm_planner.core.gap import gap
+from llm_planner.core.plan import Plan, PlanError, PlanInputs
 from llm_planner.core.tensor_groups import GroupError, group_from_members, is_group_name, member_names
 from llm_planner.placement.bounds.combined import lower_bound
 from llm_planner.placement.options import SolveOptions
@@ -73,7 +74,7 @@ def check_bound(plan: Plan, bound: float | None, *, rel_tol: float) -> list[str]
             f"lower_bound_s: the plan claims {plan.lower_bound_s:.6g} s, above the bound {bound:.6g} s that verify "
             "re-derives from its inputs (bounds.combined.lower_bound); a bound is accepted only up to that"
         )
-    supported = relative_gap(plan.objective_s, bound)
+    supported = gap(plan.objective_s, bound, maximize=False)
     if plan.gap < supported - rel_tol:
         out.append(
             f"gap: the plan claims {plan.gap:.4%}, but the bound verify re-derives ({bound:.6g} s) "
@@ -90,7 +91,7 @@ def check_status(plan: Plan, bound: float | None, *, rel_tol: float) -> list[str
     rel_gap = plan.inputs.options.get("rel_gap", SolveOptions().rel_gap)
     if isinstance(rel_gap, bool) or not isinstance(rel_gap, (int, float)) or not 0 <= rel_gap < 1:
         return [f"inputs.options.rel_gap is {rel_gap!r}; a status `optimal` needs a relative gap in [0, 1)"]
-    proven = plan.gap if bound is None else max(plan.gap, relative_gap(plan.objective_s, bound))
+    proven = plan.gap if bound is None else max(plan.gap, gap(plan.objective_s, bound, maximize=False))
     if proven > rel_gap * (1 + rel_tol) + rel_tol:
         return [
             f"solver.status: the plan claims `optimal`, but the gap its bound proves, {proven:.4%}, exceeds the "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from llm_planner.core.plan_paths import relative_to_plan
 from llm_planner.core.timing import Stopwatch
 from llm_planner.serving.aside import ASIDE_DEVICES, Aside
 from llm_planner.serving.assign import assign_devices
@@ -14,7 +15,7 @@ from llm_planner.serving.bound import tokens_upper_bound
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context, status_of, usable_bytes
 from llm_planner.serving.fleet import FleetChoice
 from llm_planner.serving.layout import Pattern, describe
-from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION, relative_to_plan
+from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION
 from llm_planner.serving.search import SearchStats, fleet_prices, segment_options, solve_serving
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
 

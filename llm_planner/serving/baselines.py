@@ -37,8 +37,8 @@ def class_patterns(ctx: ServingContext, class_name: str) -> list[tuple[Pattern, 
         for n in range(1, min(ctx.tasks.num_layers, sc.num_devices // k) + 1):
             if not sc.block_ok(n * k):
                 continue
-            model = ctx.replica((Segment(class_name, k, n),))
-            cands = [model.best([n], fixed=even_split(ctx.tasks.num_layers, n)), model.best([n])]
+            layout = (Segment(class_name, k, n),)
+            cands = [ctx.best(layout, [n], even_split(ctx.tasks.num_layers, n)), ctx.best(layout, [n])]
             best = max((e for e in cands if e is not None), key=lambda e: e.tokens_per_s, default=None)
             if best is not None:
                 out.append((Pattern(layout=(Segment(class_name, k, n),), ev=best), sc.num_devices // (n * k)))
@@ -66,7 +66,7 @@ def megatron(ctx: ServingContext) -> FleetChoice:
         for n in range(1, sc.num_devices // k + 1):
             if not sc.block_ok(n * k):
                 continue
-            ev = ctx.replica((Segment(sc.name, k, n),)).best([n], fixed=even_split(ctx.tasks.num_layers, n))
+            ev = ctx.best((Segment(sc.name, k, n),), [n], even_split(ctx.tasks.num_layers, n))
             if ev is not None:
                 chosen.append((Pattern(layout=(Segment(sc.name, k, n),), ev=ev), sc.num_devices // (n * k)))
                 break

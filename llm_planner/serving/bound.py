@@ -63,7 +63,7 @@ from __future__ import annotations
 import numpy as np
 
 from llm_planner.core.spec import LinkSpec
-from llm_planner.serving.bound_batches import SparseRows, batch_level_bound, least_block_s, maximise_with_binaries
+from llm_planner.serving.bound_batches import SparseRows, batch_level_bound, maximise_with_binaries
 from llm_planner.serving.bound_cells import cell_bound
 from llm_planner.serving.bound_prices import price_bound
 from llm_planner.serving.classes import ServerClass
@@ -76,7 +76,7 @@ def stage_rates(cache: CostCache, sc: ServerClass, tpot_slo_s: float) -> dict[tu
     out = {}
     for k in sc.degrees:
         costs = cache.get(sc.name, k)
-        rate = _measured_rate if getattr(costs, "layer_time", None) is not None else _roofline_rate
+        rate = _rate_of(costs)
         for layers in range(1, cache.tasks.num_layers + 1):
             out[(k, layers)] = rate(costs, k, layers, tpot_slo_s)
     return out
@@ -87,14 +87,18 @@ def device_rate_bound(cache: CostCache, sc: ServerClass, tpot_slo_s: float) -> f
     return max(stage_rates(cache, sc, tpot_slo_s).values(), default=0.0)
 
 
+def _rate_of(costs):
+    """The rate function of the stage's layer time: exact on the roofline's pieces, or on a measured table."""
+    return _measured_rate if costs.layer_time.measured else _roofline_rate
+
+
 def _roofline_rate(costs, k: int, layers: int, tpot_slo_s: float, c_cap: float = float("inf")) -> float:
     """C l / (k (step + l max_j (f_j + s_j C))) at the largest C that memory and the target allow."""
     block, step = costs.pieces["block"], costs.step_s
-    room = costs.usable_bytes - layers * costs.weight_bytes["block"]
-    if room < 0:
+    c_held = costs.concurrency_held(layers)
+    if c_held < 0:
         return 0.0
-    kv = costs.kv_bytes_per_seq
-    c_max = min(c_cap, room / (layers * kv) if kv > 0 else float("inf"))
+    c_max = min(c_cap, c_held)
     for f, s in block:
         if s > 0:
             c_max = min(c_max, max(0.0, ((tpot_slo_s - step) / layers - f) / s))
@@ -108,10 +112,10 @@ def _measured_rate(costs, k: int, layers: int, tpot_slo_s: float, c_cap: float =
     a table's extended end reaches 0): on each piece C l / (k (step + l t(C))) is monotone in C,
     so its largest value is at an end of the piece's part that memory and the target allow."""
     step, t = costs.step_s, costs.layer_time
-    room = costs.usable_bytes - layers * costs.weight_bytes["block"]
-    if room < 0:
+    c_held = costs.concurrency_held(layers)
+    if c_held < 0:
         return 0.0
-    c_mem = min(c_cap, room / (layers * costs.kv_bytes_per_seq))
+    c_mem = min(c_cap, c_held)
     if c_mem < 1:
         return 0.0
     ends = sorted({1.0, c_mem, *(x for x in t.breakpoints if 1.0 < x < c_mem)})
@@ -211,13 +215,13 @@ def _level_options(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_
     for sc in classes:
         for k in sc.degrees:
             costs = cache.get(sc.name, k)
-            rate_of = _measured_rate if getattr(costs, "layer_time", None) is not None else _roofline_rate
-            block_min = least_block_s(costs)
+            rate_of = _rate_of(costs)
+            block_min = costs.layer_time.least()
             for layers in range(1, cache.tasks.num_layers + 1):
-                room = costs.usable_bytes - layers * costs.weight_bytes["block"]
-                if room < layers * costs.kv_bytes_per_seq:
+                c_fit = costs.concurrency_held(layers)
+                if c_fit < 1:
                     break
-                c_fit = room / (layers * costs.kv_bytes_per_seq)
+                assert c_fit < float("inf"), "a layer's KV cache grows with the sequences in flight"
                 j, c = 0, 1.0
                 while c <= c_fit:
                     rate = rate_of(costs, k, layers, tpot_slo_s, c * LEVEL_RATIO)

@@ -72,8 +72,7 @@ def _batch_grid(cache: CostCache, classes: tuple[ServerClass, ...], top: float) 
     points = {1.0}
     for sc in classes:
         for k in sc.degrees:
-            table = getattr(cache.get(sc.name, k), "layer_time", None)
-            points |= {x for x in getattr(table, "breakpoints", ()) if 1.0 < x < top}
+            points |= {x for x in cache.get(sc.name, k).layer_time.breakpoints if 1.0 < x < top}
     x = B_RATIO
     while x < top:
         points.add(x)
@@ -81,22 +80,12 @@ def _batch_grid(cache: CostCache, classes: tuple[ServerClass, ...], top: float) 
     return sorted(points)
 
 
-def least_block_s(costs, lo: float = 1.0, hi: float = math.inf) -> float:
-    """The least time of one decoder layer over micro-batches of lo..hi sequences: at lo on the
-    roofline (its pieces grow with b); a measured table is piecewise linear, so its least value is
-    at an end or a breakpoint. With the defaults: over every micro-batch of at least one sequence."""
-    table = getattr(costs, "layer_time", None)
-    if table is None:
-        return costs.part_s("block", lo)
-    points = {lo, *(x for x in table.breakpoints if lo < x < hi)} | ({hi} if hi < math.inf else set())
-    return min(table(x) for x in points)
-
-
 def _layer_times(costs, b_lo: float, b_hi: float) -> tuple[float, float]:
     """(least layer time for micro-batches of b_lo..b_hi sequences, the time the rate uses)."""
-    if getattr(costs, "layer_time", None) is None:
-        return costs.part_s("block", b_lo), costs.part_s("block", b_hi)
-    least = least_block_s(costs, max(1.0, math.floor(b_lo)), math.ceil(b_hi))  # sizes differ by one around the mean
+    t = costs.layer_time
+    if not t.measured:
+        return t(b_lo), t(b_hi)
+    least = t.least(max(1.0, math.floor(b_lo)), math.ceil(b_hi))  # sizes differ by one around the mean
     return least, least
 
 
@@ -108,7 +97,7 @@ def _groups(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: floa
         for sc in classes:
             for k in sc.degrees:
                 costs = cache.get(sc.name, k)
-                per_layer = costs.weight_bytes["block"] + c * costs.kv_bytes_per_seq
+                per_layer = costs.layer_bytes(c)
                 l_mem = int(costs.usable_bytes // per_layer) if per_layer > 0 else num_layers
                 if l_mem < 1:
                     continue

@@ -68,7 +68,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from llm_planner.core.spec import LinkSpec
-from llm_planner.serving.bound_batches import SparseRows, least_block_s, solve_with_binaries
+from llm_planner.cost.roofline import transfer_s
+from llm_planner.serving.bound_batches import SparseRows, solve_with_binaries
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.costs import StageCosts
 from llm_planner.serving.layout import CostCache
@@ -145,7 +146,7 @@ class StageKind:
     def hop_s(self, b: float) -> float:
         """The least time a stage of it takes to hand on a micro-batch of b sequences: latency
         and bytes over the fastest link it may use."""
-        return min((lk.latency_s + b * self.handoff_bytes / lk.bw_bytes_per_s for lk in self.links), default=0.0)
+        return min((transfer_s(lk, b * self.handoff_bytes) for lk in self.links), default=0.0)
 
     def breaks(self, layers: int) -> list[int]:
         """The largest C at which memory still holds `layers` layers a device (alone, and beside an
@@ -154,7 +155,7 @@ class StageKind:
         if c.kv_bytes_per_seq <= 0:
             return []
         rooms = (c.usable_bytes, c.usable_bytes - self.end_bytes)
-        return [math.floor((room / layers - c.weight_bytes["block"]) / c.kv_bytes_per_seq) for room in rooms]
+        return [math.floor(c.concurrency_held(layers, room)) for room in rooms]
 
 
 @dataclass(frozen=True)
@@ -188,8 +189,8 @@ def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Optio
     out = []
     for kd in kinds:
         costs = kd.costs
-        tau = least_block_s(costs, b_lo, b_hi)
-        per_layer = costs.weight_bytes["block"] + cell.c_lo * costs.kv_bytes_per_seq
+        tau = costs.layer_time.least(b_lo, b_hi)
+        per_layer = costs.layer_bytes(cell.c_lo)
         busy = (cell.t_hi / cell.m_lo - costs.step_s) / tau if tau > 0 else float(num_layers)
         l_max = min(num_layers, math.floor(costs.usable_bytes / per_layer + 1e-9), math.floor(busy + 1e-9))
         if l_max < 1:
@@ -224,7 +225,7 @@ def start_cells(kinds: list[StageKind], classes, num_layers: int, tpot_slo_s: fl
         ms.append((m, 2 * m - 2))
         m = 2 * m - 1
     ms.append((m, 0))
-    t_min = min(kd.costs.step_s for kd in kinds) + num_layers * min(least_block_s(kd.costs) for kd in kinds)
+    t_min = min(kd.costs.step_s for kd in kinds) + num_layers * min(kd.costs.layer_time.least() for kd in kinds)
     t_min = min(max(t_min, 1e-9), tpot_slo_s)  # no replica's round trip is shorter
     ts = _cut(t_min, tpot_slo_s, max(1, math.ceil(math.log(tpot_slo_s / t_min) / math.log(THETA_START))))
     ts = ts if t_min < tpot_slo_s else [(tpot_slo_s, tpot_slo_s)]
@@ -294,7 +295,7 @@ class _Model:
             self.rows.add([(mu, 1.0), (lam, -cell.c_lo)], 0.0, np.inf)
             most = float(min(self.num_layers, o.l_max * (self.capacity[o.kind.class_name] // o.kind.k)))
             self.rows.add([(mu, 1.0), (lam, -cell.c_hi), (seqs, -most), (x, most * cell.c_hi)], 0.0, np.inf)
-            room = costs.usable_bytes
+            room = costs.usable_bytes  # llm_planner.cost.memory's l W + l C KV + ends, over the columns
             memory = [(lam, costs.weight_bytes["block"] / room), (mu, costs.kv_bytes_per_seq / room)]
             self.rows.add(memory + [(e, o.kind.end_bytes / room), (n, -1.0)], -np.inf, 0.0)
             self.device_terms[o.kind.class_name].append((n, float(o.kind.k)))
@@ -310,7 +311,7 @@ class _Model:
         m (step + l t(C / m)) <= theta, so m_lo step n + m_lo f_j lam + s_j mu <= theta_hi n."""
         w = self._column(0.0)
         self.rows.add([(w, 1.0), (lam, -o.tau)], 0.0, np.inf)
-        if getattr(o.kind.costs, "layer_time", None) is not None:
+        if o.kind.costs.layer_time.measured:
             return w
         for f, slope in o.kind.costs.pieces["block"]:
             if cell.m_hi:

@@ -59,7 +59,6 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
-from llm_planner.serving.bound_batches import least_block_s
 from llm_planner.serving.bound_cells import THETA_FINE, Cell, StageKind, end_time_s, stage_kinds, start_cells
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layout import CostCache
@@ -108,14 +107,14 @@ def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Optio
     out = []
     for kd in kinds:
         c = kd.costs
-        per_layer = c.weight_bytes["block"] + cell.c_lo * c.kv_bytes_per_seq
+        per_layer = c.layer_bytes(cell.c_lo)
         l_max = min(num_layers, math.floor(c.usable_bytes / per_layer + 1e-9))
-        busy_tau = least_block_s(c, max(1.0, b_lo - 1), b_hi)  # micro-batches differ by one
+        busy_tau = c.layer_time.least(max(1.0, b_lo - 1), b_hi)  # micro-batches differ by one
         room = cell.t_hi / cell.m_lo - c.step_s
         if busy_tau > 0:
             l_max = min(l_max, math.floor(room / busy_tau + 1e-9))
-        r = least_block_s(c, b_lo, b_hi)
-        if getattr(c, "layer_time", None) is None:
+        r = c.layer_time.least(b_lo, b_hi)
+        if not c.layer_time.measured:
             for f, s in c.pieces["block"]:
                 den = cell.m_lo * f + s * cell.c_lo
                 if den > 0:

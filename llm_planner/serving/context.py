@@ -1,20 +1,21 @@
-"""Everything a serving solve reads, built once: the model's serving tasks, the classes of
-the cluster that may serve, their stage costs, the workload and its targets."""
+"""Everything a serving solve uses, built once from data: the model's serving tasks, the classes of
+the cluster that may serve, their stage costs, the workload and its targets. The files they come
+from are read in llm_planner.serving.inputs (`build_context` hands its paths there)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_planner.core.spec import ClusterSpec, LinkSpec, check_memory_limited, load_cluster
-from llm_planner.cost.serving_profile import load_serving_profile
-from llm_planner.graph.transformer import DecoderConfig, named_config
+from llm_planner.core.gap import SERVING_REL_GAP as OPTIMAL_GAP
+from llm_planner.core.gap import gap, status
+from llm_planner.core.spec import ClusterSpec, LinkSpec, check_memory_limited
+from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.classes import ServerClass, server_classes
 from llm_planner.serving.costs import ServingTasks, build_serving_tasks
+from llm_planner.serving.inputs import read_context_inputs
 from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
 from llm_planner.serving.replica import ReplicaModel
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
-
-OPTIMAL_GAP = 1e-6  # a plan within this share of the bound is called optimal
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +49,7 @@ class ServingContext:
         self.by_name = {c.name: c for c in self.classes}
         self.cache = CostCache(self.tasks, self.classes, layer_time)
         self.between = _one_server_links(cluster, self.classes) if cluster.inter_node is None else {}
+        self._best: dict = {}
 
     @property
     def capacity(self) -> dict[str, int]:
@@ -58,6 +60,14 @@ class ServingContext:
         return ReplicaModel(
             self.tasks, slots, self.workload.tpot_slo_s, self.workload.ttft_slo_s, self.workload.mean_output_len
         )
+
+    def best(self, layout: Layout, micro_batches: list[int], fixed: tuple[int, ...] | None = None):
+        """ReplicaModel.best of the layout at these micro-batch counts (and fixed split), computed once
+        per context: the baselines share their layouts (megatron's is one of engineer-best's)."""
+        key = (layout, tuple(micro_batches), fixed)
+        if key not in self._best:
+            self._best[key] = self.replica(layout).best(micro_batches, fixed=fixed)
+        return self._best[key]
 
 
 def _one_server_links(cluster: ClusterSpec, classes: tuple[ServerClass, ...]) -> dict[tuple[str, str], LinkSpec]:
@@ -76,55 +86,6 @@ def _one_server_links(cluster: ClusterSpec, classes: tuple[ServerClass, ...]) ->
     return out
 
 
-def decoder_config(name: str) -> DecoderConfig:
-    config = named_config(name)
-    if config is None:
-        raise WorkloadError(f"--model {name!r}: --objective serving needs a decoder preset or a config.json")
-    return config
-
-
-class MeasuredLayerTime:
-    """A device kind's measured block time at b sequences in flight per iteration: the decode table
-    at b plus the prefill table at b E[P]/E[O] prompt tokens, both piecewise linear; `breakpoints`
-    are the b where its slope may change (llm_planner.serving.bound needs them)."""
-
-    def __init__(self, profile, kind: str, ratio: float):
-        entry = profile.kind(kind)
-        if entry.prefill is None and ratio > 0:
-            raise WorkloadError(f"{profile.path}: kinds.{kind}: no prefill_layer_s, needed to charge the prompts")
-        self.profile, self.kind, self.ratio = profile, kind, ratio
-        points = set(entry.decode.sizes) | set(_zero_crossings(entry.decode))
-        if entry.prefill is not None and ratio > 0:
-            points |= {size / ratio for size in (*entry.prefill.sizes, *_zero_crossings(entry.prefill))}
-        self.breakpoints = tuple(sorted(p for p in points if p > 0))
-
-    def __call__(self, b: float) -> float:
-        return self.profile.layer_time_s(self.kind, b, b * self.ratio)
-
-
-def _zero_crossings(table) -> list[float]:
-    """Where a table's extended end segments reach 0 (it is floored there, so its slope changes):
-    with these among the breakpoints the time is linear between any two of them."""
-    xs, ys, out = table.sizes, table.seconds, []
-    for i in (0, len(xs) - 2):
-        if ys[i + 1] != ys[i]:
-            out.append(xs[i] - ys[i] * (xs[i + 1] - xs[i]) / (ys[i + 1] - ys[i]))
-    return out
-
-
-def layer_time_from_profile(profile_path: str | None, workload: ServingWorkload):
-    """kind name -> its MeasuredLayerTime (None for kinds the profile does not name)."""
-    if profile_path is None:
-        return None
-    profile = load_serving_profile(profile_path)
-    names = {entry.kind for entry in profile.kinds}
-
-    def for_kind(kind: str):
-        return MeasuredLayerTime(profile, kind, workload.prefill_per_output) if kind in names else None
-
-    return for_kind
-
-
 def build_context(
     cluster_path: str,
     model: str,
@@ -133,12 +94,12 @@ def build_context(
     options: ServingOptions,
     profile_path: str | None = None,
 ) -> ServingContext:
-    cluster = load_cluster(cluster_path)
+    """The context of the files named (serving.inputs reads them): what a plan and its verifier build."""
+    read = read_context_inputs(cluster_path, model, workload, profile_path)
+    cluster = read["cluster"]
     usable = {k.name for k in cluster.device_kinds if k.type != "cpu" or options.allow_cpu}
     check_memory_limited(cluster, usable, "serving plans (the KV cache a device holds is sized by its memory)")
-    return ServingContext(
-        cluster, decoder_config(model), workload, dtype, options, layer_time_from_profile(profile_path, workload)
-    )
+    return ServingContext(cluster, read["config"], workload, dtype, options, read["layer_time"])
 
 
 def usable_bytes(ctx: ServingContext, p: Pattern) -> list[float]:
@@ -150,5 +111,6 @@ def usable_bytes(ctx: ServingContext, p: Pattern) -> list[float]:
 
 
 def status_of(tokens: float, bound: float) -> tuple[float, str]:
-    gap = max(0.0, 1.0 - tokens / bound) if bound > 0 else 1.0
-    return gap, ("optimal" if gap <= OPTIMAL_GAP else "heuristic")
+    """A serving plan's gap to its upper bound and the status it supports (llm_planner.core.gap)."""
+    g = gap(tokens, bound, maximize=True)
+    return g, status(g, OPTIMAL_GAP)

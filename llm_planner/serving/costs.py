@@ -12,15 +12,17 @@ sequences a stage with l decoder layers runs, per iteration,
 where each task's time is the roofline of llm_planner.cost.roofline on the stage's device or
 tensor-parallel group (its collectives included): weights are read once per micro-batch,
 FLOPs and activation bytes scale with b. A measured serving profile replaces block(b) on
-single devices (llm_planner.cost.serving_profile).
+single devices (llm_planner.cost.serving_profile): `stage_costs` decides which, once, and every
+caller reads the block's time as `StageCosts.layer_time`.
 
-Memory per device of the stage (each member of a group):
+Memory per device of the stage (each member of a group) is llm_planner.cost.memory's formula:
 
-    weights of its share of every task + C * l * KV(per sequence per layer, full context) / k
-      + the largest task workspace at b sequences (its prompt chunk included)
+    l * (W + C * KV) + the end parts' weights + the largest task workspace at b sequences
 
-with C the sequences in flight through the replica: every one of them holds its KV cache
-on every stage at once, whichever micro-batch it is in.
+with W and KV one layer's weights and KV cache per sequence at full context (each member's
+share on a group of k), the workspace with its prompt chunk included, and C the sequences in
+flight through the replica: every one of them holds its KV cache on every stage at once,
+whichever micro-batch it is in.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from llm_planner.core.constants import DTYPE_BYTES
+from llm_planner.cost.memory import concurrency_held, layer_bytes, stage_bytes
 from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
 from llm_planner.graph.decoder_graph import ID_BYTES, build_decoder_graph
 from llm_planner.graph.ir import Task
@@ -130,6 +133,7 @@ class StageCosts:
     weight_bytes: dict  # part -> bytes per device
     kv_bytes_per_seq: float  # one layer, one sequence in flight, per device
     workspace_bytes_per_seq: dict  # part -> bytes per device per sequence of the micro-batch
+    layer_time: RooflineLayerTime | MeasuredLayerTime  # the block's time, b -> seconds (stage_costs)
 
     @property
     def step_s(self) -> float:
@@ -140,6 +144,8 @@ class StageCosts:
         return self.server_class.kind.usable_mem_bytes
 
     def part_s(self, part: str, b: int) -> float:
+        if part == "block":
+            return float(self.layer_time(b)) if b > 0 else 0.0
         return evaluate_pieces(self.pieces[part], b)
 
     def stage_s(self, b: int, layers: int, first: bool, last: bool) -> float:
@@ -158,13 +164,26 @@ class StageCosts:
             self.weight_bytes["final_norm"] + self.weight_bytes["lm_head"]
         )
 
+    def layer_bytes(self, concurrency: float) -> float:
+        """One decoder layer's bytes per device with `concurrency` sequences in flight (llm_planner.cost.memory)."""
+        return layer_bytes(self.weight_bytes["block"], self.kv_bytes_per_seq, concurrency)
+
+    def concurrency_held(self, layers: float, room_bytes: float | None = None) -> float:
+        """The most sequences in flight whose KV cache `layers` layers hold in `room_bytes` (default: the
+        device's usable memory) beside their weights (llm_planner.cost.memory.concurrency_held)."""
+        room = self.usable_bytes if room_bytes is None else room_bytes
+        return concurrency_held(room, layers, self.weight_bytes["block"], self.kv_bytes_per_seq)
+
     def mem_bytes(self, *, layers: int, first: bool, last: bool, concurrency: int, micro_batch: int) -> float:
         parts = ["block"] * (layers > 0) + ["embed"] * first + ["final_norm", "lm_head"] * last
         workspace = max((self.workspace_bytes_per_seq[p] for p in parts), default=0.0) * micro_batch
-        return (
-            layers * (self.weight_bytes["block"] + concurrency * self.kv_bytes_per_seq)
-            + self.fixed_bytes(first, last)
-            + workspace
+        return stage_bytes(
+            layers=layers,
+            weight_bytes=self.weight_bytes["block"],
+            kv_bytes_per_seq=self.kv_bytes_per_seq,
+            concurrency=concurrency,
+            fixed_bytes=self.fixed_bytes(first, last),
+            workspace_bytes=workspace,
         )
 
     def max_layers(self, *, first: bool, last: bool, concurrency: int, micro_batch: int) -> int:
@@ -173,16 +192,18 @@ class StageCosts:
             layers=0, first=first, last=last, concurrency=0, micro_batch=micro_batch
         )
         room -= self.workspace_bytes_per_seq["block"] * micro_batch
-        per_layer = self.weight_bytes["block"] + concurrency * self.kv_bytes_per_seq
+        per_layer = self.layer_bytes(concurrency)
         if room < 0:
             return 0
         return int(room // per_layer) if per_layer > 0 else 10**9
 
 
-def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, layer_time=None) -> StageCosts:
+def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, measured=None) -> StageCosts:
     """The parts' costs on a group of `degree` devices of the class (1: a single device).
 
-    layer_time: optional measured block time, a function b -> seconds for a single device."""
+    The one place that decides where a decoder layer's time comes from: `measured` (a
+    MeasuredLayerTime of the class's kind, or None) on a single device, the roofline otherwise;
+    every caller reads it as `StageCosts.layer_time`."""
     link = server_class.intra_link
     pieces, weights, workspace = {}, {}, {}
     for part, task in tasks.tasks.items():
@@ -191,28 +212,66 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, lay
         weights[part] = member.weight_bytes
         workspace[part] = member.workspace_bytes_per_sample
     kv = (shard_of(tasks.tasks["block"], degree) if degree > 1 else tasks.tasks["block"]).mem_bytes_per_sample
-    costs = StageCosts(
+    return StageCosts(
         server_class=server_class,
         degree=degree,
         pieces=pieces,
         weight_bytes=weights,
         kv_bytes_per_seq=kv,
         workspace_bytes_per_seq=workspace,
+        layer_time=measured if measured is not None and degree == 1 else RooflineLayerTime(pieces["block"]),
     )
-    if layer_time is not None and degree == 1:
-        return _ProfiledStageCosts(
-            **{f.name: getattr(costs, f.name) for f in dataclasses.fields(costs)}, layer_time=layer_time
-        )
-    return costs
 
 
-@dataclass(frozen=True, kw_only=True)
-class _ProfiledStageCosts(StageCosts):
-    """A single device whose block time comes from a measured profile."""
+@dataclass(frozen=True)
+class RooflineLayerTime:
+    """A decoder layer's roofline time at b sequences: max_j (f_j + s_j b) over its `pieces` (0 at
+    b = 0). No breakpoint: the pieces are the bounds' data (llm_planner.serving.bound*)."""
 
-    layer_time: object  # b -> seconds
+    pieces: tuple
+    measured = False
+    breakpoints = ()
 
-    def part_s(self, part: str, b: int) -> float:
-        if part == "block" and b > 0:
-            return float(self.layer_time(b))
-        return super().part_s(part, b)
+    def __call__(self, b: float) -> float:
+        return evaluate_pieces(self.pieces, b)
+
+    def least(self, lo: float = 1.0, hi: float = math.inf) -> float:
+        """The least time over micro-batches of lo..hi sequences: at lo (the pieces grow with b)."""
+        return self(lo)
+
+
+class MeasuredLayerTime:
+    """A device kind's measured block time at b sequences in flight per iteration: the decode table
+    at b plus the prefill table at b E[P]/E[O] prompt tokens, both piecewise linear; `breakpoints`
+    are the b where its slope may change (llm_planner.serving.bound needs them)."""
+
+    measured = True
+
+    def __init__(self, profile, kind: str, ratio: float):
+        entry = profile.kind(kind)
+        if entry.prefill is None and ratio > 0:
+            raise WorkloadError(f"{profile.path}: kinds.{kind}: no prefill_layer_s, needed to charge the prompts")
+        self.profile, self.kind, self.ratio = profile, kind, ratio
+        points = set(entry.decode.sizes) | set(_zero_crossings(entry.decode))
+        if entry.prefill is not None and ratio > 0:
+            points |= {size / ratio for size in (*entry.prefill.sizes, *_zero_crossings(entry.prefill))}
+        self.breakpoints = tuple(sorted(p for p in points if p > 0))
+
+    def __call__(self, b: float) -> float:
+        return self.profile.layer_time_s(self.kind, b, b * self.ratio)
+
+    def least(self, lo: float = 1.0, hi: float = math.inf) -> float:
+        """The least time over micro-batches of lo..hi sequences: piecewise linear, so at an end or
+        a breakpoint."""
+        points = {lo, *(x for x in self.breakpoints if lo < x < hi)} | ({hi} if hi < math.inf else set())
+        return min(self(x) for x in points)
+
+
+def _zero_crossings(table) -> list[float]:
+    """Where a table's extended end segments reach 0 (it is floored there, so its slope changes):
+    with these among the breakpoints the time is linear between any two of them."""
+    xs, ys, out = table.sizes, table.seconds, []
+    for i in (0, len(xs) - 2):
+        if ys[i + 1] != ys[i]:
+            out.append(xs[i] - ys[i] * (xs[i + 1] - xs[i]) / (ys[i + 1] - ys[i]))
+    return out

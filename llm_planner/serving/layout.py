@@ -44,7 +44,7 @@ class CostCache:
 
     def __init__(self, tasks: ServingTasks, classes: tuple[ServerClass, ...], layer_time=None):
         self.tasks, self.classes = tasks, {c.name: c for c in classes}
-        self.layer_time = layer_time  # kind name -> (b -> seconds) or None
+        self.layer_time = layer_time  # kind name -> its MeasuredLayerTime or None (stage_costs decides which time)
         self._cache: dict[tuple[str, int], StageCosts] = {}
 
     def get(self, class_name: str, degree: int) -> StageCosts:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import itertools
 
 from llm_planner.serving.bound import stage_rates
-from llm_planner.serving.bound_batches import least_block_s
 from llm_planner.serving.context import ServingContext
 from llm_planner.serving.layout import Layout
 
@@ -94,7 +93,7 @@ class OptimisticTokens:
         # the round trip's micro-batch holds at least C / p sequences; on the roofline (pieces
         # f + s b, f >= 0) C / trip(C / p) grows with C, so its value at the largest C bounds all
         b = max(1.0, lo / sum(n for _, n in stages)) if all(map(_roofline, costs)) else 1.0
-        trip = sum(n * c.step_s for c, n in stages) + self.num_layers * min(least_block_s(c, b) for c in costs)
+        trip = sum(n * c.step_s for c, n in stages) + self.num_layers * min(c.layer_time.least(b) for c in costs)
         trip += min(c.part_s("embed", b) for c in costs)
         trip += min(c.part_s("final_norm", b) + c.part_s("lm_head", b) for c in costs)
         return lo / trip if trip > 0 else float("inf")
@@ -112,7 +111,7 @@ class OptimisticTokens:
 
 def _roofline(costs) -> bool:
     """Whether every part's time is pieces f + s b with f, s >= 0 (no measured block time)."""
-    if getattr(costs, "layer_time", None) is not None:
+    if costs.layer_time.measured:
         return False
     return all(f >= 0 and slope >= 0 for pieces in costs.pieces.values() for f, slope in pieces)
 

@@ -12,7 +12,8 @@ replica's cycle:
 (the GPipe/1F1B steady state: a micro-batch cannot come back sooner than its round trip, and
 no stage can serve its m micro-batches in less than their sum). t_s is the stage's iteration
 time (llm_planner.serving.costs), hand-offs are latency + bytes / bandwidth of the link between
-the two stages (inside a server: the class's link; otherwise the cluster's inter-node link),
+the two stages (llm_planner.cost.roofline.transfer_s; inside a server: the class's link, which
+ClusterSpec.link chose; otherwise the cluster's inter-node link),
 and the sampled token goes back from the last stage to the first every iteration. Memory on
 each stage holds the KV cache of all C sequences at their full context.
 
@@ -28,6 +29,7 @@ import math
 from dataclasses import dataclass
 
 from llm_planner.core.spec import LinkSpec
+from llm_planner.cost.roofline import transfer_s
 from llm_planner.serving.costs import ServingTasks, StageCosts
 
 MAX_CONCURRENCY = 1 << 20
@@ -60,10 +62,6 @@ class ReplicaEval:
 def micro_batch_sizes(concurrency: int, m: int) -> list[int]:
     q, r = divmod(concurrency, m)
     return [q + (j < r) for j in range(m)]
-
-
-def _transfer_s(link: LinkSpec | None, nbytes: float) -> float:
-    return 0.0 if link is None or nbytes <= 0 else link.latency_s + nbytes / link.bw_bytes_per_s
 
 
 class ReplicaModel:
@@ -106,7 +104,7 @@ class ReplicaModel:
             for s, slot in enumerate(self.slots):
                 last = s == self.p - 1
                 per_seq = self.tasks.return_bytes_per_seq if last else self.tasks.handoff_bytes_per_seq
-                total += _transfer_s(slot.link_next, b * per_seq)
+                total += transfer_s(slot.link_next, b * per_seq)
             self._handoffs[b] = total
         return total
 

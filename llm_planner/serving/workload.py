@@ -21,10 +21,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llm_planner.core import units
-from llm_planner.core.fileio import read_document
-from llm_planner.core.spec_fields import Reader, as_int
-
 
 class WorkloadError(ValueError):
     """A serving workload or target that cannot be used; the message names the flag or file."""
@@ -96,66 +92,3 @@ class ServingWorkload:
             "tpot_slo_s": self.tpot_slo_s,
             "ttft_slo_s": self.ttft_slo_s,
         }
-
-
-def workload_from_flags(
-    *,
-    prompt_len: int | None,
-    output_len: int | None,
-    workload_file: str | None,
-    tpot_slo: str | float | None,
-    ttft_slo: str | float | None,
-) -> ServingWorkload:
-    """The workload of `plan --objective serving`: --prompt-len/--output-len or --workload FILE."""
-    tpot = _seconds("--tpot-slo", tpot_slo, required=True)
-    ttft = _seconds("--ttft-slo", ttft_slo, required=False)
-    if workload_file is not None:
-        if prompt_len is not None or output_len is not None:
-            raise WorkloadError("give either --workload FILE or --prompt-len/--output-len, not both")
-        return ServingWorkload(
-            requests=read_workload_file(workload_file), tpot_slo_s=tpot, ttft_slo_s=ttft, source=workload_file
-        )
-    for flag, value in (("--prompt-len", prompt_len), ("--output-len", output_len)):
-        if value is None or isinstance(value, bool) or value < 1:
-            raise WorkloadError(f"{flag} must be a positive integer (mean tokens per request), got {value!r}")
-    return ServingWorkload(
-        requests=(RequestShape(prompt_len=prompt_len, output_len=output_len),), tpot_slo_s=tpot, ttft_slo_s=ttft
-    )
-
-
-def _seconds(flag: str, value: str | float | None, *, required: bool) -> float | None:
-    if value is None:
-        if required:
-            raise WorkloadError(f"{flag} is required for --objective serving (a time such as '50 ms')")
-        return None
-    try:
-        seconds = units.parse_seconds(value)
-    except (units.UnitError, TypeError, ValueError) as exc:
-        raise WorkloadError(f"{flag}: {exc}") from None
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise WorkloadError(f"{flag} must be a positive finite time, got {value!r}")
-    return seconds
-
-
-MAX_SHAPES = 1000
-
-
-def read_workload_file(path: str) -> tuple[RequestShape, ...]:
-    """A YAML/JSON file: `requests: [{prompt_len: N, output_len: N, weight: W}, ...]` (weight optional)."""
-    data = read_document(path, WorkloadError, finite=True)
-    r = Reader(path, "", data)
-    items = r.get("requests")
-    r.done()
-    if not isinstance(items, list) or not items or len(items) > MAX_SHAPES:
-        r.fail(f"expected a list of 1 to {MAX_SHAPES} request shapes", "requests")
-    out = []
-    for i, item in enumerate(items):
-        c = r.child(f"requests[{i}]", item)
-        shape = RequestShape(
-            prompt_len=c.get("prompt_len", as_int, positive=True),
-            output_len=c.get("output_len", as_int, positive=True),
-            weight=float(c.get("weight", units.parse_fraction, default=1.0, positive=True)),
-        )
-        c.done()
-        out.append(shape)
-    return tuple(out)

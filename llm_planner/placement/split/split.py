@@ -60,7 +60,9 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from llm_planner.core.plan import Plan, within_gap
+from llm_planner.core.gap import gap, proven
+from llm_planner.core.gap import status as gap_status
+from llm_planner.core.plan import Plan
 from llm_planner.placement.errors import SolveError
 from llm_planner.placement.fit import fits_steady_state, infeasibility_reason
 from llm_planner.placement.options import SolveOptions
@@ -91,7 +93,7 @@ def _split_plan(ctx: SplitContext, session: SolveSession, started: float) -> Pla
     baselines = [b for b in session.baselines.values() if b is not None]
     baseline = session.best_baseline
     bound = session.bound_s if options.bound else 0.0
-    if baseline is not None and within_gap(baseline.objective_s, bound, options.rel_gap):
+    if baseline is not None and proven(baseline.objective_s, bound, options.rel_gap):
         # nothing can beat it by more than rel_gap: no module needs solving
         details.update(baseline_won=baseline.solver.name, stopped="the best baseline meets the lower bound")
         return _finish(problem, options, baseline, bound, details, started)
@@ -160,7 +162,7 @@ def _finish(
 ) -> Plan:
     """The plan as MILP-SPLIT's: its bound, status and solver details."""
     elapsed = time.perf_counter() - started
-    status = "optimal" if within_gap(best.objective_s, bound, options.rel_gap) else "heuristic"
+    status = gap_status(gap(best.objective_s, bound, maximize=False), options.rel_gap)
     return replace(
         best,
         lower_bound_s=float(min(bound, best.objective_s) if best.objective_s >= bound * (1 - 1e-9) else bound),

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from llm_planner.core.plan import within_gap
+from llm_planner.core.gap import proven
 from llm_planner.placement.bounds.times import task_times
 from llm_planner.placement.options import SolveOptions
 from llm_planner.placement.problem import PlacementProblem
@@ -119,7 +119,7 @@ class SplitContext:
             if (
                 key in self.intensified
                 or sol.method in ("milp-optimal", "infeasible")
-                or within_gap(sol.cost_s, sol.bound_s, self.options.rel_gap)
+                or proven(sol.cost_s, sol.bound_s, self.options.rel_gap)
             ):
                 continue
             if len(self.modules[j].tasks) > subsolve.LOCAL_SEARCH_MAX_TASKS:

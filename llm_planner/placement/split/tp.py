@@ -30,7 +30,9 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from llm_planner.core.plan import Plan, within_gap
+from llm_planner.core.gap import gap
+from llm_planner.core.gap import status as gap_status
+from llm_planner.core.plan import Plan
 from llm_planner.placement.bounds.load import load_balance_bound
 from llm_planner.placement.bounds.times import critical_path_bound
 from llm_planner.placement.errors import SolveError
@@ -209,7 +211,7 @@ def _finish(options: SolveOptions, search: _Search, bound: float, started: float
     best = search.best
     assert best is not None
     bound = min(bound, best.objective_s)
-    status = "optimal" if within_gap(best.objective_s, bound, options.rel_gap) else "heuristic"
+    status = gap_status(gap(best.objective_s, bound, maximize=False), options.rel_gap)
     details = dict(best.solver.details) if best.solver.name == "milp-split" else {"baseline_won": best.solver.name}
     details.update(
         tp_layout=search.label, tp_layouts_tried={search.describe(l): obj for l, obj in search.tried.items()}

@@ -1,0 +1,114 @@
+"""What a serving plan reads from files, read here and handed to the model as data: the cluster spec,
+the model's configuration (a preset, or a config.json), a measured serving profile, and the workload
+(--prompt-len/--output-len or a --workload file). The model below (serving.context, serving.costs,
+...) takes what these return and opens no file.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from llm_planner.core import units
+from llm_planner.core.fileio import read_document
+from llm_planner.core.spec import load_cluster
+from llm_planner.core.spec_fields import Reader, as_int
+from llm_planner.cost.serving_profile import load_serving_profile
+from llm_planner.graph.transformer import DecoderConfig, named_config
+from llm_planner.serving.costs import MeasuredLayerTime
+from llm_planner.serving.workload import RequestShape, ServingWorkload, WorkloadError
+
+
+def read_context_inputs(
+    cluster_path: str, model: str, workload: ServingWorkload, profile_path: str | None = None
+) -> dict[str, Any]:
+    """ServingContext's cluster, config and layer_time, read from the files named (its other arguments
+    are not files)."""
+    return {
+        "cluster": load_cluster(cluster_path),
+        "config": decoder_config(model),
+        "layer_time": layer_time_from_profile(profile_path, workload),
+    }
+
+
+def decoder_config(name: str) -> DecoderConfig:
+    config = named_config(name)
+    if config is None:
+        raise WorkloadError(f"--model {name!r}: --objective serving needs a decoder preset or a config.json")
+    return config
+
+
+def layer_time_from_profile(profile_path: str | None, workload: ServingWorkload):
+    """kind name -> its MeasuredLayerTime (None for kinds the profile does not name)."""
+    if profile_path is None:
+        return None
+    profile = load_serving_profile(profile_path)
+    names = {entry.kind for entry in profile.kinds}
+
+    def for_kind(kind: str):
+        return MeasuredLayerTime(profile, kind, workload.prefill_per_output) if kind in names else None
+
+    return for_kind
+
+
+def workload_from_flags(
+    *,
+    prompt_len: int | None,
+    output_len: int | None,
+    workload_file: str | None,
+    tpot_slo: str | float | None,
+    ttft_slo: str | float | None,
+) -> ServingWorkload:
+    """The workload of `plan --objective serving`: --prompt-len/--output-len or --workload FILE."""
+    tpot = _seconds("--tpot-slo", tpot_slo, required=True)
+    ttft = _seconds("--ttft-slo", ttft_slo, required=False)
+    if workload_file is not None:
+        if prompt_len is not None or output_len is not None:
+            raise WorkloadError("give either --workload FILE or --prompt-len/--output-len, not both")
+        return ServingWorkload(
+            requests=read_workload_file(workload_file), tpot_slo_s=tpot, ttft_slo_s=ttft, source=workload_file
+        )
+    for flag, value in (("--prompt-len", prompt_len), ("--output-len", output_len)):
+        if value is None or isinstance(value, bool) or value < 1:
+            raise WorkloadError(f"{flag} must be a positive integer (mean tokens per request), got {value!r}")
+    return ServingWorkload(
+        requests=(RequestShape(prompt_len=prompt_len, output_len=output_len),), tpot_slo_s=tpot, ttft_slo_s=ttft
+    )
+
+
+def _seconds(flag: str, value: str | float | None, *, required: bool) -> float | None:
+    if value is None:
+        if required:
+            raise WorkloadError(f"{flag} is required for --objective serving (a time such as '50 ms')")
+        return None
+    try:
+        seconds = units.parse_seconds(value)
+    except (units.UnitError, TypeError, ValueError) as exc:
+        raise WorkloadError(f"{flag}: {exc}") from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise WorkloadError(f"{flag} must be a positive finite time, got {value!r}")
+    return seconds
+
+
+MAX_SHAPES = 1000
+
+
+def read_workload_file(path: str) -> tuple[RequestShape, ...]:
+    """A YAML/JSON file: `requests: [{prompt_len: N, output_len: N, weight: W}, ...]` (weight optional)."""
+    data = read_document(path, WorkloadError, finite=True)
+    r = Reader(path, "", data)
+    items = r.get("requests")
+    r.done()
+    if not isinstance(items, list) or not items or len(items) > MAX_SHAPES:
+        r.fail(f"expected a list of 1 to {MAX_SHAPES} request shapes", "requests")
+    out = []
+    for i, item in enumerate(items):
+        c = r.child(f"requests[{i}]", item)
+        shape = RequestShape(
+            prompt_len=c.get("prompt_len", as_int, positive=True),
+            output_len=c.get("output_len", as_int, positive=True),
+            weight=float(c.get("weight", units.parse_fraction, default=1.0, positive=True)),
+        )
+        c.done()
+        out.append(shape)
+    return tuple(out)
