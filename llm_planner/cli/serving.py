@@ -13,11 +13,10 @@ from llm_planner.core.atomic import check_writable
 from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
 from llm_planner.serving.api import plan_serving
 from llm_planner.serving.context import ServingOptions
+from llm_planner.serving.plan_fields import SERVING_SOLVERS
 from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
 from llm_planner.serving.verify import verify_serving_plan
 from llm_planner.serving.workload import workload_from_flags
-
-SERVING_SOLVERS = ("serving", "engineer-best", "megatron")
 
 
 def add_serving_args(p: argparse.ArgumentParser) -> None:
