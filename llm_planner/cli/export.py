@@ -23,7 +23,7 @@ from llm_planner.export.serving import (
 from llm_planner.export.serving_scripts import PORT_STEP, SGLANG_PORT, VLLM_PORT, sglang_script, vllm_script
 from llm_planner.helix.inputs import device_helix_names, load_helix_cluster
 from llm_planner.helix.layout_file import LayoutError, helix_layout
-from llm_planner.serving.plan_file import is_serving_plan, load_serving_plan
+from llm_planner.serving.plan_file import checked_input, is_serving_plan, load_serving_plan
 
 
 def add_export_parser(sub) -> None:
@@ -70,9 +70,8 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     if args.output is not None:
         check_writable(args.output, ServingExportError)
     plan = load_serving_plan(args.plan)
-    cluster_path = plan.input_path("cluster")
-    if cluster_path is None:
-        raise UserError(f"{args.plan}: inputs.cluster is missing; the export needs the cluster's hosts", exit_code=2)
+    cluster_path = checked_input(plan, "cluster")  # its hash checked on the bytes, before it is parsed
+    assert cluster_path is not None  # plan_fields requires inputs.cluster
     export = build_engines(plan, load_cluster(cluster_path), args.to)
     if args.to == "megatron":
         text = json.dumps(megatron_config(export), indent=2) + "\n"

@@ -39,13 +39,14 @@ from llm_planner.serving.context import (
     ServingOptions,
     ServingWorkload,
     build_context,
+    decoder_config,
     status_of,
 )
 from llm_planner.serving.layout import Segment, describe, layout_ok, layout_usage, same_server_after
-from llm_planner.serving.plan_file import ServingPlanFile, checked_input, checked_model
+from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, checked_input, checked_model
 from llm_planner.serving.verify_claims import check_baselines, check_model, check_options, close
 from llm_planner.serving.verify_replica import Derived, derive
-from llm_planner.serving.workload import RequestShape
+from llm_planner.serving.workload import RequestShape, WorkloadError
 
 REL_TOL = 1e-6
 
@@ -63,7 +64,14 @@ def context_of(plan: ServingPlanFile) -> ServingContext:
     )
     options = ServingOptions(**{k: v for k, v in d["options"].items() if k != "solver"})
     assert cluster is not None  # plan_fields requires inputs.cluster
-    return build_context(cluster, model, workload, d["model"]["dtype"], options, profile)
+    try:
+        decoder_config(model)
+    except WorkloadError as exc:
+        raise ServingPlanError(f"{plan.path}: model.name: {exc}") from None
+    try:
+        return build_context(cluster, model, workload, d["model"]["dtype"], options, profile)
+    except ValueError as exc:  # the inputs' own errors name their file; say which plan named it
+        raise ServingPlanError(f"{plan.path}: inputs (model, workload, options): {exc}") from None
 
 
 def verify_serving_plan(plan: ServingPlanFile) -> list[str]:
