@@ -235,7 +235,7 @@ def _replica(f: Fields, num_layers: int) -> None:
     stages = len(degrees)
     layers = integers(f, "layers", stages)
     if sum(layers) != num_layers:
-        raise f.fail("layers", f"add up to {sum(layers)}, not model.num_layers {num_layers}")
+        raise f.fail("layers", f"do not add up to model.num_layers {num_layers} (they add up to {sum(layers)})")
     concurrency = integer(f, "concurrency")
     integer(f, "micro_batches", high=concurrency)
     for key in ("tokens_per_s", "tpot_s", "ttft_s", "round_trip_s"):
