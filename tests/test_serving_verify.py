@@ -234,3 +234,16 @@ def test_statistics_that_cannot_be_rederived_are_accepted_when_well_formed(base)
         d["serving"]["layouts_evaluated"] += 1
 
     assert _run(["verify", str(_edited(folder, data, change))])[0] == 0
+
+
+@pytest.mark.parametrize("edit", ["empty", "removed"])
+def test_a_placement_plan_without_the_cluster_hash_is_refused(tmp_path, edit):
+    plan = written_plan(tmp_path)
+    data = yaml.safe_load(plan.read_text())
+    if edit == "empty":
+        data["inputs"]["cluster_sha256"] = ""
+    else:
+        del data["inputs"]["cluster_sha256"]
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    code, out = _run(["verify", str(plan)])
+    assert code == 2 and "inputs.cluster_sha256" in out and str(plan) in " ".join(out.split()), out

@@ -381,6 +381,8 @@ def _read_inputs(fields: Fields) -> PlanInputs:
         from_graph = name == "cluster" and "graph" in model.data
         if fields.data.get(name) is None and fields.data.get(f"{name}_sha256") and not from_graph:
             raise fields.fail(f"{name}_sha256", f"a hash, but inputs.{name} names no file")
+        if isinstance(fields.data.get(name), str) and not fields.data.get(f"{name}_sha256"):
+            raise fields.fail(f"{name}_sha256", f"missing: inputs.{name} names a file, whose sha256 a plan records")
     return PlanInputs(
         cluster=fields.string("cluster", nullable=True),
         cluster_sha256=fields.string("cluster_sha256"),
