@@ -247,3 +247,17 @@ def test_a_placement_plan_without_the_cluster_hash_is_refused(tmp_path, edit):
     plan.write_text(yaml.safe_dump(data, sort_keys=False))
     code, out = _run(["verify", str(plan)])
     assert code == 2 and "inputs.cluster_sha256" in out and str(plan) in " ".join(out.split()), out
+
+
+def test_a_forged_placement_graph_file_is_refused_before_it_is_parsed(tmp_path):
+    plan = written_plan(tmp_path)
+    data = yaml.safe_load(plan.read_text())
+    secret = _write(tmp_path, f'{{"name": "{SECRET}", "tasks": [{SECRET}', "other.json")
+    data["inputs"]["model"]["graph"] = str(secret)
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    code, out = _run(["verify", str(plan)])
+    assert code == 2 and SECRET not in out and "sha256 differs" in out, out
+    del data["inputs"]["model_file_sha256"]
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    code, out = _run(["verify", str(plan)])
+    assert code == 2 and "inputs.model_file_sha256: missing" in out, out

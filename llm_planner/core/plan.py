@@ -90,6 +90,9 @@ class PlanInputs:
     )
     profile_sha256: str = ""
     max_tp: int = 1  # largest tensor-parallel group offered (1: none)
+    model_file_sha256: str = (
+        ""  # sha256 of the bytes of the graph file or the config.json the model names ("": a preset)
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -396,6 +399,7 @@ def _read_inputs(fields: Fields) -> PlanInputs:
         profile=fields.string("profile", None, nullable=True),
         profile_sha256=fields.string("profile_sha256", ""),
         max_tp=fields.integer("max_tp", 1, minimum=1),
+        model_file_sha256=fields.string("model_file_sha256", ""),
     )
 
 
