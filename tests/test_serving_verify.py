@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from llm_planner.cli.main import main
 
 sys.path.insert(0, str(Path(__file__).parent))
-from input_mutations import emit, field_mutation, paths  # noqa: E402
+from input_mutations import CONFIG_LLAMA, emit, field_mutation, paths  # noqa: E402
 from plan_files import written_plan  # noqa: E402
 from serving_fixtures import write_fleet  # noqa: E402
 
@@ -261,3 +261,40 @@ def test_a_forged_placement_graph_file_is_refused_before_it_is_parsed(tmp_path):
     plan.write_text(yaml.safe_dump(data, sort_keys=False))
     code, out = _run(["verify", str(plan)])
     assert code == 2 and "inputs.model_file_sha256: missing" in out, out
+
+
+ONE_BOX = """name: one-box
+device_kinds:
+  - {name: g, type: gpu, peak_flops: {fp16: 165 TFLOP/s}, mem_bytes: 24 GB, mem_bw_bytes_per_s: 1000 GB/s,
+     compute_efficiency: 0.6, mem_efficiency: 0.8, overhead_s: 10 us}
+nodes:
+  - {name: box, devices: {g: 2}, links: [{between: [g, g], bw_bytes_per_s: 25 GB/s, latency_s: 10 us}]}
+"""
+PROFILE = (
+    "format: serving-profile/1\nmodel: gpt2\ndtype: fp16\nsource: constructed\nkinds:\n  g:\n"
+    "    decode_layer_s: [[1, 0.001], [64, 0.0012], [256, 0.003]]\n    prefill_layer_s: [[0, 0], [512, 0.002]]\n"
+)
+
+
+def test_measured_profiles_and_model_configs_verify_and_are_hashed(tmp_path):
+    """The verifier's own arithmetic takes a profile's measured block time, as the search does; a
+    changed profile or config.json is refused before it is parsed, naming the hash's field."""
+    (tmp_path / "c.yaml").write_text(ONE_BOX)
+    profile = _write(tmp_path, PROFILE, "p.yaml")
+    (tmp_path / "model").mkdir()
+    config = _write(tmp_path / "model", emit(CONFIG_LLAMA), "config.json")
+    for model, extra, changed, field in (
+        ("gpt2", ["--profile", str(profile)], profile, "inputs.profile_sha256"),
+        (str(tmp_path / "model"), [], config, "inputs.model_sha256"),
+    ):
+        plan = tmp_path / "plan.yaml"
+        argv = ["plan", "--cluster", str(tmp_path / "c.yaml"), "--model", model, "--objective", "serving"]
+        argv += ["--prompt-len", "64", "--output-len", "64", "--tpot-slo", "100 ms", "-o", str(plan), *extra]
+        assert _run(argv)[0] == 0
+        code, out = _run(["verify", str(plan)])
+        assert code == 0, out
+        original = changed.read_text()
+        changed.write_text(original + "\n")
+        code, out = _run(["verify", str(plan)])
+        assert code == 2 and field in out, out
+        changed.write_text(original)

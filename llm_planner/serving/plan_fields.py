@@ -22,7 +22,8 @@ SERVING_FORMAT = "llm_planner.serving_plan"
 SERVING_VERSION = 4  # 4: inputs.profile_sha256 and inputs.model_sha256
 SERVING_SOLVERS = ("serving", "engineer-best", "megatron")
 BASELINES = ("engineer-best", "megatron")
-MAX_COUNT = 1 << 20  # copies of one pattern, sequences in flight, stages, degrees: far above any cluster
+MAX_COUNT = 1 << 20  # copies of one pattern, stages, degrees, micro-batches: far above any cluster
+MAX_CONCURRENCY = 1 << 40  # sequences in flight of one replica (the search's doubling may pass 2**20)
 MAX_TOKENS = 1 << 31  # prompt and output tokens of a request shape
 MAX_SHAPES = 1000
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -236,8 +237,8 @@ def _replica(f: Fields, num_layers: int) -> None:
     layers = integers(f, "layers", stages)
     if sum(layers) != num_layers:
         raise f.fail("layers", f"do not add up to model.num_layers {num_layers} (they add up to {sum(layers)})")
-    concurrency = integer(f, "concurrency")
-    integer(f, "micro_batches", high=concurrency)
+    concurrency = integer(f, "concurrency", high=MAX_CONCURRENCY)
+    integer(f, "micro_batches", high=min(concurrency, MAX_COUNT))
     for key in ("tokens_per_s", "tpot_s", "ttft_s", "round_trip_s"):
         number(f, key)
     for key in ("stage_s", "mem_bytes", "usable_bytes"):
@@ -262,8 +263,8 @@ def _baseline(f: Fields, num_layers: int) -> None:
         exactly(r, _BASELINE_REPLICA)
         r.string("pattern")
         integer(r, "count")
-        concurrency = integer(r, "concurrency")
-        integer(r, "micro_batches", high=concurrency)
+        concurrency = integer(r, "concurrency", high=MAX_CONCURRENCY)
+        integer(r, "micro_batches", high=min(concurrency, MAX_COUNT))
         number(r, "tpot_s")
         number(r, "max_mem_fraction")
         if sum(integers(r, "layers")) != num_layers:

@@ -119,7 +119,11 @@ def checked_model(plan: ServingPlanFile) -> str:
 
 
 def _check_digest(plan: ServingPlanFile, field: str, path: str, key: str, recorded: str) -> None:
-    if input_digest(path, key) != recorded:
+    try:
+        digest = input_digest(path, key)
+    except ServingPlanError as exc:  # missing, not a regular file, too large, not UTF-8: say which plan named it
+        raise ServingPlanError(f"{plan.path}: {field.removesuffix('_sha256')}: {exc}") from None
+    if digest != recorded:
         raise ServingPlanError(
             f"{plan.path}: {field}: {path} is not the file the plan was made from (its sha256 differs: the file "
             "changed since, or the plan names another file); it was not read further"
