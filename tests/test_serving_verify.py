@@ -216,6 +216,9 @@ def test_verify_refuses_a_forged_number_of_layers(base):
                 rep["layers"][-1] += 8
 
     assert "model.num_layers: 40" in _forged_claim(base, forge)
+    folder, data = base
+    code, out = _run(["export", str(_edited(folder, data, forge)), "--to", "vllm"])
+    assert code == 2 and "model.num_layers: 40, but llama2-7b has 32 layers" in " ".join(out.split()), out
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, "many", None, float("nan")])
