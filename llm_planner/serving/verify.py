@@ -37,18 +37,16 @@ from llm_planner.serving.context import (
     OPTIMAL_GAP,
     ServingContext,
     ServingOptions,
-    ServingWorkload,
     build_context,
     decoder_config,
     status_of,
 )
 from llm_planner.serving.layout import Segment, describe, layout_ok, layout_usage, same_server_after
+from llm_planner.serving.plan_fields import read_plan_fields
 from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, checked_input, checked_model
 from llm_planner.serving.verify_claims import check_baselines, check_model, check_options, close
 from llm_planner.serving.verify_replica import Derived, derive
-from llm_planner.serving.workload import RequestShape, WorkloadError
-
-REL_TOL = 1e-6
+from llm_planner.serving.workload import RequestShape, ServingWorkload, WorkloadError
 
 
 def context_of(plan: ServingPlanFile) -> ServingContext:
@@ -75,7 +73,10 @@ def context_of(plan: ServingPlanFile) -> ServingContext:
 
 
 def verify_serving_plan(plan: ServingPlanFile) -> list[str]:
-    """Violations, one line each; [] when the plan is what its inputs give."""
+    """Violations, one line each; [] when the plan is what its inputs give. ServingPlanError when it
+    cannot be checked (a field of the wrong type or shape, an input file that is not the one the plan
+    was made from); the data is read field by field here too, whether or not it came from a file."""
+    read_plan_fields(plan.data, str(plan.path or "<plan>"), ServingPlanError)
     ctx = context_of(plan)
     problems: list[str] = []
     check_model(ctx, plan.data, problems)
