@@ -301,3 +301,27 @@ def test_measured_profiles_and_model_configs_verify_and_are_hashed(tmp_path):
         code, out = _run(["verify", str(plan)])
         assert code == 2 and field in out, out
         changed.write_text(original)
+
+
+@pytest.mark.parametrize(
+    "target, scale",
+    [
+        ("llm_planner.serving.costs.StageCosts.stage_s", 0.8),  # a stage-time bug in the search's cost tables
+        ("llm_planner.serving.costs.StageCosts.mem_bytes", 0.5),  # a memory bug: more sequences fit than do
+    ],
+)
+def test_a_modelling_bug_in_the_search_is_caught_by_verify(tmp_path, monkeypatch, target, scale):
+    """verify computes stage times and memory with its own arithmetic from the cost layer, not with
+    the search's stage costs: with a bug in those, the search's plan does not verify (the bug still
+    there while verify runs)."""
+    module, cls, name = target.rsplit(".", 2)
+    owner = getattr(__import__(module, fromlist=[cls]), cls)
+    right = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda self, *a, **k: right(self, *a, **k) * scale)
+    spec, plan = write_fleet(tmp_path), tmp_path / "plan.yaml"
+    argv = ["plan", "--cluster", str(spec), "--model", "llama2-7b", "--objective", "serving"]
+    argv += ["--tpot-slo", "50 ms", "--prompt-len", "256", "--output-len", "128", "-o", str(plan)]
+    assert _run(argv)[0] == 0
+    code, out = _run(["verify", str(plan)])
+    assert code == 1, out
+    assert ("stage_s: differs" if name == "stage_s" else "mem_bytes: differs") in out, out
