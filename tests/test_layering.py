@@ -113,14 +113,17 @@ LAYERS: list[tuple[str, list[str], str]] = [
         "serving model",
         _names("serving", "serving.workload", "serving.classes", "serving.costs", "serving.replica", "serving.inputs")
         + _names("serving.layout", "serving.context", "serving.bound", "serving.bound_batches", "serving.bound_cells")
-        + _names("serving.bound_prices", "serving.optimistic", "serving.plan_file", "serving.verify"),
-        "serving: the steady-state model of a replica, the upper bound and the plan file's check; below its search",
+        + _names("serving.bound_prices", "serving.optimistic", "serving.plan_fields", "serving.plan_file")
+        + _names("serving.verify_replica"),
+        "serving: the steady-state model of a replica, the upper bound, the plan file and the verifier's own "
+        "arithmetic of a replica; below its search",
     ),
     (
         "serving solve",
         _names("serving.fleet", "serving.baselines", "serving.search", "serving.assign", "serving.aside")
-        + _names("serving.api"),
-        "serving: the baselines, the layout search and the fleet MILP (over the MILP backends), devices",
+        + _names("serving.api", "serving.verify_claims", "serving.verify"),
+        "serving: the baselines, the layout search and the fleet MILP (over the MILP backends), devices; the plan "
+        "file's check (it re-runs the baselines)",
     ),
     ("helix", _names("helix.*"), "Helix's files in and out, its engine's model and a layout search for it"),
     ("export", _names("export.*"), "plans written for other frameworks: Megatron-style configs, vLLM, SGLang"),

@@ -207,6 +207,10 @@ def test_mixed_degrees_are_refused_naming_replica_and_stage(plans, tmp_path):
     def mixed(data):  # two stages: a tensor-parallel pair, then one device
         rep, n = data["serving"]["replicas"][0], data["model"]["num_layers"]
         rep.update(layers=[n // 2, n - n // 2], micro_batches=2)
+        name = rep["segments"][0]["class"]
+        rep["segments"] = [{"class": name, "degree": 2, "stages": 1}, {"class": name, "degree": 1, "stages": 1}]
+        for key in ("stage_s", "mem_bytes", "usable_bytes"):
+            rep[key] = rep[key] * 2
         rep["devices"] = [[copy[0][:2], copy[0][2:3]] for copy in rep["devices"]]
 
     plan = _edited(plans["tp"], tmp_path, mixed)

@@ -126,4 +126,4 @@ def test_verify_refuses_a_pattern_text_its_segments_do_not_read(planned, capsys)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     capsys.readouterr()
     assert main(["verify", str(path)]) == 1
-    assert "serving.replicas[0].pattern: '4xbigbox/big[tp2]' but its segments read" in capsys.readouterr().out
+    assert "serving.replicas[0].pattern: '4xbigbox/big[tp2]', but the segments are" in capsys.readouterr().out

@@ -24,7 +24,8 @@ from llm_planner.export.serving import (
 from llm_planner.export.serving_scripts import PORT_STEP, SGLANG_PORT, VLLM_PORT, sglang_script, vllm_script
 from llm_planner.helix.inputs import device_helix_names, load_helix_cluster
 from llm_planner.helix.layout_file import LayoutError, helix_layout
-from llm_planner.serving.plan_file import is_serving_plan, load_serving_plan
+from llm_planner.serving.inputs import decoder_config
+from llm_planner.serving.plan_file import checked_input, checked_model, is_serving_plan, load_serving_plan
 
 
 def add_export_parser(sub) -> None:
@@ -71,9 +72,9 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     if args.output is not None:
         check_writable(args.output, ServingExportError)
     plan = load_serving_plan(args.plan)
-    cluster_path = plan.input_path("cluster")
-    if cluster_path is None:
-        raise UserError(f"{args.plan}: inputs.cluster is missing; the export needs the cluster's hosts", exit_code=2)
+    cluster_path = checked_input(plan, "cluster")  # its hash checked on the bytes, before it is parsed
+    assert cluster_path is not None  # plan_fields requires inputs.cluster
+    check_model_layers(plan)
     export = build_engines(plan, load_cluster(cluster_path), args.to)  # the framework's rules, then verify's
     with progress(console, "verifying the plan before exporting it..."):
         check_serving_verified(plan, f"no {args.to} {fmt} written")
@@ -93,6 +94,21 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
         styled(f"{args.to} {fmt} for {len(export.engines)} engine(s) written to ", (str(args.output), "bold"))
     )
     return 0
+
+
+def check_model_layers(plan) -> None:
+    """model.num_layers, which the export writes, is the layers of the model the plan names (its
+    config.json's hash checked first)."""
+    name = checked_model(plan)
+    try:
+        layers = decoder_config(name).num_layers
+    except ValueError as exc:
+        raise UserError(f"{plan.path}: model.name: {exc}", exit_code=2) from None
+    if layers != plan.data["model"]["num_layers"]:
+        raise UserError(
+            f"{plan.path}: model.num_layers: {plan.data['model']['num_layers']}, but {name} has {layers} layers",
+            exit_code=2,
+        )
 
 
 def helix_stages(plan) -> list[tuple[str, int, int]]:
@@ -115,6 +131,7 @@ def _export_helix(args: argparse.Namespace, console: Console) -> int:
             "--to helix needs --helix-cluster, the Helix .ini the plan's cluster was imported from", exit_code=2
         )
     plan = load_serving_plan(args.plan)
+    check_model_layers(plan)
     with progress(console, "verifying the plan before exporting it..."):
         check_serving_verified(plan, "no Helix layout written")
     names = device_helix_names(load_helix_cluster(args.helix_cluster))

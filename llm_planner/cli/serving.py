@@ -15,10 +15,9 @@ from llm_planner.core.timing import Stopwatch, fmt_elapsed, timing_text
 from llm_planner.serving.api import plan_serving
 from llm_planner.serving.context import ServingOptions
 from llm_planner.serving.inputs import workload_from_flags
+from llm_planner.serving.plan_fields import SERVING_SOLVERS
 from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
 from llm_planner.serving.verify import verify_serving_plan
-
-SERVING_SOLVERS = ("serving", "engineer-best", "megatron")
 
 
 def add_serving_args(p: argparse.ArgumentParser) -> None:

@@ -92,6 +92,9 @@ class PlanInputs:
     )
     profile_sha256: str = ""
     max_tp: int = 1  # largest tensor-parallel group offered (1: none)
+    model_file_sha256: str = (
+        ""  # sha256 of the bytes of the graph file or the config.json the model names ("": a preset)
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -374,6 +377,8 @@ def _read_inputs(fields: Fields) -> PlanInputs:
         from_graph = name == "cluster" and "graph" in model.data
         if fields.data.get(name) is None and fields.data.get(f"{name}_sha256") and not from_graph:
             raise fields.fail(f"{name}_sha256", f"a hash, but inputs.{name} names no file")
+        if isinstance(fields.data.get(name), str) and not fields.data.get(f"{name}_sha256"):
+            raise fields.fail(f"{name}_sha256", f"missing: inputs.{name} names a file, whose sha256 a plan records")
     return PlanInputs(
         cluster=fields.string("cluster", nullable=True),
         cluster_sha256=fields.string("cluster_sha256"),
@@ -387,6 +392,7 @@ def _read_inputs(fields: Fields) -> PlanInputs:
         profile=fields.string("profile", None, nullable=True),
         profile_sha256=fields.string("profile_sha256", ""),
         max_tp=fields.integer("max_tp", 1, minimum=1),
+        model_file_sha256=fields.string("model_file_sha256", ""),
     )
 
 

@@ -390,10 +390,22 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
 def named_config(name: str) -> DecoderConfig | None:
     """The decoder a model name means: a config.json, a directory holding one, or a preset; None
     when it is none of them."""
-    path = Path(name)
-    if path.is_dir() or path.suffix == ".json":
-        return load_config_file(path / "config.json" if path.is_dir() else path)
+    path = config_file_of(name)
+    if path is not None:
+        return load_config_file(path)
     return preset_config(name) if is_preset(name) else None
+
+
+def config_file_of(name: str) -> Path | None:
+    """The config.json a model name names (a .json file, or a directory holding config.json); None for
+    a name that names no file (a preset's)."""
+    path = Path(name)
+    try:
+        if path.is_dir():
+            return path / "config.json"
+    except (OSError, ValueError):  # a name too long for a path, or not one at all
+        return None
+    return path if path.suffix == ".json" else None
 
 
 def load_config_file(path: Path) -> DecoderConfig:

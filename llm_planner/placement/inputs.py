@@ -18,6 +18,7 @@ from llm_planner.cost.profile import file_sha256, load_profile
 from llm_planner.graph import workloads
 from llm_planner.graph.ir import GraphError, TaskGraph, graph_from_dict
 from llm_planner.graph.models import ModelSpec, build_model_graph
+from llm_planner.graph.transformer import config_file_of
 from llm_planner.placement.fit import memory_shortfall
 from llm_planner.placement.problem import PlacementProblem, ProblemError, build_problem
 
@@ -111,6 +112,9 @@ def problem_from_inputs(
         profile=str(profile_path) if profile_path is not None else None,
         profile_sha256=_profile_sha256(profile_path),
         max_tp=max_tp,
+        model_file_sha256=_model_file_sha256(
+            model_file(model.to_dict() if model is not None else {"graph": graph_path})
+        ),
     )
     try:
         problem = build_problem(
@@ -141,6 +145,19 @@ def _profile_sha256(profile_path: str | None) -> str:
     return file_sha256(profile_path)
 
 
+def model_file(model: dict) -> str | None:
+    """The file a recorded model names: its graph file, or the config.json its name names (None: a preset)."""
+    if model.get("graph") is not None:
+        return str(model["graph"])
+    name = model.get("name")
+    config = config_file_of(name) if isinstance(name, str) and name else None
+    return str(config) if config is not None else None
+
+
+def _model_file_sha256(path: str | None) -> str:
+    return "" if path is None else hashlib.sha256(read_bytes(path, InputError)).hexdigest()
+
+
 INPUT_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -155,6 +172,12 @@ def _check_input_files(inputs: PlanInputs, graph_path: str | None, check_hashes:
             )
     if not check_hashes:
         return
+    model = model_file(inputs.model)
+    if model is not None:
+        if not inputs.model_file_sha256:
+            raise InputError(f"inputs.model_file_sha256: missing: the model names {model}, whose sha256 a plan records")
+        if _model_file_sha256(model) != inputs.model_file_sha256:
+            raise InputError(f"{model}: the model's file changed since the plan was made (sha256 differs)")
     if inputs.cluster and inputs.cluster_sha256:
         if hashlib.sha256(read_text(inputs.cluster, InputError).encode()).hexdigest() != inputs.cluster_sha256:
             raise InputError(f"{inputs.cluster}: the cluster file changed since the plan was made (sha256 differs)")

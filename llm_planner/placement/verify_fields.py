@@ -38,7 +38,7 @@ from llm_planner.placement.options import SolveOptions
 from llm_planner.placement.problem import PlacementProblem
 
 # hashes are compared (with their own messages) by problem_inputs.problem_from_plan_inputs; options are a record
-_NOT_COMPARED = ("options", "cluster_sha256", "graph_sha256", "profile_sha256")
+_NOT_COMPARED = ("options", "cluster_sha256", "graph_sha256", "profile_sha256", "model_file_sha256")
 
 
 def check_inputs(plan: Plan, problem: PlacementProblem) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any
 
 from llm_planner.core.plan_paths import relative_to_plan
 from llm_planner.core.timing import Stopwatch
+from llm_planner.graph.transformer import config_file_of
 from llm_planner.serving.aside import ASIDE_DEVICES, Aside
 from llm_planner.serving.assign import assign_devices
 from llm_planner.serving.baselines import engineer_best, engineer_options, megatron
@@ -15,7 +16,7 @@ from llm_planner.serving.bound import tokens_upper_bound
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context, status_of, usable_bytes
 from llm_planner.serving.fleet import FleetChoice
 from llm_planner.serving.layout import Pattern, describe
-from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION
+from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION, input_digest
 from llm_planner.serving.search import SearchStats, fleet_prices, segment_options, solve_serving
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
 
@@ -110,6 +111,8 @@ def plan_serving(
             "cluster": relative_to_plan(cluster_path, output_path),
             "cluster_sha256": ctx.cluster.sha256,
             "profile": relative_to_plan(profile_path, output_path),
+            "profile_sha256": input_digest(profile_path, "profile") if profile_path is not None else None,
+            "model_sha256": _model_digest(model),
         },
         "model": {"name": model, "dtype": dtype, "num_layers": ctx.tasks.num_layers},
         "workload": workload.to_dict(),
@@ -155,6 +158,12 @@ def _search(ctx: ServingContext, inputs: dict, solver: str, watch: Stopwatch):
             aside.stop()
         raise
     return fleet, stats, baselines, first_two
+
+
+def _model_digest(model: str) -> str | None:
+    """The sha256 of the config.json the model name names (None for a preset)."""
+    config = config_file_of(model)
+    return input_digest(str(config), "model") if config is not None else None
 
 
 def _nothing_serves(ctx: ServingContext) -> str:

@@ -7,6 +7,7 @@ from any working directory.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +16,11 @@ from typing import Any
 import yaml
 
 from llm_planner.core.atomic import write_atomic
-from llm_planner.core.fileio import read_document
+from llm_planner.core.fileio import read_bytes, read_document, read_text
+from llm_planner.graph.transformer import config_file_of
+from llm_planner.serving.plan_fields import SERVING_FORMAT, SERVING_VERSION, read_plan_fields
 
-SERVING_FORMAT = "llm_planner.serving_plan"
-SERVING_VERSION = 3
+__all__ = ["SERVING_FORMAT", "SERVING_VERSION"]
 
 
 class ServingPlanError(ValueError):
@@ -50,14 +52,6 @@ class ServingPlanFile:
         return str((self.path.parent / value).resolve())
 
 
-def relative_to_plan(input_path: str | None, plan_path: str | Path) -> str | None:
-    if input_path is None:
-        return None
-    target = Path(input_path).resolve()
-    base = Path(plan_path).resolve().parent
-    return os.path.relpath(target, base)
-
-
 def save_serving_plan(data: dict[str, Any], path: str | Path) -> None:
     write_atomic(path, yaml.safe_dump(data, sort_keys=False, width=160), ServingPlanError)
 
@@ -72,82 +66,57 @@ def is_serving_plan(path: str | Path) -> bool:
     return SERVING_FORMAT in head.split("\n", 3)[0] or f"format: {SERVING_FORMAT}" in head
 
 
-_TOP = ("format", "version", "objective", "inputs", "model", "workload", "options", "serving", "baselines")
-_SERVING = (
-    "tokens_per_s",
-    "upper_bound_tokens_per_s",
-    "device_prices",
-    "gap",
-    "status",
-    "tpot_s",
-    "ttft_s",
-    "concurrency",
-    "solve_time_s",
-    "layouts_evaluated",
-    "layouts_candidate",
-    "layouts_left",
-    "replicas",
-)
-# Where the planning time went (llm_planner.serving.api): a record, not a figure verify checks;
-# plans written before it have none.
-_SERVING_OPTIONAL = ("timings_s",)
-
-
 def load_serving_plan(path: str | Path) -> ServingPlanFile:
+    """The plan, every field checked for its type and shape (llm_planner.serving.plan_fields)."""
     data = read_document(path, ServingPlanError, finite=True)
-    where = str(path)
-    if not isinstance(data, dict):
-        raise ServingPlanError(f"{where}: expected a mapping")
-    _keys(where, "", data, _TOP)
-    if data["format"] != SERVING_FORMAT or data["version"] != SERVING_VERSION:
-        raise ServingPlanError(f"{where}: format: expected {SERVING_FORMAT} version {SERVING_VERSION}")
-    if not isinstance(data["serving"], dict):
-        raise ServingPlanError(f"{where}: serving: expected a mapping")
-    _keys(where, "serving", data["serving"], _SERVING, optional=_SERVING_OPTIONAL)
-    _timings(where, data["serving"].get("timings_s"))
-    if not isinstance(data["serving"]["replicas"], list):
-        raise ServingPlanError(f"{where}: serving.replicas: expected a list")
-    for i, rep in enumerate(data["serving"]["replicas"]):
-        if not isinstance(rep, dict):
-            raise ServingPlanError(f"{where}: serving.replicas[{i}]: expected a mapping")
-        _keys(where, f"serving.replicas[{i}]", rep, _REPLICA)
+    read_plan_fields(data, str(path), ServingPlanError)
     return ServingPlanFile(data=data, path=Path(path))
 
 
-_REPLICA = (
-    "pattern",
-    "count",
-    "segments",
-    "layers",
-    "concurrency",
-    "micro_batches",
-    "tokens_per_s",
-    "tpot_s",
-    "ttft_s",
-    "round_trip_s",
-    "stage_s",
-    "mem_bytes",
-    "usable_bytes",
-    "devices",
-)
+def input_digest(path: str, key: str) -> str:
+    """The sha256 a plan records of an input file, from the file's bytes, before anything parses it:
+    the cluster's of its text with newlines as "\\n" (as llm_planner.core.spec.load_cluster hashes it),
+    the profile's and the model config's of the raw bytes."""
+    if key == "cluster":
+        return hashlib.sha256(read_text(path, ServingPlanError).encode()).hexdigest()
+    return hashlib.sha256(read_bytes(path, ServingPlanError)).hexdigest()
 
 
-def _keys(where: str, path: str, data: dict, expected: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
-    missing = [k for k in expected if k not in data]
-    unknown = [k for k in data if k not in expected + optional]
-    prefix = f"{path}: " if path else ""
-    if missing:
-        raise ServingPlanError(f"{where}: {prefix}missing field(s) {', '.join(missing)}")
-    if unknown:
-        raise ServingPlanError(f"{where}: {prefix}unknown field(s) {', '.join(map(str, unknown))}")
+def checked_input(plan: ServingPlanFile, key: str) -> str | None:
+    """The path of input `key` (cluster, profile), resolved against the plan's folder, once its bytes
+    have the hash the plan records; ServingPlanError otherwise, naming the plan and the field and
+    quoting nothing of the file."""
+    path = plan.input_path(key)
+    if path is None:
+        return None
+    _check_digest(plan, f"inputs.{key}_sha256", path, key, plan.data["inputs"][f"{key}_sha256"])
+    return path
 
 
-def _timings(where: str, timings: Any) -> None:
-    """serving.timings_s, when present: seconds (non-negative numbers) by part name."""
-    if timings is None:
-        return
-    if not isinstance(timings, dict) or not all(
-        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
-        for k, v in timings.items()
-    ):
-        raise ServingPlanError(f"{where}: serving.timings_s: expected a mapping of part names to seconds (>= 0)")
+def checked_model(plan: ServingPlanFile) -> str:
+    """The model name, once a config.json it names (a file, or a directory holding one) has the hash
+    the plan records (inputs.model_sha256; a preset's name names no file and has no hash)."""
+    name, digest = plan.data["model"]["name"], plan.data["inputs"]["model_sha256"]
+    config = config_file_of(name)
+    if config is None:
+        if digest is not None:
+            raise ServingPlanError(f"{plan.path}: inputs.model_sha256: a hash, but model.name names no config file")
+        return name
+    if digest is None:
+        raise ServingPlanError(
+            f"{plan.path}: inputs.model_sha256: missing; model.name names a config file, whose hash a plan records"
+        )
+    _check_digest(plan, "inputs.model_sha256", str(config), "model", digest)
+    return name
+
+
+def _check_digest(plan: ServingPlanFile, field: str, path: str, key: str, recorded: str) -> None:
+    try:
+        digest = input_digest(path, key)
+    except ServingPlanError as exc:  # missing, not a regular file, too large, not UTF-8: say which plan named it
+        raise ServingPlanError(f"{plan.path}: {field.removesuffix('_sha256')}: {exc}") from None
+    if digest != recorded:
+        raise ServingPlanError(
+            f"{plan.path}: {field}: {path} is not the file the plan was made from (its sha256 differs: the file "
+            "changed since, or the plan names another file); it was not read further"
+        )

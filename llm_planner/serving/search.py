@@ -93,7 +93,7 @@ def _layouts_of(ctx: ServingContext, names: list[str], options: dict, r: int, ne
                 if layout in seen or sum(s.stages for s in layout) > min(ctx.options.max_stages, ctx.tasks.num_layers):
                     continue
                 seen.add(layout)
-                if _exportable(ctx, layout) and _weights_fit(ctx, layout, needed):
+                if exportable_layout(ctx, layout) and _weights_fit(ctx, layout, needed):
                     out.append(layout)
                     if cap is not None and len(out) > cap:
                         return None
@@ -120,7 +120,8 @@ def with_ends(ctx: ServingContext, layout: Layout) -> list[Layout]:
     return out
 
 
-def _exportable(ctx: ServingContext, layout: Layout) -> bool:
+def exportable_layout(ctx: ServingContext, layout: Layout) -> bool:
+    """Whether --exportable allows the layout (vllm: one tensor-parallel degree, no CPU)."""
     if ctx.options.exportable != "vllm":
         return True
     kinds = [ctx.by_name[s.class_name].kind for s in layout]

@@ -1,22 +1,35 @@
 """The independent check of a serving plan: rebuild the context from the plan's inputs and
-re-derive every figure it states (docs/plan-format.md, "Serving plans").
+re-derive every figure it states (docs/plan-format.md, "Serving plans"). It trusts nothing the
+file claims.
 
-Checked: the inputs (the cluster file's hash); each replica pattern's segments (known class,
-offered degree, a block that packs) and its text (layout.describe of them), its layer split
-(every layer once, at least one per stage), its concurrency and micro-batches, and every
-number derived from them (tokens/s, TPOT, TTFT, round trip, stage times, memory per device)
-against the model; TPOT (and TTFT,
-when targeted) within the targets; every device's memory within its usable bytes; the devices:
-each copy's stages on devices of the right class, a group an aligned block of one server,
-consecutive stages on one server wherever the pattern's cost assumed it, no device twice;
-the copies of every pattern together within each class's devices (the counts against the spec);
-the totals; the upper bound recomputed, the gap and the status it supports.
+Before anything is parsed, every input file the plan names (the cluster, the profile, a model's
+config.json) must have the sha256 the plan records (llm_planner.serving.plan_file.checked_input);
+every field was read with its type and shape (llm_planner.serving.plan_fields, unknown fields
+refused). Then checked: each replica pattern's segments (known class, offered degree, a block that
+packs) and its `pattern` text (written from the segments), its layer split (every layer once, at
+least one per stage), its concurrency and micro-batches, and every number derived from them
+(tokens/s, TPOT, TTFT, round trip, stage times, memory and usable memory per device) against the
+verifier's own arithmetic (llm_planner.serving.verify_replica) at relative tolerance 1e-6; TPOT (and
+TTFT, when targeted) within the targets; every device's memory within its usable bytes; the
+options against each layout (stages, classes per replica, micro-batches, exportable); the model's
+fields against the model the inputs name; the devices: each copy's stages on devices of the right
+class, a group an aligned block of one server, consecutive stages on one server wherever the
+pattern's cost assumed it, no device twice; the copies of every pattern together within each
+class's devices; the totals; the upper bound recomputed, the gap and the status it supports; the
+baselines re-run (and a baseline solver's plan that baseline's fleet); the search statistics as
+llm_planner.serving.verify_claims says (they cannot be re-derived).
+
+Not yet independent of the search's code (a defect there would pass here too):
+- each part's per-(class, degree) time pieces and its weight, KV and workspace bytes per device
+  (llm_planner.serving.costs.StageCosts, built from llm_planner.cost.roofline and the decoder's
+  tasks, llm_planner.serving.costs.build_serving_tasks) and a measured profile's block time;
+- which link each hand-off takes (llm_planner.serving.layout.build_slots and same_server_after);
+- the server classes, their degrees and blocks (llm_planner.serving.classes, layout.layout_ok);
+- the upper bound (llm_planner.serving.bound.tokens_upper_bound, the same deterministic procedure)
+  and the baselines (re-run by llm_planner.serving.baselines, as they are defined).
 """
 
 from __future__ import annotations
-
-import math
-from typing import Any
 
 from llm_planner.core.tensor_groups import GroupError, group_from_members
 from llm_planner.serving.bound import tokens_upper_bound
@@ -26,57 +39,63 @@ from llm_planner.serving.context import (
     ServingOptions,
     build_context,
     status_of,
-    usable_bytes,
 )
-from llm_planner.serving.layout import Pattern, Segment, describe, layout_ok, same_server_after
-from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile
-from llm_planner.serving.workload import RequestShape, ServingWorkload
-
-REL_TOL = 1e-6
+from llm_planner.serving.inputs import decoder_config
+from llm_planner.serving.layout import Segment, describe, layout_ok, layout_usage, same_server_after
+from llm_planner.serving.plan_fields import read_plan_fields
+from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, checked_input, checked_model
+from llm_planner.serving.verify_claims import check_baselines, check_model, check_options, close
+from llm_planner.serving.verify_replica import Derived, derive
+from llm_planner.serving.workload import RequestShape, ServingWorkload, WorkloadError
 
 
 def context_of(plan: ServingPlanFile) -> ServingContext:
+    """The context the plan's inputs give; every input file's hash checked before it is parsed."""
     d = plan.data
-    try:
-        wl = d["workload"]
-        workload = ServingWorkload(
-            requests=tuple(RequestShape(**r) for r in wl["requests"]),
-            tpot_slo_s=wl["tpot_slo_s"],
-            ttft_slo_s=wl["ttft_slo_s"],
-            source=f"{plan.path}: workload",
-        )
-        opts = {k: v for k, v in d["options"].items() if k != "solver"}
-        options = ServingOptions(**opts)
-    except (TypeError, KeyError) as exc:
-        raise ServingPlanError(f"{plan.path}: workload/options: {exc}") from None
-    cluster = plan.input_path("cluster")
-    if cluster is None:
-        raise ServingPlanError(f"{plan.path}: inputs.cluster: missing")
-    return build_context(
-        cluster, d["model"]["name"], workload, d["model"]["dtype"], options, plan.input_path("profile")
+    cluster, profile, model = checked_input(plan, "cluster"), checked_input(plan, "profile"), checked_model(plan)
+    wl = d["workload"]
+    workload = ServingWorkload(
+        requests=tuple(RequestShape(**r) for r in wl["requests"]),
+        tpot_slo_s=wl["tpot_slo_s"],
+        ttft_slo_s=wl["ttft_slo_s"],
+        source=f"{plan.path}: workload",
     )
+    options = ServingOptions(**{k: v for k, v in d["options"].items() if k != "solver"})
+    assert cluster is not None  # plan_fields requires inputs.cluster
+    try:
+        decoder_config(model)
+    except WorkloadError as exc:
+        raise ServingPlanError(f"{plan.path}: model.name: {exc}") from None
+    try:
+        return build_context(cluster, model, workload, d["model"]["dtype"], options, profile)
+    except ValueError as exc:  # the inputs' own errors name their file; say which plan named it
+        raise ServingPlanError(f"{plan.path}: inputs (model, workload, options): {exc}") from None
 
 
 def verify_serving_plan(plan: ServingPlanFile) -> list[str]:
-    """Violations, one line each; [] when the plan is what its inputs give."""
+    """Violations, one line each; [] when the plan is what its inputs give. ServingPlanError when it
+    cannot be checked (a field of the wrong type or shape, an input file that is not the one the plan
+    was made from); the data is read field by field here too, whether or not it came from a file."""
+    read_plan_fields(plan.data, str(plan.path or "<plan>"), ServingPlanError)
     ctx = context_of(plan)
     problems: list[str] = []
-    if ctx.cluster.sha256 != plan.data["inputs"]["cluster_sha256"]:
-        problems.append("inputs.cluster_sha256: the cluster file changed since the plan was made")
+    check_model(ctx, plan.data, problems)
     used: dict[str, str] = {}
     total = 0.0
     taken: dict[str, list[tuple[str, int]]] = {}  # class -> (replica, its copies' devices of the class)
     for i, rep in enumerate(plan.replicas):
         where = f"serving.replicas[{i}]"
-        pattern = _check_pattern(ctx, rep, where, problems)
-        if pattern is None:
+        found = _check_replica(ctx, rep, where, problems, plan.data["options"]["solver"] == "serving")
+        if found is None:
             continue
-        total += pattern.ev.tokens_per_s * rep["count"]
-        for name, n in pattern.usage.items():
+        layout, derived = found
+        total += derived.tokens_per_s * rep["count"]
+        for name, n in layout_usage(layout).items():
             taken.setdefault(name, []).append((where, n * rep["count"]))
-        _check_devices(ctx, pattern, rep, where, used, problems)
+        _check_devices(ctx, layout, rep, where, used, problems)
     _check_counts(ctx, taken, problems)
     _check_totals(ctx, plan, total, problems)
+    check_baselines(ctx, plan.data, problems)
     return problems
 
 
@@ -93,97 +112,61 @@ def _check_counts(ctx: ServingContext, taken: dict[str, list[tuple[str, int]]], 
             )
 
 
-def _close(a: Any, b: float) -> bool:
-    return isinstance(a, (int, float)) and math.isclose(float(a), b, rel_tol=REL_TOL, abs_tol=1e-12)
-
-
-def _check_pattern(ctx: ServingContext, rep: dict, where: str, problems: list[str]) -> Pattern | None:
-    try:
-        layout = tuple(Segment(s["class"], int(s["degree"]), int(s["stages"])) for s in rep["segments"])
-    except (TypeError, KeyError, ValueError) as exc:
-        problems.append(f"{where}.segments: malformed ({exc})")
-        return None
+def _check_replica(
+    ctx: ServingContext, rep: dict, where: str, problems: list[str], search: bool
+) -> tuple[tuple[Segment, ...], Derived] | None:
+    """The replica's layout and its figures by the verifier's arithmetic; None when it has no layout here."""
+    layout = tuple(Segment(s["class"], s["degree"], s["stages"]) for s in rep["segments"])
     for seg in layout:
         sc = ctx.by_name.get(seg.class_name)
-        if sc is None or seg.degree not in sc.degrees or seg.stages < 1:
+        if sc is None or seg.degree not in sc.degrees:
             problems.append(f"{where}.segments: class {seg.class_name!r} with degree {seg.degree} is not offered here")
             return None
     if not layout_ok(layout, ctx.by_name):
         problems.append(f"{where}.segments: a class's block of devices does not pack into its servers")
         return None
-    if rep["pattern"] != describe(layout, ctx.by_name):  # the text `show` and export print
-        problems.append(f"{where}.pattern: {rep['pattern']!r} but its segments read {describe(layout, ctx.by_name)!r}")
-    layers, c, m = rep["layers"], rep["concurrency"], rep["micro_batches"]
-    if not (
-        isinstance(layers, list)
-        and all(isinstance(n, int) and n >= 1 for n in layers)
-        and len(layers) == sum(s.stages for s in layout)
-        and sum(layers) == ctx.tasks.num_layers
-    ):
+    if rep["pattern"] != describe(layout, ctx.by_name):
+        problems.append(f"{where}.pattern: {rep['pattern']!r}, but the segments are {describe(layout, ctx.by_name)!r}")
+    if search:
+        check_options(ctx, layout, rep["micro_batches"], where, problems)
+    c = rep["concurrency"]
+    got = derive(ctx, layout, rep["layers"], c, rep["micro_batches"])
+    for key in ("tokens_per_s", "tpot_s", "ttft_s", "round_trip_s"):
+        if not close(rep[key], getattr(got, key)):
+            problems.append(f"{where}.{key}: {rep[key]!r} but the inputs give {getattr(got, key)!r}")
+    for key in ("stage_s", "mem_bytes", "usable_bytes"):
+        values = getattr(got, key)
+        if not (len(rep[key]) == len(values) and all(map(close, rep[key], values))):
+            problems.append(f"{where}.{key}: differs from what the inputs give, {list(values)}")
+    if got.tpot_s > ctx.workload.tpot_slo_s * (1 + 1e-9):
         problems.append(
-            f"{where}.layers: must give every stage at least one layer and add up to {ctx.tasks.num_layers}"
+            f"{where}: TPOT {got.tpot_s * 1e3:.4g} ms exceeds the target {ctx.workload.tpot_slo_s * 1e3:.4g} ms"
         )
-        return None
-    if not (
-        isinstance(c, int)
-        and isinstance(m, int)
-        and 1 <= m <= c
-        and isinstance(rep["count"], int)
-        and rep["count"] >= 1
-    ):
-        problems.append(
-            f"{where}: concurrency, micro_batches and count must be integers with 1 <= micro_batches <= concurrency"
-        )
-        return None
-    ev = ctx.replica(layout).evaluate(tuple(layers), c, m)
-    pattern = Pattern(layout=layout, ev=ev)
-    for key, value in (
-        ("tokens_per_s", ev.tokens_per_s),
-        ("tpot_s", ev.tpot_s),
-        ("ttft_s", ev.ttft_s),
-        ("round_trip_s", ev.round_trip_s),
-    ):
-        if not _close(rep[key], value):
-            problems.append(f"{where}.{key}: {rep[key]!r} but the model gives {value!r}")
-    for key, values in (
-        ("stage_s", ev.stage_s),
-        ("mem_bytes", ev.mem_bytes),
-        ("usable_bytes", usable_bytes(ctx, pattern)),
-    ):
-        if not (isinstance(rep[key], list) and len(rep[key]) == len(values) and all(map(_close, rep[key], values))):
-            problems.append(f"{where}.{key}: differs from the model's {list(values)}")
-    if ev.tpot_s > ctx.workload.tpot_slo_s * (1 + 1e-9):
-        problems.append(
-            f"{where}: TPOT {ev.tpot_s * 1e3:.4g} ms exceeds the target {ctx.workload.tpot_slo_s * 1e3:.4g} ms"
-        )
-    if ctx.workload.ttft_slo_s is not None and ev.ttft_s > ctx.workload.ttft_slo_s * (1 + 1e-9):
-        problems.append(f"{where}: TTFT {ev.ttft_s:.4g} s exceeds the target {ctx.workload.ttft_slo_s:.4g} s")
-    for s, (mem, usable) in enumerate(zip(ev.mem_bytes, usable_bytes(ctx, pattern))):
+    if ctx.workload.ttft_slo_s is not None and got.ttft_s > ctx.workload.ttft_slo_s * (1 + 1e-9):
+        problems.append(f"{where}: TTFT {got.ttft_s:.4g} s exceeds the target {ctx.workload.ttft_slo_s:.4g} s")
+    for s, (mem, usable) in enumerate(zip(got.mem_bytes, got.usable_bytes)):
         if mem > usable * (1 + 1e-9):
             problems.append(
                 f"{where}: stage {s} needs {mem:.6g} bytes per device with {c} sequences in flight, usable {usable:.6g}"
             )
-    return pattern
+    return layout, got
 
 
 def _check_devices(
-    ctx: ServingContext, pattern: Pattern, rep: dict, where: str, used: dict, problems: list[str]
+    ctx: ServingContext, layout: tuple[Segment, ...], rep: dict, where: str, used: dict, problems: list[str]
 ) -> None:
     copies = rep["devices"]
-    if not isinstance(copies, list) or len(copies) != rep["count"]:
-        problems.append(f"{where}.devices: expected one list of stages per copy ({rep['count']})")
-        return
     known = ctx.cluster.device_map()
     for j, stages in enumerate(copies):
         here = f"{where}.devices[{j}]"
-        expected = [seg for seg in pattern.layout for _ in range(seg.stages)]
+        expected = [seg for seg in layout for _ in range(seg.stages)]
         if not isinstance(stages, list) or len(stages) != len(expected):
             problems.append(f"{here}: expected {len(expected)} stages")
             continue
         nodes = []
         for s, (names, seg) in enumerate(zip(stages, expected)):
             nodes.append(_check_stage(ctx, known, names, seg, f"{here}[{s}]", used, problems))
-        _check_neighbours(ctx, pattern, nodes, here, problems)
+        _check_neighbours(ctx, layout, nodes, here, problems)
 
 
 def _check_stage(ctx, known, names, seg: Segment, where: str, used: dict, problems: list[str]) -> str | None:
@@ -207,9 +190,9 @@ def _check_stage(ctx, known, names, seg: Segment, where: str, used: dict, proble
     return known[names[0]].node
 
 
-def _check_neighbours(ctx, pattern: Pattern, nodes: list, where: str, problems: list[str]) -> None:
+def _check_neighbours(ctx, layout: tuple[Segment, ...], nodes: list, where: str, problems: list[str]) -> None:
     s = 0
-    for seg in pattern.layout:
+    for seg in layout:
         sc = ctx.by_name[seg.class_name]
         for i in range(seg.stages - 1):
             a, b = nodes[s + i], nodes[s + i + 1]
@@ -226,11 +209,6 @@ def _prices(ctx: ServingContext, sv: dict, problems: list[str]) -> dict[str, flo
     if prices is None:
         return None
     names = {sc.name for sc in ctx.classes}
-    if not isinstance(prices, dict) or not all(
-        isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in prices.values()
-    ):
-        problems.append("serving.device_prices: not a mapping of classes to finite tokens/s >= 0")
-        return None
     unknown = sorted(set(prices) - names)
     if unknown:
         problems.append(f"serving.device_prices: {', '.join(unknown)} not a class of the cluster")
@@ -241,26 +219,29 @@ def _prices(ctx: ServingContext, sv: dict, problems: list[str]) -> dict[str, flo
 def _check_totals(ctx: ServingContext, plan: ServingPlanFile, total: float, problems: list[str]) -> None:
     sv = plan.serving
     reps = plan.replicas
-    if not _close(sv["tokens_per_s"], total):
+    if not close(sv["tokens_per_s"], total):
         problems.append(f"serving.tokens_per_s: {sv['tokens_per_s']!r} but the replicas give {total!r}")
-    for key, agg in (("tpot_s", max), ("ttft_s", max)):
-        if reps and not _close(sv[key], agg(r[key] for r in reps if isinstance(r.get(key), (int, float)))):
+    for key in ("tpot_s", "ttft_s"):
+        if reps and not close(sv[key], max(r[key] for r in reps)):
             problems.append(f"serving.{key}: not the largest of the replicas'")
+    if not reps:
+        problems.append("serving.replicas: empty; a plan serves with at least one replica")
     if reps and sv["concurrency"] != sum(r["concurrency"] * r["count"] for r in reps):
         problems.append("serving.concurrency: not the sum over the replicas")
     bound = tokens_upper_bound(
         ctx.cache, ctx.classes, ctx.workload.tpot_slo_s, ctx.cluster.inter_node, total, _prices(ctx, sv, problems)
     )
-    if not _close(sv["upper_bound_tokens_per_s"], bound):
+    if not close(sv["upper_bound_tokens_per_s"], bound):
         problems.append(f"serving.upper_bound_tokens_per_s: {sv['upper_bound_tokens_per_s']!r}, recomputed {bound!r}")
     if total > bound * (1 + 1e-9):
         problems.append(
             f"serving: {total!r} tokens/s exceeds the upper bound {bound!r} (a model defect: please report)"
         )
     gap, status = status_of(total, bound)
-    if not _close(sv["gap"], gap):
+    if not close(sv["gap"], gap):
         problems.append(f"serving.gap: {sv['gap']!r} but the recomputed bound gives {gap!r}")
-    if sv["status"] == "optimal" and gap > OPTIMAL_GAP:
-        problems.append(f"serving.status: optimal, but the gap to the recomputed bound is {gap:.2%}")
-    elif sv["status"] not in ("optimal", "heuristic"):
-        problems.append(f"serving.status: {sv['status']!r} is not a status")
+    if sv["status"] != status:
+        problems.append(
+            f"serving.status: {sv['status']}, but the gap to the recomputed bound is {gap:.2%} "
+            f"({status}; optimal means at most {OPTIMAL_GAP:g})"
+        )

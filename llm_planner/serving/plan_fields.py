@@ -1,0 +1,277 @@
+"""Strict reading of a serving plan's fields (docs/plan-format.md, "Serving plans").
+
+Every field is read with its type (llm_planner.core.plan_read.Fields): a string where a number
+belongs, a list where a mapping does, a null, a boolean for a number, an integer key, a NaN or
+infinite number, a number beyond its field's range, a missing field or an unknown one is refused
+with a ServingPlanError naming the file and the field's path. The shapes must agree too (a
+replica's layers, stage times and memory one per stage, its devices one list of stages per copy,
+each stage as many devices as its degree, the layers adding up to model.num_layers), so that
+`show`, `export` and `verify` index the plan without a traceback. Nothing here says the figures
+are right: llm_planner.serving.verify re-derives them from the inputs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from llm_planner.core.constants import DTYPE_BYTES
+from llm_planner.core.plan_read import Fields
+
+SERVING_FORMAT = "llm_planner.serving_plan"
+SERVING_VERSION = 4  # 4: inputs.profile_sha256 and inputs.model_sha256
+SERVING_SOLVERS = ("serving", "engineer-best", "megatron")
+BASELINES = ("engineer-best", "megatron")
+MAX_COUNT = 1 << 20  # copies of one pattern, stages, degrees, micro-batches: far above any cluster
+MAX_CONCURRENCY = 1 << 40  # sequences in flight of one replica (the search's doubling may pass 2**20)
+MAX_TOKENS = 1 << 31  # prompt and output tokens of a request shape
+MAX_SHAPES = 1000
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+_TOP = ("format", "version", "objective", "inputs", "model", "workload", "options", "serving", "baselines")
+_INPUTS = ("cluster", "cluster_sha256", "profile", "profile_sha256", "model_sha256")
+_OPTIONS = (
+    "allow_cpu",
+    "max_tp",
+    "exportable",
+    "max_segments",
+    "max_stages",
+    "max_micro_batches",
+    "time_limit_s",
+    "solver",
+)
+_SERVING = (
+    "tokens_per_s",
+    "upper_bound_tokens_per_s",
+    "device_prices",
+    "gap",
+    "status",
+    "tpot_s",
+    "ttft_s",
+    "concurrency",
+    "solve_time_s",
+    "layouts_evaluated",
+    "layouts_candidate",
+    "layouts_left",
+    "replicas",
+)
+# Where the planning time went (llm_planner.serving.api): a record, not a figure verify checks.
+_SERVING_RECORDS = ("timings_s",)
+_REPLICA = (
+    "pattern",
+    "count",
+    "segments",
+    "layers",
+    "concurrency",
+    "micro_batches",
+    "tokens_per_s",
+    "tpot_s",
+    "ttft_s",
+    "round_trip_s",
+    "stage_s",
+    "mem_bytes",
+    "usable_bytes",
+    "devices",
+)
+_BASELINE_REPLICA = ("pattern", "count", "concurrency", "micro_batches", "tpot_s", "layers", "max_mem_fraction")
+
+
+def exactly(f: Fields, keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+    """Every key of `keys` present, those of `optional` allowed, and no other (unknown ones named)."""
+    unknown = [k for k in f.data if k not in keys + optional]
+    if unknown:
+        raise f.fail("", f"unknown field(s) {', '.join(unknown)} (expected {', '.join(keys)})")
+    for key in keys:
+        f.get(key)
+
+
+def integer(f: Fields, key: str, low: int = 1, high: int = MAX_COUNT, *, nullable: bool = False) -> int | None:
+    if nullable and f.get(key) is None:
+        return None
+    value = f.integer(key, minimum=low)
+    if value > high:
+        raise f.fail(key, f"must be <= {high:,}, got {value:,}")
+    return value
+
+
+def number(f: Fields, key: str, *, positive: bool = False, nullable: bool = False) -> float | None:
+    """A finite number >= 0 (> 0 when `positive`)."""
+    if nullable and f.get(key) is None:
+        return None
+    value = f.number(key, minimum=0.0)
+    if positive and value <= 0:
+        raise f.fail(key, f"must be > 0, got {value}")
+    return value
+
+
+def choice(f: Fields, key: str, options: tuple, *, nullable: bool = False) -> Any:
+    value = f.string(key, nullable=nullable)
+    if value is not None and value not in options:
+        raise f.fail(key, f"{value!r} is not one of {', '.join(options)}")
+    return value
+
+
+def sha256(f: Fields, key: str, *, nullable: bool) -> str | None:
+    value = f.string(key, nullable=nullable)
+    if value is not None and not _SHA256.fullmatch(value):
+        raise f.fail(key, "expected a sha256 digest (64 hexadecimal digits)")
+    return value
+
+
+def _list(f: Fields, key: str, length: int | None = None, *, low: int = 0) -> list:
+    value = f.sequence(key)
+    if length is not None and len(value) != length:
+        raise f.fail(key, f"expected {length} item(s), one per stage, got {len(value)}")
+    if len(value) < low or len(value) > MAX_COUNT:
+        raise f.fail(key, f"expected {low} to {MAX_COUNT:,} items, got {len(value)}")
+    return value
+
+
+def numbers(f: Fields, key: str, length: int | None = None) -> list[float]:
+    values = _list(f, key, length, low=1)
+    holder = Fields({str(i): v for i, v in enumerate(values)}, f.source, f.path(key), f.error)
+    return [_item_number(holder, i) for i in range(len(values))]
+
+
+def _item_number(holder: Fields, i: int) -> float:
+    try:
+        return holder.number(str(i), minimum=0.0)
+    except holder.error as exc:  # name the item as a list index: stage_s[2]
+        raise holder.error(str(exc).replace(f"{holder.where}.{i}:", f"{holder.where}[{i}]:")) from None
+
+
+def integers(f: Fields, key: str, length: int | None = None, low: int = 1) -> list[int]:
+    values = _list(f, key, length, low=1)
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= MAX_COUNT:
+            raise f.error(f"{f.source}: {f.path(key)}[{i}]: expected an integer from {low} to {MAX_COUNT:,}, got {v!r}")
+    return values
+
+
+def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
+    """Check every field of a serving plan's data (module docstring); `error` names the file and field."""
+    top = Fields(data, source, "", error)
+    exactly(top, _TOP)
+    if top.get("format") != SERVING_FORMAT or top.get("version") != SERVING_VERSION:
+        raise top.fail(
+            "format", f"expected {SERVING_FORMAT} version {SERVING_VERSION} (re-run `plan` for an older one)"
+        )
+    choice(top, "objective", ("serving",))
+    _inputs(top.mapping("inputs"))
+    model = top.mapping("model")
+    exactly(model, ("name", "dtype", "num_layers"))
+    if not model.string("name"):
+        raise model.fail("name", "empty")
+    choice(model, "dtype", tuple(DTYPE_BYTES))
+    num_layers = integer(model, "num_layers")
+    _workload(top.mapping("workload"))
+    options = top.mapping("options")
+    exactly(options, _OPTIONS)
+    if not isinstance(options.get("allow_cpu"), bool):
+        raise options.fail("allow_cpu", "expected true or false")
+    for key in ("max_tp", "max_segments", "max_micro_batches"):
+        integer(options, key, nullable=True)
+    integer(options, "max_stages")
+    choice(options, "exportable", ("vllm",), nullable=True)
+    number(options, "time_limit_s", positive=True)
+    choice(options, "solver", SERVING_SOLVERS)
+    _serving(top.mapping("serving"), num_layers)
+    baselines = top.mapping("baselines")
+    exactly(baselines, BASELINES)
+    for name in BASELINES:
+        _baseline(baselines.mapping(name), num_layers)
+
+
+def _inputs(f: Fields) -> None:
+    exactly(f, _INPUTS)
+    if not f.string("cluster"):
+        raise f.fail("cluster", "empty: the plan names no cluster file")
+    sha256(f, "cluster_sha256", nullable=False)
+    profile = f.string("profile", nullable=True)
+    digest = sha256(f, "profile_sha256", nullable=True)
+    if (profile is None) != (digest is None):
+        raise f.fail("profile_sha256", "a profile needs its hash, and a hash needs a profile")
+    sha256(f, "model_sha256", nullable=True)
+
+
+def _workload(f: Fields) -> None:
+    exactly(f, ("requests", "tpot_slo_s", "ttft_slo_s"))
+    requests = _list(f, "requests", low=1)
+    if len(requests) > MAX_SHAPES:
+        raise f.fail("requests", f"more than {MAX_SHAPES} request shapes")
+    for i, item in enumerate(requests):
+        r = f.item("requests", i, item)
+        exactly(r, ("prompt_len", "output_len", "weight"))
+        integer(r, "prompt_len", high=MAX_TOKENS)
+        integer(r, "output_len", high=MAX_TOKENS)
+        number(r, "weight", positive=True)
+    number(f, "tpot_slo_s", positive=True)
+    number(f, "ttft_slo_s", positive=True, nullable=True)
+
+
+def _serving(f: Fields, num_layers: int) -> None:
+    exactly(f, _SERVING, optional=_SERVING_RECORDS)
+    if f.data.get("timings_s") is not None:  # seconds by part name: a record verify does not check
+        timings = f.mapping("timings_s")
+        for key in timings.data:
+            number(timings, key)
+    for key in ("tokens_per_s", "upper_bound_tokens_per_s", "gap", "tpot_s", "ttft_s", "solve_time_s"):
+        number(f, key)
+    choice(f, "status", ("optimal", "heuristic"))
+    for key in ("concurrency", "layouts_evaluated", "layouts_candidate", "layouts_left"):
+        integer(f, key, low=0, high=1 << 62)
+    if f.get("device_prices") is not None:
+        prices = f.mapping("device_prices")
+        for key in prices.data:
+            number(prices, key)
+    for i, item in enumerate(_list(f, "replicas")):
+        _replica(f.item("replicas", i, item), num_layers)
+
+
+def _replica(f: Fields, num_layers: int) -> None:
+    exactly(f, _REPLICA)
+    f.string("pattern")
+    count = integer(f, "count")
+    degrees = []
+    for j, item in enumerate(_list(f, "segments", low=1)):
+        seg = f.item("segments", j, item)
+        exactly(seg, ("class", "degree", "stages"))
+        seg.string("class")
+        degree = integer(seg, "degree")
+        degrees += [degree] * integer(seg, "stages")
+    stages = len(degrees)
+    layers = integers(f, "layers", stages)
+    if sum(layers) != num_layers:
+        raise f.fail("layers", f"do not add up to model.num_layers {num_layers} (they add up to {sum(layers)})")
+    concurrency = integer(f, "concurrency", high=MAX_CONCURRENCY)
+    integer(f, "micro_batches", high=min(concurrency, MAX_COUNT))
+    for key in ("tokens_per_s", "tpot_s", "ttft_s", "round_trip_s"):
+        number(f, key)
+    for key in ("stage_s", "mem_bytes", "usable_bytes"):
+        numbers(f, key, stages)
+    copies = _list(f, "devices", count)
+    for c, copy in enumerate(copies):
+        where = f"devices[{c}]"
+        if not isinstance(copy, list) or len(copy) != stages:
+            raise f.fail(where, f"expected a list of {stages} stage(s)")
+        for s, names in enumerate(copy):
+            if not (
+                isinstance(names, list) and len(names) == degrees[s] and all(isinstance(n, str) and n for n in names)
+            ):
+                raise f.fail(f"{where}[{s}]", f"expected a list of {degrees[s]} device name(s)")
+
+
+def _baseline(f: Fields, num_layers: int) -> None:
+    exactly(f, ("tokens_per_s", "replicas"))
+    number(f, "tokens_per_s")
+    for i, item in enumerate(_list(f, "replicas")):
+        r = f.item("replicas", i, item)
+        exactly(r, _BASELINE_REPLICA)
+        r.string("pattern")
+        integer(r, "count")
+        concurrency = integer(r, "concurrency", high=MAX_CONCURRENCY)
+        integer(r, "micro_batches", high=min(concurrency, MAX_COUNT))
+        number(r, "tpot_s")
+        number(r, "max_mem_fraction")
+        if sum(integers(r, "layers")) != num_layers:
+            raise r.fail("layers", f"do not add up to model.num_layers {num_layers}")

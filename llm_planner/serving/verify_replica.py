@@ -1,0 +1,128 @@
+"""The serving verifier's own arithmetic of one replica: its stage times, busy periods, round
+trip, TPOT, tokens/s, TTFT and memory per device, from the plan's stated layout (segments,
+layers, concurrency, micro-batches), the workload and the cost layer's per-task figures.
+
+It calls neither the search's replica model (llm_planner.serving.replica.ReplicaModel: its
+evaluation, split and concurrency search) nor its stage costs (llm_planner.serving.costs.StageCosts),
+so a defect in either shows up as a difference: each part's time on a stage's device or group is
+the cost layer's roofline (llm_planner.cost.roofline.group_task_time_pieces, or a measured block
+time), its bytes per member roofline.shard_of's. It takes from llm_planner.serving the decoder's
+tasks per sequence in flight (serving.costs.build_serving_tasks), the server classes and the links
+between stages (llm_planner.serving.layout.build_slots); the module docstring of
+llm_planner.serving.verify lists those as not yet independent.
+
+The steady state (docs/serving.md): micro-batches of sizes differing by at most one, b the
+largest; a stage's iteration t_s(b) = step + l block(b) [+ embed(b) first] [+ norm(b) + head(b)
+last]; its busy period the sum over the micro-batches; the round trip the stage times at b plus
+each hand-off (latency + bytes / bandwidth; hidden states of b sequences and their prompt chunks,
+the sampled ids back from the last stage); TPOT the larger of the round trip and the busiest
+stage; tokens/s = C / TPOT; TTFT the iterations a prompt's chunks take plus a round trip; memory
+per device: layers x (block weights + C KV per layer) + the end parts' weights + the largest
+workspace at b sequences.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
+from llm_planner.serving.context import ServingContext
+from llm_planner.serving.layout import Layout, build_slots
+
+
+@dataclass(frozen=True)
+class Derived:
+    stage_s: tuple[float, ...]
+    busy_s: tuple[float, ...]
+    round_trip_s: float
+    tpot_s: float
+    tokens_per_s: float
+    ttft_s: float
+    mem_bytes: tuple[float, ...]
+    usable_bytes: tuple[float, ...]
+
+
+class _Costs:
+    """One (class, degree)'s figures straight from the cost layer: each part's roofline time on the
+    group (llm_planner.cost.roofline; a measured block time on one device where a profile has one)
+    and what one member holds (roofline.shard_of)."""
+
+    def __init__(self, ctx: ServingContext, class_name: str, degree: int):
+        sc = ctx.by_name[class_name]
+        self.step_s, self.usable = sc.kind.serving_step_s, sc.kind.usable_mem_bytes
+        tasks = ctx.tasks.tasks
+        self.pieces = {
+            part: group_task_time_pieces(task, sc.kind, degree, sc.intra_link, ctx.dtype)
+            for part, task in tasks.items()
+        }
+        member = {part: shard_of(task, degree) if degree > 1 else task for part, task in tasks.items()}
+        self.weights = {part: t.weight_bytes for part, t in member.items()}
+        self.workspace = {part: t.workspace_bytes_per_sample for part, t in member.items()}
+        self.kv = member["block"].mem_bytes_per_sample
+        layer_time = ctx.cache.layer_time
+        self.measured = layer_time(sc.kind.name) if layer_time is not None and degree == 1 else None
+
+    def part_s(self, part: str, b: int) -> float:
+        if b <= 0:
+            return 0.0
+        if part == "block" and self.measured is not None:
+            return float(self.measured(b))
+        return evaluate_pieces(self.pieces[part], b)
+
+    def iteration_s(self, b: int, layers: int, first: bool, last: bool) -> float:
+        if b <= 0:
+            return 0.0
+        t = self.step_s + layers * self.part_s("block", b)
+        if first:
+            t += self.part_s("embed", b)
+        if last:
+            t += self.part_s("final_norm", b) + self.part_s("lm_head", b)
+        return t
+
+    def memory(self, layers: int, first: bool, last: bool, concurrency: int, b: int) -> float:
+        w = self.weights
+        held = layers * (w["block"] + concurrency * self.kv)
+        ends = (w["embed"] if first else 0.0) + ((w["final_norm"] + w["lm_head"]) if last else 0.0)
+        parts = (
+            (["block"] if layers else []) + (["embed"] if first else []) + (["final_norm", "lm_head"] if last else [])
+        )
+        return held + ends + max((self.workspace[p] for p in parts), default=0.0) * b
+
+
+def derive(ctx: ServingContext, layout: Layout, layers: list[int], concurrency: int, m: int) -> Derived:
+    """Every figure of one replica (module docstring)."""
+    slots = build_slots(layout, ctx.cache, ctx.cluster.inter_node, ctx.between)  # for their links only
+    own = {(seg.class_name, seg.degree): _Costs(ctx, seg.class_name, seg.degree) for seg in layout}
+    costs = [own[(seg.class_name, seg.degree)] for seg in layout for _ in range(seg.stages)]
+    q, r = divmod(concurrency, m)  # r micro-batches of q + 1 sequences, m - r of q
+    b = q + 1 if r else q
+    p = len(slots)
+    stage, busy, mem, usable = [], [], [], []
+    for s, (c, n) in enumerate(zip(costs, layers)):
+        first, last = s == 0, s == p - 1
+        stage.append(c.iteration_s(b, n, first, last))
+        busy.append(r * c.iteration_s(q + 1, n, first, last) + (m - r) * c.iteration_s(q, n, first, last))
+        mem.append(c.memory(n, first, last, concurrency, b))
+        usable.append(c.usable)
+    tasks = ctx.tasks
+    handoff = 0.0
+    for s, slot in enumerate(slots):
+        nbytes = b * (tasks.return_bytes_per_seq if s == p - 1 else tasks.handoff_bytes_per_seq)
+        if slot.link_next is not None and nbytes > 0:
+            handoff += slot.link_next.latency_s + nbytes / slot.link_next.bw_bytes_per_s
+    trip = sum(stage) + handoff
+    tpot = max(trip, max(busy))
+    chunk = max(1.0, b * ctx.workload.prefill_per_output)
+    prompt = ctx.workload.prefill_per_output * ctx.workload.mean_output_len  # E[P], as the search writes it
+    ttft = math.ceil(prompt / chunk) * tpot + trip
+    return Derived(
+        stage_s=tuple(stage),
+        busy_s=tuple(busy),
+        round_trip_s=trip,
+        tpot_s=tpot,
+        tokens_per_s=concurrency / tpot,
+        ttft_s=ttft,
+        mem_bytes=tuple(mem),
+        usable_bytes=tuple(usable),
+    )
