@@ -15,7 +15,7 @@ from llm_planner.serving.api import plan_serving
 from llm_planner.serving.context import ServingOptions
 from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
 from llm_planner.serving.verify import verify_serving_plan
-from llm_planner.serving.workload import workload_from_flags
+from llm_planner.serving.workload import TPOT_RANGE, TTFT_RANGE, workload_from_flags
 
 SERVING_SOLVERS = ("serving", "engineer-best", "megatron")
 
@@ -33,10 +33,16 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
         ),
     )
     g.add_argument(
-        "--tpot-slo", default=None, help="serving: per-token latency target every request must meet, e.g. '50 ms'"
+        "--tpot-slo",
+        default=None,
+        help=f"serving: per-token latency target every request must meet, a time with its unit {TPOT_RANGE}, "
+        "e.g. '50 ms' or '0.05 s'",
     )
     g.add_argument(
-        "--ttft-slo", default=None, help="serving: optional target on the estimated time to first token, e.g. '2 s'"
+        "--ttft-slo",
+        default=None,
+        help=f"serving: optional target on the estimated time to first token, a time with its unit {TTFT_RANGE}, "
+        "e.g. '2 s'",
     )
     g.add_argument("--allow-cpu", action="store_true", help="serving: let decoder stages run on CPUs (never in groups)")
     g.add_argument(

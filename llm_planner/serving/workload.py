@@ -25,6 +25,13 @@ from llm_planner.core import units
 from llm_planner.core.fileio import read_document
 from llm_planner.core.spec_fields import Reader, as_int
 
+# The latency targets a plan may be asked for. A looser TPOT target lets more sequences share an
+# iteration, and the search's work grows with them: past 10 s per token it ran for hours.
+TPOT_SLO_RANGE_S = (1e-3, 10.0)
+TTFT_SLO_RANGE_S = (1e-3, 3600.0)
+TPOT_RANGE = f"from {units.time_text(TPOT_SLO_RANGE_S[0])} to {units.time_text(TPOT_SLO_RANGE_S[1])}"
+TTFT_RANGE = f"from {units.time_text(TTFT_SLO_RANGE_S[0])} to {units.time_text(TTFT_SLO_RANGE_S[1])}"
+
 
 class WorkloadError(ValueError):
     """A serving workload or target that cannot be used; the message names the flag or file."""
@@ -52,14 +59,16 @@ class ServingWorkload:
         for r in self.requests:
             if r.prompt_len < 1 or r.output_len < 1 or not (math.isfinite(r.weight) and r.weight > 0):
                 raise WorkloadError(f"{self.source}: prompt_len and output_len must be >= 1 and weight > 0, got {r}")
-        if not (math.isfinite(self.tpot_slo_s) and self.tpot_slo_s > 0):
-            raise WorkloadError(f"--tpot-slo must be a positive time, got {self.tpot_slo_s!r}")
-        if self.ttft_slo_s is not None and not (math.isfinite(self.ttft_slo_s) and self.ttft_slo_s > 0):
-            raise WorkloadError(f"--ttft-slo must be a positive time, got {self.ttft_slo_s!r}")
+        _seconds("--tpot-slo", self.tpot_slo_s, TPOT_SLO_RANGE_S)
+        if self.ttft_slo_s is not None:
+            _seconds("--ttft-slo", self.ttft_slo_s, TTFT_SLO_RANGE_S)
 
     def _mean(self, f) -> float:
-        total = sum(r.weight for r in self.requests)
-        return sum(r.weight * f(r) for r in self.requests) / total
+        """The weighted mean of f over the shapes; weights are taken relative to the largest, so
+        that their sum stays finite however large they are (1e308 each)."""
+        top = max(r.weight for r in self.requests)
+        shares = [r.weight / top for r in self.requests]
+        return sum(w * f(r) for w, r in zip(shares, self.requests)) / sum(shares)
 
     @property
     def mean_prompt_len(self) -> float:
@@ -107,8 +116,10 @@ def workload_from_flags(
     ttft_slo: str | float | None,
 ) -> ServingWorkload:
     """The workload of `plan --objective serving`: --prompt-len/--output-len or --workload FILE."""
-    tpot = _seconds("--tpot-slo", tpot_slo, required=True)
-    ttft = _seconds("--ttft-slo", ttft_slo, required=False)
+    if tpot_slo is None:
+        raise WorkloadError(f"--tpot-slo is required for --objective serving (a time such as '50 ms'; {TPOT_RANGE})")
+    tpot = _seconds("--tpot-slo", tpot_slo, TPOT_SLO_RANGE_S)
+    ttft = None if ttft_slo is None else _seconds("--ttft-slo", ttft_slo, TTFT_SLO_RANGE_S)
     if workload_file is not None:
         if prompt_len is not None or output_len is not None:
             raise WorkloadError("give either --workload FILE or --prompt-len/--output-len, not both")
@@ -123,18 +134,12 @@ def workload_from_flags(
     )
 
 
-def _seconds(flag: str, value: str | float | None, *, required: bool) -> float | None:
-    if value is None:
-        if required:
-            raise WorkloadError(f"{flag} is required for --objective serving (a time such as '50 ms')")
-        return None
+def _seconds(flag: str, value: str | float, bounds: tuple[float, float]) -> float:
+    """`value` read as a time in `bounds` (units.parse_duration: text needs its unit)."""
     try:
-        seconds = units.parse_seconds(value)
-    except (units.UnitError, TypeError, ValueError) as exc:
+        return units.parse_duration(value, *bounds)
+    except (units.UnitError, TypeError) as exc:
         raise WorkloadError(f"{flag}: {exc}") from None
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise WorkloadError(f"{flag} must be a positive finite time, got {value!r}")
-    return seconds
 
 
 MAX_SHAPES = 1000
