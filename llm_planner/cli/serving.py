@@ -8,6 +8,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from llm_planner.cli.arg_types import positive, tokens
 from llm_planner.cli.commands import UserError, progress
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
@@ -22,8 +23,8 @@ SERVING_SOLVERS = ("serving", "engineer-best", "megatron")
 
 def add_serving_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("serving (--objective serving, decoder models)")
-    g.add_argument("--prompt-len", type=int, default=None, help="serving: mean prompt tokens per request")
-    g.add_argument("--output-len", type=int, default=None, help="serving: mean output tokens per request")
+    g.add_argument("--prompt-len", type=tokens, default=None, help="serving: mean prompt tokens per request")
+    g.add_argument("--output-len", type=tokens, default=None, help="serving: mean output tokens per request")
     g.add_argument(
         "--workload",
         default=None,
@@ -53,17 +54,17 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-classes-per-replica",
-        type=int,
+        type=positive,
         default=None,
         help="serving: classes of servers one replica's pipeline may mix (default: 3, or 2 when three would "
         "give over 2,000 candidate layouts)",
     )
     g.add_argument(
-        "--max-stages", type=int, default=64, help="serving: pipeline stages of one replica at most (default: 64)"
+        "--max-stages", type=positive, default=64, help="serving: pipeline stages of one replica at most (default: 64)"
     )
     g.add_argument(
         "--max-micro-batches",
-        type=int,
+        type=positive,
         default=None,
         help="serving: micro-batches in flight per replica at most (default: one per stage; 1 models an engine "
         "whose requests move through the pipeline as one batch)",
@@ -77,17 +78,9 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
 
 
 def serving_options(args: argparse.Namespace):
-
-    for flag, value, low in (
-        ("--max-classes-per-replica", args.max_classes_per_replica or 1, 1),
-        ("--max-stages", args.max_stages, 1),
-        ("--max-micro-batches", args.max_micro_batches or 1, 1),
-        ("--time-limit", args.time_limit, 1e-3),
-    ):
-        if not (value == value and low <= value < float("inf")):
-            raise UserError(f"{flag} must be at least {low} and finite, got {value!r}", exit_code=2)
-    if args.max_tp is not None and args.max_tp < 1:
-        raise UserError(f"--max-tp must be >= 1, got {args.max_tp}", exit_code=2)
+    """The search's options; the counts are whole numbers of at least 1, refused by argparse otherwise."""
+    if args.time_limit < 1e-3:
+        raise UserError(f"--time-limit must be at least 1 ms for --objective serving, got {args.time_limit!r}", 2)
     return ServingOptions(
         allow_cpu=args.allow_cpu,
         max_tp=args.max_tp,
