@@ -46,6 +46,20 @@ tokens = whole(1, 2**24)  # a prompt, an output or a context, in tokens
 seed = whole(0, 2**32 - 1)
 
 
+def names_of(known: tuple[str, ...], what: str):
+    """The argparse type of a comma-separated list of `known` names (at least one, each once)."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+        unknown = [n for n in names if n not in known] or (["(none given)"] if not names else [])
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(known)}")
+        return names
+
+    parse.__name__ = f"list of {what} names"
+    return parse
+
+
 def _number(text: str) -> float:
     try:
         return float(text)

@@ -13,13 +13,12 @@ import logging
 import sys
 
 from llm_planner import __version__
-from llm_planner.cli import commands
+from llm_planner.cli import commands, flags
 from llm_planner.cli import export as commands_export
-from llm_planner.cli import flags
 from llm_planner.cli import helix as commands_helix
 from llm_planner.cli import measure as commands_measure
 from llm_planner.cli import serving as commands_serving
-from llm_planner.cli.arg_types import count, positive, positive_seconds, seed, share, tokens
+from llm_planner.cli.arg_types import count, names_of, positive, positive_seconds, seed, share, tokens
 from llm_planner.cli.export import add_export_parser
 from llm_planner.cli.helix import add_import_parser, add_plan_helix_parser
 from llm_planner.cli.serving import add_serving_args
@@ -42,6 +41,7 @@ from llm_planner.placement.inputs import InputError
 from llm_planner.placement.options import SYMMETRY_CHOICES
 from llm_planner.placement.problem import ProblemError
 from llm_planner.placement.solve import SOLVERS
+from llm_planner.placement.study import STUDY_SOLVERS
 from llm_planner.serving.plan_file import ServingPlanError, is_serving_plan
 from llm_planner.serving.workload import WorkloadError
 
@@ -224,10 +224,14 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_max_tp(p)
     p.add_argument("--time-limit", type=positive_seconds, default=60.0, help="seconds per solve (default: 60)")
     p.add_argument(
-        "--solvers", default="milp,milp-split", help="comma-separated solvers to compare (default: milp,milp-split)"
+        "--solvers",
+        type=names_of(STUDY_SOLVERS, "solver"),
+        default=",".join(STUDY_SOLVERS),
+        help=f"comma-separated solvers to compare, of {', '.join(STUDY_SOLVERS)} (default: all)",
     )
     p.add_argument(
         "--criteria",
+        type=names_of(SYMMETRY_CHOICES, "criterion"),
         default=",".join(SYMMETRY_CHOICES),
         help=f"comma-separated symmetry criteria to compare (default: all of {', '.join(SYMMETRY_CHOICES)})",
     )
@@ -336,7 +340,10 @@ def _add_profile_parser(sub) -> None:
         "--mpi", action="store_true", help="start one rank per cluster device with mpiexec; also measures the links"
     )
     p.add_argument(
-        "--timeout", type=positive_seconds, default=600.0, help="--mpi: seconds before the ranks are stopped (default: 600)"
+        "--timeout",
+        type=positive_seconds,
+        default=600.0,
+        help="--mpi: seconds before the ranks are stopped (default: 600)",
     )
     p.add_argument(
         "--workdir", default=None, help="--mpi: where to write the hostfile and job file (default: next to the output)"

@@ -229,6 +229,12 @@ def cmd_verify_serving(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_show_serving(args: argparse.Namespace, console: Console) -> int:
 
+    if args.gantt:
+        raise UserError(
+            f"--gantt: {args.plan} is a serving plan, and a serving plan has no Gantt chart; its replicas' stages, "
+            "stage times and TPOT are in the table `show` prints without --gantt",
+            exit_code=2,
+        )
     plan = load_serving_plan(args.plan)
     print_serving(console, plan.data, with_baselines=True)
     return 0

@@ -24,6 +24,7 @@ exit code 2.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import tempfile
 from collections.abc import Iterator
@@ -81,6 +82,14 @@ def atomic_path(path: str | Path, error: type[Exception] = WriteError) -> Iterat
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def write_figure(fig, path: str | Path, error: type[Exception] = WriteError) -> None:
+    """A matplotlib figure written to `path` as PNG through write_atomic: rendered in memory first,
+    so a device that refuses the bytes (/dev/full) is `error` naming the path (savefig reports nothing)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=120, format="png")
+    write_atomic(path, buffer.getvalue(), error)
 
 
 def write_atomic(path: str | Path, data: str | bytes, error: type[Exception] = WriteError) -> None:
