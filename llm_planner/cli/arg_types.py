@@ -16,10 +16,10 @@ def positive_seconds(text: str) -> float:
 
 
 def share(text: str) -> float:
-    """A finite number from 0 to 1."""
+    """A finite number from 0 to below 1 (a relative gap: 1 would accept any plan)."""
     value = _number(text)
-    if not (math.isfinite(value) and 0 <= value <= 1):
-        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text!r}")
+    if not (math.isfinite(value) and 0 <= value < 1):
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to below 1, got {text!r}")
     return value
 
 

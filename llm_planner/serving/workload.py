@@ -63,12 +63,17 @@ class ServingWorkload:
         if self.ttft_slo_s is not None:
             _seconds("--ttft-slo", self.ttft_slo_s, TTFT_SLO_RANGE_S)
 
-    def _mean(self, f) -> float:
-        """The weighted mean of f over the shapes; weights are taken relative to the largest, so
-        that their sum stays finite however large they are (1e308 each)."""
+    @property
+    def shares(self) -> tuple[float, ...]:
+        """Each shape's share of the requests, summing to 1: the weights are taken relative to the
+        largest first, so that their sum stays finite however large they are (1e308 each)."""
         top = max(r.weight for r in self.requests)
-        shares = [r.weight / top for r in self.requests]
-        return sum(w * f(r) for w, r in zip(shares, self.requests)) / sum(shares)
+        relative = [r.weight / top for r in self.requests]
+        total = sum(relative)
+        return tuple(w / total for w in relative)
+
+    def _mean(self, f) -> float:
+        return sum(w * f(r) for w, r in zip(self.shares, self.requests))
 
     @property
     def mean_prompt_len(self) -> float:
