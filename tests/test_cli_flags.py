@@ -175,3 +175,9 @@ def test_default_is_a_marker_not_a_value():
     args.x = 0
     with pytest.raises(flags.FlagError, match="--x does not apply to --objective latency"):
         flags.check_objective(args)
+
+
+def test_an_export_file_without_export_is_refused(tmp_path, capsys):
+    argv = [*LATENCY, "--export-file", str(tmp_path / "x.json"), "-o", str(tmp_path / "p.yaml")]
+    refused(argv, capsys, "--export-file", "--export vllm or megatron")
+    assert not (tmp_path / "p.yaml").exists()

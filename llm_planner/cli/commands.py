@@ -120,6 +120,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 def _check_outputs(args: argparse.Namespace) -> None:
     """Exit 2 naming the path when the plan (or --export) file cannot be written."""
 
+    if args.export_file and not args.export:
+        raise UserError("--export-file says where --export writes: give --export vllm or megatron too", exit_code=2)
     check_writable(args.output, PlanError)
     if args.export:
         check_writable(_export_path(args), PlanError)
