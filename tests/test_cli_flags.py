@@ -149,8 +149,11 @@ def test_show_gantt_to_a_full_device_exits_2_naming_it(tmp_path, capsys):
     assert main([*LATENCY, "-o", str(plan)]) == 0
     capsys.readouterr()
     refused(["show", str(plan), "--gantt", "/dev/full"], capsys, "/dev/full: cannot write")
+    refused(["show", str(plan), "--gantt", str(tmp_path / "g.xyz")], capsys, "g.xyz: cannot write a figure as .xyz")
     assert main(["show", str(plan), "--gantt", str(tmp_path / "g.png")]) == 0
     assert (tmp_path / "g.png").read_bytes().startswith(b"\x89PNG")
+    assert main(["show", str(plan), "--gantt", str(tmp_path / "g.svg")]) == 0
+    assert b"<svg" in (tmp_path / "g.svg").read_bytes()[:1000]
 
 
 @pytest.mark.parametrize("solvers, word", [("", "(none given)"), ("bogus", "bogus"), ("milp,heft", "heft")])

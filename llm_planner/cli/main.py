@@ -196,7 +196,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("show", help="per-device table of a plan, optional Gantt chart")
     p.add_argument("plan", help="plan file (YAML, or JSON for a .json path) written by `plan`")
-    p.add_argument("--gantt", help="write a Gantt chart PNG here")
+    p.add_argument("--gantt", help="write a Gantt chart here (PNG, or the format its suffix names: .svg, .pdf)")
 
     sub.add_parser("models", help="list model presets")
 

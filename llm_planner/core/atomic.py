@@ -85,10 +85,15 @@ def atomic_path(path: str | Path, error: type[Exception] = WriteError) -> Iterat
 
 
 def write_figure(fig, path: str | Path, error: type[Exception] = WriteError) -> None:
-    """A matplotlib figure written to `path` as PNG through write_atomic: rendered in memory first,
-    so a device that refuses the bytes (/dev/full) is `error` naming the path (savefig reports nothing)."""
+    """A matplotlib figure written to `path` through write_atomic, in the format its suffix names
+    (PNG without one): rendered in memory first, so a device that refuses the bytes (/dev/full) is
+    `error` naming the path (savefig to it reports nothing); an unknown suffix is `error` too."""
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    known = fig.canvas.get_supported_filetypes()
+    if fmt not in known:
+        raise error(f"{path}: cannot write a figure as .{fmt}: use one of .{', .'.join(sorted(known))}")
     buffer = io.BytesIO()
-    fig.savefig(buffer, dpi=120, format="png")
+    fig.savefig(buffer, dpi=120, format=fmt)
     write_atomic(path, buffer.getvalue(), error)
 
 
