@@ -184,3 +184,12 @@ def test_an_export_file_without_export_is_refused(tmp_path, capsys):
     argv = [*LATENCY, "--export-file", str(tmp_path / "x.json"), "-o", str(tmp_path / "p.yaml")]
     refused(argv, capsys, "--export-file", "--export vllm or megatron")
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_plan_file_target_out_of_range_is_refused_naming_the_field(tmp_path, capsys):
+    """The same rule for a serving plan's own target (a tampered file), named as its field."""
+    plan = tmp_path / "p.yaml"
+    assert main([*SERVING, *SHAPE, "--tpot-slo", "50 ms", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    plan.write_text(plan.read_text().replace("tpot_slo_s: 0.05", "tpot_slo_s: 1000000.0", 1))
+    refused(["verify", str(plan)], capsys, "p.yaml: workload.tpot_slo_s: 1000000.0 is outside 1 ms to 10 s")

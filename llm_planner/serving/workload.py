@@ -59,9 +59,12 @@ class ServingWorkload:
         for r in self.requests:
             if r.prompt_len < 1 or r.output_len < 1 or not (math.isfinite(r.weight) and r.weight > 0):
                 raise WorkloadError(f"{self.source}: prompt_len and output_len must be >= 1 and weight > 0, got {r}")
-        _seconds("--tpot-slo", self.tpot_slo_s, TPOT_SLO_RANGE_S)
+        # targets given as flags were checked as flags (workload_from_flags); others are a file's fields
+        fields = (f"{self.source}.tpot_slo_s", f"{self.source}.ttft_slo_s")
+        tpot, ttft = ("--tpot-slo", "--ttft-slo") if self.source == "flags" else fields
+        _seconds(tpot, self.tpot_slo_s, TPOT_SLO_RANGE_S)
         if self.ttft_slo_s is not None:
-            _seconds("--ttft-slo", self.ttft_slo_s, TTFT_SLO_RANGE_S)
+            _seconds(ttft, self.ttft_slo_s, TTFT_SLO_RANGE_S)
 
     @property
     def shares(self) -> tuple[float, ...]:
