@@ -211,7 +211,7 @@ def cases() -> dict:
             f"({gpus:,} servers of 8 A100s)",
             lambda: {"model": "gpt3-175b"},
             lambda: gpu_fleet(gpus),
-            ["--objective", "serving", "--prompt-len", "512", "--output-len", "128", "--tpot-slo", "0.1"],
+            ["--objective", "serving", "--prompt-len", "512", "--output-len", "128", "--tpot-slo", "100 ms"],
         ),
     }
 

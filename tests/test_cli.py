@@ -112,7 +112,7 @@ def test_model_that_does_not_fit_names_the_shortfall(capsys):
         (["plan", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt9"], "unknown model 'gpt9'"),
         (
             ["plan", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt2", "--batch", "0"],
-            "batch size must be >= 1",
+            "argument --batch: must be a whole number from 1 to",
         ),
         (
             ["plan", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "gpt2", "--time-limit", "-1"],

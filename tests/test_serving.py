@@ -189,7 +189,13 @@ def test_plan_works_from_another_directory(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "args, words",
     [
-        (["--tpot-slo", "0.1 ms"], ["--tpot-slo", "cannot be met"]),
+        (["--tpot-slo", "1 ms"], ["--tpot-slo", "cannot be met"]),
+        (["--tpot-slo", "50"], ["--tpot-slo", "'50' has no unit: write '50 ms' or '50 s'"]),
+        (["--tpot-slo", "1e308 s"], ["--tpot-slo", "outside 1 ms to 10 s"]),
+        (["--tpot-slo", "1e6 s"], ["--tpot-slo", "outside 1 ms to 10 s"]),
+        (["--tpot-slo", "0.1 ms"], ["--tpot-slo", "outside 1 ms to 10 s"]),
+        (["--tpot-slo", "nan s"], ["--tpot-slo"]),
+        (["--tpot-slo", "50 ms", "--ttft-slo", "2"], ["--ttft-slo", "'2' has no unit"]),
         (["--tpot-slo", "-3"], ["--tpot-slo"]),
         (["--tpot-slo", "fast"], ["--tpot-slo"]),
         ([], ["--tpot-slo", "required"]),

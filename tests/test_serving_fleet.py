@@ -18,6 +18,7 @@ from serving_fixtures import workload
 from llm_planner.cli.main import main
 from llm_planner.core.spec import MAX_DEVICES, load_cluster
 from llm_planner.graph.transformer import preset_config
+from llm_planner.serving import aside as aside_module
 from llm_planner.serving import bound_prices
 from llm_planner.serving.aside import Aside
 from llm_planner.serving.baselines import even_split
@@ -296,4 +297,24 @@ def test_the_first_two_bounds_computed_aside_are_the_ones_computed_here(tmp_path
     assert Aside(inputs)() == first_two_bounds(ctx.cache, ctx.classes, 0.005)
     inputs["cluster_path"] = str(tmp_path / "missing.yaml")
     with pytest.raises(Exception, match="missing.yaml"):
+        Aside(inputs)()
+
+
+def test_the_first_two_bounds_come_back_whatever_the_child_prints(tmp_path, monkeypatch):
+    """The issue's 513-server fleet: HiGHS printed a line on the child's stdout, where the value then
+    travelled (`UnpicklingError: invalid load key, 'H'`). The value has its own file: a child that
+    writes on stdout and stderr before and after computing it still hands it back."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_FLEET)
+    inputs = dict(cluster_path=str(path), model="gpt2", workload=workload(256, 128, 0.005), dtype="fp16")
+    inputs |= dict(options=ServingOptions(), profile_path=None)
+    noisy = (
+        "import sys; from llm_planner.serving import aside; print('Running HiGHS 1.7.0'); "
+        "sys.stderr.write('warning\\n'); code = aside._main(); print('HiGHS done'); sys.exit(code)"
+    )
+    monkeypatch.setattr(aside_module, "CHILD", ("-c", noisy))
+    ctx = build_context(**inputs)
+    assert Aside(inputs)() == first_two_bounds(ctx.cache, ctx.classes, 0.005)
+    monkeypatch.setattr(aside_module, "CHILD", ("-c", "print('HiGHS'); raise SystemExit(3)"))
+    with pytest.raises(RuntimeError, match="code 3 and no value: HiGHS"):
         Aside(inputs)()

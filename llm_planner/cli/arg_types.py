@@ -16,22 +16,48 @@ def positive_seconds(text: str) -> float:
 
 
 def share(text: str) -> float:
-    """A finite number from 0 to 1."""
+    """A finite number from 0 to below 1 (a relative gap: 1 would accept any plan)."""
     value = _number(text)
-    if not (math.isfinite(value) and 0 <= value <= 1):
-        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text!r}")
+    if not (math.isfinite(value) and 0 <= value < 1):
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to below 1, got {text!r}")
     return value
 
 
-def count(text: str) -> int:
-    """A whole number of at least 0 (0: the default's choice)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
-    return value
+def whole(low: int, high: int):
+    """The argparse type of a whole number from `low` to `high` (a count where 0 would mean nothing,
+    or a size past which the planner's work or a solver's integers would overflow)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {low:,} to {high:,}, got {text!r}")
+        return value
+
+    parse.__name__ = f"whole number from {low} to {high}"
+    return parse
+
+
+count = whole(0, 1024)  # processes or threads; 0: the default's choice
+positive = whole(1, 2**20)  # a batch, shards, stages, micro-batches
+tokens = whole(1, 2**24)  # a prompt, an output or a context, in tokens
+seed = whole(0, 2**32 - 1)
+
+
+def names_of(known: tuple[str, ...], what: str):
+    """The argparse type of a comma-separated list of `known` names (at least one, each once)."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+        unknown = [n for n in names if n not in known] or (["(none given)"] if not names else [])
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(known)}")
+        return names
+
+    parse.__name__ = f"list of {what} names"
+    return parse
 
 
 def _number(text: str) -> float:

@@ -25,7 +25,7 @@ from llm_planner.placement import solve as api
 from llm_planner.placement import study
 from llm_planner.placement.errors import SolveInterrupted
 from llm_planner.placement.inputs import problem_from_inputs, problem_from_plan_inputs
-from llm_planner.placement.options import SYMMETRY_CHOICES, SolveOptions
+from llm_planner.placement.options import SolveOptions
 from llm_planner.placement.session import SolveSession
 from llm_planner.placement.verify_file import verify_plan_file
 from llm_planner.placement.views import cluster_tables, device_table, steady_state_text, write_gantt
@@ -149,6 +149,8 @@ def _command_timing(watch: Stopwatch, session: SolveSession) -> str:
 def _check_outputs(args: argparse.Namespace) -> None:
     """Exit 2 naming the path when the plan (or --export) file cannot be written."""
 
+    if args.export_file and not args.export:
+        raise UserError("--export-file says where --export writes: give --export vllm or megatron too", exit_code=2)
     check_writable(args.output, PlanError)
     if args.export:
         check_writable(_export_path(args), PlanError)
@@ -284,6 +286,8 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_show(args: argparse.Namespace, console: Console) -> int:
 
+    if args.gantt:
+        check_writable(args.gantt)
     plan = load_plan(args.plan)
     problem = problem_from_plan_inputs(plan.inputs)
     console.print(problem_line(problem))
@@ -334,21 +338,13 @@ def cmd_compare_symmetry(args: argparse.Namespace, console: Console) -> int:
     )
     if args.profile:
         print_profile_coverage(console, problem, args.profile)
-    solvers = tuple(s.strip() for s in args.solvers.split(",") if s.strip())
-    criteria = tuple(c.strip() for c in args.criteria.split(",") if c.strip())
-    unknown = sorted(set(criteria) - set(SYMMETRY_CHOICES)) or (["(none given)"] if not criteria else [])
-    if unknown:
-        raise UserError(
-            f"--criteria: unknown criterion {', '.join(unknown)}; choose from {', '.join(SYMMETRY_CHOICES)}",
-            exit_code=2,
-        )
     out = _writable_dir(args.out_dir, ("symmetry.csv", "symmetry.png"))
     with console.status("solving...") as status:
         rows = study.compare_symmetry(
             problem,
             time_limit_s=args.time_limit,
-            solvers=solvers,
-            criteria=criteria,
+            solvers=args.solvers,
+            criteria=args.criteria,
             backend=args.solver_backend,
             progress=lambda msg: status.update(f"solving: {msg}"),
         )

@@ -13,12 +13,12 @@ import logging
 import sys
 
 from llm_planner import __version__
-from llm_planner.cli import commands
+from llm_planner.cli import commands, flags
 from llm_planner.cli import export as commands_export
 from llm_planner.cli import helix as commands_helix
 from llm_planner.cli import measure as commands_measure
 from llm_planner.cli import serving as commands_serving
-from llm_planner.cli.arg_types import count, positive_seconds, share
+from llm_planner.cli.arg_types import count, names_of, positive, positive_seconds, seed, share, tokens
 from llm_planner.cli.export import add_export_parser
 from llm_planner.cli.helix import add_import_parser, add_plan_helix_parser
 from llm_planner.cli.serving import add_serving_args
@@ -42,6 +42,7 @@ from llm_planner.placement.inputs import InputError
 from llm_planner.placement.options import SYMMETRY_CHOICES
 from llm_planner.placement.problem import ProblemError
 from llm_planner.placement.solve import SOLVERS
+from llm_planner.placement.study import STUDY_SOLVERS
 from llm_planner.serving.plan_file import ServingPlanError, is_serving_plan
 from llm_planner.serving.workload import WorkloadError
 
@@ -56,6 +57,7 @@ EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
 def _input_errors() -> tuple[type[Exception], ...]:
 
     return (
+        flags.FlagError,
         SpecError,
         GraphError,
         PlanError,
@@ -86,7 +88,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--seq-len",
-        type=int,
+        type=tokens,
         default=None,
         help="decoders: context (decode) or prompt (prefill) length (default: min(2048, the model's maximum))",
     )
@@ -99,7 +101,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         choices=tuple(DTYPE_BYTES),
         help="element type of weights and activations (default: fp16)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of random graphs (RWNN)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of random graphs (RWNN)")
 
 
 def _add_solve_args(p: argparse.ArgumentParser) -> None:
@@ -112,10 +114,10 @@ def _add_solve_args(p: argparse.ArgumentParser) -> None:
         "the busiest device's load per batch over the batch; serving (decoders): output tokens/s of the "
         "cluster under --tpot-slo, with prefill and every in-flight sequence's KV cache (default: latency)",
     )
-    p.add_argument("--batch", type=int, default=1, help="samples (requests) in the batch (default: 1)")
+    p.add_argument("--batch", type=positive, default=1, help="samples (requests) in the batch (default: 1)")
     p.add_argument(
         "--max-shards",
-        type=int,
+        type=positive,
         default=None,
         help="data parallelism: at most this many batch shards (default: number of devices; 1 turns it off)",
     )
@@ -157,7 +159,7 @@ def _add_solve_args(p: argparse.ArgumentParser) -> None:
 def _add_max_tp(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-tp",
-        type=int,
+        type=positive,
         default=None,
         help="tensor parallelism: largest group of identical devices of one server that runs a task together "
         "(default: as many as a server has of one kind; 1 turns it off)",
@@ -190,13 +192,14 @@ def _build_parser() -> argparse.ArgumentParser:
     )
 
     add_serving_args(p)
+    flags.restrict_plan(p)
 
     p = sub.add_parser("verify", help="check a plan against its inputs and recompute its objective")
     p.add_argument("plan", help="plan file (YAML, or JSON for a .json path) written by `plan`")
 
     p = sub.add_parser("show", help="per-device table of a plan, optional Gantt chart")
     p.add_argument("plan", help="plan file (YAML, or JSON for a .json path) written by `plan`")
-    p.add_argument("--gantt", help="write a Gantt chart PNG here")
+    p.add_argument("--gantt", help="write a Gantt chart here (PNG, or the format its suffix names: .svg, .pdf)")
 
     sub.add_parser("models", help="list model presets")
 
@@ -214,20 +217,24 @@ def _build_parser() -> argparse.ArgumentParser:
         help="latency: the time of one batch (makespan); throughput: seconds per sample in steady state, "
         "the busiest device's load per batch over the batch (default: latency)",
     )
-    p.add_argument("--batch", type=int, default=1, help="samples (requests) in the batch (default: 1)")
+    p.add_argument("--batch", type=positive, default=1, help="samples (requests) in the batch (default: 1)")
     p.add_argument(
         "--max-shards",
-        type=int,
+        type=positive,
         default=None,
         help="data parallelism: at most this many shards (default: number of devices)",
     )
     _add_max_tp(p)
     p.add_argument("--time-limit", type=positive_seconds, default=60.0, help="seconds per solve (default: 60)")
     p.add_argument(
-        "--solvers", default="milp,milp-split", help="comma-separated solvers to compare (default: milp,milp-split)"
+        "--solvers",
+        type=names_of(STUDY_SOLVERS, "solver"),
+        default=",".join(STUDY_SOLVERS),
+        help=f"comma-separated solvers to compare, of {', '.join(STUDY_SOLVERS)} (default: all)",
     )
     p.add_argument(
         "--criteria",
+        type=names_of(SYMMETRY_CHOICES, "criterion"),
         default=",".join(SYMMETRY_CHOICES),
         help=f"comma-separated symmetry criteria to compare (default: all of {', '.join(SYMMETRY_CHOICES)})",
     )
@@ -262,7 +269,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="element type the ranks compute in (default: the plan's; fp32 is fastest on CPUs)",
     )
     p.add_argument("--report", default="run.json", help="JSON run report to write (default: run.json)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the whole run is stopped")
+    p.add_argument("--timeout", type=positive_seconds, default=600.0, help="seconds before the whole run is stopped")
     p.add_argument(
         "--workdir", default=None, help="where to write the hostfile and rank table (default: next to the report)"
     )
@@ -336,7 +343,10 @@ def _add_profile_parser(sub) -> None:
         "--mpi", action="store_true", help="start one rank per cluster device with mpiexec; also measures the links"
     )
     p.add_argument(
-        "--timeout", type=float, default=600.0, help="--mpi: seconds before the ranks are stopped (default: 600)"
+        "--timeout",
+        type=positive_seconds,
+        default=600.0,
+        help="--mpi: seconds before the ranks are stopped (default: 600)",
     )
     p.add_argument(
         "--workdir", default=None, help="--mpi: where to write the hostfile and job file (default: next to the output)"
@@ -371,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     handler = _serving_handler(args) or handler
     try:
+        flags.check_objective(args)
+        flags.fill_defaults(args)
         with stop_signals_as_interrupt():  # SIGTERM and SIGHUP stop a command as Ctrl-C does
             return handler(args, console)
     except _input_errors() as exc:

@@ -8,6 +8,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from llm_planner.cli.arg_types import positive, tokens
 from llm_planner.cli.commands import UserError, progress, refuse_rejected
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
@@ -18,12 +19,13 @@ from llm_planner.serving.inputs import workload_from_flags
 from llm_planner.serving.plan_fields import SERVING_SOLVERS
 from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
 from llm_planner.serving.verify import verify_serving_plan
+from llm_planner.serving.workload import TPOT_RANGE, TTFT_RANGE
 
 
 def add_serving_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("serving (--objective serving, decoder models)")
-    g.add_argument("--prompt-len", type=int, default=None, help="serving: mean prompt tokens per request")
-    g.add_argument("--output-len", type=int, default=None, help="serving: mean output tokens per request")
+    g.add_argument("--prompt-len", type=tokens, default=None, help="serving: mean prompt tokens per request")
+    g.add_argument("--output-len", type=tokens, default=None, help="serving: mean output tokens per request")
     g.add_argument(
         "--workload",
         default=None,
@@ -33,10 +35,16 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
         ),
     )
     g.add_argument(
-        "--tpot-slo", default=None, help="serving: per-token latency target every request must meet, e.g. '50 ms'"
+        "--tpot-slo",
+        default=None,
+        help=f"serving: per-token latency target every request must meet, a time with its unit {TPOT_RANGE}, "
+        "e.g. '50 ms' or '0.05 s'",
     )
     g.add_argument(
-        "--ttft-slo", default=None, help="serving: optional target on the estimated time to first token, e.g. '2 s'"
+        "--ttft-slo",
+        default=None,
+        help=f"serving: optional target on the estimated time to first token, a time with its unit {TTFT_RANGE}, "
+        "e.g. '2 s'",
     )
     g.add_argument("--allow-cpu", action="store_true", help="serving: let decoder stages run on CPUs (never in groups)")
     g.add_argument(
@@ -47,17 +55,17 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-classes-per-replica",
-        type=int,
+        type=positive,
         default=None,
         help="serving: classes of servers one replica's pipeline may mix (default: 3, or 2 when three would "
         "give over 2,000 candidate layouts)",
     )
     g.add_argument(
-        "--max-stages", type=int, default=64, help="serving: pipeline stages of one replica at most (default: 64)"
+        "--max-stages", type=positive, default=64, help="serving: pipeline stages of one replica at most (default: 64)"
     )
     g.add_argument(
         "--max-micro-batches",
-        type=int,
+        type=positive,
         default=None,
         help="serving: micro-batches in flight per replica at most (default: one per stage; 1 models an engine "
         "whose requests move through the pipeline as one batch)",
@@ -71,17 +79,9 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
 
 
 def serving_options(args: argparse.Namespace):
-
-    for flag, value, low in (
-        ("--max-classes-per-replica", args.max_classes_per_replica or 1, 1),
-        ("--max-stages", args.max_stages, 1),
-        ("--max-micro-batches", args.max_micro_batches or 1, 1),
-        ("--time-limit", args.time_limit, 1e-3),
-    ):
-        if not (value == value and low <= value < float("inf")):
-            raise UserError(f"{flag} must be at least {low} and finite, got {value!r}", exit_code=2)
-    if args.max_tp is not None and args.max_tp < 1:
-        raise UserError(f"--max-tp must be >= 1, got {args.max_tp}", exit_code=2)
+    """The search's options; the counts are whole numbers of at least 1, refused by argparse otherwise."""
+    if args.time_limit < 1e-3:
+        raise UserError(f"--time-limit must be at least 1 ms for --objective serving, got {args.time_limit!r}", 2)
     return ServingOptions(
         allow_cpu=args.allow_cpu,
         max_tp=args.max_tp,
@@ -252,6 +252,12 @@ def check_serving_verified(plan, nothing: str) -> None:
 
 def cmd_show_serving(args: argparse.Namespace, console: Console) -> int:
 
+    if args.gantt:
+        raise UserError(
+            f"--gantt: {args.plan} is a serving plan, and a serving plan has no Gantt chart; its replicas' stages, "
+            "stage times and TPOT are in the table `show` prints without --gantt",
+            exit_code=2,
+        )
     plan = load_serving_plan(args.plan)
     print_serving(console, plan.data, with_baselines=True)
     console.print(_stored_timing(plan.serving), highlight=False)

@@ -24,6 +24,7 @@ exit code 2.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import tempfile
 from collections.abc import Iterator
@@ -81,6 +82,19 @@ def atomic_path(path: str | Path, error: type[Exception] = WriteError) -> Iterat
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def write_figure(fig, path: str | Path, error: type[Exception] = WriteError) -> None:
+    """A matplotlib figure written to `path` through write_atomic, in the format its suffix names
+    (PNG without one): rendered in memory first, so a device that refuses the bytes (/dev/full) is
+    `error` naming the path (savefig to it reports nothing); an unknown suffix is `error` too."""
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    known = fig.canvas.get_supported_filetypes()
+    if fmt not in known:
+        raise error(f"{path}: cannot write a figure as .{fmt}: use one of .{', .'.join(sorted(known))}")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=120, format=fmt)
+    write_atomic(path, buffer.getvalue(), error)
 
 
 def write_atomic(path: str | Path, data: str | bytes, error: type[Exception] = WriteError) -> None:

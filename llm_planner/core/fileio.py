@@ -55,11 +55,12 @@ def read_bytes(path: str | Path, error: type[Exception]) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # checked before fdopen, which refuses a directory with its own error
+        os.close(fd)
+        what = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+        raise error(f"{path}: cannot read: not a regular file ({what})")
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            what = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
-            raise error(f"{path}: cannot read: not a regular file ({what})")
         try:
             raw = f.read(MAX_FILE_BYTES + 1)
         except OSError as exc:

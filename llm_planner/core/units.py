@@ -95,6 +95,26 @@ def parse_seconds(value: object) -> float:
     return _finite(number * _TIME[unit], value)
 
 
+def parse_duration(value: object, low_s: float, high_s: float) -> float:
+    """A time a user typed ('50 ms', '0.05 s') from `low_s` to `high_s` seconds. A bare number in
+    text is refused, the fix shown ('50': 50 s or 50 ms?); a Python number is seconds."""
+    number, unit = _split(value)
+    if isinstance(value, str) and not unit:
+        raise UnitError(f"{value.strip()!r} has no unit: write '{value.strip()} ms' or '{value.strip()} s'")
+    seconds = parse_seconds(value)
+    if not low_s <= seconds <= high_s:
+        raise UnitError(f"{value!r} is outside {time_text(low_s)} to {time_text(high_s)}")
+    return seconds
+
+
+def time_text(seconds: float) -> str:
+    """A time in the largest unit that keeps it at or above 1 ('1 ms', '10 s'), as parse_seconds reads it."""
+    for unit in ("s", "ms", "us"):
+        if abs(seconds) >= _TIME[unit]:
+            return f"{seconds / _TIME[unit]:g} {unit}"
+    return f"{seconds / _TIME['ns']:g} ns"
+
+
 def parse_fraction(value: object) -> float:
     """A plain number in (0, 1], e.g. an efficiency factor."""
     number, unit = _split(value)

@@ -132,8 +132,9 @@ def problem_from_inputs(
         raise InputError(f"{_names(cluster_path, model, graph_path)}: {exc}") from None
     short = memory_shortfall(problem)
     if short is not None:
+        batch = f" with a batch of {batch_size}" if batch_size > 1 else ""
         raise InputError(
-            f"{_names(cluster_path, model, graph_path)}: the cluster's memory cannot hold the model: {short}"
+            f"{_names(cluster_path, model, graph_path)}: the cluster's memory cannot hold the model{batch}: {short}"
         )
     return problem
 

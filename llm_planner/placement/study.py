@@ -14,7 +14,7 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llm_planner.core.atomic import atomic_path, write_atomic
+from llm_planner.core.atomic import write_atomic, write_figure
 from llm_planner.core.fmt import fmt_s
 from llm_planner.placement.options import SYMMETRY_CHOICES, SolveOptions
 from llm_planner.placement.problem import PlacementProblem
@@ -37,11 +37,14 @@ class StudyRow:
     solver_bound_s: float = float("nan")  # the backend's dual bound (the plan's lower bound is the verifiable one)
 
 
+STUDY_SOLVERS = ("milp", "milp-split")  # the solvers whose models symmetry breaking changes
+
+
 def compare_symmetry(
     problem: PlacementProblem,
     *,
     time_limit_s: float,
-    solvers: tuple[str, ...] = ("milp", "milp-split"),
+    solvers: tuple[str, ...] = STUDY_SOLVERS,
     criteria: tuple[str, ...] = SYMMETRY_CHOICES,
     backend: str = "highs",
     progress=None,
@@ -133,6 +136,7 @@ def write_bar_chart(rows: list[StudyRow], path: str | Path, title: str) -> None:
     )  # below the axes, off the bars
     fig.tight_layout()
 
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, format=Path(path).suffix.lstrip(".") or "png")
-    plt.close(fig)
+    try:
+        write_figure(fig, path)
+    finally:
+        plt.close(fig)

@@ -6,6 +6,7 @@ from collections import defaultdict
 
 from rich.table import Table
 
+from llm_planner.core.atomic import write_figure
 from llm_planner.core.fmt import fmt_bytes, fmt_s, fmt_time, has_file_units
 from llm_planner.core.plan import Plan
 from llm_planner.core.spec import ClusterSpec, DeviceSpec
@@ -89,7 +90,7 @@ def task_runs(tasks: list[str], topo: dict[str, int]) -> str:
 
 
 def write_gantt(plan: Plan, path: str) -> None:
-    """One row per device, one bar per (task, shard), coloured by shard."""
+    """One row per device, one bar per (task, shard), coloured by shard, as a PNG (WriteError naming `path`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -111,8 +112,10 @@ def write_gantt(plan: Plan, path: str) -> None:
     ax.set_xlabel("time (s)")
     ax.set_title(f"{plan.solver.name}: {plan.objective} {plan.objective_s:.4g} s (colour = batch shard)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        write_figure(fig, path)
+    finally:
+        plt.close(fig)
 
 
 def cluster_tables(cluster: ClusterSpec) -> list[Table]:

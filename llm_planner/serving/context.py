@@ -46,6 +46,7 @@ class ServingContext:
         )
         if not self.classes:
             raise WorkloadError(f"cluster {cluster.name!r} has no accelerator to serve on (CPUs only with --allow-cpu)")
+        _check_dtype(cluster, self.classes, dtype)
         self.by_name = {c.name: c for c in self.classes}
         self.cache = CostCache(self.tasks, self.classes, layer_time)
         self.between = _one_server_links(cluster, self.classes) if cluster.inter_node is None else {}
@@ -68,6 +69,17 @@ class ServingContext:
         if key not in self._best:
             self._best[key] = self.replica(layout).best(micro_batches, fixed=fixed)
         return self._best[key]
+
+
+def _check_dtype(cluster: ClusterSpec, classes: tuple[ServerClass, ...], dtype: str) -> None:
+    """WorkloadError naming --dtype and the cluster file when a kind that may serve has no peak for `dtype`."""
+    for kind in dict.fromkeys(sc.kind for sc in classes):
+        given = [name for name, _ in kind.peak_flops]
+        if dtype not in given:
+            raise WorkloadError(
+                f"--dtype {dtype}: device kind {kind.name!r} of {cluster.source} gives no peak_flops for it "
+                f"(it gives {', '.join(given) or 'none'})"
+            )
 
 
 def _one_server_links(cluster: ClusterSpec, classes: tuple[ServerClass, ...]) -> dict[tuple[str, str], LinkSpec]:

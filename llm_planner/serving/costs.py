@@ -74,16 +74,19 @@ class ServingTasks:
 
 def build_serving_tasks(config: DecoderConfig, workload: ServingWorkload, dtype: str) -> ServingTasks:
     if config.learned_positions and workload.max_context > config.max_positions:
+        where = (
+            "--prompt-len + --output-len"
+            if workload.source == "flags"
+            else f"{workload.source}: prompt_len + output_len"
+        )
         raise WorkloadError(
-            f"prompt + output of {workload.max_context} tokens exceeds {config.name}'s "
-            f"{config.max_positions} learned positions"
+            f"{where} of {workload.max_context} tokens exceeds {config.name}'s {config.max_positions} learned positions"
         )
     decode = _parts(config, "decode", max(1, round(workload.decode_context)), dtype)
     held = _parts(config, "decode", max(1, math.ceil(workload.kv_context)), dtype)
-    total_w = sum(r.weight for r in workload.requests)
     prompts: dict[str, dict[str, float]] = {p: {} for p in PARTS}
-    for r in workload.requests:
-        share = r.weight / total_w / workload.mean_output_len
+    for r, of_requests in zip(workload.requests, workload.shares):
+        share = of_requests / workload.mean_output_len
         for part, task in _parts(config, "prefill", r.prompt_len, dtype).items():
             for key in _SCALED:
                 prompts[part][key] = prompts[part].get(key, 0.0) + share * getattr(task, key)

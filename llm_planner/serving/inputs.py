@@ -6,7 +6,6 @@ the model's configuration (a preset, or a config.json), a measured serving profi
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from llm_planner.core import units
@@ -16,7 +15,15 @@ from llm_planner.core.spec_fields import Reader, as_int
 from llm_planner.cost.serving_profile import load_serving_profile
 from llm_planner.graph.transformer import DecoderConfig, named_config
 from llm_planner.serving.costs import MeasuredLayerTime
-from llm_planner.serving.workload import RequestShape, ServingWorkload, WorkloadError
+from llm_planner.serving.workload import (
+    TPOT_RANGE,
+    TPOT_SLO_RANGE_S,
+    TTFT_SLO_RANGE_S,
+    RequestShape,
+    ServingWorkload,
+    WorkloadError,
+    duration_s,
+)
 
 
 def read_context_inputs(
@@ -60,8 +67,10 @@ def workload_from_flags(
     ttft_slo: str | float | None,
 ) -> ServingWorkload:
     """The workload of `plan --objective serving`: --prompt-len/--output-len or --workload FILE."""
-    tpot = _seconds("--tpot-slo", tpot_slo, required=True)
-    ttft = _seconds("--ttft-slo", ttft_slo, required=False)
+    if tpot_slo is None:
+        raise WorkloadError(f"--tpot-slo is required for --objective serving (a time such as '50 ms'; {TPOT_RANGE})")
+    tpot = duration_s("--tpot-slo", tpot_slo, TPOT_SLO_RANGE_S)
+    ttft = None if ttft_slo is None else duration_s("--ttft-slo", ttft_slo, TTFT_SLO_RANGE_S)
     if workload_file is not None:
         if prompt_len is not None or output_len is not None:
             raise WorkloadError("give either --workload FILE or --prompt-len/--output-len, not both")
@@ -74,20 +83,6 @@ def workload_from_flags(
     return ServingWorkload(
         requests=(RequestShape(prompt_len=prompt_len, output_len=output_len),), tpot_slo_s=tpot, ttft_slo_s=ttft
     )
-
-
-def _seconds(flag: str, value: str | float | None, *, required: bool) -> float | None:
-    if value is None:
-        if required:
-            raise WorkloadError(f"{flag} is required for --objective serving (a time such as '50 ms')")
-        return None
-    try:
-        seconds = units.parse_seconds(value)
-    except (units.UnitError, TypeError, ValueError) as exc:
-        raise WorkloadError(f"{flag}: {exc}") from None
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise WorkloadError(f"{flag} must be a positive finite time, got {value!r}")
-    return seconds
 
 
 MAX_SHAPES = 1000

@@ -21,6 +21,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from llm_planner.core import units
+
+# The latency targets a plan may be asked for. A looser TPOT target lets more sequences share an
+# iteration, and the search's work grows with them: past 10 s per token it ran for hours.
+TPOT_SLO_RANGE_S = (1e-3, 10.0)
+TTFT_SLO_RANGE_S = (1e-3, 3600.0)
+TPOT_RANGE = f"from {units.time_text(TPOT_SLO_RANGE_S[0])} to {units.time_text(TPOT_SLO_RANGE_S[1])}"
+TTFT_RANGE = f"from {units.time_text(TTFT_SLO_RANGE_S[0])} to {units.time_text(TTFT_SLO_RANGE_S[1])}"
+
 
 class WorkloadError(ValueError):
     """A serving workload or target that cannot be used; the message names the flag or file."""
@@ -48,14 +57,24 @@ class ServingWorkload:
         for r in self.requests:
             if r.prompt_len < 1 or r.output_len < 1 or not (math.isfinite(r.weight) and r.weight > 0):
                 raise WorkloadError(f"{self.source}: prompt_len and output_len must be >= 1 and weight > 0, got {r}")
-        if not (math.isfinite(self.tpot_slo_s) and self.tpot_slo_s > 0):
-            raise WorkloadError(f"--tpot-slo must be a positive time, got {self.tpot_slo_s!r}")
-        if self.ttft_slo_s is not None and not (math.isfinite(self.ttft_slo_s) and self.ttft_slo_s > 0):
-            raise WorkloadError(f"--ttft-slo must be a positive time, got {self.ttft_slo_s!r}")
+        # targets given as flags were checked as flags (workload_from_flags); others are a file's fields
+        fields = (f"{self.source}.tpot_slo_s", f"{self.source}.ttft_slo_s")
+        tpot, ttft = ("--tpot-slo", "--ttft-slo") if self.source == "flags" else fields
+        duration_s(tpot, self.tpot_slo_s, TPOT_SLO_RANGE_S)
+        if self.ttft_slo_s is not None:
+            duration_s(ttft, self.ttft_slo_s, TTFT_SLO_RANGE_S)
+
+    @property
+    def shares(self) -> tuple[float, ...]:
+        """Each shape's share of the requests, summing to 1: the weights are taken relative to the
+        largest first, so that their sum stays finite however large they are (1e308 each)."""
+        top = max(r.weight for r in self.requests)
+        relative = [r.weight / top for r in self.requests]
+        total = sum(relative)
+        return tuple(w / total for w in relative)
 
     def _mean(self, f) -> float:
-        total = sum(r.weight for r in self.requests)
-        return sum(r.weight * f(r) for r in self.requests) / total
+        return sum(w * f(r) for w, r in zip(self.shares, self.requests))
 
     @property
     def mean_prompt_len(self) -> float:
@@ -92,3 +111,11 @@ class ServingWorkload:
             "tpot_slo_s": self.tpot_slo_s,
             "ttft_slo_s": self.ttft_slo_s,
         }
+
+
+def duration_s(flag: str, value: str | float, bounds: tuple[float, float]) -> float:
+    """`value` read as a time in `bounds` (units.parse_duration: text needs its unit)."""
+    try:
+        return units.parse_duration(value, *bounds)
+    except (units.UnitError, TypeError) as exc:
+        raise WorkloadError(f"{flag}: {exc}") from None

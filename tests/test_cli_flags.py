@@ -1,0 +1,195 @@
+"""The flags of `plan` and friends, as a fuzzing review found them: numbers that overflowed, hung or
+were silently read in the wrong unit, flags of the other objective silently ignored, zero counts
+taken as the default, `show --gantt` writing nothing, compare-symmetry's lists unchecked. Each is
+refused with exit 2 and one `error:` line naming the flag, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from conftest import SPECS
+from serving_fixtures import write_fleet
+
+from llm_planner.cli import flags
+from llm_planner.cli.main import _build_parser, main
+
+WORKSTATION = str(SPECS / "rtx4090-workstation.yaml")
+LATENCY = ["plan", "--cluster", WORKSTATION, "--model", "gpt2", "--solver", "heft", "--no-baselines"]
+SERVING = ["plan", "--objective", "serving", "--cluster", WORKSTATION, "--model", "gpt2", "--no-baselines"]
+SHAPE = ["--prompt-len", "128", "--output-len", "64"]
+
+
+def refused(argv: list[str], capsys, *words: str) -> str:
+    """main(argv) exits 2 with one error line holding every word, no traceback; that line."""
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    err = " ".join(captured.err.split())
+    assert "Traceback" not in captured.out + captured.err and err.count("error:") == 1, err
+    assert all(w in err for w in words), err
+    return err
+
+
+@pytest.mark.parametrize(
+    "target, words",
+    [
+        ("1e308 s", ["--tpot-slo", "'1e308 s' is outside 1 ms to 10 s"]),  # was OverflowError
+        ("1e6 s", ["--tpot-slo", "outside 1 ms to 10 s"]),  # ran for hours
+        ("50", ["--tpot-slo", "'50' has no unit: write '50 ms' or '50 s'"]),  # was 50 s
+        ("inf ms", ["--tpot-slo"]),
+        ("-50 ms", ["--tpot-slo", "outside"]),
+    ],
+)
+def test_a_tpot_target_needs_a_unit_and_a_time_in_range(target, words, tmp_path, capsys):
+    refused([*SERVING, *SHAPE, "--tpot-slo", target, "-o", str(tmp_path / "p.yaml")], capsys, *words)
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_the_help_states_the_range_and_the_unit(capsys):
+    with pytest.raises(SystemExit):
+        _build_parser().parse_args(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "from 1 ms to 10 s" in text and "a time with its unit" in text
+
+
+def test_huge_workload_weights_give_the_plan_of_equal_weights(tmp_path, capsys):
+    """Two shapes of weight 1e308 each (their sum is inf: NaN contexts, no prompt charged) plan as
+    two of weight 1."""
+    plans = []
+    for weight in ("1e308", "1"):
+        shapes = tmp_path / f"shapes-{weight}.yaml"
+        shapes.write_text(
+            f"requests: [{{prompt_len: 100, output_len: 50, weight: {weight}}}, "
+            f"{{prompt_len: 300, output_len: 20, weight: {weight}}}]\n"
+        )
+        out = tmp_path / f"plan-{weight}.yaml"
+        argv = [*SERVING, "--workload", str(shapes), "--tpot-slo", "50 ms", "-o", str(out)]
+        assert main(argv) == 0, capsys.readouterr().err
+        plans.append(out.read_text().split("serving:", 1)[1].split("solve_time_s")[0])
+    assert plans[0] == plans[1]
+
+
+def test_a_dtype_no_serving_kind_has_is_refused_naming_the_flag(tmp_path, capsys):
+    refused(
+        [*SERVING, *SHAPE, "--tpot-slo", "50 ms", "--dtype", "fp8", "-o", str(tmp_path / "p.yaml")],
+        capsys,
+        "--dtype fp8",
+        "rtx4090",
+        "rtx4090-workstation.yaml",
+        "gives no peak_flops",
+    )
+
+
+@pytest.mark.parametrize("flag", ["--workload", "--profile"])
+def test_an_input_that_is_a_directory_is_refused_naming_it(flag, tmp_path, capsys):
+    shape = [] if flag == "--workload" else SHAPE
+    argv = [*SERVING, *shape, "--tpot-slo", "50 ms", flag, str(tmp_path), "-o", str(tmp_path / "p.yaml")]
+    refused(argv, capsys, f"{tmp_path}: cannot read: not a regular file (a directory)")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--batch", "4"], ["--solver", "milp"], ["--export", "vllm"], ["--seq-len", "512"], ["--phase", "prefill"]],
+)
+def test_a_flag_of_latency_and_throughput_is_refused_under_serving(extra, tmp_path, capsys):
+    argv = [*SERVING, *SHAPE, "--tpot-slo", "50 ms", *extra, "-o", str(tmp_path / "p.yaml")]
+    refused(argv, capsys, f"{extra[0]} does not apply to --objective serving", "latency and throughput")
+
+
+@pytest.mark.parametrize(
+    "objective, extra",
+    [("latency", ["--tpot-slo", "50 ms"]), ("throughput", ["--max-stages", "64"]), ("latency", ["--contiguous"])],
+)
+def test_a_flag_of_another_objective_is_refused(objective, extra, tmp_path, capsys):
+    argv = [*LATENCY, "--objective", objective, *extra, "-o", str(tmp_path / "p.yaml")]
+    refused(argv, capsys, f"{extra[0]} does not apply to --objective {objective}")
+
+
+def test_a_flag_given_at_its_default_value_is_still_given(tmp_path, capsys):
+    """Given or not is the flag's presence, not its value: `--batch 1` is the default's value."""
+    argv = [*SERVING, *SHAPE, "--tpot-slo", "50 ms", "--batch", "1", "-o", str(tmp_path / "p.yaml")]
+    refused(argv, capsys, "--batch does not apply to --objective serving")
+
+
+def test_every_flag_of_plan_says_which_objectives_read_it():
+    """A new flag of `plan` is listed as every objective's, or restricted: none is silently ignored."""
+    plan = _build_parser()._subparsers._group_actions[0].choices["plan"]
+    restricted = {flag for flag, _ in plan.get_default("_applies").values()}
+    every = {s for a in plan._actions for s in a.option_strings if s.startswith("--")}
+    shared = {"--help", "--model", "--cluster", "--dtype", "--objective", "--max-tp", "--time-limit"}
+    assert every - restricted == shared | {"--output", "--no-baselines", "--profile"}
+    assert restricted == set(flags.PLACEMENT_FLAGS) | set(flags.SERVING_FLAGS) | {"--contiguous"}
+
+
+def test_defaults_are_filled_in_for_flags_not_given():
+    args = _build_parser().parse_args(["plan", "--model", "gpt2", "--cluster", WORKSTATION])
+    assert isinstance(args.batch, flags.Default) and not flags.given(args, "batch")
+    flags.check_objective(args)
+    flags.fill_defaults(args)
+    assert (args.batch, args.solver, args.max_stages, args.allow_cpu) == (1, "milp-split", 64, False)
+    assert not any(isinstance(v, flags.Default) for v in vars(args).values())
+
+
+@pytest.mark.parametrize("flag", ["--max-micro-batches", "--max-classes-per-replica", "--max-stages"])
+def test_a_zero_count_is_refused_not_taken_as_the_default(flag, tmp_path, capsys):
+    argv = [*SERVING, *SHAPE, "--tpot-slo", "50 ms", flag, "0", "-o", str(tmp_path / "p.yaml")]
+    refused(argv, capsys, f"argument {flag}: must be a whole number from 1 to")
+
+
+def test_show_gantt_of_a_serving_plan_is_refused(tmp_path, capsys):
+    plan, gantt = tmp_path / "p.yaml", tmp_path / "g.png"
+    assert main([*SERVING, *SHAPE, "--tpot-slo", "50 ms", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    refused(["show", str(plan), "--gantt", str(gantt)], capsys, "--gantt", "a serving plan has no Gantt chart")
+    assert not gantt.exists()
+
+
+def test_show_gantt_to_a_full_device_exits_2_naming_it(tmp_path, capsys):
+    plan = tmp_path / "p.yaml"
+    assert main([*LATENCY, "-o", str(plan)]) == 0
+    capsys.readouterr()
+    refused(["show", str(plan), "--gantt", "/dev/full"], capsys, "/dev/full: cannot write")
+    refused(["show", str(plan), "--gantt", str(tmp_path / "g.xyz")], capsys, "g.xyz: cannot write a figure as .xyz")
+    assert main(["show", str(plan), "--gantt", str(tmp_path / "g.png")]) == 0
+    assert (tmp_path / "g.png").read_bytes().startswith(b"\x89PNG")
+    assert main(["show", str(plan), "--gantt", str(tmp_path / "g.svg")]) == 0
+    assert b"<svg" in (tmp_path / "g.svg").read_bytes()[:1000]
+
+
+@pytest.mark.parametrize("solvers, word", [("", "(none given)"), ("bogus", "bogus"), ("milp,heft", "heft")])
+def test_compare_symmetry_solvers_are_known_ones(solvers, word, tmp_path, capsys):
+    argv = ["compare-symmetry", "--cluster", WORKSTATION, "--model", "gpt2", "--out-dir", str(tmp_path)]
+    refused([*argv, "--solvers", solvers], capsys, "argument --solvers: unknown solver", word, "milp, milp-split")
+
+
+def test_serving_flags_on_the_small_fleet_still_plan(tmp_path, capsys):
+    """The counts' new types take what they took before."""
+    argv = ["plan", "--objective", "serving", "--cluster", str(write_fleet(tmp_path)), "--model", "gpt2"]
+    argv += [*SHAPE, "--tpot-slo", "0.05 s", "--max-micro-batches", "1", "--max-classes-per-replica", "1"]
+    assert main([*argv, "--max-stages", "4", "--no-baselines", "-o", str(tmp_path / "p.yaml")]) == 0
+    assert main(["verify", str(tmp_path / "p.yaml")]) == 0
+
+
+def test_default_is_a_marker_not_a_value():
+    marker = flags.Default(0)
+    assert repr(marker) == "0" and marker != 0
+    args = argparse.Namespace(objective="latency", x=marker, _applies={"x": ("--x", flags.SERVING)})
+    flags.check_objective(args)  # not given: not refused
+    args.x = 0
+    with pytest.raises(flags.FlagError, match="--x does not apply to --objective latency"):
+        flags.check_objective(args)
+
+
+def test_an_export_file_without_export_is_refused(tmp_path, capsys):
+    argv = [*LATENCY, "--export-file", str(tmp_path / "x.json"), "-o", str(tmp_path / "p.yaml")]
+    refused(argv, capsys, "--export-file", "--export vllm or megatron")
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_plan_file_target_out_of_range_is_refused_naming_the_field(tmp_path, capsys):
+    """The same rule for a serving plan's own target (a tampered file), named as its field."""
+    plan = tmp_path / "p.yaml"
+    assert main([*SERVING, *SHAPE, "--tpot-slo", "50 ms", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    plan.write_text(plan.read_text().replace("tpot_slo_s: 0.05", "tpot_slo_s: 1000000.0", 1))
+    refused(["verify", str(plan)], capsys, "p.yaml: workload.tpot_slo_s: 1000000.0 is outside 1 ms to 10 s")
