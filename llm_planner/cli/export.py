@@ -13,15 +13,10 @@ from llm_planner.cli.serving import check_serving_verified
 from llm_planner.core.atomic import check_writable, write_atomic
 from llm_planner.core.fmt import styled
 from llm_planner.core.spec import load_cluster
-from llm_planner.export.serving import (
-    FRAMEWORKS,
-    ServingExportError,
-    assign_ports,
-    build_engines,
-    engines_config,
-    megatron_config,
-)
-from llm_planner.export.serving_scripts import PORT_STEP, SGLANG_PORT, VLLM_PORT, sglang_script, vllm_script
+from llm_planner.export.engine_args import PORT_STEP, SGLANG_PORT, VLLM_PORT, assign_ports
+from llm_planner.export.serving import FRAMEWORKS, VLLM_MULTINODE, ServingExportError, build_engines
+from llm_planner.export.serving_json import engines_config, megatron_config
+from llm_planner.export.serving_scripts import sglang_script, vllm_script
 from llm_planner.helix.inputs import device_helix_names, load_helix_cluster
 from llm_planner.helix.layout_file import LayoutError, helix_layout
 from llm_planner.serving.plan_file import is_serving_plan, load_serving_plan
@@ -52,6 +47,20 @@ def add_export_parser(sub) -> None:
         default=None,
         help="script (default for vllm and sglang) or json (the engines as data; megatron's only form)",
     )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="vllm / sglang: the longest sequence (prompt + output tokens) the engines accept (default: the "
+        "model's context limit, or the KV cache an engine holds when that is less); refused above either",
+    )
+    p.add_argument(
+        "--vllm-multinode",
+        choices=VLLM_MULTINODE,
+        default="native",
+        help="vllm: how an engine spans hosts: native (vLLM's --nnodes/--node-rank/--master-addr, --headless "
+        "workers; default) or ray (a Ray cluster per engine)",
+    )
     p.add_argument("-o", "--output", default=None, help="file to write (default: standard output)")
 
 
@@ -74,7 +83,9 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     cluster_path = plan.input_path("cluster")
     if cluster_path is None:
         raise UserError(f"{args.plan}: inputs.cluster is missing; the export needs the cluster's hosts", exit_code=2)
-    export = build_engines(plan, load_cluster(cluster_path), args.to)  # the framework's rules, then verify's
+    export = build_engines(  # the framework's rules, then verify's
+        plan, load_cluster(cluster_path), args.to, max_len=args.max_model_len, multinode=args.vllm_multinode
+    )
     with progress(console, "verifying the plan before exporting it..."):
         check_serving_verified(plan, f"no {args.to} {fmt} written")
     if args.to == "megatron":
