@@ -1,4 +1,4 @@
-"""The command-line flags and environment variables of a vLLM or SGLang wheel, read with `ast`
+"""The command-line flags and environment variables of a vLLM, SGLang (or Ray) wheel, read with `ast`
 (the engine is never imported or run), as the sorted list tests/data/engine_flags/NAME-VERSION.txt
 that tests/test_engine_flags.py checks the exported scripts against.
 
@@ -16,8 +16,11 @@ What counts as a flag (how the pinned releases define them):
   of sglang/srt/arg_groups/fields/*.py annotated `A[T, "help"]` or `A[T, Arg(...)]` (not
   `no_cli=True`): `--{field with - for _}` or Arg's `cli_name`, and its `aliases`.
 
+- Ray (`ray start` in vLLM's Ray mode): the `click.option` literals of ray/scripts/scripts.py
+  (every `ray` subcommand's options; the ports of `ray start` among them).
+
 Environment variables: every string literal in the package that is a whole `VLLM_...` /
-`SGLANG_...` name (what the engine's source can read). Each list starts with a header line
+`SGLANG_...` / `RAY_...` name (what the engine's source can read). Each list starts with a header line
 `# ENGINE VERSION sha256 SHA256 (WHEEL)`; then `--flag` lines, then `env NAME` lines.
 """
 
@@ -33,18 +36,19 @@ from pathlib import Path
 
 # Where `vllm serve`'s options are defined (the engine's, the frontend's, serve's own).
 VLLM_SERVE_ARGS = ("vllm/engine/arg_utils.py", "vllm/entrypoints/common/cli_args.py", "vllm/entrypoints/cli/serve.py")
-ENV_NAME = re.compile(r"^(VLLM|SGLANG)_[A-Z0-9_]+$")
+ENV_NAME = re.compile(r"^(VLLM|SGLANG|RAY)_[A-Z0-9_]+$")
 
 
 def _strings(nodes) -> list[str]:
     return [n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)]
 
 
-def add_argument_flags(tree: ast.AST) -> set[str]:
-    """The `--` literals among the positional arguments of every `*.add_argument(...)` call."""
+def add_argument_flags(tree: ast.AST, method: str = "add_argument") -> set[str]:
+    """The `--` literals among the positional arguments of every `*.add_argument(...)` call (Ray's
+    CLI: `click.option(...)`)."""
     out = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method:
             out |= {s for s in _strings(node.args) if s.startswith("--")}
     return out
 
@@ -129,8 +133,8 @@ def _parse(wheel: zipfile.ZipFile, name: str) -> ast.Module | None:
 def engine_facts(path: Path) -> tuple[str, str, set[str], set[str]]:
     """(engine, version, flags, environment variables) of a vLLM or SGLang wheel."""
     engine, version = path.name.split("-")[:2]
-    if engine not in ("vllm", "sglang"):
-        raise SystemExit(f"{path}: not a vllm or sglang wheel")
+    if engine not in ("vllm", "sglang", "ray"):
+        raise SystemExit(f"{path}: not a vllm, sglang or ray wheel")
     flags: set[str] = set()
     envs: set[str] = set()
     with zipfile.ZipFile(path) as wheel:
@@ -147,6 +151,8 @@ def engine_facts(path: Path) -> tuple[str, str, set[str], set[str]]:
                 flags |= add_argument_flags(tree)
             elif engine == "sglang" and name.startswith("sglang/srt/arg_groups/fields/"):
                 flags |= annotated_field_flags(tree)
+            elif engine == "ray" and name == "ray/scripts/scripts.py":
+                flags |= add_argument_flags(tree, "option")
     return engine, version, flags, envs
 
 

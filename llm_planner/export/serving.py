@@ -57,7 +57,7 @@ FRAMEWORKS = ("vllm", "sglang", "megatron")
 TITLES = {"vllm": "vLLM", "sglang": "SGLang", "megatron": "Megatron-LM"}
 # The engine releases the scripts are written for: their flags are checked against these
 # (tests/data/engine_flags/NAME-VERSION.txt, written by benchmarks/engine_flags.py).
-ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
+ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23", "ray": "2.60.0"}  # ray: `ray start` (vLLM over Ray)
 # How a vLLM engine spans hosts: vLLM's own --nnodes/--node-rank/--master-addr/--headless, or Ray.
 VLLM_MULTINODE = ("native", "ray")
 

@@ -222,7 +222,7 @@ def _vllm_ray(export: ServingExport, e: EnginePlan, args: list[str], k: int) -> 
             env = _env([("RAY_ADDRESS", address), ("VLLM_PP_LAYER_PARTITION", part)])
             ties = vllm_ip_ties(e)
             out[host] = [
-                f"{_about(e)} Ray head, {here} ({_comment(others)})",
+                f"{_about(e)} Ray head, {here} ({_comment(others)}); ray start as in Ray {ENGINE_VERSIONS['ray']}",
                 *(
                     [
                         "# vLLM ranks the hosts after the head by GPU count, then IP address: give the hosts with "
