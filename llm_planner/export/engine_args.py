@@ -10,7 +10,8 @@ writes the lists):
   context ceil(E[O (P + O)] / E[O]) tokens (docs/serving.md): `concurrency * that` tokens of KV
   per engine. SGLang takes it as --max-total-tokens. vLLM takes --kv-cache-memory-bytes, the same
   bytes on every GPU, and gives every worker the number of blocks of the worker that holds the
-  fewest (get_kv_cache_configs): the bytes of the tokens on a GPU of the stage with most layers.
+  fewest, shrinking the others' tensors to it (vllm/v1/core/kv_cache_planning.py): the bytes of
+  the tokens on a GPU of the stage with most layers.
 - Per-iteration tokens: the plan has no budget of its own, so the engines' defaults are written
   explicitly: vLLM's for the OpenAI server (16384 from 160 GiB of GPU memory, 8192 from 70 GiB
   except on A100s, else 2048; EngineArgs._set_default_max_num_seqs_and_batched_tokens_args),
