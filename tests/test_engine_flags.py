@@ -199,6 +199,8 @@ def test_max_model_len_is_the_model_limit_or_the_users(plans):
     assert rc == 0 and "--max-model-len 2048 " in script, err
     rc, _, err = _export(plan, "--to", "sglang", "--max-model-len", "5000")
     assert rc == 2 and "--max-model-len 5000: above the model's context limit of 4096" in " ".join(err.split())
+    rc, _, err = _export(plan, "--to", "vllm", "--max-model-len", "0")
+    assert rc == 2 and "--max-model-len: must be a positive number of tokens, got 0" in " ".join(err.split())
 
 
 def test_max_model_len_is_refused_past_the_kv_budget(plans, tmp_path):
@@ -271,3 +273,7 @@ def test_native_multinode_flags_and_ray_behind_the_option(plans):
     assert len(partitions) in (0, 2) and len(set(partitions)) <= 1
     rc, _, err = _export(plans["multi-host"], "--to", "vllm", "--vllm-multinode", "mpi")
     assert rc == 2 and "--vllm-multinode" in err
+    rc, _, err = _export(plans["multi-host"], "--to", "sglang", "--vllm-multinode", "ray")
+    assert rc == 2 and "--vllm-multinode applies to --to vllm" in err
+    rc, _, err = _export(plans["multi-host"], "--to", "megatron", "--max-model-len", "1024")
+    assert rc == 2 and "--max-model-len applies to --to vllm or sglang" in err

@@ -57,7 +57,7 @@ def add_export_parser(sub) -> None:
     p.add_argument(
         "--vllm-multinode",
         choices=VLLM_MULTINODE,
-        default="native",
+        default=None,
         help="vllm: how an engine spans hosts: native (vLLM's --nnodes/--node-rank/--master-addr, --headless "
         "workers; default) or ray (a Ray cluster per engine)",
     )
@@ -66,6 +66,7 @@ def add_export_parser(sub) -> None:
 
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
 
+    _check_engine_options(args)
     if args.to == "helix":
         return _export_helix(args, console)
     fmt = args.format or ("json" if args.to == "megatron" else "script")
@@ -84,7 +85,7 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     if cluster_path is None:
         raise UserError(f"{args.plan}: inputs.cluster is missing; the export needs the cluster's hosts", exit_code=2)
     export = build_engines(  # the framework's rules, then verify's
-        plan, load_cluster(cluster_path), args.to, max_len=args.max_model_len, multinode=args.vllm_multinode
+        plan, load_cluster(cluster_path), args.to, max_len=args.max_model_len, multinode=args.vllm_multinode or "native"
     )
     with progress(console, "verifying the plan before exporting it..."):
         check_serving_verified(plan, f"no {args.to} {fmt} written")
@@ -104,6 +105,14 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
         styled(f"{args.to} {fmt} for {len(export.engines)} engine(s) written to ", (str(args.output), "bold"))
     )
     return 0
+
+
+def _check_engine_options(args: argparse.Namespace) -> None:
+    """Options of the engines' scripts are refused for targets that would ignore them."""
+    if args.max_model_len is not None and args.to not in ("vllm", "sglang"):
+        raise UserError(f"--max-model-len applies to --to vllm or sglang, not --to {args.to}", exit_code=2)
+    if args.vllm_multinode is not None and args.to != "vllm":
+        raise UserError(f"--vllm-multinode applies to --to vllm, not --to {args.to}", exit_code=2)
 
 
 def helix_stages(plan) -> list[tuple[str, int, int]]:
