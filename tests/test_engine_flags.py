@@ -187,6 +187,7 @@ def test_ports_are_distinct_per_host_across_engines(tmp_path, to, multinode):
     assert len(bound["box"]) >= 4  # four engines' API ports on one box
     if multinode == "ray":  # two Ray clusters share pair-0 and pair-1: each its block of ray start ports
         assert script.count("ray start --head") == 2 and len(set(re.findall(r"--node-manager-port=(\d+)", script))) == 2
+        assert len(set(re.findall(r"--temp-dir=(\S+)", script))) == 2
 
 
 def test_max_model_len_is_the_model_limit_or_the_users(plans):

@@ -194,10 +194,13 @@ RAY_HEAD_ONLY = ("--port", "--dashboard-port", "--ray-client-server-port")
 
 
 def ray_ports(k: int, *, head: bool) -> list[str]:
-    """`ray start` flags of the k-th Ray cluster on a host: every port it binds in a block of its own."""
+    """`ray start` flags of the k-th Ray cluster on a host: every port it binds in a block of its own,
+    and a session folder of its own."""
     base = RAY_BASE + k * RAY_BLOCK
     if base + RAY_BLOCK > 32768:  # Linux's ephemeral ports start there
         raise EngineArgsError(f"{k + 1} Ray clusters on one host: more than fit below port 32768")
     flags = [f"{f}={base + off}" for f, off in RAY_PORT_FLAGS if head or f not in RAY_HEAD_ONLY]
     first = base + RAY_BLOCK - RAY_WORKER_PORTS
-    return [*flags, f"--min-worker-port={first}", f"--max-worker-port={first + RAY_WORKER_PORTS - 1}"]
+    workers = [f"--min-worker-port={first}", f"--max-worker-port={first + RAY_WORKER_PORTS - 1}"]
+    # its own session folder too: Ray records "the" cluster of a host (its address, session_latest) there
+    return [*flags, *workers, f"--temp-dir=/tmp/ray-llm-planner-{k}"]
