@@ -190,7 +190,7 @@ def test_ports_are_distinct_per_host_across_engines(tmp_path, to, multinode):
         assert len(set(re.findall(r"--temp-dir=(\S+)", script))) == 2
 
 
-def test_max_model_len_is_the_model_limit_or_the_users(plans):
+def test_max_model_len_is_the_model_limit_or_the_users(plans, caplog):
     plan = plans["one-host"]  # prompt 256 + output 64: the mean, which the scripts no longer take
     for to in ("vllm", "sglang"):
         assert _export_of(plan, to).max_model_len == 4096  # llama2-7b's max_position_embeddings
@@ -198,6 +198,12 @@ def test_max_model_len_is_the_model_limit_or_the_users(plans):
     assert "--context-length 4096 " in _flat(_rendered(plan, "sglang"))
     rc, script, err = _export(plan, "--to", "vllm", "--max-model-len", "2048")
     assert rc == 0 and "--max-model-len 2048 " in script, err
+    served = load_serving_plan(plan)
+    with caplog.at_level("WARNING", logger="llm_planner.export.serving"):
+        build_engines(served, load_cluster(served.input_path("cluster")), "vllm", max_len=300)
+    assert "at most 300 tokens (--max-model-len), shorter than the workload's longest prompt + output, 320" in (
+        caplog.text
+    )
     rc, _, err = _export(plan, "--to", "sglang", "--max-model-len", "5000")
     assert rc == 2 and "--max-model-len 5000: above the model's context limit of 4096" in " ".join(err.split())
     rc, _, err = _export(plan, "--to", "vllm", "--max-model-len", "0")

@@ -232,6 +232,15 @@ def _engine_budgets(export, plan, cluster, dtype, max_len, multinode) -> Serving
         length = max_model_len(max_len, limit, kv, export.plan_path)
     except EngineArgsError as exc:
         raise ServingExportError(str(exc)) from None
+    if workload.max_context > length:
+        log.warning(
+            "%s: the engines take sequences of at most %d tokens (%s), shorter than the workload's longest "
+            "prompt + output, %d: they reject those requests",
+            export.plan_path,
+            length,
+            "--max-model-len" if max_len is not None else "the KV cache the smallest engine holds",
+            workload.max_context,
+        )
     batched = {
         e.name: min(
             batched_tokens_default(export.framework, cluster.kind(st.kind).mem_bytes, st.kind) for st in e.stages
