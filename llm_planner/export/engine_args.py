@@ -48,8 +48,9 @@ TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 FP8_KV = {"vllm": "fp8", "sglang": "fp8_e4m3"}  # --kv-cache-dtype of a plan that holds 1-byte KV
 
 
-class EngineArgsError(ValueError):
-    """A value the engines cannot take as the plan needs it (the message names the flag or field)."""
+class ServingExportError(ValueError):
+    """A serving plan the framework cannot run as planned, or an export option it cannot take; the
+    message names the replica and stage, or the flag or field (the CLI exits 2 with it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,7 +88,7 @@ def engine_dtype(plan_dtype: str, model: str, framework: str, where: str) -> Eng
         )
         return EngineDtype(dtype=act, quantization="fp8", kv_cache_dtype=FP8_KV[framework], note=note)
     if plan_dtype not in DTYPE_NAMES:
-        raise EngineArgsError(
+        raise ServingExportError(
             f"{where}: model dtype {plan_dtype!r}: the engines take one of {', '.join([*DTYPE_NAMES, 'fp8'])}"
         )
     if plan_dtype in ("fp16", "bf16") and from_config in ("fp16", "bf16"):
@@ -111,13 +112,13 @@ class KVBudget:
 
 
 def model_config(model: str, where: str) -> DecoderConfig:
-    """The plan's model as a decoder config; EngineArgsError naming the plan's field when it is gone."""
+    """The plan's model as a decoder config; ServingExportError naming the plan's field when it is gone."""
     try:
         config = named_config(model)
     except GraphError as exc:
-        raise EngineArgsError(f"{where}: model.name: {exc}") from None
+        raise ServingExportError(f"{where}: model.name: {exc}") from None
     if config is None:
-        raise EngineArgsError(
+        raise ServingExportError(
             f"{where}: model.name {model!r} is neither a decoder preset nor a config.json: the export needs "
             "the model's context limit and KV cache size"
         )
@@ -141,11 +142,13 @@ def max_model_len(asked: int | None, limit: int, budgets: dict[str, KVBudget], w
     if asked is None:
         return min(limit, smallest.tokens)
     if asked < 1:
-        raise EngineArgsError(f"--max-model-len: must be a positive number of tokens, got {asked}")
+        raise ServingExportError(f"--max-model-len: must be a positive number of tokens, got {asked}")
     if asked > limit:
-        raise EngineArgsError(f"--max-model-len {asked}: above the model's context limit of {limit} tokens ({where})")
+        raise ServingExportError(
+            f"--max-model-len {asked}: above the model's context limit of {limit} tokens ({where})"
+        )
     if asked > smallest.tokens:
-        raise EngineArgsError(
+        raise ServingExportError(
             f"--max-model-len {asked}: engine {name} of {where} holds {smallest.tokens} tokens of KV cache "
             "(its sequences in flight at the workload's mean full context): one sequence that long does not fit"
         )
@@ -198,7 +201,7 @@ def ray_ports(k: int, *, head: bool) -> list[str]:
     and a session folder of its own."""
     base = RAY_BASE + k * RAY_BLOCK
     if base + RAY_BLOCK > 32768:  # Linux's ephemeral ports start there
-        raise EngineArgsError(f"{k + 1} Ray clusters on one host: more than fit below port 32768")
+        raise ServingExportError(f"{k + 1} Ray clusters on one host: more than fit below port 32768")
     flags = [f"{f}={base + off}" for f, off in RAY_PORT_FLAGS if head or f not in RAY_HEAD_ONLY]
     first = base + RAY_BLOCK - RAY_WORKER_PORTS
     workers = [f"--min-worker-port={first}", f"--max-worker-port={first + RAY_WORKER_PORTS - 1}"]

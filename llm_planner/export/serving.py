@@ -14,7 +14,7 @@ frameworks' form when
 and, across hosts, for SGLang and vLLM's own multi-node mode (`--vllm-multinode native`, the
 default) every host holds the same number of consecutive stages (node k runs the ranks, hence the
 stages, k*p/n .. (k+1)*p/n - 1); for vLLM over Ray (`--vllm-multinode ray`) every stage lands on
-GPUs of its kind in the order vLLM's Ray executor ranks them (`vllm_host_order`). What the engines
+GPUs of its kind in the order vLLM's Ray executor ranks them (`vllm_ray.vllm_host_order`). What the engines
 are told of dtype, memory and the longest sequence comes from llm_planner.export.engine_args.
 `build_engines` checks these rules
 and raises ServingExportError naming the replica and the stage that breaks one. The layer
@@ -40,8 +40,8 @@ from llm_planner.core.fmt import quote
 from llm_planner.core.names import check_host, hostname_problem
 from llm_planner.core.spec import ClusterSpec, DeviceSpec
 from llm_planner.export.engine_args import (
-    EngineArgsError,
     KVBudget,
+    ServingExportError,
     batched_tokens_default,
     engine_dtype,
     kv_budget,
@@ -49,6 +49,7 @@ from llm_planner.export.engine_args import (
     model_config,
     plan_workload,
 )
+from llm_planner.export.vllm_ray import check_vllm_ray_hosts
 from llm_planner.serving.plan_file import ServingPlanFile
 
 log = logging.getLogger(__name__)
@@ -60,10 +61,6 @@ TITLES = {"vllm": "vLLM", "sglang": "SGLang", "megatron": "Megatron-LM"}
 ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23", "ray": "2.60.0"}  # ray: `ray start` (vLLM over Ray)
 # How a vLLM engine spans hosts: vLLM's own --nnodes/--node-rank/--master-addr/--headless, or Ray.
 VLLM_MULTINODE = ("native", "ray")
-
-
-class ServingExportError(ValueError):
-    """A serving plan the framework cannot run as planned; the message names the replica and stage."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,12 +183,7 @@ def build_engines(
     model, where = plan.data["model"], str(plan.path or "<plan>")
     if cluster.sha256 and plan.data["inputs"].get("cluster_sha256") not in (None, cluster.sha256):
         log.warning("%s: the cluster spec changed since the plan was made; exporting with today's spec", where)
-    dtype = None
-    if framework != "megatron":
-        try:
-            dtype = engine_dtype(model["dtype"], model["name"], framework, where)
-        except EngineArgsError as exc:
-            raise ServingExportError(str(exc)) from None
+    dtype = engine_dtype(model["dtype"], model["name"], framework, where) if framework != "megatron" else None
     by_name = cluster.device_map()
     ordinals = gpu_ordinals(cluster)
     engines = []
@@ -222,16 +214,13 @@ def _engine_budgets(export, plan, cluster, dtype, max_len, multinode) -> Serving
     """The export with what the engines are told of memory: KV budgets, the longest sequence and
     the per-iteration token budget (llm_planner.export.engine_args)."""
     model, workload = plan.data["model"], plan_workload(plan.data)
-    try:
-        config = model_config(model["name"], export.plan_path)
-        kv = {
-            e.name: kv_budget(config, model["dtype"], workload, e.tensor_parallel, e.concurrency, e.layers)
-            for e in export.engines
-        }
-        limit = int(config.max_positions)
-        length = max_model_len(max_len, limit, kv, export.plan_path)
-    except EngineArgsError as exc:
-        raise ServingExportError(str(exc)) from None
+    config = model_config(model["name"], export.plan_path)
+    kv = {
+        e.name: kv_budget(config, model["dtype"], workload, e.tensor_parallel, e.concurrency, e.layers)
+        for e in export.engines
+    }
+    limit = int(config.max_positions)
+    length = max_model_len(max_len, limit, kv, export.plan_path)
     if workload.max_context > length:
         log.warning(
             "%s: the engines take sequences of at most %d tokens (%s), shorter than the workload's longest "
@@ -324,7 +313,7 @@ def _replica_engines(
         if framework == "sglang" or (framework == "vllm" and multinode == "native"):
             _check_equal_hosts(f"{label}, copy {c}", engine, framework)
         if framework == "vllm" and multinode == "ray" and len(engine.hosts) > 1:
-            _check_vllm_hosts(f"{label}, copy {c}", engine)
+            check_vllm_ray_hosts(f"{label}, copy {c}", engine)
         out.append(engine)
     return out
 
@@ -397,45 +386,6 @@ def _check_equal_hosts(label: str, engine: EnginePlan, framework: str) -> None:
                 f"{label}: stage {stages[0]} on host {host!r} holds stages {stages} of {engine.pipeline_parallel}: "
                 f"{TITLES[framework]} across {len(hosts)} hosts gives each the same number of consecutive stages"
                 + extra
-            )
-
-
-def vllm_host_order(engine: EnginePlan) -> list[str]:
-    """The hosts in the order vLLM's Ray executor ranks their GPUs: the head (the driver's host)
-    first, then the others by their number of the engine's GPUs, fewer first (ties: by IP
-    address, which the spec does not know; kept here in pipeline order)."""
-    return [engine.hosts[0], *sorted(engine.hosts[1:], key=lambda h: len(engine.host_gpus(h)))]
-
-
-def _host_kinds(engine: EnginePlan, host: str) -> list[str]:
-    """The kind of each of the engine's GPUs on the host, in ascending GPU order (vLLM's within a host)."""
-    return [kind for _, kind in sorted((g, st.kind) for st in engine.stages if st.host == host for g in st.gpus)]
-
-
-def vllm_ip_ties(engine: EnginePlan) -> bool:
-    """Whether hosts after the head hold as many GPUs but of different kinds: their order, hence
-    which of them runs which stages, then depends on their IP addresses."""
-    rest = engine.hosts[1:]
-    return any(
-        len(engine.host_gpus(a)) == len(engine.host_gpus(b)) and _host_kinds(engine, a) != _host_kinds(engine, b)
-        for i, a in enumerate(rest)
-        for b in rest[i + 1 :]
-    )
-
-
-def _check_vllm_hosts(label: str, engine: EnginePlan) -> None:
-    """vLLM's Ray executor gives rank r the r-th GPU of `vllm_host_order` and stage s the ranks
-    s*t .. (s+1)*t - 1: every stage must land on GPUs of the kind the plan gave it (which host
-    of that kind runs it does not change the plan's memory or time)."""
-    planned = [st.kind for st in engine.stages for _ in st.gpus]
-    ranked = [kind for host in vllm_host_order(engine) for kind in _host_kinds(engine, host)]
-    for rank, (want, got) in enumerate(zip(planned, ranked)):
-        if want != got:
-            s = rank // engine.tensor_parallel
-            raise ServingExportError(
-                f"{label}: stage {s} ({want} on host {engine.stages[s].host!r}) would run on {got} GPUs: "
-                "vLLM's Ray executor ranks the head's GPUs first, then the other hosts' by their GPU count "
-                "(fewer first), each host's in ascending order, and this plan's pipeline is in another order"
             )
 
 

@@ -32,8 +32,8 @@ from llm_planner.export.serving import (
     EnginePlan,
     ServingExport,
     layer_partition,
-    vllm_ip_ties,
 )
+from llm_planner.export.vllm_ray import vllm_ip_ties
 
 
 def _q(value: object) -> str:
