@@ -16,14 +16,9 @@ import yaml
 
 from llm_planner.cli.main import main
 from llm_planner.core.spec import load_cluster
-from llm_planner.export.serving import (
-    EnginePlan,
-    EngineStage,
-    ServingExportError,
-    assign_ports,
-    build_engines,
-    megatron_config,
-)
+from llm_planner.export.engine_args import assign_ports
+from llm_planner.export.serving import EnginePlan, EngineStage, ServingExportError, build_engines
+from llm_planner.export.serving_json import megatron_config
 from llm_planner.export.serving_scripts import sglang_script, vllm_script
 from llm_planner.serving.plan_file import ServingPlanFile, load_serving_plan
 
@@ -83,11 +78,11 @@ def _export(plan: Path, *args: str) -> tuple[int, str, str]:
     return rc, _flat(out.getvalue()), err.getvalue()
 
 
-def _written(plan: Path, to: str) -> str:
+def _written(plan: Path, to: str, multinode: str = "native") -> str:
     """What the exporter writes for `plan` (a script, or Megatron's JSON), past the CLI's verify gate:
     the plans edited here no longer verify, and `export` refuses them (test_export_trust.py)."""
     served = load_serving_plan(plan)
-    export = build_engines(served, load_cluster(served.input_path("cluster")), to)
+    export = build_engines(served, load_cluster(served.input_path("cluster")), to, multinode=multinode)
     if to == "megatron":
         return json.dumps(megatron_config(export))
     return _flat(vllm_script(export) if to == "vllm" else sglang_script(export))
@@ -134,7 +129,9 @@ def test_vllm_script_of_a_pipeline_over_two_hosts(plans):
     _check_vllm_rules(plans["pipeline"], config["engines"])
     engine = config["engines"][0]
     assert [h["host"] for h in engine["hosts"]] == ["gpu-0", "gpu-1"] and engine["head"] == "gpu-0"
-    assert config["max_model_len"] == 320 and config["dtype"] == "float16"
+    # the model's limit (llama2-7b: 4096), not the workload's 256 + 64; KV: every sequence at its full 320
+    assert config["max_model_len"] == 4096 and config["dtype"] == "float16"
+    assert engine["kv_tokens"] == engine["max_num_seqs"] * 320
     partition = re.search(r"VLLM_PP_LAYER_PARTITION=([\d,]+)", script)
     if engine["layer_partition"] is None:
         assert partition is None
@@ -142,9 +139,15 @@ def test_vllm_script_of_a_pipeline_over_two_hosts(plans):
         assert partition.group(1) == engine["layer_partition"]
     pp = int(re.search(r"--pipeline-parallel-size (\d+)", script).group(1))
     assert pp == engine["pipeline_parallel_size"] and "--tensor-parallel-size 1 " in script
-    assert "ray start --head --port=6379" in script and "ray start --address=gpu-0:6379" in script
-    assert "--distributed-executor-backend ray" in script and "--gpu-memory-utilization 0.88 " in script
-    assert f"--max-num-seqs {engine['max_num_seqs']} " in script and "--max-model-len 320 " in script
+    # vLLM's own multi-node mode: the head serves, the other host runs headless workers; no Ray
+    assert "--nnodes 2 --node-rank 0 --master-addr gpu-0 --master-port 29501 >" in script
+    assert "--nnodes 2 --node-rank 1 --master-addr gpu-0 --master-port 29501 --headless >" in script
+    assert "ray start" not in script and "--gpu-memory-utilization" not in script
+    assert f"--kv-cache-memory-bytes {engine['kv_cache_memory_bytes']} " in script
+    assert f"--max-num-seqs {engine['max_num_seqs']} " in script and "--max-model-len 4096 " in script
+    rc, ray, _ = _export(plans["pipeline"], "--to", "vllm", "--vllm-multinode", "ray")
+    assert rc == 0 and "ray start --head --port=13000 " in ray and "ray start --address=gpu-0:13000 " in ray
+    assert "--distributed-executor-backend ray" in ray and "--nnodes" not in ray
     assert "server gpu-0:8000 weight=1000;" in script
     if shutil.which("bash"):
         assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
@@ -172,7 +175,9 @@ def test_sglang_script_spans_hosts_with_node_ranks(plans):
     assert script.count("sglang.launch_server") == 2
     assert "--nnodes 2 --node-rank 0 --dist-init-addr gpu-0:20000" in script
     assert "--nnodes 2 --node-rank 1 --dist-init-addr gpu-0:20000" in script
-    assert "--tp-size 1 " in script and "--mem-fraction-static 0.88 " in script and "--context-length 320 " in script
+    assert "--tp-size 1 " in script and "--mem-fraction-static 0.88 " in script and "--context-length 4096 " in script
+    concurrency = yaml.safe_load(plans["pipeline"].read_text())["serving"]["replicas"][0]["concurrency"]
+    assert f"--max-total-tokens {concurrency * 320} " in script
     if shutil.which("bash"):
         assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
@@ -241,7 +246,9 @@ def test_sglang_refuses_hosts_with_unequal_stage_runs(plans, tmp_path):
     plan = _edited(plans["pipeline"], tmp_path, shuffle)
     rc, _, err = _export(plan, "--to", "sglang")
     assert rc == 2 and "replica 0" in err and "stage" in err and "consecutive" in err, err
-    assert "vllm serve" in _written(plan, "vllm")  # one kind: vLLM's own host order runs the same stages
+    assert "vllm serve" in _written(plan, "vllm", "ray")  # one kind: vLLM's Ray host order runs the same stages
+    with pytest.raises(ServingExportError, match=r"vLLM across 2 hosts .*--vllm-multinode ray"):
+        _written(plan, "vllm")  # vLLM's own multi-node mode gives node k the k-th run of stages, as SGLang
 
 
 # Three hosts: a head of one big GPU, a host of two small ones, a host of one medium one.
@@ -274,7 +281,7 @@ def _hand_plan(cluster: Path, stages: list[str], layers: list[int]) -> ServingPl
     }
     data = {
         "inputs": {"cluster": str(cluster)},
-        "model": {"name": "m", "dtype": "fp16", "num_layers": sum(layers)},
+        "model": {"name": "llama2-7b", "dtype": "fp16", "num_layers": sum(layers)},
         "workload": {"requests": [{"prompt_len": 100, "output_len": 20, "weight": 1.0}], "tpot_slo_s": 0.1},
         "serving": {"tokens_per_s": 100.0, "replicas": [rep]},
     }
@@ -290,10 +297,10 @@ def test_vllm_refuses_a_pipeline_its_ray_executor_would_reorder(tmp_path):
     with pytest.raises(
         ServingExportError, match=r"replica 0 .*stage 1 \(small on host 'host-b'\) would run on mid GPUs"
     ):
-        build_engines(plan, cluster, "vllm")
+        build_engines(plan, cluster, "vllm", multinode="ray")
     # a -> c -> b is the order vLLM ranks: it exports, and SGLang refuses three hosts of unequal stage runs
     plan = _hand_plan(cluster_path, ["a/big:0", "c/mid:0", "b/small:0", "b/small:1"], [10, 6, 4, 4])
-    export = build_engines(plan, cluster, "vllm")
+    export = build_engines(plan, cluster, "vllm", multinode="ray")
     assert export.engines[0].hosts == ["host-a", "host-c", "host-b"]
     assert "VLLM_PP_LAYER_PARTITION=10,6,4,4 " in _flat(vllm_script(export))
     with pytest.raises(ServingExportError, match="SGLang across 3 hosts"):

@@ -13,15 +13,10 @@ from llm_planner.cli.serving import check_serving_verified
 from llm_planner.core.atomic import check_writable, write_atomic
 from llm_planner.core.fmt import styled
 from llm_planner.core.spec import load_cluster
-from llm_planner.export.serving import (
-    FRAMEWORKS,
-    ServingExportError,
-    assign_ports,
-    build_engines,
-    engines_config,
-    megatron_config,
-)
-from llm_planner.export.serving_scripts import PORT_STEP, SGLANG_PORT, VLLM_PORT, sglang_script, vllm_script
+from llm_planner.export.engine_args import PORT_STEP, SGLANG_PORT, VLLM_PORT, assign_ports
+from llm_planner.export.serving import FRAMEWORKS, VLLM_MULTINODE, ServingExportError, build_engines
+from llm_planner.export.serving_json import engines_config, megatron_config
+from llm_planner.export.serving_scripts import sglang_script, vllm_script
 from llm_planner.helix.inputs import device_helix_names, load_helix_cluster
 from llm_planner.helix.layout_file import LayoutError, helix_layout
 from llm_planner.serving.inputs import decoder_config
@@ -53,11 +48,26 @@ def add_export_parser(sub) -> None:
         default=None,
         help="script (default for vllm and sglang) or json (the engines as data; megatron's only form)",
     )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="vllm / sglang: the longest sequence (prompt + output tokens) the engines accept (default: the "
+        "model's context limit, or the KV cache an engine holds when that is less); refused above either",
+    )
+    p.add_argument(
+        "--vllm-multinode",
+        choices=VLLM_MULTINODE,
+        default=None,
+        help="vllm: how an engine spans hosts: native (vLLM's --nnodes/--node-rank/--master-addr, --headless "
+        "workers; default) or ray (a Ray cluster per engine)",
+    )
     p.add_argument("-o", "--output", default=None, help="file to write (default: standard output)")
 
 
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
 
+    _check_engine_options(args)
     if args.to == "helix":
         return _export_helix(args, console)
     fmt = args.format or ("json" if args.to == "megatron" else "script")
@@ -75,7 +85,9 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     cluster_path = checked_input(plan, "cluster")  # its hash checked on the bytes, before it is parsed
     assert cluster_path is not None  # plan_fields requires inputs.cluster
     check_model_layers(plan)
-    export = build_engines(plan, load_cluster(cluster_path), args.to)  # the framework's rules, then verify's
+    export = build_engines(  # the framework's rules, then verify's
+        plan, load_cluster(cluster_path), args.to, max_len=args.max_model_len, multinode=args.vllm_multinode or "native"
+    )
     with progress(console, "verifying the plan before exporting it..."):
         check_serving_verified(plan, f"no {args.to} {fmt} written")
     if args.to == "megatron":
@@ -109,6 +121,14 @@ def check_model_layers(plan) -> None:
             f"{plan.path}: model.num_layers: {plan.data['model']['num_layers']}, but {name} has {layers} layers",
             exit_code=2,
         )
+
+
+def _check_engine_options(args: argparse.Namespace) -> None:
+    """Options of the engines' scripts are refused for targets that would ignore them."""
+    if args.max_model_len is not None and args.to not in ("vllm", "sglang"):
+        raise UserError(f"--max-model-len applies to --to vllm or sglang, not --to {args.to}", exit_code=2)
+    if args.vllm_multinode is not None and args.to != "vllm":
+        raise UserError(f"--vllm-multinode applies to --to vllm, not --to {args.to}", exit_code=2)
 
 
 def helix_stages(plan) -> list[tuple[str, int, int]]:

@@ -11,9 +11,12 @@ frameworks' form when
 - micro_batches = p (vLLM and SGLang keep one batch per stage in flight),
 - each stage's devices are on one host (a stage is one tensor-parallel group),
 
-and, across hosts, for SGLang every host holds the same number of consecutive stages (its
-launcher gives node k the stages k*p/n .. (k+1)*p/n - 1), for vLLM every stage lands on GPUs of
-its kind in the order vLLM's Ray executor ranks them (`vllm_host_order`). `build_engines` checks these rules
+and, across hosts, for SGLang and vLLM's own multi-node mode (`--vllm-multinode native`, the
+default) every host holds the same number of consecutive stages (node k runs the ranks, hence the
+stages, k*p/n .. (k+1)*p/n - 1); for vLLM over Ray (`--vllm-multinode ray`) every stage lands on
+GPUs of its kind in the order vLLM's Ray executor ranks them (`vllm_ray.vllm_host_order`). What the engines
+are told of dtype, memory and the longest sequence comes from llm_planner.export.engine_args.
+`build_engines` checks these rules
 and raises ServingExportError naming the replica and the stage that breaks one. The layer
 split goes to VLLM_PP_LAYER_PARTITION / SGLANG_PP_LAYER_PARTITION (layers per stage,
 comma-separated; both read it in their get_pp_indices) when it is not the even split.
@@ -26,6 +29,7 @@ parallel sizes per pattern (tensor t, pipeline p, data = copies) by `megatron_co
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -35,18 +39,28 @@ from typing import Any
 from llm_planner.core.fmt import quote
 from llm_planner.core.names import check_host, hostname_problem
 from llm_planner.core.spec import ClusterSpec, DeviceSpec
+from llm_planner.export.engine_args import (
+    KVBudget,
+    ServingExportError,
+    batched_tokens_default,
+    engine_dtype,
+    kv_budget,
+    max_model_len,
+    model_config,
+    plan_workload,
+)
+from llm_planner.export.vllm_ray import check_vllm_ray_hosts
 from llm_planner.serving.plan_file import ServingPlanFile
 
 log = logging.getLogger(__name__)
 
 FRAMEWORKS = ("vllm", "sglang", "megatron")
 TITLES = {"vllm": "vLLM", "sglang": "SGLang", "megatron": "Megatron-LM"}
-# The plan's element types as vLLM's and SGLang's --dtype names.
-DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-
-
-class ServingExportError(ValueError):
-    """A serving plan the framework cannot run as planned; the message names the replica and stage."""
+# The engine releases the scripts are written for: their flags are checked against these
+# (tests/data/engine_flags/NAME-VERSION.txt, written by benchmarks/engine_flags.py).
+ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23", "ray": "2.60.0"}  # ray: `ray start` (vLLM over Ray)
+# How a vLLM engine spans hosts: vLLM's own --nnodes/--node-rank/--master-addr/--headless, or Ray.
+VLLM_MULTINODE = ("native", "ray")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,11 +117,18 @@ class ServingExport:
     plan_path: str
     model: str  # what the scripts pass as the model (MODEL overrides it)
     dtype: str  # the framework's --dtype value
+    quantization: str | None = None  # --quantization (fp8 plans)
+    kv_cache_dtype: str | None = None  # --kv-cache-dtype (fp8 plans)
+    dtype_note: str = "plan"  # where the dtype comes from
     num_layers: int
-    max_model_len: int  # the largest prompt + output of the workload
+    max_model_len: int  # --max-model-len / --context-length (engine_args.max_model_len)
+    model_limit: int = 0  # the model's context limit
     tpot_slo_s: float
     tokens_per_s: float
     engines: tuple[EnginePlan, ...]
+    kv: dict[str, KVBudget] | None = None  # per engine name (not for megatron)
+    batched_tokens: dict[str, int] | None = None  # per engine: the engine's default, written explicitly
+    multinode: str = "native"  # vLLM across hosts: VLLM_MULTINODE
 
     def share(self, engine: EnginePlan) -> float:
         total = sum(e.tokens_per_s for e in self.engines)
@@ -144,39 +165,87 @@ def gpu_ordinals(cluster: ClusterSpec) -> dict[str, int]:
     return out
 
 
-def build_engines(plan: ServingPlanFile, cluster: ClusterSpec, framework: str) -> ServingExport:
+def build_engines(
+    plan: ServingPlanFile,
+    cluster: ClusterSpec,
+    framework: str,
+    *,
+    max_len: int | None = None,
+    multinode: str = "native",
+) -> ServingExport:
     """The plan's engines for `framework`; ServingExportError naming the replica and stage of a
-    rule the plan breaks (module docstring)."""
+    rule the plan breaks (module docstring), or the flag (`max_len`: export --max-model-len;
+    `multinode`: --vllm-multinode) the engines cannot take."""
     if framework not in FRAMEWORKS:
         raise ServingExportError(f"unknown framework {framework!r}; choose one of {', '.join(FRAMEWORKS)}")
+    if multinode not in VLLM_MULTINODE:
+        raise ServingExportError(f"--vllm-multinode {multinode!r}: choose one of {', '.join(VLLM_MULTINODE)}")
     model, where = plan.data["model"], str(plan.path or "<plan>")
     if cluster.sha256 and plan.data["inputs"].get("cluster_sha256") not in (None, cluster.sha256):
         log.warning("%s: the cluster spec changed since the plan was made; exporting with today's spec", where)
-    dtype = DTYPE_NAMES.get(model["dtype"])
-    if dtype is None and framework != "megatron":
-        raise ServingExportError(
-            f"{where}: model dtype {model['dtype']!r}: {TITLES[framework]} takes one of {', '.join(DTYPE_NAMES)}"
-        )
+    dtype = engine_dtype(model["dtype"], model["name"], framework, where) if framework != "megatron" else None
     by_name = cluster.device_map()
     ordinals = gpu_ordinals(cluster)
     engines = []
     for r, rep in enumerate(plan.replicas):
         label = f"{where}: replica {r} ({rep['pattern']})"  # the layout as the plan and `show` state it
-        engines += _replica_engines(label, r, rep, int(model["num_layers"]), framework, cluster, by_name, ordinals)
-    if framework != "megatron":  # the hosts reach a script (Megatron's sizes name none)
-        for device in {st.node: by_name[st.devices[0]] for e in engines for st in e.stages}.values():
-            stage_host(device, cluster)
-    requests = plan.data["workload"]["requests"]
-    return ServingExport(
+        engines += _replica_engines(
+            label, r, rep, int(model["num_layers"]), (framework, multinode), cluster, by_name, ordinals
+        )
+    export = ServingExport(
         framework=framework,
         plan_path=where,
         model=_model_arg(model["name"]),
-        dtype=dtype or model["dtype"],
+        dtype=dtype.dtype if dtype else model["dtype"],
         num_layers=int(model["num_layers"]),
-        max_model_len=max(math.ceil(q["prompt_len"] + q["output_len"]) for q in requests),
+        max_model_len=max(math.ceil(q["prompt_len"] + q["output_len"]) for q in plan.data["workload"]["requests"]),
         tpot_slo_s=float(plan.data["workload"]["tpot_slo_s"]),
         tokens_per_s=float(plan.serving["tokens_per_s"]),
         engines=tuple(engines),
+    )
+    if framework == "megatron":  # sizes only: no host, budget or dtype reaches a command line
+        return export
+    for device in {st.node: by_name[st.devices[0]] for e in engines for st in e.stages}.values():
+        stage_host(device, cluster)  # the hosts reach a script
+    return _engine_budgets(export, plan, cluster, dtype, max_len, multinode)
+
+
+def _engine_budgets(export, plan, cluster, dtype, max_len, multinode) -> ServingExport:
+    """The export with what the engines are told of memory: KV budgets, the longest sequence and
+    the per-iteration token budget (llm_planner.export.engine_args)."""
+    model, workload = plan.data["model"], plan_workload(plan.data)
+    config = model_config(model["name"], export.plan_path)
+    kv = {
+        e.name: kv_budget(config, model["dtype"], workload, e.tensor_parallel, e.concurrency, e.layers)
+        for e in export.engines
+    }
+    limit = int(config.max_positions)
+    length = max_model_len(max_len, limit, kv, export.plan_path)
+    if workload.max_context > length:
+        log.warning(
+            "%s: the engines take sequences of at most %d tokens (%s), shorter than the workload's longest "
+            "prompt + output, %d: they reject those requests",
+            export.plan_path,
+            length,
+            "--max-model-len" if max_len is not None else "the KV cache the smallest engine holds",
+            workload.max_context,
+        )
+    batched = {
+        e.name: min(
+            batched_tokens_default(export.framework, cluster.kind(st.kind).mem_bytes, st.kind) for st in e.stages
+        )
+        for e in export.engines
+    }
+    return dataclasses.replace(
+        export,
+        quantization=dtype.quantization,
+        kv_cache_dtype=dtype.kv_cache_dtype,
+        dtype_note=dtype.note,
+        max_model_len=length,
+        model_limit=limit,
+        kv=kv,
+        batched_tokens=batched,
+        multinode=multinode,
     )
 
 
@@ -185,13 +254,15 @@ def _replica_engines(
     r: int,
     rep: dict[str, Any],
     num_layers: int,
-    framework: str,
+    target: tuple[str, str],
     cluster: ClusterSpec,
     by_name: dict[str, DeviceSpec],
     ordinals: dict[str, int],
 ) -> list[EnginePlan]:
-    """The engines of one pattern, one per copy, after the rules of the module docstring."""
-    layers, copies, title = rep["layers"], rep["devices"], TITLES[framework]
+    """The engines of one pattern, one per copy, after the rules of the module docstring (`target`:
+    the framework, and how vLLM spans hosts)."""
+    (framework, multinode), layers, copies = target, rep["layers"], rep["devices"]
+    title = TITLES[framework]
     if not copies or any(len(copy) != len(layers) for copy in copies) or len(copies) != rep["count"]:
         raise ServingExportError(
             f"{label}: devices do not match count {rep['count']} and {len(layers)} stage(s) of layers"
@@ -231,10 +302,10 @@ def _replica_engines(
             tokens_per_s=float(rep["tokens_per_s"]),
             mem_fraction=min(fractions),
         )
-        if framework == "sglang":
-            _check_sglang_hosts(f"{label}, copy {c}", engine)
-        if framework == "vllm" and len(engine.hosts) > 1:
-            _check_vllm_hosts(f"{label}, copy {c}", engine)
+        if framework == "sglang" or (framework == "vllm" and multinode == "native"):
+            _check_equal_hosts(f"{label}, copy {c}", engine, framework)
+        if framework == "vllm" and multinode == "ray" and len(engine.hosts) > 1:
+            check_vllm_ray_hosts(f"{label}, copy {c}", engine)
         out.append(engine)
     return out
 
@@ -294,157 +365,22 @@ def stage_host(device: DeviceSpec, cluster: ClusterSpec) -> str:
     return _host_of(device)
 
 
-def _check_sglang_hosts(label: str, engine: EnginePlan) -> None:
-    """SGLang's launcher gives node k of n the stages k*p/n .. (k+1)*p/n - 1: equal, consecutive runs."""
+def _check_equal_hosts(label: str, engine: EnginePlan, framework: str) -> None:
+    """SGLang's launcher, and vLLM's own multi-node mode, give node k of n the ranks (hence the
+    stages) k*p/n .. (k+1)*p/n - 1: every host the same number of consecutive stages."""
     hosts = engine.hosts
     per_host = engine.pipeline_parallel / len(hosts)
     for k, host in enumerate(hosts):
         stages = engine.host_stages(host)
         if stages != list(range(round(k * per_host), round(k * per_host) + len(stages))) or len(stages) != per_host:
+            extra = " (or export with --vllm-multinode ray)" if framework == "vllm" else ""
             raise ServingExportError(
                 f"{label}: stage {stages[0]} on host {host!r} holds stages {stages} of {engine.pipeline_parallel}: "
-                f"SGLang across {len(hosts)} hosts gives each the same number of consecutive stages"
-            )
-
-
-def vllm_host_order(engine: EnginePlan) -> list[str]:
-    """The hosts in the order vLLM's Ray executor ranks their GPUs: the head (the driver's host)
-    first, then the others by their number of the engine's GPUs, fewer first (ties: by IP
-    address, which the spec does not know; kept here in pipeline order)."""
-    return [engine.hosts[0], *sorted(engine.hosts[1:], key=lambda h: len(engine.host_gpus(h)))]
-
-
-def _host_kinds(engine: EnginePlan, host: str) -> list[str]:
-    """The kind of each of the engine's GPUs on the host, in ascending GPU order (vLLM's within a host)."""
-    return [kind for _, kind in sorted((g, st.kind) for st in engine.stages if st.host == host for g in st.gpus)]
-
-
-def vllm_ip_ties(engine: EnginePlan) -> bool:
-    """Whether hosts after the head hold as many GPUs but of different kinds: their order, hence
-    which of them runs which stages, then depends on their IP addresses."""
-    rest = engine.hosts[1:]
-    return any(
-        len(engine.host_gpus(a)) == len(engine.host_gpus(b)) and _host_kinds(engine, a) != _host_kinds(engine, b)
-        for i, a in enumerate(rest)
-        for b in rest[i + 1 :]
-    )
-
-
-def _check_vllm_hosts(label: str, engine: EnginePlan) -> None:
-    """vLLM's Ray executor gives rank r the r-th GPU of `vllm_host_order` and stage s the ranks
-    s*t .. (s+1)*t - 1: every stage must land on GPUs of the kind the plan gave it (which host
-    of that kind runs it does not change the plan's memory or time)."""
-    planned = [st.kind for st in engine.stages for _ in st.gpus]
-    ranked = [kind for host in vllm_host_order(engine) for kind in _host_kinds(engine, host)]
-    for rank, (want, got) in enumerate(zip(planned, ranked)):
-        if want != got:
-            s = rank // engine.tensor_parallel
-            raise ServingExportError(
-                f"{label}: stage {s} ({want} on host {engine.stages[s].host!r}) would run on {got} GPUs: "
-                "vLLM's Ray executor ranks the head's GPUs first, then the other hosts' by their GPU count "
-                "(fewer first), each host's in ascending order, and this plan's pipeline is in another order"
+                f"{TITLES[framework]} across {len(hosts)} hosts gives each the same number of consecutive stages"
+                + extra
             )
 
 
 def _model_arg(name: str) -> str:
     """The plan's model as the frameworks' model path: a config.json's folder, else the name."""
     return (os.path.dirname(name) or ".") if name.endswith(".json") else name
-
-
-def assign_ports(engines: tuple[EnginePlan, ...], base: int, step: int) -> dict[str, int]:
-    """A port per engine, the smallest base + k*step that no other engine on any of its hosts uses."""
-    used: dict[str, set[int]] = {}
-    out = {}
-    for e in engines:
-        port = base
-        while any(port in used.get(h, ()) for h in e.hosts):
-            port += step
-        for h in e.hosts:
-            used.setdefault(h, set()).add(port)
-        out[e.name] = port
-    return out
-
-
-def megatron_config(export: ServingExport) -> dict[str, Any]:
-    """Megatron-LM's parallel sizes per pattern: tensor t, pipeline p, data = the copies, and the
-    layer split (--decoder-first/last-pipeline-num-layers when only the end stages differ, else
-    --pipeline-model-parallel-layout, E the embedding, t a decoder layer, L the loss)."""
-    patterns: dict[int, list[EnginePlan]] = {}
-    for e in export.engines:
-        patterns.setdefault(e.replica, []).append(e)
-    out = []
-    for r, copies in patterns.items():
-        first = copies[0]
-        t, p, split = first.tensor_parallel, first.pipeline_parallel, first.layers
-        args = [
-            "--tensor-model-parallel-size",
-            str(t),
-            "--pipeline-model-parallel-size",
-            str(p),
-            "--num-layers",
-            str(export.num_layers),
-        ]
-        if len(set(split)) > 1:
-            middle = split[1:-1]
-            if p > 2 and len(set(middle)) == 1:
-                args += [
-                    "--decoder-first-pipeline-num-layers",
-                    str(split[0]),
-                    "--decoder-last-pipeline-num-layers",
-                    str(split[-1]),
-                ]
-            else:
-                args += ["--pipeline-model-parallel-layout", "E" + "|".join(f"t*{n}" for n in split) + ",L"]
-        out.append(
-            {
-                "replica": r,
-                "pattern": first.pattern,
-                "tensor_model_parallel_size": t,
-                "pipeline_model_parallel_size": p,
-                "data_parallel_size": len(copies),
-                "num_layers_per_stage": split,
-                "args": " ".join(args),
-                "tokens_per_s_per_copy": first.tokens_per_s,
-                "devices": [[list(s.devices) for s in e.stages] for e in copies],
-            }
-        )
-    return {
-        "framework": "megatron",
-        "plan": export.plan_path,
-        "model": export.model,
-        "num_layers": export.num_layers,
-        "patterns": out,
-    }
-
-
-def engines_config(export: ServingExport, ports: dict[str, int]) -> dict[str, Any]:
-    """The engines as JSON (`export --format json`): sizes, partition, hosts, ports and shares."""
-    return {
-        "framework": export.framework,
-        "plan": export.plan_path,
-        "model": export.model,
-        "dtype": export.dtype,
-        "num_layers": export.num_layers,
-        "max_model_len": export.max_model_len,
-        "tokens_per_s": export.tokens_per_s,
-        "engines": [
-            {
-                "name": e.name,
-                "replica": e.replica,
-                "copy": e.copy,
-                "pattern": e.pattern,
-                "tensor_parallel_size": e.tensor_parallel,
-                "pipeline_parallel_size": e.pipeline_parallel,
-                "layers_per_stage": e.layers,
-                "layer_partition": layer_partition(e, export.num_layers),
-                "max_num_seqs": e.concurrency,
-                "mem_fraction": e.mem_fraction,
-                "port": ports[e.name],
-                "head": e.hosts[0],
-                "hosts": [{"host": h, "stages": e.host_stages(h), "gpus": e.host_gpus(h)} for h in e.hosts],
-                "tokens_per_s": e.tokens_per_s,
-                "share": export.share(e),
-            }
-            for e in export.engines
-        ],
-    }

@@ -17,10 +17,23 @@ from __future__ import annotations
 
 import shlex
 
-from llm_planner.export.serving import ServingExport, assign_ports, layer_partition, vllm_ip_ties
-
-VLLM_PORT, SGLANG_PORT, PORT_STEP = 8000, 30000, 10  # SGLang takes a few ports above --port
-RAY_PORT, DIST_INIT_PORT = 6379, 20000
+from llm_planner.export.engine_args import (
+    DIST_INIT_PORT,
+    PORT_STEP,
+    SGLANG_PORT,
+    VLLM_MASTER_PORT,
+    VLLM_PORT,
+    assign_ports,
+    ray_ports,
+)
+from llm_planner.export.serving import (
+    ENGINE_VERSIONS,
+    TITLES,
+    EnginePlan,
+    ServingExport,
+    layer_partition,
+)
+from llm_planner.export.vllm_ray import vllm_ip_ties
 
 
 def _q(value: object) -> str:
@@ -40,24 +53,32 @@ def _header(export: ServingExport, ports: dict[str, int], title: str) -> list[st
     lines = [
         "#!/usr/bin/env bash",
         f"# {title} of the serving plan {_comment(export.plan_path)} "
-        f"(written by `llm-planner export --to {export.framework}`).",
-        f"# Model {_comment(export.model)} ({_comment(export.dtype)}), {len(export.engines)} engine(s); "
+        f"(written by `llm-planner export --to {export.framework}`),",
+        f"# written for {TITLES[export.framework]} {ENGINE_VERSIONS[export.framework]} (its flags and environment "
+        "variables; other releases may name them otherwise).",
+        f"# Model {_comment(export.model)} (--dtype {_comment(export.dtype)}: {_comment(export.dtype_note)}), "
+        f"{len(export.engines)} engine(s); "
         "the plan predicts "
         f"{export.tokens_per_s:,.0f} output tokens/s at TPOT <= {export.tpot_slo_s * 1e3:g} ms.",
         "#",
         "# Run it on every host named below: bash THIS_SCRIPT [HOST]  (HOST defaults to `hostname`).",
         "# Set MODEL to the checkpoint to serve (a Hugging Face id or a directory) when it is not the plan's name.",
         "# GPU numbers are CUDA ordinals in PCI bus order: the node's GPU kinds in the cluster spec's order.",
+        f"# Longest sequence (prompt + output): {export.max_model_len} tokens (the model's limit is "
+        f"{export.model_limit}; export --max-model-len sets it).",
+        "# KV cache: the tokens the plan holds per engine (KV tokens below). Tokens per iteration: the plan has",
+        "# no budget of its own, so the engine's default for these GPUs is written explicitly.",
         "#",
-        f"# {'engine':<7} {'endpoint':<24} {'tp':>3} {'pp':>3}  {'layers/stage':<16} {'max seqs':>8} {'tokens/s':>10} "
-        f"{'share':>6}  hosts (stages)",
+        f"# {'engine':<7} {'endpoint':<24} {'tp':>3} {'pp':>3}  {'layers/stage':<16} {'max seqs':>8} "
+        f"{'KV tokens':>9} {'tokens/s':>10} {'share':>6}  hosts (stages)",
     ]
     for e in export.engines:
         hosts = ", ".join(f"{h} ({','.join(map(str, e.host_stages(h)))})" for h in e.hosts)
         endpoint = f"{e.hosts[0]}:{ports[e.name]}"
         lines.append(
             f"# {e.name:<7} {_comment(endpoint):<24} {e.tensor_parallel:>3} {e.pipeline_parallel:>3}  "
-            f"{','.join(map(str, e.layers)):<16} {e.concurrency:>8} {e.tokens_per_s:>10,.0f} {export.share(e):>6.1%}  "
+            f"{','.join(map(str, e.layers)):<16} {e.concurrency:>8} {export.kv[e.name].tokens:>9} "
+            f"{e.tokens_per_s:>10,.0f} {export.share(e):>6.1%}  "
             f"{_comment(hosts)}"
         )
     lines += [
@@ -130,156 +151,195 @@ _WAIT_RAY = [
 ]
 
 
+def _dtype_args(export: ServingExport) -> list[str]:
+    args = ["--dtype", _q(export.dtype)]
+    if export.quantization:
+        args += ["--quantization", _q(export.quantization)]
+    if export.kv_cache_dtype:
+        args += ["--kv-cache-dtype", _q(export.kv_cache_dtype)]
+    return args
+
+
+def _vllm_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
+    return [
+        "vllm",
+        "serve",
+        '"$MODEL"',
+        "--host",
+        "0.0.0.0",
+        "--port",
+        _q(port),
+        "--tensor-parallel-size",
+        _q(e.tensor_parallel),
+        "--pipeline-parallel-size",
+        _q(e.pipeline_parallel),
+        "--max-num-seqs",
+        _q(e.concurrency),
+        "--max-model-len",
+        _q(export.max_model_len),
+        "--kv-cache-memory-bytes",
+        _q(export.kv[e.name].gpu_bytes),
+        "--max-num-batched-tokens",
+        _q(export.batched_tokens[e.name]),
+        *_dtype_args(export),
+    ]
+
+
+def _about(e: EnginePlan) -> str:
+    return f"# engine {e.name} (replica {e.replica} copy {e.copy}, {_comment(e.pattern)}):"
+
+
+def _vllm_native(export: ServingExport, e: EnginePlan, args: list[str], master_port: int) -> dict[str, list[str]]:
+    """vLLM's own multi-node mode: node k runs ranks k*L .. (k+1)*L - 1; the head serves the API,
+    the others run headless workers. Every host sets the layer partition (each worker reads it)."""
+    part, head, out = layer_partition(e, export.num_layers), e.hosts[0], {}
+    for k, host in enumerate(e.hosts):
+        env = _env([("CUDA_VISIBLE_DEVICES", ",".join(map(str, e.host_gpus(host)))), ("VLLM_PP_LAYER_PARTITION", part)])
+        multi = ["--nnodes", _q(len(e.hosts)), "--node-rank", _q(k)]
+        multi += ["--master-addr", _q(head), "--master-port", _q(master_port)] + (["--headless"] if k else [])
+        here = f"{_stages(e.host_stages(host))} of {e.pipeline_parallel} here, node rank {k}"
+        role = "serves the API" if k == 0 else f"headless, joins {_comment(head)}"
+        out[host] = [
+            f"{_about(e)} {here}, {role}",
+            _wrap([env, *args, *multi, f"> {_q(f'vllm-{e.name}-{k}.log')} 2>&1 &"], ""),
+            "",
+        ]
+    return out
+
+
+def _vllm_ray(export: ServingExport, e: EnginePlan, args: list[str], k: int) -> dict[str, list[str]]:
+    """vLLM over Ray: the first stage's host is the head; the k-th Ray cluster on its hosts takes the
+    k-th block of ports (engine_args.ray_ports)."""
+    part, head, out = layer_partition(e, export.num_layers), e.hosts[0], {}
+    head_flags = ray_ports(k, head=True)
+    address = f"{head}:{head_flags[0].split('=')[1]}"
+    for i, host in enumerate(e.hosts):
+        gpus = e.host_gpus(host)
+        visible = _env([("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))])
+        here = f"{_stages(e.host_stages(host))} of {e.pipeline_parallel} here"
+        if i == 0:
+            others = "; ".join(f"{h}: {_stages(e.host_stages(h))}" for h in e.hosts[1:])
+            env = _env([("RAY_ADDRESS", address), ("VLLM_PP_LAYER_PARTITION", part)])
+            ties = vllm_ip_ties(e)
+            out[host] = [
+                f"{_about(e)} Ray head, {here} ({_comment(others)}); ray start as in Ray {ENGINE_VERSIONS['ray']}",
+                *(
+                    [
+                        "# vLLM ranks the hosts after the head by GPU count, then IP address: give the hosts with "
+                        "as many GPUs IP addresses in pipeline order"
+                    ]
+                    if ties
+                    else []
+                ),
+                _wrap([f"( {visible} ray start --head", *head_flags, f"--num-gpus={_q(len(gpus))}"], "  "),
+                f"  wait_for_ray_gpus {_q(address)} {_q(e.tensor_parallel * e.pipeline_parallel)}",
+                _wrap(
+                    [
+                        f"  {env} exec",
+                        *args,
+                        "--distributed-executor-backend",
+                        "ray",
+                        f") > {_q(f'vllm-{e.name}.log')} 2>&1 &",
+                    ],
+                    "  ",
+                ),
+                "",
+            ]
+        else:
+            start = [f"( until {visible} ray start --address={_q(address)}", *ray_ports(k, head=False)]
+            out[host] = [
+                f"{_about(e)} {here}; joins the Ray cluster of {_comment(head)}",
+                _wrap(
+                    [
+                        *start,
+                        f"--num-gpus={_q(len(gpus))};",
+                        "do sleep 5; done )",
+                        f"> {_q(f'ray-{e.name}.log')} 2>&1 &",
+                    ],
+                    "  ",
+                ),
+                "",
+            ]
+    return out
+
+
 def vllm_script(export: ServingExport) -> str:
     """The vLLM engines as a shell script (module docstring)."""
     ports = assign_ports(export.engines, VLLM_PORT, PORT_STEP)
-    ray_ports = assign_ports(tuple(e for e in export.engines if len(e.hosts) > 1), RAY_PORT, 1)
+    spanning = tuple(e for e in export.engines if len(e.hosts) > 1)
+    ray = export.multinode == "ray"
+    masters = assign_ports(spanning, 0 if ray else VLLM_MASTER_PORT, 1 if ray else PORT_STEP)
     blocks: dict[str, list[str]] = {}
     for e in export.engines:
-        part = layer_partition(e, export.num_layers)
-        args = [
-            "vllm",
-            "serve",
-            '"$MODEL"',
-            "--host",
-            "0.0.0.0",
-            "--port",
-            _q(ports[e.name]),
-            "--tensor-parallel-size",
-            _q(e.tensor_parallel),
-            "--pipeline-parallel-size",
-            _q(e.pipeline_parallel),
-            "--max-num-seqs",
-            _q(e.concurrency),
-            "--max-model-len",
-            _q(export.max_model_len),
-            "--gpu-memory-utilization",
-            _q(_fraction(e.mem_fraction)),
-            "--dtype",
-            _q(export.dtype),
-        ]
-        about = f"# engine {e.name} (replica {e.replica} copy {e.copy}, {_comment(e.pattern)}):"
-        head = e.hosts[0]
+        args = _vllm_args(export, e, ports[e.name])
         if len(e.hosts) == 1:
             env = _env(
-                [("CUDA_VISIBLE_DEVICES", ",".join(map(str, e.host_gpus(head)))), ("VLLM_PP_LAYER_PARTITION", part)]
-            )
-            blocks.setdefault(head, []).extend(
                 [
-                    f"{about} all {e.pipeline_parallel} stage(s) here",
-                    _wrap([env, *args, f"> {_q(f'vllm-{e.name}.log')} 2>&1 &"], ""),
-                    "",
+                    ("CUDA_VISIBLE_DEVICES", ",".join(map(str, e.host_gpus(e.hosts[0])))),
+                    ("VLLM_PP_LAYER_PARTITION", layer_partition(e, export.num_layers)),
                 ]
             )
+            body = [f"{_about(e)} all {e.pipeline_parallel} stage(s) here", _wrap([env, *args, _log(e)], ""), ""]
+            blocks.setdefault(e.hosts[0], []).extend(body)
             continue
-        address = f"{head}:{ray_ports[e.name]}"
-        for k, host in enumerate(e.hosts):
-            gpus = e.host_gpus(host)
-            visible = _env([("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))])
-            here = f"{_stages(e.host_stages(host))} of {e.pipeline_parallel} here"
-            if k == 0:
-                others = "; ".join(f"{h}: {_stages(e.host_stages(h))}" for h in e.hosts[1:])
-                env = _env([("RAY_ADDRESS", address), ("VLLM_PP_LAYER_PARTITION", part)])
-                body = [
-                    f"{about} Ray head, {here} ({_comment(others)})",
-                    *(
-                        [
-                            "# vLLM ranks the hosts after the head by GPU count, then IP address: give the hosts with "
-                            "as many GPUs IP addresses in pipeline order"
-                        ]
-                        if vllm_ip_ties(e)
-                        else []
-                    ),
-                    f"( {visible} ray start --head --port={_q(ray_ports[e.name])} --num-gpus={_q(len(gpus))}",
-                    f"  wait_for_ray_gpus {_q(address)} {_q(e.tensor_parallel * e.pipeline_parallel)}",
-                    _wrap(
-                        [
-                            f"  {env} exec",
-                            *args,
-                            "--distributed-executor-backend",
-                            "ray",
-                            f") > {_q(f'vllm-{e.name}.log')} 2>&1 &",
-                        ],
-                        "  ",
-                    ),
-                    "",
-                ]
-            else:
-                body = [
-                    f"{about} {here}; joins the Ray cluster of {_comment(head)}",
-                    f"( until {visible} ray start --address={_q(address)} --num-gpus={_q(len(gpus))}; "
-                    "do sleep 5; done ) "
-                    f"> {_q(f'ray-{e.name}.log')} 2>&1 &",
-                    "",
-                ]
+        per_host = (_vllm_ray if ray else _vllm_native)(export, e, args, masters[e.name])
+        for host, body in per_host.items():
             blocks.setdefault(host, []).extend(body)
-    return _script(export, ports, "vLLM engines", blocks, _WAIT_RAY if ray_ports else [])
+    return _script(export, ports, "vLLM engines", blocks, _WAIT_RAY if ray and spanning else [])
+
+
+def _log(e: EnginePlan) -> str:
+    return f"> {_q(f'vllm-{e.name}.log')} 2>&1 &"
+
+
+def _sglang_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
+    args = ["python3", "-m", "sglang.launch_server", "--model-path", '"$MODEL"', "--host", "0.0.0.0"]
+    args += ["--port", _q(port), "--tp-size", _q(e.tensor_parallel)]
+    if e.pipeline_parallel > 1:
+        args += ["--pp-size", _q(e.pipeline_parallel)]
+    return [
+        *args,
+        "--max-running-requests",
+        _q(e.concurrency),
+        "--mem-fraction-static",
+        _q(_fraction(e.mem_fraction)),
+        "--max-total-tokens",
+        _q(export.kv[e.name].tokens),
+        "--chunked-prefill-size",
+        _q(export.batched_tokens[e.name]),
+        "--context-length",
+        _q(export.max_model_len),
+        *_dtype_args(export),
+    ]
 
 
 def sglang_script(export: ServingExport) -> str:
     """The SGLang engines as a shell script (module docstring)."""
     ports = assign_ports(export.engines, SGLANG_PORT, PORT_STEP)
-    dist_ports = assign_ports(tuple(e for e in export.engines if len(e.hosts) > 1), DIST_INIT_PORT, 1)
+    dist_ports = assign_ports(tuple(e for e in export.engines if len(e.hosts) > 1), DIST_INIT_PORT, PORT_STEP)
     blocks: dict[str, list[str]] = {}
     for e in export.engines:
         part = layer_partition(e, export.num_layers)
-        args = [
-            "python3",
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            '"$MODEL"',
-            "--host",
-            "0.0.0.0",
-            "--port",
-            _q(ports[e.name]),
-            "--tp-size",
-            _q(e.tensor_parallel),
-        ]
-        if e.pipeline_parallel > 1:
-            args += ["--pp-size", _q(e.pipeline_parallel)]
-        args += [
-            "--max-running-requests",
-            _q(e.concurrency),
-            "--mem-fraction-static",
-            _q(_fraction(e.mem_fraction)),
-            "--context-length",
-            _q(export.max_model_len),
-            "--dtype",
-            _q(export.dtype),
-        ]
-        about = f"# engine {e.name} (replica {e.replica} copy {e.copy}, {_comment(e.pattern)}):"
+        args = _sglang_args(export, e, ports[e.name])
+        note = (
+            [
+                "# uneven layers: SGLang reads SGLANG_PP_LAYER_PARTITION in get_pp_indices (an SGLang without it "
+                "splits evenly)"
+            ]
+            if part
+            else []
+        )
         for k, host in enumerate(e.hosts):
             env = _env(
                 [("CUDA_VISIBLE_DEVICES", ",".join(map(str, e.host_gpus(host)))), ("SGLANG_PP_LAYER_PARTITION", part)]
             )
             multi = []
             if len(e.hosts) > 1:
-                multi = [
-                    "--nnodes",
-                    _q(len(e.hosts)),
-                    "--node-rank",
-                    _q(k),
-                    "--dist-init-addr",
-                    _q(f"{e.hosts[0]}:{dist_ports[e.name]}"),
-                ]
+                multi = ["--nnodes", _q(len(e.hosts)), "--node-rank", _q(k)]
+                multi += ["--dist-init-addr", _q(f"{e.hosts[0]}:{dist_ports[e.name]}")]
             where = f"{_stages(e.host_stages(host))} of {e.pipeline_parallel} here" + (
                 f", node rank {k}" if multi else ""
             )
-            note = (
-                [
-                    "# uneven layers: SGLang reads SGLANG_PP_LAYER_PARTITION in get_pp_indices (an SGLang without it "
-                    "splits evenly)"
-                ]
-                if part
-                else []
-            )
-            blocks.setdefault(host, []).extend(
-                [
-                    f"{about} {where}",
-                    *note,
-                    _wrap([env, *args, *multi, f"> {_q(f'sglang-{e.name}-{k}.log')} 2>&1 &"], ""),
-                    "",
-                ]
-            )
+            line = _wrap([env, *args, *multi, f"> {_q(f'sglang-{e.name}-{k}.log')} 2>&1 &"], "")
+            blocks.setdefault(host, []).extend([f"{_about(e)} {where}", *note, line, ""])
     return _script(export, ports, "SGLang engines", blocks, [])

@@ -1,0 +1,209 @@
+"""What a serving plan means in the engines' own terms (llm_planner.export.serving): the dtype and
+quantization, the longest sequence (--max-model-len / --context-length), the KV budget and the
+per-iteration token budget, and the ports each engine takes on its hosts.
+
+Facts about the engines are those of the releases pinned in `ENGINE_VERSIONS` (export/serving.py),
+read from their source (tests/data/engine_flags lists their flags, benchmarks/engine_flags.py
+writes the lists):
+
+- KV budget. The plan holds, on every stage, `concurrency` sequences at the workload's mean full
+  context ceil(E[O (P + O)] / E[O]) tokens (docs/serving.md): `concurrency * that` tokens of KV
+  per engine. SGLang takes it as --max-total-tokens. vLLM takes --kv-cache-memory-bytes, the same
+  bytes on every GPU, and gives every worker the number of blocks of the worker that holds the
+  fewest, shrinking the others' tensors to it (vllm/v1/core/kv_cache_planning.py): the bytes of
+  the tokens on a GPU of the stage with most layers.
+- Per-iteration tokens: the plan has no budget of its own, so the engines' defaults are written
+  explicitly: vLLM's for the OpenAI server (16384 from 160 GiB of GPU memory, 8192 from 70 GiB
+  except on A100s, else 2048; EngineArgs._set_default_max_num_seqs_and_batched_tokens_args),
+  SGLang's by GPU memory (memory_hook._handle_gpu_memory_settings: 2048 under 20 GiB, 4096 under
+  60 GiB, 8192 under 160 GiB, else 16384).
+- Ports: SGLang binds --dist-init-addr's port and the 6 above it (PortArgs.init_new:
+  NUM_DERIVED_PORTS), its HTTP --port and --port + 1 (the gRPC sidecar); vLLM's multi-node head
+  binds --master-port and --master-port + 1. Every such port is spaced by `PORT_STEP` per host.
+  A Ray cluster takes the ports of `ray_ports` (ray start's flags), a block per cluster on a host.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llm_planner.cost.roofline import shard_of
+from llm_planner.graph.ir import GraphError
+from llm_planner.graph.transformer import DecoderConfig, named_config
+from llm_planner.serving.costs import build_serving_tasks
+from llm_planner.serving.workload import RequestShape, ServingWorkload
+
+GIB = 1024**3
+PORT_STEP = 10  # > SGLang's dist-init port + 6 derived ones; > vLLM's master port + 1
+VLLM_PORT, SGLANG_PORT, VLLM_MASTER_PORT, DIST_INIT_PORT = 8000, 30000, 29501, 20000
+RAY_BASE, RAY_BLOCK, RAY_WORKER_PORTS = 13000, 500, 400  # a Ray cluster's ports: RAY_BASE + k * RAY_BLOCK ..
+# The plan's element types as vLLM's and SGLang's --dtype names, and a config's torch_dtype as ours.
+DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+FP8_KV = {"vllm": "fp8", "sglang": "fp8_e4m3"}  # --kv-cache-dtype of a plan that holds 1-byte KV
+
+
+class ServingExportError(ValueError):
+    """A serving plan the framework cannot run as planned, or an export option it cannot take; the
+    message names the replica and stage, or the flag or field (the CLI exits 2 with it)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineDtype:
+    dtype: str  # --dtype
+    quantization: str | None  # --quantization
+    kv_cache_dtype: str | None  # --kv-cache-dtype
+    note: str  # where the dtype comes from, for the script's header
+
+
+def config_dtype(model: str) -> str | None:
+    """The model config's torch_dtype (or `dtype`, newer transformers) as ours; None for presets
+    and configs that name none."""
+    path = Path(model)
+    path = path / "config.json" if path.is_dir() else path
+    if path.suffix != ".json" or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # named_config already read it when the plan was made and verified
+    value = data.get("torch_dtype", data.get("dtype")) if isinstance(data, dict) else None
+    return TORCH_DTYPES.get(value) if isinstance(value, str) else None
+
+
+def engine_dtype(plan_dtype: str, model: str, framework: str, where: str) -> EngineDtype:
+    """fp16/bf16 plans (the same bytes, so the same plan) take the config's torch_dtype when it is
+    one of them; fp32 stays (the planner's default is fp16: fp32 was asked); fp8 is fp8 weights and
+    KV (--quantization fp8, --kv-cache-dtype) with the config's activations ("auto" without one)."""
+    from_config = config_dtype(model)
+    if plan_dtype == "fp8":
+        act = DTYPE_NAMES.get(from_config or "", "auto")
+        note = f"fp8 weights and KV cache, activations {act} " + (
+            "(the model's config)" if from_config else "(the checkpoint's)"
+        )
+        return EngineDtype(dtype=act, quantization="fp8", kv_cache_dtype=FP8_KV[framework], note=note)
+    if plan_dtype not in DTYPE_NAMES:
+        raise ServingExportError(
+            f"{where}: model dtype {plan_dtype!r}: the engines take one of {', '.join([*DTYPE_NAMES, 'fp8'])}"
+        )
+    if plan_dtype in ("fp16", "bf16") and from_config in ("fp16", "bf16"):
+        return EngineDtype(dtype=DTYPE_NAMES[from_config], quantization=None, kv_cache_dtype=None, note="model config")
+    return EngineDtype(dtype=DTYPE_NAMES[plan_dtype], quantization=None, kv_cache_dtype=None, note="plan")
+
+
+def plan_workload(data: dict) -> ServingWorkload:
+    wl = data["workload"]
+    return ServingWorkload(
+        requests=tuple(RequestShape(**r) for r in wl["requests"]),
+        tpot_slo_s=wl["tpot_slo_s"],
+        ttft_slo_s=wl.get("ttft_slo_s"),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVBudget:
+    tokens: int  # KV tokens the plan holds per engine (every stage holds them for its layers)
+    gpu_bytes: int  # vLLM's --kv-cache-memory-bytes: those tokens on a GPU of the stage with most layers
+
+
+def model_config(model: str, where: str) -> DecoderConfig:
+    """The plan's model as a decoder config; ServingExportError naming the plan's field when it is gone."""
+    try:
+        config = named_config(model)
+    except GraphError as exc:
+        raise ServingExportError(f"{where}: model.name: {exc}") from None
+    if config is None:
+        raise ServingExportError(
+            f"{where}: model.name {model!r} is neither a decoder preset nor a config.json: the export needs "
+            "the model's context limit and KV cache size"
+        )
+    return config
+
+
+def kv_budget(
+    config: DecoderConfig, dtype: str, workload: ServingWorkload, tp: int, concurrency: int, layers: list[int]
+) -> KVBudget:
+    """The KV the plan sized an engine for (module docstring); the same task costs as the planner's."""
+    block = build_serving_tasks(config, workload, dtype).tasks["block"]
+    per_seq = (shard_of(block, tp) if tp > 1 else block).mem_bytes_per_sample  # one layer, per device
+    held = max(1, math.ceil(workload.kv_context))
+    return KVBudget(tokens=concurrency * held, gpu_bytes=math.floor(concurrency * per_seq * max(layers)))
+
+
+def max_model_len(asked: int | None, limit: int, budgets: dict[str, KVBudget], where: str) -> int:
+    """--max-model-len: the one the user asked for, else the model's context limit, never more than
+    the KV the smallest engine holds (a request longer than that could never run there)."""
+    name, smallest = min(budgets.items(), key=lambda kv: kv[1].tokens)
+    if asked is None:
+        return min(limit, smallest.tokens)
+    if asked < 1:
+        raise ServingExportError(f"--max-model-len: must be a positive number of tokens, got {asked}")
+    if asked > limit:
+        raise ServingExportError(
+            f"--max-model-len {asked}: above the model's context limit of {limit} tokens ({where})"
+        )
+    if asked > smallest.tokens:
+        raise ServingExportError(
+            f"--max-model-len {asked}: engine {name} of {where} holds {smallest.tokens} tokens of KV cache "
+            "(its sequences in flight at the workload's mean full context): one sequence that long does not fit"
+        )
+    return asked
+
+
+def batched_tokens_default(framework: str, mem_bytes: float, kind: str) -> int:
+    """The engine's own per-iteration token budget on a GPU of mem_bytes (module docstring)."""
+    if framework == "vllm":
+        if mem_bytes >= 160 * GIB:
+            return 16384
+        return 8192 if mem_bytes >= 70 * GIB and "a100" not in kind.lower() else 2048
+    for below, tokens in ((20, 2048), (60, 4096), (160, 8192)):
+        if mem_bytes < below * GIB:
+            return tokens
+    return 16384
+
+
+def assign_ports(engines: Sequence[Any], base: int, step: int) -> dict[str, int]:
+    """A port per engine (EnginePlan: its name and hosts), the smallest base + k*step that no other
+    engine on any of its hosts uses."""
+    used: dict[str, set[int]] = {}
+    out = {}
+    for e in engines:
+        port = base
+        while any(port in used.get(h, ()) for h in e.hosts):
+            port += step
+        for h in e.hosts:
+            used.setdefault(h, set()).add(port)
+        out[e.name] = port
+    return out
+
+
+RAY_PORT_FLAGS = (  # ray start's flags, offsets in a cluster's block
+    ("--port", 0),
+    ("--dashboard-port", 1),
+    ("--node-manager-port", 2),
+    ("--object-manager-port", 3),
+    ("--ray-client-server-port", 4),
+    ("--dashboard-agent-listen-port", 5),
+    ("--dashboard-agent-grpc-port", 6),
+    ("--runtime-env-agent-port", 7),
+    ("--metrics-export-port", 8),
+)
+RAY_HEAD_ONLY = ("--port", "--dashboard-port", "--ray-client-server-port")
+
+
+def ray_ports(k: int, *, head: bool) -> list[str]:
+    """`ray start` flags of the k-th Ray cluster on a host: every port it binds in a block of its own,
+    and a session folder of its own."""
+    base = RAY_BASE + k * RAY_BLOCK
+    if base + RAY_BLOCK > 32768:  # Linux's ephemeral ports start there
+        raise ServingExportError(f"{k + 1} Ray clusters on one host: more than fit below port 32768")
+    flags = [f"{f}={base + off}" for f, off in RAY_PORT_FLAGS if head or f not in RAY_HEAD_ONLY]
+    first = base + RAY_BLOCK - RAY_WORKER_PORTS
+    workers = [f"--min-worker-port={first}", f"--max-worker-port={first + RAY_WORKER_PORTS - 1}"]
+    # its own session folder too: Ray records "the" cluster of a host (its address, session_latest) there
+    return [*flags, *workers, f"--temp-dir=/tmp/ray-llm-planner-{k}"]
