@@ -284,7 +284,8 @@ def test_plan_command_says_which_tasks_fell_back(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "measured costs for 12 of 15 (task, device kind) pairs" in printed
     assert "roofline on cpu-core (not in the profile): embed, final_norm, lm_head" in printed
-    assert yaml.safe_load(out.read_text())["inputs"]["profile"] == str(path)
+    recorded = yaml.safe_load(out.read_text())["inputs"]["profile"]
+    assert (out.parent / recorded).resolve() == path.resolve()  # recorded relative to the plan's folder
     assert main(["verify", str(out)]) == 0
     (tmp_path / "bad.yaml").write_text(
         "format: llm_planner.cost.profile\nversion: 1\ncluster: c\ndevice_kinds: {cpu-core: {k: {task: x}}}\n"
