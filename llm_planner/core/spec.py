@@ -56,6 +56,11 @@ MAX_DEVICES = 65536
 # v0.6.0 performance update, 2024-09; SGLang v0.4 "zero-overhead batch scheduler", 2024-12).
 # Set `step_overhead_s` per kind from a measurement (docs/serving.md).
 STEP_OVERHEAD_DEFAULT = {"cpu": 1e-3, "gpu": 1e-3, "accelerator": 1e-3}
+# Fixed time of one collective call on a tensor-parallel group besides its link latencies and
+# bytes (kernel launch and NCCL's own latency), by device type: NCCL all-reduces of 18 KB-4 MB
+# take 18-99 us per call on A100 and H100 servers, about 20 us of it launch (Vidur's network
+# profiles, microsoft/vidur data/profiling/network). Set `collective_overhead_s` per kind.
+COLLECTIVE_OVERHEAD_DEFAULT = {"cpu": 0.0, "gpu": 25e-6, "accelerator": 25e-6}
 # Whether devices of a kind may form tensor-parallel groups, by device type: GPUs and accelerators
 # do (NCCL-style collectives over NVLink or PCIe); CPU sockets do not (no engine shards a layer
 # over sockets with all-reduces per layer). A kind's `tensor_parallel` overrides it.
@@ -99,6 +104,8 @@ class DeviceKindSpec:
     usable_mem_fraction: float | None = None
     # Serving: fixed time per engine iteration on a stage of this kind; None: STEP_OVERHEAD_DEFAULT.
     step_overhead_s: float | None = None
+    # Tensor-parallel groups: fixed time per collective call; None: COLLECTIVE_OVERHEAD_DEFAULT.
+    collective_overhead_s: float | None = None
     # Whether its devices may form tensor-parallel groups; None: the type's TENSOR_PARALLEL_DEFAULT.
     tensor_parallel: bool | None = None
 
@@ -111,6 +118,12 @@ class DeviceKindSpec:
     def serving_step_s(self) -> float:
         """Fixed time per engine iteration on a serving stage of this kind (STEP_OVERHEAD_DEFAULT)."""
         return STEP_OVERHEAD_DEFAULT[self.type] if self.step_overhead_s is None else self.step_overhead_s
+
+    @property
+    def collective_call_s(self) -> float:
+        """Fixed time per collective call on a group of this kind (COLLECTIVE_OVERHEAD_DEFAULT)."""
+        default = COLLECTIVE_OVERHEAD_DEFAULT[self.type]
+        return default if self.collective_overhead_s is None else self.collective_overhead_s
 
     @property
     def usable_mem_bytes(self) -> float:
@@ -321,6 +334,7 @@ def _read_kind(c: Reader) -> DeviceKindSpec:
         overhead_s=c.get("overhead_s", nonneg_seconds, default=0.0),
         usable_mem_fraction=c.get("usable_mem_fraction", units.parse_fraction, default=None, positive=True),
         step_overhead_s=c.get("step_overhead_s", nonneg_seconds, default=None),
+        collective_overhead_s=c.get("collective_overhead_s", nonneg_seconds, default=None),
         tensor_parallel=c.get("tensor_parallel", as_bool, default=None),
     )
     for key in ("compute_efficiency", "mem_efficiency", "usable_mem_fraction"):

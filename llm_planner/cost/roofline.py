@@ -106,7 +106,7 @@ def roofline_terms(
         bytes_per_sample=member.bytes_per_sample,
         peak_flops=peak,
         mem_bw_bytes_per_s=kind.mem_bw_bytes_per_s,
-        collective=collective_pieces(task, k, link) if k > 1 else (0.0, 0.0),
+        collective=collective_pieces(task, k, link, kind.collective_call_s) if k > 1 else (0.0, 0.0),
     )
 
 
@@ -135,11 +135,13 @@ def task_time_pieces(task: Task, kind: DeviceKindSpec, dtype: str) -> tuple[Piec
     return pieces_of(roofline_terms(task, kind, dtype), kind)
 
 
-def collective_pieces(task: Task, k: int, link: LinkSpec) -> Piece:
-    """(fixed_s, per_sample_s) of the task's collectives on a group of k over `link` (ring)."""
+def collective_pieces(task: Task, k: int, link: LinkSpec, call_s: float = 0.0) -> Piece:
+    """(fixed_s, per_sample_s) of the task's collectives on a group of k over `link` (ring), each
+    call paying `call_s` besides its link latencies (the kind's collective_call_s)."""
     if k <= 1:
         return (0.0, 0.0)
-    fixed = (2 * task.tp_allreduces + task.tp_allgathers) * (k - 1) * link.latency_s
+    calls = task.tp_allreduces + task.tp_allgathers
+    fixed = calls * call_s + (2 * task.tp_allreduces + task.tp_allgathers) * (k - 1) * link.latency_s
     per_sample = (
         2 * (k - 1) / k * task.tp_allreduce_bytes_per_sample + (k - 1) * task.tp_allgather_bytes_per_sample
     ) / link.bw_bytes_per_s
@@ -160,7 +162,7 @@ def group_task_time_pieces(
     if task.time_s_by_kind:  # explicit times: each member's is the task's, plus the collectives
         if not task.shards_over(k) or link is None:
             raise CostError(f"task {task.name!r} cannot run on a tensor-parallel group of {k}")
-        fixed, slope = collective_pieces(task, k, link)
+        fixed, slope = collective_pieces(task, k, link, kind.collective_call_s)
         return ((fixed, dict(task.time_s_by_kind)[kind.name] + slope),)
     return pieces_of(roofline_terms(task, kind, dtype, k, link), kind)
 

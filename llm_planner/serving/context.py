@@ -11,7 +11,7 @@ from llm_planner.core.gap import gap, status
 from llm_planner.core.spec import ClusterSpec, LinkSpec, check_memory_limited
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.classes import ServerClass, server_classes
-from llm_planner.serving.costs import ServingTasks, build_serving_tasks
+from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET, ServingTasks, build_serving_tasks
 from llm_planner.serving.inputs import read_context_inputs
 from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
 from llm_planner.serving.replica import ReplicaModel
@@ -27,6 +27,7 @@ class ServingOptions:
     max_stages: int = 64  # pipeline stages of one replica
     max_micro_batches: int | None = None  # micro-batches in flight per replica (None: as many as stages)
     time_limit_s: float = 60.0
+    max_batched_tokens: int = DEFAULT_TOKEN_BUDGET  # tokens one engine iteration may carry (costs.py)
 
 
 class ServingContext:
@@ -40,7 +41,7 @@ class ServingContext:
         layer_time=None,
     ):
         self.cluster, self.config, self.workload, self.dtype, self.options = cluster, config, workload, dtype, options
-        self.tasks: ServingTasks = build_serving_tasks(config, workload, dtype)
+        self.tasks: ServingTasks = build_serving_tasks(config, workload, dtype, options.max_batched_tokens)
         self.classes: tuple[ServerClass, ...] = server_classes(
             cluster, allow_cpu=options.allow_cpu, max_tp=options.max_tp, shards_over=self.tasks.shards_over
         )

@@ -1,19 +1,21 @@
 """What one engine iteration costs a pipeline stage, and what the stage holds in memory.
 
-The tasks are the decoder's own (llm_planner.graph.decoder_graph: the roofline costs and the
-Megatron tensor-parallel layout every other planner uses), combined per *sequence in flight
-per iteration*: one decode token at the workload's mean decode context, plus its share of
-prompt work, 1/E[O] of a prompt's prefill (chunked prefill spreads each prompt over the
-iterations of the output it produces; llm_planner.serving.workload). For a micro-batch of b
-sequences a stage with l decoder layers runs, per iteration,
+An iteration carries, per *sequence in flight*, one decode token at the workload's mean decode
+context plus its share of prompt work, E[P]/E[O] prompt tokens (chunked prefill spreads each
+prompt over the iterations of the output it produces; llm_planner.serving.workload), under the
+engine's per-iteration token budget (`token_budget`, vLLM's --max-num-batched-tokens, SGLang's
+--chunked-prefill-size). For a micro-batch of b sequences a stage with l decoder layers runs
 
-    t(b) = step_overhead + l * block(b) + [first stage] embed(b) + [last stage] (norm(b) + lm_head(b))
+    t(b) = step_overhead + l * layer(b) + [first stage] embed(b) + [last stage] (norm(b) + lm_head(b))
 
-where each task's time is the roofline of llm_planner.cost.roofline on the stage's device or
-tensor-parallel group (its collectives included): weights are read once per micro-batch,
-FLOPs and activation bytes scale with b. A measured serving profile replaces block(b) on
-single devices (llm_planner.cost.serving_profile): `stage_costs` decides which, once, and every
-caller reads the block's time as `StageCosts.layer_time`.
+layer(b) is the sum of the kernels one decoder layer runs on that load (linear layers on all
+tokens reading the weights once, decode attention over each sequence's cache, prompt attention,
+elementwise ops, the group's all-reduces: llm_planner.cost.iteration), a convex piecewise affine
+function of b given by its pieces; the end parts are the decoder tasks' rooflines
+(llm_planner.cost.roofline, collectives included). A measured serving profile replaces layer(b)
+on single devices (llm_planner.cost.serving_profile): `stage_costs` decides which, once, and
+every caller reads the layer's time as `StageCosts.layer_time` (steady load) or
+`StageCosts.layer_load_s` (any mix of decode and prompt tokens: TTFT).
 
 Memory per device of the stage (each member of a group) is llm_planner.cost.memory's formula:
 
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from llm_planner.core.constants import DTYPE_BYTES
+from llm_planner.cost.iteration import LayerKernels, Load, layer_kernels, layer_pieces
 from llm_planner.cost.memory import concurrency_held, layer_bytes, stage_bytes
 from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
 from llm_planner.graph.decoder_graph import ID_BYTES, build_decoder_graph
@@ -42,6 +45,10 @@ from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
 
 PARTS = ("embed", "block", "final_norm", "lm_head")
+# Per-iteration token budget when none is given: vLLM's default for its OpenAI server on A100s and
+# on GPUs under 70 GiB (--max-num-batched-tokens 2048), SGLang's --chunked-prefill-size under
+# 20 GiB; the larger defaults of larger GPUs only shorten the TTFT (llm_planner.export.engine_args).
+DEFAULT_TOKEN_BUDGET = 2048
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +60,9 @@ class ServingTasks:
     tasks: dict  # part -> Task
     prefill_per_output: float  # prompt tokens per output token, E[P]/E[O]
     kv_context: float  # KV tokens held per sequence in flight
+    per_sequence: Load  # one layer's load per sequence in flight per iteration (module docstring)
+    mean_prompt_len: float  # E[P] over requests
+    token_budget: int = DEFAULT_TOKEN_BUDGET  # tokens one iteration may carry (module docstring)
 
     @property
     def num_layers(self) -> int:
@@ -72,7 +82,9 @@ class ServingTasks:
         return all(t.shards_over(k) for t in self.tasks.values())
 
 
-def build_serving_tasks(config: DecoderConfig, workload: ServingWorkload, dtype: str) -> ServingTasks:
+def build_serving_tasks(
+    config: DecoderConfig, workload: ServingWorkload, dtype: str, token_budget: int = DEFAULT_TOKEN_BUDGET
+) -> ServingTasks:
     if config.learned_positions and workload.max_context > config.max_positions:
         where = (
             "--prompt-len + --output-len"
@@ -91,6 +103,11 @@ def build_serving_tasks(config: DecoderConfig, workload: ServingWorkload, dtype:
             for key in _SCALED:
                 prompts[part][key] = prompts[part].get(key, 0.0) + share * getattr(task, key)
     ratio = workload.prefill_per_output
+    prompt_keys = sum(
+        share / workload.mean_output_len * r.prompt_len * (r.prompt_len + 1) / 2
+        for r, share in zip(workload.requests, workload.shares)
+    )
+    per_sequence = Load(decodes=1.0, decode_keys=workload.decode_context, prompt_tokens=ratio, prompt_keys=prompt_keys)
     tasks = {}
     for part, task in decode.items():
         fields = {key: getattr(task, key) + prompts[part][key] for key in _SCALED}
@@ -98,7 +115,14 @@ def build_serving_tasks(config: DecoderConfig, workload: ServingWorkload, dtype:
         fields["mem_bytes_per_sample"] = held[part].mem_bytes_per_sample
         tasks[part] = dataclasses.replace(task, **fields)
     return ServingTasks(
-        config=config, dtype=dtype, tasks=tasks, prefill_per_output=ratio, kv_context=workload.kv_context
+        config=config,
+        dtype=dtype,
+        tasks=tasks,
+        prefill_per_output=ratio,
+        kv_context=workload.kv_context,
+        per_sequence=per_sequence,
+        mean_prompt_len=workload.mean_prompt_len,
+        token_budget=token_budget,
     )
 
 
@@ -137,6 +161,8 @@ class StageCosts:
     kv_bytes_per_seq: float  # one layer, one sequence in flight, per device
     workspace_bytes_per_seq: dict  # part -> bytes per device per sequence of the micro-batch
     layer_time: RooflineLayerTime | MeasuredLayerTime  # the block's time, b -> seconds (stage_costs)
+    kernels: LayerKernels  # the block's kernels, for loads other than the steady one
+    tasks: ServingTasks
 
     @property
     def step_s(self) -> float:
@@ -150,6 +176,30 @@ class StageCosts:
         if part == "block":
             return float(self.layer_time(b)) if b > 0 else 0.0
         return evaluate_pieces(self.pieces[part], b)
+
+    def layer_load_s(self, decodes: float, prompt_tokens: float) -> float:
+        """One decoder layer's time on an iteration of `decodes` sequences at the mean decode context
+        and `prompt_tokens` tokens of prompt chunks (their queries seeing half the mean prompt's
+        keys on average): the measured table on a measured kind, else the kernels' sum."""
+        if self.layer_time.measured:
+            return self.layer_time.profile.layer_time_s(self.layer_time.kind, decodes, prompt_tokens)
+        keys = self.tasks.per_sequence.decode_keys
+        prompt_keys = prompt_tokens * (self.tasks.mean_prompt_len + 1) / 2
+        load = Load(decodes=decodes, decode_keys=decodes * keys, prompt_tokens=prompt_tokens, prompt_keys=prompt_keys)
+        return self.kernels.time_s(load)
+
+    def stage_load_s(self, decodes: int, prompt_tokens: float, layers: int, first: bool, last: bool) -> float:
+        """Time of one iteration of `decodes` sequences and `prompt_tokens` prompt tokens (the end
+        parts at the sequences' steady share)."""
+        if decodes <= 0 and prompt_tokens <= 0:
+            return 0.0
+        b = max(decodes, 1)
+        t = self.step_s + layers * self.layer_load_s(decodes, prompt_tokens)
+        if first:
+            t += self.part_s("embed", b)
+        if last:
+            t += self.part_s("final_norm", b) + self.part_s("lm_head", b)
+        return t
 
     def stage_s(self, b: int, layers: int, first: bool, last: bool) -> float:
         """Time of one iteration of a micro-batch of b sequences (module docstring)."""
@@ -215,6 +265,8 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, mea
         weights[part] = member.weight_bytes
         workspace[part] = member.workspace_bytes_per_sample
     kv = (shard_of(tasks.tasks["block"], degree) if degree > 1 else tasks.tasks["block"]).mem_bytes_per_sample
+    kernels = layer_kernels(tasks.config, tasks.dtype, server_class.kind, degree, link)
+    pieces["block"] = layer_pieces(kernels, tasks.per_sequence)
     return StageCosts(
         server_class=server_class,
         degree=degree,
@@ -223,6 +275,8 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, mea
         kv_bytes_per_seq=kv,
         workspace_bytes_per_seq=workspace,
         layer_time=measured if measured is not None and degree == 1 else RooflineLayerTime(pieces["block"]),
+        kernels=kernels,
+        tasks=tasks,
     )
 
 

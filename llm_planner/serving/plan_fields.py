@@ -19,7 +19,7 @@ from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.plan_read import Fields
 
 SERVING_FORMAT = "llm_planner.serving_plan"
-SERVING_VERSION = 4  # 4: inputs.profile_sha256 and inputs.model_sha256
+SERVING_VERSION = 5  # 5: the kernel-sum iteration cost and options.max_batched_tokens
 SERVING_SOLVERS = ("serving", "engineer-best", "megatron")
 BASELINES = ("engineer-best", "megatron")
 MAX_COUNT = 1 << 20  # copies of one pattern, stages, degrees, micro-batches: far above any cluster
@@ -38,6 +38,7 @@ _OPTIONS = (
     "max_stages",
     "max_micro_batches",
     "time_limit_s",
+    "max_batched_tokens",
     "solver",
 )
 _SERVING = (
@@ -172,6 +173,7 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
     for key in ("max_tp", "max_segments", "max_micro_batches"):
         integer(options, key, nullable=True)
     integer(options, "max_stages")
+    integer(options, "max_batched_tokens")
     choice(options, "exportable", ("vllm",), nullable=True)
     number(options, "time_limit_s", positive=True)
     choice(options, "solver", SERVING_SOLVERS)

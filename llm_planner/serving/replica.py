@@ -17,6 +17,13 @@ ClusterSpec.link chose; otherwise the cluster's inter-node link),
 and the sampled token goes back from the last stage to the first every iteration. Memory on
 each stage holds the KV cache of all C sequences at their full context.
 
+The engine's per-iteration token budget B (ServingTasks.token_budget) must hold a micro-batch's
+decodes and their steady prompt share, b (1 + E[P]/E[O]) <= B. A new request's prompt of E[P]
+tokens goes in chunks of c = min(E[P], B - b) tokens, one per visit of its micro-batch, each visit
+a round trip R_c with the chunk in the iteration (llm_planner.serving.costs.StageCosts.stage_load_s):
+
+    TTFT = (ceil(E[P] / c) - 1) * max(cycle, R_c) + R_c
+
 For fixed stages, tokens/s = C / cycle(C) grows with C (cycle is a maximum of affine functions
 with non-negative intercepts) and feasibility (memory, TPOT) only shrinks as C grows, so the
 best concurrency is the largest feasible one, found by bisection; the layer split is chosen
@@ -139,9 +146,7 @@ class ReplicaModel:
             )
             for s, (slot, n) in enumerate(zip(self.slots, layers))
         )
-        chunk = max(1.0, b * self.tasks.prefill_per_output)  # prompt tokens per micro-batch iteration
-        prompt = self.tasks.prefill_per_output * self.mean_output_len
-        ttft = math.ceil(prompt / chunk) * cycle + round_trip
+        ttft = self.ttft_s(layers, b, cycle)
         return ReplicaEval(
             layers=tuple(layers),
             concurrency=concurrency,
@@ -153,6 +158,34 @@ class ReplicaModel:
             stage_s=tuple(stage),
             mem_bytes=mem,
         )
+
+    def ttft_s(self, layers: tuple[int, ...], b: int, cycle: float) -> float:
+        """Time to first token of a mean prompt joining a micro-batch of b sequences (module
+        docstring): its prompt goes in chunks of what the token budget leaves beside the b decodes,
+        one chunk per visit of its micro-batch; the last chunk's round trip yields the token."""
+        prompt = self.tasks.mean_prompt_len
+        chunk = min(prompt, max(1, self.tasks.token_budget - b))
+        visits = math.ceil(prompt / chunk)
+        trip = self.handoffs_s(b) + sum(
+            self.slots[s].costs.stage_load_s(b, chunk, n, *self.ends[s]) for s, n in enumerate(layers)
+        )
+        return (visits - 1) * max(cycle, trip) + trip
+
+    def decode_step_s(self, layers: tuple[int, ...], concurrency: int, m: int) -> float:
+        """The replica's cycle with no prompt work: every micro-batch's sequences decode one token
+        at the mean context (step overheads and hand-offs included), the TPOT of pure decoding."""
+        sizes = [x for x in micro_batch_sizes(concurrency, m) if x > 0]
+        b = max(sizes)
+        stage = [self.slots[s].costs.stage_load_s for s in range(self.p)]
+        trip = self.handoffs_s(b) + sum(f(b, 0.0, n, *self.ends[s]) for s, (f, n) in enumerate(zip(stage, layers)))
+        busy = max(sum(f(x, 0.0, n, *self.ends[s]) for x in sizes) for s, (f, n) in enumerate(zip(stage, layers)))
+        return max(trip, busy)
+
+    def within_budget(self, concurrency: int, m: int) -> bool:
+        """Whether a micro-batch's decodes and its steady prompt share fit the per-iteration token
+        budget (else prompts queue without end: the engine cannot keep C sequences in flight)."""
+        b = -(-concurrency // m)
+        return b * (1 + self.tasks.prefill_per_output) <= self.tasks.token_budget
 
     # -- choices ------------------------------------------------------------------
     def caps(self, concurrency: int, m: int) -> list[int]:
@@ -247,7 +280,7 @@ class ReplicaModel:
         return out
 
     def feasible(self, concurrency: int, m: int, fixed: tuple[int, ...] | None = None) -> ReplicaEval | None:
-        if concurrency < m:
+        if concurrency < m or not self.within_budget(concurrency, m):
             return None
         split = self.split_layers(concurrency, m, fixed)
         if split is None:
@@ -283,7 +316,9 @@ class ReplicaModel:
         return self._meet_ttft(best, m, fixed)
 
     def _fits(self, layers: tuple[int, ...], concurrency: int, m: int) -> bool:
-        if concurrency < m or any(n > c for n, c in zip(layers, self.caps(concurrency, m))):
+        if concurrency < m or not self.within_budget(concurrency, m):
+            return False
+        if any(n > c for n, c in zip(layers, self.caps(concurrency, m))):
             return False
         return self.cycle_s(layers, concurrency, m) <= self.tpot_slo_s * (1 + 1e-12)
 

@@ -1,0 +1,213 @@
+"""One decoder layer's time in one engine iteration, as the sum of the kernels it runs.
+
+An iteration of a serving engine (continuous batching with chunked prefill) processes, on each
+layer, a `Load`: d decode tokens (one per running sequence, reading K_d keys of KV cache in
+all) and q prompt tokens of prompt chunks (their queries seeing K_q keys in all). On one device,
+or on each member of a tensor-parallel group of k (Megatron-LM layout: Shoeybi et al. 2019,
+sec. 3; llm_planner.graph.tp_layout), the layer runs one after another
+
+    linear       the q/k/v, output and MLP projections on all d + q tokens: FLOPs 2 P_m / k per
+                 token, weights P_m b / k read once per iteration (shared by decode and prompt
+                 tokens), activations in and out per token
+    attn_decode  each decode token's query against its sequence's cache: 4 (a / k) keys FLOPs,
+                 2 (kv / k) b bytes per key read
+    attn_prefill each prompt token against its prompt's keys so far: 4 (a / k) keys FLOPs, its
+                 q, k, v, o and the cache write as bytes
+    elementwise  norms, residual adds, rotary embedding, the MLP activation: bytes only
+    all_reduce   (k > 1) two per layer, after the output and down projections, of h b bytes per
+                 token: alpha + 2 (k - 1) / k n / beta (ring; Patarasuk and Yuan, JPDC 2009), with
+                 alpha = the kind's per-call collective overhead (launch and NCCL's own latency)
+                 + 2 (k - 1) link latencies
+
+with P_m the layer's linear parameters, a = nh hd, kv = nkv hd, b the dtype's bytes, h the hidden
+size. Each compute kernel's time is its own roofline with a rounded corner,
+
+    t = max(c, m, KAPPA (c + m)),  c = FLOPs / (peak ce),  m = bytes / (bw me),
+
+(`KAPPA` below), the memory-only kernels' time is m, and the layer's time is the kind's per-task
+overhead plus the sum. Every term is a maximum of affine functions of the load, so for loads
+proportional to b sequences (`Load.per_sequence` times b) the layer time is convex piecewise
+affine in b: `layer_pieces` returns its pieces exactly (the upper envelope of the sum), the form
+the serving bounds read (llm_planner.serving.bound*).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from llm_planner.core.constants import DTYPE_BYTES
+from llm_planner.core.spec import DeviceKindSpec, LinkSpec
+from llm_planner.cost.roofline import CostError, Piece
+from llm_planner.graph.transformer import DecoderConfig, matmul_parameters, norm_parameters
+
+# Rounded roofline corner: measured GEMM time rises before the sharp roofline's corner, where
+# compute and memory times meet (Vidur's operator profiles, microsoft/vidur, of Llama-3 8B and
+# 70B on A100 and H100: linear layers near 128 tokens take 1.26-1.31x the sharp roofline's time).
+# With t >= KAPPA (c + m), at the corner (c = m) t = 2 KAPPA m = 1.3 m; far from it the larger
+# term wins again.
+KAPPA = 0.65
+ALL_REDUCES_PER_LAYER = 2  # after the attention output projection and after the MLP down projection
+LOAD_FIELDS = ("decodes", "decode_keys", "prompt_tokens", "prompt_keys")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Load:
+    """What one iteration processes on one layer: decode tokens and the keys they read, prompt
+    tokens and the keys their queries see (each summed over the iteration's sequences)."""
+
+    decodes: float = 0.0
+    decode_keys: float = 0.0
+    prompt_tokens: float = 0.0
+    prompt_keys: float = 0.0
+
+    def vector(self) -> tuple[float, ...]:
+        return (1.0, self.decodes, self.decode_keys, self.prompt_tokens, self.prompt_keys)
+
+    def times(self, n: float) -> Load:
+        return Load(**{f: getattr(self, f) * n for f in LOAD_FIELDS})
+
+    def plus(self, other: Load) -> Load:
+        return Load(**{f: getattr(self, f) + getattr(other, f) for f in LOAD_FIELDS})
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """FLOPs and bytes of one kernel as coefficients on Load.vector() (fixed, per decode token,
+    per decode key, per prompt token, per prompt key); `collective`: an all-reduce whose bytes
+    cross the link and whose FLOPs slot holds its fixed time."""
+
+    name: str
+    flops: tuple[float, ...]
+    bytes: tuple[float, ...]
+    collective: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerKernels:
+    """The kernels of one decoder layer on one member of a group, with the rates they run at."""
+
+    kernels: tuple[Kernel, ...]
+    flops_per_s: float
+    bytes_per_s: float
+    link_bytes_per_s: float
+    overhead_s: float
+
+    def kernel_terms(self, kernel: Kernel, x: tuple[float, ...]) -> tuple[float, float]:
+        """(compute time, memory time) of the kernel at load vector x (a collective: (fixed, size))."""
+        f = sum(a * b for a, b in zip(kernel.flops, x))
+        n = sum(a * b for a, b in zip(kernel.bytes, x))
+        if kernel.collective:
+            return f, n / self.link_bytes_per_s
+        return f / self.flops_per_s, n / self.bytes_per_s
+
+    def kernel_s(self, kernel: Kernel, load: Load) -> float:
+        c, m = self.kernel_terms(kernel, load.vector())
+        if kernel.collective:
+            return c + m if load.decodes + load.prompt_tokens > 0 else 0.0
+        return max(c, m, KAPPA * (c + m)) if c > 0 and m > 0 else c + m
+
+    def time_s(self, load: Load) -> float:
+        """The layer's time on `load` (0 when it carries no token)."""
+        if load.decodes + load.prompt_tokens <= 0:
+            return 0.0
+        return self.overhead_s + sum(self.kernel_s(k, load) for k in self.kernels)
+
+
+def layer_kernels(
+    config: DecoderConfig, dtype: str, kind: DeviceKindSpec, k: int = 1, link: LinkSpec | None = None
+) -> LayerKernels:
+    """The kernels of one layer on a device of `kind` (k = 1) or on each member of a group of k
+    whose collectives cross `link` (module docstring). Raises CostError for a dtype the kind has no
+    peak for or a group the layer does not split over."""
+    try:
+        peak = kind.flops_for(dtype)
+    except KeyError:
+        raise CostError(f"device kind {kind.name!r} gives no peak_flops for dtype {dtype!r}") from None
+    if k > 1 and (link is None or config.num_heads % k or config.num_kv_heads % k or config.intermediate_size % k):
+        raise CostError(f"a decoder layer of {config.name} cannot run on a tensor-parallel group of {k}")
+    kernels = _kernels(config, DTYPE_BYTES[dtype], k, kind.collective_call_s, link.latency_s if k > 1 else 0.0)
+    return LayerKernels(
+        kernels=kernels,
+        flops_per_s=peak * kind.compute_efficiency,
+        bytes_per_s=kind.mem_bw_bytes_per_s * kind.mem_efficiency,
+        link_bytes_per_s=link.bw_bytes_per_s if k > 1 else 1.0,
+        overhead_s=kind.overhead_s,
+    )
+
+
+@lru_cache(maxsize=512)
+def _kernels(cfg: DecoderConfig, b: int, k: int, call_s: float, latency_s: float) -> tuple[Kernel, ...]:
+    h, inner = cfg.hidden_size, cfg.intermediate_size
+    a, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    up = inner * (2 if cfg.gated_mlp else 1)
+    matmul = matmul_parameters(cfg)
+    linear_params = (matmul["attn"] + matmul["mlp"]) / k
+    biases = (a + 2 * kv) * cfg.qkv_bias / k + h * cfg.out_bias + (up / k + h) * cfg.mlp_bias
+    # activations in and out of each projection, per token: qkv, o, up (and gate), down
+    linear_io = (h + (a + 2 * kv) / k) + (a / k + h) + (h + up / k) + (inner / k + h)
+    rope = 2 * (a + kv) / k if not cfg.learned_positions else 0.0
+    act = (up + inner) / k
+    elementwise_io = 2 * (2 * h) + 2 * (3 * h) + rope + act  # two norms, two residual adds
+    norms = 2 * norm_parameters(cfg)
+    weights = b * (linear_params + biases)
+    out = [
+        Kernel(
+            "linear",
+            _vec(0, 2 * linear_params, 0, 2 * linear_params, 0),
+            _vec(weights, b * linear_io, 0, b * linear_io, 0),
+        ),
+        Kernel("attn_decode", _vec(0, 0, 4 * a / k, 0, 0), _vec(0, b * (2 * a + 2 * kv) / k, 2 * kv * b / k, 0, 0)),
+        Kernel("attn_prefill", _vec(0, 0, 0, 0, 4 * a / k), _vec(0, 0, 0, b * (2 * a + 4 * kv) / k, 0)),
+        Kernel("elementwise", _vec(0, 0, 0, 0, 0), _vec(b * norms, b * elementwise_io, 0, b * elementwise_io, 0)),
+    ]
+    if k > 1:
+        fixed = ALL_REDUCES_PER_LAYER * (call_s + 2 * (k - 1) * latency_s)
+        size = ALL_REDUCES_PER_LAYER * 2 * (k - 1) / k * h * b
+        out.append(Kernel("all_reduce", _vec(fixed, 0, 0, 0, 0), _vec(0, size, 0, size, 0), collective=True))
+    return tuple(out)
+
+
+def _vec(*values: float) -> tuple[float, ...]:
+    return tuple(float(v) for v in values)
+
+
+def layer_pieces(kernels: LayerKernels, per_sequence: Load) -> tuple[Piece, ...]:
+    """Affine pieces (fixed_s, per_sequence_s) whose maximum is the layer's time at b >= 1
+    sequences, each adding `per_sequence` to the load (module docstring): the upper envelope of
+    the sum of the kernels' pieces, exact for every b >= 0."""
+    x = per_sequence.vector()
+    slope_x = (0.0, *x[1:])
+    fixed_x = (1.0, 0.0, 0.0, 0.0, 0.0)
+    terms = []  # per kernel: its pieces as (fixed, slope)
+    for kernel in kernels.kernels:
+        c0, m0 = kernels.kernel_terms(kernel, fixed_x)
+        c1, m1 = kernels.kernel_terms(kernel, slope_x)
+        if kernel.collective or c0 + c1 == 0 or m0 + m1 == 0:
+            terms.append(((c0 + m0, c1 + m1),))
+        else:
+            terms.append(((c0, c1), (m0, m1), (KAPPA * (c0 + m0), KAPPA * (c1 + m1))))
+    terms.append(((kernels.overhead_s, 0.0),))
+    return envelope_of_sum(terms)
+
+
+def envelope_of_sum(terms: list[tuple[Piece, ...]]) -> tuple[Piece, ...]:
+    """The pieces of sum_i max_j (f_ij + s_ij b) for b >= 0: a convex piecewise affine function,
+    affine between the breakpoints of its terms; one piece per stretch between them."""
+    points = {0.0}
+    for pieces in terms:
+        for i, (f1, s1) in enumerate(pieces):
+            for f2, s2 in pieces[i + 1 :]:
+                if s1 != s2 and (x := (f2 - f1) / (s1 - s2)) > 0:
+                    points.add(x)
+    ends = sorted(points)
+    probes = [(lo + hi) / 2 for lo, hi in zip(ends, ends[1:])] + [ends[-1] + 1.0]
+    out: list[Piece] = []
+    for b in probes:
+        fixed = slope = 0.0
+        for pieces in terms:
+            f, s = max(pieces, key=lambda p: p[0] + p[1] * b)
+            fixed, slope = fixed + f, slope + s
+        if (fixed, slope) not in out:
+            out.append((fixed, slope))
+    return tuple(out)
