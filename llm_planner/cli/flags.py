@@ -44,6 +44,7 @@ SERVING_FLAGS = (
     "--max-classes-per-replica",
     "--max-stages",
     "--max-micro-batches",
+    "--max-batched-tokens",
     "--serving-solver",
 )
 

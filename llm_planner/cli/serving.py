@@ -15,6 +15,7 @@ from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
 from llm_planner.core.timing import Stopwatch, fmt_elapsed, timing_text
 from llm_planner.serving.api import plan_serving
 from llm_planner.serving.context import ServingOptions
+from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET
 from llm_planner.serving.inputs import workload_from_flags
 from llm_planner.serving.plan_fields import SERVING_SOLVERS
 from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
@@ -71,6 +72,14 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
         "whose requests move through the pipeline as one batch)",
     )
     g.add_argument(
+        "--max-batched-tokens",
+        type=positive,
+        default=None,
+        help=f"serving: tokens one engine iteration may carry, decodes and prompt chunks (vLLM's "
+        f"--max-num-batched-tokens, SGLang's --chunked-prefill-size; exported as planned; default: "
+        f"{DEFAULT_TOKEN_BUDGET})",
+    )
+    g.add_argument(
         "--serving-solver",
         choices=SERVING_SOLVERS,
         default="serving",
@@ -90,6 +99,7 @@ def serving_options(args: argparse.Namespace):
         max_stages=args.max_stages,
         time_limit_s=args.time_limit,
         max_micro_batches=args.max_micro_batches,
+        max_batched_tokens=args.max_batched_tokens or DEFAULT_TOKEN_BUDGET,
     )
 
 

@@ -12,11 +12,11 @@ writes the lists):
   bytes on every GPU, and gives every worker the number of blocks of the worker that holds the
   fewest, shrinking the others' tensors to it (vllm/v1/core/kv_cache_planning.py): the bytes of
   the tokens on a GPU of the stage with most layers.
-- Per-iteration tokens: the plan has no budget of its own, so the engines' defaults are written
-  explicitly: vLLM's for the OpenAI server (16384 from 160 GiB of GPU memory, 8192 from 70 GiB
-  except on A100s, else 2048; EngineArgs._set_default_max_num_seqs_and_batched_tokens_args),
-  SGLang's by GPU memory (memory_hook._handle_gpu_memory_settings: 2048 under 20 GiB, 4096 under
-  60 GiB, 8192 under 160 GiB, else 16384).
+- Per-iteration tokens: the plan's own budget (options.max_batched_tokens, what its TTFT and its
+  limit b (1 + E[P]/E[O]) <= budget assumed; llm_planner.serving.replica), written explicitly as
+  --max-num-batched-tokens / --chunked-prefill-size, whatever the engine's default for the GPUs
+  (vLLM's OpenAI server: 16384 from 160 GiB, 8192 from 70 GiB except on A100s, else 2048; SGLang:
+  2048 under 20 GiB, 4096 under 60 GiB, 8192 under 160 GiB, else 16384).
 - Ports: SGLang binds --dist-init-addr's port and the 6 above it (PortArgs.init_new:
   NUM_DERIVED_PORTS), its HTTP --port and --port + 1 (the gRPC sidecar); vLLM's multi-node head
   binds --master-port and --master-port + 1. Every such port is spaced by `PORT_STEP` per host.
@@ -38,7 +38,6 @@ from llm_planner.graph.transformer import DecoderConfig, named_config
 from llm_planner.serving.costs import build_serving_tasks
 from llm_planner.serving.workload import RequestShape, ServingWorkload
 
-GIB = 1024**3
 PORT_STEP = 10  # > SGLang's dist-init port + 6 derived ones; > vLLM's master port + 1
 VLLM_PORT, SGLANG_PORT, VLLM_MASTER_PORT, DIST_INIT_PORT = 8000, 30000, 29501, 20000
 RAY_BASE, RAY_BLOCK, RAY_WORKER_PORTS = 13000, 500, 400  # a Ray cluster's ports: RAY_BASE + k * RAY_BLOCK ..
@@ -153,18 +152,6 @@ def max_model_len(asked: int | None, limit: int, budgets: dict[str, KVBudget], w
             "(its sequences in flight at the workload's mean full context): one sequence that long does not fit"
         )
     return asked
-
-
-def batched_tokens_default(framework: str, mem_bytes: float, kind: str) -> int:
-    """The engine's own per-iteration token budget on a GPU of mem_bytes (module docstring)."""
-    if framework == "vllm":
-        if mem_bytes >= 160 * GIB:
-            return 16384
-        return 8192 if mem_bytes >= 70 * GIB and "a100" not in kind.lower() else 2048
-    for below, tokens in ((20, 2048), (60, 4096), (160, 8192)):
-        if mem_bytes < below * GIB:
-            return tokens
-    return 16384
 
 
 def assign_ports(engines: Sequence[Any], base: int, step: int) -> dict[str, int]:

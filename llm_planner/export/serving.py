@@ -42,7 +42,6 @@ from llm_planner.core.spec import ClusterSpec, DeviceSpec
 from llm_planner.export.engine_args import (
     KVBudget,
     ServingExportError,
-    batched_tokens_default,
     engine_dtype,
     kv_budget,
     max_model_len,
@@ -127,7 +126,7 @@ class ServingExport:
     tokens_per_s: float
     engines: tuple[EnginePlan, ...]
     kv: dict[str, KVBudget] | None = None  # per engine name (not for megatron)
-    batched_tokens: dict[str, int] | None = None  # per engine: the engine's default, written explicitly
+    batched_tokens: dict[str, int] | None = None  # per engine: the plan's per-iteration token budget
     multinode: str = "native"  # vLLM across hosts: VLLM_MULTINODE
 
     def share(self, engine: EnginePlan) -> float:
@@ -230,12 +229,8 @@ def _engine_budgets(export, plan, cluster, dtype, max_len, multinode) -> Serving
             "--max-model-len" if max_len is not None else "the KV cache the smallest engine holds",
             workload.max_context,
         )
-    batched = {
-        e.name: min(
-            batched_tokens_default(export.framework, cluster.kind(st.kind).mem_bytes, st.kind) for st in e.stages
-        )
-        for e in export.engines
-    }
+    budget = plan.data["options"]["max_batched_tokens"]  # what the plan's TTFT and feasibility assumed
+    batched = {e.name: budget for e in export.engines}
     return dataclasses.replace(
         export,
         quantization=dtype.quantization,

@@ -66,8 +66,8 @@ def _header(export: ServingExport, ports: dict[str, int], title: str) -> list[st
         "# GPU numbers are CUDA ordinals in PCI bus order: the node's GPU kinds in the cluster spec's order.",
         f"# Longest sequence (prompt + output): {export.max_model_len} tokens (the model's limit is "
         f"{export.model_limit}; export --max-model-len sets it).",
-        "# KV cache: the tokens the plan holds per engine (KV tokens below). Tokens per iteration: the plan has",
-        "# no budget of its own, so the engine's default for these GPUs is written explicitly.",
+        "# KV cache: the tokens the plan holds per engine (KV tokens below). Tokens per iteration: the plan's",
+        "# budget (plan --max-batched-tokens), which its TTFT and concurrency assumed.",
         "#",
         f"# {'engine':<7} {'endpoint':<24} {'tp':>3} {'pp':>3}  {'layers/stage':<16} {'max seqs':>8} "
         f"{'KV tokens':>9} {'tokens/s':>10} {'share':>6}  hosts (stages)",

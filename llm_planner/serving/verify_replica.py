@@ -5,8 +5,10 @@ layers, concurrency, micro-batches), the workload and the cost layer's per-task 
 It calls neither the search's replica model (llm_planner.serving.replica.ReplicaModel: its
 evaluation, split and concurrency search) nor its stage costs (llm_planner.serving.costs.StageCosts),
 so a defect in either shows up as a difference: each part's time on a stage's device or group is
-the cost layer's roofline (llm_planner.cost.roofline.group_task_time_pieces, or a measured block
-time), its bytes per member roofline.shard_of's. It takes from llm_planner.serving the decoder's
+the cost layer's: a decoder layer's kernels evaluated on the iteration's load directly
+(llm_planner.cost.iteration.LayerKernels.time_s, not the search's pieces of it; or a measured
+block time), the end parts' rooflines (llm_planner.cost.roofline.group_task_time_pieces), bytes
+per member roofline.shard_of's. It takes from llm_planner.serving the decoder's
 tasks per sequence in flight (serving.costs.build_serving_tasks), the server classes and the links
 between stages (llm_planner.serving.layout.build_slots); the module docstring of
 llm_planner.serving.verify lists those as not yet independent.
@@ -16,7 +18,8 @@ largest; a stage's iteration t_s(b) = step + l block(b) [+ embed(b) first] [+ no
 last]; its busy period the sum over the micro-batches; the round trip the stage times at b plus
 each hand-off (latency + bytes / bandwidth; hidden states of b sequences and their prompt chunks,
 the sampled ids back from the last stage); TPOT the larger of the round trip and the busiest
-stage; tokens/s = C / TPOT; TTFT the iterations a prompt's chunks take plus a round trip; memory
+stage; tokens/s = C / TPOT; TTFT: a mean prompt in chunks of min(E[P], budget - b) tokens, one per
+cycle, the last one's round trip (each chunk's iteration carrying it) yielding the token; memory
 per device: layers x (block weights + C KV per layer) + the end parts' weights + the largest
 workspace at b sequences.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from llm_planner.cost.iteration import Load, layer_kernels
 from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
 from llm_planner.serving.context import ServingContext
 from llm_planner.serving.layout import Layout, build_slots
@@ -62,18 +66,36 @@ class _Costs:
         self.kv = member["block"].mem_bytes_per_sample
         layer_time = ctx.cache.layer_time
         self.measured = layer_time(sc.kind.name) if layer_time is not None and degree == 1 else None
+        self.kernels = layer_kernels(ctx.config, ctx.dtype, sc.kind, degree, sc.intra_link)
+        wl = ctx.workload
+        self.decode_keys, self.prompt_keys = wl.decode_context, (wl.mean_prompt_len + 1) / 2
+        self.ratio = wl.prefill_per_output
+        self.steady_prompt_keys = sum(  # per sequence per iteration: its share of each prompt's causal keys
+            share / wl.mean_output_len * r.prompt_len * (r.prompt_len + 1) / 2
+            for r, share in zip(wl.requests, wl.shares)
+        )
+
+    def layer_s(self, b: int, prompt_tokens: float) -> float:
+        """One decoder layer on b decodes and `prompt_tokens` prompt tokens."""
+        if self.measured is not None:
+            return float(self.measured.profile.layer_time_s(self.measured.kind, b, prompt_tokens))
+        if prompt_tokens == b * self.ratio:  # the steady load: each sequence's own prompt share
+            keys = b * self.steady_prompt_keys
+        else:
+            keys = prompt_tokens * self.prompt_keys
+        load = Load(decodes=b, decode_keys=b * self.decode_keys, prompt_tokens=prompt_tokens, prompt_keys=keys)
+        return self.kernels.time_s(load)
 
     def part_s(self, part: str, b: int) -> float:
         if b <= 0:
             return 0.0
-        if part == "block" and self.measured is not None:
-            return float(self.measured(b))
         return evaluate_pieces(self.pieces[part], b)
 
-    def iteration_s(self, b: int, layers: int, first: bool, last: bool) -> float:
+    def iteration_s(self, b: int, layers: int, first: bool, last: bool, prompt_tokens: float | None = None) -> float:
+        """A stage's iteration on b sequences with their steady prompt share (or `prompt_tokens`)."""
         if b <= 0:
             return 0.0
-        t = self.step_s + layers * self.part_s("block", b)
+        t = self.step_s + layers * self.layer_s(b, b * self.ratio if prompt_tokens is None else prompt_tokens)
         if first:
             t += self.part_s("embed", b)
         if last:
@@ -113,9 +135,12 @@ def derive(ctx: ServingContext, layout: Layout, layers: list[int], concurrency: 
             handoff += slot.link_next.latency_s + nbytes / slot.link_next.bw_bytes_per_s
     trip = sum(stage) + handoff
     tpot = max(trip, max(busy))
-    chunk = max(1.0, b * ctx.workload.prefill_per_output)
-    prompt = ctx.workload.prefill_per_output * ctx.workload.mean_output_len  # E[P], as the search writes it
-    ttft = math.ceil(prompt / chunk) * tpot + trip
+    prompt = ctx.workload.mean_prompt_len
+    chunk = min(prompt, max(1, ctx.options.max_batched_tokens - b))
+    chunk_trip = handoff + sum(
+        c.iteration_s(b, n, s == 0, s == p - 1, prompt_tokens=chunk) for s, (c, n) in enumerate(zip(costs, layers))
+    )
+    ttft = (math.ceil(prompt / chunk) - 1) * max(tpot, chunk_trip) + chunk_trip
     return Derived(
         stage_s=tuple(stage),
         busy_s=tuple(busy),

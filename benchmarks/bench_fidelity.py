@@ -1,0 +1,186 @@
+"""The serving cost model against measurements nobody here made: one row per reference run.
+
+    .venv/bin/python benchmarks/bench_fidelity.py [--out DIR]
+
+Each serving row of benchmarks/data/fidelity_references.yaml (engine, model, GPUs, tensor and
+pipeline degrees, concurrency, mean prompt and output lengths, each with its source) is scored
+by the planner's own model, as `llm-planner score` would: a one-server cluster of the row's GPUs
+from the package's catalog (`catalog:`, with the server's GPU link from
+benchmarks/data/fidelity_servers.yaml), the row's model preset and dtype, the replica pp stages x
+tp GPUs, the row's concurrency in one micro-batch per stage. It prints and writes the model's
+TPOT, tokens/s and TTFT beside the measured ones and their ratios (model / measured). Rows the
+model cannot score (a GPU, concurrency or model the source does not state) are listed with why.
+
+What the rows mean is in the data file's header: `calibration` rows are those the constants were
+fitted on; `held_out` rows judge the model. TTFT of a closed batch (all prompts at once, as in
+the LambdaLabs prompt_10 runs) is not the steady state the model describes: its ratio is shown,
+marked, and kept out of the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
+
+from llm_planner.serving.context import ServingOptions, build_context  # noqa: E402
+from llm_planner.serving.layout import Segment  # noqa: E402
+from llm_planner.serving.workload import RequestShape, ServingWorkload  # noqa: E402
+
+DATA = REPO / "benchmarks" / "data"
+# The Hugging Face names of the references and the presets with their architecture.
+PRESETS = {
+    "meta-llama/Meta-Llama-3-8B-Instruct": "llama3-8b",
+    "meta-llama/Meta-Llama-3-70B-Instruct": "llama3-70b",
+    "meta-llama/Llama-3.3-70B-Instruct": "llama3-70b",
+    "meta-llama/Llama-3.1-8B-Instruct": "llama3-8b",
+    "meta-llama/Llama-3.1-70B-Instruct": "llama3-70b",
+}
+DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
+COLUMNS = [
+    "id",
+    "use",
+    "gpu",
+    "tp",
+    "concurrency",
+    "prompt/output",
+    "tpot measured",
+    "tpot model",
+    "tpot ratio",
+    "tok/s measured",
+    "tok/s model",
+    "tok/s ratio",
+    "ttft measured",
+    "ttft model",
+    "ttft ratio",
+]
+
+
+def cluster_yaml(gpu: str, num_gpus: int, servers: dict) -> str:
+    link = servers[gpu]["gpu_link"]
+    return yaml.safe_dump(
+        {
+            "name": f"one-{gpu}-server",
+            "device_kinds": [{"name": gpu, "catalog": gpu}],
+            "nodes": [
+                {
+                    "name": "server",
+                    "count": 1,
+                    "devices": {gpu: num_gpus},
+                    "links": [{"between": [gpu, gpu], **link}] if num_gpus > 1 else [],
+                }
+            ],
+        },
+        sort_keys=False,
+    )
+
+
+def why_not(row: dict) -> str | None:
+    """Why a row cannot be scored, or None."""
+    if row.get("gpu") is None:
+        return "the source does not name the GPU"
+    if row.get("concurrency") is None:
+        return "the source does not state the concurrency (max_num_seqs unknown)"
+    if row.get("model") not in PRESETS:
+        return f"no preset for {row.get('model')}"
+    if row.get("pp", 1) != 1:
+        return "pipeline rows are scored once pp layouts are in the references"
+    return None
+
+
+def score(row: dict, servers: dict, tmp: Path) -> dict:
+    gpu, tp = row["gpu"], row["tp"]
+    spec = tmp / f"{gpu}-{row['num_gpus']}.yaml"
+    spec.write_text(cluster_yaml(gpu, row["num_gpus"], servers))
+    prompt, output = max(1, round(row["prompt_len"])), max(1, round(row["output_len"]))
+    workload = ServingWorkload(requests=(RequestShape(prompt_len=prompt, output_len=output),), tpot_slo_s=10.0)
+    budget = row.get("max_num_batched_tokens") or ServingOptions().max_batched_tokens
+    ctx = build_context(
+        str(spec), PRESETS[row["model"]], workload, DTYPES[row["dtype"]], ServingOptions(max_batched_tokens=budget)
+    )
+    model = ctx.replica((Segment(ctx.classes[0].name, tp, 1),))
+    c = row["concurrency"]
+    split = model.split_layers(c, 1)
+    ev = model.evaluate(split or (ctx.config.num_layers,), c, 1)
+    return {"tpot_s": ev.tpot_s, "tokens_per_s": ev.tokens_per_s, "ttft_s": ev.ttft_s, "fits": split is not None}
+
+
+def ratio(model: float, measured) -> str:
+    return f"{model / measured:.2f}" if measured else "-"
+
+
+def ms(x) -> str:
+    return f"{x * 1e3:.1f} ms" if x else "-"
+
+
+def table_row(row: dict, got: dict) -> dict:
+    closed = str(row["id"]).startswith("lambda-p10")
+    return {
+        "id": row["id"],
+        "use": row["use"],
+        "gpu": row["gpu"],
+        "tp": row["tp"],
+        "concurrency": row["concurrency"],
+        "prompt/output": f"{row['prompt_len']:.0f}/{row['output_len']:.0f}",
+        "tpot measured": ms(row.get("tpot_s") or row.get("itl_s")),
+        "tpot model": ms(got["tpot_s"]),
+        "tpot ratio": ratio(got["tpot_s"], row.get("tpot_s") or row.get("itl_s")),
+        "tok/s measured": f"{row['output_tokens_per_s']:,.0f}" if row.get("output_tokens_per_s") else "-",
+        "tok/s model": f"{got['tokens_per_s']:,.0f}",
+        "tok/s ratio": "-" if closed else ratio(got["tokens_per_s"], row.get("output_tokens_per_s")),
+        "ttft measured": ms(row.get("ttft_s")),
+        "ttft model": ms(got["ttft_s"]),
+        "ttft ratio": ratio(got["ttft_s"], row.get("ttft_s")) + (" (closed batch)" if closed else ""),
+    }
+
+
+def summary(rows: list[dict]) -> list[str]:
+    out = []
+    for use in ("calibration", "held_out"):
+        for key in ("tpot ratio", "tok/s ratio", "ttft ratio"):
+            values = [float(r[key]) for r in rows if r["use"] == use and r[key] != "-" and "closed" not in r[key]]
+            if values:
+                out.append(
+                    f"{use:12s} {key:12s} n={len(values):2d} median {statistics.median(values):.2f} "
+                    f"range {min(values):.2f}-{max(values):.2f}"
+                )
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fidelity"))
+    args = ap.parse_args()
+    facts = provenance.start(sys.argv)
+    refs = yaml.safe_load((DATA / "fidelity_references.yaml").read_text())
+    servers = yaml.safe_load((DATA / "fidelity_servers.yaml").read_text())
+    rows, skipped = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for row in refs["serving"]:
+            reason = why_not(row)
+            if reason:
+                skipped.append(f"{row['id']}: {reason}")
+                continue
+            rows.append(table_row(row, score(row, servers, Path(tmp))))
+    print(provenance.markdown_table(COLUMNS, ([r[c] for c in COLUMNS] for r in rows)))
+    lines = summary(rows)
+    print("\n".join(lines))
+    print("not scored:\n  " + "\n  ".join(skipped))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "summary.txt").write_text("\n".join(lines) + "\n\nnot scored:\n" + "\n".join(skipped) + "\n")
+    provenance.write_results(args.out, COLUMNS, rows, facts)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
