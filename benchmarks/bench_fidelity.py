@@ -33,6 +33,9 @@ sys.path.insert(0, str(REPO))
 
 import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
+from llm_planner.core.spec import load_cluster  # noqa: E402
+from llm_planner.cost.iteration import Load, layer_kernels  # noqa: E402
+from llm_planner.graph.transformer import preset_config  # noqa: E402
 from llm_planner.serving.context import ServingOptions, build_context  # noqa: E402
 from llm_planner.serving.layout import Segment  # noqa: E402
 from llm_planner.serving.workload import RequestShape, ServingWorkload  # noqa: E402
@@ -45,7 +48,13 @@ PRESETS = {
     "meta-llama/Llama-3.3-70B-Instruct": "llama3-70b",
     "meta-llama/Llama-3.1-8B-Instruct": "llama3-8b",
     "meta-llama/Llama-3.1-70B-Instruct": "llama3-70b",
+    "meta-llama/Meta-Llama-3-8B": "llama3-8b",
+    "meta-llama/Meta-Llama-3-70B": "llama3-70b",
+    "meta-llama/Llama-2-70b-hf": "llama2-70b",
 }
+PROJECTIONS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+OP_COLUMNS = ["gpu", "model", "tp", "linear ratio by tokens (1, 8, 32, 64, 128, 256, 512, 1024, 2048)"]
+AR_COLUMNS = ["gpu", "GPUs", "all-reduce ratio by bytes (2 KiB .. 64 MiB, x4 steps)"]
 DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
 COLUMNS = [
     "id",
@@ -157,6 +166,45 @@ def summary(rows: list[dict]) -> list[str]:
     return out
 
 
+def operator_rows(ops: dict, servers: dict, tmp: Path) -> tuple[list[dict], list[dict]]:
+    """The linear kernel (Vidur's four projections summed) and the all-reduce per call, model / measured."""
+    kinds, lin, ar = {}, {}, {}
+    for row in ops["mlp"]:
+        if row["model"] not in PRESETS:
+            continue
+        kind, link = _kind(row["gpu"], max(2, row["tp"]), servers, tmp, kinds)
+        ks = layer_kernels(
+            preset_config(PRESETS[row["model"]]), "fp16", kind, row["tp"], link if row["tp"] > 1 else None
+        )
+        model = ks.kernel_s(next(k for k in ks.kernels if k.name == "linear"), Load(decodes=row["num_tokens"]))
+        measured = sum(row["time_s"][op] for op in PROJECTIONS)
+        lin.setdefault((row["gpu"], row["model"].split("/")[-1], row["tp"]), []).append(f"{model / measured:.2f}")
+    for row in ops["all_reduce"]:
+        k = row["num_workers"]
+        if k != row["devices_per_node"] or row["gpu"] not in servers or row["size_bytes"].bit_length() % 2 == 0:
+            continue  # in one server only; every other power of two
+        kind, link = _kind(row["gpu"], k, servers, tmp, kinds)
+        model = (
+            kind.collective_call_s
+            + 2 * (k - 1) * link.latency_s
+            + 2 * (k - 1) / k * row["size_bytes"] / link.bw_bytes_per_s
+        )
+        ar.setdefault((row["gpu"], k), []).append(f"{model / row['time_s']:.2f}")
+    lin_rows = [dict(zip(OP_COLUMNS, (*key, " ".join(v)))) for key, v in lin.items()]
+    ar_rows = [dict(zip(AR_COLUMNS, (*key, " ".join(v)))) for key, v in ar.items()]
+    return lin_rows, ar_rows
+
+
+def _kind(gpu: str, k: int, servers: dict, tmp: Path, seen: dict):
+    if (gpu, k) not in seen:
+        spec = tmp / f"op-{gpu}-{k}.yaml"
+        spec.write_text(cluster_yaml(gpu, k, servers))
+        cluster = load_cluster(spec)
+        devices = cluster.devices()
+        seen[(gpu, k)] = (cluster.device_kinds[0], cluster.link(devices[0], devices[1]))
+    return seen[(gpu, k)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fidelity"))
@@ -172,12 +220,18 @@ def main() -> int:
                 skipped.append(f"{row['id']}: {reason}")
                 continue
             rows.append(table_row(row, score(row, servers, Path(tmp))))
+        ops = yaml.safe_load((DATA / refs["operators_file"]).read_text())
+        lin_rows, ar_rows = operator_rows(ops, servers, Path(tmp))
     print(provenance.markdown_table(COLUMNS, ([r[c] for c in COLUMNS] for r in rows)))
     lines = summary(rows)
     print("\n".join(lines))
     print("not scored:\n  " + "\n  ".join(skipped))
+    ops_md = provenance.markdown_table(OP_COLUMNS, ([r[c] for c in OP_COLUMNS] for r in lin_rows))
+    ops_md += "\n" + provenance.markdown_table(AR_COLUMNS, ([r[c] for c in AR_COLUMNS] for r in ar_rows))
+    print(ops_md)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "summary.txt").write_text("\n".join(lines) + "\n\nnot scored:\n" + "\n".join(skipped) + "\n")
+    (Path(args.out) / "operators.md").write_text(ops_md)
     provenance.write_results(args.out, COLUMNS, rows, facts)
     return 0
 
