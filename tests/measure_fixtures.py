@@ -72,7 +72,7 @@ SPEC = {
     "pcie_lat": "30 us",
     "nvl_bw": "20 GB/s",
     "nvl_lat": "1 us",
-}  # what the spec file says (cpu-a mem_efficiency: default 1.0)
+}  # what the spec file says (cpu-a mem_efficiency: the cpu type's default)
 TRUE = {
     "cpu_ce": 0.35,
     "cpu_o": "50 us",
@@ -83,7 +83,7 @@ TRUE = {
     "pcie_lat": "15 us",
     "nvl_bw": "50 GB/s",
     "nvl_lat": "5 us",
-}  # what the "hardware" does (cpu-a mem_efficiency: 1.0 too)
+}  # what the "hardware" does (cpu-a mem_efficiency: the same default)
 
 
 def cluster_text(**values) -> str:

@@ -42,13 +42,16 @@ def kind(
     usable: float = 1.0,
 ) -> dict:
     """A device kind; its whole memory usable unless `usable` says otherwise (the instances state
-    the budget a plan has, not a GPU's size)."""
+    the budget a plan has, not a GPU's size), its peaks reached in full (the hand-solved instances'
+    times are FLOPs / flops and bytes / mem_bw, not the type's default efficiencies)."""
     return {
         "name": name,
         "type": type_,
         "peak_flops": {"fp16": flops},
         "mem_bytes": mem_bytes,
         "mem_bw_bytes_per_s": mem_bw,
+        "compute_efficiency": 1.0,
+        "mem_efficiency": 1.0,
         "overhead_s": overhead_s,
         "usable_mem_fraction": usable,
     }

@@ -9,6 +9,7 @@ import pytest
 from measure_fixtures import chain_graph, graph_plan, graph_report, true_cluster, write_inputs
 
 from llm_planner.cli import main as cli
+from llm_planner.core.catalog import DEFAULT_EFFICIENCY
 from llm_planner.core.plan import load_plan
 from llm_planner.core.spec import load_cluster
 from llm_planner.measure.calibrate import CalibrateError, calibrate, calibrate_files, load_run
@@ -16,8 +17,9 @@ from llm_planner.measure.observe import MeasureError
 from llm_planner.measure.spec_edit import EditError, dump_with_fields, set_fields
 
 N = 12  # tasks of the chain graph
+CPU_MEM_EFFICIENCY = DEFAULT_EFFICIENCY["cpu"][1]  # cpu-a's in the spec and in the truth: neither states it
 TRUE_KINDS = {
-    "cpu-a": {"overhead_s": 50e-6, "compute_efficiency": 0.35, "mem_efficiency": 1.0},
+    "cpu-a": {"overhead_s": 50e-6, "compute_efficiency": 0.35, "mem_efficiency": CPU_MEM_EFFICIENCY},
     "gpu-b": {"overhead_s": 12e-6, "compute_efficiency": 0.45, "mem_efficiency": 0.7},
 }
 TRUE_LINKS = {
@@ -78,7 +80,7 @@ def test_what_the_runs_cannot_tell_keeps_the_specs_value_with_a_reason(tmp_path)
     assert "compute_efficiency" not in cpu.fitted and cpu.values["compute_efficiency"] == 0.8
     assert "no observation" in cpu.kept["compute_efficiency"]
     assert cpu.values["overhead_s"] == pytest.approx(50e-6, rel=1e-4)
-    assert cpu.values["mem_efficiency"] == pytest.approx(1.0, rel=1e-4)
+    assert cpu.values["mem_efficiency"] == pytest.approx(CPU_MEM_EFFICIENCY, rel=1e-4)
     spare = fits["spare"]
     assert spare.fitted == () and spare.samples == 0 and spare.values == spare.before
     assert set(spare.kept.values()) == {"no timed task"}
@@ -110,7 +112,7 @@ def test_the_cli_writes_the_corrected_spec_keeping_comments_and_other_fields(tmp
     calibrated, original = load_cluster(out), load_cluster(cluster)
     assert calibrated.kind("gpu-b").compute_efficiency == pytest.approx(0.45, rel=1e-3)
     assert calibrated.kind("cpu-a").mem_efficiency == pytest.approx(
-        1.0, rel=1e-3
+        CPU_MEM_EFFICIENCY, rel=1e-3
     )  # added: the spec left it at its default
     assert calibrated.kind("cpu-a").overhead_s == pytest.approx(50e-6, rel=1e-3)
     assert calibrated.intra_node[0].bw_bytes_per_s == pytest.approx(50e9, rel=1e-3)

@@ -18,14 +18,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from llm_planner.core import units
-from llm_planner.core.constants import DEVICE_TYPES, DTYPE_BYTES
+from llm_planner.core.catalog import DEFAULT_EFFICIENCY, catalog_entry, catalog_names
 from llm_planner.core.fileio import load_document
 from llm_planner.core.names import hostname_problem
 from llm_planner.core.spec_fields import (
     Reader,
     SpecError,
-    as_bool,
     as_hostname,
     as_int,
     as_name,
@@ -33,19 +31,15 @@ from llm_planner.core.spec_fields import (
     as_str,
     as_text,
     bandwidth,
-    flops,
-    mem_bytes,
     nonneg_seconds,
 )
+from llm_planner.core.spec_kinds import REQUIRED_KIND_FIELDS, read_kind_fields
 
 # Default share of a device's memory that a plan may fill, by device type. vLLM's
 # gpu_memory_utilization defaults to 0.9 for the same reason: the CUDA context, the
 # allocator's fragmentation and NCCL's buffers live in the rest. A CPU's host memory
 # is the spec's number (set usable_mem_fraction to keep room for the OS).
 USABLE_MEM_DEFAULT = {"cpu": 1.0, "gpu": 0.9, "accelerator": 0.9}
-# Names a peak_flops mapping may use: the element types a model can be planned in, and fp64
-# (on data sheets, never used). Anything else is a typo that would surface much later.
-PRECISIONS = (*DTYPE_BYTES, "fp64")
 # Devices of the expanded cluster: far beyond this the placement problem no longer fits in
 # memory or in minutes (docs/inputs.md).
 MAX_DEVICES = 65536
@@ -56,10 +50,11 @@ MAX_DEVICES = 65536
 # v0.6.0 performance update, 2024-09; SGLang v0.4 "zero-overhead batch scheduler", 2024-12).
 # Set `step_overhead_s` per kind from a measurement (docs/serving.md).
 STEP_OVERHEAD_DEFAULT = {"cpu": 1e-3, "gpu": 1e-3, "accelerator": 1e-3}
-# Fixed time of one collective call on a tensor-parallel group besides its link latencies and
-# bytes (kernel launch and NCCL's own latency), by device type: NCCL all-reduces of 18 KB-4 MB
-# take 18-99 us per call on A100 and H100 servers, about 20 us of it launch (Vidur's network
-# profiles, microsoft/vidur data/profiling/network). Set `collective_overhead_s` per kind.
+# Fixed time per collective call (an all-reduce of a tensor-parallel group) besides its size term, by
+# device type: NCCL all-reduce of 18 KB to 4 MB measured 18-99 us per call on A100 and H100 servers,
+# of which about 20 us is the launch (Vidur, MLSys 2024, adds 20 us per NCCL call); the size term
+# comes from the link's bandwidth. CPU groups (MPI over shared memory) carry it in the link's latency.
+# Set `collective_overhead_s` per kind (or take the catalog's) from a measurement.
 COLLECTIVE_OVERHEAD_DEFAULT = {"cpu": 0.0, "gpu": 25e-6, "accelerator": 25e-6}
 # Whether devices of a kind may form tensor-parallel groups, by device type: GPUs and accelerators
 # do (NCCL-style collectives over NVLink or PCIe); CPU sockets do not (no engine shards a layer
@@ -97,17 +92,23 @@ class DeviceKindSpec:
     peak_flops: tuple[tuple[str, float], ...]  # (dtype, FLOP/s) pairs
     mem_bytes: float  # math.inf for unlimited (CPUs sharing host memory)
     mem_bw_bytes_per_s: float
-    compute_efficiency: float = 1.0  # fraction of peak FLOP/s reached in practice
-    mem_efficiency: float = 1.0  # fraction of peak memory bandwidth reached
+    # Fractions of peak FLOP/s and of peak memory bandwidth reached in practice. A kind read from a file
+    # that states neither and names no catalog entry gets its type's DEFAULT_EFFICIENCY (llm_planner.core.catalog).
+    compute_efficiency: float = 1.0
+    mem_efficiency: float = 1.0
     overhead_s: float = 0.0  # fixed time per task (kernel launches, dispatch)
+    # Fixed time per collective call of a tensor-parallel group; None: COLLECTIVE_OVERHEAD_DEFAULT.
+    collective_overhead_s: float | None = None
     # Share of mem_bytes a plan may fill; None: the type's default (USABLE_MEM_DEFAULT).
     usable_mem_fraction: float | None = None
     # Serving: fixed time per engine iteration on a stage of this kind; None: STEP_OVERHEAD_DEFAULT.
     step_overhead_s: float | None = None
-    # Tensor-parallel groups: fixed time per collective call; None: COLLECTIVE_OVERHEAD_DEFAULT.
-    collective_overhead_s: float | None = None
     # Whether its devices may form tensor-parallel groups; None: the type's TENSOR_PARALLEL_DEFAULT.
     tensor_parallel: bool | None = None
+    # Where its figures came from (not figures themselves, so kinds compare by their numbers alone):
+    # the catalog entry it names, and the fields the loader filled with a type's default.
+    catalog: str | None = field(default=None, compare=False)
+    defaulted: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def forms_tensor_groups(self) -> bool:
@@ -309,39 +310,25 @@ def _read_link_fields(c: Reader) -> dict[str, float]:
 
 
 def _read_kind(c: Reader) -> DeviceKindSpec:
+    """A device kind: the fields it states, over those of the catalog entry it names (if any); the
+    efficiencies neither gives are the type's DEFAULT_EFFICIENCY, recorded in `defaulted`."""
     name = c.get("name", as_safe_name)
-    kind_type = c.get("type", as_str)
-    if kind_type not in DEVICE_TYPES:
-        c.fail(f"must be one of {', '.join(DEVICE_TYPES)}, got {kind_type!r}", "type")
-    flops_raw = c.get("peak_flops")
-    if not isinstance(flops_raw, dict) or not flops_raw:
-        c.fail("expected a mapping of dtype to FLOP/s, e.g. {fp16: 312 TFLOP/s}", "peak_flops")
-    flops_reader = c.child("peak_flops", flops_raw)
-    for dtype in flops_raw:
-        if dtype not in PRECISIONS:
-            flops_reader.fail(f"unknown precision {dtype!r} (known: {', '.join(PRECISIONS)})", str(dtype))
-    peak = tuple((str(dtype), flops_reader.get(dtype, flops, positive=True)) for dtype in flops_raw)
-    mem = math.inf if c.data.get("mem_bytes") == "unlimited" else c.get("mem_bytes", mem_bytes, positive=True)
-    c.used.add("mem_bytes")
-    spec = DeviceKindSpec(
-        name=name,
-        type=kind_type,
-        peak_flops=peak,
-        mem_bytes=mem,
-        mem_bw_bytes_per_s=c.get("mem_bw_bytes_per_s", bandwidth, positive=True),
-        compute_efficiency=c.get("compute_efficiency", units.parse_fraction, default=1.0, positive=True),
-        mem_efficiency=c.get("mem_efficiency", units.parse_fraction, default=1.0, positive=True),
-        overhead_s=c.get("overhead_s", nonneg_seconds, default=0.0),
-        usable_mem_fraction=c.get("usable_mem_fraction", units.parse_fraction, default=None, positive=True),
-        step_overhead_s=c.get("step_overhead_s", nonneg_seconds, default=None),
-        collective_overhead_s=c.get("collective_overhead_s", nonneg_seconds, default=None),
-        tensor_parallel=c.get("tensor_parallel", as_bool, default=None),
-    )
-    for key in ("compute_efficiency", "mem_efficiency", "usable_mem_fraction"):
-        if getattr(spec, key) is not None and getattr(spec, key) > 1:
-            c.fail(f"must be in (0, 1], got {getattr(spec, key)}", key)
+    catalog = c.get("catalog", as_str, default=None)
+    fields = read_kind_fields(c)
+    if catalog is not None:
+        if catalog not in catalog_names():
+            c.fail(f"unknown catalog entry {catalog!r} (known: {', '.join(catalog_names())})", "catalog")
+        fields = {**catalog_entry(catalog), **fields}
+    for key in REQUIRED_KIND_FIELDS:
+        if key not in fields:
+            c.fail("missing required field (state it, or name a catalog entry with `catalog`)", key)
     c.done()
-    return spec
+    defaulted = []
+    for key, default in zip(("compute_efficiency", "mem_efficiency"), DEFAULT_EFFICIENCY[fields["type"]]):
+        if key not in fields:
+            fields[key] = default
+            defaulted.append(key)
+    return DeviceKindSpec(name=name, catalog=catalog, defaulted=tuple(defaulted), **fields)
 
 
 def _read_node(c: Reader, kinds: set[str]) -> NodeSpec:

@@ -9,7 +9,7 @@ from rich.table import Table
 from llm_planner.core.atomic import write_figure
 from llm_planner.core.fmt import fmt_bytes, fmt_s, fmt_time, has_file_units
 from llm_planner.core.plan import Plan
-from llm_planner.core.spec import ClusterSpec, DeviceSpec
+from llm_planner.core.spec import ClusterSpec, DeviceKindSpec, DeviceSpec
 from llm_planner.graph.models import list_models
 from llm_planner.placement.milp.symmetry import symmetry_classes
 from llm_planner.placement.problem import PlacementProblem
@@ -126,7 +126,8 @@ def cluster_tables(cluster: ClusterSpec) -> list[Table]:
 
 def _kinds_table(cluster: ClusterSpec) -> Table:
     kinds = Table(title=f"{cluster.name}: device kinds")
-    for col in ("kind", "type", "peak compute", "memory (usable)", "memory bandwidth", "efficiency reached"):
+    cols = ("kind", "type", "peak compute", "memory (usable)", "memory bandwidth", "efficiency reached", "figures from")
+    for col in cols:
         kinds.add_column(col)
     for k in cluster.device_kinds:
         kinds.add_row(
@@ -136,11 +137,27 @@ def _kinds_table(cluster: ClusterSpec) -> Table:
             f"{fmt_bytes(k.mem_bytes)} ({fmt_bytes(k.usable_mem_bytes)})",
             f"{k.mem_bw_bytes_per_s / 1e9:.4g} GB/s",
             f"{k.compute_efficiency:.0%} of compute, {k.mem_efficiency:.0%} of bandwidth",
+            kind_source(k),
         )
     kinds.caption = (
-        "usable: what a plan may fill (usable_mem_fraction); efficiency: the share of the peaks the costs assume"
+        "usable: what a plan may fill (usable_mem_fraction); efficiency: the share of the peaks the costs assume; "
+        "figures from: the spec, or the GPU catalog entry it names (its own fields win)"
     )
     return kinds
+
+
+def kind_source(kind: DeviceKindSpec) -> str:
+    """Where a kind's figures come from: the spec, or the catalog entry it names, and which
+    efficiencies the loader filled with the type's default (DEFAULT_EFFICIENCY)."""
+    source = f"catalog {kind.catalog}" if kind.catalog else "the spec"
+    if not kind.defaulted:
+        return source
+    values = {"compute_efficiency": kind.compute_efficiency, "mem_efficiency": kind.mem_efficiency}
+    if set(kind.defaulted) == set(values):
+        what = f"efficiencies: default {kind.compute_efficiency:g}/{kind.mem_efficiency:g}"
+    else:
+        what = ", ".join(f"{key}: default {values[key]:g}" for key in kind.defaulted)
+    return f"{source}; {what} (no catalog entry, none given)"
 
 
 def _servers_table(cluster: ClusterSpec) -> Table:

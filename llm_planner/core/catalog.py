@@ -1,0 +1,67 @@
+"""The GPU catalog: device kinds a cluster spec may name with `catalog: NAME` instead of stating
+every figure (llm_planner/core/data/gpu_catalog.yaml, its sources in its comments), and the
+efficiencies a kind gets when it names no entry and states none.
+
+An entry holds device kind fields written as a spec writes them and read by the spec's own
+parsers (llm_planner.core.spec_kinds), so `catalog_entry(name)` is exactly what a spec naming it
+would have stated. The file is read once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from llm_planner.core.fileio import load_document
+from llm_planner.core.spec_fields import Reader, SpecError, as_safe_name
+from llm_planner.core.spec_kinds import REQUIRED_KIND_FIELDS, read_kind_fields
+
+CATALOG_PATH = Path(__file__).resolve().parent / "data" / "gpu_catalog.yaml"
+# What every entry states: the required kind fields, the efficiencies and the fixed times.
+ENTRY_FIELDS = (
+    *REQUIRED_KIND_FIELDS,
+    "compute_efficiency",
+    "mem_efficiency",
+    "overhead_s",
+    "collective_overhead_s",
+)
+# (compute_efficiency, mem_efficiency) of a kind that names no catalog entry and states neither,
+# by device type. GPUs and accelerators: the medians of Vidur's operator profiles (microsoft/vidur,
+# MLSys 2024), the catalog's figures: large GEMMs reach about 0.67 of peak FLOP/s and decode's skinny
+# GEMMs stream weights at 0.61-0.71 of HBM peak on A100 and H100. CPU sockets: the figures every
+# example spec gives its CPUs, an order of magnitude rather than a profile (about half the vector
+# peak for large single-precision GEMMs, about 70% of DRAM peak for streaming reads). Calibrate
+# them from a run (`llm-planner calibrate`).
+DEFAULT_EFFICIENCY = {"gpu": (0.67, 0.66), "accelerator": (0.67, 0.66), "cpu": (0.5, 0.7)}
+
+
+@functools.cache
+def _catalog() -> dict[str, dict[str, Any]]:
+    """Entry name -> its fields, parsed; SpecError naming the catalog file, the entry and the field."""
+    data, _ = load_document(CATALOG_PATH, SpecError, finite=True)
+    top = Reader(str(CATALOG_PATH), "", data)
+    out = {}
+    for name in data:
+        entry = top.child(str(name), top.get(name))
+        try:
+            as_safe_name(name)
+        except ValueError as exc:
+            top.fail(str(exc), str(name))
+        fields = read_kind_fields(entry)
+        for key in ENTRY_FIELDS:
+            if key not in fields:
+                entry.fail("missing required field", key)
+        entry.done()
+        out[name] = fields
+    return out
+
+
+def catalog_names() -> tuple[str, ...]:
+    """The catalog's entry names, in the file's order."""
+    return tuple(_catalog())
+
+
+def catalog_entry(name: str) -> dict[str, Any]:
+    """The fields of one entry (field -> value as the spec's loader parses it); KeyError if unknown."""
+    return dict(_catalog()[name])
