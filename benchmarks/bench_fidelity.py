@@ -134,6 +134,8 @@ def ms(x) -> str:
 
 def table_row(row: dict, got: dict) -> dict:
     closed = str(row["id"]).startswith("lambda-p10")
+    if not got["fits"]:  # the engine cannot hold them all: it runs fewer and queues the rest
+        return {**_row_head(row, got), **{c: "over memory" for c in COLUMNS[7:] if "ratio" in c}}
     return {
         "id": row["id"],
         "use": row["use"],
@@ -153,11 +155,28 @@ def table_row(row: dict, got: dict) -> dict:
     }
 
 
+def _row_head(row: dict, got: dict) -> dict:
+    return {
+        "id": row["id"],
+        "use": row["use"],
+        "gpu": row["gpu"],
+        "tp": row["tp"],
+        "concurrency": row["concurrency"],
+        "prompt/output": f"{row['prompt_len']:.0f}/{row['output_len']:.0f}",
+        "tpot measured": ms(row.get("tpot_s") or row.get("itl_s")),
+        "tpot model": ms(got["tpot_s"]),
+        "tok/s measured": f"{row['output_tokens_per_s']:,.0f}" if row.get("output_tokens_per_s") else "-",
+        "tok/s model": f"{got['tokens_per_s']:,.0f}",
+        "ttft measured": ms(row.get("ttft_s")),
+        "ttft model": ms(got["ttft_s"]),
+    }
+
+
 def summary(rows: list[dict]) -> list[str]:
     out = []
     for use in ("calibration", "held_out"):
         for key in ("tpot ratio", "tok/s ratio", "ttft ratio"):
-            values = [float(r[key]) for r in rows if r["use"] == use and r[key] != "-" and "closed" not in r[key]]
+            values = [float(r[key]) for r in rows if r["use"] == use and _scored(r[key])]
             if values:
                 out.append(
                     f"{use:12s} {key:12s} n={len(values):2d} median {statistics.median(values):.2f} "
@@ -203,6 +222,10 @@ def _kind(gpu: str, k: int, servers: dict, tmp: Path, seen: dict):
         devices = cluster.devices()
         seen[(gpu, k)] = (cluster.device_kinds[0], cluster.link(devices[0], devices[1]))
     return seen[(gpu, k)]
+
+
+def _scored(cell: str) -> bool:
+    return cell not in ("-", "over memory") and "closed" not in cell
 
 
 def main() -> int:
