@@ -253,9 +253,12 @@ def main() -> int:
     ops_md += "\n" + provenance.markdown_table(AR_COLUMNS, ([r[c] for c in AR_COLUMNS] for r in ar_rows))
     print(ops_md)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "summary.txt").write_text("\n".join(lines) + "\n\nnot scored:\n" + "\n".join(skipped) + "\n")
-    (Path(args.out) / "operators.md").write_text(ops_md)
     provenance.write_results(args.out, COLUMNS, rows, facts)
+    table = Path(args.out) / "table.md"
+    summary_md = "Ratios model / measured:\n\n```\n" + "\n".join(lines) + "\n```\n\nNot scored:\n\n"
+    summary_md += "".join(f"- {line}\n" for line in skipped)
+    operators_md = "\nVidur's operator medians (model / measured; fp16; calibration):\n\n" + ops_md
+    table.write_text(table.read_text() + "\n" + summary_md + operators_md)
     return 0
 
 

@@ -30,6 +30,21 @@ class Section:
 
 SECTIONS = [
     Section(
+        "fidelity",
+        "Fidelity: the serving model against measured engines",
+        """\
+Each serving row of benchmarks/data/fidelity_references.yaml (a published run: engine, model,
+GPUs, tensor-parallel degree, concurrency, mean prompt and output lengths, with its source) scored
+by the planner's model at the same settings (docs/fidelity.md): TPOT, output tokens/s and TTFT,
+measured and modelled, and their ratio (model / measured; above 1 the model is slow or
+pessimistic for TPOT and TTFT, optimistic for tokens/s). `calibration` rows are those the
+catalog's constants were fitted on; `held_out` rows judge the model. A closed batch's TTFT (all
+prompts at once) and its tokens/s are not the steady state the model describes: marked, and kept
+out of the summary; rows whose concurrency does not fit memory in the model are marked `over
+memory` (the engine runs fewer and queues the rest). Below the table, the linear kernel (Vidur's
+four projections summed) and one all-reduce per call against Vidur's operator medians.""",
+    ),
+    Section(
         "serving",
         "Serving: tokens/s under a per-token latency target against engineer-best",
         """\
