@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 
 from rich.console import Console
 from rich.table import Table
@@ -14,9 +15,11 @@ from llm_planner.cli.arg_types import layer_counts, positive, tokens
 from llm_planner.cli.commands import UserError
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.fmt import LiteralConsole, fmt_bytes, fmt_s, styled
+from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.context import ServingOptions, build_context
 from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET
 from llm_planner.serving.inputs import workload_from_flags
+from llm_planner.serving.layout import Layout, device_word
 from llm_planner.serving.layout_text import LayoutError, parse_layout
 from llm_planner.serving.score import ReplicaScore, score_replica
 from llm_planner.serving.workload import TPOT_SLO_RANGE_S, ServingWorkload
@@ -87,8 +90,9 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(score.to_dict(), allow_nan=False))
         warn = LiteralConsole(stderr=True, soft_wrap=True)
     else:
-        console.print(styled((ctx.config.name, "bold"), f" ({args.dtype}): {_header(score, workload)}"))
-        console.print(score_table(score))
+        console.print(styled((ctx.config.name, "bold"), f" ({args.dtype}), replica ", (score.replica, "bold")))
+        console.print(_header(score, workload), highlight=False)
+        console.print(score_table(score, layout, ctx.by_name))
         console.print(_figures(score), highlight=False)
         warn = console
     for line in warnings(score):
@@ -107,14 +111,20 @@ def _header(score: ReplicaScore, workload: ServingWorkload) -> str:
     return f"{ev.concurrency} in flight, {batches}; {shape}; token budget {score.max_batched_tokens}; {NO_TARGETS}"
 
 
-def score_table(score: ReplicaScore) -> Table:
-    table = Table(title=score.replica)
-    for col in ("stage", "layers", "layers memory holds", "stage time", "memory / device"):
+def score_table(score: ReplicaScore, layout: Layout, classes: Mapping[str, ServerClass]) -> Table:
+    table = Table()
+    for col in ("stage", "devices", "layers", "layers memory holds", "stage time", "memory / device"):
         table.add_column(col)
     ev = score.ev
+    groups = [
+        f"{seg.class_name} " + (f"tp{seg.degree}" if seg.degree > 1 else f"1 {device_word(classes[seg.class_name])}")
+        for seg in layout
+    ]
+    per_stage = [g for g, seg in zip(groups, layout) for _ in range(seg.stages)]
     for s, n in enumerate(ev.layers):
         table.add_row(
             str(s),
+            per_stage[s],
             str(n),
             str(score.caps[s]),
             fmt_s(ev.stage_s[s]),
