@@ -65,3 +65,17 @@ def _number(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+
+
+def layer_counts(text: str) -> tuple[int, ...]:
+    """A comma-separated list of whole numbers of at least 1 (layers of each pipeline stage)."""
+    parts = [s.strip() for s in text.split(",")]
+    try:
+        values = tuple(int(s) for s in parts)
+    except ValueError:
+        values = ()
+    if not values or any(not 1 <= v <= 2**20 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated whole numbers of at least 1, one per stage (e.g. 16,16), got {text!r}"
+        )
+    return values

@@ -17,6 +17,7 @@ from llm_planner.cli import commands, flags
 from llm_planner.cli import export as commands_export
 from llm_planner.cli import helix as commands_helix
 from llm_planner.cli import measure as commands_measure
+from llm_planner.cli import score as commands_score
 from llm_planner.cli import serving as commands_serving
 from llm_planner.cli.arg_types import count, names_of, positive, positive_seconds, seed, share, tokens
 from llm_planner.cli.export import add_export_parser
@@ -43,6 +44,7 @@ from llm_planner.placement.options import SYMMETRY_CHOICES
 from llm_planner.placement.problem import ProblemError
 from llm_planner.placement.solve import SOLVERS
 from llm_planner.placement.study import STUDY_SOLVERS
+from llm_planner.serving.layout_text import LayoutError
 from llm_planner.serving.plan_file import ServingPlanError, is_serving_plan
 from llm_planner.serving.workload import WorkloadError
 
@@ -72,6 +74,7 @@ def _input_errors() -> tuple[type[Exception], ...]:
         ServingPlanError,
         WorkloadError,
         ServingExportError,
+        LayoutError,
     )
 
 
@@ -316,6 +319,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_plan_helix_parser(sub)
 
     add_export_parser(sub)
+    commands_score.add_score_parser(sub)
     return parser
 
 
@@ -377,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         getattr(commands, name, None)
         or getattr(commands_helix, name, None)
         or getattr(commands_export, name, None)
+        or getattr(commands_score, name, None)
         or getattr(commands_measure, name)
     )
     handler = _serving_handler(args) or handler

@@ -129,10 +129,22 @@ def describe(layout: Layout, classes: Mapping[str, ServerClass]) -> str:
 
 def _describe_segment(seg: Segment, sc: ServerClass) -> str:
     stages = f"{seg.stages} stage" + ("s" if seg.stages > 1 else "")
-    each = f"tp{seg.degree}" if seg.degree > 1 else "1 " + {"cpu": "CPU", "gpu": "GPU"}.get(sc.kind.type, "device")
-    servers = -(-seg.devices // sc.per_server)
-    where = "in 1 server" if servers == 1 else f"on {servers} servers"
-    return f"{seg.class_name}: {stages} x {each} {where}"
+    each = f"tp{seg.degree}" if seg.degree > 1 else "1 " + device_word(sc)
+    return f"{seg.class_name}: {stages} x {each} {servers_text(servers_spanned(seg, sc))}"
+
+
+def device_word(sc: ServerClass) -> str:
+    """What `describe` calls one device of the class."""
+    return {"cpu": "CPU", "gpu": "GPU"}.get(sc.kind.type, "device")
+
+
+def servers_spanned(seg: Segment, sc: ServerClass) -> int:
+    """Servers the segment's block of devices spans (a block inside one server, or whole servers)."""
+    return -(-seg.devices // sc.per_server)
+
+
+def servers_text(servers: int) -> str:
+    return "in 1 server" if servers == 1 else f"on {servers} servers"
 
 
 @dataclass(frozen=True, kw_only=True)

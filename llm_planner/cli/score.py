@@ -1,0 +1,160 @@
+"""`llm-planner score`: one replica at one concurrency, no search. The layout is read as `describe`
+writes it (llm_planner.serving.layout_text), the figures are the cost model's
+(llm_planner.serving.score); this module parses the flags and prints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+
+from rich.console import Console
+from rich.table import Table
+
+from llm_planner.cli.arg_types import layer_counts, positive, tokens
+from llm_planner.cli.commands import UserError
+from llm_planner.core.constants import DTYPE_BYTES
+from llm_planner.core.fmt import LiteralConsole, fmt_bytes, fmt_s, styled
+from llm_planner.serving.classes import ServerClass
+from llm_planner.serving.context import ServingOptions, build_context
+from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET
+from llm_planner.serving.inputs import workload_from_flags
+from llm_planner.serving.layout import Layout, device_word
+from llm_planner.serving.layout_text import LayoutError, parse_layout
+from llm_planner.serving.score import ReplicaScore, score_replica
+from llm_planner.serving.workload import TPOT_SLO_RANGE_S, ServingWorkload
+
+NO_TARGETS = "no TPOT or TTFT target applies"
+
+
+def add_score_parser(sub) -> None:
+    p = sub.add_parser(
+        "score", help="serving: one replica's tokens/s, TPOT and TTFT at one concurrency (no search, no target)"
+    )
+    p.add_argument("--cluster", required=True, help="cluster spec YAML")
+    p.add_argument("--model", required=True, help="decoder preset name (see `llm-planner models`) or a config.json")
+    p.add_argument(
+        "--replica",
+        required=True,
+        help="the layout as plans write it, segments joined by '->', e.g. 'node/gpu: 2 stages x tp4 in 1 server "
+        "-> other/gpu: 1 stage x 1 GPU' (the servers part optional), or compact: '2 x node/gpu[tp4] -> 1 x other/gpu'",
+    )
+    p.add_argument("--concurrency", type=positive, required=True, help="sequences in flight in the replica")
+    p.add_argument(
+        "--micro-batches", type=positive, default=1, help="micro-batches the sequences are cut into (default: 1)"
+    )
+    p.add_argument(
+        "--layers",
+        type=layer_counts,
+        default=None,
+        help="decoder layers of each stage, comma-separated, summing to the model's (default: the planner's split "
+        "at this concurrency)",
+    )
+    p.add_argument(
+        "--max-batched-tokens",
+        type=tokens,
+        default=DEFAULT_TOKEN_BUDGET,
+        help=f"tokens one engine iteration may carry (default: {DEFAULT_TOKEN_BUDGET})",
+    )
+    p.add_argument("--prompt-len", type=tokens, default=None, help="mean prompt tokens per request")
+    p.add_argument("--output-len", type=tokens, default=None, help="mean output tokens per request")
+    p.add_argument(
+        "--workload", default=None, help="a YAML file of request shapes instead of --prompt-len/--output-len"
+    )
+    p.add_argument(
+        "--dtype", default="fp16", choices=tuple(DTYPE_BYTES), help="element type of weights (default: fp16)"
+    )
+    p.add_argument("--profile", help="a measured serving profile to use instead of the roofline where it has times")
+    p.add_argument("--allow-cpu", action="store_true", help="let the replica name CPU classes")
+    p.add_argument("--json", action="store_true", help="write one JSON object to stdout instead of the table")
+
+
+def cmd_score(args: argparse.Namespace, console: Console) -> int:
+    workload = workload_from_flags(
+        prompt_len=args.prompt_len,
+        output_len=args.output_len,
+        workload_file=args.workload,
+        tpot_slo=TPOT_SLO_RANGE_S[1],  # the loosest target a workload takes; score reads none
+        ttft_slo=None,
+    )
+    options = ServingOptions(allow_cpu=args.allow_cpu, max_batched_tokens=args.max_batched_tokens)
+    ctx = build_context(args.cluster, args.model, workload, args.dtype, options, args.profile)
+    try:
+        layout = parse_layout(args.replica, ctx.by_name)
+    except LayoutError as exc:
+        raise UserError(f"--replica: {exc}", exit_code=2) from None
+    score = score_replica(
+        ctx, layout, concurrency=args.concurrency, micro_batches=args.micro_batches, layers=args.layers
+    )
+    if args.json:
+        print(json.dumps(score.to_dict(), allow_nan=False))
+        warn = LiteralConsole(stderr=True, soft_wrap=True)
+    else:
+        console.print(styled((ctx.config.name, "bold"), f" ({args.dtype}), replica ", (score.replica, "bold")))
+        console.print(_header(score, workload), highlight=False)
+        console.print(score_table(score, layout, ctx.by_name))
+        console.print(_figures(score), highlight=False)
+        warn = console
+    for line in warnings(score):
+        warn.print(styled(("warning:", "yellow"), f" {line}"), highlight=False)
+    return 0
+
+
+def _header(score: ReplicaScore, workload: ServingWorkload) -> str:
+    ev, reqs = score.ev, workload.requests
+    shape = (
+        f"prompt {reqs[0].prompt_len}, output {reqs[0].output_len} tokens"
+        if len(reqs) == 1
+        else f"{len(reqs)} request shapes"
+    )
+    batches = f"{ev.micro_batches} micro-batch" + ("es" if ev.micro_batches > 1 else "")
+    return f"{ev.concurrency} in flight, {batches}; {shape}; token budget {score.max_batched_tokens}; {NO_TARGETS}"
+
+
+def score_table(score: ReplicaScore, layout: Layout, classes: Mapping[str, ServerClass]) -> Table:
+    table = Table()
+    for col in ("stage", "devices", "layers", "layers memory holds", "stage time", "memory / device"):
+        table.add_column(col)
+    ev = score.ev
+    groups = [
+        f"{seg.class_name} " + (f"tp{seg.degree}" if seg.degree > 1 else f"1 {device_word(classes[seg.class_name])}")
+        for seg in layout
+    ]
+    per_stage = [g for g, seg in zip(groups, layout) for _ in range(seg.stages)]
+    for s, n in enumerate(ev.layers):
+        table.add_row(
+            str(s),
+            per_stage[s],
+            str(n),
+            str(score.caps[s]),
+            fmt_s(ev.stage_s[s]),
+            f"{fmt_bytes(ev.mem_bytes[s])} / {fmt_bytes(score.usable_bytes[s])}",
+        )
+    return table
+
+
+def _figures(score: ReplicaScore) -> str:
+    ev = score.ev
+    return (
+        f"{ev.tokens_per_s:,.0f} output tokens/s; TPOT {fmt_s(ev.tpot_s)} (round trip {fmt_s(ev.round_trip_s)}); "
+        f"TTFT est. {fmt_s(ev.ttft_s)}; decode step {fmt_s(score.decode_step_s)}"
+    )
+
+
+def warnings(score: ReplicaScore) -> list[str]:
+    """What makes the scored point one an engine could not hold (it is scored anyway)."""
+    ev, out = score.ev, []
+    for s in score.over_memory():
+        out.append(
+            f"stage {s} holds {ev.layers[s]} layers, over the {score.caps[s]} its memory holds at --concurrency "
+            f"{ev.concurrency} ({fmt_bytes(ev.mem_bytes[s])} of {fmt_bytes(score.usable_bytes[s])} usable); "
+            "scored anyway"
+        )
+    if not score.within_token_budget:
+        out.append(
+            f"--concurrency {ev.concurrency} in {ev.micro_batches} micro-batch(es) overruns the token budget "
+            f"(--max-batched-tokens {score.max_batched_tokens}): a micro-batch's decodes and their steady prompt "
+            f"share do not fit one iteration, so an engine could not keep {ev.concurrency} sequences in flight; "
+            "scored anyway"
+        )
+    return out

@@ -1,0 +1,117 @@
+"""One replica scored at one operating point, no search: `llm-planner score`.
+
+The replica's layout, its concurrency C and micro-batches m are given; its layer split is given or
+is the one `ReplicaModel.split_layers` picks at (C, m). The figures are the cost model's, exactly
+what a serving plan states for the same replica (llm_planner.serving.replica):
+
+    TPOT = cycle = max(round trip, busiest stage's period)    tokens/s = C / TPOT
+    TTFT from the per-iteration token budget                  decode step: the cycle with no prompt work
+
+No TPOT or TTFT target applies (the context's workload carries the loosest target it accepts, and
+nothing here reads it). A split over a stage's memory, or a C whose micro-batches overrun the
+token budget, is still scored: `fits_memory` and `within_token_budget` say so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llm_planner.serving.context import ServingContext, usable_bytes
+from llm_planner.serving.layout import Layout, Pattern, describe
+from llm_planner.serving.layout_text import LayoutError
+from llm_planner.serving.replica import ReplicaEval, ReplicaModel
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaScore:
+    replica: str  # the layout as `describe` writes it
+    ev: ReplicaEval
+    decode_step_s: float
+    usable_bytes: tuple[float, ...]  # per device of each stage
+    caps: tuple[int, ...]  # the most layers each stage holds at this C and m
+    within_token_budget: bool
+    max_batched_tokens: int
+
+    @property
+    def fits_memory(self) -> bool:
+        """Every stage within the layers its memory holds (the rule `split_layers` applies to a fixed split)."""
+        return all(n <= c for n, c in zip(self.ev.layers, self.caps))
+
+    def over_memory(self) -> list[int]:
+        """The stages whose layers exceed what their memory holds."""
+        return [s for s, (n, c) in enumerate(zip(self.ev.layers, self.caps)) if n > c]
+
+    def to_dict(self) -> dict[str, Any]:
+        """What `score --json` writes."""
+        ev = self.ev
+        return {
+            "replica": self.replica,
+            "layers": list(ev.layers),
+            "concurrency": ev.concurrency,
+            "micro_batches": ev.micro_batches,
+            "tpot_s": ev.tpot_s,
+            "tokens_per_s": ev.tokens_per_s,
+            "ttft_s": ev.ttft_s,
+            "decode_step_s": self.decode_step_s,
+            "round_trip_s": ev.round_trip_s,
+            "stage_s": list(ev.stage_s),
+            "mem_bytes": list(ev.mem_bytes),
+            "usable_bytes": list(self.usable_bytes),
+            "fits_memory": self.fits_memory,
+            "within_token_budget": self.within_token_budget,
+            "max_batched_tokens": self.max_batched_tokens,
+        }
+
+
+def score_replica(
+    ctx: ServingContext, layout: Layout, *, concurrency: int, micro_batches: int, layers: tuple[int, ...] | None = None
+) -> ReplicaScore:
+    """The replica's figures at (C, m) with `layers` (None: split_layers' choice); LayoutError naming
+    the flag when C < m, the split does not match the stages and layers, or no split fits memory."""
+    if concurrency < micro_batches:
+        raise LayoutError(
+            f"--concurrency {concurrency} is below --micro-batches {micro_batches}: every micro-batch needs a sequence"
+        )
+    model = ctx.replica(layout)
+    caps = tuple(model.caps(concurrency, micro_batches))
+    split = _check_split(ctx, model, layers) if layers is not None else model.split_layers(concurrency, micro_batches)
+    if split is None:
+        raise LayoutError(_no_split_text(ctx, model, caps, concurrency, micro_batches))
+    ev = model.evaluate(split, concurrency, micro_batches)
+    return ReplicaScore(
+        replica=describe(layout, ctx.by_name),
+        ev=ev,
+        decode_step_s=model.decode_step_s(split, concurrency, micro_batches),
+        usable_bytes=tuple(usable_bytes(ctx, Pattern(layout=layout, ev=ev))),
+        caps=caps,
+        within_token_budget=model.within_budget(concurrency, micro_batches),
+        max_batched_tokens=ctx.tasks.token_budget,
+    )
+
+
+def _check_split(ctx: ServingContext, model: ReplicaModel, layers: tuple[int, ...]) -> tuple[int, ...]:
+    total = ctx.tasks.num_layers
+    if len(layers) != model.p:
+        raise LayoutError(f"--layers gives {len(layers)} number(s), one per stage is needed: the replica has {model.p}")
+    if min(layers) < 1:
+        raise LayoutError(f"--layers {_csv(layers)}: every stage holds at least 1 layer")
+    if sum(layers) != total:
+        raise LayoutError(f"--layers {_csv(layers)} sums to {sum(layers)}, not the model's {total} layers")
+    return tuple(layers)
+
+
+def _no_split_text(ctx: ServingContext, model: ReplicaModel, caps: tuple[int, ...], c: int, m: int) -> str:
+    total = ctx.tasks.num_layers
+    where = f"at --concurrency {c} with --micro-batches {m}"
+    if model.p > total:
+        return f"the replica has {model.p} stages for the model's {total} layers: a stage holds at least one"
+    return (
+        f"no split of the model's {total} layers fits memory {where}: the stages hold at most "
+        f"{', '.join(map(str, caps))} layers (together {sum(caps)}); lower --concurrency, or give --layers to "
+        "score a split over memory"
+    )
+
+
+def _csv(values) -> str:
+    return ",".join(map(str, values))
