@@ -88,6 +88,7 @@ class ReplicaModel:
         self.ends = [(s == 0, s == self.p - 1) for s in range(self.p)]
         self._times: dict[tuple[int, int, int, bool, bool], float] = {}
         self._handoffs: dict[int, float] = {}
+        self._chunk_times: dict[tuple, float] = {}
         self._alike = [(id(slot.costs), *ends) for slot, ends in zip(slots, self.ends)]  # stages timed alike
 
     def _stage_s(self, s: int, b: int, layers: int) -> float:
@@ -166,10 +167,16 @@ class ReplicaModel:
         prompt = self.tasks.mean_prompt_len
         chunk = min(prompt, max(1, self.tasks.token_budget - b))
         visits = math.ceil(prompt / chunk)
-        trip = self.handoffs_s(b) + sum(
-            self.slots[s].costs.stage_load_s(b, chunk, n, *self.ends[s]) for s, n in enumerate(layers)
-        )
+        trip = self.handoffs_s(b) + sum(self._chunk_stage_s(s, b, chunk, n) for s, n in enumerate(layers))
         return (visits - 1) * max(cycle, trip) + trip
+
+    def _chunk_stage_s(self, s: int, b: int, chunk: float, layers: int) -> float:
+        """slot s's iteration with a prompt chunk beside b decodes (memoised like _stage_s)."""
+        key = (self._alike[s], b, chunk, layers)
+        value = self._chunk_times.get(key)
+        if value is None:
+            value = self._chunk_times[key] = self.slots[s].costs.stage_load_s(b, chunk, layers, *self.ends[s])
+        return value
 
     def decode_step_s(self, layers: tuple[int, ...], concurrency: int, m: int) -> float:
         """The replica's cycle with no prompt work: every micro-batch's sequences decode one token
