@@ -14,7 +14,8 @@ Per tensor-parallel degree k of mlp.csv the profile gets
 the projections with the norms, rotary embedding, activation and residual add, summed as Vidur's own
 block time sums them (llm_planner.cost.serving_profile_v2: `linear_includes_elementwise: true`),
 and for k > 1 all_reduce_s from all_reduce.csv's rows of k workers on one node (devices_per_node =
-k, as Vidur's predictor takes them). Where a file holds several rows for one key (Vidur re-profiled
+k, as Vidur's predictor takes them) at the sizes nearest to the powers of two from 2 KiB to 64 MiB
+(`power_of_two_sizes`). Where a file holds several rows for one key (Vidur re-profiled
 the point), the value is the mean of their medians. Attention is left to the kernel model, and the
 profile's `source` says so (and whether attention.csv was there). Nothing is fitted.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable
@@ -119,7 +121,16 @@ def all_reduce_tables(path: Path, degrees: Iterable[int]) -> dict[int, list[tupl
         size, workers, per_node = (int(_number(path, line, c, row[c], True)) for c in ALL_REDUCE_KEYS[:3])
         if workers in wanted and per_node == workers:
             groups[(workers, size)].append(_number(path, line, ALL_REDUCE_TIME, row[ALL_REDUCE_TIME], False) * MS)
-    return _tables(groups)
+    kept = {k: power_of_two_sizes(s for w, s in groups if w == k) for k in wanted}
+    return _tables({(w, s): ts for (w, s), ts in groups.items() if s in kept[w]})
+
+
+def power_of_two_sizes(sizes: Iterable[int]) -> set[int]:
+    """Of Vidur's all-reduce sizes (a linear grid of about a thousand), the one nearest in log scale to
+    each power of two from 2 KiB to 64 MiB (as benchmarks/vidur_refs.py picks them): time is close to
+    affine in size between them, and a thousand breakpoints would slow the serving bounds for nothing."""
+    sizes = sorted(s for s in set(sizes) if s > 0)
+    return {min(sizes, key=lambda s: abs(math.log2(s) - k)) for k in range(11, 27)} if sizes else set()
 
 
 def _tables(groups: dict[tuple[int, int], list[float]]) -> dict[int, list[tuple[int, float]]]:

@@ -188,13 +188,11 @@ class StageCosts:
     def layer_load_s(self, decodes: float, prompt_tokens: float) -> float:
         """One decoder layer's time on an iteration of `decodes` sequences at the mean decode context
         and `prompt_tokens` tokens of prompt chunks (their queries seeing half the mean prompt's
-        keys on average): the measured table on a measured kind, else the kernels' sum."""
-        if self.layer_time.measured:
-            return self.layer_time.profile.layer_time_s(self.layer_time.kind, decodes, prompt_tokens)
+        keys on average): the measured time where the stage has one (stage_costs), else the kernels' sum."""
         keys = self.tasks.per_sequence.decode_keys
         prompt_keys = prompt_tokens * (self.tasks.mean_prompt_len + 1) / 2
         load = Load(decodes=decodes, decode_keys=decodes * keys, prompt_tokens=prompt_tokens, prompt_keys=prompt_keys)
-        return self.kernels.time_s(load)
+        return self.layer_time.load_s(load) if self.layer_time.measured else self.kernels.time_s(load)
 
     def stage_load_s(self, decodes: int, prompt_tokens: float, layers: int, first: bool, last: bool) -> float:
         """Time of one iteration of `decodes` sequences and `prompt_tokens` prompt tokens (the end

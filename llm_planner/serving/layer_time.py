@@ -16,6 +16,7 @@ left in, so `least` and the bounds need only look at them and at the ends.
 
 from __future__ import annotations
 
+import bisect
 import math
 
 from llm_planner.cost.iteration import LayerKernels, Load, layer_pieces, layer_time_s
@@ -81,7 +82,9 @@ class MeasuredLayerTime(_PiecewiseLinear):
 
 class PartsLayerTime(_PiecewiseLinear):
     """The kernel model of one layer on a member of a group, with the parts a serving-profile/2
-    entry measures timed by its tables (module docstring)."""
+    entry measures timed by its tables (module docstring). Linear between its breakpoints and
+    past the last, so t(b) is tabulated once at them and interpolated (exact up to rounding);
+    `load_s` evaluates any load directly."""
 
     def __init__(self, tables, kernels: LayerKernels, per_sequence: Load, message_bytes_per_token: float):
         self.tables, self.kernels, self.per_sequence = tables, kernels, per_sequence
@@ -91,9 +94,22 @@ class PartsLayerTime(_PiecewiseLinear):
         for i, (f1, s1) in enumerate(pieces):  # where the model's pieces left in may meet
             points |= {(f2 - f1) / (s1 - s2) for f2, s2 in pieces[i + 1 :] if s1 != s2}
         self.breakpoints = tuple(sorted(p for p in points if p > 0 and math.isfinite(p)))
+        first = min((*self.breakpoints, 1.0)) / 2  # linear on (0, first breakpoint]
+        self._xs = (first, *self.breakpoints, (self.breakpoints[-1] if self.breakpoints else first) + 1.0)
+        self._ys = tuple(self.load_s(per_sequence.times(x)) for x in self._xs)
 
     def __call__(self, b: float) -> float:
-        return self.load_s(self.per_sequence.times(b))
+        if b <= 0:
+            return 0.0
+        xs, ys = self._xs, self._ys
+        i = min(max(bisect.bisect_right(xs, b) - 1, 0), len(xs) - 2)
+        return ys[i] + (ys[i + 1] - ys[i]) * (b - xs[i]) / (xs[i + 1] - xs[i])
+
+    def least(self, lo: float = 1.0, hi: float = math.inf) -> float:
+        """The least time over micro-batches of lo..hi sequences: at an end or a breakpoint between."""
+        xs = self._xs
+        inside = self._ys[bisect.bisect_right(xs, lo) : bisect.bisect_left(xs, hi)]
+        return min(self(lo), *inside, *((self(hi),) if hi < math.inf else ()))
 
     def load_s(self, load: Load) -> float:
         return layer_time_s(self.kernels, load, self.parts)
