@@ -277,7 +277,7 @@ def _with(kind_g: dict | None = None, **top) -> dict:
         (_with({"decode_layer_s": [[1, 1.0]]}), "kinds.g.decode_layer_s: expected a list of at least two"),
         (_with({"prefill_layer_s": [[1, 1.0], [2, 1.0]]}), "kinds.g.decode_layer_s: missing required field"),
         (_with({"decode_layer_s": [[1, 1.0], [2, 1.0]], "decode_s": 1}), "kinds.g: unknown key(s) 'decode_s'"),
-        (_with(format="serving-profile/2"), "format: unknown format 'serving-profile/2'"),
+        (_with(format="serving-profile/3"), "format: unknown format 'serving-profile/3'"),
         (_with(kinds={}), "kinds: expected at least one device kind"),
     ],
 )

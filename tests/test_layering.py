@@ -112,7 +112,8 @@ LAYERS: list[tuple[str, list[str], str]] = [
     ),
     (
         "serving model",
-        _names("serving", "serving.workload", "serving.classes", "serving.costs", "serving.replica", "serving.inputs")
+        _names("serving", "serving.workload", "serving.classes", "serving.layer_time", "serving.costs")
+        + _names("serving.replica", "serving.inputs")
         + _names("serving.layout", "serving.context", "serving.bound", "serving.bound_batches", "serving.bound_cells")
         + _names("serving.bound_prices", "serving.optimistic", "serving.plan_fields", "serving.plan_file")
         + _names("serving.verify_replica", "serving.layout_text", "serving.score"),

@@ -1,5 +1,6 @@
 """`llm-planner import helix`: a Helix cluster file and its layer profiles -> our cluster spec
-and serving profile (llm_planner.helix.inputs); `llm-planner plan-helix`: a layout for Helix's
+and serving profile (llm_planner.helix.inputs; `import vidur`: llm_planner.cli.vidur);
+`llm-planner plan-helix`: a layout for Helix's
 engine, written as Helix's layout file (llm_planner.helix.plan). docs/helix.md."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llm_planner.cli.commands import UserError
+from llm_planner.cli.vidur import add_vidur_parser, cmd_import_vidur
 from llm_planner.core.atomic import check_writable, write_atomic
 from llm_planner.core.spec import parse_cluster
 from llm_planner.cost.serving_profile import parse_serving_profile
@@ -21,11 +23,12 @@ from llm_planner.helix.plan import ORDERS, load_inputs, plan_helix, score_layout
 
 def add_import_parser(sub) -> None:
     """Register `import helix` on the CLI's subparsers."""
-    p = sub.add_parser("import", help="convert another planner's cluster files into our cluster spec")
+    p = sub.add_parser("import", help="convert another planner's cluster files or profiles into our formats")
     formats = p.add_subparsers(
         dest="import_format",
         required=True,
-        help="the file format to import (helix: Helix's cluster .ini and layer profiles)",
+        help="the file format to import (helix: Helix's cluster .ini and layer profiles; vidur: Vidur's "
+        "operator profiles)",
     )
     h = formats.add_parser("helix", help="a Helix (ASPLOS'25) cluster .ini and its per-layer profiles")
     _add_cluster_args(h)
@@ -39,6 +42,7 @@ def add_import_parser(sub) -> None:
     h.add_argument("--profile-out", help="serving profile YAML to write from --profiles")
     h.add_argument("--model", help="model name in the serving profile (default: the --profiles folder's name, _ -> -)")
     h.add_argument("--name", help="cluster name (default: the cluster file's stem)")
+    add_vidur_parser(formats)
 
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -118,7 +122,8 @@ def _stage_table(stages, machines) -> Table:
 
 
 def cmd_import(args: argparse.Namespace, console: Console) -> int:
-
+    if args.import_format == "vidur":
+        return cmd_import_vidur(args, console)
     if args.profile_out and not args.profiles:
         raise UserError("--profile-out needs --profiles (the folder of Helix's layer profiles)", exit_code=2)
     for path in filter(None, (args.output, args.profile_out)):

@@ -29,10 +29,15 @@ overhead plus the sum. Every term is a maximum of affine functions of the load, 
 proportional to b sequences (`Load.per_sequence` times b) the layer time is convex piecewise
 affine in b: `layer_pieces` returns its pieces exactly (the upper envelope of the sum), the form
 the serving bounds read (llm_planner.serving.bound*).
+
+A measured serving profile may time some kernels itself (llm_planner.cost.serving_profile_v2):
+`layer_time_s` sums the kernels with those replaced by their measured times, the rest (and the
+overhead) as above.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -172,15 +177,25 @@ def _vec(*values: float) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
 
-def layer_pieces(kernels: LayerKernels, per_sequence: Load) -> tuple[Piece, ...]:
+def layer_time_s(kernels: LayerKernels, load: Load, measured: Mapping[str, Callable[[Load], float]]) -> float:
+    """The layer's time on `load` with each kernel named in `measured` timed by its function there
+    instead of its roofline (module docstring); 0 when the load carries no token."""
+    if load.decodes + load.prompt_tokens <= 0:
+        return 0.0
+    return kernels.overhead_s + sum(
+        measured[k.name](load) if k.name in measured else kernels.kernel_s(k, load) for k in kernels.kernels
+    )
+
+
+def layer_pieces(kernels: LayerKernels, per_sequence: Load, without: frozenset[str] = frozenset()) -> tuple[Piece, ...]:
     """Affine pieces (fixed_s, per_sequence_s) whose maximum is the layer's time at b >= 1
     sequences, each adding `per_sequence` to the load (module docstring): the upper envelope of
-    the sum of the kernels' pieces, exact for every b >= 0."""
+    the sum of the kernels' pieces (the kernels named in `without` left out), exact for every b >= 0."""
     x = per_sequence.vector()
     slope_x = (0.0, *x[1:])
     fixed_x = (1.0, 0.0, 0.0, 0.0, 0.0)
     terms = []  # per kernel: its pieces as (fixed, slope)
-    for kernel in kernels.kernels:
+    for kernel in (k for k in kernels.kernels if k.name not in without):
         c0, m0 = kernels.kernel_terms(kernel, fixed_x)
         c1, m1 = kernels.kernel_terms(kernel, slope_x)
         if kernel.collective or c0 + c1 == 0 or m0 + m1 == 0:

@@ -19,39 +19,26 @@ the sum (as in Helix's simulator, docs/helix.md):
     layer_time_s(kind, b, p) = decode(b) [b > 0] + prefill(p) [p > 0]
 
 llm-planner import helix writes such files from Helix's profiles (llm_planner.helix.inputs).
+
+Version 2 (`format: serving-profile/2`, llm_planner.cost.serving_profile_v2) measures the parts of
+a layer per tensor-parallel degree instead, and reads the linear layers once for a mixed
+iteration; `llm-planner import vidur` writes it from Vidur's operator profiles. Both versions are
+read here; tables interpolate as llm_planner.cost.profile_tables says.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llm_planner.core.fileio import read_document
 from llm_planner.core.spec_fields import Reader, SpecError, as_str, as_text
+from llm_planner.cost.profile_tables import LayerTable, ServingProfileError, read_table
+from llm_planner.cost.serving_profile_v2 import FORMAT_V2, ServingProfileV2, read_kind_v2
 
 FORMAT = "serving-profile/1"
-
-
-class ServingProfileError(SpecError):
-    """A serving profile that cannot be used; the message names the file, the field and the problem."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class LayerTable:
-    """Piecewise-linear time of one layer against a size (sequences or tokens)."""
-
-    sizes: tuple[int, ...]
-    seconds: tuple[float, ...]
-
-    def at(self, size: float) -> float:
-        """Seconds at `size`: linear between points, the end segments extended, never below 0."""
-        i = bisect.bisect_right(self.sizes, size) - 1
-        i = min(max(i, 0), len(self.sizes) - 2)
-        (x0, x1), (y0, y1) = self.sizes[i : i + 2], self.seconds[i : i + 2]
-        return max(0.0, y0 + (y1 - y0) * (size - x0) / (x1 - x0))
+FORMATS = (FORMAT, FORMAT_V2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +55,7 @@ class ServingProfile:
     source: str
     kinds: tuple[KindProfile, ...]
     path: str = "<memory>"
+    version = 1
 
     def kind(self, name: str) -> KindProfile:
         for entry in self.kinds:
@@ -96,37 +84,14 @@ class ServingProfile:
         return total
 
 
-def _table(r: Reader, key: str, required: bool) -> LayerTable | None:
-    raw = r.get(key, default=... if required else None)
-    if raw is None:
-        return None
-    where = f"{r.path}.{key}"
-    if not isinstance(raw, list) or len(raw) < 2:
-        r.fail("expected a list of at least two [size, seconds] pairs", key)
-    sizes: list[int] = []
-    seconds: list[float] = []
-    for i, pair in enumerate(raw):
-        if not (isinstance(pair, list) and len(pair) == 2):
-            raise ServingProfileError(f"{r.source}: {where}[{i}]: expected [size, seconds], got {pair!r}")
-        size, t = pair
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ServingProfileError(f"{r.source}: {where}[{i}]: size must be an integer >= 0, got {size!r}")
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ServingProfileError(f"{r.source}: {where}[{i}]: seconds must be a finite number >= 0, got {t!r}")
-        if sizes and size <= sizes[-1]:
-            raise ServingProfileError(f"{r.source}: {where}[{i}]: sizes must increase, got {size} after {sizes[-1]}")
-        sizes.append(size)
-        seconds.append(float(t))
-    return LayerTable(sizes=tuple(sizes), seconds=tuple(seconds))
-
-
-def parse_serving_profile(data: Any, source: str = "<memory>") -> ServingProfile:
-    """Build a ServingProfile from a parsed document; ServingProfileError names `source`."""
+def parse_serving_profile(data: Any, source: str = "<memory>") -> ServingProfile | ServingProfileV2:
+    """Build a ServingProfile (version 1) or ServingProfileV2 from a parsed document;
+    ServingProfileError names `source`, the field and the problem."""
     try:
         top = Reader(source, "", data)
         fmt = top.get("format", as_str)
-        if fmt != FORMAT:
-            top.fail(f"unknown format {fmt!r}; expected {FORMAT!r}", "format")
+        if fmt not in FORMATS:
+            top.fail(f"unknown format {fmt!r}; expected {' or '.join(map(repr, FORMATS))}", "format")
         kinds_raw = top.get("kinds")
         kinds_reader = top.child("kinds", kinds_raw)
         if not kinds_raw:
@@ -135,15 +100,8 @@ def parse_serving_profile(data: Any, source: str = "<memory>") -> ServingProfile
         for name in kinds_raw:
             kinds_reader.used.add(name)
             r = kinds_reader.child(str(name), kinds_raw[name])
-            kinds.append(
-                KindProfile(
-                    kind=str(name),
-                    decode=_table(r, "decode_layer_s", True),
-                    prefill=_table(r, "prefill_layer_s", False),
-                )
-            )
-            r.done()
-        profile = ServingProfile(
+            kinds.append(read_kind_v2(r, str(name)) if fmt == FORMAT_V2 else _read_kind_v1(r, str(name)))
+        profile = (ServingProfileV2 if fmt == FORMAT_V2 else ServingProfile)(
             model=top.get("model", as_str),
             dtype=top.get("dtype", as_str),
             source=top.get("source", as_text, default=""),
@@ -158,6 +116,15 @@ def parse_serving_profile(data: Any, source: str = "<memory>") -> ServingProfile
     return profile
 
 
-def load_serving_profile(path: str | Path) -> ServingProfile:
-    """Read a serving profile file (YAML or JSON). Raises ServingProfileError naming file and field."""
+def _read_kind_v1(r: Reader, name: str) -> KindProfile:
+    out = KindProfile(
+        kind=name, decode=read_table(r, "decode_layer_s", True), prefill=read_table(r, "prefill_layer_s", False)
+    )
+    r.done()
+    return out
+
+
+def load_serving_profile(path: str | Path) -> ServingProfile | ServingProfileV2:
+    """Read a serving profile file (YAML or JSON), either version. Raises ServingProfileError naming
+    file and field."""
     return parse_serving_profile(read_document(path, ServingProfileError, finite=True), source=str(path))

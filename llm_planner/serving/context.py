@@ -38,7 +38,7 @@ class ServingContext:
         workload: ServingWorkload,
         dtype: str,
         options: ServingOptions,
-        layer_time=None,
+        profile=None,
     ):
         self.cluster, self.config, self.workload, self.dtype, self.options = cluster, config, workload, dtype, options
         self.tasks: ServingTasks = build_serving_tasks(config, workload, dtype, options.max_batched_tokens)
@@ -49,7 +49,7 @@ class ServingContext:
             raise WorkloadError(f"cluster {cluster.name!r} has no accelerator to serve on (CPUs only with --allow-cpu)")
         _check_dtype(cluster, self.classes, dtype)
         self.by_name = {c.name: c for c in self.classes}
-        self.cache = CostCache(self.tasks, self.classes, layer_time)
+        self.cache = CostCache(self.tasks, self.classes, profile)
         self.between = _one_server_links(cluster, self.classes) if cluster.inter_node is None else {}
         self._best: dict = {}
 
@@ -108,11 +108,11 @@ def build_context(
     profile_path: str | None = None,
 ) -> ServingContext:
     """The context of the files named (serving.inputs reads them): what a plan and its verifier build."""
-    read = read_context_inputs(cluster_path, model, workload, profile_path)
+    read = read_context_inputs(cluster_path, model, profile_path)
     cluster = read["cluster"]
     usable = {k.name for k in cluster.device_kinds if k.type != "cpu" or options.allow_cpu}
     check_memory_limited(cluster, usable, "serving plans (the KV cache a device holds is sized by its memory)")
-    return ServingContext(cluster, read["config"], workload, dtype, options, read["layer_time"])
+    return ServingContext(cluster, read["config"], workload, dtype, options, read["profile"])
 
 
 def usable_bytes(ctx: ServingContext, p: Pattern) -> list[float]:

@@ -13,7 +13,9 @@ tokens reading the weights once, decode attention over each sequence's cache, pr
 elementwise ops, the group's all-reduces: llm_planner.cost.iteration), a convex piecewise affine
 function of b given by its pieces; the end parts are the decoder tasks' rooflines
 (llm_planner.cost.roofline, collectives included). A measured serving profile replaces layer(b)
-on single devices (llm_planner.cost.serving_profile): `stage_costs` decides which, once, and
+where it covers the stage's kind and degree (llm_planner.cost.serving_profile: version 1 on single
+devices; version 2 per tensor-parallel degree and per part of the layer, the kernel model timing
+the parts it lacks; llm_planner.serving.layer_time): `stage_costs` decides which, once, and
 every caller reads the layer's time as `StageCosts.layer_time` (steady load) or
 `StageCosts.layer_load_s` (any mix of decode and prompt tokens: TTFT).
 
@@ -42,6 +44,7 @@ from llm_planner.graph.decoder_graph import ID_BYTES, build_decoder_graph
 from llm_planner.graph.ir import Task
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.classes import ServerClass
+from llm_planner.serving.layer_time import MeasuredLayerTime, PartsLayerTime, RooflineLayerTime, measured_layer_time
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
 
 PARTS = ("embed", "block", "final_norm", "lm_head")
@@ -67,6 +70,11 @@ class ServingTasks:
     @property
     def num_layers(self) -> int:
         return self.config.num_layers
+
+    @property
+    def hidden_bytes_per_token(self) -> float:
+        """One token's hidden state: the message per token of a layer's all-reduces."""
+        return self.config.hidden_size * DTYPE_BYTES[self.dtype]
 
     @property
     def handoff_bytes_per_seq(self) -> float:
@@ -160,7 +168,7 @@ class StageCosts:
     weight_bytes: dict  # part -> bytes per device
     kv_bytes_per_seq: float  # one layer, one sequence in flight, per device
     workspace_bytes_per_seq: dict  # part -> bytes per device per sequence of the micro-batch
-    layer_time: RooflineLayerTime | MeasuredLayerTime  # the block's time, b -> seconds (stage_costs)
+    layer_time: RooflineLayerTime | MeasuredLayerTime | PartsLayerTime  # the block's time, b -> seconds (stage_costs)
     kernels: LayerKernels  # the block's kernels, for loads other than the steady one
     tasks: ServingTasks
 
@@ -180,13 +188,11 @@ class StageCosts:
     def layer_load_s(self, decodes: float, prompt_tokens: float) -> float:
         """One decoder layer's time on an iteration of `decodes` sequences at the mean decode context
         and `prompt_tokens` tokens of prompt chunks (their queries seeing half the mean prompt's
-        keys on average): the measured table on a measured kind, else the kernels' sum."""
-        if self.layer_time.measured:
-            return self.layer_time.profile.layer_time_s(self.layer_time.kind, decodes, prompt_tokens)
+        keys on average): the measured time where the stage has one (stage_costs), else the kernels' sum."""
         keys = self.tasks.per_sequence.decode_keys
         prompt_keys = prompt_tokens * (self.tasks.mean_prompt_len + 1) / 2
         load = Load(decodes=decodes, decode_keys=decodes * keys, prompt_tokens=prompt_tokens, prompt_keys=prompt_keys)
-        return self.kernels.time_s(load)
+        return self.layer_time.load_s(load) if self.layer_time.measured else self.kernels.time_s(load)
 
     def stage_load_s(self, decodes: int, prompt_tokens: float, layers: int, first: bool, last: bool) -> float:
         """Time of one iteration of `decodes` sequences and `prompt_tokens` prompt tokens (the end
@@ -251,11 +257,12 @@ class StageCosts:
         return int(room // per_layer) if per_layer > 0 else 10**9
 
 
-def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, measured=None) -> StageCosts:
+def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, profile=None) -> StageCosts:
     """The parts' costs on a group of `degree` devices of the class (1: a single device).
 
-    The one place that decides where a decoder layer's time comes from: `measured` (a
-    MeasuredLayerTime of the class's kind, or None) on a single device, the roofline otherwise;
+    Where a decoder layer's time comes from is decided here, once, by
+    llm_planner.serving.layer_time.measured_layer_time: the measured serving `profile` (either
+    version, or None) where it covers the class's kind at this degree, the kernel model otherwise;
     every caller reads it as `StageCosts.layer_time`."""
     link = server_class.intra_link
     pieces, weights, workspace = {}, {}, {}
@@ -267,6 +274,9 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, mea
     kv = (shard_of(tasks.tasks["block"], degree) if degree > 1 else tasks.tasks["block"]).mem_bytes_per_sample
     kernels = layer_kernels(tasks.config, tasks.dtype, server_class.kind, degree, link)
     pieces["block"] = layer_pieces(kernels, tasks.per_sequence)
+    measured = measured_layer_time(
+        profile, server_class.kind.name, degree, kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
+    )
     return StageCosts(
         server_class=server_class,
         degree=degree,
@@ -274,61 +284,7 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, mea
         weight_bytes=weights,
         kv_bytes_per_seq=kv,
         workspace_bytes_per_seq=workspace,
-        layer_time=measured if measured is not None and degree == 1 else RooflineLayerTime(pieces["block"]),
+        layer_time=measured if measured is not None else RooflineLayerTime(pieces["block"]),
         kernels=kernels,
         tasks=tasks,
     )
-
-
-@dataclass(frozen=True)
-class RooflineLayerTime:
-    """A decoder layer's roofline time at b sequences: max_j (f_j + s_j b) over its `pieces` (0 at
-    b = 0). No breakpoint: the pieces are the bounds' data (llm_planner.serving.bound*)."""
-
-    pieces: tuple
-    measured = False
-    breakpoints = ()
-
-    def __call__(self, b: float) -> float:
-        return evaluate_pieces(self.pieces, b)
-
-    def least(self, lo: float = 1.0, hi: float = math.inf) -> float:
-        """The least time over micro-batches of lo..hi sequences: at lo (the pieces grow with b)."""
-        return self(lo)
-
-
-class MeasuredLayerTime:
-    """A device kind's measured block time at b sequences in flight per iteration: the decode table
-    at b plus the prefill table at b E[P]/E[O] prompt tokens, both piecewise linear; `breakpoints`
-    are the b where its slope may change (llm_planner.serving.bound needs them)."""
-
-    measured = True
-
-    def __init__(self, profile, kind: str, ratio: float):
-        entry = profile.kind(kind)
-        if entry.prefill is None and ratio > 0:
-            raise WorkloadError(f"{profile.path}: kinds.{kind}: no prefill_layer_s, needed to charge the prompts")
-        self.profile, self.kind, self.ratio = profile, kind, ratio
-        points = set(entry.decode.sizes) | set(_zero_crossings(entry.decode))
-        if entry.prefill is not None and ratio > 0:
-            points |= {size / ratio for size in (*entry.prefill.sizes, *_zero_crossings(entry.prefill))}
-        self.breakpoints = tuple(sorted(p for p in points if p > 0))
-
-    def __call__(self, b: float) -> float:
-        return self.profile.layer_time_s(self.kind, b, b * self.ratio)
-
-    def least(self, lo: float = 1.0, hi: float = math.inf) -> float:
-        """The least time over micro-batches of lo..hi sequences: piecewise linear, so at an end or
-        a breakpoint."""
-        points = {lo, *(x for x in self.breakpoints if lo < x < hi)} | ({hi} if hi < math.inf else set())
-        return min(self(x) for x in points)
-
-
-def _zero_crossings(table) -> list[float]:
-    """Where a table's extended end segments reach 0 (it is floored there, so its slope changes):
-    with these among the breakpoints the time is linear between any two of them."""
-    xs, ys, out = table.sizes, table.seconds, []
-    for i in (0, len(xs) - 2):
-        if ys[i + 1] != ys[i]:
-            out.append(xs[i] - ys[i] * (xs[i + 1] - xs[i]) / (ys[i + 1] - ys[i]))
-    return out

@@ -14,7 +14,6 @@ from llm_planner.core.spec import load_cluster
 from llm_planner.core.spec_fields import Reader, as_int
 from llm_planner.cost.serving_profile import load_serving_profile
 from llm_planner.graph.transformer import DecoderConfig, named_config
-from llm_planner.serving.costs import MeasuredLayerTime
 from llm_planner.serving.workload import (
     TPOT_RANGE,
     TPOT_SLO_RANGE_S,
@@ -26,15 +25,13 @@ from llm_planner.serving.workload import (
 )
 
 
-def read_context_inputs(
-    cluster_path: str, model: str, workload: ServingWorkload, profile_path: str | None = None
-) -> dict[str, Any]:
-    """ServingContext's cluster, config and layer_time, read from the files named (its other arguments
-    are not files)."""
+def read_context_inputs(cluster_path: str, model: str, profile_path: str | None = None) -> dict[str, Any]:
+    """ServingContext's cluster, config and measured serving profile (None without one), read from
+    the files named (its other arguments are not files)."""
     return {
         "cluster": load_cluster(cluster_path),
         "config": decoder_config(model),
-        "layer_time": layer_time_from_profile(profile_path, workload),
+        "profile": None if profile_path is None else load_serving_profile(profile_path),
     }
 
 
@@ -43,19 +40,6 @@ def decoder_config(name: str) -> DecoderConfig:
     if config is None:
         raise WorkloadError(f"--model {name!r}: --objective serving needs a decoder preset or a config.json")
     return config
-
-
-def layer_time_from_profile(profile_path: str | None, workload: ServingWorkload):
-    """kind name -> its MeasuredLayerTime (None for kinds the profile does not name)."""
-    if profile_path is None:
-        return None
-    profile = load_serving_profile(profile_path)
-    names = {entry.kind for entry in profile.kinds}
-
-    def for_kind(kind: str):
-        return MeasuredLayerTime(profile, kind, workload.prefill_per_output) if kind in names else None
-
-    return for_kind
 
 
 def workload_from_flags(

@@ -42,17 +42,16 @@ Layout = tuple[Segment, ...]
 class CostCache:
     """StageCosts per (class, degree), computed once."""
 
-    def __init__(self, tasks: ServingTasks, classes: tuple[ServerClass, ...], layer_time=None):
+    def __init__(self, tasks: ServingTasks, classes: tuple[ServerClass, ...], profile=None):
         self.tasks, self.classes = tasks, {c.name: c for c in classes}
-        self.layer_time = layer_time  # kind name -> its MeasuredLayerTime or None (stage_costs decides which time)
+        self.profile = profile  # a measured serving profile or None (stage_costs decides where it applies)
         self._cache: dict[tuple[str, int], StageCosts] = {}
 
     def get(self, class_name: str, degree: int) -> StageCosts:
         key = (class_name, degree)
         if key not in self._cache:
             sc = self.classes[class_name]
-            measured = self.layer_time(sc.kind.name) if self.layer_time is not None else None
-            self._cache[key] = stage_costs(self.tasks, sc, degree, measured)
+            self._cache[key] = stage_costs(self.tasks, sc, degree, self.profile)
         return self._cache[key]
 
 

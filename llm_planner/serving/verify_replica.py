@@ -7,11 +7,12 @@ evaluation, split and concurrency search) nor its stage costs (llm_planner.servi
 so a defect in either shows up as a difference: each part's time on a stage's device or group is
 the cost layer's: a decoder layer's kernels evaluated on the iteration's load directly
 (llm_planner.cost.iteration.LayerKernels.time_s, not the search's pieces of it; or a measured
-block time), the end parts' rooflines (llm_planner.cost.roofline.group_task_time_pieces), bytes
-per member roofline.shard_of's. It takes from llm_planner.serving the decoder's
-tasks per sequence in flight (serving.costs.build_serving_tasks), the server classes and the links
-between stages (llm_planner.serving.layout.build_slots); the module docstring of
-llm_planner.serving.verify lists those as not yet independent.
+block time where llm_planner.serving.layer_time.measured_layer_time, the one rule, applies one),
+the end parts' rooflines (llm_planner.cost.roofline.group_task_time_pieces), bytes per member
+roofline.shard_of's. It takes from llm_planner.serving the decoder's tasks per sequence in flight
+(serving.costs.build_serving_tasks), the server classes and the links between stages
+(llm_planner.serving.layout.build_slots); the module docstring of llm_planner.serving.verify lists
+those as not yet independent.
 
 The steady state (docs/serving.md): micro-batches of sizes differing by at most one, b the
 largest; a stage's iteration t_s(b) = step + l block(b) [+ embed(b) first] [+ norm(b) + head(b)
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from llm_planner.cost.iteration import Load, layer_kernels
 from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
 from llm_planner.serving.context import ServingContext
+from llm_planner.serving.layer_time import measured_layer_time
 from llm_planner.serving.layout import Layout, build_slots
 
 
@@ -64,9 +66,11 @@ class _Costs:
         self.weights = {part: t.weight_bytes for part, t in member.items()}
         self.workspace = {part: t.workspace_bytes_per_sample for part, t in member.items()}
         self.kv = member["block"].mem_bytes_per_sample
-        layer_time = ctx.cache.layer_time
-        self.measured = layer_time(sc.kind.name) if layer_time is not None and degree == 1 else None
         self.kernels = layer_kernels(ctx.config, ctx.dtype, sc.kind, degree, sc.intra_link)
+        tasks = ctx.tasks
+        self.measured = measured_layer_time(  # the one rule of where a measured time applies
+            ctx.cache.profile, sc.kind.name, degree, self.kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
+        )
         wl = ctx.workload
         self.decode_keys, self.prompt_keys = wl.decode_context, (wl.mean_prompt_len + 1) / 2
         self.ratio = wl.prefill_per_output
@@ -77,14 +81,12 @@ class _Costs:
 
     def layer_s(self, b: int, prompt_tokens: float) -> float:
         """One decoder layer on b decodes and `prompt_tokens` prompt tokens."""
-        if self.measured is not None:
-            return float(self.measured.profile.layer_time_s(self.measured.kind, b, prompt_tokens))
         if prompt_tokens == b * self.ratio:  # the steady load: each sequence's own prompt share
             keys = b * self.steady_prompt_keys
         else:
             keys = prompt_tokens * self.prompt_keys
         load = Load(decodes=b, decode_keys=b * self.decode_keys, prompt_tokens=prompt_tokens, prompt_keys=keys)
-        return self.kernels.time_s(load)
+        return float(self.measured.load_s(load)) if self.measured is not None else self.kernels.time_s(load)
 
     def part_s(self, part: str, b: int) -> float:
         if b <= 0:

@@ -1,0 +1,130 @@
+"""A decoder layer's time per engine iteration at b sequences in flight, as the serving bounds and
+the search read it: callable t(b), `least(lo, hi)`, `breakpoints` (where a measured time may change
+slope), `measured`, and `load_s(load)` for any other mix of decode and prompt tokens.
+
+    RooflineLayerTime  the kernel model's pieces, max_j (f_j + s_j b) (llm_planner.cost.iteration)
+    MeasuredLayerTime  a serving-profile/1 table pair of a kind on one device: decode(b) + prefill(b r)
+    PartsLayerTime     a serving-profile/2 entry of a kind at the stage's degree: the kernel model
+                       with the measured parts replaced by their tables (cost.iteration.layer_time_s)
+
+with r = E[P]/E[O] prompt tokens per sequence per iteration. `measured_layer_time` is the one
+rule of which applies (serving.costs.stage_costs and the verifier both call it). The measured
+times are piecewise linear in b: the tables' breakpoints, scaled from their own axis (batch,
+tokens b (1 + r), all-reduce bytes b (1 + r) h b_dtype) to b, and the kinks of the model's pieces
+left in, so `least` and the bounds need only look at them and at the ends.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+from llm_planner.cost.iteration import LayerKernels, Load, layer_pieces, layer_time_s
+from llm_planner.cost.roofline import evaluate_pieces
+from llm_planner.serving.workload import WorkloadError
+
+
+class RooflineLayerTime:
+    """A decoder layer's roofline time at b sequences: max_j (f_j + s_j b) over its `pieces` (0 at
+    b = 0). No breakpoint: the pieces are the bounds' data (llm_planner.serving.bound*)."""
+
+    measured = False
+    breakpoints = ()
+
+    def __init__(self, pieces: tuple):
+        self.pieces = pieces
+
+    def __call__(self, b: float) -> float:
+        return evaluate_pieces(self.pieces, b)
+
+    def least(self, lo: float = 1.0, hi: float = math.inf) -> float:
+        """The least time over micro-batches of lo..hi sequences: at lo (the pieces grow with b)."""
+        return self(lo)
+
+
+class _PiecewiseLinear:
+    """A measured time, linear between its `breakpoints`."""
+
+    measured = True
+    breakpoints: tuple[float, ...] = ()
+
+    def __call__(self, b: float) -> float:
+        raise NotImplementedError
+
+    def least(self, lo: float = 1.0, hi: float = math.inf) -> float:
+        """The least time over micro-batches of lo..hi sequences: piecewise linear, so at an end or
+        a breakpoint."""
+        points = {lo, *(x for x in self.breakpoints if lo < x < hi)} | ({hi} if hi < math.inf else set())
+        return min(self(x) for x in points)
+
+
+class MeasuredLayerTime(_PiecewiseLinear):
+    """A device kind's measured block time at b sequences in flight per iteration: the decode table
+    at b plus the prefill table at b E[P]/E[O] prompt tokens (serving-profile/1)."""
+
+    def __init__(self, profile, kind: str, ratio: float):
+        entry = profile.kind(kind)
+        if entry.prefill is None and ratio > 0:
+            raise WorkloadError(f"{profile.path}: kinds.{kind}: no prefill_layer_s, needed to charge the prompts")
+        self.profile, self.kind, self.ratio = profile, kind, ratio
+        points = set(entry.decode.breakpoints())
+        if entry.prefill is not None and ratio > 0:
+            points |= {size / ratio for size in entry.prefill.breakpoints()}
+        self.breakpoints = tuple(sorted(p for p in points if p > 0))
+
+    def __call__(self, b: float) -> float:
+        return self.profile.layer_time_s(self.kind, b, b * self.ratio)
+
+    def load_s(self, load: Load) -> float:
+        """The tables at the load's decodes and prompt tokens (a version 1 table knows no context)."""
+        return self.profile.layer_time_s(self.kind, load.decodes, load.prompt_tokens)
+
+
+class PartsLayerTime(_PiecewiseLinear):
+    """The kernel model of one layer on a member of a group, with the parts a serving-profile/2
+    entry measures timed by its tables (module docstring). Linear between its breakpoints and
+    past the last, so t(b) is tabulated once at them and interpolated (exact up to rounding);
+    `load_s` evaluates any load directly."""
+
+    def __init__(self, tables, kernels: LayerKernels, per_sequence: Load, message_bytes_per_token: float):
+        self.tables, self.kernels, self.per_sequence = tables, kernels, per_sequence
+        self.parts = tables.kernel_times(message_bytes_per_token)
+        points = tables.breakpoints(per_sequence, message_bytes_per_token)
+        pieces = layer_pieces(kernels, per_sequence, without=frozenset(self.parts))
+        for i, (f1, s1) in enumerate(pieces):  # where the model's pieces left in may meet
+            points |= {(f2 - f1) / (s1 - s2) for f2, s2 in pieces[i + 1 :] if s1 != s2}
+        self.breakpoints = tuple(sorted(p for p in points if p > 0 and math.isfinite(p)))
+        first = min((*self.breakpoints, 1.0)) / 2  # linear on (0, first breakpoint]
+        self._xs = (first, *self.breakpoints, (self.breakpoints[-1] if self.breakpoints else first) + 1.0)
+        self._ys = tuple(self.load_s(per_sequence.times(x)) for x in self._xs)
+
+    def __call__(self, b: float) -> float:
+        if b <= 0:
+            return 0.0
+        xs, ys = self._xs, self._ys
+        i = min(max(bisect.bisect_right(xs, b) - 1, 0), len(xs) - 2)
+        return ys[i] + (ys[i + 1] - ys[i]) * (b - xs[i]) / (xs[i + 1] - xs[i])
+
+    def least(self, lo: float = 1.0, hi: float = math.inf) -> float:
+        """The least time over micro-batches of lo..hi sequences: at an end or a breakpoint between."""
+        xs = self._xs
+        inside = self._ys[bisect.bisect_right(xs, lo) : bisect.bisect_left(xs, hi)]
+        return min(self(lo), *inside, *((self(hi),) if hi < math.inf else ()))
+
+    def load_s(self, load: Load) -> float:
+        return layer_time_s(self.kernels, load, self.parts)
+
+
+def measured_layer_time(
+    profile, kind: str, degree: int, kernels: LayerKernels, per_sequence: Load, message_bytes_per_token: float
+) -> MeasuredLayerTime | PartsLayerTime | None:
+    """The measured time a stage of `degree` devices of `kind` takes from `profile`, or None (the
+    kernel model): a version 1 profile's tables on single devices of the kinds it names; a
+    version 2 profile's entry for the kind at that degree, where it has one."""
+    if profile is None:
+        return None
+    if profile.version == 1:
+        names = {entry.kind for entry in profile.kinds}
+        return MeasuredLayerTime(profile, kind, per_sequence.prompt_tokens) if degree == 1 and kind in names else None
+    tables = profile.tables(kind, degree)
+    return None if tables is None else PartsLayerTime(tables, kernels, per_sequence, message_bytes_per_token)
