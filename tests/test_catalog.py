@@ -83,10 +83,10 @@ def test_every_entry_loads_with_every_field():
 def test_a_kind_naming_an_entry_gets_its_numbers():
     kind = parse_cluster(_cluster({"name": "h", "catalog": "h100-sxm-80g"})).kind("h")
     assert kind.type == "gpu" and kind.name == "h"
-    assert kind.mem_bytes == 80e9 and kind.mem_bw_bytes_per_s == pytest.approx(3.35e12)
+    assert kind.mem_bytes == 81559 * 2**20 and kind.mem_bw_bytes_per_s == pytest.approx(3.35e12)
     assert kind.flops_for("fp16") == pytest.approx(989.5e12) and kind.flops_for("fp8") == pytest.approx(1979e12)
     assert (kind.compute_efficiency, kind.mem_efficiency) == (0.67, 0.72)
-    assert kind.overhead_s == pytest.approx(10e-6) and kind.collective_call_s == pytest.approx(25e-6)
+    assert kind.overhead_s == pytest.approx(10e-6) and kind.collective_call_s == pytest.approx(5e-6)
     # the same numbers as a spec that states them: the entry is what a spec would have written
     entry = catalog_entry("h100-sxm-80g")
     stated = parse_cluster(_cluster({"name": "h", **_as_written("h100-sxm-80g")})).kind("h")
@@ -146,7 +146,7 @@ def test_a_kind_without_catalog_or_efficiencies_gets_the_documented_default(tmp_
     path.write_text(yaml.safe_dump(_cluster(_plain_gpu(), {"name": "h", "catalog": "l40s"})))
     assert main(["show-cluster", str(path)]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"│ g .*│ the spec; efficiencies: default 0\.67/0\.66 \(no catalog entry, none given\) +│", out)
+    assert re.search(r"│ g .*│ the spec; efficiencies: default 0\.67/0\.72 \(no catalog entry, none given\) +│", out)
     assert re.search(r"│ h .*│ catalog l40s +│", out)
 
 

@@ -58,6 +58,7 @@ NUMBERS = {
         "--max-classes-per-replica",
         "--max-stages",
         "--max-micro-batches",
+        "--max-batched-tokens",
         "--max-tp",
         "--time-limit",
     ),
@@ -91,6 +92,7 @@ VALID = {
     "--max-classes-per-replica": "2",
     "--max-stages": "8",
     "--max-micro-batches": "2",
+    "--max-batched-tokens": "4096",
     "--serving-solver": "megatron",
 }
 

@@ -283,6 +283,7 @@ def _hand_plan(cluster: Path, stages: list[str], layers: list[int]) -> ServingPl
         "inputs": {"cluster": str(cluster)},
         "model": {"name": "llama2-7b", "dtype": "fp16", "num_layers": sum(layers)},
         "workload": {"requests": [{"prompt_len": 100, "output_len": 20, "weight": 1.0}], "tpot_slo_s": 0.1},
+        "options": {"max_batched_tokens": 2048},
         "serving": {"tokens_per_s": 100.0, "replicas": [rep]},
     }
     return ServingPlanFile(data=data, path=cluster.parent / "hand.yaml")

@@ -29,10 +29,13 @@ def _best(ctx, layout):
     return model.best(micro_batch_options(ctx, model.p), refine=True)
 
 
-def test_t4s_at_both_ends_of_the_a100s_keep_more_in_flight(ctx):
-    """LLaMA-2 70B at 200 ms: with the head on the last A100 that A100 holds fewer layers, so four
-    T4s in front of four A100s keep at most 119 sequences in flight; moving a T4 to the end frees
-    the A100s for 17 blocks each at 128 sequences."""
+def test_t4s_at_both_ends_of_the_a100s_keep_more_in_flight():
+    """LLaMA-2 70B at 400 ms, where memory rather than the target bounds the sequences in flight:
+    with the head on the last A100 the four T4s in front of four A100s keep 213 sequences in
+    flight; moving a T4 to the end, past the A100s, takes the head off them and keeps 223 at
+    16 layers each, 7.8% more tokens/s."""
+    wl = ServingWorkload(requests=(RequestShape(prompt_len=512, output_len=256),), tpot_slo_s=0.4)
+    ctx = build_context(str(SPEC), "llama2-70b", wl, "fp16", ServingOptions())
     base = (Segment(T4, 1, 4), Segment(A100, 1, 4))
     variants = with_ends(ctx, base)
     assert (Segment(T4, 1, 3), Segment(A100, 1, 4), Segment(T4, 1, 1)) in variants
@@ -41,9 +44,9 @@ def test_t4s_at_both_ends_of_the_a100s_keep_more_in_flight(ctx):
     layout, after = max(((v, _best(ctx, v)) for v in variants), key=lambda pair: pair[1].tokens_per_s)
     assert after.tokens_per_s > 1.05 * before.tokens_per_s
     assert after.concurrency > before.concurrency
-    assert after.tpot_s <= 0.2
+    assert after.tpot_s <= 0.4
     front = layout[0].stages
-    assert after.layers[front : front + 4] == (17, 17, 17, 17)
+    assert after.layers[front : front + 4] == (16, 16, 16, 16)
 
 
 def test_no_variants_of_one_class_or_of_a_single_first_stage(ctx):

@@ -36,7 +36,7 @@ def test_six_servers_in_plain_words(capsys):
     assert re.search(r"│ h100-server-1 +│ h100-server +│ h100-1 +│ .*8 h100-80g \(h100-80g:0 \.\. h100-80g:7\)", text)
     assert re.search(r"│ two h100-80g in one h100-server +│ 450 GB/s +│ 2 us", text)
     assert re.search(r"│ two servers \(the network\) +│ 25 GB/s +│ 5 us", text)
-    assert re.search(r"│ h100-80g .*│ 74\.5 GiB \(67\.1 GiB\) +│ 3350 GB/s", text)  # memory and what plans may fill
+    assert re.search(r"│ h100-80g .*│ 79\.6 GiB \(71\.7 GiB\) +│ 3350 GB/s", text)  # memory and what plans may fill
     rows = symmetry_classes(load_cluster(SPECS / "gpt3-six-servers.yaml")).num_rows
     assert f"batch, task or time add {rows} constraints here" in text
 

@@ -101,7 +101,8 @@ def test_group_time_is_a_member_roofline_plus_collectives(k):
     member_weights = (3.2e9 - 2e5) / k + 2e5
     member_bytes = (4e6 - 1e6) / k + 1e6
     roofline = 1e-5 + max(8e9 / k * b / 1e14, (member_weights + member_bytes * b) / 2e12)
-    allreduce = 2 * (2 * (k - 1) * 2e-6 + 2 * (k - 1) / k * 24_576 * b / 400e9)
+    # each of the two calls: the kind's fixed time per call, 2 (k - 1) link latencies, the ring's bytes
+    allreduce = 2 * (kind_spec.collective_call_s + 2 * (k - 1) * 2e-6 + 2 * (k - 1) / k * 24_576 * b / 400e9)
     assert cost.evaluate_pieces(cost.group_task_time_pieces(task, kind_spec, k, link, "fp16"), b) == pytest.approx(
         roofline + allreduce
     )

@@ -50,12 +50,14 @@ MAX_DEVICES = 65536
 # v0.6.0 performance update, 2024-09; SGLang v0.4 "zero-overhead batch scheduler", 2024-12).
 # Set `step_overhead_s` per kind from a measurement (docs/serving.md).
 STEP_OVERHEAD_DEFAULT = {"cpu": 1e-3, "gpu": 1e-3, "accelerator": 1e-3}
-# Fixed time per collective call (an all-reduce of a tensor-parallel group) besides its size term, by
-# device type: NCCL all-reduce of 18 KB to 4 MB measured 18-99 us per call on A100 and H100 servers,
-# of which about 20 us is the launch (Vidur, MLSys 2024, adds 20 us per NCCL call); the size term
-# comes from the link's bandwidth. CPU groups (MPI over shared memory) carry it in the link's latency.
-# Set `collective_overhead_s` per kind (or take the catalog's) from a measurement.
-COLLECTIVE_OVERHEAD_DEFAULT = {"cpu": 0.0, "gpu": 25e-6, "accelerator": 25e-6}
+# Fixed time per collective call (an all-reduce of a tensor-parallel group) besides its link
+# latencies and size term, by device type: the catalog's figure (core/data/gpu_catalog.yaml),
+# fitted on measured vLLM decode, whose all-reduces run inside captured CUDA graphs with a
+# one-shot kernel for small messages (docs/fidelity.md); NCCL called outside graphs takes 18-99 us
+# per call at 18 KB-4 MB on A100 and H100 servers (Vidur's network profiles). CPU groups (MPI over
+# shared memory) carry it in the link's latency. Set `collective_overhead_s` per kind from a
+# measurement.
+COLLECTIVE_OVERHEAD_DEFAULT = {"cpu": 0.0, "gpu": 5e-6, "accelerator": 5e-6}
 # Whether devices of a kind may form tensor-parallel groups, by device type: GPUs and accelerators
 # do (NCCL-style collectives over NVLink or PCIe); CPU sockets do not (no engine shards a layer
 # over sockets with all-reduces per layer). A kind's `tensor_parallel` overrides it.

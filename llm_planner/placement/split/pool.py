@@ -48,6 +48,7 @@ def make_executor(options: SolveOptions, num_jobs: int, problem: PlacementProble
 
 
 STOP_GRACE_S = 2.0  # a terminated worker has this long to exit before it is killed
+MANAGER_JOIN_S = 15.0  # the pool's manager thread has this long to notice (seconds on a loaded machine)
 
 
 def stop_executor(executor: Executor) -> None:
@@ -65,7 +66,7 @@ def stop_executor(executor: Executor) -> None:
     # concurrent.futures' exit hook never writes to that pipe while it closes ("Bad file descriptor")
     manager = getattr(executor, "_executor_manager_thread", None)
     if manager is not None:
-        manager.join(STOP_GRACE_S)
+        manager.join(MANAGER_JOIN_S)
 
 
 class Pool:
