@@ -3,6 +3,7 @@ that each of their segments gets devices of its own."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from llm_planner.serving.context import ServingOptions, build_context
 from llm_planner.serving.fleet import FleetChoice
 from llm_planner.serving.layout import Pattern, Segment, layout_ok
 from llm_planner.serving.search import micro_batch_options, with_ends
+from llm_planner.serving.verify_claims import check_options
 from llm_planner.serving.workload import RequestShape, ServingWorkload
 
 SPEC = Path(__file__).resolve().parents[1] / "cluster_specs" / "a100-l4-t4-cloud.yaml"
@@ -78,3 +80,18 @@ def test_each_segment_gets_its_own_devices(ctx):
     names = [d for stage in stages for d in stage]
     assert len(names) == len(set(names)) == 8
     assert all("t4" in d for d in names[:2] + names[6:]) and all("a100" in d for d in names[2:6])
+
+
+def test_verify_counts_a_class_at_both_ends_once(ctx):
+    """with_ends turns three classes into four segments: still three classes for max_segments."""
+    layout = (Segment(T4, 1, 2), Segment(L4, 1, 2), Segment(A100, 1, 4), Segment(T4, 1, 1))
+    problems: list[str] = []
+    check_options(ctx, layout, 1, "replica 0", problems)
+    assert problems == []
+    two = dataclasses.replace(ctx.options, max_segments=2)
+    original, ctx.options = ctx.options, two
+    try:
+        check_options(ctx, layout, 1, "replica 0", problems)
+    finally:
+        ctx.options = original
+    assert problems == ["replica 0.segments: 3 classes in one replica, options.max_segments allows 2"]

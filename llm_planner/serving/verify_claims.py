@@ -41,9 +41,10 @@ def check_options(ctx: ServingContext, layout: Layout, m: int, where: str, probl
     opts, stages = ctx.options, sum(s.stages for s in layout)
     if stages > min(opts.max_stages, ctx.tasks.num_layers):
         problems.append(f"{where}.segments: {stages} stages, but options.max_stages is {opts.max_stages}")
-    if len(layout) > (opts.max_segments or 3):
+    classes = len({s.class_name for s in layout})  # a class at both ends (search.with_ends) counts once
+    if classes > (opts.max_segments or 3):
         problems.append(
-            f"{where}.segments: {len(layout)} classes in one replica, options.max_segments allows "
+            f"{where}.segments: {classes} classes in one replica, options.max_segments allows "
             f"{opts.max_segments or 3}"
         )
     if not exportable_layout(ctx, layout):
