@@ -44,8 +44,7 @@ def check_options(ctx: ServingContext, layout: Layout, m: int, where: str, probl
     classes = len({s.class_name for s in layout})  # a class at both ends (search.with_ends) counts once
     if classes > (opts.max_segments or 3):
         problems.append(
-            f"{where}.segments: {classes} classes in one replica, options.max_segments allows "
-            f"{opts.max_segments or 3}"
+            f"{where}.segments: {classes} classes in one replica, options.max_segments allows {opts.max_segments or 3}"
         )
     if not exportable_layout(ctx, layout):
         problems.append(f"{where}.segments: options.exportable {opts.exportable}: vLLM cannot run this layout")
