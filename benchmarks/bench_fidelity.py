@@ -137,20 +137,9 @@ def table_row(row: dict, got: dict) -> dict:
     if not got["fits"]:  # the engine cannot hold them all: it runs fewer and queues the rest
         return {**_row_head(row, got), **{c: "over memory" for c in COLUMNS[7:] if "ratio" in c}}
     return {
-        "id": row["id"],
-        "use": row["use"],
-        "gpu": row["gpu"],
-        "tp": row["tp"],
-        "concurrency": row["concurrency"],
-        "prompt/output": f"{row['prompt_len']:.0f}/{row['output_len']:.0f}",
-        "tpot measured": ms(row.get("tpot_s") or row.get("itl_s")),
-        "tpot model": ms(got["tpot_s"]),
+        **_row_head(row, got),
         "tpot ratio": ratio(got["tpot_s"], row.get("tpot_s") or row.get("itl_s")),
-        "tok/s measured": f"{row['output_tokens_per_s']:,.0f}" if row.get("output_tokens_per_s") else "-",
-        "tok/s model": f"{got['tokens_per_s']:,.0f}",
         "tok/s ratio": "-" if closed else ratio(got["tokens_per_s"], row.get("output_tokens_per_s")),
-        "ttft measured": ms(row.get("ttft_s")),
-        "ttft model": ms(got["ttft_s"]),
         "ttft ratio": ratio(got["ttft_s"], row.get("ttft_s")) + (" (closed batch)" if closed else ""),
     }
 

@@ -34,18 +34,9 @@ from pathlib import Path
 
 import yaml
 
+from llm_planner.cost.vidur import OPERATORS  # Vidur's operator names, read by the importer too
+
 NUM_TOKENS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048)
-OPERATORS = (
-    "input_layernorm",
-    "attn_pre_proj",
-    "attn_rope",
-    "attn_post_proj",
-    "post_attention_layernorm",
-    "mlp_up_proj",
-    "mlp_act",
-    "mlp_down_proj",
-    "add",
-)
 # (Vidur path under data/profiling/compute, our catalog gpu, Hugging Face model)
 MLP_FILES = (
     ("a100/meta-llama/Meta-Llama-3-8B/mlp.csv", "a100-sxm-80g", "meta-llama/Meta-Llama-3-8B"),
