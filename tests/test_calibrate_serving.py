@@ -131,6 +131,13 @@ def test_the_fit_recovers_the_factors_that_made_the_measurements_and_writes_them
         assert row.after == pytest.approx(row.measured, rel=1e-6)
     small = next(f for f in result.calibration.kinds if f.name == "small")
     assert small.fitted == () and set(small.kept.values()) == {"no observation ran on this kind"}
+    # the same factors from a spec far from them: peak rates and no overheads
+    far = load_cluster(_spec(tmp_path, "far.yaml", **dict.fromkeys(TRUTH, 0) | dict.fromkeys(list(TRUTH)[:2], 1.0)))
+    result = fit_serving(far, config, build_cases(far, config, observations, settings))
+    fit = next(f for f in result.calibration.kinds if f.name == "big")
+    assert fit.before["mem_efficiency"] == 1.0 and fit.before["step_overhead_s"] == 0
+    for field, value in TRUTH.items():
+        assert fit.values[field] == pytest.approx(value, rel=1e-6), field
 
 
 def test_what_the_measurements_cannot_tell_keeps_the_specs_value_with_its_reason(tmp_path, capsys):
