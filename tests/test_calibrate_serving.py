@@ -155,6 +155,10 @@ def test_what_the_measurements_cannot_tell_keeps_the_specs_value_with_its_reason
     fit = next(f for f in fit_serving(spec, config, cases).calibration.kinds if f.name == "big")
     assert fit.fitted == ("step_overhead_s",)
     assert fit.kept["mem_efficiency"] == "2 figure(s) cannot fit more than 1 factor(s)"
+    # without TTFT (--ttft-weight 0), TPOT alone: nothing to fit, the spec's values kept
+    fit = next(f for f in fit_serving(spec, config, cases, {"ttft_s": 0}).calibration.kinds if f.name == "big")
+    assert fit.fitted == () and fit.values == fit.before
+    assert fit.kept["step_overhead_s"] == "1 figure(s) cannot fit more than 0 factor(s)"
 
 
 def test_vllm_results_are_read_with_their_lens_and_appended_results_line_by_line(tmp_path):

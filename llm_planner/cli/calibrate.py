@@ -20,7 +20,7 @@ from llm_planner.core.fmt import fmt_s, styled
 from llm_planner.measure.calibrate import CalibrateError, calibrate_files
 from llm_planner.measure.fits import Calibration
 from llm_planner.measure.serving_cases import ServingSettings
-from llm_planner.measure.serving_fit import DEFAULT_TTFT_WEIGHT, ServingCalibration, calibrate_serving_files
+from llm_planner.measure.serving_fit import DEFAULT_WEIGHTS, ServingCalibration, calibrate_serving_files
 
 FIGURE_NAMES = {"tpot_s": "TPOT", "tokens_per_s": "tokens/s", "ttft_s": "TTFT", "decode_step_s": "decode step"}
 
@@ -84,9 +84,15 @@ def add_calibrate_parser(sub) -> None:
     s.add_argument(
         "--ttft-weight",
         type=_weight,
-        default=DEFAULT_TTFT_WEIGHT,
-        help=f"weight of TTFT's relative error beside TPOT's and tokens/s' 1 (default: {DEFAULT_TTFT_WEIGHT}; 0: "
-        "leave TTFT out)",
+        default=DEFAULT_WEIGHTS["ttft_s"],
+        help=f"weight of TTFT's relative error beside TPOT's 1 (default: {DEFAULT_WEIGHTS['ttft_s']}; 0: leave it out)",
+    )
+    s.add_argument(
+        "--tokens-weight",
+        type=_weight,
+        default=DEFAULT_WEIGHTS["tokens_per_s"],
+        help=f"weight of tokens/s' relative error (default: {DEFAULT_WEIGHTS['tokens_per_s']}; 0 for a closed batch "
+        "of a few prompts, whose tokens/s is mostly its ramp-up and tail)",
     )
     s.add_argument("--allow-cpu", action="store_true", help="let a replica name CPU classes")
 
@@ -104,7 +110,8 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
             max_batched_tokens=args.max_batched_tokens,
             allow_cpu=args.allow_cpu,
         )
-        result = calibrate_serving_files(args.cluster, args.results, settings, args.output, args.ttft_weight)
+        weights = {"ttft_s": args.ttft_weight, "tokens_per_s": args.tokens_weight}
+        result = calibrate_serving_files(args.cluster, args.results, settings, args.output, weights)
         console.print(figures_table(result))
         console.print(fits_table(result.calibration, f"serving calibration of {args.cluster}"))
     else:

@@ -9,9 +9,11 @@ minimises the weighted relative errors
 
     sum over observations and figures  w_F^2 (predicted_F(x) / measured_F - 1)^2
 
-with w = 1 for TPOT, tokens/s and the decode step and w = `ttft_weight` (default 0.25) for TTFT:
-the model's TTFT is a steady-state estimate that leaves out the wait for a slot, which a loaded
-run's TTFT includes. Bounds: efficiencies in (0, 1] (x >= 1), overheads >= 0.
+with w = 1 for TPOT, tokens/s and the decode step and 0.25 for TTFT (DEFAULT_WEIGHTS; the
+command line sets those of TTFT and tokens/s): the model's TTFT is a steady-state estimate that
+leaves out the wait for a slot, which a loaded run's TTFT includes, and a run's tokens/s counts
+its ramp-up and tail, most of a closed batch of a few prompts. Bounds: efficiencies in (0, 1]
+(x >= 1), overheads >= 0.
 
 Every kernel's time is a maximum of terms linear in x, and so is a cycle, so each figure is
 piecewise linear in x except tokens/s = C / TPOT. The fit is Gauss-Newton: at x, a forward
@@ -33,7 +35,7 @@ absorbs what the model does not count, is given up last and never as weak.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +60,7 @@ FIELDS = ("compute_efficiency", "mem_efficiency", "step_overhead_s", "collective
 SCALE = np.array([1.0, 1.0, 1e-3, 1e-6])  # units of x in the fit: 1 / efficiency, ms, us
 LOWER = np.array([1.0, 1.0, 0.0, 0.0])
 GIVE_UP = (3, 0, 1, 2)  # field indices, the first given up first among equally good fits
-DEFAULT_TTFT_WEIGHT = 0.25
+DEFAULT_WEIGHTS = {"tpot_s": 1.0, "tokens_per_s": 1.0, "ttft_s": 0.25, "decode_step_s": 1.0}
 MAX_STEPS = 60
 
 
@@ -92,9 +94,8 @@ class _Row:
 class _Problem:
     """The cases, their rows, and the factors' columns: kind j // 4, field j % 4."""
 
-    def __init__(self, cluster: ClusterSpec, config: DecoderConfig, cases: Sequence[ServingCase], ttft_weight: float):
+    def __init__(self, cluster: ClusterSpec, config: DecoderConfig, cases: Sequence[ServingCase], weights: dict):
         self.cluster, self.config, self.cases = cluster, config, list(cases)
-        weights = {"tpot_s": 1.0, "tokens_per_s": 1.0, "ttft_s": ttft_weight, "decode_step_s": 1.0}
         self.rows = [
             _Row(i, f, getattr(c.obs.measured, f), weights[f])
             for i, c in enumerate(self.cases)
@@ -183,10 +184,14 @@ def _gauss_newton(problem: _Problem) -> tuple[np.ndarray, list[int], dict[int, s
 
 
 def fit_serving(
-    cluster: ClusterSpec, config: DecoderConfig, cases: Sequence[ServingCase], ttft_weight: float = DEFAULT_TTFT_WEIGHT
+    cluster: ClusterSpec,
+    config: DecoderConfig,
+    cases: Sequence[ServingCase],
+    weights: Mapping[str, float] | None = None,
 ) -> ServingCalibration:
-    """Fit the serving factors of the kinds the cases ran on (module docstring)."""
-    problem = _Problem(cluster, config, cases, ttft_weight)
+    """Fit the serving factors of the kinds the cases ran on (module docstring); `weights`
+    per figure over DEFAULT_WEIGHTS."""
+    problem = _Problem(cluster, config, cases, {**DEFAULT_WEIGHTS, **(weights or {})})
     if not problem.rows:
         raise CalibrateError("no measured figure to fit")
     x, free, kept = _gauss_newton(problem)
@@ -246,14 +251,14 @@ def calibrate_serving_files(
     result_paths: Sequence[str],
     settings: ServingSettings,
     output: str | Path,
-    ttft_weight: float = DEFAULT_TTFT_WEIGHT,
+    weights: Mapping[str, float] | None = None,
 ) -> ServingCalibration:
     """Read the results, fit, and write the corrected spec (module docstring)."""
     cluster = load_cluster(cluster_path)
     files = [(str(p), read_serving_results(p)) for p in result_paths]
     config = model_config(settings, [o for _, obs in files for o in obs])
     cases = build_cases(cluster, config, files, settings)
-    result = fit_serving(cluster, config, cases, ttft_weight)
+    result = fit_serving(cluster, config, cases, weights)
     sources = [f"{path} ({', '.join(dict.fromkeys(o.engine for o in obs))})" for path, obs in files]
     write_calibrated_spec(cluster_path, result.calibration, output, sources=sources)
     return result
