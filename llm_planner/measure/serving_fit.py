@@ -164,7 +164,7 @@ def _gauss_newton(problem: _Problem) -> tuple[np.ndarray, list[int], dict[int, s
     for _ in range(MAX_STEPS):
         a = _jacobian(problem, x, predicted) * w[:, None]
         target = w * (1.0 - predicted / problem.measured) + a @ x
-        new, free, kept = bounded_fit(
+        new, new_free, new_kept = bounded_fit(
             a, target, problem.prior, problem.lower, order, figures=problem.figures, exempt=exempt, what="figure"
         )
         step = 1.0
@@ -175,8 +175,10 @@ def _gauss_newton(problem: _Problem) -> tuple[np.ndarray, list[int], dict[int, s
             if trial_err <= err * (1 + 1e-12) or step < 1e-3:
                 break
             step /= 2
+        if trial_err > err * (1 + 1e-12) and free:  # no step along the direction lowers the error: x is the fit
+            break
         moved = np.max(np.abs(trial - x) / np.maximum(1.0, np.abs(x)))
-        x, predicted, err = trial, trial_predicted, trial_err
+        x, predicted, err, free, kept = trial, trial_predicted, trial_err, new_free, new_kept
         if moved < 1e-10:
             break
     x[list(kept)] = problem.prior[list(kept)]
@@ -221,8 +223,17 @@ def _kind_fit(problem: _Problem, kind: DeviceKindSpec, i: int, n, fitted, free, 
     path = ("device_kinds", i)
     if n is None:
         reasons = dict.fromkeys(FIELDS, "no observation ran on this kind")
-        return Fit(name=kind.name, path=path, values=spec, before=spec, fitted=(), kept=reasons, samples=0,
-                   rel_rms_before=math.nan, rel_rms_after=math.nan)  # fmt: skip
+        return Fit(
+            name=kind.name,
+            path=path,
+            values=spec,
+            before=spec,
+            fitted=(),
+            kept=reasons,
+            samples=0,
+            rel_rms_before=math.nan,
+            rel_rms_after=math.nan,
+        )
     cols = {f: 4 * n + j for j, f in enumerate(FIELDS)}
     grouped = any(kind.name in c.grouped_kinds for c in problem.cases)
     reasons = {f: kept[c] for f, c in cols.items() if c in kept}
