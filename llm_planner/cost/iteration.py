@@ -173,6 +173,14 @@ def _kernels(cfg: DecoderConfig, b: int, k: int, call_s: float, latency_s: float
     return tuple(out)
 
 
+def layer_flops(config: DecoderConfig, dtype: str, load: Load) -> float:
+    """FLOPs of one layer's compute kernels on `load` on one device: what their compute times
+    divide by the peak (a task graph's FLOPs of a layer, llm_planner.graph.decoder_graph, are the same)."""
+    x = load.vector()
+    kernels = _kernels(config, DTYPE_BYTES[dtype], 1, 0.0, 0.0)
+    return sum(sum(a * v for a, v in zip(kr.flops, x)) for kr in kernels if not kr.collective)
+
+
 def _vec(*values: float) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
