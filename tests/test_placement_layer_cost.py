@@ -16,7 +16,7 @@ from llm_planner.core.spec import LinkSpec
 from llm_planner.cost import measured
 from llm_planner.cost import profile as prof
 from llm_planner.cost import roofline as cost
-from llm_planner.cost.iteration import KAPPA, layer_kernels
+from llm_planner.cost.iteration import KAPPA, SUBLAYERS, layer_kernels, sublayer_kernels
 from llm_planner.cost.task_pieces import decoder_load, placement_task_pieces, sample_load
 from llm_planner.graph.decoder_graph import build_decoder_graph
 from llm_planner.graph.ir import TaskGraph
@@ -107,10 +107,45 @@ def test_a_layer_task_is_the_serving_kernel_models_layer_time(phase, seq_len):
 def test_the_graphs_layer_flops_are_the_kernel_models():
     for phase, seq_len in (("decode", 100), ("prefill", 100)):
         graph = _graph(phase=phase, seq_len=seq_len)
-        assert decoder_load(graph, "fp16").layers == {"block.0", "block.1"}
+        assert decoder_load(graph, "fp16").layers == {"block.0": "block", "block.1": "block"}
     prefill = _graph(phase="prefill", seq_len=100)
     # 2 * 655,360 per token on 100 tokens, 4 * 256 per key over 100 * 101 / 2 causal keys
     assert prefill.task("block.0").flops_per_sample == 2 * 655_360 * 100 + 4 * 256 * 5050
+
+
+def test_the_two_sublayers_kernels_are_the_layers():
+    link = LinkSpec(bw_bytes_per_s=LINK_BW, latency_s=LATENCY)
+    g = _cluster().kind("g")
+    for config in (TINY, preset_config("gpt2"), preset_config("opt-350m")):
+        for k in (1, 2, 4):
+            whole = layer_kernels(config, "fp16", g, k, link)
+            parts = [sublayer_kernels(config, "fp16", g, part, k, link) for part in SUBLAYERS]
+            for kernel in whole.kernels:
+                same = [kr for p in parts for kr in p.kernels if kr.name == kernel.name]
+                assert [sum(v) for v in zip(*(kr.flops for kr in same))] == pytest.approx(kernel.flops, rel=1e-12)
+                assert [sum(v) for v in zip(*(kr.bytes for kr in same))] == pytest.approx(kernel.bytes, rel=1e-12)
+    # the attention sublayer has no MLP: only its heads need to divide k
+    odd_mlp = dataclasses.replace(TINY, intermediate_size=510)
+    assert sublayer_kernels(odd_mlp, "fp16", g, "attn", 4, link).time_s(sample_load("decode", 10)) > 0
+    with pytest.raises(cost.CostError, match="mlp sublayer of tiny-llama cannot run on a tensor-parallel group of 4"):
+        sublayer_kernels(odd_mlp, "fp16", g, "mlp", 4, link)
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_sublayer_tasks_are_their_kernels_sums(phase):
+    cluster = _cluster()
+    graph = build_decoder_graph(TINY, phase=phase, seq_len=64, granularity="sublayer", dtype="fp16")
+    problem = build_problem(graph, cluster, dtype="fp16", max_tp=4)
+    link = LinkSpec(bw_bytes_per_s=LINK_BW, latency_s=LATENCY)
+    per_sequence = sample_load(phase, 64)
+    for part in SUBLAYERS:
+        i = [t.name for t in graph.tasks].index(f"block.1.{part}")
+        for device, k in (("node0/g:3", 1), ("node0/g:0-1", 2), ("node0/g:0-3", 4)):
+            kernels = sublayer_kernels(TINY, "fp16", cluster.kind("g"), part, k, link if k > 1 else None)
+            for batch in (1, 5, 300):
+                expected = kernels.time_s(per_sequence.times(batch))
+                d = problem.device_names.index(device)
+                assert problem.task_time(i, d, batch) == pytest.approx(expected, rel=1e-12)
 
 
 @settings(max_examples=60, deadline=None)
@@ -118,16 +153,24 @@ def test_the_graphs_layer_flops_are_the_kernel_models():
     config=st.sampled_from([TINY, preset_config("gpt2"), preset_config("llama3-8b")]),
     phase=st.sampled_from(["decode", "prefill"]),
     seq_len=st.integers(1, 512),
+    part=st.sampled_from(["block", *SUBLAYERS]),
     k=st.sampled_from([1, 2, 4]),
     batches=st.lists(st.integers(1, 4096), min_size=1, max_size=8),
 )
-def test_layer_pieces_are_the_kernels_sum_at_every_batch(config, phase, seq_len, k, batches):
-    graph = _graph(dataclasses.replace(config, num_layers=1), phase, seq_len)
+def test_layer_pieces_are_the_kernels_sum_at_every_batch(config, phase, seq_len, part, k, batches):
+    granularity = "block" if part == "block" else "sublayer"
+    one = dataclasses.replace(config, num_layers=1)
+    graph = build_decoder_graph(one, phase=phase, seq_len=seq_len, granularity=granularity, dtype="fp16")
     kind_spec = _cluster().kind("g")
     link = LinkSpec(bw_bytes_per_s=LINK_BW, latency_s=LATENCY)
     decoder = decoder_load(graph, "fp16")
-    pieces = placement_task_pieces(graph.task("block.0"), kind_spec, k, link, "fp16", decoder)
-    kernels = layer_kernels(decoder.config, "fp16", kind_spec, k, link if k > 1 else None)
+    task = graph.task("block.0" if part == "block" else f"block.0.{part}")
+    pieces = placement_task_pieces(task, kind_spec, k, link, "fp16", decoder)
+    group_link = link if k > 1 else None
+    if part == "block":
+        kernels = layer_kernels(one, "fp16", kind_spec, k, group_link)
+    else:
+        kernels = sublayer_kernels(one, "fp16", kind_spec, part, k, group_link)
     assert all(f >= 0 and s >= 0 for f, s in pieces)  # what the bounds' fastest-time rule needs
     for b in batches:
         exact = kernels.time_s(decoder.per_sample.times(b))
