@@ -171,12 +171,12 @@ class ProfileCoverage:
     """Which (task, device kind) pairs a profile covers, and which fall back to the roofline."""
 
     profiled: tuple[tuple[str, str], ...]  # (task, kind)
-    fallback: tuple[tuple[str, str], ...]  # (task, kind) pairs that keep the roofline
+    fallback: tuple[tuple[str, str], ...]  # (task, kind) pairs that keep the cost model
     links_profiled: tuple[str, ...]
     links_fallback: tuple[str, ...]
 
     def fallback_tasks(self) -> dict[str, list[str]]:
-        """Device kind -> tasks that fell back to the roofline on it."""
+        """Device kind -> tasks that fell back to the cost model on it."""
         out: dict[str, list[str]] = {}
         for task, kind in self.fallback:
             out.setdefault(kind, []).append(task)
