@@ -9,7 +9,7 @@ measurements and holds the rules of keys and groups in its docstring. Here:
 - `task_key`, `group_key`, `link_class`, `all_reduce_key`: the names measurements are stored under;
 - `task_pieces`, `link`: the measured cost piece of a task on a device (a group's "@group<k>"
   piece, else its "@tp<k>" piece plus its collectives) and the measured link of a device pair,
-  None where the profile has none (the builder then keeps the roofline and the spec's link);
+  None where the profile has none (the builder then keeps the cost model and the spec's link);
 - `profile_coverage`: which (task, device kind) pairs and link classes a profile covers.
 """
 
@@ -168,7 +168,7 @@ def _group_collectives(cluster: ClusterSpec, profile: Profile, task: Task, devic
 
 @dataclass(frozen=True, kw_only=True)
 class ProfileCoverage:
-    """Which (task, device kind) pairs a profile covers, and which fall back to the roofline."""
+    """Which (task, device kind) pairs a profile covers, and which fall back to the cost model."""
 
     profiled: tuple[tuple[str, str], ...]  # (task, kind)
     fallback: tuple[tuple[str, str], ...]  # (task, kind) pairs that keep the cost model
