@@ -22,7 +22,7 @@ from llm_planner.cli import serving as commands_serving
 from llm_planner.cli.arg_types import count, names_of, positive, positive_seconds, seed, share, tokens
 from llm_planner.cli.export import add_export_parser
 from llm_planner.cli.helix import add_import_parser, add_plan_helix_parser
-from llm_planner.cli.launch_serving import add_serve_launch_args
+from llm_planner.cli.launch_serving import add_serve_launch_args, cmd_launch_serving
 from llm_planner.cli.serving import add_serving_args
 from llm_planner.core.atomic import WriteError
 from llm_planner.core.constants import DTYPE_BYTES, TORCH_DTYPES
@@ -361,12 +361,14 @@ def _add_profile_parser(sub) -> None:
 
 
 def _serving_handler(args: argparse.Namespace):
-    """Serving plans have their own handlers: `plan --objective serving`, `show` and `verify` of one."""
+    """Serving plans have their own handlers: `plan --objective serving`, `show`, `verify` and `launch` of one."""
 
     if args.command == "plan" and args.objective == "serving":
         return commands_serving.cmd_plan_serving
     if args.command in ("show", "verify") and is_serving_plan(args.plan):
         return getattr(commands_serving, f"cmd_{args.command}_serving")
+    if args.command == "launch" and is_serving_plan(args.plan):
+        return cmd_launch_serving
     return None
 
 

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from llm_planner.cli.commands import UserError, model_spec, progress
-from llm_planner.cli.launch_serving import cmd_launch_serving, refuse_serving_flags
+from llm_planner.cli.launch_serving import refuse_serving_flags
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.fmt import LiteralConsole, fmt_s, styled
 from llm_planner.cost.profile import ProfileError, save_profile
@@ -22,13 +22,10 @@ from llm_planner.launch.profile_run import ProfileJob, planned_runs, profile_loc
 from llm_planner.measure.calibrate import CalibrateError, calibrate_files
 from llm_planner.measure.compare import measure_files, measurement_tables, write_measurement
 from llm_planner.runtime.profile_rank import ProfileOptions, ProfileRunError
-from llm_planner.serving.plan_file import is_serving_plan
 
 
 def cmd_launch(args: argparse.Namespace, console: Console) -> int:
-    if is_serving_plan(args.plan):
-        return cmd_launch_serving(args, console)
-    refuse_serving_flags(args)
+    refuse_serving_flags(args)  # a serving plan has its own handler (llm_planner.cli.launch_serving)
     try:
         prompts = [[int(tok) for tok in p.split(",") if tok.strip()] for p in args.prompt_ids]
     except ValueError:

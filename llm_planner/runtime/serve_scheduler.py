@@ -16,8 +16,9 @@ come back with its tokens:
 
 The last stage samples a token for each decode and for each chunk that ends its prompt; a
 sequence that has its `output_len` tokens is finished and frees its slot, which the next
-admitted request reuses. Decodes are never dropped: a micro-batch of more sequences than the
-budget runs them all and no prompt chunk (the plan's `within_token_budget` says when).
+admitted request reuses. Decodes never exceed the budget (a sequence starts decoding only after
+its prompt fit beside the decodes before it), so a budget below the micro-batch's sequences holds
+the others' prompts back until slots free up.
 Requests generate exactly their output_len tokens (end-of-sequence ids do not stop them: the
 load is the plan's workload, as serving benchmarks run it).
 """
