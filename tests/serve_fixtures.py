@@ -81,11 +81,12 @@ def serving_plan(
 def greedy_whole(model, prompt: list[int], steps: int) -> list[int]:
     """Greedy tokens of the whole Hugging Face model, every step recomputed from the full sequence
     (no KV cache, no batching, no end-of-sequence stop)."""
-    ids = torch.tensor([prompt])
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt], device=device)
     out = []
     with torch.no_grad():
         for _ in range(steps):
             token = int(torch.argmax(model(ids).logits[0, -1].float()))
             out.append(token)
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            ids = torch.cat([ids, torch.tensor([[token]], device=device)], dim=1)
     return out

@@ -3,6 +3,8 @@ serving spec the ranks read, and every refusal (exit 2, naming the file or flag)
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,3 +130,12 @@ def test_measured_figures_of_a_raw_record():
     assert m["ttft_s"] == pytest.approx(0.4) and m["ttft_p50_s"] == pytest.approx(0.5)
     assert m["decode_step_s"] == pytest.approx(0.2)  # median of 0.1, 0.2, 0.4
     assert percentile([], 50) is None and percentile([3.0], 99) == 3.0
+
+
+def test_a_serving_dry_run_imports_neither_mpi4py_nor_torch(plan, tmp_path):
+    code = (
+        "import sys\nfrom llm_planner.launch.serve_launch import ServeOptions, launch_serving\n"
+        f"assert launch_serving({str(plan)!r}, ServeOptions(dry_run=True, workdir={str(tmp_path)!r}))[0].ok\n"
+        "bad = [m for m in ('mpi4py', 'torch', 'transformers') if m in sys.modules]\nassert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
