@@ -1,6 +1,6 @@
 """The served stage in one process: batched attention over slots (decodes batched, prompt chunks
 causal, sequences of different lengths side by side) gives every request the whole model's greedy
-tokens, whole or split into two stages."""
+tokens, whole or split into two stages, from seeded weights or a checkpoint."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ SHAPES = ((9, 6, 1.0), (3, 8, 1.0), (1, 5, 1.0))  # prompts of 9, 3 and 1 tokens
 CONTEXT = 24
 
 
-def _stages(config, splits: list[tuple[int, int]], slots: int) -> list[ServeStage]:
-    source = gpt.weight_source(config, checkpoint=None, seed=0)
+def _stages(config, splits: list[tuple[int, int]], slots: int, checkpoint: str | None = None) -> list[ServeStage]:
+    source = gpt.weight_source(config, checkpoint=checkpoint, seed=0)
     return [
         ServeStage(
             config,
@@ -59,12 +59,18 @@ def _serve(stages, *, concurrency: int, micro_batches: int, budget: int, request
 
 
 @pytest.mark.parametrize("make, split", [(tiny_gpt2, False), (tiny_llama, True)])
-def test_every_request_gets_the_whole_models_greedy_tokens(make, split):
+def test_every_request_gets_the_whole_models_greedy_tokens(make, split, tmp_path):
+    """GPT-2 on seeded weights in one stage; Llama split in two, its weights read from a checkpoint."""
     config = gpt.prepare_config(make())
     layers = gpt.num_layers_of(config)
-    splits = [(0, 2), (2, layers - 2)] if split else [(0, layers)]
-    sched = _serve(_stages(config, splits, slots=3), concurrency=3, micro_batches=2, budget=5, requests=6)
     whole = gpt.build_whole_model(config, gpt.weight_source(config, checkpoint=None, seed=0))
+    checkpoint = None
+    if split:
+        whole.save_pretrained(tmp_path / "ckpt")
+        checkpoint = str(tmp_path / "ckpt")
+    splits = [(0, 2), (2, layers - 2)] if split else [(0, layers)]
+    stages = _stages(config, splits, slots=3, checkpoint=checkpoint)
+    sched = _serve(stages, concurrency=3, micro_batches=2, budget=5, requests=6)
     assert len(sched.finished) == 6
     for seq in sched.finished:
         assert seq.generated == greedy_whole(whole, list(seq.request.prompt), seq.request.output_len), seq.request
