@@ -33,10 +33,10 @@ REPLICA_KEYS = {
 }
 
 
-def _serve(tmp_path: Path, make, replicas: list[dict], requests: int, **options):
+def _serve(tmp_path: Path, make, replicas: list[dict], requests: int, budget: int = 8, **options):
     config = make()
     model = save_config(config, tmp_path / "m")
-    plan = serving_plan(tmp_path / "plan.yaml", model, replicas)
+    plan = serving_plan(tmp_path / "plan.yaml", model, replicas, max_batched_tokens=budget)
     result, report = launch_serving(
         plan,
         ServeOptions(
@@ -65,10 +65,10 @@ def _check_tokens(config, report, raw, requests: int) -> None:
     assert report["total"]["output_tokens"] == 5 * requests
 
 
-def _check_report(report, plan: Path, replicas: int) -> None:
+def _check_report(report, plan: Path, replicas: int, rate: float | None = None) -> None:
     assert report["format"] == "llm_planner.serving_run" and report["version"] == 1
     assert report["plan"] == str(plan)
-    assert report["workload"] == {"prompt_len": 6, "output_len": 5, "seed": 0, "request_rate": None}
+    assert report["workload"] == {"prompt_len": 6, "output_len": 5, "seed": 0, "request_rate": rate}
     assert len(report["replicas"]) == replicas
     for r in report["replicas"]:
         assert set(r) == REPLICA_KEYS
@@ -90,10 +90,12 @@ def test_two_stages_with_two_micro_batches(tmp_path):
     replicas = [
         {"degrees": [1, 1], "layers": [2, 2], "concurrency": 4, "micro_batches": 2, "devices": [[dev(0)], [dev(1)]]}
     ]
-    config, _, report, raw = _serve(tmp_path, tiny_gpt2, replicas, 6)
+    config, _, report, raw = _serve(tmp_path, tiny_gpt2, replicas, 6, budget=4)
     _check_tokens(config, report, raw, 6)
     iterations = raw["replicas"][0]["iterations"]
     assert max(n for *_, n in iterations) <= 2  # a micro-batch holds at most half the slots
+    assert max(tokens for _, _, _, tokens, _ in iterations) <= 4  # the token budget
+    assert iterations[0][3:] == [4, 1]  # the first prompt's first chunk: no token to sample yet
 
 
 def test_a_tensor_parallel_pair_feeding_one_device(tmp_path):
@@ -112,13 +114,16 @@ def test_a_tensor_parallel_pair_feeding_one_device(tmp_path):
     assert len(collectives) == 2 and collectives[0]["all_reduce"]["count"] > 0
 
 
-def test_two_replicas_behind_the_front_end(tmp_path):
+def test_two_replicas_behind_the_front_end_in_open_loop(tmp_path):
     one = {"degrees": [1], "layers": [4], "concurrency": 2, "micro_batches": 1}
     replicas = [{**one, "devices": [[dev(0)]]}, {**one, "devices": [[dev(1)]]}]
-    config, plan, report, raw = _serve(tmp_path, tiny_gpt2, replicas, 6)
+    config, plan, report, raw = _serve(tmp_path, tiny_gpt2, replicas, 6, request_rate=40.0)
     _check_tokens(config, report, raw, 6)
-    _check_report(report, plan, 2)
+    _check_report(report, plan, 2, rate=40.0)
     assert [r["requests_completed"] for r in report["replicas"]] == [3, 3]  # equal shares
+    stream = RequestStream(LoadSpec(shapes=((6, 5, 1.0),), vocab_size=128, seed=0, request_rate=40.0))
+    for r in (r for rep in raw["replicas"] for r in rep["requests"]):
+        assert r["arrival_s"] == stream.arrival_s(r["index"]) <= r["admitted_s"]  # admitted once arrived
 
 
 def test_a_failing_rank_stops_every_rank_and_is_named(tmp_path):

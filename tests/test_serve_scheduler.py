@@ -114,3 +114,12 @@ def test_routing_follows_the_shares_and_the_stream_is_seeded():
     taken = [[q.pop().index for _ in range(n)] for q, n in zip(queues, (2, 6))]
     assert sorted(taken[0] + taken[1]) == list(range(8))
     assert all(q.peek() is None for q in queues)
+
+
+def test_closing_stops_admissions_and_lets_the_running_finish():
+    sched = _scheduler(concurrency=2, budget=16, requests=None)
+    first = sched.next_iteration(0, 0.0)
+    sched.apply_tokens(first, [7, 7], 0.0)
+    sched.closing = True
+    _serve(sched)
+    assert sorted(s.request.index for s in sched.finished) == [0, 1] and sched.done
