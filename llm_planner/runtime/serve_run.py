@@ -136,27 +136,33 @@ class ServeRank:
             queue=queue,
         )
         start = time.perf_counter()
-        clock = lambda: time.perf_counter() - start  # noqa: E731
-        inflight: deque[tuple[Iteration, float, torch.Tensor | None]] = deque()
+
+        def clock() -> float:
+            return time.perf_counter() - start
+
+        # in flight: (iteration, when sent, its tokens and when they were ready if this stage is also the last)
+        inflight: deque[tuple[Iteration, float, torch.Tensor | None, float]] = deque()
         iterations: list[list] = []
         while True:
             if spec.duration_s is not None and clock() >= spec.duration_s:
                 sched.closing = True
-            busy = {it.micro_batch for it, _, _ in inflight}
+            busy = {it.micro_batch for it, *_ in inflight}
             for j in range(replica.micro_batches):
                 it = None if j in busy else sched.next_iteration(j, clock())
                 if it is not None:
-                    inflight.append((it, clock(), self._dispatch(it)))
+                    sent = clock()
+                    tokens = self._dispatch(it)
+                    inflight.append((it, sent, tokens, clock()))
             if not inflight:
                 if sched.done:
                     break
                 arrival = sched.waiting_for_arrival(clock())
                 time.sleep(min(MAX_IDLE_SLEEP_S, max(0.0, (arrival or 0.0) - clock())))
                 continue
-            it, sent, tokens = inflight.popleft()
+            it, sent, tokens, back = inflight.popleft()
             if tokens is None:
                 tokens = self.ctx.comm.recv_value(self.stages[-1].leader, TAG_BACK)
-            back = clock()
+                back = clock()
             sched.apply_tokens(it, tokens.tolist(), back)
             iterations.append([sent, back, it.decode_only, it.num_tokens, len(it.entries)])
         end = clock()

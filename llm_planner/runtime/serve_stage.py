@@ -143,12 +143,12 @@ class ServeStage:
             return tp_layers.build_shard(task, cfg, self.family, self.ops, source, dtype=dtype, device=device)
 
         self.embed = build("embed") if self.first else None
+        tp_layers.check_divisible(cfg, self.ops.size)
         self.blocks = []
         for i in range(first_layer, first_layer + num_layers):
             t = tp_layers.member_tensors(
                 f"block.{i}", cfg, self.family, self.ops.size, self.ops.index, source, dtype=dtype, device=device
             )
-            tp_layers.check_divisible(cfg, self.ops.size)
             self.blocks.append(ServeBlock(cfg, i, t, self.ops, slots=slots, context_len=context_len))
         self.norm = self.head = None
         if self.last:
