@@ -24,6 +24,7 @@ from llm_planner.cli.arg_types import count, names_of, positive, positive_second
 from llm_planner.cli.calibrate import add_calibrate_parser
 from llm_planner.cli.export import add_export_parser
 from llm_planner.cli.helix import add_import_parser, add_plan_helix_parser
+from llm_planner.cli.launch_serving import add_serve_launch_args, cmd_launch_serving
 from llm_planner.cli.serving import add_serving_args
 from llm_planner.core.atomic import WriteError
 from llm_planner.core.constants import DTYPE_BYTES, TORCH_DTYPES
@@ -254,8 +255,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--profile", help="measured costs (`llm-planner profile`) to use instead of the roofline where they exist"
     )
 
-    p = sub.add_parser("launch", help="run a plan with mpiexec, one rank per device")
-    p.add_argument("plan", help="plan file (YAML, or JSON for a .json path) written by `plan`")
+    p = sub.add_parser("launch", help="run a plan with mpiexec, one rank per device (serving plans: serve them)")
+    p.add_argument("plan", help="plan file (YAML, or JSON for a .json path) written by `plan`, or a serving plan")
     p.add_argument("--dry-run", action="store_true", help="print the command and rank table, start nothing")
     p.add_argument("--checkpoint", help="Hugging Face checkpoint directory to load weights from")
     p.add_argument(
@@ -264,7 +265,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-new-tokens",
         type=int,
-        default=16,
+        default=None,
         help="decoders: tokens generated per request, the prompt's prefill being the first step (default: 16)",
     )
     p.add_argument(
@@ -294,6 +295,8 @@ def _build_parser() -> argparse.ArgumentParser:
             f"(default: {MEASURE_WARMUP} with --measure, else 0)"
         ),
     )
+
+    add_serve_launch_args(p)
 
     p = sub.add_parser("measure", help="compare a plan's predicted times with a run report of it")
     p.add_argument("plan", help="plan file (YAML, or JSON for a .json path) written by `plan`")
@@ -349,12 +352,14 @@ def _add_profile_parser(sub) -> None:
 
 
 def _serving_handler(args: argparse.Namespace):
-    """Serving plans have their own handlers: `plan --objective serving`, `show` and `verify` of one."""
+    """Serving plans have their own handlers: `plan --objective serving`, `show`, `verify` and `launch` of one."""
 
     if args.command == "plan" and args.objective == "serving":
         return commands_serving.cmd_plan_serving
     if args.command in ("show", "verify") and is_serving_plan(args.plan):
         return getattr(commands_serving, f"cmd_{args.command}_serving")
+    if args.command == "launch" and is_serving_plan(args.plan):
+        return cmd_launch_serving
     return None
 
 

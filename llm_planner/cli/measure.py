@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from llm_planner.cli.commands import UserError, model_spec, progress
+from llm_planner.cli.launch_serving import refuse_serving_flags
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.fmt import LiteralConsole, fmt_s, styled
 from llm_planner.cost.profile import ProfileError, save_profile
@@ -23,7 +24,7 @@ from llm_planner.runtime.profile_rank import ProfileOptions, ProfileRunError
 
 
 def cmd_launch(args: argparse.Namespace, console: Console) -> int:
-
+    refuse_serving_flags(args)  # a serving plan has its own handler (llm_planner.cli.launch_serving)
     try:
         prompts = [[int(tok) for tok in p.split(",") if tok.strip()] for p in args.prompt_ids]
     except ValueError:
@@ -37,8 +38,9 @@ def cmd_launch(args: argparse.Namespace, console: Console) -> int:
             dry_run=args.dry_run,
             checkpoint=args.checkpoint,
             prompt_ids=prompts,
-            max_new_tokens=args.max_new_tokens,
+            max_new_tokens=args.max_new_tokens if args.max_new_tokens is not None else 16,
             dtype=args.dtype,
+            seed=args.seed,
             report_path=args.report,
             timeout_s=args.timeout,
             workdir=args.workdir,
