@@ -105,6 +105,16 @@ def test_a_device_in_two_stages_is_refused(gpt2_dir, tmp_path):
         launch_serving(plan, ServeOptions(dry_run=True, workdir=str(tmp_path / "w")))
 
 
+def test_a_group_the_cluster_cannot_form_is_refused_naming_the_stage(gpt2_dir, tmp_path):
+    cluster = tmp_path / "three.yaml"  # a pair of three devices is no aligned block
+    cluster.write_text(LOCALHOST.read_text().replace("cpu-core: 4", "cpu-core: 3"))
+    replicas = [{**MIXED, "devices": [[dev(0), dev(1)], [dev(2)]]}]
+    plan = serving_plan(tmp_path / "plan.yaml", gpt2_dir, replicas, cluster=cluster)
+    with pytest.raises(LaunchError, match=r"serving.replicas: replica 0 stage 0: group .* is not an aligned block"):
+        launch_serving(plan, ServeOptions(dry_run=True, workdir=str(tmp_path / "w")))
+    assert cli.main(["launch", str(plan), "--dry-run", "--workdir", str(tmp_path / "w")]) == 2
+
+
 def test_a_changed_input_is_refused_naming_the_plan(gpt2_dir, tmp_path):
     model = save_config(tiny_gpt2(), tmp_path / "m")
     plan = serving_plan(tmp_path / "plan.yaml", model, [{**MIXED, "devices": [[dev(0), dev(1)], [dev(2)]]}])

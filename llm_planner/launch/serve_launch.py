@@ -29,7 +29,7 @@ from pathlib import Path
 
 from llm_planner.core.atomic import write_atomic
 from llm_planner.core.spec import ClusterSpec
-from llm_planner.core.tensor_groups import group_from_members
+from llm_planner.core.tensor_groups import GroupError, group_from_members
 from llm_planner.launch.plan_launch import (
     LaunchError,
     LaunchOptions,
@@ -155,7 +155,10 @@ def _stage_ranks(plan: ServingPlanFile, rows, cluster: ClusterSpec) -> tuple[lis
     serves: dict[str, str] = {}
     for r, (_, stages, _) in enumerate(rows):
         for s, names in enumerate(stages):
-            group = names[0] if len(names) == 1 else group_from_members(cluster, list(names))
+            try:
+                group = names[0] if len(names) == 1 else group_from_members(cluster, list(names))
+            except GroupError as exc:
+                raise LaunchError(f"{plan.path}: serving.replicas: replica {r} stage {s}: {exc}") from None
             for name in names:
                 if name in serves:
                     raise LaunchError(
