@@ -161,8 +161,9 @@ calibrated spec and served (`single`: one device; `pipeline`: two stages, two mi
 single-device replicas behind the front end, C per replica). Columns: MPI ranks, concurrency C,
 micro-batches m; output tokens/s of the run, mean TPOT and mean TTFT over its requests, each
 measured and predicted, and predicted / measured; `within 15%`: tokens/s and TPOT both within
-15% (the target). TTFT is shown, not judged: the model's TTFT leaves out the wait for an
-iteration's turn that a loaded pipeline adds. Ranks beyond the machine's cores (the three of
+15% (the target). TTFT is shown, not judged: the model's is a prompt's in the steady state,
+while a closed-loop run admits all C requests at its start, whose prompts then wait for the token
+budget behind one another (a ramp the mean over a short run carries). Ranks beyond the machine's cores (the three of
 `tp2-tp1` on two cores) oversubscribe them: ranks take turns, which the model does not describe.
 Each run's plan, report and log are kept under `benchmarks/results/serve/runs/<run>/`.""",
         ".venv/bin/python benchmarks/bench_serve.py",
