@@ -140,9 +140,12 @@ of its 15 decode steps (`run.json`'s `measured_s`, the same quantity as the plan
 tensor-parallel group of the two cores), batch 1; `gpt2-latency`, the plan MILP-SPLIT
 makes with groups offered, batch 1; `gpt2-throughput-b4`, MILP-SPLIT's throughput plan
 at batch 4, run in steady state (the batches in flight its pipeline needs), seconds per
-sample. Every run is listed; each run's profile, plan, run report and measurement are
-kept under `benchmarks/results/launch/<case>/run<i>/`. The target: every run within 15%
-of its prediction.""",
+sample. Beside each run: the decoder block as the plan costs it (the profile's fit at the
+plan's sub-batch, `@group2` on the group) and as the run executed it (seconds per call over
+the decode steps), and the 1-minute load average before the profile and before the launch
+(other processes on the two cores land in either). Every run is listed; each run's profile,
+plan, run report and measurement are kept under `benchmarks/results/launch/<case>/run<i>/`.
+The target: every run within 15% of its prediction.""",
     ),
     Section(
         "serve",
