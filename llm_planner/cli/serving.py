@@ -16,6 +16,7 @@ from llm_planner.core.timing import Stopwatch, fmt_elapsed, timing_text
 from llm_planner.serving.api import plan_serving
 from llm_planner.serving.context import ServingOptions
 from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET
+from llm_planner.serving.engines import ENGINES
 from llm_planner.serving.inputs import workload_from_flags
 from llm_planner.serving.plan_fields import SERVING_SOLVERS
 from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
@@ -50,9 +51,11 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-cpu", action="store_true", help="serving: let decoder stages run on CPUs (never in groups)")
     g.add_argument(
         "--exportable",
-        choices=("vllm",),
+        choices=ENGINES,
         default=None,
-        help="serving: search only layouts vLLM can run (one tensor-parallel degree, no CPU, a micro-batch per stage)",
+        help="serving: search only layouts the engine's export runs (one tensor-parallel degree, no CPU, a "
+        "micro-batch per stage, the same number of consecutive stages on every host); the best plan without "
+        "that limit is searched too and shown beside it",
     )
     g.add_argument(
         "--max-classes-per-replica",

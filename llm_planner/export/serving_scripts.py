@@ -28,12 +28,12 @@ from llm_planner.export.engine_args import (
 )
 from llm_planner.export.serving import (
     ENGINE_VERSIONS,
-    TITLES,
     EnginePlan,
     ServingExport,
     layer_partition,
 )
 from llm_planner.export.vllm_ray import vllm_ip_ties
+from llm_planner.serving.engines import TITLES
 
 
 def _q(value: object) -> str:

@@ -22,7 +22,7 @@ from llm_planner.serving.workload import ServingWorkload, WorkloadError
 class ServingOptions:
     allow_cpu: bool = False  # decoder stages on CPUs (never in groups)
     max_tp: int | None = None  # largest tensor-parallel degree offered (None: a whole server's kind)
-    exportable: str | None = None  # "vllm": only layouts vLLM can run
+    exportable: str | None = None  # "vllm" / "sglang": only layouts that engine's export runs (serving.engines)
     max_segments: int | None = None  # classes one replica may mix (None: 3, or 2 for large fleets)
     max_stages: int = 64  # pipeline stages of one replica
     max_micro_batches: int | None = None  # micro-batches in flight per replica (None: as many as stages)

@@ -17,6 +17,7 @@ from typing import Any
 
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.plan_read import Fields
+from llm_planner.serving.engines import ENGINES
 
 SERVING_FORMAT = "llm_planner.serving_plan"
 SERVING_VERSION = 5  # 5: the kernel-sum iteration cost and options.max_batched_tokens
@@ -174,7 +175,7 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
         integer(options, key, nullable=True)
     integer(options, "max_stages")
     integer(options, "max_batched_tokens")
-    choice(options, "exportable", ("vllm",), nullable=True)
+    choice(options, "exportable", ENGINES, nullable=True)
     number(options, "time_limit_s", positive=True)
     choice(options, "solver", SERVING_SOLVERS)
     _serving(top.mapping("serving"), num_layers)
