@@ -175,6 +175,27 @@ def tokens_upper_bound(
     return min(bound, cell_bound(cache, classes, tpot_slo_s, inter, stop_above=bound))
 
 
+def exportable_bounds(
+    cache: CostCache,
+    classes: tuple[ServerClass, ...],
+    tpot_slo_s: float,
+    inter: LinkSpec | None,
+    plan: tuple[float, dict[str, float] | None],
+    unrestricted: tuple[float, dict[str, float] | None] | None,
+    first_two: float | None = None,
+) -> tuple[float, float | None]:
+    """The bound a plan states, and the unrestricted plan's (None without one). `plan` and
+    `unrestricted` are (tokens/s, device prices) of the plan and of the best plan the search found
+    without --exportable. Each tokens_upper_bound holds for every plan of the model, exportable ones
+    included, so an exportable plan states the smaller of its own and the unrestricted one's."""
+    first_two = first_two_bounds(cache, classes, tpot_slo_s) if first_two is None else first_two
+    own = tokens_upper_bound(cache, classes, tpot_slo_s, inter, plan[0], plan[1], first_two)
+    if unrestricted is None:
+        return own, None
+    free = tokens_upper_bound(cache, classes, tpot_slo_s, inter, unrestricted[0], unrestricted[1], first_two)
+    return min(own, free), free
+
+
 def concurrency_level_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: float) -> float:
     """The MILP over concurrency levels (module docstring)."""
     options = _level_options(cache, classes, tpot_slo_s)

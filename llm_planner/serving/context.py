@@ -4,6 +4,8 @@ from are read in llm_planner.serving.inputs (`build_context` hands its paths the
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 
 from llm_planner.core.gap import SERVING_REL_GAP as OPTIMAL_GAP
@@ -52,6 +54,13 @@ class ServingContext:
         self.cache = CostCache(self.tasks, self.classes, profile)
         self.between = _one_server_links(cluster, self.classes) if cluster.inter_node is None else {}
         self._best: dict = {}
+
+    def unrestricted(self) -> ServingContext:
+        """This context without --exportable: the same inputs, classes and cost caches (none of
+        them depends on it), so the search of the unrestricted problem reuses what was computed."""
+        other = copy.copy(self)
+        other.options = dataclasses.replace(self.options, exportable=None)
+        return other
 
     @property
     def capacity(self) -> dict[str, int]:
