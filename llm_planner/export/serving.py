@@ -42,6 +42,7 @@ from llm_planner.export.engine_args import (
     model_config,
     plan_workload,
 )
+from llm_planner.export.routers import ROUTER_VERSIONS
 from llm_planner.export.vllm_ray import check_vllm_ray_hosts
 from llm_planner.serving.engines import StageForm, engine_refusal
 from llm_planner.serving.plan_file import ServingPlanFile
@@ -52,6 +53,7 @@ FRAMEWORKS = ("vllm", "sglang", "megatron")
 # The engine releases the scripts are written for: their flags are checked against these
 # (tests/data/engine_flags/NAME-VERSION.txt, written by benchmarks/engine_flags.py).
 ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23", "ray": "2.60.0"}  # ray: `ray start` (vLLM over Ray)
+ENGINE_VERSIONS |= ROUTER_VERSIONS  # the routers in front (export.routers)
 # How a vLLM engine spans hosts: vLLM's own --nnodes/--node-rank/--master-addr/--headless, or Ray.
 VLLM_MULTINODE = ("native", "ray")
 
