@@ -255,11 +255,13 @@ def _replica_engines(
     (framework, multinode), layers, copies = target, rep["layers"], rep["devices"]
     if not copies or any(len(copy) != len(layers) for copy in copies) or len(copies) != rep["count"]:
         raise ServingExportError(
-            f"{label}: devices do not match count {rep['count']} and {len(layers)} stage(s) of layers"
+            f"{label}: devices do not match count {rep['count']} and {len(layers)} stage(s) of layers "
+            "(the file was edited: plan again)"
         )
     if sum(layers) != num_layers or any(n < 1 for n in layers):
         raise ServingExportError(
-            f"{label}: layers per stage {layers} do not add up to the model's {num_layers} (each stage at least one)"
+            f"{label}: layers per stage {layers} do not add up to the model's {num_layers} (each stage at least one; "
+            "plan again)"
         )
     out = []
     for c, copy in enumerate(copies):
@@ -303,14 +305,16 @@ def _stage(
 ) -> EngineStage:
     missing = [n for n in names if n not in by_name]
     if missing:
-        raise ServingExportError(f"{label}: device {missing[0]!r} is not in cluster {cluster.name!r}")
+        raise ServingExportError(
+            f"{label}: device {missing[0]!r} is not in cluster {cluster.name!r} (plan again on today's spec)"
+        )
     devs = [by_name[n] for n in names]
     kinds = {d.kind for d in devs}
     nodes = {d.node for d in devs}
     if len(nodes) != 1 or len(kinds) != 1:
         raise ServingExportError(
             f"{label}: devices on {len(nodes)} node(s) of {len(kinds)} kind(s): a stage is one "
-            "tensor-parallel group of one kind on one host"
+            "tensor-parallel group of one kind on one host (the file was edited: plan again)"
         )
     d = devs[0]
     return EngineStage(
