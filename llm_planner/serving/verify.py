@@ -15,7 +15,10 @@ options against each layout (stages, classes per replica, micro-batches, exporta
 fields against the model the inputs name; the devices: each copy's stages on devices of the right
 class, a group an aligned block of one server, consecutive stages on one server wherever the
 pattern's cost assumed it, no device twice; the copies of every pattern together within each
-class's devices; the totals; the upper bound recomputed, the gap and the status it supports; the
+class's devices; the totals; serving.unrestricted (with --exportable: the best plan found without
+it), each replica re-derived the same way within the options less --exportable, its tokens/s at
+least the plan's; the upper bound recomputed (the smaller of the plan's and the unrestricted
+plan's, llm_planner.serving.bound.exportable_bounds), the gap and the status it supports; the
 baselines re-run (and a baseline solver's plan that baseline's fleet); the search statistics as
 llm_planner.serving.verify_claims says (they cannot be re-derived).
 
