@@ -13,6 +13,7 @@ import logging
 import sys
 
 from llm_planner import __version__
+from llm_planner.cli import calibrate as commands_calibrate
 from llm_planner.cli import commands, flags
 from llm_planner.cli import export as commands_export
 from llm_planner.cli import helix as commands_helix
@@ -20,6 +21,7 @@ from llm_planner.cli import measure as commands_measure
 from llm_planner.cli import score as commands_score
 from llm_planner.cli import serving as commands_serving
 from llm_planner.cli.arg_types import count, names_of, positive, positive_seconds, seed, share, tokens
+from llm_planner.cli.calibrate import add_calibrate_parser
 from llm_planner.cli.export import add_export_parser
 from llm_planner.cli.helix import add_import_parser, add_plan_helix_parser
 from llm_planner.cli.serving import add_serving_args
@@ -301,18 +303,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rows", type=int, default=20, help="task rows to print, largest errors first (default: 20)")
 
-    p = sub.add_parser(
-        "calibrate", help="fit a cluster spec's efficiency factors and links to run reports, write the corrected spec"
-    )
-    p.add_argument("--cluster", required=True, help="cluster spec YAML to correct")
-    p.add_argument(
-        "--plan",
-        action="append",
-        required=True,
-        help="plan the runs executed: once for all reports, or once per --report",
-    )
-    p.add_argument("--report", action="append", required=True, help="run report JSON of `launch`; repeat for more runs")
-    p.add_argument("-o", "--output", required=True, help="corrected cluster spec YAML to write")
+    add_calibrate_parser(sub)
     _add_profile_parser(sub)
 
     add_import_parser(sub)
@@ -382,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         or getattr(commands_helix, name, None)
         or getattr(commands_export, name, None)
         or getattr(commands_score, name, None)
+        or getattr(commands_calibrate, name, None)
         or getattr(commands_measure, name)
     )
     handler = _serving_handler(args) or handler
