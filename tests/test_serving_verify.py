@@ -280,7 +280,7 @@ def test_verify_refuses_a_forged_number_of_layers(base):
         d["model"]["num_layers"] = 40
         for rep in d["serving"]["replicas"]:
             rep["layers"][-1] += 8
-        for b in d["baselines"].values():
+        for b in [*d["baselines"].values(), d["serving"]["unrestricted"]]:
             for rep in b["replicas"]:
                 rep["layers"][-1] += 8
 

@@ -199,6 +199,8 @@ def exportable_bounds(
     if unrestricted is None:
         return tokens_upper_bound(cache, classes, tpot_slo_s, inter, plan[0], plan[1], first_two), None
     free, cells = _later_bounds(cache, classes, tpot_slo_s, inter, *unrestricted, first_two)
+    if tuple(unrestricted) == tuple(plan):  # the exportable plan was the best found: the same bound
+        return free, free
     # the plan's own from the unrestricted one (a bound too): its price bound only where it may
     # still tighten it, and the cell bound, which no price changes, not twice
     own, _ = _later_bounds(cache, classes, tpot_slo_s, inter, *plan, min(first_two, free), cells=not cells)
