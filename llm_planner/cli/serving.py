@@ -16,6 +16,7 @@ from llm_planner.core.timing import Stopwatch, fmt_elapsed, timing_text
 from llm_planner.serving.api import plan_serving
 from llm_planner.serving.context import ServingOptions
 from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET
+from llm_planner.serving.engines import ENGINES
 from llm_planner.serving.inputs import workload_from_flags
 from llm_planner.serving.plan_fields import SERVING_SOLVERS
 from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
@@ -50,9 +51,11 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-cpu", action="store_true", help="serving: let decoder stages run on CPUs (never in groups)")
     g.add_argument(
         "--exportable",
-        choices=("vllm",),
+        choices=ENGINES,
         default=None,
-        help="serving: search only layouts vLLM can run (one tensor-parallel degree, no CPU, a micro-batch per stage)",
+        help="serving: search only layouts the engine's export runs (one tensor-parallel degree, no CPU, a "
+        "micro-batch per stage, the same number of consecutive stages on every host); the best plan without "
+        "that limit is searched too and shown beside it",
     )
     g.add_argument(
         "--max-classes-per-replica",
@@ -167,6 +170,26 @@ def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None
         f"every plan (gap {sv['gap']:.1%}, {sv['status']}); {_search_note(sv)}",
         highlight=False,
     )
+    if sv.get("unrestricted") is not None:
+        console.print(compatibility_text(data), highlight=False)
+
+
+def compatibility_text(data: dict) -> str:
+    """What --exportable costs: the best plan found without it beside this one."""
+    sv, engine = data["serving"], data["options"]["exportable"]
+    free = sv["unrestricted"]
+    share = sv["tokens_per_s"] / free["tokens_per_s"] if free["tokens_per_s"] > 0 else 1.0
+    lines = [
+        f"without --exportable {engine}: {free['tokens_per_s']:,.0f} output tokens/s (upper bound "
+        f"{free['upper_bound_tokens_per_s']:,.0f}); this plan serves {share:.1%} of it, so {engine}'s limits "
+        f"cost {1 - share:.1%}; that plan runs:"
+    ]
+    lines += [f"  {_replica_line(r)}" for r in free["replicas"]]
+    return "\n".join(lines)
+
+
+def _replica_line(r: dict) -> str:
+    return f"{_copies(r['count'])} of ({r['pattern']}): {r['concurrency']} in flight, TPOT {fmt_s(r['tpot_s'])}"
 
 
 def comparison_table(data: dict) -> Table:
@@ -179,14 +202,10 @@ def comparison_table(data: dict) -> Table:
     rows.append(
         ("this plan", {"tokens_per_s": data["serving"]["tokens_per_s"], "replicas": data["serving"]["replicas"]})
     )
+    if data["serving"].get("unrestricted") is not None:
+        rows.append((f"without --exportable {data['options']['exportable']}", data["serving"]["unrestricted"]))
     for name, b in rows:
-        reps = (
-            "\n".join(
-                f"{_copies(r['count'])} of ({r['pattern']}): {r['concurrency']} in flight, TPOT {fmt_s(r['tpot_s'])}"
-                for r in b["replicas"]
-            )
-            or "-"
-        )
+        reps = "\n".join(_replica_line(r) for r in b["replicas"]) or "-"
         ratio = f"{b['tokens_per_s'] / ref:.2f}x" if ref > 0 else "-"
         table.add_row(name, f"{b['tokens_per_s']:,.0f}", ratio, reps)
     return table

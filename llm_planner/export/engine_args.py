@@ -88,7 +88,8 @@ def engine_dtype(plan_dtype: str, model: str, framework: str, where: str) -> Eng
         return EngineDtype(dtype=act, quantization="fp8", kv_cache_dtype=FP8_KV[framework], note=note)
     if plan_dtype not in DTYPE_NAMES:
         raise ServingExportError(
-            f"{where}: model dtype {plan_dtype!r}: the engines take one of {', '.join([*DTYPE_NAMES, 'fp8'])}"
+            f"{where}: model dtype {plan_dtype!r}: the engines take one of {', '.join([*DTYPE_NAMES, 'fp8'])} "
+            "(plan with --dtype set to one of them)"
         )
     if plan_dtype in ("fp16", "bf16") and from_config in ("fp16", "bf16"):
         return EngineDtype(dtype=DTYPE_NAMES[from_config], quantization=None, kv_cache_dtype=None, note="model config")
@@ -188,7 +189,9 @@ def ray_ports(k: int, *, head: bool) -> list[str]:
     and a session folder of its own."""
     base = RAY_BASE + k * RAY_BLOCK
     if base + RAY_BLOCK > 32768:  # Linux's ephemeral ports start there
-        raise ServingExportError(f"{k + 1} Ray clusters on one host: more than fit below port 32768")
+        raise ServingExportError(
+            f"{k + 1} Ray clusters on one host: more than fit below port 32768 (export with --vllm-multinode native)"
+        )
     flags = [f"{f}={base + off}" for f, off in RAY_PORT_FLAGS if head or f not in RAY_HEAD_ONLY]
     first = base + RAY_BLOCK - RAY_WORKER_PORTS
     workers = [f"--min-worker-port={first}", f"--max-worker-port={first + RAY_WORKER_PORTS - 1}"]
