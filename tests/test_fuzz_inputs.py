@@ -186,6 +186,7 @@ def test_the_unmutated_files_plan_and_verify():
     _fuzz_config("none", "unmutated gpt2 config", emit(CONFIG_GPT2))
 
 
+@pytest.mark.slow  # plans every mutated spec: over a minute on 2 cores
 @FUZZ
 @given(_mutations(CLUSTER, yaml=True))
 def test_mutated_cluster_specs(mutation):

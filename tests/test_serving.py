@@ -57,8 +57,12 @@ def test_cycle_is_round_trip_or_busiest_stage(tmp_path):
     assert ev.tokens_per_s == pytest.approx(9 / ev.tpot_s)
 
 
-# at 20 ms the cell bound's MILPs alone take 30 to 80 s on 2 cores (8 rounds of HiGHS on this fleet): `slow`
-@pytest.mark.parametrize("tpot_s", [pytest.param(0.02, marks=pytest.mark.slow), 0.05, 0.2])
+# at 20 ms the cell bound's MILPs alone take 30 to 80 s on 2 cores (8 rounds of HiGHS on this fleet), at 50 ms
+# about a minute in all: `slow`
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("tpot_s", [pytest.param(0.02, marks=SLOW), pytest.param(0.05, marks=SLOW), 0.2])
 def test_plans_meet_the_target_fit_and_order(tmp_path, tpot_s):
     ctx = context(tmp_path, "llama2-7b", tpot_s=tpot_s)
     fleet, _ = solve_serving(ctx)
@@ -163,6 +167,7 @@ def test_verify_refuses_a_forged_bound(tmp_path, capsys):
         ({"nowhere/gpu": 1.0}, "serving.device_prices: nowhere/gpu not a class of the cluster"),
     ],
 )
+@pytest.mark.slow  # plans before it forges: about a minute on 2 cores
 def test_verify_refuses_device_prices_it_cannot_use(tmp_path, capsys, prices, message):
     def forge(data):
         data["serving"]["device_prices"] = prices

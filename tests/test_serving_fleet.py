@@ -162,6 +162,7 @@ def _plan_tiny(tmp_path: Path, capsys, cluster: str, *extra: str) -> tuple[int, 
     return code, err, out
 
 
+@pytest.mark.slow  # plans and verifies twice at a 5 ms target: minutes on 2 cores
 def test_verify_refuses_pattern_counts_above_their_class(tmp_path, capsys):
     """A plan whose copies of a pattern take more devices of a class than the cluster has is refused,
     naming the count field, the class and its devices (the extra copy's devices written in too, so that

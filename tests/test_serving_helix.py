@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from test_helix import run_import, write_helix
 
@@ -9,6 +10,7 @@ from llm_planner.cli.main import main
 from llm_planner.helix.layout_file import read_helix_layout
 
 
+@pytest.mark.slow  # plans a 70B serving fleet from Helix's cluster: minutes on 2 cores
 def test_serving_plan_on_an_imported_helix_cluster_exports_its_layout(tmp_path, capsys):
     rc, spec, profile = run_import(tmp_path, write_helix(tmp_path))
     assert rc == 0

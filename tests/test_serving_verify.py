@@ -128,6 +128,7 @@ def test_the_unmutated_plan_verifies_shows_and_exports(base):
     assert _run(["export", str(path), "--to", "vllm"])[0] == 0
 
 
+@pytest.mark.slow  # every mutation is verified in full: minutes on 2 cores
 @FUZZ
 @given(data=st.data())
 def test_mutated_serving_plans(base, data):
@@ -275,6 +276,7 @@ def test_verify_refuses_options_the_layout_breaks(base):
     assert "options.max_stages is 1" in _forged_claim(base, forge)
 
 
+@pytest.mark.slow  # re-derives every replica at each forged split: over a minute on 2 cores
 def test_verify_refuses_a_forged_number_of_layers(base):
     def forge(d):
         d["model"]["num_layers"] = 40
@@ -375,7 +377,9 @@ def test_measured_profiles_and_model_configs_verify_and_are_hashed(tmp_path):
 @pytest.mark.parametrize(
     "target, scale",
     [
-        ("llm_planner.serving.costs.StageCosts.stage_s", 0.8),  # a stage-time bug in the search's cost tables
+        pytest.param(  # a stage-time bug in the search's cost tables (plans in full: slow)
+            "llm_planner.serving.costs.StageCosts.stage_s", 0.8, marks=pytest.mark.slow
+        ),
         ("llm_planner.serving.costs.StageCosts.mem_bytes", 0.5),  # a memory bug: more sequences fit than do
     ],
 )

@@ -206,6 +206,7 @@ def test_solutions_land_on_the_pair_asked_for_and_searched_costs_are_their_sched
     assert max(finish.values()) <= found[1] * (1 + 1e-9)
 
 
+@pytest.mark.slow  # brute force over every split and assignment: minutes on 2 cores
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=tight_memory_problems(max_tasks=3, max_batch=4))
 def test_shard_chain_bound_below_every_split_plan(problem):
