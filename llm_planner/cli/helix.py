@@ -94,7 +94,7 @@ def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
         console.print(f"{args.score}: {_said(est)}")
         return 0
     plan = plan_helix(inputs, args.prompt_len, order=args.order)
-    write_atomic(args.output, plan.layout_text(inputs.num_layers))
+    write_atomic(args.output, plan.layout_text(inputs))
     console.print(_stage_table(plan.stages, plan.machines))
     console.print(
         f"wrote {args.output}: {len(plan.stages)} stages on {sum(s.width for s in plan.stages)} machines; "

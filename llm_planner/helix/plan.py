@@ -37,6 +37,8 @@ from llm_planner.helix.inputs import (
     slowest_link,
 )
 from llm_planner.helix.layout_file import LayoutError, helix_layout, read_helix_layout
+from llm_planner.helix.model_card import load_model_card, model_card_path
+from llm_planner.helix.rules import check_helix_layout
 from llm_planner.helix.search import Kind, best_stages, count_layouts
 
 
@@ -48,12 +50,14 @@ class HelixPlan:
     layouts: int  # in the family searched
     solve_s: float
 
-    def layout_text(self, num_layers: int) -> str:
+    def layout_text(self, inputs: HelixInputs) -> str:
+        """Helix's layout file of the plan, checked against what Helix accepts (llm_planner.helix.rules)."""
         triples, first = [], 0
         for stage, nodes in zip(self.stages, self.machines):
             triples += [(node, first, first + stage.layers) for node in nodes]
             first += stage.layers
-        return helix_layout(triples, num_layers=num_layers)
+        check_helix_layout(triples, inputs.cluster, inputs.tables, inputs.num_layers)
+        return helix_layout(triples, num_layers=inputs.num_layers)
 
 
 ORDERS = ("slow-ends", "fast-first")
@@ -79,14 +83,27 @@ def load_inputs(
 ) -> HelixInputs:
     """Read Helix's cluster file and model manager folder; `model` defaults to the folder's."""
     cluster = load_helix_cluster(cluster_path, machine_profiles)
+    num_layers, activation_bytes = model_shapes(profiles_dir, model)
+    tables = {name.lower(): load_engine_tables(profiles_dir, name) for name in sorted(set(cluster.node_types))}
+    bw, latency = slowest_link(cluster)
+    network = Network(latency_s=latency, bw_bytes_per_s=bw, activation_bytes=activation_bytes)
+    return HelixInputs(cluster=cluster, tables=tables, num_layers=num_layers, network=network)
+
+
+def model_shapes(profiles_dir: str | Path, model: str | None) -> tuple[int, int]:
+    """(layers, bytes of a token's hidden state): `model` (a preset or config.json) when given,
+    else what Helix's folder states (llm_planner.helix.model_card), else the preset named after it."""
+    card = None if model else load_model_card(profiles_dir)
+    if card is not None:
+        return card.num_layers, int(card.activation_bytes)
     name = model or default_model(profiles_dir)
     config = named_config(name)
     if config is None:
-        raise HelixError(f"--model {name!r}: not a decoder preset, a config.json or a folder holding one")
-    tables = {name.lower(): load_engine_tables(profiles_dir, name) for name in sorted(set(cluster.node_types))}
-    bw, latency = slowest_link(cluster)
-    network = Network(latency_s=latency, bw_bytes_per_s=bw, activation_bytes=2 * config.hidden_size)
-    return HelixInputs(cluster=cluster, tables=tables, num_layers=config.num_layers, network=network)
+        raise HelixError(
+            f"--model {name!r}: not a decoder preset, a config.json or a folder holding one, and "
+            f"{model_card_path(profiles_dir)} (Helix's statistics of the model) is not there to read instead"
+        )
+    return config.num_layers, 2 * config.hidden_size
 
 
 def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float):
@@ -95,6 +112,10 @@ def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float
         ranges = read_helix_layout(read_text(layout_path, HelixError), source=str(layout_path))
     except LayoutError as exc:
         raise HelixError(str(exc)) from None
+    try:
+        ranges = check_helix_layout(ranges, inputs.cluster, inputs.tables, inputs.num_layers)
+    except LayoutError as exc:
+        raise HelixError(f"{layout_path}: Helix would refuse it: {exc}") from None
     stages, machines = layout_stages(ranges, inputs.cluster, inputs.tables, inputs.num_layers, str(layout_path))
     return stages, machines, estimate(list(stages), inputs.tables, prompt_len, inputs.network)
 
