@@ -163,8 +163,10 @@ def test_plan_is_the_best_of_its_family(tmp_path):
     plan = plan_helix(inputs, prompt_len=100)
     kinds = [Kind("a100", 1, t["a100"]), Kind("t4", 2, t["t4"])]
     values = [estimate(list(stages), t, 100, NET).tokens_per_s for stages in family(kinds, 10)]
-    assert plan.layouts == len(values) == count_layouts(kinds, 10)
-    assert plan.estimate.tokens_per_s == pytest.approx(max(values))
+    assert len(values) == count_layouts(kinds, 10) <= plan.layouts  # plus one chain per type (test_helix_chains)
+    assert plan.estimate.tokens_per_s >= max(values) * (1 - 1e-12)
+    if len(plan.chain_sizes) == 1:
+        assert plan.estimate.tokens_per_s == pytest.approx(max(values))
     ranges = read_helix_layout(plan.layout_text(inputs))
     assert sum(s.layers for s in plan.stages) == 10
     assert sorted(ranges) == sorted(n for nodes in plan.machines for n in nodes)

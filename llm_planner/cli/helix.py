@@ -89,15 +89,16 @@ def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
         check_writable(args.output)
     inputs = load_inputs(args.cluster, args.machine_profiles, args.profiles, args.model)
     if args.score:
-        stages, machines, est = score_layout(inputs, args.score, args.prompt_len)
-        console.print(_stage_table(stages, machines))
+        stages, machines, sizes, est = score_layout(inputs, args.score, args.prompt_len)
+        console.print(_stage_table(stages, machines, [i for i, n in enumerate(sizes) for _ in range(n)]))
         console.print(f"{args.score}: {_said(est)}")
         return 0
     plan = plan_helix(inputs, args.prompt_len, order=args.order)
     write_atomic(args.output, plan.layout_text(inputs))
-    console.print(_stage_table(plan.stages, plan.machines))
+    console.print(_stage_table(plan.stages, plan.machines, plan.chain_of()))
     console.print(
-        f"wrote {args.output}: {len(plan.stages)} stages on {sum(s.width for s in plan.stages)} machines; "
+        f"wrote {args.output}: {len(plan.chain_sizes or (1,))} chain(s), {len(plan.stages)} stages on "
+        f"{sum(s.width for s in plan.stages)} machines; "
         f"{_said(plan.estimate)}; {plan.layouts} layouts in {plan.solve_s:.1f} s"
     )
     return 0
@@ -110,13 +111,14 @@ def _said(est) -> str:
     )
 
 
-def _stage_table(stages, machines) -> Table:
-    t = Table(title="stages (route order)")
-    for col in ("stage", "type", "machines", "layers"):
+def _stage_table(stages, machines, chain_of) -> Table:
+    t = Table(title="stages (route order in each chain)")
+    for col in ("chain", "stage", "type", "machines", "layers"):
         t.add_column(col)
-    first = 0
-    for i, (stage, nodes) in enumerate(zip(stages, machines)):
-        t.add_row(str(i), stage.kind, ", ".join(nodes), f"{first}-{first + stage.layers - 1}")
+    first, chain = 0, 0
+    for i, (stage, nodes, c) in enumerate(zip(stages, machines, chain_of)):
+        first, chain = (0, c) if c != chain else (first, chain)
+        t.add_row(str(c), str(i), stage.kind, ", ".join(nodes), f"{first}-{first + stage.layers - 1}")
         first += stage.layers
     return t
 
