@@ -124,6 +124,7 @@ CASES = {  # (cluster file, model folder, Helix's model name)
     "single24-70b": ("artifact_evaluation/single_cluster/config/cluster24.ini", "llama2_70b", "llama70b"),
     "single24-30b": ("artifact_evaluation/single_cluster/config/cluster24.ini", "llama1_30b", "llama30b"),
     "cluster42-70b": ("artifact_evaluation/ablation/config/cluster42.ini", "llama2_70b", "llama70b"),
+    "3cluster24-70b": ("artifact_evaluation/ablation/config/3cluster24.ini", "llama2_70b", "llama70b"),
 }
 
 

@@ -40,6 +40,13 @@ from llm_planner.helix.inputs import (
 )
 from llm_planner.helix.layout_file import LayoutError, helix_layout, read_helix_layout
 from llm_planner.helix.model_card import load_model_card, model_card_path
+from llm_planner.helix.regions import (
+    MAX_REGIONS,
+    assign_region_machines,
+    plan_regions,
+    region_networks,
+    route_estimate,
+)
 from llm_planner.helix.rules import check_helix_layout, machine_types
 from llm_planner.helix.search import Kind
 
@@ -148,6 +155,9 @@ def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends")
             f"(machines x the most layers their type's tables list, summed over the types); the limit is "
             f"{MAX_STAGE_SHAPES:,} (docs/inputs.md)"
         )
+    regions = region_networks(cluster, network.activation_bytes)
+    if len(regions.members) > 1:
+        return _plan_geo(inputs, regions, prompt_len, order, started)
     kinds = [Kind(name.lower(), n, tables[name.lower()]) for name, n in counts.items()]
     found = best_chains(kinds, num_layers, prompt_len, network)
     if found is None:
@@ -160,6 +170,28 @@ def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends")
         layouts=found.layouts,
         solve_s=time.monotonic() - started,
         chain_sizes=tuple(len(chain) for chain in found.chains),
+    )
+
+
+def _plan_geo(inputs: HelixInputs, regions, prompt_len: float, order: str, started: float) -> HelixPlan:
+    """One chain over the best set of regions, region after region (llm_planner.helix.regions)."""
+    if len(regions.members) > MAX_REGIONS:
+        raise HelixError(
+            f"{inputs.cluster.source}: {len(regions.members)} regions; the planner tries every set of them "
+            f"and takes at most {MAX_REGIONS} (docs/helix.md)"
+        )
+    found = plan_regions(inputs.cluster, inputs.tables, inputs.num_layers, prompt_len, regions)
+    if found is None:
+        raise HelixError(f"{inputs.cluster.source}: its machines cannot hold the model's {inputs.num_layers} layers")
+    blocks, _, by_kind = found
+    blocks = [(r, order_stages(block, by_kind, order)) for r, block in blocks]
+    stages = tuple(s for _, block in blocks for s in block)
+    return HelixPlan(
+        stages=stages,
+        machines=assign_region_machines(stages, inputs.cluster, regions),
+        estimate=route_estimate(blocks, by_kind, prompt_len, regions),
+        layouts=2 ** len(regions.members) - 1,
+        solve_s=time.monotonic() - started,
     )
 
 
