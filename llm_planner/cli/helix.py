@@ -90,8 +90,10 @@ def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
     inputs = load_inputs(args.cluster, args.machine_profiles, args.profiles, args.model)
     if args.score:
         stages, machines, sizes, est = score_layout(inputs, args.score, args.prompt_len)
-        console.print(_stage_table(stages, machines, [i for i, n in enumerate(sizes) for _ in range(n)]))
-        console.print(f"{args.score}: {_said(est)}")
+        if stages:
+            console.print(_stage_table(stages, machines, [i for i, n in enumerate(sizes) for _ in range(n)]))
+        how = "" if stages else " (its ranges are not chains of stages: routed by a max flow, docs/helix.md)"
+        console.print(f"{args.score}: {_said(est)}{how}")
         return 0
     plan = plan_helix(inputs, args.prompt_len, order=args.order)
     write_atomic(args.output, plan.layout_text(inputs))

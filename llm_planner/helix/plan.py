@@ -30,6 +30,7 @@ from llm_planner.core.fileio import read_text
 from llm_planner.graph.transformer import named_config
 from llm_planner.helix.chains import best_chains, combined
 from llm_planner.helix.engine import EngineTables, Estimate, Network, Stage, estimate, load_engine_tables
+from llm_planner.helix.flow import flow_estimate
 from llm_planner.helix.inputs import (
     HelixCluster,
     HelixError,
@@ -123,7 +124,9 @@ def model_shapes(profiles_dir: str | Path, model: str | None) -> tuple[int, int]
 
 
 def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float):
-    """(stages, machines, Estimate) of a Helix layout file whose machines form stages; HelixError otherwise."""
+    """(stages, machines, stages per chain, Estimate) of a Helix layout file Helix accepts: by the
+    chain model when its ranges split into chains of one-type stages, else routed by a max flow
+    (llm_planner.helix.flow; stages, machines and chains then empty); HelixError otherwise."""
     try:
         ranges = read_helix_layout(read_text(layout_path, HelixError), source=str(layout_path))
     except LayoutError as exc:
@@ -132,7 +135,13 @@ def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float
         ranges = check_helix_layout(ranges, inputs.cluster, inputs.tables, inputs.num_layers)
     except LayoutError as exc:
         raise HelixError(f"{layout_path}: Helix would refuse it: {exc}") from None
-    stages, machines, sizes = layout_stages(ranges, inputs.cluster, inputs.tables, inputs.num_layers, str(layout_path))
+    try:
+        stages, machines, sizes = layout_stages(
+            ranges, inputs.cluster, inputs.tables, inputs.num_layers, str(layout_path)
+        )
+    except HelixError:
+        regions = region_networks(inputs.cluster, inputs.network.activation_bytes)
+        return (), (), (), flow_estimate(ranges, inputs.cluster, inputs.tables, inputs.num_layers, prompt_len, regions)
     per_chain, first = [], 0
     for size in sizes:
         per_chain.append(estimate(list(stages[first : first + size]), inputs.tables, prompt_len, inputs.network))
