@@ -4,9 +4,8 @@ Helix's layout file (docs/helix.md, "Planning for Helix's engine").
 
 The family: each machine type covers some of the layers with stages of one width (machines per
 stage) whose layer counts differ by at most one; every split of the model's layers among the
-types, every width and stage count a type's machines allow (148,622 layouts on Helix's
-24-machine cluster; 26 million with six more machines of a fourth type holding up to 4
-layers). llm_planner.helix.search finds the family's best exactly without enumerating it;
+types, every width and stage count a type's machines allow, within each type's max_num_layers
+(148,622 layouts on Helix's 24-machine cluster with LLaMA-2 70B). llm_planner.helix.search finds the family's best exactly without enumerating it;
 llm_planner.helix.chains compares it with one chain per type side by side.
 
 Order (`ORDERS`): by default ("slow-ends") stages are sorted from slowest to fastest per layer
