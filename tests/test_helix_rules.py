@@ -168,3 +168,19 @@ def test_helix_refuses_what_the_rules_refuse(tmp_path):
         layout.write_text(helix_layout(stages))
         ok, said = helix_accepts(cluster, layout, "llama70b")
         assert not ok and "Bad number of layers on node" in said
+
+
+@needs_helix
+@pytest.mark.parametrize(
+    "cluster_rel, layout_rel",
+    [
+        ("single_cluster/config/cluster24.ini", "single_cluster/layout_llama70b/ilp/ilp_sol.ini"),
+        ("distributed_clusters/config/3cluster24.ini", "distributed_clusters/layout_llama70b/ilp/ilp_sol.ini"),
+    ],
+)
+def test_score_takes_helix_own_layouts(capsys, cluster_rel, layout_rel):
+    root = Path(HELIX) / "artifact_evaluation"
+    profiles = Path(HELIX) / "simulator" / "model_manager" / "llama2_70b"
+    args = ["plan-helix", "--cluster", str(root / cluster_rel), "--profiles", str(profiles)]
+    assert main([*args, "--score", str(root / layout_rel)]) == 0
+    assert "routed by a max flow" in capsys.readouterr().out
