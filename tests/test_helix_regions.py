@@ -14,6 +14,7 @@ from llm_planner.helix.plan import HelixInputs, plan_helix
 from llm_planner.helix.regions import find_regions, region_networks, route_estimate
 
 TYPES = ("T4", "A100", "T4")  # ComputeNode-0, -1, -2
+FAST = "2000 * mbps, 1 * MilliSec"
 
 
 def cluster_ini(cross: str) -> str:
@@ -68,13 +69,16 @@ def test_route_estimate_by_hand(tmp_path):
 
 
 def test_regions_change_the_chosen_layout(tmp_path):
-    """Slow links to the A100: the plan stays inside one region; fast links everywhere: it does not."""
+    """Slow links to the A100: the plan (regions="route") stays inside one region; fast links everywhere:
+    it does not. By default (regions="ignore") the two clusters plan alike (every hop the slowest link
+    but the same stages here)."""
     geo = _inputs(tmp_path, "10 * mbps, 50 * MilliSec")
-    plan = plan_helix(geo, prompt_len=100.0)
+    assert plan_helix(geo, prompt_len=100.0).stages == plan_helix(_inputs(tmp_path, FAST), prompt_len=100.0).stages
+    plan = plan_helix(geo, prompt_len=100.0, regions="route")
     used = {m for nodes in plan.machines for m in nodes}
     regions = [{helix_node_name(i) for i in members} for members in find_regions(geo.cluster)]
     assert any(used <= region for region in regions), used
-    flat = _inputs(tmp_path, "2000 * mbps, 1 * MilliSec")
-    flat_plan = plan_helix(flat, prompt_len=100.0)
+    flat = _inputs(tmp_path, FAST)
+    flat_plan = plan_helix(flat, prompt_len=100.0, regions="route")
     flat_used = {m for nodes in flat_plan.machines for m in nodes}
     assert not any(flat_used <= region for region in regions), flat_used

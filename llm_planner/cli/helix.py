@@ -18,7 +18,7 @@ from llm_planner.core.atomic import check_writable, write_atomic
 from llm_planner.core.spec import parse_cluster
 from llm_planner.cost.serving_profile import parse_serving_profile
 from llm_planner.helix.inputs import cluster_spec_yaml, device_helix_names, load_helix_cluster, serving_profile_yaml
-from llm_planner.helix.plan import ORDERS, load_inputs, plan_helix, score_layout
+from llm_planner.helix.plan import ORDERS, REGION_MODES, load_inputs, plan_helix, score_layout
 
 
 def add_import_parser(sub) -> None:
@@ -77,6 +77,13 @@ def add_plan_helix_parser(sub) -> None:
         default="slow-ends",
         help="route order of the stages: slowest at both ends, or fastest first (default: slow-ends)",
     )
+    p.add_argument(
+        "--regions",
+        choices=REGION_MODES,
+        default="ignore",
+        help="geo clusters: ignore regions (every hop the slowest link; default) or route one chain over the "
+        "best set of regions (measured worse under Helix's simulator on 3cluster24, docs/helix.md)",
+    )
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("-o", "--output", help="Helix layout file to write (its [Solution] format)")
     out.add_argument("--score", help="a Helix layout file to estimate instead of planning one (writes nothing)")
@@ -95,7 +102,7 @@ def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
         how = "" if stages else " (its ranges are not chains of stages: routed by a max flow, docs/helix.md)"
         console.print(f"{args.score}: {_said(est)}{how}")
         return 0
-    plan = plan_helix(inputs, args.prompt_len, order=args.order)
+    plan = plan_helix(inputs, args.prompt_len, order=args.order, regions=args.regions)
     write_atomic(args.output, plan.layout_text(inputs))
     console.print(_stage_table(plan.stages, plan.machines, plan.chain_of()))
     console.print(

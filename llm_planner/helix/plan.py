@@ -5,8 +5,10 @@ Helix's layout file (docs/helix.md, "Planning for Helix's engine").
 The family: each machine type covers some of the layers with stages of one width (machines per
 stage) whose layer counts differ by at most one; every split of the model's layers among the
 types, every width and stage count a type's machines allow, within each type's max_num_layers
-(148,622 layouts on Helix's 24-machine cluster with LLaMA-2 70B). llm_planner.helix.search finds the family's best exactly without enumerating it;
-llm_planner.helix.chains compares it with one chain per type side by side.
+(148,622 layouts on Helix's 24-machine cluster with LLaMA-2 70B). llm_planner.helix.search
+finds the family's best exactly without enumerating it; llm_planner.helix.chains compares it
+with one chain per type side by side. On a geo cluster, `regions="route"` plans one chain over
+the best set of regions instead (llm_planner.helix.regions; not the default, docs/helix.md).
 
 Order (`ORDERS`): by default ("slow-ends") stages are sorted from slowest to fastest per layer
 and dealt alternately to the front and the back, so the slowest sit at both ends and the
@@ -77,6 +79,9 @@ class HelixPlan:
 
 
 ORDERS = ("slow-ends", "fast-first")
+# ignore: plan as if every hop had the slowest pair's link; route: llm_planner.helix.regions (measured
+# worse under Helix's simulator on 3cluster24, docs/helix.md, so not the default)
+REGION_MODES = ("ignore", "route")
 # The search prices every stage (width x layers of a type) for every room a stage can have, so its
 # work grows with the square of the stage shapes: machines x the most layers their type's tables
 # list, summed over the types. Helix's 24-machine cluster has a few hundred (0.1 s), four copies of
@@ -148,8 +153,9 @@ def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float
     return stages, machines, sizes, combined(per_chain)
 
 
-def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends") -> HelixPlan:
-    """The best layout of the family (module docstring) for the machines of the cluster."""
+def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends", regions: str = "ignore") -> HelixPlan:
+    """The best layout of the family (module docstring) for the machines of the cluster; with
+    regions="route" on a geo cluster, one chain over the best set of regions (llm_planner.helix.regions)."""
     started = time.monotonic()
     cluster, tables, num_layers, network = inputs.cluster, inputs.tables, inputs.num_layers, inputs.network
     counts = {name: cluster.node_types.count(name) for name in sorted(set(cluster.node_types))}
@@ -163,9 +169,11 @@ def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends")
             f"(machines x the most layers their type's tables list, summed over the types); the limit is "
             f"{MAX_STAGE_SHAPES:,} (docs/inputs.md)"
         )
-    regions = region_networks(cluster, network.activation_bytes)
-    if len(regions.members) > 1:
-        return _plan_geo(inputs, regions, prompt_len, order, started)
+    if regions not in REGION_MODES:
+        raise ValueError(f"regions must be one of {REGION_MODES}, got {regions!r}")
+    found_regions = region_networks(cluster, network.activation_bytes)
+    if regions == "route" and len(found_regions.members) > 1:
+        return _plan_geo(inputs, found_regions, prompt_len, order, started)
     kinds = [Kind(name.lower(), n, tables[name.lower()]) for name, n in counts.items()]
     found = best_chains(kinds, num_layers, prompt_len, network)
     if found is None:
