@@ -199,14 +199,14 @@ def _plan_geo(inputs: HelixInputs, regions, prompt_len: float, order: str, start
     found = plan_regions(inputs.cluster, inputs.tables, inputs.num_layers, prompt_len, regions)
     if found is None:
         raise HelixError(f"{inputs.cluster.source}: its machines cannot hold the model's {inputs.num_layers} layers")
-    blocks, _, by_kind = found
+    blocks, _, by_kind, layouts = found
     blocks = [(r, order_stages(block, by_kind, order)) for r, block in blocks]
     stages = tuple(s for _, block in blocks for s in block)
     return HelixPlan(
         stages=stages,
         machines=assign_region_machines(stages, inputs.cluster, regions),
         estimate=route_estimate(blocks, by_kind, prompt_len, regions),
-        layouts=2 ** len(regions.members) - 1,
+        layouts=layouts,
         solve_s=time.monotonic() - started,
     )
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from llm_planner.helix.engine import EngineTables, Estimate, Network, Stage, queries_in_flight, stage_round_s
 from llm_planner.helix.inputs import HelixCluster, helix_node_name
-from llm_planner.helix.search import Kind, best_stages
+from llm_planner.helix.search import Kind, best_stages, count_layouts
 
 REGION_GAP = 10.0  # fast and slow pair bandwidths differ by at least this factor
 MAX_REGIONS = 6  # sets of regions tried: 2^regions - 1
@@ -126,18 +126,20 @@ def region_kind(machine_type: str, region: int) -> str:
 
 
 def plan_regions(cluster: HelixCluster, tables: dict[str, EngineTables], num_layers: int, prompt_len: float, regions):
-    """(blocks, Estimate, tables by kind) of the best chain over the sets of regions; None when none holds the model."""
+    """(blocks, Estimate, tables by kind, layouts searched) of the best chain over the sets of regions;
+    None when none holds the model."""
     kinds_by_region = []
     for r, members in enumerate(regions.members):
         types = sorted({cluster.node_types[i] for i in members})
         counts = {t: sum(cluster.node_types[i] == t for i in members) for t in types}
         kinds_by_region.append([Kind(region_kind(t, r), counts[t], tables[t.lower()]) for t in types])
     by_kind = {k.name: k.table for ks in kinds_by_region for k in ks}
-    best = None
+    best, layouts = None, 0
     for size in range(1, len(regions.members) + 1):
         for subset in itertools.combinations(range(len(regions.members)), size):
             kinds = [k for r in subset for k in kinds_by_region[r]]
             slowest = min((regions.inside[r] for r in subset), key=lambda n: n.bw_bytes_per_s / (1 + n.latency_s))
+            layouts += count_layouts(kinds, num_layers)
             stages = best_stages(kinds, num_layers, prompt_len, slowest)
             if stages is None:
                 continue
@@ -146,7 +148,7 @@ def plan_regions(cluster: HelixCluster, tables: dict[str, EngineTables], num_lay
             est = route_estimate(blocks, by_kind, prompt_len, regions)
             if best is None or est.tokens_per_s > best[1].tokens_per_s:
                 best = (blocks, est)
-    return None if best is None else (*best, by_kind)
+    return None if best is None else (*best, by_kind, layouts)
 
 
 def assign_region_machines(stages: tuple[Stage, ...], cluster: HelixCluster, regions: Regions):
