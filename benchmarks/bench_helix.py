@@ -41,7 +41,10 @@ REPO = Path(__file__).resolve().parents[1]
 HARNESS = Path(__file__).resolve().parent / "helix_harness.py"
 SINGLE = "artifact_evaluation/single_cluster"  # inside the Helix checkout
 COLUMNS = ("row", "decode_tokens_per_s", "helix_reported", "model_tokens_per_s", "runs", "wall_s")
-MODEL_FOLDER = "simulator/model_manager/llama2_70b"  # inside the Helix checkout
+MODEL_FOLDERS = {  # inside the Helix checkout, by Helix's model name
+    "llama70b": "simulator/model_manager/llama2_70b",
+    "llama30b": "simulator/model_manager/llama1_30b",
+}
 PROMPT_LEN = 763.0  # the Azure Conversation trace's mean prompt (docs/helix.md)
 
 
@@ -55,6 +58,7 @@ class Run:
     scheduler: str = "maxflow"
     initial_queries: int = 20
     force_set: bool = False
+    model: str = "llama70b"  # Helix's model name (harness --model)
 
 
 def helix_rows() -> dict[str, tuple[list[Run], float]]:
@@ -112,9 +116,9 @@ def model_estimate(run: Run, checkout: Path, profiles: str) -> float | None:
     from llm_planner.helix.plan import load_inputs, score_layout
 
     at = lambda p: p if Path(p).is_absolute() else checkout / p  # noqa: E731
-    inputs = load_inputs(at(run.cluster), at(profiles), checkout / MODEL_FOLDER, "llama2-70b")
+    inputs = load_inputs(at(run.cluster), at(profiles), checkout / MODEL_FOLDERS[run.model], None)
     try:
-        return score_layout(inputs, at(run.layout), PROMPT_LEN)[2].tokens_per_s
+        return score_layout(inputs, at(run.layout), PROMPT_LEN)[-1].tokens_per_s
     except HelixError:
         return None
 
@@ -135,6 +139,8 @@ def simulate(
         at(run.layout),
         "--scheduler",
         run.scheduler,
+        "--model",
+        run.model,
         "--initial-queries",
         str(run.initial_queries),
         "--warm-up",
@@ -184,6 +190,9 @@ def main() -> None:
     )
     parser.add_argument("--machine-profiles", default=f"{SINGLE}/config/machine_profiles.ini")
     parser.add_argument(
+        "--model", choices=sorted(MODEL_FOLDERS), default="llama70b", help="Helix's model for the layouts"
+    )
+    parser.add_argument(
         "--rows",
         nargs="*",
         help="these of the built-in rows (helix-milp, separate-pipelines, "
@@ -209,7 +218,8 @@ def main() -> None:
     if "helix-milp-roundtrip" in chosen:
         chosen["helix-milp-roundtrip"] = (roundtrip_run(checkout, scratch), None)
     for path in args.layouts:
-        chosen[Path(path).name] = ([Run(cluster=args.cluster, layout=str(Path(path).resolve()))], None)
+        run = Run(cluster=args.cluster, layout=str(Path(path).resolve()), model=args.model)
+        chosen[Path(path).name] = ([run], None)
     runs = [(name, run) for name, (row_runs, _) in chosen.items() for run in row_runs]
     started = time.perf_counter()
     out = Path(args.out)

@@ -18,8 +18,11 @@ from llm_planner.export.routers import ROUTERS, check_router
 from llm_planner.export.serving import FRAMEWORKS, VLLM_MULTINODE, ServingExportError, build_engines
 from llm_planner.export.serving_json import engines_config, megatron_config
 from llm_planner.export.serving_scripts import sglang_script, vllm_script
+from llm_planner.helix.engine import load_engine_tables
 from llm_planner.helix.inputs import device_helix_names, load_helix_cluster
 from llm_planner.helix.layout_file import LayoutError, helix_layout
+from llm_planner.helix.model_card import load_model_card
+from llm_planner.helix.rules import check_helix_layout
 from llm_planner.serving.inputs import decoder_config
 from llm_planner.serving.plan_file import checked_input, checked_model, is_serving_plan, load_serving_plan
 
@@ -36,12 +39,18 @@ def add_export_parser(sub) -> None:
         choices=(*FRAMEWORKS, "helix"),
         help="vllm / sglang: a shell script starting every engine (one per replica copy) on its hosts, with the "
         "load balancer's weights; megatron: tensor, pipeline and data parallel sizes per pattern (JSON); "
-        "helix: Helix's layout file (each machine's layer range; needs --helix-cluster)",
+        "helix: Helix's layout file (each machine's layer range; needs --helix-cluster and --helix-profiles)",
     )
     p.add_argument(
         "--helix-cluster",
         default=None,
         help="--to helix: the Helix cluster .ini the plan's cluster was imported from (maps devices to its nodes)",
+    )
+    p.add_argument(
+        "--helix-profiles",
+        default=None,
+        help="--to helix: Helix's model manager folder of the plan's model (e.g. simulator/model_manager/"
+        "llama2_70b): each machine type's max_num_layers, which the layout must respect",
     )
     p.add_argument(
         "--format",
@@ -160,17 +169,29 @@ def helix_stages(plan) -> list[tuple[str, int, int]]:
 def _export_helix(args: argparse.Namespace, console: Console) -> int:
     """A serving plan as Helix's layout file (docs/helix.md): one contiguous layer range per machine."""
 
-    if args.helix_cluster is None:
+    if args.helix_cluster is None or args.helix_profiles is None:
         raise UserError(
-            "--to helix needs --helix-cluster, the Helix .ini the plan's cluster was imported from", exit_code=2
+            "--to helix needs --helix-cluster (the Helix .ini the plan's cluster was imported from) and "
+            "--helix-profiles (Helix's folder of the model, whose tables say how many layers a machine may hold)",
+            exit_code=2,
         )
     plan = load_serving_plan(args.plan)
     check_model_layers(plan)
     with progress(console, "verifying the plan before exporting it..."):
         check_serving_verified(plan, "no Helix layout written")
-    names = device_helix_names(load_helix_cluster(args.helix_cluster))
+    cluster = load_helix_cluster(args.helix_cluster)
+    num_layers = plan.data["model"]["num_layers"]
+    card = load_model_card(args.helix_profiles)
+    if card is not None and card.num_layers != num_layers:
+        raise UserError(
+            f"--helix-profiles: {card.source} states {card.num_layers} layers, the plan's model has {num_layers}",
+            exit_code=2,
+        )
+    tables = {t.lower(): load_engine_tables(args.helix_profiles, t) for t in sorted(set(cluster.node_types))}
+    names = device_helix_names(cluster)
     try:
-        text = helix_layout(helix_stages(plan), names, plan.data["model"]["num_layers"])
+        ranges = check_helix_layout(helix_stages(plan), cluster, tables, num_layers, names)
+        text = helix_layout([(node, *span) for node, span in ranges.items()], num_layers=num_layers)
     except LayoutError as exc:
         raise UserError(f"{args.plan}: cannot be a Helix layout: {exc}", exit_code=2) from None
     if args.output is None:

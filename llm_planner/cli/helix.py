@@ -18,7 +18,7 @@ from llm_planner.core.atomic import check_writable, write_atomic
 from llm_planner.core.spec import parse_cluster
 from llm_planner.cost.serving_profile import parse_serving_profile
 from llm_planner.helix.inputs import cluster_spec_yaml, device_helix_names, load_helix_cluster, serving_profile_yaml
-from llm_planner.helix.plan import ORDERS, load_inputs, plan_helix, score_layout
+from llm_planner.helix.plan import ORDERS, REGION_MODES, load_inputs, plan_helix, score_layout
 
 
 def add_import_parser(sub) -> None:
@@ -77,6 +77,13 @@ def add_plan_helix_parser(sub) -> None:
         default="slow-ends",
         help="route order of the stages: slowest at both ends, or fastest first (default: slow-ends)",
     )
+    p.add_argument(
+        "--regions",
+        choices=REGION_MODES,
+        default="ignore",
+        help="geo clusters: ignore regions (every hop the slowest link; default) or route one chain over the "
+        "best set of regions (measured worse under Helix's simulator on 3cluster24, docs/helix.md)",
+    )
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("-o", "--output", help="Helix layout file to write (its [Solution] format)")
     out.add_argument("--score", help="a Helix layout file to estimate instead of planning one (writes nothing)")
@@ -89,15 +96,18 @@ def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
         check_writable(args.output)
     inputs = load_inputs(args.cluster, args.machine_profiles, args.profiles, args.model)
     if args.score:
-        stages, machines, est = score_layout(inputs, args.score, args.prompt_len)
-        console.print(_stage_table(stages, machines))
-        console.print(f"{args.score}: {_said(est)}")
+        stages, machines, sizes, est = score_layout(inputs, args.score, args.prompt_len)
+        if stages:
+            console.print(_stage_table(stages, machines, [i for i, n in enumerate(sizes) for _ in range(n)]))
+        how = "" if stages else " (its ranges are not chains of stages: routed by a max flow, docs/helix.md)"
+        console.print(f"{args.score}: {_said(est)}{how}")
         return 0
-    plan = plan_helix(inputs, args.prompt_len, order=args.order)
-    write_atomic(args.output, plan.layout_text(inputs.num_layers))
-    console.print(_stage_table(plan.stages, plan.machines))
+    plan = plan_helix(inputs, args.prompt_len, order=args.order, regions=args.regions)
+    write_atomic(args.output, plan.layout_text(inputs))
+    console.print(_stage_table(plan.stages, plan.machines, plan.chain_of()))
     console.print(
-        f"wrote {args.output}: {len(plan.stages)} stages on {sum(s.width for s in plan.stages)} machines; "
+        f"wrote {args.output}: {len(plan.chain_sizes or (1,))} chain(s), {len(plan.stages)} stages on "
+        f"{sum(s.width for s in plan.stages)} machines; "
         f"{_said(plan.estimate)}; {plan.layouts} layouts in {plan.solve_s:.1f} s"
     )
     return 0
@@ -110,13 +120,14 @@ def _said(est) -> str:
     )
 
 
-def _stage_table(stages, machines) -> Table:
-    t = Table(title="stages (route order)")
-    for col in ("stage", "type", "machines", "layers"):
+def _stage_table(stages, machines, chain_of) -> Table:
+    t = Table(title="stages (route order in each chain)")
+    for col in ("chain", "stage", "type", "machines", "layers"):
         t.add_column(col)
-    first = 0
-    for i, (stage, nodes) in enumerate(zip(stages, machines)):
-        t.add_row(str(i), stage.kind, ", ".join(nodes), f"{first}-{first + stage.layers - 1}")
+    first, chain = 0, 0
+    for i, (stage, nodes, c) in enumerate(zip(stages, machines, chain_of)):
+        first, chain = (0, c) if c != chain else (first, chain)
+        t.add_row(str(c), str(i), stage.kind, ", ".join(nodes), f"{first}-{first + stage.layers - 1}")
         first += stage.layers
     return t
 

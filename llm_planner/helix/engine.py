@@ -6,9 +6,9 @@ Helix (ASPLOS'25) describes each machine type of a model by files under its mode
 folder (e.g. `simulator/model_manager/llama2_70b/<type>/`): `decode_bs2time.csv` and
 `prompt_bs2time.csv` (one layer's time in ms by batch) and `llama2_70b_<type>.py`, whose dict
 literals give, by the number of layers a machine holds, the KV-cache blocks of 16 tokens per
-layer (`vllm_num_blocks_dict`) and the largest decode batch (`decode_max_tokens_dict`); the
-largest key is the most layers the type may hold. `load_engine_tables` reads them, without
-running Helix's code.
+layer (`vllm_num_blocks_dict`) and the largest decode batch (`decode_max_tokens_dict`);
+`max_num_layers` is the most layers a machine of the type may hold (Helix's model refuses more;
+without it, the tables' last row). `load_engine_tables` reads them, without running Helix's code.
 
 The model of a layout made of stages (each `width` machines of one type holding the same
 `layers`; a request passes one machine per stage):
@@ -55,10 +55,7 @@ class EngineTables:
     decode: LayerTable  # one layer's seconds by batch, from batch 0
     kv_blocks: dict[int, int]  # layers held -> KV blocks per layer
     decode_limit: dict[int, int]  # layers held -> most decode requests in one batch
-
-    @property
-    def max_layers(self) -> int:
-        return max(self.kv_blocks)
+    max_layers: int  # the most layers Helix lets a machine of this type hold (its max_num_layers)
 
     def decode_s(self, batch: float) -> float:
         """One layer's decode time for `batch` requests, linear between the table's rows."""
@@ -111,7 +108,19 @@ def load_engine_tables(folder: str | Path, machine_type: str) -> EngineTables:
         decode=LayerTable(sizes=tuple(b for b, _ in decode), seconds=tuple(s for _, s in decode)),
         kv_blocks=tables["kv_blocks"],
         decode_limit=tables["decode_limit"],
+        max_layers=_layer_cap(sources[0], tables),
     )
+
+
+def _layer_cap(path: Path, tables: dict) -> int:
+    """The type's `max_num_layers` (its tables' last row when the file does not set it); Helix's
+    model builds its settings for 1..max_num_layers from the tables, so they must reach it."""
+    cap = tables.get("max_layers", max(tables["kv_blocks"]))
+    if cap > max(tables["kv_blocks"]):
+        raise HelixError(
+            f"{path}: max_num_layers = {cap}, but {_TABLES['kv_blocks']} stops at {max(tables['kv_blocks'])} layers"
+        )
+    return cap
 
 
 def _dict_literals(path: Path) -> dict[str, dict[int, int]]:
@@ -126,9 +135,11 @@ def _dict_literals(path: Path) -> dict[str, dict[int, int]]:
         raise HelixError(f"{path}: not valid Python: {what}{where}") from None
     except (RecursionError, MemoryError):  # the parser's own limits: `1+1+...`, `-----1`, deep brackets
         raise HelixError(f"{path}: an expression nested too deeply for Python's parser") from None
-    found = {}
+    found, cap = {}, None
     for node in ast.walk(tree):
         for name in _assigned_names(node):
+            if name == "max_num_layers":
+                cap = _int_literal(path, node)
             if name in _TABLES.values():
                 if name in found:
                     raise HelixError(f"{path}: {name}: assigned more than once (line {node.lineno})")
@@ -138,7 +149,18 @@ def _dict_literals(path: Path) -> dict[str, dict[int, int]]:
         if name not in found:
             raise HelixError(f"{path}: {name}: missing (the type's table by number of layers held)")
         out[key] = found[name]
+    if cap is not None:
+        out["max_layers"] = cap
     return out
+
+
+def _int_literal(path: Path, node: ast.Assign | ast.AnnAssign) -> int:
+    """`max_num_layers: int = 18`: a positive integer literal."""
+    if not (_is_int(node.value) and 1 <= node.value.value <= MAX_LAYERS):
+        raise HelixError(
+            f"{path}: max_num_layers (line {node.lineno}): expected an integer literal in 1..{MAX_LAYERS:,}"
+        )
+    return node.value.value
 
 
 def _assigned_names(node: ast.AST) -> list[str]:

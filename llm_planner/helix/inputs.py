@@ -55,7 +55,7 @@ MAX_MACHINES = 1024
 MAX_LAYERS = MAX_SIZES["num_layers"]
 MAX_BATCH = 10**8
 MAX_TABLE_VALUE = 10**9
-_UNITS = {
+HELIX_UNITS = {
     "kbps": 1e3,
     "mbps": 1e6,
     "gbps": 1e9,
@@ -111,9 +111,9 @@ def helix_node_name(index: int) -> str:
 def parse_helix_value(text: str) -> float:
     """`10 * gbps` -> 1e10; `-1` -> -1.0 (Helix's "unlimited"). ValueError for anything else."""
     match = _VALUE.match(text)
-    if not match or (match.group(2) and match.group(2) not in _UNITS):
-        raise ValueError(f"cannot read {text!r} as '<number> * <unit>' (units: {', '.join(_UNITS)})")
-    value = float(match.group(1)) * (_UNITS[match.group(2)] if match.group(2) else 1.0)
+    if not match or (match.group(2) and match.group(2) not in HELIX_UNITS):
+        raise ValueError(f"cannot read {text!r} as '<number> * <unit>' (units: {', '.join(HELIX_UNITS)})")
+    value = float(match.group(1)) * (HELIX_UNITS[match.group(2)] if match.group(2) else 1.0)
     if not math.isfinite(value):
         raise ValueError(f"{text!r} is not a finite number")
     return value

@@ -4,9 +4,11 @@ Helix's layout file (docs/helix.md, "Planning for Helix's engine").
 
 The family: each machine type covers some of the layers with stages of one width (machines per
 stage) whose layer counts differ by at most one; every split of the model's layers among the
-types, every width and stage count a type's machines allow (148,622 layouts on Helix's
-24-machine cluster; 26 million with six more machines of a fourth type holding up to 4
-layers). llm_planner.helix.search finds the family's best exactly without enumerating it.
+types, every width and stage count a type's machines allow, within each type's max_num_layers
+(148,622 layouts on Helix's 24-machine cluster with LLaMA-2 70B). llm_planner.helix.search
+finds the family's best exactly without enumerating it; llm_planner.helix.chains compares it
+with one chain per type side by side. On a geo cluster, `regions="route"` plans one chain over
+the best set of regions instead (llm_planner.helix.regions; not the default, docs/helix.md).
 
 Order (`ORDERS`): by default ("slow-ends") stages are sorted from slowest to fastest per layer
 and dealt alternately to the front and the back, so the slowest sit at both ends and the
@@ -14,9 +16,9 @@ fastest in the middle; "fast-first" puts them fastest first. The model does not 
 the default is what scored better under Helix's simulator, by 1% on Helix's 24-machine
 cluster (docs/helix.md).
 
-`layout_stages` reads a layout back as stages, so the model can score a layout it did not
-write, when its machines form stages (each range held by machines of one type, the ranges
-following each other).
+`layout_stages` reads a layout back as chains of stages, so the model can score a layout it did
+not write, when its machines form them (each range held by machines of one type, the ranges
+splitting into chains that each run from layer 0 to the last).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from pathlib import Path
 
 from llm_planner.core.fileio import read_text
 from llm_planner.graph.transformer import named_config
+from llm_planner.helix.chains import best_chains, combined
 from llm_planner.helix.engine import EngineTables, Estimate, Network, Stage, estimate, load_engine_tables
+from llm_planner.helix.flow import flow_estimate
 from llm_planner.helix.inputs import (
     HelixCluster,
     HelixError,
@@ -37,26 +41,47 @@ from llm_planner.helix.inputs import (
     slowest_link,
 )
 from llm_planner.helix.layout_file import LayoutError, helix_layout, read_helix_layout
-from llm_planner.helix.search import Kind, best_stages, count_layouts
+from llm_planner.helix.model_card import load_model_card, model_card_path
+from llm_planner.helix.regions import (
+    MAX_REGIONS,
+    assign_region_machines,
+    plan_regions,
+    region_networks,
+    route_estimate,
+)
+from llm_planner.helix.rules import check_helix_layout, machine_types
+from llm_planner.helix.search import Kind
 
 
 @dataclass(frozen=True, kw_only=True)
 class HelixPlan:
-    stages: tuple[Stage, ...]  # in route order
+    stages: tuple[Stage, ...]  # chain after chain, each in route order
     machines: tuple[tuple[str, ...], ...]  # Helix node names of each stage
     estimate: Estimate
     layouts: int  # in the family searched
     solve_s: float
+    chain_sizes: tuple[int, ...] = ()  # stages of each chain (llm_planner.helix.chains); () is one chain
 
-    def layout_text(self, num_layers: int) -> str:
-        triples, first = [], 0
-        for stage, nodes in zip(self.stages, self.machines):
+    def chain_of(self) -> list[int]:
+        """The chain of each stage, by index."""
+        sizes = self.chain_sizes or (len(self.stages),)
+        return [i for i, size in enumerate(sizes) for _ in range(size)]
+
+    def layout_text(self, inputs: HelixInputs) -> str:
+        """Helix's layout file of the plan, checked against what Helix accepts (llm_planner.helix.rules)."""
+        triples, first, chain = [], 0, 0
+        for stage, nodes, c in zip(self.stages, self.machines, self.chain_of()):
+            first, chain = (0, c) if c != chain else (first, chain)
             triples += [(node, first, first + stage.layers) for node in nodes]
             first += stage.layers
-        return helix_layout(triples, num_layers=num_layers)
+        check_helix_layout(triples, inputs.cluster, inputs.tables, inputs.num_layers)
+        return helix_layout(triples, num_layers=inputs.num_layers)
 
 
 ORDERS = ("slow-ends", "fast-first")
+# ignore: plan as if every hop had the slowest pair's link; route: llm_planner.helix.regions (measured
+# worse under Helix's simulator on 3cluster24, docs/helix.md, so not the default)
+REGION_MODES = ("ignore", "route")
 # The search prices every stage (width x layers of a type) for every room a stage can have, so its
 # work grows with the square of the stage shapes: machines x the most layers their type's tables
 # list, summed over the types. Helix's 24-machine cluster has a few hundred (0.1 s), four copies of
@@ -79,28 +104,58 @@ def load_inputs(
 ) -> HelixInputs:
     """Read Helix's cluster file and model manager folder; `model` defaults to the folder's."""
     cluster = load_helix_cluster(cluster_path, machine_profiles)
+    num_layers, activation_bytes = model_shapes(profiles_dir, model)
+    tables = {name.lower(): load_engine_tables(profiles_dir, name) for name in sorted(set(cluster.node_types))}
+    bw, latency = slowest_link(cluster)
+    network = Network(latency_s=latency, bw_bytes_per_s=bw, activation_bytes=activation_bytes)
+    return HelixInputs(cluster=cluster, tables=tables, num_layers=num_layers, network=network)
+
+
+def model_shapes(profiles_dir: str | Path, model: str | None) -> tuple[int, int]:
+    """(layers, bytes of a token's hidden state): `model` (a preset or config.json) when given,
+    else what Helix's folder states (llm_planner.helix.model_card), else the preset named after it."""
+    card = None if model else load_model_card(profiles_dir)
+    if card is not None:
+        return card.num_layers, int(card.activation_bytes)
     name = model or default_model(profiles_dir)
     config = named_config(name)
     if config is None:
-        raise HelixError(f"--model {name!r}: not a decoder preset, a config.json or a folder holding one")
-    tables = {name.lower(): load_engine_tables(profiles_dir, name) for name in sorted(set(cluster.node_types))}
-    bw, latency = slowest_link(cluster)
-    network = Network(latency_s=latency, bw_bytes_per_s=bw, activation_bytes=2 * config.hidden_size)
-    return HelixInputs(cluster=cluster, tables=tables, num_layers=config.num_layers, network=network)
+        raise HelixError(
+            f"--model {name!r}: not a decoder preset, a config.json or a folder holding one, and "
+            f"{model_card_path(profiles_dir)} (Helix's statistics of the model) is not there to read instead"
+        )
+    return config.num_layers, 2 * config.hidden_size
 
 
 def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float):
-    """(stages, machines, Estimate) of a Helix layout file whose machines form stages; HelixError otherwise."""
+    """(stages, machines, stages per chain, Estimate) of a Helix layout file Helix accepts: by the
+    chain model when its ranges split into chains of one-type stages, else routed by a max flow
+    (llm_planner.helix.flow; stages, machines and chains then empty); HelixError otherwise."""
     try:
         ranges = read_helix_layout(read_text(layout_path, HelixError), source=str(layout_path))
     except LayoutError as exc:
         raise HelixError(str(exc)) from None
-    stages, machines = layout_stages(ranges, inputs.cluster, inputs.tables, inputs.num_layers, str(layout_path))
-    return stages, machines, estimate(list(stages), inputs.tables, prompt_len, inputs.network)
+    try:
+        ranges = check_helix_layout(ranges, inputs.cluster, inputs.tables, inputs.num_layers)
+    except LayoutError as exc:
+        raise HelixError(f"{layout_path}: Helix would refuse it: {exc}") from None
+    try:
+        stages, machines, sizes = layout_stages(
+            ranges, inputs.cluster, inputs.tables, inputs.num_layers, str(layout_path)
+        )
+    except HelixError:
+        regions = region_networks(inputs.cluster, inputs.network.activation_bytes)
+        return (), (), (), flow_estimate(ranges, inputs.cluster, inputs.tables, inputs.num_layers, prompt_len, regions)
+    per_chain, first = [], 0
+    for size in sizes:
+        per_chain.append(estimate(list(stages[first : first + size]), inputs.tables, prompt_len, inputs.network))
+        first += size
+    return stages, machines, sizes, combined(per_chain)
 
 
-def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends") -> HelixPlan:
-    """The best layout of the family (module docstring) for the machines of the cluster."""
+def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends", regions: str = "ignore") -> HelixPlan:
+    """The best layout of the family (module docstring) for the machines of the cluster; with
+    regions="route" on a geo cluster, one chain over the best set of regions (llm_planner.helix.regions)."""
     started = time.monotonic()
     cluster, tables, num_layers, network = inputs.cluster, inputs.tables, inputs.num_layers, inputs.network
     counts = {name: cluster.node_types.count(name) for name in sorted(set(cluster.node_types))}
@@ -114,16 +169,44 @@ def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends")
             f"(machines x the most layers their type's tables list, summed over the types); the limit is "
             f"{MAX_STAGE_SHAPES:,} (docs/inputs.md)"
         )
+    if regions not in REGION_MODES:
+        raise ValueError(f"regions must be one of {REGION_MODES}, got {regions!r}")
+    found_regions = region_networks(cluster, network.activation_bytes)
+    if regions == "route" and len(found_regions.members) > 1:
+        return _plan_geo(inputs, found_regions, prompt_len, order, started)
     kinds = [Kind(name.lower(), n, tables[name.lower()]) for name, n in counts.items()]
-    stages = best_stages(kinds, num_layers, prompt_len, network)
-    if stages is None:
+    found = best_chains(kinds, num_layers, prompt_len, network)
+    if found is None:
         raise HelixError(f"{cluster.source}: its machines cannot hold the model's {num_layers} layers")
-    ordered = order_stages(stages, tables, order)
+    ordered = tuple(s for chain in found.chains for s in order_stages(chain, tables, order))
     return HelixPlan(
         stages=ordered,
         machines=assign_machines(ordered, cluster),
-        estimate=estimate(list(ordered), tables, prompt_len, network),
-        layouts=count_layouts(kinds, num_layers),
+        estimate=found.estimate,
+        layouts=found.layouts,
+        solve_s=time.monotonic() - started,
+        chain_sizes=tuple(len(chain) for chain in found.chains),
+    )
+
+
+def _plan_geo(inputs: HelixInputs, regions, prompt_len: float, order: str, started: float) -> HelixPlan:
+    """One chain over the best set of regions, region after region (llm_planner.helix.regions)."""
+    if len(regions.members) > MAX_REGIONS:
+        raise HelixError(
+            f"{inputs.cluster.source}: {len(regions.members)} regions; the planner tries every set of them "
+            f"and takes at most {MAX_REGIONS} (docs/helix.md)"
+        )
+    found = plan_regions(inputs.cluster, inputs.tables, inputs.num_layers, prompt_len, regions)
+    if found is None:
+        raise HelixError(f"{inputs.cluster.source}: its machines cannot hold the model's {inputs.num_layers} layers")
+    blocks, _, by_kind, layouts = found
+    blocks = [(r, order_stages(block, by_kind, order)) for r, block in blocks]
+    stages = tuple(s for _, block in blocks for s in block)
+    return HelixPlan(
+        stages=stages,
+        machines=assign_region_machines(stages, inputs.cluster, regions),
+        estimate=route_estimate(blocks, by_kind, prompt_len, regions),
+        layouts=layouts,
         solve_s=time.monotonic() - started,
     )
 
@@ -147,37 +230,57 @@ def layout_stages(
     tables: dict[str, EngineTables],
     num_layers: int,
     source: str,
-) -> tuple[tuple[Stage, ...], tuple[tuple[str, ...], ...]]:
-    """A layout's machines (Helix node name -> layer range) as stages in route order; HelixError
-    naming `source` when they do not form stages."""
-    kind_of = {helix_node_name(i): name.lower() for i, name in enumerate(cluster.node_types)}
+) -> tuple[tuple[Stage, ...], tuple[tuple[str, ...], ...], tuple[int, ...]]:
+    """A layout's machines (Helix node name -> layer range) as chains of stages (stages, their
+    machines, stages per chain); HelixError naming `source` when they do not form chains: each
+    range held by machines of one type, the ranges splitting into chains from layer 0 to the last."""
+    kind_of = machine_types(cluster)
     by_range: dict[tuple[int, int], list[str]] = {}
     for node, span in ranges.items():
         if node not in kind_of:
             raise HelixError(f"{source}: {node} is not a machine of {cluster.source}")
         by_range.setdefault(span, []).append(node)
-    stages, machines, first = [], [], 0
-    for span in sorted(by_range):
+    chains = _split_chains(sorted(by_range), num_layers)
+    if chains is None:
+        raise HelixError(
+            f"{source}: its ranges ({', '.join(f'{a}-{b - 1}' for a, b in sorted(by_range))}) do not split into "
+            f"chains from layer 0 to {num_layers - 1}, each range following the last: the model scores such layouts"
+        )
+    stages, machines = [], []
+    for span in (span for chain in chains for span in chain):
         nodes = sorted(by_range[span], key=lambda n: int(n.rsplit("_", 1)[1]))
         kinds = {kind_of[n] for n in nodes}
-        if span[0] != first or len(kinds) > 1:
-            why = "mixes machine types" if len(kinds) > 1 else f"does not start where the last ended ({first})"
+        if len(kinds) > 1:
             raise HelixError(
-                f"{source}: the range {span[0]}-{span[1] - 1} ({', '.join(nodes)}) {why}: "
-                "the model scores layouts whose ranges follow each other, each held by machines of one type"
+                f"{source}: the range {span[0]}-{span[1] - 1} ({', '.join(nodes)}) mixes machine types: "
+                "the model scores stages of machines of one type"
             )
-        kind, layers = kinds.pop(), span[1] - span[0]
-        if layers > tables[kind].max_layers:
-            raise HelixError(
-                f"{source}: {', '.join(nodes)} hold {layers} layers; the {kind} tables stop at "
-                f"{tables[kind].max_layers} (vllm_num_blocks_dict)"
-            )
-        stages.append(Stage(kind, len(nodes), layers))
+        stages.append(Stage(kinds.pop(), len(nodes), span[1] - span[0]))
         machines.append(tuple(nodes))
-        first = span[1]
-    if first != num_layers:
-        raise HelixError(f"{source}: its ranges end at layer {first}, not at the model's {num_layers}")
-    return tuple(stages), tuple(machines)
+    return tuple(stages), tuple(machines), tuple(len(chain) for chain in chains)
+
+
+def _split_chains(spans: list[tuple[int, int]], num_layers: int) -> list[list[tuple[int, int]]] | None:
+    """`spans` as chains from 0 to num_layers, each span in one chain; None when they do not split so."""
+    left, chains = list(spans), []
+    while left:
+        path = _path(left, 0, num_layers)
+        if path is None:
+            return None
+        chains.append(path)
+        left = [s for s in left if s not in path]
+    return chains
+
+
+def _path(spans: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]] | None:
+    """Spans that follow each other from `start` to `end` (depth first, shortest spans first)."""
+    if start == end:
+        return []
+    for span in sorted((s for s in spans if s[0] == start), key=lambda s: s[1]):
+        rest = _path(spans, span[1], end)
+        if rest is not None:
+            return [span, *rest]
+    return None
 
 
 def assign_machines(stages: tuple[Stage, ...], cluster: HelixCluster) -> tuple[tuple[str, ...], ...]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llm_planner.helix.engine import EngineTables, Network, Stage, estimate, room_queries, stage_room, stage_round_s
+from llm_planner.helix.rules import stage_fits
 
 INF = math.inf
 
@@ -43,11 +44,11 @@ class _Choice:
 
 def choices(kind: Kind, layers: int) -> list[_Choice]:
     """A type's ways to cover `layers` layers (none for 0 layers: that is using no machine)."""
-    top = kind.table.max_layers
     return [
         _Choice(width, count)
         for width in range(1, kind.machines + 1)
-        for count in range(math.ceil(layers / top), min(kind.machines // width, layers) + 1)
+        for count in range(1, min(kind.machines // width, layers) + 1)
+        if stage_fits(kind.table, math.ceil(layers / count))  # the most layers one of its stages holds
     ]
 
 
