@@ -54,9 +54,13 @@ def positions_of(entries, device: torch.device) -> torch.Tensor:
 def attend(q, k, v, cache_k, cache_v, entries, rep: int) -> torch.Tensor:
     """q [T, heads, d], k and v [T, kv_heads, d] of the packed entries -> [T, heads * d] (module docstring)."""
     offsets = _offsets(entries)
-    for e, at in zip(entries, offsets):
-        cache_k[e.slot, :, e.start : e.start + e.tokens] = k[at : at + e.tokens].transpose(0, 1)
-        cache_v[e.slot, :, e.start : e.start + e.tokens] = v[at : at + e.tokens].transpose(0, 1)
+    # every packed token's keys and values written at (its slot, its position) in one indexed copy
+    slot_of = torch.repeat_interleave(
+        torch.tensor([e.slot for e in entries]), torch.tensor([e.tokens for e in entries])
+    ).to(q.device)
+    position = positions_of(entries, q.device)
+    cache_k[slot_of, :, position] = k
+    cache_v[slot_of, :, position] = v
     out = torch.empty_like(q)
     scale = 1.0 / math.sqrt(q.shape[-1])
     singles = [(e, at) for e, at in zip(entries, offsets) if e.tokens == 1]
