@@ -56,7 +56,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
     (
         "inputs",
         _names("core.spec", "core.spec_fields", "core.spec_kinds", "core.catalog", "core.tensor_groups")
-        + _names("core.constants", "graph", "graph.ir"),
+        + _names("core.constants", "core.precision", "graph", "graph.ir"),
         "the cluster spec, the GPU catalog it may name, the task-graph IR: plain data that everything above reads",
     ),
     (

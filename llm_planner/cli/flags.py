@@ -46,6 +46,8 @@ SERVING_FLAGS = (
     "--max-micro-batches",
     "--max-batched-tokens",
     "--serving-solver",
+    "--weights",
+    "--kv-cache-dtype",
 )
 
 

@@ -12,11 +12,12 @@ from llm_planner.cli.arg_types import positive, tokens
 from llm_planner.cli.commands import UserError, progress, refuse_rejected
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
+from llm_planner.core.precision import KV_FORMATS
 from llm_planner.core.timing import Stopwatch, fmt_elapsed, timing_text
 from llm_planner.serving.api import plan_serving
 from llm_planner.serving.context import ServingOptions
 from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET
-from llm_planner.serving.inputs import workload_from_flags
+from llm_planner.serving.inputs import serving_precision, workload_from_flags
 from llm_planner.serving.plan_fields import SERVING_SOLVERS
 from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
 from llm_planner.serving.verify import verify_serving_plan
@@ -80,6 +81,19 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
         f"{DEFAULT_TOKEN_BUDGET})",
     )
     g.add_argument(
+        "--weights",
+        default=None,
+        help="serving: the decoder layers' weight format: fp16/bf16/fp32 (the activation dtype, unquantized), fp8 "
+        "or int8 (W8A8), int4-awq or int4-gptq (W4A16, groups of 128 weights; int4-awq:g64 for another group "
+        "size) (default: what the model config's quantization_config declares, else unquantized)",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_FORMATS,
+        default=None,
+        help="serving: the KV cache's dtype: auto (the activation dtype) or fp8 (default: auto)",
+    )
+    g.add_argument(
         "--serving-solver",
         choices=SERVING_SOLVERS,
         default="serving",
@@ -116,6 +130,7 @@ def cmd_plan_serving(args: argparse.Namespace, console: Console) -> int:
             tpot_slo=args.tpot_slo,
             ttft_slo=args.ttft_slo,
         )
+        precision = serving_precision(args.model, args.dtype, args.weights, args.kv_cache_dtype)
     options = serving_options(args)
     check_writable(args.output, ServingPlanError)
     with progress(console, "searching serving layouts..."):
@@ -123,7 +138,7 @@ def cmd_plan_serving(args: argparse.Namespace, console: Console) -> int:
             cluster_path=args.cluster,
             model=args.model,
             workload=workload,
-            dtype=args.dtype,
+            dtype=precision,
             options=options,
             output_path=args.output,
             profile_path=args.profile,
@@ -156,7 +171,7 @@ def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None
     console.print(
         styled(
             (model["name"], "bold"),
-            f" ({model['dtype']}) serving: {shape}; TPOT target {fmt_s(wl['tpot_slo_s'])}{ttft}",
+            f" ({_precision_text(model['precision'])}) serving: {shape}; TPOT target {fmt_s(wl['tpot_slo_s'])}{ttft}",
         )
     )
     if with_baselines:
@@ -167,6 +182,13 @@ def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None
         f"every plan (gap {sv['gap']:.1%}, {sv['status']}); {_search_note(sv)}",
         highlight=False,
     )
+
+
+def _precision_text(p: dict) -> str:
+    """A plan's precision in a few words: the dtype alone when nothing is quantized."""
+    if p["weights"] == p["activations"] == p["kv_cache"]:
+        return p["activations"]
+    return f"weights {p['weights']}, activations {p['activations']}, KV cache {p['kv_cache']}"
 
 
 def comparison_table(data: dict) -> Table:

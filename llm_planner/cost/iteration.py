@@ -20,7 +20,13 @@ sec. 3; llm_planner.graph.tp_layout), the layer runs one after another
                  + 2 (k - 1) link latencies
 
 with P_m the layer's linear parameters, a = nh hd, kv = nkv hd, b the dtype's bytes, h the hidden
-size. Each compute kernel's time is its own roofline with a rounded corner,
+size. A quantized precision (llm_planner.core.precision) changes three of these: the linear
+weights are read at the weight format's bytes per weight (scales and zero points included) and
+their FLOPs run at the compute dtype's peak (fp8 or int8 for W8A8; for W4A16 the activation
+dtype's, the compute time multiplied by the kind's `dequant_factor`), and attention reads (decode)
+and writes (prompt) the KV cache at the KV cache dtype's bytes.
+
+Each compute kernel's time is its own roofline with a rounded corner,
 
     t = max(c, m, KAPPA (c + m)),  c = FLOPs / (peak ce),  m = bytes / (bw me),
 
@@ -41,7 +47,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-from llm_planner.core.constants import DTYPE_BYTES
+from llm_planner.core.precision import Precision, as_precision
 from llm_planner.core.spec import DeviceKindSpec, LinkSpec
 from llm_planner.cost.roofline import CostError, Piece
 from llm_planner.graph.transformer import DecoderConfig, matmul_parameters, norm_parameters
@@ -86,6 +92,7 @@ class Kernel:
     flops: tuple[float, ...]
     bytes: tuple[float, ...]
     collective: bool = False
+    speed: float = 1.0  # its FLOP/s over the layer's flops_per_s (linear layers of a quantized precision)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +111,7 @@ class LayerKernels:
         n = sum(a * b for a, b in zip(kernel.bytes, x))
         if kernel.collective:
             return f, n / self.link_bytes_per_s
-        return f / self.flops_per_s, n / self.bytes_per_s
+        return f / (self.flops_per_s * kernel.speed), n / self.bytes_per_s
 
     def kernel_s(self, kernel: Kernel, load: Load) -> float:
         c, m = self.kernel_terms(kernel, load.vector())
@@ -120,18 +127,27 @@ class LayerKernels:
 
 
 def layer_kernels(
-    config: DecoderConfig, dtype: str, kind: DeviceKindSpec, k: int = 1, link: LinkSpec | None = None
+    config: DecoderConfig,
+    dtype: str | Precision,
+    kind: DeviceKindSpec,
+    k: int = 1,
+    link: LinkSpec | None = None,
 ) -> LayerKernels:
     """The kernels of one layer on a device of `kind` (k = 1) or on each member of a group of k
-    whose collectives cross `link` (module docstring). Raises CostError for a dtype the kind has no
-    peak for or a group the layer does not split over."""
+    whose collectives cross `link` (module docstring), in `dtype` (one dtype for everything) or a
+    precision. Raises CostError for a dtype the kind has no peak for or a group the layer does not
+    split over."""
+    p = as_precision(dtype)
     try:
-        peak = kind.flops_for(dtype)
-    except KeyError:
-        raise CostError(f"device kind {kind.name!r} gives no peak_flops for dtype {dtype!r}") from None
+        peak = kind.flops_for(p.activations)
+        linear_peak = kind.flops_for(p.compute_dtype)
+    except KeyError as exc:
+        raise CostError(f"device kind {kind.name!r} gives no peak_flops for dtype {exc.args[0]!r}") from None
     if k > 1 and (link is None or config.num_heads % k or config.num_kv_heads % k or config.intermediate_size % k):
         raise CostError(f"a decoder layer of {config.name} cannot run on a tensor-parallel group of {k}")
-    kernels = _kernels(config, DTYPE_BYTES[dtype], k, kind.collective_call_s, link.latency_s if k > 1 else 0.0)
+    speed = linear_peak / peak / (kind.dequant_factor if p.weight_only else 1.0)
+    sizes = (p.activation_bytes, p.weight_bytes, p.kv_bytes, speed)
+    kernels = _kernels(config, sizes, k, kind.collective_call_s, link.latency_s if k > 1 else 0.0)
     return LayerKernels(
         kernels=kernels,
         flops_per_s=peak * kind.compute_efficiency,
@@ -142,7 +158,10 @@ def layer_kernels(
 
 
 @lru_cache(maxsize=512)
-def _kernels(cfg: DecoderConfig, b: int, k: int, call_s: float, latency_s: float) -> tuple[Kernel, ...]:
+def _kernels(
+    cfg: DecoderConfig, sizes: tuple[float, float, float, float], k: int, call_s: float, latency_s: float
+) -> tuple[Kernel, ...]:
+    b, wb, kvb, speed = sizes  # activation, weight and KV bytes per element; the linear layers' speed
     h, inner = cfg.hidden_size, cfg.intermediate_size
     a, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     up = inner * (2 if cfg.gated_mlp else 1)
@@ -155,15 +174,18 @@ def _kernels(cfg: DecoderConfig, b: int, k: int, call_s: float, latency_s: float
     act = (up + inner) / k
     elementwise_io = 2 * (2 * h) + 2 * (3 * h) + rope + act  # two norms, two residual adds
     norms = 2 * norm_parameters(cfg)
-    weights = b * (linear_params + biases)
+    weights = wb * linear_params + b * biases
     out = [
         Kernel(
             "linear",
             _vec(0, 2 * linear_params, 0, 2 * linear_params, 0),
             _vec(weights, b * linear_io, 0, b * linear_io, 0),
+            speed=speed,
         ),
-        Kernel("attn_decode", _vec(0, 0, 4 * a / k, 0, 0), _vec(0, b * (2 * a + 2 * kv) / k, 2 * kv * b / k, 0, 0)),
-        Kernel("attn_prefill", _vec(0, 0, 0, 0, 4 * a / k), _vec(0, 0, 0, b * (2 * a + 4 * kv) / k, 0)),
+        Kernel("attn_decode", _vec(0, 0, 4 * a / k, 0, 0), _vec(0, b * (2 * a + 2 * kv) / k, 2 * kv * kvb / k, 0, 0)),
+        Kernel(
+            "attn_prefill", _vec(0, 0, 0, 0, 4 * a / k), _vec(0, 0, 0, (b * (2 * a + 2 * kv) + kvb * 2 * kv) / k, 0)
+        ),
         Kernel("elementwise", _vec(0, 0, 0, 0, 0), _vec(b * norms, b * elementwise_io, 0, b * elementwise_io, 0)),
     ]
     if k > 1:

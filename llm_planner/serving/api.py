@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 from llm_planner.core.plan_paths import relative_to_plan
+from llm_planner.core.precision import Precision
 from llm_planner.core.timing import Stopwatch
 from llm_planner.graph.transformer import config_file_of
 from llm_planner.serving.aside import ASIDE_DEVICES, Aside
@@ -41,6 +42,7 @@ def replica_record(ctx: ServingContext, pattern: Pattern, count: int, devices: l
         "mem_bytes": list(ev.mem_bytes),
         "usable_bytes": usable,
         "devices": [[list(stage) for stage in copy] for copy in devices],
+        "precision": ctx.precision.to_dict(),
     }
 
 
@@ -68,7 +70,7 @@ def plan_serving(
     cluster_path: str,
     model: str,
     workload: ServingWorkload,
-    dtype: str,
+    dtype: str | Precision,
     options: ServingOptions,
     output_path: str,
     profile_path: str | None = None,
@@ -114,7 +116,12 @@ def plan_serving(
             "profile_sha256": input_digest(profile_path, "profile") if profile_path is not None else None,
             "model_sha256": _model_digest(model),
         },
-        "model": {"name": model, "dtype": dtype, "num_layers": ctx.tasks.num_layers},
+        "model": {
+            "name": model,
+            "dtype": ctx.dtype,
+            "num_layers": ctx.tasks.num_layers,
+            "precision": ctx.precision.to_dict(),
+        },
         "workload": workload.to_dict(),
         "options": dataclasses.asdict(options) | {"solver": solver},
         "serving": {

@@ -17,9 +17,11 @@ from typing import Any
 
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.plan_read import Fields
+from llm_planner.core.precision import PRECISION_KEYS, PrecisionError, precision_from_dict, uniform
 
 SERVING_FORMAT = "llm_planner.serving_plan"
-SERVING_VERSION = 5  # 5: the kernel-sum iteration cost and options.max_batched_tokens
+SERVING_VERSION = 6  # 6: model.precision and each replica's precision (weights, activations, KV cache)
+READ_VERSIONS = (5, SERVING_VERSION)  # 5 is read as one dtype for everything (`upgrade`)
 SERVING_SOLVERS = ("serving", "engineer-best", "megatron")
 BASELINES = ("engineer-best", "megatron")
 MAX_COUNT = 1 << 20  # copies of one pattern, stages, degrees, micro-batches: far above any cluster
@@ -73,6 +75,7 @@ _REPLICA = (
     "mem_bytes",
     "usable_bytes",
     "devices",
+    "precision",
 )
 _BASELINE_REPLICA = ("pattern", "count", "concurrency", "micro_batches", "tpot_s", "layers", "max_mem_fraction")
 
@@ -155,15 +158,19 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
     exactly(top, _TOP)
     if top.get("format") != SERVING_FORMAT or top.get("version") != SERVING_VERSION:
         raise top.fail(
-            "format", f"expected {SERVING_FORMAT} version {SERVING_VERSION} (re-run `plan` for an older one)"
+            "format",
+            f"expected {SERVING_FORMAT} version {SERVING_VERSION} (or 5, read as version 6; re-run `plan` for an "
+            "older one)",
         )
     choice(top, "objective", ("serving",))
     _inputs(top.mapping("inputs"))
     model = top.mapping("model")
-    exactly(model, ("name", "dtype", "num_layers"))
+    exactly(model, ("name", "dtype", "num_layers", "precision"))
     if not model.string("name"):
         raise model.fail("name", "empty")
     choice(model, "dtype", tuple(DTYPE_BYTES))
+    if precision(model).activations != model.get("dtype"):
+        raise model.fail("precision", f"activations {model.get('precision')['activations']!r} differ from model.dtype")
     num_layers = integer(model, "num_layers")
     _workload(top.mapping("workload"))
     options = top.mapping("options")
@@ -230,8 +237,37 @@ def _serving(f: Fields, num_layers: int) -> None:
         _replica(f.item("replicas", i, item), num_layers)
 
 
+def precision(f: Fields, key: str = "precision"):
+    """The Precision of mapping `key` (llm_planner.core.precision), each field a string."""
+    p = f.mapping(key)
+    exactly(p, PRECISION_KEYS)
+    for k in PRECISION_KEYS:
+        p.string(k)
+    try:
+        return precision_from_dict(p.data, f"{f.source}: {f.path(key)}")
+    except PrecisionError as exc:
+        raise f.error(str(exc)) from None
+
+
+def upgrade(data: Any) -> Any:
+    """A version-5 plan's data as version 6: its one `model.dtype` is the weights', activations' and
+    KV cache's (what version 5 planned); anything else is returned as it is (read_plan_fields judges it)."""
+    if not (isinstance(data, dict) and data.get("version") == 5 and isinstance(data.get("model"), dict)):
+        return data
+    try:
+        stated = uniform(data["model"]["dtype"]).to_dict()
+        replicas = data["serving"]["replicas"]
+    except (KeyError, TypeError, PrecisionError):
+        return data
+    if not isinstance(replicas, list) or not all(isinstance(r, dict) for r in replicas):
+        return data
+    serving = dict(data["serving"], replicas=[dict(r, precision=dict(stated)) for r in replicas])
+    return dict(data, version=SERVING_VERSION, model=dict(data["model"], precision=dict(stated)), serving=serving)
+
+
 def _replica(f: Fields, num_layers: int) -> None:
     exactly(f, _REPLICA)
+    precision(f)
     f.string("pattern")
     count = integer(f, "count")
     degrees = []

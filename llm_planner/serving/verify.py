@@ -31,6 +31,7 @@ Not yet independent of the search's code (a defect there would pass here too):
 
 from __future__ import annotations
 
+from llm_planner.core.plan_read import Fields
 from llm_planner.core.tensor_groups import GroupError, group_from_members
 from llm_planner.serving.bound import tokens_upper_bound
 from llm_planner.serving.context import (
@@ -42,7 +43,7 @@ from llm_planner.serving.context import (
 )
 from llm_planner.serving.inputs import decoder_config
 from llm_planner.serving.layout import Segment, describe, layout_ok, layout_usage, same_server_after
-from llm_planner.serving.plan_fields import read_plan_fields
+from llm_planner.serving.plan_fields import precision, read_plan_fields
 from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, checked_input, checked_model
 from llm_planner.serving.verify_claims import check_baselines, check_model, check_options, close
 from llm_planner.serving.verify_replica import Derived, derive
@@ -67,9 +68,14 @@ def context_of(plan: ServingPlanFile) -> ServingContext:
     except WorkloadError as exc:
         raise ServingPlanError(f"{plan.path}: model.name: {exc}") from None
     try:
-        return build_context(cluster, model, workload, d["model"]["dtype"], options, profile)
+        return build_context(cluster, model, workload, model_precision(plan), options, profile)
     except ValueError as exc:  # the inputs' own errors name their file; say which plan named it
         raise ServingPlanError(f"{plan.path}: inputs (model, workload, options): {exc}") from None
+
+
+def model_precision(plan: ServingPlanFile):
+    """The plan's model.precision (llm_planner.core.precision.Precision)."""
+    return precision(Fields(plan.data["model"], str(plan.path or "<plan>"), "model", ServingPlanError))
 
 
 def verify_serving_plan(plan: ServingPlanFile) -> list[str]:
@@ -85,6 +91,11 @@ def verify_serving_plan(plan: ServingPlanFile) -> list[str]:
     taken: dict[str, list[tuple[str, int]]] = {}  # class -> (replica, its copies' devices of the class)
     for i, rep in enumerate(plan.replicas):
         where = f"serving.replicas[{i}]"
+        if precision(Fields(rep, str(plan.path or "<plan>"), where, ServingPlanError)) != ctx.precision:
+            problems.append(
+                f"{where}.precision: {rep['precision']} but model.precision is {ctx.precision.to_dict()}: the search "
+                "plans every replica in the model's precision"
+            )
         found = _check_replica(ctx, rep, where, problems, plan.data["options"]["solver"] == "serving")
         if found is None:
             continue
