@@ -93,7 +93,7 @@ def engine_dtype(precision: Precision, model: str, framework: str, where: str) -
         dtype = DTYPE_NAMES.get(from_config or "", "auto")
         note = "the model's config" if from_config else "the checkpoint's"
     kv = FP8_KV[framework] if precision.kv_cache == "fp8" else None
-    if precision.weights == act:
+    if precision.weights == act and act in DTYPE_NAMES:  # unquantized weights
         return EngineDtype(dtype=dtype, quantization=None, kv_cache_dtype=kv, note=note)
     stated = ckpt.weights if ckpt is not None else None
     if stated is not None and (stated, ckpt.group_size) != (precision.weights, precision.group_size):
