@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SPECS
 from test_engine_flags import check_against_engine
 from test_serving_export import _flat
 
@@ -21,13 +20,23 @@ from llm_planner.export.serving_scripts import sglang_script, vllm_script
 from llm_planner.serving.plan_file import load_serving_plan
 from llm_planner.serving.verify import verify_serving_plan
 
-WORKSTATION = SPECS / "rtx4090-workstation.yaml"  # a Ryzen CPU and two RTX 4090 (fp8 tensor cores)
+# One RTX 4090 (fp8 tensor cores): a plan of one layout, so its bounds are quick to recompute.
+ONE_GPU = """
+name: one-4090
+device_kinds:
+  - {name: rtx4090, catalog: rtx-4090}
+nodes:
+  - {name: box, hostname: localhost, devices: {rtx4090: 1}}
+links:
+  intra_node_default: {bw_bytes_per_s: 25.6 GB/s, latency_s: 10 us}
+"""
 INT4_FP8KV = {"weights": "int4-awq:g128", "activations": "fp16", "kv_cache": "fp8"}
 
 
 def _plan(tmp: Path, name: str, model: str, *precision: str) -> Path:
-    out = tmp / f"{name}.yaml"
-    argv = ["plan", "--objective", "serving", "--cluster", str(WORKSTATION), "--model", model]
+    out, cluster = tmp / f"{name}.yaml", tmp / "one-4090.yaml"
+    cluster.write_text(ONE_GPU)
+    argv = ["plan", "--objective", "serving", "--cluster", str(cluster), "--model", model]
     argv += ["--prompt-len", "256", "--output-len", "64", "--tpot-slo", "50 ms", "--time-limit", "20"]
     assert main([*argv, *precision, "--no-baselines", "-o", str(out)]) == 0
     return out
@@ -67,6 +76,7 @@ def test_the_plan_records_its_precision_on_the_model_and_every_replica(plans, ca
     data = yaml.safe_load(plans["int4"].read_text())
     assert data["version"] == 6 and data["model"]["precision"] == INT4_FP8KV and data["model"]["dtype"] == "fp16"
     assert data["serving"]["replicas"] and all(r["precision"] == INT4_FP8KV for r in data["serving"]["replicas"])
+    assert 0 < data["serving"]["tokens_per_s"] <= data["serving"]["upper_bound_tokens_per_s"]  # the bound holds
     assert main(["show", str(plans["int4"])]) == 0
     assert "weights int4-awq:g128, activations fp16, KV cache fp8" in " ".join(capsys.readouterr().out.split())
 
@@ -124,3 +134,13 @@ def test_export_leaves_the_method_to_a_checkpoint_that_declares_it(plans):
     assert "--quantization" not in vllm and "--quantization" not in sglang
     assert "--dtype float16 --kv-cache-dtype fp8 " in vllm and "--kv-cache-dtype fp8_e4m3 " in sglang
     assert check_against_engine(vllm, "vllm") >= 1 and check_against_engine(sglang, "sglang") >= 1
+
+
+def test_verify_refuses_a_weight_format_the_checkpoint_does_not_declare(plans, tmp_path):
+    def as_gptq(d):  # the same bytes and rates as AWQ: only the checkpoint tells them apart
+        for p in [d["model"]["precision"], *(r["precision"] for r in d["serving"]["replicas"])]:
+            p["weights"] = "int4-gptq:g128"
+
+    edited = _edited(plans["checkpoint"], tmp_path, as_gptq)
+    problems = verify_serving_plan(load_serving_plan(edited))
+    assert len(problems) == 1 and "declares int4-awq:g128" in problems[0], problems

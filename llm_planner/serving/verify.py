@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from llm_planner.core.plan_read import Fields
 from llm_planner.core.tensor_groups import GroupError, group_from_members
+from llm_planner.graph.checkpoint import checkpoint_precision
+from llm_planner.graph.ir import GraphError
 from llm_planner.serving.bound import tokens_upper_bound
 from llm_planner.serving.context import (
     OPTIMAL_GAP,
@@ -86,6 +88,7 @@ def verify_serving_plan(plan: ServingPlanFile) -> list[str]:
     ctx = context_of(plan)
     problems: list[str] = []
     check_model(ctx, plan.data, problems)
+    _check_checkpoint(ctx, plan.data["model"]["name"], problems)
     used: dict[str, str] = {}
     total = 0.0
     taken: dict[str, list[tuple[str, int]]] = {}  # class -> (replica, its copies' devices of the class)
@@ -108,6 +111,21 @@ def verify_serving_plan(plan: ServingPlanFile) -> list[str]:
     _check_totals(ctx, plan, total, problems)
     check_baselines(ctx, plan.data, problems)
     return problems
+
+
+def _check_checkpoint(ctx: ServingContext, model: str, problems: list[str]) -> None:
+    """The plan's weight format is the one the model's config.json declares, when it declares one."""
+    try:
+        ckpt = checkpoint_precision(model)
+    except GraphError as exc:
+        problems.append(f"model.name: {exc}")
+        return
+    p = ctx.precision
+    if ckpt is not None and ckpt.weights is not None and (ckpt.weights, ckpt.group_size) != (p.weights, p.group_size):
+        problems.append(
+            f"model.precision.weights: {p.weights_label}, but {ckpt.source} declares {ckpt.weights_label} in its "
+            "quantization_config"
+        )
 
 
 def _check_counts(ctx: ServingContext, taken: dict[str, list[tuple[str, int]]], problems: list[str]) -> None:
