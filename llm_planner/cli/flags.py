@@ -48,6 +48,8 @@ SERVING_FLAGS = (
     "--serving-solver",
     "--weights",
     "--kv-cache-dtype",
+    "--allow-weights",
+    "--allow-kv-cache-dtype",
 )
 
 

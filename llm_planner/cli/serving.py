@@ -14,12 +14,13 @@ from llm_planner.core.atomic import check_writable
 from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
 from llm_planner.core.precision import KV_FORMATS
 from llm_planner.core.timing import Stopwatch, fmt_elapsed, timing_text
-from llm_planner.serving.api import plan_serving
+from llm_planner.serving.api import plan_serving_among
 from llm_planner.serving.context import ServingOptions
 from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET
-from llm_planner.serving.inputs import serving_precision, workload_from_flags
+from llm_planner.serving.inputs import checkpoint_weights, serving_precision, workload_from_flags
 from llm_planner.serving.plan_fields import SERVING_SOLVERS
 from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
+from llm_planner.serving.precision_choice import candidate_precisions
 from llm_planner.serving.verify import verify_serving_plan
 from llm_planner.serving.workload import TPOT_RANGE, TTFT_RANGE
 
@@ -94,11 +95,33 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
         help="serving: the KV cache's dtype: auto (the activation dtype) or fp8 (default: auto)",
     )
     g.add_argument(
+        "--allow-weights",
+        type=_formats,
+        default=(),
+        help="serving: weight formats the plan may use besides --weights, comma-separated (e.g. fp8,int4-awq): "
+        "each is planned and the plan with the most tokens/s is kept (quantization changes the model's outputs: "
+        "only the formats named here are ever chosen)",
+    )
+    g.add_argument(
+        "--allow-kv-cache-dtype",
+        type=_formats,
+        default=(),
+        help="serving: KV cache dtypes the plan may use besides --kv-cache-dtype (fp8), as --allow-weights",
+    )
+    g.add_argument(
         "--serving-solver",
         choices=SERVING_SOLVERS,
         default="serving",
         help="serving: the planner's search (default), or write a baseline's layout as the plan",
     )
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    """A comma-separated list of formats (each checked where the precision is built)."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("expected one or more formats separated by commas, e.g. fp8,int4-awq")
+    return names
 
 
 def serving_options(args: argparse.Namespace):
@@ -130,15 +153,17 @@ def cmd_plan_serving(args: argparse.Namespace, console: Console) -> int:
             tpot_slo=args.tpot_slo,
             ttft_slo=args.ttft_slo,
         )
-        precision = serving_precision(args.model, args.dtype, args.weights, args.kv_cache_dtype)
+        asked = serving_precision(args.model, args.dtype, args.weights, args.kv_cache_dtype)
+        stated = checkpoint_weights(args.model)
+        candidates = candidate_precisions(asked, args.allow_weights, args.allow_kv_cache_dtype, stated)
     options = serving_options(args)
     check_writable(args.output, ServingPlanError)
     with progress(console, "searching serving layouts..."):
-        data = plan_serving(
+        data = plan_serving_among(
+            candidates,
             cluster_path=args.cluster,
             model=args.model,
             workload=workload,
-            dtype=precision,
             options=options,
             output_path=args.output,
             profile_path=args.profile,

@@ -18,6 +18,7 @@ from llm_planner.serving.context import ServingContext, ServingOptions, build_co
 from llm_planner.serving.fleet import FleetChoice
 from llm_planner.serving.layout import Pattern, describe
 from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION, input_digest
+from llm_planner.serving.precision_choice import bound_without_plan, plan_among
 from llm_planner.serving.search import SearchStats, fleet_prices, segment_options, solve_serving
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
 
@@ -195,3 +196,17 @@ def _nothing_serves(ctx: ServingContext) -> str:
         f"--tpot-slo {wl.tpot_slo_s * 1e3:g} ms cannot be met for {where}: the fastest single-class layout takes "
         f"{fastest * 1e3:.3g} ms per token with one sequence in flight; set --tpot-slo above that"
     )
+
+
+def plan_serving_among(candidates: list[Precision], **inputs: Any) -> dict[str, Any]:
+    """plan_serving in the best of the candidate precisions (llm_planner.serving.precision_choice),
+    the others listed under serving.precisions; plan_serving itself for one candidate."""
+    if len(candidates) == 1:
+        return plan_serving(dtype=candidates[0], **inputs)
+    keys = ("cluster_path", "model", "workload", "options", "profile_path")
+    context = {k: inputs.get(k) for k in keys}
+
+    def bound_one(p: Precision) -> float:
+        return bound_without_plan(lambda: build_context(**context, dtype=p))
+
+    return plan_among(candidates, lambda p: plan_serving(dtype=p, **inputs), bound_one)

@@ -56,6 +56,12 @@ def serving_precision(model: str, dtype: str | None, weights: str | None, kv_cac
     return build_precision(activations, weights or stated, kv_cache)
 
 
+def checkpoint_weights(model: str) -> str | None:
+    """The weight format the model's config.json declares (as --weights writes it), None without one."""
+    ckpt = checkpoint_precision(model)
+    return ckpt.weights_label if ckpt is not None else None
+
+
 def decoder_config(name: str) -> DecoderConfig:
     config = named_config(name)
     if config is None:

@@ -60,6 +60,8 @@ _SERVING = (
 )
 # Where the planning time went (llm_planner.serving.api): a record, not a figure verify checks.
 _SERVING_RECORDS = ("timings_s",)
+# The candidate precisions of a plan made among allowed formats (llm_planner.serving.precision_choice).
+_SERVING_CHOICES = ("precisions",)
 _REPLICA = (
     "pattern",
     "count",
@@ -219,7 +221,18 @@ def _workload(f: Fields) -> None:
 
 
 def _serving(f: Fields, num_layers: int) -> None:
-    exactly(f, _SERVING, optional=_SERVING_RECORDS)
+    exactly(f, _SERVING, optional=_SERVING_RECORDS + _SERVING_CHOICES)
+    if "precisions" in f.data:
+        for i, item in enumerate(_list(f, "precisions", low=2)):
+            row = f.item("precisions", i, item)
+            exactly(row, ("precision", "tokens_per_s", "upper_bound_tokens_per_s", "device_prices"))
+            precision(row)
+            number(row, "tokens_per_s")
+            number(row, "upper_bound_tokens_per_s")
+            if row.get("device_prices") is not None:
+                prices = row.mapping("device_prices")
+                for key in prices.data:
+                    number(prices, key)
     if f.data.get("timings_s") is not None:  # seconds by part name: a record verify does not check
         timings = f.mapping("timings_s")
         for key in timings.data:

@@ -47,6 +47,7 @@ from llm_planner.serving.inputs import decoder_config
 from llm_planner.serving.layout import Segment, describe, layout_ok, layout_usage, same_server_after
 from llm_planner.serving.plan_fields import precision, read_plan_fields
 from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, checked_input, checked_model
+from llm_planner.serving.precision_choice import bound_without_plan
 from llm_planner.serving.verify_claims import check_baselines, check_model, check_options, close
 from llm_planner.serving.verify_replica import Derived, derive
 from llm_planner.serving.workload import RequestShape, ServingWorkload, WorkloadError
@@ -245,6 +246,54 @@ def _prices(ctx: ServingContext, sv: dict, problems: list[str]) -> dict[str, flo
     return {str(k): float(v) for k, v in prices.items()}
 
 
+def _check_candidates(ctx: ServingContext, plan: ServingPlanFile, bound: float, problems: list[str]) -> float:
+    """Each candidate precision's bound recomputed (llm_planner.serving.precision_choice), the plan's
+    own among them with its figures; the largest of the others' (0 when there is none)."""
+    rows, where = plan.serving["precisions"], str(plan.path or "<plan>")
+    mine = [
+        i
+        for i, r in enumerate(rows)
+        if precision(Fields(r, where, f"precisions[{i}]", ServingPlanError)) == ctx.precision
+    ]
+    if len(mine) != 1:
+        problems.append("serving.precisions: the plan's own precision (model.precision) must be listed once")
+    others = 0.0
+    for i, row in enumerate(rows):
+        p = precision(Fields(row, where, f"serving.precisions[{i}]", ServingPlanError))
+        if i in mine:
+            figures = (plan.serving["tokens_per_s"], bound)
+            if not (close(row["tokens_per_s"], figures[0]) and close(row["upper_bound_tokens_per_s"], figures[1])):
+                problems.append(f"serving.precisions[{i}]: not the plan's own tokens/s and bound")
+            continue
+        found = _candidate_bound(ctx, p, row)
+        others = max(others, found)
+        if not close(row["upper_bound_tokens_per_s"], found):
+            problems.append(
+                f"serving.precisions[{i}].upper_bound_tokens_per_s: {row['upper_bound_tokens_per_s']!r}, "
+                f"recomputed {found!r}"
+            )
+    return others
+
+
+def _candidate_bound(ctx: ServingContext, p, row: dict) -> float:
+    """A candidate's bound with its stated figures (prices and tokens/s), as precision_choice made it."""
+
+    def build() -> ServingContext:
+        return ServingContext(ctx.cluster, ctx.config, ctx.workload, p, ctx.options, ctx.cache.profile)
+
+    if row["device_prices"] is None:
+        return bound_without_plan(build)
+    try:
+        other = build()
+    except WorkloadError:
+        return 0.0
+    prices = {str(k): float(v) for k, v in row["device_prices"].items() if k in other.by_name}
+    wl = other.workload
+    return tokens_upper_bound(
+        other.cache, other.classes, wl.tpot_slo_s, other.cluster.inter_node, row["tokens_per_s"], prices
+    )
+
+
 def _check_totals(ctx: ServingContext, plan: ServingPlanFile, total: float, problems: list[str]) -> None:
     sv = plan.serving
     reps = plan.replicas
@@ -260,6 +309,8 @@ def _check_totals(ctx: ServingContext, plan: ServingPlanFile, total: float, prob
     bound = tokens_upper_bound(
         ctx.cache, ctx.classes, ctx.workload.tpot_slo_s, ctx.cluster.inter_node, total, _prices(ctx, sv, problems)
     )
+    if "precisions" in sv:  # a plan made among allowed precisions: bounded by the best of them
+        bound = max(bound, _check_candidates(ctx, plan, bound, problems))
     if not close(sv["upper_bound_tokens_per_s"], bound):
         problems.append(f"serving.upper_bound_tokens_per_s: {sv['upper_bound_tokens_per_s']!r}, recomputed {bound!r}")
     if total > bound * (1 + 1e-9):
