@@ -16,6 +16,7 @@ from llm_planner.graph.checkpoint import checkpoint_precision
 from llm_planner.graph.ir import GraphError
 from llm_planner.serving.context import ServingOptions, build_context
 from llm_planner.serving.inputs import serving_precision
+from llm_planner.serving.precision_choice import candidate_precisions, plan_among
 from llm_planner.serving.workload import RequestShape, ServingWorkload, WorkloadError
 
 WL = ServingWorkload(requests=(RequestShape(prompt_len=512, output_len=256),), tpot_slo_s=0.2)
@@ -189,3 +190,30 @@ def test_parse_weights_reads_the_group_size():
     assert parse_weights("int4-awq", "--weights") == ("int4-awq", 128)
     assert parse_weights("int4-gptq:g32", "--weights") == ("int4-gptq", 32)
     assert parse_weights("int8", "--weights") == ("int8", None)
+
+
+def test_candidates_are_the_asked_precision_and_every_allowed_one():
+    asked = build_precision("bf16", None, None)
+    got = candidate_precisions(asked, ("fp8", "int4-awq:g64"), ("fp8",), None)
+    assert got[0] == asked and len(got) == 6
+    assert {(p.weights_label, p.kv_cache) for p in got} == {
+        (w, k) for w in ("bf16", "fp8", "int4-awq:g64") for k in ("bf16", "fp8")
+    }
+    with pytest.raises(PrecisionError, match="--allow-weights: the checkpoint's quantization_config fixes"):
+        candidate_precisions(build_precision("fp16", "int4-awq", None), ("fp8",), (), "int4-awq:g128")
+
+
+def test_a_candidate_nothing_serves_in_is_listed_with_its_bound_and_never_chosen():
+    a, b = build_precision("fp16", None, None), build_precision("fp16", "fp8", None)
+
+    def plan_one(p):
+        if p == b:
+            raise WorkloadError("no device kind runs it")
+        return {"serving": {"tokens_per_s": 10.0, "upper_bound_tokens_per_s": 12.0, "device_prices": {"c": 1.0}}}
+
+    data = plan_among([a, b], plan_one, lambda p: 0.0 if p == b else 99.0)
+    rows = data["serving"]["precisions"]
+    assert [r["tokens_per_s"] for r in rows] == [10.0, 0.0] and rows[1]["upper_bound_tokens_per_s"] == 0.0
+    assert data["serving"]["upper_bound_tokens_per_s"] == 12.0 and data["serving"]["gap"] == pytest.approx(1 / 6)
+    with pytest.raises(WorkloadError, match="no allowed precision serves"):
+        plan_among([b], plan_one, lambda p: 0.0)

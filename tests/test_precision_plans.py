@@ -144,3 +144,36 @@ def test_verify_refuses_a_weight_format_the_checkpoint_does_not_declare(plans, t
     edited = _edited(plans["checkpoint"], tmp_path, as_gptq)
     problems = verify_serving_plan(load_serving_plan(edited))
     assert len(problems) == 1 and "declares int4-awq:g128" in problems[0], problems
+
+
+ALLOWED = ("fp16", "fp8")
+
+
+@pytest.fixture(scope="module")
+def chosen(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("precision-auto")
+    return _plan(tmp, "auto", "gpt2", "--allow-weights", "fp8", "--allow-kv-cache-dtype", "fp8")
+
+
+def test_the_search_chooses_among_the_allowed_formats_only(chosen):
+    sv = yaml.safe_load(chosen.read_text())["serving"]
+    rows = sv["precisions"]
+    assert {(r["precision"]["weights"], r["precision"]["kv_cache"]) for r in rows} == {
+        (w, k) for w in ALLOWED for k in ALLOWED
+    }
+    best = max(rows, key=lambda r: r["tokens_per_s"])
+    assert sv["tokens_per_s"] == best["tokens_per_s"]
+    assert all(r["precision"] == best["precision"] for r in sv["replicas"])
+    assert sv["upper_bound_tokens_per_s"] == max(r["upper_bound_tokens_per_s"] for r in rows) >= sv["tokens_per_s"]
+
+
+def test_verify_recomputes_every_candidate_bound(chosen, tmp_path):
+    assert verify_serving_plan(load_serving_plan(chosen)) == []
+    data = yaml.safe_load(chosen.read_text())
+    other = next(i for i, r in enumerate(data["serving"]["precisions"]) if r["precision"] != data["model"]["precision"])
+
+    def forged(d):
+        d["serving"]["precisions"][other]["upper_bound_tokens_per_s"] *= 1.5
+
+    problems = verify_serving_plan(load_serving_plan(_edited(chosen, tmp_path, forged)))
+    assert any(f"serving.precisions[{other}].upper_bound_tokens_per_s" in p for p in problems), problems
