@@ -207,6 +207,12 @@ def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None
         f"every plan (gap {sv['gap']:.1%}, {sv['status']}); {_search_note(sv)}",
         highlight=False,
     )
+    for row in sv.get("precisions") or ():  # a plan chosen among allowed precisions: each candidate
+        console.print(
+            f"  candidate {_precision_text(row['precision'])}: {row['tokens_per_s']:,.0f} tokens/s, "
+            f"bound {row['upper_bound_tokens_per_s']:,.0f}",
+            highlight=False,
+        )
 
 
 def _precision_text(p: dict) -> str:
