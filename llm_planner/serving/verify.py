@@ -265,6 +265,8 @@ def _check_candidates(ctx: ServingContext, plan: ServingPlanFile, bound: float, 
             if not (close(row["tokens_per_s"], figures[0]) and close(row["upper_bound_tokens_per_s"], figures[1])):
                 problems.append(f"serving.precisions[{i}]: not the plan's own tokens/s and bound")
             continue
+        if row["tokens_per_s"] > plan.serving["tokens_per_s"] * (1 + 1e-9):
+            problems.append(f"serving.precisions[{i}]: more tokens/s than the plan, which keeps the best candidate")
         found = _candidate_bound(ctx, p, row)
         others = max(others, found)
         if not close(row["upper_bound_tokens_per_s"], found):
