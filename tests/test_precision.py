@@ -11,10 +11,12 @@ from conftest import SPECS
 
 from llm_planner.cli.main import main
 from llm_planner.core.precision import Precision, PrecisionError, build_precision, parse_weights, uniform
+from llm_planner.core.spec import load_cluster
 from llm_planner.cost.iteration import Load, layer_kernels
 from llm_planner.graph.checkpoint import checkpoint_precision
 from llm_planner.graph.ir import GraphError
-from llm_planner.serving.context import ServingOptions, build_context
+from llm_planner.graph.transformer import preset_config
+from llm_planner.serving.context import ServingContext, ServingOptions, build_context
 from llm_planner.serving.inputs import serving_precision
 from llm_planner.serving.precision_choice import candidate_precisions, plan_among
 from llm_planner.serving.workload import RequestShape, ServingWorkload, WorkloadError
@@ -217,3 +219,12 @@ def test_a_candidate_nothing_serves_in_is_listed_with_its_bound_and_never_chosen
     assert data["serving"]["upper_bound_tokens_per_s"] == 12.0 and data["serving"]["gap"] == pytest.approx(1 / 6)
     with pytest.raises(WorkloadError, match="no allowed precision serves"):
         plan_among([b], plan_one, lambda p: 0.0)
+
+
+def test_a_measured_profile_is_not_applied_to_a_quantized_precision(tmp_path):
+    class Profile:  # a measured serving profile's dtype is all this check reads
+        dtype = "fp16"
+
+    cluster, config = load_cluster(WORKSTATION), preset_config("llama3-8b")
+    with pytest.raises(WorkloadError, match=r"--profile: .*\(fp16\), not in weights int4-awq:g128"):
+        ServingContext(cluster, config, WL, build_precision("fp16", "int4-awq", None), ServingOptions(), Profile())

@@ -45,6 +45,11 @@ class ServingContext:
         profile=None,
     ):
         self.precision = as_precision(dtype)
+        if profile is not None and self.precision.quantized:
+            raise WorkloadError(
+                f"--profile: a measured serving profile holds times in one dtype ({profile.dtype}), not in "
+                f"{self.precision.describe()}: plan a quantized precision without --profile"
+            )
         self.cluster, self.config, self.workload, self.options = cluster, config, workload, options
         self.dtype = self.precision.activations
         self.tasks: ServingTasks = build_serving_tasks(config, workload, self.precision, options.max_batched_tokens)
