@@ -18,12 +18,20 @@ devices: one rank per core of a 2-core machine):
 - gpt2-throughput-b4: the throughput plan at batch 4 (MILP-SPLIT), run in steady
   state (batches in flight, llm_planner.runtime.plan_schedule), seconds per sample.
 
+Beside each run's predicted and measured step, the decoder block as the plan costs it (the
+profile's fit at the plan's sub-batch: "@group<k>" on a group, else the single device's) and as
+the run executed it (mean seconds per call over the decode steps, over the ranks that run blocks),
+and the 1-minute load average before the profile and before the launch: on a shared machine other
+processes' work lands in either, so read a run's error with its load beside it. `--max-load L`
+waits (at most `--max-wait` seconds) before each run until the load average is below L.
+
 Writes RESULTS/<case>/run<i>/ (profile, plan, run report, measurement, with no
 machine paths) and RESULTS/summary.json; prints the markdown table that
 docs/benchmarks.md quotes (every run listed).
 
     .venv/bin/python benchmarks/bench_launch.py                # every case, 3 runs each, about 10 minutes
     .venv/bin/python benchmarks/bench_launch.py --cases gpt2-latency-tp --runs 1
+    .venv/bin/python benchmarks/bench_launch.py --max-load 0.5 --runs 5   # at quiet moments of a shared machine
 """
 
 from __future__ import annotations
@@ -69,11 +77,24 @@ def _scrub(directory: Path, scratch: Path) -> None:
         path.write_text(text.replace(f"{scratch}/", "<scratch>/").replace(f"{REPO}/", ""))
 
 
+def _load() -> float | None:
+    return provenance.load_average()
+
+
+def wait_for_quiet(max_load: float | None, max_wait_s: float) -> float | None:
+    """Wait until the 1-minute load average is below `max_load` (at most `max_wait_s`); returns the load."""
+    deadline = time.monotonic() + max_wait_s
+    while max_load is not None and (_load() or 0.0) >= max_load and time.monotonic() < deadline:
+        time.sleep(10)
+    return _load()
+
+
 def run_case(name: str, cluster: str, out: Path, scratch: Path) -> dict:
     case, log = CASES[name], out / "log.txt"
     out.mkdir(parents=True, exist_ok=True)
     log.write_text("")
     common = ["--cluster", cluster, *MODEL]
+    load_profile = _load()
     _cli(
         [
             "profile",
@@ -91,7 +112,7 @@ def run_case(name: str, cluster: str, out: Path, scratch: Path) -> dict:
         log,
     )
     _cli(["plan", *common, *case["plan"], "--profile", str(out / "profile.yaml"), "-o", str(out / "plan.yaml")], log)
-    load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
+    load = _load()
     _cli(
         [
             "launch",
@@ -108,14 +129,35 @@ def run_case(name: str, cluster: str, out: Path, scratch: Path) -> dict:
     )
     shutil.copy(scratch / "launch" / "measure.json", out / "measure.json")
     _scrub(out, scratch)
-    return _row(name, out, load)
+    return {**_row(name, out, load), "load_before_profile": load_profile, "load_after_launch": _load()}
 
 
-def _row(name: str, out: Path, load: str) -> dict:
+def block_seconds(plan: dict, profile: dict, run: dict) -> tuple[float | None, float | None]:
+    """(the block's time as the plan costs it, as the run executed it) in seconds per call: the profile's fit
+    at the first shard's size on the device of block.0 ("@group<k>" on a group of k), and the mean decode-step
+    time per call of every block on the ranks that ran blocks (the prompt's prefill left out)."""
+    shard = plan["shards"][0]
+    device = shard["assignment"]["block.0"]
+    degree = len(device) if isinstance(device, list) else 1
+    suffix = f"/block@group{degree}" if degree > 1 else "/block"
+    kind = next(iter(profile["device_kinds"]))
+    timing = next((t for k, t in profile["device_kinds"][kind].items() if k.endswith(suffix)), None)
+    profiled = None if timing is None else timing["fixed_s"] + timing["per_sample_s"] * shard["size"]
+    seconds = calls = 0.0
+    for rank in run["ranks"]:
+        for task, total in rank["tasks"].items():
+            if task.startswith("block."):
+                seconds += total - rank.get("prefill_tasks", {}).get(task, 0.0)
+                calls += rank["task_calls"][task] - rank.get("prefill_task_calls", {}).get(task, 0)
+    return profiled, (seconds / calls if calls else None)
+
+
+def _row(name: str, out: Path, load: float | None) -> dict:
     import yaml
 
     plan = yaml.safe_load((out / "plan.yaml").read_text())
     run = json.loads((out / "run.json").read_text())
+    block_profiled, block_measured = block_seconds(plan, yaml.safe_load((out / "profile.yaml").read_text()), run)
     groups = sorted(
         {d if isinstance(d, str) else "+".join(d) for s in plan["shards"] for d in s["assignment"].values()}
     )
@@ -131,13 +173,20 @@ def _row(name: str, out: Path, load: str) -> dict:
         "devices": groups,
         "solver": plan["solver"]["name"],
         "load_before_launch": load,
+        "block_profiled_s": block_profiled,
+        "block_measured_s": block_measured,
     }
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
 
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| case | run | plan (solver: shards, devices) | predicted | measured | error |",
-        "|---|---:|---|---:|---:|---:|",
+        "| case | run | plan (solver: shards, devices) | predicted | measured | error "
+        "| block: profiled | block: measured | load: profile, launch |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for _i, r in enumerate(rows):
         scale, unit = (1e3, "ms") if r["unit"] == "s" else (1e3, "ms/sample")
@@ -146,7 +195,9 @@ def table(rows: list[dict]) -> str:
         )
         lines.append(
             f"| {r['case']} | {r['run']} | {layout} | {r['predicted_s'] * scale:.2f} {unit} | "
-            f"{r['measured_s'] * scale:.2f} {unit} | {100 * r['error']:+.1f}% |"
+            f"{r['measured_s'] * scale:.2f} {unit} | {100 * r['error']:+.1f}% | "
+            f"{_ms(r.get('block_profiled_s'))} | {_ms(r.get('block_measured_s'))} | "
+            f"{r.get('load_before_profile')}, {r.get('load_before_launch')} |"
         )
     return "\n".join(lines)
 
@@ -157,11 +208,14 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--cluster", default="cluster_specs/localhost-2cpu.yaml")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "launch"))
+    parser.add_argument("--max-load", type=float, default=None, help="wait before each run for a lower load average")
+    parser.add_argument("--max-wait", type=float, default=600.0, help="seconds --max-load waits at most per run")
     args = parser.parse_args()
     facts = provenance.start(sys.argv)
     rows = []
     for name in args.cases.split(","):
         for run in range(1, args.runs + 1):
+            wait_for_quiet(args.max_load, args.max_wait)
             with tempfile.TemporaryDirectory() as scratch:
                 start = time.perf_counter()
                 row = run_case(name, args.cluster, Path(args.out) / name / f"run{run}", Path(scratch))

@@ -18,6 +18,9 @@ What counts as a flag (how the pinned releases define them):
 
 - Ray (`ray start` in vLLM's Ray mode): the `click.option` literals of ray/scripts/scripts.py
   (every `ray` subcommand's options; the ports of `ray start` among them).
+- The routers (sglang-router's `python -m sglang_router.launch_router`, vllm-router's
+  `vllm-router`): the `add_argument` literals of PACKAGE/router_args.py, `f"--{prefix}name"` read
+  as `--name` (their launch_router registers them without the prefix).
 
 Environment variables: every string literal in the package that is a whole `VLLM_...` /
 `SGLANG_...` / `RAY_...` name (what the engine's source can read). Each list starts with a header line
@@ -36,6 +39,7 @@ from pathlib import Path
 
 # Where `vllm serve`'s options are defined (the engine's, the frontend's, serve's own).
 VLLM_SERVE_ARGS = ("vllm/engine/arg_utils.py", "vllm/entrypoints/common/cli_args.py", "vllm/entrypoints/cli/serve.py")
+ROUTERS = ("sglang_router", "vllm_router")  # their launch_router's options: RouterArgs.add_cli_args
 ENV_NAME = re.compile(r"^(VLLM|SGLANG|RAY)_[A-Z0-9_]+$")
 
 
@@ -45,12 +49,29 @@ def _strings(nodes) -> list[str]:
 
 def add_argument_flags(tree: ast.AST, method: str = "add_argument") -> set[str]:
     """The `--` literals among the positional arguments of every `*.add_argument(...)` call (Ray's
-    CLI: `click.option(...)`)."""
+    CLI: `click.option(...)`); an f-string `f"--{prefix}name"` (the routers') as its launcher
+    gives it, with an empty prefix."""
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method:
-            out |= {s for s in _strings(node.args) if s.startswith("--")}
+            names = _strings(node.args) + [s for s in map(_unprefixed, node.args) if s is not None]
+            out |= {s for s in names if s.startswith("--")}
     return out
+
+
+def _unprefixed(node: ast.expr) -> str | None:
+    """f"--{prefix}name" as "--name" (the routers' launch_router passes use_router_prefix=False)."""
+    if not isinstance(node, ast.JoinedStr):
+        return None
+    parts = []
+    for value in node.values:
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            parts.append(value.value)
+        elif isinstance(value, ast.FormattedValue) and isinstance(value.value, ast.Name) and value.value.id == "prefix":
+            continue
+        else:
+            return None
+    return "".join(parts)
 
 
 def _field_flag(name: str) -> str:
@@ -133,8 +154,8 @@ def _parse(wheel: zipfile.ZipFile, name: str) -> ast.Module | None:
 def engine_facts(path: Path) -> tuple[str, str, set[str], set[str]]:
     """(engine, version, flags, environment variables) of a vLLM or SGLang wheel."""
     engine, version = path.name.split("-")[:2]
-    if engine not in ("vllm", "sglang", "ray"):
-        raise SystemExit(f"{path}: not a vllm, sglang or ray wheel")
+    if engine not in ("vllm", "sglang", "ray", *ROUTERS):
+        raise SystemExit(f"{path}: not a vllm, sglang, ray, sglang_router or vllm_router wheel")
     flags: set[str] = set()
     envs: set[str] = set()
     with zipfile.ZipFile(path) as wheel:
@@ -153,6 +174,8 @@ def engine_facts(path: Path) -> tuple[str, str, set[str], set[str]]:
                 flags |= annotated_field_flags(tree)
             elif engine == "ray" and name == "ray/scripts/scripts.py":
                 flags |= add_argument_flags(tree, "option")
+            elif engine in ROUTERS and name == f"{engine}/router_args.py":
+                flags |= add_argument_flags(tree)
     return engine, version, flags, envs
 
 

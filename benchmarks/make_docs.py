@@ -26,6 +26,7 @@ class Section:
     name: str  # benchmarks/results/<name>/
     title: str
     about: str  # what the benchmark measures and how to read the table; no figures (they are in the table)
+    command: str | None = None  # how to measure it, listed while it has no results
 
 
 SECTIONS = [
@@ -139,9 +140,36 @@ of its 15 decode steps (`run.json`'s `measured_s`, the same quantity as the plan
 tensor-parallel group of the two cores), batch 1; `gpt2-latency`, the plan MILP-SPLIT
 makes with groups offered, batch 1; `gpt2-throughput-b4`, MILP-SPLIT's throughput plan
 at batch 4, run in steady state (the batches in flight its pipeline needs), seconds per
-sample. Every run is listed; each run's profile, plan, run report and measurement are
-kept under `benchmarks/results/launch/<case>/run<i>/`. The target: every run within 15%
-of its prediction.""",
+sample. Beside each run: the decoder block as the plan costs it (the profile's fit at the
+plan's sub-batch, `@group2` on the group) and as the run executed it (seconds per call over
+the decode steps), and the 1-minute load average before the profile and before the launch
+(other processes on the two cores land in either). Every run is listed; each run's profile,
+plan, run report and measurement are kept under `benchmarks/results/launch/<case>/run<i>/`.
+The target: every run within 15% of its prediction.""",
+    ),
+    Section(
+        "serve",
+        "Serve: served plans against the serving model calibrated on this machine",
+        """\
+`llm-planner launch SERVING_PLAN` (docs/serve-runtime.md) on `cluster_specs/localhost-serve.yaml`
+(one-core CPU devices, one MPI rank each) serving the small GPT-2 beside it
+(`cluster_specs/localhost-serve-gpt2`: 8 layers, 256 wide, vocabulary 2048, fp32, seeded
+weights), every request a 32-token prompt and 32 output tokens, closed loop, a token budget of 64
+per iteration. Rows `calibration` are the runs `llm-planner calibrate --serving` fits the spec's
+four serving factors on (a single-stage replica at concurrency 1 and 8, a tensor-parallel pair at
+4: `calibrated.yaml` in the results folder, its fit in `calibrate.txt`); their predictions are
+the uncalibrated spec's. Rows `judged` are kept apart from the fit: each is a plan scored on the
+calibrated spec and served (`single`: one device; `pipeline`: two stages, two micro-batches;
+`tp2-tp1`: a tensor-parallel pair feeding one device, three ranks; `two-replicas`: two
+single-device replicas behind the front end, C per replica). Columns: MPI ranks, concurrency C,
+micro-batches m; output tokens/s of the run, mean TPOT and mean TTFT over its requests, each
+measured and predicted, and predicted / measured; `within 15%`: tokens/s and TPOT both within
+15% (the target). TTFT is shown, not judged: the model's is a prompt's in the steady state,
+while a closed-loop run admits all C requests at its start, whose prompts then wait for the token
+budget behind one another (a ramp the mean over a short run carries). Ranks beyond the machine's cores (the three of
+`tp2-tp1` on two cores) oversubscribe them: ranks take turns, which the model does not describe.
+Each run's plan, report and log are kept under `benchmarks/results/serve/runs/<run>/`.""",
+        ".venv/bin/python benchmarks/bench_serve.py",
     ),
     Section(
         "split",
@@ -294,7 +322,7 @@ def document() -> str:
     for section in SECTIONS:
         text = section_text(section)
         if text is None:
-            missing.append((section.title, f"(no results in benchmarks/results/{section.name}/)"))
+            missing.append((section.title, section.command or f"(no results in benchmarks/results/{section.name}/)"))
         else:
             parts.append(text)
     rows = [f"- {title}: `{command}`" for title, command in [*missing, *NOT_MEASURED]]

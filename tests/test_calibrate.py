@@ -183,6 +183,7 @@ def test_measure_and_calibrate_import_without_torch_or_mpi():
     code = (
         "import sys\nimport llm_planner.measure.compare, llm_planner.measure.calibrate\n"
         "import llm_planner.measure.observe, llm_planner.measure.spec_edit\n"
+        "import llm_planner.measure.serving_results, llm_planner.measure.serving_fit\n"
         "bad = [m for m in ('torch', 'mpi4py', 'transformers') if m in sys.modules]\nassert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -16,6 +16,7 @@ import yaml
 from test_serving_export import FOUR_PER_SERVER, TWO_SERVERS, _edited, _export, _flat, _hand_plan, _plan, with_precision
 
 from llm_planner.core.spec import load_cluster
+from llm_planner.export.engine_args import PORT_STEP, SGLANG_PORT, VLLM_PORT, assign_ports
 from llm_planner.export.serving import ENGINE_VERSIONS, ServingExportError, build_engines
 from llm_planner.export.serving_scripts import sglang_script, vllm_script
 from llm_planner.serving.plan_file import load_serving_plan
@@ -54,7 +55,13 @@ def check_against_engine(script: str, engine: str) -> int:
     """Every --flag of every `engine` command line is in the pinned list, every VAR= set before it
     is a variable the engine's source names; the number of command lines checked."""
     flags, envs = engine_facts(engine)
-    program = {"vllm": ("vllm", "serve"), "sglang": ("sglang.launch_server",), "ray": ("ray", "start")}[engine]
+    program = {
+        "vllm": ("vllm", "serve"),
+        "sglang": ("sglang.launch_server",),
+        "ray": ("ray", "start"),
+        "sglang_router": ("sglang_router.launch_router",),
+        "vllm_router": ("vllm-router",),
+    }[engine]
     checked = 0
     for words in commands(script):
         env = [w.split("=")[0] for w in words if re.match(r"^[A-Z_][A-Z0-9_]*=", w)]
@@ -90,10 +97,10 @@ def _uneven(data):
 
 
 def _fp8(data):
-    """A version-5 plan in fp8 (its one dtype: weights, activations and KV cache), read as version 6."""
+    """A version-5 plan in fp8 (its one dtype: weights, activations and KV cache; no serving.unrestricted)."""
     data["model"]["dtype"] = "fp8"
     data["version"] = 5
-    del data["model"]["precision"]
+    del data["model"]["precision"], data["serving"]["unrestricted"]
     for rep in data["serving"]["replicas"]:
         del rep["precision"]
 
@@ -289,3 +296,31 @@ def test_native_multinode_flags_and_ray_behind_the_option(plans):
     assert rc == 2 and "--vllm-multinode applies to --to vllm" in err
     rc, _, err = _export(plans["multi-host"], "--to", "megatron", "--max-model-len", "1024")
     assert rc == 2 and "--max-model-len applies to --to vllm or sglang" in err
+
+
+@pytest.mark.parametrize("to,router", [("vllm", "vllm-router"), ("sglang", "sglang-router")])
+def test_router_flags_are_the_pinned_routers_and_point_at_every_engine(plans, to, router):
+    served = load_serving_plan(plans["multi-host"])
+    export = build_engines(served, load_cluster(served.input_path("cluster")), to)
+    script = (vllm_script if to == "vllm" else sglang_script)(export, router)
+    package = router.replace("-", "_")
+    assert check_against_engine(script, package) == 1  # one router, started by `bash SCRIPT --router`
+    assert check_against_engine(script, to) >= 1
+    words = next(w for w in commands(script) if "--worker-urls" in w)
+    urls = words[words.index("--worker-urls") + 1 : words.index("--policy")]
+    ports = assign_ports(export.engines, VLLM_PORT if to == "vllm" else SGLANG_PORT, PORT_STEP)
+    assert urls == [f"http://{e.hosts[0]}:{ports[e.name]}" for e in export.engines]
+    assert words[words.index("--max-concurrent-requests") + 1] == str(sum(e.concurrency for e in export.engines))
+    assert "  --router)" in _flat(script)
+    with pytest.raises(AssertionError, match="--worker-weights"):
+        check_against_engine(script.replace("--policy", "--worker-weights 1 --policy"), package)
+    assert "--router)" not in (vllm_script if to == "vllm" else sglang_script)(export)  # nginx: nothing started
+
+
+def test_router_options_are_refused_where_they_do_not_apply(plans):
+    rc, _, err = _export(plans["one-host"], "--to", "vllm", "--router", "sglang-router")
+    assert rc == 2 and "--router sglang-router fronts sglang engines, not --to vllm's" in " ".join(err.split())
+    rc, _, err = _export(plans["one-host"], "--to", "megatron", "--router", "nginx")
+    assert rc == 2 and "--router applies to the scripts of --to vllm or sglang" in " ".join(err.split())
+    rc, script, err = _export(plans["one-host"], "--to", "sglang", "--router", "sglang-router")
+    assert rc == 0 and "python3 -m sglang_router.launch_router --host 0.0.0.0 --port 9000" in script, err

@@ -103,12 +103,12 @@ def test_verify_accepts_the_plan_and_refuses_a_changed_precision(plans, tmp_path
 def test_a_version_5_plan_is_read_as_one_dtype_for_everything(plans, tmp_path):
     def as_v5(d):
         d["version"] = 5
-        del d["model"]["precision"]
+        del d["model"]["precision"], d["serving"]["unrestricted"]
         for rep in d["serving"]["replicas"]:
             del rep["precision"]
 
     plan = load_serving_plan(_edited(plans["fp16"], tmp_path, as_v5))
-    assert plan.data["version"] == 6 and plan.data["model"]["precision"]["kv_cache"] == "fp16"
+    assert plan.data["version"] == 5 and plan.data["model"]["precision"]["kv_cache"] == "fp16"
     assert verify_serving_plan(plan) == []
 
 

@@ -283,7 +283,7 @@ def test_plan_command_says_which_tasks_fell_back(tmp_path, capsys):
     assert main([*args, "--profile", str(path), "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "measured costs for 12 of 15 (task, device kind) pairs" in printed
-    assert "roofline on cpu-core (not in the profile): embed, final_norm, lm_head" in printed
+    assert "cost model on cpu-core (not in the profile): embed, final_norm, lm_head" in printed
     recorded = yaml.safe_load(out.read_text())["inputs"]["profile"]
     assert (out.parent / recorded).resolve() == path.resolve()  # recorded relative to the plan's folder
     assert main(["verify", str(out)]) == 0
@@ -369,7 +369,7 @@ def test_profile_command_writes_a_profile_that_plan_uses_entirely(tiny_gpt2_dir,
     assert profile.settings["batch_sizes"] == [1, 2]
     assert main(["plan", *model, "--profile", str(out), "--no-baselines", "-o", str(tmp_path / "plan.yaml")]) == 0
     printed = capsys.readouterr().out
-    assert "measured costs for 7 of 7 (task, device kind) pairs" in printed and "roofline on" not in printed
+    assert "measured costs for 7 of 7 (task, device kind) pairs" in printed and "cost model on" not in printed
     assert main(["profile", *model, "--batch-sizes", "1,x", "-o", str(out)]) == 2
     assert main(["profile", "--model", "gpt2", "-o", str(out)]) == 2  # no cluster
     assert "needs --model and --cluster" in capsys.readouterr().err

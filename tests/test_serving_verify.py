@@ -198,6 +198,66 @@ def test_verify_refuses_forged_baselines(base):
     assert "baselines.megatron.tokens_per_s" in _forged_claim(base, forge)
 
 
+def test_the_unrestricted_plan_is_recorded_and_bounds_the_exportable_one(base):
+    """--exportable vllm also searches without it: its best plan serves at least as much, and the
+    plan's bound is the smaller of its own and that plan's (each holds over every plan)."""
+    _, data = base
+    sv, free = data["serving"], data["serving"]["unrestricted"]
+    assert free is not None and free["replicas"]
+    assert free["tokens_per_s"] >= sv["tokens_per_s"] * (1 - 1e-9)
+    assert sv["upper_bound_tokens_per_s"] <= free["upper_bound_tokens_per_s"] * (1 + 1e-9)
+    assert sv["tokens_per_s"] <= sv["upper_bound_tokens_per_s"] and "devices" not in free["replicas"][0]
+
+
+@pytest.mark.parametrize(
+    "target,message",
+    [
+        ("tokens", "serving.unrestricted.tokens_per_s"),
+        ("bound", "serving.unrestricted.upper_bound_tokens_per_s"),
+        ("concurrency", "serving.unrestricted.replicas[0].tokens_per_s"),
+        ("null", "serving.unrestricted: null, but options.exportable"),
+        ("pattern", "serving.unrestricted.replicas[0].pattern"),
+    ],
+)
+def test_verify_refuses_a_forged_unrestricted_plan(base, target, message):
+    def forge(d):
+        free = d["serving"]["unrestricted"]
+        if target == "tokens":
+            free["tokens_per_s"] *= 1.5
+        elif target == "bound":
+            free["upper_bound_tokens_per_s"] *= 1.5
+        elif target == "concurrency":
+            free["replicas"][0]["concurrency"] += 1
+        elif target == "null":
+            d["serving"]["unrestricted"] = None
+        else:
+            free["replicas"][0]["pattern"] = "8xH100[tp8]"
+
+    assert message in _forged_claim(base, forge)
+
+
+def test_version_5_plans_are_still_read(base):
+    folder, data = base
+
+    def older(d):
+        d["version"] = 5
+        del d["serving"]["unrestricted"]
+
+    path = _edited(folder, data, older)
+    code, out = _run(["show", str(path)])
+    assert code == 0 and "without --exportable" not in out, out
+    code, out = _run(["show", str(_edited(folder, data, lambda d: d.update(version=4)))])
+    assert code == 2 and "version 5 or 6" in out
+
+
+def test_show_prints_what_the_engines_limits_cost(base):
+    folder, data = base
+    code, out = _run(["show", str(_edited(folder, data, lambda d: None))])
+    flat = " ".join(out.split())
+    free = data["serving"]["unrestricted"]
+    assert code == 0 and f"without --exportable vllm: {free['tokens_per_s']:,.0f} output tokens/s" in flat, flat
+
+
 def test_verify_refuses_a_forged_pattern_text(base):
     def forge(d):
         d["serving"]["replicas"][0]["pattern"] = "8xH100[tp8]"
@@ -220,7 +280,7 @@ def test_verify_refuses_a_forged_number_of_layers(base):
         d["model"]["num_layers"] = 40
         for rep in d["serving"]["replicas"]:
             rep["layers"][-1] += 8
-        for b in d["baselines"].values():
+        for b in [*d["baselines"].values(), d["serving"]["unrestricted"]]:
             for rep in b["replicas"]:
                 rep["layers"][-1] += 8
 

@@ -409,7 +409,8 @@ def _writable_dir(directory: str, names: tuple[str, ...]) -> Path:
 
 
 def print_profile_coverage(console: Console, problem, profile_path: str) -> None:
-    """Which task costs came from the profile and which fell back to the roofline (and the same for links)."""
+    """Which task costs came from the profile and which fell back to the cost model (a task's roofline, a decoder
+    layer's kernel sum; the same for links)."""
 
     coverage = profile_coverage(problem.graph, problem.cluster, load_profile(profile_path))
     total = len(coverage.profiled) + len(coverage.fallback)
@@ -423,7 +424,7 @@ def print_profile_coverage(console: Console, problem, profile_path: str) -> None
     )
     for kind, tasks in coverage.fallback_tasks().items():
         shown = ", ".join(tasks[:8]) + (f", ... ({len(tasks)} tasks)" if len(tasks) > 8 else "")
-        console.print(f"  roofline on {kind} (not in the profile): {shown}", highlight=False)
+        console.print(f"  cost model on {kind} (not in the profile): {shown}", highlight=False)
     if coverage.links_profiled or coverage.links_fallback:
         console.print(
             f"  links measured: {', '.join(coverage.links_profiled) or 'none'}; from the cluster spec: "

@@ -14,6 +14,7 @@ from llm_planner.core.atomic import check_writable, write_atomic
 from llm_planner.core.fmt import styled
 from llm_planner.core.spec import load_cluster
 from llm_planner.export.engine_args import PORT_STEP, SGLANG_PORT, VLLM_PORT, assign_ports
+from llm_planner.export.routers import ROUTERS, check_router
 from llm_planner.export.serving import FRAMEWORKS, VLLM_MULTINODE, ServingExportError, build_engines
 from llm_planner.export.serving_json import engines_config, megatron_config
 from llm_planner.export.serving_scripts import sglang_script, vllm_script
@@ -62,6 +63,14 @@ def add_export_parser(sub) -> None:
         help="vllm: how an engine spans hosts: native (vLLM's --nnodes/--node-rank/--master-addr, --headless "
         "workers; default) or ray (a Ray cluster per engine)",
     )
+    p.add_argument(
+        "--router",
+        choices=ROUTERS,
+        default=None,
+        help="vllm / sglang scripts: the front end `bash SCRIPT --router` starts: nginx (default: an upstream "
+        "block with the plan's weights in the script's header, nothing started), sglang-router (--to sglang) or "
+        "vllm-router (--to vllm): least-loaded routing, the engines' caps added up as its limit",
+    )
     p.add_argument("-o", "--output", default=None, help="file to write (default: standard output)")
 
 
@@ -96,7 +105,8 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
         ports = assign_ports(export.engines, VLLM_PORT if args.to == "vllm" else SGLANG_PORT, PORT_STEP)
         text = json.dumps(engines_config(export, ports), indent=2) + "\n"
     else:
-        text = vllm_script(export) if args.to == "vllm" else sglang_script(export)
+        router = args.router or "nginx"
+        text = vllm_script(export, router) if args.to == "vllm" else sglang_script(export, router)
     if args.output is None:
         console.file.write(text)
         console.file.flush()
@@ -129,6 +139,10 @@ def _check_engine_options(args: argparse.Namespace) -> None:
         raise UserError(f"--max-model-len applies to --to vllm or sglang, not --to {args.to}", exit_code=2)
     if args.vllm_multinode is not None and args.to != "vllm":
         raise UserError(f"--vllm-multinode applies to --to vllm, not --to {args.to}", exit_code=2)
+    if args.router is not None and (args.to not in ("vllm", "sglang") or args.format == "json"):
+        raise UserError(f"--router applies to the scripts of --to vllm or sglang, not --to {args.to}", exit_code=2)
+    if args.router is not None:
+        check_router(args.router, args.to)
 
 
 def helix_stages(plan) -> list[tuple[str, int, int]]:

@@ -13,6 +13,7 @@ import logging
 import sys
 
 from llm_planner import __version__
+from llm_planner.cli import calibrate as commands_calibrate
 from llm_planner.cli import commands, flags
 from llm_planner.cli import export as commands_export
 from llm_planner.cli import helix as commands_helix
@@ -20,8 +21,10 @@ from llm_planner.cli import measure as commands_measure
 from llm_planner.cli import score as commands_score
 from llm_planner.cli import serving as commands_serving
 from llm_planner.cli.arg_types import count, names_of, positive, positive_seconds, seed, share, tokens
+from llm_planner.cli.calibrate import add_calibrate_parser
 from llm_planner.cli.export import add_export_parser
 from llm_planner.cli.helix import add_import_parser, add_plan_helix_parser
+from llm_planner.cli.launch_serving import add_serve_launch_args, cmd_launch_serving
 from llm_planner.cli.serving import add_serving_args
 from llm_planner.core.atomic import WriteError
 from llm_planner.core.constants import DTYPE_BYTES, TORCH_DTYPES
@@ -255,8 +258,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--profile", help="measured costs (`llm-planner profile`) to use instead of the roofline where they exist"
     )
 
-    p = sub.add_parser("launch", help="run a plan with mpiexec, one rank per device")
-    p.add_argument("plan", help="plan file (YAML, or JSON for a .json path) written by `plan`")
+    p = sub.add_parser("launch", help="run a plan with mpiexec, one rank per device (serving plans: serve them)")
+    p.add_argument("plan", help="plan file (YAML, or JSON for a .json path) written by `plan`, or a serving plan")
     p.add_argument("--dry-run", action="store_true", help="print the command and rank table, start nothing")
     p.add_argument("--checkpoint", help="Hugging Face checkpoint directory to load weights from")
     p.add_argument(
@@ -265,7 +268,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-new-tokens",
         type=int,
-        default=16,
+        default=None,
         help="decoders: tokens generated per request, the prompt's prefill being the first step (default: 16)",
     )
     p.add_argument(
@@ -296,6 +299,8 @@ def _build_parser() -> argparse.ArgumentParser:
         ),
     )
 
+    add_serve_launch_args(p)
+
     p = sub.add_parser("measure", help="compare a plan's predicted times with a run report of it")
     p.add_argument("plan", help="plan file (YAML, or JSON for a .json path) written by `plan`")
     p.add_argument("report", help="run report JSON written by `launch`")
@@ -304,18 +309,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rows", type=int, default=20, help="task rows to print, largest errors first (default: 20)")
 
-    p = sub.add_parser(
-        "calibrate", help="fit a cluster spec's efficiency factors and links to run reports, write the corrected spec"
-    )
-    p.add_argument("--cluster", required=True, help="cluster spec YAML to correct")
-    p.add_argument(
-        "--plan",
-        action="append",
-        required=True,
-        help="plan the runs executed: once for all reports, or once per --report",
-    )
-    p.add_argument("--report", action="append", required=True, help="run report JSON of `launch`; repeat for more runs")
-    p.add_argument("-o", "--output", required=True, help="corrected cluster spec YAML to write")
+    add_calibrate_parser(sub)
     _add_profile_parser(sub)
 
     add_import_parser(sub)
@@ -361,12 +355,14 @@ def _add_profile_parser(sub) -> None:
 
 
 def _serving_handler(args: argparse.Namespace):
-    """Serving plans have their own handlers: `plan --objective serving`, `show` and `verify` of one."""
+    """Serving plans have their own handlers: `plan --objective serving`, `show`, `verify` and `launch` of one."""
 
     if args.command == "plan" and args.objective == "serving":
         return commands_serving.cmd_plan_serving
     if args.command in ("show", "verify") and is_serving_plan(args.plan):
         return getattr(commands_serving, f"cmd_{args.command}_serving")
+    if args.command == "launch" and is_serving_plan(args.plan):
+        return cmd_launch_serving
     return None
 
 
@@ -385,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         or getattr(commands_helix, name, None)
         or getattr(commands_export, name, None)
         or getattr(commands_score, name, None)
+        or getattr(commands_calibrate, name, None)
         or getattr(commands_measure, name)
     )
     handler = _serving_handler(args) or handler

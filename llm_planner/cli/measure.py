@@ -1,4 +1,4 @@
-"""CLI command handlers that run or measure things: launch, measure, calibrate, profile."""
+"""CLI command handlers that run or measure things: launch, measure, profile (calibrate: cli/calibrate.py)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from llm_planner.cli.commands import UserError, model_spec, progress
+from llm_planner.cli.launch_serving import refuse_serving_flags
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.fmt import LiteralConsole, fmt_s, styled
 from llm_planner.cost.profile import ProfileError, save_profile
 from llm_planner.launch import plan_launch as launch
 from llm_planner.launch import profile_run
 from llm_planner.launch.profile_run import ProfileJob, planned_runs, profile_local, run_mpi
-from llm_planner.measure.calibrate import CalibrateError, calibrate_files
 from llm_planner.measure.compare import measure_files, measurement_tables, write_measurement
 from llm_planner.runtime.profile_rank import ProfileOptions, ProfileRunError
 
 
 def cmd_launch(args: argparse.Namespace, console: Console) -> int:
-
+    refuse_serving_flags(args)  # a serving plan has its own handler (llm_planner.cli.launch_serving)
     try:
         prompts = [[int(tok) for tok in p.split(",") if tok.strip()] for p in args.prompt_ids]
     except ValueError:
@@ -38,8 +38,9 @@ def cmd_launch(args: argparse.Namespace, console: Console) -> int:
             dry_run=args.dry_run,
             checkpoint=args.checkpoint,
             prompt_ids=prompts,
-            max_new_tokens=args.max_new_tokens,
+            max_new_tokens=args.max_new_tokens if args.max_new_tokens is not None else 16,
             dtype=args.dtype,
+            seed=args.seed,
             report_path=args.report,
             timeout_s=args.timeout,
             workdir=args.workdir,
@@ -73,37 +74,6 @@ def _print_measurement(console: Console, plan_path: str, report_path: str, outpu
 def cmd_measure(args: argparse.Namespace, console: Console) -> int:
     output = Path(args.output) if args.output else Path(args.report).parent / "measure.json"
     _print_measurement(console, args.plan, args.report, output, rows=args.rows)
-    return 0
-
-
-def _fmt_field(name: str, value: float) -> str:
-    if name.endswith("_bytes_per_s"):
-        return f"{value / 1e9:.4g} GB/s"
-    return fmt_s(value) if name.endswith("_s") else f"{value:.4g}"
-
-
-def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
-
-    check_writable(args.output, CalibrateError)
-    result = calibrate_files(args.cluster, args.plan, args.report, args.output)
-    table = Table(title=f"calibration of {args.cluster}")
-    for col in ("kind / link", "field", "spec", "fitted", "observations", "rel. RMS before", "after", "note"):
-        table.add_column(col, justify="left" if col in ("kind / link", "field", "note") else "right")
-    for fit in (*result.kinds, *result.links):
-        for name, before in fit.before.items():
-            value = fit.values[name]
-            table.add_row(
-                fit.name,
-                name,
-                _fmt_field(name, before),
-                _fmt_field(name, value) if name in fit.fitted else "(kept)",
-                str(fit.samples),
-                f"{fit.rel_rms_before:.1%}",
-                f"{fit.rel_rms_after:.1%}",
-                fit.kept.get(name, ""),
-            )
-    console.print(table)
-    console.print(styled("corrected spec written to ", (str(args.output), "bold")))
     return 0
 
 

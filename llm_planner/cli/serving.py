@@ -17,6 +17,7 @@ from llm_planner.core.timing import Stopwatch, fmt_elapsed, timing_text
 from llm_planner.serving.api import plan_serving_among
 from llm_planner.serving.context import ServingOptions
 from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET
+from llm_planner.serving.engines import ENGINES
 from llm_planner.serving.inputs import checkpoint_weights, serving_precision, workload_from_flags
 from llm_planner.serving.plan_fields import SERVING_SOLVERS
 from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
@@ -52,9 +53,11 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-cpu", action="store_true", help="serving: let decoder stages run on CPUs (never in groups)")
     g.add_argument(
         "--exportable",
-        choices=("vllm",),
+        choices=ENGINES,
         default=None,
-        help="serving: search only layouts vLLM can run (one tensor-parallel degree, no CPU, a micro-batch per stage)",
+        help="serving: search only layouts the engine's export runs (one tensor-parallel degree, no CPU, a "
+        "micro-batch per stage, the same number of consecutive stages on every host); the best plan without "
+        "that limit is searched too and shown beside it",
     )
     g.add_argument(
         "--max-classes-per-replica",
@@ -213,6 +216,8 @@ def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None
             f"bound {row['upper_bound_tokens_per_s']:,.0f}",
             highlight=False,
         )
+    if sv.get("unrestricted") is not None:
+        console.print(compatibility_text(data), highlight=False)
 
 
 def _precision_text(p: dict) -> str:
@@ -220,6 +225,24 @@ def _precision_text(p: dict) -> str:
     if p["weights"] == p["activations"] == p["kv_cache"]:
         return p["activations"]
     return f"weights {p['weights']}, activations {p['activations']}, KV cache {p['kv_cache']}"
+
+
+def compatibility_text(data: dict) -> str:
+    """What --exportable costs: the best plan found without it beside this one."""
+    sv, engine = data["serving"], data["options"]["exportable"]
+    free = sv["unrestricted"]
+    share = sv["tokens_per_s"] / free["tokens_per_s"] if free["tokens_per_s"] > 0 else 1.0
+    lines = [
+        f"without --exportable {engine}: {free['tokens_per_s']:,.0f} output tokens/s (upper bound "
+        f"{free['upper_bound_tokens_per_s']:,.0f}); this plan serves {share:.1%} of it, so {engine}'s limits "
+        f"cost {1 - share:.1%}; that plan runs:"
+    ]
+    lines += [f"  {_replica_line(r)}" for r in free["replicas"]]
+    return "\n".join(lines)
+
+
+def _replica_line(r: dict) -> str:
+    return f"{_copies(r['count'])} of ({r['pattern']}): {r['concurrency']} in flight, TPOT {fmt_s(r['tpot_s'])}"
 
 
 def comparison_table(data: dict) -> Table:
@@ -232,14 +255,10 @@ def comparison_table(data: dict) -> Table:
     rows.append(
         ("this plan", {"tokens_per_s": data["serving"]["tokens_per_s"], "replicas": data["serving"]["replicas"]})
     )
+    if data["serving"].get("unrestricted") is not None:
+        rows.append((f"without --exportable {data['options']['exportable']}", data["serving"]["unrestricted"]))
     for name, b in rows:
-        reps = (
-            "\n".join(
-                f"{_copies(r['count'])} of ({r['pattern']}): {r['concurrency']} in flight, TPOT {fmt_s(r['tpot_s'])}"
-                for r in b["replicas"]
-            )
-            or "-"
-        )
+        reps = "\n".join(_replica_line(r) for r in b["replicas"]) or "-"
         ratio = f"{b['tokens_per_s'] / ref:.2f}x" if ref > 0 else "-"
         table.add_row(name, f"{b['tokens_per_s']:,.0f}", ratio, reps)
     return table

@@ -34,7 +34,13 @@ Each compute kernel's time is its own roofline with a rounded corner,
 overhead plus the sum. Every term is a maximum of affine functions of the load, so for loads
 proportional to b sequences (`Load.per_sequence` times b) the layer time is convex piecewise
 affine in b: `layer_pieces` returns its pieces exactly (the upper envelope of the sum), the form
-the serving bounds read (llm_planner.serving.bound*).
+the serving bounds read (llm_planner.serving.bound*) and the placement planner's decoder layer
+tasks' times take (llm_planner.cost.task_pieces).
+
+`sublayer_kernels` splits a layer into its two SUBLAYERS, the tasks of a "sublayer" placement graph:
+attn (the q/k/v and output projections, both attention kernels, one norm, one residual add, the
+rotary embedding, one all-reduce) and mlp (the MLP projections, the other norm and residual add,
+the activation, the other all-reduce), each the sum of its own kernels on the same load.
 
 A measured serving profile may time some kernels itself (llm_planner.cost.serving_profile_v2):
 `layer_time_s` sums the kernels with those replaced by their measured times, the rest (and the
@@ -58,7 +64,8 @@ from llm_planner.graph.transformer import DecoderConfig, matmul_parameters, norm
 # With t >= KAPPA (c + m), at the corner (c = m) t = 2 KAPPA m = 1.3 m; far from it the larger
 # term wins again.
 KAPPA = 0.65
-ALL_REDUCES_PER_LAYER = 2  # after the attention output projection and after the MLP down projection
+SUBLAYERS = ("attn", "mlp")  # a layer's two parts (a "sublayer" task graph's attn and mlp tasks)
+ALL_REDUCES_PER_LAYER = len(SUBLAYERS)  # after the attention output projection and after the MLP down projection
 LOAD_FIELDS = ("decodes", "decode_keys", "prompt_tokens", "prompt_keys")
 
 
@@ -137,17 +144,45 @@ def layer_kernels(
     whose collectives cross `link` (module docstring), in `dtype` (one dtype for everything) or a
     precision. Raises CostError for a dtype the kind has no peak for or a group the layer does not
     split over."""
+    return _member_kernels(config, dtype, kind, k, link, SUBLAYERS)
+
+
+def sublayer_kernels(
+    config: DecoderConfig,
+    dtype: str | Precision,
+    kind: DeviceKindSpec,
+    part: str,
+    k: int = 1,
+    link: LinkSpec | None = None,
+) -> LayerKernels:
+    """The kernels of one of a layer's SUBLAYERS ("attn": its linear layers, the attention kernels,
+    its norm, residual add and rotary embedding, one all-reduce; "mlp": the rest), as
+    `layer_kernels`: the two sublayers' kernels together are the layer's."""
+    if part not in SUBLAYERS:
+        raise CostError(f"a decoder sublayer is one of {SUBLAYERS}, got {part!r}")
+    return _member_kernels(config, dtype, kind, k, link, (part,))
+
+
+def _member_kernels(
+    config: DecoderConfig,
+    dtype: str | Precision,
+    kind: DeviceKindSpec,
+    k: int,
+    link: LinkSpec | None,
+    parts: tuple[str, ...],
+) -> LayerKernels:
     p = as_precision(dtype)
     try:
         peak = kind.flops_for(p.activations)
-        linear_peak = kind.flops_for(p.compute_dtype)
+        sizes = _sizes(p, kind)
     except KeyError as exc:
         raise CostError(f"device kind {kind.name!r} gives no peak_flops for dtype {exc.args[0]!r}") from None
-    if k > 1 and (link is None or config.num_heads % k or config.num_kv_heads % k or config.intermediate_size % k):
-        raise CostError(f"a decoder layer of {config.name} cannot run on a tensor-parallel group of {k}")
-    speed = linear_peak / peak / (kind.dequant_factor if p.weight_only else 1.0)
-    sizes = (p.activation_bytes, p.weight_bytes, p.kv_bytes, speed)
-    kernels = _kernels(config, sizes, k, kind.collective_call_s, link.latency_s if k > 1 else 0.0)
+    split = {"attn": (config.num_heads, config.num_kv_heads), "mlp": (config.intermediate_size,)}
+    if k > 1 and (link is None or any(n % k for part in parts for n in split[part])):
+        what = "layer" if parts == SUBLAYERS else f"{parts[0]} sublayer"
+        raise CostError(f"a decoder {what} of {config.name} cannot run on a tensor-parallel group of {k}")
+    call_s, latency_s = kind.collective_call_s, link.latency_s if k > 1 else 0.0
+    kernels = _kernels(config, sizes, k, call_s, latency_s, parts)
     return LayerKernels(
         kernels=kernels,
         flops_per_s=peak * kind.compute_efficiency,
@@ -157,23 +192,53 @@ def layer_kernels(
     )
 
 
-@lru_cache(maxsize=512)
-def _kernels(
-    cfg: DecoderConfig, sizes: tuple[float, float, float, float], k: int, call_s: float, latency_s: float
-) -> tuple[Kernel, ...]:
-    b, wb, kvb, speed = sizes  # activation, weight and KV bytes per element; the linear layers' speed
+def _sizes(p: Precision, kind: DeviceKindSpec | None) -> tuple[float, float, float, float]:
+    """(activation, weight and KV cache bytes per element, the linear layers' speed): the linear
+    layers run at the compute dtype's peak over the activation dtype's, slowed by the kind's
+    dequant_factor for a weight-only format (1 without a kind: FLOPs only)."""
+    if kind is None:
+        return (p.activation_bytes, p.weight_bytes, p.kv_bytes, 1.0)
+    speed = kind.flops_for(p.compute_dtype) / kind.flops_for(p.activations)
+    return (p.activation_bytes, p.weight_bytes, p.kv_bytes, speed / (kind.dequant_factor if p.weight_only else 1.0))
+
+
+def _part_sizes(cfg: DecoderConfig, k: int, part: str) -> tuple[float, float, float, float, float]:
+    """Elements per member of a group of k in one sublayer: (linear parameters, biases, activations in
+    and out of its projections per token, elementwise traffic per token, norm parameters)."""
     h, inner = cfg.hidden_size, cfg.intermediate_size
     a, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    up = inner * (2 if cfg.gated_mlp else 1)
-    matmul = matmul_parameters(cfg)
-    linear_params = (matmul["attn"] + matmul["mlp"]) / k
-    biases = (a + 2 * kv) * cfg.qkv_bias / k + h * cfg.out_bias + (up / k + h) * cfg.mlp_bias
-    # activations in and out of each projection, per token: qkv, o, up (and gate), down
-    linear_io = (h + (a + 2 * kv) / k) + (a / k + h) + (h + up / k) + (inner / k + h)
-    rope = 2 * (a + kv) / k if not cfg.learned_positions else 0.0
+    norm, residual = 2 * h, 3 * h  # a norm reads and writes h; a residual add reads 2h, writes h
+    if part == "attn":  # projections qkv and o; rotary embedding of q and k
+        rope = 2 * (a + kv) / k if not cfg.learned_positions else 0.0
+        biases = (a + 2 * kv) * cfg.qkv_bias / k + h * cfg.out_bias
+        io = (h + (a + 2 * kv) / k) + (a / k + h)
+        return matmul_parameters(cfg)["attn"] / k, biases, io, norm + residual + rope, norm_parameters(cfg)
+    up = inner * (2 if cfg.gated_mlp else 1)  # projections up (and gate) and down; the activation
+    io = (h + up / k) + (inner / k + h)
     act = (up + inner) / k
-    elementwise_io = 2 * (2 * h) + 2 * (3 * h) + rope + act  # two norms, two residual adds
-    norms = 2 * norm_parameters(cfg)
+    return (
+        matmul_parameters(cfg)["mlp"] / k,
+        (up / k + h) * cfg.mlp_bias,
+        io,
+        norm + residual + act,
+        norm_parameters(cfg),
+    )
+
+
+@lru_cache(maxsize=512)
+def _kernels(
+    cfg: DecoderConfig,
+    sizes: tuple[float, float, float, float],
+    k: int,
+    call_s: float,
+    latency_s: float,
+    parts: tuple[str, ...] = SUBLAYERS,
+) -> tuple[Kernel, ...]:
+    b, wb, kvb, speed = sizes  # activation, weight and KV bytes per element; the linear layers' speed
+    h = cfg.hidden_size
+    a, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    per_part = [_part_sizes(cfg, k, part) for part in parts]
+    linear_params, biases, linear_io, elementwise_io, norms = (sum(s[j] for s in per_part) for j in range(5))
     weights = wb * linear_params + b * biases
     out = [
         Kernel(
@@ -181,18 +246,36 @@ def _kernels(
             _vec(0, 2 * linear_params, 0, 2 * linear_params, 0),
             _vec(weights, b * linear_io, 0, b * linear_io, 0),
             speed=speed,
-        ),
-        Kernel("attn_decode", _vec(0, 0, 4 * a / k, 0, 0), _vec(0, b * (2 * a + 2 * kv) / k, 2 * kv * kvb / k, 0, 0)),
-        Kernel(
-            "attn_prefill", _vec(0, 0, 0, 0, 4 * a / k), _vec(0, 0, 0, (b * (2 * a + 2 * kv) + kvb * 2 * kv) / k, 0)
-        ),
-        Kernel("elementwise", _vec(0, 0, 0, 0, 0), _vec(b * norms, b * elementwise_io, 0, b * elementwise_io, 0)),
+        )
     ]
-    if k > 1:
-        fixed = ALL_REDUCES_PER_LAYER * (call_s + 2 * (k - 1) * latency_s)
-        size = ALL_REDUCES_PER_LAYER * 2 * (k - 1) / k * h * b
+    if "attn" in parts:
+        out += [
+            Kernel(
+                "attn_decode", _vec(0, 0, 4 * a / k, 0, 0), _vec(0, b * (2 * a + 2 * kv) / k, 2 * kv * kvb / k, 0, 0)
+            ),
+            Kernel(
+                "attn_prefill",
+                _vec(0, 0, 0, 0, 4 * a / k),
+                _vec(0, 0, 0, (b * (2 * a + 2 * kv) + kvb * 2 * kv) / k, 0),
+            ),
+        ]
+    out.append(
+        Kernel("elementwise", _vec(0, 0, 0, 0, 0), _vec(b * norms, b * elementwise_io, 0, b * elementwise_io, 0))
+    )
+    if k > 1:  # one all-reduce per sublayer, after its row-parallel projection
+        fixed = len(parts) * (call_s + 2 * (k - 1) * latency_s)
+        size = len(parts) * 2 * (k - 1) / k * h * b
         out.append(Kernel("all_reduce", _vec(fixed, 0, 0, 0, 0), _vec(0, size, 0, size, 0), collective=True))
     return tuple(out)
+
+
+def layer_flops(config: DecoderConfig, dtype: str | Precision, load: Load, part: str | None = None) -> float:
+    """FLOPs of one layer's compute kernels (of one sublayer's: `part`) on `load` on one device: what
+    their compute times divide by the peak (a task graph's FLOPs of a layer, llm_planner.graph.decoder_graph,
+    are the same)."""
+    x = load.vector()
+    kernels = _kernels(config, _sizes(as_precision(dtype), None), 1, 0.0, 0.0, SUBLAYERS if part is None else (part,))
+    return sum(sum(a * v for a, v in zip(kr.flops, x)) for kr in kernels if not kr.collective)
 
 
 def _vec(*values: float) -> tuple[float, ...]:

@@ -9,7 +9,7 @@ measurements and holds the rules of keys and groups in its docstring. Here:
 - `task_key`, `group_key`, `link_class`, `all_reduce_key`: the names measurements are stored under;
 - `task_pieces`, `link`: the measured cost piece of a task on a device (a group's "@group<k>"
   piece, else its "@tp<k>" piece plus its collectives) and the measured link of a device pair,
-  None where the profile has none (the builder then keeps the roofline and the spec's link);
+  None where the profile has none (the builder then keeps the cost model and the spec's link);
 - `profile_coverage`: which (task, device kind) pairs and link classes a profile covers.
 """
 
@@ -153,12 +153,14 @@ def task_pieces(
 def _group_collectives(cluster: ClusterSpec, profile: Profile, task: Task, device: DeviceSpec) -> tuple[float, float]:
     """(fixed_s, per_sample_s) of the task's collectives on the group: from a measured all-reduce of the group's
     class and degree when the profile has one (an all-gather of n bytes costs as an all-reduce of k n bytes),
-    else the ring model (cost.collective_pieces) over the group's link, measured when the profile has its class."""
+    else the ring model (cost.collective_pieces) over the group's link, measured when the profile has its class,
+    each call paying the kind's collective_call_s as in the roofline (a measured all-reduce includes its own)."""
     single = cluster.device_map()
     a, b = single[device.members[0]], single[device.members[1]]
     measured = profile.links.get(all_reduce_key(link_class(cluster, a, b) or "", device.degree))
     if measured is None:
-        return cost.collective_pieces(task, device.degree, link(cluster, profile, a, b) or cluster.link(a, b))
+        spec_link = link(cluster, profile, a, b) or cluster.link(a, b)
+        return cost.collective_pieces(task, device.degree, spec_link, cluster.kind(device.kind).collective_call_s)
     calls = task.tp_allreduces + task.tp_allgathers
     moved = task.tp_allreduce_bytes_per_sample + device.degree * task.tp_allgather_bytes_per_sample
     return calls * measured.latency_s, moved / measured.bw_bytes_per_s
@@ -166,15 +168,15 @@ def _group_collectives(cluster: ClusterSpec, profile: Profile, task: Task, devic
 
 @dataclass(frozen=True, kw_only=True)
 class ProfileCoverage:
-    """Which (task, device kind) pairs a profile covers, and which fall back to the roofline."""
+    """Which (task, device kind) pairs a profile covers, and which fall back to the cost model."""
 
     profiled: tuple[tuple[str, str], ...]  # (task, kind)
-    fallback: tuple[tuple[str, str], ...]  # (task, kind) pairs that keep the roofline
+    fallback: tuple[tuple[str, str], ...]  # (task, kind) pairs that keep the cost model
     links_profiled: tuple[str, ...]
     links_fallback: tuple[str, ...]
 
     def fallback_tasks(self) -> dict[str, list[str]]:
-        """Device kind -> tasks that fell back to the roofline on it."""
+        """Device kind -> tasks that fell back to the cost model on it."""
         out: dict[str, list[str]] = {}
         for task, kind in self.fallback:
             out.setdefault(kind, []).append(task)

@@ -86,6 +86,11 @@ def engine_dtype(precision: Precision, model: str, framework: str, where: str) -
     ckpt = _checkpoint(model)
     from_config = ckpt.dtype if ckpt is not None else None
     act = precision.activations
+    if act not in DTYPE_NAMES and act != "fp8":
+        raise ServingExportError(
+            f"{where}: model dtype {act!r}: the engines take one of {', '.join([*DTYPE_NAMES, 'fp8'])} "
+            "(plan with --dtype set to one of them)"
+        )
     if act in DTYPE_NAMES:
         same = act in ("fp16", "bf16") and from_config in ("fp16", "bf16")
         dtype, note = (DTYPE_NAMES[from_config], "model config") if same else (DTYPE_NAMES[act], "plan")
@@ -99,7 +104,7 @@ def engine_dtype(precision: Precision, model: str, framework: str, where: str) -
     if stated is not None and (stated, ckpt.group_size) != (precision.weights, precision.group_size):
         raise ServingExportError(
             f"{where}: model.precision.weights {precision.weights_label}, but {ckpt.source} declares "
-            f"{ckpt.weights_label} in its quantization_config"
+            f"{ckpt.weights_label} in its quantization_config (plan with --weights {ckpt.weights_label})"
         )
     method = None if stated is not None else QUANTIZATION[framework][precision.weights]
     source = "its quantization_config" if stated is not None else "a checkpoint quantized so"
@@ -213,7 +218,9 @@ def ray_ports(k: int, *, head: bool) -> list[str]:
     and a session folder of its own."""
     base = RAY_BASE + k * RAY_BLOCK
     if base + RAY_BLOCK > 32768:  # Linux's ephemeral ports start there
-        raise ServingExportError(f"{k + 1} Ray clusters on one host: more than fit below port 32768")
+        raise ServingExportError(
+            f"{k + 1} Ray clusters on one host: more than fit below port 32768 (export with --vllm-multinode native)"
+        )
     flags = [f"{f}={base + off}" for f, off in RAY_PORT_FLAGS if head or f not in RAY_HEAD_ONLY]
     first = base + RAY_BLOCK - RAY_WORKER_PORTS
     workers = [f"--min-worker-port={first}", f"--max-worker-port={first + RAY_WORKER_PORTS - 1}"]

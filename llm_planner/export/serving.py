@@ -3,23 +3,17 @@
 Every copy of every replica pattern of the plan (docs/plan-format.md, "Serving plans") is one
 engine: p pipeline stages, each a tensor-parallel group of t devices on one host, running
 `layers[s]` consecutive decoder layers (sum over s = the model's layers), with at most
-`concurrency` sequences in flight split into `micro_batches` batches. An engine has the
-frameworks' form when
-
-- every stage has the same degree t (they take one --tensor-parallel-size),
-- no stage is on a CPU (their pipelines run GPU workers),
-- micro_batches = p (vLLM and SGLang keep one batch per stage in flight),
-- each stage's devices are on one host (a stage is one tensor-parallel group),
-
-and, across hosts, for SGLang and vLLM's own multi-node mode (`--vllm-multinode native`, the
-default) every host holds the same number of consecutive stages (node k runs the ranks, hence the
-stages, k*p/n .. (k+1)*p/n - 1); for vLLM over Ray (`--vllm-multinode ray`) every stage lands on
-GPUs of its kind in the order vLLM's Ray executor ranks them (`vllm_ray.vllm_host_order`). What the engines
-are told of dtype, memory and the longest sequence comes from llm_planner.export.engine_args.
-`build_engines` checks these rules
-and raises ServingExportError naming the replica and the stage that breaks one. The layer
-split goes to VLLM_PP_LAYER_PARTITION / SGLANG_PP_LAYER_PARTITION (layers per stage,
-comma-separated; both read it in their get_pp_indices) when it is not the even split.
+`concurrency` sequences in flight split into `micro_batches` batches. Each stage's devices are
+one tensor-parallel group of one kind on one host; what else an engine of each framework needs
+(one degree, no CPU, a micro-batch per stage, the same number of consecutive stages on every
+host) is the rule of llm_planner.serving.engines, the one `plan --exportable vllm|sglang` searches
+within, so a plan made with it always exports. For vLLM over Ray (`--vllm-multinode ray`) the
+hosts' rule is instead that every stage lands on GPUs of its kind in the order vLLM's Ray executor
+ranks them (`vllm_ray.vllm_host_order`). What the engines are told of dtype, memory and the
+longest sequence comes from llm_planner.export.engine_args. `build_engines` raises
+ServingExportError naming the replica, copy and stage that breaks a rule, and the option that
+avoids it. The layer split goes to VLLM_PP_LAYER_PARTITION / SGLANG_PP_LAYER_PARTITION (layers per
+stage, comma-separated; both read it in their get_pp_indices) when it is not the even split.
 
 The load balancer in front of the engines sends engine e the share
 tokens_per_s(e) / sum over engines of tokens_per_s: each engine then runs at the operating
@@ -49,16 +43,18 @@ from llm_planner.export.engine_args import (
     plan_precision,
     plan_workload,
 )
+from llm_planner.export.routers import ROUTER_VERSIONS
 from llm_planner.export.vllm_ray import check_vllm_ray_hosts
+from llm_planner.serving.engines import StageForm, engine_refusal
 from llm_planner.serving.plan_file import ServingPlanFile
 
 log = logging.getLogger(__name__)
 
 FRAMEWORKS = ("vllm", "sglang", "megatron")
-TITLES = {"vllm": "vLLM", "sglang": "SGLang", "megatron": "Megatron-LM"}
 # The engine releases the scripts are written for: their flags are checked against these
 # (tests/data/engine_flags/NAME-VERSION.txt, written by benchmarks/engine_flags.py).
 ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23", "ray": "2.60.0"}  # ray: `ray start` (vLLM over Ray)
+ENGINE_VERSIONS |= ROUTER_VERSIONS  # the routers in front (export.routers)
 # How a vLLM engine spans hosts: vLLM's own --nnodes/--node-rank/--master-addr/--headless, or Ray.
 VLLM_MULTINODE = ("native", "ray")
 
@@ -261,14 +257,15 @@ def _replica_engines(
     """The engines of one pattern, one per copy, after the rules of the module docstring (`target`:
     the framework, and how vLLM spans hosts)."""
     (framework, multinode), layers, copies = target, rep["layers"], rep["devices"]
-    title = TITLES[framework]
     if not copies or any(len(copy) != len(layers) for copy in copies) or len(copies) != rep["count"]:
         raise ServingExportError(
-            f"{label}: devices do not match count {rep['count']} and {len(layers)} stage(s) of layers"
+            f"{label}: devices do not match count {rep['count']} and {len(layers)} stage(s) of layers "
+            "(the file was edited: plan again)"
         )
     if sum(layers) != num_layers or any(n < 1 for n in layers):
         raise ServingExportError(
-            f"{label}: layers per stage {layers} do not add up to the model's {num_layers} (each stage at least one)"
+            f"{label}: layers per stage {layers} do not add up to the model's {num_layers} (each stage at least one; "
+            "plan again)"
         )
     out = []
     for c, copy in enumerate(copies):
@@ -276,19 +273,14 @@ def _replica_engines(
             _stage(f"{label}, copy {c}, stage {s}", names, layers[s], by_name, ordinals, cluster)
             for s, names in enumerate(copy)
         )
-        for s, stage in enumerate(stages):
-            if len(stage.gpus) != len(stages[0].gpus):
-                raise ServingExportError(
-                    f"{label}, copy {c}: stage {s} has tensor-parallel degree {len(stage.gpus)}, stage 0 has "
-                    f"{len(stages[0].gpus)}: {title} uses one tensor-parallel size for every stage (plan with "
-                    "--exportable vllm to search only such layouts)"
-                )
-        if framework != "megatron" and rep["micro_batches"] != len(layers):
-            raise ServingExportError(
-                f"{label}: {rep['micro_batches']} micro-batch(es) over {len(layers)} pipeline stage(s): "
-                f"{title} keeps one batch per stage in flight (micro-batches = pipeline size; "
-                "plan with --exportable vllm)"
-            )
+        forms = [
+            StageForm(degree=len(st.gpus), kind=st.kind, cpu=cluster.kind(st.kind).type == "cpu", host=st.host)
+            for st in stages
+        ]
+        m = rep["micro_batches"] if framework != "megatron" else None
+        refusal = engine_refusal(framework, forms, m, even_hosts=not (framework == "vllm" and multinode == "ray"))
+        if refusal is not None:
+            raise ServingExportError(f"{label}, copy {c}: {refusal}")
         fractions = [cluster.kind(st.kind).usable_mem_bytes / cluster.kind(st.kind).mem_bytes for st in stages]
         engine = EnginePlan(
             name=f"r{r}c{c}",
@@ -301,8 +293,6 @@ def _replica_engines(
             tokens_per_s=float(rep["tokens_per_s"]),
             mem_fraction=min(fractions),
         )
-        if framework == "sglang" or (framework == "vllm" and multinode == "native"):
-            _check_equal_hosts(f"{label}, copy {c}", engine, framework)
         if framework == "vllm" and multinode == "ray" and len(engine.hosts) > 1:
             check_vllm_ray_hosts(f"{label}, copy {c}", engine)
         out.append(engine)
@@ -319,20 +309,16 @@ def _stage(
 ) -> EngineStage:
     missing = [n for n in names if n not in by_name]
     if missing:
-        raise ServingExportError(f"{label}: device {missing[0]!r} is not in cluster {cluster.name!r}")
+        raise ServingExportError(
+            f"{label}: device {missing[0]!r} is not in cluster {cluster.name!r} (plan again on today's spec)"
+        )
     devs = [by_name[n] for n in names]
     kinds = {d.kind for d in devs}
-    cpu = [k for k in sorted(kinds) if cluster.kind(k).type == "cpu"]
-    if cpu:
-        raise ServingExportError(
-            f"{label} runs on CPU device kind {cpu[0]!r}: the frameworks run GPU stages only "
-            "(plan without --allow-cpu, or with --exportable vllm)"
-        )
     nodes = {d.node for d in devs}
     if len(nodes) != 1 or len(kinds) != 1:
         raise ServingExportError(
             f"{label}: devices on {len(nodes)} node(s) of {len(kinds)} kind(s): a stage is one "
-            "tensor-parallel group of one kind on one host"
+            "tensor-parallel group of one kind on one host (the file was edited: plan again)"
         )
     d = devs[0]
     return EngineStage(
@@ -362,22 +348,6 @@ def stage_host(device: DeviceSpec, cluster: ClusterSpec) -> str:
             f"its host by the node's name, and {problem}; set `hostname:` on nodes[{t}]"
         )
     return _host_of(device)
-
-
-def _check_equal_hosts(label: str, engine: EnginePlan, framework: str) -> None:
-    """SGLang's launcher, and vLLM's own multi-node mode, give node k of n the ranks (hence the
-    stages) k*p/n .. (k+1)*p/n - 1: every host the same number of consecutive stages."""
-    hosts = engine.hosts
-    per_host = engine.pipeline_parallel / len(hosts)
-    for k, host in enumerate(hosts):
-        stages = engine.host_stages(host)
-        if stages != list(range(round(k * per_host), round(k * per_host) + len(stages))) or len(stages) != per_host:
-            extra = " (or export with --vllm-multinode ray)" if framework == "vllm" else ""
-            raise ServingExportError(
-                f"{label}: stage {stages[0]} on host {host!r} holds stages {stages} of {engine.pipeline_parallel}: "
-                f"{TITLES[framework]} across {len(hosts)} hosts gives each the same number of consecutive stages"
-                + extra
-            )
 
 
 def _model_arg(name: str) -> str:

@@ -26,14 +26,15 @@ from llm_planner.export.engine_args import (
     assign_ports,
     ray_ports,
 )
+from llm_planner.export.routers import ROUTER_LABEL, router_start
 from llm_planner.export.serving import (
     ENGINE_VERSIONS,
-    TITLES,
     EnginePlan,
     ServingExport,
     layer_partition,
 )
 from llm_planner.export.vllm_ray import vllm_ip_ties
+from llm_planner.serving.engines import TITLES
 
 
 def _q(value: object) -> str:
@@ -103,9 +104,21 @@ def _header(export: ServingExport, ports: dict[str, int], title: str) -> list[st
 
 
 def _script(
-    export: ServingExport, ports: dict[str, int], title: str, blocks: dict[str, list[str]], helpers: list[str]
+    export: ServingExport,
+    ports: dict[str, int],
+    title: str,
+    blocks: dict[str, list[str]],
+    helpers: list[str],
+    router: str = "nginx",
 ) -> str:
     lines = _header(export, ports, title) + helpers + ['case "$HOST" in']
+    start = router_start(router, export.engines, ports)
+    if start is not None:
+        lines[lines.index("set -euo pipefail") : lines.index("set -euo pipefail")] = [
+            f"# Front end: bash THIS_SCRIPT {ROUTER_LABEL} starts {router} on this machine (docs/serving.md).",
+            "",
+        ]
+        blocks = {**blocks, ROUTER_LABEL: [start[0], _wrap(start[1], ""), ""]}
     for host, body in blocks.items():
         lines.append(f"  {_q(host)})")
         lines += [f"    {line}" if line else "" for entry in body[:-1] for line in entry.split("\n")]
@@ -263,7 +276,7 @@ def _vllm_ray(export: ServingExport, e: EnginePlan, args: list[str], k: int) -> 
     return out
 
 
-def vllm_script(export: ServingExport) -> str:
+def vllm_script(export: ServingExport, router: str = "nginx") -> str:
     """The vLLM engines as a shell script (module docstring)."""
     ports = assign_ports(export.engines, VLLM_PORT, PORT_STEP)
     spanning = tuple(e for e in export.engines if len(e.hosts) > 1)
@@ -285,7 +298,7 @@ def vllm_script(export: ServingExport) -> str:
         per_host = (_vllm_ray if ray else _vllm_native)(export, e, args, masters[e.name])
         for host, body in per_host.items():
             blocks.setdefault(host, []).extend(body)
-    return _script(export, ports, "vLLM engines", blocks, _WAIT_RAY if ray and spanning else [])
+    return _script(export, ports, "vLLM engines", blocks, _WAIT_RAY if ray and spanning else [], router)
 
 
 def _log(e: EnginePlan) -> str:
@@ -313,7 +326,7 @@ def _sglang_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
     ]
 
 
-def sglang_script(export: ServingExport) -> str:
+def sglang_script(export: ServingExport, router: str = "nginx") -> str:
     """The SGLang engines as a shell script (module docstring)."""
     ports = assign_ports(export.engines, SGLANG_PORT, PORT_STEP)
     dist_ports = assign_ports(tuple(e for e in export.engines if len(e.hosts) > 1), DIST_INIT_PORT, PORT_STEP)
@@ -342,4 +355,4 @@ def sglang_script(export: ServingExport) -> str:
             )
             line = _wrap([env, *args, *multi, f"> {_q(f'sglang-{e.name}-{k}.log')} 2>&1 &"], "")
             blocks.setdefault(host, []).extend([f"{_about(e)} {where}", *note, line, ""])
-    return _script(export, ports, "SGLang engines", blocks, [])
+    return _script(export, ports, "SGLang engines", blocks, [], router)

@@ -45,5 +45,6 @@ def check_vllm_ray_hosts(label: str, engine: EnginePlan) -> None:
             raise ServingExportError(
                 f"{label}: stage {s} ({want} on host {engine.stages[s].host!r}) would run on {got} GPUs: "
                 "vLLM's Ray executor ranks the head's GPUs first, then the other hosts' by their GPU count "
-                "(fewer first), each host's in ascending order, and this plan's pipeline is in another order"
+                "(fewer first), each host's in ascending order, and this plan's pipeline is in another order "
+                "(export with --vllm-multinode native, which runs every plan made with --exportable vllm)"
             )

@@ -194,9 +194,49 @@ def _check_options(options: LaunchOptions) -> None:
 
 def rank_entries(plan: Plan, cluster: ClusterSpec, source: str) -> tuple[RankEntry, ...]:
     """One rank per device the plan uses, grouped by host in cluster order."""
-    devices = cluster.device_map()
     used = plan.physical_devices_used()
     serves = {m: d for d in plan.devices_used() for m in member_names(d)}
+    order = rank_order(used, cluster, source)
+    entries = []
+    for rank, name in enumerate(order):
+        plan_device = serves[name]
+        tasks = {
+            str(s): [
+                t.task
+                for t in sorted(plan.schedule, key=lambda t: (t.start_s, t.finish_s))
+                if t.shard == s and t.device == plan_device
+            ]
+            for s in range(len(plan.shard_sizes))
+        }
+        group = [order.index(m) for m in member_names(plan_device)] if is_group_name(plan_device) else []
+        tasks = {k: v for k, v in tasks.items() if v}
+        entries.append(rank_entry(rank, name, cluster, plan_device=plan_device, group=group, tasks=tasks))
+    return tuple(entries)
+
+
+def rank_entry(
+    rank: int, name: str, cluster: ClusterSpec, *, plan_device: str, group: list[int], tasks: dict[str, list[str]]
+) -> RankEntry:
+    """The rank table's row of the rank on device `name` (its host, type and CUDA index from the cluster)."""
+    d = cluster.device_map()[name]
+    gpus = [x.name for x in cluster.devices() if x.node == d.node and cluster.kind(x.kind).type == "gpu"]
+    return RankEntry(
+        rank=rank,
+        device=name,
+        node=d.node,
+        hostname=str(d.hostname),
+        device_type=cluster.kind(d.kind).type,
+        gpu_index=gpus.index(name) if name in gpus else None,
+        tasks=tasks,
+        plan_device=plan_device,
+        group=group,
+    )
+
+
+def rank_order(used, cluster: ClusterSpec, source: str) -> list[str]:
+    """The devices `used`, one rank each, grouped by host in cluster order; LaunchError naming the file and
+    field for a device the cluster lacks, a node without a (valid) hostname, or more ranks than a node's slots."""
+    devices = cluster.device_map()
     unknown = [d for d in used if d not in devices]
     if unknown:
         raise LaunchError(f"{source}: the plan uses device(s) {unknown} that cluster {cluster.source} does not have")
@@ -213,38 +253,12 @@ def rank_entries(plan: Plan, cluster: ClusterSpec, source: str) -> tuple[RankEnt
     order = [d.name for d in cluster.devices() if d.name in used]
     hosts = list(dict.fromkeys(devices[d].hostname for d in order))
     order.sort(key=lambda d: hosts.index(devices[d].hostname))
-    _check_slots(order, devices, templates, cluster)
-    entries = []
-    for rank, name in enumerate(order):
-        d, plan_device = devices[name], serves[name]
-        kind = cluster.kind(d.kind)
-        gpus = [x.name for x in cluster.devices() if x.node == d.node and cluster.kind(x.kind).type == "gpu"]
-        tasks = {
-            str(s): [
-                t.task
-                for t in sorted(plan.schedule, key=lambda t: (t.start_s, t.finish_s))
-                if t.shard == s and t.device == plan_device
-            ]
-            for s in range(len(plan.shard_sizes))
-        }
-        group = [order.index(m) for m in member_names(plan_device)] if is_group_name(plan_device) else []
-        entries.append(
-            RankEntry(
-                rank=rank,
-                device=name,
-                node=d.node,
-                hostname=str(d.hostname),
-                device_type=kind.type,
-                gpu_index=gpus.index(name) if name in gpus else None,
-                tasks={k: v for k, v in tasks.items() if v},
-                plan_device=plan_device,
-                group=group,
-            )
-        )
-    return tuple(entries)
+    check_slots(order, devices, templates, cluster)
+    return order
 
 
-def _check_slots(order: list[str], devices: dict, templates: dict, cluster: ClusterSpec) -> None:
+def check_slots(order: list[str], devices: dict, templates: dict, cluster: ClusterSpec) -> None:
+    """LaunchError naming the node when the ranks `order` puts on it exceed its MPI slots."""
     per_node: dict[str, int] = {}
     for name in order:
         per_node[devices[name].node] = per_node.get(devices[name].node, 0) + 1
@@ -424,6 +438,12 @@ def _compact(tasks: list[str]) -> str:
 def launch(plan_path: str | Path, options: LaunchOptions = LaunchOptions()) -> LaunchResult:
     """Check, write the hostfile and rank table, and (unless dry_run) run mpiexec until done or timeout."""
     table, _ = build_rank_table(plan_path, options)
+    return run_table(table, options)
+
+
+def run_table(table: RankTable, options: LaunchOptions) -> LaunchResult:
+    """Write the hostfile and the rank table into its workdir, and (unless dry_run) run mpiexec on them;
+    a serving plan's launch (llm_planner.launch.serve_launch) starts its ranks here too."""
     workdir = Path(table.run.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     hostfile, table_path = workdir / "hostfile", workdir / "rank_table.json"

@@ -48,35 +48,26 @@ a class with no message keeps both.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import combinations
 from pathlib import Path
 
 import numpy as np
-import yaml
-from scipy.optimize import lsq_linear
 
-from llm_planner.core.atomic import write_atomic
 from llm_planner.core.fileio import read_document
 from llm_planner.core.plan import Plan, load_plan
-from llm_planner.core.spec import ClusterSpec, DeviceKindSpec, load_cluster, parse_cluster
+from llm_planner.core.spec import ClusterSpec, DeviceKindSpec, load_cluster
 from llm_planner.cost import roofline as cost
+from llm_planner.measure.fits import CalibrateError, Calibration, Fit, write_calibrated_spec
+from llm_planner.measure.lsq import bounded_fit
 from llm_planner.measure.observe import MeasureError, RunObservations, read_observations
-from llm_planner.measure.spec_edit import EditError, dump_with_fields, set_fields
 from llm_planner.placement.inputs import problem_from_plan_inputs
 from llm_planner.placement.problem import PlacementProblem
 
-log = logging.getLogger(__name__)
 KIND_FIELDS = ("overhead_s", "compute_efficiency", "mem_efficiency")
 LINK_FIELDS = ("latency_s", "bw_bytes_per_s")
-WEAK_SHARE = 0.01  # a factor whose term explains less than this share of every measurement is not fitted
-
-
-class CalibrateError(ValueError):
-    """Runs that cannot be fitted (bad pairing of plans and reports, unknown devices); names the file and field."""
+__all__ = ["CalibrateError", "Calibration", "Fit", "calibrate", "calibrate_files", "load_run"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,97 +77,6 @@ class RunData:
     plan: Plan
     problem: PlacementProblem
     obs: RunObservations
-
-
-@dataclass(frozen=True, kw_only=True)
-class Fit:
-    """The fitted (or kept) values of one device kind or link class."""
-
-    name: str  # kind name, or the link class's path in the spec ("links.intra_node_default")
-    path: tuple[str | int, ...]  # where its fields live in the spec YAML
-    values: dict[str, float]  # field -> value (fitted or kept)
-    before: dict[str, float]  # field -> the spec's value
-    fitted: tuple[str, ...]  # fields fitted from the data
-    kept: dict[str, str]  # field -> why it keeps the spec's value
-    samples: int  # observations used
-    rel_rms_before: float  # RMS of relative residuals with the spec's values
-    rel_rms_after: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class Calibration:
-    kinds: tuple[Fit, ...]
-    links: tuple[Fit, ...]
-
-    def fields(self) -> dict[tuple[str | int, ...], float]:
-        """Spec path -> new value, for every fitted field."""
-        return {(*f.path, name): f.values[name] for f in (*self.kinds, *self.links) for name in f.fitted}
-
-
-# ----------------------------------------------------------------------------
-# Least squares with fixed columns
-
-
-def _bounded_fit(a: np.ndarray, target: np.ndarray, prior: np.ndarray, lower: np.ndarray, order: Sequence[int]):
-    """Fit a @ p = target (rows already weighted) over the identifiable columns; the others keep `prior`.
-
-    Returns (p, fitted column indices, {column: reason kept}). The fitted set
-    is the largest set of columns that the rows determine (fewer columns than
-    rows, linearly independent, each explaining at least WEAK_SHARE of some
-    row); among sets of that size, the one with the smallest residual, ties
-    going to the set that gives up the columns early in `order`.
-    """
-    kept = {j: "no observation depends on it" for j in range(a.shape[1]) if not np.any(a[:, j])}
-    candidates = [j for j in range(a.shape[1]) if j not in kept]
-    rank_of = {j: n for n, j in enumerate(order)}
-    best = None
-    for size in range(min(len(candidates), a.shape[0] - 1), 0, -1):
-        for subset in sorted(
-            combinations(candidates, size), key=lambda c: sorted(rank_of[j] for j in candidates if j not in c)
-        ):
-            if not _independent(a[:, subset]):
-                continue
-            p, free, weak = _solve(a, target, prior, lower, list(subset), kept)
-            residual = float(np.linalg.norm(a @ p - target))
-            if best is None or residual < best[0] * (1 - 1e-9):
-                best = (residual, p, free, weak)
-        if best is not None:
-            break
-    if best is None:
-        return prior.astype(float).copy(), [], {**kept, **{j: _why_kept(a, candidates) for j in candidates}}
-    _, p, free, weak = best
-    reasons = {j: weak.get(j) or _why_kept(a, candidates) for j in candidates if j not in free}
-    return p, free, {**kept, **reasons}
-
-
-def _why_kept(a: np.ndarray, candidates: list[int]) -> str:
-    if len(candidates) >= a.shape[0]:
-        return f"{a.shape[0]} observation(s) cannot fit more than {a.shape[0] - 1} factor(s)"
-    return "not separable from the other factors with these observations"
-
-
-def _independent(cols: np.ndarray) -> bool:
-    cols = cols / np.linalg.norm(cols, axis=0)
-    s = np.linalg.svd(cols, compute_uv=False)
-    return bool(s[-1] > 1e-6 * s[0])
-
-
-def _solve(a, target, prior, lower, free: list[int], kept: dict) -> tuple[np.ndarray, list[int], dict[int, str]]:
-    """Bounded least squares over `free` (the rest at `prior`), giving up columns whose term is negligible."""
-    weak: dict[int, str] = {}
-    while True:
-        p = prior.astype(float).copy()
-        fixed = [j for j in range(a.shape[1]) if j not in free]
-        rhs = target - a[:, fixed] @ p[fixed] if fixed else target
-        if free:
-            p[free] = lsq_linear(a[:, free], rhs, bounds=(lower[free], np.full(len(free), np.inf))).x
-        small = [j for j in free if j != 0 and np.max(np.abs(a[:, j] * p[j])) < WEAK_SHARE * np.max(np.abs(target))]
-        if not small:
-            return p, free, weak
-        free = [j for j in free if j != small[0]]
-        weak[small[0]] = (
-            f"its term explains under {WEAK_SHARE:.0%} of every measured time, so the data does not determine it"
-        )
 
 
 # ----------------------------------------------------------------------------
@@ -310,7 +210,7 @@ def fit_kind(kind: DeviceKindSpec, samples: list[_Sample], path: tuple) -> Fit:
             if key in seen:
                 break
             seen.add(key)
-            p, free, kept = _bounded_fit(a * weight[:, None], target, prior, np.array([0.0, 1.0, 1.0]), order=(2, 1, 0))
+            p, free, kept = bounded_fit(a * weight[:, None], target, prior, np.array([0.0, 1.0, 1.0]), order=(2, 1, 0))
         rms = _rel_rms(_predict(samples, p), measured)
         if best is None or rms < best[0] - 1e-12:
             best = (rms, p, free, kept)
@@ -360,7 +260,7 @@ def fit_link(cluster: ClusterSpec, path: tuple, rows: list[tuple[int, int, float
         )
     a = np.array([[m, nbytes] for m, nbytes, _ in rows], dtype=float)
     measured = np.array([s for _, _, s in rows])
-    p, free, kept = _bounded_fit(a / measured[:, None], np.ones(len(rows)), prior, np.array([0.0, 1e-18]), order=(1, 0))
+    p, free, kept = bounded_fit(a / measured[:, None], np.ones(len(rows)), prior, np.array([0.0, 1e-18]), order=(1, 0))
     values = {"latency_s": float(p[0]), "bw_bytes_per_s": float(1.0 / p[1])}
     return Fit(
         name=name,
@@ -431,35 +331,3 @@ def calibrate_files(
     result = calibrate(cluster, runs)
     write_calibrated_spec(cluster_path, result, output, sources=[f"{r} ({p})" for p, r in zip(plans, report_paths)])
     return result
-
-
-def _human(field: str, value: float) -> float | str:
-    """The value as the spec's loader reads it, rounded to 4 significant digits."""
-    if field.endswith("_bytes_per_s"):
-        return f"{value / 1e9:.4g} GB/s"
-    if field.endswith("_s"):
-        return f"{value * 1e6:.4g} us"
-    return float(f"{value:.4g}")
-
-
-def write_calibrated_spec(
-    cluster_path: str | Path, calibration: Calibration, output: str | Path, *, sources: Sequence[str]
-) -> ClusterSpec:
-    """The spec at `cluster_path` with the fitted fields replaced (comments and layout kept), written to `output`."""
-
-    text = Path(cluster_path).read_text()
-    fields = {path: _human(str(path[-1]), value) for path, value in calibration.fields().items()}
-    try:
-        body = set_fields(text, fields)
-    except EditError as exc:
-        log.warning("%s: cannot edit in place (%s); writing it anew without its comments", cluster_path, exc)
-        body = dump_with_fields(text, fields)
-    lines = [f"# Calibrated by `llm-planner calibrate` from {', '.join(sources)}:"]
-    for fit in (*calibration.kinds, *calibration.links):
-        changes = ", ".join(f"{name} {fit.before[name]:.4g} -> {fit.values[name]:.4g}" for name in fit.fitted)
-        lines.append(f"#   {fit.name}: {changes or 'unchanged'} ({fit.samples} observations)")
-    new_text = "\n".join(lines) + "\n" + body
-    spec = parse_cluster(yaml.safe_load(new_text), source=str(output))  # what we write must load
-
-    write_atomic(output, new_text, CalibrateError)
-    return spec

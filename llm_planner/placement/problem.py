@@ -1,8 +1,10 @@
 """The placement problem in numbers: what every solver, bound and the scheduler read.
 
 Sets: tasks i in V (a DAG with edges e = (u, v)), devices k in K, a batch of Q
-samples split into at most S shards. All costs come from llm_planner.cost.roofline and are
-precomputed here into arrays:
+samples split into at most S shards. All costs come from llm_planner.cost and are precomputed
+here into arrays: a decoder layer's time is the sum of the kernels it runs (the serving planner's
+kernel model, llm_planner.cost.iteration), every other task's its roofline (llm_planner.cost.roofline;
+llm_planner.cost.task_pieces decides which), a profile's measured piece where it has one:
 
     time_pieces[i, k, j] = (fixed_s, per_sample_s)   t(i, k, b) = max_j fixed + slope * b
     supported[i, k]                                   task i may run on device k
@@ -17,7 +19,7 @@ precomputed here into arrays:
 
 Tensor-parallel groups (llm_planner.core.tensor_groups) are devices too: the physical devices come
 first (indices 0..num_physical-1, in spec order), then every group offered (max_tp >= 2),
-each with its task times on k members (cost.group_task_time_pieces), unsupported where
+each with its task times on k members (cost.task_pieces.placement_task_pieces), unsupported where
 the task does not shard over k. `members[k]` lists the physical devices of device k
 ((k,) for a physical one). A plan may use a group only while none of its members is used
 alone or in another group (exclusivity: solvers, baselines and the verifier keep it).
@@ -45,7 +47,7 @@ import numpy as np
 from llm_planner.core.plan import PlanInputs
 from llm_planner.core.spec import ClusterSpec, DeviceSpec
 from llm_planner.core.tensor_groups import tensor_groups
-from llm_planner.cost import measured
+from llm_planner.cost import measured, task_pieces
 from llm_planner.cost import roofline as cost
 from llm_planner.cost.measured import Profile
 from llm_planner.graph.decoder_graph import ID_BYTES
@@ -232,7 +234,7 @@ def build_problem(
 ) -> PlacementProblem:
     """Precompute every cost of `graph` on `cluster` into a PlacementProblem: the measured piece of a task on
     a device and the measured link of a device pair where `profile` has them (llm_planner.cost.measured), the
-    roofline and the spec's links elsewhere."""
+    kernel model (decoder layers), the roofline (other tasks) and the spec's links elsewhere."""
     if objective not in OBJECTIVES:
         raise ProblemError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     if batch_size < 1:
@@ -350,30 +352,40 @@ def _transfer_costs(
 def _task_pieces(
     graph: TaskGraph, cluster: ClusterSpec, devices, kinds, dtype: str, profile: Profile | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """time_pieces [N, K, 2, 2] and supported [N, K]: the profile's measured piece where it has one, else the
-    roofline; ProblemError for a task no device runs."""
-    pieces = np.zeros((graph.num_tasks, len(devices), 2, 2))
-    supported = np.zeros((graph.num_tasks, len(devices)), dtype=bool)
+    """time_pieces [N, K, P, 2] and supported [N, K]: the profile's measured piece where it has one, else
+    cost.task_pieces's (a decoder layer's kernel sum, other tasks' roofline), each row padded to the most
+    pieces P with its first piece; ProblemError for a task no device runs."""
+    found: dict[tuple[int, int], tuple] = {}
     single = cluster.device_map()
+    try:
+        decoder = task_pieces.decoder_load(graph, dtype)
+    except cost.CostError as exc:
+        raise ProblemError(str(exc)) from None
     for i, task in enumerate(graph.tasks):
         key = measured.task_key(graph, task) if profile is not None else None
+        runs = False
         for k, (device, kind) in enumerate(zip(devices, kinds)):
             if not cost.task_supported(task, kind) or not task.shards_over(device.degree):
                 continue
             p = measured.task_pieces(cluster, profile, key, task, device) if profile is not None else None
             link = cluster.link(single[device.members[0]], single[device.members[1]]) if device.members else None
             try:
-                p = p or cost.group_task_time_pieces(task, kind, device.degree, link, dtype)
+                p = p or task_pieces.placement_task_pieces(task, kind, device.degree, link, dtype, decoder)
             except cost.CostError as exc:
                 raise ProblemError(str(exc)) from None
-            supported[i, k] = True
-            pieces[i, k, :] = p[0]  # pad with the first piece so every row has 2
-            pieces[i, k, : len(p)] = p
-        if not supported[i].any():
+            found[(i, k)], runs = p, True
+        if not runs:
             raise ProblemError(
                 f"no device of cluster {cluster.name!r} can run task {task.name!r} (tasks[{i}]): "
                 f"{_why_unsupported(task, cluster)}"
             )
+    width = max((len(p) for p in found.values()), default=1)
+    pieces = np.zeros((graph.num_tasks, len(devices), width, 2))
+    supported = np.zeros((graph.num_tasks, len(devices)), dtype=bool)
+    for (i, k), p in found.items():
+        supported[i, k] = True
+        pieces[i, k, :] = p[0]  # pad with the first piece so every row has `width`
+        pieces[i, k, : len(p)] = p
     return pieces, supported
 
 

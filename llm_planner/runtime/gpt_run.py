@@ -12,6 +12,12 @@ device (plan_schedule.device_orders). For each item it takes the input (held loc
 it, else received from the previous stage's leader: a receive of that exact
 source and tag), runs the stage, and posts non-blocking sends of the output. A
 message's tag encodes (stream, step, stage).
+
+Every stage call goes through `run_step`, and every stream's state is made by
+`new_state`: the profiler (llm_planner.runtime.profile_rank) times a decode step
+through these same two functions, so what it measures for a task, a tensor-parallel
+member's share included (same modules, same collectives, a KV cache grown by the
+same prefill), is what the run executes.
 """
 
 from __future__ import annotations
@@ -25,6 +31,21 @@ from llm_planner.runtime import gpt
 from llm_planner.runtime import plan_schedule as ps
 
 log = logging.getLogger(__name__)
+
+
+def new_state(shard: gpt.DecoderShard, prompts: list[list[int]], requests: list[int]) -> gpt.StreamState:
+    """A stream's fresh state as the run makes it: the prompts left-padded, an empty KV cache."""
+    eos, pad = gpt.special_tokens(shard.config)
+    ids, mask = gpt.pad_prompts(prompts, gpt.prompt_pad_id(shard.config))
+    return shard.new_stream(requests=list(requests), prompt_ids=ids, prompt_mask=mask, eos_ids=eos, pad_id=pad)
+
+
+def run_step(
+    shard: gpt.DecoderShard, tasks: list[str], value: torch.Tensor, state: gpt.StreamState, step: int, on_task=None
+) -> torch.Tensor:
+    """One stage (`tasks`) of one stream at generation step `step` (0: the prompt's prefill): token ids before
+    embed, hidden states after; `on_task(name, seconds)` gets each task's time. The run's only stage call."""
+    return shard.run_stage(list(tasks), value, state, step, on_task=on_task)
 
 
 class DecoderRun:
@@ -59,14 +80,11 @@ class DecoderRun:
     def _new_states(self) -> dict[int, gpt.StreamState]:
         """Fresh state (empty KV cache, no tokens) for each stream that passes through this rank."""
         me, prompt_ids = self.ctx.rank, self.ctx.table.run.prompt_ids
-        eos, pad = gpt.special_tokens(self.config)
         states: dict[int, gpt.StreamState] = {}
         for stream in self.streams:
             if any(me in st.ranks for st in self.routes[stream.shard]):
-                ids, mask = gpt.pad_prompts([prompt_ids[i] for i in stream.requests], gpt.prompt_pad_id(self.config))
-                states[stream.index] = self.shard.new_stream(
-                    requests=list(stream.requests), prompt_ids=ids, prompt_mask=mask, eos_ids=eos, pad_id=pad
-                )
+                prompts = [list(prompt_ids[i]) for i in stream.requests]
+                states[stream.index] = new_state(self.shard, prompts, list(stream.requests))
         return states
 
     def _tag(self, stream: int, step: int, stage: int) -> int:
@@ -124,7 +142,7 @@ class DecoderRun:
             value = self._input(stream, step, k)
             route = self.routes[self.streams[stream].shard]
             on_task = ctx.stats.on_prefill_task if step == 0 else ctx.stats.on_task
-            out = self.shard.run_stage(list(route[k].tasks), value, self.states[stream], step, on_task=on_task)
+            out = run_step(self.shard, list(route[k].tasks), value, self.states[stream], step, on_task=on_task)
             self._output(out, stream, step, k)
             if k + 1 == len(route):
                 finals[step] -= 1

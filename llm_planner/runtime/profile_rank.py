@@ -4,14 +4,19 @@ What one device does (locally, or as one MPI rank under `mpiexec`):
 
 - decoders: build a `DecoderShard` (llm_planner.runtime.gpt) holding embed, the
   first `max_blocks` blocks, final_norm and lm_head, and run them as ONE stage
-  with `run_stage`, the call the pipeline makes, whose `on_task` callback gives
-  each task's time (Python call overhead included, CUDA synchronised). A
-  "decode" step with a context of L tokens runs one new token against a KV
-  cache already holding L - 1 (random keys and values: the time depends on
-  shapes only); "prefill" runs a prompt of L tokens on an empty cache. The
+  through the run's own stage call and stream state (llm_planner.runtime.gpt_run:
+  `new_state`, `run_step`), whose `on_task` callback gives each task's time
+  (Python call overhead included, CUDA synchronised). A "decode" step with a
+  context of L tokens is the run's first decode step after a prompt of L - 1
+  random tokens: the prompt's prefill runs untimed through the same call (so the
+  KV cache holds what the run's prefill leaves: a tensor-parallel member's heads,
+  grown by its own code), then the step's new token attends to L keys, timed;
+  "prefill" times the prefill of a prompt of L tokens on an empty cache. The
   block time is the mean over the blocks of a step (the first block of a stage
   also builds the causal mask, as in the runtime). With sublayer graphs, a
   forward pre-hook on the norm before the MLP splits each block into attn and mlp.
+  A tensor-parallel group's tasks ("@group<k>") are timed with the same code on
+  the group's real collectives, every member at once (`time_group`).
 - fx graphs (ResNet, RWNN): trace the model as the runtime does, make one stage
   of every node (llm_planner.runtime.graph) and run it with the runtime's
   `TimedInterpreter`, which times each node. Inputs and outputs are not run by
@@ -158,25 +163,15 @@ def _sync(device) -> None:
 
 
 def _decoder_step(bench: dict, batch: int, tensors: dict) -> dict[str, float]:
-    """One timed run_stage of every built task; returns seconds per role."""
-    import torch
+    """One timed stage call of every built task, as the run makes it (gpt_run.run_step on a gpt_run.new_state
+    stream; a decode step after the prompt's untimed prefill); returns seconds per role."""
+    from llm_planner.runtime import gpt_run
 
-    from llm_planner.runtime import gpt
-
-    shard, tasks, phase = bench["shard"], bench["tasks"], bench["phase"]
-    eos, pad = gpt.special_tokens(shard.config)
-    ids = tensors["ids"]
-    stream = shard.new_stream(requests=list(range(batch)), prompt_ids=ids, prompt_mask=None, eos_ids=eos, pad_id=pad)
-    if phase == "decode":  # a cache already holding the context: one new token attends to seq_len keys
-        for layer, (k, v) in enumerate(tensors["kv"]):
-            if shard.group is not None:  # a member's heads only
-                heads = k.shape[1] // shard.group.size
-                stream.shard_cache[layer] = (k[:, :heads], v[:, :heads])
-            else:
-                stream.cache.update(k, v, layer)
-        value, step = ids[:, -1:], 1
-    else:
-        value, step = ids, 0
+    shard, tasks = bench["shard"], bench["tasks"]
+    state = gpt_run.new_state(shard, tensors["prompts"], list(range(batch)))
+    value, step = state.prompt_ids, 0
+    if bench["phase"] == "decode":  # the prefill leaves the cache (and the token) of the run's first decode step
+        value, step = gpt_run.run_step(shard, tasks, value, state, 0), 1
     marks: list[float] = []
     bench["marks"] = marks
     times: dict[str, list[float]] = {}
@@ -190,8 +185,7 @@ def _decoder_step(bench: dict, batch: int, tensors: dict) -> dict[str, float]:
             times.setdefault("attn", []).append(split - (end - seconds))
             times.setdefault("mlp", []).append(end - split)
 
-    with torch.no_grad():
-        shard.run_stage(tasks, value.to(shard.device), stream, step, on_task=on_task)
+    gpt_run.run_step(shard, tasks, value, state, step, on_task=on_task)
     return {role: sum(v) / len(v) for role, v in times.items()}
 
 
@@ -220,7 +214,6 @@ def _decoder_bench(
     bench = {
         "shard": shard,
         "tasks": tasks,
-        "blocks": blocks,
         "phase": meta["phase"],
         "seq_len": int(meta["seq_len"]),
         "sublayers": meta.get("granularity") == "sublayer",
@@ -241,19 +234,13 @@ def _decoder_bench(
 
 
 def _decoder_inputs(bench: dict, batch: int, generator) -> dict:
+    """`batch` prompts of random token ids: L - 1 tokens before a decode step with a context of L, L for a
+    prefill of L."""
     import torch
 
-    config, shard = bench["shard"].config, bench["shard"]
     context = bench["seq_len"] - (1 if bench["phase"] == "decode" else 0)
-    ids = torch.randint(int(config.vocab_size), (batch, context), generator=generator)
-    kv = []
-    if bench["phase"] == "decode":
-        heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-        for _ in range(bench["blocks"]):
-            k, v = (torch.randn((batch, heads, context - 1, head_dim), generator=generator) for _ in range(2))
-            kv.append((k.to(device=shard.device, dtype=shard.dtype), v.to(device=shard.device, dtype=shard.dtype)))
-    return {"ids": ids, "kv": kv}
+    vocab = int(bench["shard"].config.vocab_size)
+    return {"prompts": torch.randint(vocab, (batch, context), generator=generator).tolist()}
 
 
 def time_decoder(
@@ -277,7 +264,8 @@ def time_decoder(
         tensors = _decoder_inputs(bench, batch, generator)
         samples: dict[str, list[float]] = {}
         for rep in range(options.warmup + options.repetitions):
-            step = _decoder_step(bench, batch, tensors)
+            with torch.no_grad():
+                step = _decoder_step(bench, batch, tensors)
             if rep >= options.warmup:
                 for role, seconds in step.items():
                     samples.setdefault(role, []).append(seconds)

@@ -54,7 +54,7 @@ class InjectedFailure(RuntimeError):
 class RankContext:
     table: RankTable
     entry: RankEntry
-    plan: Plan
+    plan: Plan | None  # the placement plan; None for a serving plan (its replicas are in table.run.serving)
     comm: Comm
     device: torch.device
     dtype: torch.dtype
@@ -178,9 +178,9 @@ def _context(table: RankTable, comm: "Comm") -> RankContext:
     from llm_planner.runtime.run_report import RankStats
 
     entry = table.ranks[comm.rank]
-    plan = load_plan(table.run.plan_path)
+    plan = load_plan(table.run.plan_path) if table.run.workload != "serving" else None
     device = torch_device(entry)
-    dtype = torch_dtype(table.run.dtype or plan.inputs.dtype)
+    dtype = torch_dtype(table.run.dtype or (plan.inputs.dtype if plan is not None else "fp32"))
     stats = RankStats(rank=comm.rank, device=entry.device, torch_device=str(device))
     stats.extra["dtype"] = str(dtype).replace("torch.", "")
     stats.extra["plan_device"] = entry.plan_device or entry.device
@@ -216,6 +216,12 @@ def run(table: RankTable) -> None:
     comm.spin = spins_while_waiting(sharing, cores)
     ctx = _context(table, comm)
     ctx.stats.extra.update(wait="spin" if comm.spin else "sleep", ranks_on_host=sharing, host_cores=cores)
+    if table.run.workload == "serving":
+        from llm_planner.runtime.serve_run import run_serving
+
+        with torch.no_grad():
+            run_serving(ctx)
+        return
     if table.run.workload == "decoder":
         from llm_planner.runtime.gpt_run import run_decoder as run_workload
     else:
@@ -231,6 +237,7 @@ def run(table: RankTable) -> None:
     if comm.rank == 0:
         assert ranks is not None and outputs_all is not None
         merged = _merge_outputs(outputs_all)
+        assert ctx.plan is not None
         write_report(
             table.run.report_path, build_report(plan=ctx.plan, ranks=ranks, workload=table.run.workload, outputs=merged)
         )

@@ -7,7 +7,7 @@ Pure data, no torch and no mpi4py: the launcher imports it to write the file.
                 "hostname": "localhost", "device_type": "cpu", "gpu_index": null,
                 "tasks": {"0": ["embed", "block.0"]}, "plan_device": "localhost/cpu-core:0",
                 "group": []}, ...],
-     "run": {"plan_path": ..., "workload": "decoder" | "graph", ...}}
+     "run": {"plan_path": ..., "workload": "decoder" | "graph" | "serving", ...}}
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from llm_planner.core.names import hostname_problem
 
 RANK_TABLE_FORMAT = "llm_planner.rank_table"
 RANK_TABLE_VERSION = 1
-WORKLOADS = ("decoder", "graph")
+WORKLOADS = ("decoder", "graph", "serving")
 
 
 class RankTableError(ValueError):
@@ -62,6 +62,7 @@ class RunSpec:
     attn_implementation: str = "sdpa"
     fail_rank: int | None = None  # fault injection: this rank raises once the run starts (tests the failure path)
     warmup: int = 0  # untimed runs of the whole workload before the timed one (one-time costs stay out of the times)
+    serving: dict[str, Any] | None = None  # serving plans: replicas, stages, load (serve_spec.ServeSpec)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,7 +13,7 @@ from llm_planner.graph.transformer import config_file_of
 from llm_planner.serving.aside import ASIDE_DEVICES, Aside
 from llm_planner.serving.assign import assign_devices
 from llm_planner.serving.baselines import engineer_best, engineer_options, megatron
-from llm_planner.serving.bound import tokens_upper_bound
+from llm_planner.serving.bound import exportable_bounds
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context, status_of, usable_bytes
 from llm_planner.serving.fleet import FleetChoice
 from llm_planner.serving.layout import Pattern, describe
@@ -22,7 +22,8 @@ from llm_planner.serving.precision_choice import bound_without_plan, plan_among
 from llm_planner.serving.search import SearchStats, fleet_prices, segment_options, solve_serving
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
 
-TIMING_PARTS = ("reading_inputs", "baselines", "layout_search", "bounds", "assigning_devices")  # as they run
+# As they run; unrestricted_search only with --exportable (the search without it, for its price).
+TIMING_PARTS = ("reading_inputs", "baselines", "layout_search", "unrestricted_search", "bounds", "assigning_devices")
 
 
 def replica_record(ctx: ServingContext, pattern: Pattern, count: int, devices: list) -> dict[str, Any]:
@@ -92,20 +93,26 @@ def plan_serving(
     )
     with watch.part("reading_inputs"):
         ctx = build_context(**inputs)
-    fleet, stats, baselines, first_two = _search(ctx, inputs, solver, watch)
+    fleet, stats, baselines, first_two, free = _search(ctx, inputs, solver, watch)
     if not fleet.chosen:
         raise WorkloadError(_nothing_serves(ctx))
     with watch.part("bounds"):
-        prices = fleet.prices or fleet_prices([p for p, _ in fleet.chosen], ctx.capacity)
-        bound = tokens_upper_bound(
-            ctx.cache, ctx.classes, workload.tpot_slo_s, ctx.cluster.inter_node, fleet.tokens_per_s, prices, first_two
+        prices = _prices(ctx, fleet)
+        bound, free_bound = exportable_bounds(
+            ctx.cache,
+            ctx.classes,
+            workload.tpot_slo_s,
+            ctx.cluster.inter_node,
+            (fleet.tokens_per_s, prices),
+            None if free is None else (free.tokens_per_s, _prices(ctx, free)),
+            first_two,
         )
         gap, status = status_of(fleet.tokens_per_s, bound)
     with watch.part("assigning_devices"):
         devices = assign_devices(ctx.cluster, ctx.by_name, fleet)
         replicas = [replica_record(ctx, p, n, d) for (p, n), d in zip(fleet.chosen, devices)]
         baselines = {name: fleet_summary(ctx, f) for name, f in baselines.items()}
-    timings = {name: watch.parts[name] for name in TIMING_PARTS} | {"total": watch.total()}
+    timings = {name: watch.parts[name] for name in TIMING_PARTS if name in watch.parts} | {"total": watch.total()}
     return {
         "format": SERVING_FORMAT,
         "version": SERVING_VERSION,
@@ -139,15 +146,41 @@ def plan_serving(
             "layouts_candidate": stats.candidates,
             "layouts_left": stats.left,
             "replicas": replicas,
+            "unrestricted": None if free is None else unrestricted_record(ctx, free, _prices(ctx, free), free_bound),
             "timings_s": timings,
         },
         "baselines": baselines,
     }
 
 
+def _prices(ctx: ServingContext, fleet: FleetChoice) -> dict[str, float]:
+    """The device prices a fleet's bound uses: the search's, else its own patterns' fleet LP's."""
+    return fleet.prices or fleet_prices([p for p, _ in fleet.chosen], ctx.capacity)
+
+
+def unrestricted_record(ctx: ServingContext, fleet: FleetChoice, prices: dict, bound: float) -> dict[str, Any]:
+    """serving.unrestricted: the best plan found without --exportable, what verify re-derives of it."""
+    replicas = [replica_record(ctx, p, n, []) for p, n in fleet.chosen]
+    return {
+        "tokens_per_s": fleet.tokens_per_s,
+        "upper_bound_tokens_per_s": bound,
+        "device_prices": prices,
+        "replicas": [{k: v for k, v in r.items() if k != "devices"} for r in replicas],
+    }
+
+
+def _unrestricted(ctx: ServingContext, fleet: FleetChoice, engineer: dict) -> FleetChoice:
+    """The best fleet without --exportable: the search's over the unrestricted problem, or the
+    exportable fleet when that search (stopped at its time limit) found less (it is a plan of
+    the unrestricted problem too)."""
+    free, _ = solve_serving(ctx.unrestricted(), engineer)
+    return free if free.chosen and free.tokens_per_s > fleet.tokens_per_s else fleet
+
+
 def _search(ctx: ServingContext, inputs: dict, solver: str, watch: Stopwatch):
-    """The baselines, the solver's fleet and how its search went, and the first two bounds from
-    the child process beside the search (None on a small cluster: the bound computes them)."""
+    """The baselines, the solver's fleet and how its search went, the first two bounds from the
+    child process beside the search (None on a small cluster: the bound computes them), and with
+    --exportable the best fleet without it (else None)."""
     with watch.part("bounds"):  # the first two start in a child process beside the search
         aside = Aside(inputs) if sum(sc.num_devices for sc in ctx.classes) >= ASIDE_DEVICES else None
     try:
@@ -159,13 +192,17 @@ def _search(ctx: ServingContext, inputs: dict, solver: str, watch: Stopwatch):
                 fleet, stats = solve_serving(ctx, engineer)
             else:
                 fleet, stats = baselines[solver], SearchStats(candidates=0, evaluated=0, left=0)
+        free = None
+        if solver == "serving" and ctx.options.exportable is not None and fleet.chosen:
+            with watch.part("unrestricted_search"):
+                free = _unrestricted(ctx, fleet, engineer)
         with watch.part("bounds"):
             first_two = aside() if aside is not None else None
     except BaseException:
         if aside is not None:
             aside.stop()
         raise
-    return fleet, stats, baselines, first_two
+    return fleet, stats, baselines, first_two, free
 
 
 def _model_digest(model: str) -> str | None:

@@ -168,11 +168,43 @@ def tokens_upper_bound(
     `verify` make the same choices. `first_two`: the least of the first two, when already known
     (llm_planner.serving.aside)."""
     bound = first_two_bounds(cache, classes, tpot_slo_s) if first_two is None else first_two
+    return _later_bounds(cache, classes, tpot_slo_s, inter, tokens_per_s, prices, bound)[0]
+
+
+def _later_bounds(cache, classes, tpot_slo_s, inter, tokens_per_s, prices, bound, *, cells: bool = True):
+    """tokens_upper_bound from `bound` (the first two, or a bound as good), and whether it computed
+    the cell bound (`cells` False: never)."""
     if prices is not None and (tokens_per_s is None or tokens_per_s < (1 - PRICE_BOUND_GAP) * bound):
         bound = min(bound, price_bound(cache, classes, tpot_slo_s, inter, prices, tokens_per_s or 0.0))
-    if tokens_per_s is not None and tokens_per_s >= (1 - CELL_BOUND_GAP) * bound:
-        return bound
-    return min(bound, cell_bound(cache, classes, tpot_slo_s, inter, stop_above=bound))
+    if not cells or (tokens_per_s is not None and tokens_per_s >= (1 - CELL_BOUND_GAP) * bound):
+        return bound, False
+    return min(bound, cell_bound(cache, classes, tpot_slo_s, inter, stop_above=bound)), True
+
+
+def exportable_bounds(
+    cache: CostCache,
+    classes: tuple[ServerClass, ...],
+    tpot_slo_s: float,
+    inter: LinkSpec | None,
+    plan: tuple[float, dict[str, float] | None],
+    unrestricted: tuple[float, dict[str, float] | None] | None,
+    first_two: float | None = None,
+) -> tuple[float, float | None]:
+    """The bound a plan states, and the unrestricted plan's (None without one). `plan` and
+    `unrestricted` are (tokens/s, device prices) of the plan and of the best plan the search found
+    without --exportable. Each tokens_upper_bound holds for every plan of the model, exportable ones
+    included, so an exportable plan states the smaller of its own and the unrestricted one's (its
+    own computed from the unrestricted one, without a second cell bound)."""
+    first_two = first_two_bounds(cache, classes, tpot_slo_s) if first_two is None else first_two
+    if unrestricted is None:
+        return tokens_upper_bound(cache, classes, tpot_slo_s, inter, plan[0], plan[1], first_two), None
+    free, cells = _later_bounds(cache, classes, tpot_slo_s, inter, *unrestricted, first_two)
+    if tuple(unrestricted) == tuple(plan):  # the exportable plan was the best found: the same bound
+        return free, free
+    # the plan's own from the unrestricted one (a bound too): its price bound only where it may
+    # still tighten it, and the cell bound, which no price changes, not twice
+    own, _ = _later_bounds(cache, classes, tpot_slo_s, inter, *plan, min(first_two, free), cells=not cells)
+    return min(own, free), free
 
 
 def concurrency_level_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: float) -> float:

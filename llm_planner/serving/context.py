@@ -4,6 +4,8 @@ from are read in llm_planner.serving.inputs (`build_context` hands its paths the
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -26,7 +28,7 @@ log = logging.getLogger(__name__)
 class ServingOptions:
     allow_cpu: bool = False  # decoder stages on CPUs (never in groups)
     max_tp: int | None = None  # largest tensor-parallel degree offered (None: a whole server's kind)
-    exportable: str | None = None  # "vllm": only layouts vLLM can run
+    exportable: str | None = None  # "vllm" / "sglang": only layouts that engine's export runs (serving.engines)
     max_segments: int | None = None  # classes one replica may mix (None: 3, or 2 for large fleets)
     max_stages: int = 64  # pipeline stages of one replica
     max_micro_batches: int | None = None  # micro-batches in flight per replica (None: as many as stages)
@@ -63,6 +65,13 @@ class ServingContext:
         self.cache = CostCache(self.tasks, self.classes, profile)
         self.between = _one_server_links(cluster, self.classes) if cluster.inter_node is None else {}
         self._best: dict = {}
+
+    def unrestricted(self) -> ServingContext:
+        """This context without --exportable: the same inputs, classes and cost caches (none of
+        them depends on it), so the search of the unrestricted problem reuses what was computed."""
+        other = copy.copy(self)
+        other.options = dataclasses.replace(self.options, exportable=None)
+        return other
 
     @property
     def capacity(self) -> dict[str, int]:

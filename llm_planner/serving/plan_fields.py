@@ -18,10 +18,13 @@ from typing import Any
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.plan_read import Fields
 from llm_planner.core.precision import PRECISION_KEYS, PrecisionError, precision_from_dict, uniform
+from llm_planner.serving.engines import ENGINES
 
 SERVING_FORMAT = "llm_planner.serving_plan"
-SERVING_VERSION = 6  # 6: model.precision and each replica's precision (weights, activations, KV cache)
-READ_VERSIONS = (5, SERVING_VERSION)  # 5 is read as one dtype for everything (`upgrade`)
+# 6: model.precision and each replica's precision (weights, activations, KV cache), and
+# serving.unrestricted (--exportable's price); 5: kernel-sum iteration cost, max_batched_tokens
+SERVING_VERSION = 6
+READ_VERSIONS = (5, 6)  # a version 5 plan is read with one dtype for everything (`upgrade`), no serving.unrestricted
 SERVING_SOLVERS = ("serving", "engineer-best", "megatron")
 BASELINES = ("engineer-best", "megatron")
 MAX_COUNT = 1 << 20  # copies of one pattern, stages, degrees, micro-batches: far above any cluster
@@ -158,11 +161,12 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
     """Check every field of a serving plan's data (module docstring); `error` names the file and field."""
     top = Fields(data, source, "", error)
     exactly(top, _TOP)
-    if top.get("format") != SERVING_FORMAT or top.get("version") != SERVING_VERSION:
+    version = top.get("version")
+    if top.get("format") != SERVING_FORMAT or isinstance(version, bool) or version not in READ_VERSIONS:
         raise top.fail(
             "format",
-            f"expected {SERVING_FORMAT} version {SERVING_VERSION} (or 5, read as version 6; re-run `plan` for an "
-            "older one)",
+            f"expected {SERVING_FORMAT} version {' or '.join(map(str, READ_VERSIONS))} "
+            "(re-run `plan` for an older one)",
         )
     choice(top, "objective", ("serving",))
     _inputs(top.mapping("inputs"))
@@ -183,10 +187,10 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
         integer(options, key, nullable=True)
     integer(options, "max_stages")
     integer(options, "max_batched_tokens")
-    choice(options, "exportable", ("vllm",), nullable=True)
+    choice(options, "exportable", ENGINES, nullable=True)
     number(options, "time_limit_s", positive=True)
     choice(options, "solver", SERVING_SOLVERS)
-    _serving(top.mapping("serving"), num_layers)
+    _serving(top.mapping("serving"), num_layers, version)
     baselines = top.mapping("baselines")
     exactly(baselines, BASELINES)
     for name in BASELINES:
@@ -220,8 +224,10 @@ def _workload(f: Fields) -> None:
     number(f, "ttft_slo_s", positive=True, nullable=True)
 
 
-def _serving(f: Fields, num_layers: int) -> None:
-    exactly(f, _SERVING, optional=_SERVING_RECORDS + _SERVING_CHOICES)
+def _serving(f: Fields, num_layers: int, version: int) -> None:
+    exactly(f, _SERVING + (("unrestricted",) if version >= 6 else ()), optional=_SERVING_RECORDS + _SERVING_CHOICES)
+    if version >= 6 and f.get("unrestricted") is not None:
+        _unrestricted(f.mapping("unrestricted"), num_layers)
     if "precisions" in f.data:
         for i, item in enumerate(_list(f, "precisions", low=2)):
             row = f.item("precisions", i, item)
@@ -229,10 +235,7 @@ def _serving(f: Fields, num_layers: int) -> None:
             precision(row)
             number(row, "tokens_per_s")
             number(row, "upper_bound_tokens_per_s")
-            if row.get("device_prices") is not None:
-                prices = row.mapping("device_prices")
-                for key in prices.data:
-                    number(prices, key)
+            _prices(row)
     if f.data.get("timings_s") is not None:  # seconds by part name: a record verify does not check
         timings = f.mapping("timings_s")
         for key in timings.data:
@@ -242,10 +245,7 @@ def _serving(f: Fields, num_layers: int) -> None:
     choice(f, "status", ("optimal", "heuristic"))
     for key in ("concurrency", "layouts_evaluated", "layouts_candidate", "layouts_left"):
         integer(f, key, low=0, high=1 << 62)
-    if f.get("device_prices") is not None:
-        prices = f.mapping("device_prices")
-        for key in prices.data:
-            number(prices, key)
+    _prices(f)
     for i, item in enumerate(_list(f, "replicas")):
         _replica(f.item("replicas", i, item), num_layers)
 
@@ -263,8 +263,9 @@ def precision(f: Fields, key: str = "precision"):
 
 
 def upgrade(data: Any) -> Any:
-    """A version-5 plan's data as version 6: its one `model.dtype` is the weights', activations' and
-    KV cache's (what version 5 planned); anything else is returned as it is (read_plan_fields judges it)."""
+    """A version-5 plan's data with the precision fields: its one `model.dtype` is the weights',
+    activations' and KV cache's (what version 5 planned); its version stays 5 (it has no
+    serving.unrestricted); anything else is returned as it is (read_plan_fields judges it)."""
     if not (isinstance(data, dict) and data.get("version") == 5 and isinstance(data.get("model"), dict)):
         return data
     try:
@@ -275,11 +276,28 @@ def upgrade(data: Any) -> Any:
     if not isinstance(replicas, list) or not all(isinstance(r, dict) for r in replicas):
         return data
     serving = dict(data["serving"], replicas=[dict(r, precision=dict(stated)) for r in replicas])
-    return dict(data, version=SERVING_VERSION, model=dict(data["model"], precision=dict(stated)), serving=serving)
+    return dict(data, model=dict(data["model"], precision=dict(stated)), serving=serving)
 
 
-def _replica(f: Fields, num_layers: int) -> None:
-    exactly(f, _REPLICA)
+def _prices(f: Fields) -> None:
+    if f.get("device_prices") is not None:
+        prices = f.mapping("device_prices")
+        for key in prices.data:
+            number(prices, key)
+
+
+def _unrestricted(f: Fields, num_layers: int) -> None:
+    """serving.unrestricted: the best plan found without --exportable, its replicas without devices."""
+    exactly(f, ("tokens_per_s", "upper_bound_tokens_per_s", "device_prices", "replicas"))
+    number(f, "tokens_per_s")
+    number(f, "upper_bound_tokens_per_s")
+    _prices(f)
+    for i, item in enumerate(_list(f, "replicas", low=1)):
+        _replica(f.item("replicas", i, item), num_layers, with_devices=False)
+
+
+def _replica(f: Fields, num_layers: int, *, with_devices: bool = True) -> None:
+    exactly(f, _REPLICA if with_devices else tuple(k for k in _REPLICA if k != "devices"))
     precision(f)
     f.string("pattern")
     count = integer(f, "count")
@@ -300,6 +318,8 @@ def _replica(f: Fields, num_layers: int) -> None:
         number(f, key)
     for key in ("stage_s", "mem_bytes", "usable_bytes"):
         numbers(f, key, stages)
+    if not with_devices:
+        return
     copies = _list(f, "devices", count)
     for c, copy in enumerate(copies):
         where = f"devices[{c}]"

@@ -42,6 +42,12 @@ class ServingPlanFile:
     def replicas(self) -> list[dict[str, Any]]:
         return self.data["serving"]["replicas"]
 
+    @property
+    def unrestricted(self) -> dict[str, Any] | None:
+        """serving.unrestricted: the best plan found without --exportable (None: planned without it,
+        or a version 5 plan, which predates the field)."""
+        return self.data["serving"].get("unrestricted")
+
     def input_path(self, key: str) -> str | None:
         """An input file's path, resolved against the plan file's folder."""
         value = self.data["inputs"].get(key)

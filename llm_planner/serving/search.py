@@ -28,6 +28,7 @@ from scipy.optimize import linprog
 from llm_planner.serving.baselines import engineer_options
 from llm_planner.serving.bound import device_rate_bound
 from llm_planner.serving.context import ServingContext
+from llm_planner.serving.engines import engine_micro_batches, layout_refusal
 from llm_planner.serving.fleet import FleetChoice, solve_fleet
 from llm_planner.serving.layout import Layout, Pattern, Segment, layout_usage
 from llm_planner.serving.optimistic import OptimisticTokens
@@ -115,17 +116,16 @@ def with_ends(ctx: ServingContext, layout: Layout) -> list[Layout]:
             Segment(first.class_name, first.degree, first.stages - moved),
             Segment(first.class_name, first.degree, moved),
         )
-        if sc.block_ok(front.devices) and sc.block_ok(back.devices):
-            out.append((front, *layout[1:], back))
+        variant = (front, *layout[1:], back)
+        if sc.block_ok(front.devices) and sc.block_ok(back.devices) and exportable_layout(ctx, variant):
+            out.append(variant)
     return out
 
 
-def exportable_layout(ctx: ServingContext, layout: Layout) -> bool:
-    """Whether --exportable allows the layout (vllm: one tensor-parallel degree, no CPU)."""
-    if ctx.options.exportable != "vllm":
-        return True
-    kinds = [ctx.by_name[s.class_name].kind for s in layout]
-    return len({s.degree for s in layout}) == 1 and all(k.type != "cpu" for k in kinds)
+def exportable_layout(ctx: ServingContext, layout: Layout, micro_batches: int | None = None) -> bool:
+    """Whether --exportable allows the layout (at `micro_batches`, when given): the engine's export
+    takes every copy of it (llm_planner.serving.engines, the rule the export refuses by)."""
+    return layout_refusal(ctx.options.exportable, layout, ctx.by_name, micro_batches) is None
 
 
 def evaluate_layouts(ctx: ServingContext, layouts: list[Layout], deadline: float) -> tuple[list[Pattern], int]:
@@ -215,9 +215,10 @@ def near_even(found: list[Pattern], prices: dict[str, float]) -> list[Pattern]:
 
 def micro_batch_options(ctx: ServingContext, stages: int) -> list[int]:
     """Micro-batches in flight tried for a pipeline of `stages`: 1, p/2 and p, at most --max-micro-batches;
-    exactly p for vLLM (one batch per stage)."""
-    if ctx.options.exportable == "vllm":
-        return [stages]
+    what --exportable's engine runs (one batch per stage) when it names one."""
+    fixed = engine_micro_batches(ctx.options.exportable, stages)
+    if fixed is not None:
+        return [fixed]
     top = min(stages, ctx.options.max_micro_batches or stages)
     return sorted({1, max(1, top // 2), top})
 
@@ -244,7 +245,8 @@ def solve_serving(ctx: ServingContext, engineer: dict | None = None) -> tuple[Fl
     started = time.monotonic()
     deadline = started + ctx.options.time_limit_s
     engineer = engineer_options(ctx) if engineer is None else engineer
-    patterns = [p for found in engineer.values() for p, _ in found]
+    engineer_patterns = [p for found in engineer.values() for p, _ in found]
+    patterns = [p for p in engineer_patterns if exportable_layout(ctx, p.layout, p.ev.micro_batches)]
     layouts = candidate_layouts(ctx)
     rates = {sc.name: device_rate_bound(ctx.cache, sc, ctx.workload.tpot_slo_s) for sc in ctx.classes}
     prices = fleet_prices(patterns, ctx.capacity)

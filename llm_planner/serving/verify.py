@@ -15,7 +15,10 @@ options against each layout (stages, classes per replica, micro-batches, exporta
 fields against the model the inputs name; the devices: each copy's stages on devices of the right
 class, a group an aligned block of one server, consecutive stages on one server wherever the
 pattern's cost assumed it, no device twice; the copies of every pattern together within each
-class's devices; the totals; the upper bound recomputed, the gap and the status it supports; the
+class's devices; the totals; serving.unrestricted (with --exportable: the best plan found without
+it), each replica re-derived the same way within the options less --exportable, its tokens/s at
+least the plan's; the upper bound recomputed (the smaller of the plan's and the unrestricted
+plan's, llm_planner.serving.bound.exportable_bounds), the gap and the status it supports; the
 baselines re-run (and a baseline solver's plan that baseline's fleet); the search statistics as
 llm_planner.serving.verify_claims says (they cannot be re-derived).
 
@@ -35,7 +38,7 @@ from llm_planner.core.plan_read import Fields
 from llm_planner.core.tensor_groups import GroupError, group_from_members
 from llm_planner.graph.checkpoint import checkpoint_precision
 from llm_planner.graph.ir import GraphError
-from llm_planner.serving.bound import tokens_upper_bound
+from llm_planner.serving.bound import exportable_bounds, tokens_upper_bound
 from llm_planner.serving.context import (
     OPTIMAL_GAP,
     ServingContext,
@@ -109,7 +112,7 @@ def verify_serving_plan(plan: ServingPlanFile) -> list[str]:
             taken.setdefault(name, []).append((where, n * rep["count"]))
         _check_devices(ctx, layout, rep, where, used, problems)
     _check_counts(ctx, taken, problems)
-    _check_totals(ctx, plan, total, problems)
+    _check_totals(ctx, plan, total, _check_unrestricted(ctx, plan, problems), problems)
     check_baselines(ctx, plan.data, problems)
     return problems
 
@@ -127,6 +130,38 @@ def _check_checkpoint(ctx: ServingContext, model: str, problems: list[str]) -> N
             f"model.precision.weights: {p.weights_label}, but {ckpt.source} declares {ckpt.weights_label} in its "
             "quantization_config"
         )
+
+
+def _check_unrestricted(ctx: ServingContext, plan: ServingPlanFile, problems: list[str]) -> tuple | None:
+    """serving.unrestricted (with --exportable: the best plan found without it), each replica
+    re-derived as the plan's own are, within the options less --exportable; its (tokens/s, device
+    prices) for the bound, None without one."""
+    free, sv = plan.unrestricted, plan.serving
+    wanted = plan.data["options"]["exportable"] is not None and plan.data["options"]["solver"] == "serving"
+    if free is None:
+        if wanted and plan.data["version"] >= 6:
+            problems.append("serving.unrestricted: null, but options.exportable asks for the plan without it")
+        return None
+    if not wanted:
+        problems.append("serving.unrestricted: recorded, but the plan was made without --exportable")
+        return None
+    other, total, taken = ctx.unrestricted(), 0.0, {}
+    for i, rep in enumerate(free["replicas"]):
+        where = f"serving.unrestricted.replicas[{i}]"
+        found = _check_replica(other, rep, where, problems, True)
+        if found is not None:
+            total += found[1].tokens_per_s * rep["count"]
+            for name, n in layout_usage(found[0]).items():
+                taken.setdefault(name, []).append((where, n * rep["count"]))
+    _check_counts(other, taken, problems)
+    if not close(free["tokens_per_s"], total):
+        problems.append(f"serving.unrestricted.tokens_per_s: {free['tokens_per_s']!r} but its replicas give {total!r}")
+    if total < sv["tokens_per_s"] * (1 - 1e-9):
+        problems.append(
+            f"serving.unrestricted: {total!r} tokens/s, below the plan's {sv['tokens_per_s']!r} (an exportable plan "
+            "is a plan of the unrestricted problem too)"
+        )
+    return total, _prices(ctx, free, problems, "serving.unrestricted")
 
 
 def _check_counts(ctx: ServingContext, taken: dict[str, list[tuple[str, int]]], problems: list[str]) -> None:
@@ -233,15 +268,15 @@ def _check_neighbours(ctx, layout: tuple[Segment, ...], nodes: list, where: str,
         s += seg.stages
 
 
-def _prices(ctx: ServingContext, sv: dict, problems: list[str]) -> dict[str, float] | None:
-    """The device prices the plan's bound used (None when stated as null: no price bound)."""
+def _prices(ctx: ServingContext, sv: dict, problems: list[str], where: str = "serving") -> dict[str, float] | None:
+    """The device prices a bound used (None when stated as null: no price bound)."""
     prices = sv.get("device_prices")
     if prices is None:
         return None
     names = {sc.name for sc in ctx.classes}
     unknown = sorted(set(prices) - names)
     if unknown:
-        problems.append(f"serving.device_prices: {', '.join(unknown)} not a class of the cluster")
+        problems.append(f"{where}.device_prices: {', '.join(unknown)} not a class of the cluster")
         return None
     return {str(k): float(v) for k, v in prices.items()}
 
@@ -296,7 +331,9 @@ def _candidate_bound(ctx: ServingContext, p, row: dict) -> float:
     )
 
 
-def _check_totals(ctx: ServingContext, plan: ServingPlanFile, total: float, problems: list[str]) -> None:
+def _check_totals(
+    ctx: ServingContext, plan: ServingPlanFile, total: float, free: tuple | None, problems: list[str]
+) -> None:
     sv = plan.serving
     reps = plan.replicas
     if not close(sv["tokens_per_s"], total):
@@ -308,11 +345,21 @@ def _check_totals(ctx: ServingContext, plan: ServingPlanFile, total: float, prob
         problems.append("serving.replicas: empty; a plan serves with at least one replica")
     if reps and sv["concurrency"] != sum(r["concurrency"] * r["count"] for r in reps):
         problems.append("serving.concurrency: not the sum over the replicas")
-    bound = tokens_upper_bound(
-        ctx.cache, ctx.classes, ctx.workload.tpot_slo_s, ctx.cluster.inter_node, total, _prices(ctx, sv, problems)
+    bound, free_bound = exportable_bounds(
+        ctx.cache,
+        ctx.classes,
+        ctx.workload.tpot_slo_s,
+        ctx.cluster.inter_node,
+        (total, _prices(ctx, sv, problems)),
+        free,
     )
     if "precisions" in sv:  # a plan made among allowed precisions: bounded by the best of them
         bound = max(bound, _check_candidates(ctx, plan, bound, problems))
+    if free is not None and not close(plan.unrestricted["upper_bound_tokens_per_s"], free_bound):
+        problems.append(
+            f"serving.unrestricted.upper_bound_tokens_per_s: {plan.unrestricted['upper_bound_tokens_per_s']!r}, "
+            f"recomputed {free_bound!r}"
+        )
     if not close(sv["upper_bound_tokens_per_s"], bound):
         problems.append(f"serving.upper_bound_tokens_per_s: {sv['upper_bound_tokens_per_s']!r}, recomputed {bound!r}")
     if total > bound * (1 + 1e-9):

@@ -16,8 +16,8 @@ from typing import Any
 from llm_planner.serving.api import fleet_summary
 from llm_planner.serving.baselines import engineer_best, megatron
 from llm_planner.serving.context import ServingContext
+from llm_planner.serving.engines import engine_micro_batches, layout_refusal
 from llm_planner.serving.layout import Layout
-from llm_planner.serving.search import exportable_layout
 
 REL_TOL = 1e-6
 BASELINE_FIGURES = ("pattern", "count", "concurrency", "micro_batches", "layers")
@@ -46,14 +46,14 @@ def check_options(ctx: ServingContext, layout: Layout, m: int, where: str, probl
         problems.append(
             f"{where}.segments: {classes} classes in one replica, options.max_segments allows {opts.max_segments or 3}"
         )
-    if not exportable_layout(ctx, layout):
-        problems.append(f"{where}.segments: options.exportable {opts.exportable}: vLLM cannot run this layout")
-    top = stages if opts.exportable == "vllm" else min(stages, opts.max_micro_batches or stages)
-    low = stages if opts.exportable == "vllm" else 1
-    if not low <= m <= top:
+    refusal = layout_refusal(opts.exportable, layout, ctx.by_name, m)
+    if refusal is not None:
+        problems.append(f"{where}.segments: options.exportable {opts.exportable}: {refusal}")
+    low, top = 1, min(stages, opts.max_micro_batches or stages)
+    if engine_micro_batches(opts.exportable, stages) is None and not low <= m <= top:
         problems.append(
             f"{where}.micro_batches: {m}, but the options allow {low} to {top} on {stages} stage(s) "
-            f"(options.max_micro_batches {opts.max_micro_batches}, exportable {opts.exportable})"
+            f"(options.max_micro_batches {opts.max_micro_batches})"
         )
 
 

@@ -1,0 +1,176 @@
+"""`llm-planner launch SERVING_PLAN`: serve a serving plan under mpiexec and print measured against
+predicted per replica (llm_planner.launch.serve_launch, docs/serve-runtime.md)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from rich.console import Console
+from rich.table import Table
+
+from llm_planner.cli.arg_types import positive_seconds, seed, tokens, whole
+from llm_planner.cli.commands import UserError
+from llm_planner.core.fmt import fmt_s, styled
+from llm_planner.launch import plan_launch
+from llm_planner.launch.serve_launch import ServeOptions, launch_serving
+
+SERVING_FLAGS = ("request_rate", "max_requests", "duration", "prompt_len", "output_len")
+PLACEMENT_FLAGS = {"prompt_ids": "--prompt-ids", "max_new_tokens": "--max-new-tokens", "warmup": "--warmup"}
+
+
+def request_rate(text: str) -> float:
+    """Requests per second: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of requests per second, got {text!r}")
+    return value
+
+
+def add_serve_launch_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `launch` that only serving plans take (the load the front end sends)."""
+    p.add_argument(
+        "--request-rate",
+        type=request_rate,
+        default=None,
+        help="serving plans: open loop, Poisson arrivals at R requests/s over the cluster "
+        "(default: closed loop at each replica's planned concurrency)",
+    )
+    p.add_argument(
+        "--max-requests",
+        type=whole(1, 2**31),
+        default=None,
+        help="serving plans: requests to serve over the cluster (default: twice the planned concurrency, "
+        "unless --duration is given)",
+    )
+    p.add_argument(
+        "--duration",
+        type=positive_seconds,
+        default=None,
+        help="serving plans: stop admitting requests after this many seconds (those in flight finish)",
+    )
+    p.add_argument(
+        "--seed", type=seed, default=None, help="seed of the requests' token ids and arrivals, and of seeded weights"
+    )
+    p.add_argument(
+        "--prompt-len",
+        type=tokens,
+        default=None,
+        help="serving plans: prompt tokens of every request (default: the plan's)",
+    )
+    p.add_argument(
+        "--output-len",
+        type=tokens,
+        default=None,
+        help="serving plans: output tokens of every request (default: the plan's)",
+    )
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def refuse_serving_flags(args: argparse.Namespace) -> None:
+    given = [_flag(n) for n in SERVING_FLAGS if getattr(args, n) is not None]
+    if given:
+        raise UserError(f"{', '.join(given)}: only serving plans take them; {args.plan} is not one", exit_code=2)
+
+
+def cmd_launch_serving(args: argparse.Namespace, console: Console) -> int:
+    given = [flag for name, flag in PLACEMENT_FLAGS.items() if getattr(args, name) not in (None, [])]
+    given += ["--measure"] if args.measure else []
+    if given:
+        raise UserError(
+            f"{', '.join(given)}: {args.plan} is a serving plan; its load is its workload "
+            "(--request-rate, --max-requests, --duration, --prompt-len, --output-len)",
+            exit_code=2,
+        )
+    options = ServeOptions(
+        dry_run=args.dry_run,
+        checkpoint=args.checkpoint,
+        report_path=args.report,
+        timeout_s=args.timeout,
+        workdir=args.workdir,
+        seed=args.seed if args.seed is not None else 0,
+        dtype=args.dtype,
+        request_rate=args.request_rate,
+        max_requests=args.max_requests,
+        duration_s=args.duration,
+        prompt_len=args.prompt_len,
+        output_len=args.output_len,
+    )
+    try:
+        result, report = launch_serving(args.plan, options)
+    except plan_launch.LaunchError as exc:
+        raise UserError(str(exc), exit_code=exc.exit_code) from None
+    if result.dry_run:
+        console.print(plan_launch.describe_result(result))
+        return 0
+    if report is None:
+        console.print(f"launch failed: {result.error}")
+        return 1
+    console.print(report_table(report))
+    console.print(
+        styled(
+            f"served {report['total']['requests_completed']} requests in {fmt_s(result.duration_s)}; "
+            "run report written to ",
+            (str(result.report_path), "bold"),
+        )
+    )
+    return 0
+
+
+def _num(value, fmt=lambda v: f"{v:,.1f}") -> str:
+    return "-" if value is None else fmt(value)
+
+
+def report_table(report: dict) -> Table:
+    """Measured against predicted per replica, and the total."""
+    table = Table(title="served: measured vs predicted (per replica)")
+    for name in (
+        "replica",
+        "layout",
+        "requests",
+        "tokens/s",
+        "predicted",
+        "TPOT (p50, p99)",
+        "predicted",
+        "TTFT",
+        "predicted",
+        "decode step",
+        "predicted",
+    ):
+        table.add_column(name)
+    for r in report["replicas"]:
+        m, p = r["measured"], r["predicted"]
+        table.add_row(
+            str(r["replica"]),
+            r["layout"],
+            str(r["requests_completed"]),
+            _num(m["tokens_per_s"]),
+            _num(p["tokens_per_s"]),
+            f"{_num(m['tpot_s'], fmt_s)} ({_num(m['tpot_p50_s'], fmt_s)}, {_num(m['tpot_p99_s'], fmt_s)})",
+            _num(p["tpot_s"], fmt_s),
+            _num(m["ttft_s"], fmt_s),
+            _num(p["ttft_s"], fmt_s),
+            _num(m["decode_step_s"], fmt_s),
+            _num(p["decode_step_s"], fmt_s),
+        )
+    total = report["total"]
+    table.add_row(
+        "total",
+        "",
+        str(total["requests_completed"]),
+        _num(total["measured"]["tokens_per_s"]),
+        _num(total["predicted"]["tokens_per_s"]),
+        "",
+        "",
+        "",
+        "",
+        "",
+        "",
+    )
+    return table

@@ -1,0 +1,281 @@
+"""Launch a serving plan with MPI: one rank per device of its replicas, served by our runtime.
+
+From a serving plan (`plan --objective serving`): every copy of every replica pattern is a
+replica; each of its stages runs on the devices the plan assigned it (one rank each, a
+tensor-parallel group's ranks together), with the plan's layers, concurrency, micro-batches,
+token budget and context (the longest request of its workload). The load is the plan's
+workload (llm_planner.runtime.serve_requests): closed loop at each replica's concurrency, or
+open loop at `request_rate`, until `max_requests` or `duration_s`. The hostfile, the rank
+table, the mpiexec command, the error files and the watchdog are the placement launcher's
+(llm_planner.launch.plan_launch.run_table); the run report is written by
+llm_planner.launch.serve_report, with each replica's predicted figures from the planner's own
+serving model (llm_planner.serving.score.score_replica) at the plan's operating point.
+
+Checked before anything starts (LaunchError, exit 2, naming the file or flag): the plan's
+fields and the hashes of its inputs (llm_planner.serving.verify.context_of), the model against a
+checkpoint's config, the devices against the cluster (a device it lacks, a node without a
+hostname, more ranks on a node than its `slots`, a device in two stages), the load's flags, and
+every request against the plan's context. The plan's figures are not re-derived here:
+`llm-planner verify PLAN` does that.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from llm_planner.core.atomic import write_atomic
+from llm_planner.core.spec import ClusterSpec
+from llm_planner.core.tensor_groups import GroupError, group_from_members
+from llm_planner.launch.plan_launch import (
+    LaunchError,
+    LaunchOptions,
+    LaunchResult,
+    default_workdir,
+    rank_entry,
+    rank_order,
+    run_table,
+)
+from llm_planner.launch.serve_report import serving_report
+from llm_planner.runtime import decoder_tasks as dt
+from llm_planner.runtime.serve_requests import LoadSpec
+from llm_planner.runtime.serve_spec import ReplicaSpec, ServeSpec, StageSpec
+from llm_planner.runtime.table import RankTable, RunSpec
+from llm_planner.serving.context import ServingContext
+from llm_planner.serving.layout import Segment
+from llm_planner.serving.layout_text import LayoutError
+from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, load_serving_plan
+from llm_planner.serving.score import ReplicaScore, score_replica
+from llm_planner.serving.verify import context_of
+
+log = logging.getLogger(__name__)
+
+RAW_NAME = "serving_raw.json"  # in the workdir: the ranks' raw record (each request's tokens and times)
+DEFAULT_REQUESTS_PER_SLOT = 2  # without --max-requests or --duration: twice each replica's concurrency
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeOptions:
+    dry_run: bool = False
+    checkpoint: str | None = None
+    report_path: str | None = None
+    timeout_s: float = 600.0
+    workdir: str | None = None
+    extra: tuple[str, ...] = ()  # extra mpiexec arguments
+    seed: int = 0  # the requests' token ids and arrivals, and seeded weights
+    dtype: str | None = None  # default: the plan's
+    fail_rank: int | None = None  # fault injection (tests)
+    request_rate: float | None = None  # requests/s over the cluster, Poisson (open loop); None: closed loop
+    max_requests: int | None = None
+    duration_s: float | None = None
+    prompt_len: int | None = None  # override of the plan's request shapes (one shape)
+    output_len: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServePrepared:
+    """The rank table and what the report needs: the plan, its context and each replica's prediction."""
+
+    table: RankTable
+    plan: ServingPlanFile
+    ctx: ServingContext
+    spec: ServeSpec
+    scores: tuple[ReplicaScore, ...]  # one per replica of spec.replicas
+
+
+def _check_options(options: ServeOptions) -> None:
+    rate = options.request_rate
+    if rate is not None and not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+        raise LaunchError(f"--request-rate: expected a positive number of requests per second, got {rate!r}")
+    if options.max_requests is not None and options.max_requests < 1:
+        raise LaunchError(f"--max-requests: expected at least 1 request, got {options.max_requests}")
+    if options.duration_s is not None and not (math.isfinite(options.duration_s) and options.duration_s > 0):
+        raise LaunchError(f"--duration: expected a positive number of seconds, got {options.duration_s}")
+    for flag, value in (("--prompt-len", options.prompt_len), ("--output-len", options.output_len)):
+        if value is not None and value < 1:
+            raise LaunchError(f"{flag}: expected at least 1 token, got {value}")
+    if not options.timeout_s > 0:
+        raise LaunchError(f"--timeout: must be > 0 seconds, got {options.timeout_s}")
+
+
+def _shapes(plan: ServingPlanFile, options: ServeOptions, context_len: int) -> tuple[tuple[int, int, float], ...]:
+    """The request shapes of the load: the plan's, or one from --prompt-len / --output-len."""
+    planned = tuple((r["prompt_len"], r["output_len"], float(r["weight"])) for r in plan.data["workload"]["requests"])
+    if options.prompt_len is None and options.output_len is None:
+        return planned
+    prompt = options.prompt_len if options.prompt_len is not None else planned[0][0]
+    output = options.output_len if options.output_len is not None else planned[0][1]
+    if prompt + output > context_len:
+        raise LaunchError(
+            f"--prompt-len/--output-len: a request of {prompt} prompt + {output} output tokens = {prompt + output} "
+            f"exceeds the plan's context of {context_len} tokens per sequence (its KV cache slots are sized for the "
+            "longest request of its workload)"
+        )
+    return ((prompt, output, 1.0),)
+
+
+def _model_config(plan: ServingPlanFile, options: ServeOptions, context_len: int):
+    source = str(plan.path)
+    try:
+        config = dt.planned_decoder_config({"name": plan.data["model"]["name"]}, options.checkpoint, source=source)
+    except dt.DecoderError as exc:
+        raise LaunchError(str(exc)) from None
+    if context_len > config.max_positions:
+        raise LaunchError(
+            f"{source}: workload.requests: the longest request ({context_len} tokens) exceeds the model's "
+            f"{config.max_positions} positions"
+        )
+    return config
+
+
+def _replica_rows(plan: ServingPlanFile, ctx: ServingContext) -> list[tuple[dict, list[list[str]], ReplicaScore]]:
+    """(pattern, devices of each stage, prediction) of every replica: each copy of each pattern in plan order."""
+    rows = []
+    for i, rep in enumerate(plan.replicas):
+        layout = tuple(Segment(s["class"], s["degree"], s["stages"]) for s in rep["segments"])
+        try:
+            score = score_replica(
+                ctx,
+                layout,
+                concurrency=rep["concurrency"],
+                micro_batches=rep["micro_batches"],
+                layers=tuple(rep["layers"]),
+            )
+        except (LayoutError, KeyError) as exc:
+            raise LaunchError(f"{plan.path}: serving.replicas[{i}]: {exc}") from None
+        rows += [(rep, copy, score) for copy in rep["devices"]]
+    return rows
+
+
+def _stage_ranks(plan: ServingPlanFile, rows, cluster: ClusterSpec) -> tuple[list[str], dict[str, str]]:
+    """The rank order of every device the replicas use, and the plan device (itself, or its group) of each."""
+    serves: dict[str, str] = {}
+    for r, (_, stages, _) in enumerate(rows):
+        for s, names in enumerate(stages):
+            try:
+                group = names[0] if len(names) == 1 else group_from_members(cluster, list(names))
+            except GroupError as exc:
+                raise LaunchError(f"{plan.path}: serving.replicas: replica {r} stage {s}: {exc}") from None
+            for name in names:
+                if name in serves:
+                    raise LaunchError(
+                        f"{plan.path}: serving.replicas: device {name} serves two stages ({serves[name]} and replica "
+                        f"{r} stage {s}); a device runs one rank"
+                    )
+                serves[name] = group
+    return rank_order(list(serves), cluster, str(plan.path)), serves
+
+
+def prepare_serving(plan_path: str | Path, options: ServeOptions) -> ServePrepared:
+    """Every check (module docstring), then the rank table and each replica's prediction."""
+    _check_options(options)
+    try:
+        plan = load_serving_plan(plan_path)
+        ctx = context_of(plan)
+    except ServingPlanError as exc:
+        raise LaunchError(str(exc)) from None
+    context_len = max(r["prompt_len"] + r["output_len"] for r in plan.data["workload"]["requests"])
+    config = _model_config(plan, options, context_len)
+    shapes = _shapes(plan, options, context_len)
+    rows = _replica_rows(plan, ctx)
+    order, serves = _stage_ranks(plan, rows, ctx.cluster)
+    rank_of = {name: i for i, name in enumerate(order)}
+    total = sum(score.ev.tokens_per_s for _, _, score in rows)
+    replicas = []
+    for rep, stages, score in rows:
+        firsts = [sum(rep["layers"][:s]) for s in range(len(stages))]
+        replicas.append(
+            ReplicaSpec(
+                pattern=rep["pattern"],
+                concurrency=rep["concurrency"],
+                micro_batches=rep["micro_batches"],
+                share=score.ev.tokens_per_s / total if total > 0 else 1.0 / len(rows),
+                stages=tuple(
+                    StageSpec(ranks=tuple(rank_of[n] for n in names), first_layer=a, layers=n_layers)
+                    for names, a, n_layers in zip(stages, firsts, rep["layers"])
+                ),
+            )
+        )
+    max_requests = options.max_requests
+    if max_requests is None and options.duration_s is None:
+        max_requests = DEFAULT_REQUESTS_PER_SLOT * sum(r.concurrency for r in replicas)
+    spec = ServeSpec(
+        model=plan.data["model"]["name"],
+        replicas=tuple(replicas),
+        max_batched_tokens=int(plan.data["options"]["max_batched_tokens"]),
+        context_len=context_len,
+        load=LoadSpec(
+            shapes=shapes, vocab_size=config.vocab_size, seed=options.seed, request_rate=options.request_rate
+        ),
+        max_requests=max_requests,
+        duration_s=options.duration_s,
+    )
+    table = _rank_table(plan_path, plan, ctx.cluster, order, serves, spec, options)
+    return ServePrepared(table=table, plan=plan, ctx=ctx, spec=spec, scores=tuple(s for _, _, s in rows))
+
+
+def _rank_table(plan_path, plan, cluster, order, serves, spec: ServeSpec, options: ServeOptions) -> RankTable:
+    entries = []
+    for rank, name in enumerate(order):
+        role = spec.role(rank)
+        stage = spec.replicas[role.replica].stages[role.stage]
+        tasks = [f"block.{i}" for i in range(stage.first_layer, stage.first_layer + stage.layers)]
+        if stage.first_layer == 0:
+            tasks.insert(0, "embed")
+        if stage.first_layer + stage.layers == plan.data["model"]["num_layers"]:
+            tasks += ["final_norm", "lm_head"]
+        group = list(stage.ranks) if len(stage.ranks) > 1 else []
+        entries.append(
+            rank_entry(rank, name, cluster, plan_device=serves[name], group=group, tasks={str(role.replica): tasks})
+        )
+    if options.fail_rank is not None and not 0 <= options.fail_rank < len(entries):
+        raise LaunchError(f"fail_rank {options.fail_rank} is not a rank of this run (0..{len(entries) - 1})")
+    workdir = default_workdir(plan_path, LaunchOptions(workdir=options.workdir, report_path=options.report_path))
+    run = RunSpec(
+        plan_path=str(Path(plan_path).resolve()),
+        workload="serving",
+        workdir=str(workdir.resolve()),
+        report_path=str(
+            Path(options.report_path).resolve() if options.report_path else (workdir / "run.json").resolve()
+        ),
+        timeout_s=float(options.timeout_s),
+        checkpoint=str(Path(options.checkpoint).resolve()) if options.checkpoint else None,
+        seed=options.seed,
+        dtype=options.dtype or plan.data["model"]["dtype"],
+        fail_rank=options.fail_rank,
+        serving=spec.to_dict(),
+    )
+    return RankTable(ranks=tuple(entries), run=run)
+
+
+def launch_serving(plan_path: str | Path, options: ServeOptions = ServeOptions()) -> tuple[LaunchResult, dict | None]:
+    """Check, write the files, run mpiexec (unless dry_run) and write the run report; (result, report)."""
+    prepared = prepare_serving(plan_path, options)
+    result = run_table(
+        prepared.table,
+        LaunchOptions(dry_run=options.dry_run, extra=options.extra, timeout_s=options.timeout_s),
+    )
+    if result.dry_run:
+        return result, None
+    if not result.ok or result.report is None:
+        return replace(result, error=_with_host(result)), None
+    raw_path = Path(result.workdir) / RAW_NAME
+    write_atomic(raw_path, json.dumps(result.report) + "\n", LaunchError)
+    report = serving_report(str(plan_path), prepared, result.report)
+    write_atomic(result.report_path, json.dumps(report, indent=1) + "\n", LaunchError)
+    return replace(result, report=report), report
+
+
+def _with_host(result: LaunchResult) -> str | None:
+    """The failure's message with the failing rank's host (the failure report names it)."""
+    try:
+        failure = json.loads(Path(result.report_path).read_text())
+    except (OSError, ValueError):
+        return result.error
+    host, rank = failure.get("failed_host"), failure.get("failed_rank")
+    if host is None or result.error is None:
+        return result.error
+    return f"rank {rank} on host {host} failed: {result.error}"

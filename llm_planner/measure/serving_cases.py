@@ -1,0 +1,196 @@
+"""Serving measurements made scoreable: each observation with its replica, operating point and
+workload (`ServingCase`), and its figures as the serving model predicts them for a cluster.
+
+An engine's result does not say the layout, the hardware or the model: the command line gives
+them (`ServingSettings`), once for every result file or once per file, in order. A value the
+command line gives overrides the file's (an engine whose --max-num-seqs capped the benchmark's
+--max-concurrency ran fewer sequences than the file says); what neither gives is an error naming
+the file and the key. Defaults: micro-batches = the layout's stages for an engine (vLLM and
+SGLang keep one batch per pipeline stage in flight), the token budget of `llm-planner score`.
+
+The layer split is held fixed while the factors change: an engine's is vLLM's and SGLang's even
+split (vllm/distributed/utils.py get_pp_indices: the remainder to the stages before the last);
+our own runtime's is the planner's split at the spec's values (ReplicaModel.split_layers), or the
+even one where none fits memory.
+
+`predict` is `llm-planner score` (llm_planner.serving.score.score_replica) on the case: one
+model, no second formula.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llm_planner.core.spec import ClusterSpec
+from llm_planner.graph.transformer import DecoderConfig, named_config
+from llm_planner.measure.serving_results import ServingObservation, ServingResultError
+from llm_planner.serving.context import ServingContext, ServingOptions
+from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET
+from llm_planner.serving.layout import Layout, describe
+from llm_planner.serving.layout_text import LayoutError, parse_layout
+from llm_planner.serving.score import score_replica
+from llm_planner.serving.workload import TPOT_SLO_RANGE_S, ServingWorkload, WorkloadError
+
+FIGURES = ("tpot_s", "tokens_per_s", "ttft_s", "decode_step_s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingSettings:
+    """What the command line says of the results: each tuple empty, one value for every result
+    file, or one per file in order."""
+
+    model: str | None = None
+    replicas: tuple[str, ...] = ()
+    concurrency: tuple[int, ...] = ()
+    micro_batches: tuple[int, ...] = ()
+    dtype: str = "fp16"
+    max_batched_tokens: int | None = None
+    allow_cpu: bool = False
+
+    def for_file(self, i: int, num_files: int, flag: str):
+        """The value of the per-file flag for file i (None: not given)."""
+        values = {"--replica": self.replicas, "--concurrency": self.concurrency, "--micro-batches": self.micro_batches}
+        given = values[flag]
+        if len(given) not in (0, 1, num_files):
+            raise ServingResultError(
+                f"{flag}: give it once for every result or once per result; got {len(given)} for {num_files} results"
+            )
+        return given[i] if len(given) == num_files else given[0] if given else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingCase:
+    """One observation, ready to score: the replica, its operating point and the workload."""
+
+    obs: ServingObservation
+    replica: str  # the layout as `describe` writes it
+    layout: Layout
+    concurrency: int
+    micro_batches: int
+    layers: tuple[int, ...]
+    workload: ServingWorkload
+    options: ServingOptions
+    dtype: str
+    kinds: tuple[str, ...]  # device kinds the replica runs on
+    grouped_kinds: tuple[str, ...]  # those of them in tensor-parallel groups
+
+
+def model_config(settings: ServingSettings, observations: Sequence[ServingObservation]) -> DecoderConfig:
+    """--model, else the model the observations name where it is a preset or a config.json."""
+    name = settings.model
+    if name is None:
+        named = {o.model for o in observations if o.model is not None}
+        found = [n for n in sorted(named) if named_config(n) is not None]
+        if len(found) != 1 or len(named) != 1:
+            sources = ", ".join(f"{o.source} ({o.model!r})" for o in observations[:3])
+            raise ServingResultError(
+                f"--model is required: the results name no single preset or config.json as their model ({sources})"
+            )
+        name = found[0]
+    config = named_config(name)
+    if config is None:
+        raise WorkloadError(f"--model {name!r}: serving calibration needs a decoder preset or a config.json")
+    return config
+
+
+def build_cases(
+    cluster: ClusterSpec,
+    config: DecoderConfig,
+    files: Sequence[tuple[str, list[ServingObservation]]],
+    settings: ServingSettings,
+) -> list[ServingCase]:
+    """Every observation of the result files with what the command line gives (module docstring)."""
+    out = []
+    flags = ("--replica", "--concurrency", "--micro-batches")
+    for i, (_, observations) in enumerate(files):
+        given = {flag: settings.for_file(i, len(files), flag) for flag in flags}
+        for obs in observations:
+            out.append(_case(cluster, config, obs, settings, given))
+    return out
+
+
+def _case(cluster, config, obs: ServingObservation, settings: ServingSettings, given: dict) -> ServingCase:
+    text = given["--replica"] or obs.layout
+    if text is None:
+        raise ServingResultError(
+            f"{obs.source}: a {obs.engine} result does not say the replica's layout: give --replica"
+        )
+    concurrency = given["--concurrency"] or obs.concurrency
+    if concurrency is None:
+        raise ServingResultError(
+            f"{obs.source}: {obs.concurrency_note}, so the sequences in flight are unknown: give --concurrency "
+            "(for N prompts sent at once, N if the engine's --max-num-seqs holds them)"
+        )
+    options = ServingOptions(
+        allow_cpu=settings.allow_cpu,
+        max_batched_tokens=settings.max_batched_tokens or obs.max_batched_tokens or DEFAULT_TOKEN_BUDGET,
+    )
+    workload = ServingWorkload(requests=obs.requests, tpot_slo_s=TPOT_SLO_RANGE_S[1], source=obs.source)
+    ctx = ServingContext(cluster, config, workload, settings.dtype, options)
+    where = "--replica" if given["--replica"] else f"{obs.source}: layout"
+    try:
+        layout = parse_layout(text, ctx.by_name)
+    except LayoutError as exc:
+        raise ServingResultError(f"{where} {text!r}: {exc}") from None
+    stages = sum(seg.stages for seg in layout)
+    micro_batches = given["--micro-batches"] or obs.micro_batches or stages
+    if concurrency < micro_batches:
+        raise ServingResultError(
+            f"{obs.source}: concurrency {concurrency} is below its {micro_batches} micro-batches: give --concurrency"
+        )
+    return ServingCase(
+        obs=obs,
+        replica=describe(layout, ctx.by_name),
+        layout=layout,
+        concurrency=concurrency,
+        micro_batches=micro_batches,
+        layers=_split(ctx, layout, obs, concurrency, micro_batches, stages),
+        workload=workload,
+        options=options,
+        dtype=settings.dtype,
+        kinds=tuple(dict.fromkeys(ctx.by_name[seg.class_name].kind.name for seg in layout)),
+        grouped_kinds=tuple(dict.fromkeys(ctx.by_name[s.class_name].kind.name for s in layout if s.degree > 1)),
+    )
+
+
+def _split(ctx: ServingContext, layout: Layout, obs, concurrency: int, micro_batches: int, stages: int):
+    """The layer split held fixed in the fit (module docstring)."""
+    num_layers = ctx.tasks.num_layers
+    if stages > num_layers:
+        raise ServingResultError(f"{obs.source}: {stages} pipeline stages for the model's {num_layers} layers")
+    if obs.engine == "llm_planner":
+        split = ctx.replica(layout).split_layers(concurrency, micro_batches)
+        if split is not None:
+            return split
+    return even_split(num_layers, stages)
+
+
+def even_split(num_layers: int, stages: int) -> tuple[int, ...]:
+    """vLLM's and SGLang's default split: equal parts, the remainder one layer each to the stages
+    before the last (vllm/distributed/utils.py get_pp_indices)."""
+    parts = [num_layers // stages] * stages
+    for i in range(2, num_layers % stages + 2):
+        parts[-i] += 1
+    return tuple(parts)
+
+
+def with_kind_values(cluster: ClusterSpec, values: dict[str, dict[str, float]]) -> ClusterSpec:
+    """The cluster with the given fields of the named kinds replaced (kind -> field -> value)."""
+    kinds = tuple(dataclasses.replace(k, **values[k.name]) if k.name in values else k for k in cluster.device_kinds)
+    return dataclasses.replace(cluster, device_kinds=kinds)
+
+
+def predict(cluster: ClusterSpec, config: DecoderConfig, case: ServingCase) -> dict[str, float]:
+    """The case's figures by the serving model on `cluster` (module docstring)."""
+    ctx = ServingContext(cluster, config, case.workload, case.dtype, case.options)
+    score = score_replica(
+        ctx, case.layout, concurrency=case.concurrency, micro_batches=case.micro_batches, layers=case.layers
+    )
+    return {
+        "tpot_s": score.ev.tpot_s,
+        "tokens_per_s": score.ev.tokens_per_s,
+        "ttft_s": score.ev.ttft_s,
+        "decode_step_s": score.decode_step_s,
+    }

@@ -1,0 +1,254 @@
+"""Serving measurements read for calibration: engine benchmark results and our own run reports.
+
+Each measurement becomes a `ServingObservation`: one replica at one concurrency, its measured TPOT,
+output tokens/s and TTFT (and the pure decode step where the run measured it), the requests'
+lengths, and whatever the file says of the replica (layout, concurrency, micro-batches, token
+budget, model). What a file leaves out the user gives on the command line
+(llm_planner.measure.serving_fit.resolve).
+
+Three formats, told apart by their keys:
+
+- `vllm bench serve --save-result` (vllm/benchmarks/serve.py: one JSON object; `--append-result`
+  appends one per line). Keys read: `max_concurrency` (null when not set), `completed`,
+  `total_input_tokens`, `total_output_tokens`, `output_throughput`, `median_tpot_ms` (else
+  `mean_tpot_ms`), `median_ttft_ms` (else `mean_ttft_ms`), `model_id`, and with
+  `--save-detailed` the per-request `input_lens` and `output_lens`.
+- `python -m sglang.bench_serving --output-file` (python/sglang/bench_serving.py: one JSON object
+  per line, appended): the same keys (SGLang's script is adapted from vLLM's), told from vLLM's by
+  `random_input_len` or `total_output_tokens_retokenized`; with `--output-details` the lens.
+- `llm-planner launch SERVING_PLAN --report run.json` (format `llm_planner.serving_run`,
+  version 1): one observation per replica, its layout, concurrency, micro-batches and token budget
+  from the report, its measured `tpot_p50_s` (else `tpot_s`), `tokens_per_s`, `ttft_p50_s` (else
+  `ttft_s`) and `decode_step_s`.
+
+Medians are preferred to means: the model describes the steady state, and a run's first and last
+requests (ramp-up and tail) pull the mean. The requests' lengths are the per-request lens where
+the file has them, grouped into at most MAX_SHAPES shapes of equal count (sorted by prompt, then
+output length; each shape the means of its group), else the totals over `completed`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llm_planner.core.fileio import parse_document, read_text
+from llm_planner.measure.fits import CalibrateError
+from llm_planner.serving.workload import RequestShape
+
+SERVING_RUN_FORMAT = "llm_planner.serving_run"
+SERVING_RUN_VERSION = 1
+MAX_SHAPES = 16  # request shapes a measurement's lens are grouped into
+ENGINE_TPOT = ("median_tpot_ms", "mean_tpot_ms")
+ENGINE_TTFT = ("median_ttft_ms", "mean_ttft_ms")
+ENGINE_REQUIRED = ("completed", "total_input_tokens", "total_output_tokens", "output_throughput")
+
+
+class ServingResultError(CalibrateError):
+    """A serving measurement that cannot be read; the message names the file and the key."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measured:
+    """What a run measured, in seconds and output tokens per second (None: not measured)."""
+
+    tpot_s: float
+    tokens_per_s: float | None
+    ttft_s: float | None
+    decode_step_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingObservation:
+    """One replica at one operating point, as a file states it (None: the file does not say)."""
+
+    source: str  # "run.json", "run.jsonl line 3", "run.json replicas[1]"
+    engine: str  # "vllm", "sglang" or "llm_planner"
+    measured: Measured
+    requests: tuple[RequestShape, ...]
+    concurrency: int | None
+    concurrency_note: str  # where the concurrency came from, or why the file gives none
+    micro_batches: int | None = None
+    layout: str | None = None
+    max_batched_tokens: int | None = None
+    model: str | None = None
+
+
+def read_serving_results(path: str | Path) -> list[ServingObservation]:
+    """Every observation of the file (module docstring); ServingResultError naming the file and key."""
+    out = []
+    for where, doc in _documents(path):
+        if not isinstance(doc, dict):
+            raise ServingResultError(f"{where}: expected a JSON object, got {type(doc).__name__}")
+        if "format" in doc:
+            out += _read_report(where, doc)
+        else:
+            out.append(_read_engine(where, doc))
+    return out
+
+
+def _documents(path: str | Path) -> list[tuple[str, Any]]:
+    """The file's JSON documents: one, or one per line (JSON Lines, as the engines append them)."""
+    text = read_text(path, ServingResultError)
+    lines = [(n, line) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
+    if not lines:
+        raise ServingResultError(f"{path}: empty file; expected a benchmark result (JSON) or a run report")
+    if len(lines) > 1 and all(line.lstrip().startswith("{") and line.rstrip().endswith("}") for _, line in lines):
+        return [
+            (f"{path} line {n}", parse_document(line, f"{path}: line {n}", ServingResultError, as_json=True))
+            for n, line in lines
+        ]
+    return [(str(path), parse_document(text, str(path), ServingResultError, as_json=True))]
+
+
+def _number(where: str, doc: dict, key: str, *, positive: bool = True, required: bool = True) -> float | None:
+    if key not in doc or doc[key] is None:
+        if required:
+            raise ServingResultError(f"{where}: missing key {key!r}")
+        return None
+    value = doc[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ServingResultError(f"{where}: {key}: expected a finite number, got {json.dumps(value)[:40]}")
+    if positive and value <= 0:
+        raise ServingResultError(f"{where}: {key}: must be above 0, got {value}")
+    return float(value)
+
+
+def _count(where: str, doc: dict, key: str, *, required: bool = True) -> int | None:
+    value = _number(where, doc, key, required=required)
+    if value is not None and value != int(value):
+        raise ServingResultError(f"{where}: {key}: expected a whole number, got {doc[key]}")
+    return None if value is None else int(value)
+
+
+def _first(where: str, doc: dict, keys: tuple[str, ...], scale: float) -> float:
+    """The first of `keys` the document has (times `scale`); missing: an error naming the first."""
+    for key in keys:
+        if doc.get(key) is not None:
+            return _number(where, doc, key) * scale
+    alternatives = " or ".join(repr(k) for k in keys[1:])
+    raise ServingResultError(f"{where}: missing key {keys[0]!r} (or {alternatives})")
+
+
+def _read_engine(where: str, doc: dict) -> ServingObservation:
+    """A vLLM or SGLang benchmark result (module docstring)."""
+    engine = "sglang" if "random_input_len" in doc or "total_output_tokens_retokenized" in doc else "vllm"
+    for key in ENGINE_REQUIRED:
+        _number(where, doc, key)
+    if "max_concurrency" not in doc:
+        raise ServingResultError(f"{where}: missing key 'max_concurrency' ({engine} writes it, null when not set)")
+    completed = _count(where, doc, "completed")
+    limit = _count(where, doc, "max_concurrency", required=False)
+    if limit is None:
+        concurrency, note = None, "max_concurrency is null (the benchmark ran without --max-concurrency)"
+    else:
+        concurrency = min(limit, completed)
+        note = f"max_concurrency {limit}" + (f", {completed} requests completed" if completed < limit else "")
+    model = doc.get("model_id")
+    return ServingObservation(
+        source=where,
+        engine=engine,
+        measured=Measured(
+            tpot_s=_first(where, doc, ENGINE_TPOT, 1e-3),
+            tokens_per_s=_number(where, doc, "output_throughput"),
+            ttft_s=_first(where, doc, ENGINE_TTFT, 1e-3),
+        ),
+        requests=_engine_requests(where, doc, completed),
+        concurrency=concurrency,
+        concurrency_note=note,
+        model=model if isinstance(model, str) else None,
+    )
+
+
+def _engine_requests(where: str, doc: dict, completed: int) -> tuple[RequestShape, ...]:
+    """Request shapes from the per-request lens when saved, else the means of the totals."""
+    ins, outs = doc.get("input_lens"), doc.get("output_lens")
+    if isinstance(ins, list) and isinstance(outs, list) and ins:
+        if len(ins) != len(outs):
+            raise ServingResultError(
+                f"{where}: input_lens has {len(ins)} entries and output_lens {len(outs)}; one per request expected"
+            )
+        pairs = []
+        for i, (p, o) in enumerate(zip(ins, outs)):
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in (p, o)):
+                raise ServingResultError(f"{where}: input_lens[{i}], output_lens[{i}]: expected token counts")
+            if p >= 1 and o >= 1:  # a failed request has no output
+                pairs.append((p, o))
+        if pairs:
+            return group_shapes(pairs)
+    prompt = _number(where, doc, "total_input_tokens") / completed
+    output = _number(where, doc, "total_output_tokens") / completed
+    return (RequestShape(prompt_len=max(1, round(prompt)), output_len=max(1, round(output))),)
+
+
+def group_shapes(pairs: list[tuple[int, int]], limit: int = MAX_SHAPES) -> tuple[RequestShape, ...]:
+    """(prompt, output) pairs as at most `limit` shapes of near-equal count (module docstring)."""
+    pairs = sorted(pairs)
+    groups = min(limit, len(pairs))
+    out = []
+    for g in range(groups):
+        part = pairs[g * len(pairs) // groups : (g + 1) * len(pairs) // groups]
+        prompt = round(sum(p for p, _ in part) / len(part))
+        output = round(sum(o for _, o in part) / len(part))
+        out.append(RequestShape(prompt_len=prompt, output_len=output, weight=float(len(part))))
+    return tuple(out)
+
+
+def _read_report(where: str, doc: dict) -> list[ServingObservation]:
+    """Our own serving run report (module docstring): one observation per replica."""
+    if doc.get("format") != SERVING_RUN_FORMAT:
+        raise ServingResultError(
+            f"{where}: format: expected {SERVING_RUN_FORMAT!r} (a serving run report of `llm-planner launch`), "
+            f"got {json.dumps(doc.get('format'))[:60]}"
+        )
+    if doc.get("version") != SERVING_RUN_VERSION:
+        raise ServingResultError(f"{where}: version: expected {SERVING_RUN_VERSION}, got {doc.get('version')!r}")
+    for key in ("model", "workload", "replicas"):
+        if key not in doc:
+            raise ServingResultError(f"{where}: missing key {key!r}")
+    workload = doc["workload"]
+    if not isinstance(workload, dict):
+        raise ServingResultError(f"{where}: workload: expected an object")
+    shape = RequestShape(
+        prompt_len=_count(f"{where}: workload", workload, "prompt_len"),
+        output_len=_count(f"{where}: workload", workload, "output_len"),
+    )
+    replicas = doc["replicas"]
+    if not isinstance(replicas, list) or not replicas:
+        raise ServingResultError(f"{where}: replicas: expected a list of at least one replica")
+    model = doc["model"] if isinstance(doc["model"], str) else None
+    return [_report_replica(f"{where} replicas[{i}]", r, shape, model) for i, r in enumerate(replicas)]
+
+
+def _report_replica(where: str, r: Any, shape: RequestShape, model: str | None) -> ServingObservation:
+    if not isinstance(r, dict):
+        raise ServingResultError(f"{where}: expected an object")
+    if not isinstance(r.get("layout"), str):
+        raise ServingResultError(f"{where}: missing key 'layout' (the replica's layout notation)")
+    measured = r.get("measured")
+    if not isinstance(measured, dict):
+        raise ServingResultError(f"{where}: missing key 'measured'")
+    m = f"{where}.measured"
+    tpot = "tpot_p50_s" if measured.get("tpot_p50_s") is not None else "tpot_s"
+    ttft = "ttft_p50_s" if measured.get("ttft_p50_s") is not None else "ttft_s"
+    concurrency = _count(where, r, "concurrency")
+    return ServingObservation(
+        source=where,
+        engine="llm_planner",
+        measured=Measured(
+            tpot_s=_number(m, measured, tpot),
+            tokens_per_s=_number(m, measured, "tokens_per_s"),
+            ttft_s=_number(m, measured, ttft, required=False),
+            decode_step_s=_number(m, measured, "decode_step_s", required=False),
+        ),
+        requests=(shape,),
+        concurrency=concurrency,
+        concurrency_note=f"concurrency {concurrency} of the report",
+        micro_batches=_count(where, r, "micro_batches"),
+        layout=r["layout"],
+        max_batched_tokens=_count(where, r, "max_batched_tokens"),
+        model=model,
+    )

@@ -1,0 +1,178 @@
+"""One pipeline stage of a served replica: its layers' weights, a KV cache of slots, and one
+iteration over a ragged batch.
+
+A stage holds decoder layers [first, first + n) (the first stage the embedding too, the last the
+final norm and the LM head), on one device or as one member of a tensor-parallel group of any
+degree k: every task is built by llm_planner.runtime.tp_layers from the declared layout
+(llm_planner.graph.tp_layout) with the member's slice of each weight, and a single device is a
+group of one (`tp_layers.Unconnected(1)`: its collectives do nothing). Weights come from a seed or
+a checkpoint (llm_planner.runtime.weights), by their names in the whole model.
+
+KV cache: per layer, keys and values [slots, kv_heads / k, context, head_dim], allocated once;
+slot s holds the sequence the scheduler put there (llm_planner.runtime.serve_scheduler), and a
+new sequence in a freed slot overwrites it from position 0 (nothing past its length is read).
+
+An iteration's tokens are packed, [T, hidden], T the sum of the entries' tokens (no padding).
+Linear layers run on all T at once. Attention (`attend`) writes each entry's keys and values at
+its positions, then:
+
+    decodes (1 token each): batched, query i over keys [0, start_i] of its slot; the keys of the
+                            batch gathered to the longest length, a boolean mask hides the rest
+                            (exp(-inf) = 0: a hidden key adds exactly nothing)
+    prompt chunks (n > 1):  each on its own, queries start..start+n-1 over keys [0, start + n),
+                            causal (tp_layers.causal_mask with the cache's offset)
+
+Positions are each sequence's own (start + j), for learned positions (GPT-2) and rotary
+embeddings (Llama) alike, so a sequence's tokens do not depend on what shares its batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from llm_planner.graph import transformer
+from llm_planner.runtime import gpt, tp_layers
+from llm_planner.runtime.serve_scheduler import Entry
+
+
+def _offsets(entries: tuple[Entry, ...] | list[Entry]) -> list[int]:
+    out, at = [], 0
+    for e in entries:
+        out.append(at)
+        at += e.tokens
+    return out
+
+
+def positions_of(entries, device: torch.device) -> torch.Tensor:
+    """Each packed token's position in its own sequence."""
+    return torch.cat([torch.arange(e.start, e.start + e.tokens) for e in entries]).to(device)
+
+
+def attend(q, k, v, cache_k, cache_v, entries, rep: int) -> torch.Tensor:
+    """q [T, heads, d], k and v [T, kv_heads, d] of the packed entries -> [T, heads * d] (module docstring)."""
+    offsets = _offsets(entries)
+    for e, at in zip(entries, offsets):
+        cache_k[e.slot, :, e.start : e.start + e.tokens] = k[at : at + e.tokens].transpose(0, 1)
+        cache_v[e.slot, :, e.start : e.start + e.tokens] = v[at : at + e.tokens].transpose(0, 1)
+    out = torch.empty_like(q)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    singles = [(e, at) for e, at in zip(entries, offsets) if e.tokens == 1]
+    if singles:
+        rows = torch.tensor([at for _, at in singles], device=q.device)
+        slots = torch.tensor([e.slot for e, _ in singles], device=q.device)
+        lengths = torch.tensor([e.start + 1 for e, _ in singles], device=q.device)
+        length = int(lengths.max())
+        keys, values = _repeat(cache_k[slots, :, :length], rep), _repeat(cache_v[slots, :, :length], rep)
+        visible = (torch.arange(length, device=q.device)[None, :] < lengths[:, None])[:, None, None, :]
+        o = F.scaled_dot_product_attention(q[rows][:, :, None], keys, values, attn_mask=visible, scale=scale)
+        out[rows] = o[:, :, 0]
+    for e, at in zip(entries, offsets):
+        if e.tokens == 1:
+            continue
+        length = e.start + e.tokens
+        keys = _repeat(cache_k[e.slot : e.slot + 1, :, :length], rep)
+        values = _repeat(cache_v[e.slot : e.slot + 1, :, :length], rep)
+        mask = tp_layers.causal_mask(None, e.tokens, length, q.dtype, q.device)
+        qs = q[at : at + e.tokens].transpose(0, 1)[None]
+        o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=scale)
+        out[at : at + e.tokens] = o[0].transpose(0, 1)
+    return out.reshape(q.shape[0], -1)
+
+
+def _repeat(t: torch.Tensor, rep: int) -> torch.Tensor:
+    return t.repeat_interleave(rep, dim=1) if rep > 1 else t
+
+
+class ServeBlock(tp_layers.BlockShard):
+    """A decoder block (or a member's share of one) over a packed iteration and a slot KV cache."""
+
+    def __init__(self, cfg, layer: int, t: dict, ops, *, slots: int, context_len: int):
+        super().__init__(cfg, layer, t, ops)
+        like = t["q"]
+        shape = (slots, self.kv, context_len, self.d)
+        self.cache_k = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        self.cache_v = torch.zeros(shape, dtype=like.dtype, device=like.device)
+
+    def forward(self, x: torch.Tensor, entries, rotary) -> torch.Tensor:  # type: ignore[override]
+        tokens = x.shape[0]
+        q, k, v = (
+            y.view(tokens, n, self.d) for y, n in zip(self.qkv(self.attn_norm(x)), (self.heads, self.kv, self.kv))
+        )
+        if self.rotary:
+            from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+            q, k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], *rotary)
+            q, k = q[0].transpose(0, 1), k[0].transpose(0, 1)
+        x = x + self.o(attend(q, k, v, self.cache_k, self.cache_v, entries, self.rep))
+        parts = self.up(self.mlp_norm(x))
+        inner = self.act(parts[0]) * parts[1] if len(parts) == 2 else self.act(parts[0])
+        return x + self.down(inner)
+
+
+class ServeStage:
+    """Layers [first_layer, first_layer + num_layers) of the model, with the ends when first / last."""
+
+    def __init__(
+        self,
+        config,
+        *,
+        first_layer: int,
+        num_layers: int,
+        slots: int,
+        context_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        source,
+        ops=None,
+    ):
+        """`config`: the transformers config; `ops`: the group's collectives (None: a single device)."""
+        self.config, self.family = config, gpt.family_of(config)
+        self.device = device
+        self.ops = ops if ops is not None else tp_layers.Unconnected(1)
+        cfg = transformer.from_hf_config(config)
+        tp_layers.check_runs_on_groups(config, self.family)
+        total = gpt.num_layers_of(config)
+        self.first, self.last = first_layer == 0, first_layer + num_layers == total
+        if context_len > cfg.max_positions:
+            raise gpt.DecoderError(f"a context of {context_len} tokens exceeds the model's {cfg.max_positions}")
+
+        def build(task: str):
+            return tp_layers.build_shard(task, cfg, self.family, self.ops, source, dtype=dtype, device=device)
+
+        self.embed = build("embed") if self.first else None
+        tp_layers.check_divisible(cfg, self.ops.size)
+        self.blocks = []
+        for i in range(first_layer, first_layer + num_layers):
+            t = tp_layers.member_tensors(
+                f"block.{i}", cfg, self.family, self.ops.size, self.ops.index, source, dtype=dtype, device=device
+            )
+            self.blocks.append(ServeBlock(cfg, i, t, self.ops, slots=slots, context_len=context_len))
+        self.norm = self.head = None
+        if self.last:
+            ends = gpt.DecoderShard(config, {"final_norm"}, device=device, dtype=dtype, source=source)
+            self.norm = ends.modules[ends.names.norm]
+            self.head = build("lm_head")
+        self.rotary = None
+        if self.family == "llama":
+            from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+            self.rotary = LlamaRotaryEmbedding(config=config).to(device)
+
+    def run(self, entries, value: torch.Tensor) -> torch.Tensor:
+        """One iteration: token ids [T] in (first stage) or hidden states [T, hidden]; hidden states out,
+        or on the last stage the greedy token of each sampling entry ([n] ids, entry order)."""
+        positions = positions_of(entries, self.device)
+        x = self.embed(value.to(self.device), positions) if self.embed is not None else value.to(self.device)
+        rotary = self.rotary(x[None], position_ids=positions[None]) if self.rotary is not None else None
+        for block in self.blocks:
+            x = block(x, entries, rotary)
+        if not self.last:
+            return x
+        rows = [at + e.tokens - 1 for e, at in zip(entries, _offsets(entries)) if e.sample]
+        if not rows:
+            return torch.empty(0, dtype=torch.long)
+        hidden = self.norm(x[torch.tensor(rows, device=x.device)])
+        return self.head(hidden[:, None, :]).to("cpu")

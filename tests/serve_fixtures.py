@@ -1,0 +1,98 @@
+"""Serving plans of chosen replicas on the localhost cluster, and the whole-model reference, for the
+serving runtime's tests. The plans' figures are the replica model's at the chosen operating point
+(what `plan` would write for that replica); their totals, bound and baselines are not searched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from runtime_fixtures import LOCALHOST
+
+from llm_planner.serving.api import replica_record
+from llm_planner.serving.context import ServingOptions, build_context
+from llm_planner.serving.layout import Pattern, Segment
+from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION, input_digest, save_serving_plan
+from llm_planner.serving.workload import RequestShape, ServingWorkload
+
+CLASS = "localhost/cpu-core"
+
+
+def dev(i: int) -> str:
+    return f"localhost/cpu-core:{i}"
+
+
+def serving_plan(
+    path: Path,
+    model_dir: Path,
+    replicas: list[dict],
+    *,
+    prompt_len: int = 6,
+    output_len: int = 5,
+    max_batched_tokens: int = 8,
+    cluster: Path = LOCALHOST,
+) -> Path:
+    """replicas: [{"degrees": [k per stage], "layers": [...], "concurrency": C, "micro_batches": m,
+    "devices": [[names of stage 0], ...]}], one copy each."""
+    workload = ServingWorkload(requests=(RequestShape(prompt_len=prompt_len, output_len=output_len),), tpot_slo_s=10.0)
+    options = ServingOptions(allow_cpu=True, max_batched_tokens=max_batched_tokens)
+    ctx = build_context(str(cluster), str(model_dir), workload, "fp32", options)
+    records = []
+    for r in replicas:
+        layout = tuple(Segment(CLASS, k, 1) for k in r["degrees"])
+        ev = ctx.replica(layout).evaluate(tuple(r["layers"]), r["concurrency"], r["micro_batches"])
+        records.append(replica_record(ctx, Pattern(layout=layout, ev=ev), 1, [r["devices"]]))
+    total = sum(rec["tokens_per_s"] for rec in records)
+    data = {
+        "format": SERVING_FORMAT,
+        "version": SERVING_VERSION,
+        "objective": "serving",
+        "inputs": {
+            "cluster": str(cluster),
+            "cluster_sha256": ctx.cluster.sha256,
+            "profile": None,
+            "profile_sha256": None,
+            "model_sha256": input_digest(str(Path(model_dir) / "config.json"), "model"),
+        },
+        "model": {
+            "name": str(model_dir),
+            "dtype": "fp32",
+            "num_layers": ctx.tasks.num_layers,
+            "precision": ctx.precision.to_dict(),
+        },
+        "workload": workload.to_dict(),
+        "options": {**options.__dict__, "solver": "serving"},
+        "serving": {
+            "tokens_per_s": total,
+            "upper_bound_tokens_per_s": total,
+            "device_prices": None,
+            "gap": 0.0,
+            "status": "heuristic",
+            "tpot_s": max(rec["tpot_s"] for rec in records),
+            "ttft_s": max(rec["ttft_s"] for rec in records),
+            "concurrency": sum(rec["concurrency"] for rec in records),
+            "solve_time_s": 0.0,
+            "layouts_evaluated": 0,
+            "layouts_candidate": 0,
+            "layouts_left": 0,
+            "replicas": records,
+            "unrestricted": None,
+        },
+        "baselines": {name: {"tokens_per_s": 0, "replicas": []} for name in ("engineer-best", "megatron")},
+    }
+    save_serving_plan(data, path)
+    return path
+
+
+def greedy_whole(model, prompt: list[int], steps: int) -> list[int]:
+    """Greedy tokens of the whole Hugging Face model, every step recomputed from the full sequence
+    (no KV cache, no batching, no end-of-sequence stop)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt], device=device)
+    out = []
+    with torch.no_grad():
+        for _ in range(steps):
+            token = int(torch.argmax(model(ids).logits[0, -1].float()))
+            out.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]], device=device)], dim=1)
+    return out

@@ -1,0 +1,303 @@
+"""`calibrate --serving`: the readers of vLLM, SGLang and our own serving run reports, the fit
+recovering the factors that made synthetic measurements (scored by `llm-planner score` on a spec
+with known factors), what the data cannot tell, and every bad input an exit 2 naming file and key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from serving_fixtures import SMALL_FLEET
+
+from llm_planner.cli import main as cli_main
+from llm_planner.cli.main import main
+from llm_planner.core.spec import load_cluster
+from llm_planner.measure.serving_cases import ServingSettings, build_cases, even_split, model_config
+from llm_planner.measure.serving_fit import fit_serving
+from llm_planner.measure.serving_results import read_serving_results
+
+TRUTH = {"compute_efficiency": 0.45, "mem_efficiency": 0.62, "step_overhead_s": 3.1e-4, "collective_overhead_s": 9e-6}
+PROMPT, OUTPUT = 512, 128
+TP2, TP1, PP2 = "1 x bigbox/big[tp2]", "1 x bigbox/big", "2 x bigbox/big"
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    monkeypatch.setattr(cli_main, "console", cli_main.LiteralConsole(width=400))
+
+
+def _spec(tmp_path, name: str, **big) -> str:
+    """The small fleet (serving_fixtures) with the "big" kind's fields set."""
+    data = yaml.safe_load(SMALL_FLEET)
+    next(k for k in data["device_kinds"] if k["name"] == "big").update(big)
+    path = tmp_path / name
+    path.write_text("# the spec to correct: this comment must survive\n" + yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def _vllm(c: int, tpot_s: float, tokens_per_s: float, ttft_s: float, **extra) -> dict:
+    """What `vllm bench serve --save-result` writes (vllm/benchmarks/serve.py), numbers given."""
+    n = 4 * c
+    return {
+        "date": "20261128-120000",
+        "endpoint_type": "openai",
+        "backend": "openai",
+        "label": None,
+        "model_id": "meta-llama/Llama-2-7b-hf",
+        "tokenizer_id": "meta-llama/Llama-2-7b-hf",
+        "num_prompts": n,
+        "request_rate": "inf",
+        "burstiness": 1.0,
+        "max_concurrency": c,
+        "duration": n * OUTPUT / tokens_per_s,
+        "completed": n,
+        "failed": 0,
+        "total_input_tokens": n * PROMPT,
+        "total_output_tokens": n * OUTPUT,
+        "request_throughput": tokens_per_s / OUTPUT,
+        "request_goodput": None,
+        "output_throughput": tokens_per_s,
+        "total_token_throughput": tokens_per_s * (1 + PROMPT / OUTPUT),
+        "max_output_tokens_per_s": tokens_per_s * 1.1,
+        "max_concurrent_requests": c,
+        "mean_ttft_ms": ttft_s * 1.2e3,
+        "median_ttft_ms": ttft_s * 1e3,
+        "std_ttft_ms": 1.0,
+        "p99_ttft_ms": ttft_s * 2e3,
+        "mean_tpot_ms": tpot_s * 1.05e3,
+        "median_tpot_ms": tpot_s * 1e3,
+        "std_tpot_ms": 0.1,
+        "p99_tpot_ms": tpot_s * 1.5e3,
+        "mean_itl_ms": tpot_s * 1e3,
+        "median_itl_ms": tpot_s * 1e3,
+        **extra,
+    }
+
+
+def _scored(capsys, spec: str, replica: str, c: int, m: int = 1, layers: str | None = None) -> dict:
+    """`llm-planner score --json` of the replica on `spec`: the synthetic measurement."""
+    argv = ["score", "--cluster", spec, "--model", "llama2-7b", "--replica", replica, "--concurrency", str(c)]
+    argv += ["--micro-batches", str(m), "--prompt-len", str(PROMPT), "--output-len", str(OUTPUT), "--json"]
+    argv += ["--layers", layers] if layers else []
+    assert main(argv) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+# (replica, concurrency, micro-batches, layers): the engines' one batch per stage, their even split; memory aside
+POINTS = [(TP2, 4, 1, "32"), (TP2, 32, 1, "32"), (TP2, 96, 1, "32"), (TP1, 2, 1, "32"), (PP2, 16, 2, "16,16")]
+
+
+def _measurements(tmp_path, capsys) -> tuple[list[str], list[str]]:
+    """One vLLM result per point, measured on the true spec; and the replica of each."""
+    true = _spec(tmp_path, "true.yaml", **TRUTH)
+    files = []
+    for n, (replica, c, m, layers) in enumerate(POINTS):
+        s = _scored(capsys, true, replica, c, m, layers)
+        path = tmp_path / f"vllm-{n}.json"
+        path.write_text(json.dumps(_vllm(c, s["tpot_s"], s["tokens_per_s"], s["ttft_s"])))
+        files.append(str(path))
+    return files, [p[0] for p in POINTS]
+
+
+def test_the_fit_recovers_the_factors_that_made_the_measurements_and_writes_them(tmp_path, capsys):
+    files, replicas = _measurements(tmp_path, capsys)
+    spec = _spec(tmp_path, "spec.yaml")  # the fixture's factors: ce 0.6, me 0.8, step 0.5 ms, collective default
+    out = tmp_path / "calibrated.yaml"
+    argv = ["calibrate", "--serving", "--cluster", spec, "--model", "llama2-7b", *files, "-o", str(out)]
+    for r in replicas:
+        argv += ["--replica", r]
+    assert main(argv) == 0, capsys.readouterr().err
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "vllm-4.json" in printed and "TPOT" in printed and "corrected spec written" in printed
+    big = load_cluster(out).kind("big")
+    for field, value in TRUTH.items():
+        assert getattr(big, field) == pytest.approx(value, rel=1e-3), field  # the spec rounds to 4 digits
+    text = out.read_text()
+    assert text.startswith("# Calibrated by `llm-planner calibrate` from ") and "this comment must survive" in text
+    assert load_cluster(out).kind("small") == load_cluster(spec).kind("small")
+    # the fit itself, before the spec's rounding
+    cluster = load_cluster(spec)
+    observations = [(f, read_serving_results(f)) for f in files]
+    settings = ServingSettings(model="llama2-7b", replicas=tuple(replicas))
+    config = model_config(settings, [o for _, obs in observations for o in obs])
+    result = fit_serving(cluster, config, build_cases(cluster, config, observations, settings))
+    fit = next(f for f in result.calibration.kinds if f.name == "big")
+    assert set(fit.fitted) == set(TRUTH) and fit.kept == {}
+    for field, value in TRUTH.items():
+        assert fit.values[field] == pytest.approx(value, rel=1e-6), field
+    assert fit.rel_rms_after < 1e-6 < 0.05 < fit.rel_rms_before
+    for row in result.figures:  # the medians written above, read back
+        assert row.after == pytest.approx(row.measured, rel=1e-6)
+    small = next(f for f in result.calibration.kinds if f.name == "small")
+    assert small.fitted == () and set(small.kept.values()) == {"no observation ran on this kind"}
+    # the same factors from a spec far from them: peak rates and no overheads
+    far = load_cluster(_spec(tmp_path, "far.yaml", **dict.fromkeys(TRUTH, 0) | dict.fromkeys(list(TRUTH)[:2], 1.0)))
+    result = fit_serving(far, config, build_cases(far, config, observations, settings))
+    fit = next(f for f in result.calibration.kinds if f.name == "big")
+    assert fit.before["mem_efficiency"] == 1.0 and fit.before["step_overhead_s"] == 0
+    for field, value in TRUTH.items():
+        assert fit.values[field] == pytest.approx(value, rel=1e-6), field
+
+
+def test_what_the_measurements_cannot_tell_keeps_the_specs_value_with_its_reason(tmp_path, capsys):
+    files, replicas = _measurements(tmp_path, capsys)
+    spec = load_cluster(_spec(tmp_path, "spec.yaml"))
+    config = model_config(ServingSettings(model="llama2-7b"), [])
+    # single devices only: no all-reduce, so the collective overhead is unknown
+    single = [(f, read_serving_results(f)) for f, r in zip(files, replicas) if r != TP2]
+    cases = build_cases(spec, config, single, ServingSettings(model="llama2-7b", replicas=(TP1, PP2)))
+    fit = next(f for f in fit_serving(spec, config, cases).calibration.kinds if f.name == "big")
+    assert fit.kept["collective_overhead_s"] == "no observation runs a tensor-parallel group of this kind"
+    assert fit.values["collective_overhead_s"] == spec.kind("big").collective_call_s
+    # one result: TPOT and TTFT are 2 figures, so one factor at most (the step overhead, given up last)
+    cases = build_cases(spec, config, single[:1], ServingSettings(model="llama2-7b", replicas=(TP1,)))
+    fit = next(f for f in fit_serving(spec, config, cases).calibration.kinds if f.name == "big")
+    assert fit.fitted == ("step_overhead_s",)
+    assert fit.kept["mem_efficiency"] == "2 figure(s) cannot fit more than 1 factor(s)"
+    # without TTFT (--ttft-weight 0), TPOT alone: nothing to fit, the spec's values kept
+    fit = next(f for f in fit_serving(spec, config, cases, {"ttft_s": 0}).calibration.kinds if f.name == "big")
+    assert fit.fitted == () and fit.values == fit.before
+    assert fit.kept["step_overhead_s"] == "1 figure(s) cannot fit more than 0 factor(s)"
+
+
+def test_vllm_results_are_read_with_their_lens_and_appended_results_line_by_line(tmp_path):
+    one = tmp_path / "vllm.json"
+    lens = {"input_lens": [100, 300, 500, 700], "output_lens": [50, 0, 150, 250]}  # a failed request: no output
+    one.write_text(json.dumps(_vllm(8, 0.02, 300.0, 0.1, **lens)))
+    (obs,) = read_serving_results(one)
+    assert (obs.engine, obs.source, obs.concurrency, obs.model) == ("vllm", str(one), 8, "meta-llama/Llama-2-7b-hf")
+    assert obs.measured.tpot_s == pytest.approx(0.02) and obs.measured.ttft_s == pytest.approx(0.1)
+    assert obs.measured.tokens_per_s == 300.0 and obs.measured.decode_step_s is None
+    assert [(r.prompt_len, r.output_len, r.weight) for r in obs.requests] == [
+        (100, 50, 1),
+        (500, 150, 1),
+        (700, 250, 1),
+    ]
+    few = tmp_path / "few.json"  # fewer requests than --max-concurrency: never more in flight than requests
+    few.write_text(json.dumps(_vllm(8, 0.02, 300.0, 0.1) | {"completed": 5}))
+    (obs,) = read_serving_results(few)
+    assert obs.concurrency == 5 and "5 requests completed" in obs.concurrency_note
+    appended = tmp_path / "appended.json"  # `--append-result`: one object per line
+    appended.write_text(json.dumps(_vllm(4, 0.01, 100.0, 0.05)) + "\n" + json.dumps(_vllm(16, 0.03, 500.0, 0.2)) + "\n")
+    first, second = read_serving_results(appended)
+    assert (first.concurrency, second.concurrency) == (4, 16)
+    assert second.source == f"{appended} line 2" and second.requests[0].prompt_len == PROMPT
+
+
+def test_sglang_jsonl_is_read_one_observation_per_line(tmp_path):
+    rows = []
+    for c, tpot in ((8, 0.015), (None, 0.03)):
+        row = {
+            "backend": "sglang",
+            "dataset_name": "random",
+            "request_rate": float("inf"),
+            "max_concurrency": c,
+            "sharegpt_output_len": None,
+            "random_input_len": 1024,
+            "random_output_len": 256,
+            "random_range_ratio": 0.0,
+            "duration": 60.0,
+            "completed": 200,
+            "total_input_tokens": 200 * 700,
+            "total_output_tokens": 200 * 180,
+            "total_output_tokens_retokenized": 200 * 179,
+            "request_throughput": 3.3,
+            "input_throughput": 2333.0,
+            "output_throughput": 600.0,
+            "mean_e2e_latency_ms": 3000.0,
+            "median_ttft_ms": 40.0,
+            "mean_ttft_ms": 45.0,
+            "mean_tpot_ms": tpot * 1e3,
+            "concurrency": 7.6,
+            "accept_length": None,
+        }
+        rows.append(json.dumps(row))  # Infinity, as Python's json writes it
+    path = tmp_path / "sglang.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    first, second = read_serving_results(path)
+    assert first.engine == "sglang" and first.concurrency == 8 and first.source == f"{path} line 1"
+    assert first.measured.tpot_s == pytest.approx(0.015)  # no median_tpot_ms: the mean
+    assert first.measured.ttft_s == pytest.approx(0.04)  # the median where given
+    assert [(r.prompt_len, r.output_len) for r in first.requests] == [(700, 180)]  # totals / completed
+    assert second.concurrency is None and "max_concurrency is null" in second.concurrency_note
+
+
+def _report(layout: str = TP2) -> dict:
+    """A serving run report as `llm-planner launch SERVING_PLAN --report run.json` writes it."""
+    measured = {"tokens_per_s": 2400.0, "tpot_s": 0.0135, "tpot_p50_s": 0.013, "tpot_p90_s": 0.015}
+    measured |= {"tpot_p99_s": 0.02, "ttft_s": 0.04, "ttft_p50_s": 0.035, "ttft_p99_s": 0.09, "decode_step_s": 0.012}
+    predicted = {"tokens_per_s": 2600.0, "tpot_s": 0.0125, "ttft_s": 0.03, "decode_step_s": 0.011}
+    replica = {"replica": 0, "layout": layout, "concurrency": 32, "micro_batches": 1, "max_batched_tokens": 4096}
+    replica |= {"requests_completed": 320, "output_tokens": 40960, "duration_s": 17.1}
+    return {
+        "format": "llm_planner.serving_run",
+        "version": 1,
+        "plan": "plan.yaml",
+        "model": "llama2-7b",
+        "workload": {"prompt_len": PROMPT, "output_len": OUTPUT, "seed": 0, "request_rate": None},
+        "replicas": [replica | {"measured": measured, "predicted": predicted}],
+        "total": {"tokens_per_s": 2400.0, "predicted_tokens_per_s": 2600.0},
+    }
+
+
+def test_our_serving_run_report_is_read_with_its_layout_and_operating_point(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(_report(), indent=2))
+    (obs,) = read_serving_results(path)
+    assert (obs.engine, obs.layout, obs.concurrency, obs.micro_batches) == ("llm_planner", TP2, 32, 1)
+    assert (obs.max_batched_tokens, obs.model, obs.source) == (4096, "llama2-7b", f"{path} replicas[0]")
+    m = obs.measured
+    assert (m.tpot_s, m.tokens_per_s, m.ttft_s, m.decode_step_s) == (0.013, 2400.0, 0.035, 0.012)  # medians
+    spec = load_cluster(_spec(tmp_path, "spec.yaml"))
+    settings = ServingSettings()  # the model and everything else from the report
+    (case,) = build_cases(spec, model_config(settings, [obs]), [(str(path), [obs])], settings)
+    assert case.options.max_batched_tokens == 4096 and case.layers == (32,) and case.grouped_kinds == ("big",)
+
+
+def test_even_split_is_the_engines():
+    assert even_split(32, 2) == (16, 16)
+    assert even_split(7, 3) == (2, 3, 2)
+    assert even_split(43, 10) == (4, 4, 4, 4, 4, 4, 5, 5, 5, 4)
+
+
+def _refused(capsys, argv: list[str], *words: str) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    err = " ".join(captured.err.split())
+    assert "Traceback" not in captured.out + captured.err
+    assert all(w in err for w in words), err
+    return err
+
+
+def test_bad_inputs_exit_2_naming_the_file_and_the_key(tmp_path, capsys):
+    spec = _spec(tmp_path, "spec.yaml")
+    base = ["calibrate", "--serving", "--cluster", spec, "--model", "llama2-7b", "-o", str(tmp_path / "o.yaml")]
+    text = tmp_path / "notjson.json"
+    text.write_text("Successful requests: 100\n")
+    _refused(capsys, [*base, "--replica", TP2, str(text)], "notjson.json", "not valid JSON")
+    missing = tmp_path / "missing.json"
+    row = _vllm(8, 0.02, 300.0, 0.1)
+    del row["median_tpot_ms"], row["mean_tpot_ms"]
+    missing.write_text(json.dumps(row))
+    _refused(capsys, [*base, "--replica", TP2, str(missing)], "missing.json", "missing key 'median_tpot_ms'")
+    unbounded = tmp_path / "unbounded.json"
+    unbounded.write_text(json.dumps(_vllm(8, 0.02, 300.0, 0.1) | {"max_concurrency": None}))
+    _refused(capsys, [*base, "--replica", TP2, str(unbounded)], "unbounded.json", "max_concurrency", "--concurrency")
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_vllm(8, 0.02, 300.0, 0.1)))
+    _refused(
+        capsys, [*base, "--replica", "1 x bigbox/huge[tp2]", str(good)], "--replica", "unknown class 'bigbox/huge'"
+    )
+    _refused(capsys, [*base, str(good)], "good.json", "give --replica")
+    report = tmp_path / "run.json"
+    report.write_text(json.dumps(_report(layout="bigbox/big: 1 stage x tp3")))
+    _refused(capsys, [*base, str(report)], "run.json replicas[0]: layout", "tp3")
+    data = _report()
+    del data["replicas"][0]["measured"]["tokens_per_s"]
+    report.write_text(json.dumps(data))
+    _refused(capsys, [*base, str(report)], "run.json replicas[0].measured", "missing key 'tokens_per_s'")
+    _refused(capsys, [*base, "--replica", TP2, "--replica", TP1, "--replica", TP1, str(good), str(good)], "--replica")
+    plain = ["calibrate", "--cluster", spec, "-o", str(tmp_path / "o.yaml")]
+    _refused(capsys, [*plain, str(good)], "good.json", "need --serving")
+    _refused(capsys, [*base, "--plan", "p.yaml", str(good)], "--plan and --report are for placement runs")

@@ -1,0 +1,151 @@
+"""`llm-planner launch SERVING_PLAN` without running MPI: the dry run (rank table, command), the
+serving spec the ranks read, and every refusal (exit 2, naming the file or flag)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from runtime_fixtures import LOCALHOST, save_config, tiny_gpt2
+from serve_fixtures import dev, serving_plan
+
+from llm_planner.cli import main as cli
+from llm_planner.launch.plan_launch import LaunchError
+from llm_planner.launch.serve_launch import ServeOptions, launch_serving, prepare_serving
+from llm_planner.launch.serve_report import measured, percentile
+from llm_planner.runtime.serve_spec import ServeSpec
+from llm_planner.runtime.table import load_rank_table
+
+MIXED = {"degrees": [2, 1], "layers": [3, 1], "concurrency": 3, "micro_batches": 2}
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory) -> Path:
+    return save_config(tiny_gpt2(), tmp_path_factory.mktemp("gpt2"))
+
+
+@pytest.fixture(scope="module")
+def plan(gpt2_dir, tmp_path_factory) -> Path:
+    single = {"degrees": [1], "layers": [4], "concurrency": 2, "micro_batches": 1, "devices": [[dev(3)]]}
+    replicas = [{**MIXED, "devices": [[dev(0), dev(1)], [dev(2)]]}, single]
+    return serving_plan(tmp_path_factory.mktemp("plan") / "serve.yaml", gpt2_dir, replicas)
+
+
+def test_dry_run_prints_the_rank_table_and_command(plan, tmp_path, capsys):
+    assert cli.main(["launch", str(plan), "--dry-run", "--workdir", str(tmp_path / "w"), "--max-requests", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "mpiexec -f" in out and "-n 4" in out and "llm_planner.runtime" in out
+    assert "localhost/cpu-core:0 (group localhost/cpu-core:0-1)" in out
+    table = load_rank_table(tmp_path / "w" / "rank_table.json")
+    assert table.run.workload == "serving" and table.run.dtype == "fp32"
+    assert [r.group for r in table.ranks] == [[0, 1], [0, 1], [], []]
+    assert table.ranks[2].tasks == {"0": ["block.3", "final_norm", "lm_head"]}
+    spec = ServeSpec.from_dict(table.run.serving)
+    assert [[s.ranks for s in r.stages] for r in spec.replicas] == [[(0, 1), (2,)], [(3,)]]
+    assert [(s.first_layer, s.layers) for s in spec.replicas[0].stages] == [(0, 3), (3, 1)]
+    assert spec.context_len == 11 and spec.max_batched_tokens == 8 and spec.max_requests == 3
+    assert abs(sum(spec.shares) - 1) < 1e-12
+
+
+def test_shares_and_predictions_are_the_replica_models(plan):
+    prepared = prepare_serving(plan, ServeOptions(dry_run=True))
+    rates = [s.ev.tokens_per_s for s in prepared.scores]
+    assert prepared.spec.shares == pytest.approx([r / sum(rates) for r in rates])
+    replicas = prepared.plan.replicas
+    assert [s.ev.tpot_s for s in prepared.scores] == pytest.approx([r["tpot_s"] for r in replicas], rel=1e-9)
+    assert prepared.spec.max_requests == 2 * (3 + 2)  # twice the planned concurrency by default
+
+
+def test_placement_plans_refuse_serving_flags(tmp_path, capsys):
+    from runtime_fixtures import decoder_plan
+
+    placement = decoder_plan(tmp_path / "p.yaml", save_config(tiny_gpt2(), tmp_path / "m"), [{"embed": 0}])
+    assert cli.main(["launch", str(placement), "--dry-run", "--request-rate", "2", "--workdir", str(tmp_path)]) == 2
+    assert "--request-rate: only serving plans take them" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--request-rate", "0"], "--request-rate: must be a positive number of requests per second"),
+        (["--request-rate", "nan"], "--request-rate: must be a positive number"),
+        (["--max-requests", "0"], "--max-requests"),
+        (["--prompt-ids", "1,2"], "--prompt-ids: "),
+        (["--prompt-len", "20"], "exceeds the plan's context of 11 tokens per sequence"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(plan, tmp_path, capsys, flags, message):
+    assert cli.main(["launch", str(plan), "--dry-run", "--workdir", str(tmp_path), *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_layout_needing_more_ranks_than_the_spec_gives(gpt2_dir, tmp_path):
+    cluster = tmp_path / "two-slots.yaml"
+    cluster.write_text(LOCALHOST.read_text().replace("slots: 4", "slots: 2"))
+    replicas = [{**MIXED, "devices": [[dev(0), dev(1)], [dev(2)]]}]
+    plan = serving_plan(tmp_path / "plan.yaml", gpt2_dir, replicas, cluster=cluster)
+    with pytest.raises(LaunchError, match=r"two-slots.yaml: nodes\[0\].slots: node 'localhost' has 2 MPI slots but"):
+        launch_serving(plan, ServeOptions(dry_run=True, workdir=str(tmp_path / "w")))
+
+
+def test_a_checkpoint_of_another_shape_is_refused(plan, tmp_path):
+    other = save_config(tiny_gpt2(n_embd=32), tmp_path / "ckpt")
+    with pytest.raises(
+        LaunchError, match=r"serve.yaml: the plan was made for another model than checkpoint .*hidden_size"
+    ):
+        launch_serving(plan, ServeOptions(dry_run=True, checkpoint=str(other), workdir=str(tmp_path / "w")))
+
+
+def test_a_device_in_two_stages_is_refused(gpt2_dir, tmp_path):
+    replicas = [{**MIXED, "devices": [[dev(0), dev(1)], [dev(1)]]}]
+    plan = serving_plan(tmp_path / "plan.yaml", gpt2_dir, replicas)
+    with pytest.raises(LaunchError, match="device localhost/cpu-core:1 serves two stages"):
+        launch_serving(plan, ServeOptions(dry_run=True, workdir=str(tmp_path / "w")))
+
+
+def test_a_group_the_cluster_cannot_form_is_refused_naming_the_stage(gpt2_dir, tmp_path):
+    cluster = tmp_path / "three.yaml"  # a pair of three devices is no aligned block
+    cluster.write_text(LOCALHOST.read_text().replace("cpu-core: 4", "cpu-core: 3"))
+    replicas = [{**MIXED, "devices": [[dev(0), dev(1)], [dev(2)]]}]
+    plan = serving_plan(tmp_path / "plan.yaml", gpt2_dir, replicas, cluster=cluster)
+    with pytest.raises(LaunchError, match=r"serving.replicas: replica 0 stage 0: group .* is not an aligned block"):
+        launch_serving(plan, ServeOptions(dry_run=True, workdir=str(tmp_path / "w")))
+    assert cli.main(["launch", str(plan), "--dry-run", "--workdir", str(tmp_path / "w")]) == 2
+
+
+def test_a_changed_input_is_refused_naming_the_plan(gpt2_dir, tmp_path):
+    model = save_config(tiny_gpt2(), tmp_path / "m")
+    plan = serving_plan(tmp_path / "plan.yaml", model, [{**MIXED, "devices": [[dev(0), dev(1)], [dev(2)]]}])
+    save_config(tiny_gpt2(n_layer=2), model)
+    with pytest.raises(LaunchError, match=r"plan.yaml: inputs.model_sha256"):
+        launch_serving(plan, ServeOptions(dry_run=True, workdir=str(tmp_path / "w")))
+
+
+def test_measured_figures_of_a_raw_record():
+    record = {
+        "duration_s": 2.0,
+        "requests": [
+            {"arrival_s": 0.0, "token_s": [0.5, 0.6, 0.8]},  # TTFT 0.5, TPOT 0.15
+            {"arrival_s": 0.2, "token_s": [0.4, 0.9, 1.0]},  # TTFT 0.2, TPOT 0.3
+            {"arrival_s": 1.0, "token_s": [1.5]},  # TTFT 0.5, no TPOT
+        ],
+        "iterations": [[0.0, 0.1, True, 2, 2], [0.1, 0.4, False, 8, 2], [0.4, 0.6, True, 2, 2], [0.6, 1.0, True, 1, 1]],
+    }
+    m = measured(record)
+    assert m["tokens_per_s"] == pytest.approx(7 / 2.0)
+    assert m["tpot_s"] == pytest.approx(0.225) and m["tpot_p50_s"] == pytest.approx(0.225)
+    assert m["tpot_p90_s"] == pytest.approx(0.15 + 0.9 * 0.15)
+    assert m["ttft_s"] == pytest.approx(0.4) and m["ttft_p50_s"] == pytest.approx(0.5)
+    assert m["decode_step_s"] == pytest.approx(0.2)  # median of 0.1, 0.2, 0.4
+    assert percentile([], 50) is None and percentile([3.0], 99) == 3.0
+
+
+def test_a_serving_dry_run_imports_neither_mpi4py_nor_torch(plan, tmp_path):
+    code = (
+        "import sys\nfrom llm_planner.launch.serve_launch import ServeOptions, launch_serving\n"
+        f"assert launch_serving({str(plan)!r}, ServeOptions(dry_run=True, workdir={str(tmp_path)!r}))[0].ok\n"
+        "bad = [m for m in ('mpi4py', 'torch', 'transformers') if m in sys.modules]\nassert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,0 +1,137 @@
+"""Serving plans under mpiexec: every request's greedy tokens equal the whole model's, whatever the
+layout (one stage; two stages with two micro-batches; a tensor-parallel pair feeding one device;
+two replicas behind the front end); the run report's fields; a failing rank stops the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from runtime_fixtures import save_config, tiny_gpt2, tiny_llama
+from serve_fixtures import dev, greedy_whole, serving_plan
+
+from llm_planner.launch.serve_launch import RAW_NAME, ServeOptions, launch_serving
+from llm_planner.runtime import gpt
+from llm_planner.runtime.serve_requests import LoadSpec, RequestStream
+
+pytestmark = pytest.mark.mpi
+TIMEOUT_S = 150.0
+
+MEASURED = {"tokens_per_s", "tpot_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "ttft_s", "ttft_p50_s", "ttft_p99_s"}
+REPLICA_KEYS = {
+    "replica",
+    "layout",
+    "concurrency",
+    "micro_batches",
+    "max_batched_tokens",
+    "requests_completed",
+    "output_tokens",
+    "duration_s",
+    "measured",
+    "predicted",
+}
+
+
+def _serve(tmp_path: Path, make, replicas: list[dict], requests: int, budget: int = 8, **options):
+    config = make()
+    model = save_config(config, tmp_path / "m")
+    plan = serving_plan(tmp_path / "plan.yaml", model, replicas, max_batched_tokens=budget)
+    result, report = launch_serving(
+        plan,
+        ServeOptions(
+            workdir=str(tmp_path / "w"),
+            report_path=str(tmp_path / "run.json"),
+            timeout_s=TIMEOUT_S,
+            max_requests=requests,
+            **options,
+        ),
+    )
+    assert result.ok, f"{result.error}\n{result.stderr_tail}"
+    return config, plan, report, json.loads((tmp_path / "w" / RAW_NAME).read_text())
+
+
+def _check_tokens(config, report, raw, requests: int) -> None:
+    """Every request served once, with the whole model's greedy tokens for its prompt."""
+    config = gpt.prepare_config(config)
+    whole = gpt.build_whole_model(config, gpt.weight_source(config, checkpoint=None, seed=0))
+    stream = RequestStream(LoadSpec(shapes=((6, 5, 1.0),), vocab_size=config.vocab_size, seed=0))
+    served = [r for rep in raw["replicas"] for r in rep["requests"]]
+    assert sorted(r["index"] for r in served) == list(range(requests))
+    for r in served:
+        request = stream.request(r["index"])
+        assert r["tokens"] == greedy_whole(whole, list(request.prompt), 5), r["index"]
+    assert report["total"]["requests_completed"] == requests
+    assert report["total"]["output_tokens"] == 5 * requests
+
+
+def _check_report(report, plan: Path, replicas: int, rate: float | None = None) -> None:
+    assert report["format"] == "llm_planner.serving_run" and report["version"] == 1
+    assert report["plan"] == str(plan)
+    assert report["workload"] == {"prompt_len": 6, "output_len": 5, "seed": 0, "request_rate": rate}
+    assert len(report["replicas"]) == replicas
+    for r in report["replicas"]:
+        assert set(r) == REPLICA_KEYS
+        assert set(r["measured"]) == MEASURED | {"decode_step_s"}
+        assert set(r["predicted"]) == {"tokens_per_s", "tpot_s", "ttft_s", "decode_step_s"}
+        assert r["output_tokens"] == 5 * r["requests_completed"]
+        assert all(r["measured"][k] > 0 for k in MEASURED)
+    assert set(report["total"]) == {"requests_completed", "output_tokens", "duration_s", "measured", "predicted"}
+
+
+def test_one_stage(tmp_path):
+    replicas = [{"degrees": [1], "layers": [4], "concurrency": 3, "micro_batches": 1, "devices": [[dev(0)]]}]
+    config, plan, report, raw = _serve(tmp_path, tiny_gpt2, replicas, 5)
+    _check_tokens(config, report, raw, 5)
+    _check_report(report, plan, 1)
+
+
+def test_two_stages_with_two_micro_batches(tmp_path):
+    replicas = [
+        {"degrees": [1, 1], "layers": [2, 2], "concurrency": 4, "micro_batches": 2, "devices": [[dev(0)], [dev(1)]]}
+    ]
+    config, _, report, raw = _serve(tmp_path, tiny_gpt2, replicas, 6, budget=4)
+    _check_tokens(config, report, raw, 6)
+    iterations = raw["replicas"][0]["iterations"]
+    assert max(n for *_, n in iterations) <= 2  # a micro-batch holds at most half the slots
+    assert max(tokens for _, _, _, tokens, _ in iterations) <= 4  # the token budget
+    assert iterations[0][3:] == [4, 1]  # the first prompt's first chunk: no token to sample yet
+
+
+def test_a_tensor_parallel_pair_feeding_one_device(tmp_path):
+    replicas = [
+        {
+            "degrees": [2, 1],
+            "layers": [3, 2],
+            "concurrency": 3,
+            "micro_batches": 2,
+            "devices": [[dev(0), dev(1)], [dev(2)]],
+        }
+    ]
+    config, _, report, raw = _serve(tmp_path, tiny_llama, replicas, 5)
+    _check_tokens(config, report, raw, 5)
+    collectives = [r["collectives"] for r in raw["ranks"] if "collectives" in r]
+    assert len(collectives) == 2 and collectives[0]["all_reduce"]["count"] > 0
+
+
+def test_two_replicas_behind_the_front_end_in_open_loop(tmp_path):
+    one = {"degrees": [1], "layers": [4], "concurrency": 2, "micro_batches": 1}
+    replicas = [{**one, "devices": [[dev(0)]]}, {**one, "devices": [[dev(1)]]}]
+    config, plan, report, raw = _serve(tmp_path, tiny_gpt2, replicas, 6, request_rate=40.0)
+    _check_tokens(config, report, raw, 6)
+    _check_report(report, plan, 2, rate=40.0)
+    assert [r["requests_completed"] for r in report["replicas"]] == [3, 3]  # equal shares
+    stream = RequestStream(LoadSpec(shapes=((6, 5, 1.0),), vocab_size=128, seed=0, request_rate=40.0))
+    for r in (r for rep in raw["replicas"] for r in rep["requests"]):
+        assert r["arrival_s"] == stream.arrival_s(r["index"]) <= r["admitted_s"]  # admitted once arrived
+
+
+def test_a_failing_rank_stops_every_rank_and_is_named(tmp_path):
+    model = save_config(tiny_gpt2(), tmp_path / "m")
+    one = {"degrees": [1], "layers": [4], "concurrency": 2, "micro_batches": 1}
+    plan = serving_plan(tmp_path / "plan.yaml", model, [{**one, "devices": [[dev(0)]]}, {**one, "devices": [[dev(1)]]}])
+    result, report = launch_serving(
+        plan, ServeOptions(workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S, max_requests=4, fail_rank=1)
+    )
+    assert not result.ok and report is None
+    assert "rank 1 on host localhost failed" in result.error and "fails on purpose" in result.error
