@@ -54,7 +54,12 @@ def serving_plan(
             "profile_sha256": None,
             "model_sha256": input_digest(str(Path(model_dir) / "config.json"), "model"),
         },
-        "model": {"name": str(model_dir), "dtype": "fp32", "num_layers": ctx.tasks.num_layers},
+        "model": {
+            "name": str(model_dir),
+            "dtype": "fp32",
+            "num_layers": ctx.tasks.num_layers,
+            "precision": ctx.precision.to_dict(),
+        },
         "workload": workload.to_dict(),
         "options": {**options.__dict__, "solver": "serving"},
         "serving": {
@@ -71,6 +76,7 @@ def serving_plan(
             "layouts_candidate": 0,
             "layouts_left": 0,
             "replicas": records,
+            "unrestricted": None,
         },
         "baselines": {name: {"tokens_per_s": 0, "replicas": []} for name in ("engineer-best", "megatron")},
     }

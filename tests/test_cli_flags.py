@@ -69,17 +69,31 @@ def test_huge_workload_weights_give_the_plan_of_equal_weights(tmp_path, capsys):
     assert plans[0] == plans[1]
 
 
-def test_a_dtype_no_serving_kind_has_is_refused_naming_the_flag(tmp_path, capsys):
+def test_a_weight_format_no_serving_kind_runs_is_refused_naming_the_flag_and_kinds(tmp_path, capsys):
     # the A100 (catalog entry a100-sxm-80g) has no fp8 tensor cores; the RTX 4090 (Ada) has
     serving = [a if a != WORKSTATION else str(SPECS / "four-gpus.yaml") for a in SERVING]
     refused(
-        [*serving, *SHAPE, "--tpot-slo", "50 ms", "--dtype", "fp8", "-o", str(tmp_path / "p.yaml")],
+        [*serving, *SHAPE, "--tpot-slo", "50 ms", "--weights", "fp8", "-o", str(tmp_path / "p.yaml")],
         capsys,
-        "--dtype fp8",
+        "--weights fp8",
         "a100-80g",
         "four-gpus.yaml",
-        "gives no peak_flops",
+        "peak_flops give no fp8",
     )
+
+
+def test_fp8_activations_are_refused_pointing_at_the_weight_and_kv_flags(tmp_path, capsys):
+    argv = [*SERVING, *SHAPE, "--tpot-slo", "50 ms", "--dtype", "fp8", "-o", str(tmp_path / "p.yaml")]
+    refused(argv, capsys, "--dtype fp8", "--weights fp8 --kv-cache-dtype fp8")
+
+
+@pytest.mark.parametrize(
+    "weights, words",
+    [("int5", ["--weights int5", "unknown weight format"]), ("int4-awq:64", ["--weights int4-awq:64", ":gN"])],
+)
+def test_a_weight_format_that_means_nothing_is_refused(weights, words, tmp_path, capsys):
+    argv = [*SERVING, *SHAPE, "--tpot-slo", "50 ms", "--weights", weights, "-o", str(tmp_path / "p.yaml")]
+    refused(argv, capsys, *words)
 
 
 @pytest.mark.parametrize("flag", ["--workload", "--profile"])

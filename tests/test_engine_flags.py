@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_serving_export import FOUR_PER_SERVER, TWO_SERVERS, _edited, _export, _flat, _hand_plan, _plan
+from test_serving_export import FOUR_PER_SERVER, TWO_SERVERS, _edited, _export, _flat, _hand_plan, _plan, with_precision
 
 from llm_planner.core.spec import load_cluster
 from llm_planner.export.engine_args import PORT_STEP, SGLANG_PORT, VLLM_PORT, assign_ports
@@ -97,7 +97,12 @@ def _uneven(data):
 
 
 def _fp8(data):
+    """A version-5 plan in fp8 (its one dtype: weights, activations and KV cache; no serving.unrestricted)."""
     data["model"]["dtype"] = "fp8"
+    data["version"] = 5
+    del data["model"]["precision"], data["serving"]["unrestricted"]
+    for rep in data["serving"]["replicas"]:
+        del rep["precision"]
 
 
 @pytest.mark.parametrize("case", ["one-host", "multi-host", "uneven", "fp8"])
@@ -263,7 +268,7 @@ def test_dtype_comes_from_the_models_config(plans, tmp_path):
     vllm, sglang = _flat(_rendered(plan, "vllm")), _flat(_rendered(plan, "sglang"))
     assert "--dtype bfloat16 " in vllm and "--dtype bfloat16 " in sglang  # the plan said fp16: same bytes
     assert "--max-model-len 8192 " in vllm  # the config's limit
-    fp32 = _edited(plan, tmp_path, lambda d: d["model"].update(dtype="fp32"))
+    fp32 = _edited(plan, tmp_path, lambda d: with_precision(d, weights="fp32", activations="fp32", kv_cache="fp32"))
     assert "--dtype float32 " in _flat(_rendered(fp32, "vllm"))  # never the planner's default: asked for
 
 

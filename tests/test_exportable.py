@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from test_serving_export import _export
 
 from llm_planner.cli.main import main
+from llm_planner.core.precision import uniform
 from llm_planner.core.spec import load_cluster
 from llm_planner.export.serving import ServingExportError, build_engines
 from llm_planner.serving.assign import assign_devices
@@ -32,6 +33,7 @@ from llm_planner.serving.workload import RequestShape, ServingWorkload
 
 KINDS = ("t4", "l4", "a10g", "v100-sxm-16g")
 MODEL = "opt-1.3b"  # 2.6 GB of fp16 weights: two or more 1.5 GB GPUs hold it
+FP16 = uniform("fp16").to_dict()  # the precision of every plan here
 LINKS = """links:
   intra_node_default: {bw_bytes_per_s: 32 GB/s, latency_s: 5 us}
   inter_node: {bw_bytes_per_s: 25 GB/s, latency_s: 5 us}
@@ -82,10 +84,11 @@ def _hand_plan(ctx: ServingContext, path: Path, layout, devices) -> ServingPlanF
         "micro_batches": stages,
         "tokens_per_s": 1.0,
         "devices": [[list(stage) for stage in copy] for copy in devices],
+        "precision": FP16,
     }
     data = {
         "inputs": {"cluster": str(path)},
-        "model": {"name": MODEL, "dtype": "fp16", "num_layers": layers},
+        "model": {"name": MODEL, "dtype": "fp16", "num_layers": layers, "precision": FP16},
         "workload": {"requests": [{"prompt_len": 64, "output_len": 16, "weight": 1.0}], "tpot_slo_s": 0.1},
         "options": {"max_batched_tokens": 2048},
         "serving": {"tokens_per_s": 1.0, "replicas": [rep]},

@@ -56,7 +56,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
     (
         "inputs",
         _names("core.spec", "core.spec_fields", "core.spec_kinds", "core.catalog", "core.tensor_groups")
-        + _names("core.constants", "graph", "graph.ir"),
+        + _names("core.constants", "core.precision", "graph", "graph.ir"),
         "the cluster spec, the GPU catalog it may name, the task-graph IR: plain data that everything above reads",
     ),
     (
@@ -116,7 +116,8 @@ LAYERS: list[tuple[str, list[str], str]] = [
         + _names("serving.replica", "serving.inputs")
         + _names("serving.layout", "serving.context", "serving.bound", "serving.bound_batches", "serving.bound_cells")
         + _names("serving.bound_prices", "serving.optimistic", "serving.plan_fields", "serving.plan_file")
-        + _names("serving.verify_replica", "serving.layout_text", "serving.score", "serving.engines"),
+        + _names("serving.verify_replica", "serving.layout_text", "serving.score", "serving.precision_choice")
+        + _names("serving.engines"),
         "serving: the steady-state model of a replica, the upper bound, the plan file and the verifier's own "
         "arithmetic of a replica; below its search",
     ),

@@ -3,11 +3,13 @@ serving spec the ranks read, and every refusal (exit 2, naming the file or flag)
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from runtime_fixtures import LOCALHOST, save_config, tiny_gpt2
 from serve_fixtures import dev, serving_plan
 
@@ -149,3 +151,28 @@ def test_a_serving_dry_run_imports_neither_mpi4py_nor_torch(plan, tmp_path):
         "bad = [m for m in ('mpi4py', 'torch', 'transformers') if m in sys.modules]\nassert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def _quantized(plan: Path, path: Path, model: dict, replica: dict) -> Path:
+    """The plan with fields of model.precision and of replica 0's precision set as given."""
+    data = yaml.safe_load(plan.read_text())
+    data["model"]["precision"].update(model)
+    data["serving"]["replicas"][0]["precision"].update(replica)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize(
+    "model, replica, field, stored",
+    [
+        ({"weights": "int8"}, {"weights": "int8"}, "model.precision", "weights int8, KV cache fp32"),
+        ({"kv_cache": "fp8"}, {"kv_cache": "fp8"}, "model.precision", "weights fp32, KV cache fp8"),
+        ({}, {"kv_cache": "fp8"}, r"serving.replicas\[0\].precision", "weights fp32, KV cache fp8"),
+    ],
+)
+def test_a_quantized_plan_is_refused_naming_the_plan_and_field(plan, tmp_path, capsys, model, replica, field, stored):
+    quantized = _quantized(plan, tmp_path / "quantized.yaml", model, replica)
+    assert cli.main(["launch", str(quantized), "--dry-run", "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert re.search(rf"quantized.yaml: {field}: {stored}: the serving runtime runs weights and KV cache", err), err
+    assert "activation dtype (fp32) only" in err and not (tmp_path / "w" / "rank_table.json").exists()

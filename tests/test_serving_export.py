@@ -268,6 +268,17 @@ links:
 """
 
 
+FP16 = {"weights": "fp16", "activations": "fp16", "kv_cache": "fp16"}
+
+
+def with_precision(data: dict, **precision: str) -> None:
+    """Set the plan's precision (model.dtype, model.precision and every replica's) in place."""
+    p = {**data["model"]["precision"], **precision}
+    data["model"].update(dtype=p["activations"], precision=p)
+    for rep in data["serving"]["replicas"]:
+        rep["precision"] = dict(p)
+
+
 def _hand_plan(cluster: Path, stages: list[str], layers: list[int]) -> ServingPlanFile:
     rep = {
         "pattern": "hand",
@@ -281,7 +292,7 @@ def _hand_plan(cluster: Path, stages: list[str], layers: list[int]) -> ServingPl
     }
     data = {
         "inputs": {"cluster": str(cluster)},
-        "model": {"name": "llama2-7b", "dtype": "fp16", "num_layers": sum(layers)},
+        "model": {"name": "llama2-7b", "dtype": "fp16", "num_layers": sum(layers), "precision": FP16},
         "workload": {"requests": [{"prompt_len": 100, "output_len": 20, "weight": 1.0}], "tpot_slo_s": 0.1},
         "options": {"max_batched_tokens": 2048},
         "serving": {"tokens_per_s": 100.0, "replicas": [rep]},
@@ -350,7 +361,8 @@ def test_exportable_vllm_plans_always_export(tmp_path, spec, extra, model, slo):
 
 
 def test_bf16_plans_export_bfloat16(plans, tmp_path):
-    plan = _edited(plans["tp"], tmp_path, lambda d: d["model"].update(dtype="bf16"))
+    bf16 = {"weights": "bf16", "activations": "bf16", "kv_cache": "bf16"}
+    plan = _edited(plans["tp"], tmp_path, lambda d: with_precision(d, **bf16))
     assert "--dtype bfloat16" in _written(plan, "vllm")
     assert "--dtype bfloat16" in _written(plan, "sglang")
 

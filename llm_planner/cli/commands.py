@@ -14,6 +14,7 @@ from rich.table import Table
 from llm_planner.core.atomic import WriteError, check_writable, write_atomic
 from llm_planner.core.fmt import fmt_s, fmt_time, has_file_units, significant, styled, time_unit
 from llm_planner.core.plan import PlanError, load_plan, save_plan
+from llm_planner.core.precision import DEFAULT_DTYPE
 from llm_planner.core.procs import last_stop_signal
 from llm_planner.core.spec import load_cluster
 from llm_planner.core.timing import Stopwatch, fmt_elapsed, timing_text
@@ -67,7 +68,7 @@ def model_spec(args: argparse.Namespace):
         phase=args.phase,
         seq_len=args.seq_len,
         granularity=args.granularity,
-        dtype=args.dtype,
+        dtype=args.dtype or DEFAULT_DTYPE,
         seed=args.seed,
     )
 

@@ -46,6 +46,10 @@ SERVING_FLAGS = (
     "--max-micro-batches",
     "--max-batched-tokens",
     "--serving-solver",
+    "--weights",
+    "--kv-cache-dtype",
+    "--allow-weights",
+    "--allow-kv-cache-dtype",
 )
 
 

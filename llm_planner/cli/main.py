@@ -31,6 +31,7 @@ from llm_planner.core.constants import DTYPE_BYTES, TORCH_DTYPES
 from llm_planner.core.fmt import LiteralConsole, styled
 from llm_planner.core.gap import DEFAULT_REL_GAP
 from llm_planner.core.plan import PlanError
+from llm_planner.core.precision import PrecisionError
 from llm_planner.core.procs import last_stop_signal, stop_signals_as_interrupt
 from llm_planner.core.spec import SpecError
 from llm_planner.cost.profile import ProfileError
@@ -78,6 +79,7 @@ def _input_errors() -> tuple[type[Exception], ...]:
         WorkloadError,
         ServingExportError,
         LayoutError,
+        PrecisionError,
     )
 
 
@@ -103,9 +105,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dtype",
-        default="fp16",
+        default=None,
         choices=tuple(DTYPE_BYTES),
-        help="element type of weights and activations (default: fp16)",
+        help="element type of weights and activations (default: fp16); serving: of activations (default: the "
+        "model config's torch_dtype, else fp16), the weights' format being --weights",
     )
     p.add_argument("--seed", type=seed, default=0, help="seed of random graphs (RWNN)")
 

@@ -12,14 +12,16 @@ from llm_planner.cli.arg_types import positive, tokens
 from llm_planner.cli.commands import UserError, progress, refuse_rejected
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
+from llm_planner.core.precision import KV_FORMATS
 from llm_planner.core.timing import Stopwatch, fmt_elapsed, timing_text
-from llm_planner.serving.api import plan_serving
+from llm_planner.serving.api import plan_serving_among
 from llm_planner.serving.context import ServingOptions
 from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET
 from llm_planner.serving.engines import ENGINES
-from llm_planner.serving.inputs import workload_from_flags
+from llm_planner.serving.inputs import checkpoint_weights, serving_precision, workload_from_flags
 from llm_planner.serving.plan_fields import SERVING_SOLVERS
 from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
+from llm_planner.serving.precision_choice import candidate_precisions
 from llm_planner.serving.verify import verify_serving_plan
 from llm_planner.serving.workload import TPOT_RANGE, TTFT_RANGE
 
@@ -83,11 +85,46 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
         f"{DEFAULT_TOKEN_BUDGET})",
     )
     g.add_argument(
+        "--weights",
+        default=None,
+        help="serving: the decoder layers' weight format: fp16/bf16/fp32 (the activation dtype, unquantized), fp8 "
+        "or int8 (W8A8), int4-awq or int4-gptq (W4A16, groups of 128 weights; int4-awq:g64 for another group "
+        "size) (default: what the model config's quantization_config declares, else unquantized)",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_FORMATS,
+        default=None,
+        help="serving: the KV cache's dtype: auto (the activation dtype) or fp8 (default: auto)",
+    )
+    g.add_argument(
+        "--allow-weights",
+        type=_formats,
+        default=(),
+        help="serving: weight formats the plan may use besides --weights, comma-separated (e.g. fp8,int4-awq): "
+        "each is planned and the plan with the most tokens/s is kept (quantization changes the model's outputs: "
+        "only the formats named here are ever chosen)",
+    )
+    g.add_argument(
+        "--allow-kv-cache-dtype",
+        type=_formats,
+        default=(),
+        help="serving: KV cache dtypes the plan may use besides --kv-cache-dtype (fp8), as --allow-weights",
+    )
+    g.add_argument(
         "--serving-solver",
         choices=SERVING_SOLVERS,
         default="serving",
         help="serving: the planner's search (default), or write a baseline's layout as the plan",
     )
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    """A comma-separated list of formats (each checked where the precision is built)."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("expected one or more formats separated by commas, e.g. fp8,int4-awq")
+    return names
 
 
 def serving_options(args: argparse.Namespace):
@@ -119,14 +156,17 @@ def cmd_plan_serving(args: argparse.Namespace, console: Console) -> int:
             tpot_slo=args.tpot_slo,
             ttft_slo=args.ttft_slo,
         )
+        asked = serving_precision(args.model, args.dtype, args.weights, args.kv_cache_dtype)
+        stated = checkpoint_weights(args.model)
+        candidates = candidate_precisions(asked, args.allow_weights, args.allow_kv_cache_dtype, stated)
     options = serving_options(args)
     check_writable(args.output, ServingPlanError)
     with progress(console, "searching serving layouts..."):
-        data = plan_serving(
+        data = plan_serving_among(
+            candidates,
             cluster_path=args.cluster,
             model=args.model,
             workload=workload,
-            dtype=args.dtype,
             options=options,
             output_path=args.output,
             profile_path=args.profile,
@@ -159,7 +199,7 @@ def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None
     console.print(
         styled(
             (model["name"], "bold"),
-            f" ({model['dtype']}) serving: {shape}; TPOT target {fmt_s(wl['tpot_slo_s'])}{ttft}",
+            f" ({_precision_text(model['precision'])}) serving: {shape}; TPOT target {fmt_s(wl['tpot_slo_s'])}{ttft}",
         )
     )
     if with_baselines:
@@ -170,8 +210,21 @@ def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None
         f"every plan (gap {sv['gap']:.1%}, {sv['status']}); {_search_note(sv)}",
         highlight=False,
     )
+    for row in sv.get("precisions") or ():  # a plan chosen among allowed precisions: each candidate
+        console.print(
+            f"  candidate {_precision_text(row['precision'])}: {row['tokens_per_s']:,.0f} tokens/s, "
+            f"bound {row['upper_bound_tokens_per_s']:,.0f}",
+            highlight=False,
+        )
     if sv.get("unrestricted") is not None:
         console.print(compatibility_text(data), highlight=False)
+
+
+def _precision_text(p: dict) -> str:
+    """A plan's precision in a few words: the dtype alone when nothing is quantized."""
+    if p["weights"] == p["activations"] == p["kv_cache"]:
+        return p["activations"]
+    return f"weights {p['weights']}, activations {p['activations']}, KV cache {p['kv_cache']}"
 
 
 def compatibility_text(data: dict) -> str:

@@ -107,6 +107,9 @@ class DeviceKindSpec:
     step_overhead_s: float | None = None
     # Whether its devices may form tensor-parallel groups; None: the type's TENSOR_PARALLEL_DEFAULT.
     tensor_parallel: bool | None = None
+    # Weight-only int4 formats (int4-awq, int4-gptq): the factor on the linear layers' compute time
+    # for dequantizing weights in the kernel (llm_planner.core.precision; docs/cluster-spec.md).
+    dequant_factor: float = 1.0
     # Where its figures came from (not figures themselves, so kinds compare by their numbers alone):
     # the catalog entry it names, and the fields the loader filled with a type's default.
     catalog: str | None = field(default=None, compare=False)

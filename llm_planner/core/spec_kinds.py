@@ -56,6 +56,13 @@ def _seconds(c: Reader, key: str) -> float:
     return c.get(key, nonneg_seconds)
 
 
+def _factor(c: Reader, key: str) -> float:
+    value = c.get(key, units.parse_fraction, positive=True)
+    if value < 1:
+        c.fail(f"must be at least 1 (a slowdown), got {value}", key)
+    return value
+
+
 def _bool(c: Reader, key: str) -> bool:
     return c.get(key, as_bool)
 
@@ -74,6 +81,7 @@ KIND_FIELDS: dict[str, Callable[[Reader, str], Any]] = {
     "usable_mem_fraction": _fraction,
     "step_overhead_s": _seconds,
     "tensor_parallel": _bool,
+    "dequant_factor": _factor,
 }
 # The fields a kind must have, stated or from its catalog entry.
 REQUIRED_KIND_FIELDS = ("type", "peak_flops", "mem_bytes", "mem_bw_bytes_per_s")

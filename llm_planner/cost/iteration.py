@@ -20,7 +20,13 @@ sec. 3; llm_planner.graph.tp_layout), the layer runs one after another
                  + 2 (k - 1) link latencies
 
 with P_m the layer's linear parameters, a = nh hd, kv = nkv hd, b the dtype's bytes, h the hidden
-size. Each compute kernel's time is its own roofline with a rounded corner,
+size. A quantized precision (llm_planner.core.precision) changes three of these: the linear
+weights are read at the weight format's bytes per weight (scales and zero points included) and
+their FLOPs run at the compute dtype's peak (fp8 or int8 for W8A8; for W4A16 the activation
+dtype's, the compute time multiplied by the kind's `dequant_factor`), and attention reads (decode)
+and writes (prompt) the KV cache at the KV cache dtype's bytes.
+
+Each compute kernel's time is its own roofline with a rounded corner,
 
     t = max(c, m, KAPPA (c + m)),  c = FLOPs / (peak ce),  m = bytes / (bw me),
 
@@ -47,7 +53,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-from llm_planner.core.constants import DTYPE_BYTES
+from llm_planner.core.precision import Precision, as_precision
 from llm_planner.core.spec import DeviceKindSpec, LinkSpec
 from llm_planner.cost.roofline import CostError, Piece
 from llm_planner.graph.transformer import DecoderConfig, matmul_parameters, norm_parameters
@@ -93,6 +99,7 @@ class Kernel:
     flops: tuple[float, ...]
     bytes: tuple[float, ...]
     collective: bool = False
+    speed: float = 1.0  # its FLOP/s over the layer's flops_per_s (linear layers of a quantized precision)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,7 +118,7 @@ class LayerKernels:
         n = sum(a * b for a, b in zip(kernel.bytes, x))
         if kernel.collective:
             return f, n / self.link_bytes_per_s
-        return f / self.flops_per_s, n / self.bytes_per_s
+        return f / (self.flops_per_s * kernel.speed), n / self.bytes_per_s
 
     def kernel_s(self, kernel: Kernel, load: Load) -> float:
         c, m = self.kernel_terms(kernel, load.vector())
@@ -127,16 +134,26 @@ class LayerKernels:
 
 
 def layer_kernels(
-    config: DecoderConfig, dtype: str, kind: DeviceKindSpec, k: int = 1, link: LinkSpec | None = None
+    config: DecoderConfig,
+    dtype: str | Precision,
+    kind: DeviceKindSpec,
+    k: int = 1,
+    link: LinkSpec | None = None,
 ) -> LayerKernels:
     """The kernels of one layer on a device of `kind` (k = 1) or on each member of a group of k
-    whose collectives cross `link` (module docstring). Raises CostError for a dtype the kind has no
-    peak for or a group the layer does not split over."""
+    whose collectives cross `link` (module docstring), in `dtype` (one dtype for everything) or a
+    precision. Raises CostError for a dtype the kind has no peak for or a group the layer does not
+    split over."""
     return _member_kernels(config, dtype, kind, k, link, SUBLAYERS)
 
 
 def sublayer_kernels(
-    config: DecoderConfig, dtype: str, kind: DeviceKindSpec, part: str, k: int = 1, link: LinkSpec | None = None
+    config: DecoderConfig,
+    dtype: str | Precision,
+    kind: DeviceKindSpec,
+    part: str,
+    k: int = 1,
+    link: LinkSpec | None = None,
 ) -> LayerKernels:
     """The kernels of one of a layer's SUBLAYERS ("attn": its linear layers, the attention kernels,
     its norm, residual add and rotary embedding, one all-reduce; "mlp": the rest), as
@@ -147,18 +164,25 @@ def sublayer_kernels(
 
 
 def _member_kernels(
-    config: DecoderConfig, dtype: str, kind: DeviceKindSpec, k: int, link: LinkSpec | None, parts: tuple[str, ...]
+    config: DecoderConfig,
+    dtype: str | Precision,
+    kind: DeviceKindSpec,
+    k: int,
+    link: LinkSpec | None,
+    parts: tuple[str, ...],
 ) -> LayerKernels:
+    p = as_precision(dtype)
     try:
-        peak = kind.flops_for(dtype)
-    except KeyError:
-        raise CostError(f"device kind {kind.name!r} gives no peak_flops for dtype {dtype!r}") from None
+        peak = kind.flops_for(p.activations)
+        sizes = _sizes(p, kind)
+    except KeyError as exc:
+        raise CostError(f"device kind {kind.name!r} gives no peak_flops for dtype {exc.args[0]!r}") from None
     split = {"attn": (config.num_heads, config.num_kv_heads), "mlp": (config.intermediate_size,)}
-    if k > 1 and (link is None or any(n % k for p in parts for n in split[p])):
+    if k > 1 and (link is None or any(n % k for part in parts for n in split[part])):
         what = "layer" if parts == SUBLAYERS else f"{parts[0]} sublayer"
         raise CostError(f"a decoder {what} of {config.name} cannot run on a tensor-parallel group of {k}")
     call_s, latency_s = kind.collective_call_s, link.latency_s if k > 1 else 0.0
-    kernels = _kernels(config, DTYPE_BYTES[dtype], k, call_s, latency_s, parts)
+    kernels = _kernels(config, sizes, k, call_s, latency_s, parts)
     return LayerKernels(
         kernels=kernels,
         flops_per_s=peak * kind.compute_efficiency,
@@ -166,6 +190,16 @@ def _member_kernels(
         link_bytes_per_s=link.bw_bytes_per_s if k > 1 else 1.0,
         overhead_s=kind.overhead_s,
     )
+
+
+def _sizes(p: Precision, kind: DeviceKindSpec | None) -> tuple[float, float, float, float]:
+    """(activation, weight and KV cache bytes per element, the linear layers' speed): the linear
+    layers run at the compute dtype's peak over the activation dtype's, slowed by the kind's
+    dequant_factor for a weight-only format (1 without a kind: FLOPs only)."""
+    if kind is None:
+        return (p.activation_bytes, p.weight_bytes, p.kv_bytes, 1.0)
+    speed = kind.flops_for(p.compute_dtype) / kind.flops_for(p.activations)
+    return (p.activation_bytes, p.weight_bytes, p.kv_bytes, speed / (kind.dequant_factor if p.weight_only else 1.0))
 
 
 def _part_sizes(cfg: DecoderConfig, k: int, part: str) -> tuple[float, float, float, float, float]:
@@ -193,24 +227,37 @@ def _part_sizes(cfg: DecoderConfig, k: int, part: str) -> tuple[float, float, fl
 
 @lru_cache(maxsize=512)
 def _kernels(
-    cfg: DecoderConfig, b: int, k: int, call_s: float, latency_s: float, parts: tuple[str, ...] = SUBLAYERS
+    cfg: DecoderConfig,
+    sizes: tuple[float, float, float, float],
+    k: int,
+    call_s: float,
+    latency_s: float,
+    parts: tuple[str, ...] = SUBLAYERS,
 ) -> tuple[Kernel, ...]:
+    b, wb, kvb, speed = sizes  # activation, weight and KV bytes per element; the linear layers' speed
     h = cfg.hidden_size
     a, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    sizes = [_part_sizes(cfg, k, part) for part in parts]
-    linear_params, biases, linear_io, elementwise_io, norms = (sum(s[j] for s in sizes) for j in range(5))
-    weights = b * (linear_params + biases)
+    per_part = [_part_sizes(cfg, k, part) for part in parts]
+    linear_params, biases, linear_io, elementwise_io, norms = (sum(s[j] for s in per_part) for j in range(5))
+    weights = wb * linear_params + b * biases
     out = [
         Kernel(
             "linear",
             _vec(0, 2 * linear_params, 0, 2 * linear_params, 0),
             _vec(weights, b * linear_io, 0, b * linear_io, 0),
+            speed=speed,
         )
     ]
     if "attn" in parts:
         out += [
-            Kernel("attn_decode", _vec(0, 0, 4 * a / k, 0, 0), _vec(0, b * (2 * a + 2 * kv) / k, 2 * kv * b / k, 0, 0)),
-            Kernel("attn_prefill", _vec(0, 0, 0, 0, 4 * a / k), _vec(0, 0, 0, b * (2 * a + 4 * kv) / k, 0)),
+            Kernel(
+                "attn_decode", _vec(0, 0, 4 * a / k, 0, 0), _vec(0, b * (2 * a + 2 * kv) / k, 2 * kv * kvb / k, 0, 0)
+            ),
+            Kernel(
+                "attn_prefill",
+                _vec(0, 0, 0, 0, 4 * a / k),
+                _vec(0, 0, 0, (b * (2 * a + 2 * kv) + kvb * 2 * kv) / k, 0),
+            ),
         ]
     out.append(
         Kernel("elementwise", _vec(0, 0, 0, 0, 0), _vec(b * norms, b * elementwise_io, 0, b * elementwise_io, 0))
@@ -222,12 +269,12 @@ def _kernels(
     return tuple(out)
 
 
-def layer_flops(config: DecoderConfig, dtype: str, load: Load, part: str | None = None) -> float:
+def layer_flops(config: DecoderConfig, dtype: str | Precision, load: Load, part: str | None = None) -> float:
     """FLOPs of one layer's compute kernels (of one sublayer's: `part`) on `load` on one device: what
     their compute times divide by the peak (a task graph's FLOPs of a layer, llm_planner.graph.decoder_graph,
     are the same)."""
     x = load.vector()
-    kernels = _kernels(config, DTYPE_BYTES[dtype], 1, 0.0, 0.0, SUBLAYERS if part is None else (part,))
+    kernels = _kernels(config, _sizes(as_precision(dtype), None), 1, 0.0, 0.0, SUBLAYERS if part is None else (part,))
     return sum(sum(a * v for a, v in zip(kr.flops, x)) for kr in kernels if not kr.collective)
 
 

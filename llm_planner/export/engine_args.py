@@ -25,14 +25,14 @@ writes the lists):
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from llm_planner.core.precision import Precision, PrecisionError, precision_from_dict
 from llm_planner.cost.roofline import shard_of
+from llm_planner.graph.checkpoint import CheckpointPrecision, checkpoint_precision
 from llm_planner.graph.ir import GraphError
 from llm_planner.graph.transformer import DecoderConfig, named_config
 from llm_planner.serving.costs import build_serving_tasks
@@ -43,7 +43,6 @@ VLLM_PORT, SGLANG_PORT, VLLM_MASTER_PORT, DIST_INIT_PORT = 8000, 30000, 29501, 2
 RAY_BASE, RAY_BLOCK, RAY_WORKER_PORTS = 13000, 500, 400  # a Ray cluster's ports: RAY_BASE + k * RAY_BLOCK ..
 # The plan's element types as vLLM's and SGLang's --dtype names, and a config's torch_dtype as ours.
 DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 FP8_KV = {"vllm": "fp8", "sglang": "fp8_e4m3"}  # --kv-cache-dtype of a plan that holds 1-byte KV
 
 
@@ -60,40 +59,65 @@ class EngineDtype:
     note: str  # where the dtype comes from, for the script's header
 
 
-def config_dtype(model: str) -> str | None:
-    """The model config's torch_dtype (or `dtype`, newer transformers) as ours; None for presets
-    and configs that name none."""
-    path = Path(model)
-    path = path / "config.json" if path.is_dir() else path
-    if path.suffix != ".json" or not path.is_file():
-        return None
+def _checkpoint(model: str) -> CheckpointPrecision | None:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return checkpoint_precision(model)
+    except (GraphError, OSError, ValueError):
         return None  # named_config already read it when the plan was made and verified
-    value = data.get("torch_dtype", data.get("dtype")) if isinstance(data, dict) else None
-    return TORCH_DTYPES.get(value) if isinstance(value, str) else None
 
 
-def engine_dtype(plan_dtype: str, model: str, framework: str, where: str) -> EngineDtype:
-    """fp16/bf16 plans (the same bytes, so the same plan) take the config's torch_dtype when it is
-    one of them; fp32 stays (the planner's default is fp16: fp32 was asked); fp8 is fp8 weights and
-    KV (--quantization fp8, --kv-cache-dtype) with the config's activations ("auto" without one)."""
-    from_config = config_dtype(model)
-    if plan_dtype == "fp8":
-        act = DTYPE_NAMES.get(from_config or "", "auto")
-        note = f"fp8 weights and KV cache, activations {act} " + (
-            "(the model's config)" if from_config else "(the checkpoint's)"
-        )
-        return EngineDtype(dtype=act, quantization="fp8", kv_cache_dtype=FP8_KV[framework], note=note)
-    if plan_dtype not in DTYPE_NAMES:
+# The plan's weight formats as the engines' --quantization (llm_planner.core.precision). vLLM has
+# no method that quantizes to int8 W8A8 as it loads: it reads an int8 checkpoint's method from its
+# config (compressed-tensors), so nothing is written for it.
+QUANTIZATION = {
+    "vllm": {"fp8": "fp8", "int4-awq": "awq", "int4-gptq": "gptq", "int8": None},
+    "sglang": {"fp8": "fp8", "int4-awq": "awq", "int4-gptq": "gptq", "int8": "w8a8_int8"},
+}
+
+
+def engine_dtype(precision: Precision, model: str, framework: str, where: str) -> EngineDtype:
+    """The engines' --dtype, --quantization and --kv-cache-dtype of a plan's precision. Activations:
+    fp16/bf16 plans (the same bytes, so the same plan) take the config's torch_dtype when it is one
+    of them; fp32 stays (asked for); a version-5 fp8 plan's take the config's ("auto" without one).
+    Weights: no --quantization when the checkpoint's quantization_config declares the plan's format
+    (the engine reads it there and picks its kernel), else the format's method (QUANTIZATION).
+    KV cache: fp8 as each engine names it. ServingExportError when the checkpoint declares another
+    format than the plan's."""
+    ckpt = _checkpoint(model)
+    from_config = ckpt.dtype if ckpt is not None else None
+    act = precision.activations
+    if act not in DTYPE_NAMES and act != "fp8":
         raise ServingExportError(
-            f"{where}: model dtype {plan_dtype!r}: the engines take one of {', '.join([*DTYPE_NAMES, 'fp8'])} "
+            f"{where}: model dtype {act!r}: the engines take one of {', '.join([*DTYPE_NAMES, 'fp8'])} "
             "(plan with --dtype set to one of them)"
         )
-    if plan_dtype in ("fp16", "bf16") and from_config in ("fp16", "bf16"):
-        return EngineDtype(dtype=DTYPE_NAMES[from_config], quantization=None, kv_cache_dtype=None, note="model config")
-    return EngineDtype(dtype=DTYPE_NAMES[plan_dtype], quantization=None, kv_cache_dtype=None, note="plan")
+    if act in DTYPE_NAMES:
+        same = act in ("fp16", "bf16") and from_config in ("fp16", "bf16")
+        dtype, note = (DTYPE_NAMES[from_config], "model config") if same else (DTYPE_NAMES[act], "plan")
+    else:  # version 5's fp8: the checkpoint's activations
+        dtype = DTYPE_NAMES.get(from_config or "", "auto")
+        note = "the model's config" if from_config else "the checkpoint's"
+    kv = FP8_KV[framework] if precision.kv_cache == "fp8" else None
+    if precision.weights == act and act in DTYPE_NAMES:  # unquantized weights
+        return EngineDtype(dtype=dtype, quantization=None, kv_cache_dtype=kv, note=note)
+    stated = ckpt.weights if ckpt is not None else None
+    if stated is not None and (stated, ckpt.group_size) != (precision.weights, precision.group_size):
+        raise ServingExportError(
+            f"{where}: model.precision.weights {precision.weights_label}, but {ckpt.source} declares "
+            f"{ckpt.weights_label} in its quantization_config (plan with --weights {ckpt.weights_label})"
+        )
+    method = None if stated is not None else QUANTIZATION[framework][precision.weights]
+    source = "its quantization_config" if stated is not None else "a checkpoint quantized so"
+    note = f"{note}; weights {precision.weights_label} ({source})"
+    return EngineDtype(dtype=dtype, quantization=method, kv_cache_dtype=kv, note=note)
+
+
+def plan_precision(data: dict, where: str) -> Precision:
+    """The precision a plan's replicas run in (model.precision: every replica's, as verify checks)."""
+    try:
+        return precision_from_dict(data["model"]["precision"], f"{where}: model.precision")
+    except PrecisionError as exc:
+        raise ServingExportError(str(exc)) from None
 
 
 def plan_workload(data: dict) -> ServingWorkload:
@@ -126,7 +150,12 @@ def model_config(model: str, where: str) -> DecoderConfig:
 
 
 def kv_budget(
-    config: DecoderConfig, dtype: str, workload: ServingWorkload, tp: int, concurrency: int, layers: list[int]
+    config: DecoderConfig,
+    dtype: str | Precision,
+    workload: ServingWorkload,
+    tp: int,
+    concurrency: int,
+    layers: list[int],
 ) -> KVBudget:
     """The KV the plan sized an engine for (module docstring); the same task costs as the planner's."""
     block = build_serving_tasks(config, workload, dtype).tasks["block"]

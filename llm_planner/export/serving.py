@@ -40,6 +40,7 @@ from llm_planner.export.engine_args import (
     kv_budget,
     max_model_len,
     model_config,
+    plan_precision,
     plan_workload,
 )
 from llm_planner.export.routers import ROUTER_VERSIONS
@@ -178,7 +179,8 @@ def build_engines(
     model, where = plan.data["model"], str(plan.path or "<plan>")
     if cluster.sha256 and plan.data["inputs"].get("cluster_sha256") not in (None, cluster.sha256):
         log.warning("%s: the cluster spec changed since the plan was made; exporting with today's spec", where)
-    dtype = engine_dtype(model["dtype"], model["name"], framework, where) if framework != "megatron" else None
+    precision = plan_precision(plan.data, where)
+    dtype = engine_dtype(precision, model["name"], framework, where) if framework != "megatron" else None
     by_name = cluster.device_map()
     ordinals = gpu_ordinals(cluster)
     engines = []
@@ -211,7 +213,9 @@ def _engine_budgets(export, plan, cluster, dtype, max_len, multinode) -> Serving
     model, workload = plan.data["model"], plan_workload(plan.data)
     config = model_config(model["name"], export.plan_path)
     kv = {
-        e.name: kv_budget(config, model["dtype"], workload, e.tensor_parallel, e.concurrency, e.layers)
+        e.name: kv_budget(
+            config, plan_precision(plan.data, export.plan_path), workload, e.tensor_parallel, e.concurrency, e.layers
+        )
         for e in export.engines
     }
     limit = int(config.max_positions)

@@ -12,8 +12,9 @@ llm_planner.launch.serve_report, with each replica's predicted figures from the 
 serving model (llm_planner.serving.score.score_replica) at the plan's operating point.
 
 Checked before anything starts (LaunchError, exit 2, naming the file or flag): the plan's
-fields and the hashes of its inputs (llm_planner.serving.verify.context_of), the model against a
-checkpoint's config, the devices against the cluster (a device it lacks, a node without a
+fields and the hashes of its inputs (llm_planner.serving.verify.context_of), its precision (the
+runtime runs weights and KV cache in the activation dtype only: a quantized plan is refused), the
+model against a checkpoint's config, the devices against the cluster (a device it lacks, a node without a
 hostname, more ranks on a node than its `slots`, a device in two stages), the load's flags, and
 every request against the plan's context. The plan's figures are not re-derived here:
 `llm-planner verify PLAN` does that.
@@ -28,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from llm_planner.core.atomic import write_atomic
+from llm_planner.core.plan_read import Fields
 from llm_planner.core.spec import ClusterSpec
 from llm_planner.core.tensor_groups import GroupError, group_from_members
 from llm_planner.launch.plan_launch import (
@@ -47,9 +49,10 @@ from llm_planner.runtime.table import RankTable, RunSpec
 from llm_planner.serving.context import ServingContext
 from llm_planner.serving.layout import Segment
 from llm_planner.serving.layout_text import LayoutError
+from llm_planner.serving.plan_fields import precision
 from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, load_serving_plan
 from llm_planner.serving.score import ReplicaScore, score_replica
-from llm_planner.serving.verify import context_of
+from llm_planner.serving.verify import context_of, model_precision
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +102,23 @@ def _check_options(options: ServeOptions) -> None:
             raise LaunchError(f"{flag}: expected at least 1 token, got {value}")
     if not options.timeout_s > 0:
         raise LaunchError(f"--timeout: must be > 0 seconds, got {options.timeout_s}")
+
+
+def _check_precision(plan: ServingPlanFile) -> None:
+    """The runtime holds weights and KV cache in the activation dtype: a plan whose model (or any
+    replica) stores weights in another format or its KV cache in fp8 is refused, naming the field."""
+    source = str(plan.path or "<plan>")
+    fields = [("model.precision", model_precision(plan))]
+    for i, rep in enumerate(plan.replicas):
+        where = f"serving.replicas[{i}]"
+        fields.append((f"{where}.precision", precision(Fields(rep, source, where, ServingPlanError))))
+    for where, p in fields:
+        if p.quantized:
+            raise LaunchError(
+                f"{plan.path}: {where}: weights {p.weights_label}, KV cache {p.kv_cache}: the serving runtime runs "
+                f"weights and KV cache in the activation dtype ({p.activations}) only; launch a plan made without "
+                "--weights, --kv-cache-dtype and --allow-* (or serve this one with an engine: `export`)"
+            )
 
 
 def _shapes(plan: ServingPlanFile, options: ServeOptions, context_len: int) -> tuple[tuple[int, int, float], ...]:
@@ -174,6 +194,7 @@ def prepare_serving(plan_path: str | Path, options: ServeOptions) -> ServePrepar
     _check_options(options)
     try:
         plan = load_serving_plan(plan_path)
+        _check_precision(plan)
         ctx = context_of(plan)
     except ServingPlanError as exc:
         raise LaunchError(str(exc)) from None

@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 from llm_planner.core.plan_paths import relative_to_plan
+from llm_planner.core.precision import Precision
 from llm_planner.core.timing import Stopwatch
 from llm_planner.graph.transformer import config_file_of
 from llm_planner.serving.aside import ASIDE_DEVICES, Aside
@@ -17,6 +18,7 @@ from llm_planner.serving.context import ServingContext, ServingOptions, build_co
 from llm_planner.serving.fleet import FleetChoice
 from llm_planner.serving.layout import Pattern, describe
 from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION, input_digest
+from llm_planner.serving.precision_choice import bound_without_plan, plan_among
 from llm_planner.serving.search import SearchStats, fleet_prices, segment_options, solve_serving
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
 
@@ -42,6 +44,7 @@ def replica_record(ctx: ServingContext, pattern: Pattern, count: int, devices: l
         "mem_bytes": list(ev.mem_bytes),
         "usable_bytes": usable,
         "devices": [[list(stage) for stage in copy] for copy in devices],
+        "precision": ctx.precision.to_dict(),
     }
 
 
@@ -69,7 +72,7 @@ def plan_serving(
     cluster_path: str,
     model: str,
     workload: ServingWorkload,
-    dtype: str,
+    dtype: str | Precision,
     options: ServingOptions,
     output_path: str,
     profile_path: str | None = None,
@@ -121,7 +124,12 @@ def plan_serving(
             "profile_sha256": input_digest(profile_path, "profile") if profile_path is not None else None,
             "model_sha256": _model_digest(model),
         },
-        "model": {"name": model, "dtype": dtype, "num_layers": ctx.tasks.num_layers},
+        "model": {
+            "name": model,
+            "dtype": ctx.dtype,
+            "num_layers": ctx.tasks.num_layers,
+            "precision": ctx.precision.to_dict(),
+        },
         "workload": workload.to_dict(),
         "options": dataclasses.asdict(options) | {"solver": solver},
         "serving": {
@@ -225,3 +233,17 @@ def _nothing_serves(ctx: ServingContext) -> str:
         f"--tpot-slo {wl.tpot_slo_s * 1e3:g} ms cannot be met for {where}: the fastest single-class layout takes "
         f"{fastest * 1e3:.3g} ms per token with one sequence in flight; set --tpot-slo above that"
     )
+
+
+def plan_serving_among(candidates: list[Precision], **inputs: Any) -> dict[str, Any]:
+    """plan_serving in the best of the candidate precisions (llm_planner.serving.precision_choice),
+    the others listed under serving.precisions; plan_serving itself for one candidate."""
+    if len(candidates) == 1:
+        return plan_serving(dtype=candidates[0], **inputs)
+    keys = ("cluster_path", "model", "workload", "options", "profile_path")
+    context = {k: inputs.get(k) for k in keys}
+
+    def bound_one(p: Precision) -> float:
+        return bound_without_plan(lambda: build_context(**context, dtype=p))
+
+    return plan_among(candidates, lambda p: plan_serving(dtype=p, **inputs), bound_one)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 from llm_planner.core.gap import SERVING_REL_GAP as OPTIMAL_GAP
 from llm_planner.core.gap import gap, status
+from llm_planner.core.precision import Precision, as_precision, runs_on
 from llm_planner.core.spec import ClusterSpec, LinkSpec, check_memory_limited
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.classes import ServerClass, server_classes
@@ -18,6 +20,8 @@ from llm_planner.serving.inputs import read_context_inputs
 from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
 from llm_planner.serving.replica import ReplicaModel
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,18 +42,25 @@ class ServingContext:
         cluster: ClusterSpec,
         config: DecoderConfig,
         workload: ServingWorkload,
-        dtype: str,
+        dtype: str | Precision,
         options: ServingOptions,
         profile=None,
     ):
-        self.cluster, self.config, self.workload, self.dtype, self.options = cluster, config, workload, dtype, options
-        self.tasks: ServingTasks = build_serving_tasks(config, workload, dtype, options.max_batched_tokens)
-        self.classes: tuple[ServerClass, ...] = server_classes(
+        self.precision = as_precision(dtype)
+        if profile is not None and self.precision.quantized:
+            raise WorkloadError(
+                f"--profile: a measured serving profile holds times in one dtype ({profile.dtype}), not in "
+                f"{self.precision.describe()}: plan a quantized precision without --profile"
+            )
+        self.cluster, self.config, self.workload, self.options = cluster, config, workload, options
+        self.dtype = self.precision.activations
+        self.tasks: ServingTasks = build_serving_tasks(config, workload, self.precision, options.max_batched_tokens)
+        classes = server_classes(
             cluster, allow_cpu=options.allow_cpu, max_tp=options.max_tp, shards_over=self.tasks.shards_over
         )
-        if not self.classes:
+        if not classes:
             raise WorkloadError(f"cluster {cluster.name!r} has no accelerator to serve on (CPUs only with --allow-cpu)")
-        _check_dtype(cluster, self.classes, dtype)
+        self.classes: tuple[ServerClass, ...] = _able(cluster, classes, self.precision)
         self.by_name = {c.name: c for c in self.classes}
         self.cache = CostCache(self.tasks, self.classes, profile)
         self.between = _one_server_links(cluster, self.classes) if cluster.inter_node is None else {}
@@ -81,15 +92,31 @@ class ServingContext:
         return self._best[key]
 
 
-def _check_dtype(cluster: ClusterSpec, classes: tuple[ServerClass, ...], dtype: str) -> None:
-    """WorkloadError naming --dtype and the cluster file when a kind that may serve has no peak for `dtype`."""
-    for kind in dict.fromkeys(sc.kind for sc in classes):
-        given = [name for name, _ in kind.peak_flops]
-        if dtype not in given:
-            raise WorkloadError(
-                f"--dtype {dtype}: device kind {kind.name!r} of {cluster.source} gives no peak_flops for it "
-                f"(it gives {', '.join(given) or 'none'})"
-            )
+def _able(cluster: ClusterSpec, classes: tuple[ServerClass, ...], precision: Precision) -> tuple[ServerClass, ...]:
+    """The classes whose kind runs `precision` (llm_planner.core.precision.runs_on): a kind that
+    cannot is never given a stage; WorkloadError naming the precision and every kind's reason when
+    no kind can."""
+    why = {
+        kind.name: runs_on(precision, kind.type, tuple(n for n, _ in kind.peak_flops))
+        for kind in (sc.kind for sc in classes)
+    }
+    able = tuple(sc for sc in classes if why[sc.kind.name] is None)
+    if not able:
+        reasons = "; ".join(f"{name!r}: {reason}" for name, reason in why.items())
+        raise WorkloadError(
+            f"{_flags(precision)}: no device kind of {cluster.source} that may serve runs it ({reasons})"
+        )
+    for name, reason in why.items():
+        if reason is not None:
+            log.info("device kind %r serves no stage of this plan: %s (%s)", name, reason, precision.describe())
+    return able
+
+
+def _flags(p: Precision) -> str:
+    """The flags that asked for precision `p`, for messages."""
+    if not p.quantized:
+        return f"--dtype {p.activations}"
+    return f"--weights {p.weights_label} --kv-cache-dtype {'fp8' if p.kv_cache == 'fp8' else 'auto'} ({p.describe()})"
 
 
 def _one_server_links(cluster: ClusterSpec, classes: tuple[ServerClass, ...]) -> dict[tuple[str, str], LinkSpec]:
@@ -112,7 +139,7 @@ def build_context(
     cluster_path: str,
     model: str,
     workload: ServingWorkload,
-    dtype: str,
+    dtype: str | Precision,
     options: ServingOptions,
     profile_path: str | None = None,
 ) -> ServingContext:

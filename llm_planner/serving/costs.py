@@ -37,12 +37,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from llm_planner.core.constants import DTYPE_BYTES
+from llm_planner.core.precision import Precision, as_precision
 from llm_planner.cost.iteration import LayerKernels, Load, layer_kernels, layer_pieces
 from llm_planner.cost.memory import concurrency_held, layer_bytes, stage_bytes
 from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
 from llm_planner.graph.decoder_graph import ID_BYTES, build_decoder_graph
 from llm_planner.graph.ir import Task
-from llm_planner.graph.transformer import DecoderConfig
+from llm_planner.graph.transformer import DecoderConfig, matmul_parameters
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layer_time import MeasuredLayerTime, PartsLayerTime, RooflineLayerTime, measured_layer_time
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
@@ -59,8 +60,9 @@ class ServingTasks:
     """The decoder's tasks per sequence in flight per iteration (module docstring)."""
 
     config: DecoderConfig
-    dtype: str
-    tasks: dict  # part -> Task
+    dtype: str  # the activations' (the end parts, hand-offs and all-reduces)
+    precision: Precision  # weights, activations and KV cache (llm_planner.core.precision)
+    tasks: dict  # part -> Task (the block's weights and KV cache at the precision's bytes)
     prefill_per_output: float  # prompt tokens per output token, E[P]/E[O]
     kv_context: float  # KV tokens held per sequence in flight
     per_sequence: Load  # one layer's load per sequence in flight per iteration (module docstring)
@@ -91,8 +93,16 @@ class ServingTasks:
 
 
 def build_serving_tasks(
-    config: DecoderConfig, workload: ServingWorkload, dtype: str, token_budget: int = DEFAULT_TOKEN_BUDGET
+    config: DecoderConfig,
+    workload: ServingWorkload,
+    dtype: str | Precision,
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
 ) -> ServingTasks:
+    """The tasks per sequence in flight (module docstring) in `dtype` (one dtype for everything) or
+    a precision: the block's linear weights at the weight format's bytes, its KV cache at the KV
+    cache dtype's, everything else at the activation dtype's."""
+    precision = as_precision(dtype)
+    dtype = precision.activations
     if config.learned_positions and workload.max_context > config.max_positions:
         where = (
             "--prompt-len + --output-len"
@@ -122,15 +132,29 @@ def build_serving_tasks(
         fields["workspace_bytes_per_sample"] = task.workspace_bytes_per_sample * (1.0 + ratio)
         fields["mem_bytes_per_sample"] = held[part].mem_bytes_per_sample
         tasks[part] = dataclasses.replace(task, **fields)
+    tasks["block"] = _stored_as(tasks["block"], config, precision)
     return ServingTasks(
         config=config,
         dtype=dtype,
+        precision=precision,
         tasks=tasks,
         prefill_per_output=ratio,
         kv_context=workload.kv_context,
         per_sequence=per_sequence,
         mean_prompt_len=workload.mean_prompt_len,
         token_budget=token_budget,
+    )
+
+
+def _stored_as(block: Task, config: DecoderConfig, precision: Precision) -> Task:
+    """The block task with its linear weights at the weight format's bytes per weight and its KV
+    cache at the KV dtype's bytes per element (norms and biases, replicated on a group, unchanged)."""
+    b = precision.activation_bytes
+    linear = matmul_parameters(config)
+    return dataclasses.replace(
+        block,
+        weight_bytes=block.weight_bytes + (linear["attn"] + linear["mlp"]) * (precision.weight_bytes - b),
+        mem_bytes_per_sample=block.mem_bytes_per_sample * precision.kv_bytes / b,
     )
 
 
@@ -272,7 +296,7 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, pro
         weights[part] = member.weight_bytes
         workspace[part] = member.workspace_bytes_per_sample
     kv = (shard_of(tasks.tasks["block"], degree) if degree > 1 else tasks.tasks["block"]).mem_bytes_per_sample
-    kernels = layer_kernels(tasks.config, tasks.dtype, server_class.kind, degree, link)
+    kernels = layer_kernels(tasks.config, tasks.precision, server_class.kind, degree, link)
     pieces["block"] = layer_pieces(kernels, tasks.per_sequence)
     measured = measured_layer_time(
         profile, server_class.kind.name, degree, kernels, tasks.per_sequence, tasks.hidden_bytes_per_token

@@ -10,9 +10,11 @@ from typing import Any
 
 from llm_planner.core import units
 from llm_planner.core.fileio import read_document
+from llm_planner.core.precision import DEFAULT_DTYPE, Precision, PrecisionError, build_precision, parse_weights
 from llm_planner.core.spec import load_cluster
 from llm_planner.core.spec_fields import Reader, as_int
 from llm_planner.cost.serving_profile import load_serving_profile
+from llm_planner.graph.checkpoint import checkpoint_precision
 from llm_planner.graph.transformer import DecoderConfig, named_config
 from llm_planner.serving.workload import (
     TPOT_RANGE,
@@ -33,6 +35,31 @@ def read_context_inputs(cluster_path: str, model: str, profile_path: str | None 
         "config": decoder_config(model),
         "profile": None if profile_path is None else load_serving_profile(profile_path),
     }
+
+
+def serving_precision(model: str, dtype: str | None, weights: str | None, kv_cache: str | None) -> Precision:
+    """The precision of `--dtype`, `--weights` and `--kv-cache-dtype` (None: not given) for `model`:
+    activations default to the config's torch_dtype (else DEFAULT_DTYPE), weights to the format its
+    quantization_config declares (else the activation dtype); PrecisionError naming both when an
+    explicit --weights contradicts the checkpoint."""
+    ckpt = checkpoint_precision(model)
+    activations = dtype or (ckpt.dtype if ckpt is not None else None) or DEFAULT_DTYPE
+    stated = ckpt.weights_label if ckpt is not None else None
+    if (
+        stated is not None
+        and weights is not None
+        and parse_weights(weights, "--weights") != parse_weights(stated, ckpt.source)
+    ):
+        raise PrecisionError(
+            f"--weights {weights} contradicts {ckpt.source}: quantization_config, whose weights are {stated}"
+        )
+    return build_precision(activations, weights or stated, kv_cache)
+
+
+def checkpoint_weights(model: str) -> str | None:
+    """The weight format the model's config.json declares (as --weights writes it), None without one."""
+    ckpt = checkpoint_precision(model)
+    return ckpt.weights_label if ckpt is not None else None
 
 
 def decoder_config(name: str) -> DecoderConfig:

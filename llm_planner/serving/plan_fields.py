@@ -17,11 +17,14 @@ from typing import Any
 
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.plan_read import Fields
+from llm_planner.core.precision import PRECISION_KEYS, PrecisionError, precision_from_dict, uniform
 from llm_planner.serving.engines import ENGINES
 
 SERVING_FORMAT = "llm_planner.serving_plan"
-SERVING_VERSION = 6  # 6: serving.unrestricted (--exportable's price); 5: kernel-sum iteration cost, max_batched_tokens
-READ_VERSIONS = (5, 6)  # versions read: a version 5 plan has no serving.unrestricted (read as null)
+# 6: model.precision and each replica's precision (weights, activations, KV cache), and
+# serving.unrestricted (--exportable's price); 5: kernel-sum iteration cost, max_batched_tokens
+SERVING_VERSION = 6
+READ_VERSIONS = (5, 6)  # a version 5 plan is read with one dtype for everything (`upgrade`), no serving.unrestricted
 SERVING_SOLVERS = ("serving", "engineer-best", "megatron")
 BASELINES = ("engineer-best", "megatron")
 MAX_COUNT = 1 << 20  # copies of one pattern, stages, degrees, micro-batches: far above any cluster
@@ -60,6 +63,8 @@ _SERVING = (
 )
 # Where the planning time went (llm_planner.serving.api): a record, not a figure verify checks.
 _SERVING_RECORDS = ("timings_s",)
+# The candidate precisions of a plan made among allowed formats (llm_planner.serving.precision_choice).
+_SERVING_CHOICES = ("precisions",)
 _REPLICA = (
     "pattern",
     "count",
@@ -75,6 +80,7 @@ _REPLICA = (
     "mem_bytes",
     "usable_bytes",
     "devices",
+    "precision",
 )
 _BASELINE_REPLICA = ("pattern", "count", "concurrency", "micro_batches", "tpot_s", "layers", "max_mem_fraction")
 
@@ -165,10 +171,12 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
     choice(top, "objective", ("serving",))
     _inputs(top.mapping("inputs"))
     model = top.mapping("model")
-    exactly(model, ("name", "dtype", "num_layers"))
+    exactly(model, ("name", "dtype", "num_layers", "precision"))
     if not model.string("name"):
         raise model.fail("name", "empty")
     choice(model, "dtype", tuple(DTYPE_BYTES))
+    if precision(model).activations != model.get("dtype"):
+        raise model.fail("precision", f"activations {model.get('precision')['activations']!r} differ from model.dtype")
     num_layers = integer(model, "num_layers")
     _workload(top.mapping("workload"))
     options = top.mapping("options")
@@ -217,9 +225,17 @@ def _workload(f: Fields) -> None:
 
 
 def _serving(f: Fields, num_layers: int, version: int) -> None:
-    exactly(f, _SERVING + (("unrestricted",) if version >= 6 else ()), optional=_SERVING_RECORDS)
+    exactly(f, _SERVING + (("unrestricted",) if version >= 6 else ()), optional=_SERVING_RECORDS + _SERVING_CHOICES)
     if version >= 6 and f.get("unrestricted") is not None:
         _unrestricted(f.mapping("unrestricted"), num_layers)
+    if "precisions" in f.data:
+        for i, item in enumerate(_list(f, "precisions", low=2)):
+            row = f.item("precisions", i, item)
+            exactly(row, ("precision", "tokens_per_s", "upper_bound_tokens_per_s", "device_prices"))
+            precision(row)
+            number(row, "tokens_per_s")
+            number(row, "upper_bound_tokens_per_s")
+            _prices(row)
     if f.data.get("timings_s") is not None:  # seconds by part name: a record verify does not check
         timings = f.mapping("timings_s")
         for key in timings.data:
@@ -232,6 +248,35 @@ def _serving(f: Fields, num_layers: int, version: int) -> None:
     _prices(f)
     for i, item in enumerate(_list(f, "replicas")):
         _replica(f.item("replicas", i, item), num_layers)
+
+
+def precision(f: Fields, key: str = "precision"):
+    """The Precision of mapping `key` (llm_planner.core.precision), each field a string."""
+    p = f.mapping(key)
+    exactly(p, PRECISION_KEYS)
+    for k in PRECISION_KEYS:
+        p.string(k)
+    try:
+        return precision_from_dict(p.data, f"{f.source}: {f.path(key)}")
+    except PrecisionError as exc:
+        raise f.error(str(exc)) from None
+
+
+def upgrade(data: Any) -> Any:
+    """A version-5 plan's data with the precision fields: its one `model.dtype` is the weights',
+    activations' and KV cache's (what version 5 planned); its version stays 5 (it has no
+    serving.unrestricted); anything else is returned as it is (read_plan_fields judges it)."""
+    if not (isinstance(data, dict) and data.get("version") == 5 and isinstance(data.get("model"), dict)):
+        return data
+    try:
+        stated = uniform(data["model"]["dtype"]).to_dict()
+        replicas = data["serving"]["replicas"]
+    except (KeyError, TypeError, PrecisionError):
+        return data
+    if not isinstance(replicas, list) or not all(isinstance(r, dict) for r in replicas):
+        return data
+    serving = dict(data["serving"], replicas=[dict(r, precision=dict(stated)) for r in replicas])
+    return dict(data, model=dict(data["model"], precision=dict(stated)), serving=serving)
 
 
 def _prices(f: Fields) -> None:
@@ -253,6 +298,7 @@ def _unrestricted(f: Fields, num_layers: int) -> None:
 
 def _replica(f: Fields, num_layers: int, *, with_devices: bool = True) -> None:
     exactly(f, _REPLICA if with_devices else tuple(k for k in _REPLICA if k != "devices"))
+    precision(f)
     f.string("pattern")
     count = integer(f, "count")
     degrees = []

@@ -18,7 +18,7 @@ import yaml
 from llm_planner.core.atomic import write_atomic
 from llm_planner.core.fileio import read_bytes, read_document, read_text
 from llm_planner.graph.transformer import config_file_of
-from llm_planner.serving.plan_fields import SERVING_FORMAT, SERVING_VERSION, read_plan_fields
+from llm_planner.serving.plan_fields import SERVING_FORMAT, SERVING_VERSION, read_plan_fields, upgrade
 
 __all__ = ["SERVING_FORMAT", "SERVING_VERSION"]
 
@@ -73,8 +73,9 @@ def is_serving_plan(path: str | Path) -> bool:
 
 
 def load_serving_plan(path: str | Path) -> ServingPlanFile:
-    """The plan, every field checked for its type and shape (llm_planner.serving.plan_fields)."""
-    data = read_document(path, ServingPlanError, finite=True)
+    """The plan, every field checked for its type and shape (llm_planner.serving.plan_fields); a
+    version-5 plan is read as version 6 (plan_fields.upgrade)."""
+    data = upgrade(read_document(path, ServingPlanError, finite=True))
     read_plan_fields(data, str(path), ServingPlanError)
     return ServingPlanFile(data=data, path=Path(path))
 

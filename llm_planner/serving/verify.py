@@ -34,8 +34,11 @@ Not yet independent of the search's code (a defect there would pass here too):
 
 from __future__ import annotations
 
+from llm_planner.core.plan_read import Fields
 from llm_planner.core.tensor_groups import GroupError, group_from_members
-from llm_planner.serving.bound import exportable_bounds
+from llm_planner.graph.checkpoint import checkpoint_precision
+from llm_planner.graph.ir import GraphError
+from llm_planner.serving.bound import exportable_bounds, tokens_upper_bound
 from llm_planner.serving.context import (
     OPTIMAL_GAP,
     ServingContext,
@@ -45,8 +48,9 @@ from llm_planner.serving.context import (
 )
 from llm_planner.serving.inputs import decoder_config
 from llm_planner.serving.layout import Segment, describe, layout_ok, layout_usage, same_server_after
-from llm_planner.serving.plan_fields import read_plan_fields
+from llm_planner.serving.plan_fields import precision, read_plan_fields
 from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, checked_input, checked_model
+from llm_planner.serving.precision_choice import bound_without_plan
 from llm_planner.serving.verify_claims import check_baselines, check_model, check_options, close
 from llm_planner.serving.verify_replica import Derived, derive
 from llm_planner.serving.workload import RequestShape, ServingWorkload, WorkloadError
@@ -70,9 +74,14 @@ def context_of(plan: ServingPlanFile) -> ServingContext:
     except WorkloadError as exc:
         raise ServingPlanError(f"{plan.path}: model.name: {exc}") from None
     try:
-        return build_context(cluster, model, workload, d["model"]["dtype"], options, profile)
+        return build_context(cluster, model, workload, model_precision(plan), options, profile)
     except ValueError as exc:  # the inputs' own errors name their file; say which plan named it
         raise ServingPlanError(f"{plan.path}: inputs (model, workload, options): {exc}") from None
+
+
+def model_precision(plan: ServingPlanFile):
+    """The plan's model.precision (llm_planner.core.precision.Precision)."""
+    return precision(Fields(plan.data["model"], str(plan.path or "<plan>"), "model", ServingPlanError))
 
 
 def verify_serving_plan(plan: ServingPlanFile) -> list[str]:
@@ -83,11 +92,17 @@ def verify_serving_plan(plan: ServingPlanFile) -> list[str]:
     ctx = context_of(plan)
     problems: list[str] = []
     check_model(ctx, plan.data, problems)
+    _check_checkpoint(ctx, plan.data["model"]["name"], problems)
     used: dict[str, str] = {}
     total = 0.0
     taken: dict[str, list[tuple[str, int]]] = {}  # class -> (replica, its copies' devices of the class)
     for i, rep in enumerate(plan.replicas):
         where = f"serving.replicas[{i}]"
+        if precision(Fields(rep, str(plan.path or "<plan>"), where, ServingPlanError)) != ctx.precision:
+            problems.append(
+                f"{where}.precision: {rep['precision']} but model.precision is {ctx.precision.to_dict()}: the search "
+                "plans every replica in the model's precision"
+            )
         found = _check_replica(ctx, rep, where, problems, plan.data["options"]["solver"] == "serving")
         if found is None:
             continue
@@ -100,6 +115,21 @@ def verify_serving_plan(plan: ServingPlanFile) -> list[str]:
     _check_totals(ctx, plan, total, _check_unrestricted(ctx, plan, problems), problems)
     check_baselines(ctx, plan.data, problems)
     return problems
+
+
+def _check_checkpoint(ctx: ServingContext, model: str, problems: list[str]) -> None:
+    """The plan's weight format is the one the model's config.json declares, when it declares one."""
+    try:
+        ckpt = checkpoint_precision(model)
+    except GraphError as exc:
+        problems.append(f"model.name: {exc}")
+        return
+    p = ctx.precision
+    if ckpt is not None and ckpt.weights is not None and (ckpt.weights, ckpt.group_size) != (p.weights, p.group_size):
+        problems.append(
+            f"model.precision.weights: {p.weights_label}, but {ckpt.source} declares {ckpt.weights_label} in its "
+            "quantization_config"
+        )
 
 
 def _check_unrestricted(ctx: ServingContext, plan: ServingPlanFile, problems: list[str]) -> tuple | None:
@@ -251,6 +281,56 @@ def _prices(ctx: ServingContext, sv: dict, problems: list[str], where: str = "se
     return {str(k): float(v) for k, v in prices.items()}
 
 
+def _check_candidates(ctx: ServingContext, plan: ServingPlanFile, bound: float, problems: list[str]) -> float:
+    """Each candidate precision's bound recomputed (llm_planner.serving.precision_choice), the plan's
+    own among them with its figures; the largest of the others' (0 when there is none)."""
+    rows, where = plan.serving["precisions"], str(plan.path or "<plan>")
+    mine = [
+        i
+        for i, r in enumerate(rows)
+        if precision(Fields(r, where, f"precisions[{i}]", ServingPlanError)) == ctx.precision
+    ]
+    if len(mine) != 1:
+        problems.append("serving.precisions: the plan's own precision (model.precision) must be listed once")
+    others = 0.0
+    for i, row in enumerate(rows):
+        p = precision(Fields(row, where, f"serving.precisions[{i}]", ServingPlanError))
+        if i in mine:
+            figures = (plan.serving["tokens_per_s"], bound)
+            if not (close(row["tokens_per_s"], figures[0]) and close(row["upper_bound_tokens_per_s"], figures[1])):
+                problems.append(f"serving.precisions[{i}]: not the plan's own tokens/s and bound")
+            continue
+        if row["tokens_per_s"] > plan.serving["tokens_per_s"] * (1 + 1e-9):
+            problems.append(f"serving.precisions[{i}]: more tokens/s than the plan, which keeps the best candidate")
+        found = _candidate_bound(ctx, p, row)
+        others = max(others, found)
+        if not close(row["upper_bound_tokens_per_s"], found):
+            problems.append(
+                f"serving.precisions[{i}].upper_bound_tokens_per_s: {row['upper_bound_tokens_per_s']!r}, "
+                f"recomputed {found!r}"
+            )
+    return others
+
+
+def _candidate_bound(ctx: ServingContext, p, row: dict) -> float:
+    """A candidate's bound with its stated figures (prices and tokens/s), as precision_choice made it."""
+
+    def build() -> ServingContext:
+        return ServingContext(ctx.cluster, ctx.config, ctx.workload, p, ctx.options, ctx.cache.profile)
+
+    if row["device_prices"] is None:
+        return bound_without_plan(build)
+    try:
+        other = build()
+    except WorkloadError:
+        return 0.0
+    prices = {str(k): float(v) for k, v in row["device_prices"].items() if k in other.by_name}
+    wl = other.workload
+    return tokens_upper_bound(
+        other.cache, other.classes, wl.tpot_slo_s, other.cluster.inter_node, row["tokens_per_s"], prices
+    )
+
+
 def _check_totals(
     ctx: ServingContext, plan: ServingPlanFile, total: float, free: tuple | None, problems: list[str]
 ) -> None:
@@ -273,6 +353,8 @@ def _check_totals(
         (total, _prices(ctx, sv, problems)),
         free,
     )
+    if "precisions" in sv:  # a plan made among allowed precisions: bounded by the best of them
+        bound = max(bound, _check_candidates(ctx, plan, bound, problems))
     if free is not None and not close(plan.unrestricted["upper_bound_tokens_per_s"], free_bound):
         problems.append(
             f"serving.unrestricted.upper_bound_tokens_per_s: {plan.unrestricted['upper_bound_tokens_per_s']!r}, "
