@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_planner.serving.api import replica_record
+from llm_planner.serving.api import fixed_plan_data, replica_record
 from llm_planner.serving.context import ServingOptions, build_context
 from llm_planner.serving.layout import Pattern, Segment
-from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION, input_digest, save_serving_plan
+from llm_planner.serving.plan_file import input_digest, save_serving_plan
 from llm_planner.serving.workload import RequestShape, ServingWorkload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,43 +98,12 @@ def build_plan(run: Run, cluster: str, path: Path, *, prompt_len: int, output_le
     ev = replica.evaluate(layers, run.concurrency, run.layout.micro_batches)
     pattern = Pattern(layout=layout, ev=ev)
     records = [replica_record(ctx, pattern, 1, [copy]) for copy in _devices(run.layout)]
-    save_serving_plan(_plan_data(ctx, cluster, load, options, records), path)
+    model_sha256 = input_digest(str(REPO / MODEL / "config.json"), "model")
+    data = fixed_plan_data(
+        ctx, cluster=cluster, model_name=str(REPO / MODEL), model_sha256=model_sha256, records=records
+    )
+    save_serving_plan(data, path)
     return path
-
-
-def _plan_data(ctx, cluster: str, load: ServingWorkload, options: ServingOptions, records: list[dict]) -> dict:
-    total = sum(r["tokens_per_s"] for r in records)
-    return {
-        "format": SERVING_FORMAT,
-        "version": SERVING_VERSION,
-        "objective": "serving",
-        "inputs": {
-            "cluster": cluster,
-            "cluster_sha256": ctx.cluster.sha256,
-            "profile": None,
-            "profile_sha256": None,
-            "model_sha256": input_digest(str(REPO / MODEL / "config.json"), "model"),
-        },
-        "model": {"name": str(REPO / MODEL), "dtype": DTYPE, "num_layers": ctx.tasks.num_layers},
-        "workload": load.to_dict(),
-        "options": {**options.__dict__, "solver": "serving"},
-        "serving": {
-            "tokens_per_s": total,
-            "upper_bound_tokens_per_s": total,  # not searched: the run fixes the layout
-            "device_prices": None,
-            "gap": 0.0,
-            "status": "heuristic",
-            "tpot_s": max(r["tpot_s"] for r in records),
-            "ttft_s": max(r["ttft_s"] for r in records),
-            "concurrency": sum(r["concurrency"] for r in records),
-            "solve_time_s": 0.0,
-            "layouts_evaluated": 0,
-            "layouts_candidate": 0,
-            "layouts_left": 0,
-            "replicas": records,
-        },
-        "baselines": {name: {"tokens_per_s": 0, "replicas": []} for name in ("engineer-best", "megatron")},
-    }
 
 
 def row(run: Run, report: dict, load: float | None) -> dict:

@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 from runtime_fixtures import LOCALHOST
 
-from llm_planner.serving.api import replica_record
+from llm_planner.serving.api import fixed_plan_data, replica_record
 from llm_planner.serving.context import ServingOptions, build_context
 from llm_planner.serving.layout import Pattern, Segment
-from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION, input_digest, save_serving_plan
+from llm_planner.serving.plan_file import input_digest, save_serving_plan
 from llm_planner.serving.workload import RequestShape, ServingWorkload
 
 CLASS = "localhost/cpu-core"
@@ -42,44 +42,10 @@ def serving_plan(
         layout = tuple(Segment(CLASS, k, 1) for k in r["degrees"])
         ev = ctx.replica(layout).evaluate(tuple(r["layers"]), r["concurrency"], r["micro_batches"])
         records.append(replica_record(ctx, Pattern(layout=layout, ev=ev), 1, [r["devices"]]))
-    total = sum(rec["tokens_per_s"] for rec in records)
-    data = {
-        "format": SERVING_FORMAT,
-        "version": SERVING_VERSION,
-        "objective": "serving",
-        "inputs": {
-            "cluster": str(cluster),
-            "cluster_sha256": ctx.cluster.sha256,
-            "profile": None,
-            "profile_sha256": None,
-            "model_sha256": input_digest(str(Path(model_dir) / "config.json"), "model"),
-        },
-        "model": {
-            "name": str(model_dir),
-            "dtype": "fp32",
-            "num_layers": ctx.tasks.num_layers,
-            "precision": ctx.precision.to_dict(),
-        },
-        "workload": workload.to_dict(),
-        "options": {**options.__dict__, "solver": "serving"},
-        "serving": {
-            "tokens_per_s": total,
-            "upper_bound_tokens_per_s": total,
-            "device_prices": None,
-            "gap": 0.0,
-            "status": "heuristic",
-            "tpot_s": max(rec["tpot_s"] for rec in records),
-            "ttft_s": max(rec["ttft_s"] for rec in records),
-            "concurrency": sum(rec["concurrency"] for rec in records),
-            "solve_time_s": 0.0,
-            "layouts_evaluated": 0,
-            "layouts_candidate": 0,
-            "layouts_left": 0,
-            "replicas": records,
-            "unrestricted": None,
-        },
-        "baselines": {name: {"tokens_per_s": 0, "replicas": []} for name in ("engineer-best", "megatron")},
-    }
+    model_sha256 = input_digest(str(Path(model_dir) / "config.json"), "model")
+    data = fixed_plan_data(
+        ctx, cluster=str(cluster), model_name=str(model_dir), model_sha256=model_sha256, records=records
+    )
     save_serving_plan(data, path)
     return path
 

@@ -247,3 +247,49 @@ def plan_serving_among(candidates: list[Precision], **inputs: Any) -> dict[str, 
         return bound_without_plan(lambda: build_context(**context, dtype=p))
 
     return plan_among(candidates, lambda p: plan_serving(dtype=p, **inputs), bound_one)
+
+
+def fixed_plan_data(
+    ctx: ServingContext, *, cluster: str, model_name: str, model_sha256: str | None, records: list[dict]
+) -> dict[str, Any]:
+    """A serving plan file's contents for replicas given, not searched (a layout to launch or score
+    as it is: `records` from `replica_record`): its bound is its own tokens/s (status heuristic), no
+    baselines and no unrestricted plan."""
+    total = sum(r["tokens_per_s"] for r in records)
+    return {
+        "format": SERVING_FORMAT,
+        "version": SERVING_VERSION,
+        "objective": "serving",
+        "inputs": {
+            "cluster": cluster,
+            "cluster_sha256": ctx.cluster.sha256,
+            "profile": None,
+            "profile_sha256": None,
+            "model_sha256": model_sha256,
+        },
+        "model": {
+            "name": model_name,
+            "dtype": ctx.precision.activations,
+            "num_layers": ctx.tasks.num_layers,
+            "precision": ctx.precision.to_dict(),
+        },
+        "workload": ctx.workload.to_dict(),
+        "options": {**ctx.options.__dict__, "solver": "serving"},
+        "serving": {
+            "tokens_per_s": total,
+            "upper_bound_tokens_per_s": total,  # not searched: the layout is fixed
+            "device_prices": None,
+            "gap": 0.0,
+            "status": "heuristic",
+            "tpot_s": max(r["tpot_s"] for r in records),
+            "ttft_s": max(r["ttft_s"] for r in records),
+            "concurrency": sum(r["concurrency"] for r in records),
+            "solve_time_s": 0.0,
+            "layouts_evaluated": 0,
+            "layouts_candidate": 0,
+            "layouts_left": 0,
+            "replicas": records,
+            "unrestricted": None,
+        },
+        "baselines": {name: {"tokens_per_s": 0, "replicas": []} for name in ("engineer-best", "megatron")},
+    }
