@@ -94,6 +94,10 @@ VALID = {
     "--max-micro-batches": "2",
     "--max-batched-tokens": "4096",
     "--serving-solver": "megatron",
+    "--weights": "fp8",
+    "--kv-cache-dtype": "fp8",
+    "--allow-weights": "fp8",
+    "--allow-kv-cache-dtype": "fp8",
 }
 
 odd_numbers = st.sampled_from(
