@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from test_engine_flags import check_against_engine
-from test_serving_export import _flat
+from test_serving_export import _edited, _flat
 
 from llm_planner.cli.main import main
 from llm_planner.core.spec import load_cluster
@@ -61,15 +61,6 @@ def plans(tmp_path_factory) -> dict[str, Path]:
         "fp16": _plan(tmp, "fp16", "gpt2"),
         "checkpoint": _plan(tmp, "ckpt", _gpt2_awq(tmp), "--kv-cache-dtype", "fp8"),
     }
-
-
-def _edited(plan: Path, tmp_path: Path, edit) -> Path:
-    data = yaml.safe_load(plan.read_text())
-    edit(data)
-    data["inputs"]["cluster"] = str((plan.parent / data["inputs"]["cluster"]).resolve())
-    out = tmp_path / "edited.yaml"
-    out.write_text(yaml.safe_dump(data, sort_keys=False))
-    return out
 
 
 def test_the_plan_records_its_precision_on_the_model_and_every_replica(plans, capsys):
