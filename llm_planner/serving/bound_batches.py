@@ -36,6 +36,7 @@ table, piecewise linear and maybe not monotone, uses its least value over the le
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -46,10 +47,14 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layout import CostCache
 
+log = logging.getLogger(__name__)
+
 C_RATIO = 1.25  # concurrency levels
 B_RATIO = 1.5  # mean micro-batch levels
 TANGENT_LAYERS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-TIME_LIMIT_S = 20.0
+NODE_LIMIT = 5_000  # the MILP stops after this many branch-and-bound nodes (its dual bound holds): the same
+# bound on every machine, which verify recomputes
+TIME_LIMIT_S = 300.0  # and, as a safety net only, after this long (the bound then depends on the machine: logged)
 
 
 @dataclass(frozen=True)
@@ -209,9 +214,9 @@ def batch_level_bound(cache: CostCache, classes: tuple[ServerClass, ...], tpot_s
 
 def maximise_with_binaries(value: np.ndarray, rows: SparseRows, n_binaries: int) -> float | None:
     """The most value @ x over x >= 0 and n_binaries binaries after them (within the rows): the
-    optimum, 0 when nothing is feasible, HiGHS's dual bound when it stops at its time limit (it
+    optimum, 0 when nothing is feasible, HiGHS's dual bound when it stops at its node limit (it
     still holds), None when it has none."""
-    return solve_with_binaries(value, rows, n_binaries)[0]
+    return solve_with_binaries(value, rows, n_binaries, node_limit=NODE_LIMIT)[0]
 
 
 def solve_with_binaries(
@@ -239,6 +244,10 @@ def solve_with_binaries(
         | ({"node_limit": node_limit} if node_limit is not None else {}),
     )
     dual = getattr(res, "mip_dual_bound", None)
+    if res.status == 1 and "time" in str(res.message).lower():
+        log.warning(
+            "a bound MILP stopped at its %g s time limit: its dual bound holds but depends on the machine", time_limit_s
+        )
     if res.status == 0:
         return (max(-res.fun, -dual) if dual is not None and np.isfinite(dual) else -res.fun), res.x
     if res.status == 2:
