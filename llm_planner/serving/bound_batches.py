@@ -88,8 +88,8 @@ def _batch_grid(cache: CostCache, classes: tuple[ServerClass, ...], top: float) 
 def _layer_times(costs, b_lo: float, b_hi: float) -> tuple[float, float]:
     """(least layer time for micro-batches of b_lo..b_hi sequences, the time the rate uses)."""
     t = costs.layer_time
-    if not t.measured:
-        return t(b_lo), t(b_hi)
+    if not t.measured:  # the pieces: below the time, and b / t(b) on them grows with b
+        return t.lower(b_lo), t.lower(b_hi)
     least = t.least(max(1.0, math.floor(b_lo)), math.ceil(b_hi))  # sizes differ by one around the mean
     return least, least
 

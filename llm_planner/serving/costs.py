@@ -308,7 +308,9 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, pro
         weight_bytes=weights,
         kv_bytes_per_seq=kv,
         workspace_bytes_per_seq=workspace,
-        layer_time=measured if measured is not None else RooflineLayerTime(pieces["block"]),
+        layer_time=measured
+        if measured is not None
+        else RooflineLayerTime(pieces["block"], kernels, tasks.per_sequence, tasks.mean_prompt_len, tasks.token_budget),
         kernels=kernels,
         tasks=tasks,
     )

@@ -2,7 +2,8 @@
 the search read it: callable t(b), `least(lo, hi)`, `breakpoints` (where a measured time may change
 slope), `measured`, and `load_s(load)` for any other mix of decode and prompt tokens.
 
-    RooflineLayerTime  the kernel model's pieces, max_j (f_j + s_j b) (llm_planner.cost.iteration)
+    RooflineLayerTime  the kernel model, prompts in the engine's chunks (llm_planner.cost.chunks);
+                       its pieces max_j (f_j + s_j b), the spread load's, below it
     MeasuredLayerTime  a serving-profile/1 table pair of a kind on one device: decode(b) + prefill(b r)
     PartsLayerTime     a serving-profile/2 entry of a kind at the stage's degree: the kernel model
                        with the measured parts replaced by their tables (cost.iteration.layer_time_s)
@@ -19,27 +20,53 @@ from __future__ import annotations
 import bisect
 import math
 
+from llm_planner.cost.chunks import prompt_lumps
 from llm_planner.cost.iteration import LayerKernels, Load, layer_pieces, layer_time_s
 from llm_planner.cost.roofline import evaluate_pieces
 from llm_planner.serving.workload import WorkloadError
 
 
 class RooflineLayerTime:
-    """A decoder layer's roofline time at b sequences: max_j (f_j + s_j b) over its `pieces` (0 at
-    b = 0). No breakpoint: the pieces are the bounds' data (llm_planner.serving.bound*)."""
+    """A decoder layer's time at b sequences by the kernel model, with the prompt tokens in the
+    lumps an engine admits them (llm_planner.cost.chunks): E[t(decodes of b, x prompt tokens)].
+    `pieces`, max_j (f_j + s_j b), time the spread load b r exactly and lie below t(b) at every b
+    (Jensen, cost.chunks): the bounds' data (llm_planner.serving.bound*), read through `lower` and
+    `least`. No breakpoint."""
 
     measured = False
     breakpoints = ()
 
-    def __init__(self, pieces: tuple):
-        self.pieces = pieces
+    def __init__(self, pieces: tuple, kernels: LayerKernels, per_sequence: Load, prompt_len: float, budget: int):
+        self.pieces, self.kernels, self.per_sequence = pieces, kernels, per_sequence
+        self.prompt_len, self.budget = prompt_len, budget
+        self._memo: dict[float, float] = {}
 
     def __call__(self, b: float) -> float:
+        if b <= 0:
+            return 0.0
+        got = self._memo.get(b)
+        if got is None:
+            got = self._memo[b] = self._lumped_s(b)
+        return got
+
+    def _lumped_s(self, b: float) -> float:
+        ps = self.per_sequence
+        decode = Load(decodes=b, decode_keys=b * ps.decode_keys)
+        keys_per_token = ps.prompt_keys / ps.prompt_tokens if ps.prompt_tokens > 0 else 0.0
+        lumps = prompt_lumps(b * ps.prompt_tokens, self.prompt_len, self.budget - b)
+        return sum(
+            w * self.kernels.time_s(decode.plus(Load(prompt_tokens=x, prompt_keys=x * keys_per_token)))
+            for w, x in lumps
+        )
+
+    def lower(self, b: float) -> float:
+        """The pieces at b: the spread load's time, at most t(b)."""
         return evaluate_pieces(self.pieces, b)
 
     def least(self, lo: float = 1.0, hi: float = math.inf) -> float:
-        """The least time over micro-batches of lo..hi sequences: at lo (the pieces grow with b)."""
-        return self(lo)
+        """A time no micro-batch of lo..hi sequences is below: the pieces at lo (they grow with b
+        and lie below t)."""
+        return self.lower(lo)
 
 
 class _PiecewiseLinear:

@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 
 from llm_planner.core.spec import LinkSpec
+from llm_planner.cost.chunks import prompt_wait_s
 from llm_planner.cost.roofline import transfer_s
 from llm_planner.serving.costs import ServingTasks, StageCosts
 
@@ -163,12 +164,16 @@ class ReplicaModel:
     def ttft_s(self, layers: tuple[int, ...], b: int, cycle: float) -> float:
         """Time to first token of a mean prompt joining a micro-batch of b sequences (module
         docstring): its prompt goes in chunks of what the token budget leaves beside the b decodes,
-        one chunk per visit of its micro-batch; the last chunk's round trip yields the token."""
+        one chunk per visit of its micro-batch; the last chunk's round trip yields the token; before
+        that it waits for the prompts of the b - 1 others ahead of it (cost.chunks.prompt_wait_s)."""
         prompt = self.tasks.mean_prompt_len
         chunk = min(prompt, max(1, self.tasks.token_budget - b))
         visits = math.ceil(prompt / chunk)
         trip = self.handoffs_s(b) + sum(self._chunk_stage_s(s, b, chunk, n) for s, n in enumerate(layers))
-        return (visits - 1) * max(cycle, trip) + trip
+        plain = self.handoffs_s(b) + sum(self._chunk_stage_s(s, b, 0.0, n) for s, n in enumerate(layers))
+        service = (visits - 1) * max(cycle, trip) + trip
+        output_len = prompt / self.tasks.prefill_per_output if self.tasks.prefill_per_output > 0 else 0.0
+        return service + prompt_wait_s(b - 1, visits * (trip - plain), service + output_len * cycle)
 
     def _chunk_stage_s(self, s: int, b: int, chunk: float, layers: int) -> float:
         """slot s's iteration with a prompt chunk beside b decodes (memoised like _stage_s)."""

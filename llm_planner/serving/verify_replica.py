@@ -16,11 +16,12 @@ those as not yet independent.
 
 The steady state (docs/serving.md): micro-batches of sizes differing by at most one, b the
 largest; a stage's iteration t_s(b) = step + l block(b) [+ embed(b) first] [+ norm(b) + head(b)
-last]; its busy period the sum over the micro-batches; the round trip the stage times at b plus
+last] (block(b) with the prompt share in the engine's chunks: llm_planner.cost.chunks); its busy period the sum over the micro-batches; the round trip the stage times at b plus
 each hand-off (latency + bytes / bandwidth; hidden states of b sequences and their prompt chunks,
 the sampled ids back from the last stage); TPOT the larger of the round trip and the busiest
 stage; tokens/s = C / TPOT; TTFT: a mean prompt in chunks of min(E[P], budget - b) tokens, one per
-cycle, the last one's round trip (each chunk's iteration carrying it) yielding the token; memory
+cycle, the last one's round trip (each chunk's iteration carrying it) yielding the token, after the
+wait for the prompts of the b - 1 others (llm_planner.cost.chunks.prompt_wait_s); memory
 per device: layers x (block weights + C KV per layer) + the end parts' weights + the largest
 workspace at b sequences.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from llm_planner.cost.chunks import prompt_lumps, prompt_wait_s
 from llm_planner.cost.iteration import Load, layer_kernels
 from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
 from llm_planner.serving.context import ServingContext
@@ -73,18 +75,22 @@ class _Costs:
         )
         wl = ctx.workload
         self.decode_keys, self.prompt_keys = wl.decode_context, (wl.mean_prompt_len + 1) / 2
-        self.ratio = wl.prefill_per_output
+        self.ratio, self.prompt_len, self.budget = (
+            wl.prefill_per_output,
+            wl.mean_prompt_len,
+            ctx.options.max_batched_tokens,
+        )
         self.steady_prompt_keys = sum(  # per sequence per iteration: its share of each prompt's causal keys
             share / wl.mean_output_len * r.prompt_len * (r.prompt_len + 1) / 2
             for r, share in zip(wl.requests, wl.shares)
         )
 
-    def layer_s(self, b: int, prompt_tokens: float) -> float:
-        """One decoder layer on b decodes and `prompt_tokens` prompt tokens."""
-        if prompt_tokens == b * self.ratio:  # the steady load: each sequence's own prompt share
-            keys = b * self.steady_prompt_keys
-        else:
-            keys = prompt_tokens * self.prompt_keys
+    def layer_s(self, b: int, prompt_tokens: float, keys: float | None = None) -> float:
+        """One decoder layer on b decodes and `prompt_tokens` prompt tokens (their queries seeing
+        `keys` keys; default: a chunk of the mean prompt's, or the steady share's)."""
+        if keys is None:  # the steady share: each sequence's own prompts; else a mean prompt's chunk
+            steady = prompt_tokens == b * self.ratio
+            keys = b * self.steady_prompt_keys if steady else prompt_tokens * self.prompt_keys
         load = Load(decodes=b, decode_keys=b * self.decode_keys, prompt_tokens=prompt_tokens, prompt_keys=keys)
         return float(self.measured.load_s(load)) if self.measured is not None else self.kernels.time_s(load)
 
@@ -93,11 +99,21 @@ class _Costs:
             return 0.0
         return evaluate_pieces(self.pieces[part], b)
 
+    def steady_layer_s(self, b: int) -> float:
+        """One decoder layer on b decodes and their prompt share: in the engine's chunks on the
+        kernel model (llm_planner.cost.chunks), spread evenly on a measured time."""
+        if self.measured is not None:
+            return self.layer_s(b, b * self.ratio)
+        per_token = self.steady_prompt_keys / self.ratio if self.ratio > 0 else 0.0
+        lumps = prompt_lumps(b * self.ratio, self.prompt_len, self.budget - b)
+        return sum(w * self.layer_s(b, x, keys=x * per_token) for w, x in lumps)
+
     def iteration_s(self, b: int, layers: int, first: bool, last: bool, prompt_tokens: float | None = None) -> float:
         """A stage's iteration on b sequences with their steady prompt share (or `prompt_tokens`)."""
         if b <= 0:
             return 0.0
-        t = self.step_s + layers * self.layer_s(b, b * self.ratio if prompt_tokens is None else prompt_tokens)
+        layer = self.steady_layer_s(b) if prompt_tokens is None else self.layer_s(b, prompt_tokens)
+        t = self.step_s + layers * layer
         if first:
             t += self.part_s("embed", b)
         if last:
@@ -142,7 +158,13 @@ def derive(ctx: ServingContext, layout: Layout, layers: list[int], concurrency: 
     chunk_trip = handoff + sum(
         c.iteration_s(b, n, s == 0, s == p - 1, prompt_tokens=chunk) for s, (c, n) in enumerate(zip(costs, layers))
     )
-    ttft = (math.ceil(prompt / chunk) - 1) * max(tpot, chunk_trip) + chunk_trip
+    visits = math.ceil(prompt / chunk)
+    plain_trip = handoff + sum(
+        c.iteration_s(b, n, s == 0, s == p - 1, prompt_tokens=0.0) for s, (c, n) in enumerate(zip(costs, layers))
+    )
+    service = (visits - 1) * max(tpot, chunk_trip) + chunk_trip
+    request = service + ctx.workload.mean_output_len * tpot
+    ttft = service + prompt_wait_s(b - 1, visits * (chunk_trip - plain_trip), request)
     return Derived(
         stage_s=tuple(stage),
         busy_s=tuple(busy),

@@ -1,0 +1,48 @@
+"""How an engine's iterations carry prompt tokens: in whole chunks, not spread thin.
+
+With continuous batching and chunked prefill (vLLM, SGLang), an iteration of b running sequences
+admits a waiting prompt up to the token budget B left beside the b decodes: a prompt of P tokens
+enters in chunks of min(P, B - b) tokens, and an iteration carries such a chunk or none. Over
+many iterations the prompt tokens per iteration average b r (r = E[P]/E[O], each sequence's share
+of its prompt per output token), but they come in lumps. The expected iteration time is the mean
+over the lumps, E[t(x)], not t(E[x]); since an iteration's time is convex in the prompt tokens it
+carries (a sum of rooflines, llm_planner.cost.iteration), E[t(x)] >= t(b r) (Jensen): the spread
+load, whose time the serving bounds read as pieces, stays below every iteration the engine runs.
+
+`prompt_lumps` gives the two-point law the model takes for x: multiples of the chunk u next to the
+mean (n u and (n + 1) u, the upper one cut at the room B - b), weighted so the mean is b r. Past
+the room (b r > B - b) prompts back up: every iteration carries B - b.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def prompt_lumps(mean_tokens: float, prompt_len: float, room: float) -> tuple[tuple[float, float], ...]:
+    """((weight, prompt tokens), ...) of one iteration: chunks of min(prompt_len, room) tokens,
+    their mean `mean_tokens` where the room allows it (module docstring)."""
+    if mean_tokens <= 0:
+        return ((1.0, 0.0),)
+    room = max(room, 1.0)
+    if mean_tokens >= room:
+        return ((1.0, room),)
+    chunk = max(min(prompt_len, room), 1.0)
+    lo = math.floor(mean_tokens / chunk) * chunk
+    hi = min(lo + chunk, room)
+    share = (mean_tokens - lo) / (hi - lo)
+    return ((1.0 - share, lo), (share, hi)) if share > 0 else ((1.0, lo),)
+
+
+def prompt_wait_s(others: int, occupancy_s: float, request_s: float) -> float:
+    """How long a prompt waits, on average, for the prompts ahead of it in its micro-batch: each of
+    the `others` sequences beside it starts a new request every `request_s` (its TTFT plus its
+    output's decode time: a closed loop), and each prompt holds the engine `occupancy_s` (the time
+    its chunks add to the iterations that carry them). Arrivals at rate others / request_s on a
+    server of deterministic service time: the M/D/1 wait (Pollaczek-Khinchine),
+    rho S / (2 (1 - rho)) with rho = rate S, cut at others S (no more than the others can queue)."""
+    if others <= 0 or occupancy_s <= 0 or request_s <= 0:
+        return 0.0
+    rho = others * occupancy_s / request_s
+    most = others * occupancy_s
+    return most if rho >= 1.0 else min(rho * occupancy_s / (2.0 * (1.0 - rho)), most)
