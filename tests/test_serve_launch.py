@@ -19,7 +19,7 @@ from llm_planner.launch.mpiexec_run import PROBE_PORT_ENV, cut_off_message, writ
 from llm_planner.launch.plan_launch import LaunchError
 from llm_planner.launch.serve_failure import serving_failure, stage_label
 from llm_planner.launch.serve_launch import ServeOptions, launch_serving, prepare_serving
-from llm_planner.launch.serve_report import measured, percentile
+from llm_planner.launch.serve_report import measured, percentile, serving_report
 from llm_planner.runtime.serve_spec import ServeSpec
 from llm_planner.runtime.table import load_rank_table
 
@@ -198,14 +198,19 @@ def test_a_failure_names_the_replica_and_stage_of_the_failed_rank_and_of_the_ran
     cause = "rank 2 (localhost/cpu-core:2): TimeoutError: rank 2: the run exceeded its timeout of 9 s"
     error = f"{cut_off_message(unreachable)}; {cause}"
     write_failure(table, "failed", error, 2, unreachable)
-    message = serving_failure(error, table.run.report_path, prepared.spec)
+    request = {"arrival_s": 0.0, "token_s": [0.2, 0.3]}
+    record = {"replica": 0, "duration_s": 1.0, "requests": [request], "iterations": []}
+    served = serving_report(str(plan), prepared, {"replicas": [record]})
+    message = serving_failure(error, table.run.report_path, prepared.spec, served)
     assert message == (
         f"{cut_off_message(unreachable)}; the ranks cut off served: rank 0: replica 0 stage 0 of 2, member 0 of 2; "
         f"rank 1: replica 0 stage 0 of 2, member 1 of 2; rank 2 (replica 0 stage 1 of 2) on host localhost failed: "
-        f"{cause}"
+        f'{cause}; served before the failure: 1 request, 2 output tokens (the report\'s "served")'
     )
     failure = json.loads(Path(table.run.report_path).read_text())
-    assert failure["error"] == message
+    assert failure["error"] == message and failure["served"] == served
+    assert [r["requests_completed"] for r in served["replicas"]] == [1, 0]
+    assert served["replicas"][0]["measured"]["tokens_per_s"] == pytest.approx(2.0)
     assert [failure[f"failed_{k}"] for k in ("rank", "replica", "stage", "device")] == [2, 0, 1, table.ranks[2].device]
     assert failure["unreachable_hosts"][0]["stages"] == [
         {"rank": 0, "replica": 0, "stage": 0},

@@ -124,3 +124,6 @@ def test_a_failing_rank_stops_every_rank_and_is_named(tmp_path):
     failure = json.loads(Path(result.report_path).read_text())
     assert failure["status"] == "failed" and failure["error"] == result.error
     assert [failure[f"failed_{k}"] for k in ("rank", "replica", "stage")] == [1, 1, 0]
+    # what was served: nothing by replica 1, whose scheduler (rank 1) failed as the run started
+    assert [r["replica"] for r in failure["served"]["replicas"]] == [0, 1]
+    assert failure["served"]["replicas"][1]["requests_completed"] == 0

@@ -86,13 +86,19 @@ def test_a_pipeline_across_two_servers_serves_one_process_tokens_and_reports_mea
 
 def serve_until_failure(hosts, plan: Path, workdir: Path, fault, timeout_s: float) -> tuple[str, dict]:
     """Serve far longer than timeout_s, apply `fault(rank 1's pid)` once serving is under way (both stages built,
-    then a second of serving); the launcher's message and failure report."""
+    then two seconds of serving); the launcher's message and failure report, which holds what was served."""
     args = ("--duration", "3600")
     built = tuple(f"rank {r}: built replica 0 stage {r}" for r in range(2))
     message, report, ended_s = fail_mid_run(
-        hosts, plan, workdir, fault, args=args, timeout_s=timeout_s, ready=built, settle_s=1.0
+        hosts, plan, workdir, fault, args=args, timeout_s=timeout_s, ready=built, settle_s=2.0
     )
     print(f"launch ended {ended_s:.1f} s after the fault: {message}")
+    served = report["served"]
+    (replica,) = served["replicas"]
+    assert replica["requests_completed"] > 0 and replica["measured"]["tokens_per_s"] > 0
+    assert replica["output_tokens"] == 5 * replica["requests_completed"] == served["total"]["output_tokens"]
+    tail = f"served before the failure: {replica['requests_completed']} requests, {replica['output_tokens']} output"
+    assert tail in message
     return message, report
 
 

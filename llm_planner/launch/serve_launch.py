@@ -45,6 +45,7 @@ from llm_planner.launch.plan_launch import (
 from llm_planner.launch.serve_failure import serving_failure
 from llm_planner.launch.serve_report import serving_report
 from llm_planner.runtime import decoder_tasks as dt
+from llm_planner.runtime.serve_progress import clear_progress, read_progress
 from llm_planner.runtime.serve_requests import LoadSpec
 from llm_planner.runtime.serve_spec import ReplicaSpec, ServeSpec, StageSpec
 from llm_planner.runtime.table import RankTable, RunSpec
@@ -278,6 +279,8 @@ def _rank_table(plan_path, plan, cluster, order, serves, spec: ServeSpec, option
 def launch_serving(plan_path: str | Path, options: ServeOptions = ServeOptions()) -> tuple[LaunchResult, dict | None]:
     """Check, write the files, run mpiexec (unless dry_run) and write the run report; (result, report)."""
     prepared = prepare_serving(plan_path, options)
+    if not options.dry_run:
+        clear_progress(prepared.table.run.workdir)
     result = run_table(
         prepared.table,
         LaunchOptions(dry_run=options.dry_run, extra=options.extra, timeout_s=options.timeout_s),
@@ -285,7 +288,9 @@ def launch_serving(plan_path: str | Path, options: ServeOptions = ServeOptions()
     if result.dry_run:
         return result, None
     if not result.ok or result.report is None:
-        return replace(result, error=serving_failure(result.error, result.report_path, prepared.spec)), None
+        served = serving_report(str(plan_path), prepared, {"replicas": read_progress(result.workdir)})
+        return replace(result, error=serving_failure(result.error, result.report_path, prepared.spec, served)), None
+    clear_progress(result.workdir)
     raw_path = Path(result.workdir) / RAW_NAME
     write_atomic(raw_path, json.dumps(result.report) + "\n", LaunchError)
     report = serving_report(str(plan_path), prepared, result.report)
