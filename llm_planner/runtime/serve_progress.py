@@ -4,12 +4,13 @@ The scheduler of replica i (its first stage's leader, llm_planner.runtime.serve_
 `served.replica<i>.jsonl` in the run's workdir, at most every INTERVAL_S seconds and only when something is
 new, one line: `{"replica": i, "at_s": t, "requests": [the requests finished since the last line],
 "iterations": [the iterations since]}` (t on the replica's clock; requests and iterations as in its raw
-record). Appending only what is new costs microseconds, where rewriting the whole record atomically cost
-tens of milliseconds (an fsync) on a shared 2-core machine; a line cut short by a killed rank is dropped
-when read. A run that fails thus loses at most the last INTERVAL_S seconds of what it served. The
-launcher clears the files before a run, reads them into the failure report's `served` when the run fails
-(llm_planner.launch.serve_failure), and removes them when it succeeds (the ranks' gathered raw record has
-it all). A write that fails is logged once and not tried again: the run goes on, only this record stops.
+record). Appending only what is new took 0.3 ms a line (4 requests of 128 tokens) on a shared 2-core
+machine, where rewriting a record of 200 such requests atomically (core.atomic, with its fsync) took 33 to
+104 ms; a line cut short by a killed rank is dropped when read. A run that fails thus loses at most the
+last INTERVAL_S seconds of what it served. The launcher clears the files before a run, reads them into the
+failure report's `served` when the run fails (llm_planner.launch.serve_failure), and removes them when it
+succeeds (the ranks' gathered raw record has it all). A write that fails is logged once and not tried
+again: the run goes on, only this record stops.
 """
 
 from __future__ import annotations
