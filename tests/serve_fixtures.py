@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from runtime_fixtures import LOCALHOST
 
+from llm_planner.runtime import gpt
+from llm_planner.runtime.serve_requests import LoadSpec, RequestStream
 from llm_planner.serving.api import fixed_plan_data, replica_record
 from llm_planner.serving.context import ServingOptions, build_context
 from llm_planner.serving.layout import Pattern, Segment
@@ -33,13 +35,14 @@ def serving_plan(
     cluster: Path = LOCALHOST,
 ) -> Path:
     """replicas: [{"degrees": [k per stage], "layers": [...], "concurrency": C, "micro_batches": m,
-    "devices": [[names of stage 0], ...]}], one copy each."""
+    "devices": [[names of stage 0], ...], "classes": [class of each stage] (default: all CLASS)}], one copy each."""
     workload = ServingWorkload(requests=(RequestShape(prompt_len=prompt_len, output_len=output_len),), tpot_slo_s=10.0)
     options = ServingOptions(allow_cpu=True, max_batched_tokens=max_batched_tokens)
     ctx = build_context(str(cluster), str(model_dir), workload, "fp32", options)
     records = []
     for r in replicas:
-        layout = tuple(Segment(CLASS, k, 1) for k in r["degrees"])
+        classes = r.get("classes", [CLASS] * len(r["degrees"]))
+        layout = tuple(Segment(c, k, 1) for c, k in zip(classes, r["degrees"]))
         ev = ctx.replica(layout).evaluate(tuple(r["layers"]), r["concurrency"], r["micro_batches"])
         records.append(replica_record(ctx, Pattern(layout=layout, ev=ev), 1, [r["devices"]]))
     model_sha256 = input_digest(str(Path(model_dir) / "config.json"), "model")
@@ -62,3 +65,18 @@ def greedy_whole(model, prompt: list[int], steps: int) -> list[int]:
             out.append(token)
             ids = torch.cat([ids, torch.tensor([[token]], device=device)], dim=1)
     return out
+
+
+def check_tokens(config, report: dict, raw: dict, requests: int, prompt_len: int = 6, output_len: int = 5) -> None:
+    """Every request of the run (report, and the ranks' raw record) served once, with the whole model's greedy
+    tokens for its prompt (seeded weights and requests, seed 0, one request shape)."""
+    config = gpt.prepare_config(config)
+    whole = gpt.build_whole_model(config, gpt.weight_source(config, checkpoint=None, seed=0))
+    stream = RequestStream(LoadSpec(shapes=((prompt_len, output_len, 1.0),), vocab_size=config.vocab_size, seed=0))
+    served = [r for rep in raw["replicas"] for r in rep["requests"]]
+    assert sorted(r["index"] for r in served) == list(range(requests))
+    for r in served:
+        request = stream.request(r["index"])
+        assert r["tokens"] == greedy_whole(whole, list(request.prompt), output_len), r["index"]
+    assert report["total"]["requests_completed"] == requests
+    assert report["total"]["output_tokens"] == output_len * requests

@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import yaml
-from netns_hosts import make_hosts, unavailable
+from netns_hosts import unavailable
+from netns_launch import cluster_spec, fail_mid_run, gone, ran_on, run_launch, spec_latency_s, two_servers
 from runtime_fixtures import decoder_plan, save_config, tiny_gpt2
 
 from llm_planner.runtime import gpt
@@ -28,64 +26,11 @@ from llm_planner.runtime import gpt
 WHY_NOT = unavailable() if sys.platform.startswith("linux") else "network namespaces are Linux's"
 pytestmark = [pytest.mark.mpi, pytest.mark.skipif(WHY_NOT is not None, reason=f"no servers to launch on: {WHY_NOT}")]
 
-BW_BYTES_PER_S = 0.5e6  # the inter_node link: slow enough that the network is most of a decode step
-LATENCY_S = 1e-3  # applied with netem; without it (tbf) the spec says the veth's own, about 0.05 ms
-CPU_KIND = {
-    "name": "cpu-core",
-    "type": "cpu",
-    "peak_flops": {"fp32": "96 GFLOP/s"},
-    "mem_bytes": "4 GiB",
-    "mem_bw_bytes_per_s": "10 GB/s",
-    "compute_efficiency": 0.3,
-    "mem_efficiency": 0.8,
-    "overhead_s": "400 us",
-    "tensor_parallel": True,  # opted in: a test runs a tensor-parallel group of two cores on server 0
-}  # localhost-cpu.yaml's core
-
-
-def cluster_spec(path: Path, addresses: tuple[str, ...], latency_s: float, cores: tuple[int, ...] = ()) -> Path:
-    """One server per address, with cores[i] single-core devices (1 by default); the network between them as shaped."""
-    nodes = [
-        {"name": f"server{i}", "hostname": a, "slots": n, "devices": {"cpu-core": n}}
-        for i, (a, n) in enumerate(zip(addresses, cores or (1,) * len(addresses)))
-    ]
-    spec = {
-        "name": "netns-servers",
-        "device_kinds": [CPU_KIND],
-        "nodes": nodes,
-        "links": {
-            "intra_node_default": {"bw_bytes_per_s": "5 GB/s", "latency_s": "20 us"},
-            "inter_node": {"bw_bytes_per_s": BW_BYTES_PER_S, "latency_s": latency_s},
-        },
-    }
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
-
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("servers")
-    with make_hosts(2, BW_BYTES_PER_S, LATENCY_S, tmp) as hosts:
-        latency = hosts.latency_s if hosts.shaper == "netem" else 50e-6
-        spec = cluster_spec(tmp / "cluster.yaml", hosts.addresses, latency)
-        yield hosts, spec
-        assert hosts.pids() == [], "a process outlived the module's runs"
-
-
-def run_launch(hosts, plan: Path, workdir: Path, *args: str, timeout_s: float = 120.0) -> subprocess.Popen:
-    """`launch` on server 0 (the head node): Hydra starts each rank on its server through the namespace launcher."""
-    env = {**os.environ, **hosts.mpiexec_env(0)}
-    command = [sys.executable, "-m", "llm_planner.cli.main", "launch", str(plan), "--workdir", str(workdir)]
-    command += ["--report", str(workdir / "run.json"), "--timeout", str(timeout_s), *args]
-    return subprocess.Popen(hosts.exec(0, *command), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def gone(hosts, timeout_s: float) -> list[int]:
-    """The processes still in the servers' namespaces after up to timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while hosts.pids() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return hosts.pids()
+    with two_servers(tmp_path_factory.mktemp("servers")) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +60,7 @@ def test_a_gpt2_pipeline_across_two_servers_gives_one_process_tokens_and_reports
     assert proc.returncode == 0, f"{out}\n{err}"
     report = json.loads((work / "run.json").read_text())
     # each rank ran on its own server: the host name its pid file records is its namespace's
-    assert [(work / f"rank{r}.pid").read_text().split()[1] for r in range(2)] == list(hosts.namespaces)
+    assert ran_on(work, 2) == list(hosts.namespaces)
     prompts = json.loads((work / "rank_table.json").read_text())["run"]["prompt_ids"]
     prepared = gpt.prepare_config(config)
     model = gpt.build_whole_model(prepared, gpt.weight_source(prepared, checkpoint=None, seed=0))
@@ -132,7 +77,7 @@ def test_a_tensor_parallel_group_on_one_server_and_a_stage_on_the_other_give_one
     link from the group's leader, the tokens come back to both members. Three ranks share this machine's cores
     (two spinning on server 0), so the step is not asserted against the plan; the error is printed."""
     hosts, _ = servers
-    spec = cluster_spec(tmp_path / "cluster.yaml", hosts.addresses, hosts.latency_s or 50e-6, cores=(2, 1))
+    spec = cluster_spec(tmp_path / "cluster.yaml", hosts.addresses, spec_latency_s(hosts), cores=(2, 1))
     config = tiny_gpt2()
     layout = {"embed": "server0/cpu-core:0-1", "block.2": "server1/cpu-core:0"}
     plan = decoder_plan(
@@ -147,7 +92,7 @@ def test_a_tensor_parallel_group_on_one_server_and_a_stage_on_the_other_give_one
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, f"{out}\n{err}"
     report = json.loads((tmp_path / "w" / "run.json").read_text())
-    where = [(tmp_path / "w" / f"rank{r}.pid").read_text().split()[1] for r in range(3)]
+    where = ran_on(tmp_path / "w", 3)
     assert where == [hosts.namespaces[0], hosts.namespaces[0], hosts.namespaces[1]]
     assert [r["plan_device"] for r in report["ranks"]] == ["server0/cpu-core:0-1"] * 2 + ["server1/cpu-core:0"]
     assert all(r["collectives"]["all_reduce"]["count"] > 0 for r in report["ranks"][:2])
@@ -163,31 +108,17 @@ def test_a_tensor_parallel_group_on_one_server_and_a_stage_on_the_other_give_one
     assert gone(hosts, 5.0) == []
 
 
-def rank_pid(workdir: Path, rank: int, timeout_s: float = 60.0) -> int:
-    path = workdir / f"rank{rank}.pid"
-    deadline = time.monotonic() + timeout_s
-    while not (path.is_file() and path.read_text().strip()):
-        assert time.monotonic() < deadline, f"rank {rank} did not start within {timeout_s} s"
-        time.sleep(0.1)
-    return int(path.read_text().split()[0])
-
-
-def fail_mid_run(hosts, gpt2_plan, workdir: Path, fault, timeout_s: float) -> tuple[str, dict]:
-    """Start a long run, apply `fault(rank 1's pid)` once the ranks are running; the launcher's output and report."""
+def fail_gpt2_mid_run(hosts, gpt2_plan, workdir: Path, fault, timeout_s: float) -> tuple[str, dict]:
+    """A long run (10000 warm-up passes) with `fault(rank 1's pid)` applied once it is under way."""
     plan, _ = gpt2_plan
-    proc = run_launch(hosts, plan, workdir, "--max-new-tokens", "12", "--warmup", "10000", timeout_s=timeout_s)
-    pid = rank_pid(workdir, 1)
-    time.sleep(4.0)  # building and warming up
-    assert proc.poll() is None, proc.communicate()
-    fault(pid)
-    out, err = proc.communicate(timeout=timeout_s + 60)
-    assert proc.returncode == 1, f"{out}\n{err}"
-    return " ".join((out + err).split()), json.loads((workdir / "run.json").read_text())
+    args = ("--max-new-tokens", "12", "--warmup", "10000")
+    message, report, _ = fail_mid_run(hosts, plan, workdir, fault, args=args, timeout_s=timeout_s)
+    return message, report
 
 
 def test_a_server_whose_rank_is_killed_is_named_and_nothing_is_left_anywhere(servers, gpt2_plan, tmp_path):
     hosts, _ = servers
-    message, report = fail_mid_run(
+    message, report = fail_gpt2_mid_run(
         hosts, gpt2_plan, tmp_path / "w", lambda pid: os.kill(pid, signal.SIGKILL), timeout_s=60
     )
     # a remote rank's end comes as its exit code (9: SIGKILL) from its server's proxy
@@ -205,7 +136,7 @@ def test_a_link_taken_down_mid_run_names_the_server_cut_off_and_nothing_is_left_
     and under "unreachable_hosts" in the report; server 0 still answers and is not named."""
     hosts, _ = servers
     try:
-        message, report = fail_mid_run(
+        message, report = fail_gpt2_mid_run(
             hosts, gpt2_plan, tmp_path / "w", lambda pid: hosts.link(1, up=False), timeout_s=20
         )
     finally:

@@ -3,6 +3,7 @@ serving spec the ranks read, and every refusal (exit 2, naming the file or flag)
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -14,9 +15,11 @@ from runtime_fixtures import LOCALHOST, save_config, tiny_gpt2
 from serve_fixtures import dev, serving_plan
 
 from llm_planner.cli import main as cli
+from llm_planner.launch.mpiexec_run import PROBE_PORT_ENV, cut_off_message, write_failure
 from llm_planner.launch.plan_launch import LaunchError
+from llm_planner.launch.serve_failure import serving_failure, stage_label
 from llm_planner.launch.serve_launch import ServeOptions, launch_serving, prepare_serving
-from llm_planner.launch.serve_report import measured, percentile
+from llm_planner.launch.serve_report import measured, percentile, serving_report
 from llm_planner.runtime.serve_spec import ServeSpec
 from llm_planner.runtime.table import load_rank_table
 
@@ -176,3 +179,49 @@ def test_a_quantized_plan_is_refused_naming_the_plan_and_field(plan, tmp_path, c
     err = capsys.readouterr().err
     assert re.search(rf"quantized.yaml: {field}: {stored}: the serving runtime runs weights and KV cache", err), err
     assert "activation dtype (fp32) only" in err and not (tmp_path / "w" / "rank_table.json").exists()
+
+
+def test_a_bad_probe_port_is_refused_before_anything_starts(plan, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(PROBE_PORT_ENV, "ssh")
+    assert cli.main(["launch", str(plan), "--dry-run", "--workdir", str(tmp_path / "w")]) == 2
+    assert f"{PROBE_PORT_ENV}='ssh': expected a TCP port" in capsys.readouterr().err
+    assert not (tmp_path / "w" / "rank_table.json").exists()
+
+
+def test_a_failure_names_the_replica_and_stage_of_the_failed_rank_and_of_the_ranks_cut_off(plan, tmp_path):
+    """The placement launcher's failure (mpiexec_run.write_failure: a host cut off, then the rank that gave up)
+    told in the plan's terms: each rank's replica and stage, in the message and in the failure report."""
+    prepared = prepare_serving(plan, ServeOptions(dry_run=True, report_path=str(tmp_path / "run.json")))
+    table = prepared.table
+    devices = [table.ranks[r].device for r in (0, 1)]
+    unreachable = [{"host": "localhost", "ranks": [0, 1], "devices": devices, "probe": "no answer"}]
+    cause = "rank 2 (localhost/cpu-core:2): TimeoutError: rank 2: the run exceeded its timeout of 9 s"
+    error = f"{cut_off_message(unreachable)}; {cause}"
+    write_failure(table, "failed", error, 2, unreachable)
+    request = {"arrival_s": 0.0, "token_s": [0.2, 0.3]}
+    record = {"replica": 0, "duration_s": 1.0, "requests": [request], "iterations": []}
+    served = serving_report(str(plan), prepared, {"replicas": [record]})
+    message = serving_failure(error, table.run.report_path, prepared.spec, served)
+    assert message == (
+        f"{cut_off_message(unreachable)}; the ranks cut off served: rank 0: replica 0 stage 0 of 2, member 0 of 2; "
+        f"rank 1: replica 0 stage 0 of 2, member 1 of 2; rank 2 (replica 0 stage 1 of 2) on host localhost failed: "
+        f'{cause}; served before the failure: 1 request, 2 output tokens (the report\'s "served")'
+    )
+    failure = json.loads(Path(table.run.report_path).read_text())
+    assert failure["error"] == message and failure["served"] == served
+    assert [r["requests_completed"] for r in served["replicas"]] == [1, 0]
+    assert served["replicas"][0]["measured"]["tokens_per_s"] == pytest.approx(2.0)
+    assert [failure[f"failed_{k}"] for k in ("rank", "replica", "stage", "device")] == [2, 0, 1, table.ranks[2].device]
+    assert failure["unreachable_hosts"][0]["stages"] == [
+        {"rank": 0, "replica": 0, "stage": 0},
+        {"rank": 1, "replica": 0, "stage": 0},
+    ]
+
+
+def test_a_failure_without_a_failed_rank_keeps_the_launchers_message(plan, tmp_path):
+    prepared = prepare_serving(plan, ServeOptions(dry_run=True, report_path=str(tmp_path / "run.json")))
+    write_failure(prepared.table, "failed", "mpiexec exited with status 7", None)
+    assert serving_failure("mpiexec exited with status 7", tmp_path / "run.json", prepared.spec) == (
+        "mpiexec exited with status 7"
+    )
+    assert stage_label(prepared.spec, 3) == "replica 1 stage 0 of 1"

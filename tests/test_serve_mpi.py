@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 from runtime_fixtures import save_config, tiny_gpt2, tiny_llama
-from serve_fixtures import dev, greedy_whole, serving_plan
+from serve_fixtures import check_tokens, dev, serving_plan
 
 from llm_planner.launch.serve_launch import RAW_NAME, ServeOptions, launch_serving
-from llm_planner.runtime import gpt
 from llm_planner.runtime.serve_requests import LoadSpec, RequestStream
 
 pytestmark = pytest.mark.mpi
@@ -51,20 +50,6 @@ def _serve(tmp_path: Path, make, replicas: list[dict], requests: int, budget: in
     return config, plan, report, json.loads((tmp_path / "w" / RAW_NAME).read_text())
 
 
-def _check_tokens(config, report, raw, requests: int) -> None:
-    """Every request served once, with the whole model's greedy tokens for its prompt."""
-    config = gpt.prepare_config(config)
-    whole = gpt.build_whole_model(config, gpt.weight_source(config, checkpoint=None, seed=0))
-    stream = RequestStream(LoadSpec(shapes=((6, 5, 1.0),), vocab_size=config.vocab_size, seed=0))
-    served = [r for rep in raw["replicas"] for r in rep["requests"]]
-    assert sorted(r["index"] for r in served) == list(range(requests))
-    for r in served:
-        request = stream.request(r["index"])
-        assert r["tokens"] == greedy_whole(whole, list(request.prompt), 5), r["index"]
-    assert report["total"]["requests_completed"] == requests
-    assert report["total"]["output_tokens"] == 5 * requests
-
-
 def _check_report(report, plan: Path, replicas: int, rate: float | None = None) -> None:
     assert report["format"] == "llm_planner.serving_run" and report["version"] == 1
     assert report["plan"] == str(plan)
@@ -82,7 +67,7 @@ def _check_report(report, plan: Path, replicas: int, rate: float | None = None) 
 def test_one_stage(tmp_path):
     replicas = [{"degrees": [1], "layers": [4], "concurrency": 3, "micro_batches": 1, "devices": [[dev(0)]]}]
     config, plan, report, raw = _serve(tmp_path, tiny_gpt2, replicas, 5)
-    _check_tokens(config, report, raw, 5)
+    check_tokens(config, report, raw, 5)
     _check_report(report, plan, 1)
 
 
@@ -91,7 +76,7 @@ def test_two_stages_with_two_micro_batches(tmp_path):
         {"degrees": [1, 1], "layers": [2, 2], "concurrency": 4, "micro_batches": 2, "devices": [[dev(0)], [dev(1)]]}
     ]
     config, _, report, raw = _serve(tmp_path, tiny_gpt2, replicas, 6, budget=4)
-    _check_tokens(config, report, raw, 6)
+    check_tokens(config, report, raw, 6)
     iterations = raw["replicas"][0]["iterations"]
     assert max(n for *_, n in iterations) <= 2  # a micro-batch holds at most half the slots
     assert max(tokens for _, _, _, tokens, _ in iterations) <= 4  # the token budget
@@ -109,7 +94,7 @@ def test_a_tensor_parallel_pair_feeding_one_device(tmp_path):
         }
     ]
     config, _, report, raw = _serve(tmp_path, tiny_llama, replicas, 5)
-    _check_tokens(config, report, raw, 5)
+    check_tokens(config, report, raw, 5)
     collectives = [r["collectives"] for r in raw["ranks"] if "collectives" in r]
     assert len(collectives) == 2 and collectives[0]["all_reduce"]["count"] > 0
 
@@ -118,7 +103,7 @@ def test_two_replicas_behind_the_front_end_in_open_loop(tmp_path):
     one = {"degrees": [1], "layers": [4], "concurrency": 2, "micro_batches": 1}
     replicas = [{**one, "devices": [[dev(0)]]}, {**one, "devices": [[dev(1)]]}]
     config, plan, report, raw = _serve(tmp_path, tiny_gpt2, replicas, 6, request_rate=40.0)
-    _check_tokens(config, report, raw, 6)
+    check_tokens(config, report, raw, 6)
     _check_report(report, plan, 2, rate=40.0)
     assert [r["requests_completed"] for r in report["replicas"]] == [3, 3]  # equal shares
     stream = RequestStream(LoadSpec(shapes=((6, 5, 1.0),), vocab_size=128, seed=0, request_rate=40.0))
@@ -134,4 +119,11 @@ def test_a_failing_rank_stops_every_rank_and_is_named(tmp_path):
         plan, ServeOptions(workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S, max_requests=4, fail_rank=1)
     )
     assert not result.ok and report is None
-    assert "rank 1 on host localhost failed" in result.error and "fails on purpose" in result.error
+    assert "rank 1 (replica 1 stage 0 of 1) on host localhost failed" in result.error, result.error
+    assert "fails on purpose" in result.error
+    failure = json.loads(Path(result.report_path).read_text())
+    assert failure["status"] == "failed" and failure["error"] == result.error
+    assert [failure[f"failed_{k}"] for k in ("rank", "replica", "stage")] == [1, 1, 0]
+    # what was served: nothing by replica 1, whose scheduler (rank 1) failed as the run started
+    assert [r["replica"] for r in failure["served"]["replicas"]] == [0, 1]
+    assert failure["served"]["replicas"][1]["requests_completed"] == 0

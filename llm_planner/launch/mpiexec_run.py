@@ -99,7 +99,7 @@ def run_mpiexec(command: tuple[str, ...], table: RankTable, timeout_s: float) ->
         prober.join()
         unreachable = cut_off(table, before, port)
         if unreachable:
-            error = f"{_cut_off_message(unreachable)}; {error}"
+            error = f"{cut_off_message(unreachable)}; {error}"
         write_failure(table, "failed", error, failed, unreachable)
     return Outcome(returncode=returncode, duration_s=duration, report=report, error=error, stderr_tail=tail)
 
@@ -221,7 +221,7 @@ def cut_off(table: RankTable, before: dict[str, str | None], port: int) -> list[
     return out
 
 
-def _cut_off_message(hosts: list[dict[str, Any]]) -> str:
+def cut_off_message(hosts: list[dict[str, Any]]) -> str:
     parts = []
     for h in hosts:
         ranks = ", ".join(f"rank {r} ({d})" for r, d in zip(h["ranks"], h["devices"]))

@@ -32,6 +32,7 @@ from llm_planner.core.atomic import write_atomic
 from llm_planner.core.plan_read import Fields
 from llm_planner.core.spec import ClusterSpec
 from llm_planner.core.tensor_groups import GroupError, group_from_members
+from llm_planner.launch.mpiexec_run import probe_port
 from llm_planner.launch.plan_launch import (
     LaunchError,
     LaunchOptions,
@@ -41,8 +42,10 @@ from llm_planner.launch.plan_launch import (
     rank_order,
     run_table,
 )
+from llm_planner.launch.serve_failure import serving_failure
 from llm_planner.launch.serve_report import serving_report
 from llm_planner.runtime import decoder_tasks as dt
+from llm_planner.runtime.serve_progress import clear_progress, read_progress
 from llm_planner.runtime.serve_requests import LoadSpec
 from llm_planner.runtime.serve_spec import ReplicaSpec, ServeSpec, StageSpec
 from llm_planner.runtime.table import RankTable, RunSpec
@@ -102,6 +105,7 @@ def _check_options(options: ServeOptions) -> None:
             raise LaunchError(f"{flag}: expected at least 1 token, got {value}")
     if not options.timeout_s > 0:
         raise LaunchError(f"--timeout: must be > 0 seconds, got {options.timeout_s}")
+    probe_port(error=LaunchError)  # how the hosts of a failed run are probed (llm_planner.launch.mpiexec_run)
 
 
 def _check_precision(plan: ServingPlanFile) -> None:
@@ -275,6 +279,8 @@ def _rank_table(plan_path, plan, cluster, order, serves, spec: ServeSpec, option
 def launch_serving(plan_path: str | Path, options: ServeOptions = ServeOptions()) -> tuple[LaunchResult, dict | None]:
     """Check, write the files, run mpiexec (unless dry_run) and write the run report; (result, report)."""
     prepared = prepare_serving(plan_path, options)
+    if not options.dry_run:
+        clear_progress(prepared.table.run.workdir)
     result = run_table(
         prepared.table,
         LaunchOptions(dry_run=options.dry_run, extra=options.extra, timeout_s=options.timeout_s),
@@ -282,21 +288,11 @@ def launch_serving(plan_path: str | Path, options: ServeOptions = ServeOptions()
     if result.dry_run:
         return result, None
     if not result.ok or result.report is None:
-        return replace(result, error=_with_host(result)), None
+        served = serving_report(str(plan_path), prepared, {"replicas": read_progress(result.workdir)})
+        return replace(result, error=serving_failure(result.error, result.report_path, prepared.spec, served)), None
+    clear_progress(result.workdir)
     raw_path = Path(result.workdir) / RAW_NAME
     write_atomic(raw_path, json.dumps(result.report) + "\n", LaunchError)
     report = serving_report(str(plan_path), prepared, result.report)
     write_atomic(result.report_path, json.dumps(report, indent=1) + "\n", LaunchError)
     return replace(result, report=report), report
-
-
-def _with_host(result: LaunchResult) -> str | None:
-    """The failure's message with the failing rank's host (the failure report names it)."""
-    try:
-        failure = json.loads(Path(result.report_path).read_text())
-    except (OSError, ValueError):
-        return result.error
-    host, rank = failure.get("failed_host"), failure.get("failed_rank")
-    if host is None or result.error is None:
-        return result.error
-    return f"rank {rank} on host {host} failed: {result.error}"

@@ -19,7 +19,8 @@ with llm_planner.runtime.comm's self-describing transfers; MPI keeps the order o
 between two ranks, so one tag per direction suffices. The first stage's leader measures the
 replica: when each request was admitted, when each of its tokens came back, and each
 iteration's round trip; rank 0 gathers them into the raw run record the launcher turns into the
-run report (llm_planner.launch.serve_report).
+run report (llm_planner.launch.serve_report). As it goes, it also keeps its record so far on disk
+(llm_planner.runtime.serve_progress), for the report of a run that fails.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections import deque
 import torch
 
 from llm_planner.runtime import gpt
+from llm_planner.runtime.serve_progress import Progress
 from llm_planner.runtime.serve_requests import ReplicaQueue, RequestStream
 from llm_planner.runtime.serve_scheduler import Entry, Iteration, Scheduler
 from llm_planner.runtime.serve_spec import ServeSpec
@@ -143,6 +145,7 @@ class ServeRank:
         # in flight: (iteration, when sent, its tokens and when they were ready if this stage is also the last)
         inflight: deque[tuple[Iteration, float, torch.Tensor | None, float]] = deque()
         iterations: list[list] = []
+        progress = Progress(self.ctx.table.run.workdir, self.role.replica)  # what was served, should the run fail
         while True:
             if spec.duration_s is not None and clock() >= spec.duration_s:
                 sched.closing = True
@@ -165,6 +168,7 @@ class ServeRank:
                 back = clock()
             sched.apply_tokens(it, tokens.tolist(), back)
             iterations.append([sent, back, it.decode_only, it.num_tokens, len(it.entries)])
+            progress.update(back, sched.finished, iterations, _request_record)
         end = clock()
         stop = _stop_tensor()
         for rank in self.stages[0].ranks[1:]:
@@ -186,20 +190,22 @@ class ServeRank:
         return None
 
 
+def _request_record(s) -> dict:
+    """A finished sequence as the raw record holds it (seconds since the replica's start)."""
+    return {
+        "index": s.request.index,
+        "prompt_len": s.prompt_len,
+        "output_len": s.request.output_len,
+        "arrival_s": s.request.arrival_s if s.request.arrival_s is not None else s.admitted_s,
+        "admitted_s": s.admitted_s,
+        "token_s": s.token_s,
+        "tokens": s.generated,
+    }
+
+
 def _replica_record(replica: int, sched: Scheduler, iterations: list[list], end_s: float) -> dict:
     """What the scheduler measured (seconds since the replica's start)."""
-    requests = [
-        {
-            "index": s.request.index,
-            "prompt_len": s.prompt_len,
-            "output_len": s.request.output_len,
-            "arrival_s": s.request.arrival_s if s.request.arrival_s is not None else s.admitted_s,
-            "admitted_s": s.admitted_s,
-            "token_s": s.token_s,
-            "tokens": s.generated,
-        }
-        for s in sched.finished
-    ]
+    requests = [_request_record(s) for s in sched.finished]
     return {"replica": replica, "duration_s": end_s, "requests": requests, "iterations": iterations}
 
 
