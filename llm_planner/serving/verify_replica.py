@@ -14,16 +14,16 @@ roofline.shard_of's. It takes from llm_planner.serving the decoder's tasks per s
 (llm_planner.serving.layout.build_slots); the module docstring of llm_planner.serving.verify lists
 those as not yet independent.
 
-The steady state (docs/serving.md): micro-batches of sizes differing by at most one, b the
-largest; a stage's iteration t_s(b) = step + l block(b) [+ embed(b) first] [+ norm(b) + head(b)
-last] (block(b) with the prompt share in the engine's chunks: llm_planner.cost.chunks); its busy period the sum over the micro-batches; the round trip the stage times at b plus
-each hand-off (latency + bytes / bandwidth; hidden states of b sequences and their prompt chunks,
-the sampled ids back from the last stage); TPOT the larger of the round trip and the busiest
-stage; tokens/s = C / TPOT; TTFT: a mean prompt in chunks of min(E[P], budget - b) tokens, one per
-cycle, the last one's round trip (each chunk's iteration carrying it) yielding the token, after the
-wait for the prompts of the b - 1 others (llm_planner.cost.chunks.prompt_wait_s); memory
-per device: layers x (block weights + C KV per layer) + the end parts' weights + the largest
-workspace at b sequences.
+The steady state (docs/serving.md): micro-batches of sizes differing by at most one, b the largest;
+a stage's iteration t_s(b) = step + l block(b) [+ embed(b) first] [+ norm(b) + head(b) last]
+(block(b) with the prompt share in the engine's chunks: llm_planner.cost.chunks); its busy period
+the sum over the micro-batches; the round trip the stage times at b plus each hand-off (latency +
+bytes / bandwidth; hidden states of b sequences and their prompt chunks, the sampled ids back from
+the last stage); TPOT the larger of the round trip and the busiest stage; tokens/s = C / TPOT;
+TTFT: a mean prompt in chunks of min(E[P], budget - b) tokens, one per cycle, the last one's round
+trip (each chunk's iteration carrying it) yielding the token, after the wait for the prompts of the
+b - 1 others (llm_planner.cost.chunks.prompt_wait_s); memory per device: layers x (block weights +
+C KV per layer) + the end parts' weights + the largest workspace at b sequences.
 """
 
 from __future__ import annotations
