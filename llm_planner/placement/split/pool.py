@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import process as futures_process
 
 from llm_planner.core.procs import default_stop_signals, die_with_parent
 from llm_planner.placement.options import SolveOptions
@@ -67,6 +68,9 @@ def stop_executor(executor: Executor) -> None:
     manager = getattr(executor, "_executor_manager_thread", None)
     if manager is not None:
         manager.join(MANAGER_JOIN_S)
+        # still closing on a loaded machine: the exit hook must not wake it (its write may meet the
+        # pipe the thread is closing); the interpreter still joins the thread, which sees its workers gone
+        getattr(futures_process, "_threads_wakeups", {}).pop(manager, None)
 
 
 class Pool:
