@@ -7,6 +7,8 @@ import dataclasses
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from llm_planner.graph import transformer as tr
 from llm_planner.graph.decoder_graph import build_decoder_graph
@@ -212,3 +214,39 @@ def test_experts_touched_by_hand():
 def test_a_dense_config_with_compressed_attention_keys_is_refused(tmp_path):
     dense = {k: v for k, v in QWEN3_JSON.items() if "expert" not in k and "moe" not in k}
     _refused(tmp_path, {**dense, "model_type": "qwen2", "kv_lora_rank": 512}, "key 'kv_lora_rank'")
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    hf_type=st.sampled_from(["mixtral", "qwen2_moe", "qwen3_moe"]),
+    layers=st.integers(1, 2),
+    heads=st.sampled_from([2, 4]),
+    group=st.sampled_from([1, 2]),
+    head_dim=st.sampled_from([4, 8]),
+    experts=st.integers(1, 6),
+    top=st.integers(1, 6),
+    width=st.integers(1, 24),
+    shared=st.integers(1, 24),
+    tie=st.booleans(),
+)
+def test_random_moe_configs_count_exactly_like_transformers(
+    hf_type, layers, heads, group, head_dim, experts, top, width, shared, tie
+):
+    cfg = _tiny_moe(
+        hf_type,
+        num_layers=layers,
+        hidden_size=heads * head_dim,
+        num_heads=heads,
+        num_kv_heads=heads // group,
+        head_dim=head_dim,
+        intermediate_size=width if hf_type == "mixtral" else 40,
+        num_experts=experts,
+        experts_per_token=min(top, experts),
+        moe_intermediate_size=width,
+        shared_expert_size=shared if hf_type == "qwen2_moe" else 0,
+        tie_word_embeddings=tie,
+    )
+    assert tr.count_parameters(cfg) == _hf_params(tr.to_hf_config(cfg))
+    graph = build_decoder_graph(cfg, phase="decode", seq_len=8, granularity="sublayer", dtype="fp32")
+    tied = cfg.vocab_size * cfg.hidden_size if tie else 0
+    assert graph.total_weight_bytes() == 4 * (tr.count_parameters(cfg) + tied)

@@ -3,6 +3,8 @@ the search read it: callable t(b), `least(lo, hi)`, `breakpoints` (where a measu
 slope), `measured`, and `load_s(load)` for any other mix of decode and prompt tokens.
 
     RooflineLayerTime  the kernel model's pieces, max_j (f_j + s_j b) (llm_planner.cost.iteration)
+    KernelLayerTime    an MoE layer's kernels summed at b sequences (not piecewise affine), its
+                       pieces a lower bound for the bounds
     MeasuredLayerTime  a serving-profile/1 table pair of a kind on one device: decode(b) + prefill(b r)
     PartsLayerTime     a serving-profile/2 entry of a kind at the stage's degree: the kernel model
                        with the measured parts replaced by their tables (cost.iteration.layer_time_s)
@@ -40,6 +42,21 @@ class RooflineLayerTime:
     def least(self, lo: float = 1.0, hi: float = math.inf) -> float:
         """The least time over micro-batches of lo..hi sequences: at lo (the pieces grow with b)."""
         return self(lo)
+
+
+class KernelLayerTime(RooflineLayerTime):
+    """An MoE layer's time at b sequences: the kernels' sum on b sequences' load, exactly (the
+    routed experts' weight reads are concave in b: llm_planner.cost.iteration). `pieces` are
+    the kernel model's lower bound at b >= 1, what the bounds read; the time grows with b, and
+    so does b / (step + l t(b)) (every term's tangent meets b = 0 at or above 0), as on the
+    roofline."""
+
+    def __init__(self, pieces: tuple, kernels: LayerKernels, per_sequence: Load):
+        super().__init__(pieces)
+        self.kernels, self.per_sequence = kernels, per_sequence
+
+    def __call__(self, b: float) -> float:
+        return self.kernels.time_s(self.per_sequence.times(b)) if b > 0 else 0.0
 
 
 class _PiecewiseLinear:

@@ -66,7 +66,9 @@ class _Costs:
         self.weights = {part: t.weight_bytes for part, t in member.items()}
         self.workspace = {part: t.workspace_bytes_per_sample for part, t in member.items()}
         self.kv = member["block"].mem_bytes_per_sample
-        self.kernels = layer_kernels(ctx.config, ctx.precision, sc.kind, degree, sc.intra_link)
+        self.kernels = layer_kernels(
+            ctx.config, ctx.precision, sc.kind, degree, sc.intra_link, ctx.tasks.expert_imbalance
+        )
         tasks = ctx.tasks
         self.measured = measured_layer_time(  # the one rule of where a measured time applies
             ctx.cache.profile, sc.kind.name, degree, self.kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
