@@ -129,3 +129,22 @@ def test_a_group_holds_its_share_of_every_expert(tmp_path):
     costs = ctx.cache.get("bigbox/big", 2)
     assert costs.weight_bytes["block"] == pytest.approx(2 * ((attn + mlp) / 2 + whole))
     assert ctx.cache.get("bigbox/big", 1).weight_bytes["block"] == 2 * (attn + mlp + whole)
+
+
+@pytest.mark.slow  # plan and verify each compute the bounds: about 40 s on 2 loaded cores
+def test_a_config_json_of_an_moe_model_plans_and_verifies(tmp_path, capsys):
+    """A qwen2_moe checkpoint's config.json (written by transformers) on the small fleet."""
+    from test_moe_config import _tiny_moe
+
+    from llm_planner.graph.transformer import to_hf_config
+
+    cfg = _tiny_moe("qwen2_moe", num_layers=4, hidden_size=256, max_positions=2048)
+    to_hf_config(cfg).save_pretrained(tmp_path / "tiny-moe")
+    out = tmp_path / "plan.yaml"
+    args = ["plan", "--cluster", str(write_fleet(tmp_path)), "--model", str(tmp_path / "tiny-moe"), *PLAN_ARGS]
+    assert main([*args, "--time-limit", "20", "-o", str(out)]) == 0
+    data = yaml.safe_load(out.read_text())
+    assert data["model"]["experts"] == {"num_experts": 4, "experts_per_token": 2}
+    assert data["inputs"]["model_sha256"] is not None
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 0
