@@ -148,3 +148,16 @@ def test_a_config_json_of_an_moe_model_plans_and_verifies(tmp_path, capsys):
     assert data["inputs"]["model_sha256"] is not None
     capsys.readouterr()
     assert main(["verify", str(out)]) == 0
+
+
+def test_expert_flags_and_profiles_are_refused_where_they_do_not_apply(tmp_path, capsys):
+    dense = ["plan", "--cluster", SPEC, "--model", "llama3-8b", *PLAN_ARGS, "--expert-imbalance", "1.5"]
+    assert main(dense) == 2
+    assert "--expert-imbalance 1.5: llama3-8b has no experts" in capsys.readouterr().err
+    assert main(["plan", "--cluster", SPEC, "--model", "mixtral-8x7b", *PLAN_ARGS, "--expert-imbalance", "0.9"]) == 2
+    assert "--expert-imbalance: must be a finite number of at least 1" in capsys.readouterr().err
+    cluster = load_cluster(write_fleet(tmp_path))
+    with pytest.raises(ValueError, match="--profile: a measured serving profile times dense layers"):
+        ServingContext(
+            cluster, preset_config("qwen1.5-moe-a2.7b"), workload(), "fp16", ServingOptions(), profile=object()
+        )

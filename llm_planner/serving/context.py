@@ -54,6 +54,10 @@ class ServingContext:
                 f"--profile: a measured serving profile holds times in one dtype ({profile.dtype}), not in "
                 f"{self.precision.describe()}: plan a quantized precision without --profile"
             )
+        if options.expert_imbalance != 1.0 and not config.is_moe:
+            raise WorkloadError(
+                f"--expert-imbalance {options.expert_imbalance:g}: {config.name} has no experts (a dense model)"
+            )
         if profile is not None and config.is_moe:
             raise WorkloadError(
                 f"--profile: a measured serving profile times dense layers; {config.name} is a mixture of "
