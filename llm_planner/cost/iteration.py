@@ -26,6 +26,11 @@ their FLOPs run at the compute dtype's peak (fp8 or int8 for W8A8; for W4A16 the
 dtype's, the compute time multiplied by the kind's `dequant_factor`), and attention reads (decode)
 and writes (prompt) the KV cache at the KV cache dtype's bytes.
 
+A mixture-of-experts layer (llm_planner.graph.moe; llm_planner.cost.moe_cost has its sizes) has
+the router and shared expert in `linear` and one more kernel, `experts`: the routed experts'
+GEMMs on the tokens' top-k rows, reading the weights of each expert the iteration's tokens reach
+(E (1 - (1 - k/E)^T) of them under uniform routing), a term concave in the tokens.
+
 Each compute kernel's time is its own roofline with a rounded corner,
 
     t = max(c, m, KAPPA (c + m)),  c = FLOPs / (peak ce),  m = bytes / (bw me),
