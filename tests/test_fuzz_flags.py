@@ -93,6 +93,7 @@ VALID = {
     "--max-stages": "8",
     "--max-micro-batches": "2",
     "--max-batched-tokens": "4096",
+    "--expert-imbalance": "1.5",
     "--serving-solver": "megatron",
     "--weights": "fp8",
     "--kv-cache-dtype": "fp8",

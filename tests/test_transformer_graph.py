@@ -40,6 +40,9 @@ PUBLISHED = {
     "llama2-70b": 70e9,
     "llama3-8b": 8e9,
     "llama3-70b": 70e9,
+    "mixtral-8x7b": 46.7e9,  # mixture-of-experts totals: tests/test_moe_config.py
+    "qwen3-30b-a3b": 30.5e9,
+    "qwen1.5-moe-a2.7b": 14.3e9,
 }
 
 

@@ -15,6 +15,14 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def imbalance(text: str) -> float:
+    """A finite number of at least 1 (an MoE layer's busiest expert's rows over the mean)."""
+    value = _number(text)
+    if not (math.isfinite(value) and value >= 1):
+        raise argparse.ArgumentTypeError(f"must be a finite number of at least 1 (1: uniform routing), got {text!r}")
+    return value
+
+
 def share(text: str) -> float:
     """A finite number from 0 to below 1 (a relative gap: 1 would accept any plan)."""
     value = _number(text)

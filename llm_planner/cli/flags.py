@@ -45,6 +45,7 @@ SERVING_FLAGS = (
     "--max-stages",
     "--max-micro-batches",
     "--max-batched-tokens",
+    "--expert-imbalance",
     "--serving-solver",
     "--weights",
     "--kv-cache-dtype",

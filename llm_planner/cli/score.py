@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from rich.console import Console
 from rich.table import Table
 
-from llm_planner.cli.arg_types import layer_counts, positive, tokens
+from llm_planner.cli.arg_types import imbalance, layer_counts, positive, tokens
 from llm_planner.cli.commands import UserError
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.fmt import LiteralConsole, fmt_bytes, fmt_s, styled
@@ -56,6 +56,12 @@ def add_score_parser(sub) -> None:
         default=DEFAULT_TOKEN_BUDGET,
         help=f"tokens one engine iteration may carry (default: {DEFAULT_TOKEN_BUDGET})",
     )
+    p.add_argument(
+        "--expert-imbalance",
+        type=imbalance,
+        default=1.0,
+        help="mixture-of-experts models: the busiest expert's tokens over the mean, >= 1 (default: 1, uniform routing)",
+    )
     p.add_argument("--prompt-len", type=tokens, default=None, help="mean prompt tokens per request")
     p.add_argument("--output-len", type=tokens, default=None, help="mean output tokens per request")
     p.add_argument(
@@ -77,7 +83,9 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
         tpot_slo=TPOT_SLO_RANGE_S[1],  # the loosest target a workload takes; score reads none
         ttft_slo=None,
     )
-    options = ServingOptions(allow_cpu=args.allow_cpu, max_batched_tokens=args.max_batched_tokens)
+    options = ServingOptions(
+        allow_cpu=args.allow_cpu, max_batched_tokens=args.max_batched_tokens, expert_imbalance=args.expert_imbalance
+    )
     ctx = build_context(args.cluster, args.model, workload, args.dtype, options, args.profile)
     try:
         layout = parse_layout(args.replica, ctx.by_name)

@@ -8,7 +8,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from llm_planner.cli.arg_types import positive, tokens
+from llm_planner.cli.arg_types import imbalance, positive, tokens
 from llm_planner.cli.commands import UserError, progress, refuse_rejected
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
@@ -85,6 +85,13 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
         f"{DEFAULT_TOKEN_BUDGET})",
     )
     g.add_argument(
+        "--expert-imbalance",
+        type=imbalance,
+        default=1.0,
+        help="serving, mixture-of-experts models: the busiest expert's tokens over the mean, >= 1; the expert "
+        "GEMMs are charged as if every expert had the busiest one's (default: 1, uniform routing)",
+    )
+    g.add_argument(
         "--weights",
         default=None,
         help="serving: the decoder layers' weight format: fp16/bf16/fp32 (the activation dtype, unquantized), fp8 "
@@ -140,6 +147,7 @@ def serving_options(args: argparse.Namespace):
         time_limit_s=args.time_limit,
         max_micro_batches=args.max_micro_batches,
         max_batched_tokens=args.max_batched_tokens or DEFAULT_TOKEN_BUDGET,
+        expert_imbalance=args.expert_imbalance,
     )
 
 
@@ -199,7 +207,8 @@ def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None
     console.print(
         styled(
             (model["name"], "bold"),
-            f" ({_precision_text(model['precision'])}) serving: {shape}; TPOT target {fmt_s(wl['tpot_slo_s'])}{ttft}",
+            f" ({_precision_text(model['precision'])}{_experts_text(data)}) serving: {shape}; "
+            f"TPOT target {fmt_s(wl['tpot_slo_s'])}{ttft}",
         )
     )
     if with_baselines:
@@ -218,6 +227,18 @@ def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None
         )
     if sv.get("unrestricted") is not None:
         console.print(compatibility_text(data), highlight=False)
+
+
+def _experts_text(data: dict) -> str:
+    """A mixture of experts in a few words (nothing for a dense model)."""
+    experts = data["model"].get("experts")
+    if experts is None:
+        return ""
+    skew = data["options"].get("expert_imbalance", 1.0)
+    return (
+        f"; mixture of experts: {experts['num_experts']} experts, top-{experts['experts_per_token']}, "
+        f"tensor-parallel, imbalance {skew:g}{' (uniform routing)' if skew == 1 else ''}"
+    )
 
 
 def _precision_text(p: dict) -> str:

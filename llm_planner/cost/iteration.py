@@ -26,6 +26,11 @@ their FLOPs run at the compute dtype's peak (fp8 or int8 for W8A8; for W4A16 the
 dtype's, the compute time multiplied by the kind's `dequant_factor`), and attention reads (decode)
 and writes (prompt) the KV cache at the KV cache dtype's bytes.
 
+A mixture-of-experts layer (llm_planner.graph.moe; llm_planner.cost.moe_cost has its sizes) has
+the router and shared expert in `linear` and one more kernel, `experts`: the routed experts'
+GEMMs on the tokens' top-k rows, reading the weights of each expert the iteration's tokens reach
+(E (1 - (1 - k/E)^T) of them under uniform routing), a term concave in the tokens.
+
 Each compute kernel's time is its own roofline with a rounded corner,
 
     t = max(c, m, KAPPA (c + m)),  c = FLOPs / (peak ce),  m = bytes / (bw me),
@@ -55,7 +60,9 @@ from functools import lru_cache
 
 from llm_planner.core.precision import Precision, as_precision
 from llm_planner.core.spec import DeviceKindSpec, LinkSpec
+from llm_planner.cost.moe_cost import check_imbalance, expert_sizes, moe_linear_sizes
 from llm_planner.cost.roofline import CostError, Piece
+from llm_planner.graph.moe import experts_touched
 from llm_planner.graph.transformer import DecoderConfig, matmul_parameters, norm_parameters
 
 # Rounded roofline corner: measured GEMM time rises before the sharp roofline's corner, where
@@ -100,6 +107,16 @@ class Kernel:
     bytes: tuple[float, ...]
     collective: bool = False
     speed: float = 1.0  # its FLOP/s over the layer's flops_per_s (linear layers of a quantized precision)
+    # routed experts (an MoE layer's expert GEMMs): (E, top-k, a member's bytes of one expert's
+    # weights), read once for each expert the iteration's tokens reach (graph.moe.experts_touched)
+    experts: tuple[float, float, float] | None = None
+
+    def expert_bytes(self, tokens: float) -> float:
+        """Bytes of the routed experts' weights `tokens` tokens read (0 for any other kernel)."""
+        if self.experts is None:
+            return 0.0
+        num, top_k, per_expert = self.experts
+        return per_expert * experts_touched(int(num), int(top_k), tokens)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +129,11 @@ class LayerKernels:
     link_bytes_per_s: float
     overhead_s: float
 
+    @property
+    def exact(self) -> bool:
+        """Whether `layer_pieces` are the layer's time exactly (no routed experts: module docstring)."""
+        return all(k.experts is None for k in self.kernels)
+
     def kernel_terms(self, kernel: Kernel, x: tuple[float, ...]) -> tuple[float, float]:
         """(compute time, memory time) of the kernel at load vector x (a collective: (fixed, size))."""
         f = sum(a * b for a, b in zip(kernel.flops, x))
@@ -122,6 +144,7 @@ class LayerKernels:
 
     def kernel_s(self, kernel: Kernel, load: Load) -> float:
         c, m = self.kernel_terms(kernel, load.vector())
+        m += kernel.expert_bytes(load.decodes + load.prompt_tokens) / self.bytes_per_s
         if kernel.collective:
             return c + m if load.decodes + load.prompt_tokens > 0 else 0.0
         return max(c, m, KAPPA * (c + m)) if c > 0 and m > 0 else c + m
@@ -139,12 +162,13 @@ def layer_kernels(
     kind: DeviceKindSpec,
     k: int = 1,
     link: LinkSpec | None = None,
+    imbalance: float = 1.0,
 ) -> LayerKernels:
     """The kernels of one layer on a device of `kind` (k = 1) or on each member of a group of k
     whose collectives cross `link` (module docstring), in `dtype` (one dtype for everything) or a
-    precision. Raises CostError for a dtype the kind has no peak for or a group the layer does not
-    split over."""
-    return _member_kernels(config, dtype, kind, k, link, SUBLAYERS)
+    precision; an MoE layer's experts with the routing `imbalance` (llm_planner.cost.moe_cost).
+    Raises CostError for a dtype the kind has no peak for or a group the layer does not split over."""
+    return _member_kernels(config, dtype, kind, k, link, SUBLAYERS, imbalance)
 
 
 def sublayer_kernels(
@@ -154,13 +178,14 @@ def sublayer_kernels(
     part: str,
     k: int = 1,
     link: LinkSpec | None = None,
+    imbalance: float = 1.0,
 ) -> LayerKernels:
     """The kernels of one of a layer's SUBLAYERS ("attn": its linear layers, the attention kernels,
     its norm, residual add and rotary embedding, one all-reduce; "mlp": the rest), as
     `layer_kernels`: the two sublayers' kernels together are the layer's."""
     if part not in SUBLAYERS:
         raise CostError(f"a decoder sublayer is one of {SUBLAYERS}, got {part!r}")
-    return _member_kernels(config, dtype, kind, k, link, (part,))
+    return _member_kernels(config, dtype, kind, k, link, (part,), imbalance)
 
 
 def _member_kernels(
@@ -170,19 +195,24 @@ def _member_kernels(
     k: int,
     link: LinkSpec | None,
     parts: tuple[str, ...],
+    imbalance: float = 1.0,
 ) -> LayerKernels:
     p = as_precision(dtype)
+    try:
+        imbalance = check_imbalance(imbalance)
+    except ValueError as exc:
+        raise CostError(str(exc)) from None
     try:
         peak = kind.flops_for(p.activations)
         sizes = _sizes(p, kind)
     except KeyError as exc:
         raise CostError(f"device kind {kind.name!r} gives no peak_flops for dtype {exc.args[0]!r}") from None
-    split = {"attn": (config.num_heads, config.num_kv_heads), "mlp": (config.intermediate_size,)}
+    split = {"attn": (config.num_heads, config.num_kv_heads), "mlp": _mlp_widths(config)}
     if k > 1 and (link is None or any(n % k for part in parts for n in split[part])):
         what = "layer" if parts == SUBLAYERS else f"{parts[0]} sublayer"
         raise CostError(f"a decoder {what} of {config.name} cannot run on a tensor-parallel group of {k}")
     call_s, latency_s = kind.collective_call_s, link.latency_s if k > 1 else 0.0
-    kernels = _kernels(config, sizes, k, call_s, latency_s, parts)
+    kernels = _kernels(config, sizes, k, call_s, latency_s, parts, imbalance)
     return LayerKernels(
         kernels=kernels,
         flops_per_s=peak * kind.compute_efficiency,
@@ -202,6 +232,13 @@ def _sizes(p: Precision, kind: DeviceKindSpec | None) -> tuple[float, float, flo
     return (p.activation_bytes, p.weight_bytes, p.kv_bytes, speed / (kind.dequant_factor if p.weight_only else 1.0))
 
 
+def _mlp_widths(cfg: DecoderConfig) -> tuple[int, ...]:
+    """The widths a tensor-parallel group splits the MLP's projections over (its degree divides each)."""
+    if not cfg.is_moe:
+        return (cfg.intermediate_size,)
+    return (cfg.moe_intermediate_size,) + ((cfg.shared_expert_size,) if cfg.shared_expert_size else ())
+
+
 def _part_sizes(cfg: DecoderConfig, k: int, part: str) -> tuple[float, float, float, float, float]:
     """Elements per member of a group of k in one sublayer: (linear parameters, biases, activations in
     and out of its projections per token, elementwise traffic per token, norm parameters)."""
@@ -213,6 +250,9 @@ def _part_sizes(cfg: DecoderConfig, k: int, part: str) -> tuple[float, float, fl
         biases = (a + 2 * kv) * cfg.qkv_bias / k + h * cfg.out_bias
         io = (h + (a + 2 * kv) / k) + (a / k + h)
         return matmul_parameters(cfg)["attn"] / k, biases, io, norm + residual + rope, norm_parameters(cfg)
+    if cfg.is_moe:  # the router and shared expert; the routed experts are a kernel of their own
+        params, io, elementwise = moe_linear_sizes(cfg, k)
+        return params, 0.0, io, norm + residual + elementwise, norm_parameters(cfg)
     up = inner * (2 if cfg.gated_mlp else 1)  # projections up (and gate) and down; the activation
     io = (h + up / k) + (inner / k + h)
     act = (up + inner) / k
@@ -233,6 +273,7 @@ def _kernels(
     call_s: float,
     latency_s: float,
     parts: tuple[str, ...] = SUBLAYERS,
+    imbalance: float = 1.0,
 ) -> tuple[Kernel, ...]:
     b, wb, kvb, speed = sizes  # activation, weight and KV bytes per element; the linear layers' speed
     h = cfg.hidden_size
@@ -248,6 +289,12 @@ def _kernels(
             speed=speed,
         )
     ]
+    if "mlp" in parts and cfg.is_moe:
+        flops, io, per_expert = expert_sizes(cfg, k, imbalance)
+        experts = (float(cfg.num_experts), float(cfg.experts_per_token), wb * per_expert)
+        out.append(
+            Kernel("experts", _vec(0, flops, 0, flops, 0), _vec(0, b * io, 0, b * io, 0), speed=speed, experts=experts)
+        )
     if "attn" in parts:
         out += [
             Kernel(
@@ -295,13 +342,17 @@ def layer_time_s(kernels: LayerKernels, load: Load, measured: Mapping[str, Calla
 def layer_pieces(kernels: LayerKernels, per_sequence: Load, without: frozenset[str] = frozenset()) -> tuple[Piece, ...]:
     """Affine pieces (fixed_s, per_sequence_s) whose maximum is the layer's time at b >= 1
     sequences, each adding `per_sequence` to the load (module docstring): the upper envelope of
-    the sum of the kernels' pieces (the kernels named in `without` left out), exact for every b >= 0."""
+    the sum of the kernels' pieces (the kernels named in `without` left out), exact for every b >= 0
+    on a dense layer. On an MoE layer (`LayerKernels.exact` False) a lower bound at every b >= 1:
+    the routed experts' weight reads, concave in b, are held at one sequence's."""
     x = per_sequence.vector()
     slope_x = (0.0, *x[1:])
     fixed_x = (1.0, 0.0, 0.0, 0.0, 0.0)
+    one = per_sequence.decodes + per_sequence.prompt_tokens  # tokens of one sequence
     terms = []  # per kernel: its pieces as (fixed, slope)
     for kernel in (k for k in kernels.kernels if k.name not in without):
         c0, m0 = kernels.kernel_terms(kernel, fixed_x)
+        m0 += kernel.expert_bytes(one) / kernels.bytes_per_s  # routed experts: their least, at b = 1
         c1, m1 = kernels.kernel_terms(kernel, slope_x)
         if kernel.collective or c0 + c1 == 0 or m0 + m1 == 0:
             terms.append(((c0 + m0, c1 + m1),))

@@ -50,7 +50,7 @@ ID_BYTES = 8  # token ids are int64
 def _traffic_per_token(cfg: DecoderConfig, decode: bool) -> dict[str, int]:
     """Elements read + written per token in flight by each part, op by op (no fusion but attention)."""
     h, a, kv, dw = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.word_embed_dim
-    norm, residual, up = 2 * h, 3 * h, cfg.intermediate_size * (2 if cfg.gated_mlp else 1)
+    norm, residual = 2 * h, 3 * h
     rope = 2 * (a + kv) if not cfg.learned_positions else 0  # rotate q and k
     core = 2 * a + 2 * kv  # prefill: read q, k, v, write o; decode: read q, write the new k, v to the cache, write o
     return {
@@ -62,9 +62,24 @@ def _traffic_per_token(cfg: DecoderConfig, decode: bool) -> dict[str, int]:
         + (a + h)
         + residual
         + (2 * kv if not decode else 0),  # prefill: cache write
-        "mlp": norm + (h + up) + (up + cfg.intermediate_size) + (cfg.intermediate_size + h) + residual,
+        "mlp": norm + _mlp_traffic(cfg) + residual,
         "final_norm": norm * cfg.final_norm + (h + dw if dw != h else 0),
     }
+
+
+def _mlp_traffic(cfg: DecoderConfig) -> float:
+    """Elements a token's MLP projections and activation read and write (an MoE layer: the router's
+    input and scores, and per expert it goes to, top-k and shared, a dense MLP of that width)."""
+    h = cfg.hidden_size
+
+    def dense(inner: int) -> int:  # up (and gate), the activation, down
+        up = inner * (2 if cfg.gated_mlp else 1)
+        return (h + up) + (up + inner) + (inner + h)
+
+    if not cfg.is_moe:
+        return dense(cfg.intermediate_size)
+    shared = dense(cfg.shared_expert_size) + h + 1 if cfg.shared_expert_size else 0
+    return (h + cfg.num_experts) + cfg.experts_per_token * dense(cfg.moe_intermediate_size) + shared
 
 
 def _layer_costs(cfg: DecoderConfig, phase: str, seq_len: int, dtype_bytes: int) -> dict[str, dict[str, float]]:
@@ -103,11 +118,13 @@ def _workspace_widths(cfg: DecoderConfig) -> dict[str, int]:
     """Elements per token alive at once at each part's widest point (its input, the widest
     intermediate and what is written from it; the attention core fused, so no L x L scores)."""
     h, a, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    up = cfg.intermediate_size * (2 if cfg.gated_mlp else 1)
+    inner = cfg.moe_intermediate_size * cfg.experts_per_token if cfg.is_moe else cfg.intermediate_size
+    inner = max(inner, cfg.shared_expert_size)
+    up = inner * (2 if cfg.gated_mlp else 1)
     return {
         "embed": 2 * h,
         "attn": h + a + 2 * kv + a,
-        "mlp": h + up + cfg.intermediate_size,
+        "mlp": h + up + inner + cfg.num_experts,
         "final_norm": 2 * h,
         "lm_head": cfg.word_embed_dim + cfg.vocab_size,
     }

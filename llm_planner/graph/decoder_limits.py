@@ -27,6 +27,9 @@ MAX_SIZES = {
     "max_positions": 16_777_216,
     "head_dim": 16_384,
     "word_embed_dim": 131_072,
+    "num_experts": 4_096,
+    "moe_intermediate_size": 524_288,
+    "shared_expert_size": 524_288,
 }
 # transformers.activations.ACT2CLS (transformers 4.4x-5.x); the runtime looks the name up there
 ACTIVATIONS = frozenset(

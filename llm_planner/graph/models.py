@@ -90,6 +90,12 @@ def build_model_graph(spec: ModelSpec) -> TaskGraph:
         raise GraphError(
             f"unknown model {spec.name!r}: not a preset, a config.json or a directory holding one (presets: {names})"
         )
+    if config.is_moe:  # its layers' times are not affine in the batch: the placement solvers' costs
+        raise GraphError(
+            f"model {spec.name!r} is a mixture of experts ({config.num_experts} experts, top-"
+            f"{config.experts_per_token}): only --objective serving plans it (the latency and throughput "
+            "objectives, profiling and the runtime do not model experts yet)"
+        )
     seq_len = spec.seq_len if spec.seq_len is not None else min(2048, config.max_positions)
     return decoder_graph.build_decoder_graph(
         config, phase=spec.phase, seq_len=seq_len, granularity=spec.granularity, dtype=spec.dtype

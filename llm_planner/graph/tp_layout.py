@@ -197,6 +197,7 @@ def attn_layout(cfg: DecoderConfig) -> TaskLayout:
             *_linear("k", kv, h, "column", "KV heads", cfg.qkv_bias),
             *_linear("v", kv, h, "column", "KV heads", cfg.qkv_bias),
             *_linear("o", h, a, "row", "heads", cfg.out_bias),
+            *((_vector("q_norm.weight", cfg.head_dim), _vector("k_norm.weight", cfg.head_dim)) if cfg.qk_norm else ()),
         ),
         units=(("heads", cfg.num_heads), ("KV heads", cfg.num_kv_heads)),
         collectives=(TPCollective(op="all_reduce", after="o", width=h),),
@@ -206,6 +207,8 @@ def attn_layout(cfg: DecoderConfig) -> TaskLayout:
 
 def mlp_layout(cfg: DecoderConfig) -> TaskLayout:
     """up (and gate) column-parallel, down row-parallel."""
+    if cfg.is_moe:
+        return moe_mlp_layout(cfg)
     h, inner = cfg.hidden_size, cfg.intermediate_size
     gate = _linear("gate", inner, h, "column", "MLP width", cfg.mlp_bias) if cfg.gated_mlp else ()
     return TaskLayout(
@@ -219,6 +222,38 @@ def mlp_layout(cfg: DecoderConfig) -> TaskLayout:
         units=(("MLP width", inner),),
         collectives=(TPCollective(op="all_reduce", after="down", width=h),),
         replicated_traffic=7 * h,  # as attn
+    )
+
+
+def moe_mlp_layout(cfg: DecoderConfig) -> TaskLayout:
+    """An MoE layer's MLP (llm_planner.graph.moe) with its experts tensor-parallel, as vLLM and
+    SGLang run them without expert parallelism: every member holds a slice of every expert (gate
+    and up column-parallel, down row-parallel over the experts' width), the router (and the
+    shared expert's gate) replicated, the shared expert split like a dense MLP; one all-reduce of
+    the routed and shared outputs' sum."""
+    h, m, s = cfg.hidden_size, cfg.moe_intermediate_size, cfg.shared_expert_size
+    weights = [*_norm(cfg, "mlp_norm"), TPWeight(name="router", shape=(cfg.num_experts, h), split="replicated")]
+    for e in range(cfg.num_experts):
+        weights += [
+            TPWeight(name=f"experts.{e}.gate", shape=(m, h), split="column", unit="expert width"),
+            TPWeight(name=f"experts.{e}.up", shape=(m, h), split="column", unit="expert width"),
+            TPWeight(name=f"experts.{e}.down", shape=(h, m), split="row", unit="expert width"),
+        ]
+    units = [("expert width", m)]
+    if s:
+        weights += [
+            TPWeight(name="shared.gate", shape=(s, h), split="column", unit="shared expert width"),
+            TPWeight(name="shared.up", shape=(s, h), split="column", unit="shared expert width"),
+            TPWeight(name="shared.down", shape=(h, s), split="row", unit="shared expert width"),
+            TPWeight(name="shared.scale", shape=(1, h), split="replicated"),
+        ]
+        units.append(("shared expert width", s))
+    return TaskLayout(
+        kind="mlp",
+        weights=tuple(weights),
+        units=tuple(units),
+        collectives=(TPCollective(op="all_reduce", after=f"experts.{cfg.num_experts - 1}.down", width=h),),
+        replicated_traffic=7 * h + cfg.num_experts,  # as attn, and the router's scores
     )
 
 

@@ -19,12 +19,22 @@ from llm_planner.core.fileio import parse_document, read_text
 from llm_planner.core.fmt import quote
 from llm_planner.graph.decoder_limits import check_name, check_sizes, check_values
 from llm_planner.graph.ir import GraphError
+from llm_planner.graph.moe import UNPLANNED, check_moe, moe_fields, moe_parameters, refuse_foreign_keys
 
 log = logging.getLogger(__name__)
 
 FAMILIES = ("gpt2", "opt", "llama")
 # transformers model_type -> architecture family it shares its layout with
-HF_MODEL_TYPES = {"gpt2": "gpt2", "opt": "opt", "llama": "llama", "mistral": "llama", "qwen2": "llama"}
+HF_MODEL_TYPES = {
+    "gpt2": "gpt2",
+    "opt": "opt",
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "llama",
+    "mixtral": "llama",
+    "qwen2_moe": "llama",
+    "qwen3_moe": "llama",
+}
 # Structural flags that a transformers class fixes (None = free, read from the config).
 _FIXED: dict[str, dict[str, Any]] = {
     "gpt2": dict(
@@ -34,6 +44,9 @@ _FIXED: dict[str, dict[str, Any]] = {
     "llama": dict(norm_affine=True, pre_norm=True, final_norm=True),
     "mistral": dict(qkv_bias=False, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
     "qwen2": dict(qkv_bias=True, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
+    "mixtral": dict(qkv_bias=False, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
+    "qwen2_moe": dict(qkv_bias=True, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
+    "qwen3_moe": dict(mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
 }
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt2": dict(activation="gelu_new", norm_eps=1e-5),
@@ -68,6 +81,15 @@ class DecoderConfig:
     norm_eps: float | None = None  # epsilon of the norms
     rope_theta: float | None = None  # rotary base (llama family); 0.0 for learned positions
     hf_model_type: str | None = None  # transformers model_type to_hf_config builds; None: model_type
+    # Mixture of experts (llm_planner.graph.moe; every layer MoE, 0 for a dense model): routed experts
+    # per layer, experts each token goes to (top-k), a routed expert's MLP width (mixtral: =
+    # intermediate_size; qwen*_moe: moe_intermediate_size, intermediate_size then unused), the shared
+    # expert's width (qwen2_moe shared_expert_intermediate_size)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_size: int = 0
+    qk_norm: bool | None = None  # RMSNorm of each query and key head (qwen3_moe); None: the type's
 
     def __post_init__(self) -> None:
         check_name("decoder config", self.name)
@@ -97,6 +119,7 @@ class DecoderConfig:
         fill = {
             "head_dim": self.hidden_size // self.num_heads,
             "word_embed_dim": self.hidden_size,
+            "qk_norm": hf_type == "qwen3_moe",
             **_DEFAULTS[self.model_type],
             **_FIXED[hf_type],
         }
@@ -106,6 +129,7 @@ class DecoderConfig:
         _check_positive(where, self, ("head_dim", "word_embed_dim"))
         check_sizes(where, self)
         check_values(where, self)
+        check_moe(where, self)
         self._check(where)
 
     def _check(self, where: str) -> None:
@@ -129,9 +153,13 @@ class DecoderConfig:
         for key, value in _FIXED[self.hf_model_type].items():
             if getattr(self, key) != value:
                 raise GraphError(f"{where}: {self.hf_model_type} models have {key}={value}, got {getattr(self, key)!r}")
-        shared = {"opt": ("qkv_bias", "out_bias", "mlp_bias"), "llama": ("qkv_bias", "out_bias")}.get(
-            self.hf_model_type, ()
-        )
+        if self.qk_norm != (self.hf_model_type == "qwen3_moe"):
+            raise GraphError(f"{where}: qk_norm is {self.hf_model_type == 'qwen3_moe'} for {self.hf_model_type} models")
+        shared = {
+            "opt": ("qkv_bias", "out_bias", "mlp_bias"),
+            "llama": ("qkv_bias", "out_bias"),
+            "qwen3_moe": ("qkv_bias", "out_bias"),
+        }.get(self.hf_model_type, ())
         if len({getattr(self, k) for k in shared}) > 1:
             raise GraphError(f"{where}: {self.hf_model_type} has one switch for {'/'.join(shared)}; they must agree")
         if self.model_type == "opt" and self.final_norm and not self.pre_norm:
@@ -145,6 +173,10 @@ class DecoderConfig:
     @property
     def gated_mlp(self) -> bool:
         return self.model_type == "llama"  # SwiGLU: down(act(gate(x)) * up(x))
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0  # every layer's MLP is a mixture of experts (llm_planner.graph.moe)
 
     @property
     def learned_positions(self) -> bool:
@@ -215,6 +247,21 @@ def _llama(
     )
 
 
+def _moe(name: str, hf_type: str, layers: int, hidden: int, heads: int, kv_heads: int, **kw: Any) -> DecoderConfig:
+    return DecoderConfig(
+        name=name,
+        model_type="llama",
+        hf_model_type=hf_type,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        tie_word_embeddings=False,
+        rope_theta=1e6,
+        **kw,
+    )
+
+
 _PRESETS: dict[str, DecoderConfig] = {
     c.name: c
     for c in (
@@ -255,6 +302,58 @@ _PRESETS: dict[str, DecoderConfig] = {
         _opt("opt-13b", 40, 5120, 40),
         _opt("opt-30b", 48, 7168, 56),
         _opt("opt-66b", 64, 9216, 72),
+        # Mixture of experts, every layer MoE (llm_planner.graph.moe), from the public config.json of
+        # mistralai/Mixtral-8x7B-v0.1 (8 experts, top-2; 46.7B parameters, 12.9B active: Mistral AI,
+        # "Mixtral of experts", 2024), Qwen/Qwen3-30B-A3B (128 experts of 768, top-8; 30.5B, 3.3B
+        # active: its model card) and Qwen/Qwen1.5-MoE-A2.7B (60 experts of 1408, top-4, a shared
+        # expert of 5632; 14.3B, 2.7B active: its model card).
+        _moe(
+            "mixtral-8x7b",
+            "mixtral",
+            32,
+            4096,
+            32,
+            8,
+            intermediate_size=14336,
+            vocab_size=32000,
+            max_positions=32768,
+            norm_eps=1e-5,
+            num_experts=8,
+            experts_per_token=2,
+            moe_intermediate_size=14336,
+        ),
+        _moe(
+            "qwen3-30b-a3b",
+            "qwen3_moe",
+            48,
+            2048,
+            32,
+            4,
+            head_dim=128,
+            intermediate_size=6144,
+            vocab_size=151936,
+            max_positions=40960,
+            norm_eps=1e-6,
+            num_experts=128,
+            experts_per_token=8,
+            moe_intermediate_size=768,
+        ),
+        _moe(
+            "qwen1.5-moe-a2.7b",
+            "qwen2_moe",
+            24,
+            2048,
+            16,
+            16,
+            intermediate_size=5632,
+            vocab_size=151936,
+            max_positions=8192,
+            norm_eps=1e-6,
+            num_experts=60,
+            experts_per_token=4,
+            moe_intermediate_size=1408,
+            shared_expert_size=5632,
+        ),
     )
 }
 
@@ -264,10 +363,15 @@ def preset_descriptions() -> list[tuple[str, str]]:
     out = []
     for name, c in _PRESETS.items():
         heads = f"{c.num_heads} heads" + (f" ({c.num_kv_heads} KV)" if c.num_kv_heads != c.num_heads else "")
+        if c.is_moe:
+            heads += (
+                f", {c.num_experts} experts (top-{c.experts_per_token}, {count_active_parameters(c) / 1e9:.3g}B active)"
+            )
         out.append(
             (
                 name,
-                f"{c.model_type} decoder, {c.num_layers} layers, hidden {c.hidden_size}, {heads}, "
+                f"{c.hf_model_type if c.is_moe else c.model_type} decoder, {c.num_layers} layers, "
+                f"hidden {c.hidden_size}, {heads}, "
                 f"{count_parameters(c) / 1e9:.3g}B params, context {c.max_positions}",
             )
         )
@@ -312,10 +416,13 @@ def config_from_dict(data: Any, source: str, name: str | None = None) -> Decoder
         raise GraphError(f"{source}: expected a JSON object at the top level, got {type(data).__name__}")
     r = _Reader(data, source)
     hf_type = r.get("model_type", str)
+    if hf_type in UNPLANNED:
+        raise GraphError(f"{source}: key 'model_type': {quote(hf_type)} is not planned: {UNPLANNED[hf_type]}")
     if hf_type not in HF_MODEL_TYPES:
         raise GraphError(
             f"{source}: key 'model_type': unsupported {quote(hf_type)} (supported: {', '.join(HF_MODEL_TYPES)})"
         )
+    refuse_foreign_keys(data, hf_type, source)
     name = name or r.get("_name_or_path", str, "") or hf_type
     family = HF_MODEL_TYPES[hf_type]
     if family == "gpt2":
@@ -367,7 +474,9 @@ def _opt_fields(r: _Reader, heads: int) -> dict[str, Any]:
 
 
 def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
-    kv_default = {"llama": heads, "mistral": 8, "qwen2": 32}[hf_type]  # the transformers class defaults
+    kv_default = {"llama": heads, "mistral": 8, "qwen2": 32, "mixtral": 8, "qwen2_moe": 16, "qwen3_moe": 4}[
+        hf_type
+    ]  # the transformers class defaults
     rope = _Reader(r.get("rope_parameters", dict, {}), f"{r.source}: rope_parameters")
     theta = rope.get("rope_theta", float, r.get("rope_theta", float, 10000.0))
     if rope.get("rope_type", str, "default") != "default":
@@ -384,7 +493,12 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
     if hf_type == "llama":
         bias = r.get("attention_bias", bool, False)
         kw.update(qkv_bias=bias, out_bias=bias, mlp_bias=r.get("mlp_bias", bool, False))
-    return kw
+    elif hf_type == "qwen3_moe":
+        bias = r.get("attention_bias", bool, False)
+        kw.update(qkv_bias=bias, out_bias=bias)
+    elif hf_type == "qwen2_moe":
+        kw.update(qkv_bias=r.get("qkv_bias", bool, True))
+    return {**kw, **moe_fields(r, hf_type)}
 
 
 def named_config(name: str) -> DecoderConfig | None:
@@ -459,8 +573,11 @@ def to_hf_config(cfg: DecoderConfig) -> Any:
             "llama": transformers.LlamaConfig,
             "mistral": transformers.MistralConfig,
             "qwen2": transformers.Qwen2Config,
+            "mixtral": transformers.MixtralConfig,
+            "qwen2_moe": transformers.Qwen2MoeConfig,
+            "qwen3_moe": transformers.Qwen3MoeConfig,
         }
-        extra = dict(attention_bias=cfg.qkv_bias, mlp_bias=cfg.mlp_bias) if cfg.hf_model_type == "llama" else {}
+        extra = _hf_extra(cfg)
         hf = classes[cfg.hf_model_type](
             hidden_size=cfg.hidden_size,
             intermediate_size=cfg.intermediate_size,
@@ -481,6 +598,21 @@ def to_hf_config(cfg: DecoderConfig) -> Any:
     return hf
 
 
+def _hf_extra(cfg: DecoderConfig) -> dict[str, Any]:
+    """The keyword arguments of a llama-family transformers config beyond the shared ones."""
+    moe = dict(num_experts_per_tok=cfg.experts_per_token)
+    if cfg.hf_model_type == "llama":
+        return dict(attention_bias=cfg.qkv_bias, mlp_bias=cfg.mlp_bias)
+    if cfg.hf_model_type == "mixtral":
+        return dict(num_local_experts=cfg.num_experts, **moe)
+    if cfg.hf_model_type in ("qwen2_moe", "qwen3_moe"):
+        moe.update(num_experts=cfg.num_experts, moe_intermediate_size=cfg.moe_intermediate_size)
+        if cfg.hf_model_type == "qwen2_moe":
+            return dict(shared_expert_intermediate_size=cfg.shared_expert_size, **moe)
+        return dict(attention_bias=cfg.qkv_bias, **moe)
+    return {}
+
+
 # -- parameters ------------------------------------------------------------------
 
 
@@ -491,16 +623,25 @@ def norm_parameters(cfg: DecoderConfig) -> int:
 
 
 def matmul_parameters(cfg: DecoderConfig) -> dict[str, int]:
-    """Weights of the linear layers of each part (what 2 * params * tokens FLOPs counts)."""
+    """Weights of the linear layers of each part that a token multiplies (what 2 * params * tokens
+    FLOPs counts; an MoE layer's router, top-k experts and shared expert: llm_planner.graph.moe)."""
     h, a, kv, dw = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.word_embed_dim
     proj = dw * h if dw != h else 0  # OPT project_in / project_out
     return {
         "embed": proj,
         "attn": h * a * 2 + h * kv * 2,
-        "mlp": h * cfg.intermediate_size * (3 if cfg.gated_mlp else 2),
+        "mlp": moe_parameters(cfg)["active"] if cfg.is_moe else h * cfg.intermediate_size * (3 if cfg.gated_mlp else 2),
         "final_norm": proj,
         "lm_head": cfg.vocab_size * dw,
     }
+
+
+def stored_mlp_parameters(cfg: DecoderConfig) -> int:
+    """Linear weights one layer's MLP holds: every expert of an MoE layer, the matmul ones of a dense one."""
+    if cfg.is_moe:
+        p = moe_parameters(cfg)
+        return p["router"] + p["experts"] + p["shared"]
+    return matmul_parameters(cfg)["mlp"]
 
 
 def part_parameters(cfg: DecoderConfig) -> dict[str, int]:
@@ -515,10 +656,20 @@ def part_parameters(cfg: DecoderConfig) -> dict[str, int]:
     out["embed"] += cfg.vocab_size * cfg.word_embed_dim
     if cfg.learned_positions:
         out["embed"] += (cfg.max_positions + cfg.position_offset) * h
-    out["attn"] += norm_parameters(cfg) + (a + 2 * kv) * cfg.qkv_bias + h * cfg.out_bias
-    out["mlp"] += norm_parameters(cfg) + (inner * (2 if cfg.gated_mlp else 1) + h) * cfg.mlp_bias
+    out["attn"] += (
+        norm_parameters(cfg) + (a + 2 * kv) * cfg.qkv_bias + h * cfg.out_bias + 2 * cfg.head_dim * cfg.qk_norm
+    )
+    out["mlp"] = (
+        stored_mlp_parameters(cfg) + norm_parameters(cfg) + (inner * (2 if cfg.gated_mlp else 1) + h) * cfg.mlp_bias
+    )
     out["final_norm"] += norm_parameters(cfg) * cfg.final_norm
     return out
+
+
+def count_active_parameters(cfg: DecoderConfig) -> int:
+    """Parameters one token uses: count_parameters less, per MoE layer, the experts it is not routed to."""
+    unused = stored_mlp_parameters(cfg) - matmul_parameters(cfg)["mlp"]
+    return count_parameters(cfg) - cfg.num_layers * unused
 
 
 def count_parameters(cfg: DecoderConfig) -> int:

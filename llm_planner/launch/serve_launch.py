@@ -108,6 +108,17 @@ def _check_options(options: ServeOptions) -> None:
     probe_port(error=LaunchError)  # how the hosts of a failed run are probed (llm_planner.launch.mpiexec_run)
 
 
+def _check_dense(plan: ServingPlanFile) -> None:
+    """The runtime builds dense decoders only: a mixture-of-experts plan is refused, naming what is missing."""
+    experts = plan.data["model"].get("experts")
+    if experts is not None:
+        raise LaunchError(
+            f"{plan.path}: model.experts: {plan.data['model']['name']} is a mixture of experts "
+            f"({experts['num_experts']} experts, top-{experts['experts_per_token']}); the serving runtime has no "
+            "MoE layers (router, experts, their tensor-parallel split) yet: serve this plan with an engine (`export`)"
+        )
+
+
 def _check_precision(plan: ServingPlanFile) -> None:
     """The runtime holds weights and KV cache in the activation dtype: a plan whose model (or any
     replica) stores weights in another format or its KV cache in fp8 is refused, naming the field."""
@@ -199,6 +210,7 @@ def prepare_serving(plan_path: str | Path, options: ServeOptions) -> ServePrepar
     try:
         plan = load_serving_plan(plan_path)
         _check_precision(plan)
+        _check_dense(plan)
         ctx = context_of(plan)
     except ServingPlanError as exc:
         raise LaunchError(str(exc)) from None

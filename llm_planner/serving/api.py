@@ -26,6 +26,20 @@ from llm_planner.serving.workload import ServingWorkload, WorkloadError
 TIMING_PARTS = ("reading_inputs", "baselines", "layout_search", "unrestricted_search", "bounds", "assigning_devices")
 
 
+def model_fields(ctx: ServingContext, name: str) -> dict:
+    """A plan's `model` mapping: the name it was given by, dtype, layers, precision, and for a
+    mixture of experts its experts and top-k."""
+    out = {
+        "name": name,
+        "dtype": ctx.precision.activations,
+        "num_layers": ctx.tasks.num_layers,
+        "precision": ctx.precision.to_dict(),
+    }
+    if ctx.config.is_moe:
+        out["experts"] = {"num_experts": ctx.config.num_experts, "experts_per_token": ctx.config.experts_per_token}
+    return out
+
+
 def replica_record(ctx: ServingContext, pattern: Pattern, count: int, devices: list) -> dict[str, Any]:
     ev = pattern.ev
     usable = usable_bytes(ctx, pattern)
@@ -124,12 +138,7 @@ def plan_serving(
             "profile_sha256": input_digest(profile_path, "profile") if profile_path is not None else None,
             "model_sha256": _model_digest(model),
         },
-        "model": {
-            "name": model,
-            "dtype": ctx.dtype,
-            "num_layers": ctx.tasks.num_layers,
-            "precision": ctx.precision.to_dict(),
-        },
+        "model": model_fields(ctx, model),
         "workload": workload.to_dict(),
         "options": dataclasses.asdict(options) | {"solver": solver},
         "serving": {
@@ -267,12 +276,7 @@ def fixed_plan_data(
             "profile_sha256": None,
             "model_sha256": model_sha256,
         },
-        "model": {
-            "name": model_name,
-            "dtype": ctx.precision.activations,
-            "num_layers": ctx.tasks.num_layers,
-            "precision": ctx.precision.to_dict(),
-        },
+        "model": model_fields(ctx, model_name),
         "workload": ctx.workload.to_dict(),
         "options": {**ctx.options.__dict__, "solver": "serving"},
         "serving": {

@@ -13,6 +13,7 @@ from llm_planner.core.gap import SERVING_REL_GAP as OPTIMAL_GAP
 from llm_planner.core.gap import gap, status
 from llm_planner.core.precision import Precision, as_precision, runs_on
 from llm_planner.core.spec import ClusterSpec, LinkSpec, check_memory_limited
+from llm_planner.cost.moe_cost import check_imbalance
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.classes import ServerClass, server_classes
 from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET, ServingTasks, build_serving_tasks
@@ -34,6 +35,7 @@ class ServingOptions:
     max_micro_batches: int | None = None  # micro-batches in flight per replica (None: as many as stages)
     time_limit_s: float = 60.0
     max_batched_tokens: int = DEFAULT_TOKEN_BUDGET  # tokens one engine iteration may carry (costs.py)
+    expert_imbalance: float = 1.0  # MoE: the busiest expert's rows over the mean (cost.moe_cost; 1: uniform)
 
 
 class ServingContext:
@@ -52,9 +54,20 @@ class ServingContext:
                 f"--profile: a measured serving profile holds times in one dtype ({profile.dtype}), not in "
                 f"{self.precision.describe()}: plan a quantized precision without --profile"
             )
+        if options.expert_imbalance != 1.0 and not config.is_moe:
+            raise WorkloadError(
+                f"--expert-imbalance {options.expert_imbalance:g}: {config.name} has no experts (a dense model)"
+            )
+        if profile is not None and config.is_moe:
+            raise WorkloadError(
+                f"--profile: a measured serving profile times dense layers; {config.name} is a mixture of "
+                "experts: plan it without --profile"
+            )
         self.cluster, self.config, self.workload, self.options = cluster, config, workload, options
         self.dtype = self.precision.activations
-        self.tasks: ServingTasks = build_serving_tasks(config, workload, self.precision, options.max_batched_tokens)
+        self.tasks: ServingTasks = build_serving_tasks(
+            config, workload, self.precision, options.max_batched_tokens, check_imbalance(options.expert_imbalance)
+        )
         classes = server_classes(
             cluster, allow_cpu=options.allow_cpu, max_tp=options.max_tp, shards_over=self.tasks.shards_over
         )

@@ -43,9 +43,15 @@ from llm_planner.cost.memory import concurrency_held, layer_bytes, stage_bytes
 from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
 from llm_planner.graph.decoder_graph import ID_BYTES, build_decoder_graph
 from llm_planner.graph.ir import Task
-from llm_planner.graph.transformer import DecoderConfig, matmul_parameters
+from llm_planner.graph.transformer import DecoderConfig, matmul_parameters, stored_mlp_parameters
 from llm_planner.serving.classes import ServerClass
-from llm_planner.serving.layer_time import MeasuredLayerTime, PartsLayerTime, RooflineLayerTime, measured_layer_time
+from llm_planner.serving.layer_time import (
+    KernelLayerTime,
+    MeasuredLayerTime,
+    PartsLayerTime,
+    RooflineLayerTime,
+    measured_layer_time,
+)
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
 
 PARTS = ("embed", "block", "final_norm", "lm_head")
@@ -68,6 +74,7 @@ class ServingTasks:
     per_sequence: Load  # one layer's load per sequence in flight per iteration (module docstring)
     mean_prompt_len: float  # E[P] over requests
     token_budget: int = DEFAULT_TOKEN_BUDGET  # tokens one iteration may carry (module docstring)
+    expert_imbalance: float = 1.0  # an MoE layer's busiest expert's rows over the mean (llm_planner.cost.moe_cost)
 
     @property
     def num_layers(self) -> int:
@@ -97,6 +104,7 @@ def build_serving_tasks(
     workload: ServingWorkload,
     dtype: str | Precision,
     token_budget: int = DEFAULT_TOKEN_BUDGET,
+    expert_imbalance: float = 1.0,
 ) -> ServingTasks:
     """The tasks per sequence in flight (module docstring) in `dtype` (one dtype for everything) or
     a precision: the block's linear weights at the weight format's bytes, its KV cache at the KV
@@ -143,6 +151,7 @@ def build_serving_tasks(
         per_sequence=per_sequence,
         mean_prompt_len=workload.mean_prompt_len,
         token_budget=token_budget,
+        expert_imbalance=expert_imbalance,
     )
 
 
@@ -150,10 +159,10 @@ def _stored_as(block: Task, config: DecoderConfig, precision: Precision) -> Task
     """The block task with its linear weights at the weight format's bytes per weight and its KV
     cache at the KV dtype's bytes per element (norms and biases, replicated on a group, unchanged)."""
     b = precision.activation_bytes
-    linear = matmul_parameters(config)
+    linear = matmul_parameters(config)["attn"] + stored_mlp_parameters(config)
     return dataclasses.replace(
         block,
-        weight_bytes=block.weight_bytes + (linear["attn"] + linear["mlp"]) * (precision.weight_bytes - b),
+        weight_bytes=block.weight_bytes + linear * (precision.weight_bytes - b),
         mem_bytes_per_sample=block.mem_bytes_per_sample * precision.kv_bytes / b,
     )
 
@@ -296,8 +305,13 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, pro
         weights[part] = member.weight_bytes
         workspace[part] = member.workspace_bytes_per_sample
     kv = (shard_of(tasks.tasks["block"], degree) if degree > 1 else tasks.tasks["block"]).mem_bytes_per_sample
-    kernels = layer_kernels(tasks.config, tasks.precision, server_class.kind, degree, link)
+    kernels = layer_kernels(tasks.config, tasks.precision, server_class.kind, degree, link, tasks.expert_imbalance)
     pieces["block"] = layer_pieces(kernels, tasks.per_sequence)
+    roofline = (
+        RooflineLayerTime(pieces["block"], kernels, tasks.per_sequence, tasks.mean_prompt_len, tasks.token_budget)
+        if kernels.exact
+        else KernelLayerTime(pieces["block"], kernels, tasks.per_sequence)
+    )
     measured = measured_layer_time(
         profile, server_class.kind.name, degree, kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
     )
@@ -308,9 +322,7 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, pro
         weight_bytes=weights,
         kv_bytes_per_seq=kv,
         workspace_bytes_per_seq=workspace,
-        layer_time=measured
-        if measured is not None
-        else RooflineLayerTime(pieces["block"], kernels, tasks.per_sequence, tasks.mean_prompt_len, tasks.token_budget),
+        layer_time=measured if measured is not None else roofline,
         kernels=kernels,
         tasks=tasks,
     )

@@ -4,6 +4,8 @@ slope), `measured`, and `load_s(load)` for any other mix of decode and prompt to
 
     RooflineLayerTime  the kernel model, prompts in the engine's chunks (llm_planner.cost.chunks);
                        its pieces max_j (f_j + s_j b), the spread load's, below it
+    KernelLayerTime    an MoE layer's kernels summed at b sequences, prompts spread evenly (not
+                       piecewise affine), its pieces a lower bound for the bounds
     MeasuredLayerTime  a serving-profile/1 table pair of a kind on one device: decode(b) + prefill(b r)
     PartsLayerTime     a serving-profile/2 entry of a kind at the stage's degree: the kernel model
                        with the measured parts replaced by their tables (cost.iteration.layer_time_s)
@@ -26,18 +28,34 @@ from llm_planner.cost.roofline import evaluate_pieces
 from llm_planner.serving.workload import WorkloadError
 
 
-class RooflineLayerTime:
-    """A decoder layer's time at b sequences by the kernel model, with the prompt tokens in the
-    lumps an engine admits them (llm_planner.cost.chunks): E[t(decodes of b, x prompt tokens)].
-    `pieces`, max_j (f_j + s_j b), time the spread load b r exactly and lie below t(b) at every b
-    (Jensen, cost.chunks): the bounds' data (llm_planner.serving.bound*), read through `lower` and
-    `least`. No breakpoint."""
+class _KernelTime:
+    """A layer's time by the kernel model, with `pieces` below it at every b >= 1 that the bounds
+    read (llm_planner.serving.bound*) through `lower` and `least`. No breakpoint."""
 
     measured = False
     breakpoints = ()
 
-    def __init__(self, pieces: tuple, kernels: LayerKernels, per_sequence: Load, prompt_len: float, budget: int):
+    def __init__(self, pieces: tuple, kernels: LayerKernels, per_sequence: Load):
         self.pieces, self.kernels, self.per_sequence = pieces, kernels, per_sequence
+
+    def lower(self, b: float) -> float:
+        """The pieces at b: at most t(b)."""
+        return evaluate_pieces(self.pieces, b)
+
+    def least(self, lo: float = 1.0, hi: float = math.inf) -> float:
+        """A time no micro-batch of lo..hi sequences is below: the pieces at lo (they grow with b
+        and lie below t)."""
+        return self.lower(lo)
+
+
+class RooflineLayerTime(_KernelTime):
+    """A dense decoder layer's time at b sequences by the kernel model, with the prompt tokens in
+    the lumps an engine admits them (llm_planner.cost.chunks): E[t(decodes of b, x prompt tokens)].
+    Its pieces, max_j (f_j + s_j b), time the spread load b r exactly and lie below t(b) at every b
+    (Jensen: the kernels are convex in the prompt tokens, cost.chunks)."""
+
+    def __init__(self, pieces: tuple, kernels: LayerKernels, per_sequence: Load, prompt_len: float, budget: int):
+        super().__init__(pieces, kernels, per_sequence)
         self.prompt_len, self.budget = prompt_len, budget
         self._memo: dict[float, float] = {}
 
@@ -59,14 +77,16 @@ class RooflineLayerTime:
             for w, x in lumps
         )
 
-    def lower(self, b: float) -> float:
-        """The pieces at b: the spread load's time, at most t(b)."""
-        return evaluate_pieces(self.pieces, b)
 
-    def least(self, lo: float = 1.0, hi: float = math.inf) -> float:
-        """A time no micro-batch of lo..hi sequences is below: the pieces at lo (they grow with b
-        and lie below t)."""
-        return self.lower(lo)
+class KernelLayerTime(_KernelTime):
+    """An MoE layer's time at b sequences: the kernels' sum on b sequences' spread load, exactly
+    (the routed experts' weight reads are concave in the tokens: llm_planner.cost.iteration, so
+    the lumps' argument of RooflineLayerTime does not hold and the prompts stay spread evenly).
+    `pieces` are the kernel model's lower bound at b >= 1; the time grows with b, and so does
+    b / (step + l t(b)) (every term's tangent meets b = 0 at or above 0), as on the roofline."""
+
+    def __call__(self, b: float) -> float:
+        return self.kernels.time_s(self.per_sequence.times(b)) if b > 0 else 0.0
 
 
 class _PiecewiseLinear:

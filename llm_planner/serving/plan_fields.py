@@ -171,7 +171,12 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
     choice(top, "objective", ("serving",))
     _inputs(top.mapping("inputs"))
     model = top.mapping("model")
-    exactly(model, ("name", "dtype", "num_layers", "precision"))
+    exactly(model, ("name", "dtype", "num_layers", "precision"), optional=("experts",))
+    if "experts" in model.data:  # a mixture of experts: what show prints (verify checks it against the model)
+        experts = model.mapping("experts")
+        exactly(experts, ("num_experts", "experts_per_token"))
+        integer(experts, "num_experts")
+        integer(experts, "experts_per_token")
     if not model.string("name"):
         raise model.fail("name", "empty")
     choice(model, "dtype", tuple(DTYPE_BYTES))
@@ -180,7 +185,11 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
     num_layers = integer(model, "num_layers")
     _workload(top.mapping("workload"))
     options = top.mapping("options")
-    exactly(options, _OPTIONS)
+    exactly(options, _OPTIONS, optional=("expert_imbalance",))
+    if "expert_imbalance" in options.data and number(options, "expert_imbalance") < 1:
+        raise options.fail(
+            "expert_imbalance", f"must be >= 1 (1: uniform routing), got {options.get('expert_imbalance')}"
+        )
     if not isinstance(options.get("allow_cpu"), bool):
         raise options.fail("allow_cpu", "expected true or false")
     for key in ("max_tp", "max_segments", "max_micro_batches"):

@@ -34,6 +34,14 @@ def check_model(ctx: ServingContext, data: dict, problems: list[str]) -> None:
             f"model.num_layers: {model['num_layers']} but {ctx.config.name} (model.name {model['name']!r}) has "
             f"{ctx.tasks.num_layers}"
         )
+    cfg = ctx.config
+    stated = model.get("experts")
+    actual = {"num_experts": cfg.num_experts, "experts_per_token": cfg.experts_per_token} if cfg.is_moe else None
+    if stated != actual:
+        problems.append(
+            f"model.experts: {stated} but {cfg.name} (model.name {model['name']!r}) has "
+            f"{actual if actual is not None else 'no experts (a dense model)'}"
+        )
 
 
 def check_options(ctx: ServingContext, layout: Layout, m: int, where: str, problems: list[str]) -> None:

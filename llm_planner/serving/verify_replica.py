@@ -68,7 +68,9 @@ class _Costs:
         self.weights = {part: t.weight_bytes for part, t in member.items()}
         self.workspace = {part: t.workspace_bytes_per_sample for part, t in member.items()}
         self.kv = member["block"].mem_bytes_per_sample
-        self.kernels = layer_kernels(ctx.config, ctx.precision, sc.kind, degree, sc.intra_link)
+        self.kernels = layer_kernels(
+            ctx.config, ctx.precision, sc.kind, degree, sc.intra_link, ctx.tasks.expert_imbalance
+        )
         tasks = ctx.tasks
         self.measured = measured_layer_time(  # the one rule of where a measured time applies
             ctx.cache.profile, sc.kind.name, degree, self.kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
@@ -101,8 +103,9 @@ class _Costs:
 
     def steady_layer_s(self, b: int) -> float:
         """One decoder layer on b decodes and their prompt share: in the engine's chunks on the
-        kernel model (llm_planner.cost.chunks), spread evenly on a measured time."""
-        if self.measured is not None:
+        kernel model of a dense layer (llm_planner.cost.chunks), spread evenly on a measured time
+        or an MoE layer (serving.layer_time)."""
+        if self.measured is not None or not self.kernels.exact:  # measured, or an MoE layer's concave reads
             return self.layer_s(b, b * self.ratio)
         per_token = self.steady_prompt_keys / self.ratio if self.ratio > 0 else 0.0
         lumps = prompt_lumps(b * self.ratio, self.prompt_len, self.budget - b)

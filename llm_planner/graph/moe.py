@@ -1,0 +1,172 @@
+"""Mixture-of-experts decoders: which transformers configs carry experts, how they are read, and
+the parameters of an MoE layer's MLP. No torch needed.
+
+An MoE layer replaces the dense MLP by a router and E routed experts, each a gated (SwiGLU) MLP
+of width m; each token goes to the top-k experts its router scores highest, and (qwen2_moe)
+through a shared expert of width s, scaled by a sigmoid gate, as well:
+
+    router         h E                   (Linear(h, E), no bias)
+    routed experts E 3 h m               (gate, up: h -> m; down: m -> h; no biases)
+    shared expert  3 h s + h             (qwen2_moe: gate, up, down of width s, and its gate Linear(h, 1))
+
+A token's linear FLOPs are 2 (h E + k 3 h m + 3 h s + h): the router and its k experts and the
+shared expert (exact under any routing that drops no token). Memory holds every expert.
+
+Read from a transformers config.json (`moe_fields`), by model_type:
+
+    mixtral    num_local_experts, num_experts_per_tok; the experts' width is intermediate_size
+    qwen2_moe  num_experts, num_experts_per_tok, moe_intermediate_size,
+               shared_expert_intermediate_size; decoder_sparse_step, mlp_only_layers
+    qwen3_moe  the same without the shared expert; q_norm and k_norm on each head (attention)
+
+The planner's layers are identical, so a config whose MoE layers are interleaved with dense ones
+(decoder_sparse_step > 1, mlp_only_layers not empty) is refused naming the key, as is every
+config carrying experts or compressed attention under a model_type that has none
+(`refuse_foreign_keys`: a Mixtral config relabelled `mistral` is refused, never planned as
+Mistral-7B) and DeepSeek's model_types (MLA attention, whose KV cache is a compressed latent,
+and dense layers before the MoE ones: `UNPLANNED`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llm_planner.graph.ir import GraphError
+
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+# model_types people serve whose layout the planner does not model yet: why, naming the key
+UNPLANNED = {
+    "deepseek_v2": "MLA attention (kv_lora_rank: a compressed KV cache) and dense layers before the "
+    "MoE ones (first_k_dense_replace) are not modelled yet",
+    "deepseek_v3": "MLA attention (kv_lora_rank: a compressed KV cache) and dense layers before the "
+    "MoE ones (first_k_dense_replace) are not modelled yet",
+    "gpt_oss": "attention sinks, alternating sliding windows and biased experts are not modelled yet",
+    "llama4": "interleaved dense and MoE layers and chunked attention are not modelled yet",
+}
+# Keys that carry experts or compressed attention: refused under a model_type that has none.
+FOREIGN_KEYS = (
+    "num_local_experts",
+    "num_experts",
+    "n_routed_experts",
+    "n_shared_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "q_lora_rank",
+    "kv_lora_rank",
+)
+# The transformers classes' defaults where a config.json leaves a key out.
+_DEFAULTS = {
+    "mixtral": dict(num_experts=8, experts_per_token=2),
+    "qwen2_moe": dict(num_experts=60, experts_per_token=4, moe_intermediate_size=1408, shared_expert_size=5632),
+    "qwen3_moe": dict(num_experts=128, experts_per_token=8, moe_intermediate_size=768),
+}
+
+
+def refuse_foreign_keys(data: dict[str, Any], hf_type: str, source: str) -> None:
+    """Raise GraphError naming the first key of FOREIGN_KEYS that a config of a model_type without
+    experts carries (a value other than null, 0 or an empty list)."""
+    if hf_type in MOE_MODEL_TYPES:
+        return
+    for key in FOREIGN_KEYS:
+        if data.get(key) not in (None, 0, []):
+            raise GraphError(
+                f"{source}: key {key!r}: model_type {hf_type!r} has no experts or compressed attention, but the "
+                f"config sets {key}={data[key]!r}; it would be planned as a dense {hf_type} model (set the "
+                "model_type the checkpoint was made with)"
+            )
+
+
+def moe_fields(r: Any, hf_type: str) -> dict[str, Any]:
+    """The DecoderConfig MoE fields of a config of a MOE_MODEL_TYPES model_type, read with `r`
+    (llm_planner.graph.transformer's typed reader); {} for any other."""
+    if hf_type not in MOE_MODEL_TYPES:
+        return {}
+    d = _DEFAULTS[hf_type]
+    if hf_type == "mixtral":
+        _refuse_set(r, "sliding_window", "sliding-window attention is not modelled")
+        return dict(
+            num_experts=r.get("num_local_experts", int, d["num_experts"]),
+            experts_per_token=r.get("num_experts_per_tok", int, d["experts_per_token"]),
+            moe_intermediate_size=r.get("intermediate_size", int),
+        )
+    _refuse_true(r, "use_sliding_window", "sliding-window attention is not modelled")
+    step = r.get("decoder_sparse_step", int, 1)
+    if step != 1:
+        raise GraphError(
+            f"{r.source}: key 'decoder_sparse_step': {step} puts dense MLP layers between the MoE ones; "
+            "the planner's layers are identical, so only 1 (every layer MoE) is planned"
+        )
+    if r.get("mlp_only_layers", list, []):
+        raise GraphError(
+            f"{r.source}: key 'mlp_only_layers': dense MLP layers among the MoE ones are not planned "
+            "(the planner's layers are identical): only an empty list is"
+        )
+    experts = r.get("num_experts", int, None)
+    out = dict(
+        num_experts=experts if experts is not None else r.get("num_local_experts", int, d["num_experts"]),
+        experts_per_token=r.get("num_experts_per_tok", int, d["experts_per_token"]),
+        moe_intermediate_size=r.get("moe_intermediate_size", int, d["moe_intermediate_size"]),
+    )
+    if hf_type == "qwen2_moe":
+        out["shared_expert_size"] = r.get("shared_expert_intermediate_size", int, d["shared_expert_size"])
+    return out
+
+
+def _refuse_set(r: Any, key: str, why: str) -> None:
+    if r.data.get(key) is not None:
+        raise GraphError(f"{r.source}: key {key!r}: {why} (got {r.data[key]!r}; only null is planned)")
+
+
+def _refuse_true(r: Any, key: str, why: str) -> None:
+    if r.get(key, bool, False):
+        raise GraphError(f"{r.source}: key {key!r}: {why} (only false is planned)")
+
+
+def check_moe(where: str, cfg: Any) -> None:
+    """Raise GraphError unless cfg's MoE fields fit its model_type (module docstring)."""
+    moe = cfg.hf_model_type in MOE_MODEL_TYPES
+    sizes = ("num_experts", "experts_per_token", "moe_intermediate_size", "shared_expert_size")
+    for key in sizes:
+        value = getattr(cfg, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise GraphError(f"{where}: {key} must be a non-negative integer, got {value!r}")
+    if not moe:
+        if any(getattr(cfg, key) for key in sizes):
+            raise GraphError(f"{where}: {cfg.hf_model_type} models have no experts; set model_type to an MoE one")
+        return
+    if cfg.num_experts < 1 or cfg.moe_intermediate_size < 1:
+        raise GraphError(f"{where}: {cfg.hf_model_type} needs num_experts and moe_intermediate_size >= 1")
+    if not 1 <= cfg.experts_per_token <= cfg.num_experts:
+        raise GraphError(
+            f"{where}: experts_per_token must be from 1 to num_experts ({cfg.num_experts}), got {cfg.experts_per_token}"
+        )
+    if (cfg.shared_expert_size > 0) != (cfg.hf_model_type == "qwen2_moe"):
+        raise GraphError(f"{where}: a shared expert (shared_expert_size > 0) is qwen2_moe's alone, and it has one")
+    if cfg.hf_model_type == "mixtral" and cfg.moe_intermediate_size != cfg.intermediate_size:
+        raise GraphError(f"{where}: mixtral's experts are intermediate_size wide: moe_intermediate_size must equal it")
+
+
+def moe_parameters(cfg: Any) -> dict[str, int]:
+    """Linear parameters of one MoE layer's MLP: `router`, `expert` (one routed expert), `experts`
+    (all E), `shared` (the shared expert and its gate; 0 without), `active` (what one token
+    multiplies: router, top-k experts, shared)."""
+    h, m = cfg.hidden_size, cfg.moe_intermediate_size
+    router, expert = h * cfg.num_experts, 3 * h * m
+    shared = 3 * h * cfg.shared_expert_size + (h if cfg.shared_expert_size else 0)
+    return {
+        "router": router,
+        "expert": expert,
+        "experts": cfg.num_experts * expert,
+        "shared": shared,
+        "active": router + cfg.experts_per_token * expert + shared,
+    }
+
+
+def experts_touched(num_experts: int, top_k: int, tokens: float) -> float:
+    """Expected distinct experts that `tokens` tokens reach when each picks top_k of num_experts
+    uniformly at random: E (1 - (1 - k / E)^T) (each expert is missed by one token with probability
+    1 - k / E, independently across tokens). Concave and increasing in T; k at T = 1, E as T grows."""
+    if tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)

@@ -1,0 +1,133 @@
+"""An MoE layer's iteration cost (llm_planner.cost.moe_cost, cost.iteration) and memory, by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from llm_planner.core.spec import DeviceKindSpec, LinkSpec
+from llm_planner.cost.iteration import KAPPA, Load, layer_kernels, layer_pieces
+from llm_planner.cost.roofline import CostError, evaluate_pieces
+from llm_planner.graph.transformer import DecoderConfig, preset_config
+
+# Round numbers: 100 TFLOP/s and 1 TB/s at efficiency 1, no overheads.
+KIND = DeviceKindSpec(
+    name="g",
+    type="gpu",
+    peak_flops=(("fp16", 100e12),),
+    mem_bytes=80e9,
+    mem_bw_bytes_per_s=1e12,
+    compute_efficiency=1.0,
+    mem_efficiency=1.0,
+    collective_overhead_s=20e-6,
+)
+LINK = LinkSpec(bw_bytes_per_s=100e9, latency_s=1e-6)
+# One Mixtral-shaped MoE layer, small: h 1024, 8 experts of 4096, top-2.
+MOE = DecoderConfig(
+    name="moe",
+    model_type="llama",
+    hf_model_type="mixtral",
+    num_layers=1,
+    hidden_size=1024,
+    num_heads=8,
+    num_kv_heads=2,
+    intermediate_size=4096,
+    vocab_size=1000,
+    max_positions=4096,
+    tie_word_embeddings=False,
+    num_experts=8,
+    experts_per_token=2,
+    moe_intermediate_size=4096,
+)
+H, M, E, TOP = 1024, 4096, 8, 2
+EXPERT = 3 * H * M  # one expert's weights
+
+
+def _kernel(kernels, name):
+    return next(k for k in kernels.kernels if k.name == name)
+
+
+def _experts_by_hand(tokens: int, touched: float, k: int = 1, imbalance: float = 1.0) -> float:
+    rows = tokens * TOP * imbalance
+    c = 2 * EXPERT / k * rows / 100e12
+    m = (2 * rows * ((H + 2 * M / k) + (M / k + H)) + 2 * EXPERT / k * touched) / 1e12
+    return max(c, m, KAPPA * (c + m))
+
+
+@pytest.mark.parametrize(
+    ("tokens", "touched"),
+    [
+        (1, 2.0),  # one token reads its two experts
+        (8, 8 * (1 - 0.75**8)),  # 7.20 of the 8 experts
+        (4096, 8.0),  # every expert, once
+    ],
+)
+def test_the_expert_kernel_by_hand(tokens, touched):
+    ks = layer_kernels(MOE, "fp16", KIND)
+    experts = _kernel(ks, "experts")
+    assert ks.kernel_s(experts, Load(decodes=tokens)) == pytest.approx(_experts_by_hand(tokens, touched))
+    # a prompt token is a token like a decode: the same rows and experts
+    assert ks.kernel_s(experts, Load(decodes=1, prompt_tokens=tokens - 1)) == pytest.approx(
+        _experts_by_hand(tokens, touched)
+    )
+
+
+def test_one_token_is_memory_bound_and_reads_two_experts_of_eight():
+    ks = layer_kernels(MOE, "fp16", KIND)
+    t1 = ks.kernel_s(_kernel(ks, "experts"), Load(decodes=1))
+    assert t1 == pytest.approx(2 * 2 * EXPERT / 1e12, rel=0.01)  # weights dominate: 2 experts x 25 MB
+    many = ks.kernel_s(_kernel(ks, "experts"), Load(decodes=4096))
+    assert many > 4 * t1  # all 8 experts and compute
+
+
+def test_router_is_a_linear_layer_replicated_on_a_group():
+    ks1, ks2 = layer_kernels(MOE, "fp16", KIND), layer_kernels(MOE, "fp16", KIND, 2, LINK)
+    attn = 2 * H * H + 2 * H * 256  # q, o; k, v of two KV heads of 128
+    x = Load(decodes=1).vector()
+    # linear: attention and router; the router (h E) stays whole on each member of a group
+    assert ks1.kernel_terms(_kernel(ks1, "linear"), x)[0] == pytest.approx(2 * (attn + H * E) / 100e12)
+    assert ks2.kernel_terms(_kernel(ks2, "linear"), x)[0] == pytest.approx(2 * (attn / 2 + H * E) / 100e12)
+    # experts split over the group by their width: half of each expert's weights and FLOPs per member
+    assert ks2.kernel_s(_kernel(ks2, "experts"), Load(decodes=4096)) == pytest.approx(_experts_by_hand(4096, 8.0, k=2))
+    names = [k.name for k in ks2.kernels]
+    assert names.count("all_reduce") == 1 and "experts" in names
+
+
+def test_imbalance_scales_the_busiest_experts_rows():
+    ks = layer_kernels(MOE, "fp16", KIND, imbalance=1.5)
+    got = ks.kernel_s(_kernel(ks, "experts"), Load(decodes=4096))
+    assert got == pytest.approx(_experts_by_hand(4096, 8.0, imbalance=1.5))
+    uniform = layer_kernels(MOE, "fp16", KIND)
+    assert got > uniform.kernel_s(_kernel(uniform, "experts"), Load(decodes=4096))
+    with pytest.raises(CostError, match="imbalance factor must be a number >= 1"):
+        layer_kernels(MOE, "fp16", KIND, imbalance=0.5)
+
+
+def test_the_pieces_are_exact_at_one_sequence_and_below_the_time_after():
+    per_sequence = Load(decodes=1, decode_keys=600, prompt_tokens=4, prompt_keys=4 * 257)
+    for k, link in ((1, None), (2, LINK)):
+        ks = layer_kernels(MOE, "fp16", KIND, k, link)
+        assert not ks.exact
+        pieces = layer_pieces(ks, per_sequence)
+        assert evaluate_pieces(pieces, 1) == pytest.approx(ks.time_s(per_sequence))
+        for b in (2, 3, 8, 50, 400, 5000):
+            assert evaluate_pieces(pieces, b) <= ks.time_s(per_sequence.times(b)) * (1 + 1e-12)
+
+
+def test_a_dense_layer_has_no_expert_kernel_and_exact_pieces():
+    ks = layer_kernels(preset_config("llama3-8b"), "fp16", KIND, 2, LINK)
+    assert ks.exact and [k.name for k in ks.kernels] == [
+        "linear",
+        "attn_decode",
+        "attn_prefill",
+        "elementwise",
+        "all_reduce",
+    ]
+
+
+def test_a_group_must_split_the_experts_width():
+    odd = dataclasses.replace(MOE, intermediate_size=4100, moe_intermediate_size=4100)
+    layer_kernels(odd, "fp16", KIND, 2, LINK)
+    with pytest.raises(CostError, match="tensor-parallel group of 8"):
+        layer_kernels(odd, "fp16", KIND, 8, LINK)
