@@ -88,6 +88,10 @@ class KernelLayerTime(_KernelTime):
     def __call__(self, b: float) -> float:
         return self.kernels.time_s(self.per_sequence.times(b)) if b > 0 else 0.0
 
+    def least(self, lo: float = 1.0, hi: float = math.inf) -> float:
+        """The least time over micro-batches of lo..hi sequences: at lo (the time grows with b)."""
+        return self(lo)
+
 
 class _PiecewiseLinear:
     """A measured time, linear between its `breakpoints`."""
