@@ -15,10 +15,11 @@ from llm_planner.cli.arg_types import imbalance, layer_counts, positive, tokens
 from llm_planner.cli.commands import UserError
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.fmt import LiteralConsole, fmt_bytes, fmt_s, styled
+from llm_planner.core.precision import KV_FORMATS
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.context import ServingOptions, build_context
 from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET
-from llm_planner.serving.inputs import workload_from_flags
+from llm_planner.serving.inputs import serving_precision, workload_from_flags
 from llm_planner.serving.layout import Layout, device_word
 from llm_planner.serving.layout_text import LayoutError, parse_layout
 from llm_planner.serving.score import ReplicaScore, score_replica
@@ -68,7 +69,19 @@ def add_score_parser(sub) -> None:
         "--workload", default=None, help="a YAML file of request shapes instead of --prompt-len/--output-len"
     )
     p.add_argument(
-        "--dtype", default="fp16", choices=tuple(DTYPE_BYTES), help="element type of weights (default: fp16)"
+        "--dtype",
+        default=None,
+        choices=tuple(DTYPE_BYTES),
+        help="activation dtype (default: the model config's torch_dtype, else fp16)",
+    )
+    p.add_argument(
+        "--weights",
+        default=None,
+        help="the decoder layers' weight format, as plan takes it: fp16/bf16/fp32, fp8, int8, int4-awq, int4-gptq "
+        "(default: what the model config's quantization_config declares, else unquantized)",
+    )
+    p.add_argument(
+        "--kv-cache-dtype", choices=KV_FORMATS, default=None, help="the KV cache's dtype: auto or fp8 (default: auto)"
     )
     p.add_argument("--profile", help="a measured serving profile to use instead of the roofline where it has times")
     p.add_argument("--allow-cpu", action="store_true", help="let the replica name CPU classes")
@@ -86,7 +99,8 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
     options = ServingOptions(
         allow_cpu=args.allow_cpu, max_batched_tokens=args.max_batched_tokens, expert_imbalance=args.expert_imbalance
     )
-    ctx = build_context(args.cluster, args.model, workload, args.dtype, options, args.profile)
+    precision = serving_precision(args.model, args.dtype, args.weights, args.kv_cache_dtype)
+    ctx = build_context(args.cluster, args.model, workload, precision, options, args.profile)
     try:
         layout = parse_layout(args.replica, ctx.by_name)
     except LayoutError as exc:
@@ -98,7 +112,9 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(score.to_dict(), allow_nan=False))
         warn = LiteralConsole(stderr=True, soft_wrap=True)
     else:
-        console.print(styled((ctx.config.name, "bold"), f" ({args.dtype}), replica ", (score.replica, "bold")))
+        console.print(
+            styled((ctx.config.name, "bold"), f" ({precision.describe()}), replica ", (score.replica, "bold"))
+        )
         console.print(_header(score, workload), highlight=False)
         console.print(score_table(score, layout, ctx.by_name))
         console.print(_figures(score), highlight=False)
