@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llm_planner.core.spec import DeviceKindSpec
-from llm_planner.cost.chunks import prompt_lumps, prompt_wait_s
+from llm_planner.cost.chunks import pieces_below, prompt_lumps, prompt_wait_s
 from llm_planner.cost.iteration import Load, layer_kernels, layer_pieces
 from llm_planner.cost.roofline import evaluate_pieces
 from llm_planner.graph.transformer import preset_config
@@ -59,15 +59,15 @@ def _layer_time(ratio: float, prompt: int, budget: int) -> tuple[RooflineLayerTi
 
 
 def test_an_iteration_carries_a_whole_prompt_or_none_by_hand():
-    t, ks, _ = _layer_time(ratio=4.0, prompt=512, budget=2048)  # 512 in, 128 out
+    t, ks, per_seq = _layer_time(ratio=4.0, prompt=512, budget=2048)  # 512 in, 128 out
     b = 64
     decode = Load(decodes=b, decode_keys=b * 600.0)
     chunk = decode.plus(Load(prompt_tokens=512, prompt_keys=512 * 513 / 2))
     assert t(b) == pytest.approx(0.5 * ks.time_s(decode) + 0.5 * ks.time_s(chunk), rel=1e-12)
     # slower than the same prompt tokens spread thin over every iteration (the pieces), which
     # the bounds read: the kernels are convex in the prompt tokens
-    assert t.lower(b) < t(b)
-    assert t.least(b, 10 * b) == t.lower(b)
+    assert evaluate_pieces(layer_pieces(ks, per_seq), b) < t(b)
+    assert t.lower(b) <= t(b) * (1 + 1e-12) and t.least(b, 10 * b) == t.lower(b)
 
 
 @settings(max_examples=100, deadline=None)
@@ -89,3 +89,23 @@ def test_the_wait_for_the_prompts_ahead_by_hand():
     # at or past saturation: every other one's prompt ahead
     assert prompt_wait_s(4, 1.0, 2.0) == 4.0
     assert prompt_wait_s(3, 0.5, 1.55) == pytest.approx(1.5)  # rho 0.97: cut at 3 x 0.5
+
+
+def test_hull_lines_by_hand():
+    # a bumpy increasing function: the lower hull runs (1, 1) -> (3, 3) -> (4, 6), skipping (2, 3)
+    # above the chord; its second line, 3 x - 6, has a negative intercept and is left out
+    xs, ys = [1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 3.0, 6.0]
+    assert pieces_below(xs, ys) == ((0.0, 1.0),)
+    # a convex one: every segment of the hull is a line, all below the points
+    xs, ys = [1.0, 2.0, 3.0, 4.0], [2.0, 2.5, 3.5, 5.0]
+    lines = pieces_below(xs, ys)
+    assert lines == ((1.5, 0.5), (0.5, 1.0))  # the third, 1.5 x - 1, is left out
+    assert all(max(f + s * x for f, s in lines) <= y + 1e-12 for x, y in zip(xs, ys))
+
+
+def test_the_bounds_pieces_are_tighter_than_the_spread_and_below_the_time():
+    t, ks, per_seq = _layer_time(ratio=4.0, prompt=512, budget=2048)
+    spread = layer_pieces(ks, per_seq)
+    top = 2048 // 5
+    assert all(evaluate_pieces(t.pieces, b) <= t(b) * (1 + 1e-12) for b in range(1, top + 1))
+    assert evaluate_pieces(t.pieces, 64) > evaluate_pieces(spread, 64)  # the chunks' cost is seen by the bounds

@@ -16,6 +16,7 @@ the room (b r > B - b) prompts back up: every iteration carries B - b.
 
 from __future__ import annotations
 
+import bisect
 import math
 
 
@@ -46,3 +47,30 @@ def prompt_wait_s(others: int, occupancy_s: float, request_s: float) -> float:
     rho = others * occupancy_s / request_s
     most = others * occupancy_s
     return most if rho >= 1.0 else min(rho * occupancy_s / (2.0 * (1.0 - rho)), most)
+
+
+def pieces_below(
+    xs: list[float], ys: list[float], at: tuple[float, ...] | None = None
+) -> tuple[tuple[float, float], ...]:
+    """Lines (intercept, slope) of the lower convex hull of the points (xs increasing): each lies
+    at or below every point, so their maximum is a convex function below the points. With `at`,
+    only the hull's lines over those x (one each; fewer lines keep the bounds' programs small).
+    Only lines with intercept and slope >= 0 are kept (the bounds read pieces of that form)."""
+    hull: list[tuple[float, float]] = []
+    for p in zip(xs, ys):
+        while len(hull) >= 2 and _turns_left(hull[-2], hull[-1], p) <= 0:
+            hull.pop()
+        hull.append(p)
+    segments = list(zip(hull, hull[1:]))
+    if at is not None:
+        ends = [b[0] for _, b in segments]
+        segments = [segments[min(bisect.bisect_left(ends, x), len(segments) - 1)] for x in at] if segments else []
+    lines = []
+    for (x0, y0), (x1, y1) in dict.fromkeys(segments):
+        slope = (y1 - y0) / (x1 - x0)
+        lines.append((y0 - slope * x0, slope))
+    return tuple((f, s) for f, s in lines if f >= 0 and s >= 0)
+
+
+def _turns_left(a: tuple[float, float], b: tuple[float, float], c: tuple[float, float]) -> float:
+    return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])

@@ -315,6 +315,8 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, pro
     measured = measured_layer_time(
         profile, server_class.kind.name, degree, kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
     )
+    if measured is None:  # the bounds read these: below the time at every b a plan can have
+        pieces["block"] = roofline.pieces
     return StageCosts(
         server_class=server_class,
         degree=degree,

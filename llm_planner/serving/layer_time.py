@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import math
 
-from llm_planner.cost.chunks import prompt_lumps
+from llm_planner.cost.chunks import pieces_below, prompt_lumps
 from llm_planner.cost.iteration import LayerKernels, Load, layer_pieces, layer_time_s
 from llm_planner.cost.roofline import evaluate_pieces
 from llm_planner.serving.workload import WorkloadError
@@ -51,13 +51,26 @@ class _KernelTime:
 class RooflineLayerTime(_KernelTime):
     """A dense decoder layer's time at b sequences by the kernel model, with the prompt tokens in
     the lumps an engine admits them (llm_planner.cost.chunks): E[t(decodes of b, x prompt tokens)].
-    Its pieces, max_j (f_j + s_j b), time the spread load b r exactly and lie below t(b) at every b
-    (Jensen: the kernels are convex in the prompt tokens, cost.chunks)."""
+    Its pieces, max_j (f_j + s_j b): those timing the spread load b r exactly, below t(b) at every b
+    (Jensen: the kernels are convex in the prompt tokens, cost.chunks), and the lower convex hull of
+    t at the micro-batches the token budget admits, below t at each of them."""
 
     def __init__(self, pieces: tuple, kernels: LayerKernels, per_sequence: Load, prompt_len: float, budget: int):
         super().__init__(pieces, kernels, per_sequence)
         self.prompt_len, self.budget = prompt_len, budget
         self._memo: dict[float, float] = {}
+        self.pieces = pieces + self._hull_pieces()
+
+    def _hull_pieces(self) -> tuple:
+        """Lines below t at every micro-batch b the token budget admits (b (1 + r) <= B; no plan
+        has a larger one): the lower convex hull of t there (cost.chunks.pieces_below), tighter than
+        the spread load's pieces where the chunks cost more."""
+        top = math.floor(self.budget / (1.0 + self.per_sequence.prompt_tokens))
+        if top < 2:
+            return ()
+        xs = [float(b) for b in range(1, top + 1)]
+        at = tuple(float(2**i) for i in range(top.bit_length()))  # the lines over b = 1, 2, 4, ...
+        return pieces_below(xs, [self(b) for b in xs], at)
 
     def __call__(self, b: float) -> float:
         if b <= 0:
