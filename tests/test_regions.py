@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from serving_fixtures import workload
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from serving_fixtures import SMALL_FLEET, workload, write_fleet
+from test_serving import _draw_layout
 
 from llm_planner.cli.main import main
 from llm_planner.core.spec import load_cluster
 from llm_planner.graph.transformer import preset_config
+from llm_planner.serving.bound import concurrency_level_bound
+from llm_planner.serving.bound_batches import batch_level_bound
+from llm_planner.serving.bound_cells import cell_bound, stage_kinds
+from llm_planner.serving.bound_prices import price_bound
 from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.layout import Segment
 
@@ -163,3 +170,62 @@ def test_a_slow_link_between_regions_keeps_replicas_inside_one(tmp_path):
     assert all(_regions_used(r) == {"east"} for r in slow["serving"]["replicas"])
     assert any(_regions_used(r) == {"east", "west"} for r in fast["serving"]["replicas"])
     assert fast["serving"]["tokens_per_s"] > slow["serving"]["tokens_per_s"]
+
+
+# The serving tests' small fleet with its two "big" servers in one region and the "small" server in
+# another, 1 GB/s and 3 ms between the regions: hand-offs between the classes cost, but pay at times.
+GEO_FLEET = (
+    SMALL_FLEET.replace("{name: bigbox, count: 2,", "{name: bigbox, count: 2, region: east,").replace(
+        "{name: smallbox,", "{name: smallbox, region: west,"
+    )
+    + "  between_regions: [{between: [east, west], bw_bytes_per_s: 1 GB/s, latency_s: 3 ms}]\n"
+)
+
+
+def _geo_context(tmp_path) -> ServingContext:
+    cluster = load_cluster(write_fleet(tmp_path, GEO_FLEET))
+    return ServingContext(cluster, preset_config("llama2-13b"), workload(256, 128, 0.03), "fp16", ServingOptions())
+
+
+@pytest.fixture(scope="module")
+def geo_bounds(tmp_path_factory):
+    """The two-region fleet and each bound on it, the cell and price bounds over its links (the cell
+    bound's MILPs took about a minute on 2 cores under load: the tests using it are `slow`)."""
+    ctx = _geo_context(tmp_path_factory.mktemp("geo"))
+    bounds = (
+        concurrency_level_bound(ctx.cache, ctx.classes, 0.03),
+        batch_level_bound(ctx.cache, ctx.classes, 0.03),
+        cell_bound(ctx.cache, ctx.classes, 0.03, ctx.links),
+        price_bound(ctx.cache, ctx.classes, 0.03, ctx.links, dict.fromkeys(ctx.capacity, 1.0)),
+    )
+    return ctx, bounds
+
+
+def test_bounds_charge_each_class_its_fastest_link(tmp_path):
+    """A stage may hand on inside its server, to another server of its class (the network: 25 GB/s,
+    also charged where the class has one server) or over the link between the regions, and the
+    bounds charge the fastest of those; a replica that crosses regions pays the slow one."""
+    ctx = _geo_context(tmp_path)
+    kinds = {(kd.class_name, kd.k): kd for kd in stage_kinds(ctx.cache, ctx.classes, ctx.links)}
+
+    def links(name):
+        return sorted((lk.bw_bytes_per_s, round(lk.latency_s * 1e6, 6)) for lk in kinds[(name, 1)].links)
+
+    assert links("smallbox/small") == [(1e9, 3000.0), (25e9, 5.0), (32e9, 5.0)]
+    assert links("bigbox/big") == [(1e9, 3000.0), (25e9, 5.0), (300e9, 2.0)]
+    crossing = ctx.replica((Segment("bigbox/big", 1, 2), Segment("smallbox/small", 1, 1)))
+    assert [s.link_next.latency_s for s in crossing.slots] == pytest.approx([2e-6, 3e-3, 3e-3])
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_bound_holds_for_any_fleet_over_two_regions(geo_bounds, data):
+    """Any set of replicas on disjoint devices, crossing regions or not, serves no more than each bound."""
+    ctx, bounds = geo_bounds
+    left, total = dict(ctx.capacity), 0.0
+    while any(left.values()) and data.draw(st.booleans() if total else st.just(True)):
+        model = ctx.replica(_draw_layout(data, ctx, left))
+        ev = model.best_at(data.draw(st.integers(1, model.p))) if model.p <= ctx.tasks.num_layers else None
+        total += ev.tokens_per_s if ev is not None else 0.0
+    assert all(total <= bound * (1 + 1e-9) for bound in bounds)
