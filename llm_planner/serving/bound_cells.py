@@ -182,7 +182,8 @@ def stage_kinds(cache: CostCache, classes: tuple[ServerClass, ...], links) -> li
         for k in sc.degrees:
             two = sc.per_server // k >= 2
             own = (sc.intra_link,) if two and sc.intra_link is not None else ()
-            each = () if free else (*own, *(() if links.one_server else links.out_of(sc.name)))
+            others = () if links.one_server else links.out_of(sc.name, itself=sc.num_devices > k)
+            each = () if free else (*own, *others)
             costs = cache.get(sc.name, k)
             end = min(costs.weight_bytes["embed"], costs.weight_bytes["final_norm"] + costs.weight_bytes["lm_head"])
             out.append(StageKind(sc.name, k, costs, each, cache.tasks.handoff_bytes_per_seq, end))

@@ -12,7 +12,8 @@ two classes and every class-to-class link is one known link:
   kinds (`between`), and one between two blocks of a class the class's `intra_link`.
 
 The bounds (bound_cells, bound_prices) charge a stage the least hand-off over every link a stage of
-its class may use (`out_of`); a single link (or None) given instead of ClassLinks is read as a
+its class may use (`out_of`: to its class itself only where the class has devices beside the
+stage's, for a second block); a single link (or None) given instead of ClassLinks is read as a
 cluster whose servers are all joined by it (`as_class_links`), None as a cluster of one server.
 """
 
@@ -35,11 +36,12 @@ class ClassLinks:
         """The link from a block of class a to another block of class b."""
         return self.across.get((a, b))
 
-    def out_of(self, a: str) -> tuple[LinkSpec, ...]:
-        """Every link a block of class a hands on over to another block (distinct, in class order)."""
+    def out_of(self, a: str, itself: bool = True) -> tuple[LinkSpec, ...]:
+        """Every link a block of class a hands on over to a block of another class, and to another
+        block of class a when `itself` (distinct, in class order)."""
         out = []
-        for (src, _), link in self.across.items():
-            if src == a and link is not None and link not in out:
+        for (src, dst), link in self.across.items():
+            if src == a and (itself or dst != a) and link is not None and link not in out:
                 out.append(link)
         return tuple(out)
 
