@@ -55,7 +55,8 @@ LAYERS: list[tuple[str, list[str], str]] = [
     ),
     (
         "inputs",
-        _names("core.spec", "core.spec_fields", "core.spec_kinds", "core.catalog", "core.tensor_groups")
+        _names("core.spec", "core.spec_fields", "core.spec_kinds", "core.spec_links", "core.catalog")
+        + _names("core.tensor_groups")
         + _names("core.constants", "core.precision", "graph", "graph.ir"),
         "the cluster spec, the GPU catalog it may name, the task-graph IR: plain data that everything above reads",
     ),
@@ -114,7 +115,8 @@ LAYERS: list[tuple[str, list[str], str]] = [
         "serving model",
         _names("serving", "serving.workload", "serving.classes", "serving.layer_time", "serving.costs")
         + _names("serving.replica", "serving.inputs")
-        + _names("serving.layout", "serving.context", "serving.bound", "serving.bound_batches", "serving.bound_cells")
+        + _names("serving.layout", "serving.links", "serving.context", "serving.bound", "serving.bound_batches")
+        + _names("serving.bound_cells")
         + _names("serving.bound_prices", "serving.optimistic", "serving.plan_fields", "serving.plan_file")
         + _names("serving.verify_replica", "serving.layout_text", "serving.score", "serving.precision_choice")
         + _names("serving.engines"),

@@ -17,8 +17,9 @@ from llm_planner.cli.vidur import add_vidur_parser, cmd_import_vidur
 from llm_planner.core.atomic import check_writable, write_atomic
 from llm_planner.core.spec import parse_cluster
 from llm_planner.cost.serving_profile import parse_serving_profile
-from llm_planner.helix.inputs import cluster_spec_yaml, device_helix_names, load_helix_cluster, serving_profile_yaml
+from llm_planner.helix.inputs import device_helix_names, load_helix_cluster, serving_profile_yaml
 from llm_planner.helix.plan import ORDERS, REGION_MODES, load_inputs, plan_helix, score_layout
+from llm_planner.helix.spec_yaml import cluster_spec_yaml
 
 
 def add_import_parser(sub) -> None:

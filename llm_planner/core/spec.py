@@ -30,10 +30,22 @@ from llm_planner.core.spec_fields import (
     as_safe_name,
     as_str,
     as_text,
-    bandwidth,
-    nonneg_seconds,
 )
 from llm_planner.core.spec_kinds import REQUIRED_KIND_FIELDS, read_kind_fields
+from llm_planner.core.spec_links import (
+    IntraLinkSpec,
+    LinkSpec,
+    RegionLinkSpec,
+    check_intra_links,
+    check_regions,
+    check_server_links,
+    read_intra_links,
+    read_link,
+    read_region_links,
+    region_pairs,
+)
+
+__all__ = ["ClusterSpec", "DeviceKindSpec", "DeviceSpec", "IntraLinkSpec", "LinkSpec", "NodeSpec", "RegionLinkSpec"]
 
 # Default share of a device's memory that a plan may fill, by device type. vLLM's
 # gpu_memory_utilization defaults to 0.9 for the same reason: the CUDA context, the
@@ -62,27 +74,6 @@ COLLECTIVE_OVERHEAD_DEFAULT = {"cpu": 0.0, "gpu": 5e-6, "accelerator": 5e-6}
 # do (NCCL-style collectives over NVLink or PCIe); CPU sockets do not (no engine shards a layer
 # over sockets with all-reduces per layer). A kind's `tensor_parallel` overrides it.
 TENSOR_PARALLEL_DEFAULT = {"cpu": False, "gpu": True, "accelerator": True}
-
-
-@dataclass(frozen=True, kw_only=True)
-class LinkSpec:
-    """A link class: time to move n bytes is latency_s + n / bw_bytes_per_s."""
-
-    bw_bytes_per_s: float
-    latency_s: float = 0.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class IntraLinkSpec:
-    """The link between two device kinds inside one node (unordered pair)."""
-
-    between: tuple[str, str]
-    bw_bytes_per_s: float
-    latency_s: float = 0.0
-
-    @property
-    def link(self) -> LinkSpec:
-        return LinkSpec(bw_bytes_per_s=self.bw_bytes_per_s, latency_s=self.latency_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +146,7 @@ class NodeSpec:
     hostname: str | None = None  # may contain "{i}" for the copy index
     slots: int | None = None  # MPI slots; defaults to the number of devices
     links: tuple[IntraLinkSpec, ...] = ()  # overrides of the cluster's intra-node links
+    region: str | None = None  # where its servers sit (links.between_regions); None: the cluster has no regions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,7 +176,8 @@ class ClusterSpec:
     nodes: tuple[NodeSpec, ...]
     intra_node_default: LinkSpec | None = None
     intra_node: tuple[IntraLinkSpec, ...] = ()
-    inter_node: LinkSpec | None = None
+    inter_node: LinkSpec | None = None  # between two servers that no between_regions rule names
+    between_regions: tuple[RegionLinkSpec, ...] = ()
     description: str = ""
     source: str = field(default="<memory>", compare=False)
     sha256: str = field(default="", compare=False)
@@ -238,17 +231,46 @@ class ClusterSpec:
         path = self.link_path(a, b)
         return None if path is None else self.link_at(path)
 
+    def region_of(self, template: str) -> str | None:
+        """The region of a node template's servers (None: the cluster names no regions)."""
+        return self.nodes[self._template_index[template]].region
+
+    def regions(self) -> tuple[str, ...]:
+        """The regions the nodes name, in spec order (() when none does)."""
+        return tuple(dict.fromkeys(n.region for n in self.nodes if n.region is not None))
+
+    @functools.cached_property
+    def _template_index(self) -> dict[str, int]:
+        return {n.name: i for i, n in enumerate(self.nodes)}
+
+    def server_link_path(self, region_a: str | None, region_b: str | None) -> tuple[str | int, ...] | None:
+        """The rule of the link between a server of region_a and another server of region_b: the
+        `between_regions` rule for the pair, else ("links", "inter_node"); None when the spec has
+        neither (no two such servers exist: the loader checks every pair of servers has one)."""
+        pair = {region_a, region_b}
+        for i, rule in enumerate(self.between_regions):
+            if set(rule.between) == pair:
+                return ("links", "between_regions", i)
+        return ("links", "inter_node") if self.inter_node is not None else None
+
+    def server_link(self, region_a: str | None, region_b: str | None) -> LinkSpec | None:
+        """The link of `server_link_path` (None where it names none)."""
+        path = self.server_link_path(region_a, region_b)
+        return None if path is None else self.link_at(path)
+
     def link_path(self, a: DeviceSpec, b: DeviceSpec) -> tuple[str | int, ...] | None:
         """Where the rule for the link between two devices lives in the spec (the one rule every
-        link is chosen by): ("links", "inter_node") across nodes; else the node template's rule
-        for the pair of kinds ("nodes", t, "links", i), the cluster's ("links", "intra_node", i),
-        or ("links", "intra_node_default"); None for the same device."""
+        link is chosen by): across nodes the rule for their regions ("links", "between_regions", i)
+        or ("links", "inter_node"); in one node the template's rule for the pair of kinds
+        ("nodes", t, "links", i), the cluster's ("links", "intra_node", i), or
+        ("links", "intra_node_default"); None for the same device."""
         if a.name == b.name:
             return None
         if a.node != b.node:
-            assert self.inter_node is not None, "checked by the loader"
-            return ("links", "inter_node")
-        t = next(i for i, n in enumerate(self.nodes) if n.name == a.node_template)
+            path = self.server_link_path(self.region_of(a.node_template), self.region_of(b.node_template))
+            assert path is not None, "checked by the loader"
+            return path
+        t = self._template_index[a.node_template]
         pair = {a.kind, b.kind}
         for i, rule in enumerate(self.nodes[t].links):
             if set(rule.between) == pair:
@@ -267,51 +289,13 @@ class ClusterSpec:
             return self.intra_node_default
         if path[0] == "nodes":
             return self.nodes[path[1]].links[path[3]].link
+        if path[1] == "between_regions":
+            return self.between_regions[path[2]].link
         return self.intra_node[path[2]].link
 
 
 # ----------------------------------------------------------------------------
 # Loading
-
-
-def _read_link(r: Reader) -> LinkSpec:
-    link = LinkSpec(
-        bw_bytes_per_s=r.get("bw_bytes_per_s", bandwidth, positive=True),
-        latency_s=r.get("latency_s", nonneg_seconds, default=0.0),
-    )
-    r.done()
-    return link
-
-
-def _read_intra_links(r: Reader, key: str, kinds: set[str]) -> tuple[IntraLinkSpec, ...]:
-    items = r.get(key, default=[])
-    if not isinstance(items, list):
-        r.fail("expected a list", key)
-    out, first_of = [], {}
-    for i, item in enumerate(items):
-        c = r.child(f"{key}[{i}]", item)
-        between = c.get("between")
-        if not (isinstance(between, list) and len(between) == 2 and all(isinstance(k, str) for k in between)):
-            c.fail("expected a list of two device kind names", "between")
-        for k in between:
-            if k not in kinds:
-                c.fail(f"unknown device kind {k!r} (known: {', '.join(sorted(kinds))})", "between")
-        pair = frozenset(between)
-        if pair in first_of:
-            c.fail(f"a second rule for kinds {between[0]!r} and {between[1]!r} ({key}[{first_of[pair]}] is the first)")
-        first_of[pair] = i
-        link = _read_link_fields(c)
-        out.append(IntraLinkSpec(between=(between[0], between[1]), **link))
-    return tuple(out)
-
-
-def _read_link_fields(c: Reader) -> dict[str, float]:
-    fields = {
-        "bw_bytes_per_s": c.get("bw_bytes_per_s", bandwidth, positive=True),
-        "latency_s": c.get("latency_s", nonneg_seconds, default=0.0),
-    }
-    c.done()
-    return fields
 
 
 def _read_kind(c: Reader) -> DeviceKindSpec:
@@ -352,7 +336,8 @@ def _read_node(c: Reader, kinds: set[str]) -> NodeSpec:
         count=c.get("count", as_int, default=1, positive=True),
         hostname=c.get("hostname", as_hostname, default=None),
         slots=c.get("slots", as_int, default=None),
-        links=_read_intra_links(c, "links", kinds),
+        links=read_intra_links(c, "links", kinds),
+        region=c.get("region", as_safe_name, default=None),
     )
     if node.slots is not None and not 0 < node.slots <= MAX_DEVICES:
         c.fail(f"must be in 1..{MAX_DEVICES:,} (a host's MPI slots), got {node.slots}", "slots")
@@ -404,6 +389,7 @@ def parse_cluster(data: Any, source: str = "<memory>") -> ClusterSpec:
             "nodes",
         )
     _check_hostnames(top, nodes)
+    check_regions(top, nodes)
     links = top.child("links", top.get("links", default={}))
     default_raw = links.get("intra_node_default", default=None)
     inter_raw = links.get("inter_node", default=None)
@@ -412,11 +398,12 @@ def parse_cluster(data: Any, source: str = "<memory>") -> ClusterSpec:
         description=top.get("description", as_text, default=""),
         device_kinds=kinds,
         nodes=nodes,
-        intra_node_default=_read_link(links.child("intra_node_default", default_raw))
+        intra_node_default=read_link(links.child("intra_node_default", default_raw))
         if default_raw is not None
         else None,
-        intra_node=_read_intra_links(links, "intra_node", set(kind_names)),
-        inter_node=_read_link(links.child("inter_node", inter_raw)) if inter_raw is not None else None,
+        intra_node=read_intra_links(links, "intra_node", set(kind_names)),
+        inter_node=read_link(links.child("inter_node", inter_raw)) if inter_raw is not None else None,
+        between_regions=read_region_links(links, "between_regions", {n.region for n in nodes if n.region}),
         source=source,
     )
     links.done()
@@ -429,19 +416,10 @@ def _check_links(cluster: ClusterSpec, links: Reader) -> None:
     names = [n for n, _, _ in cluster.node_names()]
     if len(set(names)) != len(names):
         raise SpecError(f"{cluster.source}: nodes: duplicate node names after expanding `count`: {names}")
-    if len(names) > 1 and cluster.inter_node is None:
-        links.fail(f"the cluster has {len(names)} nodes but no link between nodes", "inter_node")
-    if cluster.intra_node_default is not None:
-        return
-    for node in cluster.nodes:
-        kinds = [k for k, _ in node.devices]
-        pairs = [(a, b) for i, a in enumerate(kinds) for b in kinds[i:] if a != b or dict(node.devices)[a] > 1]
-        for a, b in pairs:
-            if not any(set(r.between) == {a, b} for r in (*node.links, *cluster.intra_node)):
-                links.fail(
-                    f"no link between kinds {a!r} and {b!r} in node {node.name!r}; add a rule or a default",
-                    "intra_node_default",
-                )
+    servers = [template.region for _, template, _ in cluster.node_names()]
+    check_server_links(links, region_pairs(servers), cluster.between_regions, cluster.inter_node, len(names))
+    if cluster.intra_node_default is None:
+        check_intra_links(links, cluster.nodes, cluster.intra_node)
 
 
 def check_memory_limited(cluster: ClusterSpec, kinds: set[str], purpose: str) -> None:

@@ -99,11 +99,16 @@ def structure_hash(graph: TaskGraph) -> str:
 
 
 def link_class(cluster: ClusterSpec, a: DeviceSpec, b: DeviceSpec) -> str | None:
-    """The name of the link class between two devices (None for the same device)."""
+    """The name of the link class between two devices (None for the same device): `inter_node`, a
+    region pair's `regions:A<->B` (ClusterSpec.between_regions), or `template:kindA<->kindB`."""
     if a.name == b.name:
         return None
     if a.node != b.node:
-        return INTER_NODE
+        path = cluster.link_path(a, b)
+        if path == ("links", INTER_NODE):
+            return INTER_NODE
+        first, second = sorted(cluster.between_regions[path[2]].between)
+        return f"regions:{first}<->{second}"
     first, second = sorted((a.kind, b.kind))
     return f"{a.node_template}:{first}<->{second}"
 

@@ -16,15 +16,19 @@ A machine type `T4x2` is two `T4` GPUs; the GPU's compute and memory bandwidth c
 llm_planner/core/data/gpu_datasheets.yaml, its memory is the machine's vram split evenly.
 
 Our spec has one node template per machine type with `count` copies, in increasing Helix
-index: copy i of template `t4` is the i-th `T4` machine of the file. `device_helix_names`
+index: copy i of template `t4` is the i-th `T4` machine of the file; on a geo-distributed
+cluster (several regions, `find_regions`: machines joined by links much faster than the rest)
+one template per machine type and region (`t4-r1`), each naming its region. `device_helix_names`
 gives that map (our device name -> Helix simulator node name, `compute_node_<index + 2>`),
 so a plan over the imported spec can be written back as a Helix layout
 (llm_planner.helix.layout_file).
 
-Our format has one link between nodes; Helix has one per pair, and NICs shared by a node's
-links. The import takes the slowest pair (the minimum over compute-node pairs of
-min(link, sender's outbound NIC, receiver's inbound NIC)) and the largest latency, and says
-so in the YAML's comments. Links to the coordinator are not imported.
+Helix has one link per pair of machines, and NICs shared by a node's links; our spec has one
+link per pair of regions (llm_planner.helix.spec_yaml writes it): the slowest pair between the
+two regions (the minimum over their compute-node pairs of min(link, sender's outbound NIC,
+receiver's inbound NIC)) with the largest latency, inside a region the slowest pair inside it;
+a cluster of one region has one link between nodes, its slowest pair. The YAML's comments say
+so. Links to the coordinator are not imported.
 
 Per-layer profiles: `<dir>/<type lowercased>/decode_bs2time.csv` and `prompt_bs2time.csv`,
 rows `batch,milliseconds` for one decoder layer (decode: batch sequences, one token each;
@@ -47,6 +51,7 @@ from llm_planner.core.fmt import quote
 from llm_planner.graph.decoder_limits import MAX_SIZES
 
 DATASHEETS = Path(__file__).resolve().parents[1] / "core" / "data" / "gpu_datasheets.yaml"
+REGION_GAP = 10.0  # fast and slow pair bandwidths of one cluster differ by at least this factor (regions)
 NODE_INDEX_OFFSET = 2  # Helix's simulator names ComputeNode-i of a cluster file compute_node_<i + 2>
 # Limits on what Helix's files may hold (docs/inputs.md), checked where each number is read: machines
 # of a cluster file (far past Helix's 42; plan-helix's search has its own, llm_planner.helix.plan),
@@ -244,7 +249,7 @@ def load_datasheets(path: str | Path = DATASHEETS) -> dict[str, dict]:
     return data
 
 
-def _kind_for(gpu: str, datasheets: dict[str, dict], source: str) -> str:
+def kind_for(gpu: str, datasheets: dict[str, dict], source: str) -> str:
     for kind, sheet in datasheets.items():
         if str(sheet.get("helix_type")) == gpu:
             return kind
@@ -257,13 +262,33 @@ def template_name(machine_type: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", machine_type.lower()).strip("-")
 
 
-def machine_nodes(cluster: HelixCluster) -> dict[int, str]:
-    """Helix index -> our expanded node name (`t4-3`, or `a100` when the type has one machine)."""
-    out = {}
+def region_name(region: int) -> str:
+    """Our name of region `region` of find_regions: `r0`, `r1`, ..."""
+    return f"r{region}"
+
+
+def machine_templates(cluster: HelixCluster) -> list[tuple[str, str | None, tuple[int, ...]]]:
+    """(node template, region or None, Helix indices of its machines) of the import: one template
+    per machine type (`t4`), or on a cluster of several regions (find_regions) one per type and
+    region (`t4-r1`), so that a template's servers sit in one region."""
+    regions = find_regions(cluster)
+    out = []
     for machine in cluster.machine_types:
-        indices = [i for i, t in enumerate(cluster.node_types) if t == machine.name]
+        for r, members in enumerate(regions):
+            indices = tuple(i for i in members if cluster.node_types[i] == machine.name)
+            if indices and len(regions) == 1:
+                out.append((template_name(machine.name), None, indices))
+            elif indices:
+                out.append((f"{template_name(machine.name)}-{region_name(r)}", region_name(r), indices))
+    return out
+
+
+def machine_nodes(cluster: HelixCluster) -> dict[int, str]:
+    """Helix index -> our expanded node name (`t4-3`, or `a100` when the template has one machine)."""
+    out = {}
+    for template, _, indices in machine_templates(cluster):
         for copy, index in enumerate(indices):
-            out[index] = template_name(machine.name) if len(indices) == 1 else f"{template_name(machine.name)}-{copy}"
+            out[index] = template if len(indices) == 1 else f"{template}-{copy}"
     return out
 
 
@@ -275,7 +300,7 @@ def device_helix_names(cluster: HelixCluster, datasheets: dict[str, dict] | None
     out = {}
     for index, node in sorted(machine_nodes(cluster).items()):
         machine = cluster.machine_type(cluster.node_types[index])
-        kind = _kind_for(machine.gpu, datasheets, cluster.source)
+        kind = kind_for(machine.gpu, datasheets, cluster.source)
         for j in range(machine.num_gpus):
             out[f"{node}/{kind}:{j}"] = helix_node_name(index)
     return out
@@ -301,86 +326,41 @@ def slowest_link(cluster: HelixCluster) -> tuple[float, float]:
 
 
 # ----------------------------------------------------------------------------
-# Writing our cluster spec
+# Regions: machines joined by fast links
 
 
-def _fmt(value: float, unit: str) -> str:
-    """1.555e12, "B/s" -> "1555 GB/s"; plain base units below a thousand."""
-    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.6g} {prefix}{unit}"
-    return f"{value:.6g} {unit}"
+def pair_bw(cluster: HelixCluster, a: int, b: int, bw: float) -> float:
+    """A pair's bandwidth with the NICs of its ends (each end sends through its outbound NIC)."""
+    ends = [cluster.machine_type(cluster.node_types[x]) for x in (a, b)]
+    nics = [e.outbound_nic_bytes_per_s for e in ends] + [e.inbound_nic_bytes_per_s for e in ends]
+    return min(bw, *nics)
 
 
-def _seconds(value: float) -> str:
-    for suffix, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if value >= scale:
-            return f"{value / scale:.6g} {suffix}"
-    return f"{value / 1e-9:.6g} ns" if value else "0"
+def find_regions(cluster: HelixCluster) -> tuple[tuple[int, ...], ...]:
+    """ComputeNode indices of each region (the rule: llm_planner.helix.regions); one region without a
+    bandwidth gap."""
+    n = len(cluster.node_types)
+    pairs = [(int(k.a), int(k.b), k.bw_bytes_per_s) for k in cluster.links if k.a.isdigit() and k.b.isdigit()]
+    speeds = sorted({bw for _, _, bw in pairs})
+    gaps = [(speeds[i + 1] / speeds[i], speeds[i + 1]) for i in range(len(speeds) - 1)]
+    ratio, fast = max(gaps, default=(1.0, math.inf))
+    if ratio < REGION_GAP:
+        return (tuple(range(n)),)
+    parent = list(range(n))
 
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
 
-def cluster_spec_yaml(
-    cluster: HelixCluster, *, name: str | None = None, datasheets: dict[str, dict] | None = None
-) -> str:
-    """Our cluster spec (docs/cluster-spec.md) for a Helix cluster, as YAML text with comments."""
-    datasheets = load_datasheets() if datasheets is None else datasheets
-    name = name or Path(cluster.source).stem
-    counts = {m.name: cluster.node_types.count(m.name) for m in cluster.machine_types}
-    bw, latency = slowest_link(cluster)
-    pair_bws = sorted({link.bw_bytes_per_s for link in cluster.links if link.a.isdigit() and link.b.isdigit()})
-    summary = ", ".join(f"{n}x {m}" for m, n in counts.items())
-    lines = [
-        f"# Imported from the Helix cluster file {Path(cluster.source).name} (llm-planner import helix):",
-        f"# {len(cluster.node_types)} machines: {summary}.",
-        "# GPU compute and memory bandwidth: vendor data sheets (llm_planner/core/data/gpu_datasheets.yaml,",
-        "# sources there); memory: Helix's machine profile (vram_size, split evenly over a machine's GPUs).",
-        "# Helix's units are powers of 1000 and its simulator divides bytes by them, so a `1000 * mbps`",
-        "# link moves 1e9 bytes/s there; the bandwidths below are those the simulator uses.",
-        f"# Links: Helix gives one per pair of machines ({len(pair_bws)} distinct bandwidths: "
-        f"{', '.join(_fmt(b, 'B/s') for b in pair_bws) or 'none'}) and NICs that a machine's links share;",
-        "# our format has one link between nodes, so inter_node is the slowest pair (NICs included) with the",
-        "# largest latency. Links to Helix's coordinator (source/sink) are not imported.",
-        "# Device -> Helix node (a plan written back as a Helix layout uses these names):",
-    ]
-    lines += [f"#   {device} -> {helix}" for device, helix in device_helix_names(cluster, datasheets).items()]
-    description = f"Helix cluster {Path(cluster.source).name}: {summary}"
-    lines += [f"name: {json.dumps(name)}", f"description: {json.dumps(description)}", "device_kinds:"]
-    kinds: dict[str, HelixMachineType] = {}
-    for machine in cluster.machine_types:
-        kind = _kind_for(machine.gpu, datasheets, cluster.source)
-        mem = machine.vram_bytes / machine.num_gpus
-        if kind in kinds and kinds[kind].vram_bytes / kinds[kind].num_gpus != mem:
-            raise HelixError(
-                f"{cluster.source}: machine types {kinds[kind].name} and {machine.name} "
-                f"give {kind} different memory per GPU"
-            )
-        kinds.setdefault(kind, machine)
-    for kind, machine in kinds.items():
-        sheet = datasheets[kind]
-        flops = ", ".join(f"{k}: {v}" for k, v in sheet["peak_flops"].items())
-        lines += [
-            f"  - name: {kind}",
-            "    type: gpu",
-            f"    peak_flops: {{{flops}}}",
-            f"    mem_bytes: {_fmt(machine.vram_bytes / machine.num_gpus, 'B')}",
-            f"    mem_bw_bytes_per_s: {sheet['mem_bw_bytes_per_s']}",
-        ]
-    lines.append("nodes:")
-    for machine in cluster.machine_types:
-        kind = _kind_for(machine.gpu, datasheets, cluster.source)
-        lines += [
-            f"  - name: {template_name(machine.name)}",
-            f"    count: {counts[machine.name]}",
-            f"    devices: {{{kind}: {machine.num_gpus}}}",
-        ]
-        if machine.num_gpus > 1:
-            link = datasheets[kind]["intra_node_link"]
-            lines.append(
-                f"    links: [{{between: [{kind}, {kind}], bw_bytes_per_s: {link['bw_bytes_per_s']}, "
-                f"latency_s: {link['latency_s']}}}]"
-            )
-    lines += ["links:", f"  inter_node: {{bw_bytes_per_s: {_fmt(bw, 'B/s')}, latency_s: {_seconds(latency)}}}"]
-    return "\n".join(lines) + "\n"
+    for a, b, bw in pairs:
+        if bw >= fast:
+            parent[root(a)] = root(b)
+    groups: dict[int, list[int]] = {}
+    for i in range(n):
+        groups.setdefault(root(i), []).append(i)
+    return tuple(tuple(g) for g in sorted(groups.values()))
 
 
 # ----------------------------------------------------------------------------
@@ -445,7 +425,7 @@ def serving_profile_yaml(
         decode = read_profile_csv(folder / "decode_bs2time.csv")
         prefill = read_profile_csv(folder / "prompt_bs2time.csv")
         lines += [
-            f"  {_kind_for(machine.gpu, datasheets, cluster.source)}:  # Helix {machine.name}",
+            f"  {kind_for(machine.gpu, datasheets, cluster.source)}:  # Helix {machine.name}",
             f"    decode_layer_s: {_pairs(decode)}",
             f"    prefill_layer_s: {_pairs(prefill)}",
         ]

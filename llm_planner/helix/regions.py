@@ -5,7 +5,8 @@ Helix's geo cluster files (`3cluster24.ini`) give every pair of machines its own
 (about 1e9 bytes/s, 1 ms) inside a region, slow ones (1e7 bytes/s, 40-59 ms) between regions.
 `find_regions` groups machines by the links that are fast: sorting the distinct pair bandwidths,
 the largest ratio between neighbours splits them into fast and slow when it is at least
-`REGION_GAP`; machines joined by fast links (transitively) are one region. Without such a gap the
+`REGION_GAP` (llm_planner.helix.inputs, where the import finds the same regions); machines joined
+by fast links (transitively) are one region. Without such a gap the
 cluster is one region and nothing below changes the plan.
 
 `region_networks` gives each region its own network (its slowest pair, NICs included, and its
@@ -28,10 +29,9 @@ import math
 from dataclasses import dataclass
 
 from llm_planner.helix.engine import EngineTables, Estimate, Network, Stage, queries_in_flight, stage_round_s
-from llm_planner.helix.inputs import HelixCluster, helix_node_name
+from llm_planner.helix.inputs import HelixCluster, find_regions, helix_node_name, pair_bw
 from llm_planner.helix.search import Kind, best_stages, count_layouts
 
-REGION_GAP = 10.0  # fast and slow pair bandwidths differ by at least this factor
 MAX_REGIONS = 6  # sets of regions tried: 2^regions - 1
 
 
@@ -46,39 +46,6 @@ class Regions:
         return next(r for r, members in enumerate(self.members) if index in members)
 
 
-def _pair_bw(cluster: HelixCluster, a: int, b: int, bw: float) -> float:
-    """A pair's bandwidth with the NICs of its ends (each end sends through its outbound NIC)."""
-    ends = [cluster.machine_type(cluster.node_types[x]) for x in (a, b)]
-    nics = [e.outbound_nic_bytes_per_s for e in ends] + [e.inbound_nic_bytes_per_s for e in ends]
-    return min(bw, *nics)
-
-
-def find_regions(cluster: HelixCluster) -> tuple[tuple[int, ...], ...]:
-    """ComputeNode indices of each region (module docstring); one region without a bandwidth gap."""
-    n = len(cluster.node_types)
-    pairs = [(int(k.a), int(k.b), k.bw_bytes_per_s) for k in cluster.links if k.a.isdigit() and k.b.isdigit()]
-    speeds = sorted({bw for _, _, bw in pairs})
-    gaps = [(speeds[i + 1] / speeds[i], speeds[i + 1]) for i in range(len(speeds) - 1)]
-    ratio, fast = max(gaps, default=(1.0, math.inf))
-    if ratio < REGION_GAP:
-        return (tuple(range(n)),)
-    parent = list(range(n))
-
-    def root(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for a, b, bw in pairs:
-        if bw >= fast:
-            parent[root(a)] = root(b)
-    groups: dict[int, list[int]] = {}
-    for i in range(n):
-        groups.setdefault(root(i), []).append(i)
-    return tuple(tuple(g) for g in sorted(groups.values()))
-
-
 def region_networks(cluster: HelixCluster, activation_bytes: int) -> Regions:
     """Each region's network, the slowest link between regions and the coordinator's (module docstring)."""
     members = find_regions(cluster)
@@ -89,7 +56,7 @@ def region_networks(cluster: HelixCluster, activation_bytes: int) -> Regions:
         if link.a.isdigit() and link.b.isdigit():
             a, b = int(link.a), int(link.b)
             slot = inside[where[a]] if where[a] == where[b] else between
-            bw = _pair_bw(cluster, a, b, link.bw_bytes_per_s)
+            bw = pair_bw(cluster, a, b, link.bw_bytes_per_s)
         else:
             slot, bw = coordinator, link.bw_bytes_per_s
         slot[0], slot[1] = min(slot[0], bw), max(slot[1], link.latency_s)

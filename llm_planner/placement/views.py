@@ -163,7 +163,14 @@ def kind_source(kind: DeviceKindSpec) -> str:
 def _servers_table(cluster: ClusterSpec) -> Table:
     """One row per server: its template, hostname, and its devices by kind (names as plans write them)."""
     servers = Table(title="servers")
-    for col in ("server", "template", "hostname", "devices (as plans name them: server/kind:index)"):
+    regions = bool(cluster.regions())
+    for col in (
+        "server",
+        "template",
+        *(("region",) if regions else ()),
+        "hostname",
+        "devices (as plans name them: server/kind:index)",
+    ):
         servers.add_column(col)
     by_node: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     first: dict[str, DeviceSpec] = {}
@@ -173,7 +180,8 @@ def _servers_table(cluster: ClusterSpec) -> Table:
     for node, kinds in by_node.items():
         d = first[node]
         devs = ", ".join(f"{len(ix)} {kind} ({_span(kind, ix)})" for kind, ix in kinds.items())
-        servers.add_row(node, d.node_template, d.hostname or "-", devs)
+        where = (cluster.region_of(d.node_template),) if regions else ()
+        servers.add_row(node, d.node_template, *where, d.hostname or "-", devs)
     return servers
 
 
@@ -197,8 +205,12 @@ def _links_table(cluster: ClusterSpec) -> Table:
             row(f"{_pair(*r.between)} in one {node.name}", r)
     for r in cluster.intra_node:
         row(f"{_pair(*r.between)} in one server", r)
+    for r in cluster.between_regions:
+        a, b = r.between
+        row(f"a server in {a} and one in {b}" if a != b else f"two servers in {a}", r)
     if cluster.inter_node:
-        row("two servers (the network)", cluster.inter_node)
+        rest = " (where no row above names their regions)" if cluster.between_regions else " (the network)"
+        row("two servers" + rest, cluster.inter_node)
     return links
 
 

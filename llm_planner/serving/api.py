@@ -116,7 +116,7 @@ def plan_serving(
             ctx.cache,
             ctx.classes,
             workload.tpot_slo_s,
-            ctx.cluster.inter_node,
+            ctx.links,
             (fleet.tokens_per_s, prices),
             None if free is None else (free.tokens_per_s, _prices(ctx, free)),
             first_two,

@@ -68,6 +68,7 @@ from llm_planner.serving.bound_cells import cell_bound
 from llm_planner.serving.bound_prices import price_bound
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layout import CostCache
+from llm_planner.serving.links import ClassLinks
 
 
 def stage_rates(cache: CostCache, sc: ServerClass, tpot_slo_s: float) -> dict[tuple[int, int], float]:
@@ -154,7 +155,7 @@ def tokens_upper_bound(
     cache: CostCache,
     classes: tuple[ServerClass, ...],
     tpot_slo_s: float,
-    inter: LinkSpec | None = None,
+    links: ClassLinks | LinkSpec | None = None,
     tokens_per_s: float | None = None,
     prices: dict[str, float] | None = None,
     first_two: float | None = None,
@@ -162,30 +163,30 @@ def tokens_upper_bound(
     """Output tokens/s no plan exceeds: the least of the MILP over concurrency levels (module
     docstring), the one over concurrency and micro-batch levels (bound_batches), Farley's bound at
     the device `prices` when given (bound_prices) and the one over cells of whole replicas
-    (bound_cells, `inter` the cluster's inter-node link); each holds. The price bound is computed
-    only when a plan's `tokens_per_s` (when given) is more than PRICE_BOUND_GAP below the first two,
+    (bound_cells; `links` those between classes, llm_planner.serving.links); each holds. The price
+    bound is computed only when a plan's `tokens_per_s` (when given) is more than PRICE_BOUND_GAP below the first two,
     the cell bound, the slowest, when it is still more than CELL_BOUND_GAP below: a plan and its
     `verify` make the same choices. `first_two`: the least of the first two, when already known
     (llm_planner.serving.aside)."""
     bound = first_two_bounds(cache, classes, tpot_slo_s) if first_two is None else first_two
-    return _later_bounds(cache, classes, tpot_slo_s, inter, tokens_per_s, prices, bound)[0]
+    return _later_bounds(cache, classes, tpot_slo_s, links, tokens_per_s, prices, bound)[0]
 
 
-def _later_bounds(cache, classes, tpot_slo_s, inter, tokens_per_s, prices, bound, *, cells: bool = True):
+def _later_bounds(cache, classes, tpot_slo_s, links, tokens_per_s, prices, bound, *, cells: bool = True):
     """tokens_upper_bound from `bound` (the first two, or a bound as good), and whether it computed
     the cell bound (`cells` False: never)."""
     if prices is not None and (tokens_per_s is None or tokens_per_s < (1 - PRICE_BOUND_GAP) * bound):
-        bound = min(bound, price_bound(cache, classes, tpot_slo_s, inter, prices, tokens_per_s or 0.0))
+        bound = min(bound, price_bound(cache, classes, tpot_slo_s, links, prices, tokens_per_s or 0.0))
     if not cells or (tokens_per_s is not None and tokens_per_s >= (1 - CELL_BOUND_GAP) * bound):
         return bound, False
-    return min(bound, cell_bound(cache, classes, tpot_slo_s, inter, stop_above=bound)), True
+    return min(bound, cell_bound(cache, classes, tpot_slo_s, links, stop_above=bound)), True
 
 
 def exportable_bounds(
     cache: CostCache,
     classes: tuple[ServerClass, ...],
     tpot_slo_s: float,
-    inter: LinkSpec | None,
+    links: ClassLinks | LinkSpec | None,
     plan: tuple[float, dict[str, float] | None],
     unrestricted: tuple[float, dict[str, float] | None] | None,
     first_two: float | None = None,
@@ -197,13 +198,13 @@ def exportable_bounds(
     own computed from the unrestricted one, without a second cell bound)."""
     first_two = first_two_bounds(cache, classes, tpot_slo_s) if first_two is None else first_two
     if unrestricted is None:
-        return tokens_upper_bound(cache, classes, tpot_slo_s, inter, plan[0], plan[1], first_two), None
-    free, cells = _later_bounds(cache, classes, tpot_slo_s, inter, *unrestricted, first_two)
+        return tokens_upper_bound(cache, classes, tpot_slo_s, links, plan[0], plan[1], first_two), None
+    free, cells = _later_bounds(cache, classes, tpot_slo_s, links, *unrestricted, first_two)
     if tuple(unrestricted) == tuple(plan):  # the exportable plan was the best found: the same bound
         return free, free
     # the plan's own from the unrestricted one (a bound too): its price bound only where it may
     # still tighten it, and the cell bound, which no price changes, not twice
-    own, _ = _later_bounds(cache, classes, tpot_slo_s, inter, *plan, min(first_two, free), cells=not cells)
+    own, _ = _later_bounds(cache, classes, tpot_slo_s, links, *plan, min(first_two, free), cells=not cells)
     return min(own, free), free
 
 

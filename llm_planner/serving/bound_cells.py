@@ -73,6 +73,7 @@ from llm_planner.serving.bound_batches import SparseRows, solve_with_binaries
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.costs import StageCosts
 from llm_planner.serving.layout import CostCache
+from llm_planner.serving.links import as_class_links
 
 ROUNDS = 8  # refinement rounds at most
 MAX_CELLS = 600  # stop refining past this many cells
@@ -167,20 +168,25 @@ class _Option:
     hop_s: float  # the least hand-on of a micro-batch of the cell's least size
 
 
-def stage_kinds(cache: CostCache, classes: tuple[ServerClass, ...], inter) -> list[StageKind]:
+def stage_kinds(cache: CostCache, classes: tuple[ServerClass, ...], links) -> list[StageKind]:
     """Every (class, degree) a stage may use. A stage hands on inside its server only where the
-    server holds two stages of its degree (llm_planner.serving.layout.build_slots). On a cluster
-    of one server, a hand-off between two classes takes the server's link between their kinds,
-    which may be the cheapest of all: with two classes or more, no hand-off is charged there."""
-    free = inter is None and len(classes) > 1
+    server holds two stages of its degree (llm_planner.serving.layout.build_slots), else over a link
+    between its class and a class of the plan (`links`: ClassLinks, or one link between any two
+    servers; llm_planner.serving.links). On a cluster of one server, a hand-off between two classes
+    takes the server's link between their kinds, which may be the cheapest of all: with two classes
+    or more, no hand-off is charged there."""
+    links = as_class_links(links, classes)
+    free = links.one_server and len(classes) > 1
     out = []
     for sc in classes:
         for k in sc.degrees:
             two = sc.per_server // k >= 2
-            links = () if free else tuple(lk for lk in ((sc.intra_link if two else None), inter) if lk is not None)
+            own = (sc.intra_link,) if two and sc.intra_link is not None else ()
+            others = () if links.one_server else links.out_of(sc.name, itself=sc.num_devices > k)
+            each = () if free else (*own, *others)
             costs = cache.get(sc.name, k)
             end = min(costs.weight_bytes["embed"], costs.weight_bytes["final_norm"] + costs.weight_bytes["lm_head"])
-            out.append(StageKind(sc.name, k, costs, links, cache.tasks.handoff_bytes_per_seq, end))
+            out.append(StageKind(sc.name, k, costs, each, cache.tasks.handoff_bytes_per_seq, end))
     return out
 
 
@@ -345,13 +351,13 @@ def cell_bound(
     cache: CostCache,
     classes: tuple[ServerClass, ...],
     tpot_slo_s: float,
-    inter=None,
+    links=None,
     stop_above: float = float("inf"),
 ) -> float:
     """Output tokens/s no plan exceeds (module docstring); inf when a round cannot be solved. The
     refinement also stops when its value is still above `stop_above` (another bound's) and the last
     round's gain, repeated for every round left, would not bring it below."""
-    kinds = stage_kinds(cache, classes, inter)
+    kinds = stage_kinds(cache, classes, links)
     if not kinds:
         return 0.0
     num_layers = cache.tasks.num_layers

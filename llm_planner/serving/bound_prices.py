@@ -324,13 +324,13 @@ def best_ratio(
     cache: CostCache,
     classes: tuple[ServerClass, ...],
     tpot_slo_s: float,
-    inter,
+    links,
     prices: dict[str, float],
     enough: float = TARGET,
 ) -> float:
     """An upper bound on rho (module docstring) for prices already floored (all positive); the
     search stops once it is at most `enough` (or TARGET)."""
-    kinds = stage_kinds(cache, classes, inter)
+    kinds = stage_kinds(cache, classes, links)
     if not kinds:
         return 0.0
     with ThreadPoolExecutor(max_workers=THREADS) as pool:
@@ -379,7 +379,7 @@ def price_bound(
     cache: CostCache,
     classes: tuple[ServerClass, ...],
     tpot_slo_s: float,
-    inter,
+    links,
     prices: dict[str, float] | None,
     tokens_per_s: float = 0.0,
 ) -> float:
@@ -390,4 +390,4 @@ def price_bound(
         return float("inf")
     worth = sum(sc.num_devices * usable[sc.name] for sc in classes)  # the fleet LP's value at these prices
     enough = tokens_per_s / ((1 - STOP_GAP) * worth)
-    return best_ratio(cache, classes, tpot_slo_s, inter, usable, enough) * worth
+    return best_ratio(cache, classes, tpot_slo_s, links, usable, enough) * worth

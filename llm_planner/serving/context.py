@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from llm_planner.core.gap import SERVING_REL_GAP as OPTIMAL_GAP
 from llm_planner.core.gap import gap, status
 from llm_planner.core.precision import Precision, as_precision, runs_on
-from llm_planner.core.spec import ClusterSpec, LinkSpec, check_memory_limited
+from llm_planner.core.spec import ClusterSpec, check_memory_limited
 from llm_planner.cost.moe_cost import check_imbalance
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.classes import ServerClass, server_classes
 from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET, ServingTasks, build_serving_tasks
 from llm_planner.serving.inputs import read_context_inputs
 from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
+from llm_planner.serving.links import ClassLinks, class_links
 from llm_planner.serving.replica import ReplicaModel
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
 
@@ -76,7 +77,8 @@ class ServingContext:
         self.classes: tuple[ServerClass, ...] = _able(cluster, classes, self.precision)
         self.by_name = {c.name: c for c in self.classes}
         self.cache = CostCache(self.tasks, self.classes, profile)
-        self.between = _one_server_links(cluster, self.classes) if cluster.inter_node is None else {}
+        self.links: ClassLinks = class_links(cluster, self.classes)
+        self.between = self.links.between  # on a cluster of one server: its links between two classes
         self._best: dict = {}
 
     def unrestricted(self) -> ServingContext:
@@ -91,7 +93,7 @@ class ServingContext:
         return {c.name: c.num_devices for c in self.classes}
 
     def replica(self, layout: Layout) -> ReplicaModel:
-        slots = build_slots(layout, self.cache, self.cluster.inter_node, self.between)
+        slots = build_slots(layout, self.cache, self.links)
         return ReplicaModel(
             self.tasks, slots, self.workload.tpot_slo_s, self.workload.ttft_slo_s, self.workload.mean_output_len
         )
@@ -130,22 +132,6 @@ def _flags(p: Precision) -> str:
     if not p.quantized:
         return f"--dtype {p.activations}"
     return f"--weights {p.weights_label} --kv-cache-dtype {'fp8' if p.kv_cache == 'fp8' else 'auto'} ({p.describe()})"
-
-
-def _one_server_links(cluster: ClusterSpec, classes: tuple[ServerClass, ...]) -> dict[tuple[str, str], LinkSpec]:
-    """On a cluster of one server: the server's link from a device of each class to one of every
-    other class (a class's own link is its `intra_link`)."""
-    devices = cluster.devices()
-    first = {
-        sc.name: next(d for d in devices if d.node_template == sc.template and d.kind == sc.kind.name) for sc in classes
-    }
-    out = {}
-    for a in classes:
-        for b in classes:
-            link = cluster.link(first[a.name], first[b.name]) if a is not b else None
-            if link is not None:
-                out[(a.name, b.name)] = link
-    return out
 
 
 def build_context(

@@ -6,12 +6,13 @@ each a tensor-parallel group of k devices of the class (k = 1: one device), taki
 n k devices of the class (llm_planner.serving.classes: inside one server, or whole servers).
 Inside a segment two consecutive stages share a server when the block is inside one server,
 or when both fall in the same server of a whole-server block (n k / servers stages a server,
-filled in order); then the class's link joins them, otherwise the cluster's inter-node link.
-Two segments run on different servers (conservative where a server holds two kinds: a CPU stage
-beside a GPU stage of the same server is charged the network too), and so does the token's
-return from the last stage to the first unless the whole replica is one block inside one server;
-on a cluster of one server, which has no inter-node link, those hand-offs take the server's link
-between the two kinds (`between`).
+filled in order); then the class's link joins them, otherwise the link between two servers of
+the class's region (llm_planner.serving.links). Two segments run on different servers
+(conservative where a server holds two kinds: a CPU stage beside a GPU stage of the same server is
+charged the network too) and hand on over the link between their classes' regions, and so does the
+token's return from the last stage to the first unless the whole replica is one block inside one
+server; on a cluster of one server, which has no link between servers, those hand-offs take the
+server's link between the two kinds.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from llm_planner.core.spec import LinkSpec
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.costs import ServingTasks, StageCosts, stage_costs
+from llm_planner.serving.links import ClassLinks
 from llm_planner.serving.replica import ReplicaEval, StageSlot
 
 
@@ -63,17 +64,10 @@ def same_server_after(seg: Segment, sc: ServerClass, i: int) -> bool:
     return (i + 1) % per_server != 0
 
 
-def build_slots(
-    layout: Layout, cache: CostCache, inter: LinkSpec | None, between: dict[tuple[str, str], LinkSpec] | None = None
-) -> list[StageSlot]:
-    """Each stage's costs and the link it hands on over (module docstring); `between` gives, on a
-    cluster of one server, the server's link from a device of one class to one of another class."""
-
-    def across(a: str, b: str) -> LinkSpec | None:  # from a block of class a to another of class b
-        if inter is not None:
-            return inter
-        return cache.classes[a].intra_link if a == b else (between or {}).get((a, b))
-
+def build_slots(layout: Layout, cache: CostCache, links: ClassLinks) -> list[StageSlot]:
+    """Each stage's costs and the link it hands on over (module docstring; the links between two
+    classes' blocks: llm_planner.serving.links)."""
+    across = links.handoff
     slots = []
     total = sum(seg.stages for seg in layout)
     for j, seg in enumerate(layout):
@@ -81,7 +75,7 @@ def build_slots(
         costs = cache.get(seg.class_name, seg.degree)
         for i in range(seg.stages):
             if i + 1 < seg.stages:
-                link = sc.intra_link if same_server_after(seg, sc, i) else inter
+                link = sc.intra_link if same_server_after(seg, sc, i) else across(seg.class_name, seg.class_name)
             elif j + 1 < len(layout):
                 link = across(seg.class_name, layout[j + 1].class_name)
             else:  # the last stage: the token goes back to the first

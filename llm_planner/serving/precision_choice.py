@@ -86,4 +86,4 @@ def bound_without_plan(build: Callable[[], ServingContext]) -> float:
         ctx = build()
     except WorkloadError:
         return 0.0
-    return tokens_upper_bound(ctx.cache, ctx.classes, ctx.workload.tpot_slo_s, ctx.cluster.inter_node, 0.0, None)
+    return tokens_upper_bound(ctx.cache, ctx.classes, ctx.workload.tpot_slo_s, ctx.links, 0.0, None)

@@ -13,7 +13,8 @@ replica's cycle:
 no stage can serve its m micro-batches in less than their sum). t_s is the stage's iteration
 time (llm_planner.serving.costs), hand-offs are latency + bytes / bandwidth of the link between
 the two stages (llm_planner.cost.roofline.transfer_s; inside a server: the class's link, which
-ClusterSpec.link chose; otherwise the cluster's inter-node link),
+ClusterSpec.link chose; otherwise the link between the two servers' regions,
+llm_planner.serving.links),
 and the sampled token goes back from the last stage to the first every iteration. Memory on
 each stage holds the KV cache of all C sequences at their full context.
 

@@ -326,9 +326,7 @@ def _candidate_bound(ctx: ServingContext, p, row: dict) -> float:
         return 0.0
     prices = {str(k): float(v) for k, v in row["device_prices"].items() if k in other.by_name}
     wl = other.workload
-    return tokens_upper_bound(
-        other.cache, other.classes, wl.tpot_slo_s, other.cluster.inter_node, row["tokens_per_s"], prices
-    )
+    return tokens_upper_bound(other.cache, other.classes, wl.tpot_slo_s, other.links, row["tokens_per_s"], prices)
 
 
 def _check_totals(
@@ -349,7 +347,7 @@ def _check_totals(
         ctx.cache,
         ctx.classes,
         ctx.workload.tpot_slo_s,
-        ctx.cluster.inter_node,
+        ctx.links,
         (total, _prices(ctx, sv, problems)),
         free,
     )

@@ -135,7 +135,7 @@ class _Costs:
 
 def derive(ctx: ServingContext, layout: Layout, layers: list[int], concurrency: int, m: int) -> Derived:
     """Every figure of one replica (module docstring)."""
-    slots = build_slots(layout, ctx.cache, ctx.cluster.inter_node, ctx.between)  # for their links only
+    slots = build_slots(layout, ctx.cache, ctx.links)  # for their links only
     own = {(seg.class_name, seg.degree): _Costs(ctx, seg.class_name, seg.degree) for seg in layout}
     costs = [own[(seg.class_name, seg.degree)] for seg in layout for _ in range(seg.stages)]
     q, r = divmod(concurrency, m)  # r micro-batches of q + 1 sequences, m - r of q
