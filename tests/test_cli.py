@@ -1,5 +1,5 @@
 """The command line end to end: plan -> verify -> show, for GPT-3 175B and ResNet-18 with every
-baseline (and MILP-SPLIT for GPT-2 XL, and GPT-3 under `slow`; ResNet-50 under `slow`); clear errors with
+baseline (and MILP-SPLIT for GPT-2 Large; GPT-2 XL, GPT-3 and ResNet-50 under `slow`); clear errors with
 exit code 2 for bad input."""
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ GPT3 = ["--cluster", "cluster_specs/gpt3-six-servers.yaml", "--model", "gpt3-175
 # a decoder on a cluster with tensor-parallel groups of up to 8, whose plan and verify take seconds (GPT-3
 # 175B's each derive a bound of about 15 s on an idle 2-core machine, twice that with a second job beside)
 GPT2XL = ["--cluster", "cluster_specs/dgx-a100-l4.yaml", "--model", "gpt2-xl", "--batch", "8"]
+# MILP-SPLIT of GPT-2 Large on the same cluster: its plan runs tensor-parallel pairs (GPT-2 XL's, 8 single
+# GPUs) and takes 7 s to GPT-2 XL's 12 to 20 on 2 cores
+GPT2L = ["--cluster", "cluster_specs/dgx-a100-l4.yaml", "--model", "gpt2-large", "--batch", "8"]
 # a CNN through fx on a CPU and two GPUs: ResNet-18 in the default suite (plan and verify each derive its bound
 # in about 0.5 s on 2 cores), ResNet-50 under `slow` (about 4 s each)
 RESNET = ["--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "resnet18", "--batch", "4"]
@@ -52,7 +55,12 @@ def test_baseline_plans_verify(model_args, solver, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "model_args", [pytest.param(GPT2XL, id="gpt2-xl"), pytest.param(GPT3, id="gpt3-175b", marks=pytest.mark.slow)]
+    "model_args",
+    [
+        pytest.param(GPT2L, id="gpt2-large"),
+        pytest.param(GPT2XL, id="gpt2-xl", marks=pytest.mark.slow),
+        pytest.param(GPT3, id="gpt3-175b", marks=pytest.mark.slow),
+    ],
 )
 def test_milp_split_plan_verifies_and_shows(model_args, tmp_path, capsys):
     out = tmp_path / "plan.yaml"
