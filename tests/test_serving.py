@@ -66,7 +66,7 @@ SLOW = pytest.mark.slow
 def test_plans_meet_the_target_fit_and_order(tmp_path, tpot_s):
     ctx = context(tmp_path, "llama2-7b", tpot_s=tpot_s)
     fleet, _ = solve_serving(ctx)
-    bound = tokens_upper_bound(ctx.cache, ctx.classes, tpot_s)
+    bound = tokens_upper_bound(ctx.cache, ctx.classes, tpot_s, ctx.cluster.inter_node)  # a fleet of three servers
     engineer = engineer_best(ctx)
     assert fleet.chosen
     for pattern, _ in fleet.chosen:
