@@ -1,5 +1,6 @@
-"""The command line end to end: plan -> verify -> show, for GPT-3 175B and ResNet-50 with every
-baseline (and MILP-SPLIT for GPT-2 XL, and GPT-3 under `slow`); clear errors with exit code 2 for bad input."""
+"""The command line end to end: plan -> verify -> show, for GPT-3 175B and ResNet-18 with every
+baseline (and MILP-SPLIT for GPT-2 Large; GPT-2 XL, GPT-3 and ResNet-50 under `slow`); clear errors with
+exit code 2 for bad input."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ GPT3 = ["--cluster", "cluster_specs/gpt3-six-servers.yaml", "--model", "gpt3-175
 # a decoder on a cluster with tensor-parallel groups of up to 8, whose plan and verify take seconds (GPT-3
 # 175B's each derive a bound of about 15 s on an idle 2-core machine, twice that with a second job beside)
 GPT2XL = ["--cluster", "cluster_specs/dgx-a100-l4.yaml", "--model", "gpt2-xl", "--batch", "8"]
-RESNET = ["--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "resnet50", "--batch", "4"]
+# MILP-SPLIT of GPT-2 Large on the same cluster: its plan runs tensor-parallel pairs (GPT-2 XL's, 8 single
+# GPUs) and takes 7 s to GPT-2 XL's 12 to 20 on 2 cores
+GPT2L = ["--cluster", "cluster_specs/dgx-a100-l4.yaml", "--model", "gpt2-large", "--batch", "8"]
+# a CNN through fx on a CPU and two GPUs: ResNet-18 in the default suite (plan and verify each derive its bound
+# in about 0.5 s on 2 cores), ResNet-50 under `slow` (about 4 s each)
+RESNET = ["--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "resnet18", "--batch", "4"]
+RESNET50 = ["--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "resnet50", "--batch", "4"]
 
 
 @pytest.fixture(autouse=True)
@@ -23,13 +30,14 @@ def _at_repo(repo, monkeypatch):
     monkeypatch.chdir(repo)
 
 
-# Every baseline on ResNet-50 in the default suite, the tensor-parallel ones (megatron, tp-replicas) on
-# GPT-2 XL too; every baseline on GPT-3 175B under `slow` (30 to 80 s each on 2 cores: plan and verify
-# each derive its bound).
+# Every baseline on ResNet-18 in the default suite, the tensor-parallel ones (megatron, tp-replicas) on
+# GPT-2 XL too; every baseline on GPT-3 175B (30 to 80 s each on 2 cores: plan and verify each derive its
+# bound) and on ResNet-50 under `slow`.
+SLOW_MODELS = ("gpt3-175b", "resnet50")
 BASELINE_CASES = [
-    pytest.param(model_args, solver, id=f"{solver}-{name}", marks=[pytest.mark.slow] if name == "gpt3-175b" else [])
+    pytest.param(model_args, solver, id=f"{solver}-{name}", marks=[pytest.mark.slow] if name in SLOW_MODELS else [])
     for solver in BASELINES
-    for model_args, name in ((GPT3, "gpt3-175b"), (RESNET, "resnet50"), (GPT2XL, "gpt2-xl"))
+    for model_args, name in ((GPT3, "gpt3-175b"), (RESNET, "resnet18"), (RESNET50, "resnet50"), (GPT2XL, "gpt2-xl"))
     if name != "gpt2-xl" or solver in ("megatron", "tp-replicas")
 ]
 
@@ -47,7 +55,12 @@ def test_baseline_plans_verify(model_args, solver, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "model_args", [pytest.param(GPT2XL, id="gpt2-xl"), pytest.param(GPT3, id="gpt3-175b", marks=pytest.mark.slow)]
+    "model_args",
+    [
+        pytest.param(GPT2L, id="gpt2-large"),
+        pytest.param(GPT2XL, id="gpt2-xl", marks=pytest.mark.slow),
+        pytest.param(GPT3, id="gpt3-175b", marks=pytest.mark.slow),
+    ],
 )
 def test_milp_split_plan_verifies_and_shows(model_args, tmp_path, capsys):
     out = tmp_path / "plan.yaml"

@@ -179,9 +179,10 @@ def test_compare_symmetry_solvers_are_known_ones(solvers, word, tmp_path, capsys
 
 
 def test_serving_flags_on_the_small_fleet_still_plan(tmp_path, capsys):
-    """The counts' new types take what they took before."""
+    """The counts' new types take what they took before (at 20 ms, where plan and verify derive the bound
+    in two thirds of the time they take at 50 ms)."""
     argv = ["plan", "--objective", "serving", "--cluster", str(write_fleet(tmp_path)), "--model", "gpt2"]
-    argv += [*SHAPE, "--tpot-slo", "0.05 s", "--max-micro-batches", "1", "--max-classes-per-replica", "1"]
+    argv += [*SHAPE, "--tpot-slo", "0.02 s", "--max-micro-batches", "1", "--max-classes-per-replica", "1"]
     assert main([*argv, "--max-stages", "4", "--no-baselines", "-o", str(tmp_path / "p.yaml")]) == 0
     assert main(["verify", str(tmp_path / "p.yaml")]) == 0
 

@@ -28,6 +28,9 @@ from llm_planner.cli.main import main
 
 WORKSTATION = str(SPECS / "rtx4090-workstation.yaml")
 EXAMPLES = 60
+# the tests that plan and verify each value they accept draw half as many in the default suite (at 30,
+# the same plans of valid targets as at 60, half the refusals); their `slow` twins below draw EXAMPLES and more
+PLANNING_EXAMPLES = 30
 
 FUZZ = settings(
     max_examples=EXAMPLES,
@@ -145,7 +148,7 @@ def _refused(what: str, code: int, err: str, flag: str) -> None:
     assert _names(flag, err), f"{what}: the message does not name {flag}: {err}"
 
 
-@FUZZ
+@settings(FUZZ, max_examples=PLANNING_EXAMPLES)
 @given(st.sampled_from(sorted(BASE)).flatmap(lambda o: st.tuples(st.just(o), st.sampled_from(NUMBERS[o]), numbers)))
 def test_numbers_in_numeric_flags(case):
     objective, flag, value = case
@@ -156,7 +159,7 @@ def test_numbers_in_numeric_flags(case):
         _refused(f"{objective} {flag}={value!r}", code, err, flag)
 
 
-@FUZZ
+@settings(FUZZ, max_examples=PLANNING_EXAMPLES)
 @given(st.sampled_from(TARGETS), times)
 def test_times_in_the_serving_targets(flag, value):
     code, err = _plan("serving", flag, value)
@@ -186,3 +189,11 @@ def test_flags_of_another_objective(case):
 @given(st.sampled_from(sorted(BASE)).flatmap(lambda o: st.tuples(st.just(o), st.sampled_from(NUMBERS[o]), numbers)))
 def test_many_numbers(case):
     test_numbers_in_numeric_flags.hypothesis.inner_test(case)
+
+
+@pytest.mark.slow
+@FUZZ
+@given(st.sampled_from(TARGETS), times)
+def test_many_times(flag, value):
+    """test_times_in_the_serving_targets at EXAMPLES."""
+    test_times_in_the_serving_targets.hypothesis.inner_test(flag, value)

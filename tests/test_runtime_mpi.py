@@ -39,24 +39,37 @@ def _ok(result):
     return result.report
 
 
-def test_gpt2_on_four_ranks_split_unevenly_matches_generate(tmp_path):
-    config = tiny_gpt2()
-    model_dir = save_config(config, tmp_path / "gpt2")
+def test_gpt2_checkpoint_on_four_ranks_split_unevenly_matches_generate(tmp_path):
+    """A GPT-2 checkpoint directory, loaded per rank, split unevenly over four ranks: the whole model's
+    tokens, each rank holding only its own tensors. One launch checks what two did (the uneven split with
+    seeded weights, and a checkpoint on two ranks); seeded weights are the other runtime tests'."""
+    from transformers import GPT2LMHeadModel
+
+    config = gpt.prepare_config(tiny_gpt2())
+    torch.manual_seed(1)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "ckpt")
     layout = {
         "embed": 0,
         "block.0": 1,
         "block.3": 2,
         "lm_head": 3,
-    }  # embed | blocks 0-2 | block 3 + final_norm | lm_head
-    plan = decoder_plan(tmp_path / "plan.yaml", model_dir, [layout], shard_sizes=[3])
+    }  # embed | blocks 0-2 | block 3 + final_norm | lm_head (tied to the embedding)
+    plan = decoder_plan(tmp_path / "plan.yaml", tmp_path / "ckpt", [layout], shard_sizes=[3])
     prompts = [[5, 6, 7, 9, 10], [1, 2], [3, 4, 5]]  # uneven lengths: left padding and a 2D mask
     # two untimed warm-up generations first: each starts from fresh KV caches, and only the timed one is counted
-    report = _ok(
-        launch_plan(
-            plan, prompt_ids=prompts, max_new_tokens=10, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S, warmup=2
-        )
+    result = launch_plan(
+        plan,
+        checkpoint=str(tmp_path / "ckpt"),
+        prompt_ids=prompts,
+        max_new_tokens=10,
+        report_path=str(tmp_path / "run.json"),
+        workdir=str(tmp_path / "w"),
+        timeout_s=TIMEOUT_S,
+        warmup=2,
     )
-    assert report["tokens"] == _whole_tokens(config, prompts, 10)
+    report = _ok(result)
+    assert Path(result.report_path) == (tmp_path / "run.json").resolve()
+    assert report["tokens"] == _whole_tokens(config, prompts, 10, checkpoint=str(tmp_path / "ckpt"))
     ranks = report["ranks"]
     assert all(r["warmup_runs"] == 2 for r in ranks)
     # four ranks on one host: they spin while waiting only if the host has four cores (a 2-core CI box: they sleep)
@@ -72,7 +85,10 @@ def test_gpt2_on_four_ranks_split_unevenly_matches_generate(tmp_path):
         ["lm_head"],
     ]
     assert all(calls == 10 for r in ranks for calls in r["task_calls"].values())
-    assert [r["weights"]["tensors"] for r in ranks] == [2, 36, 14, 1]  # each rank drew only its own parameters
+    weights = [r["weights"] for r in ranks]
+    assert [w["source"] for w in weights] == ["checkpoint"] * 4
+    # each rank read only its own tensors: wte, wpe | blocks 0-2 | block 3, ln_f | the tied head
+    assert [w["tensors"] for w in weights] == [2, 36, 14, 1]
     sends = {(r["rank"], t["peer"]) for r in ranks for t in r["transfers"] if t["direction"] == "send"}
     assert sends == {(0, 1), (1, 2), (2, 3), (3, 0)}
     for r in ranks:
@@ -102,36 +118,6 @@ def test_llama_throughput_plan_runs_its_shards_as_planned_with_batches_in_flight
         k: 8 * len(v) for k, v in calls.items()
     }
     assert report["unit"] == "s/sample" and report["measured_samples_per_s"] == pytest.approx(1 / report["measured_s"])
-
-
-def test_checkpoint_directory_loaded_per_rank_gives_the_same_tokens(tmp_path):
-    from transformers import GPT2LMHeadModel
-
-    config = gpt.prepare_config(tiny_gpt2(n_layer=3))
-    torch.manual_seed(1)
-    GPT2LMHeadModel(config).save_pretrained(tmp_path / "ckpt")
-    plan = decoder_plan(
-        tmp_path / "plan.yaml", tmp_path / "ckpt", [{"embed": 0, "block.1": 1}]
-    )  # lm_head (tied) on rank 1
-    prompts = [[464 % 128, 3290 % 128, 318 % 128]]
-    result = launch_plan(
-        plan,
-        checkpoint=str(tmp_path / "ckpt"),
-        prompt_ids=prompts,
-        max_new_tokens=12,
-        report_path=str(tmp_path / "run.json"),
-        workdir=str(tmp_path / "w"),
-        timeout_s=TIMEOUT_S,
-    )
-    report = _ok(result)
-    assert Path(result.report_path) == (tmp_path / "run.json").resolve()
-    assert report["tokens"] == _whole_tokens(config, prompts, 12, checkpoint=str(tmp_path / "ckpt"))
-    weights = [r["weights"] for r in report["ranks"]]
-    assert [w["source"] for w in weights] == ["checkpoint", "checkpoint"]
-    assert [w["tensors"] for w in weights] == [
-        2 + 12,
-        2 * 12 + 2 + 1,
-    ]  # wte, wpe, block 0 | blocks 1-2, ln_f, tied head
 
 
 def test_resnet18_split_across_three_ranks_matches_the_whole_model(tmp_path):
