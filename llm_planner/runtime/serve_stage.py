@@ -5,8 +5,9 @@ A stage holds decoder layers [first, first + n) (the first stage the embedding t
 final norm and the LM head), on one device or as one member of a tensor-parallel group of any
 degree k: every task is built by llm_planner.runtime.tp_layers from the declared layout
 (llm_planner.graph.tp_layout) with the member's slice of each weight, and a single device is a
-group of one (`tp_layers.Unconnected(1)`: its collectives do nothing). Weights come from a seed or
-a checkpoint (llm_planner.runtime.weights), by their names in the whole model.
+group of one (`tp_layers.Unconnected(1)`: its collectives do nothing); a mixture of experts' MLP
+holds a slice of every expert (llm_planner.runtime.moe_layers). Weights come from a seed or a
+checkpoint (llm_planner.runtime.weights), by their names in the whole model's checkpoint.
 
 KV cache: per layer, keys and values [slots, kv_heads / k, context, head_dim], allocated once;
 slot s holds the sequence the scheduler put there (llm_planner.runtime.serve_scheduler), and a

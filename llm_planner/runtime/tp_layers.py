@@ -9,8 +9,11 @@ tensor (`source.tensor_slice`) and wires the primitives of llm_planner.runtime.t
 
     block:       attention: norm, ColumnParallelLinear(q, k, v), rotary (llama), attention over
                  the member's heads (its KV cache holds its KV heads), RowParallelLinear(o): one
-                 all-reduce, then the bias; MLP: norm, ColumnParallelLinear(gate, up),
-                 activation (times up when gated), RowParallelLinear(down): one all-reduce.
+                 all-reduce, then the bias (qwen3_moe: each query and key head normed first);
+                 MLP: norm, ColumnParallelLinear(gate, up), activation (times up when gated),
+                 RowParallelLinear(down): one all-reduce; a mixture of experts' MLP instead:
+                 norm, the router whole and a slice of every expert (runtime.moe_layers): one
+                 all-reduce.
     embed:       VocabParallelEmbedding(tokens): one all-reduce; learned positions replicated.
     lm_head:     VocabParallelArgmax(head): one all-gather of each member's (largest logit, index).
     final_norm:  replicated (llm_planner.runtime.gpt builds it whole).
