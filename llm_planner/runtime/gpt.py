@@ -32,7 +32,7 @@ import torch
 
 from llm_planner.graph import transformer
 from llm_planner.runtime import decoder_tasks as dt
-from llm_planner.runtime import tp_layers
+from llm_planner.runtime import moe_layers, tp_layers
 from llm_planner.runtime.decoder_tasks import FAMILIES, DecoderError, check_decoder_tasks, decoder_tasks  # noqa: F401 (re-exported)
 from llm_planner.runtime.weights import CheckpointWeights, SeededWeights, fill_module_
 
@@ -88,8 +88,6 @@ _NAMES = {
         tied_to="model.embed_tokens.weight",
     ),
 }
-
-
 _NAMES.update({moe: _NAMES["llama"] for moe in dt.MOE_FAMILIES})  # their embedding, norm and head are llama's
 
 
@@ -379,9 +377,7 @@ def build_whole_model(config, source) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     if family_of(config) in dt.MOE_FAMILIES:  # experts fused in memory, one tensor each in checkpoints
-        from llm_planner.runtime.moe_layers import whole_model
-
-        return whole_model(config, source)
+        return moe_layers.whole_model(config, source)
     model = AutoModelForCausalLM.from_config(config)
     if isinstance(source, CheckpointWeights):
         with torch.no_grad():
