@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -117,3 +118,85 @@ def graph_plan(
     )
     save_plan(plan, path)
     return path
+
+
+TINY_MIXTRAL = REPO / "cluster_specs" / "localhost-serve-mixtral"  # 4 layers, 64 wide, 4 experts, top-2
+
+
+def tiny_mixtral():
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(TINY_MIXTRAL), local_files_only=True)
+
+
+def _tiny_moe(config_class, **kw):
+    common = dict(
+        num_hidden_layers=3,
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+    )
+    return config_class(**{**common, **kw})
+
+
+def tiny_qwen2_moe(**overrides):
+    """A shared expert of width 48 with its sigmoid gate; q, k, v biases; top-k weights not renormalised."""
+    from transformers import Qwen2MoeConfig
+
+    return _tiny_moe(Qwen2MoeConfig, shared_expert_intermediate_size=48, **overrides)
+
+
+def tiny_qwen3_moe(**overrides):
+    """q and k norms on 24-wide heads (heads x head_dim = 96, not the hidden 64); top-k weights renormalised."""
+    from transformers import Qwen3MoeConfig
+
+    return _tiny_moe(Qwen3MoeConfig, head_dim=24, norm_topk_prob=True, **overrides)
+
+
+class ThreadGroup:
+    """Collectives among k threads (one per member): what GroupComm does over MPI."""
+
+    def __init__(self, k: int):
+        self.size, self.slots, self.barrier = k, [None] * k, threading.Barrier(k, timeout=60)
+        self.counts = [{"all_reduce": 0, "all_gather": 0} for _ in range(k)]
+
+    def member(self, index: int):
+        group = self
+
+        class Member:
+            size = group.size
+
+            def __init__(self):
+                self.index = index
+
+            def _exchange(self, t):
+                group.slots[index] = t.clone()
+                group.barrier.wait()
+                every = list(group.slots)
+                group.barrier.wait()
+                return every
+
+            def all_reduce_(self, t):
+                group.counts[index]["all_reduce"] += 1
+                every = self._exchange(t)
+                total = every[0].clone()
+                for part in every[1:]:
+                    total += part
+                return t.copy_(total)
+
+            def all_gather(self, t):
+                import torch
+
+                group.counts[index]["all_gather"] += 1
+                return torch.stack(self._exchange(t))
+
+        return Member()

@@ -1,5 +1,5 @@
-"""Mixture-of-experts models served end to end: planned, scored, verified, shown and exported as
-what they are (experts held in memory, tensor-parallel), refused by the runtime by name."""
+"""Mixture-of-experts models served end to end: planned, scored, verified, shown, exported and
+launched as what they are (experts held in memory, tensor-parallel)."""
 
 from __future__ import annotations
 
@@ -90,11 +90,17 @@ def test_export_runs_the_experts_tensor_parallel(mixtral_plan, capsys):
     assert "--tensor-parallel-size" in script and "expert-parallel" not in script
 
 
-def test_launch_refuses_an_moe_plan_naming_what_is_missing(mixtral_plan, capsys):
+def test_launch_takes_an_moe_plan_and_checks_its_experts(mixtral_plan, tmp_path, capsys):
+    """The serving runtime runs Mixtral's layers (tests/test_serve_moe.py): the dry run writes the rank
+    table; a plan whose model.experts is not the model's is refused, naming the field."""
     capsys.readouterr()
-    assert main(["launch", str(mixtral_plan), "--dry-run"]) == 2
-    err = capsys.readouterr()
-    assert "model.experts" in err.out + err.err and "no MoE layers" in err.out + err.err
+    assert main(["launch", str(mixtral_plan), "--dry-run", "--workdir", str(tmp_path / "w")]) == 0
+    assert (tmp_path / "w" / "rank_table.json").is_file()
+    forged = _edited(mixtral_plan, tmp_path, lambda d: d["model"]["experts"].update(experts_per_token=1))
+    assert main(["launch", str(forged), "--dry-run", "--workdir", str(tmp_path / "w2")]) == 2
+    err = capsys.readouterr().err
+    assert "edited.yaml: model.experts: the plan states {'num_experts': 8, 'experts_per_token': 1}" in err, err
+    assert "model mixtral-8x7b has {'num_experts': 8, 'experts_per_token': 2}" in err
 
 
 def test_the_latency_objective_refuses_a_mixture_of_experts(capsys):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from runtime_fixtures import LOCALHOST, save_config, tiny_gpt2
+from runtime_fixtures import LOCALHOST, TINY_MIXTRAL, save_config, tiny_gpt2, tiny_llama, tiny_mixtral
 from serve_fixtures import dev, serving_plan
 
 from llm_planner.cli import main as cli
@@ -24,6 +24,8 @@ from llm_planner.runtime.serve_spec import ServeSpec
 from llm_planner.runtime.table import load_rank_table
 
 MIXED = {"degrees": [2, 1], "layers": [3, 1], "concurrency": 3, "micro_batches": 2}
+MISTRAL_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+MISTRAL_KEYS += ("vocab_size", "max_position_embeddings")
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +103,34 @@ def test_a_checkpoint_of_another_shape_is_refused(plan, tmp_path):
         LaunchError, match=r"serve.yaml: the plan was made for another model than checkpoint .*hidden_size"
     ):
         launch_serving(plan, ServeOptions(dry_run=True, checkpoint=str(other), workdir=str(tmp_path / "w")))
+
+
+def test_a_mixture_of_experts_plan_launches_and_its_checkpoint_is_checked(tmp_path):
+    """A plan of the tiny Mixtral on a tensor-parallel pair: the dry run writes its rank table (the runtime
+    builds its MoE layers); a checkpoint of another expert count is refused naming the field."""
+    pair = {"degrees": [2], "layers": [4], "concurrency": 2, "micro_batches": 1, "devices": [[dev(0), dev(1)]]}
+    plan = serving_plan(tmp_path / "moe.yaml", TINY_MIXTRAL, [pair])
+    assert yaml.safe_load(plan.read_text())["model"]["experts"] == {"num_experts": 4, "experts_per_token": 2}
+    result, _ = launch_serving(plan, ServeOptions(dry_run=True, workdir=str(tmp_path / "w")))
+    assert result.ok and [r.group for r in load_rank_table(tmp_path / "w" / "rank_table.json").ranks] == [[0, 1]] * 2
+    other = tiny_mixtral()
+    other.num_local_experts = 8
+    save_config(other, tmp_path / "c")
+    with pytest.raises(LaunchError, match=r"moe.yaml: the plan was made for another model than checkpoint .*num_exp"):
+        launch_serving(plan, ServeOptions(dry_run=True, checkpoint=str(tmp_path / "c"), workdir=str(tmp_path / "w")))
+
+
+def test_a_model_type_the_runtime_does_not_build_is_refused(tmp_path):
+    """Mistral is planned (as a llama-family decoder) but not built by the runtime: refused, naming the type."""
+    from transformers import MistralConfig
+
+    llama = tiny_llama().to_dict()
+    model = save_config(MistralConfig(**{k: llama[k] for k in MISTRAL_KEYS}, sliding_window=None), tmp_path / "m")
+    one = {"degrees": [1], "layers": [5], "concurrency": 2, "micro_batches": 1, "devices": [[dev(0)]]}
+    plan = serving_plan(tmp_path / "plan.yaml", model, [one])
+    served = "gpt2, llama, mixtral, qwen2_moe, qwen3_moe"
+    with pytest.raises(LaunchError, match=f"plan.yaml: model type 'mistral': the runtime runs {served} decoders"):
+        launch_serving(plan, ServeOptions(dry_run=True, workdir=str(tmp_path / "w")))
 
 
 def test_a_device_in_two_stages_is_refused(gpt2_dir, tmp_path):

@@ -1,6 +1,7 @@
 """Serving plans under mpiexec: every request's greedy tokens equal the whole model's, whatever the
 layout (one stage; two stages with two micro-batches; a tensor-parallel pair feeding one device;
-two replicas behind the front end); the run report's fields; a failing rank stops the run."""
+two replicas behind the front end; a mixture of experts split over a pair and over two stages);
+the run report's fields; a failing rank stops the run."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from runtime_fixtures import save_config, tiny_gpt2, tiny_llama
+from runtime_fixtures import save_config, tiny_gpt2, tiny_llama, tiny_mixtral
 from serve_fixtures import check_tokens, dev, serving_plan
 
 from llm_planner.launch.serve_launch import RAW_NAME, ServeOptions, launch_serving
@@ -97,6 +98,27 @@ def test_a_tensor_parallel_pair_feeding_one_device(tmp_path):
     check_tokens(config, report, raw, 5)
     collectives = [r["collectives"] for r in raw["ranks"] if "collectives" in r]
     assert len(collectives) == 2 and collectives[0]["all_reduce"]["count"] > 0
+
+
+def test_a_mixture_of_experts_on_a_tensor_parallel_pair(tmp_path):
+    """The tiny Mixtral (cluster_specs/localhost-serve-mixtral: 4 experts, top-2) on a pair whose members
+    hold half of every expert's width (one all-reduce per layer's MLP): every request's tokens are
+    transformers' MixtralForCausalLM's on its prompt alone."""
+    pair = {"degrees": [2], "layers": [4], "concurrency": 3, "micro_batches": 1, "devices": [[dev(0), dev(1)]]}
+    config, _, report, raw = _serve(tmp_path, tiny_mixtral, [pair], 5)
+    check_tokens(config, report, raw, 5)
+    collectives = [r["collectives"] for r in raw["ranks"] if "collectives" in r]
+    assert len(collectives) == 2 and collectives[0]["all_reduce"]["count"] > 0
+
+
+@pytest.mark.slow  # four ranks: about 45 s on two cores shared with other work
+def test_a_mixture_of_experts_on_two_stages_beside_a_pair(tmp_path):
+    """Replica 0 the pair above, replica 1 two single-rank stages of whole experts, two micro-batches."""
+    pair = {"degrees": [2], "layers": [4], "concurrency": 3, "micro_batches": 1, "devices": [[dev(0), dev(1)]]}
+    stages = {"degrees": [1, 1], "layers": [2, 2], "concurrency": 2, "micro_batches": 2}
+    config, _, report, raw = _serve(tmp_path, tiny_mixtral, [pair, {**stages, "devices": [[dev(2)], [dev(3)]]}], 8)
+    check_tokens(config, report, raw, 8)
+    assert all(r["requests_completed"] > 0 for r in report["replicas"])
 
 
 def test_two_replicas_behind_the_front_end_in_open_loop(tmp_path):

@@ -1,12 +1,13 @@
 """The served stage in one process: batched attention over slots (decodes batched, prompt chunks
 causal, sequences of different lengths side by side) gives every request the whole model's greedy
-tokens, whole or split into two stages, from seeded weights or a checkpoint."""
+tokens, whole or split into two stages, from seeded weights or a checkpoint, for dense models and
+mixtures of experts (transformers' own MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from runtime_fixtures import tiny_gpt2, tiny_llama
+from runtime_fixtures import tiny_gpt2, tiny_llama, tiny_mixtral, tiny_qwen2_moe, tiny_qwen3_moe
 from serve_fixtures import greedy_whole
 
 from llm_planner.runtime import gpt
@@ -58,9 +59,20 @@ def _serve(stages, *, concurrency: int, micro_batches: int, budget: int, request
     return sched
 
 
-@pytest.mark.parametrize("make, split", [(tiny_gpt2, False), (tiny_llama, True)])
+@pytest.mark.parametrize(
+    "make, split",
+    [
+        (tiny_gpt2, False),
+        (tiny_llama, True),
+        (tiny_mixtral, True),
+        pytest.param(tiny_qwen2_moe, False, marks=pytest.mark.slow),  # their layers: tests/test_serve_moe.py
+        pytest.param(tiny_qwen3_moe, True, marks=pytest.mark.slow),
+    ],
+    ids=["gpt2", "llama", "mixtral", "qwen2_moe", "qwen3_moe"],
+)
 def test_every_request_gets_the_whole_models_greedy_tokens(make, split, tmp_path):
-    """GPT-2 on seeded weights in one stage; Llama split in two, its weights read from a checkpoint."""
+    """On seeded weights in one stage, or split in two with the weights read from a checkpoint that
+    transformers saved (the experts one tensor each)."""
     config = gpt.prepare_config(make())
     layers = gpt.num_layers_of(config)
     whole = gpt.build_whole_model(config, gpt.weight_source(config, checkpoint=None, seed=0))

@@ -7,50 +7,12 @@ import threading
 
 import pytest
 import torch
-from runtime_fixtures import tiny_gpt2, tiny_llama
+from runtime_fixtures import ThreadGroup, tiny_gpt2, tiny_llama
 
 from llm_planner.graph import transformer
 from llm_planner.graph.tp_layout import even_range, task_layout
 from llm_planner.runtime import gpt, tp_layers
 from llm_planner.runtime.decoder_tasks import DecoderError
-
-
-class ThreadGroup:
-    """Collectives among k threads (one per member): what GroupComm does over MPI."""
-
-    def __init__(self, k: int):
-        self.size, self.slots, self.barrier = k, [None] * k, threading.Barrier(k, timeout=60)
-        self.counts = [{"all_reduce": 0, "all_gather": 0} for _ in range(k)]
-
-    def member(self, index: int):
-        group = self
-
-        class Member:
-            size = group.size
-
-            def __init__(self):
-                self.index = index
-
-            def _exchange(self, t):
-                group.slots[index] = t.clone()
-                group.barrier.wait()
-                every = list(group.slots)
-                group.barrier.wait()
-                return every
-
-            def all_reduce_(self, t):
-                group.counts[index]["all_reduce"] += 1
-                every = self._exchange(t)
-                total = every[0].clone()
-                for part in every[1:]:
-                    total += part
-                return t.copy_(total)
-
-            def all_gather(self, t):
-                group.counts[index]["all_gather"] += 1
-                return torch.stack(self._exchange(t))
-
-        return Member()
 
 
 def _generate_on_group(config, prompts, steps, k, seed=0, checkpoint=None):

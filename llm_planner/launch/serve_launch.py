@@ -14,7 +14,9 @@ serving model (llm_planner.serving.score.score_replica) at the plan's operating 
 Checked before anything starts (LaunchError, exit 2, naming the file or flag): the plan's
 fields and the hashes of its inputs (llm_planner.serving.verify.context_of), its precision (the
 runtime runs weights and KV cache in the activation dtype only: a quantized plan is refused), the
-model against a checkpoint's config, the devices against the cluster (a device it lacks, a node without a
+model's type (dense gpt2 and llama, and the mixture-of-experts types of
+llm_planner.runtime.decoder_tasks.MOE_FAMILIES), the plan's `model.experts` and the model against a
+checkpoint's config, the devices against the cluster (a device it lacks, a node without a
 hostname, more ranks on a node than its `slots`, a device in two stages), the load's flags, and
 every request against the plan's context. The plan's figures are not re-derived here:
 `llm-planner verify PLAN` does that.
@@ -108,14 +110,17 @@ def _check_options(options: ServeOptions) -> None:
     probe_port(error=LaunchError)  # how the hosts of a failed run are probed (llm_planner.launch.mpiexec_run)
 
 
-def _check_dense(plan: ServingPlanFile) -> None:
-    """The runtime builds dense decoders only: a mixture-of-experts plan is refused, naming what is missing."""
-    experts = plan.data["model"].get("experts")
-    if experts is not None:
+def _check_experts(plan: ServingPlanFile, config, checkpoint: str | None) -> None:
+    """The plan's `model.experts` must be the model's the runtime builds (the config, or the checkpoint's)."""
+    stated = plan.data["model"].get("experts")
+    actual = (
+        {"num_experts": config.num_experts, "experts_per_token": config.experts_per_token} if config.is_moe else None
+    )
+    if stated != actual:
+        built = f"checkpoint {checkpoint}" if checkpoint else f"model {plan.data['model']['name']}"
         raise LaunchError(
-            f"{plan.path}: model.experts: {plan.data['model']['name']} is a mixture of experts "
-            f"({experts['num_experts']} experts, top-{experts['experts_per_token']}); the serving runtime has no "
-            "MoE layers (router, experts, their tensor-parallel split) yet: serve this plan with an engine (`export`)"
+            f"{plan.path}: model.experts: the plan states {stated}, but {built} has "
+            f"{actual if actual is not None else 'no experts (a dense model)'}"
         )
 
 
@@ -155,9 +160,12 @@ def _shapes(plan: ServingPlanFile, options: ServeOptions, context_len: int) -> t
 def _model_config(plan: ServingPlanFile, options: ServeOptions, context_len: int):
     source = str(plan.path)
     try:
-        config = dt.planned_decoder_config({"name": plan.data["model"]["name"]}, options.checkpoint, source=source)
+        config = dt.planned_decoder_config(
+            {"name": plan.data["model"]["name"]}, options.checkpoint, source=source, families=dt.SERVED_FAMILIES
+        )
     except dt.DecoderError as exc:
         raise LaunchError(str(exc)) from None
+    _check_experts(plan, config, options.checkpoint)
     if context_len > config.max_positions:
         raise LaunchError(
             f"{source}: workload.requests: the longest request ({context_len} tokens) exceeds the model's "
@@ -210,7 +218,6 @@ def prepare_serving(plan_path: str | Path, options: ServeOptions) -> ServePrepar
     try:
         plan = load_serving_plan(plan_path)
         _check_precision(plan)
-        _check_dense(plan)
         ctx = context_of(plan)
     except ServingPlanError as exc:
         raise LaunchError(str(exc)) from None

@@ -14,6 +14,25 @@ from typing import Any
 from llm_planner.graph import transformer
 
 FAMILIES = ("gpt2", "llama")  # transformers model types the runtime builds
+# mixture-of-experts model types the serving runtime builds as well (llm_planner.runtime.moe_layers):
+# the placement runtime (latency and throughput plans, which the planner refuses for them) does not
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+SERVED_FAMILIES = FAMILIES + MOE_FAMILIES
+# the fields a checkpoint's config must share with the plan's model
+MODEL_FIELDS = (
+    "model_type",
+    "hf_model_type",
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "intermediate_size",
+    "vocab_size",
+    "num_experts",
+    "experts_per_token",
+    "moe_intermediate_size",
+    "shared_expert_size",
+)
 
 
 class DecoderError(ValueError):
@@ -42,8 +61,11 @@ def check_decoder_tasks(tasks: list[str] | set[str], num_layers: int, *, source:
         )
 
 
-def planned_decoder_config(model: dict[str, Any], checkpoint: str | None, *, source: str):
-    """The DecoderConfig a plan's model names (a config dir or file, or a preset), checked against a checkpoint's."""
+def planned_decoder_config(
+    model: dict[str, Any], checkpoint: str | None, *, source: str, families: tuple[str, ...] = FAMILIES
+):
+    """The DecoderConfig a plan's model names (a config dir or file, or a preset), checked against a checkpoint's;
+    DecoderError unless its model type is one of `families` (the runtime that will run it)."""
 
     name = str(model.get("name", ""))
     path = Path(name)
@@ -61,27 +83,18 @@ def planned_decoder_config(model: dict[str, Any], checkpoint: str | None, *, sou
         if not config_path.is_file():
             raise DecoderError(f"{checkpoint}: checkpoint directory has no config.json")
         config = transformer.load_config_file(config_path)
-        fields = (
-            "model_type",
-            "num_layers",
-            "hidden_size",
-            "num_heads",
-            "num_kv_heads",
-            "intermediate_size",
-            "vocab_size",
-        )
         diff = [
             f"{f}: plan {getattr(planned, f)} vs checkpoint {getattr(config, f)}"
-            for f in fields
+            for f in MODEL_FIELDS
             if getattr(planned, f) != getattr(config, f)
         ]
         if diff:
             raise DecoderError(
                 f"{source}: the plan was made for another model than checkpoint {checkpoint}: " + "; ".join(diff)
             )
-    if config.hf_model_type not in FAMILIES:
+    if config.hf_model_type not in families:
         raise DecoderError(
-            f"{source}: model type {config.hf_model_type!r}: the runtime runs {', '.join(FAMILIES)} decoders"
+            f"{source}: model type {config.hf_model_type!r}: the runtime runs {', '.join(families)} decoders"
         )
     return config
 

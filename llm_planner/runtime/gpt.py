@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from llm_planner.graph import transformer
-from llm_planner.runtime import tp_layers
+from llm_planner.runtime import decoder_tasks as dt
+from llm_planner.runtime import moe_layers, tp_layers
 from llm_planner.runtime.decoder_tasks import FAMILIES, DecoderError, check_decoder_tasks, decoder_tasks  # noqa: F401 (re-exported)
 from llm_planner.runtime.weights import CheckpointWeights, SeededWeights, fill_module_
 
@@ -87,12 +88,14 @@ _NAMES = {
         tied_to="model.embed_tokens.weight",
     ),
 }
+_NAMES.update({moe: _NAMES["llama"] for moe in dt.MOE_FAMILIES})  # their embedding, norm and head are llama's
 
 
 def family_of(config) -> str:
+    """The config's model type, one the runtime builds (MoE types: serving only, DecoderShard refuses their blocks)."""
     model_type = getattr(config, "model_type", "")
-    if model_type not in FAMILIES:
-        raise DecoderError(f"model type {model_type!r}: the runtime runs {', '.join(FAMILIES)} decoders")
+    if model_type not in dt.SERVED_FAMILIES:
+        raise DecoderError(f"model type {model_type!r}: the runtime runs {', '.join(dt.SERVED_FAMILIES)} decoders")
     return model_type
 
 
@@ -121,6 +124,8 @@ class DecoderShard:
         self.parts: dict[str, Any] = {}  # task -> this member's share (tensor-parallel groups only)
         self.group = group if group is not None and group.size > 1 else None
         names = _NAMES[self.family]
+        if self.family in dt.MOE_FAMILIES and any(t.startswith("block.") for t in tasks):
+            raise DecoderError(f"model type {self.family!r}: its MoE blocks run in serving plans only (`launch`)")
         if self.group is not None:  # the declared layout (llm_planner.graph.tp_layout) of each task
             layout_config = transformer.from_hf_config(config)
             tp_layers.check_runs_on_groups(config, self.family)
@@ -371,7 +376,8 @@ def build_whole_model(config, source) -> torch.nn.Module:
     """The whole Hugging Face model with parameters from `source` (tests and benchmarks only)."""
     from transformers import AutoModelForCausalLM
 
-    family_of(config)
+    if family_of(config) in dt.MOE_FAMILIES:  # experts fused in memory, one tensor each in checkpoints
+        return moe_layers.whole_model(config, source)
     model = AutoModelForCausalLM.from_config(config)
     if isinstance(source, CheckpointWeights):
         with torch.no_grad():

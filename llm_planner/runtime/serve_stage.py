@@ -5,8 +5,9 @@ A stage holds decoder layers [first, first + n) (the first stage the embedding t
 final norm and the LM head), on one device or as one member of a tensor-parallel group of any
 degree k: every task is built by llm_planner.runtime.tp_layers from the declared layout
 (llm_planner.graph.tp_layout) with the member's slice of each weight, and a single device is a
-group of one (`tp_layers.Unconnected(1)`: its collectives do nothing). Weights come from a seed or
-a checkpoint (llm_planner.runtime.weights), by their names in the whole model.
+group of one (`tp_layers.Unconnected(1)`: its collectives do nothing); a mixture of experts' MLP
+holds a slice of every expert (llm_planner.runtime.moe_layers). Weights come from a seed or a
+checkpoint (llm_planner.runtime.weights), by their names in the whole model's checkpoint.
 
 KV cache: per layer, keys and values [slots, kv_heads / k, context, head_dim], allocated once;
 slot s holds the sequence the scheduler put there (llm_planner.runtime.serve_scheduler), and a
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from llm_planner.graph import transformer
-from llm_planner.runtime import gpt, tp_layers
+from llm_planner.runtime import gpt, moe_layers, tp_layers
 from llm_planner.runtime.serve_scheduler import Entry
 
 
@@ -93,27 +94,22 @@ def _repeat(t: torch.Tensor, rep: int) -> torch.Tensor:
 class ServeBlock(tp_layers.BlockShard):
     """A decoder block (or a member's share of one) over a packed iteration and a slot KV cache."""
 
-    def __init__(self, cfg, layer: int, t: dict, ops, *, slots: int, context_len: int):
-        super().__init__(cfg, layer, t, ops)
+    def __init__(self, cfg, layer: int, t: dict, ops, *, slots: int, context_len: int, renormalise=None):
+        super().__init__(cfg, layer, t, ops, renormalise=renormalise)
         like = t["q"]
         shape = (slots, self.kv, context_len, self.d)
         self.cache_k = torch.zeros(shape, dtype=like.dtype, device=like.device)
         self.cache_v = torch.zeros(shape, dtype=like.dtype, device=like.device)
 
     def forward(self, x: torch.Tensor, entries, rotary) -> torch.Tensor:  # type: ignore[override]
-        tokens = x.shape[0]
-        q, k, v = (
-            y.view(tokens, n, self.d) for y, n in zip(self.qkv(self.attn_norm(x)), (self.heads, self.kv, self.kv))
-        )
+        q, k, v = self.split_heads(x)
         if self.rotary:
             from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
             q, k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], *rotary)
             q, k = q[0].transpose(0, 1), k[0].transpose(0, 1)
         x = x + self.o(attend(q, k, v, self.cache_k, self.cache_v, entries, self.rep))
-        parts = self.up(self.mlp_norm(x))
-        inner = self.act(parts[0]) * parts[1] if len(parts) == 2 else self.act(parts[0])
-        return x + self.down(inner)
+        return x + self.mlp(x)
 
 
 class ServeStage:
@@ -149,18 +145,20 @@ class ServeStage:
         self.embed = build("embed") if self.first else None
         tp_layers.check_divisible(cfg, self.ops.size)
         self.blocks = []
+        renormalise = moe_layers.renormalises(config) if cfg.is_moe else None
         for i in range(first_layer, first_layer + num_layers):
             t = tp_layers.member_tensors(
                 f"block.{i}", cfg, self.family, self.ops.size, self.ops.index, source, dtype=dtype, device=device
             )
-            self.blocks.append(ServeBlock(cfg, i, t, self.ops, slots=slots, context_len=context_len))
+            block = ServeBlock(cfg, i, t, self.ops, slots=slots, context_len=context_len, renormalise=renormalise)
+            self.blocks.append(block)
         self.norm = self.head = None
         if self.last:
             ends = gpt.DecoderShard(config, {"final_norm"}, device=device, dtype=dtype, source=source)
             self.norm = ends.modules[ends.names.norm]
             self.head = build("lm_head")
         self.rotary = None
-        if self.family == "llama":
+        if not cfg.learned_positions:  # llama and the MoE types: the same rotary embedding
             from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
             self.rotary = LlamaRotaryEmbedding(config=config).to(device)

@@ -9,8 +9,11 @@ tensor (`source.tensor_slice`) and wires the primitives of llm_planner.runtime.t
 
     block:       attention: norm, ColumnParallelLinear(q, k, v), rotary (llama), attention over
                  the member's heads (its KV cache holds its KV heads), RowParallelLinear(o): one
-                 all-reduce, then the bias; MLP: norm, ColumnParallelLinear(gate, up),
-                 activation (times up when gated), RowParallelLinear(down): one all-reduce.
+                 all-reduce, then the bias (qwen3_moe: each query and key head normed first);
+                 MLP: norm, ColumnParallelLinear(gate, up), activation (times up when gated),
+                 RowParallelLinear(down): one all-reduce; a mixture of experts' MLP instead:
+                 norm, the router whole and a slice of every expert (runtime.moe_layers): one
+                 all-reduce.
     embed:       VocabParallelEmbedding(tokens): one all-reduce; learned positions replicated.
     lm_head:     VocabParallelArgmax(head): one all-gather of each member's (largest logit, index).
     final_norm:  replicated (llm_planner.runtime.gpt builds it whole).
@@ -31,6 +34,7 @@ import torch.nn.functional as F
 from llm_planner.graph.tp_layout import task_layout
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.runtime.decoder_tasks import DecoderError
+from llm_planner.runtime.moe_layers import MoEShard, checkpoint_names
 from llm_planner.runtime.tp_primitives import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -81,7 +85,12 @@ def _llama_block(cfg: DecoderConfig, p: str) -> dict[str, Stored]:
         **{n: f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")},
         **{f"{n}.bias": f"mlp.{n}_proj.bias" for n in ("gate", "up", "down")},
     }
-    return {k: Stored(name=f"{p}.{v}") for k, v in names.items()}
+    if cfg.qk_norm:
+        names.update({f"{n}_norm.weight": f"self_attn.{n}_norm.weight" for n in ("q", "k")})
+    out = {k: Stored(name=f"{p}.{v}") for k, v in names.items()}
+    if cfg.is_moe:
+        out.update({k: Stored(name=v) for k, v in checkpoint_names(cfg, p).items()})
+    return out
 
 
 def _stored(family: str, cfg: DecoderConfig, kind: str, layer: int | None) -> dict[str, Stored]:
@@ -208,9 +217,10 @@ class _Norm(torch.nn.Module):
 
 
 class BlockShard(torch.nn.Module):
-    """A decoder block on 1/k of the heads (and KV heads) and of the MLP width (the module docstring)."""
+    """A decoder block on 1/k of the heads (and KV heads) and of the MLP width, or of every expert's
+    width in a mixture of experts (llm_planner.runtime.moe_layers; `renormalise`: its routing rule)."""
 
-    def __init__(self, cfg: DecoderConfig, layer: int, t: dict[str, torch.Tensor], ops):
+    def __init__(self, cfg: DecoderConfig, layer: int, t: dict[str, torch.Tensor], ops, *, renormalise=None):
         from transformers.activations import ACT2FN
 
         super().__init__()
@@ -220,28 +230,48 @@ class BlockShard(torch.nn.Module):
         self.heads, self.kv, self.d = cfg.num_heads // k, cfg.num_kv_heads // k, cfg.head_dim
         self.rep, self.rotary = cfg.num_heads // cfg.num_kv_heads, not cfg.learned_positions
         self.attn_norm, self.mlp_norm = _Norm(cfg, t, "attn_norm"), _Norm(cfg, t, "mlp_norm")
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:  # each head's query and key (qwen3_moe), before the rotary embedding
+            self.q_norm, self.k_norm = _Norm(cfg, t, "q_norm"), _Norm(cfg, t, "k_norm")
         qkv = ("q", "k", "v")
         self.qkv = ColumnParallelLinear([t[n] for n in qkv], [t.get(f"{n}.bias") for n in qkv])
         self.o = RowParallelLinear(t["o"], t.get("o.bias"), ops)
+        if cfg.is_moe:
+            if renormalise is None:
+                raise DecoderError(f"model {cfg.name!r}: an MoE block needs its routing rule (renormalise)")
+            self.moe = MoEShard(cfg, t, ops, renormalise=renormalise)
+            return
+        self.moe = None
         ups = ("gate", "up") if cfg.gated_mlp else ("up",)
         self.up = ColumnParallelLinear([t[n] for n in ups], [t.get(f"{n}.bias") for n in ups])
         self.down = RowParallelLinear(t["down"], t.get("down.bias"), ops)
         self.act = ACT2FN[cfg.activation]
 
+    def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v [..., heads or KV heads, d] of x [..., h], the query and key norms applied."""
+        parts = zip(self.qkv(self.attn_norm(x)), (self.heads, self.kv, self.kv))
+        q, k, v = (y.unflatten(-1, (n, self.d)) for y, n in parts)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP sublayer's output (the residual not added), one all-reduce."""
+        x = self.mlp_norm(x)
+        if self.moe is not None:
+            return self.moe(x)
+        parts = self.up(x)
+        inner = self.act(parts[0]) * parts[1] if len(parts) == 2 else self.act(parts[0])
+        return self.down(inner)
+
     def forward(self, x: torch.Tensor, cache: dict, context: dict[str, Any]) -> torch.Tensor:
-        batch, tokens, _ = x.shape
-        q, k, v = (
-            y.view(batch, tokens, n, self.d).transpose(1, 2)
-            for y, n in zip(self.qkv(self.attn_norm(x)), (self.heads, self.kv, self.kv))
-        )
+        q, k, v = (y.transpose(1, 2) for y in self.split_heads(x))
         if self.rotary:
             from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
             q, k = apply_rotary_pos_emb(q, k, *context["position_embeddings"])
         x = x + self.o(_attend(q, k, v, context["mask"], cache, self.layer, self.rep))
-        parts = self.up(self.mlp_norm(x))
-        inner = self.act(parts[0]) * parts[1] if len(parts) == 2 else self.act(parts[0])
-        return x + self.down(inner)
+        return x + self.mlp(x)
 
 
 class EmbedShard(torch.nn.Module):
