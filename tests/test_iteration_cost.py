@@ -7,24 +7,12 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_fixtures import KIND, LINK
 
-from llm_planner.core.spec import DeviceKindSpec, LinkSpec
 from llm_planner.cost.iteration import KAPPA, Load, envelope_of_sum, layer_kernels, layer_pieces
 from llm_planner.cost.roofline import evaluate_pieces
 from llm_planner.graph.transformer import preset_config
 
-# Round numbers: 100 TFLOP/s and 1 TB/s at efficiency 1, no overheads.
-KIND = DeviceKindSpec(
-    name="g",
-    type="gpu",
-    peak_flops=(("fp16", 100e12),),
-    mem_bytes=80e9,
-    mem_bw_bytes_per_s=1e12,
-    compute_efficiency=1.0,
-    mem_efficiency=1.0,
-    collective_overhead_s=20e-6,
-)
-LINK = LinkSpec(bw_bytes_per_s=100e9, latency_s=1e-6)
 CFG = preset_config("llama3-8b")  # h 4096, 32 heads of 128, 8 KV heads, MLP 14336, gated
 
 

@@ -6,23 +6,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_fixtures import KIND
 
-from llm_planner.core.spec import DeviceKindSpec
 from llm_planner.cost.chunks import pieces_below, prompt_lumps, prompt_wait_s
 from llm_planner.cost.iteration import Load, layer_kernels, layer_pieces
 from llm_planner.cost.roofline import evaluate_pieces
 from llm_planner.graph.transformer import preset_config
 from llm_planner.serving.layer_time import RooflineLayerTime
 
-KIND = DeviceKindSpec(
-    name="g",
-    type="gpu",
-    peak_flops=(("fp16", 100e12),),
-    mem_bytes=80e9,
-    mem_bw_bytes_per_s=1e12,
-    compute_efficiency=1.0,
-    mem_efficiency=1.0,
-)
 CFG = preset_config("llama3-8b")
 
 
