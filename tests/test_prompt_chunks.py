@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_fixtures import KIND
 
-from llm_planner.cost.chunks import pieces_below, prompt_lumps, prompt_wait_s
+from llm_planner.cost.chunks import pieces_below, prefill_batch_tokens, prompt_lumps, prompt_wait_s
 from llm_planner.cost.iteration import Load, layer_kernels, layer_pieces
 from llm_planner.cost.roofline import evaluate_pieces
 from llm_planner.graph.transformer import preset_config
@@ -100,3 +100,28 @@ def test_the_bounds_pieces_are_tighter_than_the_spread_and_below_the_time():
     top = 2048 // 5
     assert all(evaluate_pieces(t.pieces, b) <= t(b) * (1 + 1e-12) for b in range(1, top + 1))
     assert evaluate_pieces(t.pieces, 64) > evaluate_pieces(spread, 64)  # the chunks' cost is seen by the bounds
+
+
+def test_whole_prompts_in_iterations_of_their_own_by_hand():
+    # under one 512-token prompt per decode iteration: one prompt per prefill iteration
+    assert prefill_batch_tokens(256.0, 512, 2048) == 512
+    # 2.5 prompts arrive per decode iteration: two go together; the budget holds four
+    assert prefill_batch_tokens(1280.0, 512, 2048) == 1024
+    # twenty arrive: the budget holds four; a prompt over the budget still runs whole
+    assert prefill_batch_tokens(10240.0, 512, 2048) == 2048
+    assert prefill_batch_tokens(500.0, 5000, 2048) == 5000
+    assert prefill_batch_tokens(0.0, 512, 2048) == 0.0
+
+
+def test_without_chunked_prefill_an_iteration_pays_its_share_of_prompt_iterations_by_hand():
+    ks = layer_kernels(CFG, "fp16", KIND)
+    per_seq = Load(decodes=1, decode_keys=600.0, prompt_tokens=4.0, prompt_keys=4.0 * 513 / 2)  # 512 in, 128 out
+    chunked = RooflineLayerTime(layer_pieces(ks, per_seq), ks, per_seq, 512, 2048)
+    whole = RooflineLayerTime(layer_pieces(ks, per_seq), ks, per_seq, 512, 2048, chunked=False)
+    b = 64  # 256 prompt tokens per decode iteration: half a prefill iteration of one prompt
+    decode = Load(decodes=b, decode_keys=b * 600.0)
+    prompt = Load(prompt_tokens=512, prompt_keys=512 * 513 / 2)
+    assert whole.prefill_iterations(b) == pytest.approx(0.5)
+    assert whole(b) == pytest.approx(ks.time_s(decode) + 0.5 * ks.time_s(prompt), rel=1e-12)
+    # the prompt's own iteration reads the weights again: slower than carrying it beside the decodes
+    assert whole(b) > chunked(b) and chunked.prefill_iterations(b) == 0.0

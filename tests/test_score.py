@@ -37,6 +37,7 @@ KEYS = {
     "stage_s": list,
     "mem_bytes": list,
     "usable_bytes": list,
+    "chunked_prefill": bool,
     "fits_memory": bool,
     "within_token_budget": bool,
     "max_batched_tokens": int,
@@ -263,3 +264,22 @@ def test_weights_and_kv_cache_dtype_score_the_precision_a_plan_would_take(capsys
     assert (fp8["tpot_s"], fp8["ttft_s"]) == (ev.tpot_s, ev.ttft_s)
     assert main(["score", *argv, "--weights", "int3"]) == 2
     assert "--weights int3" in capsys.readouterr().err
+
+
+def test_an_engine_without_chunked_prefill_is_scored_with_whole_prompts(capsys, tmp_path):
+    """--no-chunked-prefill: each prompt runs whole in an iteration of its own, reading the weights
+    again (llm_planner.cost.chunks): slower per token and to the first token than chunked prefill on
+    the same replica; the figures are the model's with the option set; a measured profile refused."""
+    argv = ["--cluster", FOUR_GPUS, "--model", "gpt2", *SHAPE, "--replica", "1 x server/a100-80g"]
+    argv += ["--concurrency", "64"]
+    chunked, _ = score_json(argv, capsys)
+    whole, err = score_json([*argv, "--no-chunked-prefill"], capsys)
+    assert err == "" and chunked["chunked_prefill"] and not whole["chunked_prefill"]
+    assert whole["tpot_s"] > chunked["tpot_s"] and whole["decode_step_s"] == chunked["decode_step_s"]
+    options = ServingOptions(chunked_prefill=False)
+    ctx = build_context(FOUR_GPUS, "gpt2", workload(256, 128), "fp16", options)
+    ev = ctx.replica((Segment("server/a100-80g", 1, 1),)).evaluate((12,), 64, 1)
+    assert (whole["tpot_s"], whole["ttft_s"]) == (ev.tpot_s, ev.ttft_s)
+    profile = tmp_path / "p.yaml"
+    profile.write_text("format: llm_planner.serving-profile/1\n")
+    refused([*argv, "--no-chunked-prefill", "--profile", str(profile)], capsys, "--no-chunked-prefill", "profile")

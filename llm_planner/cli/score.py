@@ -58,6 +58,13 @@ def add_score_parser(sub) -> None:
         help=f"tokens one engine iteration may carry (default: {DEFAULT_TOKEN_BUDGET})",
     )
     p.add_argument(
+        "--no-chunked-prefill",
+        dest="chunked_prefill",
+        action="store_false",
+        help="score an engine that runs each prompt whole in an iteration of its own (TensorRT-LLM without chunked "
+        "context, vLLM before V1 with chunked prefill off); plans are made for engines with chunked prefill",
+    )
+    p.add_argument(
         "--expert-imbalance",
         type=imbalance,
         default=1.0,
@@ -96,8 +103,16 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
         tpot_slo=TPOT_SLO_RANGE_S[1],  # the loosest target a workload takes; score reads none
         ttft_slo=None,
     )
+    if args.profile and not args.chunked_prefill:
+        raise UserError(
+            "--no-chunked-prefill: a measured serving profile's times are chunked prefill's; score without --profile",
+            exit_code=2,
+        )
     options = ServingOptions(
-        allow_cpu=args.allow_cpu, max_batched_tokens=args.max_batched_tokens, expert_imbalance=args.expert_imbalance
+        allow_cpu=args.allow_cpu,
+        max_batched_tokens=args.max_batched_tokens,
+        expert_imbalance=args.expert_imbalance,
+        chunked_prefill=args.chunked_prefill,
     )
     precision = serving_precision(args.model, args.dtype, args.weights, args.kv_cache_dtype)
     ctx = build_context(args.cluster, args.model, workload, precision, options, args.profile)
@@ -132,7 +147,9 @@ def _header(score: ReplicaScore, workload: ServingWorkload) -> str:
         else f"{len(reqs)} request shapes"
     )
     batches = f"{ev.micro_batches} micro-batch" + ("es" if ev.micro_batches > 1 else "")
-    return f"{ev.concurrency} in flight, {batches}; {shape}; token budget {score.max_batched_tokens}; {NO_TARGETS}"
+    prefill = "" if score.chunked_prefill else ", prompts whole (no chunked prefill)"
+    budget = f"token budget {score.max_batched_tokens}{prefill}"
+    return f"{ev.concurrency} in flight, {batches}; {shape}; {budget}; {NO_TARGETS}"
 
 
 def score_table(score: ReplicaScore, layout: Layout, classes: Mapping[str, ServerClass]) -> Table:

@@ -12,6 +12,12 @@ load, whose time the serving bounds read as pieces, stays below every iteration 
 `prompt_lumps` gives the two-point law the model takes for x: multiples of the chunk u next to the
 mean (n u and (n + 1) u, the upper one cut at the room B - b), weighted so the mean is b r. Past
 the room (b r > B - b) prompts back up: every iteration carries B - b.
+
+An engine without chunked prefill runs each prompt whole in an iteration with no decodes
+(`prefill_batch_tokens`): a decode iteration is then followed, on average, by b r / s prefill
+iterations of s prompt tokens, each reading the weights again and paying the step overhead.
+Such an engine is scored (`llm-planner score --no-chunked-prefill`), not planned for: the engines
+the plans export to run chunked prefill.
 """
 
 from __future__ import annotations
@@ -33,6 +39,21 @@ def prompt_lumps(mean_tokens: float, prompt_len: float, room: float) -> tuple[tu
     hi = min(lo + chunk, room)
     share = (mean_tokens - lo) / (hi - lo)
     return ((1.0 - share, lo), (share, hi)) if share > 0 else ((1.0, lo),)
+
+
+def prefill_batch_tokens(mean_tokens: float, prompt_len: float, budget: float) -> float:
+    """An engine that runs prompts whole, in iterations of their own (no chunked prefill:
+    TensorRT-LLM without chunked context, vLLM before V1 with it off): the prompt tokens one such
+    iteration carries when `mean_tokens` prompt tokens arrive per decode iteration. The prompts
+    that arrive in one decode iteration go together, at least one and no more than the budget
+    holds (one at least: a prompt over the budget still runs whole). The decode iterations then
+    pay mean_tokens / (these tokens) prefill iterations each."""
+    if mean_tokens <= 0:
+        return 0.0
+    prompt = max(prompt_len, 1.0)
+    arriving = max(1, math.floor(mean_tokens / prompt))
+    fit = max(1, math.floor(budget / prompt))
+    return min(arriving, fit) * prompt
 
 
 def prompt_wait_s(others: int, occupancy_s: float, request_s: float) -> float:

@@ -37,6 +37,7 @@ class ServingOptions:
     time_limit_s: float = 60.0
     max_batched_tokens: int = DEFAULT_TOKEN_BUDGET  # tokens one engine iteration may carry (costs.py)
     expert_imbalance: float = 1.0  # MoE: the busiest expert's rows over the mean (cost.moe_cost; 1: uniform)
+    chunked_prefill: bool = True  # False: an engine running prompts whole (cost.chunks); `score` only
 
 
 class ServingContext:
@@ -67,7 +68,12 @@ class ServingContext:
         self.cluster, self.config, self.workload, self.options = cluster, config, workload, options
         self.dtype = self.precision.activations
         self.tasks: ServingTasks = build_serving_tasks(
-            config, workload, self.precision, options.max_batched_tokens, check_imbalance(options.expert_imbalance)
+            config,
+            workload,
+            self.precision,
+            options.max_batched_tokens,
+            check_imbalance(options.expert_imbalance),
+            options.chunked_prefill,
         )
         classes = server_classes(
             cluster, allow_cpu=options.allow_cpu, max_tp=options.max_tp, shards_over=self.tasks.shards_over

@@ -75,6 +75,7 @@ class ServingTasks:
     mean_prompt_len: float  # E[P] over requests
     token_budget: int = DEFAULT_TOKEN_BUDGET  # tokens one iteration may carry (module docstring)
     expert_imbalance: float = 1.0  # an MoE layer's busiest expert's rows over the mean (llm_planner.cost.moe_cost)
+    chunked_prefill: bool = True  # False: prompts run whole in iterations of their own (cost.chunks; scored only)
 
     @property
     def num_layers(self) -> int:
@@ -105,6 +106,7 @@ def build_serving_tasks(
     dtype: str | Precision,
     token_budget: int = DEFAULT_TOKEN_BUDGET,
     expert_imbalance: float = 1.0,
+    chunked_prefill: bool = True,
 ) -> ServingTasks:
     """The tasks per sequence in flight (module docstring) in `dtype` (one dtype for everything) or
     a precision: the block's linear weights at the weight format's bytes, its KV cache at the KV
@@ -152,6 +154,7 @@ def build_serving_tasks(
         mean_prompt_len=workload.mean_prompt_len,
         token_budget=token_budget,
         expert_imbalance=expert_imbalance,
+        chunked_prefill=chunked_prefill,
     )
 
 
@@ -244,7 +247,7 @@ class StageCosts:
         """Time of one iteration of a micro-batch of b sequences (module docstring)."""
         if b <= 0:
             return 0.0
-        t = self.step_s + layers * self.part_s("block", b)
+        t = self.step_s * (1.0 + self.layer_time.prefill_iterations(b)) + layers * self.part_s("block", b)
         if first:
             t += self.part_s("embed", b)
         if last:
@@ -307,10 +310,18 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, pro
     kv = (shard_of(tasks.tasks["block"], degree) if degree > 1 else tasks.tasks["block"]).mem_bytes_per_sample
     kernels = layer_kernels(tasks.config, tasks.precision, server_class.kind, degree, link, tasks.expert_imbalance)
     pieces["block"] = layer_pieces(kernels, tasks.per_sequence)
+    separate = None if tasks.chunked_prefill else (tasks.mean_prompt_len, tasks.token_budget)
     roofline = (
-        RooflineLayerTime(pieces["block"], kernels, tasks.per_sequence, tasks.mean_prompt_len, tasks.token_budget)
+        RooflineLayerTime(
+            pieces["block"],
+            kernels,
+            tasks.per_sequence,
+            tasks.mean_prompt_len,
+            tasks.token_budget,
+            chunked=tasks.chunked_prefill,
+        )
         if kernels.exact
-        else KernelLayerTime(pieces["block"], kernels, tasks.per_sequence)
+        else KernelLayerTime(pieces["block"], kernels, tasks.per_sequence, separate)
     )
     measured = measured_layer_time(
         profile, server_class.kind.name, degree, kernels, tasks.per_sequence, tasks.hidden_bytes_per_token

@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import math
 
-from llm_planner.cost.chunks import pieces_below, prompt_lumps
+from llm_planner.cost.chunks import pieces_below, prefill_batch_tokens, prompt_lumps
 from llm_planner.cost.iteration import LayerKernels, Load, layer_pieces, layer_time_s
 from llm_planner.cost.roofline import evaluate_pieces
 from llm_planner.serving.workload import WorkloadError
@@ -35,8 +35,28 @@ class _KernelTime:
     measured = False
     breakpoints = ()
 
-    def __init__(self, pieces: tuple, kernels: LayerKernels, per_sequence: Load):
+    def __init__(self, pieces: tuple, kernels: LayerKernels, per_sequence: Load, separate: tuple | None = None):
         self.pieces, self.kernels, self.per_sequence = pieces, kernels, per_sequence
+        self.separate = separate  # (prompt_len, budget) of an engine without chunked prefill; None: chunked
+
+    def prefill_iterations(self, b: float) -> float:
+        """Prompt-only iterations per decode iteration of b sequences: 0 with chunked prefill."""
+        if self.separate is None or b <= 0 or self.per_sequence.prompt_tokens <= 0:
+            return 0.0
+        x = b * self.per_sequence.prompt_tokens
+        return x / prefill_batch_tokens(x, *self.separate)
+
+    def _separate_s(self, b: float) -> float:
+        """A decode iteration of b sequences and its share of whole-prompt iterations of their own
+        (no chunked prefill: llm_planner.cost.chunks.prefill_batch_tokens)."""
+        ps = self.per_sequence
+        t = self.kernels.time_s(Load(decodes=b, decode_keys=b * ps.decode_keys))
+        runs = self.prefill_iterations(b)
+        if runs <= 0:
+            return t
+        s = b * ps.prompt_tokens / runs
+        keys_per_token = ps.prompt_keys / ps.prompt_tokens
+        return t + runs * self.kernels.time_s(Load(prompt_tokens=s, prompt_keys=s * keys_per_token))
 
     def lower(self, b: float) -> float:
         """The pieces at b: at most t(b)."""
@@ -55,8 +75,16 @@ class RooflineLayerTime(_KernelTime):
     (Jensen: the kernels are convex in the prompt tokens, cost.chunks), and the lower convex hull of
     t at the micro-batches the token budget admits, below t at each of them."""
 
-    def __init__(self, pieces: tuple, kernels: LayerKernels, per_sequence: Load, prompt_len: float, budget: int):
-        super().__init__(pieces, kernels, per_sequence)
+    def __init__(
+        self,
+        pieces: tuple,
+        kernels: LayerKernels,
+        per_sequence: Load,
+        prompt_len: float,
+        budget: int,
+        chunked: bool = True,
+    ):
+        super().__init__(pieces, kernels, per_sequence, None if chunked else (prompt_len, budget))
         self.prompt_len, self.budget = prompt_len, budget
         self._memo: dict[float, float] = {}
         self.pieces = pieces + self._hull_pieces()
@@ -81,6 +109,8 @@ class RooflineLayerTime(_KernelTime):
         return got
 
     def _lumped_s(self, b: float) -> float:
+        if self.separate is not None:
+            return self._separate_s(b)
         ps = self.per_sequence
         decode = Load(decodes=b, decode_keys=b * ps.decode_keys)
         keys_per_token = ps.prompt_keys / ps.prompt_tokens if ps.prompt_tokens > 0 else 0.0
@@ -99,7 +129,9 @@ class KernelLayerTime(_KernelTime):
     b / (step + l t(b)) (every term's tangent meets b = 0 at or above 0), as on the roofline."""
 
     def __call__(self, b: float) -> float:
-        return self.kernels.time_s(self.per_sequence.times(b)) if b > 0 else 0.0
+        if b <= 0:
+            return 0.0
+        return self._separate_s(b) if self.separate is not None else self.kernels.time_s(self.per_sequence.times(b))
 
     def least(self, lo: float = 1.0, hi: float = math.inf) -> float:
         """The least time over micro-batches of lo..hi sequences: at lo (the time grows with b)."""
@@ -111,6 +143,10 @@ class _PiecewiseLinear:
 
     measured = True
     breakpoints: tuple[float, ...] = ()
+
+    def prefill_iterations(self, b: float) -> float:
+        """Prompt-only iterations per decode iteration: none (measured times are chunked prefill's)."""
+        return 0.0
 
     def __call__(self, b: float) -> float:
         raise NotImplementedError

@@ -25,6 +25,9 @@ a round trip R_c with the chunk in the iteration (llm_planner.serving.costs.Stag
 
     TTFT = (ceil(E[P] / c) - 1) * max(cycle, R_c) + R_c
 
+An engine without chunked prefill (scored by `llm-planner score --no-chunked-prefill`, never
+planned for) runs the prompt whole, c = E[P], in an iteration with no decodes beside it.
+
 For fixed stages, tokens/s = C / cycle(C) grows with C (cycle is a maximum of affine functions
 with non-negative intercepts) and feasibility (memory, TPOT) only shrinks as C grows, so the
 best concurrency is the largest feasible one, found by bisection; the layer split is chosen
@@ -168,10 +171,12 @@ class ReplicaModel:
         one chunk per visit of its micro-batch; the last chunk's round trip yields the token; before
         that it waits for the prompts of the b - 1 others ahead of it (cost.chunks.prompt_wait_s)."""
         prompt = self.tasks.mean_prompt_len
-        chunk = min(prompt, max(1, self.tasks.token_budget - b))
+        chunked = self.tasks.chunked_prefill  # else: the prompt whole, in an iteration of its own
+        chunk = min(prompt, max(1, self.tasks.token_budget - b)) if chunked else prompt
+        beside = b if chunked else 0  # decodes in the prompt's iterations
         visits = math.ceil(prompt / chunk)
-        trip = self.handoffs_s(b) + sum(self._chunk_stage_s(s, b, chunk, n) for s, n in enumerate(layers))
-        plain = self.handoffs_s(b) + sum(self._chunk_stage_s(s, b, 0.0, n) for s, n in enumerate(layers))
+        trip = self.handoffs_s(b) + sum(self._chunk_stage_s(s, beside, chunk, n) for s, n in enumerate(layers))
+        plain = self.handoffs_s(b) + sum(self._chunk_stage_s(s, beside, 0.0, n) for s, n in enumerate(layers))
         service = (visits - 1) * max(cycle, trip) + trip
         output_len = prompt / self.tasks.prefill_per_output if self.tasks.prefill_per_output > 0 else 0.0
         return service + prompt_wait_s(b - 1, visits * (trip - plain), service + output_len * cycle)
@@ -198,6 +203,8 @@ class ReplicaModel:
         """Whether a micro-batch's decodes and its steady prompt share fit the per-iteration token
         budget (else prompts queue without end: the engine cannot keep C sequences in flight)."""
         b = -(-concurrency // m)
+        if not self.tasks.chunked_prefill:  # decodes and whole prompts in iterations of their own
+            return b <= self.tasks.token_budget
         return b * (1 + self.tasks.prefill_per_output) <= self.tasks.token_budget
 
     # -- choices ------------------------------------------------------------------

@@ -32,6 +32,7 @@ class ReplicaScore:
     caps: tuple[int, ...]  # the most layers each stage holds at this C and m
     within_token_budget: bool
     max_batched_tokens: int
+    chunked_prefill: bool = True  # False: the engine runs prompts whole (llm_planner.cost.chunks)
 
     @property
     def fits_memory(self) -> bool:
@@ -61,6 +62,7 @@ class ReplicaScore:
             "fits_memory": self.fits_memory,
             "within_token_budget": self.within_token_budget,
             "max_batched_tokens": self.max_batched_tokens,
+            "chunked_prefill": self.chunked_prefill,
         }
 
 
@@ -87,6 +89,7 @@ def score_replica(
         caps=caps,
         within_token_budget=model.within_budget(concurrency, micro_batches),
         max_batched_tokens=ctx.tasks.token_budget,
+        chunked_prefill=ctx.tasks.chunked_prefill,
     )
 
 
