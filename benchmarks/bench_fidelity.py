@@ -7,14 +7,17 @@ pipeline degrees, concurrency, mean prompt and output lengths, each with its sou
 by the planner's own model, as `llm-planner score` would: a one-server cluster of the row's GPUs
 from the package's catalog (`catalog:`, with the server's GPU link from
 benchmarks/data/fidelity_servers.yaml), the row's model preset and dtype, the replica pp stages x
-tp GPUs, the row's concurrency in one micro-batch per stage. It prints and writes the model's
+tp GPUs, the row's concurrency in one micro-batch per stage (an open-loop row, requests at a rate
+with no cap: the concurrency where Little's law holds in the model), the row's token budget and
+chunked-prefill setting where it states them. It prints and writes the model's
 TPOT, tokens/s and TTFT beside the measured ones and their ratios (model / measured). Rows the
 model cannot score (a GPU, concurrency or model the source does not state) are listed with why.
 
 What the rows mean is in the data file's header: `calibration` rows are those the constants were
 fitted on; `held_out` rows judge the model. TTFT of a closed batch (all prompts at once, as in
-the LambdaLabs prompt_10 runs) is not the steady state the model describes: its ratio is shown,
-marked, and kept out of the summary.
+the LambdaLabs prompt_10 runs) or of an engine with multi-step scheduling (a prompt admitted only
+every n steps) is not the steady state the model describes: its ratio is shown, marked, and kept
+out of the summary.
 """
 
 from __future__ import annotations
@@ -98,13 +101,20 @@ def why_not(row: dict) -> str | None:
     """Why a row cannot be scored, or None."""
     if row.get("gpu") is None:
         return "the source does not name the GPU"
-    if row.get("concurrency") is None:
+    if row.get("concurrency") is None and not _open_loop(row):
         return "the source does not state the concurrency (max_num_seqs unknown)"
     if row.get("model") not in PRESETS:
         return f"no preset for {row.get('model')}"
     if row.get("pp", 1) != 1:
         return "pipeline rows are scored once pp layouts are in the references"
     return None
+
+
+def _open_loop(row: dict) -> bool:
+    """A run whose requests arrive at a finite rate with no concurrency cap: the model finds its
+    concurrency by Little's law."""
+    rate = row.get("request_rate")
+    return row.get("concurrency") is None and isinstance(rate, (int, float)) and rate != float("inf")
 
 
 def score(row: dict, servers: dict, tmp: Path) -> dict:
@@ -114,14 +124,49 @@ def score(row: dict, servers: dict, tmp: Path) -> dict:
     prompt, output = max(1, round(row["prompt_len"])), max(1, round(row["output_len"]))
     workload = ServingWorkload(requests=(RequestShape(prompt_len=prompt, output_len=output),), tpot_slo_s=10.0)
     budget = row.get("max_num_batched_tokens") or ServingOptions().max_batched_tokens
-    ctx = build_context(
-        str(spec), PRESETS[row["model"]], workload, DTYPES[row["dtype"]], ServingOptions(max_batched_tokens=budget)
-    )
+    chunked = row.get("enable_chunked_prefill") is not False  # unstated: the engines' chunked prefill
+    options = ServingOptions(max_batched_tokens=budget, chunked_prefill=chunked)
+    ctx = build_context(str(spec), PRESETS[row["model"]], workload, DTYPES[row["dtype"]], options)
     model = ctx.replica((Segment(ctx.classes[0].name, tp, 1),))
-    c = row["concurrency"]
+    if _open_loop(row):
+        return open_loop_score(model, ctx.config.num_layers, float(row["request_rate"]), output)
+    return _at(model, ctx.config.num_layers, row["concurrency"])
+
+
+def _at(model, num_layers: int, c: int) -> dict:
     split = model.split_layers(c, 1)
-    ev = model.evaluate(split or (ctx.config.num_layers,), c, 1)
-    return {"tpot_s": ev.tpot_s, "tokens_per_s": ev.tokens_per_s, "ttft_s": ev.ttft_s, "fits": split is not None}
+    ev = model.evaluate(split or (num_layers,), c, 1)
+    return {
+        "tpot_s": ev.tpot_s,
+        "tokens_per_s": ev.tokens_per_s,
+        "ttft_s": ev.ttft_s,
+        "fits": split is not None,
+        "concurrency": c,
+    }
+
+
+def open_loop_score(model, num_layers: int, rate: float, output: int, most: int = 4096) -> dict:
+    """Requests arriving at `rate` per second: the concurrency c the model settles at is where
+    Little's law holds, c = rate x (TTFT(c) + (output - 1) x TPOT(c)); the model's figures there,
+    interpolated between the integers around c. The model's tokens/s is rate x output whatever it
+    is, so it is not scored."""
+
+    def gap(got: dict) -> float:
+        return rate * (got["ttft_s"] + (output - 1) * got["tpot_s"]) - got["concurrency"]
+
+    lo = _at(model, num_layers, 1)
+    if gap(lo) <= 0:
+        return {**lo, "tokens_per_s": None, "concurrency": f"<1 at {rate:g}/s"}
+    c = 1
+    while c < most:
+        hi = _at(model, num_layers, c + 1)
+        if gap(hi) <= 0:
+            t = gap(lo) / (gap(lo) - gap(hi))
+            mixed = {k: lo[k] + t * (hi[k] - lo[k]) for k in ("tpot_s", "ttft_s")}
+            fits = lo["fits"] and hi["fits"]
+            return {**mixed, "tokens_per_s": None, "fits": fits, "concurrency": f"{c + t:.1f} at {rate:g}/s"}
+        lo, c = hi, c + 1
+    return {**lo, "tokens_per_s": None, "fits": False, "concurrency": f"over {most} at {rate:g}/s"}
 
 
 def ratio(model: float, measured) -> str:
@@ -139,9 +184,21 @@ def table_row(row: dict, got: dict) -> dict:
     return {
         **_row_head(row, got),
         "tpot ratio": ratio(got["tpot_s"], row.get("tpot_s") or row.get("itl_s")),
-        "tok/s ratio": "-" if closed else ratio(got["tokens_per_s"], row.get("output_tokens_per_s")),
-        "ttft ratio": ratio(got["ttft_s"], row.get("ttft_s")) + (" (closed batch)" if closed else ""),
+        "tok/s ratio": "-"
+        if closed or got["tokens_per_s"] is None
+        else ratio(got["tokens_per_s"], row.get("output_tokens_per_s")),
+        "ttft ratio": ratio(got["ttft_s"], row.get("ttft_s")) + _ttft_mark(row, closed),
     }
+
+
+def _ttft_mark(row: dict, closed: bool) -> str:
+    """Why a TTFT is not the model's steady state: a closed batch (all prompts at once), or an engine
+    admitting prompts only every n steps (vLLM's multi-step scheduling, gone in V1), a wait the
+    model does not have."""
+    if closed:
+        return " (closed batch)"
+    steps = row.get("num_scheduler_steps") or 1
+    return f" (multi-step {steps})" if steps > 1 and row.get("ttft_s") else ""
 
 
 def _row_head(row: dict, got: dict) -> dict:
@@ -150,12 +207,12 @@ def _row_head(row: dict, got: dict) -> dict:
         "use": row["use"],
         "gpu": row["gpu"],
         "tp": row["tp"],
-        "concurrency": row["concurrency"],
+        "concurrency": got["concurrency"],
         "prompt/output": f"{row['prompt_len']:.0f}/{row['output_len']:.0f}",
         "tpot measured": ms(row.get("tpot_s") or row.get("itl_s")),
         "tpot model": ms(got["tpot_s"]),
         "tok/s measured": f"{row['output_tokens_per_s']:,.0f}" if row.get("output_tokens_per_s") else "-",
-        "tok/s model": f"{got['tokens_per_s']:,.0f}",
+        "tok/s model": f"{got['tokens_per_s']:,.0f}" if got["tokens_per_s"] else "-",
         "ttft measured": ms(row.get("ttft_s")),
         "ttft model": ms(got["ttft_s"]),
     }
@@ -214,7 +271,7 @@ def _kind(gpu: str, k: int, servers: dict, tmp: Path, seen: dict):
 
 
 def _scored(cell: str) -> bool:
-    return cell not in ("-", "over memory") and "closed" not in cell
+    return cell not in ("-", "over memory") and "(" not in cell
 
 
 def main() -> int:
