@@ -185,7 +185,11 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
     num_layers = integer(model, "num_layers")
     _workload(top.mapping("workload"))
     options = top.mapping("options")
-    exactly(options, _OPTIONS, optional=("expert_imbalance",))
+    exactly(options, _OPTIONS, optional=("expert_imbalance", "chunked_prefill"))
+    if options.data.get("chunked_prefill", True) is not True:
+        raise options.fail(
+            "chunked_prefill", "must be true: plans are made for engines with chunked prefill (docs/serving.md)"
+        )
     if "expert_imbalance" in options.data and number(options, "expert_imbalance") < 1:
         raise options.fail(
             "expert_imbalance", f"must be >= 1 (1: uniform routing), got {options.get('expert_imbalance')}"
