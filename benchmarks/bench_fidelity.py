@@ -57,7 +57,12 @@ PRESETS = {
 }
 PROJECTIONS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 OP_COLUMNS = ["gpu", "model", "tp", "linear ratio by tokens (1, 8, 32, 64, 128, 256, 512, 1024, 2048)"]
-AR_COLUMNS = ["gpu", "GPUs", "all-reduce ratio by bytes (2 KiB .. 64 MiB, x4 steps)"]
+AR_COLUMNS = [
+    "gpu",
+    "GPUs",
+    "all-reduce ratio by bytes (2 KiB .. 64 MiB, x4 steps)",
+    "bandwidth share reached (1-64 MiB slope)",
+]
 DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
 COLUMNS = [
     "id",
@@ -249,15 +254,32 @@ def operator_rows(ops: dict, servers: dict, tmp: Path) -> tuple[list[dict], list
         if k != row["devices_per_node"] or row["gpu"] not in servers or row["size_bytes"].bit_length() % 2 == 0:
             continue  # in one server only; every other power of two
         kind, link = _kind(row["gpu"], k, servers, tmp, kinds)
-        model = (
-            kind.collective_call_s
-            + 2 * (k - 1) * link.latency_s
-            + 2 * (k - 1) / k * row["size_bytes"] / link.bw_bytes_per_s
-        )
+        beta = link.bw_bytes_per_s * kind.collective_bw_efficiency
+        model = kind.collective_call_s + 2 * (k - 1) * link.latency_s + 2 * (k - 1) / k * row["size_bytes"] / beta
         ar.setdefault((row["gpu"], k), []).append(f"{model / row['time_s']:.2f}")
     lin_rows = [dict(zip(OP_COLUMNS, (*key, " ".join(v)))) for key, v in lin.items()]
-    ar_rows = [dict(zip(AR_COLUMNS, (*key, " ".join(v)))) for key, v in ar.items()]
+    shares = bandwidth_shares(ops["all_reduce"], servers, tmp, kinds)
+    ar_rows = [dict(zip(AR_COLUMNS, (*key, " ".join(v), shares[key]))) for key, v in ar.items()]
     return lin_rows, ar_rows
+
+
+def bandwidth_shares(rows: list[dict], servers: dict, tmp: Path, kinds: dict) -> dict:
+    """(gpu, k) -> the share of the link's bandwidth the all-reduce's bytes reach: the least-squares
+    slope of time over size from 1 to 64 MiB (where the per-call time no longer dominates), as
+    2 (k - 1) / k / slope over the link's bandwidth; the catalog's collective_efficiency is its
+    median over k (llm_planner/core/data/gpu_catalog.yaml)."""
+    points: dict = {}
+    for row in rows:
+        k = row["num_workers"]
+        if k == row["devices_per_node"] and row["gpu"] in servers and 2**20 <= row["size_bytes"] <= 2**26:
+            points.setdefault((row["gpu"], k), []).append((row["size_bytes"], row["time_s"]))
+    out = {}
+    for (gpu, k), xy in points.items():
+        mx, my = statistics.fmean(x for x, _ in xy), statistics.fmean(y for _, y in xy)
+        slope = sum((x - mx) * (y - my) for x, y in xy) / sum((x - mx) ** 2 for x, _ in xy)
+        _, link = _kind(gpu, k, servers, tmp, kinds)
+        out[(gpu, k)] = f"{2 * (k - 1) / k / slope / link.bw_bytes_per_s:.2f}"
+    return out
 
 
 def _kind(gpu: str, k: int, servers: dict, tmp: Path, seen: dict):

@@ -37,12 +37,14 @@ TINY = DecoderConfig(
     max_positions=512,
     tie_word_embeddings=False,
 )
-PEAK, BW, OVERHEAD, CALL, LINK_BW, LATENCY = 100e12, 1e12, 5e-6, 20e-6, 100e9, 1e-6
+PEAK, BW, OVERHEAD, CALL, LATENCY = 100e12, 1e12, 5e-6, 20e-6, 1e-6
+LINK_BW, SHARE = 100e9, 0.5  # the link, and the share of it the collectives' bytes reach
 
 
 def _cluster(gpus: int = 4):
     g = kind("g", "gpu", flops=PEAK, mem_bytes=80e9, mem_bw=BW, overhead_s=OVERHEAD)
-    return make_cluster([{**g, "collective_overhead_s": CALL}], [{"g": gpus}], bw=LINK_BW, latency_s=LATENCY)
+    g |= {"collective_overhead_s": CALL, "collective_efficiency": SHARE}
+    return make_cluster([g], [{"g": gpus}], bw=LINK_BW, latency_s=LATENCY)
 
 
 def _graph(config: DecoderConfig = TINY, phase: str = "decode", seq_len: int = 100) -> TaskGraph:
@@ -75,7 +77,7 @@ def _by_hand_s(k: int, batch: int) -> float:
     linear = _corner(lin_flops * batch / PEAK, (weights + lin_bytes * batch) / BW)
     attention = _corner(att_flops * batch / PEAK, att_bytes * batch / BW)
     elementwise = (1_024 + elem * batch) / BW
-    reduce = ar_fixed + ar_bytes * batch / LINK_BW if k > 1 else 0.0
+    reduce = ar_fixed + ar_bytes * batch / (LINK_BW * SHARE) if k > 1 else 0.0
     return OVERHEAD + linear + attention + elementwise + reduce
 
 
@@ -236,7 +238,7 @@ def test_a_measured_share_plus_ring_collectives_pays_the_kinds_call_overhead():
     d = problem.device_names.index("node0/g:0-1")
     i = [t.name for t in graph.tasks].index("block.0")
     # the share as measured, then two all-reduces: 20 us per call, 2 latencies, 256 * 2 bytes per token
-    ring = 2 * (CALL + 2 * LATENCY) + 2 * (2 * 1 / 2 * 256 * 2) * 3 / LINK_BW
+    ring = 2 * (CALL + 2 * LATENCY) + 2 * (2 * 1 / 2 * 256 * 2) * 3 / (LINK_BW * SHARE)
     assert problem.task_time(i, d, 3) == pytest.approx(1e-4 + 2e-5 * 3 + ring, rel=1e-9)
 
 

@@ -102,7 +102,10 @@ def test_group_time_is_a_member_roofline_plus_collectives(k):
     member_bytes = (4e6 - 1e6) / k + 1e6
     roofline = 1e-5 + max(8e9 / k * b / 1e14, (member_weights + member_bytes * b) / 2e12)
     # each of the two calls: the kind's fixed time per call, 2 (k - 1) link latencies, the ring's bytes
-    allreduce = 2 * (kind_spec.collective_call_s + 2 * (k - 1) * 2e-6 + 2 * (k - 1) / k * 24_576 * b / 400e9)
+    # at the kind's collective efficiency of the link's bandwidth (a gpu's default 0.61)
+    beta = 400e9 * kind_spec.collective_bw_efficiency
+    assert kind_spec.collective_bw_efficiency == 0.61
+    allreduce = 2 * (kind_spec.collective_call_s + 2 * (k - 1) * 2e-6 + 2 * (k - 1) / k * 24_576 * b / beta)
     assert cost.evaluate_pieces(cost.group_task_time_pieces(task, kind_spec, k, link, "fp16"), b) == pytest.approx(
         roofline + allreduce
     )

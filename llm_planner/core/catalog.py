@@ -25,6 +25,7 @@ ENTRY_FIELDS = (
     "mem_efficiency",
     "overhead_s",
     "collective_overhead_s",
+    "collective_efficiency",
 )
 # (compute_efficiency, mem_efficiency) of a kind that names no catalog entry and states neither,
 # by device type. GPUs and accelerators: the catalog's figures (core/data/gpu_catalog.yaml): large

@@ -70,6 +70,13 @@ STEP_OVERHEAD_DEFAULT = {"cpu": 1e-3, "gpu": 1e-3, "accelerator": 1e-3}
 # shared memory) carry it in the link's latency. Set `collective_overhead_s` per kind from a
 # measurement.
 COLLECTIVE_OVERHEAD_DEFAULT = {"cpu": 0.0, "gpu": 5e-6, "accelerator": 5e-6}
+# The share of their link's bandwidth a tensor-parallel group's collectives reach (the size term's
+# bandwidth over the link's), by device type. GPUs and accelerators: the catalog's A100 figure,
+# the slope of NCCL all-reduce time over message size from 1 to 64 MiB in Vidur's network profiles
+# against the servers' NVLink bandwidth (core/data/gpu_catalog.yaml; docs/fidelity.md). CPU groups:
+# 1, their links being measured figures (`llm-planner profile`). Set `collective_efficiency` per
+# kind from a measurement.
+COLLECTIVE_EFFICIENCY_DEFAULT = {"cpu": 1.0, "gpu": 0.61, "accelerator": 0.61}
 # Whether devices of a kind may form tensor-parallel groups, by device type: GPUs and accelerators
 # do (NCCL-style collectives over NVLink or PCIe); CPU sockets do not (no engine shards a layer
 # over sockets with all-reduces per layer). A kind's `tensor_parallel` overrides it.
@@ -92,6 +99,8 @@ class DeviceKindSpec:
     overhead_s: float = 0.0  # fixed time per task (kernel launches, dispatch)
     # Fixed time per collective call of a tensor-parallel group; None: COLLECTIVE_OVERHEAD_DEFAULT.
     collective_overhead_s: float | None = None
+    # Share of the link's bandwidth its collectives reach; None: COLLECTIVE_EFFICIENCY_DEFAULT.
+    collective_efficiency: float | None = None
     # Share of mem_bytes a plan may fill; None: the type's default (USABLE_MEM_DEFAULT).
     usable_mem_fraction: float | None = None
     # Serving: fixed time per engine iteration on a stage of this kind; None: STEP_OVERHEAD_DEFAULT.
@@ -121,6 +130,12 @@ class DeviceKindSpec:
         """Fixed time per collective call on a group of this kind (COLLECTIVE_OVERHEAD_DEFAULT)."""
         default = COLLECTIVE_OVERHEAD_DEFAULT[self.type]
         return default if self.collective_overhead_s is None else self.collective_overhead_s
+
+    @property
+    def collective_bw_efficiency(self) -> float:
+        """Share of the link's bandwidth a group's collectives reach (COLLECTIVE_EFFICIENCY_DEFAULT)."""
+        default = COLLECTIVE_EFFICIENCY_DEFAULT[self.type]
+        return default if self.collective_efficiency is None else self.collective_efficiency
 
     @property
     def usable_mem_bytes(self) -> float:

@@ -78,6 +78,7 @@ KIND_FIELDS: dict[str, Callable[[Reader, str], Any]] = {
     "mem_efficiency": _fraction,
     "overhead_s": _seconds,
     "collective_overhead_s": _seconds,
+    "collective_efficiency": _fraction,
     "usable_mem_fraction": _fraction,
     "step_overhead_s": _seconds,
     "tensor_parallel": _bool,

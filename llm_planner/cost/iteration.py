@@ -17,7 +17,8 @@ sec. 3; llm_planner.graph.tp_layout), the layer runs one after another
     all_reduce   (k > 1) two per layer, after the output and down projections, of h b bytes per
                  token: alpha + 2 (k - 1) / k n / beta (ring; Patarasuk and Yuan, JPDC 2009), with
                  alpha = the kind's per-call collective overhead (launch and NCCL's own latency)
-                 + 2 (k - 1) link latencies
+                 + 2 (k - 1) link latencies, beta = the link's bandwidth x the kind's collective
+                 efficiency (the share of it an all-reduce's bytes reach)
 
 with P_m the layer's linear parameters, a = nh hd, kv = nkv hd, b the dtype's bytes, h the hidden
 size. A quantized precision (llm_planner.core.precision) changes three of these: the linear
@@ -217,7 +218,7 @@ def _member_kernels(
         kernels=kernels,
         flops_per_s=peak * kind.compute_efficiency,
         bytes_per_s=kind.mem_bw_bytes_per_s * kind.mem_efficiency,
-        link_bytes_per_s=link.bw_bytes_per_s if k > 1 else 1.0,
+        link_bytes_per_s=link.bw_bytes_per_s * kind.collective_bw_efficiency if k > 1 else 1.0,
         overhead_s=kind.overhead_s,
     )
 

@@ -165,7 +165,10 @@ def _group_collectives(cluster: ClusterSpec, profile: Profile, task: Task, devic
     measured = profile.links.get(all_reduce_key(link_class(cluster, a, b) or "", device.degree))
     if measured is None:
         spec_link = link(cluster, profile, a, b) or cluster.link(a, b)
-        return cost.collective_pieces(task, device.degree, spec_link, cluster.kind(device.kind).collective_call_s)
+        kind = cluster.kind(device.kind)
+        return cost.collective_pieces(
+            task, device.degree, spec_link, kind.collective_call_s, kind.collective_bw_efficiency
+        )
     calls = task.tp_allreduces + task.tp_allgathers
     moved = task.tp_allreduce_bytes_per_sample + device.degree * task.tp_allgather_bytes_per_sample
     return calls * measured.latency_s, moved / measured.bw_bytes_per_s

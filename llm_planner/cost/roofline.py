@@ -32,7 +32,9 @@ operations in MPICH", IJHPCA 2005):
     all-reduce of n bytes:                2 (k - 1) alpha + 2 (k - 1) / k * n / beta
     all-gather of n bytes from each member: (k - 1) alpha +     (k - 1) * n / beta
 
-Both are affine in b (n is per sample), so the group's time is again a maximum of
+with beta the link's bandwidth times the kind's collective efficiency (the share of it NCCL's
+all-reduce reaches: DeviceKindSpec.collective_bw_efficiency). Both are affine in b (n is per
+sample), so the group's time is again a maximum of
 affine pieces: the collectives' time is added to every piece.
 
 Transfer time of an edge's tensor between two different devices for b samples
@@ -106,7 +108,11 @@ def roofline_terms(
         bytes_per_sample=member.bytes_per_sample,
         peak_flops=peak,
         mem_bw_bytes_per_s=kind.mem_bw_bytes_per_s,
-        collective=collective_pieces(task, k, link, kind.collective_call_s) if k > 1 else (0.0, 0.0),
+        collective=(
+            collective_pieces(task, k, link, kind.collective_call_s, kind.collective_bw_efficiency)
+            if k > 1
+            else (0.0, 0.0)
+        ),
     )
 
 
@@ -135,16 +141,17 @@ def task_time_pieces(task: Task, kind: DeviceKindSpec, dtype: str) -> tuple[Piec
     return pieces_of(roofline_terms(task, kind, dtype), kind)
 
 
-def collective_pieces(task: Task, k: int, link: LinkSpec, call_s: float = 0.0) -> Piece:
+def collective_pieces(task: Task, k: int, link: LinkSpec, call_s: float = 0.0, efficiency: float = 1.0) -> Piece:
     """(fixed_s, per_sample_s) of the task's collectives on a group of k over `link` (ring), each
-    call paying `call_s` besides its link latencies (the kind's collective_call_s)."""
+    call paying `call_s` besides its link latencies (the kind's collective_call_s), the bytes moving
+    at `efficiency` of the link's bandwidth (the kind's collective_bw_efficiency)."""
     if k <= 1:
         return (0.0, 0.0)
     calls = task.tp_allreduces + task.tp_allgathers
     fixed = calls * call_s + (2 * task.tp_allreduces + task.tp_allgathers) * (k - 1) * link.latency_s
     per_sample = (
         2 * (k - 1) / k * task.tp_allreduce_bytes_per_sample + (k - 1) * task.tp_allgather_bytes_per_sample
-    ) / link.bw_bytes_per_s
+    ) / (link.bw_bytes_per_s * efficiency)
     return (fixed, per_sample)
 
 
@@ -162,7 +169,7 @@ def group_task_time_pieces(
     if task.time_s_by_kind:  # explicit times: each member's is the task's, plus the collectives
         if not task.shards_over(k) or link is None:
             raise CostError(f"task {task.name!r} cannot run on a tensor-parallel group of {k}")
-        fixed, slope = collective_pieces(task, k, link, kind.collective_call_s)
+        fixed, slope = collective_pieces(task, k, link, kind.collective_call_s, kind.collective_bw_efficiency)
         return ((fixed, dict(task.time_s_by_kind)[kind.name] + slope),)
     return pieces_of(roofline_terms(task, kind, dtype, k, link), kind)
 
