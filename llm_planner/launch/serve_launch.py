@@ -34,7 +34,6 @@ from llm_planner.core.atomic import write_atomic
 from llm_planner.core.plan_read import Fields
 from llm_planner.core.spec import ClusterSpec
 from llm_planner.core.tensor_groups import GroupError, group_from_members
-from llm_planner.graph.attention_window import window_refusal
 from llm_planner.launch.mpiexec_run import probe_port
 from llm_planner.launch.plan_launch import (
     LaunchError,
@@ -172,9 +171,6 @@ def _model_config(plan: ServingPlanFile, options: ServeOptions, context_len: int
             f"{source}: workload.requests: the longest request ({context_len} tokens) exceeds the model's "
             f"{config.max_positions} positions"
         )
-    why = window_refusal(config, context_len, f"the longest request's {context_len} tokens")
-    if why is not None:
-        raise LaunchError(f"{source}: workload.requests: model {config.name!r}: {why}")
     return config
 
 
