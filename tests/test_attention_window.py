@@ -43,7 +43,7 @@ MISTRAL_JSON = {
     "torch_dtype": "bfloat16",
     "vocab_size": 32000,
 }
-# A small Qwen2 (24 layers): its window is off, as the published Qwen2 configs ship it.
+# A small Qwen2 (24 layers) with its window off (use_sliding_window false, the class default).
 QWEN2_JSON = {
     "model_type": "qwen2",
     "hidden_size": 896,
