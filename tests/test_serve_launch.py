@@ -118,6 +118,11 @@ def test_a_mixture_of_experts_plan_launches_and_its_checkpoint_is_checked(tmp_pa
     save_config(other, tmp_path / "c")
     with pytest.raises(LaunchError, match=r"moe.yaml: the plan was made for another model than checkpoint .*num_exp"):
         launch_serving(plan, ServeOptions(dry_run=True, checkpoint=str(tmp_path / "c"), workdir=str(tmp_path / "w")))
+    windowed = tiny_mixtral()  # a sliding window is part of the model too (llm_planner.graph.attention_window)
+    windowed.sliding_window = 8
+    save_config(windowed, tmp_path / "sw")
+    with pytest.raises(LaunchError, match=r"checkpoint .*sliding_window: plan None vs checkpoint 8"):
+        launch_serving(plan, ServeOptions(dry_run=True, checkpoint=str(tmp_path / "sw"), workdir=str(tmp_path / "w")))
 
 
 def test_a_model_type_the_runtime_does_not_build_is_refused(tmp_path):

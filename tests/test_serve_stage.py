@@ -19,7 +19,9 @@ SHAPES = ((9, 6, 1.0), (3, 8, 1.0), (1, 5, 1.0))  # prompts of 9, 3 and 1 tokens
 CONTEXT = 24
 
 
-def _stages(config, splits: list[tuple[int, int]], slots: int, checkpoint: str | None = None) -> list[ServeStage]:
+def _stages(
+    config, splits: list[tuple[int, int]], slots: int, checkpoint: str | None = None, context: int = CONTEXT
+) -> list[ServeStage]:
     source = gpt.weight_source(config, checkpoint=checkpoint, seed=0)
     return [
         ServeStage(
@@ -27,7 +29,7 @@ def _stages(config, splits: list[tuple[int, int]], slots: int, checkpoint: str |
             first_layer=a,
             num_layers=n,
             slots=slots,
-            context_len=CONTEXT,
+            context_len=context,
             device=torch.device("cpu"),
             dtype=torch.float32,
             source=source,
@@ -36,14 +38,16 @@ def _stages(config, splits: list[tuple[int, int]], slots: int, checkpoint: str |
     ]
 
 
-def _serve(stages, *, concurrency: int, micro_batches: int, budget: int, requests: int) -> Scheduler:
+def _serve(
+    stages, *, concurrency: int, micro_batches: int, budget: int, requests: int, context: int = CONTEXT
+) -> Scheduler:
     load = LoadSpec(shapes=SHAPES, vocab_size=128, seed=1)
     queue = ReplicaQueue(RequestStream(load), [1.0], 0, requests)
     sched = Scheduler(
         concurrency=concurrency,
         micro_batches=micro_batches,
         max_batched_tokens=budget,
-        context_len=CONTEXT,
+        context_len=context,
         queue=queue,
     )
     with torch.no_grad():
@@ -86,6 +90,25 @@ def test_every_request_gets_the_whole_models_greedy_tokens(make, split, tmp_path
     assert len(sched.finished) == 6
     for seq in sched.finished:
         assert seq.generated == greedy_whole(whole, list(seq.request.prompt), seq.request.output_len), seq.request
+
+
+def test_a_window_that_holds_every_context_serves_the_whole_models_tokens():
+    """Mixtral sliding a window as long as the longest request (9 + 6 tokens): the stage's full
+    attention gives the tokens of transformers' windowed model (llm_planner.graph.attention_window);
+    a context longer than the window is refused before anything runs."""
+    config = gpt.prepare_config(tiny_mixtral())
+    config.sliding_window = max(p + o for p, o, _ in SHAPES)
+    whole = gpt.build_whole_model(config, gpt.weight_source(config, checkpoint=None, seed=0))
+    stages = _stages(config, [(0, gpt.num_layers_of(config))], slots=3, context=config.sliding_window)
+    sched = _serve(stages, concurrency=3, micro_batches=1, budget=5, requests=3, context=config.sliding_window)
+    for seq in sched.finished:
+        assert seq.generated == greedy_whole(whole, list(seq.request.prompt), seq.request.output_len), seq.request
+    config.sliding_window = 4  # the reference does slide its window: a short one changes the tokens
+    short = gpt.build_whole_model(config, gpt.weight_source(config, checkpoint=None, seed=0))
+    longest = max(sched.finished, key=lambda seq: len(seq.request.prompt))
+    assert greedy_whole(short, list(longest.request.prompt), 6) != longest.generated
+    with pytest.raises(gpt.DecoderError, match="sliding_window 4 < a context of 24 tokens"):
+        _stages(config, [(0, 1)], slots=1)
 
 
 def test_batched_decode_attention_equals_each_sequence_alone():

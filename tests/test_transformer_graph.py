@@ -161,6 +161,8 @@ TINY = {
     "llama-head-dim": _tiny("llama", head_dim=24, num_kv_heads=1, tie_word_embeddings=False),
     "mistral": _tiny("llama", hf_model_type="mistral", num_kv_heads=2, tie_word_embeddings=False),
     "qwen2": _tiny("llama", hf_model_type="qwen2", num_kv_heads=2),
+    "mistral-window": _tiny("llama", hf_model_type="mistral", num_kv_heads=2, sliding_window=16),
+    "qwen2-window": _tiny("llama", hf_model_type="qwen2", num_kv_heads=2, sliding_window=16),
 }
 
 
@@ -173,7 +175,9 @@ def test_tiny_configs_count_exactly_like_transformers(key):
     assert tr.from_hf_config(hf, name=cfg.name) == cfg
 
 
-@pytest.mark.parametrize("key", ["gpt2", "opt-350m-like", "llama-gqa-biases", "mistral", "qwen2"])
+@pytest.mark.parametrize(
+    "key", ["gpt2", "opt-350m-like", "llama-gqa-biases", "mistral", "qwen2", "mistral-window", "qwen2-window"]
+)
 def test_save_pretrained_config_loads_like_from_hf_config(key, tmp_path):
     hf = tr.to_hf_config(TINY[key])
     hf.save_pretrained(tmp_path / "my-model")

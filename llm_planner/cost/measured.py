@@ -23,6 +23,7 @@ from typing import Any
 from llm_planner.core.spec import ClusterSpec, DeviceSpec, LinkSpec
 from llm_planner.cost import roofline as cost
 from llm_planner.graph.ir import Task, TaskGraph
+from llm_planner.graph.transformer import COSTLESS_FIELDS
 
 INTER_NODE = "inter_node"
 
@@ -83,7 +84,7 @@ def task_key(graph: TaskGraph, task: Task) -> str | None:
     meta = graph.meta_dict()
     dtype = meta.get("dtype")
     if "decoder_config" in meta:
-        config = {k: v for k, v in dict(meta["decoder_config"]).items() if k != "name"}
+        config = {k: v for k, v in dict(meta["decoder_config"]).items() if k not in COSTLESS_FIELDS}
         role = task.label("role", task.kind)
         return (
             f"{config.get('model_type')}:{_short_hash(config)}/{meta.get('phase')}:{meta.get('seq_len')}/{dtype}/{role}"

@@ -40,6 +40,7 @@ import dataclasses
 from typing import Any
 
 from llm_planner.core.constants import DTYPE_BYTES, GRANULARITIES, PHASES
+from llm_planner.graph.attention_window import check_window
 from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
 from llm_planner.graph.tp_layout import KINDS, task_layout, tp_fields
 from llm_planner.graph.transformer import DecoderConfig, count_parameters, matmul_parameters, part_parameters
@@ -166,6 +167,7 @@ def build_decoder_graph(config: DecoderConfig, *, phase: str, seq_len: int, gran
         raise GraphError(
             f"model {config.name!r}: seq_len {seq_len} exceeds its {config.max_positions} learned positions"
         )
+    check_window(config, seq_len, f"seq_len {seq_len} tokens")
     b = DTYPE_BYTES[dtype]
     c = _layer_costs(config, phase, seq_len, b)
     tokens = 1 if phase == "decode" else seq_len

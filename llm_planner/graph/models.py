@@ -14,6 +14,7 @@ from typing import Any
 
 from llm_planner.core.constants import DTYPE_BYTES, GRANULARITIES, PHASES
 from llm_planner.graph import decoder_graph, rwnn, transformer
+from llm_planner.graph.attention_window import check_window
 from llm_planner.graph.ir import GraphError, TaskGraph
 
 __all__ = ["DTYPE_BYTES", "GRANULARITIES", "PHASES", "ModelSpec", "build_model_graph", "list_models"]
@@ -97,6 +98,7 @@ def build_model_graph(spec: ModelSpec) -> TaskGraph:
             "objectives, profiling and the runtime do not model experts yet)"
         )
     seq_len = spec.seq_len if spec.seq_len is not None else min(2048, config.max_positions)
+    check_window(config, seq_len, f"seq_len {seq_len} tokens", transformer.model_source(spec.name))
     return decoder_graph.build_decoder_graph(
         config, phase=spec.phase, seq_len=seq_len, granularity=spec.granularity, dtype=spec.dtype
     )

@@ -14,10 +14,14 @@ shared expert (exact under any routing that drops no token). Memory holds every 
 
 Read from a transformers config.json (`moe_fields`), by model_type:
 
-    mixtral    num_local_experts, num_experts_per_tok; the experts' width is intermediate_size
+    mixtral    num_local_experts, num_experts_per_tok; the experts' width is intermediate_size;
+               the top-k routing weights always divided by their sum
     qwen2_moe  num_experts, num_experts_per_tok, moe_intermediate_size,
-               shared_expert_intermediate_size; decoder_sparse_step, mlp_only_layers
+               shared_expert_intermediate_size; decoder_sparse_step, mlp_only_layers;
+               norm_topk_prob (the top-k weights divided by their sum; default false)
     qwen3_moe  the same without the shared expert; q_norm and k_norm on each head (attention)
+
+Their sliding windows are read as every model type's are (llm_planner.graph.attention_window).
 
 The planner's layers are identical, so a config whose MoE layers are interleaved with dense ones
 (decoder_sparse_step > 1, mlp_only_layers not empty) is refused naming the key, as is every
@@ -84,13 +88,11 @@ def moe_fields(r: Any, hf_type: str) -> dict[str, Any]:
         return {}
     d = _DEFAULTS[hf_type]
     if hf_type == "mixtral":
-        _refuse_set(r, "sliding_window", "sliding-window attention is not modelled")
         return dict(
             num_experts=r.get("num_local_experts", int, d["num_experts"]),
             experts_per_token=r.get("num_experts_per_tok", int, d["experts_per_token"]),
             moe_intermediate_size=r.get("intermediate_size", int),
         )
-    _refuse_true(r, "use_sliding_window", "sliding-window attention is not modelled")
     step = r.get("decoder_sparse_step", int, 1)
     if step != 1:
         raise GraphError(
@@ -107,20 +109,11 @@ def moe_fields(r: Any, hf_type: str) -> dict[str, Any]:
         num_experts=experts if experts is not None else r.get("num_local_experts", int, d["num_experts"]),
         experts_per_token=r.get("num_experts_per_tok", int, d["experts_per_token"]),
         moe_intermediate_size=r.get("moe_intermediate_size", int, d["moe_intermediate_size"]),
+        norm_topk_prob=r.get("norm_topk_prob", bool, False),
     )
     if hf_type == "qwen2_moe":
         out["shared_expert_size"] = r.get("shared_expert_intermediate_size", int, d["shared_expert_size"])
     return out
-
-
-def _refuse_set(r: Any, key: str, why: str) -> None:
-    if r.data.get(key) is not None:
-        raise GraphError(f"{r.source}: key {key!r}: {why} (got {r.data[key]!r}; only null is planned)")
-
-
-def _refuse_true(r: Any, key: str, why: str) -> None:
-    if r.get(key, bool, False):
-        raise GraphError(f"{r.source}: key {key!r}: {why} (only false is planned)")
 
 
 def check_moe(where: str, cfg: Any) -> None:
@@ -131,9 +124,14 @@ def check_moe(where: str, cfg: Any) -> None:
         value = getattr(cfg, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise GraphError(f"{where}: {key} must be a non-negative integer, got {value!r}")
+    if not isinstance(cfg.norm_topk_prob, bool):
+        raise GraphError(f"{where}: norm_topk_prob must be true or false, got {cfg.norm_topk_prob!r}")
     if not moe:
-        if any(getattr(cfg, key) for key in sizes):
-            raise GraphError(f"{where}: {cfg.hf_model_type} models have no experts; set model_type to an MoE one")
+        if any(getattr(cfg, key) for key in sizes) or cfg.norm_topk_prob:
+            raise GraphError(
+                f"{where}: {cfg.hf_model_type} models have no experts (nor norm_topk_prob); "
+                "set model_type to an MoE one"
+            )
         return
     if cfg.num_experts < 1 or cfg.moe_intermediate_size < 1:
         raise GraphError(f"{where}: {cfg.hf_model_type} needs num_experts and moe_intermediate_size >= 1")

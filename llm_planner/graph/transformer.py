@@ -17,6 +17,7 @@ from typing import Any
 
 from llm_planner.core.fileio import parse_document, read_text
 from llm_planner.core.fmt import quote
+from llm_planner.graph.attention_window import check_window_field, hf_window_kwargs, window_fields
 from llm_planner.graph.decoder_limits import check_name, check_sizes, check_values
 from llm_planner.graph.ir import GraphError
 from llm_planner.graph.moe import UNPLANNED, check_moe, moe_fields, moe_parameters, refuse_foreign_keys
@@ -44,7 +45,15 @@ _FIXED: dict[str, dict[str, Any]] = {
     "llama": dict(norm_affine=True, pre_norm=True, final_norm=True),
     "mistral": dict(qkv_bias=False, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
     "qwen2": dict(qkv_bias=True, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
-    "mixtral": dict(qkv_bias=False, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
+    "mixtral": dict(
+        qkv_bias=False,
+        out_bias=False,
+        mlp_bias=False,
+        norm_affine=True,
+        pre_norm=True,
+        final_norm=True,
+        norm_topk_prob=True,  # MixtralSparseMoeBlock always divides the top-k weights by their sum
+    ),
     "qwen2_moe": dict(qkv_bias=True, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
     "qwen3_moe": dict(mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
 }
@@ -55,6 +64,11 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     ),
     "llama": dict(activation="silu", norm_eps=1e-6, rope_theta=10000.0, qkv_bias=False, out_bias=False, mlp_bias=False),
 }
+
+# DecoderConfig fields that change no task's time or memory, left out of a measured time's key
+# (llm_planner.cost.measured): the name, the routing weights' normalisation, and the window (planned
+# only where it holds the whole context, and there attention is full attention).
+COSTLESS_FIELDS = ("name", "norm_topk_prob", "sliding_window")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +104,12 @@ class DecoderConfig:
     moe_intermediate_size: int = 0
     shared_expert_size: int = 0
     qk_norm: bool | None = None  # RMSNorm of each query and key head (qwen3_moe); None: the type's
+    # MoE routing: the top-k weights divided by their sum (mixtral: always; qwen*_moe: the config's
+    # norm_topk_prob, default false; dense: false). Changes no cost, only what the runtime computes.
+    norm_topk_prob: bool | None = None
+    # Tokens a sliding-window layer attends to, every layer alike (llm_planner.graph.attention_window);
+    # None: full attention over the whole context. Planned only for contexts that fit inside it.
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         check_name("decoder config", self.name)
@@ -120,6 +140,7 @@ class DecoderConfig:
             "head_dim": self.hidden_size // self.num_heads,
             "word_embed_dim": self.hidden_size,
             "qk_norm": hf_type == "qwen3_moe",
+            "norm_topk_prob": False,
             **_DEFAULTS[self.model_type],
             **_FIXED[hf_type],
         }
@@ -130,6 +151,7 @@ class DecoderConfig:
         check_sizes(where, self)
         check_values(where, self)
         check_moe(where, self)
+        check_window_field(where, self)
         self._check(where)
 
     def _check(self, where: str) -> None:
@@ -337,6 +359,7 @@ _PRESETS: dict[str, DecoderConfig] = {
             num_experts=128,
             experts_per_token=8,
             moe_intermediate_size=768,
+            norm_topk_prob=True,
         ),
         _moe(
             "qwen1.5-moe-a2.7b",
@@ -498,7 +521,7 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
         kw.update(qkv_bias=bias, out_bias=bias)
     elif hf_type == "qwen2_moe":
         kw.update(qkv_bias=r.get("qkv_bias", bool, True))
-    return {**kw, **moe_fields(r, hf_type)}
+    return {**kw, **moe_fields(r, hf_type), **window_fields(r, hf_type, r.get("num_hidden_layers", int))}
 
 
 def named_config(name: str) -> DecoderConfig | None:
@@ -520,6 +543,12 @@ def config_file_of(name: str) -> Path | None:
     except (OSError, ValueError):  # a name too long for a path, or not one at all
         return None
     return path if path.suffix == ".json" else None
+
+
+def model_source(name: str) -> str:
+    """What messages call the model a name means: its config.json's path, or the name (a preset's)."""
+    path = config_file_of(name)
+    return str(path) if path is not None else f"model {name!r}"
 
 
 def load_config_file(path: Path) -> DecoderConfig:
@@ -589,6 +618,7 @@ def to_hf_config(cfg: DecoderConfig) -> Any:
             max_position_embeddings=cfg.max_positions,
             rms_norm_eps=cfg.norm_eps,
             rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+            **hf_window_kwargs(cfg),
             **extra,
             **common,
         )
@@ -606,7 +636,11 @@ def _hf_extra(cfg: DecoderConfig) -> dict[str, Any]:
     if cfg.hf_model_type == "mixtral":
         return dict(num_local_experts=cfg.num_experts, **moe)
     if cfg.hf_model_type in ("qwen2_moe", "qwen3_moe"):
-        moe.update(num_experts=cfg.num_experts, moe_intermediate_size=cfg.moe_intermediate_size)
+        moe.update(
+            num_experts=cfg.num_experts,
+            moe_intermediate_size=cfg.moe_intermediate_size,
+            norm_topk_prob=cfg.norm_topk_prob,
+        )
         if cfg.hf_model_type == "qwen2_moe":
             return dict(shared_expert_intermediate_size=cfg.shared_expert_size, **moe)
         return dict(attention_bias=cfg.qkv_bias, **moe)

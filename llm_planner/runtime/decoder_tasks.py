@@ -32,6 +32,8 @@ MODEL_FIELDS = (
     "experts_per_token",
     "moe_intermediate_size",
     "shared_expert_size",
+    "norm_topk_prob",
+    "sliding_window",
 )
 
 

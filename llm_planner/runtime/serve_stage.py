@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from llm_planner.graph import transformer
-from llm_planner.runtime import gpt, moe_layers, tp_layers
+from llm_planner.graph.attention_window import window_refusal
+from llm_planner.runtime import gpt, tp_layers
 from llm_planner.runtime.serve_scheduler import Entry
 
 
@@ -138,6 +139,9 @@ class ServeStage:
         self.first, self.last = first_layer == 0, first_layer + num_layers == total
         if context_len > cfg.max_positions:
             raise gpt.DecoderError(f"a context of {context_len} tokens exceeds the model's {cfg.max_positions}")
+        why = window_refusal(cfg, context_len, f"a context of {context_len} tokens")
+        if why is not None:
+            raise gpt.DecoderError(f"model {cfg.name!r}: {why}")
 
         def build(task: str):
             return tp_layers.build_shard(task, cfg, self.family, self.ops, source, dtype=dtype, device=device)
@@ -145,7 +149,7 @@ class ServeStage:
         self.embed = build("embed") if self.first else None
         tp_layers.check_divisible(cfg, self.ops.size)
         self.blocks = []
-        renormalise = moe_layers.renormalises(config) if cfg.is_moe else None
+        renormalise = cfg.norm_topk_prob if cfg.is_moe else None
         for i in range(first_layer, first_layer + num_layers):
             t = tp_layers.member_tensors(
                 f"block.{i}", cfg, self.family, self.ops.size, self.ops.index, source, dtype=dtype, device=device

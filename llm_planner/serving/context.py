@@ -14,9 +14,9 @@ from llm_planner.core.gap import gap, status
 from llm_planner.core.precision import Precision, as_precision, runs_on
 from llm_planner.core.spec import ClusterSpec, check_memory_limited
 from llm_planner.cost.moe_cost import check_imbalance
-from llm_planner.graph.transformer import DecoderConfig
+from llm_planner.graph.transformer import DecoderConfig, model_source
 from llm_planner.serving.classes import ServerClass, server_classes
-from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET, ServingTasks, build_serving_tasks
+from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET, ServingTasks, build_serving_tasks, check_workload_window
 from llm_planner.serving.inputs import read_context_inputs
 from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
 from llm_planner.serving.links import ClassLinks, class_links
@@ -150,6 +150,7 @@ def build_context(
 ) -> ServingContext:
     """The context of the files named (serving.inputs reads them): what a plan and its verifier build."""
     read = read_context_inputs(cluster_path, model, profile_path)
+    check_workload_window(read["config"], workload, model_source(model))
     cluster = read["cluster"]
     usable = {k.name for k in cluster.device_kinds if k.type != "cpu" or options.allow_cpu}
     check_memory_limited(cluster, usable, "serving plans (the KV cache a device holds is sized by its memory)")

@@ -41,6 +41,7 @@ from llm_planner.core.precision import Precision, as_precision
 from llm_planner.cost.iteration import LayerKernels, Load, layer_kernels, layer_pieces
 from llm_planner.cost.memory import concurrency_held, layer_bytes, stage_bytes
 from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
+from llm_planner.graph.attention_window import check_window
 from llm_planner.graph.decoder_graph import ID_BYTES, build_decoder_graph
 from llm_planner.graph.ir import Task
 from llm_planner.graph.transformer import DecoderConfig, matmul_parameters, stored_mlp_parameters
@@ -100,6 +101,15 @@ class ServingTasks:
         return all(t.shards_over(k) for t in self.tasks.values())
 
 
+def check_workload_window(config: DecoderConfig, workload: ServingWorkload, source: str | None = None) -> None:
+    """GraphError naming `source` (the model's file or preset; default its name) when the workload's
+    longest request does not fit inside the model's sliding window (llm_planner.graph.attention_window)."""
+    longest = max(workload.requests, key=lambda r: r.prompt_len + r.output_len)
+    where = "--prompt-len + --output-len" if workload.source == "flags" else f"{workload.source}: requests"
+    context = f"prompt {longest.prompt_len} + output {longest.output_len} tokens ({where})"
+    check_window(config, workload.max_context, context, source)
+
+
 def build_serving_tasks(
     config: DecoderConfig,
     workload: ServingWorkload,
@@ -122,6 +132,7 @@ def build_serving_tasks(
         raise WorkloadError(
             f"{where} of {workload.max_context} tokens exceeds {config.name}'s {config.max_positions} learned positions"
         )
+    check_workload_window(config, workload)
     decode = _parts(config, "decode", max(1, round(workload.decode_context)), dtype)
     held = _parts(config, "decode", max(1, math.ceil(workload.kv_context)), dtype)
     prompts: dict[str, dict[str, float]] = {p: {} for p in PARTS}
