@@ -38,7 +38,7 @@ import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
 from llm_planner.core.spec import load_cluster  # noqa: E402
 from llm_planner.cost.iteration import Load, layer_kernels  # noqa: E402
-from llm_planner.graph.transformer import preset_config  # noqa: E402
+from llm_planner.graph.decoder_presets import preset_config  # noqa: E402
 from llm_planner.serving.context import ServingOptions, build_context  # noqa: E402
 from llm_planner.serving.layout import Segment  # noqa: E402
 from llm_planner.serving.workload import RequestShape, ServingWorkload  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llm_planner.core.spec import load_cluster
-from llm_planner.graph.transformer import preset_config
+from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.workload import RequestShape, ServingWorkload
 

@@ -18,6 +18,7 @@ from test_moe_config import MIXTRAL_JSON, QWEN3_JSON
 from llm_planner.cli.main import main
 from llm_planner.core.spec import load_cluster
 from llm_planner.cost import measured
+from llm_planner.graph import decoder_presets, hf_config
 from llm_planner.graph import transformer as tr
 from llm_planner.graph.decoder_graph import build_decoder_graph
 from llm_planner.graph.ir import GraphError
@@ -81,7 +82,7 @@ def _plan_args(model: Path, prompt: int, output: int, out: Path) -> list[str]:
 
 
 def _read(tmp_path: Path, data: dict) -> tr.DecoderConfig:
-    return tr.load_config_file(_model(tmp_path, data, "m") / "config.json")
+    return hf_config.load_config_file(_model(tmp_path, data, "m") / "config.json")
 
 
 def _context(config: tr.DecoderConfig, tmp_path: Path, prompt: int, output: int) -> ServingContext:
@@ -133,14 +134,14 @@ def test_a_placement_plan_is_held_to_its_seq_len(tmp_path):
     with pytest.raises(GraphError) as info:
         build_model_graph(ModelSpec(name=str(model), phase="decode", seq_len=8192, granularity="block"))
     assert str(info.value).startswith(f"{model / 'config.json'}: sliding_window 4096 < seq_len 8192 tokens")
-    config = dataclasses.replace(tr.preset_config("llama2-7b"), hf_model_type="mistral", sliding_window=16)
+    config = dataclasses.replace(decoder_presets.preset_config("llama2-7b"), hf_model_type="mistral", sliding_window=16)
     with pytest.raises(GraphError, match="model 'llama2-7b': sliding_window 16 < seq_len 17 tokens"):
         build_decoder_graph(config, phase="prefill", seq_len=17, granularity="block", dtype="fp16")
 
 
 def test_a_window_changes_no_measured_time_key(tmp_path):
     """Planned only where it holds the context, a window is full attention: its profile key is the same."""
-    full = dataclasses.replace(tr.preset_config("llama2-7b"), hf_model_type="mistral")
+    full = dataclasses.replace(decoder_presets.preset_config("llama2-7b"), hf_model_type="mistral")
     windowed = dataclasses.replace(full, sliding_window=4096)
     keys = [
         measured.task_key(g, g.task("block.0"))
@@ -226,28 +227,30 @@ def test_moe_and_dense_follow_one_rule(tmp_path, data):
 
 def test_the_window_reaches_the_transformers_config(tmp_path):
     """The config to_hf_config builds slides the window on every layer, as the one it was read from."""
-    mistral = tr.to_hf_config(_read(tmp_path / "a", MISTRAL_JSON))
+    mistral = hf_config.to_hf_config(_read(tmp_path / "a", MISTRAL_JSON))
     assert mistral.model_type == "mistral" and mistral.sliding_window == 4096  # MistralModel: every layer
-    qwen2 = tr.to_hf_config(_read(tmp_path / "b", {**QWEN2_JSON, "use_sliding_window": True, "max_window_layers": 0}))
+    qwen2 = hf_config.to_hf_config(
+        _read(tmp_path / "b", {**QWEN2_JSON, "use_sliding_window": True, "max_window_layers": 0})
+    )
     assert qwen2.sliding_window == 32768 and qwen2.layer_types == ["sliding_attention"] * 24
 
 
 def test_the_qwen3_preset_routes_as_its_checkpoint():
     """Qwen3-30B-A3B's config.json has norm_topk_prob true: the preset and its transformers config too."""
-    preset = tr.preset_config("qwen3-30b-a3b")
+    preset = decoder_presets.preset_config("qwen3-30b-a3b")
     assert preset.norm_topk_prob is True
-    hf = tr.to_hf_config(preset)
+    hf = hf_config.to_hf_config(preset)
     assert hf.norm_topk_prob is True
-    assert tr.to_hf_config(tr.preset_config("qwen1.5-moe-a2.7b")).norm_topk_prob is False
+    assert hf_config.to_hf_config(decoder_presets.preset_config("qwen1.5-moe-a2.7b")).norm_topk_prob is False
     pytest.importorskip("torch")
     from llm_planner.runtime import moe_layers
 
     assert moe_layers.renormalises(hf)
-    assert not moe_layers.renormalises(tr.to_hf_config(tr.preset_config("qwen1.5-moe-a2.7b")))
+    assert not moe_layers.renormalises(hf_config.to_hf_config(decoder_presets.preset_config("qwen1.5-moe-a2.7b")))
 
 
 def test_a_dense_config_has_no_router_to_normalise():
     with pytest.raises(GraphError, match="no experts .nor norm_topk_prob."):
-        dataclasses.replace(tr.preset_config("llama2-7b"), norm_topk_prob=True)
+        dataclasses.replace(decoder_presets.preset_config("llama2-7b"), norm_topk_prob=True)
     with pytest.raises(GraphError, match="llama models have no sliding window"):
-        dataclasses.replace(tr.preset_config("llama2-7b"), sliding_window=4096)
+        dataclasses.replace(decoder_presets.preset_config("llama2-7b"), sliding_window=4096)

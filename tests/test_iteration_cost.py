@@ -11,7 +11,7 @@ from kernel_fixtures import KIND, LINK
 
 from llm_planner.cost.iteration import KAPPA, Load, envelope_of_sum, layer_kernels, layer_pieces
 from llm_planner.cost.roofline import evaluate_pieces
-from llm_planner.graph.transformer import preset_config
+from llm_planner.graph.decoder_presets import preset_config
 
 CFG = preset_config("llama3-8b")  # h 4096, 32 heads of 128, 8 KV heads, MLP 14336, gated
 

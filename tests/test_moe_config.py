@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from llm_planner.graph import decoder_presets, hf_config
 from llm_planner.graph import transformer as tr
 from llm_planner.graph.decoder_graph import build_decoder_graph
 from llm_planner.graph.ir import GraphError
@@ -61,11 +62,11 @@ def _hf_params(hf_config) -> int:
 @pytest.mark.parametrize("key", sorted(TINY))
 def test_tiny_moe_configs_count_exactly_like_transformers(key, tmp_path):
     cfg = TINY[key]
-    hf = tr.to_hf_config(cfg)
+    hf = hf_config.to_hf_config(cfg)
     assert hf.model_type == cfg.hf_model_type
     assert tr.count_parameters(cfg) == _hf_params(hf)
     hf.save_pretrained(tmp_path / "m")
-    assert dataclasses.replace(tr.load_config_file(tmp_path / "m" / "config.json"), name=cfg.name) == cfg
+    assert dataclasses.replace(hf_config.load_config_file(tmp_path / "m" / "config.json"), name=cfg.name) == cfg
     # the task weights hold every expert once; the layout's members hold them all between them
     graph = build_decoder_graph(cfg, phase="decode", seq_len=8, granularity="sublayer", dtype="fp32")
     assert graph.total_weight_bytes() == 4 * tr.count_parameters(cfg)
@@ -97,7 +98,7 @@ PUBLISHED = {"mixtral-8x7b": (46.7e9, 12.9e9), "qwen3-30b-a3b": (30.5e9, 3.3e9),
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_moe_presets_match_the_published_totals(name):
-    cfg = tr.preset_config(name)
+    cfg = decoder_presets.preset_config(name)
     total, active = PUBLISHED[name]
     assert tr.count_parameters(cfg) == pytest.approx(total, rel=0.01)
     assert tr.count_active_parameters(cfg) == pytest.approx(active, rel=0.02)
@@ -163,15 +164,15 @@ QWEN3_JSON = {
 def test_public_config_files_read_as_the_presets(tmp_path, data, preset):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(data))
-    cfg = tr.load_config_file(path)
-    assert dataclasses.replace(cfg, name=preset) == tr.preset_config(preset)
+    cfg = hf_config.load_config_file(path)
+    assert dataclasses.replace(cfg, name=preset) == decoder_presets.preset_config(preset)
 
 
 def _refused(tmp_path, data, match):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(data))
     with pytest.raises(GraphError, match=match) as info:
-        tr.load_config_file(path)
+        hf_config.load_config_file(path)
     assert str(path) in str(info.value)
 
 
@@ -196,10 +197,10 @@ def test_configs_the_planner_cannot_plan_exactly_are_refused(tmp_path, change, m
 
 def test_dense_configs_carry_no_experts():
     with pytest.raises(GraphError, match="have no experts"):
-        dataclasses.replace(tr.preset_config("llama2-7b"), num_experts=8, experts_per_token=2)
-    assert not tr.preset_config("llama3-8b").is_moe
-    assert tr.count_active_parameters(tr.preset_config("llama3-8b")) == tr.count_parameters(
-        tr.preset_config("llama3-8b")
+        dataclasses.replace(decoder_presets.preset_config("llama2-7b"), num_experts=8, experts_per_token=2)
+    assert not decoder_presets.preset_config("llama3-8b").is_moe
+    assert tr.count_active_parameters(decoder_presets.preset_config("llama3-8b")) == tr.count_parameters(
+        decoder_presets.preset_config("llama3-8b")
     )
 
 
@@ -245,7 +246,7 @@ def test_random_moe_configs_count_exactly_like_transformers(
         shared_expert_size=shared if hf_type == "qwen2_moe" else 0,
         tie_word_embeddings=tie,
     )
-    assert tr.count_parameters(cfg) == _hf_params(tr.to_hf_config(cfg))
+    assert tr.count_parameters(cfg) == _hf_params(hf_config.to_hf_config(cfg))
     graph = build_decoder_graph(cfg, phase="decode", seq_len=8, granularity="sublayer", dtype="fp32")
     tied = cfg.vocab_size * cfg.hidden_size if tie else 0
     assert graph.total_weight_bytes() == 4 * (tr.count_parameters(cfg) + tied)

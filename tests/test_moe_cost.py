@@ -9,7 +9,8 @@ from kernel_fixtures import KIND, LINK
 
 from llm_planner.cost.iteration import KAPPA, Load, layer_kernels, layer_pieces
 from llm_planner.cost.roofline import CostError, evaluate_pieces
-from llm_planner.graph.transformer import DecoderConfig, preset_config
+from llm_planner.graph.decoder_presets import preset_config
+from llm_planner.graph.transformer import DecoderConfig
 
 # One Mixtral-shaped MoE layer, small: h 1024, 8 experts of 4096, top-2.
 MOE = DecoderConfig(

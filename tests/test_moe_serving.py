@@ -12,7 +12,7 @@ from serving_fixtures import workload, write_fleet
 
 from llm_planner.cli.main import main
 from llm_planner.core.spec import load_cluster
-from llm_planner.graph.transformer import preset_config
+from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.serving.context import ServingContext, ServingOptions
 
 SPEC = str(Path(__file__).resolve().parents[1] / "cluster_specs" / "dgx-a100-l4.yaml")
@@ -142,7 +142,7 @@ def test_a_config_json_of_an_moe_model_plans_and_verifies(tmp_path, capsys):
     """A qwen2_moe checkpoint's config.json (written by transformers) on the small fleet."""
     from test_moe_config import _tiny_moe
 
-    from llm_planner.graph.transformer import to_hf_config
+    from llm_planner.graph.hf_config import to_hf_config
 
     cfg = _tiny_moe("qwen2_moe", num_layers=4, hidden_size=256, max_positions=2048)
     to_hf_config(cfg).save_pretrained(tmp_path / "tiny-moe")

@@ -20,8 +20,9 @@ from llm_planner.cost import roofline as cost
 from llm_planner.cost.iteration import KAPPA, SUBLAYERS, layer_kernels, sublayer_kernels
 from llm_planner.cost.task_pieces import decoder_load, placement_task_pieces, sample_load
 from llm_planner.graph.decoder_graph import build_decoder_graph
+from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.graph.ir import TaskGraph
-from llm_planner.graph.transformer import DecoderConfig, preset_config
+from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.placement.problem import ProblemError, build_problem
 
 # h 256, 4 heads of 64 (no grouped-query attention), gated MLP of 512, RMSNorm, rotary, no biases

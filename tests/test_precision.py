@@ -14,8 +14,8 @@ from llm_planner.core.precision import Precision, PrecisionError, build_precisio
 from llm_planner.core.spec import load_cluster
 from llm_planner.cost.iteration import Load, layer_kernels
 from llm_planner.graph.checkpoint import checkpoint_precision
+from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.graph.ir import GraphError
-from llm_planner.graph.transformer import preset_config
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context
 from llm_planner.serving.inputs import serving_precision
 from llm_planner.serving.precision_choice import candidate_precisions, plan_among

@@ -13,7 +13,7 @@ from test_serving import _draw_layout
 
 from llm_planner.cli.main import main
 from llm_planner.core.spec import load_cluster
-from llm_planner.graph.transformer import preset_config
+from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.serving.bound import concurrency_level_bound
 from llm_planner.serving.bound_batches import batch_level_bound
 from llm_planner.serving.bound_cells import cell_bound, stage_kinds

@@ -13,7 +13,7 @@ import torch
 from runtime_fixtures import ThreadGroup, tiny_mixtral, tiny_qwen2_moe, tiny_qwen3_moe
 from safetensors import safe_open
 
-from llm_planner.graph import transformer
+from llm_planner.graph import hf_config
 from llm_planner.graph.tp_layout import task_layout
 from llm_planner.runtime import gpt, moe_layers, tp_layers
 from llm_planner.runtime.decoder_tasks import DecoderError
@@ -29,7 +29,7 @@ def _seeded(hf):
 
 def _members(hf, k: int, x: torch.Tensor, checkpoint: str | None = None):
     """Each member of a group of k runs block LAYER's MLP on x: (outputs, the group, the sources read)."""
-    cfg, family = transformer.from_hf_config(hf), gpt.family_of(hf)
+    cfg, family = hf_config.from_hf_config(hf), gpt.family_of(hf)
     group, out, sources, errors = ThreadGroup(k), [None] * k, [None] * k, []
 
     def member(i: int) -> None:
@@ -67,7 +67,7 @@ def test_an_moe_mlp_equals_transformers_layer(make, k):
         normed = layer.post_attention_layernorm(x)
         expected = layer.mlp(normed[None])[0]
         chosen = layer.mlp.gate(normed)[2]
-    assert len(chosen.unique()) == transformer.from_hf_config(hf).num_experts  # every expert has rows
+    assert len(chosen.unique()) == hf_config.from_hf_config(hf).num_experts  # every expert has rows
     out, group, _ = _members(hf, k, x)
     for i in range(k):
         assert torch.allclose(out[i], expected, atol=1e-5, rtol=1e-4), (i, (out[i] - expected).abs().max())
@@ -81,7 +81,7 @@ def test_members_read_their_slice_of_every_expert_from_a_checkpoint(make, tmp_pa
     hf = gpt.prepare_config(make())
     whole = gpt.build_whole_model(hf, _seeded(hf))
     whole.save_pretrained(tmp_path)
-    cfg = transformer.from_hf_config(hf)
+    cfg = hf_config.from_hf_config(hf)
     x = torch.randn(5, hf.hidden_size, generator=torch.Generator().manual_seed(4))
     out, _, sources = _members(hf, 2, x, checkpoint=str(tmp_path))
     layout = task_layout(cfg, "block")

@@ -14,7 +14,7 @@ from serving_fixtures import context, workload, write_fleet
 
 from llm_planner.cli.main import main
 from llm_planner.core.spec import load_cluster
-from llm_planner.graph.transformer import preset_config
+from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.serving.baselines import class_patterns, engineer_best, even_split, megatron
 from llm_planner.serving.bound import concurrency_level_bound, device_rate_bound, tokens_upper_bound
 from llm_planner.serving.bound_batches import batch_level_bound

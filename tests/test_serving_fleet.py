@@ -17,7 +17,7 @@ from serving_fixtures import workload
 
 from llm_planner.cli.main import main
 from llm_planner.core.spec import MAX_DEVICES, load_cluster
-from llm_planner.graph.transformer import preset_config
+from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.serving import aside as aside_module
 from llm_planner.serving import bound_prices
 from llm_planner.serving.aside import Aside

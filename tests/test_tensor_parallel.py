@@ -15,8 +15,8 @@ from llm_planner.core.spec import LinkSpec
 from llm_planner.core.tensor_groups import group_degrees, member_names, tensor_groups
 from llm_planner.cost import roofline as cost
 from llm_planner.graph.decoder_graph import build_decoder_graph
+from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.graph.ir import Edge, Task, TaskGraph
-from llm_planner.graph.transformer import preset_config
 from llm_planner.placement.bounds.combined import lower_bound
 from llm_planner.placement.options import SolveOptions
 from llm_planner.placement.problem import build_problem

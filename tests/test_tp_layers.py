@@ -9,7 +9,7 @@ import pytest
 import torch
 from runtime_fixtures import ThreadGroup, tiny_gpt2, tiny_llama
 
-from llm_planner.graph import transformer
+from llm_planner.graph import hf_config
 from llm_planner.graph.tp_layout import even_range, task_layout
 from llm_planner.runtime import gpt, tp_layers
 from llm_planner.runtime.decoder_tasks import DecoderError
@@ -95,7 +95,7 @@ def test_uneven_vocabulary_splits_and_ties_pick_the_first_index():
 
 
 def test_a_group_that_cannot_split_the_heads_is_refused():
-    config = transformer.from_hf_config(tiny_gpt2(n_head=2))
+    config = hf_config.from_hf_config(tiny_gpt2(n_head=2))
     with pytest.raises(DecoderError, match="cannot split heads 2"):
         tp_layers.check_divisible(config, 4)
 
@@ -188,7 +188,7 @@ def test_members_hold_and_send_what_the_layout_declares(make):
     one call of the task on a batch of 3 prompts of 5 tokens makes the declared collectives, in order,
     with the declared bytes (the layout the planner costs, llm_planner.graph.tp_layout)."""
     hf = gpt.prepare_config(make())
-    cfg, family, batch, tokens, k = transformer.from_hf_config(hf), gpt.family_of(hf), 3, 5, 2
+    cfg, family, batch, tokens, k = hf_config.from_hf_config(hf), gpt.family_of(hf), 3, 5, 2
     names = _whole_model_names(hf)
     for index in range(k):
         ops = Recorder(k, index)

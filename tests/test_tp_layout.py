@@ -13,8 +13,9 @@ from llm_planner.core.spec import LinkSpec
 from llm_planner.cost import roofline as cost
 from llm_planner.graph import tp_layout
 from llm_planner.graph.decoder_graph import build_decoder_graph
+from llm_planner.graph.decoder_presets import preset_config, preset_descriptions
 from llm_planner.graph.tp_layout import TPWeight, even_range, task_layout
-from llm_planner.graph.transformer import part_parameters, preset_config, preset_descriptions
+from llm_planner.graph.transformer import part_parameters
 
 PRESETS = [name for name, _ in preset_descriptions()]
 # GPT-2 (fused biases, learned positions), GQA llama, OPT with a narrow embedding (project_in/out)

@@ -11,11 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from llm_planner.graph import decoder_presets, hf_config
 from llm_planner.graph import transformer as tr
 from llm_planner.graph.decoder_graph import build_decoder_graph
 from llm_planner.graph.ir import GraphError, graph_from_dict
 
-PRESETS = [name for name, _ in tr.preset_descriptions()]
+PRESETS = [name for name, _ in decoder_presets.preset_descriptions()]
 
 # Published sizes. GPT-2: the openai/gpt-2 release names (124M, 355M, 774M, 1558M).
 # OPT: Zhang et al. 2022 table 1; the released opt-350m has 512-wide, projected
@@ -79,7 +80,7 @@ def test_module_imports_without_torch():
 
 
 def test_gpt3_175b_has_96_blocks_and_175b_parameters():
-    cfg = tr.preset_config("gpt3-175b")
+    cfg = decoder_presets.preset_config("gpt3-175b")
     graph = build_decoder_graph(cfg, phase="decode", seq_len=2048, granularity="block", dtype="fp16")
     assert sum(t.kind == "block" for t in graph.tasks) == 96
     assert tr.count_parameters(cfg) == pytest.approx(175e9, rel=0.01)
@@ -88,7 +89,7 @@ def test_gpt3_175b_has_96_blocks_and_175b_parameters():
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_params_match_published_size(name):
-    assert tr.count_parameters(tr.preset_config(name)) == pytest.approx(PUBLISHED[name], rel=0.02)
+    assert tr.count_parameters(decoder_presets.preset_config(name)) == pytest.approx(PUBLISHED[name], rel=0.02)
 
 
 def test_presets_cover_the_families():
@@ -103,15 +104,15 @@ def test_presets_cover_the_families():
         "gpt3-175b",
     }
     assert set(PUBLISHED) <= set(PRESETS) and len(PRESETS) == len(PUBLISHED) + 8
-    assert all(tr.is_preset(n) for n in PRESETS) and not tr.is_preset("gpt5")
+    assert all(decoder_presets.is_preset(n) for n in PRESETS) and not decoder_presets.is_preset("gpt5")
     with pytest.raises(GraphError, match="gpt5"):
-        tr.preset_config("gpt5")
+        decoder_presets.preset_config("gpt5")
 
 
 @pytest.mark.parametrize("granularity", ["block", "sublayer"])
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_builds_a_valid_chain(name, granularity):
-    cfg = tr.preset_config(name)
+    cfg = decoder_presets.preset_config(name)
     graph = build_decoder_graph(cfg, phase="prefill", seq_len=128, granularity=granularity, dtype="bf16")
     graph.validate()
     n = cfg.num_layers
@@ -145,8 +146,8 @@ def test_every_preset_builds_a_valid_chain(name, granularity):
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_counts_exactly_like_transformers(name):
     """The preset built as the real transformers model on the meta device (no memory)."""
-    cfg = tr.preset_config(name)
-    assert tr.count_parameters(cfg) == _hf_params(tr.to_hf_config(cfg), device="meta")
+    cfg = decoder_presets.preset_config(name)
+    assert tr.count_parameters(cfg) == _hf_params(hf_config.to_hf_config(cfg), device="meta")
 
 
 TINY = {
@@ -169,20 +170,20 @@ TINY = {
 @pytest.mark.parametrize("key", sorted(TINY))
 def test_tiny_configs_count_exactly_like_transformers(key):
     cfg = TINY[key]
-    hf = tr.to_hf_config(cfg)
+    hf = hf_config.to_hf_config(cfg)
     assert hf.model_type == cfg.hf_model_type
     assert tr.count_parameters(cfg) == _hf_params(hf)
-    assert tr.from_hf_config(hf, name=cfg.name) == cfg
+    assert hf_config.from_hf_config(hf, name=cfg.name) == cfg
 
 
 @pytest.mark.parametrize(
     "key", ["gpt2", "opt-350m-like", "llama-gqa-biases", "mistral", "qwen2", "mistral-window", "qwen2-window"]
 )
 def test_save_pretrained_config_loads_like_from_hf_config(key, tmp_path):
-    hf = tr.to_hf_config(TINY[key])
+    hf = hf_config.to_hf_config(TINY[key])
     hf.save_pretrained(tmp_path / "my-model")
-    from_file = tr.load_config_file(tmp_path / "my-model" / "config.json")
-    assert from_file == tr.from_hf_config(hf, name="my-model")
+    from_file = hf_config.load_config_file(tmp_path / "my-model" / "config.json")
+    assert from_file == hf_config.from_hf_config(hf, name="my-model")
     assert dataclasses.replace(from_file, name=TINY[key].name) == TINY[key]
 
 
@@ -228,7 +229,7 @@ def test_random_configs_count_exactly_like_transformers(
         if family == "llama":
             kw.update(qkv_bias=bias, out_bias=bias, mlp_bias=flag)
     cfg = tr.DecoderConfig(name="random", model_type=tr.HF_MODEL_TYPES[family], **kw)
-    assert tr.count_parameters(cfg) == _hf_params(tr.to_hf_config(cfg), device="meta")
+    assert tr.count_parameters(cfg) == _hf_params(hf_config.to_hf_config(cfg), device="meta")
     # the task weights hold every parameter once, plus the tied matrix a second time
     graph = build_decoder_graph(cfg, phase="decode", seq_len=8, granularity="sublayer", dtype="fp32")
     tied = cfg.vocab_size * cfg.word_embed_dim if tie else 0
@@ -272,14 +273,14 @@ def test_hand_computed_costs_of_a_tiny_gpt2():
 
 @pytest.mark.parametrize("name", ["gpt3-175b", "llama2-70b", "opt-66b"])
 def test_decode_flops_per_token_are_about_two_per_parameter(name):
-    cfg = tr.preset_config(name)
+    cfg = decoder_presets.preset_config(name)
     graph = build_decoder_graph(cfg, phase="decode", seq_len=2048, granularity="block", dtype="fp16")
     total = sum(t.flops_per_sample for t in graph.tasks)
     assert total == pytest.approx(2 * tr.count_parameters(cfg), rel=0.10)
 
 
 def test_prefill_flops_grow_with_seq_len_and_attention_is_quadratic():
-    cfg = tr.preset_config("gpt2")
+    cfg = decoder_presets.preset_config("gpt2")
     flops = {}
     for seq_len in (1, 64, 256, 1024):
         graph = build_decoder_graph(cfg, phase="prefill", seq_len=seq_len, granularity="sublayer", dtype="fp16")
@@ -291,7 +292,7 @@ def test_prefill_flops_grow_with_seq_len_and_attention_is_quadratic():
 
 
 def test_block_equals_its_two_sublayers():
-    cfg = tr.preset_config("llama3-8b")
+    cfg = decoder_presets.preset_config("llama3-8b")
     args = dict(phase="decode", seq_len=512, dtype="fp16")
     block = build_decoder_graph(cfg, granularity="block", **args)
     sub = build_decoder_graph(cfg, granularity="sublayer", **args)
@@ -303,7 +304,7 @@ def test_block_equals_its_two_sublayers():
 
 
 def test_llama2_70b_kv_cache_uses_8_kv_heads():
-    cfg = tr.preset_config("llama2-70b")
+    cfg = decoder_presets.preset_config("llama2-70b")
     assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (64, 8, 128)
     graph = build_decoder_graph(cfg, phase="decode", seq_len=4096, granularity="block", dtype="fp16")
     per_layer = 2 * 8 * 128 * 4096 * 2  # 16 MiB of K and V per sequence per layer
@@ -318,19 +319,19 @@ def test_llama2_70b_kv_cache_uses_8_kv_heads():
 
 
 def test_weights_of_a_tied_model_count_the_embedding_twice():
-    cfg = tr.preset_config("opt-350m")
+    cfg = decoder_presets.preset_config("opt-350m")
     graph = build_decoder_graph(cfg, phase="decode", seq_len=2048, granularity="block", dtype="fp16")
     assert graph.task("lm_head").weight_bytes == 2 * 50272 * 512
     assert graph.total_weight_bytes() == 2 * (tr.count_parameters(cfg) + 50272 * 512)
     assert graph.edges[-1].bytes_per_sample == 512 * 2  # after project_out
-    untied = tr.preset_config("llama2-7b")
+    untied = decoder_presets.preset_config("llama2-7b")
     g7 = build_decoder_graph(untied, phase="decode", seq_len=16, granularity="block", dtype="fp16")
     assert g7.total_weight_bytes() == 2 * tr.count_parameters(untied)
 
 
 def test_graph_round_trips_through_json():
     graph = build_decoder_graph(
-        tr.preset_config("opt-125m"), phase="prefill", seq_len=32, granularity="sublayer", dtype="fp16"
+        decoder_presets.preset_config("opt-125m"), phase="prefill", seq_len=32, granularity="sublayer", dtype="fp16"
     )
     again = graph_from_dict(json.loads(graph.to_json()))
     assert again.tasks == graph.tasks and again.edges == graph.edges and again.meta_dict() == graph.meta_dict()
@@ -349,7 +350,7 @@ def test_graph_round_trips_through_json():
 def test_bad_build_arguments(kw, match):
     args = {**dict(phase="decode", seq_len=16, granularity="block", dtype="fp16"), **kw}
     with pytest.raises(GraphError, match=match):
-        build_decoder_graph(tr.preset_config("gpt2"), **args)
+        build_decoder_graph(decoder_presets.preset_config("gpt2"), **args)
 
 
 @pytest.mark.parametrize(
@@ -409,22 +410,22 @@ LLAMA_JSON = {
 def test_bad_config_files_name_the_file_and_key(tmp_path, data, match):
     path = _write(tmp_path, json.dumps(data))
     with pytest.raises(GraphError, match=match) as info:
-        tr.load_config_file(path)
+        hf_config.load_config_file(path)
     assert str(path) in str(info.value)
 
 
 def test_config_file_that_is_not_json(tmp_path):
     path = _write(tmp_path, "model_type: llama\n")
     with pytest.raises(GraphError, match="not valid JSON") as info:
-        tr.load_config_file(path)
+        hf_config.load_config_file(path)
     assert str(path) in str(info.value)
     with pytest.raises(GraphError, match="cannot read"):
-        tr.load_config_file(tmp_path / "missing" / "config.json")
+        hf_config.load_config_file(tmp_path / "missing" / "config.json")
 
 
 def test_hub_style_config_files_use_the_class_defaults(tmp_path):
     """Hub config.json files leave out keys that have transformers defaults."""
-    cfg = tr.load_config_file(_write(tmp_path, json.dumps({**LLAMA_JSON, "rope_theta": 500000.0})))
+    cfg = hf_config.load_config_file(_write(tmp_path, json.dumps({**LLAMA_JSON, "rope_theta": 500000.0})))
     assert (cfg.name, cfg.num_kv_heads, cfg.head_dim, cfg.tie_word_embeddings, cfg.rope_theta) == (
         "cfg",
         4,
@@ -441,7 +442,7 @@ def test_hub_style_config_files_use_the_class_defaults(tmp_path):
         "n_positions": 8,
         "n_inner": None,
     }
-    cfg = tr.load_config_file(_write(tmp_path, json.dumps({**gpt2, "_name_or_path": "openai-community/gpt2"})))
+    cfg = hf_config.load_config_file(_write(tmp_path, json.dumps({**gpt2, "_name_or_path": "openai-community/gpt2"})))
     assert (cfg.name, cfg.intermediate_size, cfg.tie_word_embeddings) == ("openai-community/gpt2", 256, True)
 
 
@@ -450,7 +451,7 @@ def test_registry_builds_presets_and_config_files(tmp_path):
 
     preset = build_model_graph(ModelSpec(name="llama2-7b", phase="prefill", seq_len=256, granularity="sublayer"))
     assert preset.num_tasks == 2 * 32 + 3 and preset.meta_dict()["seq_len"] == 256
-    tr.to_hf_config(TINY["opt-350m-like"]).save_pretrained(tmp_path / "tiny-opt")
+    hf_config.to_hf_config(TINY["opt-350m-like"]).save_pretrained(tmp_path / "tiny-opt")
     for name in (tmp_path / "tiny-opt", tmp_path / "tiny-opt" / "config.json"):
         graph = build_model_graph(ModelSpec(name=str(name), seq_len=32))
         assert graph.meta_dict()["model"] == "tiny-opt" and graph.num_tasks == 2 + 3
@@ -466,4 +467,4 @@ def test_docs_table_lists_every_preset_with_its_count(repo):
     presets = {n for n in PRESETS}
     assert presets <= set(rows)
     for name in presets:
-        assert f"{tr.count_parameters(tr.preset_config(name)):,}" in rows[name], name
+        assert f"{tr.count_parameters(decoder_presets.preset_config(name)):,}" in rows[name], name

@@ -53,7 +53,7 @@ def resolve_from_plan(stored: str | None, plan_path: str | Path) -> str | None:
 def model_paths(model: dict[str, Any], convert: Callable[[str], str | None], folder: str | Path) -> dict[str, Any]:
     """The recorded model (ModelSpec fields, or {"graph": path}) with its paths passed through `convert`: a
     graph file, and a model name that names a config.json or a directory holding one, as
-    llm_planner.graph.transformer.named_config reads it with `folder` as the working directory (a name
+    llm_planner.graph.hf_config.named_config reads it with `folder` as the working directory (a name
     that is neither, like a preset's, is left alone)."""
     out = dict(model)
     if isinstance(out.get("graph"), str):

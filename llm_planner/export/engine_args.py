@@ -33,8 +33,9 @@ from typing import Any
 from llm_planner.core.precision import Precision, PrecisionError, precision_from_dict
 from llm_planner.cost.roofline import shard_of
 from llm_planner.graph.checkpoint import CheckpointPrecision, checkpoint_precision
+from llm_planner.graph.hf_config import named_config
 from llm_planner.graph.ir import GraphError
-from llm_planner.graph.transformer import DecoderConfig, named_config
+from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.costs import build_serving_tasks
 from llm_planner.serving.workload import RequestShape, ServingWorkload
 

@@ -49,7 +49,7 @@ _FULL, _SLIDING = ("full_attention", "attention"), "sliding_attention"  # "atten
 
 def window_fields(r: Any, hf_type: str, num_layers: int) -> dict[str, Any]:
     """{"sliding_window": W or None} of a config of model_type `hf_type` with `num_layers` layers, read
-    with `r` (llm_planner.graph.transformer's typed reader); {} for a type without a window. GraphError
+    with `r` (llm_planner.graph.hf_config's typed reader); {} for a type without a window. GraphError
     naming the key when some layers slide and others do not (module docstring)."""
     if hf_type not in WINDOW_MODEL_TYPES:
         return {}

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_planner.core.fileio import parse_document, read_text
+from llm_planner.graph.hf_config import config_file_of
 from llm_planner.graph.ir import GraphError
-from llm_planner.graph.transformer import config_file_of
 
 TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 METHODS = {"awq": "int4-awq", "gptq": "int4-gptq", "fp8": "fp8"}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_planner.core.constants import DTYPE_BYTES, GRANULARITIES, PHASES
-from llm_planner.graph import decoder_graph, rwnn, transformer
+from llm_planner.graph import decoder_graph, decoder_presets, hf_config, rwnn
 from llm_planner.graph.attention_window import check_window
 from llm_planner.graph.ir import GraphError, TaskGraph
 
@@ -55,7 +55,7 @@ class ModelSpec:
 def list_models() -> list[tuple[str, str, str]]:
     """(name, family, description) of every preset."""
 
-    out = [(name, "decoder", desc) for name, desc in transformer.preset_descriptions()]
+    out = [(name, "decoder", desc) for name, desc in decoder_presets.preset_descriptions()]
     out += [("resnet18", "cnn", "ResNet-18 from a transformers ResNetConfig, traced with torch.fx (needs torch)")]
     out += [("resnet50", "cnn", "ResNet-50 from a transformers ResNetConfig, traced with torch.fx (needs torch)")]
     out += [(name, "rwnn", desc) for name, desc in rwnn.preset_descriptions()]
@@ -85,7 +85,7 @@ def build_model_graph(spec: ModelSpec) -> TaskGraph:
         return _resnet_graph(spec)
     if rwnn.is_rwnn_name(spec.name):
         return rwnn.build_rwnn_graph_from_name(spec.name, seed=spec.seed, dtype=spec.dtype)
-    config = transformer.named_config(spec.name)
+    config = hf_config.named_config(spec.name)
     if config is None:
         names = ", ".join(name for name, _, _ in list_models())
         raise GraphError(
@@ -98,7 +98,7 @@ def build_model_graph(spec: ModelSpec) -> TaskGraph:
             "objectives, profiling and the runtime do not model experts yet)"
         )
     seq_len = spec.seq_len if spec.seq_len is not None else min(2048, config.max_positions)
-    check_window(config, seq_len, f"seq_len {seq_len} tokens", transformer.model_source(spec.name))
+    check_window(config, seq_len, f"seq_len {seq_len} tokens", hf_config.model_source(spec.name))
     return decoder_graph.build_decoder_graph(
         config, phase=spec.phase, seq_len=seq_len, granularity=spec.granularity, dtype=spec.dtype
     )

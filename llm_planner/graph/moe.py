@@ -83,7 +83,7 @@ def refuse_foreign_keys(data: dict[str, Any], hf_type: str, source: str) -> None
 
 def moe_fields(r: Any, hf_type: str) -> dict[str, Any]:
     """The DecoderConfig MoE fields of a config of a MOE_MODEL_TYPES model_type, read with `r`
-    (llm_planner.graph.transformer's typed reader); {} for any other."""
+    (llm_planner.graph.hf_config's typed reader); {} for any other."""
     if hf_type not in MOE_MODEL_TYPES:
         return {}
     d = _DEFAULTS[hf_type]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llm_planner.core.fileio import read_text
-from llm_planner.graph.transformer import named_config
+from llm_planner.graph.hf_config import named_config
 from llm_planner.helix.chains import best_chains, combined
 from llm_planner.helix.engine import EngineTables, Estimate, Network, Stage, estimate, load_engine_tables
 from llm_planner.helix.flow import flow_estimate

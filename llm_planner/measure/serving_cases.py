@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llm_planner.core.spec import ClusterSpec
-from llm_planner.graph.transformer import DecoderConfig, named_config
+from llm_planner.graph.hf_config import named_config
+from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.measure.serving_results import ServingObservation, ServingResultError
 from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET

@@ -16,9 +16,9 @@ from llm_planner.core.plan import PlanInputs
 from llm_planner.core.spec import ClusterSpec, load_cluster
 from llm_planner.cost.profile import file_sha256, load_profile
 from llm_planner.graph import workloads
+from llm_planner.graph.hf_config import config_file_of
 from llm_planner.graph.ir import GraphError, TaskGraph, graph_from_dict
 from llm_planner.graph.models import ModelSpec, build_model_graph
-from llm_planner.graph.transformer import config_file_of
 from llm_planner.placement.fit import memory_shortfall
 from llm_planner.placement.problem import PlacementProblem, ProblemError, build_problem
 

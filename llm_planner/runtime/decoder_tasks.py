@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from llm_planner.graph import transformer
+from llm_planner.graph import decoder_presets, hf_config
 
 FAMILIES = ("gpt2", "llama")  # transformers model types the runtime builds
 # mixture-of-experts model types the serving runtime builds as well (llm_planner.runtime.moe_layers):
@@ -72,9 +72,9 @@ def planned_decoder_config(
     name = str(model.get("name", ""))
     path = Path(name)
     if path.is_dir() or path.suffix == ".json":
-        planned = transformer.load_config_file(path / "config.json" if path.is_dir() else path)
-    elif transformer.is_preset(name):
-        planned = transformer.preset_config(name)
+        planned = hf_config.load_config_file(path / "config.json" if path.is_dir() else path)
+    elif decoder_presets.is_preset(name):
+        planned = decoder_presets.preset_config(name)
     else:
         raise DecoderError(
             f"{source}: inputs.model.name: {name!r} is not a directory with config.json, a config.json or a preset"
@@ -84,7 +84,7 @@ def planned_decoder_config(
         config_path = Path(checkpoint) / "config.json"
         if not config_path.is_file():
             raise DecoderError(f"{checkpoint}: checkpoint directory has no config.json")
-        config = transformer.load_config_file(config_path)
+        config = hf_config.load_config_file(config_path)
         diff = [
             f"{f}: plan {getattr(planned, f)} vs checkpoint {getattr(config, f)}"
             for f in MODEL_FIELDS

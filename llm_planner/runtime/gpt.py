@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from llm_planner.graph import transformer
+from llm_planner.graph import decoder_presets, hf_config
 from llm_planner.runtime import decoder_tasks as dt
 from llm_planner.runtime import moe_layers, tp_layers
 from llm_planner.runtime.decoder_tasks import FAMILIES, DecoderError, check_decoder_tasks, decoder_tasks  # noqa: F401 (re-exported)
@@ -52,9 +52,9 @@ def load_hf_config(model: dict[str, Any], checkpoint: str | None = None):
         if not (config_dir / "config.json").is_file():
             raise DecoderError(f"{name}: no config.json there")
         return AutoConfig.from_pretrained(str(config_dir), local_files_only=True)
-    if not transformer.is_preset(name):
+    if not decoder_presets.is_preset(name):
         raise DecoderError(f"model {name!r}: not a directory with config.json, a config.json or a decoder preset")
-    return transformer.to_hf_config(transformer.preset_config(name))
+    return hf_config.to_hf_config(decoder_presets.preset_config(name))
 
 
 def num_layers_of(config) -> int:
@@ -127,7 +127,7 @@ class DecoderShard:
         if self.family in dt.MOE_FAMILIES and any(t.startswith("block.") for t in tasks):
             raise DecoderError(f"model type {self.family!r}: its MoE blocks run in serving plans only (`launch`)")
         if self.group is not None:  # the declared layout (llm_planner.graph.tp_layout) of each task
-            layout_config = transformer.from_hf_config(config)
+            layout_config = hf_config.from_hf_config(config)
             tp_layers.check_runs_on_groups(config, self.family)
             tp_layers.check_divisible(layout_config, self.group.size)
         for task in sorted(tasks, key=_task_key):

@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from llm_planner.graph.transformer import DecoderConfig, from_hf_config
+from llm_planner.graph.hf_config import from_hf_config
+from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.runtime.tp_primitives import ColumnParallelLinear, frozen
 from llm_planner.runtime.weights import CheckpointWeights, WeightsError
 
@@ -55,7 +56,7 @@ def checkpoint_names(cfg: DecoderConfig, p: str) -> dict[str, str]:
 
 def renormalises(hf_config) -> bool:
     """Whether the top-k routing weights are divided by their sum (module docstring): the
-    DecoderConfig's norm_topk_prob (llm_planner.graph.transformer decides it per model type)."""
+    DecoderConfig's norm_topk_prob (llm_planner.graph.hf_config decides it per model type)."""
     return from_hf_config(hf_config).norm_topk_prob
 
 

@@ -34,7 +34,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from llm_planner.graph import transformer
+from llm_planner.graph import hf_config
 from llm_planner.graph.attention_window import window_refusal
 from llm_planner.runtime import gpt, tp_layers
 from llm_planner.runtime.serve_scheduler import Entry
@@ -133,7 +133,7 @@ class ServeStage:
         self.config, self.family = config, gpt.family_of(config)
         self.device = device
         self.ops = ops if ops is not None else tp_layers.Unconnected(1)
-        cfg = transformer.from_hf_config(config)
+        cfg = hf_config.from_hf_config(config)
         tp_layers.check_runs_on_groups(config, self.family)
         total = gpt.num_layers_of(config)
         self.first, self.last = first_layer == 0, first_layer + num_layers == total

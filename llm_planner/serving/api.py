@@ -9,7 +9,7 @@ from typing import Any
 from llm_planner.core.plan_paths import relative_to_plan
 from llm_planner.core.precision import Precision
 from llm_planner.core.timing import Stopwatch
-from llm_planner.graph.transformer import config_file_of
+from llm_planner.graph.hf_config import config_file_of
 from llm_planner.serving.aside import ASIDE_DEVICES, Aside
 from llm_planner.serving.assign import assign_devices
 from llm_planner.serving.baselines import engineer_best, engineer_options, megatron

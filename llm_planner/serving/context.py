@@ -14,7 +14,8 @@ from llm_planner.core.gap import gap, status
 from llm_planner.core.precision import Precision, as_precision, runs_on
 from llm_planner.core.spec import ClusterSpec, check_memory_limited
 from llm_planner.cost.moe_cost import check_imbalance
-from llm_planner.graph.transformer import DecoderConfig, model_source
+from llm_planner.graph.hf_config import model_source
+from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.classes import ServerClass, server_classes
 from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET, ServingTasks, build_serving_tasks, check_workload_window
 from llm_planner.serving.inputs import read_context_inputs

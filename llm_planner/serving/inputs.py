@@ -15,7 +15,8 @@ from llm_planner.core.spec import load_cluster
 from llm_planner.core.spec_fields import Reader, as_int
 from llm_planner.cost.serving_profile import load_serving_profile
 from llm_planner.graph.checkpoint import checkpoint_precision
-from llm_planner.graph.transformer import DecoderConfig, named_config
+from llm_planner.graph.hf_config import named_config
+from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.workload import (
     TPOT_RANGE,
     TPOT_SLO_RANGE_S,

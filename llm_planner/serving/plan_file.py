@@ -17,7 +17,7 @@ import yaml
 
 from llm_planner.core.atomic import write_atomic
 from llm_planner.core.fileio import read_bytes, read_document, read_text
-from llm_planner.graph.transformer import config_file_of
+from llm_planner.graph.hf_config import config_file_of
 from llm_planner.serving.plan_fields import SERVING_FORMAT, SERVING_VERSION, read_plan_fields, upgrade
 
 __all__ = ["SERVING_FORMAT", "SERVING_VERSION"]

@@ -1,0 +1,203 @@
+"""The decoder presets: GPT-2/3, OPT, Llama and mixture-of-experts configurations by name
+(docs/models.md lists them with their sources)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llm_planner.graph.ir import GraphError
+from llm_planner.graph.transformer import DecoderConfig, count_active_parameters, count_parameters
+
+# -- presets --------------------------------------------------------------------
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int, positions: int) -> DecoderConfig:
+    return DecoderConfig(
+        name=name,
+        model_type="gpt2",
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=heads,
+        intermediate_size=4 * hidden,
+        vocab_size=50257,
+        max_positions=positions,
+        tie_word_embeddings=True,
+    )
+
+
+def _opt(name: str, layers: int, hidden: int, heads: int, **kw: Any) -> DecoderConfig:
+    return DecoderConfig(
+        name=name,
+        model_type="opt",
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=heads,
+        intermediate_size=4 * hidden,
+        vocab_size=50272,
+        max_positions=2048,
+        tie_word_embeddings=True,
+        **kw,
+    )
+
+
+def _llama(
+    name: str, layers: int, hidden: int, heads: int, kv_heads: int, inner: int, vocab: int, positions: int, theta: float
+) -> DecoderConfig:
+    return DecoderConfig(
+        name=name,
+        model_type="llama",
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        intermediate_size=inner,
+        vocab_size=vocab,
+        max_positions=positions,
+        tie_word_embeddings=False,
+        norm_eps=1e-5,
+        rope_theta=theta,
+    )
+
+
+def _moe(name: str, hf_type: str, layers: int, hidden: int, heads: int, kv_heads: int, **kw: Any) -> DecoderConfig:
+    return DecoderConfig(
+        name=name,
+        model_type="llama",
+        hf_model_type=hf_type,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        tie_word_embeddings=False,
+        rope_theta=1e6,
+        **kw,
+    )
+
+
+_PRESETS: dict[str, DecoderConfig] = {
+    c.name: c
+    for c in (
+        # GPT-2: Radford et al. 2019, "Language models are unsupervised multitask learners",
+        # table 2, and the openai/gpt-2 model cards (124M, 355M, 774M, 1558M); context 1024.
+        _gpt("gpt2", 12, 768, 12, 1024),
+        _gpt("gpt2-medium", 24, 1024, 16, 1024),
+        _gpt("gpt2-large", 36, 1280, 20, 1024),
+        _gpt("gpt2-xl", 48, 1600, 25, 1024),
+        # GPT-3: Brown et al. 2020, "Language models are few-shot learners", table 2.1: GPT-2's
+        # architecture, context 2048, vocab 50257 (its alternating sparse attention is modelled
+        # dense). Two table rows are inconsistent: 13B's d_model 5140 is a typo for 40 heads *
+        # d_head 128 = 5120; 1.3B lists 24 heads of 128 for d_model 2048: kept d_model and d_head
+        # (16 heads), as GPT-2's layout needs d_model = heads * d_head.
+        _gpt("gpt3-125m", 12, 768, 12, 2048),
+        _gpt("gpt3-350m", 24, 1024, 16, 2048),
+        _gpt("gpt3-760m", 24, 1536, 16, 2048),
+        _gpt("gpt3-1.3b", 24, 2048, 16, 2048),
+        _gpt("gpt3-2.7b", 32, 2560, 32, 2048),
+        _gpt("gpt3-6.7b", 32, 4096, 32, 2048),
+        _gpt("gpt3-13b", 40, 5120, 40, 2048),
+        _gpt("gpt3-175b", 96, 12288, 96, 2048),
+        # Llama 2: Touvron et al. 2023, "Llama 2: open foundation and fine-tuned chat models",
+        # table 1, and the meta-llama/Llama-2-*-hf config.json (vocab 32000, context 4096).
+        _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, 10000.0),
+        _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, 10000.0),
+        _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, 10000.0),
+        # Llama 3: Meta 2024, Meta-Llama-3 model card and config.json (vocab 128256, context 8192).
+        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
+        _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
+        # OPT: Zhang et al. 2022, "OPT: open pre-trained transformer language models", table 1,
+        # and facebook/opt-* config.json (350m: 512-wide embeddings projected, norm after).
+        _opt("opt-125m", 12, 768, 12),
+        _opt("opt-350m", 24, 1024, 16, word_embed_dim=512, pre_norm=False, final_norm=False),
+        _opt("opt-1.3b", 24, 2048, 32),
+        _opt("opt-2.7b", 32, 2560, 32),
+        _opt("opt-6.7b", 32, 4096, 32),
+        _opt("opt-13b", 40, 5120, 40),
+        _opt("opt-30b", 48, 7168, 56),
+        _opt("opt-66b", 64, 9216, 72),
+        # Mixture of experts, every layer MoE (llm_planner.graph.moe), from the public config.json of
+        # mistralai/Mixtral-8x7B-v0.1 (8 experts, top-2; 46.7B parameters, 12.9B active: Mistral AI,
+        # "Mixtral of experts", 2024), Qwen/Qwen3-30B-A3B (128 experts of 768, top-8; 30.5B, 3.3B
+        # active: its model card) and Qwen/Qwen1.5-MoE-A2.7B (60 experts of 1408, top-4, a shared
+        # expert of 5632; 14.3B, 2.7B active: its model card).
+        _moe(
+            "mixtral-8x7b",
+            "mixtral",
+            32,
+            4096,
+            32,
+            8,
+            intermediate_size=14336,
+            vocab_size=32000,
+            max_positions=32768,
+            norm_eps=1e-5,
+            num_experts=8,
+            experts_per_token=2,
+            moe_intermediate_size=14336,
+        ),
+        _moe(
+            "qwen3-30b-a3b",
+            "qwen3_moe",
+            48,
+            2048,
+            32,
+            4,
+            head_dim=128,
+            intermediate_size=6144,
+            vocab_size=151936,
+            max_positions=40960,
+            norm_eps=1e-6,
+            num_experts=128,
+            experts_per_token=8,
+            moe_intermediate_size=768,
+            norm_topk_prob=True,
+        ),
+        _moe(
+            "qwen1.5-moe-a2.7b",
+            "qwen2_moe",
+            24,
+            2048,
+            16,
+            16,
+            intermediate_size=5632,
+            vocab_size=151936,
+            max_positions=8192,
+            norm_eps=1e-6,
+            num_experts=60,
+            experts_per_token=4,
+            moe_intermediate_size=1408,
+            shared_expert_size=5632,
+        ),
+    )
+}
+
+
+def preset_descriptions() -> list[tuple[str, str]]:
+    """(name, one-line description) of every decoder preset."""
+    out = []
+    for name, c in _PRESETS.items():
+        heads = f"{c.num_heads} heads" + (f" ({c.num_kv_heads} KV)" if c.num_kv_heads != c.num_heads else "")
+        if c.is_moe:
+            heads += (
+                f", {c.num_experts} experts (top-{c.experts_per_token}, {count_active_parameters(c) / 1e9:.3g}B active)"
+            )
+        out.append(
+            (
+                name,
+                f"{c.hf_model_type if c.is_moe else c.model_type} decoder, {c.num_layers} layers, "
+                f"hidden {c.hidden_size}, {heads}, "
+                f"{count_parameters(c) / 1e9:.3g}B params, context {c.max_positions}",
+            )
+        )
+    return out
+
+
+def is_preset(name: str) -> bool:
+    return name in _PRESETS
+
+
+def preset_config(name: str) -> DecoderConfig:
+    if name not in _PRESETS:
+        raise GraphError(f"unknown decoder preset {name!r} (presets: {', '.join(_PRESETS)})")
+    return _PRESETS[name]
