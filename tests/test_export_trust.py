@@ -35,8 +35,8 @@ from llm_planner.core.fmt import quote
 from llm_planner.core.spec import SpecError, load_cluster
 from llm_planner.export.serving import build_engines
 from llm_planner.export.serving_scripts import sglang_script, vllm_script
+from llm_planner.launch.launch_types import LaunchError
 from llm_planner.launch.mpiexec_run import hostfile_of
-from llm_planner.launch.plan_launch import LaunchError
 from llm_planner.serving.plan_file import load_serving_plan
 
 BASH = shutil.which("bash")

@@ -12,14 +12,9 @@ import pytest
 import yaml
 from runtime_fixtures import LOCALHOST, REPO, decoder_plan, graph_plan, save_config, tiny_gpt2
 
-from llm_planner.launch.plan_launch import (
-    LaunchError,
-    describe_result,
-    format_rank_table,
-    hostfile_text,
-    launch_plan,
-    parse_prompt_ids,
-)
+from llm_planner.launch.launch_text import describe_result, format_rank_table
+from llm_planner.launch.launch_types import LaunchError
+from llm_planner.launch.plan_launch import hostfile_text, launch_plan, parse_prompt_ids
 from llm_planner.runtime.table import RankTableError, load_rank_table
 
 UNEVEN = {"embed": 0, "block.0": 1, "block.3": 2, "lm_head": 3}  # embed | block.0-2 | block.3 + final_norm | lm_head
@@ -269,7 +264,7 @@ def test_a_decoder_dry_run_imports_neither_mpi4py_nor_torch(plan4, tmp_path):
 
 
 def test_a_run_with_more_ranks_than_cores_on_a_host_is_flagged():
-    from llm_planner.launch.plan_launch import oversubscription_notes
+    from llm_planner.launch.launch_text import oversubscription_notes
 
     def rank(i, host, wait, sharing, cores):
         return {

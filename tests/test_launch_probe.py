@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
+from llm_planner.launch.launch_types import LaunchError
 from llm_planner.launch.mpiexec_run import PROBE_PORT_ENV, cut_off, probe, probe_all, probe_port
-from llm_planner.launch.plan_launch import LaunchError
 from llm_planner.runtime.table import RankEntry, RankTable, RunSpec
 
 

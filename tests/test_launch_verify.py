@@ -12,7 +12,8 @@ from runtime_fixtures import LOCALHOST, decoder_plan, save_config, tiny_gpt2
 
 from llm_planner.cli.main import main
 from llm_planner.core.tensor_groups import member_names
-from llm_planner.launch.plan_launch import LaunchError, PlanRejected, launch_plan
+from llm_planner.launch.launch_types import LaunchError, PlanRejected
+from llm_planner.launch.plan_launch import launch_plan
 
 GROUPS = {"embed": "localhost/cpu-core:0-1", "block.2": "localhost/cpu-core:2-3"}  # two groups of two
 SECOND = "localhost/cpu-core:2-3"

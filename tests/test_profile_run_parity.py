@@ -13,7 +13,8 @@ import torch
 from runtime_fixtures import decoder_plan, save_config, tiny_gpt2, tiny_llama
 
 from llm_planner.graph.models import ModelSpec, build_model_graph
-from llm_planner.launch.plan_launch import LaunchOptions, build_rank_table
+from llm_planner.launch.launch_types import LaunchOptions
+from llm_planner.launch.plan_launch import build_rank_table
 from llm_planner.runtime import gpt_run, profile_rank
 from llm_planner.runtime.rank import RankContext
 from llm_planner.runtime.run_report import RankStats

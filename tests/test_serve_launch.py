@@ -15,8 +15,8 @@ from runtime_fixtures import LOCALHOST, TINY_MIXTRAL, save_config, tiny_gpt2, ti
 from serve_fixtures import dev, serving_plan
 
 from llm_planner.cli import main as cli
+from llm_planner.launch.launch_types import LaunchError
 from llm_planner.launch.mpiexec_run import PROBE_PORT_ENV, cut_off_message, write_failure
-from llm_planner.launch.plan_launch import LaunchError
 from llm_planner.launch.serve_failure import serving_failure, stage_label
 from llm_planner.launch.serve_launch import ServeOptions, launch_serving, prepare_serving
 from llm_planner.launch.serve_report import measured, percentile, serving_report

@@ -352,7 +352,8 @@ def test_export_names_the_rule_a_plan_breaks():
 
 def test_device_map_refuses_group_plans_and_launch_runs_them_on_the_members():
     from llm_planner.core.plan import PlanError, hf_device_map
-    from llm_planner.launch.plan_launch import LaunchError, rank_entries
+    from llm_planner.launch.launch_types import LaunchError
+    from llm_planner.launch.ranks import rank_entries
 
     problem = build_problem(tp_chain(0), gpu_cluster(2), max_tp=2)
     plan = solve(problem, SolveOptions(**EXACT))

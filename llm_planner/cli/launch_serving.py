@@ -12,7 +12,8 @@ from rich.table import Table
 from llm_planner.cli.arg_types import positive_seconds, seed, tokens, whole
 from llm_planner.cli.commands import UserError
 from llm_planner.core.fmt import fmt_s, styled
-from llm_planner.launch import plan_launch
+from llm_planner.launch.launch_text import describe_result
+from llm_planner.launch.launch_types import LaunchError
 from llm_planner.launch.serve_launch import ServeOptions, launch_serving
 
 SERVING_FLAGS = ("request_rate", "max_requests", "duration", "prompt_len", "output_len")
@@ -104,10 +105,10 @@ def cmd_launch_serving(args: argparse.Namespace, console: Console) -> int:
     )
     try:
         result, report = launch_serving(args.plan, options)
-    except plan_launch.LaunchError as exc:
+    except LaunchError as exc:
         raise UserError(str(exc), exit_code=exc.exit_code) from None
     if result.dry_run:
-        console.print(plan_launch.describe_result(result))
+        console.print(describe_result(result))
         return 0
     if report is None:
         console.print(f"launch failed: {result.error}")

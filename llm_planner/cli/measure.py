@@ -18,6 +18,8 @@ from llm_planner.core.fmt import LiteralConsole, fmt_s, styled
 from llm_planner.cost.profile import ProfileError, save_profile
 from llm_planner.launch import plan_launch as launch
 from llm_planner.launch import profile_run
+from llm_planner.launch.launch_text import describe_result
+from llm_planner.launch.launch_types import LaunchError
 from llm_planner.launch.profile_run import ProfileJob, planned_runs, profile_local, run_mpi
 from llm_planner.measure.compare import measure_files, measurement_tables, write_measurement
 from llm_planner.runtime.profile_rank import ProfileOptions, ProfileRunError
@@ -46,9 +48,9 @@ def cmd_launch(args: argparse.Namespace, console: Console) -> int:
             workdir=args.workdir,
             warmup=args.warmup if args.warmup is not None else (launch.MEASURE_WARMUP if args.measure else 0),
         )
-    except launch.LaunchError as exc:
+    except LaunchError as exc:
         raise UserError(str(exc), exit_code=exc.exit_code) from None
-    console.print(launch.describe_result(result))
+    console.print(describe_result(result))
     if result.ok and not args.dry_run:
         console.print(
             styled(

@@ -24,23 +24,21 @@ import logging
 import random
 import shlex
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from llm_planner.core.atomic import write_atomic
-from llm_planner.core.fmt import fmt_s
-from llm_planner.core.names import check_host
 from llm_planner.core.plan import Plan, load_plan
-from llm_planner.core.spec import ClusterSpec, load_cluster
-from llm_planner.core.tensor_groups import is_group_name, member_names
+from llm_planner.core.spec import load_cluster
 from llm_planner.graph import rwnn
 from llm_planner.graph.models import ModelSpec, build_model_graph
+from llm_planner.launch.launch_types import LaunchError, LaunchOptions, LaunchResult, PlanRejected
 from llm_planner.launch.mpiexec_run import hostfile_of, probe_port, run_mpiexec
+from llm_planner.launch.ranks import rank_entries
 from llm_planner.placement.verify_file import verify_plan_file
 from llm_planner.runtime import decoder_tasks as dt
 from llm_planner.runtime.plan_schedule import in_flight_batches
-from llm_planner.runtime.table import RankEntry, RankTable, RunSpec
+from llm_planner.runtime.table import RankTable, RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -49,65 +47,6 @@ RESNET_NAMES = ("resnet18", "resnet50")  # the CNN presets of llm_planner.graph.
 MEASURE_WARMUP = (
     2  # `launch --measure`: untimed runs first, as `profile` warms up before it times (its --warmup default)
 )
-
-
-class LaunchError(ValueError):
-    """A plan that cannot be launched as asked; nothing was started."""
-
-    exit_code = 2  # the CLI's exit status for bad input
-
-
-class PlanRejected(LaunchError):
-    """A plan that `verify` rejects (one line per violation); nothing was started."""
-
-    exit_code = 1  # as `verify`'s exit status for an invalid plan
-
-
-@dataclass(frozen=True, kw_only=True)
-class LaunchOptions:
-    dry_run: bool = False  # write the files, build the command, start nothing
-    checkpoint: str | None = (
-        None  # decoder: Hugging Face checkpoint dir (safetensors) whose config the plan was made from
-    )
-    prompt_ids: tuple[tuple[int, ...], ...] = ()  # decoder: one prompt per request; empty: batch_size seeded prompts
-    max_new_tokens: int = 16
-    report_path: str | None = None  # default: <workdir>/run.json
-    timeout_s: float = 600.0  # bound on the whole run
-    workdir: str | None = None  # default: <report dir>/<plan stem>.launch with a report path, else launch/<plan stem>
-    extra: tuple[str, ...] = ()  # extra mpiexec arguments, placed before the program
-    num_ranks: int | None = None  # the rank count asked for; must equal the number of devices the plan uses
-    seed: int | None = None  # seeded weights and CNN inputs; default: the plan's model seed
-    dtype: str | None = None  # compute dtype; default: the plan's
-    fail_rank: int | None = None  # fault injection for tests: this rank raises once the run starts
-    warmup: int = 0  # untimed runs of the whole workload before the timed one
-
-
-@dataclass(frozen=True, kw_only=True)
-class LaunchResult:
-    command: tuple[str, ...]
-    rank_table: RankTable
-    workdir: str
-    hostfile_path: str
-    rank_table_path: str
-    report_path: str
-    dry_run: bool
-    returncode: int | None = None  # None for a dry run
-    duration_s: float = 0.0
-    report: dict[str, Any] | None = None
-    error: str | None = None  # the failing rank's message (or mpiexec's) when the run failed
-    stderr_tail: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.dry_run or (self.returncode == 0 and self.error is None)
-
-    @property
-    def command_line(self) -> str:
-        return shlex.join(self.command)
-
-    @property
-    def tokens(self) -> list[list[int]] | None:
-        return None if self.report is None else self.report.get("tokens")
 
 
 def mpiexec_path() -> Path:
@@ -192,86 +131,6 @@ def _check_options(options: LaunchOptions) -> None:
     probe_port(error=LaunchError)  # how hosts are probed when a run fails (llm_planner.launch.mpiexec_run)
 
 
-def rank_entries(plan: Plan, cluster: ClusterSpec, source: str) -> tuple[RankEntry, ...]:
-    """One rank per device the plan uses, grouped by host in cluster order."""
-    used = plan.physical_devices_used()
-    serves = {m: d for d in plan.devices_used() for m in member_names(d)}
-    order = rank_order(used, cluster, source)
-    entries = []
-    for rank, name in enumerate(order):
-        plan_device = serves[name]
-        tasks = {
-            str(s): [
-                t.task
-                for t in sorted(plan.schedule, key=lambda t: (t.start_s, t.finish_s))
-                if t.shard == s and t.device == plan_device
-            ]
-            for s in range(len(plan.shard_sizes))
-        }
-        group = [order.index(m) for m in member_names(plan_device)] if is_group_name(plan_device) else []
-        tasks = {k: v for k, v in tasks.items() if v}
-        entries.append(rank_entry(rank, name, cluster, plan_device=plan_device, group=group, tasks=tasks))
-    return tuple(entries)
-
-
-def rank_entry(
-    rank: int, name: str, cluster: ClusterSpec, *, plan_device: str, group: list[int], tasks: dict[str, list[str]]
-) -> RankEntry:
-    """The rank table's row of the rank on device `name` (its host, type and CUDA index from the cluster)."""
-    d = cluster.device_map()[name]
-    gpus = [x.name for x in cluster.devices() if x.node == d.node and cluster.kind(x.kind).type == "gpu"]
-    return RankEntry(
-        rank=rank,
-        device=name,
-        node=d.node,
-        hostname=str(d.hostname),
-        device_type=cluster.kind(d.kind).type,
-        gpu_index=gpus.index(name) if name in gpus else None,
-        tasks=tasks,
-        plan_device=plan_device,
-        group=group,
-    )
-
-
-def rank_order(used, cluster: ClusterSpec, source: str) -> list[str]:
-    """The devices `used`, one rank each, grouped by host in cluster order; LaunchError naming the file and
-    field for a device the cluster lacks, a node without a (valid) hostname, or more ranks than a node's slots."""
-    devices = cluster.device_map()
-    unknown = [d for d in used if d not in devices]
-    if unknown:
-        raise LaunchError(f"{source}: the plan uses device(s) {unknown} that cluster {cluster.source} does not have")
-    templates = {n.name: (i, n) for i, n in enumerate(cluster.nodes)}
-    for name in used:
-        d = devices[name]
-        i, _ = templates[d.node_template]
-        if not d.hostname:
-            raise LaunchError(
-                f"{cluster.source}: nodes[{i}].hostname: missing for node {d.node!r}; "
-                f"launch needs the hostname of every node the plan uses (device {name})"
-            )
-        check_host(d.hostname, f"{cluster.source}: nodes[{i}].hostname (node {d.node!r})", LaunchError)
-    order = [d.name for d in cluster.devices() if d.name in used]
-    hosts = list(dict.fromkeys(devices[d].hostname for d in order))
-    order.sort(key=lambda d: hosts.index(devices[d].hostname))
-    check_slots(order, devices, templates, cluster)
-    return order
-
-
-def check_slots(order: list[str], devices: dict, templates: dict, cluster: ClusterSpec) -> None:
-    """LaunchError naming the node when the ranks `order` puts on it exceed its MPI slots."""
-    per_node: dict[str, int] = {}
-    for name in order:
-        per_node[devices[name].node] = per_node.get(devices[name].node, 0) + 1
-    for name in order:
-        d = devices[name]
-        i, node = templates[d.node_template]
-        if node.slots is not None and per_node[d.node] > node.slots:
-            raise LaunchError(
-                f"{cluster.source}: nodes[{i}].slots: node {d.node!r} has {node.slots} MPI slots "
-                f"but the plan puts {per_node[d.node]} ranks on it"
-            )
-
-
 def build_rank_table(plan_path: str | Path, options: LaunchOptions) -> tuple[RankTable, Plan]:
     """Every check, then the rank table; raises LaunchError (or the loaders' errors) naming the problem."""
     _check_options(options)
@@ -351,84 +210,6 @@ def hostfile_text(table: RankTable) -> str:
     return hostfile_of(
         ((r.hostname, f"{table.run.plan_path}: rank {r.rank} ({r.device})") for r in table.ranks), LaunchError
     )
-
-
-def format_rank_table(table: RankTable) -> str:
-    rows = [("rank", "host", "device", "torch", "tasks")]
-    for r in table.ranks:
-        torch_dev = f"cuda:{r.gpu_index}" if r.device_type == "gpu" else "cpu"
-        tasks = (
-            "; ".join(f"shard {s}: {_compact(t)}" for s, t in r.tasks.items())
-            if len(r.tasks) > 1
-            else _compact(next(iter(r.tasks.values()), []))
-        )
-        device = r.device if not r.group else f"{r.device} (group {r.plan_device})"
-        rows.append((str(r.rank), r.hostname, device, torch_dev, tasks))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4] for row in rows)
-
-
-def describe_result(result: LaunchResult) -> str:
-    """What the CLI prints: the command and rank table (dry run), else the outcome of the run."""
-    if result.dry_run:
-        return f"{result.command_line}\n\n{format_rank_table(result.rank_table)}"
-    if not result.ok:
-        return f"launch failed: {result.error}"
-    return "\n".join(_run_summary(result.report or {}, result))
-
-
-def _run_summary(r: dict, result: LaunchResult) -> list[str]:
-    n = result.rank_table.world_size
-    lines = [f"ran {n} rank{'s' if n != 1 else ''} in {result.duration_s:.1f} s; report: {result.report_path}"]
-    per = " per sample" if r.get("unit") == "s/sample" else ""
-    predicted, measured = float(r.get("predicted_s", 0.0)), float(r.get("measured_s", 0.0))
-    error = f" ({100 * (measured - predicted) / predicted:+.1f}%)" if predicted > 0 else ""
-    lines.append(
-        f"{r.get('measured_what', 'measured')}: measured {fmt_s(measured)}{per}, "
-        f"predicted {fmt_s(predicted)}{per}{error}"
-    )
-    if r.get("measured_samples_per_s"):
-        lines.append(
-            f"steady state: {r['measured_samples_per_s']:.1f} samples/s = tokens/s in decode "
-            f"(predicted {r.get('predicted_samples_per_s') or 0:.1f}), {r.get('batches', 1)} batches in flight"
-        )
-    if "tokens" in r:
-        lines.append(
-            f"whole generation: {fmt_s(r.get('wall_s', 0.0))}, "
-            f"{r.get('tokens_per_s', 0.0):.1f} tokens/s (prefill included)"
-        )
-        if r.get("weights") != "checkpoint":
-            lines.append(
-                "weights: seeded random, not a checkpoint (pass --checkpoint DIR for real weights): "
-                "the tokens are not text"
-            )
-        lines += [f"request {i}: {' '.join(map(str, t))}" for i, t in enumerate(r["tokens"])]
-    elif "output" in r:
-        lines.append(
-            f"output {r['output']['shape']} sha256 {r['output']['sha256'][:16]}... saved to {r['output_path']}"
-        )
-    lines.append(f"runtime overhead {100 * r.get('overhead_fraction', 0.0):.1f}% of the ranks' time")
-    for device in r.get("gpu_fell_back_to_cpu", []):
-        lines.append(f"warning: {device} is a GPU but CUDA is not available on its host: its rank ran on the CPU")
-    return lines + oversubscription_notes(r.get("ranks", []))
-
-
-def oversubscription_notes(ranks: list[dict]) -> list[str]:
-    """A warning for each host that ran more ranks than it has cores: its times are not the plan's devices' times."""
-    notes = {}
-    for r in ranks:
-        if r.get("wait") == "sleep":
-            host = r["device"].split("/")[0]
-            notes[host] = (
-                f"warning: node {host} ran {r['ranks_on_host']} ranks on {r['host_cores']} cores: ranks shared cores "
-                f"and waiting ranks slept between polls, so measured times include waking them; "
-                f"describe at most one single-thread CPU device per core to compare with the plan"
-            )
-    return list(notes.values())
-
-
-def _compact(tasks: list[str]) -> str:
-    return ", ".join(tasks) if len(tasks) <= 6 else f"{', '.join(tasks[:3])}, ... {tasks[-1]} ({len(tasks)} tasks)"
 
 
 # ----------------------------------------------------------------------------

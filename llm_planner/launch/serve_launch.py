@@ -34,16 +34,10 @@ from llm_planner.core.atomic import write_atomic
 from llm_planner.core.plan_read import Fields
 from llm_planner.core.spec import ClusterSpec
 from llm_planner.core.tensor_groups import GroupError, group_from_members
+from llm_planner.launch.launch_types import LaunchError, LaunchOptions, LaunchResult
 from llm_planner.launch.mpiexec_run import probe_port
-from llm_planner.launch.plan_launch import (
-    LaunchError,
-    LaunchOptions,
-    LaunchResult,
-    default_workdir,
-    rank_entry,
-    rank_order,
-    run_table,
-)
+from llm_planner.launch.plan_launch import default_workdir, run_table
+from llm_planner.launch.ranks import rank_entry, rank_order
 from llm_planner.launch.serve_failure import serving_failure
 from llm_planner.launch.serve_report import serving_report
 from llm_planner.runtime import decoder_tasks as dt
