@@ -136,11 +136,13 @@ def _kinds_table(cluster: ClusterSpec) -> Table:
             ", ".join(f"{d} {v / 1e12:.4g} TFLOP/s" for d, v in k.peak_flops),
             f"{fmt_bytes(k.mem_bytes)} ({fmt_bytes(k.usable_mem_bytes)})",
             f"{k.mem_bw_bytes_per_s / 1e9:.4g} GB/s",
-            f"{k.compute_efficiency:.0%} of compute, {k.mem_efficiency:.0%} of bandwidth",
+            f"{k.compute_efficiency:.0%} of compute, {k.mem_efficiency:.0%} of bandwidth, "
+            f"{k.collective_bw_efficiency:.0%} of links in collectives",
             kind_source(k),
         )
     kinds.caption = (
-        "usable: what a plan may fill (usable_mem_fraction); efficiency: the share of the peaks the costs assume; "
+        "usable: what a plan may fill (usable_mem_fraction); efficiency: the share of the peaks the costs assume "
+        "(links: collective_efficiency, a type's default when neither the spec nor a catalog entry gives one); "
         "figures from: the spec, or the GPU catalog entry it names (its own fields win)"
     )
     return kinds
