@@ -301,3 +301,25 @@ def test_bad_inputs_exit_2_naming_the_file_and_the_key(tmp_path, capsys):
     plain = ["calibrate", "--cluster", spec, "-o", str(tmp_path / "o.yaml")]
     _refused(capsys, [*plain, str(good)], "good.json", "need --serving")
     _refused(capsys, [*base, "--plan", "p.yaml", str(good)], "--plan and --report are for placement runs")
+
+
+def test_an_open_loop_run_is_read_at_its_mean_in_flight_by_littles_law(tmp_path):
+    """Requests at a finite rate without --max-concurrency: the mean in flight is requests/s times
+    the mean end-to-end latency (Little's law), from the file's mean e2e where it has one, else
+    from its mean TTFT and TPOT; SGLang's own `concurrency` (that same mean) where written; every
+    request at once (rate inf) still leaves it to the command line."""
+    base = _vllm(8, 0.02, 300.0, 0.1) | {"max_concurrency": None, "request_rate": 4.0, "request_throughput": 2.5}
+    rows = [
+        base | {"mean_e2el_ms": 3000.0},  # 2.5/s x 3 s = 7.5 in flight: 8
+        base,  # 2.5/s x (0.12 s + 127 x 21 ms) = 6.97: 7
+        base | {"concurrency": 11.4, "random_input_len": 1024},  # SGLang's: 11
+        base | {"request_rate": "inf"},
+    ]
+    path = tmp_path / "open.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    by_e2e, by_means, sglang, at_once = read_serving_results(path)
+    assert by_e2e.concurrency == 8 and "request rate 4/s" in by_e2e.concurrency_note
+    assert "7.5 in flight" in by_e2e.concurrency_note
+    assert by_means.concurrency == round(2.5 * (0.12 + (OUTPUT - 1) * 0.021)) == 7
+    assert sglang.engine == "sglang" and sglang.concurrency == 11 and "own mean" in sglang.concurrency_note
+    assert at_once.concurrency is None and "max_concurrency is null" in at_once.concurrency_note

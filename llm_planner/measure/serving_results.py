@@ -9,7 +9,8 @@ budget, model). What a file leaves out the user gives on the command line
 Three formats, told apart by their keys:
 
 - `vllm bench serve --save-result` (vllm/benchmarks/serve.py: one JSON object; `--append-result`
-  appends one per line). Keys read: `max_concurrency` (null when not set), `completed`,
+  appends one per line). Keys read: `max_concurrency` (null when not set; then, for requests sent
+  at a finite `request_rate`, the mean in flight by Little's law: `open_loop_concurrency`), `completed`,
   `total_input_tokens`, `total_output_tokens`, `output_throughput`, `median_tpot_ms` (else
   `mean_tpot_ms`), `median_ttft_ms` (else `mean_ttft_ms`), `model_id`, and with
   `--save-detailed` the per-request `input_lens` and `output_lens`.
@@ -143,7 +144,7 @@ def _read_engine(where: str, doc: dict) -> ServingObservation:
     completed = _count(where, doc, "completed")
     limit = _count(where, doc, "max_concurrency", required=False)
     if limit is None:
-        concurrency, note = None, "max_concurrency is null (the benchmark ran without --max-concurrency)"
+        concurrency, note = open_loop_concurrency(where, doc, completed)
     else:
         concurrency = min(limit, completed)
         note = f"max_concurrency {limit}" + (f", {completed} requests completed" if completed < limit else "")
@@ -160,6 +161,35 @@ def _read_engine(where: str, doc: dict) -> ServingObservation:
         concurrency=concurrency,
         concurrency_note=note,
         model=model if isinstance(model, str) else None,
+    )
+
+
+def open_loop_concurrency(where: str, doc: dict, completed: int) -> tuple[int | None, str]:
+    """A run without --max-concurrency: with requests sent at a finite `request_rate`, the mean
+    number in flight by Little's law, the measured requests/s times the mean end-to-end latency
+    (SGLang's own `concurrency` where it wrote one, which is that; else `mean_e2el_ms` /
+    `mean_e2e_latency_ms`; else the mean TTFT plus the mean output less one times the mean TPOT);
+    with every request sent at once, None (the engine's limit decides, which the file does not
+    say)."""
+    rate = doc.get("request_rate")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate):
+        return None, "max_concurrency is null (the benchmark ran without --max-concurrency)"
+    if doc.get("concurrency") is not None:
+        mean, how = _number(where, doc, "concurrency"), "the benchmark's own mean in flight"
+    else:
+        throughput = _number(where, doc, "request_throughput")
+        mean, how = throughput * _mean_e2e_s(where, doc, completed), "requests/s x mean end-to-end latency"
+    concurrency = max(1, round(mean))
+    return concurrency, f"request rate {rate:g}/s without a concurrency cap: {mean:.1f} in flight on average ({how})"
+
+
+def _mean_e2e_s(where: str, doc: dict, completed: int) -> float:
+    for key in ("mean_e2el_ms", "mean_e2e_latency_ms"):
+        if doc.get(key) is not None:
+            return _number(where, doc, key) * 1e-3
+    output = _number(where, doc, "total_output_tokens") / completed
+    return _first(where, doc, ("mean_ttft_ms",), 1e-3) + max(output - 1, 0) * _first(
+        where, doc, ("mean_tpot_ms",), 1e-3
     )
 
 
