@@ -6,6 +6,10 @@ the run report's fields; a failing rank stops the run."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -149,3 +153,37 @@ def test_a_failing_rank_stops_every_rank_and_is_named(tmp_path):
     # what was served: nothing by replica 1, whose scheduler (rank 1) failed as the run started
     assert [r["replica"] for r in failure["served"]["replicas"]] == [0, 1]
     assert failure["served"]["replicas"][1]["requests_completed"] == 0
+
+
+def test_a_rank_that_stops_answering_is_named_within_the_stall_timeout(tmp_path):
+    """A rank frozen mid-run (SIGSTOP: as a hung process or a host cut off looks from the launcher)
+    sends no more heartbeats and its replica gets nothing back: the launcher stops the run after
+    --stall-timeout, long before --timeout, and names the rank with its replica and stage."""
+    model = save_config(tiny_gpt2(), tmp_path / "m")
+    two = {"degrees": [1, 1], "layers": [2, 2], "concurrency": 2, "micro_batches": 1}
+    plan = serving_plan(tmp_path / "plan.yaml", model, [{**two, "devices": [[dev(0)], [dev(1)]]}])
+    workdir = tmp_path / "w"
+    freezer = threading.Thread(target=_freeze_when_beating, args=(workdir, 1), daemon=True)
+    freezer.start()
+    start = time.monotonic()
+    result, report = launch_serving(
+        plan,
+        ServeOptions(workdir=str(workdir), timeout_s=TIMEOUT_S, max_requests=10**6, stall_timeout_s=4.0),
+    )
+    assert not result.ok and report is None
+    assert time.monotonic() - start < TIMEOUT_S / 2
+    assert "--stall-timeout 4 s" in result.error, result.error
+    assert "rank 1 (replica 0 stage 1 of 2)" in result.error or "rank 0 (replica 0 stage 0 of 2)" in result.error
+    failure = json.loads(Path(result.report_path).read_text())
+    assert failure["status"] == "failed" and failure["failed_replica"] == 0
+
+
+def _freeze_when_beating(workdir: Path, rank: int) -> None:
+    """SIGSTOP `rank` once its heartbeats reach the launcher's mpiexec.out."""
+    out = workdir / "mpiexec.out"
+    for _ in range(600):
+        if out.is_file() and f"llm_planner.heartbeat rank={rank} progress=" in out.read_text(errors="replace"):
+            pid = int((workdir / f"rank{rank}.pid").read_text().split()[0])
+            os.kill(pid, signal.SIGSTOP)
+            return
+        time.sleep(0.2)

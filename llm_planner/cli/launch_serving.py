@@ -14,9 +14,9 @@ from llm_planner.cli.commands import UserError
 from llm_planner.core.fmt import fmt_s, styled
 from llm_planner.launch.launch_text import describe_result
 from llm_planner.launch.launch_types import LaunchError
-from llm_planner.launch.serve_launch import ServeOptions, launch_serving
+from llm_planner.launch.serve_launch import STALL_TIMEOUT_S, ServeOptions, launch_serving
 
-SERVING_FLAGS = ("request_rate", "max_requests", "duration", "prompt_len", "output_len")
+SERVING_FLAGS = ("request_rate", "max_requests", "duration", "prompt_len", "output_len", "stall_timeout")
 PLACEMENT_FLAGS = {"prompt_ids": "--prompt-ids", "max_new_tokens": "--max-new-tokens", "warmup": "--warmup"}
 
 
@@ -52,6 +52,13 @@ def add_serve_launch_args(p: argparse.ArgumentParser) -> None:
         type=positive_seconds,
         default=None,
         help="serving plans: stop admitting requests after this many seconds (those in flight finish)",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=positive_seconds,
+        default=None,
+        help=f"serving plans: stop the run when a rank sends no heartbeat, or a replica with requests in flight "
+        f"gets no iteration back, for this many seconds (default: {STALL_TIMEOUT_S:g})",
     )
     p.add_argument(
         "--seed", type=seed, default=None, help="seed of the requests' token ids and arrivals, and of seeded weights"
@@ -102,6 +109,7 @@ def cmd_launch_serving(args: argparse.Namespace, console: Console) -> int:
         duration_s=args.duration,
         prompt_len=args.prompt_len,
         output_len=args.output_len,
+        stall_timeout_s=args.stall_timeout if args.stall_timeout is not None else STALL_TIMEOUT_S,
     )
     try:
         result, report = launch_serving(args.plan, options)

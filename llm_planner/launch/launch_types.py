@@ -42,6 +42,7 @@ class LaunchOptions:
     dtype: str | None = None  # compute dtype; default: the plan's
     fail_rank: int | None = None  # fault injection for tests: this rank raises once the run starts
     warmup: int = 0  # untimed runs of the whole workload before the timed one
+    stall_timeout_s: float | None = None  # serving runs: stop on a stall the heartbeats show (launch.stall_watch)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,6 +5,8 @@
 - a rank that raises writes `error.rank<N>.txt` and the job aborts; a rank that
   dies (killed, out of memory) is named from mpiexec's "BAD TERMINATION ... PID p"
   and the pid files: rank, device, host and the signal or exit code;
+- when the serving ranks' heartbeats show a rank stopped or a replica stuck for `stall_s`
+  (llm_planner.launch.stall_watch), the launcher stops the job at once and names the rank;
 - past the run's timeout (plus a grace for the ranks' own watchdog), and on Ctrl-C, SIGTERM
   or SIGHUP (KeyboardInterrupt in the launcher: llm_planner.core.procs), the launcher stops
   mpiexec's process group (SIGTERM, then SIGKILL) and any rank still alive by its pid,
@@ -43,6 +45,8 @@ from typing import Any
 from llm_planner.core.atomic import WriteError, write_atomic
 from llm_planner.core.names import check_host
 from llm_planner.core.procs import last_stop_signal, preexec_die_with_parent, stop_signals_deferred
+from llm_planner.launch.stall_watch import watch
+from llm_planner.runtime.heartbeat import PREFIX as HEARTBEAT_PREFIX
 from llm_planner.runtime.table import RankTable
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,7 @@ _STRING = re.compile(r"EXIT STRING: (.+)")
 PROBE_PORT_ENV = "LLM_PLANNER_PROBE_PORT"
 DEFAULT_PROBE_PORT = 22  # ssh: on a cluster mpiexec reaches every host through it
 PROBE_TIMEOUT_S = 2.0
+HEARTBEAT_LINES = re.compile(rf"^{re.escape(HEARTBEAT_PREFIX)} .*\n?", re.M)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,8 +70,9 @@ class Outcome:
     stderr_tail: str
 
 
-def run_mpiexec(command: tuple[str, ...], table: RankTable, timeout_s: float) -> Outcome:
-    """Run the job to its end, its timeout or Ctrl-C; the outcome names the failing rank."""
+def run_mpiexec(command: tuple[str, ...], table: RankTable, timeout_s: float, stall_s: float | None = None) -> Outcome:
+    """Run the job to its end, its timeout, a stall its ranks' heartbeats show (with `stall_s`:
+    llm_planner.launch.stall_watch) or Ctrl-C; the outcome names the failing rank."""
     workdir = Path(table.run.workdir)
     port = probe_port()
     before: dict[str, str | None] = {}
@@ -76,10 +82,10 @@ def run_mpiexec(command: tuple[str, ...], table: RankTable, timeout_s: float) ->
     with open(workdir / "mpiexec.out", "wb") as out, open(workdir / "mpiexec.err", "wb") as err:
         proc = start_mpiexec(command, out, err)
         try:
-            returncode, timed_out = proc.wait(timeout=timeout_s + KILL_GRACE_S), False
-        except subprocess.TimeoutExpired:
-            stop(proc, table)
-            returncode, timed_out = proc.returncode, True
+            timed_out, stall = watch(proc, table, workdir / "mpiexec.out", timeout_s + KILL_GRACE_S, stall_s)
+            if timed_out or stall is not None:
+                stop(proc, table)
+            returncode = proc.returncode
         except KeyboardInterrupt:
             with stop_signals_deferred():  # a second signal must not leave the ranks running
                 stop(proc, table)
@@ -89,7 +95,7 @@ def run_mpiexec(command: tuple[str, ...], table: RankTable, timeout_s: float) ->
             raise
     duration = time.perf_counter() - start
     tail = _tail(workdir)
-    error, failed = _failure(workdir, table, returncode, timed_out, timeout_s, tail)
+    error, failed = stall if stall is not None else _failure(workdir, table, returncode, timed_out, timeout_s, tail)
     report = None
     if error is None and Path(table.run.report_path).is_file():
         report = json.loads(Path(table.run.report_path).read_text())
@@ -105,7 +111,9 @@ def run_mpiexec(command: tuple[str, ...], table: RankTable, timeout_s: float) ->
 
 
 def _tail(workdir: Path) -> str:
-    return "".join((workdir / name).read_text(errors="replace")[-4000:] for name in ("mpiexec.err", "mpiexec.out"))
+    """The end of mpiexec's error and output, without the ranks' heartbeat lines."""
+    texts = ((workdir / name).read_text(errors="replace") for name in ("mpiexec.err", "mpiexec.out"))
+    return "".join(HEARTBEAT_LINES.sub("", text)[-4000:] for text in texts)
 
 
 def _failure(

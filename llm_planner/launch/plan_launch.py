@@ -263,7 +263,7 @@ def run_table(table: RankTable, options: LaunchOptions) -> LaunchResult:
         Path(table.run.report_path),
     ]:
         stale.unlink(missing_ok=True)
-    outcome = run_mpiexec(command, table, options.timeout_s)
+    outcome = run_mpiexec(command, table, options.timeout_s, options.stall_timeout_s)
     return replace(
         result,
         returncode=outcome.returncode,

@@ -59,6 +59,9 @@ RAW_NAME = "serving_raw.json"  # in the workdir: the ranks' raw record (each req
 DEFAULT_REQUESTS_PER_SLOT = 2  # without --max-requests or --duration: twice each replica's concurrency
 
 
+STALL_TIMEOUT_S = 60.0  # `launch --stall-timeout`'s default (llm_planner.launch.stall_watch)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServeOptions:
     dry_run: bool = False
@@ -75,6 +78,7 @@ class ServeOptions:
     duration_s: float | None = None
     prompt_len: int | None = None  # override of the plan's request shapes (one shape)
     output_len: int | None = None
+    stall_timeout_s: float = STALL_TIMEOUT_S  # no heartbeat, or nothing back with requests in flight, this long: stop
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +105,8 @@ def _check_options(options: ServeOptions) -> None:
             raise LaunchError(f"{flag}: expected at least 1 token, got {value}")
     if not options.timeout_s > 0:
         raise LaunchError(f"--timeout: must be > 0 seconds, got {options.timeout_s}")
+    if not options.stall_timeout_s > 0:
+        raise LaunchError(f"--stall-timeout: must be > 0 seconds, got {options.stall_timeout_s}")
     probe_port(error=LaunchError)  # how the hosts of a failed run are probed (llm_planner.launch.mpiexec_run)
 
 
@@ -296,7 +302,12 @@ def launch_serving(plan_path: str | Path, options: ServeOptions = ServeOptions()
         clear_progress(prepared.table.run.workdir)
     result = run_table(
         prepared.table,
-        LaunchOptions(dry_run=options.dry_run, extra=options.extra, timeout_s=options.timeout_s),
+        LaunchOptions(
+            dry_run=options.dry_run,
+            extra=options.extra,
+            timeout_s=options.timeout_s,
+            stall_timeout_s=options.stall_timeout_s,
+        ),
     )
     if result.dry_run:
         return result, None

@@ -20,7 +20,9 @@ between two ranks, so one tag per direction suffices. The first stage's leader m
 replica: when each request was admitted, when each of its tokens came back, and each
 iteration's round trip; rank 0 gathers them into the raw run record the launcher turns into the
 run report (llm_planner.launch.serve_report). As it goes, it also keeps its record so far on disk
-(llm_planner.runtime.serve_progress), for the report of a run that fails.
+(llm_planner.runtime.serve_progress), for the report of a run that fails. Every rank prints a
+heartbeat line each second (llm_planner.runtime.heartbeat: what it finished, and the scheduler
+what it waits for), so the launcher stops a run whose rank or link stalls within seconds.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections import deque
 import torch
 
 from llm_planner.runtime import gpt
+from llm_planner.runtime.heartbeat import Heartbeat
 from llm_planner.runtime.serve_progress import Progress
 from llm_planner.runtime.serve_requests import ReplicaQueue, RequestStream
 from llm_planner.runtime.serve_scheduler import Entry, Iteration, Scheduler
@@ -81,6 +84,7 @@ class ServeRank:
             source=source,
             ops=ctx.group,
         )
+        self.beat = Heartbeat(ctx.rank)  # started once the stage is built (llm_planner.runtime.heartbeat)
         ctx.stats.extra["weights"] = source.summary()
         ctx.stats.extra.update(replica=self.role.replica, stage=self.role.stage, member=self.role.member)
 
@@ -119,6 +123,7 @@ class ServeRank:
                     self._send_on(entries_t, None, k)
                 return
             out = self._run_stage(entries, comm.recv_value(source, TAG_FORWARD, self.ctx.device))
+            self.beat.progress += 1
             if not leads:
                 continue
             if k + 1 == len(self.stages):
@@ -162,11 +167,14 @@ class ServeRank:
                 arrival = sched.waiting_for_arrival(clock())
                 time.sleep(min(MAX_IDLE_SLEEP_S, max(0.0, (arrival or 0.0) - clock())))
                 continue
+            self.beat.inflight = len(inflight)  # what the replica waits for, should nothing come back
             it, sent, tokens, back = inflight.popleft()
             if tokens is None:
                 tokens = self.ctx.comm.recv_value(self.stages[-1].leader, TAG_BACK)
                 back = clock()
             sched.apply_tokens(it, tokens.tolist(), back)
+            self.beat.progress += 1
+            self.beat.inflight = len(inflight)
             iterations.append([sent, back, it.decode_only, it.num_tokens, len(it.entries)])
             progress.update(back, sched.finished, iterations, _request_record)
         end = clock()
@@ -225,6 +233,7 @@ def run_serving(ctx) -> None:
         ctx.stats.build_s,
     )
     ctx.start()
+    job.beat.start()
     record = job.schedule() if job.is_scheduler else None
     if not job.is_scheduler:
         job.follow()
@@ -241,3 +250,4 @@ def run_serving(ctx) -> None:
             {"format": RAW_FORMAT, "replicas": replicas, "ranks": [g["rank"] for g in gathered]},
         )
     ctx.comm.barrier()
+    job.beat.stop()
