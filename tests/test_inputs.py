@@ -218,9 +218,10 @@ def _chain(n: int) -> str:
     return json.dumps({"format": "llm_planner.graph", "version": 1, "name": "chain", "tasks": tasks, "edges": edges})
 
 
-def test_a_200000_task_chain_is_refused_in_seconds(tmp_path, capsys):
-    code, err = _plan(tmp_path, capsys, graph=_chain(200_000))
-    assert code == 2 and "graph.json: tasks: 200,000 tasks; the limit is 50,000" in err
+def test_a_chain_past_the_task_limit_is_refused_in_seconds(tmp_path, capsys):
+    """60,000 tasks (a fifth over the limit): the file's size grows the time to read it, not the check."""
+    code, err = _plan(tmp_path, capsys, graph=_chain(60_000))
+    assert code == 2 and "graph.json: tasks: 60,000 tasks; the limit is 50,000" in err
 
 
 def test_too_many_task_device_pairs_are_refused(tmp_path, capsys):

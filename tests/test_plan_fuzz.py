@@ -110,9 +110,14 @@ def same(a, b) -> bool:
     )
 
 
-@settings(
-    max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+# the default suite draws 200 mutations; test_many_mutated_plan_files (slow) draws MANY
+MANY = 400
+MUTATION = settings(
+    max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
+
+
+@MUTATION
 @given(data=st.data())
 def test_a_mutated_plan_file_is_accepted_only_when_it_is_the_same_plan(originals, tmp_path_factory, data):
     objective = data.draw(st.sampled_from(sorted(originals)))
@@ -132,3 +137,13 @@ def test_a_mutated_plan_file_is_accepted_only_when_it_is_the_same_plan(originals
         assert FIELD.match(messages[0][len(f"{target}: ") :]), messages[0]
     elif code == 1:
         assert messages and all(isinstance(m, str) and m for m in messages)
+
+
+@pytest.mark.slow
+@settings(MUTATION, max_examples=MANY)
+@given(data=st.data())
+def test_many_mutated_plan_files(originals, tmp_path_factory, data):
+    """test_a_mutated_plan_file_is_accepted_only_when_it_is_the_same_plan at MANY mutations."""
+    test_a_mutated_plan_file_is_accepted_only_when_it_is_the_same_plan.hypothesis.inner_test(
+        originals=originals, tmp_path_factory=tmp_path_factory, data=data
+    )

@@ -83,7 +83,7 @@ def test_absolute_inputs_in_a_sibling_tree_move_with_the_plan(folders, monkeypat
     (A/specs beside B) is stored relative, so the plan and its inputs verify once moved together."""
     a, b, c = folders
     argv = ["plan", "--cluster", str(a / "specs" / "c.yaml"), "--model", "gpt2", "-o", str(b / "p.yaml")]
-    extra = ["--objective", "serving", "--prompt-len", "64", "--output-len", "16", "--tpot-slo", "50 ms"]
+    extra = ["--objective", "serving", "--prompt-len", "64", "--output-len", "16", "--tpot-slo", "10 ms"]
     assert main(argv + (extra if objective == "serving" else ["--no-baselines"])) == 0
     assert _stored_inputs(b / "p.yaml")["cluster"] == "../A/specs/c.yaml"
     shutil.move(c, b / "C")  # keep C out of the way

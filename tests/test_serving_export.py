@@ -36,6 +36,9 @@ links:
 """
 # Two servers of four 8 GB GPUs: tensor-parallel groups inside a server.
 FOUR_PER_SERVER = TWO_SERVERS.replace("6 GB", "8 GB").replace("{g6: 3}", "{g6: 4}")
+# The CPU and the A100 of cpu-two-gpus.yaml: the plan without --exportable still puts a copy on the
+# CPU, and its bounds take a third of the time of the three-device server's.
+CPU_AND_GPU = Path("cluster_specs/cpu-two-gpus.yaml").read_text().replace(", t4: 1}", "}")
 SERVING = ["--objective", "serving", "--prompt-len", "256", "--output-len", "64", "--no-baselines"]
 
 
@@ -320,9 +323,7 @@ def test_vllm_refuses_a_pipeline_its_ray_executor_would_reorder(tmp_path):
 
 
 def test_a_cpu_stage_is_refused_naming_the_stage(tmp_path):
-    plan = _plan(
-        tmp_path, "cpu", Path("cluster_specs/cpu-two-gpus.yaml").read_text(), "--allow-cpu", model="gpt2", slo="100 ms"
-    )
+    plan = _plan(tmp_path, "cpu", CPU_AND_GPU, "--allow-cpu", model="gpt2", slo="100 ms")
     data = yaml.safe_load(plan.read_text())
     where = [
         (r, s)
@@ -348,9 +349,11 @@ def test_a_cpu_stage_is_refused_naming_the_stage(tmp_path):
         (TWO_SERVERS, (), "llama2-7b", "100 ms"),
         (FOUR_PER_SERVER, (), "llama2-7b", "50 ms"),
         # at 100 ms as at 200 ms the plan without --exportable puts a stage on the CPU; its bounds take half as long
-        (None, ("--allow-cpu",), "gpt2", "100 ms"),
-        (None, ("--allow-cpu", "--max-classes-per-replica", "2"), "gpt2", "50 ms"),
+        (CPU_AND_GPU, ("--allow-cpu",), "gpt2", "100 ms"),
+        # at 20 ms as at 50 ms the plan without --exportable puts a copy on the CPU; its bounds take two thirds as long
+        (None, ("--allow-cpu", "--max-classes-per-replica", "2"), "gpt2", "20 ms"),
     ],
+    ids=["pipeline", "two-servers", "four-per-server", "cpu-and-gpu", "cpu-two-gpus-two-classes"],
 )
 def test_exportable_vllm_plans_always_export(tmp_path, spec, extra, model, slo):
     spec = spec or Path("cluster_specs/cpu-two-gpus.yaml").read_text()

@@ -357,13 +357,14 @@ def test_measured_profiles_and_model_configs_verify_and_are_hashed(tmp_path):
     profile = _write(tmp_path, PROFILE, "p.yaml")
     (tmp_path / "model").mkdir()
     config = _write(tmp_path / "model", emit(CONFIG_LLAMA), "config.json")
-    for model, extra, changed, field in (
-        ("gpt2", ["--profile", str(profile)], profile, "inputs.profile_sha256"),
-        (str(tmp_path / "model"), [], config, "inputs.model_sha256"),
+    # the targets: each model's plan at 100 ms, with bounds a third as long to compute and to verify
+    for model, slo, extra, changed, field in (
+        ("gpt2", "20 ms", ["--profile", str(profile)], profile, "inputs.profile_sha256"),
+        (str(tmp_path / "model"), "5 ms", [], config, "inputs.model_sha256"),
     ):
         plan = tmp_path / "plan.yaml"
         argv = ["plan", "--cluster", str(tmp_path / "c.yaml"), "--model", model, "--objective", "serving"]
-        argv += ["--prompt-len", "64", "--output-len", "64", "--tpot-slo", "100 ms", "-o", str(plan), *extra]
+        argv += ["--prompt-len", "64", "--output-len", "64", "--tpot-slo", slo, "-o", str(plan), *extra]
         assert _run(argv)[0] == 0
         code, out = _run(["verify", str(plan)])
         assert code == 0, out

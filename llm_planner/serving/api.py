@@ -221,14 +221,16 @@ def _model_digest(model: str) -> str | None:
 
 
 def _nothing_serves(ctx: ServingContext) -> str:
-    """Why no layout serves: memory for one sequence, or the TPOT target (with the best TPOT found)."""
-    wl, fastest = ctx.workload, float("inf")
+    """Why no layout serves: memory for one sequence, or the TPOT target (with the best TPOT found),
+    or, where that TPOT meets its target, the TTFT target (with the best TTFT found)."""
+    wl, fastest, first = ctx.workload, float("inf"), float("inf")
     for sc in ctx.classes:
         for seg in segment_options(ctx, sc.name):
             model = ctx.replica((seg,))
             split = model.split_layers(1, 1)
             if split is not None:
-                fastest = min(fastest, model.evaluate(split, 1, 1).tpot_s)
+                ev = model.evaluate(split, 1, 1)
+                fastest, first = min(fastest, ev.tpot_s), min(first, ev.ttft_s)
     where = (
         f"{ctx.config.name} on cluster {ctx.cluster.name!r} "
         f"(prompt {wl.mean_prompt_len:g}, output {wl.mean_output_len:g} tokens)"
@@ -237,6 +239,11 @@ def _nothing_serves(ctx: ServingContext) -> str:
         return (
             "no layout of one class holds the weights and the KV cache of even one sequence of "
             f"{wl.kv_context:g} tokens for {where}; use shorter requests (--prompt-len/--output-len) or more memory"
+        )
+    if wl.ttft_slo_s is not None and fastest <= wl.tpot_slo_s:
+        return (
+            f"--ttft-slo {wl.ttft_slo_s * 1e3:g} ms cannot be met for {where}: the fastest single-class layout "
+            f"takes {first * 1e3:.3g} ms to the first token with one sequence in flight; set --ttft-slo above that"
         )
     return (
         f"--tpot-slo {wl.tpot_slo_s * 1e3:g} ms cannot be met for {where}: the fastest single-class layout takes "
