@@ -135,3 +135,20 @@ def test_milp_split_workers_end_when_plan_is_killed(tmp_path):
     proc.kill()
     proc.communicate(timeout=120)
     wait_gone(workers, 30.0)  # a guard against workers left running, not a speed check
+
+
+def test_a_stopped_pool_leaves_nothing_for_the_exit_hook_to_wake():
+    """stop_executor ends the pool's manager thread and takes it out of concurrent.futures' exit
+    hook: shutdown drops the executor's own reference to the thread, so it is read before; a hook
+    left to wake a manager that is closing its pipe wrote to a closed descriptor at exit."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import process as futures_process
+
+    from llm_planner.placement.split.pool import stop_executor
+
+    executor = ProcessPoolExecutor(max_workers=2)
+    assert executor.submit(pow, 2, 10).result() == 1024
+    manager = executor._executor_manager_thread
+    assert manager in futures_process._threads_wakeups
+    stop_executor(executor)
+    assert manager not in futures_process._threads_wakeups and not manager.is_alive()

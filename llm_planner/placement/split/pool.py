@@ -55,6 +55,8 @@ MANAGER_JOIN_S = 15.0  # the pool's manager thread has this long to notice (seco
 def stop_executor(executor: Executor) -> None:
     """Stop a pool at once: queued jobs cancelled, the workers terminated (killed if they linger)."""
     processes = list((getattr(executor, "_processes", None) or {}).values())  # a ProcessPoolExecutor's workers
+    # read before shutdown, which drops the executor's reference to its manager thread
+    manager = getattr(executor, "_executor_manager_thread", None)
     executor.shutdown(wait=False, cancel_futures=True)
     for proc in processes:
         proc.terminate()
@@ -65,7 +67,6 @@ def stop_executor(executor: Executor) -> None:
             proc.join(STOP_GRACE_S)
     # The pool's manager thread sees its workers gone and closes its wake-up pipe; joined here, so that
     # concurrent.futures' exit hook never writes to that pipe while it closes ("Bad file descriptor")
-    manager = getattr(executor, "_executor_manager_thread", None)
     if manager is not None:
         manager.join(MANAGER_JOIN_S)
         # still closing on a loaded machine: the exit hook must not wake it (its write may meet the
