@@ -117,7 +117,7 @@ def test_without_chunked_prefill_an_iteration_pays_its_share_of_prompt_iteration
     ks = layer_kernels(CFG, "fp16", KIND)
     per_seq = Load(decodes=1, decode_keys=600.0, prompt_tokens=4.0, prompt_keys=4.0 * 513 / 2)  # 512 in, 128 out
     chunked = RooflineLayerTime(layer_pieces(ks, per_seq), ks, per_seq, 512, 2048)
-    whole = RooflineLayerTime(layer_pieces(ks, per_seq), ks, per_seq, 512, 2048, chunked=False)
+    whole = RooflineLayerTime(layer_pieces(ks, per_seq), ks, per_seq, 512, 2048, separate=(512, 2048))
     b = 64  # 256 prompt tokens per decode iteration: half a prefill iteration of one prompt
     decode = Load(decodes=b, decode_keys=b * 600.0)
     prompt = Load(prompt_tokens=512, prompt_keys=512 * 513 / 2)

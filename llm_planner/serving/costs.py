@@ -324,12 +324,7 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, pro
     separate = None if tasks.chunked_prefill else (tasks.mean_prompt_len, tasks.token_budget)
     roofline = (
         RooflineLayerTime(
-            pieces["block"],
-            kernels,
-            tasks.per_sequence,
-            tasks.mean_prompt_len,
-            tasks.token_budget,
-            chunked=tasks.chunked_prefill,
+            pieces["block"], kernels, tasks.per_sequence, tasks.mean_prompt_len, tasks.token_budget, separate
         )
         if kernels.exact
         else KernelLayerTime(pieces["block"], kernels, tasks.per_sequence, separate)

@@ -82,9 +82,9 @@ class RooflineLayerTime(_KernelTime):
         per_sequence: Load,
         prompt_len: float,
         budget: int,
-        chunked: bool = True,
+        separate: tuple | None = None,
     ):
-        super().__init__(pieces, kernels, per_sequence, None if chunked else (prompt_len, budget))
+        super().__init__(pieces, kernels, per_sequence, separate)
         self.prompt_len, self.budget = prompt_len, budget
         self._memo: dict[float, float] = {}
         self.pieces = pieces + self._hull_pieces()
