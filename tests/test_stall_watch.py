@@ -10,7 +10,7 @@ import sys
 import time
 
 from llm_planner.launch.stall_watch import StallWatch, watch
-from llm_planner.runtime.heartbeat import Heartbeat, parse_beats
+from llm_planner.runtime.heartbeat import Heartbeat, parse_beats, without_beats
 from llm_planner.runtime.table import RankEntry, RankTable, RunSpec
 
 
@@ -40,6 +40,7 @@ def test_heartbeat_lines_round_trip_and_the_thread_writes_them():
     beats = parse_beats(out.getvalue())
     assert beats and beats[-1] == (3, 12, 2)
     assert parse_beats("noise\n" + _beat(1, 5) + "llm_planner.heartbeat rank=2 progr") == [(1, 5, 0)]
+    assert without_beats("noise\n" + _beat(1, 5) + "tail\nllm_planner.heartbeat rank=2 progr") == "noise\ntail\n"
 
 
 def test_a_silent_rank_is_named_after_the_stall_time_and_not_before():

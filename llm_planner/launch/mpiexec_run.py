@@ -46,7 +46,7 @@ from llm_planner.core.atomic import WriteError, write_atomic
 from llm_planner.core.names import check_host
 from llm_planner.core.procs import last_stop_signal, preexec_die_with_parent, stop_signals_deferred
 from llm_planner.launch.stall_watch import watch
-from llm_planner.runtime.heartbeat import PREFIX as HEARTBEAT_PREFIX
+from llm_planner.runtime.heartbeat import without_beats
 from llm_planner.runtime.table import RankTable
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,6 @@ _STRING = re.compile(r"EXIT STRING: (.+)")
 PROBE_PORT_ENV = "LLM_PLANNER_PROBE_PORT"
 DEFAULT_PROBE_PORT = 22  # ssh: on a cluster mpiexec reaches every host through it
 PROBE_TIMEOUT_S = 2.0
-HEARTBEAT_LINES = re.compile(rf"^{re.escape(HEARTBEAT_PREFIX)} .*\n?", re.M)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,7 +112,7 @@ def run_mpiexec(command: tuple[str, ...], table: RankTable, timeout_s: float, st
 def _tail(workdir: Path) -> str:
     """The end of mpiexec's error and output, without the ranks' heartbeat lines."""
     texts = ((workdir / name).read_text(errors="replace") for name in ("mpiexec.err", "mpiexec.out"))
-    return "".join(HEARTBEAT_LINES.sub("", text)[-4000:] for text in texts)
+    return "".join(without_beats(text)[-4000:] for text in texts)
 
 
 def _failure(

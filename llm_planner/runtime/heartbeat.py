@@ -23,6 +23,7 @@ from typing import TextIO
 PREFIX = "llm_planner.heartbeat"
 INTERVAL_S = 1.0
 LINE = re.compile(rf"^{re.escape(PREFIX)} rank=(\d+) progress=(\d+) inflight=(\d+)$", re.M)
+ANY_LINE = re.compile(rf"^{re.escape(PREFIX)} .*\n?", re.M)  # a line cut short too
 
 
 class Heartbeat:
@@ -55,3 +56,8 @@ class Heartbeat:
 def parse_beats(text: str) -> list[tuple[int, int, int]]:
     """(rank, progress, inflight) of every whole heartbeat line in `text`, in order."""
     return [(int(r), int(p), int(i)) for r, p, i in LINE.findall(text)]
+
+
+def without_beats(text: str) -> str:
+    """`text` less its heartbeat lines (what an error message quotes of a rank's output)."""
+    return ANY_LINE.sub("", text)
