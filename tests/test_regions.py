@@ -9,7 +9,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from serving_fixtures import SMALL_FLEET, workload, write_fleet
-from test_serving import _draw_layout
+from test_serving import draw_fleet_tokens
 
 from llm_planner.cli.main import main
 from llm_planner.core.spec import load_cluster
@@ -240,9 +240,5 @@ def test_bounds_charge_each_class_its_fastest_link(tmp_path):
 def test_bound_holds_for_any_fleet_over_two_regions(geo_bounds, data):
     """Any set of replicas on disjoint devices, crossing regions or not, serves no more than each bound."""
     ctx, bounds = geo_bounds
-    left, total = dict(ctx.capacity), 0.0
-    while any(left.values()) and data.draw(st.booleans() if total else st.just(True)):
-        model = ctx.replica(_draw_layout(data, ctx, left))
-        ev = model.best_at(data.draw(st.integers(1, model.p))) if model.p <= ctx.tasks.num_layers else None
-        total += ev.tokens_per_s if ev is not None else 0.0
+    total = draw_fleet_tokens(data, ctx)
     assert all(total <= bound * (1 + 1e-9) for bound in bounds)
