@@ -49,6 +49,26 @@ def tiny_llama(**overrides):
     return LlamaConfig(**{**kw, **overrides})
 
 
+def tiny_qwen3(**overrides):
+    """Llama's layout with q and k norms on 24-wide heads (heads x head_dim = 96, not the hidden 64)."""
+    from transformers import Qwen3Config
+
+    kw = dict(
+        num_hidden_layers=4,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        vocab_size=128,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return Qwen3Config(**{**kw, **overrides})
+
+
 def save_config(config, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(directory)

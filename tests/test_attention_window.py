@@ -181,14 +181,20 @@ def test_a_qwen2_config_without_its_window_plans_any_context(tmp_path):
         ({"layer_types": ["full_attention"] * 24}, None),
     ],
 )
-def test_qwen2_slides_every_layer_or_none(tmp_path, change, window):
-    assert _read(tmp_path, {**QWEN2_JSON, "use_sliding_window": True, **change}).sliding_window == window
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])  # Qwen3Config reads the window as Qwen2Config does
+def test_qwen2_slides_every_layer_or_none(tmp_path, change, window, model_type):
+    data = {**QWEN2_JSON, "model_type": model_type, "use_sliding_window": True, **change}
+    assert _read(tmp_path, data).sliding_window == window
 
 
 @pytest.mark.parametrize(
     ("data", "match"),
     [
         ({**QWEN2_JSON, "use_sliding_window": True}, "key 'max_window_layers'.*layers 21-23 of 24 slide"),
+        (
+            {**QWEN2_JSON, "model_type": "qwen3", "use_sliding_window": True},
+            "key 'max_window_layers'.*layers 21-23 of 24 slide",
+        ),
         (
             {**QWEN2_JSON, "use_sliding_window": True, "layer_types": ["full_attention", "sliding_attention"] * 12},
             "key 'layer_types'.*layers 1, 3, 5,",

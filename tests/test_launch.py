@@ -166,7 +166,7 @@ def test_decoder_families_the_runtime_cannot_build_are_refused(tmp_path):
         tmp_path / "opt",
     )
     plan = decoder_plan(tmp_path / "p.yaml", opt, [{"embed": 0}])
-    with pytest.raises(LaunchError, match="model type 'opt': the runtime runs gpt2, llama decoders"):
+    with pytest.raises(LaunchError, match="model type 'opt': the runtime runs gpt2, llama, qwen3 decoders"):
         launch_plan(plan, dry_run=True, workdir=str(tmp_path / "w"))
 
 

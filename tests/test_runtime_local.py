@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from runtime_fixtures import tiny_gpt2, tiny_llama
+from runtime_fixtures import tiny_gpt2, tiny_llama, tiny_qwen3
 
 from llm_planner.runtime import gpt
 from llm_planner.runtime import graph as rg
@@ -43,6 +43,7 @@ def _pipeline_tokens(config, source, cuts: list[int], prompts: list[list[int]], 
         (tiny_gpt2, [1, 4], [[5, 6, 7], [1, 2, 3]]),  # embed alone, blocks 0-2, then block 3 + head
         (tiny_gpt2, [3, 6], [[5, 6, 7, 9, 10], [1, 2]]),  # left padding
         (tiny_llama, [2, 5, 7], [[5, 6, 7, 8, 9, 10], [1, 2, 3]]),  # final_norm and lm_head apart
+        (tiny_qwen3, [3, 5], [[5, 6, 7, 8], [1, 2, 3]]),  # q and k norms on each head
     ],
 )
 def test_stages_generate_the_tokens_of_the_whole_model(make, cuts, prompts):

@@ -133,7 +133,7 @@ def test_a_model_type_the_runtime_does_not_build_is_refused(tmp_path):
     model = save_config(MistralConfig(**{k: llama[k] for k in MISTRAL_KEYS}, sliding_window=None), tmp_path / "m")
     one = {"degrees": [1], "layers": [5], "concurrency": 2, "micro_batches": 1, "devices": [[dev(0)]]}
     plan = serving_plan(tmp_path / "plan.yaml", model, [one])
-    served = "gpt2, llama, mixtral, qwen2_moe, qwen3_moe"
+    served = "gpt2, llama, qwen3, mixtral, qwen2_moe, qwen3_moe"
     with pytest.raises(LaunchError, match=f"plan.yaml: model type 'mistral': the runtime runs {served} decoders"):
         launch_serving(plan, ServeOptions(dry_run=True, workdir=str(tmp_path / "w")))
 

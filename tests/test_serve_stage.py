@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_fixtures import tiny_gpt2, tiny_llama, tiny_mixtral, tiny_qwen2_moe, tiny_qwen3_moe
+from runtime_fixtures import tiny_gpt2, tiny_llama, tiny_mixtral, tiny_qwen2_moe, tiny_qwen3, tiny_qwen3_moe
 from serve_fixtures import greedy_whole
 
 from llm_planner.runtime import gpt
@@ -68,11 +68,12 @@ def _serve(
     [
         (tiny_gpt2, False),
         (tiny_llama, True),
+        (tiny_qwen3, True),
         (tiny_mixtral, True),
         pytest.param(tiny_qwen2_moe, False, marks=pytest.mark.slow),  # their layers: tests/test_serve_moe.py
         pytest.param(tiny_qwen3_moe, True, marks=pytest.mark.slow),
     ],
-    ids=["gpt2", "llama", "mixtral", "qwen2_moe", "qwen3_moe"],
+    ids=["gpt2", "llama", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"],
 )
 def test_every_request_gets_the_whole_models_greedy_tokens(make, split, tmp_path):
     """On seeded weights in one stage, or split in two with the weights read from a checkpoint that

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 import torch
-from runtime_fixtures import ThreadGroup, tiny_gpt2, tiny_llama
+from runtime_fixtures import ThreadGroup, tiny_gpt2, tiny_llama, tiny_qwen3
 
 from llm_planner.graph import hf_config
 from llm_planner.graph.tp_layout import even_range, task_layout
@@ -79,9 +79,10 @@ def test_gpt2_on_a_group_matches_generate(k):
     assert counts[0] == {"all_reduce": 8 * (1 + 2 * 4), "all_gather": 8}
 
 
+@pytest.mark.parametrize("make", [tiny_llama, tiny_qwen3], ids=["llama", "qwen3-qk-norm"])
 @pytest.mark.parametrize("k", [2])
-def test_llama_with_grouped_kv_heads_on_a_group_matches_generate(k):
-    config = tiny_llama()  # 4 heads, 2 KV heads: each member holds one KV head for two query heads
+def test_llama_with_grouped_kv_heads_on_a_group_matches_generate(k, make):
+    config = make()  # 4 heads, 2 KV heads: each member holds one KV head for two query heads
     tokens, _, _ = _generate_on_group(config, PROMPTS, 8, k)
     assert tokens == _whole(config, PROMPTS, 8)
     assert len({tuple(t) for t in tokens}) > 1

@@ -41,6 +41,10 @@ PUBLISHED = {
     "llama2-70b": 70e9,
     "llama3-8b": 8e9,
     "llama3-70b": 70e9,
+    "qwen3-0.6b": 0.6e9,  # Qwen3 dense: the Qwen/Qwen3-* model cards
+    "qwen3-8b": 8.2e9,
+    "qwen3-14b": 14.8e9,
+    "qwen3-32b": 32.8e9,
     "mixtral-8x7b": 46.7e9,  # mixture-of-experts totals: tests/test_moe_config.py
     "qwen3-30b-a3b": 30.5e9,
     "qwen1.5-moe-a2.7b": 14.3e9,
@@ -164,6 +168,8 @@ TINY = {
     "qwen2": _tiny("llama", hf_model_type="qwen2", num_kv_heads=2),
     "mistral-window": _tiny("llama", hf_model_type="mistral", num_kv_heads=2, sliding_window=16),
     "qwen2-window": _tiny("llama", hf_model_type="qwen2", num_kv_heads=2, sliding_window=16),
+    "qwen3": _tiny("llama", hf_model_type="qwen3", num_kv_heads=2, head_dim=24),
+    "qwen3-bias-window": _tiny("llama", hf_model_type="qwen3", qkv_bias=True, out_bias=True, sliding_window=16),
 }
 
 
@@ -177,7 +183,8 @@ def test_tiny_configs_count_exactly_like_transformers(key):
 
 
 @pytest.mark.parametrize(
-    "key", ["gpt2", "opt-350m-like", "llama-gqa-biases", "mistral", "qwen2", "mistral-window", "qwen2-window"]
+    "key",
+    ["gpt2", "opt-350m-like", "llama-gqa-biases", "mistral", "qwen2", "mistral-window", "qwen2-window", "qwen3"],
 )
 def test_save_pretrained_config_loads_like_from_hf_config(key, tmp_path):
     hf = hf_config.to_hf_config(TINY[key])
@@ -189,7 +196,7 @@ def test_save_pretrained_config_loads_like_from_hf_config(key, tmp_path):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    family=st.sampled_from(["gpt2", "opt", "llama", "mistral", "qwen2"]),
+    family=st.sampled_from(["gpt2", "opt", "llama", "mistral", "qwen2", "qwen3"]),
     layers=st.integers(1, 3),
     heads=st.sampled_from([1, 2, 4]),
     group=st.sampled_from([1, 2]),
@@ -228,6 +235,8 @@ def test_random_configs_count_exactly_like_transformers(
         kw.update(num_kv_heads=max(heads // group, 1), hf_model_type=family)
         if family == "llama":
             kw.update(qkv_bias=bias, out_bias=bias, mlp_bias=flag)
+        if family == "qwen3":
+            kw.update(qkv_bias=bias, out_bias=bias)
     cfg = tr.DecoderConfig(name="random", model_type=tr.HF_MODEL_TYPES[family], **kw)
     assert tr.count_parameters(cfg) == _hf_params(hf_config.to_hf_config(cfg), device="meta")
     # the task weights hold every parameter once, plus the tied matrix a second time

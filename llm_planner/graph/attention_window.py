@@ -20,6 +20,7 @@ Read from a transformers config.json (`window_fields`) as the transformers 5 cla
     qwen2      only when use_sliding_window is true (default false): sliding_window (default 4096;
                null: none) on the layers that layer_types calls "sliding_attention", or, without
                layer_types, on the layers i >= max_window_layers (default 28)
+    qwen3      as qwen2
     qwen2_moe  the same, but without layer_types on the even layers i < max_window_layers
                (alternating: a mix whenever a layer slides and there are two or more)
     qwen3_moe  only when use_sliding_window is true: sliding_window on every layer (the class
@@ -41,7 +42,7 @@ from llm_planner.graph.ir import GraphError
 
 log = logging.getLogger(__name__)
 
-WINDOW_MODEL_TYPES = ("mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3_moe")
+WINDOW_MODEL_TYPES = ("mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 _CLASS_WINDOW = 4096  # the default sliding_window of MistralConfig and the Qwen configs
 _CLASS_MAX_WINDOW_LAYERS = 28  # the default max_window_layers of Qwen2Config and Qwen2MoeConfig
 _FULL, _SLIDING = ("full_attention", "attention"), "sliding_attention"  # "attention": the legacy name
@@ -83,7 +84,7 @@ def _sliding_layers(r: Any, hf_type: str, num_layers: int) -> tuple[list[int], s
     types = r.get("layer_types", list, None)
     if types is None:
         first = r.get("max_window_layers", int, _CLASS_MAX_WINDOW_LAYERS)
-        if hf_type == "qwen2":
+        if hf_type in ("qwen2", "qwen3"):
             return [i for i in range(num_layers) if i >= first], "max_window_layers"
         return [i for i in range(num_layers) if i % 2 == 0 and i < first], "max_window_layers"
     if len(types) != num_layers or any(t not in (*_FULL, _SLIDING) for t in types):

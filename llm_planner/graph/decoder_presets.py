@@ -1,4 +1,4 @@
-"""The decoder presets: GPT-2/3, OPT, Llama and mixture-of-experts configurations by name
+"""The decoder presets: GPT-2/3, OPT, Llama, Qwen3 and mixture-of-experts configurations by name
 (docs/models.md lists them with their sources)."""
 
 from __future__ import annotations
@@ -61,6 +61,25 @@ def _llama(
     )
 
 
+def _qwen3(name: str, layers: int, hidden: int, heads: int, inner: int, tie: bool) -> DecoderConfig:
+    return DecoderConfig(
+        name=name,
+        model_type="llama",
+        hf_model_type="qwen3",
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=inner,
+        vocab_size=151936,
+        max_positions=40960,
+        tie_word_embeddings=tie,
+        norm_eps=1e-6,
+        rope_theta=1e6,
+    )
+
+
 def _moe(name: str, hf_type: str, layers: int, hidden: int, heads: int, kv_heads: int, **kw: Any) -> DecoderConfig:
     return DecoderConfig(
         name=name,
@@ -106,6 +125,13 @@ _PRESETS: dict[str, DecoderConfig] = {
         # Llama 3: Meta 2024, Meta-Llama-3 model card and config.json (vocab 128256, context 8192).
         _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
         _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
+        # Qwen3 dense: the public config.json of Qwen/Qwen3-{0.6B,8B,14B,32B} (q and k norms on each
+        # 128-wide head, 8 KV heads, vocab 151936, context 40960); sizes from their model cards:
+        # 0.6B, 8.2B, 14.8B, 32.8B.
+        _qwen3("qwen3-0.6b", 28, 1024, 16, 3072, True),
+        _qwen3("qwen3-8b", 36, 4096, 32, 12288, False),
+        _qwen3("qwen3-14b", 40, 5120, 40, 17408, False),
+        _qwen3("qwen3-32b", 64, 5120, 64, 25600, False),
         # OPT: Zhang et al. 2022, "OPT: open pre-trained transformer language models", table 1,
         # and facebook/opt-* config.json (350m: 512-wide embeddings projected, norm after).
         _opt("opt-125m", 12, 768, 12),

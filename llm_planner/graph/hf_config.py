@@ -106,9 +106,15 @@ def _opt_fields(r: _Reader, heads: int) -> dict[str, Any]:
 
 
 def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
-    kv_default = {"llama": heads, "mistral": 8, "qwen2": 32, "mixtral": 8, "qwen2_moe": 16, "qwen3_moe": 4}[
-        hf_type
-    ]  # the transformers class defaults
+    kv_default = {
+        "llama": heads,
+        "mistral": 8,
+        "qwen2": 32,
+        "qwen3": 32,
+        "mixtral": 8,
+        "qwen2_moe": 16,
+        "qwen3_moe": 4,
+    }[hf_type]  # the transformers class defaults (Qwen3Config's head_dim too: 128, where the others derive it)
     rope = _Reader(r.get("rope_parameters", dict, {}), f"{r.source}: rope_parameters")
     theta = rope.get("rope_theta", float, r.get("rope_theta", float, 10000.0))
     if rope.get("rope_type", str, "default") != "default":
@@ -116,7 +122,7 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
     kw: dict[str, Any] = dict(
         num_kv_heads=r.get("num_key_value_heads", int, kv_default),
         intermediate_size=r.get("intermediate_size", int),
-        head_dim=r.get("head_dim", int, None),
+        head_dim=r.get("head_dim", int, 128 if hf_type == "qwen3" else None),
         activation=r.get("hidden_act", str, "silu"),
         norm_eps=r.get("rms_norm_eps", float, 1e-6),
         rope_theta=theta,
@@ -125,7 +131,7 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
     if hf_type == "llama":
         bias = r.get("attention_bias", bool, False)
         kw.update(qkv_bias=bias, out_bias=bias, mlp_bias=r.get("mlp_bias", bool, False))
-    elif hf_type == "qwen3_moe":
+    elif hf_type in ("qwen3", "qwen3_moe"):
         bias = r.get("attention_bias", bool, False)
         kw.update(qkv_bias=bias, out_bias=bias)
     elif hf_type == "qwen2_moe":
@@ -161,7 +167,7 @@ def model_source(name: str) -> str:
 
 
 def load_config_file(path: Path) -> DecoderConfig:
-    """Read a transformers config.json (gpt2, opt, llama, mistral, qwen2) without importing transformers."""
+    """Read a transformers config.json (any model_type of HF_MODEL_TYPES) without importing transformers."""
     path = Path(path)
     data = parse_document(read_text(path, GraphError), str(path), GraphError, as_json=True, finite=True)
     default_name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
@@ -176,7 +182,8 @@ def from_hf_config(config: Any, name: str | None = None) -> DecoderConfig:
 
 
 def to_hf_config(cfg: DecoderConfig) -> Any:
-    """The transformers config (GPT2Config, OPTConfig, LlamaConfig, MistralConfig, Qwen2Config) of cfg."""
+    """The transformers config (GPT2Config, OPTConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config,
+    and the MoE types') of cfg."""
     import transformers  # lazy: the rest of this module needs no torch
 
     common = dict(vocab_size=cfg.vocab_size, tie_word_embeddings=cfg.tie_word_embeddings)
@@ -211,6 +218,7 @@ def to_hf_config(cfg: DecoderConfig) -> Any:
             "llama": transformers.LlamaConfig,
             "mistral": transformers.MistralConfig,
             "qwen2": transformers.Qwen2Config,
+            "qwen3": transformers.Qwen3Config,
             "mixtral": transformers.MixtralConfig,
             "qwen2_moe": transformers.Qwen2MoeConfig,
             "qwen3_moe": transformers.Qwen3MoeConfig,
@@ -242,6 +250,8 @@ def _hf_extra(cfg: DecoderConfig) -> dict[str, Any]:
     moe = dict(num_experts_per_tok=cfg.experts_per_token)
     if cfg.hf_model_type == "llama":
         return dict(attention_bias=cfg.qkv_bias, mlp_bias=cfg.mlp_bias)
+    if cfg.hf_model_type == "qwen3":
+        return dict(attention_bias=cfg.qkv_bias)
     if cfg.hf_model_type == "mixtral":
         return dict(num_local_experts=cfg.num_experts, **moe)
     if cfg.hf_model_type in ("qwen2_moe", "qwen3_moe"):

@@ -3,7 +3,7 @@ parameter counts. No torch needed. The presets are in llm_planner.graph.decoder_
 and writing transformers configs in llm_planner.graph.hf_config.
 
 Parameter counts are exact for the transformers classes GPT2LMHeadModel,
-OPTForCausalLM, LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (tests
+OPTForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM (tests
 compare with the real models). llm_planner.graph.decoder_graph turns a configuration
 into a task graph with analytic costs; docs/models.md has the presets and the formulas.
 """
@@ -30,10 +30,14 @@ HF_MODEL_TYPES = {
     "llama": "llama",
     "mistral": "llama",
     "qwen2": "llama",
+    "qwen3": "llama",
     "mixtral": "llama",
     "qwen2_moe": "llama",
     "qwen3_moe": "llama",
 }
+# transformers model_types whose attention norms each query and key head (q_norm, k_norm: RMSNorm
+# over head_dim) before the rotary embedding
+QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 # Structural flags that a transformers class fixes (None = free, read from the config).
 _FIXED: dict[str, dict[str, Any]] = {
     "gpt2": dict(
@@ -43,6 +47,7 @@ _FIXED: dict[str, dict[str, Any]] = {
     "llama": dict(norm_affine=True, pre_norm=True, final_norm=True),
     "mistral": dict(qkv_bias=False, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
     "qwen2": dict(qkv_bias=True, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
+    "qwen3": dict(mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
     "mixtral": dict(
         qkv_bias=False,
         out_bias=False,
@@ -101,7 +106,7 @@ class DecoderConfig:
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
     shared_expert_size: int = 0
-    qk_norm: bool | None = None  # RMSNorm of each query and key head (qwen3_moe); None: the type's
+    qk_norm: bool | None = None  # RMSNorm of each query and key head (qwen3, qwen3_moe); None: the type's
     # MoE routing: the top-k weights divided by their sum (mixtral: always; qwen*_moe: the config's
     # norm_topk_prob, default false; dense: false). Changes no cost, only what the runtime computes.
     norm_topk_prob: bool | None = None
@@ -137,7 +142,7 @@ class DecoderConfig:
         fill = {
             "head_dim": self.hidden_size // self.num_heads,
             "word_embed_dim": self.hidden_size,
-            "qk_norm": hf_type == "qwen3_moe",
+            "qk_norm": hf_type in QK_NORM_TYPES,
             "norm_topk_prob": False,
             **_DEFAULTS[self.model_type],
             **_FIXED[hf_type],
@@ -173,11 +178,14 @@ class DecoderConfig:
         for key, value in _FIXED[self.hf_model_type].items():
             if getattr(self, key) != value:
                 raise GraphError(f"{where}: {self.hf_model_type} models have {key}={value}, got {getattr(self, key)!r}")
-        if self.qk_norm != (self.hf_model_type == "qwen3_moe"):
-            raise GraphError(f"{where}: qk_norm is {self.hf_model_type == 'qwen3_moe'} for {self.hf_model_type} models")
+        if self.qk_norm != (self.hf_model_type in QK_NORM_TYPES):
+            raise GraphError(
+                f"{where}: qk_norm is {self.hf_model_type in QK_NORM_TYPES} for {self.hf_model_type} models"
+            )
         shared = {
             "opt": ("qkv_bias", "out_bias", "mlp_bias"),
             "llama": ("qkv_bias", "out_bias"),
+            "qwen3": ("qkv_bias", "out_bias"),
             "qwen3_moe": ("qkv_bias", "out_bias"),
         }.get(self.hf_model_type, ())
         if len({getattr(self, k) for k in shared}) > 1:

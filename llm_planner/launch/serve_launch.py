@@ -14,7 +14,7 @@ serving model (llm_planner.serving.score.score_replica) at the plan's operating 
 Checked before anything starts (LaunchError, exit 2, naming the file or flag): the plan's
 fields and the hashes of its inputs (llm_planner.serving.verify.context_of), its precision (the
 runtime runs weights and KV cache in the activation dtype only: a quantized plan is refused), the
-model's type (dense gpt2 and llama, and the mixture-of-experts types of
+model's type (dense gpt2, llama and qwen3, and the mixture-of-experts types of
 llm_planner.runtime.decoder_tasks.MOE_FAMILIES), the plan's `model.experts` and the model against a
 checkpoint's config, the devices against the cluster (a device it lacks, a node without a
 hostname, more ranks on a node than its `slots`, a device in two stages), the load's flags, and

@@ -13,7 +13,7 @@ from typing import Any
 
 from llm_planner.graph import decoder_presets, hf_config
 
-FAMILIES = ("gpt2", "llama")  # transformers model types the runtime builds
+FAMILIES = ("gpt2", "llama", "qwen3")  # transformers model types the runtime builds
 # mixture-of-experts model types the serving runtime builds as well (llm_planner.runtime.moe_layers):
 # the placement runtime (latency and throughput plans, which the planner refuses for them) does not
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")

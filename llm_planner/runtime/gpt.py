@@ -88,7 +88,8 @@ _NAMES = {
         tied_to="model.embed_tokens.weight",
     ),
 }
-_NAMES.update({moe: _NAMES["llama"] for moe in dt.MOE_FAMILIES})  # their embedding, norm and head are llama's
+# qwen3 and the MoE types: their embedding, norm, head and block prefixes are llama's
+_NAMES.update({family: _NAMES["llama"] for family in ("qwen3", *dt.MOE_FAMILIES)})
 
 
 def family_of(config) -> str:
@@ -139,7 +140,7 @@ class DecoderShard:
             for prefix, module in self._build(task, names):
                 self.modules[prefix] = fill_module_(module, prefix, source, dtype=dtype, device=device)
         self.rotary = None
-        if self.family == "llama" and any(t.startswith("block.") for t in tasks):
+        if self.family != "gpt2" and any(t.startswith("block.") for t in tasks):  # rotary positions
             from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
             self.rotary = LlamaRotaryEmbedding(config=config).to(device)
@@ -152,6 +153,11 @@ class DecoderShard:
             from transformers.models.gpt2.modeling_gpt2 import GPT2Block as Block
 
             norm_class, norm_eps = torch.nn.LayerNorm, c.layer_norm_epsilon
+        elif self.family == "qwen3":  # llama's layer with q and k norms on each head
+            from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer as Block
+            from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm as norm_class
+
+            norm_eps = c.rms_norm_eps
         else:
             from transformers.models.llama.modeling_llama import LlamaDecoderLayer as Block
             from transformers.models.llama.modeling_llama import LlamaRMSNorm as norm_class
