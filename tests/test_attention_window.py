@@ -260,3 +260,14 @@ def test_a_dense_config_has_no_router_to_normalise():
         dataclasses.replace(decoder_presets.preset_config("llama2-7b"), norm_topk_prob=True)
     with pytest.raises(GraphError, match="llama models have no sliding window"):
         dataclasses.replace(decoder_presets.preset_config("llama2-7b"), sliding_window=4096)
+
+
+def test_phi3_slides_every_layer_when_its_config_says_so(tmp_path):
+    """Phi3Config: sliding_window on every layer (Phi-3-mini-4k-instruct: 2047); missing or null: none
+    (not mistral's class default of 4096)."""
+    phi3 = {**MISTRAL_JSON, "model_type": "phi3", "sliding_window": 2047}
+    assert _read(tmp_path / "a", phi3).sliding_window == 2047
+    assert _read(tmp_path / "b", {k: v for k, v in phi3.items() if k != "sliding_window"}).sliding_window is None
+    config = _read(tmp_path / "c", phi3)
+    with pytest.raises(GraphError, match="sliding_window 2047 < "):
+        _context(config, tmp_path / "c", 2000, 100)

@@ -41,6 +41,10 @@ PUBLISHED = {
     "llama2-70b": 70e9,
     "llama3-8b": 8e9,
     "llama3-70b": 70e9,
+    "llama3.1-8b": 8e9,  # Llama 3.1: Meta's model card
+    "llama3.1-70b": 70e9,
+    "llama3.1-405b": 405e9,
+    "phi-4": 14.7e9,  # its model card
     "qwen3-0.6b": 0.6e9,  # Qwen3 dense: the Qwen/Qwen3-* model cards
     "qwen3-8b": 8.2e9,
     "qwen3-14b": 14.8e9,
@@ -170,6 +174,8 @@ TINY = {
     "qwen2-window": _tiny("llama", hf_model_type="qwen2", num_kv_heads=2, sliding_window=16),
     "qwen3": _tiny("llama", hf_model_type="qwen3", num_kv_heads=2, head_dim=24),
     "qwen3-bias-window": _tiny("llama", hf_model_type="qwen3", qkv_bias=True, out_bias=True, sliding_window=16),
+    "phi3": _tiny("llama", hf_model_type="phi3", num_kv_heads=2, tie_word_embeddings=False, norm_eps=1e-5),
+    "phi3-window": _tiny("llama", hf_model_type="phi3", sliding_window=16),
 }
 
 
@@ -184,7 +190,17 @@ def test_tiny_configs_count_exactly_like_transformers(key):
 
 @pytest.mark.parametrize(
     "key",
-    ["gpt2", "opt-350m-like", "llama-gqa-biases", "mistral", "qwen2", "mistral-window", "qwen2-window", "qwen3"],
+    [
+        "gpt2",
+        "opt-350m-like",
+        "llama-gqa-biases",
+        "mistral",
+        "qwen2",
+        "mistral-window",
+        "qwen2-window",
+        "qwen3",
+        "phi3",
+    ],
 )
 def test_save_pretrained_config_loads_like_from_hf_config(key, tmp_path):
     hf = hf_config.to_hf_config(TINY[key])
@@ -196,7 +212,7 @@ def test_save_pretrained_config_loads_like_from_hf_config(key, tmp_path):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    family=st.sampled_from(["gpt2", "opt", "llama", "mistral", "qwen2", "qwen3"]),
+    family=st.sampled_from(["gpt2", "opt", "llama", "mistral", "qwen2", "qwen3", "phi3"]),
     layers=st.integers(1, 3),
     heads=st.sampled_from([1, 2, 4]),
     group=st.sampled_from([1, 2]),

@@ -17,6 +17,7 @@ Read from a transformers config.json (`window_fields`) as the transformers 5 cla
 
     mistral    sliding_window on every layer (a missing key: the class default 4096; null: none)
     mixtral    sliding_window on every layer (missing or null: none)
+    phi3       the same (Phi-3-mini-4k-instruct: 2047)
     qwen2      only when use_sliding_window is true (default false): sliding_window (default 4096;
                null: none) on the layers that layer_types calls "sliding_attention", or, without
                layer_types, on the layers i >= max_window_layers (default 28)
@@ -42,7 +43,8 @@ from llm_planner.graph.ir import GraphError
 
 log = logging.getLogger(__name__)
 
-WINDOW_MODEL_TYPES = ("mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+WINDOW_MODEL_TYPES = ("mistral", "mixtral", "phi3", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+EVERY_LAYER_TYPES = ("mistral", "mixtral", "phi3")  # sliding_window, when set, on every layer
 _CLASS_WINDOW = 4096  # the default sliding_window of MistralConfig and the Qwen configs
 _CLASS_MAX_WINDOW_LAYERS = 28  # the default max_window_layers of Qwen2Config and Qwen2MoeConfig
 _FULL, _SLIDING = ("full_attention", "attention"), "sliding_attention"  # "attention": the legacy name
@@ -54,7 +56,7 @@ def window_fields(r: Any, hf_type: str, num_layers: int) -> dict[str, Any]:
     naming the key when some layers slide and others do not (module docstring)."""
     if hf_type not in WINDOW_MODEL_TYPES:
         return {}
-    if hf_type in ("mistral", "mixtral"):
+    if hf_type in EVERY_LAYER_TYPES:
         default = _CLASS_WINDOW if hf_type == "mistral" and "sliding_window" not in r.data else None
         return {"sliding_window": _window(r, default)}
     if not r.get("use_sliding_window", bool, False):
@@ -123,7 +125,7 @@ def hf_window_kwargs(cfg: Any) -> dict[str, Any]:
     """The keyword arguments that give a transformers config of cfg's type cfg's window on every
     layer, or none ({} for a type without a window)."""
     window = cfg.sliding_window
-    if cfg.hf_model_type in ("mistral", "mixtral"):
+    if cfg.hf_model_type in EVERY_LAYER_TYPES:
         return {"sliding_window": window}
     if cfg.hf_model_type not in WINDOW_MODEL_TYPES:
         return {}

@@ -1,4 +1,4 @@
-"""The decoder presets: GPT-2/3, OPT, Llama, Qwen3 and mixture-of-experts configurations by name
+"""The decoder presets: GPT-2/3, OPT, Llama, Qwen3, Phi-4 and mixture-of-experts configurations by name
 (docs/models.md lists them with their sources)."""
 
 from __future__ import annotations
@@ -125,6 +125,11 @@ _PRESETS: dict[str, DecoderConfig] = {
         # Llama 3: Meta 2024, Meta-Llama-3 model card and config.json (vocab 128256, context 8192).
         _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
         _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
+        # Llama 3.1: Meta 2024, Llama-3.1 model card and config.json (context 131072 by its llama3 rope
+        # scaling, which changes no shape or cost); 405B from "The Llama 3 herd of models", table 3.
+        _llama("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072, 500000.0),
+        _llama("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256, 131072, 500000.0),
+        _llama("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256, 131072, 500000.0),
         # Qwen3 dense: the public config.json of Qwen/Qwen3-{0.6B,8B,14B,32B} (q and k norms on each
         # 128-wide head, 8 KV heads, vocab 151936, context 40960); sizes from their model cards:
         # 0.6B, 8.2B, 14.8B, 32.8B.
@@ -132,6 +137,23 @@ _PRESETS: dict[str, DecoderConfig] = {
         _qwen3("qwen3-8b", 36, 4096, 32, 12288, False),
         _qwen3("qwen3-14b", 40, 5120, 40, 17408, False),
         _qwen3("qwen3-32b", 64, 5120, 64, 25600, False),
+        # Phi-4: the public config.json of microsoft/phi-4 (model_type phi3: 40 KV heads of 10, vocab
+        # 100352, context 16384); 14.7B parameters (its model card).
+        DecoderConfig(
+            name="phi-4",
+            model_type="llama",
+            hf_model_type="phi3",
+            num_layers=40,
+            hidden_size=5120,
+            num_heads=40,
+            num_kv_heads=10,
+            intermediate_size=17920,
+            vocab_size=100352,
+            max_positions=16384,
+            tie_word_embeddings=False,
+            norm_eps=1e-5,
+            rope_theta=250000.0,
+        ),
         # OPT: Zhang et al. 2022, "OPT: open pre-trained transformer language models", table 1,
         # and facebook/opt-* config.json (350m: 512-wide embeddings projected, norm after).
         _opt("opt-125m", 12, 768, 12),

@@ -114,6 +114,7 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
         "mixtral": 8,
         "qwen2_moe": 16,
         "qwen3_moe": 4,
+        "phi3": heads,
     }[hf_type]  # the transformers class defaults (Qwen3Config's head_dim too: 128, where the others derive it)
     rope = _Reader(r.get("rope_parameters", dict, {}), f"{r.source}: rope_parameters")
     theta = rope.get("rope_theta", float, r.get("rope_theta", float, 10000.0))
@@ -124,7 +125,7 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
         intermediate_size=r.get("intermediate_size", int),
         head_dim=r.get("head_dim", int, 128 if hf_type == "qwen3" else None),
         activation=r.get("hidden_act", str, "silu"),
-        norm_eps=r.get("rms_norm_eps", float, 1e-6),
+        norm_eps=r.get("rms_norm_eps", float, 1e-5 if hf_type == "phi3" else 1e-6),
         rope_theta=theta,
         tie_word_embeddings=r.get("tie_word_embeddings", bool, False),
     )
@@ -219,6 +220,7 @@ def to_hf_config(cfg: DecoderConfig) -> Any:
             "mistral": transformers.MistralConfig,
             "qwen2": transformers.Qwen2Config,
             "qwen3": transformers.Qwen3Config,
+            "phi3": transformers.Phi3Config,
             "mixtral": transformers.MixtralConfig,
             "qwen2_moe": transformers.Qwen2MoeConfig,
             "qwen3_moe": transformers.Qwen3MoeConfig,
@@ -252,6 +254,8 @@ def _hf_extra(cfg: DecoderConfig) -> dict[str, Any]:
         return dict(attention_bias=cfg.qkv_bias, mlp_bias=cfg.mlp_bias)
     if cfg.hf_model_type == "qwen3":
         return dict(attention_bias=cfg.qkv_bias)
+    if cfg.hf_model_type == "phi3":  # Phi3Config's pad id 32000 would not fit a smaller vocabulary; it has no cost
+        return dict(pad_token_id=None)
     if cfg.hf_model_type == "mixtral":
         return dict(num_local_experts=cfg.num_experts, **moe)
     if cfg.hf_model_type in ("qwen2_moe", "qwen3_moe"):

@@ -3,7 +3,8 @@ parameter counts. No torch needed. The presets are in llm_planner.graph.decoder_
 and writing transformers configs in llm_planner.graph.hf_config.
 
 Parameter counts are exact for the transformers classes GPT2LMHeadModel,
-OPTForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM (tests
+OPTForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and
+Phi3ForCausalLM (tests
 compare with the real models). llm_planner.graph.decoder_graph turns a configuration
 into a task graph with analytic costs; docs/models.md has the presets and the formulas.
 """
@@ -31,6 +32,7 @@ HF_MODEL_TYPES = {
     "mistral": "llama",
     "qwen2": "llama",
     "qwen3": "llama",
+    "phi3": "llama",
     "mixtral": "llama",
     "qwen2_moe": "llama",
     "qwen3_moe": "llama",
@@ -48,6 +50,8 @@ _FIXED: dict[str, dict[str, Any]] = {
     "mistral": dict(qkv_bias=False, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
     "qwen2": dict(qkv_bias=True, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
     "qwen3": dict(mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
+    # phi3: llama's layout with q, k and v in one Linear and gate and up in another (the same weights)
+    "phi3": dict(qkv_bias=False, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
     "mixtral": dict(
         qkv_bias=False,
         out_bias=False,
