@@ -3,7 +3,10 @@
 Enumerates shard sizes, every assignment of every (shard, task) to a device, and
 for latency every global order of the items (a list schedule in each order; some
 order reproduces any optimal schedule), using only the problem's cost accessors
-(task_time, transfer_time) and memory arrays: not problem.schedule, not the verifier.
+(task_time, transfer_time), the decode loop's token hand-off arrays (token_fixed, token_slope:
+a step ends no sooner than each shard's lm_head finish plus its ids' trip back to embed; in
+throughput, charged to both ends like a cut edge) and memory arrays: not problem.schedule, not the
+verifier.
 Devices that share a physical device (a tensor-parallel group and its members, two
 overlapping groups) are never both used.
 
@@ -103,8 +106,21 @@ def brute_latency(p: PlacementProblem, sizes: tuple[int, ...], a: np.ndarray) ->
                 ready = np.maximum(ready, finish[:, u] + comm[(u, j)][a[:, u], k])
             finish[:, j] = np.maximum(free[rows, k], ready) + dur[j, k]
             free[rows, k] = finish[:, j]
-        best = min(best, float(finish.max(axis=1).min()))
+        end = finish.max(axis=1)
+        if p.token_loop is not None:  # the next step starts when each shard's sampled ids are back at embed
+            for s, b in enumerate(sizes):
+                end = np.maximum(end, finish[:, s * n + p.token_loop[0]] + _token_s(p, a, s, b))
+        best = min(best, float(end.min()))
     return best
+
+
+def _token_s(p: PlacementProblem, a: np.ndarray, s: int, b: int) -> np.ndarray:
+    """Per assignment row: shard s's decode-loop hand-off, the sampled ids from lm_head's device to
+    embed's (its fixed and per-sample costs; nothing when they share a device or the shard is empty)."""
+    n = p.num_tasks
+    head, embed = a[:, s * n + p.token_loop[0]], a[:, s * n + p.token_loop[1]]
+    cost = p.token_fixed[head, embed] + p.token_slope[head, embed] * b
+    return np.where((head != embed) & (b > 0), cost, 0.0)
 
 
 def brute_throughput(p: PlacementProblem, sizes: tuple[int, ...], a: np.ndarray) -> float:
@@ -131,6 +147,10 @@ def brute_throughput(p: PlacementProblem, sizes: tuple[int, ...], a: np.ndarray)
                 leaves = (dev[:, u] == k) & (dev[:, out] != k).any(axis=1)
                 enters = (dev[:, u] != k) & (dev[:, out] == k).any(axis=1)
                 load[:, k] += hop * (leaves.astype(float) + enters)
+        if p.token_loop is not None:  # the decode loop's hand-off, on both its ends like a cut edge
+            token = _token_s(p, a, s, b)
+            for end in p.token_loop:
+                np.add.at(load, (rows, dev[:, end]), token)
     per_batch = load.max(axis=1)
     for j in np.argsort(per_batch, kind="stable"):  # the best assignment whose steady state fits
         if steady_state_fits(p, sizes, a[j]):

@@ -253,9 +253,7 @@ def test_a_group_the_layer_does_not_split_over_is_a_cost_error():
 @pytest.mark.milp
 @pytest.mark.parametrize(
     "objective,phase",
-    # not a decode step's throughput: the enumeration does not charge the decode loop's token hand-off
-    # (lm_head -> embed) to the devices' loads, which the MILP and the verifier do
-    [("latency", "decode"), ("latency", "prefill"), ("throughput", "prefill")],
+    [("latency", "decode"), ("latency", "prefill"), ("throughput", "decode"), ("throughput", "prefill")],
 )
 def test_bounds_stay_below_the_brute_force_optimum_and_the_milp_reaches_it(objective, phase):
     """A one-layer decoder on two GPUs and their group, its layer timed by the kernel model: the
