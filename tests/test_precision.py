@@ -188,6 +188,16 @@ def test_a_format_no_kind_runs_names_the_format_and_every_kind():
         build_context(cpus, "gpt2", WL, build_precision("fp32", "int4-awq", None), ServingOptions(allow_cpu=True))
 
 
+def test_nothing_serves_names_the_kinds_the_format_left_out(tmp_path, capsys):
+    """Llama-3 70B in fp8 outgrows the two 4090s; the CPU that fp8 left out is named beside that."""
+    argv = ["plan", "--cluster", WORKSTATION, "--model", "llama3-70b", "--weights", "fp8", "--allow-cpu"]
+    argv += ["--objective", "serving", "--prompt-len", "512", "--output-len", "256", "--tpot-slo", "200 ms"]
+    assert main([*argv, "-o", str(tmp_path / "plan.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "no layout of one class holds the weights" in err, err
+    assert "left out as they cannot run weights fp8" in err and "CPU kinds run unquantized" in err, err
+
+
 def test_parse_weights_reads_the_group_size():
     assert parse_weights("int4-awq", "--weights") == ("int4-awq", 128)
     assert parse_weights("int4-gptq:g32", "--weights") == ("int4-gptq", 32)

@@ -81,7 +81,9 @@ class ServingContext:
         )
         if not classes:
             raise WorkloadError(f"cluster {cluster.name!r} has no accelerator to serve on (CPUs only with --allow-cpu)")
-        self.classes: tuple[ServerClass, ...] = _able(cluster, classes, self.precision)
+        # kinds that cannot run the precision serve no stage; why, by kind (named when nothing serves)
+        self.left_out: dict[str, str] = {}
+        self.classes: tuple[ServerClass, ...] = _able(cluster, classes, self.precision, self.left_out)
         self.by_name = {c.name: c for c in self.classes}
         self.cache = CostCache(self.tasks, self.classes, profile)
         self.links: ClassLinks = class_links(cluster, self.classes)
@@ -114,10 +116,12 @@ class ServingContext:
         return self._best[key]
 
 
-def _able(cluster: ClusterSpec, classes: tuple[ServerClass, ...], precision: Precision) -> tuple[ServerClass, ...]:
+def _able(
+    cluster: ClusterSpec, classes: tuple[ServerClass, ...], precision: Precision, left_out: dict[str, str]
+) -> tuple[ServerClass, ...]:
     """The classes whose kind runs `precision` (llm_planner.core.precision.runs_on): a kind that
-    cannot is never given a stage; WorkloadError naming the precision and every kind's reason when
-    no kind can."""
+    cannot is never given a stage, and `left_out` gets its reason; WorkloadError naming the
+    precision and every kind's reason when no kind can."""
     why = {
         kind.name: runs_on(precision, kind.type, tuple(n for n, _ in kind.peak_flops))
         for kind in (sc.kind for sc in classes)
@@ -130,6 +134,7 @@ def _able(cluster: ClusterSpec, classes: tuple[ServerClass, ...], precision: Pre
         )
     for name, reason in why.items():
         if reason is not None:
+            left_out[name] = reason
             log.info("device kind %r serves no stage of this plan: %s (%s)", name, reason, precision.describe())
     return able
 
