@@ -70,15 +70,21 @@ def test_huge_workload_weights_give_the_plan_of_equal_weights(tmp_path, capsys):
 
 
 def test_a_weight_format_no_serving_kind_runs_is_refused_naming_the_flag_and_kinds(tmp_path, capsys):
-    # the A100 (catalog entry a100-sxm-80g) has no fp8 tensor cores; the RTX 4090 (Ada) has
-    serving = [a if a != WORKSTATION else str(SPECS / "four-gpus.yaml") for a in SERVING]
+    # a T4 (catalog entry t4, Turing) has no fp8 tensor cores, nor the compute capability 8.0 that
+    # FP8 Marlin's weight-only kernels need (an A100 runs fp8 weights that way; the RTX 4090 natively)
+    spec = tmp_path / "t4.yaml"
+    spec.write_text(
+        "name: t4-box\ndevice_kinds:\n  - {name: t4, catalog: t4}\nnodes:\n  - {name: box, devices: {t4: 4}}\n"
+        "links:\n  intra_node_default: {bw_bytes_per_s: 16 GB/s, latency_s: 10 us}\n"
+    )
+    serving = [a if a != WORKSTATION else str(spec) for a in SERVING]
     refused(
         [*serving, *SHAPE, "--tpot-slo", "50 ms", "--weights", "fp8", "-o", str(tmp_path / "p.yaml")],
         capsys,
         "--weights fp8",
-        "a100-80g",
-        "four-gpus.yaml",
-        "peak_flops give no fp8",
+        "'t4'",
+        "t4.yaml",
+        "peak_flops give no fp8, and fp8 weight-only kernels (FP8 Marlin) need compute capability 8.0",
     )
 
 

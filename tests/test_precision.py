@@ -4,13 +4,22 @@ run a format left out, and the CLI's refusals."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 from conftest import SPECS
 
 from llm_planner.cli.main import main
-from llm_planner.core.precision import Precision, PrecisionError, build_precision, parse_weights, uniform
+from llm_planner.core.precision import (
+    Precision,
+    PrecisionError,
+    build_precision,
+    linear_dtype,
+    parse_weights,
+    runs_on,
+    uniform,
+)
 from llm_planner.core.spec import load_cluster
 from llm_planner.cost.iteration import Load, layer_kernels
 from llm_planner.graph.checkpoint import checkpoint_precision
@@ -180,12 +189,53 @@ def test_a_cpu_in_the_spec_does_not_block_a_gpu_format():
         assert {sc.kind.name for sc in ctx.classes} == {"rtx4090"}  # the Ryzen serves no stage
 
 
-def test_a_format_no_kind_runs_names_the_format_and_every_kind():
-    with pytest.raises(WorkloadError, match=r"--weights fp8 .*'a100-80g': its peak_flops give no fp8"):
-        build_context(FOUR_GPUS, "llama3-8b", WL, build_precision("fp16", "fp8", None), ServingOptions())
+T4_SERVER = """
+name: t4-box
+device_kinds:
+  - {name: t4, catalog: t4}
+nodes:
+  - {name: box, devices: {t4: 4}}
+links:
+  intra_node_default: {bw_bytes_per_s: 16 GB/s, latency_s: 10 us}
+"""
+
+
+def test_a_format_no_kind_runs_names_the_format_and_every_kind(tmp_path):
+    spec = tmp_path / "t4.yaml"
+    spec.write_text(T4_SERVER)
+    with pytest.raises(WorkloadError, match=r"--weights fp8 .*'t4': its peak_flops give no fp8, and fp8 weight-only"):
+        build_context(str(spec), "llama3-8b", WL, build_precision("fp16", "fp8", None), ServingOptions())
     cpus = str(SPECS / "localhost-cpu.yaml")
     with pytest.raises(WorkloadError, match=r"--weights int4-awq:g128 .*CPU kinds run unquantized"):
         build_context(cpus, "gpt2", WL, build_precision("fp32", "int4-awq", None), ServingOptions(allow_cpu=True))
+
+
+def test_fp8_weights_run_weight_only_where_the_kind_has_no_fp8_peak():
+    """An A100 runs fp8 weights as vLLM's FP8 Marlin does, W8A16: read at 1 byte, computed at the
+    fp16 peak times dequant_factor; an H100 at its fp8 peak (W8A8); a T4 (no bf16: before compute
+    capability 8.0) not at all."""
+    fp8 = build_precision("fp16", "fp8", None)
+    a100, h100 = ("fp32", "tf32", "fp16", "bf16", "int8"), ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+    assert linear_dtype(fp8, a100) == ("fp16", True) and runs_on(fp8, "gpu", a100) is None
+    assert linear_dtype(fp8, h100) == ("fp8", False) and runs_on(fp8, "gpu", h100) is None
+    assert "compute capability 8.0" in runs_on(fp8, "gpu", ("fp32", "fp16", "int8"))
+    cluster = load_cluster(FOUR_GPUS)
+    kind = cluster.kind("a100-80g")
+    slow = dataclasses.replace(kind, dequant_factor=1.5)
+    load = Load(decodes=4096.0)  # compute bound: the linear kernel's time is its FLOPs'
+    cfg = preset_config("llama3-8b")
+
+    def linear_s(k, p):
+        kernels = layer_kernels(cfg, p, k)
+        return kernels.kernel_s(next(x for x in kernels.kernels if x.name == "linear"), load)
+
+    fp16 = uniform("fp16")
+    assert linear_s(kind, fp8) == pytest.approx(linear_s(kind, fp16), rel=0.01)
+    assert linear_s(slow, fp8) == pytest.approx(1.5 * linear_s(kind, fp16), rel=0.01)
+    ctx = build_context(FOUR_GPUS, "llama3-8b", WL, fp8, ServingOptions())
+    ctx16 = build_context(FOUR_GPUS, "llama3-8b", WL, fp16, ServingOptions())
+    block = ctx.cache.get("server/a100-80g", 1).weight_bytes["block"]
+    assert block < 0.55 * ctx16.cache.get("server/a100-80g", 1).weight_bytes["block"]
 
 
 def test_nothing_serves_names_the_kinds_the_format_left_out(tmp_path, capsys):

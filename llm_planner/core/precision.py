@@ -6,7 +6,9 @@ Weight formats (`--weights`, a checkpoint's `quantization_config`):
     format      bytes per weight                 linear layers compute at
     fp32/fp16/  the dtype's (2 or 4)             the activation dtype (the format *is* the
     bf16                                         activation dtype: unquantized weights)
-    fp8         1 (W8A8, e4m3)                   fp8 tensor cores
+    fp8         1 (W8A8, e4m3)                   fp8 tensor cores; on a GPU without them but with
+                                                 bf16 (Ampere: vLLM's FP8 Marlin), W8A16: the
+                                                 activation dtype, times `dequant_factor`
     int8        1 (W8A8, SmoothQuant-style)      int8 tensor cores
     int4-awq    1/2 + (2 + 1/2) / g              the activation dtype (W4A16: weights dequantized
     int4-gptq   1/2 + (2 + 1/2) / g              in registers), times the kind's `dequant_factor`
@@ -23,8 +25,10 @@ biases and the LM head stay in the activation dtype, as AWQ, GPTQ and vLLM's fp8
 The KV cache is the activation dtype ("auto") or fp8 (1 byte per element; attention dequantizes
 it and computes in the activation dtype).
 
-Which device kinds run a precision is `runs_on` (docs/cluster-spec.md): a kind runs fp8 or int8
-weights when its `peak_flops` gives that dtype (the rate the linear layers run at), int4 formats
+Which device kinds run a precision is `runs_on` (docs/cluster-spec.md): a kind runs int8 weights
+when its `peak_flops` gives int8 (the rate the linear layers run at), fp8 weights when they give fp8
+(W8A8) or, weight-only, bf16 (W8A16: FP8 Marlin needs compute capability 8.0, which a bf16 peak
+marks; V100 and T4 have neither; `linear_dtype` says which), int4 formats
 and fp8 KV on every GPU and accelerator kind (weight-only kernels dequantize in registers: AWQ,
 GPTQ and Marlin kernels need only fp16 tensor cores), and on CPU kinds only unquantized weights
 and KV: the planner's own runtime computes in one dtype on CPUs, so a CPU kind is not eligible for
@@ -168,13 +172,29 @@ def build_precision(activations: str, weights: str | None, kv_cache: str | None,
     return Precision(weights=name, activations=activations, kv_cache=kv, group_size=group)
 
 
+def linear_dtype(precision: Precision, peak_dtypes: tuple[str, ...]) -> tuple[str, bool]:
+    """(the dtype whose peak a kind whose peak_flops give `peak_dtypes` runs the linear layers at,
+    whether its kernels dequantize the weights: weight-only). fp8 weights on a kind without an fp8
+    peak run weight-only at the activation dtype, W8A16 (module docstring); every other format as
+    Precision.compute_dtype says."""
+    if precision.weights == "fp8" and "fp8" not in peak_dtypes:
+        return precision.activations, True
+    return precision.compute_dtype, precision.weight_only
+
+
 def runs_on(precision: Precision, kind_type: str, peak_dtypes: tuple[str, ...]) -> str | None:
     """Why a device kind (its type and the dtypes its peak_flops gives) cannot run `precision`, or
     None when it can (module docstring)."""
     if kind_type == "cpu" and precision.quantized:
         return "CPU kinds run unquantized weights and KV cache only"
-    if precision.compute_dtype not in peak_dtypes:
-        return f"its peak_flops give no {precision.compute_dtype}"
+    dtype, weight_only = linear_dtype(precision, peak_dtypes)
+    if dtype not in peak_dtypes:
+        return f"its peak_flops give no {dtype}"
+    if weight_only and precision.weights == "fp8" and "bf16" not in peak_dtypes:
+        return (
+            "its peak_flops give no fp8, and fp8 weight-only kernels (FP8 Marlin) need compute capability 8.0 "
+            "or later (a bf16 peak)"
+        )
     return None
 
 

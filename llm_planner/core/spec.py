@@ -107,8 +107,8 @@ class DeviceKindSpec:
     step_overhead_s: float | None = None
     # Whether its devices may form tensor-parallel groups; None: the type's TENSOR_PARALLEL_DEFAULT.
     tensor_parallel: bool | None = None
-    # Weight-only int4 formats (int4-awq, int4-gptq): the factor on the linear layers' compute time
-    # for dequantizing weights in the kernel (llm_planner.core.precision; docs/cluster-spec.md).
+    # Weights the kind dequantizes in its kernels (int4-awq, int4-gptq; fp8 without an fp8 peak): the
+    # factor on the linear layers' compute time (llm_planner.core.precision; docs/cluster-spec.md).
     dequant_factor: float = 1.0
     # Where its figures came from (not figures themselves, so kinds compare by their numbers alone):
     # the catalog entry it names, and the fields the loader filled with a type's default.

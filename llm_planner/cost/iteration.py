@@ -24,7 +24,8 @@ with P_m the layer's linear parameters, a = nh hd, kv = nkv hd, b the dtype's by
 size. A quantized precision (llm_planner.core.precision) changes three of these: the linear
 weights are read at the weight format's bytes per weight (scales and zero points included) and
 their FLOPs run at the compute dtype's peak (fp8 or int8 for W8A8; for W4A16 the activation
-dtype's, the compute time multiplied by the kind's `dequant_factor`), and attention reads (decode)
+dtype's, the compute time multiplied by the kind's `dequant_factor`, and so for fp8 weights on a
+kind without fp8 tensor cores: W8A16), and attention reads (decode)
 and writes (prompt) the KV cache at the KV cache dtype's bytes.
 
 A mixture-of-experts layer (llm_planner.graph.moe; llm_planner.cost.moe_cost has its sizes) has
@@ -59,7 +60,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-from llm_planner.core.precision import Precision, as_precision
+from llm_planner.core.precision import Precision, as_precision, linear_dtype
 from llm_planner.core.spec import DeviceKindSpec, LinkSpec
 from llm_planner.cost.moe_cost import check_imbalance, expert_sizes, moe_linear_sizes
 from llm_planner.cost.roofline import CostError, Piece
@@ -225,12 +226,14 @@ def _member_kernels(
 
 def _sizes(p: Precision, kind: DeviceKindSpec | None) -> tuple[float, float, float, float]:
     """(activation, weight and KV cache bytes per element, the linear layers' speed): the linear
-    layers run at the compute dtype's peak over the activation dtype's, slowed by the kind's
-    dequant_factor for a weight-only format (1 without a kind: FLOPs only)."""
+    layers run at the peak of the dtype llm_planner.core.precision.linear_dtype gives for the kind
+    over the activation dtype's, slowed by the kind's dequant_factor where the kind runs the
+    weights weight-only (int4; fp8 without an fp8 peak) (1 without a kind: FLOPs only)."""
     if kind is None:
         return (p.activation_bytes, p.weight_bytes, p.kv_bytes, 1.0)
-    speed = kind.flops_for(p.compute_dtype) / kind.flops_for(p.activations)
-    return (p.activation_bytes, p.weight_bytes, p.kv_bytes, speed / (kind.dequant_factor if p.weight_only else 1.0))
+    dtype, weight_only = linear_dtype(p, tuple(name for name, _ in kind.peak_flops))
+    speed = kind.flops_for(dtype) / kind.flops_for(p.activations)
+    return (p.activation_bytes, p.weight_bytes, p.kv_bytes, speed / (kind.dequant_factor if weight_only else 1.0))
 
 
 def _mlp_widths(cfg: DecoderConfig) -> tuple[int, ...]:
