@@ -110,7 +110,10 @@ def _replicas(replicas: list[dict]) -> str:
 
 
 def run_row(row, out: Path, time_limit: float, helix) -> list[dict]:
-    name, cluster, model, prompt, output, tpot, profile = row
+    """Plan, verify and tabulate one row: (name, cluster, model, prompt, output, TPOT target, profile)
+    and, optionally, the precision (default fp16: benchmarks/bench_precision.py gives others)."""
+    name, cluster, model, prompt, output, tpot, profile = row[:7]
+    precision = row[7] if len(row) > 7 else "fp16"
     if cluster.startswith("helix:"):
         if helix is None:
             print(f"{name}: skipped (set LLM_PLANNER_HELIX to a Helix checkout)")
@@ -126,7 +129,7 @@ def run_row(row, out: Path, time_limit: float, helix) -> list[dict]:
         cluster_path=cluster_path,
         model=model,
         workload=workload,
-        dtype="fp16",
+        dtype=precision,
         options=ServingOptions(time_limit_s=time_limit),
         output_path=str(path),
         profile_path=profile,
@@ -171,20 +174,21 @@ def run_row(row, out: Path, time_limit: float, helix) -> list[dict]:
     return rows
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(rows_to_run=None, results: str = "serving", description: str | None = None) -> int:
+    """Run `rows_to_run` (default ROWS) into benchmarks/results/<results> (or --out)."""
+    parser = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0])
     parser.add_argument("--rows", nargs="*", help="only these rows (model/cluster/target)")
     parser.add_argument(
         "--time-limit", type=float, default=60.0, help="seconds of layout search per plan (default: 60)"
     )
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "serving"))
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / results))
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     facts = provenance.start(sys.argv)
     helix = helix_inputs(out)
     rows = []
-    for row in ROWS:
+    for row in ROWS if rows_to_run is None else rows_to_run:
         if args.rows and row[0] not in args.rows:
             continue
         got = run_row(row, out, args.time_limit, helix)

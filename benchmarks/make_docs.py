@@ -63,6 +63,18 @@ cluster and its measured LLaMA-2 70B layer profiles (`llm-planner import helix`)
 Conversation means (prompt 763, output 232).""",
     ),
     Section(
+        "precision",
+        "Precision: Llama-3 70B in fp16, fp8 and int4 on two mixed fleets",
+        """\
+The serving table's columns (above) for Llama-3 70B at a 50 ms TPOT target (prompt 512, output
+256) on `dgx-a100-l4` and `l40s-h100` (16 servers of 8 L40S, 4 of 8 H100), once per precision:
+fp16; fp8 weights and KV cache (W8A8 on the GPUs with fp8 tensor cores, weight-only W8A16 on the
+A100s); int4-AWQ weights with an fp8 KV cache. Engineer-best and megatron run in the row's
+precision, so each row compares layouts at equal terms and the rows of a fleet compare formats,
+which also change the model's quality: the planner plans the formats a user allows
+(`--allow-weights`), never one chosen silently.""",
+    ),
+    Section(
         "serving-bounds",
         "Serving: what each upper bound gives",
         """\
