@@ -103,15 +103,16 @@ def write_fleet_inputs(folder: Path) -> None:
     """The fleet row's inputs: fleet.yaml (2 servers of 2 GPUs for each GPU type of gpt3-six-servers,
     its kinds and links) and gpt-12x4096/config.json (a GPT-2-style decoder of GPT-3 6.7B's width)."""
     six = yaml.safe_load((REPO / "cluster_specs" / "gpt3-six-servers.yaml").read_text())
-    nodes = []
+    nodes, gpus = [], set()
     for node in six["nodes"]:
         gpu = next(kind for kind in node["devices"] if kind != "xeon-8480")
+        gpus.add(gpu)
         links = [link for link in node["links"] if "xeon-8480" not in link["between"]]
         nodes.append({"name": node["name"], "count": 2, "devices": {gpu: 2}, "links": links})
     spec = {
         "name": "gpu-fleet-3x2x2",
         "description": "2x H100, 2x A100, 2x V100 servers of 2 GPUs each (gpt3-six-servers' kinds and links)",
-        "device_kinds": [kind for kind in six["device_kinds"] if kind["type"] == "gpu"],
+        "device_kinds": [kind for kind in six["device_kinds"] if kind["name"] in gpus],  # catalog kinds name no type
         "nodes": nodes,
         "links": six["links"],
     }
