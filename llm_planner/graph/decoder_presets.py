@@ -233,7 +233,7 @@ def preset_descriptions() -> list[tuple[str, str]]:
         out.append(
             (
                 name,
-                f"{c.hf_model_type if c.is_moe else c.model_type} decoder, {c.num_layers} layers, "
+                f"{c.hf_model_type} decoder, {c.num_layers} layers, "
                 f"hidden {c.hidden_size}, {heads}, "
                 f"{count_parameters(c) / 1e9:.3g}B params, context {c.max_positions}",
             )
