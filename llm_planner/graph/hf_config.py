@@ -13,6 +13,7 @@ from llm_planner.core.fileio import parse_document, read_text
 from llm_planner.core.fmt import quote
 from llm_planner.graph.attention_window import hf_window_kwargs, window_fields
 from llm_planner.graph.decoder_presets import is_preset, preset_config
+from llm_planner.graph.deepseek import footprint_text, read_deepseek
 from llm_planner.graph.ir import GraphError
 from llm_planner.graph.moe import UNPLANNED, moe_fields, refuse_foreign_keys
 from llm_planner.graph.transformer import HF_MODEL_TYPES, DecoderConfig
@@ -49,7 +50,8 @@ def config_from_dict(data: Any, source: str, name: str | None = None) -> Decoder
     r = _Reader(data, source)
     hf_type = r.get("model_type", str)
     if hf_type in UNPLANNED:
-        raise GraphError(f"{source}: key 'model_type': {quote(hf_type)} is not planned: {UNPLANNED[hf_type]}")
+        size = f" ({footprint_text(read_deepseek(r))})" if hf_type == "deepseek_v3" else ""
+        raise GraphError(f"{source}: key 'model_type': {quote(hf_type)}{size} is not planned: {UNPLANNED[hf_type]}")
     if hf_type not in HF_MODEL_TYPES:
         raise GraphError(
             f"{source}: key 'model_type': unsupported {quote(hf_type)} (supported: {', '.join(HF_MODEL_TYPES)})"

@@ -43,7 +43,7 @@ UNPLANNED = {
     "deepseek_v2": "MLA attention (kv_lora_rank: a compressed KV cache) and dense layers before the "
     "MoE ones (first_k_dense_replace) are not modelled yet",
     "deepseek_v3": "MLA attention (kv_lora_rank: a compressed KV cache) and dense layers before the "
-    "MoE ones (first_k_dense_replace) are not modelled yet",
+    'MoE ones (first_k_dense_replace) are not modelled yet (docs/serving.md, "Layers that differ")',
     "gpt_oss": "attention sinks, alternating sliding windows and biased experts are not modelled yet",
     "llama4": "interleaved dense and MoE layers and chunked attention are not modelled yet",
 }
