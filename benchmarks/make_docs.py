@@ -73,6 +73,7 @@ A100s); int4-AWQ weights with an fp8 KV cache. Engineer-best and megatron run in
 precision, so each row compares layouts at equal terms and the rows of a fleet compare formats,
 which also change the model's quality: the planner plans the formats a user allows
 (`--allow-weights`), never one chosen silently.""",
+        ".venv/bin/python benchmarks/bench_precision.py",
     ),
     Section(
         "serving-bounds",

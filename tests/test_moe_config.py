@@ -168,6 +168,14 @@ def test_public_config_files_read_as_the_presets(tmp_path, data, preset):
     assert dataclasses.replace(cfg, name=preset) == decoder_presets.preset_config(preset)
 
 
+def test_a_mixtral_config_without_its_norm_epsilon_takes_the_class_default(tmp_path):
+    """MixtralConfig's rms_norm_eps is 1e-5 (not the llama family's 1e-6): the preset again."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({k: v for k, v in MIXTRAL_JSON.items() if k != "rms_norm_eps"}))
+    cfg = hf_config.load_config_file(path)
+    assert dataclasses.replace(cfg, name="mixtral-8x7b") == decoder_presets.preset_config("mixtral-8x7b")
+
+
 def _refused(tmp_path, data, match):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(data))

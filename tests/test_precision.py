@@ -219,6 +219,9 @@ def test_fp8_weights_run_weight_only_where_the_kind_has_no_fp8_peak():
     assert linear_dtype(fp8, a100) == ("fp16", True) and runs_on(fp8, "gpu", a100) is None
     assert linear_dtype(fp8, h100) == ("fp8", False) and runs_on(fp8, "gpu", h100) is None
     assert "compute capability 8.0" in runs_on(fp8, "gpu", ("fp32", "fp16", "int8"))
+    assert "compute capability 8.0" in runs_on(fp8, "accelerator", a100)  # FP8 Marlin is NVIDIA's kernel
+    fp32 = build_precision("fp32", "fp8", None)
+    assert "compute in fp16 or bf16, not fp32" in runs_on(fp32, "gpu", a100)
     cluster = load_cluster(FOUR_GPUS)
     kind = cluster.kind("a100-80g")
     slow = dataclasses.replace(kind, dequant_factor=1.5)

@@ -248,6 +248,19 @@ def test_a_missing_prompt_length_or_model_is_refused(tmp_path, capsys):
     refused([*base, "--model", "resnet18", *SHAPE], capsys, "--model 'resnet18'")
 
 
+def test_a_replica_on_a_kind_the_precision_left_out_says_why(tmp_path, capsys):
+    """fp8 weights on gpt3-six-servers leave the V100s out (no fp8, no FP8 Marlin): the refusal of a
+    V100 replica names them and the reason, not only the classes that remain."""
+    argv = ["--cluster", str(SPECS / "gpt3-six-servers.yaml"), "--model", "llama3-70b", *SHAPE, "--weights", "fp8"]
+    replica = ["--replica", "v100-server/v100-32g: 1 stage x tp2", "--concurrency", "4"]
+    refused(
+        [*argv, *replica],
+        capsys,
+        "unknown class 'v100-server/v100-32g'",
+        "'v100-32g' (its peak_flops give no fp8",
+    )
+
+
 def test_weights_and_kv_cache_dtype_score_the_precision_a_plan_would_take(capsys):
     """--weights fp8 --kv-cache-dtype fp8 on an H100: the weights and cache read at one byte, so
     more tokens/s than fp16 at the same concurrency, and the same figures as the serving model at

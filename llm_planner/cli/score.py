@@ -119,7 +119,7 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
     try:
         layout = parse_layout(args.replica, ctx.by_name)
     except LayoutError as exc:
-        raise UserError(f"--replica: {exc}", exit_code=2) from None
+        raise UserError(f"--replica: {exc}{ctx.left_out_text()}", exit_code=2) from None
     score = score_replica(
         ctx, layout, concurrency=args.concurrency, micro_batches=args.micro_batches, layers=args.layers
     )

@@ -27,8 +27,9 @@ it and computes in the activation dtype).
 
 Which device kinds run a precision is `runs_on` (docs/cluster-spec.md): a kind runs int8 weights
 when its `peak_flops` gives int8 (the rate the linear layers run at), fp8 weights when they give fp8
-(W8A8) or, weight-only, bf16 (W8A16: FP8 Marlin needs compute capability 8.0, which a bf16 peak
-marks; V100 and T4 have neither; `linear_dtype` says which), int4 formats
+(W8A8) or, on a `gpu` kind with fp16 or bf16 activations, bf16 (weight-only W8A16: FP8 Marlin
+needs an NVIDIA GPU of compute capability 8.0, which a bf16 peak marks; V100 and T4 have neither;
+`linear_dtype` says which), int4 formats
 and fp8 KV on every GPU and accelerator kind (weight-only kernels dequantize in registers: AWQ,
 GPTQ and Marlin kernels need only fp16 tensor cores), and on CPU kinds only unquantized weights
 and KV: the planner's own runtime computes in one dtype on CPUs, so a CPU kind is not eligible for
@@ -172,12 +173,18 @@ def build_precision(activations: str, weights: str | None, kv_cache: str | None,
     return Precision(weights=name, activations=activations, kv_cache=kv, group_size=group)
 
 
+def fp8_weight_only(precision: Precision, peak_dtypes: tuple[str, ...]) -> bool:
+    """Whether a kind whose peak_flops give `peak_dtypes` would run the precision's weights as fp8
+    weight-only kernels (W8A16): fp8 weights and no fp8 peak (`runs_on` says whether it can)."""
+    return precision.weights == "fp8" and "fp8" not in peak_dtypes
+
+
 def linear_dtype(precision: Precision, peak_dtypes: tuple[str, ...]) -> tuple[str, bool]:
     """(the dtype whose peak a kind whose peak_flops give `peak_dtypes` runs the linear layers at,
-    whether its kernels dequantize the weights: weight-only). fp8 weights on a kind without an fp8
-    peak run weight-only at the activation dtype, W8A16 (module docstring); every other format as
+    whether its kernels dequantize the weights: weight-only), for a kind that runs the precision
+    (`runs_on`): fp8 weight-only at the activation dtype (module docstring), every other format as
     Precision.compute_dtype says."""
-    if precision.weights == "fp8" and "fp8" not in peak_dtypes:
+    if fp8_weight_only(precision, peak_dtypes):
         return precision.activations, True
     return precision.compute_dtype, precision.weight_only
 
@@ -187,13 +194,17 @@ def runs_on(precision: Precision, kind_type: str, peak_dtypes: tuple[str, ...]) 
     None when it can (module docstring)."""
     if kind_type == "cpu" and precision.quantized:
         return "CPU kinds run unquantized weights and KV cache only"
-    dtype, weight_only = linear_dtype(precision, peak_dtypes)
+    dtype, _ = linear_dtype(precision, peak_dtypes)
     if dtype not in peak_dtypes:
         return f"its peak_flops give no {dtype}"
-    if weight_only and precision.weights == "fp8" and "bf16" not in peak_dtypes:
+    if fp8_weight_only(precision, peak_dtypes) and (kind_type != "gpu" or "bf16" not in peak_dtypes):
         return (
-            "its peak_flops give no fp8, and fp8 weight-only kernels (FP8 Marlin) need compute capability 8.0 "
-            "or later (a bf16 peak)"
+            "its peak_flops give no fp8, and fp8 weight-only kernels (FP8 Marlin) run on GPUs of compute capability "
+            "8.0 or later only (a gpu kind with a bf16 peak)"
+        )
+    if fp8_weight_only(precision, peak_dtypes) and precision.activations not in ("fp16", "bf16"):
+        return (
+            f"its peak_flops give no fp8, and fp8 weight-only kernels (FP8 Marlin) compute in fp16 or bf16, not {dtype}"
         )
     return None
 

@@ -144,6 +144,11 @@ class DeviceKindSpec:
         fraction = USABLE_MEM_DEFAULT[self.type] if self.usable_mem_fraction is None else self.usable_mem_fraction
         return self.mem_bytes * fraction
 
+    @property
+    def peak_dtypes(self) -> tuple[str, ...]:
+        """The dtypes its peak_flops give."""
+        return tuple(name for name, _ in self.peak_flops)
+
     def flops_for(self, dtype: str) -> float:
         for name, value in self.peak_flops:
             if name == dtype:

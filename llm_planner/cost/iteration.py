@@ -231,7 +231,7 @@ def _sizes(p: Precision, kind: DeviceKindSpec | None) -> tuple[float, float, flo
     weights weight-only (int4; fp8 without an fp8 peak) (1 without a kind: FLOPs only)."""
     if kind is None:
         return (p.activation_bytes, p.weight_bytes, p.kv_bytes, 1.0)
-    dtype, weight_only = linear_dtype(p, tuple(name for name, _ in kind.peak_flops))
+    dtype, weight_only = linear_dtype(p, kind.peak_dtypes)
     speed = kind.flops_for(dtype) / kind.flops_for(p.activations)
     return (p.activation_bytes, p.weight_bytes, p.kv_bytes, speed / (kind.dequant_factor if weight_only else 1.0))
 

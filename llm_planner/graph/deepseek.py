@@ -1,7 +1,7 @@
-"""DeepSeek-V3's layout (transformers model_type `deepseek_v3`; Kimi K2 has it too) read from a
-config.json: its exact parameters and the KV cache its multi-head latent attention holds. No torch
-needed. Not planned yet: the planner refuses the model type by name (llm_planner.graph.moe), with
-these figures in the message, until its layers can differ (docs/serving.md, "Layers that differ").
+"""DeepSeek-V3's layout (transformers model_type `deepseek_v3`) read from a config.json: its exact
+parameters and the KV cache its multi-head latent attention holds. No torch needed. Not planned
+yet: the planner refuses the model type by name (llm_planner.graph.moe), with these figures in the
+message, until its layers can differ (docs/serving.md, "Layers that differ").
 
 Per layer, with h the hidden size, n heads, q_r and kv_r the query and KV latent ranks, d_n, d_r
 and d_v the per-head no-rope, rope and value widths (transformers' DeepseekV3ForCausalLM; the

@@ -127,7 +127,7 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
         intermediate_size=r.get("intermediate_size", int),
         head_dim=r.get("head_dim", int, 128 if hf_type == "qwen3" else None),
         activation=r.get("hidden_act", str, "silu"),
-        norm_eps=r.get("rms_norm_eps", float, 1e-5 if hf_type == "phi3" else 1e-6),
+        norm_eps=r.get("rms_norm_eps", float, 1e-5 if hf_type in ("phi3", "mixtral") else 1e-6),  # class defaults
         rope_theta=theta,
         tie_word_embeddings=r.get("tie_word_embeddings", bool, False),
     )

@@ -220,14 +220,6 @@ def _model_digest(model: str) -> str | None:
     return input_digest(str(config), "model") if config is not None else None
 
 
-def _left_out(ctx: ServingContext) -> str:
-    """The device kinds the precision left out, for a message that no layout serves ('' when none)."""
-    if not ctx.left_out:
-        return ""
-    kinds = ", ".join(f"{name!r} ({why})" for name, why in ctx.left_out.items())
-    return f"; left out as they cannot run {ctx.precision.describe()}: {kinds}"
-
-
 def _nothing_serves(ctx: ServingContext) -> str:
     """Why no layout serves: memory for one sequence, or the TPOT target (with the best TPOT found),
     or, where that TPOT meets its target, the TTFT target (with the best TTFT found)."""
@@ -241,12 +233,12 @@ def _nothing_serves(ctx: ServingContext) -> str:
                 fastest, first = min(fastest, ev.tpot_s), min(first, ev.ttft_s)
     where = (
         f"{ctx.config.name} on cluster {ctx.cluster.name!r} "
-        f"(prompt {wl.mean_prompt_len:g}, output {wl.mean_output_len:g} tokens)"
+        f"(prompt {wl.mean_prompt_len:g}, output {wl.mean_output_len:g} tokens){ctx.left_out_text()}"
     )
     if fastest == float("inf"):
         return (
             "no layout of one class holds the weights and the KV cache of even one sequence of "
-            f"{wl.kv_context:g} tokens for {where}{_left_out(ctx)}; use shorter requests "
+            f"{wl.kv_context:g} tokens for {where}; use shorter requests "
             "(--prompt-len/--output-len) or more memory"
         )
     if wl.ttft_slo_s is not None and fastest <= wl.tpot_slo_s:

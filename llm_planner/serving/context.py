@@ -101,6 +101,10 @@ class ServingContext:
     def capacity(self) -> dict[str, int]:
         return {c.name: c.num_devices for c in self.classes}
 
+    def left_out_text(self) -> str:
+        """The device kinds the precision left out and why, for messages ('' when none: _left_out_text)."""
+        return _left_out_text(self.precision, self.left_out)
+
     def replica(self, layout: Layout) -> ReplicaModel:
         slots = build_slots(layout, self.cache, self.links)
         return ReplicaModel(
@@ -116,16 +120,21 @@ class ServingContext:
         return self._best[key]
 
 
+def _left_out_text(precision: Precision, left_out: dict[str, str]) -> str:
+    """'; left out as they cannot run <precision>: 'kind' (why), ...' ('' when no kind was left out)."""
+    if not left_out:
+        return ""
+    kinds = ", ".join(f"{name!r} ({why})" for name, why in left_out.items())
+    return f"; left out as they cannot run {precision.describe()}: {kinds}"
+
+
 def _able(
     cluster: ClusterSpec, classes: tuple[ServerClass, ...], precision: Precision, left_out: dict[str, str]
 ) -> tuple[ServerClass, ...]:
     """The classes whose kind runs `precision` (llm_planner.core.precision.runs_on): a kind that
     cannot is never given a stage, and `left_out` gets its reason; WorkloadError naming the
     precision and every kind's reason when no kind can."""
-    why = {
-        kind.name: runs_on(precision, kind.type, tuple(n for n, _ in kind.peak_flops))
-        for kind in (sc.kind for sc in classes)
-    }
+    why = {kind.name: runs_on(precision, kind.type, kind.peak_dtypes) for kind in (sc.kind for sc in classes)}
     able = tuple(sc for sc in classes if why[sc.kind.name] is None)
     if not able:
         reasons = "; ".join(f"{name!r}: {reason}" for name, reason in why.items())
