@@ -88,6 +88,13 @@ def read_text(path: str | Path, error: type[Exception]) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
+def dump_yaml(data: Any, *, width: int = 120, flow: bool | None = False) -> str:
+    """`data` as YAML text, block style unless `flow` (yaml.safe_dump's output: libyaml's emitter,
+    several times faster on a large plan, where PyYAML has it; its pure-Python one otherwise)."""
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(data, Dumper=dumper, sort_keys=False, width=width, default_flow_style=flow)
+
+
 def parse_document(text: str, source: str, error: type[Exception], *, as_json: bool, finite: bool = False) -> Any:
     """Parse `text` (JSON or YAML) and check it; messages start with `source`."""
     duplicates: dict[int, tuple[Any, int | None]] = {}  # id(mapping) -> (repeated key, YAML line)

@@ -22,10 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from llm_planner.core.atomic import write_atomic
-from llm_planner.core.fileio import read_document
+from llm_planner.core.fileio import dump_yaml, read_document
 from llm_planner.core.gap import gap as gap_of
 from llm_planner.core.plan_paths import model_paths, plan_folder, relative_to_plan, resolve_from_plan
 from llm_planner.core.plan_read import MISSING, Fields, check_finite_tree
@@ -227,7 +225,7 @@ def save_plan(plan: Plan, path: str | Path) -> None:
     if path.suffix == ".json":
         text = json.dumps(data, indent=1, allow_nan=False) + "\n"
     else:
-        text = yaml.safe_dump(data, sort_keys=False, width=120)
+        text = dump_yaml(data)
     write_atomic(path, text, PlanError)
 
 

@@ -65,11 +65,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 from scipy.optimize import nnls
 
 from llm_planner.core.atomic import write_atomic
-from llm_planner.core.fileio import read_bytes, read_document
+from llm_planner.core.fileio import dump_yaml, read_bytes, read_document
 from llm_planner.cost.measured import LinkTiming, Profile, TaskTiming
 
 PROFILE_FORMAT = "llm_planner.cost.profile"
@@ -180,7 +179,7 @@ def save_profile(profile: Profile, path: str | Path) -> None:
 
     write_atomic(
         path,
-        yaml.safe_dump(profile_to_dict(profile), sort_keys=False, width=160, default_flow_style=None),
+        dump_yaml(profile_to_dict(profile), width=160, flow=None),
         ProfileError,
     )
 

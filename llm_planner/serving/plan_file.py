@@ -13,10 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from llm_planner.core.atomic import write_atomic
-from llm_planner.core.fileio import read_bytes, read_document, read_text
+from llm_planner.core.fileio import dump_yaml, read_bytes, read_document, read_text
 from llm_planner.graph.hf_config import config_file_of
 from llm_planner.serving.plan_fields import SERVING_FORMAT, SERVING_VERSION, read_plan_fields, upgrade
 
@@ -59,7 +57,7 @@ class ServingPlanFile:
 
 
 def save_serving_plan(data: dict[str, Any], path: str | Path) -> None:
-    write_atomic(path, yaml.safe_dump(data, sort_keys=False, width=160), ServingPlanError)
+    write_atomic(path, dump_yaml(data, width=160), ServingPlanError)
 
 
 def is_serving_plan(path: str | Path) -> bool:
