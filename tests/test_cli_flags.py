@@ -84,7 +84,7 @@ def test_a_weight_format_no_serving_kind_runs_is_refused_naming_the_flag_and_kin
         "--weights fp8",
         "'t4'",
         "t4.yaml",
-        "peak_flops give no fp8, and fp8 weight-only kernels (FP8 Marlin) need compute capability 8.0",
+        "peak_flops give no fp8, and fp8 weight-only kernels (FP8 Marlin) run on GPUs of compute capability 8.0",
     )
 
 
