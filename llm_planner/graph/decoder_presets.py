@@ -61,26 +61,19 @@ def _llama(
     )
 
 
-def _qwen3(name: str, layers: int, hidden: int, heads: int, inner: int, tie: bool) -> DecoderConfig:
-    return DecoderConfig(
-        name=name,
-        model_type="llama",
-        hf_model_type="qwen3",
-        num_layers=layers,
-        hidden_size=hidden,
-        num_heads=heads,
-        num_kv_heads=8,
-        head_dim=128,
-        intermediate_size=inner,
-        vocab_size=151936,
-        max_positions=40960,
-        tie_word_embeddings=tie,
-        norm_eps=1e-6,
-        rope_theta=1e6,
-    )
-
-
-def _moe(name: str, hf_type: str, layers: int, hidden: int, heads: int, kv_heads: int, **kw: Any) -> DecoderConfig:
+def _typed(
+    name: str,
+    hf_type: str,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    *,
+    rope_theta: float = 1e6,
+    tie_word_embeddings: bool = False,
+    **kw: Any,
+) -> DecoderConfig:
+    """A llama-layout preset of transformers model_type `hf_type` (Qwen, Phi, the MoE types)."""
     return DecoderConfig(
         name=name,
         model_type="llama",
@@ -89,9 +82,26 @@ def _moe(name: str, hf_type: str, layers: int, hidden: int, heads: int, kv_heads
         hidden_size=hidden,
         num_heads=heads,
         num_kv_heads=kv_heads,
-        tie_word_embeddings=False,
-        rope_theta=1e6,
+        tie_word_embeddings=tie_word_embeddings,
+        rope_theta=rope_theta,
         **kw,
+    )
+
+
+def _qwen3(name: str, layers: int, hidden: int, heads: int, inner: int, tie: bool) -> DecoderConfig:
+    return _typed(
+        name,
+        "qwen3",
+        layers,
+        hidden,
+        heads,
+        8,
+        head_dim=128,
+        intermediate_size=inner,
+        vocab_size=151936,
+        max_positions=40960,
+        tie_word_embeddings=tie,
+        norm_eps=1e-6,
     )
 
 
@@ -139,18 +149,16 @@ _PRESETS: dict[str, DecoderConfig] = {
         _qwen3("qwen3-32b", 64, 5120, 64, 25600, False),
         # Phi-4: the public config.json of microsoft/phi-4 (model_type phi3: 40 KV heads of 10, vocab
         # 100352, context 16384); 14.7B parameters (its model card).
-        DecoderConfig(
-            name="phi-4",
-            model_type="llama",
-            hf_model_type="phi3",
-            num_layers=40,
-            hidden_size=5120,
-            num_heads=40,
-            num_kv_heads=10,
+        _typed(
+            "phi-4",
+            "phi3",
+            40,
+            5120,
+            40,
+            10,
             intermediate_size=17920,
             vocab_size=100352,
             max_positions=16384,
-            tie_word_embeddings=False,
             norm_eps=1e-5,
             rope_theta=250000.0,
         ),
@@ -169,7 +177,7 @@ _PRESETS: dict[str, DecoderConfig] = {
         # "Mixtral of experts", 2024), Qwen/Qwen3-30B-A3B (128 experts of 768, top-8; 30.5B, 3.3B
         # active: its model card) and Qwen/Qwen1.5-MoE-A2.7B (60 experts of 1408, top-4, a shared
         # expert of 5632; 14.3B, 2.7B active: its model card).
-        _moe(
+        _typed(
             "mixtral-8x7b",
             "mixtral",
             32,
@@ -184,7 +192,7 @@ _PRESETS: dict[str, DecoderConfig] = {
             experts_per_token=2,
             moe_intermediate_size=14336,
         ),
-        _moe(
+        _typed(
             "qwen3-30b-a3b",
             "qwen3_moe",
             48,
@@ -201,7 +209,7 @@ _PRESETS: dict[str, DecoderConfig] = {
             moe_intermediate_size=768,
             norm_topk_prob=True,
         ),
-        _moe(
+        _typed(
             "qwen1.5-moe-a2.7b",
             "qwen2_moe",
             24,
