@@ -82,8 +82,7 @@ class ServingContext:
         if not classes:
             raise WorkloadError(f"cluster {cluster.name!r} has no accelerator to serve on (CPUs only with --allow-cpu)")
         # kinds that cannot run the precision serve no stage; why, by kind (named when nothing serves)
-        self.left_out: dict[str, str] = {}
-        self.classes: tuple[ServerClass, ...] = _able(cluster, classes, self.precision, self.left_out)
+        self.classes, self.left_out = _able(cluster, classes, self.precision)
         self.by_name = {c.name: c for c in self.classes}
         self.cache = CostCache(self.tasks, self.classes, profile)
         self.links: ClassLinks = class_links(cluster, self.classes)
@@ -129,11 +128,11 @@ def _left_out_text(precision: Precision, left_out: dict[str, str]) -> str:
 
 
 def _able(
-    cluster: ClusterSpec, classes: tuple[ServerClass, ...], precision: Precision, left_out: dict[str, str]
-) -> tuple[ServerClass, ...]:
-    """The classes whose kind runs `precision` (llm_planner.core.precision.runs_on): a kind that
-    cannot is never given a stage, and `left_out` gets its reason; WorkloadError naming the
-    precision and every kind's reason when no kind can."""
+    cluster: ClusterSpec, classes: tuple[ServerClass, ...], precision: Precision
+) -> tuple[tuple[ServerClass, ...], dict[str, str]]:
+    """(the classes whose kind runs `precision` (llm_planner.core.precision.runs_on), the reason of
+    each kind that cannot: it is never given a stage); WorkloadError naming the precision and every
+    kind's reason when no kind can."""
     why = {kind.name: runs_on(precision, kind.type, kind.peak_dtypes) for kind in (sc.kind for sc in classes)}
     able = tuple(sc for sc in classes if why[sc.kind.name] is None)
     if not able:
@@ -141,11 +140,10 @@ def _able(
         raise WorkloadError(
             f"{_flags(precision)}: no device kind of {cluster.source} that may serve runs it ({reasons})"
         )
-    for name, reason in why.items():
-        if reason is not None:
-            left_out[name] = reason
-            log.info("device kind %r serves no stage of this plan: %s (%s)", name, reason, precision.describe())
-    return able
+    left_out = {name: reason for name, reason in why.items() if reason is not None}
+    for name, reason in left_out.items():
+        log.info("device kind %r serves no stage of this plan: %s (%s)", name, reason, precision.describe())
+    return able, left_out
 
 
 def _flags(p: Precision) -> str:
