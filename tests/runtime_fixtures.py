@@ -31,42 +31,32 @@ def tiny_gpt2(**overrides):
     return GPT2Config(**{**kw, **overrides})
 
 
+# the small llama-family decoder both dense fixtures below share (tiny_qwen3 changes its heads)
+_TINY_LLAMA = dict(
+    num_hidden_layers=5,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    max_position_embeddings=64,
+    initializer_range=0.2,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
 def tiny_llama(**overrides):
     from transformers import LlamaConfig
 
-    kw = dict(
-        num_hidden_layers=5,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        max_position_embeddings=64,
-        initializer_range=0.2,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    return LlamaConfig(**{**kw, **overrides})
+    return LlamaConfig(**{**_TINY_LLAMA, **overrides})
 
 
 def tiny_qwen3(**overrides):
     """Llama's layout with q and k norms on 24-wide heads (heads x head_dim = 96, not the hidden 64)."""
     from transformers import Qwen3Config
 
-    kw = dict(
-        num_hidden_layers=4,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=24,
-        vocab_size=128,
-        max_position_embeddings=64,
-        initializer_range=0.2,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    return Qwen3Config(**{**kw, **overrides})
+    return Qwen3Config(**{**_TINY_LLAMA, "num_hidden_layers": 4, "head_dim": 24, **overrides})
 
 
 def save_config(config, directory: Path) -> Path:

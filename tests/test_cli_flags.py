@@ -10,6 +10,7 @@ import argparse
 import pytest
 from conftest import SPECS
 from serving_fixtures import write_fleet
+from test_precision import T4_SERVER
 
 from llm_planner.cli import flags
 from llm_planner.cli.main import _build_parser, main
@@ -73,10 +74,7 @@ def test_a_weight_format_no_serving_kind_runs_is_refused_naming_the_flag_and_kin
     # a T4 (catalog entry t4, Turing) has no fp8 tensor cores, nor the compute capability 8.0 that
     # FP8 Marlin's weight-only kernels need (an A100 runs fp8 weights that way; the RTX 4090 natively)
     spec = tmp_path / "t4.yaml"
-    spec.write_text(
-        "name: t4-box\ndevice_kinds:\n  - {name: t4, catalog: t4}\nnodes:\n  - {name: box, devices: {t4: 4}}\n"
-        "links:\n  intra_node_default: {bw_bytes_per_s: 16 GB/s, latency_s: 10 us}\n"
-    )
+    spec.write_text(T4_SERVER)
     serving = [a if a != WORKSTATION else str(spec) for a in SERVING]
     refused(
         [*serving, *SHAPE, "--tpot-slo", "50 ms", "--weights", "fp8", "-o", str(tmp_path / "p.yaml")],
