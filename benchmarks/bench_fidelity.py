@@ -54,6 +54,7 @@ PRESETS = {
     "meta-llama/Meta-Llama-3-8B": "llama3-8b",
     "meta-llama/Meta-Llama-3-70B": "llama3-70b",
     "meta-llama/Llama-2-70b-hf": "llama2-70b",
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b",
 }
 PROJECTIONS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 OP_COLUMNS = ["gpu", "model", "tp", "linear ratio by tokens (1, 8, 32, 64, 128, 256, 512, 1024, 2048)"]
@@ -80,6 +81,9 @@ COLUMNS = [
     "ttft measured",
     "ttft model",
     "ttft ratio",
+    "e2e measured",
+    "e2e model",
+    "e2e ratio",
 ]
 
 
@@ -135,6 +139,8 @@ def score(row: dict, servers: dict, tmp: Path) -> dict:
     model = ctx.replica((Segment(ctx.classes[0].name, tp, 1),))
     if _open_loop(row):
         return open_loop_score(model, ctx.config.num_layers, float(row["request_rate"]), output)
+    if row.get("run") == "fixed_batch":
+        return fixed_batch_score(model, ctx.config.num_layers, row["concurrency"], prompt, output)
     return _at(model, ctx.config.num_layers, row["concurrency"])
 
 
@@ -145,6 +151,32 @@ def _at(model, num_layers: int, c: int) -> dict:
         "tpot_s": ev.tpot_s,
         "tokens_per_s": ev.tokens_per_s,
         "ttft_s": ev.ttft_s,
+        "fits": split is not None,
+        "concurrency": c,
+    }
+
+
+def fixed_batch_score(model, num_layers: int, c: int, prompt: int, output: int) -> dict:
+    """A batch of c prompts submitted at once, nothing after them, every sequence generating
+    `output` tokens: the prompts in as few iterations as the token budget allows (all in one when
+    prefill is not chunked), which yield the first tokens, then output - 1 decode steps of the c
+    sequences at the mean context. Its end-to-end time is what the source measured."""
+    split = model.split_layers(c, 1)
+    layers = split or (num_layers,)
+    tokens = c * prompt
+    budget = model.tasks.token_budget if model.tasks.chunked_prefill else tokens
+    iterations = -(-tokens // budget)
+    stages = [
+        model.slots[s].costs.stage_load_s(0, tokens / iterations, n, *model.ends[s]) for s, n in enumerate(layers)
+    ]
+    prefill = iterations * (sum(stages) + model.handoffs_s(c))
+    step = model.decode_step_s(layers, c, 1)
+    e2e = prefill + (output - 1) * step
+    return {
+        "tpot_s": step,
+        "tokens_per_s": None,
+        "ttft_s": prefill,
+        "e2e_s": e2e,
         "fits": split is not None,
         "concurrency": c,
     }
@@ -183,11 +215,12 @@ def ms(x) -> str:
 
 
 def table_row(row: dict, got: dict) -> dict:
-    closed = str(row["id"]).startswith("lambda-p10")
+    closed = str(row["id"]).startswith("lambda-p10") or row.get("run") == "fixed_batch"
     if not got["fits"]:  # the engine cannot hold them all: it runs fewer and queues the rest
         return {**_row_head(row, got), **{c: "over memory" for c in COLUMNS[7:] if "ratio" in c}}
     return {
         **_row_head(row, got),
+        "e2e ratio": ratio(got["e2e_s"], row.get("e2e_s")) if got.get("e2e_s") else "-",
         "tpot ratio": ratio(got["tpot_s"], row.get("tpot_s") or row.get("itl_s")),
         "tok/s ratio": "-"
         if closed or got["tokens_per_s"] is None
@@ -201,7 +234,7 @@ def _ttft_mark(row: dict, closed: bool) -> str:
     admitting prompts only every n steps (vLLM's multi-step scheduling, gone in V1), a wait the
     model does not have."""
     if closed:
-        return " (closed batch)"
+        return " (closed batch)" if row.get("ttft_s") else ""
     steps = row.get("num_scheduler_steps") or 1
     return f" (multi-step {steps})" if steps > 1 and row.get("ttft_s") else ""
 
@@ -220,13 +253,15 @@ def _row_head(row: dict, got: dict) -> dict:
         "tok/s model": f"{got['tokens_per_s']:,.0f}" if got["tokens_per_s"] else "-",
         "ttft measured": ms(row.get("ttft_s")),
         "ttft model": ms(got["ttft_s"]),
+        "e2e measured": ms(row.get("e2e_s")),
+        "e2e model": ms(got.get("e2e_s")),
     }
 
 
 def summary(rows: list[dict]) -> list[str]:
     out = []
     for use in ("calibration", "held_out"):
-        for key in ("tpot ratio", "tok/s ratio", "ttft ratio"):
+        for key in ("tpot ratio", "tok/s ratio", "ttft ratio", "e2e ratio"):
             values = [float(r[key]) for r in rows if r["use"] == use and _scored(r[key])]
             if values:
                 out.append(
