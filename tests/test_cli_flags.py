@@ -215,3 +215,44 @@ def test_a_plan_file_target_out_of_range_is_refused_naming_the_field(tmp_path, c
     assert "tpot_slo_s: 0.01\n" in plan.read_text()
     plan.write_text(plan.read_text().replace("tpot_slo_s: 0.01\n", "tpot_slo_s: 1000000.0\n", 1))
     refused(["verify", str(plan)], capsys, "p.yaml: workload.tpot_slo_s: 1000000.0 is outside 1 ms to 10 s")
+
+
+MIXED_FP8 = """
+name: a100-and-4090
+device_kinds:
+  - {name: a100, catalog: a100-sxm-40g}
+  - {name: rtx4090, catalog: rtx-4090}
+nodes:
+  - {name: dgx, devices: {a100: 2}}
+  - {name: ws, devices: {rtx4090: 1}}
+links:
+  intra_node_default: {bw_bytes_per_s: 300 GB/s, latency_s: 2 us}
+  inter_node: {bw_bytes_per_s: 25 GB/s, latency_s: 5 us}
+"""
+
+
+def test_fp8_kernels_text_names_the_kinds_that_run_fp8_weights_weight_only(tmp_path):
+    from llm_planner.cli.serving import fp8_kernels_text
+    from llm_planner.core.spec import load_cluster
+
+    spec = tmp_path / "mixed.yaml"
+    spec.write_text(MIXED_FP8)
+    cluster = load_cluster(spec)
+    data = {
+        "model": {"precision": {"weights": "fp8", "activations": "bf16", "kv_cache": "bf16"}},
+        "serving": {"replicas": [{"devices": [[["dgx/a100:0", "dgx/a100:1"], ["ws/rtx4090:0"]]]}]},
+    }
+    assert fp8_kernels_text(data, cluster) == (
+        "fp8 weights run weight-only (W8A16, vLLM's FP8 Marlin; no fp8 tensor cores) on a100; at fp8 (W8A8) on rtx4090"
+    )
+    data["model"]["precision"]["weights"] = "bf16"
+    assert fp8_kernels_text(data, cluster) is None
+
+
+def test_show_of_an_fp8_plan_says_how_its_kinds_run_the_weights(tmp_path, capsys):
+    out = tmp_path / "fp8.yaml"
+    argv = [*SERVING, *SHAPE, "--tpot-slo", "50 ms", "--weights", "fp8", "-o", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["show", str(out)]) == 0
+    assert "fp8 weights run at fp8 (W8A8) on rtx4090" in " ".join(capsys.readouterr().out.split())

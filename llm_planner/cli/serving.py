@@ -12,7 +12,8 @@ from llm_planner.cli.arg_types import imbalance, positive, tokens
 from llm_planner.cli.commands import UserError, progress, refuse_rejected
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
-from llm_planner.core.precision import KV_FORMATS
+from llm_planner.core.precision import KV_FORMATS, fp8_weight_only, precision_from_dict
+from llm_planner.core.spec import ClusterSpec, SpecError, load_cluster
 from llm_planner.core.timing import Stopwatch, fmt_elapsed, timing_text
 from llm_planner.serving.api import plan_serving_among
 from llm_planner.serving.context import ServingOptions
@@ -182,7 +183,7 @@ def cmd_plan_serving(args: argparse.Namespace, console: Console) -> int:
         )
     with watch.part("writing"):
         save_serving_plan(data, args.output)
-    print_serving(console, data, with_baselines=not args.no_baselines)
+    print_serving(console, data, with_baselines=not args.no_baselines, cluster=load_cluster(args.cluster))
     console.print(f"the command {timing_text(watch.total(), _command_parts(data, watch))}", highlight=False)
     console.print(styled("plan written to ", (str(args.output), "bold")))
     return 0
@@ -196,7 +197,7 @@ def _command_parts(data: dict, watch: Stopwatch) -> dict[str, float]:
     return parts | {"writing": watch.parts["writing"]}
 
 
-def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None:
+def print_serving(console: Console, data: dict, *, with_baselines: bool, cluster: ClusterSpec | None = None) -> None:
     wl, sv, model = data["workload"], data["serving"], data["model"]
     shape = (
         f"prompt {wl['requests'][0]['prompt_len']}, output {wl['requests'][0]['output_len']} tokens"
@@ -227,6 +228,27 @@ def print_serving(console: Console, data: dict, *, with_baselines: bool) -> None
         )
     if sv.get("unrestricted") is not None:
         console.print(compatibility_text(data), highlight=False)
+    note = fp8_kernels_text(data, cluster) if cluster is not None else None
+    if note:
+        console.print(note, highlight=False)
+
+
+def fp8_kernels_text(data: dict, cluster: ClusterSpec) -> str | None:
+    """Which of the plan's GPU kinds run its fp8 weights weight-only (W8A16, FP8 Marlin: no fp8
+    tensor cores) and which at fp8 (W8A8); None unless the weights are fp8."""
+    precision = precision_from_dict(data["model"]["precision"], "model.precision")
+    if precision.weights != "fp8":
+        return None
+    devices = cluster.device_map()
+    used = {devices[d].kind for r in data["serving"]["replicas"] for copy in r["devices"] for st in copy for d in st}
+    split = {True: [], False: []}
+    for name in sorted(used):
+        split[fp8_weight_only(precision, cluster.kind(name).peak_dtypes)].append(name)
+    parts = [f"weight-only (W8A16, vLLM's FP8 Marlin; no fp8 tensor cores) on {', '.join(split[True])}"] * bool(
+        split[True]
+    )
+    parts += [f"at fp8 (W8A8) on {', '.join(split[False])}"] * bool(split[False])
+    return "fp8 weights run " + "; ".join(parts)
 
 
 def _experts_text(data: dict) -> str:
@@ -362,9 +384,21 @@ def cmd_show_serving(args: argparse.Namespace, console: Console) -> int:
             exit_code=2,
         )
     plan = load_serving_plan(args.plan)
-    print_serving(console, plan.data, with_baselines=True)
+    print_serving(console, plan.data, with_baselines=True, cluster=_plan_cluster(plan))
     console.print(_stored_timing(plan.serving), highlight=False)
     return 0
+
+
+def _plan_cluster(plan) -> ClusterSpec | None:
+    """The plan's cluster spec for `show`'s notes on its kinds; None when it cannot be read or is
+    not the file the plan was made from (`show` prints the plan file alone then, and `verify` says
+    what is wrong with its inputs)."""
+    path = plan.input_path("cluster")
+    try:
+        cluster = load_cluster(path) if path else None
+    except (OSError, SpecError):
+        return None
+    return cluster if cluster is not None and cluster.sha256 == plan.data["inputs"].get("cluster_sha256") else None
 
 
 def _stored_timing(sv: dict) -> str:
