@@ -6,6 +6,7 @@ from pathlib import Path
 
 from llm_planner.core.spec import load_cluster
 from llm_planner.graph.decoder_presets import preset_config
+from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.workload import RequestShape, ServingWorkload
 
@@ -46,4 +47,38 @@ def context(
     cluster = load_cluster(write_fleet(tmp_path))
     return ServingContext(
         cluster, preset_config(model), workload(prompt, output, tpot_s), "fp16", ServingOptions(**options)
+    )
+
+
+def small_deepseek() -> DecoderConfig:
+    """A deepseek_v3 of 2.3B parameters (latent attention, 2 dense first layers of 16, 32 experts of
+    704, top-4, one shared) that the small fleet holds in several layouts."""
+    return DecoderConfig(
+        name="small-deepseek",
+        model_type="llama",
+        hf_model_type="deepseek_v3",
+        num_layers=16,
+        hidden_size=2048,
+        num_heads=16,
+        num_kv_heads=16,
+        head_dim=192,
+        intermediate_size=5632,
+        vocab_size=32000,
+        max_positions=4096,
+        tie_word_embeddings=False,
+        norm_eps=1e-6,
+        rope_theta=10000.0,
+        qkv_bias=False,
+        out_bias=False,
+        num_experts=32,
+        experts_per_token=4,
+        moe_intermediate_size=704,
+        shared_expert_size=704,
+        norm_topk_prob=True,
+        kv_lora_rank=256,
+        q_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        first_dense_layers=2,
     )

@@ -1,15 +1,24 @@
-"""DeepSeek-V3's layout read from its config: parameters exactly as transformers' DeepseekV3ForCausalLM
-holds them, the published totals, the MLA cache per token, and the refusal that states them."""
+"""DeepSeek-V3 (model_type deepseek_v3) planned as what it is: multi-head latent attention (MLA) and
+dense first layers before the MoE ones. Parameters exactly as transformers' DeepseekV3ForCausalLM
+holds them, the published totals, the latent KV cache (whole on every member of a tensor-parallel
+group), its kernels by hand, and serving plans whose first stage holds the dense layers."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import yaml
 
+from llm_planner.cost.iteration import Load, layer_kernels
+from llm_planner.cost.roofline import shard_of
 from llm_planner.graph import hf_config
-from llm_planner.graph.deepseek import deepseek_parameters, kv_values_per_token, read_deepseek
+from llm_planner.graph.decoder_graph import build_decoder_graph
+from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.graph.ir import GraphError
+from llm_planner.graph.transformer import count_active_parameters, count_parameters
+from llm_planner.serving.costs import build_serving_tasks
+from llm_planner.serving.workload import RequestShape, ServingWorkload
 
 TINY = dict(
     vocab_size=97,
@@ -33,8 +42,8 @@ TINY = dict(
 )
 
 
-def _shape(config):
-    return read_deepseek(hf_config._Reader(config.to_dict(), "test"))
+def _read(config):
+    return hf_config.config_from_dict(config.to_dict(), "test")
 
 
 def _hf_params(config, device: str) -> int:
@@ -47,14 +56,25 @@ def _hf_params(config, device: str) -> int:
 
 @pytest.mark.parametrize(
     "change",
-    [{}, {"q_lora_rank": None}, {"attention_bias": True}, {"tie_word_embeddings": True}, {"first_k_dense_replace": 0}],
-    ids=["tiny", "plain-q", "biases", "tied", "all-moe"],
+    [
+        {},
+        {"q_lora_rank": None},
+        {"attention_bias": True},
+        {"tie_word_embeddings": True},
+        {"first_k_dense_replace": 0},
+        {"first_k_dense_replace": 4},
+    ],
+    ids=["tiny", "plain-q", "biases", "tied", "all-moe", "all-dense"],
 )
 def test_tiny_configs_count_exactly_like_transformers(change):
     from transformers import DeepseekV3Config
 
     config = DeepseekV3Config(**{**TINY, **change})
-    assert deepseek_parameters(_shape(config))["total"] == _hf_params(config, "cpu")
+    cfg = _read(config)
+    assert count_parameters(cfg) == _hf_params(config, "cpu")
+    assert hf_config.to_hf_config(cfg).to_dict()["first_k_dense_replace"] == min(4, config.first_k_dense_replace)
+    graph = build_decoder_graph(cfg, phase="decode", seq_len=8, granularity="block", dtype="fp32")
+    assert sum(t.weight_bytes for t in graph.tasks) == 4 * (count_parameters(cfg) + 97 * 64 * cfg.tie_word_embeddings)
 
 
 def test_deepseek_v3_is_671b_with_37b_multiplied_per_token():
@@ -63,21 +83,122 @@ def test_deepseek_v3_is_671b_with_37b_multiplied_per_token():
     from transformers import DeepseekV3Config
 
     config = DeepseekV3Config()
-    got = deepseek_parameters(_shape(config))
-    assert got["total"] == _hf_params(config, "meta")
-    assert got["total"] == pytest.approx(671e9, rel=0.001)
-    assert got["active"] == pytest.approx(37e9, rel=0.015)  # 36.6B: the report's "37B" is rounded
-    assert kv_values_per_token(_shape(config)) == 61 * (512 + 64)  # the latent and the rope key per layer
+    cfg = _read(config)
+    assert count_parameters(cfg) == _hf_params(config, "meta")
+    assert count_parameters(cfg) == pytest.approx(671e9, rel=0.001)
+    # the report's 37B activated leaves the embedding (a lookup, 129,280 x 7,168) out
+    assert count_active_parameters(cfg) - 129280 * 7168 == pytest.approx(37e9, rel=0.015)
+    preset = preset_config("deepseek-v3")
+    assert count_parameters(preset) == count_parameters(cfg) and preset.first_dense_layers == 3
 
 
-def test_a_deepseek_config_is_refused_with_its_size_and_why(tmp_path):
+def test_the_mla_cache_is_the_latent_and_rope_key_whole_on_every_member():
+    cfg = preset_config("deepseek-v3")
+    graph = build_decoder_graph(cfg, phase="decode", seq_len=1000, granularity="block", dtype="bf16")
+    block = next(t for t in graph.tasks if t.name == "block.10")
+    assert block.mem_bytes_per_sample == 1000 * (512 + 64) * 2  # not 2 x 128 heads x 192
+    assert shard_of(block, 8).mem_bytes_per_sample == block.mem_bytes_per_sample
+    assert shard_of(block, 8).weight_bytes < block.weight_bytes / 7  # the weights do split (but q_a, kv_a)
+
+
+def test_mla_kernels_by_hand_on_a_tiny_config():
+    """One decode token reading 100 cached tokens, on one member of a pair, in fp16: attention FLOPs
+    and the latent's bytes as llm_planner.graph.mla states them."""
+    from kernel_fixtures import KIND, LINK
+    from transformers import DeepseekV3Config
+
+    cfg = _read(DeepseekV3Config(**TINY))
+    kernels = layer_kernels(cfg.moe_layer(), "fp16", KIND, 2, LINK)
+    by_name = {k.name: k for k in kernels.kernels}
+    decode, prefill = by_name["attn_decode"], by_name["attn_prefill"]
+    heads = 4 / 2
+    assert decode.flops[2] == 2 * heads * (2 * 16 + 8)  # absorbed QK over 16 + 8, AV over 16, per key
+    assert decode.bytes[2] == (16 + 8) * 2  # the latent read once for both heads
+    assert decode.bytes[1] == 2 * heads * (2 * 16 + 8)  # the absorbed query in, its latent output out
+    assert prefill.flops[4] == 2 * heads * (20 + 10)  # decompressed: QK over 12 + 8, AV over 10
+    memory = (2 * heads * 40 + 100 * 48) / 1e12  # the kind streams 1 TB/s; the FLOPs are far below
+    assert kernels.kernel_s(decode, Load(decodes=1, decode_keys=100)) == pytest.approx(memory)
+
+
+def test_a_config_whose_dense_layers_cover_the_model_needs_no_experts(tmp_path):
     from transformers import DeepseekV3Config
 
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(DeepseekV3Config().to_dict()))
-    with pytest.raises(GraphError) as info:
-        hf_config.load_config_file(path)
-    message = str(info.value)
-    for part in (str(path), "'deepseek_v3' (671.0B parameters, 36.6B active per token", "35,136 values per token"):
-        assert part in message, message
-    assert "first_k_dense_replace" in message and "not planned" in message
+    path.write_text(json.dumps(DeepseekV3Config(**{**TINY, "first_k_dense_replace": 4}).to_dict()))
+    cfg = hf_config.load_config_file(path)
+    assert not cfg.is_moe and cfg.first_dense_layers == 0
+    with pytest.raises(GraphError, match="moe_layer_freq"):
+        data = DeepseekV3Config(**TINY).to_dict() | {"moe_layer_freq": 2}
+        hf_config.config_from_dict(data, "x.json")
+
+
+def test_serving_tasks_split_the_moe_layers_and_keep_the_dense_ones_apart():
+    cfg = preset_config("deepseek-v3")
+    wl = ServingWorkload(requests=(RequestShape(prompt_len=1000, output_len=1000),), tpot_slo_s=0.1)
+    tasks = build_serving_tasks(cfg, wl, "bf16")
+    assert tasks.num_layers == 58 and tasks.dense_layers == 3
+    assert tasks.tasks["dense"].weight_bytes < tasks.tasks["block"].weight_bytes / 10  # 0.6B against 11.9B
+    assert tasks.tasks["dense"].mem_bytes_per_sample == tasks.tasks["block"].mem_bytes_per_sample
+
+
+def test_the_first_stage_holds_the_dense_layers_in_time_and_memory(tmp_path):
+    """A replica of two stages of the small DeepSeek: the first stage's iteration and memory are the
+    second's (same layers) plus its embedding and its two dense layers, each by its own kernels."""
+    from serving_fixtures import small_deepseek, workload, write_fleet
+
+    from llm_planner.core.spec import load_cluster
+    from llm_planner.serving.context import ServingContext, ServingOptions
+    from llm_planner.serving.layout import Segment
+
+    cfg = small_deepseek()
+    ctx = ServingContext(load_cluster(write_fleet(tmp_path)), cfg, workload(256, 128, 0.05), "fp16", ServingOptions())
+    big = next(c for c in ctx.classes if c.name.endswith("big"))
+    costs = ctx.cache.get(big.name, 1)
+    first = costs.stage_s(8, 7, True, False) - costs.stage_s(8, 7, False, False)
+    assert first == pytest.approx(costs.part_s("embed", 8) + 2 * float(costs.dense_time(8)))
+    dense_bytes = costs.mem_bytes(layers=7, first=True, last=False, concurrency=8, micro_batch=8) - costs.mem_bytes(
+        layers=7, first=False, last=False, concurrency=8, micro_batch=8
+    )
+    held = costs.weight_bytes["embed"] + 2 * (costs.weight_bytes["dense"] + 8 * costs.kv_bytes_per_seq)
+    assert dense_bytes == pytest.approx(held, rel=1e-9, abs=costs.workspace_bytes_per_seq["dense"] * 8)
+    model = ctx.replica((Segment(big.name, 1, 2),))
+    assert sum(model.split_layers(8, 1)) == 14  # the stages split the 14 MoE layers
+
+
+def test_deepseek_v3_plans_verifies_and_exports_with_its_dense_layers_first(tmp_path, capsys):
+    from pathlib import Path
+
+    from llm_planner.cli.main import main
+
+    spec = Path(__file__).resolve().parents[1] / "cluster_specs" / "h200-2x8.yaml"
+    out = tmp_path / "ds.yaml"
+    argv = ["plan", "--objective", "serving", "--cluster", str(spec), "--model", "deepseek-v3", "--weights", "fp8"]
+    argv += ["--kv-cache-dtype", "fp8", "--prompt-len", "1000", "--output-len", "1000", "--tpot-slo", "100 ms"]
+    assert main([*argv, "-o", str(out)]) == 0, capsys.readouterr().err
+    plan = yaml.safe_load(out.read_text())
+    assert plan["model"]["num_layers"] == 58 and plan["model"]["dense_layers"] == 3
+    assert all(sum(r["layers"]) == 58 for r in plan["serving"]["replicas"])
+    assert main(["verify", str(out)]) == 0, capsys.readouterr().out
+    script = tmp_path / "serve.sh"
+    assert main(["export", str(out), "--to", "vllm", "-o", str(script)]) == 0, capsys.readouterr().err
+    replica = plan["serving"]["replicas"][0]
+    if len(replica["layers"]) > 1:  # vLLM counts the dense layers in the first stage
+        engine = [replica["layers"][0] + 3, *replica["layers"][1:]]
+        assert f"VLLM_PP_LAYER_PARTITION={','.join(map(str, engine))}" in script.read_text()
+
+
+def test_launch_refuses_a_deepseek_plan_naming_the_model_type(tmp_path, capsys):
+    from serving_fixtures import small_deepseek, write_fleet
+
+    from llm_planner.cli.main import main
+
+    folder = tmp_path / "small-deepseek"
+    hf_config.to_hf_config(small_deepseek()).save_pretrained(folder)
+    out = tmp_path / "plan.yaml"
+    argv = ["plan", "--objective", "serving", "--cluster", str(write_fleet(tmp_path)), "--model", str(folder)]
+    argv += ["--prompt-len", "256", "--output-len", "128", "--tpot-slo", "50 ms", "--no-baselines", "-o", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["launch", str(out), "--dry-run"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "model type 'deepseek_v3'" in err and "Traceback" not in err, err

@@ -10,11 +10,12 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from serving_fixtures import context, workload, write_fleet
+from serving_fixtures import context, small_deepseek, workload, write_fleet
 
 from llm_planner.cli.main import main
 from llm_planner.core.spec import load_cluster
 from llm_planner.graph.decoder_presets import preset_config
+from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.baselines import class_patterns, engineer_best, even_split, megatron
 from llm_planner.serving.bound import concurrency_level_bound, device_rate_bound, tokens_upper_bound
 from llm_planner.serving.bound_batches import batch_level_bound
@@ -280,24 +281,27 @@ def test_cpu_stages_only_when_allowed(tmp_path):
     assert cpus and all(c.degrees == (1,) for c in cpus)
 
 
-@pytest.fixture(scope="module", params=["mixed", "four-gpus", "moe"])
+@pytest.fixture(scope="module", params=["mixed", "four-gpus", "moe", "deepseek"])
 def bound_ctx(request, tmp_path_factory):
     """Two fleets and the bound on each: classes mixed, and the example four-GPU server where the
     bound is within a few percent of the best plan (a bound cut too low fails there)."""
-    if request.param in ("mixed", "moe"):
+    if request.param in ("mixed", "moe", "deepseek"):
         cluster = load_cluster(write_fleet(tmp_path_factory.mktemp("bound")))
     else:
         cluster = load_cluster(str(Path(__file__).resolve().parents[1] / "cluster_specs" / "four-gpus.yaml"))
     # GPT-2 XL at 10 ms on the mixed fleet: the cell bound is the least of the bounds and the search's
     # plan within 6% of it; as with LLaMA-2 13B at 30 ms, the drawn fleets fail a cell bound scaled by
     # 0.82 (not one by 0.88), and the cell bound takes 6 s of one core instead of 40; a mixture of
-    # experts: its layer time concave in the tokens' experts (the bounds read a lower bound)
+    # experts: its layer time concave in the tokens' experts (the bounds read a lower bound); DeepSeek's
+    # latent attention and dense first layers, which the first stage holds besides its share
     model, tpot_s = {
         "mixed": ("gpt2-xl", 0.01),
         "four-gpus": ("llama3-8b", 0.03),
         "moe": ("qwen1.5-moe-a2.7b", 0.03),
+        "deepseek": (small_deepseek(), 0.03),
     }[request.param]
-    ctx = ServingContext(cluster, preset_config(model), workload(256, 128, tpot_s), "fp16", ServingOptions())
+    config = model if isinstance(model, DecoderConfig) else preset_config(model)
+    ctx = ServingContext(cluster, config, workload(256, 128, tpot_s), "fp16", ServingOptions())
     # each of the three bounds on its own (tokens_upper_bound is their least, with a cell bound whose
     # refinement may stop early, so at least the full one here)
     bounds = (

@@ -52,6 +52,7 @@ PUBLISHED = {
     "mixtral-8x7b": 46.7e9,  # mixture-of-experts totals: tests/test_moe_config.py
     "qwen3-30b-a3b": 30.5e9,
     "qwen1.5-moe-a2.7b": 14.3e9,
+    "deepseek-v3": 671e9,  # its technical report (tests/test_deepseek.py)
 }
 
 

@@ -128,16 +128,19 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
 
 
 def check_model_layers(plan) -> None:
-    """model.num_layers, which the export writes, is the layers of the model the plan names (its
-    config.json's hash checked first)."""
+    """model.num_layers and model.dense_layers, which the export writes, are the layers of the model
+    the plan names (its config.json's hash checked first)."""
     name = checked_model(plan)
     try:
-        layers = decoder_config(name).num_layers
+        config = decoder_config(name)
     except ValueError as exc:
         raise UserError(f"{plan.path}: model.name: {exc}", exit_code=2) from None
-    if layers != plan.data["model"]["num_layers"]:
+    model = plan.data["model"]
+    stated = model["num_layers"] + model.get("dense_layers", 0)  # the stages' layers and the dense first ones
+    if config.num_layers != stated:
         raise UserError(
-            f"{plan.path}: model.num_layers: {plan.data['model']['num_layers']}, but {name} has {layers} layers",
+            f"{plan.path}: model.num_layers: {model['num_layers']} (and dense_layers {model.get('dense_layers', 0)}), "
+            f"but {name} has {config.num_layers} layers ({config.first_dense_layers} of them dense first layers)",
             exit_code=2,
         )
 

@@ -257,9 +257,11 @@ def _experts_text(data: dict) -> str:
     if experts is None:
         return ""
     skew = data["options"].get("expert_imbalance", 1.0)
+    dense = data["model"].get("dense_layers", 0)
     return (
         f"; mixture of experts: {experts['num_experts']} experts, top-{experts['experts_per_token']}, "
         f"tensor-parallel, imbalance {skew:g}{' (uniform routing)' if skew == 1 else ''}"
+        + (f"; {dense} dense first layers, on the first stage" if dense else "")
     )
 
 
@@ -326,6 +328,7 @@ def replica_table(data: dict) -> Table:
         "memory / device",
     ):
         table.add_column(col)
+    dense = data["model"].get("dense_layers", 0)
     for rep in data["serving"]["replicas"]:
         stages = rep["devices"][0]
         for s, devs in enumerate(stages):
@@ -336,7 +339,7 @@ def replica_table(data: dict) -> Table:
                 str(rep["count"]) if head else "",
                 str(s),
                 dev,
-                str(rep["layers"][s]),
+                f"{rep['layers'][s]} + {dense} dense" if head and dense else str(rep["layers"][s]),
                 str(rep["concurrency"]) if head else "",
                 str(rep["micro_batches"]) if head else "",
                 fmt_s(rep["stage_s"][s]),

@@ -64,6 +64,7 @@ from llm_planner.core.precision import Precision, as_precision, linear_dtype
 from llm_planner.core.spec import DeviceKindSpec, LinkSpec
 from llm_planner.cost.moe_cost import check_imbalance, expert_sizes, moe_linear_sizes
 from llm_planner.cost.roofline import CostError, Piece
+from llm_planner.graph import mla
 from llm_planner.graph.moe import experts_touched
 from llm_planner.graph.transformer import DecoderConfig, matmul_parameters, norm_parameters
 
@@ -209,7 +210,8 @@ def _member_kernels(
         sizes = _sizes(p, kind)
     except KeyError as exc:
         raise CostError(f"device kind {kind.name!r} gives no peak_flops for dtype {exc.args[0]!r}") from None
-    split = {"attn": (config.num_heads, config.num_kv_heads), "mlp": _mlp_widths(config)}
+    heads = (config.num_heads,) if config.is_mla else (config.num_heads, config.num_kv_heads)
+    split = {"attn": heads, "mlp": _mlp_widths(config)}
     if k > 1 and (link is None or any(n % k for part in parts for n in split[part])):
         what = "layer" if parts == SUBLAYERS else f"{parts[0]} sublayer"
         raise CostError(f"a decoder {what} of {config.name} cannot run on a tensor-parallel group of {k}")
@@ -249,6 +251,10 @@ def _part_sizes(cfg: DecoderConfig, k: int, part: str) -> tuple[float, float, fl
     h, inner = cfg.hidden_size, cfg.intermediate_size
     a, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     norm, residual = 2 * h, 3 * h  # a norm reads and writes h; a residual add reads 2h, writes h
+    if part == "attn" and cfg.is_mla:  # latent attention (llm_planner.graph.mla)
+        io, elementwise = mla.member_traffic(cfg, k)
+        biases = mla.mla_attention_parameters(cfg)["other"] - cfg.q_lora_rank - cfg.kv_lora_rank
+        return mla.member_linear_parameters(cfg, k), biases, io, norm + residual + elementwise, norm_parameters(cfg)
     if part == "attn":  # projections qkv and o; rotary embedding of q and k
         rope = 2 * (a + kv) / k if not cfg.learned_positions else 0.0
         biases = (a + 2 * kv) * cfg.qkv_bias / k + h * cfg.out_bias
@@ -300,16 +306,7 @@ def _kernels(
             Kernel("experts", _vec(0, flops, 0, flops, 0), _vec(0, b * io, 0, b * io, 0), speed=speed, experts=experts)
         )
     if "attn" in parts:
-        out += [
-            Kernel(
-                "attn_decode", _vec(0, 0, 4 * a / k, 0, 0), _vec(0, b * (2 * a + 2 * kv) / k, 2 * kv * kvb / k, 0, 0)
-            ),
-            Kernel(
-                "attn_prefill",
-                _vec(0, 0, 0, 0, 4 * a / k),
-                _vec(0, 0, 0, (b * (2 * a + 2 * kv) + kvb * 2 * kv) / k, 0),
-            ),
-        ]
+        out += _mla_kernels(cfg, b, kvb, k) if cfg.is_mla else _attention_kernels(a, kv, b, kvb, k)
     out.append(
         Kernel("elementwise", _vec(0, 0, 0, 0, 0), _vec(b * norms, b * elementwise_io, 0, b * elementwise_io, 0))
     )
@@ -318,6 +315,34 @@ def _kernels(
         size = len(parts) * 2 * (k - 1) / k * h * b
         out.append(Kernel("all_reduce", _vec(fixed, 0, 0, 0, 0), _vec(0, size, 0, size, 0), collective=True))
     return tuple(out)
+
+
+def _attention_kernels(a: float, kv: float, b: float, kvb: float, k: int) -> list[Kernel]:
+    """Decode and prefill attention of a member of k (module docstring): a / k query and kv / k KV widths."""
+    return [
+        Kernel("attn_decode", _vec(0, 0, 4 * a / k, 0, 0), _vec(0, b * (2 * a + 2 * kv) / k, 2 * kv * kvb / k, 0, 0)),
+        Kernel(
+            "attn_prefill", _vec(0, 0, 0, 0, 4 * a / k), _vec(0, 0, 0, (b * (2 * a + 2 * kv) + kvb * 2 * kv) / k, 0)
+        ),
+    ]
+
+
+def _mla_kernels(cfg: DecoderConfig, b: float, kvb: float, k: int) -> list[Kernel]:
+    """Latent attention's decode (absorbed) and prefill kernels on a member of k (llm_planner.graph.mla):
+    the latent cache read whole per key, every member holding it."""
+    cache = mla.kv_elements_per_token(cfg)
+    return [
+        Kernel(
+            "attn_decode",
+            _vec(0, 0, mla.decode_flops_per_key(cfg, k), 0, 0),
+            _vec(0, b * mla.decode_io_per_token(cfg, k), cache * kvb, 0, 0),
+        ),
+        Kernel(
+            "attn_prefill",
+            _vec(0, 0, 0, 0, mla.prefill_flops_per_key(cfg, k)),
+            _vec(0, 0, 0, b * mla.prefill_io_per_token(cfg, k) + kvb * cache, 0),
+        ),
+    ]
 
 
 def layer_flops(config: DecoderConfig, dtype: str | Precision, load: Load, part: str | None = None) -> float:

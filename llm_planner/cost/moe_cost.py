@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llm_planner.graph.moe import moe_parameters
+from llm_planner.graph.moe import moe_parameters, shared_gate
 
 
 def moe_linear_sizes(cfg: Any, k: int) -> tuple[float, float, float]:
@@ -34,9 +34,9 @@ def moe_linear_sizes(cfg: Any, k: int) -> tuple[float, float, float]:
     token besides the norm and residual add) of the router and shared expert (module docstring)."""
     h, e, s, m = cfg.hidden_size, cfg.num_experts, cfg.shared_expert_size, cfg.moe_intermediate_size
     p = moe_parameters(cfg)
-    gate = h if s else 0  # the shared expert's sigmoid gate, replicated
+    gate = h if shared_gate(cfg) else 0  # the shared expert's sigmoid gate (qwen2_moe), replicated
     params = p["router"] + (p["shared"] - gate) / k + gate
-    io = (h + e) + ((h + 2 * s / k) + (s / k + h) + (h + 1) if s else 0.0)
+    io = (h + e) + ((h + 2 * s / k) + (s / k + h) + (h + 1) * bool(gate) if s else 0.0)
     elementwise = 2 * e + cfg.experts_per_token * 3 * m / k + 3 * s / k + (cfg.experts_per_token + 1) * h
     return params, io, elementwise
 

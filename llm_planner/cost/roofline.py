@@ -176,7 +176,7 @@ def group_task_time_pieces(
 
 def shard_of(task: Task, k: int) -> Task:
     """What one member of a group of k runs and holds: 1/k of the sharded FLOPs, weights, bytes
-    and per-sample memory (KV heads split too), the replicated parts whole."""
+    and per-sample memory (KV heads split too; MLA's latent cache replicated), the replicated parts whole."""
 
     def split(total: float, replicated: float) -> float:
         return (total - replicated) / k + replicated
@@ -186,12 +186,13 @@ def shard_of(task: Task, k: int) -> Task:
         flops_per_sample=task.flops_per_sample / k,
         weight_bytes=split(task.weight_bytes, task.tp_replicated_weight_bytes),
         bytes_per_sample=split(task.bytes_per_sample, task.tp_replicated_bytes_per_sample),
-        mem_bytes_per_sample=task.mem_bytes_per_sample / k,
+        mem_bytes_per_sample=split(task.mem_bytes_per_sample, task.tp_replicated_mem_bytes_per_sample),
         weight_bytes_indexed=split(task.weight_bytes_indexed, task.tp_replicated_indexed_bytes),
         tp_divides=(),
         tp_replicated_weight_bytes=0.0,
         tp_replicated_indexed_bytes=0.0,
         tp_replicated_bytes_per_sample=0.0,
+        tp_replicated_mem_bytes_per_sample=0.0,
     )
 
 

@@ -184,17 +184,21 @@ def build_engines(
     by_name = cluster.device_map()
     ordinals = gpu_ordinals(cluster)
     engines = []
+    dense = int(
+        model.get("dense_layers", 0)
+    )  # the first stage's dense first layers (DeepSeek's), in the engines' count
     for r, rep in enumerate(plan.replicas):
         label = f"{where}: replica {r} ({rep['pattern']})"  # the layout as the plan and `show` state it
+        rep = dict(rep, layers=[rep["layers"][0] + dense, *rep["layers"][1:]]) if rep["layers"] else rep
         engines += _replica_engines(
-            label, r, rep, int(model["num_layers"]), (framework, multinode), cluster, by_name, ordinals
+            label, r, rep, int(model["num_layers"]) + dense, (framework, multinode), cluster, by_name, ordinals
         )
     export = ServingExport(
         framework=framework,
         plan_path=where,
         model=_model_arg(model["name"]),
         dtype=dtype.dtype if dtype else model["dtype"],
-        num_layers=int(model["num_layers"]),
+        num_layers=int(model["num_layers"]) + dense,
         max_model_len=max(math.ceil(q["prompt_len"] + q["output_len"]) for q in plan.data["workload"]["requests"]),
         tpot_slo_s=float(plan.data["workload"]["tpot_slo_s"]),
         tokens_per_s=float(plan.serving["tokens_per_s"]),

@@ -2,9 +2,11 @@
 
 A decoder becomes a chain  embed -> block.0 .. block.{n-1} -> final_norm -> lm_head
 (granularity "block"), or with each block split into block.{i}.attn -> block.{i}.mlp
-(granularity "sublayer"). Costs per sequence (a "sample"), with L = seq_len, T tokens
-in flight (T = L for "prefill", T = 1 for "decode" with a context of L tokens), b bytes
-per element, a = nh * hd the attention width, kv = nkv * hd, C the keys a query sees:
+(granularity "sublayer"); the first `first_dense_layers` blocks (DeepSeek's) with a dense MLP,
+the rest with experts. Multi-head latent attention's costs are llm_planner.graph.mla's.
+Costs per sequence (a "sample"), with L = seq_len, T tokens in flight (T = L for "prefill",
+T = 1 for "decode" with a context of L tokens), b bytes per element, a = nh * hd the
+attention width, kv = nkv * hd, C the keys a query sees:
 
     flops_per_sample     = 2 * P_matmul * T  +  4 * a * sum(C) per layer
                            prefill: sum(C) = L (L + 1) / 2 (causal), decode: sum(C) = L
@@ -42,6 +44,15 @@ from typing import Any
 from llm_planner.core.constants import DTYPE_BYTES, GRANULARITIES, PHASES
 from llm_planner.graph.attention_window import check_window
 from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
+from llm_planner.graph.mla import (
+    decode_flops_per_key,
+    decode_io_per_token,
+    kv_elements_per_token,
+    member_traffic,
+    prefill_flops_per_key,
+    prefill_io_per_token,
+)
+from llm_planner.graph.moe import shared_gate
 from llm_planner.graph.tp_layout import KINDS, task_layout, tp_fields
 from llm_planner.graph.transformer import DecoderConfig, count_parameters, matmul_parameters, part_parameters
 
@@ -54,18 +65,20 @@ def _traffic_per_token(cfg: DecoderConfig, decode: bool) -> dict[str, int]:
     norm, residual = 2 * h, 3 * h
     rope = 2 * (a + kv) if not cfg.learned_positions else 0  # rotate q and k
     core = 2 * a + 2 * kv  # prefill: read q, k, v, write o; decode: read q, write the new k, v to the cache, write o
+    attn = norm + (h + a + 2 * kv) + rope + core + (a + h) + residual + (2 * kv if not decode else 0)  # + cache write
     return {
         "embed": dw + (dw + h if dw != h else 0) + (2 * h if cfg.learned_positions else 0),  # gather, project_in, + pos
-        "attn": norm
-        + (h + a + 2 * kv)
-        + rope
-        + core
-        + (a + h)
-        + residual
-        + (2 * kv if not decode else 0),  # prefill: cache write
+        "attn": _mla_traffic(cfg, decode) if cfg.is_mla else attn,
         "mlp": norm + _mlp_traffic(cfg) + residual,
         "final_norm": norm * cfg.final_norm + (h + dw if dw != h else 0),
     }
+
+
+def _mla_traffic(cfg: DecoderConfig, decode: bool) -> float:
+    """Elements a token's latent attention reads and writes (llm_planner.graph.mla), one device."""
+    io, elementwise = member_traffic(cfg, 1)
+    core = decode_io_per_token(cfg, 1) if decode else prefill_io_per_token(cfg, 1) + kv_elements_per_token(cfg)
+    return 2 * cfg.hidden_size + io + elementwise + core + 3 * cfg.hidden_size  # norm, ..., residual
 
 
 def _mlp_traffic(cfg: DecoderConfig) -> float:
@@ -79,7 +92,7 @@ def _mlp_traffic(cfg: DecoderConfig) -> float:
 
     if not cfg.is_moe:
         return dense(cfg.intermediate_size)
-    shared = dense(cfg.shared_expert_size) + h + 1 if cfg.shared_expert_size else 0
+    shared = dense(cfg.shared_expert_size) + (h + 1) * shared_gate(cfg) if cfg.shared_expert_size else 0
     return (h + cfg.num_experts) + cfg.experts_per_token * dense(cfg.moe_intermediate_size) + shared
 
 
@@ -90,7 +103,11 @@ def _layer_costs(cfg: DecoderConfig, phase: str, seq_len: int, dtype_bytes: int)
     a, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     keys = seq_len if decode else seq_len * (seq_len + 1) // 2  # sum over queries of the keys each sees
     matmul, params, traffic = matmul_parameters(cfg), part_parameters(cfg), _traffic_per_token(cfg, decode)
-    kv_cache = 2 * kv * seq_len * dtype_bytes
+    kv_cache = (kv_elements_per_token(cfg) if cfg.is_mla else 2 * kv) * seq_len * dtype_bytes
+    if cfg.is_mla:
+        per_key = decode_flops_per_key(cfg, 1) if decode else prefill_flops_per_key(cfg, 1)
+    else:
+        per_key = 4.0 * a
     out = {}
     for part in ("embed", "attn", "mlp", "final_norm"):
         out[part] = {
@@ -100,7 +117,7 @@ def _layer_costs(cfg: DecoderConfig, phase: str, seq_len: int, dtype_bytes: int)
             "mem": 0.0,
         }
     out["embed"]["bytes"] += ID_BYTES * tokens
-    out["attn"]["flops"] += 4.0 * a * keys
+    out["attn"]["flops"] += per_key * keys
     out["attn"]["bytes"] += kv_cache if decode else 0.0
     out["attn"]["mem"] = float(kv_cache)
     dw = cfg.word_embed_dim  # lm_head: logits of the last position only
@@ -119,6 +136,8 @@ def _workspace_widths(cfg: DecoderConfig) -> dict[str, int]:
     """Elements per token alive at once at each part's widest point (its input, the widest
     intermediate and what is written from it; the attention core fused, so no L x L scores)."""
     h, a, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    if cfg.is_mla:  # the query and the keys and values decompressed for a prompt (the widest point)
+        a, kv = cfg.num_heads * cfg.head_dim, cfg.num_heads * (cfg.head_dim + cfg.v_head_dim) / 2
     inner = cfg.moe_intermediate_size * cfg.experts_per_token if cfg.is_moe else cfg.intermediate_size
     inner = max(inner, cfg.shared_expert_size)
     up = inner * (2 if cfg.gated_mlp else 1)
@@ -137,6 +156,7 @@ def _task(name: str, role: str, cost: dict[str, float], tp: dict[str, Any], laye
     for key, whole in (
         ("tp_replicated_weight_bytes", cost["weight"]),
         ("tp_replicated_bytes_per_sample", cost["bytes"]),
+        ("tp_replicated_mem_bytes_per_sample", cost["mem"]),
     ):
         if key in tp and tp[key] is None:  # replicated entirely
             tp[key] = whole
@@ -151,6 +171,14 @@ def _task(name: str, role: str, cost: dict[str, float], tp: dict[str, Any], laye
         labels=labels,
         **tp,
     )
+
+
+def _costs_and_layouts(cfg: DecoderConfig, phase: str, seq_len: int, b: int) -> tuple[dict, dict]:
+    """Each part's costs per sequence (_layer_costs) and tensor-parallel fields of a configuration
+    whose layers are alike (one of the dense first layers, or the rest)."""
+    tokens = 1 if phase == "decode" else seq_len
+    tp = {kind: tp_fields(task_layout(cfg, kind), tokens=tokens, dtype_bytes=b) for kind in KINDS}
+    return _layer_costs(cfg, phase, seq_len, b), tp
 
 
 def build_decoder_graph(config: DecoderConfig, *, phase: str, seq_len: int, granularity: str, dtype: str) -> TaskGraph:
@@ -169,11 +197,13 @@ def build_decoder_graph(config: DecoderConfig, *, phase: str, seq_len: int, gran
         )
     check_window(config, seq_len, f"seq_len {seq_len} tokens")
     b = DTYPE_BYTES[dtype]
-    c = _layer_costs(config, phase, seq_len, b)
     tokens = 1 if phase == "decode" else seq_len
-    tp = {kind: tp_fields(task_layout(config, kind), tokens=tokens, dtype_bytes=b) for kind in KINDS}
+    moe = _costs_and_layouts(config, phase, seq_len, b)
+    dense = _costs_and_layouts(config.dense_layer(), phase, seq_len, b) if config.first_dense_layers else moe
+    c, tp = moe
     tasks = [_task("embed", "embed", c["embed"], tp["embed"])]
     for i in range(config.num_layers):
+        c, tp = dense if i < config.first_dense_layers else moe
         if granularity == "block":
             block = {k: c["attn"][k] + c["mlp"][k] for k in c["attn"]}
             block["workspace"] = max(c["attn"]["workspace"], c["mlp"]["workspace"])  # one sublayer at a time
@@ -183,6 +213,7 @@ def build_decoder_graph(config: DecoderConfig, *, phase: str, seq_len: int, gran
                 _task(f"block.{i}.attn", "attn", c["attn"], tp["attn"], i),
                 _task(f"block.{i}.mlp", "mlp", c["mlp"], tp["mlp"], i),
             ]
+    c, tp = moe
     tasks += [
         _task("final_norm", "final_norm", c["final_norm"], tp["final_norm"]),
         _task("lm_head", "lm_head", c["lm_head"], tp["lm_head"]),

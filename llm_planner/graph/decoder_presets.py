@@ -225,6 +225,35 @@ _PRESETS: dict[str, DecoderConfig] = {
             moe_intermediate_size=1408,
             shared_expert_size=5632,
         ),
+        # DeepSeek-V3 (the public config.json of deepseek-ai/DeepSeek-V3: 61 layers, the first 3 dense,
+        # 256 routed experts of 2048, top-8, one shared; multi-head latent attention with a 512-wide KV
+        # latent and 1536-wide query latent; 671B parameters, 37B activated: DeepSeek-AI, "DeepSeek-V3
+        # technical report", 2024). Its checkpoint is fp8 (plan it with --weights fp8).
+        _typed(
+            "deepseek-v3",
+            "deepseek_v3",
+            61,
+            7168,
+            128,
+            128,
+            head_dim=192,
+            intermediate_size=18432,
+            vocab_size=129280,
+            max_positions=163840,
+            norm_eps=1e-6,
+            num_experts=256,
+            experts_per_token=8,
+            moe_intermediate_size=2048,
+            shared_expert_size=2048,
+            norm_topk_prob=True,
+            kv_lora_rank=512,
+            q_lora_rank=1536,
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=128,
+            v_head_dim=128,
+            first_dense_layers=3,
+            rope_theta=10000.0,
+        ),
     )
 }
 

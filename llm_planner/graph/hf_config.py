@@ -13,7 +13,6 @@ from llm_planner.core.fileio import parse_document, read_text
 from llm_planner.core.fmt import quote
 from llm_planner.graph.attention_window import hf_window_kwargs, window_fields
 from llm_planner.graph.decoder_presets import is_preset, preset_config
-from llm_planner.graph.deepseek import footprint_text, read_deepseek
 from llm_planner.graph.ir import GraphError
 from llm_planner.graph.moe import UNPLANNED, moe_fields, refuse_foreign_keys
 from llm_planner.graph.transformer import HF_MODEL_TYPES, DecoderConfig
@@ -50,8 +49,7 @@ def config_from_dict(data: Any, source: str, name: str | None = None) -> Decoder
     r = _Reader(data, source)
     hf_type = r.get("model_type", str)
     if hf_type in UNPLANNED:
-        size = f" ({footprint_text(read_deepseek(r))})" if hf_type == "deepseek_v3" else ""
-        raise GraphError(f"{source}: key 'model_type': {quote(hf_type)}{size} is not planned: {UNPLANNED[hf_type]}")
+        raise GraphError(f"{source}: key 'model_type': {quote(hf_type)} is not planned: {UNPLANNED[hf_type]}")
     if hf_type not in HF_MODEL_TYPES:
         raise GraphError(
             f"{source}: key 'model_type': unsupported {quote(hf_type)} (supported: {', '.join(HF_MODEL_TYPES)})"
@@ -117,6 +115,7 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
         "qwen2_moe": 16,
         "qwen3_moe": 4,
         "phi3": heads,
+        "deepseek_v3": heads,
     }[hf_type]  # the transformers class defaults (Qwen3Config's head_dim too: 128, where the others derive it)
     rope = _Reader(r.get("rope_parameters", dict, {}), f"{r.source}: rope_parameters")
     theta = rope.get("rope_theta", float, r.get("rope_theta", float, 10000.0))
@@ -139,7 +138,27 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
         kw.update(qkv_bias=bias, out_bias=bias)
     elif hf_type == "qwen2_moe":
         kw.update(qkv_bias=r.get("qkv_bias", bool, True))
+    elif hf_type == "deepseek_v3":
+        kw.update(_mla_fields(r))
     return {**kw, **moe_fields(r, hf_type), **window_fields(r, hf_type, r.get("num_hidden_layers", int))}
+
+
+def _mla_fields(r: _Reader) -> dict[str, Any]:
+    """deepseek_v3's latent attention (llm_planner.graph.mla), DeepseekV3Config's defaults where a key
+    is left out; q_lora_rank null: a plain q projection."""
+    rope, nope = r.get("qk_rope_head_dim", int, 64), r.get("qk_nope_head_dim", int, 128)
+    bias = r.get("attention_bias", bool, False)
+    q_rank = r.get("q_lora_rank", int, None) if "q_lora_rank" in r.data else 1536
+    return dict(
+        head_dim=rope + nope,
+        qk_rope_head_dim=rope,
+        qk_nope_head_dim=nope,
+        v_head_dim=r.get("v_head_dim", int, 128),
+        kv_lora_rank=r.get("kv_lora_rank", int, 512),
+        q_lora_rank=q_rank or 0,
+        qkv_bias=bias,
+        out_bias=bias,
+    )
 
 
 def named_config(name: str) -> DecoderConfig | None:
@@ -226,9 +245,9 @@ def to_hf_config(cfg: DecoderConfig) -> Any:
             "mixtral": transformers.MixtralConfig,
             "qwen2_moe": transformers.Qwen2MoeConfig,
             "qwen3_moe": transformers.Qwen3MoeConfig,
+            "deepseek_v3": transformers.DeepseekV3Config,
         }
-        extra = _hf_extra(cfg)
-        hf = classes[cfg.hf_model_type](
+        shared = dict(
             hidden_size=cfg.hidden_size,
             intermediate_size=cfg.intermediate_size,
             num_hidden_layers=cfg.num_layers,
@@ -239,10 +258,8 @@ def to_hf_config(cfg: DecoderConfig) -> Any:
             max_position_embeddings=cfg.max_positions,
             rms_norm_eps=cfg.norm_eps,
             rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-            **hf_window_kwargs(cfg),
-            **extra,
-            **common,
         )
+        hf = classes[cfg.hf_model_type](**shared | hf_window_kwargs(cfg) | _hf_extra(cfg) | common)
     back = from_hf_config(hf, name=cfg.name)
     diff = [f.name for f in dataclasses.fields(cfg) if getattr(back, f.name) != getattr(cfg, f.name)]
     assert not diff, f"to_hf_config lost fields {diff} of {cfg.name!r}"
@@ -269,4 +286,28 @@ def _hf_extra(cfg: DecoderConfig) -> dict[str, Any]:
         if cfg.hf_model_type == "qwen2_moe":
             return dict(shared_expert_intermediate_size=cfg.shared_expert_size, **moe)
         return dict(attention_bias=cfg.qkv_bias, **moe)
+    if cfg.hf_model_type == "deepseek_v3":
+        return _deepseek_extra(cfg)
     return {}
+
+
+def _deepseek_extra(cfg: DecoderConfig) -> dict[str, Any]:
+    """DeepseekV3Config's keyword arguments beyond the shared ones (its experts, latents, dense layers)."""
+    width = cfg.moe_intermediate_size or 1  # every layer dense: the experts' keys carry no weight
+    return dict(
+        attention_bias=cfg.qkv_bias,
+        n_routed_experts=cfg.num_experts or 1,
+        num_experts_per_tok=cfg.experts_per_token or 1,
+        moe_intermediate_size=width,
+        n_shared_experts=cfg.shared_expert_size // width,
+        norm_topk_prob=cfg.norm_topk_prob,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=cfg.first_dense_layers if cfg.is_moe else cfg.num_layers,
+        kv_lora_rank=cfg.kv_lora_rank,
+        q_lora_rank=cfg.q_lora_rank or None,
+        qk_rope_head_dim=cfg.qk_rope_head_dim,
+        qk_nope_head_dim=cfg.qk_nope_head_dim,
+        v_head_dim=cfg.v_head_dim,
+        head_dim=cfg.qk_rope_head_dim,
+    )

@@ -75,6 +75,9 @@ class Task:
     tp_replicated_weight_bytes: float = 0.0  # of weight_bytes: what every member holds whole (norms, biases)
     tp_replicated_indexed_bytes: float = 0.0  # of those, indexed tables (learned positions)
     tp_replicated_bytes_per_sample: float = 0.0  # of bytes_per_sample: what every member moves whole
+    tp_replicated_mem_bytes_per_sample: float = (
+        0.0  # of mem_bytes_per_sample: what every member holds whole (MLA's cache)
+    )
     tp_allreduces: int = 0  # all-reduces per call (each over the group's link, ring algorithm)
     tp_allreduce_bytes_per_sample: float = 0.0  # their payloads together
     tp_allgathers: int = 0  # all-gathers per call
@@ -212,6 +215,7 @@ _TASK_SIZES = (
     "tp_replicated_weight_bytes",
     "tp_replicated_indexed_bytes",
     "tp_replicated_bytes_per_sample",
+    "tp_replicated_mem_bytes_per_sample",
     "tp_allreduce_bytes_per_sample",
     "tp_allgather_bytes_per_sample",
 )
@@ -238,11 +242,12 @@ def _check_tensor_parallel(graph: str, t: Task) -> None:
     if (
         max(t.weight_bytes_indexed, t.tp_replicated_weight_bytes) > t.weight_bytes
         or t.tp_replicated_bytes_per_sample > t.bytes_per_sample
+        or t.tp_replicated_mem_bytes_per_sample > t.mem_bytes_per_sample
         or t.tp_replicated_indexed_bytes > min(t.weight_bytes_indexed, t.tp_replicated_weight_bytes)
     ):
         raise GraphError(
             f"{where}: indexed or replicated weights exceed the task's weights, replicated bytes its bytes, "
-            "or replicated indexed tables the indexed or the replicated weights"
+            "replicated memory its memory, or replicated indexed tables the indexed or the replicated weights"
         )
     if t.tp_divides and t.time_s_by_kind:
         raise GraphError(

@@ -37,13 +37,13 @@ from typing import Any
 
 from llm_planner.graph.ir import GraphError
 
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+# model_types whose shared expert's output is scaled by a sigmoid gate, Linear(h, 1)
+GATED_SHARED = ("qwen2_moe",)
 # model_types people serve whose layout the planner does not model yet: why, naming the key
 UNPLANNED = {
-    "deepseek_v2": "MLA attention (kv_lora_rank: a compressed KV cache) and dense layers before the "
-    "MoE ones (first_k_dense_replace) are not modelled yet",
-    "deepseek_v3": "MLA attention (kv_lora_rank: a compressed KV cache) and dense layers before the "
-    'MoE ones (first_k_dense_replace) are not modelled yet (docs/serving.md, "Layers that differ")',
+    "deepseek_v2": "its routing and attention differ from deepseek_v3's in ways not modelled yet "
+    "(a deepseek_v3 config is planned)",
     "gpt_oss": "attention sinks, alternating sliding windows and biased experts are not modelled yet",
     "llama4": "interleaved dense and MoE layers and chunked attention are not modelled yet",
 }
@@ -64,6 +64,7 @@ _DEFAULTS = {
     "mixtral": dict(num_experts=8, experts_per_token=2),
     "qwen2_moe": dict(num_experts=60, experts_per_token=4, moe_intermediate_size=1408, shared_expert_size=5632),
     "qwen3_moe": dict(num_experts=128, experts_per_token=8, moe_intermediate_size=768),
+    "deepseek_v3": dict(num_experts=256, experts_per_token=8, moe_intermediate_size=2048, shared_experts=1),
 }
 
 
@@ -93,6 +94,8 @@ def moe_fields(r: Any, hf_type: str) -> dict[str, Any]:
             experts_per_token=r.get("num_experts_per_tok", int, d["experts_per_token"]),
             moe_intermediate_size=r.get("intermediate_size", int),
         )
+    if hf_type == "deepseek_v3":
+        return _deepseek_fields(r, d)
     step = r.get("decoder_sparse_step", int, 1)
     if step != 1:
         raise GraphError(
@@ -116,6 +119,31 @@ def moe_fields(r: Any, hf_type: str) -> dict[str, Any]:
     return out
 
 
+def _deepseek_fields(r: Any, d: dict[str, Any]) -> dict[str, Any]:
+    """deepseek_v3: n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts
+    shared experts of that width (one MLP n_shared wide, no gate), the first first_k_dense_replace
+    layers dense; its routing's groups and scaling change no cost."""
+    layers = r.get("num_hidden_layers", int)
+    dense = min(r.get("first_k_dense_replace", int, 3), layers)
+    if dense < 0:
+        raise GraphError(f"{r.source}: key 'first_k_dense_replace' must be >= 0, got {dense}")
+    if r.get("moe_layer_freq", int, 1) != 1:
+        raise GraphError(
+            f"{r.source}: key 'moe_layer_freq': dense layers between the MoE ones are not planned; only 1 is"
+        )
+    width = r.get("moe_intermediate_size", int, d["moe_intermediate_size"])
+    if dense == layers:  # every layer dense: no experts, the layers alike
+        return {}
+    return dict(
+        num_experts=r.get("n_routed_experts", int, d["num_experts"]),
+        experts_per_token=r.get("num_experts_per_tok", int, d["experts_per_token"]),
+        moe_intermediate_size=width,
+        shared_expert_size=r.get("n_shared_experts", int, d["shared_experts"]) * width,
+        norm_topk_prob=r.get("norm_topk_prob", bool, True),
+        first_dense_layers=dense,
+    )
+
+
 def check_moe(where: str, cfg: Any) -> None:
     """Raise GraphError unless cfg's MoE fields fit its model_type (module docstring)."""
     moe = cfg.hf_model_type in MOE_MODEL_TYPES
@@ -133,14 +161,18 @@ def check_moe(where: str, cfg: Any) -> None:
                 "set model_type to an MoE one"
             )
         return
+    if cfg.hf_model_type == "deepseek_v3" and not any(getattr(cfg, key) for key in sizes):
+        return  # every layer dense (llm_planner.graph.mla checks that first_dense_layers is 0 then)
     if cfg.num_experts < 1 or cfg.moe_intermediate_size < 1:
         raise GraphError(f"{where}: {cfg.hf_model_type} needs num_experts and moe_intermediate_size >= 1")
     if not 1 <= cfg.experts_per_token <= cfg.num_experts:
         raise GraphError(
             f"{where}: experts_per_token must be from 1 to num_experts ({cfg.num_experts}), got {cfg.experts_per_token}"
         )
-    if (cfg.shared_expert_size > 0) != (cfg.hf_model_type == "qwen2_moe"):
-        raise GraphError(f"{where}: a shared expert (shared_expert_size > 0) is qwen2_moe's alone, and it has one")
+    if cfg.hf_model_type == "qwen2_moe" and cfg.shared_expert_size < 1:
+        raise GraphError(f"{where}: qwen2_moe has a shared expert: shared_expert_size must be >= 1")
+    if cfg.shared_expert_size > 0 and cfg.hf_model_type not in ("qwen2_moe", "deepseek_v3"):
+        raise GraphError(f"{where}: a shared expert (shared_expert_size > 0) is qwen2_moe's and deepseek_v3's alone")
     if cfg.hf_model_type == "mixtral" and cfg.moe_intermediate_size != cfg.intermediate_size:
         raise GraphError(f"{where}: mixtral's experts are intermediate_size wide: moe_intermediate_size must equal it")
 
@@ -151,7 +183,7 @@ def moe_parameters(cfg: Any) -> dict[str, int]:
     multiplies: router, top-k experts, shared)."""
     h, m = cfg.hidden_size, cfg.moe_intermediate_size
     router, expert = h * cfg.num_experts, 3 * h * m
-    shared = 3 * h * cfg.shared_expert_size + (h if cfg.shared_expert_size else 0)
+    shared = 3 * h * cfg.shared_expert_size + (h if shared_gate(cfg) else 0)
     return {
         "router": router,
         "expert": expert,
@@ -159,6 +191,11 @@ def moe_parameters(cfg: Any) -> dict[str, int]:
         "shared": shared,
         "active": router + cfg.experts_per_token * expert + shared,
     }
+
+
+def shared_gate(cfg: Any) -> bool:
+    """Whether the shared expert's output passes a sigmoid gate, Linear(h, 1) (qwen2_moe)."""
+    return cfg.shared_expert_size > 0 and cfg.hf_model_type in GATED_SHARED
 
 
 def experts_touched(num_experts: int, top_k: int, tokens: float) -> float:

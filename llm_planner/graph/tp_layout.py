@@ -44,6 +44,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from llm_planner.graph.moe import shared_gate
 from llm_planner.graph.transformer import DecoderConfig
 
 SPLITS = ("column", "row", "vocab", "replicated")
@@ -114,6 +115,7 @@ class TaskLayout:
     collectives: tuple[TPCollective, ...] = ()
     replicated_traffic: int | None = None  # elements per position every member moves whole; None: all its traffic
     last_position_only: bool = False  # lm_head: the logits of the last position only
+    replicated_cache: bool = False  # every member holds the task's whole KV cache (MLA's latent)
 
     def __post_init__(self) -> None:
         names = [w.name for w in self.weights]
@@ -188,6 +190,8 @@ def embed_layout(cfg: DecoderConfig) -> TaskLayout:
 
 def attn_layout(cfg: DecoderConfig) -> TaskLayout:
     """q/k/v column-parallel by head (each member's KV cache holds its KV heads), o row-parallel."""
+    if cfg.is_mla:
+        return mla_layout(cfg)
     h, a, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     return TaskLayout(
         kind="attn",
@@ -202,6 +206,37 @@ def attn_layout(cfg: DecoderConfig) -> TaskLayout:
         units=(("heads", cfg.num_heads), ("KV heads", cfg.num_kv_heads)),
         collectives=(TPCollective(op="all_reduce", after="o", width=h),),
         replicated_traffic=7 * h,  # the norm 2h, the sublayer's input h and output h, the residual 3h
+    )
+
+
+def mla_layout(cfg: DecoderConfig) -> TaskLayout:
+    """Multi-head latent attention as vLLM and SGLang split it (llm_planner.graph.mla): the latent
+    projections q_a and kv_a and their norms replicated, q_b and kv_b column-parallel by head, o
+    row-parallel, the latent cache whole on every member."""
+    h, n, r_q, r_kv, d_r = cfg.hidden_size, cfg.num_heads, cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    if r_q:
+        q = (
+            *_linear("q_a", r_q, h, "replicated", None, cfg.qkv_bias),
+            _vector("q_a_norm.weight", r_q),
+            *_linear("q_b", n * cfg.head_dim, r_q, "column", "heads", False),
+        )
+    else:
+        q = _linear("q", n * cfg.head_dim, h, "column", "heads", False)
+    return TaskLayout(
+        kind="attn",
+        weights=(
+            *_norm(cfg, "attn_norm"),
+            *q,
+            *_linear("kv_a", r_kv + d_r, h, "replicated", None, cfg.qkv_bias),
+            _vector("kv_a_norm.weight", r_kv),
+            *_linear("kv_b", n * (cfg.qk_nope_head_dim + cfg.v_head_dim), r_kv, "column", "heads", False),
+            *_linear("o", h, n * cfg.v_head_dim, "row", "heads", cfg.out_bias),
+        ),
+        units=(("heads", n),),
+        collectives=(TPCollective(op="all_reduce", after="o", width=h),),
+        # as attn, and the latents every member computes whole: q_a's and kv_a's in and out, their norms
+        replicated_traffic=7 * h + (h + r_q) * bool(r_q) + 2 * r_q + (h + r_kv + d_r) + 2 * r_kv,
+        replicated_cache=True,
     )
 
 
@@ -245,8 +280,8 @@ def moe_mlp_layout(cfg: DecoderConfig) -> TaskLayout:
             TPWeight(name="shared.gate", shape=(s, h), split="column", unit="shared expert width"),
             TPWeight(name="shared.up", shape=(s, h), split="column", unit="shared expert width"),
             TPWeight(name="shared.down", shape=(h, s), split="row", unit="shared expert width"),
-            TPWeight(name="shared.scale", shape=(1, h), split="replicated"),
         ]
+        weights += [TPWeight(name="shared.scale", shape=(1, h), split="replicated")] * shared_gate(cfg)
         units.append(("shared expert width", s))
     return TaskLayout(
         kind="mlp",
@@ -285,6 +320,7 @@ def block_layout(cfg: DecoderConfig) -> TaskLayout:
         units=attn.units + mlp.units,
         collectives=attn.collectives + mlp.collectives,
         replicated_traffic=attn.replicated_traffic + mlp.replicated_traffic,
+        replicated_cache=attn.replicated_cache,
     )
 
 
@@ -320,6 +356,7 @@ def tp_fields(layout: TaskLayout, *, tokens: int, dtype_bytes: int) -> dict[str,
         tp_replicated_bytes_per_sample=(
             None if layout.replicated_traffic is None else float(layout.replicated_traffic * positions * b)
         ),
+        tp_replicated_mem_bytes_per_sample=None if layout.replicated_cache else 0.0,
         tp_allreduces=sum(c.op == "all_reduce" for c in layout.collectives),
         tp_allreduce_bytes_per_sample=payload("all_reduce"),
         tp_allgathers=sum(c.op == "all_gather" for c in layout.collectives),

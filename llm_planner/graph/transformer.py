@@ -11,6 +11,7 @@ into a task graph with analytic costs; docs/models.md has the presets and the fo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from llm_planner.core.fmt import quote
 from llm_planner.graph.attention_window import check_window_field
 from llm_planner.graph.decoder_limits import check_name, check_sizes, check_values
 from llm_planner.graph.ir import GraphError
+from llm_planner.graph.mla import check_mla, mla_attention_parameters
 from llm_planner.graph.moe import check_moe, moe_parameters
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,7 @@ HF_MODEL_TYPES = {
     "mixtral": "llama",
     "qwen2_moe": "llama",
     "qwen3_moe": "llama",
+    "deepseek_v3": "llama",
 }
 # transformers model_types whose attention norms each query and key head (q_norm, k_norm: RMSNorm
 # over head_dim) before the rotary embedding
@@ -63,6 +66,8 @@ _FIXED: dict[str, dict[str, Any]] = {
     ),
     "qwen2_moe": dict(qkv_bias=True, out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
     "qwen3_moe": dict(mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
+    # deepseek_v3: multi-head latent attention (MLA) and a dense MLP in the first layers
+    "deepseek_v3": dict(mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
 }
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt2": dict(activation="gelu_new", norm_eps=1e-5),
@@ -117,6 +122,17 @@ class DecoderConfig:
     # Tokens a sliding-window layer attends to, every layer alike (llm_planner.graph.attention_window);
     # None: full attention over the whole context. Planned only for contexts that fit inside it.
     sliding_window: int | None = None
+    # Multi-head latent attention (deepseek_v3; llm_planner.graph.mla): the KV latent's rank (0: not
+    # MLA), the query latent's (0: a plain q projection), per head the rope and no-rope query/key
+    # widths and the value width. head_dim is then the query/key width (rope + no-rope).
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    # Decoder layers at the start whose MLP is dense (intermediate_size wide) where the rest are MoE
+    # (deepseek_v3 first_k_dense_replace); 0: every layer alike.
+    first_dense_layers: int = 0
 
     def __post_init__(self) -> None:
         check_name("decoder config", self.name)
@@ -158,6 +174,7 @@ class DecoderConfig:
         check_sizes(where, self)
         check_values(where, self)
         check_moe(where, self)
+        check_mla(where, self)
         check_window_field(where, self)
         self._check(where)
 
@@ -208,7 +225,29 @@ class DecoderConfig:
 
     @property
     def is_moe(self) -> bool:
-        return self.num_experts > 0  # every layer's MLP is a mixture of experts (llm_planner.graph.moe)
+        return self.num_experts > 0  # the MLP of every layer past first_dense_layers is a mixture of experts
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0  # multi-head latent attention (llm_planner.graph.mla)
+
+    def dense_layer(self) -> DecoderConfig:
+        """One of the first_dense_layers as a one-layer configuration: the same attention, a dense MLP
+        of intermediate_size (what llm_planner.graph.decoder_graph and the serving costs price them by)."""
+        return dataclasses.replace(
+            self,
+            num_layers=1,
+            first_dense_layers=0,
+            num_experts=0,
+            experts_per_token=0,
+            moe_intermediate_size=0,
+            shared_expert_size=0,
+            norm_topk_prob=False,
+        )
+
+    def moe_layer(self) -> DecoderConfig:
+        """One of the layers past first_dense_layers as a one-layer configuration."""
+        return dataclasses.replace(self, num_layers=1, first_dense_layers=0)
 
     @property
     def learned_positions(self) -> bool:
@@ -242,7 +281,7 @@ def matmul_parameters(cfg: DecoderConfig) -> dict[str, int]:
     proj = dw * h if dw != h else 0  # OPT project_in / project_out
     return {
         "embed": proj,
-        "attn": h * a * 2 + h * kv * 2,
+        "attn": mla_attention_parameters(cfg)["linear"] if cfg.is_mla else h * a * 2 + h * kv * 2,
         "mlp": moe_parameters(cfg)["active"] if cfg.is_moe else h * cfg.intermediate_size * (3 if cfg.gated_mlp else 2),
         "final_norm": proj,
         "lm_head": cfg.vocab_size * dw,
@@ -269,9 +308,12 @@ def part_parameters(cfg: DecoderConfig) -> dict[str, int]:
     out["embed"] += cfg.vocab_size * cfg.word_embed_dim
     if cfg.learned_positions:
         out["embed"] += (cfg.max_positions + cfg.position_offset) * h
-    out["attn"] += (
-        norm_parameters(cfg) + (a + 2 * kv) * cfg.qkv_bias + h * cfg.out_bias + 2 * cfg.head_dim * cfg.qk_norm
-    )
+    if cfg.is_mla:
+        out["attn"] += norm_parameters(cfg) + mla_attention_parameters(cfg)["other"]
+    else:
+        out["attn"] += (
+            norm_parameters(cfg) + (a + 2 * kv) * cfg.qkv_bias + h * cfg.out_bias + 2 * cfg.head_dim * cfg.qk_norm
+        )
     out["mlp"] = (
         stored_mlp_parameters(cfg) + norm_parameters(cfg) + (inner * (2 if cfg.gated_mlp else 1) + h) * cfg.mlp_bias
     )
@@ -282,11 +324,12 @@ def part_parameters(cfg: DecoderConfig) -> dict[str, int]:
 def count_active_parameters(cfg: DecoderConfig) -> int:
     """Parameters one token uses: count_parameters less, per MoE layer, the experts it is not routed to."""
     unused = stored_mlp_parameters(cfg) - matmul_parameters(cfg)["mlp"]
-    return count_parameters(cfg) - cfg.num_layers * unused
+    return count_parameters(cfg) - (cfg.num_layers - cfg.first_dense_layers) * unused
 
 
 def count_parameters(cfg: DecoderConfig) -> int:
     """Exact parameter count of the transformers CausalLM model; a tied lm_head counts once."""
     p = part_parameters(cfg)
     head = 0 if cfg.tie_word_embeddings else p["lm_head"]
-    return p["embed"] + cfg.num_layers * (p["attn"] + p["mlp"]) + p["final_norm"] + head
+    dense = cfg.first_dense_layers and cfg.first_dense_layers * (part_parameters(cfg.dense_layer())["mlp"] - p["mlp"])
+    return p["embed"] + cfg.num_layers * (p["attn"] + p["mlp"]) + dense + p["final_norm"] + head

@@ -27,8 +27,8 @@ TIMING_PARTS = ("reading_inputs", "baselines", "layout_search", "unrestricted_se
 
 
 def model_fields(ctx: ServingContext, name: str) -> dict:
-    """A plan's `model` mapping: the name it was given by, dtype, layers, precision, and for a
-    mixture of experts its experts and top-k."""
+    """A plan's `model` mapping: the name it was given by, dtype, layers (those the stages split),
+    precision, and for a mixture of experts its experts and top-k and its dense first layers."""
     out = {
         "name": name,
         "dtype": ctx.precision.activations,
@@ -37,6 +37,8 @@ def model_fields(ctx: ServingContext, name: str) -> dict:
     }
     if ctx.config.is_moe:
         out["experts"] = {"num_experts": ctx.config.num_experts, "experts_per_token": ctx.config.experts_per_token}
+    if ctx.config.first_dense_layers:  # held by the first stage beside its share of num_layers
+        out["dense_layers"] = ctx.config.first_dense_layers
     return out
 
 

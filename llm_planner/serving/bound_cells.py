@@ -185,7 +185,7 @@ def stage_kinds(cache: CostCache, classes: tuple[ServerClass, ...], links) -> li
             others = () if links.one_server else links.out_of(sc.name, itself=sc.num_devices > k)
             each = () if free else (*own, *others)
             costs = cache.get(sc.name, k)
-            end = min(costs.weight_bytes["embed"], costs.weight_bytes["final_norm"] + costs.weight_bytes["lm_head"])
+            end = min(costs.first_bytes, costs.weight_bytes["final_norm"] + costs.weight_bytes["lm_head"])
             out.append(StageKind(sc.name, k, costs, each, cache.tasks.handoff_bytes_per_seq, end))
     return out
 
@@ -207,10 +207,10 @@ def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Optio
 
 
 def end_time_s(kinds: list[StageKind], cell: Cell) -> float:
-    """The least embedding time plus the least head time of any stage option at the cell's
-    smallest micro-batch."""
+    """The least time of the first stage's own parts (embedding, dense first layers) plus the least
+    head time of any stage option at the cell's smallest micro-batch."""
     b_lo, _ = cell.b_range()
-    embed = min(kd.costs.part_s("embed", b_lo) for kd in kinds)
+    embed = min(kd.costs.first_s(b_lo) for kd in kinds)
     head = min(kd.costs.part_s("final_norm", b_lo) + kd.costs.part_s("lm_head", b_lo) for kd in kinds)
     return embed + head
 

@@ -6,7 +6,7 @@ prompt over the iterations of the output it produces; llm_planner.serving.worklo
 engine's per-iteration token budget (`token_budget`, vLLM's --max-num-batched-tokens, SGLang's
 --chunked-prefill-size). For a micro-batch of b sequences a stage with l decoder layers runs
 
-    t(b) = step_overhead + l * layer(b) + [first stage] embed(b) + [last stage] (norm(b) + lm_head(b))
+    t(b) = step_overhead + l * layer(b) + [first stage] (embed(b) + d * dense(b)) + [last stage] (norm(b) + lm_head(b))
 
 layer(b) is the sum of the kernels one decoder layer runs on that load (linear layers on all
 tokens reading the weights once, decode attention over each sequence's cache, prompt attention,
@@ -19,9 +19,16 @@ the parts it lacks; llm_planner.serving.layer_time): `stage_costs` decides which
 every caller reads the layer's time as `StageCosts.layer_time` (steady load) or
 `StageCosts.layer_load_s` (any mix of decode and prompt tokens: TTFT).
 
+A model whose first d layers have a dense MLP where the rest have experts (DeepSeek-V3's
+first_k_dense_replace: d = 3 of 61) is split over the stages by its MoE layers (`num_layers` is
+theirs); the first stage holds the d dense layers besides its share, timed by their own kernels
+(dense(b)) and holding their weights and KV cache. A split that would put fewer than d + 1 layers
+on the first stage is not one this model of it can state.
+
 Memory per device of the stage (each member of a group) is llm_planner.cost.memory's formula:
 
-    l * (W + C * KV) + the end parts' weights + the largest task workspace at b sequences
+    l * (W + C * KV) + the end parts' weights (and the dense layers' with their KV cache) + the
+    largest task workspace at b sequences
 
 with W and KV one layer's weights and KV cache per sequence at full context (each member's
 share on a group of k), the workspace with its prompt chunk included, and C the sequences in
@@ -80,7 +87,12 @@ class ServingTasks:
 
     @property
     def num_layers(self) -> int:
-        return self.config.num_layers
+        """The layers the stages split: all but the dense first ones, which the first stage holds."""
+        return self.config.num_layers - self.config.first_dense_layers
+
+    @property
+    def dense_layers(self) -> int:
+        return self.config.first_dense_layers
 
     @property
     def hidden_bytes_per_token(self) -> float:
@@ -135,7 +147,7 @@ def build_serving_tasks(
     check_workload_window(config, workload)
     decode = _parts(config, "decode", max(1, round(workload.decode_context)), dtype)
     held = _parts(config, "decode", max(1, math.ceil(workload.kv_context)), dtype)
-    prompts: dict[str, dict[str, float]] = {p: {} for p in PARTS}
+    prompts: dict[str, dict[str, float]] = {p: {} for p in decode}
     for r, of_requests in zip(workload.requests, workload.shares):
         share = of_requests / workload.mean_output_len
         for part, task in _parts(config, "prefill", r.prompt_len, dtype).items():
@@ -153,7 +165,9 @@ def build_serving_tasks(
         fields["workspace_bytes_per_sample"] = task.workspace_bytes_per_sample * (1.0 + ratio)
         fields["mem_bytes_per_sample"] = held[part].mem_bytes_per_sample
         tasks[part] = dataclasses.replace(task, **fields)
-    tasks["block"] = _stored_as(tasks["block"], config, precision)
+    tasks["block"] = _stored_as(tasks["block"], config.moe_layer(), precision)
+    if "dense" in tasks:
+        tasks["dense"] = _stored_as(tasks["dense"], config.dense_layer(), precision)
     return ServingTasks(
         config=config,
         dtype=dtype,
@@ -193,16 +207,16 @@ _SCALED = (
 
 @lru_cache(maxsize=256)
 def _parts(config: DecoderConfig, phase: str, seq_len: int, dtype: str) -> dict[str, Task]:
-    graph = build_decoder_graph(
-        dataclasses.replace(config, num_layers=1), phase=phase, seq_len=seq_len, granularity="block", dtype=dtype
-    )
+    """The PARTS' tasks of one sequence, and "dense" (one of the dense first layers) where it has them."""
+    graph = build_decoder_graph(config.moe_layer(), phase=phase, seq_len=seq_len, granularity="block", dtype=dtype)
     by_name = {t.name: t for t in graph.tasks}
-    return {
-        "embed": by_name["embed"],
-        "block": by_name["block.0"],
-        "final_norm": by_name["final_norm"],
-        "lm_head": by_name["lm_head"],
-    }
+    out = {part: by_name["block.0" if part == "block" else part] for part in PARTS}
+    if config.first_dense_layers:
+        dense = build_decoder_graph(
+            config.dense_layer(), phase=phase, seq_len=seq_len, granularity="block", dtype=dtype
+        )
+        out["dense"] = next(t for t in dense.tasks if t.name == "block.0")
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,6 +232,8 @@ class StageCosts:
     layer_time: RooflineLayerTime | MeasuredLayerTime | PartsLayerTime  # the block's time, b -> seconds (stage_costs)
     kernels: LayerKernels  # the block's kernels, for loads other than the steady one
     tasks: ServingTasks
+    dense_time: RooflineLayerTime | None = None  # one dense first layer's time (None: the model has none)
+    dense_kernels: LayerKernels | None = None
 
     @property
     def step_s(self) -> float:
@@ -236,10 +252,23 @@ class StageCosts:
         """One decoder layer's time on an iteration of `decodes` sequences at the mean decode context
         and `prompt_tokens` tokens of prompt chunks (their queries seeing half the mean prompt's
         keys on average): the measured time where the stage has one (stage_costs), else the kernels' sum."""
+        load = self._load(decodes, prompt_tokens)
+        return self.layer_time.load_s(load) if self.layer_time.measured else self.kernels.time_s(load)
+
+    def _load(self, decodes: float, prompt_tokens: float) -> Load:
         keys = self.tasks.per_sequence.decode_keys
         prompt_keys = prompt_tokens * (self.tasks.mean_prompt_len + 1) / 2
-        load = Load(decodes=decodes, decode_keys=decodes * keys, prompt_tokens=prompt_tokens, prompt_keys=prompt_keys)
-        return self.layer_time.load_s(load) if self.layer_time.measured else self.kernels.time_s(load)
+        return Load(decodes=decodes, decode_keys=decodes * keys, prompt_tokens=prompt_tokens, prompt_keys=prompt_keys)
+
+    def first_s(self, b: int) -> float:
+        """The first stage's own parts on b sequences: the embedding and the dense first layers."""
+        dense = self.tasks.dense_layers * float(self.dense_time(b)) if self.dense_time is not None and b > 0 else 0.0
+        return self.part_s("embed", b) + dense
+
+    @property
+    def first_bytes(self) -> float:
+        """The weights of the first stage's own parts per device: the embedding's, the dense layers'."""
+        return self.weight_bytes["embed"] + self.tasks.dense_layers * self.weight_bytes.get("dense", 0.0)
 
     def stage_load_s(self, decodes: int, prompt_tokens: float, layers: int, first: bool, last: bool) -> float:
         """Time of one iteration of `decodes` sequences and `prompt_tokens` prompt tokens (the end
@@ -250,6 +279,8 @@ class StageCosts:
         t = self.step_s + layers * self.layer_load_s(decodes, prompt_tokens)
         if first:
             t += self.part_s("embed", b)
+            if self.dense_kernels is not None:
+                t += self.tasks.dense_layers * self.dense_kernels.time_s(self._load(decodes, prompt_tokens))
         if last:
             t += self.part_s("final_norm", b) + self.part_s("lm_head", b)
         return t
@@ -260,15 +291,13 @@ class StageCosts:
             return 0.0
         t = self.step_s * (1.0 + self.layer_time.prefill_iterations(b)) + layers * self.part_s("block", b)
         if first:
-            t += self.part_s("embed", b)
+            t += self.first_s(b)
         if last:
             t += self.part_s("final_norm", b) + self.part_s("lm_head", b)
         return t
 
     def fixed_bytes(self, first: bool, last: bool) -> float:
-        return first * self.weight_bytes["embed"] + last * (
-            self.weight_bytes["final_norm"] + self.weight_bytes["lm_head"]
-        )
+        return first * self.first_bytes + last * (self.weight_bytes["final_norm"] + self.weight_bytes["lm_head"])
 
     def layer_bytes(self, concurrency: float) -> float:
         """One decoder layer's bytes per device with `concurrency` sequences in flight (llm_planner.cost.memory)."""
@@ -282,21 +311,27 @@ class StageCosts:
 
     def mem_bytes(self, *, layers: int, first: bool, last: bool, concurrency: int, micro_batch: int) -> float:
         parts = ["block"] * (layers > 0) + ["embed"] * first + ["final_norm", "lm_head"] * last
+        parts += ["dense"] * (first and "dense" in self.workspace_bytes_per_seq)
         workspace = max((self.workspace_bytes_per_seq[p] for p in parts), default=0.0) * micro_batch
         return stage_bytes(
             layers=layers,
             weight_bytes=self.weight_bytes["block"],
             kv_bytes_per_seq=self.kv_bytes_per_seq,
             concurrency=concurrency,
-            fixed_bytes=self.fixed_bytes(first, last),
+            fixed_bytes=self.fixed_bytes(first, last) + self.dense_kv_bytes(first, concurrency),
             workspace_bytes=workspace,
         )
+
+    def dense_kv_bytes(self, first: bool, concurrency: float) -> float:
+        """The dense first layers' KV cache on the first stage (the same attention as the others')."""
+        return first * self.tasks.dense_layers * self.kv_bytes_per_seq * concurrency
 
     def max_layers(self, *, first: bool, last: bool, concurrency: int, micro_batch: int) -> int:
         """The most decoder layers the stage holds with `concurrency` sequences in flight."""
         room = self.usable_bytes - self.mem_bytes(
             layers=0, first=first, last=last, concurrency=0, micro_batch=micro_batch
         )
+        room -= self.dense_kv_bytes(first, concurrency)
         room -= self.workspace_bytes_per_seq["block"] * micro_batch
         per_layer = self.layer_bytes(concurrency)
         if room < 0:
@@ -319,21 +354,21 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, pro
         weights[part] = member.weight_bytes
         workspace[part] = member.workspace_bytes_per_sample
     kv = (shard_of(tasks.tasks["block"], degree) if degree > 1 else tasks.tasks["block"]).mem_bytes_per_sample
-    kernels = layer_kernels(tasks.config, tasks.precision, server_class.kind, degree, link, tasks.expert_imbalance)
-    pieces["block"] = layer_pieces(kernels, tasks.per_sequence)
-    separate = None if tasks.chunked_prefill else (tasks.mean_prompt_len, tasks.token_budget)
-    roofline = (
-        RooflineLayerTime(
-            pieces["block"], kernels, tasks.per_sequence, tasks.mean_prompt_len, tasks.token_budget, separate
-        )
-        if kernels.exact
-        else KernelLayerTime(pieces["block"], kernels, tasks.per_sequence, separate)
+    kernels = layer_kernels(
+        tasks.config.moe_layer(), tasks.precision, server_class.kind, degree, link, tasks.expert_imbalance
     )
+    roofline = _kernel_time(kernels, tasks)
+    pieces["block"] = roofline.pieces
+    dense_kernels = dense_time = None
+    if tasks.dense_layers:
+        dense_kernels = layer_kernels(tasks.config.dense_layer(), tasks.precision, server_class.kind, degree, link)
+        dense_time = _kernel_time(dense_kernels, tasks)
+        pieces["dense"] = dense_time.pieces
     measured = measured_layer_time(
         profile, server_class.kind.name, degree, kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
     )
-    if measured is None:  # the bounds read these: below the time at every b a plan can have
-        pieces["block"] = roofline.pieces
+    if measured is not None:  # the measured time's own pieces; else the bounds read the roofline's
+        pieces["block"] = layer_pieces(kernels, tasks.per_sequence)
     return StageCosts(
         server_class=server_class,
         degree=degree,
@@ -344,4 +379,18 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, pro
         layer_time=measured if measured is not None else roofline,
         kernels=kernels,
         tasks=tasks,
+        dense_time=dense_time,
+        dense_kernels=dense_kernels,
     )
+
+
+def _kernel_time(kernels: LayerKernels, tasks: ServingTasks) -> RooflineLayerTime | KernelLayerTime:
+    """A layer's time from its kernels on the steady load (exact pieces where it has no routed experts);
+    its `pieces` are below the time at every b a plan can have (the bounds read them)."""
+    pieces = layer_pieces(kernels, tasks.per_sequence)
+    separate = None if tasks.chunked_prefill else (tasks.mean_prompt_len, tasks.token_budget)
+    if kernels.exact:
+        return RooflineLayerTime(
+            pieces, kernels, tasks.per_sequence, tasks.mean_prompt_len, tasks.token_budget, separate
+        )
+    return KernelLayerTime(pieces, kernels, tasks.per_sequence, separate)

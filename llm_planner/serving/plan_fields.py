@@ -171,7 +171,9 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
     choice(top, "objective", ("serving",))
     _inputs(top.mapping("inputs"))
     model = top.mapping("model")
-    exactly(model, ("name", "dtype", "num_layers", "precision"), optional=("experts",))
+    exactly(model, ("name", "dtype", "num_layers", "precision"), optional=("experts", "dense_layers"))
+    if "dense_layers" in model.data:  # DeepSeek's dense first layers, on the first stage beside num_layers
+        integer(model, "dense_layers")
     if "experts" in model.data:  # a mixture of experts: what show prints (verify checks it against the model)
         experts = model.mapping("experts")
         exactly(experts, ("num_experts", "experts_per_token"))

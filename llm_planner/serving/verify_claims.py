@@ -42,6 +42,11 @@ def check_model(ctx: ServingContext, data: dict, problems: list[str]) -> None:
             f"model.experts: {stated} but {cfg.name} (model.name {model['name']!r}) has "
             f"{actual if actual is not None else 'no experts (a dense model)'}"
         )
+    if model.get("dense_layers", 0) != cfg.first_dense_layers:
+        problems.append(
+            f"model.dense_layers: {model.get('dense_layers', 0)} but {cfg.name} (model.name {model['name']!r}) has "
+            f"{cfg.first_dense_layers} dense first layers"
+        )
 
 
 def check_options(ctx: ServingContext, layout: Layout, m: int, where: str, problems: list[str]) -> None:

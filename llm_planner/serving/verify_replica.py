@@ -15,7 +15,7 @@ roofline.shard_of's. It takes from llm_planner.serving the decoder's tasks per s
 those as not yet independent.
 
 The steady state (docs/serving.md): micro-batches of sizes differing by at most one, b the largest;
-a stage's iteration t_s(b) = step + l block(b) [+ embed(b) first] [+ norm(b) + head(b) last]
+a stage's iteration t_s(b) = step + l block(b) [+ embed(b) + d dense(b) first] [+ norm(b) + head(b) last]
 (block(b) with the prompt share in the engine's chunks: llm_planner.cost.chunks); its busy period
 the sum over the micro-batches; the round trip the stage times at b plus each hand-off (latency +
 bytes / bandwidth; hidden states of b sequences and their prompt chunks, the sampled ids back from
@@ -23,7 +23,8 @@ the last stage); TPOT the larger of the round trip and the busiest stage; tokens
 TTFT: a mean prompt in chunks of min(E[P], budget - b) tokens, one per cycle, the last one's round
 trip (each chunk's iteration carrying it) yielding the token, after the wait for the prompts of the
 b - 1 others (llm_planner.cost.chunks.prompt_wait_s); memory per device: layers x (block weights +
-C KV per layer) + the end parts' weights + the largest workspace at b sequences.
+C KV per layer) + the end parts' weights (and the first stage's d dense layers with their KV) + the
+largest workspace at b sequences.
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ class _Costs:
         self.kernels = layer_kernels(
             ctx.config, ctx.precision, sc.kind, degree, sc.intra_link, ctx.tasks.expert_imbalance
         )
+        self.dense_layers = ctx.config.first_dense_layers  # on the first stage, with a dense MLP
+        self.dense = (
+            layer_kernels(ctx.config.dense_layer(), ctx.precision, sc.kind, degree, sc.intra_link)
+            if self.dense_layers
+            else None
+        )
         tasks = ctx.tasks
         self.measured = measured_layer_time(  # the one rule of where a measured time applies
             ctx.cache.profile, sc.kind.name, degree, self.kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
@@ -87,13 +94,16 @@ class _Costs:
             for r, share in zip(wl.requests, wl.shares)
         )
 
-    def layer_s(self, b: int, prompt_tokens: float, keys: float | None = None) -> float:
-        """One decoder layer on b decodes and `prompt_tokens` prompt tokens (their queries seeing
-        `keys` keys; default: a chunk of the mean prompt's, or the steady share's)."""
+    def layer_s(self, b: int, prompt_tokens: float, keys: float | None = None, dense: bool = False) -> float:
+        """One decoder layer (one of the dense first layers: `dense`) on b decodes and `prompt_tokens`
+        prompt tokens (their queries seeing `keys` keys; default: a chunk of the mean prompt's, or the
+        steady share's)."""
         if keys is None:  # the steady share: each sequence's own prompts; else a mean prompt's chunk
             steady = prompt_tokens == b * self.ratio
             keys = b * self.steady_prompt_keys if steady else prompt_tokens * self.prompt_keys
         load = Load(decodes=b, decode_keys=b * self.decode_keys, prompt_tokens=prompt_tokens, prompt_keys=keys)
+        if dense:
+            return self.dense.time_s(load)
         return float(self.measured.load_s(load)) if self.measured is not None else self.kernels.time_s(load)
 
     def part_s(self, part: str, b: int) -> float:
@@ -101,15 +111,15 @@ class _Costs:
             return 0.0
         return evaluate_pieces(self.pieces[part], b)
 
-    def steady_layer_s(self, b: int) -> float:
-        """One decoder layer on b decodes and their prompt share: in the engine's chunks on the
-        kernel model of a dense layer (llm_planner.cost.chunks), spread evenly on a measured time
-        or an MoE layer (serving.layer_time)."""
-        if self.measured is not None or not self.kernels.exact:  # measured, or an MoE layer's concave reads
+    def steady_layer_s(self, b: int, dense: bool = False) -> float:
+        """One decoder layer (a dense first one: `dense`) on b decodes and their prompt share: in the
+        engine's chunks on the kernel model of a dense layer (llm_planner.cost.chunks), spread evenly
+        on a measured time or an MoE layer (serving.layer_time)."""
+        if not dense and (self.measured is not None or not self.kernels.exact):  # measured, or MoE's concave reads
             return self.layer_s(b, b * self.ratio)
         per_token = self.steady_prompt_keys / self.ratio if self.ratio > 0 else 0.0
         lumps = prompt_lumps(b * self.ratio, self.prompt_len, self.budget - b)
-        return sum(w * self.layer_s(b, x, keys=x * per_token) for w, x in lumps)
+        return sum(w * self.layer_s(b, x, keys=x * per_token, dense=dense) for w, x in lumps)
 
     def iteration_s(self, b: int, layers: int, first: bool, last: bool, prompt_tokens: float | None = None) -> float:
         """A stage's iteration on b sequences with their steady prompt share (or `prompt_tokens`)."""
@@ -119,17 +129,23 @@ class _Costs:
         t = self.step_s + layers * layer
         if first:
             t += self.part_s("embed", b)
+        if first and self.dense_layers:
+            dense = (
+                self.steady_layer_s(b, True) if prompt_tokens is None else self.layer_s(b, prompt_tokens, dense=True)
+            )
+            t += self.dense_layers * dense
         if last:
             t += self.part_s("final_norm", b) + self.part_s("lm_head", b)
         return t
 
     def memory(self, layers: int, first: bool, last: bool, concurrency: int, b: int) -> float:
         w = self.weights
-        held = layers * (w["block"] + concurrency * self.kv)
+        dense = self.dense_layers if first else 0
+        held = layers * (w["block"] + concurrency * self.kv) + dense * (w.get("dense", 0.0) + concurrency * self.kv)
         ends = (w["embed"] if first else 0.0) + ((w["final_norm"] + w["lm_head"]) if last else 0.0)
         parts = (
             (["block"] if layers else []) + (["embed"] if first else []) + (["final_norm", "lm_head"] if last else [])
-        )
+        ) + ["dense"] * bool(dense)
         return held + ends + max((self.workspace[p] for p in parts), default=0.0) * b
 
 
