@@ -18,7 +18,9 @@ Each run serves REQUESTS_PER_SLOT x its concurrency requests (at least MIN_REQUE
 writes (RESULTS: benchmarks/results/serve/) the table of measured against predicted tokens/s,
 mean TPOT and mean TTFT with predicted / measured, and which judged runs are within 15% on
 tokens/s and TPOT; RESULTS/runs/<run>/ keeps each plan and run report (no machine paths), and
-meta.json the commit and the load average. Ranks beyond the machine's cores oversubscribe them.
+meta.json the commit and the load average. A run whose processes (ranks, and the front end of two
+replicas) exceed the machine's cores is run and shown but not judged ("oversubscribed"): its ranks
+take turns on a core, where the spec gives each its own.
 
     .venv/bin/python benchmarks/bench_serve.py            # eleven launches, each a few seconds of serving
     .venv/bin/python benchmarks/bench_serve.py --quick    # a smoke run: few requests, 8 output tokens
@@ -106,7 +108,7 @@ def main() -> int:
             reports.append(out / "runs" / run.name / "run.json")
             print(f"calibration {run.name}: {rows[-1]['tokens_per_s_measured']:.1f} tokens/s", flush=True)
         calibrated = calibrate(reports, out)
-        for run in cases.JUDGED:
+        for run in cases.judged_runs(len(os.sched_getaffinity(0))):
             load = provenance.load_average()
             rows.append(cases.row(run, launch(run, calibrated, out, scale, Path(scratch)), load))
             r = rows[-1]

@@ -40,6 +40,11 @@ class Layout:
     def ranks(self) -> int:
         return sum(self.degrees) * self.copies
 
+    @property
+    def processes(self) -> int:
+        """Processes a launch runs: its ranks, and the front end that spreads requests over copies."""
+        return self.ranks + (self.copies > 1)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Run:
@@ -47,7 +52,7 @@ class Run:
 
     layout: Layout
     concurrency: int
-    role: str  # "calibration" or "judged"
+    role: str  # "calibration", "judged", or "oversubscribed" (more processes than cores: shown, not judged)
 
     @property
     def name(self) -> str:
@@ -65,11 +70,18 @@ CALIBRATION = (
     Run(layout=SINGLE, concurrency=8, role="calibration"),
     Run(layout=TP2, concurrency=4, role="calibration"),
 )
-JUDGED = tuple(
-    Run(layout=layout, concurrency=c, role="judged")
-    for layout, cs in ((SINGLE, (2, 4)), (PIPELINE, (4, 8)), (MIXED, (4, 8)), (TWO_REPLICAS, (2, 4)))
-    for c in cs
-)
+JUDGED_LAYOUTS = ((SINGLE, (2, 4)), (PIPELINE, (4, 8)), (MIXED, (4, 8)), (TWO_REPLICAS, (2, 4)))
+
+
+def judged_runs(cores: int) -> tuple[Run, ...]:
+    """The runs that judge the calibrated model: those whose processes fit the machine's `cores`
+    (each rank then has the one-core device the spec gives it); the others still run, shown as
+    "oversubscribed": ranks take turns on a core, which no plan for this spec describes."""
+    return tuple(
+        Run(layout=layout, concurrency=c, role="judged" if layout.processes <= cores else "oversubscribed")
+        for layout, cs in JUDGED_LAYOUTS
+        for c in cs
+    )
 
 
 def workload(prompt_len: int, output_len: int) -> ServingWorkload:
@@ -178,5 +190,9 @@ def summary(rows: list[dict]) -> str:
     judged = [r for r in rows if r["role"] == "judged"]
     good = [r["run"] for r in judged if r["within"]]
     bad = [r["run"] for r in judged if not r["within"]]
+    over = [r["run"] for r in rows if r["role"] == "oversubscribed"]
     text = f"{len(good)} of {len(judged)} judged runs within 15% on tokens/s and mean TPOT"
-    return text + (f" ({', '.join(good)})" if good else "") + (f"; outside: {', '.join(bad)}" if bad else "") + "."
+    text += (f" ({', '.join(good)})" if good else "") + (f"; outside: {', '.join(bad)}" if bad else "") + "."
+    if over:
+        text += f" Not judged, more processes than the machine's cores: {', '.join(over)}."
+    return text

@@ -25,7 +25,7 @@ def offline(monkeypatch):
     monkeypatch.chdir(REPO)
 
 
-@pytest.mark.parametrize("run", [*cases.CALIBRATION, *cases.JUDGED], ids=lambda r: r.name)
+@pytest.mark.parametrize("run", [*cases.CALIBRATION, *cases.judged_runs(3)], ids=lambda r: r.name)
 def test_every_run_plans_what_launch_serves(run, tmp_path):
     plan = cases.build_plan(run, cases.CLUSTER, tmp_path / "plan.yaml", prompt_len=32, output_len=32)
     prepared = prepare_serving(plan, ServeOptions(dry_run=True, workdir=str(tmp_path / "w")))
@@ -62,7 +62,7 @@ def test_the_table_from_canned_reports():
         "replicas": [_replica(4, (100.0, 0.020, 0.050), (110.0, 0.022, 0.050))],
         "total": {"measured": {"tokens_per_s": 100.0}, "predicted": {"tokens_per_s": 110.0}},
     }
-    runs = {r.name: r for r in cases.JUDGED}
+    runs = {r.name: r for r in cases.judged_runs(3)}
     far = cases.row(runs["two-replicas-c2"], two, 1.5)
     near = cases.row(runs["single-c2"], one, None)
     assert far["tokens_per_s_ratio"] == pytest.approx(220 / 180)
@@ -97,3 +97,21 @@ def test_readme_serving_step_plans_what_launch_serves(tmp_path):
     prepared = prepare_serving(out, ServeOptions(dry_run=True, workdir=str(tmp_path / "w")))
     assert len(prepared.table.ranks) == 2  # one rank per core of a 2-core machine
     assert main(["verify", str(out)]) == 0
+
+
+def test_runs_with_more_processes_than_cores_are_shown_not_judged():
+    """On two cores the three-rank pipeline and the two replicas behind the front end oversubscribe
+    them: measured and shown, never counted among the judged runs."""
+    roles = {r.name: r.role for r in cases.judged_runs(2)}
+    assert roles["tp2-tp1-c4"] == roles["two-replicas-c2"] == "oversubscribed"
+    assert roles["single-c2"] == roles["pipeline-c8"] == "judged"
+    assert set(cases.judged_runs(3)[i].role for i in range(8)) == {"judged"}
+    one = {
+        "replicas": [_replica(4, (100.0, 0.020, 0.050), (110.0, 0.022, 0.050))],
+        "total": {"measured": {"tokens_per_s": 100.0}, "predicted": {"tokens_per_s": 110.0}},
+    }
+    rows = [cases.row(r, one, None) for r in cases.judged_runs(2) if r.name in ("single-c2", "tp2-tp1-c4")]
+    assert cases.summary(rows) == (
+        "1 of 1 judged runs within 15% on tokens/s and mean TPOT (single-c2). "
+        "Not judged, more processes than the machine's cores: tp2-tp1-c4."
+    )
