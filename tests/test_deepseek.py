@@ -6,6 +6,7 @@ group), its kernels by hand, and serving plans whose first stage holds the dense
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -166,8 +167,6 @@ def test_the_first_stage_holds_the_dense_layers_in_time_and_memory(tmp_path):
 
 
 def test_deepseek_v3_plans_verifies_and_exports_with_its_dense_layers_first(tmp_path, capsys):
-    from pathlib import Path
-
     from llm_planner.cli.main import main
 
     spec = Path(__file__).resolve().parents[1] / "cluster_specs" / "h200-2x8.yaml"
@@ -202,3 +201,36 @@ def test_launch_refuses_a_deepseek_plan_naming_the_model_type(tmp_path, capsys):
     assert main(["launch", str(out), "--dry-run"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "model type 'deepseek_v3'" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("kv", [None, "fp8"], ids=["bf16-cache", "fp8-cache"])
+def test_the_serving_cache_per_member_is_the_whole_latent_at_any_degree(kv):
+    """At the workload's full context, in the KV dtype: every member of a group of 1, 4 or 8 holds
+    576 values a token and layer (the latent and the rope key); the latent projections, replicated
+    too, are held in the weight format."""
+    from llm_planner.core.precision import build_precision
+
+    cfg = preset_config("deepseek-v3")
+    wl = ServingWorkload(requests=(RequestShape(prompt_len=1000, output_len=1000),), tpot_slo_s=0.1)
+    precision = build_precision("bf16", "fp8", kv)
+    block = build_serving_tasks(cfg, wl, precision).tasks["block"]
+    want = 576 * wl.kv_context * precision.kv_bytes
+    for k in (1, 4, 8):
+        member = shard_of(block, k) if k > 1 else block
+        assert member.mem_bytes_per_sample == pytest.approx(want, rel=1e-3)
+    latents = 7168 * (1536 + 512 + 64)  # q_a and kv_a, 1 byte a weight in fp8
+    assert shard_of(block, 8).weight_bytes == pytest.approx((block.weight_bytes - latents) / 8 + latents, rel=0.01)
+
+
+def test_helix_export_refuses_a_model_with_dense_first_layers(tmp_path, capsys):
+    from llm_planner.cli.main import main
+
+    spec = Path(__file__).resolve().parents[1] / "cluster_specs" / "h200-2x8.yaml"
+    out = tmp_path / "ds.yaml"
+    argv = ["plan", "--objective", "serving", "--cluster", str(spec), "--model", "deepseek-v3", "--weights", "fp8"]
+    argv += ["--prompt-len", "1000", "--output-len", "1000", "--tpot-slo", "50 ms", "--no-baselines", "-o", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    helix = ["export", str(out), "--to", "helix", "--helix-cluster", "c.ini", "--helix-profiles", "p", "-o", "x.ini"]
+    assert main(helix) == 2
+    assert "model.dense_layers" in capsys.readouterr().err

@@ -180,6 +180,12 @@ def _export_helix(args: argparse.Namespace, console: Console) -> int:
         )
     plan = load_serving_plan(args.plan)
     check_model_layers(plan)
+    if plan.data["model"].get("dense_layers"):
+        raise UserError(
+            f"{args.plan}: model.dense_layers: Helix's simulator models layers that are all alike; a model with "
+            "dense first layers (DeepSeek's) has no Helix layout",
+            exit_code=2,
+        )
     with progress(console, "verifying the plan before exporting it..."):
         check_serving_verified(plan, "no Helix layout written")
     cluster = load_helix_cluster(args.helix_cluster)

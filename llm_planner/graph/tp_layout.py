@@ -234,8 +234,10 @@ def mla_layout(cfg: DecoderConfig) -> TaskLayout:
         ),
         units=(("heads", n),),
         collectives=(TPCollective(op="all_reduce", after="o", width=h),),
-        # as attn, and the latents every member computes whole: q_a's and kv_a's in and out, their norms
-        replicated_traffic=7 * h + (h + r_q) * bool(r_q) + 2 * r_q + (h + r_kv + d_r) + 2 * r_kv,
+        # the norm and residual add (5h); the latents every member computes whole (llm_planner.graph.mla
+        # member_traffic's replicated terms): q_a's and kv_a's inputs and outputs, q_b's and kv_b's
+        # inputs, o's output, the latents' norms and the rope key's rotation
+        replicated_traffic=8 * h + 4 * r_q + 4 * r_kv + 3 * d_r,
         replicated_cache=True,
     )
 

@@ -51,6 +51,7 @@ from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, s
 from llm_planner.graph.attention_window import check_window
 from llm_planner.graph.decoder_graph import ID_BYTES, build_decoder_graph
 from llm_planner.graph.ir import Task
+from llm_planner.graph.mla import mla_replicated_linear
 from llm_planner.graph.transformer import DecoderConfig, matmul_parameters, stored_mlp_parameters
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layer_time import (
@@ -164,6 +165,7 @@ def build_serving_tasks(
         fields = {key: getattr(task, key) + prompts[part][key] for key in _SCALED}
         fields["workspace_bytes_per_sample"] = task.workspace_bytes_per_sample * (1.0 + ratio)
         fields["mem_bytes_per_sample"] = held[part].mem_bytes_per_sample
+        fields["tp_replicated_mem_bytes_per_sample"] = held[part].tp_replicated_mem_bytes_per_sample
         tasks[part] = dataclasses.replace(task, **fields)
     tasks["block"] = _stored_as(tasks["block"], config.moe_layer(), precision)
     if "dense" in tasks:
@@ -184,14 +186,19 @@ def build_serving_tasks(
 
 
 def _stored_as(block: Task, config: DecoderConfig, precision: Precision) -> Task:
-    """The block task with its linear weights at the weight format's bytes per weight and its KV
-    cache at the KV dtype's bytes per element (norms and biases, replicated on a group, unchanged)."""
+    """The block task with its linear weights at the weight format's bytes per weight (the latent
+    projections that a group replicates too) and its KV cache at the KV dtype's bytes per element
+    (norms and biases, replicated on a group, unchanged)."""
     b = precision.activation_bytes
     linear = matmul_parameters(config)["attn"] + stored_mlp_parameters(config)
+    replicated = mla_replicated_linear(config) if config.is_mla else 0
+    kv = precision.kv_bytes / b
     return dataclasses.replace(
         block,
         weight_bytes=block.weight_bytes + linear * (precision.weight_bytes - b),
-        mem_bytes_per_sample=block.mem_bytes_per_sample * precision.kv_bytes / b,
+        tp_replicated_weight_bytes=block.tp_replicated_weight_bytes + replicated * (precision.weight_bytes - b),
+        mem_bytes_per_sample=block.mem_bytes_per_sample * kv,
+        tp_replicated_mem_bytes_per_sample=block.tp_replicated_mem_bytes_per_sample * kv,
     )
 
 

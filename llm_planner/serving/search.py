@@ -60,9 +60,11 @@ def _weights_fit(ctx: ServingContext, layout: Layout, needed: float) -> bool:
 
 
 def _weights_needed(ctx: ServingContext) -> float:
-    """Bytes of every weight of the model: the embedding, head and norm once, the block L times."""
-    parts, layers = ctx.tasks.tasks, ctx.tasks.num_layers
-    return sum(t.weight_bytes for t in parts.values()) + (layers - 1) * parts["block"].weight_bytes
+    """Bytes of every weight of the model: the embedding, head and norm once, the block L times, the
+    dense first layers' (DeepSeek's) d times."""
+    parts, layers, dense = ctx.tasks.tasks, ctx.tasks.num_layers, ctx.tasks.dense_layers
+    extra = (dense - 1) * parts["dense"].weight_bytes if dense else 0.0
+    return sum(t.weight_bytes for t in parts.values()) + (layers - 1) * parts["block"].weight_bytes + extra
 
 
 AUTO_CANDIDATES = 2000  # --max-classes-per-replica auto: mix three classes only while the candidates stay this few

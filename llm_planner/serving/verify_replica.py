@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from llm_planner.cost.chunks import prompt_lumps, prompt_wait_s
 from llm_planner.cost.iteration import Load, layer_kernels
 from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
+from llm_planner.graph.mla import kv_elements_per_token
 from llm_planner.serving.context import ServingContext
 from llm_planner.serving.layer_time import measured_layer_time
 from llm_planner.serving.layout import Layout, build_slots
@@ -69,6 +70,9 @@ class _Costs:
         self.weights = {part: t.weight_bytes for part, t in member.items()}
         self.workspace = {part: t.workspace_bytes_per_sample for part, t in member.items()}
         self.kv = member["block"].mem_bytes_per_sample
+        if ctx.config.is_mla:  # the latent cache, whole on every member: its own arithmetic (graph.mla)
+            held = max(1, math.ceil(ctx.workload.kv_context))
+            self.kv = kv_elements_per_token(ctx.config) * held * ctx.precision.kv_bytes
         self.kernels = layer_kernels(
             ctx.config, ctx.precision, sc.kind, degree, sc.intra_link, ctx.tasks.expert_imbalance
         )
