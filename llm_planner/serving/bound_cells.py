@@ -210,7 +210,7 @@ def end_time_s(kinds: list[StageKind], cell: Cell) -> float:
     """The least time of the first stage's own parts (embedding, dense first layers) plus the least
     head time of any stage option at the cell's smallest micro-batch."""
     b_lo, _ = cell.b_range()
-    embed = min(kd.costs.first_s(b_lo) for kd in kinds)
+    embed = min(kd.costs.first_least_s(b_lo) for kd in kinds)
     head = min(kd.costs.part_s("final_norm", b_lo) + kd.costs.part_s("lm_head", b_lo) for kd in kinds)
     return embed + head
 

@@ -272,6 +272,11 @@ class StageCosts:
         dense = self.tasks.dense_layers * float(self.dense_time(b)) if self.dense_time is not None and b > 0 else 0.0
         return self.part_s("embed", b) + dense
 
+    def first_least_s(self, b: int) -> float:
+        """first_s read from the dense layers' pieces, below their time at every b (what the bounds take)."""
+        dense = self.tasks.dense_layers * self.part_s("dense", b) if "dense" in self.pieces else 0.0
+        return self.part_s("embed", b) + dense
+
     @property
     def first_bytes(self) -> float:
         """The weights of the first stage's own parts per device: the embedding's, the dense layers'."""

@@ -94,7 +94,7 @@ class OptimisticTokens:
         # f + s b, f >= 0) C / trip(C / p) grows with C, so its value at the largest C bounds all
         b = max(1.0, lo / sum(n for _, n in stages)) if all(map(_roofline, costs)) else 1.0
         trip = sum(n * c.step_s for c, n in stages) + self.num_layers * min(c.layer_time.least(b) for c in costs)
-        trip += min(c.first_s(b) for c in costs)
+        trip += min(c.first_least_s(b) for c in costs)
         trip += min(c.part_s("final_norm", b) + c.part_s("lm_head", b) for c in costs)
         return lo / trip if trip > 0 else float("inf")
 
