@@ -18,7 +18,7 @@ from llm_planner.graph.decoder_graph import build_decoder_graph
 from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.graph.ir import GraphError
 from llm_planner.graph.transformer import count_active_parameters, count_parameters
-from llm_planner.serving.costs import build_serving_tasks
+from llm_planner.serving.tasks import build_serving_tasks
 from llm_planner.serving.workload import RequestShape, ServingWorkload
 
 TINY = dict(

@@ -18,11 +18,11 @@ from llm_planner.core.fmt import LiteralConsole, fmt_bytes, fmt_s, styled
 from llm_planner.core.precision import KV_FORMATS
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.context import ServingOptions, build_context
-from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET
 from llm_planner.serving.inputs import serving_precision, workload_from_flags
 from llm_planner.serving.layout import Layout, device_word
 from llm_planner.serving.layout_text import LayoutError, parse_layout
 from llm_planner.serving.score import ReplicaScore, score_replica
+from llm_planner.serving.tasks import DEFAULT_TOKEN_BUDGET
 from llm_planner.serving.workload import TPOT_SLO_RANGE_S, ServingWorkload
 
 NO_TARGETS = "no TPOT or TTFT target applies"

@@ -36,7 +36,7 @@ from llm_planner.graph.checkpoint import CheckpointPrecision, checkpoint_precisi
 from llm_planner.graph.hf_config import named_config
 from llm_planner.graph.ir import GraphError
 from llm_planner.graph.transformer import DecoderConfig
-from llm_planner.serving.costs import build_serving_tasks
+from llm_planner.serving.tasks import build_serving_tasks
 from llm_planner.serving.workload import RequestShape, ServingWorkload
 
 PORT_STEP = 10  # > SGLang's dist-init port + 6 derived ones; > vLLM's master port + 1

@@ -28,10 +28,10 @@ from llm_planner.graph.hf_config import named_config
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.measure.serving_results import ServingObservation, ServingResultError
 from llm_planner.serving.context import ServingContext, ServingOptions
-from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET
 from llm_planner.serving.layout import Layout, describe
 from llm_planner.serving.layout_text import LayoutError, parse_layout
 from llm_planner.serving.score import score_replica
+from llm_planner.serving.tasks import DEFAULT_TOKEN_BUDGET
 from llm_planner.serving.workload import TPOT_SLO_RANGE_S, ServingWorkload, WorkloadError
 
 FIGURES = ("tpot_s", "tokens_per_s", "ttft_s", "decode_step_s")

@@ -17,11 +17,11 @@ from llm_planner.cost.moe_cost import check_imbalance
 from llm_planner.graph.hf_config import model_source
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.classes import ServerClass, server_classes
-from llm_planner.serving.costs import DEFAULT_TOKEN_BUDGET, ServingTasks, build_serving_tasks, check_workload_window
 from llm_planner.serving.inputs import read_context_inputs
 from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
 from llm_planner.serving.links import ClassLinks, class_links
 from llm_planner.serving.replica import ReplicaModel
+from llm_planner.serving.tasks import DEFAULT_TOKEN_BUDGET, ServingTasks, build_serving_tasks, check_workload_window
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
 
 log = logging.getLogger(__name__)

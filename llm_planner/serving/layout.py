@@ -21,9 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from llm_planner.serving.classes import ServerClass
-from llm_planner.serving.costs import ServingTasks, StageCosts, stage_costs
+from llm_planner.serving.costs import StageCosts, stage_costs
 from llm_planner.serving.links import ClassLinks
 from llm_planner.serving.replica import ReplicaEval, StageSlot
+from llm_planner.serving.tasks import ServingTasks
 
 
 @dataclass(frozen=True)

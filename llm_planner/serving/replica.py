@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from llm_planner.core.spec import LinkSpec
 from llm_planner.cost.chunks import prompt_wait_s
 from llm_planner.cost.roofline import transfer_s
-from llm_planner.serving.costs import ServingTasks, StageCosts
+from llm_planner.serving.costs import StageCosts
+from llm_planner.serving.tasks import ServingTasks
 
 MAX_CONCURRENCY = 1 << 20
 GRID_RATIO = 1.25  # concurrencies tried for their split: m, 1.25 m, ... up to the largest feasible

@@ -25,7 +25,7 @@ llm_planner.serving.verify_claims says (they cannot be re-derived).
 Not yet independent of the search's code (a defect there would pass here too):
 - each part's per-(class, degree) time pieces and its weight, KV and workspace bytes per device
   (llm_planner.serving.costs.StageCosts, built from llm_planner.cost.roofline and the decoder's
-  tasks, llm_planner.serving.costs.build_serving_tasks) and a measured profile's block time;
+  tasks, llm_planner.serving.tasks.build_serving_tasks) and a measured profile's block time;
 - which link each hand-off takes (llm_planner.serving.layout.build_slots and same_server_after);
 - the server classes, their degrees and blocks (llm_planner.serving.classes, layout.layout_ok);
 - the upper bound (llm_planner.serving.bound.tokens_upper_bound, the same deterministic procedure)

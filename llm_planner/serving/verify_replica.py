@@ -10,7 +10,7 @@ the cost layer's: a decoder layer's kernels evaluated on the iteration's load di
 block time where llm_planner.serving.layer_time.measured_layer_time, the one rule, applies one),
 the end parts' rooflines (llm_planner.cost.roofline.group_task_time_pieces), bytes per member
 roofline.shard_of's. It takes from llm_planner.serving the decoder's tasks per sequence in flight
-(serving.costs.build_serving_tasks), the server classes and the links between stages
+(serving.tasks.build_serving_tasks), the server classes and the links between stages
 (llm_planner.serving.layout.build_slots); the module docstring of llm_planner.serving.verify lists
 those as not yet independent.
 
