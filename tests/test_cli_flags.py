@@ -232,7 +232,7 @@ links:
 
 
 def test_fp8_kernels_text_names_the_kinds_that_run_fp8_weights_weight_only(tmp_path):
-    from llm_planner.cli.serving import fp8_kernels_text
+    from llm_planner.cli.serving_text import fp8_kernels_text
     from llm_planner.core.spec import load_cluster
 
     spec = tmp_path / "mixed.yaml"
