@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_fixtures import KIND, LINK
 
-from llm_planner.cost.iteration import KAPPA, Load, envelope_of_sum, layer_kernels, layer_pieces
+from llm_planner.cost.iteration import KAPPA, Load, layer_kernels
+from llm_planner.cost.layer_pieces import envelope_of_sum, layer_pieces
 from llm_planner.cost.roofline import evaluate_pieces
 from llm_planner.graph.decoder_presets import preset_config
 

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 from kernel_fixtures import KIND, LINK
 
-from llm_planner.cost.iteration import KAPPA, Load, layer_kernels, layer_pieces
+from llm_planner.cost.iteration import KAPPA, Load, layer_kernels
+from llm_planner.cost.layer_pieces import layer_pieces
 from llm_planner.cost.roofline import CostError, evaluate_pieces
 from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.graph.transformer import DecoderConfig

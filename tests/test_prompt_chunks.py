@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from kernel_fixtures import KIND
 
 from llm_planner.cost.chunks import pieces_below, prefill_batch_tokens, prompt_lumps, prompt_wait_s
-from llm_planner.cost.iteration import Load, layer_kernels, layer_pieces
+from llm_planner.cost.iteration import Load, layer_kernels
+from llm_planner.cost.layer_pieces import layer_pieces
 from llm_planner.cost.roofline import evaluate_pieces
 from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.serving.layer_time import RooflineLayerTime

@@ -40,7 +40,7 @@ Each compute kernel's time is its own roofline with a rounded corner,
 (`KAPPA` below), the memory-only kernels' time is m, and the layer's time is the kind's per-task
 overhead plus the sum. Every term is a maximum of affine functions of the load, so for loads
 proportional to b sequences (`Load.per_sequence` times b) the layer time is convex piecewise
-affine in b: `layer_pieces` returns its pieces exactly (the upper envelope of the sum), the form
+affine in b: `layer_pieces.layer_pieces` returns its pieces exactly (the upper envelope of the sum), the form
 the serving bounds read (llm_planner.serving.bound*) and the placement planner's decoder layer
 tasks' times take (llm_planner.cost.task_pieces).
 
@@ -56,14 +56,13 @@ overhead) as above.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
 from llm_planner.core.precision import Precision, as_precision, linear_dtype
 from llm_planner.core.spec import DeviceKindSpec, LinkSpec
 from llm_planner.cost.moe_cost import check_imbalance, expert_sizes, moe_linear_sizes
-from llm_planner.cost.roofline import CostError, Piece
+from llm_planner.cost.roofline import CostError
 from llm_planner.graph import mla
 from llm_planner.graph.moe import experts_touched
 from llm_planner.graph.transformer import DecoderConfig, matmul_parameters, norm_parameters
@@ -356,58 +355,3 @@ def layer_flops(config: DecoderConfig, dtype: str | Precision, load: Load, part:
 
 def _vec(*values: float) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
-
-
-def layer_time_s(kernels: LayerKernels, load: Load, measured: Mapping[str, Callable[[Load], float]]) -> float:
-    """The layer's time on `load` with each kernel named in `measured` timed by its function there
-    instead of its roofline (module docstring); 0 when the load carries no token."""
-    if load.decodes + load.prompt_tokens <= 0:
-        return 0.0
-    return kernels.overhead_s + sum(
-        measured[k.name](load) if k.name in measured else kernels.kernel_s(k, load) for k in kernels.kernels
-    )
-
-
-def layer_pieces(kernels: LayerKernels, per_sequence: Load, without: frozenset[str] = frozenset()) -> tuple[Piece, ...]:
-    """Affine pieces (fixed_s, per_sequence_s) whose maximum is the layer's time at b >= 1
-    sequences, each adding `per_sequence` to the load (module docstring): the upper envelope of
-    the sum of the kernels' pieces (the kernels named in `without` left out), exact for every b >= 0
-    on a dense layer. On an MoE layer (`LayerKernels.exact` False) a lower bound at every b >= 1:
-    the routed experts' weight reads, concave in b, are held at one sequence's."""
-    x = per_sequence.vector()
-    slope_x = (0.0, *x[1:])
-    fixed_x = (1.0, 0.0, 0.0, 0.0, 0.0)
-    one = per_sequence.decodes + per_sequence.prompt_tokens  # tokens of one sequence
-    terms = []  # per kernel: its pieces as (fixed, slope)
-    for kernel in (k for k in kernels.kernels if k.name not in without):
-        c0, m0 = kernels.kernel_terms(kernel, fixed_x)
-        m0 += kernel.expert_bytes(one) / kernels.bytes_per_s  # routed experts: their least, at b = 1
-        c1, m1 = kernels.kernel_terms(kernel, slope_x)
-        if kernel.collective or c0 + c1 == 0 or m0 + m1 == 0:
-            terms.append(((c0 + m0, c1 + m1),))
-        else:
-            terms.append(((c0, c1), (m0, m1), (KAPPA * (c0 + m0), KAPPA * (c1 + m1))))
-    terms.append(((kernels.overhead_s, 0.0),))
-    return envelope_of_sum(terms)
-
-
-def envelope_of_sum(terms: list[tuple[Piece, ...]]) -> tuple[Piece, ...]:
-    """The pieces of sum_i max_j (f_ij + s_ij b) for b >= 0: a convex piecewise affine function,
-    affine between the breakpoints of its terms; one piece per stretch between them."""
-    points = {0.0}
-    for pieces in terms:
-        for i, (f1, s1) in enumerate(pieces):
-            for f2, s2 in pieces[i + 1 :]:
-                if s1 != s2 and (x := (f2 - f1) / (s1 - s2)) > 0:
-                    points.add(x)
-    ends = sorted(points)
-    probes = [(lo + hi) / 2 for lo, hi in zip(ends, ends[1:])] + [ends[-1] + 1.0]
-    out: list[Piece] = []
-    for b in probes:
-        fixed = slope = 0.0
-        for pieces in terms:
-            f, s = max(pieces, key=lambda p: p[0] + p[1] * b)
-            fixed, slope = fixed + f, slope + s
-        if (fixed, slope) not in out:
-            out.append((fixed, slope))
-    return tuple(out)

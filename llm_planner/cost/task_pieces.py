@@ -14,7 +14,7 @@ everything else by its task roofline (llm_planner.cost.roofline):
   b T tokens with the weights read once, decode attention over the caches, prompt attention,
   elementwise ops; on a group of k the kernel model's split and its all-reduces, one per sublayer,
   each the kind's per-call collective overhead plus 2 (k - 1) link latencies and the ring's bytes),
-  each its own rounded roofline; `iteration.layer_pieces` gives its pieces, the exact upper
+  each its own rounded roofline; `layer_pieces.layer_pieces` gives its pieces, the exact upper
   envelope of that sum, so every solver, bound and the verifier read it as any max-of-affine
   task time;
 - embed, final_norm, lm_head, and the tasks of other graphs (fx, randomly wired, workload files):
@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from llm_planner.core.spec import DeviceKindSpec, LinkSpec
-from llm_planner.cost.iteration import SUBLAYERS, Load, layer_flops, layer_kernels, layer_pieces, sublayer_kernels
+from llm_planner.cost.iteration import SUBLAYERS, Load, layer_flops, layer_kernels, sublayer_kernels
+from llm_planner.cost.layer_pieces import layer_pieces
 from llm_planner.cost.roofline import CostError, Piece, group_task_time_pieces, task_supported
 from llm_planner.graph.ir import GraphError, Task, TaskGraph
 from llm_planner.graph.transformer import DecoderConfig

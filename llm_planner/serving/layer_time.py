@@ -8,7 +8,7 @@ slope), `measured`, and `load_s(load)` for any other mix of decode and prompt to
                        piecewise affine), its pieces a lower bound for the bounds
     MeasuredLayerTime  a serving-profile/1 table pair of a kind on one device: decode(b) + prefill(b r)
     PartsLayerTime     a serving-profile/2 entry of a kind at the stage's degree: the kernel model
-                       with the measured parts replaced by their tables (cost.iteration.layer_time_s)
+                       with the measured parts replaced by their tables (cost.layer_pieces.layer_time_s)
 
 with r = E[P]/E[O] prompt tokens per sequence per iteration. `measured_layer_time` is the one
 rule of which applies (serving.costs.stage_costs and the verifier both call it). The measured
@@ -23,7 +23,8 @@ import bisect
 import math
 
 from llm_planner.cost.chunks import pieces_below, prefill_batch_tokens, prompt_lumps
-from llm_planner.cost.iteration import LayerKernels, Load, layer_pieces, layer_time_s
+from llm_planner.cost.iteration import LayerKernels, Load
+from llm_planner.cost.layer_pieces import layer_pieces, layer_time_s
 from llm_planner.cost.roofline import evaluate_pieces
 from llm_planner.serving.workload import WorkloadError
 

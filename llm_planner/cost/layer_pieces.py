@@ -1,0 +1,66 @@
+"""A decoder layer's time from its kernels (llm_planner.cost.iteration) as the search and the
+bounds read it: affine pieces in the sequences of a micro-batch (`layer_pieces`, the upper
+envelope of the kernels' rooflines summed, `envelope_of_sum`), and the time on one load with some
+kernels measured (`layer_time_s`). The math is in llm_planner.cost.iteration's docstring."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from llm_planner.cost.iteration import KAPPA, LayerKernels, Load
+from llm_planner.cost.roofline import Piece
+
+
+def layer_time_s(kernels: LayerKernels, load: Load, measured: Mapping[str, Callable[[Load], float]]) -> float:
+    """The layer's time on `load` with each kernel named in `measured` timed by its function there
+    instead of its roofline (module docstring); 0 when the load carries no token."""
+    if load.decodes + load.prompt_tokens <= 0:
+        return 0.0
+    return kernels.overhead_s + sum(
+        measured[k.name](load) if k.name in measured else kernels.kernel_s(k, load) for k in kernels.kernels
+    )
+
+
+def layer_pieces(kernels: LayerKernels, per_sequence: Load, without: frozenset[str] = frozenset()) -> tuple[Piece, ...]:
+    """Affine pieces (fixed_s, per_sequence_s) whose maximum is the layer's time at b >= 1
+    sequences, each adding `per_sequence` to the load (module docstring): the upper envelope of
+    the sum of the kernels' pieces (the kernels named in `without` left out), exact for every b >= 0
+    on a dense layer. On an MoE layer (`LayerKernels.exact` False) a lower bound at every b >= 1:
+    the routed experts' weight reads, concave in b, are held at one sequence's."""
+    x = per_sequence.vector()
+    slope_x = (0.0, *x[1:])
+    fixed_x = (1.0, 0.0, 0.0, 0.0, 0.0)
+    one = per_sequence.decodes + per_sequence.prompt_tokens  # tokens of one sequence
+    terms = []  # per kernel: its pieces as (fixed, slope)
+    for kernel in (k for k in kernels.kernels if k.name not in without):
+        c0, m0 = kernels.kernel_terms(kernel, fixed_x)
+        m0 += kernel.expert_bytes(one) / kernels.bytes_per_s  # routed experts: their least, at b = 1
+        c1, m1 = kernels.kernel_terms(kernel, slope_x)
+        if kernel.collective or c0 + c1 == 0 or m0 + m1 == 0:
+            terms.append(((c0 + m0, c1 + m1),))
+        else:
+            terms.append(((c0, c1), (m0, m1), (KAPPA * (c0 + m0), KAPPA * (c1 + m1))))
+    terms.append(((kernels.overhead_s, 0.0),))
+    return envelope_of_sum(terms)
+
+
+def envelope_of_sum(terms: list[tuple[Piece, ...]]) -> tuple[Piece, ...]:
+    """The pieces of sum_i max_j (f_ij + s_ij b) for b >= 0: a convex piecewise affine function,
+    affine between the breakpoints of its terms; one piece per stretch between them."""
+    points = {0.0}
+    for pieces in terms:
+        for i, (f1, s1) in enumerate(pieces):
+            for f2, s2 in pieces[i + 1 :]:
+                if s1 != s2 and (x := (f2 - f1) / (s1 - s2)) > 0:
+                    points.add(x)
+    ends = sorted(points)
+    probes = [(lo + hi) / 2 for lo, hi in zip(ends, ends[1:])] + [ends[-1] + 1.0]
+    out: list[Piece] = []
+    for b in probes:
+        fixed = slope = 0.0
+        for pieces in terms:
+            f, s = max(pieces, key=lambda p: p[0] + p[1] * b)
+            fixed, slope = fixed + f, slope + s
+        if (fixed, slope) not in out:
+            out.append((fixed, slope))
+    return tuple(out)
