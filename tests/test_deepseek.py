@@ -234,3 +234,44 @@ def test_helix_export_refuses_a_model_with_dense_first_layers(tmp_path, capsys):
     helix = ["export", str(out), "--to", "helix", "--helix-cluster", "c.ini", "--helix-profiles", "p", "-o", "x.ini"]
     assert main(helix) == 2
     assert "model.dense_layers" in capsys.readouterr().err
+
+
+KIMI_K2 = {  # moonshotai/Kimi-K2-Instruct's config.json shapes: DeepSeek-V3's layers, 384 experts, 64 heads
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "kimi_k2",
+    "first_k_dense_replace": 1,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "kv_lora_rank": 512,
+    "max_position_embeddings": 131072,
+    "moe_intermediate_size": 2048,
+    "n_group": 1,
+    "n_routed_experts": 384,
+    "n_shared_experts": 1,
+    "num_attention_heads": 64,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 61,
+    "num_key_value_heads": 64,
+    "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "topk_group": 1,
+    "v_head_dim": 128,
+    "vocab_size": 163840,
+}
+
+
+def test_kimi_k2_is_read_as_the_deepseek_v3_architecture_it_ships():
+    """Kimi K2's config names model_type kimi_k2 and the architecture DeepseekV3ForCausalLM: planned as
+    that architecture (1.03T parameters, 32B multiplied per token: "1T total, 32B activated"); a
+    kimi_k2 config naming another architecture is refused naming the key."""
+    from transformers import DeepseekV3Config
+
+    cfg = hf_config.config_from_dict(KIMI_K2, "kimi.json")
+    assert cfg.hf_model_type == "deepseek_v3" and cfg.first_dense_layers == 1 and cfg.num_experts == 384
+    shapes = {k: v for k, v in KIMI_K2.items() if k not in ("architectures", "model_type")}
+    assert count_parameters(cfg) == _hf_params(DeepseekV3Config(**shapes), "meta")
+    assert count_parameters(cfg) == pytest.approx(1.03e12, rel=0.01)
+    assert count_active_parameters(cfg) - 163840 * 7168 == pytest.approx(32e9, rel=0.02)
+    with pytest.raises(GraphError, match="key 'architectures'.*kimi_k2.*DeepseekV3ForCausalLM"):
+        hf_config.config_from_dict({**KIMI_K2, "architectures": ["KimiK2ForCausalLM"]}, "kimi.json")

@@ -47,7 +47,7 @@ def config_from_dict(data: Any, source: str, name: str | None = None) -> Decoder
     if not isinstance(data, dict):
         raise GraphError(f"{source}: expected a JSON object at the top level, got {type(data).__name__}")
     r = _Reader(data, source)
-    hf_type = r.get("model_type", str)
+    hf_type = _architecture_type(r)
     if hf_type in UNPLANNED:
         raise GraphError(f"{source}: key 'model_type': {quote(hf_type)} is not planned: {UNPLANNED[hf_type]}")
     if hf_type not in HF_MODEL_TYPES:
@@ -85,6 +85,27 @@ def config_from_dict(data: Any, source: str, name: str | None = None) -> Decoder
         )
     except GraphError as exc:
         raise GraphError(f"{source}: {exc}") from None
+
+
+# model_types whose config.json names a transformers architecture of another type, read as that type:
+# Kimi K2 (moonshotai/Kimi-K2-*: model_type kimi_k2) ships DeepseekV3ForCausalLM, DeepSeek-V3's layers
+ARCHITECTURE_OF = {"kimi_k2": ("DeepseekV3ForCausalLM", "deepseek_v3")}
+
+
+def _architecture_type(r: _Reader) -> str:
+    """The config's model_type, or for one of ARCHITECTURE_OF the type whose architecture it names
+    (GraphError naming the key when it names another)."""
+    hf_type = r.get("model_type", str)
+    if hf_type not in ARCHITECTURE_OF:
+        return hf_type
+    architecture, planned_as = ARCHITECTURE_OF[hf_type]
+    named = r.get("architectures", list, [])
+    if architecture not in named:
+        raise GraphError(
+            f"{r.source}: key 'architectures': model_type {quote(hf_type)} is planned as {planned_as} when its "
+            f"architecture is {architecture}, got {named!r}"
+        )
+    return planned_as
 
 
 def _opt_fields(r: _Reader, heads: int) -> dict[str, Any]:
