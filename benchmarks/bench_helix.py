@@ -227,20 +227,31 @@ def main() -> None:
     log = out / "runs.jsonl"  # one line per finished simulation, written as each ends
     log.write_text("")
 
-    def one(item: tuple[str, Run]) -> dict:
-        result = simulate(item[1], checkout, python, args.machine_profiles, args.warm_up, args.duration)
-        with open(log, "a") as f:
-            layout = (
-                item[1].layout if not Path(item[1].layout).is_absolute() else Path(item[1].layout).name
-            )  # no machine paths
+    def one(item: tuple[str, Run]) -> dict | None:
+        """One simulation; a failure is recorded (and printed) without stopping the others."""
+        layout = item[1].layout if not Path(item[1].layout).is_absolute() else Path(item[1].layout).name
+        try:
+            result = simulate(item[1], checkout, python, args.machine_profiles, args.warm_up, args.duration)
+        except RuntimeError as exc:
+            message = str(exc).replace(str(checkout), "$HELIX")  # no machine paths
+            print(f"{item[0]}: {message}", file=sys.stderr, flush=True)
+            with open(log, "a") as f:
+                f.write(json.dumps({"row": item[0], "layout": layout, "failed": message.splitlines()[0]}) + "\n")
+            return None
+        with open(log, "a") as f:  # no machine paths: the layout's name
             f.write(json.dumps({"row": item[0], "layout": layout, **result}) + "\n")
         return result
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = list(pool.map(one, runs))
+    if all(r is None for r in results):
+        sys.exit("every simulation failed (runs.jsonl says which)")
     rows = []
     for name, (row_runs, reported) in chosen.items():
         mine = [res for (n, _), res in zip(runs, results) if n == name]
+        if any(r is None for r in mine):
+            print(f"{name}: left out of the table, a simulation of it failed", flush=True)
+            continue
         rows.append(
             {
                 "row": name,
@@ -261,7 +272,8 @@ def main() -> None:
         )
     facts["helix_commit"] = os.environ.get("LLM_PLANNER_HELIX_COMMIT") or _git_head(checkout)
     facts["total_wall_s"] = round(time.perf_counter() - started, 1)
-    facts["helix_python"] = {k: results[0].get(k) for k in ("python", "numpy", "networkx")}
+    facts["helix_python"] = {k: next(r for r in results if r).get(k) for k in ("python", "numpy", "networkx")}
+    facts["command"] = facts["command"].replace(str(checkout), "$HELIX")  # no machine paths
     provenance.record(out, facts)
     provenance.write_csv(out, COLUMNS, rows)
     (out / "table.md").write_text(markdown(rows))
