@@ -181,8 +181,10 @@ micro-batches m; output tokens/s of the run, mean TPOT and mean TTFT over its re
 measured and predicted, and predicted / measured; `within 15%`: tokens/s and TPOT both within
 15% (the target). TTFT is shown, not judged: the model's is a prompt's in the steady state,
 while a closed-loop run admits all C requests at its start, whose prompts then wait for the token
-budget behind one another (a ramp the mean over a short run carries). Ranks beyond the machine's cores (the three of
-`tp2-tp1` on two cores) oversubscribe them: ranks take turns, which the model does not describe.
+budget behind one another (a ramp the mean over a short run carries). Rows `oversubscribed` are
+judged runs whose processes exceed the machine's cores (the three ranks of `tp2-tp1`, or two
+replicas' ranks and the front end, on two cores): run and shown, not judged, since their ranks
+take turns on a core where the spec gives each its own.
 Each run's plan, report and log are kept under `benchmarks/results/serve/runs/<run>/`.""",
         ".venv/bin/python benchmarks/bench_serve.py",
     ),
