@@ -100,11 +100,9 @@ class _Costs:
 
     def layer_s(self, b: int, prompt_tokens: float, keys: float | None = None, dense: bool = False) -> float:
         """One decoder layer (one of the dense first layers: `dense`) on b decodes and `prompt_tokens`
-        prompt tokens (their queries seeing `keys` keys; default: a chunk of the mean prompt's, or the
-        steady share's)."""
-        if keys is None:  # the steady share: each sequence's own prompts; else a mean prompt's chunk
-            steady = prompt_tokens == b * self.ratio
-            keys = b * self.steady_prompt_keys if steady else prompt_tokens * self.prompt_keys
+        prompt tokens (their queries seeing `keys` keys; default: those of a chunk of the mean prompt)."""
+        if keys is None:
+            keys = prompt_tokens * self.prompt_keys
         load = Load(decodes=b, decode_keys=b * self.decode_keys, prompt_tokens=prompt_tokens, prompt_keys=keys)
         if dense:
             return self.dense.time_s(load)
@@ -120,7 +118,7 @@ class _Costs:
         engine's chunks on the kernel model of a dense layer (llm_planner.cost.chunks), spread evenly
         on a measured time or an MoE layer (serving.layer_time)."""
         if not dense and (self.measured is not None or not self.kernels.exact):  # measured, or MoE's concave reads
-            return self.layer_s(b, b * self.ratio)
+            return self.layer_s(b, b * self.ratio, keys=b * self.steady_prompt_keys)  # each sequence's own prompts
         per_token = self.steady_prompt_keys / self.ratio if self.ratio > 0 else 0.0
         lumps = prompt_lumps(b * self.ratio, self.prompt_len, self.budget - b)
         return sum(w * self.layer_s(b, x, keys=x * per_token, dense=dense) for w, x in lumps)
