@@ -275,3 +275,11 @@ def test_kimi_k2_is_read_as_the_deepseek_v3_architecture_it_ships():
     assert count_active_parameters(cfg) - 163840 * 7168 == pytest.approx(32e9, rel=0.02)
     with pytest.raises(GraphError, match="key 'architectures'.*kimi_k2.*DeepseekV3ForCausalLM"):
         hf_config.config_from_dict({**KIMI_K2, "architectures": ["KimiK2ForCausalLM"]}, "kimi.json")
+
+
+def test_a_latent_rank_beyond_the_limit_is_refused_naming_the_file_and_key():
+    from transformers import DeepseekV3Config
+
+    data = DeepseekV3Config(**TINY).to_dict() | {"kv_lora_rank": 10**9}
+    with pytest.raises(GraphError, match=r"x\.json: .*kv_lora_rank 1,000,000,000 is above the limit of 131,072"):
+        hf_config.config_from_dict(data, "x.json")

@@ -30,6 +30,11 @@ MAX_SIZES = {
     "num_experts": 4_096,
     "moe_intermediate_size": 524_288,
     "shared_expert_size": 524_288,
+    "kv_lora_rank": 131_072,
+    "q_lora_rank": 131_072,
+    "qk_rope_head_dim": 16_384,
+    "qk_nope_head_dim": 16_384,
+    "v_head_dim": 16_384,
 }
 # transformers.activations.ACT2CLS (transformers 4.4x-5.x); the runtime looks the name up there
 ACTIVATIONS = frozenset(
