@@ -283,3 +283,14 @@ def test_a_latent_rank_beyond_the_limit_is_refused_naming_the_file_and_key():
     data = DeepseekV3Config(**TINY).to_dict() | {"kv_lora_rank": 10**9}
     with pytest.raises(GraphError, match=r"x\.json: .*kv_lora_rank 1,000,000,000 is above the limit of 131,072"):
         hf_config.config_from_dict(data, "x.json")
+
+
+def test_score_states_the_dense_layers_of_the_first_stage(capsys):
+    from llm_planner.cli.main import main
+
+    spec = Path(__file__).resolve().parents[1] / "cluster_specs" / "h200-2x8.yaml"
+    argv = ["score", "--cluster", str(spec), "--model", "deepseek-v3", "--replica", "2xhgx/h200[tp4]"]
+    argv += ["--concurrency", "64", "--prompt-len", "1000", "--output-len", "1000", "--weights", "fp8"]
+    assert main(argv) == 0, capsys.readouterr().err
+    out = " ".join(capsys.readouterr().out.split())
+    assert " + 3 dense" in out

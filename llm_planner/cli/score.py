@@ -166,7 +166,7 @@ def score_table(score: ReplicaScore, layout: Layout, classes: Mapping[str, Serve
         table.add_row(
             str(s),
             per_stage[s],
-            str(n),
+            f"{n} + {score.dense_layers} dense" if s == 0 and score.dense_layers else str(n),
             str(score.caps[s]),
             fmt_s(ev.stage_s[s]),
             f"{fmt_bytes(ev.mem_bytes[s])} / {fmt_bytes(score.usable_bytes[s])}",

@@ -33,6 +33,7 @@ class ReplicaScore:
     within_token_budget: bool
     max_batched_tokens: int
     chunked_prefill: bool = True  # False: the engine runs prompts whole (llm_planner.cost.chunks)
+    dense_layers: int = 0  # DeepSeek's dense first layers, which the first stage holds beside its share
 
     @property
     def fits_memory(self) -> bool:
@@ -90,6 +91,7 @@ def score_replica(
         within_token_budget=model.within_budget(concurrency, micro_batches),
         max_batched_tokens=ctx.tasks.token_budget,
         chunked_prefill=ctx.tasks.chunked_prefill,
+        dense_layers=ctx.tasks.dense_layers,
     )
 
 
