@@ -136,14 +136,15 @@ def _workspace_widths(cfg: DecoderConfig) -> dict[str, int]:
     """Elements per token alive at once at each part's widest point (its input, the widest
     intermediate and what is written from it; the attention core fused, so no L x L scores)."""
     h, a, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    if cfg.is_mla:  # the query and the keys and values decompressed for a prompt (the widest point)
-        a, kv = cfg.num_heads * cfg.head_dim, cfg.num_heads * (cfg.head_dim + cfg.v_head_dim) / 2
+    attn = h + a + 2 * kv + a  # the input, q, k and v, the output
+    if cfg.is_mla:  # the input, q and its output counted at q's width, k and v decompressed for a prompt
+        attn = h + 2 * a + cfg.num_heads * (cfg.head_dim + cfg.v_head_dim)
     inner = cfg.moe_intermediate_size * cfg.experts_per_token if cfg.is_moe else cfg.intermediate_size
     inner = max(inner, cfg.shared_expert_size)
     up = inner * (2 if cfg.gated_mlp else 1)
     return {
         "embed": 2 * h,
-        "attn": h + a + 2 * kv + a,
+        "attn": attn,
         "mlp": h + up + inner + cfg.num_experts,
         "final_norm": 2 * h,
         "lm_head": cfg.word_embed_dim + cfg.vocab_size,
@@ -200,8 +201,8 @@ def build_decoder_graph(config: DecoderConfig, *, phase: str, seq_len: int, gran
     tokens = 1 if phase == "decode" else seq_len
     moe = _costs_and_layouts(config, phase, seq_len, b)
     dense = _costs_and_layouts(config.dense_layer(), phase, seq_len, b) if config.first_dense_layers else moe
-    c, tp = moe
-    tasks = [_task("embed", "embed", c["embed"], tp["embed"])]
+    ends, end_tp = moe  # embed, final_norm and lm_head: the same in both
+    tasks = [_task("embed", "embed", ends["embed"], end_tp["embed"])]
     for i in range(config.num_layers):
         c, tp = dense if i < config.first_dense_layers else moe
         if granularity == "block":
@@ -213,10 +214,9 @@ def build_decoder_graph(config: DecoderConfig, *, phase: str, seq_len: int, gran
                 _task(f"block.{i}.attn", "attn", c["attn"], tp["attn"], i),
                 _task(f"block.{i}.mlp", "mlp", c["mlp"], tp["mlp"], i),
             ]
-    c, tp = moe
     tasks += [
-        _task("final_norm", "final_norm", c["final_norm"], tp["final_norm"]),
-        _task("lm_head", "lm_head", c["lm_head"], tp["lm_head"]),
+        _task("final_norm", "final_norm", ends["final_norm"], end_tp["final_norm"]),
+        _task("lm_head", "lm_head", ends["lm_head"], end_tp["lm_head"]),
     ]
     widths = [config.hidden_size] * (len(tasks) - 2) + [
         config.word_embed_dim
