@@ -252,7 +252,7 @@ def _part_sizes(cfg: DecoderConfig, k: int, part: str) -> tuple[float, float, fl
     norm, residual = 2 * h, 3 * h  # a norm reads and writes h; a residual add reads 2h, writes h
     if part == "attn" and cfg.is_mla:  # latent attention (llm_planner.graph.mla)
         io, elementwise = mla.member_traffic(cfg, k)
-        biases = mla.mla_attention_parameters(cfg)["other"] - cfg.q_lora_rank - cfg.kv_lora_rank
+        biases = mla.mla_attention_parameters(cfg)["biases"]
         return mla.member_linear_parameters(cfg, k), biases, io, norm + residual + elementwise, norm_parameters(cfg)
     if part == "attn":  # projections qkv and o; rotary embedding of q and k
         rope = 2 * (a + kv) / k if not cfg.learned_positions else 0.0

@@ -61,13 +61,13 @@ def check_mla(where: str, cfg: Any) -> None:
 
 def mla_attention_parameters(cfg: Any) -> dict[str, int]:
     """One layer's MLA parameters without the input norm (module docstring): `linear` (the weights
-    a token multiplies) and `other` (the latents' norms and the biases)."""
+    a token multiplies), `norms` (the latents' RMSNorms) and `biases`."""
     h, n, r_q, r_kv = cfg.hidden_size, cfg.num_heads, cfg.q_lora_rank, cfg.kv_lora_rank
     qk, d_r, d_v = cfg.head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
     q = h * r_q + r_q * n * qk if r_q else h * n * qk
     kv = h * (r_kv + d_r) + r_kv * n * (cfg.qk_nope_head_dim + d_v)
     biases = cfg.qkv_bias * (r_q + r_kv + d_r) + cfg.out_bias * h
-    return {"linear": q + kv + n * d_v * h, "other": r_q + r_kv + biases}
+    return {"linear": q + kv + n * d_v * h, "norms": r_q + r_kv, "biases": biases}
 
 
 def mla_replicated_linear(cfg: Any) -> int:

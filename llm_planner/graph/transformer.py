@@ -309,7 +309,8 @@ def part_parameters(cfg: DecoderConfig) -> dict[str, int]:
     if cfg.learned_positions:
         out["embed"] += (cfg.max_positions + cfg.position_offset) * h
     if cfg.is_mla:
-        out["attn"] += norm_parameters(cfg) + mla_attention_parameters(cfg)["other"]
+        mla = mla_attention_parameters(cfg)
+        out["attn"] += norm_parameters(cfg) + mla["norms"] + mla["biases"]
     else:
         out["attn"] += (
             norm_parameters(cfg) + (a + 2 * kv) * cfg.qkv_bias + h * cfg.out_bias + 2 * cfg.head_dim * cfg.qk_norm
