@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from llm_planner.core.spec import load_cluster
@@ -51,34 +52,24 @@ def context(
 
 
 def small_deepseek() -> DecoderConfig:
-    """A deepseek_v3 of 2.3B parameters (latent attention, 2 dense first layers of 16, 32 experts of
-    704, top-4, one shared) that the small fleet holds in several layouts."""
-    return DecoderConfig(
+    """DeepSeek-V3's layout at 2.3B parameters (latent attention with its head widths, 2 dense first
+    layers of 16, 32 experts of 704, top-4, one shared) that the small fleet holds in several layouts."""
+    return dataclasses.replace(
+        preset_config("deepseek-v3"),
         name="small-deepseek",
-        model_type="llama",
-        hf_model_type="deepseek_v3",
         num_layers=16,
+        first_dense_layers=2,
         hidden_size=2048,
+        word_embed_dim=2048,
         num_heads=16,
         num_kv_heads=16,
-        head_dim=192,
         intermediate_size=5632,
         vocab_size=32000,
         max_positions=4096,
-        tie_word_embeddings=False,
-        norm_eps=1e-6,
-        rope_theta=10000.0,
-        qkv_bias=False,
-        out_bias=False,
         num_experts=32,
         experts_per_token=4,
         moe_intermediate_size=704,
         shared_expert_size=704,
-        norm_topk_prob=True,
         kv_lora_rank=256,
         q_lora_rank=512,
-        qk_rope_head_dim=64,
-        qk_nope_head_dim=128,
-        v_head_dim=128,
-        first_dense_layers=2,
     )

@@ -21,6 +21,7 @@ from llm_planner.graph.transformer import count_active_parameters, count_paramet
 from llm_planner.serving.tasks import build_serving_tasks
 from llm_planner.serving.workload import RequestShape, ServingWorkload
 
+H200_FLEET = Path(__file__).resolve().parents[1] / "cluster_specs" / "h200-2x8.yaml"
 TINY = dict(
     vocab_size=97,
     hidden_size=64,
@@ -169,7 +170,7 @@ def test_the_first_stage_holds_the_dense_layers_in_time_and_memory(tmp_path):
 def test_deepseek_v3_plans_verifies_and_exports_with_its_dense_layers_first(tmp_path, capsys):
     from llm_planner.cli.main import main
 
-    spec = Path(__file__).resolve().parents[1] / "cluster_specs" / "h200-2x8.yaml"
+    spec = H200_FLEET
     out = tmp_path / "ds.yaml"
     argv = ["plan", "--objective", "serving", "--cluster", str(spec), "--model", "deepseek-v3", "--weights", "fp8"]
     argv += ["--kv-cache-dtype", "fp8", "--prompt-len", "1000", "--output-len", "1000", "--tpot-slo", "100 ms"]
@@ -225,7 +226,7 @@ def test_the_serving_cache_per_member_is_the_whole_latent_at_any_degree(kv):
 def test_helix_export_refuses_a_model_with_dense_first_layers(tmp_path, capsys):
     from llm_planner.cli.main import main
 
-    spec = Path(__file__).resolve().parents[1] / "cluster_specs" / "h200-2x8.yaml"
+    spec = H200_FLEET
     out = tmp_path / "ds.yaml"
     argv = ["plan", "--objective", "serving", "--cluster", str(spec), "--model", "deepseek-v3", "--weights", "fp8"]
     argv += ["--prompt-len", "1000", "--output-len", "1000", "--tpot-slo", "50 ms", "--no-baselines", "-o", str(out)]
@@ -288,7 +289,7 @@ def test_a_latent_rank_beyond_the_limit_is_refused_naming_the_file_and_key():
 def test_score_states_the_dense_layers_of_the_first_stage(capsys):
     from llm_planner.cli.main import main
 
-    spec = Path(__file__).resolve().parents[1] / "cluster_specs" / "h200-2x8.yaml"
+    spec = H200_FLEET
     argv = ["score", "--cluster", str(spec), "--model", "deepseek-v3", "--replica", "2xhgx/h200[tp4]"]
     argv += ["--concurrency", "64", "--prompt-len", "1000", "--output-len", "1000", "--weights", "fp8"]
     assert main(argv) == 0, capsys.readouterr().err
