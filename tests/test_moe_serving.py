@@ -22,7 +22,9 @@ PLAN_ARGS = ["--objective", "serving", "--prompt-len", "512", "--output-len", "1
 @pytest.fixture(scope="module")
 def mixtral_plan(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("moe") / "mixtral.yaml"
-    rc = main(["plan", "--cluster", SPEC, "--model", "mixtral-8x7b", *PLAN_ARGS, "--time-limit", "30", "-o", str(out)])
+    # tensor-parallel experts (what the runtime runs: launch below); data-parallel attention in test_dp_attention.py
+    argv = ["plan", "--cluster", SPEC, "--model", "mixtral-8x7b", *PLAN_ARGS, "--no-dp-attention", "--time-limit", "30"]
+    rc = main([*argv, "-o", str(out)])
     assert rc == 0
     return out
 

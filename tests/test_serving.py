@@ -362,16 +362,17 @@ def test_no_replica_exceeds_its_layouts_optimistic_tokens(bound_ctx, data):
 
 
 def _draw_layout(data, ctx, left: dict) -> tuple:
-    """Up to three segments on devices still free (`left` is updated)."""
+    """Up to three segments on devices still free (`left` is updated), any group shape the class
+    offers (tensor-parallel, or data-parallel attention for a mixture of experts)."""
     layout = []
     for _ in range(data.draw(st.integers(1, 3))):
         free = sorted(n for n, c in left.items() if c > 0)
         if not free:
             break
         name = data.draw(st.sampled_from(free))
-        k = data.draw(st.sampled_from([d for d in ctx.by_name[name].degrees if d <= left[name]]))
+        k, attention = data.draw(st.sampled_from([s for s in ctx.by_name[name].shapes if s[0] <= left[name]]))
         n = data.draw(st.integers(1, left[name] // k))
-        layout.append(Segment(name, k, n))
+        layout.append(Segment(name, k, n, attention))
         left[name] -= k * n
     return tuple(layout)
 

@@ -46,6 +46,7 @@ SERVING_FLAGS = (
     "--max-micro-batches",
     "--max-batched-tokens",
     "--expert-imbalance",
+    "--no-dp-attention",
     "--serving-solver",
     "--weights",
     "--kv-cache-dtype",

@@ -19,7 +19,7 @@ from llm_planner.core.precision import KV_FORMATS
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.context import ServingOptions, build_context
 from llm_planner.serving.inputs import serving_precision, workload_from_flags
-from llm_planner.serving.layout import Layout, device_word
+from llm_planner.serving.layout import Layout, device_word, group_text
 from llm_planner.serving.layout_text import LayoutError, parse_layout
 from llm_planner.serving.score import ReplicaScore, score_replica
 from llm_planner.serving.tasks import DEFAULT_TOKEN_BUDGET
@@ -158,7 +158,8 @@ def score_table(score: ReplicaScore, layout: Layout, classes: Mapping[str, Serve
         table.add_column(col)
     ev = score.ev
     groups = [
-        f"{seg.class_name} " + (f"tp{seg.degree}" if seg.degree > 1 else f"1 {device_word(classes[seg.class_name])}")
+        f"{seg.class_name} "
+        + (group_text(seg.degree, seg.attention) if seg.degree > 1 else f"1 {device_word(classes[seg.class_name])}")
         for seg in layout
     ]
     per_stage = [g for g, seg in zip(groups, layout) for _ in range(seg.stages)]

@@ -93,6 +93,14 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
         "GEMMs are charged as if every expert had the busiest one's (default: 1, uniform routing)",
     )
     g.add_argument(
+        "--no-dp-attention",
+        dest="dp_attention",
+        action="store_false",
+        help="serving, mixture-of-experts models: only tensor-parallel groups (default: groups with "
+        "data-parallel attention and the experts split over them are searched too, vLLM's "
+        "--data-parallel-size --enable-expert-parallel, SGLang's --enable-dp-attention)",
+    )
+    g.add_argument(
         "--weights",
         default=None,
         help="serving: the decoder layers' weight format: fp16/bf16/fp32 (the activation dtype, unquantized), fp8 "
@@ -149,6 +157,7 @@ def serving_options(args: argparse.Namespace):
         max_micro_batches=args.max_micro_batches,
         max_batched_tokens=args.max_batched_tokens or DEFAULT_TOKEN_BUDGET,
         expert_imbalance=args.expert_imbalance,
+        dp_attention=args.dp_attention,
     )
 
 

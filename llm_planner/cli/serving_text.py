@@ -9,6 +9,7 @@ from rich.table import Table
 from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
 from llm_planner.core.precision import fp8_weight_only, precision_from_dict
 from llm_planner.core.spec import ClusterSpec
+from llm_planner.serving.layout import group_text
 
 
 def print_serving(console: Console, data: dict, *, with_baselines: bool, cluster: ClusterSpec | None = None) -> None:
@@ -72,9 +73,11 @@ def _experts_text(data: dict) -> str:
         return ""
     skew = data["options"].get("expert_imbalance", 1.0)
     dense = data["model"].get("dense_layers", 0)
+    dp = data["options"].get("dp_attention", False)
+    split = "split over each group (tpK: tensor-parallel; dpaK: data-parallel attention)" if dp else "tensor-parallel"
     return (
         f"; mixture of experts: {experts['num_experts']} experts, top-{experts['experts_per_token']}, "
-        f"tensor-parallel, imbalance {skew:g}{' (uniform routing)' if skew == 1 else ''}"
+        f"{split}, imbalance {skew:g}{' (uniform routing)' if skew == 1 else ''}"
         + (f"; {dense} dense first layers, on the first stage" if dense else "")
     )
 
@@ -145,9 +148,10 @@ def replica_table(data: dict) -> Table:
     dense = data["model"].get("dense_layers", 0)
     for rep in data["serving"]["replicas"]:
         stages = rep["devices"][0]
+        groups = [seg.get("attention", "tp") for seg in rep["segments"] for _ in range(seg["stages"])]
         for s, devs in enumerate(stages):
             head = s == 0
-            dev = devs[0] if len(devs) == 1 else f"{devs[0]} .. {devs[-1]} (tp{len(devs)})"
+            dev = devs[0] if len(devs) == 1 else f"{devs[0]} .. {devs[-1]} ({group_text(len(devs), groups[s])})"
             mem = f"{fmt_bytes(rep['mem_bytes'][s])} / {fmt_bytes(rep['usable_bytes'][s])}"
             table.add_row(
                 str(rep["count"]) if head else "",

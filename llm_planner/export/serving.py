@@ -45,7 +45,7 @@ from llm_planner.export.engine_args import (
 )
 from llm_planner.export.routers import ROUTER_VERSIONS
 from llm_planner.export.vllm_ray import check_vllm_ray_hosts
-from llm_planner.serving.engines import StageForm, engine_refusal
+from llm_planner.serving.engines import StageForm, dp_attention_refusal, engine_refusal
 from llm_planner.serving.plan_file import ServingPlanFile
 
 log = logging.getLogger(__name__)
@@ -79,11 +79,18 @@ class EnginePlan:
     replica: int
     copy: int
     pattern: str
-    tensor_parallel: int
+    tensor_parallel: int  # the devices of each stage's group
     stages: tuple[EngineStage, ...]
     concurrency: int
     tokens_per_s: float
     mem_fraction: float  # usable share of device memory, the smallest over the engine's kinds
+    data_parallel_attention: bool = False  # one group, attention data-parallel, experts split over it
+
+    @property
+    def rank_concurrency(self) -> int:
+        """Sequences in flight per attention rank: the engine's, or its share on each member of a
+        group with data-parallel attention (each runs its own; the busiest one more)."""
+        return -(-self.concurrency // self.tensor_parallel) if self.data_parallel_attention else self.concurrency
 
     @property
     def pipeline_parallel(self) -> int:
@@ -193,6 +200,10 @@ def build_engines(
         engines += _replica_engines(
             label, r, rep, int(model["num_layers"]) + dense, (framework, multinode), cluster, by_name, ordinals
         )
+    if any(e.data_parallel_attention for e in engines):
+        why = dp_attention_refusal(framework, model_config(model["name"], where).hf_model_type)
+        if why is not None:
+            raise ServingExportError(f"{where}: {why} (plan with --exportable {framework}, or --no-dp-attention)")
     export = ServingExport(
         framework=framework,
         plan_path=where,
@@ -218,7 +229,13 @@ def _engine_budgets(export, plan, cluster, dtype, max_len, multinode) -> Serving
     config = model_config(model["name"], export.plan_path)
     kv = {
         e.name: kv_budget(
-            config, plan_precision(plan.data, export.plan_path), workload, e.tensor_parallel, e.concurrency, e.layers
+            config,
+            plan_precision(plan.data, export.plan_path),
+            workload,
+            e.tensor_parallel,
+            e.concurrency,
+            e.layers,
+            data_parallel=e.data_parallel_attention,
         )
         for e in export.engines
     }
@@ -272,14 +289,21 @@ def _replica_engines(
             "plan again)"
         )
     out = []
+    attention = [seg.get("attention", "tp") for seg in rep["segments"] for _ in range(seg["stages"])]
     for c, copy in enumerate(copies):
         stages = tuple(
             _stage(f"{label}, copy {c}, stage {s}", names, layers[s], by_name, ordinals, cluster)
             for s, names in enumerate(copy)
         )
         forms = [
-            StageForm(degree=len(st.gpus), kind=st.kind, cpu=cluster.kind(st.kind).type == "cpu", host=st.host)
-            for st in stages
+            StageForm(
+                degree=len(st.gpus),
+                kind=st.kind,
+                cpu=cluster.kind(st.kind).type == "cpu",
+                host=st.host,
+                attention=attention[s] if s < len(attention) else "tp",
+            )
+            for s, st in enumerate(stages)
         ]
         m = rep["micro_batches"] if framework != "megatron" else None
         refusal = engine_refusal(framework, forms, m, even_hosts=not (framework == "vllm" and multinode == "ray"))
@@ -296,6 +320,7 @@ def _replica_engines(
             concurrency=int(rep["concurrency"]),
             tokens_per_s=float(rep["tokens_per_s"]),
             mem_fraction=min(fractions),
+            data_parallel_attention="dp" in attention,
         )
         if framework == "vllm" and multinode == "ray" and len(engine.hosts) > 1:
             check_vllm_ray_hosts(f"{label}, copy {c}", engine)

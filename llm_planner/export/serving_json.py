@@ -80,6 +80,7 @@ def engines_config(export: ServingExport, ports: dict[str, int]) -> dict[str, An
                 "copy": e.copy,
                 "pattern": e.pattern,
                 "tensor_parallel_size": e.tensor_parallel,
+                "data_parallel_attention": e.data_parallel_attention,
                 "pipeline_parallel_size": e.pipeline_parallel,
                 "layers_per_stage": e.layers,
                 "layer_partition": layer_partition(e, export.num_layers),

@@ -173,7 +173,22 @@ def _dtype_args(export: ServingExport) -> list[str]:
     return args
 
 
+def _vllm_parallel(e: EnginePlan) -> list[str]:
+    """vLLM's parallel sizes: tensor and pipeline, or data-parallel attention with the experts
+    split over the ranks (each rank its own scheduler: max-num-seqs and the token budget per rank)."""
+    if e.data_parallel_attention:
+        return [
+            "--tensor-parallel-size",
+            "1",
+            "--data-parallel-size",
+            _q(e.tensor_parallel),
+            "--enable-expert-parallel",
+        ]
+    return ["--tensor-parallel-size", _q(e.tensor_parallel), "--pipeline-parallel-size", _q(e.pipeline_parallel)]
+
+
 def _vllm_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
+    budget = export.batched_tokens[e.name]
     return [
         "vllm",
         "serve",
@@ -182,18 +197,15 @@ def _vllm_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
         "0.0.0.0",
         "--port",
         _q(port),
-        "--tensor-parallel-size",
-        _q(e.tensor_parallel),
-        "--pipeline-parallel-size",
-        _q(e.pipeline_parallel),
+        *_vllm_parallel(e),
         "--max-num-seqs",
-        _q(e.concurrency),
+        _q(e.rank_concurrency),
         "--max-model-len",
         _q(export.max_model_len),
         "--kv-cache-memory-bytes",
         _q(export.kv[e.name].gpu_bytes),
         "--max-num-batched-tokens",
-        _q(export.batched_tokens[e.name]),
+        _q(-(-budget // e.tensor_parallel) if e.data_parallel_attention else budget),
         *_dtype_args(export),
     ]
 
@@ -308,6 +320,9 @@ def _log(e: EnginePlan) -> str:
 def _sglang_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
     args = ["python3", "-m", "sglang.launch_server", "--model-path", '"$MODEL"', "--host", "0.0.0.0"]
     args += ["--port", _q(port), "--tp-size", _q(e.tensor_parallel)]
+    if e.data_parallel_attention:  # SGLang divides the requests and the prefill chunk over the dp ranks itself
+        k = _q(e.tensor_parallel)
+        args += ["--dp-size", k, "--enable-dp-attention", "--ep-size", k]
     if e.pipeline_parallel > 1:
         args += ["--pp-size", _q(e.pipeline_parallel)]
     return [

@@ -46,7 +46,7 @@ from llm_planner.runtime.serve_requests import LoadSpec
 from llm_planner.runtime.serve_spec import ReplicaSpec, ServeSpec, StageSpec
 from llm_planner.runtime.table import RankTable, RunSpec
 from llm_planner.serving.context import ServingContext
-from llm_planner.serving.layout import Segment
+from llm_planner.serving.layout import segment_of
 from llm_planner.serving.layout_text import LayoutError
 from llm_planner.serving.plan_fields import precision
 from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, load_serving_plan
@@ -124,6 +124,19 @@ def _check_experts(plan: ServingPlanFile, config, checkpoint: str | None) -> Non
         )
 
 
+def _check_attention(plan: ServingPlanFile) -> None:
+    """The runtime runs tensor-parallel groups only: a replica with data-parallel attention is
+    refused, naming it (export it to vLLM or SGLang, or plan with --no-dp-attention)."""
+    for i, rep in enumerate(plan.replicas):
+        for j, seg in enumerate(rep["segments"]):
+            if seg.get("attention", "tp") != "tp":
+                raise LaunchError(
+                    f"{plan.path}: serving.replicas[{i}].segments[{j}].attention: {seg['attention']!r}: the runtime "
+                    "runs tensor-parallel groups only, not data-parallel attention (export the plan to vLLM or "
+                    "SGLang, or plan with --no-dp-attention)"
+                )
+
+
 def _check_precision(plan: ServingPlanFile) -> None:
     """The runtime holds weights and KV cache in the activation dtype: a plan whose model (or any
     replica) stores weights in another format or its KV cache in fp8 is refused, naming the field."""
@@ -178,7 +191,7 @@ def _replica_rows(plan: ServingPlanFile, ctx: ServingContext) -> list[tuple[dict
     """(pattern, devices of each stage, prediction) of every replica: each copy of each pattern in plan order."""
     rows = []
     for i, rep in enumerate(plan.replicas):
-        layout = tuple(Segment(s["class"], s["degree"], s["stages"]) for s in rep["segments"])
+        layout = tuple(segment_of(s) for s in rep["segments"])
         try:
             score = score_replica(
                 ctx,
@@ -217,6 +230,7 @@ def prepare_serving(plan_path: str | Path, options: ServeOptions) -> ServePrepar
     _check_options(options)
     try:
         plan = load_serving_plan(plan_path)
+        _check_attention(plan)
         _check_precision(plan)
         ctx = context_of(plan)
     except ServingPlanError as exc:

@@ -16,7 +16,7 @@ from llm_planner.serving.baselines import engineer_best, engineer_options, megat
 from llm_planner.serving.bound import exportable_bounds
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context, status_of, usable_bytes
 from llm_planner.serving.fleet import FleetChoice
-from llm_planner.serving.layout import Pattern, describe
+from llm_planner.serving.layout import Pattern, describe, segment_fields
 from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION, input_digest
 from llm_planner.serving.precision_choice import bound_without_plan, plan_among
 from llm_planner.serving.search import SearchStats, fleet_prices, segment_options, solve_serving
@@ -48,7 +48,7 @@ def replica_record(ctx: ServingContext, pattern: Pattern, count: int, devices: l
     return {
         "pattern": describe(pattern.layout, ctx.by_name),
         "count": count,
-        "segments": [{"class": s.class_name, "degree": s.degree, "stages": s.stages} for s in pattern.layout],
+        "segments": [segment_fields(s) for s in pattern.layout],
         "layers": list(ev.layers),
         "concurrency": ev.concurrency,
         "micro_batches": ev.micro_batches,

@@ -33,15 +33,15 @@ def class_patterns(ctx: ServingContext, class_name: str) -> list[tuple[Pattern, 
     """(pattern, replicas the class holds) for every engineer layout of one class."""
     sc = ctx.by_name[class_name]
     out = []
-    for k in sc.degrees:
+    for k, attention in sc.shapes:
         for n in range(1, min(ctx.tasks.num_layers, sc.num_devices // k) + 1):
             if not sc.block_ok(n * k):
                 continue
-            layout = (Segment(class_name, k, n),)
+            layout = (Segment(class_name, k, n, attention),)
             cands = [ctx.best(layout, [n], even_split(ctx.tasks.num_layers, n)), ctx.best(layout, [n])]
             best = max((e for e in cands if e is not None), key=lambda e: e.tokens_per_s, default=None)
             if best is not None:
-                out.append((Pattern(layout=(Segment(class_name, k, n),), ev=best), sc.num_devices // (n * k)))
+                out.append((Pattern(layout=layout, ev=best), sc.num_devices // (n * k)))
     return out
 
 

@@ -71,15 +71,15 @@ from llm_planner.serving.layout import CostCache
 from llm_planner.serving.links import ClassLinks
 
 
-def stage_rates(cache: CostCache, sc: ServerClass, tpot_slo_s: float) -> dict[tuple[int, int], float]:
-    """(degree k, layers l) -> the most layer-token passes per second one device of the class does
-    in a stage of k devices holding l layers, in any plan (0: no such stage fits)."""
+def stage_rates(cache: CostCache, sc: ServerClass, tpot_slo_s: float) -> dict[tuple[int, str, int], float]:
+    """(degree k, attention, layers l) -> the most layer-token passes per second one device of the
+    class does in a stage of k devices (its attention tensor- or data-parallel) holding l layers,
+    in any plan (0: no such stage fits)."""
     out = {}
-    for k in sc.degrees:
-        costs = cache.get(sc.name, k)
-        rate = _rate_of(costs)
+    for costs in cache.shapes(sc):
+        k, rate = costs.degree, _rate_of(costs)
         for layers in range(1, cache.tasks.num_layers + 1):
-            out[(k, layers)] = rate(costs, k, layers, tpot_slo_s)
+            out[(k, costs.attention, layers)] = rate(costs, k, layers, tpot_slo_s)
     return out
 
 
@@ -246,9 +246,8 @@ def _level_options(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_
     the rate is taken at C_{j+1} (it grows with C); the round-trip share is (step + l t_min) / k."""
     out = []
     for sc in classes:
-        for k in sc.degrees:
-            costs = cache.get(sc.name, k)
-            rate_of = _rate_of(costs)
+        for costs in cache.shapes(sc):
+            k, rate_of = costs.degree, _rate_of(costs)
             block_min = costs.layer_time.least()
             for layers in range(1, cache.tasks.num_layers + 1):
                 c_fit = costs.concurrency_held(layers)

@@ -76,8 +76,8 @@ def _batch_grid(cache: CostCache, classes: tuple[ServerClass, ...], top: float) 
     """b levels shared by every class: 1, 1.5, 2.25, ... and every measured breakpoint, up to top."""
     points = {1.0}
     for sc in classes:
-        for k in sc.degrees:
-            points |= {x for x in cache.get(sc.name, k).layer_time.breakpoints if 1.0 < x < top}
+        for costs in cache.shapes(sc):
+            points |= {x for x in costs.layer_time.breakpoints if 1.0 < x < top}
     x = B_RATIO
     while x < top:
         points.add(x)
@@ -100,8 +100,8 @@ def _groups(cache: CostCache, classes: tuple[ServerClass, ...], tpot_slo_s: floa
         c_hi, grid = c * C_RATIO, None
         level = []
         for sc in classes:
-            for k in sc.degrees:
-                costs = cache.get(sc.name, k)
+            for costs in cache.shapes(sc):
+                k = costs.degree
                 per_layer = costs.layer_bytes(c)
                 l_mem = int(costs.usable_bytes // per_layer) if per_layer > 0 else num_layers
                 if l_mem < 1:

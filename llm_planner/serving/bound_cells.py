@@ -179,12 +179,12 @@ def stage_kinds(cache: CostCache, classes: tuple[ServerClass, ...], links) -> li
     free = links.one_server and len(classes) > 1
     out = []
     for sc in classes:
-        for k in sc.degrees:
+        for costs in cache.shapes(sc):
+            k = costs.degree
             two = sc.per_server // k >= 2
             own = (sc.intra_link,) if two and sc.intra_link is not None else ()
             others = () if links.one_server else links.out_of(sc.name, itself=sc.num_devices > k)
             each = () if free else (*own, *others)
-            costs = cache.get(sc.name, k)
             end = min(costs.first_bytes, costs.weight_bytes["final_norm"] + costs.weight_bytes["lm_head"])
             out.append(StageKind(sc.name, k, costs, each, cache.tasks.handoff_bytes_per_seq, end))
     return out

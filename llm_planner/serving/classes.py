@@ -28,6 +28,14 @@ class ServerClass:
     num_servers: int  # servers of the template
     intra_link: LinkSpec | None  # between two devices of the kind in one server; None with one device
     degrees: tuple[int, ...]  # tensor-parallel degrees a stage may use here (1 first)
+    # degrees of groups with data-parallel attention, the experts split over the group (an MoE
+    # model only: llm_planner.cost.dp_attention)
+    dp_degrees: tuple[int, ...] = ()
+
+    @property
+    def shapes(self) -> tuple[tuple[int, str], ...]:
+        """Every (degree, attention) a stage may take here: "tp" at each degree, then "dp"."""
+        return tuple((k, "tp") for k in self.degrees) + tuple((k, "dp") for k in self.dp_degrees)
 
     @property
     def num_devices(self) -> int:
@@ -46,13 +54,14 @@ def block_sizes_in_server(n: int) -> tuple[int, ...]:
 
 
 def server_classes(
-    cluster: ClusterSpec, *, allow_cpu: bool, max_tp: int | None, shards_over
+    cluster: ClusterSpec, *, allow_cpu: bool, max_tp: int | None, shards_over, dp_over=None
 ) -> tuple[ServerClass, ...]:
     """Every (template, kind) class of the cluster that serving may use, in spec order.
 
     CPUs only with allow_cpu; groups only over kinds whose spec allows them (`tensor_parallel`,
     false for CPUs unless the spec says otherwise); `shards_over(k)` says whether the model's
-    tasks split over k devices (heads, KV heads and MLP width divisible by k)."""
+    tasks split over k devices (heads, KV heads and MLP width divisible by k); `dp_over(k)` (None:
+    never) whether a group of k may run them with data-parallel attention."""
     out = []
     devices = cluster.devices()
     for node in cluster.nodes:
@@ -64,7 +73,9 @@ def server_classes(
             first_node = [d for d in same if d.node == same[0].node]
             link = cluster.link(first_node[0], first_node[1]) if len(first_node) > 1 else None
             limit = (max_tp or per_server) if kind.forms_tensor_groups else 1
-            degrees = (1, *(k for k in group_degrees(per_server, limit) if shards_over(k)))
+            formed = group_degrees(per_server, limit)
+            degrees = (1, *(k for k in formed if shards_over(k)))
+            dp_degrees = tuple(k for k in formed if dp_over is not None and dp_over(k))
             out.append(
                 ServerClass(
                     name=f"{node.name}/{kind_name}",
@@ -74,6 +85,7 @@ def server_classes(
                     num_servers=node.count,
                     intra_link=link,
                     degrees=degrees,
+                    dp_degrees=dp_degrees,
                 )
             )
     return tuple(out)

@@ -17,6 +17,7 @@ from llm_planner.cost.moe_cost import check_imbalance
 from llm_planner.graph.hf_config import model_source
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.classes import ServerClass, server_classes
+from llm_planner.serving.engines import dp_attention_refusal
 from llm_planner.serving.inputs import read_context_inputs
 from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
 from llm_planner.serving.links import ClassLinks, class_links
@@ -39,6 +40,7 @@ class ServingOptions:
     max_batched_tokens: int = DEFAULT_TOKEN_BUDGET  # tokens one engine iteration may carry (costs.py)
     expert_imbalance: float = 1.0  # MoE: the busiest expert's rows over the mean (cost.moe_cost; 1: uniform)
     chunked_prefill: bool = True  # False: an engine running prompts whole (cost.chunks); `score` only
+    dp_attention: bool = True  # MoE: offer groups with data-parallel attention (cost.dp_attention)
 
 
 class ServingContext:
@@ -77,7 +79,11 @@ class ServingContext:
             options.chunked_prefill,
         )
         classes = server_classes(
-            cluster, allow_cpu=options.allow_cpu, max_tp=options.max_tp, shards_over=self.tasks.shards_over
+            cluster,
+            allow_cpu=options.allow_cpu,
+            max_tp=options.max_tp,
+            shards_over=self.tasks.shards_over,
+            dp_over=self.tasks.dp_over if _dp_attention(config, options) else None,
         )
         if not classes:
             raise WorkloadError(f"cluster {cluster.name!r} has no accelerator to serve on (CPUs only with --allow-cpu)")
@@ -182,3 +188,10 @@ def status_of(tokens: float, bound: float) -> tuple[float, str]:
     """A serving plan's gap to its upper bound and the status it supports (llm_planner.core.gap)."""
     g = gap(tokens, bound, maximize=True)
     return g, status(g, OPTIMAL_GAP)
+
+
+def _dp_attention(config: DecoderConfig, options: ServingOptions) -> bool:
+    """Whether stages may run data-parallel attention: asked for, a mixture of experts, and run by
+    the engine the plan must export to (llm_planner.serving.engines.dp_attention_refusal)."""
+    wanted = options.dp_attention and config.is_moe
+    return wanted and dp_attention_refusal(options.exportable, config.hf_model_type) is None

@@ -11,7 +11,12 @@ one kind on one host, with m micro-batches in flight. vLLM and SGLang run it whe
 - m = p (vLLM keeps one batch per stage in flight; SGLang's pipeline loop keeps pp-size
   micro-batches, pp-async-batch-depth 0 being its default),
 - across hosts, every host holds the same number of consecutive stages (SGLang's launcher, and
-  vLLM's own multi-node mode, give node k of n the ranks, hence the stages, k p/n .. (k+1) p/n - 1).
+  vLLM's own multi-node mode, give node k of n the ranks, hence the stages, k p/n .. (k+1) p/n - 1),
+- a group with data-parallel attention (llm_planner.cost.dp_attention) is the whole engine, one
+  stage: vLLM runs it as `--data-parallel-size k --enable-expert-parallel` and SGLang as
+  `--tp-size k --dp-size k --enable-dp-attention --ep-size k`, neither under a pipeline here; and
+  SGLang only for the model types its help names (DP_ATTENTION_MODEL_TYPES). Megatron-LM runs no
+  data-parallel attention.
 
 The two engines accept the same layouts today; each keeps its name so that its rule can change
 alone. vLLM over Ray (`export --vllm-multinode ray`) replaces the last rule with its own host
@@ -36,6 +41,21 @@ ENGINES = ("vllm", "sglang")  # what --exportable takes
 TITLES = {"vllm": "vLLM", "sglang": "SGLang", "megatron": "Megatron-LM"}
 ONE_BATCH_PER_STAGE = ("vllm", "sglang")
 EVEN_HOSTS = ("vllm", "sglang")
+# The model types an engine runs with data-parallel attention (None: any mixture of experts). SGLang's
+# --enable-dp-attention help: "Currently DeepSeek-V2 and Qwen 2/3 MoE models are supported."
+DP_ATTENTION_MODEL_TYPES = {"vllm": None, "sglang": ("deepseek_v2", "deepseek_v3", "qwen2_moe", "qwen3_moe")}
+
+
+def dp_attention_refusal(engine: str | None, model_type: str) -> str | None:
+    """Why `engine` runs no data-parallel attention for the model type (None: it does, or no engine)."""
+    if engine is None:
+        return None
+    if engine not in DP_ATTENTION_MODEL_TYPES:
+        return f"{TITLES[engine]} runs no data-parallel attention"
+    types = DP_ATTENTION_MODEL_TYPES[engine]
+    if types is not None and model_type not in types:
+        return f"{TITLES[engine]} runs data-parallel attention for model types {', '.join(types)}, not {model_type!r}"
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +66,7 @@ class StageForm:
     kind: str
     cpu: bool
     host: str  # the stage's host, or the search's stand-in for it (module docstring)
+    attention: str = "tp"  # "dp": data-parallel attention over the group
 
 
 def remedy(engine: str) -> str:
@@ -72,6 +93,17 @@ def engine_refusal(
             return (
                 f"stage {s} runs on CPU device kind {st.kind!r}: {title} runs GPU stages only "
                 f"(plan without --allow-cpu, or {fix})"
+            )
+    for s, st in enumerate(stages):
+        if st.attention == "dp" and engine == "megatron":
+            return (
+                f"stage {s} runs data-parallel attention: {title} runs tensor-parallel groups only "
+                "(plan with --no-dp-attention)"
+            )
+        if st.attention == "dp" and len(stages) > 1:
+            return (
+                f"stage {s} runs data-parallel attention in a pipeline of {len(stages)} stages: {title} runs it only "
+                f"as a whole engine of one stage ({fix})"
             )
     for s, st in enumerate(stages):
         if st.degree != stages[0].degree:
@@ -114,13 +146,20 @@ def layout_forms(layout: Layout, classes: dict[str, ServerClass]) -> list[StageF
         sc = classes[seg.class_name]
         cpu = sc.kind.type == "cpu"
         if sc.num_servers == 1:
-            out += [StageForm(degree=seg.degree, kind=sc.kind.name, cpu=cpu, host=sc.template)] * seg.stages
+            form = StageForm(degree=seg.degree, kind=sc.kind.name, cpu=cpu, host=sc.template, attention=seg.attention)
+            out += [form] * seg.stages
             continue
         if templates.count(sc.template) > 1:
             return None
         per_server = max(1, sc.per_server // seg.degree) if seg.devices > sc.per_server else seg.stages
         out += [
-            StageForm(degree=seg.degree, kind=sc.kind.name, cpu=cpu, host=f"{sc.template}#{i // per_server}")
+            StageForm(
+                degree=seg.degree,
+                kind=sc.kind.name,
+                cpu=cpu,
+                host=f"{sc.template}#{i // per_server}",
+                attention=seg.attention,
+            )
             for i in range(seg.stages)
         ]
     return out

@@ -129,9 +129,19 @@ class KernelLayerTime(_KernelTime):
     `pieces` are the kernel model's lower bound at b >= 1; the time grows with b, and so does
     b / (step + l t(b)) (every term's tangent meets b = 0 at or above 0), as on the roofline."""
 
+    def __init__(self, pieces: tuple, kernels: LayerKernels, per_sequence: Load, separate: tuple | None = None):
+        super().__init__(pieces, kernels, per_sequence, separate)
+        self._memo: dict[float, float] = {}  # the bounds ask for the same b many times
+
     def __call__(self, b: float) -> float:
         if b <= 0:
             return 0.0
+        got = self._memo.get(b)
+        if got is None:
+            got = self._memo[b] = self._time_s(b)
+        return got
+
+    def _time_s(self, b: float) -> float:
         return self._separate_s(b) if self.separate is not None else self.kernels.time_s(self.per_sequence.times(b))
 
     def least(self, lo: float = 1.0, hi: float = math.inf) -> float:

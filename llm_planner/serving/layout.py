@@ -1,9 +1,9 @@
 """Replica layouts: which classes, degrees and stage counts a replica uses, in pipeline order,
 and the links between its stages.
 
-A layout is a tuple of segments (class, degree k, stages n): n consecutive pipeline stages,
-each a tensor-parallel group of k devices of the class (k = 1: one device), taking a block of
-n k devices of the class (llm_planner.serving.classes: inside one server, or whole servers).
+A layout is a tuple of segments (class, degree k, stages n, attention): n consecutive pipeline
+stages, each a group of k devices of the class (k = 1: one device), taking a block of n k devices
+of the class (llm_planner.serving.classes: inside one server, or whole servers).
 Inside a segment two consecutive stages share a server when the block is inside one server,
 or when both fall in the same server of a whole-server block (n k / servers stages a server,
 filled in order); then the class's link joins them, otherwise the link between two servers of
@@ -12,7 +12,9 @@ the class's region (llm_planner.serving.links). Two segments run on different se
 charged the network too) and hand on over the link between their classes' regions, and so does the
 token's return from the last stage to the first unless the whole replica is one block inside one
 server; on a cluster of one server, which has no link between servers, those hand-offs take the
-server's link between the two kinds.
+server's link between the two kinds. A group runs the layers tensor-parallel (attention "tp"), or,
+for a mixture of experts, with data-parallel attention and the experts split over the group
+("dp": llm_planner.cost.dp_attention), where the class offers it (ServerClass.dp_degrees).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Segment:
     class_name: str
     degree: int
     stages: int
+    attention: str = "tp"  # "dp": data-parallel attention, experts split over the group (module docstring)
 
     @property
     def devices(self) -> int:
@@ -41,20 +44,39 @@ class Segment:
 Layout = tuple[Segment, ...]
 
 
+def segment_fields(seg: Segment) -> dict:
+    """A segment as a plan's replica states it (`attention` only where data-parallel)."""
+    out = {"class": seg.class_name, "degree": seg.degree, "stages": seg.stages}
+    return out | ({"attention": seg.attention} if seg.attention != "tp" else {})
+
+
+def segment_of(fields: dict) -> Segment:
+    """The segment a plan's checked replica states (segment_fields)."""
+    return Segment(fields["class"], fields["degree"], fields["stages"], fields.get("attention", "tp"))
+
+
 class CostCache:
-    """StageCosts per (class, degree), computed once."""
+    """StageCosts per (class, degree, attention), computed once."""
 
     def __init__(self, tasks: ServingTasks, classes: tuple[ServerClass, ...], profile=None):
         self.tasks, self.classes = tasks, {c.name: c for c in classes}
         self.profile = profile  # a measured serving profile or None (stage_costs decides where it applies)
-        self._cache: dict[tuple[str, int], StageCosts] = {}
+        self._cache: dict[tuple[str, int, str], StageCosts] = {}
 
-    def get(self, class_name: str, degree: int) -> StageCosts:
-        key = (class_name, degree)
+    def get(self, class_name: str, degree: int, attention: str = "tp") -> StageCosts:
+        key = (class_name, degree, attention)
         if key not in self._cache:
             sc = self.classes[class_name]
-            self._cache[key] = stage_costs(self.tasks, sc, degree, self.profile)
+            self._cache[key] = stage_costs(self.tasks, sc, degree, self.profile, attention)
         return self._cache[key]
+
+    def of(self, seg: Segment) -> StageCosts:
+        """The costs of one stage of the segment."""
+        return self.get(seg.class_name, seg.degree, seg.attention)
+
+    def shapes(self, sc: ServerClass) -> list[StageCosts]:
+        """The costs of every group a stage of the class may be (ServerClass.shapes), in its order."""
+        return [self.get(sc.name, k, attention) for k, attention in sc.shapes]
 
 
 def same_server_after(seg: Segment, sc: ServerClass, i: int) -> bool:
@@ -73,7 +95,7 @@ def build_slots(layout: Layout, cache: CostCache, links: ClassLinks) -> list[Sta
     total = sum(seg.stages for seg in layout)
     for j, seg in enumerate(layout):
         sc = cache.classes[seg.class_name]
-        costs = cache.get(seg.class_name, seg.degree)
+        costs = cache.of(seg)
         for i in range(seg.stages):
             if i + 1 < seg.stages:
                 link = sc.intra_link if same_server_after(seg, sc, i) else across(seg.class_name, seg.class_name)
@@ -123,8 +145,14 @@ def describe(layout: Layout, classes: Mapping[str, ServerClass]) -> str:
 
 def _describe_segment(seg: Segment, sc: ServerClass) -> str:
     stages = f"{seg.stages} stage" + ("s" if seg.stages > 1 else "")
-    each = f"tp{seg.degree}" if seg.degree > 1 else "1 " + device_word(sc)
+    each = group_text(seg.degree, seg.attention) if seg.degree > 1 else "1 " + device_word(sc)
     return f"{seg.class_name}: {stages} x {each} {servers_text(servers_spanned(seg, sc))}"
+
+
+def group_text(degree: int, attention: str) -> str:
+    """A group as the notation writes it: tp<k> (tensor-parallel), dpa<k> (data-parallel
+    attention, the experts split over the k)."""
+    return f"{'dpa' if attention == 'dp' else 'tp'}{degree}"
 
 
 def device_word(sc: ServerClass) -> str:

@@ -3,12 +3,15 @@ which plans store and `show` prints, and a compact form. Segments in pipeline or
 
     <class>: <n> stage[s] x <each> [in 1 server | on <j> servers]    (describe's; the servers optional)
     <n> x <class>[tp<k>]                                               (compact: n stages of k devices)
+    <n> x <class>[dpa<k>]                                              (compact: data-parallel attention)
     <n> x <class>                                                      (compact: n stages of 1 device)
 
 where <class> is "<server template>/<device kind>" (llm_planner.serving.classes) and <each> is
-tp<k> for a tensor-parallel group of k devices, or "1 GPU" / "1 CPU" / "1 device" for one device
-(as `describe` writes it for the class's kind). The servers part, when given, must be the number
-the segment spans (ceil(n k / devices a server)); it adds nothing the rest does not imply.
+tp<k> for a tensor-parallel group of k devices, dpa<k> for a group of k with data-parallel
+attention and the experts split over it (a mixture of experts: llm_planner.cost.dp_attention), or
+"1 GPU" / "1 CPU" / "1 device" for one device (as `describe` writes it for the class's kind). The
+servers part, when given, must be the number the segment spans (ceil(n k / devices a server)); it
+adds nothing the rest does not imply.
 
 `parse_layout(describe(l), classes) == l` for every layout; what the text asks of the classes (a
 degree the class forms, a block it can give, no more devices than it has) is checked here with a
@@ -27,13 +30,13 @@ _NAME = r"[A-Za-z0-9._-]+/[A-Za-z0-9._-]+"  # spec_fields.SAFE_NAME_CHARS on bot
 _NUM = r"\d{1,9}"
 _DESCRIBED = re.compile(
     rf"(?P<cls>{_NAME})\s*:\s*(?P<n>{_NUM})\s+stages?\s+x\s+"
-    rf"(?:tp(?P<k>{_NUM})|1\s+(?P<unit>GPU|CPU|device))"
+    rf"(?:(?P<group>tp|dpa)(?P<k>{_NUM})|1\s+(?P<unit>GPU|CPU|device))"
     rf"(?:\s+(?:in|on)\s+(?P<servers>{_NUM})\s+servers?)?"
 )
-_COMPACT = re.compile(rf"(?P<n>{_NUM})\s*x\s*(?P<cls>{_NAME})(?:\[tp(?P<k>{_NUM})\])?")
+_COMPACT = re.compile(rf"(?P<n>{_NUM})\s*x\s*(?P<cls>{_NAME})(?:\[(?P<group>tp|dpa)(?P<k>{_NUM})\])?")
 EXPECTED = (
-    "'<template>/<kind>: <n> stages x tp<k> [on <j> servers]' (or '1 GPU' for tp<k>), "
-    "or '<n> x <template>/<kind>[tp<k>]' (or without [tp<k>] for one device a stage)"
+    "'<template>/<kind>: <n> stages x tp<k> [on <j> servers]' (or '1 GPU' for tp<k>, or dpa<k>), "
+    "or '<n> x <template>/<kind>[tp<k>]' (or [dpa<k>], or without [tp<k>] for one device a stage)"
 )
 
 
@@ -75,7 +78,10 @@ def _segment(i: int, part: str, classes: Mapping[str, ServerClass]) -> Segment:
     groups = match.groupdict()
     if groups.get("unit") and groups["unit"] != device_word(sc):
         raise LayoutError(f"{where}: a device of {name} is written '1 {device_word(sc)}', not '1 {groups['unit']}'")
-    seg = Segment(name, degree, stages)
+    attention = "dp" if match["group"] == "dpa" else "tp"
+    if attention == "dp" and degree < 2:
+        raise LayoutError(f"{where} {part!r}: dpa<k> is a group of k >= 2 devices")
+    seg = Segment(name, degree, stages, attention)
     _check_block(where, seg, sc)
     given, spans = groups.get("servers"), servers_spanned(seg, sc)
     if given is not None and int(given) != spans:
@@ -88,6 +94,12 @@ def _segment(i: int, part: str, classes: Mapping[str, ServerClass]) -> Segment:
 
 def _check_block(where: str, seg: Segment, sc: ServerClass) -> None:
     """LayoutError when the class cannot form the segment's groups or give its block of devices."""
+    if seg.attention == "dp" and seg.degree not in sc.dp_degrees:
+        formed = ", ".join(f"dpa{k}" for k in sc.dp_degrees) or "none"
+        raise LayoutError(
+            f"{where}: {sc.name} forms no group of {seg.degree} devices with data-parallel attention; those it forms "
+            f"for this model are {formed} (a mixture of experts whose experts split evenly over the group)"
+        )
     if seg.degree not in sc.degrees:
         formed = ", ".join(f"tp{k}" for k in sc.degrees if k > 1) or "none"
         raise LayoutError(

@@ -38,13 +38,13 @@ class OptimisticTokens:
 
     def __init__(self, ctx: ServingContext):
         self.num_layers, self.cache = ctx.tasks.num_layers, ctx.cache
-        self._reach: dict[tuple[str, int], list[float]] = {}
+        self._reach: dict[tuple[str, int, str], list[float]] = {}
         for sc in ctx.classes:
             rates = stage_rates(ctx.cache, sc, ctx.workload.tpot_slo_s)
-            for k in sc.degrees:
-                g = [k * rates.get((k, n), 0.0) / n for n in range(1, self.num_layers + 1)]
+            for k, attention in sc.shapes:
+                g = [k * rates.get((k, attention, n), 0.0) / n for n in range(1, self.num_layers + 1)]
                 # reach[l - 1]: the largest g over l layers or more (never rising with l)
-                self._reach[(sc.name, k)] = list(itertools.accumulate(reversed(g), max))[::-1]
+                self._reach[(sc.name, k, attention)] = list(itertools.accumulate(reversed(g), max))[::-1]
         self._memo: dict[Layout, float] = {}
 
     def __call__(self, layout: Layout) -> float:
@@ -57,7 +57,7 @@ class OptimisticTokens:
         return min(self._rates(layout), self._memory_latency(layout))
 
     def _rates(self, layout: Layout) -> float:
-        stages = [(self._reach[(seg.class_name, seg.degree)], seg.stages) for seg in layout]
+        stages = [(self._reach[(seg.class_name, seg.degree, seg.attention)], seg.stages) for seg in layout]
         values = sorted({v for reach, _ in stages for v in reach if v > 0})
         best, lo, hi = 0.0, 0, len(values) - 1
         while lo <= hi:  # the held layers only shrink as t grows: the largest t that holds L
@@ -78,7 +78,7 @@ class OptimisticTokens:
         return total >= self.num_layers
 
     def _memory_latency(self, layout: Layout) -> float:
-        stages = [(self.cache.get(seg.class_name, seg.degree), seg.stages) for seg in layout]
+        stages = [(self.cache.of(seg), seg.stages) for seg in layout]
         lo, hi = 0, 1  # lo holds L (0: not even one sequence), hi does not
         while self._keeps(stages, hi):
             if hi >= MAX_SEQUENCES:  # memory does not limit the sequences: no bound from it

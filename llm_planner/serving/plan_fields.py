@@ -187,7 +187,9 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
     num_layers = integer(model, "num_layers")
     _workload(top.mapping("workload"))
     options = top.mapping("options")
-    exactly(options, _OPTIONS, optional=("expert_imbalance", "chunked_prefill"))
+    exactly(options, _OPTIONS, optional=("expert_imbalance", "chunked_prefill", "dp_attention"))
+    if not isinstance(options.data.get("dp_attention", False), bool):
+        raise options.fail("dp_attention", "expected true or false")
     if options.data.get("chunked_prefill", True) is not True:
         raise options.fail(
             "chunked_prefill", "must be true: plans are made for engines with chunked prefill (docs/serving.md)"
@@ -319,9 +321,11 @@ def _replica(f: Fields, num_layers: int, *, with_devices: bool = True) -> None:
     degrees = []
     for j, item in enumerate(_list(f, "segments", low=1)):
         seg = f.item("segments", j, item)
-        exactly(seg, ("class", "degree", "stages"))
+        exactly(seg, ("class", "degree", "stages"), ("attention",))
         seg.string("class")
         degree = integer(seg, "degree")
+        if "attention" in seg.data:
+            choice(seg, "attention", ("tp", "dp"))
         degrees += [degree] * integer(seg, "stages")
     stages = len(degrees)
     layers = integers(f, "layers", stages)

@@ -49,9 +49,9 @@ def segment_options(ctx: ServingContext, class_name: str) -> list[Segment]:
     sc, opts = ctx.by_name[class_name], ctx.options
     spread = SPREAD * math.ceil(_weights_needed(ctx) / sc.kind.usable_mem_bytes)
     out = []
-    for k in sc.degrees:
+    for k, attention in sc.shapes:
         most = min(opts.max_stages, ctx.tasks.num_layers, sc.num_devices // k, max(1, spread // k))
-        out += [Segment(class_name, k, n) for n in range(1, most + 1) if sc.block_ok(n * k)]
+        out += [Segment(class_name, k, n, attention) for n in range(1, most + 1) if sc.block_ok(n * k)]
     return out
 
 
@@ -115,8 +115,8 @@ def with_ends(ctx: ServingContext, layout: Layout) -> list[Layout]:
     sc, out = ctx.by_name[first.class_name], []
     for moved in sorted({1, first.stages // 2}):
         front, back = (
-            Segment(first.class_name, first.degree, first.stages - moved),
-            Segment(first.class_name, first.degree, moved),
+            dataclasses.replace(first, stages=first.stages - moved),
+            dataclasses.replace(first, stages=moved),
         )
         variant = (front, *layout[1:], back)
         if sc.block_ok(front.devices) and sc.block_ok(back.devices) and exportable_layout(ctx, variant):

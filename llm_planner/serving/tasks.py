@@ -19,6 +19,7 @@ from functools import lru_cache
 
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.precision import Precision, as_precision
+from llm_planner.cost.dp_attention import dp_offered
 from llm_planner.cost.iteration import Load
 from llm_planner.graph.attention_window import check_window
 from llm_planner.graph.decoder_graph import ID_BYTES, build_decoder_graph
@@ -76,6 +77,14 @@ class ServingTasks:
 
     def shards_over(self, k: int) -> bool:
         return all(t.shards_over(k) for t in self.tasks.values())
+
+    def dp_over(self, k: int) -> bool:
+        """Whether a group of k may run the model's layers with data-parallel attention
+        (llm_planner.cost.dp_attention: an MoE model whose experts split evenly over the k) and
+        its end parts (and dense first layers' MLP) tensor-parallel."""
+        ends = all(t.shards_over(k) for part, t in self.tasks.items() if part not in ("block", "dense"))
+        dense = not self.dense_layers or self.config.intermediate_size % k == 0
+        return ends and dense and dp_offered(self.config.moe_layer(), k)
 
 
 def check_workload_window(config: DecoderConfig, workload: ServingWorkload, source: str | None = None) -> None:

@@ -47,7 +47,7 @@ from llm_planner.serving.context import (
     status_of,
 )
 from llm_planner.serving.inputs import decoder_config
-from llm_planner.serving.layout import Segment, describe, layout_ok, layout_usage, same_server_after
+from llm_planner.serving.layout import Segment, describe, layout_ok, layout_usage, same_server_after, segment_of
 from llm_planner.serving.plan_fields import precision, read_plan_fields
 from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, checked_input, checked_model
 from llm_planner.serving.precision_choice import bound_without_plan
@@ -67,7 +67,8 @@ def context_of(plan: ServingPlanFile) -> ServingContext:
         ttft_slo_s=wl["ttft_slo_s"],
         source=f"{plan.path}: workload",
     )
-    options = ServingOptions(**{k: v for k, v in d["options"].items() if k != "solver"})
+    # a plan without dp_attention was made before data-parallel attention was offered
+    options = ServingOptions(**({"dp_attention": False} | {k: v for k, v in d["options"].items() if k != "solver"}))
     assert cluster is not None  # plan_fields requires inputs.cluster
     try:
         decoder_config(model)
@@ -181,11 +182,12 @@ def _check_replica(
     ctx: ServingContext, rep: dict, where: str, problems: list[str], search: bool
 ) -> tuple[tuple[Segment, ...], Derived] | None:
     """The replica's layout and its figures by the verifier's arithmetic; None when it has no layout here."""
-    layout = tuple(Segment(s["class"], s["degree"], s["stages"]) for s in rep["segments"])
+    layout = tuple(segment_of(s) for s in rep["segments"])
     for seg in layout:
         sc = ctx.by_name.get(seg.class_name)
-        if sc is None or seg.degree not in sc.degrees:
-            problems.append(f"{where}.segments: class {seg.class_name!r} with degree {seg.degree} is not offered here")
+        if sc is None or (seg.degree, seg.attention) not in sc.shapes:
+            what = f"degree {seg.degree}" + (" with data-parallel attention" if seg.attention == "dp" else "")
+            problems.append(f"{where}.segments: class {seg.class_name!r} with {what} is not offered here")
             return None
     if not layout_ok(layout, ctx.by_name):
         problems.append(f"{where}.segments: a class's block of devices does not pack into its servers")

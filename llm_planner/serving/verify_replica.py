@@ -33,9 +33,12 @@ import math
 from dataclasses import dataclass
 
 from llm_planner.cost.chunks import prompt_lumps, prompt_wait_s
+from llm_planner.cost.dp_attention import dp_layer_kernels
 from llm_planner.cost.iteration import Load, layer_kernels
 from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
 from llm_planner.graph.mla import kv_elements_per_token
+from llm_planner.graph.moe import moe_parameters, shared_gate
+from llm_planner.graph.transformer import matmul_parameters
 from llm_planner.serving.context import ServingContext
 from llm_planner.serving.layer_time import measured_layer_time
 from llm_planner.serving.layout import Layout, build_slots
@@ -58,7 +61,7 @@ class _Costs:
     group (llm_planner.cost.roofline; a measured block time on one device where a profile has one)
     and what one member holds (roofline.shard_of)."""
 
-    def __init__(self, ctx: ServingContext, class_name: str, degree: int):
+    def __init__(self, ctx: ServingContext, class_name: str, degree: int, attention: str = "tp"):
         sc = ctx.by_name[class_name]
         self.step_s, self.usable = sc.kind.serving_step_s, sc.kind.usable_mem_bytes
         tasks = ctx.tasks.tasks
@@ -73,19 +76,22 @@ class _Costs:
         if ctx.config.is_mla:  # the latent cache, whole on every member: its own arithmetic (graph.mla)
             held = max(1, math.ceil(ctx.workload.kv_context))
             self.kv = kv_elements_per_token(ctx.config) * held * ctx.precision.kv_bytes
-        self.kernels = layer_kernels(
-            ctx.config, ctx.precision, sc.kind, degree, sc.intra_link, ctx.tasks.expert_imbalance
-        )
+        kernels_of = dp_layer_kernels if attention == "dp" else layer_kernels
+        self.kernels = kernels_of(ctx.config, ctx.precision, sc.kind, degree, sc.intra_link, ctx.tasks.expert_imbalance)
         self.dense_layers = ctx.config.first_dense_layers  # on the first stage, with a dense MLP
         self.dense = (
-            layer_kernels(ctx.config.dense_layer(), ctx.precision, sc.kind, degree, sc.intra_link)
+            kernels_of(ctx.config.dense_layer(), ctx.precision, sc.kind, degree, sc.intra_link)
             if self.dense_layers
             else None
         )
+        if attention == "dp":
+            self._data_parallel_memory(ctx, degree)
         tasks = ctx.tasks
-        self.measured = measured_layer_time(  # the one rule of where a measured time applies
-            ctx.cache.profile, sc.kind.name, degree, self.kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
-        )
+        self.measured = None
+        if attention == "tp":
+            self.measured = measured_layer_time(  # the one rule of where a measured time applies
+                ctx.cache.profile, sc.kind.name, degree, self.kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
+            )
         wl = ctx.workload
         self.decode_keys, self.prompt_keys = wl.decode_context, (wl.mean_prompt_len + 1) / 2
         self.ratio, self.prompt_len, self.budget = (
@@ -97,6 +103,22 @@ class _Costs:
             share / wl.mean_output_len * r.prompt_len * (r.prompt_len + 1) / 2
             for r, share in zip(wl.requests, wl.shares)
         )
+
+    def _data_parallel_memory(self, ctx: ServingContext, k: int) -> None:
+        """Data-parallel attention (llm_planner.cost.dp_attention), by the verifier's own count: a
+        member holds 1/k of the sequences' whole caches and every weight whole but the MLP's
+        projections (the experts and shared expert; a dense layer's MLP), 1/k of those."""
+        tasks, wb = ctx.tasks.tasks, ctx.precision.weight_bytes
+        self.kv = tasks["block"].mem_bytes_per_sample / k
+        if ctx.config.is_mla:
+            held = max(1, math.ceil(ctx.workload.kv_context))
+            self.kv = kv_elements_per_token(ctx.config) * held * ctx.precision.kv_bytes / k
+        moe = moe_parameters(ctx.config)
+        split = moe["experts"] + moe["shared"] - (ctx.config.hidden_size if shared_gate(ctx.config) else 0)
+        self.weights["block"] = tasks["block"].weight_bytes - wb * split * (1 - 1 / k)
+        if "dense" in tasks:
+            dense = matmul_parameters(ctx.config.dense_layer())["mlp"]
+            self.weights["dense"] = tasks["dense"].weight_bytes - wb * dense * (1 - 1 / k)
 
     def layer_s(self, b: int, prompt_tokens: float, keys: float | None = None, dense: bool = False) -> float:
         """One decoder layer (one of the dense first layers: `dense`) on b decodes and `prompt_tokens`
@@ -154,8 +176,8 @@ class _Costs:
 def derive(ctx: ServingContext, layout: Layout, layers: list[int], concurrency: int, m: int) -> Derived:
     """Every figure of one replica (module docstring)."""
     slots = build_slots(layout, ctx.cache, ctx.links)  # for their links only
-    own = {(seg.class_name, seg.degree): _Costs(ctx, seg.class_name, seg.degree) for seg in layout}
-    costs = [own[(seg.class_name, seg.degree)] for seg in layout for _ in range(seg.stages)]
+    own = {seg: _Costs(ctx, seg.class_name, seg.degree, seg.attention) for seg in layout}
+    costs = [own[seg] for seg in layout for _ in range(seg.stages)]
     q, r = divmod(concurrency, m)  # r micro-batches of q + 1 sequences, m - r of q
     b = q + 1 if r else q
     p = len(slots)
