@@ -14,65 +14,98 @@ from serving_fixtures import context, small_deepseek, workload, write_fleet
 from llm_planner.cli.main import main
 from llm_planner.core.spec import load_cluster
 from llm_planner.cost.dp_attention import dp_layer_kernels
-from llm_planner.cost.iteration import Load, sublayer_kernels
+from llm_planner.cost.iteration import Load, layer_kernels, sublayer_kernels
+from llm_planner.export.engine_args import ServingExportError
+from llm_planner.export.serving import build_engines
+from llm_planner.export.serving_scripts import sglang_script, vllm_script
 from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.engines import StageForm, engine_refusal
 from llm_planner.serving.layout import Segment, describe
 from llm_planner.serving.layout_text import LayoutError, parse_layout
+from llm_planner.serving.plan_file import load_serving_plan
+from llm_planner.serving.score import score_replica
+from llm_planner.serving.verify_replica import derive
 
 QWEN = "qwen1.5-moe-a2.7b"  # 60 experts of 1408, top-4, a shared expert of 5632, 16 heads of 128
 H200 = str(Path(__file__).resolve().parents[1] / "cluster_specs" / "h200-2x8.yaml")
 
 
-def test_a_layer_is_its_own_share_of_attention_and_the_groups_mlp(tmp_path):
-    """Per member of dpa2: attention's kernels on one device at half the load (weights read whole),
-    the MLP's kernels of a tp2 member on all of it, and an all-gather plus a reduce-scatter in place
-    of the MLP's all-reduce: the same bytes, one call more."""
+def test_a_layer_is_its_own_share_but_the_routed_experts(tmp_path):
+    """Per member of dpa2: every kernel of one device but the routed experts at half the load
+    (weights read whole), the routed experts of a tp2 member on all of it, and an all-gather plus a
+    reduce-scatter of h fp16 bytes a token, each half of them over the link and one hop."""
     ctx = context(tmp_path, QWEN)
     sc = ctx.by_name["bigbox/big"]
     kind, link, cfg = sc.kind, sc.intra_link, ctx.config
     load = Load(decodes=6, decode_keys=6 * 300, prompt_tokens=40, prompt_keys=40 * 128)
-    attn = sublayer_kernels(cfg, "fp16", kind, "attn", 1)
+    whole = layer_kernels(cfg, "fp16", kind, 1)
     mlp = sublayer_kernels(cfg, "fp16", kind, "mlp", 2, link)
-    by_hand = kind.overhead_s + kind.collective_call_s
-    by_hand += sum(attn.kernel_s(kr, load.times(0.5)) for kr in attn.kernels)
-    by_hand += sum(mlp.kernel_s(kr, load) for kr in mlp.kernels)
-    dp = dp_layer_kernels(cfg, "fp16", kind, 2, link)
-    assert dp.time_s(load) == pytest.approx(by_hand)
-    (gather,) = [kr for kr in dp.kernels if kr.collective]
-    assert gather.flops[0] == pytest.approx(2 * kind.collective_call_s + 2 * link.latency_s)  # k - 1 = 1 hop each
-    assert gather.bytes[1] == pytest.approx(2 * (2 - 1) / 2 * cfg.hidden_size * 2)  # h fp16 bytes per token
+    fixed = 2 * (kind.collective_call_s + link.latency_s)
+    size = 2 * (1 / 2) * cfg.hidden_size * 2 * (6 + 40)
+    by_hand = kind.overhead_s + fixed + size / (link.bw_bytes_per_s * kind.collective_bw_efficiency)
+    by_hand += sum(whole.kernel_s(kr, load.times(0.5)) for kr in whole.kernels if kr.experts is None)
+    by_hand += sum(mlp.kernel_s(kr, load) for kr in mlp.kernels if kr.experts is not None)
+    assert dp_layer_kernels(cfg, "fp16", kind, 2, link).time_s(load) == pytest.approx(by_hand)
 
 
-def test_a_member_holds_attention_whole_and_half_the_experts(tmp_path):
-    """qwen1.5-moe on dpa2: q, k, v, o and their biases whole, the routed and shared experts split,
-    router and norms whole; each sequence's whole cache on one member (half of them each)."""
+def test_a_group_over_servers_gathers_across_their_link(tmp_path):
+    """dpa4 over the two bigbox servers (2 GPUs each): each collective moves 1/4 of the bytes over
+    the server's link and 2/4 over the 12x slower link between servers, 1 hop on each."""
+    ctx = context(tmp_path, QWEN)
+    sc = ctx.by_name["bigbox/big"]
+    intra, across, h = sc.intra_link, sc.server_link, ctx.config.hidden_size
+    costs = ctx.cache.get("bigbox/big", 4, "dp")
+    (gather,) = [kr for kr in costs.kernels.kernels if kr.collective]
+    assert gather.flops[0] == pytest.approx(2 * (sc.kind.collective_call_s + intra.latency_s + across.latency_s))
+    weighted = 1 / 4 + 2 / 4 * intra.bw_bytes_per_s / across.bw_bytes_per_s  # in the server link's bytes
+    assert gather.bytes[1] == pytest.approx(2 * weighted * h * 2)
+    assert costs.kv_bytes_per_seq == pytest.approx(ctx.cache.get("bigbox/big", 1).kv_bytes_per_seq / 4)
+
+
+def test_a_member_holds_everything_whole_but_half_the_routed_experts(tmp_path):
+    """qwen1.5-moe on dpa2 (vLLM's layout): q, k, v, o and their biases, the shared expert, router
+    and norms whole, the routed experts split; each sequence's whole cache on one member (half of
+    them each); the end parts whole."""
     ctx = context(tmp_path, QWEN)
     h, e, m, s, kv = 2048, 60, 1408, 5632, 2048
     attn = 2 * h * h + 2 * h * kv + (h + 2 * kv)
-    mlp = 3 * h * m * e + 3 * h * s
-    whole = h * e + h + 2 * h
-    costs = ctx.cache.get("bigbox/big", 2, "dp")
-    assert costs.weight_bytes["block"] == pytest.approx(2 * (attn + mlp / 2 + whole))
-    assert costs.kv_bytes_per_seq == pytest.approx(ctx.cache.get("bigbox/big", 1).kv_bytes_per_seq / 2)
+    whole = h * e + h + 2 * h + 3 * h * s  # router, shared expert gate, the two norms, the shared expert
+    costs, one = ctx.cache.get("bigbox/big", 2, "dp"), ctx.cache.get("bigbox/big", 1)
+    assert costs.weight_bytes["block"] == pytest.approx(2 * (attn + 3 * h * m * e / 2 + whole))
+    assert costs.kv_bytes_per_seq == pytest.approx(one.kv_bytes_per_seq / 2)
+    assert costs.weight_bytes["lm_head"] == one.weight_bytes["lm_head"]
 
 
 def test_the_latent_cache_is_split_by_sequences_not_replicated(tmp_path):
     """MLA: a tp member holds every sequence's latent, a dpa member its own sequences' only; the
-    dense first layers' MLP is split as the experts are."""
+    dense first layers whole on every rank."""
     ctx = ServingContext(load_cluster(write_fleet(tmp_path)), small_deepseek(), workload(), "fp16", ServingOptions())
     one, tp, dp = (ctx.cache.get("smallbox/small", k, a) for k, a in ((1, "tp"), (4, "tp"), (4, "dp")))
     assert tp.kv_bytes_per_seq == pytest.approx(one.kv_bytes_per_seq)
     assert dp.kv_bytes_per_seq == pytest.approx(one.kv_bytes_per_seq / 4)
-    mlp = 3 * 2048 * 5632 * 2  # the dense layer's gated MLP in fp16
-    assert dp.weight_bytes["dense"] == pytest.approx(one.weight_bytes["dense"] - mlp * 3 / 4)
+    assert dp.weight_bytes["dense"] == one.weight_bytes["dense"]  # a dense layer whole on each rank
+
+
+def test_a_group_the_class_forms_only_for_dp_is_verified_as_the_search_scores_it(tmp_path):
+    """With 2 KV heads the smallbox forms tp1-tp2 but dpa2-dpa4: dpa4 reads back from its text, and
+    the verifier's own arithmetic gives the search's figures for it."""
+    cfg = dataclasses.replace(preset_config(QWEN), num_kv_heads=2)
+    ctx = ServingContext(load_cluster(write_fleet(tmp_path)), cfg, workload(), "fp16", ServingOptions())
+    sc = ctx.by_name["smallbox/small"]
+    assert (sc.degrees, sc.dp_degrees) == ((1, 2), (2, 4))
+    layout = parse_layout("1 x smallbox/small[dpa4]", ctx.by_name)
+    score = score_replica(ctx, layout, concurrency=8, micro_batches=1, layers=(24,))
+    own = derive(ctx, layout, [24], 8, 1)
+    assert (own.tpot_s, own.ttft_s) == pytest.approx((score.ev.tpot_s, score.ev.ttft_s))
+    assert own.mem_bytes == pytest.approx(score.ev.mem_bytes)
 
 
 def test_only_a_mixture_of_experts_whose_experts_split_offers_it(tmp_path):
     assert all(sc.dp_degrees == () for sc in context(tmp_path, "llama2-7b").classes)
     moe = context(tmp_path, QWEN)
-    assert {sc.name: sc.dp_degrees for sc in moe.classes} == {"bigbox/big": (2,), "smallbox/small": (2, 4)}
+    # two bigbox servers of 2: a group over both (4) too; one smallbox server of 4
+    assert {sc.name: sc.dp_degrees for sc in moe.classes} == {"bigbox/big": (2, 4), "smallbox/small": (2, 4)}
     assert all(sc.dp_degrees == () for sc in context(tmp_path, QWEN, dp_attention=False).classes)
     odd = dataclasses.replace(preset_config(QWEN), num_experts=62)  # 62 experts: not over 4
     ctx = ServingContext(load_cluster(write_fleet(tmp_path)), odd, workload(), "fp16", ServingOptions())
@@ -133,7 +166,7 @@ def test_deepseek_serves_with_data_parallel_attention_and_verifies(deepseek_plan
     assert main(["show", str(deepseek_plan)]) == 0
     out = capsys.readouterr().out
     flat = " ".join(out.split())
-    assert "256 experts, top-8, split over each group (tpK: tensor-parallel; dpaK: data-parallel attention)" in flat
+    assert "256 experts, top-8, tensor-parallel, or split over dpaK groups with data-parallel attention" in flat
     assert "hgx-0/h200:0 .. hgx-0/h200:7 (dpa8)" in out
 
 
@@ -154,3 +187,33 @@ def test_launch_refuses_data_parallel_attention_naming_the_field(deepseek_plan, 
     assert main(["launch", str(deepseek_plan), "--dry-run", "--workdir", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err
     assert "serving.replicas[0].segments[0].attention: 'dp': the runtime runs tensor-parallel groups only" in err
+
+
+def test_a_group_over_two_servers_exports_each_hosts_ranks(deepseek_plan, tmp_path):
+    """The plan's replica rewritten as one dpa16 over both servers (the export path alone: the
+    rewritten figures are not the model's, so `export` itself would refuse the file): vLLM's head
+    runs ranks 0-7 and serves the API, the other host ranks 8-15 headless; SGLang one command per
+    node rank; vLLM over Ray is refused naming the option that runs it."""
+    data = yaml.safe_load(deepseek_plan.read_text())
+    rep = data["serving"]["replicas"][0]
+    both = [rep["devices"][0][0] + rep["devices"][1][0]]
+    rep.update(count=1, pattern="hgx/h200: 1 stage x dpa16 on 2 servers", devices=[both])
+    rep["segments"][0]["degree"] = 16
+    data["inputs"]["cluster"] = H200
+    edited = tmp_path / "dpa16.yaml"
+    edited.write_text(yaml.safe_dump(data, sort_keys=False))
+    plan, cluster = load_serving_plan(edited), load_cluster(H200)
+    vllm = _flat(vllm_script(build_engines(plan, cluster, "vllm")))
+    assert "--data-parallel-size 16 --enable-expert-parallel" in vllm
+    assert "--data-parallel-size-local 8 --data-parallel-address hgx-0" in vllm
+    assert "--headless --data-parallel-start-rank 8" in vllm
+    sglang = _flat(sglang_script(build_engines(plan, cluster, "sglang")))
+    assert "--tp-size 16 --dp-size 16 --enable-dp-attention --ep-size 16" in sglang
+    assert "--nnodes 2 --node-rank 1 --dist-init-addr hgx-0:" in sglang
+    with pytest.raises(ServingExportError, match="export with --vllm-multinode native"):
+        build_engines(plan, cluster, "vllm", multinode="ray")
+
+
+def _flat(script: str) -> str:
+    """A script's words on one line, its continued lines joined."""
+    return " ".join(script.replace("\\\n", " ").split())

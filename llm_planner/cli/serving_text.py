@@ -73,8 +73,8 @@ def _experts_text(data: dict) -> str:
         return ""
     skew = data["options"].get("expert_imbalance", 1.0)
     dense = data["model"].get("dense_layers", 0)
-    dp = data["options"].get("dp_attention", False)
-    split = "split over each group (tpK: tensor-parallel; dpaK: data-parallel attention)" if dp else "tensor-parallel"
+    dp = any(seg.get("attention") == "dp" for rep in data["serving"]["replicas"] for seg in rep["segments"])
+    split = "tensor-parallel, or split over dpaK groups with data-parallel attention" if dp else "tensor-parallel"
     return (
         f"; mixture of experts: {experts['num_experts']} experts, top-{experts['experts_per_token']}, "
         f"{split}, imbalance {skew:g}{' (uniform routing)' if skew == 1 else ''}"

@@ -61,7 +61,8 @@ VLLM_MULTINODE = ("native", "ray")
 
 @dataclass(frozen=True, kw_only=True)
 class EngineStage:
-    """One pipeline stage of an engine: a tensor-parallel group on one host."""
+    """One pipeline stage of an engine: a tensor-parallel group on one host, or a group with
+    data-parallel attention over whole servers (its members on the further hosts in `others`)."""
 
     host: str  # the node's hostname, or the node's name when the spec gives none
     node: str
@@ -69,6 +70,12 @@ class EngineStage:
     gpus: tuple[int, ...]  # CUDA ordinals on the host (the node's GPU kinds in spec order)
     devices: tuple[str, ...]
     layers: int
+    others: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (host, CUDA ordinals) of the group's other hosts
+
+    @property
+    def parts(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """(host, CUDA ordinals) of each host the stage's group runs on, its first host first."""
+        return ((self.host, self.gpus), *self.others)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,13 +110,13 @@ class EnginePlan:
     @property
     def hosts(self) -> list[str]:
         """Hosts in pipeline order (the first stage's host first)."""
-        return list(dict.fromkeys(s.host for s in self.stages))
+        return list(dict.fromkeys(h for s in self.stages for h, _ in s.parts))
 
     def host_stages(self, host: str) -> list[int]:
-        return [i for i, s in enumerate(self.stages) if s.host == host]
+        return [i for i, s in enumerate(self.stages) if any(h == host for h, _ in s.parts)]
 
     def host_gpus(self, host: str) -> list[int]:
-        return [g for s in self.stages if s.host == host for g in s.gpus]
+        return [g for s in self.stages for h, gpus in s.parts if h == host for g in gpus]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,7 +224,7 @@ def build_engines(
     )
     if framework == "megatron":  # sizes only: no host, budget or dtype reaches a command line
         return export
-    for device in {st.node: by_name[st.devices[0]] for e in engines for st in e.stages}.values():
+    for device in {by_name[d].node: by_name[d] for e in engines for st in e.stages for d in st.devices}.values():
         stage_host(device, cluster)  # the hosts reach a script
     return _engine_budgets(export, plan, cluster, dtype, max_len, multinode)
 
@@ -289,19 +296,27 @@ def _replica_engines(
             "plan again)"
         )
     out = []
-    attention = [seg.get("attention", "tp") for seg in rep["segments"] for _ in range(seg["stages"])]
+    stated = [seg.get("attention", "tp") for seg in rep.get("segments", []) for _ in range(seg["stages"])]
+    attention = (stated + ["tp"] * len(layers))[: len(layers)]  # each stage's (tensor-parallel unless stated)
     for c, copy in enumerate(copies):
         stages = tuple(
-            _stage(f"{label}, copy {c}, stage {s}", names, layers[s], by_name, ordinals, cluster)
+            _stage(
+                f"{label}, copy {c}, stage {s}", names, layers[s], (by_name, ordinals, cluster), attention[s] == "dp"
+            )
             for s, names in enumerate(copy)
         )
+        if framework == "vllm" and multinode == "ray" and any(st.others for st in stages):
+            raise ServingExportError(
+                f"{label}, copy {c}: its data-parallel ranks span hosts: vLLM runs them across hosts with its own "
+                "multi-node flags (export with --vllm-multinode native)"
+            )
         forms = [
             StageForm(
-                degree=len(st.gpus),
+                degree=len(st.devices),
                 kind=st.kind,
                 cpu=cluster.kind(st.kind).type == "cpu",
                 host=st.host,
-                attention=attention[s] if s < len(attention) else "tp",
+                attention=attention[s],
             )
             for s, st in enumerate(stages)
         ]
@@ -328,14 +343,10 @@ def _replica_engines(
     return out
 
 
-def _stage(
-    label: str,
-    names: list[str],
-    layers: int,
-    by_name: dict[str, DeviceSpec],
-    ordinals: dict[str, int],
-    cluster: ClusterSpec,
-) -> EngineStage:
+def _stage(label: str, names: list[str], layers: int, where: tuple, spanning: bool) -> EngineStage:
+    """One stage's devices as the engine sees them (`where`: the devices by name, their CUDA
+    ordinals, the cluster); a group over several hosts only with data-parallel attention (`spanning`)."""
+    by_name, ordinals, cluster = where
     missing = [n for n in names if n not in by_name]
     if missing:
         raise ServingExportError(
@@ -343,20 +354,22 @@ def _stage(
         )
     devs = [by_name[n] for n in names]
     kinds = {d.kind for d in devs}
-    nodes = {d.node for d in devs}
-    if len(nodes) != 1 or len(kinds) != 1:
+    nodes = list(dict.fromkeys(d.node for d in devs))
+    if (len(nodes) != 1 and not spanning) or len(kinds) != 1:
         raise ServingExportError(
             f"{label}: devices on {len(nodes)} node(s) of {len(kinds)} kind(s): a stage is one "
             "tensor-parallel group of one kind on one host (the file was edited: plan again)"
         )
-    d = devs[0]
+    parts = [(n, [d for d in devs if d.node == n]) for n in nodes]
+    (node, first), others = parts[0], parts[1:]
     return EngineStage(
-        host=_host_of(d),
-        node=d.node,
-        kind=d.kind,
-        gpus=tuple(ordinals[x.name] for x in devs),
+        host=_host_of(first[0]),
+        node=node,
+        kind=first[0].kind,
+        gpus=tuple(ordinals[x.name] for x in first),
         devices=tuple(names),
         layers=int(layers),
+        others=tuple((_host_of(ds[0]), tuple(ordinals[x.name] for x in ds)) for _, ds in others),
     )
 
 

@@ -80,7 +80,8 @@ def engines_config(export: ServingExport, ports: dict[str, int]) -> dict[str, An
                 "copy": e.copy,
                 "pattern": e.pattern,
                 "tensor_parallel_size": e.tensor_parallel,
-                "data_parallel_attention": e.data_parallel_attention,
+                "data_parallel_attention": e.data_parallel_attention,  # then each of the group's ranks runs:
+                "max_num_seqs_per_rank": e.rank_concurrency,
                 "pipeline_parallel_size": e.pipeline_parallel,
                 "layers_per_stage": e.layers,
                 "layer_partition": layer_partition(e, export.num_layers),

@@ -232,6 +232,27 @@ def _vllm_native(export: ServingExport, e: EnginePlan, args: list[str], master_p
     return out
 
 
+def _vllm_data_parallel(export: ServingExport, e: EnginePlan, args: list[str], rpc_port: int) -> dict[str, list[str]]:
+    """vLLM's data-parallel ranks over several hosts (one stage of dpaK over whole servers): the
+    head runs the first host's ranks and serves the API, every other host its ranks headless from
+    its start rank, all joining the head's data-parallel address."""
+    head, out, start = e.hosts[0], {}, 0
+    for k, host in enumerate(e.hosts):
+        gpus = e.host_gpus(host)
+        env = _env([("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))])
+        multi = ["--data-parallel-size-local", _q(len(gpus)), "--data-parallel-address", _q(head)]
+        multi += ["--data-parallel-rpc-port", _q(rpc_port)]
+        multi += ["--headless", "--data-parallel-start-rank", _q(start)] if k else []
+        role = "serves the API" if k == 0 else f"headless, joins {_comment(head)}"
+        out[host] = [
+            f"{_about(e)} data-parallel ranks {start}..{start + len(gpus) - 1} here, {role}",
+            _wrap([env, *args, *multi, f"> {_q(f'vllm-{e.name}-{k}.log')} 2>&1 &"], ""),
+            "",
+        ]
+        start += len(gpus)
+    return out
+
+
 def _vllm_ray(export: ServingExport, e: EnginePlan, args: list[str], k: int) -> dict[str, list[str]]:
     """vLLM over Ray: the first stage's host is the head; the k-th Ray cluster on its hosts takes the
     k-th block of ports (engine_args.ray_ports)."""
@@ -307,7 +328,8 @@ def vllm_script(export: ServingExport, router: str = "nginx") -> str:
             body = [f"{_about(e)} all {e.pipeline_parallel} stage(s) here", _wrap([env, *args, _log(e)], ""), ""]
             blocks.setdefault(e.hosts[0], []).extend(body)
             continue
-        per_host = (_vllm_ray if ray else _vllm_native)(export, e, args, masters[e.name])
+        multi_node = _vllm_data_parallel if e.data_parallel_attention else (_vllm_ray if ray else _vllm_native)
+        per_host = multi_node(export, e, args, masters[e.name])
         for host, body in per_host.items():
             blocks.setdefault(host, []).extend(body)
     return _script(export, ports, "vLLM engines", blocks, _WAIT_RAY if ray and spanning else [], router)
@@ -327,8 +349,8 @@ def _sglang_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
         args += ["--pp-size", _q(e.pipeline_parallel)]
     return [
         *args,
-        "--max-running-requests",
-        _q(e.concurrency),
+        "--max-running-requests",  # SGLang gives each data-parallel rank a k-th of it
+        _q(e.rank_concurrency * (e.tensor_parallel if e.data_parallel_attention else 1)),
         "--mem-fraction-static",
         _q(_fraction(e.mem_fraction)),
         "--max-total-tokens",

@@ -5,8 +5,9 @@ llm_planner.serving.bound_batches (concurrency and micro-batch levels) and the o
 llm_planner.serving.bound_cells (whole replicas over cells of C, m and TPOT); each holds alone. The
 per-device rates below also order the search's candidates (llm_planner.serving.search).
 
-Take any plan (replicas of pipeline stages, each a device or a tensor-parallel group of k
-devices of one class holding l >= 1 decoder layers, C sequences in flight, m micro-batches)
+Take any plan (replicas of pipeline stages, each a device or a group of k devices of one class,
+tensor-parallel or with data-parallel attention (its own StageCosts: every bound loops over each
+class's shapes), holding l >= 1 decoder layers, C sequences in flight, m micro-batches)
 and one of its stages. Its block time on b sequences is max_j(f_j + s_j b) with f_j, s_j >= 0
 (llm_planner.cost.roofline; collectives included), so over one cycle (every micro-batch once)
 

@@ -27,9 +27,10 @@ class ServerClass:
     per_server: int  # devices of the kind in one server (n)
     num_servers: int  # servers of the template
     intra_link: LinkSpec | None  # between two devices of the kind in one server; None with one device
+    server_link: LinkSpec | None = None  # between two servers of the template; None with one server
     degrees: tuple[int, ...]  # tensor-parallel degrees a stage may use here (1 first)
     # degrees of groups with data-parallel attention, the experts split over the group (an MoE
-    # model only: llm_planner.cost.dp_attention)
+    # model only: llm_planner.cost.dp_attention): inside a server, or whole servers (spans_servers)
     dp_degrees: tuple[int, ...] = ()
 
     @property
@@ -40,6 +41,14 @@ class ServerClass:
     @property
     def num_devices(self) -> int:
         return self.per_server * self.num_servers
+
+    def spans_servers(self, degree: int) -> bool:
+        """Whether a group of `degree` devices of the class spans servers (data-parallel attention only)."""
+        return degree > self.per_server
+
+    def group_link(self, degree: int) -> LinkSpec | None:
+        """The slowest link a group of `degree` devices uses: between servers where it spans them."""
+        return self.server_link if self.spans_servers(degree) else self.intra_link
 
     def block_ok(self, size: int) -> bool:
         """Whether a replica may take `size` devices of this class (module docstring)."""
@@ -75,7 +84,9 @@ def server_classes(
             limit = (max_tp or per_server) if kind.forms_tensor_groups else 1
             formed = group_degrees(per_server, limit)
             degrees = (1, *(k for k in formed if shards_over(k)))
-            dp_degrees = tuple(k for k in formed if dp_over is not None and dp_over(k))
+            across = cluster.server_link(node.region, node.region) if node.count > 1 else None
+            spans = _whole_servers(per_server, node.count, max_tp) if across is not None and link is not None else []
+            dp_degrees = tuple(k for k in (*formed, *spans) if dp_over is not None and dp_over(k))
             out.append(
                 ServerClass(
                     name=f"{node.name}/{kind_name}",
@@ -84,8 +95,19 @@ def server_classes(
                     per_server=per_server,
                     num_servers=node.count,
                     intra_link=link,
+                    server_link=across,
                     degrees=degrees,
                     dp_degrees=dp_degrees,
                 )
             )
     return tuple(out)
+
+
+def _whole_servers(per_server: int, servers: int, max_tp: int | None) -> list[int]:
+    """Degrees of groups over whole servers a data-parallel attention group may take: a power of
+    two of servers (2, 4, ...) up to the template's count, at most max_tp devices."""
+    out, j = [], 2
+    while j <= servers and (max_tp is None or j * per_server <= max_tp):
+        out.append(j * per_server)
+        j *= 2
+    return out

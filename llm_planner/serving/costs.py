@@ -38,7 +38,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_planner.cost.dp_attention import dp_layer_kernels, member_weight_bytes
 from llm_planner.cost.iteration import LayerKernels, Load, layer_kernels
 from llm_planner.cost.layer_pieces import layer_pieces
 from llm_planner.cost.memory import concurrency_held, layer_bytes, stage_bytes
@@ -180,17 +179,14 @@ class StageCosts:
         return int(room // per_layer) if per_layer > 0 else 10**9
 
 
-def stage_costs(
-    tasks: ServingTasks, server_class: ServerClass, degree: int, profile=None, attention: str = "tp"
-) -> StageCosts:
-    """The parts' costs on a group of `degree` devices of the class (1: a single device), with the
-    attention tensor-parallel ("tp") or data-parallel ("dp": llm_planner.cost.dp_attention).
+def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, profile=None) -> StageCosts:
+    """The parts' costs on a tensor-parallel group of `degree` devices of the class (1: a single
+    device); a group with data-parallel attention: llm_planner.serving.dp_costs.
 
     Where a decoder layer's time comes from is decided here, once, by
     llm_planner.serving.layer_time.measured_layer_time: the measured serving `profile` (either
     version, or None) where it covers the class's kind at this degree, the kernel model otherwise;
-    every caller reads it as `StageCosts.layer_time`. A profile never applies with data-parallel
-    attention (it times tensor-parallel layers)."""
+    every caller reads it as `StageCosts.layer_time`."""
     link = server_class.intra_link
     pieces, weights, workspace = {}, {}, {}
     for part, task in tasks.tasks.items():
@@ -200,22 +196,18 @@ def stage_costs(
         weights[part] = member.weight_bytes
         workspace[part] = member.workspace_bytes_per_sample
     kv = (shard_of(tasks.tasks["block"], degree) if degree > 1 else tasks.tasks["block"]).mem_bytes_per_sample
-    kernels = _layer_kernels(tasks, tasks.config.moe_layer(), server_class, degree, attention)
-    if attention == "dp":
-        kv = _data_parallel_memory(tasks, server_class, degree, weights)
-    roofline = _kernel_time(kernels, tasks)
+    kernels = layer_kernels(
+        tasks.config.moe_layer(), tasks.precision, server_class.kind, degree, link, tasks.expert_imbalance
+    )
+    roofline = kernel_time(kernels, tasks)
     pieces["block"] = roofline.pieces
     dense_kernels = dense_time = None
     if tasks.dense_layers:
-        dense_kernels = _layer_kernels(tasks, tasks.config.dense_layer(), server_class, degree, attention)
-        dense_time = _kernel_time(dense_kernels, tasks)
+        dense_kernels = layer_kernels(tasks.config.dense_layer(), tasks.precision, server_class.kind, degree, link)
+        dense_time = kernel_time(dense_kernels, tasks)
         pieces["dense"] = dense_time.pieces
-    measured = (
-        measured_layer_time(
-            profile, server_class.kind.name, degree, kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
-        )
-        if attention == "tp"
-        else None
+    measured = measured_layer_time(
+        profile, server_class.kind.name, degree, kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
     )
     if measured is not None:  # the measured time's own pieces; else the bounds read the roofline's
         pieces["block"] = layer_pieces(kernels, tasks.per_sequence)
@@ -231,31 +223,10 @@ def stage_costs(
         tasks=tasks,
         dense_time=dense_time,
         dense_kernels=dense_kernels,
-        attention=attention,
     )
 
 
-def _data_parallel_memory(tasks: ServingTasks, server_class: ServerClass, degree: int, weights: dict) -> float:
-    """A member's KV cache per sequence in flight with data-parallel attention (the whole cache of
-    1/degree of the sequences), its layers' weights set in `weights` (llm_planner.cost.dp_attention)."""
-    for part in ("block", "dense")[: 1 + bool(tasks.dense_layers)]:
-        cfg = tasks.config.moe_layer() if part == "block" else tasks.config.dense_layer()
-        whole = tasks.tasks[part].weight_bytes
-        link = server_class.intra_link
-        weights[part] = member_weight_bytes(cfg, tasks.precision, server_class.kind, degree, link, whole)
-    return tasks.tasks["block"].mem_bytes_per_sample / degree
-
-
-def _layer_kernels(tasks: ServingTasks, config, server_class: ServerClass, degree: int, attention: str) -> LayerKernels:
-    """One layer's kernels on a member of the group, its attention tensor- or data-parallel."""
-    kind, link = server_class.kind, server_class.intra_link
-    if attention == "dp":
-        return dp_layer_kernels(config, tasks.precision, kind, degree, link, tasks.expert_imbalance)
-    imbalance = tasks.expert_imbalance if config.is_moe else 1.0
-    return layer_kernels(config, tasks.precision, kind, degree, link, imbalance)
-
-
-def _kernel_time(kernels: LayerKernels, tasks: ServingTasks) -> RooflineLayerTime | KernelLayerTime:
+def kernel_time(kernels: LayerKernels, tasks: ServingTasks) -> RooflineLayerTime | KernelLayerTime:
     """A layer's time from its kernels on the steady load (exact pieces where it has no routed experts);
     its `pieces` are below the time at every b a plan can have (the bounds read them)."""
     pieces = layer_pieces(kernels, tasks.per_sequence)

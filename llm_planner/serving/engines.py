@@ -14,7 +14,8 @@ one kind on one host, with m micro-batches in flight. vLLM and SGLang run it whe
   vLLM's own multi-node mode, give node k of n the ranks, hence the stages, k p/n .. (k+1) p/n - 1),
 - a group with data-parallel attention (llm_planner.cost.dp_attention) is the whole engine, one
   stage: vLLM runs it as `--data-parallel-size k --enable-expert-parallel` and SGLang as
-  `--tp-size k --dp-size k --enable-dp-attention --ep-size k`, neither under a pipeline here; and
+  `--tp-size k --dp-size k --enable-dp-attention --ep-size k`, neither under a pipeline here (a
+  group over whole servers runs with their multi-node flags, vLLM not over Ray); and
   SGLang only for the model types its help names (DP_ATTENTION_MODEL_TYPES). Megatron-LM runs no
   data-parallel attention.
 

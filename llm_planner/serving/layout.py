@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.costs import StageCosts, stage_costs
+from llm_planner.serving.dp_costs import dp_stage_costs
 from llm_planner.serving.links import ClassLinks
 from llm_planner.serving.replica import ReplicaEval, StageSlot
 from llm_planner.serving.tasks import ServingTasks
@@ -67,7 +68,10 @@ class CostCache:
         key = (class_name, degree, attention)
         if key not in self._cache:
             sc = self.classes[class_name]
-            self._cache[key] = stage_costs(self.tasks, sc, degree, self.profile, attention)
+            if attention == "tp":
+                self._cache[key] = stage_costs(self.tasks, sc, degree, self.profile)
+            else:
+                self._cache[key] = dp_stage_costs(self.tasks, sc, degree)
         return self._cache[key]
 
     def of(self, seg: Segment) -> StageCosts:
@@ -83,6 +87,8 @@ def same_server_after(seg: Segment, sc: ServerClass, i: int) -> bool:
     """Whether stage i and stage i + 1 of the segment run in one server."""
     if seg.devices <= sc.per_server:
         return True
+    if sc.spans_servers(seg.degree):  # each stage's group is whole servers of its own
+        return False
     per_server = sc.per_server // seg.degree
     return (i + 1) % per_server != 0
 

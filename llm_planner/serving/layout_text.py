@@ -98,9 +98,10 @@ def _check_block(where: str, seg: Segment, sc: ServerClass) -> None:
         formed = ", ".join(f"dpa{k}" for k in sc.dp_degrees) or "none"
         raise LayoutError(
             f"{where}: {sc.name} forms no group of {seg.degree} devices with data-parallel attention; those it forms "
-            f"for this model are {formed} (a mixture of experts whose experts split evenly over the group)"
+            f"for this model are {formed} (a mixture of experts whose experts split evenly over the group, inside a "
+            "server or over a power of two of whole servers)"
         )
-    if seg.degree not in sc.degrees:
+    if seg.attention == "tp" and seg.degree not in sc.degrees:
         formed = ", ".join(f"tp{k}" for k in sc.degrees if k > 1) or "none"
         raise LayoutError(
             f"{where}: {sc.name} forms no tensor-parallel group of {seg.degree} devices; the groups it forms "

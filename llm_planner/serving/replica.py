@@ -170,10 +170,13 @@ class ReplicaModel:
         """Time to first token of a mean prompt joining a micro-batch of b sequences (module
         docstring): its prompt goes in chunks of what the token budget leaves beside the b decodes,
         one chunk per visit of its micro-batch; the last chunk's round trip yields the token; before
-        that it waits for the prompts of the b - 1 others ahead of it (cost.chunks.prompt_wait_s)."""
+        that it waits for the prompts of the b - 1 others ahead of it (cost.chunks.prompt_wait_s).
+        Through a group with data-parallel attention the prompt is one rank's, whose budget is a
+        k-th of the group's: its chunks are a k-th as large."""
         prompt = self.tasks.mean_prompt_len
         chunked = self.tasks.chunked_prefill  # else: the prompt whole, in an iteration of its own
-        chunk = min(prompt, max(1, self.tasks.token_budget - b)) if chunked else prompt
+        ranks = max((slot.costs.degree for slot in self.slots if slot.costs.attention == "dp"), default=1)
+        chunk = min(prompt, max(1, (self.tasks.token_budget - b) / ranks)) if chunked else prompt
         beside = b if chunked else 0  # decodes in the prompt's iterations
         visits = math.ceil(prompt / chunk)
         trip = self.handoffs_s(b) + sum(self._chunk_stage_s(s, beside, chunk, n) for s, n in enumerate(layers))

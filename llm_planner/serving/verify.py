@@ -26,6 +26,8 @@ Not yet independent of the search's code (a defect there would pass here too):
 - each part's per-(class, degree) time pieces and its weight, KV and workspace bytes per device
   (llm_planner.serving.costs.StageCosts, built from llm_planner.cost.roofline and the decoder's
   tasks, llm_planner.serving.tasks.build_serving_tasks) and a measured profile's block time;
+- the kernels of a layer (llm_planner.cost.iteration, and for data-parallel attention
+  llm_planner.cost.dp_attention), which the verifier evaluates on its own loads;
 - which link each hand-off takes (llm_planner.serving.layout.build_slots and same_server_after);
 - the server classes, their degrees and blocks (llm_planner.serving.classes, layout.layout_ok);
 - the upper bound (llm_planner.serving.bound.tokens_upper_bound, the same deterministic procedure)
@@ -249,7 +251,13 @@ def _check_stage(ctx, known, names, seg: Segment, where: str, used: dict, proble
         if name in used:
             problems.append(f"{where}: device {name} is also used by {used[name]}")
         used[name] = where
-    if seg.degree > 1:
+    if sc.spans_servers(seg.degree):  # data-parallel attention over whole servers
+        servers = {}
+        for name in names:
+            servers.setdefault(known[name].node, []).append(name)
+        if any(len(members) != sc.per_server for members in servers.values()):
+            problems.append(f"{where}: a group of {seg.degree} over servers of {sc.per_server} takes them whole")
+    elif seg.degree > 1:
         try:
             group_from_members(ctx.cluster, names)
         except GroupError as exc:

@@ -20,7 +20,8 @@ a stage's iteration t_s(b) = step + l block(b) [+ embed(b) + d dense(b) first] [
 the sum over the micro-batches; the round trip the stage times at b plus each hand-off (latency +
 bytes / bandwidth; hidden states of b sequences and their prompt chunks, the sampled ids back from
 the last stage); TPOT the larger of the round trip and the busiest stage; tokens/s = C / TPOT;
-TTFT: a mean prompt in chunks of min(E[P], budget - b) tokens, one per cycle, the last one's round
+TTFT: a mean prompt in chunks of min(E[P], (budget - b) / r) tokens (r the largest data-parallel
+attention group's ranks, else 1), one per cycle, the last one's round
 trip (each chunk's iteration carrying it) yielding the token, after the wait for the prompts of the
 b - 1 others (llm_planner.cost.chunks.prompt_wait_s); memory per device: layers x (block weights +
 C KV per layer) + the end parts' weights (and the first stage's d dense layers with their KV) + the
@@ -37,8 +38,7 @@ from llm_planner.cost.dp_attention import dp_layer_kernels
 from llm_planner.cost.iteration import Load, layer_kernels
 from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
 from llm_planner.graph.mla import kv_elements_per_token
-from llm_planner.graph.moe import moe_parameters, shared_gate
-from llm_planner.graph.transformer import matmul_parameters
+from llm_planner.graph.moe import moe_parameters
 from llm_planner.serving.context import ServingContext
 from llm_planner.serving.layer_time import measured_layer_time
 from llm_planner.serving.layout import Layout, build_slots
@@ -64,28 +64,11 @@ class _Costs:
     def __init__(self, ctx: ServingContext, class_name: str, degree: int, attention: str = "tp"):
         sc = ctx.by_name[class_name]
         self.step_s, self.usable = sc.kind.serving_step_s, sc.kind.usable_mem_bytes
-        tasks = ctx.tasks.tasks
-        self.pieces = {
-            part: group_task_time_pieces(task, sc.kind, degree, sc.intra_link, ctx.dtype)
-            for part, task in tasks.items()
-        }
-        member = {part: shard_of(task, degree) if degree > 1 else task for part, task in tasks.items()}
-        self.weights = {part: t.weight_bytes for part, t in member.items()}
-        self.workspace = {part: t.workspace_bytes_per_sample for part, t in member.items()}
-        self.kv = member["block"].mem_bytes_per_sample
-        if ctx.config.is_mla:  # the latent cache, whole on every member: its own arithmetic (graph.mla)
-            held = max(1, math.ceil(ctx.workload.kv_context))
-            self.kv = kv_elements_per_token(ctx.config) * held * ctx.precision.kv_bytes
-        kernels_of = dp_layer_kernels if attention == "dp" else layer_kernels
-        self.kernels = kernels_of(ctx.config, ctx.precision, sc.kind, degree, sc.intra_link, ctx.tasks.expert_imbalance)
+        (self._data_parallel_parts if attention == "dp" else self._tensor_parallel_parts)(ctx, sc, degree)
+        kernels_of = _kernels_of(sc, degree, attention)
+        self.kernels = kernels_of(ctx.config, ctx.precision, ctx.tasks.expert_imbalance)
         self.dense_layers = ctx.config.first_dense_layers  # on the first stage, with a dense MLP
-        self.dense = (
-            kernels_of(ctx.config.dense_layer(), ctx.precision, sc.kind, degree, sc.intra_link)
-            if self.dense_layers
-            else None
-        )
-        if attention == "dp":
-            self._data_parallel_memory(ctx, degree)
+        self.dense = kernels_of(ctx.config.dense_layer(), ctx.precision) if self.dense_layers else None
         tasks = ctx.tasks
         self.measured = None
         if attention == "tp":
@@ -104,21 +87,37 @@ class _Costs:
             for r, share in zip(wl.requests, wl.shares)
         )
 
-    def _data_parallel_memory(self, ctx: ServingContext, k: int) -> None:
-        """Data-parallel attention (llm_planner.cost.dp_attention), by the verifier's own count: a
-        member holds 1/k of the sequences' whole caches and every weight whole but the MLP's
-        projections (the experts and shared expert; a dense layer's MLP), 1/k of those."""
+    def _tensor_parallel_parts(self, ctx: ServingContext, sc, degree: int) -> None:
+        """The end parts' times on the group, and what a member holds (roofline.shard_of; MLA's
+        latent cache whole on every member, by its own arithmetic: graph.mla)."""
+        tasks = ctx.tasks.tasks
+        ends = {part: task for part, task in tasks.items() if part not in ("block", "dense")}  # layers: kernels
+        self.pieces = {
+            part: group_task_time_pieces(task, sc.kind, degree, sc.intra_link, ctx.dtype) for part, task in ends.items()
+        }
+        member = {part: shard_of(task, degree) if degree > 1 else task for part, task in tasks.items()}
+        self.weights = {part: t.weight_bytes for part, t in member.items()}
+        self.workspace = {part: t.workspace_bytes_per_sample for part, t in member.items()}
+        self.kv = member["block"].mem_bytes_per_sample
+        if ctx.config.is_mla:
+            self.kv = kv_elements_per_token(ctx.config) * _held(ctx) * ctx.precision.kv_bytes
+
+    def _data_parallel_parts(self, ctx: ServingContext, sc, k: int) -> None:
+        """Data-parallel attention (llm_planner.cost.dp_attention), by the verifier's own count: each
+        member runs the end parts whole on its 1/k of the sequences and holds every weight whole but
+        (k - 1)/k of the routed experts, the whole caches of its sequences and their workspace."""
         tasks, wb = ctx.tasks.tasks, ctx.precision.weight_bytes
+        ends = {part: task for part, task in tasks.items() if part not in ("block", "dense")}
+        self.pieces = {
+            part: tuple((f, s / k) for f, s in group_task_time_pieces(task, sc.kind, 1, None, ctx.dtype))
+            for part, task in ends.items()
+        }
+        self.weights = {part: task.weight_bytes for part, task in tasks.items()}
+        self.weights["block"] -= wb * moe_parameters(ctx.config)["experts"] * (1 - 1 / k)
+        self.workspace = {part: task.workspace_bytes_per_sample / k for part, task in tasks.items()}
         self.kv = tasks["block"].mem_bytes_per_sample / k
         if ctx.config.is_mla:
-            held = max(1, math.ceil(ctx.workload.kv_context))
-            self.kv = kv_elements_per_token(ctx.config) * held * ctx.precision.kv_bytes / k
-        moe = moe_parameters(ctx.config)
-        split = moe["experts"] + moe["shared"] - (ctx.config.hidden_size if shared_gate(ctx.config) else 0)
-        self.weights["block"] = tasks["block"].weight_bytes - wb * split * (1 - 1 / k)
-        if "dense" in tasks:
-            dense = matmul_parameters(ctx.config.dense_layer())["mlp"]
-            self.weights["dense"] = tasks["dense"].weight_bytes - wb * dense * (1 - 1 / k)
+            self.kv = kv_elements_per_token(ctx.config) * _held(ctx) * ctx.precision.kv_bytes / k
 
     def layer_s(self, b: int, prompt_tokens: float, keys: float | None = None, dense: bool = False) -> float:
         """One decoder layer (one of the dense first layers: `dense`) on b decodes and `prompt_tokens`
@@ -173,6 +172,20 @@ class _Costs:
         return held + ends + max((self.workspace[p] for p in parts), default=0.0) * b
 
 
+def _held(ctx: ServingContext) -> int:
+    """Tokens of cache a sequence holds: the workload's KV context, whole."""
+    return max(1, math.ceil(ctx.workload.kv_context))
+
+
+def _kernels_of(sc, degree: int, attention: str):
+    """config, precision[, imbalance] -> a layer's kernels on a member of the stage's group
+    (llm_planner.cost: tensor-parallel, or data-parallel attention, over whole servers too)."""
+    if attention == "dp":
+        span = (sc.per_server, sc.server_link) if degree > sc.per_server else None
+        return lambda cfg, p, imbalance=1.0: dp_layer_kernels(cfg, p, sc.kind, degree, sc.intra_link, imbalance, span)
+    return lambda cfg, p, imbalance=1.0: layer_kernels(cfg, p, sc.kind, degree, sc.intra_link, imbalance)
+
+
 def derive(ctx: ServingContext, layout: Layout, layers: list[int], concurrency: int, m: int) -> Derived:
     """Every figure of one replica (module docstring)."""
     slots = build_slots(layout, ctx.cache, ctx.links)  # for their links only
@@ -197,7 +210,8 @@ def derive(ctx: ServingContext, layout: Layout, layers: list[int], concurrency: 
     trip = sum(stage) + handoff
     tpot = max(trip, max(busy))
     prompt = ctx.workload.mean_prompt_len
-    chunk = min(prompt, max(1, ctx.options.max_batched_tokens - b))
+    ranks = max((seg.degree for seg in layout if seg.attention == "dp"), default=1)  # a rank's own budget
+    chunk = min(prompt, max(1, (ctx.options.max_batched_tokens - b) / ranks))
     chunk_trip = handoff + sum(
         c.iteration_s(b, n, s == 0, s == p - 1, prompt_tokens=chunk) for s, (c, n) in enumerate(zip(costs, layers))
     )
