@@ -19,12 +19,14 @@ from llm_planner.export.engine_args import ServingExportError
 from llm_planner.export.serving import build_engines
 from llm_planner.export.serving_scripts import sglang_script, vllm_script
 from llm_planner.graph.decoder_presets import preset_config
+from llm_planner.serving.baselines import engineer_options
 from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.engines import StageForm, engine_refusal
-from llm_planner.serving.layout import Segment, describe
+from llm_planner.serving.layout import Segment, describe, runs_somewhere
 from llm_planner.serving.layout_text import LayoutError, parse_layout
 from llm_planner.serving.plan_file import load_serving_plan
 from llm_planner.serving.score import score_replica
+from llm_planner.serving.search import candidate_layouts
 from llm_planner.serving.verify_replica import derive
 
 QWEN = "qwen1.5-moe-a2.7b"  # 60 experts of 1408, top-4, a shared expert of 5632, 16 heads of 128
@@ -135,6 +137,18 @@ def test_the_notation_reads_and_writes_dpa(tmp_path):
     dense = context(tmp_path, "llama2-7b")
     with pytest.raises(LayoutError, match="forms no group of 2 devices with data-parallel attention; those it forms"):
         parse_layout("1 x bigbox/big[dpa2]", dense.by_name)
+
+
+def test_the_search_and_engineer_best_keep_it_to_a_whole_replica(tmp_path):
+    """No engine runs data-parallel attention under a pipeline (nor the runtime at all): the
+    search's candidates and engineer-best's layouts hold a dpaK group only as one stage alone."""
+    ctx = context(tmp_path, QWEN, tpot_s=0.1)
+    alone = [Segment("smallbox/small", 4, 1, "dp")]
+    assert runs_somewhere(tuple(alone)) and not runs_somewhere((Segment("smallbox/small", 2, 2, "dp"),))
+    assert not runs_somewhere((*alone, Segment("bigbox/big", 2, 1)))
+    layouts = candidate_layouts(ctx) + [p.layout for found in engineer_options(ctx).values() for p, _ in found]
+    with_dp = [layout for layout in layouts if any(seg.attention == "dp" for seg in layout)]
+    assert with_dp and all(len(layout) == 1 and layout[0].stages == 1 for layout in with_dp)
 
 
 def test_engines_run_it_as_one_whole_stage():

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from llm_planner.serving.context import ServingContext
 from llm_planner.serving.fleet import FleetChoice
-from llm_planner.serving.layout import Pattern, Segment
+from llm_planner.serving.layout import Pattern, Segment, runs_somewhere
 
 
 def even_split(layers: int, stages: int) -> tuple[int, ...]:
@@ -35,9 +35,9 @@ def class_patterns(ctx: ServingContext, class_name: str) -> list[tuple[Pattern, 
     out = []
     for k, attention in sc.shapes:
         for n in range(1, min(ctx.tasks.num_layers, sc.num_devices // k) + 1):
-            if not sc.block_ok(n * k):
-                continue
             layout = (Segment(class_name, k, n, attention),)
+            if not sc.block_ok(n * k) or not runs_somewhere(layout):
+                continue
             cands = [ctx.best(layout, [n], even_split(ctx.tasks.num_layers, n)), ctx.best(layout, [n])]
             best = max((e for e in cands if e is not None), key=lambda e: e.tokens_per_s, default=None)
             if best is not None:

@@ -118,6 +118,14 @@ def build_slots(layout: Layout, cache: CostCache, links: ClassLinks) -> list[Sta
     return slots
 
 
+def runs_somewhere(layout: Layout) -> bool:
+    """Whether some engine runs the layout: a group with data-parallel attention only as the whole
+    replica, one stage (vLLM and SGLang run it so, the project's runtime not at all:
+    llm_planner.serving.engines). The search and engineer-best keep to such layouts; the bounds and
+    `score` take any."""
+    return all(seg.attention == "tp" for seg in layout) or (len(layout) == 1 and layout[0].stages == 1)
+
+
 def layout_usage(layout: Layout) -> dict[str, int]:
     """Devices of each class one replica of the layout takes."""
     out: dict[str, int] = {}

@@ -30,7 +30,7 @@ from llm_planner.serving.bound import device_rate_bound
 from llm_planner.serving.context import ServingContext
 from llm_planner.serving.engines import engine_micro_batches, layout_refusal
 from llm_planner.serving.fleet import FleetChoice, solve_fleet
-from llm_planner.serving.layout import Layout, Pattern, Segment, layout_usage
+from llm_planner.serving.layout import Layout, Pattern, Segment, layout_usage, runs_somewhere
 from llm_planner.serving.optimistic import OptimisticTokens
 
 log = logging.getLogger(__name__)
@@ -125,9 +125,11 @@ def with_ends(ctx: ServingContext, layout: Layout) -> list[Layout]:
 
 
 def exportable_layout(ctx: ServingContext, layout: Layout, micro_batches: int | None = None) -> bool:
-    """Whether --exportable allows the layout (at `micro_batches`, when given): the engine's export
-    takes every copy of it (llm_planner.serving.engines, the rule the export refuses by)."""
-    return layout_refusal(ctx.options.exportable, layout, ctx.by_name, micro_batches) is None
+    """Whether the search takes the layout: some engine runs it (layout.runs_somewhere) and, with
+    --exportable, that engine's export takes every copy of it (at `micro_batches`, when given:
+    llm_planner.serving.engines, the rule the export refuses by)."""
+    runs = runs_somewhere(layout)
+    return runs and layout_refusal(ctx.options.exportable, layout, ctx.by_name, micro_batches) is None
 
 
 def evaluate_layouts(ctx: ServingContext, layouts: list[Layout], deadline: float) -> tuple[list[Pattern], int]:

@@ -17,7 +17,7 @@ from llm_planner.serving.api import fleet_summary
 from llm_planner.serving.baselines import engineer_best, megatron
 from llm_planner.serving.context import ServingContext
 from llm_planner.serving.engines import engine_micro_batches, layout_refusal
-from llm_planner.serving.layout import Layout
+from llm_planner.serving.layout import Layout, runs_somewhere
 
 REL_TOL = 1e-6
 BASELINE_FIGURES = ("pattern", "count", "concurrency", "micro_batches", "layers")
@@ -59,6 +59,8 @@ def check_options(ctx: ServingContext, layout: Layout, m: int, where: str, probl
         problems.append(
             f"{where}.segments: {classes} classes in one replica, options.max_segments allows {opts.max_segments or 3}"
         )
+    if not runs_somewhere(layout):
+        problems.append(f"{where}.segments: a group with data-parallel attention in a pipeline, which no engine runs")
     refusal = layout_refusal(opts.exportable, layout, ctx.by_name, m)
     if refusal is not None:
         problems.append(f"{where}.segments: options.exportable {opts.exportable}: {refusal}")
