@@ -9,7 +9,7 @@ from rich.table import Table
 from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
 from llm_planner.core.precision import fp8_weight_only, precision_from_dict
 from llm_planner.core.spec import ClusterSpec
-from llm_planner.serving.layout import group_text
+from llm_planner.serving.layout import group_text, stage_attention
 
 
 def print_serving(console: Console, data: dict, *, with_baselines: bool, cluster: ClusterSpec | None = None) -> None:
@@ -148,7 +148,7 @@ def replica_table(data: dict) -> Table:
     dense = data["model"].get("dense_layers", 0)
     for rep in data["serving"]["replicas"]:
         stages = rep["devices"][0]
-        groups = [seg.get("attention", "tp") for seg in rep["segments"] for _ in range(seg["stages"])]
+        groups = stage_attention(rep["segments"])
         for s, devs in enumerate(stages):
             head = s == 0
             dev = devs[0] if len(devs) == 1 else f"{devs[0]} .. {devs[-1]} ({group_text(len(devs), groups[s])})"

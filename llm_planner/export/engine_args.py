@@ -157,17 +157,13 @@ def kv_budget(
     tp: int,
     concurrency: int,
     layers: list[int],
-    *,
-    data_parallel: bool = False,
 ) -> KVBudget:
     """The KV the plan sized an engine for (module docstring); the same task costs as the planner's.
-    With data-parallel attention over the tp devices each holds the whole cache of its share of the
-    sequences, and the tokens are one such rank's (each runs its own KV pool)."""
+    An engine with data-parallel attention passes one rank's: its sequences at tp = 1 (each rank
+    holds its sequences' whole caches in a KV pool of its own)."""
     block = build_serving_tasks(config, workload, dtype).tasks["block"]
     per_seq = (shard_of(block, tp) if tp > 1 else block).mem_bytes_per_sample  # one layer, per device
     held = max(1, math.ceil(workload.kv_context))
-    if data_parallel:
-        per_seq, concurrency = block.mem_bytes_per_sample, -(-concurrency // tp)
     return KVBudget(tokens=concurrency * held, gpu_bytes=math.floor(concurrency * per_seq * max(layers)))
 
 

@@ -46,6 +46,7 @@ from llm_planner.export.engine_args import (
 from llm_planner.export.routers import ROUTER_VERSIONS
 from llm_planner.export.vllm_ray import check_vllm_ray_hosts
 from llm_planner.serving.engines import StageForm, dp_attention_refusal, engine_refusal
+from llm_planner.serving.layout import stage_attention
 from llm_planner.serving.plan_file import ServingPlanFile
 
 log = logging.getLogger(__name__)
@@ -94,10 +95,20 @@ class EnginePlan:
     data_parallel_attention: bool = False  # one group, attention data-parallel, experts split over it
 
     @property
+    def ranks(self) -> int:
+        """Schedulers the engine's sequences split over: each member of a group with data-parallel
+        attention runs its own; else one."""
+        return self.tensor_parallel if self.data_parallel_attention else 1
+
+    @property
     def rank_concurrency(self) -> int:
-        """Sequences in flight per attention rank: the engine's, or its share on each member of a
-        group with data-parallel attention (each runs its own; the busiest one more)."""
-        return -(-self.concurrency // self.tensor_parallel) if self.data_parallel_attention else self.concurrency
+        """Sequences in flight per rank (the busiest one's, where they do not split evenly)."""
+        return -(-self.concurrency // self.ranks)
+
+    @property
+    def kv_shards(self) -> int:
+        """Devices one sequence's KV cache is split over: the tensor-parallel group, else 1."""
+        return self.tensor_parallel // self.ranks
 
     @property
     def pipeline_parallel(self) -> int:
@@ -239,10 +250,9 @@ def _engine_budgets(export, plan, cluster, dtype, max_len, multinode) -> Serving
             config,
             plan_precision(plan.data, export.plan_path),
             workload,
-            e.tensor_parallel,
-            e.concurrency,
+            e.kv_shards,
+            e.rank_concurrency,
             e.layers,
-            data_parallel=e.data_parallel_attention,
         )
         for e in export.engines
     }
@@ -296,8 +306,7 @@ def _replica_engines(
             "plan again)"
         )
     out = []
-    stated = [seg.get("attention", "tp") for seg in rep.get("segments", []) for _ in range(seg["stages"])]
-    attention = (stated + ["tp"] * len(layers))[: len(layers)]  # each stage's (tensor-parallel unless stated)
+    attention = (stage_attention(rep.get("segments", [])) + ["tp"] * len(layers))[: len(layers)]
     for c, copy in enumerate(copies):
         stages = tuple(
             _stage(

@@ -205,7 +205,7 @@ def _vllm_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
         "--kv-cache-memory-bytes",
         _q(export.kv[e.name].gpu_bytes),
         "--max-num-batched-tokens",
-        _q(-(-budget // e.tensor_parallel) if e.data_parallel_attention else budget),
+        _q(-(-budget // e.ranks)),
         *_dtype_args(export),
     ]
 
@@ -350,7 +350,7 @@ def _sglang_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
     return [
         *args,
         "--max-running-requests",  # SGLang gives each data-parallel rank a k-th of it
-        _q(e.rank_concurrency * (e.tensor_parallel if e.data_parallel_attention else 1)),
+        _q(e.rank_concurrency * e.ranks),
         "--mem-fraction-static",
         _q(_fraction(e.mem_fraction)),
         "--max-total-tokens",

@@ -46,9 +46,10 @@ class ServerClass:
         """Whether a group of `degree` devices of the class spans servers (data-parallel attention only)."""
         return degree > self.per_server
 
-    def group_link(self, degree: int) -> LinkSpec | None:
-        """The slowest link a group of `degree` devices uses: between servers where it spans them."""
-        return self.server_link if self.spans_servers(degree) else self.intra_link
+    def span(self, degree: int) -> tuple[int, LinkSpec] | None:
+        """(devices a server, the link between servers) for a group of `degree` over whole servers;
+        None inside one server (llm_planner.cost.dp_attention.dp_layer_kernels's `span`)."""
+        return (self.per_server, self.server_link) if self.spans_servers(degree) else None
 
     def block_ok(self, size: int) -> bool:
         """Whether a replica may take `size` devices of this class (module docstring)."""

@@ -55,6 +55,5 @@ def dp_stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int) 
 
 def _kernels(tasks: ServingTasks, config, server_class: ServerClass, degree: int) -> LayerKernels:
     """One layer's kernels on a member of the group (across servers where the group spans them)."""
-    span = (server_class.per_server, server_class.server_link) if server_class.spans_servers(degree) else None
-    link = server_class.intra_link
+    link, span = server_class.intra_link, server_class.span(degree)
     return dp_layer_kernels(config, tasks.precision, server_class.kind, degree, link, tasks.expert_imbalance, span)

@@ -51,6 +51,11 @@ def segment_fields(seg: Segment) -> dict:
     return out | ({"attention": seg.attention} if seg.attention != "tp" else {})
 
 
+def stage_attention(segments: list[dict]) -> list[str]:
+    """Each stage's attention ("tp" or "dp") from a plan's replica segments (segment_fields)."""
+    return [seg.get("attention", "tp") for seg in segments for _ in range(seg["stages"])]
+
+
 def segment_of(fields: dict) -> Segment:
     """The segment a plan's checked replica states (segment_fields)."""
     return Segment(fields["class"], fields["degree"], fields["stages"], fields.get("attention", "tp"))

@@ -80,8 +80,9 @@ class ServingTasks:
 
     def dp_over(self, k: int) -> bool:
         """Whether a group of k may run the model's layers with data-parallel attention
-        (llm_planner.cost.dp_attention: an MoE model whose experts split evenly over the k) and
-        its end parts (and dense first layers' MLP) tensor-parallel."""
+        (llm_planner.cost.dp_attention: an MoE model whose experts split evenly over the k). It
+        also asks that the end parts and the dense first layers' MLP would split over k, which the
+        layout, running them whole on each rank, does not need (kept: a group it adds is untested)."""
         ends = all(t.shards_over(k) for part, t in self.tasks.items() if part not in ("block", "dense"))
         dense = not self.dense_layers or self.config.intermediate_size % k == 0
         return ends and dense and dp_offered(self.config.moe_layer(), k)

@@ -181,7 +181,7 @@ def _kernels_of(sc, degree: int, attention: str):
     """config, precision[, imbalance] -> a layer's kernels on a member of the stage's group
     (llm_planner.cost: tensor-parallel, or data-parallel attention, over whole servers too)."""
     if attention == "dp":
-        span = (sc.per_server, sc.server_link) if degree > sc.per_server else None
+        span = sc.span(degree)
         return lambda cfg, p, imbalance=1.0: dp_layer_kernels(cfg, p, sc.kind, degree, sc.intra_link, imbalance, span)
     return lambda cfg, p, imbalance=1.0: layer_kernels(cfg, p, sc.kind, degree, sc.intra_link, imbalance)
 
@@ -189,8 +189,9 @@ def _kernels_of(sc, degree: int, attention: str):
 def derive(ctx: ServingContext, layout: Layout, layers: list[int], concurrency: int, m: int) -> Derived:
     """Every figure of one replica (module docstring)."""
     slots = build_slots(layout, ctx.cache, ctx.links)  # for their links only
-    own = {seg: _Costs(ctx, seg.class_name, seg.degree, seg.attention) for seg in layout}
-    costs = [own[seg] for seg in layout for _ in range(seg.stages)]
+    shape = {seg: (seg.class_name, seg.degree, seg.attention) for seg in layout}
+    own = {key: _Costs(ctx, *key) for key in shape.values()}
+    costs = [own[shape[seg]] for seg in layout for _ in range(seg.stages)]
     q, r = divmod(concurrency, m)  # r micro-batches of q + 1 sequences, m - r of q
     b = q + 1 if r else q
     p = len(slots)
