@@ -46,6 +46,20 @@ memory` (the engine runs fewer and queues the rest). Below the table, the linear
 four projections summed) and one all-reduce per call against Vidur's operator medians.""",
     ),
     Section(
+        "all2all",
+        "DeepEP's low-latency dispatch and combine against its published times",
+        """\
+Each row of DeepEP's own low-latency table (public repository deepseek-ai/DeepEP, docs/legacy.md:
+H800 servers of 8, a 400 Gb/s card per GPU, 128 tokens a rank, hidden 7168, top-8, fp8 dispatch,
+bf16 combine; benchmarks/data/deepep_low_latency.yaml) beside the time the serving model charges
+for that call (`llm_planner.cost.dp_attention.deepep_call_s`, the kernel of a `dpa<k>-deepep` group:
+a fixed time per call plus the bytes of the (token, expert) pairs leaving a rank over NVLink and
+over its card between servers, at the links' data-sheet bandwidth). The fixed time was fitted on
+these rows (the median of measured minus the bytes' time), so they are calibration rows: the table
+shows how well one fixed time and the links' bandwidth describe DeepEP from 8 to 256 ranks.""",
+        ".venv/bin/python benchmarks/bench_all2all.py",
+    ),
+    Section(
         "serving",
         "Serving: tokens/s under a per-token latency target against engineer-best",
         """\

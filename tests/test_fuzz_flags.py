@@ -69,7 +69,7 @@ NUMBERS = {
 }
 NUMBERS["throughput"] = NUMBERS["latency"]
 TARGETS = ("--tpot-slo", "--ttft-slo")
-SWITCHES = {"--allow-cpu", "--allow-backend-fallback", "--contiguous", "--no-dp-attention"}
+SWITCHES = {"--allow-cpu", "--allow-backend-fallback", "--contiguous", "--no-dp-attention", "--deepep"}
 # a value each flag of one objective takes, given under the other
 VALID = {
     "--graph": "g.json",

@@ -47,6 +47,7 @@ SERVING_FLAGS = (
     "--max-batched-tokens",
     "--expert-imbalance",
     "--no-dp-attention",
+    "--deepep",
     "--serving-solver",
     "--weights",
     "--kv-cache-dtype",

@@ -113,6 +113,7 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
         max_batched_tokens=args.max_batched_tokens,
         expert_imbalance=args.expert_imbalance,
         chunked_prefill=args.chunked_prefill,
+        deepep="-deepep" in args.replica,  # any layout scores, a dpa<k>-deepep one too
     )
     precision = serving_precision(args.model, args.dtype, args.weights, args.kv_cache_dtype)
     ctx = build_context(args.cluster, args.model, workload, precision, options, args.profile)

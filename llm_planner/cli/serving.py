@@ -101,6 +101,14 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
         "--data-parallel-size --enable-expert-parallel, SGLang's --enable-dp-attention)",
     )
     g.add_argument(
+        "--deepep",
+        action="store_true",
+        help="serving, mixture-of-experts models: DeepEP's kernels are installed (with NVLink between a server's "
+        "GPUs and RDMA between servers): groups with data-parallel attention may also move each token to its top-k "
+        "experts' members only (dpa<k>-deepep: vLLM --all2all-backend deepep_low_latency, SGLang --moe-a2a-backend "
+        "deepep) instead of gathering every token on every member (default: gather only)",
+    )
+    g.add_argument(
         "--weights",
         default=None,
         help="serving: the decoder layers' weight format: fp16/bf16/fp32 (the activation dtype, unquantized), fp8 "
@@ -158,6 +166,7 @@ def serving_options(args: argparse.Namespace):
         max_batched_tokens=args.max_batched_tokens or DEFAULT_TOKEN_BUDGET,
         expert_imbalance=args.expert_imbalance,
         dp_attention=args.dp_attention,
+        deepep=args.deepep,
     )
 
 

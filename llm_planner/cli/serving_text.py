@@ -9,6 +9,7 @@ from rich.table import Table
 from llm_planner.core.fmt import fmt_bytes, fmt_s, styled
 from llm_planner.core.precision import fp8_weight_only, precision_from_dict
 from llm_planner.core.spec import ClusterSpec
+from llm_planner.serving.classes import is_dp
 from llm_planner.serving.layout import group_text, stage_attention
 
 
@@ -73,7 +74,7 @@ def _experts_text(data: dict) -> str:
         return ""
     skew = data["options"].get("expert_imbalance", 1.0)
     dense = data["model"].get("dense_layers", 0)
-    dp = any(seg.get("attention") == "dp" for rep in data["serving"]["replicas"] for seg in rep["segments"])
+    dp = any(is_dp(seg.get("attention", "tp")) for rep in data["serving"]["replicas"] for seg in rep["segments"])
     split = "tensor-parallel, or split over dpaK groups with data-parallel attention" if dp else "tensor-parallel"
     return (
         f"; mixture of experts: {experts['num_experts']} experts, top-{experts['experts_per_token']}, "

@@ -32,6 +32,19 @@ members of its own server over the server's link and the (k - n)/k from the othe
 link between servers (each member its own port, as on servers with a NIC per GPU), one call with
 n - 1 hops inside and j - 1 between.
 
+With `all2all="deepep_low_latency"` (vLLM's `--all2all-backend deepep_low_latency`, SGLang's
+`--moe-a2a-backend deepep`; DeepEP's low-latency kernels, public repository deepseek-ai/DeepEP)
+the two collectives are a dispatch and a combine instead: each token goes to the members holding
+its top-k experts only, one message per (token, expert) pair, of h bytes in fp8 with a 4-byte scale
+per 128 values where the experts compute in fp8 (else h activation bytes), and comes back as h
+activation bytes (combine). Under uniform routing a member gets top-k / k of a token's pairs: per
+token of the group, top-k (n - 1) / k^2 pairs cross the server's link and top-k (k - n) / k^2 the
+link between servers, at the links' full bandwidth; each call costs DEEPEP_LL_CALL_S, and a rank's
+tokens go in calls of at most MOE_DP_CHUNK tokens (vLLM's VLLM_MOE_DP_CHUNK_SIZE). Where a group
+spans servers this moves top-k / k of what the gather does per token, at top-k 8 and k 16 a
+quarter of the bytes between servers. DeepEP needs NVLink between every pair of a server's GPUs
+and RDMA between servers; the spec cannot say so, the user asks for it.
+
 Whole experts on each member read, under uniform routing, the same expected weights on the same
 rows as every member holding 1/k of every expert's width, which is how the routed experts are
 timed: the group must split the experts evenly (k divides their count and, as the kernels ask,
@@ -48,11 +61,22 @@ from __future__ import annotations
 
 import dataclasses
 
-from llm_planner.core.precision import Precision, as_precision
+from llm_planner.core.precision import Precision, as_precision, linear_dtype
 from llm_planner.core.spec import DeviceKindSpec, LinkSpec
 from llm_planner.cost.iteration import Kernel, LayerKernels, layer_kernels, sublayer_kernels
 from llm_planner.cost.roofline import CostError
 from llm_planner.graph.transformer import DecoderConfig
+
+# The expert all-to-all a group of data-parallel attention runs (module docstring); the first is
+# vLLM's default, the names are vLLM's --all2all-backend values.
+ALL2ALL = ("allgather_reducescatter", "deepep_low_latency")
+# One DeepEP low-latency dispatch or combine call's fixed time: fitted (least median error) with the
+# links at their data-sheet bandwidth on DeepEP's published low-latency table (docs/legacy.md of
+# deepseek-ai/DeepEP: H800, NVLink ~160-200 GB/s, CX7 400 Gb/s, 128 tokens a rank, hidden 7168,
+# top-8, EP 8-256; benchmarks/bench_all2all.py prints the fit against each row).
+DEEPEP_LL_CALL_S = 45e-6
+MOE_DP_CHUNK = 256  # tokens a rank dispatches per call (vLLM's VLLM_MOE_DP_CHUNK_SIZE default)
+FP8_SCALE_BYTES = 4 / 128  # DeepEP's fp8 dispatch: a float32 scale per 128 values
 
 
 def dp_offered(config: DecoderConfig, k: int) -> bool:
@@ -72,11 +96,13 @@ def dp_layer_kernels(
     link: LinkSpec | None,
     imbalance: float = 1.0,
     span: tuple[int, LinkSpec] | None = None,
+    all2all: str = ALL2ALL[0],
 ) -> LayerKernels:
     """The kernels of one layer on each member of a group of k with data-parallel attention
     (module docstring), `span` = (devices a server, the link between servers) for a group over
-    whole servers; CostError where the layer does not split so (dp_offered) or no link joins the
-    group. A dense layer of an MoE model (DeepSeek's first ones) is its own part alone."""
+    whole servers, its experts' tokens moved by `all2all` (one of ALL2ALL); CostError where the
+    layer does not split so (dp_offered) or no link joins the group. A dense layer of an MoE model
+    (DeepSeek's first ones) is its own part alone."""
     if k < 2 or link is None or (config.is_moe and not dp_offered(config, k)):
         raise CostError(
             f"a decoder layer of {config.name} cannot run data-parallel attention on a group of {k} "
@@ -88,9 +114,41 @@ def dp_layer_kernels(
         return dataclasses.replace(whole, kernels=own)
     mlp = sublayer_kernels(config, dtype, kind, "mlp", k, link, imbalance)
     experts = tuple(kernel for kernel in mlp.kernels if kernel.experts is not None)
+    if all2all not in ALL2ALL:
+        raise CostError(f"all2all must be one of {', '.join(ALL2ALL)}, got {all2all!r}")
     token_bytes = config.hidden_size * as_precision(dtype).activation_bytes
-    collectives = _gather_scatter(token_bytes, k, kind.collective_call_s, link, span)
+    if all2all == "deepep_low_latency":
+        pair_bytes = _dispatch_bytes(config, as_precision(dtype), kind) + token_bytes
+        scale = kind.collective_bw_efficiency  # DeepEP reaches the links' data-sheet bandwidth
+        collectives = _dispatch_combine(pair_bytes * scale, config.experts_per_token, k, link, span)
+    else:
+        collectives = _gather_scatter(token_bytes, k, kind.collective_call_s, link, span)
     return dataclasses.replace(mlp, kernels=own + experts + (collectives,))
+
+
+def _dispatch_bytes(config: DecoderConfig, precision: Precision, kind: DeviceKindSpec) -> float:
+    """Bytes of one (token, expert) pair's dispatch: fp8 with its scales where the experts compute
+    in fp8 on the kind, else the activations (module docstring)."""
+    h = config.hidden_size
+    if linear_dtype(precision, kind.peak_dtypes)[0] == "fp8":
+        return h * (1 + FP8_SCALE_BYTES)
+    return h * precision.activation_bytes
+
+
+def _dispatch_combine(
+    pair_bytes: float, top_k: int, k: int, link: LinkSpec, span: tuple[int, LinkSpec] | None
+) -> Kernel:
+    """DeepEP's low-latency dispatch and combine over the group (module docstring) as a collective
+    kernel: two calls per chunk of tokens, and per token of the group the bytes of its pairs that
+    leave each member (those between servers weighted by how much slower their link is)."""
+    size = pair_bytes * _pairs_out(top_k, k, link, span)
+    return Kernel(
+        "dispatch_combine",
+        (2 * DEEPEP_LL_CALL_S, 0.0, 0.0, 0.0, 0.0),
+        (0.0, size, 0.0, size, 0.0),
+        collective=True,
+        chunk=MOE_DP_CHUNK * k,
+    )
 
 
 def _own_share(kernel: Kernel, k: int) -> Kernel:
@@ -117,6 +175,26 @@ def _gather_scatter(
         (2 * (call_s + hops), 0.0, 0.0, 0.0, 0.0),
         (0.0, size, 0.0, size, 0.0),
         collective=True,
+    )
+
+
+def _pairs_out(top_k: int, k: int, link: LinkSpec, span: tuple[int, LinkSpec] | None) -> float:
+    """(token, expert) pairs leaving a member per token of the group under uniform routing, those
+    between servers weighted by how much slower their link is than `link` (module docstring)."""
+    per_server, across = span if span is not None else (k, link)
+    inside, outside = (per_server - 1) / k, (k - per_server) / k
+    return top_k / k * (inside + (outside * link.bw_bytes_per_s / across.bw_bytes_per_s if outside else 0.0))
+
+
+def deepep_call_s(
+    pair_bytes: float, top_k: int, k: int, rank_tokens: float, link: LinkSpec, span: tuple[int, LinkSpec] | None
+) -> float:
+    """One DeepEP low-latency dispatch (or combine) of `rank_tokens` tokens on each of k ranks, pairs
+    of `pair_bytes`, as the layer's kernel charges it (module docstring): the kernel's own formula,
+    for checking it against DeepEP's published times (benchmarks/bench_all2all.py)."""
+    calls = max(1.0, rank_tokens / MOE_DP_CHUNK)
+    return (
+        DEEPEP_LL_CALL_S * calls + rank_tokens * k * pair_bytes * _pairs_out(top_k, k, link, span) / link.bw_bytes_per_s
     )
 
 

@@ -112,6 +112,13 @@ class Kernel:
     # routed experts (an MoE layer's expert GEMMs): (E, top-k, a member's bytes of one expert's
     # weights), read once for each expert the iteration's tokens reach (graph.moe.experts_touched)
     experts: tuple[float, float, float] | None = None
+    # a collective run in calls of at most `chunk` tokens of the load (its fixed time paid once per
+    # call, at least once); 0: one call whatever the tokens (llm_planner.cost.dp_attention)
+    chunk: float = 0.0
+
+    def calls(self, tokens: float) -> float:
+        """Calls of the kernel on `tokens` tokens, as a fraction past the first (module docstring)."""
+        return max(1.0, tokens / self.chunk) if self.chunk else 1.0
 
     def expert_bytes(self, tokens: float) -> float:
         """Bytes of the routed experts' weights `tokens` tokens read (0 for any other kernel)."""
@@ -148,7 +155,8 @@ class LayerKernels:
         c, m = self.kernel_terms(kernel, load.vector())
         m += kernel.expert_bytes(load.decodes + load.prompt_tokens) / self.bytes_per_s
         if kernel.collective:
-            return c + m if load.decodes + load.prompt_tokens > 0 else 0.0
+            tokens = load.decodes + load.prompt_tokens
+            return c * kernel.calls(tokens) + m if tokens > 0 else 0.0
         return max(c, m, KAPPA * (c + m)) if c > 0 and m > 0 else c + m
 
     def time_s(self, load: Load) -> float:

@@ -36,7 +36,9 @@ def layer_pieces(kernels: LayerKernels, per_sequence: Load, without: frozenset[s
         c0, m0 = kernels.kernel_terms(kernel, fixed_x)
         m0 += kernel.expert_bytes(one) / kernels.bytes_per_s  # routed experts: their least, at b = 1
         c1, m1 = kernels.kernel_terms(kernel, slope_x)
-        if kernel.collective or c0 + c1 == 0 or m0 + m1 == 0:
+        if kernel.collective and kernel.chunk:  # a call per chunk of tokens, at least one
+            terms.append(((c0 + m0, c1 + m1), (m0, c1 + m1 + c0 * one / kernel.chunk)))
+        elif kernel.collective or c0 + c1 == 0 or m0 + m1 == 0:
             terms.append(((c0 + m0, c1 + m1),))
         else:
             terms.append(((c0, c1), (m0, m1), (KAPPA * (c0 + m0), KAPPA * (c1 + m1))))

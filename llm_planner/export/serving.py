@@ -45,6 +45,7 @@ from llm_planner.export.engine_args import (
 )
 from llm_planner.export.routers import ROUTER_VERSIONS
 from llm_planner.export.vllm_ray import check_vllm_ray_hosts
+from llm_planner.serving.classes import DP_ALL2ALL, is_dp
 from llm_planner.serving.engines import StageForm, dp_attention_refusal, engine_refusal
 from llm_planner.serving.layout import stage_attention
 from llm_planner.serving.plan_file import ServingPlanFile
@@ -93,6 +94,7 @@ class EnginePlan:
     tokens_per_s: float
     mem_fraction: float  # usable share of device memory, the smallest over the engine's kinds
     data_parallel_attention: bool = False  # one group, attention data-parallel, experts split over it
+    all2all: str = DP_ALL2ALL["dp"]  # how such a group moves tokens to experts (vLLM's --all2all-backend names)
 
     @property
     def ranks(self) -> int:
@@ -309,9 +311,7 @@ def _replica_engines(
     attention = (stage_attention(rep.get("segments", [])) + ["tp"] * len(layers))[: len(layers)]
     for c, copy in enumerate(copies):
         stages = tuple(
-            _stage(
-                f"{label}, copy {c}, stage {s}", names, layers[s], (by_name, ordinals, cluster), attention[s] == "dp"
-            )
+            _stage(f"{label}, copy {c}, stage {s}", names, layers[s], (by_name, ordinals, cluster), is_dp(attention[s]))
             for s, names in enumerate(copy)
         )
         if framework == "vllm" and multinode == "ray" and any(st.others for st in stages):
@@ -344,7 +344,8 @@ def _replica_engines(
             concurrency=int(rep["concurrency"]),
             tokens_per_s=float(rep["tokens_per_s"]),
             mem_fraction=min(fractions),
-            data_parallel_attention="dp" in attention,
+            data_parallel_attention=any(map(is_dp, attention)),
+            all2all=next((DP_ALL2ALL[a] for a in attention if is_dp(a)), DP_ALL2ALL["dp"]),
         )
         if framework == "vllm" and multinode == "ray" and len(engine.hosts) > 1:
             check_vllm_ray_hosts(f"{label}, copy {c}", engine)

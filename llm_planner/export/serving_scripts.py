@@ -8,6 +8,10 @@ every host, run there as `bash SCRIPT [HOST]`; it starts what that host runs.
   (`ray start --address`).
 - SGLang: one `python -m sglang.launch_server` per engine and host, with --nnodes, --node-rank
   and --dist-init-addr (the first stage's host) when the engine spans hosts.
+- An engine with data-parallel attention that moves tokens with DeepEP (`dpa<k>-deepep`): vLLM
+  `--all2all-backend deepep_low_latency`; SGLang `--moe-a2a-backend deepep --deepep-mode auto`
+  (normal kernels for prompt batches, low-latency ones for decodes) with
+  SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK room for a rank's decode batch.
 
 Every script starts with the load balancer's weights: engine e gets the share
 tokens_per_s(e) / total of the requests (a table, and an nginx upstream block).
@@ -23,6 +27,7 @@ from llm_planner.export.engine_args import (
     SGLANG_PORT,
     VLLM_MASTER_PORT,
     VLLM_PORT,
+    ServingExportError,
     assign_ports,
     ray_ports,
 )
@@ -35,6 +40,9 @@ from llm_planner.export.serving import (
 )
 from llm_planner.export.vllm_ray import vllm_ip_ties
 from llm_planner.serving.engines import TITLES
+
+DEEPEP_SGLANG_TOKENS = 128  # SGLang's default SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK
+DEEPEP_MAX_TOKENS = 1024  # its largest: DeepEP's internode low-latency dispatch counts below 1,024
 
 
 def _q(value: object) -> str:
@@ -175,15 +183,17 @@ def _dtype_args(export: ServingExport) -> list[str]:
 
 def _vllm_parallel(e: EnginePlan) -> list[str]:
     """vLLM's parallel sizes: tensor and pipeline, or data-parallel attention with the experts
-    split over the ranks (each rank its own scheduler: max-num-seqs and the token budget per rank)."""
+    split over the ranks (each rank its own scheduler: max-num-seqs and the token budget per rank)
+    and its all-to-all where it is not vLLM's default."""
     if e.data_parallel_attention:
+        backend = ["--all2all-backend", e.all2all] if e.all2all == "deepep_low_latency" else []
         return [
             "--tensor-parallel-size",
             "1",
             "--data-parallel-size",
             _q(e.tensor_parallel),
             "--enable-expert-parallel",
-        ]
+        ] + backend
     return ["--tensor-parallel-size", _q(e.tensor_parallel), "--pipeline-parallel-size", _q(e.pipeline_parallel)]
 
 
@@ -345,6 +355,8 @@ def _sglang_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
     if e.data_parallel_attention:  # SGLang divides the requests and the prefill chunk over the dp ranks itself
         k = _q(e.tensor_parallel)
         args += ["--dp-size", k, "--enable-dp-attention", "--ep-size", k]
+        if e.all2all == "deepep_low_latency":  # DeepEP: normal kernels for prompts, low-latency for decodes
+            args += ["--moe-a2a-backend", "deepep", "--deepep-mode", "auto"]
     if e.pipeline_parallel > 1:
         args += ["--pp-size", _q(e.pipeline_parallel)]
     return [
@@ -361,6 +373,18 @@ def _sglang_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
         _q(export.max_model_len),
         *_dtype_args(export),
     ]
+
+
+def _deepep_env(e: EnginePlan) -> list[tuple[str, str | None]]:
+    """SGLang's low-latency DeepEP buffer: room for a rank's whole decode batch (at least SGLang's 128)."""
+    if not e.data_parallel_attention or e.all2all != "deepep_low_latency":
+        return []
+    if e.rank_concurrency > DEEPEP_MAX_TOKENS:
+        raise ServingExportError(
+            f"engine {e.name}: {e.rank_concurrency} sequences a rank exceed the {DEEPEP_MAX_TOKENS} tokens a rank "
+            "DeepEP's low-latency dispatch takes between servers (plan without --deepep)"
+        )
+    return [("SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", str(max(DEEPEP_SGLANG_TOKENS, e.rank_concurrency)))]
 
 
 def sglang_script(export: ServingExport, router: str = "nginx") -> str:
@@ -382,6 +406,7 @@ def sglang_script(export: ServingExport, router: str = "nginx") -> str:
         for k, host in enumerate(e.hosts):
             env = _env(
                 [("CUDA_VISIBLE_DEVICES", ",".join(map(str, e.host_gpus(host)))), ("SGLANG_PP_LAYER_PARTITION", part)]
+                + _deepep_env(e)
             )
             multi = []
             if len(e.hosts) > 1:

@@ -18,6 +18,18 @@ from dataclasses import dataclass
 from llm_planner.core.spec import ClusterSpec, DeviceKindSpec, LinkSpec
 from llm_planner.core.tensor_groups import group_degrees
 
+# The attentions of a group with data-parallel attention, the experts split over it
+# (llm_planner.cost.dp_attention), by how it moves tokens to the experts: "dp" gathers them
+# (vLLM's default all2all backend), "dp-deepep" sends each only to its top-k experts' members with
+# DeepEP's low-latency kernels (offered with --deepep). Values: the cost layer's all2all names.
+DP_ALL2ALL = {"dp": "allgather_reducescatter", "dp-deepep": "deepep_low_latency"}
+DP_ATTENTIONS = tuple(DP_ALL2ALL)
+
+
+def is_dp(attention: str) -> bool:
+    """Whether a stage's attention is data-parallel (either all-to-all)."""
+    return attention in DP_ALL2ALL
+
 
 @dataclass(frozen=True, kw_only=True)
 class ServerClass:
@@ -32,11 +44,14 @@ class ServerClass:
     # degrees of groups with data-parallel attention, the experts split over the group (an MoE
     # model only: llm_planner.cost.dp_attention): inside a server, or whole servers (spans_servers)
     dp_degrees: tuple[int, ...] = ()
+    dp_attentions: tuple[str, ...] = DP_ATTENTIONS[:1]  # how those groups may move tokens (DP_ALL2ALL)
 
     @property
     def shapes(self) -> tuple[tuple[int, str], ...]:
-        """Every (degree, attention) a stage may take here: "tp" at each degree, then "dp"."""
-        return tuple((k, "tp") for k in self.degrees) + tuple((k, "dp") for k in self.dp_degrees)
+        """Every (degree, attention) a stage may take here: "tp" at each degree, then the
+        data-parallel ones at each of theirs."""
+        dp = tuple((k, a) for a in self.dp_attentions for k in self.dp_degrees)
+        return tuple((k, "tp") for k in self.degrees) + dp
 
     @property
     def num_devices(self) -> int:
@@ -64,14 +79,21 @@ def block_sizes_in_server(n: int) -> tuple[int, ...]:
 
 
 def server_classes(
-    cluster: ClusterSpec, *, allow_cpu: bool, max_tp: int | None, shards_over, dp_over=None
+    cluster: ClusterSpec,
+    *,
+    allow_cpu: bool,
+    max_tp: int | None,
+    shards_over,
+    dp_over=None,
+    dp_attentions: tuple[str, ...] = DP_ATTENTIONS[:1],
 ) -> tuple[ServerClass, ...]:
     """Every (template, kind) class of the cluster that serving may use, in spec order.
 
     CPUs only with allow_cpu; groups only over kinds whose spec allows them (`tensor_parallel`,
     false for CPUs unless the spec says otherwise); `shards_over(k)` says whether the model's
     tasks split over k devices (heads, KV heads and MLP width divisible by k); `dp_over(k)` (None:
-    never) whether a group of k may run them with data-parallel attention."""
+    never) whether a group of k may run them with data-parallel attention, moving tokens by any of
+    `dp_attentions`."""
     out = []
     devices = cluster.devices()
     for node in cluster.nodes:
@@ -99,6 +121,7 @@ def server_classes(
                     server_link=across,
                     degrees=degrees,
                     dp_degrees=dp_degrees,
+                    dp_attentions=dp_attentions,
                 )
             )
     return tuple(out)

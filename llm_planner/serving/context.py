@@ -16,7 +16,7 @@ from llm_planner.core.spec import ClusterSpec, check_memory_limited
 from llm_planner.cost.moe_cost import check_imbalance
 from llm_planner.graph.hf_config import model_source
 from llm_planner.graph.transformer import DecoderConfig
-from llm_planner.serving.classes import ServerClass, server_classes
+from llm_planner.serving.classes import DP_ATTENTIONS, ServerClass, server_classes
 from llm_planner.serving.engines import dp_attention_refusal
 from llm_planner.serving.inputs import read_context_inputs
 from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
@@ -41,6 +41,7 @@ class ServingOptions:
     expert_imbalance: float = 1.0  # MoE: the busiest expert's rows over the mean (cost.moe_cost; 1: uniform)
     chunked_prefill: bool = True  # False: an engine running prompts whole (cost.chunks); `score` only
     dp_attention: bool = True  # MoE: offer groups with data-parallel attention (cost.dp_attention)
+    deepep: bool = False  # MoE: offer those groups moving tokens with DeepEP too (cost.dp_attention)
 
 
 class ServingContext:
@@ -63,6 +64,7 @@ class ServingContext:
             raise WorkloadError(
                 f"--expert-imbalance {options.expert_imbalance:g}: {config.name} has no experts (a dense model)"
             )
+        _check_deepep(config, options)
         if profile is not None and config.is_moe:
             raise WorkloadError(
                 f"--profile: a measured serving profile times dense layers; {config.name} is a mixture of "
@@ -84,6 +86,7 @@ class ServingContext:
             max_tp=options.max_tp,
             shards_over=self.tasks.shards_over,
             dp_over=self.tasks.dp_over if _dp_attention(config, options) else None,
+            dp_attentions=DP_ATTENTIONS if options.deepep else DP_ATTENTIONS[:1],
         )
         if not classes:
             raise WorkloadError(f"cluster {cluster.name!r} has no accelerator to serve on (CPUs only with --allow-cpu)")
@@ -188,6 +191,19 @@ def status_of(tokens: float, bound: float) -> tuple[float, str]:
     """A serving plan's gap to its upper bound and the status it supports (llm_planner.core.gap)."""
     g = gap(tokens, bound, maximize=True)
     return g, status(g, OPTIMAL_GAP)
+
+
+def _check_deepep(config: DecoderConfig, options: ServingOptions) -> None:
+    """WorkloadError for DeepEP where no group would run it (a dense model, groups with
+    data-parallel attention turned off)."""
+    if not options.deepep:
+        return
+    if not config.is_moe:
+        raise WorkloadError(f"--deepep: {config.name} has no experts (a dense model)")
+    if not options.dp_attention:
+        raise WorkloadError(
+            "--deepep: moves tokens in groups with data-parallel attention, which --no-dp-attention turns off"
+        )
 
 
 def _dp_attention(config: DecoderConfig, options: ServingOptions) -> bool:

@@ -68,7 +68,7 @@ class StageCosts:
     tasks: ServingTasks
     dense_time: RooflineLayerTime | None = None  # one dense first layer's time (None: the model has none)
     dense_kernels: LayerKernels | None = None
-    attention: str = "tp"  # "dp": data-parallel attention, experts split over the group (cost.dp_attention)
+    attention: str = "tp"  # or one of classes.DP_ATTENTIONS: data-parallel attention (cost.dp_attention)
 
     @property
     def step_s(self) -> float:

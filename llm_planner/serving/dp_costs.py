@@ -16,13 +16,14 @@ from __future__ import annotations
 from llm_planner.cost.dp_attention import dp_layer_kernels, member_weight_bytes
 from llm_planner.cost.iteration import LayerKernels
 from llm_planner.cost.roofline import group_task_time_pieces
-from llm_planner.serving.classes import ServerClass
+from llm_planner.serving.classes import DP_ALL2ALL, ServerClass
 from llm_planner.serving.costs import StageCosts, kernel_time
 from llm_planner.serving.tasks import ServingTasks
 
 
-def dp_stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int) -> StageCosts:
-    """The parts' costs on a group of `degree` devices of the class with data-parallel attention."""
+def dp_stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, attention: str = "dp") -> StageCosts:
+    """The parts' costs on a group of `degree` devices of the class with data-parallel attention,
+    moving tokens to the experts as `attention` says (classes.DP_ALL2ALL)."""
     kind = server_class.kind
     pieces, weights, workspace = {}, {}, {}
     for part, task in tasks.tasks.items():
@@ -34,7 +35,7 @@ def dp_stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int) 
     layers = {"block": tasks.config.moe_layer()} | ({"dense": tasks.config.dense_layer()} if tasks.dense_layers else {})
     for part, config in layers.items():
         weights[part] = member_weight_bytes(config, tasks.precision, kind, degree, tasks.tasks[part].weight_bytes)
-    kernels = {part: _kernels(tasks, config, server_class, degree) for part, config in layers.items()}
+    kernels = {part: _kernels(tasks, config, server_class, degree, attention) for part, config in layers.items()}
     times = {part: kernel_time(k, tasks) for part, k in kernels.items()}
     pieces |= {part: t.pieces for part, t in times.items()}
     return StageCosts(
@@ -49,11 +50,12 @@ def dp_stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int) 
         tasks=tasks,
         dense_time=times.get("dense"),
         dense_kernels=kernels.get("dense"),
-        attention="dp",
+        attention=attention,
     )
 
 
-def _kernels(tasks: ServingTasks, config, server_class: ServerClass, degree: int) -> LayerKernels:
+def _kernels(tasks: ServingTasks, config, server_class: ServerClass, degree: int, attention: str) -> LayerKernels:
     """One layer's kernels on a member of the group (across servers where the group spans them)."""
-    link, span = server_class.intra_link, server_class.span(degree)
-    return dp_layer_kernels(config, tasks.precision, server_class.kind, degree, link, tasks.expert_imbalance, span)
+    link, span, all2all = server_class.intra_link, server_class.span(degree), DP_ALL2ALL[attention]
+    kind, imbalance = server_class.kind, tasks.expert_imbalance
+    return dp_layer_kernels(config, tasks.precision, kind, degree, link, imbalance, span, all2all)

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llm_planner.serving.classes import ServerClass
+from llm_planner.serving.classes import ServerClass, is_dp
 from llm_planner.serving.layout import Layout
 
 ENGINES = ("vllm", "sglang")  # what --exportable takes
@@ -96,12 +96,12 @@ def engine_refusal(
                 f"(plan without --allow-cpu, or {fix})"
             )
     for s, st in enumerate(stages):
-        if st.attention == "dp" and engine == "megatron":
+        if is_dp(st.attention) and engine == "megatron":
             return (
                 f"stage {s} runs data-parallel attention: {title} runs tensor-parallel groups only "
                 "(plan with --no-dp-attention)"
             )
-        if st.attention == "dp" and len(stages) > 1:
+        if is_dp(st.attention) and len(stages) > 1:
             return (
                 f"stage {s} runs data-parallel attention in a pipeline of {len(stages)} stages: {title} runs it only "
                 f"as a whole engine of one stage ({fix})"

@@ -14,7 +14,8 @@ token's return from the last stage to the first unless the whole replica is one 
 server; on a cluster of one server, which has no link between servers, those hand-offs take the
 server's link between the two kinds. A group runs the layers tensor-parallel (attention "tp"), or,
 for a mixture of experts, with data-parallel attention and the experts split over the group
-("dp": llm_planner.cost.dp_attention), where the class offers it (ServerClass.dp_degrees).
+("dp": llm_planner.cost.dp_attention; "dp-deepep" moving tokens with DeepEP), where the class
+offers it (ServerClass.dp_degrees, dp_attentions).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from llm_planner.serving.classes import ServerClass
+from llm_planner.serving.classes import ServerClass, is_dp
 from llm_planner.serving.costs import StageCosts, stage_costs
 from llm_planner.serving.dp_costs import dp_stage_costs
 from llm_planner.serving.links import ClassLinks
@@ -35,7 +36,7 @@ class Segment:
     class_name: str
     degree: int
     stages: int
-    attention: str = "tp"  # "dp": data-parallel attention, experts split over the group (module docstring)
+    attention: str = "tp"  # or one of classes.DP_ATTENTIONS: data-parallel attention (module docstring)
 
     @property
     def devices(self) -> int:
@@ -52,7 +53,7 @@ def segment_fields(seg: Segment) -> dict:
 
 
 def stage_attention(segments: list[dict]) -> list[str]:
-    """Each stage's attention ("tp" or "dp") from a plan's replica segments (segment_fields)."""
+    """Each stage's attention ("tp" or one of DP_ATTENTIONS) from a plan's replica segments (segment_fields)."""
     return [seg.get("attention", "tp") for seg in segments for _ in range(seg["stages"])]
 
 
@@ -76,7 +77,7 @@ class CostCache:
             if attention == "tp":
                 self._cache[key] = stage_costs(self.tasks, sc, degree, self.profile)
             else:
-                self._cache[key] = dp_stage_costs(self.tasks, sc, degree)
+                self._cache[key] = dp_stage_costs(self.tasks, sc, degree, attention)
         return self._cache[key]
 
     def of(self, seg: Segment) -> StageCosts:
@@ -170,8 +171,10 @@ def _describe_segment(seg: Segment, sc: ServerClass) -> str:
 
 def group_text(degree: int, attention: str) -> str:
     """A group as the notation writes it: tp<k> (tensor-parallel), dpa<k> (data-parallel
-    attention, the experts split over the k)."""
-    return f"{'dpa' if attention == 'dp' else 'tp'}{degree}"
+    attention, the experts split over the k), dpa<k>-deepep (the same, tokens moved by DeepEP)."""
+    if not is_dp(attention):
+        return f"tp{degree}"
+    return f"dpa{degree}" + ("-deepep" if attention == "dp-deepep" else "")
 
 
 def device_word(sc: ServerClass) -> str:

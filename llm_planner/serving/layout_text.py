@@ -4,11 +4,13 @@ which plans store and `show` prints, and a compact form. Segments in pipeline or
     <class>: <n> stage[s] x <each> [in 1 server | on <j> servers]    (describe's; the servers optional)
     <n> x <class>[tp<k>]                                               (compact: n stages of k devices)
     <n> x <class>[dpa<k>]                                              (compact: data-parallel attention)
+    <n> x <class>[dpa<k>-deepep]                                       (compact: the same, tokens by DeepEP)
     <n> x <class>                                                      (compact: n stages of 1 device)
 
 where <class> is "<server template>/<device kind>" (llm_planner.serving.classes) and <each> is
 tp<k> for a tensor-parallel group of k devices, dpa<k> for a group of k with data-parallel
-attention and the experts split over it (a mixture of experts: llm_planner.cost.dp_attention), or
+attention and the experts split over it (a mixture of experts: llm_planner.cost.dp_attention;
+dpa<k>-deepep where DeepEP's kernels move the tokens to the experts), or
 "1 GPU" / "1 CPU" / "1 device" for one device (as `describe` writes it for the class's kind). The
 servers part, when given, must be the number the segment spans (ceil(n k / devices a server)); it
 adds nothing the rest does not imply.
@@ -23,20 +25,22 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from llm_planner.serving.classes import ServerClass, block_sizes_in_server
+from llm_planner.serving.classes import ServerClass, block_sizes_in_server, is_dp
 from llm_planner.serving.layout import Layout, Segment, device_word, layout_usage, servers_spanned, servers_text
 
 _NAME = r"[A-Za-z0-9._-]+/[A-Za-z0-9._-]+"  # spec_fields.SAFE_NAME_CHARS on both sides of the "/"
 _NUM = r"\d{1,9}"
 _DESCRIBED = re.compile(
     rf"(?P<cls>{_NAME})\s*:\s*(?P<n>{_NUM})\s+stages?\s+x\s+"
-    rf"(?:(?P<group>tp|dpa)(?P<k>{_NUM})|1\s+(?P<unit>GPU|CPU|device))"
+    rf"(?:(?P<group>tp|dpa)(?P<k>{_NUM})(?P<deepep>-deepep)?|1\s+(?P<unit>GPU|CPU|device))"
     rf"(?:\s+(?:in|on)\s+(?P<servers>{_NUM})\s+servers?)?"
 )
-_COMPACT = re.compile(rf"(?P<n>{_NUM})\s*x\s*(?P<cls>{_NAME})(?:\[(?P<group>tp|dpa)(?P<k>{_NUM})\])?")
+_COMPACT = re.compile(
+    rf"(?P<n>{_NUM})\s*x\s*(?P<cls>{_NAME})(?:\[(?P<group>tp|dpa)(?P<k>{_NUM})(?P<deepep>-deepep)?\])?"
+)
 EXPECTED = (
-    "'<template>/<kind>: <n> stages x tp<k> [on <j> servers]' (or '1 GPU' for tp<k>, or dpa<k>), "
-    "or '<n> x <template>/<kind>[tp<k>]' (or [dpa<k>], or without [tp<k>] for one device a stage)"
+    "'<template>/<kind>: <n> stages x tp<k> [on <j> servers]' (or '1 GPU' for tp<k>, or dpa<k>[-deepep]), "
+    "or '<n> x <template>/<kind>[tp<k>]' (or [dpa<k>[-deepep]], or without [tp<k>] for one device a stage)"
 )
 
 
@@ -78,8 +82,10 @@ def _segment(i: int, part: str, classes: Mapping[str, ServerClass]) -> Segment:
     groups = match.groupdict()
     if groups.get("unit") and groups["unit"] != device_word(sc):
         raise LayoutError(f"{where}: a device of {name} is written '1 {device_word(sc)}', not '1 {groups['unit']}'")
-    attention = "dp" if match["group"] == "dpa" else "tp"
-    if attention == "dp" and degree < 2:
+    attention = ("dp-deepep" if match["deepep"] else "dp") if match["group"] == "dpa" else "tp"
+    if match["deepep"] and match["group"] != "dpa":
+        raise LayoutError(f"{where} {part!r}: -deepep goes with dpa<k> (a group with data-parallel attention) only")
+    if is_dp(attention) and degree < 2:
         raise LayoutError(f"{where} {part!r}: dpa<k> is a group of k >= 2 devices")
     seg = Segment(name, degree, stages, attention)
     _check_block(where, seg, sc)
@@ -94,13 +100,15 @@ def _segment(i: int, part: str, classes: Mapping[str, ServerClass]) -> Segment:
 
 def _check_block(where: str, seg: Segment, sc: ServerClass) -> None:
     """LayoutError when the class cannot form the segment's groups or give its block of devices."""
-    if seg.attention == "dp" and seg.degree not in sc.dp_degrees:
+    if is_dp(seg.attention) and seg.degree not in sc.dp_degrees:
         formed = ", ".join(f"dpa{k}" for k in sc.dp_degrees) or "none"
         raise LayoutError(
             f"{where}: {sc.name} forms no group of {seg.degree} devices with data-parallel attention; those it forms "
             f"for this model are {formed} (a mixture of experts whose experts split evenly over the group, inside a "
             "server or over a power of two of whole servers)"
         )
+    if is_dp(seg.attention) and seg.attention not in sc.dp_attentions:
+        raise LayoutError(f"{where}: dpa{seg.degree}-deepep moves tokens with DeepEP, which is offered with --deepep")
     if seg.attention == "tp" and seg.degree not in sc.degrees:
         formed = ", ".join(f"tp{k}" for k in sc.degrees if k > 1) or "none"
         raise LayoutError(

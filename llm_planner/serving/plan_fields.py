@@ -18,6 +18,7 @@ from typing import Any
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.plan_read import Fields
 from llm_planner.core.precision import PRECISION_KEYS, PrecisionError, precision_from_dict, uniform
+from llm_planner.serving.classes import DP_ATTENTIONS
 from llm_planner.serving.engines import ENGINES
 
 SERVING_FORMAT = "llm_planner.serving_plan"
@@ -187,9 +188,10 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
     num_layers = integer(model, "num_layers")
     _workload(top.mapping("workload"))
     options = top.mapping("options")
-    exactly(options, _OPTIONS, optional=("expert_imbalance", "chunked_prefill", "dp_attention"))
-    if not isinstance(options.data.get("dp_attention", False), bool):
-        raise options.fail("dp_attention", "expected true or false")
+    exactly(options, _OPTIONS, optional=("expert_imbalance", "chunked_prefill", "dp_attention", "deepep"))
+    for key in ("dp_attention", "deepep"):
+        if not isinstance(options.data.get(key, False), bool):
+            raise options.fail(key, "expected true or false")
     if options.data.get("chunked_prefill", True) is not True:
         raise options.fail(
             "chunked_prefill", "must be true: plans are made for engines with chunked prefill (docs/serving.md)"
@@ -325,7 +327,7 @@ def _replica(f: Fields, num_layers: int, *, with_devices: bool = True) -> None:
         seg.string("class")
         degree = integer(seg, "degree")
         if "attention" in seg.data:
-            choice(seg, "attention", ("tp", "dp"))
+            choice(seg, "attention", ("tp", *DP_ATTENTIONS))
         degrees += [degree] * integer(seg, "stages")
     stages = len(degrees)
     layers = integers(f, "layers", stages)

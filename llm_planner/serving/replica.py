@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from llm_planner.core.spec import LinkSpec
 from llm_planner.cost.chunks import prompt_wait_s
 from llm_planner.cost.roofline import transfer_s
+from llm_planner.serving.classes import is_dp
 from llm_planner.serving.costs import StageCosts
 from llm_planner.serving.tasks import ServingTasks
 
@@ -175,7 +176,7 @@ class ReplicaModel:
         k-th of the group's: its chunks are a k-th as large."""
         prompt = self.tasks.mean_prompt_len
         chunked = self.tasks.chunked_prefill  # else: the prompt whole, in an iteration of its own
-        ranks = max((slot.costs.degree for slot in self.slots if slot.costs.attention == "dp"), default=1)
+        ranks = max((slot.costs.degree for slot in self.slots if is_dp(slot.costs.attention)), default=1)
         chunk = min(prompt, max(1, (self.tasks.token_budget - b) / ranks)) if chunked else prompt
         beside = b if chunked else 0  # decodes in the prompt's iterations
         visits = math.ceil(prompt / chunk)

@@ -41,6 +41,7 @@ from llm_planner.core.tensor_groups import GroupError, group_from_members
 from llm_planner.graph.checkpoint import checkpoint_precision
 from llm_planner.graph.ir import GraphError
 from llm_planner.serving.bound import exportable_bounds, tokens_upper_bound
+from llm_planner.serving.classes import is_dp
 from llm_planner.serving.context import (
     OPTIMAL_GAP,
     ServingContext,
@@ -188,7 +189,8 @@ def _check_replica(
     for seg in layout:
         sc = ctx.by_name.get(seg.class_name)
         if sc is None or (seg.degree, seg.attention) not in sc.shapes:
-            what = f"degree {seg.degree}" + (" with data-parallel attention" if seg.attention == "dp" else "")
+            what = f"degree {seg.degree}" + (" with data-parallel attention" if is_dp(seg.attention) else "")
+            what += " over DeepEP (offered with --deepep)" if seg.attention == "dp-deepep" else ""
             problems.append(f"{where}.segments: class {seg.class_name!r} with {what} is not offered here")
             return None
     if not layout_ok(layout, ctx.by_name):

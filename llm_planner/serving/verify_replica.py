@@ -39,6 +39,7 @@ from llm_planner.cost.iteration import Load, layer_kernels
 from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
 from llm_planner.graph.mla import kv_elements_per_token
 from llm_planner.graph.moe import moe_parameters
+from llm_planner.serving.classes import DP_ALL2ALL, is_dp
 from llm_planner.serving.context import ServingContext
 from llm_planner.serving.layer_time import measured_layer_time
 from llm_planner.serving.layout import Layout, build_slots
@@ -64,7 +65,7 @@ class _Costs:
     def __init__(self, ctx: ServingContext, class_name: str, degree: int, attention: str = "tp"):
         sc = ctx.by_name[class_name]
         self.step_s, self.usable = sc.kind.serving_step_s, sc.kind.usable_mem_bytes
-        (self._data_parallel_parts if attention == "dp" else self._tensor_parallel_parts)(ctx, sc, degree)
+        (self._data_parallel_parts if is_dp(attention) else self._tensor_parallel_parts)(ctx, sc, degree)
         kernels_of = _kernels_of(sc, degree, attention)
         self.kernels = kernels_of(ctx.config, ctx.precision, ctx.tasks.expert_imbalance)
         self.dense_layers = ctx.config.first_dense_layers  # on the first stage, with a dense MLP
@@ -180,9 +181,9 @@ def _held(ctx: ServingContext) -> int:
 def _kernels_of(sc, degree: int, attention: str):
     """config, precision[, imbalance] -> a layer's kernels on a member of the stage's group
     (llm_planner.cost: tensor-parallel, or data-parallel attention, over whole servers too)."""
-    if attention == "dp":
-        span = sc.span(degree)
-        return lambda cfg, p, imbalance=1.0: dp_layer_kernels(cfg, p, sc.kind, degree, sc.intra_link, imbalance, span)
+    if is_dp(attention):
+        span, link, all2all = sc.span(degree), sc.intra_link, DP_ALL2ALL[attention]
+        return lambda cfg, p, imbalance=1.0: dp_layer_kernels(cfg, p, sc.kind, degree, link, imbalance, span, all2all)
     return lambda cfg, p, imbalance=1.0: layer_kernels(cfg, p, sc.kind, degree, sc.intra_link, imbalance)
 
 
@@ -211,7 +212,7 @@ def derive(ctx: ServingContext, layout: Layout, layers: list[int], concurrency: 
     trip = sum(stage) + handoff
     tpot = max(trip, max(busy))
     prompt = ctx.workload.mean_prompt_len
-    ranks = max((seg.degree for seg in layout if seg.attention == "dp"), default=1)  # a rank's own budget
+    ranks = max((seg.degree for seg in layout if is_dp(seg.attention)), default=1)  # a rank's own budget
     chunk = min(prompt, max(1, (ctx.options.max_batched_tokens - b) / ranks))
     chunk_trip = handoff + sum(
         c.iteration_s(b, n, s == 0, s == p - 1, prompt_tokens=chunk) for s, (c, n) in enumerate(zip(costs, layers))
