@@ -301,7 +301,8 @@ def bound_ctx(request, tmp_path_factory):
         "deepseek": (small_deepseek(), 0.03),
     }[request.param]
     config = model if isinstance(model, DecoderConfig) else preset_config(model)
-    ctx = ServingContext(cluster, config, workload(256, 128, tpot_s), "fp16", ServingOptions())
+    # a mixture of experts' groups with data-parallel attention both ways: gathers and DeepEP
+    ctx = ServingContext(cluster, config, workload(256, 128, tpot_s), "fp16", ServingOptions(deepep=config.is_moe))
     # each of the three bounds on its own (tokens_upper_bound is their least, with a cell bound whose
     # refinement may stop early, so at least the full one here)
     bounds = (
