@@ -103,6 +103,17 @@ def test_a_group_the_class_forms_only_for_dp_is_verified_as_the_search_scores_it
     assert own.mem_bytes == pytest.approx(score.ev.mem_bytes)
 
 
+def test_the_busiest_rank_holds_its_ceiling_share_of_the_sequences(tmp_path):
+    """dpa4 with 5 sequences in flight: one rank holds 2, so each member's memory is charged as for
+    8 (what the export sizes each rank for), by the search's costs and by the verifier alike."""
+    ctx = context(tmp_path, QWEN)
+    layout = parse_layout("1 x smallbox/small[dpa4]", ctx.by_name)
+    costs = ctx.cache.of(layout[0])
+    at = {c: costs.mem_bytes(layers=24, first=True, last=True, concurrency=c, micro_batch=c) for c in (5, 8, 9)}
+    assert at[5] == pytest.approx(at[8]) and at[9] > at[8]
+    assert derive(ctx, layout, [24], 5, 1).mem_bytes == pytest.approx((at[5],))
+
+
 def test_only_a_mixture_of_experts_whose_experts_split_offers_it(tmp_path):
     assert all(sc.dp_degrees == () for sc in context(tmp_path, "llama2-7b").classes)
     moe = context(tmp_path, QWEN)

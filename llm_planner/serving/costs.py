@@ -36,13 +36,14 @@ whichever micro-batch it is in.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from llm_planner.cost.iteration import LayerKernels, Load, layer_kernels
 from llm_planner.cost.layer_pieces import layer_pieces
 from llm_planner.cost.memory import concurrency_held, layer_bytes, stage_bytes
 from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
-from llm_planner.serving.classes import ServerClass
+from llm_planner.serving.classes import ServerClass, is_dp
 from llm_planner.serving.layer_time import (
     KernelLayerTime,
     MeasuredLayerTime,
@@ -149,7 +150,15 @@ class StageCosts:
         room = self.usable_bytes if room_bytes is None else room_bytes
         return concurrency_held(room, layers, self.weight_bytes["block"], self.kv_bytes_per_seq)
 
+    def held(self, sequences: float) -> float:
+        """The sequences whose cache and workspace the busiest member holds, in the units of
+        kv_bytes_per_seq: on a group with data-parallel attention each rank has its own, ceil(C/k)
+        of C, which is k ceil(C/k) k-ths; `sequences` on any other group."""
+        k = self.degree if is_dp(self.attention) else 1
+        return k * math.ceil(sequences / k) if k > 1 else sequences
+
     def mem_bytes(self, *, layers: int, first: bool, last: bool, concurrency: int, micro_batch: int) -> float:
+        concurrency, micro_batch = self.held(concurrency), self.held(micro_batch)
         parts = ["block"] * (layers > 0) + ["embed"] * first + ["final_norm", "lm_head"] * last
         parts += ["dense"] * (first and "dense" in self.workspace_bytes_per_seq)
         workspace = max((self.workspace_bytes_per_seq[p] for p in parts), default=0.0) * micro_batch
@@ -168,6 +177,7 @@ class StageCosts:
 
     def max_layers(self, *, first: bool, last: bool, concurrency: int, micro_batch: int) -> int:
         """The most decoder layers the stage holds with `concurrency` sequences in flight."""
+        concurrency, micro_batch = self.held(concurrency), self.held(micro_batch)
         room = self.usable_bytes - self.mem_bytes(
             layers=0, first=first, last=last, concurrency=0, micro_batch=micro_batch
         )

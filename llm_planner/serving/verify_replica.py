@@ -69,6 +69,7 @@ class _Costs:
         kernels_of = _kernels_of(sc, degree, attention)
         self.kernels = kernels_of(ctx.config, ctx.precision, ctx.tasks.expert_imbalance)
         self.dense_layers = ctx.config.first_dense_layers  # on the first stage, with a dense MLP
+        self.ranks = degree if is_dp(attention) else 1  # schedulers the sequences split over
         self.dense = kernels_of(ctx.config.dense_layer(), ctx.precision) if self.dense_layers else None
         tasks = ctx.tasks
         self.measured = None
@@ -163,6 +164,10 @@ class _Costs:
         return t
 
     def memory(self, layers: int, first: bool, last: bool, concurrency: int, b: int) -> float:
+        """Bytes of the stage's busiest device; data-parallel ranks hold ceil(C/k) sequences each
+        (self.kv and the workspace are a k-th of one's)."""
+        k = self.ranks
+        concurrency, b = k * math.ceil(concurrency / k), k * math.ceil(b / k)
         w = self.weights
         dense = self.dense_layers if first else 0
         held = layers * (w["block"] + concurrency * self.kv) + dense * (w.get("dense", 0.0) + concurrency * self.kv)
