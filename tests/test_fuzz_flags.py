@@ -98,6 +98,7 @@ VALID = {
     "--max-micro-batches": "2",
     "--max-batched-tokens": "4096",
     "--expert-imbalance": "1.5",
+    "--expert-load": "load.yaml",
     "--serving-solver": "megatron",
     "--weights": "fp8",
     "--kv-cache-dtype": "fp8",

@@ -46,6 +46,7 @@ SERVING_FLAGS = (
     "--max-micro-batches",
     "--max-batched-tokens",
     "--expert-imbalance",
+    "--expert-load",
     "--no-dp-attention",
     "--deepep",
     "--serving-solver",

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from llm_planner.cli.arg_types import imbalance, layer_counts, positive, tokens
 from llm_planner.cli.commands import UserError
+from llm_planner.cli.serving import expert_load_options
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.fmt import LiteralConsole, fmt_bytes, fmt_s, styled
 from llm_planner.core.precision import KV_FORMATS
@@ -70,6 +71,12 @@ def add_score_parser(sub) -> None:
         default=1.0,
         help="mixture-of-experts models: the busiest expert's tokens over the mean, >= 1 (default: 1, uniform routing)",
     )
+    p.add_argument(
+        "--expert-load",
+        default=None,
+        metavar="FILE",
+        help="mixture-of-experts models: a measured routing histogram instead of --expert-imbalance, as plan takes it",
+    )
     p.add_argument("--prompt-len", type=tokens, default=None, help="mean prompt tokens per request")
     p.add_argument("--output-len", type=tokens, default=None, help="mean output tokens per request")
     p.add_argument(
@@ -111,7 +118,7 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
     options = ServingOptions(
         allow_cpu=args.allow_cpu,
         max_batched_tokens=args.max_batched_tokens,
-        expert_imbalance=args.expert_imbalance,
+        **expert_load_options(args),
         chunked_prefill=args.chunked_prefill,
         deepep="-deepep" in args.replica,  # any layout scores, a dpa<k>-deepep one too
     )

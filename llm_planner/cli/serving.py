@@ -18,7 +18,8 @@ from llm_planner.core.timing import Stopwatch, fmt_elapsed, timing_text
 from llm_planner.serving.api import plan_serving_among
 from llm_planner.serving.context import ServingOptions
 from llm_planner.serving.engines import ENGINES
-from llm_planner.serving.inputs import checkpoint_weights, serving_precision, workload_from_flags
+from llm_planner.serving.expert_load import read_expert_load
+from llm_planner.serving.inputs import checkpoint_weights, decoder_config, serving_precision, workload_from_flags
 from llm_planner.serving.plan_fields import SERVING_SOLVERS
 from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
 from llm_planner.serving.precision_choice import candidate_precisions
@@ -93,6 +94,14 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
         "GEMMs are charged as if every expert had the busiest one's (default: 1, uniform routing)",
     )
     g.add_argument(
+        "--expert-load",
+        default=None,
+        metavar="FILE",
+        help="serving, mixture-of-experts models: a measured routing histogram (YAML or JSON, tokens_per_expert: "
+        "counts per expert, or one list per MoE layer) giving the imbalance factors instead of --expert-imbalance: "
+        "the busiest expert's for tensor-parallel experts, the busiest member's for each dpaK group",
+    )
+    g.add_argument(
         "--no-dp-attention",
         dest="dp_attention",
         action="store_false",
@@ -164,10 +173,21 @@ def serving_options(args: argparse.Namespace):
         time_limit_s=args.time_limit,
         max_micro_batches=args.max_micro_batches,
         max_batched_tokens=args.max_batched_tokens or DEFAULT_TOKEN_BUDGET,
-        expert_imbalance=args.expert_imbalance,
+        **expert_load_options(args),
         dp_attention=args.dp_attention,
         deepep=args.deepep,
     )
+
+
+def expert_load_options(args: argparse.Namespace) -> dict:
+    """The imbalance factors: --expert-imbalance's, or those --expert-load's histogram gives
+    (llm_planner.serving.expert_load)."""
+    if args.expert_load is None:
+        return {"expert_imbalance": args.expert_imbalance}
+    if args.expert_imbalance != 1.0:
+        raise UserError("--expert-load and --expert-imbalance: give one (the histogram gives the factors)", 2)
+    load = read_expert_load(args.expert_load, decoder_config(args.model))
+    return {"expert_imbalance": round(load.expert_imbalance(), 6), "dp_imbalance": load.dp_imbalance()}
 
 
 def cmd_plan_serving(args: argparse.Namespace, console: Console) -> int:

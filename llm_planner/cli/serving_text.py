@@ -76,9 +76,15 @@ def _experts_text(data: dict) -> str:
     dense = data["model"].get("dense_layers", 0)
     dp = any(is_dp(seg.get("attention", "tp")) for rep in data["serving"]["replicas"] for seg in rep["segments"])
     split = "tensor-parallel, or split over dpaK groups with data-parallel attention" if dp else "tensor-parallel"
+    used = sorted(
+        {seg["degree"] for rep in data["serving"]["replicas"] for seg in rep["segments"] if seg.get("attention")}
+    )
+    table = data["options"].get("dp_imbalance") or {}
+    members = ", ".join(f"dpa{k} {table[k]:.3g}" for k in used if k in table)
     return (
         f"; mixture of experts: {experts['num_experts']} experts, top-{experts['experts_per_token']}, "
-        f"{split}, imbalance {skew:g}{' (uniform routing)' if skew == 1 else ''}"
+        f"{split}, imbalance {skew:.3g}{' (uniform routing)' if skew == 1 else ''}"
+        + (f" (busiest member: {members}; from a measured histogram)" if members else "")
         + (f"; {dense} dense first layers, on the first stage" if dense else "")
     )
 

@@ -42,8 +42,10 @@ token of the group, top-k (n - 1) / k^2 pairs cross the server's link and top-k 
 link between servers, at the links' full bandwidth; each call costs DEEPEP_LL_CALL_S, and a rank's
 tokens go in calls of at most MOE_DP_CHUNK tokens (vLLM's VLLM_MOE_DP_CHUNK_SIZE). Where a group
 spans servers this moves top-k / k of what the gather does per token, at top-k 8 and k 16 a
-quarter of the bytes between servers. DeepEP needs NVLink between every pair of a server's GPUs
-and RDMA between servers; the spec cannot say so, the user asks for it.
+quarter of the bytes between servers. The busiest member receives `imbalance` times the mean
+share of the pairs (a routing histogram's member factor, llm_planner.serving.expert_load). DeepEP
+needs NVLink between every pair of a server's GPUs and RDMA between servers; the spec cannot say
+so, the user asks for it.
 
 Whole experts on each member read, under uniform routing, the same expected weights on the same
 rows as every member holding 1/k of every expert's width, which is how the routed experts are
@@ -120,7 +122,8 @@ def dp_layer_kernels(
     if all2all == "deepep_low_latency":
         pair_bytes = _dispatch_bytes(config, as_precision(dtype), kind) + token_bytes
         scale = kind.collective_bw_efficiency  # DeepEP reaches the links' data-sheet bandwidth
-        collectives = _dispatch_combine(pair_bytes * scale, config.experts_per_token, k, link, span)
+        # the busiest member receives `imbalance` times the mean share of the pairs
+        collectives = _dispatch_combine(pair_bytes * scale * imbalance, config.experts_per_token, k, link, span)
     else:
         collectives = _gather_scatter(token_bytes, k, kind.collective_call_s, link, span)
     return dataclasses.replace(mlp, kernels=own + experts + (collectives,))

@@ -42,6 +42,7 @@ class ServingOptions:
     chunked_prefill: bool = True  # False: an engine running prompts whole (cost.chunks); `score` only
     dp_attention: bool = True  # MoE: offer groups with data-parallel attention (cost.dp_attention)
     deepep: bool = False  # MoE: offer those groups moving tokens with DeepEP too (cost.dp_attention)
+    dp_imbalance: dict | None = None  # MoE: per dpaK size, its busiest member's rows over the mean (expert_load)
 
 
 class ServingContext:
@@ -79,6 +80,7 @@ class ServingContext:
             options.max_batched_tokens,
             check_imbalance(options.expert_imbalance),
             options.chunked_prefill,
+            _dp_imbalance(config, options),
         )
         classes = server_classes(
             cluster,
@@ -191,6 +193,24 @@ def status_of(tokens: float, bound: float) -> tuple[float, str]:
     """A serving plan's gap to its upper bound and the status it supports (llm_planner.core.gap)."""
     g = gap(tokens, bound, maximize=True)
     return g, status(g, OPTIMAL_GAP)
+
+
+def _dp_imbalance(config: DecoderConfig, options: ServingOptions) -> dict[int, float] | None:
+    """The per-group-size factors, checked: WorkloadError for a dense model, a size below 2 or a
+    factor below 1 (llm_planner.serving.expert_load)."""
+    if not options.dp_imbalance:
+        return None
+    if not config.is_moe:
+        raise WorkloadError(f"--expert-load: {config.name} has no experts (a dense model)")
+    out = {}
+    for k, factor in options.dp_imbalance.items():
+        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+            raise WorkloadError(f"dp_imbalance: a group size is a whole number >= 2, got {k!r}")
+        try:
+            out[k] = check_imbalance(factor)
+        except ValueError as exc:
+            raise WorkloadError(f"dp_imbalance[{k}]: {exc}") from None
+    return out
 
 
 def _check_deepep(config: DecoderConfig, options: ServingOptions) -> None:

@@ -188,7 +188,10 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
     num_layers = integer(model, "num_layers")
     _workload(top.mapping("workload"))
     options = top.mapping("options")
-    exactly(options, _OPTIONS, optional=("expert_imbalance", "chunked_prefill", "dp_attention", "deepep"))
+    exactly(
+        options, _OPTIONS, optional=("expert_imbalance", "chunked_prefill", "dp_attention", "deepep", "dp_imbalance")
+    )
+    _dp_imbalance(options)
     for key in ("dp_attention", "deepep"):
         if not isinstance(options.data.get(key, False), bool):
             raise options.fail(key, "expected true or false")
@@ -226,6 +229,20 @@ def _inputs(f: Fields) -> None:
     if (profile is None) != (digest is None):
         raise f.fail("profile_sha256", "a profile needs its hash, and a hash needs a profile")
     sha256(f, "model_sha256", nullable=True)
+
+
+def _dp_imbalance(options: Fields) -> None:
+    """options.dp_imbalance: null, or group size (a whole number >= 2) -> factor (>= 1)."""
+    table = options.data.get("dp_imbalance")
+    if table is None:
+        return
+    if not isinstance(table, dict):
+        raise options.fail("dp_imbalance", "expected a mapping of group sizes to factors, or null")
+    for k, factor in table.items():
+        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+            raise options.fail("dp_imbalance", f"group size {k!r}: expected a whole number >= 2")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor < float("inf"):
+            raise options.fail("dp_imbalance", f"[{k}]: expected a number >= 1, got {factor!r}")
 
 
 def _workload(f: Fields) -> None:

@@ -50,6 +50,15 @@ class ServingTasks:
     token_budget: int = DEFAULT_TOKEN_BUDGET  # tokens one iteration may carry (module docstring)
     expert_imbalance: float = 1.0  # an MoE layer's busiest expert's rows over the mean (llm_planner.cost.moe_cost)
     chunked_prefill: bool = True  # False: prompts run whole in iterations of their own (cost.chunks; scored only)
+    # per size k of a group with data-parallel attention, its busiest member's rows over the mean
+    # (llm_planner.serving.expert_load); None, or a size not in it: expert_imbalance
+    dp_imbalance: dict[int, float] | None = None
+
+    def imbalance_of(self, degree: int, attention: str) -> float:
+        """The imbalance factor an MoE layer is charged on a group (`attention` "tp", or data-parallel)."""
+        if attention == "tp" or not self.dp_imbalance:
+            return self.expert_imbalance
+        return self.dp_imbalance.get(degree, self.expert_imbalance)
 
     @property
     def num_layers(self) -> int:
@@ -104,6 +113,7 @@ def build_serving_tasks(
     token_budget: int = DEFAULT_TOKEN_BUDGET,
     expert_imbalance: float = 1.0,
     chunked_prefill: bool = True,
+    dp_imbalance: dict[int, float] | None = None,
 ) -> ServingTasks:
     """The tasks per sequence in flight (module docstring) in `dtype` (one dtype for everything) or
     a precision: the block's linear weights at the weight format's bytes, its KV cache at the KV
@@ -156,6 +166,7 @@ def build_serving_tasks(
         token_budget=token_budget,
         expert_imbalance=expert_imbalance,
         chunked_prefill=chunked_prefill,
+        dp_imbalance=dp_imbalance,
     )
 
 

@@ -67,7 +67,7 @@ class _Costs:
         self.step_s, self.usable = sc.kind.serving_step_s, sc.kind.usable_mem_bytes
         (self._data_parallel_parts if is_dp(attention) else self._tensor_parallel_parts)(ctx, sc, degree)
         kernels_of = _kernels_of(sc, degree, attention)
-        self.kernels = kernels_of(ctx.config, ctx.precision, ctx.tasks.expert_imbalance)
+        self.kernels = kernels_of(ctx.config, ctx.precision, ctx.tasks.imbalance_of(degree, attention))
         self.dense_layers = ctx.config.first_dense_layers  # on the first stage, with a dense MLP
         self.ranks = degree if is_dp(attention) else 1  # schedulers the sequences split over
         self.dense = kernels_of(ctx.config.dense_layer(), ctx.precision) if self.dense_layers else None

@@ -1,0 +1,105 @@
+"""A measured routing histogram of a mixture of experts (`--expert-load FILE`): how many tokens
+each expert received, and the imbalance factors the serving model charges from it.
+
+The file is YAML (or JSON) with one key, `tokens_per_expert`: a list of E counts (one histogram
+for every MoE layer) or a list of such lists, one per MoE layer in order, as an engine's expert
+load recorder gives them (counts, or any numbers proportional to them). From each layer's counts
+n_e (share s_e = n_e / sum n):
+
+    experts tensor-parallel (tpK)   the busiest expert's rows over the mean: E max_e s_e
+    experts split over dpaK         the busiest member's rows over the mean: k max_j S_j, S_j the
+                                    share of member j's experts, E/k consecutive ones (vLLM's and
+                                    SGLang's default placement: expert e on member floor(e k / E))
+
+each averaged over the layers (a layer's time is linear in its factor, and the stages' layers are
+taken alike). These are `--expert-imbalance`'s factor (llm_planner.cost.moe_cost: the expert GEMMs
+charged as if every expert, or member, had the busiest one's rows) for the two layouts: a member
+holding a block of experts averages its experts' skew, so the second is never above the first.
+DeepEP's dispatch and combine (llm_planner.cost.dp_attention) charge the busiest member's share of
+the pairs too. The experts each iteration's tokens reach (their weight reads) stay as under uniform
+routing, E (1 - (1 - top-k/E)^T): a skewed router reaches fewer, so that term errs slow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from llm_planner.graph.transformer import DecoderConfig
+from llm_planner.serving.workload import WorkloadError
+
+
+class ExpertLoadError(WorkloadError):
+    """An expert-load file that cannot be read; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class ExpertLoad:
+    source: str
+    layers: tuple[tuple[float, ...], ...]  # tokens each expert received, per MoE layer measured
+
+    def expert_imbalance(self) -> float:
+        """The busiest expert's rows over the mean, averaged over the layers (module docstring)."""
+        return _mean(len(counts) * max(counts) / sum(counts) for counts in self.layers)
+
+    def member_imbalance(self, k: int) -> float:
+        """The busiest of k members' rows over the mean, each member E/k consecutive experts."""
+        return _mean(k * max(_blocks(counts, k)) / sum(counts) for counts in self.layers)
+
+    def dp_imbalance(self) -> dict[int, float]:
+        """member_imbalance for every group size that splits the experts evenly (k >= 2)."""
+        e = len(self.layers[0])
+        return {k: round(self.member_imbalance(k), 6) for k in range(2, e + 1) if e % k == 0}
+
+
+def _blocks(counts: tuple[float, ...], k: int) -> list[float]:
+    size = len(counts) // k
+    return [sum(counts[j * size : (j + 1) * size]) for j in range(k)]
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return max(1.0, sum(values) / len(values))
+
+
+def read_expert_load(path: str, config: DecoderConfig) -> ExpertLoad:
+    """The histogram in `path` for `config`'s experts; ExpertLoadError naming the file and field."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ExpertLoadError(f"--expert-load {path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ExpertLoadError(f"{path}: not valid {'JSON' if path.endswith('.json') else 'YAML'}: {exc}") from None
+    if not config.is_moe:
+        raise ExpertLoadError(f"--expert-load {path}: {config.name} has no experts (a dense model)")
+    if not isinstance(data, dict) or set(data) != {"tokens_per_expert"}:
+        raise ExpertLoadError(f"{path}: expected one key, tokens_per_expert (a list of counts, or one list per layer)")
+    rows = data["tokens_per_expert"]
+    if isinstance(rows, list) and rows and not isinstance(rows[0], list):
+        rows = [rows]
+    moe_layers = config.num_layers - config.first_dense_layers
+    if not isinstance(rows, list) or not rows or len(rows) not in (1, moe_layers):
+        raise ExpertLoadError(
+            f"{path}: tokens_per_expert: expected one list of counts or {moe_layers} (one per MoE layer of "
+            f"{config.name})"
+        )
+    return ExpertLoad(source=path, layers=tuple(_layer(path, i, row, config) for i, row in enumerate(rows)))
+
+
+def _layer(path: str, i: int, row: Any, config: DecoderConfig) -> tuple[float, ...]:
+    where = f"{path}: tokens_per_expert[{i}]"
+    e = config.num_experts
+    if not isinstance(row, list) or len(row) != e:
+        raise ExpertLoadError(f"{where}: expected {e} counts ({config.name}'s experts)")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in row):
+        raise ExpertLoadError(f"{where}: every count must be a finite number >= 0")
+    if sum(row) <= 0:
+        raise ExpertLoadError(f"{where}: no expert received a token")
+    return tuple(float(x) for x in row)
