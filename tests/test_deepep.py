@@ -28,6 +28,7 @@ from llm_planner.cost.layer_pieces import layer_pieces
 from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.serving.layout import Segment, describe
 from llm_planner.serving.layout_text import LayoutError, parse_layout
+from llm_planner.serving.score import score_replica
 from llm_planner.serving.workload import WorkloadError
 
 QWEN = "qwen1.5-moe-a2.7b"  # 60 experts of 1408, top-4, hidden 2048
@@ -160,3 +161,16 @@ def test_deepseek_over_deepep_exports_the_engines_backends(deepep_plan, capsys):
     sglang = " ".join(capsys.readouterr().out.replace("\\\n", " ").split())
     assert "--enable-dp-attention --ep-size 16 --moe-a2a-backend deepep --deepep-mode auto" in sglang
     assert "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK=128" in sglang
+
+
+def test_a_rank_holds_no_more_decodes_than_deepeps_low_latency_buffer(tmp_path):
+    """SGLang's DeepEP buffer takes a rank's decode batch whole, at most 1,024: the search keeps a
+    dpa2-deepep group to 2,048 sequences in flight (the gather's dpa2 has no such limit)."""
+    ctx = context(tmp_path, QWEN, deepep=True, max_batched_tokens=10**6)
+    deepep, gather = (parse_layout(f"1 x bigbox/big[dpa2{a}]", ctx.by_name) for a in ("-deepep", ""))
+    at = {
+        (name, c): score_replica(ctx, layout, concurrency=c, micro_batches=1, layers=(24,)).within_token_budget
+        for name, layout in (("deepep", deepep), ("gather", gather))
+        for c in (2048, 2049)
+    }
+    assert at == {("deepep", 2048): True, ("deepep", 2049): False, ("gather", 2048): True, ("gather", 2049): True}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Mapping
 
 from rich.console import Console
@@ -120,7 +121,7 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
         max_batched_tokens=args.max_batched_tokens,
         **expert_load_options(args),
         chunked_prefill=args.chunked_prefill,
-        deepep="-deepep" in args.replica,  # any layout scores, a dpa<k>-deepep one too
+        deepep=re.search(r"dpa\d+-deepep", args.replica) is not None,  # any layout scores, a dpa<k>-deepep one too
     )
     precision = serving_precision(args.model, args.dtype, args.weights, args.kv_cache_dtype)
     ctx = build_context(args.cluster, args.model, workload, precision, options, args.profile)

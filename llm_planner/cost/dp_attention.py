@@ -78,6 +78,10 @@ ALL2ALL = ("allgather_reducescatter", "deepep_low_latency")
 # top-8, EP 8-256; benchmarks/bench_all2all.py prints the fit against each row).
 DEEPEP_LL_CALL_S = 45e-6
 MOE_DP_CHUNK = 256  # tokens a rank dispatches per call (vLLM's VLLM_MOE_DP_CHUNK_SIZE default)
+# the most decodes a rank may hold: SGLang's low-latency buffer (SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK)
+# takes a rank's decode batch whole and must stay within 1,024 (DeepEP's low-latency dispatch between
+# servers counts a rank's tokens below it)
+DEEPEP_MAX_RANK_DECODES = 1024
 FP8_SCALE_BYTES = 4 / 128  # DeepEP's fp8 dispatch: a float32 scale per 128 values
 
 

@@ -37,7 +37,10 @@ Each compute kernel's time is its own roofline with a rounded corner,
 
     t = max(c, m, KAPPA (c + m)),  c = FLOPs / (peak ce),  m = bytes / (bw me),
 
-(`KAPPA` below), the memory-only kernels' time is m, and the layer's time is the kind's per-task
+(`KAPPA` below), the memory-only kernels' time is m, a collective's its fixed time plus its bytes
+over the link (a collective run in calls of at most `chunk` tokens, llm_planner.cost.dp_attention's
+DeepEP dispatch and combine, pays the fixed time once per chunk: max(1, tokens / chunk) times, a
+maximum of two affine terms), and the layer's time is the kind's per-task
 overhead plus the sum. Every term is a maximum of affine functions of the load, so for loads
 proportional to b sequences (`Load.per_sequence` times b) the layer time is convex piecewise
 affine in b: `layer_pieces.layer_pieces` returns its pieces exactly (the upper envelope of the sum), the form
@@ -117,7 +120,7 @@ class Kernel:
     chunk: float = 0.0
 
     def calls(self, tokens: float) -> float:
-        """Calls of the kernel on `tokens` tokens, as a fraction past the first (module docstring)."""
+        """Calls of the kernel on `tokens` tokens, fractional past the first (module docstring)."""
         return max(1.0, tokens / self.chunk) if self.chunk else 1.0
 
     def expert_bytes(self, tokens: float) -> float:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import shlex
 
+from llm_planner.cost.dp_attention import DEEPEP_MAX_RANK_DECODES
 from llm_planner.export.engine_args import (
     DIST_INIT_PORT,
     PORT_STEP,
@@ -42,7 +43,6 @@ from llm_planner.export.vllm_ray import vllm_ip_ties
 from llm_planner.serving.engines import TITLES
 
 DEEPEP_SGLANG_TOKENS = 128  # SGLang's default SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK
-DEEPEP_MAX_TOKENS = 1024  # its largest: DeepEP's internode low-latency dispatch counts below 1,024
 
 
 def _q(value: object) -> str:
@@ -379,10 +379,10 @@ def _deepep_env(e: EnginePlan) -> list[tuple[str, str | None]]:
     """SGLang's low-latency DeepEP buffer: room for a rank's whole decode batch (at least SGLang's 128)."""
     if not e.data_parallel_attention or e.all2all != "deepep_low_latency":
         return []
-    if e.rank_concurrency > DEEPEP_MAX_TOKENS:
+    if e.rank_concurrency > DEEPEP_MAX_RANK_DECODES:  # the search never plans it (serving.replica.within_budget)
         raise ServingExportError(
-            f"engine {e.name}: {e.rank_concurrency} sequences a rank exceed the {DEEPEP_MAX_TOKENS} tokens a rank "
-            "DeepEP's low-latency dispatch takes between servers (plan without --deepep)"
+            f"engine {e.name}: {e.rank_concurrency} sequences a rank exceed the {DEEPEP_MAX_RANK_DECODES} decodes a "
+            "rank SGLang's DeepEP low-latency buffer takes (plan without --deepep)"
         )
     return [("SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", str(max(DEEPEP_SGLANG_TOKENS, e.rank_concurrency)))]
 

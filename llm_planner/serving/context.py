@@ -219,7 +219,7 @@ def _check_deepep(config: DecoderConfig, options: ServingOptions) -> None:
     if not options.deepep:
         return
     if not config.is_moe:
-        raise WorkloadError(f"--deepep: {config.name} has no experts (a dense model)")
+        raise WorkloadError(f"--deepep (dpa<k>-deepep): {config.name} has no experts (a dense model)")
     if not options.dp_attention:
         raise WorkloadError(
             "--deepep: moves tokens in groups with data-parallel attention, which --no-dp-attention turns off"

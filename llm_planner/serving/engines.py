@@ -67,7 +67,7 @@ class StageForm:
     kind: str
     cpu: bool
     host: str  # the stage's host, or the search's stand-in for it (module docstring)
-    attention: str = "tp"  # "dp": data-parallel attention over the group
+    attention: str = "tp"  # or one of classes.DP_ATTENTIONS: data-parallel attention over the group
 
 
 def remedy(engine: str) -> str:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from llm_planner.core.spec import LinkSpec
 from llm_planner.cost.chunks import prompt_wait_s
+from llm_planner.cost.dp_attention import DEEPEP_MAX_RANK_DECODES
 from llm_planner.cost.roofline import transfer_s
 from llm_planner.serving.classes import is_dp
 from llm_planner.serving.costs import StageCosts
@@ -208,6 +209,10 @@ class ReplicaModel:
         """Whether a micro-batch's decodes and its steady prompt share fit the per-iteration token
         budget (else prompts queue without end: the engine cannot keep C sequences in flight)."""
         b = -(-concurrency // m)
+        if any(
+            -(-b // s.costs.degree) > DEEPEP_MAX_RANK_DECODES for s in self.slots if s.costs.attention == "dp-deepep"
+        ):
+            return False  # a rank's decodes past DeepEP's low-latency buffer (cost.dp_attention)
         if not self.tasks.chunked_prefill:  # decodes and whole prompts in iterations of their own
             return b <= self.tasks.token_budget
         return b * (1 + self.tasks.prefill_per_output) <= self.tasks.token_budget
