@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 
 import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
+from llm_planner.core.precision import build_precision  # noqa: E402
 from llm_planner.core.spec import load_cluster  # noqa: E402
 from llm_planner.cost.iteration import Load, layer_kernels  # noqa: E402
 from llm_planner.graph.decoder_presets import preset_config  # noqa: E402
@@ -55,6 +56,7 @@ PRESETS = {
     "meta-llama/Meta-Llama-3-70B": "llama3-70b",
     "meta-llama/Llama-2-70b-hf": "llama2-70b",
     "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b",
+    "deepseek-ai/DeepSeek-R1-0528": "deepseek-v3",
 }
 PROJECTIONS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 OP_COLUMNS = ["gpu", "model", "tp", "linear ratio by tokens (1, 8, 32, 64, 128, 256, 512, 1024, 2048)"]
@@ -135,13 +137,20 @@ def score(row: dict, servers: dict, tmp: Path) -> dict:
     budget = row.get("max_num_batched_tokens") or ServingOptions().max_batched_tokens
     chunked = row.get("enable_chunked_prefill") is not False  # unstated: the engines' chunked prefill
     options = ServingOptions(max_batched_tokens=budget, chunked_prefill=chunked)
-    ctx = build_context(str(spec), PRESETS[row["model"]], workload, DTYPES[row["dtype"]], options)
+    ctx = build_context(str(spec), PRESETS[row["model"]], workload, _precision(row), options)
     model = ctx.replica((Segment(ctx.classes[0].name, tp, 1),))
     if _open_loop(row):
         return open_loop_score(model, ctx.config.num_layers, float(row["request_rate"]), output)
     if row.get("run") == "fixed_batch":
         return fixed_batch_score(model, ctx.config.num_layers, row["concurrency"], prompt, output)
     return _at(model, ctx.config.num_layers, row["concurrency"])
+
+
+def _precision(row: dict):
+    """The row's dtype, or its weights and KV cache below the activations where it states them."""
+    if row.get("weights") is None and row.get("kv_cache_dtype") is None:
+        return DTYPES[row["dtype"]]
+    return build_precision(row["dtype"], row.get("weights"), row.get("kv_cache_dtype"))
 
 
 def _at(model, num_layers: int, c: int) -> dict:
