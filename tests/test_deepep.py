@@ -108,7 +108,7 @@ def test_it_is_offered_with_deepep_for_a_mixture_of_experts_only(tmp_path):
     plain, with_it = context(tmp_path, QWEN), context(tmp_path, QWEN, deepep=True)
     assert not any(a == "dp-deepep" for _, a in plain.by_name["bigbox/big"].shapes)
     assert (4, "dp-deepep") in with_it.by_name["bigbox/big"].shapes
-    with pytest.raises(WorkloadError, match="--deepep: llama2-7b has no experts"):
+    with pytest.raises(WorkloadError, match=r"--deepep \(dpa<k>-deepep\): llama2-7b has no experts"):
         context(tmp_path, "llama2-7b", deepep=True)
     with pytest.raises(WorkloadError, match="which --no-dp-attention turns off"):
         context(tmp_path, QWEN, deepep=True, dp_attention=False)

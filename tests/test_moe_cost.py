@@ -12,6 +12,7 @@ from llm_planner.cost.layer_pieces import layer_pieces
 from llm_planner.cost.roofline import CostError, evaluate_pieces
 from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.graph.transformer import DecoderConfig
+from llm_planner.serving.layer_time import KernelLayerTime
 
 # One Mixtral-shaped MoE layer, small: h 1024, 8 experts of 4096, top-2.
 MOE = DecoderConfig(
@@ -94,15 +95,33 @@ def test_imbalance_scales_the_busiest_experts_rows():
         layer_kernels(MOE, "fp16", KIND, imbalance=0.5)
 
 
-def test_the_pieces_are_exact_at_one_sequence_and_below_the_time_after():
+def test_the_pieces_hold_the_experts_at_one_token_and_lie_below_the_time():
+    """At b = 1 the pieces are one sequence's kernels but the experts' reads held at one token's
+    (every iteration carries at least a decode); at every b they lie below the layer's time, spread
+    evenly or in the lumps an engine admits prompts in (serving.layer_time.KernelLayerTime)."""
     per_sequence = Load(decodes=1, decode_keys=600, prompt_tokens=4, prompt_keys=4 * 257)
     for k, link in ((1, None), (2, LINK)):
         ks = layer_kernels(MOE, "fp16", KIND, k, link)
         assert not ks.exact
         pieces = layer_pieces(ks, per_sequence)
-        assert evaluate_pieces(pieces, 1) == pytest.approx(ks.time_s(per_sequence))
-        for b in (2, 3, 8, 50, 400, 5000):
-            assert evaluate_pieces(pieces, b) <= ks.time_s(per_sequence.times(b)) * (1 + 1e-12)
+        (experts,) = [kr for kr in ks.kernels if kr.experts is not None]
+        held = (experts.expert_bytes(5) - experts.expert_bytes(1)) / ks.bytes_per_s  # 5 tokens' reads against 1's
+        assert ks.time_s(per_sequence) - held <= evaluate_pieces(pieces, 1) <= ks.time_s(per_sequence)
+        lumped = KernelLayerTime(pieces, ks, per_sequence, 257, 2048)
+        for b in (1, 2, 3, 8, 50, 400):
+            spread = ks.time_s(per_sequence.times(b))
+            assert evaluate_pieces(pieces, b) <= min(lumped(b), spread) * (1 + 1e-12)
+
+
+def test_a_prompt_chunk_reads_the_experts_once_not_every_iteration():
+    """Prompts of 2,000 tokens, 8 per output token: spread over every iteration the 4 sequences'
+    32 prompt tokens would reach most experts each time; in the engine's whole chunks most
+    iterations carry the 4 decodes alone and one in 62 a chunk, so the layer costs less."""
+    per_sequence = Load(decodes=1, decode_keys=600, prompt_tokens=8, prompt_keys=8 * 1000)
+    ks = layer_kernels(MOE, "fp16", KIND)
+    lumped = KernelLayerTime(layer_pieces(ks, per_sequence), ks, per_sequence, 2000, 2048)
+    decodes = ks.time_s(Load(decodes=4, decode_keys=4 * 600))
+    assert decodes < lumped(4) < ks.time_s(per_sequence.times(4))
 
 
 def test_a_dense_layer_has_no_expert_kernel_and_exact_pieces():

@@ -25,16 +25,17 @@ def layer_pieces(kernels: LayerKernels, per_sequence: Load, without: frozenset[s
     """Affine pieces (fixed_s, per_sequence_s) whose maximum is the layer's time at b >= 1
     sequences, each adding `per_sequence` to the load (module docstring): the upper envelope of
     the sum of the kernels' pieces (the kernels named in `without` left out), exact for every b >= 0
-    on a dense layer. On an MoE layer (`LayerKernels.exact` False) a lower bound at every b >= 1:
-    the routed experts' weight reads, concave in b, are held at one sequence's."""
+    on a dense layer. On an MoE layer (`LayerKernels.exact` False) a lower bound at every b >= 1,
+    spread or in lumps: the routed experts' weight reads, concave in the tokens, are held at one
+    decode token's, the least any iteration of b >= 1 sequences carries."""
     x = per_sequence.vector()
     slope_x = (0.0, *x[1:])
     fixed_x = (1.0, 0.0, 0.0, 0.0, 0.0)
-    one = per_sequence.decodes + per_sequence.prompt_tokens  # tokens of one sequence
+    one = per_sequence.decodes  # the tokens every iteration of one sequence carries: its decode
     terms = []  # per kernel: its pieces as (fixed, slope)
     for kernel in (k for k in kernels.kernels if k.name not in without):
         c0, m0 = kernels.kernel_terms(kernel, fixed_x)
-        m0 += kernel.expert_bytes(one) / kernels.bytes_per_s  # routed experts: their least, at b = 1
+        m0 += kernel.expert_bytes(one) / kernels.bytes_per_s  # routed experts: their least, one token's
         c1, m1 = kernels.kernel_terms(kernel, slope_x)
         if kernel.collective and kernel.chunk:  # a call per chunk of tokens, at least one
             terms.append(((c0 + m0, c1 + m1), (m0, c1 + m1 + c0 * one / kernel.chunk)))

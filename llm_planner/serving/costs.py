@@ -245,4 +245,4 @@ def kernel_time(kernels: LayerKernels, tasks: ServingTasks) -> RooflineLayerTime
         return RooflineLayerTime(
             pieces, kernels, tasks.per_sequence, tasks.mean_prompt_len, tasks.token_budget, separate
         )
-    return KernelLayerTime(pieces, kernels, tasks.per_sequence, separate)
+    return KernelLayerTime(pieces, kernels, tasks.per_sequence, tasks.mean_prompt_len, tasks.token_budget, separate)

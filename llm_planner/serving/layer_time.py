@@ -4,7 +4,7 @@ slope), `measured`, and `load_s(load)` for any other mix of decode and prompt to
 
     RooflineLayerTime  the kernel model, prompts in the engine's chunks (llm_planner.cost.chunks);
                        its pieces max_j (f_j + s_j b), the spread load's, below it
-    KernelLayerTime    an MoE layer's kernels summed at b sequences, prompts spread evenly (not
+    KernelLayerTime    an MoE layer's kernels summed at b sequences, prompts in the same chunks (not
                        piecewise affine), its pieces a lower bound for the bounds
     MeasuredLayerTime  a serving-profile/1 table pair of a kind on one device: decode(b) + prefill(b r)
     PartsLayerTime     a serving-profile/2 entry of a kind at the stage's degree: the kernel model
@@ -36,9 +36,41 @@ class _KernelTime:
     measured = False
     breakpoints = ()
 
-    def __init__(self, pieces: tuple, kernels: LayerKernels, per_sequence: Load, separate: tuple | None = None):
+    def __init__(
+        self,
+        pieces: tuple,
+        kernels: LayerKernels,
+        per_sequence: Load,
+        prompt_len: float,
+        budget: int,
+        separate: tuple | None = None,
+    ):
         self.pieces, self.kernels, self.per_sequence = pieces, kernels, per_sequence
+        self.prompt_len, self.budget = prompt_len, budget
         self.separate = separate  # (prompt_len, budget) of an engine without chunked prefill; None: chunked
+        self._memo: dict[float, float] = {}  # the bounds ask for the same b many times
+
+    def __call__(self, b: float) -> float:
+        if b <= 0:
+            return 0.0
+        got = self._memo.get(b)
+        if got is None:
+            got = self._memo[b] = self._lumped_s(b)
+        return got
+
+    def _lumped_s(self, b: float) -> float:
+        """E[t(decodes of b, x prompt tokens)] over the lumps the engine admits prompts in
+        (llm_planner.cost.chunks), or the whole-prompt iterations of an engine without chunked prefill."""
+        if self.separate is not None:
+            return self._separate_s(b)
+        ps = self.per_sequence
+        decode = Load(decodes=b, decode_keys=b * ps.decode_keys)
+        keys_per_token = ps.prompt_keys / ps.prompt_tokens if ps.prompt_tokens > 0 else 0.0
+        lumps = prompt_lumps(b * ps.prompt_tokens, self.prompt_len, self.budget - b)
+        return sum(
+            w * self.kernels.time_s(decode.plus(Load(prompt_tokens=x, prompt_keys=x * keys_per_token)))
+            for w, x in lumps
+        )
 
     def prefill_iterations(self, b: float) -> float:
         """Prompt-only iterations per decode iteration of b sequences: 0 with chunked prefill."""
@@ -85,9 +117,7 @@ class RooflineLayerTime(_KernelTime):
         budget: int,
         separate: tuple | None = None,
     ):
-        super().__init__(pieces, kernels, per_sequence, separate)
-        self.prompt_len, self.budget = prompt_len, budget
-        self._memo: dict[float, float] = {}
+        super().__init__(pieces, kernels, per_sequence, prompt_len, budget, separate)
         self.pieces = pieces + self._hull_pieces()
 
     def _hull_pieces(self) -> tuple:
@@ -101,48 +131,16 @@ class RooflineLayerTime(_KernelTime):
         at = tuple(float(2**i) for i in range(top.bit_length()))  # the lines over b = 1, 2, 4, ...
         return pieces_below(xs, [self(b) for b in xs], at)
 
-    def __call__(self, b: float) -> float:
-        if b <= 0:
-            return 0.0
-        got = self._memo.get(b)
-        if got is None:
-            got = self._memo[b] = self._lumped_s(b)
-        return got
-
-    def _lumped_s(self, b: float) -> float:
-        if self.separate is not None:
-            return self._separate_s(b)
-        ps = self.per_sequence
-        decode = Load(decodes=b, decode_keys=b * ps.decode_keys)
-        keys_per_token = ps.prompt_keys / ps.prompt_tokens if ps.prompt_tokens > 0 else 0.0
-        lumps = prompt_lumps(b * ps.prompt_tokens, self.prompt_len, self.budget - b)
-        return sum(
-            w * self.kernels.time_s(decode.plus(Load(prompt_tokens=x, prompt_keys=x * keys_per_token)))
-            for w, x in lumps
-        )
-
 
 class KernelLayerTime(_KernelTime):
-    """An MoE layer's time at b sequences: the kernels' sum on b sequences' spread load, exactly
-    (the routed experts' weight reads are concave in the tokens: llm_planner.cost.iteration, so
-    the lumps' argument of RooflineLayerTime does not hold and the prompts stay spread evenly).
-    `pieces` are the kernel model's lower bound at b >= 1; the time grows with b, and so does
-    b / (step + l t(b)) (every term's tangent meets b = 0 at or above 0), as on the roofline."""
-
-    def __init__(self, pieces: tuple, kernels: LayerKernels, per_sequence: Load, separate: tuple | None = None):
-        super().__init__(pieces, kernels, per_sequence, separate)
-        self._memo: dict[float, float] = {}  # the bounds ask for the same b many times
-
-    def __call__(self, b: float) -> float:
-        if b <= 0:
-            return 0.0
-        got = self._memo.get(b)
-        if got is None:
-            got = self._memo[b] = self._time_s(b)
-        return got
-
-    def _time_s(self, b: float) -> float:
-        return self._separate_s(b) if self.separate is not None else self.kernels.time_s(self.per_sequence.times(b))
+    """An MoE layer's time at b sequences: the kernels' sum on b decodes and the prompt tokens in
+    the lumps the engine admits, as RooflineLayerTime. Most iterations carry decodes alone and
+    read the experts b tokens reach; a prompt's chunk reads nearly all of them once (the experts'
+    reads are concave in the tokens: llm_planner.cost.iteration), which spreading the prompt over
+    every iteration would charge again and again. `pieces` are the kernel model's lower bound at
+    b >= 1 (the experts' reads held at one token's: every iteration carries at least one). Within
+    the token budget the time grows with b (more decodes, and at least as many prompt tokens per
+    iteration on average), and so does b / (step + l t(b)), as on the roofline."""
 
     def least(self, lo: float = 1.0, hi: float = math.inf) -> float:
         """The least time over micro-batches of lo..hi sequences: at lo (the time grows with b)."""

@@ -138,9 +138,9 @@ class _Costs:
 
     def steady_layer_s(self, b: int, dense: bool = False) -> float:
         """One decoder layer (a dense first one: `dense`) on b decodes and their prompt share: in the
-        engine's chunks on the kernel model of a dense layer (llm_planner.cost.chunks), spread evenly
-        on a measured time or an MoE layer (serving.layer_time)."""
-        if not dense and (self.measured is not None or not self.kernels.exact):  # measured, or MoE's concave reads
+        engine's chunks on the kernel model (llm_planner.cost.chunks), dense or MoE, spread evenly on
+        a measured time (serving.layer_time)."""
+        if not dense and self.measured is not None:  # a measured time: spread
             return self.layer_s(b, b * self.ratio, keys=b * self.steady_prompt_keys)  # each sequence's own prompts
         per_token = self.steady_prompt_keys / self.ratio if self.ratio > 0 else 0.0
         lumps = prompt_lumps(b * self.ratio, self.prompt_len, self.budget - b)
