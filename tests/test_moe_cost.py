@@ -108,9 +108,12 @@ def test_the_pieces_hold_the_experts_at_one_token_and_lie_below_the_time():
         held = (experts.expert_bytes(5) - experts.expert_bytes(1)) / ks.bytes_per_s  # 5 tokens' reads against 1's
         assert ks.time_s(per_sequence) - held <= evaluate_pieces(pieces, 1) <= ks.time_s(per_sequence)
         lumped = KernelLayerTime(pieces, ks, per_sequence, 257, 2048)
-        for b in (1, 2, 3, 8, 50, 400):
+        chord = layer_pieces(ks, per_sequence, most=409)  # 2048 tokens of budget over 1 + 4 a sequence
+        for b in (1, 2, 3, 8, 50, 400, 409):
             spread = ks.time_s(per_sequence.times(b))
-            assert evaluate_pieces(pieces, b) <= min(lumped(b), spread) * (1 + 1e-12)
+            tight = evaluate_pieces(chord, b)
+            assert evaluate_pieces(pieces, b) <= tight * (1 + 1e-12) and tight <= min(lumped(b), spread) * (1 + 1e-12)
+        assert evaluate_pieces(chord, 50) > evaluate_pieces(pieces, 50)  # the chord's slope: tighter
 
 
 def test_a_prompt_chunk_reads_the_experts_once_not_every_iteration():

@@ -21,13 +21,17 @@ def layer_time_s(kernels: LayerKernels, load: Load, measured: Mapping[str, Calla
     )
 
 
-def layer_pieces(kernels: LayerKernels, per_sequence: Load, without: frozenset[str] = frozenset()) -> tuple[Piece, ...]:
+def layer_pieces(
+    kernels: LayerKernels, per_sequence: Load, without: frozenset[str] = frozenset(), most: float | None = None
+) -> tuple[Piece, ...]:
     """Affine pieces (fixed_s, per_sequence_s) whose maximum is the layer's time at b >= 1
     sequences, each adding `per_sequence` to the load (module docstring): the upper envelope of
     the sum of the kernels' pieces (the kernels named in `without` left out), exact for every b >= 0
-    on a dense layer. On an MoE layer (`LayerKernels.exact` False) a lower bound at every b >= 1,
-    spread or in lumps: the routed experts' weight reads, concave in the tokens, are held at one
-    decode token's, the least any iteration of b >= 1 sequences carries."""
+    on a dense layer. On an MoE layer (`LayerKernels.exact` False) a lower bound at every b from 1
+    to `most` (the most sequences a micro-batch may hold; None: any b >= 1), spread or in lumps:
+    every iteration carries at least the b decodes, and the routed experts' weight reads, concave
+    in the tokens, lie above their chord from 1 to `most` decode tokens (held at one token's
+    without `most`)."""
     x = per_sequence.vector()
     slope_x = (0.0, *x[1:])
     fixed_x = (1.0, 0.0, 0.0, 0.0, 0.0)
@@ -35,8 +39,9 @@ def layer_pieces(kernels: LayerKernels, per_sequence: Load, without: frozenset[s
     terms = []  # per kernel: its pieces as (fixed, slope)
     for kernel in (k for k in kernels.kernels if k.name not in without):
         c0, m0 = kernels.kernel_terms(kernel, fixed_x)
-        m0 += kernel.expert_bytes(one) / kernels.bytes_per_s  # routed experts: their least, one token's
         c1, m1 = kernels.kernel_terms(kernel, slope_x)
+        low, slope = _experts_chord(kernels, kernel, one, most)  # routed experts' reads, below them
+        m0, m1 = m0 + low - slope, m1 + slope
         if kernel.collective and kernel.chunk:  # a call per chunk of tokens, at least one
             terms.append(((c0 + m0, c1 + m1), (m0, c1 + m1 + c0 * one / kernel.chunk)))
         elif kernel.collective or c0 + c1 == 0 or m0 + m1 == 0:
@@ -45,6 +50,15 @@ def layer_pieces(kernels: LayerKernels, per_sequence: Load, without: frozenset[s
             terms.append(((c0, c1), (m0, m1), (KAPPA * (c0 + m0), KAPPA * (c1 + m1))))
     terms.append(((kernels.overhead_s, 0.0),))
     return envelope_of_sum(terms)
+
+
+def _experts_chord(kernels: LayerKernels, kernel, one: float, most: float | None) -> tuple[float, float]:
+    """(time at b = 1, slope) of the chord of the routed experts' reads over b = 1..most sequences'
+    decodes: below the reads there, as they are concave in the tokens (0, 0 for other kernels)."""
+    low = kernel.expert_bytes(one) / kernels.bytes_per_s
+    if not low or most is None or most <= 1:
+        return low, 0.0
+    return low, (kernel.expert_bytes(one * most) / kernels.bytes_per_s - low) / (most - 1)
 
 
 def envelope_of_sum(terms: list[tuple[Piece, ...]]) -> tuple[Piece, ...]:

@@ -239,8 +239,8 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, pro
 def kernel_time(kernels: LayerKernels, tasks: ServingTasks) -> RooflineLayerTime | KernelLayerTime:
     """A layer's time from its kernels on the steady load (exact pieces where it has no routed experts);
     its `pieces` are below the time at every b a plan can have (the bounds read them)."""
-    pieces = layer_pieces(kernels, tasks.per_sequence)
     separate = None if tasks.chunked_prefill else (tasks.mean_prompt_len, tasks.token_budget)
+    pieces = layer_pieces(kernels, tasks.per_sequence, most=tasks.most_sequences)
     if kernels.exact:
         return RooflineLayerTime(
             pieces, kernels, tasks.per_sequence, tasks.mean_prompt_len, tasks.token_budget, separate

@@ -54,6 +54,12 @@ class ServingTasks:
     # (llm_planner.serving.expert_load); None, or a size not in it: expert_imbalance
     dp_imbalance: dict[int, float] | None = None
 
+    @property
+    def most_sequences(self) -> float:
+        """The most sequences one micro-batch may hold: its decodes and their steady prompt share
+        within the token budget (serving.replica.within_budget), decodes alone without chunked prefill."""
+        return self.token_budget / ((1.0 + self.prefill_per_output) if self.chunked_prefill else 1.0)
+
     def imbalance_of(self, degree: int, attention: str) -> float:
         """The imbalance factor an MoE layer is charged on a group (`attention` "tp", or data-parallel)."""
         if attention == "tp" or not self.dp_imbalance:
