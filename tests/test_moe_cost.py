@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 from kernel_fixtures import KIND, LINK
 
+from llm_planner.cost.chunks import prompt_lumps
 from llm_planner.cost.iteration import KAPPA, Load, layer_kernels
 from llm_planner.cost.layer_pieces import layer_pieces
 from llm_planner.cost.roofline import CostError, evaluate_pieces
@@ -143,3 +144,18 @@ def test_a_group_must_split_the_experts_width():
     layer_kernels(odd, "fp16", KIND, 2, LINK)
     with pytest.raises(CostError, match="tensor-parallel group of 8"):
         layer_kernels(odd, "fp16", KIND, 8, LINK)
+
+
+def test_data_parallel_ranks_admit_their_own_smaller_chunks():
+    """Over 8 ranks each admits chunks of its own room, (2048 - 4) / 8 tokens, not one scheduler's
+    2,000-token chunks: the iterations' law is the lumps of that chunk (cost.chunks), by hand."""
+    per_sequence = Load(decodes=1, decode_keys=600, prompt_tokens=8, prompt_keys=8 * 1000)
+    ks = layer_kernels(MOE, "fp16", KIND)
+    pieces = layer_pieces(ks, per_sequence)
+    one, eight = (KernelLayerTime(pieces, ks, per_sequence, 2000, 2048, ranks=r) for r in (1, 8))
+    decode = Load(decodes=4, decode_keys=4 * 600)
+    by_hand = sum(
+        w * ks.time_s(decode.plus(Load(prompt_tokens=x, prompt_keys=x * 1000)))
+        for w, x in prompt_lumps(32, (2048 - 4) / 8, 2048 - 4)
+    )
+    assert eight(4) == pytest.approx(by_hand) and eight(4) != pytest.approx(one(4))

@@ -236,13 +236,11 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, pro
     )
 
 
-def kernel_time(kernels: LayerKernels, tasks: ServingTasks) -> RooflineLayerTime | KernelLayerTime:
-    """A layer's time from its kernels on the steady load (exact pieces where it has no routed experts);
-    its `pieces` are below the time at every b a plan can have (the bounds read them)."""
+def kernel_time(kernels: LayerKernels, tasks: ServingTasks, ranks: int = 1) -> RooflineLayerTime | KernelLayerTime:
+    """A layer's time from its kernels on the steady load (exact pieces where it has no routed experts),
+    the load split over `ranks` data-parallel schedulers each admitting its own prompt chunks; its
+    `pieces` are below the time at every b a plan can have (the bounds read them)."""
     separate = None if tasks.chunked_prefill else (tasks.mean_prompt_len, tasks.token_budget)
     pieces = layer_pieces(kernels, tasks.per_sequence, most=tasks.most_sequences)
-    if kernels.exact:
-        return RooflineLayerTime(
-            pieces, kernels, tasks.per_sequence, tasks.mean_prompt_len, tasks.token_budget, separate
-        )
-    return KernelLayerTime(pieces, kernels, tasks.per_sequence, tasks.mean_prompt_len, tasks.token_budget, separate)
+    kind = RooflineLayerTime if kernels.exact else KernelLayerTime
+    return kind(pieces, kernels, tasks.per_sequence, tasks.mean_prompt_len, tasks.token_budget, separate, ranks)

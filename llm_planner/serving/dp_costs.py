@@ -36,7 +36,7 @@ def dp_stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, 
     for part, config in layers.items():
         weights[part] = member_weight_bytes(config, tasks.precision, kind, degree, tasks.tasks[part].weight_bytes)
     kernels = {part: _kernels(tasks, config, server_class, degree, attention) for part, config in layers.items()}
-    times = {part: kernel_time(k, tasks) for part, k in kernels.items()}
+    times = {part: kernel_time(k, tasks, degree) for part, k in kernels.items()}
     pieces |= {part: t.pieces for part, t in times.items()}
     return StageCosts(
         server_class=server_class,

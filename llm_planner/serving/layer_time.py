@@ -30,8 +30,9 @@ from llm_planner.serving.workload import WorkloadError
 
 
 class _KernelTime:
-    """A layer's time by the kernel model, with `pieces` below it at every b >= 1 that the bounds
-    read (llm_planner.serving.bound*) through `lower` and `least`. No breakpoint."""
+    """A layer's time by the kernel model, with `pieces` below it at every b a micro-batch may hold
+    (b >= 1; an MoE layer's up to the token budget's most) that the bounds read
+    (llm_planner.serving.bound*) through `lower` and `least`. No breakpoint."""
 
     measured = False
     breakpoints = ()
@@ -44,9 +45,11 @@ class _KernelTime:
         prompt_len: float,
         budget: int,
         separate: tuple | None = None,
+        ranks: int = 1,
     ):
         self.pieces, self.kernels, self.per_sequence = pieces, kernels, per_sequence
         self.prompt_len, self.budget = prompt_len, budget
+        self.ranks = ranks  # schedulers the load splits over (data-parallel attention), each its own chunks
         self.separate = separate  # (prompt_len, budget) of an engine without chunked prefill; None: chunked
         self._memo: dict[float, float] = {}  # the bounds ask for the same b many times
 
@@ -60,13 +63,16 @@ class _KernelTime:
 
     def _lumped_s(self, b: float) -> float:
         """E[t(decodes of b, x prompt tokens)] over the lumps the engine admits prompts in
-        (llm_planner.cost.chunks), or the whole-prompt iterations of an engine without chunked prefill."""
+        (llm_planner.cost.chunks): chunks of a rank's room, (B - b) / ranks, where the load is
+        split over data-parallel ranks each admitting its own; or the whole-prompt iterations of
+        an engine without chunked prefill."""
         if self.separate is not None:
             return self._separate_s(b)
         ps = self.per_sequence
         decode = Load(decodes=b, decode_keys=b * ps.decode_keys)
         keys_per_token = ps.prompt_keys / ps.prompt_tokens if ps.prompt_tokens > 0 else 0.0
-        lumps = prompt_lumps(b * ps.prompt_tokens, self.prompt_len, self.budget - b)
+        chunk = min(self.prompt_len, (self.budget - b) / self.ranks)
+        lumps = prompt_lumps(b * ps.prompt_tokens, chunk, self.budget - b)
         return sum(
             w * self.kernels.time_s(decode.plus(Load(prompt_tokens=x, prompt_keys=x * keys_per_token)))
             for w, x in lumps
@@ -116,8 +122,9 @@ class RooflineLayerTime(_KernelTime):
         prompt_len: float,
         budget: int,
         separate: tuple | None = None,
+        ranks: int = 1,
     ):
-        super().__init__(pieces, kernels, per_sequence, prompt_len, budget, separate)
+        super().__init__(pieces, kernels, per_sequence, prompt_len, budget, separate, ranks)
         self.pieces = pieces + self._hull_pieces()
 
     def _hull_pieces(self) -> tuple:
@@ -138,7 +145,8 @@ class KernelLayerTime(_KernelTime):
     read the experts b tokens reach; a prompt's chunk reads nearly all of them once (the experts'
     reads are concave in the tokens: llm_planner.cost.iteration), which spreading the prompt over
     every iteration would charge again and again. `pieces` are the kernel model's lower bound at
-    b >= 1 (the experts' reads held at one token's: every iteration carries at least one). Within
+    every b from 1 to the most a micro-batch may hold (the experts' reads above their chord over
+    that range: llm_planner.cost.layer_pieces); past it they may not be, but no plan lies there. Within
     the token budget the time grows with b (more decodes, and at least as many prompt tokens per
     iteration on average), and so does b / (step + l t(b)), as on the roofline."""
 

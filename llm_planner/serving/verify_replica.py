@@ -143,7 +143,8 @@ class _Costs:
         if not dense and self.measured is not None:  # a measured time: spread
             return self.layer_s(b, b * self.ratio, keys=b * self.steady_prompt_keys)  # each sequence's own prompts
         per_token = self.steady_prompt_keys / self.ratio if self.ratio > 0 else 0.0
-        lumps = prompt_lumps(b * self.ratio, self.prompt_len, self.budget - b)
+        chunk = min(self.prompt_len, (self.budget - b) / self.ranks)  # each data-parallel rank its own chunks
+        lumps = prompt_lumps(b * self.ratio, chunk, self.budget - b)
         return sum(w * self.layer_s(b, x, keys=x * per_token, dense=dense) for w, x in lumps)
 
     def iteration_s(self, b: int, layers: int, first: bool, last: bool, prompt_tokens: float | None = None) -> float:
