@@ -74,11 +74,9 @@ def _experts_text(data: dict) -> str:
         return ""
     skew = data["options"].get("expert_imbalance", 1.0)
     dense = data["model"].get("dense_layers", 0)
-    dp = any(is_dp(seg.get("attention", "tp")) for rep in data["serving"]["replicas"] for seg in rep["segments"])
-    split = "tensor-parallel, or split over dpaK groups with data-parallel attention" if dp else "tensor-parallel"
-    used = sorted(
-        {seg["degree"] for rep in data["serving"]["replicas"] for seg in rep["segments"] if seg.get("attention")}
-    )
+    segments = [seg for rep in data["serving"]["replicas"] for seg in rep["segments"]]
+    used = sorted({seg["degree"] for seg in segments if is_dp(seg.get("attention", "tp"))})  # dpaK sizes
+    split = "tensor-parallel, or split over dpaK groups with data-parallel attention" if used else "tensor-parallel"
     table = data["options"].get("dp_imbalance") or {}
     members = ", ".join(f"dpa{k} {table[k]:.3g}" for k in used if k in table)
     return (

@@ -173,10 +173,8 @@ def _gather_scatter(
     docstring), as a collective kernel: its fixed time in the FLOPs slot, its bytes per token as
     they cost over `link` (the bytes between servers weighted by how much slower their link is)."""
     per_server, across = span if span is not None else (k, link)
-    inside, outside = (per_server - 1) / k, (k - per_server) / k
-    weighted = inside + (outside * link.bw_bytes_per_s / across.bw_bytes_per_s if outside else 0.0)
     hops = (per_server - 1) * link.latency_s + (k // per_server - 1) * across.latency_s
-    size = 2 * weighted * token_bytes
+    size = 2 * _others_share(k, link, span) * token_bytes
     return Kernel(
         "all_gather_reduce_scatter",
         (2 * (call_s + hops), 0.0, 0.0, 0.0, 0.0),
@@ -185,12 +183,18 @@ def _gather_scatter(
     )
 
 
-def _pairs_out(top_k: int, k: int, link: LinkSpec, span: tuple[int, LinkSpec] | None) -> float:
-    """(token, expert) pairs leaving a member per token of the group under uniform routing, those
-    between servers weighted by how much slower their link is than `link` (module docstring)."""
+def _others_share(k: int, link: LinkSpec, span: tuple[int, LinkSpec] | None) -> float:
+    """The share of a group's members that are another one's, (k - 1)/k, in `link`'s bytes: those
+    on other servers weighted by how much slower the link between servers is (module docstring)."""
     per_server, across = span if span is not None else (k, link)
     inside, outside = (per_server - 1) / k, (k - per_server) / k
-    return top_k / k * (inside + (outside * link.bw_bytes_per_s / across.bw_bytes_per_s if outside else 0.0))
+    return inside + (outside * link.bw_bytes_per_s / across.bw_bytes_per_s if outside else 0.0)
+
+
+def _pairs_out(top_k: int, k: int, link: LinkSpec, span: tuple[int, LinkSpec] | None) -> float:
+    """(token, expert) pairs leaving a member per token of the group under uniform routing, in
+    `link`'s bytes (module docstring): top-k / k of a token's pairs to each other member."""
+    return top_k / k * _others_share(k, link, span)
 
 
 def deepep_call_s(

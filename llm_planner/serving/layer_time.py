@@ -114,18 +114,9 @@ class RooflineLayerTime(_KernelTime):
     (Jensen: the kernels are convex in the prompt tokens, cost.chunks), and the lower convex hull of
     t at the micro-batches the token budget admits, below t at each of them."""
 
-    def __init__(
-        self,
-        pieces: tuple,
-        kernels: LayerKernels,
-        per_sequence: Load,
-        prompt_len: float,
-        budget: int,
-        separate: tuple | None = None,
-        ranks: int = 1,
-    ):
-        super().__init__(pieces, kernels, per_sequence, prompt_len, budget, separate, ranks)
-        self.pieces = pieces + self._hull_pieces()
+    def __init__(self, *args, **kwargs):  # _KernelTime's
+        super().__init__(*args, **kwargs)
+        self.pieces += self._hull_pieces()
 
     def _hull_pieces(self) -> tuple:
         """Lines below t at every micro-batch b the token budget admits (b (1 + r) <= B; no plan
