@@ -186,7 +186,7 @@ def _vllm_parallel(e: EnginePlan) -> list[str]:
     split over the ranks (each rank its own scheduler: max-num-seqs and the token budget per rank)
     and its all-to-all where it is not vLLM's default."""
     if e.data_parallel_attention:
-        backend = ["--all2all-backend", e.all2all] if e.all2all == "deepep_low_latency" else []
+        backend = ["--all2all-backend", _q(e.all2all)] if e.all2all == "deepep_low_latency" else []
         return [
             "--tensor-parallel-size",
             "1",
