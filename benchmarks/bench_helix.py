@@ -87,8 +87,31 @@ def helix_rows() -> dict[str, tuple[list[Run], float]]:
             252.1,
         ),
         "separate-pipelines": (separate, 124.3),
+        "helix-30b": (helix_30b(), 339.6),
         "helix-milp-roundtrip": ([], None),
     }  # filled by roundtrip_run
+
+
+def helix_30b() -> list[Run]:
+    """Helix's own LLaMA-1 30B answer on its 24-machine cluster: one MILP layout per machine type,
+    each simulated alone on its type's sub-cluster and the rates summed (its step3_simulation.py
+    `helix llama30b offline`), reported 339.6 tokens/s."""
+    return [
+        Run(
+            cluster=f"{SINGLE}/config/{gpu}.ini",
+            layout=f"{SINGLE}/layout_llama30b/ilp/{gpu}/ilp_sol.ini",
+            simulator_cluster=f"{SINGLE}/layout_llama30b/ilp/{gpu}/simulator_cluster.ini",
+            model="llama30b",
+        )
+        for gpu in ("a100", "l4", "t4")
+    ]
+
+
+def layout_run(path: str, cluster: str, model: str) -> Run:
+    """A layout argument: on its own cluster file when plan-helix wrote one beside it (a chain
+    written as its own deployment, X.ini beside X.cluster.ini), else on --cluster."""
+    own = Path(path).with_name(Path(path).stem + ".cluster.ini")
+    return Run(cluster=str(own.resolve()) if own.exists() else cluster, layout=str(Path(path).resolve()), model=model)
 
 
 def roundtrip_run(checkout: Path, scratch: Path) -> list[Run]:
@@ -193,9 +216,14 @@ def main() -> None:
         "--model", choices=sorted(MODEL_FOLDERS), default="llama70b", help="Helix's model for the layouts"
     )
     parser.add_argument(
+        "--sum",
+        metavar="NAME",
+        help="the layouts are one plan's deployments (plan-helix writes one per chain): one row NAME, rates summed",
+    )
+    parser.add_argument(
         "--rows",
         nargs="*",
-        help="these of the built-in rows (helix-milp, separate-pipelines, "
+        help="these of the built-in rows (helix-milp, separate-pipelines, helix-30b, "
         "helix-milp-roundtrip; default: all of them when no layout is given)",
     )
     parser.add_argument(
@@ -217,9 +245,13 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="helix-layouts-"))
     if "helix-milp-roundtrip" in chosen:
         chosen["helix-milp-roundtrip"] = (roundtrip_run(checkout, scratch), None)
-    for path in args.layouts:
-        run = Run(cluster=args.cluster, layout=str(Path(path).resolve()), model=args.model)
-        chosen[Path(path).name] = ([run], None)
+    layouts = [p for p in args.layouts if not p.endswith(".cluster.ini")]
+    for path in layouts:
+        chosen[Path(path).name] = ([layout_run(path, args.cluster, args.model)], None)
+    if args.sum and layouts:  # the layouts are deployments of one plan: one row, their rates summed
+        for path in layouts:
+            del chosen[Path(path).name]
+        chosen[args.sum] = ([layout_run(path, args.cluster, args.model) for path in layouts], None)
     runs = [(name, run) for name, (row_runs, _) in chosen.items() for run in row_runs]
     started = time.perf_counter()
     out = Path(args.out)
@@ -257,9 +289,7 @@ def main() -> None:
                 "row": name,
                 "decode_tokens_per_s": sum(r["decode_tokens_per_s"] for r in mine),
                 "helix_reported": reported,
-                "model_tokens_per_s": (
-                    model_estimate(row_runs[0], checkout, args.machine_profiles) if len(row_runs) == 1 else None
-                ),
+                "model_tokens_per_s": _summed(model_estimate(r, checkout, args.machine_profiles) for r in row_runs),
                 "runs": len(mine),
                 "wall_s": max(r["wall_s"] for r in mine),
             }
@@ -278,6 +308,12 @@ def main() -> None:
     provenance.write_csv(out, COLUMNS, rows)
     (out / "table.md").write_text(markdown(rows))
     print(markdown(rows))
+
+
+def _summed(values) -> float | None:
+    """The sum of the runs' estimates; None when the model scores some run not."""
+    values = list(values)
+    return None if any(v is None for v in values) else sum(values)
 
 
 def _git_head(checkout: Path) -> str | None:

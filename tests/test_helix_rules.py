@@ -128,11 +128,13 @@ CASES = {  # (cluster file, model folder, Helix's model name)
 }
 
 
-def helix_accepts(cluster: Path, layout: Path, model: str) -> tuple[bool, str]:
+def helix_accepts(cluster: Path, layout: Path, model: str, machines: Path | None = None) -> tuple[bool, str]:
+    """Helix's own checks on a layout; `machines`: its machine profiles (default: beside the cluster file)."""
+    machines = machines or cluster.with_name("machine_profiles.ini")
     python = os.environ.get("LLM_PLANNER_HELIX_PYTHON", sys.executable)
     run = subprocess.run(
         [python, str(REPO / "benchmarks" / "helix_check.py"), "--cluster", str(cluster)]
-        + ["--machine-profiles", str(cluster.with_name("machine_profiles.ini")), "--layout", str(layout)]
+        + ["--machine-profiles", str(machines), "--layout", str(layout)]
         + ["--model", model],
         capture_output=True,
         text=True,
@@ -152,8 +154,13 @@ def test_plan_helix_writes_what_helix_accepts(tmp_path, case):
     out = tmp_path / "layout.ini"
     profiles = Path(HELIX) / "simulator" / "model_manager" / folder
     assert main(["plan-helix", "--cluster", str(cluster), "--profiles", str(profiles), "-o", str(out)]) == 0
-    ok, said = helix_accepts(cluster, out, model)
-    assert ok, said
+    # one layout, or one deployment (its own cluster file and layout) per chain
+    written = [(cluster, out)] if out.exists() else []
+    written += [(p.with_name(p.stem + ".cluster.ini"), p) for p in sorted(tmp_path.glob("layout-?.ini"))]
+    assert written
+    for cluster_file, layout in written:
+        ok, said = helix_accepts(cluster_file, layout, model, cluster.with_name("machine_profiles.ini"))
+        assert ok, f"{layout.name}: {said}"
 
 
 @needs_helix

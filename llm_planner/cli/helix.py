@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 import yaml
 from rich.console import Console
@@ -86,7 +87,13 @@ def add_plan_helix_parser(sub) -> None:
         "best set of regions (measured worse under Helix's simulator on 3cluster24, docs/helix.md)",
     )
     out = p.add_mutually_exclusive_group(required=True)
-    out.add_argument("-o", "--output", help="Helix layout file to write (its [Solution] format)")
+    out.add_argument(
+        "-o",
+        "--output",
+        help="Helix layout file to write (its [Solution] format); a plan of several chains writes one Helix "
+        "deployment per chain instead: OUTPUT's stem + -<k>.ini (layout) and -<k>.cluster.ini (the chain's "
+        "machines as their own cluster file)",
+    )
     out.add_argument("--score", help="a Helix layout file to estimate instead of planning one (writes nothing)")
 
 
@@ -104,14 +111,30 @@ def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
         console.print(f"{args.score}: {_said(est)}{how}")
         return 0
     plan = plan_helix(inputs, args.prompt_len, order=args.order, regions=args.regions)
-    write_atomic(args.output, plan.layout_text(inputs))
+    written = _write_plan(plan, inputs, Path(args.output))
     console.print(_stage_table(plan.stages, plan.machines, plan.chain_of()))
     console.print(
-        f"wrote {args.output}: {len(plan.chain_sizes or (1,))} chain(s), {len(plan.stages)} stages on "
+        f"wrote {', '.join(written)}: {len(plan.chain_sizes or (1,))} chain(s), {len(plan.stages)} stages on "
         f"{sum(s.width for s in plan.stages)} machines; "
         f"{_said(plan.estimate)}; {plan.layouts} layouts in {plan.solve_s:.1f} s"
     )
     return 0
+
+
+def _write_plan(plan, inputs, output: Path) -> list[str]:
+    """The layout file, or with several chains one deployment (cluster and layout file) per chain."""
+    if len(plan.chain_sizes) <= 1:
+        write_atomic(output, plan.layout_text(inputs))
+        return [str(output)]
+    files = []
+    for k, (cluster, layout) in enumerate(plan.deployments(inputs)):
+        files += [(output.with_name(f"{output.stem}-{k}.cluster.ini"), cluster)]
+        files += [(output.with_name(f"{output.stem}-{k}.ini"), layout)]
+    for path, _ in files:
+        check_writable(path)
+    for path, text in files:
+        write_atomic(path, text)
+    return [str(path) for path, _ in files]
 
 
 def _said(est) -> str:

@@ -30,6 +30,7 @@ from pathlib import Path
 from llm_planner.core.fileio import read_text
 from llm_planner.graph.hf_config import named_config
 from llm_planner.helix.chains import best_chains, combined
+from llm_planner.helix.deployments import chain_cluster_text, renumber
 from llm_planner.helix.engine import EngineTables, Estimate, Network, Stage, estimate, load_engine_tables
 from llm_planner.helix.flow import flow_estimate
 from llm_planner.helix.inputs import (
@@ -67,15 +68,34 @@ class HelixPlan:
         sizes = self.chain_sizes or (len(self.stages),)
         return [i for i, size in enumerate(sizes) for _ in range(size)]
 
-    def layout_text(self, inputs: HelixInputs) -> str:
-        """Helix's layout file of the plan, checked against what Helix accepts (llm_planner.helix.rules)."""
-        triples, first, chain = [], 0, 0
-        for stage, nodes, c in zip(self.stages, self.machines, self.chain_of()):
-            first, chain = (0, c) if c != chain else (first, chain)
-            triples += [(node, first, first + stage.layers) for node in nodes]
-            first += stage.layers
+    def layout_text(self, inputs: HelixInputs, chain: int | None = None) -> str:
+        """Helix's layout file of the plan (of one of its chains), checked against what Helix
+        accepts (llm_planner.helix.rules); machines named as in the full cluster file."""
+        triples = self._triples(chain)
         check_helix_layout(triples, inputs.cluster, inputs.tables, inputs.num_layers)
         return helix_layout(triples, num_layers=inputs.num_layers)
+
+    def deployments(self, inputs: HelixInputs) -> list[tuple[str, str]]:
+        """(cluster file, layout file) texts of each chain as its own Helix deployment, machines
+        renumbered into the chain's cluster file (llm_planner.helix.deployments)."""
+        out = []
+        for chain in range(len(self.chain_sizes or (1,))):
+            nodes = [node for node, _, _ in self._triples(chain)]
+            self.layout_text(inputs, chain)  # checked in the full cluster's names
+            names = renumber(nodes)
+            triples = [(names[node], a, b) for node, a, b in self._triples(chain)]
+            out.append((chain_cluster_text(inputs.cluster, nodes), helix_layout(triples, num_layers=inputs.num_layers)))
+        return out
+
+    def _triples(self, chain: int | None) -> list[tuple[str, int, int]]:
+        """(Helix node, first layer, end layer) of every machine (of one chain)."""
+        triples, first, current = [], 0, 0
+        for stage, nodes, c in zip(self.stages, self.machines, self.chain_of()):
+            first, current = (0, c) if c != current else (first, current)
+            if chain is None or c == chain:
+                triples += [(node, first, first + stage.layers) for node in nodes]
+            first += stage.layers
+        return triples
 
 
 ORDERS = ("slow-ends", "fast-first")

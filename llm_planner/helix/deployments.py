@@ -1,0 +1,82 @@
+"""Chains as separate Helix deployments: one cluster file and one layout file per chain
+(docs/helix.md, "Separate chains").
+
+Chains that run side by side (llm_planner.helix.chains) are modelled as independent: each keeps
+its own queries in flight, admitted against its own machines' KV cache, and its requests never
+leave it. Written into one Helix layout they are not: Helix's scheduler routes a request from
+any machine whose range ends at layer e to any machine whose range starts at e, so chains that
+share a boundary layer merge into one graph, and one query feeder admits for all of them against
+the fullest machine of any. Helix runs its own answer for LLaMA-1 30B on its 24-machine cluster
+the way the model assumes: one deployment per machine type, each simulated on its own
+sub-cluster (`artifact_evaluation/single_cluster/config/a100.ini`, `l4.ini`, `t4.ini`) and the
+rates summed. `chain_cluster_text` writes such a sub-cluster file for a chain's machines (their
+links to each other and to the coordinator as the full file gives them, the machines numbered
+0..n-1 in the full file's order), and `renumber` maps the chain's Helix node names into it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llm_planner.helix.inputs import NODE_INDEX_OFFSET, HelixCluster, HelixLink, helix_node_name
+
+ENDS = ("source", "sink")
+
+
+def chain_indices(nodes: list[str]) -> list[int]:
+    """The full cluster file's ComputeNode indices of Helix node names, ascending."""
+    return sorted(int(n.rsplit("_", 1)[1]) - NODE_INDEX_OFFSET for n in nodes)
+
+
+def renumber(nodes: list[str]) -> dict[str, str]:
+    """Helix node name in the full cluster -> its name in the chain's own cluster file."""
+    indices = chain_indices(nodes)
+    return {helix_node_name(old): helix_node_name(new) for new, old in enumerate(indices)}
+
+
+def chain_cluster_text(cluster: HelixCluster, nodes: list[str]) -> str:
+    """Helix's cluster file for the machines `nodes` alone (module docstring)."""
+    indices = chain_indices(nodes)
+    new = {str(old): str(i) for i, old in enumerate(indices)} | {end: end for end in ENDS}
+    kept = [link for link in cluster.links if link.a in new and link.b in new]
+    lines = [
+        f"# {len(indices)} machines of {Path(cluster.source).name} (its ComputeNode {', '.join(map(str, indices))}), "
+        "written by llm-planner plan-helix as one deployment",
+        "",
+        "[NodeNames]",
+        f"total_compute_nodes={len(indices)}",
+        "",
+    ]
+    for end, section in (("source", "SourceNode"), ("sink", "SinkNode")):
+        lines += [f"[{section}]", f"connected_nodes={_neighbours(kept, new, end, numbers=True)}", ""]
+    for i, old in enumerate(indices):
+        lines += [
+            f"[ComputeNode-{i}]",
+            f"type={cluster.node_types[old]}",
+            f"connected_nodes={_neighbours(kept, new, str(old), numbers=False)}",
+            "",
+        ]
+    for link in sorted(kept, key=lambda k: (_order(new[k.a]), _order(new[k.b]))):
+        lines += [
+            f"[Link-{new[link.a]}-{new[link.b]}]",
+            f"bandwidth={_number(link.bw_bytes_per_s / 1e6)} * mbps",
+            f"latency={_number(link.latency_s * 1e3)} * MilliSec",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _neighbours(links: list[HelixLink], new: dict[str, str], node: str, numbers: bool) -> str:
+    """`connected_nodes` of `node`: the other ends of its links, as Helix writes them."""
+    ends = {new[link.b] for link in links if link.a == node} | {new[link.a] for link in links if link.b == node}
+    ordered = sorted(ends, key=_order)
+    return "[" + ", ".join(e if numbers or e.isdigit() else repr(e) for e in ordered) + "]"
+
+
+def _order(end: str) -> tuple[int, int]:
+    """source first, then machines by number, then sink."""
+    return (0, 0) if end == "source" else (2, 0) if end == "sink" else (1, int(end))
+
+
+def _number(x: float) -> str:
+    return f"{x:.12g}"
