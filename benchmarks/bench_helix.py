@@ -88,8 +88,20 @@ def helix_rows() -> dict[str, tuple[list[Run], float]]:
         ),
         "separate-pipelines": (separate, 124.3),
         "helix-30b": (helix_30b(), 339.6),
+        "helix-cluster42": ([_helix_milp("high_heterogeneity", "cluster42")], 645.6),
+        "helix-3cluster24": ([_helix_milp("distributed_clusters", "3cluster24")], 98.0),
         "helix-milp-roundtrip": ([], None),
     }  # filled by roundtrip_run
+
+
+def _helix_milp(case: str, cluster: str) -> Run:
+    """Helix's MILP layout of LLaMA-2 70B on one of its published clusters, with its own simulator
+    cluster file (artifact_evaluation/<case>/step3_simulation.py `helix ... offline`)."""
+    return Run(
+        cluster=f"artifact_evaluation/{case}/config/{cluster}.ini",
+        layout=f"artifact_evaluation/{case}/layout_llama70b/ilp/ilp_sol.ini",
+        simulator_cluster=f"artifact_evaluation/{case}/layout_llama70b/ilp/simulator_cluster.ini",
+    )
 
 
 def helix_30b() -> list[Run]:
@@ -132,9 +144,16 @@ def roundtrip_run(checkout: Path, scratch: Path) -> list[Run]:
     return [Run(cluster=row.cluster, layout=str(layout))]
 
 
+def profiles_for(run: Run, checkout: Path, default: str) -> str:
+    """The machine profiles beside the run's cluster file (Helix keeps one per case), else `default`."""
+    cluster = Path(run.cluster) if Path(run.cluster).is_absolute() else checkout / run.cluster
+    beside = cluster.with_name("machine_profiles.ini")
+    return str(beside) if beside.exists() else default
+
+
 def model_estimate(run: Run, checkout: Path, profiles: str) -> float | None:
-    """What `llm-planner plan-helix --score` estimates for the layout (llm_planner.helix.plan);
-    None when its machines do not form stages (e.g. Helix's MILP layout)."""
+    """What `llm-planner plan-helix --score` estimates for the layout on the run's cluster file
+    (llm_planner.helix.plan.score_layout: routed as Helix routes); None when Helix would refuse it."""
     from llm_planner.helix.inputs import HelixError
     from llm_planner.helix.plan import load_inputs, score_layout
 
@@ -223,8 +242,8 @@ def main() -> None:
     parser.add_argument(
         "--rows",
         nargs="*",
-        help="these of the built-in rows (helix-milp, separate-pipelines, helix-30b, "
-        "helix-milp-roundtrip; default: all of them when no layout is given)",
+        help="these of the built-in rows (helix-milp, separate-pipelines, helix-30b, helix-cluster42, "
+        "helix-3cluster24, helix-milp-roundtrip; default: all of them when no layout is given)",
     )
     parser.add_argument(
         "--duration", type=float, default=600.0, help="simulated seconds counted (Helix: 600; less for a smoke test)"
@@ -263,7 +282,8 @@ def main() -> None:
         """One simulation; a failure is recorded (and printed) without stopping the others."""
         layout = item[1].layout if not Path(item[1].layout).is_absolute() else Path(item[1].layout).name
         try:
-            result = simulate(item[1], checkout, python, args.machine_profiles, args.warm_up, args.duration)
+            profiles = profiles_for(item[1], checkout, args.machine_profiles)
+            result = simulate(item[1], checkout, python, profiles, args.warm_up, args.duration)
         except RuntimeError as exc:
             message = str(exc).replace(str(checkout), "$HELIX")  # no machine paths
             print(f"{item[0]}: {message}", file=sys.stderr, flush=True)
@@ -289,7 +309,9 @@ def main() -> None:
                 "row": name,
                 "decode_tokens_per_s": sum(r["decode_tokens_per_s"] for r in mine),
                 "helix_reported": reported,
-                "model_tokens_per_s": _summed(model_estimate(r, checkout, args.machine_profiles) for r in row_runs),
+                "model_tokens_per_s": _summed(
+                    model_estimate(r, checkout, profiles_for(r, checkout, args.machine_profiles)) for r in row_runs
+                ),
                 "runs": len(mine),
                 "wall_s": max(r["wall_s"] for r in mine),
             }

@@ -8,13 +8,16 @@ and the model manager builds each used machine's inference settings for the laye
 (`get_inference_settings`, which refuses more than the type's `max_num_layers`).
 
 Prints `HELIX_CHECK ok <machines>` and exits 0 when Helix accepts the layout, `HELIX_CHECK
-refused <why>` and exits 1 when one of its checks fails.
+refused <why>` and exits 1 when one of its checks fails. Before that, `HELIX_TYPICAL {json}`: the
+capacity Helix's max flow gives each machine type for each number of layers it may hold, on this
+cluster ({type: {layers: tokens/s}}, its `get_typical_token_throughput`).
 """
 
 from __future__ import annotations
 
 import argparse
 import configparser
+import json
 import sys
 
 MODELS = {"llama70b": "LLaMa70B", "llama30b": "LLaMa30B"}
@@ -35,6 +38,11 @@ def main() -> int:
     num = int(parser["NodeNames"]["total_compute_nodes"])
     types = [parser[f"ComputeNode-{i}"]["type"] for i in range(num)]
     manager = ModelManager(getattr(ModelName, MODELS[args.model]), {t: types.count(t) for t in sorted(set(types))})
+    typical = {
+        t: {n: manager.get_typical_token_throughput(t, n) for n in range(1, manager.get_max_num_layers(t) + 1)}
+        for t in sorted(set(types))
+    }
+    print("HELIX_TYPICAL " + json.dumps(typical))
     layout = LoadExistingLayout(manager)
     try:
         layout.from_ini(args.cluster, args.machine_profiles)

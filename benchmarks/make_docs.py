@@ -132,9 +132,9 @@ Helix's own MILP layout (Helix reports 252.1 for it); `plan-helix-llama2-70b.ini
 for Helix's engine"), `-fast-first` the same stages with `--order fast-first`;
 `serving-llama2-70b-1s.ini` is the layout of our serving plan at a 1 s TPOT target ("Serving"
 above; `llm-planner export --to helix`), one pipeline of all 24 machines. The model column is
-`plan-helix --score` as it was then (for layouts whose machines form stages; `--score` now also
-routes any other layout by a max flow, giving 199.1 for `helix-milp`, and the `--score` of the
-other rows is unchanged; docs/helix.md). The target, at least Helix's
+`plan-helix --score` as it was then (the chain model, for layouts whose machines form stages);
+`--score` now routes every layout as Helix's own max flow routes it, and docs/helix.md ("Measured
+on this version") gives those estimates beside each simulated figure. The target, at least Helix's
 252.1 under its simulator, is met by `plan-helix`'s layout: 292.2. Helix reports 124.3 for one
 pipeline per GPU type.""",
     ),

@@ -48,6 +48,26 @@ connected_nodes=['source', 0, 1, 'sink']
 bandwidth=2000 * mbps
 latency=1 * MilliSec
 
+[Link-source-1]
+bandwidth=2000 * mbps
+latency=1 * MilliSec
+
+[Link-source-2]
+bandwidth=2000 * mbps
+latency=1 * MilliSec
+
+[Link-0-sink]
+bandwidth=2000 * mbps
+latency=1 * MilliSec
+
+[Link-1-sink]
+bandwidth=2000 * mbps
+latency=1 * MilliSec
+
+[Link-2-sink]
+bandwidth=2000 * mbps
+latency=1 * MilliSec
+
 [Link-0-1]
 bandwidth=2000 * mbps
 latency=1 * MilliSec

@@ -7,11 +7,12 @@ import pytest
 from test_helix_plan import tables, write_tables
 
 from llm_planner.cli.main import main
+from llm_planner.cost.serving_profile import LayerTable
 from llm_planner.helix.engine import BLOCK_TOKENS, FEED_HWM, Stage, stage_round_s
 from llm_planner.helix.flow import flow_estimate, layout_flow, machine_rate
 from llm_planner.helix.inputs import load_helix_cluster
 from llm_planner.helix.regions import region_networks
-from llm_planner.helix.rules import machine_types
+from llm_planner.helix.typical import TypicalGuesses, load_typical_guesses, typical_rates
 
 T4_A, A100, T4_B = "compute_node_2", "compute_node_3", "compute_node_4"  # test_helix's cluster
 # both T4s hold layers 0-3 and feed the A100, which holds 4-7
@@ -26,10 +27,11 @@ def test_flow_split_by_hand(tmp_path):
     # the A100 with 4 layers: 10 at 3 ms -> 833.3; the links carry far more, so the T4s bound the flow
     assert machine_rate(t["t4"], 4) == pytest.approx(8 / 0.024)
     assert machine_rate(t["a100"], 4) == pytest.approx(10 / 0.012)
-    value, flows = layout_flow(RANGES, machine_types(cluster), t, 8, regions)
+    value, flows = layout_flow(RANGES, cluster, t, 8, 1536)
     assert value == pytest.approx(2 * 8 / 0.024)
-    assert flows[f"{T4_A}/in"][f"{T4_A}/out"] == pytest.approx(8 / 0.024)
-    assert flows[f"{A100}/in"][f"{A100}/out"] == pytest.approx(value)
+    assert flows[T4_A]["/through"] == flows[T4_B]["/through"] == pytest.approx(8 / 0.024)
+    assert flows[A100]["/through"] == pytest.approx(value)
+    assert flows["source"] == {T4_A: pytest.approx(value / 2), T4_B: pytest.approx(value / 2)}
     # each T4 gets half the queries, the A100 all: the T4s' KV room (160 blocks of 16 tokens, 80% of
     # it, a query expected to hold 100 + 240 tokens) over their share sets the queries in flight
     queries = FEED_HWM * BLOCK_TOKENS * 160 / (100 + 240) / 0.5
@@ -61,3 +63,36 @@ def test_score_routes_a_layout_that_is_not_chains(tmp_path, capsys):
         region_networks(load_helix_cluster(cluster), 1536),
     )
     assert est.tokens_per_s > 0
+
+
+def test_typical_rate_by_hand(tmp_path):
+    """Helix's routing capacity of one machine (llm_planner.helix.typical), on a cluster of one type,
+    where the round-trip share is layers / L whatever the rates guessed."""
+    t = tables(tmp_path)
+    prompt = LayerTable(sizes=(0, 1000), seconds=(0.0, 0.1))  # 0.1 ms a prompt token
+    guesses = TypicalGuesses(layers={"A100": 4}, cap_layers={"A100": 8}, perf={"A100": 50.0})
+    rates = typical_rates(guesses, {"A100": 1}, t, {"a100": prompt}, 8)
+    # 4 of 8 layers: ratio 0.5; KV entries planned int(0.3 x 16 x 800) = 3840; prompts per batch
+    # 3840 / 990 x 0.5 / 240 = 0.00808 (< 1: scaled by 123.75), P = round(6.06) = 6, D = round(1.94) = 2
+    requests = 3840 / 990 * 0.5 / 240
+    scale = 1 / requests
+    layer_s = 742 * 1e-4 + 0.001 * scale  # prompt(int(6 x 123.75) = 742 tokens) + decode(2) x scale
+    assert rates.rate("a100", 4) == pytest.approx(scale * 8 / (4 * layer_s))
+
+
+def test_typical_guesses_read_from_the_statistics_class(tmp_path):
+    card = tmp_path / "m.py"
+    card.write_text(
+        "class S:\n    def __init__(self, n):\n"
+        '        typical_layers_dict = {"A100": 8, "T4": 3}\n'
+        "        if n < 2:\n"
+        '            typical_layers_dict = {"A100": 12, "T4": 4}\n'
+        "        typical_layers_dict = {m: typical_layers_dict[m] for m in n}\n"
+        '        normalized_perf_dict = {"A100": 80, "T4": 12.5}\n'
+    )
+    guesses = load_typical_guesses(card)
+    assert guesses == TypicalGuesses(
+        layers={"A100": 8, "T4": 3}, cap_layers={"A100": 12, "T4": 4}, perf={"A100": 80.0, "T4": 12.5}
+    )
+    card.write_text("class S:\n    pass\n")
+    assert load_typical_guesses(card) is None

@@ -4,14 +4,18 @@ with fast links everywhere get a different layout."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from test_helix import PROFILES_INI
 from test_helix_plan import NET, tables, write_tables
 
+from llm_planner.cost.serving_profile import LayerTable
 from llm_planner.helix.engine import Stage, queries_in_flight, stage_round_s
 from llm_planner.helix.inputs import helix_node_name, load_helix_cluster
-from llm_planner.helix.plan import HelixInputs, plan_helix
-from llm_planner.helix.regions import find_regions, region_networks, route_estimate
+from llm_planner.helix.plan import HelixInputs, HelixPlan, _distinct_orders, _geo_order, plan_helix, routed_estimate
+from llm_planner.helix.regions import assign_near, find_regions, region_networks, route_estimate
+from llm_planner.helix.typical import TypicalGuesses
 
 TYPES = ("T4", "A100", "T4")  # ComputeNode-0, -1, -2
 FAST = "2000 * mbps, 1 * MilliSec"
@@ -82,3 +86,27 @@ def test_regions_change_the_chosen_layout(tmp_path):
     flat_plan = plan_helix(flat, prompt_len=100.0, regions="route")
     flat_used = {m for nodes in flat_plan.machines for m in nodes}
     assert not any(flat_used <= region for region in regions), flat_used
+
+
+def test_geo_plan_takes_the_best_routed_order(tmp_path):
+    """On a geo cluster a chain's stages are tried in every distinct order (machines near the previous
+    stage's region), each routed as Helix routes it, and the best is kept."""
+    prompts = {k: LayerTable(sizes=(0, 1000), seconds=(0.0, 0.1)) for k in ("t4", "a100")}
+    guesses = TypicalGuesses(
+        layers={"A100": 4, "T4": 2}, cap_layers={"A100": 8, "T4": 4}, perf={"A100": 50.0, "T4": 10.0}
+    )
+    geo = dataclasses.replace(_inputs(tmp_path, "10 * mbps, 50 * MilliSec"), guesses=guesses, prompts=prompts)
+    regions = region_networks(geo.cluster, NET.activation_bytes)
+    stages = (Stage("t4", 1, 3), Stage("a100", 1, 3), Stage("t4", 1, 2))  # the A100 between the T4s: two crossings
+    plan = HelixPlan(
+        stages=stages, machines=assign_near(stages, geo.cluster, regions), estimate=None, layouts=1, solve_s=0.0
+    )
+    best = _geo_order(plan, geo, regions, 100.0)
+    rates = []
+    for order in _distinct_orders(stages, 1000):
+        other = dataclasses.replace(plan, stages=order, machines=assign_near(order, geo.cluster, regions))
+        rates.append(routed_estimate(other, geo, 100.0).tokens_per_s)
+    assert len(rates) == 6
+    assert routed_estimate(best, geo, 100.0).tokens_per_s == pytest.approx(max(rates))
+    assert max(rates) > routed_estimate(plan, geo, 100.0).tokens_per_s  # the order matters here
+    assert best.stages[1].kind != "a100"  # the T4s one after the other: the chain crosses once

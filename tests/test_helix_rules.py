@@ -4,6 +4,7 @@ checks (benchmarks/helix_check.py) run on files plan-helix writes."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ from llm_planner.helix.engine import load_engine_tables
 from llm_planner.helix.inputs import HelixError, load_helix_cluster
 from llm_planner.helix.layout_file import LayoutError, helix_layout, read_helix_layout
 from llm_planner.helix.model_card import load_model_card
+from llm_planner.helix.plan import load_inputs
 from llm_planner.helix.rules import check_helix_layout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,8 +130,9 @@ CASES = {  # (cluster file, model folder, Helix's model name)
 }
 
 
-def helix_accepts(cluster: Path, layout: Path, model: str, machines: Path | None = None) -> tuple[bool, str]:
-    """Helix's own checks on a layout; `machines`: its machine profiles (default: beside the cluster file)."""
+def helix_said(cluster: Path, layout: Path, model: str, machines: Path | None = None) -> tuple[bool, str, dict]:
+    """Helix's own checks on a layout (accepted, its HELIX_CHECK line) and its routing capacities on
+    the cluster ({type: {layers: tokens/s}}); `machines`: its machine profiles (default: beside the cluster)."""
     machines = machines or cluster.with_name("machine_profiles.ini")
     python = os.environ.get("LLM_PLANNER_HELIX_PYTHON", sys.executable)
     run = subprocess.run(
@@ -143,7 +146,12 @@ def helix_accepts(cluster: Path, layout: Path, model: str, machines: Path | None
     )
     said = [line for line in run.stdout.splitlines() if line.startswith("HELIX_CHECK")]
     assert said, f"helix_check.py said nothing: {run.stderr[-2000:]}"
-    return run.returncode == 0, said[-1]
+    typical = [line for line in run.stdout.splitlines() if line.startswith("HELIX_TYPICAL ")]
+    return run.returncode == 0, said[-1], json.loads(typical[-1].removeprefix("HELIX_TYPICAL ")) if typical else {}
+
+
+def helix_accepts(cluster: Path, layout: Path, model: str, machines: Path | None = None) -> tuple[bool, str]:
+    return helix_said(cluster, layout, model, machines)[:2]
 
 
 @needs_helix
@@ -159,8 +167,14 @@ def test_plan_helix_writes_what_helix_accepts(tmp_path, case):
     written += [(p.with_name(p.stem + ".cluster.ini"), p) for p in sorted(tmp_path.glob("layout-?.ini"))]
     assert written
     for cluster_file, layout in written:
-        ok, said = helix_accepts(cluster_file, layout, model, cluster.with_name("machine_profiles.ini"))
+        ok, said, typical = helix_said(cluster_file, layout, model, cluster.with_name("machine_profiles.ini"))
         assert ok, f"{layout.name}: {said}"
+        # the capacities our routed estimate gives Helix's max flow are Helix's own, on this deployment
+        inputs = load_inputs(cluster_file, cluster.with_name("machine_profiles.ini"), profiles, None)
+        ours = inputs.rates_for(inputs.cluster)
+        for kind, by_layers in typical.items():
+            for layers, rate in by_layers.items():
+                assert ours.rate(kind.lower(), int(layers)) == pytest.approx(rate, rel=1e-12), (kind, layers)
 
 
 @needs_helix

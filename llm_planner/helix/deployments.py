@@ -34,31 +34,44 @@ def renumber(nodes: list[str]) -> dict[str, str]:
     return {helix_node_name(old): helix_node_name(new) for new, old in enumerate(indices)}
 
 
-def chain_cluster_text(cluster: HelixCluster, nodes: list[str]) -> str:
-    """Helix's cluster file for the machines `nodes` alone (module docstring)."""
+def chain_cluster(cluster: HelixCluster, nodes: list[str]) -> HelixCluster:
+    """The machines `nodes` alone as a cluster (module docstring): numbered 0..n-1 in the full
+    file's order, with their links to each other and to the coordinator."""
     indices = chain_indices(nodes)
     new = {str(old): str(i) for i, old in enumerate(indices)} | {end: end for end in ENDS}
-    kept = [link for link in cluster.links if link.a in new and link.b in new]
+    links = tuple(
+        sorted(
+            (
+                HelixLink(a=new[k.a], b=new[k.b], bw_bytes_per_s=k.bw_bytes_per_s, latency_s=k.latency_s)
+                for k in cluster.links
+                if k.a in new and k.b in new
+            ),
+            key=lambda k: (_order(k.a), _order(k.b)),
+        )
+    )  # in the order the cluster file lists them
+    types = tuple(cluster.node_types[i] for i in indices)
+    source = f"{Path(cluster.source).name} (its ComputeNode {', '.join(map(str, indices))})"
+    machine_types = tuple(m for m in cluster.machine_types if m.name in types)
+    return HelixCluster(source=source, machine_types=machine_types, node_types=types, links=links)
+
+
+def chain_cluster_text(cluster: HelixCluster, nodes: list[str]) -> str:
+    """Helix's cluster file for the machines `nodes` alone (module docstring)."""
+    sub = chain_cluster(cluster, nodes)
     lines = [
-        f"# {len(indices)} machines of {Path(cluster.source).name} (its ComputeNode {', '.join(map(str, indices))}), "
-        "written by llm-planner plan-helix as one deployment",
+        f"# {len(sub.node_types)} machines of {sub.source}, written by llm-planner plan-helix as one deployment",
         "",
         "[NodeNames]",
-        f"total_compute_nodes={len(indices)}",
+        f"total_compute_nodes={len(sub.node_types)}",
         "",
     ]
     for end, section in (("source", "SourceNode"), ("sink", "SinkNode")):
-        lines += [f"[{section}]", f"connected_nodes={_neighbours(kept, new, end, numbers=True)}", ""]
-    for i, old in enumerate(indices):
+        lines += [f"[{section}]", f"connected_nodes={_neighbours(sub.links, end, numbers=True)}", ""]
+    for i, name in enumerate(sub.node_types):
+        lines += [f"[ComputeNode-{i}]", f"type={name}", f"connected_nodes={_neighbours(sub.links, str(i), False)}", ""]
+    for link in sub.links:
         lines += [
-            f"[ComputeNode-{i}]",
-            f"type={cluster.node_types[old]}",
-            f"connected_nodes={_neighbours(kept, new, str(old), numbers=False)}",
-            "",
-        ]
-    for link in sorted(kept, key=lambda k: (_order(new[k.a]), _order(new[k.b]))):
-        lines += [
-            f"[Link-{new[link.a]}-{new[link.b]}]",
+            f"[Link-{link.a}-{link.b}]",
             f"bandwidth={_number(link.bw_bytes_per_s / 1e6)} * mbps",
             f"latency={_number(link.latency_s * 1e3)} * MilliSec",
             "",
@@ -66,11 +79,10 @@ def chain_cluster_text(cluster: HelixCluster, nodes: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _neighbours(links: list[HelixLink], new: dict[str, str], node: str, numbers: bool) -> str:
+def _neighbours(links: tuple[HelixLink, ...], node: str, numbers: bool) -> str:
     """`connected_nodes` of `node`: the other ends of its links, as Helix writes them."""
-    ends = {new[link.b] for link in links if link.a == node} | {new[link.a] for link in links if link.b == node}
-    ordered = sorted(ends, key=_order)
-    return "[" + ", ".join(e if numbers or e.isdigit() else repr(e) for e in ordered) + "]"
+    ends = {link.b for link in links if link.a == node} | {link.a for link in links if link.b == node}
+    return "[" + ", ".join(e if numbers or e.isdigit() else repr(e) for e in sorted(ends, key=_order)) + "]"
 
 
 def _order(end: str) -> tuple[int, int]:

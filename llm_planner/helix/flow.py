@@ -27,11 +27,13 @@ from __future__ import annotations
 import networkx as nx
 
 from llm_planner.helix.engine import TOKEN_BYTES, EngineTables, Estimate, Stage, room_queries, stage_round_s
-from llm_planner.helix.inputs import NODE_INDEX_OFFSET, HelixCluster, HelixError
+from llm_planner.helix.inputs import NODE_INDEX_OFFSET, HelixCluster, HelixError, helix_node_name
 from llm_planner.helix.regions import Regions
 from llm_planner.helix.rules import machine_types
+from llm_planner.helix.typical import TypicalRates
 
 SOURCE, SINK = "source", "sink"
+SOURCE_UID, SINK_UID = 0, 1  # Helix's simulator numbers the coordinator's source and sink 0 and 1
 
 
 def machine_rate(table: EngineTables, layers: int) -> float:
@@ -41,23 +43,67 @@ def machine_rate(table: EngineTables, layers: int) -> float:
 
 
 def layout_flow(
-    ranges: dict[str, tuple[int, int]], kinds: dict[str, str], tables: dict[str, EngineTables], num_layers: int, regions
+    ranges: dict[str, tuple[int, int]],
+    cluster: HelixCluster,
+    tables: dict[str, EngineTables],
+    num_layers: int,
+    activation_bytes: float,
+    rates: TypicalRates | None = None,
 ) -> tuple[float, dict[str, dict[str, float]]]:
-    """(max flow value, flow by edge) over the layout's graph (module docstring)."""
+    """(max flow value, flow between machines: SOURCE -> node -> ... -> SINK) over the graph Helix
+    builds from the layout (module docstring), in the order Helix builds it."""
+    kinds, index = machine_types(cluster), {n: int(n.rsplit("_", 1)[1]) for n in ranges}
+    edges = _hops(ranges, cluster, num_layers)
+    sizes = {"in": {}, "out": {}}
+    for a, b in edges:
+        sizes["out"][a] = sizes["out"].get(a, TOKEN_BYTES) if b == SINK else TOKEN_BYTES + activation_bytes
+        sizes["in"][b] = sizes["in"].get(b, TOKEN_BYTES) if a == SOURCE else TOKEN_BYTES + activation_bytes
     graph = nx.DiGraph()
-    for node, (first, end) in ranges.items():
-        graph.add_edge(f"{node}/in", f"{node}/out", capacity=machine_rate(tables[kinds[node]], end - first))
-        if first == 0:
-            graph.add_edge(SOURCE, f"{node}/in", capacity=regions.coordinator.bw_bytes_per_s / TOKEN_BYTES)
-        if end == num_layers:
-            graph.add_edge(f"{node}/out", SINK, capacity=regions.coordinator.bw_bytes_per_s / TOKEN_BYTES)
-        for other, (start, _) in ranges.items():
-            if start == end and other != node:
-                net = hop_network(node, other, regions)
-                graph.add_edge(
-                    f"{node}/out", f"{other}/in", capacity=net.bw_bytes_per_s / (net.activation_bytes + TOKEN_BYTES)
-                )
-    return nx.maximum_flow(graph, SOURCE, SINK)
+    graph.add_edge("source", f"{SOURCE_UID}_out", capacity=sum(bw for (a, _), bw in edges.items() if a == SOURCE))
+    graph.add_edge(f"{SINK_UID}_in", "sink", capacity=sum(bw for (_, b), bw in edges.items() if b == SINK))
+    for node in sorted(ranges, key=index.get):
+        kind, layers = kinds[node], ranges[node][1] - ranges[node][0]
+        machine = cluster.machine_type(cluster.node_types[index[node] - NODE_INDEX_OFFSET])
+        rate = rates.rate(kind, layers) if rates is not None else machine_rate(tables[kind], layers)
+        uid = index[node]
+        graph.add_edge(f"{uid}_in", f"{uid}_start", capacity=machine.inbound_nic_bytes_per_s / sizes["in"].get(node, 1))
+        graph.add_edge(f"{uid}_start", f"{uid}_end", capacity=rate)
+        graph.add_edge(
+            f"{uid}_end", f"{uid}_out", capacity=machine.outbound_nic_bytes_per_s / sizes["out"].get(node, 1)
+        )
+    uid = {SOURCE: SOURCE_UID, SINK: SINK_UID} | index
+    for (a, b), bw in edges.items():
+        size = TOKEN_BYTES if SOURCE in (a, b) or SINK in (a, b) else TOKEN_BYTES + activation_bytes
+        graph.add_edge(f"{uid[a]}_out", f"{uid[b]}_in", capacity=bw / size)
+    value, flows = nx.maximum_flow(graph, "source", "sink")
+    machine_flows: dict[str, dict[str, float]] = {}
+    for a, b in edges:
+        machine_flows.setdefault(a, {})[b] = flows[f"{uid[a]}_out"][f"{uid[b]}_in"]
+    for node in ranges:
+        machine_flows.setdefault(node, {})["/through"] = flows[f"{index[node]}_start"][f"{index[node]}_end"]
+    return value, machine_flows
+
+
+def _hops(ranges: dict[str, tuple[int, int]], cluster: HelixCluster, num_layers: int) -> dict[tuple[str, str], float]:
+    """The hops a request may take, with the link's bandwidth, in the cluster file's order of links
+    (each pair forward, then backward): the coordinator to machines starting at layer 0, a to b when
+    a's range ends where b's starts, machines ending at the last layer to the coordinator."""
+    name = {str(i): helix_node_name(i) for i in range(len(cluster.node_types))} | {"source": SOURCE, "sink": SINK}
+
+    def valid(a: str, b: str) -> bool:
+        if a == SOURCE:
+            return b in ranges and ranges[b][0] == 0
+        if b == SINK:
+            return a in ranges and ranges[a][1] == num_layers
+        return a in ranges and b in ranges and ranges[a][1] == ranges[b][0]
+
+    edges = {}
+    for link in cluster.links:
+        x, y = name[link.a], name[link.b]
+        for a, b in ((x, y), (y, x)):
+            if a != SINK and b != SOURCE and valid(a, b):
+                edges[(a, b)] = link.bw_bytes_per_s
+    return edges
 
 
 def hop_network(a: str, b: str, regions: Regions):
@@ -67,8 +113,8 @@ def hop_network(a: str, b: str, regions: Regions):
 
 
 def flow_paths(flows: dict[str, dict[str, float]], value: float) -> list[tuple[list[str], float]]:
-    """The flow as paths of machines with their share of it (greedy decomposition)."""
-    left = {u: dict(vs) for u, vs in flows.items()}
+    """The flow between machines as paths of machines with their share of it (greedy decomposition)."""
+    left = {u: {v: f for v, f in vs.items() if v != "/through"} for u, vs in flows.items()}
     paths, tiny = [], value * 1e-9
     while True:
         path, node = [], SOURCE
@@ -81,7 +127,7 @@ def flow_paths(flows: dict[str, dict[str, float]], value: float) -> list[tuple[l
         amount = min(left[u][v] for u, v in path)
         for u, v in path:
             left[u][v] -= amount
-        paths.append(([v.rsplit("/", 1)[0] for u, v in path if v.endswith("/in")], amount / value))
+        paths.append(([v for _, v in path[:-1]], amount / value))
 
 
 def flow_estimate(
@@ -91,14 +137,15 @@ def flow_estimate(
     num_layers: int,
     prompt_len: float,
     regions: Regions,
+    rates: TypicalRates | None = None,
 ) -> Estimate:
     """Decode tokens/s of any layout Helix accepts (module docstring)."""
     kinds = machine_types(cluster)
-    value, flows = layout_flow(ranges, kinds, tables, num_layers, regions)
+    value, flows = layout_flow(ranges, cluster, tables, num_layers, regions.coordinator.activation_bytes, rates)
     if value <= 0:
         raise HelixError(f"{cluster.source}: the layout's graph carries no flow from layer 0 to the last")
     paths = flow_paths(flows, value)
-    share = {n: flows[f"{n}/in"][f"{n}/out"] / value for n in ranges}
+    share = {n: flows[n]["/through"] / value for n in ranges}
     used = [n for n in ranges if share[n] > 1e-9]
     queries = min(
         room_queries(tables[kinds[n]].kv_blocks[ranges[n][1] - ranges[n][0]], prompt_len) / share[n] for n in used

@@ -23,14 +23,16 @@ splitting into chains that each run from layer 0 to the last).
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from llm_planner.core.fileio import read_text
+from llm_planner.cost.serving_profile import LayerTable
 from llm_planner.graph.hf_config import named_config
-from llm_planner.helix.chains import best_chains, combined
-from llm_planner.helix.deployments import chain_cluster_text, renumber
+from llm_planner.helix.chains import Chains, candidate_chains, combined
+from llm_planner.helix.deployments import chain_cluster, chain_cluster_text, renumber
 from llm_planner.helix.engine import EngineTables, Estimate, Network, Stage, estimate, load_engine_tables
 from llm_planner.helix.flow import flow_estimate
 from llm_planner.helix.inputs import (
@@ -45,6 +47,7 @@ from llm_planner.helix.layout_file import LayoutError, helix_layout, read_helix_
 from llm_planner.helix.model_card import load_model_card, model_card_path
 from llm_planner.helix.regions import (
     MAX_REGIONS,
+    assign_near,
     assign_region_machines,
     plan_regions,
     region_networks,
@@ -52,6 +55,13 @@ from llm_planner.helix.regions import (
 )
 from llm_planner.helix.rules import check_helix_layout, machine_types
 from llm_planner.helix.search import Kind
+from llm_planner.helix.typical import (
+    TypicalGuesses,
+    TypicalRates,
+    load_prompt_table,
+    load_typical_guesses,
+    typical_rates,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,7 +81,7 @@ class HelixPlan:
     def layout_text(self, inputs: HelixInputs, chain: int | None = None) -> str:
         """Helix's layout file of the plan (of one of its chains), checked against what Helix
         accepts (llm_planner.helix.rules); machines named as in the full cluster file."""
-        triples = self._triples(chain)
+        triples = self.chain_triples(chain)
         check_helix_layout(triples, inputs.cluster, inputs.tables, inputs.num_layers)
         return helix_layout(triples, num_layers=inputs.num_layers)
 
@@ -80,14 +90,14 @@ class HelixPlan:
         renumbered into the chain's cluster file (llm_planner.helix.deployments)."""
         out = []
         for chain in range(len(self.chain_sizes or (1,))):
-            nodes = [node for node, _, _ in self._triples(chain)]
+            nodes = [node for node, _, _ in self.chain_triples(chain)]
             self.layout_text(inputs, chain)  # checked in the full cluster's names
             names = renumber(nodes)
-            triples = [(names[node], a, b) for node, a, b in self._triples(chain)]
+            triples = [(names[node], a, b) for node, a, b in self.chain_triples(chain)]
             out.append((chain_cluster_text(inputs.cluster, nodes), helix_layout(triples, num_layers=inputs.num_layers)))
         return out
 
-    def _triples(self, chain: int | None) -> list[tuple[str, int, int]]:
+    def chain_triples(self, chain: int | None) -> list[tuple[str, int, int]]:
         """(Helix node, first layer, end layer) of every machine (of one chain)."""
         triples, first, current = [], 0, 0
         for stage, nodes, c in zip(self.stages, self.machines, self.chain_of()):
@@ -107,6 +117,9 @@ REGION_MODES = ("ignore", "route")
 # list, summed over the types. Helix's 24-machine cluster has a few hundred (0.1 s), four copies of
 # it (96 machines) a few times that (2 s); the limit, about 10 s, is refused before the search.
 MAX_STAGE_SHAPES = 1536
+# On a geo cluster the planner scores the distinct orders of a chain's stages (9 stages of 3 shapes on
+# 3cluster24: 630 orders, about 6 s); past this many it keeps the default order.
+MAX_GEO_ORDERS = 1000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,6 +130,22 @@ class HelixInputs:
     tables: dict[str, EngineTables]
     num_layers: int
     network: Network
+    guesses: TypicalGuesses | None = None  # Helix's routing statistics (llm_planner.helix.typical); None: not stated
+    prompts: dict[str, LayerTable] | None = None  # per type, the prompt profile they need
+
+    def rates_for(self, cluster: HelixCluster) -> TypicalRates | None:
+        """The capacities Helix's max flow routes by on `cluster` (these inputs' or a deployment's)."""
+        if self.guesses is None or self.prompts is None:
+            return None
+        counts = {name: cluster.node_types.count(name) for name in sorted(set(cluster.node_types))}
+        try:
+            return typical_rates(self.guesses, counts, self.tables, self.prompts, self.num_layers)
+        except HelixError:
+            return None
+
+    @property
+    def rates(self) -> TypicalRates | None:
+        return self.rates_for(self.cluster)
 
 
 def load_inputs(
@@ -128,7 +157,14 @@ def load_inputs(
     tables = {name.lower(): load_engine_tables(profiles_dir, name) for name in sorted(set(cluster.node_types))}
     bw, latency = slowest_link(cluster)
     network = Network(latency_s=latency, bw_bytes_per_s=bw, activation_bytes=activation_bytes)
-    return HelixInputs(cluster=cluster, tables=tables, num_layers=num_layers, network=network)
+    guesses = load_typical_guesses(model_card_path(profiles_dir))
+    types = sorted(set(cluster.node_types))
+    if any(not (Path(profiles_dir) / m.lower() / "prompt_bs2time.csv").is_file() for m in types):
+        guesses = None
+    prompts = {m.lower(): load_prompt_table(profiles_dir, m) for m in types} if guesses else None
+    return HelixInputs(
+        cluster=cluster, tables=tables, num_layers=num_layers, network=network, guesses=guesses, prompts=prompts
+    )
 
 
 def model_shapes(profiles_dir: str | Path, model: str | None) -> tuple[int, int]:
@@ -148,9 +184,12 @@ def model_shapes(profiles_dir: str | Path, model: str | None) -> tuple[int, int]
 
 
 def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float):
-    """(stages, machines, stages per chain, Estimate) of a Helix layout file Helix accepts: by the
-    chain model when its ranges split into chains of one-type stages, else routed by a max flow
-    (llm_planner.helix.flow; stages, machines and chains then empty); HelixError otherwise."""
+    """(stages, machines, stages per chain, Estimate) of a Helix layout file Helix accepts, run as one
+    deployment on the inputs' cluster: routed by a max flow with Helix's own capacities
+    (llm_planner.helix.flow) when its files state them, else by the chain model when its ranges
+    split into chains of one-type stages, else by a max flow at the machines' batch-limit rates.
+    Stages, machines and chains are empty for a layout that is not chains; HelixError for one
+    Helix would refuse."""
     try:
         ranges = read_helix_layout(read_text(layout_path, HelixError), source=str(layout_path))
     except LayoutError as exc:
@@ -159,13 +198,18 @@ def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float
         ranges = check_helix_layout(ranges, inputs.cluster, inputs.tables, inputs.num_layers)
     except LayoutError as exc:
         raise HelixError(f"{layout_path}: Helix would refuse it: {exc}") from None
+    regions = region_networks(inputs.cluster, inputs.network.activation_bytes)
+    routed = lambda: flow_estimate(  # noqa: E731
+        ranges, inputs.cluster, inputs.tables, inputs.num_layers, prompt_len, regions, inputs.rates
+    )
     try:
         stages, machines, sizes = layout_stages(
             ranges, inputs.cluster, inputs.tables, inputs.num_layers, str(layout_path)
         )
     except HelixError:
-        regions = region_networks(inputs.cluster, inputs.network.activation_bytes)
-        return (), (), (), flow_estimate(ranges, inputs.cluster, inputs.tables, inputs.num_layers, prompt_len, regions)
+        return (), (), (), routed()
+    if inputs.guesses is not None:  # Helix's routing is known: the layout as one deployment, routed by it
+        return stages, machines, sizes, routed()
     per_chain, first = [], 0
     for size in sizes:
         per_chain.append(estimate(list(stages[first : first + size]), inputs.tables, prompt_len, inputs.network))
@@ -195,18 +239,91 @@ def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends",
     if regions == "route" and len(found_regions.members) > 1:
         return _plan_geo(inputs, found_regions, prompt_len, order, started)
     kinds = [Kind(name.lower(), n, tables[name.lower()]) for name, n in counts.items()]
-    found = best_chains(kinds, num_layers, prompt_len, network)
-    if found is None:
+    plans = [_as_plan(found, inputs, order) for found in candidate_chains(kinds, num_layers, prompt_len, network)]
+    if not plans:
         raise HelixError(f"{cluster.source}: its machines cannot hold the model's {num_layers} layers")
-    ordered = tuple(s for chain in found.chains for s in order_stages(chain, tables, order))
+    if len(found_regions.members) > 1:  # a geo cluster: each one-chain candidate in its best region-aware order
+        plans = [_geo_order(p, inputs, found_regions, prompt_len) if len(p.chain_sizes) <= 1 else p for p in plans]
+    routed = [routed_estimate(plan, inputs, prompt_len) for plan in plans]
+    best = max(range(len(plans)), key=lambda i: routed[i].tokens_per_s)
+    return replace(
+        plans[best],
+        estimate=routed[best],
+        layouts=sum(p.layouts for p in plans),
+        solve_s=time.monotonic() - started,
+    )
+
+
+def _geo_order(plan: HelixPlan, inputs: HelixInputs, regions, prompt_len: float) -> HelixPlan:
+    """On a geo cluster, the plan's stages in the order (of at most MAX_GEO_ORDERS distinct ones,
+    machines taken near the previous stage's region: regions.assign_near) whose routed estimate is
+    highest, the plan as it is included."""
+    best, best_rate = plan, routed_estimate(plan, inputs, prompt_len).tokens_per_s
+    for order in _distinct_orders(plan.stages, MAX_GEO_ORDERS):
+        candidate = replace(plan, stages=order, machines=assign_near(order, inputs.cluster, regions))
+        rate = routed_estimate(candidate, inputs, prompt_len).tokens_per_s
+        if rate > best_rate:
+            best, best_rate = candidate, rate
+    return best
+
+
+def _distinct_orders(stages: tuple[Stage, ...], cap: int) -> list[tuple[Stage, ...]]:
+    """Distinct orders of `stages` (equal stages not told apart); [] when there are more than `cap`."""
+    counts: dict[Stage, int] = {}
+    for stage in stages:
+        counts[stage] = counts.get(stage, 0) + 1
+    total = math.factorial(len(stages))
+    for n in counts.values():
+        total //= math.factorial(n)
+    if total > cap:
+        return []
+    out: list[tuple[Stage, ...]] = []
+
+    def extend(prefix: list[Stage]) -> None:
+        if len(prefix) == len(stages):
+            out.append(tuple(prefix))
+            return
+        for stage in list(counts):
+            if counts[stage]:
+                counts[stage] -= 1
+                extend([*prefix, stage])
+                counts[stage] += 1
+
+    extend([])
+    return out
+
+
+def _as_plan(found: Chains, inputs: HelixInputs, order: str) -> HelixPlan:
+    """A candidate's chains, ordered and given machines (the estimate its chain model's)."""
+    ordered = tuple(s for chain in found.chains for s in order_stages(chain, inputs.tables, order))
     return HelixPlan(
         stages=ordered,
-        machines=assign_machines(ordered, cluster),
+        machines=assign_machines(ordered, inputs.cluster),
         estimate=found.estimate,
         layouts=found.layouts,
-        solve_s=time.monotonic() - started,
+        solve_s=0.0,
         chain_sizes=tuple(len(chain) for chain in found.chains),
     )
+
+
+def routed_estimate(plan: HelixPlan, inputs: HelixInputs, prompt_len: float) -> Estimate:
+    """The plan's decode tokens/s with each deployment routed as Helix routes it: a max flow with
+    Helix's own capacities over its own cluster file (llm_planner.helix.flow; the cluster file
+    given for a plan of one chain), the deployments' rates summed. The chain model's estimate
+    when Helix's files do not state its routing statistics."""
+    if inputs.guesses is None:
+        return plan.estimate
+    chains = len(plan.chain_sizes or (1,))
+    parts = []
+    for chain in range(chains):
+        triples = plan.chain_triples(chain)
+        cluster = inputs.cluster if chains == 1 else chain_cluster(inputs.cluster, [n for n, _, _ in triples])
+        names = {n: n for n, _, _ in triples} if chains == 1 else renumber([n for n, _, _ in triples])
+        ranges = {names[n]: (a, b) for n, a, b in triples}
+        regions = region_networks(cluster, inputs.network.activation_bytes)
+        rates = inputs.rates_for(cluster)
+        parts.append(flow_estimate(ranges, cluster, inputs.tables, inputs.num_layers, prompt_len, regions, rates))
+    return combined(parts)
 
 
 def _plan_geo(inputs: HelixInputs, regions, prompt_len: float, order: str, started: float) -> HelixPlan:

@@ -128,3 +128,26 @@ def assign_region_machines(stages: tuple[Stage, ...], cluster: HelixCluster, reg
         out.append(tuple(free[stage.kind][: stage.width]))
         del free[stage.kind][: stage.width]
     return tuple(out)
+
+
+def assign_near(stages: tuple[Stage, ...], cluster: HelixCluster, regions: Regions) -> tuple[tuple[str, ...], ...]:
+    """Helix node names per stage (kinds are machine types), each stage's machines taken first from
+    the region most of the previous stage's machines are in (the first stage's: the region with
+    most machines of its type), then in the cluster file's order: a chain that stays in a region
+    as long as its stages allow."""
+    free: dict[str, list[int]] = {}
+    for index, name in enumerate(cluster.node_types):
+        free.setdefault(name.lower(), []).append(index)
+    out, here = [], None
+    for stage in stages:
+        pool = free[stage.kind]
+        if here is None:
+            counts = [sum(regions.region_of(i) == r for i in pool) for r in range(len(regions.members))]
+            here = counts.index(max(counts))
+        chosen = sorted(pool, key=lambda i: (regions.region_of(i) != here, i))[: stage.width]
+        for index in chosen:
+            pool.remove(index)
+        regions_of = [regions.region_of(i) for i in chosen]
+        here = max(sorted(set(regions_of)), key=regions_of.count)
+        out.append(tuple(helix_node_name(i) for i in chosen))
+    return tuple(out)

@@ -1,0 +1,149 @@
+"""The machine capacities Helix's scheduler routes by: its "typical" token throughput per
+machine type and number of layers held (docs/helix.md, "Routing").
+
+Helix's max-flow scheduler gives each machine of a layout the capacity its model statistics
+class computes (`model_manager/<model>/<model>.py` with `helper.py`), not the machine's rate at
+its batch limit. With L the model's layers, n_m the cluster's machines of type m (all of them,
+used or not), and the class's dict literals `typical_layers_dict` (a first guess of the layers
+each type holds, replaced by the second such dict, the types' caps, when the cluster holds fewer
+than 1.2 L layers at the first guess) and `normalized_perf_dict` (a first guess of each type's
+layer rate), it iterates ten times
+
+    perf_m <- typical(m, typical_layers_m) x typical_layers_m
+
+and a machine of type m holding l layers gets typical(m, l), where, with t_m = 1 / perf_m and
+t_avg the mean of t over the cluster's layers at the typical counts,
+
+    ratio   = l t_m / ((L - l) t_avg + l t_m)            its share of a request's round trip
+    E       = int(0.3 x 16 x blocks(l))                  KV entries per layer it plans to use
+    r       = E / 990 x ratio / 240,  P = round(750 r),  D = round(E / 990 x ratio)
+              (r > 1: r, P, D = 1, 750, 240)
+    typical = (P + D) / (l (prompt(P) + decode(D)))                     when r >= 1, else
+              (P + D) / r  /  (l (prompt(int(P / r)) + decode(D) / r))
+
+with prompt() and decode() the type's per-layer profiles, linear between their rows (750, 240
+and 990 = 750 + 240 are Helix's AVG_INPUT_LEN and AVG_OUTPUT_LEN, 0.3 its KV_CACHE_HWM, 16 its
+vLLM block size). `load_typical_guesses` reads the two dicts from the class's syntax tree, never
+running it; a folder whose file lacks them has no typical rates (the flow then uses the
+machine's rate at its batch limit, llm_planner.helix.flow).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+from llm_planner.core.fileio import read_text
+from llm_planner.cost.serving_profile import LayerTable
+from llm_planner.helix.engine import BLOCK_TOKENS, EngineTables
+from llm_planner.helix.inputs import HelixError, read_profile_csv
+
+AVG_INPUT = 750  # Helix's AVG_INPUT_LEN
+AVG_OUTPUT = 240  # Helix's AVG_OUTPUT_LEN
+PLANNED_KV_SHARE = 0.3  # Helix's KV_CACHE_HWM in the typical statistics
+SPARE_COPIES = 1.2  # the first guess of layers stands when the cluster holds this many copies of the model
+ITERATIONS = 10
+_GUESSES = ("typical_layers_dict", "normalized_perf_dict")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TypicalGuesses:
+    """The statistics class's first guesses, by Helix's machine type name ("A100")."""
+
+    layers: dict[str, int]
+    cap_layers: dict[str, int]  # used when the cluster is short of layers at `layers`
+    perf: dict[str, float]
+
+
+def load_typical_guesses(card_path: str | Path) -> TypicalGuesses | None:
+    """The dicts of a model's statistics class (module docstring); None when it lacks them."""
+    path = Path(card_path)
+    if not path.is_file():
+        return None
+    tree = ast.parse(read_text(path, HelixError), filename=str(path))
+    found: dict[str, list[dict]] = {name: [] for name in _GUESSES}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name in found and (value := _str_number_dict(node.value)) is not None:
+                found[name].append(value)
+    layers, perf = found["typical_layers_dict"], found["normalized_perf_dict"]
+    if len(layers) != 2 or not perf or not all(isinstance(v, int) for d in layers for v in d.values()):
+        return None
+    return TypicalGuesses(layers=layers[0], cap_layers=layers[1], perf={k: float(v) for k, v in perf[0].items()})
+
+
+def _str_number_dict(node: ast.AST) -> dict | None:
+    """{str: number} of a dict display of literals; None for anything else."""
+    if not isinstance(node, ast.Dict) or not node.keys:
+        return None
+    out = {}
+    for key, value in zip(node.keys, node.values):
+        if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+            return None
+        if not (isinstance(value, ast.Constant) and type(value.value) in (int, float) and value.value > 0):
+            return None
+        out[key.value] = value.value
+    return out
+
+
+def load_prompt_table(folder: str | Path, machine_type: str) -> LayerTable:
+    """A type's per-layer prompt profile (tokens -> seconds)."""
+    rows = read_profile_csv(Path(folder) / machine_type.lower() / "prompt_bs2time.csv")
+    return LayerTable(sizes=tuple(b for b, _ in rows), seconds=tuple(s for _, s in rows))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TypicalRates:
+    """Helix's typical token throughput of every (type, layers) for one cluster's machine counts."""
+
+    rates: dict[tuple[str, int], float]  # (tables name, layers) -> tokens/s
+
+    def rate(self, kind: str, layers: int) -> float:
+        return self.rates[(kind, layers)]
+
+
+def typical_rates(
+    guesses: TypicalGuesses,
+    counts: dict[str, int],
+    tables: dict[str, EngineTables],
+    prompts: dict[str, LayerTable],
+    num_layers: int,
+) -> TypicalRates:
+    """Typical throughputs for a cluster of `counts` machines per Helix type name (module docstring)."""
+    missing = [m for m in counts if m not in guesses.layers or m not in guesses.cap_layers or m not in guesses.perf]
+    if missing:
+        raise HelixError(f"the model's statistics class has no typical layers or rate for machine types {missing}")
+    held = sum(n * guesses.layers[m] for m, n in counts.items())
+    typical = {m: (guesses.layers if held >= SPARE_COPIES * num_layers else guesses.cap_layers)[m] for m in counts}
+    perf = {m: guesses.perf[m] for m in counts}
+    for _ in range(ITERATIONS):
+        perf = {
+            m: _typical(m, typical[m], perf, typical, counts, tables, prompts, num_layers) * typical[m] for m in counts
+        }
+    rates = {
+        (m.lower(), layers): _typical(m, layers, perf, typical, counts, tables, prompts, num_layers)
+        for m in counts
+        for layers in range(1, tables[m.lower()].max_layers + 1)
+    }
+    return TypicalRates(rates=rates)
+
+
+def _typical(m, layers, perf, typical, counts, tables, prompts, num_layers) -> float:
+    """Helix's typical throughput of a type-m machine holding `layers` layers."""
+    t = {k: 1 / p for k, p in perf.items()}
+    held = sum(counts[k] * typical[k] for k in counts)
+    avg = sum(counts[k] * typical[k] * t[k] for k in counts) / held
+    ratio = layers * t[m] / ((num_layers - layers) * avg + layers * t[m])
+    table, prompt = tables[m.lower()], prompts[m.lower()]
+    entries = int(PLANNED_KV_SHARE * (BLOCK_TOKENS * table.kv_blocks[layers] * layers) / layers)  # as Helix rounds
+    seq = AVG_INPUT + AVG_OUTPUT
+    requests = entries / seq * ratio / AVG_OUTPUT
+    p_tokens, d_tokens = round(requests * AVG_INPUT), round(entries / seq * ratio)
+    if requests >= 1:
+        p_tokens, d_tokens = (AVG_INPUT, AVG_OUTPUT) if requests > 1 else (p_tokens, d_tokens)
+        return (p_tokens + d_tokens) / (layers * (prompt.at(p_tokens) + table.decode.at(d_tokens)))
+    scale = 1 / requests
+    total = scale * (p_tokens + d_tokens)
+    return total / (layers * (prompt.at(int(p_tokens * scale)) + table.decode.at(d_tokens) * scale))
