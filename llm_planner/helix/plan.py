@@ -339,13 +339,15 @@ def _plan_geo(inputs: HelixInputs, regions, prompt_len: float, order: str, start
     blocks, _, by_kind, layouts = found
     blocks = [(r, order_stages(block, by_kind, order)) for r, block in blocks]
     stages = tuple(s for _, block in blocks for s in block)
-    return HelixPlan(
+    plan = HelixPlan(
         stages=stages,
         machines=assign_region_machines(stages, inputs.cluster, regions),
         estimate=route_estimate(blocks, by_kind, prompt_len, regions),
         layouts=layouts,
-        solve_s=time.monotonic() - started,
+        solve_s=0.0,
     )
+    routed = routed_estimate(plan, inputs, prompt_len)
+    return replace(plan, estimate=routed, solve_s=time.monotonic() - started)
 
 
 def order_stages(
