@@ -40,7 +40,17 @@ import provenance  # benchmarks/provenance.py, beside this script
 REPO = Path(__file__).resolve().parents[1]
 HARNESS = Path(__file__).resolve().parent / "helix_harness.py"
 SINGLE = "artifact_evaluation/single_cluster"  # inside the Helix checkout
-COLUMNS = ("row", "decode_tokens_per_s", "helix_reported", "model_tokens_per_s", "runs", "wall_s")
+COLUMNS = (
+    "row",
+    "decode_tokens_per_s",
+    "helix_reported",
+    "model_tokens_per_s",
+    "decode_p50_s",
+    "decode_p95_s",
+    "prompt_p95_s",
+    "runs",
+    "wall_s",
+)
 MODEL_FOLDERS = {  # inside the Helix checkout, by Helix's model name
     "llama70b": "simulator/model_manager/llama2_70b",
     "llama30b": "simulator/model_manager/llama1_30b",
@@ -59,6 +69,7 @@ class Run:
     initial_queries: int = 20
     force_set: bool = False
     model: str = "llama70b"  # Helix's model name (harness --model)
+    online: float | None = None  # Helix's online mode at this mean rate of tokens/s (harness --online)
 
 
 def helix_rows() -> dict[str, tuple[list[Run], float]]:
@@ -88,6 +99,17 @@ def helix_rows() -> dict[str, tuple[list[Run], float]]:
         ),
         "separate-pipelines": (separate, 124.3),
         "helix-30b": (helix_30b(), 339.6),
+        "helix-milp-online": (
+            [
+                Run(
+                    cluster=f"{SINGLE}/config/cluster24.ini",
+                    layout=f"{layouts}/ilp/ilp_sol.ini",
+                    simulator_cluster=f"{layouts}/ilp/simulator_cluster.ini",
+                    online=700.0,
+                )
+            ],
+            141.6,
+        ),
         "helix-cluster42": ([_helix_milp("high_heterogeneity", "cluster42")], 645.6),
         "helix-3cluster24": ([_helix_milp("distributed_clusters", "3cluster24")], 98.0),
         "helix-milp-roundtrip": ([], None),
@@ -119,11 +141,12 @@ def helix_30b() -> list[Run]:
     ]
 
 
-def layout_run(path: str, cluster: str, model: str) -> Run:
+def layout_run(path: str, cluster: str, model: str, online: float | None = None) -> Run:
     """A layout argument: on its own cluster file when plan-helix wrote one beside it (a chain
     written as its own deployment, X.ini beside X.cluster.ini), else on --cluster."""
     own = Path(path).with_name(Path(path).stem + ".cluster.ini")
-    return Run(cluster=str(own.resolve()) if own.exists() else cluster, layout=str(Path(path).resolve()), model=model)
+    cluster = str(own.resolve()) if own.exists() else cluster
+    return Run(cluster=cluster, layout=str(Path(path).resolve()), model=model, online=online)
 
 
 def roundtrip_run(checkout: Path, scratch: Path) -> list[Run]:
@@ -192,6 +215,8 @@ def simulate(
     ]
     if run.simulator_cluster:
         cmd += ["--simulator-cluster", at(run.simulator_cluster)]
+    if run.online is not None:
+        cmd += ["--online", str(run.online)]
     if run.force_set:
         cmd.append("--force-set")
     env = {
@@ -208,18 +233,32 @@ def simulate(
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = [
-        "| layout | decode tokens/s (Helix's simulator) | Helix reports | plan-helix model | simulations | wall |",
-        "|---|---|---|---|---|---|",
-    ]
+    online = any(r.get("decode_p95_s") is not None for r in rows)
+    head = "| layout | decode tokens/s (Helix's simulator) | Helix reports | plan-helix model |"
+    head += " decode step p50 / p95 | prompt p95 |" if online else ""
+    lines = [head + " simulations | wall |", "|---|---|---|---|" + ("---|---|" if online else "") + "---|---|"]
     for r in rows:
         reported = f"{r['helix_reported']:.1f}" if r["helix_reported"] else "-"
         model = f"{r['model_tokens_per_s']:.1f}" if r["model_tokens_per_s"] is not None else "-"
+        latency = ""
+        if online:
+            latency = f" {_s(r.get('decode_p50_s'))} / {_s(r.get('decode_p95_s'))} | {_s(r.get('prompt_p95_s'))} |"
         lines.append(
-            f"| {r['row']} | {r['decode_tokens_per_s']:.1f} | {reported} | {model} | {r['runs']} | "
+            f"| {r['row']} | {r['decode_tokens_per_s']:.1f} | {reported} | {model} |{latency} {r['runs']} | "
             f"{r['wall_s']:.0f} s |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def _pooled(results: list[dict], key: str, q: str) -> float | None:
+    """A latency percentile of a row: its one simulation's (a row of several deployments: their
+    largest, a bound on the pooled figure's, since each request runs in one of them)."""
+    values = [(r.get(key) or {}).get(q) for r in results]
+    return None if any(v is None for v in values) or not values else max(values)
 
 
 def main() -> None:
@@ -235,6 +274,13 @@ def main() -> None:
         "--model", choices=sorted(MODEL_FOLDERS), default="llama70b", help="Helix's model for the layouts"
     )
     parser.add_argument(
+        "--online",
+        type=float,
+        metavar="TOKENS_PER_S",
+        help="Helix's online mode for the layouts given: requests arrive at this mean rate (Helix's 70B runs: "
+        "700 on single24, with --warm-up 0 --duration 1800); the table adds decode-step and prompt latencies",
+    )
+    parser.add_argument(
         "--sum",
         metavar="NAME",
         help="the layouts are one plan's deployments (plan-helix writes one per chain): one row NAME, rates summed",
@@ -243,7 +289,8 @@ def main() -> None:
         "--rows",
         nargs="*",
         help="these of the built-in rows (helix-milp, separate-pipelines, helix-30b, helix-cluster42, "
-        "helix-3cluster24, helix-milp-roundtrip; default: all of them when no layout is given)",
+        "helix-3cluster24, helix-milp-roundtrip, and helix-milp-online, Helix's online run, with --warm-up 0 "
+        "--duration 1800; default: all but helix-milp-online when no layout is given)",
     )
     parser.add_argument(
         "--duration", type=float, default=600.0, help="simulated seconds counted (Helix: 600; less for a smoke test)"
@@ -259,18 +306,20 @@ def main() -> None:
     checkout, python = Path(os.environ["LLM_PLANNER_HELIX"]), os.environ["LLM_PLANNER_HELIX_PYTHON"]
     facts = provenance.start(sys.argv)
     chosen = {
-        k: v for k, v in helix_rows().items() if (args.rows is None and not args.layouts) or k in (args.rows or ())
+        k: v
+        for k, v in helix_rows().items()
+        if (args.rows is None and not args.layouts and k != "helix-milp-online") or k in (args.rows or ())
     }
     scratch = Path(tempfile.mkdtemp(prefix="helix-layouts-"))
     if "helix-milp-roundtrip" in chosen:
         chosen["helix-milp-roundtrip"] = (roundtrip_run(checkout, scratch), None)
     layouts = [p for p in args.layouts if not p.endswith(".cluster.ini")]
     for path in layouts:
-        chosen[Path(path).name] = ([layout_run(path, args.cluster, args.model)], None)
+        chosen[Path(path).name] = ([layout_run(path, args.cluster, args.model, args.online)], None)
     if args.sum and layouts:  # the layouts are deployments of one plan: one row, their rates summed
         for path in layouts:
             del chosen[Path(path).name]
-        chosen[args.sum] = ([layout_run(path, args.cluster, args.model) for path in layouts], None)
+        chosen[args.sum] = ([layout_run(path, args.cluster, args.model, args.online) for path in layouts], None)
     runs = [(name, run) for name, (row_runs, _) in chosen.items() for run in row_runs]
     started = time.perf_counter()
     out = Path(args.out)
@@ -312,6 +361,9 @@ def main() -> None:
                 "model_tokens_per_s": _summed(
                     model_estimate(r, checkout, profiles_for(r, checkout, args.machine_profiles)) for r in row_runs
                 ),
+                "decode_p50_s": _pooled(mine, "decode_latency_s", "p50"),
+                "decode_p95_s": _pooled(mine, "decode_latency_s", "p95"),
+                "prompt_p95_s": _pooled(mine, "prompt_latency_s", "p95"),
                 "runs": len(mine),
                 "wall_s": max(r["wall_s"] for r in mine),
             }

@@ -202,6 +202,31 @@ def drop_records(simulator):
     queries.collect_finished_request = collect_and_drop
 
 
+def record_latencies(simulator):
+    """Keep (finish time, is prompt, latency) of every finished request, latency from its first to
+    its last location as Helix's online script reads it, before drop_records clears the histories."""
+    simulator.latencies = []
+    gather = simulator.handle_gather_finished
+
+    def gather_and_record(event):
+        finished = list(simulator.sink_node.inbound_request_queue)
+        gather(event=event)
+        for request in finished:
+            first, last = request.location_history[0][1], request.location_history[-1][1]
+            prompt = request.phase.name == "Initialization"
+            simulator.latencies.append((simulator.current_time, prompt, last - first))
+
+    simulator.handle_gather_finished = gather_and_record
+
+
+def percentiles(values):
+    """Helix's analyze_latency: the sorted list at int(n x q) for q = 5, 25, 50, 75, 95%."""
+    values = sorted(values)
+    if not values:
+        return None
+    return {f"p{int(q * 100)}": values[int(len(values) * q)] for q in (0.05, 0.25, 0.5, 0.75, 0.95)}
+
+
 def _version(module):
     try:
         return __import__(module).__version__
@@ -232,6 +257,12 @@ def main():
     p.add_argument(
         "--watch", type=float, default=200.0, help="print the queries in flight and KV use every this many seconds"
     )
+    p.add_argument(
+        "--online",
+        type=float,
+        help="Helix's online mode: requests arrive at this mean rate of tokens/s (its avg_throughput; "
+        "its runs use --warm-up 0 --duration 1800)",
+    )
     p.add_argument("--warm-up", type=float, default=60.0)
     p.add_argument("--duration", type=float, default=600.0)
     args = p.parse_args()
@@ -239,7 +270,7 @@ def main():
     from simulator.event_simulator.cluster_simulator import ClusterSimulator, ModelName, RequestPhase, SchedulingMethod
     from simulator.initial_layout.layout_synthesizer import LayoutMethod, LayoutSynthesizer
     from simulator.scheduler.global_maxflow.global_maxflow_scheduler import KVParameters, SchedulingMode
-    from simulator.trace_generator.simulator_query_feeder import OfflineRequestFeeder
+    from simulator.trace_generator.simulator_query_feeder import OfflineRequestFeeder, OnlineRequestFeeder
 
     model = {"llama70b": ModelName.LLaMa70B, "llama30b": ModelName.LLaMa30B}[args.model]
     cluster = read_ini(args.cluster)
@@ -269,30 +300,39 @@ def main():
     simulator.model_manager.allow_force_set = args.force_set
     simulator.from_ini_file(config_file_name=path)
     if args.scheduler == "maxflow":
+        online = args.online is not None  # Helix's online runs: KV expectation 0.9 and 0.6 of the output
         simulator.init_scheduler(
             scheduling_method=SchedulingMethod.MaxFlow,
             args={
-                "kv_param": KVParameters(expected_kv_hwm=0.85, expected_output_length_ratio=1),
-                "scheduling_mode": SchedulingMode.Offline,
+                "kv_param": KVParameters(expected_kv_hwm=0.9, expected_output_length_ratio=0.6)
+                if online
+                else KVParameters(expected_kv_hwm=0.85, expected_output_length_ratio=1),
+                "scheduling_mode": SchedulingMode.Online if online else SchedulingMode.Offline,
             },
         )
     else:
         simulator.init_scheduler(scheduling_method=SchedulingMethod.Naive, args=None)
     simulator.init_query_manager()
+    record_latencies(simulator)
     if not args.keep_records:
         drop_records(simulator)
     simulator.mark_as_ready()
     loaded_at = synthesizer.set_layout(simulator=simulator)
     simulator.update_scheduler()
     started = time.time()
-    feeder = OfflineRequestFeeder(
-        initial_query_count=args.initial_queries,
-        start_time=loaded_at,
-        duration=args.warm_up + args.duration,
-        stop_at_duration=True,
-        feed_hwm=0.8,
-        seed=0,
-    )
+    if args.online is not None:  # requests arrive at this mean rate of tokens (Helix's avg_throughput)
+        feeder = OnlineRequestFeeder(
+            cluster_token_throughput=args.online, start_time=loaded_at, duration=args.warm_up + args.duration, seed=0
+        )
+    else:
+        feeder = OfflineRequestFeeder(
+            initial_query_count=args.initial_queries,
+            start_time=loaded_at,
+            duration=args.warm_up + args.duration,
+            stop_at_duration=True,
+            feed_hwm=0.8,
+            seed=0,
+        )
     feeder.auto_simulate(simulator=simulator, watch_items=["all"], watch_interval=args.watch)
     begin, end = loaded_at + args.warm_up, loaded_at + args.warm_up + args.duration
     decoded = prompts = 0
@@ -302,8 +342,12 @@ def main():
                 prompts += 1
             else:
                 decoded += request.token_seq_length
+    window = [(prompt, latency) for at, prompt, latency in simulator.latencies if begin <= at <= end]
     result = {
         "decode_tokens_per_s": decoded / args.duration,
+        "online_tokens_per_s": args.online,
+        "prompt_latency_s": percentiles([lat for prompt, lat in window if prompt]),
+        "decode_latency_s": percentiles([lat for prompt, lat in window if not prompt]),
         "decode_tokens": decoded,
         "prompts": prompts,
         "machines": len(simulator.compute_nodes),
