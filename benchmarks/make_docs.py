@@ -139,6 +139,45 @@ on this version") gives those estimates beside each simulated figure. The target
 pipeline per GPU type.""",
     ),
     Section(
+        "helix-cases/single24-30b",
+        "Helix's simulator: LLaMA-1 30B on its 24-machine cluster",
+        """\
+Helix's published LLaMA-1 30B case (docs/helix.md, "Measured on this version"): `helix-30b` is
+Helix's own answer, one MILP layout per machine type, each simulated on its own sub-cluster and the
+rates summed (Helix reports 339.6); `plan-helix-30b` is `plan-helix`'s plan, one deployment per
+chain (`single24-30b-<k>.ini` on `single24-30b-<k>.cluster.ini`), summed the same way. The model
+column is the routed estimate (`plan-helix --score` of each deployment, summed).""",
+    ),
+    Section(
+        "helix-cases/cluster42-70b",
+        "Helix's simulator: LLaMA-2 70B on its 42-machine cluster",
+        """\
+Helix's high-heterogeneity case (42 machines of 7 types, docs/helix.md): `helix-cluster42` is
+Helix's MILP layout with its own simulator cluster file (Helix reports 645.6);
+`plan-helix-cluster42` is `plan-helix`'s plan, three deployments of a third of every type's
+machines, simulated apart and summed. The model column is the routed estimate.""",
+    ),
+    Section(
+        "helix-cases/3cluster24-70b",
+        "Helix's simulator: LLaMA-2 70B on its three-region cluster",
+        """\
+Helix's geo-distributed case (24 machines in three regions, 10-15 MB/s and 40-59 ms between
+regions, docs/helix.md): `helix-3cluster24` is Helix's MILP layout with its own simulator cluster
+file (Helix reports 98.0); `3cluster24-70b.ini` is `plan-helix`'s layout, its stages ordered by
+region. The model column is the routed estimate.""",
+    ),
+    Section(
+        "helix-online",
+        "Helix's simulator online: LLaMA-2 70B on its 24-machine cluster at 700 tokens/s offered",
+        """\
+Helix's online mode (requests of the Azure Conversation lengths arriving at a mean 700 tokens/s,
+1,800 simulated seconds, its KV expectation 0.9 and 0.6 of the output): decode tokens/s and the
+percentiles of a decode step's latency (one token through the whole route) and of a prompt's, as
+Helix's `analyze_latency` reads them. `helix-milp-online` is Helix's MILP layout (Helix reports
+141.6 tokens/s, decode p95 3.19 s); `plan-helix-llama2-70b.ini` is `plan-helix`'s layout for the
+offline case. The model column is the offline routed estimate, not a latency model.""",
+    ),
+    Section(
         "tp",
         "Tensor parallelism: MILP-SPLIT against the layouts engineers write by hand",
         """\
