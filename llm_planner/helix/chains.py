@@ -54,12 +54,20 @@ def candidate_chains(kinds: list[Kind], num_layers: int, prompt_len: float, netw
             layouts = _product(count_layouts([k], num_layers) + 1 for k in kinds)
             out.append(_chains(chains, tables, prompt_len, network, layouts))
     most = min(MAX_SPLIT, sum(k.machines * k.table.max_layers for k in kinds) // num_layers)
+    searched: dict[tuple, tuple | None] = {}  # equal shares are searched once
+
+    def best_of(share: list[Kind]) -> tuple | None:
+        key = tuple((k.name, k.machines) for k in share)
+        if key not in searched:
+            searched[key] = best_stages(share, num_layers, prompt_len, network)
+        return searched[key]
+
     for parts in range(2, most + 1):
         shares = [
             [Kind(k.name, k.machines // parts + (i < k.machines % parts), k.table) for k in kinds] for i in range(parts)
         ]
         shares = [[k for k in share if k.machines] for share in shares]
-        chains = tuple(best_stages(share, num_layers, prompt_len, network) for share in shares)
+        chains = tuple(best_of(share) for share in shares)
         if all(c is not None for c in chains):
             layouts = sum(count_layouts(share, num_layers) for share in shares)
             out.append(_chains(chains, tables, prompt_len, network, layouts))
