@@ -255,10 +255,11 @@ def _s(value: float | None) -> str:
 
 
 def _pooled(results: list[dict], key: str, q: str) -> float | None:
-    """A latency percentile of a row: its one simulation's (a row of several deployments: their
-    largest, a bound on the pooled figure's, since each request runs in one of them)."""
-    values = [(r.get(key) or {}).get(q) for r in results]
-    return None if any(v is None for v in values) or not values else max(values)
+    """A latency percentile of a row of one simulation (online rows are one simulation each: Helix
+    pools the latencies of separate deployments, which these records do not keep)."""
+    if len(results) != 1:
+        return None
+    return (results[0].get(key) or {}).get(q)
 
 
 def main() -> None:
@@ -278,7 +279,8 @@ def main() -> None:
         type=float,
         metavar="TOKENS_PER_S",
         help="Helix's online mode for the layouts given: requests arrive at this mean rate (Helix's 70B runs: "
-        "700 on single24, with --warm-up 0 --duration 1800); the table adds decode-step and prompt latencies",
+        "700 on single24; the window is then 0 + 1800 s unless given); the table adds decode-step and prompt "
+        "latencies",
     )
     parser.add_argument(
         "--sum",
@@ -289,19 +291,28 @@ def main() -> None:
         "--rows",
         nargs="*",
         help="these of the built-in rows (helix-milp, separate-pipelines, helix-30b, helix-cluster42, "
-        "helix-3cluster24, helix-milp-roundtrip, and helix-milp-online, Helix's online run, with --warm-up 0 "
-        "--duration 1800; default: all but helix-milp-online when no layout is given)",
+        "helix-3cluster24, helix-milp-roundtrip, and helix-milp-online, Helix's online run; default: all but "
+        "helix-milp-online when no layout is given)",
     )
     parser.add_argument(
-        "--duration", type=float, default=600.0, help="simulated seconds counted (Helix: 600; less for a smoke test)"
+        "--duration",
+        type=float,
+        help="simulated seconds counted (Helix: 600 offline, 1800 online, the defaults; less for a smoke test)",
     )
-    parser.add_argument("--warm-up", type=float, default=60.0, help="simulated seconds before counting (Helix: 60)")
+    parser.add_argument(
+        "--warm-up", type=float, help="simulated seconds before counting (Helix: 60 offline, 0 online, the defaults)"
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="simulations run at once")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "helix"))
     args = parser.parse_args()
     if not os.environ.get("LLM_PLANNER_HELIX") or not os.environ.get("LLM_PLANNER_HELIX_PYTHON"):
         sys.exit(
             "set LLM_PLANNER_HELIX to a Helix checkout and LLM_PLANNER_HELIX_PYTHON to the Python of its environment"
+        )
+    if args.sum and args.online is not None:
+        sys.exit(
+            "--online with --sum: Helix splits the offered rate among separate deployments (its 30B runs: 600, 200 "
+            "and 170 tokens/s) and pools their latencies; run each deployment with its own --online rate instead"
         )
     checkout, python = Path(os.environ["LLM_PLANNER_HELIX"]), os.environ["LLM_PLANNER_HELIX_PYTHON"]
     facts = provenance.start(sys.argv)
@@ -332,7 +343,10 @@ def main() -> None:
         layout = item[1].layout if not Path(item[1].layout).is_absolute() else Path(item[1].layout).name
         try:
             profiles = profiles_for(item[1], checkout, args.machine_profiles)
-            result = simulate(item[1], checkout, python, profiles, args.warm_up, args.duration)
+            online = item[1].online is not None  # Helix's windows: 60 + 600 s offline, 0 + 1800 s online
+            warm_up = args.warm_up if args.warm_up is not None else (0.0 if online else 60.0)
+            duration = args.duration if args.duration is not None else (1800.0 if online else 600.0)
+            result = simulate(item[1], checkout, python, profiles, warm_up, duration)
         except RuntimeError as exc:
             message = str(exc).replace(str(checkout), "$HELIX")  # no machine paths
             print(f"{item[0]}: {message}", file=sys.stderr, flush=True)

@@ -155,7 +155,9 @@ column is the routed estimate (`plan-helix --score` of each deployment, summed).
 Helix's high-heterogeneity case (42 machines of 7 types, docs/helix.md): `helix-cluster42` is
 Helix's MILP layout with its own simulator cluster file (Helix reports 645.6);
 `plan-helix-cluster42` is `plan-helix`'s plan, three deployments of a third of every type's
-machines, simulated apart and summed. The model column is the routed estimate.""",
+machines, simulated apart and summed. The model column is the routed estimate. Latencies, where a
+table has them, are of Helix's offline closed loop at full load, from one simulation (a row of
+several deployments has none).""",
     ),
     Section(
         "helix-cases/3cluster24-70b",
@@ -164,7 +166,8 @@ machines, simulated apart and summed. The model column is the routed estimate.""
 Helix's geo-distributed case (24 machines in three regions, 10-15 MB/s and 40-59 ms between
 regions, docs/helix.md): `helix-3cluster24` is Helix's MILP layout with its own simulator cluster
 file (Helix reports 98.0); `3cluster24-70b.ini` is `plan-helix`'s layout, its stages ordered by
-region. The model column is the routed estimate.""",
+region. The model column is the routed estimate. Latencies are of Helix's offline closed loop at
+full load (a decode step: one token through the whole route).""",
     ),
     Section(
         "helix-online",

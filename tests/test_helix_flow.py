@@ -3,6 +3,8 @@ small Helix-format cluster, and --score on a layout whose ranges are not chains 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from test_helix_plan import tables, write_tables
 
@@ -10,7 +12,7 @@ from llm_planner.cli.main import main
 from llm_planner.cost.serving_profile import LayerTable
 from llm_planner.helix.engine import BLOCK_TOKENS, FEED_HWM, Stage, stage_round_s
 from llm_planner.helix.flow import flow_estimate, layout_flow, machine_rate
-from llm_planner.helix.inputs import load_helix_cluster
+from llm_planner.helix.inputs import HelixError, load_helix_cluster
 from llm_planner.helix.regions import region_networks
 from llm_planner.helix.typical import TypicalGuesses, load_typical_guesses, typical_rates
 
@@ -91,8 +93,30 @@ def test_typical_guesses_read_from_the_statistics_class(tmp_path):
         '        normalized_perf_dict = {"A100": 80, "T4": 12.5}\n'
     )
     guesses = load_typical_guesses(card)
-    assert guesses == TypicalGuesses(
-        layers={"A100": 8, "T4": 3}, cap_layers={"A100": 12, "T4": 4}, perf={"A100": 80.0, "T4": 12.5}
+    assert (guesses.layers, guesses.cap_layers, guesses.perf) == (
+        {"A100": 8, "T4": 3},
+        {"A100": 12, "T4": 4},
+        {"A100": 80.0, "T4": 12.5},
     )
+    assert guesses.source == str(card)
+    text = card.read_text()
     card.write_text("class S:\n    pass\n")
-    assert load_typical_guesses(card) is None
+    assert load_typical_guesses(card) is None  # a hand-made folder: no routing statistics
+    for bad, said in (
+        (text.replace('"A100": 80', '"A100": 0'), "normalized_perf_dict (line 7)"),
+        (text.replace('"T4": 12.5}', '"T4": x}'), "normalized_perf_dict (line 7)"),
+        (text.replace("        if n < 2:\n", "        if n < 2\n"), "not valid Python"),
+        (text.replace('        normalized_perf_dict = {"A100": 80, "T4": 12.5}\n', ""), "found 2 and 0"),
+    ):
+        card.write_text(bad)
+        with pytest.raises(HelixError, match=re.escape(f"{card}: ") + ".*" + re.escape(said)):
+            load_typical_guesses(card)
+
+
+def test_routing_statistics_must_cover_every_machine_type(tmp_path):
+    """A statistics class whose dicts lack a type of the cluster is an error naming the file, not a
+    silent fall back to other capacities."""
+    guesses = TypicalGuesses(layers={"A100": 4}, cap_layers={"A100": 8}, perf={"A100": 50.0}, source="m.py")
+    prompt = LayerTable(sizes=(0, 1000), seconds=(0.0, 0.1))
+    with pytest.raises(HelixError, match=r"m\.py: .*\['T4'\]"):
+        typical_rates(guesses, {"A100": 1, "T4": 2}, tables(tmp_path), {"a100": prompt, "t4": prompt}, 8)

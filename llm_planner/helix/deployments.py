@@ -48,11 +48,17 @@ def chain_cluster(cluster: HelixCluster, nodes: list[str]) -> HelixCluster:
             ),
             key=lambda k: (_order(k.a), _order(k.b)),
         )
-    )  # in the order the cluster file lists them
+    )  # in the order chain_cluster_text writes them (the coordinator's, then machine pairs, then the sink's)
     types = tuple(cluster.node_types[i] for i in indices)
     source = f"{Path(cluster.source).name} (its ComputeNode {', '.join(map(str, indices))})"
     machine_types = tuple(m for m in cluster.machine_types if m.name in types)
-    return HelixCluster(source=source, machine_types=machine_types, node_types=types, links=links)
+    return HelixCluster(
+        source=source,
+        machine_types=machine_types,
+        node_types=types,
+        links=links,
+        coordinator_nics=cluster.coordinator_nics,
+    )
 
 
 def chain_cluster_text(cluster: HelixCluster, nodes: list[str]) -> str:

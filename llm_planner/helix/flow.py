@@ -1,15 +1,17 @@
 """Any Helix layout under the engine model, routed by a max flow as Helix's scheduler routes it
-(docs/helix.md, "Scoring any layout").
+(docs/helix.md, "Routing as Helix routes").
 
-Helix builds a graph from a layout: the coordinator to every machine whose range starts at layer
-0, machine a to machine b when a's range ends where b's starts, machines ending at the last
-layer to the coordinator; it solves one max flow over it and splits requests among the edges by
-that flow, so machines the flow leaves at zero get no requests. `flow_estimate` does the same
-on that graph with networkx's `maximum_flow`, with capacities in decode tokens/s: a machine's
-decode rate at its batch limit, `limit / (layers x decode(limit))`, and a link's bandwidth over
-a token's bytes (activation + token id). Helix's own machine capacities come from its
-"typical" throughput formula (docs/helix.md, Routing), which this does not reproduce, so the
-flow can differ from Helix's where capacities are close.
+Helix builds a graph from a layout (scheduler/global_maxflow/network_flow.py): the coordinator's
+source and sink (capacity: its NICs over a token id's bytes), each machine as in-NIC -> compute ->
+out-NIC edges, and one edge per hop a request may take, with the link's bandwidth: the
+coordinator to every machine whose range starts at layer 0, machine a to machine b when a's range
+ends where b's starts, machines ending at the last layer to the coordinator. It solves one max
+flow over it and splits requests among the edges by that flow, so machines the flow leaves at
+zero get no requests. `layout_flow` builds the same graph in the same order and solves it with
+networkx's `maximum_flow`; capacities in tokens/s, a machine's compute its Helix "typical"
+throughput (llm_planner.helix.typical) or, where Helix's files do not state its routing
+statistics, its decode rate at its batch limit. Helix's own simulator cluster files may leave out
+some hops a layout allows (its layout tools prune them); the graph here has every one.
 
 Then the engine model (llm_planner.helix.engine) on the flow: machine m gets the fraction f_m
 of the queries (its flow over the total); Helix admits queries while the fullest machine's
@@ -59,14 +61,21 @@ def layout_flow(
         sizes["out"][a] = sizes["out"].get(a, TOKEN_BYTES) if b == SINK else TOKEN_BYTES + activation_bytes
         sizes["in"][b] = sizes["in"].get(b, TOKEN_BYTES) if a == SOURCE else TOKEN_BYTES + activation_bytes
     graph = nx.DiGraph()
-    graph.add_edge("source", f"{SOURCE_UID}_out", capacity=sum(bw for (a, _), bw in edges.items() if a == SOURCE))
-    graph.add_edge(f"{SINK_UID}_in", "sink", capacity=sum(bw for (_, b), bw in edges.items() if b == SINK))
+    out_nic, in_nic = cluster.coordinator_nics or (  # unstated: the coordinator's links together
+        sum(bw for (a, _), bw in edges.items() if a == SOURCE),
+        sum(bw for (_, b), bw in edges.items() if b == SINK),
+    )
+    graph.add_edge("source", f"{SOURCE_UID}_out", capacity=out_nic / TOKEN_BYTES)
+    graph.add_edge(f"{SINK_UID}_in", "sink", capacity=in_nic / TOKEN_BYTES)
     for node in sorted(ranges, key=index.get):
         kind, layers = kinds[node], ranges[node][1] - ranges[node][0]
         machine = cluster.machine_type(cluster.node_types[index[node] - NODE_INDEX_OFFSET])
         rate = rates.rate(kind, layers) if rates is not None else machine_rate(tables[kind], layers)
         uid = index[node]
-        graph.add_edge(f"{uid}_in", f"{uid}_start", capacity=machine.inbound_nic_bytes_per_s / sizes["in"].get(node, 1))
+        between = TOKEN_BYTES + activation_bytes  # a machine no hop reaches: Helix's size for it
+        graph.add_edge(
+            f"{uid}_in", f"{uid}_start", capacity=machine.inbound_nic_bytes_per_s / sizes["in"].get(node, between)
+        )
         graph.add_edge(f"{uid}_start", f"{uid}_end", capacity=rate)
         graph.add_edge(
             f"{uid}_end", f"{uid}_out", capacity=machine.outbound_nic_bytes_per_s / sizes["out"].get(node, 1)

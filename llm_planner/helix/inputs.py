@@ -103,6 +103,8 @@ class HelixCluster:
     machine_types: tuple[HelixMachineType, ...]  # those the nodes use
     node_types: tuple[str, ...]  # machine type of ComputeNode-i, by i
     links: tuple[HelixLink, ...]
+    # the coordinator's NICs (SourceNode's outbound, SinkNode's inbound) when the profiles state them
+    coordinator_nics: tuple[float, float] | None = None
 
     def machine_type(self, name: str) -> HelixMachineType:
         return next(m for m in self.machine_types if m.name == name)
@@ -205,7 +207,19 @@ def load_helix_cluster(cluster_path: str | Path, machine_profiles_path: str | Pa
             )
     if num_nodes > 1 and not any(link.a.isdigit() and link.b.isdigit() for link in links):
         ini.fail("Link-<a>-<b>", None, f"{num_nodes} compute nodes but no link between two of them")
-    return HelixCluster(source=ini.path, machine_types=machine_types, node_types=tuple(node_types), links=tuple(links))
+    nics = None
+    if profiles.parser.has_section("SourceNode") and profiles.parser.has_section("SinkNode"):
+        nics = (
+            _positive(profiles, "SourceNode", "outbound_nic_speed"),
+            _positive(profiles, "SinkNode", "inbound_nic_speed"),
+        )
+    return HelixCluster(
+        source=ini.path,
+        machine_types=machine_types,
+        node_types=tuple(node_types),
+        links=tuple(links),
+        coordinator_nics=nics,
+    )
 
 
 def _positive(ini: _Ini, section: str, key: str) -> float:

@@ -138,10 +138,7 @@ class HelixInputs:
         if self.guesses is None or self.prompts is None:
             return None
         counts = {name: cluster.node_types.count(name) for name in sorted(set(cluster.node_types))}
-        try:
-            return typical_rates(self.guesses, counts, self.tables, self.prompts, self.num_layers)
-        except HelixError:
-            return None
+        return typical_rates(self.guesses, counts, self.tables, self.prompts, self.num_layers)
 
     @property
     def rates(self) -> TypicalRates | None:
@@ -157,11 +154,11 @@ def load_inputs(
     tables = {name.lower(): load_engine_tables(profiles_dir, name) for name in sorted(set(cluster.node_types))}
     bw, latency = slowest_link(cluster)
     network = Network(latency_s=latency, bw_bytes_per_s=bw, activation_bytes=activation_bytes)
-    guesses = load_typical_guesses(model_card_path(profiles_dir))
+    guesses = load_typical_guesses(model_card_path(profiles_dir))  # Helix's routing, when its files state it
     types = sorted(set(cluster.node_types))
-    if any(not (Path(profiles_dir) / m.lower() / "prompt_bs2time.csv").is_file() for m in types):
-        guesses = None
     prompts = {m.lower(): load_prompt_table(profiles_dir, m) for m in types} if guesses else None
+    if guesses is not None:  # every type the cluster has must be routable, as Helix's own code requires
+        typical_rates(guesses, {m: cluster.node_types.count(m) for m in types}, tables, prompts, num_layers)
     return HelixInputs(
         cluster=cluster, tables=tables, num_layers=num_layers, network=network, guesses=guesses, prompts=prompts
     )

@@ -54,37 +54,54 @@ class TypicalGuesses:
     layers: dict[str, int]
     cap_layers: dict[str, int]  # used when the cluster is short of layers at `layers`
     perf: dict[str, float]
+    source: str = "the model's statistics class"  # the file they were read from
 
 
 def load_typical_guesses(card_path: str | Path) -> TypicalGuesses | None:
-    """The dicts of a model's statistics class (module docstring); None when it lacks them."""
+    """The dicts of a model's statistics class (module docstring), in the file's order; None when
+    the file or the dicts are absent (a hand-made folder); HelixError naming the file and the dict
+    when they are there but not Helix's shape."""
     path = Path(card_path)
     if not path.is_file():
         return None
-    tree = ast.parse(read_text(path, HelixError), filename=str(path))
+    try:
+        tree = ast.parse(read_text(path, HelixError), filename=str(path))
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise HelixError(f"{path}: not valid Python: {getattr(exc, 'msg', type(exc).__name__)}") from None
     found: dict[str, list[dict]] = {name: [] for name in _GUESSES}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            name = node.targets[0].id
-            if name in found and (value := _str_number_dict(node.value)) is not None:
-                found[name].append(value)
+    assigned = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1]
+    for node in sorted(assigned, key=lambda n: (n.lineno, n.col_offset)):  # source order
+        target = node.targets[0]
+        if isinstance(target, ast.Name) and target.id in found and isinstance(node.value, ast.Dict):
+            found[target.id].append(_str_number_dict(path, target.id, node))
     layers, perf = found["typical_layers_dict"], found["normalized_perf_dict"]
-    if len(layers) != 2 or not perf or not all(isinstance(v, int) for d in layers for v in d.values()):
+    if not layers and not perf:
         return None
-    return TypicalGuesses(layers=layers[0], cap_layers=layers[1], perf={k: float(v) for k, v in perf[0].items()})
+    if len(layers) != 2 or len(perf) != 1:
+        raise HelixError(
+            f"{path}: expected typical_layers_dict assigned as a dict literal twice (the first guess, then the "
+            f"types' caps) and normalized_perf_dict once, found {len(layers)} and {len(perf)}"
+        )
+    for d in layers:
+        if not all(type(v) is int for v in d.values()):
+            raise HelixError(f"{path}: typical_layers_dict: layers must be integers, got {d}")
+    perf_values = {k: float(v) for k, v in perf[0].items()}
+    return TypicalGuesses(layers=layers[0], cap_layers=layers[1], perf=perf_values, source=str(path))
 
 
-def _str_number_dict(node: ast.AST) -> dict | None:
-    """{str: number} of a dict display of literals; None for anything else."""
-    if not isinstance(node, ast.Dict) or not node.keys:
-        return None
+def _str_number_dict(path: Path, name: str, node: ast.Assign) -> dict:
+    """{machine type: positive number} of a dict display of literals; HelixError naming the dict otherwise."""
     out = {}
-    for key, value in zip(node.keys, node.values):
-        if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
-            return None
-        if not (isinstance(value, ast.Constant) and type(value.value) in (int, float) and value.value > 0):
-            return None
+    for key, value in zip(node.value.keys, node.value.values):
+        good_key = isinstance(key, ast.Constant) and isinstance(key.value, str)
+        good_value = isinstance(value, ast.Constant) and type(value.value) in (int, float) and 0 < value.value < 1e12
+        if not (good_key and good_value):
+            raise HelixError(
+                f"{path}: {name} (line {node.lineno}): expected {{machine type: positive number}} written as literals"
+            )
         out[key.value] = value.value
+    if not out:
+        raise HelixError(f"{path}: {name} (line {node.lineno}): empty")
     return out
 
 
@@ -114,7 +131,10 @@ def typical_rates(
     """Typical throughputs for a cluster of `counts` machines per Helix type name (module docstring)."""
     missing = [m for m in counts if m not in guesses.layers or m not in guesses.cap_layers or m not in guesses.perf]
     if missing:
-        raise HelixError(f"the model's statistics class has no typical layers or rate for machine types {missing}")
+        raise HelixError(
+            f"{guesses.source}: typical_layers_dict and normalized_perf_dict have no entry for machine types "
+            f"{missing} of the cluster (Helix's routing needs one for every type it runs)"
+        )
     held = sum(n * guesses.layers[m] for m, n in counts.items())
     typical = {m: (guesses.layers if held >= SPARE_COPIES * num_layers else guesses.cap_layers)[m] for m in counts}
     perf = {m: guesses.perf[m] for m in counts}
