@@ -39,15 +39,24 @@ def model_card_path(folder: str | Path) -> Path:
     return Path(folder) / f"{Path(folder).name}.py"
 
 
-def load_model_card(folder: str | Path) -> ModelCard | None:
-    """The model's shapes from its Helix folder; None when the folder has no `<folder name>.py`."""
-    path = model_card_path(folder)
+def parse_card(path: str | Path) -> ast.Module | None:
+    """The syntax tree of a statistics class file (never run); None when there is no such file,
+    HelixError naming it when it is not valid Python."""
+    path = Path(path)
     if not path.is_file():
         return None
     try:
-        tree = ast.parse(read_text(path, HelixError), filename=str(path))
+        return ast.parse(read_text(path, HelixError), filename=str(path))
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise HelixError(f"{path}: not valid Python: {getattr(exc, 'msg', type(exc).__name__)}") from None
+
+
+def load_model_card(folder: str | Path) -> ModelCard | None:
+    """The model's shapes from its Helix folder; None when the folder has no `<folder name>.py`."""
+    path = model_card_path(folder)
+    tree = parse_card(path)
+    if tree is None:
+        return None
     found: dict[str, ast.AST] = {}
     for node in ast.walk(tree):
         target, value = _self_assignment(node)

@@ -34,10 +34,10 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_planner.core.fileio import read_text
 from llm_planner.cost.serving_profile import LayerTable
 from llm_planner.helix.engine import BLOCK_TOKENS, EngineTables
 from llm_planner.helix.inputs import HelixError, read_profile_csv
+from llm_planner.helix.model_card import parse_card
 
 AVG_INPUT = 750  # Helix's AVG_INPUT_LEN
 AVG_OUTPUT = 240  # Helix's AVG_OUTPUT_LEN
@@ -62,12 +62,9 @@ def load_typical_guesses(card_path: str | Path) -> TypicalGuesses | None:
     the file or the dicts are absent (a hand-made folder); HelixError naming the file and the dict
     when they are there but not Helix's shape."""
     path = Path(card_path)
-    if not path.is_file():
+    tree = parse_card(path)
+    if tree is None:
         return None
-    try:
-        tree = ast.parse(read_text(path, HelixError), filename=str(path))
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-        raise HelixError(f"{path}: not valid Python: {getattr(exc, 'msg', type(exc).__name__)}") from None
     found: dict[str, list[dict]] = {name: [] for name in _GUESSES}
     assigned = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1]
     for node in sorted(assigned, key=lambda n: (n.lineno, n.col_offset)):  # source order
