@@ -183,7 +183,8 @@ def model_estimate(run: Run, checkout: Path, profiles: str) -> float | None:
     at = lambda p: p if Path(p).is_absolute() else checkout / p  # noqa: E731
     inputs = load_inputs(at(run.cluster), at(profiles), checkout / MODEL_FOLDERS[run.model], None)
     try:
-        return score_layout(inputs, at(run.layout), PROMPT_LEN)[-1].tokens_per_s
+        own = at(run.simulator_cluster) if run.simulator_cluster else None  # Helix's graph for its layout
+        return score_layout(inputs, at(run.layout), PROMPT_LEN, own)[-1].tokens_per_s
     except HelixError:
         return None
 

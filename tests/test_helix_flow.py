@@ -14,6 +14,7 @@ from llm_planner.helix.engine import BLOCK_TOKENS, FEED_HWM, Stage, stage_round_
 from llm_planner.helix.flow import flow_estimate, layout_flow, machine_rate
 from llm_planner.helix.inputs import HelixError, load_helix_cluster
 from llm_planner.helix.regions import region_networks
+from llm_planner.helix.simulator_file import simulator_hops
 from llm_planner.helix.typical import TypicalGuesses, load_typical_guesses, typical_rates
 
 T4_A, A100, T4_B = "compute_node_2", "compute_node_3", "compute_node_4"  # test_helix's cluster
@@ -120,3 +121,23 @@ def test_routing_statistics_must_cover_every_machine_type(tmp_path):
     prompt = LayerTable(sizes=(0, 1000), seconds=(0.0, 0.1))
     with pytest.raises(HelixError, match=r"m\.py: .*\['T4'\]"):
         typical_rates(guesses, {"A100": 1, "T4": 2}, tables(tmp_path), {"a100": prompt, "t4": prompt}, 8)
+
+
+def test_routed_over_helix_own_simulator_file(tmp_path):
+    """Helix's own simulator cluster file may leave out a hop the layout allows: routed over its
+    links, the machine whose only way on is missing gets no flow."""
+    cluster = load_helix_cluster(write_tables(tmp_path))
+    links = {"source_a": ("source", T4_A), "source_b": ("source", T4_B), "a_gpu": (T4_A, A100), "out": (A100, "sink")}
+    text = "[Links]\nnames=" + repr([f"link_{n}" for n in links]) + "\n"
+    for name, (a, b) in links.items():  # T4_B -> A100 left out
+        text += f"\n[link_{name}]\nin={a}\nout={b}\nlatency=1 * MilliSec\nbandwidth=1000 * mbps\n"
+    sim = tmp_path / "simulator_cluster.ini"
+    sim.write_text(text)
+    hops = simulator_hops(sim)
+    assert list(hops) == list(links.values()) and set(hops.values()) == {1e9}
+    value, flows = layout_flow(RANGES, cluster, tables(tmp_path), 8, 1536, hops=hops)
+    assert value == pytest.approx(8 / 0.024)  # one T4's rate: the other has no way on
+    assert flows[T4_B]["/through"] == 0 and flows[T4_A]["/through"] == pytest.approx(value)
+    sim.write_text(text.replace("bandwidth=1000 * mbps", "bandwidth=fast", 1))
+    with pytest.raises(HelixError, match=r"simulator_cluster\.ini: \[link_source_a\] bandwidth"):
+        simulator_hops(sim)

@@ -95,6 +95,11 @@ def add_plan_helix_parser(sub) -> None:
         "machines as their own cluster file)",
     )
     out.add_argument("--score", help="a Helix layout file to estimate instead of planning one (writes nothing)")
+    p.add_argument(
+        "--simulator-cluster",
+        help="with --score: Helix's own simulator cluster file for the layout, whose links (its layout tools may "
+        "leave out hops the layout allows) the estimate routes over",
+    )
 
 
 def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
@@ -103,8 +108,10 @@ def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
     if args.output:
         check_writable(args.output)
     inputs = load_inputs(args.cluster, args.machine_profiles, args.profiles, args.model)
+    if args.simulator_cluster and not args.score:
+        raise UserError("--simulator-cluster: only with --score (a layout's own simulator cluster file)", exit_code=2)
     if args.score:
-        stages, machines, sizes, est = score_layout(inputs, args.score, args.prompt_len)
+        stages, machines, sizes, est = score_layout(inputs, args.score, args.prompt_len, args.simulator_cluster)
         if stages:
             console.print(_stage_table(stages, machines, [i for i, n in enumerate(sizes) for _ in range(n)]))
         how = "" if stages else " (its ranges are not chains of stages: routed by a max flow, docs/helix.md)"

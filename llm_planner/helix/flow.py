@@ -51,11 +51,17 @@ def layout_flow(
     num_layers: int,
     activation_bytes: float,
     rates: TypicalRates | None = None,
+    hops: dict[tuple[str, str], float] | None = None,
 ) -> tuple[float, dict[str, dict[str, float]]]:
     """(max flow value, flow between machines: SOURCE -> node -> ... -> SINK) over the graph Helix
-    builds from the layout (module docstring), in the order Helix builds it."""
+    builds from the layout (module docstring), in the order Helix builds it; `hops`: the links of
+    Helix's own simulator cluster file for it (llm_planner.helix.simulator_file) instead of every
+    hop the layout allows."""
     kinds, index = machine_types(cluster), {n: int(n.rsplit("_", 1)[1]) for n in ranges}
-    edges = _hops(ranges, cluster, num_layers)
+    edges = _hops(ranges, cluster, num_layers) if hops is None else hops
+    strangers = sorted({n for pair in edges for n in pair} - set(ranges) - {SOURCE, SINK})
+    if strangers:
+        raise HelixError(f"the simulator cluster file links machines the layout does not place: {strangers}")
     sizes = {"in": {}, "out": {}}
     for a, b in edges:
         sizes["out"][a] = sizes["out"].get(a, TOKEN_BYTES) if b == SINK else TOKEN_BYTES + activation_bytes
@@ -147,10 +153,12 @@ def flow_estimate(
     prompt_len: float,
     regions: Regions,
     rates: TypicalRates | None = None,
+    hops: dict[tuple[str, str], float] | None = None,
 ) -> Estimate:
-    """Decode tokens/s of any layout Helix accepts (module docstring)."""
+    """Decode tokens/s of any layout Helix accepts (module docstring); `hops` as in layout_flow."""
     kinds = machine_types(cluster)
-    value, flows = layout_flow(ranges, cluster, tables, num_layers, regions.coordinator.activation_bytes, rates)
+    act = regions.coordinator.activation_bytes
+    value, flows = layout_flow(ranges, cluster, tables, num_layers, act, rates, hops)
     if value <= 0:
         raise HelixError(f"{cluster.source}: the layout's graph carries no flow from layer 0 to the last")
     paths = flow_paths(flows, value)

@@ -55,6 +55,7 @@ from llm_planner.helix.regions import (
 )
 from llm_planner.helix.rules import check_helix_layout, machine_types
 from llm_planner.helix.search import Kind
+from llm_planner.helix.simulator_file import simulator_hops
 from llm_planner.helix.typical import (
     TypicalGuesses,
     TypicalRates,
@@ -180,13 +181,14 @@ def model_shapes(profiles_dir: str | Path, model: str | None) -> tuple[int, int]
     return config.num_layers, 2 * config.hidden_size
 
 
-def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float):
+def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float, simulator_cluster=None):
     """(stages, machines, stages per chain, Estimate) of a Helix layout file Helix accepts, run as one
     deployment on the inputs' cluster: routed by a max flow with Helix's own capacities
     (llm_planner.helix.flow) when its files state them, else by the chain model when its ranges
     split into chains of one-type stages, else by a max flow at the machines' batch-limit rates.
-    Stages, machines and chains are empty for a layout that is not chains; HelixError for one
-    Helix would refuse."""
+    Stages, machines and chains are empty for a layout that is not chains (or routed over the links of
+    Helix's own `simulator_cluster` file, llm_planner.helix.simulator_file); HelixError for one Helix
+    would refuse."""
     try:
         ranges = read_helix_layout(read_text(layout_path, HelixError), source=str(layout_path))
     except LayoutError as exc:
@@ -196,9 +198,12 @@ def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float
     except LayoutError as exc:
         raise HelixError(f"{layout_path}: Helix would refuse it: {exc}") from None
     regions = region_networks(inputs.cluster, inputs.network.activation_bytes)
+    hops = simulator_hops(simulator_cluster) if simulator_cluster else None
     routed = lambda: flow_estimate(  # noqa: E731
-        ranges, inputs.cluster, inputs.tables, inputs.num_layers, prompt_len, regions, inputs.rates
+        ranges, inputs.cluster, inputs.tables, inputs.num_layers, prompt_len, regions, inputs.rates, hops
     )
+    if hops is not None:  # Helix's own graph for the layout: routed over it whatever its shape
+        return (), (), (), routed()
     try:
         stages, machines, sizes = layout_stages(
             ranges, inputs.cluster, inputs.tables, inputs.num_layers, str(layout_path)
