@@ -9,9 +9,9 @@ share a boundary layer merge into one graph, and one query feeder admits for all
 the fullest machine of any. Helix runs its own answer for LLaMA-1 30B on its 24-machine cluster
 the way the model assumes: one deployment per machine type, each simulated on its own
 sub-cluster (`artifact_evaluation/single_cluster/config/a100.ini`, `l4.ini`, `t4.ini`) and the
-rates summed. `chain_cluster_text` writes such a sub-cluster file for a chain's machines (their
-links to each other and to the coordinator as the full file gives them, the machines numbered
-0..n-1 in the full file's order), and `renumber` maps the chain's Helix node names into it.
+rates summed. `deployment` gives a chain's machines as such a sub-cluster (their links to each
+other and to the coordinator as the full file gives them, the machines numbered 0..n-1 in the full
+file's order) with its layout in that cluster's names, and `cluster_text` writes its file.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def chain_cluster(cluster: HelixCluster, nodes: list[str]) -> HelixCluster:
             ),
             key=lambda k: (_order(k.a), _order(k.b)),
         )
-    )  # in the order chain_cluster_text writes them (the coordinator's, then machine pairs, then the sink's)
+    )  # in the order cluster_text writes them (the coordinator's, then machine pairs, then the sink's)
     types = tuple(cluster.node_types[i] for i in indices)
     source = f"{Path(cluster.source).name} (its ComputeNode {', '.join(map(str, indices))})"
     machine_types = tuple(m for m in cluster.machine_types if m.name in types)
@@ -61,21 +61,34 @@ def chain_cluster(cluster: HelixCluster, nodes: list[str]) -> HelixCluster:
     )
 
 
-def chain_cluster_text(cluster: HelixCluster, nodes: list[str]) -> str:
-    """Helix's cluster file for the machines `nodes` alone (module docstring)."""
-    sub = chain_cluster(cluster, nodes)
+def deployment(cluster: HelixCluster, triples: list[tuple[str, int, int]]):
+    """A chain's machines (Helix node, first layer, end layer) as their own deployment: its cluster
+    (chain_cluster) and the triples in that cluster's names."""
+    nodes = [node for node, _, _ in triples]
+    names = renumber(nodes)
+    return chain_cluster(cluster, nodes), [(names[node], a, b) for node, a, b in triples]
+
+
+def cluster_text(cluster: HelixCluster) -> str:
+    """Helix's cluster file of a deployment's cluster (chain_cluster), its links in their order."""
     lines = [
-        f"# {len(sub.node_types)} machines of {sub.source}, written by llm-planner plan-helix as one deployment",
+        f"# {len(cluster.node_types)} machines of {cluster.source}, written by llm-planner plan-helix as one "
+        "deployment",
         "",
         "[NodeNames]",
-        f"total_compute_nodes={len(sub.node_types)}",
+        f"total_compute_nodes={len(cluster.node_types)}",
         "",
     ]
     for end, section in (("source", "SourceNode"), ("sink", "SinkNode")):
-        lines += [f"[{section}]", f"connected_nodes={_neighbours(sub.links, end, numbers=True)}", ""]
-    for i, name in enumerate(sub.node_types):
-        lines += [f"[ComputeNode-{i}]", f"type={name}", f"connected_nodes={_neighbours(sub.links, str(i), False)}", ""]
-    for link in sub.links:
+        lines += [f"[{section}]", f"connected_nodes={_neighbours(cluster.links, end, numbers=True)}", ""]
+    for i, name in enumerate(cluster.node_types):
+        lines += [
+            f"[ComputeNode-{i}]",
+            f"type={name}",
+            f"connected_nodes={_neighbours(cluster.links, str(i), False)}",
+            "",
+        ]
+    for link in cluster.links:
         lines += [
             f"[Link-{link.a}-{link.b}]",
             f"bandwidth={_number(link.bw_bytes_per_s / 1e6)} * mbps",

@@ -26,13 +26,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 from llm_planner.core.fileio import read_text
 from llm_planner.cost.serving_profile import LayerTable
 from llm_planner.graph.hf_config import named_config
 from llm_planner.helix.chains import Chains, candidate_chains, combined
-from llm_planner.helix.deployments import chain_cluster, chain_cluster_text, renumber
+from llm_planner.helix.deployments import cluster_text, deployment
 from llm_planner.helix.engine import EngineTables, Estimate, Network, Stage, estimate, load_engine_tables
 from llm_planner.helix.flow import flow_estimate
 from llm_planner.helix.inputs import (
@@ -47,6 +48,7 @@ from llm_planner.helix.layout_file import LayoutError, helix_layout, read_helix_
 from llm_planner.helix.model_card import load_model_card, model_card_path
 from llm_planner.helix.regions import (
     MAX_REGIONS,
+    Regions,
     assign_near,
     assign_region_machines,
     plan_regions,
@@ -86,16 +88,20 @@ class HelixPlan:
         check_helix_layout(triples, inputs.cluster, inputs.tables, inputs.num_layers)
         return helix_layout(triples, num_layers=inputs.num_layers)
 
+    def deployment(self, inputs: HelixInputs, chain: int) -> tuple[HelixCluster, list[tuple[str, int, int]]]:
+        """The cluster a chain runs on and its machines' (node, first, end) in that cluster's names:
+        the inputs' own for a plan of one chain, else the chain's machines alone
+        (llm_planner.helix.deployments)."""
+        triples = self.chain_triples(chain)
+        return (inputs.cluster, triples) if len(self.chain_sizes) <= 1 else deployment(inputs.cluster, triples)
+
     def deployments(self, inputs: HelixInputs) -> list[tuple[str, str]]:
-        """(cluster file, layout file) texts of each chain as its own Helix deployment, machines
-        renumbered into the chain's cluster file (llm_planner.helix.deployments)."""
+        """(cluster file, layout file) texts of each chain as its own Helix deployment."""
         out = []
         for chain in range(len(self.chain_sizes or (1,))):
-            nodes = [node for node, _, _ in self.chain_triples(chain)]
             self.layout_text(inputs, chain)  # checked in the full cluster's names
-            names = renumber(nodes)
-            triples = [(names[node], a, b) for node, a, b in self.chain_triples(chain)]
-            out.append((chain_cluster_text(inputs.cluster, nodes), helix_layout(triples, num_layers=inputs.num_layers)))
+            cluster, triples = self.deployment(inputs, chain)
+            out.append((cluster_text(cluster), helix_layout(triples, num_layers=inputs.num_layers)))
         return out
 
     def chain_triples(self, chain: int | None) -> list[tuple[str, int, int]]:
@@ -136,14 +142,27 @@ class HelixInputs:
 
     def rates_for(self, cluster: HelixCluster) -> TypicalRates | None:
         """The capacities Helix's max flow routes by on `cluster` (these inputs' or a deployment's)."""
+        if cluster is self.cluster:
+            return self.rates
+        return self._rates(cluster)
+
+    def regions_for(self, cluster: HelixCluster) -> Regions:
+        """The regions and their networks of `cluster` (these inputs' or a deployment's)."""
+        return self.regions if cluster is self.cluster else region_networks(cluster, self.network.activation_bytes)
+
+    @cached_property
+    def rates(self) -> TypicalRates | None:  # the planner routes every candidate of a cluster over these
+        return self._rates(self.cluster)
+
+    @cached_property
+    def regions(self) -> Regions:
+        return region_networks(self.cluster, self.network.activation_bytes)
+
+    def _rates(self, cluster: HelixCluster) -> TypicalRates | None:
         if self.guesses is None or self.prompts is None:
             return None
         counts = {name: cluster.node_types.count(name) for name in sorted(set(cluster.node_types))}
         return typical_rates(self.guesses, counts, self.tables, self.prompts, self.num_layers)
-
-    @property
-    def rates(self) -> TypicalRates | None:
-        return self.rates_for(self.cluster)
 
 
 def load_inputs(
@@ -158,11 +177,11 @@ def load_inputs(
     guesses = load_typical_guesses(model_card_path(profiles_dir))  # Helix's routing, when its files state it
     types = sorted(set(cluster.node_types))
     prompts = {m.lower(): load_prompt_table(profiles_dir, m) for m in types} if guesses else None
-    if guesses is not None:  # every type the cluster has must be routable, as Helix's own code requires
-        typical_rates(guesses, {m: cluster.node_types.count(m) for m in types}, tables, prompts, num_layers)
-    return HelixInputs(
+    inputs = HelixInputs(
         cluster=cluster, tables=tables, num_layers=num_layers, network=network, guesses=guesses, prompts=prompts
     )
+    inputs.rates  # noqa: B018 (every type the cluster has must be routable, as Helix's own code requires)
+    return inputs
 
 
 def model_shapes(profiles_dir: str | Path, model: str | None) -> tuple[int, int]:
@@ -197,10 +216,9 @@ def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float
         ranges = check_helix_layout(ranges, inputs.cluster, inputs.tables, inputs.num_layers)
     except LayoutError as exc:
         raise HelixError(f"{layout_path}: Helix would refuse it: {exc}") from None
-    regions = region_networks(inputs.cluster, inputs.network.activation_bytes)
     hops = simulator_hops(simulator_cluster) if simulator_cluster else None
     routed = lambda: flow_estimate(  # noqa: E731
-        ranges, inputs.cluster, inputs.tables, inputs.num_layers, prompt_len, regions, inputs.rates, hops
+        ranges, inputs.cluster, inputs.tables, inputs.num_layers, prompt_len, inputs.regions, inputs.rates, hops
     )
     if hops is not None:  # Helix's own graph for the layout: routed over it whatever its shape
         return (), (), (), routed()
@@ -237,7 +255,7 @@ def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends",
         )
     if regions not in REGION_MODES:
         raise ValueError(f"regions must be one of {REGION_MODES}, got {regions!r}")
-    found_regions = region_networks(cluster, network.activation_bytes)
+    found_regions = inputs.regions
     if regions == "route" and len(found_regions.members) > 1:
         return _plan_geo(inputs, found_regions, prompt_len, order, started)
     kinds = [Kind(name.lower(), n, tables[name.lower()]) for name, n in counts.items()]
@@ -315,15 +333,11 @@ def routed_estimate(plan: HelixPlan, inputs: HelixInputs, prompt_len: float) -> 
     when Helix's files do not state its routing statistics."""
     if inputs.guesses is None:
         return plan.estimate
-    chains = len(plan.chain_sizes or (1,))
     parts = []
-    for chain in range(chains):
-        triples = plan.chain_triples(chain)
-        cluster = inputs.cluster if chains == 1 else chain_cluster(inputs.cluster, [n for n, _, _ in triples])
-        names = {n: n for n, _, _ in triples} if chains == 1 else renumber([n for n, _, _ in triples])
-        ranges = {names[n]: (a, b) for n, a, b in triples}
-        regions = region_networks(cluster, inputs.network.activation_bytes)
-        rates = inputs.rates_for(cluster)
+    for chain in range(len(plan.chain_sizes or (1,))):
+        cluster, triples = plan.deployment(inputs, chain)
+        ranges = {node: (a, b) for node, a, b in triples}
+        regions, rates = inputs.regions_for(cluster), inputs.rates_for(cluster)
         parts.append(flow_estimate(ranges, cluster, inputs.tables, inputs.num_layers, prompt_len, regions, rates))
     return combined(parts)
 
