@@ -73,18 +73,18 @@ def layout_flow(
     )
     graph.add_edge("source", f"{SOURCE_UID}_out", capacity=out_nic / TOKEN_BYTES)
     graph.add_edge(f"{SINK_UID}_in", "sink", capacity=in_nic / TOKEN_BYTES)
+    between = TOKEN_BYTES + activation_bytes  # a machine no hop reaches or leaves: Helix's size for it
     for node in sorted(ranges, key=index.get):
         kind, layers = kinds[node], ranges[node][1] - ranges[node][0]
         machine = cluster.machine_type(cluster.node_types[index[node] - NODE_INDEX_OFFSET])
         rate = rates.rate(kind, layers) if rates is not None else machine_rate(tables[kind], layers)
         uid = index[node]
-        between = TOKEN_BYTES + activation_bytes  # a machine no hop reaches: Helix's size for it
         graph.add_edge(
             f"{uid}_in", f"{uid}_start", capacity=machine.inbound_nic_bytes_per_s / sizes["in"].get(node, between)
         )
         graph.add_edge(f"{uid}_start", f"{uid}_end", capacity=rate)
         graph.add_edge(
-            f"{uid}_end", f"{uid}_out", capacity=machine.outbound_nic_bytes_per_s / sizes["out"].get(node, 1)
+            f"{uid}_end", f"{uid}_out", capacity=machine.outbound_nic_bytes_per_s / sizes["out"].get(node, between)
         )
     uid = {SOURCE: SOURCE_UID, SINK: SINK_UID} | index
     for (a, b), bw in edges.items():
