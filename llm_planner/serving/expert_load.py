@@ -22,14 +22,11 @@ routing, E (1 - (1 - top-k/E)^T): a skewed router reaches fewer, so that term er
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import yaml
-
+from llm_planner.core.fileio import read_document
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.workload import WorkloadError
 
@@ -69,14 +66,7 @@ def _mean(values) -> float:
 
 def read_expert_load(path: str, config: DecoderConfig) -> ExpertLoad:
     """The histogram in `path` for `config`'s experts; ExpertLoadError naming the file and field."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ExpertLoadError(f"--expert-load {path}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ExpertLoadError(f"{path}: not valid {'JSON' if path.endswith('.json') else 'YAML'}: {exc}") from None
+    data = read_document(path, ExpertLoadError, finite=True)  # the loader every input file goes through
     if not config.is_moe:
         raise ExpertLoadError(f"--expert-load {path}: {config.name} has no experts (a dense model)")
     if not isinstance(data, dict) or set(data) != {"tokens_per_expert"}:
