@@ -18,6 +18,7 @@ from typing import Any
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.plan_read import Fields
 from llm_planner.core.precision import PRECISION_KEYS, PrecisionError, precision_from_dict, uniform
+from llm_planner.cost.moe_cost import check_imbalance
 from llm_planner.serving.classes import DP_ATTENTIONS
 from llm_planner.serving.engines import ENGINES
 
@@ -241,8 +242,10 @@ def _dp_imbalance(options: Fields) -> None:
     for k, factor in table.items():
         if isinstance(k, bool) or not isinstance(k, int) or k < 2:
             raise options.fail("dp_imbalance", f"group size {k!r}: expected a whole number >= 2")
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor < float("inf"):
-            raise options.fail("dp_imbalance", f"[{k}]: expected a number >= 1, got {factor!r}")
+        try:
+            check_imbalance(factor)  # the model's own check of a factor
+        except ValueError:
+            raise options.fail("dp_imbalance", f"[{k}]: expected a number >= 1, got {factor!r}") from None
 
 
 def _workload(f: Fields) -> None:
