@@ -25,6 +25,7 @@ benchmarks/results/helix). Each run takes minutes of one core; --jobs runs them 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -73,7 +74,7 @@ class Run:
 
 
 def helix_rows() -> dict[str, tuple[list[Run], float]]:
-    """Helix's own offline LLaMA-2 70B rows for its 24-machine cluster, with the numbers it reports."""
+    """Helix's own rows (its layouts of its published cases), with the numbers it reports."""
     layouts = f"{SINGLE}/layout_llama70b"
     separate = [
         Run(
@@ -86,30 +87,12 @@ def helix_rows() -> dict[str, tuple[list[Run], float]]:
         )
         for gpu, queries in (("a100", 18), ("l4", 40), ("t4", 3))
     ]
+    milp = _helix_milp("single_cluster", "cluster24")
     return {
-        "helix-milp": (
-            [
-                Run(
-                    cluster=f"{SINGLE}/config/cluster24.ini",
-                    layout=f"{layouts}/ilp/ilp_sol.ini",
-                    simulator_cluster=f"{layouts}/ilp/simulator_cluster.ini",
-                )
-            ],
-            252.1,
-        ),
+        "helix-milp": ([milp], 252.1),
         "separate-pipelines": (separate, 124.3),
         "helix-30b": (helix_30b(), 339.6),
-        "helix-milp-online": (
-            [
-                Run(
-                    cluster=f"{SINGLE}/config/cluster24.ini",
-                    layout=f"{layouts}/ilp/ilp_sol.ini",
-                    simulator_cluster=f"{layouts}/ilp/simulator_cluster.ini",
-                    online=700.0,
-                )
-            ],
-            141.6,
-        ),
+        "helix-milp-online": ([dataclasses.replace(milp, online=700.0)], 141.6),
         "helix-cluster42": ([_helix_milp("high_heterogeneity", "cluster42")], 645.6),
         "helix-3cluster24": ([_helix_milp("distributed_clusters", "3cluster24")], 98.0),
         "helix-milp-roundtrip": ([], None),
