@@ -121,11 +121,12 @@ ORDERS = ("slow-ends", "fast-first")
 REGION_MODES = ("ignore", "route")
 # The search prices every stage (width x layers of a type) for every room a stage can have, so its
 # work grows with the square of the stage shapes: machines x the most layers their type's tables
-# list, summed over the types. Helix's 24-machine cluster has a few hundred (0.1 s), four copies of
-# it (96 machines) a few times that (2 s); the limit, about 10 s, is refused before the search.
+# list, summed over the types, and with the number of candidates (llm_planner.helix.chains). Helix's
+# 24-machine cluster has a few hundred (0.3 s), four copies of it (96 machines) a few times that
+# (6.6 s, docs/inputs.md); past the limit the search is refused before it starts.
 MAX_STAGE_SHAPES = 1536
 # On a geo cluster the planner scores the distinct orders of a chain's stages (9 stages of 3 shapes on
-# 3cluster24: 630 orders, about 6 s); past this many it keeps the default order.
+# 3cluster24: 630 orders, most of its 2.6 s); past this many it keeps the default order.
 MAX_GEO_ORDERS = 1000
 
 
