@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import fidelity_grid  # noqa: E402 (benchmarks/fidelity_grid.py, beside this script)
 import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
 from llm_planner.core.precision import build_precision  # noqa: E402
@@ -357,20 +358,25 @@ def main() -> int:
             rows.append(table_row(row, score(row, servers, Path(tmp))))
         ops = yaml.safe_load((DATA / refs["operators_file"]).read_text())
         lin_rows, ar_rows = operator_rows(ops, servers, Path(tmp))
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        grid_md, grid_lines = fidelity_grid.run(
+            DATA / refs["grid_file"], lambda row: score(row, servers, Path(tmp)), Path(args.out)
+        )
     print(provenance.markdown_table(COLUMNS, ([r[c] for c in COLUMNS] for r in rows)))
-    lines = summary(rows)
+    lines = summary(rows) + grid_lines
     print("\n".join(lines))
+    print(grid_md)
     print("not scored:\n  " + "\n  ".join(skipped))
     ops_md = provenance.markdown_table(OP_COLUMNS, ([r[c] for c in OP_COLUMNS] for r in lin_rows))
     ops_md += "\n" + provenance.markdown_table(AR_COLUMNS, ([r[c] for c in AR_COLUMNS] for r in ar_rows))
     print(ops_md)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
     provenance.write_results(args.out, COLUMNS, rows, facts)
     table = Path(args.out) / "table.md"
     summary_md = "Ratios model / measured:\n\n```\n" + "\n".join(lines) + "\n```\n\nNot scored:\n\n"
     summary_md += "".join(f"- {line}\n" for line in skipped)
     operators_md = "\nVidur's operator medians (model / measured; fp16; calibration):\n\n" + ops_md
-    table.write_text(table.read_text() + "\n" + summary_md + operators_md)
+    grid_md = f"\nThe NIM grid ({fidelity_grid.SOURCE}; held out; each run in grid.csv):\n" + grid_md
+    table.write_text(table.read_text() + "\n" + summary_md + operators_md + grid_md)
     return 0
 
 

@@ -37,3 +37,48 @@ def test_fixed_batch_e2e_is_prefill_plus_decode_steps(row, tmp_path):
     # one decode step streams the 8B model's 16 GB of bf16 weights at no more than the data sheet's bandwidth
     assert got["tpot_s"] > 16.0e9 / {"h200-sxm-141g": 4.8e12, "a100-sxm-80g": 2.039e12}[row["gpu"]]
     assert 0 < got["ttft_s"] < got["tpot_s"] * 4  # 256 prompt tokens: one iteration, near a step
+
+
+import fidelity_grid  # noqa: E402
+
+GRID_HEADER = (
+    "model,execution_type,gpu,n_gpus,precision,concurrency,input_tokens_mean_config,output_tokens_mean_config,"
+    "num_input_token_avg,num_output_token_avg,ttft_avg_ns,ttft_p95_ns,itl_avg_ns,itl_p95_ns,request_latency_avg_ns,"
+    "output_token_throughput_avg,request_throughput_avg,row_number\n"
+)
+
+
+def test_grid_row_takes_the_source_columns_as_a_serving_row(tmp_path):
+    path = tmp_path / "grid.csv"
+    path.write_text(
+        GRID_HEADER
+        + "meta-llama3-70b-instruct,NIM_TRT-LLM,H100_80GB_HBM3,4,fp8,50,200,1000,199.5,999.0,"
+        + "250000000.0,1,20000000.0,1,1,2400.0,1,7\n"
+    )
+    (row,) = fidelity_grid.grid_rows(path)
+    assert row["model"] == "meta-llama/Meta-Llama-3-70B-Instruct" and row["gpu"] == "h100-sxm-80g"
+    assert (row["num_gpus"], row["tp"], row["pp"], row["dtype"], row["concurrency"]) == (4, 4, 1, "fp8", 50)
+    assert (row["prompt_len"], row["output_len"]) == (199.5, 999.0)  # the means the requests had
+    assert row["tpot_s"] == pytest.approx(0.020) and row["ttft_s"] == pytest.approx(0.25)
+    assert row["output_tokens_per_s"] == 2400.0 and row["use"] == "held_out"
+    assert row["id"].endswith("-c50-r7") and "row 7" in row["source"]
+    assert bench_fidelity.why_not(row) is None
+
+
+def test_the_grid_file_holds_every_source_row_once_and_each_is_scoreable():
+    path = REPO / "benchmarks" / "data" / REFS["grid_file"]
+    rows = fidelity_grid.grid_rows(path)
+    assert len(rows) == 787  # the source's data rows, repeats included
+    assert len({r["id"] for r in rows}) == len(rows)
+    assert {r["tp"] for r in rows} == {1, 2, 4, 8} and {r["gpu"] for r in rows} == {"a100-sxm-80g", "h100-sxm-80g"}
+    assert all(bench_fidelity.why_not(r) is None and r["use"] == "held_out" for r in rows)
+
+
+def test_grid_tables_take_each_cells_median_and_mark_cells_with_no_fit():
+    base = {"model": "m/M", "gpu": "g", "tp": 1, "dtype": "fp16"}
+    rows = [{**base, "concurrency": c} for c in (1, 1, 1, 10)]
+    scored = [{"tpot": x, "tokens_per_s": 1.0, "ttft": 1.0} for x in (0.5, 0.9, 0.7)] + [None]
+    head, lines = fidelity_grid.tables(rows, scored)["tpot"]
+    assert head[-2:] == ["c1", "c10"] and lines == [["M", "g", "1", "fp16", "0.70", "-"]]
+    (tpot, *_) = fidelity_grid.summary(scored)
+    assert "n=3 median 0.70 p10-p90 0.54-0.86 within 15%: 33%" in tpot  # 0.9 is within 15%
