@@ -129,16 +129,18 @@ def _open_loop(row: dict) -> bool:
     return row.get("concurrency") is None and isinstance(rate, (int, float)) and rate != float("inf")
 
 
-def score(row: dict, servers: dict, tmp: Path) -> dict:
+def score(row: dict, servers: dict, tmp: Path, spec: Path | None = None) -> dict:
+    """The model's figures for the row, on a one-server spec of its GPUs from the catalog (or `spec`)."""
     gpu, tp = row["gpu"], row["tp"]
-    spec = tmp / f"{gpu}-{row['num_gpus']}.yaml"
-    spec.write_text(cluster_yaml(gpu, row["num_gpus"], servers))
+    if spec is None:
+        spec = tmp / f"{gpu}-{row['num_gpus']}.yaml"
+        spec.write_text(cluster_yaml(gpu, row["num_gpus"], servers))
     prompt, output = max(1, round(row["prompt_len"])), max(1, round(row["output_len"]))
     workload = ServingWorkload(requests=(RequestShape(prompt_len=prompt, output_len=output),), tpot_slo_s=10.0)
     budget = row.get("max_num_batched_tokens") or ServingOptions().max_batched_tokens
     chunked = row.get("enable_chunked_prefill") is not False  # unstated: the engines' chunked prefill
     options = ServingOptions(max_batched_tokens=budget, chunked_prefill=chunked)
-    ctx = build_context(str(spec), PRESETS[row["model"]], workload, _precision(row), options)
+    ctx = build_context(str(spec), PRESETS[row["model"]], workload, row_precision(row), options)
     model = ctx.replica((Segment(ctx.classes[0].name, tp, 1),))
     if _open_loop(row):
         return open_loop_score(model, ctx.config.num_layers, float(row["request_rate"]), output)
@@ -147,7 +149,7 @@ def score(row: dict, servers: dict, tmp: Path) -> dict:
     return _at(model, ctx.config.num_layers, row["concurrency"])
 
 
-def _precision(row: dict):
+def row_precision(row: dict):
     """The row's dtype, or its weights and KV cache below the activations where it states them."""
     if row.get("weights") is None and row.get("kv_cache_dtype") is None:
         return DTYPES[row["dtype"]]

@@ -46,6 +46,21 @@ memory` (the engine runs fewer and queues the rest). Below the table, the linear
 four projections summed) and one all-reduce per call against Vidur's operator medians.""",
     ),
     Section(
+        "refit",
+        "Refitting the serving model on a few runs of one engine: the NIM grid",
+        """\
+For each (model, GPU, tensor-parallel degree, dtype) of the fidelity benchmark's NIM grid
+(NIM's TensorRT-LLM backend, Llama-3 8B and 70B on A100 and H100 servers; docs/fidelity.md),
+`calibrate --serving` fits the GPU's four serving factors (compute and memory efficiency, step
+overhead, collective overhead) on three of the group's runs, one prompt/output size at three
+concurrencies, read as genai-perf profile exports; the fitted spec then scores the group's other
+runs. Columns: what was trained on; the fitted factors (those the data could not tell keep the
+catalog's, named); the runs held out; for TPOT, output tokens/s and TTFT the median ratio model /
+measured over them and the share within 15% (30% for TTFT), with the catalog's factors and with
+the fitted ones.""",
+        ".venv/bin/python benchmarks/bench_refit.py",
+    ),
+    Section(
         "all2all",
         "DeepEP's low-latency dispatch and combine against its published times",
         """\

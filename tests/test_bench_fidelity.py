@@ -57,7 +57,9 @@ def test_grid_row_takes_the_source_columns_as_a_serving_row(tmp_path):
     )
     (row,) = fidelity_grid.grid_rows(path)
     assert row["model"] == "meta-llama/Meta-Llama-3-70B-Instruct" and row["gpu"] == "h100-sxm-80g"
-    assert (row["num_gpus"], row["tp"], row["pp"], row["dtype"], row["concurrency"]) == (4, 4, 1, "fp8", 50)
+    assert (row["num_gpus"], row["tp"], row["pp"], row["concurrency"]) == (4, 4, 1, 50)
+    # TensorRT-LLM's fp8 quantization: fp8 weights and matmuls, the KV cache in 16 bits
+    assert (row["precision"], row["dtype"], row["weights"], row["kv_cache_dtype"]) == ("fp8", "fp16", "fp8", "auto")
     assert (row["prompt_len"], row["output_len"]) == (199.5, 999.0)  # the means the requests had
     assert row["tpot_s"] == pytest.approx(0.020) and row["ttft_s"] == pytest.approx(0.25)
     assert row["output_tokens_per_s"] == 2400.0 and row["use"] == "held_out"
@@ -75,10 +77,44 @@ def test_the_grid_file_holds_every_source_row_once_and_each_is_scoreable():
 
 
 def test_grid_tables_take_each_cells_median_and_mark_cells_with_no_fit():
-    base = {"model": "m/M", "gpu": "g", "tp": 1, "dtype": "fp16"}
+    base = {"model": "m/M", "gpu": "g", "tp": 1, "precision": "fp16"}
     rows = [{**base, "concurrency": c} for c in (1, 1, 1, 10)]
     scored = [{"tpot": x, "tokens_per_s": 1.0, "ttft": 1.0} for x in (0.5, 0.9, 0.7)] + [None]
     head, lines = fidelity_grid.tables(rows, scored)["tpot"]
     assert head[-2:] == ["c1", "c10"] and lines == [["M", "g", "1", "fp16", "0.70", "-"]]
     (tpot, *_) = fidelity_grid.summary(scored)
     assert "n=3 median 0.70 p10-p90 0.54-0.86 within 15%: 33%" in tpot  # 0.9 is within 15%
+
+
+def test_a_grid_run_reads_back_from_its_genai_perf_export_unchanged(tmp_path):
+    import json
+
+    import bench_refit
+
+    from llm_planner.measure.serving_results import read_serving_results
+
+    row = fidelity_grid.grid_rows(REPO / "benchmarks" / "data" / REFS["grid_file"])[100]
+    path = tmp_path / "profile_export_genai_perf.json"
+    path.write_text(json.dumps(bench_refit.genai_export(row)))
+    (obs,) = read_serving_results(path)
+    assert obs.engine == "genai-perf" and obs.concurrency == row["concurrency"] and obs.model == row["model"]
+    assert obs.measured.tpot_s == row["tpot_s"] and obs.measured.ttft_s == row["ttft_s"]
+    assert obs.measured.tokens_per_s == row["output_tokens_per_s"]
+    assert (obs.requests[0].prompt_len, obs.requests[0].output_len) == (
+        round(row["prompt_len"]),
+        round(row["output_len"]),
+    )
+
+
+def test_gap_fits_recover_a_known_fixed_per_sequence_and_per_key_time():
+    rows, got = [], []
+    for c in (1, 10, 100):
+        for prompt, output in ((200, 200), (2000, 200), (200, 2000)):
+            context = prompt + output / 2
+            model = 0.010 + 1e-4 * c
+            gap = 0.002 + 20e-6 * c + 30e-9 * c * context
+            rows.append({"model": "m/M", "gpu": "g", "tp": 1, "precision": "fp16", "concurrency": c})
+            rows[-1] |= {"prompt_len": prompt, "output_len": output, "tpot_s": model + gap}
+            got.append({"fits": True, "tpot_s": model})
+    (line,) = fidelity_grid.gap_fits(rows, got)
+    assert line[4:8] == ["9", "2.00", "20.0", "30.0"] and line[8].endswith("/ 0.00")

@@ -17,6 +17,7 @@ from llm_planner.cli.commands import UserError
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.fmt import fmt_s, styled
+from llm_planner.core.precision import KV_FORMATS, build_precision
 from llm_planner.measure.calibrate import CalibrateError, calibrate_files
 from llm_planner.measure.fits import Calibration
 from llm_planner.measure.serving_cases import ServingSettings
@@ -79,6 +80,13 @@ def add_calibrate_parser(sub) -> None:
     )
     s.add_argument("--dtype", default="fp16", choices=tuple(DTYPE_BYTES), help="weights' element type (default: fp16)")
     s.add_argument(
+        "--weights",
+        default=None,
+        help="the decoder layers' weight format the engine ran, as plan takes it (fp8, int8, int4-awq, ...), below "
+        "--dtype's activations (default: --dtype)",
+    )
+    s.add_argument("--kv-cache-dtype", choices=KV_FORMATS, default=None, help="the KV cache's dtype: auto or fp8")
+    s.add_argument(
         "--max-batched-tokens", type=tokens, default=None, help="the engine's token budget (default: as `score`)"
     )
     s.add_argument(
@@ -106,7 +114,9 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
             replicas=tuple(args.replica or ()),
             concurrency=tuple(args.concurrency or ()),
             micro_batches=tuple(args.micro_batches or ()),
-            dtype=args.dtype,
+            dtype=args.dtype
+            if args.weights is None and args.kv_cache_dtype is None
+            else build_precision(args.dtype, args.weights, args.kv_cache_dtype),
             max_batched_tokens=args.max_batched_tokens,
             allow_cpu=args.allow_cpu,
         )
@@ -122,7 +132,15 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
 
 
 def _check_flags(args: argparse.Namespace) -> None:
-    serving_only = ("--model", "--replica", "--concurrency", "--micro-batches", "--max-batched-tokens")
+    serving_only = (
+        "--model",
+        "--replica",
+        "--concurrency",
+        "--micro-batches",
+        "--max-batched-tokens",
+        "--weights",
+        "--kv-cache-dtype",
+    )
     if args.serving:
         if args.plan or args.report:
             raise UserError("--serving fits RESULT files; --plan and --report are for placement runs", exit_code=2)

@@ -23,6 +23,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from llm_planner.core.precision import Precision
 from llm_planner.core.spec import ClusterSpec
 from llm_planner.graph.hf_config import named_config
 from llm_planner.graph.transformer import DecoderConfig
@@ -46,7 +47,7 @@ class ServingSettings:
     replicas: tuple[str, ...] = ()
     concurrency: tuple[int, ...] = ()
     micro_batches: tuple[int, ...] = ()
-    dtype: str = "fp16"
+    dtype: str | Precision = "fp16"  # the activations' dtype, or a Precision with weights or KV cache below it
     max_batched_tokens: int | None = None
     allow_cpu: bool = False
 
@@ -73,7 +74,7 @@ class ServingCase:
     layers: tuple[int, ...]
     workload: ServingWorkload
     options: ServingOptions
-    dtype: str
+    dtype: str | Precision
     kinds: tuple[str, ...]  # device kinds the replica runs on
     grouped_kinds: tuple[str, ...]  # those of them in tensor-parallel groups
 

@@ -6,7 +6,7 @@ lengths, and whatever the file says of the replica (layout, concurrency, micro-b
 budget, model). What a file leaves out the user gives on the command line
 (llm_planner.measure.serving_fit.resolve).
 
-Three formats, told apart by their keys:
+Four formats, told apart by their keys:
 
 - `vllm bench serve --save-result` (vllm/benchmarks/serve.py: one JSON object; `--append-result`
   appends one per line). Keys read: `max_concurrency` (null when not set; then, for requests sent
@@ -17,6 +17,15 @@ Three formats, told apart by their keys:
 - `python -m sglang.bench_serving --output-file` (python/sglang/bench_serving.py: one JSON object
   per line, appended): the same keys (SGLang's script is adapted from vLLM's), told from vLLM's by
   `random_input_len` or `total_output_tokens_retokenized`; with `--output-details` the lens.
+- `genai-perf profile` (NVIDIA's client; its `profile_export_genai_perf.json`) and AIPerf, its
+  successor (`profile_export_aiperf.json`): one JSON object of metrics, each an object with its
+  `unit` and statistics, told apart by `inter_token_latency` being such an object. Read:
+  `inter_token_latency` (a request's (end - first token) / (tokens - 1), its TPOT), `time_to_first_token`,
+  `output_token_throughput` (avg), `output_sequence_length` / `input_sequence_length` (avg; older
+  genai-perf: `num_output_token` / `num_input_token`), each time in its stated unit (ns, us, ms, s), p50
+  where given, else avg; the concurrency from `input_config` (`concurrency`, newer genai-perf's
+  `perf_analyzer.stimulus.concurrency`, AIPerf's `loadgen.concurrency`), or at a request rate, by
+  Little's law from `request_throughput` and `request_latency`; the model from `input_config.model`.
 - `llm-planner launch SERVING_PLAN --report run.json` (format `llm_planner.serving_run`,
   version 1): one observation per replica, its layout, concurrency, micro-batches and token budget
   from the report, its measured `tpot_p50_s` (else `tpot_s`), `tokens_per_s`, `ttft_p50_s` (else
@@ -67,7 +76,7 @@ class ServingObservation:
     """One replica at one operating point, as a file states it (None: the file does not say)."""
 
     source: str  # "run.json", "run.jsonl line 3", "run.json replicas[1]"
-    engine: str  # "vllm", "sglang" or "llm_planner"
+    engine: str  # "vllm", "sglang", "genai-perf" or "llm_planner"
     measured: Measured
     requests: tuple[RequestShape, ...]
     concurrency: int | None
@@ -86,6 +95,8 @@ def read_serving_results(path: str | Path) -> list[ServingObservation]:
             raise ServingResultError(f"{where}: expected a JSON object, got {type(doc).__name__}")
         if "format" in doc:
             out += _read_report(where, doc)
+        elif isinstance(doc.get("inter_token_latency"), dict):
+            out.append(read_genai_perf(where, doc))
         else:
             out.append(_read_engine(where, doc))
     return out
@@ -281,4 +292,99 @@ def _report_replica(where: str, r: Any, shape: RequestShape, model: str | None) 
         layout=r["layout"],
         max_batched_tokens=_count(where, r, "max_batched_tokens"),
         model=model,
+    )
+
+
+TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}
+GENAI_CONCURRENCY = (("concurrency",), ("perf_analyzer", "stimulus", "concurrency"), ("loadgen", "concurrency"))
+GENAI_RATE = (("request_rate",), ("perf_analyzer", "stimulus", "request_rate"), ("loadgen", "request_rate"))
+
+
+def read_genai_perf(where: str, doc: dict) -> ServingObservation:
+    """A genai-perf or AIPerf profile export (module docstring)."""
+    config = doc.get("input_config") if isinstance(doc.get("input_config"), dict) else {}
+    concurrency, note = _genai_concurrency(where, doc, config)
+    model = config.get("model")
+    model = model[0] if isinstance(model, list) and model else model
+    return ServingObservation(
+        source=where,
+        engine="genai-perf",
+        measured=Measured(
+            tpot_s=_genai_time(where, doc, "inter_token_latency"),
+            tokens_per_s=_genai_stat(where, doc, ("output_token_throughput",), ("avg",)),
+            ttft_s=_genai_time(where, doc, "time_to_first_token", required=False),
+        ),
+        requests=(
+            RequestShape(
+                prompt_len=max(
+                    1, round(_genai_stat(where, doc, ("input_sequence_length", "num_input_token"), ("avg",)))
+                ),
+                output_len=max(
+                    1, round(_genai_stat(where, doc, ("output_sequence_length", "num_output_token"), ("avg",)))
+                ),
+            ),
+        ),
+        concurrency=concurrency,
+        concurrency_note=note,
+        model=model if isinstance(model, str) else None,
+    )
+
+
+def _genai_metric(where: str, doc: dict, names: tuple[str, ...], required: bool = True) -> tuple[str, dict] | None:
+    for name in names:
+        if isinstance(doc.get(name), dict):
+            return name, doc[name]
+    if required:
+        raise ServingResultError(f"{where}: missing metric {names[0]!r} (an object with its unit and statistics)")
+    return None
+
+
+def _genai_stat(where: str, doc: dict, names: tuple[str, ...], stats: tuple[str, ...], required: bool = True):
+    """The first of `stats` the first present metric of `names` has, as a positive number."""
+    found = _genai_metric(where, doc, names, required)
+    if found is None:
+        return None
+    name, metric = found
+    for stat in stats:
+        if metric.get(stat) is not None:
+            return _number(f"{where}: {name}", metric, stat)
+    raise ServingResultError(f"{where}: {name}: missing {' or '.join(repr(s) for s in stats)}")
+
+
+def _genai_time(
+    where: str, doc: dict, name: str, required: bool = True, stats: tuple[str, ...] = ("p50", "avg")
+) -> float | None:
+    """A latency metric in seconds: p50 where given, else avg (or the first of `stats`), times its unit."""
+    value = _genai_stat(where, doc, (name,), stats, required)
+    if value is None:
+        return None
+    unit = doc[name].get("unit")
+    if unit not in TIME_UNITS:
+        known = ", ".join(TIME_UNITS)
+        raise ServingResultError(f"{where}: {name}: unit: expected one of {known}, got {json.dumps(unit)[:40]}")
+    return value * TIME_UNITS[unit]
+
+
+def _nested(config: dict, paths: tuple[tuple[str, ...], ...]):
+    for path in paths:
+        node: Any = config
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:
+            return node, ".".join(path)
+    return None, None
+
+
+def _genai_concurrency(where: str, doc: dict, config: dict) -> tuple[int | None, str]:
+    """The sequences in flight: input_config's concurrency, else Little's law at a request rate."""
+    value, key = _nested(config, GENAI_CONCURRENCY)
+    if value is not None:
+        return _count(f"{where}: input_config", {key: value}, key), f"input_config.{key} {value}"
+    rate, key = _nested(config, GENAI_RATE)
+    if rate is None:
+        return None, "input_config states neither a concurrency nor a request rate"
+    throughput = _genai_stat(where, doc, ("request_throughput",), ("avg",))
+    mean = throughput * _genai_time(where, doc, "request_latency", stats=("avg",))
+    return max(1, round(mean)), (
+        f"input_config.{key} {rate}/s: {mean:.1f} in flight on average (requests/s x mean request latency)"
     )
