@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import fidelity_grid  # noqa: E402 (benchmarks/fidelity_grid.py, beside this script)
+import fidelity_static  # noqa: E402
 import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
 from llm_planner.core.precision import build_precision  # noqa: E402
@@ -55,7 +56,10 @@ PRESETS = {
     "meta-llama/Llama-3.1-70B-Instruct": "llama3-70b",
     "meta-llama/Meta-Llama-3-8B": "llama3-8b",
     "meta-llama/Meta-Llama-3-70B": "llama3-70b",
+    "meta-llama/Llama-2-7b-hf": "llama2-7b",
+    "meta-llama/Llama-2-13b-hf": "llama2-13b",
     "meta-llama/Llama-2-70b-hf": "llama2-70b",
+    "mistralai/Mixtral-8x7B-v0.1": "mixtral-8x7b",
     "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b",
     "deepseek-ai/DeepSeek-R1-0528": "deepseek-v3",
 }
@@ -91,7 +95,7 @@ COLUMNS = [
 
 
 def cluster_yaml(gpu: str, num_gpus: int, servers: dict) -> str:
-    link = servers[gpu]["gpu_link"]
+    link = servers[gpu]["gpu_link"] if num_gpus > 1 else None  # one GPU: no link between GPUs
     return yaml.safe_dump(
         {
             "name": f"one-{gpu}-server",
@@ -364,10 +368,13 @@ def main() -> int:
         grid_md, grid_lines = fidelity_grid.run(
             DATA / refs["grid_file"], lambda row: score(row, servers, Path(tmp)), Path(args.out)
         )
+        static_md, static_lines = fidelity_static.run(
+            DATA / refs["static_file"], lambda row: score(row, servers, Path(tmp)), servers, Path(args.out)
+        )
     print(provenance.markdown_table(COLUMNS, ([r[c] for c in COLUMNS] for r in rows)))
-    lines = summary(rows) + grid_lines
+    lines = summary(rows) + grid_lines + static_lines
     print("\n".join(lines))
-    print(grid_md)
+    print(grid_md + static_md)
     print("not scored:\n  " + "\n  ".join(skipped))
     ops_md = provenance.markdown_table(OP_COLUMNS, ([r[c] for c in OP_COLUMNS] for r in lin_rows))
     ops_md += "\n" + provenance.markdown_table(AR_COLUMNS, ([r[c] for c in AR_COLUMNS] for r in ar_rows))
@@ -378,7 +385,8 @@ def main() -> int:
     summary_md += "".join(f"- {line}\n" for line in skipped)
     operators_md = "\nVidur's operator medians (model / measured; fp16; calibration):\n\n" + ops_md
     grid_md = f"\nThe NIM grid ({fidelity_grid.SOURCE}; held out; each run in grid.csv):\n" + grid_md
-    table.write_text(table.read_text() + "\n" + summary_md + operators_md + grid_md)
+    static_md = f"\nThe static batches ({fidelity_static.SOURCE}; held out; each run in static.csv):\n" + static_md
+    table.write_text(table.read_text() + "\n" + summary_md + operators_md + grid_md + static_md)
     return 0
 
 

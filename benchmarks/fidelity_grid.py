@@ -70,7 +70,7 @@ def _row(r: dict) -> dict:
         "num_gpus": n,
         "tp": n,
         "pp": 1,
-        **_precision(r["precision"]),
+        **precision_fields(r["precision"]),
         "concurrency": int(r["concurrency"]),
         "prompt_len": float(r["num_input_token_avg"]),
         "output_len": float(r["num_output_token_avg"]),
@@ -83,7 +83,7 @@ def _row(r: dict) -> dict:
     }
 
 
-def _precision(name: str) -> dict:
+def precision_fields(name: str) -> dict:
     """The row's precision fields: fp8 as TensorRT-LLM's fp8 quantization (module docstring)."""
     if name == "fp8":
         return {"dtype": "fp16", "weights": "fp8", "kv_cache_dtype": "auto", "precision": "fp8"}
@@ -105,7 +105,9 @@ def group_of(row: dict) -> tuple:
     return (row["model"].split("/")[-1], row["gpu"], row["tp"], row["precision"])
 
 
-def tables(rows: list[dict], scored: list[dict | None]) -> dict[str, tuple[list[str], list[list[str]]]]:
+def tables(
+    rows: list[dict], scored: list[dict | None], metrics: tuple[str, ...] = tuple(METRICS), prefix: str = "c"
+) -> dict[str, tuple[list[str], list[list[str]]]]:
     """Per metric: one line per (model, GPU, tp, dtype), one column per concurrency, each cell the
     median ratio over that cell's runs (its prompt/output sizes and repeats), `-` where none fit."""
     cells: dict = defaultdict(list)
@@ -114,8 +116,8 @@ def tables(rows: list[dict], scored: list[dict | None]) -> dict[str, tuple[list[
         if got is not None:
             cells[group_of(row), row["concurrency"]].append(got)
     out = {}
-    for metric in METRICS:
-        head = [*GROUP_KEYS, *(f"c{c}" for c in concurrencies)]
+    for metric in metrics:
+        head = [*GROUP_KEYS, *(f"{prefix}{c}" for c in concurrencies)]
         lines = []
         for group in sorted({group_of(r) for r in rows}):
             vals = [cells.get((group, c)) for c in concurrencies]
@@ -154,19 +156,22 @@ def gap_fits(rows: list[dict], got: list[dict]) -> list[list[str]]:
     return lines
 
 
-def summary(scored: list[dict | None]) -> list[str]:
+BARS = (("tpot", 0.15), ("tokens_per_s", 0.15), ("ttft", 0.30))
+
+
+def summary(scored: list[dict | None], bars: tuple = BARS, label: str = "held_out grid") -> list[str]:
     """One line per metric: runs scored, median, 10th-90th percentile, share within 15% (TPOT,
     tokens/s) or 30% (TTFT): the issue's bars."""
     lines = []
     fit = [s for s in scored if s is not None]
-    for metric, bar in (("tpot", 0.15), ("tokens_per_s", 0.15), ("ttft", 0.30)):
+    for metric, bar in bars:
         v = sorted(s[metric] for s in fit)
         if len(v) < 2:
             continue
         deciles = statistics.quantiles(v, n=10, method="inclusive")
         within = sum(abs(x - 1) <= bar for x in v) / len(v)
         lines.append(
-            f"held_out grid {metric:12s} n={len(v)} median {statistics.median(v):.2f} p10-p90 "
+            f"{label} {metric:12s} n={len(v)} median {statistics.median(v):.2f} p10-p90 "
             f"{deciles[0]:.2f}-{deciles[-1]:.2f} within {bar:.0%}: {within:.0%}"
         )
     return lines

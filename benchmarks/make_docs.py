@@ -51,8 +51,8 @@ four projections summed) and one all-reduce per call against Vidur's operator me
         """\
 For each (model, GPU, tensor-parallel degree, dtype) of the fidelity benchmark's NIM grid
 (NIM's TensorRT-LLM backend, Llama-3 8B and 70B on A100 and H100 servers; docs/fidelity.md),
-`calibrate --serving` fits the GPU's four serving factors (compute and memory efficiency, step
-overhead, collective overhead) on three of the group's runs, one prompt/output size at three
+`calibrate --serving` fits the GPU's five serving factors (compute and memory efficiency, step,
+collective and per-sequence overheads) on three of the group's runs, one prompt/output size at three
 concurrencies, read as genai-perf profile exports; the fitted spec then scores the group's other
 runs. Columns: what was trained on; the fitted factors (those the data could not tell keep the
 catalog's, named); the runs held out; for TPOT, output tokens/s and TTFT the median ratio model /

@@ -118,3 +118,31 @@ def test_gap_fits_recover_a_known_fixed_per_sequence_and_per_key_time():
             got.append({"fits": True, "tpot_s": model})
     (line,) = fidelity_grid.gap_fits(rows, got)
     assert line[4:8] == ["9", "2.00", "20.0", "30.0"] and line[8].endswith("/ 0.00")
+
+
+def test_static_batches_read_as_fixed_batch_rows_and_say_which_are_not_scored(tmp_path):
+    import fidelity_static
+
+    path = tmp_path / "static.csv"
+    head = "model,gpu,tp_size,pp_size,precision,batch_size,input_output_lengths,ttft_ms,token_to_token_latency_ms,"
+    path.write_text(
+        head + "latency_ms,row_number\n"
+        'LLaMA v2 70B,H100 80GB HBM3,4,1,FP8,64,"2048,128",900.0,20.0,3440.0,12\n'
+        'LLaMA v2 70B,L40S,4,1,FP8,8,"128,128",90.0,30.0,3900.0,13\n'
+        'Mixtral 8x7B,H100 80GB HBM3,2,1,Mixed,8,"128,128",20.0,10.0,1290.0,14\n'
+    )
+    row, l40s, mixtral = fidelity_static.static_rows(path)
+    assert (row["run"], row["concurrency"], row["prompt_len"], row["output_len"], row["tp"]) == (
+        "fixed_batch",
+        64,
+        2048,
+        128,
+        4,
+    )
+    assert (row["weights"], row["kv_cache_dtype"], row["enable_chunked_prefill"]) == ("fp8", "fp8", False)
+    assert (row["tpot_s"], row["ttft_s"], row["e2e_s"]) == pytest.approx((0.020, 0.9, 3.44))
+    assert fidelity_static.why_not(row, SERVERS) is None and bench_fidelity.why_not(row) is None
+    assert "GPU link" in fidelity_static.why_not(l40s, SERVERS)
+    assert "fake weights" in fidelity_static.why_not(mixtral, SERVERS) and mixtral["dtype"] == "fp16"
+    rows = fidelity_static.static_rows(REPO / "benchmarks" / "data" / REFS["static_file"])
+    assert len(rows) == 1080 and len({r["id"] for r in rows}) == 1080

@@ -18,7 +18,13 @@ from llm_planner.measure.serving_cases import ServingSettings, build_cases, even
 from llm_planner.measure.serving_fit import fit_serving
 from llm_planner.measure.serving_results import read_serving_results
 
-TRUTH = {"compute_efficiency": 0.45, "mem_efficiency": 0.62, "step_overhead_s": 3.1e-4, "collective_overhead_s": 9e-6}
+TRUTH = {
+    "compute_efficiency": 0.45,
+    "mem_efficiency": 0.62,
+    "step_overhead_s": 3.1e-4,
+    "collective_overhead_s": 9e-6,
+    "sequence_overhead_s": 2e-5,
+}
 PROMPT, OUTPUT = 512, 128
 TP2, TP1, PP2 = "1 x bigbox/big[tp2]", "1 x bigbox/big", "2 x bigbox/big"
 
@@ -324,61 +330,6 @@ def test_an_open_loop_run_is_read_at_its_mean_in_flight_by_littles_law(tmp_path)
     assert by_means.concurrency == round(2.5 * (0.12 + (OUTPUT - 1) * 0.021)) == 7
     assert sglang.engine == "sglang" and sglang.concurrency == 11 and "own mean" in sglang.concurrency_note
     assert at_once.concurrency is None and "max_concurrency is null" in at_once.concurrency_note
-
-
-def _genai(itl: dict, **extra) -> dict:
-    """What genai-perf's profile_export_genai_perf.json holds (older releases: ns, num_*_token)."""
-    doc = {
-        "request_throughput": {"unit": "requests/sec", "avg": 2.0},
-        "request_latency": {"unit": "ns", "avg": 4.0e9, "p95": 4.5e9},
-        "time_to_first_token": {"unit": "ns", "avg": 2.5e8, "p95": 3.0e8},
-        "inter_token_latency": itl,
-        "output_token_throughput": {"unit": "tokens/sec", "avg": 400.0},
-        "num_output_token": {"unit": "tokens", "avg": 199.6, "p95": 200.0},
-        "num_input_token": {"unit": "tokens", "avg": 1000.0, "p95": 1000.0},
-        "input_config": {"model": ["meta-llama3-8b-instruct"], "concurrency": 8},
-    }
-    return doc | extra
-
-
-def test_genai_perf_and_aiperf_exports_are_read_in_their_units(tmp_path):
-    path = tmp_path / "profile_export_genai_perf.json"
-    path.write_text(json.dumps(_genai({"unit": "ns", "avg": 1.9e7, "p95": 2.2e7})))
-    (old,) = read_serving_results(path)
-    assert (old.engine, old.concurrency, old.model) == ("genai-perf", 8, "meta-llama3-8b-instruct")
-    assert old.measured.tpot_s == pytest.approx(0.019) and old.measured.ttft_s == pytest.approx(0.25)
-    assert old.measured.tokens_per_s == 400.0 and "input_config.concurrency 8" in old.concurrency_note
-    assert [(r.prompt_len, r.output_len) for r in old.requests] == [(1000, 200)]
-    newer = _genai(
-        {"unit": "ms", "avg": 19.0, "p50": 18.0}, input_config={"perf_analyzer": {"stimulus": {"concurrency": 32}}}
-    )
-    newer["output_sequence_length"] = newer.pop("num_output_token")
-    path.write_text(json.dumps(newer))
-    (new,) = read_serving_results(path)
-    assert new.measured.tpot_s == pytest.approx(0.018) and new.concurrency == 32  # p50 before avg
-    assert new.requests[0].output_len == 200 and new.model is None
-    aiperf = _genai({"unit": "ms", "avg": 19.0}, input_config={"loadgen": {"concurrency": 64}})
-    path.write_text(json.dumps(aiperf))
-    assert read_serving_results(path)[0].concurrency == 64
-    rate = _genai({"unit": "ms", "avg": 19.0}, input_config={"request_rate": 2.0})
-    path.write_text(json.dumps(rate))
-    (open_loop,) = read_serving_results(path)  # Little's law: 2 requests/s x 4 s mean latency
-    assert open_loop.concurrency == 8 and "8.0 in flight" in open_loop.concurrency_note
-
-
-def test_genai_perf_exports_name_the_metric_when_wrong(tmp_path, capsys):
-    spec = _spec(tmp_path, "spec.yaml")
-    base = ["calibrate", "--serving", "--cluster", spec, "--model", "llama2-7b", "-o", str(tmp_path / "o.yaml")]
-    path = tmp_path / "export.json"
-    path.write_text(json.dumps(_genai({"unit": "fortnights", "avg": 1.0})))
-    _refused(capsys, [*base, "--replica", TP2, str(path)], "export.json", "inter_token_latency: unit", "fortnights")
-    doc = _genai({"unit": "ms", "avg": 19.0})
-    del doc["output_token_throughput"]
-    path.write_text(json.dumps(doc))
-    _refused(capsys, [*base, "--replica", TP2, str(path)], "export.json", "missing metric 'output_token_throughput'")
-    doc = _genai({"unit": "ms", "avg": 19.0}, input_config={})
-    path.write_text(json.dumps(doc))
-    _refused(capsys, [*base, "--replica", TP2, str(path)], "export.json", "neither a concurrency", "--concurrency")
 
 
 def test_a_quantized_run_is_scored_in_its_formats(tmp_path, capsys):

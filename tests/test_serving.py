@@ -10,12 +10,13 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from serving_fixtures import context, small_deepseek, workload, write_fleet
+from serving_fixtures import SMALL_FLEET, context, small_deepseek, workload, write_fleet
 
 from llm_planner.cli.main import main
 from llm_planner.core.spec import load_cluster
 from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.graph.transformer import DecoderConfig
+from llm_planner.serving import verify_replica
 from llm_planner.serving.baselines import class_patterns, engineer_best, even_split, megatron
 from llm_planner.serving.bound import concurrency_level_bound, device_rate_bound, tokens_upper_bound
 from llm_planner.serving.bound_batches import batch_level_bound
@@ -281,11 +282,16 @@ def test_cpu_stages_only_when_allowed(tmp_path):
     assert cpus and all(c.degrees == (1,) for c in cpus)
 
 
-@pytest.fixture(scope="module", params=["mixed", "four-gpus", "moe", "deepseek"])
+@pytest.fixture(scope="module", params=["mixed", "four-gpus", "moe", "deepseek", "per-sequence"])
 def bound_ctx(request, tmp_path_factory):
     """Two fleets and the bound on each: classes mixed, and the example four-GPU server where the
-    bound is within a few percent of the best plan (a bound cut too low fails there)."""
-    if request.param in ("mixed", "moe", "deepseek"):
+    bound is within a few percent of the best plan (a bound cut too low fails there); the mixed
+    fleet again with an engine time per sequence on every GPU kind (the head's pieces carry it)."""
+    if request.param == "per-sequence":
+        text = SMALL_FLEET.replace("step_overhead_s: 0.5 ms}", "step_overhead_s: 0.5 ms, sequence_overhead_s: 40 us}")
+        assert text.count("sequence_overhead_s") == 2
+        cluster = load_cluster(write_fleet(tmp_path_factory.mktemp("bound"), text))
+    elif request.param in ("mixed", "moe", "deepseek"):
         cluster = load_cluster(write_fleet(tmp_path_factory.mktemp("bound")))
     else:
         cluster = load_cluster(str(Path(__file__).resolve().parents[1] / "cluster_specs" / "four-gpus.yaml"))
@@ -296,6 +302,7 @@ def bound_ctx(request, tmp_path_factory):
     # latent attention and dense first layers, which the first stage holds besides its share
     model, tpot_s = {
         "mixed": ("gpt2-xl", 0.01),
+        "per-sequence": ("gpt2-xl", 0.01),
         "four-gpus": ("llama3-8b", 0.03),
         "moe": ("qwen1.5-moe-a2.7b", 0.03),
         "deepseek": (small_deepseek(), 0.03),
@@ -510,3 +517,24 @@ def test_measured_times_that_fall_or_jump_stay_under_the_optimistic_value_and_th
     assert ev is not None
     assert ev.tokens_per_s <= OptimisticTokens(ctx)(layout) * (1 + 1e-9)
     assert ev.tokens_per_s <= tokens_upper_bound(ctx.cache, ctx.classes, tpot_s, tokens_per_s=float("inf"))
+
+
+def test_the_engines_time_per_sequence_is_paid_once_per_iteration_on_the_last_stage(tmp_path):
+    """sequence_overhead_s adds s b to the head's part: the last stage's iteration grows by it, the
+    others do not, the verifier's own head time agrees, and a group with data-parallel attention
+    pays it on each rank's b / k sequences."""
+    text = SMALL_FLEET.replace("step_overhead_s: 0.5 ms}", "step_overhead_s: 0.5 ms, sequence_overhead_s: 40 us}")
+    (tmp_path / "slow").mkdir()
+    clusters = {"base": load_cluster(write_fleet(tmp_path)), "slow": load_cluster(write_fleet(tmp_path / "slow", text))}
+    times, heads, dp = {}, {}, {}
+    for name, cluster in clusters.items():
+        ctx = ServingContext(cluster, preset_config("gpt2-xl"), workload(256, 128, 0.05), "fp16", ServingOptions())
+        costs = ctx.cache.get("bigbox/big", 1)
+        times[name] = [costs.stage_s(16, 12, first, last) for first, last in ((True, False), (False, True))]
+        heads[name] = (costs.part_s("lm_head", 16), verify_replica._Costs(ctx, "bigbox/big", 1).part_s("lm_head", 16))
+        moe = ServingContext(cluster, small_deepseek(), workload(256, 128, 0.05), "fp16", ServingOptions())
+        dp[name] = moe.cache.get("bigbox/big", 2, "dp").part_s("lm_head", 16)
+    assert times["slow"][0] == pytest.approx(times["base"][0])
+    assert times["slow"][1] - times["base"][1] == pytest.approx(16 * 40e-6)
+    assert heads["slow"][0] == pytest.approx(heads["slow"][1]) and heads["base"][0] == pytest.approx(heads["base"][1])
+    assert dp["slow"] - dp["base"] == pytest.approx(16 * 40e-6 / 2)

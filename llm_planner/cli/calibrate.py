@@ -50,7 +50,8 @@ def add_calibrate_parser(sub) -> None:
     s.add_argument(
         "--serving",
         action="store_true",
-        help="fit compute_efficiency, mem_efficiency, step_overhead_s and collective_overhead_s to RESULT files",
+        help="fit compute_efficiency, mem_efficiency, step_overhead_s, collective_overhead_s and sequence_overhead_s "
+        "to RESULT files",
     )
     s.add_argument(
         "results",

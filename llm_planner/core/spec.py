@@ -105,6 +105,9 @@ class DeviceKindSpec:
     usable_mem_fraction: float | None = None
     # Serving: fixed time per engine iteration on a stage of this kind; None: STEP_OVERHEAD_DEFAULT.
     step_overhead_s: float | None = None
+    # Serving: the engine's time per sequence in an iteration (scheduling it, sampling, detokenizing
+    # and streaming its token), on the last stage; None: 0 (docs/cluster-spec.md).
+    sequence_overhead_s: float | None = None
     # Whether its devices may form tensor-parallel groups; None: the type's TENSOR_PARALLEL_DEFAULT.
     tensor_parallel: bool | None = None
     # Weights the kind dequantizes in its kernels (int4-awq, int4-gptq; fp8 without an fp8 peak): the
@@ -124,6 +127,11 @@ class DeviceKindSpec:
     def serving_step_s(self) -> float:
         """Fixed time per engine iteration on a serving stage of this kind (STEP_OVERHEAD_DEFAULT)."""
         return STEP_OVERHEAD_DEFAULT[self.type] if self.step_overhead_s is None else self.step_overhead_s
+
+    @property
+    def serving_sequence_s(self) -> float:
+        """The engine's time per sequence per iteration on a serving replica's last stage (0 unless set)."""
+        return 0.0 if self.sequence_overhead_s is None else self.sequence_overhead_s
 
     @property
     def collective_call_s(self) -> float:

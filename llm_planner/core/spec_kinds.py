@@ -81,6 +81,7 @@ KIND_FIELDS: dict[str, Callable[[Reader, str], Any]] = {
     "collective_efficiency": _fraction,
     "usable_mem_fraction": _fraction,
     "step_overhead_s": _seconds,
+    "sequence_overhead_s": _seconds,
     "tensor_parallel": _bool,
     "dequant_factor": _factor,
 }

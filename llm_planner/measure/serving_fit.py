@@ -1,11 +1,11 @@
 """Fit a cluster spec's serving factors to measured serving runs: `calibrate --serving`.
 
-For every device kind the measured replicas ran on, the factors are x = (1 / compute_efficiency,
-1 / mem_efficiency, step_overhead_s, collective_overhead_s) (llm_planner.cost.iteration,
-llm_planner.serving.costs). Each observation's figures F (TPOT, output tokens/s, TTFT, and the pure
-decode step where the run measured it) are predicted by the serving model itself, exactly as
-`llm-planner score` scores the replica (llm_planner.measure.serving_cases.predict), and the fit
-minimises the weighted relative errors
+For every device kind the measured replicas ran on, the factors are
+x = (1 / compute_efficiency, 1 / mem_efficiency, step_overhead_s, collective_overhead_s, sequence_overhead_s)
+(llm_planner.cost.iteration, llm_planner.serving.costs). Each observation's figures F (TPOT, output
+tokens/s, TTFT, and the pure decode step where the run measured it) are predicted by the serving
+model itself, exactly as `llm-planner score` scores the replica
+(llm_planner.measure.serving_cases.predict), and the fit minimises the weighted relative errors
 
     sum over observations and figures  w_F^2 (predicted_F(x) / measured_F - 1)^2
 
@@ -23,13 +23,14 @@ linearised problem is solved by bounded least squares over the factors the data 
 lower the error is halved. It stops when x stops moving.
 
 What the data cannot tell keeps the spec's value, with the reason in the output: a kind no
-observation ran on; a factor no figure depends on (collective_overhead_s without a
-tensor-parallel group of the kind; compute_efficiency where every kernel is memory-bound); more
-factors than the independent figures minus one (tokens/s is C / TPOT in the model, so it counts
-with TPOT as one figure); collinear factors (one concurrency: the step overhead and the memory
-efficiency trade off), given up in the order collective_overhead_s, compute_efficiency,
-mem_efficiency; a factor whose term explains under 1% of every figure. step_overhead_s, which
-absorbs what the model does not count, is given up last and never as weak.
+observation ran on; a factor no figure depends on (collective_overhead_s without a tensor-parallel
+group of the kind; compute_efficiency where every kernel is memory-bound); more factors than the
+independent figures minus one (tokens/s is C / TPOT in the model, so it counts with TPOT as one
+figure); collinear factors (one concurrency: the step overhead and the memory efficiency trade off;
+one concurrency tells no time per sequence from the step's), given up in the order
+collective_overhead_s, sequence_overhead_s, compute_efficiency, mem_efficiency; a factor whose term
+explains under 1% of every figure. step_overhead_s, which absorbs what the model does not count, is
+given up last and never as weak.
 """
 
 from __future__ import annotations
@@ -56,10 +57,11 @@ from llm_planner.measure.serving_cases import (
 )
 from llm_planner.measure.serving_results import read_serving_results
 
-FIELDS = ("compute_efficiency", "mem_efficiency", "step_overhead_s", "collective_overhead_s")
-SCALE = np.array([1.0, 1.0, 1e-3, 1e-6])  # units of x in the fit: 1 / efficiency, ms, us
-LOWER = np.array([1.0, 1.0, 0.0, 0.0])
-GIVE_UP = (3, 0, 1, 2)  # field indices, the first given up first among equally good fits
+FIELDS = ("compute_efficiency", "mem_efficiency", "step_overhead_s", "collective_overhead_s", "sequence_overhead_s")
+NF = len(FIELDS)
+SCALE = np.array([1.0, 1.0, 1e-3, 1e-6, 1e-6])  # units of x in the fit: 1 / efficiency, ms, us, us
+LOWER = np.array([1.0, 1.0, 0.0, 0.0, 0.0])
+GIVE_UP = (3, 4, 0, 1, 2)  # field indices, the first given up first among equally good fits
 DEFAULT_WEIGHTS = {"tpot_s": 1.0, "tokens_per_s": 1.0, "ttft_s": 0.25, "decode_step_s": 1.0}
 MAX_STEPS = 60
 
@@ -92,7 +94,7 @@ class _Row:
 
 
 class _Problem:
-    """The cases, their rows, and the factors' columns: kind j // 4, field j % 4."""
+    """The cases, their rows, and the factors' columns: kind j // NF, field j % NF."""
 
     def __init__(self, cluster: ClusterSpec, config: DecoderConfig, cases: Sequence[ServingCase], weights: dict):
         self.cluster, self.config, self.cases = cluster, config, list(cases)
@@ -113,12 +115,13 @@ class _Problem:
     def values(self, x: np.ndarray) -> dict[str, dict[str, float]]:
         out = {}
         for n, kind in enumerate(self.kinds):
-            c, m, step, coll = x[4 * n : 4 * n + 4] * SCALE
+            c, m, step, coll, seq = x[NF * n : NF * n + NF] * SCALE
             out[kind.name] = {
                 "compute_efficiency": float(1.0 / c),
                 "mem_efficiency": float(1.0 / m),
                 "step_overhead_s": float(step),
                 "collective_overhead_s": float(coll),
+                "sequence_overhead_s": float(seq),
             }
         return out
 
@@ -132,14 +135,20 @@ class _Problem:
 
 
 def _natural(kind: DeviceKindSpec) -> np.ndarray:
-    """(1 / compute_efficiency, 1 / mem_efficiency, step overhead, collective overhead) as the model reads them."""
-    ce, me, step, coll = _spec_values(kind)
-    return np.array([1.0 / ce, 1.0 / me, step, coll])
+    """(1 / compute_efficiency, 1 / mem_efficiency, step, collective and sequence overheads) as the model reads them."""
+    ce, me, step, coll, seq = _spec_values(kind)
+    return np.array([1.0 / ce, 1.0 / me, step, coll, seq])
 
 
-def _spec_values(kind: DeviceKindSpec) -> tuple[float, float, float, float]:
-    """The four fields as the model reads them (a default where the spec states none)."""
-    return kind.compute_efficiency, kind.mem_efficiency, kind.serving_step_s, kind.collective_call_s
+def _spec_values(kind: DeviceKindSpec) -> tuple[float, ...]:
+    """The fields as the model reads them (a default where the spec states none)."""
+    return (
+        kind.compute_efficiency,
+        kind.mem_efficiency,
+        kind.serving_step_s,
+        kind.collective_call_s,
+        kind.serving_sequence_s,
+    )
 
 
 def _jacobian(problem: _Problem, x: np.ndarray, predicted: np.ndarray) -> np.ndarray:
@@ -158,8 +167,8 @@ def _gauss_newton(problem: _Problem) -> tuple[np.ndarray, list[int], dict[int, s
     x, w = problem.prior.copy(), problem.weight
     predicted = problem.predict(x)
     err = problem.error(predicted)
-    order = [4 * n + f for f in GIVE_UP for n in range(len(problem.kinds))]
-    exempt = [4 * n + 2 for n in range(len(problem.kinds))]
+    order = [NF * n + f for f in GIVE_UP for n in range(len(problem.kinds))]
+    exempt = [NF * n + 2 for n in range(len(problem.kinds))]
     free, kept = [], {}
     for _ in range(MAX_STEPS):
         a = _jacobian(problem, x, predicted) * w[:, None]
@@ -234,7 +243,7 @@ def _kind_fit(problem: _Problem, kind: DeviceKindSpec, i: int, n, fitted, free, 
             rel_rms_before=math.nan,
             rel_rms_after=math.nan,
         )
-    cols = {f: 4 * n + j for j, f in enumerate(FIELDS)}
+    cols = {f: NF * n + j for j, f in enumerate(FIELDS)}
     grouped = any(kind.name in c.grouped_kinds for c in problem.cases)
     reasons = {f: kept[c] for f, c in cols.items() if c in kept}
     if "collective_overhead_s" in reasons and not grouped:

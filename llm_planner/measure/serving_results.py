@@ -17,15 +17,8 @@ Four formats, told apart by their keys:
 - `python -m sglang.bench_serving --output-file` (python/sglang/bench_serving.py: one JSON object
   per line, appended): the same keys (SGLang's script is adapted from vLLM's), told from vLLM's by
   `random_input_len` or `total_output_tokens_retokenized`; with `--output-details` the lens.
-- `genai-perf profile` (NVIDIA's client; its `profile_export_genai_perf.json`) and AIPerf, its
-  successor (`profile_export_aiperf.json`): one JSON object of metrics, each an object with its
-  `unit` and statistics, told apart by `inter_token_latency` being such an object. Read:
-  `inter_token_latency` (a request's (end - first token) / (tokens - 1), its TPOT), `time_to_first_token`,
-  `output_token_throughput` (avg), `output_sequence_length` / `input_sequence_length` (avg; older
-  genai-perf: `num_output_token` / `num_input_token`), each time in its stated unit (ns, us, ms, s), p50
-  where given, else avg; the concurrency from `input_config` (`concurrency`, newer genai-perf's
-  `perf_analyzer.stimulus.concurrency`, AIPerf's `loadgen.concurrency`), or at a request rate, by
-  Little's law from `request_throughput` and `request_latency`; the model from `input_config.model`.
+- `genai-perf profile` (NVIDIA's client) and AIPerf, its successor: their profile export, told by
+  its metrics being objects with a `unit` (llm_planner.measure.genai_perf).
 - `llm-planner launch SERVING_PLAN --report run.json` (format `llm_planner.serving_run`,
   version 1): one observation per replica, its layout, concurrency, micro-batches and token budget
   from the report, its measured `tpot_p50_s` (else `tpot_s`), `tokens_per_s`, `ttft_p50_s` (else
@@ -41,13 +34,21 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llm_planner.core.fileio import parse_document, read_text
-from llm_planner.measure.fits import CalibrateError
+from llm_planner.measure.genai_perf import is_genai_perf, read_genai_perf
+from llm_planner.measure.serving_observation import (
+    Measured,
+    ServingObservation,
+    ServingResultError,
+    number,
+    whole_number,
+)
 from llm_planner.serving.workload import RequestShape
+
+__all__ = ["Measured", "ServingObservation", "ServingResultError", "read_serving_results"]
 
 SERVING_RUN_FORMAT = "llm_planner.serving_run"
 SERVING_RUN_VERSION = 1
@@ -55,36 +56,6 @@ MAX_SHAPES = 16  # request shapes a measurement's lens are grouped into
 ENGINE_TPOT = ("median_tpot_ms", "mean_tpot_ms")
 ENGINE_TTFT = ("median_ttft_ms", "mean_ttft_ms")
 ENGINE_REQUIRED = ("completed", "total_input_tokens", "total_output_tokens", "output_throughput")
-
-
-class ServingResultError(CalibrateError):
-    """A serving measurement that cannot be read; the message names the file and the key."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Measured:
-    """What a run measured, in seconds and output tokens per second (None: not measured)."""
-
-    tpot_s: float
-    tokens_per_s: float | None
-    ttft_s: float | None
-    decode_step_s: float | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServingObservation:
-    """One replica at one operating point, as a file states it (None: the file does not say)."""
-
-    source: str  # "run.json", "run.jsonl line 3", "run.json replicas[1]"
-    engine: str  # "vllm", "sglang", "genai-perf" or "llm_planner"
-    measured: Measured
-    requests: tuple[RequestShape, ...]
-    concurrency: int | None
-    concurrency_note: str  # where the concurrency came from, or why the file gives none
-    micro_batches: int | None = None
-    layout: str | None = None
-    max_batched_tokens: int | None = None
-    model: str | None = None
 
 
 def read_serving_results(path: str | Path) -> list[ServingObservation]:
@@ -95,7 +66,7 @@ def read_serving_results(path: str | Path) -> list[ServingObservation]:
             raise ServingResultError(f"{where}: expected a JSON object, got {type(doc).__name__}")
         if "format" in doc:
             out += _read_report(where, doc)
-        elif isinstance(doc.get("inter_token_latency"), dict):
+        elif is_genai_perf(doc):
             out.append(read_genai_perf(where, doc))
         else:
             out.append(_read_engine(where, doc))
@@ -116,31 +87,11 @@ def _documents(path: str | Path) -> list[tuple[str, Any]]:
     return [(str(path), parse_document(text, str(path), ServingResultError, as_json=True))]
 
 
-def _number(where: str, doc: dict, key: str, *, positive: bool = True, required: bool = True) -> float | None:
-    if key not in doc or doc[key] is None:
-        if required:
-            raise ServingResultError(f"{where}: missing key {key!r}")
-        return None
-    value = doc[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ServingResultError(f"{where}: {key}: expected a finite number, got {json.dumps(value)[:40]}")
-    if positive and value <= 0:
-        raise ServingResultError(f"{where}: {key}: must be above 0, got {value}")
-    return float(value)
-
-
-def _count(where: str, doc: dict, key: str, *, required: bool = True) -> int | None:
-    value = _number(where, doc, key, required=required)
-    if value is not None and value != int(value):
-        raise ServingResultError(f"{where}: {key}: expected a whole number, got {doc[key]}")
-    return None if value is None else int(value)
-
-
 def _first(where: str, doc: dict, keys: tuple[str, ...], scale: float) -> float:
     """The first of `keys` the document has (times `scale`); missing: an error naming the first."""
     for key in keys:
         if doc.get(key) is not None:
-            return _number(where, doc, key) * scale
+            return number(where, doc, key) * scale
     alternatives = " or ".join(repr(k) for k in keys[1:])
     raise ServingResultError(f"{where}: missing key {keys[0]!r} (or {alternatives})")
 
@@ -149,11 +100,11 @@ def _read_engine(where: str, doc: dict) -> ServingObservation:
     """A vLLM or SGLang benchmark result (module docstring)."""
     engine = "sglang" if "random_input_len" in doc or "total_output_tokens_retokenized" in doc else "vllm"
     for key in ENGINE_REQUIRED:
-        _number(where, doc, key)
+        number(where, doc, key)
     if "max_concurrency" not in doc:
         raise ServingResultError(f"{where}: missing key 'max_concurrency' ({engine} writes it, null when not set)")
-    completed = _count(where, doc, "completed")
-    limit = _count(where, doc, "max_concurrency", required=False)
+    completed = whole_number(where, doc, "completed")
+    limit = whole_number(where, doc, "max_concurrency", required=False)
     if limit is None:
         concurrency, note = open_loop_concurrency(where, doc, completed)
     else:
@@ -165,7 +116,7 @@ def _read_engine(where: str, doc: dict) -> ServingObservation:
         engine=engine,
         measured=Measured(
             tpot_s=_first(where, doc, ENGINE_TPOT, 1e-3),
-            tokens_per_s=_number(where, doc, "output_throughput"),
+            tokens_per_s=number(where, doc, "output_throughput"),
             ttft_s=_first(where, doc, ENGINE_TTFT, 1e-3),
         ),
         requests=_engine_requests(where, doc, completed),
@@ -186,9 +137,9 @@ def open_loop_concurrency(where: str, doc: dict, completed: int) -> tuple[int | 
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate):
         return None, "max_concurrency is null (the benchmark ran without --max-concurrency)"
     if doc.get("concurrency") is not None:
-        mean, how = _number(where, doc, "concurrency"), "the benchmark's own mean in flight"
+        mean, how = number(where, doc, "concurrency"), "the benchmark's own mean in flight"
     else:
-        throughput = _number(where, doc, "request_throughput")
+        throughput = number(where, doc, "request_throughput")
         mean, how = throughput * _mean_e2e_s(where, doc, completed), "requests/s x mean end-to-end latency"
     concurrency = max(1, round(mean))
     return concurrency, f"request rate {rate:g}/s without a concurrency cap: {mean:.1f} in flight on average ({how})"
@@ -197,8 +148,8 @@ def open_loop_concurrency(where: str, doc: dict, completed: int) -> tuple[int | 
 def _mean_e2e_s(where: str, doc: dict, completed: int) -> float:
     for key in ("mean_e2el_ms", "mean_e2e_latency_ms"):
         if doc.get(key) is not None:
-            return _number(where, doc, key) * 1e-3
-    output = _number(where, doc, "total_output_tokens") / completed
+            return number(where, doc, key) * 1e-3
+    output = number(where, doc, "total_output_tokens") / completed
     return _first(where, doc, ("mean_ttft_ms",), 1e-3) + max(output - 1, 0) * _first(
         where, doc, ("mean_tpot_ms",), 1e-3
     )
@@ -220,8 +171,8 @@ def _engine_requests(where: str, doc: dict, completed: int) -> tuple[RequestShap
                 pairs.append((p, o))
         if pairs:
             return group_shapes(pairs)
-    prompt = _number(where, doc, "total_input_tokens") / completed
-    output = _number(where, doc, "total_output_tokens") / completed
+    prompt = number(where, doc, "total_input_tokens") / completed
+    output = number(where, doc, "total_output_tokens") / completed
     return (RequestShape(prompt_len=max(1, round(prompt)), output_len=max(1, round(output))),)
 
 
@@ -254,8 +205,8 @@ def _read_report(where: str, doc: dict) -> list[ServingObservation]:
     if not isinstance(workload, dict):
         raise ServingResultError(f"{where}: workload: expected an object")
     shape = RequestShape(
-        prompt_len=_count(f"{where}: workload", workload, "prompt_len"),
-        output_len=_count(f"{where}: workload", workload, "output_len"),
+        prompt_len=whole_number(f"{where}: workload", workload, "prompt_len"),
+        output_len=whole_number(f"{where}: workload", workload, "output_len"),
     )
     replicas = doc["replicas"]
     if not isinstance(replicas, list) or not replicas:
@@ -275,116 +226,21 @@ def _report_replica(where: str, r: Any, shape: RequestShape, model: str | None) 
     m = f"{where}.measured"
     tpot = "tpot_p50_s" if measured.get("tpot_p50_s") is not None else "tpot_s"
     ttft = "ttft_p50_s" if measured.get("ttft_p50_s") is not None else "ttft_s"
-    concurrency = _count(where, r, "concurrency")
+    concurrency = whole_number(where, r, "concurrency")
     return ServingObservation(
         source=where,
         engine="llm_planner",
         measured=Measured(
-            tpot_s=_number(m, measured, tpot),
-            tokens_per_s=_number(m, measured, "tokens_per_s"),
-            ttft_s=_number(m, measured, ttft, required=False),
-            decode_step_s=_number(m, measured, "decode_step_s", required=False),
+            tpot_s=number(m, measured, tpot),
+            tokens_per_s=number(m, measured, "tokens_per_s"),
+            ttft_s=number(m, measured, ttft, required=False),
+            decode_step_s=number(m, measured, "decode_step_s", required=False),
         ),
         requests=(shape,),
         concurrency=concurrency,
         concurrency_note=f"concurrency {concurrency} of the report",
-        micro_batches=_count(where, r, "micro_batches"),
+        micro_batches=whole_number(where, r, "micro_batches"),
         layout=r["layout"],
-        max_batched_tokens=_count(where, r, "max_batched_tokens"),
+        max_batched_tokens=whole_number(where, r, "max_batched_tokens"),
         model=model,
-    )
-
-
-TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}
-GENAI_CONCURRENCY = (("concurrency",), ("perf_analyzer", "stimulus", "concurrency"), ("loadgen", "concurrency"))
-GENAI_RATE = (("request_rate",), ("perf_analyzer", "stimulus", "request_rate"), ("loadgen", "request_rate"))
-
-
-def read_genai_perf(where: str, doc: dict) -> ServingObservation:
-    """A genai-perf or AIPerf profile export (module docstring)."""
-    config = doc.get("input_config") if isinstance(doc.get("input_config"), dict) else {}
-    concurrency, note = _genai_concurrency(where, doc, config)
-    model = config.get("model")
-    model = model[0] if isinstance(model, list) and model else model
-    return ServingObservation(
-        source=where,
-        engine="genai-perf",
-        measured=Measured(
-            tpot_s=_genai_time(where, doc, "inter_token_latency"),
-            tokens_per_s=_genai_stat(where, doc, ("output_token_throughput",), ("avg",)),
-            ttft_s=_genai_time(where, doc, "time_to_first_token", required=False),
-        ),
-        requests=(
-            RequestShape(
-                prompt_len=max(
-                    1, round(_genai_stat(where, doc, ("input_sequence_length", "num_input_token"), ("avg",)))
-                ),
-                output_len=max(
-                    1, round(_genai_stat(where, doc, ("output_sequence_length", "num_output_token"), ("avg",)))
-                ),
-            ),
-        ),
-        concurrency=concurrency,
-        concurrency_note=note,
-        model=model if isinstance(model, str) else None,
-    )
-
-
-def _genai_metric(where: str, doc: dict, names: tuple[str, ...], required: bool = True) -> tuple[str, dict] | None:
-    for name in names:
-        if isinstance(doc.get(name), dict):
-            return name, doc[name]
-    if required:
-        raise ServingResultError(f"{where}: missing metric {names[0]!r} (an object with its unit and statistics)")
-    return None
-
-
-def _genai_stat(where: str, doc: dict, names: tuple[str, ...], stats: tuple[str, ...], required: bool = True):
-    """The first of `stats` the first present metric of `names` has, as a positive number."""
-    found = _genai_metric(where, doc, names, required)
-    if found is None:
-        return None
-    name, metric = found
-    for stat in stats:
-        if metric.get(stat) is not None:
-            return _number(f"{where}: {name}", metric, stat)
-    raise ServingResultError(f"{where}: {name}: missing {' or '.join(repr(s) for s in stats)}")
-
-
-def _genai_time(
-    where: str, doc: dict, name: str, required: bool = True, stats: tuple[str, ...] = ("p50", "avg")
-) -> float | None:
-    """A latency metric in seconds: p50 where given, else avg (or the first of `stats`), times its unit."""
-    value = _genai_stat(where, doc, (name,), stats, required)
-    if value is None:
-        return None
-    unit = doc[name].get("unit")
-    if unit not in TIME_UNITS:
-        known = ", ".join(TIME_UNITS)
-        raise ServingResultError(f"{where}: {name}: unit: expected one of {known}, got {json.dumps(unit)[:40]}")
-    return value * TIME_UNITS[unit]
-
-
-def _nested(config: dict, paths: tuple[tuple[str, ...], ...]):
-    for path in paths:
-        node: Any = config
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        if node is not None:
-            return node, ".".join(path)
-    return None, None
-
-
-def _genai_concurrency(where: str, doc: dict, config: dict) -> tuple[int | None, str]:
-    """The sequences in flight: input_config's concurrency, else Little's law at a request rate."""
-    value, key = _nested(config, GENAI_CONCURRENCY)
-    if value is not None:
-        return _count(f"{where}: input_config", {key: value}, key), f"input_config.{key} {value}"
-    rate, key = _nested(config, GENAI_RATE)
-    if rate is None:
-        return None, "input_config states neither a concurrency nor a request rate"
-    throughput = _genai_stat(where, doc, ("request_throughput",), ("avg",))
-    mean = throughput * _genai_time(where, doc, "request_latency", stats=("avg",))
-    return max(1, round(mean)), (
-        f"input_config.{key} {rate}/s: {mean:.1f} in flight on average (requests/s x mean request latency)"
     )

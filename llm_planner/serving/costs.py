@@ -4,18 +4,22 @@ An iteration carries, per sequence in flight, the tasks of llm_planner.serving.t
 token and its share of prompt work under the engine's token budget). For a micro-batch of b
 sequences a stage with l decoder layers runs
 
-    t(b) = step_overhead + l * layer(b) + [first stage] (embed(b) + d * dense(b)) + [last stage] (norm(b) + lm_head(b))
+    t(b) = step_overhead + l * layer(b) + [first stage] (embed(b) + d * dense(b)) + [last stage] (norm(b) + head(b))
 
-layer(b) is the sum of the kernels one decoder layer runs on that load (linear layers on all
-tokens reading the weights once, decode attention over each sequence's cache, prompt attention,
+layer(b) is the sum of the kernels one decoder layer runs on that load (linear layers on all tokens
+reading the weights once, decode attention over each sequence's cache, prompt attention,
 elementwise ops, the group's all-reduces: llm_planner.cost.iteration), a convex piecewise affine
 function of b given by its pieces; the end parts are the decoder tasks' rooflines
-(llm_planner.cost.roofline, collectives included). A measured serving profile replaces layer(b)
-where it covers the stage's kind and degree (llm_planner.cost.serving_profile: version 1 on single
-devices; version 2 per tensor-parallel degree and per part of the layer, the kernel model timing
-the parts it lacks; llm_planner.serving.layer_time): `stage_costs` decides which, once, and
-every caller reads the layer's time as `StageCosts.layer_time` (steady load) or
-`StageCosts.layer_load_s` (any mix of decode and prompt tokens: TTFT).
+(llm_planner.cost.roofline, collectives included), and head(b) is the LM head's roofline plus the
+engine's own work per sequence, `sequence_overhead_s` b (scheduling each sequence, sampling,
+detokenizing and streaming its token: 0 unless the kind sets it; docs/cluster-spec.md), an affine
+term carried by the head's pieces, so every reader of them (the search, the bounds that count the
+head) has it. A measured serving profile replaces layer(b) where it covers the stage's kind and
+degree (llm_planner.cost.serving_profile: version 1 on single devices; version 2 per tensor-
+parallel degree and per part of the layer, the kernel model timing the parts it lacks;
+llm_planner.serving.layer_time): `stage_costs` decides which, once, and every caller reads the
+layer's time as `StageCosts.layer_time` (steady load) or `StageCosts.layer_load_s` (any mix of
+decode and prompt tokens: TTFT).
 
 A model whose first d layers have a dense MLP where the rest have experts (DeepSeek-V3's
 first_k_dense_replace: d = 3 of 61) is split over the stages by its MoE layers (`num_layers` is
@@ -189,6 +193,11 @@ class StageCosts:
         return int(room // per_layer) if per_layer > 0 else 10**9
 
 
+def with_sequence_work(pieces: tuple, per_sequence_s: float) -> tuple:
+    """A part's (fixed_s, per_sequence_s) pieces with the engine's time per sequence added to each slope."""
+    return tuple((fixed, slope + per_sequence_s) for fixed, slope in pieces)
+
+
 def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, profile=None) -> StageCosts:
     """The parts' costs on a tensor-parallel group of `degree` devices of the class (1: a single
     device); a group with data-parallel attention: llm_planner.serving.dp_costs.
@@ -209,6 +218,7 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, pro
     kernels = layer_kernels(
         tasks.config.moe_layer(), tasks.precision, server_class.kind, degree, link, tasks.expert_imbalance
     )
+    pieces["lm_head"] = with_sequence_work(pieces["lm_head"], server_class.kind.serving_sequence_s)
     roofline = kernel_time(kernels, tasks)
     pieces["block"] = roofline.pieces
     dense_kernels = dense_time = None

@@ -17,7 +17,7 @@ from llm_planner.cost.dp_attention import dp_layer_kernels, member_weight_bytes
 from llm_planner.cost.iteration import LayerKernels
 from llm_planner.cost.roofline import group_task_time_pieces
 from llm_planner.serving.classes import DP_ALL2ALL, ServerClass
-from llm_planner.serving.costs import StageCosts, kernel_time
+from llm_planner.serving.costs import StageCosts, kernel_time, with_sequence_work
 from llm_planner.serving.tasks import ServingTasks
 
 
@@ -29,6 +29,8 @@ def dp_stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, 
     for part, task in tasks.tasks.items():
         if part not in ("block", "dense"):  # timed by their kernels (below)
             whole = group_task_time_pieces(task, kind, 1, None, tasks.dtype)
+            if part == "lm_head":  # the engine's work per sequence, on each rank's own sequences
+                whole = with_sequence_work(whole, kind.serving_sequence_s)
             pieces[part] = tuple((fixed, slope / degree) for fixed, slope in whole)
         weights[part] = task.weight_bytes
         workspace[part] = task.workspace_bytes_per_sample / degree

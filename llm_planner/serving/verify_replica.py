@@ -97,6 +97,8 @@ class _Costs:
         self.pieces = {
             part: group_task_time_pieces(task, sc.kind, degree, sc.intra_link, ctx.dtype) for part, task in ends.items()
         }
+        seq = sc.kind.serving_sequence_s  # the engine's own work per sequence, on the head's part
+        self.pieces["lm_head"] = tuple((f, s + seq) for f, s in self.pieces["lm_head"])
         member = {part: shard_of(task, degree) if degree > 1 else task for part, task in tasks.items()}
         self.weights = {part: t.weight_bytes for part, t in member.items()}
         self.workspace = {part: t.workspace_bytes_per_sample for part, t in member.items()}
@@ -110,8 +112,9 @@ class _Costs:
         (k - 1)/k of the routed experts, the whole caches of its sequences and their workspace."""
         tasks, wb = ctx.tasks.tasks, ctx.precision.weight_bytes
         ends = {part: task for part, task in tasks.items() if part not in ("block", "dense")}
+        seq = {part: sc.kind.serving_sequence_s if part == "lm_head" else 0.0 for part in ends}
         self.pieces = {
-            part: tuple((f, s / k) for f, s in group_task_time_pieces(task, sc.kind, 1, None, ctx.dtype))
+            part: tuple((f, (s + seq[part]) / k) for f, s in group_task_time_pieces(task, sc.kind, 1, None, ctx.dtype))
             for part, task in ends.items()
         }
         self.weights = {part: task.weight_bytes for part, task in tasks.items()}
