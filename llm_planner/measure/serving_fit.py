@@ -163,19 +163,28 @@ def _jacobian(problem: _Problem, x: np.ndarray, predicted: np.ndarray) -> np.nda
 
 
 def _gauss_newton(problem: _Problem) -> tuple[np.ndarray, list[int], dict[int, str]]:
-    """The fitted x, the fitted columns and why the others keep the spec's values (module docstring)."""
+    """The fitted x, the fitted columns and why the others keep the spec's values (module docstring).
+
+    The first pass chooses the columns the data determines, the set it ends with; the columns it
+    gave up may have moved on the way, so a second pass fits that set again from the spec's values
+    with the others held there (the fit `after` figures describe)."""
+    x, free, kept = _iterate(problem, None)
+    if not kept:
+        return x, free, kept
+    again, free_again, kept_again = _iterate(problem, free)
+    gave_up = {j: why for j, why in kept_again.items() if j in free}  # weak in the second pass
+    return again, free_again, {**kept, **gave_up}
+
+
+def _iterate(problem: _Problem, only: list[int] | None) -> tuple[np.ndarray, list[int], dict[int, str]]:
+    """Gauss-Newton from the spec's values over every column (only=None: bounded_fit chooses the
+    set at each step) or over `only`, the others held at the spec's values."""
     x, w = problem.prior.copy(), problem.weight
     predicted = problem.predict(x)
     err = problem.error(predicted)
-    order = [NF * n + f for f in GIVE_UP for n in range(len(problem.kinds))]
-    exempt = [NF * n + 2 for n in range(len(problem.kinds))]
     free, kept = [], {}
     for _ in range(MAX_STEPS):
-        a = _jacobian(problem, x, predicted) * w[:, None]
-        target = w * (1.0 - predicted / problem.measured) + a @ x
-        new, new_free, new_kept = bounded_fit(
-            a, target, problem.prior, problem.lower, order, figures=problem.figures, exempt=exempt, what="figure"
-        )
+        new, new_free, new_kept = _linear_step(problem, x, predicted, w, only)
         step = 1.0
         while True:
             trial = x + step * (new - x)
@@ -192,6 +201,32 @@ def _gauss_newton(problem: _Problem) -> tuple[np.ndarray, list[int], dict[int, s
             break
     x[list(kept)] = problem.prior[list(kept)]
     return x, free, kept
+
+
+def _linear_step(problem: _Problem, x, predicted, w, only: list[int] | None):
+    """The linearised problem's bounded solution at x: over every column, or over `only`."""
+    a = _jacobian(problem, x, predicted) * w[:, None]
+    target = w * (1.0 - predicted / problem.measured) + a @ x
+    order = [NF * n + f for f in GIVE_UP for n in range(len(problem.kinds))]
+    exempt = [NF * n + 2 for n in range(len(problem.kinds))]
+    if only is None:
+        return bounded_fit(
+            a, target, problem.prior, problem.lower, order, figures=problem.figures, exempt=exempt, what="figure"
+        )
+    rest = [j for j in range(len(x)) if j not in only]
+    sub, sub_free, sub_kept = bounded_fit(
+        a[:, only],
+        target - a[:, rest] @ x[rest],
+        problem.prior[only],
+        problem.lower[only],
+        [only.index(j) for j in order if j in only],
+        figures=problem.figures,
+        exempt=[only.index(j) for j in exempt if j in only],
+        what="figure",
+    )
+    new = x.copy()
+    new[only] = sub
+    return new, [only[i] for i in sub_free], {only[i]: why for i, why in sub_kept.items()}
 
 
 def fit_serving(
