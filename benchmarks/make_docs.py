@@ -43,7 +43,10 @@ catalog's constants were fitted on; `held_out` rows judge the model. A closed ba
 prompts at once) and its tokens/s are not the steady state the model describes: marked, and kept
 out of the summary; rows whose concurrency does not fit memory in the model are marked `over
 memory` (the engine runs fewer and queues the rest). Below the table, the linear kernel (Vidur's
-four projections summed) and one all-reduce per call against Vidur's operator medians.""",
+four projections summed) and one all-reduce per call against Vidur's operator medians, then two
+held-out tables of many runs, summarised per model, GPU, degree and precision: the NIM grid
+(TensorRT-LLM under closed-loop load, by concurrency, with a fit of the TPOT the model misses) and
+TensorRT-LLM 0.9.0's static batches (by batch size); docs/fidelity.md reads them.""",
     ),
     Section(
         "refit",
