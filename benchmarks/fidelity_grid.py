@@ -37,6 +37,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import provenance
 
 SOURCE = (
     "NVIDIA 'Sizing LLM inference systems' course benchmark table (NIM, TensorRT-LLM backend, genai-perf), "
@@ -90,15 +91,20 @@ def precision_fields(name: str) -> dict:
     return {"dtype": name, "precision": name}
 
 
-def ratios(row: dict, got: dict) -> dict | None:
-    """Model / measured of one run, or None where the model does not fit its concurrency in memory."""
+# metric -> (the model's key in bench_fidelity.score's figures, the measured key in the row)
+KEYS = {
+    "tpot": ("tpot_s", "tpot_s"),
+    "tokens_per_s": ("tokens_per_s", "output_tokens_per_s"),
+    "ttft": ("ttft_s", "ttft_s"),
+}
+
+
+def ratios(row: dict, got: dict, keys: dict = KEYS) -> dict | None:
+    """Model / measured of one run per metric of `keys`, or None where the model does not fit its
+    concurrency in memory."""
     if not got["fits"]:
         return None
-    return {
-        "tpot": got["tpot_s"] / row["tpot_s"],
-        "tokens_per_s": got["tokens_per_s"] / row["output_tokens_per_s"],
-        "ttft": got["ttft_s"] / row["ttft_s"],
-    }
+    return {metric: got[model] / row[measured] for metric, (model, measured) in keys.items()}
 
 
 def group_of(row: dict) -> tuple:
@@ -123,6 +129,14 @@ def tables(
             vals = [cells.get((group, c)) for c in concurrencies]
             lines.append([*map(str, group), *(_median(v, metric) for v in vals)])
         out[metric] = (head, lines)
+    return out
+
+
+def table_sections(tables_by_metric: dict, title) -> list[str]:
+    """Markdown of `tables`' output: per metric, `title(metric)` and its table."""
+    out = []
+    for metric, (head, lines) in tables_by_metric.items():
+        out += [f"\n{title(metric)}:\n", provenance.markdown_table(head, lines).rstrip("\n")]
     return out
 
 
@@ -184,17 +198,15 @@ def run(path: Path, score, out_dir: Path) -> tuple[str, list[str]]:
     got = [score(row) for row in rows]
     scored = [ratios(row, g) for row, g in zip(rows, got)]
     _write_runs(out_dir / "grid.csv", rows, got, scored)
-    md = []
-    for metric, (head, lines) in tables(rows, scored).items():
-        md.append(f"\n{METRICS[metric]}, model / measured, median over the prompt/output sizes of each cell:\n")
-        md.append("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-        md += ["| " + " | ".join(line) + " |" for line in lines]
+    md = table_sections(
+        tables(rows, scored),
+        lambda m: f"{METRICS[m]}, model / measured, median over the prompt/output sizes of each cell",
+    )
     md.append(
         "\nWhat the model misses, per group: measured - modelled TPOT fitted on a + s C + k C K "
         "(C in flight, K a sequence's mean context):\n"
     )
-    md.append("| " + " | ".join(GAP_HEAD) + " |\n|" + "---|" * len(GAP_HEAD))
-    md += ["| " + " | ".join(line) + " |" for line in gap_fits(rows, got)]
+    md.append(provenance.markdown_table(GAP_HEAD, gap_fits(rows, got)).rstrip("\n"))
     return "\n".join(md) + "\n", summary(scored)
 
 
@@ -203,10 +215,9 @@ RUN_COLUMNS += [f"{m}_{k}" for m in ("tpot_s", "tokens_per_s", "ttft_s") for k i
 
 
 def _write_runs(path: Path, rows: list[dict], got: list[dict], scored: list[dict | None]) -> None:
-    measured = {"tpot_s": "tpot_s", "tokens_per_s": "output_tokens_per_s", "ttft_s": "ttft_s"}
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(RUN_COLUMNS)
         for row, g, s in zip(rows, got, scored):
-            values = [v for m, key in measured.items() for v in (row[key], g[m])]
+            values = [v for model, measured in KEYS.values() for v in (row[measured], g[model])]
             w.writerow([row["id"], row["concurrency"], row["prompt_len"], row["output_len"], s is not None, *values])

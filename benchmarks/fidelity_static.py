@@ -31,6 +31,7 @@ held out.
 from __future__ import annotations
 
 import csv
+from collections import Counter
 from pathlib import Path
 
 import fidelity_grid
@@ -54,6 +55,7 @@ MODELS = {
 }
 METRICS = {"tpot": "decode step (token-to-token latency)", "ttft": "TTFT (the batch's context phase)", "e2e": "latency"}
 BARS = (("tpot", 0.15), ("ttft", 0.30), ("e2e", 0.15))
+KEYS = {"tpot": ("tpot_s", "tpot_s"), "ttft": ("ttft_s", "ttft_s"), "e2e": ("e2e_s", "e2e_s")}  # as fidelity_grid.KEYS
 FP8 = {"dtype": "fp16", "weights": "fp8", "kv_cache_dtype": "fp8", "precision": "fp8"}
 
 
@@ -99,35 +101,25 @@ def why_not(row: dict, servers: dict) -> str | None:
     return None
 
 
-def ratios(row: dict, got: dict) -> dict | None:
-    if not got["fits"]:
-        return None
-    return {
-        "tpot": got["tpot_s"] / row["tpot_s"],
-        "ttft": got["ttft_s"] / row["ttft_s"],
-        "e2e": got["e2e_s"] / row["e2e_s"],
-    }
-
-
 def run(path: Path, score, servers: dict, out_dir: Path) -> tuple[str, list[str]]:
     """Score every scoreable run with `score(row)`; the tables' markdown and the summary lines."""
     every = static_rows(path)
+    reasons = Counter(why_not(r, servers) for r in every)
     rows = [r for r in every if why_not(r, servers) is None]
-    reasons = {why_not(r, servers) for r in every} - {None}
     got = [score(row) for row in rows]
-    scored = [ratios(row, g) for row, g in zip(rows, got)]
+    scored = [fidelity_grid.ratios(row, g, KEYS) for row, g in zip(rows, got)]
     with open(out_dir / "static.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["id", "fits", "tpot_s_measured", "tpot_s_model", "ttft_s_measured", "ttft_s_model"])
         for row, g in zip(rows, got):
             w.writerow([row["id"], g["fits"], row["tpot_s"], g["tpot_s"], row["ttft_s"], g["ttft_s"]])
-    md = []
-    for metric, (head, lines) in fidelity_grid.tables(rows, scored, tuple(METRICS), "b").items():
-        md.append(f"\n{METRICS[metric]}, model / measured, by batch size, median over the prompt/output sizes:\n")
-        md.append("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-        md += ["| " + " | ".join(line) + " |" for line in lines]
+    md = fidelity_grid.table_sections(
+        fidelity_grid.tables(rows, scored, tuple(METRICS), "b"),
+        lambda m: f"{METRICS[m]}, model / measured, by batch size, median over the prompt/output sizes",
+    )
     over = sum(s is None for s in scored)
     lines = fidelity_grid.summary(scored, BARS, "held_out static") + [f"held_out static over memory: {over} runs"]
-    for why in sorted(reasons):
-        lines.append(f"held_out static not scored: {sum(why_not(r, servers) == why for r in every)} runs, {why}")
+    lines += [
+        f"held_out static not scored: {n} runs, {why}" for why, n in sorted((w, n) for w, n in reasons.items() if w)
+    ]
     return "\n".join(md) + "\n", lines

@@ -8,8 +8,8 @@ import json
 
 import pytest
 from serving_fixtures import write_fleet
+from test_cli_flags import refused
 
-from llm_planner.cli.main import main
 from llm_planner.measure.serving_results import read_serving_results
 
 TP2 = "1 x bigbox/big[tp2]"
@@ -60,14 +60,14 @@ def test_genai_perf_exports_name_the_metric_when_wrong(tmp_path, capsys):
     base = ["calibrate", "--serving", "--cluster", spec, "--model", "llama2-7b", "-o", str(tmp_path / "o.yaml")]
     path = tmp_path / "export.json"
     path.write_text(json.dumps(_genai({"unit": "fortnights", "avg": 1.0})))
-    _refused(capsys, [*base, "--replica", TP2, str(path)], "export.json", "inter_token_latency: unit", "fortnights")
+    refused([*base, "--replica", TP2, str(path)], capsys, "export.json", "inter_token_latency: unit", "fortnights")
     doc = _genai({"unit": "ms", "avg": 19.0})
     del doc["output_token_throughput"]
     path.write_text(json.dumps(doc))
-    _refused(capsys, [*base, "--replica", TP2, str(path)], "export.json", "missing metric 'output_token_throughput'")
+    refused([*base, "--replica", TP2, str(path)], capsys, "export.json", "missing metric 'output_token_throughput'")
     doc = _genai({"unit": "ms", "avg": 19.0}, input_config={})
     path.write_text(json.dumps(doc))
-    _refused(capsys, [*base, "--replica", TP2, str(path)], "export.json", "neither a concurrency", "--concurrency")
+    refused([*base, "--replica", TP2, str(path)], capsys, "export.json", "neither a concurrency", "--concurrency")
 
 
 def test_a_rate_run_is_read_by_littles_law_under_its_concurrency_cap(tmp_path):
@@ -81,14 +81,6 @@ def test_a_rate_run_is_read_by_littles_law_under_its_concurrency_cap(tmp_path):
     assert obs.model == "m"
 
 
-def _refused(capsys, argv: list[str], *words: str) -> None:
-    assert main(argv) == 2
-    captured = capsys.readouterr()
-    err = " ".join(captured.err.split())
-    assert "Traceback" not in captured.out + captured.err
-    assert all(w in err for w in words), err
-
-
 def test_an_export_without_streaming_or_lengths_is_refused_saying_why(tmp_path, capsys):
     spec = str(write_fleet(tmp_path))
     base = ["calibrate", "--serving", "--cluster", spec, "--model", "llama2-7b", "-o", str(tmp_path / "o.yaml")]
@@ -96,8 +88,8 @@ def test_an_export_without_streaming_or_lengths_is_refused_saying_why(tmp_path, 
     doc = _genai({"unit": "ms", "avg": 19.0})
     del doc["inter_token_latency"]
     path.write_text(json.dumps(doc))
-    _refused(capsys, [*base, "--replica", TP2, str(path)], "export.json", "--streaming")
+    refused([*base, "--replica", TP2, str(path)], capsys, "export.json", "--streaming")
     doc = _genai({"unit": "ms", "avg": 19.0})
     del doc["num_input_token"]
     path.write_text(json.dumps(doc))
-    _refused(capsys, [*base, "--replica", TP2, str(path)], "'input_sequence_length' or 'num_input_token'")
+    refused([*base, "--replica", TP2, str(path)], capsys, "'input_sequence_length' or 'num_input_token'")

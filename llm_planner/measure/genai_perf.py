@@ -31,8 +31,6 @@ from llm_planner.serving.workload import RequestShape
 TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}
 GENAI_CONCURRENCY = (("concurrency",), ("perf_analyzer", "stimulus", "concurrency"), ("loadgen", "concurrency"))
 GENAI_RATE = (("request_rate",), ("perf_analyzer", "stimulus", "request_rate"), ("loadgen", "request_rate"))
-
-
 GENAI_MODEL = (("model",), ("endpoint", "model_names"))
 TPOT_METRIC = "inter_token_latency"
 
@@ -136,7 +134,7 @@ def _genai_concurrency(where: str, doc: dict, config: dict) -> tuple[int | None,
     number(f"{where}: input_config", {rate_key: rate}, rate_key)
     throughput = _genai_stat(where, doc, ("request_throughput",), ("avg",))
     mean = throughput * _genai_time(where, doc, "request_latency", stats=("avg",))
-    if cap is not None and mean > cap:
-        mean = float(cap)
+    if cap is not None:
+        mean = min(mean, float(cap))
     note = f"input_config.{rate_key} {rate}/s: {mean:.1f} in flight on average (requests/s x mean request latency"
     return max(1, round(mean)), note + (f", at most input_config.{key} {cap})" if cap is not None else ")")

@@ -214,11 +214,11 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, pro
         member = shard_of(task, degree) if degree > 1 else task
         weights[part] = member.weight_bytes
         workspace[part] = member.workspace_bytes_per_sample
+    pieces["lm_head"] = with_sequence_work(pieces["lm_head"], server_class.kind.serving_sequence_s)
     kv = (shard_of(tasks.tasks["block"], degree) if degree > 1 else tasks.tasks["block"]).mem_bytes_per_sample
     kernels = layer_kernels(
         tasks.config.moe_layer(), tasks.precision, server_class.kind, degree, link, tasks.expert_imbalance
     )
-    pieces["lm_head"] = with_sequence_work(pieces["lm_head"], server_class.kind.serving_sequence_s)
     roofline = kernel_time(kernels, tasks)
     pieces["block"] = roofline.pieces
     dense_kernels = dense_time = None

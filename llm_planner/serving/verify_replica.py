@@ -112,11 +112,12 @@ class _Costs:
         (k - 1)/k of the routed experts, the whole caches of its sequences and their workspace."""
         tasks, wb = ctx.tasks.tasks, ctx.precision.weight_bytes
         ends = {part: task for part, task in tasks.items() if part not in ("block", "dense")}
-        seq = {part: sc.kind.serving_sequence_s if part == "lm_head" else 0.0 for part in ends}
         self.pieces = {
-            part: tuple((f, (s + seq[part]) / k) for f, s in group_task_time_pieces(task, sc.kind, 1, None, ctx.dtype))
+            part: tuple((f, s / k) for f, s in group_task_time_pieces(task, sc.kind, 1, None, ctx.dtype))
             for part, task in ends.items()
         }
+        seq = sc.kind.serving_sequence_s / k  # the engine's own work per sequence, each rank on its own
+        self.pieces["lm_head"] = tuple((f, s + seq) for f, s in self.pieces["lm_head"])
         self.weights = {part: task.weight_bytes for part, task in tasks.items()}
         self.weights["block"] -= wb * moe_parameters(ctx.config)["experts"] * (1 - 1 / k)
         self.workspace = {part: task.workspace_bytes_per_sample / k for part, task in tasks.items()}
