@@ -94,12 +94,13 @@ COLUMNS = [
 ]
 
 
-def cluster_yaml(gpu: str, num_gpus: int, servers: dict) -> str:
+def cluster_yaml(gpu: str, num_gpus: int, servers: dict, fields: dict | None = None) -> str:
+    """A one-server spec of `num_gpus` catalog GPUs, with kind `fields` over the catalog's."""
     link = servers[gpu]["gpu_link"] if num_gpus > 1 else None  # one GPU: no link between GPUs
     return yaml.safe_dump(
         {
             "name": f"one-{gpu}-server",
-            "device_kinds": [{"name": gpu, "catalog": gpu}],
+            "device_kinds": [{"name": gpu, "catalog": gpu, **(fields or {})}],
             "nodes": [
                 {
                     "name": "server",

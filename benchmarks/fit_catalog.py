@@ -1,0 +1,226 @@
+"""Fit the GPU catalog's serving factors on the calibration runs, and print how they score them.
+
+    .venv/bin/python benchmarks/fit_catalog.py [--out DIR]
+
+The catalog's (llm_planner/core/data/gpu_catalog.yaml) memory efficiency, step overhead,
+per-call collective overhead and time per sequence are fitted together, one value of each for the
+A100 and H100 entries (which the other entries take until measured), on two calibration sources
+weighted alike (each run's squared error by 1 / the runs of its source):
+
+- the `calibration` rows of benchmarks/data/fidelity_references.yaml on A100 and H100 (vLLM,
+  Llama-3 8B and 70B at TP1-TP8, 10 in flight);
+- the NIM grid's runs on A100 (benchmarks/fidelity_grid.py: TensorRT-LLM, Llama-3 8B at TP1-TP2
+  and 70B at TP4-TP8, 1 to 250 in flight; those the model fits in memory).
+
+Everything else stays held out: the grid's H100 runs (every fp8 run among them), the static
+batches, the vLLM 0.6.0 rows, NIM 1.8's rows, vLLM's nightly A100 rows and the DeepSeek-R1 rows.
+The compute efficiency (0.67, Vidur's large GEMMs) and the collectives' bandwidth share (Vidur's
+NCCL profiles) are not refitted. The fit minimises the weighted relative TPOT errors by
+Gauss-Newton: the model's TPOT over the four factors by forward differences, each linearised step
+solved with bounds (efficiency at most 1, times at least 0), a step that does not lower the error
+halved. Then the H200's memory efficiency is fitted alone on its three calibration rows (vLLM's
+nightly latency tests on one H200: end-to-end time), the least largest error, with the other
+factors at their fitted values. It prints the fitted factors and, per source, the TPOT ratios
+(model / measured) with the catalog's factors and with the fitted ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+import yaml
+from scipy.optimize import lsq_linear
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import bench_fidelity  # noqa: E402
+import fidelity_grid  # noqa: E402
+import provenance  # noqa: E402
+
+DATA = REPO / "benchmarks" / "data"
+# The fitted factors: (field, its unit in the fit, the unit's name, the forward difference in it)
+FACTORS = (
+    ("mem_efficiency", 1.0, "", 0.01),  # fitted as its inverse
+    ("step_overhead_s", 1e-3, "ms", 0.05),
+    ("collective_overhead_s", 1e-6, "us", 1.0),
+    ("sequence_overhead_s", 1e-6, "us", 1.0),
+)
+LOWER = np.array([1.0, 0.0, 0.0, 0.0])
+FITTED_GPUS = ("a100-sxm-40g", "a100-sxm-80g", "h100-sxm-80g")
+MAX_STEPS = 8
+COLUMNS = ["source", "runs", "factors", "tpot median", "tpot within 15%", "tpot rms error"]
+SERVERS = yaml.safe_load((DATA / "fidelity_servers.yaml").read_text())
+
+
+def calibration_runs() -> dict[str, list[dict]]:
+    """The two calibration sources' runs (module docstring), measured TPOT in `tpot_s`."""
+    refs = yaml.safe_load((DATA / "fidelity_references.yaml").read_text())
+    vllm = [r for r in refs["serving"] if r["use"] == "calibration" and r.get("tpot_s") and r["gpu"] in FITTED_GPUS]
+    grid = [r for r in fidelity_grid.grid_rows(DATA / refs["grid_file"]) if r["gpu"].startswith("a100")]
+    return {"vLLM, 10 in flight": vllm, "NIM grid, A100": grid}
+
+
+def h200_rows() -> list[dict]:
+    refs = yaml.safe_load((DATA / "fidelity_references.yaml").read_text())
+    return [r for r in refs["serving"] if r["use"] == "calibration" and r["gpu"] == "h200-sxm-141g"]
+
+
+def fields_of(x: np.ndarray) -> dict:
+    """The kind fields of the fit's vector (natural units: 1 / efficiency, ms, us, us)."""
+    out = {}
+    for (name, unit, _, _), v in zip(FACTORS, x):
+        out[name] = float(1.0 / v) if name == "mem_efficiency" else float(v * unit)
+    return out
+
+
+def _score(job: tuple[dict, dict | None]) -> dict:
+    row, fields = job
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "spec.yaml"
+        spec.write_text(bench_fidelity.cluster_yaml(row["gpu"], row["num_gpus"], SERVERS, fields))
+        return bench_fidelity.score(row, SERVERS, Path(tmp), spec)
+
+
+def scores(pool, rows: list[dict], fields: dict | None) -> list[dict]:
+    """The model's figures for each row, with `fields` over its catalog entry (None: the catalog)."""
+    return pool.map(_score, [(r, fields) for r in rows], chunksize=8)
+
+
+class Problem:
+    """The calibration runs that fit in memory, their weights, and the TPOT ratios at a vector."""
+
+    def __init__(self, pool, sources: dict[str, list[dict]]):
+        self.pool = pool
+        before = {name: scores(pool, rows, None) for name, rows in sources.items()}
+        self.sources = {n: [r for r, g in zip(rows, before[n]) if g["fits"]] for n, rows in sources.items()}
+        self.rows = [r for rows in self.sources.values() for r in rows]
+        self.weight = np.concatenate([np.full(len(rows), len(rows) ** -0.5) for rows in self.sources.values()])
+        self.measured = np.array([r["tpot_s"] for r in self.rows])
+
+    def ratios(self, x: np.ndarray | None) -> np.ndarray:
+        got = scores(self.pool, self.rows, None if x is None else fields_of(x))
+        return np.array([g["tpot_s"] for g in got]) / self.measured
+
+    def error(self, ratios: np.ndarray) -> float:
+        return float(np.linalg.norm(self.weight * (ratios - 1.0)))
+
+
+def gauss_newton(problem: Problem, x: np.ndarray) -> np.ndarray:
+    """The fitted vector from x (module docstring)."""
+    ratios = problem.ratios(x)
+    err = problem.error(ratios)
+    for step_no in range(MAX_STEPS):
+        jac = np.column_stack([(problem.ratios(x + d) - ratios) / d[j] for j, d in enumerate(np.diag(_deltas()))])
+        a = jac * problem.weight[:, None]
+        target = problem.weight * (1.0 - ratios) + a @ x
+        new = lsq_linear(a, target, bounds=(LOWER, np.inf)).x
+        step = 1.0
+        while step >= 1 / 16:
+            trial = x + step * (new - x)
+            trial_ratios = problem.ratios(trial)
+            if problem.error(trial_ratios) < err:
+                break
+            step /= 2
+        else:
+            break
+        moved = np.max(np.abs(trial - x) / np.maximum(1.0, np.abs(x)))
+        x, ratios, err = trial, trial_ratios, problem.error(trial_ratios)
+        print(f"step {step_no}: error {err:.4f} at {fields_of(x)}", flush=True)
+        if moved < 1e-3:
+            break
+    return x
+
+
+def _deltas() -> np.ndarray:
+    return np.array([d for _, _, _, d in FACTORS])
+
+
+def h200_efficiency(pool, fields: dict) -> tuple[float, list[float]]:
+    """The H200's memory efficiency with the other factors at `fields`: the least largest error of
+    its three calibration rows' end-to-end time, over 0.50-0.80 in steps of 0.01."""
+    rows = h200_rows()
+    best = None
+    for eff in np.arange(0.50, 0.805, 0.01):
+        got = scores(pool, rows, {**fields, "mem_efficiency": round(float(eff), 2)})
+        r = [g["e2e_s"] / row["e2e_s"] for g, row in zip(got, rows)]
+        worst = max(abs(np.log(v)) for v in r)
+        if best is None or worst < best[0]:
+            best = (worst, round(float(eff), 2), r)
+    return best[1], best[2]
+
+
+def summary_rows(problem: Problem, x0: np.ndarray | None, x: np.ndarray) -> list[dict]:
+    out = []
+    for label, vec in (("catalog", x0), ("fitted", x)):
+        ratios = problem.ratios(vec)
+        start = 0
+        for name, rows in problem.sources.items():
+            r = ratios[start : start + len(rows)]
+            start += len(rows)
+            out.append(
+                {
+                    "source": name,
+                    "runs": len(rows),
+                    "factors": label,
+                    "tpot median": f"{statistics.median(r):.2f}",
+                    "tpot within 15%": f"{np.mean(np.abs(r - 1) <= 0.15):.0%}",
+                    "tpot rms error": f"{np.sqrt(np.mean((r - 1) ** 2)):.3f}",
+                }
+            )
+    return out
+
+
+def start_vector() -> np.ndarray:
+    """The catalog's A100 values as the fit's vector (0 for a time it states none of)."""
+    text = yaml.safe_load((REPO / "llm_planner" / "core" / "data" / "gpu_catalog.yaml").read_text())
+    entry = text["a100-sxm-80g"]
+    parse = {"ms": 1e-3, "us": 1e-6}
+    out = []
+    for name, unit, _, _ in FACTORS:
+        value = entry.get(name, "0 us")
+        if name == "mem_efficiency":
+            out.append(1.0 / float(value))
+            continue
+        number, suffix = str(value).split()
+        out.append(float(number) * parse[suffix] / unit)
+    return np.array(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fit_catalog"))
+    args = ap.parse_args()
+    facts = provenance.start(sys.argv)
+    with Pool(2) as pool:
+        problem = Problem(pool, calibration_runs())
+        x0 = start_vector()
+        x = gauss_newton(problem, x0)
+        fitted = fields_of(x)
+        h200, h200_ratios = h200_efficiency(pool, fitted)
+        rows = summary_rows(problem, None, x)
+    shown = {
+        name: (v if name == "mem_efficiency" else v / unit) for (name, unit, _, _), v in zip(FACTORS, fitted.values())
+    }
+    print(
+        "fitted (A100, H100):",
+        ", ".join(f"{n} {v:.3g} {u}".rstrip() for (n, _, u, _), v in zip(FACTORS, shown.values())),
+    )
+    print(f"H200 mem_efficiency {h200:.2f}: end-to-end ratios {', '.join(f'{r:.2f}' for r in h200_ratios)}")
+    print(provenance.markdown_table(COLUMNS, ([r[c] for c in COLUMNS] for r in rows)))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    provenance.write_results(args.out, COLUMNS, rows, facts)
+    (Path(args.out) / "fit.json").write_text(json.dumps({**fitted, "h200_mem_efficiency": h200}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
