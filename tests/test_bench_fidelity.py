@@ -149,16 +149,17 @@ def test_static_batches_read_as_fixed_batch_rows_and_say_which_are_not_scored(tm
 
 
 def test_a_refit_reproduces_the_runs_it_was_fitted_on(tmp_path):
-    """The NIM grid's 8B fp8 TP2 group on three runs: the fit chooses the step and per-sequence
-    times, and its figures are the runs' (its first pass had moved the memory efficiency before
-    giving it up, and once left the TPOT 37% short; the second pass fits the chosen set again)."""
+    """The NIM grid's 8B fp8 TP2 group on three runs: three TPOT figures determine two factors,
+    the per-sequence time and one that sets the step's fixed part, and the fit's figures are the
+    runs' (its first pass had moved a factor before giving it up, and once left the TPOT 37% short;
+    the second pass fits the chosen set again)."""
     import bench_refit
 
     grid = fidelity_grid.grid_rows(REPO / "benchmarks" / "data" / REFS["grid_file"])
     group = [r for r in grid if r["gpu"] == "h100-sxm-80g" and r["tp"] == 2 and r["precision"] == "fp8"]
     train = [next(r for r in group if r["size"] == "200/1000" and r["concurrency"] == c) for c in (1, 25, 100)]
     got = bench_refit.refit_group(group[:0] + train, train, SERVERS, tmp_path, 0.0)
-    assert set(got["fit"].fitted) == {"step_overhead_s", "sequence_overhead_s"}
+    assert len(got["fit"].fitted) == 2 and "sequence_overhead_s" in got["fit"].fitted
     spec = tmp_path / "fitted-h100-sxm-80g-2-fp8.yaml"
     for row in train:
         assert bench_fidelity.score(row, SERVERS, tmp_path, spec)["tpot_s"] == pytest.approx(row["tpot_s"], rel=0.05)

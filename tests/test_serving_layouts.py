@@ -35,7 +35,7 @@ def test_t4s_at_both_ends_of_the_a100s_keep_more_in_flight():
     """LLaMA-2 70B at 400 ms, where memory rather than the target bounds the sequences in flight:
     with the head on the last A100 the four T4s in front of four A100s keep 213 sequences in
     flight; moving a T4 to the end, past the A100s, takes the head off them and keeps 223 at
-    16 layers each, 7.8% more tokens/s."""
+    16 layers each, 4.5% more tokens/s (the T4 at the end pays the engine's time per sequence)."""
     wl = ServingWorkload(requests=(RequestShape(prompt_len=512, output_len=256),), tpot_slo_s=0.4)
     ctx = build_context(str(SPEC), "llama2-70b", wl, "fp16", ServingOptions())
     base = (Segment(T4, 1, 4), Segment(A100, 1, 4))
@@ -44,7 +44,7 @@ def test_t4s_at_both_ends_of_the_a100s_keep_more_in_flight():
     assert (Segment(T4, 1, 2), Segment(A100, 1, 4), Segment(T4, 1, 2)) in variants
     before = _best(ctx, base)
     layout, after = max(((v, _best(ctx, v)) for v in variants), key=lambda pair: pair[1].tokens_per_s)
-    assert after.tokens_per_s > 1.05 * before.tokens_per_s
+    assert after.tokens_per_s > 1.03 * before.tokens_per_s
     assert after.concurrency > before.concurrency
     assert after.tpot_s <= 0.4
     front = layout[0].stages

@@ -64,12 +64,12 @@ MAX_DEVICES = 65536
 STEP_OVERHEAD_DEFAULT = {"cpu": 1e-3, "gpu": 1e-3, "accelerator": 1e-3}
 # Fixed time per collective call (an all-reduce of a tensor-parallel group) besides its link
 # latencies and size term, by device type: the catalog's figure (core/data/gpu_catalog.yaml),
-# fitted on measured vLLM decode, whose all-reduces run inside captured CUDA graphs with a
+# fitted on measured vLLM and TensorRT-LLM decode, whose all-reduces run inside captured CUDA graphs with a
 # one-shot kernel for small messages (docs/fidelity.md); NCCL called outside graphs takes 18-99 us
 # per call at 18 KB-4 MB on A100 and H100 servers (Vidur's network profiles). CPU groups (MPI over
 # shared memory) carry it in the link's latency. Set `collective_overhead_s` per kind from a
 # measurement.
-COLLECTIVE_OVERHEAD_DEFAULT = {"cpu": 0.0, "gpu": 5e-6, "accelerator": 5e-6}
+COLLECTIVE_OVERHEAD_DEFAULT = {"cpu": 0.0, "gpu": 8e-6, "accelerator": 8e-6}
 # The share of their link's bandwidth a tensor-parallel group's collectives reach (the size term's
 # bandwidth over the link's), by device type. GPUs and accelerators: the catalog's A100 figure,
 # the slope of NCCL all-reduce time over message size from 1 to 64 MiB in Vidur's network profiles
@@ -106,7 +106,7 @@ class DeviceKindSpec:
     # Serving: fixed time per engine iteration on a stage of this kind; None: STEP_OVERHEAD_DEFAULT.
     step_overhead_s: float | None = None
     # Serving: the engine's time per sequence in an iteration (scheduling it, sampling, detokenizing
-    # and streaming its token), on the last stage; None: 0 (docs/cluster-spec.md).
+    # and streaming its token), on the last stage; None: 0 (catalog entries state it; docs/cluster-spec.md).
     sequence_overhead_s: float | None = None
     # Whether its devices may form tensor-parallel groups; None: the type's TENSOR_PARALLEL_DEFAULT.
     tensor_parallel: bool | None = None
