@@ -385,7 +385,10 @@ def main() -> int:
     summary_md = "Ratios model / measured:\n\n```\n" + "\n".join(lines) + "\n```\n\nNot scored:\n\n"
     summary_md += "".join(f"- {line}\n" for line in skipped)
     operators_md = "\nVidur's operator medians (model / measured; fp16; calibration):\n\n" + ops_md
-    grid_md = f"\nThe NIM grid ({fidelity_grid.SOURCE}; held out; each run in grid.csv):\n" + grid_md
+    grid_md = (
+        f"\nThe NIM grid ({fidelity_grid.SOURCE}; A100 runs calibration, H100 runs held out; "
+        "each run in grid.csv):\n" + grid_md
+    )
     static_md = f"\nThe static batches ({fidelity_static.SOURCE}; held out; each run in static.csv):\n" + static_md
     table.write_text(table.read_text() + "\n" + summary_md + operators_md + grid_md + static_md)
     return 0

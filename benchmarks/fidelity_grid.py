@@ -20,8 +20,9 @@ chunks prompts or how the fp8 runs keep their KV cache: the model takes the plan
 quantization, fp8 weights and activations with the KV cache in the 16-bit dtype (`--weights fp8
 --kv-cache-dtype auto`; an fp8 KV cache is a separate option of its quantizer). The runs agree:
 what the model misses grows with the keys read at the same rate on the fp8 runs as on the fp16
-ones (`gap_fits`), which an fp8 cache would halve. No constant was fitted on these rows: they are
-held out.
+ones (`gap_fits`), which an fp8 cache would halve. The runs on A100 are calibration runs (the
+catalog's memory efficiency and overheads are fitted on them with the vLLM rows,
+benchmarks/fit_catalog.py); the runs on H100, every fp8 run among them, are held out.
 
 `gap_fits` locates what the model misses: per group, the least-squares fit of measured minus
 modelled TPOT over the runs on a + s C + k C K (C the concurrency, K a sequence's mean context,
@@ -49,6 +50,7 @@ MODELS = {
     "meta-llama3-8b-instruct": "meta-llama/Meta-Llama-3-8B-Instruct",
     "meta-llama3-70b-instruct": "meta-llama/Meta-Llama-3-70B-Instruct",
 }
+CALIBRATION_GPUS = ("a100-sxm-80g",)  # the runs benchmarks/fit_catalog.py fits the catalog on
 GROUP_KEYS = ("model", "gpu", "tp", "precision")
 METRICS = {"tpot": "TPOT", "tokens_per_s": "output tokens/s", "ttft": "TTFT"}
 
@@ -79,7 +81,7 @@ def _row(r: dict) -> dict:
         "tpot_s": float(r["itl_avg_ns"]) * 1e-9,
         "ttft_s": float(r["ttft_avg_ns"]) * 1e-9,
         "output_tokens_per_s": float(r["output_token_throughput_avg"]),
-        "use": "held_out",
+        "use": "calibration" if GPUS[r["gpu"]] in CALIBRATION_GPUS else "held_out",
         "size": f"{r['input_tokens_mean_config']}/{r['output_tokens_mean_config']}",  # the sizes asked for
     }
 
@@ -198,6 +200,9 @@ def run(path: Path, score, out_dir: Path) -> tuple[str, list[str]]:
     got = [score(row) for row in rows]
     scored = [ratios(row, g) for row, g in zip(rows, got)]
     _write_runs(out_dir / "grid.csv", rows, got, scored)
+    lines = []
+    for use in ("calibration", "held_out"):
+        lines += summary([sc for row, sc in zip(rows, scored) if row["use"] == use], label=f"{use} grid")
     md = table_sections(
         tables(rows, scored),
         lambda m: f"{METRICS[m]}, model / measured, median over the prompt/output sizes of each cell",
@@ -207,7 +212,7 @@ def run(path: Path, score, out_dir: Path) -> tuple[str, list[str]]:
         "(C in flight, K a sequence's mean context):\n"
     )
     md.append(provenance.markdown_table(GAP_HEAD, gap_fits(rows, got)).rstrip("\n"))
-    return "\n".join(md) + "\n", summary(scored)
+    return "\n".join(md) + "\n", lines
 
 
 RUN_COLUMNS = ["id", "concurrency", "prompt_len", "output_len", "fits"]

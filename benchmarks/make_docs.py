@@ -44,9 +44,24 @@ prompts at once) and its tokens/s are not the steady state the model describes: 
 out of the summary; rows whose concurrency does not fit memory in the model are marked `over
 memory` (the engine runs fewer and queues the rest). Below the table, the linear kernel (Vidur's
 four projections summed) and one all-reduce per call against Vidur's operator medians, then two
-held-out tables of many runs, summarised per model, GPU, degree and precision: the NIM grid
-(TensorRT-LLM under closed-loop load, by concurrency, with a fit of the TPOT the model misses) and
-TensorRT-LLM 0.9.0's static batches (by batch size); docs/fidelity.md reads them.""",
+tables of many runs, summarised per model, GPU, degree and precision: the NIM grid (TensorRT-LLM
+under closed-loop load, by concurrency, with a fit of the TPOT the model misses; its A100 runs are
+calibration runs, its H100 runs held out) and TensorRT-LLM 0.9.0's static batches (held out, by
+batch size); docs/fidelity.md reads them.""",
+    ),
+    Section(
+        "fit_catalog",
+        "The catalog's serving factors, fitted on the calibration runs",
+        """\
+`benchmarks/fit_catalog.py` fits the GPU catalog's memory efficiency, step overhead, per-call
+collective overhead and time per sequence (one value of each for the A100 and H100 entries) on two
+calibration sources weighted alike: the vLLM calibration rows of the fidelity references (10 in
+flight) and the NIM grid's runs on A100 (1 to 250 in flight); then the H200's memory efficiency on
+its three calibration rows. It prints the fitted values and writes them to fit.json; the table
+gives each source's TPOT ratio (model / measured: median, share within 15%, RMS of the error) with
+the catalog's factors at the commit it ran at and with the fitted ones. The catalog rounds the
+fitted values (docs/fidelity.md, "What was fitted, on what").""",
+        ".venv/bin/python benchmarks/fit_catalog.py",
     ),
     Section(
         "refit",
