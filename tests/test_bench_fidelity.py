@@ -73,7 +73,9 @@ def test_the_grid_file_holds_every_source_row_once_and_each_is_scoreable():
     assert len(rows) == 787  # the source's data rows, repeats included
     assert len({r["id"] for r in rows}) == len(rows)
     assert {r["tp"] for r in rows} == {1, 2, 4, 8} and {r["gpu"] for r in rows} == {"a100-sxm-80g", "h100-sxm-80g"}
-    assert all(bench_fidelity.why_not(r) is None and r["use"] == "held_out" for r in rows)
+    assert all(bench_fidelity.why_not(r) is None for r in rows)
+    # the catalog is fitted on the A100 runs (benchmarks/fit_catalog.py); the H100 runs judge it
+    assert all(r["use"] == ("calibration" if r["gpu"] == "a100-sxm-80g" else "held_out") for r in rows)
 
 
 def test_grid_tables_take_each_cells_median_and_mark_cells_with_no_fit():
