@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/bench_refit.py [--train-size 200/1000] [--train-concurrency 1,25,100] [--out DIR]
 
 The grid (benchmarks/fidelity_grid.py: NIM's TensorRT-LLM backend serving Llama-3 8B and 70B on
-A100 and H100 servers, 787 genai-perf runs) is held out from the catalog's calibration, and the
-catalog's factors miss it by a wide margin (docs/fidelity.md). This asks what a user who measured
-their own engine would get: for each (model, GPU, tensor-parallel degree, precision) of the grid,
+A100 and H100 servers, 787 genai-perf runs) is where the catalog's factors are judged (its A100
+runs are among those they are fitted on, with vLLM's: benchmarks/fit_catalog.py; docs/fidelity.md).
+A catalog is a compromise over engines and models; this asks what a user who measured their own
+engine would get: for each (model, GPU, tensor-parallel degree, precision) of the grid,
 `calibrate --serving` (llm_planner.measure.serving_fit.calibrate_serving_files) fits the kind's
 five factors on that group's runs at one prompt/output size and a few concurrencies, each given as
 a genai-perf profile export (the grid's columns are genai-perf's metrics: its inter-token latency,

@@ -16,7 +16,9 @@ embedding's and the head's weights:
   memory   l_s (w + C kv) <= M,  and l_s <= floor(M / (w + C kv))
   busy     m (step + l_s t(C / m)) <= theta             (Jensen: t is convex in b)
   trip     sum_s (step + h + l_s t(C / m)) - h_max + t_end <= theta
-  end      one stage also holds the head or the embedding: l_s (w + C kv) + F <= M
+  end      one stage holds the head: l_s (w + C kv) + F <= M, and its busy period carries the
+           head's least time H (head_busy_s: m_lo f + s C_lo on each piece of the final norm's
+           and the head's time, the engine's time per sequence among them)
   cover    sum_s l_s = L,  sum_s l_s C = L C
 
 (h: the least time a stage hands on a micro-batch of at least the cell's least size b_lo =
@@ -35,13 +37,14 @@ flight, sum of C), and per stage option (class, degree) lam (layers), mu (layers
        m_lo step n + m_lo f_j lam + s_j mu <= theta_hi n                  (busy, roofline)
        sum ((step + h) n + W) + (t_end - h_max - theta_hi) x <= 0         (round trip)
        w lam + kv mu + F e <= M n,  lam <= l_max n - (l_max - l_end) e      (memory)
-       e <= n,  sum e >= x                                                (end stages)
+       e <= n,  sum e >= x                                                (head stages)
        sum over cells and degrees k n <= N_c                              (devices)
        mu >= C_hi lam + U (K - C_hi x)                                    (one C per replica)
        x integer
 
 (l_max: the floor above at C_lo, and the busy row's floor at theta_hi / m_lo with tau; l_end the
-same less F; U the most layers one replica puts on the option, min(L, l_max floor(N_c / k)).)
+same less F and with H in the busy period, whose rows carry H e; U the most layers one replica
+puts on the option, min(L, l_max floor(N_c / k)).)
 Every row summed over the replicas of a plan in one cell holds with x their number, K their
 sequences, n and e their stage counts, lam their layers, mu their layers times C, so the optimum
 bounds every plan. The row "one C per replica" is McCormick's for mu = C lam on one replica
@@ -202,8 +205,24 @@ def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Optio
         if l_max < 1:
             continue
         l_end = min(l_max, math.floor((costs.usable_bytes - kd.end_bytes) / per_layer + 1e-9))
+        busy_tau = costs.layer_time.least(max(1.0, b_lo - 1), b_hi)  # micro-batches differ by one
+        if busy_tau > 0:  # the head stage's busy period carries the head too
+            room = (cell.t_hi - head_busy_s(costs, cell)) / cell.m_lo - costs.step_s
+            l_end = min(l_end, math.floor(room / busy_tau + 1e-9))
         out.append(_Option(kd, l_max, max(0, l_end), tau, kd.hop_s(b_lo)))
     return out
+
+
+def head_busy_s(costs: StageCosts, cell: Cell) -> float:
+    """The least time the stage holding the head spends on it per TPOT in the cell: each of its
+    m >= m_lo micro-batches passes the final norm and the head once, C >= c_lo sequences in all, so
+    on every piece (f, s) of a part's time with f, s >= 0 (a part's time is at least each piece)
+    at least m_lo f + s c_lo (the head's pieces carry the engine's time per sequence)."""
+    total = 0.0
+    for part in ("final_norm", "lm_head"):
+        pieces = costs.pieces[part]
+        total += max((cell.m_lo * f + s * cell.c_lo for f, s in pieces if f >= 0 and s >= 0), default=0.0)
+    return total
 
 
 def end_time_s(kinds: list[StageKind], cell: Cell) -> float:
@@ -294,7 +313,7 @@ class _Model:
             costs = o.kind.costs
             cover.append((lam, 1.0))
             seq_layers.append((mu, 1.0))
-            trip += [(n, costs.step_s + o.hop_s), (self._layer_time(cell, o, lam, mu, n), 1.0)]
+            trip += [(n, costs.step_s + o.hop_s), (self._layer_time(cell, o, (lam, mu, n, e)), 1.0)]
             ends.append((e, 1.0))
             self.rows.add([(lam, 1.0), (n, -float(o.l_max)), (e, float(o.l_max - o.l_end))], -np.inf, 0.0)
             self.rows.add([(e, 1.0), (n, -1.0)], -np.inf, 0.0)
@@ -310,19 +329,22 @@ class _Model:
         self.rows.add(trip, -np.inf, 0.0)
         self.rows.add(ends, 0.0, np.inf)
 
-    def _layer_time(self, cell: Cell, o: _Option, lam: int, mu: int, n: int) -> int:
+    def _layer_time(self, cell: Cell, o: _Option, columns: tuple[int, int, int, int]) -> int:
         """A column w >= the stages' layer time per iteration, sum over stages of l t(C / m): at
         least tau lam, and on the roofline (t = max_j f_j + s_j b, b >= C / m) at least
         f_j lam + s_j mu / m_hi for every piece j. On the roofline the stages' busy periods too:
-        m (step + l t(C / m)) <= theta, so m_lo step n + m_lo f_j lam + s_j mu <= theta_hi n."""
+        m (step + l t(C / m)) <= theta, the head stage's with the head's least time H
+        (head_busy_s), so m_lo step n + m_lo f_j lam + s_j mu + H e <= theta_hi n."""
+        lam, mu, n, e = columns
         w = self._column(0.0)
         self.rows.add([(w, 1.0), (lam, -o.tau)], 0.0, np.inf)
         if o.kind.costs.layer_time.measured:
             return w
+        head = head_busy_s(o.kind.costs, cell)
         for f, slope in o.kind.costs.pieces["block"]:
             if cell.m_hi:
                 self.rows.add([(w, 1.0), (lam, -f), (mu, -slope / cell.m_hi)], 0.0, np.inf)
-            busy = [(n, cell.m_lo * o.kind.costs.step_s - cell.t_hi), (lam, cell.m_lo * f), (mu, slope)]
+            busy = [(n, cell.m_lo * o.kind.costs.step_s - cell.t_hi), (lam, cell.m_lo * f), (mu, slope), (e, head)]
             self.rows.add(busy, -np.inf, 0.0)
         return w
 

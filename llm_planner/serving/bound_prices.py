@@ -27,7 +27,10 @@ their layers lam_o and end stages e_o (integer):
 (l_max_o: the layers a device of the option holds at C_lo beside the weights, and at most what its
 busy period allows at theta_hi: m_lo (step + l t(b)) <= theta_hi with t's least value over the
 micro-batch sizes the cell allows, and on the roofline m_lo step + l (m_lo f_j + s_j C_lo) <=
-theta_hi for every piece j (Jensen); r_o: a layer's least time at the round trip's micro-batch,
+theta_hi for every piece j (Jensen); l_end_o: the same beside the smaller of the embedding's and
+the head's weights, and, as the stage e_o holds the head, with the head's least time in its busy
+period (bound_cells.head_busy_s: the engine's time per sequence, s C_lo, among it); r_o: a layer's
+least time at the round trip's micro-batch,
 at least ceil(C_lo / m_hi) sequences.) A cell is first scored by its relaxation with fractional
 stages (one option or two, in closed form) and its MILP solved only when it reaches the top of a
 best-first search; a solved cell at the top is cut in two along its widest dimension (C at a C
@@ -59,7 +62,15 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
-from llm_planner.serving.bound_cells import THETA_FINE, Cell, StageKind, end_time_s, stage_kinds, start_cells
+from llm_planner.serving.bound_cells import (
+    THETA_FINE,
+    Cell,
+    StageKind,
+    end_time_s,
+    head_busy_s,
+    stage_kinds,
+    start_cells,
+)
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layout import CostCache
 
@@ -124,8 +135,23 @@ def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Optio
         if l_max < 1:
             continue
         l_end = min(l_max, math.floor((c.usable_bytes - kd.end_bytes) / per_layer + 1e-9))
+        l_end = min(l_end, _head_stage_layers(c, cell, busy_tau))
         out.append(_Option(kd, l_max, max(0, l_end), r, kd.hop_s(b_lo)))
     return out
+
+
+def _head_stage_layers(c, cell: Cell, busy_tau: float) -> float:
+    """The most layers the stage holding the head has time for: its busy period, m >= m_lo passes
+    of its layers and step plus the head's least time (bound_cells.head_busy_s), within theta_hi;
+    with busy_tau, and on the roofline with every piece (Jensen), as l_max."""
+    room = cell.t_hi - head_busy_s(c, cell) - cell.m_lo * c.step_s
+    most = math.floor(room / (cell.m_lo * busy_tau) + 1e-9) if busy_tau > 0 else math.inf
+    if not c.layer_time.measured:
+        for f, s in c.pieces["block"]:
+            den = cell.m_lo * f + s * cell.c_lo
+            if den > 0:
+                most = min(most, math.floor(room / den + 1e-9))
+    return most
 
 
 class _Pricer:
