@@ -117,7 +117,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
         + _names("serving.dp_costs")
         + _names("serving.replica", "serving.inputs", "serving.expert_load")
         + _names("serving.layout", "serving.links", "serving.context", "serving.bound", "serving.bound_batches")
-        + _names("serving.bound_cells")
+        + _names("serving.bound_space", "serving.bound_cells")
         + _names("serving.bound_prices", "serving.optimistic", "serving.plan_fields", "serving.plan_file")
         + _names("serving.verify_replica", "serving.layout_text", "serving.score", "serving.precision_choice")
         + _names("serving.engines"),

@@ -16,8 +16,9 @@ from llm_planner.core.spec import load_cluster
 from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.serving.bound import concurrency_level_bound
 from llm_planner.serving.bound_batches import batch_level_bound
-from llm_planner.serving.bound_cells import cell_bound, stage_kinds
+from llm_planner.serving.bound_cells import cell_bound
 from llm_planner.serving.bound_prices import price_bound
+from llm_planner.serving.bound_space import stage_kinds
 from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.layout import Segment
 from llm_planner.serving.search import solve_serving

@@ -20,8 +20,9 @@ from llm_planner.serving import verify_replica
 from llm_planner.serving.baselines import class_patterns, engineer_best, even_split, megatron
 from llm_planner.serving.bound import concurrency_level_bound, device_rate_bound, tokens_upper_bound
 from llm_planner.serving.bound_batches import batch_level_bound
-from llm_planner.serving.bound_cells import cell_bound, stage_kinds
+from llm_planner.serving.bound_cells import cell_bound
 from llm_planner.serving.bound_prices import price_bound
+from llm_planner.serving.bound_space import stage_kinds
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context
 from llm_planner.serving.layout import Segment
 from llm_planner.serving.optimistic import OptimisticTokens

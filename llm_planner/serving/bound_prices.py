@@ -29,7 +29,7 @@ busy period allows at theta_hi: m_lo (step + l t(b)) <= theta_hi with t's least 
 micro-batch sizes the cell allows, and on the roofline m_lo step + l (m_lo f_j + s_j C_lo) <=
 theta_hi for every piece j (Jensen); l_end_o: the same beside the smaller of the embedding's and
 the head's weights, and, as the stage e_o holds the head, with the head's least time in its busy
-period (bound_cells.head_busy_s: the engine's time per sequence, s C_lo, among it); r_o: a layer's
+period (bound_space.head_busy_s: the engine's time per sequence, s C_lo, among it); r_o: a layer's
 least time at the round trip's micro-batch,
 at least ceil(C_lo / m_hi) sequences.) A cell is first scored by its relaxation with fractional
 stages (one option or two, in closed form) and its MILP solved only when it reaches the top of a
@@ -62,7 +62,7 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
-from llm_planner.serving.bound_cells import (
+from llm_planner.serving.bound_space import (
     THETA_FINE,
     Cell,
     StageKind,
@@ -142,7 +142,7 @@ def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Optio
 
 def _head_stage_layers(c, cell: Cell, busy_tau: float) -> float:
     """The most layers the stage holding the head has time for: its busy period, m >= m_lo passes
-    of its layers and step plus the head's least time (bound_cells.head_busy_s), within theta_hi;
+    of its layers and step plus the head's least time (bound_space.head_busy_s), within theta_hi;
     with busy_tau, and on the roofline with every piece (Jensen), as l_max."""
     room = cell.t_hi - head_busy_s(c, cell) - cell.m_lo * c.step_s
     most = math.floor(room / (cell.m_lo * busy_tau) + 1e-9) if busy_tau > 0 else math.inf
