@@ -24,6 +24,7 @@ from llm_planner.core.spec import (
     load_cluster,
     parse_cluster,
 )
+from llm_planner.placement.views import fixed_times
 
 REQUIRED_ENTRIES = (
     "a100-sxm-40g",
@@ -194,3 +195,11 @@ def test_every_example_spec_loads_and_defaults_nothing(path):
         assert kind.defaulted == (), f"{path.name}: {kind.name} leaves its efficiencies to the default"
         if kind.type == "gpu":
             assert kind.catalog in catalog_names(), f"{path.name}: {kind.name} names no catalog entry"
+
+
+def test_show_cluster_states_the_fixed_times_the_costs_charge():
+    """A catalog kind's serving times come from its entry; a kind with none stated gets the type's
+    step default and no time per sequence, and show-cluster prints both as the costs charge them."""
+    cluster = parse_cluster(_cluster(_plain_gpu(), {"name": "h", "catalog": "h100-sxm-80g"}))
+    assert fixed_times(cluster.kind("h")) == "10 us a task, 1.2 ms a step, 51 us a sequence, 8 us a collective"
+    assert fixed_times(cluster.kind("g")) == "0 s a task, 1 ms a step, 0 s a sequence, 8 us a collective"

@@ -126,7 +126,8 @@ def cluster_tables(cluster: ClusterSpec) -> list[Table]:
 
 def _kinds_table(cluster: ClusterSpec) -> Table:
     kinds = Table(title=f"{cluster.name}: device kinds")
-    cols = ("kind", "type", "peak compute", "memory (usable)", "memory bandwidth", "efficiency reached", "figures from")
+    cols = ("kind", "type", "peak compute", "memory (usable)", "memory bandwidth", "efficiency reached")
+    cols += ("fixed times", "figures from")
     for col in cols:
         kinds.add_column(col)
     for k in cluster.device_kinds:
@@ -138,14 +139,30 @@ def _kinds_table(cluster: ClusterSpec) -> Table:
             f"{k.mem_bw_bytes_per_s / 1e9:.4g} GB/s",
             f"{k.compute_efficiency:.0%} of compute, {k.mem_efficiency:.0%} of bandwidth, "
             f"{k.collective_bw_efficiency:.0%} of links in collectives",
+            fixed_times(k),
             kind_source(k),
         )
     kinds.caption = (
         "usable: what a plan may fill (usable_mem_fraction); efficiency: the share of the peaks the costs assume "
         "(links: collective_efficiency, a type's default when neither the spec nor a catalog entry gives one); "
-        "figures from: the spec, or the GPU catalog entry it names (its own fields win)"
+        "fixed times: per task (a decoder layer in serving), per serving iteration of a stage, per sequence in a "
+        "serving iteration, per collective call; figures from: the spec, or the GPU catalog entry it names (its own "
+        "fields win)"
     )
     return kinds
+
+
+def fixed_times(kind: DeviceKindSpec) -> str:
+    """The kind's fixed times as the costs charge them (defaults included): per task, per serving
+    step, per sequence in a serving step, per collective call."""
+
+    def t(seconds: float) -> str:
+        return fmt_s(seconds) if seconds > 0 else "0 s"
+
+    return (
+        f"{t(kind.overhead_s)} a task, {t(kind.serving_step_s)} a step, "
+        f"{t(kind.serving_sequence_s)} a sequence, {t(kind.collective_call_s)} a collective"
+    )
 
 
 def kind_source(kind: DeviceKindSpec) -> str:
