@@ -65,7 +65,7 @@ def calibration_runs() -> dict[str, list[dict]]:
     """The two calibration sources' runs (module docstring), measured TPOT in `tpot_s`."""
     refs = yaml.safe_load((DATA / "fidelity_references.yaml").read_text())
     vllm = [r for r in refs["serving"] if r["use"] == "calibration" and r.get("tpot_s") and r["gpu"] in FITTED_GPUS]
-    grid = [r for r in fidelity_grid.grid_rows(DATA / refs["grid_file"]) if r["gpu"].startswith("a100")]
+    grid = [r for r in fidelity_grid.grid_rows(DATA / refs["grid_file"]) if r["use"] == "calibration"]
     return {"vLLM, 10 in flight": vllm, "NIM grid, A100": grid}
 
 
