@@ -261,11 +261,10 @@ The target: every run within 15% of its prediction.""",
 (`cluster_specs/localhost-serve-gpt2`: 8 layers, 256 wide, vocabulary 2048, fp32, seeded
 weights), every request a 32-token prompt and 32 output tokens, closed loop, a token budget of 64
 per iteration. Rows `calibration` are the runs `llm-planner calibrate --serving` fits the spec's
-serving factors on (four when these results were measured; a fifth, the time per sequence, since:
-docs/measure.md) (a single-stage replica at concurrency 1 and 8, a tensor-parallel pair at
-4: `calibrated.yaml` in the results folder, its fit in `calibrate.txt`); their predictions are
-the uncalibrated spec's. Rows `judged` are kept apart from the fit: each is a plan scored on the
-calibrated spec and served (`single`: one device; `pipeline`: two stages, two micro-batches;
+serving factors on (five, the time per sequence among them: docs/measure.md) (a single-stage
+replica at concurrency 1 and 8, a tensor-parallel pair at 4: `calibrated.yaml` in the results
+folder, its fit in `calibrate.txt`); their predictions are the uncalibrated spec's. Rows
+`judged` are kept apart from the fit: each is a plan scored on the calibrated spec and served (`single`: one device; `pipeline`: two stages, two micro-batches;
 `tp2-tp1`: a tensor-parallel pair feeding one device, three ranks; `two-replicas`: two
 single-device replicas behind the front end, C per replica). Columns: MPI ranks, concurrency C,
 micro-batches m; output tokens/s of the run, mean TPOT and mean TTFT over its requests, each
