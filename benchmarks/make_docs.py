@@ -263,10 +263,11 @@ weights), every request a 32-token prompt and 32 output tokens, closed loop, a t
 per iteration. Rows `calibration` are the runs `llm-planner calibrate --serving` fits the spec's
 serving factors on (five, the time per sequence among them: docs/measure.md) (a single-stage
 replica at concurrency 1 and 8, a tensor-parallel pair at 4: `calibrated.yaml` in the results
-folder, its fit in `calibrate.txt`); their predictions are the uncalibrated spec's. Rows
-`judged` are kept apart from the fit: each is a plan scored on the calibrated spec and served (`single`: one device; `pipeline`: two stages, two micro-batches;
-`tp2-tp1`: a tensor-parallel pair feeding one device, three ranks; `two-replicas`: two
-single-device replicas behind the front end, C per replica). Columns: MPI ranks, concurrency C,
+folder, its fit in `calibrate.txt`); their predictions are the uncalibrated spec's. Rows `judged`
+are kept apart from the fit: each is a plan scored on the calibrated spec and served (`single`: one
+device; `pipeline`: two stages, two micro-batches; `tp2-tp1`: a tensor-parallel pair feeding one
+device, three ranks; `two-replicas`: two single-device replicas behind the front end, C per
+replica). Columns: MPI ranks, concurrency C,
 micro-batches m; output tokens/s of the run, mean TPOT and mean TTFT over its requests, each
 measured and predicted, and predicted / measured; `within 15%`: tokens/s and TPOT both within
 15% (the target). TTFT is shown, not judged: the model's is a prompt's in the steady state,
