@@ -42,7 +42,8 @@ flight, sum of C), and per stage option (class, degree) lam (layers), mu (layers
        mu >= C_hi lam + U (K - C_hi x)                                    (one C per replica)
        x integer
 
-(l_max: the floor above at C_lo, and the busy row's floor at theta_hi / m_lo with tau; l_end the
+(l_max: the floor above at C_lo, and the busy row's floor at theta_hi / m_lo with tau taken down to
+b_lo - 1, as micro-batches differ by one; l_end the
 same less F and with H in the busy period, whose rows carry H e; U the most layers one replica
 puts on the option, min(L, l_max floor(N_c / k)).)
 Every row summed over the replicas of a plan in one cell holds with x their number, K their
@@ -98,13 +99,13 @@ def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Optio
     for kd in kinds:
         costs = kd.costs
         tau = costs.layer_time.least(b_lo, b_hi)
+        busy_tau = costs.layer_time.least(max(1.0, b_lo - 1), b_hi)  # micro-batches differ by one
         per_layer = costs.layer_bytes(cell.c_lo)
-        busy = (cell.t_hi / cell.m_lo - costs.step_s) / tau if tau > 0 else float(num_layers)
+        busy = (cell.t_hi / cell.m_lo - costs.step_s) / busy_tau if busy_tau > 0 else float(num_layers)
         l_max = min(num_layers, math.floor(costs.usable_bytes / per_layer + 1e-9), math.floor(busy + 1e-9))
         if l_max < 1:
             continue
         l_end = min(l_max, math.floor((costs.usable_bytes - kd.end_bytes) / per_layer + 1e-9))
-        busy_tau = costs.layer_time.least(max(1.0, b_lo - 1), b_hi)  # micro-batches differ by one
         if busy_tau > 0:  # the head stage's busy period carries the head too
             room = (cell.t_hi - head_busy_s(costs, cell)) / cell.m_lo - costs.step_s
             l_end = min(l_end, math.floor(room / busy_tau + 1e-9))
