@@ -72,7 +72,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from llm_planner.serving.bound_batches import SparseRows, solve_with_binaries
-from llm_planner.serving.bound_space import Cell, StageKind, end_time_s, head_busy_s, stage_kinds, start_cells
+from llm_planner.serving.bound_space import (
+    Cell,
+    StageKind,
+    busy_layers,
+    end_time_s,
+    head_busy_s,
+    stage_kinds,
+    start_cells,
+)
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.layout import CostCache
 
@@ -91,6 +99,7 @@ class _Option:
     l_end: int
     tau: float
     hop_s: float  # the least hand-on of a micro-batch of the cell's least size
+    head_s: float  # the head's least time per TPOT on the stage that holds it (head_busy_s)
 
 
 def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Option]:
@@ -101,15 +110,13 @@ def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Optio
         tau = costs.layer_time.least(b_lo, b_hi)
         busy_tau = costs.layer_time.least(max(1.0, b_lo - 1), b_hi)  # micro-batches differ by one
         per_layer = costs.layer_bytes(cell.c_lo)
-        busy = (cell.t_hi / cell.m_lo - costs.step_s) / busy_tau if busy_tau > 0 else float(num_layers)
-        l_max = min(num_layers, math.floor(costs.usable_bytes / per_layer + 1e-9), math.floor(busy + 1e-9))
+        l_max = min(num_layers, math.floor(costs.usable_bytes / per_layer + 1e-9), busy_layers(costs, cell, busy_tau))
         if l_max < 1:
             continue
+        head_s = head_busy_s(costs, cell)  # the head stage's busy period carries the head too
         l_end = min(l_max, math.floor((costs.usable_bytes - kd.end_bytes) / per_layer + 1e-9))
-        if busy_tau > 0:  # the head stage's busy period carries the head too
-            room = (cell.t_hi - head_busy_s(costs, cell)) / cell.m_lo - costs.step_s
-            l_end = min(l_end, math.floor(room / busy_tau + 1e-9))
-        out.append(_Option(kd, l_max, max(0, l_end), tau, kd.hop_s(b_lo)))
+        l_end = min(l_end, busy_layers(costs, cell, busy_tau, head_s))
+        out.append(_Option(kd, l_max, max(0, l_end), tau, kd.hop_s(b_lo), head_s))
     return out
 
 
@@ -196,11 +203,10 @@ class _Model:
         self.rows.add([(w, 1.0), (lam, -o.tau)], 0.0, np.inf)
         if o.kind.costs.layer_time.measured:
             return w
-        head = head_busy_s(o.kind.costs, cell)
         for f, slope in o.kind.costs.pieces["block"]:
             if cell.m_hi:
                 self.rows.add([(w, 1.0), (lam, -f), (mu, -slope / cell.m_hi)], 0.0, np.inf)
-            busy = [(n, cell.m_lo * o.kind.costs.step_s - cell.t_hi), (lam, cell.m_lo * f), (mu, slope), (e, head)]
+            busy = [(n, cell.m_lo * o.kind.costs.step_s - cell.t_hi), (lam, cell.m_lo * f), (mu, slope), (e, o.head_s)]
             self.rows.add(busy, -np.inf, 0.0)
         return w
 

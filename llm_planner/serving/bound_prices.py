@@ -66,6 +66,7 @@ from llm_planner.serving.bound_space import (
     THETA_FINE,
     Cell,
     StageKind,
+    busy_layers,
     end_time_s,
     head_busy_s,
     stage_kinds,
@@ -119,39 +120,18 @@ def _options(kinds: list[StageKind], cell: Cell, num_layers: int) -> list[_Optio
     for kd in kinds:
         c = kd.costs
         per_layer = c.layer_bytes(cell.c_lo)
-        l_max = min(num_layers, math.floor(c.usable_bytes / per_layer + 1e-9))
         busy_tau = c.layer_time.least(max(1.0, b_lo - 1), b_hi)  # micro-batches differ by one
-        room = cell.t_hi / cell.m_lo - c.step_s
-        if busy_tau > 0:
-            l_max = min(l_max, math.floor(room / busy_tau + 1e-9))
+        memory = math.floor(c.usable_bytes / per_layer + 1e-9)
+        l_max = min(num_layers, memory, busy_layers(c, cell, busy_tau, roofline=True))
         r = c.layer_time.least(b_lo, b_hi)
-        if not c.layer_time.measured:
-            for f, s in c.pieces["block"]:
-                den = cell.m_lo * f + s * cell.c_lo
-                if den > 0:
-                    l_max = min(l_max, math.floor((cell.t_hi - cell.m_lo * c.step_s) / den + 1e-9))
-                if cell.m_hi:
-                    r = max(r, f + s * cell.c_lo / cell.m_hi)
+        if not c.layer_time.measured and cell.m_hi:
+            r = max([r] + [f + s * cell.c_lo / cell.m_hi for f, s in c.pieces["block"]])
         if l_max < 1:
             continue
         l_end = min(l_max, math.floor((c.usable_bytes - kd.end_bytes) / per_layer + 1e-9))
-        l_end = min(l_end, _head_stage_layers(c, cell, busy_tau))
+        l_end = min(l_end, busy_layers(c, cell, busy_tau, head_busy_s(c, cell), roofline=True))
         out.append(_Option(kd, l_max, max(0, l_end), r, kd.hop_s(b_lo)))
     return out
-
-
-def _head_stage_layers(c, cell: Cell, busy_tau: float) -> float:
-    """The most layers the stage holding the head has time for: its busy period, m >= m_lo passes
-    of its layers and step plus the head's least time (bound_space.head_busy_s), within theta_hi;
-    with busy_tau, and on the roofline with every piece (Jensen), as l_max."""
-    room = cell.t_hi - head_busy_s(c, cell) - cell.m_lo * c.step_s
-    most = math.floor(room / (cell.m_lo * busy_tau) + 1e-9) if busy_tau > 0 else math.inf
-    if not c.layer_time.measured:
-        for f, s in c.pieces["block"]:
-            den = cell.m_lo * f + s * cell.c_lo
-            if den > 0:
-                most = min(most, math.floor(room / den + 1e-9))
-    return most
 
 
 class _Pricer:

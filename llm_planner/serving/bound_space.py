@@ -129,6 +129,21 @@ def head_busy_s(costs: StageCosts, cell: Cell) -> float:
     return total
 
 
+def busy_layers(costs: StageCosts, cell: Cell, busy_tau: float, head_s: float = 0.0, roofline: bool = False) -> float:
+    """The most layers a stage of `costs` has time for in the cell (inf: no limit): its busy period,
+    m >= m_lo passes of its step and layers plus `head_s` (the stage holding the head: head_busy_s),
+    within theta_hi, each layer at least busy_tau; with `roofline`, also on every piece (f, s) of the
+    layer's time where it has no measured one, m_lo step + l (m_lo f + s c_lo) + head_s <= theta_hi
+    (Jensen: the layer's time is convex in the micro-batch)."""
+    most = math.floor(((cell.t_hi - head_s) / cell.m_lo - costs.step_s) / busy_tau + 1e-9) if busy_tau > 0 else math.inf
+    if roofline and not costs.layer_time.measured:
+        for f, s in costs.pieces["block"]:
+            den = cell.m_lo * f + s * cell.c_lo
+            if den > 0:
+                most = min(most, math.floor((cell.t_hi - head_s - cell.m_lo * costs.step_s) / den + 1e-9))
+    return most
+
+
 def end_time_s(kinds: list[StageKind], cell: Cell) -> float:
     """The least time of the first stage's own parts (embedding, dense first layers) plus the least
     head time of any stage option at the cell's smallest micro-batch."""
