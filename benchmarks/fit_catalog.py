@@ -46,6 +46,8 @@ import bench_fidelity  # noqa: E402
 import fidelity_grid  # noqa: E402
 import provenance  # noqa: E402
 
+from llm_planner.core.catalog import catalog_entry  # noqa: E402
+
 DATA = REPO / "benchmarks" / "data"
 # The fitted factors: (field, its unit in the fit, the unit's name, the forward difference in it)
 FACTORS = (
@@ -59,19 +61,18 @@ FITTED_GPUS = ("a100-sxm-40g", "a100-sxm-80g", "h100-sxm-80g")
 MAX_STEPS = 8
 COLUMNS = ["source", "runs", "factors", "tpot median", "tpot within 15%", "tpot rms error"]
 SERVERS = yaml.safe_load((DATA / "fidelity_servers.yaml").read_text())
+REFS = yaml.safe_load((DATA / "fidelity_references.yaml").read_text())
 
 
 def calibration_runs() -> dict[str, list[dict]]:
     """The two calibration sources' runs (module docstring), measured TPOT in `tpot_s`."""
-    refs = yaml.safe_load((DATA / "fidelity_references.yaml").read_text())
-    vllm = [r for r in refs["serving"] if r["use"] == "calibration" and r.get("tpot_s") and r["gpu"] in FITTED_GPUS]
-    grid = [r for r in fidelity_grid.grid_rows(DATA / refs["grid_file"]) if r["use"] == "calibration"]
+    vllm = [r for r in REFS["serving"] if r["use"] == "calibration" and r.get("tpot_s") and r["gpu"] in FITTED_GPUS]
+    grid = [r for r in fidelity_grid.grid_rows(DATA / REFS["grid_file"]) if r["use"] == "calibration"]
     return {"vLLM, 10 in flight": vllm, "NIM grid, A100": grid}
 
 
 def h200_rows() -> list[dict]:
-    refs = yaml.safe_load((DATA / "fidelity_references.yaml").read_text())
-    return [r for r in refs["serving"] if r["use"] == "calibration" and r["gpu"] == "h200-sxm-141g"]
+    return [r for r in REFS["serving"] if r["use"] == "calibration" and r["gpu"] == "h200-sxm-141g"]
 
 
 def fields_of(x: np.ndarray) -> dict:
@@ -181,18 +182,10 @@ def summary_rows(problem: Problem, x0: np.ndarray | None, x: np.ndarray) -> list
 
 def start_vector() -> np.ndarray:
     """The catalog's A100 values as the fit's vector (0 for a time it states none of)."""
-    text = yaml.safe_load((REPO / "llm_planner" / "core" / "data" / "gpu_catalog.yaml").read_text())
-    entry = text["a100-sxm-80g"]
-    parse = {"ms": 1e-3, "us": 1e-6}
-    out = []
-    for name, unit, _, _ in FACTORS:
-        value = entry.get(name, "0 us")
-        if name == "mem_efficiency":
-            out.append(1.0 / float(value))
-            continue
-        number, suffix = str(value).split()
-        out.append(float(number) * parse[suffix] / unit)
-    return np.array(out)
+    entry = catalog_entry("a100-sxm-80g")
+    return np.array(
+        [1.0 / entry[name] if name == "mem_efficiency" else entry.get(name, 0.0) / unit for name, unit, _, _ in FACTORS]
+    )
 
 
 def main() -> int:
