@@ -13,7 +13,7 @@ from serve_fixtures import greedy_whole
 from llm_planner.runtime import gpt
 from llm_planner.runtime.serve_requests import LoadSpec, ReplicaQueue, RequestStream
 from llm_planner.runtime.serve_scheduler import Entry, Scheduler
-from llm_planner.runtime.serve_stage import ServeStage, attend
+from llm_planner.runtime.serve_stage import ServeStage, attend, index_of
 
 SHAPES = ((9, 6, 1.0), (3, 8, 1.0), (1, 5, 1.0))  # prompts of 9, 3 and 1 tokens: chunks, decodes and a lone token
 CONTEXT = 24
@@ -121,7 +121,9 @@ def test_batched_decode_attention_equals_each_sequence_alone():
         c[:, :, :10] = torch.randn(slots, kv, 10, d)
     entries = (Entry(0, 9, 1, True), Entry(2, 2, 1, True), Entry(1, 4, 1, True))
     q, k, v = torch.randn(3, heads, d), torch.randn(3, kv, d), torch.randn(3, kv, d)
-    together = attend(q, k, v, cache[0].clone(), cache[1].clone(), entries, heads // kv)
+    cpu = torch.device("cpu")
+    together = attend(q, k, v, cache[0].clone(), cache[1].clone(), index_of(entries, cpu), heads // kv)
     for i, e in enumerate(entries):
-        alone = attend(q[i : i + 1], k[i : i + 1], v[i : i + 1], cache[0].clone(), cache[1].clone(), (e,), heads // kv)
+        one = index_of((e,), cpu)
+        alone = attend(q[i : i + 1], k[i : i + 1], v[i : i + 1], cache[0].clone(), cache[1].clone(), one, heads // kv)
         assert torch.allclose(together[i], alone[0], atol=1e-6)

@@ -23,6 +23,10 @@ its positions, then:
     prompt chunks (n > 1):  each on its own, queries start..start+n-1 over keys [0, start + n),
                             causal (tp_layers.causal_mask with the cache's offset)
 
+The iteration's indices (each token's slot and position, the decodes' rows, slots and mask) are
+built once per iteration on the device (`index_of`), so no layer copies an index from the host or
+waits on the device to read one: on a GPU the layers' kernels queue without a stop.
+
 Positions are each sequence's own (start + j), for learned positions (GPT-2) and rotary
 embeddings (Llama) alike, so a sequence's tokens do not depend on what shares its batch.
 """
@@ -30,6 +34,7 @@ embeddings (Llama) alike, so a sequence's tokens do not depend on what shares it
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -53,31 +58,50 @@ def positions_of(entries, device: torch.device) -> torch.Tensor:
     return torch.cat([torch.arange(e.start, e.start + e.tokens) for e in entries]).to(device)
 
 
-def attend(q, k, v, cache_k, cache_v, entries, rep: int) -> torch.Tensor:
-    """q [T, heads, d], k and v [T, kv_heads, d] of the packed entries -> [T, heads * d] (module docstring)."""
+@dataclass(frozen=True)
+class IterIndex:
+    """An iteration's indices on the device, built once for all its layers (`index_of`): no layer
+    copies an index from the host or waits on the device to read one."""
+
+    position: torch.Tensor  # [T] each packed token's position in its sequence
+    slot_of: torch.Tensor  # [T] each packed token's slot
+    decode_rows: torch.Tensor | None  # [d] the decodes' rows among the packed tokens (None: no decode)
+    decode_slots: torch.Tensor | None  # [d] their slots
+    visible: torch.Tensor | None  # [d, 1, 1, length] which of the first `length` keys each decode sees
+    length: int  # the longest decode's keys
+    prompts: tuple[tuple[int, Entry], ...]  # (row of its first token, entry) of each prompt chunk
+
+
+def index_of(entries, device: torch.device) -> IterIndex:
+    """The indices of `entries` (a packed iteration) on `device`."""
     offsets = _offsets(entries)
+    slot_of = [e.slot for e in entries for _ in range(e.tokens)]
+    singles = [(e, at) for e, at in zip(entries, offsets) if e.tokens == 1]
+    prompts = tuple((at, e) for e, at in zip(entries, offsets) if e.tokens != 1)
+    position = positions_of(entries, device)
+    if not singles:
+        return IterIndex(position, torch.tensor(slot_of).to(device), None, None, None, 0, prompts)
+    host = torch.tensor([[at, e.slot, e.start + 1] for e, at in singles])
+    rows, slots, lengths = host.to(device).unbind(1)
+    length = max(e.start + 1 for e, _ in singles)
+    visible = (torch.arange(length, device=device)[None, :] < lengths[:, None])[:, None, None, :]
+    return IterIndex(position, torch.tensor(slot_of).to(device), rows, slots, visible, length, prompts)
+
+
+def attend(q, k, v, cache_k, cache_v, index: IterIndex, rep: int) -> torch.Tensor:
+    """q [T, heads, d], k and v [T, kv_heads, d] of the packed entries -> [T, heads * d] (module docstring)."""
     # every packed token's keys and values written at (its slot, its position) in one indexed copy
-    slot_of = torch.repeat_interleave(
-        torch.tensor([e.slot for e in entries]), torch.tensor([e.tokens for e in entries])
-    ).to(q.device)
-    position = positions_of(entries, q.device)
-    cache_k[slot_of, :, position] = k
-    cache_v[slot_of, :, position] = v
+    cache_k[index.slot_of, :, index.position] = k
+    cache_v[index.slot_of, :, index.position] = v
     out = torch.empty_like(q)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    singles = [(e, at) for e, at in zip(entries, offsets) if e.tokens == 1]
-    if singles:
-        rows = torch.tensor([at for _, at in singles], device=q.device)
-        slots = torch.tensor([e.slot for e, _ in singles], device=q.device)
-        lengths = torch.tensor([e.start + 1 for e, _ in singles], device=q.device)
-        length = int(lengths.max())
+    if index.decode_rows is not None:
+        slots, length = index.decode_slots, index.length
         keys, values = _repeat(cache_k[slots, :, :length], rep), _repeat(cache_v[slots, :, :length], rep)
-        visible = (torch.arange(length, device=q.device)[None, :] < lengths[:, None])[:, None, None, :]
-        o = F.scaled_dot_product_attention(q[rows][:, :, None], keys, values, attn_mask=visible, scale=scale)
+        rows = index.decode_rows
+        o = F.scaled_dot_product_attention(q[rows][:, :, None], keys, values, attn_mask=index.visible, scale=scale)
         out[rows] = o[:, :, 0]
-    for e, at in zip(entries, offsets):
-        if e.tokens == 1:
-            continue
+    for at, e in index.prompts:
         length = e.start + e.tokens
         keys = _repeat(cache_k[e.slot : e.slot + 1, :, :length], rep)
         values = _repeat(cache_v[e.slot : e.slot + 1, :, :length], rep)
@@ -102,14 +126,14 @@ class ServeBlock(tp_layers.BlockShard):
         self.cache_k = torch.zeros(shape, dtype=like.dtype, device=like.device)
         self.cache_v = torch.zeros(shape, dtype=like.dtype, device=like.device)
 
-    def forward(self, x: torch.Tensor, entries, rotary) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, x: torch.Tensor, index: IterIndex, rotary) -> torch.Tensor:  # type: ignore[override]
         q, k, v = self.split_heads(x)
         if self.rotary:
             from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
             q, k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], *rotary)
             q, k = q[0].transpose(0, 1), k[0].transpose(0, 1)
-        x = x + self.o(attend(q, k, v, self.cache_k, self.cache_v, entries, self.rep))
+        x = x + self.o(attend(q, k, v, self.cache_k, self.cache_v, index, self.rep))
         return x + self.mlp(x)
 
 
@@ -170,11 +194,12 @@ class ServeStage:
     def run(self, entries, value: torch.Tensor) -> torch.Tensor:
         """One iteration: token ids [T] in (first stage) or hidden states [T, hidden]; hidden states out,
         or on the last stage the greedy token of each sampling entry ([n] ids, entry order)."""
-        positions = positions_of(entries, self.device)
+        index = index_of(entries, self.device)
+        positions = index.position
         x = self.embed(value.to(self.device), positions) if self.embed is not None else value.to(self.device)
         rotary = self.rotary(x[None], position_ids=positions[None]) if self.rotary is not None else None
         for block in self.blocks:
-            x = block(x, entries, rotary)
+            x = block(x, index, rotary)
         if not self.last:
             return x
         rows = [at + e.tokens - 1 for e, at in zip(entries, _offsets(entries)) if e.sample]

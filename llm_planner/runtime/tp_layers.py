@@ -25,6 +25,8 @@ object with `size`, `index`, `all_reduce_(t)` and `all_gather(t)`).
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +119,14 @@ class _Slicer:
             device=self.device, dtype=self.dtype
         )
 
+    def parts(self, requests: list[tuple]) -> list[torch.Tensor]:
+        """`part(*r)` of each request, in order; drawn on several threads when the source allows
+        (seeded weights: each tensor's own generator, so the values do not depend on the order)."""
+        if not getattr(self.source, "thread_safe", False) or len(requests) < 2:
+            return [self.part(*r) for r in requests]
+        with ThreadPoolExecutor(min(len(requests), os.cpu_count() or 1)) as pool:
+            return list(pool.map(lambda r: self.part(*r), requests))
+
 
 def member_tensors(
     task: str, cfg: DecoderConfig, family: str, k: int, index: int, source, *, dtype: torch.dtype, device
@@ -126,14 +136,15 @@ def member_tensors(
     kind = _kind(task)
     stored = _stored(family, cfg, kind, int(task.split(".")[1]) if kind == "block" else None)
     slicer = _Slicer(source, dtype=dtype, device=device)
-    out = {}
-    for w in task_layout(cfg, kind).weights:
+    weights, requests = task_layout(cfg, kind).weights, []
+    for w in weights:
         s = stored[w.name]
         lo, hi = w.member_range(k, index)
         dim = w.dim or 0
-        stored_dim = 1 - dim if s.transposed else dim
-        t = slicer.part(s.name, s.shape or w.shape, stored_dim, s.offset + lo, s.offset + hi)
-        out[w.name] = t.t().contiguous() if s.transposed else t
+        requests.append((s.name, s.shape or w.shape, 1 - dim if s.transposed else dim, s.offset + lo, s.offset + hi))
+    out = {}
+    for w, t in zip(weights, slicer.parts(requests)):
+        out[w.name] = t.t().contiguous() if stored[w.name].transposed else t
         assert tuple(out[w.name].shape) == w.member_shape(k, index), (w.name, tuple(out[w.name].shape))
     return out
 

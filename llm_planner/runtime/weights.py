@@ -49,6 +49,8 @@ class SeededWeights:
         self.seed, self.std, self.aliases = int(seed), float(std), dict(aliases or {})
         self.tensors_read: list[str] = []
 
+    thread_safe = True  # each tensor its own generator: any order, any thread, the same values
+
     def summary(self) -> dict:
         return {"source": "seed", "seed": self.seed, "tensors": len(self.tensors_read)}
 
