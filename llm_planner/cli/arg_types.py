@@ -87,3 +87,24 @@ def layer_counts(text: str) -> tuple[int, ...]:
             f"must be comma-separated whole numbers of at least 1, one per stage (e.g. 16,16), got {text!r}"
         )
     return values
+
+
+def increasing(low: int, high: int, least: int = 1):
+    """The argparse type of a comma-separated list of at least `least` whole numbers from `low` to
+    `high`, strictly increasing (the sizes of a table's points)."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(s) for s in text.split(","))
+        except ValueError:
+            values = ()
+        ok = len(values) >= least and all(low <= v <= high for v in values)
+        if not ok or any(a >= b for a, b in zip(values, values[1:])):
+            raise argparse.ArgumentTypeError(
+                f"must be at least {least} comma-separated whole numbers from {low:,} to {high:,}, "
+                f"increasing, got {text!r}"
+            )
+        return values
+
+    parse.__name__ = f"increasing list of whole numbers from {low} to {high}"
+    return parse

@@ -18,6 +18,7 @@ from llm_planner.cli import commands, flags
 from llm_planner.cli import export as commands_export
 from llm_planner.cli import helix as commands_helix
 from llm_planner.cli import measure as commands_measure
+from llm_planner.cli import profile_serving as commands_profile_serving
 from llm_planner.cli import score as commands_score
 from llm_planner.cli import serving as commands_serving
 from llm_planner.cli.arg_types import count, names_of, positive, positive_seconds, seed, share, tokens
@@ -311,6 +312,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_calibrate_parser(sub)
     _add_profile_parser(sub)
+    commands_profile_serving.add_profile_serving_parser(sub)
 
     add_import_parser(sub)
     add_plan_helix_parser(sub)
@@ -382,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         or getattr(commands_export, name, None)
         or getattr(commands_score, name, None)
         or getattr(commands_calibrate, name, None)
+        or getattr(commands_profile_serving, name, None)
         or getattr(commands_measure, name)
     )
     handler = _serving_handler(args) or handler
