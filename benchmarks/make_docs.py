@@ -64,6 +64,20 @@ fitted values (docs/fidelity.md, "What was fitted, on what").""",
         ".venv/bin/python benchmarks/fit_catalog.py",
     ),
     Section(
+        "gpu_parts",
+        "A layer's parts on an H200 against the kernel model",
+        """\
+`llm-planner profile-serving --raw` on one H200 (bf16, CUDA graphs, the L2 flushed before each
+timed replay; the raw files and the profiles written beside them are in the results folder, with
+the command in docs/fidelity.md, "The kernels on an H200, measured") read back without a GPU:
+a layer's four projections (cuBLAS) per member of a tensor-parallel group of 1 to 8, against the
+kernel model's `linear` kernel at the catalog's h200-sxm-141g factors (model / measured: below 1
+the model is fast); an affine fit of the small-token points over every degree (a fixed time per
+layer plus the weight bytes over a bandwidth); decode attention (torch's flash kernel, query heads
+packed per key/value head) against the model's `attn_decode`.""",
+        ".venv/bin/python benchmarks/bench_gpu_parts.py",
+    ),
+    Section(
         "refit",
         "Refitting the serving model on a few runs of one engine: the NIM grid",
         """\
