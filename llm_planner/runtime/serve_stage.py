@@ -19,7 +19,9 @@ its positions, then:
 
     decodes (1 token each): batched, query i over keys [0, start_i] of its slot; the keys of the
                             batch gathered to the longest length, a boolean mask hides the rest
-                            (exp(-inf) = 0: a hidden key adds exactly nothing)
+                            (exp(-inf) = 0: a hidden key adds exactly nothing); the query heads
+                            that share a key/value head are packed as its queries, so grouped-query
+                            keys are not copied per query head
     prompt chunks (n > 1):  each on its own, queries start..start+n-1 over keys [0, start + n),
                             causal (tp_layers.causal_mask with the cache's offset)
 
@@ -96,11 +98,12 @@ def attend(q, k, v, cache_k, cache_v, index: IterIndex, rep: int) -> torch.Tenso
     out = torch.empty_like(q)
     scale = 1.0 / math.sqrt(q.shape[-1])
     if index.decode_rows is not None:
-        slots, length = index.decode_slots, index.length
-        keys, values = _repeat(cache_k[slots, :, :length], rep), _repeat(cache_v[slots, :, :length], rep)
-        rows = index.decode_rows
-        o = F.scaled_dot_product_attention(q[rows][:, :, None], keys, values, attn_mask=index.visible, scale=scale)
-        out[rows] = o[:, :, 0]
+        slots, length, rows = index.decode_slots, index.length, index.decode_rows
+        keys, values = cache_k[slots, :, :length], cache_v[slots, :, :length]
+        # each key/value head's `rep` query heads packed as its queries: the cache is read, not copied per head
+        packed = q[rows].reshape(len(rows), keys.shape[1], rep, q.shape[-1])
+        o = F.scaled_dot_product_attention(packed, keys, values, attn_mask=index.visible, scale=scale)
+        out[rows] = o.reshape(len(rows), q.shape[1], q.shape[-1])
     for at, e in index.prompts:
         length = e.start + e.tokens
         keys = _repeat(cache_k[e.slot : e.slot + 1, :, :length], rep)

@@ -108,6 +108,16 @@ def _stored(family: str, cfg: DecoderConfig, kind: str, layer: int | None) -> di
     return {"head": Stored(name="lm_head.weight")}
 
 
+READ_THREADS = 4  # at most: each thread holds a whole fp32 tensor before it slices it
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks on this OS
+        return os.cpu_count() or 1
+
+
 class _Slicer:
     """Reads parts of parameters named as in the whole model, in the shard's dtype and device."""
 
@@ -124,7 +134,7 @@ class _Slicer:
         (seeded weights: each tensor's own generator, so the values do not depend on the order)."""
         if not getattr(self.source, "thread_safe", False) or len(requests) < 2:
             return [self.part(*r) for r in requests]
-        with ThreadPoolExecutor(min(len(requests), os.cpu_count() or 1)) as pool:
+        with ThreadPoolExecutor(min(len(requests), _cores(), READ_THREADS)) as pool:
             return list(pool.map(lambda r: self.part(*r), requests))
 
 
