@@ -56,6 +56,7 @@ def test_attention_is_left_to_the_kernel_model_unless_asked(tmp_path):
         (["--model", "gpt2", "--device", "tpu"], "--device"),
         (["--model", "gpt2", "--kind", "a b"], "--kind"),
         (["--model", "gpt2", "--dtype", "fp8"], "needs a GPU with fp8 matrix units"),
+        (["--model", "nosuch"], "--model 'nosuch': not a decoder preset"),
         (["--model", "gpt2", "--dtype", "fp8", "--attention"], "leave out --attention"),
     ],
 )

@@ -5,6 +5,7 @@ write them as a serving profile of version 2 (llm_planner.runtime.serve_parts; d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 
@@ -19,6 +20,7 @@ from llm_planner.cost.profile_tables import ServingProfileError
 from llm_planner.cost.serving_profile import parse_serving_profile
 from llm_planner.cost.serving_profile_v2 import FORMAT_V2
 from llm_planner.serving.inputs import decoder_config
+from llm_planner.serving.workload import WorkloadError
 
 TOKENS = "1,2,4,8,16,32,64,96,128,192,256,384,512,768,1024,1536,2048,3072,4096"
 BATCHES = "1,2,4,8,16,32,64,128,256"
@@ -66,7 +68,10 @@ def cmd_profile_serving(args: argparse.Namespace, console: Console) -> int:
         kind = as_safe_name(args.kind)
     except ValueError as exc:
         raise ProfileServingError(f"--kind: {exc}") from None
-    config = decoder_config(args.model)
+    try:
+        config = decoder_config(args.model)
+    except WorkloadError:
+        raise ProfileServingError(f"--model {args.model!r}: not a decoder preset or a config.json") from None
     try:
         shapes = {k: serve_parts.member_shape(config, k) for k in args.tp}
     except serve_parts.PartsError as exc:
@@ -77,7 +82,7 @@ def cmd_profile_serving(args: argparse.Namespace, console: Console) -> int:
     device = _device(args.device)
     dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     _check_fp8(dtype, device, args.attention)
-    raw = _measure(serve_parts, shapes, device, dtype, args, console)
+    raw = _measure_on(serve_parts, shapes, device, dtype, args, console)
     text = _profile_yaml(config.name, kind, dtype, raw, _source(device, args, raw), args.attention)
     try:
         parse_serving_profile(yaml.safe_load(text), source=args.output)  # what we write must load
@@ -103,6 +108,8 @@ def _device(name: str):
         raise ProfileServingError(f"--device {name}: CUDA is not available on this machine")
     if device.type not in ("cuda", "cpu"):
         raise ProfileServingError(f"--device: expected cuda, cuda:N or cpu, got {name!r}")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ProfileServingError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)")
     return device
 
 
@@ -117,6 +124,23 @@ def _check_fp8(dtype: str, device, attention: bool) -> None:
         raise ProfileServingError(
             f"--dtype fp8: needs a GPU with fp8 matrix units (compute capability 8.9+), not {device}"
         )
+
+
+def _measure_on(serve_parts, shapes, device, dtype: str, args, console: Console) -> dict[int, dict]:
+    """`_measure` with `device` the current CUDA device (graphs, streams and events are made on it);
+    a part the device cannot run (out of memory, a shape its kernels refuse) exits 2 naming it."""
+    import torch
+
+    where = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    try:
+        with where:
+            return _measure(serve_parts, shapes, device, dtype, args, console)
+    except torch.OutOfMemoryError:
+        raise ProfileServingError(
+            f"--device {device}: out of memory; give smaller --tokens, --batches or --contexts"
+        ) from None
+    except RuntimeError as exc:
+        raise ProfileServingError(f"--model/--tp/--dtype: {device} cannot run a part: {exc}") from None
 
 
 def _measure(serve_parts, shapes, device, dtype: str, args, console: Console) -> dict[int, dict]:

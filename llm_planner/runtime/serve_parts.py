@@ -20,7 +20,9 @@ For one member of a tensor-parallel group of k (a single device: k = 1), in the 
 
 In fp8 (`fp8_linear_table`, a GPU with fp8 matrix units) only the projections are timed: weights and
 activations in e4m3 with per-tensor scales through torch._scaled_mm (cuBLASLt), each input quantized
-from bf16 in the call, bf16 out (W8A8, as engines run fp8 checkpoints' linear layers).
+from bf16 in the call, bf16 out (W8A8, as engines run fp8 checkpoints' linear layers). The input's
+scale is fixed, where an engine's dynamic quantization also finds its maximum (one more small
+reduction a call): the table leaves that out.
 
 No all-reduce: one device cannot time a group's collective; its table is left to the kernel model.
 
