@@ -17,7 +17,7 @@ from llm_planner.serving.context import ServingOptions, build_context
 from llm_planner.serving.layer_time import MeasuredLayerTime, PartsLayerTime, RooflineLayerTime
 from llm_planner.serving.layout import Segment
 from llm_planner.serving.optimistic import OptimisticTokens
-from llm_planner.serving.workload import RequestShape, ServingWorkload
+from llm_planner.serving.workload import RequestShape, ServingWorkload, WorkloadError
 
 ONE_BOX = """name: one-box
 device_kinds:
@@ -106,8 +106,8 @@ def test_tensor_parallel_stages_take_the_profile_at_their_degree_and_the_model_o
     ctx1 = _context(tmp_path, only_one)
     assert isinstance(ctx1.cache.get("box/g", 2).layer_time, RooflineLayerTime)
     assert isinstance(ctx1.cache.get("box/g", 1).layer_time, PartsLayerTime)
-    other_kind = copy.deepcopy(V2)
-    other_kind["kinds"] = {"h": other_kind["kinds"]["g"]}
+    other_kind = copy.deepcopy(V2)  # g's tables at a degree the stage does not run, another kind's at 1
+    other_kind["kinds"] = {"h": other_kind["kinds"]["g"], "g": {"tp": {4: {"linear_layer_s": LINEAR}}}}
     assert isinstance(_context(tmp_path, other_kind).cache.get("box/g", 1).layer_time, RooflineLayerTime)
 
 
@@ -237,3 +237,51 @@ def test_a_plan_with_a_version_2_profile_verifies(tmp_path):
     argv += ["--prompt-len", "64", "--output-len", "64", "--tpot-slo", "20 ms", "--profile", str(tmp_path / "p.yaml")]
     assert main([*argv, "-o", str(plan)]) == 0
     assert main(["verify", str(plan)]) == 0
+
+
+CATALOG_BOX = """name: catalog-box
+device_kinds:
+  - {name: h200, catalog: h200-sxm-141g}
+nodes:
+  - {name: box, devices: {h200: 1}}
+"""
+
+
+def _catalog_context(tmp_path, kinds: dict):
+    (tmp_path / "c.yaml").write_text(CATALOG_BOX)
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({**V2, "kinds": kinds}))
+    wl = ServingWorkload(requests=(RequestShape(prompt_len=64, output_len=64),), tpot_slo_s=0.05)
+    return build_context(str(tmp_path / "c.yaml"), "gpt2", wl, "fp16", ServingOptions(), str(tmp_path / "p.yaml"))
+
+
+def test_a_profile_names_a_kind_by_its_catalog_entry_unless_it_names_the_kind_itself(tmp_path):
+    """A profile measured on a GPU model (its catalog name) applies to a spec kind that names that entry."""
+    by_catalog = {"h200-sxm-141g": {"tp": {1: {"linear_layer_s": LINEAR}}}}
+    costs = _catalog_context(tmp_path, by_catalog).cache.get("box/h200", 1)
+    load = costs.layer_time  # the measured table, not the kernel model
+    assert isinstance(load, PartsLayerTime) and load.measured
+    own = [[0, 0.002], [256, 0.006]]
+    both = {**by_catalog, "h200": {"tp": {1: {"linear_layer_s": own}}}}
+    ctx = _catalog_context(tmp_path, both)
+    costs = ctx.cache.get("box/h200", 1)
+    r = ctx.tasks.prefill_per_output
+    expected = 0.002 + 0.004 * 10 * (1 + r) / 256 + _model_s(costs, ctx.tasks.per_sequence.times(10), {"linear"})
+    assert costs.layer_time(10) == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_profile_that_names_no_kind_of_the_cluster_is_refused(tmp_path):
+    """Never silently the kernel model: a profile for other GPUs (or a misspelt kind) exits 2."""
+    with pytest.raises(WorkloadError, match=r"its device kinds \(a100\) name no device kind of 'catalog-box'"):
+        _catalog_context(tmp_path, {"a100": {"tp": {1: {"linear_layer_s": LINEAR}}}})
+
+
+def test_a_profile_in_a_dtype_of_another_size_is_refused(tmp_path):
+    """fp16 times for fp32 layers would be half what the plan runs: refused, naming both dtypes."""
+    (tmp_path / "c.yaml").write_text(ONE_BOX.replace("{fp16: 165 TFLOP/s}", "{fp16: 165 TFLOP/s, fp32: 82 TFLOP/s}"))
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(V2))
+    wl = ServingWorkload(requests=(RequestShape(prompt_len=64, output_len=64),), tpot_slo_s=0.05)
+    with pytest.raises(WorkloadError, match="its times are in fp16, the plan's layers in fp32"):
+        build_context(str(tmp_path / "c.yaml"), "gpt2", wl, "fp32", ServingOptions(), str(tmp_path / "p.yaml"))
+    bf16 = {**V2, "dtype": "bf16"}  # the same size: taken
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(bf16))
+    assert build_context(str(tmp_path / "c.yaml"), "gpt2", wl, "fp16", ServingOptions(), str(tmp_path / "p.yaml"))

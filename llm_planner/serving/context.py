@@ -9,6 +9,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
+from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.gap import SERVING_REL_GAP as OPTIMAL_GAP
 from llm_planner.core.gap import gap, status
 from llm_planner.core.precision import Precision, as_precision, runs_on
@@ -19,6 +20,7 @@ from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.classes import DP_ATTENTIONS, ServerClass, server_classes
 from llm_planner.serving.engines import dp_attention_refusal
 from llm_planner.serving.inputs import read_context_inputs
+from llm_planner.serving.layer_time import profile_kind_name
 from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
 from llm_planner.serving.links import ClassLinks, class_links
 from llm_planner.serving.replica import ReplicaModel
@@ -56,21 +58,13 @@ class ServingContext:
         profile=None,
     ):
         self.precision = as_precision(dtype)
-        if profile is not None and self.precision.quantized:
-            raise WorkloadError(
-                f"--profile: a measured serving profile holds times in one dtype ({profile.dtype}), not in "
-                f"{self.precision.describe()}: plan a quantized precision without --profile"
-            )
         if options.expert_imbalance != 1.0 and not config.is_moe:
             raise WorkloadError(
                 f"--expert-imbalance {options.expert_imbalance:g}: {config.name} has no experts (a dense model)"
             )
         _check_deepep(config, options)
-        if profile is not None and config.is_moe:
-            raise WorkloadError(
-                f"--profile: a measured serving profile times dense layers; {config.name} is a mixture of "
-                "experts: plan it without --profile"
-            )
+        if profile is not None:
+            _check_profile(profile, self.precision, config, cluster)
         self.cluster, self.config, self.workload, self.options = cluster, config, workload, options
         self.dtype = self.precision.activations
         self.tasks: ServingTasks = build_serving_tasks(
@@ -231,3 +225,33 @@ def _dp_attention(config: DecoderConfig, options: ServingOptions) -> bool:
     the engine the plan must export to (llm_planner.serving.engines.dp_attention_refusal)."""
     wanted = options.dp_attention and config.is_moe
     return wanted and dp_attention_refusal(options.exportable, config.hf_model_type) is None
+
+
+def _kind_label(kind) -> str:
+    return f"{kind.name} (catalog {kind.catalog})" if kind.catalog else kind.name
+
+
+def _check_profile(profile, precision: Precision, config: DecoderConfig, cluster: ClusterSpec) -> None:
+    """WorkloadError where a measured serving profile cannot stand for this plan's layers: a quantized
+    precision, a mixture of experts, times in a dtype of another size, or no device kind it names."""
+    if precision.quantized:
+        raise WorkloadError(
+            f"--profile: a measured serving profile holds times in one dtype ({profile.dtype}), not in "
+            f"{precision.describe()}: plan a quantized precision without --profile"
+        )
+    if config.is_moe:
+        raise WorkloadError(
+            f"--profile: a measured serving profile times dense layers; {config.name} is a mixture of "
+            "experts: plan it without --profile"
+        )
+    if DTYPE_BYTES.get(profile.dtype) != DTYPE_BYTES[precision.activations]:
+        raise WorkloadError(
+            f"--profile {profile.path}: its times are in {profile.dtype}, the plan's layers in "
+            f"{precision.activations}: plan with --dtype {profile.dtype} or profile in {precision.activations}"
+        )
+    if not any(profile_kind_name(profile, kind) for kind in cluster.device_kinds):
+        raise WorkloadError(
+            f"--profile {profile.path}: its device kinds ({', '.join(e.kind for e in profile.kinds)}) name no "
+            f"device kind of {cluster.name!r} nor a catalog entry one names "
+            f"(its kinds: {', '.join(_kind_label(k) for k in cluster.device_kinds)})"
+        )

@@ -227,7 +227,7 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, pro
         dense_time = kernel_time(dense_kernels, tasks)
         pieces["dense"] = dense_time.pieces
     measured = measured_layer_time(
-        profile, server_class.kind.name, degree, kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
+        profile, server_class.kind, degree, kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
     )
     if measured is not None:  # the measured time's own pieces; else the bounds read the roofline's
         pieces["block"] = layer_pieces(kernels, tasks.per_sequence)

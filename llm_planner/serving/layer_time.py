@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import math
 
+from llm_planner.core.spec import DeviceKindSpec
 from llm_planner.cost.chunks import pieces_below, prefill_batch_tokens, prompt_lumps
 from llm_planner.cost.iteration import LayerKernels, Load
 from llm_planner.cost.layer_pieces import layer_pieces, layer_time_s
@@ -223,16 +224,34 @@ class PartsLayerTime(_PiecewiseLinear):
         return layer_time_s(self.kernels, load, self.parts)
 
 
+def profile_kind_name(profile, kind: DeviceKindSpec) -> str | None:
+    """The name under which `profile` holds `kind`'s tables: the kind's own name, else the catalog
+    entry it names (a profile measured on that GPU model); None where it holds neither."""
+    names = {entry.kind for entry in profile.kinds}
+    for name in (kind.name, kind.catalog):
+        if name is not None and name in names:
+            return name
+    return None
+
+
 def measured_layer_time(
-    profile, kind: str, degree: int, kernels: LayerKernels, per_sequence: Load, message_bytes_per_token: float
+    profile,
+    kind: DeviceKindSpec,
+    degree: int,
+    kernels: LayerKernels,
+    per_sequence: Load,
+    message_bytes_per_token: float,
 ) -> MeasuredLayerTime | PartsLayerTime | None:
     """The measured time a stage of `degree` devices of `kind` takes from `profile`, or None (the
     kernel model): a version 1 profile's tables on single devices of the kinds it names; a
-    version 2 profile's entry for the kind at that degree, where it has one."""
+    version 2 profile's entry for the kind at that degree, where it has one (a kind is named by
+    its own name or its catalog entry's: `profile_kind_name`)."""
     if profile is None:
         return None
+    name = profile_kind_name(profile, kind)
+    if name is None:
+        return None
     if profile.version == 1:
-        names = {entry.kind for entry in profile.kinds}
-        return MeasuredLayerTime(profile, kind, per_sequence.prompt_tokens) if degree == 1 and kind in names else None
-    tables = profile.tables(kind, degree)
+        return MeasuredLayerTime(profile, name, per_sequence.prompt_tokens) if degree == 1 else None
+    tables = profile.tables(name, degree)
     return None if tables is None else PartsLayerTime(tables, kernels, per_sequence, message_bytes_per_token)

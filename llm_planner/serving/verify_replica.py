@@ -75,7 +75,7 @@ class _Costs:
         self.measured = None
         if attention == "tp":
             self.measured = measured_layer_time(  # the one rule of where a measured time applies
-                ctx.cache.profile, sc.kind.name, degree, self.kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
+                ctx.cache.profile, sc.kind, degree, self.kernels, tasks.per_sequence, tasks.hidden_bytes_per_token
             )
         wl = ctx.workload
         self.decode_keys, self.prompt_keys = wl.decode_context, (wl.mean_prompt_len + 1) / 2
