@@ -11,7 +11,10 @@ import yaml
 from serving_fixtures import context
 
 from llm_planner.cli.main import main
+from llm_planner.core.spec import load_cluster
+from llm_planner.cost.iteration import Load, layer_kernels
 from llm_planner.graph.decoder_presets import preset_config
+from llm_planner.graph.moe import experts_touched
 from llm_planner.serving.expert_load import ExpertLoad, ExpertLoadError, read_expert_load
 from llm_planner.serving.workload import WorkloadError
 
@@ -94,6 +97,7 @@ def test_a_plan_with_a_histogram_states_its_factors_and_verifies(tmp_path, capsy
     assert main([*args, "--expert-load", str(load), "-o", str(out)]) == 0
     data = yaml.safe_load(out.read_text())
     assert (data["options"]["expert_imbalance"], data["options"]["dp_imbalance"]) == (3.2, {2: 1.6, 4: 2.0, 8: 3.2})
+    assert data["options"]["expert_picks"] == [0.8, 0.4, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1]  # top-2 x each share
     capsys.readouterr()
     assert main(["verify", str(out)]) == 0
     assert main(["show", str(out)]) == 0
@@ -102,3 +106,31 @@ def test_a_plan_with_a_histogram_states_its_factors_and_verifies(tmp_path, capsy
     )
     assert main([*args, "--expert-load", str(load), "--expert-imbalance", "2", "-o", str(tmp_path / "x.yaml")]) == 2
     assert "--expert-load and --expert-imbalance: give one" in capsys.readouterr().err
+
+
+def test_the_chances_by_hand_and_a_skewed_router_reaches_fewer_experts():
+    """Top-2 over SKEWED's shares: 2 s_e each, sorted; two layers average rank by rank. T tokens
+    reach sum (1 - (1 - q)^T) experts: 2 at T = 1 as under uniform routing, fewer after."""
+    one = ExpertLoad("f", (tuple(SKEWED),))
+    assert one.picks(2) == pytest.approx((0.8, 0.4, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1))
+    two = ExpertLoad("f", (tuple(SKEWED), (1,) * 8))
+    assert two.picks(2)[0] == pytest.approx((0.8 + 0.25) / 2)
+    uniform = ExpertLoad("f", ((1,) * 8,)).picks(2)
+    for tokens in (1, 3, 16):
+        assert experts_touched(8, 2, tokens, uniform) == pytest.approx(experts_touched(8, 2, tokens))
+    assert experts_touched(8, 2, 1, one.picks(2)) == pytest.approx(2.0)
+    assert experts_touched(8, 2, 16, one.picks(2)) < experts_touched(8, 2, 16) - 0.5
+    capped = ExpertLoad("f", ((90, 10, 0, 0, 0, 0, 0, 0),)).picks(2)  # 2 x 0.9 is more than certain
+    assert capped[0] == 1.0 and experts_touched(8, 2, 5, capped) <= 2.0
+
+
+def test_a_skewed_router_charges_fewer_weight_reads_than_uniform_routing(tmp_path):
+    """Mixtral on one A100 at 32 sequences: the measured router's layer is faster, every other
+    figure alike; the bounds and the verifier read the same kernels (the plan test above)."""
+    kind = load_cluster(REPO / "cluster_specs" / "four-gpus.yaml").kind("a100-80g")
+    picks = ExpertLoad("f", (tuple(SKEWED),)).picks(2)
+    config = preset_config("mixtral-8x7b")
+    load = Load(decodes=32, decode_keys=32 * 512)
+    uniform, skewed = (layer_kernels(config, "fp16", kind, 1, None, 3.2, p) for p in (None, picks))
+    assert skewed.time_s(load) < uniform.time_s(load)
+    assert layer_kernels(config, "fp16", kind, 1, None, 3.2, None).time_s(load) == uniform.time_s(load)

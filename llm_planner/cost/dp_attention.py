@@ -103,10 +103,12 @@ def dp_layer_kernels(
     imbalance: float = 1.0,
     span: tuple[int, LinkSpec] | None = None,
     all2all: str = ALL2ALL[0],
+    picks: tuple[float, ...] | None = None,
 ) -> LayerKernels:
     """The kernels of one layer on each member of a group of k with data-parallel attention
     (module docstring), `span` = (devices a server, the link between servers) for a group over
-    whole servers, its experts' tokens moved by `all2all` (one of ALL2ALL); CostError where the
+    whole servers, its experts' tokens moved by `all2all` (one of ALL2ALL), a measured router's
+    `picks` (graph.moe.experts_touched; None: uniform); CostError where the
     layer does not split so (dp_offered) or no link joins the group. A dense layer of an MoE model
     (DeepSeek's first ones) is its own part alone."""
     if k < 2 or link is None or (config.is_moe and not dp_offered(config, k)):
@@ -114,11 +116,11 @@ def dp_layer_kernels(
             f"a decoder layer of {config.name} cannot run data-parallel attention on a group of {k} "
             "(it needs k > 1 devices joined by a link over which the experts split evenly)"
         )
-    whole = layer_kernels(config, dtype, kind, 1, None, imbalance)
+    whole = layer_kernels(config, dtype, kind, 1, None, imbalance, picks)
     own = tuple(_own_share(kernel, k) for kernel in whole.kernels if kernel.experts is None)
     if not config.is_moe:
         return dataclasses.replace(whole, kernels=own)
-    mlp = sublayer_kernels(config, dtype, kind, "mlp", k, link, imbalance)
+    mlp = sublayer_kernels(config, dtype, kind, "mlp", k, link, imbalance, picks)
     experts = tuple(kernel for kernel in mlp.kernels if kernel.experts is not None)
     if all2all not in ALL2ALL:
         raise CostError(f"all2all must be one of {', '.join(ALL2ALL)}, got {all2all!r}")

@@ -31,7 +31,8 @@ and writes (prompt) the KV cache at the KV cache dtype's bytes.
 A mixture-of-experts layer (llm_planner.graph.moe; llm_planner.cost.moe_cost has its sizes) has
 the router and shared expert in `linear` and one more kernel, `experts`: the routed experts'
 GEMMs on the tokens' top-k rows, reading the weights of each expert the iteration's tokens reach
-(E (1 - (1 - k/E)^T) of them under uniform routing), a term concave in the tokens.
+(E (1 - (1 - k/E)^T) of them under uniform routing, fewer under a measured skewed router:
+graph.moe.experts_touched), a term concave in the tokens.
 
 Each compute kernel's time is its own roofline with a rounded corner,
 
@@ -115,6 +116,7 @@ class Kernel:
     # routed experts (an MoE layer's expert GEMMs): (E, top-k, a member's bytes of one expert's
     # weights), read once for each expert the iteration's tokens reach (graph.moe.experts_touched)
     experts: tuple[float, float, float] | None = None
+    picks: tuple[float, ...] | None = None  # a measured router's chance per expert (None: uniform)
     # a collective run in calls of at most `chunk` tokens of the load (its fixed time paid once per
     # call, at least once); 0: one call whatever the tokens (llm_planner.cost.dp_attention)
     chunk: float = 0.0
@@ -128,7 +130,7 @@ class Kernel:
         if self.experts is None:
             return 0.0
         num, top_k, per_expert = self.experts
-        return per_expert * experts_touched(int(num), int(top_k), tokens)
+        return per_expert * experts_touched(int(num), int(top_k), tokens, self.picks)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,12 +178,14 @@ def layer_kernels(
     k: int = 1,
     link: LinkSpec | None = None,
     imbalance: float = 1.0,
+    picks: tuple[float, ...] | None = None,
 ) -> LayerKernels:
     """The kernels of one layer on a device of `kind` (k = 1) or on each member of a group of k
     whose collectives cross `link` (module docstring), in `dtype` (one dtype for everything) or a
-    precision; an MoE layer's experts with the routing `imbalance` (llm_planner.cost.moe_cost).
+    precision; an MoE layer's experts with the routing `imbalance` (llm_planner.cost.moe_cost) and
+    a measured router's `picks` (graph.moe.experts_touched; None: uniform).
     Raises CostError for a dtype the kind has no peak for or a group the layer does not split over."""
-    return _member_kernels(config, dtype, kind, k, link, SUBLAYERS, imbalance)
+    return _member_kernels(config, dtype, kind, k, link, SUBLAYERS, imbalance, picks)
 
 
 def sublayer_kernels(
@@ -192,13 +196,14 @@ def sublayer_kernels(
     k: int = 1,
     link: LinkSpec | None = None,
     imbalance: float = 1.0,
+    picks: tuple[float, ...] | None = None,
 ) -> LayerKernels:
     """The kernels of one of a layer's SUBLAYERS ("attn": its linear layers, the attention kernels,
     its norm, residual add and rotary embedding, one all-reduce; "mlp": the rest), as
     `layer_kernels`: the two sublayers' kernels together are the layer's."""
     if part not in SUBLAYERS:
         raise CostError(f"a decoder sublayer is one of {SUBLAYERS}, got {part!r}")
-    return _member_kernels(config, dtype, kind, k, link, (part,), imbalance)
+    return _member_kernels(config, dtype, kind, k, link, (part,), imbalance, picks)
 
 
 def _member_kernels(
@@ -209,6 +214,7 @@ def _member_kernels(
     link: LinkSpec | None,
     parts: tuple[str, ...],
     imbalance: float = 1.0,
+    picks: tuple[float, ...] | None = None,
 ) -> LayerKernels:
     p = as_precision(dtype)
     try:
@@ -226,7 +232,7 @@ def _member_kernels(
         what = "layer" if parts == SUBLAYERS else f"{parts[0]} sublayer"
         raise CostError(f"a decoder {what} of {config.name} cannot run on a tensor-parallel group of {k}")
     call_s, latency_s = kind.collective_call_s, link.latency_s if k > 1 else 0.0
-    kernels = _kernels(config, sizes, k, call_s, latency_s, parts, imbalance)
+    kernels = _kernels(config, sizes, k, call_s, latency_s, parts, imbalance, picks)
     return LayerKernels(
         kernels=kernels,
         flops_per_s=peak * kind.compute_efficiency,
@@ -294,6 +300,7 @@ def _kernels(
     latency_s: float,
     parts: tuple[str, ...] = SUBLAYERS,
     imbalance: float = 1.0,
+    picks: tuple[float, ...] | None = None,
 ) -> tuple[Kernel, ...]:
     b, wb, kvb, speed = sizes  # activation, weight and KV bytes per element; the linear layers' speed
     h = cfg.hidden_size
@@ -313,7 +320,14 @@ def _kernels(
         flops, io, per_expert = expert_sizes(cfg, k, imbalance)
         experts = (float(cfg.num_experts), float(cfg.experts_per_token), wb * per_expert)
         out.append(
-            Kernel("experts", _vec(0, flops, 0, flops, 0), _vec(0, b * io, 0, b * io, 0), speed=speed, experts=experts)
+            Kernel(
+                "experts",
+                _vec(0, flops, 0, flops, 0),
+                _vec(0, b * io, 0, b * io, 0),
+                speed=speed,
+                experts=experts,
+                picks=picks,
+            )
         )
     if "attn" in parts:
         out += _mla_kernels(cfg, b, kvb, k) if cfg.is_mla else _attention_kernels(a, kv, b, kvb, k)

@@ -198,10 +198,15 @@ def shared_gate(cfg: Any) -> bool:
     return cfg.shared_expert_size > 0 and cfg.hf_model_type in GATED_SHARED
 
 
-def experts_touched(num_experts: int, top_k: int, tokens: float) -> float:
-    """Expected distinct experts that `tokens` tokens reach when each picks top_k of num_experts
-    uniformly at random: E (1 - (1 - k / E)^T) (each expert is missed by one token with probability
-    1 - k / E, independently across tokens). Concave and increasing in T; k at T = 1, E as T grows."""
+def experts_touched(num_experts: int, top_k: int, tokens: float, picks: tuple[float, ...] | None = None) -> float:
+    """Expected distinct experts that `tokens` tokens reach. Uniform routing (`picks` None), each
+    token picking top_k of num_experts at random: E (1 - (1 - k / E)^T) (each expert is missed by
+    one token with probability 1 - k / E, independently across tokens). A measured router
+    (`picks`: for each expert the chance one token reaches it, k s_e for its share s_e of the routed
+    rows): sum_e (1 - (1 - q_e)^T), fewer than uniform for any skew with the same k. Concave and
+    increasing in T either way; k at T = 1, the experts the router reaches as T grows."""
     if tokens <= 0:
         return 0.0
-    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+    if picks is None:
+        return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+    return sum(1.0 - (1.0 - q) ** tokens for q in picks)

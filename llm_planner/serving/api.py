@@ -142,7 +142,7 @@ def plan_serving(
         },
         "model": model_fields(ctx, model),
         "workload": workload.to_dict(),
-        "options": dataclasses.asdict(options) | {"solver": solver},
+        "options": _options_record(options) | {"solver": solver},
         "serving": {
             "tokens_per_s": fleet.tokens_per_s,
             "upper_bound_tokens_per_s": bound,
@@ -307,3 +307,10 @@ def fixed_plan_data(
         },
         "baselines": {name: {"tokens_per_s": 0, "replicas": []} for name in ("engineer-best", "megatron")},
     }
+
+
+def _options_record(options: ServingOptions) -> dict:
+    """The options as the plan file holds them (lists for tuples; expert_picks only when measured)."""
+    record = dataclasses.asdict(options)
+    picks = record.pop("expert_picks")
+    return record | ({"expert_picks": list(picks)} if picks is not None else {})

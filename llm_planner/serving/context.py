@@ -45,6 +45,8 @@ class ServingOptions:
     dp_attention: bool = True  # MoE: offer groups with data-parallel attention (cost.dp_attention)
     deepep: bool = False  # MoE: offer those groups moving tokens with DeepEP too (cost.dp_attention)
     dp_imbalance: dict | None = None  # MoE: per dpaK size, its busiest member's rows over the mean (expert_load)
+    # MoE: a measured router's chance per expert that one token reaches it (expert_load); None: uniform
+    expert_picks: tuple[float, ...] | list[float] | None = None
 
 
 class ServingContext:
@@ -75,6 +77,7 @@ class ServingContext:
             check_imbalance(options.expert_imbalance),
             options.chunked_prefill,
             _dp_imbalance(config, options),
+            _expert_picks(config, options),
         )
         classes = server_classes(
             cluster,
@@ -255,3 +258,17 @@ def _check_profile(profile, precision: Precision, config: DecoderConfig, cluster
             f"device kind of {cluster.name!r} nor a catalog entry one names "
             f"(its kinds: {', '.join(_kind_label(k) for k in cluster.device_kinds)})"
         )
+
+
+def _expert_picks(config: DecoderConfig, options: ServingOptions) -> tuple[float, ...] | None:
+    """options.expert_picks checked against the model: one chance in [0, 1] per routed expert."""
+    picks = options.expert_picks
+    if picks is None:
+        return None
+    if not config.is_moe:
+        raise WorkloadError(f"expert_picks: {config.name} has no experts (a dense model)")
+    if len(picks) != config.num_experts:
+        raise WorkloadError(f"expert_picks: {len(picks)} values for {config.name}'s {config.num_experts} experts")
+    if any(isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 <= q <= 1.0 for q in picks):
+        raise WorkloadError("expert_picks: each is a chance from 0 to 1 that one token reaches the expert")
+    return tuple(float(q) for q in picks)

@@ -217,7 +217,13 @@ def stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, pro
     pieces["lm_head"] = with_sequence_work(pieces["lm_head"], server_class.kind.serving_sequence_s)
     kv = (shard_of(tasks.tasks["block"], degree) if degree > 1 else tasks.tasks["block"]).mem_bytes_per_sample
     kernels = layer_kernels(
-        tasks.config.moe_layer(), tasks.precision, server_class.kind, degree, link, tasks.expert_imbalance
+        tasks.config.moe_layer(),
+        tasks.precision,
+        server_class.kind,
+        degree,
+        link,
+        tasks.expert_imbalance,
+        tasks.expert_picks,
     )
     roofline = kernel_time(kernels, tasks)
     pieces["block"] = roofline.pieces

@@ -60,4 +60,4 @@ def _kernels(tasks: ServingTasks, config, server_class: ServerClass, degree: int
     """One layer's kernels on a member of the group (across servers where the group spans them)."""
     link, span, all2all = server_class.intra_link, server_class.span(degree), DP_ALL2ALL[attention]
     kind, imbalance = server_class.kind, tasks.imbalance_of(degree, attention)
-    return dp_layer_kernels(config, tasks.precision, kind, degree, link, imbalance, span, all2all)
+    return dp_layer_kernels(config, tasks.precision, kind, degree, link, imbalance, span, all2all, tasks.expert_picks)

@@ -16,8 +16,13 @@ taken alike). These are `--expert-imbalance`'s factor (llm_planner.cost.moe_cost
 charged as if every expert, or member, had the busiest one's rows) for the two layouts: a member
 holding a block of experts averages its experts' skew, so the second is never above the first.
 DeepEP's dispatch and combine (llm_planner.cost.dp_attention) charge the busiest member's share of
-the pairs too. The experts each iteration's tokens reach (their weight reads) stay as under uniform
-routing, E (1 - (1 - top-k/E)^T): a skewed router reaches fewer, so that term errs slow.
+the pairs too. The experts each iteration's tokens reach (their weight reads) follow the histogram
+too (`picks`): expert e is reached by one token with chance q_e = min(1, k s_e), so T tokens reach
+sum_e (1 - (1 - q_e)^T) of them (llm_planner.graph.moe.experts_touched), fewer than under uniform
+routing's E (1 - (1 - k/E)^T) wherever the router is skewed. The chances are sorted in each layer
+and averaged rank by rank over the layers (the count depends on the chances, not on which expert
+holds which); the count is concave in each chance, so the count of the averaged chances is at
+least the layers' mean count (Jensen): the model errs slow, by no more than the layers differ.
 """
 
 from __future__ import annotations
@@ -47,6 +52,14 @@ class ExpertLoad:
     def member_imbalance(self, k: int) -> float:
         """The busiest of k members' rows over the mean, each member E/k consecutive experts."""
         return _mean(k * max(_blocks(counts, k)) / sum(counts) for counts in self.layers)
+
+    def picks(self, top_k: int) -> tuple[float, ...]:
+        """Each expert's chance that one token reaches it, min(1, k s_e), sorted from the most
+        reached and averaged rank by rank over the layers (module docstring)."""
+        per_layer = [
+            sorted((min(1.0, top_k * c / sum(counts)) for c in counts), reverse=True) for counts in self.layers
+        ]
+        return tuple(round(sum(col) / len(col), 6) for col in zip(*per_layer))
 
     def dp_imbalance(self) -> dict[int, float]:
         """member_imbalance for every group size that splits the experts evenly (k >= 2)."""

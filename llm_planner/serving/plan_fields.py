@@ -190,9 +190,12 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
     _workload(top.mapping("workload"))
     options = top.mapping("options")
     exactly(
-        options, _OPTIONS, optional=("expert_imbalance", "chunked_prefill", "dp_attention", "deepep", "dp_imbalance")
+        options,
+        _OPTIONS,
+        optional=("expert_imbalance", "chunked_prefill", "dp_attention", "deepep", "dp_imbalance", "expert_picks"),
     )
     _dp_imbalance(options)
+    _expert_picks(options)
     for key in ("dp_attention", "deepep"):
         if not isinstance(options.data.get(key, False), bool):
             raise options.fail(key, "expected true or false")
@@ -387,3 +390,13 @@ def _baseline(f: Fields, num_layers: int) -> None:
         number(r, "max_mem_fraction")
         if sum(integers(r, "layers")) != num_layers:
             raise r.fail("layers", f"do not add up to model.num_layers {num_layers}")
+
+
+def _expert_picks(options: Fields) -> None:
+    """options.expert_picks: absent, or a list of chances from 0 to 1 (one per routed expert)."""
+    picks = options.data.get("expert_picks")
+    if picks is None:
+        return
+    ok = isinstance(picks, list) and picks
+    if not ok or any(isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q <= 1 for q in picks):
+        raise options.fail("expert_picks", "expected a list of chances from 0 to 1, one per routed expert")

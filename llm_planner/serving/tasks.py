@@ -53,6 +53,9 @@ class ServingTasks:
     # per size k of a group with data-parallel attention, its busiest member's rows over the mean
     # (llm_planner.serving.expert_load); None, or a size not in it: expert_imbalance
     dp_imbalance: dict[int, float] | None = None
+    # a measured router's chance per expert that one token reaches it (llm_planner.serving.expert_load;
+    # graph.moe.experts_touched); None: uniform routing
+    expert_picks: tuple[float, ...] | None = None
 
     @property
     def most_sequences(self) -> float:
@@ -120,6 +123,7 @@ def build_serving_tasks(
     expert_imbalance: float = 1.0,
     chunked_prefill: bool = True,
     dp_imbalance: dict[int, float] | None = None,
+    expert_picks: tuple[float, ...] | None = None,
 ) -> ServingTasks:
     """The tasks per sequence in flight (module docstring) in `dtype` (one dtype for everything) or
     a precision: the block's linear weights at the weight format's bytes, its KV cache at the KV
@@ -173,6 +177,7 @@ def build_serving_tasks(
         expert_imbalance=expert_imbalance,
         chunked_prefill=chunked_prefill,
         dp_imbalance=dp_imbalance,
+        expert_picks=expert_picks,
     )
 
 

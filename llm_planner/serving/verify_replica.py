@@ -67,7 +67,9 @@ class _Costs:
         self.step_s, self.usable = sc.kind.serving_step_s, sc.kind.usable_mem_bytes
         (self._data_parallel_parts if is_dp(attention) else self._tensor_parallel_parts)(ctx, sc, degree)
         kernels_of = _kernels_of(sc, degree, attention)
-        self.kernels = kernels_of(ctx.config, ctx.precision, ctx.tasks.imbalance_of(degree, attention))
+        self.kernels = kernels_of(
+            ctx.config, ctx.precision, ctx.tasks.imbalance_of(degree, attention), ctx.tasks.expert_picks
+        )
         self.dense_layers = ctx.config.first_dense_layers  # on the first stage, with a dense MLP
         self.ranks = degree if is_dp(attention) else 1  # schedulers the sequences split over
         self.dense = kernels_of(ctx.config.dense_layer(), ctx.precision) if self.dense_layers else None
@@ -193,8 +195,12 @@ def _kernels_of(sc, degree: int, attention: str):
     (llm_planner.cost: tensor-parallel, or data-parallel attention, over whole servers too)."""
     if is_dp(attention):
         span, link, all2all = sc.span(degree), sc.intra_link, DP_ALL2ALL[attention]
-        return lambda cfg, p, imbalance=1.0: dp_layer_kernels(cfg, p, sc.kind, degree, link, imbalance, span, all2all)
-    return lambda cfg, p, imbalance=1.0: layer_kernels(cfg, p, sc.kind, degree, sc.intra_link, imbalance)
+        return lambda cfg, p, imbalance=1.0, picks=None: dp_layer_kernels(
+            cfg, p, sc.kind, degree, link, imbalance, span, all2all, picks
+        )
+    return lambda cfg, p, imbalance=1.0, picks=None: layer_kernels(
+        cfg, p, sc.kind, degree, sc.intra_link, imbalance, picks
+    )
 
 
 def derive(ctx: ServingContext, layout: Layout, layers: list[int], concurrency: int, m: int) -> Derived:
