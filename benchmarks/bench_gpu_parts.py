@@ -27,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import provenance
+import yaml
 
+from llm_planner.core.catalog import catalog_entry
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.spec import load_cluster
 from llm_planner.core.spec_links import LinkSpec
@@ -38,6 +40,14 @@ from llm_planner.graph.transformer import matmul_parameters
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "gpu_parts"
 SHOW_TOKENS = (1, 64, 128, 256, 512, 1024, 4096)
+SMALL_TOKENS = 64  # the fits' points: decode sizes, where the GEMMs stream their weights
+VIDUR = HERE / "data" / "vidur_operators.yaml"
+VIDUR_MODELS = {
+    "meta-llama/Meta-Llama-3-8B": "llama3-8b",
+    "meta-llama/Meta-Llama-3-70B": "llama3-70b",
+    "meta-llama/Llama-2-70b-hf": "llama2-70b",
+}
+PROJECTIONS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 SHOW_ATTN = ((1, 512), (16, 2048), (64, 2048), (256, 512), (256, 8192))
 NVLINK = LinkSpec(bw_bytes_per_s=450e9, latency_s=1e-6)
 
@@ -65,25 +75,47 @@ def affine_fit(docs: list[dict], kind) -> dict:
     """t = a + bytes / bw over every model's and degree's points of at most 64 tokens (one dtype)."""
     xs, ys = [], []
     for doc in docs:
-        params = matmul_parameters(preset_config(doc["model"]))
-        weights = (params["attn"] + params["mlp"]) * DTYPE_BYTES[doc["dtype"]]  # one layer's weight bytes
+        weights = layer_weight_bytes(doc["model"], DTYPE_BYTES[doc["dtype"]])
         for k, tables in doc["tp"].items():
             for tokens, seconds in tables["linear_layer_s"]:
-                if tokens <= 64:
+                if tokens <= SMALL_TOKENS:
                     xs.append(weights / int(k))
                     ys.append(seconds)
+    return dict(source=f"{kind.name}, {docs[0]['dtype']}", **_fit(xs, ys, kind.mem_bw_bytes_per_s))
+
+
+def layer_weight_bytes(model: str, dtype_bytes: int) -> float:
+    """One layer's linear weights in bytes: what its four projections stream."""
+    params = matmul_parameters(preset_config(model))
+    return (params["attn"] + params["mlp"]) * dtype_bytes
+
+
+def _fit(xs: list[float], ys: list[float], peak_bw: float) -> dict:
     slope, intercept = np.polyfit(np.array(xs), np.array(ys), 1)
     fitted = intercept + slope * np.array(xs)
-    worst = float(np.max(np.abs(fitted / np.array(ys) - 1)))
-    bw = 1 / slope
     return dict(
-        dtype=docs[0]["dtype"],
         points=len(xs),
         fixed_s=float(intercept),
-        bw_bytes_per_s=float(bw),
-        bw_share_of_peak=float(bw / kind.mem_bw_bytes_per_s),
-        worst_rel_error=worst,
+        bw_bytes_per_s=float(1 / slope),
+        bw_share_of_peak=float(1 / slope / peak_bw),
+        worst_rel_error=float(np.max(np.abs(fitted / np.array(ys) - 1))),
     )
+
+
+def vidur_fits() -> list[dict]:
+    """The same fit on Vidur's A100 and H100 operator medians (fp16, vLLM's kernels; the four
+    projections of mlp.csv at up to 64 tokens), and the median of the layer's other operators there
+    (norms, rotary, activation, add: vLLM's fused elementwise kernels)."""
+    refs = yaml.safe_load(VIDUR.read_text())["mlp"]
+    out = []
+    for gpu in sorted({r["gpu"] for r in refs}):
+        rows = [r for r in refs if r["gpu"] == gpu and r["num_tokens"] <= SMALL_TOKENS]
+        xs = [layer_weight_bytes(VIDUR_MODELS[r["model"]], 2) / r["tp"] for r in rows]
+        ys = [sum(r["time_s"][op] for op in PROJECTIONS) for r in rows]
+        rest = [sum(r["time_s"].values()) - y for r, y in zip(rows, ys)]
+        fit = _fit(xs, ys, catalog_entry(gpu)["mem_bw_bytes_per_s"])
+        out.append(dict(source=f"{gpu}, fp16 (Vidur)", elementwise_median_s=float(np.median(rest)), **fit))
+    return out
 
 
 def attention_rows(doc: dict, kind) -> list[dict]:
@@ -114,10 +146,13 @@ def markdown(linear: list[dict], fits: list[dict], attention: list[dict], kind, 
         )
     out.append("")
     for fit in fits:
+        rest = fit.get("elementwise_median_s")
         out.append(
-            f"Affine fit, {fit['dtype']}, over {fit['points']} points of at most 64 tokens: a layer's four "
+            f"Affine fit, {fit['source']}, over {fit['points']} points of at most 64 tokens: a layer's four "
             f"projections take {fit['fixed_s'] * 1e6:.1f} us + weight bytes / {fit['bw_bytes_per_s'] / 1e12:.2f} TB/s "
-            f"({fit['bw_share_of_peak']:.2f} of the peak); worst point {fit['worst_rel_error'] * 100:.1f}% off.\n"
+            f"({fit['bw_share_of_peak']:.2f} of the peak); worst point {fit['worst_rel_error'] * 100:.1f}% off"
+            + (f"; the layer's other operators, median {rest * 1e6:.1f} us" if rest is not None else "")
+            + ".\n"
         )
     if attention:
         out += [
@@ -143,6 +178,7 @@ def main() -> None:
     linear = [r for d in docs for r in linear_rows(d, kind)]
     attention = [r for d in docs for r in attention_rows(d, kind)]
     fits = [affine_fit([d for d in docs if d["dtype"] == dtype], kind) for dtype in sorted({d["dtype"] for d in docs})]
+    fits += vidur_fits()
     text = markdown(linear, fits, attention, kind, [Path(p).name for p in args.raw])
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "table.md").write_text(text)
