@@ -21,7 +21,8 @@ its positions, then:
                             batch gathered to the longest length, a boolean mask hides the rest
                             (exp(-inf) = 0: a hidden key adds exactly nothing); the query heads
                             that share a key/value head are packed as its queries, so grouped-query
-                            keys are not copied per query head
+                            keys are not copied per query head (prompt
+                            chunks alike)
     prompt chunks (n > 1):  each on its own, queries start..start+n-1 over keys [0, start + n),
                             causal (tp_layers.causal_mask with the cache's offset)
 
@@ -105,18 +106,24 @@ def attend(q, k, v, cache_k, cache_v, index: IterIndex, rep: int) -> torch.Tenso
         o = F.scaled_dot_product_attention(packed, keys, values, attn_mask=index.visible, scale=scale)
         out[rows] = o.reshape(len(rows), q.shape[1], q.shape[-1])
     for at, e in index.prompts:
-        length = e.start + e.tokens
-        keys = _repeat(cache_k[e.slot : e.slot + 1, :, :length], rep)
-        values = _repeat(cache_v[e.slot : e.slot + 1, :, :length], rep)
-        mask = tp_layers.causal_mask(None, e.tokens, length, q.dtype, q.device)
-        qs = q[at : at + e.tokens].transpose(0, 1)[None]
-        o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=scale)
-        out[at : at + e.tokens] = o[0].transpose(0, 1)
+        out[at : at + e.tokens] = _prompt_attention(q[at : at + e.tokens], cache_k, cache_v, e, rep, scale)
     return out.reshape(q.shape[0], -1)
 
 
-def _repeat(t: torch.Tensor, rep: int) -> torch.Tensor:
-    return t.repeat_interleave(rep, dim=1) if rep > 1 else t
+def _prompt_attention(q, cache_k, cache_v, e: Entry, rep: int, scale: float) -> torch.Tensor:
+    """One prompt chunk's queries [n, heads, d] over its slot's keys [0, start + n), causal; each
+    key/value head's `rep` query heads packed as its queries (rows head-major), so the cache is read,
+    not copied per head: row r n + j of a group is query head r's token j, and sees what token j sees."""
+    n, heads, d = q.shape
+    length = e.start + n
+    keys, values = cache_k[e.slot : e.slot + 1, :, :length], cache_v[e.slot : e.slot + 1, :, :length]
+    kv = keys.shape[1]
+    mask = tp_layers.causal_mask(None, n, length, q.dtype, q.device)  # [1, 1, n, length] or None (n = 1)
+    if mask is not None:
+        mask = mask.repeat(1, 1, rep, 1)
+    packed = q.transpose(0, 1).reshape(1, kv, rep * n, d)  # heads (kv-major) x tokens
+    o = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=scale)
+    return o.reshape(heads, n, d).transpose(0, 1)
 
 
 class ServeBlock(tp_layers.BlockShard):
