@@ -186,11 +186,12 @@ def expert_load_options(args: argparse.Namespace) -> dict:
         return {"expert_imbalance": args.expert_imbalance}
     if args.expert_imbalance != 1.0:
         raise UserError("--expert-load and --expert-imbalance: give one (the histogram gives the factors)", 2)
-    load = read_expert_load(args.expert_load, decoder_config(args.model))
+    config = decoder_config(args.model)
+    load = read_expert_load(args.expert_load, config)
     return {
         "expert_imbalance": round(load.expert_imbalance(), 6),
         "dp_imbalance": load.dp_imbalance(),
-        "expert_picks": load.picks(decoder_config(args.model).experts_per_token),
+        "expert_picks": load.picks(config.experts_per_token),
     }
 
 

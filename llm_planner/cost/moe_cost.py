@@ -50,6 +50,15 @@ def expert_sizes(cfg: Any, k: int, imbalance: float) -> tuple[float, float, floa
     return 2 * per_expert * rows, rows * ((h + 2 * m / k) + (m / k + h)), per_expert
 
 
+def check_picks(picks: Any) -> tuple[float, ...]:
+    """A measured router's chances (graph.moe.experts_touched) as a tuple; ValueError unless a
+    non-empty list of numbers from 0 to 1."""
+    chance = lambda q: not isinstance(q, bool) and isinstance(q, (int, float)) and 0.0 <= q <= 1.0  # noqa: E731
+    if not isinstance(picks, (list, tuple)) or not picks or not all(chance(q) for q in picks):
+        raise ValueError("expected a list of chances from 0 to 1 that one token reaches each routed expert")
+    return tuple(float(q) for q in picks)
+
+
 def check_imbalance(imbalance: Any) -> float:
     """The expert imbalance factor as a float; ValueError unless a finite number >= 1."""
     if isinstance(imbalance, bool) or not isinstance(imbalance, (int, float)) or not 1.0 <= imbalance < float("inf"):

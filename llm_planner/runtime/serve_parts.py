@@ -69,6 +69,18 @@ class MemberShape:
     rms: bool
     bias: bool
 
+    @property
+    def projections(self) -> tuple[tuple[int, int], ...]:
+        """(in, out) widths of the four projections: fused q/k/v, output, (gate and) up, down."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        up = (2 if self.gated else 1) * self.inner
+        return (self.hidden, q + 2 * kv), (q, self.hidden), (self.hidden, up), (self.inner, self.hidden)
+
+    def projection_inputs(self, tokens: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """Random inputs of T tokens for the projections' three input widths: hidden, attention, MLP."""
+        (hidden, _), (attention, _), _, (mlp, _) = self.projections
+        return tuple(torch.randn(tokens, n, device=device, dtype=dtype) for n in (hidden, attention, mlp))
+
 
 def member_shape(cfg: DecoderConfig, k: int) -> MemberShape:
     """The sizes each of k members holds (Megatron layout); PartsError where the layer does not split."""
@@ -105,9 +117,7 @@ class _Layer:
 
         q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
         self.s, self.split = s, (q, kv, kv)
-        self.w_qkv, self.w_o = w(s.hidden, q + 2 * kv), w(q, s.hidden)
-        self.w_up = w(s.hidden, (2 if s.gated else 1) * s.inner)
-        self.w_down = w(s.inner, s.hidden)
+        self.w_qkv, self.w_o, self.w_up, self.w_down = (w(*shape) for shape in s.projections)
         self.b_qkv = w(q + 2 * kv) if s.bias else None
         self.norm_w, self.norm_b = w(s.hidden) + 1, w(s.hidden)
         self.inv_freq = 1.0 / (10000.0 ** (torch.arange(0, s.head_dim, 2, device=device).float() / s.head_dim))
@@ -197,11 +207,9 @@ def linear_tables(
     full, gemms = [], []
     with torch.inference_mode():
         for t in tokens:
-            x = torch.randn(t, shape.hidden, device=timer.device, dtype=dtype)
+            x, attn, act = shape.projection_inputs(t, timer.device, dtype)
             pos = torch.arange(t, device=timer.device)
             full.append((t, timer.median_s(lambda x=x, pos=pos: layer.run(x, pos))))
-            attn = torch.randn(t, shape.heads * shape.head_dim, device=timer.device, dtype=dtype)
-            act = torch.randn(t, shape.inner, device=timer.device, dtype=dtype)
             gemms.append((t, timer.median_s(lambda x=x, a=attn, m=act: layer.gemms(x, a, m))))
     return full, gemms
 
@@ -212,14 +220,9 @@ class _Fp8Gemms:
     multiplies. Weights are held column-major, as the kernel takes its second operand."""
 
     def __init__(self, s: MemberShape, device: torch.device):
-        q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-        shapes = (
-            (s.hidden, q + 2 * kv),
-            (q, s.hidden),
-            (s.hidden, (2 if s.gated else 1) * s.inner),
-            (s.inner, s.hidden),
-        )
-        self.weights = [(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02).to(FP8).t() for k, n in shapes]
+        self.weights = [
+            (torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02).to(FP8).t() for k, n in s.projections
+        ]
         self.scale = torch.ones((), device=device, dtype=torch.float32)
 
     def _mm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -236,10 +239,7 @@ def fp8_linear_table(shape: MemberShape, tokens: Sequence[int], timer: Timer) ->
     gemms, out = _Fp8Gemms(shape, timer.device), []
     with torch.inference_mode():
         for t in tokens:
-            x, attn, act = (
-                torch.randn(t, n, device=timer.device, dtype=torch.bfloat16)
-                for n in (shape.hidden, shape.heads * shape.head_dim, shape.inner)
-            )
+            x, attn, act = shape.projection_inputs(t, timer.device, torch.bfloat16)
             out.append((t, timer.median_s(lambda x=x, a=attn, m=act: gemms(x, a, m))))
     return out
 

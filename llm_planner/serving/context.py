@@ -14,7 +14,7 @@ from llm_planner.core.gap import SERVING_REL_GAP as OPTIMAL_GAP
 from llm_planner.core.gap import gap, status
 from llm_planner.core.precision import Precision, as_precision, runs_on
 from llm_planner.core.spec import ClusterSpec, check_memory_limited
-from llm_planner.cost.moe_cost import check_imbalance
+from llm_planner.cost.moe_cost import check_imbalance, check_picks
 from llm_planner.graph.hf_config import model_source
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.classes import DP_ATTENTIONS, ServerClass, server_classes
@@ -267,8 +267,10 @@ def _expert_picks(config: DecoderConfig, options: ServingOptions) -> tuple[float
         return None
     if not config.is_moe:
         raise WorkloadError(f"expert_picks: {config.name} has no experts (a dense model)")
+    try:
+        picks = check_picks(picks)
+    except ValueError as exc:
+        raise WorkloadError(f"expert_picks: {exc}") from None
     if len(picks) != config.num_experts:
         raise WorkloadError(f"expert_picks: {len(picks)} values for {config.name}'s {config.num_experts} experts")
-    if any(isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 <= q <= 1.0 for q in picks):
-        raise WorkloadError("expert_picks: each is a chance from 0 to 1 that one token reaches the expert")
-    return tuple(float(q) for q in picks)
+    return picks

@@ -18,7 +18,7 @@ from typing import Any
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.plan_read import Fields
 from llm_planner.core.precision import PRECISION_KEYS, PrecisionError, precision_from_dict, uniform
-from llm_planner.cost.moe_cost import check_imbalance
+from llm_planner.cost.moe_cost import check_imbalance, check_picks
 from llm_planner.serving.classes import DP_ATTENTIONS
 from llm_planner.serving.engines import ENGINES
 
@@ -397,6 +397,7 @@ def _expert_picks(options: Fields) -> None:
     picks = options.data.get("expert_picks")
     if picks is None:
         return
-    ok = isinstance(picks, list) and picks
-    if not ok or any(isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q <= 1 for q in picks):
-        raise options.fail("expert_picks", "expected a list of chances from 0 to 1, one per routed expert")
+    try:
+        check_picks(picks)  # the model's own check of the chances
+    except ValueError as exc:
+        raise options.fail("expert_picks", str(exc)) from None
