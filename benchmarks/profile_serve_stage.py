@@ -3,10 +3,13 @@ and show where its time goes (torch's profiler: host time per op, and device tim
 
 The stage holds the last `--layers` decoder layers of `--model` with the final norm and LM head,
 seeded weights, and a slot KV cache of `--batch` sequences; every iteration decodes one token of
-each, at `--start` keys. The median of 20 iterations after 3 warm-ups is printed, then the
-profiler's tables of 3 more.
+each, at `--start` keys (with `--prompt N`, also an iteration where slot 0 runs a prompt chunk of
+N tokens instead). The median of 20 iterations after 3 warm-ups is printed, eagerly and, with
+`--graphs`, as the piecewise CUDA graphs of llm_planner.runtime.serve_graphs (plain calls on a
+CPU) with how many of their tokens equal the eager ones; then the profiler's tables of 3 more.
 
     .venv/bin/python benchmarks/profile_serve_stage.py --model llama3-8b --batch 65 --start 100 --layers 4
+    .venv/bin/python benchmarks/profile_serve_stage.py --batch 65 --start 100 --layers 4 --prompt 32 --graphs
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from llm_planner.runtime import gpt
+from llm_planner.runtime.serve_graphs import Pieces
 from llm_planner.runtime.serve_scheduler import Entry
 from llm_planner.runtime.serve_stage import ServeStage
 
@@ -39,41 +43,72 @@ def build(model: str, batch: int, start: int, layers: int, device: torch.device,
     )
 
 
+def median_ms(once, repeats: int = 20) -> float:
+    """The median wall time of `once` over `repeats` calls after 3 warm-ups, in ms."""
+    for _ in range(3):
+        once()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        once()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def iterations(batch: int, start: int, prompt: int) -> dict[str, tuple[Entry, ...]]:
+    """A decode of each sequence; with `prompt`, also one whose slot 0 runs a prompt chunk of that many tokens."""
+    decodes = tuple(Entry(s, start, 1, True) for s in range(batch))
+    out = {f"decode x{batch}": decodes}
+    if prompt:
+        out[f"decode x{batch - 1} + prompt {prompt}"] = (Entry(0, 0, prompt, True), *decodes[1:])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama3-8b")
     ap.add_argument("--batch", type=int, default=65)
     ap.add_argument("--start", type=int, default=100)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--prompt", type=int, default=0, help="also time an iteration with a prompt chunk of this many")
+    ap.add_argument("--graphs", action="store_true", help="also the piecewise CUDA graphs (serve_graphs)")
+    ap.add_argument("--no-profile", action="store_true", help="skip the profiler's tables")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     t0 = time.perf_counter()
-    stage = build(args.model, args.batch, args.start, args.layers, device, dtype)
+    stage = build(args.model, args.batch, args.start + args.prompt, args.layers, device, dtype)
     print(f"built {args.layers} layers + head in {time.perf_counter() - t0:.1f} s")
-    entries = tuple(Entry(s, args.start, 1, True) for s in range(args.batch))
+    runners = {"eager": stage}
+    if args.graphs:
+        runners["graphs"] = Pieces(stage, max(args.batch, args.batch - 1 + args.prompt), capture=device.type == "cuda")
+    for name, entries in iterations(args.batch, args.start, args.prompt).items():
+        tokens = sum(e.tokens for e in entries)
+        hidden = torch.randn(tokens, stage.config.hidden_size, dtype=dtype, device=device)
+        outs = {}
+        for label, runner in runners.items():
+
+            def once(runner=runner, label=label, entries=entries, hidden=hidden, outs=outs) -> None:
+                outs[label] = runner.run(entries, hidden)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+
+            ms = median_ms(once)
+            print(f"{name}, at {args.start} keys, {args.layers} layers + head, {label}: {ms:.2f} ms")
+        if "graphs" in outs:
+            same = (outs["graphs"] == outs["eager"]).float().mean().item()
+            print(f"  tokens equal between eager and graphs: {same:.1%} of {len(outs['eager'])}")
+    if args.no_profile:
+        return
+    entries = next(iter(iterations(args.batch, args.start, 0).values()))
     hidden = torch.randn(args.batch, stage.config.hidden_size, dtype=dtype, device=device)
-
-    def once() -> None:
-        stage.run(entries, hidden)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    for _ in range(3):
-        once()
-    times = []
-    for _ in range(20):
-        t = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - t)
-    median = statistics.median(times) * 1e3
-    print(
-        f"decode iteration, {args.batch} sequences at {args.start} keys, {args.layers} layers + head: {median:.2f} ms"
-    )
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    runner = runners["graphs" if args.graphs else "eager"]
     with profile(activities=activities) as prof:
         for _ in range(3):
-            once()
+            runner.run(entries, hidden)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=40))
     if device.type == "cuda":
         print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=40))

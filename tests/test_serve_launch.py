@@ -53,7 +53,15 @@ def test_dry_run_prints_the_rank_table_and_command(plan, tmp_path, capsys):
     assert [[s.ranks for s in r.stages] for r in spec.replicas] == [[(0, 1), (2,)], [(3,)]]
     assert [(s.first_layer, s.layers) for s in spec.replicas[0].stages] == [(0, 3), (3, 1)]
     assert spec.context_len == 11 and spec.max_batched_tokens == 8 and spec.max_requests == 3
+    assert spec.cuda_graphs  # on where a stage can take them, unless --enforce-eager
     assert abs(sum(spec.shares) - 1) < 1e-12
+
+
+def test_enforce_eager_reaches_the_ranks(plan, tmp_path):
+    workdir = tmp_path / "w"
+    argv = ["launch", str(plan), "--dry-run", "--workdir", str(workdir), "--enforce-eager"]
+    assert cli.main(argv) == 0
+    assert not ServeSpec.from_dict(load_rank_table(workdir / "rank_table.json").run.serving).cuda_graphs
 
 
 def test_shares_and_predictions_are_the_replica_models(plan):
@@ -69,8 +77,9 @@ def test_placement_plans_refuse_serving_flags(tmp_path, capsys):
     from runtime_fixtures import decoder_plan
 
     placement = decoder_plan(tmp_path / "p.yaml", save_config(tiny_gpt2(), tmp_path / "m"), [{"embed": 0}])
-    assert cli.main(["launch", str(placement), "--dry-run", "--request-rate", "2", "--workdir", str(tmp_path)]) == 2
-    assert "--request-rate: only serving plans take them" in capsys.readouterr().err
+    argv = ["launch", str(placement), "--dry-run", "--request-rate", "2", "--enforce-eager", "--workdir", str(tmp_path)]
+    assert cli.main(argv) == 2
+    assert "--request-rate, --enforce-eager: only serving plans take them" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ REPLICA_KEYS = {
     "concurrency",
     "micro_batches",
     "max_batched_tokens",
+    "cuda_graphs",
     "requests_completed",
     "output_tokens",
     "duration_s",
@@ -65,6 +66,7 @@ def _check_report(report, plan: Path, replicas: int, rate: float | None = None) 
         assert set(r["measured"]) == MEASURED | {"decode_step_s"}
         assert set(r["predicted"]) == {"tokens_per_s", "tpot_s", "ttft_s", "decode_step_s"}
         assert r["output_tokens"] == 5 * r["requests_completed"]
+        assert r["cuda_graphs"] and all(g == "the stage runs on cpu, not CUDA" for g in r["cuda_graphs"])
         assert all(r["measured"][k] > 0 for k in MEASURED)
     assert set(report["total"]) == {"requests_completed", "output_tokens", "duration_s", "measured", "predicted"}
 

@@ -11,6 +11,7 @@ from runtime_fixtures import tiny_gpt2, tiny_llama, tiny_mixtral, tiny_qwen2_moe
 from serve_fixtures import greedy_whole
 
 from llm_planner.runtime import gpt
+from llm_planner.runtime.serve_graphs import Pieces, capture_refusal, size_for
 from llm_planner.runtime.serve_requests import LoadSpec, ReplicaQueue, RequestStream
 from llm_planner.runtime.serve_scheduler import Entry, Scheduler
 from llm_planner.runtime.serve_stage import ServeStage, attend, index_of
@@ -127,3 +128,41 @@ def test_batched_decode_attention_equals_each_sequence_alone():
         one = index_of((e,), cpu)
         alone = attend(q[i : i + 1], k[i : i + 1], v[i : i + 1], cache[0].clone(), cache[1].clone(), one, heads // kv)
         assert torch.allclose(together[i], alone[0], atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "make, max_tokens",
+    [(tiny_gpt2, 5), (tiny_llama, 5), (tiny_qwen3, 3)],
+    ids=["gpt2", "llama", "qwen3-some-iterations-eager"],
+)
+def test_the_pieces_between_attentions_give_the_whole_models_greedy_tokens(make, max_tokens):
+    """llm_planner.runtime.serve_graphs run as plain calls (no CUDA here): each stage's iterations go
+    through the static buffers, padded to their capture size; an iteration larger than the buffers
+    (5 tokens, 3 rows) runs eagerly instead."""
+    config = gpt.prepare_config(make())
+    layers = gpt.num_layers_of(config)
+    whole = gpt.build_whole_model(config, gpt.weight_source(config, checkpoint=None, seed=0))
+    stages = _stages(config, [(0, 2), (2, layers - 2)], slots=3)
+    runners = [Pieces(stage, max_tokens, capture=False) for stage in stages]
+    sched = _serve(runners, concurrency=3, micro_batches=2, budget=5, requests=6)
+    assert len(sched.finished) == 6
+    for seq in sched.finished:
+        assert seq.generated == greedy_whole(whole, list(seq.request.prompt), seq.request.output_len), seq.request
+    assert all(size <= max_tokens for r in runners for size in r.sizes)
+    assert any(size < max_tokens for size in runners[0].sizes)  # some iterations were padded to a smaller size
+
+
+def test_capture_sizes_hold_the_iteration_within_the_buffers():
+    assert [size_for(t, 300) for t in (1, 3, 5, 8, 9, 250, 257, 300)] == [1, 4, 8, 8, 16, 256, 272, 300]
+    assert size_for(301, 300) is None
+    assert size_for(10**6, 10**7) is None  # past the largest size: eager
+
+
+def test_a_stage_that_cannot_be_captured_says_why():
+    config = gpt.prepare_config(tiny_llama())
+    (stage,) = _stages(config, [(0, gpt.num_layers_of(config))], slots=2)
+    assert capture_refusal(stage) == "the stage runs on cpu, not CUDA"
+    with pytest.raises(ValueError, match="CUDA graphs: the stage runs on cpu"):
+        Pieces(stage, 8, capture=True)
+    plain = Pieces(stage, 8, capture=False)
+    assert plain.capture_all() == 4 and plain.sizes == [1, 2, 4, 8]

@@ -16,7 +16,15 @@ from llm_planner.launch.launch_text import describe_result
 from llm_planner.launch.launch_types import LaunchError
 from llm_planner.launch.serve_launch import STALL_TIMEOUT_S, ServeOptions, launch_serving
 
-SERVING_FLAGS = ("request_rate", "max_requests", "duration", "prompt_len", "output_len", "stall_timeout")
+SERVING_FLAGS = (
+    "request_rate",
+    "max_requests",
+    "duration",
+    "prompt_len",
+    "output_len",
+    "stall_timeout",
+    "enforce_eager",
+)
 PLACEMENT_FLAGS = {"prompt_ids": "--prompt-ids", "max_new_tokens": "--max-new-tokens", "warmup": "--warmup"}
 
 
@@ -75,6 +83,13 @@ def add_serve_launch_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="serving plans: output tokens of every request (default: the plan's)",
     )
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        default=None,
+        help="serving plans: run every stage eagerly (default: a stage on one GPU with a dense MLP replays its "
+        "iterations as CUDA graphs between its attentions)",
+    )
 
 
 def _flag(name: str) -> str:
@@ -110,6 +125,7 @@ def cmd_launch_serving(args: argparse.Namespace, console: Console) -> int:
         prompt_len=args.prompt_len,
         output_len=args.output_len,
         stall_timeout_s=args.stall_timeout if args.stall_timeout is not None else STALL_TIMEOUT_S,
+        enforce_eager=bool(args.enforce_eager),
     )
     try:
         result, report = launch_serving(args.plan, options)

@@ -79,6 +79,7 @@ class ServeOptions:
     prompt_len: int | None = None  # override of the plan's request shapes (one shape)
     output_len: int | None = None
     stall_timeout_s: float = STALL_TIMEOUT_S  # no heartbeat, or nothing back with requests in flight, this long: stop
+    enforce_eager: bool = False  # no CUDA graphs (llm_planner.runtime.serve_graphs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,6 +271,7 @@ def prepare_serving(plan_path: str | Path, options: ServeOptions) -> ServePrepar
         ),
         max_requests=max_requests,
         duration_s=options.duration_s,
+        cuda_graphs=not options.enforce_eager,
     )
     table = _rank_table(plan_path, plan, ctx.cluster, order, serves, spec, options)
     return ServePrepared(table=table, plan=plan, ctx=ctx, spec=spec, scores=tuple(s for _, _, s in rows))

@@ -5,7 +5,8 @@ Written by `llm-planner launch SERVING_PLAN --report run.json` (docs/serve-runti
     {"format": "llm_planner.serving_run", "version": 1, "plan": <plan path as given>, "model": <name>,
      "workload": {"prompt_len": P, "output_len": O, "seed": S, "request_rate": null | R},
      "replicas": [{"replica": i, "layout": <pattern>, "concurrency": C, "micro_batches": m,
-                   "max_batched_tokens": B, "requests_completed": n, "output_tokens": n, "duration_s": t,
+                   "max_batched_tokens": B, "cuda_graphs": [per stage: "on" or why not],
+                   "requests_completed": n, "output_tokens": n, "duration_s": t,
                    "measured": {"tokens_per_s", "tpot_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
                                 "ttft_s", "ttft_p50_s", "ttft_p99_s", "decode_step_s"},
                    "predicted": {"tokens_per_s", "tpot_s", "ttft_s", "decode_step_s"}}, ...],
@@ -80,6 +81,12 @@ def _workload(spec) -> dict[str, Any]:
     return {"prompt_len": prompt, "output_len": output, "seed": spec.load.seed, "request_rate": spec.load.request_rate}
 
 
+def _cuda_graphs(raw: dict[str, Any], replica: int) -> list[str | None]:
+    """Each stage's CUDA graphs as its leader ran them: "on" or why not (llm_planner.runtime.serve_graphs)."""
+    leaders = [r for r in raw.get("ranks", []) if r.get("replica") == replica and r.get("member") == 0]
+    return [r.get("cuda_graphs") for r in sorted(leaders, key=lambda r: r["stage"])]
+
+
 def serving_report(plan_path: str, prepared, raw: dict[str, Any]) -> dict[str, Any]:
     """The run report (module docstring) from the ranks' raw record and the launch's predictions."""
     spec = prepared.spec
@@ -94,6 +101,7 @@ def serving_report(plan_path: str, prepared, raw: dict[str, Any]) -> dict[str, A
                 "concurrency": replica.concurrency,
                 "micro_batches": replica.micro_batches,
                 "max_batched_tokens": spec.max_batched_tokens,
+                "cuda_graphs": _cuda_graphs(raw, i),
                 "requests_completed": len(record["requests"]),
                 "output_tokens": sum(len(r["token_s"]) for r in record["requests"]),
                 "duration_s": float(record["duration_s"]),

@@ -175,11 +175,15 @@ def _start_watchdog(table: RankTable, world: Any) -> threading.Timer:
 
 
 def _context(table: RankTable, comm: "Comm") -> RankContext:
+    import torch
+
     from llm_planner.runtime.run_report import RankStats
 
     entry = table.ranks[comm.rank]
     plan = load_plan(table.run.plan_path) if table.run.workload != "serving" else None
     device = torch_device(entry)
+    if device.type == "cuda":  # the rank's own GPU is the current one: streams, graphs and kernels default to it
+        torch.cuda.set_device(device)
     dtype = torch_dtype(table.run.dtype or (plan.inputs.dtype if plan is not None else "fp32"))
     stats = RankStats(rank=comm.rank, device=entry.device, torch_device=str(device))
     stats.extra["dtype"] = str(dtype).replace("torch.", "")

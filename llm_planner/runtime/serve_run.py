@@ -35,6 +35,7 @@ import torch
 
 from llm_planner.runtime import gpt
 from llm_planner.runtime.heartbeat import Heartbeat
+from llm_planner.runtime.serve_graphs import Pieces, capture_refusal
 from llm_planner.runtime.serve_progress import Progress
 from llm_planner.runtime.serve_requests import ReplicaQueue, RequestStream
 from llm_planner.runtime.serve_scheduler import Entry, Iteration, Scheduler
@@ -84,9 +85,24 @@ class ServeRank:
             source=source,
             ops=ctx.group,
         )
+        self.runner = self._runner()
         self.beat = Heartbeat(ctx.rank)  # started once the stage is built (llm_planner.runtime.heartbeat)
         ctx.stats.extra["weights"] = source.summary()
         ctx.stats.extra.update(replica=self.role.replica, stage=self.role.stage, member=self.role.member)
+
+    def _runner(self) -> ServeStage | Pieces:
+        """The stage, or its piecewise CUDA graphs where it can take them (llm_planner.runtime.serve_graphs)."""
+        why = capture_refusal(self.stage) if self.spec.cuda_graphs else "off (launch --enforce-eager)"
+        self.ctx.stats.extra["cuda_graphs"] = why or "on"
+        if why is not None:
+            return self.stage
+        max_tokens = max(self.spec.max_batched_tokens, -(-self.replica.concurrency // self.replica.micro_batches))
+        started = time.perf_counter()
+        pieces = Pieces(self.stage, max_tokens, capture=True)
+        sizes = pieces.capture_all()
+        self.ctx.stats.extra["cuda_graphs_capture_s"] = time.perf_counter() - started
+        log.info("rank %d: captured %d iteration sizes in %.1f s", self.ctx.rank, sizes, time.perf_counter() - started)
+        return pieces
 
     @property
     def is_scheduler(self) -> bool:
@@ -103,7 +119,7 @@ class ServeRank:
 
     def _run_stage(self, entries, value: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
-        out = self.stage.run(entries, value)
+        out = self.runner.run(entries, value)
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
         self.ctx.stats.on_task(f"stage.{self.role.stage}", time.perf_counter() - start)

@@ -5,7 +5,7 @@
                   ...],
      "max_batched_tokens": B, "context_len": L,
      "load": {"shapes": [[P, O, w], ...], "vocab_size": V, "seed": s, "request_rate": null | R},
-     "max_requests": N | null, "duration_s": S | null}
+     "max_requests": N | null, "duration_s": S | null, "cuda_graphs": true | false}
 
 The launcher (llm_planner.launch.serve_launch) writes it from a serving plan: one replica per
 copy of each replica pattern, its stages on the ranks of the devices the plan assigned them.
@@ -57,6 +57,7 @@ class ServeSpec:
     load: LoadSpec
     max_requests: int | None
     duration_s: float | None
+    cuda_graphs: bool = True  # CUDA graphs of the stages that can take them (llm_planner.runtime.serve_graphs)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +84,7 @@ class ServeSpec:
             },
             "max_requests": self.max_requests,
             "duration_s": self.duration_s,
+            "cuda_graphs": self.cuda_graphs,
         }
 
     @classmethod
@@ -114,6 +116,7 @@ class ServeSpec:
             ),
             max_requests=d["max_requests"],
             duration_s=d["duration_s"],
+            cuda_graphs=bool(d.get("cuda_graphs", True)),
         )
 
     def role(self, rank: int) -> Role:

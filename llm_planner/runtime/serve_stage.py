@@ -91,12 +91,13 @@ def index_of(entries, device: torch.device) -> IterIndex:
     return IterIndex(position, torch.tensor(slot_of).to(device), rows, slots, visible, length, prompts)
 
 
-def attend(q, k, v, cache_k, cache_v, index: IterIndex, rep: int) -> torch.Tensor:
-    """q [T, heads, d], k and v [T, kv_heads, d] of the packed entries -> [T, heads * d] (module docstring)."""
+def attend(q, k, v, cache_k, cache_v, index: IterIndex, rep: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, heads, d], k and v [T, kv_heads, d] of the packed entries -> [T, heads * d] (module docstring),
+    written into `out` ([T, heads, d]) when given."""
     # every packed token's keys and values written at (its slot, its position) in one indexed copy
     cache_k[index.slot_of, :, index.position] = k
     cache_v[index.slot_of, :, index.position] = v
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     scale = 1.0 / math.sqrt(q.shape[-1])
     if index.decode_rows is not None:
         slots, length, rows = index.decode_slots, index.length, index.decode_rows
@@ -137,13 +138,22 @@ class ServeBlock(tp_layers.BlockShard):
         self.cache_v = torch.zeros(shape, dtype=like.dtype, device=like.device)
 
     def forward(self, x: torch.Tensor, index: IterIndex, rotary) -> torch.Tensor:  # type: ignore[override]
+        q, k, v = self.attention_inputs(x, rotary)
+        return self.after_attention(x, attend(q, k, v, self.cache_k, self.cache_v, index, self.rep))
+
+    def attention_inputs(self, x: torch.Tensor, rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer up to its attention: q [T, heads, d], k and v [T, kv_heads, d], rotated (llama)."""
         q, k, v = self.split_heads(x)
         if self.rotary:
             from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
             q, k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], *rotary)
             q, k = q[0].transpose(0, 1), k[0].transpose(0, 1)
-        x = x + self.o(attend(q, k, v, self.cache_k, self.cache_v, index, self.rep))
+        return q, k, v
+
+    def after_attention(self, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        """The layer after its attention ([T, heads * d]): the output projection, the MLP, both residuals."""
+        x = x + self.o(attention)
         return x + self.mlp(x)
 
 
@@ -205,13 +215,19 @@ class ServeStage:
         """One iteration: token ids [T] in (first stage) or hidden states [T, hidden]; hidden states out,
         or on the last stage the greedy token of each sampling entry ([n] ids, entry order)."""
         index = index_of(entries, self.device)
-        positions = index.position
-        x = self.embed(value.to(self.device), positions) if self.embed is not None else value.to(self.device)
-        rotary = self.rotary(x[None], position_ids=positions[None]) if self.rotary is not None else None
+        value = value.to(self.device)
+        x = self.embed(value, index.position) if self.embed is not None else value
+        rotary = self.rotary_of(x, index.position)
         for block in self.blocks:
             x = block(x, index, rotary)
-        if not self.last:
-            return x
+        return self.sample(entries, x) if self.last else x
+
+    def rotary_of(self, x: torch.Tensor, positions: torch.Tensor):
+        """The rotary embedding's (cos, sin) at `positions` (None: learned positions)."""
+        return self.rotary(x[None], position_ids=positions[None]) if self.rotary is not None else None
+
+    def sample(self, entries, x: torch.Tensor) -> torch.Tensor:
+        """The last stage's greedy token of each sampling entry ([n] ids on the CPU, entry order)."""
         rows = [at + e.tokens - 1 for e, at in zip(entries, _offsets(entries)) if e.sample]
         if not rows:
             return torch.empty(0, dtype=torch.long)

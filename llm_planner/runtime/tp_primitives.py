@@ -94,4 +94,4 @@ class VocabParallelArgmax(torch.nn.Module):
         every = self.ops.all_gather(mine)  # [k, B, 2], members in vocabulary order
         best = every[:, :, 0].max(dim=0).values
         first = torch.argmax((every[:, :, 0] == best).to(torch.int8), dim=0)  # the first member holding the maximum
-        return every[first, torch.arange(every.shape[1]), 1].to(torch.long)
+        return every[first, torch.arange(every.shape[1], device=every.device), 1].to(torch.long)
