@@ -21,7 +21,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from llm_planner.runtime import gpt
+from llm_planner.runtime import gpt, serve_stage
 from llm_planner.runtime.serve_graphs import Pieces
 from llm_planner.runtime.serve_scheduler import Entry
 from llm_planner.runtime.serve_stage import ServeStage
@@ -41,6 +41,9 @@ def build(model: str, batch: int, start: int, layers: int, device: torch.device,
         dtype=dtype,
         source=source,
     )
+
+
+GROW_STEPS = 30  # the most iterations one timing runs (3 warm-ups and 20 timed)
 
 
 def median_ms(once, repeats: int = 20) -> float:
@@ -72,29 +75,35 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=0, help="also time an iteration with a prompt chunk of this many")
     ap.add_argument("--graphs", action="store_true", help="also the piecewise CUDA graphs (serve_graphs)")
+    ap.add_argument("--grow", action="store_true", help="each timed iteration one key longer, as decoding goes")
+    ap.add_argument("--cudnn-attention", action="store_true", help="leave torch's cuDNN attention on (serve_stage)")
     ap.add_argument("--no-profile", action="store_true", help="skip the profiler's tables")
     args = ap.parse_args()
+    serve_stage.CUDNN_ATTENTION_OFF = not args.cudnn_attention
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     t0 = time.perf_counter()
-    stage = build(args.model, args.batch, args.start + args.prompt, args.layers, device, dtype)
+    stage = build(args.model, args.batch, args.start + args.prompt + 2 * GROW_STEPS, args.layers, device, dtype)
     print(f"built {args.layers} layers + head in {time.perf_counter() - t0:.1f} s")
     runners = {"eager": stage}
     if args.graphs:
         runners["graphs"] = Pieces(stage, max(args.batch, args.batch - 1 + args.prompt), capture=device.type == "cuda")
+    keys = f"from {args.start} keys, one more each iteration" if args.grow else f"at {args.start} keys"
     for name, entries in iterations(args.batch, args.start, args.prompt).items():
         tokens = sum(e.tokens for e in entries)
         hidden = torch.randn(tokens, stage.config.hidden_size, dtype=dtype, device=device)
         outs = {}
         for label, runner in runners.items():
+            step = iter(range(GROW_STEPS))
 
-            def once(runner=runner, label=label, entries=entries, hidden=hidden, outs=outs) -> None:
-                outs[label] = runner.run(entries, hidden)
+            def once(runner=runner, label=label, name=name, hidden=hidden, outs=outs, step=step) -> None:
+                at = args.start + (next(step) if args.grow else 0)
+                outs[label] = runner.run(iterations(args.batch, at, args.prompt)[name], hidden)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
 
             ms = median_ms(once)
-            print(f"{name}, at {args.start} keys, {args.layers} layers + head, {label}: {ms:.2f} ms")
+            print(f"{name}, {keys}, {args.layers} layers + head, {label}: {ms:.2f} ms")
         if "graphs" in outs:
             same = (outs["graphs"] == outs["eager"]).float().mean().item()
             print(f"  tokens equal between eager and graphs: {same:.1%} of {len(outs['eager'])}")

@@ -130,6 +130,29 @@ def test_batched_decode_attention_equals_each_sequence_alone():
         assert torch.allclose(together[i], alone[0], atol=1e-6)
 
 
+def test_prompt_chunks_of_one_shape_attend_together_as_each_would_alone():
+    """Two chunks of 3 tokens from position 4 are one batch (a PromptGroup); a third of another shape
+    and a decode are not in it; each row equals its entry attended alone."""
+    torch.manual_seed(0)
+    heads, kv, d, slots, rep = 4, 2, 8, 4, 2
+    cache = [torch.zeros(slots, kv, CONTEXT, d) for _ in range(2)]
+    for c in cache:
+        c[:, :, :10] = torch.randn(slots, kv, 10, d)
+    entries = (Entry(0, 4, 3, True), Entry(3, 9, 1, True), Entry(2, 4, 3, False), Entry(1, 0, 2, True))
+    tokens = sum(e.tokens for e in entries)
+    q, k, v = torch.randn(tokens, heads, d), torch.randn(tokens, kv, d), torch.randn(tokens, kv, d)
+    cpu = torch.device("cpu")
+    index = index_of(entries, cpu, rep)
+    assert [tuple(g.rows.shape) for g in index.prompts] == [(2, 3), (1, 2)]
+    together = attend(q, k, v, cache[0].clone(), cache[1].clone(), index, rep)
+    at = 0
+    for e in entries:
+        rows = slice(at, at + e.tokens)
+        alone = attend(q[rows], k[rows], v[rows], cache[0].clone(), cache[1].clone(), index_of((e,), cpu, rep), rep)
+        assert torch.allclose(together[rows], alone, atol=1e-6), e
+        at += e.tokens
+
+
 @pytest.mark.parametrize(
     "make, max_tokens",
     [(tiny_gpt2, 5), (tiny_llama, 5), (tiny_qwen3, 3)],

@@ -113,7 +113,7 @@ class Pieces:
         if size is None:
             return self.stage.run(entries, value)
         pieces = self._pieces(size)  # captured before this iteration's inputs are in the buffers
-        index = index_of(entries, self.stage.device)
+        index = index_of(entries, self.stage.device, self.stage.blocks[0].rep)
         self._load(index.position, value.to(self.stage.device), tokens, size)
         b = self.buf
         for piece, block in zip(pieces, self.stage.blocks):

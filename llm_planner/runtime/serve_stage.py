@@ -23,12 +23,19 @@ its positions, then:
                             that share a key/value head are packed as its queries, so grouped-query
                             keys are not copied per query head (prompt
                             chunks alike)
-    prompt chunks (n > 1):  each on its own, queries start..start+n-1 over keys [0, start + n),
-                            causal (tp_layers.causal_mask with the cache's offset)
+    prompt chunks (n > 1):  queries start..start+n-1 over keys [0, start + n), causal; the chunks
+                            of one shape (start, n) batched (`PromptGroup`: a closed loop's wave
+                            of prompts is one batch), their mask built once per iteration
 
 The iteration's indices (each token's slot and position, the decodes' rows, slots and mask) are
 built once per iteration on the device (`index_of`), so no layer copies an index from the host or
 waits on the device to read one: on a GPU the layers' kernels queue without a stop.
+
+On CUDA, torch's cuDNN attention is turned off for the process (`CUDNN_ATTENTION_OFF`): cuDNN
+builds an execution plan for each new shape, and a decode batch's keys grow by one every
+iteration, so it built one per layer per iteration (on an H200, 65 decodes of Llama-3 8B took
+55-62 ms an iteration while the key lengths were new and 16 ms once they repeated); the other
+kernels take any length.
 
 Positions are each sequence's own (start + j), for learned positions (GPT-2) and rotary
 embeddings (Llama) alike, so a sequence's tokens do not depend on what shares its batch.
@@ -47,6 +54,8 @@ from llm_planner.graph.attention_window import window_refusal
 from llm_planner.runtime import gpt, tp_layers
 from llm_planner.runtime.serve_scheduler import Entry
 
+CUDNN_ATTENTION_OFF = True
+
 
 def _offsets(entries: tuple[Entry, ...] | list[Entry]) -> list[int]:
     out, at = [], 0
@@ -62,6 +71,16 @@ def positions_of(entries, device: torch.device) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
+class PromptGroup:
+    """The prompt chunks of an iteration that share a shape (start, tokens n), attended as one batch."""
+
+    rows: torch.Tensor  # [c, n] each chunk's tokens' rows among the packed tokens
+    slots: torch.Tensor  # [c] their slots
+    length: int  # start + n: the keys each chunk's last token sees
+    visible: torch.Tensor  # [1, 1, rep * n, length] causal, row r n + j (query head r of a group, token j)
+
+
+@dataclass(frozen=True)
 class IterIndex:
     """An iteration's indices on the device, built once for all its layers (`index_of`): no layer
     copies an index from the host or waits on the device to read one."""
@@ -72,28 +91,43 @@ class IterIndex:
     decode_slots: torch.Tensor | None  # [d] their slots
     visible: torch.Tensor | None  # [d, 1, 1, length] which of the first `length` keys each decode sees
     length: int  # the longest decode's keys
-    prompts: tuple[tuple[int, Entry], ...]  # (row of its first token, entry) of each prompt chunk
+    prompts: tuple[PromptGroup, ...]  # the prompt chunks, grouped by shape
 
 
-def index_of(entries, device: torch.device) -> IterIndex:
-    """The indices of `entries` (a packed iteration) on `device`."""
+def index_of(entries, device: torch.device, rep: int = 1) -> IterIndex:
+    """The indices of `entries` (a packed iteration) on `device`; `rep` query heads share a key/value head."""
     offsets = _offsets(entries)
-    slot_of = [e.slot for e in entries for _ in range(e.tokens)]
+    slot_of = torch.tensor([e.slot for e in entries for _ in range(e.tokens)]).to(device)
     singles = [(e, at) for e, at in zip(entries, offsets) if e.tokens == 1]
-    prompts = tuple((at, e) for e, at in zip(entries, offsets) if e.tokens != 1)
+    prompts = _prompt_groups(entries, offsets, device, rep)
     position = positions_of(entries, device)
     if not singles:
-        return IterIndex(position, torch.tensor(slot_of).to(device), None, None, None, 0, prompts)
+        return IterIndex(position, slot_of, None, None, None, 0, prompts)
     host = torch.tensor([[at, e.slot, e.start + 1] for e, at in singles])
     rows, slots, lengths = host.to(device).unbind(1)
     length = max(e.start + 1 for e, _ in singles)
     visible = (torch.arange(length, device=device)[None, :] < lengths[:, None])[:, None, None, :]
-    return IterIndex(position, torch.tensor(slot_of).to(device), rows, slots, visible, length, prompts)
+    return IterIndex(position, slot_of, rows, slots, visible, length, prompts)
+
+
+def _prompt_groups(entries, offsets: list[int], device: torch.device, rep: int) -> tuple[PromptGroup, ...]:
+    shapes: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for e, at in zip(entries, offsets):
+        if e.tokens != 1:
+            shapes.setdefault((e.start, e.tokens), []).append((at, e.slot))
+    groups = []
+    for (start, n), members in shapes.items():
+        rows = torch.tensor([list(range(at, at + n)) for at, _ in members]).to(device)
+        slots = torch.tensor([slot for _, slot in members]).to(device)
+        length = start + n
+        causal = torch.arange(length, device=device)[None, :] <= torch.arange(n, device=device)[:, None] + start
+        groups.append(PromptGroup(rows, slots, length, causal.repeat(rep, 1)[None, None]))
+    return tuple(groups)
 
 
 def attend(q, k, v, cache_k, cache_v, index: IterIndex, rep: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, heads, d], k and v [T, kv_heads, d] of the packed entries -> [T, heads * d] (module docstring),
-    written into `out` ([T, heads, d]) when given."""
+    written into `out` ([T, heads, d]) when given; `index` built for `rep` query heads per key/value head."""
     # every packed token's keys and values written at (its slot, its position) in one indexed copy
     cache_k[index.slot_of, :, index.position] = k
     cache_v[index.slot_of, :, index.position] = v
@@ -106,25 +140,21 @@ def attend(q, k, v, cache_k, cache_v, index: IterIndex, rep: int, out: torch.Ten
         packed = q[rows].reshape(len(rows), keys.shape[1], rep, q.shape[-1])
         o = F.scaled_dot_product_attention(packed, keys, values, attn_mask=index.visible, scale=scale)
         out[rows] = o.reshape(len(rows), q.shape[1], q.shape[-1])
-    for at, e in index.prompts:
-        out[at : at + e.tokens] = _prompt_attention(q[at : at + e.tokens], cache_k, cache_v, e, rep, scale)
+    for group in index.prompts:
+        _prompt_attention(q, cache_k, cache_v, group, scale, out)
     return out.reshape(q.shape[0], -1)
 
 
-def _prompt_attention(q, cache_k, cache_v, e: Entry, rep: int, scale: float) -> torch.Tensor:
-    """One prompt chunk's queries [n, heads, d] over its slot's keys [0, start + n), causal; each
-    key/value head's `rep` query heads packed as its queries (rows head-major), so the cache is read,
-    not copied per head: row r n + j of a group is query head r's token j, and sees what token j sees."""
-    n, heads, d = q.shape
-    length = e.start + n
-    keys, values = cache_k[e.slot : e.slot + 1, :, :length], cache_v[e.slot : e.slot + 1, :, :length]
-    kv = keys.shape[1]
-    mask = tp_layers.causal_mask(None, n, length, q.dtype, q.device)  # [1, 1, n, length] or None (n = 1)
-    if mask is not None:
-        mask = mask.repeat(1, 1, rep, 1)
-    packed = q.transpose(0, 1).reshape(1, kv, rep * n, d)  # heads (kv-major) x tokens
-    o = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=scale)
-    return o.reshape(heads, n, d).transpose(0, 1)
+def _prompt_attention(q, cache_k, cache_v, group: PromptGroup, scale: float, out: torch.Tensor) -> None:
+    """A group's chunks: each one's queries over its slot's keys [0, start + n), causal, into `out`; each
+    key/value head's query heads packed as its queries (rows head-major: row r n + j of a group is query
+    head r's token j, and sees what token j sees), so the cache is read, not copied per head."""
+    (c, n), (_, heads, d) = group.rows.shape, q.shape
+    keys, values = cache_k[group.slots, :, : group.length], cache_v[group.slots, :, : group.length]
+    packed = q[group.rows].transpose(1, 2).reshape(c, keys.shape[1], heads // keys.shape[1] * n, d)
+    assert group.visible.shape[2] == packed.shape[2], "index_of was built for another number of query heads per KV head"
+    o = F.scaled_dot_product_attention(packed, keys, values, attn_mask=group.visible, scale=scale)
+    out[group.rows.reshape(-1)] = o.reshape(c, heads, n, d).transpose(1, 2).reshape(c * n, heads, d)
 
 
 class ServeBlock(tp_layers.BlockShard):
@@ -176,6 +206,8 @@ class ServeStage:
         """`config`: the transformers config; `ops`: the group's collectives (None: a single device)."""
         self.config, self.family = config, gpt.family_of(config)
         self.device = device
+        if device.type == "cuda" and CUDNN_ATTENTION_OFF:
+            torch.backends.cuda.enable_cudnn_sdp(False)  # for the whole process (module docstring)
         self.ops = ops if ops is not None else tp_layers.Unconnected(1)
         cfg = hf_config.from_hf_config(config)
         tp_layers.check_runs_on_groups(config, self.family)
@@ -214,7 +246,7 @@ class ServeStage:
     def run(self, entries, value: torch.Tensor) -> torch.Tensor:
         """One iteration: token ids [T] in (first stage) or hidden states [T, hidden]; hidden states out,
         or on the last stage the greedy token of each sampling entry ([n] ids, entry order)."""
-        index = index_of(entries, self.device)
+        index = index_of(entries, self.device, self.blocks[0].rep)
         value = value.to(self.device)
         x = self.embed(value, index.position) if self.embed is not None else value
         rotary = self.rotary_of(x, index.position)
