@@ -14,15 +14,19 @@ On cluster_specs/localhost-serve.yaml (three one-core CPU devices) with the smal
    tensor-parallel pair feeding one device (C 4, 8; three ranks), two single-stage replicas behind
    the front end (C 2, 4 each).
 
-Each run serves REQUESTS_PER_SLOT x its concurrency requests (at least MIN_REQUESTS). Prints and
-writes (RESULTS: benchmarks/results/serve/) the table of measured against predicted tokens/s,
-mean TPOT and mean TTFT with predicted / measured, and which judged runs are within 15% on
-tokens/s and TPOT; RESULTS/runs/<run>/ keeps each plan and run report (no machine paths), and
-meta.json the commit and the load average. A run whose processes (ranks, and the front end of two
+Each run serves REQUESTS_PER_SLOT x its concurrency requests (at least MIN_REQUESTS), `--repeats`
+times (default 3): in rounds, each round serving every run of the phase once in turn, so a slow
+stretch of this shared machine falls on every run alike rather than on one. A run's row is its
+median repeat (by tokens/s), with the repeats' spread ((largest - smallest) / median tokens/s);
+calibration fits the median repeats. Prints and writes (RESULTS: benchmarks/results/serve/) the
+table of measured against predicted tokens/s, mean TPOT and mean TTFT with predicted / measured,
+and which judged runs are within 15% on tokens/s and TPOT; RESULTS/runs/<run>/ keeps each plan and
+each repeat's run report and log (rep1/, ...; no machine paths), and meta.json the commit and the
+load average. A run whose processes (ranks, and the front end of two
 replicas) exceed the machine's cores is run and shown but not judged ("oversubscribed"): its ranks
 take turns on a core, where the spec gives each its own.
 
-    .venv/bin/python benchmarks/bench_serve.py            # eleven launches, each a few seconds of serving
+    .venv/bin/python benchmarks/bench_serve.py            # 3 x 11 launches, each a few seconds of serving
     .venv/bin/python benchmarks/bench_serve.py --quick    # a smoke run: few requests, 8 output tokens
 """
 
@@ -57,25 +61,49 @@ def _cli(args: list[str], log: Path) -> None:
         raise SystemExit(f"llm-planner {args[0]} failed (exit {proc.returncode}); see {log}")
 
 
-def _scrub(directory: Path, scratch: Path) -> None:
-    """No machine paths in the kept files."""
-    for path in directory.iterdir():
-        text = path.read_text()
-        path.write_text(text.replace(f"{scratch}/", "<scratch>/").replace(f"{REPO}/", ""))
+def _scrub_file(path: Path, scratch: Path | None = None) -> None:
+    """No machine paths in a kept file."""
+    text = path.read_text()
+    if scratch is not None:
+        text = text.replace(f"{scratch}/", "<scratch>/")
+    path.write_text(text.replace(f"{REPO}/", ""))
 
 
-def launch(run: cases.Run, cluster: str, out: Path, scale: dict, scratch: Path) -> dict:
-    """Plan `run` on `cluster`, serve it, keep plan and report under out/runs/<run>/; the report."""
+def plan(run: cases.Run, cluster: str, out: Path, scale: dict) -> Path:
+    """`run`'s plan scored on `cluster`, kept as out/runs/<run>/plan.yaml (its machine paths
+    scrubbed once every repeat has served it)."""
     kept = out / "runs" / run.name
     kept.mkdir(parents=True, exist_ok=True)
-    plan = cases.build_plan(
+    return cases.build_plan(
         run, cluster, kept / "plan.yaml", prompt_len=scale["prompt_len"], output_len=scale["output_len"]
     )
+
+
+def launch(run: cases.Run, plan_path: Path, rep: int, scale: dict, scratch: Path) -> dict:
+    """Serve `run`'s plan once, keeping its report and log under out/runs/<run>/rep<rep>/; the report."""
+    kept = plan_path.parent / f"rep{rep}"
+    kept.mkdir(parents=True, exist_ok=True)
     requests = max(scale["min_requests"], scale["requests_per_slot"] * run.concurrency * run.layout.copies)
-    args = ["launch", str(plan), "--max-requests", str(requests), "--report", str(kept / "run.json")]
-    _cli([*args, "--workdir", str(scratch / run.name)], kept / "log.txt")
-    _scrub(kept, scratch)
+    args = ["launch", str(plan_path), "--max-requests", str(requests), "--report", str(kept / "run.json")]
+    _cli([*args, "--workdir", str(scratch / f"{run.name}-{rep}")], kept / "log.txt")
+    for path in kept.iterdir():
+        _scrub_file(path, scratch)
     return json.loads((kept / "run.json").read_text())
+
+
+def serve_all(runs, cluster: str, out: Path, scale: dict, repeats: int, scratch: Path) -> dict[str, list[dict]]:
+    """Each run's reports over `repeats` rounds, every round serving each run once in turn (so a slow
+    stretch of the machine falls on every run alike)."""
+    plans = {run.name: plan(run, cluster, out, scale) for run in runs}
+    reports: dict[str, list[dict]] = {run.name: [] for run in runs}
+    for rep in range(1, repeats + 1):
+        for run in runs:
+            reports[run.name].append(launch(run, plans[run.name], rep, scale, scratch))
+            rate = reports[run.name][-1]["total"]["measured"]["tokens_per_s"]
+            print(f"round {rep}, {run.name}: {rate:.1f} tokens/s", flush=True)
+    for path in plans.values():
+        _scrub_file(path)
+    return reports
 
 
 def calibrate(reports: list[Path], out: Path) -> str:
@@ -92,32 +120,35 @@ def calibrate(reports: list[Path], out: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a smoke run: few requests, short outputs")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds: each run served this many times")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "serve"))
     args = parser.parse_args()
     scale = QUICK if args.quick else FULL
-    facts = {**provenance.start(sys.argv), **scale}
+    facts = {**provenance.start(sys.argv), **scale, "repeats": args.repeats}
     out = Path(args.out).resolve()
     shutil.rmtree(out / "runs", ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        reports = []
-        for run in cases.CALIBRATION:
-            load = provenance.load_average()
-            rows.append(cases.row(run, launch(run, cases.CLUSTER, out, scale, Path(scratch)), load))
-            reports.append(out / "runs" / run.name / "run.json")
-            print(f"calibration {run.name}: {rows[-1]['tokens_per_s_measured']:.1f} tokens/s", flush=True)
-        calibrated = calibrate(reports, out)
-        for run in cases.judged_runs(len(os.sched_getaffinity(0))):
-            load = provenance.load_average()
-            rows.append(cases.row(run, launch(run, calibrated, out, scale, Path(scratch)), load))
-            r = rows[-1]
-            print(f"{run.name}: tokens/s x{r['tokens_per_s_ratio']:.2f}, TPOT x{r['tpot_s_ratio']:.2f}", flush=True)
+        load = provenance.load_average()
+        served = serve_all(cases.CALIBRATION, cases.CLUSTER, out, scale, args.repeats, Path(scratch))
+        rows += [cases.row(run, served[run.name], load) for run in cases.CALIBRATION]
+        medians = [_median_path(out, run, served[run.name]) for run in cases.CALIBRATION]
+        calibrated = calibrate(medians, out)
+        judged = cases.judged_runs(len(os.sched_getaffinity(0)))
+        load = provenance.load_average()
+        served = serve_all(judged, calibrated, out, scale, args.repeats, Path(scratch))
+        rows += [cases.row(run, served[run.name], load) for run in judged]
     provenance.write_results(out, cases.COLUMNS, rows, facts)
     text = cases.table(rows)
     (out / "table.md").write_text(text)
     print(text)
     return 0
+
+
+def _median_path(out: Path, run: cases.Run, reports: list[dict]) -> Path:
+    """The kept report of `run`'s median repeat."""
+    return out / "runs" / run.name / f"rep{reports.index(cases.median_report(reports)) + 1}" / "run.json"
 
 
 if __name__ == "__main__":

@@ -281,16 +281,20 @@ folder, its fit in `calibrate.txt`); their predictions are the uncalibrated spec
 are kept apart from the fit: each is a plan scored on the calibrated spec and served (`single`: one
 device; `pipeline`: two stages, two micro-batches; `tp2-tp1`: a tensor-parallel pair feeding one
 device, three ranks; `two-replicas`: two single-device replicas behind the front end, C per
-replica). Columns: MPI ranks, concurrency C,
-micro-batches m; output tokens/s of the run, mean TPOT and mean TTFT over its requests, each
-measured and predicted, and predicted / measured; `within 15%`: tokens/s and TPOT both within
-15% (the target). TTFT is shown, not judged: the model's is a prompt's in the steady state,
+replica). Every run is served three times, in rounds (each round serves every run of its phase
+once in turn, so a slow stretch of this shared machine falls on all runs alike); a row is the
+run's median repeat by tokens/s, and the calibration fits the median repeats. Columns: MPI ranks,
+concurrency C, micro-batches m; output tokens/s of the run, mean TPOT and mean TTFT over its
+requests, each measured and predicted, and predicted / measured; `spread`: (largest - smallest) /
+median tokens/s over the repeats, how far the machine moved; `within 15%`: tokens/s and TPOT both
+within 15% (the target). TTFT is shown, not judged: the model's is a prompt's in the steady state,
 while a closed-loop run admits all C requests at its start, whose prompts then wait for the token
 budget behind one another (a ramp the mean over a short run carries). Rows `oversubscribed` are
 judged runs whose processes exceed the machine's cores (the three ranks of `tp2-tp1`, or two
 replicas' ranks and the front end, on two cores): run and shown, not judged, since their ranks
 take turns on a core where the spec gives each its own.
-Each run's plan, report and log are kept under `benchmarks/results/serve/runs/<run>/`.""",
+Each run's plan is kept under `benchmarks/results/serve/runs/<run>/`, each repeat's report and
+log under `rep1/` to `rep3/` there.""",
         ".venv/bin/python benchmarks/bench_serve.py",
     ),
     Section(

@@ -118,9 +118,23 @@ def build_plan(run: Run, cluster: str, path: Path, *, prompt_len: int, output_le
     return path
 
 
-def row(run: Run, report: dict, load: float | None) -> dict:
-    """One table row from a run report: tokens/s of the run (all replicas), TPOT and TTFT means over
-    its replicas (weighted by requests), each measured and predicted, and predicted / measured."""
+def median_report(reports: list[dict]) -> dict:
+    """The report of median tokens/s among repeats of one run (the lower middle of an even count)."""
+    ranked = sorted(reports, key=lambda r: r["total"]["measured"]["tokens_per_s"])
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def spread(reports: list[dict]) -> float:
+    """(largest - smallest) / median of the repeats' tokens/s: how far this machine moved between them."""
+    rates = sorted(r["total"]["measured"]["tokens_per_s"] for r in reports)
+    return (rates[-1] - rates[0]) / rates[(len(rates) - 1) // 2]
+
+
+def row(run: Run, reports: list[dict], load: float | None) -> dict:
+    """One table row from a run's repeats: the median repeat's (`median_report`) tokens/s of the run
+    (all replicas), TPOT and TTFT means over its replicas (weighted by requests), each measured and
+    predicted, and predicted / measured; `repeats` and their `spread`."""
+    report = median_report(reports)
     replicas = report["replicas"]
     done = sum(r["requests_completed"] for r in replicas)
 
@@ -138,6 +152,8 @@ def row(run: Run, report: dict, load: float | None) -> dict:
         "ranks": run.layout.ranks,
         "requests": done,
         "load_before": load,
+        "repeats": len(reports),
+        "spread": spread(reports),
     }
     figures = {
         "tokens_per_s": (report["total"]["measured"]["tokens_per_s"], report["total"]["predicted"]["tokens_per_s"]),
@@ -160,6 +176,8 @@ COLUMNS = [
     "ranks",
     "requests",
     "load_before",
+    "repeats",
+    "spread",
     *(f"{k}_{w}" for k in ("tokens_per_s", "tpot_s", "ttft_s") for w in ("measured", "predicted", "ratio")),
     "within",
 ]
@@ -169,8 +187,8 @@ def table(rows: list[dict]) -> str:
     """The Markdown table docs/benchmarks.md shows: one line per run, then the summary."""
     lines = [
         "| run | role | ranks | C | m | tokens/s meas. | pred. | ratio | TPOT ms meas. | pred. | ratio "
-        "| TTFT ms meas. | pred. | ratio | within 15% |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| TTFT ms meas. | pred. | ratio | spread | within 15% |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         cells = [r["run"], r["role"], r["ranks"], r["concurrency"], r["micro_batches"]]
@@ -180,6 +198,7 @@ def table(rows: list[dict]) -> str:
                 f"{r[f'{key}_predicted'] * scale:{fmt}}",
                 f"{r[f'{key}_ratio']:.2f}",
             ]
+        cells.append(f"{r['spread']:.0%}")
         cells.append("yes" if r["within"] else "no")
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n\n" + summary(rows) + "\n"

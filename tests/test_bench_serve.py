@@ -63,16 +63,17 @@ def test_the_table_from_canned_reports():
         "total": {"measured": {"tokens_per_s": 100.0}, "predicted": {"tokens_per_s": 110.0}},
     }
     runs = {r.name: r for r in cases.judged_runs(3)}
-    far = cases.row(runs["two-replicas-c2"], two, 1.5)
-    near = cases.row(runs["single-c2"], one, None)
+    far = cases.row(runs["two-replicas-c2"], [two], 1.5)
+    near = cases.row(runs["single-c2"], [one], None)
     assert far["tokens_per_s_ratio"] == pytest.approx(220 / 180)
     assert far["tpot_s_measured"] == pytest.approx((3 * 0.020 + 0.040) / 4)  # weighted by requests
     assert far["tpot_s_ratio"] == pytest.approx(0.021 / 0.025)
     assert far["layout"].endswith(" x2") and far["ranks"] == 2 and not far["within"]
     assert near["within"] and near["tpot_s_ratio"] == pytest.approx(1.1)
-    text = cases.table([cases.row(cases.CALIBRATION[0], one, 0.2), far, near])
+    text = cases.table([cases.row(cases.CALIBRATION[0], [one], 0.2), far, near])
     assert text.count("\n| ") == 3  # one line per row below the header and its rule
     assert "| two-replicas-c2 | judged | 2 | 2 | 1 | 180.0 | 220.0 | 1.22 | 25.00 | 21.00 | 0.84 |" in text
+    assert text.count("| 0% |") == 3 and far["repeats"] == 1 and far["spread"] == 0.0
     assert text.rstrip().endswith(
         "1 of 2 judged runs within 15% on tokens/s and mean TPOT (single-c2); outside: two-replicas-c2."
     )
@@ -110,8 +111,24 @@ def test_runs_with_more_processes_than_cores_are_shown_not_judged():
         "replicas": [_replica(4, (100.0, 0.020, 0.050), (110.0, 0.022, 0.050))],
         "total": {"measured": {"tokens_per_s": 100.0}, "predicted": {"tokens_per_s": 110.0}},
     }
-    rows = [cases.row(r, one, None) for r in cases.judged_runs(2) if r.name in ("single-c2", "tp2-tp1-c4")]
+    rows = [cases.row(r, [one], None) for r in cases.judged_runs(2) if r.name in ("single-c2", "tp2-tp1-c4")]
     assert cases.summary(rows) == (
         "1 of 1 judged runs within 15% on tokens/s and mean TPOT (single-c2). "
         "Not judged, more processes than the machine's cores: tp2-tp1-c4."
     )
+
+
+def test_a_run_is_judged_on_its_median_repeat():
+    """Three repeats of one run: the row is the middle one by tokens/s, and the spread says how far apart they were."""
+
+    def report(rate: float) -> dict:
+        return {
+            "replicas": [_replica(4, (rate, 1 / rate, 0.05), (100.0, 0.01, 0.05))],
+            "total": {"measured": {"tokens_per_s": rate}, "predicted": {"tokens_per_s": 100.0}},
+        }
+
+    reports = [report(120.0), report(80.0), report(100.0)]
+    assert cases.median_report(reports) is reports[2]
+    r = cases.row(cases.CALIBRATION[0], reports, None)
+    assert r["tokens_per_s_measured"] == 100.0 and r["repeats"] == 3 and r["spread"] == pytest.approx(0.4)
+    assert cases.median_report(reports[:2]) is reports[1]  # an even count: the lower middle
