@@ -128,6 +128,7 @@ def main() -> int:
     out = Path(args.out).resolve()
     shutil.rmtree(out / "runs", ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "calibrate.txt").unlink(missing_ok=True)  # the fit's output, written afresh
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         load = provenance.load_average()

@@ -4,8 +4,9 @@ Calibration (llm_planner.measure.calibrate for placement runs, llm_planner.measu
 serving measurements) fits a linear model a @ p = target, rows already weighted, with p >= lower.
 Not every column can be fitted: a column no row depends on, more columns than the rows minus one
 (a fit must leave a residual to show a poor fit), columns that are collinear, or a column whose
-term explains under WEAK_SHARE of every row. `bounded_fit` finds the largest set of columns the
-rows determine and fits it; the others keep their prior and a reason.
+term explains under WEAK_SHARE of every row at its fitted value and at its prior alike.
+`bounded_fit` finds the largest set of columns the rows determine and fits it; the others keep
+their prior and a reason.
 """
 
 from __future__ import annotations
@@ -76,6 +77,14 @@ def independent(cols: np.ndarray) -> bool:
     return bool(s[-1] > 1e-6 * s[0])
 
 
+def _weak(column: np.ndarray, fitted: float, prior: float, target: np.ndarray) -> bool:
+    """Whether a factor's term explains under WEAK_SHARE of every row at its fitted value and at its
+    prior alike: one the rows drive from a prior that matters to its bound (an overhead to 0) is
+    determined by them, and fitted there."""
+    scale = max(abs(fitted), abs(prior))
+    return bool(np.max(np.abs(column)) * scale < WEAK_SHARE * np.max(np.abs(target)))
+
+
 def _solve(a, target, prior, lower, free: list[int], exempt) -> tuple[np.ndarray, list[int], dict[int, str]]:
     """Bounded least squares over `free` (the rest at `prior`), giving up columns whose term is negligible."""
     weak: dict[int, str] = {}
@@ -85,9 +94,7 @@ def _solve(a, target, prior, lower, free: list[int], exempt) -> tuple[np.ndarray
         rhs = target - a[:, fixed] @ p[fixed] if fixed else target
         if free:
             p[free] = lsq_linear(a[:, free], rhs, bounds=(lower[free], np.full(len(free), np.inf))).x
-        small = [
-            j for j in free if j not in exempt and np.max(np.abs(a[:, j] * p[j])) < WEAK_SHARE * np.max(np.abs(target))
-        ]
+        small = [j for j in free if j not in exempt and _weak(a[:, j], p[j], prior[j], target)]
         if not small:
             return p, free, weak
         free = [j for j in free if j != small[0]]
