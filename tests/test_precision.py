@@ -285,9 +285,11 @@ def test_a_candidate_nothing_serves_in_is_listed_with_its_bound_and_never_chosen
 
 
 def test_a_measured_profile_is_not_applied_to_a_quantized_precision(tmp_path):
-    class Profile:  # a measured serving profile's dtype is all this check reads
-        dtype = "fp16"
+    class Profile:  # a measured serving profile's dtype and path are all this check reads
+        dtype, path = "fp16", "p.yaml"
 
     cluster, config = load_cluster(WORKSTATION), preset_config("llama3-8b")
-    with pytest.raises(WorkloadError, match=r"--profile: .*\(fp16\), not in weights int4-awq:g128"):
+    with pytest.raises(
+        WorkloadError, match=r"--profile p.yaml: its times are in fp16, the plan's weights in int4-awq:g128"
+    ):
         ServingContext(cluster, config, WL, build_precision("fp16", "int4-awq", None), ServingOptions(), Profile())

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from llm_planner.cli.main import main
+from llm_planner.core.precision import build_precision
 from llm_planner.cost.profile_tables import AttnGrid
 from llm_planner.cost.serving_profile import ServingProfileError, parse_serving_profile
 from llm_planner.serving.bound import tokens_upper_bound
@@ -285,3 +286,57 @@ def test_a_profile_in_a_dtype_of_another_size_is_refused(tmp_path):
     bf16 = {**V2, "dtype": "bf16"}  # the same size: taken
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(bf16))
     assert build_context(str(tmp_path / "c.yaml"), "gpt2", wl, "fp16", ServingOptions(), str(tmp_path / "p.yaml"))
+
+
+def _h200_context(tmp_path, profile: dict, weights: str | None, kv: str | None = None):
+    """Llama-shaped gpt2 on one catalog H200 (fp8 tensor cores), in bf16 with the given weights and KV cache."""
+    (tmp_path / "c.yaml").write_text(CATALOG_BOX)
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(profile))
+    wl = ServingWorkload(requests=(RequestShape(prompt_len=64, output_len=64),), tpot_slo_s=0.05)
+    precision = build_precision("bf16", weights, kv)
+    return build_context(str(tmp_path / "c.yaml"), "gpt2", wl, precision, ServingOptions(), str(tmp_path / "p.yaml"))
+
+
+FP8 = {**V2, "dtype": "fp8", "kinds": {"h200-sxm-141g": {"tp": {1: {"linear_layer_s": LINEAR}}}}}
+
+
+def test_an_fp8_profile_times_the_projections_of_fp8_weights(tmp_path):
+    """profile-serving --dtype fp8 (W8A8 projections) stands for a plan with fp8 weights: its linear
+    table replaces the kernel model's fp8 projections, the rest (in bf16) stays the model's."""
+    ctx = _h200_context(tmp_path, FP8, "fp8")
+    costs = ctx.cache.get("box/h200", 1)
+    assert isinstance(costs.layer_time, PartsLayerTime) and costs.layer_time.measured
+    load = ctx.tasks.per_sequence.times(10)
+    expected = _lin(10 * (1 + ctx.tasks.prefill_per_output)) + _model_s(costs, load, {"linear"})
+    assert costs.layer_time(10) == pytest.approx(expected, rel=1e-9)
+    with pytest.raises(WorkloadError, match=r"its times are fp8 \(W8A8\) projections, the plan's weights bf16"):
+        _h200_context(tmp_path, FP8, None)
+
+
+def test_a_profile_stands_for_its_own_formats_only(tmp_path):
+    """bf16 times for int4 or fp8 weights are refused, naming how to profile them; a bf16 profile of
+    the projections alone serves a plan whose KV cache is fp8, one that times attention does not."""
+    bf16 = {**FP8, "dtype": "bf16"}
+    for weights in ("fp8", "int4-awq"):
+        with pytest.raises(WorkloadError, match=f"its times are in bf16, the plan's weights in {weights}"):
+            _h200_context(tmp_path, bf16, weights)
+    assert _h200_context(tmp_path, bf16, None, "fp8").cache.get("box/h200", 1).layer_time.measured
+    grid = [[b, c, 1e-5 * b] for b in (1, 64) for c in (128, 1024)]
+    with_attention = copy.deepcopy(bf16)
+    with_attention["kinds"]["h200-sxm-141g"]["tp"][1]["attn_decode_s"] = grid
+    with pytest.raises(WorkloadError, match="its decode attention reads a bf16 KV cache, the plan's is fp8"):
+        _h200_context(tmp_path, with_attention, None, "fp8")
+
+
+def test_candidate_precisions_the_profile_cannot_time_are_refused_before_planning(tmp_path, capsys):
+    """--allow-weights fp8 beside a bf16 profile: the fp8 candidate would be planned without it and
+    its bound would not hold, so the command exits 2 naming the profile and the candidate."""
+    (tmp_path / "c.yaml").write_text(CATALOG_BOX)
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({**FP8, "dtype": "bf16"}))
+    argv = ["plan", "--cluster", str(tmp_path / "c.yaml"), "--model", "gpt2", "--objective", "serving"]
+    argv += ["--prompt-len", "64", "--output-len", "64", "--tpot-slo", "50 ms", "--dtype", "bf16"]
+    argv += ["--profile", str(tmp_path / "p.yaml"), "--allow-weights", "fp8", "-o", str(tmp_path / "plan.yaml")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert "its times are in bf16, the plan's weights in fp8" in err and "the candidate weights fp8" in err
+    assert main([*argv[:-4], "-o", str(tmp_path / "plan.yaml")]) == 0  # the asked bf16 alone: planned with it

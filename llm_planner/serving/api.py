@@ -9,12 +9,20 @@ from typing import Any
 from llm_planner.core.plan_paths import relative_to_plan
 from llm_planner.core.precision import Precision
 from llm_planner.core.timing import Stopwatch
+from llm_planner.cost.serving_profile import load_serving_profile
 from llm_planner.graph.hf_config import config_file_of
 from llm_planner.serving.aside import ASIDE_DEVICES, Aside
 from llm_planner.serving.assign import assign_devices
 from llm_planner.serving.baselines import engineer_best, engineer_options, megatron
 from llm_planner.serving.bound import exportable_bounds
-from llm_planner.serving.context import ServingContext, ServingOptions, build_context, status_of, usable_bytes
+from llm_planner.serving.context import (
+    ServingContext,
+    ServingOptions,
+    build_context,
+    profile_format_refusal,
+    status_of,
+    usable_bytes,
+)
 from llm_planner.serving.fleet import FleetChoice
 from llm_planner.serving.layout import Pattern, describe, segment_fields
 from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION, input_digest
@@ -259,6 +267,7 @@ def plan_serving_among(candidates: list[Precision], **inputs: Any) -> dict[str, 
     the others listed under serving.precisions; plan_serving itself for one candidate."""
     if len(candidates) == 1:
         return plan_serving(dtype=candidates[0], **inputs)
+    _check_profile_formats(candidates, inputs.get("profile_path"))
     keys = ("cluster_path", "model", "workload", "options", "profile_path")
     context = {k: inputs.get(k) for k in keys}
 
@@ -266,6 +275,22 @@ def plan_serving_among(candidates: list[Precision], **inputs: Any) -> dict[str, 
         return bound_without_plan(lambda: build_context(**context, dtype=p))
 
     return plan_among(candidates, lambda p: plan_serving(dtype=p, **inputs), bound_one)
+
+
+def _check_profile_formats(candidates: list[Precision], profile_path: str | None) -> None:
+    """WorkloadError unless the profile times every candidate's formats: a candidate it cannot
+    time would be planned without it, and its bound would not hold for the plans in it."""
+    if profile_path is None:
+        return
+    profile = load_serving_profile(profile_path)
+    for p in candidates:
+        why = profile_format_refusal(profile, p)
+        if why is not None:
+            raise WorkloadError(
+                f"--profile {profile_path}: {why} (the candidate {p.describe()} of --allow-weights / "
+                "--allow-kv-cache-dtype); a profile times one format: allow only the formats it times, or "
+                "plan the candidates without --profile"
+            )
 
 
 def fixed_plan_data(

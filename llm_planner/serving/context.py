@@ -235,29 +235,59 @@ def _kind_label(kind) -> str:
 
 
 def _check_profile(profile, precision: Precision, config: DecoderConfig, cluster: ClusterSpec) -> None:
-    """WorkloadError where a measured serving profile cannot stand for this plan's layers: a quantized
-    precision, a mixture of experts, times in a dtype of another size, or no device kind it names."""
-    if precision.quantized:
-        raise WorkloadError(
-            f"--profile: a measured serving profile holds times in one dtype ({profile.dtype}), not in "
-            f"{precision.describe()}: plan a quantized precision without --profile"
-        )
+    """WorkloadError where a measured serving profile cannot stand for this plan's layers: a mixture of
+    experts, times in another format than the plan's (`profile_format_refusal`), or no device kind it names."""
     if config.is_moe:
         raise WorkloadError(
             f"--profile: a measured serving profile times dense layers; {config.name} is a mixture of "
             "experts: plan it without --profile"
         )
-    if DTYPE_BYTES.get(profile.dtype) != DTYPE_BYTES[precision.activations]:
-        raise WorkloadError(
-            f"--profile {profile.path}: its times are in {profile.dtype}, the plan's layers in "
-            f"{precision.activations}: plan with --dtype {profile.dtype} or profile in {precision.activations}"
-        )
+    why = profile_format_refusal(profile, precision)
+    if why is not None:
+        raise WorkloadError(f"--profile {profile.path}: {why}")
     if not any(profile_kind_name(profile, kind) for kind in cluster.device_kinds):
         raise WorkloadError(
             f"--profile {profile.path}: its device kinds ({', '.join(e.kind for e in profile.kinds)}) name no "
             f"device kind of {cluster.name!r} nor a catalog entry one names "
             f"(its kinds: {', '.join(_kind_label(k) for k in cluster.device_kinds)})"
         )
+
+
+def profile_format_refusal(profile, precision: Precision) -> str | None:
+    """Why the profile's times are not the plan's formats (None: they are). An fp8 profile times W8A8
+    projections (profile-serving --dtype fp8): it stands for fp8 weights, whatever the activation
+    dtype. Any other profile's times are in its dtype: weights and activations of that size, and a
+    KV cache in it too where it times attention."""
+    if profile.dtype == "fp8":
+        if precision.weights == "fp8":
+            return None
+        return (
+            f"its times are fp8 (W8A8) projections, the plan's weights {precision.weights_label}: "
+            f"plan with --weights fp8, or profile in {precision.activations}"
+        )
+    if precision.weights != precision.activations:
+        return (
+            f"its times are in {profile.dtype}, the plan's weights in {precision.weights_label}: profile fp8 "
+            "weights with profile-serving --dtype fp8; plan other formats without --profile"
+        )
+    if DTYPE_BYTES.get(profile.dtype) != DTYPE_BYTES[precision.activations]:
+        return (
+            f"its times are in {profile.dtype}, the plan's layers in {precision.activations}: plan with "
+            f"--dtype {profile.dtype} or profile in {precision.activations}"
+        )
+    if precision.kv_cache != precision.activations and _times_attention(profile):
+        return (
+            f"its decode attention reads a {profile.dtype} KV cache, the plan's is {precision.kv_cache}: "
+            "profile without --attention, or plan without --profile"
+        )
+    return None
+
+
+def _times_attention(profile) -> bool:
+    """Whether a version 2 profile has a decode attention table (a version 1 table times whole layers)."""
+    if profile.version == 1:
+        return True
+    return any(t.attn_decode is not None for entry in profile.kinds for t in entry.degrees)
 
 
 def _expert_picks(config: DecoderConfig, options: ServingOptions) -> tuple[float, ...] | None:
