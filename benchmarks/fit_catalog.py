@@ -20,8 +20,11 @@ Gauss-Newton: the model's TPOT over the four factors by forward differences, eac
 solved with bounds (efficiency at most 1, times at least 0), a step that does not lower the error
 halved. Then the H200's memory efficiency is fitted alone on its three calibration rows (vLLM's
 nightly latency tests on one H200: end-to-end time), the least largest error, with the other
-factors at their fitted values. It prints the fitted factors and, per source, the TPOT ratios
-(model / measured) with the catalog's factors and with the fitted ones.
+factors at their fitted values; and the MI300X's memory efficiency and step overhead together on
+its six calibration rows (InferenceX's DeepSeek-R1 on 8x MI300X under SGLang, 4 and 64 in flight at
+each of its three prompt/output lengths: its only public serving runs), by the same Gauss-Newton
+on their TPOT, the other two factors at the fitted values. It prints the fitted factors and, per
+source, the TPOT ratios (model / measured) with the catalog's factors and with the fitted ones.
 """
 
 from __future__ import annotations
@@ -73,6 +76,10 @@ def calibration_runs() -> dict[str, list[dict]]:
 
 def h200_rows() -> list[dict]:
     return [r for r in REFS["serving"] if r["use"] == "calibration" and r["gpu"] == "h200-sxm-141g"]
+
+
+def mi300x_rows() -> list[dict]:
+    return [r for r in REFS["serving"] if r["use"] == "calibration" and r["gpu"] == "mi300x"]
 
 
 def fields_of(x: np.ndarray) -> dict:
@@ -159,6 +166,32 @@ def h200_efficiency(pool, fields: dict) -> tuple[float, list[float]]:
     return best[1], best[2]
 
 
+def mi300x_fit(pool, fields: dict) -> tuple[dict, list[float]]:
+    """The MI300X's memory efficiency and step overhead with the other factors at `fields` (module
+    docstring): Gauss-Newton on its calibration rows' TPOT from the A100/H100 fit's values."""
+    rows = mi300x_rows()
+    measured = np.array([r["tpot_s"] for r in rows])
+
+    def ratios(x: np.ndarray) -> np.ndarray:
+        got = scores(pool, rows, {**fields, "mem_efficiency": float(1 / x[0]), "step_overhead_s": float(x[1] * 1e-3)})
+        return np.array([g["tpot_s"] for g in got]) / measured
+
+    x = np.array([1 / fields["mem_efficiency"], fields["step_overhead_s"] * 1e3])
+    delta = np.array([0.05, 0.5])
+    r = ratios(x)
+    for _ in range(MAX_STEPS):
+        jac = np.column_stack([(ratios(x + np.eye(2)[j] * delta[j]) - r) / delta[j] for j in range(2)])
+        new = lsq_linear(jac, 1.0 - r + jac @ x, bounds=([1.0, 0.0], np.inf)).x
+        new_r = ratios(new)
+        if np.linalg.norm(new_r - 1) >= np.linalg.norm(r - 1):
+            break
+        moved = np.max(np.abs(new - x) / np.maximum(1.0, np.abs(x)))
+        x, r = new, new_r
+        if moved < 1e-3:
+            break
+    return {"mem_efficiency": float(1 / x[0]), "step_overhead_s": float(x[1] * 1e-3)}, [float(v) for v in r]
+
+
 def summary_rows(problem: Problem, x0: np.ndarray | None, x: np.ndarray) -> list[dict]:
     out = []
     for label, vec in (("catalog", x0), ("fitted", x)):
@@ -199,6 +232,7 @@ def main() -> int:
         x = gauss_newton(problem, x0)
         fitted = fields_of(x)
         h200, h200_ratios = h200_efficiency(pool, fitted)
+        mi300x, mi300x_ratios = mi300x_fit(pool, fitted)
         rows = summary_rows(problem, None, x)
     shown = {
         name: (v if name == "mem_efficiency" else v / unit) for (name, unit, _, _), v in zip(FACTORS, fitted.values())
@@ -208,10 +242,17 @@ def main() -> int:
         ", ".join(f"{n} {v:.3g} {u}".rstrip() for (n, _, u, _), v in zip(FACTORS, shown.values())),
     )
     print(f"H200 mem_efficiency {h200:.2f}: end-to-end ratios {', '.join(f'{r:.2f}' for r in h200_ratios)}")
+    shown_ratios = ", ".join(f"{r:.2f}" for r in mi300x_ratios)
+    step_ms = mi300x["step_overhead_s"] * 1e3
+    print(
+        f"MI300X mem_efficiency {mi300x['mem_efficiency']:.2f}, step_overhead {step_ms:.1f} ms: "
+        f"TPOT ratios {shown_ratios}"
+    )
     print(provenance.markdown_table(COLUMNS, ([r[c] for c in COLUMNS] for r in rows)))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     provenance.write_results(args.out, COLUMNS, rows, facts)
-    (Path(args.out) / "fit.json").write_text(json.dumps({**fitted, "h200_mem_efficiency": h200}, indent=2) + "\n")
+    fit = {**fitted, "h200_mem_efficiency": h200, **{f"mi300x_{k}": v for k, v in mi300x.items()}}
+    (Path(args.out) / "fit.json").write_text(json.dumps(fit, indent=2) + "\n")
     return 0
 
 
