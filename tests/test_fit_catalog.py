@@ -50,3 +50,11 @@ def test_the_h200_holds_its_own_memory_efficiency_and_the_rest_of_the_fit():
     assert kind.mem_efficiency == pytest.approx(FIT["h200_mem_efficiency"], abs=0.005)
     assert kind.serving_sequence_s == pytest.approx(FIT["sequence_overhead_s"], abs=5e-7)
     assert catalog_entry("h200-sxm-141g")["step_overhead_s"] == pytest.approx(FIT["step_overhead_s"], abs=5e-5)
+
+
+def test_the_mi300x_holds_its_own_efficiency_and_step_overhead_and_the_rest_of_the_fit():
+    kind = _kind("mi300x")
+    assert kind.mem_efficiency == pytest.approx(FIT["mi300x_mem_efficiency"], abs=0.005)
+    assert kind.serving_step_s == pytest.approx(FIT["mi300x_step_overhead_s"], abs=5e-5)
+    assert kind.collective_call_s == pytest.approx(FIT["collective_overhead_s"], abs=5e-7)
+    assert kind.serving_sequence_s == pytest.approx(FIT["sequence_overhead_s"], abs=5e-7)
