@@ -123,6 +123,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="rounds: each run served this many times")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "serve"))
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats: at least 1, got {args.repeats}")
     scale = QUICK if args.quick else FULL
     facts = {**provenance.start(sys.argv), **scale, "repeats": args.repeats}
     out = Path(args.out).resolve()

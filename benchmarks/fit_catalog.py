@@ -168,8 +168,9 @@ def h200_efficiency(pool, fields: dict) -> tuple[float, list[float]]:
 
 def mi300x_fit(pool, fields: dict) -> tuple[dict, list[float]]:
     """The MI300X's memory efficiency and step overhead with the other factors at `fields` (module
-    docstring): Gauss-Newton on its calibration rows' TPOT from the A100/H100 fit's values."""
-    rows = mi300x_rows()
+    docstring): Gauss-Newton on its calibration rows' TPOT (those the model fits in memory) from the
+    A100/H100 fit's values."""
+    rows = [r for r, g in zip(mi300x_rows(), scores(pool, mi300x_rows(), fields)) if g["fits"]]
     measured = np.array([r["tpot_s"] for r in rows])
 
     def ratios(x: np.ndarray) -> np.ndarray:
@@ -182,11 +183,17 @@ def mi300x_fit(pool, fields: dict) -> tuple[dict, list[float]]:
     for _ in range(MAX_STEPS):
         jac = np.column_stack([(ratios(x + np.eye(2)[j] * delta[j]) - r) / delta[j] for j in range(2)])
         new = lsq_linear(jac, 1.0 - r + jac @ x, bounds=([1.0, 0.0], np.inf)).x
-        new_r = ratios(new)
-        if np.linalg.norm(new_r - 1) >= np.linalg.norm(r - 1):
+        step = 1.0
+        while step >= 1 / 16:  # a step that does not lower the error is halved, as in gauss_newton
+            trial = x + step * (new - x)
+            trial_r = ratios(trial)
+            if np.linalg.norm(trial_r - 1) < np.linalg.norm(r - 1):
+                break
+            step /= 2
+        else:
             break
-        moved = np.max(np.abs(new - x) / np.maximum(1.0, np.abs(x)))
-        x, r = new, new_r
+        moved = np.max(np.abs(trial - x) / np.maximum(1.0, np.abs(x)))
+        x, r = trial, trial_r
         if moved < 1e-3:
             break
     return {"mem_efficiency": float(1 / x[0]), "step_overhead_s": float(x[1] * 1e-3)}, [float(v) for v in r]

@@ -311,6 +311,13 @@ def test_an_fp8_profile_times_the_projections_of_fp8_weights(tmp_path):
     assert costs.layer_time(10) == pytest.approx(expected, rel=1e-9)
     with pytest.raises(WorkloadError, match=r"its times are fp8 \(W8A8\) projections, the plan's weights bf16"):
         _h200_context(tmp_path, FP8, None)
+    with_attention = copy.deepcopy(FP8)  # written by hand: profile-serving --dtype fp8 times no attention
+    with_attention["kinds"]["h200-sxm-141g"]["tp"][1]["attn_decode_s"] = [
+        [b, c, 1e-5] for b in (1, 8) for c in (64, 512)
+    ]
+    for kv in (None, "fp8"):
+        with pytest.raises(WorkloadError, match="an fp8 profile stands for W8A8 projections only"):
+            _h200_context(tmp_path, with_attention, "fp8", kv)
 
 
 def test_a_profile_stands_for_its_own_formats_only(tmp_path):

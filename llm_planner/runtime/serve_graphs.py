@@ -90,8 +90,9 @@ class Pieces:
     def __init__(self, stage: ServeStage, max_tokens: int, *, capture: bool):
         if capture and (why := capture_refusal(stage)) is not None:
             raise ValueError(f"CUDA graphs: {why}")
-        self.stage, self.max_tokens, self.capture = stage, max_tokens, capture
-        self.buf = Buffers(stage, max_tokens)
+        # buffers for the largest size captured: a larger iteration runs eagerly, its own tensors
+        self.stage, self.max_tokens, self.capture = stage, min(max_tokens, SIZES[-1]), capture
+        self.buf = Buffers(stage, self.max_tokens)
         self.pieces: dict[int, list[Callable[[], None]]] = {}  # size -> its pieces, in order
         self.pool = torch.cuda.graph_pool_handle() if capture else None
 
@@ -135,6 +136,7 @@ class Pieces:
             b.ids[tokens:size].zero_()
         else:
             b.x[:tokens].copy_(value)
+            b.x[tokens:size].zero_()  # padding rows stay finite however many iterations pass
 
     def _pieces(self, size: int) -> list[Callable[[], None]]:
         if size not in self.pieces:

@@ -98,8 +98,14 @@ class ServeRank:
             return self.stage
         max_tokens = max(self.spec.max_batched_tokens, -(-self.replica.concurrency // self.replica.micro_batches))
         started = time.perf_counter()
-        pieces = Pieces(self.stage, max_tokens, capture=True)
-        sizes = pieces.capture_all()
+        try:
+            pieces = Pieces(self.stage, max_tokens, capture=True)
+            sizes = pieces.capture_all()
+        except RuntimeError as exc:  # a kernel that cannot be captured (a host sync in the model's code)
+            self.ctx.stats.extra["cuda_graphs"] = f"capture failed, ran eagerly: {str(exc).splitlines()[0]}"
+            log.warning("rank %d: CUDA graph capture failed, running eagerly: %s", self.ctx.rank, exc)
+            torch.cuda.synchronize(self.stage.device)
+            return self.stage
         self.ctx.stats.extra["cuda_graphs_capture_s"] = time.perf_counter() - started
         log.info("rank %d: captured %d iteration sizes in %.1f s", self.ctx.rank, sizes, time.perf_counter() - started)
         return pieces

@@ -259,6 +259,11 @@ def profile_format_refusal(profile, precision: Precision) -> str | None:
     dtype. Any other profile's times are in its dtype: weights and activations of that size, and a
     KV cache in it too where it times attention."""
     if profile.dtype == "fp8":
+        if _times_attention(profile):  # whole layers (version 1) or attention: a KV cache of a format it does not state
+            return (
+                "an fp8 profile stands for W8A8 projections only (profile-serving --dtype fp8); this one also "
+                "times attention or whole layers, whose KV cache format it does not state"
+            )
         if precision.weights == "fp8":
             return None
         return (
