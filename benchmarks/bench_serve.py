@@ -16,15 +16,15 @@ On cluster_specs/localhost-serve.yaml (three one-core CPU devices) with the smal
 
 Each run serves REQUESTS_PER_SLOT x its concurrency requests (at least MIN_REQUESTS), `--repeats`
 times (default 3): in rounds, each round serving every run of the phase once in turn, so a slow
-stretch of this shared machine falls on every run alike rather than on one. A run's row is its
-median repeat (by tokens/s), with the repeats' spread ((largest - smallest) / median tokens/s);
-calibration fits the median repeats. Prints and writes (RESULTS: benchmarks/results/serve/) the
-table of measured against predicted tokens/s, mean TPOT and mean TTFT with predicted / measured,
-and which judged runs are within 15% on tokens/s and TPOT; RESULTS/runs/<run>/ keeps each plan and
-each repeat's run report and log (rep1/, ...; no machine paths), and meta.json the commit and the
-load average. A run whose processes (ranks, and the front end of two
-replicas) exceed the machine's cores is run and shown but not judged ("oversubscribed"): its ranks
-take turns on a core, where the spec gives each its own.
+stretch of this shared machine falls on every run alike rather than on one. Each measured figure
+of a run's row is the median of its repeats', with the repeats' spread ((largest - smallest) /
+median tokens/s); calibration fits each run's repeat of median tokens/s. Prints and writes
+(RESULTS: benchmarks/results/serve/) the table of measured against predicted tokens/s, mean TPOT
+and mean TTFT with predicted / measured, and which judged runs are within 15% on tokens/s and
+TPOT; RESULTS/runs/<run>/ keeps each plan and each repeat's run report and log (rep1/, ...; no
+machine paths), and meta.json the commit and the load average. A run whose processes (ranks, and
+the front end of two replicas) exceed the machine's cores is run and shown but not judged
+("oversubscribed"): its ranks take turns on a core, where the spec gives each its own.
 
     .venv/bin/python benchmarks/bench_serve.py            # 3 x 11 launches, each a few seconds of serving
     .venv/bin/python benchmarks/bench_serve.py --quick    # a smoke run: few requests, 8 output tokens

@@ -282,8 +282,9 @@ are kept apart from the fit: each is a plan scored on the calibrated spec and se
 device; `pipeline`: two stages, two micro-batches; `tp2-tp1`: a tensor-parallel pair feeding one
 device, three ranks; `two-replicas`: two single-device replicas behind the front end, C per
 replica). Every run is served three times, in rounds (each round serves every run of its phase
-once in turn, so a slow stretch of this shared machine falls on all runs alike); a row is the
-run's median repeat by tokens/s, and the calibration fits the median repeats. Columns: MPI ranks,
+once in turn, so a slow stretch of this shared machine falls on all runs alike); each measured
+figure of a row is the median of the run's repeats, and the calibration fits each run's repeat of
+median tokens/s. Columns: MPI ranks,
 concurrency C, micro-batches m; output tokens/s of the run, mean TPOT and mean TTFT over its
 requests, each measured and predicted, and predicted / measured; `spread`: (largest - smallest) /
 median tokens/s over the repeats, how far the machine moved; `within 15%`: tokens/s and TPOT both

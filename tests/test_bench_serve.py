@@ -119,16 +119,18 @@ def test_runs_with_more_processes_than_cores_are_shown_not_judged():
 
 
 def test_a_run_is_judged_on_its_median_repeat():
-    """Three repeats of one run: the row is the middle one by tokens/s, and the spread says how far apart they were."""
+    """Three repeats of one run: each figure is the median of the repeats', the spread says how far
+    apart their tokens/s were, and the calibration reads the repeat of median tokens/s."""
 
-    def report(rate: float) -> dict:
+    def report(rate: float, tpot_s: float) -> dict:
         return {
-            "replicas": [_replica(4, (rate, 1 / rate, 0.05), (100.0, 0.01, 0.05))],
+            "replicas": [_replica(4, (rate, tpot_s, 0.05), (100.0, 0.01, 0.05))],
             "total": {"measured": {"tokens_per_s": rate}, "predicted": {"tokens_per_s": 100.0}},
         }
 
-    reports = [report(120.0), report(80.0), report(100.0)]
-    assert cases.median_report(reports) is reports[2]
+    reports = [report(120.0, 0.010), report(80.0, 0.011), report(100.0, 0.012)]
+    assert cases.median_report(reports) is reports[2]  # the one calibrate reads
     r = cases.row(cases.CALIBRATION[0], reports, None)
     assert r["tokens_per_s_measured"] == 100.0 and r["repeats"] == 3 and r["spread"] == pytest.approx(0.4)
+    assert r["tpot_s_measured"] == 0.011  # each figure its own median, not the median-rate repeat's
     assert cases.median_report(reports[:2]) is reports[1]  # an even count: the lower middle
