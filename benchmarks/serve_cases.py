@@ -118,21 +118,21 @@ def build_plan(run: Run, cluster: str, path: Path, *, prompt_len: int, output_le
     return path
 
 
+def _lower_median(values: list, key=None):
+    """The middle of `values` by `key` (the lower middle of an even count)."""
+    ordered = sorted(values, key=key)
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def median_report(reports: list[dict]) -> dict:
     """The report of median tokens/s among repeats of one run (the lower middle of an even count)."""
-    ranked = sorted(reports, key=lambda r: r["total"]["measured"]["tokens_per_s"])
-    return ranked[(len(ranked) - 1) // 2]
+    return _lower_median(reports, key=lambda r: r["total"]["measured"]["tokens_per_s"])
 
 
 def spread(reports: list[dict]) -> float:
     """(largest - smallest) / median of the repeats' tokens/s: how far this machine moved between them."""
-    rates = sorted(r["total"]["measured"]["tokens_per_s"] for r in reports)
-    return (rates[-1] - rates[0]) / rates[(len(rates) - 1) // 2]
-
-
-def _lower_median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[(len(ordered) - 1) // 2]
+    rates = [r["total"]["measured"]["tokens_per_s"] for r in reports]
+    return (max(rates) - min(rates)) / _lower_median(rates)
 
 
 def _figure(report: dict, block: str, key: str) -> float:

@@ -39,7 +39,7 @@ from functools import partial
 
 import torch
 
-from llm_planner.runtime.serve_stage import ServeStage, attend, index_of
+from llm_planner.runtime.serve_stage import ServeStage, attend
 
 SIZES = (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))  # an iteration of more tokens runs eagerly
 
@@ -114,7 +114,7 @@ class Pieces:
         if size is None:
             return self.stage.run(entries, value)
         pieces = self._pieces(size)  # captured before this iteration's inputs are in the buffers
-        index = index_of(entries, self.stage.device, self.stage.blocks[0].rep)
+        index = self.stage.index(entries)
         self._load(index.position, value.to(self.stage.device), tokens, size)
         b = self.buf
         for piece, block in zip(pieces, self.stage.blocks):

@@ -106,8 +106,8 @@ class ServeRank:
             log.warning("rank %d: CUDA graph capture failed, running eagerly: %s", self.ctx.rank, exc)
             torch.cuda.synchronize(self.stage.device)
             return self.stage
-        self.ctx.stats.extra["cuda_graphs_capture_s"] = time.perf_counter() - started
-        log.info("rank %d: captured %d iteration sizes in %.1f s", self.ctx.rank, sizes, time.perf_counter() - started)
+        took = self.ctx.stats.extra["cuda_graphs_capture_s"] = time.perf_counter() - started
+        log.info("rank %d: captured %d iteration sizes in %.1f s", self.ctx.rank, sizes, took)
         return pieces
 
     @property

@@ -21,8 +21,7 @@ its positions, then:
                             batch gathered to the longest length, a boolean mask hides the rest
                             (exp(-inf) = 0: a hidden key adds exactly nothing); the query heads
                             that share a key/value head are packed as its queries, so grouped-query
-                            keys are not copied per query head (prompt
-                            chunks alike)
+                            keys are not copied per query head (prompt chunks alike)
     prompt chunks (n > 1):  queries start..start+n-1 over keys [0, start + n), causal; the chunks
                             of one shape (start, n) batched (`PromptGroup`: a closed loop's wave
                             of prompts is one batch), their mask built once per iteration
@@ -33,9 +32,9 @@ waits on the device to read one: on a GPU the layers' kernels queue without a st
 
 On CUDA, torch's cuDNN attention is turned off for the process (`CUDNN_ATTENTION_OFF`): cuDNN
 builds an execution plan for each new shape, and a decode batch's keys grow by one every
-iteration, so it built one per layer per iteration (on an H200, 65 decodes of Llama-3 8B took
-55-62 ms an iteration while the key lengths were new and 16 ms once they repeated); the other
-kernels take any length.
+iteration, so it built one per layer per iteration (on an H200, 65 decodes of Llama-3 8B took a
+median 62.8 ms an iteration while the key lengths were new and 13.9 ms once they repeated:
+docs/serve-runtime.md, "On a GPU"); the other kernels take any length.
 
 Positions are each sequence's own (start + j), for learned positions (GPT-2) and rotary
 embeddings (Llama) alike, so a sequence's tokens do not depend on what shares its batch.
@@ -246,13 +245,17 @@ class ServeStage:
     def run(self, entries, value: torch.Tensor) -> torch.Tensor:
         """One iteration: token ids [T] in (first stage) or hidden states [T, hidden]; hidden states out,
         or on the last stage the greedy token of each sampling entry ([n] ids, entry order)."""
-        index = index_of(entries, self.device, self.blocks[0].rep)
+        index = self.index(entries)
         value = value.to(self.device)
         x = self.embed(value, index.position) if self.embed is not None else value
         rotary = self.rotary_of(x, index.position)
         for block in self.blocks:
             x = block(x, index, rotary)
         return self.sample(entries, x) if self.last else x
+
+    def index(self, entries) -> IterIndex:
+        """The iteration's indices on this stage's device, for its layers' query heads per KV head."""
+        return index_of(entries, self.device, self.blocks[0].rep)
 
     def rotary_of(self, x: torch.Tensor, positions: torch.Tensor):
         """The rotary embedding's (cos, sin) at `positions` (None: learned positions)."""
