@@ -118,34 +118,37 @@ class Problem:
         got = scores(self.pool, self.rows, None if x is None else fields_of(x))
         return np.array([g["tpot_s"] for g in got]) / self.measured
 
-    def error(self, ratios: np.ndarray) -> float:
-        return float(np.linalg.norm(self.weight * (ratios - 1.0)))
 
+def gauss_newton(ratios_of, weight: np.ndarray, x: np.ndarray, deltas: np.ndarray, lower: np.ndarray, show):
+    """The fitted vector from x and its TPOT ratios (module docstring): `ratios_of(x)` the model's
+    TPOT over the measured per row, `weight` each row's, `deltas` the forward differences,
+    `lower` the bounds, `show(x)` what each step prints."""
 
-def gauss_newton(problem: Problem, x: np.ndarray) -> np.ndarray:
-    """The fitted vector from x (module docstring)."""
-    ratios = problem.ratios(x)
-    err = problem.error(ratios)
+    def error(r: np.ndarray) -> float:
+        return float(np.linalg.norm(weight * (r - 1.0)))
+
+    ratios = ratios_of(x)
+    err = error(ratios)
     for step_no in range(MAX_STEPS):
-        jac = np.column_stack([(problem.ratios(x + d) - ratios) / d[j] for j, d in enumerate(np.diag(_deltas()))])
-        a = jac * problem.weight[:, None]
-        target = problem.weight * (1.0 - ratios) + a @ x
-        new = lsq_linear(a, target, bounds=(LOWER, np.inf)).x
+        jac = np.column_stack([(ratios_of(x + d) - ratios) / d[j] for j, d in enumerate(np.diag(deltas))])
+        a = jac * weight[:, None]
+        target = weight * (1.0 - ratios) + a @ x
+        new = lsq_linear(a, target, bounds=(lower, np.inf)).x
         step = 1.0
         while step >= 1 / 16:
             trial = x + step * (new - x)
-            trial_ratios = problem.ratios(trial)
-            if problem.error(trial_ratios) < err:
+            trial_ratios = ratios_of(trial)
+            if error(trial_ratios) < err:
                 break
             step /= 2
         else:
             break
         moved = np.max(np.abs(trial - x) / np.maximum(1.0, np.abs(x)))
-        x, ratios, err = trial, trial_ratios, problem.error(trial_ratios)
-        print(f"step {step_no}: error {err:.4f} at {fields_of(x)}", flush=True)
+        x, ratios, err = trial, trial_ratios, error(trial_ratios)
+        print(f"step {step_no}: error {err:.4f} at {show(x)}", flush=True)
         if moved < 1e-3:
             break
-    return x
+    return x, ratios
 
 
 def _deltas() -> np.ndarray:
@@ -168,35 +171,21 @@ def h200_efficiency(pool, fields: dict) -> tuple[float, list[float]]:
 
 def mi300x_fit(pool, fields: dict) -> tuple[dict, list[float]]:
     """The MI300X's memory efficiency and step overhead with the other factors at `fields` (module
-    docstring): Gauss-Newton on its calibration rows' TPOT (those the model fits in memory) from the
-    A100/H100 fit's values."""
+    docstring): `gauss_newton` on its calibration rows' TPOT (those the model fits in memory), as
+    (1 / efficiency, ms), from the A100/H100 fit's values."""
     rows = [r for r, g in zip(mi300x_rows(), scores(pool, mi300x_rows(), fields)) if g["fits"]]
     measured = np.array([r["tpot_s"] for r in rows])
 
-    def ratios(x: np.ndarray) -> np.ndarray:
-        got = scores(pool, rows, {**fields, "mem_efficiency": float(1 / x[0]), "step_overhead_s": float(x[1] * 1e-3)})
-        return np.array([g["tpot_s"] for g in got]) / measured
+    def mine(x: np.ndarray) -> dict:
+        return {"mem_efficiency": float(1 / x[0]), "step_overhead_s": float(x[1] * 1e-3)}
 
-    x = np.array([1 / fields["mem_efficiency"], fields["step_overhead_s"] * 1e3])
-    delta = np.array([0.05, 0.5])
-    r = ratios(x)
-    for _ in range(MAX_STEPS):
-        jac = np.column_stack([(ratios(x + np.eye(2)[j] * delta[j]) - r) / delta[j] for j in range(2)])
-        new = lsq_linear(jac, 1.0 - r + jac @ x, bounds=([1.0, 0.0], np.inf)).x
-        step = 1.0
-        while step >= 1 / 16:  # a step that does not lower the error is halved, as in gauss_newton
-            trial = x + step * (new - x)
-            trial_r = ratios(trial)
-            if np.linalg.norm(trial_r - 1) < np.linalg.norm(r - 1):
-                break
-            step /= 2
-        else:
-            break
-        moved = np.max(np.abs(trial - x) / np.maximum(1.0, np.abs(x)))
-        x, r = trial, trial_r
-        if moved < 1e-3:
-            break
-    return {"mem_efficiency": float(1 / x[0]), "step_overhead_s": float(x[1] * 1e-3)}, [float(v) for v in r]
+    def ratios(x: np.ndarray) -> np.ndarray:
+        return np.array([g["tpot_s"] for g in scores(pool, rows, {**fields, **mine(x)})]) / measured
+
+    x0 = np.array([1 / fields["mem_efficiency"], fields["step_overhead_s"] * 1e3])
+    deltas, lower = np.array([0.05, 0.5]), np.array([1.0, 0.0])
+    x, r = gauss_newton(ratios, np.ones(len(rows)), x0, deltas, lower, mine)
+    return mine(x), [float(v) for v in r]
 
 
 def summary_rows(problem: Problem, x0: np.ndarray | None, x: np.ndarray) -> list[dict]:
@@ -236,7 +225,7 @@ def main() -> int:
     with Pool(2) as pool:
         problem = Problem(pool, calibration_runs())
         x0 = start_vector()
-        x = gauss_newton(problem, x0)
+        x, _ = gauss_newton(problem.ratios, problem.weight, x0, _deltas(), LOWER, fields_of)
         fitted = fields_of(x)
         h200, h200_ratios = h200_efficiency(pool, fitted)
         mi300x, mi300x_ratios = mi300x_fit(pool, fitted)
