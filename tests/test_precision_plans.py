@@ -18,7 +18,9 @@ from llm_planner.core.spec import load_cluster
 from llm_planner.export.serving import build_engines
 from llm_planner.export.serving_scripts import sglang_script, vllm_script
 from llm_planner.serving.plan_file import load_serving_plan
+from llm_planner.serving.precision_choice import bound_without_plan
 from llm_planner.serving.verify import verify_serving_plan
+from llm_planner.serving.workload import NoKindRunsError, WorkloadError
 
 # One RTX 4090 (fp8 tensor cores): a plan of one layout, so its bounds are quick to recompute.
 ONE_GPU = """
@@ -168,3 +170,19 @@ def test_verify_recomputes_every_candidate_bound(chosen, tmp_path):
 
     problems = verify_serving_plan(load_serving_plan(_edited(chosen, tmp_path, forged)))
     assert any(f"serving.precisions[{other}].upper_bound_tokens_per_s" in p for p in problems), problems
+
+
+def test_a_candidate_no_kind_runs_is_bound_0_and_no_other_refusal_is():
+    """bound_without_plan: 0 only when no device kind runs the precision (no plan exists in it); a
+    context refused for any other reason says nothing about what plans exist, so it is raised, not
+    made a bound of 0 that a plan in that precision could beat."""
+
+    def none_runs():
+        raise NoKindRunsError("--weights fp8: no device kind of spec.yaml that may serve runs it")
+
+    def refused():
+        raise WorkloadError("profile.yaml: times bf16 weights, not fp8")
+
+    assert bound_without_plan(none_runs) == 0.0
+    with pytest.raises(WorkloadError, match="profile.yaml"):
+        bound_without_plan(refused)

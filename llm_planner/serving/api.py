@@ -4,6 +4,7 @@ solver and the baselines once, bound, assign devices, and write every figure the
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from llm_planner.core.plan_paths import relative_to_plan
@@ -255,10 +256,23 @@ def _nothing_serves(ctx: ServingContext) -> str:
         return (
             f"--ttft-slo {wl.ttft_slo_s * 1e3:g} ms cannot be met for {where}: the fastest single-class layout "
             f"takes {first * 1e3:.3g} ms to the first token with one sequence in flight; set --ttft-slo above that"
+            f"{_budget_hint(ctx)}"
         )
     return (
         f"--tpot-slo {wl.tpot_slo_s * 1e3:g} ms cannot be met for {where}: the fastest single-class layout takes "
-        f"{fastest * 1e3:.3g} ms per token with one sequence in flight; set --tpot-slo above that"
+        f"{fastest * 1e3:.3g} ms per token with one sequence in flight; set --tpot-slo above that{_budget_hint(ctx)}"
+    )
+
+
+def _budget_hint(ctx: ServingContext) -> str:
+    """', or ...' naming --max-batched-tokens where the token budget cuts a mean prompt into several
+    iterations (each one a decode step's fixed costs more on every token): '' otherwise."""
+    budget, prompt = ctx.tasks.token_budget, ctx.workload.mean_prompt_len
+    if budget >= prompt:
+        return ""
+    return (
+        f", or raise --max-batched-tokens {budget} (it cuts a {prompt:g}-token prompt into "
+        f"{math.ceil(prompt / budget)} iterations)"
     )
 
 

@@ -25,7 +25,7 @@ from llm_planner.serving.layout import CostCache, Layout, Pattern, build_slots
 from llm_planner.serving.links import ClassLinks, class_links
 from llm_planner.serving.replica import ReplicaModel
 from llm_planner.serving.tasks import DEFAULT_TOKEN_BUDGET, ServingTasks, build_serving_tasks, check_workload_window
-from llm_planner.serving.workload import ServingWorkload, WorkloadError
+from llm_planner.serving.workload import NoKindRunsError, ServingWorkload, WorkloadError
 
 log = logging.getLogger(__name__)
 
@@ -139,13 +139,13 @@ def _able(
     cluster: ClusterSpec, classes: tuple[ServerClass, ...], precision: Precision
 ) -> tuple[tuple[ServerClass, ...], dict[str, str]]:
     """(the classes whose kind runs `precision` (llm_planner.core.precision.runs_on), the reason of
-    each kind that cannot: it is never given a stage); WorkloadError naming the precision and every
+    each kind that cannot: it is never given a stage); NoKindRunsError naming the precision and every
     kind's reason when no kind can."""
     why = {kind.name: runs_on(precision, kind.type, kind.peak_dtypes) for kind in (sc.kind for sc in classes)}
     able = tuple(sc for sc in classes if why[sc.kind.name] is None)
     if not able:
         reasons = "; ".join(f"{name!r}: {reason}" for name, reason in why.items())
-        raise WorkloadError(
+        raise NoKindRunsError(
             f"{_flags(precision)}: no device kind of {cluster.source} that may serve runs it ({reasons})"
         )
     left_out = {name: reason for name, reason in why.items() if reason is not None}

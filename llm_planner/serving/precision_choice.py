@@ -19,7 +19,7 @@ from typing import Any, Callable
 from llm_planner.core.precision import Precision, PrecisionError, build_precision
 from llm_planner.serving.bound import tokens_upper_bound
 from llm_planner.serving.context import ServingContext, status_of
-from llm_planner.serving.workload import WorkloadError
+from llm_planner.serving.workload import NoKindRunsError, WorkloadError
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +81,10 @@ def _row(p: Precision, tokens: float, bound: float, prices) -> dict[str, Any]:
 
 def bound_without_plan(build: Callable[[], ServingContext]) -> float:
     """The upper bound in a precision no plan was made in: 0 when no device kind runs it (no plan
-    exists), else the bound without a plan's figures (no price bound)."""
+    exists), else the bound without a plan's figures (no price bound). Any other WorkloadError
+    building the context is raised: it does not show that no plan exists, so no bound is made up."""
     try:
         ctx = build()
-    except WorkloadError:
+    except NoKindRunsError:
         return 0.0
     return tokens_upper_bound(ctx.cache, ctx.classes, ctx.workload.tpot_slo_s, ctx.links, 0.0, None)

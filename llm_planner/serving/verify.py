@@ -56,7 +56,7 @@ from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, che
 from llm_planner.serving.precision_choice import bound_without_plan
 from llm_planner.serving.verify_claims import check_baselines, check_model, check_options, close
 from llm_planner.serving.verify_replica import Derived, derive
-from llm_planner.serving.workload import RequestShape, ServingWorkload, WorkloadError
+from llm_planner.serving.workload import NoKindRunsError, RequestShape, ServingWorkload, WorkloadError
 
 
 def context_of(plan: ServingPlanFile) -> ServingContext:
@@ -314,7 +314,11 @@ def _check_candidates(ctx: ServingContext, plan: ServingPlanFile, bound: float, 
             continue
         if row["tokens_per_s"] > plan.serving["tokens_per_s"] * (1 + 1e-9):
             problems.append(f"serving.precisions[{i}]: more tokens/s than the plan, which keeps the best candidate")
-        found = _candidate_bound(ctx, p, row)
+        try:
+            found = _candidate_bound(ctx, p, row)
+        except WorkloadError as exc:
+            problems.append(f"serving.precisions[{i}]: its bound cannot be recomputed: {exc}")
+            continue
         others = max(others, found)
         if not close(row["upper_bound_tokens_per_s"], found):
             problems.append(
@@ -334,7 +338,7 @@ def _candidate_bound(ctx: ServingContext, p, row: dict) -> float:
         return bound_without_plan(build)
     try:
         other = build()
-    except WorkloadError:
+    except NoKindRunsError:
         return 0.0
     prices = {str(k): float(v) for k, v in row["device_prices"].items() if k in other.by_name}
     wl = other.workload

@@ -35,6 +35,11 @@ class WorkloadError(ValueError):
     """A serving workload or target that cannot be used; the message names the flag or file."""
 
 
+class NoKindRunsError(WorkloadError):
+    """No device kind that may serve runs the precision asked: no plan exists in it (its bound is 0),
+    where any other WorkloadError says nothing about what plans exist."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RequestShape:
     prompt_len: int
