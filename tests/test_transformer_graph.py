@@ -53,6 +53,7 @@ PUBLISHED = {
     "qwen3-30b-a3b": 30.5e9,
     "qwen1.5-moe-a2.7b": 14.3e9,
     "deepseek-v3": 671e9,  # its technical report (tests/test_deepseek.py)
+    "llama4-scout-17b-16e": 109e9,  # Meta's model card, the vision encoder's ~0.9B included (tests/test_llama4.py)
 }
 
 

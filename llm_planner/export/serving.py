@@ -51,6 +51,9 @@ from llm_planner.serving.layout import stage_attention
 from llm_planner.serving.plan_file import ServingPlanFile
 
 log = logging.getLogger(__name__)
+# decoders whose published checkpoints hold a vision encoder beside them, which a plan of the decoder
+# does not hold: the engines are told to serve the language model alone (llm_planner.graph.moe, UNPLANNED)
+LANGUAGE_ONLY = ("llama4_text",)
 
 FRAMEWORKS = ("vllm", "sglang", "megatron")
 # The engine releases the scripts are written for: their flags are checked against these
@@ -152,6 +155,7 @@ class ServingExport:
     kv: dict[str, KVBudget] | None = None  # per engine name (not for megatron)
     batched_tokens: dict[str, int] | None = None  # per engine: the plan's per-iteration token budget
     multinode: str = "native"  # vLLM across hosts: VLLM_MULTINODE
+    language_model_only: bool = False  # --language-model-only: the checkpoint's vision encoder is not planned
 
     def share(self, engine: EnginePlan) -> float:
         total = sum(e.tokens_per_s for e in self.engines)
@@ -281,6 +285,7 @@ def _engine_budgets(export, plan, cluster, dtype, max_len, multinode) -> Serving
         kv=kv,
         batched_tokens=batched,
         multinode=multinode,
+        language_model_only=config.hf_model_type in LANGUAGE_ONLY,
     )
 
 

@@ -173,11 +173,15 @@ _WAIT_RAY = [
 
 
 def _dtype_args(export: ServingExport) -> list[str]:
+    """The formats the engine runs in; and, for a decoder planned without its checkpoint's vision
+    encoder, the flag that keeps the engine from loading it (vLLM's and SGLang's alike)."""
     args = ["--dtype", _q(export.dtype)]
     if export.quantization:
         args += ["--quantization", _q(export.quantization)]
     if export.kv_cache_dtype:
         args += ["--kv-cache-dtype", _q(export.kv_cache_dtype)]
+    if export.language_model_only:
+        args.append("--language-model-only")
     return args
 
 

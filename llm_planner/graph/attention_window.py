@@ -26,6 +26,12 @@ Read from a transformers config.json (`window_fields`) as the transformers 5 cla
                (alternating: a mix whenever a layer slides and there are two or more)
     qwen3_moe  only when use_sliding_window is true: sliding_window on every layer (the class
                reads no max_window_layers or layer_types)
+    llama4_text  chunked attention of attention_chunk_size tokens (default 8192; null: none) on the
+               layers that layer_types calls "chunked_attention" (default: those with rotary
+               embeddings, three in four): a token attends to its own chunk only. For a context of
+               at most W tokens that is full attention too, so W is held as the window and the one
+               rule above applies, whichever layers chunk (a context past W is refused naming
+               attention_chunk_size)
 
 gpt2, opt and llama have no window. DecoderConfig.sliding_window holds W (None: full attention);
 `hf_window_kwargs` writes it back into a transformers config so that the runtime's reference
@@ -43,7 +49,9 @@ from llm_planner.graph.ir import GraphError
 
 log = logging.getLogger(__name__)
 
-WINDOW_MODEL_TYPES = ("mistral", "mixtral", "phi3", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+WINDOW_MODEL_TYPES = ("mistral", "mixtral", "phi3", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "llama4_text")
+CHUNKED_TYPES = ("llama4_text",)  # the window is attention_chunk_size: chunks, not a slide (module docstring)
+_CLASS_CHUNK = 8192  # Llama4TextConfig's default attention_chunk_size
 EVERY_LAYER_TYPES = ("mistral", "mixtral", "phi3")  # sliding_window, when set, on every layer
 _CLASS_WINDOW = 4096  # the default sliding_window of MistralConfig and the Qwen configs
 _CLASS_MAX_WINDOW_LAYERS = 28  # the default max_window_layers of Qwen2Config and Qwen2MoeConfig
@@ -56,6 +64,8 @@ def window_fields(r: Any, hf_type: str, num_layers: int) -> dict[str, Any]:
     naming the key when some layers slide and others do not (module docstring)."""
     if hf_type not in WINDOW_MODEL_TYPES:
         return {}
+    if hf_type in CHUNKED_TYPES:
+        return {"sliding_window": _chunk(r, num_layers)}
     if hf_type in EVERY_LAYER_TYPES:
         default = _CLASS_WINDOW if hf_type == "mistral" and "sliding_window" not in r.data else None
         return {"sliding_window": _window(r, default)}
@@ -72,6 +82,23 @@ def window_fields(r: Any, hf_type: str, num_layers: int) -> dict[str, Any]:
             "are identical, so only a window on every layer or on none is planned"
         )
     return {"sliding_window": window if sliding else None}
+
+
+def _chunk(r: Any, num_layers: int) -> int | None:
+    """llama4_text's attention_chunk_size when some layer chunks (layer_types, else no_rope_layers:
+    1 for a layer with rotary embeddings, which chunk), else None."""
+    size = r.get("attention_chunk_size", int, None) if "attention_chunk_size" in r.data else _CLASS_CHUNK
+    if size is not None and size < 1:
+        raise GraphError(
+            f"{r.source}: key 'attention_chunk_size' must be a positive integer or null, got {quote(size)}"
+        )
+    types = r.get("layer_types", list, None)
+    if types is not None:
+        chunks = "chunked_attention" in types
+    else:
+        rope = r.get("no_rope_layers", list, None)
+        chunks = rope is None or any(rope)  # the class default: rotary embeddings on three layers in four
+    return size if chunks else None
 
 
 def _window(r: Any, default: int | None) -> int | None:
@@ -127,6 +154,8 @@ def hf_window_kwargs(cfg: Any) -> dict[str, Any]:
     window = cfg.sliding_window
     if cfg.hf_model_type in EVERY_LAYER_TYPES:
         return {"sliding_window": window}
+    if cfg.hf_model_type in CHUNKED_TYPES:
+        return {"attention_chunk_size": window}
     if cfg.hf_model_type not in WINDOW_MODEL_TYPES:
         return {}
     if window is None:
@@ -144,6 +173,11 @@ def window_refusal(cfg: Any, context_tokens: int, context: str) -> str | None:
     window = cfg.sliding_window
     if window is None:
         return None
+    if context_tokens > window and cfg.hf_model_type in CHUNKED_TYPES:
+        return (
+            f"attention_chunk_size {window} < {context}: chunked attention (a token attends within its chunk of "
+            f"{window}) is not modelled; contexts of at most {window} tokens are planned"
+        )
     if context_tokens > window:
         return (
             f"sliding_window {window} < {context}: sliding-window attention (KV cache capped at the window) is not "
@@ -164,8 +198,8 @@ def check_window(cfg: Any, context_tokens: int, context: str, source: str | None
 @lru_cache(maxsize=64)
 def _say_full_attention(name: str, window: int) -> None:
     log.info(
-        "model %r slides a window of %d tokens over the context; every context planned fits inside it, where "
-        "full attention is what the model computes, and that is what is planned",
+        "model %r attends within a window of %d tokens (sliding, or chunks); every context planned fits inside "
+        "it, where full attention is what the model computes, and that is what is planned",
         name,
         window,
     )

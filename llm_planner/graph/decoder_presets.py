@@ -254,6 +254,29 @@ _PRESETS: dict[str, DecoderConfig] = {
             first_dense_layers=3,
             rope_theta=10000.0,
         ),
+        # Llama 4 Scout's decoder (meta-llama/Llama-4-Scout-17B-16E-Instruct, its config.json's
+        # text_config): 16 experts of 8192 and one shared, top-1, every layer; 107.8B parameters, 17.2B
+        # multiplied per token (Meta's 109B total counts the vision encoder too). Chunked attention of
+        # 8192 tokens on three layers in four: contexts up to 8192 tokens are planned.
+        _typed(
+            "llama4-scout-17b-16e",
+            "llama4_text",
+            48,
+            5120,
+            40,
+            8,
+            head_dim=128,
+            intermediate_size=16384,
+            vocab_size=202048,
+            max_positions=10485760,
+            norm_eps=1e-5,
+            num_experts=16,
+            experts_per_token=1,
+            moe_intermediate_size=8192,
+            shared_expert_size=8192,
+            sliding_window=8192,
+            rope_theta=500000.0,
+        ),
     )
 }
 

@@ -137,7 +137,8 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
         "qwen3_moe": 4,
         "phi3": heads,
         "deepseek_v3": heads,
-    }[hf_type]  # the transformers class defaults (Qwen3Config's head_dim too: 128, where the others derive it)
+        "llama4_text": 8,
+    }[hf_type]  # the transformers class defaults (Qwen3Config's and Llama4TextConfig's head_dim too: 128)
     rope = _Reader(r.get("rope_parameters", dict, {}), f"{r.source}: rope_parameters")
     theta = rope.get("rope_theta", float, r.get("rope_theta", float, 10000.0))
     if rope.get("rope_type", str, "default") != "default":
@@ -145,9 +146,9 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
     kw: dict[str, Any] = dict(
         num_kv_heads=r.get("num_key_value_heads", int, kv_default),
         intermediate_size=r.get("intermediate_size", int),
-        head_dim=r.get("head_dim", int, 128 if hf_type == "qwen3" else None),
+        head_dim=r.get("head_dim", int, 128 if hf_type in ("qwen3", "llama4_text") else None),
         activation=r.get("hidden_act", str, "silu"),
-        norm_eps=r.get("rms_norm_eps", float, 1e-5 if hf_type in ("phi3", "mixtral") else 1e-6),  # class defaults
+        norm_eps=r.get("rms_norm_eps", float, 1e-5 if hf_type in ("phi3", "mixtral", "llama4_text") else 1e-6),
         rope_theta=theta,
         tie_word_embeddings=r.get("tie_word_embeddings", bool, False),
     )
@@ -157,6 +158,9 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
     elif hf_type in ("qwen3", "qwen3_moe"):
         bias = r.get("attention_bias", bool, False)
         kw.update(qkv_bias=bias, out_bias=bias)
+    elif hf_type == "llama4_text":  # intermediate_size is the experts' width (llm_planner.graph.moe)
+        bias = r.get("attention_bias", bool, False)
+        kw.update(qkv_bias=bias, out_bias=bias, intermediate_size=r.get("intermediate_size_mlp", int, 16384))
     elif hf_type == "qwen2_moe":
         kw.update(qkv_bias=r.get("qkv_bias", bool, True))
     elif hf_type == "deepseek_v3":
@@ -267,6 +271,7 @@ def to_hf_config(cfg: DecoderConfig) -> Any:
             "qwen2_moe": transformers.Qwen2MoeConfig,
             "qwen3_moe": transformers.Qwen3MoeConfig,
             "deepseek_v3": transformers.DeepseekV3Config,
+            "llama4_text": transformers.Llama4TextConfig,
         }
         shared = dict(
             hidden_size=cfg.hidden_size,
@@ -309,6 +314,15 @@ def _hf_extra(cfg: DecoderConfig) -> dict[str, Any]:
         return dict(attention_bias=cfg.qkv_bias, **moe)
     if cfg.hf_model_type == "deepseek_v3":
         return _deepseek_extra(cfg)
+    if cfg.hf_model_type == "llama4_text":
+        return dict(
+            attention_bias=cfg.qkv_bias,
+            num_local_experts=cfg.num_experts,
+            intermediate_size=cfg.moe_intermediate_size,
+            intermediate_size_mlp=cfg.intermediate_size,
+            interleave_moe_layer_step=1,
+            **moe,
+        )
     return {}
 
 

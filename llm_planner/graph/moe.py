@@ -20,6 +20,10 @@ Read from a transformers config.json (`moe_fields`), by model_type:
                shared_expert_intermediate_size; decoder_sparse_step, mlp_only_layers;
                norm_topk_prob (the top-k weights divided by their sum; default false)
     qwen3_moe  the same without the shared expert; q_norm and k_norm on each head (attention)
+    llama4_text  num_local_experts, num_experts_per_tok (top-k by sigmoid scores, not renormalised);
+               the routed experts and one ungated shared expert are intermediate_size wide, the dense
+               MLP intermediate_size_mlp (DecoderConfig.intermediate_size); every layer MoE
+               (interleave_moe_layer_step 1); its query and key L2 norms have no weights
 
 Their sliding windows are read as every model type's are (llm_planner.graph.attention_window).
 
@@ -27,8 +31,8 @@ The planner's layers are identical, so a config whose MoE layers are interleaved
 (decoder_sparse_step > 1, mlp_only_layers not empty) is refused naming the key, as is every
 config carrying experts or compressed attention under a model_type that has none
 (`refuse_foreign_keys`: a Mixtral config relabelled `mistral` is refused, never planned as
-Mistral-7B) and DeepSeek's model_types (MLA attention, whose KV cache is a compressed latent,
-and dense layers before the MoE ones: `UNPLANNED`).
+Mistral-7B), and the model_types of `UNPLANNED`, each with its reason (Llama 4's multimodal
+wrapper `llama4`: its text_config, model_type llama4_text, is what is planned).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import Any
 
 from llm_planner.graph.ir import GraphError
 
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "llama4_text")
 # model_types whose shared expert's output is scaled by a sigmoid gate, Linear(h, 1)
 GATED_SHARED = ("qwen2_moe",)
 # model_types people serve whose layout the planner does not model yet: why, naming the key
@@ -45,7 +49,9 @@ UNPLANNED = {
     "deepseek_v2": "its routing and attention differ from deepseek_v3's in ways not modelled yet "
     "(a deepseek_v3 config is planned)",
     "gpt_oss": "attention sinks, alternating sliding windows and biased experts are not modelled yet",
-    "llama4": "interleaved dense and MoE layers and chunked attention are not modelled yet",
+    "llama4": "a multimodal checkpoint (a vision encoder beside the decoder), whose vision encoder is not "
+    "planned: plan the decoder from the config's text_config saved as a config.json (model_type llama4_text); "
+    "the plan then holds no vision weights, so serve it for text alone",
 }
 # Keys that carry experts or compressed attention: refused under a model_type that has none.
 FOREIGN_KEYS = (
@@ -65,6 +71,7 @@ _DEFAULTS = {
     "qwen2_moe": dict(num_experts=60, experts_per_token=4, moe_intermediate_size=1408, shared_expert_size=5632),
     "qwen3_moe": dict(num_experts=128, experts_per_token=8, moe_intermediate_size=768),
     "deepseek_v3": dict(num_experts=256, experts_per_token=8, moe_intermediate_size=2048, shared_experts=1),
+    "llama4_text": dict(num_experts=16, experts_per_token=1, moe_intermediate_size=8192),
 }
 
 
@@ -96,6 +103,8 @@ def moe_fields(r: Any, hf_type: str) -> dict[str, Any]:
         )
     if hf_type == "deepseek_v3":
         return _deepseek_fields(r, d)
+    if hf_type == "llama4_text":
+        return _llama4_fields(r, d)
     step = r.get("decoder_sparse_step", int, 1)
     if step != 1:
         raise GraphError(
@@ -144,6 +153,34 @@ def _deepseek_fields(r: Any, d: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+def _llama4_fields(r: Any, d: dict[str, Any]) -> dict[str, Any]:
+    """llama4_text: num_local_experts routed experts and one shared expert, all intermediate_size wide
+    (the dense MLP's width, intermediate_size_mlp, is DecoderConfig.intermediate_size), top
+    num_experts_per_tok by sigmoid scores (not renormalised). Interleaved dense layers
+    (interleave_moe_layer_step > 1, as Llama 4 Maverick's, or moe_layers short of every layer) are
+    refused naming the key: the planner's layers are identical."""
+    layers = r.get("num_hidden_layers", int)
+    step = r.get("interleave_moe_layer_step", int, 1)
+    if step != 1:
+        raise GraphError(
+            f"{r.source}: key 'interleave_moe_layer_step': {step} puts dense MLP layers between the MoE ones; "
+            "the planner's layers are identical, so only 1 (every layer MoE) is planned"
+        )
+    moe_layers = r.get("moe_layers", list, None)
+    if moe_layers is not None and sorted(moe_layers) != list(range(layers)):
+        raise GraphError(
+            f"{r.source}: key 'moe_layers': dense MLP layers among the MoE ones are not planned (the planner's "
+            f"layers are identical): only every layer, 0 to {layers - 1}, is"
+        )
+    width = r.get("intermediate_size", int, d["moe_intermediate_size"])
+    return dict(
+        num_experts=r.get("num_local_experts", int, d["num_experts"]),
+        experts_per_token=r.get("num_experts_per_tok", int, d["experts_per_token"]),
+        moe_intermediate_size=width,
+        shared_expert_size=width,
+    )
+
+
 def check_moe(where: str, cfg: Any) -> None:
     """Raise GraphError unless cfg's MoE fields fit its model_type (module docstring)."""
     moe = cfg.hf_model_type in MOE_MODEL_TYPES
@@ -171,8 +208,12 @@ def check_moe(where: str, cfg: Any) -> None:
         )
     if cfg.hf_model_type == "qwen2_moe" and cfg.shared_expert_size < 1:
         raise GraphError(f"{where}: qwen2_moe has a shared expert: shared_expert_size must be >= 1")
-    if cfg.shared_expert_size > 0 and cfg.hf_model_type not in ("qwen2_moe", "deepseek_v3"):
-        raise GraphError(f"{where}: a shared expert (shared_expert_size > 0) is qwen2_moe's and deepseek_v3's alone")
+    if cfg.shared_expert_size > 0 and cfg.hf_model_type not in ("qwen2_moe", "deepseek_v3", "llama4_text"):
+        raise GraphError(
+            f"{where}: a shared expert (shared_expert_size > 0) is qwen2_moe's, deepseek_v3's and llama4_text's alone"
+        )
+    if cfg.hf_model_type == "llama4_text" and cfg.shared_expert_size != cfg.moe_intermediate_size:
+        raise GraphError(f"{where}: llama4_text has one shared expert as wide as the routed ones")
     if cfg.hf_model_type == "mixtral" and cfg.moe_intermediate_size != cfg.intermediate_size:
         raise GraphError(f"{where}: mixtral's experts are intermediate_size wide: moe_intermediate_size must equal it")
 

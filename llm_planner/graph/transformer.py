@@ -39,6 +39,7 @@ HF_MODEL_TYPES = {
     "qwen2_moe": "llama",
     "qwen3_moe": "llama",
     "deepseek_v3": "llama",
+    "llama4_text": "llama",
 }
 # transformers model_types whose attention norms each query and key head (q_norm, k_norm: RMSNorm
 # over head_dim) before the rotary embedding
@@ -68,6 +69,8 @@ _FIXED: dict[str, dict[str, Any]] = {
     "qwen3_moe": dict(mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
     # deepseek_v3: multi-head latent attention (MLA) and a dense MLP in the first layers
     "deepseek_v3": dict(mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
+    # llama4_text: Llama 4's decoder; its top-1 router's sigmoid scores are not renormalised
+    "llama4_text": dict(mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True, norm_topk_prob=False),
 }
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt2": dict(activation="gelu_new", norm_eps=1e-5),
@@ -208,6 +211,7 @@ class DecoderConfig:
             "llama": ("qkv_bias", "out_bias"),
             "qwen3": ("qkv_bias", "out_bias"),
             "qwen3_moe": ("qkv_bias", "out_bias"),
+            "llama4_text": ("qkv_bias", "out_bias"),
         }.get(self.hf_model_type, ())
         if len({getattr(self, k) for k in shared}) > 1:
             raise GraphError(f"{where}: {self.hf_model_type} has one switch for {'/'.join(shared)}; they must agree")
