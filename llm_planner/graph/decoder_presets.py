@@ -277,6 +277,53 @@ _PRESETS: dict[str, DecoderConfig] = {
             sliding_window=8192,
             rope_theta=500000.0,
         ),
+        # GLM-4.5-Air and GLM-4.5 (the public config.json of zai-org/GLM-4.5-Air and zai-org/GLM-4.5):
+        # grouped-query attention of 96 heads of 128 (biases on q, k, v; GLM-4.5 norms each query and
+        # key head), 128 or 160 routed experts, top-8, one shared, the first 1 or 3 layers dense. Their
+        # multi-token-prediction layer (num_nextn_predict_layers) serves speculative decoding only and
+        # is not planned. Published: 106B total / 12B active, 355B / 32B (active without the embeddings).
+        _typed(
+            "glm-4.5-air",
+            "glm4_moe",
+            46,
+            4096,
+            96,
+            8,
+            head_dim=128,
+            intermediate_size=10944,
+            vocab_size=151552,
+            max_positions=131072,
+            norm_eps=1e-5,
+            qkv_bias=True,
+            qk_norm=False,
+            num_experts=128,
+            experts_per_token=8,
+            moe_intermediate_size=1408,
+            shared_expert_size=1408,
+            norm_topk_prob=True,
+            first_dense_layers=1,
+        ),
+        _typed(
+            "glm-4.5",
+            "glm4_moe",
+            92,
+            5120,
+            96,
+            8,
+            head_dim=128,
+            intermediate_size=12288,
+            vocab_size=151552,
+            max_positions=131072,
+            norm_eps=1e-5,
+            qkv_bias=True,
+            qk_norm=True,
+            num_experts=160,
+            experts_per_token=8,
+            moe_intermediate_size=1536,
+            shared_expert_size=1536,
+            norm_topk_prob=True,
+            first_dense_layers=3,
+        ),
     )
 }
 

@@ -138,6 +138,7 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
         "phi3": heads,
         "deepseek_v3": heads,
         "llama4_text": 8,
+        "glm4_moe": 8,
     }[hf_type]  # the transformers class defaults (Qwen3Config's and Llama4TextConfig's head_dim too: 128)
     rope = _Reader(r.get("rope_parameters", dict, {}), f"{r.source}: rope_parameters")
     theta = rope.get("rope_theta", float, r.get("rope_theta", float, 10000.0))
@@ -146,9 +147,11 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
     kw: dict[str, Any] = dict(
         num_kv_heads=r.get("num_key_value_heads", int, kv_default),
         intermediate_size=r.get("intermediate_size", int),
-        head_dim=r.get("head_dim", int, 128 if hf_type in ("qwen3", "llama4_text") else None),
+        head_dim=r.get("head_dim", int, 128 if hf_type in ("qwen3", "llama4_text", "glm4_moe") else None),
         activation=r.get("hidden_act", str, "silu"),
-        norm_eps=r.get("rms_norm_eps", float, 1e-5 if hf_type in ("phi3", "mixtral", "llama4_text") else 1e-6),
+        norm_eps=r.get(
+            "rms_norm_eps", float, 1e-5 if hf_type in ("phi3", "mixtral", "llama4_text", "glm4_moe") else 1e-6
+        ),
         rope_theta=theta,
         tie_word_embeddings=r.get("tie_word_embeddings", bool, False),
     )
@@ -158,6 +161,8 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
     elif hf_type in ("qwen3", "qwen3_moe"):
         bias = r.get("attention_bias", bool, False)
         kw.update(qkv_bias=bias, out_bias=bias)
+    elif hf_type == "glm4_moe":  # its partial rotary embedding changes no shape (its cost: whole heads here)
+        kw.update(qkv_bias=r.get("attention_bias", bool, False), qk_norm=r.get("use_qk_norm", bool, False))
     elif hf_type == "llama4_text":  # intermediate_size is the experts' width (llm_planner.graph.moe)
         bias = r.get("attention_bias", bool, False)
         kw.update(qkv_bias=bias, out_bias=bias, intermediate_size=r.get("intermediate_size_mlp", int, 16384))
@@ -272,6 +277,7 @@ def to_hf_config(cfg: DecoderConfig) -> Any:
             "qwen3_moe": transformers.Qwen3MoeConfig,
             "deepseek_v3": transformers.DeepseekV3Config,
             "llama4_text": transformers.Llama4TextConfig,
+            "glm4_moe": transformers.Glm4MoeConfig,
         }
         shared = dict(
             hidden_size=cfg.hidden_size,
@@ -314,6 +320,8 @@ def _hf_extra(cfg: DecoderConfig) -> dict[str, Any]:
         return dict(attention_bias=cfg.qkv_bias, **moe)
     if cfg.hf_model_type == "deepseek_v3":
         return _deepseek_extra(cfg)
+    if cfg.hf_model_type == "glm4_moe":
+        return _glm_extra(cfg)
     if cfg.hf_model_type == "llama4_text":
         return dict(
             attention_bias=cfg.qkv_bias,
@@ -324,6 +332,23 @@ def _hf_extra(cfg: DecoderConfig) -> dict[str, Any]:
             **moe,
         )
     return {}
+
+
+def _glm_extra(cfg: DecoderConfig) -> dict[str, Any]:
+    """Glm4MoeConfig's keyword arguments beyond the shared ones (its experts, dense layers, norms)."""
+    width = cfg.moe_intermediate_size or 1  # every layer dense: the experts' keys carry no weight
+    return dict(
+        attention_bias=cfg.qkv_bias,
+        use_qk_norm=cfg.qk_norm,
+        n_routed_experts=cfg.num_experts or 1,
+        num_experts_per_tok=cfg.experts_per_token or 1,
+        moe_intermediate_size=width,
+        n_shared_experts=cfg.shared_expert_size // width,
+        norm_topk_prob=cfg.norm_topk_prob,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=cfg.first_dense_layers if cfg.is_moe else cfg.num_layers,
+    )
 
 
 def _deepseek_extra(cfg: DecoderConfig) -> dict[str, Any]:

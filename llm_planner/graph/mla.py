@@ -33,6 +33,7 @@ from typing import Any
 from llm_planner.graph.ir import GraphError
 
 MLA_MODEL_TYPES = ("deepseek_v3",)
+DENSE_FIRST_TYPES = ("deepseek_v3", "glm4_moe")  # a dense MLP in the first layers (first_k_dense_replace)
 MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 
 
@@ -42,16 +43,22 @@ def check_mla(where: str, cfg: Any) -> None:
         value = getattr(cfg, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise GraphError(f"{where}: {key} must be a non-negative integer, got {value!r}")
-    mla = cfg.hf_model_type in MLA_MODEL_TYPES
-    if not mla:
-        if any(getattr(cfg, key) for key in (*MLA_FIELDS, "first_dense_layers")):
-            raise GraphError(f"{where}: {cfg.hf_model_type} models have no latent attention nor dense first layers")
+    if cfg.first_dense_layers and cfg.hf_model_type not in DENSE_FIRST_TYPES:
+        raise GraphError(f"{where}: {cfg.hf_model_type} models have no dense first layers")
+    _check_dense_first(where, cfg)
+    if cfg.hf_model_type not in MLA_MODEL_TYPES:
+        if any(getattr(cfg, key) for key in MLA_FIELDS):
+            raise GraphError(f"{where}: {cfg.hf_model_type} models have no latent attention")
         return
     for key in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
         if getattr(cfg, key) < 1:
             raise GraphError(f"{where}: {cfg.hf_model_type} needs {key} >= 1")
     if cfg.head_dim != cfg.qk_rope_head_dim + cfg.qk_nope_head_dim:
         raise GraphError(f"{where}: head_dim must be qk_rope_head_dim + qk_nope_head_dim for {cfg.hf_model_type}")
+
+
+def _check_dense_first(where: str, cfg: Any) -> None:
+    """Dense first layers leave some layers with experts (DENSE_FIRST_TYPES)."""
     if cfg.first_dense_layers and (not cfg.is_moe or cfg.first_dense_layers >= cfg.num_layers):
         raise GraphError(
             f"{where}: first_dense_layers ({cfg.first_dense_layers}) must be below num_layers ({cfg.num_layers}) "

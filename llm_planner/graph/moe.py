@@ -20,6 +20,8 @@ Read from a transformers config.json (`moe_fields`), by model_type:
                shared_expert_intermediate_size; decoder_sparse_step, mlp_only_layers;
                norm_topk_prob (the top-k weights divided by their sum; default false)
     qwen3_moe  the same without the shared expert; q_norm and k_norm on each head (attention)
+    glm4_moe   as deepseek_v3 (n_routed_experts, n_shared_experts, first_k_dense_replace: default 1)
+               with grouped-query attention (biases on q, k, v; use_qk_norm switches the heads' norms)
     llama4_text  num_local_experts, num_experts_per_tok (top-k by sigmoid scores, not renormalised);
                the routed experts and one ungated shared expert are intermediate_size wide, the dense
                MLP intermediate_size_mlp (DecoderConfig.intermediate_size); every layer MoE
@@ -40,8 +42,9 @@ from __future__ import annotations
 from typing import Any
 
 from llm_planner.graph.ir import GraphError
+from llm_planner.graph.mla import DENSE_FIRST_TYPES
 
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "llama4_text")
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "llama4_text", "glm4_moe")
 # model_types whose shared expert's output is scaled by a sigmoid gate, Linear(h, 1)
 GATED_SHARED = ("qwen2_moe",)
 # model_types people serve whose layout the planner does not model yet: why, naming the key
@@ -70,7 +73,10 @@ _DEFAULTS = {
     "mixtral": dict(num_experts=8, experts_per_token=2),
     "qwen2_moe": dict(num_experts=60, experts_per_token=4, moe_intermediate_size=1408, shared_expert_size=5632),
     "qwen3_moe": dict(num_experts=128, experts_per_token=8, moe_intermediate_size=768),
-    "deepseek_v3": dict(num_experts=256, experts_per_token=8, moe_intermediate_size=2048, shared_experts=1),
+    "deepseek_v3": dict(
+        num_experts=256, experts_per_token=8, moe_intermediate_size=2048, shared_experts=1, first_dense=3
+    ),
+    "glm4_moe": dict(num_experts=128, experts_per_token=8, moe_intermediate_size=1408, shared_experts=1, first_dense=1),
     "llama4_text": dict(num_experts=16, experts_per_token=1, moe_intermediate_size=8192),
 }
 
@@ -101,7 +107,7 @@ def moe_fields(r: Any, hf_type: str) -> dict[str, Any]:
             experts_per_token=r.get("num_experts_per_tok", int, d["experts_per_token"]),
             moe_intermediate_size=r.get("intermediate_size", int),
         )
-    if hf_type == "deepseek_v3":
+    if hf_type in ("deepseek_v3", "glm4_moe"):
         return _deepseek_fields(r, d)
     if hf_type == "llama4_text":
         return _llama4_fields(r, d)
@@ -129,11 +135,12 @@ def moe_fields(r: Any, hf_type: str) -> dict[str, Any]:
 
 
 def _deepseek_fields(r: Any, d: dict[str, Any]) -> dict[str, Any]:
-    """deepseek_v3: n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts
-    shared experts of that width (one MLP n_shared wide, no gate), the first first_k_dense_replace
-    layers dense; its routing's groups and scaling change no cost."""
+    """deepseek_v3 and glm4_moe: n_routed_experts, num_experts_per_tok, moe_intermediate_size,
+    n_shared_experts shared experts of that width (one MLP n_shared wide, no gate), the first
+    first_k_dense_replace layers dense; the routing's groups, scaling and score correction change no
+    cost."""
     layers = r.get("num_hidden_layers", int)
-    dense = min(r.get("first_k_dense_replace", int, 3), layers)
+    dense = min(r.get("first_k_dense_replace", int, d["first_dense"]), layers)
     if dense < 0:
         raise GraphError(f"{r.source}: key 'first_k_dense_replace' must be >= 0, got {dense}")
     if r.get("moe_layer_freq", int, 1) != 1:
@@ -198,7 +205,7 @@ def check_moe(where: str, cfg: Any) -> None:
                 "set model_type to an MoE one"
             )
         return
-    if cfg.hf_model_type == "deepseek_v3" and not any(getattr(cfg, key) for key in sizes):
+    if cfg.hf_model_type in DENSE_FIRST_TYPES and not any(getattr(cfg, key) for key in sizes):
         return  # every layer dense (llm_planner.graph.mla checks that first_dense_layers is 0 then)
     if cfg.num_experts < 1 or cfg.moe_intermediate_size < 1:
         raise GraphError(f"{where}: {cfg.hf_model_type} needs num_experts and moe_intermediate_size >= 1")
@@ -208,9 +215,10 @@ def check_moe(where: str, cfg: Any) -> None:
         )
     if cfg.hf_model_type == "qwen2_moe" and cfg.shared_expert_size < 1:
         raise GraphError(f"{where}: qwen2_moe has a shared expert: shared_expert_size must be >= 1")
-    if cfg.shared_expert_size > 0 and cfg.hf_model_type not in ("qwen2_moe", "deepseek_v3", "llama4_text"):
+    if cfg.shared_expert_size > 0 and cfg.hf_model_type not in ("qwen2_moe", "llama4_text", *DENSE_FIRST_TYPES):
         raise GraphError(
-            f"{where}: a shared expert (shared_expert_size > 0) is qwen2_moe's, deepseek_v3's and llama4_text's alone"
+            f"{where}: a shared expert (shared_expert_size > 0) is qwen2_moe's, deepseek_v3's, glm4_moe's and "
+            "llama4_text's alone"
         )
     if cfg.hf_model_type == "llama4_text" and cfg.shared_expert_size != cfg.moe_intermediate_size:
         raise GraphError(f"{where}: llama4_text has one shared expert as wide as the routed ones")

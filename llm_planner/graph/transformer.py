@@ -40,10 +40,12 @@ HF_MODEL_TYPES = {
     "qwen3_moe": "llama",
     "deepseek_v3": "llama",
     "llama4_text": "llama",
+    "glm4_moe": "llama",
 }
 # transformers model_types whose attention norms each query and key head (q_norm, k_norm: RMSNorm
 # over head_dim) before the rotary embedding
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+QK_NORM_FREE = ("glm4_moe",)  # types whose config switches those norms (use_qk_norm; default off)
 # Structural flags that a transformers class fixes (None = free, read from the config).
 _FIXED: dict[str, dict[str, Any]] = {
     "gpt2": dict(
@@ -71,6 +73,8 @@ _FIXED: dict[str, dict[str, Any]] = {
     "deepseek_v3": dict(mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
     # llama4_text: Llama 4's decoder; its top-1 router's sigmoid scores are not renormalised
     "llama4_text": dict(mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True, norm_topk_prob=False),
+    # glm4_moe: GLM-4.5's layers: biases on q, k and v only, a dense MLP in the first layers
+    "glm4_moe": dict(out_bias=False, mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
 }
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt2": dict(activation="gelu_new", norm_eps=1e-5),
@@ -118,7 +122,9 @@ class DecoderConfig:
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
     shared_expert_size: int = 0
-    qk_norm: bool | None = None  # RMSNorm of each query and key head (qwen3, qwen3_moe); None: the type's
+    qk_norm: bool | None = (
+        None  # RMSNorm of each query and key head (qwen3, qwen3_moe; glm4_moe's switch); None: the type's
+    )
     # MoE routing: the top-k weights divided by their sum (mixtral: always; qwen*_moe: the config's
     # norm_topk_prob, default false; dense: false). Changes no cost, only what the runtime computes.
     norm_topk_prob: bool | None = None
@@ -202,7 +208,10 @@ class DecoderConfig:
         for key, value in _FIXED[self.hf_model_type].items():
             if getattr(self, key) != value:
                 raise GraphError(f"{where}: {self.hf_model_type} models have {key}={value}, got {getattr(self, key)!r}")
-        if self.qk_norm != (self.hf_model_type in QK_NORM_TYPES):
+        if self.hf_model_type in QK_NORM_FREE:
+            if not isinstance(self.qk_norm, bool):
+                raise GraphError(f"{where}: qk_norm must be true or false, got {self.qk_norm!r}")
+        elif self.qk_norm != (self.hf_model_type in QK_NORM_TYPES):
             raise GraphError(
                 f"{where}: qk_norm is {self.hf_model_type in QK_NORM_TYPES} for {self.hf_model_type} models"
             )
