@@ -173,6 +173,7 @@ def gap_fits(rows: list[dict], got: list[dict]) -> list[list[str]]:
 
 
 BARS = (("tpot", 0.15), ("tokens_per_s", 0.15), ("ttft", 0.30))
+ISSUE_RANGE = (32, 256)  # the concurrencies the issue's bars are set at (in flight)
 
 
 def summary(scored: list[dict | None], bars: tuple = BARS, label: str = "held_out grid") -> list[str]:
@@ -203,6 +204,9 @@ def run(path: Path, score, out_dir: Path) -> tuple[str, list[str]]:
     lines = []
     for use in ("calibration", "held_out"):
         lines += summary([sc for row, sc in zip(rows, scored) if row["use"] == use], label=f"{use} grid")
+    low, high = ISSUE_RANGE
+    in_range = [sc for row, sc in zip(rows, scored) if row["use"] == "held_out" and low <= row["concurrency"] <= high]
+    lines += summary(in_range, label=f"held_out grid at {low}-{high} in flight")
     md = table_sections(
         tables(rows, scored),
         lambda m: f"{METRICS[m]}, model / measured, median over the prompt/output sizes of each cell",
