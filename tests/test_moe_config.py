@@ -192,7 +192,7 @@ def test_a_mixtral_relabelled_dense_is_refused_naming_the_key(tmp_path, relabel)
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        ({"model_type": "deepseek_v2"}, r"'deepseek_v2' is not planned: its routing and attention differ"),
+        ({"model_type": "gpt_oss"}, r"'gpt_oss' is not planned: attention sinks, alternating sliding windows"),
         ({"decoder_sparse_step": 2}, "key 'decoder_sparse_step': 2 puts dense MLP layers"),
         ({"mlp_only_layers": [0]}, "key 'mlp_only_layers'"),
         ({"num_experts_per_tok": 129}, "experts_per_token must be from 1 to num_experts .128."),

@@ -55,6 +55,8 @@ PUBLISHED = {
     "deepseek-v3": 671e9,  # its technical report (tests/test_deepseek.py)
     "llama4-scout-17b-16e": 109e9,  # Meta's model card, the vision encoder's ~0.9B included (tests/test_llama4.py)
     "glm-4.5-air": 106e9,  # their model cards (tests/test_glm4_moe.py)
+    "deepseek-v2": 236e9,  # its technical report (tests/test_deepseek_v2.py)
+    "deepseek-v2-lite": 15.7e9,
     "glm-4.5": 355e9,
 }
 

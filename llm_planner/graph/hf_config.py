@@ -14,6 +14,7 @@ from llm_planner.core.fmt import quote
 from llm_planner.graph.attention_window import hf_window_kwargs, window_fields
 from llm_planner.graph.decoder_presets import is_preset, preset_config
 from llm_planner.graph.ir import GraphError
+from llm_planner.graph.mla import MLA_MODEL_TYPES
 from llm_planner.graph.moe import UNPLANNED, moe_fields, refuse_foreign_keys
 from llm_planner.graph.transformer import HF_MODEL_TYPES, DecoderConfig
 
@@ -137,6 +138,7 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
         "qwen3_moe": 4,
         "phi3": heads,
         "deepseek_v3": heads,
+        "deepseek_v2": heads,
         "llama4_text": 8,
         "glm4_moe": 8,
     }[hf_type]  # the transformers class defaults (Qwen3Config's and Llama4TextConfig's head_dim too: 128)
@@ -168,7 +170,7 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
         kw.update(qkv_bias=bias, out_bias=bias, intermediate_size=r.get("intermediate_size_mlp", int, 16384))
     elif hf_type == "qwen2_moe":
         kw.update(qkv_bias=r.get("qkv_bias", bool, True))
-    elif hf_type == "deepseek_v3":
+    elif hf_type in MLA_MODEL_TYPES:
         kw.update(_mla_fields(r))
     return {**kw, **moe_fields(r, hf_type), **window_fields(r, hf_type, r.get("num_hidden_layers", int))}
 
@@ -276,6 +278,7 @@ def to_hf_config(cfg: DecoderConfig) -> Any:
             "qwen2_moe": transformers.Qwen2MoeConfig,
             "qwen3_moe": transformers.Qwen3MoeConfig,
             "deepseek_v3": transformers.DeepseekV3Config,
+            "deepseek_v2": transformers.DeepseekV2Config,
             "llama4_text": transformers.Llama4TextConfig,
             "glm4_moe": transformers.Glm4MoeConfig,
         }
@@ -318,7 +321,7 @@ def _hf_extra(cfg: DecoderConfig) -> dict[str, Any]:
         if cfg.hf_model_type == "qwen2_moe":
             return dict(shared_expert_intermediate_size=cfg.shared_expert_size, **moe)
         return dict(attention_bias=cfg.qkv_bias, **moe)
-    if cfg.hf_model_type == "deepseek_v3":
+    if cfg.hf_model_type in MLA_MODEL_TYPES:
         return _deepseek_extra(cfg)
     if cfg.hf_model_type == "glm4_moe":
         return _glm_extra(cfg)

@@ -32,8 +32,12 @@ from typing import Any
 
 from llm_planner.graph.ir import GraphError
 
-MLA_MODEL_TYPES = ("deepseek_v3",)
-DENSE_FIRST_TYPES = ("deepseek_v3", "glm4_moe")  # a dense MLP in the first layers (first_k_dense_replace)
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+DENSE_FIRST_TYPES = (
+    "deepseek_v2",
+    "deepseek_v3",
+    "glm4_moe",
+)  # a dense MLP in the first layers (first_k_dense_replace)
 MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 
 

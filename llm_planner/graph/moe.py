@@ -20,6 +20,8 @@ Read from a transformers config.json (`moe_fields`), by model_type:
                shared_expert_intermediate_size; decoder_sparse_step, mlp_only_layers;
                norm_topk_prob (the top-k weights divided by their sum; default false)
     qwen3_moe  the same without the shared expert; q_norm and k_norm on each head (attention)
+    deepseek_v2  as deepseek_v3 (DeepseekV2Config's defaults; its device-limited routing changes no
+               cost: a token's k (token, expert) pairs move as k whatever their devices)
     glm4_moe   as deepseek_v3 (n_routed_experts, n_shared_experts, first_k_dense_replace: default 1)
                with grouped-query attention (biases on q, k, v; use_qk_norm switches the heads' norms)
     llama4_text  num_local_experts, num_experts_per_tok (top-k by sigmoid scores, not renormalised);
@@ -44,13 +46,11 @@ from typing import Any
 from llm_planner.graph.ir import GraphError
 from llm_planner.graph.mla import DENSE_FIRST_TYPES
 
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "llama4_text", "glm4_moe")
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4_text", "glm4_moe")
 # model_types whose shared expert's output is scaled by a sigmoid gate, Linear(h, 1)
 GATED_SHARED = ("qwen2_moe",)
 # model_types people serve whose layout the planner does not model yet: why, naming the key
 UNPLANNED = {
-    "deepseek_v2": "its routing and attention differ from deepseek_v3's in ways not modelled yet "
-    "(a deepseek_v3 config is planned)",
     "gpt_oss": "attention sinks, alternating sliding windows and biased experts are not modelled yet",
     "llama4": "a multimodal checkpoint (a vision encoder beside the decoder), whose vision encoder is not "
     "planned: plan the decoder from the config's text_config saved as a config.json (model_type llama4_text); "
@@ -76,6 +76,8 @@ _DEFAULTS = {
     "deepseek_v3": dict(
         num_experts=256, experts_per_token=8, moe_intermediate_size=2048, shared_experts=1, first_dense=3
     ),
+    # DeepseekV2Config leaves num_experts_per_tok unset: a config must state it
+    "deepseek_v2": dict(num_experts=64, moe_intermediate_size=1407, shared_experts=2, first_dense=0),
     "glm4_moe": dict(num_experts=128, experts_per_token=8, moe_intermediate_size=1408, shared_experts=1, first_dense=1),
     "llama4_text": dict(num_experts=16, experts_per_token=1, moe_intermediate_size=8192),
 }
@@ -107,7 +109,7 @@ def moe_fields(r: Any, hf_type: str) -> dict[str, Any]:
             experts_per_token=r.get("num_experts_per_tok", int, d["experts_per_token"]),
             moe_intermediate_size=r.get("intermediate_size", int),
         )
-    if hf_type in ("deepseek_v3", "glm4_moe"):
+    if hf_type in DENSE_FIRST_TYPES:
         return _deepseek_fields(r, d)
     if hf_type == "llama4_text":
         return _llama4_fields(r, d)
@@ -152,7 +154,7 @@ def _deepseek_fields(r: Any, d: dict[str, Any]) -> dict[str, Any]:
         return {}
     return dict(
         num_experts=r.get("n_routed_experts", int, d["num_experts"]),
-        experts_per_token=r.get("num_experts_per_tok", int, d["experts_per_token"]),
+        experts_per_token=_top_k(r, d),
         moe_intermediate_size=width,
         shared_expert_size=r.get("n_shared_experts", int, d["shared_experts"]) * width,
         norm_topk_prob=r.get("norm_topk_prob", bool, True),
@@ -186,6 +188,13 @@ def _llama4_fields(r: Any, d: dict[str, Any]) -> dict[str, Any]:
         moe_intermediate_size=width,
         shared_expert_size=width,
     )
+
+
+def _top_k(r: Any, d: dict[str, Any]) -> int:
+    """num_experts_per_tok, or the class default where the class has one (DeepseekV2Config has none)."""
+    if "experts_per_token" in d:
+        return r.get("num_experts_per_tok", int, d["experts_per_token"])
+    return r.get("num_experts_per_tok", int)
 
 
 def check_moe(where: str, cfg: Any) -> None:

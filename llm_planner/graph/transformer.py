@@ -38,6 +38,7 @@ HF_MODEL_TYPES = {
     "mixtral": "llama",
     "qwen2_moe": "llama",
     "qwen3_moe": "llama",
+    "deepseek_v2": "llama",
     "deepseek_v3": "llama",
     "llama4_text": "llama",
     "glm4_moe": "llama",
@@ -71,6 +72,7 @@ _FIXED: dict[str, dict[str, Any]] = {
     "qwen3_moe": dict(mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
     # deepseek_v3: multi-head latent attention (MLA) and a dense MLP in the first layers
     "deepseek_v3": dict(mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
+    "deepseek_v2": dict(mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True),
     # llama4_text: Llama 4's decoder; its top-1 router's sigmoid scores are not renormalised
     "llama4_text": dict(mlp_bias=False, norm_affine=True, pre_norm=True, final_norm=True, norm_topk_prob=False),
     # glm4_moe: GLM-4.5's layers: biases on q, k and v only, a dense MLP in the first layers
