@@ -32,6 +32,35 @@ links:
 """
 
 
+# One server of eight H100s from the catalog: the new model families' plans (test_llama4, test_glm4_moe, ...)
+ONE_HGX = """
+name: one-hgx
+device_kinds:
+  - {name: h100, catalog: h100-sxm-80g}
+nodes:
+  - name: hgx
+    hostname: hgx-0
+    devices: {h100: 8}
+    links:
+      - {between: [h100, h100], bw_bytes_per_s: 450 GB/s, latency_s: 1 us}
+links:
+  intra_node_default: {bw_bytes_per_s: 25 GB/s, latency_s: 10 us}
+"""
+
+
+def hf_parameter_count(cfg: DecoderConfig, device: str = "meta") -> int:
+    """The parameters transformers' own causal-LM class holds for cfg (built on `device`)."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from llm_planner.graph.hf_config import to_hf_config
+
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(to_hf_config(cfg))
+    return sum(p.numel() for p in model.parameters())
+
+
 def write_fleet(tmp_path: Path, text: str = SMALL_FLEET) -> Path:
     path = tmp_path / "fleet.yaml"
     path.write_text(text)

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import yaml
+from serving_fixtures import ONE_HGX, hf_parameter_count
 from test_engine_flags import check_against_engine
 
 from llm_planner.cli.main import main
@@ -69,34 +70,22 @@ V2 = {
     "topk_group": 3,
     "topk_method": "group_limited_greedy",
 }
-ONE_SERVER = """
-name: one-hgx
-device_kinds:
-  - {name: h100, catalog: h100-sxm-80g}
-nodes:
-  - name: hgx
-    hostname: hgx-0
-    devices: {h100: 8}
-    links:
-      - {between: [h100, h100], bw_bytes_per_s: 450 GB/s, latency_s: 1 us}
-links:
-  intra_node_default: {bw_bytes_per_s: 25 GB/s, latency_s: 10 us}
-"""
 
 
 @pytest.mark.parametrize(
     ("name", "data", "total"), [("deepseek-v2-lite", LITE, 15.7e9), ("deepseek-v2", {**LITE, **V2}, 236e9)]
 )
 def test_the_configs_read_as_the_presets_and_count_as_transformers_does(name, data, total):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     cfg = hf_config.config_from_dict(data, f"{name}/config.json", name=name)
     assert cfg == decoder_presets.preset_config(name)
     assert cfg.is_mla and cfg.first_dense_layers == 1 and cfg.shared_expert_size == 2 * cfg.moe_intermediate_size
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(hf_config.to_hf_config(cfg))
-    assert tr.count_parameters(cfg) == sum(p.numel() for p in model.parameters())
+    assert tr.count_parameters(cfg) == hf_parameter_count(cfg)
     assert tr.count_parameters(cfg) == pytest.approx(total, rel=0.01)
+
+
+def test_the_class_defaults_are_deepseek_v2s():
+    data = {k: v for k, v in LITE.items() if k != "norm_topk_prob"}
+    assert hf_config.config_from_dict(data, "lite/config.json").norm_topk_prob is False  # V3's default is true
 
 
 def test_a_config_must_state_its_top_k():
@@ -107,7 +96,7 @@ def test_a_config_must_state_its_top_k():
 
 def test_a_lite_plan_verifies_and_exports_with_data_parallel_attention(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps(LITE))
-    (tmp_path / "one-hgx.yaml").write_text(ONE_SERVER)
+    (tmp_path / "one-hgx.yaml").write_text(ONE_HGX)
     plan = tmp_path / "plan.yaml"
     argv = ["plan", "--objective", "serving", "--cluster", str(tmp_path / "one-hgx.yaml"), "--model", str(tmp_path)]
     argv += ["--prompt-len", "1024", "--output-len", "256", "--tpot-slo", "50 ms", "--exportable", "sglang"]

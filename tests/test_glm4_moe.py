@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from serving_fixtures import ONE_HGX, hf_parameter_count
 from test_engine_flags import check_against_engine
 
 from llm_planner.cli.main import main
@@ -66,31 +67,10 @@ GLM45 = {
     "use_qk_norm": True,
     "routed_scaling_factor": 2.5,
 }
-ONE_SERVER = """
-name: one-hgx
-device_kinds:
-  - {name: h100, catalog: h100-sxm-80g}
-nodes:
-  - name: hgx
-    hostname: hgx-0
-    devices: {h100: 8}
-    links:
-      - {between: [h100, h100], bw_bytes_per_s: 450 GB/s, latency_s: 1 us}
-links:
-  intra_node_default: {bw_bytes_per_s: 25 GB/s, latency_s: 10 us}
-"""
 
 
 def _read(data: dict, name: str) -> tr.DecoderConfig:
     return hf_config.config_from_dict(data, f"{name}/config.json", name=name)
-
-
-def _hf_count(cfg: tr.DecoderConfig, device: str) -> int:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(hf_config.to_hf_config(cfg))
-    return sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize(
@@ -103,7 +83,7 @@ def test_the_configs_read_as_the_presets_and_count_as_transformers_does(name, da
     assert (cfg.qkv_bias, cfg.out_bias, cfg.qk_norm) == (True, False, data["use_qk_norm"])
     assert cfg.first_dense_layers == data["first_k_dense_replace"]
     assert cfg.shared_expert_size == cfg.moe_intermediate_size
-    assert tr.count_parameters(cfg) == _hf_count(cfg, "meta")
+    assert tr.count_parameters(cfg) == hf_parameter_count(cfg, "meta")
     # the model cards' totals (GLM-4.5's with its multi-token-prediction layer, not planned) and
     # active counts, which leave out the embedding and the head
     assert tr.count_parameters(cfg) == pytest.approx(total, rel=0.01)
@@ -133,7 +113,7 @@ def test_a_tiny_glm_round_trips_through_transformers(qk_norm):
         qk_norm=qk_norm,
     )
     assert hf_config.from_hf_config(hf_config.to_hf_config(tiny), name="tiny-glm") == tiny
-    assert tr.count_parameters(tiny) == _hf_count(tiny, "cpu")
+    assert tr.count_parameters(tiny) == hf_parameter_count(tiny, "cpu")
 
 
 def test_dense_first_layers_belong_to_the_types_that_have_them():
@@ -149,7 +129,7 @@ def test_dense_first_layers_belong_to_the_types_that_have_them():
 def air_plan(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("glm")
     (tmp / "config.json").write_text(json.dumps(AIR))
-    (tmp / "one-hgx.yaml").write_text(ONE_SERVER)
+    (tmp / "one-hgx.yaml").write_text(ONE_HGX)
     argv = ["plan", "--objective", "serving", "--cluster", str(tmp / "one-hgx.yaml"), "--model", str(tmp)]
     argv += ["--prompt-len", "1024", "--output-len", "256", "--tpot-slo", "50 ms"]
     assert main([*argv, "-o", str(tmp / "plan.yaml")]) == 0

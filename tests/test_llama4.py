@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from serving_fixtures import ONE_HGX, hf_parameter_count
 from test_engine_flags import check_against_engine
 
 from llm_planner.cli.main import main
@@ -39,7 +40,7 @@ SCOUT_TEXT = {
     "intermediate_size_mlp": 16384,
     "max_position_embeddings": 10485760,
     "moe_layers": list(range(48)),
-    "no_rope_layers": [1, 1, 1, 0] * 12,
+    "no_rope_layers": [],  # as published: the class default, rotary embeddings on three layers in four
     "num_attention_heads": 40,
     "num_experts_per_tok": 1,
     "num_hidden_layers": 48,
@@ -59,31 +60,10 @@ SCOUT_TEXT = {
     "use_qk_norm": True,
     "vocab_size": 202048,
 }
-ONE_SERVER = """
-name: one-hgx
-device_kinds:
-  - {name: h100, catalog: h100-sxm-80g}
-nodes:
-  - name: hgx
-    hostname: hgx-0
-    devices: {h100: 8}
-    links:
-      - {between: [h100, h100], bw_bytes_per_s: 450 GB/s, latency_s: 1 us}
-links:
-  intra_node_default: {bw_bytes_per_s: 25 GB/s, latency_s: 10 us}
-"""
 
 
 def _scout(**changes):
     return hf_config.config_from_dict({**SCOUT_TEXT, **changes}, "scout/config.json", name="llama4-scout-17b-16e")
-
-
-def _hf_count(cfg: tr.DecoderConfig, device: str) -> int:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(hf_config.to_hf_config(cfg))
-    return sum(p.numel() for p in model.parameters())
 
 
 def test_scout_reads_as_the_preset_and_counts_as_transformers_does():
@@ -96,7 +76,7 @@ def test_scout_reads_as_the_preset_and_counts_as_transformers_does():
     # two norms; the embedding and the untied head; the final norm
     layer = 2 * 5120 * 48 * 128 + 17 * 3 * 5120 * 8192 + 5120 * 16 + 2 * 5120
     assert tr.count_parameters(cfg) == 48 * layer + 2 * 202048 * 5120 + 5120 == 107_769_861_120
-    assert tr.count_parameters(cfg) == _hf_count(cfg, "meta")
+    assert tr.count_parameters(cfg) == hf_parameter_count(cfg, "meta")
     # Meta's "17B active": one routed expert and the shared one per layer
     assert tr.count_active_parameters(cfg) == pytest.approx(17e9, rel=0.02)
 
@@ -123,7 +103,7 @@ def test_a_tiny_llama4_round_trips_through_transformers():
     hf = hf_config.to_hf_config(tiny)
     assert type(hf).__name__ == "Llama4TextConfig" and hf.attention_chunk_size is None
     assert hf_config.from_hf_config(hf, name="tiny-llama4") == tiny
-    assert tr.count_parameters(tiny) == _hf_count(tiny, "cpu")
+    assert tr.count_parameters(tiny) == hf_parameter_count(tiny, "cpu")
 
 
 @pytest.mark.parametrize(
@@ -144,19 +124,28 @@ def test_the_multimodal_wrapper_is_refused_saying_to_plan_its_text_config():
         hf_config.config_from_dict(wrapper, "scout/config.json")
 
 
-def test_no_chunked_layer_means_no_window_and_a_null_chunk_size_too():
+def test_which_layers_chunk_is_read_as_transformers_reads_it():
+    assert _scout().sliding_window == _scout(no_rope_layers=[1, 1, 1, 0] * 12).sliding_window == 8192
+    assert _scout(layer_types=["chunked_attention", "full_attention"] * 24).sliding_window == 8192
     assert _scout(layer_types=["full_attention"] * 48).sliding_window is None
     assert _scout(no_rope_layers=[0] * 48).sliding_window is None
+    assert _scout(no_rope_layer_interval=1).sliding_window is None  # no layer has rotary embeddings
     assert _scout(attention_chunk_size=None).sliding_window is None
-    with pytest.raises(GraphError, match="attention_chunk_size"):
-        _scout(attention_chunk_size=0)
+    for bad, key in (
+        ({"attention_chunk_size": 0}, "attention_chunk_size"),
+        ({"layer_types": ["chunked_attention"] * 47}, "layer_types"),
+        ({"no_rope_layers": [2] * 48}, "no_rope_layers"),
+        ({"moe_layers": [0, "1"]}, "moe_layers"),
+    ):
+        with pytest.raises(GraphError, match=f"scout/config.json: key '{key}'"):
+            _scout(**bad)
 
 
 @pytest.fixture(scope="module")
 def scout_plan(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("llama4")
     (tmp / "config.json").write_text(json.dumps(SCOUT_TEXT))
-    (tmp / "one-hgx.yaml").write_text(ONE_SERVER)
+    (tmp / "one-hgx.yaml").write_text(ONE_HGX)
     argv = ["plan", "--objective", "serving", "--cluster", str(tmp / "one-hgx.yaml"), "--model", str(tmp)]
     argv += ["--prompt-len", "1024", "--output-len", "256", "--tpot-slo", "50 ms", "--no-dp-attention"]
     assert main([*argv, "-o", str(tmp / "plan.yaml")]) == 0

@@ -85,8 +85,10 @@ def window_fields(r: Any, hf_type: str, num_layers: int) -> dict[str, Any]:
 
 
 def _chunk(r: Any, num_layers: int) -> int | None:
-    """llama4_text's attention_chunk_size when some layer chunks (layer_types, else no_rope_layers:
-    1 for a layer with rotary embeddings, which chunk), else None."""
+    """llama4_text's attention_chunk_size when some layer chunks, else None: the layers layer_types
+    calls "chunked_attention", else those no_rope_layers marks 1 (rotary embeddings, which chunk); an
+    empty or missing no_rope_layers is the class default, every layer but each
+    no_rope_layer_interval-th (default 4), as Meta's published config (`no_rope_layers: []`) has it."""
     size = r.get("attention_chunk_size", int, None) if "attention_chunk_size" in r.data else _CLASS_CHUNK
     if size is not None and size < 1:
         raise GraphError(
@@ -94,11 +96,22 @@ def _chunk(r: Any, num_layers: int) -> int | None:
         )
     types = r.get("layer_types", list, None)
     if types is not None:
-        chunks = "chunked_attention" in types
-    else:
-        rope = r.get("no_rope_layers", list, None)
-        chunks = rope is None or any(rope)  # the class default: rotary embeddings on three layers in four
-    return size if chunks else None
+        if len(types) != num_layers or any(t not in ("chunked_attention", "full_attention") for t in types):
+            raise GraphError(
+                f"{r.source}: key 'layer_types' must list {num_layers} entries (num_hidden_layers), each "
+                f"'chunked_attention' or 'full_attention', got {quote(types)}"
+            )
+        return size if "chunked_attention" in types else None
+    rope = r.get("no_rope_layers", list, None)
+    if rope:
+        if len(rope) != num_layers or any(v not in (0, 1) or isinstance(v, bool) for v in rope):
+            raise GraphError(
+                f"{r.source}: key 'no_rope_layers' must list {num_layers} entries (num_hidden_layers), each 0 or 1, "
+                f"got {quote(rope)}"
+            )
+        return size if any(rope) else None
+    interval = r.get("no_rope_layer_interval", int, 4)
+    return size if interval != 1 else None  # an interval of 1: no layer has rotary embeddings
 
 
 def _window(r: Any, default: int | None) -> int | None:

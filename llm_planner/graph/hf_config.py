@@ -149,7 +149,7 @@ def _llama_fields(r: _Reader, hf_type: str, heads: int) -> dict[str, Any]:
     kw: dict[str, Any] = dict(
         num_kv_heads=r.get("num_key_value_heads", int, kv_default),
         intermediate_size=r.get("intermediate_size", int),
-        head_dim=r.get("head_dim", int, 128 if hf_type in ("qwen3", "llama4_text", "glm4_moe") else None),
+        head_dim=r.get("head_dim", int, 128 if hf_type in ("qwen3", "llama4_text") else None),
         activation=r.get("hidden_act", str, "silu"),
         norm_eps=r.get(
             "rms_norm_eps", float, 1e-5 if hf_type in ("phi3", "mixtral", "llama4_text", "glm4_moe") else 1e-6
@@ -337,12 +337,12 @@ def _hf_extra(cfg: DecoderConfig) -> dict[str, Any]:
     return {}
 
 
-def _glm_extra(cfg: DecoderConfig) -> dict[str, Any]:
-    """Glm4MoeConfig's keyword arguments beyond the shared ones (its experts, dense layers, norms)."""
-    width = cfg.moe_intermediate_size or 1  # every layer dense: the experts' keys carry no weight
+def _routed_extra(cfg: DecoderConfig) -> dict[str, Any]:
+    """The keyword arguments DeepSeek's and GLM-4.5's configs share: routed and shared experts, dense
+    first layers (every layer dense: the experts' keys carry no weight)."""
+    width = cfg.moe_intermediate_size or 1
     return dict(
         attention_bias=cfg.qkv_bias,
-        use_qk_norm=cfg.qk_norm,
         n_routed_experts=cfg.num_experts or 1,
         num_experts_per_tok=cfg.experts_per_token or 1,
         moe_intermediate_size=width,
@@ -354,19 +354,16 @@ def _glm_extra(cfg: DecoderConfig) -> dict[str, Any]:
     )
 
 
+def _glm_extra(cfg: DecoderConfig) -> dict[str, Any]:
+    """Glm4MoeConfig's keyword arguments beyond the shared ones (its experts, dense layers, norms)."""
+    return dict(_routed_extra(cfg), use_qk_norm=cfg.qk_norm)
+
+
 def _deepseek_extra(cfg: DecoderConfig) -> dict[str, Any]:
-    """DeepseekV3Config's keyword arguments beyond the shared ones (its experts, latents, dense layers)."""
-    width = cfg.moe_intermediate_size or 1  # every layer dense: the experts' keys carry no weight
+    """DeepseekV2Config's and DeepseekV3Config's keyword arguments beyond the shared ones (its experts,
+    latents, dense layers)."""
     return dict(
-        attention_bias=cfg.qkv_bias,
-        n_routed_experts=cfg.num_experts or 1,
-        num_experts_per_tok=cfg.experts_per_token or 1,
-        moe_intermediate_size=width,
-        n_shared_experts=cfg.shared_expert_size // width,
-        norm_topk_prob=cfg.norm_topk_prob,
-        n_group=1,
-        topk_group=1,
-        first_k_dense_replace=cfg.first_dense_layers if cfg.is_moe else cfg.num_layers,
+        _routed_extra(cfg),
         kv_lora_rank=cfg.kv_lora_rank,
         q_lora_rank=cfg.q_lora_rank or None,
         qk_rope_head_dim=cfg.qk_rope_head_dim,

@@ -74,11 +74,23 @@ _DEFAULTS = {
     "qwen2_moe": dict(num_experts=60, experts_per_token=4, moe_intermediate_size=1408, shared_expert_size=5632),
     "qwen3_moe": dict(num_experts=128, experts_per_token=8, moe_intermediate_size=768),
     "deepseek_v3": dict(
-        num_experts=256, experts_per_token=8, moe_intermediate_size=2048, shared_experts=1, first_dense=3
+        num_experts=256,
+        experts_per_token=8,
+        moe_intermediate_size=2048,
+        shared_experts=1,
+        first_dense=3,
+        norm_topk=True,
     ),
     # DeepseekV2Config leaves num_experts_per_tok unset: a config must state it
-    "deepseek_v2": dict(num_experts=64, moe_intermediate_size=1407, shared_experts=2, first_dense=0),
-    "glm4_moe": dict(num_experts=128, experts_per_token=8, moe_intermediate_size=1408, shared_experts=1, first_dense=1),
+    "deepseek_v2": dict(num_experts=64, moe_intermediate_size=1407, shared_experts=2, first_dense=0, norm_topk=False),
+    "glm4_moe": dict(
+        num_experts=128,
+        experts_per_token=8,
+        moe_intermediate_size=1408,
+        shared_experts=1,
+        first_dense=1,
+        norm_topk=True,
+    ),
     "llama4_text": dict(num_experts=16, experts_per_token=1, moe_intermediate_size=8192),
 }
 
@@ -157,7 +169,7 @@ def _deepseek_fields(r: Any, d: dict[str, Any]) -> dict[str, Any]:
         experts_per_token=_top_k(r, d),
         moe_intermediate_size=width,
         shared_expert_size=r.get("n_shared_experts", int, d["shared_experts"]) * width,
-        norm_topk_prob=r.get("norm_topk_prob", bool, True),
+        norm_topk_prob=r.get("norm_topk_prob", bool, d["norm_topk"]),
         first_dense_layers=dense,
     )
 
@@ -176,6 +188,8 @@ def _llama4_fields(r: Any, d: dict[str, Any]) -> dict[str, Any]:
             "the planner's layers are identical, so only 1 (every layer MoE) is planned"
         )
     moe_layers = r.get("moe_layers", list, None)
+    if moe_layers is not None and any(isinstance(v, bool) or not isinstance(v, int) for v in moe_layers):
+        raise GraphError(f"{r.source}: key 'moe_layers' must list layer indices (integers), got {moe_layers!r:.200}")
     if moe_layers is not None and sorted(moe_layers) != list(range(layers)):
         raise GraphError(
             f"{r.source}: key 'moe_layers': dense MLP layers among the MoE ones are not planned (the planner's "
