@@ -102,3 +102,26 @@ def small_deepseek() -> DecoderConfig:
         kv_lora_rank=256,
         q_lora_rank=512,
     )
+
+
+def small_glm() -> DecoderConfig:
+    """GLM-4.5's layout at 2.5B parameters (grouped-query attention with q/k/v biases and per-head
+    norms, heads wider than the hidden size, 1 dense first layer of 16, 32 experts of 704, top-4,
+    one shared) that the small fleet holds in several layouts."""
+    return dataclasses.replace(
+        preset_config("glm-4.5"),
+        name="small-glm",
+        num_layers=16,
+        first_dense_layers=1,
+        hidden_size=2048,
+        word_embed_dim=2048,
+        num_heads=24,
+        num_kv_heads=4,
+        intermediate_size=5632,
+        vocab_size=32000,
+        max_positions=4096,
+        num_experts=32,
+        experts_per_token=4,
+        moe_intermediate_size=704,
+        shared_expert_size=704,
+    )

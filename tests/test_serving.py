@@ -10,7 +10,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from serving_fixtures import SMALL_FLEET, context, small_deepseek, workload, write_fleet
+from serving_fixtures import SMALL_FLEET, context, small_deepseek, small_glm, workload, write_fleet
 
 from llm_planner.cli.main import main
 from llm_planner.core.spec import load_cluster
@@ -283,7 +283,7 @@ def test_cpu_stages_only_when_allowed(tmp_path):
     assert cpus and all(c.degrees == (1,) for c in cpus)
 
 
-@pytest.fixture(scope="module", params=["mixed", "four-gpus", "moe", "deepseek", "per-sequence"])
+@pytest.fixture(scope="module", params=["mixed", "four-gpus", "moe", "deepseek", "glm", "per-sequence"])
 def bound_ctx(request, tmp_path_factory):
     """Two fleets and the bound on each: classes mixed, and the example four-GPU server where the
     bound is within a few percent of the best plan (a bound cut too low fails there); the mixed
@@ -292,7 +292,7 @@ def bound_ctx(request, tmp_path_factory):
         text = SMALL_FLEET.replace("step_overhead_s: 0.5 ms}", "step_overhead_s: 0.5 ms, sequence_overhead_s: 40 us}")
         assert text.count("sequence_overhead_s") == 2
         cluster = load_cluster(write_fleet(tmp_path_factory.mktemp("bound"), text))
-    elif request.param in ("mixed", "moe", "deepseek"):
+    elif request.param in ("mixed", "moe", "deepseek", "glm"):
         cluster = load_cluster(write_fleet(tmp_path_factory.mktemp("bound")))
     else:
         cluster = load_cluster(str(Path(__file__).resolve().parents[1] / "cluster_specs" / "four-gpus.yaml"))
@@ -307,6 +307,7 @@ def bound_ctx(request, tmp_path_factory):
         "four-gpus": ("llama3-8b", 0.03),
         "moe": ("qwen1.5-moe-a2.7b", 0.03),
         "deepseek": (small_deepseek(), 0.03),
+        "glm": (small_glm(), 0.03),  # GLM-4.5's dense first layer beside grouped-query attention
     }[request.param]
     config = model if isinstance(model, DecoderConfig) else preset_config(model)
     # a mixture of experts' groups with data-parallel attention both ways: gathers and DeepEP
