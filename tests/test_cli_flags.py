@@ -256,3 +256,23 @@ def test_show_of_an_fp8_plan_says_how_its_kinds_run_the_weights(tmp_path, capsys
     capsys.readouterr()
     assert main(["show", str(out)]) == 0
     assert "fp8 weights run at fp8 (W8A8) on rtx4090" in " ".join(capsys.readouterr().out.split())
+
+
+def _budget_plan(concurrency: int, tpot_s: float, chunked: bool = True) -> dict:
+    replica = {"pattern": "box/gpu: 1 stage x tp8 in 1 server", "concurrency": concurrency, "micro_batches": 1}
+    return {
+        "workload": {"requests": [{"prompt_len": 1024, "output_len": 256, "weight": 1.0}], "tpot_slo_s": 0.05},
+        "options": {"max_batched_tokens": 2048, "chunked_prefill": chunked},
+        "serving": {"replicas": [dict(replica, tpot_s=tpot_s)]},
+    }
+
+
+def test_a_plan_whose_token_budget_caps_its_concurrency_says_so():
+    """2048 tokens, 1 + 1024/256 = 5 a sequence: 409 sequences fill the budget, 410 would not fit."""
+    from llm_planner.cli.serving_text import budget_text
+
+    note = budget_text(_budget_plan(409, 0.0375))
+    assert "--max-batched-tokens 2048" in note and "5 tokens a sequence" in note and "box/gpu" in note
+    assert budget_text(_budget_plan(409, 0.0499)) is None  # the TPOT target binds, not the budget
+    assert budget_text(_budget_plan(300, 0.0375)) is None  # room for more in the budget
+    assert budget_text(_budget_plan(409, 0.0375, chunked=False)) is None  # whole prompts: 1 token a sequence

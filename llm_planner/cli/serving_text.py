@@ -45,8 +45,33 @@ def print_serving(console: Console, data: dict, *, with_baselines: bool, cluster
     if sv.get("unrestricted") is not None:
         console.print(compatibility_text(data), highlight=False)
     note = fp8_kernels_text(data, cluster) if cluster is not None else None
-    if note:
-        console.print(note, highlight=False)
+    for text in (note, budget_text(data)):
+        if text:
+            console.print(text, highlight=False)
+
+
+def budget_text(data: dict) -> str | None:
+    """A note when the per-iteration token budget, not the TPOT target or memory, stops replicas from
+    holding more sequences: each micro-batch's decodes and their steady prompt share fill the budget
+    (serving.replica.within_budget) while the TPOT is under its target. None otherwise."""
+    wl, opts = data["workload"], data["options"]
+    budget = opts["max_batched_tokens"]
+    weights = [r.get("weight", 1.0) for r in wl["requests"]]
+    mean = lambda key: sum(w * r[key] for w, r in zip(weights, wl["requests"])) / sum(weights)  # noqa: E731
+    per_sequence = 1.0 + mean("prompt_len") / mean("output_len") if opts.get("chunked_prefill", True) else 1.0
+    capped = [
+        r["pattern"]
+        for r in data["serving"]["replicas"]
+        if (-(-r["concurrency"] // r["micro_batches"]) + 1) * per_sequence > budget
+        and r["tpot_s"] < 0.98 * wl["tpot_slo_s"]
+    ]
+    if not capped:
+        return None
+    return (
+        f"the token budget (--max-batched-tokens {budget}: a micro-batch's decodes and their prompt share, "
+        f"{per_sequence:.3g} tokens a sequence, within it) caps the sequences in flight of {'; '.join(capped)} "
+        "below what the TPOT target allows; a larger budget lets them hold more if the engine is given it too"
+    )
 
 
 def fp8_kernels_text(data: dict, cluster: ClusterSpec) -> str | None:
