@@ -80,27 +80,33 @@ def context(
     )
 
 
+# The sizes small_deepseek and small_glm share: 16 layers, 2048 wide, 32 experts of 704, top-4, one shared
+_SMALL_MOE = dict(
+    num_layers=16,
+    hidden_size=2048,
+    word_embed_dim=2048,
+    intermediate_size=5632,
+    vocab_size=32000,
+    max_positions=4096,
+    num_experts=32,
+    experts_per_token=4,
+    moe_intermediate_size=704,
+    shared_expert_size=704,
+)
+
+
 def small_deepseek() -> DecoderConfig:
     """DeepSeek-V3's layout at 2.3B parameters (latent attention with its head widths, 2 dense first
     layers of 16, 32 experts of 704, top-4, one shared) that the small fleet holds in several layouts."""
     return dataclasses.replace(
         preset_config("deepseek-v3"),
         name="small-deepseek",
-        num_layers=16,
         first_dense_layers=2,
-        hidden_size=2048,
-        word_embed_dim=2048,
         num_heads=16,
         num_kv_heads=16,
-        intermediate_size=5632,
-        vocab_size=32000,
-        max_positions=4096,
-        num_experts=32,
-        experts_per_token=4,
-        moe_intermediate_size=704,
-        shared_expert_size=704,
         kv_lora_rank=256,
         q_lora_rank=512,
+        **_SMALL_MOE,
     )
 
 
@@ -109,19 +115,5 @@ def small_glm() -> DecoderConfig:
     norms, heads wider than the hidden size, 1 dense first layer of 16, 32 experts of 704, top-4,
     one shared) that the small fleet holds in several layouts."""
     return dataclasses.replace(
-        preset_config("glm-4.5"),
-        name="small-glm",
-        num_layers=16,
-        first_dense_layers=1,
-        hidden_size=2048,
-        word_embed_dim=2048,
-        num_heads=24,
-        num_kv_heads=4,
-        intermediate_size=5632,
-        vocab_size=32000,
-        max_positions=4096,
-        num_experts=32,
-        experts_per_token=4,
-        moe_intermediate_size=704,
-        shared_expert_size=704,
+        preset_config("glm-4.5"), name="small-glm", first_dense_layers=1, num_heads=24, num_kv_heads=4, **_SMALL_MOE
     )

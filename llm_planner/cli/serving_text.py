@@ -11,6 +11,8 @@ from llm_planner.core.precision import fp8_weight_only, precision_from_dict
 from llm_planner.core.spec import ClusterSpec
 from llm_planner.serving.classes import is_dp
 from llm_planner.serving.layout import group_text, stage_attention
+from llm_planner.serving.tasks import sequences_in_budget
+from llm_planner.serving.workload import plan_workload
 
 
 def print_serving(console: Console, data: dict, *, with_baselines: bool, cluster: ClusterSpec | None = None) -> None:
@@ -54,22 +56,18 @@ def budget_text(data: dict) -> str | None:
     """A note when the per-iteration token budget, not the TPOT target or memory, stops replicas from
     holding more sequences: each micro-batch's decodes and their steady prompt share fill the budget
     (serving.replica.within_budget) while the TPOT is under its target. None otherwise."""
-    wl, opts = data["workload"], data["options"]
-    budget = opts["max_batched_tokens"]
-    weights = [r.get("weight", 1.0) for r in wl["requests"]]
-    mean = lambda key: sum(w * r[key] for w, r in zip(weights, wl["requests"])) / sum(weights)  # noqa: E731
-    per_sequence = 1.0 + mean("prompt_len") / mean("output_len") if opts.get("chunked_prefill", True) else 1.0
+    wl, budget = plan_workload(data), data["options"]["max_batched_tokens"]
+    most = sequences_in_budget(budget, wl.prefill_per_output, data["options"].get("chunked_prefill", True))
     capped = [
         r["pattern"]
         for r in data["serving"]["replicas"]
-        if (-(-r["concurrency"] // r["micro_batches"]) + 1) * per_sequence > budget
-        and r["tpot_s"] < 0.98 * wl["tpot_slo_s"]
+        if -(-r["concurrency"] // r["micro_batches"]) + 1 > most and r["tpot_s"] < 0.98 * wl.tpot_slo_s
     ]
     if not capped:
         return None
     return (
         f"the token budget (--max-batched-tokens {budget}: a micro-batch's decodes and their prompt share, "
-        f"{per_sequence:.3g} tokens a sequence, within it) caps the sequences in flight of {'; '.join(capped)} "
+        f"{budget / most:.3g} tokens a sequence, within it) caps the sequences in flight of {'; '.join(capped)} "
         "below what the TPOT target allows; a larger budget lets them hold more if the engine is given it too"
     )
 

@@ -37,7 +37,7 @@ from llm_planner.graph.hf_config import named_config
 from llm_planner.graph.ir import GraphError
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.tasks import build_serving_tasks
-from llm_planner.serving.workload import RequestShape, ServingWorkload
+from llm_planner.serving.workload import ServingWorkload
 
 PORT_STEP = 10  # > SGLang's dist-init port + 6 derived ones; > vLLM's master port + 1
 VLLM_PORT, SGLANG_PORT, VLLM_MASTER_PORT, DIST_INIT_PORT = 8000, 30000, 29501, 20000
@@ -119,15 +119,6 @@ def plan_precision(data: dict, where: str) -> Precision:
         return precision_from_dict(data["model"]["precision"], f"{where}: model.precision")
     except PrecisionError as exc:
         raise ServingExportError(str(exc)) from None
-
-
-def plan_workload(data: dict) -> ServingWorkload:
-    wl = data["workload"]
-    return ServingWorkload(
-        requests=tuple(RequestShape(**r) for r in wl["requests"]),
-        tpot_slo_s=wl["tpot_slo_s"],
-        ttft_slo_s=wl.get("ttft_slo_s"),
-    )
 
 
 @dataclass(frozen=True, kw_only=True)

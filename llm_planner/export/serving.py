@@ -41,7 +41,6 @@ from llm_planner.export.engine_args import (
     max_model_len,
     model_config,
     plan_precision,
-    plan_workload,
 )
 from llm_planner.export.routers import ROUTER_VERSIONS
 from llm_planner.export.vllm_ray import check_vllm_ray_hosts
@@ -49,6 +48,7 @@ from llm_planner.serving.classes import DP_ALL2ALL, is_dp
 from llm_planner.serving.engines import StageForm, dp_attention_refusal, engine_refusal
 from llm_planner.serving.layout import stage_attention
 from llm_planner.serving.plan_file import ServingPlanFile
+from llm_planner.serving.workload import plan_workload
 
 log = logging.getLogger(__name__)
 # decoders whose published checkpoints hold a vision encoder beside them, which a plan of the decoder

@@ -33,11 +33,8 @@ from typing import Any
 from llm_planner.graph.ir import GraphError
 
 MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
-DENSE_FIRST_TYPES = (
-    "deepseek_v2",
-    "deepseek_v3",
-    "glm4_moe",
-)  # a dense MLP in the first layers (first_k_dense_replace)
+# model_types with a dense MLP in the first layers (first_k_dense_replace)
+DENSE_FIRST_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe")
 MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 
 

@@ -149,7 +149,7 @@ def moe_fields(r: Any, hf_type: str) -> dict[str, Any]:
 
 
 def _deepseek_fields(r: Any, d: dict[str, Any]) -> dict[str, Any]:
-    """deepseek_v3 and glm4_moe: n_routed_experts, num_experts_per_tok, moe_intermediate_size,
+    """deepseek_v2, deepseek_v3 and glm4_moe: n_routed_experts, num_experts_per_tok, moe_intermediate_size,
     n_shared_experts shared experts of that width (one MLP n_shared wide, no gate), the first
     first_k_dense_replace layers dense; the routing's groups, scaling and score correction change no
     cost."""

@@ -124,9 +124,8 @@ class DecoderConfig:
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
     shared_expert_size: int = 0
-    qk_norm: bool | None = (
-        None  # RMSNorm of each query and key head (qwen3, qwen3_moe; glm4_moe's switch); None: the type's
-    )
+    # RMSNorm of each query and key head (qwen3, qwen3_moe; glm4_moe's switch); None: the type's
+    qk_norm: bool | None = None
     # MoE routing: the top-k weights divided by their sum (mixtral: always; qwen*_moe: the config's
     # norm_topk_prob, default false; dense: false). Changes no cost, only what the runtime computes.
     norm_topk_prob: bool | None = None

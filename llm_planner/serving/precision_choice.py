@@ -79,12 +79,20 @@ def _row(p: Precision, tokens: float, bound: float, prices) -> dict[str, Any]:
     }
 
 
+def candidate_context(build: Callable[[], ServingContext]) -> ServingContext | None:
+    """A candidate precision's context; None when no device kind runs it (no plan exists in it). Any
+    other WorkloadError building it is raised: it does not show that no plan exists."""
+    try:
+        return build()
+    except NoKindRunsError:
+        return None
+
+
 def bound_without_plan(build: Callable[[], ServingContext]) -> float:
     """The upper bound in a precision no plan was made in: 0 when no device kind runs it (no plan
-    exists), else the bound without a plan's figures (no price bound). Any other WorkloadError
-    building the context is raised: it does not show that no plan exists, so no bound is made up."""
-    try:
-        ctx = build()
-    except NoKindRunsError:
+    exists), else the bound without a plan's figures (no price bound); `candidate_context` raises
+    every other refusal, so no bound is made up."""
+    ctx = candidate_context(build)
+    if ctx is None:
         return 0.0
     return tokens_upper_bound(ctx.cache, ctx.classes, ctx.workload.tpot_slo_s, ctx.links, 0.0, None)

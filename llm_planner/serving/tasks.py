@@ -35,6 +35,13 @@ PARTS = ("embed", "block", "final_norm", "lm_head")
 DEFAULT_TOKEN_BUDGET = 2048
 
 
+def sequences_in_budget(token_budget: int, prefill_per_output: float, chunked_prefill: bool = True) -> float:
+    """The most sequences one micro-batch may hold: its decodes and their steady prompt share,
+    1 + E[P]/E[O] tokens a sequence, within the token budget (serving.replica.within_budget);
+    decodes alone without chunked prefill."""
+    return token_budget / ((1.0 + prefill_per_output) if chunked_prefill else 1.0)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServingTasks:
     """The decoder's tasks per sequence in flight per iteration (module docstring)."""
@@ -59,9 +66,8 @@ class ServingTasks:
 
     @property
     def most_sequences(self) -> float:
-        """The most sequences one micro-batch may hold: its decodes and their steady prompt share
-        within the token budget (serving.replica.within_budget), decodes alone without chunked prefill."""
-        return self.token_budget / ((1.0 + self.prefill_per_output) if self.chunked_prefill else 1.0)
+        """The most sequences one micro-batch may hold (`sequences_in_budget`)."""
+        return sequences_in_budget(self.token_budget, self.prefill_per_output, self.chunked_prefill)
 
     def imbalance_of(self, degree: int, attention: str) -> float:
         """The imbalance factor an MoE layer is charged on a group (`attention` "tp", or data-parallel)."""

@@ -53,23 +53,17 @@ from llm_planner.serving.inputs import decoder_config
 from llm_planner.serving.layout import Segment, describe, layout_ok, layout_usage, same_server_after, segment_of
 from llm_planner.serving.plan_fields import precision, read_plan_fields
 from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, checked_input, checked_model
-from llm_planner.serving.precision_choice import bound_without_plan
+from llm_planner.serving.precision_choice import bound_without_plan, candidate_context
 from llm_planner.serving.verify_claims import check_baselines, check_model, check_options, close
 from llm_planner.serving.verify_replica import Derived, derive
-from llm_planner.serving.workload import NoKindRunsError, RequestShape, ServingWorkload, WorkloadError
+from llm_planner.serving.workload import WorkloadError, plan_workload
 
 
 def context_of(plan: ServingPlanFile) -> ServingContext:
     """The context the plan's inputs give; every input file's hash checked before it is parsed."""
     d = plan.data
     cluster, profile, model = checked_input(plan, "cluster"), checked_input(plan, "profile"), checked_model(plan)
-    wl = d["workload"]
-    workload = ServingWorkload(
-        requests=tuple(RequestShape(**r) for r in wl["requests"]),
-        tpot_slo_s=wl["tpot_slo_s"],
-        ttft_slo_s=wl["ttft_slo_s"],
-        source=f"{plan.path}: workload",
-    )
+    workload = plan_workload(d, source=f"{plan.path}: workload")
     # a plan without dp_attention was made before data-parallel attention was offered
     options = ServingOptions(**({"dp_attention": False} | {k: v for k, v in d["options"].items() if k != "solver"}))
     assert cluster is not None  # plan_fields requires inputs.cluster
@@ -336,9 +330,8 @@ def _candidate_bound(ctx: ServingContext, p, row: dict) -> float:
 
     if row["device_prices"] is None:
         return bound_without_plan(build)
-    try:
-        other = build()
-    except NoKindRunsError:
+    other = candidate_context(build)
+    if other is None:
         return 0.0
     prices = {str(k): float(v) for k, v in row["device_prices"].items() if k in other.by_name}
     wl = other.workload

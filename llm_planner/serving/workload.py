@@ -124,3 +124,14 @@ def duration_s(flag: str, value: str | float, bounds: tuple[float, float]) -> fl
         return units.parse_duration(value, *bounds)
     except (units.UnitError, TypeError) as exc:
         raise WorkloadError(f"{flag}: {exc}") from None
+
+
+def plan_workload(data: dict, source: str = "flags") -> ServingWorkload:
+    """The workload a serving plan's data states (its `workload` section), checked as `source` names it."""
+    wl = data["workload"]
+    return ServingWorkload(
+        requests=tuple(RequestShape(**r) for r in wl["requests"]),
+        tpot_slo_s=wl["tpot_slo_s"],
+        ttft_slo_s=wl.get("ttft_slo_s"),
+        source=source,
+    )
