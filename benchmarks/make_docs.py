@@ -284,13 +284,16 @@ device, three ranks; `two-replicas`: two single-device replicas behind the front
 replica). Every run is served three times, in rounds (each round serves every run of its phase
 once in turn, so a slow stretch of this shared machine falls on all runs alike); each measured
 figure of a row is the median of the run's repeats, and the calibration fits each run's repeat of
-median tokens/s. Columns: MPI ranks,
-concurrency C, micro-batches m; output tokens/s of the run, mean TPOT and mean TTFT over its
-requests, each measured and predicted, and predicted / measured; `spread`: (largest - smallest) /
-median tokens/s over the repeats, how far the machine moved; `within 15%`: tokens/s and TPOT both
-within 15% (the target). TTFT is shown, not judged: the model's is a prompt's in the steady state,
-while a closed-loop run admits all C requests at its start, whose prompts then wait for the token
-budget behind one another (a ramp the mean over a short run carries). Rows `oversubscribed` are
+median tokens/s. Each run serves 8 requests per slot of its concurrency (at least 16).
+Columns: MPI ranks, concurrency C, micro-batches m; output tokens/s of the run and mean TPOT over
+its requests, each measured and predicted, and predicted / measured; TTFT measured as the mean over
+every request and as the steady mean (`steady`: the requests admitted once the opening burst has
+drained, `ttft_steady_s` of the run report, docs/serve-runtime.md), predicted, and predicted /
+steady; `spread`: (largest - smallest) / median tokens/s over the repeats, how far the machine
+moved; `within 15%`: tokens/s and TPOT both within 15% (the target); `TTFT within 30%`: the steady
+TTFT within 30%. The model's TTFT is a prompt's in the steady state; a closed-loop run admits all C
+requests at its start, whose prompts then wait for the token budget behind one another, a ramp the
+mean over every request carries and the steady mean leaves out. Rows `oversubscribed` are
 judged runs whose processes exceed the machine's cores (the three ranks of `tp2-tp1`, or two
 replicas' ranks and the front end, on two cores): run and shown, not judged, since their ranks
 take turns on a core where the spec gives each its own.

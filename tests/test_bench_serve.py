@@ -40,12 +40,14 @@ def test_every_run_plans_what_launch_serves(run, tmp_path):
         assert record["tpot_s"] == pytest.approx(score.ev.tpot_s)  # launch predicts what the plan says
 
 
-def _replica(requests: int, measured: tuple[float, float, float], predicted: tuple[float, float, float]) -> dict:
+def _replica(
+    requests: int, measured: tuple[float, float, float], predicted: tuple[float, float, float], steady=(None, 0)
+) -> dict:
     keys = ("tokens_per_s", "tpot_s", "ttft_s")
     return {
         "layout": "localhost/cpu-core: 1 stage x 1 CPU in 1 server",
         "requests_completed": requests,
-        "measured": dict(zip(keys, measured)),
+        "measured": dict(zip(keys, measured)) | dict(zip(("ttft_steady_s", "steady_requests"), steady)),
         "predicted": dict(zip(keys, predicted)),
     }
 
@@ -59,7 +61,7 @@ def test_the_table_from_canned_reports():
         "total": {"measured": {"tokens_per_s": 180.0}, "predicted": {"tokens_per_s": 220.0}},
     }
     one = {
-        "replicas": [_replica(4, (100.0, 0.020, 0.050), (110.0, 0.022, 0.050))],
+        "replicas": [_replica(4, (100.0, 0.020, 0.050), (110.0, 0.022, 0.050), steady=(0.040, 2))],
         "total": {"measured": {"tokens_per_s": 100.0}, "predicted": {"tokens_per_s": 110.0}},
     }
     runs = {r.name: r for r in cases.judged_runs(3)}
@@ -70,12 +72,19 @@ def test_the_table_from_canned_reports():
     assert far["tpot_s_ratio"] == pytest.approx(0.021 / 0.025)
     assert far["layout"].endswith(" x2") and far["ranks"] == 2 and not far["within"]
     assert near["within"] and near["tpot_s_ratio"] == pytest.approx(1.1)
+    assert near["ttft_steady_s_ratio"] == pytest.approx(0.050 / 0.040) and near["ttft_within"]  # 1.25: within 30%
+    assert far["ttft_steady_s_measured"] is None and not far["ttft_within"]  # no steady requests: not judged within
     text = cases.table([cases.row(cases.CALIBRATION[0], [one], 0.2), far, near])
     assert text.count("\n| ") == 3  # one line per row below the header and its rule
-    assert "| two-replicas-c2 | judged | 2 | 2 | 1 | 180.0 | 220.0 | 1.22 | 25.00 | 21.00 | 0.84 |" in text
+    assert "| two-replicas-c2 | judged | 2 | 2 | 1 | 180.0 | 220.0 | 1.22 | 25.00 | 21.00 | 0.84 | 62.5 | - |" in text
+    assert (
+        "| single-c2 | judged | 1 | 2 | 1 | 100.0 | 110.0 | 1.10 | 20.00 | 22.00 | 1.10 | 50.0 | 40.0 | 50.0 | 1.25 |"
+        in text
+    )
     assert text.count("| 0% |") == 3 and far["repeats"] == 1 and far["spread"] == 0.0
     assert text.rstrip().endswith(
-        "1 of 2 judged runs within 15% on tokens/s and mean TPOT (single-c2); outside: two-replicas-c2."
+        "1 of 2 judged runs within 15% on tokens/s and mean TPOT (single-c2); outside: two-replicas-c2. "
+        "1 of 2 within 30% on the steady TTFT (single-c2)."
     )
 
 
@@ -108,12 +117,13 @@ def test_runs_with_more_processes_than_cores_are_shown_not_judged():
     assert roles["single-c2"] == roles["pipeline-c8"] == "judged"
     assert set(cases.judged_runs(3)[i].role for i in range(8)) == {"judged"}
     one = {
-        "replicas": [_replica(4, (100.0, 0.020, 0.050), (110.0, 0.022, 0.050))],
+        "replicas": [_replica(4, (100.0, 0.020, 0.050), (110.0, 0.022, 0.050), steady=(0.040, 2))],
         "total": {"measured": {"tokens_per_s": 100.0}, "predicted": {"tokens_per_s": 110.0}},
     }
     rows = [cases.row(r, [one], None) for r in cases.judged_runs(2) if r.name in ("single-c2", "tp2-tp1-c4")]
     assert cases.summary(rows) == (
         "1 of 1 judged runs within 15% on tokens/s and mean TPOT (single-c2). "
+        "1 of 1 within 30% on the steady TTFT (single-c2). "
         "Not judged, more processes than the machine's cores: tp2-tp1-c4."
     )
 

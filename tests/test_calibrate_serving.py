@@ -256,6 +256,10 @@ def test_our_serving_run_report_is_read_with_its_layout_and_operating_point(tmp_
     assert (obs.max_batched_tokens, obs.model, obs.source) == (4096, "llama2-7b", f"{path} replicas[0]")
     m = obs.measured
     assert (m.tpot_s, m.tokens_per_s, m.ttft_s, m.decode_step_s) == (0.013, 2400.0, 0.035, 0.012)  # medians
+    report = _report()
+    report["replicas"][0]["measured"] |= {"ttft_steady_s": 0.025, "steady_requests": 250}
+    path.write_text(json.dumps(report))
+    assert read_serving_results(path)[0].measured.ttft_s == 0.025  # past the opening burst, where given
     spec = load_cluster(_spec(tmp_path, "spec.yaml"))
     settings = ServingSettings()  # the model and everything else from the report
     (case,) = build_cases(spec, model_config(settings, [obs]), [(str(path), [obs])], settings)

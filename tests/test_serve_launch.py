@@ -182,13 +182,40 @@ def test_measured_figures_of_a_raw_record():
         ],
         "iterations": [[0.0, 0.1, True, 2, 2], [0.1, 0.4, False, 8, 2], [0.4, 0.6, True, 2, 2], [0.6, 1.0, True, 1, 1]],
     }
-    m = measured(record)
+    m = measured(record, concurrency=2)
     assert m["tokens_per_s"] == pytest.approx(7 / 2.0)
     assert m["tpot_s"] == pytest.approx(0.225) and m["tpot_p50_s"] == pytest.approx(0.225)
     assert m["tpot_p90_s"] == pytest.approx(0.15 + 0.9 * 0.15)
     assert m["ttft_s"] == pytest.approx(0.4) and m["ttft_p50_s"] == pytest.approx(0.5)
     assert m["decode_step_s"] == pytest.approx(0.2)  # median of 0.1, 0.2, 0.4
+    assert m["ttft_steady_s"] == pytest.approx(0.5) and m["steady_requests"] == 1  # admitted at 1.0 >= 1.0
     assert percentile([], 50) is None and percentile([3.0], 99) == 3.0
+
+
+def test_steady_ttft_leaves_out_the_opening_burst():
+    """A closed loop of 2 slots: both admitted at 0 (TTFTs 0.3 and 0.6, the second waiting behind the
+    first's prompt); the burst has drained when its last request's last token is out (2.0). Requests
+    admitted before that (one at 1.5) are left out; those at or after it (2.0, 2.1) are steady."""
+
+    def req(admitted, first, last):
+        return {"arrival_s": admitted, "admitted_s": admitted, "token_s": [first, last]}
+
+    record = {
+        "duration_s": 4.0,
+        "requests": [
+            req(0.0, 0.3, 1.5),
+            req(0.0, 0.6, 2.0),
+            req(1.5, 1.7, 3.0),
+            req(2.0, 2.1, 3.5),
+            req(2.1, 2.3, 3.6),
+        ],
+        "iterations": [],
+    }
+    m = measured(record, concurrency=2)
+    assert m["steady_requests"] == 2 and m["ttft_steady_s"] == pytest.approx((0.1 + 0.2) / 2)
+    assert m["ttft_s"] == pytest.approx((0.3 + 0.6 + 0.2 + 0.1 + 0.2) / 5)
+    short = measured({**record, "requests": record["requests"][:1]}, concurrency=2)  # the burst never drained
+    assert short["steady_requests"] == 0 and short["ttft_steady_s"] is None
 
 
 def test_a_serving_dry_run_imports_neither_mpi4py_nor_torch(plan, tmp_path):

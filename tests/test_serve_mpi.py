@@ -63,11 +63,13 @@ def _check_report(report, plan: Path, replicas: int, rate: float | None = None) 
     assert len(report["replicas"]) == replicas
     for r in report["replicas"]:
         assert set(r) == REPLICA_KEYS
-        assert set(r["measured"]) == MEASURED | {"decode_step_s"}
+        assert set(r["measured"]) == MEASURED | {"decode_step_s", "ttft_steady_s", "steady_requests"}
         assert set(r["predicted"]) == {"tokens_per_s", "tpot_s", "ttft_s", "decode_step_s"}
         assert r["output_tokens"] == 5 * r["requests_completed"]
         assert r["cuda_graphs"] and all(g == "the stage runs on cpu, not CUDA" for g in r["cuda_graphs"])
         assert all(r["measured"][k] > 0 for k in MEASURED)
+        steady = r["measured"]["ttft_steady_s"]  # None when the opening burst outlasts the admissions
+        assert (steady is None) == (r["measured"]["steady_requests"] == 0) and (steady is None or steady > 0)
     assert set(report["total"]) == {"requests_completed", "output_tokens", "duration_s", "measured", "predicted"}
 
 

@@ -8,7 +8,8 @@ Written by `llm-planner launch SERVING_PLAN --report run.json` (docs/serve-runti
                    "max_batched_tokens": B, "cuda_graphs": [per stage: "on" or why not],
                    "requests_completed": n, "output_tokens": n, "duration_s": t,
                    "measured": {"tokens_per_s", "tpot_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
-                                "ttft_s", "ttft_p50_s", "ttft_p99_s", "decode_step_s"},
+                                "ttft_s", "ttft_p50_s", "ttft_p99_s", "ttft_steady_s", "steady_requests",
+                                "decode_step_s"},
                    "predicted": {"tokens_per_s", "tpot_s", "ttft_s", "decode_step_s"}}, ...],
      "total": {"requests_completed", "output_tokens", "duration_s", "measured": {"tokens_per_s"},
                "predicted": {"tokens_per_s"}}}
@@ -19,8 +20,12 @@ request's TPOT = (last token - first token) / (output tokens - 1), requests of o
 having none; its TTFT = first token - arrival (open loop: the Poisson arrival, queueing
 included; closed loop: its admission); mean and percentiles (linear between order statistics)
 over the completed requests; decode_step_s the median round trip of the iterations that carried
-only decodes (from the first stage building one to its tokens back). A figure with nothing to
-measure is null. Predicted: llm_planner.serving.score.score_replica at the plan's layers,
+only decodes (from the first stage building one to its tokens back). ttft_steady_s: the mean TTFT
+of the `steady_requests` admitted once the opening burst has drained, that is at or after the last
+token of the last of the first C requests admitted (C the replica's concurrency): a closed loop
+admits C requests at its start, whose prompts wait behind one another for the token budget, a
+ramp the planner's steady-state TTFT does not describe and a short run's mean carries. A figure
+with nothing to measure is null. Predicted: llm_planner.serving.score.score_replica at the plan's layers,
 concurrency and micro-batches, the figures the plan states. With several request shapes,
 prompt_len and output_len are the load's weighted means.
 """
@@ -49,7 +54,21 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def measured(record: dict[str, Any]) -> dict[str, Any]:
+def _admitted(request: dict[str, Any]) -> float:
+    return request.get("admitted_s", request["arrival_s"])
+
+
+def steady_requests(requests: list[dict[str, Any]], concurrency: int) -> list[dict[str, Any]]:
+    """The completed requests admitted once the opening burst (the first `concurrency` admitted)
+    has drained: at or after the last token of the last of them (module docstring)."""
+    opening = sorted((r for r in requests if r["token_s"]), key=_admitted)[:concurrency]
+    if len(opening) < concurrency:
+        return []
+    drained = max(r["token_s"][-1] for r in opening)
+    return [r for r in requests if r["token_s"] and _admitted(r) >= drained]
+
+
+def measured(record: dict[str, Any], concurrency: int) -> dict[str, Any]:
     """The measured figures of one replica's raw record (module docstring)."""
     requests = record["requests"]
     tokens = sum(len(r["token_s"]) for r in requests)
@@ -57,6 +76,7 @@ def measured(record: dict[str, Any]) -> dict[str, Any]:
     tpots = [(r["token_s"][-1] - r["token_s"][0]) / (len(r["token_s"]) - 1) for r in requests if len(r["token_s"]) > 1]
     ttfts = [r["token_s"][0] - r["arrival_s"] for r in requests if r["token_s"]]
     decode_steps = [back - sent for sent, back, decode_only, *_ in record["iterations"] if decode_only]
+    steady = steady_requests(requests, concurrency)
     return {
         "tokens_per_s": tokens / duration if duration > 0 else None,
         "tpot_s": _mean(tpots),
@@ -66,6 +86,8 @@ def measured(record: dict[str, Any]) -> dict[str, Any]:
         "ttft_s": _mean(ttfts),
         "ttft_p50_s": percentile(ttfts, 50),
         "ttft_p99_s": percentile(ttfts, 99),
+        "ttft_steady_s": _mean([r["token_s"][0] - r["arrival_s"] for r in steady]),
+        "steady_requests": len(steady),
         "decode_step_s": statistics.median(decode_steps) if decode_steps else None,
     }
 
@@ -105,7 +127,7 @@ def serving_report(plan_path: str, prepared, raw: dict[str, Any]) -> dict[str, A
                 "requests_completed": len(record["requests"]),
                 "output_tokens": sum(len(r["token_s"]) for r in record["requests"]),
                 "duration_s": float(record["duration_s"]),
-                "measured": measured(record),
+                "measured": measured(record, replica.concurrency),
                 "predicted": {
                     "tokens_per_s": score.ev.tokens_per_s,
                     "tpot_s": score.ev.tpot_s,

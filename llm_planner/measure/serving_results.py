@@ -21,8 +21,8 @@ Four formats, told apart by their keys:
   its metrics being objects with a `unit` (llm_planner.measure.genai_perf).
 - `llm-planner launch SERVING_PLAN --report run.json` (format `llm_planner.serving_run`,
   version 1): one observation per replica, its layout, concurrency, micro-batches and token budget
-  from the report, its measured `tpot_p50_s` (else `tpot_s`), `tokens_per_s`, `ttft_p50_s` (else
-  `ttft_s`) and `decode_step_s`.
+  from the report, its measured `tpot_p50_s` (else `tpot_s`), `tokens_per_s`, `ttft_steady_s` (the
+  TTFT once the opening burst has drained; else `ttft_p50_s`, else `ttft_s`) and `decode_step_s`.
 
 Medians are preferred to means: the model describes the steady state, and a run's first and last
 requests (ramp-up and tail) pull the mean. The requests' lengths are the per-request lens where
@@ -225,7 +225,7 @@ def _report_replica(where: str, r: Any, shape: RequestShape, model: str | None) 
         raise ServingResultError(f"{where}: missing key 'measured'")
     m = f"{where}.measured"
     tpot = "tpot_p50_s" if measured.get("tpot_p50_s") is not None else "tpot_s"
-    ttft = "ttft_p50_s" if measured.get("ttft_p50_s") is not None else "ttft_s"
+    ttft = next((k for k in ("ttft_steady_s", "ttft_p50_s") if measured.get(k) is not None), "ttft_s")
     concurrency = whole_number(where, r, "concurrency")
     return ServingObservation(
         source=where,
