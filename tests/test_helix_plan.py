@@ -262,3 +262,10 @@ def test_fast_first_order(tmp_path):
     t = tables(tmp_path)
     stages = (Stage("t4", 1, 2), Stage("a100", 1, 4), Stage("t4", 1, 2))
     assert [s.kind for s in order_stages(stages, t, "fast-first")] == ["a100", "t4", "t4"]
+
+
+def test_a_chain_of_one_type_puts_fewer_layers_first_under_either_order(tmp_path):
+    t = tables(tmp_path)
+    stages = (Stage("t4", 1, 3), Stage("t4", 1, 3), Stage("t4", 1, 2), Stage("t4", 1, 2))
+    for order in ("slow-ends", "fast-first"):
+        assert [s.layers for s in order_stages(stages, t, order)] == [2, 2, 3, 3]
