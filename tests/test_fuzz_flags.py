@@ -99,6 +99,7 @@ VALID = {
     "--max-batched-tokens": "4096",
     "--expert-imbalance": "1.5",
     "--expert-load": "load.yaml",
+    "--eplb": "4",
     "--serving-solver": "megatron",
     "--weights": "fp8",
     "--kv-cache-dtype": "fp8",

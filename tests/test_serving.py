@@ -24,6 +24,7 @@ from llm_planner.serving.bound_cells import cell_bound
 from llm_planner.serving.bound_prices import price_bound
 from llm_planner.serving.bound_space import stage_kinds
 from llm_planner.serving.context import ServingContext, ServingOptions, build_context
+from llm_planner.serving.expert_load import ExpertLoad
 from llm_planner.serving.layout import Segment
 from llm_planner.serving.optimistic import OptimisticTokens
 from llm_planner.serving.replica import micro_batch_sizes
@@ -283,7 +284,7 @@ def test_cpu_stages_only_when_allowed(tmp_path):
     assert cpus and all(c.degrees == (1,) for c in cpus)
 
 
-@pytest.fixture(scope="module", params=["mixed", "four-gpus", "moe", "deepseek", "glm", "per-sequence"])
+@pytest.fixture(scope="module", params=["mixed", "four-gpus", "moe", "eplb", "deepseek", "glm", "per-sequence"])
 def bound_ctx(request, tmp_path_factory):
     """Two fleets and the bound on each: classes mixed, and the example four-GPU server where the
     bound is within a few percent of the best plan (a bound cut too low fails there); the mixed
@@ -292,7 +293,7 @@ def bound_ctx(request, tmp_path_factory):
         text = SMALL_FLEET.replace("step_overhead_s: 0.5 ms}", "step_overhead_s: 0.5 ms, sequence_overhead_s: 40 us}")
         assert text.count("sequence_overhead_s") == 2
         cluster = load_cluster(write_fleet(tmp_path_factory.mktemp("bound"), text))
-    elif request.param in ("mixed", "moe", "deepseek", "glm"):
+    elif request.param in ("mixed", "moe", "eplb", "deepseek", "glm"):
         cluster = load_cluster(write_fleet(tmp_path_factory.mktemp("bound")))
     else:
         cluster = load_cluster(str(Path(__file__).resolve().parents[1] / "cluster_specs" / "four-gpus.yaml"))
@@ -306,12 +307,18 @@ def bound_ctx(request, tmp_path_factory):
         "per-sequence": ("gpt2-xl", 0.01),
         "four-gpus": ("llama3-8b", 0.03),
         "moe": ("qwen1.5-moe-a2.7b", 0.03),
+        "eplb": ("qwen1.5-moe-a2.7b", 0.03),  # a skewed router, its experts rebalanced with 4 redundant
         "deepseek": (small_deepseek(), 0.03),
         "glm": (small_glm(), 0.03),  # GLM-4.5's dense first layer beside grouped-query attention
     }[request.param]
     config = model if isinstance(model, DecoderConfig) else preset_config(model)
     # a mixture of experts' groups with data-parallel attention both ways: gathers and DeepEP
-    ctx = ServingContext(cluster, config, workload(256, 128, tpot_s), "fp16", ServingOptions(deepep=config.is_moe))
+    options = ServingOptions(deepep=config.is_moe)
+    if request.param == "eplb":
+        load = ExpertLoad(source="skewed", layers=(tuple(float(120 - 2 * e) for e in range(60)),))
+        skew = {"dp_imbalance": load.dp_imbalance(4), "expert_imbalance": load.expert_imbalance()}
+        options = ServingOptions(deepep=True, eplb=4, expert_picks=load.picks(config.experts_per_token), **skew)
+    ctx = ServingContext(cluster, config, workload(256, 128, tpot_s), "fp16", options)
     # each of the three bounds on its own (tokens_upper_bound is their least, with a cell bound whose
     # refinement may stop early, so at least the full one here)
     bounds = (

@@ -47,6 +47,7 @@ SERVING_FLAGS = (
     "--max-batched-tokens",
     "--expert-imbalance",
     "--expert-load",
+    "--eplb",
     "--no-dp-attention",
     "--deepep",
     "--serving-solver",

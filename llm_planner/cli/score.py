@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from rich.console import Console
 from rich.table import Table
 
-from llm_planner.cli.arg_types import imbalance, layer_counts, positive, tokens
+from llm_planner.cli.arg_types import imbalance, layer_counts, positive, redundant_experts, tokens
 from llm_planner.cli.commands import UserError
 from llm_planner.cli.serving import expert_load_options
 from llm_planner.core.constants import DTYPE_BYTES
@@ -77,6 +77,14 @@ def add_score_parser(sub) -> None:
         default=None,
         metavar="FILE",
         help="mixture-of-experts models: a measured routing histogram instead of --expert-imbalance, as plan takes it",
+    )
+    p.add_argument(
+        "--eplb",
+        type=redundant_experts,
+        default=None,
+        metavar="R",
+        help="mixture-of-experts models: the engine rebalances a dpaK group's experts with R redundant ones, as plan "
+        "takes it (default: off)",
     )
     p.add_argument("--prompt-len", type=tokens, default=None, help="mean prompt tokens per request")
     p.add_argument("--output-len", type=tokens, default=None, help="mean output tokens per request")

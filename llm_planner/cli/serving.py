@@ -7,7 +7,7 @@ import argparse
 
 from rich.console import Console
 
-from llm_planner.cli.arg_types import imbalance, positive, tokens
+from llm_planner.cli.arg_types import imbalance, positive, redundant_experts, tokens
 from llm_planner.cli.commands import UserError, progress, refuse_rejected
 from llm_planner.cli.serving_text import print_serving
 from llm_planner.core.atomic import check_writable
@@ -102,6 +102,16 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
         "the busiest expert's for tensor-parallel experts, the busiest member's for each dpaK group",
     )
     g.add_argument(
+        "--eplb",
+        type=redundant_experts,
+        default=None,
+        metavar="R",
+        help="serving, mixture-of-experts models: the engines rebalance the experts of each dpaK group by their "
+        "load (vLLM and SGLang --enable-eplb) with R redundant experts (0: rebalancing only); a group of k takes "
+        "(E + R)/k experts on each member, and with --expert-load its imbalance is that of EPLB's placement "
+        "(default: off, E/k consecutive experts a member)",
+    )
+    g.add_argument(
         "--no-dp-attention",
         dest="dp_attention",
         action="store_false",
@@ -181,17 +191,19 @@ def serving_options(args: argparse.Namespace):
 
 def expert_load_options(args: argparse.Namespace) -> dict:
     """The imbalance factors: --expert-imbalance's, or those --expert-load's histogram gives
-    (llm_planner.serving.expert_load)."""
+    (llm_planner.serving.expert_load, with --eplb's placement where asked), and --eplb."""
+    eplb = args.eplb
     if args.expert_load is None:
-        return {"expert_imbalance": args.expert_imbalance}
+        return {"expert_imbalance": args.expert_imbalance, "eplb": eplb}
     if args.expert_imbalance != 1.0:
         raise UserError("--expert-load and --expert-imbalance: give one (the histogram gives the factors)", 2)
     config = decoder_config(args.model)
     load = read_expert_load(args.expert_load, config)
     return {
         "expert_imbalance": round(load.expert_imbalance(), 6),
-        "dp_imbalance": load.dp_imbalance(),
+        "dp_imbalance": load.dp_imbalance(eplb),
         "expert_picks": load.picks(config.experts_per_token),
+        "eplb": eplb,
     }
 
 

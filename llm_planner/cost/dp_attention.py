@@ -53,8 +53,14 @@ timed: the group must split the experts evenly (k divides their count and, as th
 their width). The sequences are taken to split evenly over the members (an engine balances them;
 the busiest member may hold one more).
 
-Memory per member: the layer's weights whole but 1/k of the routed experts
-(`member_weight_bytes`), and 1/k of the sequences' KV cache at the whole cache per sequence: for
+With expert-parallel load balancing (`redundant`, llm_planner.cost.eplb: the engine's
+`--enable-eplb` with R redundant experts) the group holds E + R replicas, (E + R) / k a member (k
+must divide E + R instead of E), and the caller passes the replicas' chances as `picks`
+(cost.eplb.replica_picks) and their busiest member's factor as `imbalance`.
+
+Memory per member: the layer's weights whole but 1/k of the routed experts, (E + R) / (E k) of
+them with R redundant (`member_weight_bytes`), and 1/k of the sequences' KV cache at the whole
+cache per sequence: for
 latent attention (llm_planner.graph.mla) that is the latent 1/k of the sequences hold, where a
 tensor-parallel member holds every sequence's.
 """
@@ -85,10 +91,11 @@ DEEPEP_MAX_RANK_DECODES = 1024
 FP8_SCALE_BYTES = 4 / 128  # DeepEP's fp8 dispatch: a float32 scale per 128 values
 
 
-def dp_offered(config: DecoderConfig, k: int) -> bool:
+def dp_offered(config: DecoderConfig, k: int, redundant: int | None = None) -> bool:
     """Whether a group of k may run the layer with data-parallel attention: k > 1, a mixture of
-    experts whose experts split evenly over the k (and whose MLP widths do, as its kernels ask)."""
-    if k < 2 or not config.is_moe or config.num_experts % k:
+    experts whose experts (with `redundant` replicas more, under EPLB) split evenly over the k (and
+    whose MLP widths do, as its kernels ask)."""
+    if k < 2 or not config.is_moe or (config.num_experts + (redundant or 0)) % k:
         return False
     widths = (config.moe_intermediate_size, *((config.shared_expert_size,) if config.shared_expert_size else ()))
     return all(w % k == 0 for w in widths)
@@ -104,14 +111,15 @@ def dp_layer_kernels(
     span: tuple[int, LinkSpec] | None = None,
     all2all: str = ALL2ALL[0],
     picks: tuple[float, ...] | None = None,
+    redundant: int | None = None,
 ) -> LayerKernels:
     """The kernels of one layer on each member of a group of k with data-parallel attention
     (module docstring), `span` = (devices a server, the link between servers) for a group over
     whole servers, its experts' tokens moved by `all2all` (one of ALL2ALL), a measured router's
-    `picks` (graph.moe.experts_touched; None: uniform); CostError where the
-    layer does not split so (dp_offered) or no link joins the group. A dense layer of an MoE model
-    (DeepSeek's first ones) is its own part alone."""
-    if k < 2 or link is None or (config.is_moe and not dp_offered(config, k)):
+    `picks` (graph.moe.experts_touched; None: uniform; under EPLB with `redundant` replicas, the
+    replicas'); CostError where the layer does not split so (dp_offered) or no link joins the
+    group. A dense layer of an MoE model (DeepSeek's first ones) is its own part alone."""
+    if k < 2 or link is None or (config.is_moe and not dp_offered(config, k, redundant)):
         raise CostError(
             f"a decoder layer of {config.name} cannot run data-parallel attention on a group of {k} "
             "(it needs k > 1 devices joined by a link over which the experts split evenly)"
@@ -212,13 +220,15 @@ def deepep_call_s(
 
 
 def member_weight_bytes(
-    config: DecoderConfig, dtype: str | Precision, kind: DeviceKindSpec, k: int, whole: float
+    config: DecoderConfig, dtype: str | Precision, kind: DeviceKindSpec, k: int, whole: float, redundant: int = 0
 ) -> float:
     """A member's bytes of one layer's weights whose whole is `whole` (the layer task's): all of
-    them but (k - 1)/k of the routed experts' (read off the experts kernel on one device)."""
+    them but the routed experts', of which it holds (E + `redundant`) / k replicas (read off the
+    experts kernel on one device)."""
     routed = sum(
         kernel.experts[0] * kernel.experts[2]
         for kernel in layer_kernels(config, dtype, kind).kernels
         if kernel.experts is not None
     )
-    return whole - routed * (1 - 1 / k)
+    held = (config.num_experts + redundant) / (config.num_experts * k) if config.is_moe else 1 / k
+    return whole - routed * (1 - held)

@@ -156,6 +156,7 @@ class ServingExport:
     batched_tokens: dict[str, int] | None = None  # per engine: the plan's per-iteration token budget
     multinode: str = "native"  # vLLM across hosts: VLLM_MULTINODE
     language_model_only: bool = False  # --language-model-only: the checkpoint's vision encoder is not planned
+    eplb: int | None = None  # the plan's EPLB redundant experts for its dpaK engines (None: off)
 
     def share(self, engine: EnginePlan) -> float:
         total = sum(e.tokens_per_s for e in self.engines)
@@ -286,6 +287,7 @@ def _engine_budgets(export, plan, cluster, dtype, max_len, multinode) -> Serving
         batched_tokens=batched,
         multinode=multinode,
         language_model_only=config.hf_model_type in LANGUAGE_ONLY,
+        eplb=plan.data["options"].get("eplb"),
     )
 
 

@@ -12,6 +12,9 @@ every host, run there as `bash SCRIPT [HOST]`; it starts what that host runs.
   `--all2all-backend deepep_low_latency`; SGLang `--moe-a2a-backend deepep --deepep-mode auto`
   (normal kernels for prompt batches, low-latency ones for decodes) with
   SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK room for a rank's decode batch.
+- A plan with EPLB (`--eplb R`): its data-parallel engines rebalance their experts, vLLM
+  `--enable-eplb --eplb-config '{"num_redundant_experts": R}'`, SGLang `--enable-eplb
+  --ep-num-redundant-experts R`.
 
 Every script starts with the load balancer's weights: engine e gets the share
 tokens_per_s(e) / total of the requests (a table, and an nginx upstream block).
@@ -19,6 +22,7 @@ tokens_per_s(e) / total of the requests (a table, and an nginx upstream block).
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from llm_planner.cost.dp_attention import DEEPEP_MAX_RANK_DECODES
@@ -185,12 +189,14 @@ def _dtype_args(export: ServingExport) -> list[str]:
     return args
 
 
-def _vllm_parallel(e: EnginePlan) -> list[str]:
+def _vllm_parallel(export: ServingExport, e: EnginePlan) -> list[str]:
     """vLLM's parallel sizes: tensor and pipeline, or data-parallel attention with the experts
-    split over the ranks (each rank its own scheduler: max-num-seqs and the token budget per rank)
-    and its all-to-all where it is not vLLM's default."""
+    split over the ranks (each rank its own scheduler: max-num-seqs and the token budget per rank),
+    its all-to-all where it is not vLLM's default, and EPLB where the plan asks for it."""
     if e.data_parallel_attention:
         backend = ["--all2all-backend", _q(e.all2all)] if e.all2all == "deepep_low_latency" else []
+        if export.eplb is not None:
+            backend += ["--enable-eplb", "--eplb-config", _q(json.dumps({"num_redundant_experts": export.eplb}))]
         return [
             "--tensor-parallel-size",
             "1",
@@ -211,7 +217,7 @@ def _vllm_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
         "0.0.0.0",
         "--port",
         _q(port),
-        *_vllm_parallel(e),
+        *_vllm_parallel(export, e),
         "--max-num-seqs",
         _q(e.rank_concurrency),
         "--max-model-len",
@@ -361,6 +367,8 @@ def _sglang_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
         args += ["--dp-size", k, "--enable-dp-attention", "--ep-size", k]
         if e.all2all == "deepep_low_latency":  # DeepEP: normal kernels for prompts, low-latency for decodes
             args += ["--moe-a2a-backend", "deepep", "--deepep-mode", "auto"]
+        if export.eplb is not None:
+            args += ["--enable-eplb", "--ep-num-redundant-experts", _q(export.eplb)]
     if e.pipeline_parallel > 1:
         args += ["--pp-size", _q(e.pipeline_parallel)]
     return [

@@ -47,6 +47,8 @@ class ServingOptions:
     dp_imbalance: dict | None = None  # MoE: per dpaK size, its busiest member's rows over the mean (expert_load)
     # MoE: a measured router's chance per expert that one token reaches it (expert_load); None: uniform
     expert_picks: tuple[float, ...] | list[float] | None = None
+    # MoE: the engines rebalance the experts of dpaK groups (EPLB) with this many redundant ones; None: off
+    eplb: int | None = None
 
 
 class ServingContext:
@@ -78,6 +80,7 @@ class ServingContext:
             options.chunked_prefill,
             _dp_imbalance(config, options),
             _expert_picks(config, options),
+            _eplb(config, options),
         )
         classes = server_classes(
             cluster,
@@ -293,6 +296,24 @@ def _times_attention(profile) -> bool:
     if profile.version == 1:
         return True
     return any(t.attn_decode is not None for entry in profile.kinds for t in entry.degrees)
+
+
+def _eplb(config: DecoderConfig, options: ServingOptions) -> int | None:
+    """options.eplb checked: None, or a whole number >= 0 of redundant experts for an MoE model
+    whose plan may use groups with data-parallel attention (where EPLB places experts)."""
+    redundant = options.eplb
+    if redundant is None:
+        return None
+    if isinstance(redundant, bool) or not isinstance(redundant, int) or redundant < 0:
+        raise WorkloadError(f"--eplb: a whole number >= 0 of redundant experts, got {redundant!r}")
+    if not config.is_moe:
+        raise WorkloadError(f"--eplb: {config.name} has no experts (a dense model)")
+    if not options.dp_attention:
+        raise WorkloadError(
+            "--eplb rebalances the experts of groups with data-parallel attention, which --no-dp-attention "
+            "leaves out: drop one of them"
+        )
+    return redundant
 
 
 def _expert_picks(config: DecoderConfig, options: ServingOptions) -> tuple[float, ...] | None:

@@ -36,7 +36,10 @@ def dp_stage_costs(tasks: ServingTasks, server_class: ServerClass, degree: int, 
         workspace[part] = task.workspace_bytes_per_sample / degree
     layers = {"block": tasks.config.moe_layer()} | ({"dense": tasks.config.dense_layer()} if tasks.dense_layers else {})
     for part, config in layers.items():
-        weights[part] = member_weight_bytes(config, tasks.precision, kind, degree, tasks.tasks[part].weight_bytes)
+        redundant = (tasks.redundant_experts or 0) if part == "block" else 0
+        weights[part] = member_weight_bytes(
+            config, tasks.precision, kind, degree, tasks.tasks[part].weight_bytes, redundant
+        )
     kernels = {part: _kernels(tasks, config, server_class, degree, attention) for part, config in layers.items()}
     times = {part: kernel_time(k, tasks, degree) for part, k in kernels.items()}
     pieces |= {part: t.pieces for part, t in times.items()}
@@ -60,4 +63,5 @@ def _kernels(tasks: ServingTasks, config, server_class: ServerClass, degree: int
     """One layer's kernels on a member of the group (across servers where the group spans them)."""
     link, span, all2all = server_class.intra_link, server_class.span(degree), DP_ALL2ALL[attention]
     kind, imbalance = server_class.kind, tasks.imbalance_of(degree, attention)
-    return dp_layer_kernels(config, tasks.precision, kind, degree, link, imbalance, span, all2all, tasks.expert_picks)
+    picks, redundant = (tasks.dp_picks, tasks.redundant_experts) if config.is_moe else (None, None)
+    return dp_layer_kernels(config, tasks.precision, kind, degree, link, imbalance, span, all2all, picks, redundant)

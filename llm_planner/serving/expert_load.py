@@ -9,7 +9,9 @@ n_e (share s_e = n_e / sum n):
     experts tensor-parallel (tpK)   the busiest expert's rows over the mean: E max_e s_e
     experts split over dpaK         the busiest member's rows over the mean: k max_j S_j, S_j the
                                     share of member j's experts, E/k consecutive ones (vLLM's and
-                                    SGLang's default placement: expert e on member floor(e k / E))
+                                    SGLang's default placement: expert e on member floor(e k / E)),
+                                    or under EPLB (`--eplb R`) the (E + R)/k replicas EPLB's greedy
+                                    gives it from the histogram (llm_planner.cost.eplb)
 
 each averaged over the layers (a layer's time is linear in its factor, and the stages' layers are
 taken alike). These are `--expert-imbalance`'s factor (llm_planner.cost.moe_cost: the expert GEMMs
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_planner.core.fileio import read_document
+from llm_planner.cost.eplb import member_loads
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.workload import WorkloadError
 
@@ -49,9 +52,12 @@ class ExpertLoad:
         """The busiest expert's rows over the mean, averaged over the layers (module docstring)."""
         return _mean(len(counts) * max(counts) / sum(counts) for counts in self.layers)
 
-    def member_imbalance(self, k: int) -> float:
-        """The busiest of k members' rows over the mean, each member E/k consecutive experts."""
-        return _mean(k * max(_blocks(counts, k)) / sum(counts) for counts in self.layers)
+    def member_imbalance(self, k: int, redundant: int | None = None) -> float:
+        """The busiest of k members' rows over the mean, each member E/k consecutive experts, or
+        under EPLB with `redundant` replicas the placement llm_planner.cost.eplb gives."""
+        if redundant is None:
+            return _mean(k * max(_blocks(counts, k)) / sum(counts) for counts in self.layers)
+        return _mean(k * max(member_loads(counts, k, redundant)) / sum(counts) for counts in self.layers)
 
     def picks(self, top_k: int) -> tuple[float, ...]:
         """Each expert's chance that one token reaches it, min(1, k s_e), sorted from the most
@@ -61,10 +67,11 @@ class ExpertLoad:
         ]
         return tuple(round(sum(col) / len(col), 6) for col in zip(*per_layer))
 
-    def dp_imbalance(self) -> dict[int, float]:
-        """member_imbalance for every group size that splits the experts evenly (k >= 2)."""
-        e = len(self.layers[0])
-        return {k: round(self.member_imbalance(k), 6) for k in range(2, e + 1) if e % k == 0}
+    def dp_imbalance(self, redundant: int | None = None) -> dict[int, float]:
+        """member_imbalance for every group size that splits the experts (and EPLB's `redundant`
+        replicas) evenly (k >= 2)."""
+        slots = len(self.layers[0]) + (redundant or 0)
+        return {k: round(self.member_imbalance(k, redundant), 6) for k in range(2, slots + 1) if slots % k == 0}
 
 
 def _blocks(counts: tuple[float, ...], k: int) -> list[float]:

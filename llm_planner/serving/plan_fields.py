@@ -192,9 +192,20 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
     exactly(
         options,
         _OPTIONS,
-        optional=("expert_imbalance", "chunked_prefill", "dp_attention", "deepep", "dp_imbalance", "expert_picks"),
+        optional=(
+            "expert_imbalance",
+            "chunked_prefill",
+            "dp_attention",
+            "deepep",
+            "dp_imbalance",
+            "expert_picks",
+            "eplb",
+        ),
     )
     _dp_imbalance(options)
+    redundant = options.data.get("eplb")
+    if redundant is not None and (isinstance(redundant, bool) or not isinstance(redundant, int) or redundant < 0):
+        raise options.fail("eplb", f"expected null or a whole number >= 0 of redundant experts, got {redundant!r}")
     _expert_picks(options)
     for key in ("dp_attention", "deepep"):
         if not isinstance(options.data.get(key, False), bool):

@@ -20,6 +20,7 @@ from functools import lru_cache
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.precision import Precision, as_precision
 from llm_planner.cost.dp_attention import dp_offered
+from llm_planner.cost.eplb import replica_picks
 from llm_planner.cost.iteration import Load
 from llm_planner.graph.attention_window import check_window
 from llm_planner.graph.decoder_graph import ID_BYTES, build_decoder_graph
@@ -63,11 +64,24 @@ class ServingTasks:
     # a measured router's chance per expert that one token reaches it (llm_planner.serving.expert_load;
     # graph.moe.experts_touched); None: uniform routing
     expert_picks: tuple[float, ...] | None = None
+    # MoE: the engines rebalance the experts of groups with data-parallel attention (EPLB,
+    # llm_planner.cost.eplb) with this many redundant replicas; None: no rebalancing
+    redundant_experts: int | None = None
 
     @property
     def most_sequences(self) -> float:
         """The most sequences one micro-batch may hold (`sequences_in_budget`)."""
         return sequences_in_budget(self.token_budget, self.prefill_per_output, self.chunked_prefill)
+
+    @property
+    def dp_picks(self) -> tuple[float, ...] | None:
+        """The chances one token reaches each routed expert a group with data-parallel attention
+        holds: under EPLB each replica's (cost.eplb.replica_picks; uniform routing where no router
+        was measured), else the experts' (`expert_picks`)."""
+        if self.redundant_experts is None:
+            return self.expert_picks
+        e, k = self.config.num_experts, self.config.experts_per_token
+        return replica_picks(self.expert_picks or (min(1.0, k / e),) * e, self.redundant_experts)
 
     def imbalance_of(self, degree: int, attention: str) -> float:
         """The imbalance factor an MoE layer is charged on a group (`attention` "tp", or data-parallel)."""
@@ -109,7 +123,7 @@ class ServingTasks:
         layout, running them whole on each rank, does not need (kept: a group it adds is untested)."""
         ends = all(t.shards_over(k) for part, t in self.tasks.items() if part not in ("block", "dense"))
         dense = not self.dense_layers or self.config.intermediate_size % k == 0
-        return ends and dense and dp_offered(self.config.moe_layer(), k)
+        return ends and dense and dp_offered(self.config.moe_layer(), k, self.redundant_experts)
 
 
 def check_workload_window(config: DecoderConfig, workload: ServingWorkload, source: str | None = None) -> None:
@@ -130,6 +144,7 @@ def build_serving_tasks(
     chunked_prefill: bool = True,
     dp_imbalance: dict[int, float] | None = None,
     expert_picks: tuple[float, ...] | None = None,
+    redundant_experts: int | None = None,
 ) -> ServingTasks:
     """The tasks per sequence in flight (module docstring) in `dtype` (one dtype for everything) or
     a precision: the block's linear weights at the weight format's bytes, its KV cache at the KV
@@ -184,6 +199,7 @@ def build_serving_tasks(
         chunked_prefill=chunked_prefill,
         dp_imbalance=dp_imbalance,
         expert_picks=expert_picks,
+        redundant_experts=redundant_experts,
     )
 
 

@@ -66,10 +66,9 @@ class _Costs:
         sc = ctx.by_name[class_name]
         self.step_s, self.usable = sc.kind.serving_step_s, sc.kind.usable_mem_bytes
         (self._data_parallel_parts if is_dp(attention) else self._tensor_parallel_parts)(ctx, sc, degree)
-        kernels_of = _kernels_of(sc, degree, attention)
-        self.kernels = kernels_of(
-            ctx.config, ctx.precision, ctx.tasks.imbalance_of(degree, attention), ctx.tasks.expert_picks
-        )
+        kernels_of = _kernels_of(sc, degree, attention, ctx.tasks.redundant_experts)
+        picks = ctx.tasks.dp_picks if is_dp(attention) else ctx.tasks.expert_picks  # EPLB's replicas on dpaK
+        self.kernels = kernels_of(ctx.config, ctx.precision, ctx.tasks.imbalance_of(degree, attention), picks)
         self.dense_layers = ctx.config.first_dense_layers  # on the first stage, with a dense MLP
         self.ranks = degree if is_dp(attention) else 1  # schedulers the sequences split over
         self.dense = kernels_of(ctx.config.dense_layer(), ctx.precision) if self.dense_layers else None
@@ -121,7 +120,8 @@ class _Costs:
         seq = sc.kind.serving_sequence_s / k  # the engine's own work per sequence, each rank on its own
         self.pieces["lm_head"] = tuple((f, s + seq) for f, s in self.pieces["lm_head"])
         self.weights = {part: task.weight_bytes for part, task in tasks.items()}
-        self.weights["block"] -= wb * moe_parameters(ctx.config)["experts"] * (1 - 1 / k)
+        e, redundant = ctx.config.num_experts, ctx.tasks.redundant_experts or 0  # EPLB: (E + R) / k replicas held
+        self.weights["block"] -= wb * moe_parameters(ctx.config)["experts"] * (1 - (e + redundant) / (e * k))
         self.workspace = {part: task.workspace_bytes_per_sample / k for part, task in tasks.items()}
         self.kv = tasks["block"].mem_bytes_per_sample / k
         if ctx.config.is_mla:
@@ -190,13 +190,14 @@ def _held(ctx: ServingContext) -> int:
     return max(1, math.ceil(ctx.workload.kv_context))
 
 
-def _kernels_of(sc, degree: int, attention: str):
+def _kernels_of(sc, degree: int, attention: str, redundant: int | None = None):
     """config, precision[, imbalance] -> a layer's kernels on a member of the stage's group
-    (llm_planner.cost: tensor-parallel, or data-parallel attention, over whole servers too)."""
+    (llm_planner.cost: tensor-parallel, or data-parallel attention, over whole servers too, with
+    EPLB's `redundant` replicas)."""
     if is_dp(attention):
         span, link, all2all = sc.span(degree), sc.intra_link, DP_ALL2ALL[attention]
         return lambda cfg, p, imbalance=1.0, picks=None: dp_layer_kernels(
-            cfg, p, sc.kind, degree, link, imbalance, span, all2all, picks
+            cfg, p, sc.kind, degree, link, imbalance, span, all2all, picks, redundant if cfg.is_moe else None
         )
     return lambda cfg, p, imbalance=1.0, picks=None: layer_kernels(
         cfg, p, sc.kind, degree, sc.intra_link, imbalance, picks
