@@ -219,6 +219,48 @@ def record_latencies(simulator):
     simulator.handle_gather_finished = gather_and_record
 
 
+def record_batches(simulator, begin, end):
+    """Per machine, from `begin` to `end` simulated seconds: the share of time it computes, the
+    batches it starts at its first layer (requests it takes in), their decode requests, and those
+    holding a single decode request and no prompt; added up as batches start, nothing kept per
+    batch. Wraps the class's start_execution (every machine of this process is the simulator's)."""
+    from simulator.event_simulator.compute_node import ComputeNode
+
+    stats = collections.defaultdict(lambda: {"busy_s": 0.0, "first_batches": 0, "first_decodes": 0, "single": 0})
+    start = ComputeNode.start_execution
+
+    def start_and_count(node, requests):
+        batch = start(node, requests)
+        if begin <= simulator.current_time <= end:
+            row = stats[node.node_uid]
+            row["busy_s"] += batch.duration
+            if node.current_layer_id == min(node.in_vram_model_layers):
+                decodes = sum(r.phase.name == "Increment" for r in requests)
+                row["first_batches"] += 1
+                row["first_decodes"] += decodes
+                row["single"] += decodes == len(requests) == 1
+        return batch
+
+    ComputeNode.start_execution = start_and_count
+    return stats
+
+
+def batch_summary(stats, duration, latencies):
+    """The per-machine figures of record_batches as rates and means, and the mean decode latency
+    (one token's trip from the coordinator round the route and back) over the window."""
+    machines = {
+        str(uid): {
+            "busy_share": round(row["busy_s"] / duration, 4),
+            "first_batches_per_s": round(row["first_batches"] / duration, 3),
+            "mean_decode_batch": round(row["first_decodes"] / max(1, row["first_batches"]), 2),
+            "single_per_s": round(row["single"] / duration, 3),
+        }
+        for uid, row in sorted(stats.items())
+    }
+    decode = [latency for prompt, latency in latencies if not prompt]
+    return {"machines": machines, "decode_latency_mean_s": sum(decode) / len(decode) if decode else None}
+
+
 def percentiles(values):
     """Helix's analyze_latency: the sorted list at int(n x q) for q = 5, 25, 50, 75, 95%."""
     values = sorted(values)
@@ -262,6 +304,12 @@ def main():
         type=float,
         help="Helix's online mode: requests arrive at this mean rate of tokens/s (its avg_throughput; "
         "its runs use --warm-up 0 --duration 1800)",
+    )
+    p.add_argument(
+        "--batch-stats",
+        action="store_true",
+        help="add, per machine, its busy share, the batches it starts at its first layer per second, their mean "
+        "decode requests and the single-request ones per second, and the mean decode latency (batch_stats)",
     )
     p.add_argument("--warm-up", type=float, default=60.0)
     p.add_argument("--duration", type=float, default=600.0)
@@ -319,6 +367,8 @@ def main():
     simulator.mark_as_ready()
     loaded_at = synthesizer.set_layout(simulator=simulator)
     simulator.update_scheduler()
+    begin, end = loaded_at + args.warm_up, loaded_at + args.warm_up + args.duration
+    batches = record_batches(simulator, begin, end) if args.batch_stats else None
     started = time.time()
     if args.online is not None:  # requests arrive at this mean rate of tokens (Helix's avg_throughput)
         feeder = OnlineRequestFeeder(
@@ -334,7 +384,6 @@ def main():
             seed=0,
         )
     feeder.auto_simulate(simulator=simulator, watch_items=["all"], watch_interval=args.watch)
-    begin, end = loaded_at + args.warm_up, loaded_at + args.warm_up + args.duration
     decoded = prompts = 0
     for finished_at, request in simulator.finished_requests.values():
         if begin <= finished_at <= end:
@@ -358,6 +407,8 @@ def main():
         "numpy": _version("numpy"),
         "networkx": _version("networkx"),
     }
+    if batches is not None:
+        result["batch_stats"] = batch_summary(batches, args.duration, window)
     print("HELIX_RESULT " + json.dumps(result), flush=True)
 
 

@@ -16,9 +16,11 @@ The model of a layout made of stages (each `width` machines of one type holding 
 - Queries in flight: Helix admits a new query while the fullest machine's expected KV use
   (prompt + 240 tokens per query on each of its layers) stays at most 80%, so
   C = 0.8 x min over stages of width x 16 x blocks(layers) / (prompt + 240).
-- Its machines run what is queued as one batch, layer after layer, so in steady state the C
-  queries move as a bunch: one decode step of a query takes a round through every stage,
-  where each machine runs its C / width requests in batches of at most its decode limit,
+- Its machines run what is queued as one batch, layer after layer; the model takes the C
+  queries to move as a bunch (an assumption: on a layout measured, docs/helix.md, the
+  simulator's machines run many small batches instead): one decode step of a query takes a
+  round through every stage, where each machine runs its C / width requests in batches of at
+  most its decode limit,
   plus the first request of the bunch alone (it arrives before the others and starts a batch
   by itself; Helix charges a one-request decode twice), plus each hop's latency and the
   bunch's transfer (every request is sent on its own).
