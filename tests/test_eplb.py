@@ -4,6 +4,7 @@ and exported with it, and the refusals."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -114,18 +115,61 @@ def test_eplb_is_refused_where_it_places_nothing(tmp_path, capsys):
     assert "--eplb: llama3-8b has no experts" in capsys.readouterr().err
     assert main([*argv, "--model", "mixtral-8x7b", "--eplb", "2", "--no-dp-attention"]) == 2
     assert "--no-dp-attention leaves out" in capsys.readouterr().err
-    with pytest.raises(WorkloadError, match="--eplb: a whole number >= 0"):
-        context(tmp_path, QWEN, eplb=-1)
+    for bad in (-1, 61, True):  # Qwen's 60 experts: at most 60 redundant
+        with pytest.raises(WorkloadError, match="--eplb: a whole number of redundant experts from 0 to the model's 60"):
+            context(tmp_path, QWEN, eplb=bad)
+    assert main([*argv, "--model", "mixtral-8x7b", "--eplb", "9"]) == 2  # before any placement is computed
+    assert "from 0 to the model's 8, got 9" in capsys.readouterr().err
 
 
-def test_a_plan_file_with_a_bad_eplb_is_refused_naming_the_field(tmp_path, capsys):
+def test_eplb_that_leaves_no_group_is_refused_and_one_that_drops_sizes_says_so(tmp_path, capsys, caplog):
+    """Mixtral's 8 experts split over dpa2, dpa4 and dpa8 of a DGX; 8 + 3 replicas over none (refused,
+    naming --eplb and E + R), 8 + 2 over dpa2 alone (planned, with a warning naming dpa4 and dpa8)."""
+    argv = [*PLAN, "--cluster", str(REPO / "cluster_specs" / "dgx-a100-l4.yaml"), "--model", "mixtral-8x7b"]
+    assert main([*argv, "--eplb", "3", "-o", str(tmp_path / "p.yaml")]) == 2
+    assert "--eplb 3: no group of this plan runs data-parallel attention" in capsys.readouterr().err
+    assert main([*argv, "--eplb", "2", "-o", str(tmp_path / "p.yaml")]) == 0
+    assert "8 + 2 replicas do not split over dpa4, dpa8, which 8 experts alone would" in caplog.text
+    data = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    if not any(s.get("attention", "tp") != "tp" for r in data["serving"]["replicas"] for s in r["segments"]):
+        capsys.readouterr()
+        assert main(["show", str(tmp_path / "p.yaml")]) == 0
+        assert "EPLB" not in capsys.readouterr().out  # no dpaK group: nothing for EPLB to place
+
+
+def test_uniform_routing_under_eplb_is_charged_its_placement(tmp_path):
+    """Qwen's 60 equal experts with 4 redundant: four experts split in two, 64 replicas. Over 16
+    members of 4 slots the 56 whole ones go first, 4 to eight members and 3 to the others, then
+    the 8 halves to the members with 3: the busiest hold 4 of the 60 / 16 mean, 1.0667."""
+    plan = tmp_path / "plan.yaml"
+    argv = [*PLAN, "--cluster", str(REPO / "cluster_specs" / "dgx-a100-l4.yaml"), "--model", QWEN]
+    assert main([*argv, "--eplb", "4", "-o", str(plan)]) == 0
+    table = yaml.safe_load(plan.read_text())["options"]["dp_imbalance"]
+    assert table[2] == table[4] == 1.0 and table[16] == pytest.approx(64 / 60)
+    assert main(["verify", str(plan)]) == 0
+
+
+@pytest.mark.parametrize("bad, says", [(-3, "options.eplb"), (800_000_000, "options.eplb"), (9, "to the model's 8")])
+def test_a_plan_file_with_a_bad_eplb_is_refused_naming_the_field(tmp_path, capsys, bad, says):
+    """A count below 0 or past MAX_REDUNDANT is refused reading the file (no placement is tried: a
+    huge count would run for ever); one past the model's experts, building its context."""
     plan = tmp_path / "plan.yaml"
     argv = [*PLAN, "--cluster", str(REPO / "cluster_specs" / "dgx-a100-l4.yaml"), "--model", "mixtral-8x7b"]
     assert main([*argv, "--eplb", "0", "-o", str(plan)]) == 0
     data = yaml.safe_load(plan.read_text())
-    data["options"]["eplb"] = -3
+    data["options"]["eplb"] = bad
     plan.write_text(yaml.safe_dump(data, sort_keys=False))
     capsys.readouterr()
     assert main(["verify", str(plan)]) == 2
     err = capsys.readouterr().err
-    assert "options.eplb" in err and "redundant experts" in err
+    assert says in err and "redundant experts" in err
+
+
+def test_the_json_export_names_the_redundant_experts_of_data_parallel_engines(tmp_path):
+    plan = tmp_path / "plan.yaml"
+    argv = [*PLAN, "--cluster", str(REPO / "cluster_specs" / "dgx-a100-l4.yaml"), "--model", "mixtral-8x7b"]
+    assert main([*argv, "--eplb", "8", "-o", str(plan)]) == 0
+    assert main(["export", str(plan), "--to", "vllm", "--format", "json", "-o", str(tmp_path / "e.json")]) == 0
+    engines = json.loads((tmp_path / "e.json").read_text())["engines"]
+    assert {e["eplb_redundant_experts"] for e in engines if e["data_parallel_attention"]} == {8}
+    assert {e["eplb_redundant_experts"] for e in engines if not e["data_parallel_attention"]} <= {None}

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from llm_planner.cost.eplb import MAX_REDUNDANT
+
 
 def positive_seconds(text: str) -> float:
     """A finite number of seconds above 0."""
@@ -52,7 +54,7 @@ count = whole(0, 1024)  # processes or threads; 0: the default's choice
 positive = whole(1, 2**20)  # a batch, shards, stages, micro-batches
 tokens = whole(1, 2**24)  # a prompt, an output or a context, in tokens
 seed = whole(0, 2**32 - 1)
-redundant_experts = whole(0, 4096)  # EPLB's redundant experts (DeepSeek-V3 serves 256 experts with 32)
+redundant_experts = whole(0, MAX_REDUNDANT)  # EPLB's redundant experts (DeepSeek-V3 serves 256 experts with 32)
 
 
 def names_of(known: tuple[str, ...], what: str):

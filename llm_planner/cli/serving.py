@@ -15,10 +15,11 @@ from llm_planner.core.fmt import fmt_s, styled
 from llm_planner.core.precision import KV_FORMATS
 from llm_planner.core.spec import ClusterSpec, SpecError, load_cluster
 from llm_planner.core.timing import Stopwatch, fmt_elapsed, timing_text
+from llm_planner.cost.eplb import check_redundant
 from llm_planner.serving.api import plan_serving_among
 from llm_planner.serving.context import ServingOptions
 from llm_planner.serving.engines import ENGINES
-from llm_planner.serving.expert_load import read_expert_load
+from llm_planner.serving.expert_load import ExpertLoad, read_expert_load
 from llm_planner.serving.inputs import checkpoint_weights, decoder_config, serving_precision, workload_from_flags
 from llm_planner.serving.plan_fields import SERVING_SOLVERS
 from llm_planner.serving.plan_file import ServingPlanError, load_serving_plan, save_serving_plan
@@ -191,13 +192,17 @@ def serving_options(args: argparse.Namespace):
 
 def expert_load_options(args: argparse.Namespace) -> dict:
     """The imbalance factors: --expert-imbalance's, or those --expert-load's histogram gives
-    (llm_planner.serving.expert_load, with --eplb's placement where asked), and --eplb."""
+    (llm_planner.serving.expert_load, with --eplb's placement where asked; under uniform routing
+    with --eplb, the placement's of equal loads), and --eplb."""
     eplb = args.eplb
-    if args.expert_load is None:
+    if args.expert_load is None and (eplb is None or args.expert_imbalance != 1.0):
         return {"expert_imbalance": args.expert_imbalance, "eplb": eplb}
-    if args.expert_imbalance != 1.0:
+    if args.expert_load is not None and args.expert_imbalance != 1.0:
         raise UserError("--expert-load and --expert-imbalance: give one (the histogram gives the factors)", 2)
     config = decoder_config(args.model)
+    if args.expert_load is None:
+        return _uniform_eplb(config, eplb)
+    _check_eplb(config, eplb)
     load = read_expert_load(args.expert_load, config)
     return {
         "expert_imbalance": round(load.expert_imbalance(), 6),
@@ -205,6 +210,25 @@ def expert_load_options(args: argparse.Namespace) -> dict:
         "expert_picks": load.picks(config.experts_per_token),
         "eplb": eplb,
     }
+
+
+def _check_eplb(config, eplb: int | None) -> None:
+    """--eplb's count against the model's experts, before a placement is computed (a dense model
+    is refused by the serving context, naming --eplb)."""
+    if eplb is not None and config.is_moe:
+        try:
+            check_redundant(eplb, config.num_experts)
+        except ValueError as exc:
+            raise UserError(f"--eplb: {exc}", 2) from None
+
+
+def _uniform_eplb(config, eplb: int) -> dict:
+    """Uniform routing under EPLB: the member factors of its placement of equal loads."""
+    _check_eplb(config, eplb)
+    if not config.is_moe:
+        return {"expert_imbalance": 1.0, "eplb": eplb}
+    uniform = ExpertLoad(source="uniform routing", layers=((1.0,) * config.num_experts,))
+    return {"expert_imbalance": 1.0, "dp_imbalance": uniform.dp_imbalance(eplb), "eplb": eplb}
 
 
 def cmd_plan_serving(args: argparse.Namespace, console: Console) -> int:

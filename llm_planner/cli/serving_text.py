@@ -103,12 +103,14 @@ def _experts_text(data: dict) -> str:
     table = data["options"].get("dp_imbalance") or {}
     members = ", ".join(f"dpa{k} {table[k]:.3g}" for k in used if k in table)
     redundant = data["options"].get("eplb")
+    measured = data["options"].get("expert_picks") is not None
+    source = "from a measured histogram" if measured else "EPLB's placement of uniform routing"
     eplb = f"; EPLB rebalances the dpaK groups' experts with {redundant} redundant" if redundant is not None else ""
     return (
         f"; mixture of experts: {experts['num_experts']} experts, top-{experts['experts_per_token']}, "
         f"{split}, imbalance {skew:.3g}{' (uniform routing)' if skew == 1 else ''}"
-        + (f" (busiest member: {members}; from a measured histogram)" if members else "")
-        + eplb
+        + (f" (busiest member: {members}; {source})" if members else "")
+        + (eplb if used else "")
         + (f"; {dense} dense first layers, on the first stage" if dense else "")
     )
 

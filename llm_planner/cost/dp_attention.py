@@ -230,5 +230,6 @@ def member_weight_bytes(
         for kernel in layer_kernels(config, dtype, kind).kernels
         if kernel.experts is not None
     )
-    held = (config.num_experts + redundant) / (config.num_experts * k) if config.is_moe else 1 / k
-    return whole - routed * (1 - held)
+    if routed == 0:  # a dense layer (DeepSeek's first ones): every weight whole
+        return whole
+    return whole - routed * (1 - (config.num_experts + redundant) / (config.num_experts * k))

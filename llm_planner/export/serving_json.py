@@ -82,6 +82,8 @@ def engines_config(export: ServingExport, ports: dict[str, int]) -> dict[str, An
                 "tensor_parallel_size": e.tensor_parallel,
                 "data_parallel_attention": e.data_parallel_attention,  # then each of the group's ranks runs:
                 "all2all_backend": e.all2all if e.data_parallel_attention else None,
+                # EPLB's redundant experts (--enable-eplb) on a data-parallel engine; null: EPLB off
+                "eplb_redundant_experts": export.eplb if e.data_parallel_attention else None,
                 "max_num_seqs_per_rank": e.rank_concurrency,
                 "pipeline_parallel_size": e.pipeline_parallel,
                 "layers_per_stage": e.layers,

@@ -14,6 +14,7 @@ from llm_planner.core.gap import SERVING_REL_GAP as OPTIMAL_GAP
 from llm_planner.core.gap import gap, status
 from llm_planner.core.precision import Precision, as_precision, runs_on
 from llm_planner.core.spec import ClusterSpec, check_memory_limited
+from llm_planner.cost.eplb import check_redundant
 from llm_planner.cost.moe_cost import check_imbalance, check_picks
 from llm_planner.graph.hf_config import model_source
 from llm_planner.graph.transformer import DecoderConfig
@@ -92,6 +93,8 @@ class ServingContext:
         )
         if not classes:
             raise WorkloadError(f"cluster {cluster.name!r} has no accelerator to serve on (CPUs only with --allow-cpu)")
+        if options.eplb is not None:
+            _check_eplb_groups(cluster, options, self.tasks, classes)
         # kinds that cannot run the precision serve no stage; why, by kind (named when nothing serves)
         self.classes, self.left_out = _able(cluster, classes, self.precision)
         self.by_name = {c.name: c for c in self.classes}
@@ -304,16 +307,50 @@ def _eplb(config: DecoderConfig, options: ServingOptions) -> int | None:
     redundant = options.eplb
     if redundant is None:
         return None
-    if isinstance(redundant, bool) or not isinstance(redundant, int) or redundant < 0:
-        raise WorkloadError(f"--eplb: a whole number >= 0 of redundant experts, got {redundant!r}")
     if not config.is_moe:
         raise WorkloadError(f"--eplb: {config.name} has no experts (a dense model)")
+    try:
+        check_redundant(redundant, config.num_experts)
+    except ValueError as exc:
+        raise WorkloadError(f"--eplb: {exc}") from None
     if not options.dp_attention:
         raise WorkloadError(
             "--eplb rebalances the experts of groups with data-parallel attention, which --no-dp-attention "
             "leaves out: drop one of them"
         )
     return redundant
+
+
+def _check_eplb_groups(cluster: ClusterSpec, options: ServingOptions, tasks: ServingTasks, classes) -> None:
+    """WorkloadError naming --eplb when its redundant experts leave no group with data-parallel
+    attention (k must divide E + R), or when none is offered (an engine the plan must export to
+    that runs none); a warning naming the group sizes E alone allowed and E + R does not."""
+    sizes = sorted({k for c in classes for k in c.dp_degrees})
+    e, r = tasks.config.num_experts, options.eplb
+    plain = dataclasses.replace(tasks, redundant_experts=None)  # the sizes E alone splits over
+    without = server_classes(
+        cluster,
+        allow_cpu=options.allow_cpu,
+        max_tp=options.max_tp,
+        shards_over=plain.shards_over,
+        dp_over=plain.dp_over if _dp_attention(tasks.config, options) else None,
+    )
+    if not sizes:
+        raise WorkloadError(
+            f"--eplb {r}: no group of this plan runs data-parallel attention, where EPLB places experts: its "
+            f"{e} + {r} replicas split over no dpaK group of this cluster and model (k must divide E + R and "
+            "the experts' width), or the engine given to --exportable runs none"
+        )
+    lost = sorted({k for c in without for k in c.dp_degrees} - set(sizes))
+    if lost:
+        log.warning(
+            "--eplb %d: %d + %d replicas do not split over dpa%s, which %d experts alone would",
+            r,
+            e,
+            r,
+            ", dpa".join(map(str, lost)),
+            e,
+        )
 
 
 def _expert_picks(config: DecoderConfig, options: ServingOptions) -> tuple[float, ...] | None:

@@ -5,10 +5,11 @@ routed experts split over it (llm_planner.cost.dp_attention: vLLM's `--data-para
 Each member is a data-parallel rank of 1/k of the stage's sequences: its decoder layers are the
 kernels of cost.dp_attention (a dense first layer its own part alone); its end parts (embedding,
 final norm, head) run whole on its own sequences, so their pieces are one device's with the
-per-sequence slope divided by k (the time at b/k sequences); it holds every weight whole but
-(k - 1)/k of the routed experts', the whole KV cache of 1/k of the sequences, and the workspace of
-its own. A group over whole servers (ServerClass.spans_servers) gathers across their link.
-No measured profile applies (profiles time tensor-parallel layers).
+per-sequence slope divided by k (the time at b/k sequences); it holds every weight whole but the
+routed experts, (E + R)/k replicas of them (R: EPLB's redundant experts, 0 without;
+llm_planner.cost.eplb), the whole KV cache of 1/k of the sequences, and the workspace of its
+own. A group over whole servers (ServerClass.spans_servers) gathers across their link. No
+measured profile applies (profiles time tensor-parallel layers).
 """
 
 from __future__ import annotations

@@ -30,11 +30,11 @@ least the layers' mean count (Jensen): the model errs slow, by no more than the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from llm_planner.core.fileio import read_document
-from llm_planner.cost.eplb import member_loads
+from llm_planner.cost.eplb import member_loads, replicas
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.workload import WorkloadError
 
@@ -47,6 +47,7 @@ class ExpertLoadError(WorkloadError):
 class ExpertLoad:
     source: str
     layers: tuple[tuple[float, ...], ...]  # tokens each expert received, per MoE layer measured
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def expert_imbalance(self) -> float:
         """The busiest expert's rows over the mean, averaged over the layers (module docstring)."""
@@ -57,7 +58,17 @@ class ExpertLoad:
         under EPLB with `redundant` replicas the placement llm_planner.cost.eplb gives."""
         if redundant is None:
             return _mean(k * max(_blocks(counts, k)) / sum(counts) for counts in self.layers)
-        return _mean(k * max(member_loads(counts, k, redundant)) / sum(counts) for counts in self.layers)
+        copies = self._copies(redundant)
+        return _mean(
+            k * max(member_loads(counts, k, redundant, c)) / sum(counts) for counts, c in zip(self.layers, copies)
+        )
+
+    def _copies(self, redundant: int) -> list[list[int]]:
+        """EPLB's replicas per expert of each layer (llm_planner.cost.eplb), the same for every k."""
+        key = ("copies", redundant)
+        if key not in self._cache:
+            self._cache[key] = [replicas(counts, redundant) for counts in self.layers]
+        return self._cache[key]
 
     def picks(self, top_k: int) -> tuple[float, ...]:
         """Each expert's chance that one token reaches it, min(1, k s_e), sorted from the most

@@ -18,6 +18,7 @@ from typing import Any
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.plan_read import Fields
 from llm_planner.core.precision import PRECISION_KEYS, PrecisionError, precision_from_dict, uniform
+from llm_planner.cost.eplb import MAX_REDUNDANT
 from llm_planner.cost.moe_cost import check_imbalance, check_picks
 from llm_planner.serving.classes import DP_ATTENTIONS
 from llm_planner.serving.engines import ENGINES
@@ -203,9 +204,7 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
         ),
     )
     _dp_imbalance(options)
-    redundant = options.data.get("eplb")
-    if redundant is not None and (isinstance(redundant, bool) or not isinstance(redundant, int) or redundant < 0):
-        raise options.fail("eplb", f"expected null or a whole number >= 0 of redundant experts, got {redundant!r}")
+    _eplb(options)
     _expert_picks(options)
     for key in ("dp_attention", "deepep"):
         if not isinstance(options.data.get(key, False), bool):
@@ -260,6 +259,18 @@ def _dp_imbalance(options: Fields) -> None:
             check_imbalance(factor)  # the model's own check of a factor
         except ValueError:
             raise options.fail("dp_imbalance", f"[{k}]: expected a number >= 1, got {factor!r}") from None
+
+
+def _eplb(options: Fields) -> None:
+    """options.eplb: null, or a whole number of redundant experts from 0 to MAX_REDUNDANT (the
+    model's own count is checked against its experts where the plan is read into a context)."""
+    redundant = options.data.get("eplb")
+    if redundant is None:
+        return
+    if isinstance(redundant, bool) or not isinstance(redundant, int) or not 0 <= redundant <= MAX_REDUNDANT:
+        raise options.fail(
+            "eplb", f"expected null or a whole number of redundant experts from 0 to {MAX_REDUNDANT}, got {redundant!r}"
+        )
 
 
 def _workload(f: Fields) -> None:

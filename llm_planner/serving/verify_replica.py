@@ -67,7 +67,7 @@ class _Costs:
         self.step_s, self.usable = sc.kind.serving_step_s, sc.kind.usable_mem_bytes
         (self._data_parallel_parts if is_dp(attention) else self._tensor_parallel_parts)(ctx, sc, degree)
         kernels_of = _kernels_of(sc, degree, attention, ctx.tasks.redundant_experts)
-        picks = ctx.tasks.dp_picks if is_dp(attention) else ctx.tasks.expert_picks  # EPLB's replicas on dpaK
+        picks = _replica_chances(ctx) if is_dp(attention) else ctx.tasks.expert_picks  # EPLB's replicas on dpaK
         self.kernels = kernels_of(ctx.config, ctx.precision, ctx.tasks.imbalance_of(degree, attention), picks)
         self.dense_layers = ctx.config.first_dense_layers  # on the first stage, with a dense MLP
         self.ranks = degree if is_dp(attention) else 1  # schedulers the sequences split over
@@ -110,7 +110,8 @@ class _Costs:
     def _data_parallel_parts(self, ctx: ServingContext, sc, k: int) -> None:
         """Data-parallel attention (llm_planner.cost.dp_attention), by the verifier's own count: each
         member runs the end parts whole on its 1/k of the sequences and holds every weight whole but
-        (k - 1)/k of the routed experts, the whole caches of its sequences and their workspace."""
+        the routed experts, of which it holds (E + R)/k replicas (R: EPLB's redundant, 0 without),
+        the whole caches of its sequences and their workspace."""
         tasks, wb = ctx.tasks.tasks, ctx.precision.weight_bytes
         ends = {part: task for part, task in tasks.items() if part not in ("block", "dense")}
         self.pieces = {
@@ -183,6 +184,22 @@ class _Costs:
             (["block"] if layers else []) + (["embed"] if first else []) + (["final_norm", "lm_head"] if last else [])
         ) + ["dense"] * bool(dense)
         return held + ends + max((self.workspace[p] for p in parts), default=0.0) * b
+
+
+def _replica_chances(ctx: ServingContext) -> tuple[float, ...] | None:
+    """The chance one token reaches each routed expert a dpaK member may hold: under EPLB with R
+    redundant (options.eplb), each replica's, by the verifier's own count: R times one more replica
+    of the expert with the largest chance per replica (the lower expert on a tie), each replica
+    reached with its expert's chance over its count; else the experts' (None: uniform)."""
+    redundant, picks = ctx.tasks.redundant_experts, ctx.tasks.expert_picks
+    if redundant is None:
+        return picks
+    cfg = ctx.config
+    chances = list(picks or [min(1.0, cfg.experts_per_token / cfg.num_experts)] * cfg.num_experts)
+    copies = [1] * len(chances)
+    for _ in range(redundant):
+        copies[max(range(len(chances)), key=lambda e: (chances[e] / copies[e], -e))] += 1
+    return tuple(sorted((q / c for q, c in zip(chances, copies) for _ in range(c)), reverse=True))
 
 
 def _held(ctx: ServingContext) -> int:
