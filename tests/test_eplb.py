@@ -173,3 +173,19 @@ def test_the_json_export_names_the_redundant_experts_of_data_parallel_engines(tm
     engines = json.loads((tmp_path / "e.json").read_text())["engines"]
     assert {e["eplb_redundant_experts"] for e in engines if e["data_parallel_attention"]} == {8}
     assert {e["eplb_redundant_experts"] for e in engines if not e["data_parallel_attention"]} <= {None}
+
+
+@pytest.mark.parametrize("edit", [{"eplb": None}, {"eplb": 8}, {"dp_imbalance": {2: 1.0, 4: 1.0}}])
+def test_verify_recomputes_the_factors_of_uniform_routing_under_eplb(tmp_path, capsys, edit):
+    """Without a histogram the member factors are EPLB's placement of equal loads, which verify
+    recomputes: EPLB taken away, another count, or factors changed are each a problem it names."""
+    plan = tmp_path / "plan.yaml"
+    argv = [*PLAN, "--cluster", str(REPO / "cluster_specs" / "dgx-a100-l4.yaml"), "--model", QWEN]
+    assert main([*argv, "--eplb", "4", "-o", str(plan)]) == 0
+    data = yaml.safe_load(plan.read_text())
+    data["options"] |= edit
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    capsys.readouterr()
+    assert main(["verify", str(plan)]) != 0
+    said = capsys.readouterr()
+    assert "options.dp_imbalance" in said.out + said.err

@@ -49,6 +49,7 @@ from llm_planner.serving.context import (
     build_context,
     status_of,
 )
+from llm_planner.serving.expert_load import ExpertLoad
 from llm_planner.serving.inputs import decoder_config
 from llm_planner.serving.layout import Segment, describe, layout_ok, layout_usage, same_server_after, segment_of
 from llm_planner.serving.plan_fields import precision, read_plan_fields
@@ -91,6 +92,7 @@ def verify_serving_plan(plan: ServingPlanFile) -> list[str]:
     problems: list[str] = []
     check_model(ctx, plan.data, problems)
     _check_checkpoint(ctx, plan.data["model"]["name"], problems)
+    _check_member_factors(ctx, problems)
     used: dict[str, str] = {}
     total = 0.0
     taken: dict[str, list[tuple[str, int]]] = {}  # class -> (replica, its copies' devices of the class)
@@ -113,6 +115,27 @@ def verify_serving_plan(plan: ServingPlanFile) -> list[str]:
     _check_totals(ctx, plan, total, _check_unrestricted(ctx, plan, problems), problems)
     check_baselines(ctx, plan.data, problems)
     return problems
+
+
+def _check_member_factors(ctx: ServingContext, problems: list[str]) -> None:
+    """options.dp_imbalance where no histogram gave it (no expert_picks): only EPLB's placement of
+    uniform routing gives such factors, and they are recomputed here; a histogram's are taken as
+    the plan states them (the histogram is not in the plan)."""
+    options = ctx.options
+    if options.expert_picks is not None or not options.dp_imbalance:
+        return
+    if options.eplb is None or options.expert_imbalance != 1.0:
+        problems.append(
+            "options.dp_imbalance: member factors without a measured router (expert_picks) come only from EPLB's "
+            "placement of uniform routing (options.eplb with expert_imbalance 1)"
+        )
+        return
+    uniform = ExpertLoad(source="uniform routing", layers=((1.0,) * ctx.config.num_experts,))
+    if uniform.dp_imbalance(options.eplb) != {int(k): v for k, v in options.dp_imbalance.items()}:
+        problems.append(
+            f"options.dp_imbalance: not the factors EPLB's placement of uniform routing gives with {options.eplb} "
+            f"redundant experts, {uniform.dp_imbalance(options.eplb)}"
+        )
 
 
 def _check_checkpoint(ctx: ServingContext, model: str, problems: list[str]) -> None:
