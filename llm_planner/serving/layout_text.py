@@ -104,8 +104,8 @@ def _check_block(where: str, seg: Segment, sc: ServerClass) -> None:
         formed = ", ".join(f"dpa{k}" for k in sc.dp_degrees) or "none"
         raise LayoutError(
             f"{where}: {sc.name} forms no group of {seg.degree} devices with data-parallel attention; those it forms "
-            f"for this model are {formed} (a mixture of experts whose experts split evenly over the group, inside a "
-            "server or over a power of two of whole servers)"
+            f"for this model are {formed} (a mixture of experts whose experts, with --eplb's redundant ones where "
+            "given, split evenly over the group, inside a server or over a power of two of whole servers)"
         )
     if is_dp(seg.attention) and seg.attention not in sc.dp_attentions:
         raise LayoutError(f"{where}: dpa{seg.degree}-deepep moves tokens with DeepEP, which is offered with --deepep")
