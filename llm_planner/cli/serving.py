@@ -227,8 +227,11 @@ def _uniform_eplb(config, eplb: int) -> dict:
     _check_eplb(config, eplb)
     if not config.is_moe:
         return {"expert_imbalance": 1.0, "eplb": eplb}
-    uniform = ExpertLoad(source="uniform routing", layers=((1.0,) * config.num_experts,))
-    return {"expert_imbalance": 1.0, "dp_imbalance": uniform.dp_imbalance(eplb), "eplb": eplb}
+    return {
+        "expert_imbalance": 1.0,
+        "dp_imbalance": ExpertLoad.uniform(config.num_experts).dp_imbalance(eplb),
+        "eplb": eplb,
+    }
 
 
 def cmd_plan_serving(args: argparse.Namespace, console: Console) -> int:

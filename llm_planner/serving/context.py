@@ -327,6 +327,12 @@ def _check_eplb_groups(cluster: ClusterSpec, options: ServingOptions, tasks: Ser
     that runs none); a warning naming the group sizes E alone allowed and E + R does not."""
     sizes = sorted({k for c in classes for k in c.dp_degrees})
     e, r = tasks.config.num_experts, options.eplb
+    if not sizes:
+        raise WorkloadError(
+            f"--eplb {r}: no group of this plan runs data-parallel attention, where EPLB places experts: its "
+            f"{e} + {r} replicas split over no dpaK group of this cluster and model (k must divide E + R and "
+            "the experts' width), or the engine given to --exportable runs none"
+        )
     plain = dataclasses.replace(tasks, redundant_experts=None)  # the sizes E alone splits over
     without = server_classes(
         cluster,
@@ -335,12 +341,6 @@ def _check_eplb_groups(cluster: ClusterSpec, options: ServingOptions, tasks: Ser
         shards_over=plain.shards_over,
         dp_over=plain.dp_over if _dp_attention(tasks.config, options) else None,
     )
-    if not sizes:
-        raise WorkloadError(
-            f"--eplb {r}: no group of this plan runs data-parallel attention, where EPLB places experts: its "
-            f"{e} + {r} replicas split over no dpaK group of this cluster and model (k must divide E + R and "
-            "the experts' width), or the engine given to --exportable runs none"
-        )
     lost = sorted({k for c in without for k in c.dp_degrees} - set(sizes))
     if lost:
         log.warning(

@@ -30,7 +30,7 @@ least the layers' mean count (Jensen): the model errs slow, by no more than the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from llm_planner.core.fileio import read_document
@@ -47,28 +47,26 @@ class ExpertLoadError(WorkloadError):
 class ExpertLoad:
     source: str
     layers: tuple[tuple[float, ...], ...]  # tokens each expert received, per MoE layer measured
-    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def uniform(cls, num_experts: int) -> ExpertLoad:
+        """Uniform routing: one layer of equal loads (the member factors EPLB's placement gives it)."""
+        return cls(source="uniform routing", layers=((1.0,) * num_experts,))
 
     def expert_imbalance(self) -> float:
         """The busiest expert's rows over the mean, averaged over the layers (module docstring)."""
         return _mean(len(counts) * max(counts) / sum(counts) for counts in self.layers)
 
-    def member_imbalance(self, k: int, redundant: int | None = None) -> float:
+    def member_imbalance(self, k: int, redundant: int | None = None, copies: list[list[int]] | None = None) -> float:
         """The busiest of k members' rows over the mean, each member E/k consecutive experts, or
-        under EPLB with `redundant` replicas the placement llm_planner.cost.eplb gives."""
+        under EPLB with `redundant` replicas the placement llm_planner.cost.eplb gives (`copies`:
+        each layer's replicas per expert, the same for every k, where the caller has them)."""
         if redundant is None:
             return _mean(k * max(_blocks(counts, k)) / sum(counts) for counts in self.layers)
-        copies = self._copies(redundant)
+        copies = copies or [replicas(counts, redundant) for counts in self.layers]
         return _mean(
             k * max(member_loads(counts, k, redundant, c)) / sum(counts) for counts, c in zip(self.layers, copies)
         )
-
-    def _copies(self, redundant: int) -> list[list[int]]:
-        """EPLB's replicas per expert of each layer (llm_planner.cost.eplb), the same for every k."""
-        key = ("copies", redundant)
-        if key not in self._cache:
-            self._cache[key] = [replicas(counts, redundant) for counts in self.layers]
-        return self._cache[key]
 
     def picks(self, top_k: int) -> tuple[float, ...]:
         """Each expert's chance that one token reaches it, min(1, k s_e), sorted from the most
@@ -82,7 +80,9 @@ class ExpertLoad:
         """member_imbalance for every group size that splits the experts (and EPLB's `redundant`
         replicas) evenly (k >= 2)."""
         slots = len(self.layers[0]) + (redundant or 0)
-        return {k: round(self.member_imbalance(k, redundant), 6) for k in range(2, slots + 1) if slots % k == 0}
+        copies = None if redundant is None else [replicas(counts, redundant) for counts in self.layers]
+        sizes = (k for k in range(2, slots + 1) if slots % k == 0)
+        return {k: round(self.member_imbalance(k, redundant, copies), 6) for k in sizes}
 
 
 def _blocks(counts: tuple[float, ...], k: int) -> list[float]:

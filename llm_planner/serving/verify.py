@@ -130,11 +130,11 @@ def _check_member_factors(ctx: ServingContext, problems: list[str]) -> None:
             "placement of uniform routing (options.eplb with expert_imbalance 1)"
         )
         return
-    uniform = ExpertLoad(source="uniform routing", layers=((1.0,) * ctx.config.num_experts,))
-    if uniform.dp_imbalance(options.eplb) != {int(k): v for k, v in options.dp_imbalance.items()}:
+    factors = ExpertLoad.uniform(ctx.config.num_experts).dp_imbalance(options.eplb)
+    if factors != {int(k): v for k, v in options.dp_imbalance.items()}:
         problems.append(
             f"options.dp_imbalance: not the factors EPLB's placement of uniform routing gives with {options.eplb} "
-            f"redundant experts, {uniform.dp_imbalance(options.eplb)}"
+            f"redundant experts, {factors}"
         )
 
 
