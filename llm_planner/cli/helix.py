@@ -19,7 +19,8 @@ from llm_planner.core.atomic import check_writable, write_atomic
 from llm_planner.core.spec import parse_cluster
 from llm_planner.cost.serving_profile import parse_serving_profile
 from llm_planner.helix.inputs import device_helix_names, load_helix_cluster, serving_profile_yaml
-from llm_planner.helix.plan import ORDERS, REGION_MODES, load_inputs, plan_helix, score_layout
+from llm_planner.helix.plan import ORDERS, REGION_MODES, load_inputs, plan_helix, read_checked_layout, score_layout
+from llm_planner.helix.replayed import replay_layout, replay_plan
 from llm_planner.helix.spec_yaml import cluster_spec_yaml
 
 
@@ -96,6 +97,12 @@ def add_plan_helix_parser(sub) -> None:
     )
     out.add_argument("--score", help="a Helix layout file to estimate instead of planning one (writes nothing)")
     p.add_argument(
+        "--no-replay",
+        action="store_true",
+        help="skip the replay of Helix's engine over its window (llm_planner.helix.replay; a few seconds to a "
+        "minute) that checks the plan's estimate",
+    )
+    p.add_argument(
         "--simulator-cluster",
         help="with --score: Helix's own simulator cluster file for the layout, whose links (its layout tools may "
         "leave out hops the layout allows) the estimate routes over",
@@ -116,6 +123,9 @@ def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
             console.print(_stage_table(stages, machines, [i for i, n in enumerate(sizes) for _ in range(n)]))
         how = "" if stages else " (its ranges are not chains of stages: routed by a max flow, docs/helix.md)"
         console.print(f"{args.score}: {_said(est)}{how}")
+        if not args.no_replay:
+            ranges = read_checked_layout(inputs, args.score)
+            _print_replayed(console, replay_layout(inputs, ranges, args.prompt_len, args.simulator_cluster))
         return 0
     plan = plan_helix(inputs, args.prompt_len, order=args.order, regions=args.regions)
     written = _write_plan(plan, inputs, Path(args.output))
@@ -125,7 +135,19 @@ def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
         f"{sum(s.width for s in plan.stages)} machines; "
         f"{_said(plan.estimate)}; {plan.layouts} layouts in {plan.solve_s:.1f} s"
     )
+    if not args.no_replay:
+        _print_replayed(console, replay_plan(plan, inputs, args.prompt_len))
     return 0
+
+
+def _print_replayed(console: Console, replayed) -> None:
+    if replayed is None:
+        console.print("not replayed: the model folder does not state Helix's routing statistics (docs/helix.md)")
+        return
+    console.print(
+        f"replayed (Helix's engine over its 60 s + 600 s window, lengths from {replayed.lengths}): "
+        f"{_said(replayed.estimate)}; {replayed.seconds:.1f} s"
+    )
 
 
 def _write_plan(plan, inputs, output: Path) -> list[str]:

@@ -47,6 +47,7 @@ EXPECTED_OUTPUT = 240  # tokens Helix's scheduler expects a query to add (AVG_OU
 FEED_HWM = 0.8  # Helix's offline feeder admits a query while the fullest machine is at most this full
 TOKEN_BYTES = 2  # a token id on the wire, besides its activation
 _TABLES = {"kv_blocks": "vllm_num_blocks_dict", "decode_limit": "decode_max_tokens_dict"}
+_OPTIONAL_TABLES = {"prompt_requests": "prompt_max_requests_dict"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +59,11 @@ class EngineTables:
     kv_blocks: dict[int, int]  # layers held -> KV blocks per layer
     decode_limit: dict[int, int]  # layers held -> most decode requests in one batch
     max_layers: int  # the most layers Helix lets a machine of this type hold (its max_num_layers)
+    prompt_requests: dict[int, int] | None = None  # layers held -> most prompts in one batch; None: not stated
+
+    def prompt_limit(self, layers: int) -> int:
+        """The most prompts one batch holds (1 where the type's file does not say, as Helix's L4 and T4)."""
+        return 1 if self.prompt_requests is None else self.prompt_requests.get(layers, 1)
 
     def decode_s(self, batch: float) -> float:
         """One layer's decode time for `batch` requests, linear between the table's rows."""
@@ -111,6 +117,7 @@ def load_engine_tables(folder: str | Path, machine_type: str) -> EngineTables:
         kv_blocks=tables["kv_blocks"],
         decode_limit=tables["decode_limit"],
         max_layers=_layer_cap(sources[0], tables),
+        prompt_requests=tables.get("prompt_requests"),
     )
 
 
@@ -142,7 +149,7 @@ def _dict_literals(path: Path) -> dict[str, dict[int, int]]:
         for name in _assigned_names(node):
             if name == "max_num_layers":
                 cap = _int_literal(path, node)
-            if name in _TABLES.values():
+            if name in _TABLES.values() or name in _OPTIONAL_TABLES.values():
                 if name in found:
                     raise HelixError(f"{path}: {name}: assigned more than once (line {node.lineno})")
                 found[name] = _int_dict(path, name, node.value)
@@ -151,6 +158,9 @@ def _dict_literals(path: Path) -> dict[str, dict[int, int]]:
         if name not in found:
             raise HelixError(f"{path}: {name}: missing (the type's table by number of layers held)")
         out[key] = found[name]
+    for key, name in _OPTIONAL_TABLES.items():
+        if name in found:
+            out[key] = found[name]
     if cap is not None:
         out["max_layers"] = cap
     return out

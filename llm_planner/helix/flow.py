@@ -58,7 +58,7 @@ def layout_flow(
     Helix's own simulator cluster file for it (llm_planner.helix.simulator_file) instead of every
     hop the layout allows."""
     kinds, index = machine_types(cluster), {n: int(n.rsplit("_", 1)[1]) for n in ranges}
-    edges = _hops(ranges, cluster, num_layers) if hops is None else hops
+    edges = layout_hops(ranges, cluster, num_layers) if hops is None else hops
     strangers = sorted({n for pair in edges for n in pair} - set(ranges) - {SOURCE, SINK})
     if strangers:
         raise HelixError(f"the simulator cluster file links machines the layout does not place: {strangers}")
@@ -99,7 +99,9 @@ def layout_flow(
     return value, machine_flows
 
 
-def _hops(ranges: dict[str, tuple[int, int]], cluster: HelixCluster, num_layers: int) -> dict[tuple[str, str], float]:
+def layout_hops(
+    ranges: dict[str, tuple[int, int]], cluster: HelixCluster, num_layers: int
+) -> dict[tuple[str, str], float]:
     """The hops a request may take, with the link's bandwidth, in the cluster file's order of links
     (each pair forward, then backward): the coordinator to machines starting at layer 0, a to b when
     a's range ends where b's starts, machines ending at the last layer to the coordinator."""

@@ -48,6 +48,7 @@ from llm_planner.helix.inputs import (
     slowest_link,
 )
 from llm_planner.helix.layout_file import LayoutError, helix_layout, read_helix_layout
+from llm_planner.helix.lengths import Lengths, find_helix_lengths, load_helix_lengths
 from llm_planner.helix.model_card import load_model_card, model_card_path
 from llm_planner.helix.regions import (
     MAX_REGIONS,
@@ -143,6 +144,7 @@ class HelixInputs:
     network: Network
     guesses: TypicalGuesses | None = None  # Helix's routing statistics (llm_planner.helix.typical); None: not stated
     prompts: dict[str, LayerTable] | None = None  # per type, the prompt profile they need
+    lengths: Lengths | None = None  # Helix's request lengths (llm_planner.helix.lengths); None: not found
 
     def rates_for(self, cluster: HelixCluster) -> TypicalRates | None:
         """The capacities Helix's max flow routes by on `cluster` (these inputs' or a deployment's)."""
@@ -181,8 +183,15 @@ def load_inputs(
     guesses = load_typical_guesses(model_card_path(profiles_dir))  # Helix's routing, when its files state it
     types = sorted(set(cluster.node_types))
     prompts = {m.lower(): load_prompt_table(profiles_dir, m) for m in types} if guesses else None
+    trace = find_helix_lengths(profiles_dir) if guesses else None
     inputs = HelixInputs(
-        cluster=cluster, tables=tables, num_layers=num_layers, network=network, guesses=guesses, prompts=prompts
+        cluster=cluster,
+        tables=tables,
+        num_layers=num_layers,
+        network=network,
+        guesses=guesses,
+        prompts=prompts,
+        lengths=load_helix_lengths(trace) if trace else None,
     )
     inputs.rates  # noqa: B018 (every type the cluster has must be routable, as Helix's own code requires)
     return inputs
@@ -212,14 +221,7 @@ def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float
     Stages, machines and chains are empty for a layout that is not chains (or routed over the links of
     Helix's own `simulator_cluster` file, llm_planner.helix.simulator_file); HelixError for one Helix
     would refuse."""
-    try:
-        ranges = read_helix_layout(read_text(layout_path, HelixError), source=str(layout_path))
-    except LayoutError as exc:
-        raise HelixError(str(exc)) from None
-    try:
-        ranges = check_helix_layout(ranges, inputs.cluster, inputs.tables, inputs.num_layers)
-    except LayoutError as exc:
-        raise HelixError(f"{layout_path}: Helix would refuse it: {exc}") from None
+    ranges = read_checked_layout(inputs, layout_path)
     hops = simulator_hops(simulator_cluster) if simulator_cluster else None
     routed = lambda: flow_estimate(  # noqa: E731
         ranges, inputs.cluster, inputs.tables, inputs.num_layers, prompt_len, inputs.regions, inputs.rates, hops
@@ -239,6 +241,18 @@ def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float
         per_chain.append(estimate(list(stages[first : first + size]), inputs.tables, prompt_len, inputs.network))
         first += size
     return stages, machines, sizes, combined(per_chain)
+
+
+def read_checked_layout(inputs: HelixInputs, layout_path: str | Path) -> dict[str, tuple[int, int]]:
+    """A layout file's ranges by Helix node name; HelixError for one Helix would refuse."""
+    try:
+        ranges = read_helix_layout(read_text(layout_path, HelixError), source=str(layout_path))
+    except LayoutError as exc:
+        raise HelixError(str(exc)) from None
+    try:
+        return check_helix_layout(ranges, inputs.cluster, inputs.tables, inputs.num_layers)
+    except LayoutError as exc:
+        raise HelixError(f"{layout_path}: Helix would refuse it: {exc}") from None
 
 
 def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends", regions: str = "ignore") -> HelixPlan:

@@ -1,0 +1,214 @@
+"""The plan-helix estimates against Helix's own simulator on every layout simulated so far
+(docs/helix.md, "The engine, replayed").
+
+    LLM_PLANNER_HELIX=<checkout> .venv/bin/python benchmarks/bench_helix_replay.py
+
+For each recorded simulation (benchmarks/results/helix*/runs.jsonl, written by bench_helix.py:
+one Helix deployment, its decode tokens/s over Helix's 60 s + 600 s window) it computes, at this
+commit, the routed estimate (`plan-helix --score`'s steady-state formula, llm_planner.helix.flow)
+and the replay (llm_planner.helix.replay, the same window), each on the deployment's own cluster
+file, and their ratios to the simulated figure. Helix's simulator is not run here: the simulated
+column is the recorded one (each results folder's meta.json names the commit it was recorded at).
+Needs a Helix checkout for its cluster files, model folders and request lengths. The table is
+printed and written, with results.csv and meta.json, to --out (default
+benchmarks/results/helix-replay).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import provenance  # benchmarks/provenance.py, beside this script
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+PROMPT_LEN = 763.1  # the Azure Conversation trace's mean prompt (used only without Helix's trace)
+COLUMNS = ("case", "layout", "simulated", "routed", "routed_ratio", "replayed", "replayed_ratio", "replay_s")
+MODELS = {"llama70b": "simulator/model_manager/llama2_70b", "llama30b": "simulator/model_manager/llama1_30b"}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    recorded: str  # results folder under benchmarks/results
+    layout: str  # the layout as runs.jsonl names it
+    cluster: str  # absolute, or inside the Helix checkout
+    profiles: str  # machine profiles, inside the Helix checkout
+    layout_path: str  # absolute, or inside the Helix checkout
+    simulator_cluster: str | None = None  # Helix's own graph for its own layouts
+    model: str = "llama70b"
+
+
+def cases() -> list[Case]:
+    single, high, geo = (
+        f"artifact_evaluation/{c}/config" for c in ("single_cluster", "high_heterogeneity", "distributed_clusters")
+    )
+    helix = str(RESULTS / "helix")
+    own = RESULTS / "helix-cases"
+    out = [
+        Case(
+            "single24 70B",
+            "helix",
+            "artifact_evaluation/single_cluster/layout_llama70b/ilp/ilp_sol.ini",
+            f"{single}/cluster24.ini",
+            f"{single}/machine_profiles.ini",
+            "artifact_evaluation/single_cluster/layout_llama70b/ilp/ilp_sol.ini",
+            "artifact_evaluation/single_cluster/layout_llama70b/ilp/simulator_cluster.ini",
+        ),
+    ]
+    for name in ("plan-helix-llama2-70b.ini", "plan-helix-llama2-70b-fast-first.ini", "serving-llama2-70b-1s.ini"):
+        out.append(
+            Case(
+                "single24 70B",
+                "helix",
+                name,
+                f"{single}/cluster24.ini",
+                f"{single}/machine_profiles.ini",
+                f"{helix}/{name}",
+            )
+        )
+    for gpu in ("a100", "l4", "t4"):
+        base = f"artifact_evaluation/single_cluster/layout_llama30b/ilp/{gpu}"
+        out.append(
+            Case(
+                "single24 30B",
+                "helix-cases/single24-30b",
+                f"{base}/ilp_sol.ini",
+                f"{single}/{gpu}.ini",
+                f"{single}/machine_profiles.ini",
+                f"{base}/ilp_sol.ini",
+                f"{base}/simulator_cluster.ini",
+                "llama30b",
+            )
+        )
+    for k in range(3):
+        out.append(
+            Case(
+                "single24 30B",
+                "helix-cases/single24-30b",
+                f"single24-30b-{k}.ini",
+                str(own / f"single24-30b-{k}.cluster.ini"),
+                f"{single}/machine_profiles.ini",
+                str(own / f"single24-30b-{k}.ini"),
+                model="llama30b",
+            )
+        )
+    base = "artifact_evaluation/high_heterogeneity/layout_llama70b/ilp"
+    out.append(
+        Case(
+            "cluster42 70B",
+            "helix-cases/cluster42-70b",
+            f"{base}/ilp_sol.ini",
+            f"{high}/cluster42.ini",
+            f"{high}/machine_profiles.ini",
+            f"{base}/ilp_sol.ini",
+            f"{base}/simulator_cluster.ini",
+        )
+    )
+    for k in range(3):
+        out.append(
+            Case(
+                "cluster42 70B",
+                "helix-cases/cluster42-70b",
+                f"cluster42-70b-{k}.ini",
+                str(own / f"cluster42-70b-{k}.cluster.ini"),
+                f"{high}/machine_profiles.ini",
+                str(own / f"cluster42-70b-{k}.ini"),
+            )
+        )
+    base = "artifact_evaluation/distributed_clusters/layout_llama70b/ilp"
+    out.append(
+        Case(
+            "3cluster24 70B",
+            "helix-cases/3cluster24-70b",
+            f"{base}/ilp_sol.ini",
+            f"{geo}/3cluster24.ini",
+            f"{geo}/machine_profiles.ini",
+            f"{base}/ilp_sol.ini",
+            f"{base}/simulator_cluster.ini",
+        )
+    )
+    out.append(
+        Case(
+            "3cluster24 70B",
+            "helix-cases/3cluster24-70b",
+            "3cluster24-70b.ini",
+            f"{geo}/3cluster24.ini",
+            f"{geo}/machine_profiles.ini",
+            str(own / "3cluster24-70b.ini"),
+        )
+    )
+    return out
+
+
+def simulated(case: Case) -> float | None:
+    """The recorded decode tokens/s of the case's layout (the first matching run)."""
+    path = RESULTS / case.recorded / "runs.jsonl"
+    for line in path.read_text().splitlines():
+        run = json.loads(line)
+        if run["layout"] == case.layout and run.get("online_tokens_per_s") is None:
+            return run["decode_tokens_per_s"]
+    return None
+
+
+def estimate(case: Case, checkout: Path) -> tuple[float, float, float]:
+    """(routed estimate, replayed, replay seconds) of the case's layout at this commit."""
+    from llm_planner.helix.plan import load_inputs, read_checked_layout, score_layout
+    from llm_planner.helix.replayed import replay_layout
+
+    at = lambda p: Path(p) if Path(p).is_absolute() else checkout / p  # noqa: E731
+    inputs = load_inputs(at(case.cluster), at(case.profiles), checkout / MODELS[case.model], None)
+    own = at(case.simulator_cluster) if case.simulator_cluster else None
+    routed = score_layout(inputs, at(case.layout_path), PROMPT_LEN, own)[-1].tokens_per_s
+    replayed = replay_layout(inputs, read_checked_layout(inputs, at(case.layout_path)), PROMPT_LEN, own)
+    return routed, replayed.estimate.tokens_per_s, replayed.seconds
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=str(RESULTS / "helix-replay"))
+    args = p.parse_args()
+    checkout = os.environ.get("LLM_PLANNER_HELIX")
+    if not checkout or not (Path(checkout) / "simulator").is_dir():
+        sys.exit("LLM_PLANNER_HELIX must name a Helix checkout (docs/helix.md)")
+    sys.path.insert(0, str(REPO))
+    facts = provenance.start(sys.argv)
+    rows = []
+    for case in cases():
+        sim = simulated(case)
+        routed, replayed, seconds = estimate(case, Path(checkout))
+        rows.append(
+            {
+                "case": case.name,
+                "layout": _label(case.layout),
+                "simulated": f"{sim:.1f}" if sim is not None else "-",
+                "routed": f"{routed:.1f}",
+                "routed_ratio": f"{routed / sim:.3f}" if sim else "-",
+                "replayed": f"{replayed:.1f}",
+                "replayed_ratio": f"{replayed / sim:.3f}" if sim else "-",
+                "replay_s": f"{seconds:.1f}",
+            }
+        )
+        print(" | ".join(rows[-1].values()), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    facts["command"] = facts["command"].replace(checkout, "$HELIX")
+    facts["total_wall_s"] = round(sum(float(r["replay_s"]) for r in rows), 1)
+    provenance.write_results(out, COLUMNS, rows, facts)
+    print((out / "table.md").read_text())
+
+
+def _label(layout: str) -> str:
+    """A layout's name in the table: ours by file name, Helix's own by its folder."""
+    if not layout.startswith("artifact_evaluation/"):
+        return layout
+    return "Helix's " + "/".join(Path(layout).parts[1:-1])
+
+
+if __name__ == "__main__":
+    main()
