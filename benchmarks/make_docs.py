@@ -229,6 +229,20 @@ Helix's `analyze_latency` reads them. `helix-milp-online` is Helix's MILP layout
 offline case. The model column is the offline routed estimate, not a latency model.""",
     ),
     Section(
+        "helix-replay",
+        "Helix's simulator against the plan-helix estimates: the routed formula and the replay",
+        """\
+Every offline simulation recorded in the Helix sections above (one Helix deployment per row: a
+plan of several chains is one row per chain), beside the two estimates `plan-helix` computes at
+this commit (docs/helix.md, "The engine, replayed"): the routed estimate (the steady-state
+formula the search ranks layouts by) and the replay (Helix's engine replayed request by request
+on the layout's max flow, over Helix's 60 s + 600 s window, with Helix's own request lengths),
+each with its ratio to the simulated figure. The simulated column is the recorded one (the commit
+each was recorded at is in its section's meta.json); Helix's simulator is not run by this
+benchmark (it needs `LLM_PLANNER_HELIX` naming a Helix checkout, for Helix's cluster files, model
+folders and request lengths). replay_s is the replay's wall time on this 2-core machine.""",
+    ),
+    Section(
         "tp",
         "Tensor parallelism: MILP-SPLIT against the layouts engineers write by hand",
         """\
