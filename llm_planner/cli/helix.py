@@ -18,9 +18,9 @@ from llm_planner.cli.vidur import add_vidur_parser, cmd_import_vidur
 from llm_planner.core.atomic import check_writable, write_atomic
 from llm_planner.core.spec import parse_cluster
 from llm_planner.cost.serving_profile import parse_serving_profile
-from llm_planner.helix.inputs import device_helix_names, load_helix_cluster, serving_profile_yaml
+from llm_planner.helix.inputs import HelixError, device_helix_names, load_helix_cluster, serving_profile_yaml
 from llm_planner.helix.plan import ORDERS, REGION_MODES, load_inputs, plan_helix, read_checked_layout, score_layout
-from llm_planner.helix.replayed import replay_layout, replay_plan
+from llm_planner.helix.replayed import plan_by_replay, replay_layout
 from llm_planner.helix.spec_yaml import cluster_spec_yaml
 
 
@@ -99,8 +99,8 @@ def add_plan_helix_parser(sub) -> None:
     p.add_argument(
         "--no-replay",
         action="store_true",
-        help="skip the replay of Helix's engine over its window (llm_planner.helix.replay; a few seconds to a "
-        "minute) that checks the plan's estimate",
+        help="skip the replay of Helix's engine over its window (llm_planner.helix.replay; seconds a deployment) "
+        "that chooses among the candidates the routed estimate rates near its best and checks the estimate",
     )
     p.add_argument(
         "--simulator-cluster",
@@ -125,9 +125,12 @@ def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
         console.print(f"{args.score}: {_said(est)}{how}")
         if not args.no_replay:
             ranges = read_checked_layout(inputs, args.score)
-            _print_replayed(console, replay_layout(inputs, ranges, args.prompt_len, args.simulator_cluster))
+            try:
+                _print_replayed(console, replay_layout(inputs, ranges, args.prompt_len, args.simulator_cluster))
+            except HelixError as exc:
+                console.print(f"not replayed: {exc}")
         return 0
-    plan = plan_helix(inputs, args.prompt_len, order=args.order, regions=args.regions)
+    plan, replayed = _plan(inputs, args)
     written = _write_plan(plan, inputs, Path(args.output))
     console.print(_stage_table(plan.stages, plan.machines, plan.chain_of()))
     console.print(
@@ -136,17 +139,32 @@ def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
         f"{_said(plan.estimate)}; {plan.layouts} layouts in {plan.solve_s:.1f} s"
     )
     if not args.no_replay:
-        _print_replayed(console, replay_plan(plan, inputs, args.prompt_len))
+        _print_replayed(console, replayed)
     return 0
+
+
+def _plan(inputs, args):
+    """(plan, Replayed or the reason it was not replayed): chosen by the replay unless --no-replay, or
+    by the routed estimate when the replay cannot run."""
+    if args.no_replay:
+        return plan_helix(inputs, args.prompt_len, order=args.order, regions=args.regions), None
+    try:
+        return plan_by_replay(inputs, args.prompt_len, args.order, args.regions)
+    except HelixError as exc:
+        return plan_helix(inputs, args.prompt_len, order=args.order, regions=args.regions), str(exc)
 
 
 def _print_replayed(console: Console, replayed) -> None:
     if replayed is None:
         console.print("not replayed: the model folder does not state Helix's routing statistics (docs/helix.md)")
         return
+    if isinstance(replayed, str):
+        console.print(f"not replayed (the plan is the routed estimate's choice): {replayed}")
+        return
+    chosen = f"; chosen by it among {replayed.candidates} candidates" if replayed.candidates > 1 else ""
     console.print(
         f"replayed (Helix's engine over its 60 s + 600 s window, lengths from {replayed.lengths}): "
-        f"{_said(replayed.estimate)}; {replayed.seconds:.1f} s"
+        f"{_said(replayed.estimate)}; {replayed.seconds:.1f} s{chosen}"
     )
 
 

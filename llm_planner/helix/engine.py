@@ -62,8 +62,12 @@ class EngineTables:
     prompt_requests: dict[int, int] | None = None  # layers held -> most prompts in one batch; None: not stated
 
     def prompt_limit(self, layers: int) -> int:
-        """The most prompts one batch holds (1 where the type's file does not say, as Helix's L4 and T4)."""
-        return 1 if self.prompt_requests is None else self.prompt_requests.get(layers, 1)
+        """The most prompts one batch holds (its prompt_max_requests_dict; 1 where the type's file has none)."""
+        if self.prompt_requests is None:
+            return 1
+        if layers not in self.prompt_requests:
+            raise HelixError(f"{self.name}: prompt_max_requests_dict has no entry for {layers} layers")
+        return self.prompt_requests[layers]
 
     def decode_s(self, batch: float) -> float:
         """One layer's decode time for `batch` requests, linear between the table's rows."""

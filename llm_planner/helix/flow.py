@@ -67,10 +67,7 @@ def layout_flow(
         sizes["out"][a] = sizes["out"].get(a, TOKEN_BYTES) if b == SINK else TOKEN_BYTES + activation_bytes
         sizes["in"][b] = sizes["in"].get(b, TOKEN_BYTES) if a == SOURCE else TOKEN_BYTES + activation_bytes
     graph = nx.DiGraph()
-    out_nic, in_nic = cluster.coordinator_nics or (  # unstated: the coordinator's links together
-        sum(bw for (a, _), bw in edges.items() if a == SOURCE),
-        sum(bw for (_, b), bw in edges.items() if b == SINK),
-    )
+    out_nic, in_nic = coordinator_nics(cluster, edges)
     graph.add_edge("source", f"{SOURCE_UID}_out", capacity=out_nic / TOKEN_BYTES)
     graph.add_edge(f"{SINK_UID}_in", "sink", capacity=in_nic / TOKEN_BYTES)
     between = TOKEN_BYTES + activation_bytes  # a machine no hop reaches or leaves: Helix's size for it
@@ -105,7 +102,7 @@ def layout_hops(
     """The hops a request may take, with the link's bandwidth, in the cluster file's order of links
     (each pair forward, then backward): the coordinator to machines starting at layer 0, a to b when
     a's range ends where b's starts, machines ending at the last layer to the coordinator."""
-    name = {str(i): helix_node_name(i) for i in range(len(cluster.node_types))} | {"source": SOURCE, "sink": SINK}
+    name = link_end_names(cluster)
 
     def valid(a: str, b: str) -> bool:
         if a == SOURCE:
@@ -121,6 +118,19 @@ def layout_hops(
             if a != SINK and b != SOURCE and valid(a, b):
                 edges[(a, b)] = link.bw_bytes_per_s
     return edges
+
+
+def link_end_names(cluster: HelixCluster) -> dict[str, str]:
+    """A cluster file's link ends (a node index as text, "source", "sink") -> the simulator's node names."""
+    return {str(i): helix_node_name(i) for i in range(len(cluster.node_types))} | {"source": SOURCE, "sink": SINK}
+
+
+def coordinator_nics(cluster: HelixCluster, edges: dict[tuple[str, str], float]) -> tuple[float, float]:
+    """The coordinator's (outbound, inbound) NIC bytes/s: the cluster file's, else its links in `edges` together."""
+    return cluster.coordinator_nics or (
+        sum(bw for (a, _), bw in edges.items() if a == SOURCE),
+        sum(bw for (_, b), bw in edges.items() if b == SINK),
+    )
 
 
 def hop_network(a: str, b: str, regions: Regions):

@@ -19,6 +19,7 @@ from llm_planner.helix.inputs import HelixError
 
 MAX_PAIRS = 10_000_000
 MAX_TOKENS = 1_000_000
+MAX_FILE_BYTES = 64 * 2**20  # Helix's files are 40-47 KB; checked before anything is read
 _FILES = ("azure_conv_input.pkl", "azure_conv_output.pkl")
 
 
@@ -54,13 +55,17 @@ def load_helix_lengths(folder: str | Path) -> Lengths:
 
 def _int_list(path: Path) -> list[int]:
     try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise HelixError(
+                f"{path}: {path.stat().st_size:,} bytes, past the {MAX_FILE_BYTES:,} a length file may hold"
+            )
         raw = path.read_bytes()
     except OSError as exc:
         raise HelixError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
         value = _DataOnly(io.BytesIO(raw)).load()
     except Exception as exc:  # noqa: BLE001 (any malformed pickle: named, never a traceback)
-        raise HelixError(f"{path}: not a pickled list of token counts ({exc})") from None
+        raise HelixError(f"{path}: not a pickled list of token counts ({type(exc).__name__}: {exc})") from None
     ok = isinstance(value, list) and 0 < len(value) <= MAX_PAIRS
     if not ok or not all(type(v) is int and 1 <= v <= MAX_TOKENS for v in value):
         raise HelixError(f"{path}: expected a list of 1 to {MAX_PAIRS:,} token counts in 1..{MAX_TOKENS:,}")

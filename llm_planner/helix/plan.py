@@ -144,7 +144,7 @@ class HelixInputs:
     network: Network
     guesses: TypicalGuesses | None = None  # Helix's routing statistics (llm_planner.helix.typical); None: not stated
     prompts: dict[str, LayerTable] | None = None  # per type, the prompt profile they need
-    lengths: Lengths | None = None  # Helix's request lengths (llm_planner.helix.lengths); None: not found
+    trace: Path | None = None  # the folder of Helix's request lengths (llm_planner.helix.lengths); None: not found
 
     def rates_for(self, cluster: HelixCluster) -> TypicalRates | None:
         """The capacities Helix's max flow routes by on `cluster` (these inputs' or a deployment's)."""
@@ -159,6 +159,10 @@ class HelixInputs:
     @cached_property
     def rates(self) -> TypicalRates | None:  # the planner routes every candidate of a cluster over these
         return self._rates(self.cluster)
+
+    @cached_property
+    def lengths(self) -> Lengths | None:  # read when a replay needs them, not before
+        return load_helix_lengths(self.trace) if self.trace else None
 
     @cached_property
     def regions(self) -> Regions:
@@ -191,7 +195,7 @@ def load_inputs(
         network=network,
         guesses=guesses,
         prompts=prompts,
-        lengths=load_helix_lengths(trace) if trace else None,
+        trace=trace,
     )
     inputs.rates  # noqa: B018 (every type the cluster has must be routable, as Helix's own code requires)
     return inputs
@@ -256,8 +260,17 @@ def read_checked_layout(inputs: HelixInputs, layout_path: str | Path) -> dict[st
 
 
 def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends", regions: str = "ignore") -> HelixPlan:
-    """The best layout of the family (module docstring) for the machines of the cluster; with
-    regions="route" on a geo cluster, one chain over the best set of regions (llm_planner.helix.regions)."""
+    """The best layout of the family (module docstring) for the machines of the cluster by the routed
+    estimate; with regions="route" on a geo cluster, one chain over the best set of regions
+    (llm_planner.helix.regions)."""
+    return max(helix_candidates(inputs, prompt_len, order, regions), key=lambda p: p.estimate.tokens_per_s)
+
+
+def helix_candidates(
+    inputs: HelixInputs, prompt_len: float, order: str = "slow-ends", regions: str = "ignore"
+) -> list[HelixPlan]:
+    """Every candidate plan (llm_planner.helix.chains: one chain, one per type, k equal chains), each
+    with its routed estimate; `layouts` is the family's total and `solve_s` the search's time."""
     started = time.monotonic()
     cluster, tables, num_layers, network = inputs.cluster, inputs.tables, inputs.num_layers, inputs.network
     counts = {name: cluster.node_types.count(name) for name in sorted(set(cluster.node_types))}
@@ -275,7 +288,7 @@ def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends",
         raise ValueError(f"regions must be one of {REGION_MODES}, got {regions!r}")
     found_regions = inputs.regions
     if regions == "route" and len(found_regions.members) > 1:
-        return _plan_geo(inputs, found_regions, prompt_len, order, started)
+        return [_plan_geo(inputs, found_regions, prompt_len, order, started)]
     kinds = [Kind(name.lower(), n, tables[name.lower()]) for name, n in counts.items()]
     plans = [_as_plan(found, inputs, order) for found in candidate_chains(kinds, num_layers, prompt_len, network)]
     if not plans:
@@ -283,13 +296,8 @@ def plan_helix(inputs: HelixInputs, prompt_len: float, order: str = "slow-ends",
     if len(found_regions.members) > 1:  # a geo cluster: each one-chain candidate in its best region-aware order
         plans = [_geo_order(p, inputs, found_regions, prompt_len) if len(p.chain_sizes) <= 1 else p for p in plans]
     routed = [routed_estimate(plan, inputs, prompt_len) for plan in plans]
-    best = max(range(len(plans)), key=lambda i: routed[i].tokens_per_s)
-    return replace(
-        plans[best],
-        estimate=routed[best],
-        layouts=sum(p.layouts for p in plans),
-        solve_s=time.monotonic() - started,
-    )
+    layouts, elapsed = sum(p.layouts for p in plans), time.monotonic() - started
+    return [replace(p, estimate=r, layouts=layouts, solve_s=elapsed) for p, r in zip(plans, routed)]
 
 
 def _geo_order(plan: HelixPlan, inputs: HelixInputs, regions, prompt_len: float) -> HelixPlan:

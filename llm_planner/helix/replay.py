@@ -55,6 +55,7 @@ PROMPT_TOKENS = 2048  # Helix's MAX_INPUT_LEN: a prompt batch's tokens per promp
 CONTEXT_PER_DECODE = 1000  # Helix's DECODE_PER_TOKEN_MAX_CONTEXT
 HOST_COPY_BYTES_PER_S, HOST_MOVE_BYTES_PER_S = 4e9, 5e9  # concatenation and host-to-device copy, first layer
 START_QUERIES, START_GAP_S, FEED_DELAY_S = 20, 0.1, 0.1
+SLOW_TOKEN_LINK, SLOW_ACTIVATION_LINK = 10, 200  # bytes/s: Helix's TOKEN_SLOW_LINK and ACT_SLOW_LINK
 WARM_UP_S, WINDOW_S = 60.0, 600.0  # Helix's offline window (artifact_evaluation/*/step3_simulation.py)
 
 
@@ -111,10 +112,11 @@ class _Request:
 
 
 class _Machine:
-    __slots__ = ("spec", "queue", "busy", "host_tokens", "kv_used", "busy_s", "batches", "decodes")
+    __slots__ = ("spec", "queue", "busy", "host_tokens", "kv_free", "busy_s", "batches", "decodes")
 
     def __init__(self, spec: ReplayMachine):
-        self.spec, self.queue, self.busy, self.host_tokens, self.kv_used = spec, deque(), False, 0, 0
+        self.spec, self.queue, self.busy, self.host_tokens = spec, deque(), False, 0
+        self.kv_free = spec.kv_capacity  # expected KV entries left (token-layers), as Helix's scheduler keeps them
         self.busy_s, self.batches, self.decodes = 0.0, 0, 0  # over the window
 
 
@@ -127,6 +129,8 @@ def replay(
 ) -> ReplayResult:
     """Decode tokens/s of the layout of `graph` under Helix's offline engine (module docstring);
     `lengths`: Helix's trace, or the mean prompt and output tokens."""
+    if not window_s > 0:
+        raise ValueError(f"window_s must be positive, got {window_s}")
     return _Run(graph, lengths, warm_up_s, warm_up_s + window_s, seed).result()
 
 
@@ -148,7 +152,7 @@ class _Run:
     def result(self) -> ReplayResult:
         for i in range(START_QUERIES):  # Helix draws the opening queries' lengths before any other
             self._at(i * START_GAP_S, self._new_query, self._draw())
-        while self.events and self.events[0][0] <= self.end:
+        while self.events and self.events[0][0] < self.end:  # Helix's simulate(until) stops before `until`
             when, _, action, args = heapq.heappop(self.events)
             self._advance(when)
             action(*args)
@@ -216,7 +220,7 @@ class _Run:
         self.in_flight -= 1
         for node in query.path[1:-1]:
             machine = self.machines[node]
-            machine.kv_used -= _expected_kv(query.prompt) * machine.spec.layers
+            machine.kv_free += _expected_kv(query.prompt) * machine.spec.layers
         self._feed()
 
     def _feed(self) -> None:
@@ -226,13 +230,15 @@ class _Run:
             self._at(self.now + FEED_DELAY_S, self._new_query)
 
     def _fullest_layer(self) -> float:
-        used, total = {}, {}
+        """Helix's bottleneck_usage, in its arithmetic: 1 - free / total of each layer, its machines'
+        entries per layer summed."""
+        free, total = {}, {}
         for machine in self.machines.values():
             spec = machine.spec
             for layer in range(spec.first, spec.first + spec.layers):
-                used[layer] = used.get(layer, 0.0) + machine.kv_used / spec.layers
-                total[layer] = total.get(layer, 0.0) + spec.kv_capacity / spec.layers
-        return max(used[layer] / total[layer] for layer in total)
+                free[layer] = free.get(layer, 0) + machine.kv_free / spec.layers
+                total[layer] = total.get(layer, 0) + spec.kv_capacity / spec.layers
+        return max(1 - free[layer] / total[layer] for layer in total)
 
     # routing
 
@@ -251,7 +257,7 @@ class _Run:
         query.path = [SOURCE, *(b for _, b in chosen)]
         for name in query.path[1:-1]:
             machine = self.machines[name]
-            machine.kv_used += _expected_kv(query.prompt) * machine.spec.layers
+            machine.kv_free -= _expected_kv(query.prompt) * machine.spec.layers
         return True
 
     def _choose(self, node: str, query: _Query) -> str | None:
@@ -266,6 +272,12 @@ class _Run:
                 best, best_load = nxt, after
         if best is not None:
             loads[best] = best_load
+            slowest = SLOW_TOKEN_LINK if SOURCE == node or SINK == best else SLOW_ACTIVATION_LINK
+            if hops[best].bw <= slowest:
+                raise HelixError(
+                    f"the hop {node} -> {best} gets {hops[best].bw:g} bytes/s (its link, or its ends' NICs times its "
+                    f"share of their flow), at most the {slowest} that Helix's scheduler refuses"
+                )
         return best
 
     def _may_take(self, node: str, query: _Query) -> bool:
@@ -275,8 +287,8 @@ class _Run:
         limit = machine.spec.table.prompt_limit(machine.spec.layers)
         if query.prompt > limit * PROMPT_TOKENS:
             return False
-        spec = machine.spec
-        return machine.kv_used + _expected_kv(query.prompt) * spec.layers <= ROUTE_HWM * spec.kv_capacity
+        spec = machine.spec  # Helix's check_can_add, in its arithmetic
+        return machine.kv_free - _expected_kv(query.prompt) * spec.layers >= (1 - ROUTE_HWM) * spec.kv_capacity
 
     # links
 
@@ -312,6 +324,14 @@ class _Run:
         if machine.busy or not machine.queue:
             return
         batch = _take_batch(machine)
+        if not batch:  # one request alone is past the machine's limits: Helix's simulator stops here too
+            spec = machine.spec
+            raise HelixError(
+                f"{spec.table.name} with {spec.layers} layers: a request waiting at {node} is past its batch limits "
+                f"alone (prompt: {spec.table.prompt_limit(spec.layers)} x {PROMPT_TOKENS} tokens; decode: "
+                f"{spec.table.decode_limit[spec.layers]} x {CONTEXT_PER_DECODE} tokens of context), where Helix's "
+                "simulator stops too"
+            )
         host = machine.host_tokens * self.graph.activation_bytes
         end = _batch_end(machine.spec, batch, self.now, host)
         machine.host_tokens, machine.busy = 0, True
@@ -389,6 +409,8 @@ def _expected_kv(prompt: int) -> int:
 
 def _uniform_bounds(mean: float, cap: int) -> tuple[int, int]:
     """Integer bounds of a uniform draw with this mean, within 1..cap."""
+    if not 1 <= mean <= cap:
+        raise HelixError(f"a mean of {mean:g} tokens cannot be drawn within 1..{cap:,} (Helix's longest prompt)")
     hi = min(cap, max(1, round(2 * mean - 1)))
     lo = max(1, round(2 * mean) - hi)
     return lo, hi

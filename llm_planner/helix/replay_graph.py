@@ -13,15 +13,12 @@ from __future__ import annotations
 import math
 
 from llm_planner.cost.serving_profile import LayerTable
-from llm_planner.helix.engine import TOKEN_BYTES, EngineTables, Estimate
-from llm_planner.helix.flow import SINK, SOURCE, layout_flow, layout_hops
-from llm_planner.helix.inputs import NODE_INDEX_OFFSET, HelixCluster, HelixError, helix_node_name
-from llm_planner.helix.lengths import Lengths
-from llm_planner.helix.replay import Hop, ReplayGraph, ReplayMachine, replay
+from llm_planner.helix.engine import TOKEN_BYTES, EngineTables
+from llm_planner.helix.flow import SINK, SOURCE, coordinator_nics, layout_flow, layout_hops, link_end_names
+from llm_planner.helix.inputs import NODE_INDEX_OFFSET, HelixCluster, HelixError
+from llm_planner.helix.replay import PROMPT_TOKENS, Hop, ReplayGraph, ReplayMachine
 from llm_planner.helix.rules import machine_types
 from llm_planner.helix.typical import TypicalRates
-
-OUTPUT_LEN = 232.4  # mean output tokens of the Azure Conversation trace Helix's offline runs draw from
 
 
 def replay_graph(
@@ -36,7 +33,9 @@ def replay_graph(
 ) -> ReplayGraph:
     """The replay's graph of a layout (module docstring); `hops` as in llm_planner.helix.flow.layout_flow."""
     edges = layout_hops(ranges, cluster, num_layers) if hops is None else hops
-    _, flows = layout_flow(ranges, cluster, tables, num_layers, activation_bytes, rates, edges)
+    value, flows = layout_flow(ranges, cluster, tables, num_layers, activation_bytes, rates, edges)
+    if value <= 0:
+        raise HelixError(f"{cluster.source}: the layout's graph carries no flow from layer 0 to the last")
     sent, received = {}, {}
     for a, b in edges:
         sent[a] = sent.get(a, 0.0) + flows[a][b]
@@ -58,6 +57,8 @@ def replay_graph(
             token_bytes=TOKEN_BYTES + activation_bytes if between else TOKEN_BYTES,
         )
     kinds = machine_types(cluster)
+    for kind in {kinds[node] for node in ranges}:
+        _check_prompt_rows(tables[kind], prompts[kind], [end - first for first, end in ranges.values()])
     machines = {
         node: ReplayMachine(table=tables[kinds[node]], prompt=prompts[kinds[node]], first=first, layers=end - first)
         for node, (first, end) in ranges.items()
@@ -65,9 +66,21 @@ def replay_graph(
     return ReplayGraph(machines=machines, hops=out, activation_bytes=activation_bytes)
 
 
+def _check_prompt_rows(table: EngineTables, prompt: LayerTable, layer_counts: list[int]) -> None:
+    """A type's prompt profile must reach the largest prompt batch its limits allow (prompts x 2,048
+    tokens); Helix's simulator stops on a batch past its last row."""
+    need = max(table.prompt_limit(n) for n in layer_counts if n in table.kv_blocks) * PROMPT_TOKENS
+    if prompt.sizes[-1] < need:
+        raise HelixError(
+            f"{table.name}/prompt_bs2time.csv: its rows stop at {prompt.sizes[-1]:,} tokens, below the "
+            f"{need:,} of a full prompt batch (Helix's prompt limit x its {PROMPT_TOKENS:,}-token prompts), "
+            "where Helix's simulator would stop"
+        )
+
+
 def _latencies(cluster: HelixCluster) -> dict[tuple[str, str], float]:
     """Each link's latency both ways, by Helix node name ("source", "sink" for the coordinator)."""
-    name = {str(i): helix_node_name(i) for i in range(len(cluster.node_types))} | {"source": SOURCE, "sink": SINK}
+    name = link_end_names(cluster)
     out = {}
     for link in cluster.links:
         a, b = name[link.a], name[link.b]
@@ -78,18 +91,9 @@ def _latencies(cluster: HelixCluster) -> dict[tuple[str, str], float]:
 def _nics(cluster: HelixCluster, edges: dict[tuple[str, str], float]) -> dict[str, tuple[float, float]]:
     """(inbound, outbound) NIC bytes/s of every end of `edges`; the coordinator's as llm_planner.helix.flow
     takes them (its links together where the file does not state them)."""
-    out_nic, in_nic = cluster.coordinator_nics or (
-        sum(bw for (a, _), bw in edges.items() if a == SOURCE),
-        sum(bw for (_, b), bw in edges.items() if b == SINK),
-    )
+    out_nic, in_nic = coordinator_nics(cluster, edges)
     nics = {SOURCE: (0.0, out_nic), SINK: (in_nic, 0.0)}
     for node in {n for pair in edges for n in pair} - {SOURCE, SINK}:
         machine = cluster.machine_type(cluster.node_types[int(node.rsplit("_", 1)[1]) - NODE_INDEX_OFFSET])
         nics[node] = (machine.inbound_nic_bytes_per_s, machine.outbound_nic_bytes_per_s)
     return nics
-
-
-def replay_estimate(graph: ReplayGraph, lengths: Lengths | tuple[float, float]) -> Estimate:
-    """The replay's decode tokens/s as an Estimate (queries: mean in flight; round: a decode's trip)."""
-    found = replay(graph, lengths)
-    return Estimate(tokens_per_s=found.tokens_per_s, queries=found.queries, round_s=found.trip_s)

@@ -163,4 +163,10 @@ def _typical(m, layers, perf, typical, counts, tables, prompts, num_layers) -> f
         return (p_tokens + d_tokens) / (layers * (prompt.at(p_tokens) + table.decode.at(d_tokens)))
     scale = 1 / requests
     total = scale * (p_tokens + d_tokens)
-    return total / (layers * (prompt.at(int(p_tokens * scale)) + table.decode.at(d_tokens) * scale))
+    seconds = layers * (prompt.at(int(p_tokens * scale)) + table.decode.at(d_tokens) * scale)
+    if seconds <= 0:  # Helix's own formula divides by zero here
+        raise HelixError(
+            f"{m} with {layers} layers: Helix's typical throughput is undefined (its statistics plan no prompt or "
+            "decode tokens for it, or its profiles give them no time)"
+        )
+    return total / seconds
