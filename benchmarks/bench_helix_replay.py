@@ -110,7 +110,7 @@ def cases() -> list[Case]:
             f"{base}/simulator_cluster.ini",
         )
     )
-    for k in range(3):
+    for k in range(2):
         out.append(
             Case(
                 "cluster42 70B",
