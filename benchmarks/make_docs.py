@@ -201,11 +201,12 @@ column is the routed estimate (`plan-helix --score` of each deployment, summed).
         """\
 Helix's high-heterogeneity case (42 machines of 7 types, docs/helix.md): `helix-cluster42` is
 Helix's MILP layout with its own simulator cluster file (Helix reports 645.6);
-`plan-helix-cluster42` is `plan-helix`'s plan, three deployments of a third of every type's
-machines, simulated apart and summed. The model column is the routed estimate. Latencies are of
-Helix's offline closed loop at full load (a decode step: one token through the whole route); for
-the row of three deployments, the largest of their three percentiles (these records were taken
-before bench_helix stopped reporting latencies for rows of several simulations).""",
+`plan-helix-cluster42` is `plan-helix`'s plan, two deployments of half of every type's machines
+(chosen by the replay among the candidates, docs/helix.md), simulated apart and summed. The model
+column is the routed estimate (the replay's is in "Helix's simulator against the plan-helix
+estimates" below). Latencies are of Helix's offline closed loop at full load (a decode step: one
+token through the whole route), for rows of one simulation (Helix pools the latencies of separate
+deployments, which these records do not keep).""",
     ),
     Section(
         "helix-cases/3cluster24-70b",
