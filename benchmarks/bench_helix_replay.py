@@ -48,19 +48,8 @@ def cases() -> list[Case]:
     single, high, geo = (
         f"artifact_evaluation/{c}/config" for c in ("single_cluster", "high_heterogeneity", "distributed_clusters")
     )
-    helix = str(RESULTS / "helix")
-    own = RESULTS / "helix-cases"
-    out = [
-        Case(
-            "single24 70B",
-            "helix",
-            "artifact_evaluation/single_cluster/layout_llama70b/ilp/ilp_sol.ini",
-            f"{single}/cluster24.ini",
-            f"{single}/machine_profiles.ini",
-            "artifact_evaluation/single_cluster/layout_llama70b/ilp/ilp_sol.ini",
-            "artifact_evaluation/single_cluster/layout_llama70b/ilp/simulator_cluster.ini",
-        ),
-    ]
+    layouts = "artifact_evaluation/{}/layout_{}/ilp"
+    out = [_helix_own("single24 70B", "helix", layouts.format("single_cluster", "llama70b"), f"{single}/cluster24.ini")]
     for name in ("plan-helix-llama2-70b.ini", "plan-helix-llama2-70b-fast-first.ini", "serving-llama2-70b-1s.ini"):
         out.append(
             Case(
@@ -69,70 +58,18 @@ def cases() -> list[Case]:
                 name,
                 f"{single}/cluster24.ini",
                 f"{single}/machine_profiles.ini",
-                f"{helix}/{name}",
+                str(RESULTS / "helix" / name),
             )
         )
     for gpu in ("a100", "l4", "t4"):
-        base = f"artifact_evaluation/single_cluster/layout_llama30b/ilp/{gpu}"
-        out.append(
-            Case(
-                "single24 30B",
-                "helix-cases/single24-30b",
-                f"{base}/ilp_sol.ini",
-                f"{single}/{gpu}.ini",
-                f"{single}/machine_profiles.ini",
-                f"{base}/ilp_sol.ini",
-                f"{base}/simulator_cluster.ini",
-                "llama30b",
-            )
-        )
-    for k in range(3):
-        out.append(
-            Case(
-                "single24 30B",
-                "helix-cases/single24-30b",
-                f"single24-30b-{k}.ini",
-                str(own / f"single24-30b-{k}.cluster.ini"),
-                f"{single}/machine_profiles.ini",
-                str(own / f"single24-30b-{k}.ini"),
-                model="llama30b",
-            )
-        )
-    base = "artifact_evaluation/high_heterogeneity/layout_llama70b/ilp"
-    out.append(
-        Case(
-            "cluster42 70B",
-            "helix-cases/cluster42-70b",
-            f"{base}/ilp_sol.ini",
-            f"{high}/cluster42.ini",
-            f"{high}/machine_profiles.ini",
-            f"{base}/ilp_sol.ini",
-            f"{base}/simulator_cluster.ini",
-        )
-    )
-    for k in range(2):
-        out.append(
-            Case(
-                "cluster42 70B",
-                "helix-cases/cluster42-70b",
-                f"cluster42-70b-{k}.ini",
-                str(own / f"cluster42-70b-{k}.cluster.ini"),
-                f"{high}/machine_profiles.ini",
-                str(own / f"cluster42-70b-{k}.ini"),
-            )
-        )
-    base = "artifact_evaluation/distributed_clusters/layout_llama70b/ilp"
-    out.append(
-        Case(
-            "3cluster24 70B",
-            "helix-cases/3cluster24-70b",
-            f"{base}/ilp_sol.ini",
-            f"{geo}/3cluster24.ini",
-            f"{geo}/machine_profiles.ini",
-            f"{base}/ilp_sol.ini",
-            f"{base}/simulator_cluster.ini",
-        )
-    )
+        base = layouts.format("single_cluster", "llama30b") + f"/{gpu}"
+        out.append(_helix_own("single24 30B", "helix-cases/single24-30b", base, f"{single}/{gpu}.ini", "llama30b"))
+    out += _deployments("single24 30B", "single24-30b", 3, f"{single}/machine_profiles.ini", "llama30b")
+    base = layouts.format("high_heterogeneity", "llama70b")
+    out.append(_helix_own("cluster42 70B", "helix-cases/cluster42-70b", base, f"{high}/cluster42.ini"))
+    out += _deployments("cluster42 70B", "cluster42-70b", 2, f"{high}/machine_profiles.ini")
+    base = layouts.format("distributed_clusters", "llama70b")
+    out.append(_helix_own("3cluster24 70B", "helix-cases/3cluster24-70b", base, f"{geo}/3cluster24.ini"))
     out.append(
         Case(
             "3cluster24 70B",
@@ -140,10 +77,34 @@ def cases() -> list[Case]:
             "3cluster24-70b.ini",
             f"{geo}/3cluster24.ini",
             f"{geo}/machine_profiles.ini",
-            str(own / "3cluster24-70b.ini"),
+            str(RESULTS / "helix-cases" / "3cluster24-70b.ini"),
         )
     )
     return out
+
+
+def _helix_own(name: str, recorded: str, folder: str, cluster: str, model: str = "llama70b") -> Case:
+    """Helix's own MILP layout in `folder` of its checkout, with its own simulator cluster file."""
+    profiles = str(Path(cluster).with_name("machine_profiles.ini"))
+    layout = f"{folder}/ilp_sol.ini"
+    return Case(name, recorded, layout, cluster, profiles, layout, f"{folder}/simulator_cluster.ini", model)
+
+
+def _deployments(name: str, stem: str, count: int, profiles: str, model: str = "llama70b") -> list[Case]:
+    """plan-helix's deployments <stem>-<k>.ini, each on its own <stem>-<k>.cluster.ini."""
+    own = RESULTS / "helix-cases"
+    return [
+        Case(
+            name,
+            f"helix-cases/{stem}",
+            f"{stem}-{k}.ini",
+            str(own / f"{stem}-{k}.cluster.ini"),
+            profiles,
+            str(own / f"{stem}-{k}.ini"),
+            model=model,
+        )
+        for k in range(count)
+    ]
 
 
 def simulated(case: Case) -> float | None:
