@@ -119,14 +119,16 @@ def simulated(case: Case) -> float | None:
 
 def estimate(case: Case, checkout: Path) -> tuple[float, float, float]:
     """(routed estimate, replayed, replay seconds) of the case's layout at this commit."""
-    from llm_planner.helix.plan import load_inputs, read_checked_layout, score_layout
+    from llm_planner.helix.plan import load_inputs, read_checked_layout, score_ranges
     from llm_planner.helix.replayed import replay_layout
+    from llm_planner.helix.simulator_file import simulator_hops
 
     at = lambda p: Path(p) if Path(p).is_absolute() else checkout / p  # noqa: E731
     inputs = load_inputs(at(case.cluster), at(case.profiles), checkout / MODELS[case.model], None)
-    own = at(case.simulator_cluster) if case.simulator_cluster else None
-    routed = score_layout(inputs, at(case.layout_path), PROMPT_LEN, own)[-1].tokens_per_s
-    replayed = replay_layout(inputs, read_checked_layout(inputs, at(case.layout_path)), PROMPT_LEN, own)
+    hops = simulator_hops(at(case.simulator_cluster)) if case.simulator_cluster else None  # Helix's own graph
+    ranges = read_checked_layout(inputs, at(case.layout_path))
+    routed = score_ranges(inputs, ranges, str(at(case.layout_path)), PROMPT_LEN, hops)[-1].tokens_per_s
+    replayed = replay_layout(inputs, ranges, PROMPT_LEN, hops)
     return routed, replayed.estimate.tokens_per_s, replayed.seconds
 
 

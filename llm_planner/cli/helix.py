@@ -19,8 +19,9 @@ from llm_planner.core.atomic import check_writable, write_atomic
 from llm_planner.core.spec import parse_cluster
 from llm_planner.cost.serving_profile import parse_serving_profile
 from llm_planner.helix.inputs import HelixError, device_helix_names, load_helix_cluster, serving_profile_yaml
-from llm_planner.helix.plan import ORDERS, REGION_MODES, load_inputs, plan_helix, read_checked_layout, score_layout
+from llm_planner.helix.plan import ORDERS, REGION_MODES, load_inputs, plan_helix, read_checked_layout, score_ranges
 from llm_planner.helix.replayed import plan_by_replay, replay_layout
+from llm_planner.helix.simulator_file import simulator_hops
 from llm_planner.helix.spec_yaml import cluster_spec_yaml
 
 
@@ -118,18 +119,7 @@ def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
     if args.simulator_cluster and not args.score:
         raise UserError("--simulator-cluster: only with --score (a layout's own simulator cluster file)", exit_code=2)
     if args.score:
-        stages, machines, sizes, est = score_layout(inputs, args.score, args.prompt_len, args.simulator_cluster)
-        if stages:
-            console.print(_stage_table(stages, machines, [i for i, n in enumerate(sizes) for _ in range(n)]))
-        how = "" if stages else " (its ranges are not chains of stages: routed by a max flow, docs/helix.md)"
-        console.print(f"{args.score}: {_said(est)}{how}")
-        if not args.no_replay:
-            ranges = read_checked_layout(inputs, args.score)
-            try:
-                _print_replayed(console, replay_layout(inputs, ranges, args.prompt_len, args.simulator_cluster))
-            except HelixError as exc:
-                console.print(f"not replayed: {exc}")
-        return 0
+        return _score(inputs, args, console)
     plan, replayed = _plan(inputs, args)
     written = _write_plan(plan, inputs, Path(args.output))
     console.print(_stage_table(plan.stages, plan.machines, plan.chain_of()))
@@ -140,6 +130,23 @@ def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
     )
     if not args.no_replay:
         _print_replayed(console, replayed)
+    return 0
+
+
+def _score(inputs, args, console: Console) -> int:
+    """--score: the layout's routed estimate, then its replay (the layout and Helix's simulator file read once)."""
+    ranges = read_checked_layout(inputs, args.score)
+    hops = simulator_hops(args.simulator_cluster) if args.simulator_cluster else None
+    stages, machines, sizes, est = score_ranges(inputs, ranges, args.score, args.prompt_len, hops)
+    if stages:
+        console.print(_stage_table(stages, machines, [i for i, n in enumerate(sizes) for _ in range(n)]))
+    how = "" if stages else " (its ranges are not chains of stages: routed by a max flow, docs/helix.md)"
+    console.print(f"{args.score}: {_said(est)}{how}")
+    if not args.no_replay:
+        try:
+            _print_replayed(console, replay_layout(inputs, ranges, args.prompt_len, hops))
+        except HelixError as exc:
+            console.print(f"not replayed: {exc}")
     return 0
 
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llm_planner.helix.inputs import NODE_INDEX_OFFSET, HelixCluster, HelixLink, helix_node_name
+from llm_planner.helix.inputs import HelixCluster, HelixLink, helix_node_index, helix_node_name
 
 ENDS = ("source", "sink")
 
 
 def chain_indices(nodes: list[str]) -> list[int]:
     """The full cluster file's ComputeNode indices of Helix node names, ascending."""
-    return sorted(int(n.rsplit("_", 1)[1]) - NODE_INDEX_OFFSET for n in nodes)
+    return sorted(helix_node_index(n) for n in nodes)
 
 
 def renumber(nodes: list[str]) -> dict[str, str]:

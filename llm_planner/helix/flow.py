@@ -29,7 +29,7 @@ from __future__ import annotations
 import networkx as nx
 
 from llm_planner.helix.engine import TOKEN_BYTES, EngineTables, Estimate, Stage, room_queries, stage_round_s
-from llm_planner.helix.inputs import NODE_INDEX_OFFSET, HelixCluster, HelixError, helix_node_name
+from llm_planner.helix.inputs import NODE_INDEX_OFFSET, HelixCluster, HelixError, helix_node_index, helix_node_name
 from llm_planner.helix.regions import Regions
 from llm_planner.helix.rules import machine_types
 from llm_planner.helix.typical import TypicalRates
@@ -135,7 +135,7 @@ def coordinator_nics(cluster: HelixCluster, edges: dict[tuple[str, str], float])
 
 def hop_network(a: str, b: str, regions: Regions):
     """The network of a hop between two Helix node names: their region's, or the link between regions."""
-    ra, rb = (regions.region_of(int(n.rsplit("_", 1)[1]) - NODE_INDEX_OFFSET) for n in (a, b))
+    ra, rb = (regions.region_of(helix_node_index(n)) for n in (a, b))
     return regions.inside[ra] if ra == rb else regions.between
 
 

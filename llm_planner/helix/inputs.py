@@ -115,6 +115,11 @@ def helix_node_name(index: int) -> str:
     return f"compute_node_{index + NODE_INDEX_OFFSET}"
 
 
+def helix_node_index(name: str) -> int:
+    """The ComputeNode index of a simulator node name (helix_node_name's inverse)."""
+    return int(name.rsplit("_", 1)[1]) - NODE_INDEX_OFFSET
+
+
 def parse_helix_value(text: str) -> float:
     """`10 * gbps` -> 1e10; `-1` -> -1.0 (Helix's "unlimited"). ValueError for anything else."""
     match = _VALUE.match(text)

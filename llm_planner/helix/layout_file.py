@@ -28,7 +28,14 @@ import re
 from collections.abc import Iterable, Mapping
 
 from llm_planner.core.fmt import quote
-from llm_planner.helix.inputs import MAX_LAYERS, MAX_MACHINES, NODE_INDEX_OFFSET, bounded_int, helix_node_name
+from llm_planner.helix.inputs import (
+    MAX_LAYERS,
+    MAX_MACHINES,
+    NODE_INDEX_OFFSET,
+    bounded_int,
+    helix_node_index,
+    helix_node_name,
+)
 
 _SIMULATOR_NAME = re.compile(r"^compute_node_(\d+)$")
 _CLUSTER_NAME = re.compile(r"^ComputeNode-(\d+)$")
@@ -99,7 +106,7 @@ def helix_layout(
     """Helix's layout file text for `stages` (see the module docstring)."""
     ranges = layout_ranges(stages, names, num_layers)
     lines = ["[Settings]", f"offset={NODE_INDEX_OFFSET}", "", "[Solution]"]
-    for node in sorted(ranges, key=lambda n: int(n.rsplit("_", 1)[1])):
+    for node in sorted(ranges, key=helix_node_index):
         first, end = ranges[node]
         lines.append(f"{node}={list(range(first, end))}")
     return "\n".join(lines) + "\n"

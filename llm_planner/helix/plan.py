@@ -43,6 +43,7 @@ from llm_planner.helix.inputs import (
     HelixCluster,
     HelixError,
     default_model,
+    helix_node_index,
     helix_node_name,
     load_helix_cluster,
     slowest_link,
@@ -219,23 +220,25 @@ def model_shapes(profiles_dir: str | Path, model: str | None) -> tuple[int, int]
 
 def score_layout(inputs: HelixInputs, layout_path: str | Path, prompt_len: float, simulator_cluster=None):
     """(stages, machines, stages per chain, Estimate) of a Helix layout file Helix accepts, run as one
-    deployment on the inputs' cluster: routed by a max flow with Helix's own capacities
-    (llm_planner.helix.flow) when its files state them, else by the chain model when its ranges
-    split into chains of one-type stages, else by a max flow at the machines' batch-limit rates.
-    Stages, machines and chains are empty for a layout that is not chains (or routed over the links of
-    Helix's own `simulator_cluster` file, llm_planner.helix.simulator_file); HelixError for one Helix
-    would refuse."""
-    ranges = read_checked_layout(inputs, layout_path)
+    deployment on the inputs' cluster (score_ranges, over the links of Helix's own `simulator_cluster`
+    file when given, llm_planner.helix.simulator_file); HelixError for one Helix would refuse."""
     hops = simulator_hops(simulator_cluster) if simulator_cluster else None
+    return score_ranges(inputs, read_checked_layout(inputs, layout_path), str(layout_path), prompt_len, hops)
+
+
+def score_ranges(inputs: HelixInputs, ranges: dict[str, tuple[int, int]], source: str, prompt_len: float, hops=None):
+    """score_layout of a layout's checked ranges (read from `source`): routed by a max flow with
+    Helix's own capacities (llm_planner.helix.flow) when its files state them, else by the chain
+    model when its ranges split into chains of one-type stages, else by a max flow at the machines'
+    batch-limit rates. Stages, machines and chains are empty for a layout that is not chains (or
+    routed over `hops`, the links of Helix's own simulator cluster file)."""
     routed = lambda: flow_estimate(  # noqa: E731
         ranges, inputs.cluster, inputs.tables, inputs.num_layers, prompt_len, inputs.regions, inputs.rates, hops
     )
     if hops is not None:  # Helix's own graph for the layout: routed over it whatever its shape
         return (), (), (), routed()
     try:
-        stages, machines, sizes = layout_stages(
-            ranges, inputs.cluster, inputs.tables, inputs.num_layers, str(layout_path)
-        )
+        stages, machines, sizes = layout_stages(ranges, inputs.cluster, inputs.tables, inputs.num_layers, source)
     except HelixError:
         return (), (), (), routed()
     if inputs.guesses is not None:  # Helix's routing is known: the layout as one deployment, routed by it
@@ -431,7 +434,7 @@ def layout_stages(
         )
     stages, machines = [], []
     for span in (span for chain in chains for span in chain):
-        nodes = sorted(by_range[span], key=lambda n: int(n.rsplit("_", 1)[1]))
+        nodes = sorted(by_range[span], key=helix_node_index)
         kinds = {kind_of[n] for n in nodes}
         if len(kinds) > 1:
             raise HelixError(

@@ -141,13 +141,19 @@ class _Run:
         self.graph, self.start, self.end = graph, start, end
         self.rng = random.Random(seed)  # as Helix's feeder: random.seed(0), then randint per query
         self.lengths = lengths
+        if not isinstance(lengths, Lengths):  # uniform draws: their bounds, checked before the first
+            self.bounds = [_uniform_bounds(m, cap) for m, cap in zip(lengths, (PROMPT_TOKENS, 10**6))]
         self.machines = {name: _Machine(spec) for name, spec in graph.machines.items()}
+        self.layer_total: dict[int, float] = {}  # each layer's KV entries over its machines, as Helix sums them
+        for spec in graph.machines.values():
+            for layer in range(spec.first, spec.first + spec.layers):
+                self.layer_total[layer] = self.layer_total.get(layer, 0) + spec.kv_capacity / spec.layers
         self.loads = {node: dict.fromkeys(out, 0.0) for node, out in graph.hops.items()}
         self.free_at: dict[tuple[str, str], float] = {}  # when each link has sent what it was given
         self.events: list = []
         self.seq = 0
         self.now = 0.0
-        self.tokens, self.dropped, self.in_flight, self.area, self.trips = 0, 0, 0, 0.0, []
+        self.tokens, self.dropped, self.in_flight, self.area, self.trip_sum = 0, 0, 0, 0.0, 0.0
 
     def result(self) -> ReplayResult:
         for i in range(START_QUERIES):  # Helix draws the opening queries' lengths before any other
@@ -158,7 +164,7 @@ class _Run:
             action(*args)
         self._advance(self.end)
         window = self.end - self.start
-        trip = sum(self.trips) / len(self.trips) if self.trips else float("inf")
+        trip = self.trip_sum / self.tokens if self.tokens else float("inf")
         return ReplayResult(
             tokens_per_s=self.tokens / window,
             queries=self.area / window,
@@ -183,7 +189,7 @@ class _Run:
         if isinstance(self.lengths, Lengths):
             pick = self.rng.randint(0, len(self.lengths.prompts) - 1)
             return self.lengths.prompts[pick], self.lengths.outputs[pick]
-        (p_lo, p_hi), (o_lo, o_hi) = (_uniform_bounds(m, cap) for m, cap in zip(self.lengths, (PROMPT_TOKENS, 10**6)))
+        (p_lo, p_hi), (o_lo, o_hi) = self.bounds
         return self.rng.randint(p_lo, p_hi), self.rng.randint(o_lo, o_hi)
 
     def _new_query(self, lengths: tuple[int, int] | None = None) -> None:
@@ -210,7 +216,7 @@ class _Run:
         query.made += 1
         if self.start <= self.now <= self.end:
             self.tokens += 1
-            self.trips.append(self.now - request.issued)
+            self.trip_sum += self.now - request.issued
         if query.made < query.output:
             self._issue(_Request(query, False, self.now))
         else:
@@ -232,13 +238,12 @@ class _Run:
     def _fullest_layer(self) -> float:
         """Helix's bottleneck_usage, in its arithmetic: 1 - free / total of each layer, its machines'
         entries per layer summed."""
-        free, total = {}, {}
+        free = {}
         for machine in self.machines.values():
             spec = machine.spec
             for layer in range(spec.first, spec.first + spec.layers):
                 free[layer] = free.get(layer, 0) + machine.kv_free / spec.layers
-                total[layer] = total.get(layer, 0) + spec.kv_capacity / spec.layers
-        return max(1 - free[layer] / total[layer] for layer in total)
+        return max(1 - free[layer] / total for layer, total in self.layer_total.items())
 
     # routing
 

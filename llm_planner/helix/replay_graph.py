@@ -15,7 +15,7 @@ import math
 from llm_planner.cost.serving_profile import LayerTable
 from llm_planner.helix.engine import TOKEN_BYTES, EngineTables
 from llm_planner.helix.flow import SINK, SOURCE, coordinator_nics, layout_flow, layout_hops, link_end_names
-from llm_planner.helix.inputs import NODE_INDEX_OFFSET, HelixCluster, HelixError
+from llm_planner.helix.inputs import HelixCluster, HelixError, helix_node_index
 from llm_planner.helix.replay import PROMPT_TOKENS, Hop, ReplayGraph, ReplayMachine
 from llm_planner.helix.rules import machine_types
 from llm_planner.helix.typical import TypicalRates
@@ -94,6 +94,6 @@ def _nics(cluster: HelixCluster, edges: dict[tuple[str, str], float]) -> dict[st
     out_nic, in_nic = coordinator_nics(cluster, edges)
     nics = {SOURCE: (0.0, out_nic), SINK: (in_nic, 0.0)}
     for node in {n for pair in edges for n in pair} - {SOURCE, SINK}:
-        machine = cluster.machine_type(cluster.node_types[int(node.rsplit("_", 1)[1]) - NODE_INDEX_OFFSET])
+        machine = cluster.machine_type(cluster.node_types[helix_node_index(node)])
         nics[node] = (machine.inbound_nic_bytes_per_s, machine.outbound_nic_bytes_per_s)
     return nics

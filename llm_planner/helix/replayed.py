@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from llm_planner.helix.chains import combined
 from llm_planner.helix.engine import Estimate
@@ -24,7 +23,6 @@ from llm_planner.helix.lengths import Lengths
 from llm_planner.helix.plan import HelixInputs, HelixPlan, helix_candidates
 from llm_planner.helix.replay import replay
 from llm_planner.helix.replay_graph import replay_graph
-from llm_planner.helix.simulator_file import simulator_hops
 
 OUTPUT_LEN = 232.4  # mean output tokens of the Azure Conversation trace Helix's offline runs draw from
 REPLAY_SHARE = 0.8  # candidates whose routed estimate is at least this share of the best one are replayed
@@ -45,18 +43,18 @@ def plan_by_replay(
     REPLAY_SHARE of its best (module docstring); the routed choice, not replayed, when Helix's
     files lack what the replay needs."""
     candidates = helix_candidates(inputs, prompt_len, order, regions)
-    top = max(c.estimate.tokens_per_s for c in candidates)
-    near = [c for c in candidates if c.estimate.tokens_per_s >= REPLAY_SHARE * top]
+    routed = max(candidates, key=lambda c: c.estimate.tokens_per_s)
+    if not _replayable(inputs):
+        return routed, None
+    near = [c for c in candidates if c.estimate.tokens_per_s >= REPLAY_SHARE * routed.estimate.tokens_per_s]
     started, scored = time.monotonic(), [(replay_plan(c, inputs, prompt_len), c) for c in near]
-    if any(found is None for found, _ in scored):
-        return max(candidates, key=lambda c: c.estimate.tokens_per_s), None
     found, plan = max(scored, key=lambda pair: pair[0].estimate.tokens_per_s)
     return plan, replace(found, seconds=time.monotonic() - started, candidates=len(near))
 
 
 def replay_plan(plan: HelixPlan, inputs: HelixInputs, prompt_len: float) -> Replayed | None:
     """The plan's decode tokens/s under the replay, each chain its own deployment."""
-    if inputs.guesses is None or inputs.prompts is None:
+    if not _replayable(inputs):
         return None
     started, parts = time.monotonic(), []
     for chain in range(len(plan.chain_sizes or (1,))):
@@ -67,16 +65,24 @@ def replay_plan(plan: HelixPlan, inputs: HelixInputs, prompt_len: float) -> Repl
 
 
 def replay_layout(
-    inputs: HelixInputs, ranges: dict[str, tuple[int, int]], prompt_len: float, simulator_cluster: str | Path | None
+    inputs: HelixInputs,
+    ranges: dict[str, tuple[int, int]],
+    prompt_len: float,
+    hops: dict[tuple[str, str], float] | None = None,
 ) -> Replayed | None:
     """A layout's decode tokens/s under the replay, run as one deployment on the inputs' cluster
-    (over the links of Helix's own simulator cluster file when given)."""
-    if inputs.guesses is None or inputs.prompts is None:
+    (over `hops`, the links of Helix's own simulator cluster file, llm_planner.helix.simulator_file,
+    when given)."""
+    if not _replayable(inputs):
         return None
     started = time.monotonic()
-    hops = simulator_hops(simulator_cluster) if simulator_cluster else None
     found = _replay(ranges, inputs.cluster, inputs, prompt_len, inputs.rates, hops)
     return _said(found, inputs, prompt_len, started)
+
+
+def _replayable(inputs: HelixInputs) -> bool:
+    """Whether Helix's files state what the replay needs: its routing statistics and prompt profiles."""
+    return inputs.guesses is not None and inputs.prompts is not None
 
 
 def _replay(ranges, cluster, inputs: HelixInputs, prompt_len: float, rates, hops) -> Estimate:

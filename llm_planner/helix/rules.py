@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from llm_planner.helix.engine import EngineTables
-from llm_planner.helix.inputs import NODE_INDEX_OFFSET, HelixCluster, helix_node_name
+from llm_planner.helix.inputs import HelixCluster, helix_node_index, helix_node_name
 from llm_planner.helix.layout_file import LayoutError, layout_ranges
 
 
@@ -47,19 +47,15 @@ def check_helix_layout(
     triples = [(n, a, b) for n, (a, b) in stages.items()] if isinstance(stages, Mapping) else stages
     ranges = layout_ranges(triples, names, num_layers)  # rules 2 and the chain
     kinds = machine_types(cluster)
-    for node, (first, end) in sorted(ranges.items(), key=lambda item: int(item[0].rsplit("_", 1)[1])):
+    for node, (first, end) in sorted(ranges.items(), key=lambda item: helix_node_index(item[0])):
         if node not in kinds:
             raise LayoutError(f"{node} is not a machine of {cluster.source} ({len(kinds)} machines)")
-        table = tables.get(kinds[node])
+        table, kind = tables.get(kinds[node]), cluster.node_types[helix_node_index(node)]
         if table is None:
-            raise LayoutError(f"{node}: no tables for its machine type {cluster.node_types[_index(node)]}")
+            raise LayoutError(f"{node}: no tables for its machine type {kind}")
         if not stage_fits(table, end - first):
             raise LayoutError(
-                f"{node} ({cluster.node_types[_index(node)]}) holds {end - first} layers ({first}-{end - 1}); "
+                f"{node} ({kind}) holds {end - first} layers ({first}-{end - 1}); "
                 f"Helix lets a machine of its type hold at most {table.max_layers} (max_num_layers)"
             )
     return ranges
-
-
-def _index(node: str) -> int:
-    return int(node.rsplit("_", 1)[1]) - NODE_INDEX_OFFSET
