@@ -56,9 +56,11 @@ def replay_graph(
             latency_s=latency[(a, b)],
             token_bytes=TOKEN_BYTES + activation_bytes if between else TOKEN_BYTES,
         )
-    kinds = machine_types(cluster)
-    for kind in {kinds[node] for node in ranges}:
-        _check_prompt_rows(tables[kind], prompts[kind], [end - first for first, end in ranges.values()])
+    kinds, held = machine_types(cluster), {}
+    for node, (first, end) in ranges.items():
+        held.setdefault(kinds[node], set()).add(end - first)
+    for kind, layer_counts in held.items():
+        _check_prompt_rows(tables[kind], prompts[kind], layer_counts)
     machines = {
         node: ReplayMachine(table=tables[kinds[node]], prompt=prompts[kinds[node]], first=first, layers=end - first)
         for node, (first, end) in ranges.items()
@@ -66,10 +68,10 @@ def replay_graph(
     return ReplayGraph(machines=machines, hops=out, activation_bytes=activation_bytes)
 
 
-def _check_prompt_rows(table: EngineTables, prompt: LayerTable, layer_counts: list[int]) -> None:
-    """A type's prompt profile must reach the largest prompt batch its limits allow (prompts x 2,048
-    tokens); Helix's simulator stops on a batch past its last row."""
-    need = max(table.prompt_limit(n) for n in layer_counts if n in table.kv_blocks) * PROMPT_TOKENS
+def _check_prompt_rows(table: EngineTables, prompt: LayerTable, layer_counts: set[int]) -> None:
+    """A type's prompt profile must reach the largest prompt batch its machines' limits allow (prompts
+    x 2,048 tokens, at the layer counts they hold); Helix's simulator stops on a batch past its last row."""
+    need = max(table.prompt_limit(n) for n in layer_counts) * PROMPT_TOKENS
     if prompt.sizes[-1] < need:
         raise HelixError(
             f"{table.name}/prompt_bs2time.csv: its rows stop at {prompt.sizes[-1]:,} tokens, below the "
