@@ -9,7 +9,10 @@ commit, the routed estimate (`plan-helix --score`'s steady-state formula, llm_pl
 and the replay (llm_planner.helix.replay, the same window), each on the deployment's own cluster
 file, and their ratios to the simulated figure. Helix's simulator is not run here: the simulated
 column is the recorded one (each results folder's meta.json names the commit it was recorded at).
-Needs a Helix checkout for its cluster files, model folders and request lengths. The table is
+Needs a Helix checkout for its cluster files, model folders and request lengths. It runs with
+PYTHONHASHSEED=0 (it restarts itself so): a layout whose max flow has several solutions of the same
+value (Helix's cluster42 layout) is split by networkx in an order that follows the hash seed, in
+Helix's simulator as here, and Helix's runs recorded here pin it to 0. The table is
 printed and written, with results.csv and meta.json, to --out (default
 benchmarks/results/helix-replay).
 """
@@ -133,6 +136,8 @@ def estimate(case: Case, checkout: Path) -> tuple[float, float, float]:
 
 
 def main() -> None:
+    if os.environ.get("PYTHONHASHSEED") != "0":  # the recorded simulations' seed (module docstring)
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"})
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(RESULTS / "helix-replay"))
     args = p.parse_args()
