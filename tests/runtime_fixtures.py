@@ -177,7 +177,27 @@ class ThreadGroup:
 
     def __init__(self, k: int):
         self.size, self.slots, self.barrier = k, [None] * k, threading.Barrier(k, timeout=60)
-        self.counts = [{"all_reduce": 0, "all_gather": 0} for _ in range(k)]
+        self.counts = [{"all_reduce": 0, "all_gather": 0, "reduce_scatter": 0} for _ in range(k)]
+
+    def run(self, member) -> None:
+        """member(i) for each member i, in a thread each; the first error any raised is raised here
+        (a member that fails breaks the barrier, so the others stop too)."""
+        errors = []
+
+        def guarded(i: int) -> None:
+            try:
+                member(i)
+            except BaseException as exc:  # noqa: BLE001 (re-raised below, in the caller's thread)
+                errors.append(exc)
+                self.barrier.abort()
+
+        threads = [threading.Thread(target=guarded, args=(i,)) for i in range(self.size)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        if errors:
+            raise errors[0]
 
     def member(self, index: int):
         group = self
@@ -208,5 +228,24 @@ class ThreadGroup:
 
                 group.counts[index]["all_gather"] += 1
                 return torch.stack(self._exchange(t))
+
+            def all_gather_v(self, t, counts):
+                import torch
+
+                group.counts[index]["all_gather"] += 1
+                every = self._exchange(t)
+                assert [len(x) for x in every] == list(counts)
+                return torch.cat(every).to(torch.float32)
+
+            def reduce_scatter_v(self, t, counts):
+                import torch
+
+                group.counts[index]["reduce_scatter"] += 1
+                every = self._exchange(t)
+                total = every[0].to(torch.float32).clone()
+                for part in every[1:]:
+                    total += part.to(torch.float32)
+                lo = sum(counts[:index])
+                return total[lo : lo + counts[index]].to(t.dtype)
 
         return Member()

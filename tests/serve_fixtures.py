@@ -35,14 +35,15 @@ def serving_plan(
     cluster: Path = LOCALHOST,
 ) -> Path:
     """replicas: [{"degrees": [k per stage], "layers": [...], "concurrency": C, "micro_batches": m,
-    "devices": [[names of stage 0], ...], "classes": [class of each stage] (default: all CLASS)}], one copy each."""
+    "devices": [[names of stage 0], ...], "classes": [class of each stage] (default: all CLASS), "attention":
+    the stages' attention (default "tp"; "dp": data-parallel, experts split)}], one copy each."""
     workload = ServingWorkload(requests=(RequestShape(prompt_len=prompt_len, output_len=output_len),), tpot_slo_s=10.0)
     options = ServingOptions(allow_cpu=True, max_batched_tokens=max_batched_tokens)
     ctx = build_context(str(cluster), str(model_dir), workload, "fp32", options)
     records = []
     for r in replicas:
         classes = r.get("classes", [CLASS] * len(r["degrees"]))
-        layout = tuple(Segment(c, k, 1) for c, k in zip(classes, r["degrees"]))
+        layout = tuple(Segment(c, k, 1, r.get("attention", "tp")) for c, k in zip(classes, r["degrees"]))
         ev = ctx.replica(layout).evaluate(tuple(r["layers"]), r["concurrency"], r["micro_batches"])
         records.append(replica_record(ctx, Pattern(layout=layout, ev=ev), 1, [r["devices"]]))
     model_sha256 = input_digest(str(Path(model_dir) / "config.json"), "model")

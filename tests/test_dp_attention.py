@@ -208,10 +208,29 @@ def test_deepseek_exports_the_engines_data_parallel_flags(deepseek_plan, capsys)
     assert "Megatron-LM runs tensor-parallel groups only" in capsys.readouterr().err
 
 
-def test_launch_refuses_data_parallel_attention_naming_the_field(deepseek_plan, tmp_path, capsys):
-    assert main(["launch", str(deepseek_plan), "--dry-run", "--workdir", str(tmp_path / "w")]) == 2
-    err = capsys.readouterr().err
-    assert "serving.replicas[0].segments[0].attention: 'dp': the runtime runs tensor-parallel groups only" in err
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"attention": "dp-deepep"}, "segments[0].attention: 'dp-deepep': the runtime moves the experts' tokens"),
+        ({"micro_batches": 2}, "micro_batches: 2: a data-parallel stage runs one micro-batch per member"),
+        ({"concurrency": 5}, "concurrency: 5 sequences leave some of the 8 members without one"),
+    ],
+)
+def test_launch_refuses_data_parallel_attention_it_cannot_run_naming_the_field(
+    deepseek_plan, tmp_path, capsys, change, message
+):
+    """The runtime serves a dpaK replica (tests/test_serve_mpi.py) but not DeepEP's all-to-all, several
+    micro-batches, or fewer sequences than members: each refused before anything starts, naming the field."""
+    data = yaml.safe_load(deepseek_plan.read_text())
+    rep = data["serving"]["replicas"][0]
+    if "attention" in change:
+        rep["segments"][0]["attention"] = change["attention"]
+    else:
+        rep.update(change)
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["launch", str(edited), "--dry-run", "--workdir", str(tmp_path / "w")]) == 2
+    assert f"serving.replicas[0].{message}" in capsys.readouterr().err
 
 
 def test_a_group_over_two_servers_exports_each_hosts_ranks(deepseek_plan, tmp_path):

@@ -6,8 +6,6 @@ whole stages: tests/test_serve_stage.py; under mpiexec: tests/test_serve_mpi.py.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 from runtime_fixtures import ThreadGroup, tiny_mixtral, tiny_qwen2_moe, tiny_qwen3_moe
@@ -15,7 +13,7 @@ from safetensors import safe_open
 
 from llm_planner.graph import hf_config
 from llm_planner.graph.tp_layout import task_layout
-from llm_planner.runtime import gpt, moe_layers, tp_layers
+from llm_planner.runtime import ep_moe, gpt, moe_layers, tp_layers
 from llm_planner.runtime.decoder_tasks import DecoderError
 
 MAKERS = [tiny_mixtral, tiny_qwen2_moe, tiny_qwen3_moe]
@@ -30,27 +28,16 @@ def _seeded(hf):
 def _members(hf, k: int, x: torch.Tensor, checkpoint: str | None = None):
     """Each member of a group of k runs block LAYER's MLP on x: (outputs, the group, the sources read)."""
     cfg, family = hf_config.from_hf_config(hf), gpt.family_of(hf)
-    group, out, sources, errors = ThreadGroup(k), [None] * k, [None] * k, []
+    group, out, sources = ThreadGroup(k), [None] * k, [None] * k
 
     def member(i: int) -> None:
-        try:
-            sources[i] = gpt.weight_source(hf, checkpoint=checkpoint, seed=0)
-            t = tp_layers.member_tensors(
-                f"block.{LAYER}", cfg, family, k, i, sources[i], dtype=torch.float32, device="cpu"
-            )
-            block = tp_layers.BlockShard(cfg, LAYER, t, group.member(i), renormalise=moe_layers.renormalises(hf))
-            with torch.no_grad():
-                out[i] = block.mlp(x.clone())
-        except Exception as exc:  # reported by the test
-            errors.append(exc)
-            group.barrier.abort()
+        sources[i] = gpt.weight_source(hf, checkpoint=checkpoint, seed=0)
+        t = tp_layers.member_tensors(f"block.{LAYER}", cfg, family, k, i, sources[i], dtype=torch.float32, device="cpu")
+        block = tp_layers.BlockShard(cfg, LAYER, t, group.member(i), renormalise=moe_layers.renormalises(hf))
+        with torch.no_grad():
+            out[i] = block.mlp(x.clone())
 
-    threads = [threading.Thread(target=member, args=(i,)) for i in range(k)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors, errors
+    group.run(member)
     return out, group, sources
 
 
@@ -71,7 +58,7 @@ def test_an_moe_mlp_equals_transformers_layer(make, k):
     out, group, _ = _members(hf, k, x)
     for i in range(k):
         assert torch.allclose(out[i], expected, atol=1e-5, rtol=1e-4), (i, (out[i] - expected).abs().max())
-        assert group.counts[i] == {"all_reduce": 1, "all_gather": 0}
+        assert group.counts[i] == {"all_reduce": 1, "all_gather": 0, "reduce_scatter": 0}
 
 
 @pytest.mark.parametrize("make", MAKERS, ids=IDS)
@@ -113,3 +100,58 @@ def test_the_placement_runtime_refuses_moe_blocks():
     hf = gpt.prepare_config(tiny_mixtral())
     with pytest.raises(DecoderError, match="'mixtral': its MoE blocks run in serving plans only"):
         gpt.DecoderShard(hf, {"block.0"}, device=torch.device("cpu"), dtype=torch.float32, source=_seeded(hf))
+
+
+def _ep_members(hf, rows: list[torch.Tensor]):
+    """Member i of a group of len(rows) with data-parallel attention runs block LAYER's MLP on its own rows[i]."""
+    cfg, family, k = hf_config.from_hf_config(hf), gpt.family_of(hf), len(rows)
+    group, out, held = ThreadGroup(k), [None] * k, [None] * k
+
+    def member(i: int) -> None:
+        keep = ep_moe.holds(cfg, k, i)
+        t = tp_layers.member_tensors(
+            f"block.{LAYER}", cfg, family, 1, 0, _seeded(hf), dtype=torch.float32, device="cpu", keep=keep
+        )
+        held[i] = t
+        ops, renormalise = tp_layers.Unconnected(1), moe_layers.renormalises(hf)
+        block = tp_layers.BlockShard(cfg, LAYER, t, ops, renormalise=renormalise, expert_ops=group.member(i))
+        with torch.no_grad():
+            out[i] = block.mlp(rows[i].clone())
+
+    group.run(member)
+    return out, group, held
+
+
+@pytest.mark.parametrize("make", MAKERS, ids=IDS)
+@pytest.mark.parametrize("counts", [(6, 3), (5, 0), (0, 4)])
+def test_experts_split_over_a_data_parallel_pair_equal_transformers_layer(make, counts):
+    """Each member of a pair runs its own tokens (some members none): the tokens gathered, each member's
+    two of the four experts whole on all of them, the sums scattered back: every member's output is
+    transformers' sparse MoE block's on its own tokens, with one gather of the counts, one of the tokens
+    and one reduce-scatter per layer, and no all-reduce."""
+    hf = gpt.prepare_config(make())
+    whole = gpt.build_whole_model(hf, _seeded(hf))
+    layer = whole.model.layers[LAYER]
+    x = torch.randn(sum(counts), hf.hidden_size, generator=torch.Generator().manual_seed(5))
+    rows = list(x.split(list(counts)))
+    out, group, held = _ep_members(hf, rows)
+    for i in range(2):
+        with torch.no_grad():
+            expected = layer.mlp(layer.post_attention_layernorm(rows[i])[None])[0] if counts[i] else rows[i]
+        assert out[i].shape == rows[i].shape
+        assert torch.allclose(out[i], expected, atol=1e-5, rtol=1e-4), (i, (out[i] - expected).abs().max())
+        assert group.counts[i] == {"all_reduce": 0, "all_gather": 2, "reduce_scatter": 1}
+        experts = {int(n.split(".")[1]) for n in held[i] if n.startswith("experts.")}
+        assert experts == {2 * i, 2 * i + 1}  # two whole experts of four
+    cfg = hf_config.from_hf_config(hf)
+    every = tp_layers.member_tensors(
+        f"block.{LAYER}", cfg, gpt.family_of(hf), 1, 0, _seeded(hf), dtype=torch.float32, device="cpu"
+    )
+    for i in range(2):
+        assert all(torch.equal(t, every[n]) for n, t in held[i].items())  # whole tensors, as the model's
+
+
+def test_experts_that_do_not_split_over_the_group_are_refused():
+    cfg = hf_config.from_hf_config(gpt.prepare_config(tiny_mixtral()))
+    with pytest.raises(DecoderError, match="its 4 experts do not split over a group of 3"):
+        ep_moe.expert_range(cfg, 3, 0)

@@ -119,6 +119,28 @@ def test_a_mixture_of_experts_on_a_tensor_parallel_pair(tmp_path):
     assert len(collectives) == 2 and collectives[0]["all_reduce"]["count"] > 0
 
 
+@pytest.mark.parametrize("concurrency, requests", [(4, 6), (3, 5)])
+def test_a_mixture_of_experts_with_data_parallel_attention(tmp_path, concurrency, requests):
+    """The tiny Mixtral on a dpa2 pair: each member schedules its own sequences (its share of the replica's
+    slots and every other request), attention whole, two of the four experts whole, the tokens gathered and
+    scattered around the experts of each layer; every request's tokens are MixtralForCausalLM's on its prompt
+    alone, with an odd request count and concurrency leaving one member idle for some iterations."""
+    pair = {
+        "degrees": [2],
+        "layers": [4],
+        "concurrency": concurrency,
+        "micro_batches": 1,
+        "attention": "dp",
+        "devices": [[dev(0), dev(1)]],
+    }
+    config, plan, report, raw = _serve(tmp_path, tiny_mixtral, [pair], requests)
+    check_tokens(config, report, raw, requests)
+    _check_report(report, plan, 1)
+    collectives = [r["collectives"] for r in raw["ranks"] if "collectives" in r]
+    assert len(collectives) == 2
+    assert all(c["reduce_scatter"]["count"] > 0 and "all_reduce" not in c for c in collectives)
+
+
 @pytest.mark.slow  # four ranks: about 45 s on two cores shared with other work
 def test_a_mixture_of_experts_on_two_stages_beside_a_pair(tmp_path):
     """Replica 0 the pair above, replica 1 two single-rank stages of whole experts, two micro-batches."""

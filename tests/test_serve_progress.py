@@ -52,3 +52,28 @@ def test_a_record_that_cannot_be_written_stops_without_stopping_the_run(tmp_path
     progress = Progress(tmp_path / "missing", 0, interval_s=0.0)
     assert not progress.update(0.1, [0], [], _request)
     assert "the record of what replica 0 served stops here" in caplog.text
+
+
+def test_the_members_of_a_data_parallel_replica_write_their_own_files_read_back_as_one_record(tmp_path):
+    """Each member of a dpaK replica schedules its own requests and keeps its own file; read back (and in the
+    ranks' raw record: serve_record.merge_records), the replica's requests and iterations are all of theirs,
+    iterations by when they were sent, the duration the longest."""
+    members = [Progress(tmp_path, 1, interval_s=0.0, member=j) for j in range(2)]
+    members[0].update(0.4, [0], [[0.0, 0.1, False, 4, 1]], _request)
+    members[1].update(0.7, [1], [[0.05, 0.2, False, 4, 1]], _request)
+    Progress(tmp_path, 0, interval_s=0.0).update(0.3, [2], [[0.0, 0.3, False, 4, 1]], _request)
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "served.replica0.jsonl",
+        "served.replica1.member0.jsonl",
+        "served.replica1.member1.jsonl",
+    }
+    records = read_progress(tmp_path)
+    assert [r["replica"] for r in records] == [0, 1]
+    assert records[1] == {
+        "replica": 1,
+        "duration_s": 0.7,
+        "requests": [_request(0), _request(1)],
+        "iterations": [[0.0, 0.1, False, 4, 1], [0.05, 0.2, False, 4, 1]],
+    }
+    clear_progress(tmp_path)
+    assert not list(tmp_path.iterdir())

@@ -3,8 +3,6 @@ meet at a barrier; their greedy tokens must equal the whole model's `generate`."
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 from runtime_fixtures import ThreadGroup, tiny_gpt2, tiny_llama, tiny_qwen3
@@ -21,41 +19,31 @@ def _generate_on_group(config, prompts, steps, k, seed=0, checkpoint=None):
     config = gpt.prepare_config(config)
     sources = []
     group, tasks = ThreadGroup(k), gpt.decoder_tasks(gpt.num_layers_of(config))
-    out, errors = [None] * k, []
+    out = [None] * k
 
     def member(index: int) -> None:
-        try:
-            source = gpt.weight_source(config, checkpoint=checkpoint, seed=seed)
-            sources.append(source)
-            shard = gpt.DecoderShard(
-                config,
-                set(tasks),
-                device=torch.device("cpu"),
-                dtype=torch.float32,
-                source=source,
-                group=group.member(index),
-            )
-            eos, pad = gpt.special_tokens(config)
-            ids, mask = gpt.pad_prompts(prompts, gpt.prompt_pad_id(config))
-            stream = shard.new_stream(
-                requests=list(range(len(prompts))), prompt_ids=ids, prompt_mask=mask, eos_ids=eos, pad_id=pad
-            )
-            value = ids
-            with torch.no_grad():
-                for step in range(steps):
-                    value = shard.run_stage(tasks, value, stream, step)
-            out[index] = stream.tokens()
-        except BaseException as exc:  # noqa: BLE001 (re-raised below, in the test's thread)
-            errors.append(exc)
-            group.barrier.abort()
+        source = gpt.weight_source(config, checkpoint=checkpoint, seed=seed)
+        sources.append(source)
+        shard = gpt.DecoderShard(
+            config,
+            set(tasks),
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+            source=source,
+            group=group.member(index),
+        )
+        eos, pad = gpt.special_tokens(config)
+        ids, mask = gpt.pad_prompts(prompts, gpt.prompt_pad_id(config))
+        stream = shard.new_stream(
+            requests=list(range(len(prompts))), prompt_ids=ids, prompt_mask=mask, eos_ids=eos, pad_id=pad
+        )
+        value = ids
+        with torch.no_grad():
+            for step in range(steps):
+                value = shard.run_stage(tasks, value, stream, step)
+        out[index] = stream.tokens()
 
-    threads = [threading.Thread(target=member, args=(i,)) for i in range(k)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    group.run(member)
     assert all(o == out[0] for o in out), "members disagree"
     return out[0], group.counts, sources
 
@@ -76,7 +64,7 @@ def test_gpt2_on_a_group_matches_generate(k):
     tokens, counts, _ = _generate_on_group(config, PROMPTS, 8, k)
     assert tokens == _whole(config, PROMPTS, 8)
     # per step: embed 1 all-reduce, each block 2, lm_head one all-gather (the planner's tp_allreduces / tp_allgathers)
-    assert counts[0] == {"all_reduce": 8 * (1 + 2 * 4), "all_gather": 8}
+    assert counts[0] == {"all_reduce": 8 * (1 + 2 * 4), "all_gather": 8, "reduce_scatter": 0}
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_qwen3], ids=["llama", "qwen3-qk-norm"])

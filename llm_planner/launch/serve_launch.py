@@ -2,7 +2,8 @@
 
 From a serving plan (`plan --objective serving`): every copy of every replica pattern is a
 replica; each of its stages runs on the devices the plan assigned it (one rank each, a
-tensor-parallel group's ranks together), with the plan's layers, concurrency, micro-batches,
+tensor-parallel group's ranks together, or a data-parallel group's as the whole replica:
+llm_planner.runtime.serve_dp), with the plan's layers, concurrency, micro-batches,
 token budget and context (the longest request of its workload). The load is the plan's
 workload (llm_planner.runtime.serve_requests): closed loop at each replica's concurrency, or
 open loop at `request_rate`, until `max_requests` or `duration_s`. The hostfile, the rank
@@ -46,7 +47,7 @@ from llm_planner.runtime.serve_requests import LoadSpec
 from llm_planner.runtime.serve_spec import ReplicaSpec, ServeSpec, StageSpec
 from llm_planner.runtime.table import RankTable, RunSpec
 from llm_planner.serving.context import ServingContext
-from llm_planner.serving.layout import segment_of
+from llm_planner.serving.layout import segment_of, stage_attention
 from llm_planner.serving.layout_text import LayoutError
 from llm_planner.serving.plan_fields import precision
 from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, load_serving_plan
@@ -126,16 +127,43 @@ def _check_experts(plan: ServingPlanFile, config, checkpoint: str | None) -> Non
 
 
 def _check_attention(plan: ServingPlanFile) -> None:
-    """The runtime runs tensor-parallel groups only: a replica with data-parallel attention is
-    refused, naming it (export it to vLLM or SGLang, or plan with --no-dp-attention)."""
+    """The runtime runs tensor-parallel groups, and data-parallel attention with the experts split over
+    the group (`dp`, llm_planner.runtime.serve_dp) as the whole replica: one stage, one micro-batch, a
+    sequence on each member at least, E/k experts a member (no redundant experts of EPLB). Anything
+    else with data-parallel attention is refused, naming the field."""
+    eplb = plan.data["options"].get("eplb")
     for i, rep in enumerate(plan.replicas):
         for j, seg in enumerate(rep["segments"]):
-            if seg.get("attention", "tp") != "tp":
-                raise LaunchError(
-                    f"{plan.path}: serving.replicas[{i}].segments[{j}].attention: {seg['attention']!r}: the runtime "
-                    "runs tensor-parallel groups only, not data-parallel attention (export the plan to vLLM or "
-                    "SGLang, or plan with --no-dp-attention)"
-                )
+            attention, where = seg.get("attention", "tp"), f"{plan.path}: serving.replicas[{i}]"
+            if attention == "tp":
+                continue
+            why = _dp_refusal(attention, rep, j, eplb)
+            if why is not None:
+                raise LaunchError(f"{where}.{why} (export the plan to vLLM or SGLang, or plan with --no-dp-attention)")
+
+
+def _dp_refusal(attention: str, rep: dict, j: int, eplb: int | None) -> str | None:
+    """Why the runtime cannot serve a replica with its data-parallel segment j (None: it can)."""
+    seg = rep["segments"][j]
+    if attention != "dp":
+        return (
+            f"segments[{j}].attention: {attention!r}: the runtime moves the experts' tokens with an all-gather "
+            "and a reduce-scatter, not DeepEP's kernels"
+        )
+    if len(rep["segments"]) != 1 or seg["stages"] != 1:
+        return "segments: the runtime runs data-parallel attention as the whole replica, one stage"
+    if rep["micro_batches"] != 1:
+        return f"micro_batches: {rep['micro_batches']}: a data-parallel stage runs one micro-batch per member"
+    if rep["concurrency"] < seg["degree"]:
+        return f"concurrency: {rep['concurrency']} sequences leave some of the {seg['degree']} members without one"
+    if eplb:
+        return f"options.eplb: {eplb} redundant experts: the runtime holds E/k experts a member, without EPLB"
+    return None
+
+
+def _attentions(rep: dict) -> list[str]:
+    """Each stage's attention as the runtime names it: "tp", or "dp" (checked by _check_attention)."""
+    return ["tp" if a == "tp" else "dp" for a in stage_attention(rep["segments"])]
 
 
 def _check_precision(plan: ServingPlanFile) -> None:
@@ -253,8 +281,8 @@ def prepare_serving(plan_path: str | Path, options: ServeOptions) -> ServePrepar
                 micro_batches=rep["micro_batches"],
                 share=score.ev.tokens_per_s / total if total > 0 else 1.0 / len(rows),
                 stages=tuple(
-                    StageSpec(ranks=tuple(rank_of[n] for n in names), first_layer=a, layers=n_layers)
-                    for names, a, n_layers in zip(stages, firsts, rep["layers"])
+                    StageSpec(ranks=tuple(rank_of[n] for n in names), first_layer=a, layers=n_layers, attention=att)
+                    for names, a, n_layers, att in zip(stages, firsts, rep["layers"], _attentions(rep))
                 ),
             )
         )

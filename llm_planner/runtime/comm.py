@@ -268,7 +268,9 @@ class Comm:
 
 
 class GroupComm:
-    """A tensor-parallel group's collectives: all-reduce (sum) and all-gather of CPU or CUDA tensors.
+    """A group's collectives on CPU or CUDA tensors: all-reduce (sum) and all-gather (a tensor-parallel
+    group), and all-gather and reduce-scatter of rows whose counts differ by member (the experts of a
+    group with data-parallel attention, llm_planner.runtime.ep_moe).
 
     Tensors are reduced in float32 on the host (CUDA tensors staged through host
     memory, like point-to-point transfers); the non-blocking MPI calls are
@@ -309,6 +311,34 @@ class GroupComm:
         _poll(request.Test, self.spin)
         self._count("all_gather", mine.numel() * 4, time.perf_counter() - start)
         return every.to(t.device)
+
+    def all_gather_v(self, t: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """[sum(counts), *t.shape[1:]]: every member's rows, in member order, member i holding counts[i] of them
+        (`t` this member's; float32, on t's device)."""
+        start = time.perf_counter()
+        mine = t.detach().to("cpu", torch.float32).contiguous()
+        row = int(np.prod(t.shape[1:]))
+        every = torch.empty((sum(counts), *t.shape[1:]), dtype=torch.float32)
+        sizes = [c * row for c in counts]
+        displacements = [sum(sizes[:i]) for i in range(len(sizes))]
+        request = self.comm.Iallgatherv([mine.numpy(), MPI.FLOAT], [every.numpy(), (sizes, displacements), MPI.FLOAT])
+        _poll(request.Test, self.spin)
+        self._count("all_gather", mine.numel() * 4, time.perf_counter() - start)
+        return every.to(t.device)
+
+    def reduce_scatter_v(self, t: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """This member's rows of the sum of every member's `t` ([sum(counts), ...]): rows
+        [sum(counts[:i]), sum(counts[:i + 1])) for member i (float32 sums, in t's dtype and device)."""
+        start = time.perf_counter()
+        whole = t.detach().to("cpu", torch.float32).contiguous()
+        row = int(np.prod(t.shape[1:]))
+        mine = torch.empty((counts[self.index], *t.shape[1:]), dtype=torch.float32)
+        request = self.comm.Ireduce_scatter(
+            [whole.numpy(), MPI.FLOAT], [mine.numpy(), MPI.FLOAT], [c * row for c in counts], op=MPI.SUM
+        )
+        _poll(request.Test, self.spin)
+        self._count("reduce_scatter", whole.numel() * 4, time.perf_counter() - start)
+        return mine.to(t.device, t.dtype)
 
     def collectives(self) -> dict[str, dict[str, float]]:
         return {

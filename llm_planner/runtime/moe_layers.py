@@ -63,7 +63,10 @@ def renormalises(hf_config) -> bool:
 class MoEShard(torch.nn.Module):
     """A member's share of an MoE layer's MLP, without its norm (the module docstring)."""
 
-    def __init__(self, cfg: DecoderConfig, t: dict[str, torch.Tensor], ops, *, renormalise: bool):
+    def __init__(
+        self, cfg: DecoderConfig, t: dict[str, torch.Tensor], ops, *, renormalise: bool, experts: range | None = None
+    ):
+        """`experts`: those `t` holds and this member runs (None: every one, each a slice of its width)."""
         from transformers.activations import ACT2FN
 
         super().__init__()
@@ -71,7 +74,7 @@ class MoEShard(torch.nn.Module):
         self.float_weights = cfg.hf_model_type == "mixtral"
         self.act = ACT2FN[cfg.activation]
         self.router = frozen(t["router"])
-        experts = range(cfg.num_experts)
+        self.experts = experts = range(cfg.num_experts) if experts is None else experts
         self.gate_up = frozen(torch.stack([torch.cat([t[f"experts.{e}.gate"], t[f"experts.{e}.up"]]) for e in experts]))
         self.down = frozen(torch.stack([t[f"experts.{e}.down"] for e in experts]))
         self.shared = None
@@ -90,17 +93,29 @@ class MoEShard(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
+        out = self.routed(x)
+        if self.shared is not None:
+            out += self.shared_part(x)
+        return self.ops.all_reduce_(out).reshape(shape)
+
+    def routed(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, h] -> the sum over the experts this member holds of their weighted outputs on their rows."""
         weights, chosen = self.route(x)
         out = torch.zeros_like(x)
+        first = self.experts.start
         for e in chosen.unique().tolist():
+            if e not in self.experts:
+                continue
             rows, slot = torch.where(chosen == e)
-            gate, up = F.linear(x[rows], self.gate_up[e]).chunk(2, dim=-1)
-            y = F.linear(self.act(gate) * up, self.down[e]) * weights[rows, slot, None]
+            gate, up = F.linear(x[rows], self.gate_up[e - first]).chunk(2, dim=-1)
+            y = F.linear(self.act(gate) * up, self.down[e - first]) * weights[rows, slot, None]
             out.index_add_(0, rows, y.to(out.dtype))
-        if self.shared is not None:
-            gate, up = self.shared(x)
-            out += torch.sigmoid(F.linear(x, self.shared_scale)) * F.linear(self.act(gate) * up, self.shared_down)
-        return self.ops.all_reduce_(out).reshape(shape)
+        return out
+
+    def shared_part(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared expert times its gate on x [T, h] (this member's slice of its width)."""
+        gate, up = self.shared(x)
+        return torch.sigmoid(F.linear(x, self.shared_scale)) * F.linear(self.act(gate) * up, self.shared_down)
 
 
 def whole_model(config, source) -> torch.nn.Module:

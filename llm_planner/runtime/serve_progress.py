@@ -1,9 +1,11 @@
 """What each replica has served so far, kept on disk as the run goes, so that a run that fails still says it.
 
 The scheduler of replica i (its first stage's leader, llm_planner.runtime.serve_run) appends to
-`served.replica<i>.jsonl` in the run's workdir, at most every INTERVAL_S seconds and only when something is
-new, one line: `{"replica": i, "at_s": t, "requests": [the requests finished since the last line],
-"iterations": [the iterations since]}` (t on the replica's clock; requests and iterations as in its raw
+`served.replica<i>.jsonl` in the run's workdir (each member j of a data-parallel stage, a scheduler
+of its own, to `served.replica<i>.member<j>.jsonl`; read back, a replica's files are merged), at most
+every INTERVAL_S seconds and only when something is new, one line: `{"replica": i, "at_s": t,
+"requests": [the requests finished since the last line], "iterations": [the iterations since]}` (t
+on the replica's clock; requests and iterations as in its raw
 record). Appending only what is new took 0.3 ms a line (4 requests of 128 tokens) on a shared 2-core
 machine, where rewriting a record of 200 such requests atomically (core.atomic, with its fsync) took 33 to
 104 ms; a line cut short by a killed rank is dropped when read. A run that fails thus loses at most the
@@ -21,21 +23,25 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from llm_planner.runtime.serve_record import merge_records
+
 log = logging.getLogger(__name__)
 
 INTERVAL_S = 0.5
 PATTERN = "served.replica*.jsonl"
 
 
-def progress_path(workdir: str | Path, replica: int) -> Path:
-    return Path(workdir) / f"served.replica{replica}.jsonl"
+def progress_path(workdir: str | Path, replica: int, member: int | None = None) -> Path:
+    tail = "" if member is None else f".member{member}"
+    return Path(workdir) / f"served.replica{replica}{tail}.jsonl"
 
 
 class Progress:
-    """One replica's record on disk, appended to at most every interval_s seconds (module docstring)."""
+    """One replica's record on disk (or one data-parallel member's: `member`), appended to at most every
+    interval_s seconds (module docstring)."""
 
-    def __init__(self, workdir: str | Path, replica: int, interval_s: float = INTERVAL_S):
-        self.path, self.replica, self.interval_s = progress_path(workdir, replica), replica, interval_s
+    def __init__(self, workdir: str | Path, replica: int, interval_s: float = INTERVAL_S, *, member: int | None = None):
+        self.path, self.replica, self.interval_s = progress_path(workdir, replica, member), replica, interval_s
         self._requests, self._iterations, self._at, self._broken = 0, 0, 0.0, False
         self._write("w", "")  # a stale record of an earlier run in this workdir goes
 
@@ -92,7 +98,7 @@ def read_progress(workdir: str | Path) -> list[dict[str, Any]]:
             record["duration_s"] = at_s
         if record is not None:
             records.append(record)
-    return sorted(records, key=lambda r: r["replica"])
+    return merge_records(records)
 
 
 def clear_progress(workdir: str | Path) -> None:

@@ -93,12 +93,27 @@ class RequestStream:
 
 
 class ReplicaQueue:
-    """The requests routed to one replica, in order, up to `max_requests` over the run (None: no limit)."""
+    """The requests routed to one replica, in order, up to `max_requests` over the run (None: no limit);
+    with `members` > 1, those of one data-parallel member of the replica: the replica's requests
+    member, member + members, ... (round robin, as an engine's data-parallel front end spreads them)."""
 
-    def __init__(self, stream: RequestStream, shares: list[float], replica: int, max_requests: int | None):
+    def __init__(
+        self,
+        stream: RequestStream,
+        shares: list[float],
+        replica: int,
+        max_requests: int | None,
+        *,
+        member: int = 0,
+        members: int = 1,
+    ):
+        if not 0 <= member < members:
+            raise ValueError(f"member {member} of {members}")
         self.stream, self.replica, self.max_requests = stream, replica, max_requests
+        self.member, self.members = member, members
         self._router = Router(shares)
         self._next = 0  # the next request index the front end routes
+        self._routed = 0  # the requests routed to the replica so far
         self._head: Request | None = None
         self.exhausted = False
 
@@ -109,7 +124,10 @@ class ReplicaQueue:
                 self.exhausted = True
                 break
             index, self._next = self._next, self._next + 1
-            if self._router.next() == self.replica:
+            if self._router.next() != self.replica:
+                continue
+            self._routed += 1
+            if (self._routed - 1) % self.members == self.member:
                 self._head = self.stream.request(index)
         return self._head
 

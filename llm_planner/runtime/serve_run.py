@@ -12,6 +12,8 @@ Roles (llm_planner.runtime.serve_spec says which rank is where):
   leads the stage, sends the result to every rank of the next stage, or the sampled tokens back
   to the scheduler from the last stage;
 - when its requests are served, the scheduler sends a stop down the pipeline and every rank ends.
+- a replica of one stage with data-parallel attention has no leader: each member schedules its own
+  sequences, in lockstep with the others (llm_planner.runtime.serve_dp).
 
 Each message is an iteration's entries ([n, 4] int64: slot, start, tokens, sample; a stop is
 [1, 4] of -1) followed by its value (the first stage's token ids, hidden states after), sent
@@ -35,8 +37,10 @@ import torch
 
 from llm_planner.runtime import gpt
 from llm_planner.runtime.heartbeat import Heartbeat
+from llm_planner.runtime.serve_dp import MAX_IDLE_SLEEP_S, member_slots, serve_member
 from llm_planner.runtime.serve_graphs import Pieces, capture_refusal
 from llm_planner.runtime.serve_progress import Progress
+from llm_planner.runtime.serve_record import merge_records, replica_record, request_record
 from llm_planner.runtime.serve_requests import ReplicaQueue, RequestStream
 from llm_planner.runtime.serve_scheduler import Entry, Iteration, Scheduler
 from llm_planner.runtime.serve_spec import ServeSpec
@@ -46,7 +50,6 @@ log = logging.getLogger(__name__)
 
 TAG_FORWARD, TAG_BACK = 7, 8
 RAW_FORMAT = "llm_planner.serving_raw"
-MAX_IDLE_SLEEP_S = 0.01  # an open-loop replica with nothing in flight sleeps at most this long between checks
 
 
 def _entries_tensor(entries) -> torch.Tensor:
@@ -74,16 +77,21 @@ class ServeRank:
         here = self.stages[self.role.stage]
         config = gpt.prepare_config(gpt.load_hf_config({"name": self.spec.model}, run.checkpoint))
         source = gpt.weight_source(config, checkpoint=run.checkpoint, seed=run.seed)
+        self.data_parallel = here.attention == "dp"
+        k = len(here.ranks)
         self.stage = ServeStage(
             config,
             first_layer=here.first_layer,
             num_layers=here.layers,
-            slots=self.replica.concurrency,
+            slots=member_slots(self.replica.concurrency, k, self.role.member)
+            if self.data_parallel
+            else self.replica.concurrency,
             context_len=self.spec.context_len,
             device=ctx.device,
             dtype=ctx.dtype,
             source=source,
-            ops=ctx.group,
+            ops=None if self.data_parallel else ctx.group,
+            experts=ctx.group if self.data_parallel else None,
         )
         self.runner = self._runner()
         self.beat = Heartbeat(ctx.rank)  # started once the stage is built (llm_planner.runtime.heartbeat)
@@ -93,6 +101,8 @@ class ServeRank:
     def _runner(self) -> ServeStage | Pieces:
         """The stage, or its piecewise CUDA graphs where it can take them (llm_planner.runtime.serve_graphs)."""
         why = capture_refusal(self.stage) if self.spec.cuda_graphs else "off (launch --enforce-eager)"
+        if why is None and self.data_parallel:
+            why = "data-parallel attention: the experts' collectives move a different number of rows each iteration"
         self.ctx.stats.extra["cuda_graphs"] = why or "on"
         if why is not None:
             return self.stage
@@ -112,7 +122,12 @@ class ServeRank:
 
     @property
     def is_scheduler(self) -> bool:
-        return self.role.stage == 0 and self.role.member == 0
+        """Whether this rank schedules requests: the first stage's leader, or every data-parallel member."""
+        return self.role.stage == 0 and (self.role.member == 0 or self.data_parallel)
+
+    def serve(self) -> dict:
+        """The scheduler's loop (a data-parallel member's: llm_planner.runtime.serve_dp); its raw record."""
+        return serve_member(self) if self.data_parallel else self.schedule()
 
     def _send_on(self, entries_t: torch.Tensor, value: torch.Tensor | None, k: int) -> None:
         """Stage k's output to every rank of stage k + 1 (nothing after the last stage)."""
@@ -123,7 +138,7 @@ class ServeRank:
             if value is not None:
                 self.ctx.comm.isend_value(value, rank, TAG_FORWARD)
 
-    def _run_stage(self, entries, value: torch.Tensor) -> torch.Tensor:
+    def run_stage(self, entries, value: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
         out = self.runner.run(entries, value)
         if self.ctx.device.type == "cuda":
@@ -144,7 +159,7 @@ class ServeRank:
                 if leads:
                     self._send_on(entries_t, None, k)
                 return
-            out = self._run_stage(entries, comm.recv_value(source, TAG_FORWARD, self.ctx.device))
+            out = self.run_stage(entries, comm.recv_value(source, TAG_FORWARD, self.ctx.device))
             self.beat.progress += 1
             if not leads:
                 continue
@@ -198,13 +213,13 @@ class ServeRank:
             self.beat.progress += 1
             self.beat.inflight = len(inflight)
             iterations.append([sent, back, it.decode_only, it.num_tokens, len(it.entries)])
-            progress.update(back, sched.finished, iterations, _request_record)
+            progress.update(back, sched.finished, iterations, request_record)
         end = clock()
         stop = _stop_tensor()
         for rank in self.stages[0].ranks[1:]:
             self.ctx.comm.isend_value(stop, rank, TAG_FORWARD)
         self._send_on(stop, None, 0)
-        return _replica_record(self.role.replica, sched, iterations, end)
+        return replica_record(self.role.replica, sched.finished, iterations, end)
 
     def _dispatch(self, it: Iteration) -> torch.Tensor | None:
         """Run the first stage on the iteration (its other members get it first); the tokens when this
@@ -213,30 +228,11 @@ class ServeRank:
         for rank in self.stages[0].ranks[1:]:
             self.ctx.comm.isend_value(entries_t, rank, TAG_FORWARD)
             self.ctx.comm.isend_value(ids, rank, TAG_FORWARD)
-        out = self._run_stage(it.entries, ids)
+        out = self.run_stage(it.entries, ids)
         if len(self.stages) == 1:
             return out
         self._send_on(entries_t, out, 0)
         return None
-
-
-def _request_record(s) -> dict:
-    """A finished sequence as the raw record holds it (seconds since the replica's start)."""
-    return {
-        "index": s.request.index,
-        "prompt_len": s.prompt_len,
-        "output_len": s.request.output_len,
-        "arrival_s": s.request.arrival_s if s.request.arrival_s is not None else s.admitted_s,
-        "admitted_s": s.admitted_s,
-        "token_s": s.token_s,
-        "tokens": s.generated,
-    }
-
-
-def _replica_record(replica: int, sched: Scheduler, iterations: list[list], end_s: float) -> dict:
-    """What the scheduler measured (seconds since the replica's start)."""
-    requests = [_request_record(s) for s in sched.finished]
-    return {"replica": replica, "duration_s": end_s, "requests": requests, "iterations": iterations}
 
 
 def run_serving(ctx) -> None:
@@ -256,7 +252,7 @@ def run_serving(ctx) -> None:
     )
     ctx.start()
     job.beat.start()
-    record = job.schedule() if job.is_scheduler else None
+    record = job.serve() if job.is_scheduler else None
     if not job.is_scheduler:
         job.follow()
     ctx.comm.wait_sends()
@@ -266,7 +262,7 @@ def run_serving(ctx) -> None:
     gathered = ctx.comm.gather({"rank": ctx.stats.to_dict(ctx.comm.stats), "replica": record})
     if ctx.rank == 0:
         assert gathered is not None
-        replicas = sorted((g["replica"] for g in gathered if g["replica"] is not None), key=lambda r: r["replica"])
+        replicas = merge_records([g["replica"] for g in gathered if g["replica"] is not None])
         write_report(
             ctx.table.run.report_path,
             {"format": RAW_FORMAT, "replicas": replicas, "ranks": [g["rank"] for g in gathered]},

@@ -1,7 +1,8 @@
 """What a served plan runs, as the rank table carries it (`run.serving`): plain data, no torch.
 
     {"model": <model.name>, "replicas": [{"pattern": <layout text>, "concurrency": C, "micro_batches": m, "share": x,
-                   "stages": [{"ranks": [world ranks, leader first], "first_layer": a, "layers": n}, ...]},
+                   "stages": [{"ranks": [world ranks, leader first], "first_layer": a, "layers": n,
+                               "attention": "tp" | "dp"}, ...]},
                   ...],
      "max_batched_tokens": B, "context_len": L,
      "load": {"shapes": [[P, O, w], ...], "vocab_size": V, "seed": s, "request_rate": null | R},
@@ -24,6 +25,7 @@ class StageSpec:
     ranks: tuple[int, ...]  # the stage's ranks, leader first (one: a single device)
     first_layer: int
     layers: int
+    attention: str = "tp"  # "tp": a tensor-parallel group; "dp": data-parallel attention, experts split
 
     @property
     def leader(self) -> int:
@@ -69,7 +71,13 @@ class ServeSpec:
                     "micro_batches": r.micro_batches,
                     "share": r.share,
                     "stages": [
-                        {"ranks": list(s.ranks), "first_layer": s.first_layer, "layers": s.layers} for s in r.stages
+                        {
+                            "ranks": list(s.ranks),
+                            "first_layer": s.first_layer,
+                            "layers": s.layers,
+                            "attention": s.attention,
+                        }
+                        for s in r.stages
                     ],
                 }
                 for r in self.replicas
@@ -96,7 +104,12 @@ class ServeSpec:
                 micro_batches=int(r["micro_batches"]),
                 share=float(r["share"]),
                 stages=tuple(
-                    StageSpec(ranks=tuple(s["ranks"]), first_layer=int(s["first_layer"]), layers=int(s["layers"]))
+                    StageSpec(
+                        ranks=tuple(s["ranks"]),
+                        first_layer=int(s["first_layer"]),
+                        layers=int(s["layers"]),
+                        attention=str(s.get("attention", "tp")),
+                    )
                     for s in r["stages"]
                 ),
             )

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 
 from llm_planner.graph import hf_config
 from llm_planner.graph.attention_window import window_refusal
-from llm_planner.runtime import gpt, tp_layers
+from llm_planner.runtime import ep_moe, gpt, tp_layers
 from llm_planner.runtime.serve_scheduler import Entry
 
 CUDNN_ATTENTION_OFF = True
@@ -159,8 +159,10 @@ def _prompt_attention(q, cache_k, cache_v, group: PromptGroup, scale: float, out
 class ServeBlock(tp_layers.BlockShard):
     """A decoder block (or a member's share of one) over a packed iteration and a slot KV cache."""
 
-    def __init__(self, cfg, layer: int, t: dict, ops, *, slots: int, context_len: int, renormalise=None):
-        super().__init__(cfg, layer, t, ops, renormalise=renormalise)
+    def __init__(
+        self, cfg, layer: int, t: dict, ops, *, slots: int, context_len: int, renormalise=None, expert_ops=None
+    ):
+        super().__init__(cfg, layer, t, ops, renormalise=renormalise, expert_ops=expert_ops)
         like = t["q"]
         shape = (slots, self.kv, context_len, self.d)
         self.cache_k = torch.zeros(shape, dtype=like.dtype, device=like.device)
@@ -201,8 +203,13 @@ class ServeStage:
         dtype: torch.dtype,
         source,
         ops=None,
+        experts=None,
     ):
-        """`config`: the transformers config; `ops`: the group's collectives (None: a single device)."""
+        """`config`: the transformers config; `ops`: the group's collectives (None: a single device);
+        `experts`: instead, the collectives of a group with data-parallel attention, whose members hold every
+        weight whole but split the routed experts (llm_planner.runtime.ep_moe)."""
+        if experts is not None and ops is not None:
+            raise ValueError("a stage is a tensor-parallel group (ops) or a data-parallel one (experts), not both")
         self.config, self.family = config, gpt.family_of(config)
         self.device = device
         if device.type == "cuda" and CUDNN_ATTENTION_OFF:
@@ -225,11 +232,25 @@ class ServeStage:
         tp_layers.check_divisible(cfg, self.ops.size)
         self.blocks = []
         renormalise = cfg.norm_topk_prob if cfg.is_moe else None
+        self.experts = experts
+        if experts is not None and not cfg.is_moe:
+            raise gpt.DecoderError(f"model {cfg.name!r}: data-parallel attention splits experts; it has none")
+        keep = ep_moe.holds(cfg, experts.size, experts.index) if experts is not None else None
         for i in range(first_layer, first_layer + num_layers):
             t = tp_layers.member_tensors(
-                f"block.{i}", cfg, self.family, self.ops.size, self.ops.index, source, dtype=dtype, device=device
+                f"block.{i}",
+                cfg,
+                self.family,
+                self.ops.size,
+                self.ops.index,
+                source,
+                dtype=dtype,
+                device=device,
+                keep=keep,
             )
-            block = ServeBlock(cfg, i, t, self.ops, slots=slots, context_len=context_len, renormalise=renormalise)
+            block = ServeBlock(
+                cfg, i, t, self.ops, slots=slots, context_len=context_len, renormalise=renormalise, expert_ops=experts
+            )
             self.blocks.append(block)
         self.norm = self.head = None
         if self.last:
@@ -252,6 +273,15 @@ class ServeStage:
         for block in self.blocks:
             x = block(x, index, rotary)
         return self.sample(entries, x) if self.last else x
+
+    def idle(self) -> torch.Tensor:
+        """An iteration of a data-parallel member with no tokens: its part in every layer's expert collectives
+        (llm_planner.runtime.ep_moe); no token out."""
+        hidden = self.config.hidden_size
+        x = torch.empty(0, hidden, device=self.device, dtype=self.blocks[0].qkv.weight.dtype)
+        for block in self.blocks:
+            block.mlp(x)
+        return torch.empty(0, dtype=torch.long)
 
     def index(self, entries) -> IterIndex:
         """The iteration's indices on this stage's device, for its layers' query heads per KV head."""

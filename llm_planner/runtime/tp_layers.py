@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from llm_planner.graph.tp_layout import task_layout
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.runtime.decoder_tasks import DecoderError
+from llm_planner.runtime.ep_moe import ExpertParallelMoE
 from llm_planner.runtime.moe_layers import MoEShard, checkpoint_names
 from llm_planner.runtime.tp_primitives import (
     ColumnParallelLinear,
@@ -139,14 +140,16 @@ class _Slicer:
 
 
 def member_tensors(
-    task: str, cfg: DecoderConfig, family: str, k: int, index: int, source, *, dtype: torch.dtype, device
+    task: str, cfg: DecoderConfig, family: str, k: int, index: int, source, *, dtype: torch.dtype, device, keep=None
 ) -> dict[str, torch.Tensor]:
     """Member `index` of k's part of every weight that the layout of `task` declares, in torch's (out, in)
-    layout: `TPWeight.member_range` along the split dimension, read where `family` stores the weight."""
+    layout: `TPWeight.member_range` along the split dimension, read where `family` stores the weight;
+    `keep(name)` False leaves a weight out (a data-parallel member's experts: llm_planner.runtime.ep_moe)."""
     kind = _kind(task)
     stored = _stored(family, cfg, kind, int(task.split(".")[1]) if kind == "block" else None)
     slicer = _Slicer(source, dtype=dtype, device=device)
-    weights, requests = task_layout(cfg, kind).weights, []
+    weights = [w for w in task_layout(cfg, kind).weights if keep is None or keep(w.name)]
+    requests = []
     for w in weights:
         s = stored[w.name]
         lo, hi = w.member_range(k, index)
@@ -241,7 +244,11 @@ class BlockShard(torch.nn.Module):
     """A decoder block on 1/k of the heads (and KV heads) and of the MLP width, or of every expert's
     width in a mixture of experts (llm_planner.runtime.moe_layers; `renormalise`: its routing rule)."""
 
-    def __init__(self, cfg: DecoderConfig, layer: int, t: dict[str, torch.Tensor], ops, *, renormalise=None):
+    def __init__(
+        self, cfg: DecoderConfig, layer: int, t: dict[str, torch.Tensor], ops, *, renormalise=None, expert_ops=None
+    ):
+        """`expert_ops`: the group a data-parallel member splits the experts over (llm_planner.runtime.ep_moe;
+        `ops` is then a group of one), else None."""
         from transformers.activations import ACT2FN
 
         super().__init__()
@@ -260,7 +267,10 @@ class BlockShard(torch.nn.Module):
         if cfg.is_moe:
             if renormalise is None:
                 raise DecoderError(f"model {cfg.name!r}: an MoE block needs its routing rule (renormalise)")
-            self.moe = MoEShard(cfg, t, ops, renormalise=renormalise)
+            if expert_ops is not None:
+                self.moe = ExpertParallelMoE(cfg, t, expert_ops, renormalise=renormalise)
+            else:
+                self.moe = MoEShard(cfg, t, ops, renormalise=renormalise)
             return
         self.moe = None
         ups = ("gate", "up") if cfg.gated_mlp else ("up",)
@@ -322,6 +332,12 @@ class Unconnected:
 
     def all_gather(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(torch.float32).expand(self.size, *t.shape)
+
+    def all_gather_v(self, t: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        return t.to(torch.float32)
+
+    def reduce_scatter_v(self, t: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        return t
 
 
 def build_shard(task: str, cfg: DecoderConfig, family: str, ops, source, *, dtype: torch.dtype, device: torch.device):

@@ -126,8 +126,8 @@ def build_slots(layout: Layout, cache: CostCache, links: ClassLinks) -> list[Sta
 
 def runs_somewhere(layout: Layout) -> bool:
     """Whether some engine runs the layout: a group with data-parallel attention only as the whole
-    replica, one stage (vLLM and SGLang run it so, the project's runtime not at all:
-    llm_planner.serving.engines). The search and engineer-best keep to such layouts; the bounds and
+    replica, one stage (vLLM and SGLang run it so, and the project's runtime: llm_planner.serving.engines,
+    llm_planner.runtime.serve_dp). The search and engineer-best keep to such layouts; the bounds and
     `score` take any."""
     return all(seg.attention == "tp" for seg in layout) or (len(layout) == 1 and layout[0].stages == 1)
 
