@@ -6,8 +6,9 @@ Each serving row of benchmarks/data/fidelity_references.yaml (engine, model, GPU
 pipeline degrees, concurrency, mean prompt and output lengths, each with its source) is scored
 by the planner's own model, as `llm-planner score` would: a one-server cluster of the row's GPUs
 from the package's catalog (`catalog:`, with the server's GPU link from
-benchmarks/data/fidelity_servers.yaml), the row's model preset and dtype, the replica pp stages x
-tp GPUs, the row's concurrency in one micro-batch per stage (an open-loop row, requests at a rate
+benchmarks/data/fidelity_servers.yaml; a pipeline row's pp servers of tp GPUs each, joined by the
+row's `server_link`), the row's model preset and dtype, the replica pp stages x tp GPUs, the row's
+concurrency in pp micro-batches, one a stage as vLLM runs a pipeline (an open-loop row, requests at a rate
 with no cap: the concurrency where Little's law holds in the model), the row's token budget and
 chunked-prefill setting where it states them. It prints and writes the model's
 TPOT, tokens/s and TTFT beside the measured ones and their ratios (model / measured). Rows the
@@ -94,24 +95,27 @@ COLUMNS = [
 ]
 
 
-def cluster_yaml(gpu: str, num_gpus: int, servers: dict, fields: dict | None = None) -> str:
-    """A one-server spec of `num_gpus` catalog GPUs, with kind `fields` over the catalog's."""
-    link = servers[gpu]["gpu_link"] if num_gpus > 1 else None  # one GPU: no link between GPUs
-    return yaml.safe_dump(
-        {
-            "name": f"one-{gpu}-server",
-            "device_kinds": [{"name": gpu, "catalog": gpu, **(fields or {})}],
-            "nodes": [
-                {
-                    "name": "server",
-                    "count": 1,
-                    "devices": {gpu: num_gpus},
-                    "links": [{"between": [gpu, gpu], **link}] if num_gpus > 1 else [],
-                }
-            ],
-        },
-        sort_keys=False,
-    )
+def cluster_yaml(gpu: str, num_gpus: int, servers: dict, fields: dict | None = None, row: dict | None = None) -> str:
+    """A spec of `num_gpus` catalog GPUs, with kind `fields` over the catalog's: one server, or for a
+    pipeline row (pp > 1) pp servers of num_gpus / pp each, linked by the row's `server_link`."""
+    pp = (row or {}).get("pp", 1)
+    per_server = num_gpus // pp
+    link = servers[gpu]["gpu_link"] if per_server > 1 else None  # one GPU a server: no link between GPUs
+    spec = {
+        "name": f"{pp}-{gpu}-servers",
+        "device_kinds": [{"name": gpu, "catalog": gpu, **(fields or {})}],
+        "nodes": [
+            {
+                "name": "server",
+                "count": pp,
+                "devices": {gpu: per_server},
+                "links": [{"between": [gpu, gpu], **link}] if link else [],
+            }
+        ],
+    }
+    if pp > 1:
+        spec["links"] = {"inter_node": row["server_link"]}
+    return yaml.safe_dump(spec, sort_keys=False)
 
 
 def why_not(row: dict) -> str | None:
@@ -122,8 +126,8 @@ def why_not(row: dict) -> str | None:
         return "the source does not state the concurrency (max_num_seqs unknown)"
     if row.get("model") not in PRESETS:
         return f"no preset for {row.get('model')}"
-    if row.get("pp", 1) != 1:
-        return "pipeline rows are scored once pp layouts are in the references"
+    if row.get("pp", 1) != 1 and (row.get("server_link") is None or row["num_gpus"] != row["tp"] * row["pp"]):
+        return "a pipeline row needs its servers' link and tp x pp GPUs"
     return None
 
 
@@ -139,19 +143,20 @@ def score(row: dict, servers: dict, tmp: Path, spec: Path | None = None) -> dict
     gpu, tp = row["gpu"], row["tp"]
     if spec is None:
         spec = tmp / f"{gpu}-{row['num_gpus']}.yaml"
-        spec.write_text(cluster_yaml(gpu, row["num_gpus"], servers))
+        spec.write_text(cluster_yaml(gpu, row["num_gpus"], servers, row=row))
     prompt, output = max(1, round(row["prompt_len"])), max(1, round(row["output_len"]))
     workload = ServingWorkload(requests=(RequestShape(prompt_len=prompt, output_len=output),), tpot_slo_s=10.0)
     budget = row.get("max_num_batched_tokens") or ServingOptions().max_batched_tokens
     chunked = row.get("enable_chunked_prefill") is not False  # unstated: the engines' chunked prefill
     options = ServingOptions(max_batched_tokens=budget, chunked_prefill=chunked)
     ctx = build_context(str(spec), PRESETS[row["model"]], workload, row_precision(row), options)
-    model = ctx.replica((Segment(ctx.classes[0].name, tp, 1),))
+    pp = row.get("pp", 1)  # a pipeline's stages, one a server, pp micro-batches in flight (as vLLM runs them)
+    model = ctx.replica((Segment(ctx.classes[0].name, tp, pp),))
     if _open_loop(row):
-        return open_loop_score(model, ctx.config.num_layers, float(row["request_rate"]), output)
+        return open_loop_score(model, ctx.config.num_layers, float(row["request_rate"]), output, pp=pp)
     if row.get("run") == "fixed_batch":
         return fixed_batch_score(model, ctx.config.num_layers, row["concurrency"], prompt, output)
-    return _at(model, ctx.config.num_layers, row["concurrency"])
+    return _at(model, ctx.config.num_layers, row["concurrency"], pp)
 
 
 def row_precision(row: dict):
@@ -161,9 +166,13 @@ def row_precision(row: dict):
     return build_precision(row["dtype"], row.get("weights"), row.get("kv_cache_dtype"))
 
 
-def _at(model, num_layers: int, c: int) -> dict:
-    split = model.split_layers(c, 1)
-    ev = model.evaluate(split or (num_layers,), c, 1)
+def _at(model, num_layers: int, c: int, pp: int = 1) -> dict:
+    """The model at c in flight: pp micro-batches over pp stages (the layers split as the planner splits
+    them, evenly where no split fits memory)."""
+    m = min(pp, c)
+    split = model.split_layers(c, m)
+    even = tuple(num_layers // pp + (i < num_layers % pp) for i in range(pp))
+    ev = model.evaluate(split or even, c, m)
     return {
         "tpot_s": ev.tpot_s,
         "tokens_per_s": ev.tokens_per_s,
@@ -199,7 +208,7 @@ def fixed_batch_score(model, num_layers: int, c: int, prompt: int, output: int) 
     }
 
 
-def open_loop_score(model, num_layers: int, rate: float, output: int, most: int = 4096) -> dict:
+def open_loop_score(model, num_layers: int, rate: float, output: int, most: int = 4096, pp: int = 1) -> dict:
     """Requests arriving at `rate` per second: the concurrency c the model settles at is where
     Little's law holds, c = rate x (TTFT(c) + (output - 1) x TPOT(c)); the model's figures there,
     interpolated between the integers around c. The model's tokens/s is rate x output whatever it
@@ -208,12 +217,12 @@ def open_loop_score(model, num_layers: int, rate: float, output: int, most: int 
     def gap(got: dict) -> float:
         return rate * (got["ttft_s"] + (output - 1) * got["tpot_s"]) - got["concurrency"]
 
-    lo = _at(model, num_layers, 1)
+    lo = _at(model, num_layers, 1, pp)
     if gap(lo) <= 0:
         return {**lo, "tokens_per_s": None, "concurrency": f"<1 at {rate:g}/s"}
     c = 1
     while c < most:
-        hi = _at(model, num_layers, c + 1)
+        hi = _at(model, num_layers, c + 1, pp)
         if gap(hi) <= 0:
             t = gap(lo) / (gap(lo) - gap(hi))
             mixed = {k: lo[k] + t * (hi[k] - lo[k]) for k in ("tpot_s", "ttft_s")}

@@ -137,6 +137,18 @@ which also change the model's quality: the planner plans the formats a user allo
         ".venv/bin/python benchmarks/bench_precision.py",
     ),
     Section(
+        "moe",
+        "Mixture of experts: Mixtral-8x7B and DeepSeek-V3 against the layouts their engines document",
+        """\
+The serving table's columns (above) for Mixtral-8x7B in fp16 on `dgx-a100-l4` (prompt 512, output
+128) and DeepSeek-V3 with fp8 weights and KV cache and bf16 activations on `h200-2x8` (prompt and
+output 1,000), at 50 and 100 ms TPOT. Engineer-best includes data-parallel attention with the
+experts split over a server (`dpaK`, SGLang's DeepSeek guide); megatron is tensor parallelism over
+each server (the guides' plain `--tp 8`). Every plan is verified; solve and total times are the
+search's and the whole plan's (search, baselines and the bound) on this machine.""",
+        ".venv/bin/python benchmarks/bench_moe.py",
+    ),
+    Section(
         "serving-bounds",
         "Serving: what each upper bound gives",
         """\
