@@ -270,7 +270,7 @@ def _row_head(row: dict, got: dict) -> dict:
         "id": row["id"],
         "use": row["use"],
         "gpu": row["gpu"],
-        "tp": row["tp"],
+        "tp": row["tp"] if row.get("pp", 1) == 1 else f"{row['tp']} x pp{row['pp']}",
         "concurrency": got["concurrency"],
         "prompt/output": f"{row['prompt_len']:.0f}/{row['output_len']:.0f}",
         "tpot measured": ms(row.get("tpot_s") or row.get("itl_s")),
