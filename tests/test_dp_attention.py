@@ -114,6 +114,18 @@ def test_the_busiest_rank_holds_its_ceiling_share_of_the_sequences(tmp_path):
     assert derive(ctx, layout, [24], 5, 1).mem_bytes == pytest.approx((at[5],))
 
 
+def test_each_rank_keeps_its_share_of_the_sequences_within_its_share_of_the_budget(tmp_path):
+    """Prompt 256 and output 128: a sequence takes 1 + 2 = 3 tokens of an iteration. At a budget of 26, 8 in
+    flight fit one scheduler (24 tokens) and each of dpa4's ranks (2 sequences, 6 tokens of its 7). At 28, 9
+    fit one scheduler (27 tokens) but not dpa4's busiest rank (3 sequences, 9 tokens of its ceil(28 / 4) = 7),
+    whose prompts would queue without end: refused for dpa4 only."""
+    for budget, fits_tp, fits_dp in ((26, (True, False), (True, False)), (28, (True, True), (True, False))):
+        ctx = context(tmp_path, QWEN, max_batched_tokens=budget)
+        tp, dp = (ctx.replica(parse_layout(f"1 x smallbox/small[{g}]", ctx.by_name)) for g in ("tp4", "dpa4"))
+        assert (tp.within_budget(8, 1), tp.within_budget(9, 1)) == fits_tp, budget
+        assert (dp.within_budget(8, 1), dp.within_budget(9, 1)) == fits_dp, budget
+
+
 def test_only_a_mixture_of_experts_whose_experts_split_offers_it(tmp_path):
     assert all(sc.dp_degrees == () for sc in context(tmp_path, "llama2-7b").classes)
     moe = context(tmp_path, QWEN)

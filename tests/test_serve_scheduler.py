@@ -126,16 +126,20 @@ def test_closing_stops_admissions_and_lets_the_running_finish():
     assert sorted(s.request.index for s in sched.finished) == [0, 1] and sched.done
 
 
-def test_the_members_of_a_data_parallel_replica_take_its_requests_in_turn():
-    """Member j of k takes the replica's requests j, j + k, ... (the front end's round robin inside the
-    replica), its share of the slots and a k-th of the token budget rounded up."""
+def test_the_members_of_a_data_parallel_replica_take_its_requests_by_their_slots():
+    """The replica's requests spread over its members by smooth weighted round-robin on their slots
+    (member j of k holds C // k, the first C mod k one more), and each member has a k-th of the token
+    budget rounded up."""
     load = LoadSpec(shapes=((4, 2, 1.0),), vocab_size=10, seed=5)
-    replica_1 = [i for i, r in enumerate(route([1.0, 1.0], 12)) if r == 1]
-    members = [ReplicaQueue(RequestStream(load), [1.0, 1.0], 1, 12, member=j, members=2) for j in range(2)]
-    taken = [[q.pop().index for _ in range(3)] for q in members]
-    assert taken == [replica_1[0::2], replica_1[1::2]]
+    replica_1 = [i for i, r in enumerate(route([1.0, 1.0], 24)) if r == 1]
+    slots = tuple(member_slots(3, 2, j) for j in range(2))
+    assert slots == (2, 1)
+    members = [ReplicaQueue(RequestStream(load), [1.0, 1.0], 1, 24, member=j, member_weights=slots) for j in range(2)]
+    taken = [[q.pop().index for _ in range(n)] for q, n in zip(members, (8, 4))]
     assert all(q.peek() is None for q in members)
-    assert [member_slots(7, 2, j) for j in range(2)] == [4, 3] and [member_slots(8, 4, j) for j in range(4)] == [2] * 4
+    assert sorted(taken[0] + taken[1]) == replica_1
+    assert [replica_1.index(i) % 3 for i in taken[1]] == [1] * 4  # every third of the replica's requests
+    assert [member_slots(8, 4, j) for j in range(4)] == [2] * 4
     assert member_budget(2048, 3) == 683 and member_budget(8, 2) == 4
     with pytest.raises(ValueError, match="member 2 of 2"):
-        ReplicaQueue(RequestStream(load), [1.0], 0, 4, member=2, members=2)
+        ReplicaQueue(RequestStream(load), [1.0], 0, 4, member=2, member_weights=(1.0, 1.0))

@@ -56,7 +56,8 @@ class ExpertParallelMoE(MoEShard):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        counts = [int(c) for c in self.ops.all_gather(torch.tensor([float(x.shape[0])], device=x.device))[:, 0]]
+        # the counts on the host: one host copy, read once (no device syncs on CUDA)
+        counts = [int(c) for c in self.ops.all_gather(torch.tensor([float(x.shape[0])]))[:, 0].tolist()]
         every = self.ops.all_gather_v(x, counts).to(x.dtype)
         out = self.ops.reduce_scatter_v(self.routed(every), counts)
         if self.shared is not None:

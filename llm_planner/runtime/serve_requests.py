@@ -94,8 +94,9 @@ class RequestStream:
 
 class ReplicaQueue:
     """The requests routed to one replica, in order, up to `max_requests` over the run (None: no limit);
-    with `members` > 1, those of one data-parallel member of the replica: the replica's requests
-    member, member + members, ... (round robin, as an engine's data-parallel front end spreads them)."""
+    with `member_weights`, those of one data-parallel member of the replica: the replica's requests
+    spread over its members by the same smooth weighted round-robin, each member weighted by its
+    slots (as an engine's data-parallel front end keeps its ranks equally full)."""
 
     def __init__(
         self,
@@ -105,15 +106,14 @@ class ReplicaQueue:
         max_requests: int | None,
         *,
         member: int = 0,
-        members: int = 1,
+        member_weights: tuple[float, ...] = (1.0,),
     ):
-        if not 0 <= member < members:
-            raise ValueError(f"member {member} of {members}")
-        self.stream, self.replica, self.max_requests = stream, replica, max_requests
-        self.member, self.members = member, members
+        if not 0 <= member < len(member_weights):
+            raise ValueError(f"member {member} of {len(member_weights)}")
+        self.stream, self.replica, self.max_requests, self.member = stream, replica, max_requests, member
         self._router = Router(shares)
+        self._members = Router(member_weights)  # which member takes each request routed to the replica
         self._next = 0  # the next request index the front end routes
-        self._routed = 0  # the requests routed to the replica so far
         self._head: Request | None = None
         self.exhausted = False
 
@@ -124,10 +124,7 @@ class ReplicaQueue:
                 self.exhausted = True
                 break
             index, self._next = self._next, self._next + 1
-            if self._router.next() != self.replica:
-                continue
-            self._routed += 1
-            if (self._routed - 1) % self.members == self.member:
+            if self._router.next() == self.replica and self._members.next() == self.member:
                 self._head = self.stream.request(index)
         return self._head
 

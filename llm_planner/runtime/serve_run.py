@@ -83,7 +83,7 @@ class ServeRank:
             config,
             first_layer=here.first_layer,
             num_layers=here.layers,
-            slots=member_slots(self.replica.concurrency, k, self.role.member)
+            slots=member_slots(self.replica.concurrency, k, ctx.group.index)
             if self.data_parallel
             else self.replica.concurrency,
             context_len=self.spec.context_len,
@@ -101,7 +101,7 @@ class ServeRank:
     def _runner(self) -> ServeStage | Pieces:
         """The stage, or its piecewise CUDA graphs where it can take them (llm_planner.runtime.serve_graphs)."""
         why = capture_refusal(self.stage) if self.spec.cuda_graphs else "off (launch --enforce-eager)"
-        if why is None and self.data_parallel:
+        if self.data_parallel and self.ctx.device.type == "cuda" and self.spec.cuda_graphs:
             why = "data-parallel attention: the experts' collectives move a different number of rows each iteration"
         self.ctx.stats.extra["cuda_graphs"] = why or "on"
         if why is not None:

@@ -207,15 +207,24 @@ class ReplicaModel:
 
     def within_budget(self, concurrency: int, m: int) -> bool:
         """Whether a micro-batch's decodes and its steady prompt share fit the per-iteration token
-        budget (else prompts queue without end: the engine cannot keep C sequences in flight)."""
+        budget (else prompts queue without end: the engine cannot keep C sequences in flight). A
+        stage with data-parallel attention runs k schedulers: its busiest rank's ceil(b/k) sequences
+        must also fit its ceil(B/k) of the budget, as the export and the runtime give each rank (the
+        group's check stays, so the bounds' cap on sequences holds for these layouts too)."""
         b = -(-concurrency // m)
         if any(
             -(-b // s.costs.degree) > DEEPEP_MAX_RANK_DECODES for s in self.slots if s.costs.attention == "dp-deepep"
         ):
             return False  # a rank's decodes past DeepEP's low-latency buffer (cost.dp_attention)
+        ranks = {s.costs.degree for s in self.slots if is_dp(s.costs.attention)}
+        return all(self._rank_within_budget(b, k) for k in {1, *ranks})
+
+    def _rank_within_budget(self, b: int, k: int) -> bool:
+        """Whether one of k schedulers sharing b sequences and the budget evenly keeps its busiest share."""
+        seqs, budget = -(-b // k), -(-self.tasks.token_budget // k)
         if not self.tasks.chunked_prefill:  # decodes and whole prompts in iterations of their own
-            return b <= self.tasks.token_budget
-        return b * (1 + self.tasks.prefill_per_output) <= self.tasks.token_budget
+            return seqs <= budget
+        return seqs * (1 + self.tasks.prefill_per_output) <= budget
 
     # -- choices ------------------------------------------------------------------
     def caps(self, concurrency: int, m: int) -> list[int]:
