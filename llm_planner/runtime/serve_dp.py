@@ -86,11 +86,12 @@ def serve_member(job) -> dict:
         state = group.all_gather(torch.tensor(_state(it, sched)))
         if bool(state[:, 1].all()):
             break
-        if bool(state[:, 0].any()):
+        busy = bool(state[:, 0].any())  # some member has tokens: every member runs an iteration
+        if busy:
             _iterate(job, it, sched, clock, bool(state[:, 2].all()), iterations)
         job.beat.inflight = 0
         progress.update(clock(), sched.finished, iterations, request_record)
-        if not bool(state[:, 0].any()):
+        if not busy:
             arrival = sched.waiting_for_arrival(clock())
             time.sleep(min(MAX_IDLE_SLEEP_S, max(0.0, (arrival or 0.0) - clock())))
     job.beat.inflight = 0

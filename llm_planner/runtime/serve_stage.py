@@ -232,7 +232,6 @@ class ServeStage:
         tp_layers.check_divisible(cfg, self.ops.size)
         self.blocks = []
         renormalise = cfg.norm_topk_prob if cfg.is_moe else None
-        self.experts = experts
         if experts is not None and not cfg.is_moe:
             raise gpt.DecoderError(f"model {cfg.name!r}: data-parallel attention splits experts; it has none")
         keep = ep_moe.holds(cfg, experts.size, experts.index) if experts is not None else None
