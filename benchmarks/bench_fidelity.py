@@ -39,6 +39,7 @@ import fidelity_grid  # noqa: E402 (benchmarks/fidelity_grid.py, beside this scr
 import fidelity_static  # noqa: E402
 import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 
+from llm_planner.core.catalog import engine_entries  # noqa: E402
 from llm_planner.core.precision import build_precision  # noqa: E402
 from llm_planner.core.spec import load_cluster  # noqa: E402
 from llm_planner.cost.iteration import Load, layer_kernels  # noqa: E402
@@ -101,9 +102,10 @@ def cluster_yaml(gpu: str, num_gpus: int, servers: dict, fields: dict | None = N
     pp = (row or {}).get("pp", 1)
     per_server = num_gpus // pp
     link = servers[gpu]["gpu_link"] if per_server > 1 else None  # one GPU a server: no link between GPUs
+    engine = {"engine": "tensorrt-llm"} if row is not None and tensorrt_llm_set(row) else {}
     spec = {
         "name": f"{pp}-{gpu}-servers",
-        "device_kinds": [{"name": gpu, "catalog": gpu, **(fields or {})}],
+        "device_kinds": [{"name": gpu, "catalog": gpu, **engine, **(fields or {})}],
         "nodes": [
             {
                 "name": "server",
@@ -116,6 +118,13 @@ def cluster_yaml(gpu: str, num_gpus: int, servers: dict, fields: dict | None = N
     if pp > 1:
         spec["links"] = {"inter_node": row["server_link"]}
     return yaml.safe_dump(spec, sort_keys=False)
+
+
+def tensorrt_llm_set(row: dict) -> bool:
+    """Whether the row is scored with the `tensorrt-llm` factor set (llm_planner/core/data/engine_factors.yaml):
+    its source names TensorRT-LLM as the engine (the NIM grid, the static batches; NIM 1.8's tables do not say
+    which backend ran) and the set stands for its GPU."""
+    return "tensorrt-llm" in str(row.get("engine", "")).lower() and row["gpu"] in engine_entries("tensorrt-llm")
 
 
 def why_not(row: dict) -> str | None:

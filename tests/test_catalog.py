@@ -14,7 +14,15 @@ from conftest import SPECS
 
 from llm_planner.cli import main as cli_main
 from llm_planner.cli.main import main
-from llm_planner.core.catalog import DEFAULT_EFFICIENCY, ENTRY_FIELDS, catalog_entry, catalog_names
+from llm_planner.core.catalog import (
+    DEFAULT_EFFICIENCY,
+    ENTRY_FIELDS,
+    catalog_entry,
+    catalog_names,
+    engine_entries,
+    engine_fields,
+    engine_names,
+)
 from llm_planner.core.constants import DEVICE_TYPES
 from llm_planner.core.spec import (
     COLLECTIVE_OVERHEAD_DEFAULT,
@@ -203,3 +211,56 @@ def test_show_cluster_states_the_fixed_times_the_costs_charge():
     cluster = parse_cluster(_cluster(_plain_gpu(), {"name": "h", "catalog": "h100-sxm-80g"}))
     assert fixed_times(cluster.kind("h")) == "10 us a task, 1.2 ms a step, 51 us a sequence, 8 us a collective"
     assert fixed_times(cluster.kind("g")) == "0 s a task, 1 ms a step, 0 s a sequence, 8 us a collective"
+
+
+def test_an_engine_set_stands_over_its_entries_fields_and_a_stated_field_wins(tmp_path, capsys):
+    """`engine: tensorrt-llm` gives a kind that engine's fitted factors over its catalog entry's; the
+    entry's other figures stay, and a field the kind states itself still wins."""
+    assert "tensorrt-llm" in engine_names()
+    trt = engine_fields("tensorrt-llm", "h100-sxm-80g")
+    assert set(trt) == {"mem_efficiency", "step_overhead_s", "collective_overhead_s", "sequence_overhead_s"}
+    kinds = (
+        {"name": "plain", "catalog": "h100-sxm-80g"},
+        {"name": "trt", "catalog": "h100-sxm-80g", "engine": "tensorrt-llm"},
+        {"name": "mine", "catalog": "h100-sxm-80g", "engine": "tensorrt-llm", "step_overhead_s": "3 ms"},
+    )
+    cluster = parse_cluster(_cluster(*kinds))
+    plain, mine = cluster.kind("plain"), cluster.kind("mine")
+    kind = cluster.kind("trt")
+    entry = catalog_entry("h100-sxm-80g")
+    assert kind.engine == "tensorrt-llm" and plain.engine is None
+    for name, value in trt.items():
+        assert getattr(kind, name) == pytest.approx(value) and getattr(plain, name) == pytest.approx(entry[name])
+        assert value != pytest.approx(entry[name]), f"{name}: the set should differ from the catalog's compromise"
+    assert kind.mem_bw_bytes_per_s == plain.mem_bw_bytes_per_s and kind.peak_flops == plain.peak_flops
+    assert mine.step_overhead_s == pytest.approx(3e-3) and mine.sequence_overhead_s == kind.sequence_overhead_s
+    path = tmp_path / "trt.yaml"
+    path.write_text(yaml.safe_dump(_cluster(*kinds)))
+    assert main(["show-cluster", str(path)]) == 0
+    assert re.search(r"│ trt .*│ catalog h100-sxm-80g, tensorrt-llm's factors +│", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        (
+            {"name": "k", "catalog": "h100-sxm-80g", "engine": "trt"},
+            r"engine: unknown engine 'trt' \(known: tensorrt-llm",
+        ),
+        (
+            {"name": "k", "catalog": "mi300x", "engine": "tensorrt-llm"},
+            r"engine: engine 'tensorrt-llm' has no factors fitted for catalog entry 'mi300x' \(it has for: a100",
+        ),
+        ({**_plain_gpu(name="k"), "engine": "tensorrt-llm"}, r"engine: an engine's factors stand over a catalog entry"),
+    ],
+)
+def test_an_engine_the_catalog_cannot_give_is_refused_naming_the_field(kind, message):
+    with pytest.raises(SpecError, match=r"device_kinds\[0\]\." + message):
+        parse_cluster(_cluster(kind))
+
+
+def test_every_engine_set_names_catalog_entries_and_sets_kind_fields_only():
+    for engine in engine_names():
+        assert set(engine_entries(engine)) <= set(catalog_names())
+        for entry in engine_entries(engine):
+            assert set(engine_fields(engine, entry)) <= set(ENTRY_FIELDS)

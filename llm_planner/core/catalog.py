@@ -1,6 +1,8 @@
 """The GPU catalog: device kinds a cluster spec may name with `catalog: NAME` instead of stating
-every figure (llm_planner/core/data/gpu_catalog.yaml, its sources in its comments), and the
-efficiencies a kind gets when it names no entry and states none.
+every figure (llm_planner/core/data/gpu_catalog.yaml, its sources in its comments), the engine
+factor sets a kind may take over its entry's with `engine: NAME` (core/data/engine_factors.yaml:
+serving factors fitted on one engine's runs alone), and the efficiencies a kind gets when it names
+no entry and states none.
 
 An entry holds device kind fields written as a spec writes them and read by the spec's own
 parsers (llm_planner.core.spec_kinds), so `catalog_entry(name)` is exactly what a spec naming it
@@ -18,6 +20,7 @@ from llm_planner.core.spec_fields import Reader, SpecError, as_safe_name
 from llm_planner.core.spec_kinds import REQUIRED_KIND_FIELDS, read_kind_fields
 
 CATALOG_PATH = Path(__file__).resolve().parent / "data" / "gpu_catalog.yaml"
+ENGINES_PATH = Path(__file__).resolve().parent / "data" / "engine_factors.yaml"
 # What every entry states: the required kind fields, the efficiencies and the fixed times.
 ENTRY_FIELDS = (
     *REQUIRED_KIND_FIELDS,
@@ -68,3 +71,40 @@ def catalog_names() -> tuple[str, ...]:
 def catalog_entry(name: str) -> dict[str, Any]:
     """The fields of one entry (field -> value as the spec's loader parses it); KeyError if unknown."""
     return dict(_catalog()[name])
+
+
+@functools.cache
+def _engines() -> dict[str, tuple[tuple[str, ...], dict[str, Any]]]:
+    """Engine name -> (the catalog entries its set stands for, the fields it sets), parsed; SpecError
+    naming the file, the set and the field."""
+    data, _ = load_document(ENGINES_PATH, SpecError, finite=True)
+    top = Reader(str(ENGINES_PATH), "", data)
+    out = {}
+    for name in data:
+        entry = top.child(str(name), top.get(name))
+        entries = entry.get("entries")
+        if not isinstance(entries, list) or not entries or any(e not in _catalog() for e in entries):
+            entry.fail(f"expected a non-empty list of catalog entries (known: {', '.join(_catalog())})", "entries")
+        fields = read_kind_fields(entry)
+        entry.done()
+        out[str(name)] = (tuple(entries), fields)
+    return out
+
+
+def engine_names() -> tuple[str, ...]:
+    """The engine factor sets' names, in the file's order."""
+    return tuple(_engines())
+
+
+def engine_entries(engine: str) -> tuple[str, ...]:
+    """The catalog entries the engine's set stands for; KeyError if unknown."""
+    return _engines()[engine][0]
+
+
+def engine_fields(engine: str, entry: str) -> dict[str, Any]:
+    """The fields the engine's set gives a kind naming catalog `entry`; KeyError if the engine is unknown
+    or its set does not stand for that entry."""
+    entries, fields = _engines()[engine]
+    if entry not in entries:
+        raise KeyError(entry)
+    return dict(fields)

@@ -18,7 +18,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from llm_planner.core.catalog import DEFAULT_EFFICIENCY, catalog_entry, catalog_names
+from llm_planner.core.catalog import (
+    DEFAULT_EFFICIENCY,
+    catalog_entry,
+    catalog_names,
+    engine_entries,
+    engine_fields,
+    engine_names,
+)
 from llm_planner.core.fileio import load_document
 from llm_planner.core.names import hostname_problem
 from llm_planner.core.spec_fields import (
@@ -114,8 +121,10 @@ class DeviceKindSpec:
     # factor on the linear layers' compute time (llm_planner.core.precision; docs/cluster-spec.md).
     dequant_factor: float = 1.0
     # Where its figures came from (not figures themselves, so kinds compare by their numbers alone):
-    # the catalog entry it names, and the fields the loader filled with a type's default.
+    # the catalog entry it names, the engine whose factor set it takes over the entry's, and the
+    # fields the loader filled with a type's default.
     catalog: str | None = field(default=None, compare=False)
+    engine: str | None = field(default=None, compare=False)
     defaulted: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -331,11 +340,14 @@ def _read_kind(c: Reader) -> DeviceKindSpec:
     efficiencies neither gives are the type's DEFAULT_EFFICIENCY, recorded in `defaulted`."""
     name = c.get("name", as_safe_name)
     catalog = c.get("catalog", as_str, default=None)
+    engine = c.get("engine", as_str, default=None)
     fields = read_kind_fields(c)
     if catalog is not None:
         if catalog not in catalog_names():
             c.fail(f"unknown catalog entry {catalog!r} (known: {', '.join(catalog_names())})", "catalog")
-        fields = {**catalog_entry(catalog), **fields}
+        fields = {**catalog_entry(catalog), **_engine_fields(c, engine, catalog), **fields}
+    elif engine is not None:
+        c.fail("an engine's factors stand over a catalog entry's: name one with `catalog`", "engine")
     for key in REQUIRED_KIND_FIELDS:
         if key not in fields:
             c.fail("missing required field (state it, or name a catalog entry with `catalog`)", key)
@@ -345,7 +357,24 @@ def _read_kind(c: Reader) -> DeviceKindSpec:
         if key not in fields:
             fields[key] = default
             defaulted.append(key)
-    return DeviceKindSpec(name=name, catalog=catalog, defaulted=tuple(defaulted), **fields)
+    return DeviceKindSpec(name=name, catalog=catalog, engine=engine, defaulted=tuple(defaulted), **fields)
+
+
+def _engine_fields(c: Reader, engine: str | None, catalog: str) -> dict:
+    """The fields engine's factor set gives a kind of catalog entry `catalog` ({} for no engine)."""
+    if engine is None:
+        return {}
+    if engine not in engine_names():
+        c.fail(f"unknown engine {engine!r} (known: {', '.join(engine_names())})", "engine")
+    try:
+        return engine_fields(engine, catalog)
+    except KeyError:
+        entries = ", ".join(engine_entries(engine))
+        c.fail(
+            f"engine {engine!r} has no factors fitted for catalog entry {catalog!r} (it has for: {entries}); "
+            "leave `engine` out to take the catalog's, or state the factors",
+            "engine",
+        )
 
 
 def _read_node(c: Reader, kinds: set[str]) -> NodeSpec:

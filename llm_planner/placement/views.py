@@ -169,6 +169,8 @@ def kind_source(kind: DeviceKindSpec) -> str:
     """Where a kind's figures come from: the spec, or the catalog entry it names, and which
     efficiencies the loader filled with the type's default (DEFAULT_EFFICIENCY)."""
     source = f"catalog {kind.catalog}" if kind.catalog else "the spec"
+    if kind.engine:
+        source += f", {kind.engine}'s factors"
     if not kind.defaulted:
         return source
     values = {"compute_efficiency": kind.compute_efficiency, "mem_efficiency": kind.mem_efficiency}
