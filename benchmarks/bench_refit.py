@@ -85,7 +85,7 @@ def refit_group(rows: list[dict], train: list[dict], servers: dict, tmp: Path, t
     result = calibrate_serving_files(spec, files, settings, fitted_spec, {"ttft_s": ttft_weight})
     (fit,) = [f for f in result.calibration.kinds if f.name == gpu]
     held = [r for r in rows if r not in train]
-    before = [fidelity_grid.ratios(r, bench_fidelity.score(r, servers, tmp)) for r in held]
+    before = [fidelity_grid.ratios(r, bench_fidelity.score(r, servers, tmp, spec)) for r in held]  # the catalog's
     after = [fidelity_grid.ratios(r, bench_fidelity.score(r, servers, tmp, fitted_spec)) for r in held]
     return {"fit": fit, "held": len(held), "before": before, "after": after}
 
