@@ -5,7 +5,8 @@
 Each serving row of benchmarks/data/fidelity_references.yaml (engine, model, GPUs, tensor and
 pipeline degrees, concurrency, mean prompt and output lengths, each with its source) is scored
 by the planner's own model, as `llm-planner score` would: a one-server cluster of the row's GPUs
-from the package's catalog (`catalog:`, with the server's GPU link from
+from the package's catalog (`catalog:`; the NIM grid's TensorRT-LLM runs with `engine: tensorrt-llm`,
+the factors fitted on that engine's A100 runs alone, ENGINE_SETS; with the server's GPU link from
 benchmarks/data/fidelity_servers.yaml; a pipeline row's pp servers of tp GPUs each, joined by the
 row's `server_link`), the row's model preset and dtype, the replica pp stages x tp GPUs, the row's
 concurrency in pp micro-batches, one a stage as vLLM runs a pipeline (an open-loop row, requests at a rate
@@ -102,7 +103,7 @@ def cluster_yaml(gpu: str, num_gpus: int, servers: dict, fields: dict | None = N
     pp = (row or {}).get("pp", 1)
     per_server = num_gpus // pp
     link = servers[gpu]["gpu_link"] if per_server > 1 else None  # one GPU a server: no link between GPUs
-    engine = {"engine": "tensorrt-llm"} if row is not None and tensorrt_llm_set(row) else {}
+    engine = {"engine": engine_set(row)} if row is not None and engine_set(row) else {}
     spec = {
         "name": f"{pp}-{gpu}-servers",
         "device_kinds": [{"name": gpu, "catalog": gpu, **engine, **(fields or {})}],
@@ -120,11 +121,17 @@ def cluster_yaml(gpu: str, num_gpus: int, servers: dict, fields: dict | None = N
     return yaml.safe_dump(spec, sort_keys=False)
 
 
-def tensorrt_llm_set(row: dict) -> bool:
-    """Whether the row is scored with the `tensorrt-llm` factor set (llm_planner/core/data/engine_factors.yaml):
-    its source names TensorRT-LLM as the engine (the NIM grid, the static batches; NIM 1.8's tables do not say
-    which backend ran) and the set stands for its GPU."""
-    return "tensorrt-llm" in str(row.get("engine", "")).lower() and row["gpu"] in engine_entries("tensorrt-llm")
+# The engine factor set (llm_planner/core/data/engine_factors.yaml) a row's engine is scored with, by the
+# row's `engine`: TensorRT-LLM as NIM serves it, the engine the set is fitted on (the NIM grid). NIM 1.8's
+# tables do not say which backend ran; TensorRT-LLM 0.9.0's static batches are its kernels alone, without
+# the server and scheduler around them, and keep the catalog's factors (docs/fidelity.md).
+ENGINE_SETS = {"nvidia-nim (TensorRT-LLM)": "tensorrt-llm"}
+
+
+def engine_set(row: dict) -> str | None:
+    """The engine factor set the row is scored with (ENGINE_SETS), where the set stands for its GPU."""
+    engine = ENGINE_SETS.get(str(row.get("engine")))
+    return engine if engine is not None and row["gpu"] in engine_entries(engine) else None
 
 
 def why_not(row: dict) -> str | None:
