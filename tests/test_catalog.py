@@ -264,3 +264,19 @@ def test_every_engine_set_names_catalog_entries_and_sets_kind_fields_only():
         assert set(engine_entries(engine)) <= set(catalog_names())
         for entry in engine_entries(engine):
             assert set(engine_fields(engine, entry)) <= set(ENTRY_FIELDS)
+
+
+def test_a_plan_made_for_another_engine_than_its_kinds_factors_says_so(tmp_path, caplog):
+    from llm_planner.serving.context import ServingOptions, build_context
+    from llm_planner.serving.workload import RequestShape, ServingWorkload
+
+    spec = _cluster({"name": "h100", "catalog": "h100-sxm-80g", "engine": "tensorrt-llm"})
+    path = tmp_path / "trt.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    workload = ServingWorkload(requests=(RequestShape(prompt_len=128, output_len=128),), tpot_slo_s=0.05)
+    with caplog.at_level("WARNING"):
+        build_context(str(path), "llama3-8b", workload, "bf16", ServingOptions())
+    assert "another engine's factors" not in caplog.text
+    with caplog.at_level("WARNING"):
+        build_context(str(path), "llama3-8b", workload, "bf16", ServingOptions(exportable="vllm"))
+    assert "trt.yaml: kinds h100 (tensorrt-llm) take another engine's factors than vllm's" in caplog.text

@@ -181,7 +181,25 @@ def build_context(
     cluster = read["cluster"]
     usable = {k.name for k in cluster.device_kinds if k.type != "cpu" or options.allow_cpu}
     check_memory_limited(cluster, usable, "serving plans (the KV cache a device holds is sized by its memory)")
+    _warn_engine_mismatch(cluster, options)
     return ServingContext(cluster, read["config"], workload, dtype, options, read["profile"])
+
+
+def _warn_engine_mismatch(cluster: ClusterSpec, options: ServingOptions) -> None:
+    """A plan made to export to one engine, costed with another engine's factor set (`engine:` on a kind)."""
+    if not options.exportable:
+        return
+    other = sorted(
+        {f"{k.name} ({k.engine})" for k in cluster.device_kinds if k.engine and k.engine != options.exportable}
+    )
+    if other:
+        log.warning(
+            "%s: kinds %s take another engine's factors than %s's, which the plan is made to export to: "
+            "its figures are that engine's",
+            cluster.source,
+            ", ".join(other),
+            options.exportable,
+        )
 
 
 def usable_bytes(ctx: ServingContext, p: Pattern) -> list[float]:
