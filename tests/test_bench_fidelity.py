@@ -165,3 +165,21 @@ def test_a_refit_reproduces_the_runs_it_was_fitted_on(tmp_path):
     spec = tmp_path / "fitted-h100-sxm-80g-2-fp8.yaml"
     for row in train:
         assert bench_fidelity.score(row, SERVERS, tmp_path, spec)["tpot_s"] == pytest.approx(row["tpot_s"], rel=0.05)
+
+
+def test_the_nim_grid_is_scored_with_tensorrt_llms_set_and_nothing_else_is():
+    """The grid's rows (TensorRT-LLM under NIM, what the set is fitted on) take `engine: tensorrt-llm`
+    where the set stands for their GPU; the static batches, NIM 1.8's rows (backend unstated) and the
+    vLLM and SGLang rows keep the catalog's factors."""
+    import fidelity_static
+
+    grid = fidelity_grid.grid_rows(REPO / "benchmarks" / "data" / REFS["grid_file"])
+    static = fidelity_static.static_rows(REPO / "benchmarks" / "data" / REFS["static_file"])
+    assert {bench_fidelity.engine_set(r) for r in grid} == {"tensorrt-llm"}
+    assert {bench_fidelity.engine_set(r) for r in static + REFS["serving"]} == {None}
+    h200 = {**grid[0], "gpu": "h200-sxm-141g"}  # a GPU the set does not stand for
+    assert bench_fidelity.engine_set(h200) is None
+    spec = yaml.safe_load(bench_fidelity.cluster_yaml(grid[0]["gpu"], grid[0]["num_gpus"], SERVERS, row=grid[0]))
+    assert spec["device_kinds"][0]["engine"] == "tensorrt-llm"
+    plain = yaml.safe_load(bench_fidelity.cluster_yaml(grid[0]["gpu"], grid[0]["num_gpus"], SERVERS))
+    assert "engine" not in plain["device_kinds"][0]
