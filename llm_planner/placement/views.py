@@ -146,8 +146,8 @@ def _kinds_table(cluster: ClusterSpec) -> Table:
         "usable: what a plan may fill (usable_mem_fraction); efficiency: the share of the peaks the costs assume "
         "(links: collective_efficiency, a type's default when neither the spec nor a catalog entry gives one); "
         "fixed times: per task (a decoder layer in serving), per serving iteration of a stage, per sequence in a "
-        "serving iteration, per collective call; figures from: the spec, or the GPU catalog entry it names (its own "
-        "fields win)"
+        "serving iteration, per collective call; figures from: the spec, or the GPU catalog entry it names and the "
+        "engine factor set it takes over the entry's (its own fields win)"
     )
     return kinds
 
