@@ -103,10 +103,10 @@ def cluster_yaml(gpu: str, num_gpus: int, servers: dict, fields: dict | None = N
     pp = (row or {}).get("pp", 1)
     per_server = num_gpus // pp
     link = servers[gpu]["gpu_link"] if per_server > 1 else None  # one GPU a server: no link between GPUs
-    engine = {"engine": engine_set(row)} if row is not None and engine_set(row) else {}
+    engine = engine_set(row) if row is not None else None
     spec = {
         "name": f"{pp}-{gpu}-servers",
-        "device_kinds": [{"name": gpu, "catalog": gpu, **engine, **(fields or {})}],
+        "device_kinds": [{"name": gpu, "catalog": gpu, **({"engine": engine} if engine else {}), **(fields or {})}],
         "nodes": [
             {
                 "name": "server",

@@ -188,6 +188,13 @@ def mi300x_fit(pool, fields: dict) -> tuple[dict, list[float]]:
     return mine(x), [float(v) for v in r]
 
 
+def fit_factors(problem: Problem) -> tuple[np.ndarray, dict]:
+    """The four factors fitted on `problem`'s runs from the catalog's A100 values: the vector and its
+    kind fields."""
+    x, _ = gauss_newton(problem.ratios, problem.weight, start_vector(), _deltas(), LOWER, fields_of)
+    return x, fields_of(x)
+
+
 def summary_rows(problem: Problem, x0: np.ndarray | None, x: np.ndarray) -> list[dict]:
     out = []
     for label, vec in (("catalog", x0), ("fitted", x)):
@@ -224,9 +231,7 @@ def main() -> int:
     facts = provenance.start(sys.argv)
     with Pool(2) as pool:
         problem = Problem(pool, calibration_runs())
-        x0 = start_vector()
-        x, _ = gauss_newton(problem.ratios, problem.weight, x0, _deltas(), LOWER, fields_of)
-        fitted = fields_of(x)
+        x, fitted = fit_factors(problem)
         h200, h200_ratios = h200_efficiency(pool, fitted)
         mi300x, mi300x_ratios = mi300x_fit(pool, fitted)
         rows = summary_rows(problem, None, x)

@@ -69,15 +69,7 @@ def main() -> int:
     facts = provenance.start(sys.argv)
     with Pool(2) as pool:
         problem = fit_catalog.Problem(pool, {"NIM grid, A100": grid_runs("calibration")})
-        x, _ = fit_catalog.gauss_newton(
-            problem.ratios,
-            problem.weight,
-            fit_catalog.start_vector(),
-            fit_catalog._deltas(),
-            fit_catalog.LOWER,
-            fit_catalog.fields_of,
-        )
-        fitted = fit_catalog.fields_of(x)
+        _, fitted = fit_catalog.fit_factors(problem)
         held = grid_runs("held_out")
         rows = judged("catalog", held, fit_catalog.scores(pool, held, None))
         rows += judged("tensorrt-llm, fitted", held, fit_catalog.scores(pool, held, fitted))
