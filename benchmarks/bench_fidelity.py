@@ -47,6 +47,7 @@ from llm_planner.cost.iteration import Load, layer_kernels  # noqa: E402
 from llm_planner.graph.decoder_presets import preset_config  # noqa: E402
 from llm_planner.serving.context import ServingOptions, build_context  # noqa: E402
 from llm_planner.serving.layout import Segment  # noqa: E402
+from llm_planner.serving.score import closed_loop_of  # noqa: E402
 from llm_planner.serving.workload import RequestShape, ServingWorkload  # noqa: E402
 
 DATA = REPO / "benchmarks" / "data"
@@ -172,7 +173,19 @@ def score(row: dict, servers: dict, tmp: Path, spec: Path | None = None) -> dict
         return open_loop_score(model, ctx.config.num_layers, float(row["request_rate"]), output, pp=pp)
     if row.get("run") == "fixed_batch":
         return fixed_batch_score(model, ctx.config.num_layers, row["concurrency"], prompt, output)
+    if row.get("run") == "closed_loop":
+        return closed_loop_score(ctx, model, ctx.config.num_layers, row["concurrency"])
     return _at(model, ctx.config.num_layers, row["concurrency"], pp)
+
+
+def closed_loop_score(ctx, model, num_layers: int, c: int) -> dict:
+    """c requests of the row's one shape sent at once and each resent as it ends, run iteration by
+    iteration (llm_planner.serving.closed_loop), on the split the planner picks at c (all layers on
+    one stage where none fits, as `_at`): the TTFT, TPOT and tokens/s such a load generator reports."""
+    split = model.split_layers(c, 1)
+    got = closed_loop_of(ctx, model, split or (num_layers,), c)
+    figures = {"tpot_s": got.tpot_s, "tokens_per_s": got.tokens_per_s, "ttft_s": got.ttft_s}
+    return {**figures, "fits": split is not None, "concurrency": c}
 
 
 def row_precision(row: dict):

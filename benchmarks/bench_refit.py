@@ -138,7 +138,7 @@ def main() -> int:
     facts = provenance.start(sys.argv)
     refs = yaml.safe_load((bench_fidelity.DATA / "fidelity_references.yaml").read_text())
     servers = yaml.safe_load((bench_fidelity.DATA / "fidelity_servers.yaml").read_text())
-    grid = fidelity_grid.grid_rows(bench_fidelity.DATA / refs["grid_file"])
+    grid = fidelity_grid.grid_rows(bench_fidelity.DATA / refs["grid_file"], closed_loop=False)  # as calibrate fits
     wanted = [int(c) for c in args.train_concurrency.split(",")]
     groups: dict = {}
     for row in grid:

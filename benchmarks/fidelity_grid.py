@@ -14,15 +14,26 @@ synthetic prompt and output lengths asked for and the means the requests had, an
 means of time to first token, inter-token latency (a request's (end - first token) / (tokens - 1),
 its TPOT) and output tokens/s over the run.
 
+genai-perf's concurrency mode sends all C requests at once and each next one as one ends, and every
+request of a run has the same lengths: its prompts come in bursts that persist, and the prompts'
+time lands in the TTFT rather than in the TPOT of the sequences beside them (the runs show it: at
+250 in flight with 200-token prompts and outputs the measured TPOT is the model's pure decode step,
+and the TTFT grows with the concurrency). So each run is scored as that closed loop, iteration by
+iteration (llm_planner.serving.closed_loop, `score --closed-loop`); `grid_rows(closed_loop=False)`
+gives the runs scored in the steady state instead, as benchmarks/fit_catalog.py fitted the catalog
+on them.
+
 The source does not state the engine's version, its batch limits, its token budget, whether it
-chunks prompts or how the fp8 runs keep their KV cache: the model takes the planner's defaults
-(chunked prefill, a 2,048-token budget) and, for the fp8 runs, TensorRT-LLM's default of fp8
-quantization, fp8 weights and activations with the KV cache in the 16-bit dtype (`--weights fp8
---kv-cache-dtype auto`; an fp8 KV cache is a separate option of its quantizer). The runs agree:
-what the model misses grows with the keys read at the same rate on the fp8 runs as on the fp16
-ones (`gap_fits`), which an fp8 cache would halve. The runs on A100 are calibration runs (the
-catalog's memory efficiency and overheads are fitted on them with the vLLM rows,
-benchmarks/fit_catalog.py); the runs on H100, every fp8 run among them, are held out.
+chunks prompts or how the fp8 runs keep their KV cache: the closed loop takes TensorRT-LLM's
+defaults, a budget of 8,192 tokens an iteration (`max_num_tokens`) with prompts whole (context
+chunking off); the steady state the planner's (chunked prefill, 2,048 tokens); and the fp8 runs
+TensorRT-LLM's default of fp8 quantization, fp8 weights and activations with the KV cache in the
+16-bit dtype (`--weights fp8 --kv-cache-dtype auto`; an fp8 KV cache is a separate option of its
+quantizer). The runs agree: what the model misses grows with the keys read at the same rate on the
+fp8 runs as on the fp16 ones (`gap_fits`), which an fp8 cache would halve. The runs on A100 are
+calibration runs (the catalog's memory efficiency and overheads are fitted on them with the vLLM
+rows, benchmarks/fit_catalog.py, and TensorRT-LLM's own set on them alone, benchmarks/fit_engine.py);
+the runs on H100, every fp8 run among them, are held out.
 
 `gap_fits` locates what the model misses: per group, the least-squares fit of measured minus
 modelled TPOT over the runs on a + s C + k C K (C the concurrency, K a sequence's mean context,
@@ -50,15 +61,21 @@ MODELS = {
     "meta-llama3-8b-instruct": "meta-llama/Meta-Llama-3-8B-Instruct",
     "meta-llama3-70b-instruct": "meta-llama/Meta-Llama-3-70B-Instruct",
 }
+# TensorRT-LLM's defaults for what the source leaves out (module docstring): its BuildConfig's
+# max_num_tokens, and prompts whole (enable_chunked_context off)
+ENGINE_BUDGET = {"max_num_batched_tokens": 8192, "enable_chunked_prefill": False}
 CALIBRATION_GPUS = ("a100-sxm-80g",)  # the runs benchmarks/fit_catalog.py fits the catalog on
 GROUP_KEYS = ("model", "gpu", "tp", "precision")
 METRICS = {"tpot": "TPOT", "tokens_per_s": "output tokens/s", "ttft": "TTFT"}
 
 
-def grid_rows(path: Path) -> list[dict]:
-    """The grid's runs as serving rows of fidelity_references.yaml (its header gives the fields)."""
+def grid_rows(path: Path, closed_loop: bool = True) -> list[dict]:
+    """The grid's runs as serving rows of fidelity_references.yaml (its header gives the fields),
+    scored as the closed loop they ran in at TensorRT-LLM's budget, or in the steady state at the
+    planner's defaults (module docstring)."""
     with open(path, newline="") as f:
-        return [_row(r) for r in csv.DictReader(f)]
+        rows = [_row(r) for r in csv.DictReader(f)]
+    return [{**r, "run": "closed_loop", **ENGINE_BUDGET} for r in rows] if closed_loop else rows
 
 
 def _row(r: dict) -> dict:
@@ -196,7 +213,8 @@ def summary(scored: list[dict | None], bars: tuple = BARS, label: str = "held_ou
 
 def run(path: Path, score, out_dir: Path) -> tuple[str, list[str]]:
     """Score every run of the grid with `score(row) -> dict` (bench_fidelity's), write grid.csv
-    (each run: measured, model, ratios) in out_dir; return the grid's markdown and summary lines."""
+    (each run: measured, model, ratios) in out_dir; return the grid's markdown and summary lines
+    (the held-out runs' also in the steady state, the figure a plan states)."""
     rows = grid_rows(path)
     got = [score(row) for row in rows]
     scored = [ratios(row, g) for row, g in zip(rows, got)]
@@ -207,6 +225,11 @@ def run(path: Path, score, out_dir: Path) -> tuple[str, list[str]]:
     low, high = ISSUE_RANGE
     in_range = [sc for row, sc in zip(rows, scored) if row["use"] == "held_out" and low <= row["concurrency"] <= high]
     lines += summary(in_range, label=f"held_out grid at {low}-{high} in flight")
+    steady = [(row, ratios(row, score(row))) for row in grid_rows(path, closed_loop=False) if row["use"] == "held_out"]
+    lines += summary([sc for _, sc in steady], label="held_out grid, steady state")
+    lines += summary(
+        [sc for row, sc in steady if low <= row["concurrency"] <= high], label=f"  ... at {low}-{high} in flight"
+    )
     md = table_sections(
         tables(rows, scored),
         lambda m: f"{METRICS[m]}, model / measured, median over the prompt/output sizes of each cell",

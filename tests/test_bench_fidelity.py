@@ -157,7 +157,7 @@ def test_a_refit_reproduces_the_runs_it_was_fitted_on(tmp_path):
     the second pass fits the chosen set again)."""
     import bench_refit
 
-    grid = fidelity_grid.grid_rows(REPO / "benchmarks" / "data" / REFS["grid_file"])
+    grid = fidelity_grid.grid_rows(REPO / "benchmarks" / "data" / REFS["grid_file"], closed_loop=False)
     group = [r for r in grid if r["gpu"] == "h100-sxm-80g" and r["tp"] == 2 and r["precision"] == "fp8"]
     train = [next(r for r in group if r["size"] == "200/1000" and r["concurrency"] == c) for c in (1, 25, 100)]
     got = bench_refit.refit_group(group[:0] + train, train, SERVERS, tmp_path, 0.0)
@@ -183,3 +183,22 @@ def test_the_nim_grid_is_scored_with_tensorrt_llms_set_and_nothing_else_is():
     assert spec["device_kinds"][0]["engine"] == "tensorrt-llm"
     plain = yaml.safe_load(bench_fidelity.cluster_yaml(grid[0]["gpu"], grid[0]["num_gpus"], SERVERS))
     assert "engine" not in plain["device_kinds"][0]
+
+
+def test_grid_runs_are_scored_as_the_closed_loop_they_ran_in(tmp_path):
+    """genai-perf kept C requests of one shape in flight, all sent at once: the grid's runs are scored
+    as that closed loop at TensorRT-LLM's default budget, prompts whole; at 250 in flight with
+    200-token prompts the bursts' prompts land in the TTFT more than in the TPOT, where the steady
+    state at the same budget spreads them over the TPOT of every sequence."""
+    path = REPO / "benchmarks" / "data" / REFS["grid_file"]
+    rows, steady = fidelity_grid.grid_rows(path), fidelity_grid.grid_rows(path, closed_loop=False)
+    budget = (8192, False)
+    assert all(
+        (r["run"], r["max_num_batched_tokens"], r["enable_chunked_prefill"]) == ("closed_loop", *budget) for r in rows
+    )
+    assert all("run" not in r and "max_num_batched_tokens" not in r for r in steady)
+    pick = next(i for i, r in enumerate(rows) if "h100-sxm-80g-llama3-8b-tp1-fp16-200-200-c250" in r["id"])
+    same_budget = {**steady[pick], **fidelity_grid.ENGINE_BUDGET}
+    loop, plain = (bench_fidelity.score(row, SERVERS, tmp_path) for row in (rows[pick], same_budget))
+    assert loop["fits"] and plain["fits"]
+    assert loop["tpot_s"] < 0.9 * plain["tpot_s"] and loop["ttft_s"] > 5 * plain["ttft_s"]

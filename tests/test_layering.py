@@ -114,6 +114,7 @@ LAYERS: list[tuple[str, list[str], str]] = [
     (
         "serving model",
         _names("serving", "serving.workload", "serving.classes", "serving.layer_time", "serving.tasks", "serving.costs")
+        + _names("serving.closed_loop")
         + _names("serving.dp_costs")
         + _names("serving.replica", "serving.inputs", "serving.expert_load")
         + _names("serving.layout", "serving.links", "serving.context", "serving.bound", "serving.bound_batches")

@@ -28,6 +28,7 @@ from llm_planner.serving.tasks import DEFAULT_TOKEN_BUDGET
 from llm_planner.serving.workload import TPOT_SLO_RANGE_S, ServingWorkload
 
 NO_TARGETS = "no TPOT or TTFT target applies"
+CLOSED_LOOP_ROUNDS = 3  # requests simulated per slot of the concurrency
 
 
 def add_score_parser(sub) -> None:
@@ -107,6 +108,13 @@ def add_score_parser(sub) -> None:
         "--kv-cache-dtype", choices=KV_FORMATS, default=None, help="the KV cache's dtype: auto or fp8 (default: auto)"
     )
     p.add_argument("--profile", help="a measured serving profile to use instead of the roofline where it has times")
+    p.add_argument(
+        "--closed-loop",
+        action="store_true",
+        help="also simulate a closed-loop benchmark, iteration by iteration: --concurrency requests of the one shape "
+        "sent at once, each resent as it ends (genai-perf's concurrency mode, vllm bench serve --max-concurrency); "
+        "its mean TTFT, TPOT and tokens/s, which such a benchmark reports, differ from the steady state's",
+    )
     p.add_argument("--allow-cpu", action="store_true", help="let the replica name CPU classes")
     p.add_argument("--json", action="store_true", help="write one JSON object to stdout instead of the table")
 
@@ -137,8 +145,14 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
         layout = parse_layout(args.replica, ctx.by_name)
     except LayoutError as exc:
         raise UserError(f"--replica: {exc}{ctx.left_out_text()}", exit_code=2) from None
+    rounds = CLOSED_LOOP_ROUNDS if args.closed_loop else 0
     score = score_replica(
-        ctx, layout, concurrency=args.concurrency, micro_batches=args.micro_batches, layers=args.layers
+        ctx,
+        layout,
+        concurrency=args.concurrency,
+        micro_batches=args.micro_batches,
+        layers=args.layers,
+        closed_loop_rounds=rounds,
     )
     if args.json:
         print(json.dumps(score.to_dict(), allow_nan=False))
@@ -150,6 +164,8 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
         console.print(_header(score, workload), highlight=False)
         console.print(score_table(score, layout, ctx.by_name))
         console.print(_figures(score), highlight=False)
+        if score.closed_loop is not None:
+            console.print(_closed_loop_text(score), highlight=False)
         warn = console
     for line in warnings(score):
         warn.print(styled(("warning:", "yellow"), f" {line}"), highlight=False)
@@ -197,6 +213,14 @@ def _figures(score: ReplicaScore) -> str:
     return (
         f"{ev.tokens_per_s:,.0f} output tokens/s; TPOT {fmt_s(ev.tpot_s)} (round trip {fmt_s(ev.round_trip_s)}); "
         f"TTFT est. {fmt_s(ev.ttft_s)}; decode step {fmt_s(score.decode_step_s)}"
+    )
+
+
+def _closed_loop_text(score: ReplicaScore) -> str:
+    got = score.closed_loop
+    return (
+        f"closed loop ({got.requests} requests, all {score.ev.concurrency} sent at once, each resent as it ends): "
+        f"{got.tokens_per_s:,.0f} output tokens/s; TPOT {fmt_s(got.tpot_s)}; TTFT {fmt_s(got.ttft_s)}"
     )
 
 

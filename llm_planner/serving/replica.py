@@ -97,6 +97,7 @@ class ReplicaModel:
         self._times: dict[tuple[int, int, int, bool, bool], float] = {}
         self._handoffs: dict[int, float] = {}
         self._chunk_times: dict[tuple, float] = {}
+        self._iterations: dict[tuple, float] = {}
         self._alike = [(id(slot.costs), *ends) for slot, ends in zip(slots, self.ends)]  # stages timed alike
 
     def _stage_s(self, s: int, b: int, layers: int) -> float:
@@ -204,6 +205,17 @@ class ReplicaModel:
         trip = self.handoffs_s(b) + sum(f(b, 0.0, n, *self.ends[s]) for s, (f, n) in enumerate(zip(stage, layers)))
         busy = max(sum(f(x, 0.0, n, *self.ends[s]) for x in sizes) for s, (f, n) in enumerate(zip(stage, layers)))
         return max(trip, busy)
+
+    def iteration_s(self, layers: tuple[int, ...], decodes: int, prompt_tokens: float) -> float:
+        """One iteration of one micro-batch through every stage in turn: `decodes` sequences at the
+        mean context and `prompt_tokens` prompt tokens (the load llm_planner.serving.closed_loop
+        steps through), hand-offs included."""
+        key = (tuple(layers), decodes, prompt_tokens)
+        value = self._iterations.get(key)
+        if value is None:
+            trip = sum(self._chunk_stage_s(s, decodes, prompt_tokens, n) for s, n in enumerate(layers))
+            value = self._iterations[key] = trip + self.handoffs_s(max(decodes, 1))
+        return value
 
     def within_budget(self, concurrency: int, m: int) -> bool:
         """Whether a micro-batch's decodes and its steady prompt share fit the per-iteration token

@@ -7,6 +7,10 @@ what a serving plan states for the same replica (llm_planner.serving.replica):
     TPOT = cycle = max(round trip, busiest stage's period)    tokens/s = C / TPOT
     TTFT from the per-iteration token budget                  decode step: the cycle with no prompt work
 
+With `closed_loop_rounds` the replica is also run through llm_planner.serving.closed_loop: the
+figures a closed-loop benchmark of C requests of the workload's one shape, all sent at once, reports
+(one micro-batch: the simulation steps one iteration through every stage in turn).
+
 No TPOT or TTFT target applies (the context's workload carries the loosest target it accepts, and
 nothing here reads it). A split over a stage's memory, or a C whose micro-batches overrun the
 token budget, is still scored: `fits_memory` and `within_token_budget` say so.
@@ -17,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from llm_planner.serving.closed_loop import ClosedLoopResult, closed_loop
 from llm_planner.serving.context import ServingContext, usable_bytes
 from llm_planner.serving.layout import Layout, Pattern, describe
 from llm_planner.serving.layout_text import LayoutError
@@ -34,6 +39,7 @@ class ReplicaScore:
     max_batched_tokens: int
     chunked_prefill: bool = True  # False: the engine runs prompts whole (llm_planner.cost.chunks)
     dense_layers: int = 0  # DeepSeek's dense first layers, which the first stage holds beside its share
+    closed_loop: ClosedLoopResult | None = None  # a closed-loop benchmark's figures (None: not asked for)
 
     @property
     def fits_memory(self) -> bool:
@@ -64,17 +70,35 @@ class ReplicaScore:
             "within_token_budget": self.within_token_budget,
             "max_batched_tokens": self.max_batched_tokens,
             "chunked_prefill": self.chunked_prefill,
+            **({"closed_loop": _closed_loop_dict(self.closed_loop)} if self.closed_loop else {}),
         }
 
 
+def _closed_loop_dict(got: ClosedLoopResult) -> dict[str, Any]:
+    keys = ("tpot_s", "tokens_per_s", "ttft_s", "requests", "iterations")
+    return {k: getattr(got, k) for k in keys}
+
+
 def score_replica(
-    ctx: ServingContext, layout: Layout, *, concurrency: int, micro_batches: int, layers: tuple[int, ...] | None = None
+    ctx: ServingContext,
+    layout: Layout,
+    *,
+    concurrency: int,
+    micro_batches: int,
+    layers: tuple[int, ...] | None = None,
+    closed_loop_rounds: int = 0,
 ) -> ReplicaScore:
-    """The replica's figures at (C, m) with `layers` (None: split_layers' choice); LayoutError naming
-    the flag when C < m, the split does not match the stages and layers, or no split fits memory."""
+    """The replica's figures at (C, m) with `layers` (None: split_layers' choice), and with
+    `closed_loop_rounds` a closed loop's (module docstring); LayoutError naming the flag when C < m,
+    the split does not match the stages and layers, or no split fits memory."""
     if concurrency < micro_batches:
         raise LayoutError(
             f"--concurrency {concurrency} is below --micro-batches {micro_batches}: every micro-batch needs a sequence"
+        )
+    if closed_loop_rounds and micro_batches > 1:
+        raise LayoutError(
+            f"--closed-loop runs one micro-batch through the stages in turn; --micro-batches {micro_batches} is not "
+            "simulated: drop one of the two"
         )
     model = ctx.replica(layout)
     caps = tuple(model.caps(concurrency, micro_batches))
@@ -92,6 +116,26 @@ def score_replica(
         max_batched_tokens=ctx.tasks.token_budget,
         chunked_prefill=ctx.tasks.chunked_prefill,
         dense_layers=ctx.tasks.dense_layers,
+        closed_loop=closed_loop_of(ctx, model, split, concurrency, closed_loop_rounds) if closed_loop_rounds else None,
+    )
+
+
+def closed_loop_of(
+    ctx: ServingContext, model: ReplicaModel, layers: tuple[int, ...], concurrency: int, rounds: int = 3
+) -> ClosedLoopResult:
+    """The replica with `layers` in a closed loop of `concurrency` requests of the workload's one shape
+    (llm_planner.serving.closed_loop), at the context's token budget and prefill mode."""
+    shapes = ctx.workload.requests
+    if len(shapes) != 1:
+        raise LayoutError(f"a closed loop sends requests of one shape; the workload has {len(shapes)}")
+    return closed_loop(
+        lambda decodes, prompt_tokens: model.iteration_s(layers, decodes, prompt_tokens),
+        concurrency=concurrency,
+        prompt_len=shapes[0].prompt_len,
+        output_len=shapes[0].output_len,
+        token_budget=ctx.tasks.token_budget,
+        chunked_prefill=ctx.tasks.chunked_prefill,
+        rounds=rounds,
     )
 
 

@@ -1,0 +1,122 @@
+"""The closed-loop benchmark simulation (llm_planner.serving.closed_loop) by hand on small instances,
+on a replica, and through `score --closed-loop`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import SPECS
+from serving_fixtures import workload
+
+from llm_planner.cli.main import main
+from llm_planner.serving.closed_loop import closed_loop
+from llm_planner.serving.context import ServingOptions, build_context
+from llm_planner.serving.layout import Segment
+from llm_planner.serving.score import closed_loop_of
+
+FOUR_GPUS = str(SPECS / "four-gpus.yaml")
+REPLICA = "1 x server/a100-80g"
+
+
+def test_one_request_at_a_time_with_a_fixed_iteration():
+    """C = 1, every iteration 10 ms: the prompt's iteration yields the first token (TTFT 10 ms), three
+    decode iterations the other three (TPOT 10 ms), 40 ms a request."""
+    got = closed_loop(
+        lambda d, q: 0.010, concurrency=1, prompt_len=10, output_len=4, token_budget=100, chunked_prefill=True
+    )
+    assert (got.requests, got.iterations) == (3, 12)
+    assert got.ttft_s == pytest.approx(0.010) and got.tpot_s == pytest.approx(0.010)
+    assert got.tokens_per_s == pytest.approx(3 * 4 / 0.120)
+
+
+def test_a_prompt_longer_than_the_budget_goes_in_chunks():
+    """Budget 4, prompt 10, iteration 1 s + 1 s a prompt token: chunks of 4, 4, 2 (5 + 5 + 3 s) yield
+    the first token at 13 s, one decode iteration (1 s) the second; each request takes 14 s."""
+    got = closed_loop(
+        lambda d, q: 1.0 + q, concurrency=1, prompt_len=10, output_len=2, token_budget=4, chunked_prefill=True, rounds=2
+    )
+    assert got.iterations == 8
+    assert (got.ttft_s, got.tpot_s) == pytest.approx((13.0, 1.0))
+    assert got.tokens_per_s == pytest.approx(2 * 2 / 28.0)
+
+
+def test_whole_prompts_wait_for_room_and_decodes_count_in_the_budget():
+    """Budget 15, prompts of 10 whole, iteration 1 s + 0.1 s a prompt token: the second prompt does
+    not fit beside the first (10 + 10 > 15) and goes next, beside the first's decode (1 + 10 <= 15):
+    first tokens at 2 and 4 s, ends at 4 and 6 s; TTFT (2 + 4) / 2, TPOT 2 s each."""
+    got = closed_loop(
+        lambda d, q: 1.0 + 0.1 * q,
+        concurrency=2,
+        prompt_len=10,
+        output_len=2,
+        token_budget=15,
+        chunked_prefill=False,
+        rounds=1,
+    )
+    assert (got.ttft_s, got.tpot_s) == pytest.approx((3.0, 2.0))
+    assert got.tokens_per_s == pytest.approx(4 / 6.0)
+
+
+def test_a_whole_prompt_over_the_budget_goes_alone():
+    got = closed_loop(
+        lambda d, q: 1.0, concurrency=1, prompt_len=50, output_len=1, token_budget=8, chunked_prefill=False
+    )
+    assert (got.ttft_s, got.requests, got.iterations) == (1.0, 3, 3)
+
+
+def test_a_burst_of_prompts_lands_in_the_ttft_not_the_tpot():
+    """Four requests of long prompts and whole prefill in one iteration (budget 1000): each round's
+    prompts run in one 10 s iteration, then 9 decode iterations of 1 s. TTFT is the burst's 10 s,
+    TPOT the decode iteration's 1 s, where the steady state would spread the prompts' time over the
+    TPOT of every sequence."""
+    got = closed_loop(
+        lambda d, q: 1.0 if q == 0 else 10.0,
+        concurrency=4,
+        prompt_len=200,
+        output_len=10,
+        token_budget=1000,
+        chunked_prefill=False,
+    )
+    assert (got.ttft_s, got.tpot_s) == pytest.approx((10.0, 1.0))
+    assert got.tokens_per_s == pytest.approx(4 * 10 / 19.0)
+
+
+@pytest.mark.parametrize("bad", [{"concurrency": 0}, {"prompt_len": 0}, {"output_len": 0}, {"token_budget": 0}])
+def test_an_empty_loop_is_refused(bad):
+    args = {"concurrency": 1, "prompt_len": 1, "output_len": 1, "token_budget": 1, "chunked_prefill": True, **bad}
+    with pytest.raises(ValueError, match="at least one"):
+        closed_loop(lambda d, q: 1.0, **args)
+
+
+def test_on_a_replica_a_pure_decode_iteration_is_the_decode_step():
+    """ReplicaModel.iteration_s with no prompt tokens is the model's decode step; a closed loop of
+    one request whose prompt is one token decodes at it."""
+    ctx = build_context(FOUR_GPUS, "gpt2", workload(1, 64), "fp16", ServingOptions())
+    model = ctx.replica((Segment("server/a100-80g", 1, 1),))
+    assert model.iteration_s((12,), 16, 0.0) == pytest.approx(model.decode_step_s((12,), 16, 1), rel=1e-12)
+    got = closed_loop_of(ctx, model, (12,), 1)
+    assert got.tpot_s == pytest.approx(model.iteration_s((12,), 1, 0.0), rel=1e-12)
+    assert got.ttft_s == pytest.approx(model.iteration_s((12,), 0, 1.0), rel=1e-12)
+
+
+def test_score_closed_loop_json_and_table(capsys):
+    argv = ["score", "--cluster", FOUR_GPUS, "--model", "gpt2", "--replica", REPLICA, "--concurrency", "32"]
+    argv += ["--prompt-len", "512", "--output-len", "64", "--closed-loop"]
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    loop = got["closed_loop"]
+    assert set(loop) == {"tpot_s", "tokens_per_s", "ttft_s", "requests", "iterations"} and loop["requests"] == 96
+    assert loop["ttft_s"] > got["ttft_s"] and loop["tpot_s"] < got["tpot_s"]  # the burst's prompts wait together
+    assert main(argv) == 0
+    assert "closed loop (96 requests, all 32 sent at once" in capsys.readouterr().out
+
+
+def test_score_closed_loop_refuses_micro_batches_and_several_shapes(tmp_path, capsys):
+    argv = ["score", "--cluster", FOUR_GPUS, "--model", "gpt2", "--replica", REPLICA, "--concurrency", "8"]
+    assert main([*argv, "--prompt-len", "64", "--output-len", "64", "--closed-loop", "--micro-batches", "2"]) == 2
+    assert "--closed-loop runs one micro-batch" in capsys.readouterr().err
+    shapes = tmp_path / "w.yaml"
+    shapes.write_text("requests:\n  - {prompt_len: 64, output_len: 32}\n  - {prompt_len: 128, output_len: 64}\n")
+    assert main([*argv, "--workload", str(shapes), "--closed-loop"]) == 2
+    assert "one shape; the workload has 2" in capsys.readouterr().err
