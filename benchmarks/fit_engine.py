@@ -6,7 +6,9 @@ The catalog's own factors (benchmarks/fit_catalog.py) are a compromise of two en
 in flight and TensorRT-LLM under NIM at 1 to 250. This script fits the same four factors (memory
 efficiency, step overhead, per-call collective overhead, time per sequence) on TensorRT-LLM's
 calibration runs alone, the NIM grid's runs on A100 (benchmarks/fidelity_grid.py, those the model
-fits in memory), by the same Gauss-Newton from the catalog's A100 values (fit_catalog.gauss_newton).
+fits in memory), each scored as the closed loop genai-perf ran (fidelity_grid.grid_rows: C requests
+sent at once, TensorRT-LLM's default budget), by the same Gauss-Newton from the catalog's A100
+values (fit_catalog.gauss_newton).
 The fitted values, rounded, are the `tensorrt-llm` set of llm_planner/core/data/engine_factors.yaml,
 which a spec's kind takes with `engine: tensorrt-llm` (docs/cluster-spec.md).
 
