@@ -150,6 +150,7 @@ def test_static_batches_read_as_fixed_batch_rows_and_say_which_are_not_scored(tm
     assert len(rows) == 1080 and len({r["id"] for r in rows}) == 1080
 
 
+@pytest.mark.heavy
 def test_a_refit_reproduces_the_runs_it_was_fitted_on(tmp_path):
     """The NIM grid's 8B fp8 TP2 group on three runs: three TPOT figures determine two factors,
     the per-sequence time and one that sets the step's fixed part, and the fit's figures are the

@@ -146,6 +146,7 @@ def test_path_lp_below_exact_optimum_one_shard(problem):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=tight_memory_problems(max_tasks=3, max_batch=4))
+@pytest.mark.heavy
 def test_path_lp_below_every_split_plan(problem):
     """<= 3 tasks, up to 3 shards, memory binding: the bound is below every split and assignment that fits."""
     problem = dataclasses.replace(problem, max_shards=min(3, problem.batch_size))
@@ -207,6 +208,7 @@ def test_partitions_are_listed_once_and_counted():
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=tight_memory_problems(max_tasks=3, max_batch=4))
+@pytest.mark.heavy
 def test_partition_bound_below_every_split_plan(problem):
     """<= 3 tasks, up to 3 shards, memory binding: below every split and assignment that fits,
     with the union LPs solved and with the partitions' lighter bounds only."""

@@ -107,6 +107,7 @@ def _measurements(tmp_path, capsys) -> tuple[list[str], list[str]]:
     return files, [p[0] for p in POINTS]
 
 
+@pytest.mark.heavy
 def test_the_fit_recovers_the_factors_that_made_the_measurements_and_writes_them(tmp_path, capsys):
     files, replicas = _measurements(tmp_path, capsys)
     spec = _spec(tmp_path, "spec.yaml")  # the fixture's factors: ce 0.6, me 0.8, step 0.5 ms, collective default
@@ -147,6 +148,7 @@ def test_the_fit_recovers_the_factors_that_made_the_measurements_and_writes_them
         assert fit.values[field] == pytest.approx(value, rel=1e-6), field
 
 
+@pytest.mark.heavy
 def test_what_the_measurements_cannot_tell_keeps_the_specs_value_with_its_reason(tmp_path, capsys):
     files, replicas = _measurements(tmp_path, capsys)
     spec = load_cluster(_spec(tmp_path, "spec.yaml"))

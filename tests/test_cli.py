@@ -62,6 +62,7 @@ def test_baseline_plans_verify(model_args, solver, tmp_path, capsys):
         pytest.param(GPT3, id="gpt3-175b", marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.heavy
 def test_milp_split_plan_verifies_and_shows(model_args, tmp_path, capsys):
     out = tmp_path / "plan.yaml"
     assert main(["plan", *model_args, "--solver", "milp-split", "-o", str(out)]) == 0
@@ -84,6 +85,7 @@ def test_plan_written_to_a_json_path_is_json_and_reads_back(tmp_path, capsys):
     assert main(["show", str(out)]) == 0
 
 
+@pytest.mark.heavy
 def test_tampered_plan_is_rejected(tmp_path, capsys):
     out = tmp_path / "plan.yaml"
     assert main(["plan", *GPT2XL, "--solver", "heft", "--no-baselines", "-o", str(out)]) == 0

@@ -135,6 +135,7 @@ def deepep_plan(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.heavy
 def test_deepseek_over_two_h100_servers_runs_dpa16_over_deepep_and_verifies(deepep_plan, capsys):
     """DeepSeek-V3 in fp8 fits no 8x H100 server: with DeepEP one dpa16 over two servers sends a
     token's pairs over the ports between them instead of gathering every token on all 16, and
@@ -152,6 +153,7 @@ def test_deepseek_over_two_h100_servers_runs_dpa16_over_deepep_and_verifies(deep
     assert "dpa16-deepep" in capsys.readouterr().out
 
 
+@pytest.mark.heavy
 def test_deepseek_over_deepep_exports_the_engines_backends(deepep_plan, capsys):
     capsys.readouterr()
     assert main(["export", str(deepep_plan), "--to", "vllm"]) == 0

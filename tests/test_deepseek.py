@@ -167,6 +167,7 @@ def test_the_first_stage_holds_the_dense_layers_in_time_and_memory(tmp_path):
     assert sum(model.split_layers(8, 1)) == 14  # the stages split the 14 MoE layers
 
 
+@pytest.mark.heavy
 def test_deepseek_v3_plans_verifies_and_exports_with_its_dense_layers_first(tmp_path, capsys):
     from llm_planner.cli.main import main
 
@@ -199,6 +200,7 @@ nodes:
 """
 
 
+@pytest.mark.heavy
 def test_launch_refuses_a_deepseek_plan_naming_the_model_type(tmp_path, capsys):
     from serving_fixtures import small_deepseek, write_fleet
 

@@ -94,6 +94,7 @@ def test_a_config_must_state_its_top_k():
         hf_config.config_from_dict(data, "deepseek-v2-lite/config.json")
 
 
+@pytest.mark.heavy
 def test_a_lite_plan_verifies_and_exports_with_data_parallel_attention(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps(LITE))
     (tmp_path / "one-hgx.yaml").write_text(ONE_HGX)

@@ -191,6 +191,7 @@ def deepseek_plan(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.heavy
 def test_deepseek_serves_with_data_parallel_attention_and_verifies(deepseek_plan, capsys):
     """At 50 ms one dpa8 group a server, each member its own sequences' latent cache: more in flight
     than tp8's every-member copy, so more tokens/s than megatron's tp8."""
@@ -207,6 +208,7 @@ def test_deepseek_serves_with_data_parallel_attention_and_verifies(deepseek_plan
     assert "hgx-0/h200:0 .. hgx-0/h200:7 (dpa8)" in out
 
 
+@pytest.mark.heavy
 def test_deepseek_exports_the_engines_data_parallel_flags(deepseek_plan, capsys):
     rep = yaml.safe_load(deepseek_plan.read_text())["serving"]["replicas"][0]
     capsys.readouterr()

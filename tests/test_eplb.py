@@ -97,6 +97,7 @@ def test_a_plan_with_eplb_keeps_it_verifies_shows_and_exports_it(tmp_path, capsy
     assert check_against_engine(script, "vllm") >= 1
 
 
+@pytest.mark.heavy
 def test_an_sglang_export_passes_its_redundant_experts(tmp_path):
     plan = tmp_path / "plan.yaml"
     argv = [*PLAN, "--cluster", str(REPO / "cluster_specs" / "dgx-a100-l4.yaml"), "--model", QWEN]
@@ -137,6 +138,7 @@ def test_eplb_that_leaves_no_group_is_refused_and_one_that_drops_sizes_says_so(t
         assert "EPLB" not in capsys.readouterr().out  # no dpaK group: nothing for EPLB to place
 
 
+@pytest.mark.heavy
 def test_uniform_routing_under_eplb_is_charged_its_placement(tmp_path):
     """Qwen's 60 equal experts with 4 redundant: four experts split in two, 64 replicas. Over 16
     members of 4 slots the 56 whole ones go first, 4 to eight members and 3 to the others, then
@@ -165,6 +167,7 @@ def test_a_plan_file_with_a_bad_eplb_is_refused_naming_the_field(tmp_path, capsy
     assert says in err and "redundant experts" in err
 
 
+@pytest.mark.heavy
 def test_the_json_export_names_the_redundant_experts_of_data_parallel_engines(tmp_path):
     plan = tmp_path / "plan.yaml"
     argv = [*PLAN, "--cluster", str(REPO / "cluster_specs" / "dgx-a100-l4.yaml"), "--model", "mixtral-8x7b"]
@@ -176,6 +179,7 @@ def test_the_json_export_names_the_redundant_experts_of_data_parallel_engines(tm
 
 
 @pytest.mark.parametrize("edit", [{"eplb": None}, {"eplb": 8}, {"dp_imbalance": {2: 1.0, 4: 1.0}}])
+@pytest.mark.heavy
 def test_verify_recomputes_the_factors_of_uniform_routing_under_eplb(tmp_path, capsys, edit):
     """Without a histogram the member factors are EPLB's placement of equal loads, which verify
     recomputes: EPLB taken away, another count, or factors changed are each a problem it names."""

@@ -158,6 +158,7 @@ def test_the_harness_sees_an_injection(tmp_path):
     assert list(tmp_path.rglob("PWNED"))
 
 
+@pytest.mark.heavy
 def test_benign_names_export_and_the_renaming_keeps_the_plan_valid(benign, tmp_path):
     plan = renamed_plan(benign, tmp_path / "ok", "gpu-a.example")
     assert _run(["verify", str(plan)])[0] == 0

@@ -154,6 +154,7 @@ def _refused(what: str, code: int, err: str, flag: str) -> None:
 
 @settings(FUZZ, max_examples=PLANNING_EXAMPLES)
 @given(st.sampled_from(sorted(BASE)).flatmap(lambda o: st.tuples(st.just(o), st.sampled_from(NUMBERS[o]), numbers)))
+@pytest.mark.heavy
 def test_numbers_in_numeric_flags(case):
     objective, flag, value = case
     code, err = _plan(objective, flag, value)

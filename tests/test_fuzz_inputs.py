@@ -201,6 +201,7 @@ def test_mutated_graph_files(mutation):
 
 @FUZZ
 @given(_mutations(WORKLOAD, yaml=False), st.sampled_from(["latency", "throughput"]))
+@pytest.mark.heavy
 def test_mutated_workload_files(mutation, objective):
     _fuzz_workload(*mutation, objective)
 

@@ -136,6 +136,7 @@ def air_plan(tmp_path_factory) -> Path:
     return tmp / "plan.yaml"
 
 
+@pytest.mark.heavy
 def test_the_plan_holds_the_dense_layer_on_its_first_stage_verifies_and_exports(air_plan, capsys):
     data = yaml.safe_load(air_plan.read_text())
     assert (data["model"]["num_layers"], data["model"]["dense_layers"]) == (45, 1)

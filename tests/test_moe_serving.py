@@ -29,6 +29,7 @@ def mixtral_plan(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.heavy
 def test_the_plan_holds_every_expert_and_verifies(mixtral_plan, capsys):
     data = yaml.safe_load(mixtral_plan.read_text())
     assert data["model"]["experts"] == {"num_experts": 8, "experts_per_token": 2}

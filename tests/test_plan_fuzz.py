@@ -119,6 +119,7 @@ MUTATION = settings(
 
 @MUTATION
 @given(data=st.data())
+@pytest.mark.heavy
 def test_a_mutated_plan_file_is_accepted_only_when_it_is_the_same_plan(originals, tmp_path_factory, data):
     objective = data.draw(st.sampled_from(sorted(originals)))
     source, doc = originals[objective]

@@ -339,6 +339,7 @@ def _rate_prices(ctx) -> dict[str, float]:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
+@pytest.mark.heavy
 def test_bound_holds_for_any_fleet(bound_ctx, data):
     """Any set of replicas the model can express on disjoint devices (classes mixed, degrees,
     micro-batches, each at its best concurrency and split) serves no more than the bound."""
@@ -410,6 +411,7 @@ def test_refined_micro_batches_find_counts_between_1_p2_and_p():
     assert refined.tpot_s <= 0.2
 
 
+@pytest.mark.heavy
 def test_price_bound_sees_what_the_search_may_have_missed():
     """LLaMA-3 70B on 8 H100 + 8 A10G at 50 ms: the first two bounds let the A10Gs add their rate
     (8,672 tokens/s), the cell bound's cells stay coarse (7,402); at the search's device prices
@@ -493,6 +495,7 @@ def test_one_server_hand_offs_between_kinds_take_the_server_link():
     assert model.handoffs_s(b) == pytest.approx(expected)
 
 
+@pytest.mark.heavy
 def test_cell_bound_prices_whole_replicas():
     """LLaMA-2 13B on two RTX 4090s at 50 ms: the per-device bounds let each GPU run at its own best
     rate; the cell bound, where the pair serves one tokens/s at one concurrency, is tighter, and

@@ -355,6 +355,7 @@ def test_a_cpu_stage_is_refused_naming_the_stage(tmp_path):
     ],
     ids=["pipeline", "two-servers", "four-per-server", "cpu-and-gpu", "cpu-two-gpus-two-classes"],
 )
+@pytest.mark.heavy
 def test_exportable_vllm_plans_always_export(tmp_path, spec, extra, model, slo):
     spec = spec or Path("cluster_specs/cpu-two-gpus.yaml").read_text()
     plan = _plan(tmp_path, "p", spec, *extra, "--exportable", "vllm", model=model, slo=slo)

@@ -286,6 +286,7 @@ def test_a_cell_milp_reports_infeasible_and_its_optimum():
     assert not fits
 
 
+@pytest.mark.heavy
 def test_the_first_two_bounds_computed_aside_are_the_ones_computed_here(tmp_path):
     """A large plan computes its first two bounds in a child process beside its search: the child
     rebuilds the context from the same inputs and gets the same value; its errors come back."""

@@ -119,6 +119,7 @@ def test_malformed_timings_exit_2_naming_the_field(planned, capsys, timings):
     assert str(path) in err and "serving.timings_s" in err
 
 
+@pytest.mark.heavy
 def test_verify_refuses_a_pattern_text_its_segments_do_not_read(planned, capsys):
     _, data, path = _plan(planned, "pattern.yaml")
     assert main(["verify", str(path)]) == 0

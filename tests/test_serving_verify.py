@@ -120,6 +120,7 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+@pytest.mark.heavy
 def test_the_unmutated_plan_verifies_shows_and_exports(base):
     folder, data = base
     path = _write(folder, emit(data))
@@ -350,6 +351,7 @@ PROFILE = (
 )
 
 
+@pytest.mark.heavy
 def test_measured_profiles_and_model_configs_verify_and_are_hashed(tmp_path):
     """The verifier's own arithmetic takes a profile's measured block time, as the search does; a
     changed profile or config.json is refused before it is parsed, naming the hash's field."""
@@ -384,6 +386,7 @@ def test_measured_profiles_and_model_configs_verify_and_are_hashed(tmp_path):
         ("llm_planner.serving.costs.StageCosts.mem_bytes", 0.5),  # a memory bug: more sequences fit than do
     ],
 )
+@pytest.mark.heavy
 def test_a_modelling_bug_in_the_search_is_caught_by_verify(tmp_path, monkeypatch, target, scale):
     """verify computes stage times and memory with its own arithmetic from the cost layer, not with
     the search's stage costs: with a bug in those, the search's plan does not verify (the bug still

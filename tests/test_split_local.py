@@ -229,6 +229,7 @@ def test_shard_chain_bound_below_every_split_plan(problem):
         assert capped <= best * (1 + 1e-9)
 
 
+@pytest.mark.heavy
 def test_a_split_batch_carries_the_module_chain_bound(repo):
     from llm_planner.graph.models import ModelSpec
     from llm_planner.placement.inputs import problem_from_inputs

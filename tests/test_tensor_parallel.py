@@ -278,6 +278,7 @@ def test_verifier_checks_each_members_memory():
 FOUR = ["--cluster", "cluster_specs/four-gpus.yaml", "--model", "llama2-70b", "--batch", "8"]
 
 
+@pytest.mark.heavy
 def test_group_plan_file_lists_members_reads_back_and_verifies(tmp_path, capsys):
     import yaml
 
@@ -314,6 +315,7 @@ def test_max_tp_one_plans_without_groups(tmp_path):
     assert not any(isinstance(d, list) for d in yaml.safe_load(out.read_text())["assignment"].values())
 
 
+@pytest.mark.heavy
 def test_export_writes_the_regular_form_and_refuses_the_rest(tmp_path, capsys):
     import json
 
