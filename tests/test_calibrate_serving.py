@@ -355,3 +355,54 @@ def test_a_quantized_run_is_scored_in_its_formats(tmp_path, capsys):
     assert tpot["fp8"] < tpot["auto"]
     plain = ["calibrate", "--cluster", spec, "-o", str(tmp_path / "o.yaml"), "--kv-cache-dtype", "fp8"]
     _refused(capsys, plain, "--kv-cache-dtype", "need --serving")
+
+
+def _closed_loop_measurements(tmp_path, capsys, points) -> list[str]:
+    """One vLLM result per point: `score --closed-loop` on the true spec, its closed loop's figures."""
+    true = _spec(tmp_path, "true.yaml", **TRUTH)
+    files = []
+    for n, (replica, c) in enumerate(points):
+        argv = ["score", "--cluster", true, "--model", "llama2-7b", "--replica", replica, "--concurrency", str(c)]
+        argv += ["--prompt-len", str(PROMPT), "--output-len", str(OUTPUT), "--layers", "32", "--closed-loop", "--json"]
+        assert main(argv) == 0, capsys.readouterr().err
+        loop = json.loads(capsys.readouterr().out)["closed_loop"]
+        path = tmp_path / f"loop-{n}.json"
+        path.write_text(json.dumps(_vllm(c, loop["tpot_s"], loop["tokens_per_s"], loop["ttft_s"])))
+        files.append(str(path))
+    return files
+
+
+@pytest.mark.heavy
+def test_closed_loop_results_are_fitted_as_the_closed_loop_they_ran(tmp_path, capsys):
+    """Results of a closed loop (`vllm bench serve --max-concurrency`), fitted with --closed-loop:
+    each predicted as `score --closed-loop` simulates it, so the factors that made them come back;
+    fitted as the steady state they do not."""
+    points = [(TP2, 4), (TP2, 32), (TP2, 96), (TP1, 2)]
+    files = _closed_loop_measurements(tmp_path, capsys, points)
+    spec = load_cluster(_spec(tmp_path, "spec.yaml"))
+    observations = [(f, read_serving_results(f)) for f in files]
+    replicas = tuple(r for r, _ in points)
+    for closed, close in ((True, True), (False, False)):
+        settings = ServingSettings(model="llama2-7b", replicas=replicas, closed_loop=closed)
+        config = model_config(settings, [o for _, obs in observations for o in obs])
+        fit = next(
+            f
+            for f in fit_serving(spec, config, build_cases(spec, config, observations, settings)).calibration.kinds
+            if f.name == "big"
+        )
+        recovered = all(fit.values[k] == pytest.approx(v, rel=1e-3) for k, v in TRUTH.items())
+        assert recovered is close, (closed, fit.values)
+
+
+def test_closed_loop_calibration_refuses_micro_batches(tmp_path, capsys):
+    files = _closed_loop_measurements(tmp_path, capsys, [(TP1, 4)])
+    spec = _spec(tmp_path, "spec.yaml")
+    argv = ["calibrate", "--serving", "--cluster", spec, "--model", "llama2-7b", *files, "-o", str(tmp_path / "o.yaml")]
+    err = _refused(capsys, [*argv, "--replica", PP2, "--closed-loop"], "loop-0.json", "--closed-loop simulates one")
+    assert "micro-batch" in err
+    _refused(
+        capsys,
+        ["calibrate", "--cluster", spec, "--plan", "p", "--report", "r", "-o", "x", "--closed-loop"],
+        "--closed-loop",
+        "need --serving",
+    )

@@ -103,6 +103,21 @@ def add_calibrate_parser(sub) -> None:
         help=f"weight of tokens/s' relative error (default: {DEFAULT_WEIGHTS['tokens_per_s']}; 0 for a closed batch "
         "of a few prompts, whose tokens/s is mostly its ramp-up and tail)",
     )
+    s.add_argument(
+        "--no-chunked-prefill",
+        dest="chunked_prefill",
+        action="store_false",
+        default=None,
+        help="the engine ran each prompt whole (TensorRT-LLM without chunked context), as `score` takes it",
+    )
+    s.add_argument(
+        "--closed-loop",
+        action="store_true",
+        default=None,
+        help="the results are closed-loop benchmarks (C requests of one shape sent at once, each resent as it ends: "
+        "vllm bench serve --max-concurrency, genai-perf's concurrency mode): predict each as `score --closed-loop` "
+        "simulates it, not as the steady state",
+    )
     s.add_argument("--allow-cpu", action="store_true", help="let a replica name CPU classes")
 
 
@@ -120,6 +135,8 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
             else build_precision(args.dtype, args.weights, args.kv_cache_dtype),
             max_batched_tokens=args.max_batched_tokens,
             allow_cpu=args.allow_cpu,
+            chunked_prefill=args.chunked_prefill is not False,
+            closed_loop=bool(args.closed_loop),
         )
         weights = {"ttft_s": args.ttft_weight, "tokens_per_s": args.tokens_weight}
         result = calibrate_serving_files(args.cluster, args.results, settings, args.output, weights)
@@ -141,6 +158,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         "--max-batched-tokens",
         "--weights",
         "--kv-cache-dtype",
+        "--no-chunked-prefill",
+        "--closed-loop",
     )
     if args.serving:
         if args.plan or args.report:
@@ -148,7 +167,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         if not args.results:
             raise UserError("--serving needs at least one RESULT file (a benchmark result or run report)", exit_code=2)
         return
-    given = [f for f in serving_only if getattr(args, f[2:].replace("-", "_")) is not None]
+    dests = {"--no-chunked-prefill": "chunked_prefill"}
+    given = [f for f in serving_only if getattr(args, dests.get(f, f[2:].replace("-", "_"))) is not None]
     if args.results or given:
         what = f"RESULT files ({', '.join(args.results)})" if args.results else ", ".join(given)
         raise UserError(f"{what}: serving measurements need --serving", exit_code=2)

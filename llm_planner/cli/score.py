@@ -19,6 +19,7 @@ from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.fmt import LiteralConsole, fmt_bytes, fmt_s, styled
 from llm_planner.core.precision import KV_FORMATS
 from llm_planner.serving.classes import ServerClass
+from llm_planner.serving.closed_loop import ROUNDS
 from llm_planner.serving.context import ServingOptions, build_context
 from llm_planner.serving.inputs import serving_precision, workload_from_flags
 from llm_planner.serving.layout import Layout, device_word, group_text
@@ -28,7 +29,6 @@ from llm_planner.serving.tasks import DEFAULT_TOKEN_BUDGET
 from llm_planner.serving.workload import TPOT_SLO_RANGE_S, ServingWorkload
 
 NO_TARGETS = "no TPOT or TTFT target applies"
-CLOSED_LOOP_ROUNDS = 3  # requests simulated per slot of the concurrency
 
 
 def add_score_parser(sub) -> None:
@@ -145,7 +145,7 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
         layout = parse_layout(args.replica, ctx.by_name)
     except LayoutError as exc:
         raise UserError(f"--replica: {exc}{ctx.left_out_text()}", exit_code=2) from None
-    rounds = CLOSED_LOOP_ROUNDS if args.closed_loop else 0
+    rounds = ROUNDS if args.closed_loop else 0
     score = score_replica(
         ctx,
         layout,

@@ -14,7 +14,9 @@ our own runtime's is the planner's split at the spec's values (ReplicaModel.spli
 even one where none fits memory.
 
 `predict` is `llm-planner score` (llm_planner.serving.score.score_replica) on the case: one
-model, no second formula.
+model, no second formula. With `closed_loop` (`calibrate --serving --closed-loop`) a case's TPOT,
+tokens/s and TTFT are `score --closed-loop`'s: the benchmark simulated iteration by iteration, C
+requests of the run's one shape sent at once (llm_planner.serving.closed_loop), one micro-batch.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from llm_planner.core.spec import ClusterSpec
 from llm_planner.graph.hf_config import named_config
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.measure.serving_results import ServingObservation, ServingResultError
+from llm_planner.serving.closed_loop import ROUNDS
 from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.layout import Layout, describe
 from llm_planner.serving.layout_text import LayoutError, parse_layout
@@ -50,6 +53,8 @@ class ServingSettings:
     dtype: str | Precision = "fp16"  # the activations' dtype, or a Precision with weights or KV cache below it
     max_batched_tokens: int | None = None
     allow_cpu: bool = False
+    chunked_prefill: bool = True  # False: the engine ran each prompt whole
+    closed_loop: bool = False  # the results are closed-loop benchmarks (module docstring)
 
     def for_file(self, i: int, num_files: int, flag: str):
         """The value of the per-file flag for file i (None: not given)."""
@@ -77,6 +82,7 @@ class ServingCase:
     dtype: str | Precision
     kinds: tuple[str, ...]  # device kinds the replica runs on
     grouped_kinds: tuple[str, ...]  # those of them in tensor-parallel groups
+    closed_loop: bool = False  # predicted as a closed-loop benchmark (llm_planner.serving.closed_loop)
 
 
 def model_config(settings: ServingSettings, observations: Sequence[ServingObservation]) -> DecoderConfig:
@@ -128,6 +134,7 @@ def _case(cluster, config, obs: ServingObservation, settings: ServingSettings, g
     options = ServingOptions(
         allow_cpu=settings.allow_cpu,
         max_batched_tokens=settings.max_batched_tokens or obs.max_batched_tokens or DEFAULT_TOKEN_BUDGET,
+        chunked_prefill=settings.chunked_prefill,
     )
     workload = ServingWorkload(requests=obs.requests, tpot_slo_s=TPOT_SLO_RANGE_S[1], source=obs.source)
     ctx = ServingContext(cluster, config, workload, settings.dtype, options)
@@ -142,6 +149,8 @@ def _case(cluster, config, obs: ServingObservation, settings: ServingSettings, g
         raise ServingResultError(
             f"{obs.source}: concurrency {concurrency} is below its {micro_batches} micro-batches: give --concurrency"
         )
+    if settings.closed_loop:
+        _check_closed_loop(obs, micro_batches)
     return ServingCase(
         obs=obs,
         replica=describe(layout, ctx.by_name),
@@ -154,7 +163,21 @@ def _case(cluster, config, obs: ServingObservation, settings: ServingSettings, g
         dtype=settings.dtype,
         kinds=tuple(dict.fromkeys(ctx.by_name[seg.class_name].kind.name for seg in layout)),
         grouped_kinds=tuple(dict.fromkeys(ctx.by_name[s.class_name].kind.name for s in layout if s.degree > 1)),
+        closed_loop=settings.closed_loop,
     )
+
+
+def _check_closed_loop(obs: ServingObservation, micro_batches: int) -> None:
+    """--closed-loop simulates one micro-batch of requests of one shape (llm_planner.serving.closed_loop)."""
+    if micro_batches > 1:
+        raise ServingResultError(
+            f"{obs.source}: --closed-loop simulates one micro-batch; this run has {micro_batches} "
+            "(give --micro-batches 1, or leave out --closed-loop)"
+        )
+    if len(obs.requests) != 1:
+        raise ServingResultError(
+            f"{obs.source}: --closed-loop sends requests of one shape; this run has {len(obs.requests)}"
+        )
 
 
 def _split(ctx: ServingContext, layout: Layout, obs, concurrency: int, micro_batches: int, stages: int):
@@ -188,11 +211,17 @@ def predict(cluster: ClusterSpec, config: DecoderConfig, case: ServingCase) -> d
     """The case's figures by the serving model on `cluster` (module docstring)."""
     ctx = ServingContext(cluster, config, case.workload, case.dtype, case.options)
     score = score_replica(
-        ctx, case.layout, concurrency=case.concurrency, micro_batches=case.micro_batches, layers=case.layers
+        ctx,
+        case.layout,
+        concurrency=case.concurrency,
+        micro_batches=case.micro_batches,
+        layers=case.layers,
+        closed_loop_rounds=ROUNDS if case.closed_loop else 0,
     )
+    got = score.closed_loop or score.ev
     return {
-        "tpot_s": score.ev.tpot_s,
-        "tokens_per_s": score.ev.tokens_per_s,
-        "ttft_s": score.ev.ttft_s,
+        "tpot_s": got.tpot_s,
+        "tokens_per_s": got.tokens_per_s,
+        "ttft_s": got.ttft_s,
         "decode_step_s": score.decode_step_s,
     }

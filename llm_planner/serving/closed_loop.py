@@ -35,6 +35,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+ROUNDS = 3  # requests simulated per slot of the concurrency, unless told
+
 
 @dataclass(frozen=True, kw_only=True)
 class ClosedLoopResult:
@@ -63,7 +65,7 @@ def closed_loop(
     output_len: int,
     token_budget: int,
     chunked_prefill: bool,
-    rounds: int = 3,
+    rounds: int = ROUNDS,
 ) -> ClosedLoopResult:
     """Simulate `rounds` x `concurrency` requests of one shape kept `concurrency` in flight (module docstring)."""
     if min(concurrency, prompt_len, output_len, token_budget, rounds) < 1:

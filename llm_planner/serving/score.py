@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llm_planner.serving.closed_loop import ClosedLoopResult, closed_loop
+from llm_planner.serving.closed_loop import ROUNDS, ClosedLoopResult, closed_loop
 from llm_planner.serving.context import ServingContext, usable_bytes
 from llm_planner.serving.layout import Layout, Pattern, describe
 from llm_planner.serving.layout_text import LayoutError
@@ -121,7 +121,7 @@ def score_replica(
 
 
 def closed_loop_of(
-    ctx: ServingContext, model: ReplicaModel, layers: tuple[int, ...], concurrency: int, rounds: int = 3
+    ctx: ServingContext, model: ReplicaModel, layers: tuple[int, ...], concurrency: int, rounds: int = ROUNDS
 ) -> ClosedLoopResult:
     """The replica with `layers` in a closed loop of `concurrency` requests of the workload's one shape
     (llm_planner.serving.closed_loop), at the context's token budget and prefill mode."""
