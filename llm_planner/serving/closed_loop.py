@@ -50,11 +50,31 @@ class ClosedLoopResult:
 
 
 @dataclass
-class _Request:
-    sent_s: float
-    prompt_left: float
+class _Cohort:
+    """Requests that move together: `count` of them, their send times summed, and each's prompt
+    tokens left (waiting) or tokens generated and first token's time (running)."""
+
+    count: int
+    sent_sum_s: float
+    prompt_left: float = 0.0
     tokens: int = 0
     first_s: float = 0.0
+
+    def split(self, n: int) -> _Cohort:
+        """n of the requests as a cohort of their own, taken from this one (their mean send time kept)."""
+        part = _Cohort(n, self.sent_sum_s * n / self.count, self.prompt_left, self.tokens, self.first_s)
+        self.count -= n
+        self.sent_sum_s -= part.sent_sum_s
+        return part
+
+
+@dataclass
+class _Tally:
+    requests: int = 0
+    ttft_sum_s: float = 0.0
+    tpot_sum_s: float = 0.0
+    last_end_s: float = 0.0
+    iterations: int = 0
 
 
 def closed_loop(
@@ -67,58 +87,71 @@ def closed_loop(
     chunked_prefill: bool,
     rounds: int = ROUNDS,
 ) -> ClosedLoopResult:
-    """Simulate `rounds` x `concurrency` requests of one shape kept `concurrency` in flight (module docstring)."""
+    """Simulate `rounds` x `concurrency` requests of one shape kept `concurrency` in flight (module
+    docstring). Requests in step are kept as cohorts, and a stretch of iterations that admits no
+    prompt and ends no request is stepped over at once: the time grows with the events, not with
+    the iterations."""
     if min(concurrency, prompt_len, output_len, token_budget, rounds) < 1:
         raise ValueError(
             "a closed loop needs at least one sequence, prompt token, output token, budget token and round"
         )
-    waiting = [_Request(0.0, prompt_len) for _ in range(concurrency)]  # in arrival order
-    running: list[_Request] = []
-    done: list[_Request] = []
-    now, iterations, ends = 0.0, 0, []
-    while len(done) < rounds * concurrency:
-        prompts, finished = _admit(waiting, len(running), token_budget, chunked_prefill)
-        now += iteration_s(len(running), prompts)
-        iterations += 1
-        for r in running:
-            r.tokens += 1
-        for r in finished:
-            r.tokens, r.first_s = 1, now
-        ended = [r for r in running + finished if r.tokens >= output_len]
-        running = [r for r in running + finished if r.tokens < output_len]
-        done += ended
-        ends += [now] * len(ended)
-        waiting += [_Request(now, prompt_len) for _ in ended]
-    return _figures(done, ends, output_len, iterations)
-
-
-def _admit(waiting: list[_Request], decodes: int, budget: int, chunked: bool) -> tuple[float, list[_Request]]:
-    """The prompt tokens this iteration takes from `waiting` (in order) and the requests whose prompt
-    it finishes (removed from `waiting`)."""
-    left, taken, finished = budget - decodes, 0.0, []
-    for r in waiting:
-        if left <= 0:
-            break
-        if chunked:
-            take = min(r.prompt_left, left)
-        elif r.prompt_left <= left or (decodes == 0 and taken == 0):
-            take = r.prompt_left
-        else:
-            break
-        r.prompt_left -= take
-        taken += take
-        left -= take
-        if r.prompt_left <= 0:
-            finished.append(r)
-    del waiting[: len(finished)]
-    return taken, finished
-
-
-def _figures(done: list[_Request], ends: list[float], output_len: int, iterations: int) -> ClosedLoopResult:
-    n = len(done)
-    ttft = sum(r.first_s - r.sent_s for r in done) / n
-    gaps = max(output_len - 1, 1)
-    tpot = sum((end - r.first_s) / gaps for r, end in zip(done, ends)) / n
+    waiting, running, tally, now = [_Cohort(concurrency, 0.0, prompt_len)], [], _Tally(), 0.0
+    while tally.requests < rounds * concurrency:
+        decodes = sum(c.count for c in running)
+        prompts, started = _admit(waiting, decodes, token_budget, chunked_prefill)
+        steps = 1 if started or prompts else min(output_len - c.tokens for c in running)
+        now += steps * iteration_s(decodes, prompts)
+        tally.iterations += steps
+        for c in running:
+            c.tokens += steps
+        for c in started:
+            c.tokens, c.first_s = 1, now
+        running = [c for c in running + started if not _ended(c, output_len, now, tally)]
+        _send(waiting, concurrency - sum(c.count for c in running) - sum(c.count for c in waiting), now, prompt_len)
     return ClosedLoopResult(
-        ttft_s=ttft, tpot_s=tpot, tokens_per_s=n * output_len / max(ends), requests=n, iterations=iterations
+        ttft_s=tally.ttft_sum_s / tally.requests,
+        tpot_s=tally.tpot_sum_s / tally.requests,
+        tokens_per_s=tally.requests * output_len / tally.last_end_s,
+        requests=tally.requests,
+        iterations=tally.iterations,
     )
+
+
+def _admit(waiting: list[_Cohort], decodes: int, budget: int, chunked: bool) -> tuple[float, list[_Cohort]]:
+    """The prompt tokens this iteration takes from `waiting` (in order) and the cohorts whose prompts
+    it finishes (removed from `waiting`; a cohort partly admitted is split)."""
+    left, taken, started = budget - decodes, 0.0, []
+    while waiting and left > 0:
+        head = waiting[0]
+        whole = min(head.count, int(left // head.prompt_left))
+        if whole == 0 and not chunked and decodes == 0 and taken == 0:
+            whole = 1  # a prompt over the budget goes alone
+        if whole:
+            started.append(head.split(whole) if whole < head.count else waiting.pop(0))
+            taken += whole * head.prompt_left
+            left -= whole * head.prompt_left
+            continue
+        if chunked:  # one request takes what is left of the budget and goes on next iteration
+            part = head.split(1) if head.count > 1 else waiting.pop(0)
+            part.prompt_left -= left
+            taken += left
+            waiting.insert(0, part)
+        break
+    return taken, started
+
+
+def _ended(c: _Cohort, output_len: int, now: float, tally: _Tally) -> bool:
+    """Whether the cohort has its last token; if so its figures go into the tally."""
+    if c.tokens < output_len:
+        return False
+    tally.requests += c.count
+    tally.ttft_sum_s += c.first_s * c.count - c.sent_sum_s
+    tally.tpot_sum_s += c.count * (now - c.first_s) / max(output_len - 1, 1)
+    tally.last_end_s = now
+    return True
+
+
+def _send(waiting: list[_Cohort], n: int, now: float, prompt_len: int) -> None:
+    """The clients of the n requests that ended send their next at once."""
+    if n > 0:
+        waiting.append(_Cohort(n, n * now, prompt_len))
