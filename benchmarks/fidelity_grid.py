@@ -228,7 +228,8 @@ def run(path: Path, score, out_dir: Path) -> tuple[str, list[str]]:
     steady = [(row, ratios(row, score(row))) for row in grid_rows(path, closed_loop=False) if row["use"] == "held_out"]
     lines += summary([sc for _, sc in steady], label="held_out grid, steady state")
     lines += summary(
-        [sc for row, sc in steady if low <= row["concurrency"] <= high], label=f"  ... at {low}-{high} in flight"
+        [sc for row, sc in steady if low <= row["concurrency"] <= high],
+        label=f"held_out grid, steady state, at {low}-{high} in flight",
     )
     md = table_sections(
         tables(rows, scored),
