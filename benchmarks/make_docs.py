@@ -45,9 +45,10 @@ out of the summary; rows whose concurrency does not fit memory in the model are 
 memory` (the engine runs fewer and queues the rest). Below the table, the linear kernel (Vidur's
 four projections summed) and one all-reduce per call against Vidur's operator medians, then two
 tables of many runs, summarised per model, GPU, degree and precision: the NIM grid (TensorRT-LLM
-under closed-loop load, by concurrency, with a fit of the TPOT the model misses; its A100 runs are
-calibration runs, its H100 runs held out) and TensorRT-LLM 0.9.0's static batches (held out, by
-batch size); docs/fidelity.md reads them.""",
+under genai-perf's closed loop, each run scored as that loop simulated iteration by iteration, by
+concurrency, with a fit of the TPOT the model misses and the held-out runs' summary in the steady
+state beside it; its A100 runs are calibration runs, its H100 runs held out) and TensorRT-LLM
+0.9.0's static batches (held out, by batch size); docs/fidelity.md reads them.""",
     ),
     Section(
         "fit_catalog",
@@ -56,8 +57,8 @@ batch size); docs/fidelity.md reads them.""",
 `benchmarks/fit_catalog.py` fits the GPU catalog's memory efficiency, step overhead, per-call
 collective overhead and time per sequence (one value of each for the A100 and H100 entries) on two
 calibration sources weighted alike: the vLLM calibration rows of the fidelity references (10 in
-flight) and the NIM grid's runs on A100 (1 to 250 in flight); then the H200's memory efficiency on
-its three calibration rows. It prints the fitted values and writes them to fit.json; the table
+flight) and the NIM grid's runs on A100 (1 to 250 in flight, in the steady state); then the H200's
+memory efficiency on its three calibration rows. It prints the fitted values and writes them to fit.json; the table
 gives each source's TPOT ratio (model / measured: median, share within 15%, RMS of the error) with
 the catalog's factors at the commit it ran at and with the fitted ones. The catalog rounds the
 fitted values (docs/fidelity.md, "What was fitted, on what").""",
