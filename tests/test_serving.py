@@ -361,6 +361,7 @@ def draw_fleet_tokens(data, ctx) -> float:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
+@pytest.mark.heavy  # shares the fleets' bound contexts (about 95 s to build) with the test above
 def test_no_replica_exceeds_its_layouts_optimistic_tokens(bound_ctx, data):
     """The search's price check skips a layout whose optimistic tokens/s its devices' prices reach:
     no operating point of any layout (classes mixed, degrees, micro-batches; the search's refined
