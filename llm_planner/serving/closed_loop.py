@@ -106,8 +106,12 @@ def closed_loop(
             c.tokens += steps
         for c in started:
             c.tokens, c.first_s = 1, now
-        running = [c for c in running + started if not _ended(c, output_len, now, tally)]
-        _send(waiting, concurrency - sum(c.count for c in running) - sum(c.count for c in waiting), now, prompt_len)
+        active = running + started
+        running = [c for c in active if c.tokens < output_len]
+        ended = [c for c in active if c.tokens >= output_len]
+        for c in ended:
+            _tally(c, output_len, now, tally)
+        _send(waiting, sum(c.count for c in ended), now, prompt_len)
     return ClosedLoopResult(
         ttft_s=tally.ttft_sum_s / tally.requests,
         tpot_s=tally.tpot_sum_s / tally.requests,
@@ -140,15 +144,12 @@ def _admit(waiting: list[_Cohort], decodes: int, budget: int, chunked: bool) -> 
     return taken, started
 
 
-def _ended(c: _Cohort, output_len: int, now: float, tally: _Tally) -> bool:
-    """Whether the cohort has its last token; if so its figures go into the tally."""
-    if c.tokens < output_len:
-        return False
+def _tally(c: _Cohort, output_len: int, now: float, tally: _Tally) -> None:
+    """A cohort that has its last token: its figures go into the tally."""
     tally.requests += c.count
     tally.ttft_sum_s += c.first_s * c.count - c.sent_sum_s
     tally.tpot_sum_s += c.count * (now - c.first_s) / max(output_len - 1, 1)
     tally.last_end_s = now
-    return True
 
 
 def _send(waiting: list[_Cohort], n: int, now: float, prompt_len: int) -> None:

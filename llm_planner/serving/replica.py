@@ -213,7 +213,8 @@ class ReplicaModel:
         key = (tuple(layers), decodes, prompt_tokens)
         value = self._iterations.get(key)
         if value is None:
-            trip = sum(self._chunk_stage_s(s, decodes, prompt_tokens, n) for s, n in enumerate(layers))
+            stages = zip(self.slots, layers, self.ends)
+            trip = sum(slot.costs.stage_load_s(decodes, prompt_tokens, n, *ends) for slot, n, ends in stages)
             value = self._iterations[key] = trip + self.handoffs_s(max(decodes, 1))
         return value
 

@@ -18,7 +18,7 @@ token budget, is still scored: `fits_memory` and `within_token_budget` say so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from llm_planner.serving.closed_loop import ROUNDS, ClosedLoopResult, closed_loop
@@ -70,13 +70,8 @@ class ReplicaScore:
             "within_token_budget": self.within_token_budget,
             "max_batched_tokens": self.max_batched_tokens,
             "chunked_prefill": self.chunked_prefill,
-            **({"closed_loop": _closed_loop_dict(self.closed_loop)} if self.closed_loop else {}),
+            **({"closed_loop": asdict(self.closed_loop)} if self.closed_loop else {}),
         }
-
-
-def _closed_loop_dict(got: ClosedLoopResult) -> dict[str, Any]:
-    keys = ("tpot_s", "tokens_per_s", "ttft_s", "requests", "iterations")
-    return {k: getattr(got, k) for k in keys}
 
 
 def score_replica(
