@@ -4,6 +4,7 @@ output - 1 decode steps, each at least the weights' stream at the GPU's data-she
 
 from __future__ import annotations
 
+import csv
 import sys
 from pathlib import Path
 
@@ -186,14 +187,22 @@ def test_the_nim_grid_is_scored_with_tensorrt_llms_set_and_nothing_else_is():
     assert "engine" not in plain["device_kinds"][0]
 
 
+def test_the_grid_is_scored_at_the_budget_its_fit_kept():
+    """fidelity_grid's budget is the one benchmarks/fit_grid_budget.py kept on the calibration runs, as
+    its results (docs/benchmarks.md) state."""
+    with open(REPO / "benchmarks" / "results" / "fit_grid_budget" / "results.csv", newline="") as f:
+        kept = {int(r["budget"]) for r in csv.DictReader(f) if r["kept"] == "yes"}
+    assert kept == {fidelity_grid.ENGINE_BUDGET["max_num_batched_tokens"]}
+
+
 def test_grid_runs_are_scored_as_the_closed_loop_they_ran_in(tmp_path):
     """genai-perf kept C requests of one shape in flight, all sent at once: the grid's runs are scored
-    as that closed loop at TensorRT-LLM's default budget, prompts whole; at 250 in flight with
+    as that closed loop at the budget fitted on its calibration runs, prompts whole; at 250 in flight with
     200-token prompts the bursts' prompts land in the TTFT more than in the TPOT, where the steady
     state at the same budget spreads them over the TPOT of every sequence."""
     path = REPO / "benchmarks" / "data" / REFS["grid_file"]
     rows, steady = fidelity_grid.grid_rows(path), fidelity_grid.grid_rows(path, closed_loop=False)
-    budget = (8192, False)
+    budget = (fidelity_grid.ENGINE_BUDGET["max_num_batched_tokens"], False)
     assert all(
         (r["run"], r["max_num_batched_tokens"], r["enable_chunked_prefill"]) == ("closed_loop", *budget) for r in rows
     )

@@ -82,6 +82,28 @@ def test_a_burst_of_prompts_lands_in_the_ttft_not_the_tpot():
     assert got.tokens_per_s == pytest.approx(4 * 10 / 19.0)
 
 
+def test_the_budget_decides_whether_the_bursts_persist():
+    """Four 200-token prompts whole, iteration 1 s + 10 ms a prompt token. Budget 1000: the burst runs
+    in one 9 s iteration, the four end together and every round's TTFT is the burst's. Budget 410: two
+    prompts an iteration (the second pair beside the first's two decodes, 402 tokens), first tokens
+    at 5 and 10 s (TTFT 7.5 s); the pairs end an iteration apart, and each next pair runs in one 5 s
+    iteration of its own: round 2's TTFT is 5 s, so two rounds average 6.25 s."""
+
+    def run(budget: int, rounds: int):
+        return closed_loop(
+            lambda d, q: 1.0 + 0.01 * q,
+            concurrency=4,
+            prompt_len=200,
+            output_len=10,
+            token_budget=budget,
+            chunked_prefill=False,
+            rounds=rounds,
+        )
+
+    assert [run(1000, r).ttft_s for r in (1, 2, 3)] == pytest.approx([9.0, 9.0, 9.0])
+    assert [run(410, r).ttft_s for r in (1, 2)] == pytest.approx([7.5, 6.25])
+
+
 @pytest.mark.parametrize("bad", [{"concurrency": 0}, {"prompt_len": 0}, {"output_len": 0}, {"token_budget": 0}])
 def test_an_empty_loop_is_refused(bad):
     args = {"concurrency": 1, "prompt_len": 1, "output_len": 1, "token_budget": 1, "chunked_prefill": True, **bad}
