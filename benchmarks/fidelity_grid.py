@@ -28,15 +28,14 @@ chunks prompts or how the fp8 runs keep their KV cache. The closed loop takes pr
 (TensorRT-LLM's default: context chunking off) under a budget of 32,768 tokens an iteration
 (`max_num_tokens`), fitted on the calibration runs (benchmarks/fit_grid_budget.py: on those whose
 burst exceeds 8,192 tokens, 72% of the TTFTs within 30%, against 37% at TensorRT-LLM's BuildConfig
-default of 8,192). The budget decides
-whether a burst of short prompts runs in a few iterations, its requests then staying in step round
-after round with a burst's TTFT each time (what the runs show), or splits into cohorts that end
-apart and send smaller bursts. The steady state takes the planner's defaults (chunked prefill,
-2,048 tokens); and the fp8 runs
-TensorRT-LLM's default of fp8 quantization, fp8 weights and activations with the KV cache in the
-16-bit dtype (`--weights fp8 --kv-cache-dtype auto`; an fp8 KV cache is a separate option of its
-quantizer). The runs agree: what the model misses grows with the keys read at the same rate on the
-fp8 runs as on the fp16 ones (`gap_fits`), which an fp8 cache would halve. The runs on A100 are
+default of 8,192). The budget decides whether a burst of short prompts runs in a few iterations,
+its requests then staying in step round after round with a burst's TTFT each time (what the runs
+show), or splits into cohorts that end apart and send smaller bursts. The steady state takes the
+planner's defaults (chunked prefill, 2,048 tokens); and the fp8 runs take TensorRT-LLM's default
+of fp8 quantization, fp8 weights and activations with the KV cache in the 16-bit dtype (`--weights
+fp8 --kv-cache-dtype auto`; an fp8 KV cache is a separate option of its quantizer). The runs
+agree: what the model misses grows with the keys read at the same rate on the fp8 runs as on the
+fp16 ones (`gap_fits`), which an fp8 cache would halve. The runs on A100 are
 calibration runs (the catalog's memory efficiency and overheads are fitted on them with the vLLM
 rows, benchmarks/fit_catalog.py, and TensorRT-LLM's own set on them alone, benchmarks/fit_engine.py);
 the runs on H100, every fp8 run among them, are held out.

@@ -9,8 +9,8 @@ calibration runs alone, the NIM grid's runs on A100 (benchmarks/fidelity_grid.py
 fits in memory), by the same Gauss-Newton from the catalog's A100 values (fit_catalog.gauss_newton).
 The set was fitted on them scored in the steady state (`--fit-on steady`, the default, which
 reproduces it), before the grid was scored as the closed loop genai-perf ran (fidelity_grid); fitted
-on them scored as that closed loop (`--fit-on closed-loop`) the factors move little and the held-out
-runs come out worse (docs/fidelity.md), so the set stays as fitted.
+on them scored as that closed loop (`--fit-on closed-loop`) the held-out runs come out worse
+(docs/fidelity.md), so the set stays as fitted.
 The fitted values, rounded, are the `tensorrt-llm` set of llm_planner/core/data/engine_factors.yaml,
 which a spec's kind takes with `engine: tensorrt-llm` (docs/cluster-spec.md).
 
