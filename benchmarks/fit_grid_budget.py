@@ -74,9 +74,8 @@ def kept(calibration: list[dict]) -> int:
 
 
 def table_row(j: dict, use: str, best: int) -> list[str]:
-    cells = [f"{j[m][0]:.2f}\t{j[m][1]:.0%}" for m in BARS]
-    flat = [c for cell in cells for c in cell.split("\t")]
-    return [str(j["budget"]), str(j["runs"]), use, *flat, "yes" if j["budget"] == best else ""]
+    cells = [cell for m in BARS for cell in (f"{j[m][0]:.2f}", f"{j[m][1]:.0%}")]
+    return [str(j["budget"]), str(j["runs"]), use, *cells, "yes" if j["budget"] == best else ""]
 
 
 def main() -> int:
