@@ -231,6 +231,7 @@ def run(path: Path, score, out_dir: Path) -> tuple[str, list[str]]:
     low, high = ISSUE_RANGE
     in_range = [sc for row, sc in zip(rows, scored) if row["use"] == "held_out" and low <= row["concurrency"] <= high]
     lines += summary(in_range, label=f"held_out grid at {low}-{high} in flight")
+    lines += past_memory_lines(rows, got)
     steady = [(row, ratios(row, score(row))) for row in grid_rows(path, closed_loop=False) if row["use"] == "held_out"]
     lines += summary([sc for _, sc in steady], label="held_out grid, steady state")
     lines += summary(
@@ -249,7 +250,23 @@ def run(path: Path, score, out_dir: Path) -> tuple[str, list[str]]:
     return "\n".join(md) + "\n", lines
 
 
-RUN_COLUMNS = ["id", "concurrency", "prompt_len", "output_len", "fits"]
+def past_memory_lines(rows: list[dict], got: list[dict]) -> list[str]:
+    """The summary of the runs whose C full contexts the model's memory does not hold, scored with the
+    engine queueing what it cannot hold (bench_fidelity.closed_loop_score), per use, the 16-bit runs
+    apart from the fp8 ones (docs/fidelity.md says why)."""
+    lines = []
+    for use in ("calibration", "held_out"):
+        for label, fp8 in (("16-bit", False), ("fp8", True)):
+            past = [
+                ratios(row, {**g, "fits": True})
+                for row, g in zip(rows, got)
+                if row["use"] == use and not g["fits"] and g["admitted"] and (row["precision"] == "fp8") == fp8
+            ]
+            lines += summary(past, label=f"{use} grid past memory, {label}, engine queueing")
+    return lines
+
+
+RUN_COLUMNS = ["id", "concurrency", "prompt_len", "output_len", "fits", "admitted"]
 RUN_COLUMNS += [f"{m}_{k}" for m in ("tpot_s", "tokens_per_s", "ttft_s") for k in ("measured", "model")]
 
 
@@ -259,4 +276,7 @@ def _write_runs(path: Path, rows: list[dict], got: list[dict], scored: list[dict
         w.writerow(RUN_COLUMNS)
         for row, g, s in zip(rows, got, scored):
             values = [v for model, measured in KEYS.values() for v in (row[measured], g[model])]
-            w.writerow([row["id"], row["concurrency"], row["prompt_len"], row["output_len"], s is not None, *values])
+            admitted = g.get("admitted", row["concurrency"])
+            w.writerow(
+                [row["id"], row["concurrency"], row["prompt_len"], row["output_len"], s is not None, admitted, *values]
+            )

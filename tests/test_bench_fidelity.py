@@ -212,3 +212,18 @@ def test_grid_runs_are_scored_as_the_closed_loop_they_ran_in(tmp_path):
     loop, plain = (bench_fidelity.score(row, SERVERS, tmp_path) for row in (rows[pick], same_budget))
     assert loop["fits"] and plain["fits"]
     assert loop["tpot_s"] < 0.9 * plain["tpot_s"] and loop["ttft_s"] > 5 * plain["ttft_s"]
+
+
+def test_a_grid_run_past_memory_is_scored_with_the_engine_queueing_the_rest(tmp_path):
+    """Llama-3 8B on one H100 at 250 in flight of 4,000-token requests: memory holds 116 full contexts,
+    so the run is not among the scored ones (`ratios` None) but is scored as the engine runs it, 116 at
+    a time and the rest queued: a TTFT of a minute, as the run measured (61 s), and it is counted in
+    the summary of the runs past memory."""
+    path = REPO / "benchmarks" / "data" / REFS["grid_file"]
+    row = next(r for r in fidelity_grid.grid_rows(path) if "h100-sxm-80g-llama3-8b-tp1-fp16-2000-2000-c250" in r["id"])
+    got = bench_fidelity.score(row, SERVERS, tmp_path)
+    assert not got["fits"] and got["admitted"] == 116 and fidelity_grid.ratios(row, got) is None
+    assert 40 < got["ttft_s"] < 90 and row["ttft_s"] == pytest.approx(61.1, abs=0.1)
+    assert fidelity_grid.past_memory_lines([row], [got]) == []  # one run: too few for its quantiles
+    (tpot, *_) = fidelity_grid.past_memory_lines([row, row], [got, got])
+    assert tpot.startswith("held_out grid past memory, 16-bit, engine queueing tpot") and "n=2" in tpot

@@ -104,7 +104,47 @@ def test_the_budget_decides_whether_the_bursts_persist():
     assert [run(410, r).ttft_s for r in (1, 2)] == pytest.approx([7.5, 6.25])
 
 
-@pytest.mark.parametrize("bad", [{"concurrency": 0}, {"prompt_len": 0}, {"output_len": 0}, {"token_budget": 0}])
+def test_past_the_memory_cap_requests_wait_in_the_engine_queue():
+    """Four requests sent at once, room for two (max_running 2), iteration 1 s, 3 tokens each: two run
+    (first tokens at 1 s, ends at 3 s); the other two wait and start as those end (first tokens at 4
+    s, TTFT 4 s; ends at 6 s). TTFT (1 + 1 + 4 + 4) / 4, TPOT 1 s, 12 tokens in 6 s."""
+    got = closed_loop(
+        lambda d, q: 1.0,
+        concurrency=4,
+        prompt_len=10,
+        output_len=3,
+        token_budget=1000,
+        chunked_prefill=False,
+        rounds=1,
+        max_running=2,
+    )
+    assert (got.ttft_s, got.tpot_s, got.tokens_per_s) == pytest.approx((2.5, 1.0, 2.0))
+    assert (got.iterations, got.max_running) == (6, 2)
+    free = closed_loop(
+        lambda d, q: 1.0, concurrency=4, prompt_len=10, output_len=3, token_budget=1000, chunked_prefill=False
+    )
+    assert free.max_running == 4 and free.ttft_s == pytest.approx(1.0)
+
+
+def test_a_prompt_in_chunks_keeps_its_room():
+    """Room for one, budget 4, prompts of 6 in chunks: the second request waits for the first to end,
+    then runs its chunks alone. Iteration 1 s: first tokens at 2 s and 5 s (TTFT 3.5 s), ends at 3 and 6 s."""
+    got = closed_loop(
+        lambda d, q: 1.0,
+        concurrency=2,
+        prompt_len=6,
+        output_len=2,
+        token_budget=4,
+        chunked_prefill=True,
+        rounds=1,
+        max_running=1,
+    )
+    assert (got.ttft_s, got.tpot_s, got.tokens_per_s) == pytest.approx((3.5, 1.0, 4 / 6))
+
+
+@pytest.mark.parametrize(
+    "bad", [{"concurrency": 0}, {"prompt_len": 0}, {"output_len": 0}, {"token_budget": 0}, {"max_running": 0}]
+)
 def test_an_empty_loop_is_refused(bad):
     args = {"concurrency": 1, "prompt_len": 1, "output_len": 1, "token_budget": 1, "chunked_prefill": True, **bad}
     with pytest.raises(ValueError, match="at least one"):
@@ -128,10 +168,31 @@ def test_score_closed_loop_json_and_table(capsys):
     assert main([*argv, "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     loop = got["closed_loop"]
-    assert set(loop) == {"tpot_s", "tokens_per_s", "ttft_s", "requests", "iterations"} and loop["requests"] == 96
+    assert set(loop) == {"tpot_s", "tokens_per_s", "ttft_s", "requests", "iterations", "max_running"}
+    assert (loop["requests"], loop["max_running"]) == (96, 32)
     assert loop["ttft_s"] > got["ttft_s"] and loop["tpot_s"] < got["tpot_s"]  # the burst's prompts wait together
     assert main(argv) == 0
     assert "closed loop (96 requests, all 32 sent at once" in capsys.readouterr().out
+
+
+def test_score_closed_loop_past_memory_queues_what_memory_cannot_hold(capsys):
+    """Llama-2 7B on one A100 80GB holds 30 contexts of 4,000 tokens: the steady state is refused at 64
+    (naming --closed-loop), the closed loop runs 30 at a time and the other 34 wait, so its TTFT is
+    most of a request's time while its TPOT is the 30's."""
+    argv = ["score", "--cluster", FOUR_GPUS, "--model", "llama2-7b", "--replica", REPLICA, "--concurrency", "64"]
+    argv += ["--prompt-len", "2000", "--output-len", "2000"]
+    assert main(argv) == 2
+    assert "or --closed-loop for what an engine does" in capsys.readouterr().err
+    assert main([*argv, "--closed-loop", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    loop = got["closed_loop"]
+    assert (got["concurrency"], got["admitted"], loop["max_running"]) == (64, 30, 30)
+    assert loop["ttft_s"] > 1000 * loop["tpot_s"] and loop["tpot_s"] == pytest.approx(got["tpot_s"], rel=0.05)
+    assert main([*argv, "--concurrency", "30", "--closed-loop", "--json"]) == 0  # 30 fit: nothing queues
+    alone = json.loads(capsys.readouterr().out)
+    assert (alone["admitted"], alone["closed_loop"]["max_running"]) == (30, 30)
+    assert main([*argv, "--concurrency", "31", "--closed-loop"]) == 0
+    assert "31 sent, 30 in flight" in capsys.readouterr().out.replace("\n", " ")
 
 
 def test_score_closed_loop_refuses_micro_batches_and_several_shapes(tmp_path, capsys):

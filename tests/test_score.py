@@ -28,6 +28,7 @@ KEYS = {
     "replica": str,
     "layers": list,
     "concurrency": int,
+    "admitted": int,
     "micro_batches": int,
     "tpot_s": float,
     "tokens_per_s": float,

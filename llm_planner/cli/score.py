@@ -182,7 +182,13 @@ def _header(score: ReplicaScore, workload: ServingWorkload) -> str:
     batches = f"{ev.micro_batches} micro-batch" + ("es" if ev.micro_batches > 1 else "")
     prefill = "" if score.chunked_prefill else ", prompts whole (no chunked prefill)"
     budget = f"token budget {score.max_batched_tokens}{prefill}"
-    return f"{ev.concurrency} in flight, {batches}; {shape}; {budget}; {NO_TARGETS}"
+    flight = f"{ev.concurrency} in flight"
+    if score.queued:
+        flight = (
+            f"{ev.concurrency + score.queued} sent, {ev.concurrency} in flight (memory holds no more full contexts; "
+            f"the engine queues {score.queued})"
+        )
+    return f"{flight}, {batches}; {shape}; {budget}; {NO_TARGETS}"
 
 
 def score_table(score: ReplicaScore, layout: Layout, classes: Mapping[str, ServerClass]) -> Table:
@@ -219,7 +225,8 @@ def _figures(score: ReplicaScore) -> str:
 def _closed_loop_text(score: ReplicaScore) -> str:
     got = score.closed_loop
     return (
-        f"closed loop ({got.requests} requests, all {score.ev.concurrency} sent at once, each resent as it ends): "
+        f"closed loop ({got.requests} requests, all {score.ev.concurrency + score.queued} sent at once, each resent "
+        f"as it ends{f', at most {got.max_running} running' if score.queued else ''}): "
         f"{got.tokens_per_s:,.0f} output tokens/s; TPOT {fmt_s(got.tpot_s)}; TTFT {fmt_s(got.ttft_s)}"
     )
 

@@ -23,6 +23,14 @@ times on it, the decode context at its mean). At its end each decoding sequence 
 token, and a request whose prompt it finished has its first. A request ends at its last token and
 the client sends the next at once.
 
+An engine admits a request only while its KV cache has room for it: with `max_running` below C, at
+most that many sequences run (prompt admitted, not yet ended) and the others wait in the engine's
+queue, in arrival order, their wait counted in their TTFT. The planner's memory model holds every
+sequence's cache at its full context, so `max_running` is the number of full contexts memory holds:
+TensorRT-LLM's default admission (`GUARANTEED_NO_EVICT` reserves a request's whole length when it
+starts it); vLLM and SGLang admit on the blocks in use and preempt when they run out, which lets a
+few more in for a while.
+
 The figures are those the load generators report, over every request of `rounds` x C:
 
     TTFT     mean of (first token - sent)
@@ -47,6 +55,7 @@ class ClosedLoopResult:
     tokens_per_s: float
     requests: int
     iterations: int
+    max_running: int  # the most sequences running at once (C where memory holds them all)
 
 
 @dataclass
@@ -86,19 +95,23 @@ def closed_loop(
     token_budget: int,
     chunked_prefill: bool,
     rounds: int = ROUNDS,
+    max_running: int | None = None,
 ) -> ClosedLoopResult:
     """Simulate `rounds` x `concurrency` requests of one shape kept `concurrency` in flight (module
     docstring). Requests in step are kept as cohorts, and a stretch of iterations that admits no
     prompt and ends no request is stepped over at once: the time grows with the events, not with
     the iterations."""
-    if min(concurrency, prompt_len, output_len, token_budget, rounds) < 1:
+    running_cap = concurrency if max_running is None else min(max_running, concurrency)
+    if min(concurrency, prompt_len, output_len, token_budget, rounds, running_cap) < 1:
         raise ValueError(
-            "a closed loop needs at least one sequence, prompt token, output token, budget token and round"
+            "a closed loop needs at least one sequence, prompt token, output token, budget token and round, "
+            "and room for one sequence"
         )
     waiting, running, tally, now = [_Cohort(concurrency, 0.0, prompt_len)], [], _Tally(), 0.0
     while tally.requests < rounds * concurrency:
         decodes = sum(c.count for c in running)
-        prompts, started = _admit(waiting, decodes, token_budget, chunked_prefill)
+        room = running_cap - decodes  # a prompt part-done in chunks heads the queue and takes its room first
+        prompts, started = _admit(waiting, decodes, token_budget, chunked_prefill, room)
         steps = 1 if started or prompts else min(output_len - c.tokens for c in running)
         now += steps * iteration_s(decodes, prompts)
         tally.iterations += steps
@@ -118,22 +131,24 @@ def closed_loop(
         tokens_per_s=tally.requests * output_len / tally.last_end_s,
         requests=tally.requests,
         iterations=tally.iterations,
+        max_running=running_cap,
     )
 
 
-def _admit(waiting: list[_Cohort], decodes: int, budget: int, chunked: bool) -> tuple[float, list[_Cohort]]:
+def _admit(waiting: list[_Cohort], decodes: int, budget: int, chunked: bool, room: int) -> tuple[float, list[_Cohort]]:
     """The prompt tokens this iteration takes from `waiting` (in order) and the cohorts whose prompts
     it finishes (removed from `waiting`; a cohort partly admitted is split)."""
     left, taken, started = budget - decodes, 0.0, []
-    while waiting and left > 0:
+    while waiting and left > 0 and room > 0:
         head = waiting[0]
-        whole = min(head.count, int(left // head.prompt_left))
+        whole = min(head.count, int(left // head.prompt_left), room)
         if whole == 0 and not chunked and decodes == 0 and taken == 0:
             whole = 1  # a prompt over the budget goes alone
         if whole:
             started.append(head.split(whole) if whole < head.count else waiting.pop(0))
             taken += whole * head.prompt_left
             left -= whole * head.prompt_left
+            room -= whole
             continue
         if chunked:  # one request takes what is left of the budget and goes on next iteration
             part = head.split(1) if head.count > 1 else waiting.pop(0)

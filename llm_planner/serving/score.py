@@ -9,7 +9,11 @@ what a serving plan states for the same replica (llm_planner.serving.replica):
 
 With `closed_loop_rounds` the replica is also run through llm_planner.serving.closed_loop: the
 figures a closed-loop benchmark of C requests of the workload's one shape, all sent at once, reports
-(one micro-batch: the simulation steps one iteration through every stage in turn).
+(one micro-batch: the simulation steps one iteration through every stage in turn). Where memory
+does not hold C full contexts (and no split is given), a closed loop is still what an engine runs:
+it admits the most sequences memory holds, `admitted`, and queues the rest. The split and the
+steady-state figures are then those of `admitted` sequences, and the closed loop runs C with at
+most `admitted` running, the queue's wait in its TTFT.
 
 No TPOT or TTFT target applies (the context's workload carries the loosest target it accepts, and
 nothing here reads it). A split over a stage's memory, or a C whose micro-batches overrun the
@@ -40,6 +44,7 @@ class ReplicaScore:
     chunked_prefill: bool = True  # False: the engine runs prompts whole (llm_planner.cost.chunks)
     dense_layers: int = 0  # DeepSeek's dense first layers, which the first stage holds beside its share
     closed_loop: ClosedLoopResult | None = None  # a closed-loop benchmark's figures (None: not asked for)
+    queued: int = 0  # of the C sent, those the engine's memory cannot hold at once (closed loop only)
 
     @property
     def fits_memory(self) -> bool:
@@ -56,7 +61,8 @@ class ReplicaScore:
         return {
             "replica": self.replica,
             "layers": list(ev.layers),
-            "concurrency": ev.concurrency,
+            "concurrency": ev.concurrency + self.queued,
+            "admitted": ev.concurrency,
             "micro_batches": ev.micro_batches,
             "tpot_s": ev.tpot_s,
             "tokens_per_s": ev.tokens_per_s,
@@ -96,30 +102,63 @@ def score_replica(
             "simulated: drop one of the two"
         )
     model = ctx.replica(layout)
-    caps = tuple(model.caps(concurrency, micro_batches))
-    split = _check_split(ctx, model, layers) if layers is not None else model.split_layers(concurrency, micro_batches)
-    if split is None:
-        raise LayoutError(_no_split_text(ctx, model, caps, concurrency, micro_batches))
-    ev = model.evaluate(split, concurrency, micro_batches)
+    split, running = _split_and_running(ctx, model, layers, concurrency, micro_batches, bool(closed_loop_rounds))
+    ev = model.evaluate(split, running, micro_batches)
     return ReplicaScore(
         replica=describe(layout, ctx.by_name),
         ev=ev,
-        decode_step_s=model.decode_step_s(split, concurrency, micro_batches),
+        decode_step_s=model.decode_step_s(split, running, micro_batches),
         usable_bytes=tuple(usable_bytes(ctx, Pattern(layout=layout, ev=ev))),
-        caps=caps,
-        within_token_budget=model.within_budget(concurrency, micro_batches),
+        caps=tuple(model.caps(running, micro_batches)),
+        within_token_budget=model.within_budget(running, micro_batches),
         max_batched_tokens=ctx.tasks.token_budget,
         chunked_prefill=ctx.tasks.chunked_prefill,
         dense_layers=ctx.tasks.dense_layers,
-        closed_loop=closed_loop_of(ctx, model, split, concurrency, closed_loop_rounds) if closed_loop_rounds else None,
+        closed_loop=closed_loop_of(ctx, model, split, concurrency, closed_loop_rounds, running)
+        if closed_loop_rounds
+        else None,
+        queued=concurrency - running,
     )
 
 
+def _split_and_running(
+    ctx: ServingContext, model: ReplicaModel, layers, concurrency: int, micro_batches: int, closed: bool
+) -> tuple[tuple[int, ...], int]:
+    """The split scored and the sequences it runs: C on the given split or split_layers' choice; in a
+    closed loop where no split holds C, the most it holds (module docstring)."""
+    if layers is not None:
+        return _check_split(ctx, model, layers), concurrency
+    split = model.split_layers(concurrency, micro_batches)
+    running = concurrency if split is not None or not closed else admitted(model, concurrency)
+    if split is None and running:
+        split = model.split_layers(running, 1)
+    if split is None:
+        caps = tuple(model.caps(running or concurrency, micro_batches))
+        raise LayoutError(_no_split_text(ctx, model, caps, concurrency, micro_batches, closed))
+    return split, running
+
+
+def admitted(model: ReplicaModel, concurrency: int) -> int:
+    """The most sequences, up to `concurrency`, whose full contexts some split of the replica holds in
+    one micro-batch (0: not one). Memory grows with the sequences, so the search halves."""
+    lo, hi = 0, concurrency
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if model.split_layers(mid, 1) is not None else (lo, mid - 1)
+    return lo
+
+
 def closed_loop_of(
-    ctx: ServingContext, model: ReplicaModel, layers: tuple[int, ...], concurrency: int, rounds: int = ROUNDS
+    ctx: ServingContext,
+    model: ReplicaModel,
+    layers: tuple[int, ...],
+    concurrency: int,
+    rounds: int = ROUNDS,
+    max_running: int | None = None,
 ) -> ClosedLoopResult:
     """The replica with `layers` in a closed loop of `concurrency` requests of the workload's one shape
-    (llm_planner.serving.closed_loop), at the context's token budget and prefill mode."""
+    (llm_planner.serving.closed_loop), at the context's token budget and prefill mode, at most
+    `max_running` of them running (None: all)."""
     shapes = ctx.workload.requests
     if len(shapes) != 1:
         raise LayoutError(f"a closed loop sends requests of one shape; the workload has {len(shapes)}")
@@ -131,6 +170,7 @@ def closed_loop_of(
         token_budget=ctx.tasks.token_budget,
         chunked_prefill=ctx.tasks.chunked_prefill,
         rounds=rounds,
+        max_running=max_running,
     )
 
 
@@ -145,15 +185,19 @@ def _check_split(ctx: ServingContext, model: ReplicaModel, layers: tuple[int, ..
     return tuple(layers)
 
 
-def _no_split_text(ctx: ServingContext, model: ReplicaModel, caps: tuple[int, ...], c: int, m: int) -> str:
+def _no_split_text(
+    ctx: ServingContext, model: ReplicaModel, caps: tuple[int, ...], c: int, m: int, closed: bool
+) -> str:
     total = ctx.tasks.num_layers
     where = f"at --concurrency {c} with --micro-batches {m}"
     if model.p > total:
         return f"the replica has {model.p} stages for the model's {total} layers: a stage holds at least one"
+    held = f"the stages hold at most {', '.join(map(str, caps))} layers (together {sum(caps)})"
+    if closed:
+        return f"no split of the model's {total} layers holds even one sequence's full context: {held} at 1"
     return (
-        f"no split of the model's {total} layers fits memory {where}: the stages hold at most "
-        f"{', '.join(map(str, caps))} layers (together {sum(caps)}); lower --concurrency, or give --layers to "
-        "score a split over memory"
+        f"no split of the model's {total} layers fits memory {where}: {held}; lower --concurrency, give --layers "
+        "to score a split over memory, or --closed-loop for what an engine does (run what memory holds, queue the rest)"
     )
 
 
