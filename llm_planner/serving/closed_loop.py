@@ -28,8 +28,9 @@ most that many sequences run (prompt admitted, not yet ended) and the others wai
 queue, in arrival order, their wait counted in their TTFT. The planner's memory model holds every
 sequence's cache at its full context, so `max_running` is the number of full contexts memory holds:
 TensorRT-LLM's default admission (`GUARANTEED_NO_EVICT` reserves a request's whole length when it
-starts it); vLLM and SGLang admit on the blocks in use and preempt when they run out, which lets a
-few more in for a while.
+starts it). vLLM and SGLang admit on the blocks in use and preempt a sequence when they run out: they
+hold more at once (up to what memory holds at the sequences' mean context) and recompute the
+preempted ones, which this simulation does not model.
 
 The figures are those the load generators report, over every request of `rounds` x C:
 
