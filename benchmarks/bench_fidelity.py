@@ -157,37 +157,46 @@ def _open_loop(row: dict) -> bool:
 
 def score(row: dict, servers: dict, tmp: Path, spec: Path | None = None) -> dict:
     """The model's figures for the row, on a one-server spec of its GPUs from the catalog (or `spec`)."""
-    gpu, tp = row["gpu"], row["tp"]
-    if spec is None:
-        spec = tmp / f"{gpu}-{row['num_gpus']}.yaml"
-        spec.write_text(cluster_yaml(gpu, row["num_gpus"], servers, row=row))
-    prompt, output = max(1, round(row["prompt_len"])), max(1, round(row["output_len"]))
-    workload = ServingWorkload(requests=(RequestShape(prompt_len=prompt, output_len=output),), tpot_slo_s=10.0)
-    budget = row.get("max_num_batched_tokens") or ServingOptions().max_batched_tokens
-    chunked = row.get("enable_chunked_prefill") is not False  # unstated: the engines' chunked prefill
-    options = ServingOptions(max_batched_tokens=budget, chunked_prefill=chunked)
-    ctx = build_context(str(spec), PRESETS[row["model"]], workload, row_precision(row), options)
-    pp = row.get("pp", 1)  # a pipeline's stages, one a server, pp micro-batches in flight (as vLLM runs them)
-    model = ctx.replica((Segment(ctx.classes[0].name, tp, pp),))
+    ctx, model = replica_of(row, servers, tmp, spec)
+    pp, (prompt, output) = row.get("pp", 1), _lengths(row)
     if _open_loop(row):
         return open_loop_score(model, ctx.config.num_layers, float(row["request_rate"]), output, pp=pp)
     if row.get("run") == "fixed_batch":
         return fixed_batch_score(model, ctx.config.num_layers, row["concurrency"], prompt, output)
     if row.get("run") == "closed_loop":
-        return closed_loop_score(ctx, model, ctx.config.num_layers, row["concurrency"])
+        return closed_loop_score(ctx, model, ctx.config.num_layers, row["concurrency"], row.get("front_end_s", 0.0))
     return _at(model, ctx.config.num_layers, row["concurrency"], pp)
 
 
-def closed_loop_score(ctx, model, num_layers: int, c: int) -> dict:
-    """c requests of the row's one shape sent at once and each resent as it ends, run iteration by
-    iteration (llm_planner.serving.closed_loop), on the split the planner picks at c: the TTFT, TPOT
-    and tokens/s such a load generator reports. Where memory holds fewer than c full contexts, the
-    engine runs the most it holds (`admitted`, on the split for them) and queues the rest, as `score
-    --closed-loop` does; all layers on one stage where not one fits."""
+def replica_of(row: dict, servers: dict, tmp: Path, spec: Path | None = None):
+    """The serving context of the row's model, workload, precision and engine settings, and its
+    replica: tp GPUs a stage, pp stages (one a server; pp micro-batches in flight, as vLLM runs them)."""
+    if spec is None:
+        spec = tmp / f"{row['gpu']}-{row['num_gpus']}.yaml"
+        spec.write_text(cluster_yaml(row["gpu"], row["num_gpus"], servers, row=row))
+    prompt, output = _lengths(row)
+    workload = ServingWorkload(requests=(RequestShape(prompt_len=prompt, output_len=output),), tpot_slo_s=10.0)
+    budget = row.get("max_num_batched_tokens") or ServingOptions().max_batched_tokens
+    chunked = row.get("enable_chunked_prefill") is not False  # unstated: the engines' chunked prefill
+    options = ServingOptions(max_batched_tokens=budget, chunked_prefill=chunked)
+    ctx = build_context(str(spec), PRESETS[row["model"]], workload, row_precision(row), options)
+    return ctx, ctx.replica((Segment(ctx.classes[0].name, row["tp"], row.get("pp", 1)),))
+
+
+def _lengths(row: dict) -> tuple[int, int]:
+    return max(1, round(row["prompt_len"])), max(1, round(row["output_len"]))
+
+
+def closed_loop_score(ctx, model, num_layers: int, c: int, front_end_s: float = 0.0) -> dict:
+    """c requests of the row's one shape sent at once and each resent as it ends, through a front end of
+    `front_end_s` a request, run iteration by iteration (llm_planner.serving.closed_loop), on the split
+    the planner picks at c: the TTFT, TPOT and tokens/s such a load generator reports. Where memory
+    holds fewer than c full contexts, the engine runs the most it holds (`admitted`, on the split for
+    them) and queues the rest, as `score --closed-loop` does; all layers on one stage where not one fits."""
     split = model.split_layers(c, 1)
     running = c if split is not None else admitted(model, c)
     layers = split or (model.split_layers(running, 1) if running else None) or (num_layers,)
-    got = closed_loop_of(ctx, model, layers, c, max_running=running or None)
+    got = closed_loop_of(ctx, model, layers, c, max_running=running or None, front_end_s=front_end_s)
     figures = {"tpot_s": got.tpot_s, "tokens_per_s": got.tokens_per_s, "ttft_s": got.ttft_s}
     return {**figures, "fits": split is not None, "concurrency": c, "admitted": running}
 

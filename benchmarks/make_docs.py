@@ -87,16 +87,17 @@ measured), median and share within 15%, over every run and over those at 32-256 
         "--out benchmarks/results/fit_engine_closed_loop",
     ),
     Section(
-        "fit_grid_budget",
-        "The NIM grid's token budget, fitted on its calibration runs",
+        "fit_grid_admission",
+        "The NIM grid's token budget and front end, fitted on its calibration runs",
         """\
-`benchmarks/fit_grid_budget.py` scores the NIM grid's runs whose burst of prompts (C x prompt tokens)
-exceeds 8,192 tokens as the closed loop genai-perf ran, at each candidate token budget an iteration
-(the engine's `max_num_tokens`, which the source does not state): TTFT, TPOT and output tokens/s
-ratios (model / measured), median and share within 30% (TTFT) or 15%. The budget with the most TTFT
-ratios within 30% on the calibration runs (A100) is kept (`kept`), and benchmarks/fidelity_grid.py
-scores the grid at it; the held-out rows (H100, every fp8 run among them) judge the choice.""",
-        ".venv/bin/python benchmarks/fit_grid_budget.py",
+`benchmarks/fit_grid_admission.py` scores the NIM grid's runs that fit the model's memory as the
+closed loop genai-perf ran, at each pair of a token budget an iteration (the engine's
+`max_num_tokens`) and a front-end time a request (NIM's server passing requests to the engine one at
+a time), neither of which the source states: TTFT, TPOT and output tokens/s ratios (model /
+measured), median and share within 30% (TTFT) or 15%. The pair with the most TTFT ratios within 30%
+on the calibration runs (A100) is kept (`kept`), and benchmarks/fidelity_grid.py scores the grid at
+it; the held-out rows (H100, every fp8 run among them) judge the choice.""",
+        ".venv/bin/python benchmarks/fit_grid_admission.py",
     ),
     Section(
         "gpu_parts",

@@ -104,6 +104,42 @@ def test_the_budget_decides_whether_the_bursts_persist():
     assert [run(410, r).ttft_s for r in (1, 2)] == pytest.approx([7.5, 6.25])
 
 
+def test_a_front_end_passes_requests_on_one_at_a_time():
+    """Two requests sent at once through a front end of 0.5 s a request, iteration 1 s, 2 tokens each:
+    they reach the engine at 0.5 and 1 s. The engine idles to 0.5 s and starts the first (first token
+    1.5 s), the second beside its decode (2.5 s), then decodes the second alone to 3.5 s, the first's
+    next request still at the front end. TTFT (1.5 + 2.5) / 2, TPOT 1 s, 4 tokens in 3.5 s; with no
+    front end both run in the first iteration and end at 2 s."""
+    args = {"concurrency": 2, "prompt_len": 10, "output_len": 2, "token_budget": 100, "chunked_prefill": False}
+    got = closed_loop(lambda d, q: 1.0, rounds=1, front_end_s=0.5, **args)
+    assert (got.ttft_s, got.tpot_s, got.tokens_per_s, got.iterations) == pytest.approx((2.0, 1.0, 4 / 3.5, 3))
+    direct = closed_loop(lambda d, q: 1.0, rounds=1, **args)
+    assert (direct.ttft_s, direct.tokens_per_s) == pytest.approx((1.0, 2.0))
+
+
+def test_a_front_end_spreads_a_burst_into_cohorts():
+    """100 requests of 200 tokens under a 16,384-token budget, an iteration 8 ms + 40 us a decode + 24
+    us a prompt token: straight in, each round's prompts come as a burst (81 in one iteration, 19 in
+    the next) and the TTFT is about a burst's (0.37 s); through a front end of 4 ms a request they reach the engine over
+    0.4 s, each iteration takes those there by its start, the later ones wait less for the prompts
+    ahead of them (0.23 s), and prompts now share iterations with decodes (the TPOT rises)."""
+
+    def run(front_end_s: float):
+        return closed_loop(
+            lambda d, q: 0.008 + 4e-5 * d + 2.4e-5 * q,
+            concurrency=100,
+            prompt_len=200,
+            output_len=200,
+            token_budget=16384,
+            chunked_prefill=False,
+            front_end_s=front_end_s,
+        )
+
+    burst, spread = run(0.0), run(0.004)
+    assert burst.ttft_s == pytest.approx(0.366, abs=0.001) and spread.ttft_s == pytest.approx(0.234, abs=0.001)
+    assert spread.tpot_s > burst.tpot_s and spread.iterations > burst.iterations
+
+
 def test_past_the_memory_cap_requests_wait_in_the_engine_queue():
     """Four requests sent at once, room for two (max_running 2), iteration 1 s, 3 tokens each: two run
     (first tokens at 1 s, ends at 3 s); the other two wait and start as those end (first tokens at 4
@@ -143,7 +179,15 @@ def test_a_prompt_in_chunks_keeps_its_room():
 
 
 @pytest.mark.parametrize(
-    "bad", [{"concurrency": 0}, {"prompt_len": 0}, {"output_len": 0}, {"token_budget": 0}, {"max_running": 0}]
+    "bad",
+    [
+        {"concurrency": 0},
+        {"prompt_len": 0},
+        {"output_len": 0},
+        {"token_budget": 0},
+        {"max_running": 0},
+        {"front_end_s": -1.0},
+    ],
 )
 def test_an_empty_loop_is_refused(bad):
     args = {"concurrency": 1, "prompt_len": 1, "output_len": 1, "token_budget": 1, "chunked_prefill": True, **bad}
@@ -168,7 +212,7 @@ def test_score_closed_loop_json_and_table(capsys):
     assert main([*argv, "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     loop = got["closed_loop"]
-    assert set(loop) == {"tpot_s", "tokens_per_s", "ttft_s", "requests", "iterations", "max_running"}
+    assert set(loop) == {"tpot_s", "tokens_per_s", "ttft_s", "requests", "iterations", "max_running", "front_end_s"}
     assert (loop["requests"], loop["max_running"]) == (96, 32)
     assert loop["ttft_s"] > got["ttft_s"] and loop["tpot_s"] < got["tpot_s"]  # the burst's prompts wait together
     assert main(argv) == 0
@@ -193,6 +237,23 @@ def test_score_closed_loop_past_memory_queues_what_memory_cannot_hold(capsys):
     assert (alone["admitted"], alone["closed_loop"]["max_running"]) == (30, 30)
     assert main([*argv, "--concurrency", "31", "--closed-loop"]) == 0
     assert "31 sent, 30 in flight" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_score_closed_loop_through_a_front_end(capsys):
+    """`--front-end-s` reaches the simulation (the JSON states it, the TTFT of one request grows by it)
+    and applies to --closed-loop only; a negative time is refused by argparse."""
+    argv = ["score", "--cluster", FOUR_GPUS, "--model", "gpt2", "--replica", REPLICA, "--concurrency", "1"]
+    argv += ["--prompt-len", "64", "--output-len", "16", "--closed-loop", "--json"]
+    loops = []
+    for extra in ([], ["--front-end-s", "0.004"]):
+        assert main([*argv, *extra]) == 0
+        loops.append(json.loads(capsys.readouterr().out)["closed_loop"])
+    assert (loops[0]["front_end_s"], loops[1]["front_end_s"]) == (0.0, 0.004)
+    assert loops[1]["ttft_s"] == pytest.approx(loops[0]["ttft_s"] + 0.004, rel=1e-9)
+    assert main([a for a in argv if a != "--closed-loop"] + ["--front-end-s", "0.004"]) == 2
+    assert "--front-end-s: the front end's time is simulated in a closed loop" in capsys.readouterr().err
+    assert main([*argv, "--front-end-s", "-1"]) == 2
+    assert "--front-end-s: must be a number of seconds from 0" in capsys.readouterr().err
 
 
 def test_score_closed_loop_refuses_micro_batches_and_several_shapes(tmp_path, capsys):

@@ -17,6 +17,14 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def front_end_seconds(text: str) -> float:
+    """A finite number of seconds from 0 to below an hour (a front end's time per request)."""
+    value = _number(text)
+    if not (math.isfinite(value) and 0 <= value < 3600):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds from 0 to below 3600, got {text!r}")
+    return value
+
+
 def imbalance(text: str) -> float:
     """A finite number of at least 1 (an MoE layer's busiest expert's rows over the mean)."""
     value = _number(text)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from rich.console import Console
 from rich.table import Table
 
-from llm_planner.cli.arg_types import imbalance, layer_counts, positive, redundant_experts, tokens
+from llm_planner.cli.arg_types import front_end_seconds, imbalance, layer_counts, positive, redundant_experts, tokens
 from llm_planner.cli.commands import UserError
 from llm_planner.cli.serving import expert_load_options
 from llm_planner.core.constants import DTYPE_BYTES
@@ -115,6 +115,14 @@ def add_score_parser(sub) -> None:
         "sent at once, each resent as it ends (genai-perf's concurrency mode, vllm bench serve --max-concurrency); "
         "its mean TTFT, TPOT and tokens/s, which such a benchmark reports, differ from the steady state's",
     )
+    p.add_argument(
+        "--front-end-s",
+        type=front_end_seconds,
+        default=None,
+        help="with --closed-loop: the seconds the engine's front end takes a request, one request at a time "
+        "(receiving, tokenizing, handing it to the scheduler), so requests sent together reach the engine spread "
+        "out (default 0: as sent)",
+    )
     p.add_argument("--allow-cpu", action="store_true", help="let the replica name CPU classes")
     p.add_argument("--json", action="store_true", help="write one JSON object to stdout instead of the table")
 
@@ -146,6 +154,10 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
     except LayoutError as exc:
         raise UserError(f"--replica: {exc}{ctx.left_out_text()}", exit_code=2) from None
     rounds = ROUNDS if args.closed_loop else 0
+    if args.front_end_s is not None and not args.closed_loop:
+        raise UserError(
+            "--front-end-s: the front end's time is simulated in a closed loop; give --closed-loop", exit_code=2
+        )
     score = score_replica(
         ctx,
         layout,
@@ -153,6 +165,7 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
         micro_batches=args.micro_batches,
         layers=args.layers,
         closed_loop_rounds=rounds,
+        front_end_s=args.front_end_s or 0.0,
     )
     if args.json:
         print(json.dumps(score.to_dict(), allow_nan=False))
@@ -224,9 +237,13 @@ def _figures(score: ReplicaScore) -> str:
 
 def _closed_loop_text(score: ReplicaScore) -> str:
     got = score.closed_loop
+    how = [f"all {score.ev.concurrency + score.queued} sent at once, each resent as it ends"]
+    if got.front_end_s:
+        how.append(f"through a front end of {fmt_s(got.front_end_s)} a request")
+    if score.queued:
+        how.append(f"at most {got.max_running} running")
     return (
-        f"closed loop ({got.requests} requests, all {score.ev.concurrency + score.queued} sent at once, each resent "
-        f"as it ends{f', at most {got.max_running} running' if score.queued else ''}): "
+        f"closed loop ({got.requests} requests, {', '.join(how)}): "
         f"{got.tokens_per_s:,.0f} output tokens/s; TPOT {fmt_s(got.tpot_s)}; TTFT {fmt_s(got.ttft_s)}"
     )
 

@@ -41,10 +41,12 @@ The figures are those the load generators report, over every request of `rounds`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 ROUNDS = 3  # requests simulated per slot of the concurrency, unless told
+_EPS_S = 1e-12  # arrival times are sums of floats: a request due at `now` within this is there
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,25 +59,45 @@ class ClosedLoopResult:
     requests: int
     iterations: int
     max_running: int  # the most sequences running at once (C where memory holds them all)
+    front_end_s: float  # the front end's time a request (0: the requests reach the engine as sent)
 
 
 @dataclass
 class _Cohort:
     """Requests that move together: `count` of them, their send times summed, and each's prompt
-    tokens left (waiting) or tokens generated and first token's time (running)."""
+    tokens left (waiting) or tokens generated and first token's time (running). Waiting, the first
+    reaches the engine at `arrive_s` and each next one `gap_s` later (the front end's time a request)."""
 
     count: int
     sent_sum_s: float
     prompt_left: float = 0.0
     tokens: int = 0
     first_s: float = 0.0
+    arrive_s: float = 0.0
+    gap_s: float = 0.0
 
     def split(self, n: int) -> _Cohort:
-        """n of the requests as a cohort of their own, taken from this one (their mean send time kept)."""
+        """The first n of the requests as a cohort of their own, taken from this one (their mean send
+        time kept)."""
         part = _Cohort(n, self.sent_sum_s * n / self.count, self.prompt_left, self.tokens, self.first_s)
+        part.arrive_s, part.gap_s = self.arrive_s, self.gap_s
         self.count -= n
         self.sent_sum_s -= part.sent_sum_s
+        self.arrive_s += n * self.gap_s
         return part
+
+    def arrived(self, now: float) -> int:
+        """How many of the requests the engine has by `now`."""
+        if now < self.arrive_s - _EPS_S:
+            return 0
+        if self.gap_s == 0:
+            return self.count
+        return min(self.count, int((now - self.arrive_s + _EPS_S) / self.gap_s) + 1)
+
+    def next_arrival_s(self, now: float) -> float:
+        """When the next of the requests not yet at the engine by `now` reaches it (inf: all have)."""
+        k = self.arrived(now)
+        return self.arrive_s + k * self.gap_s if k < self.count else math.inf
 
 
 @dataclass
@@ -85,6 +107,22 @@ class _Tally:
     tpot_sum_s: float = 0.0
     last_end_s: float = 0.0
     iterations: int = 0
+
+
+@dataclass
+class _FrontEnd:
+    """The engine's front end, taking requests one at a time, `request_s` each."""
+
+    request_s: float
+    free_s: float = 0.0
+
+    def send(self, waiting: list[_Cohort], n: int, now: float, prompt_len: int) -> None:
+        """The clients of the n requests that ended send their next at once; they reach the engine
+        one after another as the front end passes them on."""
+        if n > 0:
+            start = max(now, self.free_s)
+            self.free_s = start + n * self.request_s
+            waiting.append(_Cohort(n, n * now, prompt_len, arrive_s=start + self.request_s, gap_s=self.request_s))
 
 
 def closed_loop(
@@ -97,24 +135,30 @@ def closed_loop(
     chunked_prefill: bool,
     rounds: int = ROUNDS,
     max_running: int | None = None,
+    front_end_s: float = 0.0,
 ) -> ClosedLoopResult:
     """Simulate `rounds` x `concurrency` requests of one shape kept `concurrency` in flight (module
     docstring). Requests in step are kept as cohorts, and a stretch of iterations that admits no
     prompt and ends no request is stepped over at once: the time grows with the events, not with
     the iterations."""
     running_cap = concurrency if max_running is None else min(max_running, concurrency)
-    if min(concurrency, prompt_len, output_len, token_budget, rounds, running_cap) < 1:
+    if min(concurrency, prompt_len, output_len, token_budget, rounds, running_cap) < 1 or front_end_s < 0:
         raise ValueError(
             "a closed loop needs at least one sequence, prompt token, output token, budget token and round, "
-            "and room for one sequence"
+            "room for one sequence, and a front end time of at least 0"
         )
-    waiting, running, tally, now = [_Cohort(concurrency, 0.0, prompt_len)], [], _Tally(), 0.0
+    front, waiting, running, tally, now = _FrontEnd(front_end_s), [], [], _Tally(), 0.0
+    front.send(waiting, concurrency, now, prompt_len)
     while tally.requests < rounds * concurrency:
         decodes = sum(c.count for c in running)
         room = running_cap - decodes  # a prompt part-done in chunks heads the queue and takes its room first
-        prompts, started = _admit(waiting, decodes, token_budget, chunked_prefill, room)
-        steps = 1 if started or prompts else min(output_len - c.tokens for c in running)
-        now += steps * iteration_s(decodes, prompts)
+        prompts, started = _admit(waiting, decodes, token_budget, chunked_prefill, room, now)
+        if not (started or prompts or running):  # the engine idles until the next request reaches it
+            now = min(c.arrive_s for c in waiting)
+            continue
+        iteration = iteration_s(decodes, prompts)
+        steps = 1 if started or prompts else _quiet_steps(running, waiting, output_len, now, iteration)
+        now += steps * iteration
         tally.iterations += steps
         for c in running:
             c.tokens += steps
@@ -125,7 +169,7 @@ def closed_loop(
         ended = [c for c in active if c.tokens >= output_len]
         for c in ended:
             _tally(c, output_len, now, tally)
-        _send(waiting, sum(c.count for c in ended), now, prompt_len)
+        front.send(waiting, sum(c.count for c in ended), now, prompt_len)
     return ClosedLoopResult(
         ttft_s=tally.ttft_sum_s / tally.requests,
         tpot_s=tally.tpot_sum_s / tally.requests,
@@ -133,17 +177,31 @@ def closed_loop(
         requests=tally.requests,
         iterations=tally.iterations,
         max_running=running_cap,
+        front_end_s=front_end_s,
     )
 
 
-def _admit(waiting: list[_Cohort], decodes: int, budget: int, chunked: bool, room: int) -> tuple[float, list[_Cohort]]:
-    """The prompt tokens this iteration takes from `waiting` (in order) and the cohorts whose prompts
-    it finishes (removed from `waiting`; a cohort partly admitted is split)."""
+def _quiet_steps(running: list[_Cohort], waiting: list[_Cohort], output_len: int, now: float, iteration: float) -> int:
+    """Decode-only iterations until one ends a request or one starts after a request reaches the engine."""
+    steps = min(output_len - c.tokens for c in running)
+    arrival = min((c.next_arrival_s(now) for c in waiting), default=math.inf)
+    if arrival < math.inf:
+        steps = min(steps, max(1, math.ceil((arrival - now) / iteration - 1e-9)))
+    return steps
+
+
+def _admit(
+    waiting: list[_Cohort], decodes: int, budget: int, chunked: bool, room: int, now: float
+) -> tuple[float, list[_Cohort]]:
+    """The prompt tokens this iteration takes from `waiting` (in order, those that have reached the
+    engine by `now`) and the cohorts whose prompts it finishes (removed from `waiting`; a cohort
+    partly admitted is split)."""
     left, taken, started = budget - decodes, 0.0, []
     while waiting and left > 0 and room > 0:
         head = waiting[0]
-        whole = min(head.count, int(left // head.prompt_left), room)
-        if whole == 0 and not chunked and decodes == 0 and taken == 0:
+        here = head.arrived(now)
+        whole = min(here, int(left // head.prompt_left), room)
+        if here and whole == 0 and not chunked and decodes == 0 and taken == 0:
             whole = 1  # a prompt over the budget goes alone
         if whole:
             started.append(head.split(whole) if whole < head.count else waiting.pop(0))
@@ -151,7 +209,7 @@ def _admit(waiting: list[_Cohort], decodes: int, budget: int, chunked: bool, roo
             left -= whole * head.prompt_left
             room -= whole
             continue
-        if chunked:  # one request takes what is left of the budget and goes on next iteration
+        if chunked and here:  # one request takes what is left of the budget and goes on next iteration
             part = head.split(1) if head.count > 1 else waiting.pop(0)
             part.prompt_left -= left
             taken += left
@@ -166,9 +224,3 @@ def _tally(c: _Cohort, output_len: int, now: float, tally: _Tally) -> None:
     tally.ttft_sum_s += c.first_s * c.count - c.sent_sum_s
     tally.tpot_sum_s += c.count * (now - c.first_s) / max(output_len - 1, 1)
     tally.last_end_s = now
-
-
-def _send(waiting: list[_Cohort], n: int, now: float, prompt_len: int) -> None:
-    """The clients of the n requests that ended send their next at once."""
-    if n > 0:
-        waiting.append(_Cohort(n, n * now, prompt_len))

@@ -88,6 +88,7 @@ def score_replica(
     micro_batches: int,
     layers: tuple[int, ...] | None = None,
     closed_loop_rounds: int = 0,
+    front_end_s: float = 0.0,
 ) -> ReplicaScore:
     """The replica's figures at (C, m) with `layers` (None: split_layers' choice), and with
     `closed_loop_rounds` a closed loop's (module docstring); LayoutError naming the flag when C < m,
@@ -114,7 +115,7 @@ def score_replica(
         max_batched_tokens=ctx.tasks.token_budget,
         chunked_prefill=ctx.tasks.chunked_prefill,
         dense_layers=ctx.tasks.dense_layers,
-        closed_loop=closed_loop_of(ctx, model, split, concurrency, closed_loop_rounds, running)
+        closed_loop=closed_loop_of(ctx, model, split, concurrency, closed_loop_rounds, running, front_end_s)
         if closed_loop_rounds
         else None,
         queued=concurrency - running,
@@ -155,10 +156,11 @@ def closed_loop_of(
     concurrency: int,
     rounds: int = ROUNDS,
     max_running: int | None = None,
+    front_end_s: float = 0.0,
 ) -> ClosedLoopResult:
     """The replica with `layers` in a closed loop of `concurrency` requests of the workload's one shape
     (llm_planner.serving.closed_loop), at the context's token budget and prefill mode, at most
-    `max_running` of them running (None: all)."""
+    `max_running` of them running (None: all), through a front end of `front_end_s` a request."""
     shapes = ctx.workload.requests
     if len(shapes) != 1:
         raise LayoutError(f"a closed loop sends requests of one shape; the workload has {len(shapes)}")
@@ -171,6 +173,7 @@ def closed_loop_of(
         chunked_prefill=ctx.tasks.chunked_prefill,
         rounds=rounds,
         max_running=max_running,
+        front_end_s=front_end_s,
     )
 
 
