@@ -43,6 +43,8 @@ import fidelity_grid  # noqa: E402
 import fit_catalog  # noqa: E402
 import provenance  # noqa: E402
 
+from llm_planner.serving.closed_loop import closed_loop  # noqa: E402
+
 BUDGETS = (8192, 16384, 32768, 65536)
 FRONT_ENDS_S = (0.0, 0.001, 0.002, 0.003, 0.004, 0.005, 0.006)
 COLUMNS = ["budget", "front end ms", "runs", "use", "TTFT median", "TTFT within 30%", "TPOT median"]
@@ -57,18 +59,27 @@ def grid_rows(use: str) -> list[dict]:
 
 
 def _ratios(row: dict) -> dict | None:
-    """Per budget and front-end time, the run's ratios model / measured (None where C does not fit)."""
-    out = {}
+    """Per budget and front-end time, the run's ratios model / measured (None where C does not fit):
+    the replica's split and iteration times are the same at every pair, so they are built once."""
     with tempfile.TemporaryDirectory() as tmp:
-        for budget in BUDGETS:
-            ctx, model = bench_fidelity.replica_of(
-                {**row, "max_num_batched_tokens": budget}, fit_catalog.SERVERS, Path(tmp)
-            )
-            for front in FRONT_ENDS_S:
-                got = bench_fidelity.closed_loop_score(ctx, model, ctx.config.num_layers, row["concurrency"], front)
-                if not got["fits"]:
-                    return None
-                out[budget, front] = fidelity_grid.ratios(row, got)
+        ctx, model = bench_fidelity.replica_of(row, fit_catalog.SERVERS, Path(tmp))
+    c, (prompt, output) = row["concurrency"], bench_fidelity.lengths(row)
+    split = model.split_layers(c, 1)
+    if split is None:
+        return None
+    out = {}
+    for budget, front in product(BUDGETS, FRONT_ENDS_S):
+        got = closed_loop(
+            lambda decodes, prompt_tokens: model.iteration_s(split, decodes, prompt_tokens),
+            concurrency=c,
+            prompt_len=prompt,
+            output_len=output,
+            token_budget=budget,
+            chunked_prefill=ctx.tasks.chunked_prefill,
+            front_end_s=front,
+        )
+        figures = {"tpot_s": got.tpot_s, "tokens_per_s": got.tokens_per_s, "ttft_s": got.ttft_s, "fits": True}
+        out[budget, front] = fidelity_grid.ratios(row, figures)
     return out
 
 
