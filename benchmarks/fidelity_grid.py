@@ -24,13 +24,16 @@ gives the runs scored in the steady state instead, as benchmarks/fit_catalog.py 
 on them.
 
 The source does not state the engine's version, its batch limits, its token budget, whether it
-chunks prompts or how the fp8 runs keep their KV cache. The closed loop takes prompts whole
-(TensorRT-LLM's default: context chunking off) under a budget of 32,768 tokens an iteration
-(`max_num_tokens`), fitted on the calibration runs (benchmarks/fit_grid_budget.py: on those whose
-burst exceeds 8,192 tokens, 72% of the TTFTs within 30%, against 37% at TensorRT-LLM's BuildConfig
-default of 8,192). The budget decides whether a burst of short prompts runs in a few iterations,
-its requests then staying in step round after round with a burst's TTFT each time (what the runs
-show), or splits into cohorts that end apart and send smaller bursts. The steady state takes the
+chunks prompts, how its front end passes requests on, or how the fp8 runs keep their KV cache. The
+closed loop takes prompts whole (TensorRT-LLM's default: context chunking off) under a budget of
+16,384 tokens an iteration (`max_num_tokens`), the requests reaching the engine through a front end
+of 4 ms a request, one at a time; the two are fitted together on the calibration runs
+(benchmarks/fit_grid_admission.py: 97% of their TTFTs within 30%, against 52% at TensorRT-LLM's
+BuildConfig default of 8,192 tokens with the requests reaching the engine as sent). The budget
+decides how many iterations a burst of prompts takes; the front end spreads a burst's arrival, so
+the engine takes it in the iterations it arrives in and a later request waits less for the prompts
+ahead of it. Without a front end the C requests of a round all wait for the whole burst, which no
+engine can prefill as fast as the runs' TTFTs at 25-150 in flight show. The steady state takes the
 planner's defaults (chunked prefill, 2,048 tokens); and the fp8 runs take TensorRT-LLM's default
 of fp8 quantization, fp8 weights and activations with the KV cache in the 16-bit dtype (`--weights
 fp8 --kv-cache-dtype auto`; an fp8 KV cache is a separate option of its quantizer). The runs
@@ -66,10 +69,10 @@ MODELS = {
     "meta-llama3-8b-instruct": "meta-llama/Meta-Llama-3-8B-Instruct",
     "meta-llama3-70b-instruct": "meta-llama/Meta-Llama-3-70B-Instruct",
 }
-# What the source leaves out (module docstring): the token budget an iteration, fitted on the
-# calibration runs by benchmarks/fit_grid_budget.py, and prompts whole (TensorRT-LLM's default:
-# enable_chunked_context off)
-ENGINE_BUDGET = {"max_num_batched_tokens": 32768, "enable_chunked_prefill": False}
+# What the source leaves out (module docstring): the token budget an iteration and the front end's
+# time a request, fitted together on the calibration runs by benchmarks/fit_grid_admission.py, and
+# prompts whole (TensorRT-LLM's default: enable_chunked_context off)
+ENGINE_BUDGET = {"max_num_batched_tokens": 16384, "enable_chunked_prefill": False, "front_end_s": 0.004}
 CALIBRATION_GPUS = ("a100-sxm-80g",)  # the runs benchmarks/fit_catalog.py fits the catalog on
 GROUP_KEYS = ("model", "gpu", "tp", "precision")
 METRICS = {"tpot": "TPOT", "tokens_per_s": "output tokens/s", "ttft": "TTFT"}
