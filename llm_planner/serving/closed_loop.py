@@ -23,6 +23,13 @@ times on it, the decode context at its mean). At its end each decoding sequence 
 token, and a request whose prompt it finished has its first. A request ends at its last token and
 the client sends the next at once.
 
+Requests sent together need not reach the engine together: its front end (the HTTP server that
+receives a request, tokenizes it and hands it to the scheduler) takes them one at a time, and with
+`front_end_s` per request the i-th of a burst reaches the engine i x `front_end_s` after the front
+end is free. Each iteration admits only the requests that have reached the engine by its start, so
+a burst spreads over the iterations it arrives in; an idle engine waits for the next request. At
+0 (the default) every request reaches the engine when it is sent.
+
 An engine admits a request only while its KV cache has room for it: with `max_running` below C, at
 most that many sequences run (prompt admitted, not yet ended) and the others wait in the engine's
 queue, in arrival order, their wait counted in their TTFT. The planner's memory model holds every
