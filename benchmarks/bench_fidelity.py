@@ -47,7 +47,7 @@ from llm_planner.cost.iteration import Load, layer_kernels  # noqa: E402
 from llm_planner.graph.decoder_presets import preset_config  # noqa: E402
 from llm_planner.serving.context import ServingOptions, build_context  # noqa: E402
 from llm_planner.serving.layout import Segment  # noqa: E402
-from llm_planner.serving.score import admitted, closed_loop_of  # noqa: E402
+from llm_planner.serving.score import closed_loop_of, queued_split  # noqa: E402
 from llm_planner.serving.workload import RequestShape, ServingWorkload  # noqa: E402
 
 DATA = REPO / "benchmarks" / "data"
@@ -193,12 +193,10 @@ def closed_loop_score(ctx, model, num_layers: int, c: int, front_end_s: float = 
     the planner picks at c: the TTFT, TPOT and tokens/s such a load generator reports. Where memory
     holds fewer than c full contexts, the engine runs the most it holds (`admitted`, on the split for
     them) and queues the rest, as `score --closed-loop` does; all layers on one stage where not one fits."""
-    split = model.split_layers(c, 1)
-    running = c if split is not None else admitted(model, c)
-    layers = split or (model.split_layers(running, 1) if running else None) or (num_layers,)
-    got = closed_loop_of(ctx, model, layers, c, max_running=running or None, front_end_s=front_end_s)
+    split, running = queued_split(model, c)
+    got = closed_loop_of(ctx, model, split or (num_layers,), c, max_running=running or None, front_end_s=front_end_s)
     figures = {"tpot_s": got.tpot_s, "tokens_per_s": got.tokens_per_s, "ttft_s": got.ttft_s}
-    return {**figures, "fits": split is not None, "concurrency": c, "admitted": running}
+    return {**figures, "fits": running == c, "concurrency": c, "admitted": running}
 
 
 def row_precision(row: dict):

@@ -129,24 +129,30 @@ def _split_and_running(
     closed loop where no split holds C, the most it holds (module docstring)."""
     if layers is not None:
         return _check_split(ctx, model, layers), concurrency
-    split = model.split_layers(concurrency, micro_batches)
-    running = concurrency if split is not None or not closed else admitted(model, concurrency)
-    if split is None and running:
-        split = model.split_layers(running, 1)
+    if closed:  # one micro-batch (score_replica refuses more)
+        split, running = queued_split(model, concurrency)
+    else:
+        split, running = model.split_layers(concurrency, micro_batches), concurrency
     if split is None:
-        caps = tuple(model.caps(running or concurrency, micro_batches))
+        caps = tuple(model.caps(1 if closed else concurrency, micro_batches))  # closed: not even one fits
         raise LayoutError(_no_split_text(ctx, model, caps, concurrency, micro_batches, closed))
     return split, running
 
 
-def admitted(model: ReplicaModel, concurrency: int) -> int:
-    """The most sequences, up to `concurrency`, whose full contexts some split of the replica holds in
-    one micro-batch (0: not one). Memory grows with the sequences, so the search halves."""
-    lo, hi = 0, concurrency
+def queued_split(model: ReplicaModel, concurrency: int) -> tuple[tuple[int, ...] | None, int]:
+    """What a closed loop of `concurrency` runs in one micro-batch: the split and the sequences it runs
+    at once, all C where a split holds their full contexts, else the most some split holds (the
+    engine queues the rest); (None, 0) where not one fits. Memory grows with the sequences, so the
+    search halves."""
+    split = model.split_layers(concurrency, 1)
+    if split is not None:
+        return split, concurrency
+    lo, hi, held = 0, concurrency - 1, None  # held: the split of lo sequences (lo only moves to one that fits)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if model.split_layers(mid, 1) is not None else (lo, mid - 1)
-    return lo
+        found = model.split_layers(mid, 1)
+        lo, hi, held = (mid, hi, found) if found is not None else (lo, mid - 1, held)
+    return held, lo
 
 
 def closed_loop_of(
