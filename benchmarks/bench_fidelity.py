@@ -158,7 +158,7 @@ def _open_loop(row: dict) -> bool:
 def score(row: dict, servers: dict, tmp: Path, spec: Path | None = None) -> dict:
     """The model's figures for the row, on a one-server spec of its GPUs from the catalog (or `spec`)."""
     ctx, model = replica_of(row, servers, tmp, spec)
-    pp, (prompt, output) = row.get("pp", 1), lengths(row)
+    pp, (prompt, output) = row.get("pp", 1), _lengths(row)
     if _open_loop(row):
         return open_loop_score(model, ctx.config.num_layers, float(row["request_rate"]), output, pp=pp)
     if row.get("run") == "fixed_batch":
@@ -174,7 +174,7 @@ def replica_of(row: dict, servers: dict, tmp: Path, spec: Path | None = None):
     if spec is None:
         spec = tmp / f"{row['gpu']}-{row['num_gpus']}.yaml"
         spec.write_text(cluster_yaml(row["gpu"], row["num_gpus"], servers, row=row))
-    prompt, output = lengths(row)
+    prompt, output = _lengths(row)
     workload = ServingWorkload(requests=(RequestShape(prompt_len=prompt, output_len=output),), tpot_slo_s=10.0)
     budget = row.get("max_num_batched_tokens") or ServingOptions().max_batched_tokens
     chunked = row.get("enable_chunked_prefill") is not False  # unstated: the engines' chunked prefill
@@ -183,7 +183,7 @@ def replica_of(row: dict, servers: dict, tmp: Path, spec: Path | None = None):
     return ctx, ctx.replica((Segment(ctx.classes[0].name, row["tp"], row.get("pp", 1)),))
 
 
-def lengths(row: dict) -> tuple[int, int]:
+def _lengths(row: dict) -> tuple[int, int]:
     return max(1, round(row["prompt_len"])), max(1, round(row["output_len"]))
 
 

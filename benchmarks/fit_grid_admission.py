@@ -43,7 +43,7 @@ import fidelity_grid  # noqa: E402
 import fit_catalog  # noqa: E402
 import provenance  # noqa: E402
 
-from llm_planner.serving.closed_loop import closed_loop  # noqa: E402
+from llm_planner.serving.score import closed_loop_of  # noqa: E402
 
 BUDGETS = (8192, 16384, 32768, 65536)
 FRONT_ENDS_S = (0.0, 0.001, 0.002, 0.003, 0.004, 0.005, 0.006)
@@ -60,24 +60,17 @@ def grid_rows(use: str) -> list[dict]:
 
 def _ratios(row: dict) -> dict | None:
     """Per budget and front-end time, the run's ratios model / measured (None where C does not fit):
-    the replica's split and iteration times are the same at every pair, so they are built once."""
+    the replica's split and iteration times are the same at every pair, so they are built once and
+    each pair's budget is passed to the closed loop."""
     with tempfile.TemporaryDirectory() as tmp:
         ctx, model = bench_fidelity.replica_of(row, fit_catalog.SERVERS, Path(tmp))
-    c, (prompt, output) = row["concurrency"], bench_fidelity.lengths(row)
+    c = row["concurrency"]
     split = model.split_layers(c, 1)
     if split is None:
         return None
     out = {}
     for budget, front in product(BUDGETS, FRONT_ENDS_S):
-        got = closed_loop(
-            lambda decodes, prompt_tokens: model.iteration_s(split, decodes, prompt_tokens),
-            concurrency=c,
-            prompt_len=prompt,
-            output_len=output,
-            token_budget=budget,
-            chunked_prefill=ctx.tasks.chunked_prefill,
-            front_end_s=front,
-        )
+        got = closed_loop_of(ctx, model, split, c, front_end_s=front, token_budget=budget)
         figures = {"tpot_s": got.tpot_s, "tokens_per_s": got.tokens_per_s, "ttft_s": got.ttft_s, "fits": True}
         out[budget, front] = fidelity_grid.ratios(row, figures)
     return out

@@ -163,10 +163,12 @@ def closed_loop_of(
     rounds: int = ROUNDS,
     max_running: int | None = None,
     front_end_s: float = 0.0,
+    token_budget: int | None = None,
 ) -> ClosedLoopResult:
     """The replica with `layers` in a closed loop of `concurrency` requests of the workload's one shape
-    (llm_planner.serving.closed_loop), at the context's token budget and prefill mode, at most
-    `max_running` of them running (None: all), through a front end of `front_end_s` a request."""
+    (llm_planner.serving.closed_loop), at the context's prefill mode and token budget (or
+    `token_budget`), at most `max_running` of them running (None: all), through a front end of
+    `front_end_s` a request."""
     shapes = ctx.workload.requests
     if len(shapes) != 1:
         raise LayoutError(f"a closed loop sends requests of one shape; the workload has {len(shapes)}")
@@ -175,7 +177,7 @@ def closed_loop_of(
         concurrency=concurrency,
         prompt_len=shapes[0].prompt_len,
         output_len=shapes[0].output_len,
-        token_budget=ctx.tasks.token_budget,
+        token_budget=token_budget or ctx.tasks.token_budget,
         chunked_prefill=ctx.tasks.chunked_prefill,
         rounds=rounds,
         max_running=max_running,
