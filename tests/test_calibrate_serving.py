@@ -406,3 +406,25 @@ def test_closed_loop_calibration_refuses_micro_batches(tmp_path, capsys):
         "--closed-loop",
         "need --serving",
     )
+
+
+def test_closed_loop_calibration_sends_requests_through_the_front_end_given(tmp_path, capsys):
+    """`--front-end-s S` reaches each closed-loop case as `score --front-end-s` takes it: at one
+    sequence in flight a request's TTFT is longer by S; refused without --closed-loop or --serving."""
+    files = _closed_loop_measurements(tmp_path, capsys, [(TP1, 1)])
+    cluster = load_cluster(_spec(tmp_path, "spec.yaml"))
+    observations = [(f, read_serving_results(f)) for f in files]
+    ttft = {}
+    for front_end_s in (0.0, 0.004):
+        settings = ServingSettings(model="llama2-7b", replicas=(TP1,), closed_loop=True, front_end_s=front_end_s)
+        config = model_config(settings, observations[0][1])
+        (case,) = build_cases(cluster, config, observations, settings)
+        assert case.front_end_s == front_end_s
+        ttft[front_end_s] = predict(cluster, config, case)["ttft_s"]
+    assert ttft[0.004] - ttft[0.0] == pytest.approx(0.004, rel=1e-6)
+    spec = _spec(tmp_path, "flags.yaml")
+    argv = ["calibrate", "--serving", "--cluster", spec, "--model", "llama2-7b", *files, "-o", str(tmp_path / "o.yaml")]
+    _refused(capsys, [*argv, "--front-end-s", "0.004"], "--front-end-s", "give --closed-loop")
+    _refused(capsys, [*argv, "--closed-loop", "--front-end-s", "-1"], "--front-end-s", "from 0")
+    plain = ["calibrate", "--cluster", spec, "-o", str(tmp_path / "x.yaml"), "--front-end-s", "0.004"]
+    _refused(capsys, plain, "--front-end-s", "need --serving")

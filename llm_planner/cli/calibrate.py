@@ -12,7 +12,7 @@ import math
 from rich.console import Console
 from rich.table import Table
 
-from llm_planner.cli.arg_types import positive, tokens
+from llm_planner.cli.arg_types import front_end_seconds, positive, tokens
 from llm_planner.cli.commands import UserError
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.constants import DTYPE_BYTES
@@ -118,6 +118,13 @@ def add_calibrate_parser(sub) -> None:
         "vllm bench serve --max-concurrency, genai-perf's concurrency mode): predict each as `score --closed-loop` "
         "simulates it, not as the steady state",
     )
+    s.add_argument(
+        "--front-end-s",
+        type=front_end_seconds,
+        default=None,
+        help="with --closed-loop: the seconds the engine's front end takes a request, as `score --front-end-s` takes "
+        "it (default 0: requests reach the engine as sent); an input of the fit, not fitted",
+    )
     s.add_argument("--allow-cpu", action="store_true", help="let a replica name CPU classes")
 
 
@@ -137,6 +144,7 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
             allow_cpu=args.allow_cpu,
             chunked_prefill=args.chunked_prefill is not False,
             closed_loop=bool(args.closed_loop),
+            front_end_s=args.front_end_s or 0.0,
         )
         weights = {"ttft_s": args.ttft_weight, "tokens_per_s": args.tokens_weight}
         result = calibrate_serving_files(args.cluster, args.results, settings, args.output, weights)
@@ -160,8 +168,13 @@ def _check_flags(args: argparse.Namespace) -> None:
         "--kv-cache-dtype",
         "--no-chunked-prefill",
         "--closed-loop",
+        "--front-end-s",
     )
     if args.serving:
+        if args.front_end_s is not None and not args.closed_loop:
+            raise UserError(
+                "--front-end-s: the front end's time is simulated in a closed loop; give --closed-loop", exit_code=2
+            )
         if args.plan or args.report:
             raise UserError("--serving fits RESULT files; --plan and --report are for placement runs", exit_code=2)
         if not args.results:

@@ -16,7 +16,9 @@ even one where none fits memory.
 `predict` is `llm-planner score` (llm_planner.serving.score.score_replica) on the case: one
 model, no second formula. With `closed_loop` (`calibrate --serving --closed-loop`) a case's TPOT,
 tokens/s and TTFT are `score --closed-loop`'s: the benchmark simulated iteration by iteration, C
-requests of the run's one shape sent at once (llm_planner.serving.closed_loop), one micro-batch.
+requests of the run's one shape sent at once (llm_planner.serving.closed_loop), one micro-batch,
+reaching the engine through a front end of `front_end_s` a request (`--front-end-s`: 0, as sent,
+unless given; it is an input of the fit, not fitted).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class ServingSettings:
     allow_cpu: bool = False
     chunked_prefill: bool = True  # False: the engine ran each prompt whole
     closed_loop: bool = False  # the results are closed-loop benchmarks (module docstring)
+    front_end_s: float = 0.0  # with closed_loop: the engine's front end's time a request (module docstring)
 
     def for_file(self, i: int, num_files: int, flag: str):
         """The value of the per-file flag for file i (None: not given)."""
@@ -83,6 +86,7 @@ class ServingCase:
     kinds: tuple[str, ...]  # device kinds the replica runs on
     grouped_kinds: tuple[str, ...]  # those of them in tensor-parallel groups
     closed_loop: bool = False  # predicted as a closed-loop benchmark (llm_planner.serving.closed_loop)
+    front_end_s: float = 0.0  # the closed loop's front end: its time a request
 
 
 def model_config(settings: ServingSettings, observations: Sequence[ServingObservation]) -> DecoderConfig:
@@ -164,6 +168,7 @@ def _case(cluster, config, obs: ServingObservation, settings: ServingSettings, g
         kinds=tuple(dict.fromkeys(ctx.by_name[seg.class_name].kind.name for seg in layout)),
         grouped_kinds=tuple(dict.fromkeys(ctx.by_name[s.class_name].kind.name for s in layout if s.degree > 1)),
         closed_loop=settings.closed_loop,
+        front_end_s=settings.front_end_s,
     )
 
 
@@ -217,6 +222,7 @@ def predict(cluster: ClusterSpec, config: DecoderConfig, case: ServingCase) -> d
         micro_batches=case.micro_batches,
         layers=case.layers,
         closed_loop_rounds=ROUNDS if case.closed_loop else 0,
+        front_end_s=case.front_end_s,
     )
     got = score.closed_loop or score.ev
     return {
