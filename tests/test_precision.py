@@ -157,6 +157,32 @@ def test_fp8_kv_halves_the_kv_bytes_held_and_read():
         assert a.kernels.kernel_terms(ka, decode.vector())[1] == 2 * b.kernels.kernel_terms(kb, decode.vector())[1]
 
 
+def test_a_kind_that_dequantizes_the_kv_cache_reads_it_at_the_16_bit_time_and_holds_it_in_8_bits(tmp_path):
+    """kv_dequant_factor 2: an fp8 cache's attention takes the 16-bit cache's time (an engine with no
+    latency gain from it) while memory holds it at 1 byte; a 16-bit cache is untouched by the factor."""
+    cfg = preset_config("llama3-8b")
+    kind = load_cluster(FOUR_GPUS).kind("a100-80g")
+    slow = dataclasses.replace(kind, kv_dequant_factor=2.0)
+    kv8, fp16 = build_precision("fp16", None, "fp8"), uniform("fp16")
+    load = Load(decodes=64.0, decode_keys=64.0 * 2048)
+
+    def attention_s(k, p):
+        kernels = layer_kernels(cfg, p, k)
+        return kernels.kernel_s(next(x for x in kernels.kernels if x.name == "attn_decode"), load)
+
+    assert attention_s(slow, kv8) == pytest.approx(attention_s(kind, fp16), rel=1e-12)
+    assert attention_s(kind, kv8) < 0.6 * attention_s(kind, fp16)
+    assert attention_s(slow, fp16) == attention_s(kind, fp16)
+    spec = tmp_path / "slow-kv.yaml"
+    spec.write_text(
+        (SPECS / "four-gpus.yaml").read_text().replace("name: a100-80g", "name: a100-80g\n    kv_dequant_factor: 2", 1)
+    )
+    assert load_cluster(str(spec)).kind("a100-80g").kv_dequant_factor == 2.0
+    held = build_context(str(spec), "llama3-8b", WL, kv8, ServingOptions()).cache.get("server/a100-80g", 1)
+    plain = build_context(FOUR_GPUS, "llama3-8b", WL, kv8, ServingOptions()).cache.get("server/a100-80g", 1)
+    assert held.kv_bytes_per_seq == plain.kv_bytes_per_seq
+
+
 def test_the_linear_kernel_reads_the_format_and_computes_at_its_rate():
     ctx = build_context(WORKSTATION, "llama3-8b", WL, "fp16", ServingOptions())
     kind = next(sc.kind for sc in ctx.classes)  # rtx4090: fp16 165.2, fp8 330.3 TFLOP/s

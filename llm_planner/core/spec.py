@@ -120,6 +120,10 @@ class DeviceKindSpec:
     # Weights the kind dequantizes in its kernels (int4-awq, int4-gptq; fp8 without an fp8 peak): the
     # factor on the linear layers' compute time (llm_planner.core.precision; docs/cluster-spec.md).
     dequant_factor: float = 1.0
+    # Serving, a KV cache stored below the activation dtype (fp8): the factor on attention's time for
+    # its bytes (1: read at the stored bytes, a kernel that dequantizes in registers as it reads; 2 for
+    # fp8 under 16-bit activations: at the 16-bit cache's time, an engine that gains no latency from it).
+    kv_dequant_factor: float = 1.0
     # Where its figures came from (not figures themselves, so kinds compare by their numbers alone):
     # the catalog entry it names, the engine whose factor set it takes over the entry's, and the
     # fields the loader filled with a type's default.

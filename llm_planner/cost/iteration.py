@@ -26,7 +26,9 @@ weights are read at the weight format's bytes per weight (scales and zero points
 their FLOPs run at the compute dtype's peak (fp8 or int8 for W8A8; for W4A16 the activation
 dtype's, the compute time multiplied by the kind's `dequant_factor`, and so for fp8 weights on a
 kind without fp8 tensor cores: W8A16), and attention reads (decode)
-and writes (prompt) the KV cache at the KV cache dtype's bytes.
+and writes (prompt) the KV cache at the KV cache dtype's bytes (for a cache below the activation
+dtype, times the kind's `kv_dequant_factor`: an engine whose attention gains no time from an fp8
+cache, as vLLM's documentation says of its own, is 2 under 16-bit activations).
 
 A mixture-of-experts layer (llm_planner.graph.moe; llm_planner.cost.moe_cost has its sizes) has
 the router and shared expert in `linear` and one more kernel, `experts`: the routed experts'
@@ -246,12 +248,15 @@ def _sizes(p: Precision, kind: DeviceKindSpec | None) -> tuple[float, float, flo
     """(activation, weight and KV cache bytes per element, the linear layers' speed): the linear
     layers run at the peak of the dtype llm_planner.core.precision.linear_dtype gives for the kind
     over the activation dtype's, slowed by the kind's dequant_factor where the kind runs the
-    weights weight-only (int4; fp8 without an fp8 peak) (1 without a kind: FLOPs only)."""
+    weights weight-only (int4; fp8 without an fp8 peak) (1 without a kind: FLOPs only); a KV cache
+    below the activation dtype (fp8) is timed at its bytes times the kind's kv_dequant_factor (the
+    bytes it holds in memory are its own: llm_planner.serving.tasks)."""
     if kind is None:
         return (p.activation_bytes, p.weight_bytes, p.kv_bytes, 1.0)
     dtype, weight_only = linear_dtype(p, kind.peak_dtypes)
     speed = kind.flops_for(dtype) / kind.flops_for(p.activations)
-    return (p.activation_bytes, p.weight_bytes, p.kv_bytes, speed / (kind.dequant_factor if weight_only else 1.0))
+    kv = p.kv_bytes * (kind.kv_dequant_factor if p.kv_cache != p.activations else 1.0)
+    return (p.activation_bytes, p.weight_bytes, kv, speed / (kind.dequant_factor if weight_only else 1.0))
 
 
 def _mlp_widths(cfg: DecoderConfig) -> tuple[int, ...]:
