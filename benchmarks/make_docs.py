@@ -100,6 +100,20 @@ it; the held-out rows (H100, every fp8 run among them) judge the choice.""",
         ".venv/bin/python benchmarks/fit_grid_admission.py",
     ),
     Section(
+        "fp8_cache_readings",
+        "The fp8 runs' KV cache, read three ways",
+        """\
+`benchmarks/fp8_cache_readings.py` scores the fp8 runs of the NIM grid (H100, held out, TensorRT-LLM's
+factor set, as the closed loop genai-perf ran) and of TensorRT-LLM 0.9.0's static batches (held out,
+the catalog's factors) with three readings of a KV cache their sources do not state: held in 16 bits;
+held and read in 8 bits; held in 8 bits and read at the 16-bit cache's time (a kind's
+`kv_dequant_factor` 2). Per reading: the runs that fit the model's memory, their ratios (model /
+measured; the static batches' TPOT is the decode step) with medians and shares within the bars (15%,
+TTFT 30%), and the runs past memory with their TTFT (the engine's queue simulated). `scored so today`
+marks the reading each benchmark uses.""",
+        ".venv/bin/python benchmarks/fp8_cache_readings.py",
+    ),
+    Section(
         "gpu_parts",
         "A layer's parts on an H200 against the kernel model",
         """\
