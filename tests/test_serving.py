@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from serving_fixtures import SMALL_FLEET, context, small_deepseek, small_glm, workload, write_fleet
 
 from llm_planner.cli.main import main
+from llm_planner.core.precision import build_precision
 from llm_planner.core.spec import load_cluster
 from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.graph.transformer import DecoderConfig
@@ -284,15 +285,22 @@ def test_cpu_stages_only_when_allowed(tmp_path):
     assert cpus and all(c.degrees == (1,) for c in cpus)
 
 
-@pytest.fixture(scope="module", params=["mixed", "four-gpus", "moe", "eplb", "deepseek", "glm", "per-sequence"])
+@pytest.fixture(
+    scope="module", params=["mixed", "four-gpus", "moe", "eplb", "deepseek", "glm", "per-sequence", "fp8-cache"]
+)
 def bound_ctx(request, tmp_path_factory):
     """Two fleets and the bound on each: classes mixed, and the example four-GPU server where the
     bound is within a few percent of the best plan (a bound cut too low fails there); the mixed
-    fleet again with an engine time per sequence on every GPU kind (the head's pieces carry it)."""
+    fleet again with an engine time per sequence on every GPU kind (the head's pieces carry it), and
+    with an fp8 KV cache one kind reads at the 16-bit cache's time (kv_dequant_factor)."""
     if request.param == "per-sequence":
         text = SMALL_FLEET.replace("step_overhead_s: 0.5 ms}", "step_overhead_s: 0.5 ms, sequence_overhead_s: 40 us}")
         assert text.count("sequence_overhead_s") == 2
         cluster = load_cluster(write_fleet(tmp_path_factory.mktemp("bound"), text))
+    elif request.param == "fp8-cache":
+        text = SMALL_FLEET.replace("step_overhead_s: 0.5 ms}", "step_overhead_s: 0.5 ms, kv_dequant_factor: 2}", 1)
+        cluster = load_cluster(write_fleet(tmp_path_factory.mktemp("bound"), text))
+        assert sorted(k.kv_dequant_factor for k in cluster.device_kinds if k.type == "gpu") == [1.0, 2.0]
     elif request.param in ("mixed", "moe", "eplb", "deepseek", "glm"):
         cluster = load_cluster(write_fleet(tmp_path_factory.mktemp("bound")))
     else:
@@ -310,6 +318,7 @@ def bound_ctx(request, tmp_path_factory):
         "eplb": ("qwen1.5-moe-a2.7b", 0.03),  # a skewed router, its experts rebalanced with 4 redundant
         "deepseek": (small_deepseek(), 0.03),
         "glm": (small_glm(), 0.03),  # GLM-4.5's dense first layer beside grouped-query attention
+        "fp8-cache": ("gpt2-xl", 0.01),
     }[request.param]
     config = model if isinstance(model, DecoderConfig) else preset_config(model)
     # a mixture of experts' groups with data-parallel attention both ways: gathers and DeepEP
@@ -318,7 +327,8 @@ def bound_ctx(request, tmp_path_factory):
         load = ExpertLoad(source="skewed", layers=(tuple(float(120 - 2 * e) for e in range(60)),))
         skew = {"dp_imbalance": load.dp_imbalance(4), "expert_imbalance": load.expert_imbalance()}
         options = ServingOptions(deepep=True, eplb=4, expert_picks=load.picks(config.experts_per_token), **skew)
-    ctx = ServingContext(cluster, config, workload(256, 128, tpot_s), "fp16", options)
+    precision = build_precision("fp16", None, "fp8") if request.param == "fp8-cache" else "fp16"
+    ctx = ServingContext(cluster, config, workload(256, 128, tpot_s), precision, options)
     # each of the three bounds on its own (tokens_upper_bound is their least, with a cell bound whose
     # refinement may stop early, so at least the full one here)
     bounds = (
