@@ -232,3 +232,21 @@ def test_a_grid_run_past_memory_is_scored_with_the_engine_queueing_the_rest(tmp_
     assert fidelity_grid.past_memory_lines([row], [got]) == []  # one run: too few for its quantiles
     (tpot, *_) = fidelity_grid.past_memory_lines([row, row], [got, got])
     assert tpot.startswith("held_out grid past memory, 16-bit, engine queueing tpot") and "n=2" in tpot
+
+
+import fp8_cache_readings  # noqa: E402
+
+
+def test_an_fp8_cache_read_at_16_bit_time_holds_what_8_bits_hold_and_takes_the_16_bit_time():
+    """The 8B in fp8 on one H100 at 150 in flight of 2,000 + 2,000 tokens: a 16-bit cache does not
+    hold it (the engine's queue scored, a TTFT of seconds), an 8-bit one does; read at the 16-bit
+    time (kv_dequant_factor 2) its TPOT is longer than the 8-bit cache's read at its bytes."""
+    path = REPO / "benchmarks" / "data" / REFS["grid_file"]
+    row = next(r for r in fidelity_grid.grid_rows(path) if "h100-sxm-80g-llama3-8b-tp1-fp8-2000-2000-c150" in r["id"])
+    got = {reading: fp8_cache_readings._scored(("grid", reading, row)) for reading in fp8_cache_readings.READINGS}
+    sixteen, bytes8, time16 = (got[r] for r in fp8_cache_readings.READINGS)
+    assert not sixteen["fits"] and bytes8["fits"] and time16["fits"]
+    assert time16["ratios"]["tpot"] > 1.05 * bytes8["ratios"]["tpot"]
+    assert time16["ratios"]["ttft"] < 0.5 * sixteen["ratios"]["ttft"]  # no queue in front of it
+    line = fp8_cache_readings.line("grid", "fp8 cache at 16-bit time", [time16])
+    assert line[:5] == ["grid", "fp8 cache at 16-bit time", "", "1", "1"]

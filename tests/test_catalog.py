@@ -32,7 +32,7 @@ from llm_planner.core.spec import (
     load_cluster,
     parse_cluster,
 )
-from llm_planner.placement.views import fixed_times
+from llm_planner.placement.views import efficiencies, fixed_times
 
 REQUIRED_ENTRIES = (
     "a100-sxm-40g",
@@ -211,6 +211,16 @@ def test_show_cluster_states_the_fixed_times_the_costs_charge():
     cluster = parse_cluster(_cluster(_plain_gpu(), {"name": "h", "catalog": "h100-sxm-80g"}))
     assert fixed_times(cluster.kind("h")) == "10 us a task, 1.2 ms a step, 51 us a sequence, 8 us a collective"
     assert fixed_times(cluster.kind("g")) == "0 s a task, 1 ms a step, 0 s a sequence, 8 us a collective"
+
+
+def test_show_cluster_states_the_dequantizing_factors_a_kind_sets():
+    """The factors on weight-only compute and on an fp8 KV cache's read time are printed where they
+    are not 1 (a kind with neither prints the shares alone)."""
+    kinds = ({"name": "h", "catalog": "h100-sxm-80g"}, {"name": "slow", "catalog": "h100-sxm-80g"})
+    kinds[1].update(dequant_factor=1.5, kv_dequant_factor=2)
+    cluster = parse_cluster(_cluster(*kinds))
+    assert efficiencies(cluster.kind("h")).endswith("of links in collectives")
+    assert efficiencies(cluster.kind("slow")).endswith("; weight-only compute x1.5; fp8 KV cache read time x2")
 
 
 def test_an_engine_set_stands_over_its_entries_fields_and_a_stated_field_wins(tmp_path, capsys):

@@ -137,19 +137,33 @@ def _kinds_table(cluster: ClusterSpec) -> Table:
             ", ".join(f"{d} {v / 1e12:.4g} TFLOP/s" for d, v in k.peak_flops),
             f"{fmt_bytes(k.mem_bytes)} ({fmt_bytes(k.usable_mem_bytes)})",
             f"{k.mem_bw_bytes_per_s / 1e9:.4g} GB/s",
-            f"{k.compute_efficiency:.0%} of compute, {k.mem_efficiency:.0%} of bandwidth, "
-            f"{k.collective_bw_efficiency:.0%} of links in collectives",
+            efficiencies(k),
             fixed_times(k),
             kind_source(k),
         )
     kinds.caption = (
         "usable: what a plan may fill (usable_mem_fraction); efficiency: the share of the peaks the costs assume "
-        "(links: collective_efficiency, a type's default when neither the spec nor a catalog entry gives one); "
+        "(links: collective_efficiency, a type's default when neither the spec nor a catalog entry gives one), and "
+        "the factors on weight-only kernels' compute (dequant_factor) and on an fp8 KV cache's read time "
+        "(kv_dequant_factor) where the spec sets them; "
         "fixed times: per task (a decoder layer in serving), per serving iteration of a stage, per sequence in a "
         "serving iteration, per collective call; figures from: the spec, or the GPU catalog entry it names and the "
         "engine factor set it takes over the entry's (its own fields win)"
     )
     return kinds
+
+
+def efficiencies(kind: DeviceKindSpec) -> str:
+    """The shares of the peaks the costs assume, and the dequantizing factors that are not 1."""
+    text = (
+        f"{kind.compute_efficiency:.0%} of compute, {kind.mem_efficiency:.0%} of bandwidth, "
+        f"{kind.collective_bw_efficiency:.0%} of links in collectives"
+    )
+    if kind.dequant_factor != 1.0:
+        text += f"; weight-only compute x{kind.dequant_factor:g}"
+    if kind.kv_dequant_factor != 1.0:
+        text += f"; fp8 KV cache read time x{kind.kv_dequant_factor:g}"
+    return text
 
 
 def fixed_times(kind: DeviceKindSpec) -> str:
