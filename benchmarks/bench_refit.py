@@ -98,8 +98,7 @@ def _stat(scored: list, metric: str, bar: float) -> str:
     v = [s[metric] for s in scored if s is not None]
     if not v:
         return "-"
-    within = sum(abs(x - 1) <= bar for x in v) / len(v)
-    return f"{statistics.median(v):.2f} ({within:.0%})"
+    return f"{statistics.median(v):.2f} ({fidelity_grid.within(v, bar):.0%})"
 
 
 def table_row(group: tuple, train: list[dict], got: dict) -> dict:

@@ -202,6 +202,11 @@ BARS = (("tpot", 0.15), ("tokens_per_s", 0.15), ("ttft", 0.30))
 ISSUE_RANGE = (32, 256)  # the concurrencies the issue's bars are set at (in flight)
 
 
+def within(ratios, bar: float) -> float:
+    """The share of the ratios (model / measured) within `bar` of 1."""
+    return sum(abs(x - 1) <= bar for x in ratios) / len(ratios)
+
+
 def summary(scored: list[dict | None], bars: tuple = BARS, label: str = "held_out grid") -> list[str]:
     """One line per metric: runs scored, median, 10th-90th percentile, share within 15% (TPOT,
     tokens/s) or 30% (TTFT): the issue's bars."""
@@ -212,10 +217,9 @@ def summary(scored: list[dict | None], bars: tuple = BARS, label: str = "held_ou
         if len(v) < 2:
             continue
         deciles = statistics.quantiles(v, n=10, method="inclusive")
-        within = sum(abs(x - 1) <= bar for x in v) / len(v)
         lines.append(
             f"{label} {metric:12s} n={len(v)} median {statistics.median(v):.2f} p10-p90 "
-            f"{deciles[0]:.2f}-{deciles[-1]:.2f} within {bar:.0%}: {within:.0%}"
+            f"{deciles[0]:.2f}-{deciles[-1]:.2f} within {bar:.0%}: {within(v, bar):.0%}"
         )
     return lines
 

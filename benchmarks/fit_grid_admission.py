@@ -33,8 +33,6 @@ from itertools import product
 from multiprocessing import Pool
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,8 +79,8 @@ def judged(per_run: list[dict | None], pair: tuple[int, float]) -> dict:
     ratios = [r[pair] for r in per_run if r is not None]
     out = {"pair": pair, "runs": len(ratios)}
     for metric, bar in BARS.items():
-        vals = np.array([x[metric] for x in ratios])
-        out[metric] = (statistics.median(vals), float(np.mean(np.abs(vals - 1) <= bar)))
+        vals = [x[metric] for x in ratios]
+        out[metric] = (statistics.median(vals), fidelity_grid.within(vals, bar))
     return out
 
 

@@ -29,8 +29,6 @@ import tempfile
 from multiprocessing import Pool
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,8 +71,8 @@ def _scored(job: tuple[str, str, dict]) -> dict:
         spec.write_text(bench_fidelity.cluster_yaml(row["gpu"], row["num_gpus"], fit_catalog.SERVERS, fields, row))
         got = bench_fidelity.score(row, fit_catalog.SERVERS, Path(tmp), spec)
     keys = fidelity_grid.KEYS if reference == "grid" else fidelity_static.KEYS
-    ratios = {m: got[model] / row[measured] for m, (model, measured) in keys.items() if row.get(measured)}
-    return {"reference": reference, "reading": reading, "fits": got.get("fits", True), "ratios": ratios}
+    ratios = fidelity_grid.ratios(row, {**got, "fits": True}, keys)  # past memory too, as past_memory_lines
+    return {"reference": reference, "reading": reading, "fits": got["fits"], "ratios": ratios}
 
 
 def line(reference: str, reading: str, results: list[dict]) -> list[str]:
@@ -84,12 +82,12 @@ def line(reference: str, reading: str, results: list[dict]) -> list[str]:
     cells = []
     for metric in ("tpot", "tokens_per_s", "ttft"):
         bar = BARS[reference].get(metric)
-        vals = np.array([r["ratios"][metric] for r in fit if metric in r["ratios"]])
-        cells += [f"{statistics.median(vals):.2f}", f"{np.mean(np.abs(vals - 1) <= bar):.0%}"] if bar else ["-", "-"]
-    past_ttft = np.array([r["ratios"]["ttft"] for r in past if "ttft" in r["ratios"]])
+        vals = [r["ratios"][metric] for r in fit] if bar else []
+        cells += [f"{statistics.median(vals):.2f}", f"{fidelity_grid.within(vals, bar):.0%}"] if vals else ["-", "-"]
+    past_ttft = [r["ratios"]["ttft"] for r in past]
     past_cells = (
-        [f"{statistics.median(past_ttft):.2f}", f"{np.mean(np.abs(past_ttft - 1) <= 0.30):.0%}"]
-        if reference == "grid" and len(past_ttft)
+        [f"{statistics.median(past_ttft):.2f}", f"{fidelity_grid.within(past_ttft, 0.30):.0%}"]
+        if reference == "grid" and past_ttft
         else ["-", "-"]
     )
     today = "yes" if reading in REFERENCES[reference] else ""
