@@ -133,3 +133,41 @@ def test_the_written_profile_plans_and_verifies(tmp_path):
     argv += ["20 ms", "--prompt-len", "64", "--output-len", "64", "--profile", str(profile), "-o", str(plan)]
     assert main(argv) == 0 and main(["verify", str(plan)]) == 0
     assert yaml.safe_load(profile.read_text())["format"] == "serving-profile/2"
+
+
+def test_a_time_falling_with_more_tokens_is_raised_and_said(tmp_path, caplog):
+    """Noisy medians: the 8-token row a little faster than the 1-token one would extend the table
+    below zero past its end; it is raised to the time before it, with a warning."""
+    mlp = write_vidur(tmp_path / "vidur")
+    rows = [r for r in mlp.read_text().splitlines() if not r.endswith(",8,1")]
+    mlp.write_text("\n".join([*rows, _mlp_row(8, 1, 0.0099)]) + "\n")
+    rc, out = _import(tmp_path)
+    assert rc == 0
+    one = load_serving_profile(out).tables("a100", 1)
+    assert one.linear.seconds == pytest.approx((9 * 0.01e-3, 9 * 0.01e-3))
+    assert "1 of 2 times fall below the one before them" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "ms, message",
+    [("0", "a time of 0 at 1"), ("4e6", "expected milliseconds up to an hour")],
+)
+def test_a_time_of_nothing_or_of_hours_is_refused(tmp_path, capsys, ms, message):
+    mlp = write_vidur(tmp_path / "vidur")
+    rows = [r for r in mlp.read_text().splitlines() if not r.endswith(",1,1")]
+    mlp.write_text("\n".join([*rows, _mlp_row(1, 1, float(ms))]) + "\n")
+    rc, out = _import(tmp_path)
+    err = capsys.readouterr().err.replace("\n", "")
+    assert rc == 2 and "mlp.csv" in err and message in err and not out.exists(), err
+
+
+def test_a_byte_order_mark_is_read_past_and_a_column_named_twice_is_refused(tmp_path, capsys):
+    mlp = write_vidur(tmp_path / "vidur")
+    mlp.write_text("\ufeff" + mlp.read_text())
+    rc, out = _import(tmp_path)
+    assert rc == 0 and load_serving_profile(out).tables("a100", 1) is not None
+    header, *rows = mlp.read_text().removeprefix("\ufeff").splitlines()
+    mlp.write_text("\n".join([header + ",num_tokens", *(r + ",1" for r in rows)]) + "\n")
+    rc, out = _import(tmp_path)
+    err = capsys.readouterr().err.replace("\n", "")
+    assert rc == 2 and "column(s) named twice in the header: num_tokens" in err, err

@@ -18,12 +18,18 @@ k, as Vidur's predictor takes them) at the sizes nearest to the powers of two fr
 (`power_of_two_sizes`). Where a file holds several rows for one key (Vidur re-profiled
 the point), the value is the mean of their medians. Attention is left to the kernel model, and the
 profile's `source` says so (and whether attention.csv was there). Nothing is fitted.
+
+A time does not fall as the tokens or bytes grow, but medians are noisy: a point below the one before
+it is raised to it (a warning counts them), since the profile extends its end segments and a falling
+one would reach zero, a layer for free. A time of 0 is refused, as is one over an hour or a
+tensor-parallel degree over the profile format's most (MAX_DEGREE).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import re
 from collections import defaultdict
@@ -32,7 +38,7 @@ from pathlib import Path
 
 from llm_planner.core.fileio import read_text
 from llm_planner.cost.profile_tables import ServingProfileError
-from llm_planner.cost.serving_profile_v2 import FORMAT_V2
+from llm_planner.cost.serving_profile_v2 import FORMAT_V2, MAX_DEGREE
 
 OPERATORS = (
     "input_layernorm",
@@ -50,6 +56,8 @@ ALL_REDUCE_KEYS = ("size", "num_workers", "devices_per_node", "collective")
 ALL_REDUCE_TIME = "time_stats.all_reduce.median"
 MS = 1e-3
 _PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MOST_MS = 3.6e6  # an operator's median: an hour at most
+log = logging.getLogger(__name__)
 
 
 class VidurError(ServingProfileError):
@@ -79,8 +87,12 @@ def read_rows(path: Path, needed: Iterable[str]) -> list[dict[str, str]]:
     text = read_text(path, VidurError)
     if text.startswith("version https://git-lfs"):
         raise VidurError(f"{path}: a Git LFS pointer, not the CSV (run `git lfs pull` in the checkout)")
-    reader = csv.DictReader(text.splitlines())
-    missing = [c for c in needed if c not in (reader.fieldnames or ())]
+    reader = csv.DictReader(text.removeprefix("\ufeff").splitlines())  # a byte-order mark is not a column's
+    names = reader.fieldnames or ()
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise VidurError(f"{path}: column(s) named twice in the header: {', '.join(twice)}")
+    missing = [c for c in needed if c not in names]
     if missing:
         raise VidurError(f"{path}: missing column(s) {', '.join(missing)}")
     rows = list(reader)
@@ -96,6 +108,8 @@ def _number(path: Path, line: int, column: str, text: str | None, integer: bool)
         raise VidurError(f"{path}: line {line}: {column}: expected a number, got {text!r}") from None
     if not value >= 0 or value == float("inf"):
         raise VidurError(f"{path}: line {line}: {column}: expected a finite number >= 0, got {text!r}")
+    if not integer and value > MOST_MS:
+        raise VidurError(f"{path}: line {line}: {column}: expected milliseconds up to an hour, got {text!r}")
     return value
 
 
@@ -105,8 +119,10 @@ def linear_tables(path: Path) -> dict[int, list[tuple[int, float]]]:
     groups: dict[tuple[int, int], list[float]] = defaultdict(list)
     for line, row in enumerate(read_rows(path, (*MLP_KEYS, *columns)), start=2):
         tokens, degree = (int(_number(path, line, c, row[c], True)) for c in MLP_KEYS)
-        if degree < 1:
-            raise VidurError(f"{path}: line {line}: num_tensor_parallel_workers must be >= 1, got {degree}")
+        if not 1 <= degree <= MAX_DEGREE:
+            raise VidurError(
+                f"{path}: line {line}: num_tensor_parallel_workers must be 1 to {MAX_DEGREE}, got {degree}"
+            )
         groups[(degree, tokens)].append(sum(_number(path, line, c, row[c], False) for c in columns) * MS)
     return _tables(groups)
 
@@ -149,9 +165,11 @@ def vidur_profile_yaml(root: str | Path, gpu: str, model: str, kind: str | None 
     for degree, rows in linear.items():
         if len(rows) < 2:
             raise VidurError(f"{mlp}: tensor-parallel degree {degree}: needs at least two num_tokens, got {len(rows)}")
+    linear = {k: rising(mlp, f"tensor-parallel degree {k}", rows) for k, rows in linear.items()}
     wider = [k for k in linear if k > 1]
-    reduce = all_reduce_tables(all_reduce_path(root, gpu), wider) if wider else {}
-    reduce = {k: rows for k, rows in reduce.items() if len(rows) >= 2}
+    net = all_reduce_path(root, gpu)
+    reduce = all_reduce_tables(net, wider) if wider else {}
+    reduce = {k: rising(net, f"{k} workers", rows) for k, rows in reduce.items() if len(rows) >= 2}
     said = "absent" if not mlp.with_name("attention.csv").is_file() else "not read"
     notes = [f"attention from the kernel model (attention.csv {said})"]
     notes += [f"tp {k}: all-reduce from the kernel model (under two sizes in all_reduce.csv)" for k in wider]
@@ -177,6 +195,29 @@ def vidur_profile_yaml(root: str | Path, gpu: str, model: str, kind: str | None 
         if degree in reduce:
             lines.append(f"        all_reduce_s: {_pairs(reduce[degree])}")
     return "\n".join(lines) + "\n"
+
+
+def rising(path: Path, what: str, rows: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The table with each time below the one before it raised to it (module docstring; a warning
+    counts them); VidurError naming the file for a time of 0."""
+    zero = next((size for size, t in rows if t <= 0), None)
+    if zero is not None:
+        raise VidurError(f"{path}: {what}: a time of 0 at {zero:,}: not a measurement")
+    out, raised = [], 0
+    for size, t in rows:
+        if out and t < out[-1][1]:
+            t, raised = out[-1][1], raised + 1
+        out.append((size, t))
+    if raised:
+        log.warning(
+            "%s: %s: %d of %d times fall below the one before them (noisy medians); raised to it, as a time "
+            "does not fall with more work",
+            path,
+            what,
+            raised,
+            len(rows),
+        )
+    return out
 
 
 def _pairs(rows: list[tuple[int, float]]) -> str:
