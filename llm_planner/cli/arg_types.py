@@ -41,15 +41,20 @@ def share(text: str) -> float:
     return value
 
 
+def ascii_int(text: str) -> int | None:
+    """A whole number written in ASCII digits (spaces around it allowed), else None: int() also reads
+    "1_6" and other scripts' digits, which no one means as a count."""
+    text = text.strip()
+    digits = text.removeprefix("-")
+    return int(text) if digits.isascii() and digits.isdigit() else None
+
+
 def whole(low: int, high: int):
     """The argparse type of a whole number from `low` to `high` (a count where 0 would mean nothing,
     or a size past which the planner's work or a solver's integers would overflow)."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
+        value = ascii_int(text)
         if value is None or not low <= value <= high:
             raise argparse.ArgumentTypeError(f"must be a whole number from {low:,} to {high:,}, got {text!r}")
         return value
@@ -61,6 +66,7 @@ def whole(low: int, high: int):
 count = whole(0, 1024)  # processes or threads; 0: the default's choice
 positive = whole(1, 2**20)  # a batch, shards, stages, micro-batches
 tokens = whole(1, 2**24)  # a prompt, an output or a context, in tokens
+budget = whole(1, 2**20)  # the tokens one engine iteration may carry (plan, score and calibrate alike)
 seed = whole(0, 2**32 - 1)
 redundant_experts = whole(0, MAX_REDUNDANT)  # EPLB's redundant experts (DeepSeek-V3 serves 256 experts with 32)
 
@@ -88,11 +94,8 @@ def _number(text: str) -> float:
 
 def layer_counts(text: str) -> tuple[int, ...]:
     """A comma-separated list of whole numbers of at least 1 (layers of each pipeline stage)."""
-    parts = [s.strip() for s in text.split(",")]
-    try:
-        values = tuple(int(s) for s in parts)
-    except ValueError:
-        values = ()
+    parts = [ascii_int(s) for s in text.split(",")]
+    values = () if None in parts else tuple(parts)
     if not values or any(not 1 <= v <= 2**20 for v in values):
         raise argparse.ArgumentTypeError(
             f"must be comma-separated whole numbers of at least 1, one per stage (e.g. 16,16), got {text!r}"
@@ -105,10 +108,8 @@ def increasing(low: int, high: int, least: int = 1):
     `high`, strictly increasing (the sizes of a table's points)."""
 
     def parse(text: str) -> tuple[int, ...]:
-        try:
-            values = tuple(int(s) for s in text.split(","))
-        except ValueError:
-            values = ()
+        parts = [ascii_int(s) for s in text.split(",")]
+        values = () if None in parts else tuple(parts)
         ok = len(values) >= least and all(low <= v <= high for v in values)
         if not ok or any(a >= b for a, b in zip(values, values[1:])):
             raise argparse.ArgumentTypeError(

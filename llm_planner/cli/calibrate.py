@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from llm_planner.cli.arg_types import front_end_seconds, positive, tokens
+from llm_planner.cli.arg_types import budget, front_end_seconds, positive
 from llm_planner.cli.commands import UserError
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.constants import DTYPE_BYTES
@@ -88,7 +89,7 @@ def add_calibrate_parser(sub) -> None:
     )
     s.add_argument("--kv-cache-dtype", choices=KV_FORMATS, default=None, help="the KV cache's dtype: auto or fp8")
     s.add_argument(
-        "--max-batched-tokens", type=tokens, default=None, help="the engine's token budget (default: as `score`)"
+        "--max-batched-tokens", type=budget, default=None, help="the engine's token budget (default: as `score`)"
     )
     s.add_argument(
         "--ttft-weight",
@@ -158,6 +159,7 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
 
 
 def _check_flags(args: argparse.Namespace) -> None:
+    _check_not_an_input(args)
     serving_only = (
         "--model",
         "--replica",
@@ -189,6 +191,14 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UserError("calibrate needs --plan and --report (or --serving and RESULT files)", exit_code=2)
 
 
+def _check_not_an_input(args: argparse.Namespace) -> None:
+    """-o must not name a measurement the command reads: writing the spec there would destroy it."""
+    out = Path(args.output)
+    for path in (*(args.results or ()), *(args.plan or ()), *(args.report or ())):
+        if Path(path).resolve() == out.resolve() or (out.exists() and Path(path).exists() and out.samefile(path)):
+            raise UserError(f"-o {args.output}: is one of the measurements read ({path}); name a new file", exit_code=2)
+
+
 def _fmt_field(name: str, value: float) -> str:
     if name.endswith("_bytes_per_s"):
         return f"{value / 1e9:.4g} GB/s"
@@ -208,11 +218,16 @@ def fits_table(result: Calibration, title: str) -> Table:
                 _fmt_field(name, before),
                 _fmt_field(name, value) if name in fit.fitted else "(kept)",
                 str(fit.samples),
-                f"{fit.rel_rms_before:.1%}",
-                f"{fit.rel_rms_after:.1%}",
+                _share(fit.rel_rms_before),
+                _share(fit.rel_rms_after),
                 fit.kept.get(name, ""),
             )
     return table
+
+
+def _share(x: float) -> str:
+    """A relative error as a percentage; '-' where nothing measured it."""
+    return f"{x:.1%}" if math.isfinite(x) else "-"
 
 
 def _figure(name: str, value: float) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from llm_planner import __version__
@@ -402,6 +403,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err_console.print(f"interrupted ({last_stop_signal()})")
         return 130
+    except BrokenPipeError:  # the reader of stdout left (`... --json | head`): stop quietly, as a Unix tool does
+        _stdout_to_null()
+        return 141
+
+
+def _stdout_to_null() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit finds no closed pipe."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file descriptor (captured): nothing is flushed to a pipe
+        pass
 
 
 if __name__ == "__main__":

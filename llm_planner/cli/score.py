@@ -12,13 +12,22 @@ from collections.abc import Mapping
 from rich.console import Console
 from rich.table import Table
 
-from llm_planner.cli.arg_types import front_end_seconds, imbalance, layer_counts, positive, redundant_experts, tokens
+from llm_planner.cli.arg_types import (
+    budget,
+    front_end_seconds,
+    imbalance,
+    layer_counts,
+    positive,
+    redundant_experts,
+    tokens,
+)
 from llm_planner.cli.commands import UserError
 from llm_planner.cli.serving import expert_load_options
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.fmt import LiteralConsole, fmt_bytes, fmt_s, styled
 from llm_planner.core.precision import KV_FORMATS
 from llm_planner.serving.classes import ServerClass
+from llm_planner.serving.closed_loop import MOST_CONCURRENCY as CLOSED_LOOP_MOST
 from llm_planner.serving.closed_loop import ROUNDS
 from llm_planner.serving.context import ServingOptions, build_context
 from llm_planner.serving.inputs import serving_precision, workload_from_flags
@@ -56,7 +65,7 @@ def add_score_parser(sub) -> None:
     )
     p.add_argument(
         "--max-batched-tokens",
-        type=tokens,
+        type=budget,
         default=DEFAULT_TOKEN_BUDGET,
         help=f"tokens one engine iteration may carry (default: {DEFAULT_TOKEN_BUDGET})",
     )
@@ -157,6 +166,12 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
     if args.front_end_s is not None and not args.closed_loop:
         raise UserError(
             "--front-end-s: the front end's time is simulated in a closed loop; give --closed-loop", exit_code=2
+        )
+    if args.closed_loop and args.concurrency > CLOSED_LOOP_MOST:
+        raise UserError(
+            f"--concurrency {args.concurrency:,}: --closed-loop simulates at most {CLOSED_LOOP_MOST:,} sequences in "
+            "flight, iteration by iteration; leave out --closed-loop for the steady state",
+            exit_code=2,
         )
     score = score_replica(
         ctx,

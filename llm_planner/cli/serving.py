@@ -7,7 +7,7 @@ import argparse
 
 from rich.console import Console
 
-from llm_planner.cli.arg_types import imbalance, positive, redundant_experts, tokens
+from llm_planner.cli.arg_types import budget, imbalance, positive, redundant_experts, tokens
 from llm_planner.cli.commands import UserError, progress, refuse_rejected
 from llm_planner.cli.serving_text import print_serving
 from llm_planner.core.atomic import check_writable
@@ -81,7 +81,7 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-batched-tokens",
-        type=positive,
+        type=budget,
         default=None,
         help=f"serving: tokens one engine iteration may carry, decodes and prompt chunks (vLLM's "
         f"--max-num-batched-tokens, SGLang's --chunked-prefill-size; exported as planned; default: "

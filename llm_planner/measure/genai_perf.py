@@ -20,9 +20,14 @@ import json
 from typing import Any
 
 from llm_planner.measure.serving_observation import (
+    MOST_SEQUENCES,
+    MOST_TOKENS,
+    MOST_TOKENS_PER_S,
+    SECONDS,
     Measured,
     ServingObservation,
     ServingResultError,
+    in_span,
     number,
     whole_number,
 )
@@ -56,7 +61,13 @@ def read_genai_perf(where: str, doc: dict) -> ServingObservation:
         engine="genai-perf",
         measured=Measured(
             tpot_s=_genai_time(where, doc, TPOT_METRIC),
-            tokens_per_s=_genai_stat(where, doc, ("output_token_throughput",), ("avg",)),
+            tokens_per_s=in_span(
+                where,
+                "output_token_throughput",
+                _genai_stat(where, doc, ("output_token_throughput",), ("avg",)),
+                0,
+                MOST_TOKENS_PER_S,
+            ),
             ttft_s=_genai_time(where, doc, "time_to_first_token", required=False),
         ),
         requests=(
@@ -72,7 +83,9 @@ def read_genai_perf(where: str, doc: dict) -> ServingObservation:
 
 
 def _mean_tokens(where: str, doc: dict, names: tuple[str, ...]) -> int:
-    return max(1, round(_genai_stat(where, doc, names, ("avg",))))
+    value = _genai_stat(where, doc, names, ("avg",))
+    name = next(n for n in names if isinstance(doc.get(n), dict))
+    return max(1, round(in_span(where, name, value, 0, MOST_TOKENS)))
 
 
 def _genai_metric(where: str, doc: dict, names: tuple[str, ...], required: bool = True) -> tuple[str, dict] | None:
@@ -108,6 +121,8 @@ def _genai_time(
     if unit not in TIME_UNITS:
         known = ", ".join(TIME_UNITS)
         raise ServingResultError(f"{where}: {name}: unit: expected one of {known}, got {json.dumps(unit)[:40]}")
+    if not SECONDS[0] <= value * TIME_UNITS[unit] <= SECONDS[1]:
+        raise ServingResultError(f"{where}: {name}: expected a time from 1 us to an hour, got {value:g} {unit}")
     return value * TIME_UNITS[unit]
 
 
@@ -125,7 +140,7 @@ def _genai_concurrency(where: str, doc: dict, config: dict) -> tuple[int | None,
     """The sequences in flight (module docstring): Little's law at a request rate, at most the
     concurrency the run also sets; else the concurrency."""
     value, key = _nested(config, GENAI_CONCURRENCY)
-    cap = whole_number(f"{where}: input_config", {key: value}, key) if value is not None else None
+    cap = whole_number(f"{where}: input_config", {key: value}, key, most=MOST_SEQUENCES) if value is not None else None
     rate, rate_key = _nested(config, GENAI_RATE)
     if rate is None:
         if cap is None:
@@ -136,5 +151,6 @@ def _genai_concurrency(where: str, doc: dict, config: dict) -> tuple[int | None,
     mean = throughput * _genai_time(where, doc, "request_latency", stats=("avg",))
     if cap is not None:
         mean = min(mean, float(cap))
+    in_span(f"{where}: the mean in flight", "request_throughput x request_latency", mean, 0, MOST_SEQUENCES)
     note = f"input_config.{rate_key} {rate}/s: {mean:.1f} in flight on average (requests/s x mean request latency"
     return max(1, round(mean)), note + (f", at most input_config.{key} {cap})" if cap is not None else ")")

@@ -24,14 +24,17 @@ unless given; it is an input of the fit, not fitted).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llm_planner.core.precision import Precision
 from llm_planner.core.spec import ClusterSpec
 from llm_planner.graph.hf_config import named_config
+from llm_planner.graph.model_names import same_model
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.measure.serving_results import ServingObservation, ServingResultError
+from llm_planner.serving.closed_loop import MOST_CONCURRENCY as CLOSED_LOOP_MOST
 from llm_planner.serving.closed_loop import ROUNDS
 from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.layout import Layout, describe
@@ -39,6 +42,8 @@ from llm_planner.serving.layout_text import LayoutError, parse_layout
 from llm_planner.serving.score import score_replica
 from llm_planner.serving.tasks import DEFAULT_TOKEN_BUDGET
 from llm_planner.serving.workload import TPOT_SLO_RANGE_S, ServingWorkload, WorkloadError
+
+log = logging.getLogger(__name__)
 
 FIGURES = ("tpot_s", "tokens_per_s", "ttft_s", "decode_step_s")
 
@@ -104,6 +109,9 @@ def model_config(settings: ServingSettings, observations: Sequence[ServingObserv
     config = named_config(name)
     if config is None:
         raise WorkloadError(f"--model {name!r}: serving calibration needs a decoder preset or a config.json")
+    for o in observations:
+        if not same_model(o.model, config.name):
+            log.warning("%s: the run served %r, calibrated as %r (--model)", o.source, o.model, config.name)
     return config
 
 
@@ -154,7 +162,7 @@ def _case(cluster, config, obs: ServingObservation, settings: ServingSettings, g
             f"{obs.source}: concurrency {concurrency} is below its {micro_batches} micro-batches: give --concurrency"
         )
     if settings.closed_loop:
-        _check_closed_loop(obs, micro_batches)
+        _check_closed_loop(obs, micro_batches, concurrency)
     return ServingCase(
         obs=obs,
         replica=describe(layout, ctx.by_name),
@@ -172,8 +180,14 @@ def _case(cluster, config, obs: ServingObservation, settings: ServingSettings, g
     )
 
 
-def _check_closed_loop(obs: ServingObservation, micro_batches: int) -> None:
-    """--closed-loop simulates one micro-batch of requests of one shape (llm_planner.serving.closed_loop)."""
+def _check_closed_loop(obs: ServingObservation, micro_batches: int, concurrency: int) -> None:
+    """--closed-loop simulates one micro-batch of requests of one shape, at most MOST_CONCURRENCY in
+    flight (llm_planner.serving.closed_loop)."""
+    if concurrency > CLOSED_LOOP_MOST:
+        raise ServingResultError(
+            f"{obs.source}: concurrency {concurrency:,}: --closed-loop simulates at most {CLOSED_LOOP_MOST:,} "
+            "sequences in flight (leave out --closed-loop for the steady state)"
+        )
     if micro_batches > 1:
         raise ServingResultError(
             f"{obs.source}: --closed-loop simulates one micro-batch; this run has {micro_batches} "

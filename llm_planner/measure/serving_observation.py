@@ -10,6 +10,16 @@ from dataclasses import dataclass
 from llm_planner.measure.fits import CalibrateError
 from llm_planner.serving.workload import RequestShape
 
+# What a measurement may state, as the command line's flags allow it (llm_planner.cli.arg_types):
+# a request's prompt or output tokens, the sequences in flight, an engine's token budget or
+# micro-batches; and the span of a measured time and of a replica's output tokens/s. Past them a
+# file is not a run of an engine, and the model's arithmetic would overflow or run for hours.
+MOST_TOKENS = 2**24
+MOST_SEQUENCES = 2**20
+MOST_BUDGET = 2**20
+SECONDS = (1e-6, 3600.0)  # a TPOT, TTFT or decode step from 1 us to an hour
+MOST_TOKENS_PER_S = 1e9
+
 
 class ServingResultError(CalibrateError):
     """A serving measurement that cannot be read; the message names the file and the key."""
@@ -41,8 +51,11 @@ class ServingObservation:
     model: str | None = None
 
 
-def number(where: str, doc: dict, key: str, *, positive: bool = True, required: bool = True) -> float | None:
-    """doc[key] as a finite number (above 0 unless `positive` is False); None when absent and not required."""
+def number(
+    where: str, doc: dict, key: str, *, positive: bool = True, required: bool = True, span: tuple | None = None
+) -> float | None:
+    """doc[key] as a finite number (above 0 unless `positive` is False; within `span`, (least, most),
+    where given); None when absent and not required."""
     if key not in doc or doc[key] is None:
         if required:
             raise ServingResultError(f"{where}: missing key {key!r}")
@@ -52,12 +65,38 @@ def number(where: str, doc: dict, key: str, *, positive: bool = True, required: 
         raise ServingResultError(f"{where}: {key}: expected a finite number, got {json.dumps(value)[:40]}")
     if positive and value <= 0:
         raise ServingResultError(f"{where}: {key}: must be above 0, got {value}")
+    if span is not None:
+        in_span(where, key, float(value), *span)
     return float(value)
 
 
-def whole_number(where: str, doc: dict, key: str, *, required: bool = True) -> int | None:
-    """doc[key] as a positive whole number; None when absent and not required."""
+def in_span(where: str, key: str, value: float, least: float, most: float) -> float:
+    """value when least <= value <= most; else ServingResultError naming `where` and `key`."""
+    if not least <= value <= most:
+        raise ServingResultError(f"{where}: {key}: expected {_plain(least)} to {_plain(most)}, got {_plain(value)}")
+    return value
+
+
+def _plain(x: float) -> str:
+    """A whole number with its thousands marked, else the shortest float."""
+    return f"{int(x):,}" if x == int(x) and abs(x) < 1e15 else f"{x:g}"
+
+
+def seconds(where: str, doc: dict, key: str, scale: float = 1.0, *, required: bool = True) -> float | None:
+    """doc[key] times `scale` (its unit in seconds) as a measured time, within SECONDS."""
     value = number(where, doc, key, required=required)
+    if value is None:
+        return None
+    if not SECONDS[0] <= value * scale <= SECONDS[1]:
+        raise ServingResultError(
+            f"{where}: {key}: expected a time from 1 us to an hour, got {value:g} ({value * scale:g} s)"
+        )
+    return value * scale
+
+
+def whole_number(where: str, doc: dict, key: str, *, required: bool = True, most: int | None = None) -> int | None:
+    """doc[key] as a positive whole number (at most `most` where given); None when absent and not required."""
+    value = number(where, doc, key, required=required, span=None if most is None else (1, most))
     if value is not None and value != int(value):
         raise ServingResultError(f"{where}: {key}: expected a whole number, got {doc[key]}")
     return None if value is None else int(value)

@@ -40,10 +40,16 @@ from typing import Any
 from llm_planner.core.fileio import parse_document, read_text
 from llm_planner.measure.genai_perf import is_genai_perf, read_genai_perf
 from llm_planner.measure.serving_observation import (
+    MOST_BUDGET,
+    MOST_SEQUENCES,
+    MOST_TOKENS,
+    MOST_TOKENS_PER_S,
     Measured,
     ServingObservation,
     ServingResultError,
+    in_span,
     number,
+    seconds,
     whole_number,
 )
 from llm_planner.serving.workload import RequestShape
@@ -91,7 +97,7 @@ def _first(where: str, doc: dict, keys: tuple[str, ...], scale: float) -> float:
     """The first of `keys` the document has (times `scale`); missing: an error naming the first."""
     for key in keys:
         if doc.get(key) is not None:
-            return number(where, doc, key) * scale
+            return seconds(where, doc, key, scale)
     alternatives = " or ".join(repr(k) for k in keys[1:])
     raise ServingResultError(f"{where}: missing key {keys[0]!r} (or {alternatives})")
 
@@ -104,7 +110,7 @@ def _read_engine(where: str, doc: dict) -> ServingObservation:
     if "max_concurrency" not in doc:
         raise ServingResultError(f"{where}: missing key 'max_concurrency' ({engine} writes it, null when not set)")
     completed = whole_number(where, doc, "completed")
-    limit = whole_number(where, doc, "max_concurrency", required=False)
+    limit = whole_number(where, doc, "max_concurrency", required=False, most=MOST_SEQUENCES)
     if limit is None:
         concurrency, note = open_loop_concurrency(where, doc, completed)
     else:
@@ -116,7 +122,7 @@ def _read_engine(where: str, doc: dict) -> ServingObservation:
         engine=engine,
         measured=Measured(
             tpot_s=_first(where, doc, ENGINE_TPOT, 1e-3),
-            tokens_per_s=number(where, doc, "output_throughput"),
+            tokens_per_s=number(where, doc, "output_throughput", span=(0, MOST_TOKENS_PER_S)),
             ttft_s=_first(where, doc, ENGINE_TTFT, 1e-3),
         ),
         requests=_engine_requests(where, doc, completed),
@@ -136,12 +142,14 @@ def open_loop_concurrency(where: str, doc: dict, completed: int) -> tuple[int | 
     rate = doc.get("request_rate")
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate):
         return None, "max_concurrency is null (the benchmark ran without --max-concurrency)"
+    if rate <= 0:
+        raise ServingResultError(f"{where}: request_rate: expected requests per second above 0, got {rate:g}")
     if doc.get("concurrency") is not None:
         mean, how = number(where, doc, "concurrency"), "the benchmark's own mean in flight"
     else:
         throughput = number(where, doc, "request_throughput")
         mean, how = throughput * _mean_e2e_s(where, doc, completed), "requests/s x mean end-to-end latency"
-    concurrency = max(1, round(mean))
+    concurrency = max(1, round(in_span(where, "the mean in flight", mean, 0, MOST_SEQUENCES)))
     return concurrency, f"request rate {rate:g}/s without a concurrency cap: {mean:.1f} in flight on average ({how})"
 
 
@@ -165,14 +173,20 @@ def _engine_requests(where: str, doc: dict, completed: int) -> tuple[RequestShap
             )
         pairs = []
         for i, (p, o) in enumerate(zip(ins, outs)):
-            if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in (p, o)):
-                raise ServingResultError(f"{where}: input_lens[{i}], output_lens[{i}]: expected token counts")
+            if any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MOST_TOKENS for v in (p, o)):
+                raise ServingResultError(
+                    f"{where}: input_lens[{i}], output_lens[{i}]: expected token counts from 0 to {MOST_TOKENS:,}"
+                )
             if p >= 1 and o >= 1:  # a failed request has no output
                 pairs.append((p, o))
         if pairs:
             return group_shapes(pairs)
-    prompt = number(where, doc, "total_input_tokens") / completed
-    output = number(where, doc, "total_output_tokens") / completed
+    prompt = in_span(
+        where, "total_input_tokens / completed", number(where, doc, "total_input_tokens") / completed, 0, MOST_TOKENS
+    )
+    output = in_span(
+        where, "total_output_tokens / completed", number(where, doc, "total_output_tokens") / completed, 0, MOST_TOKENS
+    )
     return (RequestShape(prompt_len=max(1, round(prompt)), output_len=max(1, round(output))),)
 
 
@@ -205,8 +219,8 @@ def _read_report(where: str, doc: dict) -> list[ServingObservation]:
     if not isinstance(workload, dict):
         raise ServingResultError(f"{where}: workload: expected an object")
     shape = RequestShape(
-        prompt_len=whole_number(f"{where}: workload", workload, "prompt_len"),
-        output_len=whole_number(f"{where}: workload", workload, "output_len"),
+        prompt_len=whole_number(f"{where}: workload", workload, "prompt_len", most=MOST_TOKENS),
+        output_len=whole_number(f"{where}: workload", workload, "output_len", most=MOST_TOKENS),
     )
     replicas = doc["replicas"]
     if not isinstance(replicas, list) or not replicas:
@@ -226,21 +240,21 @@ def _report_replica(where: str, r: Any, shape: RequestShape, model: str | None) 
     m = f"{where}.measured"
     tpot = "tpot_p50_s" if measured.get("tpot_p50_s") is not None else "tpot_s"
     ttft = next((k for k in ("ttft_steady_s", "ttft_p50_s") if measured.get(k) is not None), "ttft_s")
-    concurrency = whole_number(where, r, "concurrency")
+    concurrency = whole_number(where, r, "concurrency", most=MOST_SEQUENCES)
     return ServingObservation(
         source=where,
         engine="llm_planner",
         measured=Measured(
-            tpot_s=number(m, measured, tpot),
-            tokens_per_s=number(m, measured, "tokens_per_s"),
-            ttft_s=number(m, measured, ttft, required=False),
-            decode_step_s=number(m, measured, "decode_step_s", required=False),
+            tpot_s=seconds(m, measured, tpot),
+            tokens_per_s=number(m, measured, "tokens_per_s", span=(0, MOST_TOKENS_PER_S)),
+            ttft_s=seconds(m, measured, ttft, required=False),
+            decode_step_s=seconds(m, measured, "decode_step_s", required=False),
         ),
         requests=(shape,),
         concurrency=concurrency,
         concurrency_note=f"concurrency {concurrency} of the report",
-        micro_batches=whole_number(where, r, "micro_batches"),
+        micro_batches=whole_number(where, r, "micro_batches", most=MOST_SEQUENCES),
         layout=r["layout"],
-        max_batched_tokens=whole_number(where, r, "max_batched_tokens"),
+        max_batched_tokens=whole_number(where, r, "max_batched_tokens", most=MOST_BUDGET),
         model=model,
     )

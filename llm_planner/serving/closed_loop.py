@@ -53,6 +53,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 ROUNDS = 3  # requests simulated per slot of the concurrency, unless told
+# The most sequences in flight a closed loop simulates: its time grows faster than the concurrency
+# (seconds at this many, minutes at a few hundred thousand), and load generators keep a few thousand.
+MOST_CONCURRENCY = 16384
 _EPS_S = 1e-12  # arrival times are sums of floats: a request due at `now` within this is there
 
 
@@ -153,6 +156,10 @@ def closed_loop(
         raise ValueError(
             "a closed loop needs at least one sequence, prompt token, output token, budget token and round, "
             "room for one sequence, and a front end time of at least 0"
+        )
+    if concurrency > MOST_CONCURRENCY:
+        raise ValueError(
+            f"a closed loop simulates at most {MOST_CONCURRENCY:,} sequences in flight, not {concurrency:,}"
         )
     front, waiting, running, tally, now = _FrontEnd(front_end_s), [], [], _Tally(), 0.0
     front.send(waiting, concurrency, now, prompt_len)

@@ -17,6 +17,7 @@ from llm_planner.core.spec import ClusterSpec, check_memory_limited
 from llm_planner.cost.eplb import check_redundant
 from llm_planner.cost.moe_cost import check_imbalance, check_picks
 from llm_planner.graph.hf_config import model_source
+from llm_planner.graph.model_names import same_model
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.classes import DP_ATTENTIONS, ServerClass, server_classes
 from llm_planner.serving.engines import dp_attention_refusal
@@ -274,6 +275,14 @@ def _check_profile(profile, precision: Precision, config: DecoderConfig, cluster
             f"--profile {profile.path}: its device kinds ({', '.join(e.kind for e in profile.kinds)}) name no "
             f"device kind of {cluster.name!r} nor a catalog entry one names "
             f"(its kinds: {', '.join(_kind_label(k) for k in cluster.device_kinds)})"
+        )
+    if not same_model(profile.model, config.name):
+        log.warning(
+            "--profile %s: it times the layers of %r, the plan is of %r: its times stand for this model's layers "
+            "only if the two are the same model under other names",
+            profile.path,
+            profile.model,
+            config.name,
         )
 
 

@@ -29,6 +29,8 @@ from llm_planner.cost.layer_pieces import layer_pieces, layer_time_s
 from llm_planner.cost.roofline import evaluate_pieces
 from llm_planner.serving.workload import WorkloadError
 
+HULL_MOST = 16384  # the most micro-batch sizes RooflineLayerTime times one by one for its hull pieces
+
 
 class _KernelTime:
     """A layer's time by the kernel model, with `pieces` below it at every b a micro-batch may hold
@@ -122,9 +124,11 @@ class RooflineLayerTime(_KernelTime):
     def _hull_pieces(self) -> tuple:
         """Lines below t at every micro-batch b the token budget admits (b (1 + r) <= B; no plan
         has a larger one): the lower convex hull of t there (cost.chunks.pieces_below), tighter than
-        the spread load's pieces where the chunks cost more."""
+        the spread load's pieces where the chunks cost more. It times t at every such b, so a budget
+        that admits over HULL_MOST sequences (past the engines' budgets of a few thousand to 16,384
+        tokens) gets none, and its bounds rest on the spread load's pieces, which hold at every b."""
         top = math.floor(self.budget / (1.0 + self.per_sequence.prompt_tokens))
-        if top < 2:
+        if not 2 <= top <= HULL_MOST:  # past HULL_MOST the spread load's pieces alone: looser, as valid, not hours
             return ()
         xs = [float(b) for b in range(1, top + 1)]
         at = tuple(float(2**i) for i in range(top.bit_length()))  # the lines over b = 1, 2, 4, ...

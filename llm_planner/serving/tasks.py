@@ -13,6 +13,7 @@ precision's bytes; llm_planner.serving.costs prices them on a stage.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -28,6 +29,8 @@ from llm_planner.graph.ir import Task
 from llm_planner.graph.mla import mla_replicated_linear
 from llm_planner.graph.transformer import DecoderConfig, matmul_parameters, stored_mlp_parameters
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
+
+log = logging.getLogger(__name__)
 
 PARTS = ("embed", "block", "final_norm", "lm_head")
 # Per-iteration token budget when none is given: vLLM's default for its OpenAI server on A100s and
@@ -135,6 +138,53 @@ def check_workload_window(config: DecoderConfig, workload: ServingWorkload, sour
     check_window(config, workload.max_context, context, source)
 
 
+def check_context(config: DecoderConfig, workload: ServingWorkload) -> None:
+    """The longest request (prompt + output) against the model's positions: past learned ones a
+    WorkloadError (no embedding exists there); past a rotary model's `max_position_embeddings` a
+    warning, once: the model computes there, TensorRT-LLM runs it (its own benchmarks ran Llama-2 to
+    4,224 tokens), and vLLM and SGLang refuse such requests unless told otherwise."""
+    if workload.max_context <= config.max_positions:
+        return
+    where = (
+        "--prompt-len + --output-len" if workload.source == "flags" else f"{workload.source}: prompt_len + output_len"
+    )
+    if config.learned_positions:
+        raise WorkloadError(
+            f"{where} of {workload.max_context} tokens exceeds {config.name}'s {config.max_positions} learned positions"
+        )
+    _say_past_positions(where, workload.max_context, config.name, config.max_positions)
+
+
+@lru_cache(maxsize=64)
+def _say_past_positions(where: str, context: int, name: str, positions: int) -> None:
+    log.warning(
+        "%s of %d tokens is past %s's %d positions (max_position_embeddings): vLLM and SGLang refuse such requests "
+        "unless told to allow them (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1); "
+        "the plan prices them as the model computes them",
+        where,
+        context,
+        name,
+        positions,
+    )
+
+
+def check_group(config: DecoderConfig, precision: Precision) -> None:
+    """WorkloadError when an int4 format's group size does not divide the rows its groups cut: each
+    group of a linear layer's input holds g weights, and the engines' AWQ and GPTQ kernels refuse a
+    layer whose input width (the hidden size, the MLP's widths) is not a multiple of g."""
+    g = precision.group_size
+    if g is None:
+        return
+    widths = {"hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size}
+    widths["moe_intermediate_size"] = config.moe_intermediate_size
+    bad = [f"{name} {w}" for name, w in widths.items() if w > 0 and w % g]
+    if bad:
+        raise WorkloadError(
+            f"--weights {precision.weights_label}: a group of {g} weights does not divide {config.name}'s "
+            f"{', '.join(bad)}; the engines' int4 kernels need groups that do (e.g. :g128, :g64)"
+        )
+
+
 def build_serving_tasks(
     config: DecoderConfig,
     workload: ServingWorkload,
@@ -151,15 +201,8 @@ def build_serving_tasks(
     cache dtype's, everything else at the activation dtype's."""
     precision = as_precision(dtype)
     dtype = precision.activations
-    if config.learned_positions and workload.max_context > config.max_positions:
-        where = (
-            "--prompt-len + --output-len"
-            if workload.source == "flags"
-            else f"{workload.source}: prompt_len + output_len"
-        )
-        raise WorkloadError(
-            f"{where} of {workload.max_context} tokens exceeds {config.name}'s {config.max_positions} learned positions"
-        )
+    check_context(config, workload)
+    check_group(config, precision)
     check_workload_window(config, workload)
     decode = _parts(config, "decode", max(1, round(workload.decode_context)), dtype)
     held = _parts(config, "decode", max(1, math.ceil(workload.kv_context)), dtype)
