@@ -16,6 +16,7 @@ from test_genai_perf_results import _genai
 from test_import_vidur import MODEL, write_vidur
 
 from llm_planner.cli.main import main
+from llm_planner.core.precision import build_precision
 from llm_planner.graph.model_names import same_model
 from llm_planner.serving.closed_loop import MOST_CONCURRENCY, closed_loop
 from llm_planner.serving.context import ServingOptions, build_context
@@ -169,3 +170,11 @@ def test_an_int4_group_that_does_not_divide_the_layers_is_refused(tmp_path, caps
     argv += ["--prompt-len", "512", "--output-len", "128"]
     refused([*argv, "--weights", "int4-awq:g7"], capsys, "--weights int4-awq:g7", "hidden_size 4096")
     assert main([*argv, "--weights", "int4-awq:g64", "--json"]) == 0
+
+
+def test_a_checkpoints_per_channel_group_passes_whatever_the_mlps_width(tmp_path):
+    """`group_size: -1` plans a group of the hidden size (graph.checkpoint): llama2-7b's 11,008-wide
+    MLP is no multiple of 4,096, and the group is still a row."""
+    workload = ServingWorkload(requests=(RequestShape(prompt_len=512, output_len=128),), tpot_slo_s=1.0)
+    precision = build_precision("fp16", "int4-gptq:g4096", None)
+    build_context(str(write_fleet(tmp_path)), "llama2-7b", workload, precision, ServingOptions())

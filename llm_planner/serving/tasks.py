@@ -171,12 +171,15 @@ def _say_past_positions(where: str, context: int, name: str, positions: int) -> 
 def check_group(config: DecoderConfig, precision: Precision) -> None:
     """WorkloadError when an int4 format's group size does not divide the rows its groups cut: each
     group of a linear layer's input holds g weights, and the engines' AWQ and GPTQ kernels refuse a
-    layer whose input width (the hidden size, the MLP's widths) is not a multiple of g."""
+    layer whose input width (the hidden size, the MLP's widths) is not a multiple of g. A group of
+    the hidden size is a checkpoint's per-channel one (`group_size: -1`, graph.checkpoint): a group
+    a row, whatever the row's width."""
     g = precision.group_size
     if g is None:
         return
-    widths = {"hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size}
-    widths["moe_intermediate_size"] = config.moe_intermediate_size
+    widths = {"hidden_size": config.hidden_size}
+    if g != config.hidden_size:
+        widths |= {"intermediate_size": config.intermediate_size, "moe_intermediate_size": config.moe_intermediate_size}
     bad = [f"{name} {w}" for name, w in widths.items() if w > 0 and w % g]
     if bad:
         raise WorkloadError(
