@@ -114,6 +114,19 @@ marks the reading each benchmark uses.""",
         ".venv/bin/python benchmarks/fp8_cache_readings.py",
     ),
     Section(
+        "grid_decode_share",
+        "The grid's TPOT under load against the model's decode step",
+        """\
+`benchmarks/grid_decode_share.py` takes every NIM grid run at 100-250 in flight that fits the model's
+memory (A100 calibration, H100 held out; TensorRT-LLM's factor set) and divides its measured TPOT, and
+the model's (the closed loop as the fidelity benchmark scores it), by the model's pure decode step at
+that concurrency (C decodes at the mean context, no prompt work). Medians per GPU, precision and
+request shape. With 200-token prompts, 200/2000 carries a tenth of a prompt token per output token and
+200/200 one: the rise from the one to the other is the prompt work a TPOT carries; the 200/2000 figure
+is mostly how far the decode step is from the engine's.""",
+        ".venv/bin/python benchmarks/grid_decode_share.py",
+    ),
+    Section(
         "gpu_parts",
         "A layer's parts on an H200 against the kernel model",
         """\
