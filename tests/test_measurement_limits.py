@@ -84,7 +84,7 @@ def test_calibrate_will_not_write_its_spec_over_a_measurement(tmp_path, capsys):
     result = argv[-1]
     before = (tmp_path / "run.json").read_text()
     argv[argv.index("-o") + 1] = result
-    refused(argv, capsys, "-o", "run.json", "measurements read")
+    refused(argv, capsys, "run.json", "is the input RESULT", "would destroy it")
     assert (tmp_path / "run.json").read_text() == before
 
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from llm_planner.cli.arg_types import budget, front_end_seconds, positive
 from llm_planner.cli.commands import UserError
-from llm_planner.core.atomic import check_writable
+from llm_planner.core.atomic import check_not_an_input, check_writable
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.fmt import fmt_s, styled
 from llm_planner.core.precision import KV_FORMATS, build_precision
@@ -193,10 +192,9 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 def _check_not_an_input(args: argparse.Namespace) -> None:
     """-o must not name a measurement the command reads: writing the spec there would destroy it."""
-    out = Path(args.output)
-    for path in (*(args.results or ()), *(args.plan or ()), *(args.report or ())):
-        if Path(path).resolve() == out.resolve() or (out.exists() and Path(path).exists() and out.samefile(path)):
-            raise UserError(f"-o {args.output}: is one of the measurements read ({path}); name a new file", exit_code=2)
+    named = {"RESULT": args.results or (), "--plan": args.plan or (), "--report": args.report or ()}
+    inputs = {f"{flag} {path}": path for flag, paths in named.items() for path in paths}
+    check_not_an_input(args.output, inputs, CalibrateError)
 
 
 def _fmt_field(name: str, value: float) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from llm_planner.core.atomic import WriteError, check_writable, write_atomic
+from llm_planner.core.atomic import WriteError, check_not_an_input, check_writable, write_atomic
 from llm_planner.core.fmt import fmt_s, fmt_time, has_file_units, significant, styled, time_unit
 from llm_planner.core.plan import PlanError, load_plan, save_plan
 from llm_planner.core.precision import DEFAULT_DTYPE
@@ -153,8 +153,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
     if args.export_file and not args.export:
         raise UserError("--export-file says where --export writes: give --export vllm or megatron too", exit_code=2)
     check_writable(args.output, PlanError)
+    inputs = {"--cluster": args.cluster, "--graph": args.graph, "--profile": getattr(args, "profile", None)}
+    check_not_an_input(args.output, inputs, PlanError)
     if args.export:
         check_writable(_export_path(args), PlanError)
+        check_not_an_input(_export_path(args), {**inputs, "plan (-o)": args.output}, PlanError)
 
 
 def _solve(session, console: Console):

@@ -10,7 +10,8 @@ from rich.console import Console
 
 from llm_planner.cli.commands import UserError, progress
 from llm_planner.cli.serving import check_serving_verified
-from llm_planner.core.atomic import check_writable, write_atomic
+from llm_planner.core.atomic import check_not_an_input, check_writable, write_atomic
+from llm_planner.core.fileio import read_bytes
 from llm_planner.core.fmt import styled
 from llm_planner.core.spec import load_cluster
 from llm_planner.export.engine_args import PORT_STEP, SGLANG_PORT, VLLM_PORT, assign_ports
@@ -92,6 +93,7 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     if args.to == "megatron" and fmt == "script":
         raise UserError("--to megatron writes JSON (parallel sizes per pattern); drop --format script", exit_code=2)
     if not is_serving_plan(args.plan):
+        read_bytes(args.plan, ServingExportError)  # a file that cannot be read says so, not "not a serving plan"
         raise UserError(
             f"{args.plan}: not a serving plan (`plan --objective serving` writes one); `plan --export` "
             "writes the parallel sizes of other plans",
@@ -100,6 +102,9 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     if args.output is not None:
         check_writable(args.output, ServingExportError)
     plan = load_serving_plan(args.plan)
+    if args.output is not None:
+        inputs = {"plan": args.plan, **{f"inputs.{k}": plan.input_path(k) for k in ("cluster", "profile")}}
+        check_not_an_input(args.output, inputs, ServingExportError)
     cluster_path = checked_input(plan, "cluster")  # its hash checked on the bytes, before it is parsed
     assert cluster_path is not None  # plan_fields requires inputs.cluster
     check_model_layers(plan)
@@ -155,6 +160,9 @@ def _check_engine_options(args: argparse.Namespace) -> None:
         raise UserError(f"--router applies to the scripts of --to vllm or sglang, not --to {args.to}", exit_code=2)
     if args.router is not None:
         check_router(args.router, args.to)
+    helix = [f for f, v in (("--helix-cluster", args.helix_cluster), ("--helix-profiles", args.helix_profiles)) if v]
+    if helix and args.to != "helix":
+        raise UserError(f"{', '.join(helix)} applies to --to helix, not --to {args.to}", exit_code=2)
 
 
 def helix_stages(plan) -> list[tuple[str, int, int]]:

@@ -4,13 +4,14 @@ serving plan file. Names from files are printed literally (never as markup)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rich.console import Console
 
 from llm_planner.cli.arg_types import budget, imbalance, positive, redundant_experts, tokens
 from llm_planner.cli.commands import UserError, progress, refuse_rejected
 from llm_planner.cli.serving_text import print_serving
-from llm_planner.core.atomic import check_writable
+from llm_planner.core.atomic import check_not_an_input, check_writable
 from llm_planner.core.fmt import fmt_s, styled
 from llm_planner.core.precision import KV_FORMATS
 from llm_planner.core.spec import ClusterSpec, SpecError, load_cluster
@@ -252,6 +253,9 @@ def cmd_plan_serving(args: argparse.Namespace, console: Console) -> int:
         candidates = candidate_precisions(asked, args.allow_weights, args.allow_kv_cache_dtype, stated)
     options = serving_options(args)
     check_writable(args.output, ServingPlanError)
+    inputs = {"--cluster": args.cluster, "--workload": args.workload, "--profile": args.profile}
+    inputs |= {"--expert-load": args.expert_load, "--model": args.model if Path(args.model).is_file() else None}
+    check_not_an_input(args.output, inputs, ServingPlanError)
     with progress(console, "searching serving layouts..."):
         data = plan_serving_among(
             candidates,

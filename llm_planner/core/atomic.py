@@ -57,6 +57,32 @@ def check_writable(path: str | Path, error: type[Exception] = WriteError) -> Non
         raise error(f"{path}: cannot write: the file is read-only")
 
 
+def make_directory(path: str | Path, error: type[Exception] = WriteError) -> Path:
+    """The directory at `path`, made with its parents where missing; `error` naming it where it cannot
+    be (a file stands there, a parent cannot be written)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        what = "a file stands there" if path.exists() and not path.is_dir() else exc.strerror or str(exc)
+        raise error(f"{path}: cannot make the directory: {what}") from None
+    return path
+
+
+def check_not_an_input(
+    path: str | Path, inputs: dict[str, str | Path | None], error: type[Exception] = WriteError
+) -> None:
+    """`error` when `path` names one of the command's input files (`inputs`: what names each, a flag
+    or a plan field, -> its path; None: not given): writing there would destroy the input."""
+    out = Path(path)
+    for what, given in inputs.items():
+        if given is None or not Path(given).exists():
+            continue
+        same = out.resolve() == Path(given).resolve() or (out.exists() and out.samefile(given))
+        if same:
+            raise error(f"{path}: is the input {what} ({given}): writing there would destroy it; name a new file")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path, error: type[Exception] = WriteError) -> Iterator[Path]:
     """A temporary path beside `path` to write to (for writers that want a file name, such as

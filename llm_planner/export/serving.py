@@ -250,7 +250,7 @@ def build_engines(
 def _engine_budgets(export, plan, cluster, dtype, max_len, multinode) -> ServingExport:
     """The export with what the engines are told of memory: KV budgets, the longest sequence and
     the per-iteration token budget (llm_planner.export.engine_args)."""
-    model, workload = plan.data["model"], plan_workload(plan.data)
+    model, workload = plan.data["model"], plan_workload(plan.data, source=f"{plan.path}: workload")
     config = model_config(model["name"], export.plan_path)
     kv = {
         e.name: kv_budget(

@@ -27,7 +27,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from llm_planner.core.atomic import write_atomic
+from llm_planner.core.atomic import make_directory, write_atomic
 from llm_planner.core.plan import Plan, load_plan
 from llm_planner.core.spec import load_cluster
 from llm_planner.graph import rwnn
@@ -225,8 +225,7 @@ def launch(plan_path: str | Path, options: LaunchOptions = LaunchOptions()) -> L
 def run_table(table: RankTable, options: LaunchOptions) -> LaunchResult:
     """Write the hostfile and the rank table into its workdir, and (unless dry_run) run mpiexec on them;
     a serving plan's launch (llm_planner.launch.serve_launch) starts its ranks here too."""
-    workdir = Path(table.run.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = make_directory(table.run.workdir, LaunchError)
     hostfile, table_path = workdir / "hostfile", workdir / "rank_table.json"
     write_atomic(hostfile, hostfile_text(table), LaunchError)
     table.save(table_path)

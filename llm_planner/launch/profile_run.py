@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llm_planner.core.atomic import make_directory
 from llm_planner.core.procs import stop_signals_deferred
 from llm_planner.core.spec import ClusterSpec, DeviceSpec, load_cluster
 from llm_planner.cost import profile as prof
@@ -297,8 +298,7 @@ def spawn_mpi(job: ProfileJob, workdir: str | Path, timeout_s: float) -> prof.Pr
         raise ProfileRunError(
             f"{cluster.source}: nodes {missing} have no hostname; profiling under MPI needs the host of every node"
         )
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = make_directory(workdir, ProfileRunError)
     hosts = ((str(d.hostname), f"{cluster.source}: node {d.node!r} (device {d.name})") for d in order)
     (workdir / "hostfile").write_text(hostfile_of(hosts, ProfileRunError))
     job.save(workdir / "profile_job.json")

@@ -310,7 +310,7 @@ def _serving(f: Fields, num_layers: int, version: int) -> None:
     for key in ("concurrency", "layouts_evaluated", "layouts_candidate", "layouts_left"):
         integer(f, key, low=0, high=1 << 62)
     _prices(f)
-    for i, item in enumerate(_list(f, "replicas")):
+    for i, item in enumerate(_list(f, "replicas", low=1)):  # a plan serves with at least one
         _replica(f.item("replicas", i, item), num_layers)
 
 

@@ -8,7 +8,9 @@ from any working directory.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,9 @@ from llm_planner.graph.hf_config import config_file_of
 from llm_planner.serving.plan_fields import SERVING_FORMAT, SERVING_VERSION, read_plan_fields, upgrade
 
 __all__ = ["SERVING_FORMAT", "SERVING_VERSION"]
+
+_NAME = re.escape(SERVING_FORMAT)
+_FORMAT_LINE = re.compile(rf"^format:\s*[\"']?{_NAME}[\"']?\s*$" + rf'|"format"\s*:\s*"{_NAME}"', re.MULTILINE)
 
 
 class ServingPlanError(ValueError):
@@ -57,17 +62,22 @@ class ServingPlanFile:
 
 
 def save_serving_plan(data: dict[str, Any], path: str | Path) -> None:
-    write_atomic(path, dump_yaml(data, width=160), ServingPlanError)
+    """The plan as YAML, or as JSON where the path ends in .json (as placement plans are written)."""
+    as_json = Path(path).suffix.lower() == ".json"
+    text = json.dumps(data, indent=1, allow_nan=False) + "\n" if as_json else dump_yaml(data, width=160)
+    write_atomic(path, text, ServingPlanError)
 
 
 def is_serving_plan(path: str | Path) -> bool:
-    """Whether the file says it is a serving plan (cheap: reads the first lines)."""
+    """Whether the file says it is a serving plan: a top-level `format: llm_planner.serving_plan` (YAML)
+    or `"format": "llm_planner.serving_plan"` (JSON, compact or indented), wherever it stands after the
+    comments. Cheap: the text is searched, not parsed. A file that cannot be read (a FIFO, a device, a
+    directory: refused before anything blocks) is not one; the plan's reader then says why."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(4096).decode("utf-8", errors="replace")
-    except OSError:
+        text = read_bytes(path, ServingPlanError).decode("utf-8", errors="replace")
+    except ServingPlanError:
         return False
-    return SERVING_FORMAT in head.split("\n", 3)[0] or f"format: {SERVING_FORMAT}" in head
+    return _FORMAT_LINE.search(text) is not None
 
 
 def load_serving_plan(path: str | Path) -> ServingPlanFile:
