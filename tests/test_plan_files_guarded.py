@@ -81,3 +81,10 @@ def test_a_serving_plan_named_json_is_written_as_json(tmp_path):
 def test_helix_flags_are_refused_for_the_engines_exports(plan_yaml, tmp_path, capsys):
     argv = ["export", str(plan_yaml), "--to", "vllm", "-o", str(tmp_path / "s.sh"), "--helix-cluster", "c.ini"]
     refused(argv, capsys, "--helix-cluster applies to --to helix, not --to vllm")
+
+
+def test_launch_will_not_write_its_report_over_the_plan(plan_yaml, capsys):
+    before = plan_yaml.read_text()
+    refused(["launch", str(plan_yaml), "--dry-run", "--report", str(plan_yaml)], capsys, "is the input plan")
+    refused(["launch", str(plan_yaml), "--dry-run", "--report", str(plan_yaml.parent)], capsys, "it is a directory")
+    assert plan_yaml.read_text() == before

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from llm_planner.cli.arg_types import positive_seconds, seed, tokens, whole
 from llm_planner.cli.commands import UserError
+from llm_planner.core.atomic import check_not_an_input, check_writable
 from llm_planner.core.fmt import fmt_s, styled
 from llm_planner.launch.launch_text import describe_result
 from llm_planner.launch.launch_types import LaunchError
@@ -102,6 +103,14 @@ def refuse_serving_flags(args: argparse.Namespace) -> None:
         raise UserError(f"{', '.join(given)}: only serving plans take them; {args.plan} is not one", exit_code=2)
 
 
+def check_report_path(args: argparse.Namespace) -> None:
+    """--report is written at the end of a run: refused before it starts where it cannot be written or
+    names the plan."""
+    if args.report is not None:
+        check_writable(args.report)
+        check_not_an_input(args.report, {"plan": args.plan})
+
+
 def cmd_launch_serving(args: argparse.Namespace, console: Console) -> int:
     given = [flag for name, flag in PLACEMENT_FLAGS.items() if getattr(args, name) not in (None, [])]
     given += ["--measure"] if args.measure else []
@@ -111,6 +120,7 @@ def cmd_launch_serving(args: argparse.Namespace, console: Console) -> int:
             "(--request-rate, --max-requests, --duration, --prompt-len, --output-len)",
             exit_code=2,
         )
+    check_report_path(args)
     options = ServeOptions(
         dry_run=args.dry_run,
         checkpoint=args.checkpoint,

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from llm_planner.cli.commands import UserError, model_spec, progress
-from llm_planner.cli.launch_serving import refuse_serving_flags
+from llm_planner.cli.launch_serving import check_report_path, refuse_serving_flags
 from llm_planner.core.atomic import check_writable
 from llm_planner.core.fmt import LiteralConsole, fmt_s, styled
 from llm_planner.cost.profile import ProfileError, save_profile
@@ -33,6 +33,7 @@ def cmd_launch(args: argparse.Namespace, console: Console) -> int:
         raise UserError(f"--prompt-ids must be comma-separated integers, got {args.prompt_ids}", exit_code=2) from None
     if args.measure and args.dry_run:
         raise UserError("--measure compares a run with its plan; it cannot be used with --dry-run", exit_code=2)
+    check_report_path(args)
     started = time.perf_counter()
     try:
         result = launch.launch_plan(
