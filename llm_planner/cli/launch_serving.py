@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from llm_planner.cli.arg_types import positive_seconds, seed, tokens, whole
 from llm_planner.cli.commands import UserError
-from llm_planner.core.atomic import check_not_an_input, check_writable
+from llm_planner.core.atomic import WriteError, check_not_an_input
 from llm_planner.core.fmt import fmt_s, styled
 from llm_planner.launch.launch_text import describe_result
 from llm_planner.launch.launch_types import LaunchError
@@ -104,10 +105,11 @@ def refuse_serving_flags(args: argparse.Namespace) -> None:
 
 
 def check_report_path(args: argparse.Namespace) -> None:
-    """--report is written at the end of a run: refused before it starts where it cannot be written or
-    names the plan."""
+    """--report is written at the end of a run: refused before it starts where it is a directory or
+    names the plan (its folder may be one the run makes, such as its workdir)."""
     if args.report is not None:
-        check_writable(args.report)
+        if Path(args.report).is_dir():
+            raise WriteError(f"{args.report}: cannot write: it is a directory")
         check_not_an_input(args.report, {"plan": args.plan})
 
 
