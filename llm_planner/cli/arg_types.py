@@ -49,6 +49,12 @@ def ascii_int(text: str) -> int | None:
     return int(text) if digits.isascii() and digits.isdigit() else None
 
 
+def ascii_ints(text: str) -> tuple[int, ...]:
+    """The comma-separated whole numbers of `text` (ascii_int each), or () where any is not one."""
+    parts = [ascii_int(s) for s in text.split(",")]
+    return () if None in parts else tuple(parts)
+
+
 def whole(low: int, high: int):
     """The argparse type of a whole number from `low` to `high` (a count where 0 would mean nothing,
     or a size past which the planner's work or a solver's integers would overflow)."""
@@ -94,8 +100,7 @@ def _number(text: str) -> float:
 
 def layer_counts(text: str) -> tuple[int, ...]:
     """A comma-separated list of whole numbers of at least 1 (layers of each pipeline stage)."""
-    parts = [ascii_int(s) for s in text.split(",")]
-    values = () if None in parts else tuple(parts)
+    values = ascii_ints(text)
     if not values or any(not 1 <= v <= 2**20 for v in values):
         raise argparse.ArgumentTypeError(
             f"must be comma-separated whole numbers of at least 1, one per stage (e.g. 16,16), got {text!r}"
@@ -108,8 +113,7 @@ def increasing(low: int, high: int, least: int = 1):
     `high`, strictly increasing (the sizes of a table's points)."""
 
     def parse(text: str) -> tuple[int, ...]:
-        parts = [ascii_int(s) for s in text.split(",")]
-        values = () if None in parts else tuple(parts)
+        values = ascii_ints(text)
         ok = len(values) >= least and all(low <= v <= high for v in values)
         if not ok or any(a >= b for a, b in zip(values, values[1:])):
             raise argparse.ArgumentTypeError(

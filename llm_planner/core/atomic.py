@@ -75,11 +75,10 @@ def check_not_an_input(
     """`error` when `path` names one of the command's input files (`inputs`: what names each, a flag
     or a plan field, -> its path; None: not given): writing there would destroy the input."""
     out = Path(path)
+    if not out.exists():  # nothing there yet: no input to write over
+        return
     for what, given in inputs.items():
-        if given is None or not Path(given).exists():
-            continue
-        same = out.resolve() == Path(given).resolve() or (out.exists() and out.samefile(given))
-        if same:
+        if given is not None and Path(given).exists() and out.samefile(given):  # links and other spellings too
             raise error(f"{path}: is the input {what} ({given}): writing there would destroy it; name a new file")
 
 

@@ -23,10 +23,10 @@ from llm_planner.measure.serving_observation import (
     MOST_SEQUENCES,
     MOST_TOKENS,
     MOST_TOKENS_PER_S,
-    SECONDS,
     Measured,
     ServingObservation,
     ServingResultError,
+    in_seconds,
     in_span,
     number,
     whole_number,
@@ -121,9 +121,7 @@ def _genai_time(
     if unit not in TIME_UNITS:
         known = ", ".join(TIME_UNITS)
         raise ServingResultError(f"{where}: {name}: unit: expected one of {known}, got {json.dumps(unit)[:40]}")
-    if not SECONDS[0] <= value * TIME_UNITS[unit] <= SECONDS[1]:
-        raise ServingResultError(f"{where}: {name}: expected a time from 1 us to an hour, got {value:g} {unit}")
-    return value * TIME_UNITS[unit]
+    return in_seconds(where, name, value * TIME_UNITS[unit], f"{value:g} {unit}")
 
 
 def _nested(config: dict, paths: tuple[tuple[str, ...], ...]):

@@ -85,13 +85,15 @@ def _plain(x: float) -> str:
 def seconds(where: str, doc: dict, key: str, scale: float = 1.0, *, required: bool = True) -> float | None:
     """doc[key] times `scale` (its unit in seconds) as a measured time, within SECONDS."""
     value = number(where, doc, key, required=required)
-    if value is None:
-        return None
-    if not SECONDS[0] <= value * scale <= SECONDS[1]:
-        raise ServingResultError(
-            f"{where}: {key}: expected a time from 1 us to an hour, got {value:g} ({value * scale:g} s)"
-        )
-    return value * scale
+    return None if value is None else in_seconds(where, key, value * scale, f"{value:g} ({value * scale:g} s)")
+
+
+def in_seconds(where: str, key: str, value_s: float, shown: str) -> float:
+    """value_s when a measured time may be it (SECONDS); else ServingResultError naming `where` and
+    `key` and showing the value as the file wrote it (`shown`)."""
+    if not SECONDS[0] <= value_s <= SECONDS[1]:
+        raise ServingResultError(f"{where}: {key}: expected a time from 1 us to an hour, got {shown}")
+    return value_s
 
 
 def whole_number(where: str, doc: dict, key: str, *, required: bool = True, most: int | None = None) -> int | None:
