@@ -46,6 +46,8 @@ def test_cycle_is_rejected():
         (lambda d: d["edges"][0].update(dst="zz"), "names unknown task 'zz'"),
         (lambda d: d["tasks"][0].update(weight_bytes=-1), "weight_bytes must be finite and >= 0"),
         (lambda d: d.update(version=7), "version: unsupported version 7"),
+        (lambda d: d.update(version=1.0), "version: unsupported version 1.0"),
+        (lambda d: d.update(version=True), "version: unsupported version True"),
         (lambda d: d["edges"][0].update(bytes_per_sample=None), r"edges\[0\].bytes_per_sample: expected a number"),
     ],
 )

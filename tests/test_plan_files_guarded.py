@@ -88,3 +88,38 @@ def test_launch_will_not_write_its_report_over_the_plan(plan_yaml, capsys):
     refused(["launch", str(plan_yaml), "--dry-run", "--report", str(plan_yaml)], capsys, "is the input plan")
     refused(["launch", str(plan_yaml), "--dry-run", "--report", str(plan_yaml.parent)], capsys, "it is a directory")
     assert plan_yaml.read_text() == before
+
+
+def _edited(plan_yaml: Path, tmp_path: Path, name: str, edit) -> Path:
+    data = yaml.safe_load(plan_yaml.read_text())
+    edit(data)
+    out = tmp_path / name
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+@pytest.mark.parametrize("version", [6.0, True, "6"])
+def test_a_version_that_only_equals_a_known_one_is_refused(plan_yaml, tmp_path, capsys, version):
+    plan = _edited(plan_yaml, tmp_path, "v.yaml", lambda d: d.update(version=version))
+    for argv in (["verify", str(plan)], ["show", str(plan)]):
+        refused(argv, capsys, "v.yaml", "format", "version 5 or 6")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("tpot_slo_s", 3600.0, "3600.0 is outside 1 ms to 10 s"),
+        ("ttft_slo_s", 0.0001, "0.0001 is outside 1 ms to 3600 s"),
+    ],
+)
+def test_show_refuses_a_target_verify_would(plan_yaml, tmp_path, capsys, key, value, said):
+    plan = _edited(plan_yaml, tmp_path, "slo.yaml", lambda d: d["workload"].update({key: value}))
+    for argv in (["verify", str(plan)], ["show", str(plan)]):
+        refused(argv, capsys, "slo.yaml", f"workload.{key}", said)
+
+
+def test_export_to_a_dash_writes_standard_output(plan_yaml, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", str(plan_yaml), "--to", "vllm", "-o", "-"]) == 0
+    assert capsys.readouterr().out.startswith("#!")
+    assert not (tmp_path / "-").exists()

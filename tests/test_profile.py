@@ -100,6 +100,7 @@ def test_profile_written_and_read_back(tmp_path):
     [
         (lambda d: d.update(format="something"), "not a profile file"),
         (lambda d: d.update(version=7), "version: unsupported profile version 7"),
+        (lambda d: d.update(version=1.0), "version: unsupported profile version 1.0"),
         (lambda d: d.update(colour="red"), "colour: unknown key"),
         (
             lambda d: d["device_kinds"]["cpu"]["k"].update(fixed_s=-1.0),

@@ -150,7 +150,8 @@ def test_a_model_type_the_runtime_does_not_build_is_refused(tmp_path):
 def test_a_device_in_two_stages_is_refused(gpt2_dir, tmp_path):
     replicas = [{**MIXED, "devices": [[dev(0), dev(1)], [dev(1)]]}]
     plan = serving_plan(tmp_path / "plan.yaml", gpt2_dir, replicas)
-    with pytest.raises(LaunchError, match="device localhost/cpu-core:1 serves two stages"):
+    said = r"plan.yaml: serving.replicas\[0\].devices\[0\]\[1\]: device localhost/cpu-core:1 serves two stages "
+    with pytest.raises(LaunchError, match=said + r"\(it also serves serving.replicas\[0\].devices\[0\]\[0\]\)"):
         launch_serving(plan, ServeOptions(dry_run=True, workdir=str(tmp_path / "w")))
 
 
@@ -159,7 +160,7 @@ def test_a_group_the_cluster_cannot_form_is_refused_naming_the_stage(gpt2_dir, t
     cluster.write_text(LOCALHOST.read_text().replace("cpu-core: 4", "cpu-core: 3"))
     replicas = [{**MIXED, "devices": [[dev(0), dev(1)], [dev(2)]]}]
     plan = serving_plan(tmp_path / "plan.yaml", gpt2_dir, replicas, cluster=cluster)
-    with pytest.raises(LaunchError, match=r"serving.replicas: replica 0 stage 0: group .* is not an aligned block"):
+    with pytest.raises(LaunchError, match=r"serving.replicas\[0\].devices\[0\]\[0\]: group .* is not an aligned block"):
         launch_serving(plan, ServeOptions(dry_run=True, workdir=str(tmp_path / "w")))
     assert cli.main(["launch", str(plan), "--dry-run", "--workdir", str(tmp_path / "w")]) == 2
 

@@ -81,11 +81,12 @@ def add_export_parser(sub) -> None:
         "block with the plan's weights in the script's header, nothing started), sglang-router (--to sglang) or "
         "vllm-router (--to vllm): least-loaded routing, the engines' caps added up as its limit",
     )
-    p.add_argument("-o", "--output", default=None, help="file to write (default: standard output)")
+    p.add_argument("-o", "--output", default=None, help="file to write (default, or -: standard output)")
 
 
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
-
+    if args.output == "-":  # the usual name for standard output
+        args.output = None
     _check_engine_options(args)
     if args.to == "helix":
         return _export_helix(args, console)

@@ -88,6 +88,11 @@ def read_text(path: str | Path, error: type[Exception]) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
+def is_version(value: Any, *versions: int) -> bool:
+    """Whether a document's `version` is one of `versions`: an integer, not 1.0 or true (which equal 1)."""
+    return type(value) is int and value in versions
+
+
 def dump_yaml(data: Any, *, width: int = 120, flow: bool | None = False) -> str:
     """`data` as YAML text, block style unless `flow` (yaml.safe_dump's output: libyaml's emitter,
     several times faster on a large plan, where PyYAML has it; its pure-Python one otherwise)."""

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_planner.core.atomic import write_atomic
-from llm_planner.core.fileio import dump_yaml, read_document
+from llm_planner.core.fileio import dump_yaml, is_version, read_document
 from llm_planner.core.gap import gap as gap_of
 from llm_planner.core.plan_paths import model_paths, plan_folder, relative_to_plan, resolve_from_plan
 from llm_planner.core.plan_read import MISSING, Fields, check_finite_tree
@@ -263,7 +263,7 @@ def plan_from_dict(data: Any, source: str = "<memory>") -> Plan:
         where = "format: " if isinstance(data, dict) else ""
         raise PlanError(f"{source}: {where}not a plan file (expected format: {PLAN_FORMAT})")
     top = Fields(data, source, "", PlanError)
-    if type(data.get("version")) is not int or data["version"] != PLAN_VERSION:
+    if not is_version(data.get("version"), PLAN_VERSION):
         raise top.fail(
             "version", f"unsupported plan version {data.get('version')!r} (this reader knows {PLAN_VERSION})"
         )

@@ -68,7 +68,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from llm_planner.core.atomic import write_atomic
-from llm_planner.core.fileio import dump_yaml, read_bytes, read_document
+from llm_planner.core.fileio import dump_yaml, is_version, read_bytes, read_document
 from llm_planner.cost.measured import LinkTiming, Profile, TaskTiming
 
 PROFILE_FORMAT = "llm_planner.cost.profile"
@@ -274,7 +274,7 @@ def profile_from_dict(data: Any, source: str = "<memory>") -> Profile:
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
         raise ProfileError(f"{source}: not a profile file (expected format: {PROFILE_FORMAT})")
     top = _Fields(data, source, "")
-    if data.get("version") != PROFILE_VERSION:
+    if not is_version(data.get("version"), PROFILE_VERSION):
         raise ProfileError(
             f"{source}: version: unsupported profile version {data.get('version')!r} "
             f"(this build reads {PROFILE_VERSION})"

@@ -23,7 +23,7 @@ from typing import Any
 import networkx as nx
 
 from llm_planner.core.constants import DEVICE_TYPES
-from llm_planner.core.fileio import read_document
+from llm_planner.core.fileio import is_version, read_document
 from llm_planner.core.fmt import quote
 
 GRAPH_FORMAT = "llm_planner.graph"
@@ -279,7 +279,7 @@ def graph_from_dict(data: dict[str, Any], source: str = "<memory>") -> TaskGraph
     """Inverse of TaskGraph.to_dict; raises GraphError naming `source` and the field."""
     if not isinstance(data, dict) or data.get("format") != GRAPH_FORMAT:
         raise GraphError(f'{source}: not a task graph file (expected "format": "{GRAPH_FORMAT}")')
-    if data.get("version") != GRAPH_VERSION:
+    if not is_version(data.get("version"), GRAPH_VERSION):
         raise GraphError(
             f"{source}: version: unsupported version {data.get('version')!r} (this build reads {GRAPH_VERSION})"
         )

@@ -237,20 +237,24 @@ def _replica_rows(plan: ServingPlanFile, ctx: ServingContext) -> list[tuple[dict
 
 def _stage_ranks(plan: ServingPlanFile, rows, cluster: ClusterSpec) -> tuple[list[str], dict[str, str]]:
     """The rank order of every device the replicas use, and the plan device (itself, or its group) of each."""
+    copies = [
+        f"serving.replicas[{i}].devices[{j}]" for i, rep in enumerate(plan.replicas) for j in range(len(rep["devices"]))
+    ]
     serves: dict[str, str] = {}
-    for r, (_, stages, _) in enumerate(rows):
+    where: dict[str, str] = {}  # device -> the copy and stage it serves, as the plan's fields name them
+    for copy, (_, stages, _) in zip(copies, rows, strict=True):
         for s, names in enumerate(stages):
             try:
                 group = names[0] if len(names) == 1 else group_from_members(cluster, list(names))
             except GroupError as exc:
-                raise LaunchError(f"{plan.path}: serving.replicas: replica {r} stage {s}: {exc}") from None
+                raise LaunchError(f"{plan.path}: {copy}[{s}]: {exc}") from None
             for name in names:
                 if name in serves:
                     raise LaunchError(
-                        f"{plan.path}: serving.replicas: device {name} serves two stages ({serves[name]} and replica "
-                        f"{r} stage {s}); a device runs one rank"
+                        f"{plan.path}: {copy}[{s}]: device {name} serves two stages (it also serves {where[name]}); "
+                        "a device runs one rank"
                     )
-                serves[name] = group
+                serves[name], where[name] = group, f"{copy}[{s}]"
     return rank_order(list(serves), cluster, str(plan.path)), serves
 
 

@@ -37,7 +37,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from llm_planner.core.fileio import parse_document, read_text
+from llm_planner.core.fileio import is_version, parse_document, read_text
 from llm_planner.measure.genai_perf import is_genai_perf, read_genai_perf
 from llm_planner.measure.serving_observation import (
     MOST_BUDGET,
@@ -210,7 +210,7 @@ def _read_report(where: str, doc: dict) -> list[ServingObservation]:
             f"{where}: format: expected {SERVING_RUN_FORMAT!r} (a serving run report of `llm-planner launch`), "
             f"got {json.dumps(doc.get('format'))[:60]}"
         )
-    if doc.get("version") != SERVING_RUN_VERSION:
+    if not is_version(doc.get("version"), SERVING_RUN_VERSION):
         raise ServingResultError(f"{where}: version: expected {SERVING_RUN_VERSION}, got {doc.get('version')!r}")
     for key in ("model", "workload", "replicas"):
         if key not in doc:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_planner.core.atomic import write_atomic
-from llm_planner.core.fileio import read_document
+from llm_planner.core.fileio import is_version, read_document
 from llm_planner.core.names import hostname_problem
 
 RANK_TABLE_FORMAT = "llm_planner.rank_table"
@@ -93,7 +93,7 @@ class RankTable:
 def rank_table_from_dict(data: Any, source: str = "<memory>") -> RankTable:
     if not isinstance(data, dict) or data.get("format") != RANK_TABLE_FORMAT:
         raise RankTableError(f'{source}: not a rank table (expected "format": "{RANK_TABLE_FORMAT}")')
-    if data.get("version") != RANK_TABLE_VERSION:
+    if not is_version(data.get("version"), RANK_TABLE_VERSION):
         raise RankTableError(f"{source}: version: unsupported rank table version {data.get('version')!r}")
     try:
         ranks = tuple(RankEntry(**r) for r in data["ranks"])

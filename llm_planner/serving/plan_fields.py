@@ -15,13 +15,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from llm_planner.core import units
 from llm_planner.core.constants import DTYPE_BYTES
+from llm_planner.core.fileio import is_version
 from llm_planner.core.plan_read import Fields
 from llm_planner.core.precision import PRECISION_KEYS, PrecisionError, precision_from_dict, uniform
 from llm_planner.cost.eplb import MAX_REDUNDANT
 from llm_planner.cost.moe_cost import check_imbalance, check_picks
 from llm_planner.serving.classes import DP_ATTENTIONS
 from llm_planner.serving.engines import ENGINES
+from llm_planner.serving.workload import TPOT_SLO_RANGE_S, TTFT_SLO_RANGE_S
 
 SERVING_FORMAT = "llm_planner.serving_plan"
 # 6: model.precision and each replica's precision (weights, activations, KV cache), and
@@ -165,7 +168,7 @@ def read_plan_fields(data: Any, source: str, error: type[Exception]) -> None:
     top = Fields(data, source, "", error)
     exactly(top, _TOP)
     version = top.get("version")
-    if top.get("format") != SERVING_FORMAT or isinstance(version, bool) or version not in READ_VERSIONS:
+    if top.get("format") != SERVING_FORMAT or not is_version(version, *READ_VERSIONS):
         raise top.fail(
             "format",
             f"expected {SERVING_FORMAT} version {' or '.join(map(str, READ_VERSIONS))} "
@@ -284,8 +287,17 @@ def _workload(f: Fields) -> None:
         integer(r, "prompt_len", high=MAX_TOKENS)
         integer(r, "output_len", high=MAX_TOKENS)
         number(r, "weight", positive=True)
-    number(f, "tpot_slo_s", positive=True)
-    number(f, "ttft_slo_s", positive=True, nullable=True)
+    _target(f, "tpot_slo_s", TPOT_SLO_RANGE_S)
+    if f.get("ttft_slo_s") is not None:
+        _target(f, "ttft_slo_s", TTFT_SLO_RANGE_S)
+
+
+def _target(f: Fields, key: str, bounds: tuple[float, float]) -> None:
+    """A latency target in the range `plan` takes it in (what verify and export would refuse, show does too)."""
+    try:
+        units.parse_duration(number(f, key, positive=True), *bounds)
+    except units.UnitError as exc:
+        raise f.fail(key, str(exc)) from None
 
 
 def _serving(f: Fields, num_layers: int, version: int) -> None:
@@ -330,7 +342,7 @@ def upgrade(data: Any) -> Any:
     """A version-5 plan's data with the precision fields: its one `model.dtype` is the weights',
     activations' and KV cache's (what version 5 planned); its version stays 5 (it has no
     serving.unrestricted); anything else is returned as it is (read_plan_fields judges it)."""
-    if not (isinstance(data, dict) and data.get("version") == 5 and isinstance(data.get("model"), dict)):
+    if not (isinstance(data, dict) and is_version(data.get("version"), 5) and isinstance(data.get("model"), dict)):
         return data
     try:
         stated = uniform(data["model"]["dtype"]).to_dict()
