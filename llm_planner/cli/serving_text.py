@@ -14,6 +14,11 @@ from llm_planner.serving.layout import group_text, stage_attention
 from llm_planner.serving.tasks import sequences_in_budget
 from llm_planner.serving.workload import plan_workload
 
+# the plan file's solver status as the summary line words it: the bound is proven either way
+# a plan with no replica: the hand layouts run GPUs only, each within the TPOT target and memory
+NO_REPLICA = "none: no layout on GPUs meets the TPOT target in memory (hand layouts use no CPU)"
+STATUS_TEXT = {"optimal": "the plan is proven optimal", "heuristic": "the plan is not proven optimal"}
+
 
 def print_serving(console: Console, data: dict, *, with_baselines: bool, cluster: ClusterSpec | None = None) -> None:
     wl, sv, model = data["workload"], data["serving"], data["model"]
@@ -35,7 +40,7 @@ def print_serving(console: Console, data: dict, *, with_baselines: bool, cluster
     console.print(replica_table(data))
     console.print(
         f"{sv['tokens_per_s']:,.0f} output tokens/s; upper bound {sv['upper_bound_tokens_per_s']:,.0f} tokens/s over "
-        f"every plan (gap {sv['gap']:.1%}, {sv['status']}); {_search_note(sv)}",
+        f"every plan (gap {sv['gap']:.1%}: {STATUS_TEXT[sv['status']]}); {_search_note(sv)}",
         highlight=False,
     )
     for row in sv.get("precisions") or ():  # a plan chosen among allowed precisions: each candidate
@@ -153,7 +158,7 @@ def comparison_table(data: dict) -> Table:
     if data["serving"].get("unrestricted") is not None:
         rows.append((f"without --exportable {data['options']['exportable']}", data["serving"]["unrestricted"]))
     for name, b in rows:
-        reps = "\n".join(_replica_line(r) for r in b["replicas"]) or "-"
+        reps = "\n".join(_replica_line(r) for r in b["replicas"]) or NO_REPLICA
         ratio = f"{b['tokens_per_s'] / ref:.2f}x" if ref > 0 else "-"
         table.add_row(name, f"{b['tokens_per_s']:,.0f}", ratio, reps)
     return table

@@ -284,6 +284,7 @@ def _kind_fit(problem: _Problem, kind: DeviceKindSpec, i: int, n, fitted, free, 
     if "collective_overhead_s" in reasons and not grouped:
         reasons["collective_overhead_s"] = "no observation runs a tensor-parallel group of this kind"
     mine = [k for k, r in enumerate(problem.rows) if kind.name in problem.cases[r.case].kinds]
+    w = np.array([problem.rows[k].weight for k in mine])
     return Fit(
         name=kind.name,
         path=path,
@@ -292,13 +293,17 @@ def _kind_fit(problem: _Problem, kind: DeviceKindSpec, i: int, n, fitted, free, 
         fitted=tuple(f for f in FIELDS if cols[f] in free),
         kept=reasons,
         samples=len({problem.rows[k].case for k in mine}),
-        rel_rms_before=_rel_rms(before[mine], problem.measured[mine]),
-        rel_rms_after=_rel_rms(after[mine], problem.measured[mine]),
+        rel_rms_before=_rel_rms(before[mine], problem.measured[mine], w),
+        rel_rms_after=_rel_rms(after[mine], problem.measured[mine], w),
     )
 
 
-def _rel_rms(predicted: np.ndarray, measured: np.ndarray) -> float:
-    return float(np.sqrt(np.mean((predicted / measured - 1.0) ** 2))) if len(measured) else math.nan
+def _rel_rms(predicted: np.ndarray, measured: np.ndarray, weights: np.ndarray) -> float:
+    """The RMS of the relative errors weighted as the fit weighs them (its objective, so the fit
+    does not raise it where one kind ran every observation)."""
+    if not len(measured):
+        return math.nan
+    return float(np.sqrt(np.sum((weights * (predicted / measured - 1.0)) ** 2) / np.sum(weights**2)))
 
 
 def calibrate_serving_files(
