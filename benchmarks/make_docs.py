@@ -127,6 +127,18 @@ is mostly how far the decode step is from the engine's.""",
         ".venv/bin/python benchmarks/grid_decode_share.py",
     ),
     Section(
+        "grid_gpu_ratio",
+        "How much faster the grid's engine runs on H100 than on A100, measured and modelled",
+        """\
+`benchmarks/grid_gpu_ratio.py` pairs every 16-bit NIM grid run on A100 with its twin on H100 (same
+model, degree, request shape and concurrency; both fitting the model's memory) and divides the A100
+run's TPOT by the H100 run's: measured / modelled (TensorRT-LLM's factor set, fitted on the A100 runs
+alone; the closed loop as the fidelity benchmark scores it). The data sheets' bandwidths differ 1.64x
+(3,350 and 2,039 GB/s). Where the model's ratio falls short of the measured, its H100 time is too long
+against its A100 time.""",
+        ".venv/bin/python benchmarks/grid_gpu_ratio.py",
+    ),
+    Section(
         "gpu_parts",
         "A layer's parts on an H200 against the kernel model",
         """\
