@@ -120,7 +120,7 @@ def test_a_field_the_kind_states_overrides_the_entry():
 
 
 def test_an_override_is_checked_like_any_field():
-    with pytest.raises(SpecError, match=r"device_kinds\[0\]\.mem_efficiency: must be in \(0, 1\]"):
+    with pytest.raises(SpecError, match=r"device_kinds\[0\]\.mem_efficiency: must be in \[0.001, 1\]"):
         parse_cluster(_cluster({"name": "h", "catalog": "l4", "mem_efficiency": 1.5}))
     with pytest.raises(SpecError, match=r"device_kinds\[0\]: unknown key\(s\) 'mem_byte'"):
         parse_cluster(_cluster({"name": "h", "catalog": "l4", "mem_byte": "20 GB"}))

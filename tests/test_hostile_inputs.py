@@ -58,7 +58,11 @@ def test_huge_mpi_slots_are_refused(tmp_path, capsys):
         ("mem_bytes", "1e300 B", "must be at most 16 PiB"),
         ("mem_bytes", "0.5", "must be at least 1 byte"),
         ("mem_bw_bytes_per_s", "1e30 B/s", "must be at most 10 PB/s"),
-        ("kv_dequant_factor", "0.5", "must be at least 1 (a slowdown)"),
+        ("kv_dequant_factor", "0.5", "must be from 1 to 100 (a slowdown"),
+        ("dequant_factor", "1e300", "must be from 1 to 100 (a slowdown"),
+        ("mem_efficiency", "1e-300", "must be in [0.001, 1]"),
+        ("collective_efficiency", "1e-9", "must be in [0.001, 1]"),
+        ("usable_mem_fraction", "1e-300", "must be in [0.001, 1]"),
     ],
 )
 def test_implausible_memory_and_bandwidth_are_refused_naming_the_field(tmp_path, capsys, field, value, says):

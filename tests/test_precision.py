@@ -319,3 +319,14 @@ def test_a_measured_profile_is_not_applied_to_a_quantized_precision(tmp_path):
         WorkloadError, match=r"--profile p.yaml: its times are in fp16, the plan's weights in int4-awq:g128"
     ):
         ServingContext(cluster, config, WL, build_precision("fp16", "int4-awq", None), ServingOptions(), Profile())
+
+
+@pytest.mark.parametrize("dtype", ["bogus", "float64", 5])
+def test_a_checkpoint_dtype_the_planner_does_not_know_is_refused_naming_it(tmp_path, dtype):
+    with pytest.raises(GraphError, match=rf"config.json: torch_dtype: {dtype!r} is not planned"):
+        checkpoint_precision(_checkpoint(tmp_path, None, dtype))
+
+
+@pytest.mark.parametrize("dtype", ["auto", None])
+def test_a_checkpoint_dtype_left_to_the_weights_states_none(tmp_path, dtype):
+    assert checkpoint_precision(_checkpoint(tmp_path, None, dtype)).dtype is None

@@ -236,6 +236,8 @@ def test_each_refusal_exits_2_with_its_message(extra, words, tmp_path, capsys):
         ("bigbox/big: 2 stages x tp2 in 1 server", ["--replica:", "write 'on 2 servers'"]),
         ("9 x smallbox/small", ["--replica:", "more than the class has"]),
         ("bigbox/big 2 stages", ["--replica: segment 1", "expected"]),
+        ("\uff12 x bigbox/big", ["--replica: segment 1", "expected"]),  # a full-width 2: counts are ASCII
+        ("1 x bigbox/big[tp\u0662]", ["--replica: segment 1", "expected"]),  # an Arabic-Indic 2
     ],
 )
 def test_a_bad_replica_exits_2_naming_the_flag(replica, words, tmp_path, capsys):

@@ -60,6 +60,13 @@ def test_units():
     for bad in ("12 parsecs", "GB", "", True):
         with pytest.raises(units.UnitError):
             units.parse_bytes(bad)
+    with pytest.raises(units.UnitError, match="a size is in bytes"):
+        units.parse_bytes("80 Gb")  # bits only in a bandwidth: a memory of "80 Gb" is a slip for 80 GB
+    for digits in ("\u0668\u0660 GB", "\uff18\uff10 GB"):  # Arabic-Indic and full-width digits
+        with pytest.raises(units.UnitError, match="cannot read"):
+            units.parse_bytes(digits)
+    with pytest.raises(units.UnitError):
+        units.parse_duration("\u0665\u0660 ms", 1e-3, 10.0)
 
 
 BASE = {
@@ -133,12 +140,16 @@ BROKEN = {
     "missing intra default": (lambda d: d["links"].pop("intra_node_default"), "no link between kinds"),
     "efficiency above 1": (
         lambda d: d["device_kinds"][0].update(compute_efficiency=1.5),
-        "device_kinds[0].compute_efficiency: must be in (0, 1]",
+        "device_kinds[0].compute_efficiency: must be in [0.001, 1]",
     ),
     "zero count": (lambda d: d["nodes"][0].update(count=0), "nodes[0].count: must be positive"),
     "non-integer count": (lambda d: d["nodes"][0]["devices"].update(g=1.5), "nodes[0].devices.g: expected an integer"),
     "empty kinds": (lambda d: d.update(device_kinds=[]), "device_kinds: expected a non-empty list"),
     "duplicate kinds": (lambda d: d["device_kinds"].append(dict(d["device_kinds"][0])), "duplicate device kind names"),
+    "duplicate node templates": (
+        lambda d: d["nodes"].append({**d["nodes"][-1], "count": 3}),
+        "nodes[1].name: duplicate node name 'n' (nodes[0] has it too)",
+    ),
 }
 
 

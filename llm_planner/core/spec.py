@@ -443,6 +443,10 @@ def parse_cluster(data: Any, source: str = "<memory>") -> ClusterSpec:
     nodes = tuple(
         _read_node(top.child(f"nodes[{i}]", n), set(kind_names)) for i, n in enumerate(_as_list(top, "nodes"))
     )
+    first = {}
+    for i, node in enumerate(nodes):  # a template is named in replicas and links: one name, one template
+        if first.setdefault(node.name, i) != i:
+            top.fail(f"duplicate node name {node.name!r} (nodes[{first[node.name]}] has it too)", f"nodes[{i}].name")
     num_devices = sum(node.count * num for node in nodes for _, num in node.devices)
     if num_devices > MAX_DEVICES:
         top.fail(

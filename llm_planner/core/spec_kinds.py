@@ -41,10 +41,16 @@ def _mem_bytes(c: Reader, key: str) -> float:
     return c.get(key, mem_bytes, positive=True)
 
 
+# The plausible range of a device's ratios (docs/inputs.md): an efficiency or usable share under a
+# thousandth, or a slowdown past a hundredfold, is a typo, and priced every time by a factor of 1e300.
+MIN_FRACTION = 1e-3
+MAX_SLOWDOWN = 100.0
+
+
 def _fraction(c: Reader, key: str) -> float:
     value = c.get(key, units.parse_fraction, positive=True)
-    if value > 1:
-        c.fail(f"must be in (0, 1], got {value}", key)
+    if not MIN_FRACTION <= value <= 1:
+        c.fail(f"must be in [{MIN_FRACTION:g}, 1] (a plausible device; docs/inputs.md), got {value:g}", key)
     return value
 
 
@@ -58,8 +64,8 @@ def _seconds(c: Reader, key: str) -> float:
 
 def _factor(c: Reader, key: str) -> float:
     value = c.get(key, units.parse_fraction, positive=True)
-    if value < 1:
-        c.fail(f"must be at least 1 (a slowdown), got {value}", key)
+    if not 1 <= value <= MAX_SLOWDOWN:
+        c.fail(f"must be from 1 to {MAX_SLOWDOWN:g} (a slowdown; docs/inputs.md), got {value:g}", key)
     return value
 
 

@@ -32,7 +32,7 @@ from collections import defaultdict
 
 from llm_planner.core.spec import ClusterSpec, DeviceSpec
 
-_NAME = re.compile(r"^(?P<node>[^/]+)/(?P<kind>[^:]+):(?P<first>\d+)-(?P<last>\d+)$")
+_NAME = re.compile(r"^(?P<node>[^/]+)/(?P<kind>[^:]+):(?P<first>\d+)-(?P<last>\d+)$", re.ASCII)
 
 
 DeviceClass = tuple[str, str, int]  # (server template, kind, degree)

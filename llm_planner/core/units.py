@@ -1,8 +1,9 @@
 """Human units in YAML ("80 GiB", "25 GB/s", "2 us", "312 TFLOP/s"), parsed once.
 
 Decimal prefixes (k, M, G, T, P) are powers of 1000, binary prefixes (Ki, Mi,
-Gi, Ti) powers of 1024. Bits ("Gb/s", "Gbit/s") are divided by 8. A plain number
-is taken in the field's base unit (bytes, bytes/s, seconds, FLOP/s).
+Gi, Ti) powers of 1024. Bits ("Gb/s", "Gbit/s") are divided by 8 in a bandwidth; a size is in bytes
+only ("80 Gb" of memory is refused: a slip for "80 GB" far more often than a size in bits). A plain
+number is taken in the field's base unit (bytes, bytes/s, seconds, FLOP/s). Digits are ASCII.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ _BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0
 _TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 _NUMBER = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
-_PATTERN = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-zµ/]*)\s*$")
+_PATTERN = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-zµ/]*)\s*$", re.ASCII)
 
 # unit family -> accepted base-unit spellings -> multiplier to the base unit
 _BASES = {
-    "bytes": {"B": 1.0, "byte": 1.0, "bytes": 1.0, "b": 0.125, "bit": 0.125},
+    "bytes": {"B": 1.0, "byte": 1.0, "bytes": 1.0},
     "bytes_per_s": {"B/s": 1.0, "Bps": 1.0, "b/s": 0.125, "bit/s": 0.125, "bps": 0.125},
     "flops": {"FLOP/s": 1.0, "FLOPS": 1.0, "flops": 1.0, "FLOPs": 1.0, "OP/s": 1.0, "OPS": 1.0},
 }
@@ -61,7 +62,8 @@ def _scaled(value: object, family: str) -> float:
             mult = _BINARY.get(prefix, _DECIMAL.get(prefix))
             if mult is not None:
                 return _finite(number * mult * base_mult, value)
-    raise UnitError(f"unknown unit {unit!r} in {value!r}")
+    hint = " (a size is in bytes: B, kB, MB, GB, GiB, ...)" if family == "bytes" else ""
+    raise UnitError(f"unknown unit {unit!r} in {value!r}{hint}")
 
 
 def _finite(number: float, value: object) -> float:

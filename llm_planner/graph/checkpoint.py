@@ -50,13 +50,24 @@ def checkpoint_precision(model: str) -> CheckpointPrecision | None:
     data = parse_document(read_text(path, GraphError), str(path), GraphError, as_json=True, finite=True)
     if not isinstance(data, dict):
         raise GraphError(f"{path}: expected a JSON object at the top level")
-    value = data.get("torch_dtype", data.get("dtype"))
-    dtype = TORCH_DTYPES.get(value) if isinstance(value, str) else None
+    dtype = _dtype(data, str(path))
     quant = data.get("quantization_config")
     if quant is None:
         return CheckpointPrecision(source=str(path), dtype=dtype, weights=None, group_size=None)
     weights, group = _quantization(quant, data, str(path))
     return CheckpointPrecision(source=str(path), dtype=dtype, weights=weights, group_size=group)
+
+
+def _dtype(data: dict, source: str) -> str | None:
+    """The weights' dtype the config states (`torch_dtype`, or `dtype` in newer transformers); None
+    where it states none or "auto" (the weights' own); GraphError for one the planner does not know."""
+    key = "torch_dtype" if "torch_dtype" in data else "dtype"
+    value = data.get(key)
+    if value is None or value == "auto":
+        return None
+    if not isinstance(value, str) or value not in TORCH_DTYPES:
+        raise GraphError(f"{source}: {key}: {value!r} is not planned (planned: {', '.join(TORCH_DTYPES)}, or auto)")
+    return TORCH_DTYPES[value]
 
 
 def _quantization(quant: Any, data: dict, source: str) -> tuple[str, int | None]:

@@ -78,7 +78,7 @@ HEAD_NAME = "head"
 OUTPUT_NAME = "output"
 BN_COUNTER_BYTES = 8  # BatchNorm2d's num_batches_tracked, an int64 buffer
 
-_NAME = re.compile(r"^rwnn-(?P<gen>[a-z]+)-(?P<stages>\d+)x(?P<nodes>\d+)$")
+_NAME = re.compile(r"^rwnn-(?P<gen>[a-z]+)-(?P<stages>\d+)x(?P<nodes>\d+)$", re.ASCII)
 
 
 def node_name(stage: int, node: int) -> str:

@@ -71,8 +71,8 @@ HELIX_UNITS = {
     "Sec": 1.0,
     "MilliSec": 1e-3,
 }
-_VALUE = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(?:\*\s*([A-Za-z]+))?\s*$")
-_MACHINE_TYPE = re.compile(r"^(?P<gpu>.+?)(?:x(?P<count>\d+))?$")
+_VALUE = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(?:\*\s*([A-Za-z]+))?\s*$", re.ASCII)
+_MACHINE_TYPE = re.compile(r"^(?P<gpu>.+?)(?:x(?P<count>\d+))?$", re.ASCII)
 
 
 class HelixError(ValueError):

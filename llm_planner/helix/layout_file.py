@@ -126,7 +126,7 @@ def read_helix_layout(text: str, source: str = "<layout>") -> dict[str, tuple[in
             continue
         key, value = (part.strip() for part in line.split("=", 1))
         try:
-            layers = [bounded_int(x, 0, MAX_LAYERS - 1) for x in re.findall(r"-?\d+", value)]
+            layers = [bounded_int(x, 0, MAX_LAYERS - 1) for x in re.findall(r"-?\d+", value, re.ASCII)]
         except ValueError as exc:
             raise LayoutError(f"{source}: line {number}: [Solution] {quote(key)}: a layer index {exc}") from None
         if not layers:

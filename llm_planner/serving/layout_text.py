@@ -29,7 +29,7 @@ from llm_planner.serving.classes import ServerClass, block_sizes_in_server, is_d
 from llm_planner.serving.layout import Layout, Segment, device_word, layout_usage, servers_spanned, servers_text
 
 _NAME = r"[A-Za-z0-9._-]+/[A-Za-z0-9._-]+"  # spec_fields.SAFE_NAME_CHARS on both sides of the "/"
-_NUM = r"\d{1,9}"
+_NUM = r"[0-9]{1,9}"  # ASCII digits only, as every count the tool reads
 _DESCRIBED = re.compile(
     rf"(?P<cls>{_NAME})\s*:\s*(?P<n>{_NUM})\s+stages?\s+x\s+"
     rf"(?:(?P<group>tp|dpa)(?P<k>{_NUM})(?P<deepep>-deepep)?|1\s+(?P<unit>GPU|CPU|device))"
