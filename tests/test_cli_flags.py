@@ -276,3 +276,13 @@ def test_a_plan_whose_token_budget_caps_its_concurrency_says_so():
     assert budget_text(_budget_plan(409, 0.0499)) is None  # the TPOT target binds, not the budget
     assert budget_text(_budget_plan(300, 0.0375)) is None  # room for more in the budget
     assert budget_text(_budget_plan(409, 0.0375, chunked=False)) is None  # whole prompts: 1 token a sequence
+
+
+def test_a_missing_request_length_is_said_to_be_required(capsys):
+    refused([*SERVING, "--output-len", "64", "--tpot-slo", "50 ms"], capsys, "--prompt-len is required")
+    refused([*SERVING, "--prompt-len", "64", "--tpot-slo", "50 ms"], capsys, "--output-len is required")
+
+
+def test_a_bad_allowed_kv_cache_dtype_names_its_own_flag(capsys):
+    argv = [*SERVING, *SHAPE, "--tpot-slo", "50 ms", "--allow-kv-cache-dtype", "int4"]
+    refused(argv, capsys, "--allow-kv-cache-dtype int4: expected one of auto, fp8")

@@ -14,6 +14,7 @@ import yaml
 
 from llm_planner.cli.main import main
 from llm_planner.core.spec import MAX_DEVICES, load_cluster
+from llm_planner.serving.api import MAX_SEARCH_CLASSES
 
 sys.path.insert(0, str(Path(__file__).parent))
 from input_mutations import CLUSTER, emit  # noqa: E402
@@ -202,3 +203,21 @@ def test_a_seed_that_is_not_an_integer_is_refused_by_launch(tmp_path, capsys, mo
     data["inputs"]["model"]["seed"] = seed
     plan.write_text(yaml.safe_dump(data))
     _refused(capsys, ["launch", str(plan), "--dry-run"], str(plan), "inputs.model.seed", says)
+
+
+@pytest.mark.timeout(60)
+def test_servers_written_one_template_each_past_the_search_limit_are_refused_quickly(tmp_path, capsys):
+    """33 one-GPU templates, each its own server class: refused before the search (which grows faster
+    than the classes), with the fix: identical servers as one template with `count`."""
+    nodes = [{"name": f"n{i}", "devices": {"gpu": 1}} for i in range(MAX_SEARCH_CLASSES + 1)]
+    doc = {
+        "name": "listed",
+        "device_kinds": [{"name": "gpu", "catalog": "a100-sxm-80g"}],
+        "nodes": nodes,
+        "links": {"inter_node": {"bw_bytes_per_s": "25 GB/s", "latency_s": "5 us"}},
+    }
+    spec = tmp_path / "listed.yaml"
+    spec.write_text(emit(doc), encoding="utf-8")
+    argv = ["plan", "--objective", "serving", "--cluster", str(spec), "--model", "gpt2", "--prompt-len", "128"]
+    argv += ["--output-len", "64", "--tpot-slo", "50 ms", "-o", str(tmp_path / "p.yaml")]
+    _refused(capsys, argv, "listed.yaml: nodes:", f"at most {MAX_SEARCH_CLASSES} server classes", "`count`")

@@ -156,7 +156,13 @@ def parse_weights(text: str, where: str) -> tuple[str, int | None]:
     return name, int(group[1:])
 
 
-def build_precision(activations: str, weights: str | None, kv_cache: str | None, where: str = "--weights") -> Precision:
+def build_precision(
+    activations: str,
+    weights: str | None,
+    kv_cache: str | None,
+    where: str = "--weights",
+    kv_where: str = "--kv-cache-dtype",
+) -> Precision:
     """The precision of `--dtype`, `--weights` (None: the activation dtype) and `--kv-cache-dtype`
     (None or auto: the activation dtype); PrecisionError naming the flag."""
     if activations not in ACTIVATION_DTYPES:
@@ -168,7 +174,7 @@ def build_precision(activations: str, weights: str | None, kv_cache: str | None,
     if name in ACTIVATION_DTYPES and name != activations:
         raise PrecisionError(f"{where} {name}: unquantized weights are the activation dtype (--dtype {activations})")
     if kv_cache not in (None, *KV_FORMATS):
-        raise PrecisionError(f"--kv-cache-dtype {kv_cache}: expected one of {', '.join(KV_FORMATS)}")
+        raise PrecisionError(f"{kv_where} {kv_cache}: expected one of {', '.join(KV_FORMATS)}")
     kv = activations if kv_cache in (None, "auto") else kv_cache
     return Precision(weights=name, activations=activations, kv_cache=kv, group_size=group)
 

@@ -32,6 +32,11 @@ from llm_planner.serving.search import SearchStats, fleet_prices, segment_option
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
 
 # As they run; unrestricted_search only with --exportable (the search without it, for its price).
+# The most server classes (a node template's devices of one kind) the search plans: its layouts
+# and bounds grow faster than the classes (one-GPU templates, GPT-2, on the 2-core machine under
+# load: 10 classes 5 s, 20 8 s, 40 32 s, 64 75 s; docs/inputs.md). Identical servers are one template
+# with `count`, planned as a count whatever their number.
+MAX_SEARCH_CLASSES = 32
 TIMING_PARTS = ("reading_inputs", "baselines", "layout_search", "unrestricted_search", "bounds", "assigning_devices")
 
 
@@ -118,6 +123,7 @@ def plan_serving(
     )
     with watch.part("reading_inputs"):
         ctx = build_context(**inputs)
+    _check_classes(ctx, cluster_path)
     fleet, stats, baselines, first_two, free = _search(ctx, inputs, solver, watch)
     if not fleet.chosen:
         raise WorkloadError(_nothing_serves(ctx))
@@ -274,6 +280,15 @@ def _budget_hint(ctx: ServingContext) -> str:
         f", or raise --max-batched-tokens {budget} (it cuts a {prompt:g}-token prompt into "
         f"{math.ceil(prompt / budget)} iterations)"
     )
+
+
+def _check_classes(ctx, cluster_path: str) -> None:
+    if len(ctx.classes) > MAX_SEARCH_CLASSES:
+        raise WorkloadError(
+            f"{cluster_path}: nodes: the serving search plans at most {MAX_SEARCH_CLASSES} server classes (a node "
+            f"template's devices of one kind) and the cluster has {len(ctx.classes)}: write identical servers as one "
+            "template with `count` (docs/cluster-spec.md), which plans them as a count"
+        )
 
 
 def plan_serving_among(candidates: list[Precision], **inputs: Any) -> dict[str, Any]:

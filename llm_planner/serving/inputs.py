@@ -90,7 +90,11 @@ def workload_from_flags(
             requests=read_workload_file(workload_file), tpot_slo_s=tpot, ttft_slo_s=ttft, source=workload_file
         )
     for flag, value in (("--prompt-len", prompt_len), ("--output-len", output_len)):
-        if value is None or isinstance(value, bool) or value < 1:
+        if value is None:
+            raise WorkloadError(
+                f"{flag} is required for --objective serving without --workload FILE (mean tokens per request)"
+            )
+        if isinstance(value, bool) or value < 1:
             raise WorkloadError(f"{flag} must be a positive integer (mean tokens per request), got {value!r}")
     return ServingWorkload(
         requests=(RequestShape(prompt_len=prompt_len, output_len=output_len),), tpot_slo_s=tpot, ttft_slo_s=ttft

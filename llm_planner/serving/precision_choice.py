@@ -34,7 +34,7 @@ def candidate_precisions(asked: Precision, weights: tuple[str, ...], kv: tuple[s
     out = []
     for w in dict.fromkeys([asked.weights_label, *weights]):
         for k in kv_choices:
-            p = build_precision(asked.activations, w, k, where="--allow-weights")
+            p = build_precision(asked.activations, w, k, where="--allow-weights", kv_where="--allow-kv-cache-dtype")
             if p not in out:
                 out.append(p)
     return out
