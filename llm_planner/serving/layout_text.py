@@ -109,6 +109,11 @@ def _check_block(where: str, seg: Segment, sc: ServerClass) -> None:
         )
     if is_dp(seg.attention) and seg.attention not in sc.dp_attentions:
         raise LayoutError(f"{where}: dpa{seg.degree}-deepep moves tokens with DeepEP, which is offered with --deepep")
+    if seg.attention == "tp" and seg.degree not in sc.degrees and not sc.kind.forms_tensor_groups:
+        raise LayoutError(
+            f"{where}: {sc.name} forms no tensor-parallel group: its kind does not form them (`tensor_parallel: "
+            "false` in the spec, a CPU's default)"
+        )
     if seg.attention == "tp" and seg.degree not in sc.degrees:
         formed = ", ".join(f"tp{k}" for k in sc.degrees if k > 1) or "none"
         raise LayoutError(
