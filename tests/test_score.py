@@ -245,7 +245,7 @@ def test_a_bad_replica_exits_2_naming_the_flag(replica, words, tmp_path, capsys)
 
 
 def test_a_group_on_a_kind_that_forms_none_says_so(capsys):
-    argv = ["score", "--cluster", FOUR_GPUS, "--allow-cpu", "--model", "gpt2", "--concurrency", "4"]
+    argv = ["--cluster", FOUR_GPUS, "--allow-cpu", "--model", "gpt2", "--concurrency", "4"]
     argv += ["--replica", "1 x server/xeon-8380[tp2]", "--prompt-len", "10", "--output-len", "5"]
     refused(argv, capsys, "server/xeon-8380 forms no tensor-parallel group", "`tensor_parallel: false`")
 
