@@ -122,6 +122,10 @@ def test_bad_arguments():
         rwnn.build_rwnn_graph("ws", 3, 32, seed=0, dtype="fp64")
     with pytest.raises(GraphError, match="num_stages must be >= 1"):
         rwnn.build_rwnn_graph("ws", 0, 32, seed=0)
+    with pytest.raises(GraphError, match="num_stages must be at most 8"):
+        rwnn.build_rwnn_graph("ws", 600, 4, seed=0)  # the channels double a stage: a float overflowed
+    with pytest.raises(GraphError, match="exceed the 50,000 tasks"):
+        rwnn.build_rwnn_graph("ws", 1, 60000, seed=0)  # refused before the stage is wired
 
 
 def test_paper_scale():

@@ -179,8 +179,8 @@ class TaskGraph:
                     f"{where}: duplicate edge {e.src!r} -> {e.dst!r} (also edges[{pairs[(e.src, e.dst)]}])"
                 )
             pairs[(e.src, e.dst)] = i
-            if not all(math.isfinite(v) and v >= 0 for v in (e.bytes_per_sample, e.hop_s_per_sample)):
-                raise GraphError(f"{where}: sizes must be finite and >= 0 (bytes_per_sample, hop_s_per_sample)")
+            _plausible(e.bytes_per_sample, MAX_BYTES, f"{where}: bytes_per_sample")
+            _plausible(e.hop_s_per_sample, MAX_SECONDS, f"{where}: hop_s_per_sample")
         g = self.to_networkx()
         if not nx.is_directed_acyclic_graph(g):
             cycle = nx.find_cycle(g)
@@ -221,14 +221,26 @@ _TASK_SIZES = (
 )
 
 
+# The plausible range of a task's or edge's numbers (docs/inputs.md), far past any model (GPT-3's
+# weights are 350 GB, its forward pass 0.35 TFLOP a token): a size of 1e24 bytes broke the MILP's
+# arithmetic (a schedule it called a formulation bug), and 1e300 FLOP planned as a 1e285 s latency.
+MAX_BYTES = 2.0**50  # 1 PiB a sample or a task's weights
+MAX_FLOPS = 1e18  # a sample's work in one task
+MAX_SECONDS = 3600.0  # a measured time of one task, or an edge's hop, a sample
+
+
+def _plausible(value: float, high: float, what: str) -> None:
+    if not (math.isfinite(value) and 0 <= value <= high):
+        raise GraphError(
+            f"{what} must be finite, >= 0 and at most {high:g} (a plausible model; docs/inputs.md), got {value}"
+        )
+
+
 def _check_task_numbers(where: str, t: Task) -> None:
     for f in _TASK_SIZES:
-        v = getattr(t, f)
-        if not (math.isfinite(v) and v >= 0):
-            raise GraphError(f"{where}: {f} must be finite and >= 0, got {v}")
+        _plausible(getattr(t, f), MAX_FLOPS if f == "flops_per_sample" else MAX_BYTES, f"{where}: {f}")
     for kind, v in t.time_s_by_kind:
-        if not (math.isfinite(v) and v >= 0):
-            raise GraphError(f"{where}.time_s_by_kind.{kind}: time on {kind!r} must be finite and >= 0, got {v}")
+        _plausible(v, MAX_SECONDS, f"{where}.time_s_by_kind.{kind}: time on {kind!r}")
 
 
 def _check_tensor_parallel(graph: str, t: Task) -> None:
@@ -394,6 +406,11 @@ def _checked_fields(kw: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _check_length(name: str, limit: int, where: str) -> None:
+    """A name within `limit` characters that a plan file can hold (UTF-8: no lone surrogate)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise GraphError(f"{where}: {quote(name)} is not text UTF-8 can hold (a lone surrogate)") from None
     if len(name) > limit:
         raise GraphError(f"{where}: {quote(name)} is longer than {limit} characters, the limit (docs/inputs.md)")
 

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from llm_planner.core.constants import DTYPE_BYTES
-from llm_planner.graph.ir import Edge, GraphError, Task, TaskGraph
+from llm_planner.graph.ir import MAX_TASKS, Edge, GraphError, Task, TaskGraph
 
 GENERATORS = {
     "ws": "Watts-Strogatz k=4 p=0.75",
@@ -78,6 +78,7 @@ HEAD_NAME = "head"
 OUTPUT_NAME = "output"
 BN_COUNTER_BYTES = 8  # BatchNorm2d's num_batches_tracked, an int64 buffer
 
+MAX_STAGES = 8  # published randomly wired networks have 3-5 stages (docs/inputs.md)
 _NAME = re.compile(r"^rwnn-(?P<gen>[a-z]+)-(?P<stages>\d+)x(?P<nodes>\d+)$", re.ASCII)
 
 
@@ -100,6 +101,14 @@ def _check(generator: str, num_stages: int, nodes_per_stage: int) -> None:
         raise GraphError(f"rwnn: num_stages must be >= 1, got {num_stages}")
     if nodes_per_stage < 1:
         raise GraphError(f"rwnn: nodes_per_stage must be >= 1, got {nodes_per_stage}")
+    if num_stages > MAX_STAGES:  # each stage doubles the channels: 600 stages overflowed a float
+        raise GraphError(
+            f"rwnn: num_stages must be at most {MAX_STAGES} (the channels double a stage), got {num_stages}"
+        )
+    if num_stages * (nodes_per_stage + 2) > MAX_TASKS:  # checked before a stage is wired: 99999x99999 ran out of memory
+        raise GraphError(
+            f"rwnn: {num_stages} stages of {nodes_per_stage} nodes exceed the {MAX_TASKS:,} tasks a graph may have"
+        )
 
 
 def stage_dag(generator: str, num_nodes: int, *, seed: int, stage: int) -> nx.DiGraph:
