@@ -220,7 +220,7 @@ def test_plan_helix_cli_writes_a_layout(tmp_path, capsys):
     # LLaMA-2 70B's 80 layers do not fit 8 + 4 + 4
     assert main(args) == 2
     assert "cannot hold the model's 80 layers" in capsys.readouterr().err
-    for bad in ("0", "inf", "nan"):
+    for bad in ("0", "0.5", "inf", "nan", "1e12"):  # 1e12 tokens had planned 0 tokens/s
         assert main([*args, "--model", "gpt2", "--prompt-len", bad]) == 2
         assert "--prompt-len" in capsys.readouterr().err
 

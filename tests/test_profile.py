@@ -349,7 +349,7 @@ def test_prefill_profile_and_bad_options(tiny_gpt2_dir):
     assert all("/prefill:8/" in key for key in timings) and len(timings) == 4
     with pytest.raises(ProfileRunError, match="at least two distinct"):
         ProfileOptions(batch_sizes=(2, 2)).check()
-    with pytest.raises(ProfileRunError, match="repetitions must be >= 1"):
+    with pytest.raises(ProfileRunError, match="repetitions must be from 1 to 1,000"):
         ProfileOptions(repetitions=0).check()
     one = ModelSpec(name=str(tiny_gpt2_dir), dtype="fp32", seq_len=1)
     with pytest.raises(ProfileRunError, match="at least 2 tokens"):
@@ -373,7 +373,14 @@ def test_profile_command_writes_a_profile_that_plan_uses_entirely(tiny_gpt2_dir,
     assert "measured costs for 7 of 7 (task, device kind) pairs" in printed and "cost model on" not in printed
     assert main(["profile", *model, "--batch-sizes", "1,x", "-o", str(out)]) == 2
     assert main(["profile", "--model", "gpt2", "-o", str(out)]) == 2  # no cluster
-    assert "needs --model and --cluster" in capsys.readouterr().err
+    assert "profile needs --cluster" in capsys.readouterr().err
+    for flag, value, says in (
+        ("--batch-sizes", "1,99999999999", "sizes from 1 to 4,096"),
+        ("--threads", "100000", "threads must be from 1 to 256"),
+        ("--repetitions", "999999999999", "repetitions must be from 1 to 1,000"),
+    ):
+        assert main(["profile", *model, flag, value, "-o", str(out)]) == 2, flag
+        assert says in capsys.readouterr().err, flag
 
 
 def test_local_profile_needs_a_node_on_this_host(tmp_path):

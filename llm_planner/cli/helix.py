@@ -110,9 +110,14 @@ def add_plan_helix_parser(sub) -> None:
     )
 
 
+MOST_PROMPT = 2**24  # tokens: the most any other command takes as a prompt (arg_types.tokens)
+
+
 def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
-    if not (math.isfinite(args.prompt_len) and args.prompt_len > 0):
-        raise UserError(f"--prompt-len: must be a positive number of tokens, got {args.prompt_len:g}", exit_code=2)
+    if not (math.isfinite(args.prompt_len) and 1 <= args.prompt_len <= MOST_PROMPT):
+        raise UserError(
+            f"--prompt-len: must be a number of tokens from 1 to {MOST_PROMPT:,}, got {args.prompt_len:g}", exit_code=2
+        )
     if args.output:
         check_writable(args.output)
     inputs = load_inputs(args.cluster, args.machine_profiles, args.profiles, args.model)

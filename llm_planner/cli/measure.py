@@ -82,10 +82,12 @@ def cmd_measure(args: argparse.Namespace, console: Console) -> int:
 
 def _profile_job(args: argparse.Namespace):
 
-    if args.graph is not None or args.cluster is None:
+    if args.graph is not None:
         raise UserError(
-            "profile needs --model and --cluster: it runs the model's tasks on the cluster's devices", exit_code=2
+            "profile times a model's tasks: give --model (a graph file holds no weights to run)", exit_code=2
         )
+    if args.cluster is None:
+        raise UserError("profile needs --cluster: it runs the model's tasks on the cluster's devices", exit_code=2)
     try:
         sizes = tuple(int(b) for b in args.batch_sizes.split(",") if b.strip())
         options = ProfileOptions(

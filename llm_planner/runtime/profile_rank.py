@@ -60,6 +60,13 @@ class ProfileRunError(ValueError):
     """A profile run that cannot be done as asked (no local device, bad option, unsupported model)."""
 
 
+# What a profile run may be asked for (docs/inputs.md): past these a run allocates past any memory
+# (a batch of 10^11 samples), cannot start its threads (100,000) or runs for days (10^12 repetitions).
+MOST_BATCH = 4096
+MOST_RUNS = 1000
+MOST_THREADS = 256
+
+
 @dataclass(frozen=True, kw_only=True)
 class ProfileOptions:
     batch_sizes: tuple[int, ...] = (1, 2, 4)  # sub-batch sizes to time (at least two distinct)
@@ -72,15 +79,17 @@ class ProfileOptions:
     link_repetitions: int = 20  # round trips per message size
 
     def check(self) -> ProfileOptions:
-        if len(set(self.batch_sizes)) < 2 or min(self.batch_sizes) < 1:
-            raise ProfileRunError(f"batch sizes: give at least two distinct sizes >= 1, got {list(self.batch_sizes)}")
+        if len(set(self.batch_sizes)) < 2 or not 1 <= min(self.batch_sizes) <= max(self.batch_sizes) <= MOST_BATCH:
+            raise ProfileRunError(
+                f"batch sizes: give at least two distinct sizes from 1 to {MOST_BATCH:,}, got {list(self.batch_sizes)}"
+            )
         for name in ("repetitions", "link_repetitions", "max_blocks"):
-            if getattr(self, name) < 1:
-                raise ProfileRunError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.warmup < 0:
-            raise ProfileRunError(f"warmup must be >= 0, got {self.warmup}")
-        if self.threads is not None and self.threads < 1:
-            raise ProfileRunError(f"threads must be >= 1, got {self.threads}")
+            if not 1 <= getattr(self, name) <= MOST_RUNS:
+                raise ProfileRunError(f"{name} must be from 1 to {MOST_RUNS:,}, got {getattr(self, name)}")
+        if not 0 <= self.warmup <= MOST_RUNS:
+            raise ProfileRunError(f"warmup must be from 0 to {MOST_RUNS:,}, got {self.warmup}")
+        if self.threads is not None and not 1 <= self.threads <= MOST_THREADS:
+            raise ProfileRunError(f"threads must be from 1 to {MOST_THREADS}, got {self.threads}")
         if len(set(self.link_sizes_bytes)) < 2 or min(self.link_sizes_bytes) < 1:
             raise ProfileRunError(
                 f"link sizes: give at least two distinct sizes >= 1 byte, got {list(self.link_sizes_bytes)}"
