@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 
@@ -238,3 +239,14 @@ def test_launch_measure_runs_the_plan_and_writes_the_comparison(tmp_path, capsys
     ]  # --measure's default
     assert "predicted vs measured" in out and "measurement written to" in out
     assert cli.main(["launch", str(plan), "--measure", "--dry-run"]) == 2
+
+
+def test_a_rank_listed_twice_is_refused_naming_it(tmp_path, chain):
+    """Which of two entries of one rank ran is not known: refused, not one of them silently dropped."""
+    cluster, plan = chain
+    path = _report(tmp_path, plan, load_cluster(cluster))
+    doc = json.loads(path.read_text())
+    doc["ranks"].append(copy.deepcopy(doc["ranks"][0]))
+    path.write_text(json.dumps(doc))
+    with pytest.raises(MeasureError, match=rf"ranks\[{len(doc['ranks']) - 1}\].rank: rank 0 is listed twice"):
+        measure_files(plan, path)

@@ -22,7 +22,7 @@ from llm_planner.cli import measure as commands_measure
 from llm_planner.cli import profile_serving as commands_profile_serving
 from llm_planner.cli import score as commands_score
 from llm_planner.cli import serving as commands_serving
-from llm_planner.cli.arg_types import count, names_of, positive, positive_seconds, seed, share, tokens
+from llm_planner.cli.arg_types import count, names_of, positive, positive_seconds, seed, share, tokens, whole
 from llm_planner.cli.calibrate import add_calibrate_parser
 from llm_planner.cli.export import add_export_parser
 from llm_planner.cli.helix import add_import_parser, add_plan_helix_parser
@@ -309,7 +309,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-o", "--output", default=None, help="measurement JSON to write (default: measure.json next to the report)"
     )
-    p.add_argument("--rows", type=int, default=20, help="task rows to print, largest errors first (default: 20)")
+    p.add_argument(
+        "--rows", type=whole(0, 100_000), default=20, help="task rows to print, largest errors first (default: 20)"
+    )
 
     add_calibrate_parser(sub)
     _add_profile_parser(sub)

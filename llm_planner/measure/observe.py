@@ -113,9 +113,10 @@ def read_observations(plan: Plan, report: Any, source: str) -> RunObservations:
             raise MeasureError(
                 f"{source}: ranks[{r}].plan_device: {device!r} is not a device the plan uses {plan.devices_used()}"
             )
-        device_of[_number(_get(entry, "rank", source, f"ranks[{r}]."), source, f"ranks[{r}].rank", integer=True)] = (
-            device
-        )
+        rank = _number(_get(entry, "rank", source, f"ranks[{r}]."), source, f"ranks[{r}].rank", integer=True)
+        if rank in device_of:  # a second entry of one rank: which of the two ran is not known
+            raise MeasureError(f"{source}: ranks[{r}].rank: rank {rank} is listed twice")
+        device_of[rank] = device
     if workload == "graph":
         phase, passes, calls = "forward", 1, _graph_calls(plan)
     else:
