@@ -372,3 +372,20 @@ def test_layout_errors(stages, message):
 def test_read_layout_refuses_gaps():
     with pytest.raises(LayoutError, match="x.ini: line 5: .Solution. compute_node_2: layers"):
         read_helix_layout("[Settings]\noffset=2\n\n[Solution]\ncompute_node_2=[0, 1, 3]\n", "x.ini")
+
+
+@pytest.mark.parametrize(
+    "solution, says",
+    [
+        ('compute_node_2=[0, 1, "x2"]', r"line 5: \[Solution\] 'compute_node_2': .* is not a list of layer indices"),
+        ("compute_node_2=[0, 1] junk 12", "is not a list of layer indices"),
+        ("compute_node_2=[0, 1]\ncompute_node_2=[2, 3]", r"line 6: \[Solution\] 'compute_node_2' is given twice"),
+        ("compute_node_2=[0, 1]\ngarbage line", "line 6: 'garbage line' is neither a .section. nor a key=value line"),
+    ],
+)
+def test_read_layout_refuses_what_is_not_a_layout(solution, says):
+    """An audit's garbage had been read: a quoted "x2" as 2, a stray line skipped, a key given twice kept once."""
+    with pytest.raises(LayoutError, match=says):
+        read_helix_layout(f"[Settings]\noffset=2\n\n[Solution]\n{solution}\n", "x.ini")
+    with pytest.raises(LayoutError, match=r"line 2: \[Settings\] offset: '-7'; the layouts read here use 2"):
+        read_helix_layout("[Settings]\noffset=-7\n\n[Solution]\ncompute_node_2=[0, 1]\n", "x.ini")

@@ -112,8 +112,12 @@ def helix_layout(
     return "\n".join(lines) + "\n"
 
 
+_LAYER_LIST = re.compile(r"^\[\s*(?:-?\d+(?:\s*,\s*-?\d+)*)?\s*\]$", re.ASCII)
+
+
 def read_helix_layout(text: str, source: str = "<layout>") -> dict[str, tuple[int, int]]:
-    """Helix node name -> (first layer, end layer) of a layout file's text; LayoutError naming `source`."""
+    """Helix node name -> (first layer, end layer) of a layout file's text; LayoutError naming `source`
+    and the line for anything but sections, `key=value` lines of them and comments."""
     section, ranges = None, {}
     for number, line in enumerate(text.splitlines(), start=1):
         line = line.split("#", 1)[0].strip()
@@ -122,23 +126,42 @@ def read_helix_layout(text: str, source: str = "<layout>") -> dict[str, tuple[in
         if line.startswith("["):
             section = line.strip("[]").strip()
             continue
-        if section != "Solution" or "=" not in line:
-            continue
+        where = f"{source}: line {number}"
+        if "=" not in line:
+            raise LayoutError(f"{where}: {quote(line)} is neither a [section] nor a key=value line")
         key, value = (part.strip() for part in line.split("=", 1))
-        try:
-            layers = [bounded_int(x, 0, MAX_LAYERS - 1) for x in re.findall(r"-?\d+", value, re.ASCII)]
-        except ValueError as exc:
-            raise LayoutError(f"{source}: line {number}: [Solution] {quote(key)}: a layer index {exc}") from None
-        if not layers:
-            continue  # a machine listed with no layers holds nothing
-        if layers != list(range(layers[0], layers[0] + len(layers))) or layers[0] < 0:
+        if section == "Settings" and key == "offset" and value != str(NODE_INDEX_OFFSET):
             raise LayoutError(
-                f"{source}: line {number}: [Solution] {key}: layers {value} are not a contiguous ascending range"
+                f"{where}: [Settings] offset: {quote(value)}; the layouts read here use {NODE_INDEX_OFFSET}"
             )
-        try:
-            ranges[helix_name(key)] = (layers[0], layers[-1] + 1)
-        except LayoutError as exc:
-            raise LayoutError(f"{source}: line {number}: [Solution]: {exc}") from None
+        if section != "Solution":
+            continue
+        name, span = _solution_line(key, value, where)
+        if name in ranges:
+            raise LayoutError(f"{where}: [Solution] {quote(key)} is given twice")
+        if span is not None:  # a machine listed with no layers holds nothing
+            ranges[name] = span
     if not ranges:
         raise LayoutError(f"{source}: [Solution]: no machine holds any layer")
     return ranges
+
+
+def _solution_line(key: str, value: str, where: str) -> tuple[str, tuple[int, int] | None]:
+    """The machine a [Solution] line names and its (first, end) layers (None: none)."""
+    try:
+        name = helix_name(key)
+    except LayoutError as exc:
+        raise LayoutError(f"{where}: [Solution]: {exc}") from None
+    if not _LAYER_LIST.match(value):
+        raise LayoutError(
+            f"{where}: [Solution] {quote(key)}: {quote(value)} is not a list of layer indices [i, j, ...]"
+        )
+    try:
+        layers = [bounded_int(x, 0, MAX_LAYERS - 1) for x in re.findall(r"-?\d+", value, re.ASCII)]
+    except ValueError as exc:
+        raise LayoutError(f"{where}: [Solution] {quote(key)}: a layer index {exc}") from None
+    if not layers:
+        return name, None
+    if layers != list(range(layers[0], layers[0] + len(layers))):
+        raise LayoutError(f"{where}: [Solution] {key}: layers {value} are not a contiguous ascending range")
+    return name, (layers[0], layers[-1] + 1)
