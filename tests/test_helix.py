@@ -204,6 +204,9 @@ def test_import_profiles_in_seconds(tmp_path):
         (lambda c, p: (c.replace("[NodeNames]\ntotal_compute_nodes=3\n", ""), p), "[NodeNames]"),
         (lambda c, p: (c.replace("type=A100", "type=H100"), p), "[ComputeNode-1] type"),
         (lambda c, p: (c.replace("latency=2 * MilliSec", "latency=-2 * MilliSec"), p), "[Link-1-2] latency"),
+        # past a plausible link: import had named its own output spec, plan-helix had planned 0 tokens/s
+        (lambda c, p: (c.replace("latency=2 * MilliSec", "latency=1e300 * MilliSec"), p), "[Link-1-2] latency"),
+        (lambda c, p: (c.replace("bandwidth=500 * mbps", "bandwidth=1e-300 * mbps"), p), "[Link-0-2] bandwidth"),
         (lambda c, p: (c.replace("[Link-0-2]", "[Link-0-7]"), p), "[Link-0-7]"),
         (lambda c, p: (c, p.replace("vram_size = 40 * GB", "vram_size = 40 * GiB")), "[A100] vram_size"),
         (lambda c, p: (c + "[broken\n", p), "not a valid INI file"),
@@ -222,8 +225,10 @@ def test_bad_helix_files_exit_2_naming_file_and_field(tmp_path, capsys, mutate, 
     "csv, problem",
     [
         ("0,0\n4,1\n2,3\n", "sizes must increase"),
-        ("0,0\n2,-1\n", "finite number >= 0"),
-        ("0,0\n2,nan\n", "finite number >= 0"),
+        ("0,0\n2,-1\n", "time must be from 0 to 60,000 ms"),
+        ("0,0\n2,nan\n", "time must be from 0 to 60,000 ms"),
+        ("0,0\n2,1e300\n", "time must be from 0 to 60,000 ms"),  # had planned 0 tokens/s
+        ("0,0\n2,1e-300\n", "time must be 0 or at least 1e-06 ms"),  # import helix had named its own output
         ("0;0\n2;1\n", "size,milliseconds"),
         ("2,1\n", "at least two rows"),
     ],

@@ -48,6 +48,7 @@ from pathlib import Path
 
 from llm_planner.core.fileio import read_document, read_text
 from llm_planner.core.fmt import quote
+from llm_planner.core.spec_fields import MAX_BANDWIDTH, MAX_FIXED_SECONDS, MIN_RATE
 from llm_planner.graph.decoder_limits import MAX_SIZES
 
 DATASHEETS = Path(__file__).resolve().parents[1] / "core" / "data" / "gpu_datasheets.yaml"
@@ -60,6 +61,8 @@ MAX_MACHINES = 1024
 MAX_LAYERS = MAX_SIZES["num_layers"]
 MAX_BATCH = 10**8
 MAX_TABLE_VALUE = 10**9
+MOST_LAYER_MS = 60_000.0  # a profile row's time: one layer of one batch, a minute at most
+LEAST_LAYER_MS = 1e-6  # and a nanosecond at least, where it is not 0
 HELIX_UNITS = {
     "kbps": 1e3,
     "mbps": 1e6,
@@ -228,16 +231,24 @@ def load_helix_cluster(cluster_path: str | Path, machine_profiles_path: str | Pa
 
 
 def _positive(ini: _Ini, section: str, key: str) -> float:
+    """A bandwidth (bytes/s) in a cluster spec's plausible range (docs/inputs.md)."""
     value = ini.number(section, key)
     if value <= 0:
         ini.fail(section, key, f"must be positive, got {ini.raw(section, key)!r}")
+    if not MIN_RATE <= value <= MAX_BANDWIDTH:
+        ini.fail(section, key, f"must be from 1 byte/s to 10 PB/s (a plausible link), got {ini.raw(section, key)!r}")
     return value
 
 
 def _nonneg(ini: _Ini, section: str, key: str) -> float:
+    """A latency (s) in a cluster spec's plausible range (docs/inputs.md)."""
     value = ini.number(section, key)
     if value < 0:
         ini.fail(section, key, f"must be >= 0, got {ini.raw(section, key)!r}")
+    if value > MAX_FIXED_SECONDS:
+        ini.fail(
+            section, key, f"must be at most {MAX_FIXED_SECONDS:g} s (a plausible link), got {ini.raw(section, key)!r}"
+        )
     return value
 
 
@@ -397,8 +408,10 @@ def read_profile_csv(path: str | Path) -> list[tuple[int, float]]:
             if len(cells) != 2:
                 raise ValueError(f"expected 'size,milliseconds', got {quote(line)}")
             size, ms = bounded_int(cells[0], 0, MAX_BATCH), float(cells[1])
-            if not math.isfinite(ms) or ms < 0:
-                raise ValueError(f"time must be a finite number >= 0, got {quote(line)}")
+            if not (math.isfinite(ms) and 0 <= ms <= MOST_LAYER_MS):
+                raise ValueError(f"time must be from 0 to {MOST_LAYER_MS:,.0f} ms (a layer's), got {quote(line)}")
+            if 0 < ms < LEAST_LAYER_MS:  # under a nanosecond: a typo, and a cluster spec's time cannot hold it
+                raise ValueError(f"time must be 0 or at least {LEAST_LAYER_MS:g} ms (a layer's), got {quote(line)}")
         except ValueError as exc:
             raise HelixError(f"{path}: line {number}: {exc}") from None
         if rows and size <= rows[-1][0]:
