@@ -250,3 +250,23 @@ def test_a_rank_listed_twice_is_refused_naming_it(tmp_path, chain):
     path.write_text(json.dumps(doc))
     with pytest.raises(MeasureError, match=rf"ranks\[{len(doc['ranks']) - 1}\].rank: rank 0 is listed twice"):
         measure_files(plan, path)
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (lambda d: d["ranks"][0]["transfers"][0].update(direction="sideways"), "direction: expected send or recv"),
+        (lambda d: d.update(objective="throughput"), "objective: the run was of a 'throughput' plan"),
+        (lambda d: d.update(wall_s=0), "wall_s: a forward pass takes more than 0 s"),
+        (lambda d: d.update(wall_s=1e300), "wall_s: a forward pass takes more than 0 s and at most a day"),
+    ],
+)
+def test_a_report_that_cannot_be_this_plans_run_is_refused(tmp_path, chain, edit, says):
+    """Each had been measured as if it were: errors of 0.0% or a nonsense end-to-end figure."""
+    cluster, plan = chain
+    path = _report(tmp_path, plan, load_cluster(cluster))
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(MeasureError, match=says):
+        measure_files(plan, path)

@@ -81,6 +81,9 @@ def _get(data: Any, key: str, source: str, where: str) -> Any:
     return data[key]
 
 
+MOST_WALL_S = 86400.0  # a run report's forward pass: a day at most
+
+
 def _number(value: Any, source: str, where: str, *, integer: bool = False) -> float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
     if ok and integer and value != int(value):
@@ -246,20 +249,24 @@ def _transfers(ranks: list, device_of: dict[int, str], source: str) -> tuple[Tra
             raise MeasureError(f"{source}: ranks[{r}].transfers: expected a list")
         for j, t in enumerate(items):
             where = f"ranks[{r}].transfers[{j}]"
-            if _get(t, "direction", source, where + ".") != "recv":
+            direction = _get(t, "direction", source, where + ".")
+            if direction not in ("send", "recv"):
+                raise MeasureError(f"{source}: {where}.direction: expected send or recv, got {direction!r}")
+            if direction != "recv":
                 continue
             peer = _number(_get(t, "peer", source, where + "."), source, where + ".peer", integer=True)
             if peer not in device_of:
                 raise MeasureError(f"{source}: {where}.peer: rank {peer} is not in the report")
-            out.append(
-                TransferObservation(
-                    src=device_of[peer],
-                    dst=entry["device"],
-                    messages=_number(_get(t, "count", source, where + "."), source, where + ".count", integer=True),
-                    num_bytes=_number(_get(t, "bytes", source, where + "."), source, where + ".bytes", integer=True),
-                    measured_s=_number(_get(t, "seconds", source, where + "."), source, where + ".seconds"),
-                )
+            seen = TransferObservation(
+                src=device_of[peer],
+                dst=entry["device"],
+                messages=_number(_get(t, "count", source, where + "."), source, where + ".count", integer=True),
+                num_bytes=_number(_get(t, "bytes", source, where + "."), source, where + ".bytes", integer=True),
+                measured_s=_number(_get(t, "seconds", source, where + "."), source, where + ".seconds"),
             )
+            if seen.messages == 0 and (seen.num_bytes or seen.measured_s):
+                raise MeasureError(f"{source}: {where}.count: 0 messages cannot carry bytes or take time")
+            out.append(seen)
     return tuple(out)
 
 
@@ -282,8 +289,13 @@ def end_to_end(plan: Plan, report: dict, source: str) -> tuple[float, str]:
     for prefill plans, the prefill (the end of step 0). Throughput plans divide by the
     samples in flight: the requests of every stream."""
     per_sample = plan.objective == "throughput"
+    stated = report.get("objective", plan.objective)
+    if stated != plan.objective:
+        raise MeasureError(f"{source}: objective: the run was of a {stated!r} plan, this plan is {plan.objective!r}")
     if _get(report, "workload", source, "") == "graph":
         wall = _number(_get(report, "wall_s", source, ""), source, "wall_s")
+        if not 0 < wall <= MOST_WALL_S:
+            raise MeasureError(f"{source}: wall_s: a forward pass takes more than 0 s and at most a day, got {wall!r}")
         if per_sample:
             return (
                 wall / plan.batch_size,
