@@ -378,6 +378,7 @@ def test_profile_command_writes_a_profile_that_plan_uses_entirely(tiny_gpt2_dir,
         ("--batch-sizes", "1,99999999999", "sizes from 1 to 4,096"),
         ("--threads", "100000", "threads must be from 1 to 256"),
         ("--repetitions", "999999999999", "repetitions must be from 1 to 1,000"),
+        ("--workdir", str(tmp_path / "w"), "--workdir applies to --mpi runs"),
     ):
         assert main(["profile", *model, flag, value, "-o", str(out)]) == 2, flag
         assert says in capsys.readouterr().err, flag

@@ -118,7 +118,10 @@ def _under_mpi() -> bool:
 
 
 def cmd_profile(args: argparse.Namespace, console: Console) -> int:
-
+    if args.workdir is not None and not args.mpi:
+        raise UserError(
+            "--workdir applies to --mpi runs (their hostfile and job file); this run has no --mpi", exit_code=2
+        )
     job = _profile_job(args)
     if not _under_mpi():
         check_writable(args.output, ProfileError)
