@@ -84,9 +84,7 @@ def main() -> int:
     with Pool(2) as pool:
         got = pool.map(_ratios, todo, chunksize=4)
     table = lines(list(zip(todo, got)))
-    print(provenance.markdown_table(COLUMNS, table))
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    provenance.write_results(args.out, COLUMNS, [dict(zip(COLUMNS, x)) for x in table], facts)
+    provenance.publish(args.out, COLUMNS, table, facts)
     return 0
 
 

@@ -70,6 +70,13 @@ def write_results(out_dir: str | Path, columns, rows: list[dict], facts: dict) -
     record(out_dir, facts)
 
 
+def publish(out_dir: str | Path, columns, table: list[list[str]], facts: dict) -> None:
+    """Print `table` (rows of cells in `columns` order) as Markdown and write it as write_results does."""
+    print(markdown_table(columns, table))
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    write_results(out_dir, columns, [dict(zip(columns, row)) for row in table], facts)
+
+
 def record(out_dir: str | Path, facts: dict) -> None:
     """Write meta.json: the facts `start` took, and when the run ended."""
     out = Path(out_dir)
