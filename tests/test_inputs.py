@@ -112,7 +112,7 @@ def test_an_infinite_edge_cost_is_refused_by_the_file_and_by_the_graph_check(tmp
     graph = TaskGraph(
         name="g", tasks=(Task(name="a"), Task(name="b")), edges=(Edge(src="a", dst="b", hop_s_per_sample=float("inf")),)
     )
-    with pytest.raises(GraphError, match="sizes must be finite"):
+    with pytest.raises(GraphError, match="hop_s_per_sample must be finite"):
         graph.validate()
 
 
