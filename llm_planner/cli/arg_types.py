@@ -71,7 +71,8 @@ def whole(low: int, high: int):
 
 count = whole(0, 1024)  # processes or threads; 0: the default's choice
 positive = whole(1, 2**20)  # a batch, shards, stages, micro-batches
-tokens = whole(1, 2**24)  # a prompt, an output or a context, in tokens
+MOST_TOKENS = 2**24  # a prompt, an output or a context, in tokens
+tokens = whole(1, MOST_TOKENS)
 budget = whole(1, 2**20)  # the tokens one engine iteration may carry (plan, score and calibrate alike)
 seed = whole(0, 2**32 - 1)
 redundant_experts = whole(0, MAX_REDUNDANT)  # EPLB's redundant experts (DeepSeek-V3 serves 256 experts with 32)

@@ -13,6 +13,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from llm_planner.cli.arg_types import MOST_TOKENS
 from llm_planner.cli.commands import UserError
 from llm_planner.cli.vidur import add_vidur_parser, cmd_import_vidur
 from llm_planner.core.atomic import check_writable, write_atomic
@@ -110,13 +111,10 @@ def add_plan_helix_parser(sub) -> None:
     )
 
 
-MOST_PROMPT = 2**24  # tokens: the most any other command takes as a prompt (arg_types.tokens)
-
-
 def cmd_plan_helix(args: argparse.Namespace, console: Console) -> int:
-    if not (math.isfinite(args.prompt_len) and 1 <= args.prompt_len <= MOST_PROMPT):
+    if not (math.isfinite(args.prompt_len) and 1 <= args.prompt_len <= MOST_TOKENS):
         raise UserError(
-            f"--prompt-len: must be a number of tokens from 1 to {MOST_PROMPT:,}, got {args.prompt_len:g}", exit_code=2
+            f"--prompt-len: must be a number of tokens from 1 to {MOST_TOKENS:,}, got {args.prompt_len:g}", exit_code=2
         )
     if args.output:
         check_writable(args.output)

@@ -14,9 +14,9 @@ from llm_planner.serving.layout import group_text, stage_attention
 from llm_planner.serving.tasks import sequences_in_budget
 from llm_planner.serving.workload import plan_workload
 
-# the plan file's solver status as the summary line words it: the bound is proven either way
 # a plan with no replica: the hand layouts run GPUs only, each within the TPOT target and memory
 NO_REPLICA = "none: no layout on GPUs meets the TPOT target in memory (hand layouts use no CPU)"
+# the plan file's solver status as the summary line words it: the bound is proven either way
 STATUS_TEXT = {"optimal": "the plan is proven optimal", "heuristic": "the plan is not proven optimal"}
 
 
