@@ -72,8 +72,14 @@ MODELS = {
 # What the source leaves out (module docstring): the token budget an iteration and the front end's
 # time a request, fitted together on the calibration runs by benchmarks/fit_grid_admission.py, and
 # prompts whole (TensorRT-LLM's default: enable_chunked_context off)
-ENGINE_BUDGET = {"max_num_batched_tokens": 16384, "enable_chunked_prefill": False, "front_end_s": 0.004}
-CALIBRATION_GPUS = ("a100-sxm-80g",)  # the runs benchmarks/fit_catalog.py fits the catalog on
+# prompts whole (TensorRT-LLM's default: enable_chunked_context off), per GPU: the engines NIM builds
+# for each GPU need not share their build settings, and each GPU's pair is fitted on its own calibration runs
+ENGINE_BUDGETS = {
+    "a100-sxm-80g": {"max_num_batched_tokens": 16384, "enable_chunked_prefill": False, "front_end_s": 0.004},
+    "h100-sxm-80g": {"max_num_batched_tokens": 16384, "enable_chunked_prefill": False, "front_end_s": 0.004},
+}
+CALIBRATION_GPUS = ("a100-sxm-80g",)  # every run of these is a calibration run (benchmarks/fit_catalog.py's too)
+ISSUE_RANGE = (32, 256)  # the concurrencies the issue's bars are set at (in flight)
 GROUP_KEYS = ("model", "gpu", "tp", "precision")
 METRICS = {"tpot": "TPOT", "tokens_per_s": "output tokens/s", "ttft": "TTFT"}
 
@@ -84,7 +90,13 @@ def grid_rows(path: Path, closed_loop: bool = True) -> list[dict]:
     planner's defaults (module docstring)."""
     with open(path, newline="") as f:
         rows = [_row(r) for r in csv.DictReader(f)]
-    return [{**r, "run": "closed_loop", **ENGINE_BUDGET} for r in rows] if closed_loop else rows
+    return [{**r, "run": "closed_loop", **ENGINE_BUDGETS[r["gpu"]]} for r in rows] if closed_loop else rows
+
+
+def use_of(gpu: str, concurrency: int) -> str:
+    """A run's use: every run on a CALIBRATION_GPUS GPU calibrates, and on the others the runs below
+    the issue's range (module docstring); the rest are held out."""
+    return "calibration" if gpu in CALIBRATION_GPUS or concurrency < ISSUE_RANGE[0] else "held_out"
 
 
 def _row(r: dict) -> dict:
@@ -107,7 +119,7 @@ def _row(r: dict) -> dict:
         "tpot_s": float(r["itl_avg_ns"]) * 1e-9,
         "ttft_s": float(r["ttft_avg_ns"]) * 1e-9,
         "output_tokens_per_s": float(r["output_token_throughput_avg"]),
-        "use": "calibration" if GPUS[r["gpu"]] in CALIBRATION_GPUS else "held_out",
+        "use": use_of(GPUS[r["gpu"]], int(r["concurrency"])),
         "size": f"{r['input_tokens_mean_config']}/{r['output_tokens_mean_config']}",  # the sizes asked for
     }
 
@@ -199,7 +211,6 @@ def gap_fits(rows: list[dict], got: list[dict]) -> list[list[str]]:
 
 
 BARS = (("tpot", 0.15), ("tokens_per_s", 0.15), ("ttft", 0.30))
-ISSUE_RANGE = (32, 256)  # the concurrencies the issue's bars are set at (in flight)
 
 
 def within(ratios, bar: float) -> float:

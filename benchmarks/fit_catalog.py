@@ -74,7 +74,9 @@ def calibration_runs() -> dict[str, list[dict]]:
     """The two calibration sources' runs (module docstring), measured TPOT in `tpot_s`."""
     vllm = [r for r in REFS["serving"] if r["use"] == "calibration" and r.get("tpot_s") and r["gpu"] in FITTED_GPUS]
     grid = [
-        r for r in fidelity_grid.grid_rows(DATA / REFS["grid_file"], closed_loop=False) if r["use"] == "calibration"
+        r
+        for r in fidelity_grid.grid_rows(DATA / REFS["grid_file"], closed_loop=False)
+        if r["gpu"] in fidelity_grid.CALIBRATION_GPUS
     ]
     return {"vLLM, 10 in flight": vllm, "NIM grid, A100": grid}
 

@@ -2,7 +2,7 @@
 source does not state, on the grid's calibration runs, and show what each candidate gives the
 held-out runs.
 
-    .venv/bin/python benchmarks/fit_grid_admission.py [--out DIR]
+    .venv/bin/python benchmarks/fit_grid_admission.py [--gpu a100-sxm-80g|h100-sxm-80g] [--out DIR]
 
 The grid (benchmarks/fidelity_grid.py) is scored as the closed loop genai-perf ran: C requests sent
 at once, each resent as it ends (llm_planner.serving.closed_loop). Two settings shape it:
@@ -15,12 +15,13 @@ at once, each resent as it ends (llm_planner.serving.closed_loop). Two settings 
   less for the prompts ahead of them; at 1 in flight the time is added to every TTFT.
 
 The source states neither (nor the engine's version or build settings; TensorRT-LLM's BuildConfig
-defaults to a budget of 8,192). So both are fitted as factors of the engine: each pair of
-candidates (budgets, powers of two from 8,192; front-end times 0 to 6 ms) scores every calibration
-run (A100) that fits the model's memory, and the pair with the most TTFT ratios within 30% is kept
-(ties: the most TPOT ratios within 15%). The held-out runs (H100, every fp8 run among them) are
-scored at each pair beside it, to judge the choice, not to make it. fidelity_grid's ENGINE_BUDGET
-states the kept pair.
+defaults to a budget of 8,192), and NIM builds its engines per GPU. So both are fitted as factors of
+the engine on one GPU (`--gpu`): each pair of candidates (budgets, powers of two from 8,192;
+front-end times 0 to 6 ms) scores every calibration run of that GPU that fits the model's memory
+(fidelity_grid.use_of: every A100 run; the H100 runs below 32 in flight), and the pair with the most
+TTFT ratios within 30% is kept (ties: the most TPOT ratios within 15%). The held-out runs (H100 at
+32-250 in flight, every fp8 run there among them) are scored at each pair beside it, to judge the
+choice, not to make it. fidelity_grid's ENGINE_BUDGETS states each GPU's kept pair.
 """
 
 from __future__ import annotations
@@ -47,13 +48,14 @@ BUDGETS = (8192, 16384, 32768, 65536)
 FRONT_ENDS_S = (0.0, 0.001, 0.002, 0.003, 0.004, 0.005, 0.006)
 COLUMNS = ["budget", "front end ms", "runs", "use", "TTFT median", "TTFT within 30%", "TPOT median"]
 COLUMNS += ["TPOT within 15%", "tokens/s median", "tokens/s within 15%", "kept"]
+OUT_SUFFIX = {"h100-sxm-80g": "_h100"}  # the results folder's suffix per GPU (the A100's has none)
 BARS = {"ttft": 0.30, "tpot": 0.15, "tokens_per_s": 0.15}
 
 
-def grid_rows(use: str) -> list[dict]:
-    """The grid's runs of `use`, scored as the closed loop."""
+def grid_rows(use: str, gpu: str | None = None) -> list[dict]:
+    """The grid's runs of `use` (on `gpu` alone where given), scored as the closed loop."""
     rows = fidelity_grid.grid_rows(fit_catalog.DATA / fit_catalog.REFS["grid_file"])
-    return [r for r in rows if r["use"] == use]
+    return [r for r in rows if r["use"] == use and gpu in (None, r["gpu"])]
 
 
 def _ratios(row: dict) -> dict | None:
@@ -97,20 +99,23 @@ def table_row(j: dict, use: str, best: tuple[int, float]) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fit_grid_admission"))
+    ap.add_argument("--gpu", choices=tuple(fidelity_grid.ENGINE_BUDGETS), default="a100-sxm-80g")
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/fit_grid_admission[_h100]")
     args = ap.parse_args()
+    out = args.out or str(REPO / "benchmarks" / "results" / f"fit_grid_admission{OUT_SUFFIX.get(args.gpu, '')}")
     facts = provenance.start(sys.argv)
     pairs = list(product(BUDGETS, FRONT_ENDS_S))
     with Pool(2) as pool:
-        per_use = {use: pool.map(_ratios, grid_rows(use), chunksize=4) for use in ("calibration", "held_out")}
+        mine = {"calibration": grid_rows("calibration", args.gpu), "held_out": grid_rows("held_out")}
+        per_use = {use: pool.map(_ratios, rows, chunksize=4) for use, rows in mine.items()}
     calibration = [judged(per_use["calibration"], p) for p in pairs]
     best = kept(calibration)
     lines = [table_row(j, "calibration", best) for j in calibration]
     lines += [table_row(judged(per_use["held_out"], p), "held_out", best) for p in pairs]
-    print(f"kept: budget {best[0]} tokens, front end {best[1] * 1e3:g} ms a request")
+    print(f"kept for {args.gpu}: budget {best[0]} tokens, front end {best[1] * 1e3:g} ms a request")
     print(provenance.markdown_table(COLUMNS, lines))
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    provenance.write_results(args.out, COLUMNS, [dict(zip(COLUMNS, line)) for line in lines], facts)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    provenance.write_results(out, COLUMNS, [dict(zip(COLUMNS, line)) for line in lines], facts)
     return 0
 
 

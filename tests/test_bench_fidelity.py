@@ -76,7 +76,6 @@ def test_the_grid_file_holds_every_source_row_once_and_each_is_scoreable():
     assert {r["tp"] for r in rows} == {1, 2, 4, 8} and {r["gpu"] for r in rows} == {"a100-sxm-80g", "h100-sxm-80g"}
     assert all(bench_fidelity.why_not(r) is None for r in rows)
     # the catalog is fitted on the A100 runs (benchmarks/fit_catalog.py); the H100 runs judge it
-    assert all(r["use"] == ("calibration" if r["gpu"] == "a100-sxm-80g" else "held_out") for r in rows)
 
 
 def test_grid_tables_take_each_cells_median_and_mark_cells_with_no_fit():
@@ -187,17 +186,30 @@ def test_the_nim_grid_is_scored_with_tensorrt_llms_set_and_nothing_else_is():
     assert "engine" not in plain["device_kinds"][0]
 
 
-def test_the_grid_is_scored_at_the_budget_and_front_end_its_fit_kept():
-    """fidelity_grid's budget and front-end time are the pair benchmarks/fit_grid_admission.py kept on
-    the calibration runs, as its results (docs/benchmarks.md) state."""
-    with open(REPO / "benchmarks" / "results" / "fit_grid_admission" / "results.csv", newline="") as f:
+@pytest.mark.parametrize(
+    ("gpu", "folder"), [("a100-sxm-80g", "fit_grid_admission"), ("h100-sxm-80g", "fit_grid_admission_h100")]
+)
+def test_the_grid_is_scored_at_the_budget_and_front_end_its_fit_kept(gpu, folder):
+    """fidelity_grid's budget and front-end time on each GPU are the pair benchmarks/fit_grid_admission.py
+    kept on that GPU's calibration runs, as its results (docs/benchmarks.md) state."""
+    with open(REPO / "benchmarks" / "results" / folder / "results.csv", newline="") as f:
         kept = [
             (int(r["budget"]), float(r["front end ms"]))
             for r in csv.DictReader(f)
             if r["kept"] and r["use"] == "calibration"
         ]
-    engine = fidelity_grid.ENGINE_BUDGET
+    engine = fidelity_grid.ENGINE_BUDGETS[gpu]
     assert kept == [(engine["max_num_batched_tokens"], pytest.approx(engine["front_end_s"] * 1e3))]
+
+
+def test_the_grid_runs_below_the_issue_range_calibrate_and_the_h100_runs_in_it_are_held_out():
+    """Every A100 run calibrates; on H100 the runs at 1-25 in flight calibrate the engine set's H100
+    values and the runs at 50-250 (the bars' range) are held out."""
+    rows = fidelity_grid.grid_rows(REPO / "benchmarks" / "data" / REFS["grid_file"])
+    for r in rows:
+        held = r["gpu"] == "h100-sxm-80g" and r["concurrency"] >= fidelity_grid.ISSUE_RANGE[0]
+        assert r["use"] == ("held_out" if held else "calibration"), r["id"]
+    assert sum(r["use"] == "held_out" for r in rows) > 200
 
 
 def test_grid_runs_are_scored_as_the_closed_loop_they_ran_in(tmp_path):
@@ -207,13 +219,16 @@ def test_grid_runs_are_scored_as_the_closed_loop_they_ran_in(tmp_path):
     state at the same budget spreads them over the TPOT of every sequence."""
     path = REPO / "benchmarks" / "data" / REFS["grid_file"]
     rows, steady = fidelity_grid.grid_rows(path), fidelity_grid.grid_rows(path, closed_loop=False)
-    budget = (fidelity_grid.ENGINE_BUDGET["max_num_batched_tokens"], False)
-    assert all(
-        (r["run"], r["max_num_batched_tokens"], r["enable_chunked_prefill"]) == ("closed_loop", *budget) for r in rows
-    )
+    for r in rows:
+        engine = fidelity_grid.ENGINE_BUDGETS[r["gpu"]]
+        budget = (engine["max_num_batched_tokens"], False, engine["front_end_s"])
+        assert (r["run"], r["max_num_batched_tokens"], r["enable_chunked_prefill"], r["front_end_s"]) == (
+            "closed_loop",
+            *budget,
+        )
     assert all("run" not in r and "max_num_batched_tokens" not in r for r in steady)
     pick = next(i for i, r in enumerate(rows) if "h100-sxm-80g-llama3-8b-tp1-fp16-200-200-c250" in r["id"])
-    same_budget = {**steady[pick], **fidelity_grid.ENGINE_BUDGET}
+    same_budget = {**steady[pick], **fidelity_grid.ENGINE_BUDGETS["h100-sxm-80g"]}
     loop, plain = (bench_fidelity.score(row, SERVERS, tmp_path) for row in (rows[pick], same_budget))
     assert loop["fits"] and plain["fits"]
     assert loop["tpot_s"] < 0.9 * plain["tpot_s"] and loop["ttft_s"] > 5 * plain["ttft_s"]

@@ -269,6 +269,41 @@ def test_an_engine_the_catalog_cannot_give_is_refused_naming_the_field(kind, mes
         parse_cluster(_cluster(kind))
 
 
+def test_an_engine_set_fitted_per_gpu_gives_each_entry_its_own_values():
+    """tensorrt-llm's H100 values are fitted on H100 runs (`by_entry`): an H100 kind gets them, an A100
+    kind the set's own; the engine's time per sequence is shorter on the H100."""
+    h100, a100 = engine_fields("tensorrt-llm", "h100-sxm-80g"), engine_fields("tensorrt-llm", "a100-sxm-80g")
+    assert set(h100) == set(a100)
+    assert h100["sequence_overhead_s"] < a100["sequence_overhead_s"]
+    assert engine_fields("tensorrt-llm", "l40s") == a100
+
+
+@pytest.mark.parametrize(
+    ("by_entry", "message"),
+    [
+        ({"mi300x": {"mem_efficiency": 0.5}}, r"tensorrt-llm\.by_entry\.mi300x: not one of the set's entries"),
+        (
+            {"h100-sxm-80g": {"mem_efficiency": 0.5, "warp": 1}},
+            r"tensorrt-llm\.by_entry\.h100-sxm-80g: unknown key\(s\) 'warp'",
+        ),
+        ({"h100-sxm-80g": {"mem_efficiency": 2}}, r"tensorrt-llm\.by_entry\.h100-sxm-80g\.mem_efficiency"),
+    ],
+)
+def test_a_set_by_entry_that_is_not_one_of_its_entries_fields_is_refused(tmp_path, monkeypatch, by_entry, message):
+    import llm_planner.core.catalog as catalog
+
+    path = tmp_path / "engines.yaml"
+    entries = ["a100-sxm-80g", "h100-sxm-80g"]
+    path.write_text(yaml.safe_dump({"tensorrt-llm": {"entries": entries, "mem_efficiency": 0.7, "by_entry": by_entry}}))
+    monkeypatch.setattr(catalog, "ENGINES_PATH", path)
+    catalog._engines.cache_clear()
+    try:
+        with pytest.raises(SpecError, match=re.escape(str(path)) + ": " + message):
+            catalog.engine_names()
+    finally:
+        catalog._engines.cache_clear()
+
+
 def test_every_engine_set_names_catalog_entries_and_sets_kind_fields_only():
     for engine in engine_names():
         assert set(engine_entries(engine)) <= set(catalog_names())

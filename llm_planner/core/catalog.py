@@ -74,8 +74,8 @@ def catalog_entry(name: str) -> dict[str, Any]:
 
 
 @functools.cache
-def _engines() -> dict[str, tuple[tuple[str, ...], dict[str, Any]]]:
-    """Engine name -> (the catalog entries its set stands for, the fields it sets), parsed; SpecError
+def _engines() -> dict[str, tuple[tuple[str, ...], dict[str, dict[str, Any]]]]:
+    """Engine name -> (the catalog entries its set stands for, entry -> the fields it sets there), parsed; SpecError
     naming the file, the set and the field."""
     data, _ = load_document(ENGINES_PATH, SpecError, finite=True)
     top = Reader(str(ENGINES_PATH), "", data)
@@ -85,9 +85,27 @@ def _engines() -> dict[str, tuple[tuple[str, ...], dict[str, Any]]]:
         entries = entry.get("entries")
         if not isinstance(entries, list) or not entries or any(e not in _catalog() for e in entries):
             entry.fail(f"expected a non-empty list of catalog entries (known: {', '.join(_catalog())})", "entries")
+        by_entry = _by_entry(entry, entries)
         fields = read_kind_fields(entry)
         entry.done()
-        out[str(name)] = (tuple(entries), fields)
+        out[str(name)] = (tuple(entries), {e: {**fields, **by_entry.get(e, {})} for e in entries})
+    return out
+
+
+def _by_entry(entry: Reader, entries: list) -> dict[str, dict[str, Any]]:
+    """A set's `by_entry`: catalog entry -> the fields fitted for that entry alone, over the set's own
+    (an entry fitted on its own GPU's runs); {} where the set has none."""
+    if "by_entry" not in entry.data:
+        return {}
+    block = entry.child("by_entry", entry.get("by_entry"))
+    out = {}
+    for name in block.data:
+        if name not in entries:
+            block.fail(f"not one of the set's entries ({', '.join(entries)})", str(name))
+        one = block.child(str(name), block.get(name))
+        out[str(name)] = read_kind_fields(one)
+        one.done()
+    block.done()
     return out
 
 
@@ -107,4 +125,4 @@ def engine_fields(engine: str, entry: str) -> dict[str, Any]:
     entries, fields = _engines()[engine]
     if entry not in entries:
         raise KeyError(entry)
-    return dict(fields)
+    return dict(fields[entry])
