@@ -25,11 +25,11 @@ on them.
 
 The source does not state the engine's version, its batch limits, its token budget, whether it
 chunks prompts, how its front end passes requests on, or how the fp8 runs keep their KV cache. The
-closed loop takes prompts whole (TensorRT-LLM's default: context chunking off) under a budget of
-16,384 tokens an iteration (`max_num_tokens`), the requests reaching the engine through a front end
-of 4 ms a request, one at a time; the two are fitted together on the calibration runs
-(benchmarks/fit_grid_admission.py: 97% of their TTFTs within 30%, against 52% at TensorRT-LLM's
-BuildConfig default of 8,192 tokens with the requests reaching the engine as sent). The budget
+closed loop takes prompts whole (TensorRT-LLM's default: context chunking off) under a token budget
+an iteration (`max_num_tokens`), the requests reaching the engine through a front end that passes
+them on one at a time; the budget and the front end's time a request are fitted together per GPU
+on that GPU's calibration runs (benchmarks/fit_grid_admission.py; ENGINE_BUDGETS: NIM builds an
+engine per GPU, and the two GPUs' servers need not have the same hosts). The budget
 decides how many iterations a burst of prompts takes; the front end spreads a burst's arrival, so
 the engine takes it in the iterations it arrives in and a later request waits less for the prompts
 ahead of it. Without a front end the C requests of a round all wait for the whole burst, which no
@@ -41,7 +41,9 @@ agree: what the model misses grows with the keys read at the same rate on the fp
 fp16 ones (`gap_fits`), which an fp8 cache would halve. The runs on A100 are
 calibration runs (the catalog's memory efficiency and overheads are fitted on them with the vLLM
 rows, benchmarks/fit_catalog.py, and TensorRT-LLM's own set on them alone, benchmarks/fit_engine.py);
-the runs on H100, every fp8 run among them, are held out.
+so are the runs on H100 below the issue's range, 1 to 25 in flight (the set's H100 values and the
+H100's budget and front end are fitted on them: `use_of`). The H100 runs at 50 to 250 in flight,
+fp8 runs among them, are held out.
 
 `gap_fits` locates what the model misses: per group, the least-squares fit of measured minus
 modelled TPOT over the runs on a + s C + k C K (C the concurrency, K a sequence's mean context,
@@ -76,7 +78,7 @@ MODELS = {
 # for each GPU need not share their build settings, and each GPU's pair is fitted on its own calibration runs
 ENGINE_BUDGETS = {
     "a100-sxm-80g": {"max_num_batched_tokens": 16384, "enable_chunked_prefill": False, "front_end_s": 0.004},
-    "h100-sxm-80g": {"max_num_batched_tokens": 16384, "enable_chunked_prefill": False, "front_end_s": 0.004},
+    "h100-sxm-80g": {"max_num_batched_tokens": 32768, "enable_chunked_prefill": False, "front_end_s": 0.002},
 }
 CALIBRATION_GPUS = ("a100-sxm-80g",)  # every run of these is a calibration run (benchmarks/fit_catalog.py's too)
 ISSUE_RANGE = (32, 256)  # the concurrencies the issue's bars are set at (in flight)

@@ -23,7 +23,7 @@ The fitted values, rounded, are the `tensorrt-llm` set of llm_planner/core/data/
 It then scores the grid's held-out runs (H100 at 32-250 in flight, every fp8 run there among them; as
 the closed loop) with the catalog's factors and with the fitted ones (the same values on every run),
 and prints per set the TPOT and output tokens/s ratios (model / measured): median and share within
-15%, over every held-out run and over those at 32-256 in flight (the issue's range; the same runs).
+15%, over the held-out runs (all in the issue's range, 32-256 in flight).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import provenance  # noqa: E402
 COLUMNS = ["factors", "runs", "in flight", "metric", "median", "within 15%"]
 METRICS = (("tpot_s", "tpot_s", "TPOT"), ("tokens_per_s", "output_tokens_per_s", "output tokens/s"))
 OUT_SUFFIX = {"h100-sxm-80g": "_h100"}  # the results folder's suffix per GPU (the A100's has none)
-RANGES = ((1, 250, "1-250"), (*fidelity_grid.ISSUE_RANGE, "32-256"))
+RANGES = ((*fidelity_grid.ISSUE_RANGE, "32-256"),)  # the held-out runs are those in it
 
 
 def grid_runs(use: str, closed_loop: bool = True, gpu: str | None = None) -> list[dict]:

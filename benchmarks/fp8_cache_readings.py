@@ -8,8 +8,9 @@ Neither source states the engine's KV cache dtype for its fp8 runs. The two read
 (docs/cluster-spec.md) parts them: 2 holds an fp8 cache at 1 byte an element and times attention's
 reads of it at 2 (an engine whose attention gains no time from the 8-bit cache).
 
-- The NIM grid's fp8 runs (benchmarks/fidelity_grid.py: every one on H100, held out; TensorRT-LLM's
-  factor set; scored as the closed loop genai-perf ran), which the grid scores with a 16-bit cache.
+- The NIM grid's fp8 runs (benchmarks/fidelity_grid.py: every one on H100, those at 50-250 in flight
+  held out and those at 1-25 among the runs the H100's factors are fitted on; TensorRT-LLM's factor
+  set; scored as the closed loop genai-perf ran), which the grid scores with a 16-bit cache.
 - TensorRT-LLM 0.9.0's static fp8 batches (benchmarks/fidelity_static.py: the kernels alone, held
   out, the catalog's factors), which it scores with an fp8 cache read at its bytes.
 

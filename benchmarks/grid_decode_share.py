@@ -4,10 +4,10 @@ prompt work lands in it: measured and modelled.
     .venv/bin/python benchmarks/grid_decode_share.py [--out DIR]
 
 For every run of the NIM grid (benchmarks/fidelity_grid.py: TensorRT-LLM under NIM, genai-perf's
-closed loop; A100 runs calibration, H100 runs held out) with 100 to 250 in flight whose sequences fit
-the model's memory, it takes the model's pure decode step D at the run's concurrency (one iteration
-of C decodes at the mean context, no prompt work: `ReplicaModel.decode_step_s`, TensorRT-LLM's
-factor set) and sets beside it
+closed loop; A100 runs calibration, H100 runs at 50-250 in flight held out) with 100 to 250 in
+flight whose sequences fit the model's memory, it takes the model's pure decode step D at the run's
+concurrency (one iteration of C decodes at the mean context, no prompt work:
+`ReplicaModel.decode_step_s`, TensorRT-LLM's factor set) and sets beside it
 
     measured TPOT / D     what the engine's TPOT holds beyond the model's decode step
     modelled TPOT / D     the same for the model's TPOT, the closed loop as bench_fidelity scores it

@@ -47,7 +47,8 @@ four projections summed) and one all-reduce per call against Vidur's operator me
 tables of many runs, summarised per model, GPU, degree and precision: the NIM grid (TensorRT-LLM
 under genai-perf's closed loop, each run scored as that loop simulated iteration by iteration, by
 concurrency, with a fit of the TPOT the model misses and the held-out runs' summary in the steady
-state beside it; its A100 runs are calibration runs, its H100 runs held out) and TensorRT-LLM
+state beside it; its A100 runs and its H100 runs at 1-25 in flight are calibration runs, its H100
+runs at 50-250 held out) and TensorRT-LLM
 0.9.0's static batches (held out, by batch size); docs/fidelity.md reads them.""",
     ),
     Section(
@@ -68,14 +69,23 @@ fitted values (docs/fidelity.md, "What was fitted, on what").""",
         "fit_engine",
         "TensorRT-LLM's factor set, fitted on its own runs",
         """\
-`benchmarks/fit_engine.py` fits the same four factors on TensorRT-LLM's calibration runs alone (the
-NIM grid's runs on A100, scored in the steady state as the set was fitted), from the catalog's
-values, by fit_catalog's Gauss-Newton; the catalog's `tensorrt-llm` engine set
+`benchmarks/fit_engine.py` fits the same four factors on TensorRT-LLM's calibration runs on one GPU
+alone (here the NIM grid's runs on A100, scored in the steady state as the set was fitted), from the
+catalog's values, by fit_catalog's Gauss-Newton; the catalog's `tensorrt-llm` engine set
 (llm_planner/core/data/engine_factors.yaml) rounds them. The table scores the grid's held-out runs
-(H100, every fp8 run among them) as the closed loop genai-perf ran (benchmarks/fidelity_grid.py)
-with the catalog's factors and with the fitted ones: TPOT and output tokens/s ratios (model /
-measured), median and share within 15%, over every run and over those at 32-256 in flight.""",
+(H100 at 50-250 in flight, fp8 runs among them) as the closed loop genai-perf ran
+(benchmarks/fidelity_grid.py) with the catalog's factors and with the fitted ones: TPOT and output
+tokens/s ratios (model / measured), median and share within 15%, over the held-out runs (all at
+32-256 in flight, the issue's range).""",
         ".venv/bin/python benchmarks/fit_engine.py",
+    ),
+    Section(
+        "fit_engine_h100",
+        "TensorRT-LLM's H100 factors, fitted on its H100 runs at low load",
+        """\
+The same fit on the NIM grid's H100 runs at 1-25 in flight (`--gpu h100-sxm-80g`), the set's H100
+values (its `by_entry`), judged on the same held-out runs, the H100's at 50-250 in flight.""",
+        ".venv/bin/python benchmarks/fit_engine.py --gpu h100-sxm-80g",
     ),
     Section(
         "fit_engine_closed_loop",
@@ -95,9 +105,17 @@ closed loop genai-perf ran, at each pair of a token budget an iteration (the eng
 `max_num_tokens`) and a front-end time a request (NIM's server passing requests to the engine one at
 a time), neither of which the source states: TTFT, TPOT and output tokens/s ratios (model /
 measured), median and share within 30% (TTFT) or 15%. The pair with the most TTFT ratios within 30%
-on the calibration runs (A100) is kept (`kept`), and benchmarks/fidelity_grid.py scores the grid at
-it; the held-out rows (H100, every fp8 run among them) judge the choice.""",
+on one GPU's calibration runs (here the A100's) is kept (`kept`), and benchmarks/fidelity_grid.py
+scores that GPU's runs at it; the held-out rows (H100 at 50-250 in flight) are scored beside it.""",
         ".venv/bin/python benchmarks/fit_grid_admission.py",
+    ),
+    Section(
+        "fit_grid_admission_h100",
+        "The NIM grid's H100 token budget and front end, fitted on its runs at low load",
+        """\
+The same choice on the H100's calibration runs, 1-25 in flight (`--gpu h100-sxm-80g`), with the engine
+set's H100 values; the held-out rows, the H100's at 50-250 in flight, judge it.""",
+        ".venv/bin/python benchmarks/fit_grid_admission.py --gpu h100-sxm-80g",
     ),
     Section(
         "fp8_cache_readings",
