@@ -6,7 +6,7 @@ Each serving row of benchmarks/data/fidelity_references.yaml (engine, model, GPU
 pipeline degrees, concurrency, mean prompt and output lengths, each with its source) is scored
 by the planner's own model, as `llm-planner score` would: a one-server cluster of the row's GPUs
 from the package's catalog (`catalog:`; the NIM grid's TensorRT-LLM runs with `engine: tensorrt-llm`,
-the factors fitted on that engine's A100 runs alone, ENGINE_SETS; with the server's GPU link from
+the factors fitted on that engine's runs alone, ENGINE_SETS; with the server's GPU link from
 benchmarks/data/fidelity_servers.yaml; a pipeline row's pp servers of tp GPUs each, joined by the
 row's `server_link`), the row's model preset and dtype, the replica pp stages x tp GPUs, the row's
 concurrency in pp micro-batches, one a stage as vLLM runs a pipeline (an open-loop row, requests at a rate
@@ -435,7 +435,8 @@ def main() -> int:
     summary_md += "".join(f"- {line}\n" for line in skipped)
     operators_md = "\nVidur's operator medians (model / measured; fp16; calibration):\n\n" + ops_md
     grid_md = (
-        f"\nThe NIM grid ({fidelity_grid.SOURCE}; A100 runs calibration, H100 runs held out; "
+        f"\nThe NIM grid ({fidelity_grid.SOURCE}; A100 runs and H100 runs at 1-25 in flight calibration, "
+        "H100 runs at 50-250 in flight held out; "
         "each run in grid.csv):\n" + grid_md
     )
     static_md = f"\nThe static batches ({fidelity_static.SOURCE}; held out; each run in static.csv):\n" + static_md

@@ -7,8 +7,8 @@ The grid (benchmarks/fidelity_grid.py: TensorRT-LLM under NIM, genai-perf's clos
 16-bit configuration on both GPUs (Llama-3 8B at TP1-TP2, 70B at TP4-TP8; the 70B at TP8 in bf16 on
 A100 and fp16 on H100, the same width). For each pair whose sequences fit the model's memory on
 both, it divides the A100 run's TPOT by the H100 run's, measured and as bench_fidelity scores them
-(TensorRT-LLM's factor set, fitted on the A100 runs alone; the closed loop at the grid's token budget
-and front end). One line per model, degree and request shape, one cell per concurrency:
+(TensorRT-LLM's factor set, each GPU's values fitted on its own calibration runs; the closed loop at
+each GPU's token budget and front end). One line per model, degree and request shape, one cell per concurrency:
 "measured / model". Where the model's ratio falls short of the measured, the model's H100 time is
 too long against its A100 time. Nothing is fitted.
 """

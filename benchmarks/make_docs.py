@@ -136,7 +136,8 @@ marks the reading each benchmark uses.""",
         "The grid's TPOT under load against the model's decode step",
         """\
 `benchmarks/grid_decode_share.py` takes every NIM grid run at 100-250 in flight that fits the model's
-memory (A100 calibration, H100 held out; TensorRT-LLM's factor set) and divides its measured TPOT, and
+memory (A100 calibration, H100 held out from 50 in flight; TensorRT-LLM's factor set) and divides its
+measured TPOT, and
 the model's (the closed loop as the fidelity benchmark scores it), by the model's pure decode step at
 that concurrency (C decodes at the mean context, no prompt work). Medians per GPU, precision and
 request shape. With 200-token prompts, 200/2000 carries a tenth of a prompt token per output token and
@@ -150,10 +151,10 @@ is mostly how far the decode step is from the engine's.""",
         """\
 `benchmarks/grid_gpu_ratio.py` pairs every 16-bit NIM grid run on A100 with its twin on H100 (same
 model, degree, request shape and concurrency; both fitting the model's memory) and divides the A100
-run's TPOT by the H100 run's: measured / modelled (TensorRT-LLM's factor set, fitted on the A100 runs
-alone; the closed loop as the fidelity benchmark scores it). The data sheets' bandwidths differ 1.64x
-(3,350 and 2,039 GB/s). Where the model's ratio falls short of the measured, its H100 time is too long
-against its A100 time.""",
+run's TPOT by the H100 run's: measured / modelled (TensorRT-LLM's factor set, each GPU's values
+fitted on its own calibration runs; the closed loop as the fidelity benchmark scores it). The data
+sheets' bandwidths differ 1.64x (3,350 and 2,039 GB/s). Where the model's ratio falls short of the
+measured, its H100 time is too long against its A100 time.""",
         ".venv/bin/python benchmarks/grid_gpu_ratio.py",
     ),
     Section(
