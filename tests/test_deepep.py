@@ -112,6 +112,8 @@ def test_it_is_offered_with_deepep_for_a_mixture_of_experts_only(tmp_path):
         context(tmp_path, "llama2-7b", deepep=True)
     with pytest.raises(WorkloadError, match="which --no-dp-attention turns off"):
         context(tmp_path, QWEN, deepep=True, dp_attention=False)
+    with pytest.raises(WorkloadError, match=r"--no-dp-attention: llama2-7b has no experts \(a dense model\)"):
+        context(tmp_path, "llama2-7b", dp_attention=False)
 
 
 def test_the_notation_reads_and_writes_dpa_deepep(tmp_path):

@@ -218,6 +218,7 @@ def test_bad_helix_files_exit_2_naming_file_and_field(tmp_path, capsys, mutate, 
     err = capsys.readouterr().err.replace("\n", "")
     assert code == 2
     assert ".ini" in err and where in err
+    assert err.count(".ini: ") == 1, err  # the file named once, not once per layer of the reader
     assert not out.exists()
 
 

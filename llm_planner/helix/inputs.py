@@ -171,15 +171,17 @@ class _Ini:
         return values[key]
 
     def number(self, section: str, key: str) -> float:
+        text = self.raw(section, key)
         try:
-            return parse_helix_value(self.raw(section, key))
+            return parse_helix_value(text)
         except ValueError as exc:
             self.fail(section, key, str(exc))
 
     def integer(self, section: str, key: str, low: int, high: int) -> int:
         """A plain decimal integer in [low, high] (never evaluated as an expression)."""
+        text = self.raw(section, key)  # its own error names the file once
         try:
-            return bounded_int(self.raw(section, key), low, high)
+            return bounded_int(text, low, high)
         except ValueError as exc:
             self.fail(section, key, str(exc))
 

@@ -237,7 +237,13 @@ def _dp_imbalance(config: DecoderConfig, options: ServingOptions) -> dict[int, f
 
 def _check_deepep(config: DecoderConfig, options: ServingOptions) -> None:
     """WorkloadError for DeepEP where no group would run it (a dense model, groups with
-    data-parallel attention turned off)."""
+    data-parallel attention turned off), and for turning data-parallel attention off on a dense model,
+    whose groups never run it."""
+    if not options.dp_attention and not config.is_moe:
+        raise WorkloadError(
+            f"--no-dp-attention: {config.name} has no experts (a dense model), so its groups are tensor-parallel "
+            "only: drop the flag"
+        )
     if not options.deepep:
         return
     if not config.is_moe:
