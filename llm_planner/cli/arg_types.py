@@ -7,6 +7,7 @@ import argparse
 import math
 
 from llm_planner.cost.eplb import MAX_REDUNDANT
+from llm_planner.serving.workload import MOST_BUDGET, MOST_TOKENS
 
 
 def positive_seconds(text: str) -> float:
@@ -71,9 +72,8 @@ def whole(low: int, high: int):
 
 count = whole(0, 1024)  # processes or threads; 0: the default's choice
 positive = whole(1, 2**20)  # a batch, shards, stages, micro-batches
-MOST_TOKENS = 2**24  # a prompt, an output or a context, in tokens
-tokens = whole(1, MOST_TOKENS)
-budget = whole(1, 2**20)  # the tokens one engine iteration may carry (plan, score and calibrate alike)
+tokens = whole(1, MOST_TOKENS)  # a prompt, an output or a context, in tokens
+budget = whole(1, MOST_BUDGET)  # the tokens one engine iteration may carry (plan, score and calibrate alike)
 seed = whole(0, 2**32 - 1)
 redundant_experts = whole(0, MAX_REDUNDANT)  # EPLB's redundant experts (DeepSeek-V3 serves 256 experts with 32)
 

@@ -20,8 +20,6 @@ import json
 from typing import Any
 
 from llm_planner.measure.serving_observation import (
-    MOST_SEQUENCES,
-    MOST_TOKENS,
     MOST_TOKENS_PER_S,
     Measured,
     ServingObservation,
@@ -31,7 +29,7 @@ from llm_planner.measure.serving_observation import (
     number,
     whole_number,
 )
-from llm_planner.serving.workload import RequestShape
+from llm_planner.serving.workload import MOST_SEQUENCES, MOST_TOKENS, RequestShape
 
 TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}
 GENAI_CONCURRENCY = (("concurrency",), ("perf_analyzer", "stimulus", "concurrency"), ("loadgen", "concurrency"))

@@ -10,13 +10,10 @@ from dataclasses import dataclass
 from llm_planner.measure.fits import CalibrateError
 from llm_planner.serving.workload import RequestShape
 
-# What a measurement may state, as the command line's flags allow it (llm_planner.cli.arg_types):
-# a request's prompt or output tokens, the sequences in flight, an engine's token budget or
-# micro-batches; and the span of a measured time and of a replica's output tokens/s. Past them a
-# file is not a run of an engine, and the model's arithmetic would overflow or run for hours.
-MOST_TOKENS = 2**24
-MOST_SEQUENCES = 2**20
-MOST_BUDGET = 2**20
+# What a measurement may state: a request's prompt or output tokens, the sequences in flight, an
+# engine's token budget or micro-batches, as the command line's flags allow them (MOST_TOKENS,
+# MOST_SEQUENCES, MOST_BUDGET: llm_planner.serving.workload); and the span of a measured time and of
+# a replica's output tokens/s. Past them a file is not a run of an engine.
 SECONDS = (1e-6, 3600.0)  # a TPOT, TTFT or decode step from 1 us to an hour
 MOST_TOKENS_PER_S = 1e9
 

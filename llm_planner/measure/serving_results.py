@@ -40,9 +40,6 @@ from typing import Any
 from llm_planner.core.fileio import is_version, parse_document, read_text
 from llm_planner.measure.genai_perf import is_genai_perf, read_genai_perf
 from llm_planner.measure.serving_observation import (
-    MOST_BUDGET,
-    MOST_SEQUENCES,
-    MOST_TOKENS,
     MOST_TOKENS_PER_S,
     Measured,
     ServingObservation,
@@ -52,7 +49,7 @@ from llm_planner.measure.serving_observation import (
     seconds,
     whole_number,
 )
-from llm_planner.serving.workload import RequestShape
+from llm_planner.serving.workload import MOST_BUDGET, MOST_SEQUENCES, MOST_TOKENS, RequestShape
 
 __all__ = ["Measured", "ServingObservation", "ServingResultError", "read_serving_results"]
 

@@ -29,6 +29,13 @@ TPOT_SLO_RANGE_S = (1e-3, 10.0)
 TTFT_SLO_RANGE_S = (1e-3, 3600.0)
 TPOT_RANGE = f"from {units.time_text(TPOT_SLO_RANGE_S[0])} to {units.time_text(TPOT_SLO_RANGE_S[1])}"
 TTFT_RANGE = f"from {units.time_text(TTFT_SLO_RANGE_S[0])} to {units.time_text(TTFT_SLO_RANGE_S[1])}"
+# The most tokens a request's prompt, output or context may have, the most sequences in flight and
+# the largest token budget of an engine iteration a command or a measurement file may state (the
+# command line's flags, llm_planner.cli.arg_types, and a measured run, llm_planner.measure): past
+# them the model's arithmetic would overflow or run for hours.
+MOST_TOKENS = 2**24
+MOST_SEQUENCES = 2**20
+MOST_BUDGET = 2**20
 
 
 class WorkloadError(ValueError):
