@@ -17,7 +17,7 @@ its TPOT) and output tokens/s over the run.
 genai-perf's concurrency mode sends all C requests at once and each next one as one ends, and every
 request of a run has the same lengths: its prompts come in bursts that persist, and the prompts'
 time lands in the TTFT rather than in the TPOT of the sequences beside them (the runs show it: at
-250 in flight with 200-token prompts and outputs the measured TPOT is the model's pure decode step,
+250 in flight with 200-token prompts and outputs the measured TPOT is within 8% of the model's pure decode step,
 and the TTFT grows with the concurrency). So each run is scored as that closed loop, iteration by
 iteration (llm_planner.serving.closed_loop, `score --closed-loop`); `grid_rows(closed_loop=False)`
 gives the runs scored in the steady state instead, as benchmarks/fit_catalog.py fitted the catalog
@@ -73,7 +73,6 @@ MODELS = {
 }
 # What the source leaves out (module docstring): the token budget an iteration and the front end's
 # time a request, fitted together on the calibration runs by benchmarks/fit_grid_admission.py, and
-# prompts whole (TensorRT-LLM's default: enable_chunked_context off)
 # prompts whole (TensorRT-LLM's default: enable_chunked_context off), per GPU: the engines NIM builds
 # for each GPU need not share their build settings, and each GPU's pair is fitted on its own calibration runs
 ENGINE_BUDGETS = {

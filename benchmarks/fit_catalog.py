@@ -15,7 +15,8 @@ weighted alike (each run's squared error by 1 / the runs of its source):
   the closed loop it ran in, and is not refitted under it here (that would move every figure the
   catalog gives; TensorRT-LLM's own set, benchmarks/fit_engine.py, is fitted under it).
 
-Everything else stays held out: the grid's H100 runs (every fp8 run among them), the static
+Everything else stays held out: the grid's H100 runs (every fp8 run among them; those at 1 to 25
+in flight calibrate TensorRT-LLM's own set, benchmarks/fit_engine.py, not the catalog), the static
 batches, the vLLM 0.6.0 rows, NIM 1.8's rows, vLLM's nightly A100 rows and the DeepSeek-R1 rows.
 The compute efficiency (0.67, Vidur's large GEMMs) and the collectives' bandwidth share (Vidur's
 NCCL profiles) are not refitted. The fit minimises the weighted relative TPOT errors by

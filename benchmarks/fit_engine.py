@@ -20,7 +20,7 @@ The fitted values, rounded, are the `tensorrt-llm` set of llm_planner/core/data/
 (the H100's under its `by_entry`), which a spec's kind takes with `engine: tensorrt-llm`
 (docs/cluster-spec.md).
 
-It then scores the grid's held-out runs (H100 at 32-250 in flight, every fp8 run there among them; as
+It then scores the grid's held-out runs (H100 at 50-250 in flight, every fp8 run there among them; as
 the closed loop) with the catalog's factors and with the fitted ones (the same values on every run),
 and prints per set the TPOT and output tokens/s ratios (model / measured): median and share within
 15%, over the held-out runs (all in the issue's range, 32-256 in flight).

@@ -20,7 +20,7 @@ the engine on one GPU (`--gpu`): each pair of candidates (budgets, powers of two
 front-end times 0 to 6 ms) scores every calibration run of that GPU that fits the model's memory
 (fidelity_grid.use_of: every A100 run; the H100 runs below 32 in flight), and the pair with the most
 TTFT ratios within 30% is kept (ties: the most TPOT ratios within 15%). The held-out runs (H100 at
-32-250 in flight, every fp8 run there among them) are scored at each pair beside it, to judge the
+50-250 in flight, every fp8 run there among them) are scored at each pair beside it, to judge the
 choice, not to make it. fidelity_grid's ENGINE_BUDGETS states each GPU's kept pair.
 """
 

@@ -121,8 +121,9 @@ set's H100 values; the held-out rows, the H100's at 50-250 in flight, judge it."
         "fp8_cache_readings",
         "The fp8 runs' KV cache, read three ways",
         """\
-`benchmarks/fp8_cache_readings.py` scores the fp8 runs of the NIM grid (H100, held out, TensorRT-LLM's
-factor set, as the closed loop genai-perf ran) and of TensorRT-LLM 0.9.0's static batches (held out,
+`benchmarks/fp8_cache_readings.py` scores the fp8 runs of the NIM grid (H100; those at 50-250 in flight
+held out, those at 1-25 among the H100 calibration runs; TensorRT-LLM's factor set, as the closed loop
+genai-perf ran) and of TensorRT-LLM 0.9.0's static batches (held out,
 the catalog's factors) with three readings of a KV cache their sources do not state: held in 16 bits;
 held and read in 8 bits; held in 8 bits and read at the 16-bit cache's time (a kind's
 `kv_dequant_factor` 2). Per reading: the runs that fit the model's memory, their ratios (model /
