@@ -82,6 +82,22 @@ def calibration_runs() -> dict[str, list[dict]]:
     return {"vLLM, 10 in flight": vllm, "NIM grid, A100": grid}
 
 
+def grid_runs(use: str, gpu: str | None = None, closed_loop: bool = True) -> list[dict]:
+    """The NIM grid's runs of `use` (fidelity_grid.use_of), on `gpu` alone where given, scored as the
+    closed loop or in the steady state (fidelity_grid.grid_rows)."""
+    rows = fidelity_grid.grid_rows(DATA / REFS["grid_file"], closed_loop)
+    return [r for r in rows if r["use"] == use and gpu in (None, r["gpu"])]
+
+
+# A fit run on one GPU's grid runs writes benchmarks/results/<name><suffix> (the A100's has none).
+RESULTS_SUFFIX = {"h100-sxm-80g": "_h100"}
+
+
+def results_dir(name: str, gpu: str) -> Path:
+    """Where a fit named `name` run on `gpu`'s grid runs writes its results by default."""
+    return REPO / "benchmarks" / "results" / f"{name}{RESULTS_SUFFIX.get(gpu, '')}"
+
+
 def h200_rows() -> list[dict]:
     return [r for r in REFS["serving"] if r["use"] == "calibration" and r["gpu"] == "h200-sxm-141g"]
 

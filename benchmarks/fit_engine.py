@@ -38,7 +38,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-REPO = Path(__file__).resolve().parents[1]
 
 import fidelity_grid  # noqa: E402
 import fit_catalog  # noqa: E402
@@ -46,14 +45,7 @@ import provenance  # noqa: E402
 
 COLUMNS = ["factors", "runs", "in flight", "metric", "median", "within 15%"]
 METRICS = (("tpot_s", "tpot_s", "TPOT"), ("tokens_per_s", "output_tokens_per_s", "output tokens/s"))
-OUT_SUFFIX = {"h100-sxm-80g": "_h100"}  # the results folder's suffix per GPU (the A100's has none)
 RANGES = ((*fidelity_grid.ISSUE_RANGE, "32-256"),)  # the held-out runs are those in it
-
-
-def grid_runs(use: str, closed_loop: bool = True, gpu: str | None = None) -> list[dict]:
-    """The grid's runs of `use` (on `gpu` alone where given)."""
-    rows = fidelity_grid.grid_rows(fit_catalog.DATA / fit_catalog.REFS["grid_file"], closed_loop)
-    return [r for r in rows if r["use"] == use and gpu in (None, r["gpu"])]
 
 
 def judged(label: str, rows: list[dict], got: list[dict]) -> list[dict]:
@@ -87,19 +79,17 @@ def main() -> int:
     ap.add_argument("--gpu", choices=fidelity_grid.GPUS.values(), default="a100-sxm-80g", help="whose runs to fit on")
     ap.add_argument("--out", default=None, help="default: benchmarks/results/fit_engine[_h100]")
     args = ap.parse_args()
-    out = Path(args.out or REPO / "benchmarks" / "results" / f"fit_engine{OUT_SUFFIX.get(args.gpu, '')}")
+    out = Path(args.out or fit_catalog.results_dir("fit_engine", args.gpu))
     facts = provenance.start(sys.argv)
     with Pool(2) as pool:
-        calibration = grid_runs("calibration", closed_loop=args.fit_on == "closed-loop", gpu=args.gpu)
+        calibration = fit_catalog.grid_runs("calibration", args.gpu, closed_loop=args.fit_on == "closed-loop")
         problem = fit_catalog.Problem(pool, {f"NIM grid, {args.gpu}": calibration})
         _, fitted = fit_catalog.fit_factors(problem)
-        held = grid_runs("held_out")
+        held = fit_catalog.grid_runs("held_out")
         rows = judged("catalog", held, fit_catalog.scores(pool, held, None))
         rows += judged(f"tensorrt-llm, fitted on {args.gpu}", held, fit_catalog.scores(pool, held, fitted))
     print(f"tensorrt-llm fitted on {args.gpu}:", ", ".join(f"{k} {v:.4g}" for k, v in fitted.items()))
-    print(provenance.markdown_table(COLUMNS, ([r[c] for c in COLUMNS] for r in rows)))
-    out.mkdir(parents=True, exist_ok=True)
-    provenance.write_results(out, COLUMNS, rows, facts)
+    provenance.publish(out, COLUMNS, [[r[c] for c in COLUMNS] for r in rows], facts)
     (out / "fit.json").write_text(json.dumps({"tensorrt-llm": fitted}, indent=2) + "\n")
     return 0
 

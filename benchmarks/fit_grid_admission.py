@@ -35,7 +35,6 @@ from multiprocessing import Pool
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-REPO = Path(__file__).resolve().parents[1]
 
 import bench_fidelity  # noqa: E402
 import fidelity_grid  # noqa: E402
@@ -48,14 +47,7 @@ BUDGETS = (8192, 16384, 32768, 65536)
 FRONT_ENDS_S = (0.0, 0.001, 0.002, 0.003, 0.004, 0.005, 0.006)
 COLUMNS = ["budget", "front end ms", "runs", "use", "TTFT median", "TTFT within 30%", "TPOT median"]
 COLUMNS += ["TPOT within 15%", "tokens/s median", "tokens/s within 15%", "kept"]
-OUT_SUFFIX = {"h100-sxm-80g": "_h100"}  # the results folder's suffix per GPU (the A100's has none)
 BARS = {"ttft": 0.30, "tpot": 0.15, "tokens_per_s": 0.15}
-
-
-def grid_rows(use: str, gpu: str | None = None) -> list[dict]:
-    """The grid's runs of `use` (on `gpu` alone where given), scored as the closed loop."""
-    rows = fidelity_grid.grid_rows(fit_catalog.DATA / fit_catalog.REFS["grid_file"])
-    return [r for r in rows if r["use"] == use and gpu in (None, r["gpu"])]
 
 
 def _ratios(row: dict) -> dict | None:
@@ -102,20 +94,21 @@ def main() -> int:
     ap.add_argument("--gpu", choices=tuple(fidelity_grid.ENGINE_BUDGETS), default="a100-sxm-80g")
     ap.add_argument("--out", default=None, help="default: benchmarks/results/fit_grid_admission[_h100]")
     args = ap.parse_args()
-    out = args.out or str(REPO / "benchmarks" / "results" / f"fit_grid_admission{OUT_SUFFIX.get(args.gpu, '')}")
+    out = args.out or fit_catalog.results_dir("fit_grid_admission", args.gpu)
     facts = provenance.start(sys.argv)
     pairs = list(product(BUDGETS, FRONT_ENDS_S))
     with Pool(2) as pool:
-        mine = {"calibration": grid_rows("calibration", args.gpu), "held_out": grid_rows("held_out")}
+        mine = {
+            "calibration": fit_catalog.grid_runs("calibration", args.gpu),
+            "held_out": fit_catalog.grid_runs("held_out"),
+        }
         per_use = {use: pool.map(_ratios, rows, chunksize=4) for use, rows in mine.items()}
     calibration = [judged(per_use["calibration"], p) for p in pairs]
     best = kept(calibration)
     lines = [table_row(j, "calibration", best) for j in calibration]
     lines += [table_row(judged(per_use["held_out"], p), "held_out", best) for p in pairs]
     print(f"kept for {args.gpu}: budget {best[0]} tokens, front end {best[1] * 1e3:g} ms a request")
-    print(provenance.markdown_table(COLUMNS, lines))
-    Path(out).mkdir(parents=True, exist_ok=True)
-    provenance.write_results(out, COLUMNS, [dict(zip(COLUMNS, line)) for line in lines], facts)
+    provenance.publish(out, COLUMNS, lines, facts)
     return 0
 
 
