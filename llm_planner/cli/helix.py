@@ -13,7 +13,6 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from llm_planner.cli.arg_types import MOST_TOKENS
 from llm_planner.cli.commands import UserError
 from llm_planner.cli.vidur import add_vidur_parser, cmd_import_vidur
 from llm_planner.core.atomic import check_writable, write_atomic
@@ -24,6 +23,7 @@ from llm_planner.helix.plan import ORDERS, REGION_MODES, load_inputs, plan_helix
 from llm_planner.helix.replayed import plan_by_replay, replay_layout
 from llm_planner.helix.simulator_file import simulator_hops
 from llm_planner.helix.spec_yaml import cluster_spec_yaml
+from llm_planner.serving.workload import MOST_TOKENS
 
 
 def add_import_parser(sub) -> None:

@@ -68,6 +68,7 @@ class ServingContext:
             raise WorkloadError(
                 f"--expert-imbalance {options.expert_imbalance:g}: {config.name} has no experts (a dense model)"
             )
+        _check_dp_attention(config, options)
         _check_deepep(config, options)
         if profile is not None:
             _check_profile(profile, self.precision, config, cluster)
@@ -235,15 +236,18 @@ def _dp_imbalance(config: DecoderConfig, options: ServingOptions) -> dict[int, f
     return out
 
 
-def _check_deepep(config: DecoderConfig, options: ServingOptions) -> None:
-    """WorkloadError for DeepEP where no group would run it (a dense model, groups with
-    data-parallel attention turned off), and for turning data-parallel attention off on a dense model,
-    whose groups never run it."""
+def _check_dp_attention(config: DecoderConfig, options: ServingOptions) -> None:
+    """WorkloadError for turning data-parallel attention off on a dense model, whose groups never run it."""
     if not options.dp_attention and not config.is_moe:
         raise WorkloadError(
             f"--no-dp-attention: {config.name} has no experts (a dense model), so its groups are tensor-parallel "
             "only: drop the flag"
         )
+
+
+def _check_deepep(config: DecoderConfig, options: ServingOptions) -> None:
+    """WorkloadError for DeepEP where no group would run it (a dense model, groups with
+    data-parallel attention turned off)."""
     if not options.deepep:
         return
     if not config.is_moe:
