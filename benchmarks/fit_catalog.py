@@ -63,7 +63,9 @@ FACTORS = (
     ("collective_overhead_s", 1e-6, "us", 1.0),
     ("sequence_overhead_s", 1e-6, "us", 1.0),
 )
-LOWER = np.array([1.0, 0.0, 0.0, 0.0])
+# The W8A8 linear layers' fixed time per decoder layer, fitted as a fifth factor where fp8 runs
+# calibrate (fit_engine.py on H100); the catalog's fit has none and leaves it unset.
+W8A8_FACTOR = ("w8a8_overhead_s", 1e-6, "us", 1.0)
 FITTED_GPUS = ("a100-sxm-40g", "a100-sxm-80g", "h100-sxm-80g")
 MAX_STEPS = 8
 COLUMNS = ["source", "runs", "factors", "tpot median", "tpot within 15%", "tpot rms error"]
@@ -106,10 +108,10 @@ def mi300x_rows() -> list[dict]:
     return [r for r in REFS["serving"] if r["use"] == "calibration" and r["gpu"] == "mi300x"]
 
 
-def fields_of(x: np.ndarray) -> dict:
-    """The kind fields of the fit's vector (natural units: 1 / efficiency, ms, us, us)."""
+def fields_of(x: np.ndarray, factors: tuple = FACTORS) -> dict:
+    """The kind fields of the fit's vector over `factors` (natural units: 1 / efficiency, ms, us, us)."""
     out = {}
-    for (name, unit, _, _), v in zip(FACTORS, x):
+    for (name, unit, _, _), v in zip(factors, x):
         out[name] = float(1.0 / v) if name == "mem_efficiency" else float(v * unit)
     return out
 
@@ -130,16 +132,19 @@ def scores(pool, rows: list[dict], fields: dict | None) -> list[dict]:
 class Problem:
     """The calibration runs that fit in memory, their weights, and the TPOT ratios at a vector."""
 
-    def __init__(self, pool, sources: dict[str, list[dict]]):
-        self.pool = pool
+    def __init__(self, pool, sources: dict[str, list[dict]], factors: tuple = FACTORS):
+        self.pool, self.factors = pool, factors
         before = {name: scores(pool, rows, None) for name, rows in sources.items()}
         self.sources = {n: [r for r, g in zip(rows, before[n]) if g["fits"]] for n, rows in sources.items()}
         self.rows = [r for rows in self.sources.values() for r in rows]
         self.weight = np.concatenate([np.full(len(rows), len(rows) ** -0.5) for rows in self.sources.values()])
         self.measured = np.array([r["tpot_s"] for r in self.rows])
 
+    def fields_of(self, x: np.ndarray) -> dict:
+        return fields_of(x, self.factors)
+
     def ratios(self, x: np.ndarray | None) -> np.ndarray:
-        got = scores(self.pool, self.rows, None if x is None else fields_of(x))
+        got = scores(self.pool, self.rows, None if x is None else fields_of(x, self.factors))
         return np.array([g["tpot_s"] for g in got]) / self.measured
 
 
@@ -173,10 +178,6 @@ def gauss_newton(ratios_of, weight: np.ndarray, x: np.ndarray, deltas: np.ndarra
         if moved < 1e-3:
             break
     return x, ratios
-
-
-def _deltas() -> np.ndarray:
-    return np.array([d for _, _, _, d in FACTORS])
 
 
 def h200_efficiency(pool, fields: dict) -> tuple[float, list[float]]:
@@ -213,10 +214,13 @@ def mi300x_fit(pool, fields: dict) -> tuple[dict, list[float]]:
 
 
 def fit_factors(problem: Problem) -> tuple[np.ndarray, dict]:
-    """The four factors fitted on `problem`'s runs from the catalog's A100 values: the vector and its
-    kind fields."""
-    x, _ = gauss_newton(problem.ratios, problem.weight, start_vector(), _deltas(), LOWER, fields_of)
-    return x, fields_of(x)
+    """`problem`'s factors fitted on its runs from the catalog's A100 values (0 for a time the entry
+    states none of): the vector and its kind fields."""
+    factors = problem.factors
+    deltas = np.array([d for _, _, _, d in factors])
+    lower = np.array([1.0 if name == "mem_efficiency" else 0.0 for name, _, _, _ in factors])
+    x, _ = gauss_newton(problem.ratios, problem.weight, start_vector(factors), deltas, lower, problem.fields_of)
+    return x, problem.fields_of(x)
 
 
 def summary_rows(problem: Problem, x0: np.ndarray | None, x: np.ndarray) -> list[dict]:
@@ -240,11 +244,11 @@ def summary_rows(problem: Problem, x0: np.ndarray | None, x: np.ndarray) -> list
     return out
 
 
-def start_vector() -> np.ndarray:
-    """The catalog's A100 values as the fit's vector (0 for a time it states none of)."""
+def start_vector(factors: tuple = FACTORS) -> np.ndarray:
+    """The catalog's A100 values as the fit's vector over `factors` (0 for a time it states none of)."""
     entry = catalog_entry("a100-sxm-80g")
     return np.array(
-        [1.0 / entry[name] if name == "mem_efficiency" else entry.get(name, 0.0) / unit for name, unit, _, _ in FACTORS]
+        [1.0 / entry[name] if name == "mem_efficiency" else entry.get(name, 0.0) / unit for name, unit, _, _ in factors]
     )
 
 

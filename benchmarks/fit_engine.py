@@ -9,7 +9,9 @@ efficiency, step overhead, per-call collective overhead, time per sequence) on T
 calibration runs on one GPU alone (benchmarks/fidelity_grid.py's `use_of`, those the model fits in
 memory): on A100 (the default) every run of the NIM grid there, 1 to 250 in flight; on H100 its runs
 below the issue's range, 1 to 25 in flight. Both by the same Gauss-Newton from the catalog's A100
-values (fit_catalog.gauss_newton). The A100 values were fitted first and stood for the H100 too
+values (fit_catalog.gauss_newton). Where fp8 runs calibrate (H100: half its runs), a fifth factor is
+fitted with the four, from 0: the fixed time per decoder layer of fp8's own linear-layer kernels
+(`w8a8_overhead_s`), which only those runs depend on. The A100 values were fitted first and stood for the H100 too
 until the H100's own were fitted: the engine's fixed and per-sequence times are shorter on H100
 (benchmarks/grid_gpu_ratio.py), which one set for both GPUs cannot follow.
 The set is fitted on the runs scored in the steady state (`--fit-on steady`, the default, which
@@ -68,6 +70,11 @@ def judged(label: str, rows: list[dict], got: list[dict]) -> list[dict]:
     return out
 
 
+def fp8(row: dict) -> bool:
+    """Whether the run computes its linear layers in fp8 (TensorRT-LLM's fp8 quantization, W8A8)."""
+    return row["precision"] == "fp8"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -83,7 +90,8 @@ def main() -> int:
     facts = provenance.start(sys.argv)
     with Pool(2) as pool:
         calibration = fit_catalog.grid_runs("calibration", args.gpu, closed_loop=args.fit_on == "closed-loop")
-        problem = fit_catalog.Problem(pool, {f"NIM grid, {args.gpu}": calibration})
+        factors = fit_catalog.FACTORS + ((fit_catalog.W8A8_FACTOR,) if any(fp8(r) for r in calibration) else ())
+        problem = fit_catalog.Problem(pool, {f"NIM grid, {args.gpu}": calibration}, factors)
         _, fitted = fit_catalog.fit_factors(problem)
         held = fit_catalog.grid_runs("held_out")
         rows = judged("catalog", held, fit_catalog.scores(pool, held, None))

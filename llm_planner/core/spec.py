@@ -124,6 +124,10 @@ class DeviceKindSpec:
     # its bytes (1: read at the stored bytes, a kernel that dequantizes in registers as it reads; 2 for
     # fp8 under 16-bit activations: at the 16-bit cache's time, an engine that gains no latency from it).
     kv_dequant_factor: float = 1.0
+    # Serving and decoder layers, a precision whose linear layers compute in 8 bits (W8A8: fp8, int8):
+    # the fixed time per decoder layer its own kernels add (quantizing each projection's input,
+    # scaling its output), on top of overhead_s; 0 unless set (docs/cluster-spec.md).
+    w8a8_overhead_s: float = 0.0
     # Where its figures came from (not figures themselves, so kinds compare by their numbers alone):
     # the catalog entry it names, the engine whose factor set it takes over the entry's, and the
     # fields the loader filled with a type's default.

@@ -140,7 +140,7 @@ def dp_layer_kernels(
         collectives = _dispatch_combine(pair_bytes * scale * imbalance, config.experts_per_token, k, link, span)
     else:
         collectives = _gather_scatter(token_bytes, k, kind.collective_call_s, link, span)
-    return dataclasses.replace(mlp, kernels=own + experts + (collectives,))
+    return dataclasses.replace(mlp, kernels=own + experts + (collectives,), w8a8_s=whole.w8a8_s)
 
 
 def _dispatch_bytes(config: DecoderConfig, precision: Precision, kind: DeviceKindSpec) -> float:

@@ -28,7 +28,10 @@ dtype's, the compute time multiplied by the kind's `dequant_factor`, and so for 
 kind without fp8 tensor cores: W8A16), and attention reads (decode)
 and writes (prompt) the KV cache at the KV cache dtype's bytes (for a cache below the activation
 dtype, times the kind's `kv_dequant_factor`: an engine whose attention gains no time from an fp8
-cache, as vLLM's documentation says of its own, is 2 under 16-bit activations).
+cache, as vLLM's documentation says of its own, is 2 under 16-bit activations). Linear layers
+computed in 8 bits (W8A8) also add the kind's `w8a8_overhead_s` to the layer's fixed time: the
+kernels that quantize each projection's input and scale its output, launched per layer whatever
+its tokens (fitted on TensorRT-LLM's fp8 runs on H100: docs/fidelity.md).
 
 A mixture-of-experts layer (llm_planner.graph.moe; llm_planner.cost.moe_cost has its sizes) has
 the router and shared expert in `linear` and one more kernel, `experts`: the routed experts'
@@ -43,11 +46,11 @@ Each compute kernel's time is its own roofline with a rounded corner,
 (`KAPPA` below), the memory-only kernels' time is m, a collective's its fixed time plus its bytes
 over the link (a collective run in calls of at most `chunk` tokens, llm_planner.cost.dp_attention's
 DeepEP dispatch and combine, pays the fixed time once per chunk: max(1, tokens / chunk) times, a
-maximum of two affine terms), and the layer's time is the kind's per-task
-overhead plus the sum. Every term is a maximum of affine functions of the load, so for loads
-proportional to b sequences (`Load.per_sequence` times b) the layer time is convex piecewise
-affine in b: `layer_pieces.layer_pieces` returns its pieces exactly (the upper envelope of the sum), the form
-the serving bounds read (llm_planner.serving.bound*) and the placement planner's decoder layer
+maximum of two affine terms), and the layer's time is the kind's per-task overhead (and under
+W8A8 its w8a8_overhead_s) plus the sum. Every term is a maximum of affine functions of the load,
+so for loads proportional to b sequences (`Load.per_sequence` times b) the layer time is convex
+piecewise affine in b: `layer_pieces.layer_pieces` returns its pieces exactly (the upper envelope
+of the sum), the form the serving bounds read (llm_planner.serving.bound*) and the placement planner's decoder layer
 tasks' times take (llm_planner.cost.task_pieces).
 
 `sublayer_kernels` splits a layer into its two SUBLAYERS, the tasks of a "sublayer" placement graph:
@@ -144,6 +147,9 @@ class LayerKernels:
     bytes_per_s: float
     link_bytes_per_s: float
     overhead_s: float
+    # the W8A8 linear layers' fixed time (the kind's w8a8_overhead_s; module docstring): part of the
+    # linear kernel's time, left out with it where a measured table times the linear layers
+    w8a8_s: float = 0.0
 
     @property
     def exact(self) -> bool:
@@ -170,7 +176,7 @@ class LayerKernels:
         """The layer's time on `load` (0 when it carries no token)."""
         if load.decodes + load.prompt_tokens <= 0:
             return 0.0
-        return self.overhead_s + sum(self.kernel_s(k, load) for k in self.kernels)
+        return self.overhead_s + self.w8a8_s + sum(self.kernel_s(k, load) for k in self.kernels)
 
 
 def layer_kernels(
@@ -241,7 +247,18 @@ def _member_kernels(
         bytes_per_s=kind.mem_bw_bytes_per_s * kind.mem_efficiency,
         link_bytes_per_s=link.bw_bytes_per_s * kind.collective_bw_efficiency if k > 1 else 1.0,
         overhead_s=kind.overhead_s,
+        w8a8_s=_w8a8_share(p, kind, parts),
     )
+
+
+def _w8a8_share(p: Precision, kind: DeviceKindSpec, parts: tuple[str, ...]) -> float:
+    """The kind's w8a8_overhead_s where it runs the precision's linear layers in 8 bits (W8A8: at a
+    compute dtype other than the activations', not weight-only), split evenly over the SUBLAYERS
+    `parts` are of (each holds two of a layer's four projections); else 0."""
+    dtype, weight_only = linear_dtype(p, kind.peak_dtypes)
+    if not kind.w8a8_overhead_s or weight_only or dtype == p.activations:
+        return 0.0
+    return kind.w8a8_overhead_s * len(parts) / len(SUBLAYERS)
 
 
 def _sizes(p: Precision, kind: DeviceKindSpec | None) -> tuple[float, float, float, float]:

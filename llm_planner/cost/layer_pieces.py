@@ -13,11 +13,14 @@ from llm_planner.cost.roofline import Piece
 
 def layer_time_s(kernels: LayerKernels, load: Load, measured: Mapping[str, Callable[[Load], float]]) -> float:
     """The layer's time on `load` with each kernel named in `measured` timed by its function there
-    instead of its roofline (module docstring); 0 when the load carries no token."""
+    instead of its roofline (module docstring; a measured linear table includes the W8A8 fixed
+    time); 0 when the load carries no token."""
     if load.decodes + load.prompt_tokens <= 0:
         return 0.0
-    return kernels.overhead_s + sum(
-        measured[k.name](load) if k.name in measured else kernels.kernel_s(k, load) for k in kernels.kernels
+    return (
+        kernels.overhead_s
+        + _w8a8_s(kernels, measured)
+        + sum(measured[k.name](load) if k.name in measured else kernels.kernel_s(k, load) for k in kernels.kernels)
     )
 
 
@@ -26,7 +29,8 @@ def layer_pieces(
 ) -> tuple[Piece, ...]:
     """Affine pieces (fixed_s, per_sequence_s) whose maximum is the layer's time at b >= 1
     sequences, each adding `per_sequence` to the load (module docstring): the upper envelope of
-    the sum of the kernels' pieces (the kernels named in `without` left out), exact for every b >= 0
+    the sum of the kernels' pieces (the kernels named in `without` left out, the W8A8 fixed
+    time with the linear kernel), exact for every b >= 0
     on a dense layer. On an MoE layer (`LayerKernels.exact` False) a lower bound at every b from 1
     to `most` (the most sequences a micro-batch may hold; None: any b >= 1), spread or in lumps:
     every iteration carries at least the b decodes, and the routed experts' weight reads, concave
@@ -48,8 +52,13 @@ def layer_pieces(
             terms.append(((c0 + m0, c1 + m1),))
         else:
             terms.append(((c0, c1), (m0, m1), (KAPPA * (c0 + m0), KAPPA * (c1 + m1))))
-    terms.append(((kernels.overhead_s, 0.0),))
+    terms.append(((kernels.overhead_s + _w8a8_s(kernels, without), 0.0),))
     return envelope_of_sum(terms)
+
+
+def _w8a8_s(kernels: LayerKernels, left_out) -> float:
+    """The W8A8 linear layers' fixed time, unless the linear kernel is in `left_out` (measured apart)."""
+    return 0.0 if "linear" in left_out else kernels.w8a8_s
 
 
 def _experts_chord(kernels: LayerKernels, kernel, one: float, most: float | None) -> tuple[float, float]:
