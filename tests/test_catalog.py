@@ -32,6 +32,7 @@ from llm_planner.core.spec import (
     load_cluster,
     parse_cluster,
 )
+from llm_planner.core.spec_kinds import KIND_FIELDS, REQUIRED_KIND_FIELDS
 from llm_planner.placement.views import efficiencies, fixed_times
 
 REQUIRED_ENTRIES = (
@@ -207,10 +208,13 @@ def test_every_example_spec_loads_and_defaults_nothing(path):
 
 def test_show_cluster_states_the_fixed_times_the_costs_charge():
     """A catalog kind's serving times come from its entry; a kind with none stated gets the type's
-    step default and no time per sequence, and show-cluster prints both as the costs charge them."""
+    step default and no time per sequence, and show-cluster prints both as the costs charge them (and
+    a W8A8 layer's fixed time where the kind sets one)."""
     cluster = parse_cluster(_cluster(_plain_gpu(), {"name": "h", "catalog": "h100-sxm-80g"}))
     assert fixed_times(cluster.kind("h")) == "10 us a task, 1.2 ms a step, 51 us a sequence, 8 us a collective"
     assert fixed_times(cluster.kind("g")) == "0 s a task, 1 ms a step, 0 s a sequence, 8 us a collective"
+    w8a8 = parse_cluster(_cluster({"name": "t", "catalog": "h100-sxm-80g", "w8a8_overhead_s": "27 us"})).kind("t")
+    assert fixed_times(w8a8).endswith("8 us a collective, 27 us a W8A8 layer")
 
 
 def test_show_cluster_states_the_dequantizing_factors_a_kind_sets():
@@ -228,7 +232,13 @@ def test_an_engine_set_stands_over_its_entries_fields_and_a_stated_field_wins(tm
     entry's other figures stay, and a field the kind states itself still wins."""
     assert "tensorrt-llm" in engine_names()
     trt = engine_fields("tensorrt-llm", "h100-sxm-80g")
-    assert set(trt) == {"mem_efficiency", "step_overhead_s", "collective_overhead_s", "sequence_overhead_s"}
+    assert set(trt) == {
+        "mem_efficiency",
+        "step_overhead_s",
+        "collective_overhead_s",
+        "sequence_overhead_s",
+        "w8a8_overhead_s",
+    }
     kinds = (
         {"name": "plain", "catalog": "h100-sxm-80g"},
         {"name": "trt", "catalog": "h100-sxm-80g", "engine": "tensorrt-llm"},
@@ -240,8 +250,9 @@ def test_an_engine_set_stands_over_its_entries_fields_and_a_stated_field_wins(tm
     entry = catalog_entry("h100-sxm-80g")
     assert kind.engine == "tensorrt-llm" and plain.engine is None
     for name, value in trt.items():
-        assert getattr(kind, name) == pytest.approx(value) and getattr(plain, name) == pytest.approx(entry[name])
-        assert value != pytest.approx(entry[name]), f"{name}: the set should differ from the catalog's compromise"
+        stock = entry.get(name, 0.0)  # the catalog states no W8A8 fixed time: the kind's default, 0
+        assert getattr(kind, name) == pytest.approx(value) and getattr(plain, name) == pytest.approx(stock)
+        assert value != pytest.approx(stock), f"{name}: the set should differ from the catalog's compromise"
     assert kind.mem_bw_bytes_per_s == plain.mem_bw_bytes_per_s and kind.peak_flops == plain.peak_flops
     assert mine.step_overhead_s == pytest.approx(3e-3) and mine.sequence_overhead_s == kind.sequence_overhead_s
     path = tmp_path / "trt.yaml"
@@ -271,9 +282,10 @@ def test_an_engine_the_catalog_cannot_give_is_refused_naming_the_field(kind, mes
 
 def test_an_engine_set_fitted_per_gpu_gives_each_entry_its_own_values():
     """tensorrt-llm's H100 values are fitted on H100 runs (`by_entry`): an H100 kind gets them, an A100
-    kind the set's own; the engine's time per sequence is shorter on the H100."""
+    kind the set's own; the engine's time per sequence is shorter on the H100, and only the H100's
+    (fitted on fp8 runs) has a W8A8 fixed time."""
     h100, a100 = engine_fields("tensorrt-llm", "h100-sxm-80g"), engine_fields("tensorrt-llm", "a100-sxm-80g")
-    assert set(h100) == set(a100)
+    assert set(h100) == set(a100) | {"w8a8_overhead_s"} and h100["w8a8_overhead_s"] > 0
     assert h100["sequence_overhead_s"] < a100["sequence_overhead_s"]
     assert engine_fields("tensorrt-llm", "l40s") == a100
 
@@ -308,7 +320,7 @@ def test_every_engine_set_names_catalog_entries_and_sets_kind_fields_only():
     for engine in engine_names():
         assert set(engine_entries(engine)) <= set(catalog_names())
         for entry in engine_entries(engine):
-            assert set(engine_fields(engine, entry)) <= set(ENTRY_FIELDS)
+            assert set(engine_fields(engine, entry)) <= set(KIND_FIELDS) - set(REQUIRED_KIND_FIELDS)
 
 
 def test_a_plan_made_for_another_engine_than_its_kinds_factors_says_so(tmp_path, caplog):

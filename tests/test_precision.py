@@ -21,7 +21,8 @@ from llm_planner.core.precision import (
     uniform,
 )
 from llm_planner.core.spec import load_cluster
-from llm_planner.cost.iteration import Load, layer_kernels
+from llm_planner.cost.iteration import Load, layer_kernels, sublayer_kernels
+from llm_planner.cost.layer_pieces import layer_pieces, layer_time_s
 from llm_planner.graph.checkpoint import checkpoint_precision
 from llm_planner.graph.decoder_presets import preset_config
 from llm_planner.graph.ir import GraphError
@@ -330,3 +331,45 @@ def test_a_checkpoint_dtype_the_planner_does_not_know_is_refused_naming_it(tmp_p
 @pytest.mark.parametrize("dtype", ["auto", None])
 def test_a_checkpoint_dtype_left_to_the_weights_states_none(tmp_path, dtype):
     assert checkpoint_precision(_checkpoint(tmp_path, None, dtype)).dtype is None
+
+
+def test_w8a8_layers_add_the_kinds_fixed_time_and_weight_only_and_16_bit_layers_do_not(tmp_path):
+    """w8a8_overhead_s: a decoder layer computed in 8 bits (fp8 or int8 weights on a kind with their
+    peak) adds it once per layer, half to each sublayer; 16-bit and weight-only layers (int4, fp8 on a
+    kind with no fp8 peak) do not. A measured linear table includes it."""
+    cfg = preset_config("llama3-8b")
+    base = load_cluster(FOUR_GPUS).kind("a100-80g")
+    peaks = (*base.peak_flops, ("fp8", 2 * base.flops_for("fp16")))
+    plain = dataclasses.replace(base, peak_flops=peaks)
+    kind = dataclasses.replace(plain, w8a8_overhead_s=20e-6)
+    load = Load(decodes=16.0, decode_keys=16.0 * 1024)
+
+    def extra(k, p, part=None):
+        get = (
+            (lambda q, c: layer_kernels(cfg, q, c))
+            if part is None
+            else (lambda q, c: sublayer_kernels(cfg, q, c, part))
+        )
+        return get(p, k).time_s(load) - get(p, plain if k is kind else base).time_s(load)
+
+    for weights in ("fp8", "int8"):
+        assert extra(kind, build_precision("fp16", weights, None)) == pytest.approx(20e-6)
+        assert extra(kind, build_precision("fp16", weights, None), "attn") == pytest.approx(10e-6)
+    for weights in (None, "int4-awq"):
+        assert extra(kind, build_precision("fp16", weights, None)) == pytest.approx(0.0, abs=1e-15)
+    no_fp8 = dataclasses.replace(base, w8a8_overhead_s=20e-6)  # fp8 weight-only there (W8A16)
+    assert extra(no_fp8, build_precision("fp16", "fp8", None)) == pytest.approx(0.0, abs=1e-15)
+    kernels = layer_kernels(cfg, build_precision("fp16", "fp8", None), kind)
+    per_sequence = Load(decodes=1.0, decode_keys=1024.0)
+    fixed = min(f for f, _ in layer_pieces(kernels, per_sequence))
+    assert fixed - min(f for f, _ in layer_pieces(kernels, per_sequence, without=frozenset({"linear"}))) >= 20e-6
+    linear = next(k for k in kernels.kernels if k.name == "linear")
+    measured = layer_time_s(kernels, load, {"linear": lambda ld: kernels.kernel_s(linear, ld)})
+    assert kernels.time_s(load) - measured == pytest.approx(20e-6)
+    spec = tmp_path / "w8a8.yaml"
+    spec.write_text(
+        (SPECS / "four-gpus.yaml")
+        .read_text()
+        .replace("name: a100-80g", "name: a100-80g\n    w8a8_overhead_s: 25 us", 1)
+    )
+    assert load_cluster(str(spec)).kind("a100-80g").w8a8_overhead_s == pytest.approx(25e-6)
