@@ -12,6 +12,7 @@ import yaml
 from serving_fixtures import context, small_deepseek, workload, write_fleet
 
 from llm_planner.cli.main import main
+from llm_planner.core.precision import build_precision
 from llm_planner.core.spec import load_cluster
 from llm_planner.cost.dp_attention import dp_layer_kernels
 from llm_planner.cost.iteration import Load, layer_kernels, sublayer_kernels
@@ -49,6 +50,10 @@ def test_a_layer_is_its_own_share_but_the_routed_experts(tmp_path):
     by_hand += sum(whole.kernel_s(kr, load.times(0.5)) for kr in whole.kernels if kr.experts is None)
     by_hand += sum(mlp.kernel_s(kr, load) for kr in mlp.kernels if kr.experts is not None)
     assert dp_layer_kernels(cfg, "fp16", kind, 2, link).time_s(load) == pytest.approx(by_hand)
+    # a W8A8 layer's fixed time is paid whole on each member: it runs every projection of the layer
+    w8a8 = dataclasses.replace(kind, peak_flops=(*kind.peak_flops, ("fp8", 1e15)), w8a8_overhead_s=30e-6)
+    fp8 = build_precision("fp16", "fp8", None)
+    assert dp_layer_kernels(cfg, fp8, w8a8, 2, link).w8a8_s == pytest.approx(30e-6)
 
 
 def test_a_group_over_servers_gathers_across_their_link(tmp_path):
