@@ -286,13 +286,15 @@ def test_cpu_stages_only_when_allowed(tmp_path):
 
 
 @pytest.fixture(
-    scope="module", params=["mixed", "four-gpus", "moe", "eplb", "deepseek", "glm", "per-sequence", "fp8-cache"]
+    scope="module",
+    params=["mixed", "four-gpus", "moe", "eplb", "deepseek", "glm", "per-sequence", "fp8-cache", "w8a8"],
 )
 def bound_ctx(request, tmp_path_factory):
     """Two fleets and the bound on each: classes mixed, and the example four-GPU server where the
     bound is within a few percent of the best plan (a bound cut too low fails there); the mixed
-    fleet again with an engine time per sequence on every GPU kind (the head's pieces carry it), and
-    with an fp8 KV cache one kind reads at the 16-bit cache's time (kv_dequant_factor)."""
+    fleet again with an engine time per sequence on every GPU kind (the head's pieces carry it),
+    with an fp8 KV cache one kind reads at the 16-bit cache's time (kv_dequant_factor), and with
+    fp8 weights (W8A8) on kinds with an fp8 peak, one of them paying a fixed time a layer for it."""
     if request.param == "per-sequence":
         text = SMALL_FLEET.replace("step_overhead_s: 0.5 ms}", "step_overhead_s: 0.5 ms, sequence_overhead_s: 40 us}")
         assert text.count("sequence_overhead_s") == 2
@@ -301,6 +303,12 @@ def bound_ctx(request, tmp_path_factory):
         text = SMALL_FLEET.replace("step_overhead_s: 0.5 ms}", "step_overhead_s: 0.5 ms, kv_dequant_factor: 2}", 1)
         cluster = load_cluster(write_fleet(tmp_path_factory.mktemp("bound"), text))
         assert sorted(k.kv_dequant_factor for k in cluster.device_kinds if k.type == "gpu") == [1.0, 2.0]
+    elif request.param == "w8a8":
+        text = SMALL_FLEET.replace("{fp16: 300 TFLOP/s}", "{fp16: 300 TFLOP/s, fp8: 600 TFLOP/s}")
+        text = text.replace("{fp16: 120 TFLOP/s}", "{fp16: 120 TFLOP/s, fp8: 240 TFLOP/s}")
+        text = text.replace("step_overhead_s: 0.5 ms}", "step_overhead_s: 0.5 ms, w8a8_overhead_s: 20 us}", 1)
+        cluster = load_cluster(write_fleet(tmp_path_factory.mktemp("bound"), text))
+        assert sorted(k.w8a8_overhead_s for k in cluster.device_kinds if k.type == "gpu") == pytest.approx([0.0, 2e-5])
     elif request.param in ("mixed", "moe", "eplb", "deepseek", "glm"):
         cluster = load_cluster(write_fleet(tmp_path_factory.mktemp("bound")))
     else:
@@ -319,6 +327,7 @@ def bound_ctx(request, tmp_path_factory):
         "deepseek": (small_deepseek(), 0.03),
         "glm": (small_glm(), 0.03),  # GLM-4.5's dense first layer beside grouped-query attention
         "fp8-cache": ("gpt2-xl", 0.01),
+        "w8a8": ("gpt2-xl", 0.01),
     }[request.param]
     config = model if isinstance(model, DecoderConfig) else preset_config(model)
     # a mixture of experts' groups with data-parallel attention both ways: gathers and DeepEP
@@ -327,7 +336,9 @@ def bound_ctx(request, tmp_path_factory):
         load = ExpertLoad(source="skewed", layers=(tuple(float(120 - 2 * e) for e in range(60)),))
         skew = {"dp_imbalance": load.dp_imbalance(4), "expert_imbalance": load.expert_imbalance()}
         options = ServingOptions(deepep=True, eplb=4, expert_picks=load.picks(config.experts_per_token), **skew)
-    precision = build_precision("fp16", None, "fp8") if request.param == "fp8-cache" else "fp16"
+    precision = {"fp8-cache": build_precision("fp16", None, "fp8"), "w8a8": build_precision("fp16", "fp8", None)}.get(
+        request.param, "fp16"
+    )
     ctx = ServingContext(cluster, config, workload(256, 128, tpot_s), precision, options)
     # each of the three bounds on its own (tokens_upper_bound is their least, with a cell bound whose
     # refinement may stop early, so at least the full one here)
