@@ -5,15 +5,17 @@
 
 The catalog's own factors (benchmarks/fit_catalog.py) are a compromise of two engines: vLLM at 10
 in flight and TensorRT-LLM under NIM at 1 to 250. This script fits the same four factors (memory
-efficiency, step overhead, per-call collective overhead, time per sequence) on TensorRT-LLM's
-calibration runs on one GPU alone (benchmarks/fidelity_grid.py's `use_of`, those the model fits in
+efficiency, step overhead, per-call collective overhead, time per sequence), and more below, on
+TensorRT-LLM's calibration runs on one GPU alone (benchmarks/fidelity_grid.py's `use_of`, those the model fits in
 memory): on A100 (the default) every run of the NIM grid there, 1 to 250 in flight; on H100 its runs
 below the issue's range, 1 to 25 in flight. Both by the same Gauss-Newton from the catalog's A100
-values (fit_catalog.gauss_newton). Where fp8 runs calibrate (H100: half its runs), a fifth factor is
-fitted with the four, from 0: the fixed time per decoder layer of fp8's own linear-layer kernels
-(`w8a8_overhead_s`), which only those runs depend on. The A100 values were fitted first and stood for the H100 too
-until the H100's own were fitted: the engine's fixed and per-sequence times are shorter on H100
-(benchmarks/grid_gpu_ratio.py), which one set for both GPUs cannot follow.
+values (fit_catalog.gauss_newton). With them, from 0: decode attention's least time per key of a
+sequence (`decode_key_s`), which the runs with long contexts and few sequences in flight show; and
+where fp8 runs calibrate (H100: half its runs), the fixed time per decoder layer of fp8's own
+linear-layer kernels (`w8a8_overhead_s`), which only those runs depend on. The A100 values were
+fitted first and stood for the H100 too until the H100's own were fitted: the engine's fixed and
+per-sequence times are shorter on H100 (benchmarks/grid_gpu_ratio.py), which one set for both GPUs
+cannot follow.
 The set is fitted on the runs scored in the steady state (`--fit-on steady`, the default, which
 reproduces it), as it was before the grid was scored as the closed loop genai-perf ran (fidelity_grid);
 fitted on the A100 runs scored as that closed loop (`--fit-on closed-loop`) the held-out runs come
@@ -90,7 +92,8 @@ def main() -> int:
     facts = provenance.start(sys.argv)
     with Pool(2) as pool:
         calibration = fit_catalog.grid_runs("calibration", args.gpu, closed_loop=args.fit_on == "closed-loop")
-        factors = fit_catalog.FACTORS + ((fit_catalog.W8A8_FACTOR,) if any(fp8(r) for r in calibration) else ())
+        w8a8 = (fit_catalog.W8A8_FACTOR,) if any(fp8(r) for r in calibration) else ()
+        factors = fit_catalog.FACTORS + w8a8 + (fit_catalog.DECODE_KEY_FACTOR,)
         problem = fit_catalog.Problem(pool, {f"NIM grid, {args.gpu}": calibration}, factors)
         _, fitted = fit_catalog.fit_factors(problem)
         held = fit_catalog.grid_runs("held_out")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -75,15 +76,34 @@ def test_layer_time_is_the_kernels_sum_and_a_mixed_iteration_reads_the_weights_o
     ratio=st.floats(0.0, 20.0),
     context=st.floats(1.0, 8000.0),
     b=st.floats(0.0, 4096.0),
+    floor=st.sampled_from([0.0, 8e-9, 2e-7]),
 )
-def test_pieces_are_the_exact_layer_time_at_every_batch(k, ratio, context, b):
-    ks = layer_kernels(CFG, "fp16", KIND, k, LINK if k > 1 else None)
+def test_pieces_are_the_exact_layer_time_at_every_batch(k, ratio, context, b, floor):
+    kind = dataclasses.replace(KIND, decode_key_s=floor)  # with decode attention's floor per key or not
+    ks = layer_kernels(CFG, "fp16", kind, k, LINK if k > 1 else None)
     per_seq = Load(decodes=1, decode_keys=context, prompt_tokens=ratio, prompt_keys=ratio * 200)
     pieces = layer_pieces(ks, per_seq)
     expected = ks.time_s(per_seq.times(b))
     got = max(f + s * b for f, s in pieces) if b > 0 else 0.0
     assert got == pytest.approx(expected, rel=1e-9, abs=1e-15)
     assert all(f >= 0 and s >= 0 for f, s in pieces)
+
+
+def test_decode_attention_takes_at_least_a_sequences_keys_times_the_kinds_time_per_key():
+    """decode_key_s: one sequence of 7,000 keys takes at least 7,000 times it however few bytes that
+    is; many sequences' bytes outrun the floor, which stays a sequence's keys (the mean's)."""
+    kind = dataclasses.replace(KIND, decode_key_s=8e-9)
+    ks, plain = layer_kernels(CFG, "fp16", kind), layer_kernels(CFG, "fp16", KIND)
+    dec = _kernel(ks, "attn_decode")
+    one = Load(decodes=1, decode_keys=7000)
+    assert ks.kernel_s(dec, one) == pytest.approx(7000 * 8e-9)  # 56 us where the bytes take 28.7 us
+    c, m = plain.kernel_terms(dec, one.vector())
+    assert plain.kernel_s(dec, one) == pytest.approx(max(c, m, KAPPA * (c + m)))
+    assert plain.kernel_s(dec, one) < 7000 * 8e-9
+    many = Load(decodes=64, decode_keys=64 * 7000)
+    assert ks.kernel_s(dec, many) == plain.kernel_s(dec, many) > 7000 * 8e-9
+    assert ks.time_s(one) - plain.time_s(one) == pytest.approx(7000 * 8e-9 - plain.kernel_s(dec, one))
+    assert ks.kernel_s(dec, Load(prompt_tokens=100, prompt_keys=5000)) == 0.0  # no decodes, no floor
 
 
 def test_envelope_of_a_sum_by_hand():

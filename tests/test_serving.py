@@ -294,7 +294,8 @@ def bound_ctx(request, tmp_path_factory):
     bound is within a few percent of the best plan (a bound cut too low fails there); the mixed
     fleet again with an engine time per sequence on every GPU kind (the head's pieces carry it),
     with an fp8 KV cache one kind reads at the 16-bit cache's time (kv_dequant_factor), and with
-    fp8 weights (W8A8) on kinds with an fp8 peak, one of them paying a fixed time a layer for it."""
+    fp8 weights (W8A8) on kinds with an fp8 peak, one of them paying a fixed time a layer for it and
+    a floor on decode attention per key of a sequence (decode_key_s)."""
     if request.param == "per-sequence":
         text = SMALL_FLEET.replace("step_overhead_s: 0.5 ms}", "step_overhead_s: 0.5 ms, sequence_overhead_s: 40 us}")
         assert text.count("sequence_overhead_s") == 2
@@ -306,7 +307,8 @@ def bound_ctx(request, tmp_path_factory):
     elif request.param == "w8a8":
         text = SMALL_FLEET.replace("{fp16: 300 TFLOP/s}", "{fp16: 300 TFLOP/s, fp8: 600 TFLOP/s}")
         text = text.replace("{fp16: 120 TFLOP/s}", "{fp16: 120 TFLOP/s, fp8: 240 TFLOP/s}")
-        text = text.replace("step_overhead_s: 0.5 ms}", "step_overhead_s: 0.5 ms, w8a8_overhead_s: 20 us}", 1)
+        fixed = "step_overhead_s: 0.5 ms, w8a8_overhead_s: 20 us, decode_key_s: 50 ns}"
+        text = text.replace("step_overhead_s: 0.5 ms}", fixed, 1)
         cluster = load_cluster(write_fleet(tmp_path_factory.mktemp("bound"), text))
         assert sorted(k.w8a8_overhead_s for k in cluster.device_kinds if k.type == "gpu") == pytest.approx([0.0, 2e-5])
     elif request.param in ("mixed", "moe", "eplb", "deepseek", "glm"):

@@ -128,6 +128,10 @@ class DeviceKindSpec:
     # the fixed time per decoder layer its own kernels add (quantizing each projection's input,
     # scaling its output), on top of overhead_s; 0 unless set (docs/cluster-spec.md).
     w8a8_overhead_s: float = 0.0
+    # Serving, decode attention: the least time per key of one sequence's KV cache (an engine whose
+    # decode kernel streams one sequence's cache on a few of the GPU's cores takes at least a
+    # sequence's keys times this, however few sequences run); 0 unless set (docs/cluster-spec.md).
+    decode_key_s: float = 0.0
     # Where its figures came from (not figures themselves, so kinds compare by their numbers alone):
     # the catalog entry it names, the engine whose factor set it takes over the entry's, and the
     # fields the loader filled with a type's default.

@@ -92,6 +92,7 @@ KIND_FIELDS: dict[str, Callable[[Reader, str], Any]] = {
     "dequant_factor": _factor,
     "kv_dequant_factor": _factor,
     "w8a8_overhead_s": _seconds,
+    "decode_key_s": _seconds,
 }
 # The fields a kind must have, stated or from its catalog entry.
 REQUIRED_KIND_FIELDS = ("type", "peak_flops", "mem_bytes", "mem_bw_bytes_per_s")

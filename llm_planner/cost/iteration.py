@@ -43,7 +43,10 @@ Each compute kernel's time is its own roofline with a rounded corner,
 
     t = max(c, m, KAPPA (c + m)),  c = FLOPs / (peak ce),  m = bytes / (bw me),
 
-(`KAPPA` below), the memory-only kernels' time is m, a collective's its fixed time plus its bytes
+(`KAPPA` below), the memory-only kernels' time is m, decode attention's at least its sequences'
+mean keys times the kind's `decode_key_s` (an engine whose decode kernel streams one sequence's
+cache on a few of the GPU's cores: at few sequences it cannot reach the GPU's bandwidth; for loads
+proportional to b sequences a constant, so one more affine piece), a collective's its fixed time plus its bytes
 over the link (a collective run in calls of at most `chunk` tokens, llm_planner.cost.dp_attention's
 DeepEP dispatch and combine, pays the fixed time once per chunk: max(1, tokens / chunk) times, a
 maximum of two affine terms), and the layer's time is the kind's per-task overhead (and under
@@ -125,6 +128,8 @@ class Kernel:
     # a collective run in calls of at most `chunk` tokens of the load (its fixed time paid once per
     # call, at least once); 0: one call whatever the tokens (llm_planner.cost.dp_attention)
     chunk: float = 0.0
+    # decode attention: at least a sequence's keys times the layer's decode_key_s (module docstring)
+    key_floor: bool = False
 
     def calls(self, tokens: float) -> float:
         """Calls of the kernel on `tokens` tokens, fractional past the first (module docstring)."""
@@ -150,6 +155,7 @@ class LayerKernels:
     # the W8A8 linear layers' fixed time (the kind's w8a8_overhead_s; module docstring): part of the
     # linear kernel's time, left out with it where a measured table times the linear layers
     w8a8_s: float = 0.0
+    decode_key_s: float = 0.0  # the kind's least time per key of one sequence's decode attention
 
     @property
     def exact(self) -> bool:
@@ -170,7 +176,15 @@ class LayerKernels:
         if kernel.collective:
             tokens = load.decodes + load.prompt_tokens
             return c * kernel.calls(tokens) + m if tokens > 0 else 0.0
-        return max(c, m, KAPPA * (c + m)) if c > 0 and m > 0 else c + m
+        t = max(c, m, KAPPA * (c + m)) if c > 0 and m > 0 else c + m
+        return max(t, self.key_floor_s(kernel, load.decodes, load.decode_keys))
+
+    def key_floor_s(self, kernel: Kernel, decodes: float, keys: float) -> float:
+        """The decode attention's floor on `decodes` sequences reading `keys` keys in all: their mean
+        keys a sequence times decode_key_s (0 for other kernels and without decodes)."""
+        if not kernel.key_floor or not self.decode_key_s or decodes <= 0:
+            return 0.0
+        return keys / decodes * self.decode_key_s
 
     def time_s(self, load: Load) -> float:
         """The layer's time on `load` (0 when it carries no token)."""
@@ -248,6 +262,7 @@ def _member_kernels(
         link_bytes_per_s=link.bw_bytes_per_s * kind.collective_bw_efficiency if k > 1 else 1.0,
         overhead_s=kind.overhead_s,
         w8a8_s=_w8a8_share(p, kind, parts),
+        decode_key_s=kind.decode_key_s,
     )
 
 
@@ -366,7 +381,12 @@ def _kernels(
 def _attention_kernels(a: float, kv: float, b: float, kvb: float, k: int) -> list[Kernel]:
     """Decode and prefill attention of a member of k (module docstring): a / k query and kv / k KV widths."""
     return [
-        Kernel("attn_decode", _vec(0, 0, 4 * a / k, 0, 0), _vec(0, b * (2 * a + 2 * kv) / k, 2 * kv * kvb / k, 0, 0)),
+        Kernel(
+            "attn_decode",
+            _vec(0, 0, 4 * a / k, 0, 0),
+            _vec(0, b * (2 * a + 2 * kv) / k, 2 * kv * kvb / k, 0, 0),
+            key_floor=True,
+        ),
         Kernel(
             "attn_prefill", _vec(0, 0, 0, 0, 4 * a / k), _vec(0, 0, 0, (b * (2 * a + 2 * kv) + kvb * 2 * kv) / k, 0)
         ),
@@ -382,6 +402,7 @@ def _mla_kernels(cfg: DecoderConfig, b: float, kvb: float, k: int) -> list[Kerne
             "attn_decode",
             _vec(0, 0, mla.decode_flops_per_key(cfg, k), 0, 0),
             _vec(0, b * mla.decode_io_per_token(cfg, k), cache * kvb, 0, 0),
+            key_floor=True,
         ),
         Kernel(
             "attn_prefill",

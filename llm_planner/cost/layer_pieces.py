@@ -46,12 +46,14 @@ def layer_pieces(
         c1, m1 = kernels.kernel_terms(kernel, slope_x)
         low, slope = _experts_chord(kernels, kernel, one, most)  # routed experts' reads, below them
         m0, m1 = m0 + low - slope, m1 + slope
+        # decode attention's floor: a sequence's keys times decode_key_s, the same at every b
+        floor = ((kernels.key_floor_s(kernel, per_sequence.decodes, per_sequence.decode_keys), 0.0),)
         if kernel.collective and kernel.chunk:  # a call per chunk of tokens, at least one
             terms.append(((c0 + m0, c1 + m1), (m0, c1 + m1 + c0 * one / kernel.chunk)))
         elif kernel.collective or c0 + c1 == 0 or m0 + m1 == 0:
-            terms.append(((c0 + m0, c1 + m1),))
+            terms.append(((c0 + m0, c1 + m1), *floor))
         else:
-            terms.append(((c0, c1), (m0, m1), (KAPPA * (c0 + m0), KAPPA * (c1 + m1))))
+            terms.append(((c0, c1), (m0, m1), (KAPPA * (c0 + m0), KAPPA * (c1 + m1)), *floor))
     terms.append(((kernels.overhead_s + _w8a8_s(kernels, without), 0.0),))
     return envelope_of_sum(terms)
 

@@ -147,8 +147,9 @@ def _kinds_table(cluster: ClusterSpec) -> Table:
         "the factors on weight-only kernels' compute (dequant_factor) and on an fp8 KV cache's read time "
         "(kv_dequant_factor) where the spec sets them; "
         "fixed times: per task (a decoder layer in serving), per serving iteration of a stage, per sequence in a "
-        "serving iteration, per collective call, and per decoder layer whose linear layers compute in 8 bits "
-        "(w8a8_overhead_s) where it is set; figures from: the spec, or the GPU catalog entry it names and the "
+        "serving iteration, per collective call, and where they are set per decoder layer whose linear layers "
+        "compute in 8 bits (w8a8_overhead_s) and decode attention's least per key of a sequence (decode_key_s); "
+        "figures from: the spec, or the GPU catalog entry it names and the "
         "engine factor set it takes over the entry's (its own fields win)"
     )
     return kinds
@@ -169,7 +170,8 @@ def efficiencies(kind: DeviceKindSpec) -> str:
 
 def fixed_times(kind: DeviceKindSpec) -> str:
     """The kind's fixed times as the costs charge them (defaults included): per task, per serving
-    step, per sequence in a serving step, per collective call; per W8A8 decoder layer where set."""
+    step, per sequence in a serving step, per collective call; per W8A8 decoder layer and decode
+    attention's least per key of a sequence where set."""
 
     def t(seconds: float) -> str:
         return fmt_s(seconds) if seconds > 0 else "0 s"
@@ -178,7 +180,8 @@ def fixed_times(kind: DeviceKindSpec) -> str:
         f"{t(kind.overhead_s)} a task, {t(kind.serving_step_s)} a step, "
         f"{t(kind.serving_sequence_s)} a sequence, {t(kind.collective_call_s)} a collective"
     )
-    return text + (f", {t(kind.w8a8_overhead_s)} a W8A8 layer" if kind.w8a8_overhead_s else "")
+    text += f", {t(kind.w8a8_overhead_s)} a W8A8 layer" if kind.w8a8_overhead_s else ""
+    return text + (f", at least {t(kind.decode_key_s)} a key of a decoding sequence" if kind.decode_key_s else "")
 
 
 def kind_source(kind: DeviceKindSpec) -> str:
