@@ -66,8 +66,8 @@ FACTORS = (
 # The W8A8 linear layers' fixed time per decoder layer, fitted as a fifth factor where fp8 runs
 # calibrate (fit_engine.py on H100); the catalog's fit has none and leaves it unset.
 W8A8_FACTOR = ("w8a8_overhead_s", 1e-6, "us", 1.0)
-# Decode attention's least time per key of a sequence, fitted with one engine's factors
-# (fit_engine.py: TensorRT-LLM's runs show it); the catalog's fit has none and leaves it unset.
+# Decode attention's least time per key of a sequence, fitted with one engine's factors on request
+# (fit_engine.py --fit-decode-key); no fit the catalog or a set takes has it.
 DECODE_KEY_FACTOR = ("decode_key_s", 1e-9, "ns", 1.0)
 FITTED_GPUS = ("a100-sxm-40g", "a100-sxm-80g", "h100-sxm-80g")
 MAX_STEPS = 8

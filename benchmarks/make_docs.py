@@ -97,6 +97,23 @@ values (its `by_entry`), judged on the same held-out runs, the H100's at 50-250 
         "--out benchmarks/results/fit_engine_closed_loop",
     ),
     Section(
+        "fit_engine_decode_key",
+        "TensorRT-LLM's factors fitted with decode attention's least time per key, on A100",
+        """The fit of the section "TensorRT-LLM's factors fitted on its own runs" with one more factor,
+decode attention's least time per key of a sequence (`decode_key_s`, docs/cluster-spec.md), judged
+the same way; the set does not take it (docs/fidelity.md, "Where it stands").""",
+        ".venv/bin/python benchmarks/fit_engine.py --fit-decode-key --out benchmarks/results/fit_engine_decode_key",
+    ),
+    Section(
+        "fit_engine_h100_decode_key",
+        "TensorRT-LLM's H100 factors fitted with decode attention's least time per key",
+        """The H100's fit with one more factor, decode attention's least time per key of a sequence
+(`decode_key_s`), judged the same way; the set does not take it (docs/fidelity.md, "Where it
+stands").""",
+        ".venv/bin/python benchmarks/fit_engine.py --gpu h100-sxm-80g --fit-decode-key "
+        "--out benchmarks/results/fit_engine_h100_decode_key",
+    ),
+    Section(
         "fit_grid_admission",
         "The NIM grid's token budget and front end, fitted on its calibration runs",
         """\
