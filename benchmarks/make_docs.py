@@ -99,7 +99,7 @@ values (its `by_entry`), judged on the same held-out runs, the H100's at 50-250 
     Section(
         "fit_engine_decode_key",
         "TensorRT-LLM's factors fitted with decode attention's least time per key, on A100",
-        """The fit of the section "TensorRT-LLM's factors fitted on its own runs" with one more factor,
+        """The fit of the section "TensorRT-LLM's factor set, fitted on its own runs" with one more factor,
 decode attention's least time per key of a sequence (`decode_key_s`, docs/cluster-spec.md), judged
 the same way; the set does not take it (docs/fidelity.md, "Where it stands").""",
         ".venv/bin/python benchmarks/fit_engine.py --fit-decode-key --out benchmarks/results/fit_engine_decode_key",
