@@ -147,7 +147,7 @@ class Problem:
         return fields_of(x, self.factors)
 
     def ratios(self, x: np.ndarray | None) -> np.ndarray:
-        got = scores(self.pool, self.rows, None if x is None else fields_of(x, self.factors))
+        got = scores(self.pool, self.rows, None if x is None else self.fields_of(x))
         return np.array([g["tpot_s"] for g in got]) / self.measured
 
 

@@ -46,8 +46,10 @@ def layer_pieces(
         c1, m1 = kernels.kernel_terms(kernel, slope_x)
         low, slope = _experts_chord(kernels, kernel, one, most)  # routed experts' reads, below them
         m0, m1 = m0 + low - slope, m1 + slope
-        # decode attention's floor: a sequence's keys times decode_key_s, the same at every b
-        floor = ((kernels.key_floor_s(kernel, per_sequence.decodes, per_sequence.decode_keys), 0.0),)
+        # decode attention's floor: a sequence's keys times decode_key_s, the same at every b (no
+        # piece where it is 0)
+        least = kernels.key_floor_s(kernel, per_sequence.decodes, per_sequence.decode_keys)
+        floor = ((least, 0.0),) if least else ()
         if kernel.collective and kernel.chunk:  # a call per chunk of tokens, at least one
             terms.append(((c0 + m0, c1 + m1), (m0, c1 + m1 + c0 * one / kernel.chunk)))
         elif kernel.collective or c0 + c1 == 0 or m0 + m1 == 0:
