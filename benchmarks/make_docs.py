@@ -164,6 +164,20 @@ is mostly how far the decode step is from the engine's.""",
         ".venv/bin/python benchmarks/grid_decode_share.py",
     ),
     Section(
+        "grid_ttft_probes",
+        "Four readings of the grid's closed loop",
+        """\
+`benchmarks/grid_ttft_probes.py` rescores the NIM grid's runs that fit the model's memory under four
+readings of the closed loop genai-perf ran: as the fidelity benchmark scores it; with the cold start
+(the first C requests to end) left out; with the front end's time a request grown by a time a prompt
+token; with context chunking on. Each reading's budget and front end (and time a prompt token) are
+chosen on each GPU's calibration runs as `fit_grid_admission.py` chooses them; the held-out runs (H100
+at 50-250 in flight) are scored at the H100's choice, and at the reading's best candidate for them
+(what no calibration picks). The last column counts the A100's runs of 2,000-token prompts at 50 in
+flight and more within 30% at the A100's choice. Nothing is kept from it.""",
+        ".venv/bin/python benchmarks/grid_ttft_probes.py",
+    ),
+    Section(
         "grid_gpu_ratio",
         "How much faster the grid's engine runs on H100 than on A100, measured and modelled",
         """\
