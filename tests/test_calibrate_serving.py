@@ -285,6 +285,34 @@ def _refused(capsys, argv: list[str], *words: str) -> str:
     return err
 
 
+def test_a_replica_that_cannot_hold_the_model_is_refused(tmp_path, capsys):
+    """Llama-2 7B in fp16 (13.5 GB of weights) on one 8 GB device: no engine ran it there, so the fit
+    is refused naming the file and the replica, not driven to whatever factors match the numbers."""
+    result = tmp_path / "vllm.json"
+    result.write_text(json.dumps(_vllm(8, 0.02, 400.0, 0.05)))
+    argv = ["calibrate", "--serving", "--cluster", _spec(tmp_path, "spec.yaml"), "--model", "llama2-7b"]
+    argv += [str(result), "--replica", "1 x smallbox/small", "-o", str(tmp_path / "out.yaml")]
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{result}: the replica '1 x smallbox/small' cannot hold the model even with one sequence" in err
+    assert "check --replica, --weights and --dtype" in err
+    assert not (tmp_path / "out.yaml").exists()
+
+
+def test_the_spec_it_corrects_is_not_written_over(tmp_path, capsys):
+    """-o naming the --cluster spec (or another spelling of it) is refused before anything is fitted."""
+    files, replicas = _measurements(tmp_path, capsys)
+    spec = _spec(tmp_path, "spec.yaml")
+    before = Path(spec).read_text()
+    argv = ["calibrate", "--serving", "--cluster", spec, "--model", "llama2-7b", *files]
+    for r in replicas:
+        argv += ["--replica", r]
+    for out in (spec, str(tmp_path / "." / "spec.yaml")):
+        assert main([*argv, "-o", out]) == 2
+        assert "is the input --cluster" in capsys.readouterr().err
+    assert Path(spec).read_text() == before
+
+
 def test_bad_inputs_exit_2_naming_the_file_and_the_key(tmp_path, capsys):
     spec = _spec(tmp_path, "spec.yaml")
     base = ["calibrate", "--serving", "--cluster", spec, "--model", "llama2-7b", "-o", str(tmp_path / "o.yaml")]

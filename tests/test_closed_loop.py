@@ -178,6 +178,18 @@ def test_a_prompt_in_chunks_keeps_its_room():
     assert (got.ttft_s, got.tpot_s, got.tokens_per_s) == pytest.approx((3.5, 1.0, 4 / 6))
 
 
+def test_no_more_sequences_run_than_the_budget_has_tokens():
+    """Budget 1: one sequence at a time, 16,384 sent at once. Iterations of 1 ms: request k has its
+    first token at 2k + 1 ms and ends 1 ms later, so TTFT is the mean of 2k + 1 over k (16.384 s), TPOT
+    1 ms, 1,000 tokens/s; the waiting queue of requests all there is walked once an iteration, not
+    once a request (seconds, not minutes)."""
+    got = closed_loop(
+        lambda d, q: 1e-3, concurrency=16384, prompt_len=1, output_len=2, token_budget=1, chunked_prefill=True, rounds=1
+    )
+    assert (got.max_running, got.requests) == (1, 16384)
+    assert (got.ttft_s, got.tpot_s, got.tokens_per_s) == pytest.approx((16.384, 1e-3, 1000.0))
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -119,6 +119,18 @@ def test_bad_names_exit_2(tmp_path, capsys, gpu, extra, message):
     assert message in capsys.readouterr().err.replace("\n", "")
 
 
+def test_a_table_it_reads_is_not_written_over(tmp_path, capsys):
+    """-o naming a file of the profiling folder read is refused and the table kept; a new file there,
+    or one outside, is written."""
+    mlp = write_vidur(tmp_path / "vidur")
+    before = mlp.read_text()
+    argv = ["import", "vidur", str(tmp_path / "vidur"), "--gpu", "a100", "--model", MODEL]
+    assert main([*argv, "-o", str(mlp)]) == 2
+    assert "the folder of Vidur's tables this command reads" in capsys.readouterr().err
+    assert mlp.read_text() == before
+    assert main([*argv, "-o", str(mlp.parent / "profile.yaml")]) == 0
+
+
 def test_the_written_profile_plans_and_verifies(tmp_path):
     write_vidur(tmp_path / "vidur")
     rc, profile = _import(tmp_path, "--kind", "g")

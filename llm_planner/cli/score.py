@@ -255,7 +255,7 @@ def _closed_loop_text(score: ReplicaScore) -> str:
     how = [f"all {score.ev.concurrency + score.queued} sent at once, each resent as it ends"]
     if got.front_end_s:
         how.append(f"through a front end of {fmt_s(got.front_end_s)} a request")
-    if score.queued:
+    if got.max_running < score.ev.concurrency + score.queued:
         how.append(f"at most {got.max_running} running")
     return (
         f"closed loop ({got.requests} requests, {', '.join(how)}): "

@@ -4,6 +4,7 @@ serving profile, version 2 (llm_planner.cost.vidur; docs/serving.md)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import yaml
 from rich.console import Console
@@ -26,12 +27,24 @@ def add_vidur_parser(formats) -> None:
     v.add_argument("--kind", help="the cluster spec's device kind the profile is for (default: the --gpu name)")
 
 
+def _check_outside_profiles(output: str, checkout: str) -> None:
+    """-o must not name a file of the profiling folder the command reads: writing there would destroy
+    one of Vidur's tables."""
+    out, read = Path(output), Path(checkout) / "data" / "profiling"
+    if out.exists() and read.is_dir() and out.resolve().is_relative_to(read.resolve()):
+        raise VidurError(
+            f"{output}: is inside {read}, the folder of Vidur's tables this command reads: writing there "
+            "would destroy one; name a file outside it"
+        )
+
+
 def cmd_import_vidur(args: argparse.Namespace, console: Console) -> int:
     if args.kind is not None:
         try:
             as_safe_name(args.kind)
         except ValueError as exc:
             raise VidurError(f"--kind: {exc}") from None
+    _check_outside_profiles(args.output, args.dir)
     check_writable(args.output)
     text = vidur_profile_yaml(args.dir, args.gpu, args.model, kind=args.kind)
     try:

@@ -163,13 +163,15 @@ def _case(cluster, config, obs: ServingObservation, settings: ServingSettings, g
         )
     if settings.closed_loop:
         _check_closed_loop(obs, micro_batches, concurrency)
+    layers = _split(ctx, layout, obs, concurrency, micro_batches, stages)
+    _check_holds_weights(ctx, layout, obs, text, layers, micro_batches)
     return ServingCase(
         obs=obs,
         replica=describe(layout, ctx.by_name),
         layout=layout,
         concurrency=concurrency,
         micro_batches=micro_batches,
-        layers=_split(ctx, layout, obs, concurrency, micro_batches, stages),
+        layers=layers,
         workload=workload,
         options=options,
         dtype=settings.dtype,
@@ -196,6 +198,20 @@ def _check_closed_loop(obs: ServingObservation, micro_batches: int, concurrency:
     if len(obs.requests) != 1:
         raise ServingResultError(
             f"{obs.source}: --closed-loop sends requests of one shape; this run has {len(obs.requests)}"
+        )
+
+
+def _check_holds_weights(ctx: ServingContext, layout: Layout, obs, text: str, layers, micro_batches: int) -> None:
+    """The run's engine held the model on the replica, so a replica whose stages cannot hold their
+    layers with one sequence a micro-batch (weights, workspace) is not the one it ran: a wrong
+    --replica or --weights, which a fit would hide by driving the factors anywhere."""
+    caps = ctx.replica(layout).caps(micro_batches, micro_batches)
+    over = [s for s, (n, cap) in enumerate(zip(layers, caps)) if n > cap]
+    if over:
+        held = ", ".join(f"stage {s}: {layers[s]} layers, holds {caps[s]}" for s in over)
+        raise ServingResultError(
+            f"{obs.source}: the replica {text!r} cannot hold the model even with one sequence in flight "
+            f"({held}): the engine ran on another; check --replica, --weights and --dtype"
         )
 
 

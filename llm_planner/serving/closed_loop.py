@@ -37,7 +37,9 @@ sequence's cache at its full context, so `max_running` is the number of full con
 TensorRT-LLM's default admission (`GUARANTEED_NO_EVICT` reserves a request's whole length when it
 starts it). vLLM and SGLang admit on the blocks in use and preempt a sequence when they run out: they
 hold more at once (up to what memory holds at the sequences' mean context) and recompute the
-preempted ones, which this simulation does not model.
+preempted ones, which this simulation does not model. An iteration's decodes count in its budget,
+so no more sequences than the budget's tokens run at once either (vLLM refuses a `--max-num-seqs`
+above `--max-num-batched-tokens`): `max_running` is at most the budget.
 
 The figures are those the load generators report, over every request of `rounds` x C:
 
@@ -68,7 +70,7 @@ class ClosedLoopResult:
     tokens_per_s: float
     requests: int
     iterations: int
-    max_running: int  # the most sequences running at once (C where memory holds them all)
+    max_running: int  # the most sequences running at once (C where memory and the budget hold them all)
     front_end_s: float  # the front end's time a request (0: the requests reach the engine as sent)
 
 
@@ -151,7 +153,7 @@ def closed_loop(
     docstring). Requests in step are kept as cohorts, and a stretch of iterations that admits no
     prompt and ends no request is stepped over at once: the time grows with the events, not with
     the iterations."""
-    running_cap = concurrency if max_running is None else min(max_running, concurrency)
+    running_cap = min(concurrency, token_budget, concurrency if max_running is None else max_running)
     if min(concurrency, prompt_len, output_len, token_budget, rounds, running_cap) < 1 or front_end_s < 0:
         raise ValueError(
             "a closed loop needs at least one sequence, prompt token, output token, budget token and round, "
@@ -198,10 +200,21 @@ def closed_loop(
 def _quiet_steps(running: list[_Cohort], waiting: list[_Cohort], output_len: int, now: float, iteration: float) -> int:
     """Decode-only iterations until one ends a request or one starts after a request reaches the engine."""
     steps = min(output_len - c.tokens for c in running)
-    arrival = min((c.next_arrival_s(now) for c in waiting), default=math.inf)
+    arrival = _next_arrival_s(waiting, now)
     if arrival < math.inf:
         steps = min(steps, max(1, math.ceil((arrival - now) / iteration - 1e-9)))
     return steps
+
+
+def _next_arrival_s(waiting: list[_Cohort], now: float) -> float:
+    """When the next request not yet at the engine reaches it (inf: every waiting one has). The front
+    end passes requests on in the order sent, so the cohorts reach the engine in list order: those not
+    all there are a tail of the list, and its first holds the next arrival. The tail is walked from
+    the end; a queue of requests that have all arrived (an engine that is full) costs one look."""
+    first = len(waiting)
+    while first > 0 and waiting[first - 1].next_arrival_s(now) < math.inf:
+        first -= 1
+    return waiting[first].next_arrival_s(now) if first < len(waiting) else math.inf
 
 
 def _admit(
