@@ -36,6 +36,9 @@ def wide_console(monkeypatch):
     monkeypatch.setattr(cli_main, "console", cli_main.LiteralConsole(width=400))
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
 def _spec(tmp_path, name: str, **big) -> str:
     """The small fleet (serving_fixtures) with the "big" kind's fields set."""
     data = yaml.safe_load(SMALL_FLEET)
@@ -285,6 +288,42 @@ def _refused(capsys, argv: list[str], *words: str) -> str:
     return err
 
 
+def _vllm_8b(c: int, tokens_per_s: float, ttft_ms: float, tpot_ms: float) -> dict:
+    """A `vllm bench serve` result of Llama-3 8B: 320 prompts of 1,024 tokens and 256 out at C in flight."""
+    return {
+        "backend": "vllm",
+        "model_id": "meta-llama/Meta-Llama-3-8B-Instruct",
+        "num_prompts": 320,
+        "request_rate": "inf",
+        "max_concurrency": c,
+        "duration": 60.0,
+        "completed": 320,
+        "total_input_tokens": 327680,
+        "total_output_tokens": 81920,
+        "output_throughput": tokens_per_s,
+        "mean_ttft_ms": ttft_ms,
+        "mean_tpot_ms": tpot_ms,
+        "mean_itl_ms": tpot_ms,
+    }
+
+
+@pytest.mark.heavy
+def test_a_factor_fitted_to_its_bound_is_written_as_the_bound(tmp_path, capsys):
+    """Two runs the fit meets with no time a sequence: the damped steps leave it a hair above 0 (3e-16
+    s before the bound was snapped to), which is written and printed as 0."""
+    files = []
+    for c, tokens_per_s, ttft_ms, tpot_ms in ((8, 894.1, 44.0, 8.67), (32, 2714.3, 104.5, 11.424)):
+        files.append(tmp_path / f"c{c}.json")
+        files[-1].write_text(json.dumps(_vllm_8b(c, tokens_per_s, ttft_ms, tpot_ms)))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text((REPO / "cluster_specs" / "h100-4x8.yaml").read_text())
+    out = tmp_path / "out.yaml"
+    argv = ["calibrate", "--serving", "--cluster", str(spec), "--model", "llama3-8b", "--dtype", "bf16"]
+    assert main([*argv, "--replica", "1xhgx/h100", *map(str, files), "-o", str(out)]) == 0
+    assert load_cluster(out).kind("h100").sequence_overhead_s == 0.0
+    assert "sequence_overhead_s 5.1e-05 -> 0 " in out.read_text()
+
+
 def test_a_replica_that_cannot_hold_the_model_is_refused(tmp_path, capsys):
     """Llama-2 7B in fp16 (13.5 GB of weights) on one 8 GB device: no engine ran it there, so the fit
     is refused naming the file and the replica, not driven to whatever factors match the numbers."""
@@ -366,6 +405,28 @@ def test_an_open_loop_run_is_read_at_its_mean_in_flight_by_littles_law(tmp_path)
     assert by_means.concurrency == round(2.5 * (0.12 + (OUTPUT - 1) * 0.021)) == 7
     assert sglang.engine == "sglang" and sglang.concurrency == 11 and "own mean" in sglang.concurrency_note
     assert at_once.concurrency is None and "max_concurrency is null" in at_once.concurrency_note
+    assert [o.concurrency_inferred for o in (by_e2e, by_means, sglang, at_once)] == [True, True, True, False]
+
+
+@pytest.mark.heavy
+def test_the_command_says_where_an_open_loops_concurrency_came_from(tmp_path, capsys):
+    """A run read at its mean in flight is fitted there, and the command says so beside the fit; one
+    at a fixed concurrency gets no note."""
+    spec = _spec(tmp_path, "spec.yaml")
+    open_loop = tmp_path / "open.json"
+    open_loop.write_text(
+        json.dumps(
+            _vllm(8, 0.02, 300.0, 0.1)
+            | {"max_concurrency": None, "request_rate": 4.0, "request_throughput": 2.5, "mean_e2el_ms": 3000.0}
+        )
+    )
+    fixed = tmp_path / "fixed.json"
+    fixed.write_text(json.dumps(_vllm(16, 0.025, 500.0, 0.12)))
+    argv = ["calibrate", "--serving", "--cluster", spec, "--model", "llama2-7b", str(open_loop), str(fixed)]
+    assert main([*argv, "--replica", TP2, "-o", str(tmp_path / "out.yaml")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"note: {open_loop}: fitted at 8 in flight: request rate 4/s without a concurrency cap" in out
+    assert f"note: {fixed}" not in out
 
 
 def test_a_quantized_run_is_scored_in_its_formats(tmp_path, capsys):

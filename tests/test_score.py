@@ -223,6 +223,7 @@ def test_a_concurrency_over_the_token_budget_is_scored_with_a_warning(tmp_path, 
             ["no split of the model's 32 layers fits memory at --concurrency 5000", "hold at most", "--layers"],
         ),
         (["--concurrency", "8", "--dtype", "fp8"], ["--dtype fp8"]),
+        (["--concurrency", "8", "--model", "nosuch"], ["--model 'nosuch'", "`llm-planner models` lists them"]),
     ],
 )
 def test_each_refusal_exits_2_with_its_message(extra, words, tmp_path, capsys):

@@ -194,12 +194,23 @@ def _v2_with(entry: dict | None = None, degree=1, **top) -> dict:
         (_v2_with({"linear_layer_s": LINEAR, "linear_includes_elementwise": "yes"}), "linear_includes_elementwise"),
         (_v2_with(kinds={"g": {"linear_layer_s": LINEAR}}), "kinds.g.tp: missing required field"),
         (_v2_with(format="serving-profile/3"), "format: unknown format 'serving-profile/3'"),
+        (_v2_with({"linear_layer_s": [[1, "3 ms"], [2, 1.0]]}), "linear_layer_s[0]: seconds must be a number, got"),
+        (_v2_with({"linear_layer_s": [[1, "-1e-3"], [2, 1.0]]}), "linear_layer_s[0]: seconds must be a finite number"),
     ],
 )
 def test_malformed_version_2_profiles_are_refused_naming_the_file_and_field(data, message):
     with pytest.raises(ServingProfileError) as info:
         parse_serving_profile(data, source="p.yaml")
     assert str(info.value).startswith("p.yaml: ") and message in str(info.value), str(info.value)
+
+
+def test_seconds_with_an_exponent_and_no_point_are_read_as_numbers(tmp_path):
+    """YAML 1.1 reads 3e-04 as a string; the profile takes it as the number it spells, as the cluster
+    spec does."""
+    text = yaml.safe_dump(_v2_with({"linear_layer_s": LINEAR})).replace(f"- {LINEAR[0][1]}", "- 3e-04", 1)
+    assert "3e-04" in text
+    profile = parse_serving_profile(yaml.safe_load(text), source="p.yaml")
+    assert profile.kinds[0].degrees[0].linear.seconds[0] == 3e-04
 
 
 def test_a_malformed_profile_file_exits_2_naming_it(tmp_path, capsys):

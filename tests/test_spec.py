@@ -175,6 +175,10 @@ def test_load_errors_name_the_file(tmp_path):
     broken.write_text(yaml.safe_dump(_broken(lambda d: d["device_kinds"][0].update(mem_bytes=0))))
     with pytest.raises(SpecError, match=r"broken.yaml: device_kinds\[0\].mem_bytes: must be positive"):
         load_cluster(broken)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(SpecError, match=r"empty.yaml: <top>: expected a mapping, got nothing \(an empty document\)"):
+        load_cluster(empty)
 
 
 def test_cli_bad_spec_exit_code(tmp_path, capsys):

@@ -149,6 +149,8 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
         weights = {"ttft_s": args.ttft_weight, "tokens_per_s": args.tokens_weight}
         result = calibrate_serving_files(args.cluster, args.results, settings, args.output, weights)
         console.print(figures_table(result))
+        for note in result.notes:
+            console.print(styled(("note:", "yellow"), f" {note}"), highlight=False)
         console.print(fits_table(result.calibration, f"serving calibration of {args.cluster}"))
     else:
         result = calibrate_files(args.cluster, args.plan, args.report, args.output)

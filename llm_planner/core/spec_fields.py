@@ -23,7 +23,9 @@ class Reader:
     def __init__(self, source: str, path: str, data: Any):
         self.source, self.path = source, path
         if not isinstance(data, dict):
-            self.fail(f"expected a mapping, got {type(data).__name__}")
+            self.fail(
+                "expected a mapping, got " + ("nothing (an empty document)" if data is None else type(data).__name__)
+            )
         self.data = data
         self.used: set[str] = set()
 

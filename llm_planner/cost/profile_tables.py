@@ -93,7 +93,7 @@ def read_table(r: Reader, key: str, required: bool) -> LayerTable | None:
             raise ServingProfileError(f"{where}: expected [size, seconds], got {pair!r}")
         size, t = pair
         _check_size(where, "size", size)
-        _check_seconds(where, t)
+        t = _seconds(where, t)
         if sizes and size <= sizes[-1]:
             raise ServingProfileError(f"{where}: sizes must increase, got {size} after {sizes[-1]}")
         sizes.append(size)
@@ -117,7 +117,7 @@ def read_grid(r: Reader, key: str) -> AttnGrid | None:
         batch, context, t = row
         _check_size(where, "batch", batch)
         _check_size(where, "context", context)
-        _check_seconds(where, t)
+        t = _seconds(where, t)
         if (batch, context) in cells:
             raise ServingProfileError(f"{where}: batch {batch} at context {context} given twice")
         cells[(batch, context)] = float(t)
@@ -136,6 +136,14 @@ def _check_size(where: str, name: str, value) -> None:
         raise ServingProfileError(f"{where}: {name} must be an integer >= 0, got {value!r}")
 
 
-def _check_seconds(where: str, value) -> None:
+def _seconds(where: str, value) -> float:
+    """The cell's seconds, finite and >= 0. A number with an exponent and no point (3e-04) is a string
+    to YAML 1.1, which the reader parses; it is read as the number it spells."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ServingProfileError(f"{where}: seconds must be a number, got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ServingProfileError(f"{where}: seconds must be a finite number >= 0, got {value!r}")
+    return float(value)

@@ -108,7 +108,10 @@ def model_config(settings: ServingSettings, observations: Sequence[ServingObserv
         name = found[0]
     config = named_config(name)
     if config is None:
-        raise WorkloadError(f"--model {name!r}: serving calibration needs a decoder preset or a config.json")
+        raise WorkloadError(
+            f"--model {name!r}: serving calibration needs a decoder: a preset (`llm-planner models` lists them), "
+            "a config.json or a directory holding one"
+        )
     for o in observations:
         if not same_model(o.model, config.name):
             log.warning("%s: the run served %r, calibrated as %r (--model)", o.source, o.model, config.name)

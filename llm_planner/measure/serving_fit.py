@@ -35,6 +35,7 @@ given up last and never as weak.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ LOWER = np.array([1.0, 1.0, 0.0, 0.0, 0.0])
 GIVE_UP = (3, 4, 0, 1, 2)  # field indices, the first given up first among equally good fits
 DEFAULT_WEIGHTS = {"tpot_s": 1.0, "tokens_per_s": 1.0, "ttft_s": 0.25, "decode_step_s": 1.0}
 MAX_STEPS = 60
+AT_BOUND = 1e-6  # in x's units: a factor closer than this to its bound is taken as at it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +85,7 @@ class FigureError:
 class ServingCalibration:
     calibration: Calibration  # one Fit per device kind of the spec
     figures: tuple[FigureError, ...]
+    notes: tuple[str, ...] = ()  # what the command says beside the fit (a concurrency read from a rate)
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,8 @@ def _iterate(problem: _Problem, only: list[int] | None) -> tuple[np.ndarray, lis
         if moved < 1e-10:
             break
     x[list(kept)] = problem.prior[list(kept)]
+    # A factor the damped steps left within a millionth of a unit (1 ps, 1 ns) of its bound is at it.
+    x = np.where(np.abs(x - problem.lower) < AT_BOUND, problem.lower, x)
     return x, free, kept
 
 
@@ -306,6 +311,15 @@ def _rel_rms(predicted: np.ndarray, measured: np.ndarray, weights: np.ndarray) -
     return float(np.sqrt(np.sum((weights * (predicted / measured - 1.0)) ** 2) / np.sum(weights**2)))
 
 
+def _inferred_notes(cases: Sequence[ServingCase]) -> tuple[str, ...]:
+    """One line per case whose concurrency the command read from an open loop's rate (not given)."""
+    return tuple(
+        f"{c.obs.source}: fitted at {c.concurrency} in flight: {c.obs.concurrency_note}"
+        for c in cases
+        if c.obs.concurrency_inferred and c.concurrency == c.obs.concurrency
+    )
+
+
 def calibrate_serving_files(
     cluster_path: str | Path,
     result_paths: Sequence[str],
@@ -318,7 +332,7 @@ def calibrate_serving_files(
     files = [(str(p), read_serving_results(p)) for p in result_paths]
     config = model_config(settings, [o for _, obs in files for o in obs])
     cases = build_cases(cluster, config, files, settings)
-    result = fit_serving(cluster, config, cases, weights)
+    result = dataclasses.replace(fit_serving(cluster, config, cases, weights), notes=_inferred_notes(cases))
     sources = [f"{path} ({', '.join(dict.fromkeys(o.engine for o in obs))})" for path, obs in files]
     write_calibrated_spec(cluster_path, result.calibration, output, sources=sources)
     return result

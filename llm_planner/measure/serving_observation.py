@@ -42,6 +42,7 @@ class ServingObservation:
     requests: tuple[RequestShape, ...]
     concurrency: int | None
     concurrency_note: str  # where the concurrency came from, or why the file gives none
+    concurrency_inferred: bool = False  # read from an open loop's rate by Little's law, not stated
     micro_batches: int | None = None
     layout: str | None = None
     max_batched_tokens: int | None = None

@@ -125,6 +125,7 @@ def _read_engine(where: str, doc: dict) -> ServingObservation:
         requests=_engine_requests(where, doc, completed),
         concurrency=concurrency,
         concurrency_note=note,
+        concurrency_inferred=limit is None and concurrency is not None,
         model=model if isinstance(model, str) else None,
     )
 

@@ -66,7 +66,10 @@ def checkpoint_weights(model: str) -> str | None:
 def decoder_config(name: str) -> DecoderConfig:
     config = named_config(name)
     if config is None:
-        raise WorkloadError(f"--model {name!r}: --objective serving needs a decoder preset or a config.json")
+        raise WorkloadError(
+            f"--model {name!r}: serving needs a decoder: a preset (`llm-planner models` lists them), a config.json "
+            "or a directory holding one"
+        )
     return config
 
 
