@@ -358,6 +358,11 @@ def test_bad_inputs_exit_2_naming_the_file_and_the_key(tmp_path, capsys):
     text = tmp_path / "notjson.json"
     text.write_text("Successful requests: 100\n")
     _refused(capsys, [*base, "--replica", TP2, str(text)], "notjson.json", "not valid JSON")
+    lines = tmp_path / "runs.jsonl"
+    lines.write_text(
+        json.dumps(_vllm(8, 0.02, 300.0, 0.1)) + "\n" + json.dumps(_vllm(16, 0.02, 300.0, 0.1))[:40] + "\n"
+    )
+    _refused(capsys, [*base, "--replica", TP2, str(lines)], "runs.jsonl: line 2: not valid JSON")
     missing = tmp_path / "missing.json"
     row = _vllm(8, 0.02, 300.0, 0.1)
     del row["median_tpot_ms"], row["mean_tpot_ms"]
@@ -366,6 +371,8 @@ def test_bad_inputs_exit_2_naming_the_file_and_the_key(tmp_path, capsys):
     unbounded = tmp_path / "unbounded.json"
     unbounded.write_text(json.dumps(_vllm(8, 0.02, 300.0, 0.1) | {"max_concurrency": None}))
     _refused(capsys, [*base, "--replica", TP2, str(unbounded)], "unbounded.json", "max_concurrency", "--concurrency")
+    unbounded.write_text(json.dumps(_vllm(8, 0.02, 300.0, 0.1) | {"max_concurrency": None, "request_rate": "fast"}))
+    _refused(capsys, [*base, "--replica", TP2, str(unbounded)], "unbounded.json: request_rate", "got 'fast'")
     good = tmp_path / "good.json"
     good.write_text(json.dumps(_vllm(8, 0.02, 300.0, 0.1)))
     _refused(

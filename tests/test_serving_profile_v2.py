@@ -195,6 +195,7 @@ def _v2_with(entry: dict | None = None, degree=1, **top) -> dict:
         (_v2_with(kinds={"g": {"linear_layer_s": LINEAR}}), "kinds.g.tp: missing required field"),
         (_v2_with(format="serving-profile/3"), "format: unknown format 'serving-profile/3'"),
         (_v2_with({"linear_layer_s": [[1, "3 ms"], [2, 1.0]]}), "linear_layer_s[0]: seconds must be a number, got"),
+        (_v2_with({"linear_layer_s": LINEAR}, dtype="fp9"), "dtype: unknown dtype 'fp9' (known: fp32, tf32"),
         (_v2_with({"linear_layer_s": [[1, "-1e-3"], [2, 1.0]]}), "linear_layer_s[0]: seconds must be a finite number"),
     ],
 )

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.fileio import read_document
 from llm_planner.core.spec_fields import Reader, SpecError, as_str, as_text
 from llm_planner.cost.profile_tables import LayerTable, ServingProfileError, read_table
@@ -84,6 +85,14 @@ class ServingProfile:
         return total
 
 
+def _profile_dtype(value) -> str:
+    """The dtype the profile's times were measured in: one the planner knows."""
+    name = as_str(value)
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {name!r} (known: {', '.join(DTYPE_BYTES)})")
+    return name
+
+
 def parse_serving_profile(data: Any, source: str = "<memory>") -> ServingProfile | ServingProfileV2:
     """Build a ServingProfile (version 1) or ServingProfileV2 from a parsed document;
     ServingProfileError names `source`, the field and the problem."""
@@ -103,7 +112,7 @@ def parse_serving_profile(data: Any, source: str = "<memory>") -> ServingProfile
             kinds.append(read_kind_v2(r, str(name)) if fmt == FORMAT_V2 else _read_kind_v1(r, str(name)))
         profile = (ServingProfileV2 if fmt == FORMAT_V2 else ServingProfile)(
             model=top.get("model", as_str),
-            dtype=top.get("dtype", as_str),
+            dtype=top.get("dtype", _profile_dtype),
             source=top.get("source", as_text, default=""),
             kinds=tuple(kinds),
             path=source,

@@ -82,7 +82,8 @@ def _documents(path: str | Path) -> list[tuple[str, Any]]:
     lines = [(n, line) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
     if not lines:
         raise ServingResultError(f"{path}: empty file; expected a benchmark result (JSON) or a run report")
-    if len(lines) > 1 and all(line.lstrip().startswith("{") and line.rstrip().endswith("}") for _, line in lines):
+    first = lines[0][1].strip()
+    if len(lines) > 1 and first.startswith("{") and first.endswith("}"):  # JSON Lines: each line one object
         return [
             (f"{path} line {n}", parse_document(line, f"{path}: line {n}", ServingResultError, as_json=True))
             for n, line in lines
@@ -138,6 +139,8 @@ def open_loop_concurrency(where: str, doc: dict, completed: int) -> tuple[int | 
     with every request sent at once, None (the engine's limit decides, which the file does not
     say)."""
     rate = doc.get("request_rate")
+    if isinstance(rate, str) and rate.strip().lower() not in ("inf", "infinity"):
+        raise ServingResultError(f"{where}: request_rate: expected requests per second or 'inf', got {rate!r}")
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate):
         return None, "max_concurrency is null (the benchmark ran without --max-concurrency)"
     if rate <= 0:
