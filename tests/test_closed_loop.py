@@ -231,6 +231,18 @@ def test_score_closed_loop_json_and_table(capsys):
     assert "closed loop (96 requests, all 32 sent at once" in capsys.readouterr().out
 
 
+def test_one_output_token_has_no_tpot(capsys):
+    """With one output token a request there is no time between tokens: the loop's TPOT is null in
+    the JSON and said so in the text, where its TTFT and tokens/s stand."""
+    argv = ["score", "--cluster", FOUR_GPUS, "--model", "gpt2", "--replica", REPLICA, "--concurrency", "8"]
+    argv += ["--prompt-len", "512", "--output-len", "1", "--closed-loop"]
+    assert main([*argv, "--json"]) == 0
+    loop = json.loads(capsys.readouterr().out)["closed_loop"]
+    assert loop["tpot_s"] is None and loop["ttft_s"] > 0 and loop["tokens_per_s"] > 0
+    assert main(argv) == 0
+    assert "TPOT none (one output token a request)" in " ".join(capsys.readouterr().out.split())
+
+
 def test_score_closed_loop_past_memory_queues_what_memory_cannot_hold(capsys):
     """Llama-2 7B on one A100 80GB holds 30 contexts of 4,000 tokens: the steady state is refused at 64
     (naming --closed-loop), the closed loop runs 30 at a time and the other 34 wait, so its TTFT is

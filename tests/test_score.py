@@ -224,6 +224,10 @@ def test_a_concurrency_over_the_token_budget_is_scored_with_a_warning(tmp_path, 
         ),
         (["--concurrency", "8", "--dtype", "fp8"], ["--dtype fp8"]),
         (["--concurrency", "8", "--model", "nosuch"], ["--model 'nosuch'", "`llm-planner models` lists them"]),
+        (
+            ["--concurrency", "1", "--prompt-len", "16777216"],
+            ["the requests' lengths (--prompt-len", "16,777,216 tokens is past what the planner computes with"],
+        ),
     ],
 )
 def test_each_refusal_exits_2_with_its_message(extra, words, tmp_path, capsys):

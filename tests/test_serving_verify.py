@@ -293,6 +293,24 @@ def test_verify_refuses_a_forged_number_of_layers(base):
     assert code == 2 and "model.num_layers: 40, but llama2-7b has 32 layers" in " ".join(out.split()), out
 
 
+def test_a_forged_concurrency_is_named_and_not_blamed_on_the_model(base):
+    """A replica's concurrency raised past what a replica may hold is named as such; one raised within
+    it gives figures over the bound, which the problems listed before explain (no "model defect")."""
+
+    def huge(d):
+        d["serving"]["replicas"][0]["concurrency"] = 10**9
+
+    claim = _forged_claim(base, huge)
+    assert "serving.replicas[0].concurrency: 1,000,000,000 is over the 1,048,576 sequences" in claim
+    assert "a model defect" not in claim
+
+    def more(d):
+        d["serving"]["replicas"][0]["concurrency"] *= 4
+
+    claim = _forged_claim(base, more)
+    assert "serving.replicas[0].tokens_per_s" in claim and "a model defect" not in claim
+
+
 @pytest.mark.parametrize("value", [-1, 1.5, "many", None, float("nan")])
 def test_verify_refuses_malformed_statistics(base, value):
     def forge(d):

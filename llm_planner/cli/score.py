@@ -250,6 +250,10 @@ def _figures(score: ReplicaScore) -> str:
     )
 
 
+def _tpot_text(tpot_s: float | None) -> str:
+    return "none (one output token a request)" if tpot_s is None else fmt_s(tpot_s)
+
+
 def _closed_loop_text(score: ReplicaScore) -> str:
     got = score.closed_loop
     how = [f"all {score.ev.concurrency + score.queued} sent at once, each resent as it ends"]
@@ -259,7 +263,7 @@ def _closed_loop_text(score: ReplicaScore) -> str:
         how.append(f"at most {got.max_running} running")
     return (
         f"closed loop ({got.requests} requests, {', '.join(how)}): "
-        f"{got.tokens_per_s:,.0f} output tokens/s; TPOT {fmt_s(got.tpot_s)}; TTFT {fmt_s(got.ttft_s)}"
+        f"{got.tokens_per_s:,.0f} output tokens/s; TPOT {_tpot_text(got.tpot_s)}; TTFT {fmt_s(got.ttft_s)}"
     )
 
 

@@ -66,7 +66,7 @@ class ClosedLoopResult:
     """What a closed-loop benchmark of `requests` requests reports (module docstring)."""
 
     ttft_s: float
-    tpot_s: float
+    tpot_s: float | None  # None with one output token a request: no time between tokens to measure
     tokens_per_s: float
     requests: int
     iterations: int
@@ -188,7 +188,7 @@ def closed_loop(
         front.send(waiting, sum(c.count for c in ended), now, prompt_len)
     return ClosedLoopResult(
         ttft_s=tally.ttft_sum_s / tally.requests,
-        tpot_s=tally.tpot_sum_s / tally.requests,
+        tpot_s=tally.tpot_sum_s / tally.requests if output_len > 1 else None,
         tokens_per_s=tally.requests * output_len / tally.last_end_s,
         requests=tally.requests,
         iterations=tally.iterations,

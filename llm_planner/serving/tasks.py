@@ -25,7 +25,7 @@ from llm_planner.cost.eplb import replica_picks
 from llm_planner.cost.iteration import Load
 from llm_planner.graph.attention_window import check_window
 from llm_planner.graph.decoder_graph import ID_BYTES, build_decoder_graph
-from llm_planner.graph.ir import Task
+from llm_planner.graph.ir import GraphError, Task
 from llm_planner.graph.mla import mla_replicated_linear
 from llm_planner.graph.transformer import DecoderConfig, matmul_parameters, stored_mlp_parameters
 from llm_planner.serving.workload import ServingWorkload, WorkloadError
@@ -279,12 +279,20 @@ _SCALED = (
 @lru_cache(maxsize=256)
 def _parts(config: DecoderConfig, phase: str, seq_len: int, dtype: str) -> dict[str, Task]:
     """The PARTS' tasks of one sequence, and "dense" (one of the dense first layers) where it has them."""
-    graph = build_decoder_graph(config.moe_layer(), phase=phase, seq_len=seq_len, granularity="block", dtype=dtype)
+    try:
+        graph = build_decoder_graph(config.moe_layer(), phase=phase, seq_len=seq_len, granularity="block", dtype=dtype)
+        dense = (
+            build_decoder_graph(config.dense_layer(), phase=phase, seq_len=seq_len, granularity="block", dtype=dtype)
+            if config.first_dense_layers
+            else None
+        )
+    except GraphError as exc:  # a task past the sizes the planner computes with: the request's length made it
+        raise WorkloadError(
+            f"the requests' lengths (--prompt-len and --output-len, or --workload): a {phase} of {seq_len:,} tokens "
+            f"is past what the planner computes with ({exc})"
+        ) from None
     by_name = {t.name: t for t in graph.tasks}
     out = {part: by_name["block.0" if part == "block" else part] for part in PARTS}
-    if config.first_dense_layers:
-        dense = build_decoder_graph(
-            config.dense_layer(), phase=phase, seq_len=seq_len, granularity="block", dtype=dtype
-        )
+    if dense:
         out["dense"] = next(t for t in dense.tasks if t.name == "block.0")
     return out

@@ -57,7 +57,7 @@ from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, che
 from llm_planner.serving.precision_choice import bound_without_plan, candidate_context
 from llm_planner.serving.verify_claims import check_baselines, check_model, check_options, close
 from llm_planner.serving.verify_replica import Derived, derive
-from llm_planner.serving.workload import WorkloadError, plan_workload
+from llm_planner.serving.workload import MOST_SEQUENCES, WorkloadError, plan_workload
 
 
 def context_of(plan: ServingPlanFile) -> ServingContext:
@@ -218,6 +218,9 @@ def _check_replica(
     if search:
         check_options(ctx, layout, rep["micro_batches"], where, problems)
     c = rep["concurrency"]
+    if c > MOST_SEQUENCES:
+        problems.append(f"{where}.concurrency: {c:,} is over the {MOST_SEQUENCES:,} sequences a replica may hold")
+        return None
     got = derive(ctx, layout, rep["layers"], c, rep["micro_batches"])
     for key in ("tokens_per_s", "tpot_s", "ttft_s", "round_trip_s"):
         if not close(rep[key], getattr(got, key)):
@@ -393,9 +396,8 @@ def _check_totals(
     if not close(sv["upper_bound_tokens_per_s"], bound):
         problems.append(f"serving.upper_bound_tokens_per_s: {sv['upper_bound_tokens_per_s']!r}, recomputed {bound!r}")
     if total > bound * (1 + 1e-9):
-        problems.append(
-            f"serving: {total!r} tokens/s exceeds the upper bound {bound!r} (a model defect: please report)"
-        )
+        why = "the problems above are its cause" if problems else "a model defect: please report"
+        problems.append(f"serving: {total!r} tokens/s exceeds the upper bound {bound!r} ({why})")
     gap, status = status_of(total, bound)
     if not close(sv["gap"], gap):
         problems.append(f"serving.gap: {sv['gap']!r} but the recomputed bound gives {gap!r}")
