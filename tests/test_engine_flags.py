@@ -246,6 +246,8 @@ def test_kv_budget_is_the_plans(plans):
     assert f"--max-total-tokens {engine['kv_tokens']} " in sglang and "--mem-fraction-static 0.88 " in sglang
     # no per-iteration budget in the plan: the engines' defaults for 6 GB GPUs, written explicitly
     assert "--max-num-batched-tokens 2048 " in vllm and "--chunked-prefill-size 2048 " in sglang
+    # SGLang mixes the running decodes into the prompt chunk's iteration only when told: the plan prices it so
+    assert "--enable-mixed-chunk " in sglang
 
 
 def test_dtype_comes_from_the_models_config(plans, tmp_path):

@@ -90,3 +90,16 @@ def test_fp8_projections_time_every_token_count():
     shape = serve_parts.member_shape(preset_config("gpt2"), 4)
     table = serve_parts.fp8_linear_table(shape, (1, 16), serve_parts.Timer(torch.device("cpu"), 1, 0))
     assert [t for t, _ in table] == [1, 16] and all(s > 0 for _, s in table)
+
+
+def test_a_time_that_falls_with_more_tokens_is_raised_and_said(caplog):
+    """Timing noise can put a larger token count below a smaller one; the profile loader refuses a
+    falling table (extended past its end it would make a layer free), so the command raises each such
+    time to the one before it and says how many it raised."""
+    from llm_planner.cli.profile_serving import _profile_yaml
+
+    raw = {1: {"linear_layer_s": [(1, 0.00195), (8, 0.0640), (64, 0.0162)]}}
+    text = _profile_yaml("gpt2", "k", "fp32", raw, "constructed", attention=False)
+    table = yaml.safe_load(text)["kinds"]["k"]["tp"][1]["linear_layer_s"]
+    assert table == [[1, 0.00195], [8, 0.064], [64, 0.064]]
+    assert "1 of 3 linear-layer times fall below the one before them" in caplog.text

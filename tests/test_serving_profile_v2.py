@@ -228,10 +228,13 @@ def test_a_malformed_profile_file_exits_2_naming_it(tmp_path, capsys):
 @pytest.mark.parametrize("tpot_s", [0.0025, 0.02, 1.0])
 def test_the_bounds_hold_over_replicas_made_with_a_version_2_profile(tmp_path, tpot_s):
     """As test_serving's measured-profile check: every replica's best stays under the search's
-    optimistic value and the first two bounds, on one GPU and on a group of two."""
+    optimistic value and the first two bounds, on one GPU and on a group of two. A table whose time
+    falls with more tokens (extended past its end, it would make a layer free) is refused."""
     falling = copy.deepcopy(V2)
     falling["kinds"]["g"]["tp"][1]["linear_layer_s"] = [[1, 0.001], [64, 0.001], [128, 0.0005]]
-    for profile in (V2, falling):
+    with pytest.raises(ServingProfileError, match=r"linear_layer_s\[2\]: 0.0005 s at 128 is below the 0.001 s at 64"):
+        _context(tmp_path, falling, tpot_s)
+    for profile in (V2,):
         ctx = _context(tmp_path, profile, tpot_s)
         upper = tokens_upper_bound(ctx.cache, ctx.classes, tpot_s, tokens_per_s=float("inf"))
         for layout in ((Segment("box/g", 1, 1),), (Segment("box/g", 2, 1),), (Segment("box/g", 1, 2),)):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import platform
 
 import yaml
@@ -16,7 +17,7 @@ from llm_planner.cli.arg_types import increasing, whole
 from llm_planner.core.atomic import check_writable, write_atomic
 from llm_planner.core.constants import TORCH_DTYPES
 from llm_planner.core.spec_fields import SpecError, as_safe_name
-from llm_planner.cost.profile_tables import ServingProfileError
+from llm_planner.cost.profile_tables import ServingProfileError, rising
 from llm_planner.cost.serving_profile import parse_serving_profile
 from llm_planner.cost.serving_profile_v2 import FORMAT_V2
 from llm_planner.serving.inputs import decoder_config
@@ -29,6 +30,9 @@ CONTEXTS = "128,256,512,1024,2048,4096,8192"
 
 class ProfileServingError(ServingProfileError):
     """Bad input to `profile-serving`: the message names the flag and what is wrong."""
+
+
+log = logging.getLogger(__name__)
 
 
 def add_profile_serving_parser(sub) -> None:
@@ -182,8 +186,17 @@ def _source(device, args, raw: dict[int, dict]) -> str:
 def _profile_yaml(model: str, kind: str, dtype: str, raw: dict[int, dict], source: str, attention: bool) -> str:
     tp = {}
     for k, tables in raw.items():
+        linear, raised = rising(tables["linear_layer_s"])
+        if raised:
+            log.warning(
+                "tp %d: %d of %d linear-layer times fall below the one before them (timing noise); raised to it, "
+                "as a time does not fall with more tokens (more --repeats steady them)",
+                k,
+                raised,
+                len(linear),
+            )
         tp[k] = {
-            "linear_layer_s": [[t, _s(x)] for t, x in tables["linear_layer_s"]],
+            "linear_layer_s": [[t, _s(x)] for t, x in linear],
             "linear_includes_elementwise": False,
         }
         if attention:

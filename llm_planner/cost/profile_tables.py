@@ -96,6 +96,11 @@ def read_table(r: Reader, key: str, required: bool) -> LayerTable | None:
         t = _seconds(where, t)
         if sizes and size <= sizes[-1]:
             raise ServingProfileError(f"{where}: sizes must increase, got {size} after {sizes[-1]}")
+        if seconds and t < seconds[-1]:  # extended past its ends, a falling table makes a layer free
+            raise ServingProfileError(
+                f"{where}: {t:.4g} s at {size} is below the {seconds[-1]:.4g} s at {sizes[-1]}: a time does not "
+                "fall with more tokens (noise: raise it to the one before)"
+            )
         sizes.append(size)
         seconds.append(float(t))
     return LayerTable(sizes=tuple(sizes), seconds=tuple(seconds))
@@ -129,6 +134,17 @@ def read_grid(r: Reader, key: str) -> AttnGrid | None:
         r.fail(f"not a full grid: no row for batch {missing[0][0]} at context {missing[0][1]}", key)
     seconds = tuple(tuple(cells[(b, c)] for b in batches) for c in contexts)
     return AttnGrid(batches=tuple(batches), contexts=tuple(contexts), seconds=seconds)
+
+
+def rising(rows: list[tuple[int, float]]) -> tuple[list[tuple[int, float]], int]:
+    """The [size, seconds] rows with each time below the one before it raised to it, and how many
+    were: a measured time does not fall with more work, and a table that falls is refused."""
+    out, raised = [], 0
+    for size, t in rows:
+        if out and t < out[-1][1]:
+            t, raised = out[-1][1], raised + 1
+        out.append((size, t))
+    return out, raised
 
 
 def _check_size(where: str, name: str, value) -> None:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from llm_planner.core.fileio import read_text
 from llm_planner.cost.profile_tables import ServingProfileError
+from llm_planner.cost.profile_tables import rising as rising_rows
 from llm_planner.cost.serving_profile_v2 import FORMAT_V2, MAX_DEGREE
 
 OPERATORS = (
@@ -203,11 +204,7 @@ def rising(path: Path, what: str, rows: list[tuple[int, float]]) -> list[tuple[i
     zero = next((size for size, t in rows if t <= 0), None)
     if zero is not None:
         raise VidurError(f"{path}: {what}: a time of 0 at {zero:,}: not a measurement")
-    out, raised = [], 0
-    for size, t in rows:
-        if out and t < out[-1][1]:
-            t, raised = out[-1][1], raised + 1
-        out.append((size, t))
+    out, raised = rising_rows(rows)
     if raised:
         log.warning(
             "%s: %s: %d of %d times fall below the one before them (noisy medians); raised to it, as a time "

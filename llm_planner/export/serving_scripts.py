@@ -7,7 +7,10 @@ every host, run there as `bash SCRIPT [HOST]`; it starts what that host runs.
   --distributed-executor-backend ray once every GPU has joined), the other hosts join it
   (`ray start --address`).
 - SGLang: one `python -m sglang.launch_server` per engine and host, with --nnodes, --node-rank
-  and --dist-init-addr (the first stage's host) when the engine spans hosts.
+  and --dist-init-addr (the first stage's host) when the engine spans hosts, and
+  --enable-mixed-chunk: the plan prices an iteration as the running decodes and a prompt chunk
+  together (vLLM's chunked prefill), which SGLang runs only with it (without, a prompt chunk runs in
+  an iteration of its own and the decodes wait for it).
 - An engine with data-parallel attention that moves tokens with DeepEP (`dpa<k>-deepep`): vLLM
   `--all2all-backend deepep_low_latency`; SGLang `--moe-a2a-backend deepep --deepep-mode auto`
   (normal kernels for prompt batches, low-latency ones for decodes) with
@@ -381,6 +384,7 @@ def _sglang_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
         _q(export.kv[e.name].tokens),
         "--chunked-prefill-size",
         _q(export.batched_tokens[e.name]),
+        "--enable-mixed-chunk",  # decodes ride in the prompt chunk's iteration, as the plan priced it
         "--context-length",
         _q(export.max_model_len),
         *_dtype_args(export),
