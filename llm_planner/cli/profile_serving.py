@@ -190,7 +190,7 @@ def _profile_yaml(model: str, kind: str, dtype: str, raw: dict[int, dict], sourc
         if raised:
             log.warning(
                 "tp %d: %d of %d linear-layer times fall below the one before them (timing noise); raised to it, "
-                "as a time does not fall with more tokens (more --repeats steady them)",
+                "as a time does not fall with more tokens (more --repeats steady the timings)",
                 k,
                 raised,
                 len(linear),

@@ -15,11 +15,14 @@ piecewise-linear function of the batch with breakpoints at the grid's batches.
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 from llm_planner.core.spec_fields import Reader, SpecError
+
+log = logging.getLogger(__name__)
 
 
 class ServingProfileError(SpecError):
@@ -96,14 +99,9 @@ def read_table(r: Reader, key: str, required: bool) -> LayerTable | None:
         t = _seconds(where, t)
         if sizes and size <= sizes[-1]:
             raise ServingProfileError(f"{where}: sizes must increase, got {size} after {sizes[-1]}")
-        if seconds and t < seconds[-1]:  # extended past its ends, a falling table makes a layer free
-            raise ServingProfileError(
-                f"{where}: {t:.4g} s at {size} is below the {seconds[-1]:.4g} s at {sizes[-1]}: a time does not "
-                "fall with more tokens (noise: raise it to the one before)"
-            )
         sizes.append(size)
         seconds.append(float(t))
-    return LayerTable(sizes=tuple(sizes), seconds=tuple(seconds))
+    return LayerTable(sizes=tuple(sizes), seconds=_rising_said(seconds, f"{r.source}: {r.path}.{key}"))
 
 
 def read_grid(r: Reader, key: str) -> AttnGrid | None:
@@ -134,6 +132,18 @@ def read_grid(r: Reader, key: str) -> AttnGrid | None:
         r.fail(f"not a full grid: no row for batch {missing[0][0]} at context {missing[0][1]}", key)
     seconds = tuple(tuple(cells[(b, c)] for b in batches) for c in contexts)
     return AttnGrid(batches=tuple(batches), contexts=tuple(contexts), seconds=seconds)
+
+
+def _rising_said(seconds: list[float], where: str) -> tuple[float, ...]:
+    """The times with each below the one before it raised to it, and a warning naming the table where
+    any was: a measured time does not fall with more work, and a falling end segment, extended past
+    the table, would make a layer free."""
+    rows, raised = rising(list(enumerate(seconds)))
+    if raised:
+        log.warning(
+            "%s: %d of %d times fall below the one before them (timing noise); raised to it", where, raised, len(rows)
+        )
+    return tuple(t for _, t in rows)
 
 
 def rising(rows: list[tuple[int, float]]) -> tuple[list[tuple[int, float]], int]:
