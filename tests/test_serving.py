@@ -216,6 +216,10 @@ def test_plan_works_from_another_directory(planned, tmp_path, monkeypatch):
     [
         (["--tpot-slo", "1 ms"], ["--tpot-slo", "cannot be met"]),
         (["--tpot-slo", "50 ms", "--ttft-slo", "1 ms"], ["--ttft-slo 1 ms cannot be met", "to the first token"]),
+        (
+            ["--tpot-slo", "10 s", "--max-batched-tokens", "1"],
+            ["meets the targets with one sequence in flight", "(--max-batched-tokens 1)"],
+        ),
         (["--tpot-slo", "50"], ["--tpot-slo", "'50' has no unit: write '50 ms' or '50 s'"]),
         (["--tpot-slo", "1e308 s"], ["--tpot-slo", "outside 1 ms to 10 s"]),
         (["--tpot-slo", "1e6 s"], ["--tpot-slo", "outside 1 ms to 10 s"]),

@@ -262,7 +262,12 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("launch", help="run a plan with mpiexec, one rank per device (serving plans: serve them)")
     p.add_argument("plan", help="plan file (YAML, or JSON for a .json path) written by `plan`, or a serving plan")
-    p.add_argument("--dry-run", action="store_true", help="print the command and rank table, start nothing")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="write the launch folder (hostfile, rank table, command) and print the command and rank table; "
+        "start nothing",
+    )
     p.add_argument("--checkpoint", help="Hugging Face checkpoint directory to load weights from")
     p.add_argument(
         "--prompt-ids", action="append", default=[], help="comma-separated token ids of one request; repeat for a batch"

@@ -258,6 +258,13 @@ def _nothing_serves(ctx: ServingContext) -> str:
             f"{wl.kv_context:g} tokens for {where}; use shorter requests "
             "(--prompt-len/--output-len) or more memory"
         )
+    if fastest <= wl.tpot_slo_s and (wl.ttft_slo_s is None or first <= wl.ttft_slo_s):
+        return (
+            f"no layout serves {where}, though the fastest single-class layout meets the targets with one sequence "
+            f"in flight ({fastest * 1e3:.3g} ms per token): the search's other limits rule every layout out, most "
+            f"often the token budget (--max-batched-tokens {ctx.tasks.token_budget}), which each iteration's decodes "
+            "and prompt chunk must fit; raise it"
+        )
     if wl.ttft_slo_s is not None and fastest <= wl.tpot_slo_s:
         return (
             f"--ttft-slo {wl.ttft_slo_s * 1e3:g} ms cannot be met for {where}: the fastest single-class layout "
