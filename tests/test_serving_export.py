@@ -400,3 +400,17 @@ def test_ports_are_distinct_per_host():
     engines = (_engine("a", ["h0"]), _engine("b", ["h0"]), _engine("c", ["h1"]), _engine("d", ["h1", "h0"]))
     ports = assign_ports(engines, 8000, 10)
     assert ports == {"a": 8000, "b": 8010, "c": 8000, "d": 8020}
+
+
+def test_requests_past_the_models_context_are_said_to_be_refused_for_that_reason(tmp_path, caplog):
+    """Llama-3 8B (8,192 positions) planned for 8,000 + 500 tokens: the export's engines take at most
+    the model's context, and its warning names that limit, not the KV cache (which holds more)."""
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(Path("cluster_specs/four-gpus.yaml").read_text())
+    plan = tmp_path / "p.yaml"
+    argv = ["plan", "--cluster", str(cluster), "--model", "llama3-8b", "--objective", "serving", "--no-baselines"]
+    assert main([*argv, "--prompt-len", "8000", "--output-len", "500", "--tpot-slo", "200 ms", "-o", str(plan)]) == 0
+    assert main(["export", str(plan), "--to", "vllm", "-o", str(tmp_path / "run.sh")]) == 0
+    text = " ".join(caplog.text.split())
+    assert "at most 8192 tokens (the model's context limit, max_position_embeddings;" in text
+    assert "the KV cache the smallest engine holds" not in text

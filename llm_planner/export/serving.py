@@ -271,7 +271,7 @@ def _engine_budgets(export, plan, cluster, dtype, max_len, multinode) -> Serving
             "prompt + output, %d: they reject those requests",
             export.plan_path,
             length,
-            "--max-model-len" if max_len is not None else "the KV cache the smallest engine holds",
+            _length_cause(max_len, limit, kv),
             workload.max_context,
         )
     budget = plan.data["options"]["max_batched_tokens"]  # what the plan's TTFT and feasibility assumed
@@ -289,6 +289,16 @@ def _engine_budgets(export, plan, cluster, dtype, max_len, multinode) -> Serving
         language_model_only=config.hf_model_type in LANGUAGE_ONLY,
         eplb=plan.data["options"].get("eplb"),
     )
+
+
+def _length_cause(asked: int | None, limit: int, kv: dict) -> str:
+    """What set the engines' longest sequence (engine_args.max_model_len): the flag, the model's
+    context limit or the KV cache of the smallest engine."""
+    if asked is not None:
+        return "--max-model-len"
+    if limit <= min(b.tokens for b in kv.values()):
+        return "the model's context limit, max_position_embeddings; vLLM and SGLang refuse longer requests unless told"
+    return "the KV cache the smallest engine holds"
 
 
 def _replica_engines(
