@@ -195,8 +195,12 @@ def _check_flags(args: argparse.Namespace) -> None:
 def _check_not_an_input(args: argparse.Namespace) -> None:
     """-o must not name a file the command reads (the spec it corrects, a measurement): writing the
     corrected spec there would destroy it."""
-    named = {"--cluster": (args.cluster,), "RESULT": args.results or (), "--plan": args.plan or ()}
-    named["--report"] = args.report or ()
+    named = {
+        "--cluster": (args.cluster,),
+        "RESULT": args.results or (),
+        "--plan": args.plan or (),
+        "--report": args.report or (),
+    }
     inputs = {f"{flag} {path}": path for flag, paths in named.items() for path in paths}
     check_not_an_input(args.output, inputs, CalibrateError)
 

@@ -100,7 +100,7 @@ def read_table(r: Reader, key: str, required: bool) -> LayerTable | None:
         if sizes and size <= sizes[-1]:
             raise ServingProfileError(f"{where}: sizes must increase, got {size} after {sizes[-1]}")
         sizes.append(size)
-        seconds.append(float(t))
+        seconds.append(t)
     return LayerTable(sizes=tuple(sizes), seconds=_rising_said(seconds, f"{r.source}: {r.path}.{key}"))
 
 
@@ -123,7 +123,7 @@ def read_grid(r: Reader, key: str) -> AttnGrid | None:
         t = _seconds(where, t)
         if (batch, context) in cells:
             raise ServingProfileError(f"{where}: batch {batch} at context {context} given twice")
-        cells[(batch, context)] = float(t)
+        cells[(batch, context)] = t
     batches, contexts = sorted({b for b, _ in cells}), sorted({c for _, c in cells})
     if len(batches) < 2 or len(contexts) < 2:
         r.fail("expected at least two batches and two contexts", key)
@@ -148,7 +148,7 @@ def _rising_said(seconds: list[float], where: str) -> tuple[float, ...]:
 
 def rising(rows: list[tuple[int, float]]) -> tuple[list[tuple[int, float]], int]:
     """The [size, seconds] rows with each time below the one before it raised to it, and how many
-    were: a measured time does not fall with more work, and a table that falls is refused."""
+    were: a measured time does not fall with more work."""
     out, raised = [], 0
     for size, t in rows:
         if out and t < out[-1][1]:

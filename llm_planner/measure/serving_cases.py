@@ -37,11 +37,12 @@ from llm_planner.measure.serving_results import ServingObservation, ServingResul
 from llm_planner.serving.closed_loop import MOST_CONCURRENCY as CLOSED_LOOP_MOST
 from llm_planner.serving.closed_loop import ROUNDS
 from llm_planner.serving.context import ServingContext, ServingOptions
+from llm_planner.serving.inputs import decoder_config
 from llm_planner.serving.layout import Layout, describe
 from llm_planner.serving.layout_text import LayoutError, parse_layout
 from llm_planner.serving.score import score_replica
 from llm_planner.serving.tasks import DEFAULT_TOKEN_BUDGET
-from llm_planner.serving.workload import TPOT_SLO_RANGE_S, ServingWorkload, WorkloadError
+from llm_planner.serving.workload import TPOT_SLO_RANGE_S, ServingWorkload
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +107,7 @@ def model_config(settings: ServingSettings, observations: Sequence[ServingObserv
                 f"--model is required: the results name no single preset or config.json as their model ({sources})"
             )
         name = found[0]
-    config = named_config(name)
-    if config is None:
-        raise WorkloadError(
-            f"--model {name!r}: serving calibration needs a decoder: a preset (`llm-planner models` lists them), "
-            "a config.json or a directory holding one"
-        )
+    config = decoder_config(name)
     for o in observations:
         if not same_model(o.model, config.name):
             log.warning("%s: the run served %r, calibrated as %r (--model)", o.source, o.model, config.name)
