@@ -402,15 +402,34 @@ def test_ports_are_distinct_per_host():
     assert ports == {"a": 8000, "b": 8010, "c": 8000, "d": 8020}
 
 
-def test_requests_past_the_models_context_are_said_to_be_refused_for_that_reason(tmp_path, caplog):
-    """Llama-3 8B (8,192 positions) planned for 8,000 + 500 tokens: the export's engines take at most
-    the model's context, and its warning names that limit, not the KV cache (which holds more)."""
+def test_requests_past_the_models_context_get_the_engines_opt_in(tmp_path, caplog):
+    """Llama-3 8B (8,192 positions) planned for 8,000 + 500 tokens: the export's engines take the
+    plan's 8,500-token requests, with the environment variable each engine needs for that, and a
+    warning says so; an --max-model-len past both the limit and the requests is refused."""
     cluster = tmp_path / "c.yaml"
     cluster.write_text(Path("cluster_specs/four-gpus.yaml").read_text())
     plan = tmp_path / "p.yaml"
     argv = ["plan", "--cluster", str(cluster), "--model", "llama3-8b", "--objective", "serving", "--no-baselines"]
     assert main([*argv, "--prompt-len", "8000", "--output-len", "500", "--tpot-slo", "200 ms", "-o", str(plan)]) == 0
-    assert main(["export", str(plan), "--to", "vllm", "-o", str(tmp_path / "run.sh")]) == 0
-    text = " ".join(caplog.text.split())
-    assert "at most 8192 tokens (the model's context limit, max_position_embeddings;" in text
-    assert "the KV cache the smallest engine holds" not in text
+    for to, env in (("vllm", "VLLM_ALLOW_LONG_MAX_MODEL_LEN"), ("sglang", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN")):
+        script = tmp_path / f"{to}.sh"
+        assert main(["export", str(plan), "--to", to, "-o", str(script)]) == 0
+        text = script.read_text()
+        assert f"\nexport {env}=1\n" in text and "8500" in text
+        as_json = tmp_path / f"{to}.json"
+        assert main(["export", str(plan), "--to", to, "--format", "json", "-o", str(as_json)]) == 0
+        config = json.loads(as_json.read_text())
+        assert config["max_model_len"] == 8500 and config["environment"] == {env: "1"}
+    said = " ".join(caplog.text.split())
+    assert "take sequences of up to 8500 tokens, past llama3-8b's context limit of 8192" in said
+    assert "they reject those requests" not in said
+    assert main(["export", str(plan), "--to", "vllm", "--max-model-len", "9000", "-o", str(tmp_path / "x.sh")]) == 2
+
+
+def test_requests_within_the_models_context_need_no_opt_in(plans):
+    served = load_serving_plan(plans["tp"])
+    export = build_engines(served, load_cluster(served.input_path("cluster")), "vllm")
+    assert export.max_model_len == export.model_limit == 4096
+    assert "ALLOW_LONG" not in _written(plans["tp"], "vllm")
+    rc, text, _ = _export(plans["tp"], "--to", "sglang", "--format", "json")
+    assert rc == 0 and json.loads(text)["environment"] == {}

@@ -42,6 +42,10 @@ from llm_planner.serving.workload import ServingWorkload
 PORT_STEP = 10  # > SGLang's dist-init port + 6 derived ones; > vLLM's master port + 1
 VLLM_PORT, SGLANG_PORT, VLLM_MASTER_PORT, DIST_INIT_PORT = 8000, 30000, 29501, 20000
 RAY_BASE, RAY_BLOCK, RAY_WORKER_PORTS = 13000, 500, 400  # a Ray cluster's ports: RAY_BASE + k * RAY_BLOCK ..
+LONG_CONTEXT_ENV = {  # what lets each engine take sequences past max_position_embeddings
+    "vllm": "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
+    "sglang": "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN",
+}
 # The plan's element types as vLLM's and SGLang's --dtype names, and a config's torch_dtype as ours.
 DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 FP8_KV = {"vllm": "fp8", "sglang": "fp8_e4m3"}  # --kv-cache-dtype of a plan that holds 1-byte KV
@@ -158,17 +162,20 @@ def kv_budget(
     return KVBudget(tokens=concurrency * held, gpu_bytes=math.floor(concurrency * per_seq * max(layers)))
 
 
-def max_model_len(asked: int | None, limit: int, budgets: dict[str, KVBudget], where: str) -> int:
-    """--max-model-len: the one the user asked for, else the model's context limit, never more than
-    the KV the smallest engine holds (a request longer than that could never run there)."""
+def max_model_len(asked: int | None, limit: int, budgets: dict[str, KVBudget], where: str, longest: int = 0) -> int:
+    """--max-model-len: the one the user asked for, else the model's context limit or the plan's
+    longest request (prompt + output) where that is longer (the engines' opt-in: `past_limit`),
+    never more than the KV the smallest engine holds (a request longer than that could never run
+    there). A length above both the limit and the plan's longest request is refused."""
     name, smallest = min(budgets.items(), key=lambda kv: kv[1].tokens)
     if asked is None:
-        return min(limit, smallest.tokens)
+        return min(max(limit, longest), smallest.tokens)
     if asked < 1:
         raise ServingExportError(f"--max-model-len: must be a positive number of tokens, got {asked}")
-    if asked > limit:
+    if asked > max(limit, longest):
+        longer = f", and the plan's longest request is {longest}" if longest > limit else ""
         raise ServingExportError(
-            f"--max-model-len {asked}: above the model's context limit of {limit} tokens ({where})"
+            f"--max-model-len {asked}: above the model's context limit of {limit} tokens{longer} ({where})"
         )
     if asked > smallest.tokens:
         raise ServingExportError(
@@ -176,6 +183,14 @@ def max_model_len(asked: int | None, limit: int, budgets: dict[str, KVBudget], w
             "(its sequences in flight at the workload's mean full context): one sequence that long does not fit"
         )
     return asked
+
+
+def past_limit(framework: str, length: int, limit: int) -> tuple[str, str] | None:
+    """The environment variable (name, value) with which `framework` takes sequences of `length`
+    tokens past the model's context limit (max_position_embeddings); None when none is needed."""
+    if length <= limit:
+        return None
+    return LONG_CONTEXT_ENV[framework], "1"
 
 
 def assign_ports(engines: Sequence[Any], base: int, step: int) -> dict[str, int]:

@@ -34,6 +34,7 @@ from llm_planner.core.fmt import quote
 from llm_planner.core.names import check_host, hostname_problem
 from llm_planner.core.spec import ClusterSpec, DeviceSpec
 from llm_planner.export.engine_args import (
+    LONG_CONTEXT_ENV,
     KVBudget,
     ServingExportError,
     engine_dtype,
@@ -264,15 +265,26 @@ def _engine_budgets(export, plan, cluster, dtype, max_len, multinode) -> Serving
         for e in export.engines
     }
     limit = int(config.max_positions)
-    length = max_model_len(max_len, limit, kv, export.plan_path)
+    length = max_model_len(max_len, limit, kv, export.plan_path, workload.max_context)
     if workload.max_context > length:
         log.warning(
             "%s: the engines take sequences of at most %d tokens (%s), shorter than the workload's longest "
             "prompt + output, %d: they reject those requests",
             export.plan_path,
             length,
-            _length_cause(max_len, limit, kv),
+            "--max-model-len" if max_len is not None else "the KV cache the smallest engine holds",
             workload.max_context,
+        )
+    if length > limit:
+        log.warning(
+            "%s: the engines take sequences of up to %d tokens, past %s's context limit of %d "
+            "(max_position_embeddings), as the plan's requests need; the scripts set %s=1, without which the "
+            "engine refuses them; the model was not trained on positions that far",
+            export.plan_path,
+            length,
+            model["name"],
+            limit,
+            LONG_CONTEXT_ENV[export.framework],
         )
     budget = plan.data["options"]["max_batched_tokens"]  # what the plan's TTFT and feasibility assumed
     batched = {e.name: budget for e in export.engines}
@@ -289,16 +301,6 @@ def _engine_budgets(export, plan, cluster, dtype, max_len, multinode) -> Serving
         language_model_only=config.hf_model_type in LANGUAGE_ONLY,
         eplb=plan.data["options"].get("eplb"),
     )
-
-
-def _length_cause(asked: int | None, limit: int, kv: dict) -> str:
-    """What set the engines' longest sequence (engine_args.max_model_len): the flag, the model's
-    context limit or the KV cache of the smallest engine."""
-    if asked is not None:
-        return "--max-model-len"
-    if limit <= min(b.tokens for b in kv.values()):
-        return "the model's context limit, max_position_embeddings; vLLM and SGLang refuse longer requests unless told"
-    return "the KV cache the smallest engine holds"
 
 
 def _replica_engines(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_planner.export.engine_args import past_limit
 from llm_planner.export.serving import EnginePlan, ServingExport, layer_partition
 
 
@@ -62,6 +63,8 @@ def megatron_config(export: ServingExport) -> dict[str, Any]:
 
 def engines_config(export: ServingExport, ports: dict[str, int]) -> dict[str, Any]:
     """The engines as JSON (`export --format json`): sizes, partition, hosts, ports and shares."""
+    env = past_limit(export.framework, export.max_model_len, export.model_limit)
+    environment = dict([env]) if env is not None else {}
     return {
         "framework": export.framework,
         "plan": export.plan_path,
@@ -69,6 +72,7 @@ def engines_config(export: ServingExport, ports: dict[str, int]) -> dict[str, An
         "dtype": export.dtype,
         "num_layers": export.num_layers,
         "max_model_len": export.max_model_len,
+        "environment": environment,  # what the engines need to take max_model_len (past the limit)
         "quantization": export.quantization,
         "kv_cache_dtype": export.kv_cache_dtype,
         "multinode": export.multinode,

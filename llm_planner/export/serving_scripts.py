@@ -37,6 +37,7 @@ from llm_planner.export.engine_args import (
     VLLM_PORT,
     ServingExportError,
     assign_ports,
+    past_limit,
     ray_ports,
 )
 from llm_planner.export.routers import ROUTER_LABEL, router_start
@@ -113,9 +114,15 @@ def _header(export: ServingExport, ports: dict[str, int], title: str) -> list[st
         f'MODEL="${{MODEL:-}}"; [ -n "$MODEL" ] || MODEL={_q(export.model)}',
         'HOST="${1:-$(hostname)}"',
         "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
-        "",
     ]
-    return lines
+    env = past_limit(export.framework, export.max_model_len, export.model_limit)
+    if env is not None:
+        lines += [
+            f"# The plan's requests pass the model's context limit of {export.model_limit} tokens: the engine takes",
+            "# them only when told to (the model was not trained on positions that far).",
+            f"export {env[0]}={env[1]}",
+        ]
+    return [*lines, ""]
 
 
 def _script(
