@@ -332,7 +332,9 @@ def test_export_writes_the_regular_form_and_refuses_the_rest(tmp_path, capsys):
     assert (
         main(["plan", *small, "--solver", "tp-replicas", "--no-baselines", "-o", str(out), "--export", "megatron"]) == 2
     )
-    assert "no megatron form" in capsys.readouterr().err
+    said = " ".join(capsys.readouterr().err.split())
+    assert "no megatron form" in said and f"the plan itself is written to {out}, no megatron configuration" in said
+    assert out.exists() and not (tmp_path / "p.megatron.json").exists()
 
 
 def test_export_names_the_rule_a_plan_breaks():

@@ -188,7 +188,11 @@ def _export(plan, problem, args: argparse.Namespace, console: Console) -> None:
     try:
         config = export_plan(plan, args.export, problem.graph.topological_order(), layer_of)
     except ExportError as exc:
-        raise UserError(f"--export {args.export}: the plan has no {args.export} form: {exc}", exit_code=2) from None
+        raise UserError(
+            f"--export {args.export}: the plan has no {args.export} form: {exc}; the plan itself is written to "
+            f"{args.output}, no {args.export} configuration",
+            exit_code=2,
+        ) from None
     path = _export_path(args)
     write_atomic(path, json.dumps(config, indent=1) + "\n", PlanError)
     console.print(styled(f"{args.export} configuration written to ", (str(path), "bold")))
