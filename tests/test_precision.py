@@ -301,7 +301,11 @@ def test_a_candidate_nothing_serves_in_is_listed_with_its_bound_and_never_chosen
     def plan_one(p):
         if p == b:
             raise WorkloadError("no device kind runs it")
-        return {"serving": {"tokens_per_s": 10.0, "upper_bound_tokens_per_s": 12.0, "device_prices": {"c": 1.0}}}
+        timings = {"layout_search": 1.0, "bounds": 2.0, "total": 3.5}
+        return {
+            "serving": {"tokens_per_s": 10.0, "upper_bound_tokens_per_s": 12.0, "device_prices": {"c": 1.0}}
+            | {"timings_s": timings}
+        }
 
     data = plan_among([a, b], plan_one, lambda p: 0.0 if p == b else 99.0)
     rows = data["serving"]["precisions"]
@@ -309,6 +313,10 @@ def test_a_candidate_nothing_serves_in_is_listed_with_its_bound_and_never_chosen
     assert data["serving"]["upper_bound_tokens_per_s"] == 12.0 and data["serving"]["gap"] == pytest.approx(1 / 6)
     with pytest.raises(WorkloadError, match="no allowed precision serves"):
         plan_among([b], plan_one, lambda p: 0.0)
+    c = build_precision("fp16", None, "fp8")
+    timings = plan_among([a, b, c], plan_one, lambda p: 0.0)["serving"]["timings_s"]
+    assert timings["layout_search"] == 2.0 and timings["bounds"] == 4.0  # both plans' time, not the last one's
+    assert 0 < timings["precisions_that_serve_nothing"] < 1 and timings["total"] > 7.0
 
 
 def test_a_measured_profile_is_not_applied_to_a_quantized_precision(tmp_path):

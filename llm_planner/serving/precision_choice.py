@@ -14,6 +14,7 @@ bound 0: no plan exists in it).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 from llm_planner.core.precision import Precision, PrecisionError, build_precision
@@ -49,13 +50,16 @@ def plan_among(
     (llm_planner.serving.api.plan_serving), `bound_one(p)` bounds a candidate without a plan
     (`bound_without_plan`). WorkloadError when nothing serves in any candidate."""
     plans, rows, why = [], [], []
+    wasted = 0.0  # the candidates that serve nothing: finding so and bounding them
     for p in candidates:
+        started = time.perf_counter()
         try:
             data = plan_one(p)
         except WorkloadError as exc:
             log.info("precision %s: %s", p.describe(), exc)
             why.append(f"{p.describe()}: {exc}")
             rows.append(_row(p, 0.0, bound_one(p), None))
+            wasted += time.perf_counter() - started
             continue
         sv = data["serving"]
         plans.append(data)
@@ -67,7 +71,20 @@ def plan_among(
     bound = max(r["upper_bound_tokens_per_s"] for r in rows)
     gap, status = status_of(sv["tokens_per_s"], bound)
     sv.update(upper_bound_tokens_per_s=bound, gap=gap, status=status, precisions=rows)
+    more = {"precisions_that_serve_nothing": wasted} if wasted else {}
+    sv["timings_s"] = summed_timings([d["serving"]["timings_s"] for d in plans], more)
     return best
+
+
+def summed_timings(each: list[dict[str, float]], more: dict[str, float]) -> dict[str, float]:
+    """Every candidate's time by part (serving.timings_s), summed over the candidates, with the
+    parts in `more` (the candidates that serve nothing: the time spent finding so and bounding
+    them); its total is the whole of it."""
+    out: dict[str, float] = {}
+    for part, seconds in [kv for t in each for kv in t.items()] + list(more.items()):
+        out[part] = out.get(part, 0.0) + seconds
+    out["total"] = out.get("total", 0.0) + sum(more.values())
+    return out
 
 
 def _row(p: Precision, tokens: float, bound: float, prices) -> dict[str, Any]:
