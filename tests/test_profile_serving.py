@@ -103,3 +103,17 @@ def test_a_time_that_falls_with_more_tokens_is_raised_and_said(caplog):
     table = yaml.safe_load(text)["kinds"]["k"]["tp"][1]["linear_layer_s"]
     assert table == [[1, 0.00195], [8, 0.064], [64, 0.064]]
     assert "1 of 3 linear-layer times fall below the one before them" in caplog.text
+
+
+def test_the_timer_reports_each_points_flops_for_the_progress_bar():
+    """Every point timed advances the bar by its FLOPs: the four projections' 2 T sum(in x out)
+    twice per token count (the layer and its projections), decode attention's 4 B L heads x head_dim."""
+    shape = serve_parts.member_shape(preset_config("gpt2"), 1)
+    ticks = []
+    timer = serve_parts.Timer(torch.device("cpu"), 1, 0, tick=ticks.append)
+    serve_parts.linear_tables(shape, (1, 4), timer, torch.float32)
+    per_token = 2 * (768 * 2304 + 768 * 768 + 768 * 3072 + 3072 * 768)
+    assert ticks == [per_token, per_token, 4 * per_token, 4 * per_token]
+    ticks.clear()
+    serve_parts.attn_grid(shape, (2,), (8,), timer, torch.float32)
+    assert ticks == [4 * 2 * 8 * 12 * 64]

@@ -12,6 +12,7 @@ import platform
 
 import yaml
 from rich.console import Console
+from rich.progress import Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from llm_planner.cli.arg_types import increasing, whole
 from llm_planner.core.atomic import check_writable, write_atomic
@@ -148,9 +149,27 @@ def _measure_on(serve_parts, shapes, device, dtype: str, args, console: Console)
 
 
 def _measure(serve_parts, shapes, device, dtype: str, args, console: Console) -> dict[int, dict]:
+    """Every table, with a progress bar whose time left counts the points' FLOPs (a table of large
+    token counts on a CPU runs for hours: the bar says so after its first points)."""
+    total = sum(_work(serve_parts, shape, dtype, args) for shape in shapes.values())
+    columns = (*Progress.get_default_columns()[:-1], TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(f"timing on {device}", total=total)
+        timer = serve_parts.Timer(device, args.repeats, args.warmup, tick=lambda work: bar.advance(task, work))
+        return _tables(serve_parts, shapes, timer, dtype, args, console)
+
+
+def _work(serve_parts, shape, dtype: str, args) -> float:
+    """The FLOPs of one member's points: the linear tables (two per token count but in fp8) and the
+    attention grid (with --attention)."""
+    linear = sum(serve_parts.linear_flops(shape, t) for t in args.tokens) * (1 if dtype == "fp8" else 2)
+    grid = [(b, c) for b in args.batches for c in args.contexts] if args.attention else []
+    return linear + sum(serve_parts.attention_flops(shape, b, c) for b, c in grid)
+
+
+def _tables(serve_parts, shapes, timer, dtype: str, args, console: Console) -> dict[int, dict]:
     import torch
 
-    timer = serve_parts.Timer(device, args.repeats, args.warmup)
     if dtype == "fp8":
         return {k: {"linear_layer_s": serve_parts.fp8_linear_table(s, args.tokens, timer)} for k, s in shapes.items()}
     torch_dtype = getattr(torch, TORCH_DTYPES[dtype])

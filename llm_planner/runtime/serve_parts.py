@@ -82,6 +82,16 @@ class MemberShape:
         return tuple(torch.randn(tokens, n, device=device, dtype=dtype) for n in (hidden, attention, mlp))
 
 
+def linear_flops(shape: MemberShape, tokens: int) -> float:
+    """The four projections' FLOPs on `tokens` tokens (a point of the linear tables)."""
+    return 2.0 * tokens * sum(i * o for i, o in shape.projections)
+
+
+def attention_flops(shape: MemberShape, batch: int, context: int) -> float:
+    """Decode attention's FLOPs: `batch` queries over `context` keys each (a point of attn_grid)."""
+    return 4.0 * batch * context * shape.heads * shape.head_dim
+
+
 def member_shape(cfg: DecoderConfig, k: int) -> MemberShape:
     """The sizes each of k members holds (Megatron layout); PartsError where the layer does not split."""
     if cfg.num_experts or cfg.is_mla or cfg.sliding_window is not None:
@@ -158,13 +168,17 @@ class _Layer:
 class Timer:
     """Times a zero-argument function on `device` (module docstring: graphs and a flushed L2 on a GPU)."""
 
-    def __init__(self, device: torch.device, repeats: int, warmup: int):
-        self.device, self.repeats, self.warmup = device, repeats, warmup
+    def __init__(self, device: torch.device, repeats: int, warmup: int, tick: Callable[[float], object] | None = None):
+        self.device, self.repeats, self.warmup, self.tick = device, repeats, warmup, tick
         self.cuda = device.type == "cuda"
         self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device) if self.cuda else None
 
-    def median_s(self, fn: Callable[[], object]) -> float:
-        return self._cuda(fn) if self.cuda else self._cpu(fn)
+    def median_s(self, fn: Callable[[], object], work: float = 0.0) -> float:
+        """The median time of fn; `tick(work)` after it (a progress bar's advance: `work` its FLOPs)."""
+        seconds = self._cuda(fn) if self.cuda else self._cpu(fn)
+        if self.tick is not None:
+            self.tick(work)
+        return seconds
 
     def _cpu(self, fn: Callable[[], object]) -> float:
         for _ in range(self.warmup):
@@ -209,8 +223,9 @@ def linear_tables(
         for t in tokens:
             x, attn, act = shape.projection_inputs(t, timer.device, dtype)
             pos = torch.arange(t, device=timer.device)
-            full.append((t, timer.median_s(lambda x=x, pos=pos: layer.run(x, pos))))
-            gemms.append((t, timer.median_s(lambda x=x, a=attn, m=act: layer.gemms(x, a, m))))
+            work = linear_flops(shape, t)
+            full.append((t, timer.median_s(lambda x=x, pos=pos: layer.run(x, pos), work)))
+            gemms.append((t, timer.median_s(lambda x=x, a=attn, m=act: layer.gemms(x, a, m), work)))
     return full, gemms
 
 
@@ -240,7 +255,7 @@ def fp8_linear_table(shape: MemberShape, tokens: Sequence[int], timer: Timer) ->
     with torch.inference_mode():
         for t in tokens:
             x, attn, act = shape.projection_inputs(t, timer.device, torch.bfloat16)
-            out.append((t, timer.median_s(lambda x=x, a=attn, m=act: gemms(x, a, m))))
+            out.append((t, timer.median_s(lambda x=x, a=attn, m=act: gemms(x, a, m), linear_flops(shape, t))))
     return out
 
 
@@ -257,7 +272,7 @@ def attn_grid(
                 k = torch.randn(b, shape.kv_heads, ctx, shape.head_dim, device=timer.device, dtype=dtype)
                 v = torch.randn_like(k)
                 backend = backend or _backend(q, k, v)
-                out.append((b, ctx, timer.median_s(_attention(q, k, v, backend))))
+                out.append((b, ctx, timer.median_s(_attention(q, k, v, backend), attention_flops(shape, b, ctx))))
                 del q, k, v
     return out, backend.name if backend is not None else "none"
 
