@@ -107,6 +107,26 @@ def test_a_model_config_directory_is_stored_relative_to_the_plan(folders, monkey
     assert main(["verify", "../B/p.yaml"]) == 0, capsys.readouterr()
 
 
+def test_a_serving_plans_model_config_directory_is_stored_relative_to_the_plan(folders, monkeypatch, capsys):
+    """The same rule for a serving plan: its model.name, a config folder, is stored relative to the
+    plan's folder, and verify, show, export and launch --dry-run read it from another folder."""
+    a, b, c = folders
+    (a / "tiny").mkdir()
+    config = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 1000, "n_positions": 128}
+    (a / "tiny" / "config.json").write_text(json.dumps(config))
+    argv = ["plan", "--cluster", "specs/c.yaml", "--model", "tiny", "--objective", "serving", "--no-baselines"]
+    argv += ["--prompt-len", "32", "--output-len", "16", "--tpot-slo", "10 ms", "-o", "../B/p.yaml"]
+    assert main(argv) == 0
+    stored = yaml.safe_load((b / "p.yaml").read_text())["model"]["name"]
+    assert stored == os.path.join("..", "A", "tiny")
+    monkeypatch.chdir(c)
+    (c / "tiny").mkdir()  # a folder of the same name where they run is not the one the plan means
+    capsys.readouterr()
+    for args in (["verify"], ["show"], ["export", "--to", "vllm", "-o", str(c / "run.sh")]):
+        assert main([args[0], "../B/p.yaml", *args[1:]]) == 0, capsys.readouterr()
+    assert main(["launch", "../B/p.yaml", "--dry-run", "--workdir", str(c / "w")]) == 0, capsys.readouterr()
+
+
 def test_the_inputs_hashes_are_still_checked(folders, monkeypatch, capsys):
     a, b, c = folders
     assert main(["plan", "--cluster", "specs/c.yaml", "--model", "gpt2", "--no-baselines", "-o", "../B/p.yaml"]) == 0

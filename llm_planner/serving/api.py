@@ -7,7 +7,7 @@ import dataclasses
 import math
 from typing import Any
 
-from llm_planner.core.plan_paths import relative_to_plan
+from llm_planner.core.plan_paths import model_paths, relative_to_plan
 from llm_planner.core.precision import Precision
 from llm_planner.core.timing import Stopwatch
 from llm_planner.cost.serving_profile import load_serving_profile
@@ -155,7 +155,7 @@ def plan_serving(
             "profile_sha256": input_digest(profile_path, "profile") if profile_path is not None else None,
             "model_sha256": _model_digest(model),
         },
-        "model": model_fields(ctx, model),
+        "model": model_paths(model_fields(ctx, model), lambda path: relative_to_plan(path, output_path), "."),
         "workload": workload.to_dict(),
         "options": _options_record(options) | {"solver": solver},
         "serving": {

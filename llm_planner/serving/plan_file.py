@@ -1,8 +1,8 @@
 """Serving plan files: what `plan --objective serving` writes and `show`, `verify` and
 `export` read. The format is in docs/plan-format.md ("Serving plans").
 
-Input paths (cluster, profile) are stored relative to the plan file's folder, so a plan works
-from any working directory.
+Input paths (cluster, profile, and a model.name that is a config.json or its folder) are stored
+relative to the plan file's folder, so a plan works from any working directory.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from llm_planner.core.atomic import write_atomic
 from llm_planner.core.fileio import dump_yaml, read_bytes, read_document, read_text
+from llm_planner.core.plan_paths import model_paths, plan_folder, resolve_from_plan
 from llm_planner.graph.hf_config import config_file_of
 from llm_planner.serving.plan_fields import SERVING_FORMAT, SERVING_VERSION, read_plan_fields, upgrade
 
@@ -85,6 +86,8 @@ def load_serving_plan(path: str | Path) -> ServingPlanFile:
     version-5 plan is read as version 6 (plan_fields.upgrade)."""
     data = upgrade(read_document(path, ServingPlanError, finite=True))
     read_plan_fields(data, str(path), ServingPlanError)
+    # a model.name that is a config file or its folder is stored relative to the plan's folder
+    data["model"] = model_paths(data["model"], lambda stored: resolve_from_plan(stored, path), plan_folder(path))
     return ServingPlanFile(data=data, path=Path(path))
 
 
