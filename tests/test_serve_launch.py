@@ -4,6 +4,7 @@ serving spec the ranks read, and every refusal (exit 2, naming the file or flag)
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -297,3 +298,40 @@ def test_a_failure_without_a_failed_rank_keeps_the_launchers_message(plan, tmp_p
         "mpiexec exited with status 7"
     )
     assert stage_label(prepared.spec, 3) == "replica 1 stage 0 of 1"
+
+
+def test_a_second_launch_into_a_busy_workdir_is_refused(plan, gpt2_dir, tmp_path, capsys):
+    """A launch holds its workdir's lock while its ranks run: another launch into the same folder
+    (a serving plan's or a placement plan's) exits 2 naming the folder and the launcher's pid, and
+    starts nothing; the lock goes with its holder."""
+    from runtime_fixtures import decoder_plan
+
+    from llm_planner.launch.plan_launch import launch_plan
+    from llm_planner.launch.workdir_lock import workdir_lock
+
+    workdir = tmp_path / "w"
+    placement = decoder_plan(tmp_path / "p.yaml", gpt2_dir, [{"embed": 0, "block.0": 1, "lm_head": 1}])
+    with workdir_lock(workdir):
+        assert cli.main(["launch", str(plan), "--workdir", str(workdir), "--max-requests", "3"]) == 2
+        said = " ".join(capsys.readouterr().err.split())
+        assert f"{workdir}: another launch is running in this workdir (launcher pid {os.getpid()})" in said
+        assert not (workdir / "rank_table.json").exists()
+        with pytest.raises(LaunchError, match="another launch is running"):
+            launch_plan(placement, workdir=str(workdir), max_new_tokens=2)
+        assert cli.main(["launch", str(plan), "--dry-run", "--workdir", str(workdir)]) == 0  # starts nothing
+    with workdir_lock(workdir):  # released
+        pass
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--stall-timeout", "1.5"], "--stall-timeout: must be at least 3 s (the ranks send a heartbeat every 1 s)"),
+        (["--duration", "60", "--timeout", "15"], "--duration 60 s: --timeout 15 s stops the whole run"),
+        (["--duration", "600"], "--duration 600 s: --timeout 600 s stops the whole run"),
+    ],
+)
+def test_run_limits_that_cannot_hold_are_refused_before_anything_starts(plan, tmp_path, capsys, flags, message):
+    assert cli.main(["launch", str(plan), "--workdir", str(tmp_path / "w"), *flags]) == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "w").exists()

@@ -90,7 +90,7 @@ def serve_until_failure(
     """Serve far longer than timeout_s, apply `fault(rank 1's pid)` once serving is under way (both stages built,
     then two seconds of serving); the launcher's message and failure report, which holds what was served, and the
     seconds from the fault to the launcher's exit."""
-    args = ("--duration", "3600", *extra)
+    args = ("--max-requests", str(10**6), *extra)
     built = tuple(f"rank {r}: built replica 0 stage {r}" for r in range(2))
     message, report, ended_s = fail_mid_run(
         hosts, plan, workdir, fault, args=args, timeout_s=timeout_s, ready=built, settle_s=2.0

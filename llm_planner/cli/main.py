@@ -285,7 +285,9 @@ def _build_parser() -> argparse.ArgumentParser:
         help="element type the ranks compute in (default: the plan's; fp32 is fastest on CPUs)",
     )
     p.add_argument("--report", default="run.json", help="JSON run report to write (default: run.json)")
-    p.add_argument("--timeout", type=positive_seconds, default=600.0, help="seconds before the whole run is stopped")
+    p.add_argument(
+        "--timeout", type=positive_seconds, default=600.0, help="seconds before the whole run is stopped (default 600)"
+    )
     p.add_argument(
         "--workdir", default=None, help="where to write the hostfile and rank table (default: next to the report)"
     )

@@ -35,6 +35,7 @@ from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.launch.launch_types import LaunchError, LaunchOptions, LaunchResult, PlanRejected
 from llm_planner.launch.mpiexec_run import hostfile_of, probe_port, run_mpiexec
 from llm_planner.launch.ranks import rank_entries
+from llm_planner.launch.workdir_lock import workdir_lock
 from llm_planner.placement.verify_file import verify_plan_file
 from llm_planner.runtime import decoder_tasks as dt
 from llm_planner.runtime.plan_schedule import in_flight_batches
@@ -219,7 +220,10 @@ def hostfile_text(table: RankTable) -> str:
 def launch(plan_path: str | Path, options: LaunchOptions = LaunchOptions()) -> LaunchResult:
     """Check, write the hostfile and rank table, and (unless dry_run) run mpiexec until done or timeout."""
     table, _ = build_rank_table(plan_path, options)
-    return run_table(table, options)
+    if options.dry_run:
+        return run_table(table, options)
+    with workdir_lock(table.run.workdir):
+        return run_table(table, options)
 
 
 def run_table(table: RankTable, options: LaunchOptions) -> LaunchResult:

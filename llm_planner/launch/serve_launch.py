@@ -41,7 +41,9 @@ from llm_planner.launch.plan_launch import default_workdir, run_table
 from llm_planner.launch.ranks import rank_entry, rank_order
 from llm_planner.launch.serve_failure import serving_failure
 from llm_planner.launch.serve_report import serving_report
+from llm_planner.launch.workdir_lock import workdir_lock
 from llm_planner.runtime import decoder_tasks as dt
+from llm_planner.runtime.heartbeat import INTERVAL_S
 from llm_planner.runtime.serve_progress import clear_progress, read_progress
 from llm_planner.runtime.serve_requests import LoadSpec
 from llm_planner.runtime.serve_spec import ReplicaSpec, ServeSpec, StageSpec
@@ -61,6 +63,7 @@ DEFAULT_REQUESTS_PER_SLOT = 2  # without --max-requests or --duration: twice eac
 
 
 STALL_TIMEOUT_S = 60.0  # `launch --stall-timeout`'s default (llm_planner.launch.stall_watch)
+MIN_STALL_S = 3 * INTERVAL_S  # at least three heartbeats (one a second): a shorter one stops healthy runs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,8 +110,16 @@ def _check_options(options: ServeOptions) -> None:
             raise LaunchError(f"{flag}: expected at least 1 token, got {value}")
     if not options.timeout_s > 0:
         raise LaunchError(f"--timeout: must be > 0 seconds, got {options.timeout_s}")
-    if not options.stall_timeout_s > 0:
-        raise LaunchError(f"--stall-timeout: must be > 0 seconds, got {options.stall_timeout_s}")
+    if not options.stall_timeout_s >= MIN_STALL_S:
+        raise LaunchError(
+            f"--stall-timeout: must be at least {MIN_STALL_S:g} s (the ranks send a heartbeat every "
+            f"{INTERVAL_S:g} s), got {options.stall_timeout_s:g}"
+        )
+    if options.duration_s is not None and options.duration_s >= options.timeout_s:
+        raise LaunchError(
+            f"--duration {options.duration_s:g} s: --timeout {options.timeout_s:g} s stops the whole run (its "
+            "start-up included) before that; give a --timeout above --duration"
+        )
     probe_port(error=LaunchError)  # how the hosts of a failed run are probed (llm_planner.launch.mpiexec_run)
 
 
@@ -346,8 +357,15 @@ def _rank_table(plan_path, plan, cluster, order, serves, spec: ServeSpec, option
 def launch_serving(plan_path: str | Path, options: ServeOptions = ServeOptions()) -> tuple[LaunchResult, dict | None]:
     """Check, write the files, run mpiexec (unless dry_run) and write the run report; (result, report)."""
     prepared = prepare_serving(plan_path, options)
-    if not options.dry_run:
+    if options.dry_run:
+        return _run(plan_path, prepared, options)
+    with workdir_lock(prepared.table.run.workdir):
         clear_progress(prepared.table.run.workdir)
+        return _run(plan_path, prepared, options)
+
+
+def _run(plan_path, prepared: ServePrepared, options: ServeOptions) -> tuple[LaunchResult, dict | None]:
+    """run_table on the prepared ranks, then the run report (launch_serving)."""
     result = run_table(
         prepared.table,
         LaunchOptions(
