@@ -335,3 +335,16 @@ def test_run_limits_that_cannot_hold_are_refused_before_anything_starts(plan, tm
     assert cli.main(["launch", str(plan), "--workdir", str(tmp_path / "w"), *flags]) == 2
     assert message in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "w").exists()
+
+
+def test_a_report_path_naming_one_of_the_plans_inputs_is_refused(plan, gpt2_dir, tmp_path, capsys):
+    """--report over the plan's cluster spec or its model's config.json would destroy the input the
+    plan's hashes name: refused before anything starts, naming the field."""
+    stored = yaml.safe_load(plan.read_text())
+    cluster = (plan.parent / stored["inputs"]["cluster"]).resolve()
+    before = cluster.read_bytes()
+    for path, field in ((cluster, "inputs.cluster"), (gpt2_dir / "config.json", "model.name's config")):
+        assert cli.main(["launch", str(plan), "--report", str(path), "--workdir", str(tmp_path / "w")]) == 2
+        said = " ".join(capsys.readouterr().err.split())
+        assert f"{path}: is the input {field}" in said, said
+    assert cluster.read_bytes() == before and not (tmp_path / "w").exists()

@@ -13,7 +13,10 @@ from rich.table import Table
 from llm_planner.cli.arg_types import positive_seconds, seed, tokens, whole
 from llm_planner.cli.commands import UserError
 from llm_planner.core.atomic import WriteError, check_not_an_input
+from llm_planner.core.fileio import read_document
 from llm_planner.core.fmt import fmt_s, styled
+from llm_planner.core.plan_paths import resolve_from_plan
+from llm_planner.graph.hf_config import config_file_of
 from llm_planner.launch.launch_text import describe_result
 from llm_planner.launch.launch_types import LaunchError
 from llm_planner.launch.serve_launch import STALL_TIMEOUT_S, ServeOptions, launch_serving
@@ -106,11 +109,30 @@ def refuse_serving_flags(args: argparse.Namespace) -> None:
 
 def check_report_path(args: argparse.Namespace) -> None:
     """--report is written at the end of a run: refused before it starts where it is a directory or
-    names the plan (its folder may be one the run makes, such as its workdir)."""
+    names the plan or a file the plan was made from (its folder may be one the run makes, such as
+    its workdir)."""
     if args.report is not None:
         if Path(args.report).is_dir():
             raise WriteError(f"{args.report}: cannot write: it is a directory")
-        check_not_an_input(args.report, {"plan": args.plan})
+        check_not_an_input(args.report, {"plan": args.plan, **_recorded_inputs(args.plan)})
+
+
+def _recorded_inputs(plan_path: str) -> dict[str, str | None]:
+    """The files a plan records (its cluster, profile, graph, model config), by field, resolved
+    against the plan's folder; none where the plan cannot be read (the launch then says why)."""
+    try:
+        data = read_document(plan_path, WriteError)
+    except WriteError:
+        return {}
+    inputs, model = data.get("inputs"), data.get("model")
+    if not isinstance(inputs, dict) or not isinstance(model, dict):
+        return {}
+    out = {f"inputs.{key}": inputs.get(key) for key in ("cluster", "profile")}
+    out |= {"model.graph": model.get("graph") if isinstance(model.get("graph"), str) else None}
+    found = {k: resolve_from_plan(v, plan_path) if isinstance(v, str) else None for k, v in out.items()}
+    name = model.get("name")
+    config = config_file_of(resolve_from_plan(name, plan_path)) if isinstance(name, str) and name else None
+    return found | {"model.name's config": str(config) if config is not None else None}
 
 
 def cmd_launch_serving(args: argparse.Namespace, console: Console) -> int:
