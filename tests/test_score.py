@@ -310,3 +310,17 @@ def test_an_engine_without_chunked_prefill_is_scored_with_whole_prompts(capsys, 
     profile = tmp_path / "p.yaml"
     profile.write_text("format: llm_planner.serving-profile/1\n")
     refused([*argv, "--no-chunked-prefill", "--profile", str(profile)], capsys, "--no-chunked-prefill", "profile")
+
+
+def test_a_prompt_joining_a_loaded_replica_waits_for_its_visit_and_a_steady_iteration(capsys):
+    """With 48 sequences in flight a new prompt waits half a cycle for its micro-batch's next visit
+    and rides an iteration at least as long as the steady state's (which carries the others'
+    prompt chunks too), so its TTFT is at least 1.5 TPOT; alone on the replica the engine is idle
+    and its TTFT is its prompt's own iteration, shorter than that."""
+    cluster = str(SPECS / "gpt3-six-servers.yaml")
+    argv = ["--cluster", cluster, "--model", "gpt3-175b", "--replica", "1xa100-server/a100-80g[tp8]"]
+    short = ["--prompt-len", "32", "--output-len", "256"]
+    loaded, _ = score_json([*argv, *short, "--concurrency", "48"], capsys)
+    assert loaded["ttft_s"] >= 1.5 * loaded["tpot_s"]
+    alone, _ = score_json([*argv, *short, "--concurrency", "1"], capsys)
+    assert alone["tpot_s"] <= alone["ttft_s"] < 1.5 * alone["tpot_s"]

@@ -56,6 +56,13 @@ def prefill_batch_tokens(mean_tokens: float, prompt_len: float, budget: float) -
     return min(arriving, fit) * prompt
 
 
+def next_visit_s(cycle_s: float, concurrency: int) -> float:
+    """How long a new request waits, on average, for its micro-batch's next visit: half a cycle
+    with other sequences in flight (the engine is mid-cycle when it arrives, at a point uniform over
+    the cycle), none with none (the engine is idle)."""
+    return cycle_s / 2.0 if concurrency > 1 else 0.0
+
+
 def prompt_wait_s(others: int, occupancy_s: float, request_s: float) -> float:
     """How long a prompt waits, on average, for the prompts ahead of it in its micro-batch: each of
     the `others` sequences beside it starts a new request every `request_s` (its TTFT plus its

@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass
 
 from llm_planner.core.spec import LinkSpec
-from llm_planner.cost.chunks import prompt_wait_s
+from llm_planner.cost.chunks import next_visit_s, prompt_wait_s
 from llm_planner.cost.dp_attention import DEEPEP_MAX_RANK_DECODES
 from llm_planner.cost.roofline import transfer_s
 from llm_planner.serving.classes import is_dp
@@ -156,7 +156,7 @@ class ReplicaModel:
             )
             for s, (slot, n) in enumerate(zip(self.slots, layers))
         )
-        ttft = self.ttft_s(layers, b, cycle)
+        ttft = self.ttft_s(layers, b, (cycle, round_trip), concurrency)
         return ReplicaEval(
             layers=tuple(layers),
             concurrency=concurrency,
@@ -169,13 +169,17 @@ class ReplicaModel:
             mem_bytes=mem,
         )
 
-    def ttft_s(self, layers: tuple[int, ...], b: int, cycle: float) -> float:
+    def ttft_s(self, layers: tuple[int, ...], b: int, times: tuple[float, float], concurrency: int) -> float:
         """Time to first token of a mean prompt joining a micro-batch of b sequences (module
-        docstring): its prompt goes in chunks of what the token budget leaves beside the b decodes,
-        one chunk per visit of its micro-batch; the last chunk's round trip yields the token; before
-        that it waits for the prompts of the b - 1 others ahead of it (cost.chunks.prompt_wait_s).
-        Through a group with data-parallel attention the prompt is one rank's, whose budget is a
-        k-th of the group's: its chunks are a k-th as large."""
+        docstring), `times` the steady state's (cycle, round trip): its prompt goes in chunks of what
+        the token budget leaves beside the b decodes, one chunk per visit of its micro-batch; each
+        visit's iterations last at least the steady state's (which carry the other sequences' prompt
+        chunks too), the last one's round trip yields the token; before that it waits for the prompts
+        of the b - 1 others ahead of it (cost.chunks.prompt_wait_s) and, with other sequences in
+        flight, for its micro-batch's next visit (half a cycle on average: the engine is mid-cycle
+        when a request arrives). Through a group with data-parallel attention the prompt is one
+        rank's, whose budget is a k-th of the group's: its chunks are a k-th as large."""
+        cycle, round_trip = times
         prompt = self.tasks.mean_prompt_len
         chunked = self.tasks.chunked_prefill  # else: the prompt whole, in an iteration of its own
         ranks = max((slot.costs.degree for slot in self.slots if is_dp(slot.costs.attention)), default=1)
@@ -184,7 +188,7 @@ class ReplicaModel:
         visits = math.ceil(prompt / chunk)
         trip = self.handoffs_s(b) + sum(self._chunk_stage_s(s, beside, chunk, n) for s, n in enumerate(layers))
         plain = self.handoffs_s(b) + sum(self._chunk_stage_s(s, beside, 0.0, n) for s, n in enumerate(layers))
-        service = (visits - 1) * max(cycle, trip) + trip
+        service = next_visit_s(cycle, concurrency) + (visits - 1) * max(cycle, trip) + max(round_trip, trip)
         output_len = prompt / self.tasks.prefill_per_output if self.tasks.prefill_per_output > 0 else 0.0
         return service + prompt_wait_s(b - 1, visits * (trip - plain), service + output_len * cycle)
 

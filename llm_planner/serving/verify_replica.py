@@ -21,9 +21,11 @@ the sum over the micro-batches; the round trip the stage times at b plus each ha
 bytes / bandwidth; hidden states of b sequences and their prompt chunks, the sampled ids back from
 the last stage); TPOT the larger of the round trip and the busiest stage; tokens/s = C / TPOT;
 TTFT: a mean prompt in chunks of min(E[P], (budget - b) / r) tokens (r the largest data-parallel
-attention group's ranks, else 1), one per cycle, the last one's round
-trip (each chunk's iteration carrying it) yielding the token, after the wait for the prompts of the
-b - 1 others (llm_planner.cost.chunks.prompt_wait_s); memory per device: layers x (block weights +
+attention group's ranks, else 1), one per cycle, each visit at least the steady state's cycle, the
+last one's round trip (at least the steady state's, and each chunk's iteration carrying it) yielding
+the token, after half a cycle for the micro-batch's next visit where other sequences are in flight
+(llm_planner.cost.chunks.next_visit_s) and the wait for the prompts of the b - 1 others
+(llm_planner.cost.chunks.prompt_wait_s); memory per device: layers x (block weights +
 C KV per layer) + the end parts' weights (and the first stage's d dense layers with their KV) + the
 largest workspace at b sequences.
 """
@@ -33,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llm_planner.cost.chunks import prompt_lumps, prompt_wait_s
+from llm_planner.cost.chunks import next_visit_s, prompt_lumps, prompt_wait_s
 from llm_planner.cost.dp_attention import dp_layer_kernels
 from llm_planner.cost.iteration import Load, layer_kernels
 from llm_planner.cost.roofline import evaluate_pieces, group_task_time_pieces, shard_of
@@ -255,7 +257,7 @@ def derive(ctx: ServingContext, layout: Layout, layers: list[int], concurrency: 
     plain_trip = handoff + sum(
         c.iteration_s(b, n, s == 0, s == p - 1, prompt_tokens=0.0) for s, (c, n) in enumerate(zip(costs, layers))
     )
-    service = (visits - 1) * max(tpot, chunk_trip) + chunk_trip
+    service = next_visit_s(tpot, concurrency) + (visits - 1) * max(tpot, chunk_trip) + max(trip, chunk_trip)
     request = service + ctx.workload.mean_output_len * tpot
     ttft = service + prompt_wait_s(b - 1, visits * (chunk_trip - plain_trip), request)
     return Derived(
