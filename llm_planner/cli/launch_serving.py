@@ -174,8 +174,8 @@ def cmd_launch_serving(args: argparse.Namespace, console: Console) -> int:
     console.print(report_table(report))
     console.print(
         styled(
-            f"served {report['total']['requests_completed']} requests in {fmt_s(result.duration_s)}; "
-            "run report written to ",
+            f"served {report['total']['requests_completed']} requests in {fmt_s(report['total']['duration_s'])} "
+            f"(the launch took {fmt_s(result.duration_s)}, the ranks' start included); run report written to ",
             (str(result.report_path), "bold"),
         )
     )
