@@ -338,6 +338,19 @@ def test_a_replica_that_cannot_hold_the_model_is_refused(tmp_path, capsys):
     assert not (tmp_path / "out.yaml").exists()
 
 
+def test_a_report_served_in_another_dtype_than_the_fit_asks_is_refused(tmp_path, capsys):
+    """launch --dtype records the element type served; fitting those times as another would skew
+    every factor, so calibrate --serving names the report and the --dtype to give."""
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(_report() | {"dtype": "bf16"}))
+    (obs,) = read_serving_results(path)
+    assert obs.dtype == "bf16"
+    argv = ["calibrate", "--serving", "--cluster", _spec(tmp_path, "spec.yaml"), str(path), "-o", str(tmp_path / "o")]
+    assert main([*argv, "--dtype", "fp16"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"{path} replicas[0]: the run served in bf16, and --dtype asks the fit for fp16: give --dtype bf16" in said
+
+
 def test_the_spec_it_corrects_is_not_written_over(tmp_path, capsys):
     """-o naming the --cluster spec (or another spelling of it) is refused before anything is fitted."""
     files, replicas = _measurements(tmp_path, capsys)

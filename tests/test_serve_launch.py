@@ -348,3 +348,16 @@ def test_a_report_path_naming_one_of_the_plans_inputs_is_refused(plan, gpt2_dir,
         said = " ".join(capsys.readouterr().err.split())
         assert f"{path}: is the input {field}" in said, said
     assert cluster.read_bytes() == before and not (tmp_path / "w").exists()
+
+
+def test_the_prediction_is_made_at_the_shape_and_dtype_the_run_serves(plan):
+    """--prompt-len / --output-len and --dtype change what is served, so the report's prediction
+    is scored at them; without them it is the plan's own."""
+    own = prepare_serving(plan, ServeOptions(dry_run=True)).scores
+    served = prepare_serving(plan, ServeOptions(dry_run=True, prompt_len=2, output_len=3)).scores
+    assert [s.ev.ttft_s for s in served] != pytest.approx([s.ev.ttft_s for s in own])
+    assert prepare_serving(plan, ServeOptions(dry_run=True, prompt_len=2, output_len=3)).ctx.workload == (
+        prepare_serving(plan, ServeOptions(dry_run=True)).ctx.workload
+    )  # the plan's context itself is untouched
+    halves = prepare_serving(plan, ServeOptions(dry_run=True, dtype="bf16")).scores
+    assert all(h.ev.mem_bytes < o.ev.mem_bytes for h, o in zip(halves, own))  # scored in 2-byte elements

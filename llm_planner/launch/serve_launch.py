@@ -33,6 +33,7 @@ from pathlib import Path
 
 from llm_planner.core.atomic import write_atomic
 from llm_planner.core.plan_read import Fields
+from llm_planner.core.precision import build_precision
 from llm_planner.core.spec import ClusterSpec
 from llm_planner.core.tensor_groups import GroupError, group_from_members
 from llm_planner.launch.launch_types import LaunchError, LaunchOptions, LaunchResult
@@ -55,6 +56,7 @@ from llm_planner.serving.plan_fields import precision
 from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, load_serving_plan
 from llm_planner.serving.score import ReplicaScore, score_replica
 from llm_planner.serving.verify import context_of, model_precision
+from llm_planner.serving.workload import RequestShape
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +229,21 @@ def _model_config(plan: ServingPlanFile, options: ServeOptions, context_len: int
     return config
 
 
+def _served_context(plan: ServingPlanFile, ctx: ServingContext, options: ServeOptions, shapes) -> ServingContext:
+    """The context a run is predicted in: the plan's, or with the request shapes the load serves
+    (--prompt-len / --output-len) and the dtype it runs (--dtype) where they are not the plan's,
+    so that the report sets the run beside what the model says of that run."""
+    if options.prompt_len is None and options.output_len is None and options.dtype in (None, ctx.precision.activations):
+        return ctx
+    shaped = tuple(RequestShape(prompt_len=p, output_len=o, weight=w) for p, o, w in shapes)
+    workload = replace(ctx.workload, requests=shaped)
+    served = ctx.precision if options.dtype is None else build_precision(options.dtype, None, None)
+    try:
+        return context_of(plan, workload, served)
+    except ServingPlanError as exc:
+        raise LaunchError(str(exc)) from None
+
+
 def _replica_rows(plan: ServingPlanFile, ctx: ServingContext) -> list[tuple[dict, list[list[str]], ReplicaScore]]:
     """(pattern, devices of each stage, prediction) of every replica: each copy of each pattern in plan order."""
     rows = []
@@ -282,7 +299,7 @@ def prepare_serving(plan_path: str | Path, options: ServeOptions) -> ServePrepar
     context_len = max(r["prompt_len"] + r["output_len"] for r in plan.data["workload"]["requests"])
     config = _model_config(plan, options, context_len)
     shapes = _shapes(plan, options, context_len)
-    rows = _replica_rows(plan, ctx)
+    rows = _replica_rows(plan, _served_context(plan, ctx, options, shapes))
     order, serves = _stage_ranks(plan, rows, ctx.cluster)
     rank_of = {name: i for i, name in enumerate(order)}
     total = sum(score.ev.tokens_per_s for _, _, score in rows)

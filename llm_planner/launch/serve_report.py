@@ -3,6 +3,7 @@
 Written by `llm-planner launch SERVING_PLAN --report run.json` (docs/serve-runtime.md):
 
     {"format": "llm_planner.serving_run", "version": 1, "plan": <plan path as given>, "model": <name>,
+     "dtype": <the element type served: the plan's, or launch --dtype>,
      "workload": {"prompt_len": P, "output_len": O, "seed": S, "request_rate": null | R},
      "replicas": [{"replica": i, "layout": <pattern>, "concurrency": C, "micro_batches": m,
                    "max_batched_tokens": B, "cuda_graphs": [per stage: "on" or why not],
@@ -26,7 +27,8 @@ token of the last of the first C requests admitted (C the replica's concurrency)
 admits C requests at its start, whose prompts wait behind one another for the token budget, a
 ramp the planner's steady-state TTFT does not describe and a short run's mean carries. A figure
 with nothing to measure is null. Predicted: llm_planner.serving.score.score_replica at the plan's layers,
-concurrency and micro-batches, the figures the plan states. With several request shapes,
+concurrency and micro-batches, the figures the plan states; at the request shape and dtype served
+where `launch --prompt-len / --output-len / --dtype` change them. With several request shapes,
 prompt_len and output_len are the load's weighted means.
 """
 
@@ -143,6 +145,7 @@ def serving_report(plan_path: str, prepared, raw: dict[str, Any]) -> dict[str, A
         "version": SERVING_RUN_VERSION,
         "plan": plan_path,
         "model": spec.model,
+        "dtype": prepared.table.run.dtype,  # the element type served (the plan's, or launch --dtype)
         "workload": _workload(spec),
         "replicas": replicas,
         "total": {

@@ -111,7 +111,19 @@ def model_config(settings: ServingSettings, observations: Sequence[ServingObserv
     for o in observations:
         if not same_model(o.model, config.name):
             log.warning("%s: the run served %r, calibrated as %r (--model)", o.source, o.model, config.name)
+    _check_dtype(settings.dtype, observations)
     return config
+
+
+def _check_dtype(dtype: str | Precision, observations: Sequence[ServingObservation]) -> None:
+    """ServingResultError where a run report states another element type than the fit's --dtype:
+    its times are of that dtype, and fitting them as another would skew every factor."""
+    asked = dtype if isinstance(dtype, str) else dtype.activations
+    for o in observations:
+        if o.dtype is not None and o.dtype != asked:
+            raise ServingResultError(
+                f"{o.source}: the run served in {o.dtype}, and --dtype asks the fit for {asked}: give --dtype {o.dtype}"
+            )
 
 
 def build_cases(

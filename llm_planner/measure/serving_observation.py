@@ -47,6 +47,7 @@ class ServingObservation:
     layout: str | None = None
     max_batched_tokens: int | None = None
     model: str | None = None
+    dtype: str | None = None  # the element type the run served in, where the file says (our run reports)
 
 
 def number(

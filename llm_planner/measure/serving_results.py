@@ -32,6 +32,7 @@ output length; each shape the means of its group), else the totals over `complet
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -227,7 +228,11 @@ def _read_report(where: str, doc: dict) -> list[ServingObservation]:
     if not isinstance(replicas, list) or not replicas:
         raise ServingResultError(f"{where}: replicas: expected a list of at least one replica")
     model = doc["model"] if isinstance(doc["model"], str) else None
-    return [_report_replica(f"{where} replicas[{i}]", r, shape, model) for i, r in enumerate(replicas)]
+    dtype = doc.get("dtype") if isinstance(doc.get("dtype"), str) else None  # reports before it have none
+    return [
+        dataclasses.replace(_report_replica(f"{where} replicas[{i}]", r, shape, model), dtype=dtype)
+        for i, r in enumerate(replicas)
+    ]
 
 
 def _report_replica(where: str, r: Any, shape: RequestShape, model: str | None) -> ServingObservation:

@@ -37,6 +37,7 @@ Not yet independent of the search's code (a defect there would pass here too):
 from __future__ import annotations
 
 from llm_planner.core.plan_read import Fields
+from llm_planner.core.precision import Precision
 from llm_planner.core.tensor_groups import GroupError, group_from_members
 from llm_planner.graph.checkpoint import checkpoint_precision
 from llm_planner.graph.ir import GraphError
@@ -57,14 +58,18 @@ from llm_planner.serving.plan_file import ServingPlanError, ServingPlanFile, che
 from llm_planner.serving.precision_choice import bound_without_plan, candidate_context
 from llm_planner.serving.verify_claims import check_baselines, check_model, check_options, close
 from llm_planner.serving.verify_replica import Derived, derive
-from llm_planner.serving.workload import MOST_SEQUENCES, WorkloadError, plan_workload
+from llm_planner.serving.workload import MOST_SEQUENCES, ServingWorkload, WorkloadError, plan_workload
 
 
-def context_of(plan: ServingPlanFile) -> ServingContext:
-    """The context the plan's inputs give; every input file's hash checked before it is parsed."""
+def context_of(
+    plan: ServingPlanFile, workload: ServingWorkload | None = None, precision: Precision | None = None
+) -> ServingContext:
+    """The context the plan's inputs give (with another `workload` or `precision` where given: what
+    a run of the plan at other request lengths or another dtype is predicted in); every input
+    file's hash checked before it is parsed."""
     d = plan.data
     cluster, profile, model = checked_input(plan, "cluster"), checked_input(plan, "profile"), checked_model(plan)
-    workload = plan_workload(d, source=f"{plan.path}: workload")
+    workload = workload or plan_workload(d, source=f"{plan.path}: workload")
     # a plan without dp_attention was made before data-parallel attention was offered
     options = ServingOptions(**({"dp_attention": False} | {k: v for k, v in d["options"].items() if k != "solver"}))
     assert cluster is not None  # plan_fields requires inputs.cluster
@@ -73,7 +78,7 @@ def context_of(plan: ServingPlanFile) -> ServingContext:
     except WorkloadError as exc:
         raise ServingPlanError(f"{plan.path}: model.name: {exc}") from None
     try:
-        return build_context(cluster, model, workload, model_precision(plan), options, profile)
+        return build_context(cluster, model, workload, precision or model_precision(plan), options, profile)
     except ValueError as exc:  # the inputs' own errors name their file; say which plan named it
         raise ServingPlanError(f"{plan.path}: inputs (model, workload, options): {exc}") from None
 
