@@ -361,3 +361,22 @@ def test_the_prediction_is_made_at_the_shape_and_dtype_the_run_serves(plan):
     )  # the plan's context itself is untouched
     halves = prepare_serving(plan, ServeOptions(dry_run=True, dtype="bf16")).scores
     assert all(h.ev.mem_bytes < o.ev.mem_bytes for h, o in zip(halves, own))  # scored in 2-byte elements
+
+
+def test_an_interrupted_run_keeps_what_was_served_in_its_report(plan, tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM: the launcher's 'interrupted' report gains `served` (here nothing yet), as a
+    failed run's does, and the interrupt still reaches the caller."""
+    import llm_planner.launch.serve_launch as serve_launch
+
+    report = tmp_path / "run.json"
+
+    def interrupted(table, options):
+        write_failure(table, "interrupted", "interrupted (SIGTERM): mpiexec and every rank were stopped", None)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(serve_launch, "run_table", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        launch_serving(plan, ServeOptions(workdir=str(tmp_path / "w"), report_path=str(report), max_requests=3))
+    written = json.loads(report.read_text())
+    assert written["status"] == "interrupted" and "SIGTERM" in written["error"]
+    assert written["served"]["total"]["requests_completed"] == 0 and len(written["served"]["replicas"]) == 2

@@ -82,6 +82,20 @@ def serving_failure(
     return message
 
 
+def add_served(report_path: str | Path, served: dict[str, Any]) -> None:
+    """The report of an interrupted run (Ctrl-C, SIGTERM) with what was served before it stopped
+    (`served`, as serving_failure adds it to a failed run's)."""
+    try:
+        report = json.loads(Path(report_path).read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(report, dict) and report.get("status") == "interrupted":
+        try:
+            write_atomic(report_path, json.dumps(report | {"served": served}, indent=1) + "\n")
+        except WriteError as exc:
+            log.warning("could not add what was served to the report: %s", exc)
+
+
 def _where(spec: ServeSpec, rank: int) -> dict[str, int]:
     role = spec.role(rank)
     return {"rank": rank, "replica": role.replica, "stage": role.stage}

@@ -40,7 +40,7 @@ from llm_planner.launch.launch_types import LaunchError, LaunchOptions, LaunchRe
 from llm_planner.launch.mpiexec_run import probe_port
 from llm_planner.launch.plan_launch import default_workdir, run_table
 from llm_planner.launch.ranks import rank_entry, rank_order
-from llm_planner.launch.serve_failure import serving_failure
+from llm_planner.launch.serve_failure import add_served, serving_failure
 from llm_planner.launch.serve_report import serving_report
 from llm_planner.launch.workdir_lock import workdir_lock
 from llm_planner.runtime import decoder_tasks as dt
@@ -383,19 +383,22 @@ def launch_serving(plan_path: str | Path, options: ServeOptions = ServeOptions()
 
 def _run(plan_path, prepared: ServePrepared, options: ServeOptions) -> tuple[LaunchResult, dict | None]:
     """run_table on the prepared ranks, then the run report (launch_serving)."""
-    result = run_table(
-        prepared.table,
-        LaunchOptions(
-            dry_run=options.dry_run,
-            extra=options.extra,
-            timeout_s=options.timeout_s,
-            stall_timeout_s=options.stall_timeout_s,
-        ),
+    run = LaunchOptions(
+        dry_run=options.dry_run,
+        extra=options.extra,
+        timeout_s=options.timeout_s,
+        stall_timeout_s=options.stall_timeout_s,
     )
+    try:
+        result = run_table(prepared.table, run)
+    except KeyboardInterrupt:  # the interrupted run's report keeps what was served, as a failed run's does
+        workdir = prepared.table.run.workdir
+        add_served(prepared.table.run.report_path, serving_report(str(plan_path), prepared, _progress(workdir)))
+        raise
     if result.dry_run:
         return result, None
     if not result.ok or result.report is None:
-        served = serving_report(str(plan_path), prepared, {"replicas": read_progress(result.workdir)})
+        served = serving_report(str(plan_path), prepared, _progress(result.workdir))
         return replace(result, error=serving_failure(result.error, result.report_path, prepared.spec, served)), None
     clear_progress(result.workdir)
     raw_path = Path(result.workdir) / RAW_NAME
@@ -403,3 +406,8 @@ def _run(plan_path, prepared: ServePrepared, options: ServeOptions) -> tuple[Lau
     report = serving_report(str(plan_path), prepared, result.report)
     write_atomic(result.report_path, json.dumps(report, indent=1) + "\n", LaunchError)
     return replace(result, report=report), report
+
+
+def _progress(workdir) -> dict:
+    """What the replicas served so far, as the ranks' raw record has it (their progress files)."""
+    return {"replicas": read_progress(workdir)}
