@@ -211,3 +211,15 @@ def test_exportable_plans_of_random_fleets_always_export(tmp_path_factory, serve
     assert rc == 0, err
     data = yaml.safe_load(plan.read_text())
     assert data["options"]["exportable"] == engine and data["serving"]["unrestricted"] is not None
+
+
+def test_exportable_on_a_cluster_the_engine_runs_nothing_of_says_so(tmp_path, capsys):
+    """--exportable vllm on CPU devices alone: the message names the engine's rule, not the token
+    budget, and says to plan without --exportable."""
+    argv = ["plan", "--cluster", "cluster_specs/localhost-2cpu.yaml", "--model", "cluster_specs/localhost-serve-gpt2"]
+    argv += ["--dtype", "fp32", "--allow-cpu", "--objective", "serving", "--prompt-len", "32", "--output-len", "32"]
+    argv += ["--tpot-slo", "20 ms", "--exportable", "vllm", "-o", str(tmp_path / "p.yaml")]
+    assert main(argv) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "--exportable vllm rules out every class: stage 0 runs on CPU device kind 'cpu-core'" in said
+    assert "plan without --exportable" in said and "token budget" not in said
