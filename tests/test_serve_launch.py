@@ -380,3 +380,14 @@ def test_an_interrupted_run_keeps_what_was_served_in_its_report(plan, tmp_path, 
     written = json.loads(report.read_text())
     assert written["status"] == "interrupted" and "SIGTERM" in written["error"]
     assert written["served"]["total"]["requests_completed"] == 0 and len(written["served"]["replicas"]) == 2
+
+
+def test_a_count_that_does_not_match_the_copies_listed_names_the_copies(plan, tmp_path, capsys):
+    data = yaml.safe_load(plan.read_text())
+    data["serving"]["replicas"][1]["count"] += 1
+    data["inputs"]["cluster"] = str((plan.parent / data["inputs"]["cluster"]).resolve())
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert cli.main(["launch", str(edited), "--dry-run", "--workdir", str(tmp_path / "w")]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "serving.replicas[1].devices: expected 2 item(s), one per copy (count), got 1" in said, said

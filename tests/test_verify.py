@@ -344,8 +344,12 @@ def test_bad_rel_tol(problem, plan):
 def test_verify_plan_file_rejects_a_non_plan(tmp_path):
     path = tmp_path / "nope.yaml"
     path.write_text(yaml.safe_dump({"format": "something-else"}))
-    with pytest.raises(PlanError, match="not a plan file"):
+    with pytest.raises(PlanError, match="not a plan file") as caught:
         verify_plan_file(path)
+    assert "or llm_planner.serving_plan for a serving plan, got 'something-else'" in str(caught.value)
+    from llm_planner.serving.plan_fields import SERVING_FORMAT
+
+    assert SERVING_FORMAT == "llm_planner.serving_plan"  # the name core.plan's message gives
 
 
 def test_verify_plan_file_uses_the_rebuilt_problem(tmp_path, monkeypatch, problem, plan):

@@ -261,7 +261,11 @@ def plan_from_dict(data: Any, source: str = "<memory>") -> Plan:
     throughput_samples_per_s, batches_in_flight, batch_size, assignment, device_order) equal to what the others give."""
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
         where = "format: " if isinstance(data, dict) else ""
-        raise PlanError(f"{source}: {where}not a plan file (expected format: {PLAN_FORMAT})")
+        got = f", got {str(data.get('format'))[:60]!r}" if isinstance(data, dict) and "format" in data else ""
+        raise PlanError(
+            f"{source}: {where}not a plan file (expected format: {PLAN_FORMAT} for a placement plan, or "
+            f"llm_planner.serving_plan for a serving plan{got})"
+        )
     top = Fields(data, source, "", PlanError)
     if not is_version(data.get("version"), PLAN_VERSION):
         raise top.fail(

@@ -133,10 +133,10 @@ def sha256(f: Fields, key: str, *, nullable: bool) -> str | None:
     return value
 
 
-def _list(f: Fields, key: str, length: int | None = None, *, low: int = 0) -> list:
+def _list(f: Fields, key: str, length: int | None = None, *, low: int = 0, each: str = "stage") -> list:
     value = f.sequence(key)
     if length is not None and len(value) != length:
-        raise f.fail(key, f"expected {length} item(s), one per stage, got {len(value)}")
+        raise f.fail(key, f"expected {length} item(s), one per {each}, got {len(value)}")
     if len(value) < low or len(value) > MAX_COUNT:
         raise f.fail(key, f"expected {low} to {MAX_COUNT:,} items, got {len(value)}")
     return value
@@ -398,7 +398,7 @@ def _replica(f: Fields, num_layers: int, *, with_devices: bool = True) -> None:
         numbers(f, key, stages)
     if not with_devices:
         return
-    copies = _list(f, "devices", count)
+    copies = _list(f, "devices", count, each="copy (count)")
     for c, copy in enumerate(copies):
         where = f"devices[{c}]"
         if not isinstance(copy, list) or len(copy) != stages:
