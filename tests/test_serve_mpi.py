@@ -106,6 +106,9 @@ def test_a_tensor_parallel_pair_feeding_one_device(tmp_path):
     check_tokens(config, report, raw, 5)
     collectives = [r["collectives"] for r in raw["ranks"] if "collectives" in r]
     assert len(collectives) == 2 and collectives[0]["all_reduce"]["count"] > 0
+    shared = any(r.get("wait") == "sleep" for r in raw["ranks"])  # three ranks on a 2-core machine share cores
+    assert ("warnings" in report) == shared
+    assert not shared or "ranks shared cores" in report["warnings"][0]
 
 
 def test_a_mixture_of_experts_on_a_tensor_parallel_pair(tmp_path):

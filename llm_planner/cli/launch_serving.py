@@ -172,6 +172,8 @@ def cmd_launch_serving(args: argparse.Namespace, console: Console) -> int:
         console.print(f"launch failed: {result.error}")
         return 1
     console.print(report_table(report))
+    for note in report.get("warnings", []):
+        console.print(note)
     console.print(
         styled(
             f"served {report['total']['requests_completed']} requests in {fmt_s(report['total']['duration_s'])} "

@@ -36,6 +36,7 @@ from llm_planner.core.plan_read import Fields
 from llm_planner.core.precision import build_precision
 from llm_planner.core.spec import ClusterSpec
 from llm_planner.core.tensor_groups import GroupError, group_from_members
+from llm_planner.launch.launch_text import oversubscription_notes
 from llm_planner.launch.launch_types import LaunchError, LaunchOptions, LaunchResult
 from llm_planner.launch.mpiexec_run import probe_port
 from llm_planner.launch.plan_launch import default_workdir, run_table
@@ -404,6 +405,9 @@ def _run(plan_path, prepared: ServePrepared, options: ServeOptions) -> tuple[Lau
     raw_path = Path(result.workdir) / RAW_NAME
     write_atomic(raw_path, json.dumps(result.report) + "\n", LaunchError)
     report = serving_report(str(plan_path), prepared, result.report)
+    notes = oversubscription_notes(result.report.get("ranks", []))
+    if notes:  # ranks that shared cores: their times are not the plan's devices'
+        report["warnings"] = notes
     write_atomic(result.report_path, json.dumps(report, indent=1) + "\n", LaunchError)
     return replace(result, report=report), report
 
