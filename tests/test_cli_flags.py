@@ -6,6 +6,7 @@ refused with exit 2 and one `error:` line naming the flag, never a traceback."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 from conftest import SPECS
@@ -286,3 +287,19 @@ def test_a_missing_request_length_is_said_to_be_required(capsys):
 def test_a_bad_allowed_kv_cache_dtype_names_its_own_flag(capsys):
     argv = [*SERVING, *SHAPE, "--tpot-slo", "50 ms", "--allow-kv-cache-dtype", "int4"]
     refused(argv, capsys, "--allow-kv-cache-dtype int4: expected one of auto, fp8")
+
+
+def test_contiguous_with_a_solver_that_does_not_apply_it_is_refused(tmp_path, capsys):
+    argv = ["plan", "--cluster", "cluster_specs/cpu-two-gpus.yaml", "--model", "rwnn-ws-3x32"]
+    argv += ["--objective", "throughput", "--batch", "4", "--contiguous", "-o", str(tmp_path / "p.yaml")]
+    assert main([*argv, "--solver", "heft"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--contiguous: solver 'heft' does not keep each device's tasks contiguous; use --solver milp" in err
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_an_export_file_that_is_the_plans_own_path_is_refused_before_solving(tmp_path, capsys):
+    same = str(tmp_path / "same.yaml")
+    argv = ["plan", "--cluster", "cluster_specs/four-gpus.yaml", "--model", "gpt2", "--batch", "2"]
+    assert main([*argv, "--export", "vllm", "--export-file", same, "-o", same]) == 2
+    assert "--export-file" in capsys.readouterr().err and not Path(same).exists()

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from plan_files import a_plan, verify_outcome, write_inputs, written_plan
 
-from llm_planner.core.plan import load_plan, save_plan
+from llm_planner.core.plan import PlanError, load_plan, save_plan
 from llm_planner.placement.verify import verify_plan
 
 
@@ -263,3 +263,16 @@ def test_an_unwritable_output_fails_before_the_solve(tmp_path, monkeypatch, caps
     assert code == 2
     err = "".join(capsys.readouterr().err.split())  # rich wraps long lines
     assert f"{out}:cannotwrite" in err and "Traceback" not in err
+
+
+def test_a_plan_its_readers_would_refuse_is_never_written(tmp_path, plan_path):
+    """A solver detail that is not finite (an exact MILP stopped with no bound of its own once wrote
+    mip_gap: inf, which verify, show and launch then refused) stops the write, naming the field."""
+    import dataclasses
+
+    plan = load_plan(plan_path)
+    before = plan_path.read_bytes()
+    bad = dataclasses.replace(plan, solver=dataclasses.replace(plan.solver, details={"mip_gap": float("inf")}))
+    with pytest.raises(PlanError, match=r"the plan about to be written.*mip_gap: must be a finite number"):
+        save_plan(bad, plan_path)
+    assert plan_path.read_bytes() == before

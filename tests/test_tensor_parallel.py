@@ -352,6 +352,11 @@ def test_export_names_the_rule_a_plan_breaks():
     back = replace(plan, shard_assignments=({"t0": "node0/g:0", "t1": "node0/g:1", "t2": "node0/g:0"},))
     with pytest.raises(ExportError, match="after leaving it"):
         export_plan(back, "vllm", topo, layers)
+    staged = replace(plan, shard_assignments=({"t0": "node0/g:0", "t1": "node0/g:1", "t2": "node0/g:2"},))
+    assert export_plan(staged, "vllm", topo, layers)["pipeline_parallel_size"] == 3
+    for framework in ("vllm", "megatron"):  # the same stages with the last on a CPU: no framework runs it
+        with pytest.raises(ExportError, match="a stage runs on CPU device node0/g:2: the frameworks run GPU stages"):
+            export_plan(staged, framework, topo, layers, frozenset({"node0/g:2"}))
 
 
 def test_device_map_refuses_group_plans_and_launch_runs_them_on_the_members():

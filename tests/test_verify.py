@@ -436,3 +436,24 @@ def test_verify_imports_no_scheduler_torch_or_mpi():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    "key, value, said", [("seq_len", "64", "expected an integer"), ("name", 5, "expected a string")]
+)
+def test_an_edited_model_field_of_the_wrong_type_is_named(tmp_path, capsys, key, value, said):
+    """inputs.model.seq_len as a string, or a number as the name: show and verify exit 2 naming the
+    field, where show used to end in a Python traceback."""
+    from llm_planner.cli.main import main
+
+    plan = tmp_path / "p.yaml"
+    argv = ["plan", "--cluster", "cluster_specs/localhost-2cpu.yaml", "--model", "gpt2", "--dtype", "fp32"]
+    assert main([*argv, "--seq-len", "64", "--batch", "2", "--no-baselines", "-o", str(plan)]) == 0
+    data = yaml.safe_load(plan.read_text())
+    data["inputs"]["model"][key] = value
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    capsys.readouterr()
+    for command in ("show", "verify"):
+        assert main([command, str(plan)]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"inputs.model.{key}: {said}" in err and "Traceback" not in err, err

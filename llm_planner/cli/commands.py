@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -158,6 +159,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
     if args.export:
         check_writable(_export_path(args), PlanError)
         check_not_an_input(_export_path(args), {**inputs, "plan (-o)": args.output}, PlanError)
+        if os.path.realpath(_export_path(args)) == os.path.realpath(args.output):
+            raise PlanError(f"--export-file {_export_path(args)}: is the plan's own path (-o); name another file")
 
 
 def _solve(session, console: Console):
@@ -186,7 +189,8 @@ def _export(plan, problem, args: argparse.Namespace, console: Console) -> None:
     refuse_rejected(args.output, report.violations, f"no {args.export} configuration written")
     layer_of = {t.name: t.label("layer") for t in problem.graph.tasks}
     try:
-        config = export_plan(plan, args.export, problem.graph.topological_order(), layer_of)
+        cpus = frozenset(d.name for d in problem.devices if problem.cluster.kind(d.kind).type == "cpu")
+        config = export_plan(plan, args.export, problem.graph.topological_order(), layer_of, cpus)
     except ExportError as exc:
         raise UserError(
             f"--export {args.export}: the plan has no {args.export} form: {exc}; the plan itself is written to "

@@ -222,6 +222,7 @@ def save_plan(plan: Plan, path: str | Path) -> None:
     an interrupted or failing write leaves the old file, never part of the new one."""
     path = Path(path)
     data = dataclasses.replace(plan, inputs=_inputs_as_stored(plan.inputs, path)).to_dict()
+    plan_from_dict(data, source=f"{path} (the plan about to be written)")  # never a file its readers refuse
     if path.suffix == ".json":
         text = json.dumps(data, indent=1, allow_nan=False) + "\n"
     else:
@@ -362,12 +363,27 @@ def _read_solver(fields: Fields) -> SolverInfo:
     )
 
 
+# inputs.model's fields of a fixed type (graph.models.ModelSpec's, and a workload file's `graph`)
+MODEL_FIELD_TYPES = {
+    "name": str,
+    "phase": str,
+    "granularity": str,
+    "dtype": str,
+    "graph": str,
+    "seq_len": int,
+    "seed": int,
+}
+
+
 def _read_inputs(fields: Fields) -> PlanInputs:
     fields.only(tuple(f.name for f in dataclasses.fields(PlanInputs)))
     model, options = fields.mapping("model"), fields.mapping("options", {})
     for key, value in model.data.items():
         if not (value is None or isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))):
             raise model.fail(key, f"expected a string, an integer or null, got {value!r}")
+        want = MODEL_FIELD_TYPES.get(key)
+        if want is not None and value is not None and not isinstance(value, want):
+            raise model.fail(key, f"expected {'an integer' if want is int else 'a string'}, got {value!r}")
     if "seed" in model.data:  # seeds weights, prompts and random graphs (torch.manual_seed takes 64 bits)
         seed = model.integer("seed", minimum=0)
         if seed > MAX_SEED:

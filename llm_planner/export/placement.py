@@ -89,11 +89,24 @@ def regular_form(plan: Plan, topo: list[str], layer_of: dict[str, int | None]) -
     }
 
 
-def export_plan(plan: Plan, framework: str, topo: list[str], layer_of: dict[str, int | None]) -> dict[str, Any]:
-    """The framework's configuration of the plan (module docstring); ExportError if it has no such form."""
+def export_plan(
+    plan: Plan,
+    framework: str,
+    topo: list[str],
+    layer_of: dict[str, int | None],
+    cpu_devices: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """The framework's configuration of the plan (module docstring); ExportError if it has no such form,
+    among them a stage on one of `cpu_devices` (the frameworks run GPU stages only)."""
     if framework not in FRAMEWORKS:
         raise ExportError(f"unknown framework {framework!r}; choose one of {', '.join(FRAMEWORKS)}")
     form = regular_form(plan, topo, layer_of)
+    on_cpu = [d for stages in form["replicas"] for stage in stages for d in stage if d in cpu_devices]
+    if on_cpu:
+        raise ExportError(
+            f"a stage runs on CPU device {on_cpu[0]}: the frameworks run GPU stages only "
+            "(plan on a cluster spec without the CPU devices)"
+        )
     if framework == "vllm":
         return {
             "tensor_parallel_size": form["tensor_parallel"],

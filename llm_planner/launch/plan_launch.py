@@ -79,6 +79,16 @@ def workload_of(plan: Plan, source: str) -> str:
 def check_model(plan: Plan, workload: str, options: LaunchOptions, source: str) -> tuple[tuple[int, ...], ...]:
     """Raise LaunchError unless the plan's tasks are the model's; returns the prompts to run (decoders)."""
     if workload == "graph":
+        given = [
+            flag
+            for flag, value in (("--checkpoint", options.checkpoint), ("--prompt-ids", options.prompt_ids))
+            if value
+        ]
+        if given:
+            raise LaunchError(
+                f"{', '.join(given)}: a decoder's; {source} plans {plan.inputs.model.get('name')!r}, whose ranks run "
+                "seeded weights on seeded inputs"
+            )
         names = {t.name for t in build_model_graph(ModelSpec.from_dict(dict(plan.inputs.model))).tasks}
         for s, assignment in enumerate(plan.shard_assignments):
             if set(assignment) != names:

@@ -9,6 +9,9 @@ from llm_planner.core.gap import DEFAULT_REL_GAP
 SYMMETRY_CHOICES = ("none", "batch", "task", "time", "first", "solver")
 
 
+CONTIGUOUS_SOLVERS = ("milp",)  # the solver that applies --contiguous (a row of its MILP)
+
+
 @dataclass(frozen=True, kw_only=True)
 class SolveOptions:
     solver: str = "heft"  # "milp", "milp-split", or a baseline name (see solve.api.SOLVERS)
@@ -36,4 +39,9 @@ class SolveOptions:
             raise ValueError(f"time limit must be > 0 s, got {self.time_limit_s}")
         if not 0 <= self.rel_gap < 1:
             raise ValueError(f"relative gap must be in [0, 1), got {self.rel_gap}")
+        if self.contiguous and self.solver not in CONTIGUOUS_SOLVERS:
+            raise ValueError(
+                f"--contiguous: solver {self.solver!r} does not keep each device's tasks contiguous; "
+                f"use --solver {' or '.join(CONTIGUOUS_SOLVERS)}"
+            )
         return self

@@ -376,7 +376,7 @@ def _plan_from_solution(
         "num_rows": model.num_rows,
         "nonzeros": int(model.matrix.nnz),
         "nodes": result.nodes,
-        "mip_gap": _gap(milp_s, bound_s),
+        "mip_gap": _gap(milp_s, max(0.0, bound_s)),  # no bound of the solver's own (-inf): against 0, as stated
         "milp_objective_s": milp_s,
         "solve_time_s": result.time_s,
         "contiguous": bool(options.contiguous),
