@@ -100,6 +100,9 @@ def _edited(plan: Path, tmp_path: Path, edit) -> Path:
     data = yaml.safe_load(plan.read_text())
     edit(data)
     data["inputs"]["cluster"] = str((plan.parent / data["inputs"]["cluster"]).resolve())
+    name = plan.parent / data["model"]["name"]  # a config folder or file is stored relative to the plan too
+    if name.is_dir() or name.suffix == ".json":
+        data["model"]["name"] = str(name.resolve())
     out = tmp_path / "edited.yaml"
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
