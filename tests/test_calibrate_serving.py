@@ -164,11 +164,13 @@ def test_what_the_measurements_cannot_tell_keeps_the_specs_value_with_its_reason
     fit = next(f for f in fit_serving(spec, config, cases).calibration.kinds if f.name == "big")
     assert fit.kept["collective_overhead_s"] == "no observation runs a tensor-parallel group of this kind"
     assert fit.values["collective_overhead_s"] == spec.kind("big").collective_call_s
-    # one result: TPOT and TTFT are 2 figures, so one factor at most (the step overhead, given up last)
+    # one result: TPOT and TTFT are 2 figures, so one factor at most (the one that fits them best; here the
+    # time per sequence, on which the TTFT's wait for the next visit, half a cycle, also depends)
     cases = build_cases(spec, config, single[:1], ServingSettings(model="llama2-7b", replicas=(TP1,)))
     fit = next(f for f in fit_serving(spec, config, cases).calibration.kinds if f.name == "big")
-    assert fit.fitted == ("step_overhead_s",)
+    assert fit.fitted == ("sequence_overhead_s",)
     assert fit.kept["mem_efficiency"] == "2 figure(s) cannot fit more than 1 factor(s)"
+    assert fit.kept["step_overhead_s"] == "2 figure(s) cannot fit more than 1 factor(s)"
     # without TTFT (--ttft-weight 0), TPOT alone: nothing to fit, the spec's values kept
     fit = next(f for f in fit_serving(spec, config, cases, {"ttft_s": 0}).calibration.kinds if f.name == "big")
     assert fit.fitted == () and fit.values == fit.before
