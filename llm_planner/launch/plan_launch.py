@@ -35,7 +35,7 @@ from llm_planner.graph.models import ModelSpec, build_model_graph
 from llm_planner.launch.launch_types import LaunchError, LaunchOptions, LaunchResult, PlanRejected
 from llm_planner.launch.mpiexec_run import hostfile_of, probe_port, run_mpiexec
 from llm_planner.launch.ranks import rank_entries
-from llm_planner.launch.workdir_lock import workdir_lock
+from llm_planner.launch.workdir_lock import run_lock
 from llm_planner.placement.verify_file import verify_plan_file
 from llm_planner.runtime import decoder_tasks as dt
 from llm_planner.runtime.plan_schedule import in_flight_batches
@@ -230,9 +230,7 @@ def hostfile_text(table: RankTable) -> str:
 def launch(plan_path: str | Path, options: LaunchOptions = LaunchOptions()) -> LaunchResult:
     """Check, write the hostfile and rank table, and (unless dry_run) run mpiexec until done or timeout."""
     table, _ = build_rank_table(plan_path, options)
-    if options.dry_run:
-        return run_table(table, options)
-    with workdir_lock(table.run.workdir):
+    with run_lock(table.run.workdir, options.dry_run):
         return run_table(table, options)
 
 

@@ -43,7 +43,7 @@ from llm_planner.launch.plan_launch import default_workdir, run_table
 from llm_planner.launch.ranks import rank_entry, rank_order
 from llm_planner.launch.serve_failure import add_served, serving_failure
 from llm_planner.launch.serve_report import serving_report
-from llm_planner.launch.workdir_lock import workdir_lock
+from llm_planner.launch.workdir_lock import run_lock
 from llm_planner.runtime import decoder_tasks as dt
 from llm_planner.runtime.heartbeat import INTERVAL_S
 from llm_planner.runtime.serve_progress import clear_progress, read_progress
@@ -375,10 +375,9 @@ def _rank_table(plan_path, plan, cluster, order, serves, spec: ServeSpec, option
 def launch_serving(plan_path: str | Path, options: ServeOptions = ServeOptions()) -> tuple[LaunchResult, dict | None]:
     """Check, write the files, run mpiexec (unless dry_run) and write the run report; (result, report)."""
     prepared = prepare_serving(plan_path, options)
-    if options.dry_run:
-        return _run(plan_path, prepared, options)
-    with workdir_lock(prepared.table.run.workdir):
-        clear_progress(prepared.table.run.workdir)
+    with run_lock(prepared.table.run.workdir, options.dry_run):
+        if not options.dry_run:
+            clear_progress(prepared.table.run.workdir)
         return _run(plan_path, prepared, options)
 
 

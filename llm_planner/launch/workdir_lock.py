@@ -19,6 +19,11 @@ from llm_planner.launch.launch_types import LaunchError
 LOCK_NAME = "launch.lock"
 
 
+def run_lock(workdir: str | Path, dry_run: bool) -> contextlib.AbstractContextManager:
+    """workdir_lock for a run that starts ranks; nothing for a dry run, which starts none."""
+    return contextlib.nullcontext() if dry_run else workdir_lock(workdir)
+
+
 @contextlib.contextmanager
 def workdir_lock(workdir: str | Path) -> Iterator[Path]:
     """The workdir (made where missing), locked for this process while inside; LaunchError when
