@@ -3,8 +3,10 @@
 - mpiexec starts in its own session; its ranks write `rank<N>.pid` into the workdir
   when they start (llm_planner.runtime.rank);
 - a rank that raises writes `error.rank<N>.txt` and the job aborts; a rank that
-  dies (killed, out of memory) is named from mpiexec's "BAD TERMINATION ... PID p"
-  and the pid files: rank, device, host and the signal or exit code;
+  dies (killed, out of memory) is named with its device, host and the signal or exit
+  code: on this host, the rank whose process the kernel saw end first
+  (llm_planner.launch.death_order), since mpiexec's "BAD TERMINATION ... PID p" is often
+  a rank its own clean-up killed; elsewhere, mpiexec's PID and the pid files;
 - when the serving ranks' heartbeats show a rank stopped or a replica stuck for `stall_s`
   (llm_planner.launch.stall_watch), the launcher stops the job at once and names the rank;
 - past the run's timeout (plus a grace for the ranks' own watchdog), and on Ctrl-C, SIGTERM
@@ -45,6 +47,7 @@ from typing import Any
 from llm_planner.core.atomic import WriteError, write_atomic
 from llm_planner.core.names import check_host
 from llm_planner.core.procs import last_stop_signal, preexec_die_with_parent, stop_signals_deferred
+from llm_planner.launch.death_order import DeathOrder
 from llm_planner.launch.stall_watch import watch
 from llm_planner.runtime.heartbeat import without_beats
 from llm_planner.runtime.table import RankTable
@@ -80,6 +83,7 @@ def run_mpiexec(command: tuple[str, ...], table: RankTable, timeout_s: float, st
     start = time.perf_counter()
     with open(workdir / "mpiexec.out", "wb") as out, open(workdir / "mpiexec.err", "wb") as err:
         proc = start_mpiexec(command, out, err)
+        deaths = DeathOrder(workdir, [r.rank for r in table.ranks if is_local(r.hostname)])
         try:
             timed_out, stall = watch(proc, table, workdir / "mpiexec.out", timeout_s + KILL_GRACE_S, stall_s)
             if timed_out or stall is not None:
@@ -92,9 +96,12 @@ def run_mpiexec(command: tuple[str, ...], table: RankTable, timeout_s: float, st
             write_failure(table, "interrupted", why, None)
             log.warning("%s; report: %s", why, table.run.report_path)
             raise
+        finally:
+            deaths.close()
     duration = time.perf_counter() - start
     tail = _tail(workdir)
-    error, failed = stall if stall is not None else _failure(workdir, table, returncode, timed_out, timeout_s, tail)
+    ended = _Ended(returncode, timed_out, tail, deaths.first())
+    error, failed = stall if stall is not None else _failure(workdir, table, ended, timeout_s)
     report = None
     if error is None and Path(table.run.report_path).is_file():
         report = json.loads(Path(table.run.report_path).read_text())
@@ -115,20 +122,29 @@ def _tail(workdir: Path) -> str:
     return "".join(without_beats(text)[-4000:] for text in texts)
 
 
-def _failure(
-    workdir: Path, table: RankTable, returncode: int, timed_out: bool, timeout_s: float, tail: str
-) -> tuple[str | None, int | None]:
+@dataclass(frozen=True)
+class _Ended:
+    """How mpiexec ended: its status, whether it timed out, its output's tail, and this host's rank that
+    died first (llm_planner.launch.death_order; None when unknown)."""
+
+    returncode: int | None
+    timed_out: bool
+    tail: str
+    first_dead: int | None
+
+
+def _failure(workdir: Path, table: RankTable, ended: _Ended, timeout_s: float) -> tuple[str | None, int | None]:
     """(message, failed rank) of a run that failed; (None, None) when it did not."""
     raised = _rank_error(workdir)
     if raised is not None:
         return raised
-    if timed_out:
+    if ended.timed_out:
         return f"the run exceeded its timeout of {timeout_s:g} s and was killed", None
-    died = _dead_rank(tail, table)
+    died = _dead_rank(ended.tail, table, ended.first_dead)
     if died is not None:
         return died
-    if returncode != 0:
-        return f"mpiexec exited with status {returncode}:\n{tail}", None
+    if ended.returncode != 0:
+        return f"mpiexec exited with status {ended.returncode}:\n{ended.tail}", None
     return None, None
 
 
@@ -154,8 +170,11 @@ def rank_pids(table: RankTable) -> dict[int, int]:
     return out
 
 
-def _dead_rank(tail: str, table: RankTable) -> tuple[str, int | None] | None:
-    """A rank mpiexec saw die ("BAD TERMINATION"), named with its device and how it ended."""
+def _dead_rank(tail: str, table: RankTable, first_dead: int | None) -> tuple[str, int | None] | None:
+    """A rank mpiexec saw die ("BAD TERMINATION"), named with its device and how it ended. mpiexec's
+    "PID p" is the first rank in its order that ended badly, often one its clean-up killed: when it is a
+    rank of this host, the one this host saw die first (`first_dead`) is named instead, with the ending
+    mpiexec gives for the job (its "EXIT STRING" is the first death's)."""
     bad = _BAD.search(tail)
     if bad is None:
         return None
@@ -163,6 +182,8 @@ def _dead_rank(tail: str, table: RankTable) -> tuple[str, int | None] | None:
     how = _STRING.search(tail)
     ending = how[1].strip() if how else f"exit code {code}"
     rank = rank_pids(table).get(pid)
+    if first_dead is not None and (rank is None or is_local(table.ranks[rank].hostname)):
+        rank, host = first_dead, table.ranks[first_dead].hostname
     who = f"rank {rank} ({table.ranks[rank].device})" if rank is not None else f"a rank (pid {pid})"
     return f"{who} on {host} died: {ending}; mpiexec stopped every other rank", rank
 
@@ -184,10 +205,14 @@ def probe_port(environ: Mapping[str, str] = os.environ, error: type[Exception] =
     return int(raw)
 
 
+def is_local(host: str) -> bool:
+    """Whether `host` names this host."""
+    return host in {"localhost", "127.0.0.1", "::1", socket.gethostname()}
+
+
 def remote_hosts(table: RankTable) -> list[str]:
     """The rank table's hosts other than this one (a run on this host alone probes nothing)."""
-    local = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
-    return sorted({r.hostname for r in table.ranks} - local)
+    return sorted(h for h in {r.hostname for r in table.ranks} if not is_local(h))
 
 
 def probe(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
