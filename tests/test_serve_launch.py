@@ -391,3 +391,23 @@ def test_a_count_that_does_not_match_the_copies_listed_names_the_copies(plan, tm
     assert cli.main(["launch", str(edited), "--dry-run", "--workdir", str(tmp_path / "w")]) == 2
     said = " ".join(capsys.readouterr().err.split())
     assert "serving.replicas[1].devices: expected 2 item(s), one per copy (count), got 1" in said, said
+
+
+def test_a_run_cut_short_below_a_replicas_concurrency_is_predicted_at_what_it_reaches(plan):
+    """--max-requests 3 over replicas of concurrency 3 and 2: each is routed its share of the three
+    (serve_requests.route) and never has more in flight, so its prediction is made at that many and a
+    note says so; a full run keeps the plan's operating point and has no note."""
+    from collections import Counter
+
+    from llm_planner.runtime.serve_requests import route
+
+    full = prepare_serving(plan, ServeOptions(dry_run=True))
+    assert [s.ev.concurrency for s in full.scores] == [3, 2] and full.notes == ()
+    short = prepare_serving(plan, ServeOptions(dry_run=True, max_requests=3))
+    routed = Counter(route(short.spec.shares, 3))
+    assert [s.ev.concurrency for s in short.scores] == [min(3, routed[0]), min(2, routed[1])]
+    below = [i for i, c in enumerate((3, 2)) if routed[i] < c]
+    assert below and len(short.notes) == len(below)
+    for i, note in zip(below, short.notes):
+        assert f"replica {i} " in note and f"routed {routed[i]} of the run's 3 requests" in note
+        assert short.scores[i].ev.tokens_per_s < full.scores[i].ev.tokens_per_s  # fewer in flight, fewer tokens/s

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -47,7 +48,7 @@ from llm_planner.launch.workdir_lock import run_lock
 from llm_planner.runtime import decoder_tasks as dt
 from llm_planner.runtime.heartbeat import INTERVAL_S
 from llm_planner.runtime.serve_progress import clear_progress, read_progress
-from llm_planner.runtime.serve_requests import LoadSpec
+from llm_planner.runtime.serve_requests import LoadSpec, route
 from llm_planner.runtime.serve_spec import ReplicaSpec, ServeSpec, StageSpec
 from llm_planner.runtime.table import RankTable, RunSpec
 from llm_planner.serving.context import ServingContext
@@ -97,7 +98,8 @@ class ServePrepared:
     plan: ServingPlanFile
     ctx: ServingContext
     spec: ServeSpec
-    scores: tuple[ReplicaScore, ...]  # one per replica of spec.replicas
+    scores: tuple[ReplicaScore, ...]  # one per replica of spec.replicas, at the concurrency the run reaches
+    notes: tuple[str, ...] = ()  # warnings for the report: replicas predicted off the plan's operating point
 
 
 def _check_options(options: ServeOptions) -> None:
@@ -300,7 +302,8 @@ def prepare_serving(plan_path: str | Path, options: ServeOptions) -> ServePrepar
     context_len = max(r["prompt_len"] + r["output_len"] for r in plan.data["workload"]["requests"])
     config = _model_config(plan, options, context_len)
     shapes = _shapes(plan, options, context_len)
-    rows = _replica_rows(plan, _served_context(plan, ctx, options, shapes))
+    served_ctx = _served_context(plan, ctx, options, shapes)
+    rows = _replica_rows(plan, served_ctx)
     order, serves = _stage_ranks(plan, rows, ctx.cluster)
     rank_of = {name: i for i, name in enumerate(order)}
     total = sum(score.ev.tokens_per_s for _, _, score in rows)
@@ -335,7 +338,37 @@ def prepare_serving(plan_path: str | Path, options: ServeOptions) -> ServePrepar
         cuda_graphs=not options.enforce_eager,
     )
     table = _rank_table(plan_path, plan, ctx.cluster, order, serves, spec, options)
-    return ServePrepared(table=table, plan=plan, ctx=ctx, spec=spec, scores=tuple(s for _, _, s in rows))
+    scores, notes = _scores_reached(served_ctx, rows, spec)
+    return ServePrepared(table=table, plan=plan, ctx=ctx, spec=spec, scores=scores, notes=notes)
+
+
+def _scores_reached(ctx: ServingContext, rows, spec: ServeSpec) -> tuple[tuple[ReplicaScore, ...], tuple[str, ...]]:
+    """Each replica's prediction at the concurrency the run can reach: a closed loop stopped at
+    `max_requests` routes each replica its share of them (llm_planner.runtime.serve_requests.route), and
+    one given fewer than its concurrency never has more in flight, so it is predicted at that many
+    (and a note says so); the others keep the plan's figures."""
+    scores = [score for _, _, score in rows]
+    if spec.max_requests is None or spec.load.request_rate is not None:
+        return tuple(scores), ()
+    routed = Counter(route([r.share for r in spec.replicas], spec.max_requests))
+    notes = []
+    for i, (rep, _, _) in enumerate(rows):
+        reached = routed.get(i, 0)
+        if 0 < reached < rep["concurrency"]:
+            layout = tuple(segment_of(s) for s in rep["segments"])
+            scores[i] = score_replica(
+                ctx,
+                layout,
+                concurrency=reached,
+                micro_batches=min(rep["micro_batches"], reached),
+                layers=tuple(rep["layers"]),
+            )
+            notes.append(
+                f"replica {i} ({rep['pattern']}) is routed {reached} of the run's {spec.max_requests} requests, "
+                f"fewer than its planned concurrency {rep['concurrency']}: it runs at most {reached} in flight "
+                f"and is predicted at {reached}, not at the plan's operating point"
+            )
+    return tuple(scores), tuple(notes)
 
 
 def _rank_table(plan_path, plan, cluster, order, serves, spec: ServeSpec, options: ServeOptions) -> RankTable:
@@ -404,7 +437,7 @@ def _run(plan_path, prepared: ServePrepared, options: ServeOptions) -> tuple[Lau
     raw_path = Path(result.workdir) / RAW_NAME
     write_atomic(raw_path, json.dumps(result.report) + "\n", LaunchError)
     report = serving_report(str(plan_path), prepared, result.report)
-    notes = oversubscription_notes(result.report.get("ranks", []))
+    notes = [*prepared.notes, *oversubscription_notes(result.report.get("ranks", []))]
     if notes:  # ranks that shared cores: their times are not the plan's devices'
         report["warnings"] = notes
     write_atomic(result.report_path, json.dumps(report, indent=1) + "\n", LaunchError)

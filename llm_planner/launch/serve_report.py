@@ -11,7 +11,7 @@ Written by `llm-planner launch SERVING_PLAN --report run.json` (docs/serve-runti
                    "measured": {"tokens_per_s", "tpot_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
                                 "ttft_s", "ttft_p50_s", "ttft_p99_s", "ttft_steady_s", "steady_requests",
                                 "decode_step_s"},
-                   "predicted": {"tokens_per_s", "tpot_s", "ttft_s", "decode_step_s"}}, ...],
+                   "predicted": {"concurrency", "tokens_per_s", "tpot_s", "ttft_s", "decode_step_s"}}, ...],
      "total": {"requests_completed", "output_tokens", "duration_s", "measured": {"tokens_per_s"},
                "predicted": {"tokens_per_s"}}}
 
@@ -28,7 +28,9 @@ admits C requests at its start, whose prompts wait behind one another for the to
 ramp the planner's steady-state TTFT does not describe and a short run's mean carries. A figure
 with nothing to measure is null. Predicted: llm_planner.serving.score.score_replica at the plan's layers,
 concurrency and micro-batches, the figures the plan states; at the request shape and dtype served
-where `launch --prompt-len / --output-len / --dtype` change them. With several request shapes,
+where `launch --prompt-len / --output-len / --dtype` change them; at fewer sequences in flight
+(predicted.concurrency, with a note under "warnings") for a replica a closed loop cut short by
+`--max-requests` routes fewer requests than its concurrency. With several request shapes,
 prompt_len and output_len are the load's weighted means.
 """
 
@@ -131,6 +133,7 @@ def serving_report(plan_path: str, prepared, raw: dict[str, Any]) -> dict[str, A
                 "duration_s": float(record["duration_s"]),
                 "measured": measured(record, replica.concurrency),
                 "predicted": {
+                    "concurrency": score.ev.concurrency,  # below the plan's when the run routes it fewer requests
                     "tokens_per_s": score.ev.tokens_per_s,
                     "tpot_s": score.ev.tpot_s,
                     "ttft_s": score.ev.ttft_s,
