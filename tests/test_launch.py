@@ -184,7 +184,7 @@ def test_graph_plans_run_the_graph_workload_and_must_name_the_models_tasks(tmp_p
         match=r"shards\[1\]: the plan's tasks are not the model's \(missing \['s0_n5'\], unknown \['s0_n9'\]\)",
     ):
         launch_plan(path, dry_run=True, workdir=str(tmp_path / "w"))
-    for flags in ({"checkpoint": str(tmp_path)}, {"prompt_ids": [[5, 6]]}):
+    for flags in ({"checkpoint": str(tmp_path)}, {"prompt_ids": [[5, 6]]}, {"max_new_tokens": 4}):
         with pytest.raises(LaunchError, match=r"a decoder's; .* plans 'rwnn-ws-2x6'"):
             launch_plan(plan, dry_run=True, workdir=str(tmp_path / "w"), **flags)
 

@@ -41,7 +41,7 @@ def cmd_launch(args: argparse.Namespace, console: Console) -> int:
             dry_run=args.dry_run,
             checkpoint=args.checkpoint,
             prompt_ids=prompts,
-            max_new_tokens=args.max_new_tokens if args.max_new_tokens is not None else 16,
+            max_new_tokens=args.max_new_tokens,
             dtype=args.dtype,
             seed=args.seed,
             report_path=args.report,

@@ -25,6 +25,9 @@ class PlanRejected(LaunchError):
     exit_code = 1  # as `verify`'s exit status for an invalid plan
 
 
+DEFAULT_NEW_TOKENS = 16  # a decoder plan's tokens per request without --max-new-tokens
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaunchOptions:
     dry_run: bool = False  # write the files, build the command, start nothing
@@ -32,7 +35,7 @@ class LaunchOptions:
         None  # decoder: Hugging Face checkpoint dir (safetensors) whose config the plan was made from
     )
     prompt_ids: tuple[tuple[int, ...], ...] = ()  # decoder: one prompt per request; empty: batch_size seeded prompts
-    max_new_tokens: int = 16
+    max_new_tokens: int | None = None  # decoder: tokens per request; None: DEFAULT_NEW_TOKENS
     report_path: str | None = None  # default: <workdir>/run.json
     timeout_s: float = 600.0  # bound on the whole run
     workdir: str | None = None  # default: <report dir>/<plan stem>.launch with a report path, else launch/<plan stem>
@@ -43,6 +46,11 @@ class LaunchOptions:
     fail_rank: int | None = None  # fault injection for tests: this rank raises once the run starts
     warmup: int = 0  # untimed runs of the whole workload before the timed one
     stall_timeout_s: float | None = None  # serving runs: stop on a stall the heartbeats show (launch.stall_watch)
+
+    @property
+    def new_tokens(self) -> int:
+        """The tokens a decoder's request generates: --max-new-tokens, or DEFAULT_NEW_TOKENS."""
+        return DEFAULT_NEW_TOKENS if self.max_new_tokens is None else self.max_new_tokens
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -81,7 +81,11 @@ def check_model(plan: Plan, workload: str, options: LaunchOptions, source: str) 
     if workload == "graph":
         given = [
             flag
-            for flag, value in (("--checkpoint", options.checkpoint), ("--prompt-ids", options.prompt_ids))
+            for flag, value in (
+                ("--checkpoint", options.checkpoint),
+                ("--prompt-ids", options.prompt_ids),
+                ("--max-new-tokens", options.max_new_tokens is not None),
+            )
             if value
         ]
         if given:
@@ -103,7 +107,7 @@ def check_model(plan: Plan, workload: str, options: LaunchOptions, source: str) 
         for s, assignment in enumerate(plan.shard_assignments):
             dt.check_decoder_tasks(list(assignment), config.num_layers, source=f"{source}: shards[{s}]")
         prompts = _prompts(plan, options, config.vocab_size)
-        dt.check_prompts(prompts, options.max_new_tokens, config)
+        dt.check_prompts(prompts, options.new_tokens, config)
     except dt.DecoderError as exc:
         raise LaunchError(str(exc)) from None
     return tuple(tuple(p) for p in prompts)
@@ -133,7 +137,7 @@ def _prompts(plan: Plan, options: LaunchOptions, vocab_size: int) -> tuple[tuple
 
 
 def _check_options(options: LaunchOptions) -> None:
-    if options.max_new_tokens < 1:
+    if options.max_new_tokens is not None and options.max_new_tokens < 1:
         raise LaunchError(f"max_new_tokens must be >= 1, got {options.max_new_tokens}")
     if not options.timeout_s > 0:
         raise LaunchError(f"timeout must be > 0 seconds, got {options.timeout_s}")
@@ -179,7 +183,7 @@ def build_rank_table(plan_path: str | Path, options: LaunchOptions) -> tuple[Ran
         timeout_s=float(options.timeout_s),
         checkpoint=str(Path(options.checkpoint).resolve()) if options.checkpoint else None,
         prompt_ids=[list(p) for p in prompts],
-        max_new_tokens=options.max_new_tokens,
+        max_new_tokens=options.new_tokens,
         batches=in_flight_batches(plan) if workload == "decoder" else 1,
         seed=options.seed if options.seed is not None else int(plan.inputs.model.get("seed", 0)),
         dtype=options.dtype,
@@ -291,7 +295,7 @@ def launch_plan(
     dry_run: bool = False,
     checkpoint: str | None = None,
     prompt_ids: list[list[int]] | None = None,
-    max_new_tokens: int = 16,
+    max_new_tokens: int | None = None,
     report_path: str | None = None,
     timeout_s: float = 600.0,
     workdir: str | None = None,
