@@ -178,6 +178,17 @@ def test_a_task_no_device_can_run_names_the_graph_and_the_field(tmp_path, capsys
     )
 
 
+def test_a_colocation_group_no_one_device_runs_is_named_as_such_not_as_memory(tmp_path, capsys):
+    graph = json.loads(json.dumps(GRAPH))
+    graph["tasks"][0]["device_types"], graph["tasks"][4]["device_types"] = ["cpu"], ["gpu"]
+    graph = emit(graph)
+    code, err = _plan(tmp_path, capsys, graph=graph)
+    message = " ".join(err.split())
+    assert code == 2 and "graph.json on" in message and "memory" not in message
+    assert "colocate_group 'ends': its tasks must run on one device, but no device runs all of them" in message
+    assert "'embed' on box-0/cpu0:0" in message and "'head' on box-0/gpu0:0" in message
+
+
 def test_a_cluster_whose_memory_cannot_hold_the_model_exits_2(tmp_path, capsys):
     code, err = _plan(tmp_path, capsys, graph=_doc(GRAPH, "tasks.1.weight_bytes", 1e15))
     assert code == 2 and "graph.json on" in err and "memory cannot hold the model" in err and "short by" in err

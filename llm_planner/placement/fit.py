@@ -90,8 +90,7 @@ def _unit_shortfalls(problem: PlacementProblem) -> list[tuple[float, str]]:
             else f"colocation group {problem.graph.tasks[i].colocate_group!r}"
         )
         able = [k for k in range(problem.num_devices) if runs_all(problem, members, k)]
-        if not able:
-            out.append((math.inf, f"no device can run every task of {what}"))
+        if not able:  # not a memory problem: placement_conflict names it
             continue
         k = min(able, key=lambda d: ledger.need(members, d) - problem.mem_capacity[d])
         short = ledger.need(members, k) - problem.mem_capacity[k]
@@ -105,6 +104,26 @@ def _unit_shortfalls(problem: PlacementProblem) -> list[tuple[float, str]]:
                 )
             )
     return out
+
+
+def placement_conflict(problem: PlacementProblem) -> str | None:
+    """A sentence when a colocation group's tasks run on no one device together (each may run
+    somewhere, but the group must share a device); else None."""
+    for group in problem.colocate_groups():
+        if any(runs_all(problem, group, k) for k in range(problem.num_devices)):
+            continue
+        name = problem.graph.tasks[group[0]].colocate_group
+        where = []
+        for i in group[:3]:
+            kinds = sorted({problem.device_names[k] for k in range(problem.num_devices) if problem.supported[i, k]})
+            shown = ", ".join(kinds[:3]) + (f" and {len(kinds) - 3} more" if len(kinds) > 3 else "")
+            where.append(f"{problem.graph.tasks[i].name!r} on {shown or 'none'}")
+        more = f" ({len(group) - 3} more tasks)" if len(group) > 3 else ""
+        return (
+            f"colocate_group {name!r}: its tasks must run on one device, but no device runs all of them: "
+            f"{'; '.join(where)}{more}"
+        )
+    return None
 
 
 def memory_shortfall(problem: PlacementProblem) -> str | None:
@@ -137,7 +156,7 @@ def _total_need(problem: PlacementProblem) -> float:
 
 def infeasibility_reason(problem: PlacementProblem) -> str:
     """A sentence on why no placement fits in memory (or why the heuristics found none)."""
-    provable = memory_shortfall(problem)
+    provable = placement_conflict(problem) or memory_shortfall(problem)
     if provable is not None:
         return provable
     need, capacity = _total_need(problem), float(problem.mem_capacity.sum())

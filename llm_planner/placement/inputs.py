@@ -19,7 +19,7 @@ from llm_planner.graph import workloads
 from llm_planner.graph.hf_config import config_file_of
 from llm_planner.graph.ir import GraphError, TaskGraph, graph_from_dict
 from llm_planner.graph.models import ModelSpec, build_model_graph
-from llm_planner.placement.fit import memory_shortfall
+from llm_planner.placement.fit import memory_shortfall, placement_conflict
 from llm_planner.placement.problem import PlacementProblem, ProblemError, build_problem
 
 # Tasks x devices of one problem: the task cost tables and the heuristics grow with it (a
@@ -130,6 +130,9 @@ def problem_from_inputs(
         )
     except ProblemError as exc:
         raise InputError(f"{_names(cluster_path, model, graph_path)}: {exc}") from None
+    conflict = placement_conflict(problem)
+    if conflict is not None:
+        raise InputError(f"{_names(cluster_path, model, graph_path)}: {conflict}")
     short = memory_shortfall(problem)
     if short is not None:
         batch = f" with a batch of {batch_size}" if batch_size > 1 else ""
