@@ -24,7 +24,7 @@ from llm_planner.serving.context import (
     status_of,
     usable_bytes,
 )
-from llm_planner.serving.engines import layout_refusal
+from llm_planner.serving.engines import layout_refusal, without_remedy
 from llm_planner.serving.fleet import FleetChoice
 from llm_planner.serving.layout import Pattern, describe, segment_fields
 from llm_planner.serving.plan_file import SERVING_FORMAT, SERVING_VERSION, input_digest
@@ -241,9 +241,10 @@ def _model_digest(model: str) -> str | None:
 def _nothing_serves(ctx: ServingContext) -> str:
     """Why no layout serves: memory for one sequence, or the TPOT target (with the best TPOT found),
     or, where that TPOT meets its target, the TTFT target (with the best TTFT found)."""
-    wl, fastest, first = ctx.workload, float("inf"), float("inf")
+    wl, fastest, first, refusals = ctx.workload, float("inf"), float("inf"), []
     for sc in ctx.classes:
         for seg in segment_options(ctx, sc.name):
+            refusals.append(layout_refusal(ctx.options.exportable, (seg,), ctx.by_name))
             model = ctx.replica((seg,))
             split = model.split_layers(1, 1)
             if split is not None:
@@ -253,8 +254,8 @@ def _nothing_serves(ctx: ServingContext) -> str:
         f"{ctx.config.name} on cluster {ctx.cluster.name!r} "
         f"(prompt {wl.mean_prompt_len:g}, output {wl.mean_output_len:g} tokens){ctx.left_out_text()}"
     )
-    refused = _engine_refuses_every_class(ctx)
-    if refused is not None:
+    if refusals and all(r is not None for r in refusals):  # with --exportable: the first class's reason
+        refused = without_remedy(refusals[0])
         return (
             f"no layout serves {where}: --exportable {ctx.options.exportable} rules out every class: {refused}; "
             "plan without --exportable"
@@ -282,21 +283,6 @@ def _nothing_serves(ctx: ServingContext) -> str:
         f"--tpot-slo {wl.tpot_slo_s * 1e3:g} ms cannot be met for {where}: the fastest single-class layout takes "
         f"{fastest * 1e3:.3g} ms per token with one sequence in flight; set --tpot-slo above that{_budget_hint(ctx)}"
     )
-
-
-def _engine_refuses_every_class(ctx: ServingContext) -> str | None:
-    """With --exportable, why the engine runs no one-class layout (the first class's reason; e.g. its
-    devices are CPUs); None when it runs some, or no engine is asked for."""
-    if ctx.options.exportable is None:
-        return None
-    reasons = [
-        layout_refusal(ctx.options.exportable, (seg,), ctx.by_name)
-        for sc in ctx.classes
-        for seg in segment_options(ctx, sc.name)
-    ]
-    if not reasons or any(r is None for r in reasons):
-        return None
-    return reasons[0].rsplit(" (", 1)[0]  # the reason, without the remedy the export would name
 
 
 def _budget_hint(ctx: ServingContext) -> str:

@@ -123,6 +123,11 @@ def engine_refusal(
     return None
 
 
+def without_remedy(refusal: str) -> str:
+    """engine_refusal's "...: reason (remedy)" without its closing remedy, for a message that names its own."""
+    return refusal.rsplit(" (", 1)[0] if refusal.endswith(")") and " (" in refusal else refusal
+
+
 def _uneven_hosts(engine: str, stages: Sequence[StageForm]) -> str | None:
     hosts = list(dict.fromkeys(st.host for st in stages))
     per_host = len(stages) / len(hosts)
