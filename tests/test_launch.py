@@ -206,7 +206,7 @@ def test_plans_from_graph_files_cannot_be_launched(plan4, tmp_path):
         ({"prompt_ids": [[1, 200]]}, r"prompt_ids\[0\]: token ids \[200\] are outside the vocabulary \[0, 128\)"),
         ({"prompt_ids": [[]]}, r"prompt_ids\[0\]: empty prompt"),
         ({"prompt_ids": [[1] * 60], "max_new_tokens": 8}, "60 prompt \\+ 8 new tokens exceed the model's 64 positions"),
-        ({"max_new_tokens": 0}, "max_new_tokens must be >= 1"),
+        ({"max_new_tokens": 0}, "--max-new-tokens must be >= 1"),
         ({"timeout_s": 0}, "timeout must be > 0"),
         ({"prompt_ids": [[1], [2], [3]]}, r"prompt_ids: 3 prompts, but the plan runs a batch of 1: give 1 prompts"),
         ({"fail_rank": 4}, r"fail_rank 4 is not a rank of this run \(0..3\)"),

@@ -409,5 +409,17 @@ def test_a_run_cut_short_below_a_replicas_concurrency_is_predicted_at_what_it_re
     below = [i for i, c in enumerate((3, 2)) if routed[i] < c]
     assert below and len(short.notes) == len(below)
     for i, note in zip(below, short.notes):
-        assert f"replica {i} " in note and f"routed {routed[i]} of the run's 3 requests" in note
+        assert f"replica {i} " in note and f"routed {routed[i]} of the run's 3 requests, fewer" in note
         assert short.scores[i].ev.tokens_per_s < full.scores[i].ev.tokens_per_s  # fewer in flight, fewer tokens/s
+    one = prepare_serving(plan, ServeOptions(dry_run=True, max_requests=1))
+    idle = [i for i in range(2) if Counter(route(one.spec.shares, 1))[i] == 0]
+    assert len(idle) == 1 and one.scores[idle[0]] is None  # routed nothing: it predicts nothing
+    assert any(f"replica {idle[0]} " in n and "routed none of the run's 1 requests" in n for n in one.notes)
+    report = serving_report("p.yaml", one, {"replicas": []})
+    assert report["replicas"][idle[0]]["predicted"] == {
+        "concurrency": 0,
+        "tokens_per_s": 0.0,
+        "tpot_s": None,
+        "ttft_s": None,
+        "decode_step_s": None,
+    }

@@ -4,9 +4,9 @@
   when they start (llm_planner.runtime.rank);
 - a rank that raises writes `error.rank<N>.txt` and the job aborts; a rank that
   dies (killed, out of memory) is named with its device, host and the signal or exit
-  code: on this host, the rank whose process the kernel saw end first
+  code: on a run of this host alone, the rank whose process the kernel saw end first
   (llm_planner.launch.death_order), since mpiexec's "BAD TERMINATION ... PID p" is often
-  a rank its own clean-up killed; elsewhere, mpiexec's PID and the pid files;
+  a rank its own clean-up killed; across hosts, mpiexec's PID and the pid files;
 - when the serving ranks' heartbeats show a rank stopped or a replica stuck for `stall_s`
   (llm_planner.launch.stall_watch), the launcher stops the job at once and names the rank;
 - past the run's timeout (plus a grace for the ranks' own watchdog), and on Ctrl-C, SIGTERM
@@ -83,7 +83,8 @@ def run_mpiexec(command: tuple[str, ...], table: RankTable, timeout_s: float, st
     start = time.perf_counter()
     with open(workdir / "mpiexec.out", "wb") as out, open(workdir / "mpiexec.err", "wb") as err:
         proc = start_mpiexec(command, out, err)
-        deaths = DeathOrder(workdir, [r.rank for r in table.ranks if is_local(r.hostname)])
+        on_this_host = all(is_local(r.hostname) for r in table.ranks)  # else the first death may be elsewhere
+        deaths = DeathOrder(workdir, [r.rank for r in table.ranks] if on_this_host else [])
         try:
             timed_out, stall = watch(proc, table, workdir / "mpiexec.out", timeout_s + KILL_GRACE_S, stall_s)
             if timed_out or stall is not None:
@@ -172,9 +173,9 @@ def rank_pids(table: RankTable) -> dict[int, int]:
 
 def _dead_rank(tail: str, table: RankTable, first_dead: int | None) -> tuple[str, int | None] | None:
     """A rank mpiexec saw die ("BAD TERMINATION"), named with its device and how it ended. mpiexec's
-    "PID p" is the first rank in its order that ended badly, often one its clean-up killed: when it is a
-    rank of this host, the one this host saw die first (`first_dead`) is named instead, with the ending
-    mpiexec gives for the job (its "EXIT STRING" is the first death's)."""
+    "PID p" is the first rank in its order that ended badly, often one its clean-up killed: on a run of
+    this host alone, the rank it saw die first (`first_dead`, llm_planner.launch.death_order) is named
+    instead, with the ending mpiexec gives for the job (its "EXIT STRING" is the first death's)."""
     bad = _BAD.search(tail)
     if bad is None:
         return None
@@ -182,8 +183,8 @@ def _dead_rank(tail: str, table: RankTable, first_dead: int | None) -> tuple[str
     how = _STRING.search(tail)
     ending = how[1].strip() if how else f"exit code {code}"
     rank = rank_pids(table).get(pid)
-    if first_dead is not None and (rank is None or is_local(table.ranks[rank].hostname)):
-        rank, host = first_dead, table.ranks[first_dead].hostname
+    if first_dead is not None and is_local(host):
+        rank = first_dead
     who = f"rank {rank} ({table.ranks[rank].device})" if rank is not None else f"a rank (pid {pid})"
     return f"{who} on {host} died: {ending}; mpiexec stopped every other rank", rank
 

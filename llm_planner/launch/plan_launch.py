@@ -138,7 +138,7 @@ def _prompts(plan: Plan, options: LaunchOptions, vocab_size: int) -> tuple[tuple
 
 def _check_options(options: LaunchOptions) -> None:
     if options.max_new_tokens is not None and options.max_new_tokens < 1:
-        raise LaunchError(f"max_new_tokens must be >= 1, got {options.max_new_tokens}")
+        raise LaunchError(f"--max-new-tokens must be >= 1, got {options.max_new_tokens}")
     if not options.timeout_s > 0:
         raise LaunchError(f"timeout must be > 0 seconds, got {options.timeout_s}")
     if options.warmup < 0:
@@ -275,6 +275,7 @@ def run_table(table: RankTable, options: LaunchOptions) -> LaunchResult:
         *workdir.glob("error.rank*.txt"),
         *workdir.glob(".error.rank*.txt.tmp"),
         *workdir.glob("rank*.pid"),
+        *workdir.glob("rank*.done"),
         Path(table.run.report_path),
     ]:
         stale.unlink(missing_ok=True)

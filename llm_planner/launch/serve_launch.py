@@ -98,7 +98,7 @@ class ServePrepared:
     plan: ServingPlanFile
     ctx: ServingContext
     spec: ServeSpec
-    scores: tuple[ReplicaScore, ...]  # one per replica of spec.replicas, at the concurrency the run reaches
+    scores: tuple[ReplicaScore | None, ...]  # per replica of spec.replicas, at the concurrency the run reaches
     notes: tuple[str, ...] = ()  # warnings for the report: replicas predicted off the plan's operating point
 
 
@@ -338,36 +338,49 @@ def prepare_serving(plan_path: str | Path, options: ServeOptions) -> ServePrepar
         cuda_graphs=not options.enforce_eager,
     )
     table = _rank_table(plan_path, plan, ctx.cluster, order, serves, spec, options)
-    scores, notes = _scores_reached(served_ctx, rows, spec)
+    scores, notes = _scores_reached(served_ctx, rows, spec, options.max_requests is not None)
     return ServePrepared(table=table, plan=plan, ctx=ctx, spec=spec, scores=scores, notes=notes)
 
 
-def _scores_reached(ctx: ServingContext, rows, spec: ServeSpec) -> tuple[tuple[ReplicaScore, ...], tuple[str, ...]]:
+def _scores_reached(
+    ctx: ServingContext, rows, spec: ServeSpec, given: bool
+) -> tuple[tuple[ReplicaScore | None, ...], tuple[str, ...]]:
     """Each replica's prediction at the concurrency the run can reach: a closed loop stopped at
-    `max_requests` routes each replica its share of them (llm_planner.runtime.serve_requests.route), and
-    one given fewer than its concurrency never has more in flight, so it is predicted at that many
-    (and a note says so); the others keep the plan's figures."""
-    scores = [score for _, _, score in rows]
+    `max_requests` (`given`: by --max-requests, else the default) routes each replica its share of them
+    (llm_planner.runtime.serve_requests.route), and one given fewer than its concurrency never has
+    more in flight, so it is predicted at that many, and one given none at nothing (None); a note
+    says so. The others keep the plan's figures."""
+    scores: list[ReplicaScore | None] = [score for _, _, score in rows]
     if spec.max_requests is None or spec.load.request_rate is not None:
         return tuple(scores), ()
     routed = Counter(route([r.share for r in spec.replicas], spec.max_requests))
+    of = f"the run's {spec.max_requests} requests" + (
+        "" if given else f" (the default, {DEFAULT_REQUESTS_PER_SLOT} a slot; --max-requests or --duration run more)"
+    )
     notes = []
     for i, (rep, _, _) in enumerate(rows):
         reached = routed.get(i, 0)
-        if 0 < reached < rep["concurrency"]:
-            layout = tuple(segment_of(s) for s in rep["segments"])
-            scores[i] = score_replica(
-                ctx,
-                layout,
-                concurrency=reached,
-                micro_batches=min(rep["micro_batches"], reached),
-                layers=tuple(rep["layers"]),
-            )
+        if reached >= rep["concurrency"]:
+            continue
+        if reached == 0:
+            scores[i] = None
             notes.append(
-                f"replica {i} ({rep['pattern']}) is routed {reached} of the run's {spec.max_requests} requests, "
-                f"fewer than its planned concurrency {rep['concurrency']}: it runs at most {reached} in flight "
-                f"and is predicted at {reached}, not at the plan's operating point"
+                f"replica {i} ({rep['pattern']}) is routed none of {of}: it serves nothing and predicts nothing"
             )
+            continue
+        layout = tuple(segment_of(s) for s in rep["segments"])
+        scores[i] = score_replica(
+            ctx,
+            layout,
+            concurrency=reached,
+            micro_batches=min(rep["micro_batches"], reached),
+            layers=tuple(rep["layers"]),
+        )
+        notes.append(
+            f"replica {i} ({rep['pattern']}) is routed {reached} of {of}, fewer than its planned concurrency "
+            f"{rep['concurrency']}: it runs at most {reached} in flight and is predicted at {reached}, not at the "
+            "plan's operating point"
+        )
     return tuple(scores), tuple(notes)
 
 

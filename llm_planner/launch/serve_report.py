@@ -30,7 +30,8 @@ with nothing to measure is null. Predicted: llm_planner.serving.score.score_repl
 concurrency and micro-batches, the figures the plan states; at the request shape and dtype served
 where `launch --prompt-len / --output-len / --dtype` change them; at fewer sequences in flight
 (predicted.concurrency, with a note under "warnings") for a replica a closed loop cut short by
-`--max-requests` routes fewer requests than its concurrency. With several request shapes,
+`--max-requests` (or its default) routes fewer requests than its concurrency, and none (concurrency 0,
+tokens/s 0, the times null) for one it routes no request. With several request shapes,
 prompt_len and output_len are the load's weighted means.
 """
 
@@ -113,6 +114,19 @@ def _cuda_graphs(raw: dict[str, Any], replica: int) -> list[str | None]:
     return [r.get("cuda_graphs") for r in sorted(leaders, key=lambda r: r["stage"])]
 
 
+def _predicted(score) -> dict[str, Any]:
+    """A replica's predicted figures; with no score (the run routes it no request), nothing."""
+    if score is None:
+        return {"concurrency": 0, "tokens_per_s": 0.0, "tpot_s": None, "ttft_s": None, "decode_step_s": None}
+    return {
+        "concurrency": score.ev.concurrency,  # below the plan's when the run routes it fewer requests
+        "tokens_per_s": score.ev.tokens_per_s,
+        "tpot_s": score.ev.tpot_s,
+        "ttft_s": score.ev.ttft_s,
+        "decode_step_s": score.decode_step_s,
+    }
+
+
 def serving_report(plan_path: str, prepared, raw: dict[str, Any]) -> dict[str, Any]:
     """The run report (module docstring) from the ranks' raw record and the launch's predictions."""
     spec = prepared.spec
@@ -132,13 +146,7 @@ def serving_report(plan_path: str, prepared, raw: dict[str, Any]) -> dict[str, A
                 "output_tokens": sum(len(r["token_s"]) for r in record["requests"]),
                 "duration_s": float(record["duration_s"]),
                 "measured": measured(record, replica.concurrency),
-                "predicted": {
-                    "concurrency": score.ev.concurrency,  # below the plan's when the run routes it fewer requests
-                    "tokens_per_s": score.ev.tokens_per_s,
-                    "tpot_s": score.ev.tpot_s,
-                    "ttft_s": score.ev.ttft_s,
-                    "decode_step_s": score.decode_step_s,
-                },
+                "predicted": _predicted(score),
             }
         )
     tokens = sum(r["output_tokens"] for r in replicas)

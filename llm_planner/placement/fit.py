@@ -90,7 +90,10 @@ def _unit_shortfalls(problem: PlacementProblem) -> list[tuple[float, str]]:
             else f"colocation group {problem.graph.tasks[i].colocate_group!r}"
         )
         able = [k for k in range(problem.num_devices) if runs_all(problem, members, k)]
-        if not able:  # not a memory problem: placement_conflict names it
+        if not able and len(members) > 1:  # not a memory problem: placement_conflict names it
+            continue
+        if not able:
+            out.append((math.inf, f"no device can run {what}"))
             continue
         k = min(able, key=lambda d: ledger.need(members, d) - problem.mem_capacity[d])
         short = ledger.need(members, k) - problem.mem_capacity[k]
@@ -113,17 +116,27 @@ def placement_conflict(problem: PlacementProblem) -> str | None:
         if any(runs_all(problem, group, k) for k in range(problem.num_devices)):
             continue
         name = problem.graph.tasks[group[0]].colocate_group
-        where = []
-        for i in group[:3]:
-            kinds = sorted({problem.device_names[k] for k in range(problem.num_devices) if problem.supported[i, k]})
-            shown = ", ".join(kinds[:3]) + (f" and {len(kinds) - 3} more" if len(kinds) > 3 else "")
-            where.append(f"{problem.graph.tasks[i].name!r} on {shown or 'none'}")
-        more = f" ({len(group) - 3} more tasks)" if len(group) > 3 else ""
         return (
             f"colocate_group {name!r}: its tasks must run on one device, but no device runs all of them: "
-            f"{'; '.join(where)}{more}"
+            f"{'; '.join(_where_each_runs(problem, group))}"
         )
     return None
+
+
+def _where_each_runs(problem: PlacementProblem, group: list[int], most: int = 3) -> list[str]:
+    """'task' on its devices (in the cluster's order), one task for each distinct set of devices, so that the
+    sets that share no device show."""
+    shown: dict[tuple[int, ...], int] = {}
+    for i in group:
+        shown.setdefault(tuple(int(k) for k in np.flatnonzero(problem.supported[i])), i)
+    out = []
+    for devices, i in list(shown.items())[:most]:
+        names = [problem.device_names[k] for k in devices]
+        listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        out.append(f"{problem.graph.tasks[i].name!r} on {listed or 'none'}")
+    if len(shown) > most:
+        out.append(f"{len(shown) - most} more sets of devices")
+    return out
 
 
 def memory_shortfall(problem: PlacementProblem) -> str | None:

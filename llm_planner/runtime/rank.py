@@ -149,6 +149,19 @@ def pid_path(workdir: str | Path, rank: int) -> Path:
     return Path(workdir) / f"rank{rank}.pid"
 
 
+def done_path(workdir: str | Path, rank: int) -> Path:
+    return Path(workdir) / f"rank{rank}.done"
+
+
+def _write_done(table: RankTable, rank: int) -> None:
+    """`rank<N>.done` in the workdir as the rank ends its run cleanly: the launcher then knows its end for no
+    death (llm_planner.launch.death_order), whatever mpiexec's clean-up does after."""
+    try:
+        done_path(table.run.workdir, rank).write_text("")
+    except OSError:
+        log.exception("rank %d: cannot write its done file", rank)
+
+
 def _write_pid(table: RankTable, rank: int) -> None:
     """`rank<N>.pid` (pid, host) in the workdir: the launcher names a rank that dies from it, and stops it on Ctrl-C."""
 
@@ -282,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         watchdog = _start_watchdog(table, world)
         run(table)
         watchdog.cancel()
+        _write_done(table, world.Get_rank())
     except BaseException as exc:
         _write_error(table, world.Get_rank(), exc)
         raise  # python -m mpi4py turns this into MPI_Abort: every rank stops

@@ -134,7 +134,7 @@ def _split_plan(ctx: SplitContext, session: SolveSession, started: float) -> Pla
         ),
     )
     if not candidates and baseline is None:
-        raise SolveError(f"milp-split found no plan that fits in memory: {infeasibility_reason(problem)}")
+        raise SolveError(f"milp-split found no plan that fits: {infeasibility_reason(problem)}")
     best = min(candidates, key=lambda p: p.objective_s) if candidates else None
     if best is None or (baseline is not None and baseline.objective_s < best.objective_s * (1 - 1e-12)):
         details["baseline_won"] = baseline.solver.name

@@ -66,7 +66,7 @@ def solve_split_tp(problem: PlacementProblem, options: SolveOptions, session: So
             if plan is not None and (search.best is None or plan.objective_s < search.best.objective_s * (1 - 1e-12)):
                 search.best, search.label = plan, f"baseline:{name}"
         if search.best is None:
-            raise SolveError(f"milp-split found no plan that fits in memory: {infeasibility_reason(problem)}")
+            raise SolveError(f"milp-split found no plan that fits: {infeasibility_reason(problem)}")
         return _finish(options, search, bound.result(), started)
 
 
