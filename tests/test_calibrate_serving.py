@@ -18,7 +18,7 @@ from llm_planner.core.precision import build_precision
 from llm_planner.core.spec import load_cluster
 from llm_planner.measure.serving_cases import ServingSettings, build_cases, even_split, model_config, predict
 from llm_planner.measure.serving_fit import DEFAULT_WEIGHTS, fit_serving
-from llm_planner.measure.serving_results import read_serving_results
+from llm_planner.measure.serving_results import ServingResultError, read_serving_results
 
 TRUTH = {
     "compute_efficiency": 0.45,
@@ -273,6 +273,24 @@ def test_our_serving_run_report_is_read_with_its_layout_and_operating_point(tmp_
     settings = ServingSettings()  # the model and everything else from the report
     (case,) = build_cases(spec, model_config(settings, [obs]), [(str(path), [obs])], settings)
     assert case.options.max_batched_tokens == 4096 and case.layers == (32,) and case.grouped_kinds == ("big",)
+
+
+def test_a_replica_the_run_routed_fewer_requests_is_read_at_the_concurrency_it_reached(tmp_path):
+    """launch --max-requests below a replica's concurrency: the report's predicted.concurrency is what it had
+    in flight, and a replica routed none is left out (and a report of nothing but those is refused)."""
+    path = tmp_path / "run.json"
+    report = _report()
+    report["replicas"][0]["predicted"] |= {"concurrency": 5}
+    report["replicas"][0]["micro_batches"] = 8
+    idle = {**report["replicas"][0], "replica": 1, "predicted": {"concurrency": 0, "tokens_per_s": 0.0}}
+    report["replicas"].append(idle | {"measured": {"tokens_per_s": None}})
+    path.write_text(json.dumps(report))
+    (obs,) = read_serving_results(path)
+    assert (obs.concurrency, obs.micro_batches) == (5, 5) and "routed it 5 requests" in obs.concurrency_note
+    report["replicas"] = [report["replicas"][1]]
+    path.write_text(json.dumps(report))
+    with pytest.raises(ServingResultError, match="routed no replica a request"):
+        read_serving_results(path)
 
 
 def test_even_split_is_the_engines():

@@ -64,7 +64,7 @@ def _check_report(report, plan: Path, replicas: int, rate: float | None = None) 
     for r in report["replicas"]:
         assert set(r) == REPLICA_KEYS
         assert set(r["measured"]) == MEASURED | {"decode_step_s", "ttft_steady_s", "steady_requests"}
-        assert set(r["predicted"]) == {"tokens_per_s", "tpot_s", "ttft_s", "decode_step_s"}
+        assert set(r["predicted"]) == {"concurrency", "tokens_per_s", "tpot_s", "ttft_s", "decode_step_s"}
         assert r["output_tokens"] == 5 * r["requests_completed"]
         assert r["cuda_graphs"] and all(g == "the stage runs on cpu, not CUDA" for g in r["cuda_graphs"])
         assert all(r["measured"][k] > 0 for k in MEASURED)

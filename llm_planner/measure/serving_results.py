@@ -22,7 +22,9 @@ Four formats, told apart by their keys:
 - `llm-planner launch SERVING_PLAN --report run.json` (format `llm_planner.serving_run`,
   version 1): one observation per replica, its layout, concurrency, micro-batches and token budget
   from the report, its measured `tpot_p50_s` (else `tpot_s`), `tokens_per_s`, `ttft_steady_s` (the
-  TTFT once the opening burst has drained; else `ttft_p50_s`, else `ttft_s`) and `decode_step_s`.
+  TTFT once the opening burst has drained; else `ttft_p50_s`, else `ttft_s`) and `decode_step_s`;
+  a replica the run routed fewer requests than its concurrency at `predicted.concurrency` (what it
+  had in flight), one routed none left out.
 
 Medians are preferred to means: the model describes the steady state, and a run's first and last
 requests (ramp-up and tail) pull the mean. The requests' lengths are the per-request lens where
@@ -229,9 +231,12 @@ def _read_report(where: str, doc: dict) -> list[ServingObservation]:
         raise ServingResultError(f"{where}: replicas: expected a list of at least one replica")
     model = doc["model"] if isinstance(doc["model"], str) else None
     dtype = doc.get("dtype") if isinstance(doc.get("dtype"), str) else None  # reports before it have none
+    if not any(_served(r) for r in replicas):
+        raise ServingResultError(f"{where}: replicas: the run routed no replica a request; nothing to calibrate on")
     return [
         dataclasses.replace(_report_replica(f"{where} replicas[{i}]", r, shape, model), dtype=dtype)
         for i, r in enumerate(replicas)
+        if _served(r)
     ]
 
 
@@ -246,7 +251,7 @@ def _report_replica(where: str, r: Any, shape: RequestShape, model: str | None) 
     m = f"{where}.measured"
     tpot = "tpot_p50_s" if measured.get("tpot_p50_s") is not None else "tpot_s"
     ttft = next((k for k in ("ttft_steady_s", "ttft_p50_s") if measured.get(k) is not None), "ttft_s")
-    concurrency = whole_number(where, r, "concurrency", most=MOST_SEQUENCES)
+    concurrency, note = _reached(where, r)
     return ServingObservation(
         source=where,
         engine="llm_planner",
@@ -258,9 +263,26 @@ def _report_replica(where: str, r: Any, shape: RequestShape, model: str | None) 
         ),
         requests=(shape,),
         concurrency=concurrency,
-        concurrency_note=f"concurrency {concurrency} of the report",
-        micro_batches=whole_number(where, r, "micro_batches", most=MOST_SEQUENCES),
+        concurrency_note=note,
+        micro_batches=min(concurrency, whole_number(where, r, "micro_batches", most=MOST_SEQUENCES)),
         layout=r["layout"],
         max_batched_tokens=whole_number(where, r, "max_batched_tokens", most=MOST_BUDGET),
         model=model,
     )
+
+
+def _reached(where: str, r: dict) -> tuple[int, str]:
+    """The sequences the replica had in flight: its planned concurrency, or fewer where the run routed
+    it fewer requests (`predicted.concurrency`, llm_planner.launch.serve_report)."""
+    planned = whole_number(where, r, "concurrency", most=MOST_SEQUENCES)
+    predicted = r.get("predicted")
+    reached = predicted.get("concurrency") if isinstance(predicted, dict) else None
+    if isinstance(reached, int) and not isinstance(reached, bool) and 0 < reached < planned:
+        return reached, f"concurrency {reached} (the run routed it {reached} requests; the plan's is {planned})"
+    return planned, f"concurrency {planned} of the report"
+
+
+def _served(r: Any) -> bool:
+    """Whether the report's replica was routed any request (a run cut short may route one none)."""
+    predicted = r.get("predicted") if isinstance(r, dict) else None
+    return not (isinstance(predicted, dict) and predicted.get("concurrency") == 0)
