@@ -61,7 +61,7 @@ def test_a_serving_plan_without_replicas_is_refused_naming_the_field(plan_yaml, 
         refused(argv, capsys, "empty.yaml", "serving.replicas", "expected 1 to")
 
 
-@pytest.mark.slow  # plans and verifies a serving plan in full: over ten seconds on 2 cores
+@pytest.mark.heavy  # plans and verifies a serving plan in full: over ten seconds on 2 cores
 def test_a_serving_plan_is_one_however_its_text_is_laid_out(plan_yaml, tmp_path, capsys):
     data = yaml.safe_load(plan_yaml.read_text())
     pretty = tmp_path / "pretty.json"
@@ -72,7 +72,7 @@ def test_a_serving_plan_is_one_however_its_text_is_laid_out(plan_yaml, tmp_path,
     assert main(["verify", str(commented)]) == 0
 
 
-@pytest.mark.slow  # plans and verifies a serving plan in full: over ten seconds on 2 cores
+@pytest.mark.heavy  # plans and verifies a serving plan in full: over ten seconds on 2 cores
 def test_a_serving_plan_named_json_is_written_as_json(tmp_path):
     out = tmp_path / "plan.json"
     assert main([*SERVING, *SHAPE, "--tpot-slo", "50 ms", "-o", str(out)]) == 0

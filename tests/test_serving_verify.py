@@ -293,7 +293,7 @@ def test_verify_refuses_a_forged_number_of_layers(base):
     assert code == 2 and "model.num_layers: 40, but llama2-7b has 32 layers" in " ".join(out.split()), out
 
 
-@pytest.mark.slow  # verifies a forged plan's every replica in full: half a minute on 2 cores
+@pytest.mark.heavy  # verifies a forged plan's every replica in full: half a minute on 2 cores
 def test_a_forged_concurrency_is_named_and_not_blamed_on_the_model(base):
     """A replica's concurrency raised past what a replica may hold is named as such; one raised within
     it gives figures over the bound, which the problems listed before explain (no "model defect")."""
