@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from llm_planner.runtime.rank import done_path, pid_path
+
 POLL_MS = 50
 CLOSE_WAIT_S = 2.0  # close() waits this long for the thread (a workdir on a hung file system may block it)
 
@@ -79,7 +81,7 @@ class DeathOrder:
             self._first = next(iter(died)) if len(died) == 1 and complete else None
 
     def _clean(self, ranks: set[int]) -> set[int]:
-        return {r for r in ranks if (self._workdir / f"rank{r}.done").exists()}
+        return {r for r in ranks if done_path(self._workdir, r).exists()}
 
     def _forget(self, poller: select.poll, ranks: set[int]) -> None:
         for fd in [fd for fd, rank in self._fds.items() if rank in ranks]:
@@ -90,14 +92,14 @@ class DeathOrder:
     def _open_new(self, poller: select.poll) -> None:
         """A pidfd for each rank whose pid file has appeared; a rank already gone leaves the order unknown."""
         for rank in sorted(self._waiting):
-            pid = _pid_of(self._workdir / f"rank{rank}.pid")
+            pid = _pid_of(pid_path(self._workdir, rank))
             if pid is None:
                 continue
             self._waiting.discard(rank)
             try:
                 fd = os.pidfd_open(pid)
             except OSError:  # ended already (or no pidfds here): when, nobody can say
-                if not (self._workdir / f"rank{rank}.done").exists():
+                if not done_path(self._workdir, rank).exists():
                     self._note({rank, -1}, complete=False)
                 continue
             self._fds[fd] = rank

@@ -50,6 +50,7 @@ from llm_planner.core.procs import last_stop_signal, preexec_die_with_parent, st
 from llm_planner.launch.death_order import DeathOrder
 from llm_planner.launch.stall_watch import watch
 from llm_planner.runtime.heartbeat import without_beats
+from llm_planner.runtime.rank import pid_path
 from llm_planner.runtime.table import RankTable
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ def rank_pids(table: RankTable) -> dict[int, int]:
     """pid -> rank, from the pid files the ranks wrote."""
     out = {}
     for entry in table.ranks:
-        path = Path(table.run.workdir) / f"rank{entry.rank}.pid"
+        path = pid_path(table.run.workdir, entry.rank)
         try:
             out[int(path.read_text().split()[0])] = entry.rank
         except (OSError, ValueError, IndexError):

@@ -251,19 +251,19 @@ def _replica_rows(plan: ServingPlanFile, ctx: ServingContext) -> list[tuple[dict
     """(pattern, devices of each stage, prediction) of every replica: each copy of each pattern in plan order."""
     rows = []
     for i, rep in enumerate(plan.replicas):
-        layout = tuple(segment_of(s) for s in rep["segments"])
         try:
-            score = score_replica(
-                ctx,
-                layout,
-                concurrency=rep["concurrency"],
-                micro_batches=rep["micro_batches"],
-                layers=tuple(rep["layers"]),
-            )
+            score = _score_at(ctx, rep, rep["concurrency"])
         except (LayoutError, KeyError) as exc:
             raise LaunchError(f"{plan.path}: serving.replicas[{i}]: {exc}") from None
         rows += [(rep, copy, score) for copy in rep["devices"]]
     return rows
+
+
+def _score_at(ctx: ServingContext, rep: dict, concurrency: int) -> ReplicaScore:
+    """The plan's replica pattern `rep` scored at `concurrency` (its micro-batches at most that many)."""
+    layout = tuple(segment_of(s) for s in rep["segments"])
+    m = min(rep["micro_batches"], concurrency)
+    return score_replica(ctx, layout, concurrency=concurrency, micro_batches=m, layers=tuple(rep["layers"]))
 
 
 def _stage_ranks(plan: ServingPlanFile, rows, cluster: ClusterSpec) -> tuple[list[str], dict[str, str]]:
@@ -368,14 +368,7 @@ def _scores_reached(
                 f"replica {i} ({rep['pattern']}) is routed none of {of}: it serves nothing and predicts nothing"
             )
             continue
-        layout = tuple(segment_of(s) for s in rep["segments"])
-        scores[i] = score_replica(
-            ctx,
-            layout,
-            concurrency=reached,
-            micro_batches=min(rep["micro_batches"], reached),
-            layers=tuple(rep["layers"]),
-        )
+        scores[i] = _score_at(ctx, rep, reached)
         notes.append(
             f"replica {i} ({rep['pattern']}) is routed {reached} of {of}, fewer than its planned concurrency "
             f"{rep['concurrency']}: it runs at most {reached} in flight and is predicted at {reached}, not at the "
