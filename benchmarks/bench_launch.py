@@ -4,12 +4,12 @@ For each case, RUNS times in a row, the whole pipeline a user runs, with the CLI
 
     llm-planner profile --cluster C MODEL --mpi --batch-sizes ... --repetitions 10 -o profile.yaml
     llm-planner plan    --cluster C MODEL --profile profile.yaml [objective, batch] -o plan.yaml
-    llm-planner launch  plan.yaml --measure --max-new-tokens 16 --report run.json
+    llm-planner launch  plan.yaml --measure [--max-new-tokens 16] --report run.json
 
-Cases (GPT-2 124M, seeded weights, fp32, one decode step at --seq-len 16: the run
-generates 16 tokens after an 8-token prompt, contexts 9 to 24, and compares the mean
-of its 15 decode steps), on cluster_specs/localhost-2cpu.yaml (two one-core CPU
-devices: one rank per core of a 2-core machine):
+Cases, on cluster_specs/localhost-2cpu.yaml (two one-core CPU devices: one rank per
+core of a 2-core machine). GPT-2 124M, seeded weights, fp32, one decode step at
+--seq-len 16 (the run generates 16 tokens after an 8-token prompt, contexts 9 to 24,
+and compares the mean of its 15 decode steps):
 
 - gpt2-latency-tp: a latency plan on a tensor-parallel group of the two cores (the
   `megatron` layout: every task on the group), batch 1;
@@ -18,7 +18,14 @@ devices: one rank per core of a 2-core machine):
 - gpt2-throughput-b4: the throughput plan at batch 4 (MILP-SPLIT), run in steady
   state (batches in flight, llm_planner.runtime.plan_schedule), seconds per sample.
 
-Beside each run's predicted and measured step, the decoder block as the plan costs it (the
+ResNet-18, seeded weights, fp32, the torch.fx graph:
+
+- resnet18-throughput-b8: the throughput plan at batch 8 in one shard (MILP-SPLIT with
+  `--max-shards 1`: a pipeline over the two cores), its batches streamed through the
+  stages (llm_planner.runtime.graph_run), seconds per sample over the steady state's
+  period between batch ends.
+
+Beside each run's predicted and measured figure, the decoder block as the plan costs it (the
 profile's fit at the plan's sub-batch: "@group<k>" on a group, else the single device's) and as
 the run executed it (mean seconds per call over the decode steps, over the ranks that run blocks),
 and the 1-minute load average before the profile and before the launch: on a shared machine other
@@ -29,7 +36,7 @@ Writes RESULTS/<case>/run<i>/ (profile, plan, run report, measurement, with no
 machine paths) and RESULTS/summary.json; prints the markdown table that
 docs/benchmarks.md quotes (every run listed).
 
-    .venv/bin/python benchmarks/bench_launch.py                # every case, 3 runs each, about 10 minutes
+    .venv/bin/python benchmarks/bench_launch.py                # every case, 3 runs each, about 15 minutes
     .venv/bin/python benchmarks/bench_launch.py --cases gpt2-latency-tp --runs 1
     .venv/bin/python benchmarks/bench_launch.py --max-load 0.5 --runs 5   # at quiet moments of a shared machine
 """
@@ -50,13 +57,33 @@ import provenance  # benchmarks/provenance.py, beside this script
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "llm_planner.cli.main"]
-MODEL = ["--model", "gpt2", "--phase", "decode", "--seq-len", "16", "--dtype", "fp32"]
+GPT2 = ["--model", "gpt2", "--phase", "decode", "--seq-len", "16", "--dtype", "fp32"]
+RESNET18 = ["--model", "resnet18", "--dtype", "fp32"]
+DECODE = ["--max-new-tokens", "16"]
 CASES = {
-    "gpt2-latency-tp": {"batch_sizes": "1,2", "plan": ["--objective", "latency", "--solver", "megatron"]},
-    "gpt2-latency": {"batch_sizes": "1,2", "plan": ["--objective", "latency", "--solver", "milp-split"]},
+    "gpt2-latency-tp": {
+        "model": GPT2,
+        "batch_sizes": "1,2",
+        "plan": ["--objective", "latency", "--solver", "megatron"],
+        "launch": DECODE,
+    },
+    "gpt2-latency": {
+        "model": GPT2,
+        "batch_sizes": "1,2",
+        "plan": ["--objective", "latency", "--solver", "milp-split"],
+        "launch": DECODE,
+    },
     "gpt2-throughput-b4": {
+        "model": GPT2,
         "batch_sizes": "1,2,4",
         "plan": ["--objective", "throughput", "--batch", "4", "--solver", "milp-split"],
+        "launch": DECODE,
+    },
+    "resnet18-throughput-b8": {
+        "model": RESNET18,
+        "batch_sizes": "4,8",
+        "plan": ["--objective", "throughput", "--batch", "8", "--max-shards", "1", "--solver", "milp-split"],
+        "launch": [],
     },
 }
 
@@ -93,7 +120,7 @@ def run_case(name: str, cluster: str, out: Path, scratch: Path) -> dict:
     case, log = CASES[name], out / "log.txt"
     out.mkdir(parents=True, exist_ok=True)
     log.write_text("")
-    common = ["--cluster", cluster, *MODEL]
+    common = ["--cluster", cluster, *case["model"]]
     load_profile = _load()
     _cli(
         [
@@ -118,8 +145,7 @@ def run_case(name: str, cluster: str, out: Path, scratch: Path) -> dict:
             "launch",
             str(out / "plan.yaml"),
             "--measure",
-            "--max-new-tokens",
-            "16",
+            *case["launch"],
             "--report",
             str(out / "run.json"),
             "--workdir",
@@ -135,8 +161,11 @@ def run_case(name: str, cluster: str, out: Path, scratch: Path) -> dict:
 def block_seconds(plan: dict, profile: dict, run: dict) -> tuple[float | None, float | None]:
     """(the block's time as the plan costs it, as the run executed it) in seconds per call: the profile's fit
     at the first shard's size on the device of block.0 ("@group<k>" on a group of k), and the mean decode-step
-    time per call of every block on the ranks that ran blocks (the prompt's prefill left out)."""
+    time per call of every block on the ranks that ran blocks (the prompt's prefill left out); (None, None)
+    for a plan with no decoder blocks."""
     shard = plan["shards"][0]
+    if "block.0" not in shard["assignment"]:
+        return None, None
     device = shard["assignment"]["block.0"]
     degree = len(device) if isinstance(device, list) else 1
     suffix = f"/block@group{degree}" if degree > 1 else "/block"
@@ -169,6 +198,7 @@ def _row(name: str, out: Path, load: float | None) -> dict:
         "error": run["measured_s"] / run["predicted_s"] - 1,
         "what": run["measured_what"],
         "batches": run.get("batches", 1),
+        "workload": run["workload"],
         "shards": plan["shards"] and [s["size"] for s in plan["shards"]],
         "devices": groups,
         "solver": plan["solver"]["name"],
@@ -190,8 +220,9 @@ def table(rows: list[dict]) -> str:
     ]
     for _i, r in enumerate(rows):
         scale, unit = (1e3, "ms") if r["unit"] == "s" else (1e3, "ms/sample")
+        streamed = "streamed" if r.get("workload") == "graph" else "in flight"
         layout = f"{r['solver']}: shards {r['shards']}, {', '.join(r['devices'])}" + (
-            f"; {r['batches']} batches in flight" if r["batches"] > 1 else ""
+            f"; {r['batches']} batches {streamed}" if r["batches"] > 1 else ""
         )
         lines.append(
             f"| {r['case']} | {r['run']} | {layout} | {r['predicted_s'] * scale:.2f} {unit} | "

@@ -404,17 +404,20 @@ Each run is the whole pipeline a user runs, with the CLI, on
 `cluster_specs/localhost-2cpu.yaml` (two one-core CPU devices: one MPI rank per core of a
 2-core machine): `profile --mpi` (single devices, a member's share of each task on the
 group of two, and the group running its tasks together with its real all-reduces),
-`plan --profile`, then `launch --measure --max-new-tokens 16` (two untimed warm-up
-generations, then the timed one). GPT-2 (124M, seeded weights, fp32), one decode step at
+`plan --profile`, then `launch --measure` (two untimed warm-up runs, then the timed
+one). GPT-2 (124M, seeded weights, fp32, `--max-new-tokens 16`), one decode step at
 `--seq-len 16`: the run generates 16 tokens after an 8-token prompt and compares the mean
 of its 15 decode steps (`run.json`'s `measured_s`, the same quantity as the plan's
 `objective_s`). Cases: `gpt2-latency-tp`, the `megatron` layout (every task on the
 tensor-parallel group of the two cores), batch 1; `gpt2-latency`, the plan MILP-SPLIT
 makes with groups offered, batch 1; `gpt2-throughput-b4`, MILP-SPLIT's throughput plan
 at batch 4, run in steady state (the batches in flight its pipeline needs), seconds per
-sample. Beside each run: the decoder block as the plan costs it (the profile's fit at the
+sample. ResNet-18 (seeded weights, fp32): `resnet18-throughput-b8`, MILP-SPLIT's throughput
+plan at batch 8 in one shard (`--max-shards 1`: a pipeline over the two cores), its batches
+streamed through the stages, seconds per sample over the steady state's period between
+batch ends (docs/measure.md). Beside each run: the decoder block as the plan costs it (the profile's fit at the
 plan's sub-batch, `@group2` on the group) and as the run executed it (seconds per call over
-the decode steps), and the 1-minute load average before the profile and before the launch
+the decode steps; none for the CNN), and the 1-minute load average before the profile and before the launch
 (other processes on the two cores land in either). Every run is listed; each run's profile,
 plan, run report and measurement are kept under `benchmarks/results/launch/<case>/run<i>/`.
 The target: every run within 15% of its prediction.""",

@@ -112,10 +112,22 @@ def write_inputs(tmp: Path) -> tuple[Path, Path]:
     return cluster, graph
 
 
-def graph_plan(tmp: Path, cluster: Path, graph: Path, layouts: list[list[int]], sizes: list[int], name: str) -> Path:
+def graph_plan(
+    tmp: Path,
+    cluster: Path,
+    graph: Path,
+    layouts: list[list[int]],
+    sizes: list[int],
+    name: str,
+    objective: str = "latency",
+) -> Path:
     """A plan of the chain on the cluster file: layouts[s][i] = device index of task i in shard s."""
     problem = problem_from_inputs(
-        cluster_path=str(cluster), graph_path=str(graph), batch_size=sum(sizes), max_shards=len(sizes)
+        cluster_path=str(cluster),
+        graph_path=str(graph),
+        batch_size=sum(sizes),
+        max_shards=len(sizes),
+        objective=objective,
     )
     plan = make_plan(
         problem, sizes, layouts, solver="test", status="heuristic", started_at=time.perf_counter(), lower_bound_s=0.0

@@ -106,12 +106,21 @@ def decoder_plan(
 
 
 def graph_plan(
-    path: Path, name: str, *, batch: int, num_devices: int, shards: int = 1, cluster: Path = LOCALHOST
+    path: Path,
+    name: str,
+    *,
+    batch: int,
+    num_devices: int,
+    shards: int = 1,
+    cluster: Path = LOCALHOST,
+    objective: str = "latency",
 ) -> Path:
     """A plan of a CNN / RWNN preset: the tasks cut into `num_devices` contiguous thirds, with one task
     moved back to the first device (so a device's tasks would form a cycle between ranks); a second
     shard, if any, rotates the devices."""
-    problem = problem_from_inputs(cluster_path=str(cluster), model=ModelSpec(name=name, dtype="fp32"), batch_size=batch)
+    problem = problem_from_inputs(
+        cluster_path=str(cluster), model=ModelSpec(name=name, dtype="fp32"), batch_size=batch, objective=objective
+    )
     n = problem.num_tasks
     first = [min(num_devices - 1, num_devices * i // n) for i in range(n)]
     first[n // 2] = 0

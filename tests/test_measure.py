@@ -252,6 +252,45 @@ def test_a_rank_listed_twice_is_refused_naming_it(tmp_path, chain):
         measure_files(plan, path)
 
 
+def _streamed(doc: dict, batches: int, ends: list[float]) -> dict:
+    """A graph run's report as a throughput run of `batches` batches writes it: every call made once a
+    batch, and each rank's end of each batch (the latest rank's at `ends`)."""
+    doc.update(objective="throughput", batches=batches, pipeline_depth=2)
+    for r, rank in enumerate(doc["ranks"]):
+        rank["tasks"] = {k: v * batches for k, v in rank["tasks"].items()}
+        rank["task_calls"] = {k: v * batches for k, v in rank["task_calls"].items()}
+        rank["batch_end_s"] = [[b, t - 0.001 * r] for b, t in enumerate(ends)]
+    return doc
+
+
+def test_a_graph_throughput_run_is_measured_by_the_period_between_its_batch_ends(tmp_path):
+    """A throughput run streams batches (llm_planner.runtime.graph_run): its figure is the mean time between
+    the ends of the batches that end in the steady state (all but the last `pipeline_depth`), over the batch;
+    each task's time is per call over every batch's calls."""
+    cluster, graph = write_inputs(tmp_path)
+    plan = graph_plan(tmp_path, cluster, graph, LAYOUT, [3, 5], "plan.yaml", objective="throughput")
+    path = _report(tmp_path, plan, load_cluster(cluster))
+    path.write_text(json.dumps(_streamed(json.loads(path.read_text()), 6, [0.5, 0.7, 0.95, 1.2, 1.3, 1.35])))
+    m = measure_files(plan, path)
+    assert m.measured_s == pytest.approx((1.2 - 0.5) / 3 / 8)  # batches 0-3 end in the steady state
+    assert m.end_to_end_what == (
+        "seconds per sample: the steady state's period between batch ends (mean of 3) / 8 samples"
+    )
+    assert all(row.rel_error == pytest.approx(0.0, abs=1e-9) for row in m.tasks)
+    doc = json.loads(path.read_text())
+    for rank in doc["ranks"]:
+        rank["batch_end_s"] = rank["batch_end_s"][:2]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(MeasureError, match=r"batch_end_s: expected the end of each of the 6 batches, got \[0, 1\]"):
+        measure_files(plan, path)
+    path.write_text(json.dumps(dict(doc, batches=0)))
+    with pytest.raises(MeasureError, match="batches: expected the batches the run ran, an integer >= 1, got 0"):
+        measure_files(plan, path)
+    path.write_text(json.dumps(dict(doc, pipeline_depth=5)))
+    with pytest.raises(MeasureError, match="pipeline_depth: 5 with 6 batches leaves fewer than 2 batch ends"):
+        measure_files(plan, path)
+
+
 @pytest.mark.parametrize(
     "edit, says",
     [

@@ -146,6 +146,32 @@ def test_rwnn_split_across_three_ranks_in_two_shards_matches_the_whole_model(tmp
     assert all(len(r["transfers"]) > 0 for r in report["ranks"])
 
 
+def test_a_graph_throughput_plan_streams_batches_and_is_measured_by_its_period(tmp_path):
+    """A throughput plan's graph run streams 2 depth + 2 batches (each the same input), every rank ending
+    each batch once; the report's figure is the period between the ends of the batches that end in the
+    steady state, and the first batch's output is the whole model's."""
+    plan_path = graph_plan(
+        tmp_path / "plan.yaml", "rwnn-ws-2x6", batch=3, num_devices=3, shards=2, objective="throughput"
+    )
+    plan = load_plan(plan_path)
+    report = _ok(launch_plan(plan_path, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S))
+    batches, depth = report["batches"], report["pipeline_depth"]
+    assert depth >= 2 and batches == 2 * depth + 2  # three devices: at least three levels a batch
+    gm, example = rg.build_graph_model({"name": "rwnn-ws-2x6", "seed": 0, "dtype": "fp32"})
+    with torch.no_grad():
+        expected = gm(rg.make_batch(example, 3, seed=0))
+    assert torch.allclose(torch.load(report["output_path"]), expected, rtol=1e-4, atol=1e-5)
+    for rank in report["ranks"]:
+        ends = [t for _, t in rank["batch_end_s"]]
+        assert [b for b, _ in rank["batch_end_s"]] == list(range(batches)) and ends == sorted(ends)
+        for task, calls in rank["task_calls"].items():  # once a batch, for each shard that puts it here
+            assert calls == batches * sum(a.get(task) == rank["device"] for a in plan.shard_assignments)
+    steady = batches - depth
+    last = [max(r["batch_end_s"][b][1] for r in report["ranks"]) for b in (0, steady - 1)]
+    assert report["measured_s"] == pytest.approx((last[1] - last[0]) / (steady - 1) / plan.batch_size)
+    assert report["measured_what"].startswith("seconds per sample: the steady state's period between batch ends")
+
+
 @pytest.fixture(scope="module")
 def small_plan(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("small")

@@ -4,8 +4,9 @@ A run report (llm_planner/runtime/run_report.py) sums each rank's task times ove
 every call; the plan predicts one pass. This module turns a report into
 observations the cost model can be compared with, call by call:
 
-- graph runs (CNN / RWNN, one forward pass): a task runs once per data-parallel
-  shard on the device the shard's assignment names, for that shard's samples;
+- graph runs (CNN / RWNN, a forward pass per batch): a task runs once per
+  data-parallel shard and batch on the device the shard's assignment names, for
+  that shard's samples;
 - decoder runs (greedy generation): a task runs once per generated token for
   every micro-batch (*stream*) of its shard, for that stream's requests. Step 0
   is the prefill of the prompt, the other steps decode one token each. A plan
@@ -18,10 +19,11 @@ receiving rank's time in `Recv` of messages that had arrived (waiting for a
 message is idle time, not transfer time), per (sender, receiver) device pair.
 
 End to end: graph latency plans compare the slowest rank's wall time of the
-pass; decoders compare the time of one decode step (the last step's end minus
-the first step's end, over the decode steps) or, for prefill plans, the first
-step's end. Throughput plans divide by the samples of the pass (requests of a
-step for decoders). Every error names the report file and the field.
+pass, graph throughput plans the period between the ends of the batches the
+run streamed (`batches`, each rank's `batch_end_s`); decoders compare the time
+of one decode step (the last step's end minus the first step's end, over the
+decode steps) or, for prefill plans, the first step's end. Throughput plans
+divide by the samples of a batch (requests of a step for decoders). Every error names the report file and the field.
 """
 
 from __future__ import annotations
@@ -121,7 +123,8 @@ def read_observations(plan: Plan, report: Any, source: str) -> RunObservations:
             raise MeasureError(f"{source}: ranks[{r}].rank: rank {rank} is listed twice")
         device_of[rank] = device
     if workload == "graph":
-        phase, passes, calls = "forward", 1, _graph_calls(plan)
+        passes = _graph_batches(report, source)
+        phase, calls = "forward", _graph_calls(plan, passes)
     else:
         phase, passes, calls = _decoder_calls(plan, report, source)
     leaders = _leaders(ranks, source)
@@ -161,12 +164,20 @@ def _leaders(ranks: list, source: str) -> list:
     return list(seen.values())
 
 
-def _graph_calls(plan: Plan) -> Calls:
+def _graph_calls(plan: Plan, batches: int) -> Calls:
     calls: Calls = {}
     for size, assignment in zip(plan.shard_sizes, plan.shard_assignments):
         for task, device in assignment.items():
-            calls.setdefault((device, task), []).append((int(size), 1))
+            calls.setdefault((device, task), []).append((int(size), batches))
     return calls
+
+
+def _graph_batches(report: dict, source: str) -> int:
+    """The batches a graph run ran (`batches`; 1 where a report predates the field), each one pass."""
+    batches = report.get("batches", 1)
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+        raise MeasureError(f"{source}: batches: expected the batches the run ran, an integer >= 1, got {batches!r}")
+    return batches
 
 
 def _decoder_calls(plan: Plan, report: dict, source: str) -> tuple[str, int, Calls]:
@@ -270,14 +281,55 @@ def _transfers(ranks: list, device_of: dict[int, str], source: str) -> tuple[Tra
     return tuple(out)
 
 
+def _graph_end_to_end(plan: Plan, report: dict, source: str, per_sample: bool) -> tuple[float, str]:
+    """A latency plan's forward pass (the slowest rank's wall time); a throughput plan's steady-state period
+    per sample: the mean time between the ends of the batches that end in the run's steady state (a batch
+    ends when its last rank does; llm_planner.runtime.graph_run), over the batch. A report of one batch
+    (from before graph runs streamed batches) reads its pass per sample, high against a pipelined plan."""
+    wall = _number(_get(report, "wall_s", source, ""), source, "wall_s")
+    if not 0 < wall <= MOST_WALL_S:
+        raise MeasureError(f"{source}: wall_s: a forward pass takes more than 0 s and at most a day, got {wall!r}")
+    if not per_sample:
+        return wall, "latency of one forward pass (slowest rank's wall time)"
+    batches, size = _graph_batches(report, source), plan.batch_size
+    if batches == 1:
+        return wall / size, f"seconds per sample: the forward pass of {size} samples / {size}"
+    depth = _number(_get(report, "pipeline_depth", source, ""), source, "pipeline_depth", integer=True)
+    steady = batches - depth  # batches 0 .. steady - 1 end in the steady state
+    if depth < 1 or steady < 2:
+        raise MeasureError(
+            f"{source}: pipeline_depth: {depth} with {batches} batches leaves fewer than 2 batch ends in the "
+            "steady state; a run streams 2 depth + 2 batches"
+        )
+    ends = _ends(report, source, "batch_end_s")
+    if sorted(ends) != list(range(batches)):
+        raise MeasureError(
+            f"{source}: ranks[*].batch_end_s: expected the end of each of the {batches} batches, got {sorted(ends)}"
+        )
+    period = (ends[steady - 1] - ends[0]) / (steady - 1)
+    if not period > 0:
+        raise MeasureError(f"{source}: ranks[*].batch_end_s: the batches' ends must increase, got {ends}")
+    what = f"seconds per sample: the steady state's period between batch ends (mean of {steady - 1}) / {size} samples"
+    return period / size, what
+
+
 def _step_ends(report: dict, source: str) -> dict[int, float]:
+    return _ends(report, source, "step_end_s")
+
+
+def _ends(report: dict, source: str, field: str) -> dict[int, float]:
+    """{step or batch: the latest end any rank reports for it} from the ranks' `field` pairs."""
     ends: dict[int, float] = {}
     for r, entry in enumerate(report["ranks"]):
-        for j, pair in enumerate(entry.get("step_end_s", [])):
+        pairs = entry.get(field, [])
+        if not isinstance(pairs, list):
+            raise MeasureError(f"{source}: ranks[{r}].{field}: expected a list of [index, seconds] pairs")
+        for j, pair in enumerate(pairs):
+            where = f"ranks[{r}].{field}[{j}]"
             if not (isinstance(pair, list) and len(pair) == 2):
-                raise MeasureError(f"{source}: ranks[{r}].step_end_s[{j}]: expected [step, seconds], got {pair!r}")
-            step = _number(pair[0], source, f"ranks[{r}].step_end_s[{j}][0]", integer=True)
-            ends[step] = max(ends.get(step, 0.0), _number(pair[1], source, f"ranks[{r}].step_end_s[{j}][1]"))
+                raise MeasureError(f"{source}: {where}: expected [index, seconds], got {pair!r}")
+            index = _number(pair[0], source, f"{where}[0]", integer=True)
+            ends[index] = max(ends.get(index, 0.0), _number(pair[1], source, f"{where}[1]"))
     return ends
 
 
@@ -293,15 +345,7 @@ def end_to_end(plan: Plan, report: dict, source: str) -> tuple[float, str]:
     if stated != plan.objective:
         raise MeasureError(f"{source}: objective: the run was of a {stated!r} plan, this plan is {plan.objective!r}")
     if _get(report, "workload", source, "") == "graph":
-        wall = _number(_get(report, "wall_s", source, ""), source, "wall_s")
-        if not 0 < wall <= MOST_WALL_S:
-            raise MeasureError(f"{source}: wall_s: a forward pass takes more than 0 s and at most a day, got {wall!r}")
-        if per_sample:
-            return (
-                wall / plan.batch_size,
-                f"seconds per sample: the forward pass of {plan.batch_size} samples / {plan.batch_size}",
-            )
-        return wall, "latency of one forward pass (slowest rank's wall time)"
+        return _graph_end_to_end(plan, report, source, per_sample)
     phase = str(plan.inputs.model.get("phase", "decode"))
     ends = _step_ends(report, source)
     steps = int(report["max_new_tokens"])

@@ -3,13 +3,28 @@
 The batch of `plan.batch_size` samples (seeded, shaped like the model's example
 input) is cut into the plan's data-parallel shards; each shard's assignment
 splits the GraphModule into stages (llm_planner.runtime.graph). A rank builds
-the submodules of its stages only, then runs its (shard, stage) units in
-increasing level (then plan start time): it receives the inputs it lacks from
-the ranks that made them, runs the stage node by node (timed) and sends each
-output once to every other rank that reads it. The rank holding a shard's
-output node assembles that shard's output; rank 0 concatenates the shards in
-order, writes the tensor to `output.pt` in the workdir and summarises it in
+the submodules of its stages only, then runs its (batch, shard, stage) units: it
+receives the inputs it lacks from the ranks that made them, runs the stage node
+by node (timed) and sends each output once to every other rank that reads it.
+The rank holding a shard's output node assembles that shard's output, a unit one
+level above the shard's last stage; rank 0 concatenates the first batch's shards
+in order, writes the tensor to `output.pt` in the workdir and summarises it in
 the report.
+
+A latency plan runs one batch. A throughput plan streams batches through the
+stages, as its steady state does: every rank runs its units in the wavefront
+order (level + batch, batch, plan start time, shard), so that in a wavefront
+slot t the units of level l work on batch t - l. A batch spans `depth` + 1
+slots (depth: the output's level), and every slot from `depth` to the last
+batch's first one runs every level: the batches ending in those slots end one
+steady-state period apart. The run streams 2 depth + 2 batches (each the same
+input), so that depth + 2 of them end in the steady state, and a rank records
+when it finished its last unit of each batch (`batch_end_s`);
+llm_planner.measure.observe.end_to_end reads the period from those ends. The
+order is deadlock-free: a unit waits only on units of its own batch and shard
+at a lower level, which come earlier in the one order every rank's order is a
+part of. A rank that runs only the first level never waits, so it may run all
+the batches ahead of the others, its sends buffered.
 """
 
 from __future__ import annotations
@@ -40,18 +55,14 @@ class GraphRun:
             rg.check_assignment(gm, assignment, source=f"{run.plan_path}: shards[{s}]")
             self.splits.append(rg.split_graph(gm, {t: rank_of[d] for t, d in assignment.items()}))
         self.node_index = {n.name: i for i, n in enumerate(gm.graph.nodes)}
-        ctx.comm.check_tag(self._tag(len(self.splits) - 1, len(self.node_index) - 1), "graph run")
-        units = []
-        for s, split in enumerate(self.splits):
-            starts = _first_start(plan, s)
-            for stage in split.stages:
-                if stage.owner == ctx.rank:
-                    first = min((starts.get(n, 0.0) for n in stage.nodes), default=0.0)
-                    units.append((stage.level, first, s, stage))
-        self.units = [(s, stage) for _, _, s, stage in sorted(units, key=lambda u: u[:3])]
+        self.depth = max(max((stage.level for stage in split.stages), default=0) + 1 for split in self.splits)
+        self.batches = streamed_batches(plan.objective, self.depth)
+        ctx.comm.check_tag(self._tag(self.batches - 1, len(self.splits) - 1, len(self.node_index) - 1), "graph run")
+        self.units = self._units(plan)
         self.modules = {
             (s, stage.name): rg.stage_module(gm, stage).to(device=ctx.device, dtype=ctx.dtype).eval()
-            for s, stage in self.units
+            for _, s, stage in self.units
+            if stage is not None
         }
         batch = rg.make_batch(example, plan.batch_size, run.seed)
         offsets = [sum(plan.shard_sizes[:s]) for s in range(len(plan.shard_sizes))]
@@ -59,56 +70,93 @@ class GraphRun:
         self.output_template = rg.output_template(gm)  # gm itself is dropped: a rank keeps only its stages
         self.sync = ctx.device.type == "cuda"
 
-    def _tag(self, shard: int, node: int) -> int:
-        return shard * (len(self.node_index) + 1) + node
+    def _units(self, plan) -> list[tuple[int, int, rg.GraphStage | None]]:
+        """This rank's (batch, shard, stage) units in the wavefront order (module docstring); a stage of
+        None is the assembly of the shard's output, one level above its last stage."""
+        me, keyed = self.ctx.rank, []
+        for s, split in enumerate(self.splits):
+            starts = _first_start(plan, s)
+            top = max((stage.level for stage in split.stages), default=0) + 1  # the output's level
+            mine = [
+                (stage.level, min((starts.get(n, 0.0) for n in stage.nodes), default=0.0), stage)
+                for stage in split.stages
+                if stage.owner == me
+            ]
+            if split.output_owner == me:
+                mine.append((top, float("inf"), None))
+            for b in range(self.batches):
+                keyed += [((level + b, b, first, s), (b, s, stage)) for level, first, stage in mine]
+        return [unit for _, unit in sorted(keyed, key=lambda k: k[0])]
 
-    def _send(self, shard: int, name: str, value, sent: set) -> None:
+    def _tag(self, batch: int, shard: int, node: int) -> int:
+        return (batch * len(self.splits) + shard) * (len(self.node_index) + 1) + node
+
+    def _send(self, batch: int, shard: int, name: str, value, sent: set) -> None:
         for dest in self.splits[shard].consumers(name):
-            if dest != self.ctx.rank and (shard, name, dest) not in sent:
-                sent.add((shard, name, dest))
-                self.ctx.comm.isend_value(value, dest, self._tag(shard, self.node_index[name]))
+            if dest != self.ctx.rank and (batch, shard, name, dest) not in sent:
+                sent.add((batch, shard, name, dest))
+                self.ctx.comm.isend_value(value, dest, self._tag(batch, shard, self.node_index[name]))
 
-    def _value(self, shard: int, name: str, env: dict):
+    def _value(self, batch: int, shard: int, name: str, env: dict):
         if name not in env:
             producer = self.splits[shard].producer[name]
-            value = self.ctx.comm.recv_value(producer, self._tag(shard, self.node_index[name]), self.ctx.device)
-            env[name] = _cast(value, self.ctx.dtype)
+            tag = self._tag(batch, shard, self.node_index[name])
+            env[name] = _cast(self.ctx.comm.recv_value(producer, tag, self.ctx.device), self.ctx.dtype)
         return env[name]
 
     def run(self) -> dict:
         """Warm-up passes (untimed), then the timed pass; the clock stops before the outputs are gathered and saved."""
         self.ctx.warm_up(self._forward)
         self.ctx.start()
-        results = self._forward()
+        results = self._forward(timed=True)
         self.ctx.comm.wait_sends()
         self.ctx.stats.stop()
         return self._outputs(results)
 
-    def _forward(self) -> dict[int, torch.Tensor]:
-        """One forward pass of this rank's stages; the shard outputs this rank assembles."""
-        ctx, me = self.ctx, self.ctx.rank
-        envs: list[dict] = [{} for _ in self.splits]
+    def _forward(self, timed: bool = False) -> dict[int, torch.Tensor]:
+        """Every batch's pass over this rank's stages; the first batch's shard outputs this rank assembles.
+        Timed, each batch's end here is recorded when this rank has run its last unit of it."""
+        ctx = self.ctx
+        envs: dict[tuple[int, int], dict] = {(b, s): {} for b in range(self.batches) for s in range(len(self.splits))}
         sent: set = set()
-        for s, split in enumerate(self.splits):  # placeholders first: nobody waits on a stage for them
-            for name, owner in split.placeholders.items():
-                if owner == me:
-                    envs[s][name] = self.inputs[s].to(device=ctx.device, dtype=ctx.dtype)
-                    self._send(s, name, envs[s][name], sent)
-        for s, stage in self.units:
-            args = [self._value(s, name, envs[s]) for name in stage.inputs]
-            times: dict[str, float] = {}
-            outs = rg.TimedInterpreter(self.modules[(s, stage.name)], times, sync_cuda=self.sync).run(*args)
-            for task, seconds in times.items():
-                ctx.stats.on_task(task, seconds)
-            for name, value in zip(stage.outputs, outs):
-                envs[s][name] = value
-                self._send(s, name, value, sent)
+        self._send_placeholders(envs, sent)
+        left = [sum(1 for b, _, _ in self.units if b == batch) for batch in range(self.batches)]
         results = {}
-        for s, split in enumerate(self.splits):
-            if split.output_owner == me:
-                env = {name: self._value(s, name, envs[s]) for name in split.output_inputs}
-                results[s] = rg.assemble_output(self.output_template, env)
+        for b, s, stage in self.units:
+            env = envs[(b, s)]
+            if stage is None:
+                output = rg.assemble_output(
+                    self.output_template, {name: self._value(b, s, name, env) for name in self.splits[s].output_inputs}
+                )
+                results.update({s: output} if b == 0 else {})
+            else:
+                self._run_stage(b, s, stage, env, sent)
+            left[b] -= 1
+            if left[b] == 0:
+                envs.update({(b, k): {} for k in range(len(self.splits))})  # the batch is done here
+                if timed:
+                    ctx.stats.on_batch_end(b)
         return results
+
+    def _send_placeholders(self, envs: dict, sent: set) -> None:
+        """The inputs this rank holds, sent first for every batch: nobody waits on a stage for them."""
+        for s, split in enumerate(self.splits):
+            for name, owner in split.placeholders.items():
+                if owner == self.ctx.rank:
+                    value = self.inputs[s].to(device=self.ctx.device, dtype=self.ctx.dtype)
+                    for b in range(self.batches):
+                        envs[(b, s)][name] = value
+                        self._send(b, s, name, value, sent)
+
+    def _run_stage(self, b: int, s: int, stage, env: dict, sent: set) -> None:
+        args = [self._value(b, s, name, env) for name in stage.inputs]
+        times: dict[str, float] = {}
+        outs = rg.TimedInterpreter(self.modules[(s, stage.name)], times, sync_cuda=self.sync).run(*args)
+        for task, seconds in times.items():
+            self.ctx.stats.on_task(task, seconds)
+        for name, value in zip(stage.outputs, outs):
+            env[name] = value
+            self._send(b, s, name, value, sent)
 
     def _outputs(self, results: dict[int, torch.Tensor]) -> dict:
         parts = self.ctx.comm.gather({s: _to_cpu(v) for s, v in results.items()})
@@ -119,7 +167,19 @@ class GraphRun:
         output = torch.cat([by_shard[s] for s in sorted(by_shard)], dim=0)
         path = Path(self.ctx.table.run.workdir) / "output.pt"
         torch.save(output, path)
-        return {"output": tensor_summary(output), "output_path": str(path), "input_seed": self.ctx.table.run.seed}
+        return {
+            "output": tensor_summary(output),
+            "output_path": str(path),
+            "input_seed": self.ctx.table.run.seed,
+            "batches": self.batches,
+            "pipeline_depth": self.depth,
+        }
+
+
+def streamed_batches(objective: str, depth: int) -> int:
+    """The batches a graph run streams: 1 for a latency plan; for a throughput plan 2 depth + 2, so that
+    depth + 2 of them end in the steady state (module docstring)."""
+    return 2 * depth + 2 if objective == "throughput" else 1
 
 
 def _cast(value, dtype: torch.dtype):

@@ -22,7 +22,8 @@ computes per step. Pure Python (no torch, no mpi4py): the launcher, the ranks an
   in flight that the busiest device never waits, ceil(one batch's makespan / the
   busiest device's load per batch), each batch as the plan cuts it. So every device
   makes one call per (stream, task) per step at the shard's size, which is what the
-  plan's cost counted.
+  plan's cost counted. (This is the decoders' schedule; a graph run streams its
+  batches in a wavefront order of its own: llm_planner.runtime.graph_run.)
 """
 
 from __future__ import annotations

@@ -18,13 +18,16 @@ Per rank (all times in seconds, measured with time.perf_counter):
                  the rest are single-token decode steps
     step_end_s   decoders, ranks that run a shard's last stage: [step, seconds since the run's
                  start when this rank finished that step's last stage for every stream]
+    batch_end_s  graphs: [batch, seconds since the run's start when this rank finished its last
+                 unit of that batch] (the batch has ended when every rank has)
 
 The report (JSON) holds "ranks" and, beside the plan's figure, the same
 quantity measured (llm_planner.measure.observe.end_to_end):
 
     predicted_s    the plan's objective_s: one pass (graphs), one decode step or the
                    prefill (decoders) of the whole batch; seconds per sample for
-                   throughput plans
+                   throughput plans (graphs: the steady state's period between two
+                   batches' ends, over the batch)
     measured_s     that quantity measured in this run (measured_what says which)
     unit           "s" (one pass / step) or "s/sample" (throughput plans)
     wall_s         the whole run's wall time (the slowest rank's total_s): every
@@ -39,7 +42,9 @@ request, in request order, cut after EOS), "batches" (batches in flight),
 over wall_s) and, for throughput plans, "predicted_samples_per_s" and
 "measured_samples_per_s" (steady state: one sample is one token of one request
 per decode step); graphs "output" (shape, sha256, sum and first values of the
-output tensor) and "output_path" (the tensor, saved with torch.save).
+output tensor; the first batch's) and "output_path" (the tensor, saved with torch.save),
+and "batches" (the batches the run ran: 1, or one more than a throughput plan keeps
+in flight).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class RankStats:
     prefill_tasks: dict[str, float] = field(default_factory=dict)  # decoders: step 0's share of tasks
     prefill_task_calls: dict[str, int] = field(default_factory=dict)
     step_end_s: dict[int, float] = field(default_factory=dict)  # decoders: step -> when its last stage finished here
+    batch_end_s: dict[int, float] = field(default_factory=dict)  # graphs: batch -> when its last unit finished here
     build_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)  # workload facts, e.g. where the weights came from
     started: float = 0.0
@@ -84,6 +90,9 @@ class RankStats:
 
     def on_step_end(self, step: int) -> None:
         self.step_end_s[step] = time.perf_counter() - self.started
+
+    def on_batch_end(self, batch: int) -> None:
+        self.batch_end_s[batch] = time.perf_counter() - self.started
 
     def start(self) -> None:
         self.started = time.perf_counter()
@@ -116,6 +125,7 @@ class RankStats:
                 else {}
             ),
             **({"step_end_s": [[k, v] for k, v in sorted(self.step_end_s.items())]} if self.step_end_s else {}),
+            **({"batch_end_s": [[k, v] for k, v in sorted(self.batch_end_s.items())]} if self.batch_end_s else {}),
             **self.extra,
         }
 
