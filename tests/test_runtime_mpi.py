@@ -156,19 +156,23 @@ def test_a_graph_throughput_plan_streams_batches_and_is_measured_by_its_period(t
     plan = load_plan(plan_path)
     report = _ok(launch_plan(plan_path, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S))
     batches, depth = report["batches"], report["pipeline_depth"]
-    assert depth >= 2 and batches == 2 * depth + 2  # three devices: at least three levels a batch
+    assert depth >= 3 and batches == 2 * depth + 2  # three devices in turn: levels 0-2, the output above
+    assert report["last_batch_output"] == report["output"]  # every batch the same input, none mixed up
     gm, example = rg.build_graph_model({"name": "rwnn-ws-2x6", "seed": 0, "dtype": "fp32"})
     with torch.no_grad():
         expected = gm(rg.make_batch(example, 3, seed=0))
     assert torch.allclose(torch.load(report["output_path"]), expected, rtol=1e-4, atol=1e-5)
     for rank in report["ranks"]:
-        ends = [t for _, t in rank["batch_end_s"]]
-        assert [b for b, _ in rank["batch_end_s"]] == list(range(batches)) and ends == sorted(ends)
+        assert [b for b, _ in rank["batch_end_s"]] == list(range(batches))
         for task, calls in rank["task_calls"].items():  # once a batch, for each shard that puts it here
             assert calls == batches * sum(a.get(task) == rank["device"] for a in plan.shard_assignments)
     steady = batches - depth
     last = [max(r["batch_end_s"][b][1] for r in report["ranks"]) for b in (0, steady - 1)]
     assert report["measured_s"] == pytest.approx((last[1] - last[0]) / (steady - 1) / plan.batch_size)
+    # in the steady state every rank does a batch's work each period: no period is shorter than the busiest's
+    # (the drain's bunched ends, counted, would read shorter)
+    busiest = max(sum(r["tasks"].values()) for r in report["ranks"]) / batches
+    assert report["measured_s"] * plan.batch_size >= 0.9 * busiest
     assert report["measured_what"].startswith("seconds per sample: the steady state's period between batch ends")
 
 

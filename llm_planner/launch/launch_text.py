@@ -47,10 +47,11 @@ def _run_summary(r: dict, result: LaunchResult) -> list[str]:
         f"predicted {fmt_s(predicted)}{per}{error}"
     )
     if r.get("measured_samples_per_s"):
-        decode = " = tokens/s in decode" if result.rank_table.run.workload == "decoder" else ""
+        decoder = result.rank_table.run.workload == "decoder"
+        decode, batches = (" = tokens/s in decode", "in flight") if decoder else ("", "streamed")
         lines.append(
             f"steady state: {r['measured_samples_per_s']:.1f} samples/s{decode} "
-            f"(predicted {r.get('predicted_samples_per_s') or 0:.1f}), {r.get('batches', 1)} batches in flight"
+            f"(predicted {r.get('predicted_samples_per_s') or 0:.1f}), {r.get('batches', 1)} batches {batches}"
         )
     if "tokens" in r:
         lines.append(

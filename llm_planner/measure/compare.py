@@ -10,7 +10,7 @@ llm_planner.measure.observe). Rows, each with the relative error
   averaged over the calls; measured: the calls' total / their number;
 - per device: busy time per pass. Predicted: the sum of the plan's task times
   on the device (one pass); measured: the timed calls' total / passes
-  (decode steps counted, else 1). Tasks the runtime does not time (graph
+  (decode steps counted, else the batches a graph run streamed). Tasks the runtime does not time (graph
   inputs and outputs) count in the prediction only;
 - per link (sender -> receiver device): time per message. Predicted: the
   alpha-beta time of the plan's tensors cut between the two devices (one

@@ -68,7 +68,7 @@ class RunObservations:
     source: str  # the report file
     workload: str  # "graph" | "decoder"
     phase: str  # "forward" (graphs), "decode" or "prefill" (decoders): which calls are compared
-    passes: int  # passes of the plan the compared calls make up (decode steps counted, else 1)
+    passes: int  # passes of the plan the compared calls make up (decode steps counted, else the batches run)
     dtype: str  # the run's compute dtype as a cost-model name (fp32, fp16, bf16)
     tasks: tuple[TaskObservation, ...]
     unmeasured: tuple[tuple[str, str], ...]  # (device, task) the plan places but the runtime does not time
@@ -336,7 +336,8 @@ def _ends(report: dict, source: str, field: str) -> dict[int, float]:
 def end_to_end(plan: Plan, report: dict, source: str) -> tuple[float, str]:
     """The run's figure that is the same quantity as the plan's objective_s, and what it is.
 
-    Graphs: the forward pass (the slowest rank's wall time, `wall_s`). Decoders: one
+    Graphs: the forward pass (the slowest rank's wall time, `wall_s`), for throughput plans the steady
+    state's period between batch ends (`_graph_end_to_end`). Decoders: one
     decode step (the mean over the steps after the prefill, from the step ends) or,
     for prefill plans, the prefill (the end of step 0). Throughput plans divide by the
     samples in flight: the requests of every stream."""

@@ -148,11 +148,9 @@ class Comm:
         self.stats = CommStats()
         self._pending: list[tuple[Any, Any]] = []  # (request, buffer kept alive until complete)
 
-    def check_tag(self, tag: int, what: str) -> int:
+    def check_tag(self, tag: int, what: str, remedy: str = "use fewer micro-batches or tokens") -> int:
         if not 0 <= tag <= self.tag_ub:
-            raise CommError(
-                f"{what}: message tag {tag} exceeds this MPI's limit {self.tag_ub}; use fewer micro-batches or tokens"
-            )
+            raise CommError(f"{what}: message tag {tag} exceeds this MPI's limit {self.tag_ub}; {remedy}")
         return tag
 
     # -- known shapes -----------------------------------------------------------
@@ -208,6 +206,8 @@ class Comm:
             self._pending.append((self.world.isend(value, dest=dest, tag=tag), None))
             nbytes = 0
         self.stats.add(dest, "send", nbytes, time.perf_counter() - start)
+        if len(self._pending) > 64:  # a completed send's buffer is freed here, not at the run's end
+            self._reap()
 
     def recv_value(self, source: int, tag: int, device: torch.device | None = None) -> Any:
         self._wait(source, tag)

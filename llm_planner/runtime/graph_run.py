@@ -23,8 +23,11 @@ when it finished its last unit of each batch (`batch_end_s`);
 llm_planner.measure.observe.end_to_end reads the period from those ends. The
 order is deadlock-free: a unit waits only on units of its own batch and shard
 at a lower level, which come earlier in the one order every rank's order is a
-part of. A rank that runs only the first level never waits, so it may run all
-the batches ahead of the others, its sends buffered.
+part of. A value a rank sends stays in its memory until the rank that reads
+it has received it: a rank ahead of its readers (one that runs only the first
+level never waits) holds what it sent for every batch they have not taken, up
+to all of them. Rank 0 also summarises the last batch's output
+(`last_batch_output`): every batch has the same input, so it equals the first's.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ class GraphRun:
         self.node_index = {n.name: i for i, n in enumerate(gm.graph.nodes)}
         self.depth = max(max((stage.level for stage in split.stages), default=0) + 1 for split in self.splits)
         self.batches = streamed_batches(plan.objective, self.depth)
-        ctx.comm.check_tag(self._tag(self.batches - 1, len(self.splits) - 1, len(self.node_index) - 1), "graph run")
+        last_tag = self._tag(self.batches - 1, len(self.splits) - 1, len(self.node_index) - 1)
+        ctx.comm.check_tag(last_tag, "graph run", f"{self.batches} batches of this graph need more tags than it has")
         self.units = self._units(plan)
         self.modules = {
             (s, stage.name): rg.stage_module(gm, stage).to(device=ctx.device, dtype=ctx.dtype).eval()
@@ -113,8 +117,9 @@ class GraphRun:
         self.ctx.stats.stop()
         return self._outputs(results)
 
-    def _forward(self, timed: bool = False) -> dict[int, torch.Tensor]:
-        """Every batch's pass over this rank's stages; the first batch's shard outputs this rank assembles.
+    def _forward(self, timed: bool = False) -> dict[tuple[int, int], torch.Tensor]:
+        """Every batch's pass over this rank's stages; the (batch, shard) outputs of the first and last batch
+        this rank assembles.
         Timed, each batch's end here is recorded when this rank has run its last unit of it."""
         ctx = self.ctx
         envs: dict[tuple[int, int], dict] = {(b, s): {} for b in range(self.batches) for s in range(len(self.splits))}
@@ -128,7 +133,7 @@ class GraphRun:
                 output = rg.assemble_output(
                     self.output_template, {name: self._value(b, s, name, env) for name in self.splits[s].output_inputs}
                 )
-                results.update({s: output} if b == 0 else {})
+                results.update({(b, s): output} if b in (0, self.batches - 1) else {})
             else:
                 self._run_stage(b, s, stage, env, sent)
             left[b] -= 1
@@ -158,21 +163,24 @@ class GraphRun:
             env[name] = value
             self._send(b, s, name, value, sent)
 
-    def _outputs(self, results: dict[int, torch.Tensor]) -> dict:
-        parts = self.ctx.comm.gather({s: _to_cpu(v) for s, v in results.items()})
+    def _outputs(self, results: dict[tuple[int, int], torch.Tensor]) -> dict:
+        parts = self.ctx.comm.gather({key: _to_cpu(v) for key, v in results.items()})
         if self.ctx.rank != 0:
             return {}
         assert parts is not None
-        by_shard = {s: v for part in parts for s, v in part.items()}
-        output = torch.cat([by_shard[s] for s in sorted(by_shard)], dim=0)
+        by_key = {key: v for part in parts for key, v in part.items()}
+        first, last = (
+            torch.cat([by_key[(b, s)] for s in range(len(self.splits))], dim=0) for b in (0, self.batches - 1)
+        )
         path = Path(self.ctx.table.run.workdir) / "output.pt"
-        torch.save(output, path)
+        torch.save(first, path)
         return {
-            "output": tensor_summary(output),
+            "output": tensor_summary(first),
             "output_path": str(path),
             "input_seed": self.ctx.table.run.seed,
             "batches": self.batches,
             "pipeline_depth": self.depth,
+            **({"last_batch_output": tensor_summary(last)} if self.batches > 1 else {}),
         }
 
 

@@ -43,8 +43,11 @@ over wall_s) and, for throughput plans, "predicted_samples_per_s" and
 "measured_samples_per_s" (steady state: one sample is one token of one request
 per decode step); graphs "output" (shape, sha256, sum and first values of the
 output tensor; the first batch's) and "output_path" (the tensor, saved with torch.save),
-and "batches" (the batches the run ran: 1, or one more than a throughput plan keeps
-in flight).
+"batches" (the batches the run streamed: 1 for a latency plan, 2 pipeline_depth + 2 for a
+throughput plan), "pipeline_depth" (the output's level in the stage split: a batch spans
+pipeline_depth + 1 wavefront slots; llm_planner.runtime.graph_run) and, with more than one
+batch, "last_batch_output" (the last batch's output summarised; the same input, so the
+same tensor).
 """
 
 from __future__ import annotations
