@@ -154,7 +154,7 @@ def test_a_graph_throughput_plan_streams_batches_and_is_measured_by_its_period(t
         tmp_path / "plan.yaml", "rwnn-ws-2x6", batch=3, num_devices=3, shards=2, objective="throughput"
     )
     plan = load_plan(plan_path)
-    report = _ok(launch_plan(plan_path, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S))
+    report = _ok(launch_plan(plan_path, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S, warmup=1))
     batches, depth = report["batches"], report["pipeline_depth"]
     assert depth >= 3 and batches == 2 * depth + 2  # three devices in turn: levels 0-2, the output above
     assert report["last_batch_output"] == report["output"]  # every batch the same input, none mixed up
@@ -169,10 +169,11 @@ def test_a_graph_throughput_plan_streams_batches_and_is_measured_by_its_period(t
     steady = batches - depth
     last = [max(r["batch_end_s"][b][1] for r in report["ranks"]) for b in (0, steady - 1)]
     assert report["measured_s"] == pytest.approx((last[1] - last[0]) / (steady - 1) / plan.batch_size)
-    # in the steady state every rank does a batch's work each period: no period is shorter than the busiest's
-    # (the drain's bunched ends, counted, would read shorter)
+    # in the steady state every rank does a batch's work each period: no period is much shorter than the
+    # busiest rank's work a batch (warm: the run's first batch is no slower than the rest), where the drain's
+    # bunched ends, counted, would read shorter
     busiest = max(sum(r["tasks"].values()) for r in report["ranks"]) / batches
-    assert report["measured_s"] * plan.batch_size >= 0.9 * busiest
+    assert report["measured_s"] * plan.batch_size >= 0.8 * busiest
     assert report["measured_what"].startswith("seconds per sample: the steady state's period between batch ends")
 
 

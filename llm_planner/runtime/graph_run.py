@@ -13,8 +13,9 @@ the report.
 
 A latency plan runs one batch. A throughput plan streams batches through the
 stages, as its steady state does: every rank runs its units in the wavefront
-order (level + batch, batch, plan start time, shard), so that in a wavefront
-slot t the units of level l work on batch t - l. A batch spans `depth` + 1
+order (level + batch, the later batch first, plan start time, shard), so that in
+a wavefront slot t the units of level l work on batch t - l, the lower levels
+first (what a later stage waits for is made first in a slot). A batch spans `depth` + 1
 slots (depth: the output's level), and every slot from `depth` to the last
 batch's first one runs every level: the batches ending in those slots end one
 steady-state period apart. The run streams 2 depth + 2 batches (each the same
@@ -76,7 +77,8 @@ class GraphRun:
 
     def _units(self, plan) -> list[tuple[int, int, rg.GraphStage | None]]:
         """This rank's (batch, shard, stage) units in the wavefront order (module docstring); a stage of
-        None is the assembly of the shard's output, one level above its last stage."""
+        None is the assembly of the shard's output, one level above its last stage. Units of one slot
+        are of different batches, so none waits on another: any order among them is deadlock-free."""
         me, keyed = self.ctx.rank, []
         for s, split in enumerate(self.splits):
             starts = _first_start(plan, s)
@@ -89,7 +91,7 @@ class GraphRun:
             if split.output_owner == me:
                 mine.append((top, float("inf"), None))
             for b in range(self.batches):
-                keyed += [((level + b, b, first, s), (b, s, stage)) for level, first, stage in mine]
+                keyed += [((level + b, -b, first, s), (b, s, stage)) for level, first, stage in mine]
         return [unit for _, unit in sorted(keyed, key=lambda k: k[0])]
 
     def _tag(self, batch: int, shard: int, node: int) -> int:
