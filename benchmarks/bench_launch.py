@@ -28,6 +28,9 @@ ResNet-18, seeded weights, fp32, the torch.fx graph:
 Beside each run's predicted and measured figure, the decoder block as the plan costs it (the
 profile's fit at the plan's sub-batch: "@group<k>" on a group, else the single device's) and as
 the run executed it (mean seconds per call over the decode steps, over the ranks that run blocks),
+or for the CNN the busiest device's work a batch (the plan's `max_load_s`, and the largest rank
+compute a batch over the batches streamed: what the period would be with the stages overlapping
+perfectly),
 and the 1-minute load average before the profile and before the launch: on a shared machine other
 processes' work lands in either, so read a run's error with its load beside it. `--max-load L`
 waits (at most `--max-wait` seconds) before each run until the load average is below L.
@@ -39,6 +42,7 @@ docs/benchmarks.md quotes (every run listed).
     .venv/bin/python benchmarks/bench_launch.py                # every case, 3 runs each, about 15 minutes
     .venv/bin/python benchmarks/bench_launch.py --cases gpt2-latency-tp --runs 1
     .venv/bin/python benchmarks/bench_launch.py --max-load 0.5 --runs 5   # at quiet moments of a shared machine
+    .venv/bin/python benchmarks/bench_launch.py --retable      # the table again from the kept runs
 """
 
 from __future__ import annotations
@@ -181,12 +185,22 @@ def block_seconds(plan: dict, profile: dict, run: dict) -> tuple[float | None, f
     return profiled, (seconds / calls if calls else None)
 
 
+def work_seconds(plan: dict, run: dict) -> tuple[float | None, float | None]:
+    """A graph run's busiest device's work a batch: as the plan costs it (`max_load_s`) and as the run did
+    it (the largest rank compute over the batches it streamed); (None, None) for decoder runs."""
+    if run.get("workload") != "graph":
+        return None, None
+    return plan["max_load_s"], max(r["compute_s"] for r in run["ranks"]) / run.get("batches", 1)
+
+
 def _row(name: str, out: Path, load: float | None) -> dict:
     import yaml
 
     plan = yaml.safe_load((out / "plan.yaml").read_text())
     run = json.loads((out / "run.json").read_text())
     block_profiled, block_measured = block_seconds(plan, yaml.safe_load((out / "profile.yaml").read_text()), run)
+    if run["workload"] == "graph":
+        block_profiled, block_measured = work_seconds(plan, run)
     groups = sorted(
         {d if isinstance(d, str) else "+".join(d) for s in plan["shards"] for d in s["assignment"].values()}
     )
@@ -215,7 +229,7 @@ def _ms(seconds: float | None) -> str:
 def table(rows: list[dict]) -> str:
     lines = [
         "| case | run | plan (solver: shards, devices) | predicted | measured | error "
-        "| block: profiled | block: measured | load: profile, launch |",
+        "| block or work a batch: profiled | measured | load: profile, launch |",
         "|---|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for _i, r in enumerate(rows):
@@ -233,6 +247,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def retable(out: Path) -> int:
+    """The table again from the runs kept under `out` (each row's measured figures re-read from its files;
+    its loads and times as the run recorded them)."""
+    old = json.loads((out / "summary.json").read_text())
+    rows = [{**r, **_row(r["case"], out / r["case"] / f"run{r['run']}", r["load_before_launch"])} for r in old]
+    (out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+    text = table(rows)
+    (out / "table.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
@@ -241,7 +267,12 @@ def main() -> int:
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "launch"))
     parser.add_argument("--max-load", type=float, default=None, help="wait before each run for a lower load average")
     parser.add_argument("--max-wait", type=float, default=600.0, help="seconds --max-load waits at most per run")
+    parser.add_argument(
+        "--retable", action="store_true", help="rewrite summary.json and table.md from the kept runs, running nothing"
+    )
     args = parser.parse_args()
+    if args.retable:
+        return retable(Path(args.out))
     facts = provenance.start(sys.argv)
     rows = []
     for name in args.cases.split(","):

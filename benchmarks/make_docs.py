@@ -417,7 +417,11 @@ plan at batch 8 in one shard (`--max-shards 1`: a pipeline over the two cores), 
 streamed through the stages, seconds per sample over the steady state's period between
 batch ends (docs/measure.md). Beside each run: the decoder block as the plan costs it (the profile's fit at the
 plan's sub-batch, `@group2` on the group) and as the run executed it (seconds per call over
-the decode steps; none for the CNN), and the 1-minute load average before the profile and before the launch
+the decode steps); for the CNN the busiest device's work a batch, as the plan costs it
+(`max_load_s`) and as the run did it (the largest rank compute a batch over the batches
+streamed): the period the run would have with its stages overlapping perfectly, so the
+measured period over it is what the overlap lost, and the measured work over the planned what
+the tasks lost against their profile; and the 1-minute load average before the profile and before the launch
 (other processes on the two cores land in either). Every run is listed; each run's profile,
 plan, run report and measurement are kept under `benchmarks/results/launch/<case>/run<i>/`.
 The target: every run within 15% of its prediction.""",
