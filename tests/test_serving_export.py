@@ -405,6 +405,7 @@ def test_ports_are_distinct_per_host():
     assert ports == {"a": 8000, "b": 8010, "c": 8000, "d": 8020}
 
 
+@pytest.mark.heavy  # about 10 s: CI's test command runs it after the default suite
 def test_requests_past_the_models_context_get_the_engines_opt_in(tmp_path, caplog):
     """Llama-3 8B (8,192 positions) planned for 8,000 + 500 tokens: the export's engines take the
     plan's 8,500-token requests, with the environment variable each engine needs for that, and a
