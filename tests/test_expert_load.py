@@ -86,6 +86,7 @@ def test_each_group_shape_is_charged_its_own_factor(tmp_path):
     assert pairs.bytes[1] == pytest.approx(2.0 * uniform.bytes[1])
 
 
+@pytest.mark.heavy  # 6-7 s: CI's test command runs it after the default suite
 def test_a_plan_with_a_histogram_states_its_factors_and_verifies(tmp_path, capsys):
     """Mixtral on dgx-a100-l4 with one expert taking 40% of the rows: the plan keeps the factors
     the histogram gives, verify re-derives every figure with them, and show states the member's."""

@@ -186,6 +186,7 @@ def test_plan_helix_prints_the_replay(tmp_path, capsys):
     assert "estimated " in out and "not replayed: t4/prompt_bs2time.csv: its rows stop at 300 tokens" in out
 
 
+@pytest.mark.heavy  # 6-7 s: CI's test command runs it after the default suite
 def test_plan_chosen_by_the_replay_among_the_near_candidates(tmp_path, capsys):
     """plan-helix replays the candidates the routed estimate rates within REPLAY_SHARE of its best
     and keeps the one the replay rates highest; --no-replay keeps the routed choice."""

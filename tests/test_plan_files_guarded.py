@@ -120,6 +120,7 @@ def test_show_refuses_a_target_verify_would(plan_yaml, tmp_path, capsys, key, va
         refused(argv, capsys, "slo.yaml", f"workload.{key}", said)
 
 
+@pytest.mark.heavy  # 6-7 s: CI's test command runs it after the default suite
 def test_export_to_a_dash_writes_standard_output(plan_yaml, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["export", str(plan_yaml), "--to", "vllm", "-o", "-"]) == 0

@@ -71,6 +71,7 @@ def test_serving_plan_verify_show_export_need_no_torch(tmp_path):
     assert _run_blocked(commands, tmp_path, timeout_s=120) == {"tried": [], "loaded": []}
 
 
+@pytest.mark.heavy  # 6-7 s: CI's test command runs it after the default suite
 def test_latency_and_throughput_plans_of_a_decoder_verify_show_models_need_no_torch(tmp_path):
     plan = str(tmp_path / "latency.yaml")
     commands = [

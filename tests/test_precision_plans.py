@@ -160,6 +160,7 @@ def test_the_search_chooses_among_the_allowed_formats_only(chosen):
     assert sv["upper_bound_tokens_per_s"] == max(r["upper_bound_tokens_per_s"] for r in rows) >= sv["tokens_per_s"]
 
 
+@pytest.mark.heavy  # 6-7 s: CI's test command runs it after the default suite
 def test_verify_recomputes_every_candidate_bound(chosen, tmp_path):
     assert verify_serving_plan(load_serving_plan(chosen)) == []
     data = yaml.safe_load(chosen.read_text())
