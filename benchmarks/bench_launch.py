@@ -165,11 +165,8 @@ def run_case(name: str, cluster: str, out: Path, scratch: Path) -> dict:
 def block_seconds(plan: dict, profile: dict, run: dict) -> tuple[float | None, float | None]:
     """(the block's time as the plan costs it, as the run executed it) in seconds per call: the profile's fit
     at the first shard's size on the device of block.0 ("@group<k>" on a group of k), and the mean decode-step
-    time per call of every block on the ranks that ran blocks (the prompt's prefill left out); (None, None)
-    for a plan with no decoder blocks."""
+    time per call of every block on the ranks that ran blocks (the prompt's prefill left out)."""
     shard = plan["shards"][0]
-    if "block.0" not in shard["assignment"]:
-        return None, None
     device = shard["assignment"]["block.0"]
     degree = len(device) if isinstance(device, list) else 1
     suffix = f"/block@group{degree}" if degree > 1 else "/block"
@@ -185,11 +182,9 @@ def block_seconds(plan: dict, profile: dict, run: dict) -> tuple[float | None, f
     return profiled, (seconds / calls if calls else None)
 
 
-def work_seconds(plan: dict, run: dict) -> tuple[float | None, float | None]:
+def work_seconds(plan: dict, run: dict) -> tuple[float, float]:
     """A graph run's busiest device's work a batch: as the plan costs it (`max_load_s`) and as the run did
-    it (the largest rank compute over the batches it streamed); (None, None) for decoder runs."""
-    if run.get("workload") != "graph":
-        return None, None
+    it (the largest rank compute over the batches it streamed)."""
     return plan["max_load_s"], max(r["compute_s"] for r in run["ranks"]) / run.get("batches", 1)
 
 
@@ -198,9 +193,10 @@ def _row(name: str, out: Path, load: float | None) -> dict:
 
     plan = yaml.safe_load((out / "plan.yaml").read_text())
     run = json.loads((out / "run.json").read_text())
-    block_profiled, block_measured = block_seconds(plan, yaml.safe_load((out / "profile.yaml").read_text()), run)
     if run["workload"] == "graph":
         block_profiled, block_measured = work_seconds(plan, run)
+    else:
+        block_profiled, block_measured = block_seconds(plan, yaml.safe_load((out / "profile.yaml").read_text()), run)
     groups = sorted(
         {d if isinstance(d, str) else "+".join(d) for s in plan["shards"] for d in s["assignment"].values()}
     )
@@ -251,12 +247,18 @@ def retable(out: Path) -> int:
     """The table again from the runs kept under `out` (each row's measured figures re-read from its files;
     its loads and times as the run recorded them)."""
     old = json.loads((out / "summary.json").read_text())
-    rows = [{**r, **_row(r["case"], out / r["case"] / f"run{r['run']}", r["load_before_launch"])} for r in old]
+    write_results(
+        out, [{**r, **_row(r["case"], out / r["case"] / f"run{r['run']}", r["load_before_launch"])} for r in old]
+    )
+    return 0
+
+
+def write_results(out: Path, rows: list[dict]) -> None:
+    """summary.json and table.md under `out`, and the table printed."""
     (out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
     text = table(rows)
     (out / "table.md").write_text(text + "\n")
     print(text)
-    return 0
 
 
 def main() -> int:
@@ -283,11 +285,8 @@ def main() -> int:
                 row = run_case(name, args.cluster, Path(args.out) / name / f"run{run}", Path(scratch))
                 rows.append({**row, "run": run, "pipeline_s": time.perf_counter() - start})
                 print(f"{name} run {run}: {100 * row['error']:+.1f}%", flush=True)
-    Path(args.out, "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
     provenance.record(args.out, facts)
-    text = table(rows)
-    Path(args.out, "table.md").write_text(text + "\n")
-    print(text)
+    write_results(Path(args.out), rows)
     return 0
 
 

@@ -59,7 +59,7 @@ class GraphRun:
             rg.check_assignment(gm, assignment, source=f"{run.plan_path}: shards[{s}]")
             self.splits.append(rg.split_graph(gm, {t: rank_of[d] for t, d in assignment.items()}))
         self.node_index = {n.name: i for i, n in enumerate(gm.graph.nodes)}
-        self.depth = max(max((stage.level for stage in split.stages), default=0) + 1 for split in self.splits)
+        self.depth = max(_output_level(split) for split in self.splits)
         self.batches = streamed_batches(plan.objective, self.depth)
         last_tag = self._tag(self.batches - 1, len(self.splits) - 1, len(self.node_index) - 1)
         ctx.comm.check_tag(last_tag, "graph run", f"{self.batches} batches of this graph need more tags than it has")
@@ -82,7 +82,7 @@ class GraphRun:
         me, keyed = self.ctx.rank, []
         for s, split in enumerate(self.splits):
             starts = _first_start(plan, s)
-            top = max((stage.level for stage in split.stages), default=0) + 1  # the output's level
+            top = _output_level(split)
             mine = [
                 (stage.level, min((starts.get(n, 0.0) for n in stage.nodes), default=0.0), stage)
                 for stage in split.stages
@@ -184,6 +184,11 @@ class GraphRun:
             "pipeline_depth": self.depth,
             **({"last_batch_output": tensor_summary(last)} if self.batches > 1 else {}),
         }
+
+
+def _output_level(split: rg.GraphSplit) -> int:
+    """The level of a shard's output assembly: one above its last stage."""
+    return max((stage.level for stage in split.stages), default=0) + 1
 
 
 def streamed_batches(objective: str, depth: int) -> int:
