@@ -190,24 +190,35 @@ class Comm:
         self.stats.idle_s += time.perf_counter() - start
 
     # -- self-describing values ----------------------------------------------------
-    def isend_value(self, value: Any, dest: int, tag: int) -> None:
+    def isend_value(self, value: Any, dest: int, tag: int, *, synchronous: bool = False) -> list:
+        """Post a value's header and bytes; the requests. Synchronous, they complete only once the reader has
+        taken the value (MPI's synchronous mode), so a caller that waits on them bounds what it holds."""
         start = time.perf_counter()
+        send, send_object = (
+            (self.world.Issend, self.world.issend) if synchronous else (self.world.Isend, self.world.isend)
+        )
         header = np.zeros(HEADER_LEN, dtype=np.int64)
         if isinstance(value, torch.Tensor) and value.dtype in DTYPES and value.dim() <= HEADER_LEN - 3:
             header[:3] = (_TENSOR, DTYPES.index(value.dtype), value.dim())
             header[3 : 3 + value.dim()] = value.shape
             buf = _as_bytes(value)
-            self._pending.append((self.world.Isend([header, MPI.INT64_T], dest=dest, tag=tag), header))
-            self._pending.append((self.world.Isend([buf, MPI.BYTE], dest=dest, tag=tag), buf))
+            posted = [
+                (send([header, MPI.INT64_T], dest=dest, tag=tag), header),
+                (send([buf, MPI.BYTE], dest=dest, tag=tag), buf),
+            ]
             nbytes = buf.nbytes
         else:
             header[0] = _OBJECT
-            self._pending.append((self.world.Isend([header, MPI.INT64_T], dest=dest, tag=tag), header))
-            self._pending.append((self.world.isend(value, dest=dest, tag=tag), None))
+            posted = [
+                (send([header, MPI.INT64_T], dest=dest, tag=tag), header),
+                (send_object(value, dest=dest, tag=tag), None),
+            ]
             nbytes = 0
+        self._pending += posted
         self.stats.add(dest, "send", nbytes, time.perf_counter() - start)
         if len(self._pending) > 64:  # a completed send's buffer is freed here, not at the run's end
             self._reap()
+        return [request for request, _ in posted]
 
     def recv_value(self, source: int, tag: int, device: torch.device | None = None) -> Any:
         self._wait(source, tag)
@@ -227,6 +238,13 @@ class Comm:
     # -- completion and collectives ------------------------------------------------
     def _reap(self) -> None:
         self._pending = [(req, buf) for req, buf in self._pending if not req.Test()]
+
+    def wait_requests(self, requests: list) -> None:
+        """Wait until these posted sends have completed; the wait counts as idle."""
+        start = time.perf_counter()
+        for request in requests:
+            _poll(request.Test, self.spin)
+        self.stats.idle_s += time.perf_counter() - start
 
     def wait_sends(self) -> None:
         """Wait until every posted send has completed (spinning or sleeping between polls, see the module docstring)."""
