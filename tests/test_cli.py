@@ -212,3 +212,25 @@ def test_every_argument_of_every_command_says_what_it_is():
         if not isinstance(action, argparse._HelpAction) and not action.help
     ]
     assert not missing, missing
+
+
+def test_show_of_a_throughput_plan_gives_each_devices_load_whose_largest_is_the_plans(tmp_path):
+    """`compute` is a device's task time in one batch; a throughput plan adds its load per batch (compute and
+    the transfers it sends and receives), and the busiest device's is the plan's max_load_s."""
+    from llm_planner.core.plan import load_plan
+    from llm_planner.placement.inputs import problem_from_plan_inputs
+    from llm_planner.placement.views import device_table
+
+    out = tmp_path / "plan.yaml"
+    assert (
+        main(["plan", *RESNET, "--objective", "throughput", "--solver", "heft", "--no-baselines", "-o", str(out)]) == 0
+    )
+    plan = load_plan(out)
+    table = device_table(plan, problem_from_plan_inputs(plan.inputs))
+    heads = [c.header for c in table.columns]
+    assert heads[3:5] == ["compute", "load per batch"]
+    loads = [float(cell.replace(",", "").split()[0]) for cell in table.columns[4]._cells]
+    computes = [float(cell.replace(",", "").split()[0]) for cell in table.columns[3]._cells]
+    assert all(load >= compute for load, compute in zip(loads, computes))
+    unit = table.columns[4]._cells[loads.index(max(loads))].split()[1]
+    assert max(loads) * {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}[unit] == pytest.approx(plan.max_load_s, rel=2e-3)

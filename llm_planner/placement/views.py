@@ -18,15 +18,19 @@ from llm_planner.placement.verify import verify_plan
 
 def device_table(plan: Plan, problem: PlacementProblem) -> Table:
     """Per device or tensor-parallel group (a stage): its degree, its tasks in execution order
-    (runs of consecutive tasks, so a stage that a task leaves and re-enters shows two runs), busy
-    time, and the memory of one device (one member of a group) against its usable memory, in the
-    steady state of a throughput plan (every batch in flight, verify)."""
+    (runs of consecutive tasks, so a stage that a task leaves and re-enters shows two runs), its
+    tasks' time in one batch ("compute"); for a throughput plan its load per batch as the plan's
+    throughput model counts it, the compute and the transfers it sends and receives (the plan's
+    max_load_s is the largest); and the memory of one device (one member of a group) against its
+    usable memory, in the steady state of a throughput plan (every batch in flight, verify)."""
 
     report = verify_plan(plan, problem)
     order = plan.device_order()
     topo = {name: pos for pos, name in enumerate(problem.graph.topological_order())}
+    units, loads = has_file_units(problem.graph), plan.objective == "throughput"
     table = Table(title="stages (devices and tensor-parallel groups)")
-    for col in ("device", "degree", "tasks in order", "busy", "memory per device", "of usable"):
+    columns = ("device", "degree", "tasks in order", "compute") + (("load per batch",) if loads else ())
+    for col in columns + ("memory per device", "of usable"):
         table.add_column(col, justify="left" if col in ("device", "tasks in order") else "right")
     for _k, device in enumerate(problem.devices):
         if device.name not in order:
@@ -40,7 +44,8 @@ def device_table(plan: Plan, problem: PlacementProblem) -> Table:
             device.name,
             str(device.degree),
             tasks + (f" (x{shards} shards)" if shards > 1 else ""),
-            fmt_time(report.device_busy_s.get(device.name, 0.0), has_file_units(problem.graph)),
+            fmt_time(report.device_busy_s.get(device.name, 0.0), units),
+            *((fmt_time(report.device_load_s.get(device.name, 0.0), units),) if loads else ()),
             fmt_bytes(used),
             f"{share} of {fmt_bytes(usable)}",
         )
