@@ -145,19 +145,7 @@ def why_not(row: dict) -> str | None:
         return f"no preset for {row.get('model')}"
     if row.get("pp", 1) != 1 and (row.get("server_link") is None or row["num_gpus"] != row["tp"] * row["pp"]):
         return "a pipeline row needs its servers' link and tp x pp GPUs"
-    if _open_loop(row) and _fell_behind(row):
-        return (
-            f"the engine fell behind its arrivals ({row['output_tokens_per_s']:,.0f} output tokens/s of "
-            f"{row['request_rate'] * row['output_len']:,.0f} arriving): its queue grew through the run, no steady state"
-        )
     return None
-
-
-def _fell_behind(row: dict) -> bool:
-    """An open-loop run whose output rate is under 95% of what arrived (rate x mean output): the engine did
-    not keep up, so Little's law has no steady state to hold at. Unknown (no output rate stated): False."""
-    measured = row.get("output_tokens_per_s")
-    return measured is not None and measured < 0.95 * row["request_rate"] * row["output_len"]
 
 
 def _open_loop(row: dict) -> bool:

@@ -233,4 +233,6 @@ def test_show_of_a_throughput_plan_gives_each_devices_load_whose_largest_is_the_
     computes = [float(cell.replace(",", "").split()[0]) for cell in table.columns[3]._cells]
     assert all(load >= compute for load, compute in zip(loads, computes))
     unit = table.columns[4]._cells[loads.index(max(loads))].split()[1]
-    assert max(loads) * {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}[unit] == pytest.approx(plan.max_load_s, rel=2e-3)
+    assert max(loads) * {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}[unit] == pytest.approx(
+        plan.max_load_s, rel=2e-3
+    )
