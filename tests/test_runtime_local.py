@@ -188,27 +188,6 @@ def test_any_assignment_splits_into_a_dag_that_computes_the_model(small_rwnn, da
         assert torch.allclose(rg.run_split_locally(gm, split, x), expected, atol=1e-6)
 
 
-@settings(max_examples=25, deadline=None)
-@given(data=st.data())
-def test_a_streamed_graph_runs_each_stage_after_the_stages_it_reads_whatever_the_plans_starts(small_rwnn, data):
-    """A graph run orders a batch's stages by their times in the plan (llm_planner.runtime.graph_run._places):
-    a stage whose first task starts before another of its tasks' inputs are made still comes after them, and
-    the output after every stage it reads; otherwise the run's order could wait in a cycle."""
-    from llm_planner.runtime.graph_run import _places
-
-    gm, graph, _, _ = small_rwnn
-    assignment = {t.name: data.draw(st.integers(0, 2), label=t.name) for t in graph.tasks}
-    split = rg.split_graph(gm, assignment)
-    starts = {t.name: data.draw(st.floats(0, 1e3), label=f"start {t.name}") for t in graph.tasks}
-    places = _places(split, starts)
-    at_of = {name: at for _, at, stage in places if stage is not None for name in stage.outputs}
-    for _, at, stage in places:
-        reads = stage.inputs if stage is not None else split.output_inputs
-        assert all(at > at_of[name] for name in reads if name in at_of)
-        if stage is not None:
-            assert at >= min(starts.get(n, 0.0) for n in stage.nodes)
-
-
 def test_rank_stats_keep_the_first_stop():
     """A graph run stops its clock before gathering its outputs; the rank's later stop must not move it."""
     import time

@@ -12,29 +12,33 @@ in order, writes the tensor to `output.pt` in the workdir and summarises it in
 the report.
 
 A latency plan runs one batch. A throughput plan streams batches through the
-stages as the plan's steady state does: a batch enters every period (the plan's
-`max_load_s`), and each unit (batch, shard, stage) has a time, its stage's time
-in the plan's schedule (its first task's start, or just after the units it reads
-from if later) plus batch x period. Every rank runs its units in the order of
-those times (the later batch first on a tie, then the shard). The order is
-deadlock-free: a unit waits only on units of its own batch and shard that come
-earlier in the one order every rank's order is a part of. The run streams
-2 depth + 2 batches (each the same input), depth being the larger of the
-output's level in the stage split and the plan's `batches_in_flight`, so that at
-least depth + 2 of them end before the last enters and the pipeline drains; a
-rank records when it finished its last unit of each batch (`batch_end_s`), and
-llm_planner.measure.observe.end_to_end reads the period from those ends.
+stages, as its steady state does: every rank runs its units in the wavefront
+order (level + batch, the later batch first, plan start time, shard), so that in
+a wavefront slot t the units of level l work on batch t - l, the lower levels
+first (what a later stage waits for is made first in a slot). A batch spans
+depth + 1 slots (depth: the output's level), and every slot from `depth` to the
+last batch's first one runs every level: the batches ending in those slots end
+one steady-state period apart. The run streams 2 depth + 2 batches (each the
+same input), so that depth + 2 of them end in the steady state, and a rank
+records when it finished its last unit of each batch (`batch_end_s`);
+llm_planner.measure.observe.end_to_end reads the period from those ends. The
+order is deadlock-free: a unit waits only on units of its own batch and shard
+at a lower level, which come earlier in the one order every rank's order is a
+part of. (An order by the plan's start times plus a period a batch was tried: a
+plan's one-batch schedule is not a periodic one, and on a pipeline whose two
+devices take turns the run lost the stages' overlap, its period up to twice the
+busiest device's work.)
 
 Memory. A value goes to each rank that reads it in MPI's synchronous mode, so
-its send completes when the reader has taken it; before each unit a rank waits
-for the values it sent whose reader comes earlier in the order. A value is thus
-held from its unit to its reader's, both within one batch's span of the plan's
-schedule, and a rank runs no further ahead of its readers than the steady state
-does: it holds the values of about `batches_in_flight` batches, the count the
-plan's memory was checked for (the report's `most_batches_held`, per rank).
-A batch's inputs are sent when the first unit of its period starts. Rank 0 also
-summarises the last batch's output (`last_batch_output`): every batch has the
-same input, so it equals the first's.
+its send completes when the reader has taken it, and before each unit a rank
+waits for the values it sent whose reader comes earlier in the order; a
+batch's inputs are sent in the first slot of that batch. So a rank holds a value
+from its unit to its reader's turn: a value made at level l and read at level l'
+is held over l' - l + 1 batches, at most depth + 1 (the report's
+`most_batches_held`, per rank), however many batches the run streams. That can
+be more than the plan's `batches_in_flight`, the count its memory was checked
+for. Rank 0 also summarises the last batch's output (`last_batch_output`):
+every batch has the same input, so it equals the first's.
 """
 
 from __future__ import annotations
@@ -65,11 +69,10 @@ class GraphRun:
             rg.check_assignment(gm, assignment, source=f"{run.plan_path}: shards[{s}]")
             self.splits.append(rg.split_graph(gm, {t: rank_of[d] for t, d in assignment.items()}))
         self.node_index = {n.name: i for i, n in enumerate(gm.graph.nodes)}
-        self.depth = max([plan.batches_in_flight] + [_output_level(split) for split in self.splits])
+        self.depth = max(_output_level(split) for split in self.splits)
         self.batches = streamed_batches(plan.objective, self.depth)
         last_tag = self._tag(self.batches - 1, len(self.splits) - 1, len(self.node_index) - 1)
         ctx.comm.check_tag(last_tag, "graph run", f"{self.batches} batches of this graph need more tags than it has")
-        self.period = plan.max_load_s if plan.max_load_s > 0 else 1.0  # a batch enters every period
         self.places = [_places(split, _first_start(plan, s)) for s, split in enumerate(self.splits)]
         self.keys, self.units = self._units(plan)
         self.modules = {
@@ -86,29 +89,25 @@ class GraphRun:
         self.most_held = 0  # the most batches whose values this rank held at once in this pass
 
     def _units(self, plan) -> tuple[list[tuple], list[tuple[int, int, rg.GraphStage | None]]]:
-        """This rank's (batch, shard, stage) units in the run's order (module docstring), with their keys in that
-        order; a stage of None is the assembly of the shard's output."""
+        """This rank's (batch, shard, stage) units in the wavefront order (module docstring), with their keys in
+        that order; a stage of None is the assembly of the shard's output, one level above its last stage. Units
+        of one slot are of different batches, so none waits on another: any order among them is deadlock-free."""
         keyed = []
         for s, places in enumerate(self.places):
-            mine = [(at, stage) for owner, at, stage in places if owner == self.ctx.rank]
+            mine = [(place, stage) for owner, place, stage in places if owner == self.ctx.rank]
             for b in range(self.batches):
-                keyed += [(self._key(at, b, s), (b, s, stage)) for at, stage in mine]
+                keyed += [(_key(place, b, s), (b, s, stage)) for place, stage in mine]
         keyed.sort(key=lambda k: k[0])
         return [key for key, _ in keyed], [unit for _, unit in keyed]
 
-    def _key(self, at: float, batch: int, shard: int) -> tuple:
-        """A unit's place in the run's order: its time in the plan's steady state (its time in the batch, the
-        batch entering every period), the later batch first, its shard."""
-        return (at + batch * self.period, -batch, shard)
-
     def _reader_key(self, batch: int, shard: int, name: str, dest: int) -> tuple:
         """The key of the first unit on `dest` that reads `name` of (batch, shard): where it receives it."""
-        at = min(
-            at
-            for owner, at, stage in self.places[shard]
+        place = min(
+            place
+            for owner, place, stage in self.places[shard]
             if owner == dest and name in (stage.inputs if stage is not None else self.splits[shard].output_inputs)
         )
-        return self._key(at, batch, shard)
+        return _key(place, batch, shard)
 
     def _tag(self, batch: int, shard: int, node: int) -> int:
         return (batch * len(self.splits) + shard) * (len(self.node_index) + 1) + node
@@ -142,9 +141,9 @@ class GraphRun:
 
     def _forward(self, timed: bool = False) -> dict[tuple[int, int], torch.Tensor]:
         """Every batch's pass over this rank's stages; the (batch, shard) outputs of the first and last batch
-        this rank assembles. Before each unit, the rank sends the inputs it holds of the batches that have
-        entered by that unit's time, and waits until every value it sent whose reader comes earlier in the
-        order has been taken (module docstring, "Memory").
+        this rank assembles. Before each unit, the rank sends the inputs it holds of the batches whose first
+        slot has come, and waits until every value it sent whose reader comes earlier in the order has been
+        taken (module docstring, "Memory").
         Timed, each batch's end here is recorded when this rank has run its last unit of it."""
         ctx = self.ctx
         envs: dict[tuple[int, int], dict] = {(b, s): {} for b in range(self.batches) for s in range(len(self.splits))}
@@ -152,7 +151,7 @@ class GraphRun:
         left = [sum(1 for b, _, _ in self.units if b == batch) for batch in range(self.batches)]
         results = {}
         for key, (b, s, stage) in zip(self.keys, self.units):
-            while inputs_sent < self.batches and inputs_sent * self.period <= key[0]:
+            while inputs_sent < self.batches and inputs_sent <= key[0]:
                 self._send_inputs(inputs_sent, envs, held)
                 inputs_sent += 1
             held = self._release(held, key)
@@ -222,24 +221,21 @@ class GraphRun:
         }
 
 
+def _key(place: tuple[int, float], batch: int, shard: int) -> tuple:
+    """A unit's place in the wavefront order: its slot (level + batch), the later batch first, its stage's
+    first start in the plan, its shard."""
+    level, first = place
+    return (level + batch, -batch, first, shard)
+
+
 def _places(split: rg.GraphSplit, starts: dict[str, float]) -> list[tuple]:
-    """A shard's units of one batch, (owner, time in the batch, stage), the output assembly (stage None) last.
-    A stage's time is its first task's start in the plan, or just after the units it reads from if later
-    (a stage's first task may start before another of its tasks' inputs are made), so every unit comes
-    after those it waits for."""
-    made_by = {name: i for i, stage in enumerate(split.stages) for name in stage.outputs}
-    at: list[float] = []
-    for stage in split.stages:  # in increasing level: a stage's producers come before it
-        after = [at[made_by[name]] for name in stage.inputs if name in made_by]
-        first = min((starts.get(n, 0.0) for n in stage.nodes), default=0.0)
-        at.append(max([first] + [_just_after(t) for t in after]))
-    out = max((_just_after(at[made_by[name]]) for name in split.output_inputs if name in made_by), default=0.0)
-    places = [(stage.owner, t, stage) for stage, t in zip(split.stages, at)]
-    return places + [(split.output_owner, out, None)]
-
-
-def _just_after(t: float) -> float:
-    return t + 1e-9 * max(1.0, abs(t))
+    """A shard's units of one batch, (owner, (level, first start in the plan), stage), the output assembly
+    (stage None) one level above the last stage."""
+    places = [
+        (stage.owner, (stage.level, min((starts.get(n, 0.0) for n in stage.nodes), default=0.0)), stage)
+        for stage in split.stages
+    ]
+    return places + [(split.output_owner, (_output_level(split), float("inf")), None)]
 
 
 def _output_level(split: rg.GraphSplit) -> int:
@@ -249,7 +245,7 @@ def _output_level(split: rg.GraphSplit) -> int:
 
 def streamed_batches(objective: str, depth: int) -> int:
     """The batches a graph run streams: 1 for a latency plan; for a throughput plan 2 depth + 2, so that
-    at least depth + 2 of them end in the steady state (module docstring)."""
+    depth + 2 of them end in the steady state (module docstring)."""
     return 2 * depth + 2 if objective == "throughput" else 1
 
 

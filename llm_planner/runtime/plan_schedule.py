@@ -23,8 +23,7 @@ computes per step. Pure Python (no torch, no mpi4py): the launcher, the ranks an
   busiest device's load per batch), each batch as the plan cuts it. So every device
   makes one call per (stream, task) per step at the shard's size, which is what the
   plan's cost counted. (This is the decoders' schedule; a graph run streams its
-  batches in an order of its own, a batch entering every period of the plan's
-  steady state: llm_planner.runtime.graph_run.)
+  batches in a wavefront order of its own: llm_planner.runtime.graph_run.)
 """
 
 from __future__ import annotations
