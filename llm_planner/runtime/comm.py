@@ -245,6 +245,7 @@ class Comm:
         for request in requests:
             _poll(request.Test, self.spin)
         self.stats.idle_s += time.perf_counter() - start
+        self._reap()  # their buffers are freed now, not at the next reap
 
     def wait_sends(self) -> None:
         """Wait until every posted send has completed (spinning or sleeping between polls, see the module docstring)."""

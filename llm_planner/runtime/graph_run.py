@@ -22,23 +22,28 @@ one steady-state period apart. The run streams 2 depth + 2 batches (each the
 same input), so that depth + 2 of them end in the steady state, and a rank
 records when it finished its last unit of each batch (`batch_end_s`);
 llm_planner.measure.observe.end_to_end reads the period from those ends. The
-order is deadlock-free: a unit waits only on units of its own batch and shard
-at a lower level, which come earlier in the one order every rank's order is a
-part of. (An order by the plan's start times plus a period a batch was tried: a
-plan's one-batch schedule is not a periodic one, and on a pipeline whose two
-devices take turns the run lost the stages' overlap, its period up to twice the
-busiest device's work.)
+order is deadlock-free: whatever a rank waits for is a unit that comes earlier
+in the one order every rank's order is a part of (a unit of its own batch and
+shard at a lower level, whose value it receives, or, before it starts a unit, the
+reader of a value it sent), and the inputs a rank holds of a batch are posted
+before its first unit of that batch's slot or a later one. (An order by the
+plan's start times plus a period a batch was tried: a plan's one-batch schedule
+is not a periodic one, and on a pipeline whose two devices take turns the run
+lost the stages' overlap, its period up to twice the busiest device's work.)
 
 Memory. A value goes to each rank that reads it in MPI's synchronous mode, so
 its send completes when the reader has taken it, and before each unit a rank
-waits for the values it sent whose reader comes earlier in the order; a
-batch's inputs are sent in the first slot of that batch. So a rank holds a value
-from its unit to its reader's turn: a value made at level l and read at level l'
-is held over l' - l + 1 batches, at most depth + 1 (the report's
-`most_batches_held`, per rank), however many batches the run streams. That can
-be more than the plan's `batches_in_flight`, the count its memory was checked
-for. Rank 0 also summarises the last batch's output (`last_batch_output`):
-every batch has the same input, so it equals the first's.
+waits for the values it sent whose reader comes earlier in the order (a rank
+that runs no unit, holding only inputs, waits so before sending each batch's).
+So a rank holds a value it sent from its unit to its reader's turn: a value made
+at level l and read at level l' over l' - l + 1 batches, at most depth + 1
+however many batches the run streams (the report's `most_batches_held`, per
+rank: the most batches whose sent values were not yet seen taken, counted after
+each unit); and the values it made or received for a batch until its last unit
+of that batch, also within depth + 1 batches. That can be more than the plan's
+`batches_in_flight`, the count its memory was checked for. Rank 0 also
+summarises the last batch's output (`last_batch_output`): every batch has the
+same input, so it equals the first's.
 """
 
 from __future__ import annotations
@@ -91,7 +96,7 @@ class GraphRun:
     def _units(self, plan) -> tuple[list[tuple], list[tuple[int, int, rg.GraphStage | None]]]:
         """This rank's (batch, shard, stage) units in the wavefront order (module docstring), with their keys in
         that order; a stage of None is the assembly of the shard's output, one level above its last stage. Units
-        of one slot are of different batches, so none waits on another: any order among them is deadlock-free."""
+        of one slot are of different batches, so none reads another's values."""
         keyed = []
         for s, places in enumerate(self.places):
             mine = [(place, stage) for owner, place, stage in places if owner == self.ctx.rank]
@@ -121,7 +126,6 @@ class GraphRun:
                 tag = self._tag(batch, shard, self.node_index[name])
                 requests = self.ctx.comm.isend_value(value, dest, tag, synchronous=True)
                 held.append((self._reader_key(batch, shard, name, dest), requests, batch))
-        self.most_held = max(self.most_held, len({b for _, _, b in held}))
 
     def _value(self, batch: int, shard: int, name: str, env: dict):
         if name not in env:
@@ -163,13 +167,16 @@ class GraphRun:
                 results.update({(b, s): output} if b in (0, self.batches - 1) else {})
             else:
                 self._run_stage(b, s, stage, env, held)
+            held = self._settle(held)
             left[b] -= 1
             if left[b] == 0:
                 envs.update({(b, k): {} for k in range(len(self.splits))})  # the batch is done here
                 if timed:
                     ctx.stats.on_batch_end(b)
-        for batch in range(inputs_sent, self.batches):
+        for batch in range(inputs_sent, self.batches):  # a rank with no unit left: inputs only
+            held = self._release(held, (batch,))  # the readers of earlier slots
             self._send_inputs(batch, envs, held)
+            held = self._settle(held)
         if timed:
             ctx.stats.extra["most_batches_held"] = self.most_held
         return results
@@ -180,6 +187,12 @@ class GraphRun:
         if due:
             self.ctx.comm.wait_requests([r for requests in due for r in requests])
         return [entry for entry in held if not entry[0] < key]
+
+    def _settle(self, held: list) -> list:
+        """The sends not yet seen taken (completed ones dropped), and the most batches they have spanned."""
+        held = [entry for entry in held if not all(request.Test() for request in entry[1])]
+        self.most_held = max(self.most_held, len({b for _, _, b in held}))
+        return held
 
     def _send_inputs(self, batch: int, envs: dict, held: list) -> None:
         """The inputs this rank holds, for one batch."""

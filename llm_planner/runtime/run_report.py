@@ -46,8 +46,8 @@ output tensor; the first batch's) and "output_path" (the tensor, saved with torc
 "batches" (the batches the run streamed: 1 for a latency plan, 2 pipeline_depth + 2 for a
 throughput plan), "pipeline_depth" (the output's level in the stage split: a batch spans
 pipeline_depth + 1 wavefront slots; llm_planner.runtime.graph_run), each rank's
-"most_batches_held" (the most batches whose values it had sent and its readers not yet taken,
-at once) and, with more than one
+"most_batches_held" (the most batches whose values it had sent and not yet seen taken,
+counted after each unit) and, with more than one
 batch, "last_batch_output" (the last batch's output summarised; the same input, so the
 same tensor).
 """
