@@ -287,6 +287,16 @@ def test_a_run_with_more_ranks_than_cores_on_a_host_is_flagged():
     )  # reports written before ranks said how they waited
 
 
+def test_a_graph_run_that_held_more_batches_than_the_plan_keeps_in_flight_says_so():
+    from llm_planner.launch.launch_text import held_batches_notes
+
+    ranks = [{"rank": 0, "most_batches_held": 3}, {"rank": 1, "most_batches_held": 5}]
+    (note,) = held_batches_notes({"plan_batches_in_flight": 2, "ranks": ranks})
+    assert note.startswith("note: a rank held the values of 5 batches at once, more than the 2 in flight")
+    assert held_batches_notes({"plan_batches_in_flight": 5, "ranks": ranks}) == []
+    assert held_batches_notes({"ranks": ranks}) == []  # a decoder run, or a report from before the count
+
+
 def test_an_error_file_appears_whole_or_not_at_all(tmp_path, monkeypatch):
     """Both ranks' watchdogs fire at once and one's MPI_Abort can kill the other mid-write: the
     launcher then must not find an empty error file and report it as the run's error."""

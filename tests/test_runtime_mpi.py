@@ -158,6 +158,7 @@ def test_a_graph_throughput_plan_streams_batches_and_is_measured_by_its_period(t
     report = _ok(launch_plan(plan_path, workdir=str(tmp_path / "w"), timeout_s=TIMEOUT_S, warmup=1))
     batches, depth = report["batches"], report["pipeline_depth"]
     assert depth >= 3 and batches == 2 * depth + 2  # three devices in turn: levels 0-2, the output above
+    assert report["plan_batches_in_flight"] == plan.batches_in_flight
     assert report["last_batch_output"] == report["output"]  # every batch the same input, none mixed up
     gm, example = rg.build_graph_model({"name": "rwnn-ws-2x6", "seed": 0, "dtype": "fp32"})
     with torch.no_grad():

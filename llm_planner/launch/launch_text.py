@@ -71,7 +71,20 @@ def _run_summary(r: dict, result: LaunchResult) -> list[str]:
     lines.append(f"runtime overhead {100 * r.get('overhead_fraction', 0.0):.1f}% of the ranks' time")
     for device in r.get("gpu_fell_back_to_cpu", []):
         lines.append(f"warning: {device} is a GPU but CUDA is not available on its host: its rank ran on the CPU")
-    return lines + oversubscription_notes(r.get("ranks", []))
+    return lines + held_batches_notes(r) + oversubscription_notes(r.get("ranks", []))
+
+
+def held_batches_notes(report: dict) -> list[str]:
+    """A note when a streamed graph run's ranks held the values of more batches at once than the plan keeps in
+    flight, the count its memory check counted (llm_planner.runtime.graph_run, "Memory")."""
+    planned = report.get("plan_batches_in_flight")
+    held = max((r.get("most_batches_held", 0) for r in report.get("ranks", [])), default=0)
+    if not planned or held <= planned:
+        return []
+    return [
+        f"note: a rank held the values of {held} batches at once, more than the {planned} in flight the plan's "
+        "memory check counts: the run's wavefront order keeps a value until its reader's turn (docs/measure.md)"
+    ]
 
 
 def oversubscription_notes(ranks: list[dict]) -> list[str]:

@@ -230,6 +230,7 @@ class GraphRun:
             "input_seed": self.ctx.table.run.seed,
             "batches": self.batches,
             "pipeline_depth": self.depth,
+            "plan_batches_in_flight": self.ctx.plan.batches_in_flight,
             **({"last_batch_output": tensor_summary(last)} if self.batches > 1 else {}),
         }
 

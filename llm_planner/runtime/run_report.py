@@ -45,7 +45,8 @@ per decode step); graphs "output" (shape, sha256, sum and first values of the
 output tensor; the first batch's) and "output_path" (the tensor, saved with torch.save),
 "batches" (the batches the run streamed: 1 for a latency plan, 2 pipeline_depth + 2 for a
 throughput plan), "pipeline_depth" (the output's level in the stage split: a batch spans
-pipeline_depth + 1 wavefront slots; llm_planner.runtime.graph_run), each rank's
+pipeline_depth + 1 wavefront slots; llm_planner.runtime.graph_run), "plan_batches_in_flight"
+(the count the plan's memory check counted), each rank's
 "most_batches_held" (the most batches whose values it had sent and not yet seen taken,
 counted after each unit) and, with more than one
 batch, "last_batch_output" (the last batch's output summarised; the same input, so the
