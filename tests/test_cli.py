@@ -218,6 +218,7 @@ def test_show_of_a_throughput_plan_gives_each_devices_load_whose_largest_is_the_
     """`compute` is a device's task time in one batch; a throughput plan adds its load per batch (compute and
     the transfers it sends and receives), and the busiest device's is the plan's max_load_s."""
     from llm_planner.core.plan import load_plan
+    from llm_planner.core.units import parse_seconds
     from llm_planner.placement.inputs import problem_from_plan_inputs
     from llm_planner.placement.views import device_table
 
@@ -229,12 +230,6 @@ def test_show_of_a_throughput_plan_gives_each_devices_load_whose_largest_is_the_
     table = device_table(plan, problem_from_plan_inputs(plan.inputs))
     heads = [c.header for c in table.columns]
     assert heads[3:5] == ["compute", "load per batch"]
-    loads, computes = ([_seconds(cell) for cell in table.columns[col]._cells] for col in (4, 3))
+    loads, computes = ([parse_seconds(cell.replace(",", "")) for cell in table.columns[col]._cells] for col in (4, 3))
     assert all(load >= compute * (1 - 1e-3) for load, compute in zip(loads, computes))
     assert max(loads) == pytest.approx(plan.max_load_s, rel=2e-3)
-
-
-def _seconds(cell: str) -> float:
-    """A time as the CLI prints it ("12.3 ms", "1,000 s") in seconds."""
-    number, unit = cell.replace(",", "").split()
-    return float(number) * {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}[unit]

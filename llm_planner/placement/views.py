@@ -27,9 +27,9 @@ def device_table(plan: Plan, problem: PlacementProblem) -> Table:
     report = verify_plan(plan, problem)
     order = plan.device_order()
     topo = {name: pos for pos, name in enumerate(problem.graph.topological_order())}
-    units, loads = has_file_units(problem.graph), plan.objective == "throughput"
+    units, throughput = has_file_units(problem.graph), plan.objective == "throughput"
     table = Table(title="stages (devices and tensor-parallel groups)")
-    columns = ("device", "degree", "tasks in order", "compute") + (("load per batch",) if loads else ())
+    columns = ("device", "degree", "tasks in order", "compute") + (("load per batch",) if throughput else ())
     for col in columns + ("memory per device", "of usable"):
         table.add_column(col, justify="left" if col in ("device", "tasks in order") else "right")
     for _k, device in enumerate(problem.devices):
@@ -45,7 +45,7 @@ def device_table(plan: Plan, problem: PlacementProblem) -> Table:
             str(device.degree),
             tasks + (f" (x{shards} shards)" if shards > 1 else ""),
             fmt_time(report.device_busy_s.get(device.name, 0.0), units),
-            *((fmt_time(report.device_load_s.get(device.name, 0.0), units),) if loads else ()),
+            *((fmt_time(report.device_load_s.get(device.name, 0.0), units),) if throughput else ()),
             fmt_bytes(used),
             f"{share} of {fmt_bytes(usable)}",
         )

@@ -79,7 +79,7 @@ class GraphRun:
         last_tag = self._tag(self.batches - 1, len(self.splits) - 1, len(self.node_index) - 1)
         ctx.comm.check_tag(last_tag, "graph run", f"{self.batches} batches of this graph need more tags than it has")
         self.places = [_places(split, _first_start(plan, s)) for s, split in enumerate(self.splits)]
-        self.keys, self.units = self._units(plan)
+        self.keys, self.units = self._units()
         self.modules = {
             (s, stage.name): rg.stage_module(gm, stage).to(device=ctx.device, dtype=ctx.dtype).eval()
             for _, s, stage in self.units
@@ -93,7 +93,7 @@ class GraphRun:
         self.sent: set = set()  # (batch, shard, value, reader rank) sent in this pass
         self.most_held = 0  # the most batches whose values this rank held at once in this pass
 
-    def _units(self, plan) -> tuple[list[tuple], list[tuple[int, int, rg.GraphStage | None]]]:
+    def _units(self) -> tuple[list[tuple], list[tuple[int, int, rg.GraphStage | None]]]:
         """This rank's (batch, shard, stage) units in the wavefront order (module docstring), with their keys in
         that order; a stage of None is the assembly of the shard's output, one level above its last stage. Units
         of one slot are of different batches, so none reads another's values."""
