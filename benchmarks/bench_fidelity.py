@@ -177,10 +177,32 @@ def replica_of(row: dict, servers: dict, tmp: Path, spec: Path | None = None):
     prompt, output = _lengths(row)
     workload = ServingWorkload(requests=(RequestShape(prompt_len=prompt, output_len=output),), tpot_slo_s=10.0)
     budget = row.get("max_num_batched_tokens") or ServingOptions().max_batched_tokens
-    chunked = row.get("enable_chunked_prefill") is not False  # unstated: the engines' chunked prefill
-    options = ServingOptions(max_batched_tokens=budget, chunked_prefill=chunked)
+    options = ServingOptions(max_batched_tokens=budget, chunked_prefill=mixed_iterations(row))
     ctx = build_context(str(spec), PRESETS[row["model"]], workload, row_precision(row), options)
     return ctx, ctx.replica((Segment(ctx.classes[0].name, row["tp"], row.get("pp", 1)),))
+
+
+def mixed_iterations(row: dict) -> bool:
+    """Whether the row's engine runs prompt chunks in the decodes' iterations, the model's chunked
+    prefill (False: prompts in prefill iterations of their own, llm_planner.cost.chunks). vLLM:
+    its enable_chunked_prefill, unstated taken as on. SGLang: --enable-mixed-chunk, off unless stated;
+    without it SGLang chunks a prompt at --chunked-prefill-size but runs the chunks in prefill
+    iterations of their own while the decodes wait."""
+    if row.get("engine") == "sglang":
+        return row.get("enable_mixed_chunk") is True
+    return row.get("enable_chunked_prefill") is not False
+
+
+def measured_tpot(row: dict) -> float | None:
+    """The row's measured time per output token after the first: its tpot_s; else, where the source
+    gives a mean end-to-end latency, (mean_e2e_s - ttft_s) / (output_len - 1), the mean gap over
+    every token as the model's TPOT is one (a median inter-token gap leaves out the iterations a
+    prefill stalls); else its itl_s."""
+    if row.get("tpot_s"):
+        return row["tpot_s"]
+    if row.get("mean_e2e_s") and row.get("ttft_s") and row["output_len"] > 1:
+        return (row["mean_e2e_s"] - row["ttft_s"]) / (row["output_len"] - 1)
+    return row.get("itl_s")
 
 
 def _lengths(row: dict) -> tuple[int, int]:
@@ -287,7 +309,7 @@ def table_row(row: dict, got: dict) -> dict:
     return {
         **_row_head(row, got),
         "e2e ratio": ratio(got["e2e_s"], row.get("e2e_s")) if got.get("e2e_s") else "-",
-        "tpot ratio": ratio(got["tpot_s"], row.get("tpot_s") or row.get("itl_s")),
+        "tpot ratio": ratio(got["tpot_s"], measured_tpot(row)),
         "tok/s ratio": "-"
         if closed or got["tokens_per_s"] is None
         else ratio(got["tokens_per_s"], row.get("output_tokens_per_s")),
@@ -313,7 +335,7 @@ def _row_head(row: dict, got: dict) -> dict:
         "tp": row["tp"] if row.get("pp", 1) == 1 else f"{row['tp']} x pp{row['pp']}",
         "concurrency": got["concurrency"],
         "prompt/output": f"{row['prompt_len']:.0f}/{row['output_len']:.0f}",
-        "tpot measured": ms(row.get("tpot_s") or row.get("itl_s")),
+        "tpot measured": ms(measured_tpot(row)),
         "tpot model": ms(got["tpot_s"]),
         "tok/s measured": f"{row['output_tokens_per_s']:,.0f}" if row.get("output_tokens_per_s") else "-",
         "tok/s model": f"{got['tokens_per_s']:,.0f}" if got["tokens_per_s"] else "-",

@@ -265,3 +265,26 @@ def test_an_fp8_cache_read_at_16_bit_time_holds_what_8_bits_hold_and_takes_the_1
     assert time16["ratios"]["ttft"] < 0.5 * sixteen["ratios"]["ttft"]  # no queue in front of it
     line = fp8_cache_readings.line("grid", "fp8 cache at 16-bit time", [time16])
     assert line[:5] == ["grid", "fp8 cache at 16-bit time", "", "1", "1"]
+
+
+def test_sglang_rows_run_prompts_apart_unless_they_state_mixed_chunks_and_vllm_rows_mix_unless_stated_off():
+    sglang = [r for r in REFS["serving"] if r["engine"] == "sglang"]
+    assert sglang and all(r.get("enable_mixed_chunk") is not True for r in sglang)
+    assert not any(bench_fidelity.mixed_iterations(r) for r in sglang)  # SGLang's default: no mixed chunk
+    assert bench_fidelity.mixed_iterations({**sglang[0], "enable_mixed_chunk": True})
+    assert bench_fidelity.mixed_iterations({"engine": "vllm", "enable_chunked_prefill": None})
+    assert not bench_fidelity.mixed_iterations({"engine": "vllm", "enable_chunked_prefill": False})
+
+
+def test_a_prefill_that_stalls_the_decodes_makes_an_sglang_rows_tokens_slower(tmp_path):
+    row = next(r for r in REFS["serving"] if r["id"] == "sglang-readme-sglang030-h100-llama3.1-70b-tp4-rps8")
+    apart = bench_fidelity.score(row, SERVERS, tmp_path)
+    mixed = bench_fidelity.score({**row, "enable_mixed_chunk": True}, SERVERS, tmp_path)
+    assert apart["tpot_s"] > mixed["tpot_s"] * 1.05  # each prompt's iteration reads the weights again
+
+
+def test_the_measured_tpot_is_the_stated_one_else_the_mean_gap_from_end_to_end_else_the_itl():
+    row = {"tpot_s": 0.02, "itl_s": 0.01, "mean_e2e_s": 9.0, "ttft_s": 0.1, "output_len": 101}
+    assert bench_fidelity.measured_tpot(row) == 0.02
+    assert bench_fidelity.measured_tpot({**row, "tpot_s": None}) == pytest.approx((9.0 - 0.1) / 100)
+    assert bench_fidelity.measured_tpot({**row, "tpot_s": None, "mean_e2e_s": None}) == 0.01
