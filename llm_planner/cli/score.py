@@ -73,8 +73,9 @@ def add_score_parser(sub) -> None:
         "--no-chunked-prefill",
         dest="chunked_prefill",
         action="store_false",
-        help="score an engine that runs each prompt whole in an iteration of its own (TensorRT-LLM without chunked "
-        "context, vLLM before V1 with chunked prefill off); plans are made for engines with chunked prefill",
+        help="score an engine that runs prompts in iterations of their own, the decodes waiting (TensorRT-LLM without "
+        "chunked context, vLLM before V1 with chunked prefill off, SGLang without --enable-mixed-chunk, its default: "
+        "give --max-batched-tokens its --chunked-prefill-size); plans are made for engines that mix the two",
     )
     p.add_argument(
         "--expert-imbalance",

@@ -13,7 +13,8 @@ load, whose time the serving bounds read as pieces, stays below every iteration 
 mean (n u and (n + 1) u, the upper one cut at the room B - b), weighted so the mean is b r. Past
 the room (b r > B - b) prompts back up: every iteration carries B - b.
 
-An engine without chunked prefill runs each prompt whole in an iteration with no decodes
+An engine without chunked prefill (or SGLang without --enable-mixed-chunk, its default, which cuts
+a prompt at its chunk size but runs the chunks alone) runs each prompt in an iteration with no decodes
 (`prefill_batch_tokens`): a decode iteration is then followed, on average, by b r / s prefill
 iterations of s prompt tokens, each reading the weights again and paying the step overhead.
 Such an engine is scored (`llm-planner score --no-chunked-prefill`), not planned for: the engines
