@@ -16,7 +16,14 @@ from llm_planner.cli import main as cli_main
 from llm_planner.cli.main import main
 from llm_planner.core.precision import build_precision
 from llm_planner.core.spec import load_cluster
-from llm_planner.measure.serving_cases import ServingSettings, build_cases, even_split, model_config, predict
+from llm_planner.measure.serving_cases import (
+    ServingSettings,
+    build_cases,
+    even_split,
+    mixed_iterations,
+    model_config,
+    predict,
+)
 from llm_planner.measure.serving_fit import DEFAULT_WEIGHTS, fit_serving
 from llm_planner.measure.serving_results import ServingResultError, read_serving_results
 
@@ -581,3 +588,58 @@ def test_the_rms_reported_is_the_weighted_error_the_fit_lowers(tmp_path, capsys)
         rows = [(DEFAULT_WEIGHTS[r.figure], getattr(r, when) / r.measured - 1) for r in result.figures]
         weighted = math.sqrt(sum((w * e) ** 2 for w, e in rows) / sum(w * w for w, _ in rows))
         assert reported == pytest.approx(weighted, rel=1e-9)
+
+
+def _old_sglang_line(rate: float) -> dict:
+    """A line of an older `sglang.bench_serving --output-file`: no TPOT and no request_throughput, the
+    median gap between tokens and the mean end-to-end latency instead."""
+    return {
+        "backend": "sglang",
+        "dataset_name": "random",
+        "request_rate": rate,
+        "max_concurrency": None,
+        "total_input_tokens": 300 * 510,
+        "total_output_tokens": 300 * 501,
+        "total_output_tokens_retokenized": 300 * 500,
+        "mean_e2e_latency_ms": 10_100.0,
+        "median_e2e_latency_ms": 9_800.0,
+        "median_ttft_ms": 100.0,
+        "median_itl_ms": 14.0,
+        "output_throughput": 500.0,
+        "random_input_len": 1024,
+        "duration": 300.0,
+        "completed": 300,
+    }
+
+
+def test_an_older_sglang_line_gives_the_mean_time_per_token_from_its_end_to_end_latency(tmp_path):
+    path = tmp_path / "old.jsonl"
+    path.write_text("\n".join(json.dumps(_old_sglang_line(r)) for r in (1.0, 2.0)) + "\n")
+    first, _ = read_serving_results(path)
+    # (mean end-to-end - TTFT) / (mean output - 1), not the 14 ms median gap that leaves prefill stalls out
+    assert first.measured.tpot_s == pytest.approx((10.1 - 0.1) / 500)
+    # no request_throughput: completed / duration = 1/s, times the mean end-to-end latency
+    assert first.concurrency == round(300 / 300.0 * 10.1) and "10.1 in flight" in first.concurrency_note
+
+
+def test_a_line_without_a_tpot_or_an_end_to_end_latency_names_the_keys_it_lacks(tmp_path):
+    line = _old_sglang_line(1.0)
+    del line["mean_e2e_latency_ms"]
+    path = tmp_path / "bare.json"
+    path.write_text(json.dumps(line))
+    with pytest.raises(ServingResultError, match=r"missing key 'mean_e2el_ms' \(or 'mean_e2e_latency_ms', or both"):
+        read_serving_results(path)  # the open loop's mean in flight needs it first
+    path.write_text(json.dumps(line | {"max_concurrency": 8}))
+    with pytest.raises(ServingResultError, match=r"missing key 'median_tpot_ms' \(or 'mean_tpot_ms'\)$"):
+        read_serving_results(path)
+
+
+def test_sglang_results_are_fitted_with_prompts_apart_unless_told_and_the_others_mixed(tmp_path):
+    path = tmp_path / "two.jsonl"
+    path.write_text(json.dumps(_old_sglang_line(1.0)) + "\n" + json.dumps(_vllm(8, 0.02, 3000.0, 0.1)) + "\n")
+    sglang, vllm = read_serving_results(path)
+    assert (sglang.engine, vllm.engine) == ("sglang", "vllm")
+    assert not mixed_iterations(sglang, ServingSettings())  # SGLang's default: no --enable-mixed-chunk
+    assert mixed_iterations(vllm, ServingSettings())
+    assert mixed_iterations(sglang, ServingSettings(chunked_prefill=True))  # calibrate --chunked-prefill
+    assert not mixed_iterations(vllm, ServingSettings(chunked_prefill=False))

@@ -103,12 +103,23 @@ def add_calibrate_parser(sub) -> None:
         help=f"weight of tokens/s' relative error (default: {DEFAULT_WEIGHTS['tokens_per_s']}; 0 for a closed batch "
         "of a few prompts, whose tokens/s is mostly its ramp-up and tail)",
     )
-    s.add_argument(
+    prefill = s.add_mutually_exclusive_group()
+    prefill.add_argument(
         "--no-chunked-prefill",
         dest="chunked_prefill",
         action="store_false",
         default=None,
-        help="the engine ran each prompt whole (TensorRT-LLM without chunked context), as `score` takes it",
+        help="the engine ran prompts in iterations of their own, the decodes waiting (TensorRT-LLM without chunked "
+        "context, SGLang without --enable-mixed-chunk), as `score` takes it (default: so for SGLang's results, as "
+        "SGLang runs by default; mixed for the others)",
+    )
+    prefill.add_argument(
+        "--chunked-prefill",
+        dest="chunked_prefill",
+        action="store_true",
+        default=None,
+        help="the engine carried prompt chunks in the decodes' iterations (SGLang with --enable-mixed-chunk; vLLM's "
+        "and TensorRT-LLM's default)",
     )
     s.add_argument(
         "--closed-loop",
@@ -142,7 +153,7 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
             else build_precision(args.dtype, args.weights, args.kv_cache_dtype),
             max_batched_tokens=args.max_batched_tokens,
             allow_cpu=args.allow_cpu,
-            chunked_prefill=args.chunked_prefill is not False,
+            chunked_prefill=args.chunked_prefill,
             closed_loop=bool(args.closed_loop),
             front_end_s=args.front_end_s or 0.0,
         )
@@ -170,6 +181,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         "--weights",
         "--kv-cache-dtype",
         "--no-chunked-prefill",
+        "--chunked-prefill",
         "--closed-loop",
         "--front-end-s",
     )
@@ -183,7 +195,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         if not args.results:
             raise UserError("--serving needs at least one RESULT file (a benchmark result or run report)", exit_code=2)
         return
-    dests = {"--no-chunked-prefill": "chunked_prefill"}
+    dests = {"--no-chunked-prefill": "chunked_prefill", "--chunked-prefill": "chunked_prefill"}
     given = [f for f in serving_only if getattr(args, dests.get(f, f[2:].replace("-", "_"))) is not None]
     if args.results or given:
         what = f"RESULT files ({', '.join(args.results)})" if args.results else ", ".join(given)

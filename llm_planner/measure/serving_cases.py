@@ -6,7 +6,9 @@ them (`ServingSettings`), once for every result file or once per file, in order.
 command line gives overrides the file's (an engine whose --max-num-seqs capped the benchmark's
 --max-concurrency ran fewer sequences than the file says); what neither gives is an error naming
 the file and the key. Defaults: micro-batches = the layout's stages for an engine (vLLM and
-SGLang keep one batch per pipeline stage in flight), the token budget of `llm-planner score`.
+SGLang keep one batch per pipeline stage in flight), the token budget of `llm-planner score`, and
+the engine's own way with prompts (`mixed_iterations`: SGLang's results with prompts in iterations
+of their own, as SGLang runs without --enable-mixed-chunk; the others' chunks beside the decodes).
 
 The layer split is held fixed while the factors change: an engine's is vLLM's and SGLang's even
 split (vllm/distributed/utils.py get_pp_indices: the remainder to the stages before the last);
@@ -61,7 +63,7 @@ class ServingSettings:
     dtype: str | Precision = "fp16"  # the activations' dtype, or a Precision with weights or KV cache below it
     max_batched_tokens: int | None = None
     allow_cpu: bool = False
-    chunked_prefill: bool = True  # False: the engine ran each prompt whole
+    chunked_prefill: bool | None = None  # False: prompts in iterations of their own; None: the engine's default
     closed_loop: bool = False  # the results are closed-loop benchmarks (module docstring)
     front_end_s: float = 0.0  # with closed_loop: the engine's front end's time a request (module docstring)
 
@@ -142,6 +144,16 @@ def build_cases(
     return out
 
 
+def mixed_iterations(obs: ServingObservation, settings: ServingSettings) -> bool:
+    """Whether the run's engine carried prompt chunks in the decodes' iterations (the model's chunked
+    prefill): as the command line says; else the engine's default, which for SGLang is no (without
+    --enable-mixed-chunk it runs a prompt's chunks in prefill iterations of their own) and for the
+    others yes."""
+    if settings.chunked_prefill is not None:
+        return settings.chunked_prefill
+    return obs.engine != "sglang"
+
+
 def _case(cluster, config, obs: ServingObservation, settings: ServingSettings, given: dict) -> ServingCase:
     text = given["--replica"] or obs.layout
     if text is None:
@@ -157,7 +169,7 @@ def _case(cluster, config, obs: ServingObservation, settings: ServingSettings, g
     options = ServingOptions(
         allow_cpu=settings.allow_cpu,
         max_batched_tokens=settings.max_batched_tokens or obs.max_batched_tokens or DEFAULT_TOKEN_BUDGET,
-        chunked_prefill=settings.chunked_prefill,
+        chunked_prefill=mixed_iterations(obs, settings),
     )
     workload = ServingWorkload(requests=obs.requests, tpot_slo_s=TPOT_SLO_RANGE_S[1], source=obs.source)
     ctx = ServingContext(cluster, config, workload, settings.dtype, options)

@@ -12,11 +12,15 @@ Four formats, told apart by their keys:
   appends one per line). Keys read: `max_concurrency` (null when not set; then, for requests sent
   at a finite `request_rate`, the mean in flight by Little's law: `open_loop_concurrency`), `completed`,
   `total_input_tokens`, `total_output_tokens`, `output_throughput`, `median_tpot_ms` (else
-  `mean_tpot_ms`), `median_ttft_ms` (else `mean_ttft_ms`), `model_id`, and with
-  `--save-detailed` the per-request `input_lens` and `output_lens`.
+  `mean_tpot_ms`; else, as older SGLang releases write neither, the mean time per output token
+  after the first from the mean end-to-end latency: (mean end-to-end - TTFT) / (mean output - 1),
+  never the inter-token latency, whose median leaves out the iterations a prefill stalls),
+  `median_ttft_ms` (else `mean_ttft_ms`), `model_id`, and with `--save-detailed` the per-request
+  `input_lens` and `output_lens`.
 - `python -m sglang.bench_serving --output-file` (python/sglang/bench_serving.py: one JSON object
   per line, appended): the same keys (SGLang's script is adapted from vLLM's), told from vLLM's by
-  `random_input_len` or `total_output_tokens_retokenized`; with `--output-details` the lens.
+  `random_input_len` or `total_output_tokens_retokenized`; with `--output-details` the lens. Older
+  releases write no `request_throughput`: `completed` / `duration` stands for it.
 - `genai-perf profile` (NVIDIA's client) and AIPerf, its successor: their profile export, told by
   its metrics being objects with a `unit` (llm_planner.measure.genai_perf).
 - `llm-planner launch SERVING_PLAN --report run.json` (format `llm_planner.serving_run`,
@@ -47,6 +51,7 @@ from llm_planner.measure.serving_observation import (
     Measured,
     ServingObservation,
     ServingResultError,
+    in_seconds,
     in_span,
     number,
     seconds,
@@ -61,6 +66,7 @@ SERVING_RUN_VERSION = 1
 MAX_SHAPES = 16  # request shapes a measurement's lens are grouped into
 ENGINE_TPOT = ("median_tpot_ms", "mean_tpot_ms")
 ENGINE_TTFT = ("median_ttft_ms", "mean_ttft_ms")
+ENGINE_E2E = ("mean_e2el_ms", "mean_e2e_latency_ms")
 ENGINE_REQUIRED = ("completed", "total_input_tokens", "total_output_tokens", "output_throughput")
 
 
@@ -100,7 +106,7 @@ def _first(where: str, doc: dict, keys: tuple[str, ...], scale: float) -> float:
         if doc.get(key) is not None:
             return seconds(where, doc, key, scale)
     alternatives = " or ".join(repr(k) for k in keys[1:])
-    raise ServingResultError(f"{where}: missing key {keys[0]!r} (or {alternatives})")
+    raise ServingResultError(f"{where}: missing key {keys[0]!r}" + (f" (or {alternatives})" if alternatives else ""))
 
 
 def _read_engine(where: str, doc: dict) -> ServingObservation:
@@ -122,7 +128,7 @@ def _read_engine(where: str, doc: dict) -> ServingObservation:
         source=where,
         engine=engine,
         measured=Measured(
-            tpot_s=_first(where, doc, ENGINE_TPOT, 1e-3),
+            tpot_s=_engine_tpot(where, doc, completed),
             tokens_per_s=number(where, doc, "output_throughput", span=(0, MOST_TOKENS_PER_S)),
             ttft_s=_first(where, doc, ENGINE_TTFT, 1e-3),
         ),
@@ -151,20 +157,43 @@ def open_loop_concurrency(where: str, doc: dict, completed: int) -> tuple[int | 
     if doc.get("concurrency") is not None:
         mean, how = number(where, doc, "concurrency"), "the benchmark's own mean in flight"
     else:
-        throughput = number(where, doc, "request_throughput")
+        throughput = _request_throughput(where, doc, completed)
         mean, how = throughput * _mean_e2e_s(where, doc, completed), "requests/s x mean end-to-end latency"
     concurrency = max(1, round(in_span(where, "the mean in flight", mean, 0, MOST_SEQUENCES)))
     return concurrency, f"request rate {rate:g}/s without a concurrency cap: {mean:.1f} in flight on average ({how})"
 
 
+def _engine_tpot(where: str, doc: dict, completed: int) -> float:
+    """The median TPOT, else the mean, else the mean from the mean end-to-end latency (module docstring)."""
+    if any(doc.get(key) is not None for key in ENGINE_TPOT) or not any(doc.get(k) is not None for k in ENGINE_E2E):
+        return _first(where, doc, ENGINE_TPOT, 1e-3)
+    output = number(where, doc, "total_output_tokens") / completed
+    if output <= 1:
+        raise ServingResultError(
+            f"{where}: missing key 'median_tpot_ms' (or 'mean_tpot_ms'), and with {output:g} output tokens a request "
+            "on average the mean end-to-end latency does not give one"
+        )
+    gap = (_mean_e2e_s(where, doc, completed) - _first(where, doc, ENGINE_TTFT[::-1], 1e-3)) / (output - 1)
+    return in_seconds(where, "mean time per output token (from the mean end-to-end latency)", gap, f"{gap:g} s")
+
+
+def _request_throughput(where: str, doc: dict, completed: int) -> float:
+    if doc.get("request_throughput") is None and doc.get("duration") is not None:
+        return completed / number(where, doc, "duration")
+    return number(where, doc, "request_throughput")
+
+
 def _mean_e2e_s(where: str, doc: dict, completed: int) -> float:
-    for key in ("mean_e2el_ms", "mean_e2e_latency_ms"):
+    for key in ENGINE_E2E:
         if doc.get(key) is not None:
             return number(where, doc, key) * 1e-3
+    if doc.get("mean_ttft_ms") is None or doc.get("mean_tpot_ms") is None:
+        raise ServingResultError(
+            f"{where}: missing key 'mean_e2el_ms' (or 'mean_e2e_latency_ms', or both 'mean_ttft_ms' and "
+            "'mean_tpot_ms'): an open loop's mean in flight is its requests/s times its mean end-to-end latency"
+        )
     output = number(where, doc, "total_output_tokens") / completed
-    return _first(where, doc, ("mean_ttft_ms",), 1e-3) + max(output - 1, 0) * _first(
-        where, doc, ("mean_tpot_ms",), 1e-3
-    )
+    return seconds(where, doc, "mean_ttft_ms", 1e-3) + max(output - 1, 0) * seconds(where, doc, "mean_tpot_ms", 1e-3)
 
 
 def _engine_requests(where: str, doc: dict, completed: int) -> tuple[RequestShape, ...]:
