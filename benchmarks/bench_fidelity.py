@@ -11,7 +11,9 @@ benchmarks/data/fidelity_servers.yaml; a pipeline row's pp servers of tp GPUs ea
 row's `server_link`), the row's model preset and dtype, the replica pp stages x tp GPUs, the row's
 concurrency in pp micro-batches, one a stage as vLLM runs a pipeline (an open-loop row, requests at a rate
 with no cap: the concurrency where Little's law holds in the model), the row's token budget and
-chunked-prefill setting where it states them. It prints and writes the model's
+chunked-prefill setting where it states them, SGLang's rows with prompts in iterations of their own
+unless they state --enable-mixed-chunk (`mixed_iterations`). A row with no TPOT but a mean
+end-to-end latency is judged on the mean time per token that gives (`measured_tpot`). It prints and writes the model's
 TPOT, tokens/s and TTFT beside the measured ones and their ratios (model / measured). Rows the
 model cannot score (a GPU, concurrency or model the source does not state) are listed with why.
 
@@ -43,6 +45,7 @@ import provenance  # noqa: E402 (benchmarks/provenance.py, beside this script)
 from llm_planner.core.catalog import engine_entries  # noqa: E402
 from llm_planner.core.precision import build_precision  # noqa: E402
 from llm_planner.core.spec import load_cluster  # noqa: E402
+from llm_planner.cost.chunks import engine_mixes_prompts  # noqa: E402
 from llm_planner.cost.iteration import Load, layer_kernels  # noqa: E402
 from llm_planner.graph.decoder_presets import preset_config  # noqa: E402
 from llm_planner.serving.context import ServingOptions, build_context  # noqa: E402
@@ -188,9 +191,7 @@ def mixed_iterations(row: dict) -> bool:
     its enable_chunked_prefill, unstated taken as on. SGLang: --enable-mixed-chunk, off unless stated;
     without it SGLang chunks a prompt at --chunked-prefill-size but runs the chunks in prefill
     iterations of their own while the decodes wait."""
-    if row.get("engine") == "sglang":
-        return row.get("enable_mixed_chunk") is True
-    return row.get("enable_chunked_prefill") is not False
+    return engine_mixes_prompts(row.get("engine"), row.get("enable_mixed_chunk"), row.get("enable_chunked_prefill"))
 
 
 def measured_tpot(row: dict) -> float | None:
@@ -200,7 +201,7 @@ def measured_tpot(row: dict) -> float | None:
     prefill stalls); else its itl_s."""
     if row.get("tpot_s"):
         return row["tpot_s"]
-    if row.get("mean_e2e_s") and row.get("ttft_s") and row["output_len"] > 1:
+    if row.get("mean_e2e_s") and row.get("ttft_s") and row["output_len"] > 1 and row["mean_e2e_s"] > row["ttft_s"]:
         return (row["mean_e2e_s"] - row["ttft_s"]) / (row["output_len"] - 1)
     return row.get("itl_s")
 

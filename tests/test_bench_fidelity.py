@@ -269,9 +269,11 @@ def test_an_fp8_cache_read_at_16_bit_time_holds_what_8_bits_hold_and_takes_the_1
 
 def test_sglang_rows_run_prompts_apart_unless_they_state_mixed_chunks_and_vllm_rows_mix_unless_stated_off():
     sglang = [r for r in REFS["serving"] if r["engine"] == "sglang"]
-    assert sglang and all(r.get("enable_mixed_chunk") is not True for r in sglang)
-    assert not any(bench_fidelity.mixed_iterations(r) for r in sglang)  # SGLang's default: no mixed chunk
+    assert sglang, "the references hold SGLang's runs"
+    for row in sglang:  # SGLang's default: no --enable-mixed-chunk
+        assert bench_fidelity.mixed_iterations(row) is (row.get("enable_mixed_chunk") is True), row["id"]
     assert bench_fidelity.mixed_iterations({**sglang[0], "enable_mixed_chunk": True})
+    assert not bench_fidelity.mixed_iterations({**sglang[0], "enable_chunked_prefill": True})  # not the flag
     assert bench_fidelity.mixed_iterations({"engine": "vllm", "enable_chunked_prefill": None})
     assert not bench_fidelity.mixed_iterations({"engine": "vllm", "enable_chunked_prefill": False})
 
@@ -288,3 +290,6 @@ def test_the_measured_tpot_is_the_stated_one_else_the_mean_gap_from_end_to_end_e
     assert bench_fidelity.measured_tpot(row) == 0.02
     assert bench_fidelity.measured_tpot({**row, "tpot_s": None}) == pytest.approx((9.0 - 0.1) / 100)
     assert bench_fidelity.measured_tpot({**row, "tpot_s": None, "mean_e2e_s": None}) == 0.01
+    assert bench_fidelity.measured_tpot({**row, "tpot_s": None, "ttft_s": None}) == 0.01  # no TTFT to take off
+    assert bench_fidelity.measured_tpot({**row, "tpot_s": None, "output_len": 1}) == 0.01  # no token after the first
+    assert bench_fidelity.measured_tpot({**row, "tpot_s": None, "mean_e2e_s": 0.05}) == 0.01  # under the TTFT

@@ -643,3 +643,26 @@ def test_sglang_results_are_fitted_with_prompts_apart_unless_told_and_the_others
     assert mixed_iterations(vllm, ServingSettings())
     assert mixed_iterations(sglang, ServingSettings(chunked_prefill=True))  # calibrate --chunked-prefill
     assert not mixed_iterations(vllm, ServingSettings(chunked_prefill=False))
+    spec = load_cluster(_spec(tmp_path, "spec.yaml"))
+    for given, want in ((None, [False, True]), (True, [True, True]), (False, [False, False])):
+        settings = ServingSettings(model="llama2-7b", replicas=(TP1,), concurrency=(8,), chunked_prefill=given)
+        cases = build_cases(spec, model_config(settings, []), [(str(path), [sglang, vllm])], settings)
+        assert [c.options.chunked_prefill for c in cases] == want, given  # what each case is scored with
+
+
+def test_the_engine_is_the_server_the_result_names_not_the_client_that_wrote_it(tmp_path):
+    lines = [_old_sglang_line(1.0) | {"backend": b} for b in ("sglang-oai", "vllm", "trt", "openai")]
+    lines.append({k: v for k, v in _old_sglang_line(1.0).items() if k != "backend"})  # no backend: the client's keys
+    lines.append(_vllm(8, 0.02, 3000.0, 0.1) | {"backend": "openai"})  # vLLM's client, an OpenAI endpoint
+    path = tmp_path / "backends.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    assert [o.engine for o in read_serving_results(path)] == ["sglang", "vllm", "vllm", "sglang", "sglang", "vllm"]
+
+
+def test_the_prefill_flags_are_one_choice_and_named_as_given(tmp_path, capsys):
+    spec = _spec(tmp_path, "spec.yaml")
+    out = str(tmp_path / "out.yaml")
+    err = _refused(capsys, ["calibrate", "--cluster", spec, "-o", out, "--chunked-prefill"], "--chunked-prefill")
+    assert "--no-chunked-prefill" not in err
+    argv = ["calibrate", "--serving", "--cluster", spec, "-o", out, "r.json", "--chunked-prefill"]
+    _refused(capsys, [*argv, "--no-chunked-prefill"], "not allowed with argument")

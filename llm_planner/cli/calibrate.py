@@ -195,13 +195,19 @@ def _check_flags(args: argparse.Namespace) -> None:
         if not args.results:
             raise UserError("--serving needs at least one RESULT file (a benchmark result or run report)", exit_code=2)
         return
-    dests = {"--no-chunked-prefill": "chunked_prefill", "--chunked-prefill": "chunked_prefill"}
-    given = [f for f in serving_only if getattr(args, dests.get(f, f[2:].replace("-", "_"))) is not None]
+    given = [f for f in serving_only if _given(args, f)]
     if args.results or given:
         what = f"RESULT files ({', '.join(args.results)})" if args.results else ", ".join(given)
         raise UserError(f"{what}: serving measurements need --serving", exit_code=2)
     if not args.plan or not args.report:
         raise UserError("calibrate needs --plan and --report (or --serving and RESULT files)", exit_code=2)
+
+
+def _given(args: argparse.Namespace, flag: str) -> bool:
+    """Whether `flag` was on the command line (--chunked-prefill and --no-chunked-prefill share one value)."""
+    if flag in ("--chunked-prefill", "--no-chunked-prefill"):
+        return args.chunked_prefill is (flag == "--chunked-prefill")
+    return getattr(args, flag[2:].replace("-", "_")) is not None
 
 
 def _check_not_an_input(args: argparse.Namespace) -> None:

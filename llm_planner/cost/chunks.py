@@ -1,7 +1,7 @@
 """How an engine's iterations carry prompt tokens: in whole chunks, not spread thin.
 
-With continuous batching and chunked prefill (vLLM, SGLang), an iteration of b running sequences
-admits a waiting prompt up to the token budget B left beside the b decodes: a prompt of P tokens
+With continuous batching and chunked prefill (vLLM; SGLang with --enable-mixed-chunk), an iteration
+of b running sequences admits a waiting prompt up to the token budget B left beside the b decodes: a prompt of P tokens
 enters in chunks of min(P, B - b) tokens, and an iteration carries such a chunk or none. Over
 many iterations the prompt tokens per iteration average b r (r = E[P]/E[O], each sequence's share
 of its prompt per output token), but they come in lumps. The expected iteration time is the mean
@@ -25,6 +25,19 @@ from __future__ import annotations
 
 import bisect
 import math
+
+
+def engine_mixes_prompts(
+    engine: str | None, mixed_chunk: bool | None = None, chunked_prefill: bool | None = None
+) -> bool:
+    """Whether an engine carries prompt chunks in the decodes' iterations (the model's chunked
+    prefill) as run: SGLang only with --enable-mixed-chunk (`mixed_chunk`; off by default, its prompt
+    chunks then run in prefill iterations of their own); any other engine unless its chunked prefill
+    is stated off (`chunked_prefill` False: vLLM before V1 with it off, TensorRT-LLM without chunked
+    context)."""
+    if engine == "sglang":
+        return mixed_chunk is True
+    return chunked_prefill is not False
 
 
 def prompt_lumps(mean_tokens: float, prompt_len: float, room: float) -> tuple[tuple[float, float], ...]:

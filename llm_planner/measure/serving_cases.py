@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from llm_planner.core.precision import Precision
 from llm_planner.core.spec import ClusterSpec
+from llm_planner.cost.chunks import engine_mixes_prompts
 from llm_planner.graph.hf_config import named_config
 from llm_planner.graph.model_names import same_model
 from llm_planner.graph.transformer import DecoderConfig
@@ -151,7 +152,7 @@ def mixed_iterations(obs: ServingObservation, settings: ServingSettings) -> bool
     others yes."""
     if settings.chunked_prefill is not None:
         return settings.chunked_prefill
-    return obs.engine != "sglang"
+    return engine_mixes_prompts(obs.engine)
 
 
 def _case(cluster, config, obs: ServingObservation, settings: ServingSettings, given: dict) -> ServingCase:

@@ -18,9 +18,14 @@ Four formats, told apart by their keys:
   `median_ttft_ms` (else `mean_ttft_ms`), `model_id`, and with `--save-detailed` the per-request
   `input_lens` and `output_lens`.
 - `python -m sglang.bench_serving --output-file` (python/sglang/bench_serving.py: one JSON object
-  per line, appended): the same keys (SGLang's script is adapted from vLLM's), told from vLLM's by
-  `random_input_len` or `total_output_tokens_retokenized`; with `--output-details` the lens. Older
-  releases write no `request_throughput`: `completed` / `duration` stands for it.
+  per line, appended): the same keys (SGLang's script is adapted from vLLM's); with
+  `--output-details` the lens. Older releases write no `request_throughput`: `completed` /
+  `duration` stands for it. The engine that served the run is SGLang where `backend` names it
+  (sglang, sglang-oai, ...); where it names another server (vllm, trt, lmdeploy: SGLang's client
+  benchmarks those too), read as vLLM; where it names none (absent, or an OpenAI-compatible
+  `openai`), SGLang where the keys are its client's (`random_input_len`,
+  `total_output_tokens_retokenized`), else vLLM. It sets how the fit schedules prompts by default
+  (llm_planner.measure.serving_cases.mixed_iterations).
 - `genai-perf profile` (NVIDIA's client) and AIPerf, its successor: their profile export, told by
   its metrics being objects with a `unit` (llm_planner.measure.genai_perf).
 - `llm-planner launch SERVING_PLAN --report run.json` (format `llm_planner.serving_run`,
@@ -67,6 +72,7 @@ MAX_SHAPES = 16  # request shapes a measurement's lens are grouped into
 ENGINE_TPOT = ("median_tpot_ms", "mean_tpot_ms")
 ENGINE_TTFT = ("median_ttft_ms", "mean_ttft_ms")
 ENGINE_E2E = ("mean_e2el_ms", "mean_e2e_latency_ms")
+OTHER_SERVERS = ("vllm", "trt", "tensorrt", "lmdeploy", "tgi")  # a client's `backend` naming a server not SGLang
 ENGINE_REQUIRED = ("completed", "total_input_tokens", "total_output_tokens", "output_throughput")
 
 
@@ -109,9 +115,22 @@ def _first(where: str, doc: dict, keys: tuple[str, ...], scale: float) -> float:
     raise ServingResultError(f"{where}: missing key {keys[0]!r}" + (f" (or {alternatives})" if alternatives else ""))
 
 
+def _engine_of(doc: dict) -> str:
+    """The engine that served the run: SGLang where the result's `backend` names it (sglang,
+    sglang-oai, ...), another engine where it names one (SGLang's client benchmarks vLLM and others
+    too); where it names none (no `backend`, or an OpenAI-compatible one), SGLang where the keys are
+    its client's, else vLLM."""
+    backend = doc.get("backend").strip().lower() if isinstance(doc.get("backend"), str) else ""
+    if backend.startswith("sglang"):
+        return "sglang"
+    if backend.startswith(OTHER_SERVERS):
+        return "vllm"
+    return "sglang" if "random_input_len" in doc or "total_output_tokens_retokenized" in doc else "vllm"
+
+
 def _read_engine(where: str, doc: dict) -> ServingObservation:
     """A vLLM or SGLang benchmark result (module docstring)."""
-    engine = "sglang" if "random_input_len" in doc or "total_output_tokens_retokenized" in doc else "vllm"
+    engine = _engine_of(doc)
     for key in ENGINE_REQUIRED:
         number(where, doc, key)
     if "max_concurrency" not in doc:
