@@ -16,6 +16,8 @@ from serving_fixtures import context, workload, write_fleet
 
 from llm_planner.cli import main as cli_main
 from llm_planner.cli.main import main
+from llm_planner.core.spec import DeviceKindSpec
+from llm_planner.export.engine_args import engine_token_budget
 from llm_planner.serving.context import ServingOptions, build_context
 from llm_planner.serving.inputs import serving_precision
 from llm_planner.serving.layout import Segment, describe
@@ -324,3 +326,56 @@ def test_a_prompt_joining_a_loaded_replica_waits_for_its_visit_and_a_steady_iter
     assert loaded["ttft_s"] >= 1.5 * loaded["tpot_s"]
     alone, _ = score_json([*argv, *short, "--concurrency", "1"], capsys)
     assert alone["tpot_s"] <= alone["ttft_s"] < 1.5 * alone["tpot_s"]
+
+
+def test_an_engine_is_scored_at_its_default_budget_and_with_its_way_with_prompts(capsys):
+    """--engine: the engine's default token budget for the replica's GPUs (vLLM 2048 on an A100, 8192
+    on an H100; SGLang 8192 on both) unless --max-batched-tokens is given, and SGLang's prompts in
+    iterations of their own (no --enable-mixed-chunk) unless --chunked-prefill is; the figures are
+    those of the same flags given by hand."""
+    h100 = ["--cluster", str(SPECS / "h100-a10g.yaml"), "--model", "llama3-8b", *SHAPE, "--concurrency", "64"]
+    h100 += ["--replica", "1 x h100-server/h100-80g"]
+    a100 = [
+        "--cluster",
+        FOUR_GPUS,
+        "--model",
+        "gpt2",
+        *SHAPE,
+        "--concurrency",
+        "64",
+        "--replica",
+        "1 x server/a100-80g",
+    ]
+    budgets = {}
+    for name, argv in (("h100", h100), ("a100", a100)):
+        for engine in ("vllm", "sglang"):
+            got, _ = score_json([*argv, "--engine", engine], capsys)
+            budgets[name, engine] = (got["max_batched_tokens"], got["chunked_prefill"])
+    assert budgets == {
+        ("h100", "vllm"): (8192, True),
+        ("h100", "sglang"): (8192, False),
+        ("a100", "vllm"): (2048, True),
+        ("a100", "sglang"): (8192, False),
+    }
+    sglang, _ = score_json([*h100, "--engine", "sglang"], capsys)
+    by_hand, _ = score_json([*h100, "--max-batched-tokens", "8192", "--no-chunked-prefill"], capsys)
+    assert sglang == by_hand
+    mixed, _ = score_json([*h100, "--engine", "sglang", "--chunked-prefill", "--max-batched-tokens", "4096"], capsys)
+    assert (mixed["max_batched_tokens"], mixed["chunked_prefill"]) == (4096, True)
+    refused([*h100, "--chunked-prefill", "--no-chunked-prefill"], capsys, "not allowed with argument")
+
+
+def test_an_engines_default_budget_follows_its_smallest_gpu():
+    def kind(gib: float, name: str = "gpu", catalog: str | None = None) -> DeviceKindSpec:
+        return DeviceKindSpec(
+            name=name, type="gpu", peak_flops=(("fp16", 1e14),), mem_bytes=gib * 2**30, mem_bw_bytes_per_s=1e12,
+            catalog=catalog,
+        )  # fmt: skip
+
+    sglang = [engine_token_budget("sglang", [kind(g)]) for g in (16, 24, 79, 140, 180)]
+    assert sglang == [2048, 4096, 8192, 8192, 16384]
+    vllm = [engine_token_budget("vllm", [kind(g)]) for g in (24, 79, 140, 180)]
+    assert vllm == [2048, 8192, 8192, 16384]
+    assert engine_token_budget("vllm", [kind(80, catalog="a100-sxm-80g")]) == 2048  # vLLM's A100 exception
+    assert engine_token_budget("vllm", [kind(80, name="A100-80G")]) == 2048
+    assert engine_token_budget("sglang", [kind(180), kind(24)]) == 4096  # the smallest GPU's

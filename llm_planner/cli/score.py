@@ -5,6 +5,7 @@ writes it (llm_planner.serving.layout_text), the figures are the cost model's
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -26,10 +27,13 @@ from llm_planner.cli.serving import expert_load_options
 from llm_planner.core.constants import DTYPE_BYTES
 from llm_planner.core.fmt import LiteralConsole, fmt_bytes, fmt_s, styled
 from llm_planner.core.precision import KV_FORMATS
+from llm_planner.cost.chunks import engine_mixes_prompts
+from llm_planner.export.engine_args import engine_token_budget
 from llm_planner.serving.classes import ServerClass
 from llm_planner.serving.closed_loop import MOST_CONCURRENCY as CLOSED_LOOP_MOST
 from llm_planner.serving.closed_loop import ROUNDS
 from llm_planner.serving.context import ServingOptions, build_context
+from llm_planner.serving.engines import ENGINES, TITLES
 from llm_planner.serving.inputs import serving_precision, workload_from_flags
 from llm_planner.serving.layout import Layout, device_word, group_text
 from llm_planner.serving.layout_text import LayoutError, parse_layout
@@ -64,18 +68,37 @@ def add_score_parser(sub) -> None:
         "at this concurrency)",
     )
     p.add_argument(
-        "--max-batched-tokens",
-        type=budget,
-        default=DEFAULT_TOKEN_BUDGET,
-        help=f"tokens one engine iteration may carry (default: {DEFAULT_TOKEN_BUDGET})",
+        "--engine",
+        choices=ENGINES,
+        default=None,
+        help="score the replica as this engine runs it by default: its token budget for the replica's smallest GPU "
+        "(vLLM's --max-num-batched-tokens, SGLang's --chunked-prefill-size) unless --max-batched-tokens is given, "
+        "and its way with prompts (SGLang: in iterations of their own, as without --enable-mixed-chunk) unless "
+        "--chunked-prefill or --no-chunked-prefill is",
     )
     p.add_argument(
+        "--max-batched-tokens",
+        type=budget,
+        default=None,
+        help=f"tokens one engine iteration may carry (default: --engine's default here, else {DEFAULT_TOKEN_BUDGET})",
+    )
+    prefill = p.add_mutually_exclusive_group()
+    prefill.add_argument(
         "--no-chunked-prefill",
         dest="chunked_prefill",
         action="store_false",
+        default=None,
         help="score an engine that runs prompts in iterations of their own, the decodes waiting (TensorRT-LLM without "
-        "chunked context, vLLM before V1 with chunked prefill off, SGLang without --enable-mixed-chunk, its default: "
-        "give --max-batched-tokens its --chunked-prefill-size); plans are made for engines that mix the two",
+        "chunked context, vLLM before V1 with chunked prefill off, SGLang without --enable-mixed-chunk, its default); "
+        "plans are made for engines that mix the two",
+    )
+    prefill.add_argument(
+        "--chunked-prefill",
+        dest="chunked_prefill",
+        action="store_true",
+        default=None,
+        help="score an engine that carries prompt chunks beside the decodes (the default but with --engine sglang: "
+        "SGLang with --enable-mixed-chunk, as the plans' exports run it)",
     )
     p.add_argument(
         "--expert-imbalance",
@@ -145,24 +168,24 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
         tpot_slo=TPOT_SLO_RANGE_S[1],  # the loosest target a workload takes; score reads none
         ttft_slo=None,
     )
-    if args.profile and not args.chunked_prefill:
+    chunked = engine_mixes_prompts(args.engine) if args.chunked_prefill is None else args.chunked_prefill
+    if args.profile and not chunked:
+        flag = "--no-chunked-prefill" if args.chunked_prefill is False else f"--engine {args.engine}"
         raise UserError(
-            "--no-chunked-prefill: a measured serving profile's times are chunked prefill's; score without --profile",
+            f"{flag}: prompts in iterations of their own; a measured serving profile's times are chunked prefill's "
+            "beside the decodes: score without --profile"
+            + ("" if args.chunked_prefill is False else ", or give --chunked-prefill"),
             exit_code=2,
         )
     options = ServingOptions(
         allow_cpu=args.allow_cpu,
-        max_batched_tokens=args.max_batched_tokens,
+        max_batched_tokens=args.max_batched_tokens or DEFAULT_TOKEN_BUDGET,
         **expert_load_options(args),
-        chunked_prefill=args.chunked_prefill,
+        chunked_prefill=chunked,
         deepep=re.search(r"dpa\d+-deepep", args.replica) is not None,  # any layout scores, a dpa<k>-deepep one too
     )
     precision = serving_precision(args.model, args.dtype, args.weights, args.kv_cache_dtype)
-    ctx = build_context(args.cluster, args.model, workload, precision, options, args.profile)
-    try:
-        layout = parse_layout(args.replica, ctx.by_name)
-    except LayoutError as exc:
-        raise UserError(f"--replica: {exc}{ctx.left_out_text()}", exit_code=2) from None
+    ctx, layout = _context_and_layout(args, workload, precision, options)
     rounds = ROUNDS if args.closed_loop else 0
     if args.front_end_s is not None and not args.closed_loop:
         raise UserError(
@@ -190,7 +213,7 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
         console.print(
             styled((ctx.config.name, "bold"), f" ({precision.describe()}), replica ", (score.replica, "bold"))
         )
-        console.print(_header(score, workload), highlight=False)
+        console.print(_header(score, workload, args.engine), highlight=False)
         console.print(score_table(score, layout, ctx.by_name))
         console.print(_figures(score), highlight=False)
         if score.closed_loop is not None:
@@ -201,7 +224,25 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _header(score: ReplicaScore, workload: ServingWorkload) -> str:
+def _context_and_layout(args: argparse.Namespace, workload: ServingWorkload, precision, options: ServingOptions):
+    """The serving context and the replica's layout; with --engine and no --max-batched-tokens, the
+    context again at the engine's default budget for the layout's GPUs."""
+    ctx = build_context(args.cluster, args.model, workload, precision, options, args.profile)
+    try:
+        layout = parse_layout(args.replica, ctx.by_name)
+    except LayoutError as exc:
+        raise UserError(f"--replica: {exc}{ctx.left_out_text()}", exit_code=2) from None
+    if args.engine is None or args.max_batched_tokens is not None:
+        return ctx, layout
+    tokens = engine_token_budget(args.engine, [ctx.by_name[seg.class_name].kind for seg in layout])
+    if tokens == options.max_batched_tokens:
+        return ctx, layout
+    options = dataclasses.replace(options, max_batched_tokens=tokens)
+    ctx = build_context(args.cluster, args.model, workload, precision, options, args.profile)
+    return ctx, parse_layout(args.replica, ctx.by_name)
+
+
+def _header(score: ReplicaScore, workload: ServingWorkload, engine: str | None = None) -> str:
     ev, reqs = score.ev, workload.requests
     shape = (
         f"prompt {reqs[0].prompt_len}, output {reqs[0].output_len} tokens"
@@ -209,8 +250,8 @@ def _header(score: ReplicaScore, workload: ServingWorkload) -> str:
         else f"{len(reqs)} request shapes"
     )
     batches = f"{ev.micro_batches} micro-batch" + ("es" if ev.micro_batches > 1 else "")
-    prefill = "" if score.chunked_prefill else ", prompts whole (no chunked prefill)"
-    budget = f"token budget {score.max_batched_tokens}{prefill}"
+    prefill = "" if score.chunked_prefill else ", prompts in iterations of their own (no chunked prefill)"
+    budget = f"token budget {score.max_batched_tokens}{prefill}" + (f" (as {TITLES[engine]} runs)" if engine else "")
     flight = f"{ev.concurrency} in flight"
     if score.queued:
         flight = (

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_planner.core.precision import Precision, PrecisionError, precision_from_dict
+from llm_planner.core.spec import DeviceKindSpec
 from llm_planner.cost.roofline import shard_of
 from llm_planner.graph.checkpoint import CheckpointPrecision, checkpoint_precision
 from llm_planner.graph.hf_config import named_config
@@ -62,6 +63,18 @@ class EngineDtype:
     quantization: str | None  # --quantization
     kv_cache_dtype: str | None  # --kv-cache-dtype
     note: str  # where the dtype comes from, for the script's header
+
+
+def engine_token_budget(engine: str, kinds: Sequence[DeviceKindSpec]) -> int:
+    """The per-iteration token budget `engine` takes by default on the smallest of the replica's
+    GPUs (module docstring): vLLM's OpenAI server's --max-num-batched-tokens, SGLang's
+    --chunked-prefill-size. A100s count as A100s by their name or catalog entry."""
+    kind = min(kinds, key=lambda k: k.mem_bytes)
+    gib = kind.mem_bytes / 2**30
+    if engine == "sglang":
+        return next(b for most, b in ((20, 2048), (60, 4096), (160, 8192), (math.inf, 16384)) if gib < most)
+    a100 = any("a100" in (name or "").lower() for name in (kind.name, kind.catalog))
+    return 16384 if gib >= 160 else 8192 if gib >= 70 and not a100 else 2048
 
 
 def _checkpoint(model: str) -> CheckpointPrecision | None:
