@@ -250,8 +250,10 @@ def _header(score: ReplicaScore, workload: ServingWorkload, engine: str | None =
         else f"{len(reqs)} request shapes"
     )
     batches = f"{ev.micro_batches} micro-batch" + ("es" if ev.micro_batches > 1 else "")
-    prefill = "" if score.chunked_prefill else ", prompts in iterations of their own (no chunked prefill)"
-    budget = f"token budget {score.max_batched_tokens}{prefill}" + (f" (as {TITLES[engine]} runs)" if engine else "")
+    prefill = "" if score.chunked_prefill else ", prompts in iterations of their own"
+    budget = f"token budget {score.max_batched_tokens}{prefill}" + (
+        f", as {TITLES[engine]} runs by default" if engine else ""
+    )
     flight = f"{ev.concurrency} in flight"
     if score.queued:
         flight = (
