@@ -5,7 +5,6 @@ writes it (llm_planner.serving.layout_text), the figures are the cost model's
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -226,7 +225,7 @@ def cmd_score(args: argparse.Namespace, console: Console) -> int:
 
 def _context_and_layout(args: argparse.Namespace, workload: ServingWorkload, precision, options: ServingOptions):
     """The serving context and the replica's layout; with --engine and no --max-batched-tokens, the
-    context again at the engine's default budget for the layout's GPUs."""
+    context at the engine's default budget for the layout's GPUs."""
     ctx = build_context(args.cluster, args.model, workload, precision, options, args.profile)
     try:
         layout = parse_layout(args.replica, ctx.by_name)
@@ -235,11 +234,7 @@ def _context_and_layout(args: argparse.Namespace, workload: ServingWorkload, pre
     if args.engine is None or args.max_batched_tokens is not None:
         return ctx, layout
     tokens = engine_token_budget(args.engine, [ctx.by_name[seg.class_name].kind for seg in layout])
-    if tokens == options.max_batched_tokens:
-        return ctx, layout
-    options = dataclasses.replace(options, max_batched_tokens=tokens)
-    ctx = build_context(args.cluster, args.model, workload, precision, options, args.profile)
-    return ctx, parse_layout(args.replica, ctx.by_name)
+    return (ctx, layout) if tokens == options.max_batched_tokens else (ctx.with_token_budget(tokens), layout)
 
 
 def _header(score: ReplicaScore, workload: ServingWorkload, engine: str | None = None) -> str:

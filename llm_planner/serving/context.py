@@ -74,17 +74,7 @@ class ServingContext:
             _check_profile(profile, self.precision, config, cluster)
         self.cluster, self.config, self.workload, self.options = cluster, config, workload, options
         self.dtype = self.precision.activations
-        self.tasks: ServingTasks = build_serving_tasks(
-            config,
-            workload,
-            self.precision,
-            options.max_batched_tokens,
-            check_imbalance(options.expert_imbalance),
-            options.chunked_prefill,
-            _dp_imbalance(config, options),
-            _expert_picks(config, options),
-            _eplb(config, options),
-        )
+        self.tasks: ServingTasks = _serving_tasks(config, workload, self.precision, options)
         classes = server_classes(
             cluster,
             allow_cpu=options.allow_cpu,
@@ -112,6 +102,16 @@ class ServingContext:
         other.options = dataclasses.replace(self.options, exportable=None)
         return other
 
+    def with_token_budget(self, tokens: int) -> ServingContext:
+        """This context at another per-iteration token budget: its tasks and cost cache built again,
+        the inputs, their checks and the classes (none of which depends on the budget) kept."""
+        other = copy.copy(self)
+        other.options = dataclasses.replace(self.options, max_batched_tokens=tokens)
+        other.tasks = _serving_tasks(self.config, self.workload, self.precision, other.options)
+        other.cache = CostCache(other.tasks, self.classes, self.cache.profile)
+        other._best = {}
+        return other
+
     @property
     def capacity(self) -> dict[str, int]:
         return {c.name: c.num_devices for c in self.classes}
@@ -133,6 +133,22 @@ class ServingContext:
         if key not in self._best:
             self._best[key] = self.replica(layout).best(micro_batches, fixed=fixed)
         return self._best[key]
+
+
+def _serving_tasks(
+    config: DecoderConfig, workload: ServingWorkload, precision: Precision, options: ServingOptions
+) -> ServingTasks:
+    return build_serving_tasks(
+        config,
+        workload,
+        precision,
+        options.max_batched_tokens,
+        check_imbalance(options.expert_imbalance),
+        options.chunked_prefill,
+        _dp_imbalance(config, options),
+        _expert_picks(config, options),
+        _eplb(config, options),
+    )
 
 
 def _left_out_text(precision: Precision, left_out: dict[str, str]) -> str:
