@@ -481,7 +481,7 @@ def test_a_quantized_run_is_scored_in_its_formats(tmp_path, capsys):
     step reads of it) predicts a shorter TPOT than the 16-bit one, and the flags need --serving."""
     spec = _spec(tmp_path, "spec.yaml")
     path = tmp_path / "vllm.json"
-    path.write_text(json.dumps(_vllm(64, 0.05, 1000.0, 0.2)))
+    path.write_text(json.dumps(_vllm(16, 0.05, 250.0, 0.2)))
     cluster = load_cluster(spec)
     observations = [(str(path), read_serving_results(path))]
     tpot = {}
@@ -645,7 +645,7 @@ def test_sglang_results_are_fitted_with_prompts_apart_unless_told_and_the_others
     assert not mixed_iterations(vllm, ServingSettings(chunked_prefill=False))
     spec = load_cluster(_spec(tmp_path, "spec.yaml"))
     for given, want in ((None, [False, True]), (True, [True, True]), (False, [False, False])):
-        settings = ServingSettings(model="llama2-7b", replicas=(TP1,), concurrency=(8,), chunked_prefill=given)
+        settings = ServingSettings(model="llama2-7b", replicas=(TP2,), concurrency=(8,), chunked_prefill=given)
         cases = build_cases(spec, model_config(settings, []), [(str(path), [sglang, vllm])], settings)
         assert [c.options.chunked_prefill for c in cases] == want, given  # what each case is scored with
 

@@ -141,10 +141,31 @@ def test_the_written_profile_plans_and_verifies(tmp_path):
         "     links: [{between: [g, g], bw_bytes_per_s: 25 GB/s, latency_s: 10 us}]}\n"
     )
     plan = tmp_path / "plan.yaml"
-    argv = ["plan", "--cluster", str(tmp_path / "c.yaml"), "--model", "gpt2", "--objective", "serving", "--tpot-slo"]
-    argv += ["20 ms", "--prompt-len", "64", "--output-len", "64", "--profile", str(profile), "-o", str(plan)]
-    assert main(argv) == 0 and main(["verify", str(plan)]) == 0
+    argv = ["plan", "--cluster", str(tmp_path / "c.yaml"), "--objective", "serving", "--tpot-slo", "60 ms"]
+    argv += ["--prompt-len", "64", "--output-len", "64", "--profile", str(profile), "-o", str(plan)]
+    assert main([*argv, "--model", "llama3-8b"]) == 0 and main(["verify", str(plan)]) == 0
     assert yaml.safe_load(profile.read_text())["format"] == "serving-profile/2"
+
+
+def test_a_profile_of_a_model_with_other_layers_is_refused(tmp_path, capsys, caplog):
+    """The profile times Llama-3 8B's GEMMs and attention; Llama-3 70B's layers are wider, so its
+    times do not stand for them: refused naming both shapes. The same layers under another name
+    (Llama-3.1 8B) are used, with a warning."""
+    write_vidur(tmp_path / "vidur")
+    _, profile = _import(tmp_path, "--kind", "g")
+    (tmp_path / "c.yaml").write_text(
+        "name: one-box\ndevice_kinds:\n  - {name: g, type: gpu, peak_flops: {fp16: 165 TFLOP/s}, mem_bytes: 80 GB,\n"
+        "     mem_bw_bytes_per_s: 1000 GB/s}\nnodes:\n  - {name: box, devices: {g: 8},\n"
+        "     links: [{between: [g, g], bw_bytes_per_s: 25 GB/s, latency_s: 10 us}]}\n"
+    )
+    argv = ["score", "--cluster", str(tmp_path / "c.yaml"), "--prompt-len", "64", "--output-len", "64"]
+    argv += ["--concurrency", "8", "--profile", str(profile)]
+    assert main([*argv, "--model", "llama3-70b", "--replica", "1 x box/g[tp8]"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "it times the layers of 'meta-llama/Meta-Llama-3-8B' (hidden 4096, MLP 14336" in err
+    assert "llama3-70b has other layers (hidden 8192, MLP 28672" in err and "Traceback" not in err
+    assert main([*argv, "--model", "llama3.1-8b", "--replica", "1 x box/g"]) == 0
+    assert "only if the two are the same model under other names" in caplog.text
 
 
 def test_a_time_falling_with_more_tokens_is_raised_and_said(tmp_path, caplog):

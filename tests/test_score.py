@@ -379,3 +379,11 @@ def test_an_engines_default_budget_follows_its_smallest_gpu():
     assert engine_token_budget("vllm", [kind(80, catalog="a100-sxm-80g")]) == 2048  # vLLM's A100 exception
     assert engine_token_budget("vllm", [kind(80, name="A100-80G")]) == 2048
     assert engine_token_budget("sglang", [kind(180), kind(24)]) == 4096  # the smallest GPU's
+
+
+def test_eplb_on_a_replica_without_data_parallel_attention_is_refused(capsys):
+    """--eplb rebalances a dpaK group's experts; on a tensor-parallel replica it would change
+    nothing, so it is refused rather than silently ignored."""
+    argv = ["--cluster", str(SPECS / "h100-4x8.yaml"), "--model", "mixtral-8x7b", "--replica", "1 x hgx/h100[tp2]"]
+    argv += ["--concurrency", "64", "--prompt-len", "512", "--output-len", "256", "--eplb", "4"]
+    refused(argv, capsys, "--eplb rebalances the experts of a group with data-parallel attention", "has none")

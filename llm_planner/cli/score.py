@@ -231,6 +231,12 @@ def _context_and_layout(args: argparse.Namespace, workload: ServingWorkload, pre
         layout = parse_layout(args.replica, ctx.by_name)
     except LayoutError as exc:
         raise UserError(f"--replica: {exc}{ctx.left_out_text()}", exit_code=2) from None
+    if args.eplb and all(seg.attention == "tp" for seg in layout):
+        raise UserError(
+            f"--eplb rebalances the experts of a group with data-parallel attention (dpaK), and the replica "
+            f"{args.replica!r} has none: give its groups as dpaK, or leave out --eplb",
+            exit_code=2,
+        )
     if args.engine is None or args.max_batched_tokens is not None:
         return ctx, layout
     tokens = engine_token_budget(args.engine, [ctx.by_name[seg.class_name].kind for seg in layout])
@@ -240,7 +246,7 @@ def _context_and_layout(args: argparse.Namespace, workload: ServingWorkload, pre
 def _header(score: ReplicaScore, workload: ServingWorkload, engine: str | None = None) -> str:
     ev, reqs = score.ev, workload.requests
     shape = (
-        f"prompt {reqs[0].prompt_len}, output {reqs[0].output_len} tokens"
+        f"prompt {reqs[0].prompt_len}, output {reqs[0].output_len} token{'s' if reqs[0].output_len != 1 else ''}"
         if len(reqs) == 1
         else f"{len(reqs)} request shapes"
     )
@@ -320,6 +326,6 @@ def warnings(score: ReplicaScore) -> list[str]:
             f"--concurrency {ev.concurrency} in {ev.micro_batches} micro-batch(es) overruns the token budget "
             f"(--max-batched-tokens {score.max_batched_tokens}): a micro-batch's decodes and their steady prompt "
             f"share do not fit one iteration, so an engine could not keep {ev.concurrency} sequences in flight; "
-            "scored anyway"
+            "scored as at the least budget that holds them (each iteration its decodes and their whole prompt share)"
         )
     return out

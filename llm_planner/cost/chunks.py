@@ -11,7 +11,12 @@ load, whose time the serving bounds read as pieces, stays below every iteration 
 
 `prompt_lumps` gives the two-point law the model takes for x: multiples of the chunk u next to the
 mean (n u and (n + 1) u, the upper one cut at the room B - b), weighted so the mean is b r. Past
-the room (b r > B - b) prompts back up: every iteration carries B - b.
+the room (b r > B - b) no engine keeps b sequences in flight: prompts back up, and the decodes thin
+out until their prompt share fits. No plan runs there (serving.replica.within_budget); a point
+scored there (`llm-planner score`, which warns) is priced at its whole prompt share, b r tokens an
+iteration, as at the least budget that holds it (B = b (1 + r)): what keeping b sequences in
+flight costs, and the spread load, whose time the bounds' pieces take, so they stay below every
+iteration here too.
 
 An engine without chunked prefill (or SGLang without --enable-mixed-chunk, its default, which cuts
 a prompt at its chunk size but runs the chunks alone) runs each prompt in an iteration with no decodes
@@ -47,7 +52,7 @@ def prompt_lumps(mean_tokens: float, prompt_len: float, room: float) -> tuple[tu
         return ((1.0, 0.0),)
     room = max(room, 1.0)
     if mean_tokens >= room:
-        return ((1.0, room),)
+        return ((1.0, mean_tokens),)  # past the budget: the whole share, as at the least budget holding it
     chunk = max(min(prompt_len, room), 1.0)
     lo = math.floor(mean_tokens / chunk) * chunk
     hi = min(lo + chunk, room)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from llm_planner.graph.ir import GraphError
+from llm_planner.graph.model_names import bare_name
 from llm_planner.graph.transformer import DecoderConfig, count_active_parameters, count_parameters
 
 # -- presets --------------------------------------------------------------------
@@ -401,6 +402,15 @@ def preset_descriptions() -> list[tuple[str, str]]:
 
 def is_preset(name: str) -> bool:
     return name in _PRESETS
+
+
+def preset_of(name: str) -> DecoderConfig | None:
+    """The preset a model name means, its own or a Hugging Face id of it ('meta-llama/Meta-Llama-3-8B'
+    means llama3-8b: the same bare name, llm_planner.graph.model_names); None when none does."""
+    if name in _PRESETS:
+        return _PRESETS[name]
+    found = [c for c in _PRESETS.values() if bare_name(c.name) == bare_name(name)]
+    return found[0] if len(found) == 1 else None
 
 
 def preset_config(name: str) -> DecoderConfig:

@@ -12,9 +12,11 @@ def same_model(a: str | None, b: str | None) -> bool:
     leading 'meta' set aside, one holds the other. An unnamed side is taken to match."""
     if not a or not b:
         return True
-    x, y = (_bare(n) for n in (a, b))
+    x, y = (bare_name(n) for n in (a, b))
     return bool(x and y) and (x in y or y in x)
 
 
-def _bare(name: str) -> str:
+def bare_name(name: str) -> str:
+    """A model name with its organisation, case, punctuation and a leading 'meta' set aside
+    ('meta-llama/Meta-Llama-3-8B' and 'llama3-8b' are both 'llama38b')."""
     return re.sub(r"^meta", "", re.sub(r"[^a-z0-9]", "", name.lower().rsplit("/", 1)[-1]))

@@ -189,6 +189,8 @@ def _case(cluster, config, obs: ServingObservation, settings: ServingSettings, g
         _check_closed_loop(obs, micro_batches, concurrency)
     layers = _split(ctx, layout, obs, concurrency, micro_batches, stages)
     _check_holds_weights(ctx, layout, obs, text, layers, micro_batches)
+    if not settings.closed_loop:
+        _check_steady_state(ctx, layout, obs, layers, concurrency, micro_batches)
     return ServingCase(
         obs=obs,
         replica=describe(layout, ctx.by_name),
@@ -236,6 +238,30 @@ def _check_holds_weights(ctx: ServingContext, layout: Layout, obs, text: str, la
         raise ServingResultError(
             f"{obs.source}: the replica {text!r} cannot hold the model even with one sequence in flight "
             f"({held}): the engine ran on another; check --replica, --weights and --dtype"
+        )
+
+
+def _check_steady_state(ctx: ServingContext, layout: Layout, obs, layers, concurrency: int, micro_batches: int):
+    """The steady state the fit scores holds `concurrency` sequences in flight: their KV caches in
+    memory and their decodes with their prompt share within the token budget. A run past either
+    had the engine hold fewer and queue the rest (or a concurrency that is not the engine's), and
+    fitting it as held would drive the factors anywhere; so it is refused, with what to give."""
+    replica = ctx.replica(layout)
+    caps = replica.caps(concurrency, micro_batches)
+    over = [s for s, (n, cap) in enumerate(zip(layers, caps)) if n > cap]
+    if over:
+        held = ", ".join(f"stage {s} holds {caps[s]} of its {layers[s]} layers" for s in over)
+        raise ServingResultError(
+            f"{obs.source}: {concurrency:,} sequences in flight do not fit the replica's memory in the model "
+            f"({held}): the engine held fewer and queued the rest; give the concurrency it ran at "
+            "(--concurrency), or fit the run as the closed loop it was (--closed-loop)"
+        )
+    if not replica.within_budget(concurrency, micro_batches):
+        raise ServingResultError(
+            f"{obs.source}: {concurrency:,} sequences in flight in {micro_batches} micro-batch(es) overrun the "
+            f"token budget of {ctx.options.max_batched_tokens:,} (their decodes and prompt share do not fit an "
+            "iteration, so no engine keeps them in flight): give the engine's budget (--max-batched-tokens) "
+            "or the concurrency it ran at (--concurrency)"
         )
 
 

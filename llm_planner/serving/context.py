@@ -16,7 +16,8 @@ from llm_planner.core.precision import Precision, as_precision, runs_on
 from llm_planner.core.spec import ClusterSpec, check_memory_limited
 from llm_planner.cost.eplb import check_redundant
 from llm_planner.cost.moe_cost import check_imbalance, check_picks
-from llm_planner.graph.hf_config import model_source
+from llm_planner.graph.decoder_presets import preset_of
+from llm_planner.graph.hf_config import model_source, named_config
 from llm_planner.graph.model_names import same_model
 from llm_planner.graph.transformer import DecoderConfig
 from llm_planner.serving.classes import DP_ATTENTIONS, ServerClass, server_classes
@@ -302,14 +303,40 @@ def _check_profile(profile, precision: Precision, config: DecoderConfig, cluster
             f"device kind of {cluster.name!r} nor a catalog entry one names "
             f"(its kinds: {', '.join(_kind_label(k) for k in cluster.device_kinds)})"
         )
-    if not same_model(profile.model, config.name):
-        log.warning(
-            "--profile %s: it times the layers of %r, the plan is of %r: its times stand for this model's layers "
-            "only if the two are the same model under other names",
-            profile.path,
-            profile.model,
-            config.name,
+    _check_profile_model(profile, config)
+
+
+def _check_profile_model(profile, config: DecoderConfig) -> None:
+    """WorkloadError where the profile names a model whose layers have other shapes than this one's
+    (its times are of other GEMMs and another attention); a warning where it names a model the
+    planner does not know under another name than this one's."""
+    if not profile.model or same_model(profile.model, config.name):
+        return
+    timed = named_config(profile.model) or preset_of(profile.model)
+    if timed is not None and layer_shape(timed) != layer_shape(config):
+        raise WorkloadError(
+            f"--profile {profile.path}: it times the layers of {profile.model!r} ({_shape_text(timed)}), and "
+            f"{config.name} has other layers ({_shape_text(config)}): its times do not stand for them; "
+            f"profile {config.name} (profile-serving, import vidur) or leave out --profile"
         )
+    log.warning(
+        "--profile %s: it times the layers of %r, the model is %r: its times stand for this model's layers "
+        "only if the two are the same model under other names",
+        profile.path,
+        profile.model,
+        config.name,
+    )
+
+
+def layer_shape(config: DecoderConfig) -> tuple[int, ...]:
+    """What a decoder layer's times depend on: widths and heads."""
+    head_dim = config.head_dim or config.hidden_size // config.num_heads
+    return (config.hidden_size, config.intermediate_size, config.num_heads, config.num_kv_heads, head_dim)
+
+
+def _shape_text(config: DecoderConfig) -> str:
+    hidden, inner, heads, kv, _ = layer_shape(config)
+    return f"hidden {hidden}, MLP {inner}, {heads} heads, {kv} KV heads"
 
 
 def profile_format_refusal(profile, precision: Precision) -> str | None:

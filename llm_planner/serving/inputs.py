@@ -94,9 +94,7 @@ def workload_from_flags(
         )
     for flag, value in (("--prompt-len", prompt_len), ("--output-len", output_len)):
         if value is None:
-            raise WorkloadError(
-                f"{flag} is required for --objective serving without --workload FILE (mean tokens per request)"
-            )
+            raise WorkloadError(f"{flag} is required without --workload FILE (mean tokens per request)")
         if isinstance(value, bool) or value < 1:
             raise WorkloadError(f"{flag} must be a positive integer (mean tokens per request), got {value!r}")
     return ServingWorkload(
