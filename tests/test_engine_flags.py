@@ -238,8 +238,14 @@ def test_kv_budget_is_the_plans(plans):
     _, text, _ = _export(plans["multi-host"], "--to", "vllm", "--format", "json")
     engine = json.loads(text)["engines"][0]
     assert engine["kv_tokens"] == rep["concurrency"] * 320
-    # llama2-7b fp16: 2 (K, V) * 4096 * 2 bytes per token and layer; the stage with most layers sizes the pool
-    assert engine["kv_cache_memory_bytes"] == rep["concurrency"] * 320 * 2 * 4096 * 2 * max(rep["layers"])
+    # llama2-7b fp16: 2 (K, V) * 4096 * 2 bytes per token and layer; the stage with most layers sizes the
+    # pool, in whole 64-token blocks and one more, vLLM's null block, held back before it checks that one
+    # sequence of --max-model-len fits (vllm/v1/core/kv_cache_planning.py)
+    per_token = 2 * 4096 * 2 * max(rep["layers"])
+    blocks = -(-(rep["concurrency"] * 320) // 64) + 1
+    assert engine["kv_cache_memory_bytes"] == blocks * 64 * per_token
+    usable = (engine["kv_cache_memory_bytes"] // (16 * per_token) - 1) * 16  # tokens vLLM holds at 16-token blocks
+    assert usable >= engine["kv_tokens"] and usable >= json.loads(text)["max_model_len"]
     vllm, sglang = _flat(_rendered(plans["multi-host"], "vllm")), _flat(_rendered(plans["multi-host"], "sglang"))
     assert f"--kv-cache-memory-bytes {engine['kv_cache_memory_bytes']} " in vllm
     assert "--gpu-memory-utilization" not in vllm

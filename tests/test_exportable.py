@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import SPECS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_serving_export import _export
@@ -223,3 +224,19 @@ def test_exportable_on_a_cluster_the_engine_runs_nothing_of_says_so(tmp_path, ca
     said = " ".join(capsys.readouterr().err.split())
     assert "--exportable vllm rules out every class: stage 0 runs on CPU device kind 'cpu-core'" in said
     assert "plan without --exportable" in said and "token budget" not in said
+
+
+def test_a_vllm_plan_keeps_each_replicas_sequences_within_the_token_budget(tmp_path):
+    """vLLM takes no more sequences than its per-iteration token budget (--max-num-seqs at most
+    --max-num-batched-tokens), so `--exportable vllm` caps a pipeline's whole concurrency at the
+    budget, not only a micro-batch's share, and the export writes a command vLLM starts."""
+    plan, script = tmp_path / "plan.yaml", tmp_path / "serve.sh"
+    argv = ["plan", "--cluster", str(SPECS / "h100-4x8.yaml"), "--model", "llama3-70b", "--objective", "serving"]
+    argv += ["--prompt-len", "32", "--output-len", "512", "--tpot-slo", "100 ms", "--max-tp", "1"]
+    argv += ["--max-batched-tokens", "16", "--exportable", "vllm", "-o", str(plan)]
+    assert main(argv) == 0
+    replicas = yaml.safe_load(plan.read_text())["serving"]["replicas"]
+    assert replicas and all(r["concurrency"] <= 16 for r in replicas)
+    assert any(r["micro_batches"] > 1 for r in replicas)  # a pipeline, whose micro-batches alone would allow more
+    assert main(["export", str(plan), "--to", "vllm", "-o", str(script)]) == 0
+    assert "--max-num-batched-tokens 16 " in " ".join(script.read_text().split())

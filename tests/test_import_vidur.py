@@ -96,7 +96,19 @@ def test_single_device_profiles_need_no_all_reduce_file(tmp_path):
         ),
         (
             lambda root, mlp: mlp.write_text(mlp.read_text().replace(",32,8,8,1\n", ",32,8,x,1\n", 1)),
-            "mlp.csv: line 3: num_tokens: expected a number, got 'x'",
+            "mlp.csv: line 3: num_tokens: expected a whole number, got 'x'",
+        ),
+        (
+            lambda root, mlp: mlp.write_text(mlp.read_text().replace(",32,8,8,1\n", ",32,8,8.5,1\n", 1)),
+            "mlp.csv: line 3: num_tokens: expected a whole number, got '8.5'",
+        ),
+        (
+            lambda root, mlp: mlp.write_text(mlp.read_text().replace(",32,8,8,1\n", ",32,8,8\n", 1)),
+            "mlp.csv: line 3: 12 fields, the header has 13",
+        ),
+        (
+            lambda root, mlp: mlp.write_text(mlp.read_text().replace(",32,8,8,1\n", ",32,8,8,1,7\n", 1)),
+            "mlp.csv: line 3: 14 fields, the header has 13",
         ),
     ],
 )

@@ -325,7 +325,7 @@ def test_a_measured_profile_is_not_applied_to_a_quantized_precision(tmp_path):
 
     cluster, config = load_cluster(WORKSTATION), preset_config("llama3-8b")
     with pytest.raises(
-        WorkloadError, match=r"--profile p.yaml: its times are in fp16, the plan's weights in int4-awq:g128"
+        WorkloadError, match=r"--profile p.yaml: its times are in fp16, the weights asked for in int4-awq:g128"
     ):
         ServingContext(cluster, config, WL, build_precision("fp16", "int4-awq", None), ServingOptions(), Profile())
 

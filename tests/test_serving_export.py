@@ -380,6 +380,9 @@ def test_other_plans_and_bad_options_exit_2(plans, tmp_path):
     other.write_text("format: llm_planner.core.plan\n")
     rc, _, err = _export(other, "--to", "vllm")
     assert rc == 2 and "not a serving plan" in err
+    other.write_text("garbage: [\n")  # not YAML at all: said so, as verify and show say it
+    rc, _, err = _export(other, "--to", "vllm")
+    assert rc == 2 and f"{other}: not valid YAML" in err and "not a serving plan" not in err
     rc, _, err = _export(plans["tp"], "--to", "megatron", "--format", "script")
     assert rc == 2 and "JSON" in err
 

@@ -302,7 +302,7 @@ def test_a_profile_in_a_dtype_of_another_size_is_refused(tmp_path):
     (tmp_path / "c.yaml").write_text(ONE_BOX.replace("{fp16: 165 TFLOP/s}", "{fp16: 165 TFLOP/s, fp32: 82 TFLOP/s}"))
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(V2))
     wl = ServingWorkload(requests=(RequestShape(prompt_len=64, output_len=64),), tpot_slo_s=0.05)
-    with pytest.raises(WorkloadError, match="its times are in fp16, the plan's layers in fp32"):
+    with pytest.raises(WorkloadError, match="its times are in fp16, the layers asked for in fp32"):
         build_context(str(tmp_path / "c.yaml"), "gpt2", wl, "fp32", ServingOptions(), str(tmp_path / "p.yaml"))
     bf16 = {**V2, "dtype": "bf16"}  # the same size: taken
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(bf16))
@@ -330,7 +330,7 @@ def test_an_fp8_profile_times_the_projections_of_fp8_weights(tmp_path):
     load = ctx.tasks.per_sequence.times(10)
     expected = _lin(10 * (1 + ctx.tasks.prefill_per_output)) + _model_s(costs, load, {"linear"})
     assert costs.layer_time(10) == pytest.approx(expected, rel=1e-9)
-    with pytest.raises(WorkloadError, match=r"its times are fp8 \(W8A8\) projections, the plan's weights bf16"):
+    with pytest.raises(WorkloadError, match=r"its times are fp8 \(W8A8\) projections, the weights asked for bf16"):
         _h200_context(tmp_path, FP8, None)
     with_attention = copy.deepcopy(FP8)  # written by hand: profile-serving --dtype fp8 times no attention
     with_attention["kinds"]["h200-sxm-141g"]["tp"][1]["attn_decode_s"] = [
@@ -346,13 +346,13 @@ def test_a_profile_stands_for_its_own_formats_only(tmp_path):
     the projections alone serves a plan whose KV cache is fp8, one that times attention does not."""
     bf16 = {**FP8, "dtype": "bf16"}
     for weights in ("fp8", "int4-awq"):
-        with pytest.raises(WorkloadError, match=f"its times are in bf16, the plan's weights in {weights}"):
+        with pytest.raises(WorkloadError, match=f"its times are in bf16, the weights asked for in {weights}"):
             _h200_context(tmp_path, bf16, weights)
     assert _h200_context(tmp_path, bf16, None, "fp8").cache.get("box/h200", 1).layer_time.measured
     grid = [[b, c, 1e-5 * b] for b in (1, 64) for c in (128, 1024)]
     with_attention = copy.deepcopy(bf16)
     with_attention["kinds"]["h200-sxm-141g"]["tp"][1]["attn_decode_s"] = grid
-    with pytest.raises(WorkloadError, match="its decode attention reads a bf16 KV cache, the plan's is fp8"):
+    with pytest.raises(WorkloadError, match="its decode attention reads a bf16 KV cache, the one asked for is fp8"):
         _h200_context(tmp_path, with_attention, None, "fp8")
 
 
@@ -366,5 +366,5 @@ def test_candidate_precisions_the_profile_cannot_time_are_refused_before_plannin
     argv += ["--profile", str(tmp_path / "p.yaml"), "--allow-weights", "fp8", "-o", str(tmp_path / "plan.yaml")]
     assert main(argv) == 2
     err = capsys.readouterr().err.replace("\n", " ")
-    assert "its times are in bf16, the plan's weights in fp8" in err and "the candidate weights fp8" in err
+    assert "its times are in bf16, the weights asked for in fp8" in err and "the candidate weights fp8" in err
     assert main([*argv[:-4], "-o", str(tmp_path / "plan.yaml")]) == 0  # the asked bf16 alone: planned with it

@@ -422,3 +422,25 @@ def test_a_modelling_bug_in_the_search_is_caught_by_verify(tmp_path, monkeypatch
     code, out = _run(["verify", str(plan)])
     assert code == 1, out
     assert ("stage_s: differs" if name == "stage_s" else "mem_bytes: differs") in out, out
+
+
+def test_a_concurrency_past_the_token_budget_is_refused(base):
+    """The planner keeps a micro-batch's decodes and their prompt share within the per-iteration
+    token budget, and for vLLM the whole concurrency too (its --max-num-seqs may not pass
+    --max-num-batched-tokens); a plan edited past either fails verify naming the field, and the
+    export, which verifies first, writes no command."""
+    folder, data = base
+    c = data["serving"]["replicas"][0]["concurrency"]
+
+    def shrink(d):
+        d["options"]["max_batched_tokens"] = c - 1
+
+    path = _edited(folder, data, shrink)
+    code, out = _run(["verify", str(path)])
+    flat = " ".join(out.split())
+    assert code == 1 and "Traceback" not in out, flat
+    assert f"serving.replicas[0].concurrency: {c:,} in" in flat and f"overruns the token budget of {c - 1:,}" in flat
+    assert f"above the token budget of {c - 1:,}, which vLLM refuses" in flat
+    code, out = _run(["export", str(path), "--to", "vllm"])
+    flat = " ".join(out.split())
+    assert code == 2 and "no vllm script written" in flat and "which vLLM refuses" in flat, flat

@@ -11,7 +11,7 @@ from rich.console import Console
 from llm_planner.cli.commands import UserError, progress
 from llm_planner.cli.serving import check_serving_verified
 from llm_planner.core.atomic import check_not_an_input, check_writable, write_atomic
-from llm_planner.core.fileio import read_bytes
+from llm_planner.core.fileio import parse_document, read_text
 from llm_planner.core.fmt import styled
 from llm_planner.core.spec import load_cluster
 from llm_planner.export.engine_args import PORT_STEP, SGLANG_PORT, VLLM_PORT, assign_ports
@@ -94,7 +94,8 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     if args.to == "megatron" and fmt == "script":
         raise UserError("--to megatron writes JSON (parallel sizes per pattern); drop --format script", exit_code=2)
     if not is_serving_plan(args.plan):
-        read_bytes(args.plan, ServingExportError)  # a file that cannot be read says so, not "not a serving plan"
+        text = read_text(args.plan, ServingExportError)  # one that cannot be read or parsed says so, not
+        parse_document(text, args.plan, ServingExportError, as_json=False)  # "not a serving plan"
         raise UserError(
             f"{args.plan}: not a serving plan (`plan --objective serving` writes one); `plan --export` "
             "writes the parallel sizes of other plans",

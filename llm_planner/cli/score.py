@@ -312,6 +312,12 @@ def _closed_loop_text(score: ReplicaScore) -> str:
     )
 
 
+def _sent(score: ReplicaScore) -> str:
+    """--concurrency as given, with the sequences admitted where memory held fewer (closed loop)."""
+    sent = score.ev.concurrency + score.queued
+    return f"{sent}" if not score.queued else f"{sent} ({score.ev.concurrency} admitted)"
+
+
 def warnings(score: ReplicaScore) -> list[str]:
     """What makes the scored point one an engine could not hold (it is scored anyway)."""
     ev, out = score.ev, []
@@ -323,7 +329,7 @@ def warnings(score: ReplicaScore) -> list[str]:
         )
     if not score.within_token_budget:
         out.append(
-            f"--concurrency {ev.concurrency} in {ev.micro_batches} micro-batch(es) overruns the token budget "
+            f"--concurrency {_sent(score)} in {ev.micro_batches} micro-batch(es) overruns the token budget "
             f"(--max-batched-tokens {score.max_batched_tokens}): a micro-batch's decodes and their steady prompt "
             f"share do not fit one iteration, so an engine could not keep {ev.concurrency} sequences in flight; "
             "scored as at the least budget that holds them (each iteration its decodes and their whole prompt share)"

@@ -99,6 +99,10 @@ def read_rows(path: Path, needed: Iterable[str]) -> list[dict[str, str]]:
     rows = list(reader)
     if not rows:
         raise VidurError(f"{path}: no data rows")
+    for line, row in enumerate(rows, start=2):
+        if None in row or None in row.values():  # csv's marks for a row longer / shorter than the header
+            have = len(names) + len(row.get(None, ())) - sum(v is None for v in row.values())
+            raise VidurError(f"{path}: line {line}: {have} fields, the header has {len(names)}")
     return rows
 
 
@@ -106,7 +110,8 @@ def _number(path: Path, line: int, column: str, text: str | None, integer: bool)
     try:
         value = int(text) if integer else float(text)
     except (TypeError, ValueError):
-        raise VidurError(f"{path}: line {line}: {column}: expected a number, got {text!r}") from None
+        what = "a whole number" if integer else "a number"
+        raise VidurError(f"{path}: line {line}: {column}: expected {what}, got {text!r}") from None
     if not value >= 0 or value == float("inf"):
         raise VidurError(f"{path}: line {line}: {column}: expected a finite number >= 0, got {text!r}")
     if not integer and value > MOST_MS:

@@ -11,7 +11,9 @@ writes the lists):
   per engine. SGLang takes it as --max-total-tokens. vLLM takes --kv-cache-memory-bytes, the same
   bytes on every GPU, and gives every worker the number of blocks of the worker that holds the
   fewest, shrinking the others' tensors to it (vllm/v1/core/kv_cache_planning.py): the bytes of
-  the tokens on a GPU of the stage with most layers.
+  the tokens on a GPU of the stage with most layers, in whole blocks, and one block more, which
+  vLLM holds back as its null block before it checks that one sequence of --max-model-len fits
+  (`VLLM_BLOCK_TOKENS`: the largest block its CUDA attention backends take by default).
 - Per-iteration tokens: the plan's own budget (options.max_batched_tokens, what its TTFT and its
   limit b (1 + E[P]/E[O]) <= budget assumed; llm_planner.serving.replica), written explicitly as
   --max-num-batched-tokens / --chunked-prefill-size, whatever the engine's default for the GPUs
@@ -138,6 +140,9 @@ def plan_precision(data: dict, where: str) -> Precision:
         raise ServingExportError(str(exc)) from None
 
 
+VLLM_BLOCK_TOKENS = 64  # vLLM's KV block: 16 tokens, 64 under FlashMLA; sized here for the larger
+
+
 @dataclass(frozen=True, kw_only=True)
 class KVBudget:
     tokens: int  # KV tokens the plan holds per engine (every stage holds them for its layers)
@@ -172,7 +177,9 @@ def kv_budget(
     block = build_serving_tasks(config, workload, dtype).tasks["block"]
     per_seq = (shard_of(block, tp) if tp > 1 else block).mem_bytes_per_sample  # one layer, per device
     held = max(1, math.ceil(workload.kv_context))
-    return KVBudget(tokens=concurrency * held, gpu_bytes=math.floor(concurrency * per_seq * max(layers)))
+    tokens = concurrency * held
+    blocks = -(-tokens // VLLM_BLOCK_TOKENS) + 1  # whole blocks, and vLLM's null block (module docstring)
+    return KVBudget(tokens=tokens, gpu_bytes=math.ceil(blocks * VLLM_BLOCK_TOKENS * per_seq * max(layers) / held))
 
 
 def max_model_len(asked: int | None, limit: int, budgets: dict[str, KVBudget], where: str, longest: int = 0) -> int:

@@ -98,9 +98,12 @@ class ServingContext:
 
     def unrestricted(self) -> ServingContext:
         """This context without --exportable: the same inputs, classes and cost caches (none of
-        them depends on it), so the search of the unrestricted problem reuses what was computed."""
+        them depends on it), so the search of the unrestricted problem reuses what was computed
+        (the best operating points too, but for vLLM's, whose sequences stay within the budget)."""
         other = copy.copy(self)
         other.options = dataclasses.replace(self.options, exportable=None)
+        if self.options.exportable == "vllm":  # its replicas keep their sequences within the budget
+            other._best = {}
         return other
 
     def with_token_budget(self, tokens: int) -> ServingContext:
@@ -124,7 +127,12 @@ class ServingContext:
     def replica(self, layout: Layout) -> ReplicaModel:
         slots = build_slots(layout, self.cache, self.links)
         return ReplicaModel(
-            self.tasks, slots, self.workload.tpot_slo_s, self.workload.ttft_slo_s, self.workload.mean_output_len
+            self.tasks,
+            slots,
+            self.workload.tpot_slo_s,
+            self.workload.ttft_slo_s,
+            self.workload.mean_output_len,
+            sequences_within_budget=self.options.exportable == "vllm",
         )
 
     def best(self, layout: Layout, micro_batches: list[int], fixed: tuple[int, ...] | None = None):
@@ -353,23 +361,23 @@ def profile_format_refusal(profile, precision: Precision) -> str | None:
         if precision.weights == "fp8":
             return None
         return (
-            f"its times are fp8 (W8A8) projections, the plan's weights {precision.weights_label}: "
-            f"plan with --weights fp8, or profile in {precision.activations}"
+            f"its times are fp8 (W8A8) projections, the weights asked for {precision.weights_label}: "
+            f"give --weights fp8, or profile in {precision.activations}"
         )
     if precision.weights != precision.activations:
         return (
-            f"its times are in {profile.dtype}, the plan's weights in {precision.weights_label}: profile fp8 "
-            "weights with profile-serving --dtype fp8; plan other formats without --profile"
+            f"its times are in {profile.dtype}, the weights asked for in {precision.weights_label}: profile fp8 "
+            "weights with profile-serving --dtype fp8; leave out --profile for other formats"
         )
     if DTYPE_BYTES.get(profile.dtype) != DTYPE_BYTES[precision.activations]:
         return (
-            f"its times are in {profile.dtype}, the plan's layers in {precision.activations}: plan with "
+            f"its times are in {profile.dtype}, the layers asked for in {precision.activations}: give "
             f"--dtype {profile.dtype} or profile in {precision.activations}"
         )
     if precision.kv_cache != precision.activations and _times_attention(profile):
         return (
-            f"its decode attention reads a {profile.dtype} KV cache, the plan's is {precision.kv_cache}: "
-            "profile without --attention, or plan without --profile"
+            f"its decode attention reads a {profile.dtype} KV cache, the one asked for is {precision.kv_cache}: "
+            "profile without --attention, or leave out --profile"
         )
     return None
 

@@ -89,9 +89,14 @@ class ReplicaModel:
         tpot_slo_s: float,
         ttft_slo_s: float | None,
         mean_output_len: float,
+        sequences_within_budget: bool = False,
     ):
         self.tasks, self.slots, self.tpot_slo_s, self.ttft_slo_s = tasks, slots, tpot_slo_s, ttft_slo_s
         self.mean_output_len = mean_output_len
+        # the engine takes no more sequences than its token budget (vLLM: --max-num-seqs at most
+        # --max-num-batched-tokens, each per rank with data-parallel attention): the whole
+        # concurrency within it, not only a micro-batch's (plan --exportable vllm)
+        self.sequences_within_budget = sequences_within_budget
         self.p = len(slots)
         self.ends = [(s == 0, s == self.p - 1) for s in range(self.p)]
         self._times: dict[tuple[int, int, int, bool, bool], float] = {}
@@ -234,6 +239,10 @@ class ReplicaModel:
         ):
             return False  # a rank's decodes past DeepEP's low-latency buffer (cost.dp_attention)
         ranks = {s.costs.degree for s in self.slots if is_dp(s.costs.attention)}
+        if self.sequences_within_budget and any(
+            -(-concurrency // k) > -(-self.tasks.token_budget // k) for k in (ranks or {1})
+        ):
+            return False
         return all(self._rank_within_budget(b, k) for k in {1, *ranks})
 
     def _rank_within_budget(self, b: int, k: int) -> bool:

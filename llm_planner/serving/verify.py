@@ -226,6 +226,7 @@ def _check_replica(
     if c > MOST_SEQUENCES:
         problems.append(f"{where}.concurrency: {c:,} is over the {MOST_SEQUENCES:,} sequences a replica may hold")
         return None
+    _check_budget(ctx, layout, c, rep["micro_batches"], where, problems)
     got = derive(ctx, layout, rep["layers"], c, rep["micro_batches"])
     for key in ("tokens_per_s", "tpot_s", "ttft_s", "round_trip_s"):
         if not close(rep[key], getattr(got, key)):
@@ -246,6 +247,25 @@ def _check_replica(
                 f"{where}: stage {s} needs {mem:.6g} bytes per device with {c} sequences in flight, usable {usable:.6g}"
             )
     return layout, got
+
+
+def _check_budget(ctx: ServingContext, layout, c: int, m: int, where: str, problems: list[str]) -> None:
+    """The replica's sequences within the engine's per-iteration token budget B, by the verifier's own
+    arithmetic: a micro-batch's ceil(C/m) decodes and their steady prompt share E[P]/E[O] each fit an
+    iteration (else prompts queue without end and C cannot stay in flight); for a plan made for vLLM
+    (--exportable vllm) C itself within B (a rank's share of each with data-parallel attention), as
+    vLLM takes no more sequences than its budget."""
+    budget, ratio = ctx.options.max_batched_tokens, ctx.tasks.prefill_per_output
+    b = -(-c // m)
+    need = b * (1.0 + ratio) if ctx.options.chunked_prefill else float(b)
+    if need > budget * (1 + 1e-9):
+        problems.append(
+            f"{where}.concurrency: {c:,} in {m} micro-batch(es) overruns the token budget of {budget:,}: "
+            f"{b:,} decodes and their prompt share take {need:,.0f} tokens an iteration"
+        )
+    ranks = {seg.degree for seg in layout if is_dp(seg.attention)} or {1}
+    if ctx.options.exportable == "vllm" and any(-(-c // k) > -(-budget // k) for k in ranks):
+        problems.append(f"{where}.concurrency: {c:,} above the token budget of {budget:,}, which vLLM refuses")
 
 
 def _check_devices(
