@@ -5,6 +5,7 @@ runs it planned, verified, shown, exported and refused where nothing runs it."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -221,6 +222,10 @@ def test_deepseek_exports_the_engines_data_parallel_flags(deepseek_plan, capsys)
     vllm = capsys.readouterr().out
     assert "--tensor-parallel-size 1 --data-parallel-size 8 --enable-expert-parallel" in vllm
     assert f"--max-num-seqs {-(-rep['concurrency'] // 8)}" in vllm  # per data-parallel rank
+    row = next(line.split() for line in vllm.splitlines() if line.startswith("# r0c0 "))
+    assert main(["export", str(deepseek_plan), "--to", "vllm", "--format", "json"]) == 0
+    kv = json.loads(capsys.readouterr().out)["engines"][0]["kv_tokens"]
+    assert row[3] == "dp8" and int(row[7]) == 8 * kv  # the header: 8 ranks, the engine's KV (a rank's times 8)
     assert main(["export", str(deepseek_plan), "--to", "sglang"]) == 0
     assert "--tp-size 8 --dp-size 8 --enable-dp-attention --ep-size 8" in capsys.readouterr().out
     assert main(["export", str(deepseek_plan), "--to", "megatron"]) == 2

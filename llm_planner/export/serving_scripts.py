@@ -66,6 +66,11 @@ def _fraction(value: float) -> str:
     return f"{int(value * 1000) / 1000:g}"
 
 
+def _group(e: EnginePlan) -> str:
+    """The header's tp column: the degree, or dpK for K ranks of data-parallel attention."""
+    return f"dp{e.tensor_parallel}" if e.data_parallel_attention else str(e.tensor_parallel)
+
+
 def _header(export: ServingExport, ports: dict[str, int], title: str) -> list[str]:
     lines = [
         "#!/usr/bin/env bash",
@@ -84,7 +89,8 @@ def _header(export: ServingExport, ports: dict[str, int], title: str) -> list[st
         f"# Longest sequence (prompt + output): {export.max_model_len} tokens (the model's limit is "
         f"{export.model_limit}; export --max-model-len sets it).",
         "# KV cache: the tokens the plan holds per engine (KV tokens below). Tokens per iteration: the plan's",
-        "# budget (plan --max-batched-tokens), which its TTFT and concurrency assumed.",
+        "# budget (plan --max-batched-tokens), which its TTFT and concurrency assumed. tp: the tensor-parallel",
+        "# degree, or dpK: K ranks of data-parallel attention (each its own scheduler and a K-th of the KV).",
         "#",
         f"# {'engine':<7} {'endpoint':<24} {'tp':>3} {'pp':>3}  {'layers/stage':<16} {'max seqs':>8} "
         f"{'KV tokens':>9} {'tokens/s':>10} {'share':>6}  hosts (stages)",
@@ -93,8 +99,8 @@ def _header(export: ServingExport, ports: dict[str, int], title: str) -> list[st
         hosts = ", ".join(f"{h} ({','.join(map(str, e.host_stages(h)))})" for h in e.hosts)
         endpoint = f"{e.hosts[0]}:{ports[e.name]}"
         lines.append(
-            f"# {e.name:<7} {_comment(endpoint):<24} {e.tensor_parallel:>3} {e.pipeline_parallel:>3}  "
-            f"{','.join(map(str, e.layers)):<16} {e.concurrency:>8} {export.kv[e.name].tokens:>9} "
+            f"# {e.name:<7} {_comment(endpoint):<24} {_group(e):>3} {e.pipeline_parallel:>3}  "
+            f"{','.join(map(str, e.layers)):<16} {e.concurrency:>8} {export.kv[e.name].tokens * e.ranks:>9} "
             f"{e.tokens_per_s:>10,.0f} {export.share(e):>6.1%}  "
             f"{_comment(hosts)}"
         )
