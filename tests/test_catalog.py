@@ -95,9 +95,9 @@ def test_a_kind_naming_an_entry_gets_its_numbers():
     assert kind.type == "gpu" and kind.name == "h"
     assert kind.mem_bytes == 81559 * 2**20 and kind.mem_bw_bytes_per_s == pytest.approx(3.35e12)
     assert kind.flops_for("fp16") == pytest.approx(989.5e12) and kind.flops_for("fp8") == pytest.approx(1979e12)
-    assert (kind.compute_efficiency, kind.mem_efficiency) == (0.67, 0.75)
+    assert (kind.compute_efficiency, kind.mem_efficiency) == (0.67, 0.76)
     assert kind.overhead_s == pytest.approx(10e-6) and kind.collective_call_s == pytest.approx(8e-6)
-    assert kind.serving_step_s == pytest.approx(1.2e-3) and kind.serving_sequence_s == pytest.approx(51e-6)
+    assert kind.serving_step_s == pytest.approx(1.2e-3) and kind.serving_sequence_s == pytest.approx(50e-6)
     # the same numbers as a spec that states them: the entry is what a spec would have written
     entry = catalog_entry("h100-sxm-80g")
     stated = parse_cluster(_cluster({"name": "h", **_as_written("h100-sxm-80g")})).kind("h")
@@ -116,7 +116,7 @@ def test_a_field_the_kind_states_overrides_the_entry():
         _cluster({"name": "h", "catalog": "h100-sxm-80g", "mem_bytes": "64 GB", "compute_efficiency": 0.5})
     ).kind("h")
     assert kind.mem_bytes == 64e9 and kind.compute_efficiency == 0.5
-    assert kind.mem_efficiency == 0.75 and kind.mem_bw_bytes_per_s == pytest.approx(3.35e12)
+    assert kind.mem_efficiency == 0.76 and kind.mem_bw_bytes_per_s == pytest.approx(3.35e12)
     assert kind.defaulted == ()
 
 
@@ -149,7 +149,7 @@ def test_a_kind_without_catalog_or_efficiencies_gets_the_documented_default(tmp_
     cpu = {**_plain_gpu(name="c", type="cpu"), "mem_efficiency": 0.5}
     cluster = parse_cluster(_cluster(_plain_gpu(), cpu))
     gpu, cpu = cluster.kind("g"), cluster.kind("c")
-    assert (gpu.compute_efficiency, gpu.mem_efficiency) == DEFAULT_EFFICIENCY["gpu"] == (0.67, 0.75)
+    assert (gpu.compute_efficiency, gpu.mem_efficiency) == DEFAULT_EFFICIENCY["gpu"] == (0.67, 0.76)
     assert gpu.defaulted == ("compute_efficiency", "mem_efficiency") and gpu.catalog is None
     assert (cpu.compute_efficiency, cpu.mem_efficiency) == (DEFAULT_EFFICIENCY["cpu"][0], 0.5)
     assert cpu.defaulted == ("compute_efficiency",)
@@ -157,7 +157,7 @@ def test_a_kind_without_catalog_or_efficiencies_gets_the_documented_default(tmp_
     path.write_text(yaml.safe_dump(_cluster(_plain_gpu(), {"name": "h", "catalog": "l40s"})))
     assert main(["show-cluster", str(path)]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"│ g .*│ the spec; efficiencies: default 0\.67/0\.75 \(no catalog entry, none given\) +│", out)
+    assert re.search(r"│ g .*│ the spec; efficiencies: default 0\.67/0\.76 \(no catalog entry, none given\) +│", out)
     assert re.search(r"│ h .*│ catalog l40s +│", out)
 
 
@@ -211,7 +211,7 @@ def test_show_cluster_states_the_fixed_times_the_costs_charge():
     step default and no time per sequence, and show-cluster prints both as the costs charge them (and
     a W8A8 layer's fixed time where the kind sets one)."""
     cluster = parse_cluster(_cluster(_plain_gpu(), {"name": "h", "catalog": "h100-sxm-80g"}))
-    assert fixed_times(cluster.kind("h")) == "10 us a task, 1.2 ms a step, 51 us a sequence, 8 us a collective"
+    assert fixed_times(cluster.kind("h")) == "10 us a task, 1.2 ms a step, 50 us a sequence, 8 us a collective"
     assert fixed_times(cluster.kind("g")) == "0 s a task, 1 ms a step, 0 s a sequence, 8 us a collective"
     w8a8 = parse_cluster(_cluster({"name": "t", "catalog": "h100-sxm-80g", "w8a8_overhead_s": "27 us"})).kind("t")
     assert fixed_times(w8a8).endswith("8 us a collective, 27 us a W8A8 layer")

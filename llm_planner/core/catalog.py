@@ -35,11 +35,11 @@ ENTRY_FIELDS = (
 # (compute_efficiency, mem_efficiency) of a kind that names no catalog entry and states neither,
 # by device type. GPUs and accelerators: the catalog's figures (core/data/gpu_catalog.yaml): large
 # GEMMs reach about 0.67 of peak FLOP/s in Vidur's operator profiles (microsoft/vidur, MLSys 2024),
-# and 0.75 of HBM peak is the bandwidth fitted on measured vLLM and TensorRT-LLM decode (docs/fidelity.md). CPU
+# and 0.76 of HBM peak is the bandwidth fitted on measured vLLM and TensorRT-LLM decode (docs/fidelity.md). CPU
 # sockets: the figures every example spec gives its CPUs, an order of magnitude rather than a
 # profile (about half the vector peak for large single-precision GEMMs, about 70% of DRAM peak
 # for streaming reads). Calibrate them from a run (`llm-planner calibrate`).
-DEFAULT_EFFICIENCY = {"gpu": (0.67, 0.75), "accelerator": (0.67, 0.75), "cpu": (0.5, 0.7)}
+DEFAULT_EFFICIENCY = {"gpu": (0.67, 0.76), "accelerator": (0.67, 0.76), "cpu": (0.5, 0.7)}
 
 
 @functools.cache
