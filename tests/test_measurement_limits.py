@@ -153,8 +153,11 @@ def test_a_profile_of_another_model_is_said(tmp_path, capsys, caplog):
     score += ["--output-len", "128", "--profile", str(profile), "--json"]
     assert main([*score, "--model", "llama3-8b"]) == 0
     assert "times the layers of" not in caplog.text
-    assert main([*score, "--model", "llama2-7b"]) == 0
-    assert f"times the layers of {MODEL!r}, the plan is of 'llama2-7b'" in caplog.text
+    assert main([*score, "--model", "llama3.1-8b"]) == 0  # the same layers under another name: said
+    assert f"times the layers of {MODEL!r}, the model is 'llama3.1-8b'" in caplog.text
+    assert main([*score, "--model", "llama2-7b"]) == 2  # other layers: refused, both shapes named
+    err = " ".join(capsys.readouterr().err.split())
+    assert "llama2-7b has other layers (hidden 4096, MLP 11008, 32 heads, 32 KV heads)" in err
 
 
 @pytest.mark.parametrize("layers", ["1_6,16", "\uff11\uff16,16", "16,+16"])
