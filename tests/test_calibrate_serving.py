@@ -104,7 +104,7 @@ def _scored(capsys, spec: str, replica: str, c: int, m: int = 1, layers: str | N
 
 
 # (replica, concurrency, micro-batches, layers): the engines' one batch per stage, their even split; memory aside
-POINTS = [(TP2, 4, 1, "32"), (TP2, 32, 1, "32"), (TP2, 96, 1, "32"), (TP1, 2, 1, "32"), (PP2, 16, 2, "16,16")]
+POINTS = [(TP2, 4, 1, "32"), (TP2, 32, 1, "32"), (TP2, 40, 1, "32"), (TP1, 2, 1, "32"), (PP2, 16, 2, "16,16")]
 
 
 def _measurements(tmp_path, capsys) -> tuple[list[str], list[str]]:
@@ -515,7 +515,7 @@ def test_closed_loop_results_are_fitted_as_the_closed_loop_they_ran(tmp_path, ca
     """Results of a closed loop (`vllm bench serve --max-concurrency`), fitted with --closed-loop:
     each predicted as `score --closed-loop` simulates it, so the factors that made them come back;
     fitted as the steady state they do not."""
-    points = [(TP2, 4), (TP2, 32), (TP2, 96), (TP1, 2)]
+    points = [(TP2, 4), (TP2, 32), (TP2, 40), (TP1, 2)]
     files = _closed_loop_measurements(tmp_path, capsys, points)
     spec = load_cluster(_spec(tmp_path, "spec.yaml"))
     observations = [(f, read_serving_results(f)) for f in files]
