@@ -224,11 +224,11 @@ def _vllm_parallel(export: ServingExport, e: EnginePlan) -> list[str]:
 
 
 def _vllm_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
-    budget = export.batched_tokens[e.name]
-    if e.rank_concurrency > -(-budget // e.ranks):  # vllm/config/scheduler.py refuses it at start
+    budget = -(-export.batched_tokens[e.name] // e.ranks)  # a rank's share
+    if e.rank_concurrency > budget:  # vllm/config/scheduler.py refuses it at start
         raise ServingExportError(
             f"engine {e.name}: --max-num-seqs {e.rank_concurrency} above --max-num-batched-tokens "
-            f"{-(-budget // e.ranks)}, which vLLM refuses: plan with --exportable vllm (it keeps a replica's "
+            f"{budget}, which vLLM refuses: plan with --exportable vllm (it keeps a replica's "
             "sequences within the token budget) or a larger --max-batched-tokens, or export to SGLang"
         )
     return [
@@ -247,7 +247,7 @@ def _vllm_args(export: ServingExport, e: EnginePlan, port: int) -> list[str]:
         "--kv-cache-memory-bytes",
         _q(export.kv[e.name].gpu_bytes),
         "--max-num-batched-tokens",
-        _q(-(-budget // e.ranks)),
+        _q(budget),
         *_dtype_args(export),
     ]
 

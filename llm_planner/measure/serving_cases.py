@@ -43,6 +43,7 @@ from llm_planner.serving.context import ServingContext, ServingOptions
 from llm_planner.serving.inputs import decoder_config
 from llm_planner.serving.layout import Layout, describe
 from llm_planner.serving.layout_text import LayoutError, parse_layout
+from llm_planner.serving.replica import ReplicaModel
 from llm_planner.serving.score import score_replica
 from llm_planner.serving.tasks import DEFAULT_TOKEN_BUDGET
 from llm_planner.serving.workload import TPOT_SLO_RANGE_S, ServingWorkload
@@ -188,9 +189,10 @@ def _case(cluster, config, obs: ServingObservation, settings: ServingSettings, g
     if settings.closed_loop:
         _check_closed_loop(obs, micro_batches, concurrency)
     layers = _split(ctx, layout, obs, concurrency, micro_batches, stages)
-    _check_holds_weights(ctx, layout, obs, text, layers, micro_batches)
+    replica = ctx.replica(layout)
+    _check_holds_weights(replica, obs, text, layers, micro_batches)
     if not settings.closed_loop:
-        _check_steady_state(ctx, layout, obs, layers, concurrency, micro_batches)
+        _check_steady_state(ctx, replica, obs, layers, concurrency, micro_batches)
     return ServingCase(
         obs=obs,
         replica=describe(layout, ctx.by_name),
@@ -227,12 +229,17 @@ def _check_closed_loop(obs: ServingObservation, micro_batches: int, concurrency:
         )
 
 
-def _check_holds_weights(ctx: ServingContext, layout: Layout, obs, text: str, layers, micro_batches: int) -> None:
+def _stages_over(replica: ReplicaModel, layers, concurrency: int, micro_batches: int) -> tuple[list[int], list[int]]:
+    """The most layers each stage holds with `concurrency` in flight, and the stages given more."""
+    caps = replica.caps(concurrency, micro_batches)
+    return caps, [s for s, (n, cap) in enumerate(zip(layers, caps)) if n > cap]
+
+
+def _check_holds_weights(replica: ReplicaModel, obs, text: str, layers, micro_batches: int) -> None:
     """The run's engine held the model on the replica, so a replica whose stages cannot hold their
     layers with one sequence a micro-batch (weights, workspace) is not the one it ran: a wrong
     --replica or --weights, which a fit would hide by driving the factors anywhere."""
-    caps = ctx.replica(layout).caps(micro_batches, micro_batches)
-    over = [s for s, (n, cap) in enumerate(zip(layers, caps)) if n > cap]
+    caps, over = _stages_over(replica, layers, micro_batches, micro_batches)
     if over:
         held = ", ".join(f"stage {s}: {layers[s]} layers, holds {caps[s]}" for s in over)
         raise ServingResultError(
@@ -241,14 +248,12 @@ def _check_holds_weights(ctx: ServingContext, layout: Layout, obs, text: str, la
         )
 
 
-def _check_steady_state(ctx: ServingContext, layout: Layout, obs, layers, concurrency: int, micro_batches: int):
+def _check_steady_state(ctx: ServingContext, replica: ReplicaModel, obs, layers, concurrency: int, micro_batches: int):
     """The steady state the fit scores holds `concurrency` sequences in flight: their KV caches in
     memory and their decodes with their prompt share within the token budget. A run past either
     had the engine hold fewer and queue the rest (or a concurrency that is not the engine's), and
     fitting it as held would drive the factors anywhere; so it is refused, with what to give."""
-    replica = ctx.replica(layout)
-    caps = replica.caps(concurrency, micro_batches)
-    over = [s for s, (n, cap) in enumerate(zip(layers, caps)) if n > cap]
+    caps, over = _stages_over(replica, layers, concurrency, micro_batches)
     if over:
         held = ", ".join(f"stage {s} holds {caps[s]} of its {layers[s]} layers" for s in over)
         raise ServingResultError(
