@@ -290,7 +290,9 @@ def test_verify_refuses_a_forged_number_of_layers(base):
     assert "model.num_layers: 40" in _forged_claim(base, forge)
     folder, data = base
     code, out = _run(["export", str(_edited(folder, data, forge)), "--to", "vllm"])
-    assert code == 2 and "model.num_layers: 40 (and dense_layers 0), but llama2-7b has 32 layers" in " ".join(out.split()), out
+    assert code == 2 and "model.num_layers: 40 (and dense_layers 0), but llama2-7b has 32 layers" in " ".join(
+        out.split()
+    ), out
 
 
 @pytest.mark.heavy  # verifies a forged plan's every replica in full: half a minute on 2 cores
